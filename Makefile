@@ -1,0 +1,53 @@
+# dlock -- `make demo` and `make test` work on a fresh Debian 12 machine:
+# they install what they need (apt), build, and run.
+
+BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+
+.PHONY: all build demo test asan valgrind bench install clean
+
+all: build
+
+build:
+	@scripts/install-deps.sh build
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) -j$(JOBS)
+
+# the seeds' counter example across processes, on the default file store
+demo: build
+	@scripts/demo.sh $(BUILD)/dlock
+
+# the whole suite against real stores (each test starts its own servers)
+test: build
+	@scripts/install-deps.sh test
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+
+# the suite again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (clang: gcc's ASan misreports the thread cancellation used by file waits)
+asan:
+	@scripts/install-deps.sh build test asan
+	CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug \
+	    -DDLOCK_SANITIZER=address,undefined -DDLOCK_BENCH=OFF >/dev/null
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
+
+# the library's tests under valgrind memcheck (leaks and invalid accesses)
+valgrind:
+	@scripts/install-deps.sh build test valgrind
+	cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug -DDLOCK_VALGRIND=ON \
+	    -DDLOCK_BENCH=OFF >/dev/null
+	cmake --build build-valgrind -j$(JOBS)
+	cd build-valgrind && ctest --output-on-failure -L memcheck -j$(JOBS)
+
+bench:
+	@scripts/install-deps.sh build bench
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF >/dev/null
+	cmake --build build-bench -j$(JOBS)
+	bench/run.sh build-bench
+
+install: build
+	cmake --install $(BUILD)
+
+clean:
+	rm -rf $(BUILD) build-asan build-valgrind build-bench

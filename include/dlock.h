@@ -1,0 +1,320 @@
+/*
+ * dlock.h -- distributed locks over the stores you already run.
+ *
+ * This is the whole public API of libdlock. A program opens one client per
+ * store (a Redis server, a directory of lock files, ...), then one handle per
+ * lock name, and acquires and releases through the handle:
+ *
+ *     dlock_client *c;
+ *     dlock *l;
+ *     if (dlock_client_open(&c, "redis://127.0.0.1:6379", NULL) != DLOCK_OK)
+ *         fail(dlock_errmsg());
+ *     dlock_open(&l, c, "payments:42", NULL);
+ *     if (dlock_acquire(l, 5000) == DLOCK_OK) {
+ *         write_with_fence(dlock_token(l));   // the critical section
+ *         if (dlock_release(l) == DLOCK_ELOST)
+ *             roll_back();                     // it was not protected
+ *     }
+ *     dlock_close(l);
+ *     dlock_client_close(c);
+ *
+ * Conventions used by every function below:
+ *  - Functions returning int return DLOCK_OK (0) or a negative DLOCK_E* code.
+ *    On failure the calling thread's dlock_errmsg() says what went wrong in
+ *    words (never containing a password). Codes are never renumbered.
+ *  - Durations are int64_t milliseconds (suffix _ms).
+ *  - The library never prints, exits, aborts or installs signal handlers.
+ *  - Owner: a hold belongs to (client, calling thread). Two clients in one
+ *    process are two owners; two threads sharing a client are two owners; one
+ *    thread may re-enter a lock it holds (a hold count) unless the handle was
+ *    opened with DLOCK_NOT_REENTRANT.
+ */
+#ifndef DLOCK_H
+#define DLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && __GNUC__ >= 4
+#define DLOCK_EXTERN __attribute__((visibility("default")))
+#else
+#define DLOCK_EXTERN
+#endif
+
+#define DLOCK_VERSION_MAJOR 0
+#define DLOCK_VERSION_MINOR 1
+#define DLOCK_VERSION_PATCH 0
+#define DLOCK_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------ */
+/* Return codes                                                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Every code has a fixed number; new codes are only ever appended.
+ * DLOCK_EBUSY ("never got it") and DLOCK_ELOST ("had it, then lost it") are
+ * kept apart everywhere: callers must be able to tell them apart.
+ */
+#define DLOCK_OK 0        /* success */
+#define DLOCK_EBUSY -1    /* another owner held the lock for the whole wait */
+#define DLOCK_ELOST -2    /* the hold expired or was taken over */
+#define DLOCK_ENOTHELD -3 /* the calling thread does not hold this lock */
+#define DLOCK_EINVAL -4   /* invalid argument (name, URI, duration, ...) */
+#define DLOCK_ECONN -5    /* the store is unreachable or the link broke */
+#define DLOCK_EAUTH -6    /* the store refused our credentials */
+#define DLOCK_EPROTO -7   /* the store answered something unexpected */
+#define DLOCK_ENOMEM -8   /* out of memory */
+#define DLOCK_ENOTSUP -9  /* store or operation not supported/built */
+
+/* Longest lock name, in bytes (not counting the terminating NUL). */
+#define DLOCK_NAME_MAX 512
+
+/* Shortest lease, in milliseconds. */
+#define DLOCK_TTL_MIN 20
+
+/* ------------------------------------------------------------------------ */
+/* Handles and options                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Connections to one store plus one background thread (renewal, wake-ups). */
+typedef struct dlock_client dlock_client;
+
+/* A handle on one named lock of one client. */
+typedef struct dlock dlock;
+
+/*
+ * Options for dlock_client_open(). Zero-initialise, then set what you need;
+ * a NULL pointer means all defaults.
+ */
+typedef struct dlock_client_options {
+    /* Longest time one store round trip (connect, command) may take before
+     * it fails with DLOCK_ECONN. 0 = 2000. */
+    int64_t timeout_ms;
+} dlock_client_options;
+
+/* Flags for dlock_options.flags. */
+#define DLOCK_NO_RENEW 0x1u      /* no watchdog: the lease simply runs out */
+#define DLOCK_FAIR 0x2u          /* first come, first served wait queue */
+#define DLOCK_NOT_REENTRANT 0x4u /* a second acquire by the holder fails */
+
+/*
+ * Called on the client's background thread when the client learns that a
+ * hold made through `lock` is gone (its lease ran out locally, or renewal
+ * found the lock deleted or owned by someone else). `token` is the fencing
+ * token of the lost hold. The owner's next dlock_release() returns
+ * DLOCK_ELOST. The callback must return quickly and must not call
+ * dlock_close() or dlock_client_close(); it may call any other function.
+ */
+typedef void (*dlock_lost_cb)(dlock *lock, uint64_t token, void *arg);
+
+/*
+ * Options for dlock_open(). Zero-initialised means defaults; a NULL pointer
+ * means all defaults. The struct is copied: it need not outlive the call.
+ */
+typedef struct dlock_options {
+    /* Lease length. 0 = 30000; otherwise at least DLOCK_TTL_MIN. The
+     * watchdog renews
+     * the lease every ttl_ms/3 while the lock is held (unless
+     * DLOCK_NO_RENEW). Stores without leases (file://) ignore it: there a
+     * dead holder's lock is freed by the kernel at once. */
+    int64_t ttl_ms;
+    /* DLOCK_NO_RENEW | DLOCK_FAIR | DLOCK_NOT_REENTRANT */
+    unsigned flags;
+    /* Optional lost-lock callback and its argument. */
+    dlock_lost_cb on_lost;
+    void *on_lost_arg;
+} dlock_options;
+
+/* ------------------------------------------------------------------------ */
+/* Clients                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Opens a client on the store named by `uri`:
+ *   file:///dir                            lock files in dir (one host)
+ *   redis://[user[:password]@]host[:port][/db][?prefix=P&timeout=MS]
+ *   unix://[[user]:password@]/path/redis.sock[?db=N&prefix=P&timeout=MS]
+ * `uri` NULL or "" means the environment variable DLOCK_STORE if set, else
+ * the file store under $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-$UID.
+ * Percent-escapes (%40 for '@', ...) are decoded in user and password.
+ *
+ * Connects (network stores) and starts the client's background thread.
+ * On success *out is a new client, to be freed with dlock_client_close().
+ * On failure *out is NULL.
+ *
+ * Errors: DLOCK_EINVAL (bad URI or option), DLOCK_ENOTSUP (a store this
+ * build does not include), DLOCK_ECONN (store unreachable), DLOCK_EAUTH
+ * (credentials refused), DLOCK_EPROTO, DLOCK_ENOMEM.
+ * Thread-safety: may be called from any thread.
+ */
+DLOCK_EXTERN int dlock_client_open(dlock_client **out, const char *uri,
+                                   const dlock_client_options *opts);
+
+/*
+ * Stops the background thread, releases every hold still made through the
+ * client (best effort), and closes the store connections. Handles opened on
+ * the client stay valid until dlock_close(), but every call on them then
+ * fails with DLOCK_EINVAL. NULL is a no-op.
+ * Thread-safety: no other call on this client or its handles may be in
+ * progress; never call it from a lost-lock callback.
+ */
+DLOCK_EXTERN void dlock_client_close(dlock_client *c);
+
+/*
+ * The client's store URI with any password replaced by "***" (borrowed,
+ * valid until the client is freed). For messages and logs.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN const char *dlock_client_store(const dlock_client *c);
+
+/* ------------------------------------------------------------------------ */
+/* Locks                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Opens a handle on the lock called `name` (1..DLOCK_NAME_MAX bytes, any
+ * bytes but NUL). Talks to no store. Handles are cheap; one handle may be
+ * shared by threads (each thread is its own owner). `opts` is copied.
+ * On success *out is a new handle, to be freed with dlock_close().
+ *
+ * Errors: DLOCK_EINVAL (NULL or empty name, name too long, ttl_ms < 0 or
+ * below DLOCK_TTL_MIN, unknown flags, closed client), DLOCK_ENOMEM.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
+                            const dlock_options *opts);
+
+/*
+ * Acquires the lock for the calling thread.
+ *   wait_ms == 0   one try;
+ *   wait_ms  > 0   wait at most that long;
+ *   wait_ms == -1  wait for as long as it takes;
+ * Waiting is woken by the store's notifications (never busy polling).
+ * If the thread already holds the lock, the hold count goes up and the
+ * fencing token stays the same, unless DLOCK_NOT_REENTRANT, in which case
+ * the call fails at once with DLOCK_EBUSY.
+ *
+ * Errors: DLOCK_EBUSY (another owner held it for the whole wait; also a
+ * re-acquire under DLOCK_NOT_REENTRANT), DLOCK_ELOST (the thread's hold was
+ * lost and not yet released), DLOCK_EINVAL (wait_ms < -1, closed client),
+ * DLOCK_ECONN, DLOCK_EAUTH, DLOCK_EPROTO, DLOCK_ENOMEM. A store failure
+ * during the wait returns at once with its code, never after the deadline
+ * plus more than one store timeout.
+ * Thread-safety: any thread; each thread acts for itself.
+ */
+DLOCK_EXTERN int dlock_acquire(dlock *l, int64_t wait_ms);
+
+/*
+ * Releases one level of the calling thread's hold; the last level frees the
+ * lock in the store (an atomic compare-and-delete: never another owner's).
+ *
+ * Returns DLOCK_OK when the hold was intact up to this moment.
+ * Returns DLOCK_ELOST when the hold had expired or been taken over: the
+ * critical section was NOT protected; roll back and alert. (The hold level
+ * is still released.)
+ * Errors: DLOCK_ENOTHELD (the calling thread holds no such lock),
+ * DLOCK_ECONN/DLOCK_EPROTO (the store could not be told; the lock is freed
+ * by its lease), DLOCK_EINVAL.
+ * Thread-safety: any thread; only the owner thread can release its hold.
+ */
+DLOCK_EXTERN int dlock_release(dlock *l);
+
+/*
+ * Sets the calling thread's lease to ttl_ms from now, and makes ttl_ms the
+ * lease length the watchdog renews to from then on.
+ *
+ * Errors: DLOCK_EINVAL (ttl_ms < DLOCK_TTL_MIN), DLOCK_ENOTHELD (not held),
+ * DLOCK_ELOST (the hold is gone; release it), DLOCK_ECONN, DLOCK_EPROTO.
+ * Thread-safety: any thread; acts on the calling thread's hold.
+ */
+DLOCK_EXTERN int dlock_extend(dlock *l, int64_t ttl_ms);
+
+/*
+ * The fencing token of the calling thread's hold: strictly greater than
+ * every earlier hold's token of the same name in the same store; 0 when the
+ * thread does not hold the lock or its hold was lost. A reentrant acquire
+ * keeps the token. Pass it to the resource you protect, which should refuse
+ * writes carrying a token lower than one it has seen.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN uint64_t dlock_token(const dlock *l);
+
+/*
+ * The calling thread's hold count on this lock (0: not held), or
+ * DLOCK_ELOST when its hold was lost and still awaits dlock_release().
+ * Local: talks to no store. Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_held(const dlock *l);
+
+/* The handle's lock name (borrowed, valid until dlock_close()). */
+DLOCK_EXTERN const char *dlock_name(const dlock *l);
+
+/*
+ * Frees the handle. Any hold still made through it (by any thread) is
+ * released first, best effort. NULL is a no-op.
+ * Thread-safety: no other call on this handle may be in progress; never
+ * call it from the handle's own lost-lock callback.
+ */
+DLOCK_EXTERN void dlock_close(dlock *l);
+
+/* ------------------------------------------------------------------------ */
+/* Inspection                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* What the store knows about one lock (see dlock_inspect()). */
+typedef struct dlock_info {
+    int held;          /* 1: someone holds it; 0: free */
+    char holder[256];  /* "host pid N tid N" of the holder, "" if free */
+    uint64_t token;    /* holder's fencing token; when free, the last one
+                        * issued (0: never held) */
+    int64_t ttl_ms;    /* lease left; -1 when free or the store has none */
+    int64_t held_ms;   /* how long the current hold has lasted; -1 unknown */
+    int64_t waiters;   /* waiters known to the store; -1 when it can't tell */
+    char **queue;      /* the fair wait queue in order (NULL if none); */
+    size_t queue_len;  /* each entry a waiter's description */
+} dlock_info;
+
+/*
+ * Asks the store about lock `name` (1 round trip on Redis). Fills *out,
+ * which the caller frees with dlock_info_clear(). On failure *out is zeroed
+ * and needs no clearing.
+ * Errors: DLOCK_EINVAL, DLOCK_ECONN, DLOCK_EAUTH, DLOCK_EPROTO,
+ * DLOCK_ENOMEM. Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_inspect(dlock_client *c, const char *name,
+                               dlock_info *out);
+
+/* Frees what dlock_inspect() allocated in *info. NULL is a no-op. */
+DLOCK_EXTERN void dlock_info_clear(dlock_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Errors and version                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* A static English description of a return code ("unknown error code" for
+ * a number that is not one). Thread-safety: any thread. */
+DLOCK_EXTERN const char *dlock_strerror(int rc);
+
+/* The name of a return code ("DLOCK_EBUSY"). Thread-safety: any thread. */
+DLOCK_EXTERN const char *dlock_errname(int rc);
+
+/*
+ * The detailed message of the last failure on the calling thread ("redis
+ * 127.0.0.1:6379: connection refused"). Thread-local storage, overwritten by
+ * the next failing call on this thread; "" if none yet. Inside a lost-lock
+ * callback it describes the loss.
+ */
+DLOCK_EXTERN const char *dlock_errmsg(void);
+
+/* "0.1.0". */
+DLOCK_EXTERN const char *dlock_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLOCK_H */

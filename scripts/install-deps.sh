@@ -1,0 +1,67 @@
+#!/bin/sh
+# install-deps.sh GROUP... -- installs the Debian packages dlock needs for
+# the given groups, when they are missing (apt-get; as root, or with sudo).
+#   build     compiler, cmake, pkg-config, hiredis
+#   test      redis-server (started by the tests themselves, never as a
+#             system service)
+#   asan      clang and its sanitizer runtime
+#   valgrind  valgrind
+#   bench     what the benchmarks compare against
+set -eu
+
+pkgs=""
+for group in "$@"; do
+    case $group in
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev" ;;
+    test) pkgs="$pkgs redis-server redis-tools" ;;
+    asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
+    valgrind) pkgs="$pkgs valgrind" ;;
+    bench) pkgs="$pkgs redis-server redis-tools" ;;
+    *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
+    esac
+done
+
+missing=""
+for p in $pkgs; do
+    case " $missing " in *" $p "*) continue ;; esac
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" = 0 ]; then
+    SUDO=
+elif command -v sudo >/dev/null 2>&1; then
+    SUDO=sudo
+else
+    echo "install-deps: these packages are missing and I am not root:$missing" >&2
+    exit 1
+fi
+echo "install-deps: installing$missing"
+
+# Packages like redis-server would start a system service on install; dlock
+# never uses one. Forbid service starts for the duration (policy-rc.d), and
+# disable the service afterwards on systemd machines.
+policy=/usr/sbin/policy-rc.d
+ours=
+if [ ! -e $policy ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee $policy >/dev/null
+    $SUDO chmod 755 $policy
+    ours=1
+fi
+cleanup() { [ -n "$ours" ] && $SUDO rm -f $policy; }
+trap cleanup EXIT
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $missing >/dev/null
+case " $missing " in
+*" redis-server "*)
+    if [ -d /run/systemd/system ]; then
+        $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
+    fi
+    ;;
+esac
+echo "install-deps: done"

@@ -1,0 +1,179 @@
+/*
+ * cmd_status.c -- `dlock status [--store URI] [--json] NAME`
+ */
+#include "cli.h"
+
+#include <dlock.h>
+
+#include <stdio.h>
+#include <string.h>
+
+static const char status_usage[] =
+    "usage: dlock status [--store URI] [--json] NAME\n"
+    "\n"
+    "Shows whether lock NAME is held, by whom and for how long, the lease\n"
+    "left, the fencing token, and the waiters where the store knows them.\n"
+    "\n"
+    "  --store URI  the store (default: $DLOCK_STORE, else the file store)\n"
+    "  --json       one JSON object on stdout\n"
+    "\n"
+    "Exit status: 0 when the store answered (held or free), 64 usage,\n"
+    "69 store error.\n";
+
+/* Writes s as a JSON string: escapes quotes, backslashes and control
+ * characters; bytes that are not valid UTF-8 become \u00XX. */
+static void json_str(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+
+    fputc('"', f);
+    while (*p) {
+        unsigned char ch = *p;
+        int n = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3
+                                : (ch >> 3) == 30                ? 4
+                                                                 : 0;
+        int ok = n > 0;
+        for (int i = 1; ok && i < n; i++)
+            ok = (p[i] & 0xc0) == 0x80;
+        if (n > 1 && ok) {
+            fwrite(p, 1, (size_t)n, f);
+            p += n;
+            continue;
+        }
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch == '\n')
+            fputs("\\n", f);
+        else if (ch == '\t')
+            fputs("\\t", f);
+        else if (ch < 0x20 || ch >= 0x7f)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+        p++;
+    }
+    fputc('"', f);
+}
+
+/* Prints a name for humans: non-printable bytes as \xNN. */
+static void human_str(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    }
+}
+
+int cmd_status(int argc, char **argv)
+{
+    const char *store = NULL, *name = NULL;
+    int json = 0, rc, r;
+    dlock_client *c;
+    dlock_info info;
+    char d1[32];
+
+    int options = 1;
+
+    for (int i = 1; i < argc; i++) {
+        if (!options || (argv[i][0] != '-' || argv[i][1] == '\0')) {
+            if (name) {
+                cli_err("status: give one lock name");
+                return CLI_EX_USAGE;
+            }
+            name = argv[i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--")) {
+            options = 0;
+            continue;
+        }
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(status_usage, stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+            continue;
+        }
+        if ((r = cli_opt_value(argc, argv, &i, "--store", &store)) != 0) {
+            if (r < 0)
+                return CLI_EX_USAGE;
+            continue;
+        }
+        cli_err("status: unknown option '%s'", argv[i]);
+        return CLI_EX_USAGE;
+    }
+    if (!name) {
+        fputs(status_usage, stderr);
+        return CLI_EX_USAGE;
+    }
+
+    rc = dlock_client_open(&c, store, NULL);
+    if (rc != DLOCK_OK) {
+        cli_err("%s", dlock_errmsg());
+        return cli_exit_for(rc);
+    }
+    rc = dlock_inspect(c, name, &info);
+    if (rc != DLOCK_OK) {
+        cli_err("%s", dlock_errmsg());
+        dlock_client_close(c);
+        return cli_exit_for(rc);
+    }
+
+    if (json) {
+        fputs("{\"name\":", stdout);
+        json_str(stdout, name);
+        fputs(",\"store\":", stdout);
+        json_str(stdout, dlock_client_store(c));
+        printf(",\"held\":%s,\"holder\":", info.held ? "true" : "false");
+        if (info.held)
+            json_str(stdout, info.holder);
+        else
+            fputs("null", stdout);
+        printf(",\"token\":%llu,\"held_ms\":%lld,\"ttl_ms\":%lld,"
+               "\"waiters\":%lld,\"queue\":[",
+               (unsigned long long)info.token, (long long)info.held_ms,
+               (long long)info.ttl_ms, (long long)info.waiters);
+        for (size_t i = 0; i < info.queue_len; i++) {
+            if (i)
+                fputc(',', stdout);
+            json_str(stdout, info.queue[i]);
+        }
+        fputs("]}\n", stdout);
+    } else {
+        fputs("lock:     ", stdout);
+        human_str(stdout, name);
+        printf("\nstore:    %s\n", dlock_client_store(c));
+        printf("state:    %s\n", info.held ? "held" : "free");
+        if (info.held) {
+            fputs("holder:   ", stdout);
+            human_str(stdout, info.holder);
+            fputc('\n', stdout);
+            if (info.held_ms >= 0) {
+                cli_format_duration(info.held_ms, d1, sizeof(d1));
+                printf("held for: %s\n", d1);
+            }
+            if (info.ttl_ms >= 0) {
+                cli_format_duration(info.ttl_ms, d1, sizeof(d1));
+                printf("lease:    %s left\n", d1);
+            } else {
+                printf("lease:    none (freed when the holder exits)\n");
+            }
+            printf("token:    %llu\n", (unsigned long long)info.token);
+        } else {
+            printf("last token: %llu\n", (unsigned long long)info.token);
+        }
+        if (info.waiters >= 0)
+            printf("waiters:  %lld\n", (long long)info.waiters);
+        for (size_t i = 0; i < info.queue_len; i++) {
+            printf("  %zu. ", i + 1);
+            human_str(stdout, info.queue[i]);
+            fputc('\n', stdout);
+        }
+    }
+    dlock_info_clear(&info);
+    dlock_client_close(c);
+    return 0;
+}

@@ -1,0 +1,65 @@
+/*
+ * main.c -- `dlock`: run a command under a distributed lock, or look at one.
+ */
+#include "cli.h"
+
+#include <dlock.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#ifndef DLOCK_CLI_VERSION
+#define DLOCK_CLI_VERSION DLOCK_VERSION_STRING
+#endif
+
+static const char usage[] =
+    "usage: dlock [--version] [--help] COMMAND [ARGS]\n"
+    "\n"
+    "Distributed locks over the stores you already run.\n"
+    "\n"
+    "commands:\n"
+    "  run     run a command while holding a lock\n"
+    "  status  show who holds a lock, its lease, token and waiters\n"
+    "  help    show the help of a command\n"
+    "\n"
+    "Store: --store URI, else $DLOCK_STORE, else lock files under\n"
+    "$XDG_RUNTIME_DIR/dlock (or /tmp/dlock-$UID). URIs:\n"
+    "  file:///dir   redis://[user:pass@]host[:port][/db][?prefix=P]\n"
+    "  unix:///path/redis.sock\n"
+    "\n"
+    "See 'dlock help run', 'dlock help status' and man dlock.\n";
+
+int main(int argc, char **argv)
+{
+    const char *cmd;
+
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return CLI_EX_USAGE;
+    }
+    cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("dlock %s (library %s)\n", DLOCK_CLI_VERSION,
+               dlock_version());
+        return 0;
+    }
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "help")) {
+        char *help[] = {argc > 2 ? argv[2] : "", "--help", NULL};
+        if (argc > 2 && !strcmp(argv[2], "run"))
+            return cmd_run(2, help);
+        if (argc > 2 && !strcmp(argv[2], "status"))
+            return cmd_status(2, help);
+        fputs(usage, stdout);
+        return argc > 2 ? CLI_EX_USAGE : 0;
+    }
+    if (!strcmp(cmd, "run"))
+        return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "status"))
+        return cmd_status(argc - 1, argv + 1);
+    cli_err("unknown command '%s' (try dlock --help)", cmd);
+    return CLI_EX_USAGE;
+}

@@ -1,0 +1,116 @@
+/*
+ * opt.c -- durations and option values for the command line.
+ */
+#include "cli.h"
+
+#include <dlock.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cli_err(const char *fmt, ...)
+{
+    va_list ap;
+
+    fputs("dlock: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+int cli_exit_for(int rc)
+{
+    switch (rc) {
+    case DLOCK_EBUSY:
+        return CLI_EX_NOTACQUIRED;
+    case DLOCK_ELOST:
+        return CLI_EX_LOST;
+    case DLOCK_EINVAL:
+        return CLI_EX_USAGE;
+    case DLOCK_ENOMEM:
+        return CLI_EX_SOFTWARE;
+    default:
+        return CLI_EX_UNAVAILABLE;
+    }
+}
+
+int cli_parse_duration(const char *s, int64_t *ms, int allow_forever)
+{
+    static const struct {
+        const char *unit;
+        double ms;
+    } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000},
+                 {"", 1000}};
+    double v = 0, scale = 0;
+    int digits = 0;
+    const char *p = s;
+
+    if (!s || !*s)
+        return -1;
+    if (allow_forever && (!strcmp(s, "forever") || !strcmp(s, "inf") ||
+                          !strcmp(s, "-1"))) {
+        *ms = -1;
+        return 0;
+    }
+    for (; *p >= '0' && *p <= '9'; p++, digits++)
+        v = v * 10 + (*p - '0');
+    if (*p == '.') {
+        double f = 0.1;
+        for (p++; *p >= '0' && *p <= '9'; p++, digits++, f /= 10)
+            v += (*p - '0') * f;
+    }
+    if (digits == 0 || digits > 12)
+        return -1;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+        if (!strcmp(p, units[i].unit))
+            scale = units[i].ms;
+    if (scale == 0)
+        return -1;
+    v *= scale;
+    if (v > 1e15)
+        return -1;
+    *ms = (int64_t)(v + 0.5);
+    return 0;
+}
+
+void cli_format_duration(int64_t ms, char *buf, size_t cap)
+{
+    if (ms < 0)
+        snprintf(buf, cap, "?");
+    else if (ms < 1000)
+        snprintf(buf, cap, "%lldms", (long long)ms);
+    else if ((ms + 50) / 100 < 600) /* tenths of a second, rounded */
+        snprintf(buf, cap, "%lld.%llds", (long long)((ms + 50) / 1000),
+                 (long long)((ms + 50) / 100 % 10));
+    else if (ms < 3600000)
+        snprintf(buf, cap, "%lldm%02llds", (long long)(ms / 60000),
+                 (long long)(ms / 1000 % 60));
+    else
+        snprintf(buf, cap, "%lldh%02lldm", (long long)(ms / 3600000),
+                 (long long)(ms / 60000 % 60));
+}
+
+int cli_opt_value(int argc, char **argv, int *i, const char *name,
+                  const char **value)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+
+    if (strncmp(a, name, n) != 0)
+        return 0;
+    if (a[n] == '=') {
+        *value = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0')
+        return 0;
+    if (*i + 1 >= argc) {
+        cli_err("%s needs a value", name);
+        return -1;
+    }
+    *value = argv[++*i];
+    return 1;
+}

@@ -1,0 +1,1240 @@
+/*
+ * redis.c -- the Redis store (redis:// and unix://), over hiredis.
+ *
+ * Keys of lock NAME with prefix P (default "dlock:"), all sharing the
+ * Redis Cluster hash tag {NAME}:
+ *   P{NAME}       hash: o = owner id, t = token, d = holder's description,
+ *                 a = acquisition time (server ms); PEXPIRE = the lease
+ *   P{NAME}:f     the fencing counter (string), never expires
+ *   P{NAME}:q     fair queue: zset of waiters scored by arrival
+ *   P{NAME}:qd    fair queue: zset of the same waiters scored by the server
+ *                 time after which a silent waiter is presumed dead
+ * Channels:
+ *   P{NAME}:w:DB  release notifications for default-mode waiters
+ *   Pc:CLIENTID   one per client: "your turn" for its fair waiters
+ * A name may hold any bytes: keys are sent binary-safe, and since no key
+ * suffix contains '}', two names can never produce the same key, and all
+ * keys of one name always hash to one cluster slot.
+ *
+ * Every state change is one Lua script, so it is atomic: acquire (fresh
+ * acquisition bumps the fencing counter in the same script), release
+ * (compare-and-delete, then publish), extend (compare-and-pexpire).
+ * Fencing token: max(counter + 1, server time in microseconds), so tokens
+ * keep growing even if the counter is lost with a non-persistent restart.
+ *
+ * Connections: one command connection per client (guarded by cmd_mu) and,
+ * once something waits, one subscriber connection per client, read by the
+ * client's background thread. Waiters write SUBSCRIBE themselves under
+ * sub_mu and wait for the acknowledgement before their next try.
+ */
+#include "../core/internal.h"
+
+#include <hiredis.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#define DEFAULT_PORT 6379
+#define DEFAULT_PREFIX "dlock:"
+#define PREFIX_MAX 128
+#define KEY_MAX (PREFIX_MAX + DLOCK_NAME_MAX + 24)
+#define QUEUE_GRACE_MS 2000 /* how late a live fair waiter may re-check */
+#define NO_TTL_RETRY_MS 1000
+#define MIN_IO_MS 10
+
+/* ------------------------------------------------------------------------ */
+/* Scripts                                                                  */
+/* ------------------------------------------------------------------------ */
+
+enum { S_ACQUIRE, S_RELEASE, S_EXTEND, S_INSPECT, NSCRIPTS };
+
+/* KEYS: lock, fence, queue, queue deadlines.
+ * ARGV: owner, ttl, desc, fair(0/1), waiter id, enqueue(0/1), grace.
+ * Returns {1, token} or {0, ms to wait before re-trying (-1: no expiry)}. */
+static const char acquire_lua[] =
+    "local lock, fence, q, qd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n"
+    "local owner, ttl, desc = ARGV[1], ARGV[2], ARGV[3]\n"
+    "local fair, me, enq = ARGV[4] == '1', ARGV[5], ARGV[6] == '1'\n"
+    "local cur = redis.call('HGET', lock, 'o')\n"
+    "if cur == owner then\n"
+    "  redis.call('PEXPIRE', lock, ttl)\n"
+    "  return {1, redis.call('HGET', lock, 't')}\n"
+    "end\n"
+    "local tm = redis.call('TIME')\n"
+    "local nowus = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"
+    "local now = math.floor(nowus / 1000)\n"
+    "local head = false\n"
+    "if fair then\n"
+    "  local dead = redis.call('ZRANGEBYSCORE', qd, '-inf', now, 'LIMIT', 0, "
+    "64)\n"
+    "  for i = 1, #dead do\n"
+    "    redis.call('ZREM', q, dead[i])\n"
+    "    redis.call('ZREM', qd, dead[i])\n"
+    "  end\n"
+    "  head = redis.call('ZRANGE', q, 0, 0)[1] or false\n"
+    "end\n"
+    "local wait\n"
+    "if not cur then\n"
+    "  if not head or head == me then\n"
+    "    local f = redis.call('GET', fence)\n"
+    "    local n = 0\n"
+    "    if f then\n"
+    "      n = tonumber(f)\n"
+    "      if not n then\n"
+    "        return redis.error_reply('DLOCKFENCE the fencing counter key "
+    "holds a non-number')\n"
+    "      end\n"
+    "    end\n"
+    "    n = math.max(n + 1, nowus)\n"
+    "    local ns = string.format('%.0f', n)\n"
+    "    redis.call('SET', fence, ns)\n"
+    "    redis.call('HSET', lock, 'o', owner, 't', ns, 'd', desc, 'a', now)\n"
+    "    redis.call('PEXPIRE', lock, ttl)\n"
+    "    if head then\n"
+    "      redis.call('ZREM', q, me)\n"
+    "      redis.call('ZREM', qd, me)\n"
+    "    end\n"
+    "    return {1, ns}\n"
+    "  end\n"
+    "  wait = tonumber(redis.call('ZSCORE', qd, head)) - now\n"
+    "  if wait < 0 then wait = 0 end\n"
+    "else\n"
+    "  wait = redis.call('PTTL', lock)\n"
+    "end\n"
+    "if fair and enq then\n"
+    "  if not redis.call('ZSCORE', q, me) then\n"
+    "    local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')\n"
+    "    local s = 1\n"
+    "    if last[2] then s = tonumber(last[2]) + 1 end\n"
+    "    redis.call('ZADD', q, s, me)\n"
+    "  end\n"
+    "  local life = tonumber(ARGV[7])\n"
+    "  if wait > 0 then life = life + wait end\n"
+    "  redis.call('ZADD', qd, now + life, me)\n"
+    "  if redis.call('PTTL', q) < life then\n"
+    "    redis.call('PEXPIRE', q, life)\n"
+    "    redis.call('PEXPIRE', qd, life)\n"
+    "  end\n"
+    "end\n"
+    "return {0, wait}\n";
+
+/* KEYS: lock, queue, queue deadlines.
+ * ARGV: owner (release) or waiter id (abandon), wake channel, client
+ * channel prefix, mode ('release' or 'abandon').
+ * Release: compare-and-delete, publish on the wake channel. Abandon: leave
+ * the queue. Both then tell the fair queue's head (if any, and if the lock
+ * is free) that it is its turn. Returns 1, or 0 when the lock was not ours. */
+static const char release_lua[] =
+    "local lock, q, qd = KEYS[1], KEYS[2], KEYS[3]\n"
+    "if ARGV[4] == 'abandon' then\n"
+    "  redis.call('ZREM', q, ARGV[1])\n"
+    "  redis.call('ZREM', qd, ARGV[1])\n"
+    "  if redis.call('EXISTS', lock) == 1 then return 1 end\n"
+    "else\n"
+    "  if redis.call('HGET', lock, 'o') ~= ARGV[1] then return 0 end\n"
+    "  redis.call('DEL', lock)\n"
+    "  redis.call('PUBLISH', ARGV[2], 'r')\n"
+    "end\n"
+    "if redis.call('EXISTS', q) == 1 then\n"
+    "  local tm = redis.call('TIME')\n"
+    "  local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
+    "1000)\n"
+    "  local dead = redis.call('ZRANGEBYSCORE', qd, '-inf', now, 'LIMIT', 0, "
+    "64)\n"
+    "  for i = 1, #dead do\n"
+    "    redis.call('ZREM', q, dead[i])\n"
+    "    redis.call('ZREM', qd, dead[i])\n"
+    "  end\n"
+    "  local head = redis.call('ZRANGE', q, 0, 0)[1]\n"
+    "  if head then\n"
+    "    local c = string.find(head, ':', 1, true)\n"
+    "    local s = string.find(head, ' ', 1, true)\n"
+    "    if c and s then\n"
+    "      redis.call('PUBLISH', ARGV[3] .. string.sub(head, 1, c - 1),\n"
+    "                 string.sub(head, c + 1, s - 1))\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "return 1\n";
+
+/* KEYS: lock. ARGV: owner, ttl. 1 if extended, 0 if not ours. */
+static const char extend_lua[] =
+    "if redis.call('HGET', KEYS[1], 'o') == ARGV[1] then\n"
+    "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+    "  return 1\n"
+    "end\n"
+    "return 0\n";
+
+/* KEYS: lock, fence, queue. Returns {server ms, {o, t, d, a}, pttl, fence,
+ * queue length, first 100 queue entries}. */
+static const char inspect_lua[] =
+    "local tm = redis.call('TIME')\n"
+    "local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
+    "1000)\n"
+    "local h = redis.call('HMGET', KEYS[1], 'o', 't', 'd', 'a')\n"
+    "local pttl = redis.call('PTTL', KEYS[1])\n"
+    "local f = redis.call('GET', KEYS[2])\n"
+    "local qn = redis.call('ZCARD', KEYS[3])\n"
+    "local q = redis.call('ZRANGE', KEYS[3], 0, 99)\n"
+    "return {now, h, pttl, f, qn, q}\n";
+
+static const char *const script_text[NSCRIPTS] = {acquire_lua, release_lua,
+                                                  extend_lua, inspect_lua};
+
+/* ------------------------------------------------------------------------ */
+/* State                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* One channel of the subscriber connection. Replies to (UN)SUBSCRIBE come
+ * back in order, so a channel is truly subscribed once every command sent
+ * for it has been answered and the last one was SUBSCRIBE. */
+typedef struct chan {
+    char *name;
+    size_t len;
+    int refs;        /* waiters relying on it */
+    int want;        /* the last command sent was SUBSCRIBE */
+    int outstanding; /* commands sent, not yet answered */
+    struct chan *next;
+} chan;
+
+typedef struct redis_store {
+    dlock_client *client;
+    char *host; /* NULL for unix:// */
+    int port;
+    char *path; /* unix socket */
+    char *user;
+    char *password;
+    long db;
+    char prefix[PREFIX_MAX + 1];
+    size_t prefix_len;
+    char where[320]; /* "redis 127.0.0.1:6379", for messages */
+    int64_t timeout_ms;
+
+    pthread_mutex_t cmd_mu;
+    redisContext *cmd;
+    int64_t cmd_io_ms; /* the I/O timeout set on the socket now */
+    char sha[NSCRIPTS][41];
+
+    pthread_mutex_t sub_mu;
+    pthread_cond_t sub_cv;
+    redisContext *sub;
+    int sub_connecting;
+    chan *chans;
+    chan *mine; /* the client channel, once created */
+} redis_store;
+
+typedef struct redis_lease {
+    chan *chan;  /* the channel this waiting lease armed */
+    int queued;  /* it may sit in a fair queue */
+} redis_lease;
+
+typedef struct keyset {
+    char lock[KEY_MAX], fence[KEY_MAX], q[KEY_MAX], qd[KEY_MAX], wake[KEY_MAX];
+    size_t lock_len, fence_len, q_len, qd_len, wake_len;
+} keyset;
+
+static size_t make_key(const redis_store *rs, char *out, const char *name,
+                       size_t len, const char *suffix)
+{
+    size_t o = rs->prefix_len, sl = strlen(suffix);
+
+    memcpy(out, rs->prefix, rs->prefix_len);
+    out[o++] = '{';
+    memcpy(out + o, name, len);
+    o += len;
+    out[o++] = '}';
+    memcpy(out + o, suffix, sl);
+    return o + sl;
+}
+
+static void make_keys(const redis_store *rs, keyset *k, const char *name,
+                      size_t len)
+{
+    char wake[32];
+
+    snprintf(wake, sizeof(wake), ":w:%ld", rs->db);
+    k->lock_len = make_key(rs, k->lock, name, len, "");
+    k->fence_len = make_key(rs, k->fence, name, len, ":f");
+    k->q_len = make_key(rs, k->q, name, len, ":q");
+    k->qd_len = make_key(rs, k->qd, name, len, ":qd");
+    k->wake_len = make_key(rs, k->wake, name, len, wake);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Copies a server message, with any occurrence of the password masked. */
+static void scrub(const redis_store *rs, const char *in, char *out,
+                  size_t cap)
+{
+    size_t pl = rs->password ? strlen(rs->password) : 0;
+    size_t o = 0;
+
+    for (size_t i = 0; in[i] && o + 4 < cap;) {
+        if (pl >= 3 && strncmp(in + i, rs->password, pl) == 0) {
+            memcpy(out + o, "***", 3);
+            o += 3;
+            i += pl;
+        } else {
+            unsigned char ch = (unsigned char)in[i++];
+            out[o++] = ch < ' ' ? ' ' : (char)ch;
+        }
+    }
+    out[o] = '\0';
+}
+
+/* Maps an error reply of the server to a code and message. */
+static int server_error(const redis_store *rs, const char *msg,
+                        const char *lock)
+{
+    char m[200];
+
+    scrub(rs, msg, m, sizeof(m));
+    if (!strncmp(m, "NOAUTH", 6) || !strncmp(m, "WRONGPASS", 9) ||
+        !strncmp(m, "NOPERM", 6) || strstr(m, "AUTH"))
+        return dlock__err(DLOCK_EAUTH, "%s: authentication refused: %s",
+                          rs->where, m);
+    if (strstr(m, "WRONGTYPE"))
+        return dlock__err(DLOCK_EPROTO,
+                          "%s: a key of lock '%.100s' holds a value of "
+                          "another type (not written by dlock): %s",
+                          rs->where, lock ? lock : "?", m);
+    if (!strncmp(m, "DLOCKFENCE", 10))
+        return dlock__err(DLOCK_EPROTO, "%s: lock '%.100s': %s", rs->where,
+                          lock ? lock : "?", m + 11);
+    if (!strncmp(m, "LOADING", 7) || !strncmp(m, "BUSY", 4) ||
+        !strncmp(m, "MASTERDOWN", 10) || !strncmp(m, "TRYAGAIN", 8) ||
+        !strncmp(m, "CLUSTERDOWN", 11))
+        return dlock__err(DLOCK_ECONN, "%s: server not ready: %s", rs->where,
+                          m);
+    return dlock__err(DLOCK_EPROTO, "%s: %s", rs->where, m);
+}
+
+/* Describes the I/O failure of a context (then discarded by the caller). */
+static int io_failure(const redis_store *rs, const redisContext *ctx,
+                      int64_t io_ms)
+{
+    if (ctx->err == REDIS_ERR_IO &&
+        (strstr(ctx->errstr, "temporarily unavailable") ||
+         strstr(ctx->errstr, "timed out")))
+        return dlock__err(DLOCK_ECONN, "%s: no answer within %lld ms",
+                          rs->where, (long long)io_ms);
+    if (ctx->err == REDIS_ERR_EOF)
+        return dlock__err(DLOCK_ECONN, "%s: the server closed the connection",
+                          rs->where);
+    if (ctx->err == REDIS_ERR_OOM)
+        return dlock__err(DLOCK_ENOMEM, "%s: out of memory", rs->where);
+    if (ctx->err == REDIS_ERR_PROTOCOL)
+        return dlock__err(DLOCK_EPROTO, "%s: protocol error: %s", rs->where,
+                          ctx->errstr);
+    return dlock__err(DLOCK_ECONN, "%s: %s", rs->where, ctx->errstr);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connections                                                              */
+/* ------------------------------------------------------------------------ */
+
+static struct timeval tv_ms(int64_t ms)
+{
+    struct timeval tv;
+
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)((ms % 1000) * 1000);
+    return tv;
+}
+
+static int64_t io_budget(const redis_store *rs, int64_t deadline)
+{
+    int64_t ms = deadline - dlock__now_ms();
+
+    if (ms > rs->timeout_ms)
+        ms = rs->timeout_ms;
+    return ms < MIN_IO_MS ? MIN_IO_MS : ms;
+}
+
+/* Connects, authenticates, selects the database and, for the command
+ * connection, loads the scripts: one pipelined round trip after connect. */
+static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
+                       redisContext **out, int64_t *io_ms)
+{
+    int64_t ms = io_budget(rs, deadline);
+    redisContext *ctx;
+    int n = 0, rc = DLOCK_OK;
+
+    *out = NULL;
+    ctx = rs->path ? redisConnectUnixWithTimeout(rs->path, tv_ms(ms))
+                   : redisConnectWithTimeout(rs->host, rs->port, tv_ms(ms));
+    if (!ctx)
+        return dlock__err(DLOCK_ENOMEM, "%s: out of memory", rs->where);
+    if (ctx->err) {
+        rc = dlock__err(DLOCK_ECONN, "%s: cannot connect: %s", rs->where,
+                        ctx->errstr);
+        redisFree(ctx);
+        return rc;
+    }
+    redisSetTimeout(ctx, tv_ms(ms));
+    *io_ms = ms;
+    if (!rs->path)
+        redisEnableKeepAlive(ctx);
+
+    if (rs->password) {
+        const char *argv[3] = {"AUTH", rs->user, rs->password};
+        size_t lens[3] = {4, rs->user ? strlen(rs->user) : 0,
+                          strlen(rs->password)};
+        if (rs->user)
+            redisAppendCommandArgv(ctx, 3, argv, lens);
+        else {
+            argv[1] = rs->password;
+            lens[1] = lens[2];
+            redisAppendCommandArgv(ctx, 2, argv, lens);
+        }
+        n++;
+    }
+    if (rs->db != 0) {
+        redisAppendCommand(ctx, "SELECT %ld", rs->db);
+        n++;
+    }
+    if (load_scripts)
+        for (int i = 0; i < NSCRIPTS; i++)
+            redisAppendCommand(ctx, "SCRIPT LOAD %s", script_text[i]);
+    else
+        redisAppendCommand(ctx, "PING");
+
+    int total = n + (load_scripts ? NSCRIPTS : 1);
+    for (int i = 0; i < total; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
+            if (rc == DLOCK_OK)
+                rc = io_failure(rs, ctx, ms);
+            break;
+        }
+        if (rc == DLOCK_OK) {
+            if (r->type == REDIS_REPLY_ERROR) {
+                if (rs->password && i == 0)
+                    rc = dlock__err(DLOCK_EAUTH,
+                                    "%s: authentication refused (wrong user "
+                                    "name or password)",
+                                    rs->where);
+                else if (rs->db != 0 && i == n - 1)
+                    rc = dlock__err(DLOCK_EINVAL,
+                                    "%s: cannot select database %ld",
+                                    rs->where, rs->db);
+                else
+                    rc = server_error(rs, r->str, NULL);
+            } else if (load_scripts && i >= n) {
+                if (r->type != REDIS_REPLY_STRING || r->len != 40)
+                    rc = dlock__err(DLOCK_EPROTO,
+                                    "%s: unexpected answer to SCRIPT LOAD",
+                                    rs->where);
+                else
+                    memcpy(rs->sha[i - n], r->str, 41);
+            }
+        }
+        freeReplyObject(r);
+    }
+    if (rc) {
+        redisFree(ctx);
+        return rc;
+    }
+    *out = ctx;
+    return DLOCK_OK;
+}
+
+typedef struct rcmd {
+    int script; /* S_* for EVALSHA (run() adds the SHA), -1 otherwise */
+    int argc;
+    const char *argv[16];
+    size_t lens[16];
+} rcmd;
+
+static void arg(rcmd *c, const char *s, size_t len)
+{
+    /* argv has room for the longest command we build (acquire: 14) */
+    c->argv[c->argc] = s;
+    c->lens[c->argc] = len;
+    c->argc++;
+}
+
+static void args(rcmd *c, const char *s)
+{
+    arg(c, s, strlen(s));
+}
+
+/* An idle connection with something to read has been closed (or reset) by
+ * the server, e.g. by a restart: replacing it before sending avoids a
+ * failure, and a retry that could not tell whether the command ran. */
+static int stale(const redisContext *ctx)
+{
+    struct pollfd p = {ctx->fd, POLLIN, 0};
+
+    return poll(&p, 1, 0) != 0;
+}
+
+/* Runs `n` commands as one pipeline on the command connection, connecting
+ * first if needed. On DLOCK_OK every replies[i] is set (the caller frees
+ * them); an error reply is left for the caller to judge. A NOSCRIPT answer
+ * (scripts flushed) reloads the scripts and runs the pipeline again. */
+static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
+               int64_t deadline)
+{
+    int rc = DLOCK_OK;
+
+    pthread_mutex_lock(&rs->cmd_mu);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int noscript = 0;
+
+        if (rs->cmd && stale(rs->cmd)) {
+            redisFree(rs->cmd);
+            rs->cmd = NULL;
+        }
+        if (!rs->cmd) {
+            rc = connect_ctx(rs, deadline, 1, &rs->cmd, &rs->cmd_io_ms);
+            if (rc)
+                break;
+        }
+        int64_t ms = io_budget(rs, deadline);
+        if (rs->cmd_io_ms < ms * 9 / 10 || rs->cmd_io_ms > ms * 11 / 10) {
+            redisSetTimeout(rs->cmd, tv_ms(ms));
+            rs->cmd_io_ms = ms;
+        }
+        for (int i = 0; i < n; i++) {
+            if (cmds[i].script >= 0)
+                cmds[i].argv[1] = rs->sha[cmds[i].script];
+            redisAppendCommandArgv(rs->cmd, cmds[i].argc, cmds[i].argv,
+                                   cmds[i].lens);
+        }
+        for (int i = 0; i < n; i++)
+            replies[i] = NULL;
+        for (int i = 0; i < n; i++) {
+            if (redisGetReply(rs->cmd, (void **)&replies[i]) != REDIS_OK ||
+                !replies[i]) {
+                rc = io_failure(rs, rs->cmd, rs->cmd_io_ms);
+                redisFree(rs->cmd);
+                rs->cmd = NULL;
+                for (int k = 0; k < i; k++)
+                    freeReplyObject(replies[k]);
+                goto out;
+            }
+            if (replies[i]->type == REDIS_REPLY_ERROR &&
+                !strncmp(replies[i]->str, "NOSCRIPT", 8))
+                noscript = 1;
+        }
+        if (!noscript)
+            goto out;
+        for (int i = 0; i < n; i++)
+            freeReplyObject(replies[i]);
+        redisFree(rs->cmd); /* reconnecting reloads the scripts */
+        rs->cmd = NULL;
+        rc = dlock__err(DLOCK_EPROTO, "%s: the server keeps forgetting "
+                                      "dlock's scripts",
+                        rs->where);
+    }
+out:
+    pthread_mutex_unlock(&rs->cmd_mu);
+    return rc;
+}
+
+/* Starts EVALSHA of script `s`; run() fills in the SHA. */
+static void evalsha(rcmd *c, int s, int nkeys)
+{
+    static const char *const nk[] = {"0", "1", "2", "3", "4"};
+
+    c->script = s;
+    c->argc = 0;
+    args(c, "EVALSHA");
+    arg(c, "", 40);
+    args(c, nk[nkeys]);
+}
+
+static void plain(rcmd *c)
+{
+    c->script = -1;
+    c->argc = 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Subscriber connection                                                    */
+/* ------------------------------------------------------------------------ */
+
+static chan *chan_get(redis_store *rs, const char *name, size_t len)
+{
+    for (chan *ch = rs->chans; ch; ch = ch->next)
+        if (ch->len == len && memcmp(ch->name, name, len) == 0)
+            return ch;
+    chan *ch = calloc(1, sizeof(*ch));
+    if (!ch || !(ch->name = malloc(len + 1))) {
+        free(ch);
+        return NULL;
+    }
+    memcpy(ch->name, name, len);
+    ch->name[len] = '\0';
+    ch->len = len;
+    ch->next = rs->chans;
+    rs->chans = ch;
+    return ch;
+}
+
+static void chan_free_if_idle(redis_store *rs, chan *ch)
+{
+    if (ch->refs > 0 || ch->outstanding > 0 || ch->want)
+        return;
+    for (chan **pp = &rs->chans; *pp; pp = &(*pp)->next) {
+        if (*pp == ch) {
+            *pp = ch->next;
+            break;
+        }
+    }
+    if (rs->mine == ch)
+        rs->mine = NULL;
+    free(ch->name);
+    free(ch);
+}
+
+/* Sends (UN)SUBSCRIBE for ch on the subscriber connection; sub_mu held. */
+static int sub_send(redis_store *rs, chan *ch, int subscribe)
+{
+    const char *argv[2] = {subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", ch->name};
+    size_t lens[2] = {strlen(argv[0]), ch->len};
+    int done = 0;
+
+    redisAppendCommandArgv(rs->sub, 2, argv, lens);
+    while (!done)
+        if (redisBufferWrite(rs->sub, &done) != REDIS_OK)
+            return io_failure(rs, rs->sub, rs->timeout_ms);
+    ch->want = subscribe;
+    ch->outstanding++;
+    return DLOCK_OK;
+}
+
+/* The subscriber connection failed: forget it and every subscription, and
+ * tell the waiters to re-arm. sub_mu held. */
+static void sub_lost(redis_store *rs)
+{
+    if (rs->sub) {
+        redisFree(rs->sub);
+        rs->sub = NULL;
+    }
+    for (chan *ch = rs->chans, *next; ch; ch = next) {
+        next = ch->next;
+        ch->want = 0;
+        ch->outstanding = 0;
+        chan_free_if_idle(rs, ch);
+    }
+    pthread_cond_broadcast(&rs->sub_cv);
+    dlock__notify_error(rs->client);
+}
+
+/* Makes sure `ch` is subscribed, connecting the subscriber if needed.
+ * sub_mu held (dropped while connecting). */
+static int sub_ensure(redis_store *rs, chan *ch, int64_t deadline)
+{
+    for (;;) {
+        if (rs->sub && ch->want && ch->outstanding == 0)
+            return DLOCK_OK;
+        if (dlock__now_ms() >= deadline)
+            return dlock__err(DLOCK_ECONN,
+                              "%s: no confirmation of SUBSCRIBE in time",
+                              rs->where);
+        if (!rs->sub && rs->sub_connecting) {
+            dlock__cond_wait_until(&rs->sub_cv, &rs->sub_mu, deadline);
+            continue;
+        }
+        if (!rs->sub) {
+            redisContext *ctx;
+            int64_t io_ms;
+            int rc;
+
+            rs->sub_connecting = 1;
+            pthread_mutex_unlock(&rs->sub_mu);
+            rc = connect_ctx(rs, deadline, 0, &ctx, &io_ms);
+            pthread_mutex_lock(&rs->sub_mu);
+            rs->sub_connecting = 0;
+            pthread_cond_broadcast(&rs->sub_cv);
+            if (rc)
+                return rc;
+            rs->sub = ctx;
+            dlock__loop_wake(rs->client); /* poll the new fd */
+        }
+        if (!ch->want) {
+            int rc = sub_send(rs, ch, 1);
+            if (rc) {
+                sub_lost(rs);
+                return rc;
+            }
+        }
+        dlock__cond_wait_until(&rs->sub_cv, &rs->sub_mu, deadline);
+    }
+}
+
+/* One reply on the subscriber connection; sub_mu held. */
+static void sub_reply(redis_store *rs, redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_STRING)
+        return;
+    const char *kind = r->element[0]->str;
+    const char *name = r->element[1]->str;
+    size_t len = r->element[1]->len;
+
+    if (!strcmp(kind, "message") && r->element[2]->type == REDIS_REPLY_STRING) {
+        if (rs->mine && len == rs->mine->len &&
+            !memcmp(name, rs->mine->name, len)) {
+            dlock__notify_waiter(rs->client,
+                                 strtoull(r->element[2]->str, NULL, 10));
+        } else if (len > rs->prefix_len + 2 && name[rs->prefix_len] == '{') {
+            /* P{NAME}:w:DB -> NAME */
+            const char *end = name + len;
+            while (end > name && *--end != '}')
+                ;
+            if (end > name + rs->prefix_len)
+                dlock__notify_name(rs->client, name + rs->prefix_len + 1,
+                                   (size_t)(end - name) - rs->prefix_len - 1);
+        }
+        return;
+    }
+    if (!strcmp(kind, "subscribe") || !strcmp(kind, "unsubscribe")) {
+        for (chan *ch = rs->chans; ch; ch = ch->next) {
+            if (ch->len == len && !memcmp(ch->name, name, len)) {
+                if (ch->outstanding > 0)
+                    ch->outstanding--;
+                chan_free_if_idle(rs, ch);
+                pthread_cond_broadcast(&rs->sub_cv);
+                break;
+            }
+        }
+    }
+}
+
+static int redis_loop_fd(void *st)
+{
+    redis_store *rs = st;
+    int fd;
+
+    pthread_mutex_lock(&rs->sub_mu);
+    fd = rs->sub ? rs->sub->fd : -1;
+    pthread_mutex_unlock(&rs->sub_mu);
+    return fd;
+}
+
+static void redis_loop_run(void *st, int readable)
+{
+    redis_store *rs = st;
+
+    if (!readable)
+        return;
+    pthread_mutex_lock(&rs->sub_mu);
+    if (rs->sub) {
+        if (redisBufferRead(rs->sub) != REDIS_OK) {
+            sub_lost(rs);
+        } else {
+            redisReply *r = NULL;
+            while (rs->sub &&
+                   redisGetReplyFromReader(rs->sub, (void **)&r) == REDIS_OK &&
+                   r) {
+                sub_reply(rs, r);
+                freeReplyObject(r);
+                r = NULL;
+            }
+            if (rs->sub && rs->sub->err)
+                sub_lost(rs);
+        }
+    }
+    pthread_mutex_unlock(&rs->sub_mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backend slots                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The fair-queue member of a waiting lease: "<client id>:<waiter> <desc>". */
+static size_t waiter_id(redis_store *rs, const dlock__lease *l, char *out,
+                        size_t cap)
+{
+    int n = snprintf(out, cap, "%s:%" PRIu64 " %s",
+                     dlock__client_id(rs->client), l->waiter, l->desc);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+static int reply_uint(const redisReply *r, uint64_t *out)
+{
+    if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) {
+        *out = (uint64_t)r->integer;
+        return 0;
+    }
+    if (r->type == REDIS_REPLY_STRING && r->len > 0 && r->len < 21) {
+        char *end;
+        errno = 0;
+        *out = strtoull(r->str, &end, 10);
+        return errno || *end ? -1 : 0;
+    }
+    return -1;
+}
+
+static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
+{
+    redis_store *rs = st;
+    redis_lease *rl = l->priv;
+    keyset k;
+    char ttl[24], grace[24], me[256];
+    size_t me_len = 0;
+    int fair = (l->flags & DLOCK_FAIR) != 0;
+    int enqueue = fair && l->waiting;
+    redisReply *r;
+    rcmd c;
+    int rc;
+
+    make_keys(rs, &k, l->name, l->name_len);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    snprintf(grace, sizeof(grace), "%d", QUEUE_GRACE_MS);
+    if (fair)
+        me_len = waiter_id(rs, l, me, sizeof(me));
+    evalsha(&c, S_ACQUIRE, 4);
+    arg(&c, k.lock, k.lock_len);
+    arg(&c, k.fence, k.fence_len);
+    arg(&c, k.q, k.q_len);
+    arg(&c, k.qd, k.qd_len);
+    args(&c, l->owner);
+    args(&c, ttl);
+    args(&c, l->desc);
+    args(&c, fair ? "1" : "0");
+    arg(&c, fair ? me : "", me_len);
+    args(&c, enqueue ? "1" : "0");
+    args(&c, grace);
+    if (enqueue)
+        rl->queued = 1;
+
+    rc = run(rs, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = server_error(rs, r->str, l->name);
+    } else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+               r->element[0]->type != REDIS_REPLY_INTEGER) {
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to acquire",
+                        rs->where);
+    } else if (r->element[0]->integer == 1) {
+        if (reply_uint(r->element[1], &l->token) != 0 || l->token == 0)
+            rc = dlock__err(DLOCK_EPROTO,
+                            "%s: lock '%.100s': bad fencing token in the "
+                            "store",
+                            rs->where, l->name);
+    } else {
+        long long wait = r->element[1]->type == REDIS_REPLY_INTEGER
+                             ? r->element[1]->integer
+                             : -1;
+        /* -1: the key has no expiry (not set by dlock): look again now and
+         * then; -2: it vanished meanwhile: try again at once. */
+        l->retry_ms = wait >= 0 ? wait : wait == -2 ? 0 : NO_TTL_RETRY_MS;
+        rc = DLOCK_EBUSY;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+static int release_script(redis_store *rs, const dlock__lease *l,
+                          const char *who, size_t who_len, const char *mode,
+                          int64_t deadline, long long *result)
+{
+    keyset k;
+    char cprefix[PREFIX_MAX + 4];
+    redisReply *r;
+    rcmd c;
+    int rc;
+
+    make_keys(rs, &k, l->name, l->name_len);
+    snprintf(cprefix, sizeof(cprefix), "%sc:", rs->prefix);
+    evalsha(&c, S_RELEASE, 3);
+    arg(&c, k.lock, k.lock_len);
+    arg(&c, k.q, k.q_len);
+    arg(&c, k.qd, k.qd_len);
+    arg(&c, who, who_len);
+    arg(&c, k.wake, k.wake_len);
+    args(&c, cprefix);
+    args(&c, mode);
+    rc = run(rs, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = server_error(rs, r->str, l->name);
+    else if (r->type != REDIS_REPLY_INTEGER)
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to release",
+                        rs->where);
+    else
+        *result = r->integer;
+    freeReplyObject(r);
+    return rc;
+}
+
+static int redis_release(void *st, dlock__lease *l, int64_t deadline)
+{
+    long long ok = 0;
+    int rc = release_script(st, l, l->owner, strlen(l->owner), "release",
+                            deadline, &ok);
+
+    if (rc == DLOCK_OK && !ok)
+        rc = dlock__err(DLOCK_ENOTHELD, "lock '%.100s' is not ours in the "
+                                        "store",
+                        l->name);
+    return rc;
+}
+
+static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
+                        int64_t deadline)
+{
+    redis_store *rs = st;
+    keyset k;
+    char ttl[24];
+    redisReply *r;
+    rcmd c;
+    int rc;
+
+    make_keys(rs, &k, l->name, l->name_len);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+    evalsha(&c, S_EXTEND, 1);
+    arg(&c, k.lock, k.lock_len);
+    args(&c, l->owner);
+    args(&c, ttl);
+    rc = run(rs, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = server_error(rs, r->str, l->name);
+    else if (r->type != REDIS_REPLY_INTEGER)
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to extend",
+                        rs->where);
+    else if (r->integer != 1)
+        rc = dlock__err(DLOCK_ENOTHELD, "lock '%.100s' is not ours in the "
+                                        "store",
+                        l->name);
+    freeReplyObject(r);
+    return rc;
+}
+
+static int redis_arm(void *st, dlock__lease *l, int64_t deadline)
+{
+    redis_store *rs = st;
+    redis_lease *rl = l->priv;
+    int rc;
+
+    pthread_mutex_lock(&rs->sub_mu);
+    if (!rl->chan) {
+        if (l->flags & DLOCK_FAIR) {
+            if (!rs->mine) {
+                char name[PREFIX_MAX + 40];
+                int n = snprintf(name, sizeof(name), "%sc:%s", rs->prefix,
+                                 dlock__client_id(rs->client));
+                rs->mine = chan_get(rs, name, (size_t)n);
+                if (rs->mine)
+                    rs->mine->refs++; /* kept for the client's life */
+            }
+            rl->chan = rs->mine;
+        } else {
+            keyset k;
+            make_keys(rs, &k, l->name, l->name_len);
+            rl->chan = chan_get(rs, k.wake, k.wake_len);
+        }
+        if (!rl->chan) {
+            pthread_mutex_unlock(&rs->sub_mu);
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        }
+        rl->chan->refs++;
+    }
+    rc = sub_ensure(rs, rl->chan, deadline);
+    pthread_mutex_unlock(&rs->sub_mu);
+    return rc;
+}
+
+static void redis_disarm(void *st, dlock__lease *l, int acquired)
+{
+    redis_store *rs = st;
+    redis_lease *rl = l->priv;
+
+    if (rl->queued && !acquired) {
+        /* leave the fair queue at once, so the next waiter need not wait
+         * for our entry to expire */
+        char me[256];
+        size_t n = waiter_id(rs, l, me, sizeof(me));
+        long long ignored;
+        (void)release_script(rs, l, me, n, "abandon",
+                             dlock__now_ms() + rs->timeout_ms, &ignored);
+    }
+    rl->queued = 0;
+    pthread_mutex_lock(&rs->sub_mu);
+    if (rl->chan) {
+        chan *ch = rl->chan;
+        rl->chan = NULL;
+        if (--ch->refs == 0) {
+            if (rs->sub && ch->want && sub_send(rs, ch, 0) != DLOCK_OK)
+                sub_lost(rs);
+            else
+                chan_free_if_idle(rs, ch);
+        }
+    }
+    pthread_mutex_unlock(&rs->sub_mu);
+}
+
+static char *dup_str(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+static int redis_inspect(void *st, const char *name, size_t len,
+                         dlock_info *out, int64_t deadline)
+{
+    redis_store *rs = st;
+    keyset k;
+    redisReply *r[2];
+    rcmd c[2];
+    int rc;
+
+    make_keys(rs, &k, name, len);
+    evalsha(&c[0], S_INSPECT, 3);
+    arg(&c[0], k.lock, k.lock_len);
+    arg(&c[0], k.fence, k.fence_len);
+    arg(&c[0], k.q, k.q_len);
+    plain(&c[1]);
+    args(&c[1], "PUBSUB");
+    args(&c[1], "NUMSUB");
+    arg(&c[1], k.wake, k.wake_len);
+    rc = run(rs, c, 2, r, deadline);
+    if (rc)
+        return rc;
+
+    const redisReply *s = r[0];
+    if (s->type == REDIS_REPLY_ERROR) {
+        rc = server_error(rs, s->str, name);
+        goto done;
+    }
+    if (s->type != REDIS_REPLY_ARRAY || s->elements != 6 ||
+        s->element[1]->type != REDIS_REPLY_ARRAY ||
+        s->element[1]->elements != 4 ||
+        s->element[5]->type != REDIS_REPLY_ARRAY) {
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
+                        rs->where);
+        goto done;
+    }
+    const redisReply *h = s->element[1];
+    long long now = s->element[0]->integer;
+    uint64_t v;
+
+    out->held = h->element[0]->type == REDIS_REPLY_STRING;
+    if (reply_uint(s->element[3], &v) == 0)
+        out->token = v;
+    if (out->held) {
+        if (reply_uint(h->element[1], &v) == 0)
+            out->token = v;
+        if (h->element[2]->type == REDIS_REPLY_STRING)
+            snprintf(out->holder, sizeof(out->holder), "%.*s",
+                     (int)h->element[2]->len, h->element[2]->str);
+        if (reply_uint(h->element[3], &v) == 0 && now >= (long long)v)
+            out->held_ms = now - (long long)v;
+        if (s->element[2]->type == REDIS_REPLY_INTEGER &&
+            s->element[2]->integer >= 0)
+            out->ttl_ms = s->element[2]->integer;
+    }
+    out->waiters = s->element[4]->integer;
+    if (r[1]->type == REDIS_REPLY_ARRAY && r[1]->elements == 2 &&
+        r[1]->element[1]->type == REDIS_REPLY_INTEGER)
+        out->waiters += r[1]->element[1]->integer;
+
+    const redisReply *q = s->element[5];
+    if (q->elements > 0) {
+        out->queue = calloc(q->elements, sizeof(char *));
+        if (!out->queue) {
+            rc = dlock__err(DLOCK_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (size_t i = 0; i < q->elements; i++) {
+            const redisReply *e = q->element[i];
+            if (e->type != REDIS_REPLY_STRING)
+                continue;
+            const char *sp = memchr(e->str, ' ', e->len);
+            const char *d = sp ? sp + 1 : e->str;
+            size_t dl = e->len - (size_t)(d - e->str);
+            out->queue[out->queue_len] = dup_str(d, dl);
+            if (!out->queue[out->queue_len]) {
+                rc = dlock__err(DLOCK_ENOMEM, "out of memory");
+                goto done;
+            }
+            out->queue_len++;
+        }
+    }
+done:
+    freeReplyObject(r[0]);
+    freeReplyObject(r[1]);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Open and close                                                           */
+/* ------------------------------------------------------------------------ */
+
+static void redis_close(void *st)
+{
+    redis_store *rs = st;
+
+    if (!rs)
+        return;
+    if (rs->cmd)
+        redisFree(rs->cmd);
+    if (rs->sub)
+        redisFree(rs->sub);
+    while (rs->chans) {
+        chan *ch = rs->chans;
+        rs->chans = ch->next;
+        free(ch->name);
+        free(ch);
+    }
+    pthread_mutex_destroy(&rs->cmd_mu);
+    pthread_mutex_destroy(&rs->sub_mu);
+    pthread_cond_destroy(&rs->sub_cv);
+    free(rs->host);
+    free(rs->path);
+    free(rs->user);
+    if (rs->password) {
+        dlock__wipe(rs->password, strlen(rs->password));
+        free(rs->password);
+    }
+    free(rs);
+}
+
+static int parse_config(redis_store *rs, const dlock__uri *u, int64_t *tmo)
+{
+    static const char *const params[] = {"prefix", "timeout", "db", NULL};
+    const char *prefix = dlock__uri_param(u, "prefix");
+    const char *timeout = dlock__uri_param(u, "timeout");
+    const char *db = dlock__uri_param(u, "db");
+    int is_unix = strcmp(u->scheme, "unix") == 0;
+    long long v;
+    int rc = dlock__uri_check_params(u, params);
+
+    if (rc)
+        return rc;
+    if (is_unix) {
+        if (u->nhosts != 0 || u->path[0] != '/' || u->path[1] == '\0')
+            return dlock__err(DLOCK_EINVAL,
+                              "unix:// needs the socket's absolute path: "
+                              "unix:///path/to/redis.sock");
+        if (!(rs->path = strdup(u->path)))
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        snprintf(rs->where, sizeof(rs->where), "redis unix:%.250s",
+                 rs->path);
+    } else {
+        if (u->nhosts != 1)
+            return dlock__err(DLOCK_EINVAL,
+                              u->nhosts ? "redis:// takes one host (for "
+                                          "several, use redlock://)"
+                                        : "redis:// needs a host: "
+                                          "redis://host[:port]");
+        if (!(rs->host = strdup(u->hosts[0].host)))
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        rs->port = u->hosts[0].port ? u->hosts[0].port : DEFAULT_PORT;
+        snprintf(rs->where, sizeof(rs->where),
+                 strchr(rs->host, ':') ? "redis [%.200s]:%d" : "redis %.200s:%d",
+                 rs->host, rs->port);
+        if (u->path[0] && strcmp(u->path, "/") != 0) {
+            if (db)
+                return dlock__err(DLOCK_EINVAL,
+                                  "redis://: give the database in the path "
+                                  "or as ?db=, not both");
+            db = u->path + 1;
+        }
+    }
+    if (db) {
+        if (dlock__parse_int(db, 1000000, &v) != 0)
+            return dlock__err(DLOCK_EINVAL,
+                              "redis: database must be a number, not "
+                              "'%.40s'",
+                              db);
+        rs->db = (long)v;
+    }
+    if (timeout) {
+        if (dlock__parse_int(timeout, 3600000, &v) != 0 || v == 0)
+            return dlock__err(DLOCK_EINVAL,
+                              "redis: timeout must be milliseconds "
+                              "(1..3600000), not '%.40s'",
+                              timeout);
+        *tmo = v;
+    }
+    if (!prefix)
+        prefix = DEFAULT_PREFIX;
+    if (strlen(prefix) > PREFIX_MAX || strpbrk(prefix, "{}"))
+        return dlock__err(DLOCK_EINVAL,
+                          "redis: prefix must be at most %d bytes without "
+                          "'{' or '}'",
+                          PREFIX_MAX);
+    rs->prefix_len = strlen(prefix);
+    memcpy(rs->prefix, prefix, rs->prefix_len + 1);
+    if (u->user && !(rs->user = strdup(u->user)))
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    if (u->user && !u->password)
+        return dlock__err(DLOCK_EINVAL,
+                          "redis: a user name needs a password "
+                          "(user:password@host)");
+    if (u->password && !(rs->password = strdup(u->password)))
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    return DLOCK_OK;
+}
+
+static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
+                      int64_t timeout_ms)
+{
+    redis_store *rs = calloc(1, sizeof(*rs));
+    int rc;
+
+    if (!rs)
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    rs->client = c;
+    pthread_mutex_init(&rs->cmd_mu, NULL);
+    pthread_mutex_init(&rs->sub_mu, NULL);
+    rc = dlock__cond_init(&rs->sub_cv);
+    if (rc) {
+        pthread_mutex_destroy(&rs->cmd_mu);
+        pthread_mutex_destroy(&rs->sub_mu);
+        free(rs);
+        return rc;
+    }
+    rs->timeout_ms = timeout_ms;
+    rc = parse_config(rs, u, &rs->timeout_ms);
+    if (rc == DLOCK_OK) {
+        pthread_mutex_lock(&rs->cmd_mu);
+        rc = connect_ctx(rs, dlock__now_ms() + rs->timeout_ms, 1, &rs->cmd,
+                         &rs->cmd_io_ms);
+        pthread_mutex_unlock(&rs->cmd_mu);
+    }
+    if (rc) {
+        redis_close(rs);
+        return rc;
+    }
+    *out = rs;
+    return DLOCK_OK;
+}
+
+const dlock__backend dlock__backend_redis = {
+    "redis",             /* name */
+    DLOCK__CAP_LEASE,    /* caps */
+    sizeof(redis_lease), /* lease_size */
+    redis_open,          /* open */
+    redis_close,         /* close */
+    redis_acquire,       /* acquire */
+    redis_arm,           /* arm */
+    redis_disarm,        /* disarm */
+    redis_release,       /* release */
+    redis_extend,        /* extend */
+    redis_inspect,       /* inspect */
+    redis_loop_fd,       /* loop_fd */
+    redis_loop_run,      /* loop_run */
+};

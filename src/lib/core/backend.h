@@ -1,0 +1,153 @@
+/*
+ * backend.h -- the interface between the core and one store.
+ *
+ * A store is one source file in src/lib/backends/ that exports a single
+ * `const dlock__backend dlock__backend_<x>` and is listed in registry.c.
+ * The core knows nothing about any store: it owns reentrancy, the wait
+ * loop, the watchdog, loss detection and the public API; the backend owns
+ * the bytes on the wire (or in the file).
+ *
+ * Threading contract:
+ *  - Every slot may be called from several threads at once (application
+ *    threads and the client's background thread). A backend protects its own
+ *    connections with its own mutexes.
+ *  - The core never holds its client mutex while it calls a backend slot, so
+ *    a backend may call the dlock__notify_* functions below at any time,
+ *    from any thread, while holding its own locks.
+ *  - Backends report failures with dlock__err(code, fmt, ...), which stores
+ *    the message for the calling thread and returns the code. They never
+ *    print, exit or abort, and never put a password in a message.
+ *
+ * Time: every deadline is a CLOCK_MONOTONIC time in milliseconds from
+ * dlock__now_ms(). `op_deadline` bounds one store operation: a backend must
+ * give up with DLOCK_ECONN once it passes (it may round it up to a few ms).
+ */
+#ifndef DLOCK_BACKEND_H
+#define DLOCK_BACKEND_H
+
+#include "dlock.h"
+#include "uri.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DLOCK__FOREVER INT64_MAX
+
+/*
+ * One acquisition of one lock by one owner, from the first try to the
+ * release. The core fills the inputs; the backend fills the outputs and may
+ * keep its own per-lease state in `priv` (lease_size bytes, zeroed, freed by
+ * the core).
+ */
+typedef struct dlock__lease {
+    /* inputs (constant for the lease's life unless noted) */
+    const char *name;  /* lock name, NUL-terminated */
+    size_t name_len;
+    const char *owner; /* unguessable owner id: "<client hex>:<tid>" */
+    const char *desc;  /* human description: "host pid N tid N" */
+    int64_t ttl_ms;    /* lease length; dlock_extend() may change it */
+    unsigned flags;    /* DLOCK_FAIR, ... */
+    uint64_t waiter;   /* this lease's waiter number in the client; target
+                        * of dlock__notify_waiter() */
+    int waiting;       /* 0 on the first try; 1 once the core has armed
+                        * notifications and will wait (fair queues join
+                        * then) */
+    int64_t deadline;  /* when the caller's wait ends (CAP_NATIVE_WAIT
+                        * only); DLOCK__FOREVER; <= now means try once */
+    /* outputs of acquire */
+    uint64_t token;   /* fencing token of a successful acquire */
+    int64_t retry_ms; /* on DLOCK_EBUSY: re-try after this long even without
+                       * a notification (the holder's lease left); -1 none */
+    void *priv;       /* backend state, lease_size bytes */
+} dlock__lease;
+
+/* Capabilities. */
+#define DLOCK__CAP_LEASE 0x1u       /* locks expire unless renewed */
+#define DLOCK__CAP_NATIVE_WAIT 0x2u /* acquire() itself waits until deadline */
+
+typedef struct dlock__backend {
+    const char *name; /* "redis", "file" */
+    unsigned caps;
+    size_t lease_size;
+
+    /* Connects to the store described by `uri` (whose scheme selected this
+     * backend) and returns the store state in *st. Required. */
+    int (*open)(void **st, dlock_client *c, const dlock__uri *uri,
+                int64_t timeout_ms);
+
+    /* Frees the store state. Required. No other slot runs concurrently. */
+    void (*close)(void *st);
+
+    /* Tries once to take the lock for l->owner (CAP_NATIVE_WAIT: waits until
+     * l->deadline). DLOCK_OK with l->token set; DLOCK_EBUSY with
+     * l->retry_ms set; or an error code. Required. */
+    int (*acquire)(void *st, dlock__lease *l, int64_t op_deadline);
+
+    /* Prepares notifications for a waiting lease (subscribe, watch) before
+     * the core's next try, so that no release between that try and the
+     * wait is missed. Called again after dlock__notify_error(). Optional. */
+    int (*arm)(void *st, dlock__lease *l, int64_t op_deadline);
+
+    /* Undoes arm() and leaves any wait queue when `acquired` is 0. Called
+     * once after every wait that reached arm(), even if arm() failed.
+     * Optional. Cannot fail (best effort). */
+    void (*disarm)(void *st, dlock__lease *l, int acquired);
+
+    /* Frees the lock if l->owner holds it (atomic compare-and-delete).
+     * DLOCK_OK; DLOCK_ENOTHELD when it was not ours any more; or an error.
+     * Required. */
+    int (*release)(void *st, dlock__lease *l, int64_t op_deadline);
+
+    /* Sets the lease to ttl_ms from now if l->owner holds the lock.
+     * DLOCK_OK; DLOCK_ENOTHELD; or an error. Required. */
+    int (*extend)(void *st, dlock__lease *l, int64_t ttl_ms,
+                  int64_t op_deadline);
+
+    /* Fills *out (zeroed by the core) for dlock_inspect(). Required. */
+    int (*inspect)(void *st, const char *name, size_t name_len,
+                   dlock_info *out, int64_t op_deadline);
+
+    /* The background thread polls this fd for reading (-1: none) and calls
+     * loop_run() after every wake-up (readable or not). Both optional; both
+     * run on the background thread only. */
+    int (*loop_fd)(void *st);
+    void (*loop_run)(void *st, int readable);
+} dlock__backend;
+
+/* --- services the core offers to backends ------------------------------ */
+
+/* Stores a formatted message for the calling thread; returns `code`. */
+int dlock__err(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t dlock__now_ms(void);
+
+/* The client's random id as 32 lowercase hex digits. */
+const char *dlock__client_id(const dlock_client *c);
+
+/* Wakes one waiter of this client that waits (not in fair mode) for
+ * `name`: the lock was released. */
+void dlock__notify_name(dlock_client *c, const char *name, size_t len);
+
+/* Wakes the waiter whose lease has l->waiter == waiter. */
+void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
+
+/* Wakes every waiter of the client: its notifications may have been lost
+ * (a subscriber connection broke). Each re-arms, then re-tries. */
+void dlock__notify_error(dlock_client *c);
+
+/* Makes the background thread call loop_fd()/loop_run() soon. */
+void dlock__loop_wake(dlock_client *c);
+
+/* Backends, defined in src/lib/backends/ and listed in registry.c. */
+extern const dlock__backend dlock__backend_file;
+#ifdef DLOCK_HAVE_REDIS
+extern const dlock__backend dlock__backend_redis;
+#endif
+
+/* The backend for a URI scheme; NULL when unknown. *built is 0 for a known
+ * store that this build does not include. */
+const dlock__backend *dlock__backend_find(const char *scheme, int *built);
+
+#endif /* DLOCK_BACKEND_H */

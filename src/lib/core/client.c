@@ -1,0 +1,499 @@
+/*
+ * client.c -- clients, their background thread, and wake-ups.
+ *
+ * Each client runs one background thread. It sleeps in poll() on an eventfd
+ * (and on one fd of the backend's, e.g. Redis' subscriber connection) until
+ * the earliest of: a hold's renewal time, a hold's local lease end, or a
+ * wake-up. Then it
+ *   1. lets the backend handle its fd (wake-up notifications),
+ *   2. declares lost every hold whose local lease has run out,
+ *   3. renews every hold that is due (at ttl/3, in small batches),
+ *   4. runs lost-lock callbacks, without holding the client mutex.
+ *
+ * Renewal versus release (the race that bit Redisson): a renewal marks the
+ * hold `renewing` under the client mutex before it talks to the store, and
+ * release waits for that mark to clear, under the same mutex, before it
+ * unlinks the hold. So a renewal never runs on a released hold, and a
+ * renewal's answer is never applied to a hold it was not sent for. Renewal
+ * itself is a compare-on-owner script: it cannot extend another owner.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#define DEFAULT_TIMEOUT_MS 2000
+
+/* ------------------------------------------------------------------------ */
+/* Wake-ups (called by backends, any thread)                                */
+/* ------------------------------------------------------------------------ */
+
+void dlock__loop_wake(dlock_client *c)
+{
+    uint64_t one = 1;
+    ssize_t n;
+
+    do
+        n = write(c->wake_fd, &one, sizeof(one));
+    while (n < 0 && errno == EINTR);
+}
+
+void dlock__schedule(dlock_client *c, int64_t when)
+{
+    if (when < c->next_wake) {
+        c->next_wake = when;
+        dlock__loop_wake(c);
+    }
+}
+
+void dlock__notify_name(dlock_client *c, const char *name, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    dlock__entry *e = dlock__entry_find(c, name, len);
+    if (e) {
+        /* Wake the oldest waiter of this name that has not been woken yet:
+         * only one can win, and a waiter that gives up passes its wake-up
+         * on (see lock.c), so none is lost. */
+        for (dlock__waiter *w = c->waiters; w; w = w->next) {
+            if (w->entry == e && !w->fair && !w->notified) {
+                w->notified = 1;
+                pthread_cond_signal(&w->cv);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void dlock__notify_waiter(dlock_client *c, uint64_t seq)
+{
+    pthread_mutex_lock(&c->mu);
+    for (dlock__waiter *w = c->waiters; w; w = w->next) {
+        if (w->seq == seq) {
+            w->notified = 1;
+            pthread_cond_signal(&w->cv);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void dlock__notify_error(dlock_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    for (dlock__waiter *w = c->waiters; w; w = w->next) {
+        w->rearm = 1;
+        pthread_cond_signal(&w->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+const char *dlock__client_id(const dlock_client *c)
+{
+    return c->id;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The watchdog                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lost_note {
+    dlock *handle;
+    uint64_t token;
+    char why[256];
+} lost_note;
+
+static void mark_lost(dlock__hold *h, const char *why)
+{
+    h->lost = 1;
+    snprintf(h->why, sizeof(h->why), "lock '%.100s': %s", h->entry->name,
+             why);
+}
+
+/* Collects lost notes into *notes (grown as needed); c->mu held. */
+static void note_lost(dlock__hold *h, lost_note **notes, size_t *n,
+                      size_t *cap)
+{
+    if (!h->handle->opts.on_lost)
+        return;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 8;
+        lost_note *nn = realloc(*notes, nc * sizeof(*nn));
+        if (!nn)
+            return; /* the owner still learns it from dlock_release() */
+        *notes = nn;
+        *cap = nc;
+    }
+    lost_note *ln = &(*notes)[(*n)++];
+    ln->handle = h->handle;
+    ln->token = h->lease.token;
+    memcpy(ln->why, h->why, sizeof(ln->why));
+    h->handle->callbacks++;
+}
+
+/* One pass of the watchdog; c->mu held on entry and exit (dropped while
+ * talking to the store). Returns when it wants to run next. */
+static int64_t watchdog(dlock_client *c)
+{
+    int64_t now = dlock__now_ms();
+    int64_t next = DLOCK__FOREVER;
+    dlock__hold **due = NULL;
+    size_t ndue = 0, capdue = 0;
+    lost_note *notes = NULL;
+    size_t nnotes = 0, capnotes = 0;
+
+    if (!(c->be->caps & DLOCK__CAP_LEASE))
+        return DLOCK__FOREVER;
+
+    for (dlock__hold *h = c->holds; h; h = h->next) {
+        if (h->lost || h->renewing || h->count == 0)
+            continue;
+        if (now >= h->lease_end) {
+            mark_lost(h, "the lease ran out before it could be renewed");
+            note_lost(h, &notes, &nnotes, &capnotes);
+            continue;
+        }
+        if (!(h->handle->opts.flags & DLOCK_NO_RENEW)) {
+            /* Renew a little early when a wake-up is happening anyway, so
+             * that many holds share wake-ups. */
+            if (h->renew_at <= now + h->lease.ttl_ms / 10) {
+                if (ndue == capdue) {
+                    size_t nc = capdue ? capdue * 2 : 8;
+                    dlock__hold **nd = realloc(due, nc * sizeof(*nd));
+                    if (!nd) {
+                        next = now + 10; /* try again shortly */
+                        break;
+                    }
+                    due = nd;
+                    capdue = nc;
+                }
+                due[ndue++] = h;
+                h->renewing = 1;
+                continue;
+            }
+            if (h->renew_at < next)
+                next = h->renew_at;
+        }
+        if (h->lease_end < next)
+            next = h->lease_end;
+    }
+
+    for (size_t i = 0; i < ndue; i++) {
+        dlock__hold *h = due[i];
+        int64_t t0 = dlock__now_ms();
+        int64_t ttl = h->lease.ttl_ms;
+        int64_t dl = t0 + c->timeout_ms;
+        int rc;
+
+        if (dl > h->lease_end)
+            dl = h->lease_end;
+        pthread_mutex_unlock(&c->mu);
+        rc = c->be->extend(c->st, &h->lease, ttl, dl);
+        pthread_mutex_lock(&c->mu);
+        h->renewing = 0;
+        if (rc == DLOCK_OK) {
+            h->lease_end = t0 + ttl - dlock__lease_margin(ttl);
+            h->renew_at = t0 + ttl / 3;
+        } else if (rc == DLOCK_ENOTHELD) {
+            mark_lost(h, "renewal found it deleted or taken over in the "
+                         "store");
+            note_lost(h, &notes, &nnotes, &capnotes);
+        } else {
+            /* The store did not answer: try again soon, until the local
+             * lease end declares the hold lost. */
+            int64_t again = dlock__now_ms() + (ttl / 10 > 1000 ? 1000
+                                                               : ttl / 10);
+            h->renew_at = again < h->lease_end ? again : h->lease_end;
+        }
+        if (!h->lost) {
+            if (h->renew_at < next)
+                next = h->renew_at;
+            if (h->lease_end < next)
+                next = h->lease_end;
+        }
+        pthread_cond_broadcast(&c->cv);
+    }
+    free(due);
+
+    for (size_t i = 0; i < nnotes; i++) {
+        dlock *l = notes[i].handle;
+        dlock_lost_cb cb = l->opts.on_lost;
+        void *arg = l->opts.on_lost_arg;
+
+        pthread_mutex_unlock(&c->mu);
+        dlock__err(DLOCK_ELOST, "%s", notes[i].why);
+        cb(l, notes[i].token, arg);
+        pthread_mutex_lock(&c->mu);
+        l->callbacks--;
+        pthread_cond_broadcast(&c->cv);
+    }
+    free(notes);
+    return next;
+}
+
+static void *background(void *arg)
+{
+    dlock_client *c = arg;
+
+    pthread_mutex_lock(&c->mu);
+    while (!c->stopping) {
+        int64_t next = watchdog(c);
+        int64_t now = dlock__now_ms();
+        struct pollfd fds[2];
+        int nfds = 1, timeout;
+
+        c->next_wake = next;
+        pthread_mutex_unlock(&c->mu);
+
+        fds[0].fd = c->wake_fd;
+        fds[0].events = POLLIN;
+        fds[1].fd = c->be->loop_fd ? c->be->loop_fd(c->st) : -1;
+        fds[1].events = POLLIN;
+        fds[1].revents = 0;
+        if (fds[1].fd >= 0)
+            nfds = 2;
+        if (next == DLOCK__FOREVER)
+            timeout = -1;
+        else if (next <= now)
+            timeout = 0;
+        else
+            timeout = next - now > 60000 ? 60000 : (int)(next - now);
+        if (poll(fds, (nfds_t)nfds, timeout) > 0 &&
+            (fds[0].revents & POLLIN)) {
+            uint64_t v;
+            if (read(c->wake_fd, &v, sizeof(v)) < 0) {
+                /* nothing to do: the eventfd was drained already */
+            }
+        }
+        if (c->be->loop_run)
+            c->be->loop_run(c->st,
+                            nfds == 2 && (fds[1].revents &
+                                          (POLLIN | POLLERR | POLLHUP)));
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Opening and closing                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Appends `s` to buf with every byte outside [A-Za-z0-9/._-] %-escaped. */
+static void append_escaped(char *buf, size_t cap, const char *s)
+{
+    size_t o = strlen(buf);
+
+    for (; *s && o + 4 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+            (ch >= '0' && ch <= '9') || ch == '/' || ch == '.' ||
+            ch == '_' || ch == '-')
+            buf[o++] = (char)ch;
+        else
+            o += (size_t)snprintf(buf + o, cap - o, "%%%02X", ch);
+    }
+    buf[o] = '\0';
+}
+
+/* The URI used when none is given: $DLOCK_STORE, else the private file
+ * store under $XDG_RUNTIME_DIR/dlock or /tmp/dlock-$UID. */
+static int default_uri(char *buf, size_t cap)
+{
+    const char *env = getenv("DLOCK_STORE");
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    char dir[4096];
+
+    if (env && *env) {
+        if (strlen(env) >= cap)
+            return dlock__err(DLOCK_EINVAL, "DLOCK_STORE is too long");
+        memcpy(buf, env, strlen(env) + 1);
+        return DLOCK_OK;
+    }
+    if (xdg && xdg[0] == '/' && strlen(xdg) < 3000)
+        snprintf(dir, sizeof(dir), "%s/dlock", xdg);
+    else
+        snprintf(dir, sizeof(dir), "/tmp/dlock-%lu",
+                 (unsigned long)getuid());
+    snprintf(buf, cap, "file://");
+    append_escaped(buf, cap - 16, dir);
+    strcat(buf, "?private=1");
+    return DLOCK_OK;
+}
+
+static void client_free(dlock_client *c)
+{
+    for (size_t i = 0; i < c->nbuckets; i++) {
+        dlock__entry *e = c->buckets[i];
+        while (e) {
+            dlock__entry *next = e->chain;
+            free(e->name);
+            free(e);
+            e = next;
+        }
+    }
+    free(c->buckets);
+    if (c->wake_fd >= 0)
+        close(c->wake_fd);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c->store);
+    free(c);
+}
+
+int dlock_client_open(dlock_client **out, const char *uri,
+                      const dlock_client_options *opts)
+{
+    char defuri[4200];
+    dlock__uri u;
+    const dlock__backend *be;
+    dlock_client *c;
+    unsigned char id[16];
+    int built = 1, rc;
+
+    dlock__err_clear();
+    if (!out)
+        return dlock__err(DLOCK_EINVAL, "dlock_client_open: out is NULL");
+    *out = NULL;
+    if (opts && opts->timeout_ms < 0)
+        return dlock__err(DLOCK_EINVAL,
+                          "client option timeout_ms must not be negative");
+    if (!uri || !*uri) {
+        rc = default_uri(defuri, sizeof(defuri));
+        if (rc)
+            return rc;
+        uri = defuri;
+    }
+    rc = dlock__uri_parse(uri, &u);
+    if (rc)
+        return rc;
+    be = dlock__backend_find(u.scheme, &built);
+    if (!be) {
+        rc = built ? dlock__err(DLOCK_EINVAL,
+                                "unknown store '%s://' (known: file, redis, "
+                                "unix)",
+                                u.scheme)
+                   : dlock__err(DLOCK_ENOTSUP,
+                                "this dlock was built without %s:// support",
+                                u.scheme);
+        dlock__uri_free(&u);
+        return rc;
+    }
+
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        dlock__uri_free(&u);
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    }
+    c->wake_fd = -1;
+    c->be = be;
+    c->refs = 1;
+    c->next_wake = DLOCK__FOREVER;
+    c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
+                                                  : DEFAULT_TIMEOUT_MS;
+    c->pid = (long)getpid();
+    if (gethostname(c->host, sizeof(c->host) - 1) != 0)
+        strcpy(c->host, "unknown-host");
+    pthread_mutex_init(&c->mu, NULL);
+    rc = dlock__cond_init(&c->cv);
+    if (rc) {
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        dlock__uri_free(&u);
+        return rc;
+    }
+    c->store = strdup(u.redacted);
+    rc = dlock__random(id, sizeof(id));
+    if (!c->store && !rc)
+        rc = dlock__err(DLOCK_ENOMEM, "out of memory");
+    if (rc)
+        goto fail;
+    for (size_t i = 0; i < sizeof(id); i++)
+        snprintf(c->id + 2 * i, 3, "%02x", id[i]);
+    c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->wake_fd < 0) {
+        rc = dlock__err(DLOCK_ENOMEM, "eventfd failed: %s", strerror(errno));
+        goto fail;
+    }
+
+    rc = be->open(&c->st, c, &u, c->timeout_ms);
+    if (rc)
+        goto fail;
+
+    sigset_t old;
+    dlock__block_signals(&old);
+    rc = pthread_create(&c->thread, NULL, background, c);
+    dlock__restore_signals(&old);
+    if (rc != 0) {
+        be->close(c->st);
+        rc = dlock__err(DLOCK_ENOMEM, "cannot start the client thread: %s",
+                        strerror(rc));
+        goto fail;
+    }
+    c->thread_started = 1;
+    dlock__uri_free(&u);
+    *out = c;
+    return DLOCK_OK;
+
+fail:
+    dlock__uri_free(&u);
+    client_free(c);
+    return rc;
+}
+
+void dlock__client_unref(dlock_client *c)
+{
+    if (--c->refs > 0) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    pthread_mutex_unlock(&c->mu);
+    client_free(c);
+}
+
+void dlock_client_close(dlock_client *c)
+{
+    if (!c)
+        return;
+    if (c->thread_started && pthread_equal(pthread_self(), c->thread))
+        return; /* from a callback: documented as not allowed */
+
+    pthread_mutex_lock(&c->mu);
+    if (c->closed) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    c->closed = 1;
+    c->stopping = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (c->thread_started) {
+        dlock__loop_wake(c);
+        pthread_join(c->thread, NULL);
+        c->thread_started = 0;
+    }
+
+    pthread_mutex_lock(&c->mu);
+    while (c->holds) {
+        dlock__hold *h = c->holds;
+        dlock__hold_unlink(c, h);
+        pthread_mutex_unlock(&c->mu);
+        dlock__hold_drop(c, h);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+
+    c->be->close(c->st);
+    c->st = NULL;
+    pthread_mutex_lock(&c->mu);
+    dlock__client_unref(c);
+}
+
+const char *dlock_client_store(const dlock_client *c)
+{
+    return c ? c->store : "";
+}

@@ -1,0 +1,140 @@
+/*
+ * internal.h -- the core's structures. Never installed; backends see only
+ * backend.h.
+ *
+ * Locking: one mutex per client (c->mu) guards everything in the client,
+ * its entries, holds, waiters and handles' counters. The core never holds
+ * c->mu while it calls a backend slot or a user callback.
+ */
+#ifndef DLOCK_INTERNAL_H
+#define DLOCK_INTERNAL_H
+
+#include "backend.h"
+#include "dlock.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dlock__entry dlock__entry;
+typedef struct dlock__hold dlock__hold;
+typedef struct dlock__waiter dlock__waiter;
+
+/* One hold: a lease the calling thread owns, with its reentrant count. */
+struct dlock__hold {
+    dlock__lease lease;   /* what the backend sees; first member */
+    dlock *handle;        /* the handle that made it (options, callback) */
+    dlock__entry *entry;  /* its name */
+    pthread_t thread;     /* the owner thread */
+    int count;            /* reentrant depth, >= 1 while held */
+    int lost;             /* the hold is known to be gone */
+    int renewing;         /* the watchdog is renewing it right now */
+    int64_t lease_end;    /* local, conservative end of the lease */
+    int64_t renew_at;     /* when the watchdog renews it next */
+    char owner[64];       /* lease.owner points here */
+    char desc[160];       /* lease.desc points here */
+    char why[256];        /* why it was lost (for the callback's errmsg) */
+    dlock__hold *next_in_entry;
+    dlock__hold *prev, *next; /* the client's list of all holds */
+};
+
+/* A thread waiting in dlock_acquire(). */
+struct dlock__waiter {
+    uint64_t seq;
+    dlock__entry *entry;
+    pthread_cond_t cv;
+    int fair;
+    int notified; /* a wake-up arrived and was not consumed yet */
+    int rearm;    /* notifications may have been lost: arm again */
+    dlock__waiter *prev, *next;
+};
+
+/* One lock name known to a client: shared by its handles and holds. */
+struct dlock__entry {
+    char *name;
+    size_t len;
+    uint64_t hash;
+    size_t refs;         /* handles open on this name */
+    dlock__hold *holds;  /* this client's holds of it, one per thread */
+    dlock__entry *chain; /* hash bucket chain */
+};
+
+struct dlock {
+    dlock_client *client;
+    dlock__entry *entry;
+    dlock_options opts;
+    int callbacks; /* lost-lock callbacks running for this handle */
+};
+
+struct dlock_client {
+    const dlock__backend *be;
+    void *st;
+    char *store; /* redacted URI */
+    char id[33];
+    char host[64];
+    long pid;
+    int64_t timeout_ms;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* renewals, callbacks and references finishing */
+
+    dlock__entry **buckets;
+    size_t nbuckets, nentries;
+
+    dlock__hold *holds; /* every hold, for the watchdog */
+    size_t nholds;
+
+    dlock__waiter *waiters;
+    uint64_t next_waiter;
+
+    pthread_t thread;
+    int thread_started;
+    int wake_fd;       /* eventfd that wakes the background thread */
+    int stopping;
+    int64_t next_wake; /* when the background thread will wake anyway */
+    int closed;
+    size_t refs; /* 1 for the client itself + open handles */
+};
+
+/* error.c */
+void dlock__err_clear(void);
+
+/* util.c */
+void dlock__wipe(void *p, size_t n);
+int dlock__random(void *buf, size_t n);
+long dlock__tid(void);
+uint64_t dlock__hash(const char *s, size_t n);
+int dlock__cond_init(pthread_cond_t *cv);
+/* Waits on cv until signalled or `deadline` (monotonic ms) passes. */
+void dlock__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
+                            int64_t deadline);
+/* Blocks every signal in the calling thread and returns the old mask in
+ * *old, so that threads it creates inherit a blocked mask. */
+void dlock__block_signals(sigset_t *old);
+void dlock__restore_signals(const sigset_t *old);
+
+/* client.c */
+void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */
+/* Tells the background thread a hold needs attention at `when`. c->mu
+ * held. */
+void dlock__schedule(dlock_client *c, int64_t when);
+
+/* names.c (c->mu held for all) */
+dlock__entry *dlock__entry_ref(dlock_client *c, const char *name, size_t len);
+void dlock__entry_unref(dlock_client *c, dlock__entry *e);
+dlock__entry *dlock__entry_find(dlock_client *c, const char *name,
+                                size_t len);
+void dlock__entry_maybe_free(dlock_client *c, dlock__entry *e);
+
+/* lock.c */
+/* Removes a hold from every list (c->mu held). */
+void dlock__hold_unlink(dlock_client *c, dlock__hold *h);
+/* Releases a hold in the store, best effort, and frees it (c->mu NOT
+ * held; the hold must already be unlinked). */
+void dlock__hold_drop(dlock_client *c, dlock__hold *h);
+/* Lease margin: how early before the store's expiry a lease is declared
+ * lost locally (clock-rate drift between client and store). */
+int64_t dlock__lease_margin(int64_t ttl_ms);
+
+#endif /* DLOCK_INTERNAL_H */

@@ -1,0 +1,46 @@
+/*
+ * registry.c -- which backend serves which URI scheme.
+ *
+ * A store that this build leaves out stays listed with a NULL backend, so
+ * that its URI fails with DLOCK_ENOTSUP ("built without ...") rather than
+ * "unknown store".
+ */
+#include "internal.h"
+
+#include <string.h>
+
+static const struct {
+    const char *scheme;
+    const dlock__backend *backend;
+} registry[] = {
+    {"file", &dlock__backend_file},
+#ifdef DLOCK_HAVE_REDIS
+    {"redis", &dlock__backend_redis},
+    {"unix", &dlock__backend_redis},
+#else
+    {"redis", NULL},
+    {"unix", NULL},
+#endif
+    /* stores planned but not yet written */
+    {"redlock", NULL},
+    {"zk", NULL},
+    {"etcd", NULL},
+    {"etcds", NULL},
+    {"postgres", NULL},
+    {"postgresql", NULL},
+    {"mysql", NULL},
+    {"mariadb", NULL},
+    {"sqlite", NULL},
+};
+
+const dlock__backend *dlock__backend_find(const char *scheme, int *built)
+{
+    for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++) {
+        if (strcmp(registry[i].scheme, scheme) == 0) {
+            *built = registry[i].backend != NULL;
+            return registry[i].backend;
+        }
+    }
+    *built = 1;
+    return NULL;
+}

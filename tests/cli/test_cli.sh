@@ -1,0 +1,687 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2016,SC2317
+# (SC2016: single-quoted "$VAR"s are for the command's own shell; SC2317:
+# cleanup runs from the EXIT trap.)
+#
+# test_cli.sh -- the dlock command-line tool, through its real binary.
+#
+#   bash test_cli.sh /path/to/dlock file|redis
+#
+# "redis" starts a private redis-server (from PATH) on a free loopback port
+# in a temporary directory and stops it on exit. Every wait is bounded; the
+# whole script takes well under a minute. Each failed assertion prints a
+# "FAIL:" line; the exit status is 1 if any failed, 0 otherwise.
+
+set -u
+
+if [ $# -ne 2 ]; then
+    echo "usage: bash $0 /path/to/dlock file|redis" >&2
+    exit 2
+fi
+DLOCK=$1
+KIND=$2
+case $KIND in
+file | redis) ;;
+*)
+    echo "test_cli.sh: store kind must be 'file' or 'redis', not '$KIND'" >&2
+    exit 2
+    ;;
+esac
+if [ ! -x "$DLOCK" ]; then
+    echo "FAIL: $DLOCK is not an executable file" >&2
+    exit 1
+fi
+
+FAILS=0
+PASSES=0
+BG_PIDS=()
+REDIS_PID=
+REDIS_PORT=
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-cli-XXXXXX") || {
+    echo "FAIL: mktemp -d failed" >&2
+    exit 1
+}
+
+cleanup() {
+    local p
+    for p in "${BG_PIDS[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    if [ -n "$REDIS_PID" ]; then
+        kill -KILL "$REDIS_PID" 2>/dev/null
+        wait "$REDIS_PID" 2>/dev/null
+    fi
+    if [ -z "${DLOCK_TEST_KEEP:-}" ]; then
+        rm -rf "$TMP"
+    else
+        echo "kept $TMP" >&2
+    fi
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    FAILS=$((FAILS + 1))
+}
+
+pass() {
+    echo "ok   $*"
+    PASSES=$((PASSES + 1))
+}
+
+# Shows a file's contents (indented) after a failure, for diagnosis.
+show() {
+    local f
+    for f in "$@"; do
+        if [ -s "$f" ]; then
+            echo "  --- ${f#"$TMP"/}:" >&2
+            sed 's/^/  | /' "$f" | head -n 20 >&2
+        fi
+    done
+}
+
+now_ms() {
+    if [ -n "${EPOCHREALTIME:-}" ]; then
+        local t=${EPOCHREALTIME/[.,]/}
+        echo $((10#$t / 1000))
+    else
+        date +%s%3N
+    fi
+}
+
+# Every foreground dlock call is bounded, so a hang fails instead of
+# stalling the suite (exit 124 then).
+if command -v timeout >/dev/null 2>&1; then
+    BOUND=(timeout -k 2 20)
+else
+    BOUND=()
+fi
+
+# dl ARGS... : runs dlock with stdout in $TMP/out and stderr in $TMP/err;
+# its exit status in RC.
+dl() {
+    "${BOUND[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+}
+
+# expect_rc WANT DESCRIPTION -- ARGS... : runs dlock ARGS, checks the status.
+expect_rc() {
+    local want=$1 what=$2
+    shift 3
+    dl "$@"
+    if [ "$RC" -eq "$want" ]; then
+        pass "$what (exit $RC)"
+    else
+        fail "$what: dlock $* exited $RC, expected $want"
+        show "$TMP/out" "$TMP/err"
+    fi
+}
+
+# Starts dlock in the background (output in $TMP/bg.<tag>.out/.err); its pid
+# in BG.
+bg_dlock() {
+    local tag=$1
+    shift
+    "$DLOCK" "$@" >"$TMP/bg.$tag.out" 2>"$TMP/bg.$tag.err" </dev/null &
+    BG=$!
+    BG_PIDS+=("$BG")
+}
+
+# is_held NAME: the store says NAME is held.
+is_held() {
+    "${BOUND[@]}" "$DLOCK" status --json "$1" 2>/dev/null </dev/null |
+        grep -q '"held":true'
+}
+
+# wait_held NAME PID: waits (at most 10 s) until NAME is held; fails early
+# if PID (the would-be holder) exits first. Returns 0 when held.
+wait_held() {
+    local name=$1 pid=$2 i
+    for ((i = 0; i < 100; i++)); do
+        if is_held "$name"; then
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            return 1
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# wait_exit PID SECONDS: waits until PID exits (at most SECONDS), then sets
+# WRC to its exit status; WRC=timeout (and PID is killed) if it did not.
+wait_exit() {
+    local pid=$1 limit=$(($2 * 10)) i
+    for ((i = 0; i < limit; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            break
+        fi
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        WRC=timeout
+        return 1
+    fi
+    wait "$pid"
+    WRC=$?
+    return 0
+}
+
+# wait_file FILE: waits (at most 10 s) until FILE exists.
+wait_file() {
+    local i
+    for ((i = 0; i < 100; i++)); do
+        [ -e "$1" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+START_MS=$(now_ms)
+
+# --------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------
+
+start_redis() {
+    local attempt p i
+    if ! command -v redis-server >/dev/null 2>&1; then
+        echo "FAIL: redis-server is not in PATH: install redis (e.g." \
+            "apt-get install redis-server) to run the redis CLI tests" >&2
+        exit 1
+    fi
+    if ! command -v redis-cli >/dev/null 2>&1; then
+        echo "FAIL: redis-cli is not in PATH: install redis-tools" >&2
+        exit 1
+    fi
+    mkdir -p "$TMP/redis"
+    for ((attempt = 0; attempt < 5; attempt++)); do
+        # a free loopback port: nothing answers on it
+        p=
+        for ((i = 0; i < 100; i++)); do
+            local cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+            if ! (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null; then
+                p=$cand
+                break
+            fi
+        done
+        if [ -z "$p" ]; then
+            continue
+        fi
+        redis-server --save '' --appendonly no --bind 127.0.0.1 \
+            --port "$p" --dir "$TMP/redis" --daemonize no \
+            >"$TMP/redis/log" 2>&1 </dev/null &
+        REDIS_PID=$!
+        for ((i = 0; i < 50; i++)); do
+            if ! kill -0 "$REDIS_PID" 2>/dev/null; then
+                break # exited: the port was taken after all?
+            fi
+            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
+                REDIS_PORT=$p
+                return 0
+            fi
+            sleep 0.1
+        done
+        kill -KILL "$REDIS_PID" 2>/dev/null
+        wait "$REDIS_PID" 2>/dev/null
+        REDIS_PID=
+    done
+    echo "FAIL: redis-server did not start; its log:" >&2
+    show "$TMP/redis/log"
+    exit 1
+}
+
+if [ "$KIND" = redis ]; then
+    start_redis
+    export DLOCK_STORE="redis://127.0.0.1:$REDIS_PORT"
+else
+    export DLOCK_STORE="file://$TMP/locks"
+fi
+echo "# store: $DLOCK_STORE"
+
+# --------------------------------------------------------------------------
+# Usage, help, version
+# --------------------------------------------------------------------------
+
+dl --version
+if [ "$RC" -eq 0 ] && grep -q '^dlock ' "$TMP/out"; then
+    pass "--version"
+else
+    fail "dlock --version: exit $RC, output: $(cat "$TMP/out")"
+fi
+dl version
+if [ "$RC" -eq 0 ] && grep -q '^dlock ' "$TMP/out"; then
+    pass "version"
+else
+    fail "dlock version: exit $RC"
+fi
+
+dl --help
+if [ "$RC" -eq 0 ] && grep -q 'usage: dlock' "$TMP/out"; then
+    pass "--help"
+else
+    fail "dlock --help: exit $RC, output: $(head -c 300 "$TMP/out")"
+fi
+for args in "help run" "run --help" "help status" "status --help" "help" \
+    "-h" "run -h"; do
+    # shellcheck disable=SC2086 # split on purpose
+    dl $args
+    if [ "$RC" -eq 0 ] && grep -q 'usage: dlock' "$TMP/out"; then
+        pass "dlock $args"
+    else
+        fail "dlock $args: exit $RC (expected 0 and a usage on stdout)"
+        show "$TMP/out" "$TMP/err"
+    fi
+done
+dl help run
+if grep -q -- '--wait' "$TMP/out" && grep -q -- '--ttl' "$TMP/out" &&
+    grep -q -- '--fair' "$TMP/out"; then
+    pass "run help lists its options"
+else
+    fail "dlock help run does not list --wait/--ttl/--fair"
+fi
+
+expect_rc 64 "no command" --
+expect_rc 64 "unknown command" -- frobnicate
+expect_rc 64 "help of an unknown command" -- help frobnicate
+expect_rc 64 "run without NAME" -- run
+expect_rc 64 "run NAME without a command" -- run usageL
+expect_rc 64 "run NAME -- without a command" -- run usageL --
+expect_rc 64 "run with an unknown option" -- run --bogus usageL -- true
+expect_rc 64 "--ttl 0" -- run --ttl 0 usageL -- true
+expect_rc 64 "--ttl abc" -- run --ttl abc usageL -- true
+expect_rc 64 "--ttl -1" -- run --ttl -1 usageL -- true
+expect_rc 64 "--ttl forever" -- run --ttl forever usageL -- true
+expect_rc 64 "--wait -5" -- run --wait -5 usageL -- true
+expect_rc 64 "--wait 5x" -- run --wait 5x usageL -- true
+expect_rc 64 "--wait without a value" -- run --wait
+expect_rc 64 "--kill-after bad" -- run --kill-after zz usageL -- true
+expect_rc 64 "status without NAME" -- status
+expect_rc 64 "status with two names" -- status a b
+expect_rc 64 "status with an unknown option" -- status --bogus a
+dl run --ttl abc usageL -- true
+if grep -q "abc" "$TMP/err"; then
+    pass "bad --ttl names the value"
+else
+    fail "bad --ttl: message does not quote 'abc': $(cat "$TMP/err")"
+fi
+
+# bad stores
+expect_rc 64 "unknown store scheme" -- run --store foo://x usageL -- true
+if grep -q "foo" "$TMP/err"; then
+    pass "unknown store is named"
+else
+    fail "unknown store: message does not name foo: $(cat "$TMP/err")"
+fi
+expect_rc 64 "malformed store URI" -- status --store nope usageL
+expect_rc 69 "store not built" -- run --store zk://h:1/x usageL -- true
+expect_rc 69 "unreachable redis" -- status --store redis://127.0.0.1:1 usageL
+# a password in a bad URI is not printed
+dl status --store 'redis://u:Pw9Secret@127.0.0.1:1' usageL
+if [ "$RC" -ne 0 ] && ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+    pass "store password not printed (exit $RC)"
+else
+    fail "store password: exit $RC or printed: $(cat "$TMP/out" "$TMP/err")"
+fi
+# --store wins over DLOCK_STORE
+dl status --store "file://$TMP/other" storeL
+if [ "$RC" -eq 0 ] && grep -q "store: *file://$TMP/other" "$TMP/out"; then
+    pass "--store overrides DLOCK_STORE"
+else
+    fail "--store file://$TMP/other: exit $RC, output: $(cat "$TMP/out")"
+    show "$TMP/err"
+fi
+
+# --------------------------------------------------------------------------
+# The command's exit status
+# --------------------------------------------------------------------------
+
+expect_rc 0 "command exit 0" -- run exitL -- true
+expect_rc 7 "command exit 7 passed through" -- run exitL -- sh -c 'exit 7'
+expect_rc 1 "command exit 1 passed through" -- run exitL false
+expect_rc 137 "command killed by SIGKILL" -- run exitL -- sh -c 'kill -9 $$'
+expect_rc 143 "command killed by SIGTERM" -- run exitL -- sh -c 'kill -TERM $$'
+expect_rc 127 "command not found" -- run exitL -- /nonexistent/dlock-no-such-cmd
+expect_rc 127 "command not in PATH" -- run exitL -- dlock-no-such-cmd-xyz
+printf 'not executable\n' >"$TMP/noexec.sh"
+chmod 644 "$TMP/noexec.sh"
+expect_rc 126 "command not executable" -- run exitL -- "$TMP/noexec.sh"
+# the lock is free again after all of these
+dl status --json exitL
+if grep -q '"held":false' "$TMP/out"; then
+    pass "lock free after failed commands"
+else
+    fail "exitL still held after the commands: $(cat "$TMP/out")"
+fi
+
+# --------------------------------------------------------------------------
+# Environment: DLOCK_NAME, DLOCK_TOKEN
+# --------------------------------------------------------------------------
+
+print_env='printf "%s\n%s\n" "$DLOCK_NAME" "$DLOCK_TOKEN"'
+dl run envL -- sh -c "$print_env"
+name1=$(sed -n 1p "$TMP/out")
+tok1=$(sed -n 2p "$TMP/out")
+if [ "$RC" -eq 0 ] && [ "$name1" = envL ]; then
+    pass "DLOCK_NAME"
+else
+    fail "DLOCK_NAME: exit $RC, got '$name1', expected 'envL'"
+    show "$TMP/err"
+fi
+if [[ $tok1 =~ ^[0-9]+$ ]] && ((10#$tok1 > 0)); then
+    pass "DLOCK_TOKEN is a positive number ($tok1)"
+else
+    fail "DLOCK_TOKEN is '$tok1', expected a number > 0"
+    tok1=0
+fi
+dl run envL -- sh -c "$print_env"
+tok2=$(sed -n 2p "$TMP/out")
+if [[ $tok2 =~ ^[0-9]+$ ]] && ((10#$tok2 > 10#$tok1)); then
+    pass "tokens increase ($tok1 < $tok2)"
+else
+    fail "second token '$tok2' is not greater than the first '$tok1'"
+fi
+dl run envL -- sh -c "$print_env"
+tok3=$(sed -n 2p "$TMP/out")
+if [[ $tok3 =~ ^[0-9]+$ ]] && ((10#$tok3 > 10#$tok2)); then
+    pass "tokens increase again ($tok2 < $tok3)"
+else
+    fail "third token '$tok3' is not greater than the second '$tok2'"
+fi
+# the status shows the last token once free
+dl status --json envL
+if grep -q "\"held\":false" "$TMP/out" && grep -q "\"token\":${tok3}[,}]" "$TMP/out"; then
+    pass "status shows the last token $tok3"
+else
+    fail "status after release: expected held false and token $tok3: $(cat "$TMP/out")"
+fi
+
+# inherited DLOCK_NAME / DLOCK_TOKEN are replaced, not duplicated
+DLOCK_NAME=bogus DLOCK_TOKEN=0 "${BOUND[@]}" "$DLOCK" run envL2 -- \
+    sh -c "$print_env; env | grep -c '^DLOCK_NAME='" >"$TMP/out" 2>"$TMP/err"
+RC=$?
+if [ "$RC" -eq 0 ] && [ "$(sed -n 1p "$TMP/out")" = envL2 ] &&
+    [ "$(sed -n 2p "$TMP/out")" != 0 ] && [ "$(sed -n 3p "$TMP/out")" = 1 ]; then
+    pass "inherited DLOCK_NAME/DLOCK_TOKEN replaced"
+else
+    fail "inherited DLOCK_NAME/DLOCK_TOKEN: exit $RC, output: $(cat "$TMP/out")"
+fi
+
+# names with spaces and quotes
+for name in "a lock with spaces" "it's \"quoted\"" "semi;colon \$HOME *" \
+    "slash/and\\back" "ünïcödé"; do
+    dl run "$name" -- sh -c 'printf "%s" "$DLOCK_NAME"'
+    if [ "$RC" -eq 0 ] && [ "$(cat "$TMP/out")" = "$name" ]; then
+        pass "name [$name]"
+    else
+        fail "name [$name]: exit $RC, child saw [$(cat "$TMP/out")]"
+        show "$TMP/err"
+    fi
+    dl status "$name"
+    if [ "$RC" -eq 0 ] && grep -qF "lock:     $name" "$TMP/out" &&
+        grep -q "state: *free" "$TMP/out"; then
+        pass "status of [$name]"
+    else
+        fail "status [$name]: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+done
+
+# arguments reach the command as they are
+dl run argL -- sh -c 'printf "[%s]" "$@"' sh "a b" "" "c'd" '$x'
+if [ "$RC" -eq 0 ] && [ "$(cat "$TMP/out")" = "[a b][][c'd][\$x]" ]; then
+    pass "arguments passed verbatim"
+else
+    fail "arguments: exit $RC, got $(cat "$TMP/out")"
+fi
+# without "--" too
+dl run argL printf '%s-%s' x y
+if [ "$RC" -eq 0 ] && [ "$(cat "$TMP/out")" = "x-y" ]; then
+    pass "command without --"
+else
+    fail "command without --: exit $RC, got $(cat "$TMP/out")"
+fi
+
+# --------------------------------------------------------------------------
+# Mutual exclusion, --wait, status
+# --------------------------------------------------------------------------
+
+REL=$TMP/release.mx
+# the holder keeps the lock until $REL appears (at most 10 s)
+holder_cmd='printf "%s" "$DLOCK_TOKEN" > "$TOKFILE"; i=0
+while [ ! -e "$REL" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
+REL=$REL TOKFILE=$TMP/tok.mx bg_dlock mx run mxL -- sh -c "$holder_cmd"
+holder=$BG
+if wait_held mxL "$holder"; then
+    pass "holder holds mxL"
+
+    dl status mxL
+    if [ "$RC" -eq 0 ] && grep -q '^state:    held' "$TMP/out" &&
+        grep -q '^holder:   .*pid' "$TMP/out"; then
+        pass "status shows held and the holder"
+    else
+        fail "status while held: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl status --json mxL
+    if [ "$RC" -eq 0 ] && grep -q '"held":true' "$TMP/out" &&
+        grep -q '"holder":"' "$TMP/out" && grep -q '"token":[1-9]' "$TMP/out"; then
+        pass "status --json while held"
+    else
+        fail "status --json while held: exit $RC: $(cat "$TMP/out")"
+    fi
+
+    expect_rc 75 "--wait 0 while held" -- run --wait 0 mxL -- true
+    if grep -q "held" "$TMP/err"; then
+        pass "--wait 0 says why"
+    else
+        fail "--wait 0: no message on stderr"
+    fi
+    t0=$(now_ms)
+    expect_rc 75 "--wait 300ms while held" -- run --wait 300ms mxL -- true
+    dt=$(($(now_ms) - t0))
+    if ((dt >= 300 && dt < 5000)); then
+        pass "--wait 300ms gave up after ${dt} ms"
+    else
+        fail "--wait 300ms gave up after ${dt} ms (expected 300 ms to a few s)"
+    fi
+    expect_rc 75 "--wait 0.2 (seconds) while held" -- run --wait 0.2 mxL -- true
+
+    # a waiter with a long --wait gets it once the holder is done
+    bg_dlock waiter run --wait 10s mxL -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+    waiter=$BG
+    sleep 0.3
+    if kill -0 "$waiter" 2>/dev/null; then
+        pass "--wait 10s waits while held"
+    else
+        fail "--wait 10s did not wait (it exited while the lock was held)"
+        show "$TMP/bg.waiter.err"
+    fi
+    t0=$(now_ms)
+    touch "$REL"
+    wait_exit "$waiter" 10
+    dt=$(($(now_ms) - t0))
+    if [ "$WRC" = 0 ]; then
+        pass "--wait 10s acquired after the release (${dt} ms)"
+    else
+        fail "--wait 10s waiter: exit $WRC"
+        show "$TMP/bg.waiter.err"
+    fi
+    wtok=$(cat "$TMP/bg.waiter.out")
+    htok=$(cat "$TMP/tok.mx" 2>/dev/null)
+    if [[ $wtok =~ ^[0-9]+$ && $htok =~ ^[0-9]+$ ]] && ((10#$wtok > 10#$htok)); then
+        pass "waiter's token $wtok > holder's $htok"
+    else
+        fail "waiter's token '$wtok' not greater than holder's '$htok'"
+    fi
+else
+    fail "mxL never showed as held"
+    show "$TMP/bg.mx.err"
+    touch "$REL"
+fi
+wait_exit "$holder" 10
+if [ "$WRC" = 0 ]; then
+    pass "holder exited 0"
+else
+    fail "holder: exit $WRC"
+    show "$TMP/bg.mx.err"
+fi
+
+dl status mxL
+if [ "$RC" -eq 0 ] && grep -q '^state:    free' "$TMP/out" &&
+    ! grep -q '^holder:' "$TMP/out"; then
+    pass "status shows free after release"
+else
+    fail "status after release: exit $RC: $(cat "$TMP/out")"
+fi
+dl status --json mxL
+if [ "$RC" -eq 0 ] && grep -q '"held":false' "$TMP/out" &&
+    grep -q '"token":[0-9]' "$TMP/out" && grep -q '"holder":null' "$TMP/out"; then
+    pass "status --json after release"
+else
+    fail "status --json after release: exit $RC: $(cat "$TMP/out")"
+fi
+dl status --json never-used-lock
+if [ "$RC" -eq 0 ] && grep -q '"held":false' "$TMP/out" &&
+    grep -q '"token":0[,}]' "$TMP/out"; then
+    pass "status of a never-held lock"
+else
+    fail "status of a never-held lock: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+fi
+
+# --------------------------------------------------------------------------
+# Signals reach the command
+# --------------------------------------------------------------------------
+
+sig_cmd='trap "echo got > \"$MARKER\"; kill \$sp 2>/dev/null; exit 3" TERM
+sleep 20 & sp=$!
+: > "$READY"
+wait'
+MARKER=$TMP/marker READY=$TMP/ready bg_dlock sig run sigL -- bash -c "$sig_cmd"
+sigpid=$BG
+if wait_held sigL "$sigpid" && wait_file "$TMP/ready"; then
+    kill -TERM "$sigpid"
+    wait_exit "$sigpid" 10
+    if [ "$WRC" = 3 ]; then
+        pass "SIGTERM to dlock: the command's trap ran, exit 3"
+    else
+        fail "SIGTERM to dlock: exit $WRC, expected 3"
+        show "$TMP/bg.sig.err"
+    fi
+    if grep -q got "$TMP/marker" 2>/dev/null; then
+        pass "the command received SIGTERM"
+    else
+        fail "the command's TERM trap did not run (no marker)"
+    fi
+    dl status --json sigL
+    if grep -q '"held":false' "$TMP/out"; then
+        pass "sigL released after the signal"
+    else
+        fail "sigL still held after dlock exited: $(cat "$TMP/out")"
+    fi
+else
+    fail "sigL never held, or the command never became ready"
+    show "$TMP/bg.sig.err"
+    kill -KILL "$sigpid" 2>/dev/null
+fi
+
+# SIGHUP sent by a process is forwarded too, and the command dies of it.
+# (Not SIGINT: a non-interactive shell starts background jobs with SIGINT
+# ignored, and an ignored signal is never forwarded.)
+hup_cmd=': > "$READY"; exec sleep 20'
+rm -f "$TMP/ready"
+READY=$TMP/ready bg_dlock hup run hupL -- sh -c "$hup_cmd"
+huppid=$BG
+if wait_held hupL "$huppid" && wait_file "$TMP/ready"; then
+    kill -HUP "$huppid"
+    wait_exit "$huppid" 10
+    if [ "$WRC" = 129 ]; then
+        pass "SIGHUP forwarded: exit 129"
+    else
+        fail "SIGHUP to dlock: exit $WRC, expected 129"
+        show "$TMP/bg.hup.err"
+    fi
+else
+    fail "hupL never held"
+    show "$TMP/bg.hup.err"
+    kill -KILL "$huppid" 2>/dev/null
+fi
+
+# --------------------------------------------------------------------------
+# Lock loss (redis only: the file store has no lease to lose)
+# --------------------------------------------------------------------------
+
+if [ "$KIND" = redis ]; then
+    bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
+    lostpid=$BG
+    if wait_held lostL "$lostpid"; then
+        n=$(redis-cli -p "$REDIS_PORT" DEL 'dlock:{lostL}' 2>&1)
+        if [ "$n" = 1 ]; then
+            pass "deleted the lock key behind dlock's back"
+        else
+            fail "redis-cli DEL 'dlock:{lostL}' answered '$n' (key layout?)"
+        fi
+        t0=$(now_ms)
+        wait_exit "$lostpid" 6
+        dt=$(($(now_ms) - t0))
+        if [ "$WRC" = 76 ]; then
+            pass "lost lock: exit 76 after ${dt} ms"
+        else
+            fail "lost lock: exit $WRC (after ${dt} ms), expected 76"
+        fi
+        if grep -qi "lost" "$TMP/bg.lost.err"; then
+            pass "lost lock: stderr says lost"
+        else
+            fail "lost lock: stderr does not mention 'lost'"
+        fi
+        if [ "$WRC" != 76 ] || ! grep -qi lost "$TMP/bg.lost.err"; then
+            show "$TMP/bg.lost.err"
+        fi
+    else
+        fail "lostL never held"
+        show "$TMP/bg.lost.err"
+        kill -KILL "$lostpid" 2>/dev/null
+    fi
+
+    # a command that ignores SIGTERM is killed after --kill-after
+    stubborn='trap "" TERM; : > "$READY"; i=0
+while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
+    rm -f "$TMP/ready"
+    READY=$TMP/ready bg_dlock stub run --ttl 1s --kill-after 500ms stubL -- \
+        sh -c "$stubborn"
+    stubpid=$BG
+    if wait_held stubL "$stubpid" && wait_file "$TMP/ready"; then
+        redis-cli -p "$REDIS_PORT" DEL 'dlock:{stubL}' >/dev/null 2>&1
+        wait_exit "$stubpid" 8
+        if [ "$WRC" = 76 ]; then
+            pass "lost lock, command ignoring SIGTERM: killed, exit 76"
+        else
+            fail "lost lock, command ignoring SIGTERM: exit $WRC, expected 76"
+            show "$TMP/bg.stub.err"
+        fi
+    else
+        fail "stubL never held"
+        show "$TMP/bg.stub.err"
+        kill -KILL "$stubpid" 2>/dev/null
+    fi
+else
+    echo "skip lock loss (the file store has no lease)"
+fi
+
+# --------------------------------------------------------------------------
+# Fairness flag
+# --------------------------------------------------------------------------
+
+expect_rc 0 "--fair" -- run --fair fairL -- true
+expect_rc 0 "--fair --wait 1s --ttl 2s" -- run --fair --wait 1s --ttl 2s fairL -- true
+expect_rc 0 "--quiet --store=URI form" -- run --quiet "--store=$DLOCK_STORE" fairL -- true
+
+# --------------------------------------------------------------------------
+
+ELAPSED=$(($(now_ms) - START_MS))
+echo "# $KIND: $PASSES passed, $FAILS failed, ${ELAPSED} ms"
+if [ "$FAILS" -ne 0 ]; then
+    exit 1
+fi
+exit 0

@@ -1,0 +1,129 @@
+/*
+ * test.h -- a small test harness: checks that never compile out and print
+ * both sides, a test list runner, and helpers to run real stores.
+ *
+ * A test binary's main() calls th_main(argc, argv, tests) with a
+ * NULL-terminated table; `binary [filter]` runs the tests whose name
+ * contains filter. Exit 0 = all passed, 1 = a failure, 77 = skipped.
+ */
+#ifndef DLOCK_TEST_H
+#define DLOCK_TEST_H
+
+#include <dlock.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+typedef struct th_test {
+    const char *name;
+    void (*fn)(void);
+} th_test;
+
+#define TEST(name) static void name(void)
+#define T(name) {#name, name}
+
+void th_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), noreturn));
+
+#define CHECK(cond)                                                         \
+    do {                                                                    \
+        if (!(cond))                                                        \
+            th_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond);         \
+    } while (0)
+
+#define CHECK_EQ(a, b)                                                      \
+    do {                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                 \
+        if (a_ != b_)                                                       \
+            th_fail(__FILE__, __LINE__, "%s == %s failed: %lld != %lld",    \
+                    #a, #b, a_, b_);                                        \
+    } while (0)
+
+#define CHECK_OP(a, op, b)                                                  \
+    do {                                                                    \
+        long long a_ = (long long)(a), b_ = (long long)(b);                 \
+        if (!(a_ op b_))                                                    \
+            th_fail(__FILE__, __LINE__, "%s %s %s failed: %lld vs %lld",    \
+                    #a, #op, #b, a_, b_);                                   \
+    } while (0)
+
+#define CHECK_STR(a, b)                                                     \
+    do {                                                                    \
+        const char *a_ = (a), *b_ = (b);                                    \
+        if (strcmp(a_, b_) != 0)                                            \
+            th_fail(__FILE__, __LINE__, "%s == %s failed: \"%s\" != \"%s\"", \
+                    #a, #b, a_, b_);                                        \
+    } while (0)
+
+#define CHECK_CONTAINS(hay, needle)                                         \
+    do {                                                                    \
+        const char *h_ = (hay), *n_ = (needle);                             \
+        if (!strstr(h_, n_))                                                \
+            th_fail(__FILE__, __LINE__, "\"%s\" does not contain \"%s\"",   \
+                    h_, n_);                                                \
+    } while (0)
+
+/* Checks that a dlock call returns `code`, printing the message if not. */
+#define CHECK_RC(expr, code)                                                \
+    do {                                                                    \
+        int rc_ = (expr);                                                   \
+        if (rc_ != (code))                                                  \
+            th_fail(__FILE__, __LINE__, "%s returned %s, expected %s: %s",  \
+                    #expr, dlock_errname(rc_), dlock_errname(code),         \
+                    dlock_errmsg());                                        \
+    } while (0)
+
+#define CHECK_OK(expr) CHECK_RC(expr, DLOCK_OK)
+
+/* Exits 77: the test binary is skipped. */
+void th_skip(const char *why) __attribute__((noreturn));
+
+int th_main(int argc, char **argv, const th_test *tests);
+
+/* Monotonic milliseconds. */
+int64_t th_now_ms(void);
+void th_sleep_ms(int64_t ms);
+
+/* A fresh directory under $TMPDIR (or /tmp), removed at exit. */
+const char *th_tmpdir(void);
+
+/* Shared anonymous memory, visible to forked children. */
+void *th_shared(size_t size);
+
+/* Forks; the child runs fn(arg) and exits with its return value. */
+pid_t th_fork(int (*fn)(void *), void *arg);
+/* Waits for pid; returns its exit status, or 128+signal. */
+int th_wait(pid_t pid);
+
+/* --- a private redis-server on a free loopback port --- */
+typedef struct th_redis {
+    int port;
+    pid_t pid;
+    char dir[512];
+    char sock[600];
+    char uri[128];
+    char extra[1024];
+} th_redis;
+
+/* Starts redis-server (fails the test if it cannot). `extra` is appended
+ * to its config (may be NULL). */
+void th_redis_start(th_redis *r, const char *extra);
+/* Starts it again on the same port (after a kill or stop). */
+void th_redis_restart(th_redis *r);
+void th_redis_kill(th_redis *r, int sig); /* and waits, unless SIGSTOP */
+void th_redis_stop(th_redis *r);
+/* Runs one command (printf-style, hiredis syntax); returns the reply as an
+ * integer (or -1 for nil/error) and copies a string reply into out. */
+long long th_redis_cmd(th_redis *r, char *out, size_t cap, const char *fmt,
+                       ...);
+/* The number of calls of `cmd` (e.g. "evalsha") so far, from INFO
+ * commandstats. */
+long long th_redis_calls(th_redis *r, const char *cmd);
+
+/* The first free TCP port on 127.0.0.1. */
+int th_free_port(void);
+
+#endif

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# test_install.sh SRC BUILD -- `cmake --install` into a temporary prefix,
+# then build the README's example against it with pkg-config, both with the
+# shared and the static library, and run both on a temporary file store.
+set -u
+src=$1
+build=$2
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlock-install-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
+    { cat "$tmp/install.log"; fail "cmake --install failed"; }
+p=$tmp/prefix
+for f in include/dlock.h lib/libdlock.so lib/libdlock.a lib/pkgconfig/dlock.pc \
+         bin/dlock share/man/man1/dlock.1; do
+    [ -e "$p/$f" ] || fail "$f is not installed"
+done
+echo "ok   installed files"
+
+export PKG_CONFIG_PATH=$p/lib/pkgconfig
+cflags=$(pkg-config --cflags dlock) || fail "pkg-config --cflags dlock"
+libs=$(pkg-config --libs dlock) || fail "pkg-config --libs dlock"
+cc -std=c11 -Wall -Wextra -Werror $cflags "$src/examples/hello.c" -o "$tmp/hello" $libs ||
+    fail "building the example with pkg-config"
+out=$(LD_LIBRARY_PATH=$p/lib "$tmp/hello" "file://$tmp/locks") || fail "the example failed"
+case $out in "held, fencing token "[1-9]*) ;; *) fail "unexpected output: $out" ;; esac
+echo "ok   example against the shared library: $out"
+
+slibs=$(pkg-config --static --libs dlock) || fail "pkg-config --static --libs dlock"
+cc -std=c11 $cflags "$src/examples/hello.c" -o "$tmp/hello-static" \
+    -Wl,-Bstatic -ldlock -Wl,-Bdynamic $(echo "$slibs" | sed 's/-ldlock//') ||
+    fail "building the example against libdlock.a"
+ldd "$tmp/hello-static" | grep -q libdlock && fail "the static build still needs libdlock.so"
+out=$("$tmp/hello-static" "file://$tmp/locks") || fail "the static example failed"
+echo "ok   example against the static library: $out"
+
+"$p/bin/dlock" --version | grep -q "^dlock " || fail "installed dlock --version"
+MANPATH=$p/share/man man -w dlock >/dev/null 2>&1 || [ -s "$p/share/man/man1/dlock.1" ] ||
+    fail "man page"
+echo "ok   installed dlock runs"

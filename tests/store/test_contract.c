@@ -1,0 +1,958 @@
+/*
+ * test_contract.c -- the behaviour every store must give.
+ *
+ *   test_contract file|redis [filter]
+ *
+ * "redis" starts a private redis-server; "file" uses a temporary
+ * directory. Tests that need leases (expiry, renewal, freezing a holder)
+ * run only on stores that have them.
+ */
+#include "test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char uri[1200];
+static int has_leases;
+static th_redis srv;
+
+static dlock_client *client(void)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, uri, NULL));
+    return c;
+}
+
+static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
+                     unsigned flags)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+/* ------------------------------------------------------------------------ */
+
+TEST(basic_acquire_release)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "basic", 0, 0);
+
+    CHECK_EQ(dlock_token(l), 0);
+    CHECK_EQ(dlock_held(l), 0);
+    CHECK_STR(dlock_name(l), "basic");
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, 0);
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(dlock_token(l), 0);
+    CHECK_EQ(dlock_held(l), 0);
+    CHECK_RC(dlock_release(l), DLOCK_ENOTHELD);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(try_busy_and_timed_wait)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "busy", 0, 0), *lb = handle(b, "busy", 0, 0);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_CONTAINS(dlock_errmsg(), "held by another owner");
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
+    int64_t took = th_now_ms() - t0;
+    CHECK_OP(took, >=, 290);  /* it did wait */
+    CHECK_OP(took, <, 5000);  /* and never hangs past its wait */
+    CHECK_EQ(dlock_held(lb), 0);
+    CHECK_EQ(dlock_token(lb), 0);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(reentrant_hold_count)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "reent", 0, 0), *lb = handle(b, "reent", 0, 0);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OK(dlock_acquire(la, 1000));
+    CHECK_EQ(dlock_held(la), 3);
+    CHECK_EQ(dlock_token(la), tok);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_release(la));
+    CHECK_EQ(dlock_held(la), 1);
+    CHECK_EQ(dlock_token(la), tok);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(la));
+    CHECK_RC(dlock_release(la), DLOCK_ENOTHELD);
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OP(dlock_token(lb), >, tok);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(not_reentrant_fails_at_once)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "nonreent", 0, DLOCK_NOT_REENTRANT);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 5000), DLOCK_EBUSY);
+    CHECK_OP(th_now_ms() - t0, <, 2000);
+    CHECK_CONTAINS(dlock_errmsg(), "NOT_REENTRANT");
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(reentrant_across_handles)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *l1 = handle(a, "twohandles", 0, 0);
+    dlock *l2 = handle(a, "twohandles", 0, 0);
+    dlock *lb = handle(b, "twohandles", 0, 0);
+
+    CHECK_OK(dlock_acquire(l1, 0));
+    CHECK_OK(dlock_acquire(l2, 0));
+    CHECK_EQ(dlock_held(l2), 2);
+    CHECK_EQ(dlock_token(l2), dlock_token(l1));
+    CHECK_OK(dlock_release(l2));
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(l1));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_release(lb));
+    dlock_close(l1);
+    dlock_close(l2);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+typedef struct thread_arg {
+    dlock *l;
+    int step;
+    int rc;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} thread_arg;
+
+static void step_to(thread_arg *t, int step)
+{
+    pthread_mutex_lock(&t->mu);
+    t->step = step;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void wait_step(thread_arg *t, int step)
+{
+    pthread_mutex_lock(&t->mu);
+    while (t->step < step)
+        pthread_cond_wait(&t->cv, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void *holder_thread(void *arg)
+{
+    thread_arg *t = arg;
+
+    t->rc = dlock_acquire(t->l, 0);
+    step_to(t, 1);
+    wait_step(t, 2);
+    t->rc = dlock_release(t->l);
+    step_to(t, 3);
+    return NULL;
+}
+
+TEST(threads_are_different_owners)
+{
+    dlock_client *c = client();
+    thread_arg t;
+    pthread_t th;
+
+    memset(&t, 0, sizeof(t));
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    t.l = handle(c, "threads", 0, 0);
+    pthread_create(&th, NULL, holder_thread, &t);
+    wait_step(&t, 1);
+    CHECK_OK(t.rc);
+    /* same client, same handle, another thread: another owner */
+    CHECK_RC(dlock_acquire(t.l, 0), DLOCK_EBUSY);
+    CHECK_RC(dlock_release(t.l), DLOCK_ENOTHELD);
+    CHECK_EQ(dlock_token(t.l), 0);
+    step_to(&t, 2);
+    wait_step(&t, 3);
+    CHECK_OK(t.rc);
+    pthread_join(th, NULL);
+    CHECK_OK(dlock_acquire(t.l, 0));
+    CHECK_OK(dlock_release(t.l));
+    dlock_close(t.l);
+    dlock_client_close(c);
+}
+
+TEST(tokens_strictly_increase)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "tokens", 0, 0), *lb = handle(b, "tokens", 0, 0);
+    uint64_t last = 0;
+
+    for (int i = 0; i < 20; i++) {
+        dlock *l = i % 2 ? la : lb;
+        CHECK_OK(dlock_acquire(l, 1000));
+        CHECK_OP(dlock_token(l), >, last);
+        last = dlock_token(l);
+        CHECK_OK(dlock_release(l));
+    }
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* --- mutual exclusion across processes, checked by the processes --- */
+
+#define NPROC 4
+#define ITER 40
+
+typedef struct shared_mx {
+    int inside;
+    int overlaps;
+    int token_regressions;
+    int failures;
+    uint64_t last_token;
+    char file[600];
+} shared_mx;
+
+static int mx_child(void *arg)
+{
+    shared_mx *s = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK)
+        return 2;
+    if (dlock_open(&l, c, "mutex", NULL) != DLOCK_OK)
+        return 3;
+    for (int i = 0; i < ITER; i++) {
+        if (dlock_acquire(l, 30000) != DLOCK_OK) {
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_SEQ_CST);
+            continue;
+        }
+        if (__atomic_fetch_add(&s->inside, 1, __ATOMIC_SEQ_CST) != 0)
+            __atomic_add_fetch(&s->overlaps, 1, __ATOMIC_SEQ_CST);
+        uint64_t tok = dlock_token(l);
+        if (tok <= s->last_token)
+            __atomic_add_fetch(&s->token_regressions, 1, __ATOMIC_SEQ_CST);
+        s->last_token = tok;
+        /* an unprotected read-modify-write of a file: lost updates if two
+         * processes are ever inside at once */
+        char buf[32] = {0};
+        int fd = open(s->file, O_RDWR | O_CREAT, 0600);
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        long v = n > 0 ? atol(buf) : 0;
+        usleep(300);
+        int len = snprintf(buf, sizeof(buf), "%ld\n", v + 1);
+        if (pwrite(fd, buf, (size_t)len, 0) != len)
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_SEQ_CST);
+        close(fd);
+        __atomic_sub_fetch(&s->inside, 1, __ATOMIC_SEQ_CST);
+        if (dlock_release(l) != DLOCK_OK)
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_SEQ_CST);
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(mutual_exclusion_across_processes)
+{
+    shared_mx *s = th_shared(sizeof(*s));
+    pid_t pids[NPROC];
+    char buf[32] = {0};
+
+    snprintf(s->file, sizeof(s->file), "%s/counter-%s", th_tmpdir(),
+             has_leases ? "redis" : "file");
+    for (int i = 0; i < NPROC; i++)
+        pids[i] = th_fork(mx_child, s);
+    for (int i = 0; i < NPROC; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->failures, 0);
+    CHECK_EQ(s->overlaps, 0);
+    CHECK_EQ(s->token_regressions, 0);
+    int fd = open(s->file, O_RDONLY);
+    CHECK(fd >= 0);
+    CHECK(read(fd, buf, sizeof(buf) - 1) > 0);
+    close(fd);
+    CHECK_EQ(atol(buf), NPROC * ITER);
+}
+
+static void *counter_thread(void *arg)
+{
+    void **a = arg;
+    dlock *l = a[0];
+    long *counter = a[1];
+
+    for (int i = 0; i < 50; i++) {
+        if (dlock_acquire(l, 30000) != DLOCK_OK)
+            return (void *)1;
+        long v = *counter;
+        usleep(50);
+        *counter = v + 1;
+        if (dlock_release(l) != DLOCK_OK)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+TEST(threads_sharing_one_client)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "threadmx", 0, 0);
+    long counter = 0;
+    void *a[2] = {l, &counter};
+    pthread_t th[6];
+
+    for (int i = 0; i < 6; i++)
+        pthread_create(&th[i], NULL, counter_thread, a);
+    for (int i = 0; i < 6; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        CHECK(r == NULL);
+    }
+    CHECK_EQ(counter, 6 * 50);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- waiting is woken by the release, not by the lease --- */
+
+static void *waiter_thread(void *arg)
+{
+    thread_arg *t = arg;
+    int64_t t0 = th_now_ms();
+
+    step_to(t, 1);
+    t->rc = dlock_acquire(t->l, 10000);
+    t->step = (int)(th_now_ms() - t0);
+    if (t->rc == DLOCK_OK)
+        dlock_release(t->l);
+    return NULL;
+}
+
+TEST(release_wakes_the_waiter)
+{
+    /* The lease is 60 s: a waiter that only re-tried at lease end would
+     * time out (10 s wait). Succeeding proves the release woke it. */
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "wake", 60000, 0);
+    thread_arg t;
+    pthread_t th;
+
+    memset(&t, 0, sizeof(t));
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    t.l = handle(b, "wake", 60000, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+    pthread_create(&th, NULL, waiter_thread, &t);
+    wait_step(&t, 1);
+    th_sleep_ms(300);
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(t.rc);
+    CHECK_OP(t.step, >=, 250);
+    CHECK_OP(t.step, <, 9000);
+    dlock_close(la);
+    dlock_close(t.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(wait_forever)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "forever", 0, 0);
+    thread_arg t;
+    pthread_t th;
+
+    memset(&t, 0, sizeof(t));
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    t.l = handle(b, "forever", 0, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+    pthread_create(&th, NULL, waiter_thread, &t);
+    wait_step(&t, 1);
+    th_sleep_ms(200);
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(t.rc);
+    dlock_close(la);
+    dlock_close(t.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* --- fair mode: first come, first served --- */
+
+#define NFAIR 5
+
+typedef struct shared_fair {
+    int order[NFAIR];
+    int pos;
+    int index;
+} shared_fair;
+
+static int fair_child(void *arg)
+{
+    shared_fair *s = arg;
+    int me = s->index;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = DLOCK_FAIR;
+    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "fifo", &o) != DLOCK_OK)
+        return 2;
+    if (dlock_acquire(l, 30000) != DLOCK_OK) {
+        fprintf(stderr, "fair child %d: %s\n", me, dlock_errmsg());
+        return 3;
+    }
+    s->order[__atomic_fetch_add(&s->pos, 1, __ATOMIC_SEQ_CST)] = me;
+    th_sleep_ms(20);
+    if (dlock_release(l) != DLOCK_OK)
+        return 4;
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+static int64_t waiters_of(dlock_client *c, const char *name)
+{
+    dlock_info info;
+    int64_t n;
+
+    CHECK_OK(dlock_inspect(c, name, &info));
+    n = info.waiters;
+    dlock_info_clear(&info);
+    return n;
+}
+
+TEST(fair_mode_is_fifo)
+{
+    shared_fair *s = th_shared(sizeof(*s));
+    dlock_client *h = client();
+    dlock *lh = handle(h, "fifo", 0, DLOCK_FAIR);
+    pid_t pids[NFAIR];
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    for (int i = 0; i < NFAIR; i++) {
+        s->index = i;
+        pids[i] = th_fork(fair_child, s);
+        /* wait until it is queued, so the arrival order is known */
+        int64_t until = th_now_ms() + 10000;
+        while (waiters_of(h, "fifo") < i + 1 && th_now_ms() < until)
+            th_sleep_ms(10);
+        CHECK_EQ(waiters_of(h, "fifo"), i + 1);
+    }
+    CHECK_OK(dlock_release(lh));
+    for (int i = 0; i < NFAIR; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->pos, NFAIR);
+    for (int i = 0; i < NFAIR; i++)
+        CHECK_EQ(s->order[i], i);
+    dlock_close(lh);
+    dlock_client_close(h);
+}
+
+/* --- crashed and frozen holders --- */
+
+typedef struct shared_holder {
+    volatile int ready;
+    volatile int go;
+    volatile uint64_t token;
+    volatile int release_rc;
+    volatile int lost_calls;
+    int64_t ttl;
+} shared_holder;
+
+static void count_lost(dlock *l, uint64_t token, void *arg)
+{
+    shared_holder *s = arg;
+
+    (void)l;
+    (void)token;
+    __atomic_add_fetch(&s->lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static int holder_child(void *arg)
+{
+    shared_holder *s = arg;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = s->ttl;
+    o.on_lost = count_lost;
+    o.on_lost_arg = s;
+    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "frozen", &o) != DLOCK_OK ||
+        dlock_acquire(l, 5000) != DLOCK_OK)
+        return 2;
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 3000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
+    s->release_rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+static void wait_ready(shared_holder *s)
+{
+    int64_t until = th_now_ms() + 10000;
+
+    while (!__atomic_load_n(&s->ready, __ATOMIC_SEQ_CST) &&
+           th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK(s->ready);
+}
+
+TEST(killed_holder_is_replaced)
+{
+    shared_holder *s = th_shared(sizeof(*s));
+    dlock_client *c = client();
+    dlock *l = handle(c, "frozen", 0, 0);
+
+    s->ttl = 800;
+    pid_t pid = th_fork(holder_child, s);
+    wait_ready(s);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(l, 10000));
+    if (!has_leases) /* the kernel frees it when the holder dies */
+        CHECK_OP(th_now_ms() - t0, <, 1000);
+    CHECK_OP(dlock_token(l), >, s->token);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(frozen_holder_learns_it_lost)
+{
+    if (!has_leases)
+        return; /* no lease: a frozen holder keeps the lock, by design */
+    shared_holder *s = th_shared(sizeof(*s));
+    dlock_client *c = client();
+    dlock *l = handle(c, "frozen", 0, 0);
+
+    s->ttl = 400;
+    pid_t pid = th_fork(holder_child, s);
+    wait_ready(s);
+    kill(pid, SIGSTOP);
+    CHECK_OK(dlock_acquire(l, 5000)); /* after the frozen one's lease */
+    uint64_t mine = dlock_token(l);
+    CHECK_OP(mine, >, s->token);
+    kill(pid, SIGCONT);
+    __atomic_store_n(&s->go, 1, __ATOMIC_SEQ_CST);
+    CHECK_EQ(th_wait(pid), 0);
+    CHECK_RC(s->release_rc, DLOCK_ELOST);
+    /* the frozen holder did not delete our lock */
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- leases --- */
+
+static volatile int lost_seen;
+static volatile uint64_t lost_token;
+
+static void on_lost(dlock *l, uint64_t token, void *arg)
+{
+    (void)l;
+    (void)arg;
+    lost_token = token;
+    __atomic_store_n(&lost_seen, 1, __ATOMIC_SEQ_CST);
+}
+
+TEST(watchdog_keeps_a_short_lease)
+{
+    if (!has_leases)
+        return; /* no lease on this store */
+    dlock_client *a = client(), *b = client();
+    dlock_options o;
+    dlock *la, *lb = handle(b, "watchdog", 0, 0);
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 300;
+    o.on_lost = on_lost;
+    lost_seen = 0;
+    CHECK_OK(dlock_open(&la, a, "watchdog", &o));
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    for (int i = 0; i < 10; i++) { /* 2 s: more than six leases */
+        th_sleep_ms(200);
+        CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    }
+    CHECK_EQ(lost_seen, 0);
+    CHECK_EQ(dlock_token(la), tok);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(no_renew_lease_runs_out)
+{
+    if (!has_leases)
+        return; /* no lease on this store */
+    dlock_client *a = client(), *b = client();
+    dlock_options o;
+    dlock *la, *lb = handle(b, "norenew", 0, 0);
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 300;
+    o.flags = DLOCK_NO_RENEW;
+    o.on_lost = on_lost;
+    lost_seen = 0;
+    CHECK_OK(dlock_open(&la, a, "norenew", &o));
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    CHECK_OK(dlock_acquire(lb, 3000));
+    CHECK_OP(dlock_token(lb), >, tok);
+    for (int i = 0; i < 200 && !lost_seen; i++)
+        th_sleep_ms(10);
+    CHECK_EQ(lost_seen, 1);
+    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    CHECK_EQ(dlock_token(la), 0);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    CHECK_EQ(dlock_held(la), 0);
+    CHECK_EQ(dlock_held(lb), 1); /* la's release did not free lb's hold */
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(extend)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "extend", 1000, DLOCK_NO_RENEW);
+    dlock_info info;
+
+    CHECK_RC(dlock_extend(l, 5000), DLOCK_ENOTHELD);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_extend(l, 5000));
+    CHECK_OK(dlock_inspect(c, "extend", &info));
+    CHECK_EQ(info.held, 1);
+    if (has_leases)
+        CHECK_OP(info.ttl_ms, >, 2000);
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_release(l));
+    CHECK_RC(dlock_extend(l, 5000), DLOCK_ENOTHELD);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* Deletes the lock behind the holder's back. */
+static void delete_lock(const char *name)
+{
+    char path[1200];
+
+    if (has_leases) {
+        CHECK_EQ(th_redis_cmd(&srv, NULL, 0, "DEL dlock:{%s}", name), 1);
+    } else {
+        snprintf(path, sizeof(path), "%s/locks/%s.lock", th_tmpdir(), name);
+        CHECK_EQ(unlink(path), 0);
+    }
+}
+
+TEST(loss_is_reported)
+{
+    dlock_client *c = client();
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 600;
+    o.on_lost = on_lost;
+    lost_seen = 0;
+    CHECK_OK(dlock_open(&l, c, "deleted", &o));
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+    delete_lock("deleted");
+    if (has_leases) {
+        /* the watchdog's next renewal finds it gone */
+        for (int i = 0; i < 300 && !lost_seen; i++)
+            th_sleep_ms(10);
+        CHECK_EQ(lost_seen, 1);
+        CHECK_EQ(lost_token, tok);
+    } else {
+        CHECK_RC(dlock_extend(l, 1000), DLOCK_ELOST);
+    }
+    CHECK_EQ(dlock_held(l), DLOCK_ELOST);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_ELOST); /* release first */
+    CHECK_RC(dlock_release(l), DLOCK_ELOST);
+    CHECK_EQ(dlock_held(l), 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, tok);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- inspection --- */
+
+TEST(inspect_reports_the_holder)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *l = handle(a, "inspect", 5000, 0);
+    dlock_info info;
+    char pid[32];
+
+    CHECK_OK(dlock_inspect(b, "inspect-never-used", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_EQ(info.token, 0);
+    dlock_info_clear(&info);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_inspect(b, "inspect", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(pid, sizeof(pid), "pid %d", (int)getpid());
+    CHECK_CONTAINS(info.holder, pid);
+    CHECK_EQ(info.token, dlock_token(l));
+    CHECK_OP(info.held_ms, >=, 0);
+    CHECK_OP(info.held_ms, <, 5000);
+    if (has_leases) {
+        CHECK_OP(info.ttl_ms, >, 0);
+        CHECK_OP(info.ttl_ms, <=, 5000);
+    } else {
+        CHECK_EQ(info.ttl_ms, -1);
+    }
+    CHECK_EQ(info.waiters, 0);
+    uint64_t tok = info.token;
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_release(l));
+    CHECK_OK(dlock_inspect(b, "inspect", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_EQ(info.token, tok);
+    CHECK_EQ(info.ttl_ms, -1);
+    dlock_info_clear(&info);
+    dlock_close(l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* --- names and bad input --- */
+
+TEST(names_with_any_bytes)
+{
+    static const char *const names[] = {
+        "with space", "{braces}", "}", "{", "a}:f", "new\nline",
+        "quote\"'`", "semi;colon", "../../etc/passwd", ".", "..", "%2F",
+        "a/b", "\xc3\xbc" "nic\xc3\xb6" "de", "tab\there", "*", "?", "[x]", NULL};
+    dlock_client *a = client(), *b = client();
+    char longname[DLOCK_NAME_MAX + 1];
+
+    for (int i = 0; names[i]; i++) {
+        dlock *l = handle(a, names[i], 0, 0), *o = handle(b, names[i], 0, 0);
+        CHECK_OK(dlock_acquire(l, 0));
+        CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
+        dlock_info info;
+        CHECK_OK(dlock_inspect(b, names[i], &info));
+        CHECK_EQ(info.held, 1);
+        dlock_info_clear(&info);
+        /* every other name is still free: no two names share a lock */
+        for (int k = 0; names[k]; k++) {
+            if (k == i)
+                continue;
+            dlock *x = handle(b, names[k], 0, 0);
+            CHECK_OK(dlock_acquire(x, 0));
+            CHECK_OK(dlock_release(x));
+            dlock_close(x);
+        }
+        CHECK_OK(dlock_release(l));
+        dlock_close(l);
+        dlock_close(o);
+    }
+    memset(longname, 'n', DLOCK_NAME_MAX);
+    longname[DLOCK_NAME_MAX] = '\0';
+    dlock *l = handle(a, longname, 0, 0);
+    longname[DLOCK_NAME_MAX - 1] = 'm';
+    dlock *m = handle(b, longname, 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_acquire(m, 0)); /* differs in the last byte only */
+    CHECK_OK(dlock_release(l));
+    CHECK_OK(dlock_release(m));
+    dlock_close(l);
+    dlock_close(m);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(bad_input_is_rejected)
+{
+    dlock_client *c = client();
+    dlock_options o;
+    dlock *l = NULL;
+    char toolong[DLOCK_NAME_MAX + 2];
+
+    memset(&o, 0, sizeof(o));
+    CHECK_RC(dlock_open(&l, c, NULL, NULL), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "NULL");
+    CHECK(l == NULL);
+    CHECK_RC(dlock_open(&l, c, "", NULL), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "empty");
+    memset(toolong, 'x', sizeof(toolong) - 1);
+    toolong[sizeof(toolong) - 1] = '\0';
+    CHECK_RC(dlock_open(&l, c, toolong, NULL), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "longer than");
+    o.ttl_ms = -1;
+    CHECK_RC(dlock_open(&l, c, "bad", &o), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "ttl");
+    o.ttl_ms = 0;
+    o.flags = 0x100;
+    CHECK_RC(dlock_open(&l, c, "bad", &o), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "flags");
+    CHECK_RC(dlock_inspect(c, "", &(dlock_info){0}), DLOCK_EINVAL);
+
+    l = handle(c, "bad", 0, 0);
+    CHECK_RC(dlock_acquire(l, -2), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "wait_ms");
+    CHECK_RC(dlock_acquire(l, INT64_MIN), DLOCK_EINVAL);
+    CHECK_RC(dlock_release(l), DLOCK_ENOTHELD);
+    CHECK_RC(dlock_extend(l, 1000), DLOCK_ENOTHELD);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_RC(dlock_extend(l, 0), DLOCK_EINVAL);
+    CHECK_RC(dlock_extend(l, -5), DLOCK_EINVAL);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- lifetimes --- */
+
+TEST(close_releases_holds)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "closing", 0, 0), *lb = handle(b, "closing", 0, 0);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    dlock_close(la);
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_release(lb));
+
+    la = handle(a, "closing", 0, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+    dlock_client_close(a); /* releases the hold; la stays valid */
+    CHECK_RC(dlock_acquire(la, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "closed");
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la); /* frees the client too */
+    dlock_close(lb);
+    dlock_client_close(b);
+}
+
+static int forked_use(void *arg)
+{
+    dlock *l = arg;
+
+    return dlock_acquire(l, 0) == DLOCK_EINVAL ? 0 : 1;
+}
+
+TEST(a_forked_child_cannot_use_the_parents_client)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "forked", 0, 0);
+
+    CHECK_EQ(th_wait(th_fork(forked_use, l)), 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static const th_test tests[] = {
+    T(basic_acquire_release),
+    T(try_busy_and_timed_wait),
+    T(reentrant_hold_count),
+    T(not_reentrant_fails_at_once),
+    T(reentrant_across_handles),
+    T(threads_are_different_owners),
+    T(tokens_strictly_increase),
+    T(mutual_exclusion_across_processes),
+    T(threads_sharing_one_client),
+    T(release_wakes_the_waiter),
+    T(wait_forever),
+    T(fair_mode_is_fifo),
+    T(killed_holder_is_replaced),
+    T(frozen_holder_learns_it_lost),
+    T(watchdog_keeps_a_short_lease),
+    T(no_renew_lease_runs_out),
+    T(extend),
+    T(loss_is_reported),
+    T(inspect_reports_the_holder),
+    T(names_with_any_bytes),
+    T(bad_input_is_rejected),
+    T(close_releases_holds),
+    T(a_forked_child_cannot_use_the_parents_client),
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s file|redis [filter]\n", argv[0]);
+        return 2;
+    }
+    if (!strcmp(argv[1], "redis")) {
+        th_redis_start(&srv, NULL);
+        snprintf(uri, sizeof(uri), "%s", srv.uri);
+        has_leases = 1;
+    } else if (!strcmp(argv[1], "file")) {
+        snprintf(uri, sizeof(uri), "file://%s/locks", th_tmpdir());
+    } else {
+        fprintf(stderr, "unknown store kind %s\n", argv[1]);
+        return 2;
+    }
+    return th_main(argc - 1, argv + 1, tests);
+}
