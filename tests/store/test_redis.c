@@ -251,6 +251,10 @@ TEST(keys_of_the_wrong_type)
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     CHECK_CONTAINS(dlock_errmsg(), "non-number");
     dlock_close(l);
+    char val[64];
+    /* the failed acquisition left no lock behind */
+    CHECK_EQ(th_redis_cmd(&srv, val, sizeof(val), "EXISTS dlock:{fencetext}"),
+             0);
 
     /* the client is still fine for other locks */
     cycle(c, "fine");
@@ -396,6 +400,7 @@ TEST(waiters_send_no_commands_between_notifications)
     /* one try, one after subscribing, one at the deadline: nothing while
      * it slept for 2.5 s */
     CHECK_OP(used, <=, 3);
+    dlock_close(w.l);
 
     w.l = handle(b, "quiet-fair", 0, DLOCK_FAIR);
     dlock *lf = handle(a, "quiet-fair", 60000, DLOCK_FAIR);

@@ -3,9 +3,9 @@
  *
  * Keys of lock NAME with prefix P (default "dlock:"), all sharing the
  * Redis Cluster hash tag {NAME}:
- *   P{NAME}       hash: o = owner id, t = token, d = holder's description,
- *                 a = acquisition time (server ms); PEXPIRE = the lease
- *   P{NAME}:f     the fencing counter (string), never expires
+ *   P{NAME}       string "OWNER TOKEN ACQUIRED_MS DESCRIPTION"; its PEXPIRE
+ *                 is the lease
+ *   P{NAME}:f     the fencing counter (INCR), never expires
  *   P{NAME}:q     fair queue: zset of waiters scored by arrival
  *   P{NAME}:qd    fair queue: zset of the same waiters scored by the server
  *                 time after which a silent waiter is presumed dead
@@ -19,8 +19,9 @@
  * Every state change is one Lua script, so it is atomic: acquire (fresh
  * acquisition bumps the fencing counter in the same script), release
  * (compare-and-delete, then publish), extend (compare-and-pexpire).
- * Fencing token: max(counter + 1, server time in microseconds), so tokens
- * keep growing even if the counter is lost with a non-persistent restart.
+ * Fencing token: INCR of the counter; a counter that is new (or was lost
+ * in a restart without persistence) starts from the server clock in
+ * microseconds, so tokens keep growing across such a restart.
  *
  * Connections: one command connection per client (guarded by cmd_mu) and,
  * once something waits, one subscriber connection per client, read by the
@@ -46,6 +47,7 @@
 #define QUEUE_GRACE_MS 2000 /* how late a live fair waiter may re-check */
 #define NO_TTL_RETRY_MS 1000
 #define MIN_IO_MS 10
+#define STALE_CHECK_MS 200 /* probe a connection idle this long first */
 
 /* ------------------------------------------------------------------------ */
 /* Scripts                                                                  */
@@ -53,23 +55,52 @@
 
 enum { S_ACQUIRE, S_RELEASE, S_EXTEND, S_INSPECT, NSCRIPTS };
 
+/* The lock key's value is "OWNER TOKEN ACQUIRED_MS DESCRIPTION"; scripts
+ * get the owner with its trailing space, so one prefix comparison checks
+ * ownership. */
+
 /* KEYS: lock, fence, queue, queue deadlines.
- * ARGV: owner, ttl, desc, fair(0/1), waiter id, enqueue(0/1), grace.
- * Returns {1, token} or {0, ms to wait before re-trying (-1: no expiry)}. */
+ * ARGV: "owner ", ttl, desc, fair(0/1), waiter id, enqueue(0/1), grace.
+ * Returns {1, token} or {0, ms to wait before re-trying (-1: no expiry)}.
+ * The uncontended path is SET NX PX + INCR + TIME + APPEND. */
 static const char acquire_lua[] =
     "local lock, fence, q, qd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n"
     "local owner, ttl, desc = ARGV[1], ARGV[2], ARGV[3]\n"
     "local fair, me, enq = ARGV[4] == '1', ARGV[5], ARGV[6] == '1'\n"
-    "local cur = redis.call('HGET', lock, 'o')\n"
-    "if cur == owner then\n"
-    "  redis.call('PEXPIRE', lock, ttl)\n"
-    "  return {1, redis.call('HGET', lock, 't')}\n"
+    /* a fresh hold: the lock key is ours; bump the fencing counter (a new
+     * or lost counter continues from the server clock in microseconds, so
+     * tokens keep growing even after a restart without persistence) */
+    "local function take()\n"
+    "  local n = redis.pcall('INCR', fence)\n"
+    "  if type(n) == 'table' then\n"
+    "    redis.call('DEL', lock)\n"
+    "    return nil, redis.error_reply('DLOCKFENCE the fencing counter key "
+    "holds a non-number or another type')\n"
+    "  end\n"
+    "  local tm = redis.call('TIME')\n"
+    "  if n == 1 then\n"
+    "    n = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"
+    "    redis.call('SET', fence, string.format('%.0f', n))\n"
+    "  end\n"
+    "  local ns = string.format('%.0f', n)\n"
+    "  redis.call('APPEND', lock, ns .. ' ' .. string.format('%.0f', "
+    "tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)) .. ' ' .. "
+    "desc)\n"
+    "  return ns\n"
     "end\n"
-    "local tm = redis.call('TIME')\n"
-    "local nowus = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"
-    "local now = math.floor(nowus / 1000)\n"
+    "local function won()\n"
+    "  local t, err = take()\n"
+    "  if err then return err end\n"
+    "  return {1, t}\n"
+    "end\n"
     "local head = false\n"
-    "if fair then\n"
+    "local now\n"
+    "if not fair then\n"
+    "  if redis.call('SET', lock, owner, 'NX', 'PX', ttl) then return won() "
+    "end\n"
+    "else\n"
+    "  local tm = redis.call('TIME')\n"
+    "  now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)\n"
     "  local dead = redis.call('ZRANGEBYSCORE', qd, '-inf', now, 'LIMIT', 0, "
     "64)\n"
     "  for i = 1, #dead do\n"
@@ -77,34 +108,33 @@ static const char acquire_lua[] =
     "    redis.call('ZREM', qd, dead[i])\n"
     "  end\n"
     "  head = redis.call('ZRANGE', q, 0, 0)[1] or false\n"
-    "end\n"
-    "local wait\n"
-    "if not cur then\n"
-    "  if not head or head == me then\n"
-    "    local f = redis.call('GET', fence)\n"
-    "    local n = 0\n"
-    "    if f then\n"
-    "      n = tonumber(f)\n"
-    "      if not n then\n"
-    "        return redis.error_reply('DLOCKFENCE the fencing counter key "
-    "holds a non-number')\n"
-    "      end\n"
-    "    end\n"
-    "    n = math.max(n + 1, nowus)\n"
-    "    local ns = string.format('%.0f', n)\n"
-    "    redis.call('SET', fence, ns)\n"
-    "    redis.call('HSET', lock, 'o', owner, 't', ns, 'd', desc, 'a', now)\n"
-    "    redis.call('PEXPIRE', lock, ttl)\n"
+    "  if redis.call('EXISTS', lock) == 0 and (not head or head == me) then\n"
+    "    redis.call('SET', lock, owner, 'PX', ttl)\n"
     "    if head then\n"
     "      redis.call('ZREM', q, me)\n"
     "      redis.call('ZREM', qd, me)\n"
     "    end\n"
-    "    return {1, ns}\n"
+    "    return won()\n"
     "  end\n"
+    "end\n"
+    "local v = redis.call('GET', lock)\n"
+    "local wait\n"
+    "if v then\n"
+    "  if string.sub(v, 1, #owner) == owner then\n"
+    /* ours already: the reply to an earlier try was lost; adopt it */
+    "    redis.call('PEXPIRE', lock, ttl)\n"
+    "    return {1, string.match(v, '^%S+ (%d+)')}\n"
+    "  end\n"
+    "  if not string.match(v, '^%x+:%d+ %d+ %d+ ') then\n"
+    "    return redis.error_reply('DLOCKFOREIGN the lock key holds a value "
+    "not written by dlock')\n"
+    "  end\n"
+    "  wait = redis.call('PTTL', lock)\n"
+    "elseif head then\n"
     "  wait = tonumber(redis.call('ZSCORE', qd, head)) - now\n"
     "  if wait < 0 then wait = 0 end\n"
     "else\n"
-    "  wait = redis.call('PTTL', lock)\n"
+    "  wait = -2\n" /* it vanished just now: try again at once */
     "end\n"
     "if fair and enq then\n"
     "  if not redis.call('ZSCORE', q, me) then\n"
@@ -124,7 +154,7 @@ static const char acquire_lua[] =
     "return {0, wait}\n";
 
 /* KEYS: lock, queue, queue deadlines.
- * ARGV: owner (release) or waiter id (abandon), wake channel, client
+ * ARGV: "owner " (release) or waiter id (abandon), wake channel, client
  * channel prefix, mode ('release' or 'abandon').
  * Release: compare-and-delete, publish on the wake channel. Abandon: leave
  * the queue. Both then tell the fair queue's head (if any, and if the lock
@@ -136,7 +166,8 @@ static const char release_lua[] =
     "  redis.call('ZREM', qd, ARGV[1])\n"
     "  if redis.call('EXISTS', lock) == 1 then return 1 end\n"
     "else\n"
-    "  if redis.call('HGET', lock, 'o') ~= ARGV[1] then return 0 end\n"
+    "  local v = redis.call('GET', lock)\n"
+    "  if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end\n"
     "  redis.call('DEL', lock)\n"
     "  redis.call('PUBLISH', ARGV[2], 'r')\n"
     "end\n"
@@ -162,26 +193,27 @@ static const char release_lua[] =
     "end\n"
     "return 1\n";
 
-/* KEYS: lock. ARGV: owner, ttl. 1 if extended, 0 if not ours. */
+/* KEYS: lock. ARGV: "owner ", ttl. 1 if extended, 0 if not ours. */
 static const char extend_lua[] =
-    "if redis.call('HGET', KEYS[1], 'o') == ARGV[1] then\n"
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then\n"
     "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
     "  return 1\n"
     "end\n"
     "return 0\n";
 
-/* KEYS: lock, fence, queue. Returns {server ms, {o, t, d, a}, pttl, fence,
+/* KEYS: lock, fence, queue. Returns {server ms, lock value, pttl, fence,
  * queue length, first 100 queue entries}. */
 static const char inspect_lua[] =
     "local tm = redis.call('TIME')\n"
     "local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
     "1000)\n"
-    "local h = redis.call('HMGET', KEYS[1], 'o', 't', 'd', 'a')\n"
+    "local v = redis.call('GET', KEYS[1])\n"
     "local pttl = redis.call('PTTL', KEYS[1])\n"
     "local f = redis.call('GET', KEYS[2])\n"
     "local qn = redis.call('ZCARD', KEYS[3])\n"
     "local q = redis.call('ZRANGE', KEYS[3], 0, 99)\n"
-    "return {now, h, pttl, f, qn, q}\n";
+    "return {now, v, pttl, f, qn, q}\n";
 
 static const char *const script_text[NSCRIPTS] = {acquire_lua, release_lua,
                                                   extend_lua, inspect_lua};
@@ -218,6 +250,7 @@ typedef struct redis_store {
     pthread_mutex_t cmd_mu;
     redisContext *cmd;
     int64_t cmd_io_ms; /* the I/O timeout set on the socket now */
+    int64_t cmd_used;  /* when the command connection was last used */
     char sha[NSCRIPTS][41];
 
     pthread_mutex_t sub_mu;
@@ -300,7 +333,7 @@ static int server_error(const redis_store *rs, const char *msg,
         !strncmp(m, "NOPERM", 6) || strstr(m, "AUTH"))
         return dlock__err(DLOCK_EAUTH, "%s: authentication refused: %s",
                           rs->where, m);
-    if (strstr(m, "WRONGTYPE"))
+    if (strstr(m, "WRONGTYPE") || !strncmp(m, "DLOCKFOREIGN", 12))
         return dlock__err(DLOCK_EPROTO,
                           "%s: a key of lock '%.100s' holds a value of "
                           "another type (not written by dlock): %s",
@@ -489,7 +522,8 @@ static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
     for (int attempt = 0; attempt < 2; attempt++) {
         int noscript = 0;
 
-        if (rs->cmd && stale(rs->cmd)) {
+        int64_t now = dlock__now_ms();
+        if (rs->cmd && now - rs->cmd_used > STALE_CHECK_MS && stale(rs->cmd)) {
             redisFree(rs->cmd);
             rs->cmd = NULL;
         }
@@ -498,6 +532,7 @@ static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
             if (rc)
                 break;
         }
+        rs->cmd_used = now;
         int64_t ms = io_budget(rs, deadline);
         if (rs->cmd_io_ms < ms * 9 / 10 || rs->cmd_io_ms > ms * 11 / 10) {
             redisSetTimeout(rs->cmd, tv_ms(ms));
@@ -753,6 +788,13 @@ static void redis_loop_run(void *st, int readable)
 /* Backend slots                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* The owner as the scripts compare it: followed by a space. */
+static size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s ", l->owner);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
 /* The fair-queue member of a waiting lease: "<client id>:<waiter> <desc>". */
 static size_t waiter_id(redis_store *rs, const dlock__lease *l, char *out,
                         size_t cap)
@@ -782,8 +824,8 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     redis_store *rs = st;
     redis_lease *rl = l->priv;
     keyset k;
-    char ttl[24], grace[24], me[256];
-    size_t me_len = 0;
+    char ttl[24], grace[24], me[256], owner[80];
+    size_t me_len = 0, owner_len = owner_sp(l, owner, sizeof(owner));
     int fair = (l->flags & DLOCK_FAIR) != 0;
     int enqueue = fair && l->waiting;
     redisReply *r;
@@ -800,7 +842,7 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     arg(&c, k.fence, k.fence_len);
     arg(&c, k.q, k.q_len);
     arg(&c, k.qd, k.qd_len);
-    args(&c, l->owner);
+    arg(&c, owner, owner_len);
     args(&c, ttl);
     args(&c, l->desc);
     args(&c, fair ? "1" : "0");
@@ -828,7 +870,7 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     } else {
         long long wait = r->element[1]->type == REDIS_REPLY_INTEGER
                              ? r->element[1]->integer
-                             : -1;
+                             : -2;
         /* -1: the key has no expiry (not set by dlock): look again now and
          * then; -2: it vanished meanwhile: try again at once. */
         l->retry_ms = wait >= 0 ? wait : wait == -2 ? 0 : NO_TTL_RETRY_MS;
@@ -874,9 +916,10 @@ static int release_script(redis_store *rs, const dlock__lease *l,
 
 static int redis_release(void *st, dlock__lease *l, int64_t deadline)
 {
+    char owner[80];
+    size_t n = owner_sp(l, owner, sizeof(owner));
     long long ok = 0;
-    int rc = release_script(st, l, l->owner, strlen(l->owner), "release",
-                            deadline, &ok);
+    int rc = release_script(st, l, owner, n, "release", deadline, &ok);
 
     if (rc == DLOCK_OK && !ok)
         rc = dlock__err(DLOCK_ENOTHELD, "lock '%.100s' is not ours in the "
@@ -890,7 +933,8 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
 {
     redis_store *rs = st;
     keyset k;
-    char ttl[24];
+    char ttl[24], owner[80];
+    size_t owner_len = owner_sp(l, owner, sizeof(owner));
     redisReply *r;
     rcmd c;
     int rc;
@@ -899,7 +943,7 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     evalsha(&c, S_EXTEND, 1);
     arg(&c, k.lock, k.lock_len);
-    args(&c, l->owner);
+    arg(&c, owner, owner_len);
     args(&c, ttl);
     rc = run(rs, &c, 1, &r, deadline);
     if (rc)
@@ -1019,28 +1063,36 @@ static int redis_inspect(void *st, const char *name, size_t len,
         goto done;
     }
     if (s->type != REDIS_REPLY_ARRAY || s->elements != 6 ||
-        s->element[1]->type != REDIS_REPLY_ARRAY ||
-        s->element[1]->elements != 4 ||
+        s->element[0]->type != REDIS_REPLY_INTEGER ||
         s->element[5]->type != REDIS_REPLY_ARRAY) {
         rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
                         rs->where);
         goto done;
     }
-    const redisReply *h = s->element[1];
+    const redisReply *v = s->element[1];
     long long now = s->element[0]->integer;
-    uint64_t v;
+    uint64_t tok;
 
-    out->held = h->element[0]->type == REDIS_REPLY_STRING;
-    if (reply_uint(s->element[3], &v) == 0)
-        out->token = v;
+    if (reply_uint(s->element[3], &tok) == 0)
+        out->token = tok;
+    out->held = v->type == REDIS_REPLY_STRING;
     if (out->held) {
-        if (reply_uint(h->element[1], &v) == 0)
-            out->token = v;
-        if (h->element[2]->type == REDIS_REPLY_STRING)
-            snprintf(out->holder, sizeof(out->holder), "%.*s",
-                     (int)h->element[2]->len, h->element[2]->str);
-        if (reply_uint(h->element[3], &v) == 0 && now >= (long long)v)
-            out->held_ms = now - (long long)v;
+        /* "OWNER TOKEN ACQUIRED_MS DESCRIPTION" */
+        unsigned long long t = 0, at = 0;
+        int desc = 0;
+        if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
+            desc <= 0) {
+            rc = dlock__err(DLOCK_EPROTO,
+                            "%s: a key of lock '%.100s' holds a value of "
+                            "another type (not written by dlock)",
+                            rs->where, name);
+            goto done;
+        }
+        out->token = t;
+        snprintf(out->holder, sizeof(out->holder), "%.*s",
+                 (int)(v->len - (size_t)desc), v->str + desc);
+        if (now >= (long long)at)
+            out->held_ms = now - (long long)at;
         if (s->element[2]->type == REDIS_REPLY_INTEGER &&
             s->element[2]->integer >= 0)
             out->ttl_ms = s->element[2]->integer;

@@ -118,7 +118,7 @@ static int check_name(const char *name, size_t *len)
 int dlock_open(dlock **out, dlock_client *c, const char *name,
                const dlock_options *opts)
 {
-    size_t len;
+    size_t len = 0;
     dlock *l;
     int rc;
 
@@ -602,7 +602,7 @@ void dlock_info_clear(dlock_info *info)
 
 int dlock_inspect(dlock_client *c, const char *name, dlock_info *out)
 {
-    size_t len;
+    size_t len = 0;
     int rc;
 
     if (!out)

@@ -1,0 +1,574 @@
+/*
+ * bench.c -- dlock beside the floor of each store, measured in one run.
+ *
+ *   bench REDIS_URI FILE_DIR [--quick]
+ *
+ * Prints Markdown. Every figure stands beside a floor measured in the same
+ * run on the same server, so the ratio, not the machine, is the result:
+ *   redis cycle floor   hiredis: SET NX PX + EVALSHA compare-and-delete
+ *   redis round trip    hiredis: PING
+ *   file cycle floor    open + F_OFD_SETLK + unlock + close
+ * Hand-off: two processes pass the lock back and forth; the time from the
+ * holder's release call to the waiter's acquire returning (same host, one
+ * monotonic clock). Commands per hand-off: N+1 processes contend for a few
+ * seconds; INFO commandstats before and after.
+ */
+#include <dlock.h>
+#include <hiredis.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNKS 15
+
+static int quick;
+static const char *redis_uri, *file_dir;
+static char file_uri[1024];
+static char redis_host[256] = "127.0.0.1";
+static int redis_port = 6379;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench: %s: %s\n", what, why);
+    exit(1);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+typedef struct stats {
+    double p50_us, p99_us, per_s;
+} stats;
+
+static stats summarize(int64_t *ns, int n)
+{
+    stats s;
+    double sum = 0;
+
+    qsort(ns, (size_t)n, sizeof(*ns), cmp64);
+    for (int i = 0; i < n; i++)
+        sum += (double)ns[i];
+    s.p50_us = (double)ns[n / 2] / 1000;
+    s.p99_us = (double)ns[(int)(n * 0.99)] / 1000;
+    s.per_s = 1e9 / (sum / n);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Floors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static redisContext *hiredis_connect(void)
+{
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout(redis_host, redis_port, tv);
+
+    if (!c || c->err)
+        die("connect", c ? c->errstr : "out of memory");
+    return c;
+}
+
+static void reply_ok(redisReply *r, const char *what)
+{
+    if (!r || r->type == REDIS_REPLY_ERROR)
+        die(what, r ? r->str : "no reply");
+    freeReplyObject(r);
+}
+
+/* A round trip after the same 2 ms of idleness that precedes every
+ * hand-off: the fair floor for hand-off latency (waking an idle server,
+ * thread or CPU costs far more than a hot loop shows, on VMs especially). */
+static stats floor_redis_cold_ping(int n)
+{
+    redisContext *c = hiredis_connect();
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+
+    for (int i = 0; i < n; i++) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        int64_t t0 = now_ns();
+        reply_ok(redisCommand(c, "PING"), "PING");
+        ns[i] = now_ns() - t0;
+    }
+    redisFree(c);
+    stats s = summarize(ns, n);
+    free(ns);
+    return s;
+}
+
+static stats floor_redis_cycle(int n)
+{
+    redisContext *c = hiredis_connect();
+    redisReply *r = redisCommand(
+        c, "SCRIPT LOAD %s",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+        "return redis.call('DEL', KEYS[1]) end return 0");
+    char sha[41];
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+
+    if (!r || r->type != REDIS_REPLY_STRING)
+        die("script load", "failed");
+    snprintf(sha, sizeof(sha), "%s", r->str);
+    freeReplyObject(r);
+    for (int i = -n / 10; i < n; i++) {
+        int64_t t0 = now_ns();
+        reply_ok(redisCommand(c, "SET floor:{k} owner-0123456789abcdef NX PX "
+                                 "30000"),
+                 "SET");
+        reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{k} "
+                                 "owner-0123456789abcdef",
+                              sha),
+                 "EVALSHA");
+        if (i >= 0)
+            ns[i] = now_ns() - t0;
+    }
+    redisFree(c);
+    stats s = summarize(ns, n);
+    free(ns);
+    return s;
+}
+
+static stats floor_redis_ping(int n)
+{
+    redisContext *c = hiredis_connect();
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+
+    for (int i = -n / 10; i < n; i++) {
+        int64_t t0 = now_ns();
+        reply_ok(redisCommand(c, "PING"), "PING");
+        if (i >= 0)
+            ns[i] = now_ns() - t0;
+    }
+    redisFree(c);
+    stats s = summarize(ns, n);
+    free(ns);
+    return s;
+}
+
+static stats floor_file_cycle(int n)
+{
+    char path[1100];
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+    struct flock fl;
+
+    snprintf(path, sizeof(path), "%s/floor.lock", file_dir);
+    memset(&fl, 0, sizeof(fl));
+    fl.l_whence = SEEK_SET;
+    fl.l_len = 1;
+    for (int i = -n / 10; i < n; i++) {
+        int64_t t0 = now_ns();
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        fl.l_type = F_WRLCK;
+        if (fd < 0 || fcntl(fd, F_OFD_SETLK, &fl) != 0)
+            die("floor lock", strerror(errno));
+        fl.l_type = F_UNLCK;
+        fcntl(fd, F_OFD_SETLK, &fl);
+        close(fd);
+        if (i >= 0)
+            ns[i] = now_ns() - t0;
+    }
+    stats s = summarize(ns, n);
+    free(ns);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* dlock                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static dlock_client *open_client(const char *uri)
+{
+    dlock_client *c;
+
+    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK)
+        die(uri, dlock_errmsg());
+    return c;
+}
+
+static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
+{
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = flags;
+    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
+        die(name, dlock_errmsg());
+    return l;
+}
+
+static stats dlock_cycle(const char *uri, int n)
+{
+    dlock_client *c = open_client(uri);
+    dlock *l = open_lock(c, "bench-cycle", 0);
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+
+    for (int i = -n / 10; i < n; i++) {
+        int64_t t0 = now_ns();
+        if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
+            die("cycle", dlock_errmsg());
+        if (i >= 0)
+            ns[i] = now_ns() - t0;
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    stats s = summarize(ns, n);
+    free(ns);
+    return s;
+}
+
+/* --- hand-off between two processes --- */
+
+typedef struct pingpong {
+    volatile int started; /* process 0 holds the lock: 1 may begin */
+    volatile int ready[2];
+    volatile int acquired; /* hand-offs completed */
+    volatile int64_t released_at;
+    int n;
+    int64_t samples[];
+} pingpong;
+
+static void spin_until(volatile int *v, int want)
+{
+    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void pingpong_proc(pingpong *s, int me, const char *uri,
+                          unsigned flags)
+{
+    dlock_client *c = open_client(uri);
+    dlock *l = open_lock(c, "bench-handoff", flags);
+
+    if (me == 0) {
+        if (dlock_acquire(l, -1) != DLOCK_OK)
+            die("handoff", dlock_errmsg());
+        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
+    } else {
+        spin_until(&s->started, 1);
+    }
+    for (int i = 0; i < s->n; i++) {
+        if (i % 2 == me) { /* we hold it: hand it over */
+            spin_until(&s->ready[1 - me], i + 1);
+            struct timespec ts = {0, 2000000}; /* let it start waiting */
+            nanosleep(&ts, NULL);
+            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
+            if (dlock_release(l) != DLOCK_OK)
+                die("handoff release", dlock_errmsg());
+        } else {
+            /* never barge: ask only once the other one got it (in default
+             * mode a releaser that re-tries at once may win again) */
+            spin_until(&s->acquired, i);
+            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
+            if (dlock_acquire(l, -1) != DLOCK_OK)
+                die("handoff acquire", dlock_errmsg());
+            s->samples[i] = now_ns() -
+                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
+            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
+        }
+    }
+    if (dlock_held(l) > 0)
+        dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static stats handoff(const char *uri, unsigned flags, int n)
+{
+    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)n;
+    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pids[2];
+
+    memset(s, 0, size);
+    s->n = n;
+    for (int me = 0; me < 2; me++) {
+        fflush(stdout);
+        pids[me] = fork();
+        if (pids[me] == 0) {
+            pingpong_proc(s, me, uri, flags);
+            _exit(0);
+        }
+    }
+    for (int me = 0; me < 2; me++) {
+        int st;
+        waitpid(pids[me], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            die("handoff", "a process failed");
+    }
+    /* the first sample of each direction includes subscribing */
+    stats r = summarize(s->samples + 2, n - 2);
+    munmap(s, size);
+    return r;
+}
+
+/* --- store commands per hand-off under contention --- */
+
+typedef struct contend {
+    volatile int stop;
+    volatile int last;
+    volatile long handoffs;
+    volatile long acquisitions;
+} contend;
+
+/* Commands the server ran: all of them (including those inside scripts)
+ * into *all; only those clients sent (requests) into *req. */
+static void redis_commands(long long *all, long long *req)
+{
+    redisContext *c = hiredis_connect();
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    static const char *const sent[] = {"evalsha", "subscribe", "unsubscribe",
+                                       "eval", "script", "auth", "select",
+                                       "ping", NULL};
+
+    *all = *req = 0;
+    if (!r || r->type != REDIS_REPLY_STRING)
+        die("INFO", "failed");
+    for (const char *p = r->str; (p = strstr(p, "cmdstat_")); p++) {
+        const char *calls = strstr(p, "calls=");
+        if (strncmp(p, "cmdstat_info:", 13) == 0 || !calls)
+            continue;
+        long long n = atoll(calls + 6);
+        *all += n;
+        for (int i = 0; sent[i]; i++) {
+            size_t l = strlen(sent[i]);
+            if (!strncmp(p + 8, sent[i], l) && p[8 + l] == ':')
+                *req += n;
+        }
+    }
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static void contend_proc(contend *s, int me, unsigned flags)
+{
+    dlock_client *c = open_client(redis_uri);
+    dlock *l = open_lock(c, "bench-contend", flags);
+
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        int rc = dlock_acquire(l, 300);
+        if (rc == DLOCK_EBUSY)
+            continue;
+        if (rc != DLOCK_OK)
+            die("contend", dlock_errmsg());
+        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
+        if (s->last != me) {
+            __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
+            s->last = me;
+        }
+        if (dlock_release(l) != DLOCK_OK)
+            die("contend release", dlock_errmsg());
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static void commands_per_handoff(int waiters, unsigned flags, double *req,
+                                 double *per, double *handoffs_per_s)
+{
+    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    int nproc = waiters + 1;
+    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
+    int64_t ms = quick ? 1000 : 3000;
+
+    memset(s, 0, sizeof(*s));
+    s->last = -1;
+    long long before, before_req, after, after_req;
+    redis_commands(&before, &before_req);
+    int64_t t0 = now_ns();
+    for (int i = 0; i < nproc; i++) {
+        fflush(stdout);
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            contend_proc(s, i, flags);
+            _exit(0);
+        }
+    }
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < nproc; i++)
+        waitpid(pids[i], NULL, 0);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    redis_commands(&after, &after_req);
+    *per = s->handoffs ? (double)(after - before) / (double)s->handoffs : 0;
+    *req = s->handoffs ? (double)(after_req - before_req) / (double)s->handoffs
+                       : 0;
+    *handoffs_per_s = (double)s->handoffs / secs;
+    free(pids);
+    munmap(s, sizeof(*s));
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* Median of three repetitions of f, with the spread (min..max). */
+#define REPEAT3(expr, out_med, out_min, out_max)                            \
+    do {                                                                    \
+        stats r_[3];                                                        \
+        for (int k_ = 0; k_ < 3; k_++)                                      \
+            r_[k_] = (expr);                                                \
+        double v_[3] = {r_[0].p50_us, r_[1].p50_us, r_[2].p50_us};          \
+        qsort(v_, 3, sizeof(double), cmpd);                                 \
+        out_med = v_[1];                                                    \
+        out_min = v_[0];                                                    \
+        out_max = v_[2];                                                    \
+    } while (0)
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static void parse_redis_uri(void)
+{
+    const char *p = strstr(redis_uri, "://");
+    if (!p)
+        die("uri", "expected redis://host:port");
+    p += 3;
+    const char *colon = strchr(p, ':');
+    if (colon) {
+        snprintf(redis_host, sizeof(redis_host), "%.*s", (int)(colon - p), p);
+        redis_port = atoi(colon + 1);
+    } else {
+        snprintf(redis_host, sizeof(redis_host), "%s", p);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench REDIS_URI FILE_DIR [--quick]\n");
+        return 2;
+    }
+    redis_uri = argv[1];
+    file_dir = argv[2];
+    quick = argc > 3 && !strcmp(argv[3], "--quick");
+    snprintf(file_uri, sizeof(file_uri), "file://%s", file_dir);
+    parse_redis_uri();
+    signal(SIGPIPE, SIG_IGN);
+
+    int n = quick ? 2000 : 20000;
+    int nh = quick ? 100 : 1000;
+    double f_med, f_min, f_max, d_med, d_min, d_max, p_med, p_min, p_max;
+    stats fs, ds;
+
+    printf("## Redis (%s)\n\n", redis_uri);
+    printf("Latency in microseconds. Cycles: %d of each, run in %d "
+           "alternating chunks; the ratio is the median of the chunks' "
+           "ratios. Round trips and hand-offs: median of three runs, with "
+           "the spread of the three.\n\n",
+           n, CHUNKS);
+    printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
+    REPEAT3(floor_redis_ping(n), p_med, p_min, p_max);
+    printf("| round trip (PING) | %.1f (%.1f–%.1f) | | |\n", p_med, p_min,
+           p_max);
+    /* interleave floor and dlock in many short chunks, so that the
+     * machine's drift hits both alike; the ratio is the median of the
+     * chunks' ratios */
+    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS];
+    for (int k = 0; k < CHUNKS; k++) {
+        fs = floor_redis_cycle(n / CHUNKS);
+        ds = dlock_cycle(redis_uri, n / CHUNKS);
+        fv[k] = fs.p50_us;
+        dv[k] = ds.p50_us;
+        rv[k] = ds.p50_us / fs.p50_us;
+    }
+    qsort(fv, CHUNKS, sizeof(double), cmpd);
+    qsort(dv, CHUNKS, sizeof(double), cmpd);
+    qsort(rv, CHUNKS, sizeof(double), cmpd);
+    printf("| uncontended acquire+release, p50 | %.1f | %.1f | **%.2fx** "
+           "(chunks: %.2f–%.2f) |\n",
+           fv[CHUNKS / 2], dv[CHUNKS / 2], rv[CHUNKS / 2], rv[0],
+           rv[CHUNKS - 1]);
+    printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx |\n",
+           fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
+    printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
+           fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    double c_med, c_min, c_max;
+    REPEAT3(floor_redis_cold_ping(nh), c_med, c_min, c_max);
+    printf("| round trip after 2 ms idle (PING) | %.1f (%.1f–%.1f) | | |\n",
+           c_med, c_min, c_max);
+    REPEAT3(handoff(redis_uri, 0, nh), d_med, d_min, d_max);
+    printf("| hand-off, release → waiter's acquire returns, p50 | "
+           "%.1f (1 idle RTT) | %.1f (%.1f–%.1f) | **%.2f idle RTT** "
+           "(%.2f hot RTT) |\n",
+           c_med, d_med, d_min, d_max, d_med / c_med, d_med / p_med);
+    REPEAT3(handoff(redis_uri, DLOCK_FAIR, nh), f_med, f_min, f_max);
+    printf("| hand-off, fair mode, p50 | %.1f (1 idle RTT) | %.1f "
+           "(%.1f–%.1f) | **%.2f idle RTT** (%.2f hot RTT) |\n",
+           c_med, f_med, f_min, f_max, f_med / c_med, f_med / p_med);
+
+    printf("\n### Redis commands per hand-off\n\n");
+    printf("N waiters plus the holder contend for %d s (each process: "
+           "acquire, release, repeat; a wait gives up after 300 ms and "
+           "starts again). Per hand-off between two different processes: "
+           "*requests* = commands the clients sent (EVALSHA, SUBSCRIBE, "
+           "UNSUBSCRIBE); *server* = every command the server ran, "
+           "including those inside the scripts (INFO commandstats).\n\n",
+           quick ? 1 : 3);
+    printf("| waiters | default: requests | default: server | default: "
+           "hand-offs/s | fair: requests | fair: server | fair: "
+           "hand-offs/s |\n|---|---|---|---|---|---|---|\n");
+    int ws[] = {1, 8, 64};
+    for (int i = 0; i < 3; i++) {
+        double rd, pd, hd, rf, pf, hf;
+        if (quick && ws[i] == 64)
+            ws[i] = 16;
+        commands_per_handoff(ws[i], 0, &rd, &pd, &hd);
+        commands_per_handoff(ws[i], DLOCK_FAIR, &rf, &pf, &hf);
+        printf("| %d | %.1f | %.1f | %.0f | %.1f | %.1f | %.0f |\n", ws[i],
+               rd, pd, hd, rf, pf, hf);
+    }
+
+    printf("\n## File store (%s)\n\n", file_uri);
+    printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
+    for (int k = 0; k < CHUNKS; k++) {
+        fs = floor_file_cycle(n / CHUNKS);
+        ds = dlock_cycle(file_uri, n / CHUNKS);
+        fv[k] = fs.p50_us;
+        dv[k] = ds.p50_us;
+        rv[k] = ds.p50_us / fs.p50_us;
+    }
+    qsort(fv, CHUNKS, sizeof(double), cmpd);
+    qsort(dv, CHUNKS, sizeof(double), cmpd);
+    qsort(rv, CHUNKS, sizeof(double), cmpd);
+    printf("| uncontended acquire+release, p50 | %.1f | %.1f | %.2fx "
+           "(chunks: %.2f–%.2f) |\n",
+           fv[CHUNKS / 2], dv[CHUNKS / 2], rv[CHUNKS / 2], rv[0],
+           rv[CHUNKS - 1]);
+    printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
+           fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    REPEAT3(handoff(file_uri, 0, nh), d_med, d_min, d_max);
+    printf("| hand-off, release → waiter's acquire returns, p50 | | %.1f "
+           "(%.1f–%.1f) | |\n",
+           d_med, d_min, d_max);
+    REPEAT3(handoff(file_uri, DLOCK_FAIR, nh), f_med, f_min, f_max);
+    printf("| hand-off, fair mode, p50 | | %.1f (%.1f–%.1f) | |\n", f_med,
+           f_min, f_max);
+    return 0;
+}
