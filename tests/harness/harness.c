@@ -24,7 +24,7 @@
 static pid_t owner_pid;
 static const char *current;
 static char tmpdir[512];
-static th_redis *servers[MAX_SERVERS];
+static pid_t server_pids[MAX_SERVERS]; /* still running, to kill at exit */
 
 void th_fail(const char *file, int line, const char *fmt, ...)
 {
@@ -76,11 +76,11 @@ static void cleanup(void)
     if (getpid() != owner_pid)
         return;
     for (int i = 0; i < MAX_SERVERS; i++)
-        if (servers[i] && servers[i]->pid > 0) {
-            kill(servers[i]->pid, SIGCONT);
-            kill(servers[i]->pid, SIGKILL);
-            waitpid(servers[i]->pid, NULL, 0);
-            servers[i]->pid = 0;
+        if (server_pids[i] > 0) {
+            kill(server_pids[i], SIGCONT);
+            kill(server_pids[i], SIGKILL);
+            waitpid(server_pids[i], NULL, 0);
+            server_pids[i] = 0;
         }
     if (tmpdir[0] && !getenv("DLOCK_TEST_KEEP"))
         nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
@@ -159,6 +159,22 @@ int th_free_port(void)
     return port;
 }
 
+static void track(pid_t pid, int running)
+{
+    for (int i = 0; i < MAX_SERVERS; i++) {
+        if (running && server_pids[i] == 0) {
+            server_pids[i] = pid;
+            return;
+        }
+        if (!running && server_pids[i] == pid) {
+            server_pids[i] = 0;
+            return;
+        }
+    }
+    if (running)
+        th_fail(__FILE__, __LINE__, "too many redis servers");
+}
+
 static int redis_ping(th_redis *r)
 {
     struct timeval tv = {0, 200000};
@@ -202,9 +218,11 @@ static int redis_launch(th_redis *r)
         execlp("redis-server", "redis-server", conf, (char *)NULL);
         _exit(127);
     }
+    track(r->pid, 1);
     for (int i = 0; i < 250; i++) {
         int st;
         if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
+            track(r->pid, 0);
             r->pid = 0;
             if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
                 th_fail(__FILE__, __LINE__,
@@ -218,6 +236,7 @@ static int redis_launch(th_redis *r)
     }
     kill(r->pid, SIGKILL);
     waitpid(r->pid, NULL, 0);
+    track(r->pid, 0);
     r->pid = 0;
     return -1;
 }
@@ -225,19 +244,12 @@ static int redis_launch(th_redis *r)
 void th_redis_start(th_redis *r, const char *extra)
 {
     static int n;
-    int slot = -1;
 
     memset(r, 0, sizeof(*r));
     snprintf(r->dir, sizeof(r->dir), "%s/redis%d", th_tmpdir(), n++);
     mkdir(r->dir, 0700);
     snprintf(r->sock, sizeof(r->sock), "%s/redis.sock", r->dir);
     snprintf(r->extra, sizeof(r->extra), "%s", extra ? extra : "");
-    for (int i = 0; i < MAX_SERVERS; i++)
-        if (!servers[i] && slot < 0)
-            slot = i;
-    if (slot < 0)
-        th_fail(__FILE__, __LINE__, "too many redis servers");
-    servers[slot] = r;
     for (int attempt = 0; attempt < 5; attempt++) {
         r->port = th_free_port();
         if (redis_launch(r) == 0) {
@@ -269,6 +281,7 @@ void th_redis_kill(th_redis *r, int sig)
     if (sig == SIGSTOP || sig == SIGCONT)
         return;
     waitpid(r->pid, NULL, 0);
+    track(r->pid, 0);
     r->pid = 0;
 }
 
