@@ -282,10 +282,10 @@ static const th_test tests[] = {
     T(symlinked_lock_file_is_refused),
     T(foreign_file_is_refused),
     T(ttl_has_no_effect_here),
-    T(replaced_file_is_detected),
-    T(cancelled_waits_leave_nothing_behind),
+    TK(replaced_file_is_detected),
+    TK(cancelled_waits_leave_nothing_behind),
     T(long_names_fit_a_file_name),
-    {NULL, NULL},
+    {NULL, NULL, 0},
 };
 
 int main(int argc, char **argv)

@@ -547,7 +547,7 @@ static const th_test tests[] = {
     T(fair_handoff_wakes_only_the_head),
     T(one_subscriber_connection_per_client),
     T(client_timeout_option),
-    {NULL, NULL},
+    {NULL, NULL, 0},
 };
 
 int main(int argc, char **argv)

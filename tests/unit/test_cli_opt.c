@@ -255,7 +255,7 @@ static const th_test tests[] = {
     T(duration_format),
     T(opt_value_forms),
     T(exit_codes),
-    {NULL, NULL},
+    {NULL, NULL, 0},
 };
 
 int main(int argc, char **argv)

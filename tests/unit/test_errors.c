@@ -337,7 +337,7 @@ static const th_test tests[] = {
     T(store_unknown_scheme),
     T(store_not_built),
     T(store_bad_uri),
-    {NULL, NULL},
+    {NULL, NULL, 0},
 };
 
 int main(int argc, char **argv)

@@ -643,7 +643,7 @@ static const th_test tests[] = {
     /* these two fail on known parser bugs (see their comments) */
     T(parse_int_small_max),
     T(uri_password_unescaped_delimiter_not_in_error),
-    {NULL, NULL},
+    {NULL, NULL, 0},
 };
 
 int main(int argc, char **argv)
