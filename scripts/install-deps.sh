@@ -1,9 +1,9 @@
 #!/bin/sh
 # install-deps.sh GROUP... -- installs the Debian packages dlock needs for
 # the given groups, when they are missing (apt-get; as root, or with sudo).
-#   build     compiler, cmake, pkg-config, hiredis
-#   test      redis-server (started by the tests themselves, never as a
-#             system service)
+#   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client
+#   test      redis-server and zookeeper (started by the tests themselves,
+#             never as system services)
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
 #   bench     what the benchmarks compare against
@@ -12,11 +12,11 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
-    bench) pkgs="$pkgs redis-server redis-tools" ;;
+    bench) pkgs="$pkgs redis-server redis-tools zookeeper" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac
 done
@@ -57,11 +57,11 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -q --no-install-recommends $missing >/dev/null
-case " $missing " in
-*" redis-server "*)
-    if [ -d /run/systemd/system ]; then
-        $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
-    fi
-    ;;
-esac
+if [ -d /run/systemd/system ]; then
+    for svc in redis-server zookeeper; do
+        case " $missing " in
+        *" $svc "*) $SUDO systemctl disable --now $svc >/dev/null 2>&1 || true ;;
+        esac
+    done
+fi
 echo "install-deps: done"

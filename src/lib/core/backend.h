@@ -137,6 +137,16 @@ void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
  * (a subscriber connection broke). Each re-arms, then re-tries. */
 void dlock__notify_error(dlock_client *c);
 
+/* Declares lost every hold of this client for which match(lease, arg)
+ * returns nonzero (a session ended, a connection stayed down too long):
+ * dlock_release() will return DLOCK_ELOST, and the background thread calls
+ * the holds' lost-lock callbacks with `why`. `match` runs with the
+ * client's mutex held: it must only look at the lease (no locks, no store
+ * calls). Any thread. */
+void dlock__notify_lost(dlock_client *c,
+                        int (*match)(const dlock__lease *l, void *arg),
+                        void *arg, const char *why);
+
 /* Makes the background thread call loop_fd()/loop_run() soon. */
 void dlock__loop_wake(dlock_client *c);
 
@@ -144,6 +154,9 @@ void dlock__loop_wake(dlock_client *c);
 extern const dlock__backend dlock__backend_file;
 #ifdef DLOCK_HAVE_REDIS
 extern const dlock__backend dlock__backend_redis;
+#endif
+#ifdef DLOCK_HAVE_ZK
+extern const dlock__backend dlock__backend_zk;
 #endif
 
 /* The backend for a URI scheme; NULL when unknown. *built is 0 for a known

@@ -93,6 +93,27 @@ void dlock__notify_error(dlock_client *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+static void mark_lost(dlock__hold *h, const char *why);
+
+void dlock__notify_lost(dlock_client *c,
+                        int (*match)(const dlock__lease *l, void *arg),
+                        void *arg, const char *why)
+{
+    int any = 0;
+
+    pthread_mutex_lock(&c->mu);
+    for (dlock__hold *h = c->holds; h; h = h->next) {
+        if (h->lost || h->count == 0 || !match(&h->lease, arg))
+            continue;
+        mark_lost(h, why);
+        h->announce = 1;
+        any = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (any)
+        dlock__loop_wake(c);
+}
+
 const char *dlock__client_id(const dlock_client *c)
 {
     return c->id;
@@ -147,8 +168,14 @@ static int64_t watchdog(dlock_client *c)
     lost_note *notes = NULL;
     size_t nnotes = 0, capnotes = 0;
 
+    for (dlock__hold *h = c->holds; h; h = h->next) {
+        if (h->announce) { /* declared lost by the backend */
+            h->announce = 0;
+            note_lost(h, &notes, &nnotes, &capnotes);
+        }
+    }
     if (!(c->be->caps & DLOCK__CAP_LEASE))
-        return DLOCK__FOREVER;
+        goto callbacks;
 
     for (dlock__hold *h = c->holds; h; h = h->next) {
         if (h->lost || h->renewing || h->count == 0)
@@ -220,6 +247,7 @@ static int64_t watchdog(dlock_client *c)
     }
     free(due);
 
+callbacks:
     for (size_t i = 0; i < nnotes; i++) {
         dlock *l = notes[i].handle;
         dlock_lost_cb cb = l->opts.on_lost;

@@ -29,6 +29,7 @@ struct dlock__hold {
     pthread_t thread;     /* the owner thread */
     int count;            /* reentrant depth, >= 1 while held */
     int lost;             /* the hold is known to be gone */
+    int announce;         /* lost, callback not called yet (background) */
     int renewing;         /* the watchdog is renewing it right now */
     int64_t lease_end;    /* local, conservative end of the lease */
     int64_t renew_at;     /* when the watchdog renews it next */

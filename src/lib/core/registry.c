@@ -21,9 +21,13 @@ static const struct {
     {"redis", NULL},
     {"unix", NULL},
 #endif
+#ifdef DLOCK_HAVE_ZK
+    {"zk", &dlock__backend_zk},
+#else
+    {"zk", NULL},
+#endif
     /* stores planned but not yet written */
     {"redlock", NULL},
-    {"zk", NULL},
     {"etcd", NULL},
     {"etcds", NULL},
     {"postgres", NULL},
