@@ -67,6 +67,7 @@ typedef struct zk_session {
     int ever_connected;
     int64_t down_since;  /* when the connection dropped; 0 while up */
     int declared_lost;   /* holds were declared lost in this outage */
+    uint64_t conn_gen;   /* bumped at every (re)connection */
     struct zk_session *next;
 } zk_session;
 
@@ -302,12 +303,12 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
     uint64_t lost_sid = 0;
     int wake_loop = 0;
 
-    (void)zh;
     pthread_mutex_lock(&zs->mu);
     if (type == ZOO_SESSION_EVENT) {
         if (state == ZOO_CONNECTED_STATE) {
             s->state = S_CONNECTED;
-            s->timeout = zoo_recv_timeout(s->zh);
+            s->conn_gen++;
+            s->timeout = zoo_recv_timeout(zh);
             s->ever_connected = 1;
             s->down_since = 0;
             s->declared_lost = 0;
@@ -699,6 +700,36 @@ static int delete_node(zk_store *zs, zk_session *s, const char *path,
 /* Backend slots                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* After a call failed with a lost connection: waits until the session
+ * has connected again (since generation `gen`) or is known to have
+ * expired. 0: connected again, retry; 1: expired; -1: neither before
+ * `deadline`. */
+static int settle(zk_store *zs, zk_session *s, uint64_t gen, int64_t deadline)
+{
+    int r;
+
+    pthread_mutex_lock(&zs->mu);
+    while (!(s->state == S_CONNECTED && s->conn_gen != gen) &&
+           s->state != S_EXPIRED && s->state != S_AUTHFAIL &&
+           dlock__now_ms() < deadline)
+        dlock__cond_wait_until(&zs->cv, &zs->mu, deadline);
+    r = s->state == S_EXPIRED || s->state == S_AUTHFAIL ? 1
+        : s->state == S_CONNECTED && s->conn_gen != gen ? 0
+                                                        : -1;
+    pthread_mutex_unlock(&zs->mu);
+    return r;
+}
+
+static uint64_t conn_gen(zk_store *zs, zk_session *s)
+{
+    uint64_t g;
+
+    pthread_mutex_lock(&zs->mu);
+    g = s->conn_gen;
+    pthread_mutex_unlock(&zs->mu);
+    return g;
+}
+
 /* Finds our node among `v` (sorted); index or -1. */
 static int32_t find_mine(const struct String_vector *v, int32_t n,
                          const char *base)
@@ -916,7 +947,21 @@ static int zk_release(void *st, dlock__lease *l, int64_t op_deadline)
                           "zk %s: the session of this hold ended",
                           zs->redacted);
     }
-    zrc = call(zs, s, C_DELETE, zl->path, NULL, 0, 0, op_deadline, NULL);
+    for (;;) {
+        /* a lost connection may hide an expired session (a frozen
+         * process learns it only now): wait for the answer, then retry
+         * or report the loss */
+        uint64_t gen = conn_gen(zs, s);
+        zrc = call(zs, s, C_DELETE, zl->path, NULL, 0, 0, op_deadline, NULL);
+        if ((zrc != ZCONNECTIONLOSS && zrc != ZOPERATIONTIMEOUT) ||
+            dlock__now_ms() >= op_deadline)
+            break;
+        int how = settle(zs, s, gen, op_deadline);
+        if (how == 1)
+            zrc = ZSESSIONEXPIRED;
+        if (how != 0)
+            break;
+    }
     if (zrc == ZOK || zrc == ZNONODE || zrc == ZSESSIONEXPIRED ||
         zrc == ZINVALIDSTATE) {
         zl->path[0] = '\0';
@@ -952,7 +997,18 @@ static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                           "zk: a hold lives as long as its session (ttl "
                           "%lld ms); it cannot change to %lld ms",
                           (long long)s->ttl, (long long)ttl_ms);
-    zrc = call(zs, s, C_EXISTS, zl->path, NULL, 0, 0, op_deadline, &op);
+    for (;;) {
+        uint64_t gen = conn_gen(zs, s);
+        zrc = call(zs, s, C_EXISTS, zl->path, NULL, 0, 0, op_deadline, &op);
+        if ((zrc != ZCONNECTIONLOSS && zrc != ZOPERATIONTIMEOUT) ||
+            dlock__now_ms() >= op_deadline)
+            break;
+        int how = settle(zs, s, gen, op_deadline);
+        if (how == 1)
+            zrc = ZSESSIONEXPIRED;
+        if (how != 0)
+            break;
+    }
     if (zrc == ZNONODE || zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE)
         return dlock__err(DLOCK_ENOTHELD, "zk %s: the lock node is gone",
                           zs->redacted);
