@@ -76,6 +76,7 @@ typedef struct zk_watch {
     const char *path;
     uint64_t sid;
     int fired;
+    int deleted; /* the event was the node's deletion */
     struct zk_watch *next;
 } zk_watch;
 
@@ -328,8 +329,10 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
         }
     } else if (path) {
         for (zk_watch *w = zs->watches; w; w = w->next)
-            if (w->sid == s->sid && strcmp(w->path, path) == 0)
+            if (w->sid == s->sid && strcmp(w->path, path) == 0) {
                 w->fired = 1;
+                w->deleted = type == ZOO_DELETED_EVENT;
+            }
     }
     pthread_cond_broadcast(&zs->cv);
     pthread_mutex_unlock(&zs->mu);
@@ -412,6 +415,12 @@ static zk_session *session_get(zk_store *zs, int64_t ttl, int64_t deadline,
                              zs->redacted, strerror(e));
             return NULL;
         }
+        /* The C client re-resolves the host names every time it polls
+         * its socket: DNS traffic, and a thread that is inside
+         * getaddrinfo() at the moment the application forks leaves a libc
+         * lock held in the child. Once a minute is plenty (a lost
+         * connection still re-resolves at once). */
+        zoo_set_servers_resolution_delay(s->zh, 60000);
         if (zs->auth) {
             int zrc = zoo_add_auth(s->zh, "digest", zs->auth,
                                    (int)strlen(zs->auth), NULL, NULL);
@@ -844,7 +853,7 @@ static int acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
         }
 
         /* watch the predecessor only */
-        zk_watch w = {pred, s->sid, 0, NULL};
+        zk_watch w = {pred, s->sid, 0, 0, NULL};
         pthread_mutex_lock(&zs->mu);
         w.next = zs->watches;
         zs->watches = &w;
@@ -880,6 +889,13 @@ static int acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
             }
         }
         pthread_mutex_unlock(&zs->mu);
+        /* Second in line and the head's node is gone: we are the head
+         * (every node created since has a higher sequence), no need to
+         * list the queue again. That saves a round trip per hand-off. */
+        if (outcome == 0 && me == 1 && (w.deleted || zrc == ZNONODE)) {
+            l->token = czxid;
+            return DLOCK_OK;
+        }
         if (outcome == 1)
             return 1;
         if (outcome == 2) {
