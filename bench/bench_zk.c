@@ -1,0 +1,752 @@
+/*
+ * bench_zk.c -- dlock's ZooKeeper store beside the bare ZooKeeper C client,
+ * measured in one run against the same server.
+ *
+ *   dlock_bench_zk ZK_URI [--quick]        (ZK_URI: zk://host:port[/chroot])
+ *
+ * Prints Markdown. Floors, all with the synchronous API of libzookeeper_mt
+ * (the client the store itself uses):
+ *   cycle floor        create(EPHEMERAL_SEQUENTIAL child of an existing
+ *                      parent) + getChildren(parent) + delete(child): the
+ *                      ZooKeeper lock recipe's least work
+ *   round trip         exists() on an existing node (a read)
+ *   write              set() of 16 bytes on an existing node
+ *   idle write + RTT   after 2 ms of idleness (as before every hand-off):
+ *                      set() then exists(), timed together
+ *   watch              after 2 ms of idleness, set() in one session until
+ *                      another session's exists watch on the node fires
+ * Hand-off: two processes pass the lock back and forth (as in bench.c); the
+ * time from the holder's release call to the waiter's acquire returning,
+ * expressed in "one write + one round trip" (idle; and hot: the sum of the
+ * write and round-trip figures). Cycles and hand-offs run in chunks that
+ * alternate with their floors; ratios are medians of the chunks' ratios.
+ * Requests per hand-off: N+1 processes contend; the server's
+ * zk_packets_received (mntr) before and after.
+ *
+ * The server is started by bench/run.sh (standalone, forceSync=no). The JVM
+ * compiles its hot paths only after a few thousand requests: a warm-up of
+ * every kind of operation comes first, and is not measured.
+ */
+#include <dlock.h>
+#include <zookeeper/zookeeper.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNKS 15
+#define SESSION_MS 10000
+
+static int quick;
+static const char *zk_uri;
+static char zk_servers[1024];   /* host:port[,host:port...] */
+static char zk_chroot[512];     /* "" or "/chroot" (a path prefix, as the
+                                 * store uses it, not the client's chroot) */
+static char zk_first_host[256] = "127.0.0.1";
+static int zk_first_port = 2181;
+
+/* <chroot>/bench-floor and <chroot>/bench-floor-data: beside the store's
+ * lock nodes (<chroot>/<name>), at the same depth */
+static char floor_parent[600], floor_data[600];
+static const char OWNER[] = "owner-0123456789abcdef";
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_zk: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void zdie(const char *what, int rc)
+{
+    die(what, zerror(rc));
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+
+    nanosleep(&ts, NULL);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+typedef struct stats {
+    double p50_us, p99_us, per_s;
+} stats;
+
+static stats summarize(int64_t *ns, int n)
+{
+    stats s;
+    double sum = 0;
+
+    qsort(ns, (size_t)n, sizeof(*ns), cmp64);
+    for (int i = 0; i < n; i++)
+        sum += (double)ns[i];
+    s.p50_us = (double)ns[n / 2] / 1000;
+    s.p99_us = (double)ns[(int)(n * 0.99)] / 1000;
+    s.per_s = 1e9 / (sum / n);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The bare client                                                          */
+/* ------------------------------------------------------------------------ */
+
+static void quiet_watcher(zhandle_t *zh, int type, int state,
+                          const char *path, void *ctx)
+{
+    (void)zh, (void)type, (void)state, (void)path, (void)ctx;
+}
+
+static zhandle_t *zk_connect(const char *hosts)
+{
+    zhandle_t *zh = zookeeper_init(hosts, quiet_watcher, SESSION_MS, NULL,
+                                   NULL, 0);
+    int64_t deadline = now_ns() + (int64_t)10 * 1000000000;
+
+    if (!zh)
+        die("zookeeper_init", strerror(errno));
+    while (zoo_state(zh) != ZOO_CONNECTED_STATE) {
+        if (now_ns() > deadline)
+            die(hosts, "no session within 10 s");
+        sleep_us(1000);
+    }
+    return zh;
+}
+
+static void zk_create_if_missing(zhandle_t *zh, const char *path)
+{
+    int rc = zoo_create(zh, path, "", 0, &ZOO_OPEN_ACL_UNSAFE, ZOO_PERSISTENT,
+                        NULL, 0);
+
+    if (rc != ZOK && rc != ZNODEEXISTS)
+        zdie(path, rc);
+}
+
+/* The chroot (each component) and the floors' nodes inside it. */
+static void zk_prepare(void)
+{
+    zhandle_t *zh = zk_connect(zk_servers);
+    char path[sizeof(zk_chroot)];
+
+    for (size_t i = 1; zk_chroot[0] && i <= strlen(zk_chroot); i++) {
+        if (zk_chroot[i] != '/' && zk_chroot[i] != '\0')
+            continue;
+        snprintf(path, sizeof(path), "%.*s", (int)i, zk_chroot);
+        zk_create_if_missing(zh, path);
+    }
+    zk_create_if_missing(zh, floor_parent);
+    zk_create_if_missing(zh, floor_data);
+    zookeeper_close(zh);
+}
+
+/* One floor cycle: create + getChildren + delete. */
+static void floor_cycle_once(zhandle_t *zh)
+{
+    char child[700], pattern[700];
+    struct String_vector sv;
+    int rc;
+
+    snprintf(pattern, sizeof(pattern), "%s/c-", floor_parent);
+    rc = zoo_create(zh, pattern, OWNER, (int)sizeof(OWNER) - 1,
+                    &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL, child,
+                    (int)sizeof(child));
+    if (rc != ZOK)
+        zdie("floor create", rc);
+    rc = zoo_get_children(zh, floor_parent, 0, &sv);
+    if (rc != ZOK)
+        zdie("floor getChildren", rc);
+    deallocate_String_vector(&sv);
+    rc = zoo_delete(zh, child, -1);
+    if (rc != ZOK)
+        zdie("floor delete", rc);
+}
+
+static void floor_write_once(zhandle_t *zh)
+{
+    int rc = zoo_set(zh, floor_data, "0123456789abcdef", 16, -1);
+
+    if (rc != ZOK)
+        zdie("floor set", rc);
+}
+
+static void floor_rtt_once(zhandle_t *zh)
+{
+    struct Stat st;
+    int rc = zoo_exists(zh, floor_data, 0, &st);
+
+    if (rc != ZOK)
+        zdie("floor exists", rc);
+}
+
+/* n timed cycles into ns[0..n) */
+static void floor_cycles(zhandle_t *zh, int64_t *ns, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t t0 = now_ns();
+        floor_cycle_once(zh);
+        ns[i] = now_ns() - t0;
+    }
+}
+
+/* kind 0: round trip (exists); 1: write (set); 2: 2 ms idle, then write +
+ * round trip timed together */
+static stats floor_op(int kind, int n)
+{
+    zhandle_t *zh = zk_connect(zk_servers);
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+
+    for (int i = -n / 10; i < n; i++) {
+        if (kind == 2)
+            sleep_us(2000);
+        int64_t t0 = now_ns();
+        if (kind >= 1)
+            floor_write_once(zh);
+        if (kind != 1)
+            floor_rtt_once(zh);
+        if (i >= 0)
+            ns[i] = now_ns() - t0;
+    }
+    zookeeper_close(zh);
+    stats s = summarize(ns, n);
+    free(ns);
+    return s;
+}
+
+/* A write seen by another session: session B watches the node (exists
+ * watch), 2 ms of idleness, then session A sets it; the time from A's call
+ * to B's watcher running (on B's completion thread). A release reaches a
+ * waiter this way. */
+typedef struct watch_seen {
+    volatile int64_t at; /* 0 until the watch fired */
+} watch_seen;
+
+static void seen_watcher(zhandle_t *zh, int type, int state,
+                         const char *path, void *ctx)
+{
+    (void)zh, (void)state, (void)path;
+    if (type == ZOO_CHANGED_EVENT && ctx)
+        __atomic_store_n(&((watch_seen *)ctx)->at, now_ns(),
+                         __ATOMIC_RELEASE);
+}
+
+static stats floor_watch(int n)
+{
+    static watch_seen seen;
+    zhandle_t *a = zk_connect(zk_servers), *b = zk_connect(zk_servers);
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+
+    for (int i = -n / 10; i < n; i++) {
+        struct Stat st;
+        int rc;
+
+        __atomic_store_n(&seen.at, 0, __ATOMIC_RELEASE);
+        rc = zoo_wexists(b, floor_data, seen_watcher, &seen, &st);
+        if (rc != ZOK)
+            zdie("floor wexists", rc);
+        sleep_us(2000);
+        int64_t t0 = now_ns();
+        floor_write_once(a);
+        while (!__atomic_load_n(&seen.at, __ATOMIC_ACQUIRE))
+            sleep_us(10);
+        if (i >= 0)
+            ns[i] = seen.at - t0;
+    }
+    zookeeper_close(a);
+    zookeeper_close(b);
+    stats s = summarize(ns, n);
+    free(ns);
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* dlock                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static dlock_client *open_client(void)
+{
+    dlock_client *c;
+
+    if (dlock_client_open(&c, zk_uri, NULL) != DLOCK_OK)
+        die(zk_uri, dlock_errmsg());
+    return c;
+}
+
+static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
+{
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = flags;
+    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
+        die(name, dlock_errmsg());
+    return l;
+}
+
+static void dlock_cycles(dlock *l, int64_t *ns, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t t0 = now_ns();
+        if (dlock_acquire(l, 0) != DLOCK_OK)
+            die("cycle acquire", dlock_errmsg());
+        if (dlock_release(l) != DLOCK_OK)
+            die("cycle release", dlock_errmsg());
+        if (ns)
+            ns[i] = now_ns() - t0;
+    }
+}
+
+/* --- hand-off between two processes (as in bench.c) --- */
+
+typedef struct pingpong {
+    volatile int started; /* process 0 holds the lock: 1 may begin */
+    volatile int ready[2];
+    volatile int acquired; /* hand-offs completed */
+    volatile int64_t released_at;
+    int n;
+    int64_t samples[];
+} pingpong;
+
+static void spin_until(volatile int *v, int want)
+{
+    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want)
+        sleep_us(20);
+}
+
+static void pingpong_proc(pingpong *s, int me, unsigned flags)
+{
+    dlock_client *c = open_client();
+    dlock *l = open_lock(c, "bench-handoff", flags);
+
+    if (me == 0) {
+        if (dlock_acquire(l, -1) != DLOCK_OK)
+            die("handoff", dlock_errmsg());
+        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
+    } else {
+        spin_until(&s->started, 1);
+    }
+    for (int i = 0; i < s->n; i++) {
+        if (i % 2 == me) { /* we hold it: hand it over */
+            spin_until(&s->ready[1 - me], i + 1);
+            sleep_us(2000); /* let it start waiting */
+            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
+            if (dlock_release(l) != DLOCK_OK)
+                die("handoff release", dlock_errmsg());
+        } else {
+            /* never barge: ask only once the other one got it */
+            spin_until(&s->acquired, i);
+            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
+            if (dlock_acquire(l, -1) != DLOCK_OK)
+                die("handoff acquire", dlock_errmsg());
+            s->samples[i] = now_ns() -
+                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
+            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
+        }
+    }
+    if (dlock_held(l) > 0)
+        dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static stats handoff(unsigned flags, int n)
+{
+    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)n;
+    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pids[2];
+
+    if (s == MAP_FAILED)
+        die("mmap", strerror(errno));
+    memset(s, 0, size);
+    s->n = n;
+    for (int me = 0; me < 2; me++) {
+        fflush(stdout);
+        pids[me] = fork();
+        if (pids[me] == 0) {
+            pingpong_proc(s, me, flags);
+            _exit(0);
+        }
+    }
+    for (int me = 0; me < 2; me++) {
+        int st;
+        waitpid(pids[me], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            die("handoff", "a process failed");
+    }
+    /* the first sample of each direction includes setting up the wait */
+    stats r = summarize(s->samples + 2, n - 2);
+    munmap(s, size);
+    return r;
+}
+
+/* --- requests per hand-off under contention --- */
+
+/* The server's counter `key` from the four-letter word `mntr`. */
+static long long zk_mntr(const char *key)
+{
+    struct addrinfo hints, *ai;
+    char port[16], buf[16384];
+    size_t len = 0;
+    ssize_t r;
+    int fd;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(port, sizeof(port), "%d", zk_first_port);
+    if (getaddrinfo(zk_first_host, port, &hints, &ai) != 0)
+        die("mntr", "cannot resolve the server");
+    fd = socket(ai->ai_family, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+        die("mntr", strerror(errno));
+    freeaddrinfo(ai);
+    if (write(fd, "mntr", 4) != 4)
+        die("mntr", strerror(errno));
+    while (len < sizeof(buf) - 1 &&
+           (r = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+        len += (size_t)r;
+    close(fd);
+    buf[len] = '\0';
+    size_t kl = strlen(key);
+    for (char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : p)
+        if (!strncmp(p, key, kl) && p[kl] == '\t')
+            return atoll(p + kl + 1);
+    die("mntr", "counter not found (is mntr in 4lw.commands.whitelist?)");
+    return 0;
+}
+
+typedef struct contend {
+    volatile int stop;
+    volatile int ready;
+    volatile int last;
+    volatile long handoffs;
+    volatile long acquisitions;
+} contend;
+
+static void contend_proc(contend *s, int me, unsigned flags)
+{
+    dlock_client *c = open_client();
+    dlock *l = open_lock(c, "bench-contend", flags);
+
+    __atomic_add_fetch(&s->ready, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+        int rc = dlock_acquire(l, 300);
+        if (rc == DLOCK_EBUSY)
+            continue;
+        if (rc != DLOCK_OK)
+            die("contend", dlock_errmsg());
+        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
+        if (s->last != me) {
+            __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
+            s->last = me;
+        }
+        if (dlock_release(l) != DLOCK_OK)
+            die("contend release", dlock_errmsg());
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* Requests the server received per hand-off, and hand-offs per second.
+ * The counting starts once every process has its session (connects are
+ * not hand-offs) and ends before they close. */
+static void requests_per_handoff(int waiters, unsigned flags, double *req,
+                                 double *handoffs_per_s)
+{
+    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    int nproc = waiters + 1;
+    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
+    int64_t ms = quick ? 1000 : 3000;
+
+    if (s == MAP_FAILED || !pids)
+        die("contend", "out of memory");
+    memset(s, 0, sizeof(*s));
+    s->last = -1;
+    for (int i = 0; i < nproc; i++) {
+        fflush(stdout);
+        pids[i] = fork();
+        if (pids[i] == 0) {
+            contend_proc(s, i, flags);
+            _exit(0);
+        }
+    }
+    spin_until(&s->ready, nproc);
+    sleep_us(100000);
+    long long before = zk_mntr("zk_packets_received");
+    long h0 = __atomic_load_n(&s->handoffs, __ATOMIC_ACQUIRE);
+    int64_t t0 = now_ns();
+    sleep_us(ms * 1000);
+    long long after = zk_mntr("zk_packets_received");
+    long h1 = __atomic_load_n(&s->handoffs, __ATOMIC_ACQUIRE);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < nproc; i++) {
+        int st;
+        waitpid(pids[i], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            die("contend", "a process failed");
+    }
+    /* 1 for the mntr connection itself */
+    *req = h1 > h0 ? (double)(after - before - 1) / (double)(h1 - h0) : 0;
+    *handoffs_per_s = (double)(h1 - h0) / secs;
+    free(pids);
+    munmap(s, sizeof(*s));
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void parse_uri(void)
+{
+    const char *p = strstr(zk_uri, "://");
+
+    if (!p || strncmp(zk_uri, "zk://", 5) != 0)
+        die("uri", "expected zk://host:port[,host:port...][/chroot]");
+    p += 3;
+    size_t end = strcspn(p, "?#"), slash = strcspn(p, "/?#");
+    snprintf(zk_servers, sizeof(zk_servers), "%.*s", (int)slash, p);
+    /* no chroot: the store's default */
+    snprintf(zk_chroot, sizeof(zk_chroot), "%.*s", (int)(end - slash),
+             slash < end ? p + slash : "/dlock");
+    if (!strcmp(zk_chroot, "/"))
+        zk_chroot[0] = '\0';
+    snprintf(floor_parent, sizeof(floor_parent), "%s/bench-floor", zk_chroot);
+    snprintf(floor_data, sizeof(floor_data), "%s/bench-floor-data",
+             zk_chroot);
+    size_t hl = strcspn(zk_servers, ":,");
+    snprintf(zk_first_host, sizeof(zk_first_host), "%.*s", (int)hl,
+             zk_servers);
+    if (zk_servers[hl] == ':')
+        zk_first_port = atoi(zk_servers + hl + 1);
+}
+
+/* Median and range of CHUNKS figures (sorts them). */
+static void medrange(double *v, double *med, double *min, double *max)
+{
+    qsort(v, CHUNKS, sizeof(double), cmpd);
+    *min = v[0];
+    *med = v[CHUNKS / 2];
+    *max = v[CHUNKS - 1];
+}
+
+/* Median of three repetitions with the spread (min..max). */
+static void med3(const double v3[3], double *med, double *min, double *max)
+{
+    double v[3] = {v3[0], v3[1], v3[2]};
+
+    qsort(v, 3, sizeof(double), cmpd);
+    *min = v[0];
+    *med = v[1];
+    *max = v[2];
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: dlock_bench_zk ZK_URI [--quick]\n");
+        return 2;
+    }
+    zk_uri = argv[1];
+    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    parse_uri();
+    signal(SIGPIPE, SIG_IGN);
+    zoo_set_debug_level(ZOO_LOG_LEVEL_ERROR);
+
+    int n = quick ? 1500 : 9000;  /* cycles, each side */
+    int nh = quick ? 300 : 1200;  /* hand-offs of each kind */
+    int no = quick ? 1000 : 5000; /* round trips and writes per run */
+    int warm = quick ? 1000 : 4000;
+
+    zk_prepare();
+
+    /* is the store in this build? */
+    dlock_client *dc = NULL;
+    int rc = dlock_client_open(&dc, zk_uri, NULL);
+    int have_store = rc == DLOCK_OK;
+    char why[256] = "";
+    if (rc == DLOCK_ENOTSUP)
+        snprintf(why, sizeof(why), "%s", dlock_errmsg());
+    else if (rc != DLOCK_OK)
+        die(zk_uri, dlock_errmsg());
+
+    /* warm-up, not measured: the server's JIT, both clients' paths */
+    zhandle_t *zh = zk_connect(zk_servers);
+    dlock *dl = have_store ? open_lock(dc, "bench-cycle", 0) : NULL;
+    for (int i = 0; i < warm; i++) {
+        floor_cycle_once(zh);
+        floor_write_once(zh);
+        floor_rtt_once(zh);
+    }
+    if (have_store)
+        dlock_cycles(dl, NULL, warm);
+
+    printf("## ZooKeeper (%s)\n\n", zk_uri);
+    if (!have_store)
+        printf("Floors only: %s.\n\n", why);
+    printf("Latency in microseconds. First, not measured, a warm-up of "
+           "the server's JIT: %d floor cycles, writes and round trips, and "
+           "as many dlock cycles. Round trips and writes: median "
+           "of three runs of %d, with the spread of the three. Cycles: %d "
+           "of each, in %d chunks alternating with the floor; hand-offs: "
+           "%d of each kind, in %d chunks alternating with the idle floors. "
+           "A figure is the median of its chunks' medians; a ratio is the "
+           "median of the chunks' ratios; the cycles' p99 is over all "
+           "cycles.\n\n",
+           warm, no, n, CHUNKS, (nh / CHUNKS) * CHUNKS, CHUNKS);
+    printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
+
+    double v[3], rt_med, rt_min, rt_max, wr_med, wr_min, wr_max;
+    for (int k = 0; k < 3; k++)
+        v[k] = floor_op(0, no).p50_us;
+    med3(v, &rt_med, &rt_min, &rt_max);
+    printf("| round trip (exists) | %.1f (%.1f–%.1f) | | |\n", rt_med,
+           rt_min, rt_max);
+    for (int k = 0; k < 3; k++)
+        v[k] = floor_op(1, no).p50_us;
+    med3(v, &wr_med, &wr_min, &wr_max);
+    printf("| write (set, 16 bytes) | %.1f (%.1f–%.1f) | | |\n", wr_med,
+           wr_min, wr_max);
+
+    /* interleave floor and dlock in short chunks, so that the machine's
+     * drift hits both alike; the ratio is the median of the chunks' ratios */
+    int per = n / CHUNKS;
+    int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
+    int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
+    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS];
+    for (int k = 0; k < CHUNKS; k++) {
+        int64_t *f = fns + (size_t)k * per, *d = dns + (size_t)k * per;
+        floor_cycles(zh, f, per);
+        if (have_store)
+            dlock_cycles(dl, d, per);
+        /* summarize sorts in place: both arrays stay whole for the p99 */
+        fv[k] = summarize(f, per).p50_us;
+        dv[k] = have_store ? summarize(d, per).p50_us : 0;
+        rv[k] = dv[k] / fv[k];
+    }
+    zookeeper_close(zh);
+    if (have_store) {
+        dlock_close(dl);
+        dlock_client_close(dc);
+    }
+    qsort(fv, CHUNKS, sizeof(double), cmpd);
+    qsort(dv, CHUNKS, sizeof(double), cmpd);
+    qsort(rv, CHUNKS, sizeof(double), cmpd);
+    stats fs = summarize(fns, per * CHUNKS);
+    stats ds = have_store ? summarize(dns, per * CHUNKS) : fs;
+    free(fns);
+    free(dns);
+    if (have_store) {
+        printf("| uncontended acquire+release, p50 | %.1f | %.1f | "
+               "**%.2fx** (chunks: %.2f–%.2f) |\n",
+               fv[CHUNKS / 2], dv[CHUNKS / 2], rv[CHUNKS / 2], rv[0],
+               rv[CHUNKS - 1]);
+        printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx "
+               "|\n",
+               fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
+        printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
+               fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    } else {
+        printf("| uncontended acquire+release, p50 | %.1f | | |\n",
+               fv[CHUNKS / 2]);
+        printf("| uncontended acquire+release, p99 | %.1f | | |\n",
+               fs.p99_us);
+        printf("| cycles per second (one client) | %.0f | | |\n", fs.per_s);
+    }
+
+    /* the idle floors and the hand-offs, interleaved likewise: an idle
+     * machine wakes up slower or faster from one second to the next, and
+     * the chunks pair each hand-off figure with a floor taken moments
+     * before (the floors' sessions are closed before every fork) */
+    double iv[CHUNKS], wv[CHUNKS], hv[CHUNKS], av[CHUNKS], hr[CHUNKS],
+        ar[CHUNKS];
+    int per_h = nh / CHUNKS;
+    if (have_store) { /* warm-up: the hand-off's own requests */
+        handoff(0, quick ? 20 : 100);
+        handoff(DLOCK_FAIR, quick ? 20 : 100);
+    }
+    for (int k = 0; k < CHUNKS; k++) {
+        iv[k] = floor_op(2, per_h).p50_us;
+        wv[k] = floor_watch(per_h).p50_us;
+        if (have_store) {
+            hv[k] = handoff(0, per_h + 2).p50_us;
+            av[k] = handoff(DLOCK_FAIR, per_h + 2).p50_us;
+            hr[k] = hv[k] / iv[k];
+            ar[k] = av[k] / iv[k];
+        }
+    }
+    double i_med, i_min, i_max, w_med, w_min, w_max;
+    medrange(iv, &i_med, &i_min, &i_max);
+    medrange(wv, &w_med, &w_min, &w_max);
+    printf("| write + round trip after 2 ms idle (set, exists) | %.1f "
+           "(chunks: %.1f–%.1f) | | |\n",
+           i_med, i_min, i_max);
+    printf("| write seen by another session's watch, after 2 ms idle (set → "
+           "exists watch fires) | %.1f (chunks: %.1f–%.1f) | | |\n",
+           w_med, w_min, w_max);
+    if (have_store) {
+        double hot = wr_med + rt_med, h_med, a_med, r_med, r_min, r_max,
+                                      x;
+        medrange(hv, &h_med, &x, &x);
+        medrange(av, &a_med, &x, &x);
+        medrange(hr, &r_med, &r_min, &r_max);
+        printf("| hand-off, release → waiter's acquire returns, p50 | "
+               "%.1f (1 idle write+RTT) | %.1f | **%.2f idle write+RTT** "
+               "(chunks: %.2f–%.2f; %.2f hot write+RTT) |\n",
+               i_med, h_med, r_med, r_min, r_max, h_med / hot);
+        medrange(ar, &r_med, &r_min, &r_max);
+        printf("| hand-off, fair mode, p50 | %.1f (1 idle write+RTT) | %.1f "
+               "| **%.2f idle write+RTT** (chunks: %.2f–%.2f; %.2f hot "
+               "write+RTT) |\n",
+               i_med, a_med, r_med, r_min, r_max, a_med / hot);
+
+        printf("\n### ZooKeeper requests per hand-off\n\n");
+        printf("N waiters plus the holder contend for %d s (each process: "
+               "acquire, release, repeat; a wait gives up after 300 ms and "
+               "starts again). Per hand-off between two different "
+               "processes: the requests the server received "
+               "(`zk_packets_received` of `mntr`, session pings "
+               "included).\n\n",
+               quick ? 1 : 3);
+        printf("| waiters | default: requests | default: hand-offs/s | fair: "
+               "requests | fair: hand-offs/s |\n|---|---|---|---|---|\n");
+        int ws[] = {1, 8, quick ? 16 : 64};
+        for (int i = 0; i < 3; i++) {
+            double rd, hd, rf, hf;
+            requests_per_handoff(ws[i], 0, &rd, &hd);
+            requests_per_handoff(ws[i], DLOCK_FAIR, &rf, &hf);
+            printf("| %d | %.1f | %.0f | %.1f | %.0f |\n", ws[i], rd, hd, rf,
+                   hf);
+        }
+    }
+    return 0;
+}
