@@ -379,8 +379,8 @@ static int zk_error(zk_store *zs, const char *what, int zrc)
 
 /* Returns a connected session for `ttl` (zs->mu held; may drop it while
  * waiting), or NULL with an error code in *rc. */
-static zk_session *session_get(zk_store *zs, int64_t ttl, int64_t deadline,
-                               int *rc)
+static zk_session *session_get_once(zk_store *zs, int64_t ttl,
+                                    int64_t deadline, int *rc)
 {
     zk_session *s;
 
@@ -454,6 +454,24 @@ static zk_session *session_get(zk_store *zs, int64_t ttl, int64_t deadline,
                          zs->redacted);
         return NULL;
     }
+}
+
+static void sessions_retire(zk_store *zs);
+
+/* session_get_once(), again with a fresh session when the one found
+ * turns out to have expired (a frozen server or process). */
+static zk_session *session_get(zk_store *zs, int64_t ttl, int64_t deadline,
+                               int *rc)
+{
+    zk_session *s = NULL;
+
+    for (int attempt = 0; attempt < 3 && !s; attempt++) {
+        sessions_retire(zs);
+        s = session_get_once(zs, ttl, deadline, rc);
+        if (s || dlock__now_ms() >= deadline)
+            break;
+    }
+    return s;
 }
 
 /* Moves expired sessions out of the lookup list (zs->mu held), so the
@@ -562,9 +580,18 @@ static void lock_path(const zk_store *zs, const char *name, size_t len,
     size_t o = (size_t)snprintf(out, ZK_PARENT_MAX, "%s/",
                                 strcmp(zs->chroot, "/") ? zs->chroot : "");
 
+    /* at the root, "zookeeper" is the server's own node: escape its first
+     * byte (no other name escapes to "%7A...", so names stay distinct) */
+    int reserved = strcmp(zs->chroot, "/") == 0 && len == 9 &&
+                   memcmp(name, "zookeeper", 9) == 0;
+
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)name[i];
-        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+        if (reserved && i == 0) {
+            out[o++] = '%';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 15];
+        } else if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
             (ch >= '0' && ch <= '9') || ch == '_' || ch == '-') {
             out[o++] = (char)ch;
         } else {
