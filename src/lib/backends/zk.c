@@ -640,7 +640,8 @@ static int32_t sort_children(struct String_vector *v)
             v->data[i] = t;
         }
     }
-    qsort(v->data, (size_t)n, sizeof(char *), cmp_child);
+    if (n > 1)
+        qsort(v->data, (size_t)n, sizeof(char *), cmp_child);
     return n;
 }
 
