@@ -10,16 +10,19 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_SERVERS 8
+#define MAX_SERVERS 16
 
 static pid_t owner_pid;
 static const char *current;
@@ -113,12 +116,19 @@ pid_t th_fork(int (*fn)(void *), void *arg)
 {
     pid_t pid;
 
+    pid_t parent = getpid();
+
     fflush(stdout);
     fflush(stderr);
     pid = fork();
     if (pid < 0)
         th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
     if (pid == 0) {
+        /* dies with the test: a failed test never leaves a child behind
+         * (holding locks, or ctest's output pipe) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(99);
         /* _exit: a child must not run the parent's exit handlers (nor a
          * leak check of objects it inherited and never owned) */
         int rc = fn(arg);
@@ -172,7 +182,7 @@ static void track(pid_t pid, int running)
         }
     }
     if (running)
-        th_fail(__FILE__, __LINE__, "too many redis servers");
+        th_fail(__FILE__, __LINE__, "too many servers at once");
 }
 
 static int redis_ping(th_redis *r)
@@ -336,6 +346,523 @@ long long th_redis_calls(th_redis *r, const char *cmd)
     p = strstr(buf, key);
     return p ? atoll(p + strlen(key)) : 0;
 }
+
+/* ------------------------------------------------------------------------ */
+/* ZooKeeper servers                                                         */
+/* ------------------------------------------------------------------------ */
+
+#define ZK_JAR "/usr/share/java/zookeeper.jar"
+/* log4j.properties for the CONSOLE appender (Debian's example config) */
+#define ZK_CONF_DIR "/etc/zookeeper/conf_example"
+/* without these two the server logs nothing (slf4j falls back to NOP) */
+#define ZK_LOG_JARS "/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
+
+static void zk_write_config(th_zk *z, int i)
+{
+    char path[700];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/data", z->dir[i]);
+    mkdir(z->dir[i], 0700);
+    mkdir(path, 0700);
+    snprintf(path, sizeof(path), "%s/zoo.cfg", z->dir[i]);
+    f = fopen(path, "w");
+    if (!f)
+        th_fail(__FILE__, __LINE__, "cannot write %s", path);
+    /* tickTime 200: sessions of 400 ms to 60 s, expiry checked every tick */
+    fprintf(f,
+            "tickTime=200\ndataDir=%s/data\nclientPort=%d\n"
+            "clientPortAddress=127.0.0.1\nminSessionTimeout=400\n"
+            "maxSessionTimeout=60000\n4lw.commands.whitelist=*\n"
+            "admin.enableServer=false\nforceSync=no\n",
+            z->dir[i], z->port[i]);
+    if (z->n > 1) {
+        fprintf(f, "initLimit=10\nsyncLimit=5\n");
+        for (int k = 0; k < z->n; k++)
+            fprintf(f, "server.%d=127.0.0.1:%d:%d\n", k + 1, z->peer[k],
+                    z->elect[k]);
+    }
+    fclose(f);
+    if (z->n > 1) {
+        snprintf(path, sizeof(path), "%s/data/myid", z->dir[i]);
+        f = fopen(path, "w");
+        if (!f)
+            th_fail(__FILE__, __LINE__, "cannot write %s", path);
+        fprintf(f, "%d\n", i + 1);
+        fclose(f);
+    }
+}
+
+/* The java binary from PATH (resolved before fork: the child only execs). */
+static const char *zk_java(void)
+{
+    static char found[1024];
+    const char *path = getenv("PATH");
+
+    if (found[0])
+        return found;
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t len = strcspn(path, ":");
+        snprintf(found, sizeof(found), "%.*s/java", (int)len,
+                 len ? path : ".");
+        if (access(found, X_OK) == 0)
+            return found;
+        path += len + (path[len] == ':');
+    }
+    found[0] = '\0';
+    th_fail(__FILE__, __LINE__,
+            "java not found: install the zookeeper package (Debian) or put "
+            "java in PATH");
+}
+
+static void zk_spawn(th_zk *z, int i)
+{
+    char cfg[700], log[700], logdir[700], cp[1024];
+    const char *java = zk_java();
+    pid_t parent = getpid();
+    pid_t pid;
+
+    snprintf(cfg, sizeof(cfg), "%s/zoo.cfg", z->dir[i]);
+    snprintf(log, sizeof(log), "%s/zk.log", z->dir[i]);
+    snprintf(logdir, sizeof(logdir), "-Dzookeeper.log.dir=%s", z->dir[i]);
+    if (access("/usr/share/java/slf4j-log4j12.jar", R_OK) == 0 &&
+        access("/usr/share/java/log4j-1.2.jar", R_OK) == 0)
+        snprintf(cp, sizeof(cp), "%s:%s:%s", ZK_CONF_DIR, ZK_JAR,
+                 ZK_LOG_JARS);
+    else
+        snprintf(cp, sizeof(cp), "%s:%s", ZK_CONF_DIR, ZK_JAR);
+    char *const argv[] = {
+        "java",
+        "-Xmx128m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-Djava.net.preferIPv4Stack=true",
+        /* empty container nodes go after about a second, not a minute */
+        "-Dznode.container.checkIntervalMs=1000",
+        "-cp",
+        cp,
+        logdir,
+        "-Dzookeeper.root.logger=INFO,CONSOLE",
+        "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+        cfg,
+        NULL};
+
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        setsid();
+        /* dies with the test binary, even when that is SIGKILLed */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        dup2(null, 0);
+        dup2(out >= 0 ? out : null, 1);
+        dup2(out >= 0 ? out : null, 2);
+        if (chdir(z->dir[i]) != 0)
+            _exit(1);
+        execv(java, argv);
+        _exit(127);
+    }
+    z->pid[i] = pid;
+    track(pid, 1);
+}
+
+/* Reaps server i if it has exited: 1 (and its pid is cleared) or 0. */
+static int zk_exited(th_zk *z, int i)
+{
+    int st;
+
+    if (z->pid[i] <= 0)
+        return 1;
+    if (waitpid(z->pid[i], &st, WNOHANG) != z->pid[i])
+        return 0;
+    track(z->pid[i], 0);
+    z->pid[i] = 0;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+        th_fail(__FILE__, __LINE__, "cannot run java (see %s/zk.log)",
+                z->dir[i]);
+    return 1;
+}
+
+/* Waits until every server in mask serves. 0; -1 when one exited (a port
+ * taken?); fails the test after timeout_ms. */
+static int zk_wait_serving(th_zk *z, unsigned mask, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+    unsigned ready = 0;
+
+    while (th_now_ms() < until) {
+        for (int i = 0; i < z->n; i++) {
+            if (!(mask & (1u << i)) || (ready & (1u << i)))
+                continue;
+            if (zk_exited(z, i))
+                return -1;
+            if (th_zk_serving(z, i))
+                ready |= 1u << i;
+        }
+        if (ready == mask)
+            return 0;
+        th_sleep_ms(50);
+    }
+    for (int i = 0; i < z->n; i++)
+        if ((mask & (1u << i)) && !(ready & (1u << i)))
+            th_fail(__FILE__, __LINE__,
+                    "zookeeper server %d (port %d) did not serve within "
+                    "%lld ms (see %s/zk.log)",
+                    i, z->port[i], (long long)timeout_ms, z->dir[i]);
+    return 0;
+}
+
+static int port_used(const th_zk *z, int count, int port)
+{
+    for (int k = 0; k < count; k++)
+        if (z->port[k] == port || z->peer[k] == port || z->elect[k] == port)
+            return 1;
+    return 0;
+}
+
+void th_zk_start(th_zk *z, int nservers)
+{
+    static int seq;
+
+    if (nservers != 1 && nservers != 3)
+        th_fail(__FILE__, __LINE__, "th_zk_start: 1 or 3 servers, not %d",
+                nservers);
+    if (access(ZK_JAR, R_OK) != 0)
+        th_fail(__FILE__, __LINE__,
+                "%s not found: install the zookeeper package (Debian)",
+                ZK_JAR);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        unsigned all = (1u << nservers) - 1;
+
+        memset(z, 0, sizeof(*z));
+        z->n = nservers;
+        /* distinct free ports: java binds them later, so a race with
+         * another process is possible; then a server exits and we retry */
+        for (int i = 0; i < nservers; i++) {
+            int *slot[3] = {&z->port[i], &z->peer[i], &z->elect[i]};
+            for (int k = 0; k < (nservers > 1 ? 3 : 1); k++) {
+                int p;
+                do
+                    p = th_free_port();
+                while (port_used(z, i + 1, p));
+                *slot[k] = p;
+            }
+        }
+        for (int i = 0; i < nservers; i++) {
+            snprintf(z->dir[i], sizeof(z->dir[i]), "%s/zk%d-%d", th_tmpdir(),
+                     seq, i);
+            zk_write_config(z, i);
+        }
+        seq++;
+        for (int i = 0; i < nservers; i++)
+            zk_spawn(z, i);
+        if (zk_wait_serving(z, all, 60000) == 0) {
+            size_t o = 0;
+            for (int i = 0; i < nservers; i++)
+                o += (size_t)snprintf(z->hosts + o, sizeof(z->hosts) - o,
+                                      "%s127.0.0.1:%d", i ? "," : "",
+                                      z->port[i]);
+            return;
+        }
+        for (int i = 0; i < nservers; i++)
+            th_zk_kill(z, i, SIGKILL);
+    }
+    th_fail(__FILE__, __LINE__, "zookeeper did not start (see %s)",
+            z->dir[0]);
+}
+
+void th_zk_kill(th_zk *z, int i, int sig)
+{
+    if (i < 0 || i >= z->n || z->pid[i] <= 0)
+        return;
+    kill(z->pid[i], sig);
+    if (sig == SIGSTOP || sig == SIGCONT)
+        return;
+    if (sig != SIGKILL) {
+        kill(z->pid[i], SIGCONT);
+        for (int k = 0; k < 200 && !zk_exited(z, i); k++)
+            th_sleep_ms(50);
+        if (z->pid[i] <= 0)
+            return;
+        kill(z->pid[i], SIGKILL);
+    }
+    waitpid(z->pid[i], NULL, 0);
+    track(z->pid[i], 0);
+    z->pid[i] = 0;
+}
+
+void th_zk_restart(th_zk *z, int i)
+{
+    if (z->pid[i] > 0)
+        th_fail(__FILE__, __LINE__, "zookeeper server %d is running", i);
+    for (int attempt = 0; attempt < 20; attempt++) {
+        zk_spawn(z, i);
+        if (zk_wait_serving(z, 1u << i, 60000) == 0)
+            return;
+        th_sleep_ms(250); /* its port may still be in use a moment */
+    }
+    th_fail(__FILE__, __LINE__, "zookeeper server %d did not restart (see "
+            "%s/zk.log)", i, z->dir[i]);
+}
+
+int th_zk_4lw(th_zk *z, int i, const char *cmd, char *out, size_t cap)
+{
+    struct sockaddr_in a;
+    struct pollfd p;
+    int s, err = 0, total = 0;
+    socklen_t len = sizeof(err);
+    int64_t until;
+    char buf[4096];
+
+    if (out && cap)
+        out[0] = '\0';
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)z->port[i]);
+    s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    if (connect(s, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        if (errno != EINPROGRESS) {
+            close(s);
+            return -1;
+        }
+        p.fd = s;
+        p.events = POLLOUT;
+        if (poll(&p, 1, 1000) != 1 ||
+            getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err) {
+            close(s);
+            return -1;
+        }
+    }
+    if (send(s, cmd, strlen(cmd), MSG_NOSIGNAL) != (ssize_t)strlen(cmd)) {
+        close(s);
+        return -1;
+    }
+    until = th_now_ms() + 2000;
+    for (;;) {
+        int64_t left = until - th_now_ms();
+        ssize_t n;
+        if (left <= 0)
+            break;
+        p.fd = s;
+        p.events = POLLIN;
+        if (poll(&p, 1, (int)left) != 1)
+            break;
+        n = read(s, buf, sizeof(buf));
+        if (n <= 0)
+            break; /* the server closes after answering */
+        if (out && cap) {
+            size_t have = (size_t)total < cap - 1 ? (size_t)total : cap - 1;
+            size_t take = cap - 1 - have < (size_t)n ? cap - 1 - have
+                                                     : (size_t)n;
+            memcpy(out + have, buf, take);
+            out[have + take] = '\0';
+        }
+        total += (int)n;
+    }
+    close(s);
+    return total;
+}
+
+int th_zk_serving(th_zk *z, int i)
+{
+    char buf[2048];
+
+    if (z->pid[i] <= 0)
+        return 0;
+    return th_zk_4lw(z, i, "srvr", buf, sizeof(buf)) > 0 &&
+           strstr(buf, "\nMode: ") != NULL;
+}
+
+int th_zk_leader(th_zk *z)
+{
+    char buf[2048];
+
+    for (int i = 0; i < z->n; i++) {
+        if (z->pid[i] <= 0)
+            continue;
+        if (th_zk_4lw(z, i, "srvr", buf, sizeof(buf)) > 0 &&
+            (strstr(buf, "\nMode: leader") ||
+             strstr(buf, "\nMode: standalone")))
+            return i;
+    }
+    return -1;
+}
+
+int th_zk_wait_leader(th_zk *z, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+    int leader;
+
+    while ((leader = th_zk_leader(z)) < 0 && th_now_ms() < until)
+        th_sleep_ms(50);
+    return leader;
+}
+
+long long th_zk_stat(const char *answer, const char *key)
+{
+    size_t kl = strlen(key);
+
+    for (const char *p = answer; (p = strstr(p, key)); p += kl) {
+        const char *v = p + kl;
+        if (p != answer && p[-1] != '\n')
+            continue; /* only at the start of a line */
+        while (*v == ':' || *v == ' ' || *v == '\t' || *v == '=')
+            v++;
+        if ((*v >= '0' && *v <= '9') || *v == '-')
+            return atoll(v);
+    }
+    return -1;
+}
+
+#ifdef TH_ZK_CLIENT
+#include <zookeeper/zookeeper.h>
+
+typedef struct zk_conn {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state;
+    int auth_rc;
+    int auth_done;
+} zk_conn;
+
+static void zk_quiet(const char *message)
+{
+    (void)message;
+}
+
+static void zk_watch(zhandle_t *zh, int type, int state, const char *path,
+                     void *ctx)
+{
+    zk_conn *w = ctx;
+
+    (void)zh;
+    (void)path;
+    if (type != ZOO_SESSION_EVENT)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->state = state;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void zk_auth_done(int rc, const void *data)
+{
+    zk_conn *w = (zk_conn *)data;
+
+    pthread_mutex_lock(&w->mu);
+    w->auth_rc = rc;
+    w->auth_done = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int zk_cond_wait(zk_conn *w, int64_t until)
+{
+    struct timespec ts;
+    int64_t ms;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ms = until - th_now_ms();
+    if (ms <= 0)
+        return -1;
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return pthread_cond_timedwait(&w->cv, &w->mu, &ts) == 0 ? 0 : -1;
+}
+
+void *th_zk_connect(const char *hosts, const char *digest)
+{
+    zk_conn *w = calloc(1, sizeof(*w));
+    int64_t until = th_now_ms() + 10000;
+    zhandle_t *zh;
+
+    if (!w)
+        th_fail(__FILE__, __LINE__, "out of memory");
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    zh = zookeeper_init2(hosts, zk_watch, 10000, NULL, w, 0, zk_quiet);
+    if (!zh)
+        th_fail(__FILE__, __LINE__, "zookeeper_init2(%s): %s", hosts,
+                strerror(errno));
+    pthread_mutex_lock(&w->mu);
+    while (w->state != ZOO_CONNECTED_STATE && th_now_ms() < until)
+        zk_cond_wait(w, until);
+    int connected = w->state == ZOO_CONNECTED_STATE;
+    pthread_mutex_unlock(&w->mu);
+    if (!connected)
+        th_fail(__FILE__, __LINE__, "cannot connect to zookeeper at %s",
+                hosts);
+    if (digest) {
+        int rc = zoo_add_auth(zh, "digest", digest, (int)strlen(digest),
+                              zk_auth_done, w);
+        if (rc != ZOK)
+            th_fail(__FILE__, __LINE__, "zoo_add_auth: %s", zerror(rc));
+        pthread_mutex_lock(&w->mu);
+        while (!w->auth_done && th_now_ms() < until)
+            zk_cond_wait(w, until);
+        rc = w->auth_done ? w->auth_rc : ZOPERATIONTIMEOUT;
+        pthread_mutex_unlock(&w->mu);
+        if (rc != ZOK)
+            th_fail(__FILE__, __LINE__, "zookeeper digest auth: %s",
+                    zerror(rc));
+    }
+    return zh;
+}
+
+void th_zk_close(void *handle)
+{
+    zhandle_t *zh = handle;
+    zk_conn *w;
+
+    if (!zh)
+        return;
+    w = (zk_conn *)zoo_get_context(zh);
+    zookeeper_close(zh);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+int th_zk_delete_children(void *handle, const char *path)
+{
+    struct String_vector kids;
+    char child[2048];
+    int rc, n = 0;
+
+    rc = zoo_get_children(handle, path, 0, &kids);
+    if (rc == ZNONODE)
+        return -1;
+    if (rc != ZOK)
+        th_fail(__FILE__, __LINE__, "zoo_get_children(%s): %s", path,
+                zerror(rc));
+    for (int i = 0; i < kids.count; i++) {
+        snprintf(child, sizeof(child), "%s/%s", path, kids.data[i]);
+        rc = zoo_delete(handle, child, -1);
+        if (rc == ZOK)
+            n++;
+        else if (rc != ZNONODE)
+            th_fail(__FILE__, __LINE__, "zoo_delete(%s): %s", child,
+                    zerror(rc));
+    }
+    deallocate_String_vector(&kids);
+    return n;
+}
+#endif /* TH_ZK_CLIENT */
 
 int th_main(int argc, char **argv, const th_test *tests)
 {

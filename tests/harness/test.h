@@ -133,4 +133,62 @@ long long th_redis_calls(th_redis *r, const char *cmd);
 /* The first free TCP port on 127.0.0.1. */
 int th_free_port(void);
 
+/* --- private ZooKeeper servers (java, Debian's zookeeper package) ---
+ * One standalone server or a 3-server ensemble, every port a free
+ * loopback port, each server in its own directory under th_tmpdir() (its
+ * output in DIR/zk.log). Killed at exit like the Redis servers. Needs
+ * java and /usr/share/java/zookeeper.jar (Debian: zookeeper), not the C
+ * client. tickTime is 200 ms, sessions may last 400 ms to 60 s, and empty
+ * container nodes are deleted after about a second (not a minute). Call these from the main thread only: a server also dies with
+ * the thread that started it (PR_SET_PDEATHSIG), so that a test binary
+ * killed by a timeout leaves no JVM behind. */
+#define TH_ZK_MAX 3
+typedef struct th_zk {
+    int n;                 /* 1 (standalone) or 3 (ensemble) */
+    int port[TH_ZK_MAX];   /* client ports */
+    int peer[TH_ZK_MAX];   /* quorum ports (ensemble) */
+    int elect[TH_ZK_MAX];  /* leader election ports (ensemble) */
+    pid_t pid[TH_ZK_MAX];  /* 0: not running */
+    char dir[TH_ZK_MAX][512];
+    char hosts[256];       /* "127.0.0.1:p1,127.0.0.1:p2,..." */
+} th_zk;
+
+/* Starts `nservers` (1 or 3) servers in parallel and waits (at most 60 s)
+ * until each serves: standalone, or leader/follower. Fails the test if they
+ * cannot start. */
+void th_zk_start(th_zk *z, int nservers);
+/* Sends `sig` to server i. SIGSTOP and SIGCONT return at once; any other
+ * signal waits for the exit (SIGKILL after 10 s). */
+void th_zk_kill(th_zk *z, int i, int sig);
+/* Starts server i again (same ports, same data) and waits until it serves
+ * (so in an ensemble a quorum must be up with it). */
+void th_zk_restart(th_zk *z, int i);
+/* 1 if server i answers srvr with a mode (it serves clients), else 0. */
+int th_zk_serving(th_zk *z, int i);
+/* Index of the server whose mode is leader (standalone: 0 when it serves),
+ * or -1 when none is. */
+int th_zk_leader(th_zk *z);
+/* Polls th_zk_leader() for at most timeout_ms; the leader or -1. */
+int th_zk_wait_leader(th_zk *z, int64_t timeout_ms);
+/* Sends the four-letter word `cmd` ("ruok", "srvr", "wchs", "mntr", ...)
+ * to server i and copies the answer into out (NUL-terminated, truncated to
+ * cap). Returns the bytes received, or -1 when it cannot connect. At most
+ * about 3 s. */
+int th_zk_4lw(th_zk *z, int i, const char *cmd, char *out, size_t cap);
+/* The number after `key` in a 4lw answer ("Total watches:" in wchs,
+ * "zk_watch_count" in mntr: blanks after the key are skipped), or -1. */
+long long th_zk_stat(const char *answer, const char *key);
+
+#ifdef TH_ZK_CLIENT
+/* A direct ZooKeeper client (libzookeeper_mt) for looking behind the
+ * store's back; only in builds that have the zk store. th_zk_connect()
+ * returns a connected zhandle_t * (as void *), optionally authenticated
+ * with digest "user:password"; it fails the test after 10 s. */
+void *th_zk_connect(const char *hosts, const char *digest);
+void th_zk_close(void *zh);
+/* Deletes the children of `path` (not path itself); returns how many, or
+ * -1 when path does not exist. */
+int th_zk_delete_children(void *zh, const char *path);
+#endif
+
 #endif

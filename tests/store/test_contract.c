@@ -1,11 +1,13 @@
 /*
  * test_contract.c -- the behaviour every store must give.
  *
- *   test_contract file|redis [filter]
+ *   test_contract file|redis|zk [filter]
  *
- * "redis" starts a private redis-server; "file" uses a temporary
- * directory. Tests that need leases (expiry, renewal, freezing a holder)
- * run only on stores that have them.
+ * "redis" starts a private redis-server; "zk" a private standalone
+ * ZooKeeper server (uri zk://127.0.0.1:PORT/dlocktest); "file" uses a
+ * temporary directory. Tests that need a lock to end without its holder's
+ * help (expiry, a frozen holder) run only on stores that have that; the
+ * flags below say what each store does, test by test.
  */
 #include "test.h"
 
@@ -17,8 +19,31 @@
 #include <unistd.h>
 
 static char uri[1200];
-static int has_leases;
+static const char *kind;  /* "file", "redis", "zk" */
 static th_redis srv;
+static th_zk zsrv;
+
+/* What the store does (set in main()):
+ *  - has_leases: a lock outlives a dead or frozen holder only by its ttl
+ *    (a Redis lease; a ZooKeeper session): a SIGKILLed holder is replaced
+ *    after the ttl, not at once; a frozen holder loses its lock; a short
+ *    ttl is kept alive for many ttls while the holder lives (the watchdog
+ *    renews a lease; the ZooKeeper client pings its session).
+ *  - lease_runs_out: a lease ends while its holder lives if nobody renews
+ *    it (DLOCK_NO_RENEW). Redis only: a ZooKeeper session lives as long as
+ *    its process (NO_RENEW has no effect there).
+ *  - ttl_visible: dlock_inspect() reports the lease left and
+ *    dlock_extend() sets a new one. Redis only.
+ *  - fixed_ttl: dlock_extend() with another ttl is DLOCK_ENOTSUP (a
+ *    ZooKeeper session's timeout cannot change); with the same ttl it
+ *    checks that the hold is still there.
+ *  - keeps_last_token: a free lock's dlock_inspect() token is the last one
+ *    issued. Not on ZooKeeper (documented in docs/stores.md: token 0).
+ *  - short_ttl: the shortest ttl the store keeps for seconds: 300 ms on
+ *    Redis; 400 ms on ZooKeeper, the private server's minSessionTimeout. */
+static int has_leases, lease_runs_out, ttl_visible, fixed_ttl,
+    keeps_last_token;
+static int64_t short_ttl;
 
 static dlock_client *client(void)
 {
@@ -296,8 +321,7 @@ TEST(mutual_exclusion_across_processes)
     pid_t pids[NPROC];
     char buf[32] = {0};
 
-    snprintf(s->file, sizeof(s->file), "%s/counter-%s", th_tmpdir(),
-             has_leases ? "redis" : "file");
+    snprintf(s->file, sizeof(s->file), "%s/counter-%s", th_tmpdir(), kind);
     for (int i = 0; i < NPROC; i++)
         pids[i] = th_fork(mx_child, s);
     for (int i = 0; i < NPROC; i++)
@@ -563,6 +587,8 @@ TEST(killed_holder_is_replaced)
     CHECK_OK(dlock_acquire(l, 10000));
     if (!has_leases) /* the kernel frees it when the holder dies */
         CHECK_OP(th_now_ms() - t0, <, 1000);
+    else /* its lease (session) ends within its ttl, plus slack */
+        CHECK_OP(th_now_ms() - t0, <, s->ttl + 3000);
     CHECK_OP(dlock_token(l), >, s->token);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -617,13 +643,13 @@ TEST(watchdog_keeps_a_short_lease)
     dlock *la, *lb = handle(b, "watchdog", 0, 0);
 
     memset(&o, 0, sizeof(o));
-    o.ttl_ms = 300;
+    o.ttl_ms = short_ttl;
     o.on_lost = on_lost;
     lost_seen = 0;
     CHECK_OK(dlock_open(&la, a, "watchdog", &o));
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
-    for (int i = 0; i < 10; i++) { /* 2 s: more than six leases */
+    for (int i = 0; i < 10; i++) { /* 2 s: five or more ttls */
         th_sleep_ms(200);
         CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     }
@@ -640,8 +666,8 @@ TEST(watchdog_keeps_a_short_lease)
 
 TEST(no_renew_lease_runs_out)
 {
-    if (!has_leases)
-        return; /* no lease on this store */
+    if (!lease_runs_out)
+        return; /* no lease, or one that lives as long as its holder */
     dlock_client *a = client(), *b = client();
     dlock_options o;
     dlock *la, *lb = handle(b, "norenew", 0, 0);
@@ -680,10 +706,21 @@ TEST(extend)
 
     CHECK_RC(dlock_extend(l, 5000), DLOCK_ENOTHELD);
     CHECK_OK(dlock_acquire(l, 0));
-    CHECK_OK(dlock_extend(l, 5000));
+    uint64_t tok = dlock_token(l);
+    if (fixed_ttl) {
+        CHECK_RC(dlock_extend(l, 5000), DLOCK_ENOTSUP);
+        CHECK_CONTAINS(dlock_errmsg(), "1000");
+        CHECK_EQ(dlock_held(l), 1); /* refused, and still held */
+        CHECK_EQ(dlock_token(l), tok);
+        CHECK_OK(dlock_extend(l, 1000));
+    } else {
+        CHECK_OK(dlock_extend(l, 5000));
+    }
+    CHECK_EQ(dlock_token(l), tok);
     CHECK_OK(dlock_inspect(c, "extend", &info));
     CHECK_EQ(info.held, 1);
-    if (has_leases)
+    CHECK_EQ(info.token, tok);
+    if (ttl_visible)
         CHECK_OP(info.ttl_ms, >, 2000);
     dlock_info_clear(&info);
     CHECK_OK(dlock_release(l));
@@ -697,7 +734,16 @@ static void delete_lock(const char *name)
 {
     char path[1200];
 
-    if (has_leases) {
+    if (!strcmp(kind, "zk")) {
+#ifdef TH_ZK_CLIENT
+        /* the holder's node: the one child of /dlocktest/<name> (a plain
+         * name is its own escape) */
+        void *zh = th_zk_connect(zsrv.hosts, NULL);
+        snprintf(path, sizeof(path), "/dlocktest/%s", name);
+        CHECK_EQ(th_zk_delete_children(zh, path), 1);
+        th_zk_close(zh);
+#endif
+    } else if (!strcmp(kind, "redis")) {
         CHECK_EQ(th_redis_cmd(&srv, NULL, 0, "DEL dlock:{%s}", name), 1);
     } else {
         snprintf(path, sizeof(path), "%s/locks/%s.lock", th_tmpdir(), name);
@@ -719,14 +765,15 @@ TEST(loss_is_reported)
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t tok = dlock_token(l);
     delete_lock("deleted");
-    if (has_leases) {
+    if (!strcmp(kind, "redis")) {
         /* the watchdog's next renewal finds it gone */
         for (int i = 0; i < 300 && !lost_seen; i++)
             th_sleep_ms(10);
         CHECK_EQ(lost_seen, 1);
         CHECK_EQ(lost_token, tok);
     } else {
-        CHECK_RC(dlock_extend(l, 1000), DLOCK_ELOST);
+        /* no renewal to find it gone: extend (same ttl) checks */
+        CHECK_RC(dlock_extend(l, fixed_ttl ? 600 : 1000), DLOCK_ELOST);
     }
     CHECK_EQ(dlock_held(l), DLOCK_ELOST);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_ELOST); /* release first */
@@ -761,7 +808,7 @@ TEST(inspect_reports_the_holder)
     CHECK_EQ(info.token, dlock_token(l));
     CHECK_OP(info.held_ms, >=, 0);
     CHECK_OP(info.held_ms, <, 5000);
-    if (has_leases) {
+    if (ttl_visible) {
         CHECK_OP(info.ttl_ms, >, 0);
         CHECK_OP(info.ttl_ms, <=, 5000);
     } else {
@@ -773,8 +820,9 @@ TEST(inspect_reports_the_holder)
     CHECK_OK(dlock_release(l));
     CHECK_OK(dlock_inspect(b, "inspect", &info));
     CHECK_EQ(info.held, 0);
-    CHECK_EQ(info.token, tok);
+    CHECK_EQ(info.token, keeps_last_token ? tok : 0);
     CHECK_EQ(info.ttl_ms, -1);
+    CHECK_EQ(info.waiters, 0);
     dlock_info_clear(&info);
     dlock_close(l);
     dlock_client_close(a);
@@ -941,13 +989,25 @@ static const th_test tests[] = {
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s file|redis [filter]\n", argv[0]);
+        fprintf(stderr, "usage: %s file|redis|zk [filter]\n", argv[0]);
         return 2;
     }
+    kind = argv[1];
+    keeps_last_token = 1;
     if (!strcmp(argv[1], "redis")) {
         th_redis_start(&srv, NULL);
         snprintf(uri, sizeof(uri), "%s", srv.uri);
-        has_leases = 1;
+        has_leases = lease_runs_out = ttl_visible = 1;
+        short_ttl = 300;
+    } else if (!strcmp(argv[1], "zk")) {
+#ifndef TH_ZK_CLIENT
+        th_skip("this build has no zk store");
+#endif
+        th_zk_start(&zsrv, 1);
+        snprintf(uri, sizeof(uri), "zk://%s/dlocktest", zsrv.hosts);
+        has_leases = fixed_ttl = 1;
+        keeps_last_token = 0;
+        short_ttl = 400;
     } else if (!strcmp(argv[1], "file")) {
         snprintf(uri, sizeof(uri), "file://%s/locks", th_tmpdir());
     } else {

@@ -1,0 +1,1412 @@
+/*
+ * test_zk.c -- what only the ZooKeeper store does, against real servers:
+ * the node layout and czxid tokens, first come first served across
+ * processes, a release firing exactly one watch (no herd), inspection of
+ * the queue, names and chroots, digest ACLs, sessions as leases (one per
+ * ttl, expiry, a SIGKILLed holder), servers that are down, frozen or
+ * restarted, and a 3-server ensemble losing its leader, then its majority.
+ *
+ * Most tests share one standalone server (uri zk://127.0.0.1:PORT/zktest);
+ * the tests that stop servers start their own. A direct ZooKeeper client
+ * (th_zk_connect) looks behind the store's back; the servers' four-letter
+ * words (wchs, wchp, wchc, cons, mntr) count watches and sessions.
+ */
+#include "test.h"
+
+#include <zookeeper/zookeeper.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+static th_zk srv;       /* standalone, shared */
+static char base[300];  /* zk://127.0.0.1:PORT */
+static char uri[400];   /* base + /zktest */
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+static dlock_client *client(void)
+{
+    return client_at(uri);
+}
+
+static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
+                        unsigned flags, dlock_lost_cb cb, void *arg)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    o.on_lost = cb;
+    o.on_lost_arg = arg;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
+                     unsigned flags)
+{
+    return handle_cb(c, name, ttl, flags, NULL, NULL);
+}
+
+static int64_t waiters_of(dlock_client *c, const char *name)
+{
+    dlock_info info;
+    int64_t n;
+
+    CHECK_OK(dlock_inspect(c, name, &info));
+    n = info.waiters;
+    dlock_info_clear(&info);
+    return n;
+}
+
+/* Polls until `name` has n waiters (at most 10 s), then checks it. */
+static void wait_waiters(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 10000;
+
+    while (waiters_of(c, name) < n && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK_EQ(waiters_of(c, name), n);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static void *zk(void)
+{
+    return th_zk_connect(srv.hosts, NULL);
+}
+
+/* Children of path in queue order (by the 10-digit sequence at the end of
+ * each name). Returns the count; -1 when path does not exist. */
+static int sorted_children(void *zh, const char *path, char out[][64],
+                           int cap)
+{
+    struct String_vector v;
+    int rc = zoo_get_children(zh, path, 0, &v), n = 0;
+
+    if (rc == ZNONODE)
+        return -1;
+    CHECK_EQ(rc, ZOK);
+    for (int i = 0; i < v.count && n < cap; i++)
+        snprintf(out[n++], 64, "%s", v.data[i]);
+    deallocate_String_vector(&v);
+    for (int i = 1; i < n; i++) /* insertion sort on the sequence */
+        for (int k = i; k > 0; k--) {
+            size_t la = strlen(out[k - 1]), lb = strlen(out[k]);
+            if (la < 10 || lb < 10 ||
+                strcmp(out[k - 1] + la - 10, out[k] + lb - 10) <= 0)
+                break;
+            char t[64];
+            memcpy(t, out[k], 64);
+            memcpy(out[k], out[k - 1], 64);
+            memcpy(out[k - 1], t, 64);
+        }
+    return n;
+}
+
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static char big[1 << 20]; /* 4lw answers (mntr, wchp, cons) */
+
+static long long mntr(th_zk *z, int i, const char *key)
+{
+    CHECK_OP(th_zk_4lw(z, i, "mntr", big, sizeof(big)), >, 0);
+    return th_zk_stat(big, key);
+}
+
+/* wchs: "C connections watching P paths\nTotal watches:W" */
+static void wchs(th_zk *z, int i, long long *conns, long long *paths,
+                 long long *total)
+{
+    char buf[512];
+
+    CHECK_OP(th_zk_4lw(z, i, "wchs", buf, sizeof(buf)), >, 0);
+    CHECK_EQ(sscanf(buf, "%lld connections watching %lld paths", conns,
+                    paths),
+             2);
+    *total = th_zk_stat(buf, "Total watches");
+}
+
+/* ------------------------------------------------------------------------ */
+
+TEST(node_layout_and_czxid_token)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "lay out/1", 2000, 0);
+    void *zh = zk();
+    char kids[4][64], path[512], data[512], sid[64];
+    struct Stat st;
+    int dlen = sizeof(data) - 1;
+
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+    /* <chroot>/<name, bytes outside [A-Za-z0-9_-] as %XX> */
+    CHECK_EQ(zoo_exists(zh, "/zktest/lay%20out%2F1", 0, &st), ZOK);
+    CHECK_EQ(st.ephemeralOwner, 0); /* not ephemeral (a container) */
+    CHECK_EQ(zoo_exists(zh, "/zktest", 0, &st), ZOK);
+    CHECK_EQ(st.ephemeralOwner, 0); /* the chroot is persistent */
+    /* one ephemeral sequential child l-<16 hex>-<10 digits> */
+    CHECK_EQ(sorted_children(zh, "/zktest/lay%20out%2F1", kids, 4), 1);
+    CHECK_EQ(strlen(kids[0]), 29);
+    CHECK(strncmp(kids[0], "l-", 2) == 0 && kids[0][18] == '-');
+    CHECK_EQ(strspn(kids[0] + 2, "0123456789abcdef"), 16);
+    CHECK_EQ(strspn(kids[0] + 19, "0123456789"), 10);
+    snprintf(path, sizeof(path), "/zktest/lay%%20out%%2F1/%s", kids[0]);
+    CHECK_EQ(zoo_get(zh, path, 0, data, &dlen, &st), ZOK);
+    data[dlen > 0 ? dlen : 0] = '\0';
+    CHECK(st.ephemeralOwner != 0 && st.ephemeralOwner != INT64_MIN);
+    /* the fencing token is the node's creation zxid */
+    CHECK_EQ(st.czxid, (long long)dlock_token(l));
+    /* data: "<owner>\n<description>" */
+    char pid[32];
+    snprintf(pid, sizeof(pid), " pid %d tid ", (int)getpid());
+    CHECK(strchr(data, '\n') != NULL);
+    CHECK_CONTAINS(strchr(data, '\n'), pid);
+    CHECK(strchr(data, '\n') - data > 32); /* the owner id comes first */
+    /* the session holding it has the lock's ttl as its timeout */
+    CHECK_OP(th_zk_4lw(&srv, 0, "cons", big, sizeof(big)), >, 0);
+    snprintf(sid, sizeof(sid), "sid=0x%llx,",
+             (unsigned long long)st.ephemeralOwner);
+    const char *conn = strstr(big, sid);
+    CHECK(conn != NULL);
+    const char *to = strstr(conn, ",to=");
+    CHECK(to != NULL);
+    CHECK_EQ(atoll(to + 4), 2000);
+
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(zoo_exists(zh, path, 0, &st), ZNONODE);
+    /* a container: the server deletes it once empty (the harness's
+     * servers check every second); the chroot stays */
+    int64_t until = th_now_ms() + 10000;
+    while (zoo_exists(zh, "/zktest/lay%20out%2F1", 0, &st) == ZOK &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    CHECK_EQ(zoo_exists(zh, "/zktest/lay%20out%2F1", 0, &st), ZNONODE);
+    CHECK_EQ(zoo_exists(zh, "/zktest", 0, &st), ZOK);
+    /* and the name works again */
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, tok);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+
+    /* no chroot in the URI: /dlock */
+    c = client_at(base);
+    l = handle(c, "plain", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_EQ(sorted_children(zh, "/dlock/plain", kids, 4), 1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+    th_zk_close(zh);
+}
+
+/* --- first come, first served across processes --- */
+
+#define NORDER 8
+
+typedef struct shared_order {
+    int index;
+    int pos;
+    int order[NORDER];
+    uint64_t tokens[NORDER];
+    int rc[NORDER];
+} shared_order;
+
+static int order_child(void *arg)
+{
+    shared_order *s = arg;
+    int me = s->index;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = me % 2 ? DLOCK_FAIR : 0; /* FIFO either way */
+    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "order", &o) != DLOCK_OK)
+        return 2;
+    s->rc[me] = dlock_acquire(l, 60000);
+    if (s->rc[me] != DLOCK_OK) {
+        fprintf(stderr, "child %d: %s\n", me, dlock_errmsg());
+        return 3;
+    }
+    int at = __atomic_fetch_add(&s->pos, 1, __ATOMIC_SEQ_CST);
+    s->order[at] = me;
+    s->tokens[at] = dlock_token(l);
+    th_sleep_ms(10);
+    if (dlock_release(l) != DLOCK_OK)
+        return 4;
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(first_come_first_served_across_processes)
+{
+    shared_order *s = th_shared(sizeof(*s));
+    dlock_client *h = client();
+    dlock *lh = handle(h, "order", 0, 0);
+    pid_t pids[NORDER];
+    dlock_info info;
+    char pid[32];
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    uint64_t tok = dlock_token(lh);
+    for (int i = 0; i < NORDER; i++) {
+        s->index = i;
+        pids[i] = th_fork(order_child, s);
+        /* the next one starts only when this one is queued */
+        wait_waiters(h, "order", i + 1);
+        CHECK_OK(dlock_inspect(h, "order", &info));
+        CHECK_EQ(info.queue_len, i + 1);
+        snprintf(pid, sizeof(pid), " pid %d ", (int)pids[i]);
+        CHECK_CONTAINS(info.queue[i], pid); /* last in the queue */
+        dlock_info_clear(&info);
+    }
+    CHECK_OK(dlock_release(lh));
+    for (int i = 0; i < NORDER; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->pos, NORDER);
+    for (int i = 0; i < NORDER; i++) {
+        CHECK_EQ(s->order[i], i);
+        CHECK_OP(s->tokens[i], >, i ? s->tokens[i - 1] : tok);
+    }
+    dlock_close(lh);
+    dlock_client_close(h);
+}
+
+/* --- a release fires exactly one watch --- */
+
+#define NHERD 50
+
+typedef struct herd {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int got;          /* how many acquired so far */
+    int go;           /* acquirers may release */
+    int order[NHERD]; /* who acquired, in order */
+} herd;
+
+typedef struct herd_waiter {
+    herd *h;
+    int index;
+    dlock_client *c;
+    dlock *l;
+    int rc;
+    int release_rc;
+} herd_waiter;
+
+static void *herd_thread(void *arg)
+{
+    herd_waiter *w = arg;
+    herd *h = w->h;
+
+    w->rc = dlock_acquire(w->l, 120000);
+    if (w->rc != DLOCK_OK)
+        return NULL;
+    pthread_mutex_lock(&h->mu);
+    h->order[h->got++] = w->index;
+    pthread_cond_broadcast(&h->cv);
+    int64_t until = th_now_ms() + 60000;
+    while (!h->go && th_now_ms() < until) {
+        pthread_mutex_unlock(&h->mu);
+        th_sleep_ms(5);
+        pthread_mutex_lock(&h->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    w->release_rc = dlock_release(w->l);
+    return NULL;
+}
+
+static int herd_got(herd *h)
+{
+    pthread_mutex_lock(&h->mu);
+    int n = h->got;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+/* The watched paths in a wchp answer ("/path\n\t0xsid\n..."): checks that
+ * each has exactly one watcher and that they are exactly `want`. */
+static void check_watched_paths(const char *ans, char want[][64], int n,
+                                const char *parent)
+{
+    int paths = 0;
+
+    for (const char *line = ans; *line;) {
+        const char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (len > 0 && line[0] == '/') {
+            int watchers = 0;
+            const char *p = end ? end + 1 : line + len;
+            while (*p == '\t') { /* its watchers, one per line */
+                watchers++;
+                const char *e = strchr(p, '\n');
+                p = e ? e + 1 : p + strlen(p);
+            }
+            if (watchers != 1)
+                th_fail(__FILE__, __LINE__, "%.*s has %d watchers, not 1",
+                        (int)len, line, watchers);
+            int found = 0;
+            for (int k = 0; k < n; k++) {
+                char full[600];
+                snprintf(full, sizeof(full), "%.200s/%.63s", parent, want[k]);
+                if (strlen(full) == len && !strncmp(full, line, len))
+                    found = 1;
+            }
+            if (!found)
+                th_fail(__FILE__, __LINE__, "unexpected watch on %.*s",
+                        (int)len, line);
+            paths++;
+            line = p;
+            continue;
+        }
+        line += len + (end != NULL);
+    }
+    CHECK_EQ(paths, n);
+}
+
+TEST(a_release_fires_exactly_one_watch)
+{
+    static herd_waiter w[NHERD];
+    static char kids[NHERD + 4][64];
+    herd h;
+    pthread_t th[NHERD];
+    dlock_client *hc = client();
+    dlock *lh = handle(hc, "herd", 0, 0);
+    void *zh = zk();
+    long long conns, paths, total;
+
+    memset(&h, 0, sizeof(h));
+    pthread_mutex_init(&h.mu, NULL);
+    pthread_cond_init(&h.cv, NULL);
+    CHECK_OK(dlock_acquire(lh, 0));
+    /* the server's watches before: none (the other tests left none) */
+    wchs(&srv, 0, &conns, &paths, &total);
+    CHECK_EQ(total, 0);
+    for (int i = 0; i < NHERD; i++) {
+        w[i] = (herd_waiter){&h, i, client(), NULL, 0, 0};
+        w[i].l = handle(w[i].c, "herd", 0, 0);
+        pthread_create(&th[i], NULL, herd_thread, &w[i]);
+        wait_waiters(hc, "herd", i + 1); /* arrival order is known */
+    }
+    /* a waiter is listed before it sets its watch: wait for the 50th */
+    int64_t until = th_now_ms() + 10000;
+    do {
+        wchs(&srv, 0, &conns, &paths, &total);
+        if (total >= NHERD)
+            break;
+        th_sleep_ms(20);
+    } while (th_now_ms() < until);
+    th_sleep_ms(200); /* a herd would keep adding watches */
+    wchs(&srv, 0, &conns, &paths, &total);
+    CHECK_EQ(conns, NHERD);   /* every waiter's session watches ... */
+    CHECK_EQ(paths, NHERD);   /* ... one path of its own ... */
+    CHECK_EQ(total, NHERD);   /* ... with one watch */
+    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), NHERD); /* + child watches */
+    /* each waiter watches its predecessor: every node but the last */
+    CHECK_EQ(sorted_children(zh, "/zktest/herd", kids, NHERD + 4),
+             NHERD + 1);
+    CHECK_OP(th_zk_4lw(&srv, 0, "wchp", big, sizeof(big)), >, 0);
+    check_watched_paths(big, kids, NHERD, "/zktest/herd");
+    CHECK_OP(th_zk_4lw(&srv, 0, "wchc", big, sizeof(big)), >, 0);
+    CHECK_EQ(count_of(big, "0x"), NHERD);   /* 50 sessions ... */
+    CHECK_EQ(count_of(big, "\t/"), NHERD);  /* ... one path each */
+
+    long long del0 = mntr(&srv, 0, "zk_sum_node_deleted_watch_count");
+    long long cnt0 = mntr(&srv, 0, "zk_cnt_node_deleted_watch_count");
+    long long kid0 = mntr(&srv, 0, "zk_sum_node_children_watch_count");
+    CHECK_OK(dlock_release(lh));
+    until = th_now_ms() + 10000;
+    while (herd_got(&h) < 1 && th_now_ms() < until)
+        th_sleep_ms(5);
+    th_sleep_ms(300); /* time for any other waiter to wake up */
+    CHECK_EQ(herd_got(&h), 1);
+    CHECK_EQ(h.order[0], 0); /* the first in the queue */
+    /* the delete of the holder's node fired one watch, and no child
+     * watch fired at all */
+    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0, 1);
+    CHECK_EQ(mntr(&srv, 0, "zk_cnt_node_deleted_watch_count") - cnt0, 1);
+    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_children_watch_count") - kid0, 0);
+    wchs(&srv, 0, &conns, &paths, &total);
+    CHECK_EQ(total, NHERD - 1);
+    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), NHERD - 1);
+
+    /* the rest, one hand-off at a time */
+    pthread_mutex_lock(&h.mu);
+    h.go = 1;
+    pthread_mutex_unlock(&h.mu);
+    for (int i = 0; i < NHERD; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < NHERD; i++) {
+        CHECK_OK(w[i].rc);
+        CHECK_OK(w[i].release_rc);
+        CHECK_EQ(h.order[i], i);
+    }
+    /* 50 deletes with a watcher (the holder's and 49 waiters'), one
+     * watcher each */
+    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0,
+             NHERD);
+    CHECK_EQ(mntr(&srv, 0, "zk_cnt_node_deleted_watch_count") - cnt0,
+             NHERD);
+    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_children_watch_count") - kid0, 0);
+    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), 0);
+    for (int i = 0; i < NHERD; i++) {
+        dlock_close(w[i].l);
+        dlock_client_close(w[i].c);
+    }
+    dlock_close(lh);
+    dlock_client_close(hc);
+    th_zk_close(zh);
+}
+
+/* --- inspection --- */
+
+typedef struct gate_waiter {
+    dlock *l;
+    int64_t wait;
+    volatile long tid;
+    volatile int rc;
+    volatile int done;
+    volatile int release;   /* set by the test: release now */
+    volatile int released;
+} gate_waiter;
+
+static void *gate_thread(void *arg)
+{
+    gate_waiter *w = arg;
+
+    __atomic_store_n(&w->tid, (long)gettid(), __ATOMIC_SEQ_CST);
+    w->rc = dlock_acquire(w->l, w->wait);
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    if (w->rc != DLOCK_OK)
+        return NULL;
+    for (int i = 0; i < 6000 && !__atomic_load_n(&w->release,
+                                                 __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
+    dlock_release(w->l);
+    __atomic_store_n(&w->released, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static void wait_flag(volatile int *flag, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK(*flag);
+}
+
+TEST(inspect_shows_holder_and_queue_in_order)
+{
+    dlock_client *a = client(), *obs = client(), *wc[3];
+    dlock *la = handle(a, "inspect", 5000, 0);
+    gate_waiter w[3];
+    pthread_t th[3];
+    dlock_info info;
+    char want[64];
+
+    CHECK_OK(dlock_inspect(obs, "inspect-never-used", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_EQ(info.token, 0);
+    CHECK_EQ(info.waiters, 0);
+    CHECK_EQ(info.queue_len, 0);
+    CHECK(info.queue == NULL);
+    CHECK_STR(info.holder, "");
+    dlock_info_clear(&info);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    for (int i = 0; i < 3; i++) {
+        wc[i] = client();
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].l = handle(wc[i], "inspect", 0, 0);
+        w[i].wait = 30000;
+        pthread_create(&th[i], NULL, gate_thread, &w[i]);
+        wait_waiters(obs, "inspect", i + 1);
+    }
+    CHECK_OK(dlock_inspect(obs, "inspect", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(want, sizeof(want), " pid %d tid %ld", (int)getpid(),
+             (long)gettid());
+    CHECK(ends_with(info.holder, want));
+    CHECK_EQ(info.token, dlock_token(la));
+    CHECK_OP(info.held_ms, >=, 0);
+    CHECK_OP(info.held_ms, <, 60000);
+    CHECK_EQ(info.ttl_ms, -1); /* no lease: the session is the lease */
+    CHECK_EQ(info.waiters, 3);
+    CHECK_EQ(info.queue_len, 3);
+    for (int i = 0; i < 3; i++) {
+        snprintf(want, sizeof(want), " pid %d tid %ld", (int)getpid(),
+                 w[i].tid);
+        CHECK(ends_with(info.queue[i], want));
+    }
+    dlock_info_clear(&info);
+
+    /* the head takes over; the queue moves up */
+    CHECK_OK(dlock_release(la));
+    wait_flag(&w[0].done, 10000);
+    CHECK_OK(w[0].rc);
+    CHECK_OK(dlock_inspect(obs, "inspect", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(want, sizeof(want), " tid %ld", w[0].tid);
+    CHECK(ends_with(info.holder, want));
+    CHECK_EQ(info.waiters, 2);
+    CHECK_EQ(info.queue_len, 2);
+    for (int i = 0; i < 2; i++) {
+        snprintf(want, sizeof(want), " tid %ld", w[i + 1].tid);
+        CHECK(ends_with(info.queue[i], want));
+    }
+    dlock_info_clear(&info);
+    for (int i = 0; i < 3; i++) {
+        __atomic_store_n(&w[i].release, 1, __ATOMIC_SEQ_CST);
+        pthread_join(th[i], NULL);
+        CHECK_OK(w[i].rc);
+        dlock_close(w[i].l);
+        dlock_client_close(wc[i]);
+    }
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(obs);
+}
+
+TEST(a_waiter_that_gives_up_leaves_the_queue)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "giveup", 0, 0), *lb = handle(b, "giveup", 0, 0);
+    void *zh = zk();
+    char kids[4][64];
+
+    CHECK_OK(dlock_acquire(la, 0));
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
+    CHECK_OP(th_now_ms() - t0, >=, 290);
+    CHECK_OP(th_now_ms() - t0, <, 5000);
+    CHECK_EQ(sorted_children(zh, "/zktest/giveup", kids, 4), 1);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_EQ(sorted_children(zh, "/zktest/giveup", kids, 4), 1);
+    CHECK_EQ(waiters_of(b, "giveup"), 0);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lb, 0)); /* nobody left ahead of it */
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    th_zk_close(zh);
+}
+
+/* --- URIs and names --- */
+
+TEST(bad_uris_are_rejected)
+{
+    static const char *const bad[] = {
+        "zk://",
+        "zk:///chroot",
+        "zk://u:pw-SECRET1@127.0.0.1:99999/x",
+        "zk://u:pw-SECRET1@127.0.0.1:0/x",
+        "zk://u:pw-SECRET1@127.0.0.1:abc/x",
+        "zk://u:pw-SECRET1@127.0.0.1:%d,/x",
+        "zk://u:pw-SECRET1@127.0.0.1:%d/a/",        /* trailing / */
+        "zk://u:pw-SECRET1@127.0.0.1:%d//a",        /* // */
+        "zk://u:pw-SECRET1@127.0.0.1:%d/a//b",
+        "zk://u:pw-SECRET1@127.0.0.1:%d/a/./b",     /* . and .. */
+        "zk://u:pw-SECRET1@127.0.0.1:%d/a/..",
+        "zk://u:pw-SECRET1@127.0.0.1:%d/zookeeper", /* the server's own */
+        "zk://u:pw-SECRET1@127.0.0.1:%d/zookeeper/x",
+        "zk://u:pw-SECRET1@127.0.0.1:%d/a%%0Ab",    /* control byte */
+        "zk://u:pw-SECRET1@127.0.0.1:%d/x?chroot=/y",
+        "zk://u:pw-SECRET1@127.0.0.1:%d/x?timeout=100",
+        "zk://alice@127.0.0.1:%d/x", /* digest needs a password */
+        NULL};
+    char u[600], longroot[300];
+
+    for (int i = 0; bad[i]; i++) {
+        dlock_client *c = (dlock_client *)1;
+        snprintf(u, sizeof(u), bad[i], srv.port[0]);
+        int64_t t0 = th_now_ms();
+        int rc = dlock_client_open(&c, u, NULL);
+        if (rc != DLOCK_EINVAL)
+            th_fail(__FILE__, __LINE__, "%s: %s, not DLOCK_EINVAL (%s)", u,
+                    dlock_errname(rc), dlock_errmsg());
+        CHECK(c == NULL);
+        CHECK_OP(th_now_ms() - t0, <, 1000); /* no connection tried */
+        CHECK(strstr(dlock_errmsg(), "SECRET1") == NULL);
+        CHECK(dlock_errmsg()[0] != '\0');
+    }
+    /* a chroot of 257 bytes: too long; 200 is fine */
+    memset(longroot, 'r', sizeof(longroot));
+    longroot[257] = '\0';
+    snprintf(u, sizeof(u), "%s/%s", base, longroot + 1);
+    dlock_client *c = NULL;
+    CHECK_EQ(strlen(longroot + 1), 256); /* plus its '/' */
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EINVAL);
+    longroot[200] = '\0';
+    snprintf(u, sizeof(u), "%s/%s", base, longroot);
+    c = client_at(u);
+    dlock *l = handle(c, "x", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+
+    /* good: nested chroot, and a host list whose first host is down */
+    snprintf(u, sizeof(u), "%s/a/b-c_d", base);
+    c = client_at(u);
+    dlock_client_close(c);
+    snprintf(u, sizeof(u), "zk://127.0.0.1:%d,127.0.0.1:%d/multi",
+             th_free_port(), srv.port[0]);
+    c = client_at(u);
+    l = handle(c, "x", 0, 0);
+    CHECK_OK(dlock_acquire(l, 3000));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* The root's children, sorted, joined by '|'. */
+static void root_listing(void *zh, const char *path, char *out, size_t cap)
+{
+    char kids[64][64];
+    struct String_vector v;
+
+    out[0] = '\0';
+    CHECK_EQ(zoo_get_children(zh, path, 0, &v), ZOK);
+    CHECK_OP(v.count, <, 64);
+    for (int i = 0; i < v.count; i++)
+        snprintf(kids[i], 64, "%s", v.data[i]);
+    int n = v.count;
+    deallocate_String_vector(&v);
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && strcmp(kids[k - 1], kids[k]) > 0; k--) {
+            char t[64];
+            memcpy(t, kids[k], 64);
+            memcpy(kids[k], kids[k - 1], 64);
+            memcpy(kids[k - 1], t, 64);
+        }
+    for (int i = 0; i < n; i++) {
+        strncat(out, kids[i], cap - strlen(out) - 1);
+        strncat(out, "|", cap - strlen(out) - 1);
+    }
+}
+
+TEST(names_with_any_bytes_do_not_collide)
+{
+    static char n512a[DLOCK_NAME_MAX + 1], n512b[DLOCK_NAME_MAX + 1],
+        slashes[DLOCK_NAME_MAX + 1];
+    const char *names[] = {
+        "zookeeper", "/", "//", ".", "..", "a/b", "a%2Fb", "a%252Fb", "%",
+        "%25", "l-0000000001", "l-0123456789abcdef-0000000001",
+        "with space", "new\nline", "tab\there", "\x01\x7f\xff", "-", "_",
+        "Case", "case", "\xc3\xbc", "quota", "a/../b", "*", "?", "[x]",
+        n512a, n512b, slashes, NULL};
+    enum { N = 29 };
+    dlock_client *a = client(), *b = client();
+    dlock *la[N], *lb[N];
+    void *zh = zk();
+    char root0[2048], root1[2048], zk0[2048], zk1[2048];
+    dlock *warm = handle(a, "warm-up", 0, 0);
+
+    /* the chroot exists before the root is listed (this test may run
+     * alone) */
+    CHECK_OK(dlock_acquire(warm, 0));
+    CHECK_OK(dlock_release(warm));
+    dlock_close(warm);
+    memset(n512a, 'n', DLOCK_NAME_MAX);
+    memset(n512b, 'n', DLOCK_NAME_MAX);
+    n512b[DLOCK_NAME_MAX - 1] = 'm'; /* differs in the last byte only */
+    memset(slashes, '/', DLOCK_NAME_MAX);
+    CHECK(names[N] == NULL && names[N - 1] != NULL);
+    root_listing(zh, "/", root0, sizeof(root0));
+    root_listing(zh, "/zookeeper", zk0, sizeof(zk0));
+    /* one thread holds all of them at once: two names sharing a node
+     * would queue behind each other (EBUSY) */
+    for (int i = 0; i < N; i++) {
+        la[i] = handle(a, names[i], 0, 0);
+        lb[i] = handle(b, names[i], 0, 0);
+        int rc = dlock_acquire(la[i], 0);
+        if (rc != DLOCK_OK)
+            th_fail(__FILE__, __LINE__, "name #%d: %s: %s", i,
+                    dlock_errname(rc), dlock_errmsg());
+    }
+    for (int i = 0; i < N; i++) {
+        dlock_info info;
+        CHECK_RC(dlock_acquire(lb[i], 0), DLOCK_EBUSY);
+        CHECK_OK(dlock_inspect(b, names[i], &info));
+        CHECK_EQ(info.held, 1);
+        CHECK_EQ(info.token, dlock_token(la[i]));
+        dlock_info_clear(&info);
+    }
+    /* nothing outside the chroot */
+    root_listing(zh, "/", root1, sizeof(root1));
+    root_listing(zh, "/zookeeper", zk1, sizeof(zk1));
+    CHECK_STR(root1, root0);
+    CHECK_STR(zk1, zk0);
+    for (int i = 0; i < N; i++)
+        CHECK_OK(dlock_release(la[i]));
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(dlock_acquire(lb[i], 0));
+        CHECK_OK(dlock_release(lb[i]));
+        dlock_close(la[i]);
+        dlock_close(lb[i]);
+    }
+    dlock_client_close(a);
+    dlock_client_close(b);
+
+    /* chroot "/": then a lock called "zookeeper" must not put its nodes
+     * into the server's own /zookeeper (refusing it is fine too) */
+    char u[400];
+    dlock_client *r = NULL;
+    snprintf(u, sizeof(u), "%s/", base);
+    int rc = dlock_client_open(&r, u, NULL);
+    if (rc == DLOCK_OK) {
+        dlock *l = handle(r, "zookeeper", 0, 0);
+        rc = dlock_acquire(l, 0);
+        root_listing(zh, "/zookeeper", zk1, sizeof(zk1));
+        CHECK_STR(zk1, zk0);
+        if (rc == DLOCK_OK)
+            CHECK_OK(dlock_release(l));
+        dlock_close(l);
+        dlock_client_close(r);
+    } else {
+        CHECK_RC(rc, DLOCK_EINVAL);
+    }
+    th_zk_close(zh);
+}
+
+/* --- digest auth and ACLs --- */
+
+TEST(digest_auth_guards_the_nodes)
+{
+    char ua[300], ub[300], un[300], uw[300];
+    dlock_client *alice, *alice2;
+    dlock_info info;
+    void *zh = zk();
+    struct ACL_vector acl;
+    struct Stat st;
+    char kids[4][64], path[300];
+
+    snprintf(ua, sizeof(ua), "zk://alice:secret-A1@127.0.0.1:%d/authtest",
+             srv.port[0]);
+    snprintf(ub, sizeof(ub), "zk://bob:other-B2@127.0.0.1:%d/authtest",
+             srv.port[0]);
+    snprintf(un, sizeof(un), "zk://127.0.0.1:%d/authtest", srv.port[0]);
+    snprintf(uw, sizeof(uw), "zk://alice:wrong-C3@127.0.0.1:%d/authtest",
+             srv.port[0]);
+    alice = client_at(ua);
+    CHECK(strstr(dlock_client_store(alice), "secret-A1") == NULL);
+    CHECK_CONTAINS(dlock_client_store(alice), "alice:***@");
+    dlock *la = handle(alice, "guarded", 4000, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+
+    /* the nodes: alice may do anything, anyone else may only read */
+    CHECK_EQ(sorted_children(zh, "/authtest/guarded", kids, 4), 1);
+    snprintf(path, sizeof(path), "/authtest/guarded/%s", kids[0]);
+    const char *nodes[] = {"/authtest", "/authtest/guarded", path, NULL};
+    for (int n = 0; nodes[n]; n++) {
+        int alice_all = 0;
+        CHECK_EQ(zoo_get_acl(zh, nodes[n], &acl, &st), ZOK);
+        for (int i = 0; i < acl.count; i++) {
+            struct ACL *e = &acl.data[i];
+            if (!strcmp(e->id.scheme, "digest") &&
+                !strncmp(e->id.id, "alice:", 6)) {
+                CHECK(strstr(e->id.id, "secret-A1") == NULL); /* hashed */
+                alice_all = e->perms == ZOO_PERM_ALL;
+            } else if ((e->perms & ~ZOO_PERM_READ) != 0) {
+                th_fail(__FILE__, __LINE__, "%s: %s:%s may change it (%d)",
+                        nodes[n], e->id.scheme, e->id.id, e->perms);
+            }
+        }
+        deallocate_ACL_vector(&acl);
+        CHECK(alice_all);
+    }
+    /* an unauthenticated client cannot delete alice's node */
+    CHECK_EQ(zoo_delete(zh, path, -1), ZNOAUTH);
+
+    /* another identity, none, or a wrong password (another identity):
+     * refused, at once, without the password in the message */
+    const char *others[] = {ub, un, uw, NULL};
+    const char *secrets[] = {"other-B2", "nothing", "wrong-C3", NULL};
+    for (int i = 0; others[i]; i++) {
+        dlock_client *o = client_at(others[i]);
+        dlock *lo = handle(o, "guarded", 4000, 0);
+        int64_t t0 = th_now_ms();
+        CHECK_RC(dlock_acquire(lo, 0), DLOCK_EAUTH);
+        CHECK_RC(dlock_acquire(lo, 3000), DLOCK_EAUTH);
+        CHECK_OP(th_now_ms() - t0, <, 2500); /* refused, not waited out */
+        CHECK(strstr(dlock_errmsg(), secrets[i]) == NULL);
+        CHECK(strstr(dlock_errmsg(), "secret-A1") == NULL);
+        CHECK(strstr(dlock_client_store(o), secrets[i]) == NULL);
+        CHECK_RC(dlock_release(lo), DLOCK_ENOTHELD);
+        /* anyone may read: inspect works and shows alice's hold */
+        CHECK_OK(dlock_inspect(o, "guarded", &info));
+        CHECK_EQ(info.held, 1);
+        CHECK_EQ(info.token, tok);
+        CHECK_EQ(info.waiters, 0);
+        dlock_info_clear(&info);
+        dlock_close(lo);
+        dlock_client_close(o);
+    }
+    /* alice's hold is untouched, and nothing else was left behind */
+    CHECK_OK(dlock_extend(la, 4000));
+    CHECK_EQ(dlock_held(la), 1);
+    CHECK_EQ(sorted_children(zh, "/authtest/guarded", kids, 4), 1);
+
+    /* the same identity in another client just queues */
+    alice2 = client_at(ua);
+    dlock *la2 = handle(alice2, "guarded", 4000, 0);
+    CHECK_RC(dlock_acquire(la2, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(la2, 0));
+    CHECK_OP(dlock_token(la2), >, tok);
+    CHECK_OK(dlock_release(la2));
+    dlock_close(la2);
+    dlock_client_close(alice2);
+    dlock_close(la);
+    dlock_client_close(alice);
+    th_zk_close(zh);
+}
+
+/* --- sessions: one per ttl; expiry --- */
+
+/* How many client connections have session timeout `to`. */
+static int sessions_with_timeout(th_zk *z, int i, int to)
+{
+    char key[32];
+
+    CHECK_OP(th_zk_4lw(z, i, "cons", big, sizeof(big)), >, 0);
+    snprintf(key, sizeof(key), ",to=%d,", to);
+    return count_of(big, key);
+}
+
+static void wait_sessions(int to, int n)
+{
+    int64_t until = th_now_ms() + 5000;
+
+    while (sessions_with_timeout(&srv, 0, to) != n && th_now_ms() < until)
+        th_sleep_ms(20);
+    CHECK_EQ(sessions_with_timeout(&srv, 0, to), n);
+}
+
+TEST(one_session_per_ttl)
+{
+    dlock_client *c = client(), *d = client();
+    dlock *l1 = handle(c, "sess-a", 1234, 0), *l2 = handle(c, "sess-b", 1234, 0);
+    dlock *l3 = handle(c, "sess-c", 2345, 0), *l4 = handle(d, "sess-d", 1234, 0);
+    dlock *l5 = handle(c, "sess-e", 300, 0);
+
+    CHECK_EQ(sessions_with_timeout(&srv, 0, 1234), 0);
+    CHECK_OK(dlock_acquire(l1, 0));
+    CHECK_OK(dlock_acquire(l2, 0));
+    CHECK_OK(dlock_acquire(l3, 0));
+    wait_sessions(1234, 1); /* two locks, one session */
+    wait_sessions(2345, 1);
+    CHECK_OK(dlock_acquire(l4, 0));
+    wait_sessions(1234, 2); /* another client: its own */
+    /* below the server's minSessionTimeout (400): clamped, and it works */
+    int before = sessions_with_timeout(&srv, 0, 400);
+    CHECK_OK(dlock_acquire(l5, 0));
+    wait_sessions(400, before + 1);
+    th_sleep_ms(1500); /* several session timeouts: kept alive by pings */
+    CHECK_OK(dlock_extend(l5, 300));
+    CHECK_OK(dlock_extend(l1, 1234));
+    CHECK_RC(dlock_extend(l1, 2345), DLOCK_ENOTSUP);
+    CHECK_EQ(dlock_held(l1), 1);
+    CHECK_OK(dlock_release(l5));
+    CHECK_OK(dlock_release(l1));
+    CHECK_OK(dlock_release(l2));
+    CHECK_OK(dlock_release(l3));
+    dlock_close(l1);
+    dlock_close(l2);
+    dlock_close(l3);
+    dlock_close(l5);
+    dlock_client_close(c); /* closes its sessions */
+    wait_sessions(1234, 1);
+    wait_sessions(2345, 0);
+    wait_sessions(400, before);
+    CHECK_OK(dlock_release(l4));
+    dlock_close(l4);
+    dlock_client_close(d);
+    wait_sessions(1234, 0);
+}
+
+typedef struct shared_holder {
+    volatile int ready;
+    volatile int go;
+    volatile uint64_t token;
+    volatile int lost_calls;
+    volatile uint64_t lost_token;
+    volatile int held_before_release;
+    volatile int release_rc;
+    volatile int64_t lost_after_cont; /* ms from go to the callback */
+    int64_t ttl;
+    char name[64];
+} shared_holder;
+
+static void count_lost(dlock *l, uint64_t token, void *arg)
+{
+    shared_holder *s = arg;
+
+    (void)l;
+    s->lost_token = token;
+    __atomic_add_fetch(&s->lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static int holder_child(void *arg)
+{
+    shared_holder *s = arg;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = s->ttl;
+    o.on_lost = count_lost;
+    o.on_lost_arg = s;
+    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, s->name, &o) != DLOCK_OK ||
+        dlock_acquire(l, 5000) != DLOCK_OK)
+        return 2;
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 3000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
+    /* told to go after a freeze: give the client a moment to learn it
+     * lost (at most 5 s), then release */
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < 500 && !__atomic_load_n(&s->lost_calls,
+                                                __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
+    s->lost_after_cont = th_now_ms() - t0;
+    s->held_before_release = dlock_held(l);
+    s->release_rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+static void wait_ready(shared_holder *s)
+{
+    wait_flag(&s->ready, 10000);
+}
+
+TEST(a_frozen_holder_is_told_its_session_expired)
+{
+    shared_holder *s = th_shared(sizeof(*s));
+    dlock_client *c = client();
+    dlock *l = handle(c, "frozen", 0, 0);
+
+    s->ttl = 600;
+    snprintf(s->name, sizeof(s->name), "frozen");
+    pid_t pid = th_fork(holder_child, s);
+    wait_ready(s);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
+    kill(pid, SIGSTOP);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(l, 10000)); /* once the session expired */
+    CHECK_OP(th_now_ms() - t0, <, s->ttl + 3000);
+    uint64_t mine = dlock_token(l);
+    CHECK_OP(mine, >, s->token);
+    kill(pid, SIGCONT);
+    __atomic_store_n(&s->go, 1, __ATOMIC_SEQ_CST);
+    CHECK_EQ(th_wait(pid), 0);
+    CHECK_EQ(s->lost_calls, 1);
+    CHECK_EQ(s->lost_token, s->token);
+    CHECK_EQ(s->held_before_release, DLOCK_ELOST);
+    CHECK_RC(s->release_rc, DLOCK_ELOST);
+    /* its release did not touch our node */
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_extend(l, 30000));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(a_killed_holders_queue_moves_on_after_its_session)
+{
+    shared_holder *s = th_shared(sizeof(*s));
+    dlock_client *c = client();
+    gate_waiter w;
+    pthread_t th;
+
+    s->ttl = 1000;
+    snprintf(s->name, sizeof(s->name), "killed");
+    pid_t pid = th_fork(holder_child, s);
+    wait_ready(s);
+    memset(&w, 0, sizeof(w));
+    w.l = handle(c, "killed", 0, 0);
+    w.wait = 20000;
+    w.release = 1;
+    pthread_create(&th, NULL, gate_thread, &w);
+    wait_waiters(c, "killed", 1);
+    kill(pid, SIGKILL);
+    int64_t t0 = th_now_ms();
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    wait_flag(&w.done, s->ttl + 5000);
+    CHECK_OK(w.rc);
+    CHECK_OP(th_now_ms() - t0, <, s->ttl + 2000);
+    pthread_join(th, NULL);
+    dlock_info info;
+    CHECK_OK(dlock_inspect(c, "killed", &info));
+    CHECK_EQ(info.held, 0);
+    dlock_info_clear(&info);
+    /* its token was greater: the next hold's is greater still */
+    dlock *l = handle(c, "killed", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, s->token);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_close(w.l);
+    dlock_client_close(c);
+}
+
+TEST(waiting_sends_nothing)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "quiet", 60000, 0);
+    gate_waiter w;
+    pthread_t th;
+    char buf[2048];
+
+    memset(&w, 0, sizeof(w));
+    w.l = handle(b, "quiet", 60000, 0);
+    w.wait = 2500;
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OP(th_zk_4lw(&srv, 0, "srvr", buf, sizeof(buf)), >, 0);
+    long long before = th_zk_stat(buf, "Received");
+    pthread_create(&th, NULL, gate_thread, &w);
+    pthread_join(th, NULL);
+    CHECK_RC(w.rc, DLOCK_EBUSY);
+    CHECK_OP(th_zk_4lw(&srv, 0, "srvr", buf, sizeof(buf)), >, 0);
+    long long used = th_zk_stat(buf, "Received") - before;
+    /* a session, a create, a listing, a watch, a delete at the deadline,
+     * a ping or two, two srvr: not one request per poll */
+    CHECK_OP(used, <=, 15);
+    CHECK_OK(dlock_release(la));
+    dlock_close(la);
+    dlock_close(w.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* --- servers that are down, frozen, restarted --- */
+
+TEST(server_down_gives_econn_in_time)
+{
+    char u[300];
+    dlock_client_options o = {1000};
+    dlock_client *c = NULL;
+
+    snprintf(u, sizeof(u), "zk://u:pw-SECRET9@127.0.0.1:%d/down",
+             th_free_port());
+    int64_t t0 = th_now_ms();
+    int rc = dlock_client_open(&c, u, &o);
+    CHECK_OP(th_now_ms() - t0, <, 3000);
+    CHECK(strstr(dlock_errmsg(), "SECRET9") == NULL);
+    if (rc != DLOCK_OK) { /* it connects at open: the address is wrong */
+        CHECK_RC(rc, DLOCK_ECONN);
+        CHECK(c == NULL);
+        CHECK(dlock_errmsg()[0] != '\0');
+        return;
+    }
+    dlock *l = handle(c, "x", 0, 0);
+    t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 2500);
+    t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 2000), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 4500);
+    CHECK(strstr(dlock_errmsg(), "SECRET9") == NULL);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static volatile int lost_calls;
+
+static void on_lost(dlock *l, uint64_t token, void *arg)
+{
+    (void)l;
+    (void)token;
+    (void)arg;
+    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static void wait_lost(int n, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST) < n &&
+           th_now_ms() < until)
+        th_sleep_ms(10);
+    CHECK_EQ(lost_calls, n);
+}
+
+/* Kills (or freezes) a private server under a holder and a waiter, then
+ * brings it back. */
+static void server_trouble(int sig)
+{
+    th_zk own;
+    char u[300];
+    const int64_t ttl = 3000;
+
+    th_zk_start(&own, 1);
+    snprintf(u, sizeof(u), "zk://%s/trouble", own.hosts);
+    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock *la = handle_cb(a, "trouble", ttl, 0, on_lost, NULL);
+    gate_waiter w;
+    pthread_t th;
+
+    lost_calls = 0;
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    memset(&w, 0, sizeof(w));
+    w.l = handle(b, "trouble", ttl, 0);
+    w.wait = 30000;
+    w.release = 1;
+    pthread_create(&th, NULL, gate_thread, &w);
+    wait_waiters(b, "trouble", 1);
+
+    int64_t t0 = th_now_ms();
+    th_zk_kill(&own, 0, sig);
+    /* the waiter: DLOCK_ECONN, long before its 30 s */
+    wait_flag(&w.done, ttl + 3000);
+    pthread_join(th, NULL);
+    CHECK_RC(w.rc, DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, ttl + 3000);
+    /* the holder: declared lost within the session timeout */
+    wait_lost(1, ttl + 3000 - (th_now_ms() - t0));
+    CHECK_OP(th_now_ms() - t0, <, ttl + 3000);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    CHECK_EQ(dlock_token(la), 0);
+    CHECK_RC(dlock_acquire(la, 0), DLOCK_ELOST);
+    t0 = th_now_ms();
+    CHECK_RC(dlock_inspect(b, "trouble", &(dlock_info){0}), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 4000);
+
+    if (sig == SIGSTOP)
+        th_zk_kill(&own, 0, SIGCONT);
+    else
+        th_zk_restart(&own, 0); /* same data: the sessions may live on */
+    /* the lost hold's release says so, and frees the lock whether or not
+     * its session survived */
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    CHECK_EQ(dlock_held(la), 0);
+    CHECK_OK(dlock_acquire(w.l, 15000));
+    CHECK_OP(dlock_token(w.l), >, tok);
+    CHECK_OK(dlock_release(w.l));
+    /* and the holder's client works again */
+    CHECK_OK(dlock_acquire(la, 5000));
+    CHECK_OP(dlock_token(la), >, tok);
+    CHECK_OK(dlock_release(la));
+    CHECK_EQ(lost_calls, 1);
+    dlock_close(la);
+    dlock_close(w.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    th_zk_kill(&own, 0, SIGKILL);
+}
+
+TEST(server_killed_then_restarted)
+{
+    server_trouble(SIGKILL);
+}
+
+TEST(server_frozen_then_thawed)
+{
+    server_trouble(SIGSTOP);
+}
+
+/* --- a 3-server ensemble --- */
+
+typedef struct ens_waiter {
+    dlock *l;
+    int index;
+    int *order;
+    int *pos;
+    pthread_mutex_t *mu;
+    int rc;
+    uint64_t token;
+} ens_waiter;
+
+static void *ens_thread(void *arg)
+{
+    ens_waiter *w = arg;
+
+    w->rc = dlock_acquire(w->l, 60000);
+    if (w->rc != DLOCK_OK)
+        return NULL;
+    w->token = dlock_token(w->l);
+    pthread_mutex_lock(w->mu);
+    w->order[(*w->pos)++] = w->index;
+    pthread_mutex_unlock(w->mu);
+    th_sleep_ms(20);
+    w->rc = dlock_release(w->l);
+    return NULL;
+}
+
+/* dlock_extend() with the same ttl until it answers other than ECONN (the
+ * clients reconnect after an election), at most ms. */
+static int extend_until_answered(dlock *l, int64_t ttl, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+    int rc;
+
+    while ((rc = dlock_extend(l, ttl)) == DLOCK_ECONN && th_now_ms() < until)
+        th_sleep_ms(50);
+    return rc;
+}
+
+TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
+{
+    th_zk e;
+    char u[400];
+    const int64_t ttl = 6000;
+    dlock_client *a, *obs, *wc[2], *late;
+    ens_waiter w[2];
+    pthread_t th[2];
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    int order[2] = {-1, -1}, pos = 0;
+    dlock_info info;
+
+    th_zk_start(&e, 3);
+    snprintf(u, sizeof(u), "zk://%s/ens", e.hosts);
+    a = client_at(u);
+    obs = client_at(u);
+    lost_calls = 0;
+    dlock *la = handle_cb(a, "ens", ttl, 0, on_lost, NULL);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    for (int i = 0; i < 2; i++) {
+        wc[i] = client_at(u);
+        w[i] = (ens_waiter){handle(wc[i], "ens", ttl, 0), i, order, &pos,
+                            &mu, 0, 0};
+        pthread_create(&th[i], NULL, ens_thread, &w[i]);
+        wait_waiters(obs, "ens", i + 1);
+    }
+
+    /* the leader dies: a new one is elected, the hold is kept */
+    int leader = th_zk_leader(&e);
+    CHECK(leader >= 0);
+    th_zk_kill(&e, leader, SIGKILL);
+    int64_t t0 = th_now_ms();
+    int now_leader = th_zk_wait_leader(&e, 30000);
+    CHECK(now_leader >= 0 && now_leader != leader);
+    CHECK_OK(extend_until_answered(la, ttl, ttl));
+    CHECK_EQ(lost_calls, 0);
+    CHECK_EQ(dlock_held(la), 1);
+    CHECK_EQ(dlock_token(la), tok);
+    printf("     (leader %d killed; new leader %d; hold confirmed after "
+           "%lld ms)\n",
+           leader, now_leader, (long long)(th_now_ms() - t0));
+    int rc = DLOCK_ECONN;
+    for (int i = 0; i < 100 && rc == DLOCK_ECONN; i++) {
+        rc = dlock_inspect(obs, "ens", &info);
+        if (rc == DLOCK_ECONN)
+            th_sleep_ms(50);
+    }
+    CHECK_OK(rc);
+    CHECK_EQ(info.held, 1);
+    CHECK_EQ(info.token, tok);
+    CHECK_EQ(info.waiters, 2);
+    dlock_info_clear(&info);
+    CHECK_EQ(pos, 0); /* the waiters still wait */
+    th_zk_restart(&e, leader); /* back to three */
+
+    /* the queue survived too: released, the waiters get it in order */
+    CHECK_OK(dlock_release(la));
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(w[i].rc);
+        CHECK_EQ(order[i], i);
+        CHECK_OP(w[i].token, >, i ? w[i - 1].token : tok);
+    }
+    CHECK_EQ(lost_calls, 0);
+
+    /* a majority dies: no new hold anywhere, and the holder is told */
+    CHECK_OK(dlock_acquire(la, 10000));
+    late = client_at(u);
+    dlock *ll = handle(late, "ens", ttl, 0);
+    CHECK_RC(dlock_acquire(ll, 0), DLOCK_EBUSY); /* its session is up */
+    int k1 = th_zk_leader(&e);
+    CHECK(k1 >= 0);
+    int k2 = (k1 + 1) % 3;
+    th_zk_kill(&e, k1, SIGKILL);
+    th_zk_kill(&e, k2, SIGKILL);
+    t0 = th_now_ms();
+    rc = dlock_acquire(ll, 3000);
+    CHECK_RC(rc, DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 3000 + 2000 + 1000);
+    wait_lost(1, ttl + 3000 - (th_now_ms() - t0));
+    CHECK_OP(th_now_ms() - t0, <, ttl + 3000);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+
+    t0 = th_now_ms();
+    dlock_close(ll);
+    dlock_client_close(late);
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(obs);
+    for (int i = 0; i < 2; i++) {
+        dlock_close(w[i].l);
+        dlock_client_close(wc[i]);
+    }
+    CHECK_OP(th_now_ms() - t0, <, 10000); /* closing never hangs */
+    for (int i = 0; i < 3; i++)
+        th_zk_kill(&e, i, SIGKILL);
+}
+
+static const th_test tests[] = {
+    T(a_release_fires_exactly_one_watch), /* first: counts all watches */
+    T(node_layout_and_czxid_token),
+    T(first_come_first_served_across_processes),
+    T(inspect_shows_holder_and_queue_in_order),
+    T(a_waiter_that_gives_up_leaves_the_queue),
+    T(bad_uris_are_rejected),
+    T(names_with_any_bytes_do_not_collide),
+    T(digest_auth_guards_the_nodes),
+    T(one_session_per_ttl),
+    T(a_frozen_holder_is_told_its_session_expired),
+    T(a_killed_holders_queue_moves_on_after_its_session),
+    T(waiting_sends_nothing),
+    T(server_down_gives_econn_in_time),
+    T(server_killed_then_restarted),
+    T(server_frozen_then_thawed),
+    T(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    th_zk_start(&srv, 1);
+    snprintf(base, sizeof(base), "zk://%s", srv.hosts);
+    snprintf(uri, sizeof(uri), "%s/zktest", base);
+    return th_main(argc, argv, tests);
+}
