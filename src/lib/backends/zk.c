@@ -68,6 +68,7 @@ typedef struct zk_session {
     int64_t down_since;  /* when the connection dropped; 0 while up */
     int declared_lost;   /* holds were declared lost in this outage */
     uint64_t conn_gen;   /* bumped at every (re)connection */
+    int refs;            /* calls using it now; freed only at 0 */
     struct zk_session *next;
 } zk_session;
 
@@ -434,11 +435,13 @@ static zk_session *session_get_once(zk_store *zs, int64_t ttl,
         s->next = zs->sessions;
         zs->sessions = s;
     }
+    s->refs++; /* the background thread frees no session in use */
     while (s->state == S_CONNECTING && dlock__now_ms() < deadline)
         dlock__cond_wait_until(&zs->cv, &zs->mu, deadline);
-    switch (s->state) {
-    case S_CONNECTED:
+    if (s->state == S_CONNECTED)
         return s;
+    s->refs--;
+    switch (s->state) {
     case S_AUTHFAIL:
         *rc = dlock__err(DLOCK_EAUTH, "zk %s: authentication failed",
                          zs->redacted);
@@ -498,6 +501,19 @@ static zk_session *session_by_sid(zk_store *zs, uint64_t sid)
         if (s->sid == sid)
             return s;
     return NULL;
+}
+
+/* Drops a reference taken by session_get() or lease_session(). */
+static void session_put(zk_store *zs, zk_session *s)
+{
+    int wake;
+
+    pthread_mutex_lock(&zs->mu);
+    wake = --s->refs == 0 &&
+           (s->state == S_EXPIRED || s->state == S_AUTHFAIL);
+    pthread_mutex_unlock(&zs->mu);
+    if (wake)
+        dlock__loop_wake(zs->client); /* it can be closed now */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -957,6 +973,7 @@ static int zk_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         if (!s)
             return rc;
         rc = acquire_in(zs, s, l, op_ms);
+        session_put(zs, s);
         if (rc != 1)
             return rc;
         rc = dlock__err(DLOCK_ECONN, "zk %s: the session expired while "
@@ -972,25 +989,17 @@ static zk_session *lease_session(zk_store *zs, const zk_lease *zl)
 {
     zk_session *s = session_by_sid(zs, zl->sid);
 
-    return s && s->state != S_EXPIRED && s->state != S_AUTHFAIL ? s : NULL;
+    if (!s || s->state == S_EXPIRED || s->state == S_AUTHFAIL)
+        return NULL;
+    s->refs++;
+    return s;
 }
 
-static int zk_release(void *st, dlock__lease *l, int64_t op_deadline)
+static int release_in(zk_store *zs, zk_session *s, zk_lease *zl,
+                      int64_t op_deadline)
 {
-    zk_store *zs = st;
-    zk_lease *zl = l->priv;
-    zk_session *s;
     int zrc;
 
-    pthread_mutex_lock(&zs->mu);
-    s = zl->path[0] ? lease_session(zs, zl) : NULL;
-    pthread_mutex_unlock(&zs->mu);
-    if (!s) {
-        zl->path[0] = '\0';
-        return dlock__err(DLOCK_ENOTHELD,
-                          "zk %s: the session of this hold ended",
-                          zs->redacted);
-    }
     for (;;) {
         /* a lost connection may hide an expired session (a frozen
          * process learns it only now): wait for the answer, then retry
@@ -1020,22 +1029,33 @@ static int zk_release(void *st, dlock__lease *l, int64_t op_deadline)
     return zk_error(zs, "deleting the lock node", zrc);
 }
 
-static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
-                     int64_t op_deadline)
+static int zk_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
     zk_store *zs = st;
     zk_lease *zl = l->priv;
     zk_session *s;
-    zk_op *op = NULL;
-    int zrc, ours;
+    int rc;
 
     pthread_mutex_lock(&zs->mu);
     s = zl->path[0] ? lease_session(zs, zl) : NULL;
     pthread_mutex_unlock(&zs->mu);
-    if (!s)
+    if (!s) {
+        zl->path[0] = '\0';
         return dlock__err(DLOCK_ENOTHELD,
                           "zk %s: the session of this hold ended",
                           zs->redacted);
+    }
+    rc = release_in(zs, s, zl, op_deadline);
+    session_put(zs, s);
+    return rc;
+}
+
+static int extend_in(zk_store *zs, zk_session *s, zk_lease *zl,
+                     int64_t ttl_ms, int64_t op_deadline)
+{
+    zk_op *op = NULL;
+    int zrc, ours;
+
     if (ttl_ms != s->ttl)
         return dlock__err(DLOCK_ENOTSUP,
                           "zk: a hold lives as long as its session (ttl "
@@ -1067,27 +1087,34 @@ static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                              zs->redacted);
 }
 
-static int zk_inspect(void *st, const char *name, size_t len,
-                      dlock_info *out, int64_t op_deadline)
+static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
+                     int64_t op_deadline)
 {
     zk_store *zs = st;
-    char parent[ZK_PARENT_MAX], path[ZK_PATH_MAX];
+    zk_lease *zl = l->priv;
     zk_session *s;
+    int rc;
+
+    pthread_mutex_lock(&zs->mu);
+    s = zl->path[0] ? lease_session(zs, zl) : NULL;
+    pthread_mutex_unlock(&zs->mu);
+    if (!s)
+        return dlock__err(DLOCK_ENOTHELD,
+                          "zk %s: the session of this hold ended",
+                          zs->redacted);
+    rc = extend_in(zs, s, zl, ttl_ms, op_deadline);
+    session_put(zs, s);
+    return rc;
+}
+
+static int inspect_in(zk_store *zs, zk_session *s, const char *name,
+                      size_t len, dlock_info *out, int64_t op_deadline)
+{
+    char parent[ZK_PARENT_MAX], path[ZK_PATH_MAX];
     zk_op *kids = NULL;
     zk_op **ops = NULL;
     int32_t n;
     int rc = DLOCK_OK, zrc;
-
-    pthread_mutex_lock(&zs->mu);
-    sessions_retire(zs);
-    for (s = zs->sessions; s; s = s->next)
-        if (s->state == S_CONNECTED)
-            break;
-    if (!s)
-        s = session_get(zs, 30000, op_deadline, &rc);
-    pthread_mutex_unlock(&zs->mu);
-    if (!s)
-        return rc;
 
     out->ttl_ms = -1;
     out->held_ms = -1;
@@ -1156,6 +1183,30 @@ static int zk_inspect(void *st, const char *name, size_t len,
     return rc;
 }
 
+static int zk_inspect(void *st, const char *name, size_t len,
+                      dlock_info *out, int64_t op_deadline)
+{
+    zk_store *zs = st;
+    zk_session *s;
+    int rc = DLOCK_OK;
+
+    pthread_mutex_lock(&zs->mu);
+    sessions_retire(zs);
+    for (s = zs->sessions; s; s = s->next)
+        if (s->state == S_CONNECTED)
+            break;
+    if (s)
+        s->refs++;
+    else
+        s = session_get(zs, 30000, op_deadline, &rc);
+    pthread_mutex_unlock(&zs->mu);
+    if (!s)
+        return rc;
+    rc = inspect_in(zs, s, name, len, out, op_deadline);
+    session_put(zs, s);
+    return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The background thread: declared losses, orphans, expired sessions        */
 /* ------------------------------------------------------------------------ */
@@ -1217,8 +1268,18 @@ static void zk_loop_run(void *st, int readable)
         }
     }
     sessions_retire(zs);
-    dead = zs->dead;
-    zs->dead = NULL;
+    /* take the retired sessions nobody uses any more */
+    dead = NULL;
+    for (zk_session **pp = &zs->dead; *pp;) {
+        zk_session *d = *pp;
+        if (d->refs == 0) {
+            *pp = d->next;
+            d->next = dead;
+            dead = d;
+        } else {
+            pp = &d->next;
+        }
+    }
     todo = zs->orphans;
     zs->orphans = NULL;
     pthread_mutex_unlock(&zs->mu);
@@ -1241,12 +1302,15 @@ static void zk_loop_run(void *st, int readable)
         int up = s && s->state == S_CONNECTED;
         if (s && s->state == S_CONNECTING)
             keep = 1;
+        if (up)
+            s->refs++;
         pthread_mutex_unlock(&zs->mu);
         if (up) {
             int zrc = delete_node(zs, s, o->path, o->prefix,
                                   dlock__now_ms() + zs->timeout_ms);
             keep = zrc != ZOK && zrc != ZSESSIONEXPIRED &&
                    zrc != ZINVALIDSTATE && zrc != ZNOAUTH;
+            session_put(zs, s);
         }
         if (keep) {
             pthread_mutex_lock(&zs->mu);
@@ -1421,6 +1485,8 @@ static int zk_open(void **out, dlock_client *c, const dlock__uri *u,
     /* connect now, so that a wrong address fails here */
     pthread_mutex_lock(&zs->mu);
     zk_session *s = session_get(zs, 30000, dlock__now_ms() + timeout_ms, &rc);
+    if (s)
+        s->refs--;
     pthread_mutex_unlock(&zs->mu);
     if (!s) {
         zk_close(zs);
