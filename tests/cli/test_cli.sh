@@ -5,25 +5,27 @@
 #
 # test_cli.sh -- the dlock command-line tool, through its real binary.
 #
-#   bash test_cli.sh /path/to/dlock file|redis
+#   bash test_cli.sh /path/to/dlock file|redis|zk
 #
 # "redis" starts a private redis-server (from PATH) on a free loopback port
-# in a temporary directory and stops it on exit. Every wait is bounded; the
-# whole script takes well under a minute. Each failed assertion prints a
+# in a temporary directory and stops it on exit; "zk" likewise a private
+# standalone ZooKeeper server (java from PATH, /usr/share/java/zookeeper.jar:
+# Debian's zookeeper package). Every wait is bounded; the whole script takes
+# well under a minute. Each failed assertion prints a
 # "FAIL:" line; the exit status is 1 if any failed, 0 otherwise.
 
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|zk" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis) ;;
+file | redis | zk) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file' or 'redis', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis' or 'zk', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -37,6 +39,8 @@ PASSES=0
 BG_PIDS=()
 REDIS_PID=
 REDIS_PORT=
+ZK_PID=
+ZK_PORT=
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-cli-XXXXXX") || {
     echo "FAIL: mktemp -d failed" >&2
     exit 1
@@ -50,6 +54,10 @@ cleanup() {
     if [ -n "$REDIS_PID" ]; then
         kill -KILL "$REDIS_PID" 2>/dev/null
         wait "$REDIS_PID" 2>/dev/null
+    fi
+    if [ -n "$ZK_PID" ]; then
+        kill -KILL "$ZK_PID" 2>/dev/null # also when SIGSTOPped
+        wait "$ZK_PID" 2>/dev/null
     fi
     if [ -z "${DLOCK_TEST_KEEP:-}" ]; then
         rm -rf "$TMP"
@@ -234,12 +242,118 @@ start_redis() {
     exit 1
 }
 
-if [ "$KIND" = redis ]; then
+ZK_JAR=/usr/share/java/zookeeper.jar
+# log4j.properties with a CONSOLE appender (Debian's example config)
+ZK_CONF_DIR=/etc/zookeeper/conf_example
+# without these two the server logs nothing (slf4j falls back to NOP)
+ZK_LOG_JARS=/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar
+
+# zk_4lw PORT WORD: sends a ZooKeeper four-letter word, prints the answer
+# (at most 5 s).
+zk_4lw() {
+    local b=()
+    if command -v timeout >/dev/null 2>&1; then
+        b=(timeout -k 1 5)
+    fi
+    "${b[@]}" bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && echo "$2" >&3 &&
+        cat <&3' zk_4lw "$1" "$2" 2>/dev/null </dev/null
+}
+
+# zk_serving PORT: the server answers ruok and has a mode (it serves).
+zk_serving() {
+    [ "$(zk_4lw "$1" ruok)" = imok ] && [[ "$(zk_4lw "$1" srvr)" == *Mode:* ]]
+}
+
+start_zk() {
+    local attempt p i cp dir=$TMP/zk deadline
+    if ! command -v java >/dev/null 2>&1; then
+        echo "FAIL: java is not in PATH: install ZooKeeper and a JRE (e.g." \
+            "apt-get install zookeeper) to run the zk CLI tests" >&2
+        exit 1
+    fi
+    if [ ! -r "$ZK_JAR" ]; then
+        echo "FAIL: $ZK_JAR is missing: install ZooKeeper (e.g." \
+            "apt-get install zookeeper) to run the zk CLI tests" >&2
+        exit 1
+    fi
+    cp=$ZK_CONF_DIR:$ZK_JAR
+    if [ -r "${ZK_LOG_JARS%%:*}" ] && [ -r "${ZK_LOG_JARS#*:}" ]; then
+        cp=$cp:$ZK_LOG_JARS
+    fi
+    for ((attempt = 0; attempt < 3; attempt++)); do
+        # a free loopback port: nothing answers on it
+        p=
+        for ((i = 0; i < 100; i++)); do
+            local cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+            if ! (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null; then
+                p=$cand
+                break
+            fi
+        done
+        if [ -z "$p" ]; then
+            continue
+        fi
+        rm -rf "$dir"
+        mkdir -p "$dir/data"
+        # tickTime 200: sessions of 400 ms to 60 s, expiry checked every tick
+        cat >"$dir/zoo.cfg" <<EOF
+tickTime=200
+dataDir=$dir/data
+clientPort=$p
+clientPortAddress=127.0.0.1
+minSessionTimeout=400
+maxSessionTimeout=60000
+4lw.commands.whitelist=*
+admin.enableServer=false
+forceSync=no
+EOF
+        java -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+            -Djava.net.preferIPv4Stack=true -cp "$cp" \
+            "-Dzookeeper.log.dir=$dir" -Dzookeeper.root.logger=INFO,CONSOLE \
+            org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" \
+            >"$dir/zk.log" 2>&1 </dev/null &
+        ZK_PID=$!
+        # a JVM takes seconds to start: up to 60 s
+        deadline=$(($(now_ms) + 60000))
+        for ((i = 0; i < 600 && $(now_ms) < deadline; i++)); do
+            if ! kill -0 "$ZK_PID" 2>/dev/null; then
+                break # exited: the port was taken after all?
+            fi
+            if zk_serving "$p"; then
+                ZK_PORT=$p
+                return 0
+            fi
+            sleep 0.1
+        done
+        kill -KILL "$ZK_PID" 2>/dev/null
+        wait "$ZK_PID" 2>/dev/null
+        ZK_PID=
+    done
+    echo "FAIL: the ZooKeeper server did not start; the end of its log:" >&2
+    tail -n 30 "$dir/zk.log" 2>/dev/null | sed 's/^/  | /' >&2
+    exit 1
+}
+
+case $KIND in
+redis)
     start_redis
     export DLOCK_STORE="redis://127.0.0.1:$REDIS_PORT"
-else
+    ;;
+zk)
+    start_zk
+    export DLOCK_STORE="zk://127.0.0.1:$ZK_PORT/dlock-cli"
+    # a binary built without the zk store would fail every check below
+    dl status zkProbeL
+    if [ "$RC" -ne 0 ]; then
+        echo "FAIL: dlock status on $DLOCK_STORE exited $RC (built without" \
+            "the zk store? see DLOCK_WITH_ZK):" "$(cat "$TMP/err")" >&2
+        exit 1
+    fi
+    ;;
+*)
     export DLOCK_STORE="file://$TMP/locks"
-fi
+    ;;
+esac
 echo "# store: $DLOCK_STORE"
 
 # --------------------------------------------------------------------------
@@ -326,6 +440,17 @@ if [ "$RC" -ne 0 ] && ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
 else
     fail "store password: exit $RC or printed: $(cat "$TMP/out" "$TMP/err")"
 fi
+if [ "$KIND" = zk ]; then
+    # nothing listens on port 1: a store error in bounded time, not a hang
+    expect_rc 69 "unreachable zk" -- status --store zk://127.0.0.1:1/x usageL
+    expect_rc 69 "run on unreachable zk" -- run --wait 1s --store zk://127.0.0.1:1/x usageL -- true
+    dl status --store 'zk://u:Pw9Secret@127.0.0.1:1/x' usageL
+    if [ "$RC" -ne 0 ] && ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+        pass "zk password not printed (exit $RC)"
+    else
+        fail "zk password: exit $RC or printed: $(cat "$TMP/out" "$TMP/err")"
+    fi
+fi
 # --store wins over DLOCK_STORE
 dl status --store "file://$TMP/other" storeL
 if [ "$RC" -eq 0 ] && grep -q "store: *file://$TMP/other" "$TMP/out"; then
@@ -391,12 +516,17 @@ if [[ $tok3 =~ ^[0-9]+$ ]] && ((10#$tok3 > 10#$tok2)); then
 else
     fail "third token '$tok3' is not greater than the second '$tok2'"
 fi
-# the status shows the last token once free
+# the status shows the last token once free (zk keeps none: token 0)
 dl status --json envL
-if grep -q "\"held\":false" "$TMP/out" && grep -q "\"token\":${tok3}[,}]" "$TMP/out"; then
-    pass "status shows the last token $tok3"
+if [ "$KIND" = zk ]; then
+    want_tok=0
 else
-    fail "status after release: expected held false and token $tok3: $(cat "$TMP/out")"
+    want_tok=$tok3
+fi
+if grep -q "\"held\":false" "$TMP/out" && grep -q "\"token\":${want_tok}[,}]" "$TMP/out"; then
+    pass "status shows the last token $want_tok"
+else
+    fail "status after release: expected held false and token $want_tok: $(cat "$TMP/out")"
 fi
 
 # inherited DLOCK_NAME / DLOCK_TOKEN are replaced, not duplicated
@@ -470,6 +600,26 @@ if wait_held mxL "$holder"; then
         pass "status --json while held"
     else
         fail "status --json while held: exit $RC: $(cat "$TMP/out")"
+    fi
+    if [ "$KIND" = zk ]; then
+        # no lease: the lock lives as long as the holder's session; the
+        # token is the holder node's czxid, the one the holder was given
+        dl status mxL
+        if [ "$RC" -eq 0 ] && grep -q '^lease:    none' "$TMP/out" &&
+            grep -q "^holder:   .*pid ${holder}[^0-9]" "$TMP/out"; then
+            pass "zk status: the holder, no lease"
+        else
+            fail "zk status while held: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+        fi
+        wait_file "$TMP/tok.mx"
+        htok=$(cat "$TMP/tok.mx" 2>/dev/null)
+        dl status --json mxL
+        if [ "$RC" -eq 0 ] && grep -q '"ttl_ms":-1[,}]' "$TMP/out" &&
+            [[ $htok =~ ^[1-9][0-9]*$ ]] && grep -q "\"token\":${htok}[,}]" "$TMP/out"; then
+            pass "zk status --json: ttl_ms -1, token = the holder's DLOCK_TOKEN $htok"
+        else
+            fail "zk status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
+        fi
     fi
 
     expect_rc 75 "--wait 0 while held" -- run --wait 0 mxL -- true
@@ -551,6 +701,115 @@ else
 fi
 
 # --------------------------------------------------------------------------
+# The queue in status (zk only: always first come, first served, and the
+# store lists the waiters)
+# --------------------------------------------------------------------------
+
+# queue_pids FILE: the pids in FILE's queue (status or status --json
+# output), in the order shown, one per line.
+queue_pids() {
+    if grep -q '^{' "$1"; then
+        sed -n 's/.*"queue":\[\(.*\)\]}$/\1/p' "$1"
+    else
+        grep '^  [0-9][0-9]*\. ' "$1"
+    fi | grep -o ' pid [0-9][0-9]*' | sed 's/^ pid //'
+}
+
+# wait_queued NAME PID...: waits (at most 10 s) until `status --json NAME`
+# shows exactly the PIDs as its waiters, in that order; fails early if the
+# last PID exits. Returns 0 once it does.
+wait_queued() {
+    local name=$1 i want
+    shift
+    want=$(printf '%s\n' "$@")
+    for ((i = 0; i < 100; i++)); do
+        if "${BOUND[@]}" "$DLOCK" status --json "$name" >"$TMP/q.json" \
+            2>/dev/null </dev/null &&
+            [ "$(queue_pids "$TMP/q.json")" = "$want" ]; then
+            return 0
+        fi
+        if ! kill -0 "${!#}" 2>/dev/null; then
+            return 1
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+if [ "$KIND" = zk ]; then
+    REL=$TMP/release.q
+    # the holder keeps the lock until $REL appears (at most 30 s)
+    hold_cmd='i=0
+while [ ! -e "$REL" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done'
+    REL=$REL bg_dlock qh run queueL -- sh -c "$hold_cmd"
+    qholder=$BG
+    qwaiters=()
+    if wait_held queueL "$qholder"; then
+        # each waiter starts only once the one before shows in the queue
+        for n in 1 2 3; do
+            bg_dlock "qw$n" run queueL -- true
+            qwaiters+=("$BG")
+            if ! wait_queued queueL "${qwaiters[@]}"; then
+                fail "waiter $n (pid $BG) never showed in the queue after" \
+                    "${qwaiters[*]:0:n-1}: $(cat "$TMP/q.json")"
+                show "$TMP/bg.qw$n.err"
+                break
+            fi
+        done
+        if [ "${#qwaiters[@]}" -eq 3 ]; then
+            want=$(printf '%s\n' "${qwaiters[@]}")
+            dl status queueL
+            if [ "$RC" -eq 0 ] && grep -q "^holder:   .*pid ${qholder}[^0-9]" "$TMP/out" &&
+                grep -q '^waiters:  3$' "$TMP/out" &&
+                [ "$(queue_pids "$TMP/out")" = "$want" ]; then
+                pass "status: the holder and 3 waiters in arrival order"
+            else
+                fail "status: expected holder pid $qholder, waiters" \
+                    "${qwaiters[*]} in that order: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+            fi
+            dl status --json queueL
+            if [ "$RC" -eq 0 ] && grep -q "\"holder\":\"[^\"]*pid ${qholder}[^0-9]" "$TMP/out" &&
+                grep -q '"waiters":3,' "$TMP/out" &&
+                [ "$(queue_pids "$TMP/out")" = "$want" ]; then
+                pass "status --json: the holder and 3 waiters in arrival order"
+            else
+                fail "status --json: expected holder pid $qholder, waiters" \
+                    "${qwaiters[*]} in that order: exit $RC: $(cat "$TMP/out")"
+            fi
+        fi
+    else
+        fail "queueL never showed as held"
+        show "$TMP/bg.qh.err"
+    fi
+    # let them all finish
+    touch "$REL"
+    okq=0
+    for n in "${!qwaiters[@]}"; do
+        wait_exit "${qwaiters[n]}" 10
+        if [ "$WRC" = 0 ]; then
+            okq=$((okq + 1))
+        else
+            fail "queue waiter $((n + 1)): exit $WRC"
+            show "$TMP/bg.qw$((n + 1)).err"
+        fi
+    done
+    wait_exit "$qholder" 10
+    if [ "$WRC" = 0 ] && [ "$okq" -eq 3 ]; then
+        pass "the queue's holder and 3 waiters all ran and exited 0"
+    elif [ "$WRC" != 0 ]; then
+        fail "queue holder: exit $WRC"
+        show "$TMP/bg.qh.err"
+    fi
+    dl status --json queueL
+    if [ "$RC" -eq 0 ] && grep -q '"held":false' "$TMP/out" &&
+        grep -q '"waiters":0,' "$TMP/out"; then
+        pass "queueL free with no waiters afterwards"
+    else
+        fail "queueL afterwards: exit $RC: $(cat "$TMP/out")"
+    fi
+fi
+
+# --------------------------------------------------------------------------
 # Signals reach the command
 # --------------------------------------------------------------------------
 
@@ -609,8 +868,22 @@ else
 fi
 
 # --------------------------------------------------------------------------
-# Lock loss (redis only: the file store has no lease to lose)
+# Lock loss (redis and zk: the file store has no lease to lose)
 # --------------------------------------------------------------------------
+
+# wait_free NAME SECONDS: waits (at most SECONDS) until the store says NAME
+# is free. Returns 0 when it is.
+wait_free() {
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        if "${BOUND[@]}" "$DLOCK" status --json "$1" 2>/dev/null </dev/null |
+            grep -q '"held":false'; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
 
 if [ "$KIND" = redis ]; then
     bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
@@ -665,6 +938,125 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
         show "$TMP/bg.stub.err"
         kill -KILL "$stubpid" 2>/dev/null
     fi
+elif [ "$KIND" = zk ]; then
+    # The server frozen: the holder's connection stays down, and once it has
+    # been down for a third of the session timeout (--ttl) the hold is
+    # declared lost. The server stays frozen until dlock exits (at most 20 s).
+    bg_dlock lost run --ttl 3s --kill-after 2s lostL -- sleep 30
+    lostpid=$BG
+    if wait_held lostL "$lostpid"; then
+        t0=$(now_ms)
+        kill -STOP "$ZK_PID"
+        wait_exit "$lostpid" 20
+        dt=$(($(now_ms) - t0))
+        kill -CONT "$ZK_PID"
+        if [ "$WRC" = 76 ]; then
+            pass "server frozen: lost lock, exit 76 after ${dt} ms"
+        else
+            fail "server frozen: exit $WRC (after ${dt} ms), expected 76"
+        fi
+        if grep -qi "lost" "$TMP/bg.lost.err"; then
+            pass "server frozen: stderr says lost"
+        else
+            fail "server frozen: stderr does not mention 'lost'"
+        fi
+        if [ "$WRC" != 76 ] || ! grep -qi lost "$TMP/bg.lost.err"; then
+            show "$TMP/bg.lost.err"
+        fi
+    else
+        fail "lostL never held"
+        show "$TMP/bg.lost.err"
+        kill -KILL "$lostpid" 2>/dev/null
+    fi
+    for ((i = 0; i < 100; i++)); do
+        zk_serving "$ZK_PORT" && break
+        sleep 0.1
+    done
+    if zk_serving "$ZK_PORT" && wait_free lostL 10; then
+        pass "server serves again after SIGCONT; lostL free"
+    else
+        fail "after SIGCONT: the server does not serve, or lostL is still held"
+    fi
+
+    # The holder frozen for longer than its ttl: the server expires its
+    # session and frees the lock; another process takes it; the holder,
+    # thawed, learns its session expired: exit 76.
+    bg_dlock froze run --ttl 1s --kill-after 2s frozeL -- sleep 30
+    frozepid=$BG
+    if wait_held frozeL "$frozepid"; then
+        t0=$(now_ms)
+        kill -STOP "$frozepid"
+        if wait_free frozeL 15; then
+            pass "holder frozen: the server freed the lock after $(($(now_ms) - t0)) ms"
+        else
+            fail "holder frozen: frozeL still held after 15 s (ttl 1s)"
+        fi
+        expect_rc 0 "another process takes the lock of the frozen holder" -- \
+            run --wait 10s frozeL -- true
+        kill -CONT "$frozepid"
+        wait_exit "$frozepid" 10
+        if [ "$WRC" = 76 ] && grep -qi lost "$TMP/bg.froze.err"; then
+            pass "holder thawed: lost lock, exit 76"
+        else
+            fail "holder thawed: exit $WRC, expected 76 and 'lost' on stderr"
+            show "$TMP/bg.froze.err"
+        fi
+    else
+        fail "frozeL never held"
+        show "$TMP/bg.froze.err"
+    fi
+    kill -CONT "$frozepid" 2>/dev/null
+
+    # a command that ignores SIGTERM is killed after --kill-after
+    stubborn='trap "" TERM; : > "$READY"; i=0
+while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
+    rm -f "$TMP/ready"
+    READY=$TMP/ready bg_dlock stub run --ttl 1s --kill-after 500ms stubL -- \
+        sh -c "$stubborn"
+    stubpid=$BG
+    if wait_held stubL "$stubpid" && wait_file "$TMP/ready"; then
+        kill -STOP "$stubpid"
+        wait_free stubL 15 # the server expired its session
+        kill -CONT "$stubpid"
+        wait_exit "$stubpid" 8
+        if [ "$WRC" = 76 ]; then
+            pass "lost lock, command ignoring SIGTERM: killed, exit 76"
+        else
+            fail "lost lock, command ignoring SIGTERM: exit $WRC, expected 76"
+            show "$TMP/bg.stub.err"
+        fi
+    else
+        fail "stubL never held"
+        show "$TMP/bg.stub.err"
+    fi
+    kill -CONT "$stubpid" 2>/dev/null
+    kill -KILL "$stubpid" 2>/dev/null
+
+    # no lease, but a SIGKILLed holder's session ends: the lock is free
+    # again within its ttl (the session timeout)
+    bg_dlock crash run --ttl 1s crashL -- sleep 30
+    crashpid=$BG
+    if wait_held crashL "$crashpid"; then
+        kill -KILL "$crashpid"
+        wait "$crashpid" 2>/dev/null
+        t0=$(now_ms)
+        dl run --wait 10s crashL -- true
+        dt=$(($(now_ms) - t0))
+        if [ "$RC" -eq 0 ]; then
+            pass "a SIGKILLed holder's lock taken over after ${dt} ms (ttl 1s)"
+        else
+            fail "a SIGKILLed holder's lock: run --wait 10s exited $RC after ${dt} ms"
+            show "$TMP/out" "$TMP/err"
+        fi
+    else
+        fail "crashL never held"
+        show "$TMP/bg.crash.err"
+        kill -KILL "$crashpid" 2>/dev/null
+    fi
+
+    # a ttl below the server's minSessionTimeout (400 ms) is clamped
+    expect_rc 0 "--ttl 100ms (clamped by the server)" -- \
+        run --ttl 100ms ttlL -- sleep 0.5
 else
     echo "skip lock loss (the file store has no lease)"
 fi
