@@ -1144,7 +1144,7 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
         ops[i] = call_start(zs, s, C_GET, path, NULL, 0, 0, &zrc);
     }
     if (n > 1) {
-        out->queue = calloc((size_t)(n - 1), sizeof(char *));
+        out->queue = calloc((size_t)n, sizeof(char *));
         if (!out->queue)
             rc = dlock__err(DLOCK_ENOMEM, "out of memory");
     }
@@ -1162,14 +1162,20 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
         } else if (zrc != ZNONODE && rc == DLOCK_OK) {
             rc = zk_error(zs, "reading a lock node", zrc);
         }
-        if (i == 0 && zrc == ZOK) {
+        /* Nodes deleted since the listing are skipped: the first one still
+         * there holds the lock (every lower one is gone, every newer one
+         * is higher), the rest wait. So held, holder, waiters and queue
+         * always agree, even in the middle of a hand-off. */
+        if (zrc != ZOK) {
+            /* gone, or unreadable: not part of the answer */
+        } else if (!out->held) {
             out->held = 1;
             snprintf(out->holder, sizeof(out->holder), "%s", desc);
             out->token = (uint64_t)ops[i]->stat.czxid;
             out->held_ms = nowwall - ops[i]->stat.ctime;
             if (out->held_ms < 0)
                 out->held_ms = 0;
-        } else if (i > 0 && out->queue && zrc != ZNONODE) {
+        } else if (out->queue) {
             char *d = strdup(desc);
             if (!d && rc == DLOCK_OK)
                 rc = dlock__err(DLOCK_ENOMEM, "out of memory");
@@ -1178,6 +1184,9 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
         }
         op_put(ops[i]);
     }
+    out->waiters = (int64_t)out->queue_len;
+    if (n > 1 && !out->queue)
+        out->waiters = n - 1; /* out of memory: the count from the list */
     free(ops);
     op_put(kids);
     return rc;
