@@ -1,8 +1,9 @@
 #!/bin/sh
 # install-deps.sh GROUP... -- installs the Debian packages dlock needs for
 # the given groups, when they are missing (apt-get; as root, or with sudo).
-#   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client
-#   test      redis-server and zookeeper (started by the tests themselves,
+#   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client,
+#             libcurl and cJSON (etcd)
+#   test      redis-server, zookeeper and etcd (started by the tests themselves,
 #             never as system services)
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
@@ -12,11 +13,11 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
-    bench) pkgs="$pkgs redis-server redis-tools zookeeper" ;;
+    bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac
 done
@@ -58,7 +59,7 @@ $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -q --no-install-recommends $missing >/dev/null
 if [ -d /run/systemd/system ]; then
-    for svc in redis-server zookeeper; do
+    for svc in redis-server zookeeper etcd; do
         case " $missing " in
         *" $svc "*) $SUDO systemctl disable --now $svc >/dev/null 2>&1 || true ;;
         esac

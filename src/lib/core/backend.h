@@ -158,6 +158,9 @@ extern const dlock__backend dlock__backend_redis;
 #ifdef DLOCK_HAVE_ZK
 extern const dlock__backend dlock__backend_zk;
 #endif
+#ifdef DLOCK_HAVE_ETCD
+extern const dlock__backend dlock__backend_etcd;
+#endif
 
 /* The backend for a URI scheme; NULL when unknown. *built is 0 for a known
  * store that this build does not include. */

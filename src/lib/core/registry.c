@@ -26,10 +26,15 @@ static const struct {
 #else
     {"zk", NULL},
 #endif
-    /* stores planned but not yet written */
-    {"redlock", NULL},
+#ifdef DLOCK_HAVE_ETCD
+    {"etcd", &dlock__backend_etcd},
+    {"etcds", &dlock__backend_etcd},
+#else
     {"etcd", NULL},
     {"etcds", NULL},
+#endif
+    /* stores planned but not yet written */
+    {"redlock", NULL},
     {"postgres", NULL},
     {"postgresql", NULL},
     {"mysql", NULL},
