@@ -26,6 +26,8 @@ static const char usage[] =
     "$XDG_RUNTIME_DIR/dlock (or /tmp/dlock-$UID). URIs:\n"
     "  file:///dir   redis://[user:pass@]host[:port][/db][?prefix=P]\n"
     "  unix:///path/redis.sock\n"
+    "  zk://host:port[,host:port...][/chroot]\n"
+    "  etcd://[user:pass@]host:port[,host:port...][?prefix=P]   (etcds:// TLS)\n"
     "\n"
     "See 'dlock help run', 'dlock help status' and man dlock.\n";
 
