@@ -404,6 +404,7 @@ static int pick_key(etcd_store *es, const dlock__lease *l, etcd_hold *eh)
     return DLOCK_OK;
 }
 
+/* Makes the timer fire by `at` at the latest; es->mu held. */
 static void arm_timer(etcd_store *es, int64_t at);
 
 /* The key must still be deleted: the background thread will. It stays
@@ -419,12 +420,11 @@ static void orphan_add(etcd_store *es, const char *key, size_t len)
         o->next_try = dlock__now_ms() + 100;
         o->next = es->orphans;
         es->orphans = o;
+        arm_timer(es, o->next_try);
     } else {
         slot_drop(es, key, len); /* cannot remember it: the lease ends it */
     }
     pthread_mutex_unlock(&es->mu);
-    if (o)
-        arm_timer(es, o->next_try);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -876,8 +876,8 @@ static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
     pthread_mutex_lock(&es->mu);
     el->next = es->leases;
     es->leases = el;
-    pthread_mutex_unlock(&es->mu);
     arm_timer(es, el->next_ka);
+    pthread_mutex_unlock(&es->mu);
     return el;
 }
 
@@ -1597,12 +1597,13 @@ static void etcd_loop_run(void *st, int readable)
     for (etcd_orphan *o = es->orphans; o; o = o->next)
         if (o->next_try < next)
             next = o->next_try;
-    pthread_mutex_unlock(&es->mu);
-    /* the timer may hold a later time than `next` from before: reset it */
+    /* the timer may hold a later time than `next` from before: reset it.
+     * Under es->mu, so that a lease added since is armed after this. */
     struct itimerspec off;
     memset(&off, 0, sizeof(off));
     timerfd_settime(es->timer_fd, 0, &off, NULL);
     arm_timer(es, next);
+    pthread_mutex_unlock(&es->mu);
 }
 
 /* ------------------------------------------------------------------------ */
