@@ -725,6 +725,375 @@ long long th_zk_stat(const char *answer, const char *key)
     return -1;
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* etcd members                                                              */
+/* ------------------------------------------------------------------------ */
+
+static const char *find_in_path(const char *name, char *found, size_t cap)
+{
+    const char *path = getenv("PATH");
+
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t len = strcspn(path, ":");
+        snprintf(found, cap, "%.*s/%s", (int)len, len ? path : ".", name);
+        if (access(found, X_OK) == 0)
+            return found;
+        path += len + (path[len] == ':');
+    }
+    return NULL;
+}
+
+int th_etcd_available(void)
+{
+    char a[1024], b[1024];
+    return find_in_path("etcd", a, sizeof(a)) &&
+           find_in_path("etcdctl", b, sizeof(b));
+}
+
+int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
+                 char *out, size_t cap)
+{
+    struct sockaddr_in a;
+    struct pollfd p;
+    char req[8192], resp[65536];
+    int s, total = 0, status = -1;
+    int64_t until = th_now_ms() + 3000;
+
+    if (out && cap)
+        out[0] = '\0';
+    s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0)
+        return -1;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)e->port[i]);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(s, (struct sockaddr *)&a, sizeof(a)) != 0 &&
+        errno != EINPROGRESS) {
+        close(s);
+        return -1;
+    }
+    p.fd = s;
+    p.events = POLLOUT;
+    if (poll(&p, 1, 1000) != 1 || !(p.revents & POLLOUT)) {
+        close(s);
+        return -1;
+    }
+    int n = snprintf(req, sizeof(req),
+                     "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+                     "Content-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     body ? "POST" : "GET", path, body ? strlen(body) : 0,
+                     body ? body : "");
+    if (send(s, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        close(s);
+        return -1;
+    }
+    for (;;) {
+        int64_t left = until - th_now_ms();
+        if (left <= 0)
+            break;
+        p.events = POLLIN;
+        if (poll(&p, 1, (int)left) != 1)
+            break;
+        ssize_t r = recv(s, resp + total, sizeof(resp) - 1 - (size_t)total,
+                         0);
+        if (r <= 0)
+            break;
+        total += (int)r;
+        if ((size_t)total >= sizeof(resp) - 1)
+            break;
+    }
+    close(s);
+    resp[total] = '\0';
+    if (total > 12 && !strncmp(resp, "HTTP/1.", 7)) {
+        status = atoi(resp + 9);
+        const char *b = strstr(resp, "\r\n\r\n");
+        if (out && cap)
+            snprintf(out, cap, "%s", b ? b + 4 : "");
+    }
+    return status;
+}
+
+static int etcd_healthy(th_etcd *e, int i)
+{
+    char out[256];
+    return th_etcd_http(e, i, "/health", NULL, out, sizeof(out)) == 200 &&
+           strstr(out, "\"true\"") != NULL;
+}
+
+static void etcd_spawn(th_etcd *e, int i, int fresh)
+{
+    static char bin[1024];
+    char name[16], data[600], log[700], client[64], peer[64], cluster[512];
+    char *argv[32];
+    int k = 0;
+    pid_t parent = getpid(), pid;
+    size_t o = 0;
+
+    if (!bin[0] && !find_in_path("etcd", bin, sizeof(bin)))
+        th_fail(__FILE__, __LINE__, "etcd not found: apt-get install "
+                                    "etcd-server etcd-client");
+    snprintf(name, sizeof(name), "m%d", i);
+    snprintf(data, sizeof(data), "%s/data", e->dir[i]);
+    snprintf(log, sizeof(log), "%s/etcd.log", e->dir[i]);
+    snprintf(client, sizeof(client), "http://127.0.0.1:%d", e->port[i]);
+    snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", e->peer[i]);
+    for (int m = 0; m < e->n; m++)
+        o += (size_t)snprintf(cluster + o, sizeof(cluster) - o,
+                              "%sm%d=http://127.0.0.1:%d", m ? "," : "", m,
+                              e->peer[m]);
+    argv[k++] = "etcd";
+    argv[k++] = "--name";
+    argv[k++] = name;
+    argv[k++] = "--data-dir";
+    argv[k++] = data;
+    argv[k++] = "--listen-client-urls";
+    argv[k++] = client;
+    argv[k++] = "--advertise-client-urls";
+    argv[k++] = client;
+    argv[k++] = "--listen-peer-urls";
+    argv[k++] = peer;
+    argv[k++] = "--initial-advertise-peer-urls";
+    argv[k++] = peer;
+    argv[k++] = "--initial-cluster";
+    argv[k++] = cluster;
+    argv[k++] = "--initial-cluster-state";
+    argv[k++] = fresh ? "new" : "existing";
+    argv[k++] = "--heartbeat-interval=50";
+    argv[k++] = "--election-timeout=500";
+    argv[k++] = "--log-level=warn";
+    argv[k] = NULL;
+
+    mkdir(e->dir[i], 0700);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        setsid();
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        dup2(null, 0);
+        dup2(out >= 0 ? out : null, 1);
+        dup2(out >= 0 ? out : null, 2);
+        if (chdir(e->dir[i]) != 0)
+            _exit(1);
+        execv(bin, argv);
+        _exit(127);
+    }
+    e->pid[i] = pid;
+    track(pid, 1);
+}
+
+static int etcd_exited(th_etcd *e, int i)
+{
+    int st;
+
+    if (e->pid[i] <= 0)
+        return 1;
+    if (waitpid(e->pid[i], &st, WNOHANG) != e->pid[i])
+        return 0;
+    track(e->pid[i], 0);
+    e->pid[i] = 0;
+    return 1;
+}
+
+/* 0 when every member in mask is healthy; -1 when one exited. */
+static int etcd_wait_healthy(th_etcd *e, unsigned mask, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+    unsigned ready = 0;
+
+    while (th_now_ms() < until) {
+        for (int i = 0; i < e->n; i++) {
+            if (!(mask & (1u << i)) || (ready & (1u << i)))
+                continue;
+            if (etcd_exited(e, i))
+                return -1;
+            if (etcd_healthy(e, i))
+                ready |= 1u << i;
+        }
+        if (ready == mask)
+            return 0;
+        th_sleep_ms(50);
+    }
+    th_fail(__FILE__, __LINE__, "etcd did not become healthy within %lld ms "
+            "(see %s/etcd.log)", (long long)timeout_ms, e->dir[0]);
+}
+
+void th_etcd_start(th_etcd *e, int n)
+{
+    static int seq;
+
+    if (n != 1 && n != 3)
+        th_fail(__FILE__, __LINE__, "th_etcd_start: 1 or 3 members, not %d",
+                n);
+    if (!th_etcd_available())
+        th_fail(__FILE__, __LINE__, "etcd/etcdctl not found: apt-get "
+                                    "install etcd-server etcd-client");
+    for (int attempt = 0; attempt < 5; attempt++) {
+        memset(e, 0, sizeof(*e));
+        e->n = n;
+        for (int i = 0; i < n; i++) {
+            int p;
+            for (int k = 0; k < 2; k++) {
+                int clash;
+                do {
+                    p = th_free_port();
+                    clash = 0;
+                    for (int m = 0; m <= i; m++)
+                        clash |= e->port[m] == p || e->peer[m] == p;
+                } while (clash);
+                if (k == 0)
+                    e->port[i] = p;
+                else
+                    e->peer[i] = p;
+            }
+        }
+        for (int i = 0; i < n; i++)
+            snprintf(e->dir[i], sizeof(e->dir[i]), "%s/etcd%d-%d",
+                     th_tmpdir(), seq, i);
+        seq++;
+        for (int i = 0; i < n; i++)
+            etcd_spawn(e, i, 1);
+        if (etcd_wait_healthy(e, (1u << n) - 1, 60000) == 0) {
+            size_t o = 0;
+            for (int i = 0; i < n; i++)
+                o += (size_t)snprintf(e->hosts + o, sizeof(e->hosts) - o,
+                                      "%s127.0.0.1:%d", i ? "," : "",
+                                      e->port[i]);
+            return;
+        }
+        for (int i = 0; i < n; i++)
+            th_etcd_kill(e, i, SIGKILL);
+    }
+    th_fail(__FILE__, __LINE__, "etcd did not start (see %s/etcd.log)",
+            e->dir[0]);
+}
+
+void th_etcd_kill(th_etcd *e, int i, int sig)
+{
+    if (i < 0 || i >= e->n || e->pid[i] <= 0)
+        return;
+    kill(e->pid[i], sig);
+    if (sig == SIGSTOP || sig == SIGCONT)
+        return;
+    if (sig != SIGKILL) {
+        kill(e->pid[i], SIGCONT);
+        for (int k = 0; k < 200 && !etcd_exited(e, i); k++)
+            th_sleep_ms(50);
+        if (e->pid[i] <= 0)
+            return;
+        kill(e->pid[i], SIGKILL);
+    }
+    waitpid(e->pid[i], NULL, 0);
+    track(e->pid[i], 0);
+    e->pid[i] = 0;
+}
+
+void th_etcd_restart(th_etcd *e, int i)
+{
+    if (e->pid[i] > 0)
+        th_fail(__FILE__, __LINE__, "etcd member %d is running", i);
+    for (int attempt = 0; attempt < 20; attempt++) {
+        etcd_spawn(e, i, 0);
+        if (etcd_wait_healthy(e, 1u << i, 60000) == 0)
+            return;
+        th_sleep_ms(250);
+    }
+    th_fail(__FILE__, __LINE__, "etcd member %d did not restart (see "
+            "%s/etcd.log)", i, e->dir[i]);
+}
+
+/* A decimal string field "name":"123" of a JSON text, or -1. */
+static long long json_num(const char *json, const char *name)
+{
+    char key[64];
+    const char *p;
+
+    snprintf(key, sizeof(key), "\"%s\":", name);
+    p = strstr(json, key);
+    if (!p)
+        return -1;
+    p += strlen(key);
+    if (*p == '"')
+        p++;
+    return strtoll(p, NULL, 10);
+}
+
+int th_etcd_leader(th_etcd *e)
+{
+    for (int i = 0; i < e->n; i++) {
+        char out[2048];
+        if (e->pid[i] <= 0 ||
+            th_etcd_http(e, i, "/v3/maintenance/status", "{}", out,
+                         sizeof(out)) != 200)
+            continue;
+        long long leader = json_num(out, "leader");
+        long long me = json_num(out, "member_id");
+        if (leader > 0 && leader == me)
+            return i;
+    }
+    return -1;
+}
+
+int th_etcd_wait_leader(th_etcd *e, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+    int l;
+
+    while ((l = th_etcd_leader(e)) < 0 && th_now_ms() < until)
+        th_sleep_ms(50);
+    return l;
+}
+
+int th_etcdctl(th_etcd *e, char *out, size_t cap, const char *fmt, ...)
+{
+    char args[4096], cmd[5000], eps[512];
+    size_t o = 0, got = 0;
+    va_list ap;
+    FILE *f;
+    int st;
+
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    for (int i = 0; i < e->n; i++)
+        o += (size_t)snprintf(eps + o, sizeof(eps) - o, "%shttp://127.0.0.1:%d",
+                              i ? "," : "", e->port[i]);
+    snprintf(cmd, sizeof(cmd),
+             "ETCDCTL_API=3 timeout 20 etcdctl --endpoints=%s "
+             "--dial-timeout=2s --command-timeout=5s %s 2>&1",
+             eps, args);
+    fflush(stdout);
+    fflush(stderr);
+    f = popen(cmd, "r");
+    if (!f)
+        th_fail(__FILE__, __LINE__, "popen: %s", strerror(errno));
+    if (out && cap) {
+        out[0] = '\0';
+        size_t r;
+        while (got + 1 < cap && (r = fread(out + got, 1, cap - 1 - got, f)) > 0)
+            got += r;
+        out[got] = '\0';
+    }
+    {
+        char sink[512];
+        while (fread(sink, 1, sizeof(sink), f) > 0)
+            ;
+    }
+    st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
 #ifdef TH_ZK_CLIENT
 #include <zookeeper/zookeeper.h>
 

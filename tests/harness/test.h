@@ -179,6 +179,49 @@ int th_zk_4lw(th_zk *z, int i, const char *cmd, char *out, size_t cap);
  * "zk_watch_count" in mntr: blanks after the key are skipped), or -1. */
 long long th_zk_stat(const char *answer, const char *key);
 
+
+/* --- private etcd members (Debian's etcd-server and etcd-client) ---
+ * One member or a 3-member cluster, every port a free loopback port, each
+ * member's data in its own directory under th_tmpdir() (its output in
+ * DIR/etcd.log). --heartbeat-interval=50 --election-timeout=500: leases
+ * may be as short as 1 s, elections take about a second. Killed at exit;
+ * they also die with the thread that started them (PR_SET_PDEATHSIG):
+ * call these from the main thread only. */
+#define TH_ETCD_MAX 3
+typedef struct th_etcd {
+    int n;                   /* 1 or 3 */
+    int port[TH_ETCD_MAX];   /* client ports */
+    int peer[TH_ETCD_MAX];   /* peer ports */
+    pid_t pid[TH_ETCD_MAX];  /* 0: not running */
+    char dir[TH_ETCD_MAX][512];
+    char hosts[256];         /* "127.0.0.1:p1,127.0.0.1:p2,..." */
+} th_etcd;
+
+/* 1 when the etcd and etcdctl binaries are installed. */
+int th_etcd_available(void);
+/* Starts `n` (1 or 3) members and waits (at most 60 s) until each is
+ * healthy. Fails the test if they cannot start. */
+void th_etcd_start(th_etcd *e, int n);
+/* Sends `sig` to member i; SIGSTOP/SIGCONT return at once, any other
+ * signal waits for the exit (SIGKILL after 10 s). */
+void th_etcd_kill(th_etcd *e, int i, int sig);
+/* Starts member i again (same ports and data); waits until it serves,
+ * which in a cluster needs a quorum. */
+void th_etcd_restart(th_etcd *e, int i);
+/* Index of the member that is leader, or -1 (none answers or no leader). */
+int th_etcd_leader(th_etcd *e);
+int th_etcd_wait_leader(th_etcd *e, int64_t timeout_ms);
+/* POSTs `body` to member i's gateway path ("/v3/kv/range"); copies the
+ * answer body into out. Returns the HTTP status, or -1 (no answer within
+ * about 3 s). */
+int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
+                 char *out, size_t cap);
+/* Runs `etcdctl --endpoints=<every member> ARGS` (printf-style, given to
+ * the shell) with a 20 s limit; copies its output (stdout and stderr) into
+ * out and returns its exit status. */
+int th_etcdctl(th_etcd *e, char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 #ifdef TH_ZK_CLIENT
 /* A direct ZooKeeper client (libzookeeper_mt) for looking behind the
  * store's back; only in builds that have the zk store. th_zk_connect()
