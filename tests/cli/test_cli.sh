@@ -5,27 +5,28 @@
 #
 # test_cli.sh -- the dlock command-line tool, through its real binary.
 #
-#   bash test_cli.sh /path/to/dlock file|redis|zk
+#   bash test_cli.sh /path/to/dlock file|redis|zk|etcd
 #
 # "redis" starts a private redis-server (from PATH) on a free loopback port
 # in a temporary directory and stops it on exit; "zk" likewise a private
 # standalone ZooKeeper server (java from PATH, /usr/share/java/zookeeper.jar:
-# Debian's zookeeper package). Every wait is bounded; the whole script takes
+# Debian's zookeeper package); "etcd" a private etcd member (Debian's
+# etcd-server; etcdctl from etcd-client). Every wait is bounded; the whole script takes
 # well under a minute. Each failed assertion prints a
 # "FAIL:" line; the exit status is 1 if any failed, 0 otherwise.
 
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|zk" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|zk|etcd" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis | zk) ;;
+file | redis | zk | etcd) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file', 'redis' or 'zk', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis', 'zk' or 'etcd', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -41,6 +42,8 @@ REDIS_PID=
 REDIS_PORT=
 ZK_PID=
 ZK_PORT=
+ETCD_PID=
+ETCD_PORT=
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-cli-XXXXXX") || {
     echo "FAIL: mktemp -d failed" >&2
     exit 1
@@ -58,6 +61,10 @@ cleanup() {
     if [ -n "$ZK_PID" ]; then
         kill -KILL "$ZK_PID" 2>/dev/null # also when SIGSTOPped
         wait "$ZK_PID" 2>/dev/null
+    fi
+    if [ -n "$ETCD_PID" ]; then
+        kill -KILL "$ETCD_PID" 2>/dev/null
+        wait "$ETCD_PID" 2>/dev/null
     fi
     if [ -z "${DLOCK_TEST_KEEP:-}" ]; then
         rm -rf "$TMP"
@@ -334,6 +341,80 @@ EOF
     exit 1
 }
 
+# etcd_serving PORT: the member says it is healthy (at most 3 s).
+etcd_serving() {
+    local b=()
+    if command -v timeout >/dev/null 2>&1; then
+        b=(timeout -k 1 3)
+    fi
+    "${b[@]}" bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" &&
+        printf "GET /health HTTP/1.0\r\n\r\n" >&3 && cat <&3' etcd_serving "$1" \
+        2>/dev/null </dev/null | grep -q '"health":"true"'
+}
+
+start_etcd() {
+    local attempt p q i dir=$TMP/etcd deadline
+    if ! command -v etcd >/dev/null 2>&1 || ! command -v etcdctl >/dev/null 2>&1; then
+        echo "FAIL: etcd/etcdctl are not in PATH (apt-get install" \
+            "etcd-server etcd-client) to run the etcd CLI tests" >&2
+        exit 1
+    fi
+    for ((attempt = 0; attempt < 3; attempt++)); do
+        p=
+        q=
+        for ((i = 0; i < 200; i++)); do
+            local cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+            if ! (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null; then
+                if [ -z "$p" ]; then
+                    p=$cand
+                elif [ "$cand" != "$p" ]; then
+                    q=$cand
+                    break
+                fi
+            fi
+        done
+        if [ -z "$q" ]; then
+            continue
+        fi
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        etcd --name cli --data-dir "$dir/data" \
+            --listen-client-urls "http://127.0.0.1:$p" \
+            --advertise-client-urls "http://127.0.0.1:$p" \
+            --listen-peer-urls "http://127.0.0.1:$q" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$q" \
+            --initial-cluster "cli=http://127.0.0.1:$q" \
+            --heartbeat-interval=50 --election-timeout=500 --log-level=warn \
+            >"$dir/etcd.log" 2>&1 </dev/null &
+        ETCD_PID=$!
+        deadline=$(($(now_ms) + 60000))
+        for ((i = 0; i < 600 && $(now_ms) < deadline; i++)); do
+            if ! kill -0 "$ETCD_PID" 2>/dev/null; then
+                break
+            fi
+            if etcd_serving "$p"; then
+                ETCD_PORT=$p
+                return 0
+            fi
+            sleep 0.1
+        done
+        kill -KILL "$ETCD_PID" 2>/dev/null
+        wait "$ETCD_PID" 2>/dev/null
+        ETCD_PID=
+    done
+    echo "FAIL: etcd did not start; the end of its log:" >&2
+    tail -n 30 "$dir/etcd.log" 2>/dev/null | sed 's/^/  | /' >&2
+    exit 1
+}
+
+# The server of a consensus store (zk, etcd): its pid, and whether it serves.
+store_pid() {
+    if [ "$KIND" = zk ]; then echo "$ZK_PID"; else echo "$ETCD_PID"; fi
+}
+store_serving() {
+    if [ "$KIND" = zk ]; then zk_serving "$ZK_PORT"; else etcd_serving "$ETCD_PORT"; fi
+}
+
 case $KIND in
 redis)
     start_redis
@@ -347,6 +428,16 @@ zk)
     if [ "$RC" -ne 0 ]; then
         echo "FAIL: dlock status on $DLOCK_STORE exited $RC (built without" \
             "the zk store? see DLOCK_WITH_ZK):" "$(cat "$TMP/err")" >&2
+        exit 1
+    fi
+    ;;
+etcd)
+    start_etcd
+    export DLOCK_STORE="etcd://127.0.0.1:$ETCD_PORT?prefix=dlock-cli"
+    dl status etcdProbeL
+    if [ "$RC" -ne 0 ]; then
+        echo "FAIL: dlock status on $DLOCK_STORE exited $RC (built without" \
+            "the etcd store? see DLOCK_WITH_ETCD):" "$(cat "$TMP/err")" >&2
         exit 1
     fi
     ;;
@@ -431,7 +522,7 @@ else
     fail "unknown store: message does not name foo: $(cat "$TMP/err")"
 fi
 expect_rc 64 "malformed store URI" -- status --store nope usageL
-expect_rc 69 "store not built" -- run --store etcd://h:1/x usageL -- true
+expect_rc 69 "store not built" -- run --store postgres://u@h:1/x usageL -- true
 expect_rc 69 "unreachable redis" -- status --store redis://127.0.0.1:1 usageL
 # a password in a bad URI is not printed
 dl status --store 'redis://u:Pw9Secret@127.0.0.1:1' usageL
@@ -449,6 +540,24 @@ if [ "$KIND" = zk ]; then
         pass "zk password not printed (exit $RC)"
     else
         fail "zk password: exit $RC or printed: $(cat "$TMP/out" "$TMP/err")"
+    fi
+fi
+if [ "$KIND" = etcd ]; then
+    expect_rc 69 "unreachable etcd" -- status --store etcd://127.0.0.1:1 usageL
+    expect_rc 69 "run on unreachable etcd" -- run --wait 1s --store etcd://127.0.0.1:1 usageL -- true
+    dl status --store 'etcd://u:Pw9Secret@127.0.0.1:1' usageL
+    if [ "$RC" -ne 0 ] && ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+        pass "etcd password not printed (exit $RC)"
+    else
+        fail "etcd password: exit $RC or printed: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    # a wrong password on a server with auth is refused in words, unprinted
+    dl status --store "etcd://root:Pw9Secret@127.0.0.1:$ETCD_PORT" usageL
+    if [ "$RC" -eq 69 ] && grep -q "authentication is not enabled" "$TMP/err" &&
+        ! grep -q Pw9Secret "$TMP/err"; then
+        pass "etcd: auth against a server without auth is explained"
+    else
+        fail "etcd auth without server auth: exit $RC: $(cat "$TMP/err")"
     fi
 fi
 # --store wins over DLOCK_STORE
@@ -516,9 +625,9 @@ if [[ $tok3 =~ ^[0-9]+$ ]] && ((10#$tok3 > 10#$tok2)); then
 else
     fail "third token '$tok3' is not greater than the second '$tok2'"
 fi
-# the status shows the last token once free (zk keeps none: token 0)
+# the status shows the last token once free (zk and etcd keep none: token 0)
 dl status --json envL
-if [ "$KIND" = zk ]; then
+if [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
     want_tok=0
 else
     want_tok=$tok3
@@ -621,6 +730,25 @@ if wait_held mxL "$holder"; then
             fail "zk status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
         fi
     fi
+    if [ "$KIND" = etcd ]; then
+        # the holder's lease left, and its key's create revision as token
+        dl status mxL
+        if [ "$RC" -eq 0 ] && grep -q '^lease:    [0-9.]*s left' "$TMP/out" &&
+            grep -q "^holder:   .*pid ${holder}[^0-9]" "$TMP/out"; then
+            pass "etcd status: the holder and its lease left"
+        else
+            fail "etcd status while held: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+        fi
+        wait_file "$TMP/tok.mx"
+        htok=$(cat "$TMP/tok.mx" 2>/dev/null)
+        dl status --json mxL
+        if [ "$RC" -eq 0 ] && grep -q '"ttl_ms":[1-9][0-9]*[,}]' "$TMP/out" &&
+            [[ $htok =~ ^[1-9][0-9]*$ ]] && grep -q "\"token\":${htok}[,}]" "$TMP/out"; then
+            pass "etcd status --json: ttl_ms > 0, token = the holder's DLOCK_TOKEN $htok"
+        else
+            fail "etcd status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
+        fi
+    fi
 
     expect_rc 75 "--wait 0 while held" -- run --wait 0 mxL -- true
     if grep -q "held" "$TMP/err"; then
@@ -701,8 +829,8 @@ else
 fi
 
 # --------------------------------------------------------------------------
-# The queue in status (zk only: always first come, first served, and the
-# store lists the waiters)
+# The queue in status (zk and etcd: always first come, first served, and
+# the store lists the waiters)
 # --------------------------------------------------------------------------
 
 # queue_pids FILE: the pids in FILE's queue (status or status --json
@@ -736,7 +864,7 @@ wait_queued() {
     return 1
 }
 
-if [ "$KIND" = zk ]; then
+if [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
     REL=$TMP/release.q
     # the holder keeps the lock until $REL appears (at most 30 s)
     hold_cmd='i=0
@@ -868,7 +996,7 @@ else
 fi
 
 # --------------------------------------------------------------------------
-# Lock loss (redis and zk: the file store has no lease to lose)
+# Lock loss (redis, zk and etcd: the file store has no lease to lose)
 # --------------------------------------------------------------------------
 
 # wait_free NAME SECONDS: waits (at most SECONDS) until the store says NAME
@@ -938,18 +1066,19 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
         show "$TMP/bg.stub.err"
         kill -KILL "$stubpid" 2>/dev/null
     fi
-elif [ "$KIND" = zk ]; then
+elif [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
     # The server frozen: the holder's connection stays down, and once it has
     # been down for a third of the session timeout (--ttl) the hold is
-    # declared lost. The server stays frozen until dlock exits (at most 20 s).
+    # declared lost (etcd: no keepalive answered for 2/3 of the lease). The
+    # server stays frozen until dlock exits (at most 20 s).
     bg_dlock lost run --ttl 3s --kill-after 2s lostL -- sleep 30
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
         t0=$(now_ms)
-        kill -STOP "$ZK_PID"
+        kill -STOP "$(store_pid)"
         wait_exit "$lostpid" 20
         dt=$(($(now_ms) - t0))
-        kill -CONT "$ZK_PID"
+        kill -CONT "$(store_pid)"
         if [ "$WRC" = 76 ]; then
             pass "server frozen: lost lock, exit 76 after ${dt} ms"
         else
@@ -969,10 +1098,10 @@ elif [ "$KIND" = zk ]; then
         kill -KILL "$lostpid" 2>/dev/null
     fi
     for ((i = 0; i < 100; i++)); do
-        zk_serving "$ZK_PORT" && break
+        store_serving && break
         sleep 0.1
     done
-    if zk_serving "$ZK_PORT" && wait_free lostL 10; then
+    if store_serving && wait_free lostL 10; then
         pass "server serves again after SIGCONT; lostL free"
     else
         fail "after SIGCONT: the server does not serve, or lostL is still held"
@@ -1054,8 +1183,9 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
         kill -KILL "$crashpid" 2>/dev/null
     fi
 
-    # a ttl below the server's minSessionTimeout (400 ms) is clamped
-    expect_rc 0 "--ttl 100ms (clamped by the server)" -- \
+    # a ttl below the server's minimum (zk: minSessionTimeout 400 ms; etcd:
+    # whole seconds, at least 1 s here) is raised
+    expect_rc 0 "--ttl 100ms (raised by the server)" -- \
         run --ttl 100ms ttlL -- sleep 0.5
 else
     echo "skip lock loss (the file store has no lease)"
