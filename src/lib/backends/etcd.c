@@ -673,6 +673,7 @@ static int request(etcd_store *es, const char *path, const char *body,
             if (!j && status != 200)
                 snprintf(why, sizeof(why), "HTTP status %ld", status);
             cJSON_Delete(j);
+            msg = msg ? why : NULL; /* j is gone; why holds its copy */
             if (msg && strstr(msg, "lease not found")) {
                 rc = ETCD_NOLEASE;
                 break;

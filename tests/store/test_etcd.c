@@ -1,0 +1,750 @@
+/*
+ * test_etcd.c -- what only the etcd store does, against real etcd members:
+ * the key layout of etcd's own mutex (and `etcdctl lock` excluding dlock
+ * both ways), create-revision tokens, first come first served across
+ * processes, a release costing a constant number of requests however many
+ * wait (no herd), a waiter that gives up leaving nothing behind, the lease
+ * (revoked from outside: lost; extend moving the key to another lease),
+ * two threads of one client on one name, names with '/' and '%', endpoint
+ * failover, auth, bad URIs, and a 3-member cluster losing its leader (the
+ * hold survives, the waiters follow) and then its majority (DLOCK_ECONN,
+ * the holder told it lost).
+ *
+ * Most tests share one member (uri etcd://127.0.0.1:PORT?prefix=etcdtest);
+ * the tests that stop members or enable auth start their own. etcdctl
+ * (th_etcdctl) and the gateway (th_etcd_http) look behind the store's back.
+ */
+#include "test.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static th_etcd srv;
+static char uri[400];
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+static dlock_client *client(void)
+{
+    return client_at(uri);
+}
+
+static volatile int lost_seen;
+static volatile uint64_t lost_token;
+
+static void on_lost(dlock *l, uint64_t token, void *arg)
+{
+    (void)l;
+    (void)arg;
+    lost_token = token;
+    __atomic_store_n(&lost_seen, 1, __ATOMIC_SEQ_CST);
+}
+
+static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
+                     dlock_lost_cb cb)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.on_lost = cb;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+/* The keys under `prefix` (etcdctl get --prefix --keys-only), one per
+ * line in out; returns how many. */
+static int keys_under(th_etcd *e, const char *prefix, char *out, size_t cap)
+{
+    int n = 0;
+
+    CHECK_EQ(th_etcdctl(e, out, cap, "get --prefix --keys-only '%s'",
+                        prefix), 0);
+    for (const char *p = out; *p; p++)
+        if (*p == '\n' && p > out && p[-1] != '\n')
+            n++;
+    return n;
+}
+
+static long long json_field(const char *json, const char *name)
+{
+    char key[64];
+    const char *p;
+
+    snprintf(key, sizeof(key), "\"%s\":", name);
+    p = strstr(json, key);
+    if (!p)
+        return -1;
+    p += strlen(key);
+    if (*p == '"')
+        p++;
+    return strtoll(p, NULL, 10);
+}
+
+/* A counter of member `member`'s /metrics ("etcd_debugging_mvcc_range_total"). */
+static long long metric(th_etcd *e, int member, const char *name)
+{
+    static char buf[1 << 20];
+    size_t n = strlen(name);
+
+    CHECK_EQ(th_etcd_http(e, member, "/metrics", NULL, buf, sizeof(buf)),
+             200);
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
+        if (!strncmp(line, name, n) && line[n] == ' ')
+            return (long long)strtod(line + n + 1, NULL);
+    th_fail(__FILE__, __LINE__, "no metric %s", name);
+}
+
+/* --- keys, tokens, interoperation --- */
+
+TEST(key_layout_is_etcds_mutex)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "layout", 0, NULL);
+    char out[4096], want[64], hex[32];
+
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_EQ(keys_under(&srv, "etcdtest/layout/", out, sizeof(out)), 1);
+    CHECK_CONTAINS(out, "etcdtest/layout/");
+    /* the last path component is the lease id in lowercase hex */
+    snprintf(hex, sizeof(hex), "%s",
+             strrchr(strtok(out, "\n"), '/') + 1);
+    CHECK(strspn(hex, "0123456789abcdef") == strlen(hex));
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out), "lease list"), 0);
+    long long id = strtoll(hex, NULL, 16);
+    snprintf(want, sizeof(want), "%llx", id);
+    CHECK_CONTAINS(out, want);
+    /* value: owner, then the description with our pid */
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out),
+                        "get --prefix --print-value-only etcdtest/layout/"),
+             0);
+    snprintf(want, sizeof(want), "pid %d ", (int)getpid());
+    CHECK_CONTAINS(out, want);
+    /* token = the key's create revision */
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out),
+                        "get --prefix -w json etcdtest/layout/"), 0);
+    CHECK_EQ(json_field(out, "create_revision"), (long long)dlock_token(l));
+    uint64_t t1 = dlock_token(l);
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(keys_under(&srv, "etcdtest/layout/", out, sizeof(out)), 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, t1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static int etcdctl_holds(void *arg)
+{
+    const char *secs = arg;
+    char out[256];
+    /* etcdctl lock runs `sleep` while holding the lock */
+    return th_etcdctl(&srv, out, sizeof(out), "lock etcdtest/interop sleep %s",
+                      secs);
+}
+
+TEST(etcdctl_lock_excludes_dlock)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "interop", 0, NULL);
+    dlock_info info;
+    char out[4096];
+
+    pid_t pid = th_fork(etcdctl_holds, (void *)"2");
+    int i;
+    for (i = 0; i < 100; i++) {
+        if (keys_under(&srv, "etcdtest/interop/", out, sizeof(out)) == 1)
+            break;
+        th_sleep_ms(50);
+    }
+    CHECK_OP(i, <, 100);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_inspect(c, "interop", &info));
+    CHECK_EQ(info.held, 1);
+    CHECK_CONTAINS(info.holder, "not dlock");
+    CHECK_OP(info.ttl_ms, >, 0);
+    dlock_info_clear(&info);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(l, 10000)); /* once etcdctl's sleep ends */
+    CHECK_OP(th_now_ms() - t0, >, 500);
+    CHECK_EQ(th_wait(pid), 0);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+typedef struct {
+    char file[600];
+} interop_out;
+
+static int etcdctl_waits(void *arg)
+{
+    interop_out *o = arg;
+    char out[256];
+    return th_etcdctl(&srv, out, sizeof(out),
+                      "lock etcdtest/interop2 touch %s",
+                      o->file);
+}
+
+TEST(dlock_excludes_etcdctl_lock)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "interop2", 0, NULL);
+    interop_out *o = th_shared(sizeof(*o));
+    char out[4096];
+    FILE *f;
+
+    snprintf(o->file, sizeof(o->file), "%s/etcdctl-got", th_tmpdir());
+    CHECK_OK(dlock_acquire(l, 0));
+    pid_t pid = th_fork(etcdctl_waits, o);
+    /* etcdctl queues behind us (its key shows up) but does not run */
+    int i;
+    for (i = 0; i < 100; i++) {
+        if (keys_under(&srv, "etcdtest/interop2/", out, sizeof(out)) == 2)
+            break;
+        th_sleep_ms(50);
+    }
+    CHECK_OP(i, <, 100);
+    th_sleep_ms(700);
+    CHECK(access(o->file, F_OK) != 0);
+    dlock_info info;
+    CHECK_OK(dlock_inspect(c, "interop2", &info));
+    CHECK_EQ(info.waiters, 1);
+    CHECK_EQ(info.queue_len, 1);
+    CHECK_CONTAINS(info.queue[0], "not dlock");
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(th_wait(pid), 0);
+    f = fopen(o->file, "r");
+    CHECK(f != NULL);
+    fclose(f);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- queue --- */
+
+typedef struct {
+    int order[16];
+    int n;
+    int ready;
+} fifo_shared;
+
+typedef struct {
+    fifo_shared *s;
+    int me;
+} fifo_arg;
+
+static int fifo_child(void *arg)
+{
+    fifo_arg *a = arg;
+    dlock_client *c = client();
+    dlock *l = handle(c, "fifo", 0, NULL);
+
+    if (dlock_acquire(l, 20000) != DLOCK_OK)
+        return 1;
+    int k = __atomic_fetch_add(&a->s->n, 1, __ATOMIC_SEQ_CST);
+    a->s->order[k] = a->me;
+    th_sleep_ms(20);
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_OK ? 0 : 2;
+}
+
+static int64_t waiters_of(dlock_client *c, const char *name)
+{
+    dlock_info info;
+    CHECK_OK(dlock_inspect(c, name, &info));
+    int64_t w = info.waiters;
+    dlock_info_clear(&info);
+    return w;
+}
+
+TEST(first_come_first_served_across_processes)
+{
+    enum { N = 5 };
+    fifo_shared *s = th_shared(sizeof(*s));
+    fifo_arg args[N];
+    pid_t pids[N];
+    dlock_client *c = client();
+    dlock *l = handle(c, "fifo", 0, NULL);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    for (int i = 0; i < N; i++) {
+        args[i].s = s;
+        args[i].me = i;
+        pids[i] = th_fork(fifo_child, &args[i]);
+        int k;
+        for (k = 0; k < 200 && waiters_of(c, "fifo") < i + 1; k++)
+            th_sleep_ms(20);
+        CHECK_EQ(waiters_of(c, "fifo"), i + 1);
+    }
+    CHECK_OK(dlock_release(l));
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->n, N);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(s->order[i], i);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static int herd_child(void *arg)
+{
+    (void)arg;
+    dlock_client *c = client();
+    dlock *l = handle(c, "herd", 0, NULL);
+
+    if (dlock_acquire(l, 30000) != DLOCK_OK)
+        return 1;
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_OK ? 0 : 2;
+}
+
+TEST(a_release_wakes_one_waiter_no_herd)
+{
+    enum { N = 20 };
+    pid_t pids[N];
+    dlock_client *c = client();
+    dlock *l = handle(c, "herd", 0, NULL);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    for (int i = 0; i < N; i++)
+        pids[i] = th_fork(herd_child, NULL);
+    int k;
+    for (k = 0; k < 300 && waiters_of(c, "herd") < N; k++)
+        th_sleep_ms(20);
+    CHECK_EQ(waiters_of(c, "herd"), N);
+    long long txn0 = metric(&srv, 0, "etcd_debugging_mvcc_txn_total");
+    long long range0 = metric(&srv, 0, "etcd_debugging_mvcc_range_total");
+    CHECK_OK(dlock_release(l));
+    for (int i = 0; i < N; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    long long txns = metric(&srv, 0, "etcd_debugging_mvcc_txn_total") - txn0;
+    long long ranges =
+        metric(&srv, 0, "etcd_debugging_mvcc_range_total") - range0;
+    /* Each hand-off is the release's compare-and-delete plus, at the end,
+     * each client's lease revocation: a few ranges inside the member (it
+     * counts the reads that compares, deletes and revocations make). A
+     * waiter second in line that sees its predecessor go holds the lock
+     * without looking again. A herd (every waiter looking again at every
+     * release, three ranges a look) would cost over 3*N*N/2 = 600. */
+    printf("     %d hand-offs: %lld transactions, %lld ranges\n", N + 1, txns,
+           ranges);
+    CHECK_OP(txns, <=, 2 * (N + 1));
+    CHECK_OP(ranges, <=, 6 * (N + 1));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(a_waiter_that_gives_up_leaves_no_key)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "giveup", 0, NULL), *lb = handle(b, "giveup", 0,
+                                                          NULL);
+    char out[4096];
+
+    CHECK_OK(dlock_acquire(la, 0));
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
+    CHECK_OP(th_now_ms() - t0, >=, 300);
+    CHECK_OP(th_now_ms() - t0, <, 3000);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_EQ(keys_under(&srv, "etcdtest/giveup/", out, sizeof(out)), 1);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_release(lb));
+    CHECK_EQ(keys_under(&srv, "etcdtest/giveup/", out, sizeof(out)), 0);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* --- threads of one client --- */
+
+typedef struct {
+    dlock *l;
+    int rc;
+} thread_arg;
+
+static void *second_owner(void *arg)
+{
+    thread_arg *t = arg;
+    t->rc = dlock_acquire(t->l, 10000);
+    if (t->rc == DLOCK_OK)
+        t->rc = dlock_release(t->l);
+    return NULL;
+}
+
+TEST(two_threads_of_one_client_queue_with_two_keys)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "threads", 0, NULL);
+    thread_arg t = {l, -100};
+    pthread_t th;
+    char out[4096];
+
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK(pthread_create(&th, NULL, second_owner, &t) == 0);
+    int k;
+    for (k = 0; k < 100 && waiters_of(c, "threads") < 1; k++)
+        th_sleep_ms(20);
+    CHECK_EQ(keys_under(&srv, "etcdtest/threads/", out, sizeof(out)), 2);
+    CHECK_CONTAINS(out, "-1\n"); /* <lease hex> and <lease hex>-1 */
+    th_sleep_ms(200);
+    CHECK_EQ(t.rc, -100); /* still waiting */
+    CHECK_OK(dlock_release(l));
+    pthread_join(th, NULL);
+    CHECK_OK(t.rc);
+    CHECK_EQ(keys_under(&srv, "etcdtest/threads/", out, sizeof(out)), 0);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- names --- */
+
+TEST(names_with_slash_and_percent_are_distinct_locks)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "dir", 0, NULL), *lab = handle(b, "dir/sub", 0,
+                                                         NULL);
+    dlock *lp = handle(b, "50%", 0, NULL);
+    char out[4096];
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OK(dlock_acquire(lab, 0)); /* not a waiter of "dir" */
+    CHECK_OK(dlock_acquire(lp, 0));
+    CHECK_EQ(keys_under(&srv, "etcdtest/dir/", out, sizeof(out)), 1);
+    CHECK_EQ(keys_under(&srv, "etcdtest/dir%2Fsub/", out, sizeof(out)), 1);
+    CHECK_EQ(keys_under(&srv, "etcdtest/50%25/", out, sizeof(out)), 1);
+    CHECK_EQ(waiters_of(b, "dir"), 0);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_release(lab));
+    CHECK_OK(dlock_release(lp));
+    dlock_close(la);
+    dlock_close(lab);
+    dlock_close(lp);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* --- the lease --- */
+
+static void lease_of(const char *prefix, char *hex, size_t cap)
+{
+    char out[4096];
+
+    CHECK_EQ(keys_under(&srv, prefix, out, sizeof(out)), 1);
+    snprintf(hex, cap, "%s", strrchr(strtok(out, "\n"), '/') + 1);
+}
+
+TEST(a_revoked_lease_is_a_lost_lock)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "revoked", 3000, on_lost);
+    dlock *lb = handle(b, "revoked", 0, NULL);
+    char hex[64], out[1024];
+
+    lost_seen = 0;
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    lease_of("etcdtest/revoked/", hex, sizeof(hex));
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out), "lease revoke %s", hex), 0);
+    /* the next keepalive (every ttl/3 = 1 s) learns it */
+    int64_t t0 = th_now_ms();
+    for (int i = 0; i < 300 && !lost_seen; i++)
+        th_sleep_ms(10);
+    CHECK_EQ(lost_seen, 1);
+    CHECK_OP(th_now_ms() - t0, <, 2500);
+    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    CHECK_OK(dlock_acquire(lb, 0)); /* revoking deleted the key */
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    CHECK_EQ(dlock_held(lb), 1); /* la's release did not touch lb's hold */
+    CHECK_OK(dlock_release(lb));
+    /* the client gets a new lease for its next acquisition */
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OP(dlock_token(la), >, tok);
+    char hex2[64];
+    lease_of("etcdtest/revoked/", hex2, sizeof(hex2));
+    CHECK(strcmp(hex, hex2) != 0);
+    CHECK_OK(dlock_release(la));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(extend_to_another_ttl_moves_the_key_to_another_lease)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "moved", 2000, NULL);
+    char out[4096];
+    dlock_info info;
+
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out),
+                        "get --prefix -w json etcdtest/moved/"), 0);
+    long long lease1 = json_field(out, "lease");
+    CHECK_OK(dlock_inspect(c, "moved", &info));
+    CHECK_OP(info.ttl_ms, <=, 2000);
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_extend(l, 9000));
+    CHECK_EQ(dlock_token(l), tok);
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out),
+                        "get --prefix -w json etcdtest/moved/"), 0);
+    CHECK(json_field(out, "lease") != lease1);
+    CHECK_EQ(json_field(out, "create_revision"), (long long)tok);
+    CHECK_OK(dlock_inspect(c, "moved", &info));
+    CHECK_OP(info.ttl_ms, >, 5000);
+    CHECK_EQ(info.token, tok);
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_extend(l, 9000)); /* same ttl: a keepalive */
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(close_revokes_the_clients_leases)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "closing", 0, NULL);
+    char hex[64], out[8192];
+
+    CHECK_OK(dlock_acquire(l, 0));
+    lease_of("etcdtest/closing/", hex, sizeof(hex));
+    dlock_close(l);
+    dlock_client_close(c);
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out), "lease timetolive %s", hex),
+             0);
+    CHECK_CONTAINS(out, "already expired");
+}
+
+/* --- URIs, endpoints, auth --- */
+
+TEST(bad_uris_are_rejected)
+{
+    static const char *const bad[] = {
+        "etcd://",
+        "etcd://127.0.0.1:1/path",
+        "etcd://127.0.0.1:1?bogus=1",
+        "etcd://127.0.0.1:1?timeout=0",
+        "etcd://127.0.0.1:1?timeout=abc",
+        "etcd://127.0.0.1:1?cacert=/x",       /* TLS option without TLS */
+        "etcds://127.0.0.1:1?cert=/x",        /* a cert without its key */
+        "etcds://127.0.0.1:1?cacert=",        /* empty file name */
+        "etcd://user@127.0.0.1:1",            /* user without password */
+        NULL};
+    dlock_client *c = NULL;
+
+    for (int i = 0; bad[i]; i++) {
+        int rc = dlock_client_open(&c, bad[i], NULL);
+        if (rc != DLOCK_EINVAL)
+            th_fail(__FILE__, __LINE__, "%s: %s (%s), expected DLOCK_EINVAL",
+                    bad[i], dlock_errname(rc), dlock_errmsg());
+        CHECK(c == NULL);
+    }
+    /* nothing listens on port 1: a store error, quickly */
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_client_open(&c, "etcd://127.0.0.1:1", NULL), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 3000);
+}
+
+TEST(a_dead_endpoint_is_skipped)
+{
+    char u[512];
+    dlock_client *c;
+
+    snprintf(u, sizeof(u), "etcd://127.0.0.1:1,%s?prefix=etcdtest",
+             srv.hosts);
+    c = client_at(u);
+    dlock *l = handle(c, "failover", 0, NULL);
+    for (int i = 0; i < 5; i++) {
+        CHECK_OK(dlock_acquire(l, 0));
+        CHECK_OK(dlock_release(l));
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(auth_with_user_and_password)
+{
+    th_etcd e;
+    char out[4096], u[512];
+    dlock_client *c = NULL;
+
+    th_etcd_start(&e, 1);
+    CHECK_EQ(th_etcdctl(&e, out, sizeof(out), "user add root:Pw9Secret"), 0);
+    CHECK_EQ(th_etcdctl(&e, out, sizeof(out), "auth enable"), 0);
+
+    snprintf(u, sizeof(u), "etcd://root:Pw9Secret@%s", e.hosts);
+    c = client_at(u);
+    CHECK(strstr(dlock_client_store(c), "Pw9Secret") == NULL);
+    dlock *l = handle(c, "authed", 0, NULL);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+
+    c = NULL;
+    snprintf(u, sizeof(u), "etcd://root:Wrong9Secret@%s", e.hosts);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    CHECK(strstr(dlock_errmsg(), "Wrong9Secret") == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), "root");
+    snprintf(u, sizeof(u), "etcd://%s", e.hosts);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    CHECK(c == NULL);
+    for (int i = 0; i < e.n; i++)
+        th_etcd_kill(&e, i, SIGKILL);
+}
+
+/* --- a 3-member cluster --- */
+
+typedef struct {
+    char uri[400];
+    int order[4];
+    int n;
+    int rc[4];
+} cluster_shared;
+
+typedef struct {
+    cluster_shared *s;
+    int me;
+} cluster_arg;
+
+static int cluster_waiter(void *arg)
+{
+    cluster_arg *a = arg;
+    dlock_client *c = NULL;
+    dlock *l;
+
+    if (dlock_client_open(&c, a->s->uri, NULL) != DLOCK_OK)
+        return 10;
+    l = handle(c, "ha", 5000, NULL);
+    a->s->rc[a->me] = dlock_acquire(l, 40000);
+    if (a->s->rc[a->me] != DLOCK_OK)
+        return 1;
+    int k = __atomic_fetch_add(&a->s->n, 1, __ATOMIC_SEQ_CST);
+    a->s->order[k] = a->me;
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_OK ? 0 : 2;
+}
+
+TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
+{
+    th_etcd e;
+    cluster_shared *s = th_shared(sizeof(*s));
+    cluster_arg args[2];
+    pid_t pids[2];
+
+    th_etcd_start(&e, 3);
+    CHECK_OP(th_etcd_wait_leader(&e, 20000), >=, 0);
+    snprintf(s->uri, sizeof(s->uri), "etcd://%s?prefix=ha", e.hosts);
+    dlock_client *c = client_at(s->uri);
+    dlock_options o;
+    dlock *l;
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 5000;
+    o.on_lost = on_lost;
+    lost_seen = 0;
+    CHECK_OK(dlock_open(&l, c, "ha", &o));
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+    for (int i = 0; i < 2; i++) {
+        args[i].s = s;
+        args[i].me = i;
+        pids[i] = th_fork(cluster_waiter, &args[i]);
+        int k;
+        for (k = 0; k < 200 && waiters_of(c, "ha") < i + 1; k++)
+            th_sleep_ms(20);
+        CHECK_EQ(waiters_of(c, "ha"), i + 1);
+    }
+
+    /* the leader dies: a new one is elected, the lease (renewed by the
+     * election) and the hold survive, the waiters keep waiting */
+    int leader = th_etcd_leader(&e);
+    CHECK_OP(leader, >=, 0);
+    th_etcd_kill(&e, leader, SIGKILL);
+    int next = th_etcd_wait_leader(&e, 20000);
+    CHECK_OP(next, >=, 0);
+    CHECK(next != leader);
+    th_sleep_ms(2500); /* keepalives and watches move to live members */
+    CHECK_EQ(lost_seen, 0);
+    CHECK_OK(dlock_extend(l, 5000));
+    CHECK_EQ(dlock_token(l), tok);
+    CHECK_EQ(s->n, 0); /* nobody else got it meanwhile */
+    CHECK_EQ(waiters_of(c, "ha"), 2);
+    CHECK_OK(dlock_release(l));
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->n, 2);
+    CHECK_EQ(s->order[0], 0);
+    CHECK_EQ(s->order[1], 1);
+
+    /* a majority gone: a holder is told it lost, an acquire fails with
+     * DLOCK_ECONN within its wait (plus one request timeout) */
+    CHECK_OK(dlock_acquire(l, 5000));
+    th_etcd_kill(&e, next, SIGKILL);
+    int64_t t0 = th_now_ms();
+    dlock *other = handle(c, "ha-other", 5000, NULL);
+    int rc = dlock_acquire(other, 3000);
+    CHECK_RC(rc, DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 3000 + 2000 + 1500);
+    for (int i = 0; i < 1000 && !lost_seen; i++)
+        th_sleep_ms(10);
+    CHECK_EQ(lost_seen, 1);
+    /* lost within 2/3 of the 5 s lease after the last keepalive, plus a
+     * keepalive timeout */
+    CHECK_OP(th_now_ms() - t0, <, 5000 + 2500);
+    CHECK_RC(dlock_release(l), DLOCK_ELOST);
+    dlock_close(other);
+    dlock_close(l);
+    dlock_client_close(c);
+    for (int i = 0; i < e.n; i++)
+        th_etcd_kill(&e, i, SIGKILL);
+}
+
+static const th_test tests[] = {
+    T(key_layout_is_etcds_mutex),
+    T(etcdctl_lock_excludes_dlock),
+    T(dlock_excludes_etcdctl_lock),
+    T(first_come_first_served_across_processes),
+    T(a_release_wakes_one_waiter_no_herd),
+    T(a_waiter_that_gives_up_leaves_no_key),
+    T(two_threads_of_one_client_queue_with_two_keys),
+    T(names_with_slash_and_percent_are_distinct_locks),
+    T(a_revoked_lease_is_a_lost_lock),
+    T(extend_to_another_ttl_moves_the_key_to_another_lease),
+    T(close_revokes_the_clients_leases),
+    T(bad_uris_are_rejected),
+    T(a_dead_endpoint_is_skipped),
+    T(auth_with_user_and_password),
+    T(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    if (!th_etcd_available())
+        th_skip("etcd/etcdctl not installed (Debian: etcd-server, "
+                "etcd-client)");
+    th_etcd_start(&srv, 1);
+    snprintf(uri, sizeof(uri), "etcd://%s?prefix=etcdtest", srv.hosts);
+    return th_main(argc, argv, tests);
+}
