@@ -654,8 +654,14 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
     pid_t pids[2];
 
     th_etcd_start(&e, 3);
-    CHECK_OP(th_etcd_wait_leader(&e, 20000), >=, 0);
-    snprintf(s->uri, sizeof(s->uri), "etcd://%s?prefix=ha", e.hosts);
+    int leader = th_etcd_wait_leader(&e, 20000);
+    CHECK_OP(leader, >=, 0);
+    /* the leader first: every client talks to it, and the waiters' watch
+     * streams break when it dies (a broken stream is not a release) */
+    snprintf(s->uri, sizeof(s->uri),
+             "etcd://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d?prefix=ha",
+             e.port[leader], e.port[(leader + 1) % 3],
+             e.port[(leader + 2) % 3]);
     dlock_client *c = client_at(s->uri);
     dlock_options o;
     dlock *l;
@@ -678,8 +684,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
 
     /* the leader dies: a new one is elected, the lease (renewed by the
      * election) and the hold survive, the waiters keep waiting */
-    int leader = th_etcd_leader(&e);
-    CHECK_OP(leader, >=, 0);
+    CHECK_EQ(th_etcd_leader(&e), leader);
     th_etcd_kill(&e, leader, SIGKILL);
     int next = th_etcd_wait_leader(&e, 20000);
     CHECK_OP(next, >=, 0);

@@ -1012,7 +1012,8 @@ static int look(etcd_store *es, etcd_hold *eh, const char *base,
 }
 
 /* Waits until the key pred_b64 is deleted after revision `rev`, the
- * deadline, or the lease's death. 0 deleted (or look again), 2 deadline,
+ * deadline, or the lease's death. 0 deleted, 4 look again (the stream
+ * broke or the server ended the watch: nothing is known), 2 deadline,
  * 3 lease died, or an error. */
 static int watch_pred(etcd_store *es, etcd_hold *eh, const place *p,
                       int64_t deadline)
@@ -1047,8 +1048,12 @@ static int watch_pred(etcd_store *es, etcd_hold *eh, const place *p,
         CURLcode cc = post_once(es, cn, ep, "/v3/watch", body, deadline,
                                 &status);
         cn->ws = NULL;
-        if (ws.deleted || ws.canceled) {
+        if (ws.deleted) {
             rc = 0;
+            break;
+        }
+        if (ws.canceled) {
+            rc = 4;
             break;
         }
         if (eh->lease->dead) {
@@ -1061,13 +1066,14 @@ static int watch_pred(etcd_store *es, etcd_hold *eh, const place *p,
         }
         if (cc == CURLE_OK && status != 200) {
             /* e.g. an auth token that expired: a fresh look decides */
-            rc = 0;
+            rc = 4;
             break;
         }
         /* the stream broke (member down?): look again at once if the watch
-         * had been running, else try the next endpoint first */
+         * had been running, else try the next endpoint first. Never take
+         * a broken stream for the predecessor's deletion. */
         if (ws.created) {
-            rc = 0;
+            rc = 4;
             break;
         }
         if (tries >= 2 * es->nep) {
@@ -1183,6 +1189,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         }
         rc = watch_pred(es, eh, &p, l->deadline);
         if (rc == 0 && p.second && !eh->lease->dead) {
+            /* the head's key was deleted (not merely a broken stream) */
             /* second in line and the head is gone: every key created
              * since is behind us */
             l->token = (uint64_t)eh->rev;
@@ -1197,7 +1204,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             give_up_key(es, eh);
             return 1;
         }
-        if (rc != 0) {
+        if (rc != 0 && rc != 4) {
             give_up_key(es, eh);
             return rc;
         }
