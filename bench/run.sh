@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run.sh BUILD_DIR [--quick] -- runs the benchmarks against a private
 # redis-server (free loopback port, temporary directory, no persistence),
-# a temporary file store and a private standalone ZooKeeper server (free
-# loopback port, temporary directory, no fsync), and writes
+# a temporary file store, a private standalone ZooKeeper server (free
+# loopback port, temporary directory, no fsync) and a private etcd member
+# (free loopback ports, temporary directory), and writes
 # docs/benchmarks.md (--quick: BUILD_DIR/benchmarks-quick.md).
 set -euo pipefail
 build=${1:-build-bench}
@@ -11,9 +12,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlock-bench-XXXXXX")
 pid=
 zkpid=
+etcdpid=
 cleanup() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null
     [ -n "$zkpid" ] && kill "$zkpid" 2>/dev/null
+    [ -n "$etcdpid" ] && kill "$etcdpid" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$tmp"
 }
@@ -106,6 +109,98 @@ else
     kill "$zkpid" 2>/dev/null || true; wait "$zkpid" 2>/dev/null || true; zkpid=
 fi
 
+# --- etcd: one private member (free loopback ports, data in the temp dir)
+etcdport=
+etcd_health() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$etcdport" &&
+        printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && cat <&3) 2>/dev/null |
+        grep -q '"health":"true"'
+}
+start_etcd() {
+    local d=$tmp/etcd peer
+    for _ in $(seq 20); do
+        etcdport=$((20000 + RANDOM % 40000))
+        peer=$((etcdport + 1))
+        (exec 3<>"/dev/tcp/127.0.0.1/$etcdport") 2>/dev/null && continue
+        (exec 3<>"/dev/tcp/127.0.0.1/$peer") 2>/dev/null && continue
+        rm -rf "$d"
+        mkdir -p "$d"
+        etcd --name bench --data-dir "$d/data" \
+            --listen-client-urls "http://127.0.0.1:$etcdport" \
+            --advertise-client-urls "http://127.0.0.1:$etcdport" \
+            --listen-peer-urls "http://127.0.0.1:$peer" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+            --initial-cluster "bench=http://127.0.0.1:$peer" \
+            --heartbeat-interval=50 --election-timeout=500 --log-level=warn \
+            >"$d/etcd.log" 2>&1 &
+        etcdpid=$!
+        for _ in $(seq 300); do
+            etcd_health && return 0
+            kill -0 "$etcdpid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill "$etcdpid" 2>/dev/null || true; wait "$etcdpid" 2>/dev/null || true; etcdpid=
+    done
+    return 1
+}
+
+# us_per_run N CMD...: the mean wall time of one run of CMD, in µs
+us_per_run() {
+    local n=$1 t0 t1
+    shift
+    t0=$(date +%s%N)
+    for _ in $(seq "$n"); do
+        "$@" >/dev/null 2>&1 || { echo "bench: '$*' failed" >&2; return 1; }
+    done
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / n / 1000))
+}
+
+etcdout=$tmp/results-etcd.md
+etcdver=
+if [ ! -x "$build/bench/dlock_bench_etcd" ]; then
+    printf '## etcd\n\nNot measured: dlock_bench_etcd was not built (libcurl4-openssl-dev missing).\n' >"$etcdout"
+elif ! command -v etcd >/dev/null 2>&1 || ! command -v etcdctl >/dev/null 2>&1; then
+    printf '## etcd\n\nNot measured: no etcd (Debian packages etcd-server, etcd-client) on this machine.\n' >"$etcdout"
+elif ! start_etcd; then
+    echo "bench: etcd did not start; its log:" >&2
+    tail -30 "$tmp/etcd/etcd.log" >&2 || true
+    exit 1
+else
+    etcdver=$(etcd --version | sed -n 's/^etcd Version: //p')
+    # shellcheck disable=SC2086
+    if ! "$build/bench/dlock_bench_etcd" "etcd://127.0.0.1:$etcdport?prefix=dlock-bench" $quick >"$etcdout"; then
+        echo "bench: dlock_bench_etcd failed; etcd's log:" >&2
+        tail -30 "$tmp/etcd/etcd.log" >&2 || true
+        exit 1
+    fi
+    # the CLI: a whole command under the lock, dlock beside etcdctl
+    runs=20
+    [ -n "$quick" ] && runs=5
+    ep=127.0.0.1:$etcdport
+    us_per_run 2 "$build/dlock" run --store "etcd://$ep" benchcli true >/dev/null &&
+        us_per_run 2 etcdctl --endpoints="$ep" lock dlock/benchcli true >/dev/null
+    e_us=$(us_per_run "$runs" etcdctl --endpoints="$ep" lock dlock/benchcli true)
+    d_us=$(us_per_run "$runs" "$build/dlock" run --store "etcd://$ep" benchcli true)
+    f_us=$(us_per_run "$runs" true)
+    {
+        echo
+        echo "### The CLI: one whole command under an etcd lock"
+        echo
+        echo "Mean wall time of one run ($runs runs each), in ms: process start,"
+        echo "connect, lease grant, lock, run \`true\`, unlock, lease revoke, exit."
+        echo
+        echo "| command | ms per run | ratio to etcdctl |"
+        echo "|---|---|---|"
+        awk -v e="$e_us" -v d="$d_us" -v f="$f_us" 'BEGIN {
+            printf "| `etcdctl lock dlock/NAME true` | %.1f | 1.00x |\n", e / 1000
+            printf "| `dlock run --store etcd://... NAME true` | %.1f | **%.2fx** |\n", d / 1000, d / e
+            printf "| `true` alone (process start floor) | %.1f | |\n", f / 1000
+        }'
+    } >>"$etcdout"
+    kill "$etcdpid" 2>/dev/null || true; wait "$etcdpid" 2>/dev/null || true; etcdpid=
+fi
+
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
 doc=$root/docs/benchmarks.md
 [ -n "$quick" ] && doc=$build/benchmarks-quick.md
@@ -122,15 +217,23 @@ doc=$root/docs/benchmarks.md
         echo "- zookeeper: server $zkver (standalone, forceSync=no, $(java -version 2>&1 | head -1 | tr -d '"'))," \
              "libzookeeper_mt $(dpkg-query -W -f='${Version}' libzookeeper-mt2 2>/dev/null | sed 's/-.*//')"
     fi
+    if [ -n "$etcdver" ]; then
+        echo "- etcd: $etcdver (one member, data on $(df -P "$tmp" | awk 'NR==2 {print $1}')), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?')," \
+             "cJSON $(pkg-config --modversion libcjson 2>/dev/null || echo '?')"
+    fi
     echo "- dlock: $(git -C "$root" describe --always --dirty 2>/dev/null || echo '?')"
     echo "- command: \`make bench\`${quick:+ (quick mode)}"
     echo
     cat "$out"
     echo
     cat "$zkout"
+    echo
+    cat "$etcdout"
 } >"$doc"
 cat "$out"
 echo
 cat "$zkout"
+echo
+cat "$etcdout"
 echo
 echo "bench: wrote $doc"
