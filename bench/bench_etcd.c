@@ -189,6 +189,7 @@ static const char *get(http *c, const char *path)
 #define FLOOR_DATA "YmVuY2gtZmxvb3IvZGF0YQ==" /* "bench-floor/data" */
 
 static char floor_put[512];
+static char same_put[1024];
 
 static void floor_prepare(http *c)
 {
@@ -205,6 +206,36 @@ static void floor_prepare(http *c)
              "\"%lld\"}}]}",
              lease);
     post(c, "/v3/kv/put", "{\"key\":\"" FLOOR_DATA "\",\"value\":\"eA==\"}");
+    /* range bench-floor/ .. bench-floor0 */
+    snprintf(same_put, sizeof(same_put),
+             "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"" FLOOR_CHILD
+             "\",\"create_revision\":\"0\"}],\"success\":[{\"request_put\":"
+             "{\"key\":\"" FLOOR_CHILD "\",\"value\":\"b3duZXI=\",\"lease\":"
+             "\"%lld\"}},{\"request_range\":{\"key\":\"" FLOOR_KEY "\","
+             "\"range_end\":\"YmVuY2gtZmxvb3Iw\",\"sort_order\":\"DESCEND\","
+             "\"sort_target\":\"CREATE\",\"limit\":\"2\",\"keys_only\":"
+             "true}}]}",
+             lease);
+}
+
+/* dlock's own two requests from the bare client: the put that also reads
+ * the queue's two newest keys, and a delete conditional on the revision */
+static void same_cycle_once(http *c)
+{
+    char del[512];
+    const char *r = post(c, "/v3/kv/txn", same_put);
+    const char *rev = strstr(r, "\"revision\":\"");
+
+    if (!rev)
+        die("same txn", r);
+    snprintf(del, sizeof(del),
+             "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"" FLOOR_CHILD
+             "\",\"create_revision\":\"%lld\"}],\"success\":[{"
+             "\"request_delete_range\":{\"key\":\"" FLOOR_CHILD "\"}}]}",
+             strtoll(rev + 12, NULL, 10));
+    r = post(c, "/v3/kv/txn", del);
+    if (!strstr(r, "\"succeeded\":true"))
+        die("same delete", r);
 }
 
 static void floor_cycle_once(http *c)
@@ -224,11 +255,14 @@ static void floor_rtt_once(http *c)
     post(c, "/v3/kv/range", "{\"key\":\"" FLOOR_DATA "\"}");
 }
 
-static void floor_cycles(http *c, int64_t *ns, int n)
+static void floor_cycles(http *c, int64_t *ns, int n, int same)
 {
     for (int i = 0; i < n; i++) {
         int64_t t0 = now_ns();
-        floor_cycle_once(c);
+        if (same)
+            same_cycle_once(c);
+        else
+            floor_cycle_once(c);
         if (ns)
             ns[i] = now_ns() - t0;
     }
@@ -498,7 +532,8 @@ int main(int argc, char **argv)
     http *c = http_new();
     floor_prepare(c);
     dlock *dl = have_store ? open_lock(dc, "bench-cycle") : NULL;
-    floor_cycles(c, NULL, 200);
+    floor_cycles(c, NULL, 200, 0);
+    floor_cycles(c, NULL, 200, 1);
     if (have_store)
         dlock_cycles(dl, NULL, 200);
 
@@ -521,22 +556,30 @@ int main(int argc, char **argv)
     int per = n / CHUNKS;
     int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
     int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
-    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS];
+    int64_t *sns = malloc(sizeof(int64_t) * (size_t)per);
+    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS], sv[CHUNKS], srv[CHUNKS];
     for (int k = 0; k < CHUNKS; k++) {
         int64_t *f = fns + (size_t)k * per, *d = dns + (size_t)k * per;
-        floor_cycles(c, f, per);
+        floor_cycles(c, f, per, 0);
+        floor_cycles(c, sns, per, 1);
         if (have_store)
             dlock_cycles(dl, d, per);
         fv[k] = summarize(f, per).p50_us;
+        sv[k] = summarize(sns, per).p50_us;
         dv[k] = have_store ? summarize(d, per).p50_us : 0;
         rv[k] = dv[k] / fv[k];
+        srv[k] = dv[k] / sv[k];
     }
+    free(sns);
     http_free(c);
     if (have_store) {
         dlock_close(dl);
         dlock_client_close(dc);
     }
-    double f_med, d_med, r_med, r_min, r_max, x;
+    double f_med, d_med, r_med, r_min, r_max, x, s_med, sr_med, sr_min,
+        sr_max;
+    medrange(sv, &s_med, &x, &x);
+    medrange(srv, &sr_med, &sr_min, &sr_max);
     medrange(fv, &f_med, &x, &x);
     medrange(dv, &d_med, &x, &x);
     medrange(rv, &r_med, &r_min, &r_max);
@@ -548,6 +591,11 @@ int main(int argc, char **argv)
         printf("| uncontended acquire+release, p50 (floor: txn put + "
                "delete) | %.1f | %.1f | **%.2fx** (chunks: %.2f–%.2f) |\n",
                f_med, d_med, r_med, r_min, r_max);
+        printf("| the same, beside dlock's own two requests sent by the "
+               "bare client (txn put + range of the two newest keys; txn "
+               "compare-revision + delete) | %.1f | %.1f | %.2fx (chunks: "
+               "%.2f–%.2f) |\n",
+               s_med, d_med, sr_med, sr_min, sr_max);
         printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx "
                "|\n",
                fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);

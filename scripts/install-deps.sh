@@ -14,7 +14,7 @@ pkgs=""
 for group in "$@"; do
     case $group in
     build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client" ;;

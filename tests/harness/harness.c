@@ -828,8 +828,9 @@ static int etcd_healthy(th_etcd *e, int i)
 static void etcd_spawn(th_etcd *e, int i, int fresh)
 {
     static char bin[1024];
-    char name[16], data[600], log[700], client[64], peer[64], cluster[512];
-    char *argv[32];
+    char name[16], data[600], log[700], client[160], peer[64], cluster[512];
+    char certf[600], keyf[600];
+    char *argv[40];
     int k = 0;
     pid_t parent = getpid(), pid;
     size_t o = 0;
@@ -840,7 +841,12 @@ static void etcd_spawn(th_etcd *e, int i, int fresh)
     snprintf(name, sizeof(name), "m%d", i);
     snprintf(data, sizeof(data), "%s/data", e->dir[i]);
     snprintf(log, sizeof(log), "%s/etcd.log", e->dir[i]);
-    snprintf(client, sizeof(client), "http://127.0.0.1:%d", e->port[i]);
+    if (e->tls_port && i == 0)
+        snprintf(client, sizeof(client),
+                 "http://127.0.0.1:%d,https://127.0.0.1:%d", e->port[i],
+                 e->tls_port);
+    else
+        snprintf(client, sizeof(client), "http://127.0.0.1:%d", e->port[i]);
     snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", e->peer[i]);
     for (int m = 0; m < e->n; m++)
         o += (size_t)snprintf(cluster + o, sizeof(cluster) - o,
@@ -866,6 +872,12 @@ static void etcd_spawn(th_etcd *e, int i, int fresh)
     argv[k++] = "--heartbeat-interval=50";
     argv[k++] = "--election-timeout=500";
     argv[k++] = "--log-level=warn";
+    if (e->tls_port && i == 0) {
+        snprintf(certf, sizeof(certf), "--cert-file=%s", e->cert);
+        snprintf(keyf, sizeof(keyf), "--key-file=%s", e->key);
+        argv[k++] = certf;
+        argv[k++] = keyf;
+    }
     argv[k] = NULL;
 
     mkdir(e->dir[i], 0700);
@@ -929,7 +941,19 @@ static int etcd_wait_healthy(th_etcd *e, unsigned mask, int64_t timeout_ms)
             "(see %s/etcd.log)", (long long)timeout_ms, e->dir[0]);
 }
 
+static void etcd_start(th_etcd *e, int n, const char *cert, const char *key);
+
 void th_etcd_start(th_etcd *e, int n)
+{
+    etcd_start(e, n, NULL, NULL);
+}
+
+void th_etcd_start_tls(th_etcd *e, const char *cert, const char *key)
+{
+    etcd_start(e, 1, cert, key);
+}
+
+static void etcd_start(th_etcd *e, int n, const char *cert, const char *key)
 {
     static int seq;
 
@@ -957,6 +981,15 @@ void th_etcd_start(th_etcd *e, int n)
                 else
                     e->peer[i] = p;
             }
+        }
+        if (cert) {
+            int p;
+            do
+                p = th_free_port();
+            while (p == e->port[0] || p == e->peer[0]);
+            e->tls_port = p;
+            snprintf(e->cert, sizeof(e->cert), "%s", cert);
+            snprintf(e->key, sizeof(e->key), "%s", key);
         }
         for (int i = 0; i < n; i++)
             snprintf(e->dir[i], sizeof(e->dir[i]), "%s/etcd%d-%d",

@@ -195,6 +195,8 @@ typedef struct th_etcd {
     pid_t pid[TH_ETCD_MAX];  /* 0: not running */
     char dir[TH_ETCD_MAX][512];
     char hosts[256];         /* "127.0.0.1:p1,127.0.0.1:p2,..." */
+    int tls_port;            /* th_etcd_start_tls(): member 0's https port */
+    char cert[512], key[512];
 } th_etcd;
 
 /* 1 when the etcd and etcdctl binaries are installed. */
@@ -202,6 +204,10 @@ int th_etcd_available(void);
 /* Starts `n` (1 or 3) members and waits (at most 60 s) until each is
  * healthy. Fails the test if they cannot start. */
 void th_etcd_start(th_etcd *e, int n);
+/* Starts one member that serves clients over plain HTTP (e->port[0], for
+ * health checks and etcdctl) and over TLS (e->tls_port) with the server
+ * certificate and key given (PEM files). */
+void th_etcd_start_tls(th_etcd *e, const char *cert, const char *key);
 /* Sends `sig` to member i; SIGSTOP/SIGCONT return at once, any other
  * signal waits for the exit (SIGKILL after 10 s). */
 void th_etcd_kill(th_etcd *e, int i, int sig);

@@ -6,7 +6,7 @@
  * wait (no herd), a waiter that gives up leaving nothing behind, the lease
  * (revoked from outside: lost; extend moving the key to another lease),
  * two threads of one client on one name, names with '/' and '%', endpoint
- * failover, auth, bad URIs, and a 3-member cluster losing its leader (the
+ * failover, auth, TLS (etcds://, certificates made with openssl), bad URIs, and a 3-member cluster losing its leader (the
  * hold survives, the waiters follow) and then its majority (DLOCK_ECONN,
  * the holder told it lost).
  *
@@ -612,6 +612,72 @@ TEST(auth_with_user_and_password)
         th_etcd_kill(&e, i, SIGKILL);
 }
 
+/* --- TLS --- */
+
+/* A CA, and a certificate for 127.0.0.1 signed by it, made with openssl;
+ * `what` = "srv" or "cli". */
+static void make_cert(const char *dir, const char *what)
+{
+    char cmd[4096];
+
+    snprintf(cmd, sizeof(cmd),
+             "(cd '%s' && { [ -e ca.pem ] || openssl req -x509 -newkey "
+             "rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "
+             "/CN=dlock-test-ca; } && openssl req -newkey rsa:2048 -nodes "
+             "-keyout %s.key -out %s.csr -subj /CN=127.0.0.1 && printf "
+             "'subjectAltName=IP:127.0.0.1\\n' > %s.ext && openssl x509 "
+             "-req -in %s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
+             "%s.pem -days 2 -extfile %s.ext) >/dev/null 2>&1",
+             dir, what, what, what, what, what, what);
+    if (system(cmd) != 0)
+        th_fail(__FILE__, __LINE__,
+                "openssl could not make test certificates (apt-get install "
+                "openssl)");
+}
+
+TEST(tls_with_a_ca_and_a_client_certificate)
+{
+    char dir[600], cert[700], key[700], u[2048];
+    th_etcd e;
+    dlock_client *c = NULL;
+
+    snprintf(dir, sizeof(dir), "%s/tls", th_tmpdir());
+    snprintf(u, sizeof(u), "mkdir -p '%s'", dir);
+    CHECK_EQ(system(u), 0);
+    make_cert(dir, "srv");
+    make_cert(dir, "cli");
+    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
+    snprintf(key, sizeof(key), "%s/srv.key", dir);
+    th_etcd_start_tls(&e, cert, key);
+
+    snprintf(u, sizeof(u), "etcds://127.0.0.1:%d?cacert=%s/ca.pem",
+             e.tls_port, dir);
+    c = client_at(u);
+    dlock *l = handle(c, "tls", 0, NULL);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+
+    snprintf(u, sizeof(u),
+             "etcds://127.0.0.1:%d?cacert=%s/ca.pem&cert=%s/cli.pem&key=%s/"
+             "cli.key",
+             e.tls_port, dir, dir, dir);
+    c = client_at(u);
+    dlock_client_close(c);
+
+    /* the server's certificate is not trusted without our CA */
+    c = NULL;
+    snprintf(u, sizeof(u), "etcds://127.0.0.1:%d", e.tls_port);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+    CHECK_CONTAINS(dlock_errmsg(), "certificate");
+    /* plain HTTP to the TLS port: no answer that makes sense */
+    snprintf(u, sizeof(u), "etcd://127.0.0.1:%d", e.tls_port);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+    CHECK(c == NULL);
+    th_etcd_kill(&e, 0, SIGKILL);
+}
+
 /* --- a 3-member cluster --- */
 
 typedef struct {
@@ -740,6 +806,7 @@ static const th_test tests[] = {
     T(bad_uris_are_rejected),
     T(a_dead_endpoint_is_skipped),
     T(auth_with_user_and_password),
+    T(tls_with_a_ca_and_a_client_certificate),
     T(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum),
     {NULL, NULL, 0},
 };
