@@ -625,6 +625,15 @@ static CURLcode post_once(etcd_store *es, etcd_conn *cn, size_t ep,
 
 static int authenticate(etcd_store *es, etcd_conn *cn, int64_t deadline);
 
+/* TLS failures that a retry cannot mend (certificates, protocol). */
+static int tls_refused(CURLcode cc)
+{
+    return cc == CURLE_PEER_FAILED_VERIFICATION ||
+           cc == CURLE_SSL_CACERT_BADFILE || cc == CURLE_SSL_CERTPROBLEM ||
+           cc == CURLE_SSL_CONNECT_ERROR || cc == CURLE_SSL_CIPHER ||
+           cc == CURLE_SSL_ISSUER_ERROR || cc == CURLE_SSL_CRL_BADFILE;
+}
+
 /*
  * POSTs `body` to `path` and parses the answer into *out (freed by the
  * caller with cJSON_Delete). Tries every endpoint while time is left.
@@ -657,6 +666,13 @@ static int request(etcd_store *es, const char *path, const char *body,
             snprintf(why, sizeof(why), "%s",
                      cn->errbuf[0] ? cn->errbuf : curl_easy_strerror(cc));
             next = 1;
+            /* a certificate refused is not a member that is down: trying
+             * again will not help; give every endpoint one chance */
+            if (tls_refused(cc) && tries + 1 >= es->nep) {
+                rc = dlock__err(DLOCK_ECONN, "etcd %s: %s: %s", es->redacted,
+                                what, why);
+                break;
+            }
         } else {
             cJSON *j = cJSON_ParseWithLength(cn->resp.p ? cn->resp.p : "",
                                              cn->resp.n);
@@ -790,6 +806,8 @@ static int authenticate(etcd_store *es, etcd_conn *cn, int64_t deadline)
         } else {
             snprintf(why, sizeof(why), "%s",
                      cn->errbuf[0] ? cn->errbuf : curl_easy_strerror(cc));
+            if (tls_refused(cc) && i + 1 >= es->nep)
+                break;
         }
         pthread_mutex_lock(&es->mu);
         if (es->cur == ep)
