@@ -1184,9 +1184,11 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
     fi
 
     # a ttl below the server's minimum (zk: minSessionTimeout 400 ms; etcd:
-    # whole seconds, at least 1 s here) is raised
+    # whole seconds, at least 1 s here) is raised. (The command is short:
+    # a 400 ms ZooKeeper session on a loaded machine, under ASan, can be
+    # lost for real, and that is not what this checks.)
     expect_rc 0 "--ttl 100ms (raised by the server)" -- \
-        run --ttl 100ms ttlL -- sleep 0.5
+        run --ttl 100ms ttlL -- sleep 0.15
 else
     echo "skip lock loss (the file store has no lease)"
 fi

@@ -902,11 +902,16 @@ static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
 
 static void lease_put(etcd_store *es, etcd_lease *el)
 {
+    int wake;
+
     pthread_mutex_lock(&es->mu);
     if (--el->refs == 0)
         el->idle_since = dlock__now_ms();
+    /* read under the mutex: once unused and dead, the client thread may
+     * free it at any moment */
+    wake = el->refs == 0 && el->dead;
     pthread_mutex_unlock(&es->mu);
-    if (el->dead)
+    if (wake)
         dlock__loop_wake(es->client); /* revoke it soon */
 }
 
