@@ -202,6 +202,8 @@ else
 fi
 
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
+# before the document is rewritten (that alone would make the tree dirty)
+rev=$(git -C "$root" describe --always --dirty 2>/dev/null || echo '?')
 doc=$root/docs/benchmarks.md
 [ -n "$quick" ] && doc=$build/benchmarks-quick.md
 {
@@ -221,7 +223,7 @@ doc=$root/docs/benchmarks.md
         echo "- etcd: $etcdver (one member, data on $(df -P "$tmp" | awk 'NR==2 {print $1}')), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?')," \
              "cJSON $(pkg-config --modversion libcjson 2>/dev/null || echo '?')"
     fi
-    echo "- dlock: $(git -C "$root" describe --always --dirty 2>/dev/null || echo '?')"
+    echo "- dlock: $rev"
     echo "- command: \`make bench\`${quick:+ (quick mode)}"
     echo
     cat "$out"
