@@ -1286,7 +1286,7 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
 {
     th_zk e;
     char u[400];
-    const int64_t ttl = 6000;
+    const int64_t ttl = 9000; /* T/3 = 3 s: a loaded 2-core machine may take 2 s to elect */
     dlock_client *a, *obs, *wc[2], *late;
     ens_waiter w[2];
     pthread_t th[2];
