@@ -2,7 +2,7 @@
 # install-deps.sh GROUP... -- installs the Debian packages dlock needs for
 # the given groups, when they are missing (apt-get; as root, or with sudo).
 #   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client,
-#             libcurl and cJSON (etcd)
+#             libcurl and cJSON (etcd), SQLite
 #   test      redis-server, zookeeper and etcd (started by the tests themselves,
 #             never as system services)
 #   asan      clang and its sanitizer runtime
@@ -13,8 +13,8 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client" ;;

@@ -28,6 +28,7 @@ static const char usage[] =
     "  unix:///path/redis.sock\n"
     "  zk://host:port[,host:port...][/chroot]\n"
     "  etcd://[user:pass@]host:port[,host:port...][?prefix=P]   (etcds:// TLS)\n"
+    "  sqlite:///path/to/file.db[?table=T]\n"
     "\n"
     "See 'dlock help run', 'dlock help status' and man dlock.\n";
 

@@ -5,7 +5,7 @@
 #
 # test_cli.sh -- the dlock command-line tool, through its real binary.
 #
-#   bash test_cli.sh /path/to/dlock file|redis|zk|etcd
+#   bash test_cli.sh /path/to/dlock file|redis|zk|etcd|sqlite
 #
 # "redis" starts a private redis-server (from PATH) on a free loopback port
 # in a temporary directory and stops it on exit; "zk" likewise a private
@@ -18,15 +18,15 @@
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|zk|etcd" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|zk|etcd|sqlite" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis | zk | etcd) ;;
+file | redis | zk | etcd | sqlite) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file', 'redis', 'zk' or 'etcd', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis', 'zk', 'etcd' or 'sqlite', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -440,6 +440,9 @@ etcd)
             "the etcd store? see DLOCK_WITH_ETCD):" "$(cat "$TMP/err")" >&2
         exit 1
     fi
+    ;;
+sqlite)
+    export DLOCK_STORE="sqlite://$TMP/locks.db"
     ;;
 *)
     export DLOCK_STORE="file://$TMP/locks"
@@ -1189,6 +1192,36 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
     # lost for real, and that is not what this checks.)
     expect_rc 0 "--ttl 100ms (raised by the server)" -- \
         run --ttl 100ms ttlL -- sleep 0.15
+elif [ "$KIND" = sqlite ]; then
+    # another owner takes the row over behind dlock's back: the watchdog's
+    # next extend (every ttl/3) finds it, dlock stops the command: 76
+    bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
+    lostpid=$BG
+    if wait_held lostL "$lostpid"; then
+        n=$(python3 -c 'import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], timeout=5)
+n = db.execute("UPDATE dlock_locks SET owner = ?, lock_until = 0 WHERE name = CAST(? AS BLOB)", ("intruder", "lostL")).rowcount
+db.commit()
+print(n)' "$TMP/locks.db" 2>&1)
+        if [ "$n" = 1 ]; then
+            pass "took the lock row over behind dlock's back"
+        else
+            fail "UPDATE of the lostL row answered '$n'"
+        fi
+        t0=$(now_ms)
+        wait_exit "$lostpid" 6
+        dt=$(($(now_ms) - t0))
+        if [ "$WRC" = 76 ] && grep -qi lost "$TMP/bg.lost.err"; then
+            pass "sqlite: lost lock, exit 76 after ${dt} ms"
+        else
+            fail "sqlite: lost lock: exit $WRC (after ${dt} ms), expected 76 and 'lost'"
+            show "$TMP/bg.lost.err"
+        fi
+    else
+        fail "lostL never held"
+        show "$TMP/bg.lost.err"
+        kill -KILL "$lostpid" 2>/dev/null
+    fi
 else
     echo "skip lock loss (the file store has no lease)"
 fi

@@ -1,12 +1,13 @@
 /*
  * test_contract.c -- the behaviour every store must give.
  *
- *   test_contract file|redis|zk|etcd [filter]
+ *   test_contract file|redis|zk|etcd|sqlite [filter]
  *
  * "redis" starts a private redis-server; "zk" a private standalone
  * ZooKeeper server (uri zk://127.0.0.1:PORT/dlocktest); "etcd" a private
- * etcd member (uri etcd://127.0.0.1:PORT?prefix=dlocktest); "file" uses a
- * temporary directory. Tests that need a lock to end without its holder's
+ * etcd member (uri etcd://127.0.0.1:PORT?prefix=dlocktest); "sqlite" a
+ * database file in a temporary directory; "file" uses a temporary
+ * directory. Tests that need a lock to end without its holder's
  * help (expiry, a frozen holder) run only on stores that have that; the
  * flags below say what each store does, test by test.
  */
@@ -18,9 +19,12 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef TH_SQLITE
+#include <sqlite3.h>
+#endif
 
 static char uri[1200];
-static const char *kind;  /* "file", "redis", "zk", "etcd" */
+static const char *kind;  /* "file", "redis", "zk", "etcd", "sqlite" */
 static th_redis srv;
 static th_zk zsrv;
 static th_etcd esrv;
@@ -756,6 +760,23 @@ static void delete_lock(const char *name)
         CHECK_EQ(th_etcdctl(&esrv, out, sizeof(out),
                             "del --prefix dlocktest/%s/", name), 0);
         CHECK_EQ(atoi(out), 1);
+    } else if (!strcmp(kind, "sqlite")) {
+#ifdef TH_SQLITE
+        /* another owner took the row over behind the holder's back and
+         * let it go (the row stays: it carries the token counter) */
+        sqlite3 *db;
+        char sql[600];
+        snprintf(path, sizeof(path), "%s/locks.db", th_tmpdir());
+        CHECK_EQ(sqlite3_open(path, &db), SQLITE_OK);
+        sqlite3_busy_timeout(db, 5000);
+        snprintf(sql, sizeof(sql),
+                 "UPDATE dlock_locks SET owner = 'intruder', lock_until = 0, token = token + "
+                 "1 WHERE name = CAST('%s' AS BLOB)",
+                 name);
+        CHECK_EQ(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+        CHECK_EQ(sqlite3_changes(db), 1);
+        sqlite3_close(db);
+#endif
     } else if (!strcmp(kind, "redis")) {
         CHECK_EQ(th_redis_cmd(&srv, NULL, 0, "DEL dlock:{%s}", name), 1);
     } else {
@@ -778,7 +799,7 @@ TEST(loss_is_reported)
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t tok = dlock_token(l);
     delete_lock("deleted");
-    if (!strcmp(kind, "redis")) {
+    if (!strcmp(kind, "redis") || !strcmp(kind, "sqlite")) {
         /* the watchdog's next renewal finds it gone */
         for (int i = 0; i < 300 && !lost_seen; i++)
             th_sleep_ms(10);
@@ -1006,7 +1027,8 @@ static const th_test tests[] = {
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s file|redis|zk|etcd [filter]\n", argv[0]);
+        fprintf(stderr, "usage: %s file|redis|zk|etcd|sqlite [filter]\n",
+                argv[0]);
         return 2;
     }
     kind = argv[1];
@@ -1033,6 +1055,13 @@ int main(int argc, char **argv)
         has_leases = ttl_visible = 1;
         keeps_last_token = held_visible = 0;
         short_ttl = 1000;
+    } else if (!strcmp(argv[1], "sqlite")) {
+#ifndef TH_SQLITE
+        th_skip("this build has no sqlite store");
+#endif
+        snprintf(uri, sizeof(uri), "sqlite://%s/locks.db", th_tmpdir());
+        has_leases = lease_runs_out = ttl_visible = 1;
+        short_ttl = 300;
     } else if (!strcmp(argv[1], "file")) {
         snprintf(uri, sizeof(uri), "file://%s/locks", th_tmpdir());
     } else {

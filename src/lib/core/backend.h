@@ -161,6 +161,9 @@ extern const dlock__backend dlock__backend_zk;
 #ifdef DLOCK_HAVE_ETCD
 extern const dlock__backend dlock__backend_etcd;
 #endif
+#ifdef DLOCK_HAVE_SQLITE
+extern const dlock__backend dlock__backend_sqlite;
+#endif
 
 /* The backend for a URI scheme; NULL when unknown. *built is 0 for a known
  * store that this build does not include. */

@@ -39,7 +39,11 @@ static const struct {
     {"postgresql", NULL},
     {"mysql", NULL},
     {"mariadb", NULL},
+#ifdef DLOCK_HAVE_SQLITE
+    {"sqlite", &dlock__backend_sqlite},
+#else
     {"sqlite", NULL},
+#endif
 };
 
 const dlock__backend *dlock__backend_find(const char *scheme, int *built)

@@ -1,0 +1,263 @@
+/*
+ * test_sqlite.c -- what only the SQLite store does, on real database files:
+ * the lock table and its rows (the token survives release), SQL injection
+ * through lock names and the table option, a fair waiter that dies
+ * dropping out of the queue, waiters in other processes polling with a
+ * bounded backoff, bad URIs. A direct sqlite3 connection looks behind the
+ * store's back.
+ */
+#include "test.h"
+
+#include <sqlite3.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char db_path[600];
+static char uri[700];
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+static dlock_client *client(void)
+{
+    return client_at(uri);
+}
+
+static dlock *handle(dlock_client *c, const char *name, unsigned flags)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = flags;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+/* One integer from a query on the database (-1 when no row). */
+static long long query_int(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    long long v = -1;
+
+    CHECK_EQ(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        th_fail(__FILE__, __LINE__, "%s: %s", sql, sqlite3_errmsg(db));
+    if (sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_type(st, 0) == SQLITE_NULL
+                ? -2
+                : sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return v;
+}
+
+TEST(rows_stay_and_carry_the_token)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "row", 0);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t t1 = dlock_token(l);
+    CHECK_EQ(query_int(db_path, "SELECT token FROM dlock_locks WHERE name = "
+                                "CAST('row' AS BLOB)"),
+             (long long)t1);
+    CHECK_EQ(query_int(db_path, "SELECT lock_until > 0 FROM dlock_locks "
+                                "WHERE name = CAST('row' AS BLOB)"),
+             1);
+    CHECK_OK(dlock_release(l));
+    /* released: the row stays, without an owner, with its token */
+    CHECK_EQ(query_int(db_path, "SELECT owner FROM dlock_locks WHERE name = "
+                                "CAST('row' AS BLOB)"),
+             -2);
+    CHECK_EQ(query_int(db_path, "SELECT token FROM dlock_locks WHERE name = "
+                                "CAST('row' AS BLOB)"),
+             (long long)t1);
+    dlock_close(l);
+    dlock_client_close(c);
+    /* another client later: the counter goes on */
+    c = client();
+    l = handle(c, "row", 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_EQ(dlock_token(l), t1 + 1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(sql_injection_locks_a_strangely_named_lock)
+{
+    static const char *const names[] = {
+        "x", "x' OR '1'='1", "x'; DROP TABLE dlock_locks; --",
+        "\"; DELETE FROM dlock_locks; --", NULL};
+    char u[1200], path[700];
+    dlock_client *c = client();
+    dlock *l[4];
+
+    for (int i = 0; names[i]; i++) {
+        l[i] = handle(c, names[i], 0);
+        CHECK_OK(dlock_acquire(l[i], 0)); /* each its own lock */
+    }
+    /* four rows held, the table still there */
+    CHECK_EQ(query_int(db_path, "SELECT count(*) FROM dlock_locks WHERE "
+                                "lock_until > 0"),
+             4);
+    CHECK_EQ(query_int(db_path, "SELECT count(*) FROM dlock_locks WHERE "
+                                "name = CAST('x'' OR ''1''=''1' AS BLOB)"),
+             1);
+    for (int i = 0; names[i]; i++) {
+        CHECK_OK(dlock_release(l[i]));
+        dlock_close(l[i]);
+    }
+    dlock_client_close(c);
+
+    /* the table option is one quoted identifier, whatever it holds */
+    snprintf(path, sizeof(path), "%s/inject.db", th_tmpdir());
+    snprintf(u, sizeof(u),
+             "sqlite://%s?table=t%%22%%3B%%20DROP%%20TABLE%%20x%%3B--", path);
+    c = client_at(u);
+    l[0] = handle(c, "a", 0);
+    CHECK_OK(dlock_acquire(l[0], 0));
+    CHECK_OK(dlock_release(l[0]));
+    dlock_close(l[0]);
+    dlock_client_close(c);
+    CHECK_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type "
+                             "= 'table' AND name = 't\"; DROP TABLE x;--'"),
+             1);
+    CHECK_EQ(query_int(path, "SELECT token FROM \"t\"\"; DROP TABLE x;--\""),
+             1);
+}
+
+static int fair_waiter(void *arg)
+{
+    (void)arg;
+    dlock_client *c = client();
+    dlock *l = handle(c, "fairdead", DLOCK_FAIR);
+    int rc = dlock_acquire(l, 30000);
+    return rc == DLOCK_OK ? 0 : 1;
+}
+
+TEST(a_dead_fair_waiter_drops_out_of_the_queue)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "fairdead", DLOCK_FAIR);
+    dlock *lb = handle(b, "fairdead", DLOCK_FAIR);
+    dlock_info info;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    pid_t pid = th_fork(fair_waiter, NULL);
+    int i;
+    for (i = 0; i < 200; i++) {
+        CHECK_OK(dlock_inspect(a, "fairdead", &info));
+        int64_t w = info.waiters;
+        dlock_info_clear(&info);
+        if (w == 1)
+            break;
+        th_sleep_ms(10);
+    }
+    CHECK_OP(i, <, 200);
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    CHECK_OK(dlock_release(la));
+    /* the dead waiter was first in line: lb gets it once its entry is no
+     * longer refreshed (3 s) */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(lb, 10000));
+    CHECK_OP(th_now_ms() - t0, <, 6000);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+typedef struct {
+    volatile int holding;
+    volatile int64_t released_at;
+} poll_shared;
+
+static int holder_child(void *arg)
+{
+    poll_shared *s = arg;
+    dlock_client *c = client();
+    dlock *l = handle(c, "poll", 0);
+
+    if (dlock_acquire(l, 0) != DLOCK_OK)
+        return 1;
+    __atomic_store_n(&s->holding, 1, __ATOMIC_SEQ_CST);
+    th_sleep_ms(1500);
+    s->released_at = th_now_ms();
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_OK ? 0 : 2;
+}
+
+TEST(a_waiter_in_another_process_polls_with_a_bounded_backoff)
+{
+    poll_shared *s = th_shared(sizeof(*s));
+    dlock_client *c = client();
+    dlock *l = handle(c, "poll", 0);
+
+    pid_t pid = th_fork(holder_child, s);
+    for (int i = 0; i < 500 && !s->holding; i++)
+        th_sleep_ms(5);
+    CHECK_EQ(s->holding, 1);
+    CHECK_OK(dlock_acquire(l, 10000));
+    int64_t late = th_now_ms() - s->released_at;
+    /* the poll interval never exceeds 100 ms */
+    CHECK_OP(late, <, 400);
+    CHECK_EQ(th_wait(pid), 0);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(bad_uris_are_rejected)
+{
+    static const char *const bad[] = {
+        "sqlite://host/x.db", "sqlite:///", "sqlite://", "sqlite:///x.db?bogus=1",
+        "sqlite:///x.db?table=", "sqlite:///x.db?timeout=0",
+        "sqlite://u:p@/x.db", NULL};
+    dlock_client *c = NULL;
+    char u[700];
+
+    for (int i = 0; bad[i]; i++) {
+        int rc = dlock_client_open(&c, bad[i], NULL);
+        if (rc != DLOCK_EINVAL)
+            th_fail(__FILE__, __LINE__, "%s: %s (%s), expected DLOCK_EINVAL",
+                    bad[i], dlock_errname(rc), dlock_errmsg());
+        CHECK(c == NULL);
+    }
+    /* a directory that does not exist: the file cannot be made */
+    snprintf(u, sizeof(u), "sqlite://%s/no/such/dir/x.db", th_tmpdir());
+    int rc = dlock_client_open(&c, u, NULL);
+    CHECK(rc == DLOCK_EAUTH || rc == DLOCK_EPROTO);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), "sqlite");
+}
+
+static const th_test tests[] = {
+    T(rows_stay_and_carry_the_token),
+    T(sql_injection_locks_a_strangely_named_lock),
+    T(a_dead_fair_waiter_drops_out_of_the_queue),
+    T(a_waiter_in_another_process_polls_with_a_bounded_backoff),
+    T(bad_uris_are_rejected),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    snprintf(db_path, sizeof(db_path), "%s/locks.db", th_tmpdir());
+    snprintf(uri, sizeof(uri), "sqlite://%s", db_path);
+    return th_main(argc, argv, tests);
+}
