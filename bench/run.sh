@@ -3,7 +3,8 @@
 # redis-server (free loopback port, temporary directory, no persistence),
 # a temporary file store, a private standalone ZooKeeper server (free
 # loopback port, temporary directory, no fsync) and a private etcd member
-# (free loopback ports, temporary directory), and writes
+# (free loopback ports, temporary directory), then SQLite database files
+# in the temporary directory, and writes
 # docs/benchmarks.md (--quick: BUILD_DIR/benchmarks-quick.md).
 set -euo pipefail
 build=${1:-build-bench}
@@ -201,6 +202,16 @@ else
     kill "$etcdpid" 2>/dev/null || true; wait "$etcdpid" 2>/dev/null || true; etcdpid=
 fi
 
+# --- SQLite: database files in the temporary directory
+sqout=$tmp/results-sqlite.md
+if [ -x "$build/bench/dlock_bench_sqlite" ]; then
+    mkdir -p "$tmp/sqlite"
+    # shellcheck disable=SC2086
+    "$build/bench/dlock_bench_sqlite" "$tmp/sqlite" $quick >"$sqout"
+else
+    printf '## SQLite\n\nNot measured: dlock_bench_sqlite was not built (libsqlite3-dev missing).\n' >"$sqout"
+fi
+
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
 # before the document is rewritten (that alone would make the tree dirty)
 rev=$(git -C "$root" describe --always --dirty 2>/dev/null || echo '?')
@@ -231,11 +242,15 @@ doc=$root/docs/benchmarks.md
     cat "$zkout"
     echo
     cat "$etcdout"
+    echo
+    cat "$sqout"
 } >"$doc"
 cat "$out"
 echo
 cat "$zkout"
 echo
 cat "$etcdout"
+echo
+cat "$sqout"
 echo
 echo "bench: wrote $doc"
