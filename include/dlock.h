@@ -291,6 +291,23 @@ DLOCK_EXTERN int dlock_inspect(dlock_client *c, const char *name,
 /* Frees what dlock_inspect() allocated in *info. NULL is a no-op. */
 DLOCK_EXTERN void dlock_info_clear(dlock_info *info);
 
+/*
+ * Removes what the store keeps of locks that nobody has held for at least
+ * idle_ms (stores with a lock table: the rows of free locks last taken that
+ * long ago, and dead fair-queue entries). Held locks are never touched.
+ * Tokens stay strictly increasing per name across a removal: such stores
+ * issue tokens no lower than their clock in microseconds, so a removed
+ * name starts again above every token it ever had (unless the store's
+ * clock went back by more than idle_ms).
+ * *removed (may be NULL) gets the number of locks removed.
+ * Errors: DLOCK_EINVAL (idle_ms < 0, closed client), DLOCK_ENOTSUP (a store
+ * that keeps nothing to remove, or removes it by itself: file, Redis,
+ * ZooKeeper, etcd), DLOCK_ECONN, DLOCK_EAUTH, DLOCK_EPROTO.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_gc(dlock_client *c, int64_t idle_ms,
+                          uint64_t *removed);
+
 /* ------------------------------------------------------------------------ */
 /* Errors and version                                                       */
 /* ------------------------------------------------------------------------ */

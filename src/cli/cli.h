@@ -20,6 +20,7 @@
 
 int cmd_run(int argc, char **argv);
 int cmd_status(int argc, char **argv);
+int cmd_gc(int argc, char **argv);
 
 /* "dlock: <message>\n" on stderr. */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -20,6 +20,7 @@ static const char usage[] =
     "commands:\n"
     "  run     run a command while holding a lock\n"
     "  status  show who holds a lock, its lease, token and waiters\n"
+    "  gc      remove the state of long-unused locks (lock tables)\n"
     "  help    show the help of a command\n"
     "\n"
     "Store: --store URI, else $DLOCK_STORE, else lock files under\n"
@@ -30,7 +31,7 @@ static const char usage[] =
     "  etcd://[user:pass@]host:port[,host:port...][?prefix=P]   (etcds:// TLS)\n"
     "  sqlite:///path/to/file.db[?table=T]\n"
     "\n"
-    "See 'dlock help run', 'dlock help status' and man dlock.\n";
+    "See 'dlock help run', 'dlock help status', 'dlock help gc' and man dlock.\n";
 
 int main(int argc, char **argv)
 {
@@ -56,6 +57,8 @@ int main(int argc, char **argv)
             return cmd_run(2, help);
         if (argc > 2 && !strcmp(argv[2], "status"))
             return cmd_status(2, help);
+        if (argc > 2 && !strcmp(argv[2], "gc"))
+            return cmd_gc(2, help);
         fputs(usage, stdout);
         return argc > 2 ? CLI_EX_USAGE : 0;
     }
@@ -63,6 +66,8 @@ int main(int argc, char **argv)
         return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "status"))
         return cmd_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "gc"))
+        return cmd_gc(argc - 1, argv + 1);
     cli_err("unknown command '%s' (try dlock --help)", cmd);
     return CLI_EX_USAGE;
 }

@@ -1227,6 +1227,36 @@ else
 fi
 
 # --------------------------------------------------------------------------
+# gc: lock tables only
+# --------------------------------------------------------------------------
+
+expect_rc 64 "gc --idle abc" -- gc --idle abc
+expect_rc 64 "gc with an extra argument" -- gc extra
+dl help gc
+if [ "$RC" -eq 0 ] && grep -q 'usage: dlock gc' "$TMP/out"; then
+    pass "help gc"
+else
+    fail "dlock help gc: exit $RC"
+fi
+if [ "$KIND" = sqlite ]; then
+    dl run gcL -- true
+    dl gc --idle 0
+    if [ "$RC" -eq 0 ] && grep -q '^removed [1-9]' "$TMP/out"; then
+        pass "gc --idle 0 removed the free locks: $(cat "$TMP/out")"
+    else
+        fail "gc --idle 0: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl gc
+    if [ "$RC" -eq 0 ] && grep -q '^removed 0$' "$TMP/out"; then
+        pass "gc (24h) removed nothing"
+    else
+        fail "gc: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+else
+    expect_rc 69 "gc on a store without a lock table" -- gc --idle 0
+fi
+
+# --------------------------------------------------------------------------
 # Fairness flag
 # --------------------------------------------------------------------------
 

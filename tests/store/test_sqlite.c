@@ -1,6 +1,7 @@
 /*
  * test_sqlite.c -- what only the SQLite store does, on real database files:
- * the lock table and its rows (the token survives release), SQL injection
+ * the lock table and its rows (the token survives release), dlock_gc()
+ * removing unused rows (tokens still growing), SQL injection
  * through lock names and the table option, a fair waiter that dies
  * dropping out of the queue, waiters in other processes polling with a
  * bounded backoff, bad URIs. A direct sqlite3 connection looks behind the
@@ -88,10 +89,55 @@ TEST(rows_stay_and_carry_the_token)
     c = client();
     l = handle(c, "row", 0);
     CHECK_OK(dlock_acquire(l, 0));
-    CHECK_EQ(dlock_token(l), t1 + 1);
+    CHECK_OP(dlock_token(l), >, t1);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
     dlock_client_close(c);
+}
+
+TEST(gc_removes_unused_locks_and_tokens_still_grow)
+{
+    dlock_client *c = client();
+    dlock *held = handle(c, "gc-held", 0), *old = handle(c, "gc-old", 0);
+    uint64_t n = 99;
+
+    CHECK_OK(dlock_acquire(old, 0));
+    uint64_t t_old = dlock_token(old);
+    CHECK_OK(dlock_release(old));
+    CHECK_OK(dlock_acquire(held, 0));
+    th_sleep_ms(50);
+    /* nothing idle for an hour */
+    CHECK_OK(dlock_gc(c, 3600 * 1000, &n));
+    CHECK_EQ(n, 0);
+    CHECK_RC(dlock_gc(c, -1, &n), DLOCK_EINVAL);
+    /* idle for 20 ms: the free row goes, the held one stays */
+    CHECK_OK(dlock_gc(c, 20, &n));
+    CHECK_OP(n, >=, 1);
+    CHECK_EQ(query_int(db_path, "SELECT count(*) FROM dlock_locks WHERE "
+                                "name = CAST('gc-old' AS BLOB)"),
+             0);
+    CHECK_EQ(query_int(db_path, "SELECT count(*) FROM dlock_locks WHERE "
+                                "name = CAST('gc-held' AS BLOB)"),
+             1);
+    CHECK_EQ(dlock_held(held), 1);
+    CHECK_OK(dlock_extend(held, 30000)); /* still ours */
+    /* the removed name starts again above its old tokens */
+    CHECK_OK(dlock_acquire(old, 0));
+    CHECK_OP(dlock_token(old), >, t_old);
+    CHECK_OK(dlock_release(old));
+    CHECK_OK(dlock_release(held));
+    dlock_close(held);
+    dlock_close(old);
+    dlock_client_close(c);
+
+    /* a store with nothing to collect says so */
+    char u[700];
+    snprintf(u, sizeof(u), "file://%s/files", th_tmpdir());
+    c = client_at(u);
+    CHECK_RC(dlock_gc(c, 0, &n), DLOCK_ENOTSUP);
+    CHECK_EQ(n, 0);
+    dlock_client_close(c);
+    CHECK_RC(dlock_gc(NULL, 0, NULL), DLOCK_EINVAL);
 }
 
 TEST(sql_injection_locks_a_strangely_named_lock)
@@ -133,7 +179,7 @@ TEST(sql_injection_locks_a_strangely_named_lock)
     CHECK_EQ(query_int(path, "SELECT count(*) FROM sqlite_master WHERE type "
                              "= 'table' AND name = 't\"; DROP TABLE x;--'"),
              1);
-    CHECK_EQ(query_int(path, "SELECT token FROM \"t\"\"; DROP TABLE x;--\""),
+    CHECK_EQ(query_int(path, "SELECT count(*) FROM \"t\"\"; DROP TABLE x;--\""),
              1);
 }
 
@@ -248,6 +294,7 @@ TEST(bad_uris_are_rejected)
 
 static const th_test tests[] = {
     T(rows_stay_and_carry_the_token),
+    T(gc_removes_unused_locks_and_tokens_still_grow),
     T(sql_injection_locks_a_strangely_named_lock),
     T(a_dead_fair_waiter_drops_out_of_the_queue),
     T(a_waiter_in_another_process_polls_with_a_bounded_backoff),

@@ -1858,4 +1858,5 @@ const dlock__backend dlock__backend_etcd = {
     etcd_inspect,           /* inspect */
     etcd_loop_fd,           /* loop_fd */
     etcd_loop_run,          /* loop_run */
+    NULL,                   /* gc */
 };

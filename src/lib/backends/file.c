@@ -664,4 +664,5 @@ const dlock__backend dlock__backend_file = {
     file_inspect,            /* inspect */
     NULL,                    /* loop_fd */
     NULL,                    /* loop_run */
+    NULL,                    /* gc */
 };

@@ -1289,4 +1289,5 @@ const dlock__backend dlock__backend_redis = {
     redis_inspect,       /* inspect */
     redis_loop_fd,       /* loop_fd */
     redis_loop_run,      /* loop_run */
+    NULL,                /* gc */
 };

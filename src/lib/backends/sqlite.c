@@ -8,13 +8,15 @@
  *    deleted on release, so the token counter survives it.
  *  - Acquire is one statement: an upsert that inserts the row, or takes it
  *    over only when its lease has ended (released rows have lock_until 0),
- *    raising the token, RETURNING it. No row back = busy.
+ *    raising the token, RETURNING it. No row back = busy. A token is
+ *    max(previous + 1, SQLite's clock in µs): it grows per name, and a
+ *    name whose row dlock_gc() removed starts again above its old tokens.
  *  - Release and extend are one UPDATE each, guarded by owner and token.
  *  - Fair mode: waiters join T_queue (an AUTOINCREMENT sequence, so a
  *    later waiter always has a higher number) and refresh their entry on
  *    every try; the upsert then also requires that no live entry with a
  *    lower number exists. A waiter that dies stops refreshing and drops
- *    out after ETCD-like QUEUE_ALIVE_MS.
+ *    out after SQ_QUEUE_ALIVE_MS (3 s).
  *  - Waiting: a release wakes waiters of the same client at once (the
  *    core does that). Waiters in other processes poll with a backoff from
  *    2 ms doubling up to 100 ms, never past the holder's lease end: SQLite
@@ -37,8 +39,10 @@
 #define SQ_POLL_MAX_MS 100
 #define SQ_QUEUE_ALIVE_MS 3000 /* a fair waiter silent this long is gone */
 
-/* SQLite's clock, in milliseconds since the epoch */
+/* SQLite's clock, in milliseconds and microseconds since the epoch */
 #define NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+#define NOW_US                                                              \
+    "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
 
 enum {
     S_ACQUIRE,
@@ -51,6 +55,8 @@ enum {
     S_JOIN,
     S_REFRESH,
     S_LEAVE,
+    S_GC,
+    S_GC_QUEUE,
     S_COUNT
 };
 
@@ -203,9 +209,10 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     /* ?1 name, ?2 owner, ?3 ttl, ?4 holder, ?5 our queue number */
     static const char upsert[] =
         "INSERT INTO %1$s (name, owner, holder, holds, token, locked_at, "
-        "lock_until) VALUES (?1, ?2, ?4, 1, 1, %3$s, %3$s + ?3) "
+        "lock_until) VALUES (?1, ?2, ?4, 1, " NOW_US ", %3$s, %3$s + ?3) "
         "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
-        "holder = excluded.holder, holds = 1, token = token + 1, "
+        "holder = excluded.holder, holds = 1, token = max(token + 1, "
+        NOW_US "), "
         "locked_at = excluded.locked_at, lock_until = excluded.lock_until "
         "WHERE lock_until <= %3$s";
     char fair[4096], plain[4096];
@@ -249,7 +256,13 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         (rc = prepare(ss, S_LEAVE,
                       "DELETE FROM %2$s WHERE seq = ?1 OR alive_until < %3$s "
                       "- 60000",
-                      t, q))) {
+                      t, q)) ||
+        (rc = prepare(ss, S_GC,
+                      "DELETE FROM %1$s WHERE lock_until <= %3$s AND "
+                      "locked_at <= %3$s - ?1",
+                      t, q)) ||
+        (rc = prepare(ss, S_GC_QUEUE,
+                      "DELETE FROM %2$s WHERE alive_until <= %3$s", t, q))) {
         sq_close(ss);
         return rc;
     }
@@ -464,6 +477,26 @@ static int sq_inspect(void *st, const char *name, size_t len,
     return rc;
 }
 
+static int sq_gc(void *st, int64_t idle_ms, uint64_t *removed,
+                 int64_t op_deadline)
+{
+    sq_store *ss = st;
+    int rc, row;
+
+    (void)op_deadline;
+    pthread_mutex_lock(&ss->mu);
+    sqlite3_bind_int64(ss->st[S_GC], 1, idle_ms);
+    rc = step(ss, S_GC, &row, "removing unused locks");
+    *removed = rc == DLOCK_OK ? (uint64_t)sqlite3_changes(ss->db) : 0;
+    done(ss, S_GC);
+    if (rc == DLOCK_OK) {
+        rc = step(ss, S_GC_QUEUE, &row, "removing dead queue entries");
+        done(ss, S_GC_QUEUE);
+    }
+    pthread_mutex_unlock(&ss->mu);
+    return rc;
+}
+
 const dlock__backend dlock__backend_sqlite = {
     "sqlite",         /* name */
     DLOCK__CAP_LEASE, /* caps */
@@ -478,4 +511,5 @@ const dlock__backend dlock__backend_sqlite = {
     sq_inspect,       /* inspect */
     NULL,             /* loop_fd */
     NULL,             /* loop_run */
+    sq_gc,            /* gc */
 };

@@ -1519,4 +1519,5 @@ const dlock__backend dlock__backend_zk = {
     zk_inspect,             /* inspect */
     zk_loop_fd,             /* loop_fd */
     zk_loop_run,            /* loop_run */
+    NULL,                   /* gc */
 };

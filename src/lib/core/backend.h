@@ -112,6 +112,11 @@ typedef struct dlock__backend {
      * run on the background thread only. */
     int (*loop_fd)(void *st);
     void (*loop_run)(void *st, int readable);
+
+    /* Removes the state of locks free and unused for idle_ms (dlock_gc());
+     * *removed = how many. Optional: NULL means DLOCK_ENOTSUP. */
+    int (*gc)(void *st, int64_t idle_ms, uint64_t *removed,
+              int64_t op_deadline);
 } dlock__backend;
 
 /* --- services the core offers to backends ------------------------------ */

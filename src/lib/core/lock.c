@@ -629,3 +629,32 @@ int dlock_inspect(dlock_client *c, const char *name, dlock_info *out)
     }
     return DLOCK_OK;
 }
+
+int dlock_gc(dlock_client *c, int64_t idle_ms, uint64_t *removed)
+{
+    uint64_t n = 0;
+    int rc;
+
+    if (removed)
+        *removed = 0;
+    if (!c)
+        return dlock__err(DLOCK_EINVAL, "dlock_gc: client is NULL");
+    if (idle_ms < 0)
+        return dlock__err(DLOCK_EINVAL,
+                          "dlock_gc: idle_ms must not be negative, not %lld",
+                          (long long)idle_ms);
+    pthread_mutex_lock(&c->mu);
+    rc = usable(c);
+    pthread_mutex_unlock(&c->mu);
+    if (rc)
+        return rc;
+    if (!c->be->gc)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "%s: this store keeps nothing to collect (its "
+                          "locks leave no state, or the store removes it)",
+                          dlock_client_store(c));
+    rc = c->be->gc(c->st, idle_ms, &n, dlock__now_ms() + c->timeout_ms);
+    if (rc == DLOCK_OK && removed)
+        *removed = n;
+    return rc;
+}
