@@ -129,6 +129,7 @@ typedef struct etcd_store {
     int64_t timeout_ms;
     int timer_fd;
     int offline; /* open failed: close talks to no server */
+    int unreachable; /* the last request found no endpoint (es->mu) */
 
     pthread_mutex_t mu; /* everything below */
     size_t cur;         /* the endpoint tried first */
@@ -738,6 +739,9 @@ static int request(etcd_store *es, const char *path, const char *body,
             }
         }
     }
+    pthread_mutex_lock(&es->mu);
+    es->unreachable = rc == DLOCK_ECONN;
+    pthread_mutex_unlock(&es->mu);
     conn_put(es, cn);
     return rc;
 }
@@ -1606,10 +1610,14 @@ static void etcd_loop_run(void *st, int readable)
                 break;
             }
         }
+        int down = es->unreachable;
         pthread_mutex_unlock(&es->mu);
         if (!gone)
             break;
-        lease_revoke(es, gone->id, dlock__now_ms() + es->timeout_ms);
+        /* unreachable: it expires by itself; do not hold up the client
+         * thread (and a closing client) for a timeout */
+        if (!down)
+            lease_revoke(es, gone->id, dlock__now_ms() + es->timeout_ms);
         free(gone);
     }
 
@@ -1647,8 +1655,11 @@ static void etcd_close(void *st)
 
     if (!es)
         return;
-    /* revoking a lease deletes every key still on it; once the cluster
-     * does not answer, the others are left to expire */
+    /* revoking a lease deletes every key still on it; when the cluster
+     * did not answer the last request, or stops answering now, the leases
+     * are left to expire (not one more timeout per lease) */
+    if (es->unreachable)
+        es->offline = 1;
     while (es->leases && !es->offline) {
         etcd_lease *el = es->leases;
         es->leases = el->next;
