@@ -758,8 +758,9 @@ int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
 {
     struct sockaddr_in a;
     struct pollfd p;
-    char req[8192], resp[65536];
-    int s, total = 0, status = -1;
+    char req[8192], *resp;
+    size_t total = 0, rcap = 1 << 16;
+    int s, status = -1;
     int64_t until = th_now_ms() + 3000;
 
     if (out && cap)
@@ -792,6 +793,10 @@ int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
         close(s);
         return -1;
     }
+    /* the whole answer (/metrics is over 64 KiB), up to 16 MiB */
+    resp = malloc(rcap);
+    if (!resp)
+        th_fail(__FILE__, __LINE__, "out of memory");
     for (;;) {
         int64_t left = until - th_now_ms();
         if (left <= 0)
@@ -799,13 +804,19 @@ int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
         p.events = POLLIN;
         if (poll(&p, 1, (int)left) != 1)
             break;
-        ssize_t r = recv(s, resp + total, sizeof(resp) - 1 - (size_t)total,
-                         0);
+        if (total + 1 >= rcap) {
+            if (rcap >= (size_t)16 << 20)
+                break;
+            char *bigger = realloc(resp, rcap * 2);
+            if (!bigger)
+                break;
+            resp = bigger;
+            rcap *= 2;
+        }
+        ssize_t r = recv(s, resp + total, rcap - 1 - total, 0);
         if (r <= 0)
             break;
-        total += (int)r;
-        if ((size_t)total >= sizeof(resp) - 1)
-            break;
+        total += (size_t)r;
     }
     close(s);
     resp[total] = '\0';
@@ -815,6 +826,7 @@ int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
         if (out && cap)
             snprintf(out, cap, "%s", b ? b + 4 : "");
     }
+    free(resp);
     return status;
 }
 
@@ -1046,8 +1058,10 @@ void th_etcd_restart(th_etcd *e, int i)
             "%s/etcd.log)", i, e->dir[i]);
 }
 
-/* A decimal string field "name":"123" of a JSON text, or -1. */
-static long long json_num(const char *json, const char *name)
+/* A decimal string field "name":"123" of a JSON text, or 0. Unsigned:
+ * member ids are random 64-bit numbers, half of them above LLONG_MAX
+ * (strtoll would clamp them all to one value). */
+static unsigned long long json_num(const char *json, const char *name)
 {
     char key[64];
     const char *p;
@@ -1055,11 +1069,11 @@ static long long json_num(const char *json, const char *name)
     snprintf(key, sizeof(key), "\"%s\":", name);
     p = strstr(json, key);
     if (!p)
-        return -1;
+        return 0;
     p += strlen(key);
     if (*p == '"')
         p++;
-    return strtoll(p, NULL, 10);
+    return strtoull(p, NULL, 10);
 }
 
 int th_etcd_leader(th_etcd *e)
@@ -1070,9 +1084,9 @@ int th_etcd_leader(th_etcd *e)
             th_etcd_http(e, i, "/v3/maintenance/status", "{}", out,
                          sizeof(out)) != 200)
             continue;
-        long long leader = json_num(out, "leader");
-        long long me = json_num(out, "member_id");
-        if (leader > 0 && leader == me)
+        unsigned long long leader = json_num(out, "leader");
+        unsigned long long me = json_num(out, "member_id");
+        if (leader != 0 && leader == me)
             return i;
     }
     return -1;

@@ -217,9 +217,10 @@ void th_etcd_restart(th_etcd *e, int i);
 /* Index of the member that is leader, or -1 (none answers or no leader). */
 int th_etcd_leader(th_etcd *e);
 int th_etcd_wait_leader(th_etcd *e, int64_t timeout_ms);
-/* POSTs `body` to member i's gateway path ("/v3/kv/range"); copies the
- * answer body into out. Returns the HTTP status, or -1 (no answer within
- * about 3 s). */
+/* POSTs `body` to member i's gateway path ("/v3/kv/range"), or GETs the
+ * path when body is NULL ("/health", "/metrics"); copies the answer body
+ * (whole, up to 16 MiB, truncated to cap) into out. Returns the HTTP
+ * status, or -1 (no answer within about 3 s). */
 int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
                  char *out, size_t cap);
 /* Runs `etcdctl --endpoints=<every member> ARGS` (printf-style, given to

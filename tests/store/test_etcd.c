@@ -1,14 +1,19 @@
 /*
  * test_etcd.c -- what only the etcd store does, against real etcd members:
  * the key layout of etcd's own mutex (and `etcdctl lock` excluding dlock
- * both ways), create-revision tokens, first come first served across
- * processes, a release costing a constant number of requests however many
- * wait (no herd), a waiter that gives up leaving nothing behind, the lease
- * (revoked from outside: lost; extend moving the key to another lease),
- * two threads of one client on one name, names with '/' and '%', endpoint
- * failover, auth, TLS (etcds://, certificates made with openssl), bad URIs, and a 3-member cluster losing its leader (the
- * hold survives, the waiters follow) and then its majority (DLOCK_ECONN,
- * the holder told it lost).
+ * both ways; the default prefix is etcdctl's `lock dlock/NAME`; an empty
+ * prefix puts the name first), create-revision tokens, first come first
+ * served across processes (fair or not, with the queue in dlock_inspect),
+ * a release costing a constant number of requests and watch events however
+ * many wait, one watch per waiter (no herd), a waiter that gives up or dies
+ * leaving nothing behind and letting nobody jump the holder, the lease
+ * (revoked from outside: lost; one per ttl, rounded up to seconds; extend
+ * moving the key to another lease), two threads of one client on one
+ * name, names with '/' and '%', endpoint failover, a member killed or
+ * frozen mid-wait (the wait ends, the hold survives a short outage), auth,
+ * TLS (etcds://, certificates made with openssl), bad URIs, and a 3-member
+ * cluster losing its leader (the hold survives, the waiters follow) and
+ * then its majority (DLOCK_ECONN, the holder told it lost).
  *
  * Most tests share one member (uri etcd://127.0.0.1:PORT?prefix=etcdtest);
  * the tests that stop members or enable auth start their own. etcdctl
@@ -103,6 +108,8 @@ static long long metric(th_etcd *e, int member, const char *name)
             return (long long)strtod(line + n + 1, NULL);
     th_fail(__FILE__, __LINE__, "no metric %s", name);
 }
+
+static int64_t waiters_of(dlock_client *c, const char *name);
 
 /* --- keys, tokens, interoperation --- */
 
@@ -231,6 +238,74 @@ TEST(dlock_excludes_etcdctl_lock)
     dlock_client_close(c);
 }
 
+static int etcdctl_waits_default(void *arg)
+{
+    interop_out *o = arg;
+    char out[256];
+    return th_etcdctl(&srv, out, sizeof(out), "lock dlock/plain touch %s",
+                      o->file);
+}
+
+TEST(the_default_prefix_is_etcdctls_lock_dlock_NAME)
+{
+    char u[512], out[4096];
+    interop_out *o = th_shared(sizeof(*o));
+    int i;
+
+    /* no ?prefix=: lock NAME is etcdctl's lock dlock/NAME */
+    snprintf(u, sizeof(u), "etcd://%s", srv.hosts);
+    dlock_client *c = client_at(u);
+    dlock *l = handle(c, "plain", 0, NULL);
+    snprintf(o->file, sizeof(o->file), "%s/etcdctl-plain", th_tmpdir());
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_EQ(keys_under(&srv, "dlock/plain/", out, sizeof(out)), 1);
+    pid_t pid = th_fork(etcdctl_waits_default, o);
+    for (i = 0; i < 100; i++) {
+        if (keys_under(&srv, "dlock/plain/", out, sizeof(out)) == 2)
+            break;
+        th_sleep_ms(50);
+    }
+    CHECK_OP(i, <, 100);
+    th_sleep_ms(500);
+    CHECK(access(o->file, F_OK) != 0); /* etcdctl still waits */
+    CHECK_EQ(waiters_of(c, "plain"), 1);
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(th_wait(pid), 0);
+    CHECK(access(o->file, F_OK) == 0);
+    CHECK_EQ(keys_under(&srv, "dlock/plain/", out, sizeof(out)), 0);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(an_empty_prefix_puts_the_name_first)
+{
+    char u[512], out[4096];
+
+    /* ?prefix= (empty): the key is NAME/<lease hex>, nothing before it */
+    snprintf(u, sizeof(u), "etcd://%s", srv.hosts);
+    dlock_client *c = client_at(u);
+    snprintf(u, sizeof(u), "etcd://%s?prefix=", srv.hosts);
+    dlock_client *e = client_at(u);
+    dlock *le = handle(e, "noprefix", 0, NULL);
+    dlock *lc = handle(c, "noprefix", 0, NULL);
+    CHECK_OK(dlock_acquire(le, 0));
+    CHECK_EQ(keys_under(&srv, "noprefix/", out, sizeof(out)), 1);
+    const char *key = strtok(out, "\n");
+    CHECK(!strncmp(key, "noprefix/", 9));
+    CHECK(strlen(key) > 9);
+    CHECK(strspn(key + 9, "0123456789abcdef") == strlen(key + 9));
+    CHECK_EQ(keys_under(&srv, "/", out, sizeof(out)), 0);
+    /* dlock/noprefix is another lock */
+    CHECK_OK(dlock_acquire(lc, 0));
+    CHECK_OK(dlock_release(lc));
+    CHECK_OK(dlock_release(le));
+    CHECK_EQ(keys_under(&srv, "noprefix/", out, sizeof(out)), 0);
+    dlock_close(lc);
+    dlock_close(le);
+    dlock_client_close(e);
+    dlock_client_close(c);
+}
+
 /* --- queue --- */
 
 typedef struct {
@@ -248,7 +323,14 @@ static int fifo_child(void *arg)
 {
     fifo_arg *a = arg;
     dlock_client *c = client();
-    dlock *l = handle(c, "fifo", 0, NULL);
+    dlock_options o;
+    dlock *l = NULL;
+
+    /* fair or not, one queue: the odd ones ask for DLOCK_FAIR */
+    memset(&o, 0, sizeof(o));
+    o.flags = (a->me & 1) ? DLOCK_FAIR : 0;
+    if (dlock_open(&l, c, "fifo", &o) != DLOCK_OK)
+        return 3;
 
     if (dlock_acquire(l, 20000) != DLOCK_OK)
         return 1;
@@ -289,6 +371,23 @@ TEST(first_come_first_served_across_processes)
             th_sleep_ms(20);
         CHECK_EQ(waiters_of(c, "fifo"), i + 1);
     }
+    /* dlock_inspect: the holder (us), and the waiters in their order */
+    dlock_info info;
+    char want[64];
+    CHECK_OK(dlock_inspect(c, "fifo", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(want, sizeof(want), "pid %d ", (int)getpid());
+    CHECK_CONTAINS(info.holder, want);
+    CHECK_EQ(info.token, dlock_token(l));
+    CHECK_OP(info.ttl_ms, >, 0);
+    CHECK_OP(info.ttl_ms, <=, 30000);
+    CHECK_EQ(info.waiters, N);
+    CHECK_EQ(info.queue_len, N);
+    for (int i = 0; i < N && i < (int)info.queue_len; i++) {
+        snprintf(want, sizeof(want), "pid %d ", (int)pids[i]);
+        CHECK_CONTAINS(info.queue[i], want);
+    }
+    dlock_info_clear(&info);
     CHECK_OK(dlock_release(l));
     for (int i = 0; i < N; i++)
         CHECK_EQ(th_wait(pids[i]), 0);
@@ -320,6 +419,7 @@ TEST(a_release_wakes_one_waiter_no_herd)
     dlock_client *c = client();
     dlock *l = handle(c, "herd", 0, NULL);
 
+    long long watchers0 = metric(&srv, 0, "etcd_debugging_mvcc_watcher_total");
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < N; i++)
         pids[i] = th_fork(herd_child, NULL);
@@ -327,14 +427,44 @@ TEST(a_release_wakes_one_waiter_no_herd)
     for (k = 0; k < 300 && waiters_of(c, "herd") < N; k++)
         th_sleep_ms(20);
     CHECK_EQ(waiters_of(c, "herd"), N);
+    /* each waiter watches one key (the one before its own): N watchers,
+     * however a watch is set up (a waiter whose watch is not yet in place
+     * is given a moment) */
+    long long watchers = -1;
+    for (k = 0; k < 100; k++) {
+        watchers = metric(&srv, 0, "etcd_debugging_mvcc_watcher_total") -
+                   watchers0;
+        if (watchers >= N)
+            break;
+        th_sleep_ms(20);
+    }
+    CHECK_EQ(watchers, N);
     long long txn0 = metric(&srv, 0, "etcd_debugging_mvcc_txn_total");
     long long range0 = metric(&srv, 0, "etcd_debugging_mvcc_range_total");
+    long long events0 = metric(&srv, 0, "etcd_debugging_mvcc_events_total");
     CHECK_OK(dlock_release(l));
     for (int i = 0; i < N; i++)
         CHECK_EQ(th_wait(pids[i]), 0);
     long long txns = metric(&srv, 0, "etcd_debugging_mvcc_txn_total") - txn0;
     long long ranges =
         metric(&srv, 0, "etcd_debugging_mvcc_range_total") - range0;
+    /* events sent to watchers: each release's deletion goes to the one
+     * waiter that watches that key. Watching the whole range (a herd)
+     * would send every deletion to every remaining waiter: N*(N+1)/2. */
+    long long events =
+        metric(&srv, 0, "etcd_debugging_mvcc_events_total") - events0;
+    printf("     %d waiters: %lld watchers; %lld events sent\n", N, watchers,
+           events);
+    CHECK_OP(events, <=, 2 * (N + 1));
+    /* the watches are gone with the waiters */
+    for (k = 0; k < 100; k++) {
+        if (metric(&srv, 0, "etcd_debugging_mvcc_watcher_total") <=
+            watchers0)
+            break;
+        th_sleep_ms(20);
+    }
+    CHECK_OP(metric(&srv, 0, "etcd_debugging_mvcc_watcher_total"), <=,
+             watchers0);
     /* Each hand-off is the release's compare-and-delete plus, at the end,
      * each client's lease revocation: a few ranges inside the member (it
      * counts the reads that compares, deletes and revocations make). A
@@ -371,6 +501,92 @@ TEST(a_waiter_that_gives_up_leaves_no_key)
     dlock_close(lb);
     dlock_client_close(a);
     dlock_client_close(b);
+}
+
+typedef struct {
+    int order[4];
+    int n;
+} mid_shared;
+
+typedef struct {
+    mid_shared *s;
+    int me;
+    int64_t ttl;
+} mid_arg;
+
+static int mid_waiter(void *arg)
+{
+    mid_arg *a = arg;
+    dlock_client *c = client();
+    dlock *l = handle(c, "middle", a->ttl, NULL);
+
+    if (dlock_acquire(l, 30000) != DLOCK_OK)
+        return 1;
+    int k = __atomic_fetch_add(&a->s->n, 1, __ATOMIC_SEQ_CST);
+    a->s->order[k] = a->me;
+    th_sleep_ms(50);
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_OK ? 0 : 2;
+}
+
+TEST(a_dead_waiter_does_not_let_the_next_one_jump_the_holder)
+{
+    mid_shared *s = th_shared(sizeof(*s));
+    mid_arg args[3];
+    pid_t pids[3];
+    dlock_client *c = client();
+    dlock *l = handle(c, "middle", 0, NULL);
+    dlock_info info;
+    char out[4096], want[64];
+    int k;
+
+    CHECK_OK(dlock_acquire(l, 0));
+    /* waiter 0 (second in line, a 1 s lease) is killed; waiter 1 watched
+     * its key: that key's deletion is no release */
+    for (int i = 0; i < 3; i++) {
+        args[i].s = s;
+        args[i].me = i;
+        args[i].ttl = i == 0 ? 1000 : 5000;
+        pids[i] = th_fork(mid_waiter, &args[i]);
+        for (k = 0; k < 200 && waiters_of(c, "middle") < i + 1; k++)
+            th_sleep_ms(20);
+        CHECK_EQ(waiters_of(c, "middle"), i + 1);
+    }
+    kill(pids[0], SIGKILL);
+    CHECK_EQ(th_wait(pids[0]), 128 + SIGKILL);
+    int64_t t0 = th_now_ms();
+    for (k = 0; k < 250; k++) {
+        if (keys_under(&srv, "etcdtest/middle/", out, sizeof(out)) == 3)
+            break;
+        th_sleep_ms(20);
+    }
+    CHECK_EQ(keys_under(&srv, "etcdtest/middle/", out, sizeof(out)), 3);
+    CHECK_OP(th_now_ms() - t0, <, 1000 + 3000); /* its lease ended */
+    th_sleep_ms(700);
+    CHECK_EQ(__atomic_load_n(&s->n, __ATOMIC_SEQ_CST), 0);
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_extend(l, 30000)); /* still ours in the store */
+    CHECK_OK(dlock_inspect(c, "middle", &info));
+    CHECK_EQ(info.held, 1);
+    CHECK_EQ(info.token, dlock_token(l));
+    CHECK_EQ(info.waiters, 2);
+    CHECK_EQ(info.queue_len, 2);
+    for (int i = 0; i < 2 && i < (int)info.queue_len; i++) {
+        snprintf(want, sizeof(want), "pid %d ", (int)pids[i + 1]);
+        CHECK_CONTAINS(info.queue[i], want);
+    }
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(th_wait(pids[1]), 0);
+    CHECK_EQ(th_wait(pids[2]), 0);
+    CHECK_EQ(s->n, 2);
+    CHECK_EQ(s->order[0], 1);
+    CHECK_EQ(s->order[1], 2);
+    CHECK_EQ(keys_under(&srv, "etcdtest/middle/", out, sizeof(out)), 0);
+    dlock_close(l);
+    dlock_client_close(c);
 }
 
 /* --- threads of one client --- */
@@ -534,6 +750,55 @@ TEST(close_revokes_the_clients_leases)
     CHECK_CONTAINS(out, "already expired");
 }
 
+TEST(one_lease_per_ttl_rounded_up_to_seconds)
+{
+    dlock_client *c = client();
+    dlock *a = handle(c, "ttl-a", 1500, on_lost);
+    dlock *b = handle(c, "ttl-b", 1500, on_lost);
+    dlock *d = handle(c, "ttl-d", 4200, on_lost);
+    dlock *m = handle(c, "ttl-min", DLOCK_TTL_MIN, on_lost);
+    char ha[64], hb[64], hd[64], hm[64], out[4096];
+
+    lost_seen = 0;
+    CHECK_OK(dlock_acquire(a, 0));
+    CHECK_OK(dlock_acquire(b, 0));
+    CHECK_OK(dlock_acquire(d, 0));
+    CHECK_OK(dlock_acquire(m, 0));
+    lease_of("etcdtest/ttl-a/", ha, sizeof(ha));
+    lease_of("etcdtest/ttl-b/", hb, sizeof(hb));
+    lease_of("etcdtest/ttl-d/", hd, sizeof(hd));
+    lease_of("etcdtest/ttl-min/", hm, sizeof(hm));
+    CHECK_STR(ha, hb);           /* same ttl: one lease */
+    CHECK(strcmp(ha, hd) != 0);  /* another ttl: another lease */
+    CHECK(strcmp(ha, hm) != 0);
+    CHECK(strcmp(hd, hm) != 0);
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out), "lease timetolive %s", ha),
+             0);
+    CHECK_CONTAINS(out, "granted with TTL(2s)"); /* 1500 ms, rounded up */
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out), "lease timetolive %s", hd),
+             0);
+    CHECK_CONTAINS(out, "granted with TTL(5s)");
+    /* 20 ms: one second, the least a lease can be (and this member's
+     * minimum) */
+    CHECK_EQ(th_etcdctl(&srv, out, sizeof(out), "lease timetolive %s", hm),
+             0);
+    CHECK_CONTAINS(out, "granted with TTL(1s)");
+    /* kept alive (every ttl/3) well past the 1 s and 2 s leases */
+    th_sleep_ms(3000);
+    CHECK_EQ(lost_seen, 0);
+    CHECK_EQ(keys_under(&srv, "etcdtest/ttl-min/", out, sizeof(out)), 1);
+    CHECK_EQ(keys_under(&srv, "etcdtest/ttl-a/", out, sizeof(out)), 1);
+    CHECK_OK(dlock_release(m));
+    CHECK_OK(dlock_release(d));
+    CHECK_OK(dlock_release(b));
+    CHECK_OK(dlock_release(a));
+    dlock_close(m);
+    dlock_close(d);
+    dlock_close(b);
+    dlock_close(a);
+    dlock_client_close(c);
+}
+
 /* --- URIs, endpoints, auth --- */
 
 TEST(bad_uris_are_rejected)
@@ -579,6 +844,92 @@ TEST(a_dead_endpoint_is_skipped)
     }
     dlock_close(l);
     dlock_client_close(c);
+}
+
+typedef struct {
+    dlock *l;
+    int64_t wait;
+    int rc;
+    int64_t end;
+} timed_wait;
+
+static void *timed_waiter(void *arg)
+{
+    timed_wait *t = arg;
+    int rc = dlock_acquire(t->l, t->wait);
+    if (rc == DLOCK_OK)
+        dlock_release(t->l);
+    t->end = th_now_ms();
+    __atomic_store_n(&t->rc, rc, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+TEST(a_member_down_or_frozen_ends_a_wait_and_the_hold_survives_it)
+{
+    th_etcd e;
+    char u[512];
+    pthread_t th;
+
+    th_etcd_start(&e, 1);
+    snprintf(u, sizeof(u), "etcd://%s?prefix=back", e.hosts);
+    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock *la = handle(a, "back", 15000, on_lost);
+    dlock *lb = handle(b, "back", 15000, NULL);
+    lost_seen = 0;
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+
+    /* killed: the waiter's watch breaks and it fails at once (one request
+     * timeout, 2 s), not at its 30 s deadline */
+    timed_wait t = {lb, 30000, 100, 0};
+    CHECK(pthread_create(&th, NULL, timed_waiter, &t) == 0);
+    int k;
+    for (k = 0; k < 200 && waiters_of(a, "back") < 1; k++)
+        th_sleep_ms(20);
+    CHECK_EQ(waiters_of(a, "back"), 1);
+    th_sleep_ms(100);
+    int64_t t0 = th_now_ms();
+    th_etcd_kill(&e, 0, SIGKILL);
+    pthread_join(th, NULL);
+    CHECK_RC(t.rc, DLOCK_ECONN);
+    CHECK_OP(t.end - t0, <, 2000 + 1500);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_ECONN);
+
+    /* back with its data within 2/3 of the 15 s lease: the hold lives on */
+    th_etcd_restart(&e, 0);
+    CHECK_OP(th_now_ms() - t0, <, 9000);
+    CHECK_EQ(lost_seen, 0);
+    CHECK_OK(dlock_extend(la, 15000));
+    CHECK_EQ(dlock_token(la), tok);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    /* the key b could not delete while the member was down goes soon
+     * after (b's client thread retries) */
+    for (k = 0; k < 250 && waiters_of(a, "back") > 0; k++)
+        th_sleep_ms(20);
+    CHECK_EQ(waiters_of(a, "back"), 0);
+
+    /* frozen: a timed wait ends within its wait plus one request timeout */
+    timed_wait f = {lb, 1500, 100, 0};
+    CHECK(pthread_create(&th, NULL, timed_waiter, &f) == 0);
+    for (k = 0; k < 200 && waiters_of(a, "back") < 1; k++)
+        th_sleep_ms(20);
+    CHECK_EQ(waiters_of(a, "back"), 1);
+    t0 = th_now_ms();
+    th_etcd_kill(&e, 0, SIGSTOP);
+    pthread_join(th, NULL);
+    th_etcd_kill(&e, 0, SIGCONT);
+    CHECK(f.rc == DLOCK_EBUSY || f.rc == DLOCK_ECONN);
+    CHECK_OP(f.end - t0, <, 1500 + 2000 + 1000);
+    CHECK_EQ(lost_seen, 0);
+    CHECK_OK(dlock_release(la));
+    /* b's abandoned keys do not block it */
+    CHECK_OK(dlock_acquire(lb, 5000));
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    th_etcd_kill(&e, 0, SIGKILL);
 }
 
 TEST(auth_with_user_and_password)
@@ -795,19 +1146,24 @@ static const th_test tests[] = {
     T(key_layout_is_etcds_mutex),
     T(etcdctl_lock_excludes_dlock),
     T(dlock_excludes_etcdctl_lock),
+    T(the_default_prefix_is_etcdctls_lock_dlock_NAME),
     T(first_come_first_served_across_processes),
     T(a_release_wakes_one_waiter_no_herd),
     T(a_waiter_that_gives_up_leaves_no_key),
+    T(a_dead_waiter_does_not_let_the_next_one_jump_the_holder),
     T(two_threads_of_one_client_queue_with_two_keys),
     T(names_with_slash_and_percent_are_distinct_locks),
     T(a_revoked_lease_is_a_lost_lock),
     T(extend_to_another_ttl_moves_the_key_to_another_lease),
     T(close_revokes_the_clients_leases),
+    T(one_lease_per_ttl_rounded_up_to_seconds),
     T(bad_uris_are_rejected),
     T(a_dead_endpoint_is_skipped),
+    T(a_member_down_or_frozen_ends_a_wait_and_the_hold_survives_it),
     T(auth_with_user_and_password),
     T(tls_with_a_ca_and_a_client_certificate),
     T(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum),
+    T(an_empty_prefix_puts_the_name_first),
     {NULL, NULL, 0},
 };
 

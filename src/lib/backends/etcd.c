@@ -1828,7 +1828,8 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
     }
 
     /* reach the cluster now, so that a wrong address or password fails
-     * here: authenticate, then read the (empty) prefix */
+     * here: authenticate, then read the (empty) prefix; with no prefix,
+     * the key "\0" (etcd refuses an empty key) */
     int64_t deadline = dlock__now_ms() + es->timeout_ms;
     if (es->user) {
         etcd_conn *cn = conn_get(es);
@@ -1839,7 +1840,10 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
     if (rc == DLOCK_OK) {
         char pb[ETCD_B64_MAX], body[ETCD_B64_MAX + 64];
         cJSON *j = NULL;
-        b64_encode(es->prefix, es->prefix_len, pb);
+        if (es->prefix_len)
+            b64_encode(es->prefix, es->prefix_len, pb);
+        else
+            b64_encode("", 1, pb);
         snprintf(body, sizeof(body), "{\"key\":\"%s\",\"count_only\":true}",
                  pb);
         rc = request(es, "/v3/kv/range", body, deadline, &j,
