@@ -2,9 +2,11 @@
 # install-deps.sh GROUP... -- installs the Debian packages dlock needs for
 # the given groups, when they are missing (apt-get; as root, or with sudo).
 #   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client,
-#             libcurl and cJSON (etcd), SQLite
-#   test      redis-server, zookeeper and etcd (started by the tests themselves,
-#             never as system services)
+#             libcurl and cJSON (etcd), SQLite, libpq (PostgreSQL), MariaDB
+#             Connector/C
+#   test      redis-server, zookeeper, etcd, postgresql and mariadb-server
+#             (started by the tests themselves, never as system services),
+#             their command-line clients, faketime (clock-skew tests)
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
 #   bench     what the benchmarks compare against
@@ -13,11 +15,11 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client mariadb-server mariadb-client faketime" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
-    bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client" ;;
+    bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac
 done
@@ -59,9 +61,9 @@ $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -q --no-install-recommends $missing >/dev/null
 if [ -d /run/systemd/system ]; then
-    for svc in redis-server zookeeper etcd; do
+    for svc in redis-server zookeeper etcd postgresql mariadb; do
         case " $missing " in
-        *" $svc "*) $SUDO systemctl disable --now $svc >/dev/null 2>&1 || true ;;
+        *" $svc "* | *" $svc-server "*) $SUDO systemctl disable --now $svc >/dev/null 2>&1 || true ;;
         esac
     done
 fi

@@ -82,6 +82,7 @@ static void cleanup(void)
         if (server_pids[i] > 0) {
             kill(server_pids[i], SIGCONT);
             kill(server_pids[i], SIGKILL);
+            kill(-server_pids[i], SIGKILL); /* its group (setsid) */
             waitpid(server_pids[i], NULL, 0);
             server_pids[i] = 0;
         }
@@ -169,7 +170,7 @@ int th_free_port(void)
     return port;
 }
 
-static void track(pid_t pid, int running)
+void th__track(pid_t pid, int running)
 {
     for (int i = 0; i < MAX_SERVERS; i++) {
         if (running && server_pids[i] == 0) {
@@ -228,11 +229,11 @@ static int redis_launch(th_redis *r)
         execlp("redis-server", "redis-server", conf, (char *)NULL);
         _exit(127);
     }
-    track(r->pid, 1);
+    th__track(r->pid, 1);
     for (int i = 0; i < 250; i++) {
         int st;
         if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
-            track(r->pid, 0);
+            th__track(r->pid, 0);
             r->pid = 0;
             if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
                 th_fail(__FILE__, __LINE__,
@@ -246,7 +247,7 @@ static int redis_launch(th_redis *r)
     }
     kill(r->pid, SIGKILL);
     waitpid(r->pid, NULL, 0);
-    track(r->pid, 0);
+    th__track(r->pid, 0);
     r->pid = 0;
     return -1;
 }
@@ -291,7 +292,7 @@ void th_redis_kill(th_redis *r, int sig)
     if (sig == SIGSTOP || sig == SIGCONT)
         return;
     waitpid(r->pid, NULL, 0);
-    track(r->pid, 0);
+    th__track(r->pid, 0);
     r->pid = 0;
 }
 
@@ -471,7 +472,7 @@ static void zk_spawn(th_zk *z, int i)
         _exit(127);
     }
     z->pid[i] = pid;
-    track(pid, 1);
+    th__track(pid, 1);
 }
 
 /* Reaps server i if it has exited: 1 (and its pid is cleared) or 0. */
@@ -483,7 +484,7 @@ static int zk_exited(th_zk *z, int i)
         return 1;
     if (waitpid(z->pid[i], &st, WNOHANG) != z->pid[i])
         return 0;
-    track(z->pid[i], 0);
+    th__track(z->pid[i], 0);
     z->pid[i] = 0;
     if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
         th_fail(__FILE__, __LINE__, "cannot run java (see %s/zk.log)",
@@ -595,7 +596,7 @@ void th_zk_kill(th_zk *z, int i, int sig)
         kill(z->pid[i], SIGKILL);
     }
     waitpid(z->pid[i], NULL, 0);
-    track(z->pid[i], 0);
+    th__track(z->pid[i], 0);
     z->pid[i] = 0;
 }
 
@@ -914,7 +915,7 @@ static void etcd_spawn(th_etcd *e, int i, int fresh)
         _exit(127);
     }
     e->pid[i] = pid;
-    track(pid, 1);
+    th__track(pid, 1);
 }
 
 static int etcd_exited(th_etcd *e, int i)
@@ -925,7 +926,7 @@ static int etcd_exited(th_etcd *e, int i)
         return 1;
     if (waitpid(e->pid[i], &st, WNOHANG) != e->pid[i])
         return 0;
-    track(e->pid[i], 0);
+    th__track(e->pid[i], 0);
     e->pid[i] = 0;
     return 1;
 }
@@ -1040,7 +1041,7 @@ void th_etcd_kill(th_etcd *e, int i, int sig)
         kill(e->pid[i], SIGKILL);
     }
     waitpid(e->pid[i], NULL, 0);
-    track(e->pid[i], 0);
+    th__track(e->pid[i], 0);
     e->pid[i] = 0;
 }
 

@@ -229,6 +229,55 @@ int th_etcd_http(th_etcd *e, int i, const char *path, const char *body,
 int th_etcdctl(th_etcd *e, char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* --- private PostgreSQL and MariaDB servers ---
+ * Started by tests/servers/sqlserver.sh (Debian's postgresql and
+ * mariadb-server, never a system service) on a free loopback port, data
+ * in a directory under th_tmpdir(), in their own process group (a signal
+ * reaches every PostgreSQL backend). Killed at exit; they also die with
+ * the thread that started them: call these from the main thread only.
+ * kind is "pg" or "mysql". The store URI in `uri` has the password of the
+ * user dlock (every privilege): postgres://...:PORT/postgres or
+ * mysql://...:PORT/dlocktest. */
+typedef struct th_sql {
+    char kind[8];
+    int port;
+    pid_t pid;
+    char dir[512];
+    char uri[256];
+    char cert[512], key[512];
+} th_sql;
+
+/* 1 when this build has the store's client library and the machine has
+ * the server. */
+int th_sql_available(const char *kind);
+/* Starts a server and waits (at most 90 s) until it answers. Fails the
+ * test if it cannot start. */
+void th_sql_start(th_sql *s, const char *kind);
+/* The same with TLS: the server certificate and key (PEM files). */
+void th_sql_start_tls(th_sql *s, const char *kind, const char *cert,
+                      const char *key);
+/* SIGSTOP, SIGCONT and SIGKILL go to the whole process group and
+ * SIGSTOP/SIGCONT return at once; any other signal goes to the server
+ * process (PostgreSQL: SIGINT is a fast shutdown), then waits for its
+ * exit (SIGKILL after 15 s). */
+void th_sql_kill(th_sql *s, int sig);
+/* Starts it again on the same port with the same data; waits until it
+ * answers. */
+void th_sql_restart(th_sql *s);
+/* Runs SQL (printf-style) as the superuser over the server's Unix socket;
+ * returns the first column of the first row as an integer ('t' is 1), -1
+ * when there is none, or the rows changed by a statement without rows;
+ * copies that column's text into out. th_sql_query fails the test on an
+ * error; th_sql_try returns -2 and copies the message into out. */
+long long th_sql_query(th_sql *s, char *out, size_t cap, const char *fmt,
+                       ...) __attribute__((format(printf, 4, 5)));
+long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt,
+                     ...) __attribute__((format(printf, 4, 5)));
+
+/* The harness's own: records a server process to kill at exit (running
+ * 1), or forgets it (0). */
+void th__track(pid_t pid, int running);
+
 #ifdef TH_ZK_CLIENT
 /* A direct ZooKeeper client (libzookeeper_mt) for looking behind the
  * store's back; only in builds that have the zk store. th_zk_connect()

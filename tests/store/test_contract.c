@@ -1,12 +1,14 @@
 /*
  * test_contract.c -- the behaviour every store must give.
  *
- *   test_contract file|redis|zk|etcd|sqlite [filter]
+ *   test_contract file|redis|zk|etcd|sqlite|pg|pg-advisory|mysql [filter]
  *
  * "redis" starts a private redis-server; "zk" a private standalone
  * ZooKeeper server (uri zk://127.0.0.1:PORT/dlocktest); "etcd" a private
  * etcd member (uri etcd://127.0.0.1:PORT?prefix=dlocktest); "sqlite" a
- * database file in a temporary directory; "file" uses a temporary
+ * database file in a temporary directory; "pg" and "pg-advisory" a
+ * private PostgreSQL server (the lock table; ?mode=advisory), "mysql" a
+ * private MariaDB server; "file" uses a temporary
  * directory. Tests that need a lock to end without its holder's
  * help (expiry, a frozen holder) run only on stores that have that; the
  * flags below say what each store does, test by test.
@@ -28,6 +30,7 @@ static const char *kind;  /* "file", "redis", "zk", "etcd", "sqlite" */
 static th_redis srv;
 static th_zk zsrv;
 static th_etcd esrv;
+static th_sql ssrv;
 
 /* What the store does (set in main()):
  *  - has_leases: a lock outlives a dead or frozen holder only by its ttl
@@ -35,9 +38,11 @@ static th_etcd esrv;
  *    after the ttl, not at once; a frozen holder loses its lock; a short
  *    ttl is kept alive for many ttls while the holder lives (the watchdog
  *    renews a lease; the ZooKeeper client pings its session).
+ *    PostgreSQL's advisory locks have no lease: they live as long as the
+ *    holder's session, which the server ends when the holder dies.
  *  - lease_runs_out: a lease ends while its holder lives if nobody renews
- *    it (DLOCK_NO_RENEW). Redis only: a ZooKeeper session lives as long as
- *    its process (NO_RENEW has no effect there).
+ *    it (DLOCK_NO_RENEW). Redis and the lock tables: a ZooKeeper session
+ *    lives as long as its process (NO_RENEW has no effect there).
  *  - ttl_visible: dlock_inspect() reports the lease left and
  *    dlock_extend() sets a new one. Redis and etcd (whose extend moves the
  *    key to a lease of the new length).
@@ -777,6 +782,32 @@ static void delete_lock(const char *name)
         CHECK_EQ(sqlite3_changes(db), 1);
         sqlite3_close(db);
 #endif
+    } else if (!strcmp(kind, "pg")) {
+        /* an intruder takes the row over and lets it go */
+        CHECK_EQ(th_sql_query(&ssrv, NULL, 0,
+                              "UPDATE dlock_locks SET owner = 'intruder', "
+                              "lock_until = clock_timestamp(), token = "
+                              "token + 1 WHERE name = '%s'::bytea",
+                              name),
+                 1);
+    } else if (!strcmp(kind, "pg-advisory")) {
+        /* the holder's session is ended by an administrator */
+        CHECK_EQ(th_sql_query(&ssrv, NULL, 0,
+                              "SELECT count(pg_terminate_backend(pid)) FROM "
+                              "pg_locks WHERE locktype = 'advisory' AND "
+                              "granted AND objsubid = 1 AND ((classid::"
+                              "bigint << 32) | objid::bigint) = ('x' || "
+                              "substr(md5('%s'::bytea), 1, 16))::bit(64)::"
+                              "bigint",
+                              name),
+                 1);
+    } else if (!strcmp(kind, "mysql")) {
+        CHECK_EQ(th_sql_query(&ssrv, NULL, 0,
+                              "UPDATE dlock_locks SET owner = 'intruder', "
+                              "lock_until = NOW(6), token = token + 1 WHERE "
+                              "name = '%s'",
+                              name),
+                 1);
     } else if (!strcmp(kind, "redis")) {
         CHECK_EQ(th_redis_cmd(&srv, NULL, 0, "DEL dlock:{%s}", name), 1);
     } else {
@@ -799,8 +830,11 @@ TEST(loss_is_reported)
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t tok = dlock_token(l);
     delete_lock("deleted");
-    if (!strcmp(kind, "redis") || !strcmp(kind, "sqlite")) {
-        /* the watchdog's next renewal finds it gone */
+    if (!strcmp(kind, "redis") || !strcmp(kind, "sqlite") ||
+        !strcmp(kind, "pg") || !strcmp(kind, "mysql") ||
+        !strcmp(kind, "pg-advisory")) {
+        /* the watchdog's next renewal finds it gone (advisory: the client
+         * thread sees the session end) */
         for (int i = 0; i < 300 && !lost_seen; i++)
             th_sleep_ms(10);
         CHECK_EQ(lost_seen, 1);
@@ -1027,7 +1061,9 @@ static const th_test tests[] = {
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s file|redis|zk|etcd|sqlite [filter]\n",
+        fprintf(stderr,
+                "usage: %s file|redis|zk|etcd|sqlite|pg|pg-advisory|mysql "
+                "[filter]\n",
                 argv[0]);
         return 2;
     }
@@ -1062,6 +1098,21 @@ int main(int argc, char **argv)
         snprintf(uri, sizeof(uri), "sqlite://%s/locks.db", th_tmpdir());
         has_leases = lease_runs_out = ttl_visible = 1;
         short_ttl = 300;
+    } else if (!strcmp(argv[1], "pg") || !strcmp(argv[1], "mysql")) {
+        const char *k = argv[1];
+        if (!th_sql_available(k))
+            th_skip("this build has no such store, or no server");
+        th_sql_start(&ssrv, k);
+        snprintf(uri, sizeof(uri), "%s", ssrv.uri);
+        has_leases = lease_runs_out = ttl_visible = 1;
+        short_ttl = 300;
+    } else if (!strcmp(argv[1], "pg-advisory")) {
+        if (!th_sql_available("pg"))
+            th_skip("this build has no postgres store, or no server");
+        th_sql_start(&ssrv, "pg");
+        snprintf(ssrv.kind, sizeof(ssrv.kind), "pg");
+        snprintf(uri, sizeof(uri), "%s?mode=advisory", ssrv.uri);
+        keeps_last_token = 0; /* no lease, no row: see docs/stores.md */
     } else if (!strcmp(argv[1], "file")) {
         snprintf(uri, sizeof(uri), "file://%s/locks", th_tmpdir());
     } else {

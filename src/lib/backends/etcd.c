@@ -1874,4 +1874,5 @@ const dlock__backend dlock__backend_etcd = {
     etcd_loop_fd,           /* loop_fd */
     etcd_loop_run,          /* loop_run */
     NULL,                   /* gc */
+    NULL, /* select */
 };

@@ -665,4 +665,5 @@ const dlock__backend dlock__backend_file = {
     NULL,                    /* loop_fd */
     NULL,                    /* loop_run */
     NULL,                    /* gc */
+    NULL, /* select */
 };

@@ -1290,4 +1290,5 @@ const dlock__backend dlock__backend_redis = {
     redis_loop_fd,       /* loop_fd */
     redis_loop_run,      /* loop_run */
     NULL,                /* gc */
+    NULL, /* select */
 };

@@ -512,4 +512,5 @@ const dlock__backend dlock__backend_sqlite = {
     NULL,             /* loop_fd */
     NULL,             /* loop_run */
     sq_gc,            /* gc */
+    NULL, /* select */
 };

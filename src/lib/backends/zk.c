@@ -1520,4 +1520,5 @@ const dlock__backend dlock__backend_zk = {
     zk_loop_fd,             /* loop_fd */
     zk_loop_run,            /* loop_run */
     NULL,                   /* gc */
+    NULL, /* select */
 };

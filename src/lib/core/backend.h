@@ -117,6 +117,11 @@ typedef struct dlock__backend {
      * *removed = how many. Optional: NULL means DLOCK_ENOTSUP. */
     int (*gc)(void *st, int64_t idle_ms, uint64_t *removed,
               int64_t op_deadline);
+
+    /* Picks another backend for this URI: a mode of the same store with
+     * other capabilities (postgres://...?mode=advisory), or NULL to keep
+     * this one. Called before open(). Optional. */
+    const struct dlock__backend *(*select)(const dlock__uri *uri);
 } dlock__backend;
 
 /* --- services the core offers to backends ------------------------------ */
@@ -168,6 +173,12 @@ extern const dlock__backend dlock__backend_etcd;
 #endif
 #ifdef DLOCK_HAVE_SQLITE
 extern const dlock__backend dlock__backend_sqlite;
+#endif
+#ifdef DLOCK_HAVE_PG
+extern const dlock__backend dlock__backend_pg;
+#endif
+#ifdef DLOCK_HAVE_MYSQL
+extern const dlock__backend dlock__backend_mysql;
 #endif
 
 /* The backend for a URI scheme; NULL when unknown. *built is 0 for a known

@@ -404,7 +404,8 @@ int dlock_client_open(dlock_client **out, const char *uri,
     if (!be) {
         rc = built ? dlock__err(DLOCK_EINVAL,
                                 "unknown store '%s://' (known: file, redis, "
-                                "unix)",
+                                "unix, zk, etcd, etcds, sqlite, postgres, "
+                                "postgresql, mysql, mariadb, redlock)",
                                 u.scheme)
                    : dlock__err(DLOCK_ENOTSUP,
                                 "this dlock was built without %s:// support",
@@ -412,6 +413,8 @@ int dlock_client_open(dlock_client **out, const char *uri,
         dlock__uri_free(&u);
         return rc;
     }
+    if (be->select && be->select(&u))
+        be = be->select(&u);
 
     c = calloc(1, sizeof(*c));
     if (!c) {

@@ -35,14 +35,24 @@ static const struct {
 #endif
     /* stores planned but not yet written */
     {"redlock", NULL},
-    {"postgres", NULL},
-    {"postgresql", NULL},
-    {"mysql", NULL},
-    {"mariadb", NULL},
 #ifdef DLOCK_HAVE_SQLITE
     {"sqlite", &dlock__backend_sqlite},
 #else
     {"sqlite", NULL},
+#endif
+#ifdef DLOCK_HAVE_PG
+    {"postgres", &dlock__backend_pg},
+    {"postgresql", &dlock__backend_pg},
+#else
+    {"postgres", NULL},
+    {"postgresql", NULL},
+#endif
+#ifdef DLOCK_HAVE_MYSQL
+    {"mysql", &dlock__backend_mysql},
+    {"mariadb", &dlock__backend_mysql},
+#else
+    {"mysql", NULL},
+    {"mariadb", NULL},
 #endif
 };
 

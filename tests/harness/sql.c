@@ -1,0 +1,318 @@
+/*
+ * sql.c -- private PostgreSQL and MariaDB servers for the tests (see
+ * test.h), started through tests/servers/sqlserver.sh, and a superuser
+ * connection to look behind the store's back.
+ */
+#include "test.h"
+
+#ifdef TH_PG
+#include <libpq-fe.h>
+#endif
+#ifdef TH_MYSQL
+#include <mysql.h>
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef TH_SQLSERVER
+#error "TH_SQLSERVER: the path of tests/servers/sqlserver.sh"
+#endif
+
+int th_sql_available(const char *kind)
+{
+    if (!strcmp(kind, "pg")) {
+#ifndef TH_PG
+        return 0;
+#else
+        char cmd[] = "ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1";
+        return system(cmd) == 0;
+#endif
+    }
+#ifndef TH_MYSQL
+    return 0;
+#else
+    return access("/usr/sbin/mariadbd", X_OK) == 0;
+#endif
+}
+
+static void spawn(th_sql *s)
+{
+    char port[16];
+    pid_t parent = getpid(), pid;
+
+    snprintf(port, sizeof(port), "%d", s->port);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        char log[700];
+        snprintf(log, sizeof(log), "%s/start.log", s->dir);
+        int null = open("/dev/null", O_RDWR);
+        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        /* its own process group: the server's processes are signalled
+         * together (a frozen PostgreSQL is every backend frozen) */
+        setsid();
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        dup2(null, 0);
+        dup2(out >= 0 ? out : null, 1);
+        dup2(out >= 0 ? out : null, 2);
+        if (s->cert[0])
+            execl("/bin/bash", "bash", TH_SQLSERVER, s->kind, s->dir, port,
+                  s->cert, s->key, (char *)NULL);
+        else
+            execl("/bin/bash", "bash", TH_SQLSERVER, s->kind, s->dir, port,
+                  (char *)NULL);
+        _exit(127);
+    }
+    s->pid = pid;
+    th__track(pid, 1);
+}
+
+static int exited(th_sql *s)
+{
+    int st;
+
+    if (s->pid <= 0)
+        return 1;
+    if (waitpid(s->pid, &st, WNOHANG) != s->pid)
+        return 0;
+    th__track(s->pid, 0);
+    s->pid = 0;
+    return 1;
+}
+
+/* 1 when the server answers a query as the superuser. */
+static int answers(th_sql *s)
+{
+    char out[64];
+    return th_sql_try(s, out, sizeof(out), "SELECT 1") == 1;
+}
+
+static int wait_up(th_sql *s, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+
+    while (th_now_ms() < until) {
+        if (exited(s))
+            return -1;
+        if (answers(s))
+            return 0;
+        th_sleep_ms(100);
+    }
+    return -1;
+}
+
+static void start(th_sql *s, const char *kind, const char *cert,
+                  const char *key)
+{
+    static int seq;
+
+    if (!th_sql_available(kind))
+        th_fail(__FILE__, __LINE__, "no %s server or client library", kind);
+    /* the server may run as another user (PostgreSQL refuses root): it
+     * must be able to reach its directory */
+    chmod(th_tmpdir(), 0711);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        memset(s, 0, sizeof(*s));
+        snprintf(s->kind, sizeof(s->kind), "%s", kind);
+        s->port = th_free_port();
+        snprintf(s->dir, sizeof(s->dir), "%s/%s%d", th_tmpdir(), kind,
+                 seq++);
+        mkdir(s->dir, 0755);
+        if (cert) {
+            snprintf(s->cert, sizeof(s->cert), "%s", cert);
+            snprintf(s->key, sizeof(s->key), "%s", key);
+        }
+        if (!strcmp(kind, "pg"))
+            snprintf(s->uri, sizeof(s->uri),
+                     "postgres://dlock:dlock-secret@127.0.0.1:%d/postgres",
+                     s->port);
+        else
+            snprintf(s->uri, sizeof(s->uri),
+                     "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest",
+                     s->port);
+        spawn(s);
+        if (wait_up(s, 90000) == 0)
+            return;
+        th_sql_kill(s, SIGKILL);
+    }
+    th_fail(__FILE__, __LINE__, "the %s server did not start (see %s/"
+            "start.log and server.log)", kind, s->dir);
+}
+
+void th_sql_start(th_sql *s, const char *kind)
+{
+    start(s, kind, NULL, NULL);
+}
+
+void th_sql_start_tls(th_sql *s, const char *kind, const char *cert,
+                      const char *key)
+{
+    start(s, kind, cert, key);
+}
+
+void th_sql_kill(th_sql *s, int sig)
+{
+    if (s->pid <= 0)
+        return;
+    /* the whole group: every PostgreSQL backend, not only the postmaster */
+    if (sig == SIGSTOP || sig == SIGCONT || sig == SIGKILL)
+        kill(-s->pid, sig);
+    else
+        kill(s->pid, sig);
+    if (sig == SIGSTOP || sig == SIGCONT)
+        return;
+    if (sig != SIGKILL) {
+        kill(-s->pid, SIGCONT);
+        for (int k = 0; k < 300 && !exited(s); k++)
+            th_sleep_ms(50);
+        if (s->pid <= 0)
+            return;
+        kill(-s->pid, SIGKILL);
+    }
+    waitpid(s->pid, NULL, 0);
+    th__track(s->pid, 0);
+    s->pid = 0;
+}
+
+void th_sql_restart(th_sql *s)
+{
+    if (s->pid > 0)
+        th_fail(__FILE__, __LINE__, "the %s server is running", s->kind);
+    /* after a SIGKILL, PostgreSQL backends may linger a moment (and keep
+     * the shared memory): try again until the new server answers */
+    for (int attempt = 0; attempt < 20; attempt++) {
+        spawn(s);
+        if (wait_up(s, 60000) == 0)
+            return;
+        th_sql_kill(s, SIGKILL);
+        th_sleep_ms(250);
+    }
+    th_fail(__FILE__, __LINE__, "the %s server did not restart (see %s/"
+            "server.log)", s->kind, s->dir);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The superuser's connection                                               */
+/* ------------------------------------------------------------------------ */
+
+static long long query_v(th_sql *s, int must, char *out, size_t cap,
+                         const char *fmt, va_list ap)
+{
+    char sql[8192];
+    long long v = -1;
+
+    vsnprintf(sql, sizeof(sql), fmt, ap);
+    if (out && cap)
+        out[0] = '\0';
+    if (!strcmp(s->kind, "pg")) {
+#ifdef TH_PG
+        char conninfo[900];
+        snprintf(conninfo, sizeof(conninfo),
+                 "host=%s port=%d user=dlock dbname=postgres "
+                 "connect_timeout=3",
+                 s->dir, s->port);
+        PGconn *pg = PQconnectdb(conninfo);
+        if (PQstatus(pg) != CONNECTION_OK) {
+            if (must)
+                th_fail(__FILE__, __LINE__, "postgres: %s",
+                        PQerrorMessage(pg));
+            if (out && cap)
+                snprintf(out, cap, "%s", PQerrorMessage(pg));
+            PQfinish(pg);
+            return -2;
+        }
+        PGresult *r = PQexec(pg, sql);
+        ExecStatusType st = PQresultStatus(r);
+        if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+            if (must)
+                th_fail(__FILE__, __LINE__, "postgres: %s: %s", sql,
+                        PQresultErrorMessage(r));
+            if (out && cap)
+                snprintf(out, cap, "%s", PQresultErrorMessage(r));
+            v = -2;
+        } else if (st == PGRES_TUPLES_OK && PQntuples(r) > 0 &&
+                   !PQgetisnull(r, 0, 0)) {
+            if (out && cap)
+                snprintf(out, cap, "%s", PQgetvalue(r, 0, 0));
+            v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+            if (!strcmp(PQgetvalue(r, 0, 0), "t"))
+                v = 1;
+        } else if (st == PGRES_COMMAND_OK) {
+            v = strtoll(PQcmdTuples(r), NULL, 10);
+        }
+        PQclear(r);
+        PQfinish(pg);
+#endif
+    } else {
+#ifdef TH_MYSQL
+        char sock[700];
+        unsigned timeout = 3;
+        MYSQL *m = mysql_init(NULL);
+        snprintf(sock, sizeof(sock), "%s/mysql.sock", s->dir);
+        mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
+        if (!mysql_real_connect(m, "localhost", "root", NULL, "dlocktest", 0,
+                                sock, 0)) {
+            if (must)
+                th_fail(__FILE__, __LINE__, "mysql: %s", mysql_error(m));
+            if (out && cap)
+                snprintf(out, cap, "%s", mysql_error(m));
+            mysql_close(m);
+            return -2;
+        }
+        if (mysql_query(m, sql) != 0) {
+            if (must)
+                th_fail(__FILE__, __LINE__, "mysql: %s: %s", sql,
+                        mysql_error(m));
+            if (out && cap)
+                snprintf(out, cap, "%s", mysql_error(m));
+            v = -2;
+        } else {
+            MYSQL_RES *res = mysql_store_result(m);
+            if (res) {
+                MYSQL_ROW row = mysql_fetch_row(res);
+                if (row && row[0]) {
+                    if (out && cap)
+                        snprintf(out, cap, "%s", row[0]);
+                    v = strtoll(row[0], NULL, 10);
+                }
+                mysql_free_result(res);
+            } else {
+                v = (long long)mysql_affected_rows(m);
+            }
+        }
+        mysql_close(m);
+#endif
+    }
+    return v;
+}
+
+long long th_sql_query(th_sql *s, char *out, size_t cap, const char *fmt,
+                       ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    long long v = query_v(s, 1, out, cap, fmt, ap);
+    va_end(ap);
+    return v;
+}
+
+long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    long long v = query_v(s, 0, out, cap, fmt, ap);
+    va_end(ap);
+    return v;
+}

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# sqlserver.sh pg|mysql DIR PORT [CERT KEY] -- a private PostgreSQL or
+# MariaDB server for the tests and the benchmarks, never a system service.
+#
+# Creates the server's data in DIR on the first call (initdb /
+# mariadb-install-db), then replaces itself (exec) with the server in the
+# foreground, listening on 127.0.0.1:PORT and on a Unix socket in DIR, its
+# log in DIR/server.log. The caller kills it when done. CERT and KEY (PEM
+# files) turn TLS on.
+#
+#   pg:    superuser "dlock", password "dlock-secret" (scram-sha-256 over
+#          TCP, trust over the socket DIR/.s.PGSQL.PORT); database
+#          "postgres". fsync off unless DLOCK_SQL_DURABLE=1.
+#   mysql: user 'dlock'@'%', password "dlock-secret", every privilege;
+#          root without a password over the socket DIR/mysql.sock;
+#          database "dlocktest". The log is flushed once a second
+#          (innodb_flush_log_at_trx_commit=2) unless DLOCK_SQL_DURABLE=1.
+#
+# As root, PostgreSQL (which refuses root) runs as the user postgres (made
+# by Debian's postgresql package), else nobody; DIR must then be reachable
+# by that user. The server dies with its parent (--pdeathsig / prctl).
+set -eu
+
+if [ $# -ne 3 ] && [ $# -ne 5 ]; then
+    echo "usage: $0 pg|mysql DIR PORT [CERT KEY]" >&2
+    exit 2
+fi
+kind=$1
+dir=$2
+port=$3
+cert=${4:-}
+key=${5:-}
+password=dlock-secret
+durable=${DLOCK_SQL_DURABLE:-0}
+
+case $kind in
+pg)
+    bin=
+    for d in /usr/lib/postgresql/*/bin; do
+        [ -x "$d/postgres" ] && bin=$d
+    done
+    if [ -z "$bin" ]; then
+        echo "sqlserver.sh: no PostgreSQL server (apt-get install postgresql)" >&2
+        exit 1
+    fi
+    run=()
+    if [ "$(id -u)" = 0 ]; then
+        user=postgres
+        id "$user" >/dev/null 2>&1 || user=nobody
+        run=(setpriv "--reuid=$user" "--regid=$(id -g "$user")" --init-groups --pdeathsig SIGKILL --)
+    fi
+    if [ ! -f "$dir/data/PG_VERSION" ]; then
+        mkdir -p "$dir/data"
+        printf '%s\n' "$password" >"$dir/pwfile"
+        if [ "$(id -u)" = 0 ]; then
+            chown -R "$user" "$dir"
+        fi
+        chmod 700 "$dir/data"
+        "${run[@]}" "$bin/initdb" -D "$dir/data" -U dlock --pwfile="$dir/pwfile" \
+            --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C \
+            --no-sync --no-instructions >"$dir/initdb.log" 2>&1 || {
+            cat "$dir/initdb.log" >&2
+            exit 1
+        }
+        rm -f "$dir/pwfile"
+        {
+            echo "listen_addresses = '127.0.0.1'"
+            echo "unix_socket_directories = '$dir'"
+            echo "max_connections = 300"
+            echo "shared_buffers = 32MB"
+            echo "log_min_messages = warning"
+            echo "log_connections = off"
+            if [ "$durable" != 1 ]; then
+                echo "fsync = off"
+                echo "full_page_writes = off"
+                echo "synchronous_commit = off"
+            fi
+        } >>"$dir/data/postgresql.conf"
+    fi
+    if [ -n "$cert" ]; then
+        cp "$cert" "$dir/data/server.crt"
+        cp "$key" "$dir/data/server.key"
+        [ "$(id -u)" = 0 ] && chown "$user" "$dir/data/server.crt" "$dir/data/server.key"
+        chmod 600 "$dir/data/server.key"
+        ssl=(-c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key)
+    else
+        ssl=()
+    fi
+    exec "${run[@]}" "$bin/postgres" -D "$dir/data" -p "$port" "${ssl[@]}" \
+        >>"$dir/server.log" 2>&1
+    ;;
+mysql)
+    if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+        echo "sqlserver.sh: no MariaDB server (apt-get install mariadb-server)" >&2
+        exit 1
+    fi
+    export PATH=$PATH:/usr/sbin
+    asroot=()
+    [ "$(id -u)" = 0 ] && asroot=(--user=root)
+    if [ ! -d "$dir/data/mysql" ]; then
+        mkdir -p "$dir/data"
+        mariadb-install-db --no-defaults --datadir="$dir/data" \
+            --auth-root-authentication-method=normal --skip-test-db \
+            "${asroot[@]}" >"$dir/install.log" 2>&1 || {
+            cat "$dir/install.log" >&2
+            exit 1
+        }
+        cat >"$dir/init.sql" <<EOF
+CREATE USER IF NOT EXISTS 'dlock'@'%' IDENTIFIED BY '$password';
+GRANT ALL ON *.* TO 'dlock'@'%' WITH GRANT OPTION;
+CREATE DATABASE IF NOT EXISTS dlocktest;
+EOF
+    fi
+    flush=2
+    [ "$durable" = 1 ] && flush=1
+    tls=()
+    if [ -n "$cert" ]; then
+        tls=("--ssl-cert=$cert" "--ssl-key=$key")
+    fi
+    exec setpriv --pdeathsig SIGKILL -- mariadbd --no-defaults "${asroot[@]}" \
+        --datadir="$dir/data" --port="$port" --bind-address=127.0.0.1 \
+        --socket="$dir/mysql.sock" --pid-file="$dir/mysql.pid" \
+        --init-file="$dir/init.sql" --skip-log-bin --skip-name-resolve \
+        --innodb-buffer-pool-size=32M --innodb-log-file-size=32M \
+        --innodb-flush-log-at-trx-commit=$flush --max-connections=300 \
+        --log-error="$dir/server.log" "${tls[@]}"
+    ;;
+*)
+    echo "sqlserver.sh: pg or mysql, not '$kind'" >&2
+    exit 2
+    ;;
+esac
