@@ -591,17 +591,6 @@ static int hexval(int c)
                                   : -1;
 }
 
-static void to_hex(const char *in, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[(unsigned char)in[i] >> 4];
-        out[2 * i + 1] = digits[(unsigned char)in[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
 /* The application_name of a hold: "dlock " + desc, within 63 bytes. */
 static void appname(const dlock__lease *l, char *out, size_t cap)
 {
@@ -990,30 +979,12 @@ static int pg_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return changed ? DLOCK_OK : not_ours(ps);
 }
 
-/* Appends a copy of s to out->queue. */
-static int queue_add(dlock_info *out, const char *s, size_t *cap)
-{
-    if (out->queue_len == *cap) {
-        size_t n = *cap ? *cap * 2 : 8;
-        char **p = realloc(out->queue, n * sizeof(*p));
-        if (!p)
-            return enomem();
-        out->queue = p;
-        *cap = n;
-    }
-    if (!(out->queue[out->queue_len] = strdup(s)))
-        return enomem();
-    out->queue_len++;
-    return DLOCK_OK;
-}
-
 static int pg_inspect(void *st, const char *name, size_t len,
                       dlock_info *out, int64_t op_deadline)
 {
     pg_store *ps = st;
     pg_conn *cn;
     PGresult *r;
-    size_t cap = 0;
     int rc;
 
     const char *vals[1] = {name};
@@ -1040,7 +1011,7 @@ static int pg_inspect(void *st, const char *name, size_t len,
     }
     if (rc == DLOCK_OK) {
         for (int i = 0; i < PQntuples(r) && rc == DLOCK_OK; i++)
-            rc = queue_add(out, PQgetvalue(r, i, 0), &cap);
+            rc = dlock__info_add_waiter(out, PQgetvalue(r, i, 0));
         out->waiters = (int64_t)out->queue_len;
         PQclear(r);
     }
@@ -1180,7 +1151,7 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         char *lit = PQescapeLiteral(cn->pg, app, strlen(app));
         char *sql = NULL;
         if (hex && lit) {
-            to_hex(l->name, l->name_len, hex);
+            dlock__hex(l->name, l->name_len, hex);
             size_t cap = strlen(hex) + strlen(lit) + 512;
             sql = malloc(cap);
             if (sql)
@@ -1306,7 +1277,6 @@ static int adv_inspect(void *st, const char *name, size_t len,
 {
     pg_store *ps = st;
     PGresult *r;
-    size_t cap = 0;
     int rc;
 
     const char *vals[1] = {name};
@@ -1333,7 +1303,7 @@ static int adv_inspect(void *st, const char *name, size_t len,
             snprintf(out->holder, sizeof(out->holder), "%s", who);
             out->held_ms = col_ll(r, i, 2, -1);
         } else {
-            rc = queue_add(out, who, &cap);
+            rc = dlock__info_add_waiter(out, who);
         }
     }
     out->waiters = (int64_t)out->queue_len;

@@ -447,26 +447,12 @@ static int sq_inspect(void *st, const char *name, size_t len,
     done(ss, S_INSPECT);
     if (rc == DLOCK_OK) {
         sqlite3_stmt *q = ss->st[S_QUEUE];
-        size_t cap = 0;
         sqlite3_bind_blob(q, 1, name, (int)len, SQLITE_STATIC);
         while ((row = sqlite3_step(q)) == SQLITE_ROW) {
             const unsigned char *h = sqlite3_column_text(q, 0);
-            if (out->queue_len == cap) {
-                size_t n = cap ? cap * 2 : 8;
-                char **p = realloc(out->queue, n * sizeof(*p));
-                if (!p) {
-                    rc = dlock__err(DLOCK_ENOMEM, "out of memory");
-                    break;
-                }
-                out->queue = p;
-                cap = n;
-            }
-            if (!(out->queue[out->queue_len] =
-                      strdup(h ? (const char *)h : ""))) {
-                rc = dlock__err(DLOCK_ENOMEM, "out of memory");
+            rc = dlock__info_add_waiter(out, h ? (const char *)h : "");
+            if (rc)
                 break;
-            }
-            out->queue_len++;
         }
         if (rc == DLOCK_OK && row != SQLITE_DONE)
             rc = sq_error(ss, "reading the queue");

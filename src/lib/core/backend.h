@@ -157,6 +157,13 @@ void dlock__notify_lost(dlock_client *c,
                         int (*match)(const dlock__lease *l, void *arg),
                         void *arg, const char *why);
 
+/* Appends a copy of s (a waiter's description) to out->queue, growing
+ * it. DLOCK_OK or DLOCK_ENOMEM (with a message). */
+int dlock__info_add_waiter(dlock_info *out, const char *s);
+
+/* Writes the 2n lowercase hex digits of in[0..n) and a NUL to out. */
+void dlock__hex(const void *in, size_t n, char *out);
+
 /* Makes the background thread call loop_fd()/loop_run() soon. */
 void dlock__loop_wake(dlock_client *c);
 

@@ -600,6 +600,23 @@ void dlock_info_clear(dlock_info *info)
     memset(info, 0, sizeof(*info));
 }
 
+int dlock__info_add_waiter(dlock_info *out, const char *s)
+{
+    size_t n = out->queue_len;
+
+    /* capacity: 8, then doubled whenever n reaches a power of two */
+    if (n == 0 || (n >= 8 && (n & (n - 1)) == 0)) {
+        char **p = realloc(out->queue, (n ? 2 * n : 8) * sizeof(*p));
+        if (!p)
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        out->queue = p;
+    }
+    if (!(out->queue[n] = strdup(s)))
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    out->queue_len = n + 1;
+    return DLOCK_OK;
+}
+
 int dlock_inspect(dlock_client *c, const char *name, dlock_info *out)
 {
     size_t len = 0;

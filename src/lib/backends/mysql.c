@@ -1,0 +1,910 @@
+/*
+ * mysql.c -- the MySQL/MariaDB store (MariaDB Connector/C, which also
+ * speaks to MySQL): the seeds' lock table.
+ *
+ *  - One row per lock name in table T (default dlock_locks): owner,
+ *    holder, hold count, fencing token, locked_at and lock_until
+ *    (DATETIME(6) in UTC of the server's clock, UTC_TIMESTAMP(6): neither
+ *    the client's clock nor any session's time zone is used). Rows are not
+ *    deleted on release; dlock_gc() removes long-unused ones.
+ *  - Acquire is one statement: INSERT ... ON DUPLICATE KEY UPDATE where
+ *    every column is taken over only if the lease ended (each assignment
+ *    repeats the condition; owner and lock_until, which the condition
+ *    reads, come last). Affected rows say what happened: 1 inserted, 2
+ *    taken over, 0 busy. The token is max(previous + 1, the server's clock
+ *    in µs), read back through LAST_INSERT_ID(expr) in the same statement,
+ *    so a name whose row gc removed starts again above its old tokens.
+ *  - Release and extend are one UPDATE each, guarded by owner and token.
+ *  - Every value in a statement is a number or a hex literal (X'...'), and
+ *    the table name one backquoted identifier: nothing a caller passes can
+ *    change a statement.
+ *  - Waiting: MySQL cannot notify another client. A release wakes waiters
+ *    of the same client at once (the core does it); waiters elsewhere poll
+ *    from 2 ms doubling up to 100 ms, never past the holder's lease end.
+ *    Fair mode: T_queue (AUTO_INCREMENT), as in the SQLite store.
+ *  - Connections: a pool per client; the non-blocking API of Connector/C,
+ *    so every statement keeps the caller's deadline; READ COMMITTED (no
+ *    gap locks between upserts); a deadlock victim is re-tried.
+ */
+#include "../core/internal.h"
+
+#include <mysql.h>
+#include <errmsg.h>
+#include <mysqld_error.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define MY_DEFAULT_TABLE "dlock_locks"
+#define MY_TABLE_MAX 48  /* + "_queue": within MySQL's 64 */
+#define MY_IDLE_MAX 8
+#define MY_POLL_MIN_MS 2
+#define MY_POLL_MAX_MS 100
+#define MY_DEADLOCK_RETRIES 5
+#define NOW "UTC_TIMESTAMP(6)"
+#define NOW_US "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " NOW ")"
+
+typedef struct my_conn {
+    MYSQL *m;
+    int broken;
+    struct my_conn *next;
+} my_conn;
+
+typedef struct my_store {
+    char *redacted;
+    int64_t timeout_ms;
+    char *host, *user, *password, *db;
+    unsigned port;
+    char *ssl_ca, *ssl_cert, *ssl_key;
+    int ssl_enforce, ssl_verify;
+    char t[2 * MY_TABLE_MAX + 8];  /* `T` */
+    char q[2 * MY_TABLE_MAX + 16]; /* `T_queue` */
+    char table[MY_TABLE_MAX + 1];
+    pthread_mutex_t mu;
+    my_conn *idle;
+    int nidle;
+} my_store;
+
+typedef struct my_lease {
+    int64_t seq;     /* fair queue entry, 0 when none */
+    int64_t backoff; /* next poll interval */
+} my_lease;
+
+static int enomem(void)
+{
+    return dlock__err(DLOCK_ENOMEM, "out of memory");
+}
+
+/* The code for a server or client error number. */
+static int code_of(unsigned e)
+{
+    switch (e) {
+    case ER_ACCESS_DENIED_ERROR:
+    case ER_DBACCESS_DENIED_ERROR:
+    case ER_TABLEACCESS_DENIED_ERROR:
+    case ER_COLUMNACCESS_DENIED_ERROR:
+    case ER_SPECIFIC_ACCESS_DENIED_ERROR:
+    case ER_BAD_DB_ERROR:
+        return DLOCK_EAUTH;
+    case ER_LOCK_DEADLOCK:
+    case ER_LOCK_WAIT_TIMEOUT:
+    case ER_SERVER_SHUTDOWN:
+    case ER_CON_COUNT_ERROR:
+    case ER_TOO_MANY_USER_CONNECTIONS:
+    case ER_OPTION_PREVENTS_STATEMENT: /* read_only: a replica */
+        return DLOCK_ECONN;
+    default:
+        return e >= 2000 && e < 3000 ? DLOCK_ECONN : DLOCK_EPROTO;
+    }
+}
+
+/* The connection's last error; a client-side error (CR_*) breaks it. */
+static int my_error(my_store *ms, my_conn *cn, const char *what)
+{
+    unsigned e = mysql_errno(cn->m);
+
+    if (e >= 2000 && e < 3000)
+        cn->broken = 1;
+    return dlock__err(code_of(e), "mysql %s: %s: %s (error %u)",
+                      ms->redacted, what,
+                      e ? mysql_error(cn->m) : "connection lost", e);
+}
+
+static int timeout_error(my_store *ms, my_conn *cn, const char *what)
+{
+    cn->broken = 1;
+    return dlock__err(DLOCK_ECONN, "mysql %s: %s: no answer in time",
+                      ms->redacted, what);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Non-blocking I/O                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Waits for what the library asked (status) until `deadline`; returns the
+ * status to pass to the _cont call, or -1 when the deadline passed. */
+static int wait_io(MYSQL *m, int status, int64_t deadline)
+{
+    struct pollfd p;
+    int64_t left = deadline - dlock__now_ms();
+    int lib = -1;
+
+    p.fd = mysql_get_socket(m);
+    p.events = (short)((status & MYSQL_WAIT_READ ? POLLIN : 0) |
+                       (status & MYSQL_WAIT_WRITE ? POLLOUT : 0) |
+                       (status & MYSQL_WAIT_EXCEPT ? POLLPRI : 0));
+    p.revents = 0;
+    if (status & MYSQL_WAIT_TIMEOUT)
+        lib = (int)mysql_get_timeout_value_ms(m);
+    for (;;) {
+        left = deadline - dlock__now_ms();
+        if (left <= 0)
+            return -1;
+        int ms = left > 60000 ? 60000 : (int)left;
+        int own = lib < 0 || lib > ms; /* which timer ends the poll */
+        if (!own)
+            ms = lib;
+        int r = poll(&p, 1, ms);
+        if (r > 0)
+            return (p.revents & (POLLIN | POLLHUP | POLLERR) ? MYSQL_WAIT_READ
+                                                              : 0) |
+                   (p.revents & POLLOUT ? MYSQL_WAIT_WRITE : 0) |
+                   (p.revents & POLLPRI ? MYSQL_WAIT_EXCEPT : 0);
+        if (r == 0 && !own)
+            return MYSQL_WAIT_TIMEOUT;
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+static void conn_free(my_conn *cn)
+{
+    if (!cn)
+        return;
+    if (cn->m) {
+        /* a shut socket makes the close's COM_QUIT fail at once instead of
+         * blocking on a dead or frozen server */
+        if (cn->broken && mysql_get_socket(cn->m) >= 0)
+            shutdown(mysql_get_socket(cn->m), SHUT_RDWR);
+        mysql_close(cn->m);
+    }
+    free(cn);
+}
+
+static int conn_open(my_store *ms, int64_t deadline, my_conn **out)
+{
+    my_conn *cn = calloc(1, sizeof(*cn));
+    MYSQL *ret = NULL;
+    unsigned secs;
+    int status, rc;
+    my_bool yes = 1;
+
+    *out = NULL;
+    if (!cn || !(cn->m = mysql_init(NULL))) {
+        free(cn);
+        return enomem();
+    }
+    /* the library's own timeouts only back ours up */
+    secs = (unsigned)((ms->timeout_ms + 999) / 1000) + 1;
+    mysql_options(cn->m, MYSQL_OPT_NONBLOCK, 0);
+    mysql_options(cn->m, MYSQL_OPT_CONNECT_TIMEOUT, &secs);
+    mysql_options(cn->m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+    mysql_options(cn->m, MYSQL_INIT_COMMAND,
+                  "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    mysql_optionsv(cn->m, MYSQL_OPT_CONNECT_ATTR_ADD, "program_name",
+                   "dlock");
+    if (ms->ssl_ca)
+        mysql_options(cn->m, MYSQL_OPT_SSL_CA, ms->ssl_ca);
+    if (ms->ssl_cert)
+        mysql_options(cn->m, MYSQL_OPT_SSL_CERT, ms->ssl_cert);
+    if (ms->ssl_key)
+        mysql_options(cn->m, MYSQL_OPT_SSL_KEY, ms->ssl_key);
+    if (ms->ssl_enforce)
+        mysql_options(cn->m, MYSQL_OPT_SSL_ENFORCE, &yes);
+    if (ms->ssl_verify)
+        mysql_options(cn->m, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &yes);
+    status = mysql_real_connect_start(&ret, cn->m, ms->host, ms->user,
+                                      ms->password, ms->db, ms->port, NULL,
+                                      0);
+    while (status) {
+        int ready = wait_io(cn->m, status, deadline);
+        if (ready < 0) {
+            rc = timeout_error(ms, cn, "connecting");
+            conn_free(cn);
+            return rc;
+        }
+        status = mysql_real_connect_cont(&ret, cn->m, ready);
+    }
+    if (!ret) {
+        rc = my_error(ms, cn, "connecting");
+        cn->broken = 1;
+        conn_free(cn);
+        return rc;
+    }
+    *out = cn;
+    return DLOCK_OK;
+}
+
+static int conn_get(my_store *ms, int64_t deadline, my_conn **out)
+{
+    pthread_mutex_lock(&ms->mu);
+    my_conn *cn = ms->idle;
+    if (cn) {
+        ms->idle = cn->next;
+        ms->nidle--;
+        cn->next = NULL;
+    }
+    pthread_mutex_unlock(&ms->mu);
+    if (cn) {
+        /* an idle connection has nothing to read unless the server closed
+         * it (a restart, wait_timeout): then a new one */
+        struct pollfd p = {mysql_get_socket(cn->m), POLLIN, 0};
+        if (poll(&p, 1, 0) == 0) {
+            *out = cn;
+            return DLOCK_OK;
+        }
+        cn->broken = 1;
+        conn_free(cn);
+    }
+    return conn_open(ms, deadline, out);
+}
+
+static void conn_put(my_store *ms, my_conn *cn)
+{
+    if (!cn)
+        return;
+    if (cn->broken) {
+        conn_free(cn);
+        return;
+    }
+    pthread_mutex_lock(&ms->mu);
+    if (ms->nidle < MY_IDLE_MAX) {
+        cn->next = ms->idle;
+        ms->idle = cn;
+        ms->nidle++;
+        cn = NULL;
+    }
+    pthread_mutex_unlock(&ms->mu);
+    conn_free(cn);
+}
+
+/*
+ * Runs one statement on cn within `deadline`. *res gets its rows (NULL for
+ * a statement without rows; the caller frees them), *affected the rows it
+ * changed, *id the LAST_INSERT_ID it set. Any may be NULL.
+ */
+static int query(my_store *ms, my_conn *cn, const char *sql,
+                 int64_t deadline, MYSQL_RES **res, uint64_t *affected,
+                 uint64_t *id, const char *what)
+{
+    MYSQL_RES *r = NULL;
+    int err = 0, status, ready;
+
+    if (res)
+        *res = NULL;
+    status = mysql_real_query_start(&err, cn->m, sql, strlen(sql));
+    while (status) {
+        if ((ready = wait_io(cn->m, status, deadline)) < 0)
+            return timeout_error(ms, cn, what);
+        status = mysql_real_query_cont(&err, cn->m, ready);
+    }
+    if (err)
+        return my_error(ms, cn, what);
+    if (affected)
+        *affected = (uint64_t)mysql_affected_rows(cn->m);
+    if (id)
+        *id = (uint64_t)mysql_insert_id(cn->m);
+    if (mysql_field_count(cn->m) == 0)
+        return DLOCK_OK;
+    status = mysql_store_result_start(&r, cn->m);
+    while (status) {
+        if ((ready = wait_io(cn->m, status, deadline)) < 0)
+            return timeout_error(ms, cn, what);
+        status = mysql_store_result_cont(&r, cn->m, ready);
+    }
+    if (!r)
+        return my_error(ms, cn, what);
+    if (res)
+        *res = r;
+    else
+        mysql_free_result(r);
+    return DLOCK_OK;
+}
+
+/* One statement on a pooled connection; a deadlock victim (rolled back,
+ * nothing done) runs again. */
+static int query_pooled(my_store *ms, const char *sql, int64_t deadline,
+                        MYSQL_RES **res, uint64_t *affected, uint64_t *id,
+                        const char *what)
+{
+    my_conn *cn;
+    int rc;
+
+    for (int attempt = 0;; attempt++) {
+        rc = conn_get(ms, deadline, &cn);
+        if (rc)
+            return rc;
+        rc = query(ms, cn, sql, deadline, res, affected, id, what);
+        unsigned e = rc ? mysql_errno(cn->m) : 0;
+        conn_put(ms, cn);
+        if (!(rc && e == ER_LOCK_DEADLOCK && attempt < MY_DEADLOCK_RETRIES &&
+              dlock__now_ms() < deadline))
+            return rc;
+    }
+}
+
+static long long col_ll(MYSQL_RES *r, int col, long long dflt)
+{
+    MYSQL_ROW row;
+
+    if (!r || (int)mysql_num_fields(r) <= col)
+        return dflt;
+    mysql_data_seek(r, 0);
+    row = mysql_fetch_row(r);
+    if (!row || !row[col])
+        return dflt;
+    return strtoll(row[col], NULL, 10);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Statements                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* `name` with embedded backquotes doubled: one identifier. */
+static void quote_ident(const char *in, const char *suffix, char *out,
+                        size_t cap)
+{
+    char both[MY_TABLE_MAX + 16];
+    size_t o = 0;
+
+    snprintf(both, sizeof(both), "%s%s", in, suffix);
+    out[o++] = '`';
+    for (const char *p = both; *p && o + 3 < cap; p++) {
+        if (*p == '`')
+            out[o++] = '`';
+        out[o++] = *p;
+    }
+    out[o++] = '`';
+    out[o] = '\0';
+}
+
+/* X'<hex>' of n bytes into a fresh buffer (NULL: out of memory). */
+static char *hexlit(const char *s, size_t n)
+{
+    char *out = malloc(2 * n + 4);
+
+    if (!out)
+        return NULL;
+    out[0] = 'X';
+    out[1] = '\'';
+    dlock__hex(s, n, out + 2);
+    out[2 * n + 2] = '\'';
+    out[2 * n + 3] = '\0';
+    return out;
+}
+
+/* A statement from fmt with %s replaced in order by the given strings
+ * (numbers are formatted by the caller). Fresh buffer, or NULL. */
+static char *stmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *stmt(const char *fmt, ...)
+{
+    va_list ap;
+    char *out;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !(out = malloc((size_t)n + 1)))
+        return NULL;
+    va_start(ap, fmt);
+    vsnprintf(out, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return out;
+}
+
+/* The take-over condition of the upsert: the lease ended, or the row is
+ * already ours (an earlier try whose answer was lost); fair mode also
+ * needs no live queue entry before ours. */
+#define TAKE "(lock_until <= " NOW " OR owner <=> VALUES(owner))"
+
+static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    my_store *ms = st;
+    my_lease *sl = l->priv;
+    int fair = (l->flags & DLOCK_FAIR) != 0;
+    char *name = hexlit(l->name, l->name_len);
+    char *owner = hexlit(l->owner, strlen(l->owner));
+    char *holder = hexlit(l->desc, strlen(l->desc));
+    char *sql = NULL, *ahead = NULL, cond[4096];
+    long long seq = sl->seq ? sl->seq : INT64_MAX;
+    uint64_t affected = 0, token = 0;
+    MYSQL_RES *r = NULL;
+    int rc = DLOCK_OK;
+
+    if (!name || !owner || !holder) {
+        rc = enomem();
+        goto out;
+    }
+    if (fair && sl->seq) {
+        /* still waiting: keep the queue entry alive */
+        char *refresh = stmt("UPDATE %s SET alive_until = " NOW
+                             " + INTERVAL 3 SECOND WHERE seq = %lld",
+                             ms->q, seq);
+        rc = refresh ? query_pooled(ms, refresh, op_deadline, NULL, NULL,
+                                    NULL, "refreshing the queue entry")
+                     : enomem();
+        free(refresh);
+        if (rc)
+            goto out;
+    }
+    if (fair) {
+        ahead = stmt("NOT EXISTS (SELECT 1 FROM %s WHERE name = %s AND "
+                     "alive_until > " NOW " AND seq < %lld)",
+                     ms->q, name, seq);
+        if (!ahead) {
+            rc = enomem();
+            goto out;
+        }
+        snprintf(cond, sizeof(cond), "(" TAKE " AND %s)", ahead);
+    } else {
+        snprintf(cond, sizeof(cond), "%s", TAKE);
+    }
+    sql = stmt("INSERT INTO %s (name, owner, holder, holds, token, "
+               "locked_at, lock_until) SELECT %s, %s, %s, 1, "
+               "LAST_INSERT_ID(" NOW_US "), " NOW ", " NOW
+               " + INTERVAL %lld MICROSECOND FROM DUAL%s%s "
+               "ON DUPLICATE KEY UPDATE "
+               "holder = IF(%s, VALUES(holder), holder), "
+               "holds = IF(%s, 1, holds), "
+               "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
+               "VALUES(token))), token), "
+               "locked_at = IF(%s, VALUES(locked_at), locked_at), "
+               "owner = IF(%s, VALUES(owner), owner), "
+               "lock_until = IF(%s, VALUES(lock_until), lock_until)",
+               ms->t, name, owner, holder, (long long)l->ttl_ms * 1000,
+               fair ? " WHERE " : "", fair ? ahead : "", cond, cond, cond,
+               cond, cond, cond);
+    if (!sql) {
+        rc = enomem();
+        goto out;
+    }
+    rc = query_pooled(ms, sql, op_deadline, NULL, &affected, &token,
+                      "taking the lock");
+    if (rc)
+        goto out;
+    if (affected == 1 || affected == 2) {
+        l->token = token;
+        if (fair && sl->seq) {
+            char *leave = stmt("DELETE FROM %s WHERE seq = %lld", ms->q,
+                               seq);
+            if (leave)
+                (void)query_pooled(ms, leave, op_deadline, NULL, NULL, NULL,
+                                   "leaving the queue");
+            free(leave);
+            sl->seq = 0;
+        }
+        goto out;
+    }
+
+    /* busy: poll again soon, never later than the holder's lease end */
+    free(sql);
+    sql = stmt("SELECT TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV "
+               "1000 + 1 FROM %s WHERE name = %s",
+               ms->t, name);
+    long long left = -1;
+    if (sql && query_pooled(ms, sql, op_deadline, &r, NULL, NULL,
+                            "reading the lease") == DLOCK_OK)
+        left = col_ll(r, 0, -1);
+    if (r)
+        mysql_free_result(r);
+    if (sl->backoff < MY_POLL_MIN_MS)
+        sl->backoff = MY_POLL_MIN_MS;
+    l->retry_ms = sl->backoff;
+    if (left > 0 && left < l->retry_ms)
+        l->retry_ms = left;
+    sl->backoff = sl->backoff * 2 > MY_POLL_MAX_MS ? MY_POLL_MAX_MS
+                                                   : sl->backoff * 2;
+    rc = DLOCK_EBUSY;
+out:
+    free(sql);
+    free(ahead);
+    free(name);
+    free(owner);
+    free(holder);
+    return rc;
+}
+
+static int my_arm(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    my_store *ms = st;
+    my_lease *sl = l->priv;
+    uint64_t id = 0;
+    int rc;
+
+    sl->backoff = MY_POLL_MIN_MS;
+    if (!(l->flags & DLOCK_FAIR) || sl->seq)
+        return DLOCK_OK;
+    char *name = hexlit(l->name, l->name_len);
+    char *holder = hexlit(l->desc, strlen(l->desc));
+    char *sql = name && holder
+                    ? stmt("INSERT INTO %s (name, holder, alive_until) "
+                           "VALUES (%s, %s, " NOW " + INTERVAL 3 SECOND)",
+                           ms->q, name, holder)
+                    : NULL;
+    rc = sql ? query_pooled(ms, sql, op_deadline, NULL, NULL, &id,
+                            "joining the queue")
+             : enomem();
+    if (rc == DLOCK_OK)
+        sl->seq = (int64_t)id;
+    free(sql);
+    free(name);
+    free(holder);
+    return rc;
+}
+
+static void my_disarm(void *st, dlock__lease *l, int acquired)
+{
+    my_store *ms = st;
+    my_lease *sl = l->priv;
+
+    (void)acquired;
+    if (!sl->seq)
+        return;
+    char *sql = stmt("DELETE FROM %s WHERE seq = %lld OR alive_until < " NOW
+                     " - INTERVAL 60 SECOND",
+                     ms->q, (long long)sl->seq);
+    if (sql)
+        (void)query_pooled(ms, sql, dlock__now_ms() + ms->timeout_ms, NULL,
+                           NULL, NULL, "leaving the queue");
+    free(sql);
+    sl->seq = 0;
+}
+
+/* UPDATE guarded by owner and token: DLOCK_OK, ENOTHELD, or an error. */
+static int guarded(my_store *ms, const dlock__lease *l, const char *set,
+                   int64_t op_deadline, const char *what)
+{
+    char *name = hexlit(l->name, l->name_len);
+    char *owner = hexlit(l->owner, strlen(l->owner));
+    char *sql = name && owner
+                    ? stmt("UPDATE %s SET %s WHERE name = %s AND owner = %s "
+                           "AND token = %llu AND lock_until > " NOW,
+                           ms->t, set, name, owner,
+                           (unsigned long long)l->token)
+                    : NULL;
+    uint64_t affected = 0;
+    int rc = sql ? query_pooled(ms, sql, op_deadline, NULL, &affected, NULL,
+                                what)
+                 : enomem();
+
+    free(sql);
+    free(name);
+    free(owner);
+    if (rc)
+        return rc;
+    return affected == 1 ? DLOCK_OK
+                         : dlock__err(DLOCK_ENOTHELD,
+                                      "mysql %s: the lock row is no longer "
+                                      "ours (expired or taken over)",
+                                      ms->redacted);
+}
+
+static int my_release(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    return guarded(st, l,
+                   "owner = NULL, holder = NULL, holds = 0, lock_until = " NOW,
+                   op_deadline, "releasing the lock");
+}
+
+static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,
+                     int64_t op_deadline)
+{
+    char set[96];
+
+    snprintf(set, sizeof(set),
+             "lock_until = " NOW " + INTERVAL %lld MICROSECOND",
+             (long long)ttl_ms * 1000);
+    return guarded(st, l, set, op_deadline, "extending the lease");
+}
+
+static int my_inspect(void *st, const char *name, size_t len,
+                      dlock_info *out, int64_t op_deadline)
+{
+    my_store *ms = st;
+    char *hn = hexlit(name, len), *sql;
+    MYSQL_RES *r = NULL;
+    MYSQL_ROW row;
+    int rc;
+
+    if (!hn)
+        return enomem();
+    sql = stmt("SELECT owner IS NOT NULL AND lock_until > " NOW ", holder, "
+               "token, TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV "
+               "1000, TIMESTAMPDIFF(MICROSECOND, locked_at, " NOW ") DIV "
+               "1000 FROM %s WHERE name = %s",
+               ms->t, hn);
+    rc = sql ? query_pooled(ms, sql, op_deadline, &r, NULL, NULL,
+                            "reading the lock")
+             : enomem();
+    free(sql);
+    if (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL) {
+        out->token = row[2] ? strtoull(row[2], NULL, 10) : 0;
+        if (row[0] && !strcmp(row[0], "1")) {
+            out->held = 1;
+            snprintf(out->holder, sizeof(out->holder), "%s",
+                     row[1] ? row[1] : "");
+            out->ttl_ms = row[3] ? strtoll(row[3], NULL, 10) : -1;
+            out->held_ms = row[4] ? strtoll(row[4], NULL, 10) : -1;
+        }
+    }
+    if (r)
+        mysql_free_result(r);
+    r = NULL;
+    if (rc == DLOCK_OK) {
+        sql = stmt("SELECT holder FROM %s WHERE name = %s AND alive_until > "
+                   NOW " ORDER BY seq",
+                   ms->q, hn);
+        rc = sql ? query_pooled(ms, sql, op_deadline, &r, NULL, NULL,
+                                "reading the queue")
+                 : enomem();
+        free(sql);
+        while (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL)
+            rc = dlock__info_add_waiter(out, row[0] ? row[0] : "");
+        out->waiters = (int64_t)out->queue_len;
+        if (r)
+            mysql_free_result(r);
+    }
+    free(hn);
+    return rc;
+}
+
+static int my_gc(void *st, int64_t idle_ms, uint64_t *removed,
+                 int64_t op_deadline)
+{
+    my_store *ms = st;
+    char *sql = stmt("DELETE FROM %s WHERE lock_until <= " NOW
+                     " - INTERVAL %lld MICROSECOND",
+                     ms->t, (long long)idle_ms * 1000);
+    uint64_t n = 0;
+    int rc = sql ? query_pooled(ms, sql, op_deadline, NULL, &n, NULL,
+                                "removing unused locks")
+                 : enomem();
+
+    free(sql);
+    *removed = rc == DLOCK_OK ? n : 0;
+    if (rc == DLOCK_OK) {
+        sql = stmt("DELETE FROM %s WHERE alive_until <= " NOW, ms->q);
+        rc = sql ? query_pooled(ms, sql, op_deadline, NULL, NULL, NULL,
+                                "removing dead queue entries")
+                 : enomem();
+        free(sql);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Open and close                                                           */
+/* ------------------------------------------------------------------------ */
+
+static void wipe_free(char *s)
+{
+    if (s) {
+        dlock__wipe(s, strlen(s));
+        free(s);
+    }
+}
+
+static void my_close(void *st)
+{
+    my_store *ms = st;
+
+    if (!ms)
+        return;
+    while (ms->idle) {
+        my_conn *cn = ms->idle;
+        ms->idle = cn->next;
+        conn_free(cn);
+    }
+    free(ms->host);
+    free(ms->user);
+    wipe_free(ms->password);
+    free(ms->db);
+    free(ms->ssl_ca);
+    free(ms->ssl_cert);
+    free(ms->ssl_key);
+    pthread_mutex_destroy(&ms->mu);
+    free(ms->redacted);
+    free(ms);
+}
+
+static pthread_once_t library_once = PTHREAD_ONCE_INIT;
+
+static void library_init(void)
+{
+    /* not thread-safe in Connector/C: once per process, before any
+     * connection (mysql_init would otherwise do it on first use) */
+    mysql_library_init(0, NULL, NULL);
+}
+
+static char *dup_or_null(const char *s, int *oom)
+{
+    char *d = s ? strdup(s) : NULL;
+    if (s && !d)
+        *oom = 1;
+    return d;
+}
+
+/* Creates the tables when missing (existing ones need no CREATE right). */
+static int ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
+{
+    char qn[MY_TABLE_MAX + 8];
+    MYSQL_RES *r = NULL;
+    int rc;
+
+    snprintf(qn, sizeof(qn), "%s_queue", ms->table);
+    char *tl = hexlit(ms->table, strlen(ms->table));
+    char *ql = hexlit(qn, strlen(qn));
+    char *sql = tl && ql ? stmt("SELECT COUNT(*) FROM information_schema."
+                                "tables WHERE table_schema = DATABASE() AND "
+                                "table_name IN (CONVERT(%s USING utf8mb4), "
+                                "CONVERT(%s USING utf8mb4))",
+                                tl, ql)
+                         : NULL;
+    free(tl);
+    free(ql);
+    rc = sql ? query(ms, cn, sql, deadline, &r, NULL, NULL,
+                     "looking for the lock table")
+             : enomem();
+    free(sql);
+    long long present = rc == DLOCK_OK ? col_ll(r, 0, 0) : 0;
+    if (r)
+        mysql_free_result(r);
+    if (rc || present == 2)
+        return rc;
+    sql = stmt("CREATE TABLE IF NOT EXISTS %s ("
+               " name VARBINARY(%d) NOT NULL PRIMARY KEY,"
+               " owner VARBINARY(80) NULL,"
+               " holder VARBINARY(255) NULL,"
+               " holds INT NOT NULL DEFAULT 0,"
+               " token BIGINT UNSIGNED NOT NULL DEFAULT 0,"
+               " locked_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00',"
+               " lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 "
+               "00:00:00') ENGINE=InnoDB",
+               ms->t, DLOCK_NAME_MAX);
+    rc = sql ? query(ms, cn, sql, deadline, NULL, NULL, NULL,
+                     "creating the lock table")
+             : enomem();
+    free(sql);
+    if (rc == DLOCK_OK) {
+        sql = stmt("CREATE TABLE IF NOT EXISTS %s ("
+                   " seq BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+                   " name VARBINARY(%d) NOT NULL,"
+                   " holder VARBINARY(255) NULL,"
+                   " alive_until DATETIME(6) NOT NULL,"
+                   " KEY name_seq (name, seq)) ENGINE=InnoDB",
+                   ms->q, DLOCK_NAME_MAX);
+        rc = sql ? query(ms, cn, sql, deadline, NULL, NULL, NULL,
+                         "creating the queue table")
+                 : enomem();
+        free(sql);
+    }
+    if (rc == DLOCK_EAUTH)
+        return dlock__err(DLOCK_EAUTH,
+                          "mysql %s: cannot create the lock table %s (no "
+                          "CREATE right): create it once with the DDL in "
+                          "docs/stores.md, then grant SELECT, INSERT, "
+                          "UPDATE, DELETE on it",
+                          ms->redacted, ms->t);
+    return rc;
+}
+
+static int my_open(void **out, dlock_client *c, const dlock__uri *u,
+                   int64_t timeout_ms)
+{
+    static const char *const params[] = {"table",    "timeout", "ssl_mode",
+                                         "ssl_ca",   "ssl_cert", "ssl_key",
+                                         NULL};
+    const char *table = dlock__uri_param(u, "table");
+    const char *timeout = dlock__uri_param(u, "timeout");
+    const char *mode = dlock__uri_param(u, "ssl_mode");
+    my_store *ms;
+    my_conn *cn;
+    int rc, oom = 0;
+
+    (void)c;
+    rc = dlock__uri_check_params(u, params);
+    if (rc)
+        return rc;
+    if (u->nhosts != 1 || u->path[0] != '/' || u->path[1] == '\0' ||
+        strchr(u->path + 1, '/'))
+        return dlock__err(DLOCK_EINVAL, "mysql URI %s: expected "
+                                        "mysql://[user:password@]host[:port]"
+                                        "/database (one host)",
+                          u->redacted);
+    if (!table)
+        table = MY_DEFAULT_TABLE;
+    if (!table[0] || strlen(table) > MY_TABLE_MAX)
+        return dlock__err(DLOCK_EINVAL, "mysql URI %s: the table name must "
+                                        "be 1 to %d bytes",
+                          u->redacted, MY_TABLE_MAX);
+    if (mode && strcmp(mode, "disabled") && strcmp(mode, "required") &&
+        strcmp(mode, "verify_identity"))
+        return dlock__err(DLOCK_EINVAL, "mysql URI %s: ssl_mode must be "
+                                        "disabled, required or "
+                                        "verify_identity, not '%s'",
+                          u->redacted, mode);
+    if (timeout) {
+        long long v;
+        if (dlock__parse_int(timeout, 3600000, &v) != 0 || v == 0)
+            return dlock__err(DLOCK_EINVAL, "mysql URI %s: timeout must be "
+                                            "milliseconds (1..3600000), not "
+                                            "'%s'",
+                              u->redacted, timeout);
+        timeout_ms = v;
+    }
+    pthread_once(&library_once, library_init);
+    ms = calloc(1, sizeof(*ms));
+    if (!ms || !(ms->redacted = strdup(u->redacted))) {
+        free(ms);
+        return enomem();
+    }
+    pthread_mutex_init(&ms->mu, NULL);
+    ms->timeout_ms = timeout_ms;
+    ms->port = u->hosts[0].port ? (unsigned)u->hosts[0].port : 3306;
+    ms->host = dup_or_null(u->hosts[0].host, &oom);
+    ms->user = dup_or_null(u->user, &oom);
+    ms->password = dup_or_null(u->password, &oom);
+    ms->db = dup_or_null(u->path + 1, &oom);
+    ms->ssl_ca = dup_or_null(dlock__uri_param(u, "ssl_ca"), &oom);
+    ms->ssl_cert = dup_or_null(dlock__uri_param(u, "ssl_cert"), &oom);
+    ms->ssl_key = dup_or_null(dlock__uri_param(u, "ssl_key"), &oom);
+    ms->ssl_enforce = mode && strcmp(mode, "disabled") != 0;
+    ms->ssl_verify = mode && !strcmp(mode, "verify_identity");
+    if (oom) {
+        my_close(ms);
+        return enomem();
+    }
+    snprintf(ms->table, sizeof(ms->table), "%s", table);
+    quote_ident(table, "", ms->t, sizeof(ms->t));
+    quote_ident(table, "_queue", ms->q, sizeof(ms->q));
+
+    int64_t deadline = dlock__now_ms() + timeout_ms;
+    rc = conn_open(ms, deadline, &cn);
+    if (rc) {
+        my_close(ms);
+        return rc;
+    }
+    rc = ensure_schema(ms, cn, deadline);
+    conn_put(ms, cn);
+    if (rc) {
+        my_close(ms);
+        return rc;
+    }
+    *out = ms;
+    return DLOCK_OK;
+}
+
+const dlock__backend dlock__backend_mysql = {
+    "mysql",          /* name */
+    DLOCK__CAP_LEASE, /* caps */
+    sizeof(my_lease), /* lease_size */
+    my_open,          /* open */
+    my_close,         /* close */
+    my_acquire,       /* acquire */
+    my_arm,           /* arm */
+    my_disarm,        /* disarm */
+    my_release,       /* release */
+    my_extend,        /* extend */
+    my_inspect,       /* inspect */
+    NULL,             /* loop_fd */
+    NULL,             /* loop_run */
+    my_gc,            /* gc */
+    NULL,             /* select */
+};
