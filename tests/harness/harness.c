@@ -1281,6 +1281,139 @@ int th_zk_delete_children(void *handle, const char *path)
 }
 #endif /* TH_ZK_CLIENT */
 
+void th_make_cert(const char *dir, const char *what)
+{
+    char cmd[4096];
+
+    snprintf(cmd, sizeof(cmd),
+             "(cd '%s' && { [ -e ca.pem ] || openssl req -x509 -newkey "
+             "rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "
+             "/CN=dlock-test-ca; } && openssl req -newkey rsa:2048 -nodes "
+             "-keyout %s.key -out %s.csr -subj /CN=127.0.0.1 && printf "
+             "'subjectAltName=IP:127.0.0.1\\n' > %s.ext && openssl x509 "
+             "-req -in %s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
+             "%s.pem -days 2 -extfile %s.ext) >/dev/null 2>&1",
+             dir, what, what, what, what, what, what);
+    if (system(cmd) != 0)
+        th_fail(__FILE__, __LINE__,
+                "openssl could not make test certificates (apt-get install "
+                "openssl)");
+}
+
+/* ------------------------------------------------------------------------ */
+/* A holder with a wrong wall clock                                          */
+/* ------------------------------------------------------------------------ */
+
+#define FAKETIME_LIB "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+int th_faketime_available(void)
+{
+    return access(FAKETIME_LIB, R_OK) == 0;
+}
+
+int th_read_line(int fd, char *out, size_t cap, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+    size_t n = 0;
+
+    while (n + 1 < cap) {
+        struct pollfd p = {fd, POLLIN, 0};
+        int64_t left = until - th_now_ms();
+        if (left <= 0 || poll(&p, 1, (int)left) != 1)
+            break;
+        ssize_t r = read(fd, out + n, 1);
+        if (r <= 0)
+            break;
+        if (out[n] == '\n') {
+            out[n] = '\0';
+            return (int)n;
+        }
+        n++;
+    }
+    out[n] = '\0';
+    return -1;
+}
+
+pid_t th_skewed_holder(const char *shift, const char *uri, const char *name,
+                       int64_t ttl_ms, int64_t hold_ms, int *rfd)
+{
+    int p[2];
+    pid_t parent = getpid(), pid;
+    char self[1024], ttl[32], hold[32], fd[16];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+    if (n <= 0 || pipe(p) != 0)
+        th_fail(__FILE__, __LINE__, "readlink/pipe: %s", strerror(errno));
+    self[n] = '\0';
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+    snprintf(hold, sizeof(hold), "%lld", (long long)hold_ms);
+    snprintf(fd, sizeof(fd), "%d", p[1]);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(99);
+        close(p[0]);
+        setenv("LD_PRELOAD", FAKETIME_LIB, 1);
+        setenv("FAKETIME", shift, 1);
+        setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1", 1);
+        setenv("FAKETIME_NO_CACHE", "1", 1);
+        execl(self, self, "--th-skewed-holder", uri, name, ttl, hold, fd,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    *rfd = p[0];
+    return pid;
+}
+
+/* The child of th_skewed_holder(), run from th_main. */
+static int skewed_holder_main(char **argv)
+{
+    const char *uri = argv[2], *name = argv[3];
+    int64_t hold = atoll(argv[5]);
+    int fd = atoi(argv[6]);
+    dlock_client *c;
+    dlock_options o;
+    dlock *l;
+    char line[128];
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = atoll(argv[4]);
+    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, name, &o) != DLOCK_OK ||
+        dlock_acquire(l, 10000) != DLOCK_OK) {
+        fprintf(stderr, "skewed holder: %s\n", dlock_errmsg());
+        return 2;
+    }
+    int len = snprintf(line, sizeof(line), "held %llu %lld\n",
+                       (unsigned long long)dlock_token(l),
+                       (long long)time(NULL));
+    if (write(fd, line, (size_t)len) != len)
+        return 3;
+    if (hold < 0)
+        for (;;)
+            pause();
+    th_sleep_ms(hold);
+    int rc = dlock_release(l);
+    len = snprintf(line, sizeof(line), "released %d\n", rc);
+    if (write(fd, line, (size_t)len) != len)
+        return 3;
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+void th_child(int argc, char **argv)
+{
+    if (argc == 7 && !strcmp(argv[1], "--th-skewed-holder"))
+        exit(skewed_holder_main(argv));
+}
+
 int th_main(int argc, char **argv, const th_test *tests)
 {
     const char *filter = argc > 1 ? argv[1] : NULL;

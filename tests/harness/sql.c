@@ -12,6 +12,7 @@
 #include <mysql.h>
 #endif
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -162,24 +163,59 @@ void th_sql_start_tls(th_sql *s, const char *kind, const char *cert,
     start(s, kind, cert, key);
 }
 
+/* Sends sig to pid and to every process descended from it (PostgreSQL's
+ * backends each run setsid(): a process group does not hold them). */
+static void signal_tree(pid_t pid, int sig)
+{
+    pid_t kids[4096];
+    int n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+
+    kill(pid, sig);
+    while (d && (e = readdir(d)) != NULL && n < 4096) {
+        char path[300], buf[512];
+        pid_t p = (pid_t)atoi(e->d_name), ppid = 0;
+        if (p <= 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)p);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            continue;
+        ssize_t r = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = '\0';
+        const char *close_paren = strrchr(buf, ')');
+        if (close_paren && sscanf(close_paren + 1, " %*c %d", &ppid) == 1 &&
+            ppid == pid)
+            kids[n++] = p;
+    }
+    if (d)
+        closedir(d);
+    for (int i = 0; i < n; i++)
+        signal_tree(kids[i], sig);
+}
+
 void th_sql_kill(th_sql *s, int sig)
 {
     if (s->pid <= 0)
         return;
-    /* the whole group: every PostgreSQL backend, not only the postmaster */
+    /* every process of the server, not only the postmaster */
     if (sig == SIGSTOP || sig == SIGCONT || sig == SIGKILL)
-        kill(-s->pid, sig);
+        signal_tree(s->pid, sig);
     else
         kill(s->pid, sig);
     if (sig == SIGSTOP || sig == SIGCONT)
         return;
     if (sig != SIGKILL) {
-        kill(-s->pid, SIGCONT);
+        signal_tree(s->pid, SIGCONT);
         for (int k = 0; k < 300 && !exited(s); k++)
             th_sleep_ms(50);
         if (s->pid <= 0)
             return;
-        kill(-s->pid, SIGKILL);
+        signal_tree(s->pid, SIGKILL);
     }
     waitpid(s->pid, NULL, 0);
     th__track(s->pid, 0);

@@ -89,6 +89,9 @@ void th_fail(const char *file, int line, const char *fmt, ...)
 void th_skip(const char *why) __attribute__((noreturn));
 
 int th_main(int argc, char **argv, const th_test *tests);
+/* Call first in main() of a binary that uses th_skewed_holder(): runs the
+ * harness's own child process and exits; returns at once otherwise. */
+void th_child(int argc, char **argv);
 
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);
@@ -232,8 +235,7 @@ int th_etcdctl(th_etcd *e, char *out, size_t cap, const char *fmt, ...)
 /* --- private PostgreSQL and MariaDB servers ---
  * Started by tests/servers/sqlserver.sh (Debian's postgresql and
  * mariadb-server, never a system service) on a free loopback port, data
- * in a directory under th_tmpdir(), in their own process group (a signal
- * reaches every PostgreSQL backend). Killed at exit; they also die with
+ * in a directory under th_tmpdir(). Killed at exit; they also die with
  * the thread that started them: call these from the main thread only.
  * kind is "pg" or "mysql". The store URI in `uri` has the password of the
  * user dlock (every privilege): postgres://...:PORT/postgres or
@@ -256,8 +258,8 @@ void th_sql_start(th_sql *s, const char *kind);
 /* The same with TLS: the server certificate and key (PEM files). */
 void th_sql_start_tls(th_sql *s, const char *kind, const char *cert,
                       const char *key);
-/* SIGSTOP, SIGCONT and SIGKILL go to the whole process group and
- * SIGSTOP/SIGCONT return at once; any other signal goes to the server
+/* SIGSTOP, SIGCONT and SIGKILL go to every process of the server (each
+ * PostgreSQL backend too) and SIGSTOP/SIGCONT return at once; any other signal goes to the server
  * process (PostgreSQL: SIGINT is a fast shutdown), then waits for its
  * exit (SIGKILL after 15 s). */
 void th_sql_kill(th_sql *s, int sig);
@@ -273,6 +275,28 @@ long long th_sql_query(th_sql *s, char *out, size_t cap, const char *fmt,
                        ...) __attribute__((format(printf, 4, 5)));
 long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt,
                      ...) __attribute__((format(printf, 4, 5)));
+
+/* Makes (in dir) a CA (ca.pem, ca.key) unless there is one, and a
+ * certificate for 127.0.0.1 signed by it: WHAT.pem and WHAT.key (e.g.
+ * "srv", "cli"). Fails the test when openssl cannot. */
+void th_make_cert(const char *dir, const char *what);
+
+/* --- a lock holder whose wall clock is wrong ---
+ * 1 when libfaketime (Debian: faketime) is installed. */
+int th_faketime_available(void);
+/* Starts a child process (this test binary again, run by th_main) whose
+ * wall clock is shifted by `shift` (libfaketime's syntax: "+5h", "-3h";
+ * the monotonic clock is left alone, as on a real machine with a wrong
+ * clock). It opens a client on `uri`, acquires `name` with ttl_ms (waiting
+ * up to 10 s), writes "held TOKEN WALLCLOCK_S\n" to the pipe whose read
+ * end is *rfd, holds the lock for hold_ms (the watchdog renews it; -1:
+ * until killed), releases it and writes "released RC\n" (RC a DLOCK_*
+ * code). It dies with the test. */
+pid_t th_skewed_holder(const char *shift, const char *uri, const char *name,
+                       int64_t ttl_ms, int64_t hold_ms, int *rfd);
+/* Reads one line from fd (at most timeout_ms); returns its length, or -1
+ * when none came. */
+int th_read_line(int fd, char *out, size_t cap, int64_t timeout_ms);
 
 /* The harness's own: records a server process to kill at exit (running
  * 1), or forgets it (0). */

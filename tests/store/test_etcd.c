@@ -965,27 +965,6 @@ TEST(auth_with_user_and_password)
 
 /* --- TLS --- */
 
-/* A CA, and a certificate for 127.0.0.1 signed by it, made with openssl;
- * `what` = "srv" or "cli". */
-static void make_cert(const char *dir, const char *what)
-{
-    char cmd[4096];
-
-    snprintf(cmd, sizeof(cmd),
-             "(cd '%s' && { [ -e ca.pem ] || openssl req -x509 -newkey "
-             "rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj "
-             "/CN=dlock-test-ca; } && openssl req -newkey rsa:2048 -nodes "
-             "-keyout %s.key -out %s.csr -subj /CN=127.0.0.1 && printf "
-             "'subjectAltName=IP:127.0.0.1\\n' > %s.ext && openssl x509 "
-             "-req -in %s.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
-             "%s.pem -days 2 -extfile %s.ext) >/dev/null 2>&1",
-             dir, what, what, what, what, what, what);
-    if (system(cmd) != 0)
-        th_fail(__FILE__, __LINE__,
-                "openssl could not make test certificates (apt-get install "
-                "openssl)");
-}
-
 TEST(tls_with_a_ca_and_a_client_certificate)
 {
     char dir[600], cert[700], key[700], u[2048];
@@ -995,8 +974,8 @@ TEST(tls_with_a_ca_and_a_client_certificate)
     snprintf(dir, sizeof(dir), "%s/tls", th_tmpdir());
     snprintf(u, sizeof(u), "mkdir -p '%s'", dir);
     CHECK_EQ(system(u), 0);
-    make_cert(dir, "srv");
-    make_cert(dir, "cli");
+    th_make_cert(dir, "srv");
+    th_make_cert(dir, "cli");
     snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
     snprintf(key, sizeof(key), "%s/srv.key", dir);
     th_etcd_start_tls(&e, cert, key);

@@ -775,7 +775,8 @@ static void timer_set(pg_store *ps, int on)
     timerfd_settime(ps->timer_fd, 0, &its, NULL);
 }
 
-/* Keeps this client's fair queue entries alive (client thread). */
+/* Keeps this client's fair queue entries alive, and wakes a waiter whose
+ * turn it is with the lock free (client thread). */
 static void heartbeat(pg_store *ps)
 {
     char arr[4096];
@@ -796,8 +797,13 @@ static void heartbeat(pg_store *ps)
     const char *vals[1] = {arr};
     if (run_pooled(ps, S_REFRESH, vals, NULL,
                    dlock__now_ms() + ps->timeout_ms, &r,
-                   "refreshing the queue entries") == DLOCK_OK)
-        PQclear(r);
+                   "refreshing the queue entries") != DLOCK_OK)
+        return;
+    for (int i = 0; i < PQntuples(r); i++)
+        if (!strcmp(PQgetvalue(r, i, 1), "t"))
+            dlock__notify_waiter(ps->client,
+                                 strtoull(PQgetvalue(r, i, 0), NULL, 10));
+    PQclear(r);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1152,17 +1158,21 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         char *sql = NULL;
         if (hex && lit) {
             dlock__hex(l->name, l->name_len, hex);
-            size_t cap = strlen(hex) + strlen(lit) + 512;
+            size_t cap = strlen(hex) + 2 * strlen(lit) + 640;
             sql = malloc(cap);
             if (sql)
+                /* the session says who waits ("dlock 0 DESC": no token
+                 * yet); a wait that times out rolls the name back */
                 snprintf(sql, cap,
                          "SET LOCAL lock_timeout = %lld; "
+                         "SELECT set_config('application_name', 'dlock 0 ' "
+                         "|| %s, false); "
                          "WITH l AS (SELECT pg_advisory_lock(" KEY(
                              "decode('%s', 'hex')") ")), "
                          "n AS (SELECT nextval(%s) AS t FROM l) "
                          "SELECT t, set_config('application_name', 'dlock ' "
                          "|| t || ' ' || %s, false) FROM n",
-                         (long long)wait, hex, ps->seq_lit, lit);
+                         (long long)wait, lit, hex, ps->seq_lit, lit);
         }
         if (sql) {
             int64_t limit = l->deadline == DLOCK__FOREVER
@@ -1489,10 +1499,13 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
 {
     int rc = 0;
 
-    /* $1 name, $2 owner, $3 ttl ms, $4 holder [, $5 our queue number] */
+    /* $1 name, $2 owner, $3 ttl ms, $4 holder [, $5 our queue number].
+     * A take-over draws its token in the UPDATE, while it holds the row:
+     * one drawn before (in VALUES) could be older than a hold that came
+     * between, and tokens would go backwards. */
 #define UPSERT_SET                                                          \
     " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, holder = "   \
-    "excluded.holder, holds = 1, token = excluded.token, locked_at = "      \
+    "excluded.holder, holds = 1, token = nextval(%3$s), locked_at = "       \
     "excluded.locked_at, lock_until = excluded.lock_until WHERE "           \
     "(t.lock_until <= " NOW " OR t.owner = excluded.owner)"
 #define LEFT_OF_ROW                                                         \
@@ -1559,10 +1572,17 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
                       "alive_until) VALUES ($1, $2, $3, $4, " NOW
                       " + interval '3 seconds') RETURNING seq",
                       t, q, s);
+    /* the heartbeat also says whose turn it is: a head that died (or a
+     * notification that was lost) must not leave the next waiter asleep */
     rc = rc ? rc
             : set_sql(ps, S_REFRESH, 1,
-                      "UPDATE %2$s SET alive_until = " NOW " + interval '3 "
-                      "seconds' WHERE seq = ANY ($1)",
+                      "UPDATE %2$s AS q SET alive_until = " NOW " + interval "
+                      "'3 seconds' WHERE seq = ANY ($1) RETURNING waiter, "
+                      "NOT EXISTS (SELECT 1 FROM %2$s o WHERE o.name = "
+                      "q.name AND o.alive_until > " NOW " AND o.seq < q.seq) "
+                      "AND NOT EXISTS (SELECT 1 FROM %1$s t WHERE t.name = "
+                      "q.name AND t.owner IS NOT NULL AND t.lock_until > "
+                      NOW ")",
                       t, q, s);
     /* $1 name, $2 our queue number, $3 channel: leave; if the lock is
      * free, the new head's turn */

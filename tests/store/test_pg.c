@@ -1,0 +1,912 @@
+/*
+ * test_pg.c -- what only the PostgreSQL store does, against real servers:
+ *
+ * table mode: rows kept on release, tokens from the sequence (still
+ * growing after dlock_gc() removed a row); SQL injection through names and
+ * the table option; a waiter that sends nothing while it waits (LISTEN/
+ * NOTIFY, one channel per name: a release of one name does not wake the
+ * waiters of another); a listener connection killed mid-wait (the waiter
+ * listens again and is still woken); fair waiters kept in the queue by the
+ * client thread beyond the 3 s an entry lives, and a dead one dropping
+ * out; a client with its wall clock hours off (leases are the server's);
+ * the server down and back, and frozen (deadlines kept); auth, bad URIs,
+ * a least-privileged user, a Unix socket, a dead first host, TLS.
+ *
+ * advisory mode: interoperation with plain SQL advisory locks on the same
+ * key; waiters queued in the server, in order, in dlock_inspect; a wait
+ * that is the server's own (the waiter's session waits on the lock, no
+ * statements) and that ends at its deadline leaving nothing behind; the
+ * server restarting (holds lost at once, not after a lease).
+ *
+ * Most tests share one server (srv); those that stop it start their own.
+ */
+#include "test.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static th_sql srv;
+static char adv[400]; /* srv.uri + ?mode=advisory */
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+static dlock_client *client(void)
+{
+    return client_at(srv.uri);
+}
+
+static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
+                     unsigned flags)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+static int64_t waiters_of(dlock_client *c, const char *name)
+{
+    dlock_info info;
+    int64_t n;
+
+    CHECK_OK(dlock_inspect(c, name, &info));
+    n = info.waiters;
+    dlock_info_clear(&info);
+    return n;
+}
+
+/* The advisory key of a name, as the store computes it. */
+#define KEY_SQL(name)                                                       \
+    "('x' || substr(md5('" name "'::bytea), 1, 16))::bit(64)::bigint"
+
+/* --- table mode: rows and tokens --- */
+
+TEST(rows_stay_and_tokens_come_from_the_sequence)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "row", 0, 0), *lb = handle(b, "row", 0, 0);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t1 = dlock_token(la);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT token FROM dlock_locks WHERE name = "
+                          "'row'::bytea"),
+             (long long)t1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT last_value FROM dlock_locks_tokens"),
+             (long long)t1);
+    CHECK_OK(dlock_release(la));
+    /* released: the row stays, free, with its token */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM dlock_locks WHERE name = "
+                          "'row'::bytea AND owner IS NULL AND token = %llu",
+                          (unsigned long long)t1),
+             1);
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OP(dlock_token(lb), >, t1);
+    uint64_t t2 = dlock_token(lb);
+    CHECK_OK(dlock_release(lb));
+
+    /* gc removes the row; the sequence keeps counting, so the name's
+     * next token is still larger (no clock involved) */
+    uint64_t n = 0;
+    th_sleep_ms(30);
+    CHECK_OK(dlock_gc(a, 10, &n));
+    CHECK_OP(n, >=, 1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM dlock_locks WHERE name = "
+                          "'row'::bytea"),
+             0);
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OP(dlock_token(la), >, t2);
+    /* a held row is never collected */
+    CHECK_OK(dlock_gc(b, 0, &n));
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM dlock_locks WHERE name = "
+                          "'row'::bytea"),
+             1);
+    CHECK_OK(dlock_extend(la, 30000));
+    CHECK_OK(dlock_release(la));
+    CHECK_RC(dlock_gc(a, -1, &n), DLOCK_EINVAL);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* Six processes fight for one name; under the lock each checks that its
+ * token is above the last holder's. A token drawn before the row is held
+ * can be older than a hold that came between. */
+typedef struct race {
+    uint64_t last;
+    int regressions, failures;
+} race;
+
+static int race_child(void *arg)
+{
+    race *r = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (dlock_client_open(&c, srv.uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "race", NULL) != DLOCK_OK)
+        return 2;
+    for (int i = 0; i < 150; i++) {
+        if (dlock_acquire(l, 20000) != DLOCK_OK) {
+            __atomic_add_fetch(&r->failures, 1, __ATOMIC_SEQ_CST);
+            continue;
+        }
+        uint64_t t = dlock_token(l);
+        if (t <= r->last)
+            __atomic_add_fetch(&r->regressions, 1, __ATOMIC_SEQ_CST);
+        r->last = t;
+        if (dlock_release(l) != DLOCK_OK)
+            __atomic_add_fetch(&r->failures, 1, __ATOMIC_SEQ_CST);
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(tokens_never_go_backwards_under_contention)
+{
+    race *r = th_shared(sizeof(*r));
+    pid_t pids[6];
+
+    for (int i = 0; i < 6; i++)
+        pids[i] = th_fork(race_child, r);
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(r->failures, 0);
+    CHECK_EQ(r->regressions, 0);
+}
+
+TEST(sql_injection_locks_a_strangely_named_lock)
+{
+    static const char *const names[] = {
+        "x", "x' OR '1'='1", "x'; DROP TABLE dlock_locks; --",
+        "\"; DELETE FROM dlock_locks; --", "$1", "\\x41", "\xff\xfe", NULL};
+    dlock_client *a = client(), *b = client();
+    char u[1200], out[256];
+    int n = 0;
+
+    for (int i = 0; names[i]; i++) {
+        dlock *l = handle(a, names[i], 0, 0);
+        CHECK_OK(dlock_acquire(l, 0));
+        for (int k = 0; names[k]; k++) {
+            dlock *o = handle(b, names[k], 0, 0);
+            if (k == i) {
+                CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
+            } else {
+                CHECK_OK(dlock_acquire(o, 0));
+                CHECK_OK(dlock_release(o));
+            }
+            dlock_close(o);
+        }
+        CHECK_OK(dlock_release(l));
+        dlock_close(l);
+        n++;
+    }
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM dlock_locks WHERE name = "
+                          "'x'::bytea"),
+             1);
+    dlock_client_close(b);
+
+    /* a table option with quotes and semicolons names one table */
+    snprintf(u, sizeof(u),
+             "%s?table=t%%22%%3B%%20DROP%%20TABLE%%20dlock_locks%%3B%%20--%%27",
+             srv.uri);
+    b = client_at(u);
+    dlock *l = handle(b, "y", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(b);
+    CHECK_EQ(th_sql_query(&srv, out, sizeof(out),
+                          "SELECT count(*) FROM pg_tables WHERE tablename = "
+                          "'t\"; DROP TABLE dlock_locks; --'''"),
+             1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM dlock_locks WHERE name = "
+                          "'x'::bytea"),
+             1);
+    dlock_client_close(a);
+}
+
+/* --- waiting: LISTEN/NOTIFY --- */
+
+typedef struct waiter_arg {
+    dlock *l;
+    int64_t wait;
+    volatile int started;
+    volatile int rc;
+    volatile int64_t took;
+    volatile int done;
+} waiter_arg;
+
+static void *waiter(void *arg)
+{
+    waiter_arg *w = arg;
+    int64_t t0 = th_now_ms();
+
+    w->started = 1;
+    w->rc = dlock_acquire(w->l, w->wait);
+    w->took = th_now_ms() - t0;
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->l);
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* The newest moment any dlock session of the server ran a statement
+ * (microseconds since the epoch, the server's clock). */
+static long long last_activity(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT (extract(epoch FROM max(state_change)) * "
+                        "1e6)::bigint FROM pg_stat_activity WHERE "
+                        "application_name LIKE 'dlock%%' AND pid <> "
+                        "pg_backend_pid()");
+}
+
+static void wait_queued(waiter_arg *w)
+{
+    for (int i = 0; i < 200 && !w->started; i++)
+        th_sleep_ms(5);
+    th_sleep_ms(300); /* it tried, armed, tried again and sleeps */
+}
+
+TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
+{
+    dlock_client *h = client(), *wa = client(), *wb = client();
+    dlock *la = handle(h, "quiet-a", 60000, 0);
+    dlock *lb = handle(h, "quiet-b", 60000, 0);
+    waiter_arg a = {handle(wa, "quiet-a", 60000, 0), 20000, 0, 0, 0, 0};
+    waiter_arg b = {handle(wb, "quiet-b", 60000, 0), 20000, 0, 0, 0, 0};
+    pthread_t ta, tb;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OK(dlock_acquire(lb, 0));
+    pthread_create(&ta, NULL, waiter, &a);
+    pthread_create(&tb, NULL, waiter, &b);
+    wait_queued(&a);
+    wait_queued(&b);
+    /* 1.5 s of waiting (leases of 60 s: no renewal due): no statement */
+    long long before = last_activity();
+    th_sleep_ms(1500);
+    CHECK_EQ(last_activity(), before);
+    CHECK_EQ(a.done, 0);
+    CHECK_EQ(b.done, 0);
+
+    /* releasing quiet-a wakes its waiter at once; quiet-b's waiter listens
+     * on another channel: it stays asleep and sends nothing */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    for (int i = 0; i < 500 && !__atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(2);
+    CHECK_EQ(a.done, 1);
+    CHECK_OK(a.rc);
+    CHECK_OP(th_now_ms() - t0, <, 1000);
+    pthread_join(ta, NULL);
+    th_sleep_ms(300);
+    before = last_activity();
+    th_sleep_ms(1000);
+    CHECK_EQ(last_activity(), before);
+    CHECK_EQ(b.done, 0);
+    CHECK_OK(dlock_release(lb));
+    pthread_join(tb, NULL);
+    CHECK_OK(b.rc);
+    CHECK_OP(b.took, <, 10000);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(a.l);
+    dlock_close(b.l);
+    dlock_client_close(h);
+    dlock_client_close(wa);
+    dlock_client_close(wb);
+}
+
+TEST(a_listener_killed_mid_wait_listens_again)
+{
+    dlock_client *h = client(), *c = client();
+    dlock *lh = handle(h, "relisten", 60000, 0);
+    waiter_arg w = {handle(c, "relisten", 60000, 0), 20000, 0, 0, 0, 0};
+    pthread_t t;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pthread_create(&t, NULL, waiter, &w);
+    wait_queued(&w);
+    /* end every session that LISTENs: the waiter's listener */
+    CHECK_OP(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(pg_terminate_backend(pid)) FROM "
+                          "pg_stat_activity WHERE query LIKE '%%LISTEN%%' AND "
+                          "pid <> pg_backend_pid()"),
+             >=, 1);
+    th_sleep_ms(500); /* the client thread notices; the waiter re-arms */
+    CHECK_EQ(w.done, 0);
+    CHECK_OP(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_stat_activity WHERE query "
+                          "LIKE '%%LISTEN%%' AND pid <> pg_backend_pid()"),
+             >=, 1);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(lh));
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(th_now_ms() - t0, <, 2000); /* woken, not by the 60 s lease */
+    dlock_close(lh);
+    dlock_close(w.l);
+    dlock_client_close(h);
+    dlock_client_close(c);
+}
+
+/* --- fair mode --- */
+
+typedef struct fair_shared {
+    int order[8];
+    int pos;
+    int index;
+    int64_t wait;
+} fair_shared;
+
+static int fair_child(void *arg)
+{
+    fair_shared *s = arg;
+    int me = s->index;
+    dlock_client *c;
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = DLOCK_FAIR;
+    if (dlock_client_open(&c, srv.uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "fair", &o) != DLOCK_OK)
+        return 2;
+    if (dlock_acquire(l, s->wait) != DLOCK_OK) {
+        fprintf(stderr, "fair child %d: %s\n", me, dlock_errmsg());
+        return 3;
+    }
+    s->order[__atomic_fetch_add(&s->pos, 1, __ATOMIC_SEQ_CST)] = me;
+    th_sleep_ms(10);
+    dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(fair_waiters_stay_queued_beyond_an_entrys_life)
+{
+    fair_shared *s = th_shared(sizeof(*s));
+    dlock_client *h = client();
+    dlock *lh = handle(h, "fair", 60000, DLOCK_FAIR);
+    pid_t pids[3];
+
+    s->wait = 30000;
+    CHECK_OK(dlock_acquire(lh, 0));
+    for (int i = 0; i < 3; i++) {
+        s->index = i;
+        pids[i] = th_fork(fair_child, s);
+        for (int k = 0; k < 500 && waiters_of(h, "fair") < i + 1; k++)
+            th_sleep_ms(10);
+        CHECK_EQ(waiters_of(h, "fair"), i + 1);
+    }
+    /* an entry lives 3 s unless refreshed: the waiters' client threads
+     * refresh them, so after 5 s all three are still queued, in order */
+    th_sleep_ms(5000);
+    CHECK_EQ(waiters_of(h, "fair"), 3);
+    CHECK_OK(dlock_release(lh));
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    for (int i = 0; i < 3; i++)
+        CHECK_EQ(s->order[i], i);
+    dlock_close(lh);
+    dlock_client_close(h);
+}
+
+TEST(a_dead_fair_waiter_drops_out_of_the_queue)
+{
+    fair_shared *s = th_shared(sizeof(*s));
+    dlock_client *h = client();
+    dlock *lh = handle(h, "fair", 60000, DLOCK_FAIR);
+    pid_t dead, next;
+
+    s->wait = 20000;
+    CHECK_OK(dlock_acquire(lh, 0));
+    s->index = 0;
+    dead = th_fork(fair_child, s);
+    for (int k = 0; k < 500 && waiters_of(h, "fair") < 1; k++)
+        th_sleep_ms(10);
+    s->index = 1;
+    next = th_fork(fair_child, s);
+    for (int k = 0; k < 500 && waiters_of(h, "fair") < 2; k++)
+        th_sleep_ms(10);
+    CHECK_EQ(waiters_of(h, "fair"), 2);
+    kill(dead, SIGKILL);
+    CHECK_EQ(th_wait(dead), 128 + SIGKILL);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(lh));
+    /* the head is dead: its entry expires (3 s) and the next one goes */
+    CHECK_EQ(th_wait(next), 0);
+    CHECK_OP(th_now_ms() - t0, <, 10000);
+    CHECK_EQ(s->pos, 1);
+    CHECK_EQ(s->order[0], 1);
+    dlock_close(lh);
+    dlock_client_close(h);
+}
+
+/* --- clocks --- */
+
+/* A holder whose wall clock is `shift` off: its lease is the server's. */
+static void skewed(const char *shift, long long expect_offset)
+{
+    int fd;
+    char line[128];
+    dlock_client *c = client();
+    dlock *l = handle(c, "skew", 0, 0);
+    dlock_info info;
+
+    pid_t pid = th_skewed_holder(shift, srv.uri, "skew", 2000, -1, &fd);
+    CHECK_OP(th_read_line(fd, line, sizeof(line), 15000), >, 0);
+    unsigned long long token = 0;
+    long long wall = 0;
+    CHECK_EQ(sscanf(line, "held %llu %lld", &token, &wall), 2);
+    /* the fake took effect: its clock is hours off ours */
+    long long off = wall - (long long)time(NULL);
+    CHECK_OP(off, >, expect_offset - 120);
+    CHECK_OP(off, <, expect_offset + 120);
+    CHECK_OK(dlock_inspect(c, "skew", &info));
+    CHECK_EQ(info.held, 1);
+    CHECK_OP(info.ttl_ms, >, 0);
+    CHECK_OP(info.ttl_ms, <=, 2000);
+    CHECK_OP(info.held_ms, <, 60000);
+    dlock_info_clear(&info);
+    /* its watchdog renews the lease correctly for several ttls */
+    for (int i = 0; i < 6; i++) {
+        th_sleep_ms(500);
+        CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
+    }
+    kill(pid, SIGKILL);
+    th_wait(pid);
+    close(fd);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(l, 10000));
+    CHECK_OP(th_now_ms() - t0, <, 2000 + 1500);
+    CHECK_OP(dlock_token(l), >, token);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(a_client_whose_clock_is_hours_off_gets_correct_leases)
+{
+    if (!th_faketime_available()) {
+        printf("     (faketime not installed: apt-get install faketime)\n");
+        return;
+    }
+    skewed("+5h", 5 * 3600);
+    skewed("-5h", -5 * 3600);
+
+    /* a client 5 h ahead cannot take over a lease that is still running */
+    dlock_client *c = client();
+    dlock *l = handle(c, "skew2", 30000, 0);
+    int fd;
+    char line[128];
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+    pid_t pid = th_skewed_holder("+5h", srv.uri, "skew2", 2000, 0, &fd);
+    CHECK_EQ(th_read_line(fd, line, sizeof(line), 2500), -1);
+    kill(pid, SIGKILL);
+    th_wait(pid);
+    close(fd);
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_extend(l, 30000)); /* still ours in the table */
+    CHECK_EQ(dlock_token(l), tok);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- the server down, back, frozen --- */
+
+static volatile int lost_calls;
+
+static void on_lost(dlock *l, uint64_t token, void *arg)
+{
+    (void)l;
+    (void)token;
+    (void)arg;
+    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static void down_and_back(const char *query)
+{
+    th_sql s2;
+    char u[512];
+    dlock_options o;
+    dlock *l, *other;
+
+    th_sql_start(&s2, "pg");
+    snprintf(u, sizeof(u), "%s%s", s2.uri, query);
+    dlock_client *c = client_at(u);
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 1500;
+    o.on_lost = on_lost;
+    lost_calls = 0;
+    CHECK_OK(dlock_open(&l, c, "down", &o));
+    other = handle(c, "other", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+
+    th_sql_kill(&s2, SIGKILL);
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(other, 5000), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 4000); /* at once, not at the deadline */
+    for (int i = 0; i < 400 && !lost_calls; i++)
+        th_sleep_ms(10);
+    CHECK_EQ(lost_calls, 1);
+    CHECK_RC(dlock_release(l), DLOCK_ELOST);
+
+    th_sql_restart(&s2);
+    CHECK_OK(dlock_acquire(l, 5000)); /* the same client, new connections */
+    CHECK_OP(dlock_token(l), >, tok);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_close(other);
+    dlock_client_close(c);
+    th_sql_kill(&s2, SIGKILL);
+}
+
+TEST(the_server_down_and_back)
+{
+    down_and_back("");
+}
+
+TEST(advisory_holds_end_with_the_server)
+{
+    /* no lease: the hold is lost the moment its session ends */
+    down_and_back("?mode=advisory");
+}
+
+TEST(a_frozen_server_keeps_the_callers_deadline)
+{
+    th_sql s2;
+    th_sql_start(&s2, "pg");
+    dlock_client *c = client_at(s2.uri);
+    dlock *l = handle(c, "frozen", 0, 0);
+
+    CHECK_OK(dlock_acquire(l, 0)); /* a pooled connection exists */
+    CHECK_OK(dlock_release(l));
+    th_sql_kill(&s2, SIGSTOP);
+    int64_t t0 = th_now_ms();
+    int rc = dlock_acquire(l, 300);
+    int64_t took = th_now_ms() - t0;
+    th_sql_kill(&s2, SIGCONT);
+    if (rc != DLOCK_ECONN && rc != DLOCK_EBUSY)
+        th_fail(__FILE__, __LINE__, "frozen: %s after %lld ms: %s",
+                dlock_errname(rc), (long long)took, dlock_errmsg());
+    CHECK_OP(took, <, 1500);
+    CHECK_OK(dlock_acquire(l, 5000));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+    th_sql_kill(&s2, SIGKILL);
+}
+
+/* --- connections, auth, URIs --- */
+
+TEST(auth_privileges_and_bad_uris)
+{
+    static const char *const bad[] = {
+        "?mode=session", "?table=", "?timeout=0", "?timeout=x",
+        "?color=blue",
+        "?table=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", NULL};
+    char u[1200];
+    dlock_client *c = NULL;
+
+    snprintf(u, sizeof(u), "postgres://dlock:wrong-pass-77@127.0.0.1:%d/"
+                           "postgres",
+             srv.port);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    CHECK(strstr(dlock_errmsg(), "wrong-pass-77") == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), "***");
+    for (int i = 0; bad[i]; i++) {
+        snprintf(u, sizeof(u), "%s%s", srv.uri, bad[i]);
+        CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EINVAL);
+    }
+    CHECK_RC(dlock_client_open(&c, "postgres://", NULL), DLOCK_EINVAL);
+    snprintf(u, sizeof(u), "postgres://dlock:x@127.0.0.1:%d/postgres",
+             th_free_port());
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+
+    /* a user with DML rights only: the existing table is enough; a missing
+     * one cannot be made, and the message says what to do */
+    th_sql_query(&srv, NULL, 0,
+                 "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE "
+                 "rolname = 'app') THEN CREATE ROLE app LOGIN PASSWORD "
+                 "'app-pass'; END IF; END $$");
+    th_sql_query(&srv, NULL, 0,
+                 "REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT SELECT, "
+                 "INSERT, UPDATE, DELETE ON dlock_locks, dlock_locks_queue "
+                 "TO app; GRANT USAGE ON dlock_locks_tokens, "
+                 "dlock_locks_queue_seq_seq TO app");
+    snprintf(u, sizeof(u), "postgres://app:app-pass@127.0.0.1:%d/postgres",
+             srv.port);
+    c = client_at(u);
+    dlock *l = handle(c, "app", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+    c = NULL;
+    snprintf(u, sizeof(u),
+             "postgres://app:app-pass@127.0.0.1:%d/postgres?table=nope",
+             srv.port);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    CHECK_CONTAINS(dlock_errmsg(), "docs/stores.md");
+}
+
+TEST(a_unix_socket_and_a_dead_first_host)
+{
+    char u[1200];
+
+    /* ?host=DIR: libpq's Unix socket directory */
+    dlock_client *c = NULL;
+    snprintf(u, sizeof(u), "postgres://dlock@127.0.0.1:%d/postgres?host=%s",
+             srv.port, srv.dir);
+    c = client_at(u);
+    dlock *l = handle(c, "socket", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_stat_activity WHERE "
+                          "application_name LIKE 'dlock%%' AND client_port "
+                          "= -1"),
+             1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+
+    /* two hosts: the first refuses, libpq goes on to the second */
+    snprintf(u, sizeof(u),
+             "postgres://dlock:dlock-secret@127.0.0.1:%d,127.0.0.1:%d/"
+             "postgres",
+             th_free_port(), srv.port);
+    c = client_at(u);
+    l = handle(c, "twohosts", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(tls_verifies_the_server)
+{
+    char dir[600], cert[700], key[700], ca[700], u[2048];
+    th_sql s2;
+    dlock_client *c = NULL;
+
+    snprintf(dir, sizeof(dir), "%s/pgtls", th_tmpdir());
+    mkdir(dir, 0755);
+    th_make_cert(dir, "srv");
+    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
+    snprintf(key, sizeof(key), "%s/srv.key", dir);
+    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+    th_sql_start_tls(&s2, "pg", cert, key);
+    snprintf(u, sizeof(u), "%s?sslmode=verify-full&sslrootcert=%s", s2.uri,
+             ca);
+    c = client_at(u);
+    dlock *l = handle(c, "tls", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(th_sql_query(&s2, NULL, 0,
+                          "SELECT count(*) FROM pg_stat_ssl s JOIN "
+                          "pg_stat_activity a USING (pid) WHERE s.ssl AND "
+                          "a.application_name LIKE 'dlock%%'"),
+             >=, 1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+    c = NULL;
+    /* a CA that did not sign the server's certificate: refused */
+    snprintf(dir, sizeof(dir), "%s/pgtls-other", th_tmpdir());
+    mkdir(dir, 0755);
+    th_make_cert(dir, "x");
+    snprintf(u, sizeof(u), "%s?sslmode=verify-full&sslrootcert=%s/ca.pem",
+             s2.uri, dir);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+    CHECK_CONTAINS(dlock_errmsg(), "certificate");
+    /* TLS required from a server without it */
+    snprintf(u, sizeof(u), "%s?sslmode=require", srv.uri);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+    CHECK_CONTAINS(dlock_errmsg(), "SSL");
+    th_sql_kill(&s2, SIGKILL);
+}
+
+/* --- advisory mode --- */
+
+TEST(advisory_locks_exclude_plain_sql_advisory_locks)
+{
+    dlock_client *c = client_at(adv);
+    dlock *l = handle(c, "shared-key", 0, 0);
+    dlock_info info;
+
+    /* dlock holds: SQL on the same key cannot take it */
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT pg_try_advisory_lock(" KEY_SQL(
+                              "shared-key") ")"),
+             0);
+    CHECK_OK(dlock_release(l));
+
+    /* another program holds the key (a session kept open by a forked
+     * psql): dlock waits for it, and status names it as not dlock's */
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd),
+             "psql -X -q -h '%s' -p %d -U dlock postgres -c \"SELECT "
+             "pg_advisory_lock(('x' || substr(md5('shared-key'::bytea), 1, "
+             "16))::bit(64)::bigint), pg_sleep(3)\" >/dev/null 2>&1 &",
+             srv.dir, srv.port);
+    CHECK_EQ(system(cmd), 0);
+    int i;
+    for (i = 0; i < 200; i++) {
+        CHECK_OK(dlock_inspect(c, "shared-key", &info));
+        int held = info.held;
+        dlock_info_clear(&info);
+        if (held)
+            break;
+        th_sleep_ms(20);
+    }
+    CHECK_OP(i, <, 200);
+    CHECK_OK(dlock_inspect(c, "shared-key", &info));
+    CHECK_CONTAINS(info.holder, "psql");
+    CHECK_EQ(info.token, 0);
+    dlock_info_clear(&info);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(l, 10000)); /* when psql's session ends */
+    CHECK_OP(th_now_ms() - t0, >, 500);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+typedef struct adv_shared {
+    int order[8];
+    int pos;
+    int index;
+} adv_shared;
+
+static int adv_child(void *arg)
+{
+    adv_shared *s = arg;
+    int me = s->index;
+    dlock_client *c;
+    dlock *l;
+
+    if (dlock_client_open(&c, adv, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "adv-queue", NULL) != DLOCK_OK ||
+        dlock_acquire(l, 20000) != DLOCK_OK)
+        return 2;
+    s->order[__atomic_fetch_add(&s->pos, 1, __ATOMIC_SEQ_CST)] = me;
+    th_sleep_ms(10);
+    dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(advisory_waiters_queue_in_the_server_in_order)
+{
+    adv_shared *s = th_shared(sizeof(*s));
+    dlock_client *h = client_at(adv);
+    dlock *lh = handle(h, "adv-queue", 0, 0);
+    dlock_info info;
+    pid_t pids[4];
+    char want[64];
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    for (int i = 0; i < 4; i++) {
+        s->index = i;
+        pids[i] = th_fork(adv_child, s);
+        for (int k = 0; k < 500 && waiters_of(h, "adv-queue") < i + 1; k++)
+            th_sleep_ms(10);
+        CHECK_EQ(waiters_of(h, "adv-queue"), i + 1);
+    }
+    /* each waiter's session waits on the lock in the server: no polling */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_stat_activity WHERE "
+                          "wait_event_type = 'Lock' AND wait_event = "
+                          "'advisory'"),
+             4);
+    CHECK_OK(dlock_inspect(h, "adv-queue", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(want, sizeof(want), "pid %d ", (int)getpid());
+    CHECK_CONTAINS(info.holder, want);
+    CHECK_EQ(info.token, dlock_token(lh));
+    CHECK_EQ(info.queue_len, 4);
+    for (int i = 0; i < 4 && i < (int)info.queue_len; i++) {
+        snprintf(want, sizeof(want), "pid %d ", (int)pids[i]);
+        CHECK_CONTAINS(info.queue[i], want);
+    }
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_release(lh));
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(s->order[i], i);
+    dlock_close(lh);
+    dlock_client_close(h);
+}
+
+TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
+{
+    dlock_client *h = client_at(adv), *c = client_at(adv);
+    dlock *lh = handle(h, "adv-timeout", 0, 0);
+    dlock *l = handle(c, "adv-timeout", 0, 0);
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 400), DLOCK_EBUSY);
+    int64_t took = th_now_ms() - t0;
+    CHECK_OP(took, >=, 380);
+    CHECK_OP(took, <, 2000);
+    CHECK_EQ(waiters_of(h, "adv-timeout"), 0);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_locks WHERE locktype = "
+                          "'advisory' AND NOT granted"),
+             0);
+    CHECK_OK(dlock_release(lh));
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    /* gc: an advisory store keeps nothing per name */
+    uint64_t n = 7;
+    CHECK_RC(dlock_gc(c, 0, &n), DLOCK_ENOTSUP);
+    dlock_close(lh);
+    dlock_close(l);
+    dlock_client_close(h);
+    dlock_client_close(c);
+}
+
+static const th_test tests[] = {
+    T(rows_stay_and_tokens_come_from_the_sequence),
+    T(tokens_never_go_backwards_under_contention),
+    T(sql_injection_locks_a_strangely_named_lock),
+    T(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it),
+    T(a_listener_killed_mid_wait_listens_again),
+    T(fair_waiters_stay_queued_beyond_an_entrys_life),
+    T(a_dead_fair_waiter_drops_out_of_the_queue),
+    T(a_client_whose_clock_is_hours_off_gets_correct_leases),
+    T(the_server_down_and_back),
+    T(advisory_holds_end_with_the_server),
+    T(a_frozen_server_keeps_the_callers_deadline),
+    T(auth_privileges_and_bad_uris),
+    T(a_unix_socket_and_a_dead_first_host),
+    T(tls_verifies_the_server),
+    T(advisory_locks_exclude_plain_sql_advisory_locks),
+    T(advisory_waiters_queue_in_the_server_in_order),
+    T(an_advisory_wait_ends_at_its_deadline_leaving_nothing),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    th_child(argc, argv);
+    if (!th_sql_available("pg"))
+        th_skip("this build has no postgres store, or no PostgreSQL server");
+    th_sql_start(&srv, "pg");
+    snprintf(adv, sizeof(adv), "%s?mode=advisory", srv.uri);
+    return th_main(argc, argv, tests);
+}
