@@ -5,28 +5,30 @@
 #
 # test_cli.sh -- the dlock command-line tool, through its real binary.
 #
-#   bash test_cli.sh /path/to/dlock file|redis|zk|etcd|sqlite
+#   bash test_cli.sh /path/to/dlock file|redis|zk|etcd|sqlite|pg|pg-advisory|mysql
 #
 # "redis" starts a private redis-server (from PATH) on a free loopback port
 # in a temporary directory and stops it on exit; "zk" likewise a private
 # standalone ZooKeeper server (java from PATH, /usr/share/java/zookeeper.jar:
 # Debian's zookeeper package); "etcd" a private etcd member (Debian's
-# etcd-server; etcdctl from etcd-client). Every wait is bounded; the whole script takes
+# etcd-server; etcdctl from etcd-client); "pg", "pg-advisory" and "mysql" a
+# private PostgreSQL or MariaDB server (tests/servers/sqlserver.sh; psql and
+# the mariadb client look behind dlock's back). Every wait is bounded; the whole script takes
 # well under a minute. Each failed assertion prints a
 # "FAIL:" line; the exit status is 1 if any failed, 0 otherwise.
 
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|zk|etcd|sqlite" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis | zk | etcd | sqlite) ;;
+file | redis | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file', 'redis', 'zk', 'etcd' or 'sqlite', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -44,6 +46,10 @@ ZK_PID=
 ZK_PORT=
 ETCD_PID=
 ETCD_PORT=
+SQL_PID=
+SQL_PORT=
+SQL_DIR=
+SQLSERVER=$(cd "$(dirname "$0")/../servers" && pwd)/sqlserver.sh
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-cli-XXXXXX") || {
     echo "FAIL: mktemp -d failed" >&2
     exit 1
@@ -65,6 +71,11 @@ cleanup() {
     if [ -n "$ETCD_PID" ]; then
         kill -KILL "$ETCD_PID" 2>/dev/null
         wait "$ETCD_PID" 2>/dev/null
+    fi
+    if [ -n "$SQL_PID" ]; then
+        kill -INT "$SQL_PID" 2>/dev/null # PostgreSQL: a fast shutdown
+        kill -TERM "$SQL_PID" 2>/dev/null
+        wait "$SQL_PID" 2>/dev/null
     fi
     if [ -z "${DLOCK_TEST_KEEP:-}" ]; then
         rm -rf "$TMP"
@@ -407,6 +418,47 @@ start_etcd() {
     exit 1
 }
 
+# A private PostgreSQL or MariaDB server (sqlserver.sh pg|mysql) on a free
+# port; sql_q SQL runs a statement as its superuser over the Unix socket and
+# prints the rows (one value per line).
+SQL_KIND=pg
+[ "$KIND" = mysql ] && SQL_KIND=mysql
+sql_q() {
+    if [ "$SQL_KIND" = pg ]; then
+        psql -X -qAt -h "$SQL_DIR" -p "$SQL_PORT" -U dlock postgres -c "$1" 2>&1
+    else
+        mariadb --no-defaults -S "$SQL_DIR/mysql.sock" -uroot -N -B dlocktest -e "$1" 2>&1
+    fi
+}
+start_sql() {
+    local p deadline i
+    chmod 711 "$TMP" # PostgreSQL runs as the user postgres when we are root
+    for _ in 1 2 3 4 5; do
+        p=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+        SQL_DIR=$TMP/sql$p
+        mkdir -p "$SQL_DIR"
+        chmod 755 "$SQL_DIR"
+        bash "$SQLSERVER" "$SQL_KIND" "$SQL_DIR" "$p" </dev/null >"$SQL_DIR/start.log" 2>&1 &
+        SQL_PID=$!
+        SQL_PORT=$p
+        deadline=$(($(now_ms) + 90000))
+        for ((i = 0; i < 900 && $(now_ms) < deadline; i++)); do
+            kill -0 "$SQL_PID" 2>/dev/null || break
+            if [ "$(sql_q 'SELECT 1')" = 1 ]; then
+                return 0
+            fi
+            sleep 0.1
+        done
+        kill -KILL "$SQL_PID" 2>/dev/null
+        wait "$SQL_PID" 2>/dev/null
+        SQL_PID=
+    done
+    echo "FAIL: the $SQL_KIND server did not start; its logs:" >&2
+    tail -n 30 "$SQL_DIR/start.log" "$SQL_DIR/server.log" 2>/dev/null | sed 's/^/  | /' >&2
+    exit 1
+}
+
 # The server of a consensus store (zk, etcd): its pid, and whether it serves.
 store_pid() {
     if [ "$KIND" = zk ]; then echo "$ZK_PID"; else echo "$ETCD_PID"; fi
@@ -443,6 +495,21 @@ etcd)
     ;;
 sqlite)
     export DLOCK_STORE="sqlite://$TMP/locks.db"
+    ;;
+pg | pg-advisory | mysql)
+    start_sql
+    if [ "$KIND" = mysql ]; then
+        export DLOCK_STORE="mysql://dlock:dlock-secret@127.0.0.1:$SQL_PORT/dlocktest"
+    else
+        export DLOCK_STORE="postgres://dlock:dlock-secret@127.0.0.1:$SQL_PORT/postgres"
+    fi
+    [ "$KIND" = pg-advisory ] && DLOCK_STORE="$DLOCK_STORE?mode=advisory"
+    dl status sqlProbeL
+    if [ "$RC" -ne 0 ]; then
+        echo "FAIL: dlock status on $DLOCK_STORE exited $RC (built without" \
+            "the store? see DLOCK_WITH_PG / DLOCK_WITH_MYSQL):" "$(cat "$TMP/err")" >&2
+        exit 1
+    fi
     ;;
 *)
     export DLOCK_STORE="file://$TMP/locks"
@@ -628,9 +695,10 @@ if [[ $tok3 =~ ^[0-9]+$ ]] && ((10#$tok3 > 10#$tok2)); then
 else
     fail "third token '$tok3' is not greater than the second '$tok2'"
 fi
-# the status shows the last token once free (zk and etcd keep none: token 0)
+# the status shows the last token once free (zk, etcd and PostgreSQL
+# advisory locks keep none: token 0)
 dl status --json envL
-if [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
+if [ "$KIND" = zk ] || [ "$KIND" = etcd ] || [ "$KIND" = pg-advisory ]; then
     want_tok=0
 else
     want_tok=$tok3
@@ -750,6 +818,23 @@ if wait_held mxL "$holder"; then
             pass "etcd status --json: ttl_ms > 0, token = the holder's DLOCK_TOKEN $htok"
         else
             fail "etcd status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
+        fi
+    fi
+
+    if [ "$KIND" = pg ] || [ "$KIND" = mysql ] || [ "$KIND" = pg-advisory ]; then
+        # a lock table shows the lease left (the server's clock); an
+        # advisory lock has none: it lives as long as the holder's session
+        want_lease='^lease:    [0-9.]*s left'
+        [ "$KIND" = pg-advisory ] && want_lease='^lease:    none'
+        wait_file "$TMP/tok.mx"
+        htok=$(cat "$TMP/tok.mx" 2>/dev/null)
+        dl status mxL
+        if [ "$RC" -eq 0 ] && grep -q "$want_lease" "$TMP/out" &&
+            grep -q "^holder:   .*pid ${holder}[^0-9]" "$TMP/out" &&
+            grep -q "^token:    ${htok}\$" "$TMP/out"; then
+            pass "$KIND status: the holder, its token $htok, the lease"
+        else
+            fail "$KIND status while held (token '$htok'): exit $RC: $(cat "$TMP/out" "$TMP/err")"
         fi
     fi
 
@@ -1222,6 +1307,37 @@ print(n)' "$TMP/locks.db" 2>&1)
         show "$TMP/bg.lost.err"
         kill -KILL "$lostpid" 2>/dev/null
     fi
+elif [ "$KIND" = pg ] || [ "$KIND" = mysql ] || [ "$KIND" = pg-advisory ]; then
+    # table mode: another owner takes the row over behind dlock's back and
+    # the watchdog's next extend finds it; advisory mode: an administrator
+    # ends the holder's session and the client thread sees it at once
+    bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
+    lostpid=$BG
+    if wait_held lostL "$lostpid"; then
+        case $KIND in
+        pg) n=$(sql_q "UPDATE dlock_locks SET owner = 'intruder', lock_until = clock_timestamp() WHERE name = 'lostL'::bytea RETURNING 1") ;;
+        mysql) n=$(sql_q "UPDATE dlock_locks SET owner = 'intruder', lock_until = UTC_TIMESTAMP(6) WHERE name = 'lostL'; SELECT ROW_COUNT()") ;;
+        *) n=$(sql_q "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted AND ((classid::bigint << 32) | objid::bigint) = ('x' || substr(md5('lostL'::bytea), 1, 16))::bit(64)::bigint") ;;
+        esac
+        if [ "$n" = 1 ]; then
+            pass "$KIND: took the lock away behind dlock's back"
+        else
+            fail "$KIND: taking lostL away answered '$n'"
+        fi
+        t0=$(now_ms)
+        wait_exit "$lostpid" 6
+        dt=$(($(now_ms) - t0))
+        if [ "$WRC" = 76 ] && grep -qi lost "$TMP/bg.lost.err"; then
+            pass "$KIND: lost lock, exit 76 after ${dt} ms"
+        else
+            fail "$KIND: lost lock: exit $WRC (after ${dt} ms), expected 76 and 'lost'"
+            show "$TMP/bg.lost.err"
+        fi
+    else
+        fail "lostL never held"
+        show "$TMP/bg.lost.err"
+        kill -KILL "$lostpid" 2>/dev/null
+    fi
 else
     echo "skip lock loss (the file store has no lease)"
 fi
@@ -1238,7 +1354,7 @@ if [ "$RC" -eq 0 ] && grep -q 'usage: dlock gc' "$TMP/out"; then
 else
     fail "dlock help gc: exit $RC"
 fi
-if [ "$KIND" = sqlite ]; then
+if [ "$KIND" = sqlite ] || [ "$KIND" = pg ] || [ "$KIND" = mysql ]; then
     dl run gcL -- true
     dl gc --idle 0
     if [ "$RC" -eq 0 ] && grep -q '^removed [1-9]' "$TMP/out"; then
