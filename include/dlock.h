@@ -119,8 +119,9 @@ typedef struct dlock_options {
     /* Lease length. 0 = 30000; otherwise at least DLOCK_TTL_MIN. The
      * watchdog renews
      * the lease every ttl_ms/3 while the lock is held (unless
-     * DLOCK_NO_RENEW). Stores without leases (file://) ignore it: there a
-     * dead holder's lock is freed by the kernel at once. */
+     * DLOCK_NO_RENEW). Stores without leases ignore it: file:// (a dead
+     * holder's lock is freed by the kernel at once) and PostgreSQL's
+     * ?mode=advisory (by the server when the holder's session ends). */
     int64_t ttl_ms;
     /* DLOCK_NO_RENEW | DLOCK_FAIR | DLOCK_NOT_REENTRANT */
     unsigned flags;
@@ -138,6 +139,14 @@ typedef struct dlock_options {
  *   file:///dir                            lock files in dir (one host)
  *   redis://[user[:password]@]host[:port][/db][?prefix=P&timeout=MS]
  *   unix://[[user]:password@]/path/redis.sock[?db=N&prefix=P&timeout=MS]
+ *   zk://[user:password@]host:port[,host:port...][/chroot]
+ *   etcd://[user:password@]host:port[,...][?prefix=P&timeout=MS] (etcds://)
+ *   sqlite:///path/to/file.db[?table=T&timeout=MS]
+ *   postgres://[user[:password]@]host[:port][,...]/db[?table=T&mode=advisory
+ *       &sslmode=...&timeout=MS]   (postgresql:// too)
+ *   mysql://[user[:password]@]host[:port]/db[?table=T&ssl_mode=...
+ *       &timeout=MS]               (mariadb:// too)
+ * (docs/stores.md has every option.)
  * `uri` NULL or "" means the environment variable DLOCK_STORE if set, else
  * the file store under $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-$UID.
  * Percent-escapes (%40 for '@', ...) are decoded in user and password.
@@ -293,16 +302,18 @@ DLOCK_EXTERN void dlock_info_clear(dlock_info *info);
 
 /*
  * Removes what the store keeps of locks that nobody has held for at least
- * idle_ms (stores with a lock table: the rows of free locks last taken that
- * long ago, and dead fair-queue entries). Held locks are never touched.
- * Tokens stay strictly increasing per name across a removal: such stores
- * issue tokens no lower than their clock in microseconds, so a removed
- * name starts again above every token it ever had (unless the store's
- * clock went back by more than idle_ms).
+ * idle_ms (stores with a lock table, sqlite://, postgres://, mysql://: the
+ * rows of free locks unused that long, and dead fair-queue entries). Held
+ * locks are never touched. Tokens stay strictly increasing per name across
+ * a removal: PostgreSQL draws them from a sequence; SQLite and MySQL issue
+ * tokens no lower than their clock in microseconds, so a removed name
+ * starts again above every token it ever had (unless the store's clock
+ * went back by more than idle_ms).
  * *removed (may be NULL) gets the number of locks removed.
  * Errors: DLOCK_EINVAL (idle_ms < 0, closed client), DLOCK_ENOTSUP (a store
  * that keeps nothing to remove, or removes it by itself: file, Redis,
- * ZooKeeper, etcd), DLOCK_ECONN, DLOCK_EAUTH, DLOCK_EPROTO.
+ * ZooKeeper, etcd, PostgreSQL advisory locks), DLOCK_ECONN, DLOCK_EAUTH,
+ * DLOCK_EPROTO.
  * Thread-safety: any thread.
  */
 DLOCK_EXTERN int dlock_gc(dlock_client *c, int64_t idle_ms,

@@ -30,6 +30,8 @@ static const char usage[] =
     "  zk://host:port[,host:port...][/chroot]\n"
     "  etcd://[user:pass@]host:port[,host:port...][?prefix=P]   (etcds:// TLS)\n"
     "  sqlite:///path/to/file.db[?table=T]\n"
+    "  postgres://[user:pass@]host[:port]/db[?table=T|?mode=advisory]\n"
+    "  mysql://[user:pass@]host[:port]/db[?table=T]\n"
     "\n"
     "See 'dlock help run', 'dlock help status', 'dlock help gc' and man dlock.\n";
 

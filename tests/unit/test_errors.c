@@ -295,9 +295,9 @@ TEST(store_not_built)
 {
     dlock_client *c = (dlock_client *)&c;
 
-    CHECK_RC(dlock_client_open(&c, "postgres://u@h:1/x", NULL), DLOCK_ENOTSUP);
+    CHECK_RC(dlock_client_open(&c, "redlock://u@h:1,h:2", NULL), DLOCK_ENOTSUP);
     CHECK(c == NULL);
-    CHECK_CONTAINS(dlock_errmsg(), "postgres");
+    CHECK_CONTAINS(dlock_errmsg(), "redlock");
 }
 
 TEST(store_bad_uri)
