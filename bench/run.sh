@@ -4,7 +4,8 @@
 # a temporary file store, a private standalone ZooKeeper server (free
 # loopback port, temporary directory, no fsync) and a private etcd member
 # (free loopback ports, temporary directory), then SQLite database files
-# in the temporary directory, and writes
+# in the temporary directory and a private PostgreSQL server (free loopback
+# port, temporary directory, fsync off), and writes
 # docs/benchmarks.md (--quick: BUILD_DIR/benchmarks-quick.md).
 set -euo pipefail
 build=${1:-build-bench}
@@ -14,10 +15,13 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlock-bench-XXXXXX")
 pid=
 zkpid=
 etcdpid=
+pgpid=
 cleanup() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null
     [ -n "$zkpid" ] && kill "$zkpid" 2>/dev/null
     [ -n "$etcdpid" ] && kill "$etcdpid" 2>/dev/null
+    # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for its clients)
+    [ -n "$pgpid" ] && kill -INT "$pgpid" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$tmp"
 }
@@ -51,7 +55,7 @@ zk_jar=/usr/share/java/zookeeper.jar
 zk_classpath=/etc/zookeeper/conf_example:$zk_jar
 zkport=
 zk4() { # zk4 WORD: the server's answer to a four-letter word
-    (exec 3<>"/dev/tcp/127.0.0.1/$zkport" && echo "$1" >&3 && cat <&3) 2>/dev/null
+    (exec 3<>"/dev/tcp/127.0.0.1/$zkport" && echo "$1" >&3 && timeout 3 cat <&3) 2>/dev/null
 }
 start_zk() {
     local d=$tmp/zk
@@ -114,7 +118,7 @@ fi
 etcdport=
 etcd_health() {
     (exec 3<>"/dev/tcp/127.0.0.1/$etcdport" &&
-        printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && cat <&3) 2>/dev/null |
+        printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && timeout 3 cat <&3) 2>/dev/null |
         grep -q '"health":"true"'
 }
 start_etcd() {
@@ -212,6 +216,58 @@ else
     printf '## SQLite\n\nNot measured: dlock_bench_sqlite was not built (libsqlite3-dev missing).\n' >"$sqout"
 fi
 
+# --- PostgreSQL: a private server (tests/servers/sqlserver.sh: superuser
+# dlock, database postgres, fsync off unless DLOCK_SQL_DURABLE=1)
+pgport=
+pg_sql() { # pg_sql SQL: one value from the server
+    PGPASSWORD=dlock-secret PGCONNECT_TIMEOUT=5 psql -X -q -At -h 127.0.0.1 \
+        -p "$pgport" -U dlock \
+        postgres -c "$1" 2>/dev/null
+}
+start_pg() {
+    local d=$tmp/pg
+    # as root the server runs as the user postgres, who must reach $d
+    chmod 711 "$tmp"
+    for _ in $(seq 10); do
+        pgport=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$pgport") 2>/dev/null && continue
+        rm -rf "$d"
+        # the script execs the server: $! is the postmaster
+        bash "$root/tests/servers/sqlserver.sh" pg "$d" "$pgport" &
+        pgpid=$!
+        for _ in $(seq 600); do # initdb, then startup: 60 s at most
+            [ "$(pg_sql 'select 1')" = 1 ] && return 0
+            kill -0 "$pgpid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -INT "$pgpid" 2>/dev/null || true; wait "$pgpid" 2>/dev/null || true; pgpid=
+    done
+    return 1
+}
+
+pgout=$tmp/results-pg.md
+pgver=
+if [ ! -x "$build/bench/dlock_bench_pg" ]; then
+    printf '## PostgreSQL\n\nNot measured: dlock_bench_pg was not built (libpq-dev missing).\n' >"$pgout"
+elif ! compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null ||
+    ! command -v psql >/dev/null 2>&1; then
+    printf '## PostgreSQL\n\nNot measured: no PostgreSQL server (Debian packages postgresql, postgresql-client) on this machine.\n' >"$pgout"
+elif ! start_pg; then
+    echo "bench: the PostgreSQL server did not start; its log:" >&2
+    tail -30 "$tmp/pg/server.log" >&2 || true
+    exit 1
+else
+    pgver=$(pg_sql 'show server_version')
+    # shellcheck disable=SC2086
+    if ! "$build/bench/dlock_bench_pg" \
+        "postgres://dlock:dlock-secret@127.0.0.1:$pgport/postgres" $quick >"$pgout"; then
+        echo "bench: dlock_bench_pg failed; the PostgreSQL server's log:" >&2
+        tail -30 "$tmp/pg/server.log" >&2 || true
+        exit 1
+    fi
+    kill -INT "$pgpid" 2>/dev/null || true; wait "$pgpid" 2>/dev/null || true; pgpid=
+fi
+
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
 # before the document is rewritten (that alone would make the tree dirty)
 rev=$(git -C "$root" describe --always --dirty 2>/dev/null || echo '?')
@@ -234,6 +290,12 @@ doc=$root/docs/benchmarks.md
         echo "- etcd: $etcdver (one member, data on $(df -P "$tmp" | awk 'NR==2 {print $1}')), libcurl $(pkg-config --modversion libcurl 2>/dev/null || echo '?')," \
              "cJSON $(pkg-config --modversion libcjson 2>/dev/null || echo '?')"
     fi
+    if [ -n "$pgver" ]; then
+        pgsync="fsync off"
+        [ "${DLOCK_SQL_DURABLE:-0}" = 1 ] && pgsync="fsync on"
+        echo "- postgresql: $pgver; a private server ($pgsync, data on $(df -P "$tmp" | awk 'NR==2 {print $1}'))," \
+             "libpq $(pkg-config --modversion libpq 2>/dev/null || echo '?')"
+    fi
     echo "- dlock: $rev"
     echo "- command: \`make bench\`${quick:+ (quick mode)}"
     echo
@@ -244,6 +306,8 @@ doc=$root/docs/benchmarks.md
     cat "$etcdout"
     echo
     cat "$sqout"
+    echo
+    cat "$pgout"
 } >"$doc"
 cat "$out"
 echo
@@ -252,5 +316,7 @@ echo
 cat "$etcdout"
 echo
 cat "$sqout"
+echo
+cat "$pgout"
 echo
 echo "bench: wrote $doc"

@@ -1,0 +1,1149 @@
+/*
+ * bench_pg.c -- dlock's PostgreSQL store beside the store's own statements
+ * run by a bare libpq loop, measured in one run against the same server.
+ *
+ *   dlock_bench_pg URI [--quick]   (URI: postgres://user:pw@host:port/db)
+ *
+ * Prints Markdown. Floors, on one blocking libpq connection, statements
+ * prepared once:
+ *   round trip        a prepared SELECT 1 (hot, and after 2 ms idle)
+ *   table floor       the store's acquire upsert and its guarded release
+ *                     with pg_notify (build_statements() in pg.c), on a
+ *                     table, queue table and sequence of the floor's own
+ *   advisory floor    the store's pg_try_advisory_lock + nextval and its
+ *                     pg_advisory_unlock, same key expression
+ * Cycles run in chunks that alternate with their floor; a ratio is the
+ * median of the chunks' ratios. The floor's statements are checked against
+ * the text dlock's backend last ran (pg_stat_activity), so that the floor
+ * cannot drift from the store unnoticed.
+ * Hand-off: two processes pass the lock back and forth; the time from the
+ * holder's release call to the waiter's acquire returning, in round trips
+ * and beside two bare libpq processes doing the same (table: the release's
+ * NOTIFY wakes a LISTENing waiter, which runs the upsert; advisory: the
+ * unlock wakes a waiter blocked in pg_advisory_lock), in runs that
+ * alternate.
+ * Transactions per hand-off: N processes contend; the database's
+ * xact_commit + xact_rollback (pg_stat_database, read from another
+ * database so that the reads do not count) before and after, with every
+ * backend of the database gone at both ends (a backend flushes its counts
+ * when it exits; before that they lag by up to 10 s), less the same for
+ * the processes only connecting and closing.
+ */
+#include <dlock.h>
+#include <libpq-fe.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNKS 15
+#define H_CHUNKS 5            /* hand-off runs per mode (fresh processes) */
+#define PROC_LIMIT_S 60       /* a forked process never runs longer */
+#define WAIT_MS 10000         /* a hand-off's acquire gives up after this */
+
+/* The store's statements (pg.c, build_statements()), with the floor's own
+ * table "bench_floor", queue "bench_floor_queue" and sequence
+ * "bench_floor_tokens": same length as dlock_locks, so that the texts
+ * compare byte for byte once the names are swapped. */
+#define NOW "clock_timestamp()"
+#define MS_LEFT(ts) "ceil(extract(epoch FROM " ts " - " NOW ") * 1000)::bigint"
+#define KEY(x) "('x' || substr(md5(" x "), 1, 16))::bit(64)::bigint"
+#define FLOOR_NAME "bench_floor"
+#define STORE_NAME "dlock_locks"
+#define T "\"" FLOOR_NAME "\""
+#define Q "\"" FLOOR_NAME "_queue\""
+#define S "'\"" FLOOR_NAME "_tokens\"'"
+
+#define ENDED "t.lock_until <= " NOW
+#define KEEP_OR(col, new_)                                                  \
+    col " = CASE WHEN " ENDED " THEN " new_ " ELSE t." col " END"
+#define UPSERT_SET                                                          \
+    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "            \
+    KEEP_OR("holder", "excluded.holder") ", holds = 1, "                    \
+    KEEP_OR("token", "nextval(" S ")") ", "                                 \
+    KEEP_OR("locked_at", "excluded.locked_at") ", lock_until = CASE WHEN "  \
+    ENDED " THEN excluded.lock_until ELSE greatest(t.lock_until, "          \
+    "excluded.lock_until) END WHERE (" ENDED ") OR t.owner = "              \
+    "excluded.owner"
+#define SQL_ACQUIRE                                                         \
+    "WITH ins AS (INSERT INTO " T " AS t (name, owner, holder, holds, "     \
+    "token, locked_at, lock_until) VALUES ($1, $2, $4, 1, nextval(" S       \
+    "), " NOW ", " NOW " + $3 * interval '1 millisecond')" UPSERT_SET       \
+    " RETURNING token) SELECT (SELECT token FROM ins), (SELECT " MS_LEFT(   \
+        "lock_until") " FROM " T " WHERE name = $1)"
+#define SQL_RELEASE                                                         \
+    "WITH r AS (UPDATE " T " SET owner = NULL, holder = NULL, holds = 0, "  \
+    "lock_until = " NOW " WHERE name = $1 AND owner = $2 AND token = $3 "   \
+    "AND lock_until > " NOW " RETURNING name) SELECT pg_notify($4, "        \
+    "encode($1, 'hex') || coalesce((SELECT ' ' || client || ':' || waiter " \
+    "FROM " Q " WHERE name = $1 AND alive_until > " NOW " ORDER BY seq "    \
+    "LIMIT 1), '')) FROM r"
+#define SQL_ADV_TRY                                                         \
+    "WITH l AS (SELECT pg_try_advisory_lock(" KEY("$1") ") AS ok), n AS "   \
+    "(SELECT CASE WHEN ok THEN nextval(" S ") END AS t FROM l) SELECT t, "  \
+    "CASE WHEN t IS NOT NULL THEN set_config('application_name', 'dlock ' " \
+    "|| t || ' ' || $2, false) END FROM n"
+#define SQL_ADV_UNLOCK                                                      \
+    "SELECT pg_advisory_unlock(" KEY("$1") "), set_config("                 \
+    "'application_name', 'dlock', false)"
+/* ensure_schema()'s DDL, for the floor's names */
+#define SQL_SCHEMA                                                          \
+    "DROP TABLE IF EXISTS " T ", " Q "; "                                   \
+    "DROP SEQUENCE IF EXISTS \"" FLOOR_NAME "_tokens\"; "                   \
+    "CREATE SEQUENCE \"" FLOOR_NAME "_tokens\"; "                           \
+    "CREATE TABLE " T " (name bytea PRIMARY KEY, owner text, holder text, " \
+    "holds integer NOT NULL DEFAULT 0, token bigint NOT NULL DEFAULT 0, "   \
+    "locked_at timestamptz NOT NULL DEFAULT " NOW ", lock_until "           \
+    "timestamptz NOT NULL DEFAULT " NOW "); "                               \
+    "CREATE TABLE " Q " (seq bigserial PRIMARY KEY, name bytea NOT NULL, "  \
+    "client text NOT NULL, waiter bigint NOT NULL, holder text, "           \
+    "alive_until timestamptz NOT NULL); "                                   \
+    "CREATE INDEX \"" FLOOR_NAME "_queue_name\" ON " Q " (name, seq)"
+
+/* Parameter types as the store declares them: bytea, text, int8. */
+#define T_BYTEA 17
+#define T_TEXT 25
+#define T_INT8 20
+
+static int quick;
+static const char *uri;
+static char adv_uri[1200];
+static char conninfo[1200]; /* the URI without parameters: libpq would
+                             * refuse dlock's */
+static char shown[1200];    /* the URI without its password */
+static char dbname[256];
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_pg: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+
+    nanosleep(&ts, NULL);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+typedef struct stats {
+    double p50_us, p99_us;
+} stats;
+
+static stats summarize(int64_t *ns, int n)
+{
+    stats s;
+
+    qsort(ns, (size_t)n, sizeof(*ns), cmp64);
+    s.p50_us = (double)ns[n / 2] / 1000;
+    s.p99_us = (double)ns[(int)(n * 0.99)] / 1000;
+    return s;
+}
+
+typedef struct spread {
+    double med, min, max;
+} spread;
+
+static spread medrange(double *v, int n)
+{
+    spread s;
+
+    qsort(v, (size_t)n, sizeof(double), cmpd);
+    s.min = v[0];
+    s.med = v[n / 2];
+    s.max = v[n - 1];
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The bare client                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* A blocking connection; `db` (if set) replaces the URI's database. */
+static PGconn *connect_pg(const char *db)
+{
+    const char *keys[] = {"dbname", "dbname", "application_name", NULL};
+    const char *vals[] = {conninfo, db, "dlock-bench", NULL};
+    PGconn *pg = PQconnectdbParams(keys, vals, 1);
+
+    if (!pg || PQstatus(pg) != CONNECTION_OK)
+        die("connecting", pg ? PQerrorMessage(pg) : "out of memory");
+    return pg;
+}
+
+static void exec_ok(PGconn *pg, const char *sql)
+{
+    PGresult *r = PQexec(pg, sql);
+    ExecStatusType st = PQresultStatus(r);
+
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+        die(sql, PQerrorMessage(pg));
+    PQclear(r);
+}
+
+static long long query_ll(PGconn *pg, const char *sql, const char *param)
+{
+    PGresult *r = PQexecParams(pg, sql, param ? 1 : 0, NULL, &param, NULL,
+                               NULL, 0);
+
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        die(sql, PQerrorMessage(pg));
+    long long v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    return v;
+}
+
+static void prepare(PGconn *pg, const char *name, const char *sql, int n,
+                    const Oid *types)
+{
+    PGresult *r = PQprepare(pg, name, sql, n, types);
+
+    if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        die(name, PQerrorMessage(pg));
+    PQclear(r);
+}
+
+typedef struct floor_pg {
+    PGconn *pg;
+    char owner[64], holder[128], ttl[8], token[24];
+} floor_pg;
+
+/* The advisory wait without what the store adds around it (as text:
+ * SET LOCAL lock_timeout, a set_config naming the waiter), prepared: the
+ * least a waiter inside the server costs. */
+#define SQL_ADV_WAIT                                                        \
+    "WITH l AS (SELECT pg_advisory_lock(" KEY("$1") ")), n AS (SELECT "     \
+    "nextval(" S ") AS t FROM l) SELECT t, set_config('application_name', " \
+    "'dlock ' || t || ' ' || $2, false) FROM n"
+#define FLOOR_CHANNEL "bench_floor_handoff" /* the floor's hand-offs */
+
+/* A floor connection with every statement prepared; values shaped like
+ * dlock's (a 32-hex client id and a thread id), the owner this process's. */
+static void floor_connect(floor_pg *f)
+{
+    static const Oid acq[] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT};
+    static const Oid rel[] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT};
+    static const Oid atry[] = {T_BYTEA, T_TEXT};
+    static const Oid aunl[] = {T_BYTEA};
+    char host[64] = "localhost";
+
+    f->pg = connect_pg(NULL);
+    exec_ok(f->pg, "SET client_min_messages = warning");
+    /* a floor waiter never blocks forever (the store: the caller's wait) */
+    exec_ok(f->pg, "SET lock_timeout = 10000");
+    prepare(f->pg, "rtt", "SELECT 1", 0, NULL);
+    prepare(f->pg, "acq", SQL_ACQUIRE, 4, acq);
+    prepare(f->pg, "rel", SQL_RELEASE, 4, rel);
+    prepare(f->pg, "atry", SQL_ADV_TRY, 2, atry);
+    prepare(f->pg, "await", SQL_ADV_WAIT, 2, atry);
+    prepare(f->pg, "aunl", SQL_ADV_UNLOCK, 1, aunl);
+    gethostname(host, sizeof(host) - 1);
+    snprintf(f->owner, sizeof(f->owner),
+             "0123456789abcdef0123456789abcdef:%ld", (long)getpid());
+    snprintf(f->holder, sizeof(f->holder), "%.64s pid %ld tid %ld", host,
+             (long)getpid(), (long)getpid());
+    snprintf(f->ttl, sizeof(f->ttl), "30000");
+}
+
+static void floor_open(floor_pg *f)
+{
+    PGconn *pg = connect_pg(NULL);
+
+    exec_ok(pg, "SET client_min_messages = warning");
+    exec_ok(pg, SQL_SCHEMA);
+    PQfinish(pg);
+    floor_connect(f);
+}
+
+/* Runs prepared statement `name`; the first parameter (the lock name) in
+ * binary, as the store sends it. */
+static PGresult *floor_run(floor_pg *f, const char *name, int n,
+                           const char *const *vals)
+{
+    static const char lock[] = "bench-floor"; /* dlock's: "bench-cycle" */
+    const char *v[4] = {lock, NULL, NULL, NULL};
+    int lens[4] = {(int)sizeof(lock) - 1, 0, 0, 0};
+    int fmts[4] = {1, 0, 0, 0};
+
+    for (int i = 1; i < n; i++)
+        v[i] = vals[i - 1];
+    PGresult *r = PQexecPrepared(f->pg, name, n, v, lens, fmts, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        die(name, PQerrorMessage(f->pg));
+    return r;
+}
+
+static void floor_rtt(floor_pg *f)
+{
+    PGresult *r = PQexecPrepared(f->pg, "rtt", 0, NULL, NULL, NULL, 0);
+
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        die("SELECT 1", PQerrorMessage(f->pg));
+    PQclear(r);
+}
+
+/* The upsert: 1 taken (token kept), 0 busy. */
+static int floor_table_try(floor_pg *f)
+{
+    const char *acq[3] = {f->owner, f->ttl, f->holder};
+    PGresult *r = floor_run(f, "acq", 4, acq);
+    int taken = !PQgetisnull(r, 0, 0);
+
+    if (taken)
+        snprintf(f->token, sizeof(f->token), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return taken;
+}
+
+static void floor_table_release(floor_pg *f, const char *channel)
+{
+    const char *rel[3] = {f->owner, f->token, channel};
+    PQclear(floor_run(f, "rel", 4, rel));
+}
+
+static void floor_table_cycle(floor_pg *f)
+{
+    if (!floor_table_try(f))
+        die("floor acquire", "the floor's lock was not free");
+    /* a channel nobody listens on, as nobody waits in the dlock cycles */
+    floor_table_release(f, "bench_floor_nobody");
+}
+
+static void floor_adv_release(floor_pg *f)
+{
+    PGresult *r = floor_run(f, "aunl", 1, NULL);
+
+    if (strcmp(PQgetvalue(r, 0, 0), "t") != 0)
+        die("floor advisory", "unlock found no lock");
+    PQclear(r);
+}
+
+static void floor_adv_cycle(floor_pg *f)
+{
+    const char *try[1] = {f->holder};
+    PGresult *r = floor_run(f, "atry", 2, try);
+
+    if (PQgetisnull(r, 0, 0))
+        die("floor advisory", "the floor's lock was not free");
+    PQclear(r);
+    floor_adv_release(f);
+}
+
+/* Frees the notifications received so far; how many. */
+static int drain_notifies(PGconn *pg)
+{
+    PGnotify *nt;
+    int n = 0;
+
+    while ((nt = PQnotifies(pg)) != NULL) {
+        PQfreemem(nt);
+        n++;
+    }
+    return n;
+}
+
+/* The hand-off floor's waiter, on the one connection that LISTENs: try;
+ * when busy, wait for a NOTIFY and try again. */
+static void floor_table_wait(floor_pg *f)
+{
+    int64_t end = now_ns() + (int64_t)WAIT_MS * 1000000;
+
+    while (!floor_table_try(f)) {
+        /* one that came with the answer may be the release: try again */
+        while (!drain_notifies(f->pg)) {
+            struct pollfd p = {PQsocket(f->pg), POLLIN, 0};
+            if (now_ns() > end)
+                die("floor hand-off", "no NOTIFY in time");
+            if (poll(&p, 1, 100) < 0 && errno != EINTR)
+                die("poll", strerror(errno));
+            if (!PQconsumeInput(f->pg))
+                die("floor hand-off", PQerrorMessage(f->pg));
+        }
+    }
+}
+
+static void floor_adv_wait(floor_pg *f)
+{
+    const char *v[1] = {f->holder};
+
+    PQclear(floor_run(f, "await", 2, v)); /* the server wakes us */
+}
+
+/* ------------------------------------------------------------------------ */
+/* dlock                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static dlock_client *open_client(const char *u)
+{
+    dlock_client_options o = {10000}; /* a busy machine is no failure */
+    dlock_client *c;
+
+    if (dlock_client_open(&c, u, &o) != DLOCK_OK)
+        die(u == uri ? "client" : "advisory client", dlock_errmsg());
+    return c;
+}
+
+static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
+{
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = flags;
+    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
+        die(name, dlock_errmsg());
+    return l;
+}
+
+static void dlock_cycle(dlock *l)
+{
+    if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
+        die("cycle", dlock_errmsg());
+}
+
+/*
+ * The text the store's backend ran last (its only client backend besides
+ * ours) against the floor's `sql` with the store's names: 1 same, 0 not,
+ * -1 other clients are connected. pg_stat_activity keeps
+ * track_activity_query_size - 1 bytes of it.
+ */
+static int same_as_store(floor_pg *f, const char *sql)
+{
+    size_t n = strlen(sql), fl = strlen(FLOOR_NAME);
+    char *want = malloc(n + 1);
+    PGresult *r = NULL;
+    int same = -1;
+
+    /* a client closed just before may take a moment to go */
+    for (int i = 0; i < 100; i++) {
+        PQclear(r);
+        r = PQexec(f->pg, "SELECT query FROM pg_stat_activity WHERE datname "
+                          "= current_database() AND pid <> pg_backend_pid() "
+                          "AND backend_type = 'client backend'");
+        if (PQresultStatus(r) != PGRES_TUPLES_OK || !want)
+            die("pg_stat_activity", PQerrorMessage(f->pg));
+        if (PQntuples(r) == 1)
+            break;
+        sleep_us(10000);
+    }
+    memcpy(want, sql, n + 1);
+    for (char *p = want; (p = strstr(p, FLOOR_NAME)) != NULL; p += fl)
+        memcpy(p, STORE_NAME, fl);
+    if (PQntuples(r) == 1) {
+        const char *got = PQgetvalue(r, 0, 0);
+        size_t g = strlen(got);
+        same = g > 0 && (g == n || (g >= 1000 && g < n)) &&
+               !strncmp(got, want, g);
+        if (!same)
+            fprintf(stderr, "bench_pg: the store ran\n  %s\nthe floor "
+                            "runs\n  %s\n",
+                    got, want);
+    }
+    free(want);
+    PQclear(r);
+    return same;
+}
+
+/* Whether dlock's acquire and release (on lock l) sent the floor's two
+ * statements: 1, 0, or -1 (not known). */
+static int check_statements(floor_pg *f, dlock *l, const char *acq,
+                            const char *rel)
+{
+    if (dlock_acquire(l, 0) != DLOCK_OK)
+        die("check", dlock_errmsg());
+    int a = same_as_store(f, acq);
+    if (dlock_release(l) != DLOCK_OK)
+        die("check", dlock_errmsg());
+    int r = same_as_store(f, rel);
+    return a < 0 || r < 0 ? -1 : a && r;
+}
+
+/*
+ * Cycles of dlock (a client on u) and of the floor (floor_cycle) in CHUNKS
+ * chunks that alternate, each chunk preceded by round trips when with_rtt
+ * (the round trip then drifts with the cycles it is compared to). Every
+ * chunk has a new floor connection and a new dlock client: two identical
+ * floors on two fixed connections differed by 20% on a 2-core VM, as the
+ * scheduler kept one backend beside the client and the other across.
+ */
+typedef struct cycles {
+    spread floor, dlock, ratio, rtt;
+    stats floor_all, dlock_all;
+} cycles;
+
+static cycles run_cycles(const char *u, void (*floor_cycle)(floor_pg *),
+                         int n, int with_rtt)
+{
+    int per = n / CHUNKS;
+    int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
+    int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
+    int64_t *rns = malloc(sizeof(int64_t) * (size_t)per);
+    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS], tv[CHUNKS];
+    cycles c;
+
+    if (!fns || !dns || !rns)
+        die("cycles", "out of memory");
+    for (int k = 0; k < CHUNKS; k++) {
+        int64_t *fk = fns + (size_t)k * per, *dk = dns + (size_t)k * per;
+        floor_pg f;
+        floor_connect(&f);
+        dlock_client *dc = open_client(u);
+        dlock *l = open_lock(dc, "bench-cycle", 0);
+        /* past a new session's first plans and cold caches */
+        for (int i = 0; i < (k == 0 ? 300 : 30); i++) {
+            floor_cycle(&f);
+            dlock_cycle(l);
+        }
+        for (int i = 0; with_rtt && i < per; i++) {
+            int64_t t0 = now_ns();
+            floor_rtt(&f);
+            rns[i] = now_ns() - t0;
+        }
+        for (int side = 0; side < 2; side++) {
+            /* the order alternates too */
+            if ((side ^ (k & 1)) == 0) {
+                for (int i = 0; i < per; i++) {
+                    int64_t t0 = now_ns();
+                    floor_cycle(&f);
+                    fk[i] = now_ns() - t0;
+                }
+            } else {
+                for (int i = 0; i < per; i++) {
+                    int64_t t0 = now_ns();
+                    dlock_cycle(l);
+                    dk[i] = now_ns() - t0;
+                }
+            }
+        }
+        dlock_close(l);
+        dlock_client_close(dc);
+        PQfinish(f.pg);
+        tv[k] = with_rtt ? summarize(rns, per).p50_us : 0;
+        fv[k] = summarize(fk, per).p50_us;
+        dv[k] = summarize(dk, per).p50_us;
+        rv[k] = dv[k] / fv[k];
+    }
+    c.floor = medrange(fv, CHUNKS);
+    c.dlock = medrange(dv, CHUNKS);
+    c.ratio = medrange(rv, CHUNKS);
+    c.rtt = medrange(tv, CHUNKS);
+    c.floor_all = summarize(fns, per * CHUNKS);
+    c.dlock_all = summarize(dns, per * CHUNKS);
+    free(fns);
+    free(dns);
+    free(rns);
+    return c;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Processes                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Waits until *v >= want; dies past PROC_LIMIT_S. Polls every 20 µs at
+ * first, then backs off to 1 ms: 32 waiting processes must not fill the
+ * CPUs that the others need to log in. */
+static void spin_until(volatile int *v, int want)
+{
+    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
+    long us = 20;
+
+    for (int i = 0; __atomic_load_n(v, __ATOMIC_ACQUIRE) < want; i++) {
+        if (now_ns() > end)
+            die("waiting for another process", "timed out");
+        sleep_us(us);
+        if (i > 100 && us < 1000)
+            us *= 2;
+    }
+}
+
+static void kill_all(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGKILL);
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            waitpid(pids[i], NULL, 0);
+}
+
+/* Reaps the processes that have exited; dies (killing the others) if one
+ * failed, or if `must_live` and any has exited. */
+static int reap_some(pid_t *pids, int n, int must_live, const char *what)
+{
+    int st, gone = 0;
+    pid_t p;
+
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+        for (int i = 0; i < n; i++) {
+            if (pids[i] != p)
+                continue;
+            pids[i] = 0;
+            gone++;
+            if (must_live || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                kill_all(pids, n);
+                die(what, "a process failed");
+            }
+        }
+    }
+    return gone;
+}
+
+/* Waits for the n processes, killing them past PROC_LIMIT_S. */
+static void reap(pid_t *pids, int n, const char *what)
+{
+    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
+    int left = n;
+
+    for (int i = 0; i < n; i++)
+        left -= pids[i] <= 0;
+    while (left > 0) {
+        left -= reap_some(pids, n, 0, what);
+        if (left > 0 && now_ns() > end) {
+            kill_all(pids, n);
+            die(what, "processes still running after the time limit");
+        }
+        if (left > 0)
+            sleep_us(2000);
+    }
+}
+
+/* Waits until *v >= want while all n processes live. */
+static void wait_ready(volatile int *v, int want, pid_t *pids, int n,
+                       const char *what)
+{
+    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
+
+    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want) {
+        reap_some(pids, n, 1, what);
+        if (now_ns() > end) {
+            kill_all(pids, n);
+            die(what, "processes not ready in time");
+        }
+        sleep_us(200);
+    }
+}
+
+static pid_t spawn(void (*fn)(void *, int), void *arg, int me)
+{
+    fflush(stdout);
+    pid_t p = fork();
+    if (p < 0)
+        die("fork", strerror(errno));
+    if (p == 0) {
+        alarm(PROC_LIMIT_S + 5); /* a stuck child never outlives us */
+        fn(arg, me);
+        _exit(0);
+    }
+    return p;
+}
+
+/* --- hand-off between two processes --- */
+
+/* What passes the lock: dlock in one of its modes, or a floor. */
+enum { H_TABLE, H_FAIR, H_ADV, H_FLOOR_TABLE, H_FLOOR_ADV, H_KINDS };
+
+typedef struct party {
+    int kind;
+    dlock_client *c;
+    dlock *l;
+    floor_pg f;
+} party;
+
+static void party_open(party *p, int kind)
+{
+    p->kind = kind;
+    if (kind == H_FLOOR_TABLE || kind == H_FLOOR_ADV) {
+        floor_connect(&p->f);
+        /* both processes, as dlock's listeners stay after a wait */
+        if (kind == H_FLOOR_TABLE)
+            exec_ok(p->f.pg, "LISTEN " FLOOR_CHANNEL);
+        return;
+    }
+    p->c = open_client(kind == H_ADV ? adv_uri : uri); /* after fork */
+    p->l = open_lock(p->c, "bench-handoff", kind == H_FAIR ? DLOCK_FAIR : 0);
+}
+
+static void party_acquire(party *p)
+{
+    if (p->kind == H_FLOOR_TABLE)
+        floor_table_wait(&p->f);
+    else if (p->kind == H_FLOOR_ADV)
+        floor_adv_wait(&p->f);
+    else if (dlock_acquire(p->l, WAIT_MS) != DLOCK_OK)
+        die("handoff acquire", dlock_errmsg());
+}
+
+static void party_release(party *p)
+{
+    if (p->kind == H_FLOOR_TABLE)
+        floor_table_release(&p->f, FLOOR_CHANNEL);
+    else if (p->kind == H_FLOOR_ADV)
+        floor_adv_release(&p->f);
+    else if (dlock_release(p->l) != DLOCK_OK)
+        die("handoff release", dlock_errmsg());
+}
+
+static void party_close(party *p, int holding)
+{
+    if (holding)
+        party_release(p);
+    if (p->c) {
+        dlock_close(p->l);
+        dlock_client_close(p->c);
+    } else {
+        PQfinish(p->f.pg);
+    }
+}
+
+typedef struct pingpong {
+    volatile int started, ready[2], acquired;
+    volatile int64_t released_at;
+    int kind, n;
+    int64_t samples[];
+} pingpong;
+
+static void pingpong_proc(void *arg, int me)
+{
+    pingpong *s = arg;
+    party p;
+
+    memset(&p, 0, sizeof(p));
+    party_open(&p, s->kind);
+    if (me == 0) {
+        party_acquire(&p);
+        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
+    } else {
+        spin_until(&s->started, 1);
+    }
+    for (int i = 0; i < s->n; i++) {
+        if (i % 2 == me) { /* we hold it: hand it over */
+            spin_until(&s->ready[1 - me], i + 1);
+            /* let it start waiting; in the two warm-ups, long enough for
+             * a cold first try and the store's first LISTEN connection */
+            sleep_us(i < 2 ? 50000 : 2000);
+            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
+            party_release(&p);
+        } else {
+            /* never barge: ask only once the other one got it */
+            spin_until(&s->acquired, i);
+            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
+            party_acquire(&p);
+            s->samples[i] = now_ns() -
+                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
+            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
+        }
+    }
+    party_close(&p, s->n % 2 == me);
+}
+
+/* n hand-offs of `kind` measured, after one warm-up in each direction
+ * and before a last one (the other process exits during it); appended to
+ * out[*k...]; the p50 of this run. */
+static double handoff(int kind, int n, int64_t *out, int *k)
+{
+    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)(n + 3);
+    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pids[2];
+
+    if (s == MAP_FAILED)
+        die("mmap", strerror(errno));
+    memset(s, 0, size);
+    s->kind = kind;
+    s->n = n + 3;
+    for (int me = 0; me < 2; me++)
+        pids[me] = spawn(pingpong_proc, s, me);
+    reap(pids, 2, "handoff");
+    memcpy(out + *k, s->samples + 2, sizeof(int64_t) * (size_t)n);
+    double p50 = summarize(out + *k, n).p50_us;
+    *k += n;
+    munmap(s, size);
+    return p50;
+}
+
+/* --- transactions per hand-off --- */
+
+typedef struct contend {
+    volatile int ready, go, stop, last;
+    volatile long handoffs, acquisitions;
+    volatile int64_t stop_at;
+    const char *uri;
+    unsigned flags;
+    long target;    /* hand-offs, then stop */
+    int64_t end_ns; /* stop anyway */
+} contend;
+
+static void contend_proc(void *arg, int me)
+{
+    contend *s = arg;
+    dlock_client *c = open_client(s->uri);
+    dlock *l = open_lock(c, "bench-contend", s->flags);
+
+    __atomic_add_fetch(&s->ready, 1, __ATOMIC_RELEASE);
+    spin_until(&s->go, 1);
+    for (long i = 0; i < 20 * s->target &&
+                     !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE) &&
+                     now_ns() < s->end_ns;
+         i++) {
+        /* 3 s: room for the first wait's LISTEN login, N at once */
+        int rc = dlock_acquire(l, 3000);
+        if (rc == DLOCK_EBUSY)
+            continue;
+        if (rc != DLOCK_OK)
+            die("contend", dlock_errmsg());
+        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
+        if (s->last != me) {
+            long h = __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
+            s->last = me;
+            if (h == s->target) {
+                __atomic_store_n(&s->stop_at, now_ns(), __ATOMIC_RELEASE);
+                __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
+            }
+        }
+        if (dlock_release(l) != DLOCK_OK)
+            die("contend release", dlock_errmsg());
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* Waits until no client backend is connected to the database (their
+ * counts are flushed when they exit); 0 if some still are after 10 s. */
+static int backends_gone(PGconn *mon)
+{
+    for (int i = 0; i < 200; i++) {
+        if (query_ll(mon, "SELECT count(*) FROM pg_stat_activity WHERE "
+                          "datname = $1 AND backend_type = 'client "
+                          "backend'",
+                     dbname) == 0)
+            return 1;
+        sleep_us(50000);
+    }
+    return 0;
+}
+
+static long long xacts(PGconn *mon)
+{
+    return query_ll(mon, "SELECT xact_commit + xact_rollback FROM "
+                         "pg_stat_database WHERE datname = $1",
+                    dbname);
+}
+
+typedef struct per_handoff {
+    double xacts, acqs, per_s;
+    long handoffs;
+    int exact; /* every backend was gone before and after */
+} per_handoff;
+
+/* One contention run of nproc processes until `target` hand-offs (0: the
+ * processes only connect and close); the database's transactions during
+ * it, from before the first connects to after the last backend has gone. */
+static long long contention(PGconn *mon, const char *u, unsigned flags,
+                            int nproc, long target, per_handoff *r)
+{
+    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
+
+    if (s == MAP_FAILED || !pids)
+        die("contend", "out of memory");
+    memset(s, 0, sizeof(*s));
+    s->last = -1;
+    s->uri = u;
+    s->flags = flags;
+    s->target = target;
+    s->stop = target == 0;
+    r->exact = backends_gone(mon);
+    long long x0 = xacts(mon);
+    /* one at a time: 32 logins at once can outlast a client's timeout */
+    for (int i = 0; i < nproc; i++) {
+        pids[i] = spawn(contend_proc, s, i);
+        wait_ready(&s->ready, i + 1, pids, nproc, "contend");
+    }
+    int64_t t0 = now_ns();
+    s->end_ns = t0 + (quick ? 4 : 10) * (int64_t)1000000000;
+    __atomic_store_n(&s->go, 1, __ATOMIC_RELEASE);
+    reap(pids, nproc, "contend");
+    int64_t t1 = s->stop_at ? s->stop_at : now_ns();
+    r->exact &= backends_gone(mon);
+    long long x1 = xacts(mon);
+    r->handoffs = s->handoffs;
+    r->acqs = r->handoffs ? (double)s->acquisitions / (double)r->handoffs
+                          : 0;
+    r->per_s = (double)r->handoffs / ((double)(t1 - t0) / 1e9);
+    free(pids);
+    munmap(s, sizeof(*s));
+    return x1 - x0;
+}
+
+/* Transactions per hand-off, the processes' connect and close (a run
+ * without the race) subtracted. */
+static per_handoff xacts_per_handoff(PGconn *mon, const char *u,
+                                     unsigned flags, int nproc, long target)
+{
+    per_handoff setup, r;
+    long long base = contention(mon, u, flags, nproc, 0, &setup);
+    long long all = contention(mon, u, flags, nproc, target, &r);
+
+    r.exact &= setup.exact;
+    r.xacts = r.handoffs ? (double)(all - base) / (double)r.handoffs : 0;
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* URI forms: dlock's, libpq's (no dlock parameters), shown (no password). */
+static void parse_uri(void)
+{
+    const char *q = strchr(uri, '?');
+    const char *at = strrchr(uri, '@');
+    const char *scheme = strstr(uri, "://");
+
+    snprintf(adv_uri, sizeof(adv_uri), "%s%smode=advisory", uri,
+             q ? "&" : "?");
+    snprintf(conninfo, sizeof(conninfo), "%.*s",
+             (int)(q ? q - uri : (long)strlen(uri)), uri);
+    if (!scheme || (strncmp(uri, "postgres://", 11) &&
+                    strncmp(uri, "postgresql://", 13)))
+        die(uri, "expected postgres://[user:password@]host:port/db");
+    const char *colon = at ? memchr(scheme + 3, ':', (size_t)(at - scheme - 3))
+                           : NULL;
+    if (colon)
+        snprintf(shown, sizeof(shown), "%.*s%s", (int)(colon - uri), uri, at);
+    else
+        snprintf(shown, sizeof(shown), "%s", conninfo);
+}
+
+/* One hand-off row: dlock's runs (hs) beside the floor's (fl), with
+ * the per-run ratios (rv). */
+static void handoff_row(const char *mode, int64_t *hs, int n, int64_t *fl,
+                        double *rv, double rtt, const char *goal)
+{
+    stats h = summarize(hs, n), f = summarize(fl, n);
+    spread r = medrange(rv, H_CHUNKS);
+
+    printf("| %s | %.1f (%.1f RTT) | %.1f / %.1f | **%.2fx** (runs: "
+           "%.2f–%.2f) | **%.1f** / %.1f RTT | %s |\n",
+           mode, f.p50_us, f.p50_us / rtt, h.p50_us, h.p99_us, r.med, r.min,
+           r.max, h.p50_us / rtt, h.p99_us / rtt, goal);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: dlock_bench_pg URI [--quick]\n");
+        return 2;
+    }
+    uri = argv[1];
+    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    parse_uri();
+    signal(SIGPIPE, SIG_IGN);
+
+    int n = quick ? 1500 : 6000;     /* cycles of each kind */
+    int nh = quick ? 20 : 60;        /* hand-offs per run, H_CHUNKS runs */
+    long target = quick ? 150 : 400; /* hand-offs per contention run */
+
+    floor_pg f;
+    floor_open(&f);
+    snprintf(dbname, sizeof(dbname), "%s", PQdb(f.pg));
+    char version[64];
+    snprintf(version, sizeof(version), "%s",
+             PQparameterStatus(f.pg, "server_version"));
+
+    printf("## PostgreSQL (%s)\n\n", shown);
+    dlock_client *c = NULL;
+    dlock_client_options o = {10000};
+    int rc = dlock_client_open(&c, uri, &o);
+    if (rc != DLOCK_OK) {
+        if (rc != DLOCK_ENOTSUP)
+            die("client", dlock_errmsg());
+        printf("Not measured: %s.\n", dlock_errmsg());
+        PQfinish(f.pg);
+        return 0;
+    }
+    /* the floors must be the statements the store sends: each client's
+     * statements are compared while it is the only other backend */
+    dlock *l = open_lock(c, "bench-cycle", 0);
+    int same_table = check_statements(&f, l, SQL_ACQUIRE, SQL_RELEASE);
+    dlock_close(l);
+    dlock_client_close(c);
+    dlock_client *ac = open_client(adv_uri);
+    dlock *al = open_lock(ac, "bench-cycle", 0);
+    int same_adv = check_statements(&f, al, SQL_ADV_TRY, SQL_ADV_UNLOCK);
+    dlock_close(al);
+    dlock_client_close(ac);
+
+    cycles tc = run_cycles(uri, floor_table_cycle, n, 1);
+    cycles acyc = run_cycles(adv_uri, floor_adv_cycle, n, 0);
+    double rtt = tc.rtt.med;
+
+    printf("PostgreSQL %s. Latency in microseconds. Floors: one blocking "
+           "libpq connection, statements prepared once; the cycle floors "
+           "are the store's own two statements (checked against the text "
+           "dlock's backend ran: %s) on a table, queue table and sequence "
+           "of the floor's own. Cycles: %d of each, in %d chunks "
+           "alternating with the floor (the round trip in the same "
+           "chunks), each on a new floor connection and a new dlock client "
+           "(on which core the server runs a session's backend changes "
+           "its figures by up to 20%% here); a p50 is the median of the "
+           "chunks' medians, a p99 is over all cycles, a ratio is the "
+           "median of the chunks' ratios (with their spread).\n\n",
+           version,
+           same_table < 0 || same_adv < 0
+               ? "not checked, other clients were connected"
+           : same_table && same_adv ? "the same"
+                                    : "**they differ**",
+           (n / CHUNKS) * CHUNKS, CHUNKS);
+    printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
+    printf("| round trip (prepared `SELECT 1`), p50 | %.1f (chunks: "
+           "%.1f–%.1f) | | |\n",
+           rtt, tc.rtt.min, tc.rtt.max);
+    printf("| table mode: uncontended acquire+release, p50 (floor: the "
+           "upsert + the guarded update with `pg_notify`) | %.1f | %.1f | "
+           "**%.2fx** (chunks: %.2f–%.2f; goal ≤ 1.2x) |\n",
+           tc.floor.med, tc.dlock.med, tc.ratio.med, tc.ratio.min,
+           tc.ratio.max);
+    printf("| table mode: the same, p99 | %.1f | %.1f | %.2fx |\n",
+           tc.floor_all.p99_us, tc.dlock_all.p99_us,
+           tc.dlock_all.p99_us / tc.floor_all.p99_us);
+    printf("| table mode: the same p50 in round trips | %.2f | %.2f | |\n",
+           tc.floor.med / rtt, tc.dlock.med / rtt);
+    printf("| advisory mode: uncontended acquire+release, p50 (floor: "
+           "`pg_try_advisory_lock` + `nextval`, `pg_advisory_unlock`) | "
+           "%.1f | %.1f | **%.2fx** (chunks: %.2f–%.2f) |\n",
+           acyc.floor.med, acyc.dlock.med, acyc.ratio.med, acyc.ratio.min,
+           acyc.ratio.max);
+    printf("| advisory mode: the same, p99 | %.1f | %.1f | %.2fx |\n",
+           acyc.floor_all.p99_us, acyc.dlock_all.p99_us,
+           acyc.dlock_all.p99_us / acyc.floor_all.p99_us);
+    fflush(stdout);
+
+    /* hand-offs: runs of each kind, the floors' too, alternate */
+    int64_t *hs[H_KINDS], *idle = malloc(sizeof(int64_t) * (size_t)nh);
+    double hp[H_KINDS][H_CHUNKS], rv[3][H_CHUNKS];
+    int hk[H_KINDS] = {0};
+    for (int m = 0; m < H_KINDS; m++) {
+        hs[m] = malloc(sizeof(int64_t) * (size_t)nh * H_CHUNKS);
+        if (!hs[m] || !idle)
+            die("handoff", "out of memory");
+    }
+    double iv[H_CHUNKS];
+    PQfinish(f.pg); /* no backend of ours in the database from here on */
+    for (int k = 0; k < H_CHUNKS; k++) {
+        floor_pg fr;
+        floor_connect(&fr); /* a new one per run, as for the cycles */
+        for (int i = 0; i < nh; i++) {
+            sleep_us(2000);
+            int64_t t0 = now_ns();
+            floor_rtt(&fr);
+            idle[i] = now_ns() - t0;
+        }
+        PQfinish(fr.pg);
+        iv[k] = summarize(idle, nh).p50_us;
+        for (int m = 0; m < H_KINDS; m++)
+            hp[m][k] = handoff(m, nh, hs[m], &hk[m]);
+        rv[0][k] = hp[H_TABLE][k] / hp[H_FLOOR_TABLE][k];
+        rv[1][k] = hp[H_FAIR][k] / hp[H_FLOOR_TABLE][k];
+        rv[2][k] = hp[H_ADV][k] / hp[H_FLOOR_ADV][k];
+    }
+    spread idle_rtt = medrange(iv, H_CHUNKS);
+    printf("\n### PostgreSQL hand-off\n\n");
+    printf("Two processes pass one lock back and forth (%d hand-offs of "
+           "each kind, in %d runs of fresh processes that alternate with "
+           "the floors'); the time from the holder's `dlock_release()` "
+           "call to the waiting process's `dlock_acquire()` returning, "
+           "p50 / p99. Floors, from bare libpq processes on one connection "
+           "each: *table*: the release statement above, whose `pg_notify` "
+           "wakes the waiter blocked in `poll()` on its `LISTEN`ing "
+           "connection, which then runs the upsert; *advisory*: "
+           "`pg_advisory_unlock` wakes the waiter's prepared "
+           "`pg_advisory_lock` + `nextval`. RTT: the hot round trip above "
+           "(%.1f µs; after 2 ms idle, as before every hand-off: %.1f "
+           "µs).\n\n",
+           nh * H_CHUNKS, H_CHUNKS, rtt, idle_rtt.med);
+    printf("| mode | floor, p50 | dlock, p50 / p99 | ratio to the floor | "
+           "dlock in round trips, p50 / p99 | goal |\n"
+           "|---|---|---|---|---|---|\n");
+    handoff_row("table (the waiter woken by LISTEN/NOTIFY)", hs[H_TABLE],
+                hk[H_TABLE], hs[H_FLOOR_TABLE], rv[0], rtt, "≤ 3 RTT");
+    handoff_row("table, fair (only the queue's head re-tries)", hs[H_FAIR],
+                hk[H_FAIR], hs[H_FLOOR_TABLE], rv[1], rtt, "");
+    handoff_row("advisory (the server wakes `pg_advisory_lock`)", hs[H_ADV],
+                hk[H_ADV], hs[H_FLOOR_ADV], rv[2], rtt, "");
+    for (int m = 0; m < H_KINDS; m++)
+        free(hs[m]);
+    free(idle);
+    fflush(stdout);
+
+    /* transactions per hand-off, read from another database */
+    PGconn *mon = connect_pg(strcmp(dbname, "template1") ? "template1"
+                                                         : "postgres");
+    static const char *const mode_name[3] = {"default", "fair", "advisory"};
+    const char *hu[3] = {uri, uri, adv_uri};
+    unsigned hf[3] = {0, DLOCK_FAIR, 0};
+    int np[] = {2, 8, 32};
+    int nnp = quick ? 2 : 3;
+    per_handoff res[3][3];
+    int exact = 1;
+    for (int i = 0; i < nnp; i++)
+        for (int m = 0; m < 3; m++) {
+            res[m][i] = xacts_per_handoff(mon, hu[m], hf[m], np[i], target);
+            exact &= res[m][i].exact;
+        }
+    PQfinish(mon);
+    printf("\n### PostgreSQL transactions per hand-off\n\n");
+    printf("N processes contend for one lock (each: acquire with a wait of "
+           "at most 3 s, release at once, repeat) until %ld hand-offs "
+           "between different processes. *Transactions*: the database's "
+           "`xact_commit + xact_rollback` (pg_stat_database, read from "
+           "another database) from before the processes connect to after "
+           "every backend has gone, less the same count for the processes "
+           "only started (one by one) and stopped; per hand-off. It "
+           "includes each process's first `LISTEN` and the transaction in "
+           "which every "
+           "`LISTEN`ing backend reads each NOTIFY (PostgreSQL signals every "
+           "listener of the database, whatever the channel): about one per "
+           "process per release in table mode. Default mode: "
+           "every waiting process re-tries once per release, and the "
+           "releaser often takes the lock again at once (*acquisitions* per "
+           "hand-off); fair mode: only the queue's head re-tries; advisory: "
+           "the waiters wait inside the server.%s\n\n",
+           target, exact ? "" : " (Some backends had not gone: the "
+                                "counts are approximate.)");
+    printf("| mode | processes | transactions | acquisitions | "
+           "hand-offs/s |\n|---|---|---|---|---|\n");
+    for (int m = 0; m < 3; m++)
+        for (int i = 0; i < nnp; i++)
+            printf("| %s | %d | %.1f | %.1f | %.0f |\n", mode_name[m],
+                   np[i], res[m][i].xacts, res[m][i].acqs, res[m][i].per_s);
+    return 0;
+}
