@@ -163,17 +163,19 @@ void th_sql_start_tls(th_sql *s, const char *kind, const char *cert,
     start(s, kind, cert, key);
 }
 
-/* Sends sig to pid and to every process descended from it (PostgreSQL's
- * backends each run setsid(): a process group does not hold them). */
-static void signal_tree(pid_t pid, int sig)
+/* pid and every process descended from it, into out (at most cap);
+ * returns how many. PostgreSQL's backends each run setsid(): a process
+ * group does not hold them. */
+static int tree(pid_t pid, pid_t *out, int cap)
 {
-    pid_t kids[4096];
-    int n = 0;
+    int n = 0, have;
     DIR *d = opendir("/proc");
     struct dirent *e;
 
-    kill(pid, sig);
-    while (d && (e = readdir(d)) != NULL && n < 4096) {
+    if (cap < 1)
+        return 0;
+    out[n++] = pid;
+    while (d && (e = readdir(d)) != NULL && n < cap) {
         char path[300], buf[512];
         pid_t p = (pid_t)atoi(e->d_name), ppid = 0;
         if (p <= 0)
@@ -190,12 +192,69 @@ static void signal_tree(pid_t pid, int sig)
         const char *close_paren = strrchr(buf, ')');
         if (close_paren && sscanf(close_paren + 1, " %*c %d", &ppid) == 1 &&
             ppid == pid)
-            kids[n++] = p;
+            out[n++] = p;
     }
     if (d)
         closedir(d);
+    have = n;
+    for (int i = 1; i < have && n < cap; i++)
+        n += tree(out[i], out + n, cap - n) - 1; /* its own kids */
+    return n;
+}
+
+static void signal_tree(pid_t pid, int sig)
+{
+    pid_t all[1024];
+    int n = tree(pid, all, 1024);
+
     for (int i = 0; i < n; i++)
-        signal_tree(kids[i], sig);
+        kill(all[i], sig);
+}
+
+/* 1 when every thread of process pid is stopped (or it is gone). */
+static int all_stopped(pid_t pid)
+{
+    char path[64], line[512];
+    struct dirent *e;
+    int stopped = 1;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return 1;
+    while (stopped && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%.16s/stat", (int)pid,
+                 e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* a thread that just ended */
+        char *state = fgets(line, sizeof(line), f) ? strrchr(line, ')')
+                                                   : NULL;
+        fclose(f);
+        stopped = state && (state[2] == 'T' || state[2] == 't');
+    }
+    closedir(d);
+    return stopped;
+}
+
+/* SIGSTOP returns before the server's threads have stopped, and a
+ * statement sent at once could still be answered: waits (at most 5 s)
+ * until every thread of every process is stopped. */
+static void wait_stopped(pid_t pid)
+{
+    pid_t all[1024];
+
+    for (int k = 0; k < 1000; k++) {
+        int n = tree(pid, all, 1024), done = 1;
+        for (int i = 0; i < n && done; i++)
+            done = all_stopped(all[i]);
+        if (done)
+            return;
+        th_sleep_ms(5);
+    }
+    th_fail(__FILE__, __LINE__, "the server did not stop within 5 s");
 }
 
 void th_sql_kill(th_sql *s, int sig)
@@ -207,6 +266,8 @@ void th_sql_kill(th_sql *s, int sig)
         signal_tree(s->pid, sig);
     else
         kill(s->pid, sig);
+    if (sig == SIGSTOP)
+        wait_stopped(s->pid);
     if (sig == SIGSTOP || sig == SIGCONT)
         return;
     if (sig != SIGKILL) {

@@ -11,6 +11,7 @@
 
 #include <dlock.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,7 +260,8 @@ void th_sql_start(th_sql *s, const char *kind);
 void th_sql_start_tls(th_sql *s, const char *kind, const char *cert,
                       const char *key);
 /* SIGSTOP, SIGCONT and SIGKILL go to every process of the server (each
- * PostgreSQL backend too) and SIGSTOP/SIGCONT return at once; any other signal goes to the server
+ * PostgreSQL backend too); SIGSTOP returns once every thread is stopped,
+ * SIGCONT at once; any other signal goes to the server
  * process (PostgreSQL: SIGINT is a fast shutdown), then waits for its
  * exit (SIGKILL after 15 s). */
 void th_sql_kill(th_sql *s, int sig);
@@ -297,6 +299,40 @@ pid_t th_skewed_holder(const char *shift, const char *uri, const char *name,
 /* Reads one line from fd (at most timeout_ms); returns its length, or -1
  * when none came. */
 int th_read_line(int fd, char *out, size_t cap, int64_t timeout_ms);
+
+/* --- a TCP relay in front of a server ---
+ * One thread copies bytes both ways for at most TH_RELAY_MAX connections.
+ * It can hold back what the clients of the connections open now send (a
+ * slow network or a frozen server, for those connections only), then let
+ * it through late, or delay every chunk a client sends. */
+#define TH_RELAY_MAX 16
+
+typedef struct th_relay_pair {
+    int cfd, sfd;     /* client side, server side; -1 when closed */
+    int held;         /* client bytes wait in the kernel, unread */
+    int cdone;        /* the client side ended */
+    long long answer; /* bytes the server sent after the hold ended */
+} th_relay_pair;
+
+typedef struct th_relay {
+    int lfd, port, target; /* clients connect to 127.0.0.1:port */
+    int delay_ms; /* each chunk from a client waits this long (atomic) */
+    pthread_t th;
+    pthread_mutex_t mu;
+    th_relay_pair pair[TH_RELAY_MAX];
+    int stop;
+} th_relay;
+
+/* Listens on a free loopback port and relays to 127.0.0.1:target. */
+void th_relay_start(th_relay *px, int target);
+void th_relay_stop(th_relay *px);
+/* Holds back the client bytes of every connection open now; returns how
+ * many connections that is. */
+int th_relay_hold(th_relay *px);
+/* Lets the held bytes through, then waits (at most 10 s) until the server
+ * has answered them and closed those connections; returns the bytes it
+ * answered. */
+long long th_relay_let_through(th_relay *px);
 
 /* The harness's own: records a server process to kill at exit (running
  * 1), or forgets it (0). */

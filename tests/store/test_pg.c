@@ -355,6 +355,46 @@ TEST(a_listener_killed_mid_wait_listens_again)
     dlock_client_close(c);
 }
 
+TEST(a_client_that_waited_goes_quiet_and_stops_listening)
+{
+    dlock_client *h = client(), *c = client();
+    dlock *lh = handle(h, "idle-after", 60000, DLOCK_FAIR);
+    waiter_arg w = {handle(c, "idle-after", 60000, DLOCK_FAIR), 20000, 0, 0,
+                    0, 0};
+    pthread_t t;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pthread_create(&t, NULL, waiter, &w);
+    wait_queued(&w);
+    CHECK_OK(dlock_release(lh));
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    /* nothing waits: no queue heartbeat any more (it runs every second
+     * while a fair waiter waits), and the listener has stopped listening
+     * (every listening session is woken by every NOTIFY in the database) */
+    th_sleep_ms(300);
+    long long before = last_activity();
+    th_sleep_ms(1500);
+    CHECK_EQ(last_activity(), before);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_stat_activity WHERE "
+                          "query = 'UNLISTEN *'"),
+             1);
+    /* and the next wait listens again */
+    CHECK_OK(dlock_acquire(lh, 0));
+    w.done = w.started = 0;
+    pthread_create(&t, NULL, waiter, &w);
+    wait_queued(&w);
+    CHECK_OK(dlock_release(lh));
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.took, <, 5000);
+    dlock_close(lh);
+    dlock_close(w.l);
+    dlock_client_close(h);
+    dlock_client_close(c);
+}
+
 /* --- fair mode --- */
 
 typedef struct fair_shared {
@@ -605,6 +645,96 @@ TEST(a_frozen_server_keeps_the_callers_deadline)
     dlock_close(l);
     dlock_client_close(c);
     th_sql_kill(&s2, SIGKILL);
+}
+
+/* --- a slow or stalled link (th_relay in front of the server) --- */
+
+/* An acquire that timed out on the client may still reach the server and
+ * run later. When it runs after a newer acquire of the same owner (the same
+ * thread of the same client) succeeded, it must leave that hold alone: its
+ * token, extend and release. */
+TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
+{
+    char u[400];
+    th_relay px;
+
+    th_relay_start(&px, srv.port);
+    snprintf(u, sizeof(u),
+             "postgres://dlock:dlock-secret@127.0.0.1:%d/postgres?timeout=300",
+             px.port);
+    dlock_client *c = client_at(u), *o = client();
+    dlock *slow = handle(c, "late", 0, 0), *fast = handle(c, "late", 20000, 0);
+    dlock *other = handle(o, "late", 0, 0);
+
+    /* c's pooled connection delivers nothing now: the try times out (the
+     * URI's 300 ms, not the client's 2 s), its statement stays on the way */
+    CHECK_EQ(th_relay_hold(&px), 1);
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(slow, 0), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 1500);
+    /* the same thread again, on a new connection */
+    CHECK_OK(dlock_acquire(fast, 0));
+    uint64_t tok = dlock_token(fast);
+    /* the late statement arrives and runs */
+    CHECK_OP(th_relay_let_through(&px), >, 0);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT token FROM dlock_locks WHERE name = "
+                          "'late'::bytea"),
+             (long long)tok);
+    CHECK_OK(dlock_extend(fast, 20000));
+    CHECK_OK(dlock_release(fast));
+    /* nothing is left held behind the release */
+    CHECK_OK(dlock_acquire(other, 0));
+    CHECK_OP(dlock_token(other), >, tok);
+    CHECK_OK(dlock_release(other));
+    dlock_close(slow);
+    dlock_close(fast);
+    dlock_close(other);
+    dlock_client_close(c);
+    dlock_client_close(o);
+    th_relay_stop(&px);
+}
+
+/* Every statement 15 ms late (a healthy server far away): a timed wait on
+ * a held lock ends DLOCK_EBUSY (the wait ran out), not DLOCK_ECONN, in
+ * every mode. */
+TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
+{
+    static const unsigned modes[] = {0, DLOCK_FAIR};
+    char u[400];
+    th_relay px;
+
+    th_relay_start(&px, srv.port);
+    __atomic_store_n(&px.delay_ms, 15, __ATOMIC_SEQ_CST);
+    for (int adv_mode = 0; adv_mode < 2; adv_mode++) {
+        snprintf(u, sizeof(u),
+                 "postgres://dlock:dlock-secret@127.0.0.1:%d/postgres%s",
+                 px.port, adv_mode ? "?mode=advisory" : "");
+        dlock_client *c = client_at(u);
+        dlock_client *h = client_at(adv_mode ? adv : srv.uri);
+        dlock *lh = handle(h, "slow-link", 0, 0);
+        CHECK_OK(dlock_acquire(lh, 0));
+        for (int m = 0; m < 2; m++) {
+            dlock *l = handle(c, "slow-link", 0, modes[m]);
+            CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY); /* the link works */
+            int64_t t0 = th_now_ms();
+            int rc = dlock_acquire(l, 300);
+            int64_t took = th_now_ms() - t0;
+            if (rc != DLOCK_EBUSY)
+                th_fail(__FILE__, __LINE__, "%s%s wait: %s after %lld ms (%s)",
+                        adv_mode ? "advisory " : "",
+                        modes[m] ? "fair" : "default", dlock_errname(rc),
+                        (long long)took, dlock_errmsg());
+            CHECK_OP(took, >=, 290);
+            CHECK_OP(took, <, 2500);
+            dlock_close(l);
+        }
+        CHECK_OK(dlock_release(lh));
+        dlock_close(lh);
+        dlock_client_close(c);
+        dlock_client_close(h);
+    }
+    th_relay_stop(&px);
 }
 
 /* --- connections, auth, URIs --- */
@@ -886,12 +1016,15 @@ static const th_test tests[] = {
     T(sql_injection_locks_a_strangely_named_lock),
     T(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it),
     T(a_listener_killed_mid_wait_listens_again),
+    T(a_client_that_waited_goes_quiet_and_stops_listening),
     T(fair_waiters_stay_queued_beyond_an_entrys_life),
     T(a_dead_fair_waiter_drops_out_of_the_queue),
     T(a_client_whose_clock_is_hours_off_gets_correct_leases),
     T(the_server_down_and_back),
     T(advisory_holds_end_with_the_server),
     T(a_frozen_server_keeps_the_callers_deadline),
+    T(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone),
+    T(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable),
     T(auth_privileges_and_bad_uris),
     T(a_unix_socket_and_a_dead_first_host),
     T(tls_verifies_the_server),

@@ -326,6 +326,8 @@ static int query_pooled(my_store *ms, const char *sql, int64_t deadline,
     my_conn *cn;
     int rc;
 
+    if (deadline > dlock__now_ms() + ms->timeout_ms)
+        deadline = dlock__now_ms() + ms->timeout_ms; /* ?timeout= */
     for (int attempt = 0;; attempt++) {
         rc = conn_get(ms, deadline, &cn);
         if (rc)
@@ -409,10 +411,13 @@ static char *stmt(const char *fmt, ...)
     return out;
 }
 
-/* The take-over condition of the upsert: the lease ended, or the row is
- * already ours (an earlier try whose answer was lost); fair mode also
- * needs no live queue entry before ours. */
-#define TAKE "(lock_until <= " NOW " OR owner <=> VALUES(owner))"
+/* The upsert takes the row over when its lease ended (fair mode: and no
+ * live queue entry is before ours), with a new token. A row that is
+ * already ours and live is adopted as it is (token kept, lease only
+ * lengthened): an earlier try whose answer was lost took it, or this
+ * statement is that late try and the owner holds the lock again. */
+#define ENDED "lock_until <= " NOW
+#define MINE "owner <=> VALUES(owner)"
 
 static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
@@ -452,9 +457,9 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             rc = enomem();
             goto out;
         }
-        snprintf(cond, sizeof(cond), "(" TAKE " AND %s)", ahead);
+        snprintf(cond, sizeof(cond), "(" ENDED " AND %s)", ahead);
     } else {
-        snprintf(cond, sizeof(cond), "%s", TAKE);
+        snprintf(cond, sizeof(cond), "(" ENDED ")");
     }
     sql = stmt("INSERT INTO %s (name, owner, holder, holds, token, "
                "locked_at, lock_until) SELECT %s, %s, %s, 1, "
@@ -464,10 +469,12 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                "holder = IF(%s, VALUES(holder), holder), "
                "holds = IF(%s, 1, holds), "
                "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
-               "VALUES(token))), token), "
+               "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), "
+               "token)), "
                "locked_at = IF(%s, VALUES(locked_at), locked_at), "
                "owner = IF(%s, VALUES(owner), owner), "
-               "lock_until = IF(%s, VALUES(lock_until), lock_until)",
+               "lock_until = IF(%s, VALUES(lock_until), IF(" MINE ", "
+               "GREATEST(lock_until, VALUES(lock_until)), lock_until))",
                ms->t, name, owner, holder, (long long)l->ttl_ms * 1000,
                fair ? " WHERE " : "", fair ? ahead : "", cond, cond, cond,
                cond, cond, cond);
@@ -479,6 +486,14 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                       "taking the lock");
     if (rc)
         goto out;
+    if ((affected == 1 || affected == 2) && token == 0) {
+        /* LAST_INSERT_ID did not come back (a trigger on the table?) */
+        rc = dlock__err(DLOCK_EPROTO,
+                        "mysql %s: the lock was taken but the server sent "
+                        "no token (a trigger on %s?)",
+                        ms->redacted, ms->t);
+        goto out;
+    }
     if (affected == 1 || affected == 2) {
         l->token = token;
         if (fair && sl->seq) {

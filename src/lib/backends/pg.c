@@ -133,6 +133,7 @@ typedef struct pg_store {
 
     pthread_mutex_t lmu; /* listener, channels, fair waiters */
     PGconn *listener;
+    int unlistening; /* an UNLISTEN * is in flight on it */
     unsigned gen; /* listener generation: a new connection, new LISTENs */
     pg_chan *chans;
     int64_t *fair; /* queue entries of this client's fair waiters */
@@ -316,6 +317,8 @@ static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
 /* An idle connection from the pool, or a new one. */
 static int conn_get(pg_store *ps, int64_t deadline, pg_conn **out)
 {
+    if (deadline > dlock__now_ms() + ps->timeout_ms)
+        deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
     pthread_mutex_lock(&ps->mu);
     pg_conn *cn = ps->idle;
     if (cn) {
@@ -467,6 +470,8 @@ static int run(pg_store *ps, pg_conn *cn, int which, const char *const *vals,
     int rc;
 
     *out = NULL;
+    if (deadline > dlock__now_ms() + ps->timeout_ms)
+        deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
     if (!(cn->prepared & (1u << which))) {
         if (!PQsendPrepare(cn->pg, names[which], ps->sql[which], n,
                            types[which]))
@@ -619,7 +624,11 @@ static void dispatch(pg_store *ps, const char *payload)
     if (n == 0 || (*p && *p != ' '))
         return;
     dlock__notify_name(ps->client, name, n);
-    if (*p == ' ') {
+    if (*p != ' ') {
+        /* no head named: the releaser's snapshot may have missed a fair
+         * waiter that was joining the queue just then; ours try again */
+        dlock__notify_fair(ps->client, name, n);
+    } else {
         const char *id = dlock__client_id(ps->client);
         size_t idlen = strlen(id);
         if (!strncmp(p + 1, id, idlen) && p[1 + idlen] == ':')
@@ -647,6 +656,7 @@ static void listener_lost(pg_store *ps)
         PQfinish(ps->listener);
         ps->listener = NULL;
     }
+    ps->unlistening = 0;
     while (ps->chans) {
         pg_chan *ch = ps->chans;
         ps->chans = ch->next;
@@ -677,6 +687,18 @@ static int listen_ref(pg_store *ps, pg_lease *pl, int64_t deadline)
         pl->listening = 1;
         pl->gen = ps->gen;
         return DLOCK_OK;
+    }
+    if (ps->listener && ps->unlistening) {
+        /* the UNLISTEN * sent when the last waiter left: its answer first */
+        pg_conn tmp = {.pg = ps->listener};
+        rc = collect(ps, &tmp, deadline, &r, "UNLISTEN");
+        PQclear(r);
+        ps->unlistening = 0;
+        if (rc) {
+            listener_lost(ps);
+            return rc;
+        }
+        drain_notifies(ps);
     }
     if (!ps->listener) {
         pg_conn *cn;
@@ -760,6 +782,26 @@ static void listen_unref(pg_store *ps, pg_lease *pl)
             }
     }
     pl->listening = 0;
+
+    /* nobody waits any more: stop listening, for PostgreSQL wakes every
+     * listening session of the database at every NOTIFY, whatever its
+     * channel (sent without waiting; the client thread reads the answer) */
+    int refs = 0;
+    for (pg_chan *ch = ps->chans; ch; ch = ch->next)
+        refs += ch->refs;
+    if (refs > 0 || !ps->listener || ps->unlistening || !ps->chans)
+        return;
+    if (!PQsendQuery(ps->listener, "UNLISTEN *") ||
+        PQflush(ps->listener) != 0) {
+        listener_lost(ps);
+        return;
+    }
+    ps->unlistening = 1;
+    while (ps->chans) {
+        pg_chan *ch = ps->chans;
+        ps->chans = ch->next;
+        free(ch);
+    }
 }
 
 static void timer_set(pg_store *ps, int on)
@@ -779,25 +821,30 @@ static void timer_set(pg_store *ps, int on)
  * turn it is with the lock free (client thread). */
 static void heartbeat(pg_store *ps)
 {
-    char arr[4096];
-    size_t o = 0;
     PGresult *r = NULL;
+    size_t o = 0, cap;
+    char *arr;
 
     pthread_mutex_lock(&ps->lmu);
-    arr[o++] = '{';
-    for (size_t i = 0; i < ps->nfair && o + 24 < sizeof(arr); i++)
-        o += (size_t)snprintf(arr + o, sizeof(arr) - o, "%s%lld",
-                              i ? "," : "", (long long)ps->fair[i]);
-    arr[o++] = '}';
-    arr[o] = '\0';
-    size_t n = ps->nfair;
+    cap = ps->nfair * 22 + 3;
+    arr = ps->nfair ? malloc(cap) : NULL;
+    if (arr) {
+        arr[o++] = '{';
+        for (size_t i = 0; i < ps->nfair; i++)
+            o += (size_t)snprintf(arr + o, cap - o, "%s%lld", i ? "," : "",
+                                  (long long)ps->fair[i]);
+        arr[o++] = '}';
+        arr[o] = '\0';
+    }
     pthread_mutex_unlock(&ps->lmu);
-    if (n == 0)
+    if (!arr)
         return;
     const char *vals[1] = {arr};
-    if (run_pooled(ps, S_REFRESH, vals, NULL,
-                   dlock__now_ms() + ps->timeout_ms, &r,
-                   "refreshing the queue entries") != DLOCK_OK)
+    int rc = run_pooled(ps, S_REFRESH, vals, NULL,
+                        dlock__now_ms() + ps->timeout_ms, &r,
+                        "refreshing the queue entries");
+    free(arr);
+    if (rc != DLOCK_OK)
         return;
     for (int i = 0; i < PQntuples(r); i++)
         if (!strcmp(PQgetvalue(r, i, 1), "t"))
@@ -809,42 +856,6 @@ static void heartbeat(pg_store *ps)
 /* ------------------------------------------------------------------------ */
 /* Table mode                                                               */
 /* ------------------------------------------------------------------------ */
-
-static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
-{
-    pg_store *ps = st;
-    pg_lease *pl = l->priv;
-    int fair = (l->flags & DLOCK_FAIR) != 0;
-    char ttl[24], seq[24];
-    PGresult *r;
-    int rc;
-
-    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
-    snprintf(seq, sizeof(seq), "%lld",
-             (long long)(pl->seq ? pl->seq : INT64_MAX));
-    const char *vals[5] = {l->name, l->owner, ttl, l->desc, seq};
-    int lens[5] = {(int)l->name_len, 0, 0, 0, 0};
-    rc = run_pooled(ps, fair ? S_ACQUIRE_FAIR : S_ACQUIRE, vals, lens,
-                    op_deadline, &r, "taking the lock");
-    if (rc)
-        return rc;
-    long long token = col_ll(r, 0, 0, -1);
-    long long left = col_ll(r, 0, 1, -1);
-    long long qleft = fair ? col_ll(r, 0, 2, -1) : -1;
-    PQclear(r);
-    if (token > 0) {
-        l->token = (uint64_t)token;
-        pl->seq = 0; /* the statement removed our queue entry */
-        return DLOCK_OK;
-    }
-    if (left > 0)
-        l->retry_ms = left;
-    else if (qleft > 0)
-        l->retry_ms = qleft; /* free, but an older waiter's turn */
-    else
-        l->retry_ms = 50; /* a row made after the statement's snapshot */
-    return DLOCK_EBUSY;
-}
 
 static int fair_add(pg_store *ps, int64_t seq)
 {
@@ -872,6 +883,48 @@ static void fair_remove(pg_store *ps, int64_t seq)
     }
     if (ps->nfair == 0)
         timer_set(ps, 0);
+}
+
+static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    pg_lease *pl = l->priv;
+    int fair = (l->flags & DLOCK_FAIR) != 0;
+    char ttl[24], seq[24];
+    PGresult *r;
+    int rc;
+
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    snprintf(seq, sizeof(seq), "%lld",
+             (long long)(pl->seq ? pl->seq : INT64_MAX));
+    const char *vals[5] = {l->name, l->owner, ttl, l->desc, seq};
+    int lens[5] = {(int)l->name_len, 0, 0, 0, 0};
+    rc = run_pooled(ps, fair ? S_ACQUIRE_FAIR : S_ACQUIRE, vals, lens,
+                    op_deadline, &r, "taking the lock");
+    if (rc)
+        return rc;
+    long long token = col_ll(r, 0, 0, -1);
+    long long left = col_ll(r, 0, 1, -1);
+    long long qleft = fair ? col_ll(r, 0, 2, -1) : -1;
+    PQclear(r);
+    if (token > 0) {
+        l->token = (uint64_t)token;
+        if (pl->seq) {
+            /* the statement removed our queue entry */
+            pthread_mutex_lock(&ps->lmu);
+            fair_remove(ps, pl->seq);
+            pthread_mutex_unlock(&ps->lmu);
+            pl->seq = 0;
+        }
+        return DLOCK_OK;
+    }
+    if (left > 0)
+        l->retry_ms = left;
+    else if (qleft > 0)
+        l->retry_ms = qleft; /* free, but an older waiter's turn */
+    else
+        l->retry_ms = 50; /* a row made after the statement's snapshot */
+    return DLOCK_EBUSY;
 }
 
 static int pg_arm(void *st, dlock__lease *l, int64_t op_deadline)
@@ -1356,6 +1409,8 @@ static void pg_loop_run(void *st, int readable)
                     while (!PQisBusy(ps->listener) &&
                            (r = PQgetResult(ps->listener)) != NULL)
                         PQclear(r);
+                    if (!PQisBusy(ps->listener))
+                        ps->unlistening = 0;
                 }
             }
             pthread_mutex_unlock(&ps->lmu);
@@ -1500,14 +1555,22 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
     int rc = 0;
 
     /* $1 name, $2 owner, $3 ttl ms, $4 holder [, $5 our queue number].
-     * A take-over draws its token in the UPDATE, while it holds the row:
-     * one drawn before (in VALUES) could be older than a hold that came
-     * between, and tokens would go backwards. */
-#define UPSERT_SET                                                          \
-    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, holder = "   \
-    "excluded.holder, holds = 1, token = nextval(%3$s), locked_at = "       \
-    "excluded.locked_at, lock_until = excluded.lock_until WHERE "           \
-    "(t.lock_until <= " NOW " OR t.owner = excluded.owner)"
+     * A take-over (the lease ended) draws its token in the UPDATE, while
+     * it holds the row: one drawn before (in VALUES) could be older than a
+     * hold that came between, and tokens would go backwards. A row that is
+     * already ours and live is adopted as it is (token kept, lease only
+     * lengthened): an earlier try whose answer was lost took it, or this
+     * statement is that late try and the owner holds the lock again. */
+#define ENDED "t.lock_until <= " NOW
+#define KEEP_OR(col, new_)                                                  \
+    col " = CASE WHEN " ENDED " THEN " new_ " ELSE t." col " END"
+#define UPSERT_SET(take)                                                    \
+    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "            \
+    KEEP_OR("holder", "excluded.holder") ", holds = 1, "                    \
+    KEEP_OR("token", "nextval(%3$s)") ", "                                  \
+    KEEP_OR("locked_at", "excluded.locked_at") ", lock_until = CASE WHEN "  \
+    ENDED " THEN excluded.lock_until ELSE greatest(t.lock_until, "          \
+    "excluded.lock_until) END WHERE (" take ") OR t.owner = excluded.owner"
 #define LEFT_OF_ROW                                                         \
     "(SELECT " MS_LEFT("lock_until") " FROM %1$s WHERE name = $1)"
     rc = rc ? rc
@@ -1515,7 +1578,7 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
                       "WITH ins AS (INSERT INTO %1$s AS t (name, owner, "
                       "holder, holds, token, locked_at, lock_until) VALUES "
                       "($1, $2, $4, 1, nextval(%3$s), " NOW ", " NOW
-                      " + $3 * interval '1 millisecond')" UPSERT_SET
+                      " + $3 * interval '1 millisecond')" UPSERT_SET(ENDED)
                       " RETURNING token) SELECT (SELECT token FROM ins), "
                       LEFT_OF_ROW,
                       t, q, s);
@@ -1527,11 +1590,11 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
                       "holder, holds, token, locked_at, lock_until) SELECT "
                       "$1, $2, $4, 1, nextval(%3$s), " NOW ", " NOW
                       " + $3 * interval '1 millisecond' WHERE NOT EXISTS "
-                      "(SELECT 1 " AHEAD ")" UPSERT_SET
-                      " AND NOT EXISTS (SELECT 1 " AHEAD ") RETURNING "
-                      "token), del AS (DELETE FROM %2$s WHERE seq = $5 AND "
-                      "EXISTS (SELECT 1 FROM ins)) SELECT (SELECT token FROM "
-                      "ins), " LEFT_OF_ROW ", (SELECT " MS_LEFT(
+                      "(SELECT 1 " AHEAD ")" UPSERT_SET(
+                          ENDED " AND NOT EXISTS (SELECT 1 " AHEAD ")")
+                      " RETURNING token), del AS (DELETE FROM %2$s WHERE seq "
+                      "= $5 AND EXISTS (SELECT 1 FROM ins)) SELECT (SELECT "
+                      "token FROM ins), " LEFT_OF_ROW ", (SELECT " MS_LEFT(
                           "min(alive_until)") " " AHEAD ")",
                       t, q, s);
     /* $1 name, $2 owner, $3 token, $4 channel */

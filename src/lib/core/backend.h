@@ -140,6 +140,11 @@ const char *dlock__client_id(const dlock_client *c);
  * `name`: the lock was released. */
 void dlock__notify_name(dlock_client *c, const char *name, size_t len);
 
+/* Wakes every fair-mode waiter of this client for `name`: each tries once
+ * more. For a release that could not name the head of the queue (it did
+ * not see a waiter that was just joining). */
+void dlock__notify_fair(dlock_client *c, const char *name, size_t len);
+
 /* Wakes the waiter whose lease has l->waiter == waiter. */
 void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
 

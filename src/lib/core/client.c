@@ -70,6 +70,19 @@ void dlock__notify_name(dlock_client *c, const char *name, size_t len)
     pthread_mutex_unlock(&c->mu);
 }
 
+void dlock__notify_fair(dlock_client *c, const char *name, size_t len)
+{
+    pthread_mutex_lock(&c->mu);
+    dlock__entry *e = dlock__entry_find(c, name, len);
+    for (dlock__waiter *w = c->waiters; e && w; w = w->next) {
+        if (w->entry == e && w->fair) {
+            w->notified = 1;
+            pthread_cond_signal(&w->cv);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 void dlock__notify_waiter(dlock_client *c, uint64_t seq)
 {
     pthread_mutex_lock(&c->mu);

@@ -221,12 +221,43 @@ static int busy_message(const dlock__hold *h, int64_t waited)
                       h->lease.name, (long long)waited);
 }
 
-/* One try; records when it started, for the lease's local end. */
-static int try_once(dlock_client *c, dlock__hold *h, int64_t *t0,
-                    int64_t deadline, int once)
+/* A store call made during a wait that failed with DLOCK_ECONN only
+ * because the caller's deadline cut it short (it had less than the
+ * client's timeout), after the store had answered "held" during this
+ * wait: the wait ran out; the store is slow, not unreachable. (One that
+ * never answered stays DLOCK_ECONN.) */
+static int cut_short(const dlock_client *c, int rc, int seen_busy,
+                     int64_t started, int64_t op_dl, int64_t deadline)
 {
+    return rc == DLOCK_ECONN && seen_busy && deadline != DLOCK__FOREVER &&
+           op_dl < started + c->timeout_ms && dlock__now_ms() >= deadline;
+}
+
+static int ran_out(const dlock__hold *h)
+{
+    return dlock__err(DLOCK_EBUSY,
+                      "lock '%.200s' was held by another owner, and not "
+                      "acquired within the wait (the last try did not "
+                      "finish before the deadline)",
+                      h->lease.name);
+}
+
+/* One try; records when it started, for the lease's local end, and
+ * whether the store answered "held". */
+static int try_once(dlock_client *c, dlock__hold *h, int64_t *t0,
+                    int64_t deadline, int once, int *seen_busy)
+{
+    int64_t dl;
+    int rc;
+
     *t0 = dlock__now_ms();
-    return c->be->acquire(c->st, &h->lease, op_deadline(c, deadline, once));
+    dl = op_deadline(c, deadline, once);
+    rc = c->be->acquire(c->st, &h->lease, dl);
+    if (rc == DLOCK_EBUSY)
+        *seen_busy = 1;
+    else if (!once && cut_short(c, rc, *seen_busy, *t0, dl, deadline))
+        rc = ran_out(h);
+    return rc;
 }
 
 static void waiter_remove(dlock_client *c, dlock__waiter *w, int acquired)
@@ -250,7 +281,7 @@ static void waiter_remove(dlock_client *c, dlock__waiter *w, int acquired)
 }
 
 static int wait_loop(dlock_client *c, dlock__hold *h, int64_t start,
-                     int64_t deadline, int64_t *t0)
+                     int64_t deadline, int64_t *t0, int *seen_busy)
 {
     dlock__waiter w;
     int rc;
@@ -273,12 +304,13 @@ static int wait_loop(dlock_client *c, dlock__hold *h, int64_t start,
     *pp = &w;
     pthread_mutex_unlock(&c->mu);
 
-    rc = c->be->arm ? c->be->arm(c->st, &h->lease,
-                                 op_deadline(c, deadline, 0))
-                    : DLOCK_OK;
+    int64_t arm_t0 = dlock__now_ms(), arm_dl = op_deadline(c, deadline, 0);
+    rc = c->be->arm ? c->be->arm(c->st, &h->lease, arm_dl) : DLOCK_OK;
+    if (cut_short(c, rc, *seen_busy, arm_t0, arm_dl, deadline))
+        rc = ran_out(h);
     h->lease.waiting = 1;
     while (rc == DLOCK_OK) {
-        rc = try_once(c, h, t0, deadline, 0);
+        rc = try_once(c, h, t0, deadline, 0, seen_busy);
         if (rc != DLOCK_EBUSY)
             break;
         int64_t now = dlock__now_ms();
@@ -304,8 +336,13 @@ static int wait_loop(dlock_client *c, dlock__hold *h, int64_t start,
         if (closed)
             rc = dlock__err(DLOCK_EINVAL, "the client was closed during "
                                           "the wait");
-        else if (rearm && c->be->arm)
-            rc = c->be->arm(c->st, &h->lease, op_deadline(c, deadline, 0));
+        else if (rearm && c->be->arm) {
+            arm_t0 = dlock__now_ms();
+            arm_dl = op_deadline(c, deadline, 0);
+            rc = c->be->arm(c->st, &h->lease, arm_dl);
+            if (cut_short(c, rc, *seen_busy, arm_t0, arm_dl, deadline))
+                rc = ran_out(h);
+        }
     }
     if (c->be->disarm)
         c->be->disarm(c->st, &h->lease, rc == DLOCK_OK);
@@ -324,7 +361,7 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     pthread_t self = pthread_self();
     int64_t start, deadline, t0 = 0;
     uint64_t seq;
-    int rc;
+    int rc, seen_busy = 0;
 
     if (!l)
         return dlock__err(DLOCK_EINVAL, "dlock_acquire: lock is NULL");
@@ -385,10 +422,10 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     h->lease.retry_ms = -1;
     h->lease.priv = c->be->lease_size ? (void *)(h + 1) : NULL;
 
-    rc = try_once(c, h, &t0, deadline, wait_ms == 0);
+    rc = try_once(c, h, &t0, deadline, wait_ms == 0, &seen_busy);
     if (rc == DLOCK_EBUSY && wait_ms != 0 &&
         !(c->be->caps & DLOCK__CAP_NATIVE_WAIT))
-        rc = wait_loop(c, h, start, deadline, &t0);
+        rc = wait_loop(c, h, start, deadline, &t0, &seen_busy);
     else if (rc == DLOCK_EBUSY)
         rc = busy_message(h, dlock__now_ms() - start);
     if (rc != DLOCK_OK) {

@@ -1,0 +1,1104 @@
+/*
+ * test_mysql.c -- what only the MySQL/MariaDB store does, on private
+ * MariaDB servers (tests/servers/sqlserver.sh):
+ *
+ *  - the lock table: a row stays on release and keeps its token; tokens
+ *    are max(last + 1, the server's clock in µs);
+ *  - dlock_gc(): only free rows unused for the idle time go, tokens still
+ *    grow; dead fair-queue entries go too;
+ *  - SQL injection through lock names (quotes, backquotes, backslashes,
+ *    binary bytes, case, trailing blanks) and through ?table=;
+ *  - clocks: holders whose wall clock is 5 h off (libfaketime) neither
+ *    get a lease of the wrong length nor take over a live lock: leases
+ *    are on the server's clock only;
+ *  - a fair waiter that dies drops out of the queue;
+ *  - waiters in other processes poll with a bounded backoff (counted with
+ *    the server's statement counters) and come soon after a release;
+ *  - a server killed (ECONN at once, the hold lost, the pool reconnects
+ *    after the restart, tokens still grow) or frozen (the caller's
+ *    deadline and the timeout are kept; ?timeout= too, last);
+ *  - credentials, bad URIs, a user with only SELECT/INSERT/UPDATE/DELETE;
+ *  - dlock_inspect(): holder and fair queue of other processes, in order;
+ *  - through a relay in this process: an acquire that timed out and
+ *    reaches the server late leaves the same owner's newer hold alone; a
+ *    timed wait over a slow link ends busy, not unreachable.
+ *
+ * What every store does (test_contract mysql) is not repeated here. The
+ * superuser connection of the harness (th_sql_query) looks behind the
+ * store's back.
+ */
+#include "test.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static th_sql srv; /* shared by most tests */
+static th_sql own; /* killed, frozen and restarted: started on first use */
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
+                        unsigned flags, dlock_lost_cb cb)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    o.on_lost = cb;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
+                     unsigned flags)
+{
+    return handle_cb(c, name, ttl, flags, NULL);
+}
+
+static void start_own(void)
+{
+    if (own.pid <= 0)
+        th_sql_start(&own, "mysql");
+}
+
+/* The bytes of s as hex digits, for X'...' literals in our own queries. */
+static void to_hex(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+
+    out[0] = '\0';
+    for (; *s && o + 3 <= cap; s++, o += 2)
+        snprintf(out + o, cap - o, "%02X", (unsigned)(unsigned char)*s);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The number of waiters dlock_inspect() reports. */
+static int64_t waiters(dlock_client *c, const char *name)
+{
+    dlock_info info;
+
+    CHECK_OK(dlock_inspect(c, name, &info));
+    int64_t w = info.waiters;
+    dlock_info_clear(&info);
+    return w;
+}
+
+/* Waits (at most 10 s) until the store reports n waiters on name. */
+static void wait_waiters(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 10000, w = -1;
+
+    while (th_now_ms() < until && (w = waiters(c, name)) != n)
+        th_sleep_ms(10);
+    CHECK_EQ(w, n);
+}
+
+static void wait_flag(volatile int *flag, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK(*flag);
+}
+
+/* A fair waiter in a thread of this process, for the queue table. */
+typedef struct waiter {
+    dlock *l;
+    int rc;
+} waiter;
+
+static void *wait_thread(void *arg)
+{
+    waiter *w = arg;
+
+    w->rc = dlock_acquire(w->l, 10000);
+    if (w->rc == DLOCK_OK)
+        w->rc = dlock_release(w->l);
+    return NULL;
+}
+
+/* la (held) is released while lb waits in the fair queue; lb gets it. */
+static void hand_over_through_the_queue(dlock_client *obs, dlock *la,
+                                        dlock *lb)
+{
+    waiter w = {lb, -99};
+    pthread_t th;
+
+    CHECK_EQ(pthread_create(&th, NULL, wait_thread, &w), 0);
+    wait_waiters(obs, dlock_name(la), 1);
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_EQ(waiters(obs, dlock_name(la)), 0);
+}
+
+/* ------------------------------------------------------------------------ */
+
+TEST(rows_stay_on_release_and_carry_the_token)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *la = handle(a, "row", 0, 0), *lb = handle(b, "row", 0, 0);
+    char holder[300], want[64];
+    dlock_info info;
+
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM dlock_locks "
+                                         "WHERE name = 'row'"),
+             0);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t1 = dlock_token(la);
+    /* a new name starts at the server's clock in µs (ours: same host) */
+    long long now = (long long)time(NULL);
+    CHECK_OP((long long)(t1 / 1000000), >=, now - 60);
+    CHECK_OP((long long)(t1 / 1000000), <=, now + 60);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT token FROM dlock_locks "
+                                         "WHERE name = 'row'"),
+             (long long)t1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT owner IS NOT NULL AND holds = 1 AND "
+                          "lock_until > UTC_TIMESTAMP(6) FROM dlock_locks "
+                          "WHERE name = 'row'"),
+             1);
+    th_sql_query(&srv, holder, sizeof(holder),
+                 "SELECT holder FROM dlock_locks WHERE name = 'row'");
+    snprintf(want, sizeof(want), " pid %d tid %ld", (int)getpid(),
+             (long)gettid());
+    CHECK(ends_with(holder, want));
+
+    CHECK_OK(dlock_release(la));
+    /* released: the row stays, no owner, its lease ended, its token kept */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM dlock_locks "
+                                         "WHERE name = 'row'"),
+             1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT owner IS NULL AND holder IS NULL AND "
+                          "holds = 0 AND lock_until <= UTC_TIMESTAMP(6) "
+                          "FROM dlock_locks WHERE name = 'row'"),
+             1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT token FROM dlock_locks "
+                                         "WHERE name = 'row'"),
+             (long long)t1);
+    CHECK_OK(dlock_inspect(b, "row", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_EQ(info.token, t1);
+    dlock_info_clear(&info);
+
+    /* another client: the counter goes on */
+    CHECK_OK(dlock_acquire(lb, 0));
+    uint64_t t2 = dlock_token(lb);
+    CHECK_OP(t2, >, t1);
+    CHECK_OK(dlock_release(lb));
+
+    /* a last token ahead of the clock (about 115 days) goes on by one:
+     * the clock alone would hand out a lower token */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "UPDATE dlock_locks SET token = "
+                                         "token + 10000000000000 WHERE "
+                                         "name = 'row'"),
+             1);
+    uint64_t ahead = t2 + 10000000000000ULL;
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_EQ(dlock_token(la), ahead + 1);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_EQ(dlock_token(lb), ahead + 2);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(gc_removes_only_unused_free_rows_and_tokens_still_grow)
+{
+    char u[400];
+    uint64_t n = 99;
+
+    /* a table of its own: the counts below are exact */
+    snprintf(u, sizeof(u), "%s?table=gc_t", srv.uri);
+    dlock_client *c = client_at(u);
+    dlock *old = handle(c, "gc-old", 0, 0), *recent = handle(c, "gc-recent",
+                                                              0, 0);
+    dlock *held = handle(c, "gc-held", 0, 0);
+
+    CHECK_OK(dlock_acquire(old, 0));
+    uint64_t t_old = dlock_token(old);
+    CHECK_OK(dlock_release(old));
+    th_sleep_ms(2000);
+    CHECK_OK(dlock_acquire(recent, 0));
+    CHECK_OK(dlock_release(recent));
+    CHECK_OK(dlock_acquire(held, 0));
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM gc_t"), 3);
+
+    CHECK_RC(dlock_gc(c, -1, &n), DLOCK_EINVAL);
+    /* nothing unused for an hour */
+    CHECK_OK(dlock_gc(c, 3600 * 1000, &n));
+    CHECK_EQ(n, 0);
+    /* unused for 1 s: gc-old (2 s) goes; gc-recent (just now) and the
+     * held one stay */
+    n = 99;
+    CHECK_OK(dlock_gc(c, 1000, &n));
+    CHECK_EQ(n, 1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM gc_t WHERE "
+                                         "name = 'gc-old'"),
+             0);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM gc_t WHERE "
+                                         "name = 'gc-recent'"),
+             1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM gc_t WHERE "
+                                         "name = 'gc-held'"),
+             1);
+    /* the held lock is untouched: still ours */
+    CHECK_EQ(dlock_held(held), 1);
+    CHECK_OK(dlock_extend(held, 30000));
+
+    /* the removed name starts again above its old tokens (the clock) */
+    CHECK_OK(dlock_acquire(old, 0));
+    CHECK_OP(dlock_token(old), >, t_old);
+    CHECK_OK(dlock_release(old));
+    CHECK_OK(dlock_release(held));
+    /* idle 0: every free row goes; removed may be NULL */
+    CHECK_OK(dlock_gc(c, 0, NULL));
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM gc_t"), 0);
+    dlock_close(old);
+    dlock_close(recent);
+    dlock_close(held);
+    dlock_client_close(c);
+}
+
+TEST(sql_injection_locks_only_a_lock_of_that_name)
+{
+    static const char *const names[] = {
+        "inj", "it's", "semi;colon", "back`quote", "back\\slash",
+        "x'; DROP TABLE dlock_locks; --", "x` OR 1=1 --", "\xff\xfe",
+        "x' OR '1'='1", "\\' OR 1=1 #", "%", "_", "X'41'", "A", "case",
+        "CASE", "pad", "pad ", NULL};
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    char hex[2 * DLOCK_NAME_MAX + 1], u[600];
+    int count = 0;
+
+    for (int i = 0; names[i]; i++, count++) {
+        dlock *l = handle(a, names[i], 0, 0), *o = handle(b, names[i], 0, 0);
+        CHECK_OK(dlock_acquire(l, 0));
+        CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
+        /* every other name is a lock of its own */
+        for (int k = 0; names[k]; k++) {
+            if (k == i)
+                continue;
+            dlock *x = handle(b, names[k], 0, 0);
+            int rc = dlock_acquire(x, 0);
+            if (rc != DLOCK_OK)
+                th_fail(__FILE__, __LINE__, "holding '%s', '%s': %s (%s)",
+                        names[i], names[k], dlock_errname(rc),
+                        dlock_errmsg());
+            CHECK_OK(dlock_release(x));
+            dlock_close(x);
+        }
+        CHECK_OK(dlock_release(l));
+        dlock_close(l);
+        dlock_close(o);
+    }
+    /* one row per name, byte for byte; the table is still there */
+    for (int i = 0; names[i]; i++) {
+        to_hex(names[i], hex, sizeof(hex));
+        CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM "
+                                             "dlock_locks WHERE name = "
+                                             "X'%s'",
+                              hex),
+                 1);
+    }
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT COUNT(*) FROM information_schema.tables "
+                          "WHERE table_schema = 'dlocktest' AND table_name "
+                          "IN ('dlock_locks', 'dlock_locks_queue')"),
+             2);
+    long long rows = th_sql_query(&srv, NULL, 0,
+                                  "SELECT COUNT(*) FROM dlock_locks");
+    CHECK_OP(rows, >=, count);
+    long long maxtok = th_sql_query(&srv, NULL, 0,
+                                    "SELECT MAX(token) FROM dlock_locks");
+    dlock_client_close(a);
+    dlock_client_close(b);
+
+    /* the table option is one quoted identifier, whatever it holds:
+     * t`; DROP TABLE dlock_locks; --' */
+    snprintf(u, sizeof(u),
+             "%s?table=t%%60%%3B%%20DROP%%20TABLE%%20dlock_locks%%3B%%20--"
+             "%%27",
+             srv.uri);
+    a = client_at(u);
+    b = client_at(u);
+    dlock *la = handle(a, "weird-table", 0, DLOCK_FAIR);
+    dlock *lb = handle(b, "weird-table", 0, DLOCK_FAIR);
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    hand_over_through_the_queue(a, la, lb); /* the queue table too */
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT COUNT(*) FROM information_schema.tables "
+                          "WHERE table_schema = 'dlocktest' AND table_name "
+                          "IN ('t`; DROP TABLE dlock_locks; --''', "
+                          "'t`; DROP TABLE dlock_locks; --''_queue')"),
+             2);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT COUNT(*) FROM `t``; DROP TABLE "
+                          "dlock_locks; --'` WHERE name = 'weird-table'"),
+             1);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT COUNT(*) FROM `t``; DROP TABLE "
+                          "dlock_locks; --'_queue`"),
+             0); /* the waiter joined, then left */
+    /* dlock_locks untouched */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM dlock_locks"),
+             rows);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT MAX(token) FROM dlock_locks"),
+             maxtok);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM dlock_locks "
+                                         "WHERE name = 'weird-table'"),
+             0);
+}
+
+/* --- clocks -------------------------------------------------------------- */
+
+/* Parses "held TOKEN WALLCLOCK" from a skewed holder. */
+static void parse_held(const char *line, uint64_t *token, long long *wall)
+{
+    unsigned long long t = 0;
+
+    if (sscanf(line, "held %llu %lld", &t, wall) != 2)
+        th_fail(__FILE__, __LINE__, "skewed holder said '%s'", line);
+    *token = t;
+}
+
+/* Checks that the holder's wall clock was `shift_s` off ours (the fake
+ * took effect) and that its token came from the server's clock. */
+static void check_skew(long long wall, uint64_t token, long long shift_s)
+{
+    long long now = (long long)time(NULL);
+
+    CHECK_OP(wall - now, >, shift_s - 300);
+    CHECK_OP(wall - now, <, shift_s + 300);
+    CHECK_OP((long long)(token / 1000000), >, now - 300);
+    CHECK_OP((long long)(token / 1000000), <, now + 300);
+}
+
+/* A holder whose clock is shift_s off holds a 2 s lease: the lease is 2 s
+ * on the server's clock, renewed, and ends 2 s after the holder dies. A
+ * store that used the holder's clock would show a lease of hours (ahead)
+ * or an already ended one that another client takes (behind). */
+static void skewed_holder_keeps_a_true_lease(const char *shift,
+                                             long long shift_s)
+{
+    const int64_t ttl = 2000;
+    char name[32], line[128], want[48];
+    dlock_client *b = client_at(srv.uri);
+    dlock_info info;
+    uint64_t tok;
+    long long wall;
+    int fd;
+
+    snprintf(name, sizeof(name), "skew-hold%s", shift);
+    pid_t pid = th_skewed_holder(shift, srv.uri, name, ttl, -1, &fd);
+    CHECK_OP(th_read_line(fd, line, sizeof(line), 15000), >, 0);
+    parse_held(line, &tok, &wall);
+    check_skew(wall, tok, shift_s);
+
+    dlock *lb = handle(b, name, 0, 0);
+    snprintf(want, sizeof(want), " pid %d tid %d", (int)pid, (int)pid);
+    for (int round = 0; round < 2; round++) {
+        CHECK_OK(dlock_inspect(b, name, &info));
+        CHECK_EQ(info.held, 1);
+        CHECK(ends_with(info.holder, want));
+        CHECK_EQ(info.token, tok);
+        CHECK_OP(info.ttl_ms, >, 0);
+        CHECK_OP(info.ttl_ms, <=, ttl);
+        dlock_info_clear(&info);
+        CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+        if (round == 0)
+            th_sleep_ms(3000); /* longer than the ttl: renewed since */
+    }
+
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    close(fd);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(lb, ttl + 3000));
+    CHECK_OP(th_now_ms() - t0, >=, 200); /* the lease freed it, not death */
+    CHECK_OP(dlock_token(lb), >, tok);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(lb);
+    dlock_client_close(b);
+}
+
+/* A holder whose clock is shift_s off tries to take a lock a normal client
+ * holds for 30 s: it must not. A store comparing lease ends with the
+ * taker's clock would hand it over at once to a clock 5 h ahead (behind,
+ * such a store would refuse too: there the other case above catches it). */
+static void skewed_taker_cannot_take_a_live_lock(const char *shift,
+                                                 long long shift_s)
+{
+    char name[32], line[128], holder[300], want[48];
+    dlock_client *a = client_at(srv.uri);
+    uint64_t tok2;
+    long long wall;
+    int fd;
+
+    snprintf(name, sizeof(name), "skew-take%s", shift);
+    dlock *la = handle(a, name, 30000, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    pid_t pid = th_skewed_holder(shift, srv.uri, name, 2000, -1, &fd);
+    CHECK_EQ(th_read_line(fd, line, sizeof(line), 2000), -1);
+    /* the row is still ours */
+    snprintf(want, sizeof(want), " pid %d tid %ld", (int)getpid(),
+             (long)gettid());
+    th_sql_query(&srv, holder, sizeof(holder),
+                 "SELECT holder FROM dlock_locks WHERE name = '%s'", name);
+    CHECK(ends_with(holder, want));
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT token FROM dlock_locks "
+                                         "WHERE name = '%s'",
+                          name),
+             (long long)tok);
+    CHECK_OK(dlock_extend(la, 30000));
+    CHECK_OK(dlock_release(la));
+    /* it was alive and trying: it takes the lock once it is free */
+    CHECK_OP(th_read_line(fd, line, sizeof(line), 5000), >, 0);
+    parse_held(line, &tok2, &wall);
+    check_skew(wall, tok2, shift_s);
+    CHECK_OP(tok2, >, tok);
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    close(fd);
+    dlock_close(la);
+    dlock_client_close(a);
+}
+
+TEST(leases_are_on_the_servers_clock_not_the_holders)
+{
+    if (!th_faketime_available()) {
+        printf("     (libfaketime not installed: clock skew not tested)\n");
+        return;
+    }
+    skewed_holder_keeps_a_true_lease("+5h", 5 * 3600);
+    skewed_holder_keeps_a_true_lease("-5h", -5 * 3600);
+    skewed_taker_cannot_take_a_live_lock("+5h", 5 * 3600);
+    skewed_taker_cannot_take_a_live_lock("-5h", -5 * 3600);
+}
+
+/* --- waiting ------------------------------------------------------------- */
+
+static int fair_waiter(void *arg)
+{
+    (void)arg;
+    dlock_client *c = client_at(srv.uri);
+    dlock *l = handle(c, "fairdead", 0, DLOCK_FAIR);
+    int rc = dlock_acquire(l, 30000);
+    return rc == DLOCK_OK ? 0 : 1;
+}
+
+TEST(a_dead_fair_waiter_drops_out_of_the_queue)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *la = handle(a, "fairdead", 0, DLOCK_FAIR);
+    dlock *lb = handle(b, "fairdead", 0, DLOCK_FAIR);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    pid_t pid = th_fork(fair_waiter, NULL);
+    wait_waiters(a, "fairdead", 1);
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    CHECK_OK(dlock_release(la));
+    /* the dead waiter was first in line: lb gets it once its entry is no
+     * longer refreshed (3 s), not at the end of its 10 s */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(lb, 10000));
+    int64_t took = th_now_ms() - t0;
+    CHECK_OP(took, >=, 1000); /* it did wait: the entry kept its place */
+    CHECK_OP(took, <, 6000);
+    CHECK_EQ(waiters(a, "fairdead"), 0);
+    CHECK_OK(dlock_release(lb));
+    /* the dead entry's row stays until gc */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM "
+                                         "dlock_locks_queue WHERE name = "
+                                         "'fairdead'"),
+             1);
+    CHECK_OK(dlock_gc(a, 3600 * 1000, NULL));
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM "
+                                         "dlock_locks_queue WHERE name = "
+                                         "'fairdead'"),
+             0);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+typedef struct poll_shared {
+    volatile int waiting;        /* the child's client is open */
+    volatile int rc;             /* its acquire's result */
+    volatile int64_t got_at;     /* when it got the lock (monotonic) */
+} poll_shared;
+
+static int poll_waiter(void *arg)
+{
+    poll_shared *s = arg;
+    dlock_client *c = client_at(srv.uri);
+    dlock *l = handle(c, "poll", 0, 0);
+
+    __atomic_store_n(&s->waiting, 1, __ATOMIC_SEQ_CST);
+    s->rc = dlock_acquire(l, 15000);
+    s->got_at = th_now_ms();
+    if (s->rc == DLOCK_OK)
+        dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return s->rc == DLOCK_OK ? 0 : 1;
+}
+
+/* Every try is one INSERT ... SELECT ... ON DUPLICATE KEY UPDATE, which
+ * the server counts as Com_insert_select (Com_insert: plain INSERTs, such
+ * as joining a fair queue). */
+static long long inserts(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT SUM(VARIABLE_VALUE) FROM information_schema."
+                        "GLOBAL_STATUS WHERE VARIABLE_NAME IN ('COM_INSERT',"
+                        " 'COM_INSERT_SELECT')");
+}
+
+TEST(a_waiter_in_another_process_polls_with_a_bounded_backoff)
+{
+    poll_shared *s = th_shared(sizeof(*s));
+    dlock_client *c = client_at(srv.uri);
+    dlock *l = handle(c, "poll", 0, 0);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    long long before = inserts();
+    pid_t pid = th_fork(poll_waiter, s);
+    wait_flag(&s->waiting, 10000);
+    th_sleep_ms(2000);
+    long long tries = inserts() - before;
+    /* it polls (a waiter that only watched the 30 s lease end would try
+     * once or twice), 2 ms doubling to 100 ms: about 2000 / 100 + 7 */
+    if (tries < 5 || tries > 40)
+        th_fail(__FILE__, __LINE__, "%lld tries in 2 s", tries);
+    CHECK_EQ(s->got_at, 0);
+    int64_t released_at = th_now_ms();
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(th_wait(pid), 0);
+    CHECK_OK(s->rc);
+    CHECK_OP(s->got_at - released_at, <, 1000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- the server in trouble ----------------------------------------------- */
+
+static volatile int lost_calls;
+static volatile uint64_t lost_token;
+
+static void on_lost(dlock *l, uint64_t token, void *arg)
+{
+    (void)l;
+    (void)arg;
+    lost_token = token;
+    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
+{
+    start_own();
+    dlock_client *a = client_at(own.uri), *idle = client_at(own.uri);
+    dlock *held = handle_cb(a, "crash-held", 1500, 0, on_lost);
+    dlock *other = handle(a, "crash-other", 0, 0);
+    dlock *li = handle(idle, "crash-idle", 0, 0);
+    dlock_info info;
+
+    /* a connection in idle's pool, unused until after the restart */
+    CHECK_OK(dlock_acquire(li, 0));
+    CHECK_OK(dlock_release(li));
+    lost_calls = 0;
+    CHECK_OK(dlock_acquire(held, 0));
+    uint64_t tok = dlock_token(held);
+
+    int64_t t0 = th_now_ms();
+    th_sql_kill(&own, SIGKILL);
+    /* told at once, not at the end of the 5 s wait */
+    int64_t ts = th_now_ms();
+    CHECK_RC(dlock_acquire(other, 5000), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - ts, <, 3000);
+    CHECK_CONTAINS(dlock_errmsg(), "mysql");
+    CHECK_RC(dlock_inspect(a, "crash-held", &info), DLOCK_ECONN);
+    /* the lease cannot be renewed: the hold is lost, and said so */
+    while (!__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST) &&
+           th_now_ms() - t0 < 1500 + 3000)
+        th_sleep_ms(10);
+    CHECK_EQ(lost_calls, 1);
+    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(dlock_held(held), DLOCK_ELOST);
+    CHECK_RC(dlock_release(held), DLOCK_ELOST);
+
+    th_sql_restart(&own);
+    /* the same client, not reopened */
+    CHECK_OK(dlock_acquire(held, 5000));
+    CHECK_OP(dlock_token(held), >, tok);
+    CHECK_OK(dlock_acquire(other, 0));
+    CHECK_OK(dlock_release(other));
+    /* the first call after the restart works: the dead pooled connection
+     * is dropped, not used */
+    CHECK_OK(dlock_acquire(li, 0));
+    CHECK_OK(dlock_release(li));
+    CHECK_OK(dlock_release(held));
+    CHECK_EQ(lost_calls, 1);
+    dlock_close(held);
+    dlock_close(other);
+    dlock_close(li);
+    dlock_client_close(a);
+    dlock_client_close(idle);
+}
+
+TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
+{
+    start_own();
+    char u[400];
+    dlock_client_options quick = {500};
+    dlock_client *c = client_at(own.uri), *q = NULL, *x = NULL;
+    dlock *l = handle(c, "frozen", 0, 0), *kept = handle(c, "frozen-kept",
+                                                         30000, 0);
+
+    snprintf(u, sizeof(u), "%s?timeout=500", own.uri);
+    CHECK_OK(dlock_client_open(&q, own.uri, &quick));
+    dlock *lq = handle(q, "frozen-q", 0, 0);
+    /* pooled connections in both clients */
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    CHECK_OK(dlock_acquire(lq, 0));
+    CHECK_OK(dlock_release(lq));
+    CHECK_OK(dlock_acquire(kept, 0));
+
+    th_sql_kill(&own, SIGSTOP);
+    int64_t t0 = th_now_ms();
+    int rc = dlock_acquire(l, 300);
+    int64_t took = th_now_ms() - t0;
+    if (rc != DLOCK_ECONN && rc != DLOCK_EBUSY)
+        th_fail(__FILE__, __LINE__, "acquire: %s (%s)", dlock_errname(rc),
+                dlock_errmsg());
+    CHECK_OP(took, <, 1500); /* the 300 ms wait, not the 2 s timeout */
+    /* one try: one timeout (the client's 500 ms), not the default 2 s */
+    t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lq, 0), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 1500);
+    CHECK_CONTAINS(dlock_errmsg(), "no answer");
+    /* a new connection: the kernel accepts it, the server never greets */
+    t0 = th_now_ms();
+    CHECK_RC(dlock_client_open(&x, u, NULL), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 1500);
+    CHECK(x == NULL);
+    th_sql_kill(&own, SIGCONT);
+
+    /* thawed: everything works again, and a 30 s lease outlived it. (The
+     * server now runs the tries it had received frozen: "frozen" and
+     * "frozen-q" may be held for their 30 s by owners that were told
+     * DLOCK_ECONN, so other names here; see the next test for what such a
+     * late try must not do.) */
+    dlock *l2 = handle(c, "thawed", 0, 0), *lq2 = handle(q, "thawed-q", 0, 0);
+    CHECK_OK(dlock_acquire(l2, 2000));
+    CHECK_OK(dlock_release(l2));
+    CHECK_OK(dlock_acquire(lq2, 2000));
+    CHECK_OK(dlock_release(lq2));
+    CHECK_OK(dlock_extend(kept, 30000));
+    CHECK_OK(dlock_release(kept));
+    dlock_close(l);
+    dlock_close(l2);
+    dlock_close(kept);
+    dlock_close(lq);
+    dlock_close(lq2);
+    dlock_client_close(c);
+    dlock_client_close(q);
+}
+
+/* --- credentials and URIs ------------------------------------------------ */
+
+/* Opens u and expects code; the message never holds `secret`. */
+static void open_fails(const char *u, int code, const char *secret)
+{
+    dlock_client *c = NULL;
+    int rc = dlock_client_open(&c, u, NULL);
+
+    if (rc != code)
+        th_fail(__FILE__, __LINE__, "%s: %s (%s), expected %s", u,
+                dlock_errname(rc), dlock_errmsg(), dlock_errname(code));
+    CHECK(c == NULL);
+    CHECK(dlock_errmsg()[0] != '\0');
+    if (secret && strstr(dlock_errmsg(), secret))
+        th_fail(__FILE__, __LINE__, "the message shows the password: %s",
+                dlock_errmsg());
+}
+
+TEST(credentials_and_bad_uris)
+{
+    char u[600], longtable[64];
+    int p = srv.port;
+
+    snprintf(u, sizeof(u),
+             "mysql://dlock:WRONG-SECRET7@127.0.0.1:%d/dlocktest", p);
+    open_fails(u, DLOCK_EAUTH, "SECRET7");
+    snprintf(u, sizeof(u),
+             "mysql://dlock:dlock-secret@127.0.0.1:%d/no_such_db", p);
+    open_fails(u, DLOCK_EAUTH, "dlock-secret");
+
+    memset(longtable, 't', 49);
+    longtable[49] = '\0';
+    /* no database, a path below it, two hosts (%d: the port) */
+    static const char *const bad_at[] = {
+        "mysql://dlock:dlock-secret@127.0.0.1:%d",
+        "mysql://dlock:dlock-secret@127.0.0.1:%d/",
+        "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest/x",
+        "mysql://dlock:dlock-secret@127.0.0.1:%d,127.0.0.1:1/dlocktest",
+        NULL};
+    /* options appended to the good URI */
+    static const char *const bad_opt[] = {
+        "?bogus=1", "?table=", "?timeout=0", "?timeout=soon",
+        "?ssl_mode=bogus", NULL};
+    for (int i = 0; bad_at[i]; i++) {
+        snprintf(u, sizeof(u), bad_at[i], p);
+        open_fails(u, DLOCK_EINVAL, "dlock-secret");
+    }
+    for (int i = 0; bad_opt[i]; i++) {
+        snprintf(u, sizeof(u), "%s%s", srv.uri, bad_opt[i]);
+        open_fails(u, DLOCK_EINVAL, "dlock-secret");
+    }
+    snprintf(u, sizeof(u), "%s?table=%s", srv.uri, longtable);
+    open_fails(u, DLOCK_EINVAL, "dlock-secret");
+    longtable[48] = '\0'; /* 48 bytes: the longest that fits */
+    snprintf(u, sizeof(u), "%s?table=%s", srv.uri, longtable);
+    dlock_client_close(client_at(u));
+
+    /* nothing listening */
+    snprintf(u, sizeof(u), "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest",
+             th_free_port());
+    int64_t t0 = th_now_ms();
+    open_fails(u, DLOCK_ECONN, "dlock-secret");
+    CHECK_OP(th_now_ms() - t0, <, 3000);
+
+    /* a user with only SELECT, INSERT, UPDATE, DELETE on the tables */
+    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'limited'@'%%' "
+                                "IDENTIFIED BY 'lim-SECRET8'");
+    th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                                "dlocktest.dlock_locks TO 'limited'@'%%'");
+    th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                                "dlocktest.dlock_locks_queue TO "
+                                "'limited'@'%%'");
+    snprintf(u, sizeof(u),
+             "mysql://limited:lim-SECRET8@127.0.0.1:%d/dlocktest", p);
+    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock *la = handle(a, "limited", 0, DLOCK_FAIR);
+    dlock *lb = handle(b, "limited", 0, DLOCK_FAIR);
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_extend(la, 30000));
+    dlock_info info;
+    CHECK_OK(dlock_inspect(b, "limited", &info));
+    CHECK_EQ(info.held, 1);
+    dlock_info_clear(&info);
+    hand_over_through_the_queue(b, la, lb); /* queue: in and out */
+    CHECK_OK(dlock_gc(a, 3600 * 1000, NULL));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    /* the same user cannot create a table: told what to do */
+    snprintf(u, sizeof(u),
+             "mysql://limited:lim-SECRET8@127.0.0.1:%d/dlocktest?table=nope",
+             p);
+    open_fails(u, DLOCK_EAUTH, "SECRET8");
+    CHECK_CONTAINS(dlock_errmsg(), "docs/stores.md");
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT COUNT(*) FROM information_schema.tables "
+                          "WHERE table_schema = 'dlocktest' AND table_name "
+                          "LIKE 'nope%%'"),
+             0);
+}
+
+/* --- inspection ---------------------------------------------------------- */
+
+typedef struct queue_shared {
+    volatile int got[3];     /* waiter i holds the lock */
+    volatile int release[3]; /* waiter i may release it */
+} queue_shared;
+
+static queue_shared *qs;
+
+static int queue_waiter(void *arg)
+{
+    int i = (int)(intptr_t)arg;
+    dlock_client *c = client_at(srv.uri);
+    dlock *l = handle(c, "inspect-queue", 0, DLOCK_FAIR);
+
+    if (dlock_acquire(l, 30000) != DLOCK_OK)
+        return 1;
+    __atomic_store_n(&qs->got[i], 1, __ATOMIC_SEQ_CST);
+    for (int k = 0; k < 3000 && !__atomic_load_n(&qs->release[i],
+                                                 __ATOMIC_SEQ_CST);
+         k++)
+        th_sleep_ms(10);
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_OK ? 0 : 2;
+}
+
+/* The host part of a "host pid N tid N" description. */
+static void host_of(const char *desc, char *out, size_t cap)
+{
+    const char *p = strstr(desc, " pid ");
+
+    snprintf(out, cap, "%.*s", p ? (int)(p - desc) : 0, desc);
+}
+
+TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
+{
+    dlock_client *a = client_at(srv.uri), *obs = client_at(srv.uri);
+    dlock *la = handle(a, "inspect-queue", 30000, DLOCK_FAIR);
+    char want[64], host[300], qhost[300];
+    dlock_info info;
+    pid_t pid[3];
+
+    qs = th_shared(sizeof(*qs));
+    CHECK_OK(dlock_acquire(la, 0));
+    for (int i = 0; i < 3; i++) {
+        pid[i] = th_fork(queue_waiter, (void *)(intptr_t)i);
+        wait_waiters(obs, "inspect-queue", i + 1);
+    }
+    CHECK_OK(dlock_inspect(obs, "inspect-queue", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(want, sizeof(want), " pid %d tid %ld", (int)getpid(),
+             (long)gettid());
+    CHECK(ends_with(info.holder, want));
+    host_of(info.holder, host, sizeof(host));
+    CHECK(host[0] != '\0');
+    CHECK_EQ(info.token, dlock_token(la));
+    CHECK_OP(info.ttl_ms, >, 0);
+    CHECK_OP(info.ttl_ms, <=, 30000);
+    CHECK_OP(info.held_ms, >=, 0);
+    CHECK_OP(info.held_ms, <, 30000);
+    CHECK_EQ(info.waiters, 3);
+    CHECK_EQ(info.queue_len, 3);
+    for (int i = 0; i < 3; i++) {
+        snprintf(want, sizeof(want), " pid %d tid %d", (int)pid[i],
+                 (int)pid[i]);
+        if (!ends_with(info.queue[i], want))
+            th_fail(__FILE__, __LINE__, "queue[%d] is '%s', expected ...%s",
+                    i, info.queue[i], want);
+        host_of(info.queue[i], qhost, sizeof(qhost));
+        CHECK_STR(qhost, host);
+    }
+    dlock_info_clear(&info);
+
+    /* the head takes over; the queue moves up */
+    CHECK_OK(dlock_release(la));
+    wait_flag(&qs->got[0], 10000);
+    CHECK_OK(dlock_inspect(obs, "inspect-queue", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(want, sizeof(want), " pid %d tid %d", (int)pid[0], (int)pid[0]);
+    CHECK(ends_with(info.holder, want));
+    CHECK_EQ(info.queue_len, 2);
+    for (int i = 0; i < 2; i++) {
+        snprintf(want, sizeof(want), " pid %d tid %d", (int)pid[i + 1],
+                 (int)pid[i + 1]);
+        CHECK(ends_with(info.queue[i], want));
+    }
+    dlock_info_clear(&info);
+    CHECK_EQ(qs->got[1] + qs->got[2], 0);
+    for (int i = 0; i < 3; i++) {
+        __atomic_store_n(&qs->release[i], 1, __ATOMIC_SEQ_CST);
+        CHECK_EQ(th_wait(pid[i]), 0);
+    }
+    CHECK_OK(dlock_inspect(obs, "inspect-queue", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_EQ(info.queue_len, 0);
+    CHECK(info.queue == NULL);
+    dlock_info_clear(&info);
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(obs);
+}
+
+/* --- a late statement ---------------------------------------------------- */
+
+/*
+ * An acquire that timed out on the client may still reach the server and
+ * run later (a slow network, a frozen server that wakes up). When it runs
+ * after a newer acquire of the same owner (the same thread of the same
+ * client) succeeded, it must not take the lock over from that hold: the
+ * holder's extend and release must still work, and its token stays.
+ */
+TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
+{
+    char u[400], direct[400];
+    th_relay px;
+
+    th_relay_start(&px, srv.port);
+    snprintf(u, sizeof(u),
+             "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest?table=late_t"
+             "&timeout=300",
+             px.port);
+    snprintf(direct, sizeof(direct), "%s?table=late_t", srv.uri);
+    dlock_client *c = client_at(u), *o = client_at(direct);
+    dlock *slow = handle(c, "late", 0, 0), *fast = handle(c, "late", 20000,
+                                                          0);
+    dlock *other = handle(o, "late", 0, 0);
+
+    /* c's pooled connection now delivers nothing: the try times out (the
+     * URI's 300 ms), its statement stays on the way */
+    CHECK_EQ(th_relay_hold(&px), 1);
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(slow, 0), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 1500);
+    /* the same thread again, on a new connection */
+    CHECK_OK(dlock_acquire(fast, 0));
+    uint64_t tok = dlock_token(fast);
+    CHECK_OP(tok, >, 0);
+    /* the late statement arrives and runs (the server answers it) */
+    CHECK_OP(th_relay_let_through(&px), >, 0);
+
+    CHECK_EQ(dlock_held(fast), 1);
+    CHECK_EQ(dlock_token(fast), tok);
+    CHECK_OK(dlock_extend(fast, 20000));
+    CHECK_OK(dlock_release(fast));
+    /* and nothing is left held behind the release */
+    CHECK_OK(dlock_acquire(other, 0));
+    CHECK_OP(dlock_token(other), >, tok);
+    CHECK_OK(dlock_release(other));
+    dlock_close(slow);
+    dlock_close(fast);
+    dlock_close(other);
+    dlock_client_close(c);
+    dlock_client_close(o);
+    th_relay_stop(&px);
+}
+
+/*
+ * A link on which every statement takes 15 ms more (a server across a
+ * slow network, or a busy one: healthy, well within the 2 s timeout). A
+ * timed wait on a held lock must end DLOCK_EBUSY, as the wait ran out, not
+ * DLOCK_ECONN ("unreachable"), in either mode.
+ */
+TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
+{
+    static const unsigned modes[] = {0, DLOCK_FAIR};
+    char u[400];
+    th_relay px;
+
+    th_relay_start(&px, srv.port);
+    __atomic_store_n(&px.delay_ms, 15, __ATOMIC_SEQ_CST);
+    snprintf(u, sizeof(u),
+             "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest", px.port);
+    dlock_client *c = client_at(u), *h = client_at(srv.uri);
+    dlock *lh = handle(h, "slow-link", 0, 0), *l[2];
+
+    for (int m = 0; m < 2; m++)
+        l[m] = handle(c, "slow-link", 0, modes[m]);
+    CHECK_OK(dlock_acquire(lh, 0));
+    for (int m = 0; m < 2; m++) {
+        CHECK_RC(dlock_acquire(l[m], 0), DLOCK_EBUSY); /* the link works */
+        int64_t t0 = th_now_ms();
+        int rc = dlock_acquire(l[m], 300);
+        int64_t took = th_now_ms() - t0;
+        if (rc != DLOCK_EBUSY)
+            th_fail(__FILE__, __LINE__, "%s wait: %s after %lld ms (%s)",
+                    modes[m] ? "fair" : "default", dlock_errname(rc),
+                    (long long)took, dlock_errmsg());
+        CHECK_OP(took, >=, 300);
+        CHECK_OP(took, <, 2300);
+    }
+    CHECK_OK(dlock_release(lh));
+    dlock_close(l[0]);
+    dlock_close(l[1]);
+    dlock_close(lh);
+    dlock_client_close(c);
+    dlock_client_close(h);
+    th_relay_stop(&px);
+}
+
+/* --- the URI's timeout --------------------------------------------------- */
+
+TEST(the_uri_timeout_bounds_every_statement)
+{
+    start_own();
+    char u[400];
+
+    snprintf(u, sizeof(u), "%s?timeout=500", own.uri);
+    dlock_client *c = client_at(u);
+    dlock *l = handle(c, "uri-timeout", 0, 0);
+
+    CHECK_OK(dlock_acquire(l, 0)); /* a pooled connection */
+    CHECK_OK(dlock_release(l));
+    th_sql_kill(&own, SIGSTOP);
+    int64_t t0 = th_now_ms();
+    int rc = dlock_acquire(l, 0);
+    int64_t took = th_now_ms() - t0;
+    th_sql_kill(&own, SIGCONT);
+    /* (another name: the frozen try runs now, see above) */
+    dlock *l2 = handle(c, "uri-timeout-thawed", 0, 0);
+    CHECK_OK(dlock_acquire(l2, 2000));
+    CHECK_OK(dlock_release(l2));
+    dlock_close(l);
+    dlock_close(l2);
+    dlock_client_close(c);
+    /* ?timeout=500 bounds one try as dlock_client_options.timeout_ms does
+     * (the Redis store's ?timeout= too), not the default 2 s */
+    CHECK_RC(rc, DLOCK_ECONN);
+    CHECK_OP(took, <, 1500);
+}
+
+static const th_test tests[] = {
+    T(rows_stay_on_release_and_carry_the_token),
+    T(gc_removes_only_unused_free_rows_and_tokens_still_grow),
+    T(sql_injection_locks_only_a_lock_of_that_name),
+    T(leases_are_on_the_servers_clock_not_the_holders),
+    T(a_dead_fair_waiter_drops_out_of_the_queue),
+    T(a_waiter_in_another_process_polls_with_a_bounded_backoff),
+    T(a_killed_server_gives_econn_then_the_pool_reconnects),
+    T(a_frozen_server_never_holds_a_caller_past_its_deadline),
+    T(credentials_and_bad_uris),
+    T(inspect_shows_the_holder_and_the_fair_queue_in_order),
+    T(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone),
+    T(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable),
+    T(the_uri_timeout_bounds_every_statement),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    th_child(argc, argv);
+    if (!th_sql_available("mysql"))
+        th_skip("this build has no mysql store, or no MariaDB server");
+    th_sql_start(&srv, "mysql");
+    return th_main(argc, argv, tests);
+}
