@@ -49,6 +49,12 @@ void th_skip(const char *why)
     exit(77);
 }
 
+const dlock_client_options *th_patient(void)
+{
+    static const dlock_client_options patient = {10000};
+    return &patient;
+}
+
 int64_t th_now_ms(void)
 {
     struct timespec ts;

@@ -94,6 +94,12 @@ int th_main(int argc, char **argv, const th_test *tests);
  * harness's own child process and exits; returns at once otherwise. */
 void th_child(int argc, char **argv);
 
+/* Client options with a 10 s timeout, for the clients of processes forked
+ * to contend for a lock: their tests are about exclusion and order, not
+ * time, and under valgrind, several of them logging in at once (a
+ * PostgreSQL SCRAM login is thousands of hashes) can pass the default 2 s. */
+const dlock_client_options *th_patient(void);
+
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);
 void th_sleep_ms(int64_t ms);

@@ -296,7 +296,7 @@ static int mx_child(void *arg)
     dlock_client *c;
     dlock *l;
 
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK)
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK)
         return 2;
     if (dlock_open(&l, c, "mutex", NULL) != DLOCK_OK)
         return 3;
@@ -477,7 +477,7 @@ static int fair_child(void *arg)
 
     memset(&o, 0, sizeof(o));
     o.flags = DLOCK_FAIR;
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
         dlock_open(&l, c, "fifo", &o) != DLOCK_OK)
         return 2;
     if (dlock_acquire(l, 30000) != DLOCK_OK) {
@@ -562,7 +562,7 @@ static int holder_child(void *arg)
     o.ttl_ms = s->ttl;
     o.on_lost = count_lost;
     o.on_lost_arg = s;
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
         dlock_open(&l, c, "frozen", &o) != DLOCK_OK ||
         dlock_acquire(l, 5000) != DLOCK_OK)
         return 2;

@@ -142,7 +142,7 @@ static int race_child(void *arg)
     dlock_client *c;
     dlock *l;
 
-    if (dlock_client_open(&c, srv.uri, NULL) != DLOCK_OK ||
+    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK ||
         dlock_open(&l, c, "race", NULL) != DLOCK_OK)
         return 2;
     for (int i = 0; i < 150; i++) {
@@ -414,7 +414,7 @@ static int fair_child(void *arg)
 
     memset(&o, 0, sizeof(o));
     o.flags = DLOCK_FAIR;
-    if (dlock_client_open(&c, srv.uri, NULL) != DLOCK_OK ||
+    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK ||
         dlock_open(&l, c, "fair", &o) != DLOCK_OK)
         return 2;
     if (dlock_acquire(l, s->wait) != DLOCK_OK) {
@@ -926,7 +926,7 @@ static int adv_child(void *arg)
     dlock_client *c;
     dlock *l;
 
-    if (dlock_client_open(&c, adv, NULL) != DLOCK_OK ||
+    if (dlock_client_open(&c, adv, th_patient()) != DLOCK_OK ||
         dlock_open(&l, c, "adv-queue", NULL) != DLOCK_OK ||
         dlock_acquire(l, 20000) != DLOCK_OK)
         return 2;
