@@ -4,8 +4,9 @@
 # a temporary file store, a private standalone ZooKeeper server (free
 # loopback port, temporary directory, no fsync) and a private etcd member
 # (free loopback ports, temporary directory), then SQLite database files
-# in the temporary directory and a private PostgreSQL server (free loopback
-# port, temporary directory, fsync off), and writes
+# in the temporary directory, a private PostgreSQL server (free loopback
+# port, temporary directory, fsync off) and a private MariaDB server (free
+# loopback port, temporary directory, log flushed once a second), and writes
 # docs/benchmarks.md (--quick: BUILD_DIR/benchmarks-quick.md).
 set -euo pipefail
 build=${1:-build-bench}
@@ -16,12 +17,14 @@ pid=
 zkpid=
 etcdpid=
 pgpid=
+mypid=
 cleanup() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null
     [ -n "$zkpid" ] && kill "$zkpid" 2>/dev/null
     [ -n "$etcdpid" ] && kill "$etcdpid" 2>/dev/null
     # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for its clients)
     [ -n "$pgpid" ] && kill -INT "$pgpid" 2>/dev/null
+    [ -n "$mypid" ] && kill "$mypid" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$tmp"
 }
@@ -268,6 +271,61 @@ else
     kill -INT "$pgpid" 2>/dev/null || true; wait "$pgpid" 2>/dev/null || true; pgpid=
 fi
 
+# --- MySQL/MariaDB: a private server (tests/servers/sqlserver.sh: user
+# dlock with every privilege, database dlocktest, the InnoDB log flushed
+# once a second unless DLOCK_SQL_DURABLE=1)
+myport=
+my_sql() { # my_sql SQL: one value from the server
+    mariadb --no-defaults --connect-timeout=5 -h127.0.0.1 -P"$myport" \
+        -udlock -pdlock-secret dlocktest -N -e "$1" 2>/dev/null
+}
+start_mysql() {
+    local d=$tmp/mysql end
+    for _ in $(seq 5); do
+        myport=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$myport") 2>/dev/null && continue
+        rm -rf "$d"
+        # the script execs the server: $! is mariadbd (whose warnings
+        # before it opens its log would land amid the figures)
+        bash "$root/tests/servers/sqlserver.sh" mysql "$d" "$myport" \
+            2>>"$tmp/mysql-start.log" &
+        mypid=$!
+        end=$((SECONDS + 90)) # mariadb-install-db, then startup
+        while [ "$SECONDS" -lt "$end" ]; do
+            [ "$(my_sql 'select 1')" = 1 ] && return 0
+            kill -0 "$mypid" 2>/dev/null || break
+            sleep 0.1
+        done
+        # alive but silent for 90 s: another port would not help
+        kill -0 "$mypid" 2>/dev/null && return 1
+        wait "$mypid" 2>/dev/null || true; mypid=
+    done
+    return 1
+}
+
+myout=$tmp/results-mysql.md
+myver=
+if [ ! -x "$build/bench/dlock_bench_mysql" ]; then
+    printf '## MySQL / MariaDB\n\nNot measured: dlock_bench_mysql was not built (libmariadb-dev missing).\n' >"$myout"
+elif { ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; } ||
+    ! command -v mariadb >/dev/null 2>&1; then
+    printf '## MySQL / MariaDB\n\nNot measured: no MariaDB server (Debian package mariadb-server) on this machine.\n' >"$myout"
+elif ! start_mysql; then
+    echo "bench: the MariaDB server did not start; its log:" >&2
+    tail -30 "$tmp/mysql-start.log" "$tmp/mysql/server.log" >&2 || true
+    exit 1
+else
+    myver=$(my_sql 'SELECT VERSION()')
+    # shellcheck disable=SC2086
+    if ! "$build/bench/dlock_bench_mysql" \
+        "mysql://dlock:dlock-secret@127.0.0.1:$myport/dlocktest" $quick >"$myout"; then
+        echo "bench: dlock_bench_mysql failed; the MariaDB server's log:" >&2
+        tail -30 "$tmp/mysql/server.log" >&2 || true
+        exit 1
+    fi
+    kill "$mypid" 2>/dev/null || true; wait "$mypid" 2>/dev/null || true; mypid=
+fi
+
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
 # before the document is rewritten (that alone would make the tree dirty)
 rev=$(git -C "$root" describe --always --dirty 2>/dev/null || echo '?')
@@ -296,6 +354,12 @@ doc=$root/docs/benchmarks.md
         echo "- postgresql: $pgver; a private server ($pgsync, data on $(df -P "$tmp" | awk 'NR==2 {print $1}'))," \
              "libpq $(pkg-config --modversion libpq 2>/dev/null || echo '?')"
     fi
+    if [ -n "$myver" ]; then
+        mysync="InnoDB log flushed once a second"
+        [ "${DLOCK_SQL_DURABLE:-0}" = 1 ] && mysync="InnoDB log flushed at every commit"
+        echo "- mariadb: $myver; a private server ($mysync, data on $(df -P "$tmp" | awk 'NR==2 {print $1}'))," \
+             "libmariadb $(pkg-config --modversion libmariadb 2>/dev/null || echo '?')"
+    fi
     echo "- dlock: $rev"
     echo "- command: \`make bench\`${quick:+ (quick mode)}"
     echo
@@ -308,6 +372,8 @@ doc=$root/docs/benchmarks.md
     cat "$sqout"
     echo
     cat "$pgout"
+    echo
+    cat "$myout"
 } >"$doc"
 cat "$out"
 echo
@@ -318,5 +384,7 @@ echo
 cat "$sqout"
 echo
 cat "$pgout"
+echo
+cat "$myout"
 echo
 echo "bench: wrote $doc"

@@ -1,0 +1,1232 @@
+/*
+ * bench_mysql.c -- dlock's MySQL/MariaDB store beside the store's own
+ * statements run by a bare libmariadb loop, measured in one run against
+ * the same server.
+ *
+ *   dlock_bench_mysql URI [--quick]   (URI: mysql://user:pw@host:port/db)
+ *
+ * Prints Markdown. Floors, on one blocking libmariadb connection (READ
+ * COMMITTED and utf8mb4, as the store's sessions):
+ *   round trip   SELECT 1
+ *   cycle floor  the store's acquire upsert (INSERT ... SELECT ... FROM
+ *                DUAL ... ON DUPLICATE KEY UPDATE, as my_acquire() in
+ *                mysql.c builds it for a lock that is not fair, the token
+ *                from mysql_insert_id()) and its release UPDATE guarded by
+ *                owner and token (guarded(), my_release()), as text with
+ *                hex literals, on a table and queue table of the floor's
+ *                own made with the store's DDL
+ * Cycles run in chunks that alternate with the floor, each on a new floor
+ * connection and a new dlock client; a ratio is the median of the chunks'
+ * ratios. The floor's statements are checked against the text dlock's
+ * connection sent (the server's general query log, on for one cycle), and
+ * its tables against the store's (SHOW CREATE TABLE), so that the floor
+ * cannot drift from the store unnoticed.
+ * Hand-off: two processes pass the lock back and forth; a waiter in
+ * another process polls (2 ms doubling to 100 ms), so it is given in ms.
+ * Statements per hand-off: N processes contend; the server's Questions
+ * (and Com_insert_select: the upserts) less this connection's own
+ * (GLOBAL_STATUS - SESSION_STATUS, in one statement), less the same count
+ * for the processes only opening and closing their clients.
+ */
+#include <dlock.h>
+#include <mysql.h>
+
+#include <ctype.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNKS 15             /* --quick: QUICK_CHUNKS */
+#define QUICK_CHUNKS 9
+#define PROC_LIMIT_S 60       /* a forked process never runs longer */
+#define WAIT_MS 10000         /* a hand-off's acquire gives up after this */
+#define TTL_MS 30000          /* dlock's default lease; the floor's too */
+#define STORE_TABLE "dlock_locks"
+#define FLOOR_TABLE "bench_floor"
+/* the cycles' lock, in each table: the same name gives the same literal */
+#define CYCLE_LOCK "bench-cycle"
+#define SQL_MAX 8192
+
+/* mysql.c's expressions */
+#define NOW "UTC_TIMESTAMP(6)"
+#define NOW_US "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " NOW ")"
+#define ENDED "lock_until <= " NOW
+#define MINE "owner <=> VALUES(owner)"
+
+static int quick, chunks;
+static const char *uri;
+static char shown[1200];    /* the URI without its password */
+static char store_table[65] = STORE_TABLE;
+static char host[256], user[256], password[256], db[256];
+static unsigned port = 3306;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_mysql: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+
+    nanosleep(&ts, NULL);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+typedef struct stats {
+    double p50_us, p99_us;
+} stats;
+
+static stats summarize(int64_t *ns, int n)
+{
+    stats s;
+
+    qsort(ns, (size_t)n, sizeof(*ns), cmp64);
+    s.p50_us = (double)ns[n / 2] / 1000;
+    s.p99_us = (double)ns[(int)(n * 0.99)] / 1000;
+    return s;
+}
+
+typedef struct spread {
+    double med, min, max;
+} spread;
+
+static spread medrange(double *v, int n)
+{
+    spread s;
+
+    qsort(v, (size_t)n, sizeof(double), cmpd);
+    s.min = v[0];
+    s.med = v[n / 2];
+    s.max = v[n - 1];
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The store's statements                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* X'<hex>' of s, as the store writes every value. */
+static void hexlit(const char *s, char *out, size_t cap)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t n = strlen(s), o = 0;
+
+    if (2 * n + 4 > cap)
+        die("hex literal", "too long");
+    out[o++] = 'X';
+    out[o++] = '\'';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char b = (unsigned char)s[i];
+        out[o++] = digits[b >> 4];
+        out[o++] = digits[b & 15];
+    }
+    out[o++] = '\'';
+    out[o] = '\0';
+}
+
+static void fits(int n, size_t cap)
+{
+    if (n < 0 || (size_t)n >= cap)
+        die("statement", "too long");
+}
+
+/* my_acquire()'s upsert for a lock that is not fair (the take-over
+ * condition six times, no WHERE after FROM DUAL); values are literals. */
+static void acquire_sql(char *out, size_t cap, const char *table,
+                        const char *name, const char *owner,
+                        const char *holder)
+{
+    static const char cond[] = "(" ENDED ")";
+
+    fits(snprintf(out, cap,
+                  "INSERT INTO `%s` (name, owner, holder, holds, token, "
+                  "locked_at, lock_until) SELECT %s, %s, %s, 1, "
+                  "LAST_INSERT_ID(" NOW_US "), " NOW ", " NOW
+                  " + INTERVAL %lld MICROSECOND FROM DUAL "
+                  "ON DUPLICATE KEY UPDATE "
+                  "holder = IF(%s, VALUES(holder), holder), "
+                  "holds = IF(%s, 1, holds), "
+                  "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
+                  "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), "
+                  "token)), "
+                  "locked_at = IF(%s, VALUES(locked_at), locked_at), "
+                  "owner = IF(%s, VALUES(owner), owner), "
+                  "lock_until = IF(%s, VALUES(lock_until), IF(" MINE ", "
+                  "GREATEST(lock_until, VALUES(lock_until)), lock_until))",
+                  table, name, owner, holder, (long long)TTL_MS * 1000, cond,
+                  cond, cond, cond, cond, cond),
+         cap);
+}
+
+/* guarded() with my_release()'s SET. */
+static void release_sql(char *out, size_t cap, const char *table,
+                        const char *name, const char *owner,
+                        unsigned long long token)
+{
+    fits(snprintf(out, cap,
+                  "UPDATE `%s` SET owner = NULL, holder = NULL, holds = 0, "
+                  "lock_until = " NOW " WHERE name = %s AND owner = %s AND "
+                  "token = %llu AND lock_until > " NOW,
+                  table, name, owner, token),
+         cap);
+}
+
+/* ensure_schema()'s DDL, for the floor's names (DLOCK_NAME_MAX: 512) */
+#define SQL_FLOOR_DROP "DROP TABLE IF EXISTS `" FLOOR_TABLE "`, `" \
+    FLOOR_TABLE "_queue`"
+#define SQL_FLOOR_TABLE                                                     \
+    "CREATE TABLE `" FLOOR_TABLE "` ( name VARBINARY(512) NOT NULL "        \
+    "PRIMARY KEY, owner VARBINARY(80) NULL, holder VARBINARY(255) NULL, "   \
+    "holds INT NOT NULL DEFAULT 0, token BIGINT UNSIGNED NOT NULL DEFAULT " \
+    "0, locked_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00', "     \
+    "lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00') "       \
+    "ENGINE=InnoDB"
+#define SQL_FLOOR_QUEUE                                                     \
+    "CREATE TABLE `" FLOOR_TABLE "_queue` ( seq BIGINT UNSIGNED NOT NULL "  \
+    "AUTO_INCREMENT PRIMARY KEY, name VARBINARY(512) NOT NULL, holder "     \
+    "VARBINARY(255) NULL, alive_until DATETIME(6) NOT NULL, KEY name_seq "  \
+    "(name, seq)) ENGINE=InnoDB"
+
+/* ------------------------------------------------------------------------ */
+/* The bare client                                                          */
+/* ------------------------------------------------------------------------ */
+
+static void exec_ok(MYSQL *m, const char *sql)
+{
+    if (mysql_real_query(m, sql, strlen(sql)) != 0)
+        die(sql, mysql_error(m));
+    if (mysql_field_count(m) > 0) {
+        MYSQL_RES *r = mysql_store_result(m);
+        if (!r)
+            die(sql, mysql_error(m));
+        mysql_free_result(r);
+    }
+}
+
+/* The rows of a query (the caller frees them). */
+static MYSQL_RES *rows(MYSQL *m, const char *sql)
+{
+    MYSQL_RES *r;
+
+    if (mysql_real_query(m, sql, strlen(sql)) != 0 ||
+        !(r = mysql_store_result(m)))
+        die(sql, mysql_error(m));
+    return r;
+}
+
+static long long query_ll(MYSQL *m, const char *sql)
+{
+    MYSQL_RES *r = rows(m, sql);
+    MYSQL_ROW row = mysql_fetch_row(r);
+
+    if (!row || !row[0])
+        die(sql, "no value");
+    long long v = strtoll(row[0], NULL, 10);
+    mysql_free_result(r);
+    return v;
+}
+
+/* One value of a one-row query as text, into out. */
+static void query_str(MYSQL *m, const char *sql, int col, char *out,
+                      size_t cap)
+{
+    MYSQL_RES *r = rows(m, sql);
+    MYSQL_ROW row = mysql_fetch_row(r);
+
+    if (!row || (int)mysql_num_fields(r) <= col || !row[col])
+        die(sql, "no value");
+    snprintf(out, cap, "%s", row[col]);
+    mysql_free_result(r);
+}
+
+/* A blocking connection set up as the store sets up its own. */
+static MYSQL *connect_my(void)
+{
+    MYSQL *m = mysql_init(NULL);
+    unsigned connect_s = 10, io_s = 30; /* a stuck server: an error */
+
+    if (!m)
+        die("mysql_init", "out of memory");
+    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &connect_s);
+    mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &io_s);
+    mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &io_s);
+    mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+    if (!mysql_real_connect(m, host, user, password, db, port, NULL, 0))
+        die("connecting", mysql_error(m));
+    exec_ok(m, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    return m;
+}
+
+typedef struct floor_my {
+    MYSQL *m;
+    char name[64], owner[160];
+    char acq[SQL_MAX], rel[SQL_MAX];
+    size_t acq_len;
+} floor_my;
+
+/* The holder text dlock writes for the main thread of this process (the
+ * core's "%.64s pid %ld tid %ld"). */
+static void holder_text(char *out, size_t cap)
+{
+    char h[64] = "unknown-host";
+
+    if (gethostname(h, sizeof(h) - 1) != 0)
+        snprintf(h, sizeof(h), "unknown-host");
+    h[sizeof(h) - 1] = '\0';
+    snprintf(out, cap, "%.64s pid %ld tid %ld", h, (long)getpid(),
+             (long)getpid());
+}
+
+/* A floor connection; values shaped like dlock's (a 32-hex client id and
+ * a thread id; the main thread's holder text). The upsert's text does not
+ * change from cycle to cycle: made once. */
+static void floor_connect(floor_my *f)
+{
+    char owner[64], holder[160], hh[2 * sizeof(holder) + 4];
+
+    f->m = connect_my();
+    snprintf(owner, sizeof(owner), "0123456789abcdef0123456789abcdef:%ld",
+             (long)getpid());
+    holder_text(holder, sizeof(holder));
+    hexlit(CYCLE_LOCK, f->name, sizeof(f->name));
+    hexlit(owner, f->owner, sizeof(f->owner));
+    hexlit(holder, hh, sizeof(hh));
+    acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh);
+    f->acq_len = strlen(f->acq);
+}
+
+static void floor_rtt(floor_my *f)
+{
+    exec_ok(f->m, "SELECT 1");
+}
+
+/* One acquire and one release, as the store sends them: the upsert (1
+ * row inserted or 2 taken over; the token from LAST_INSERT_ID), then the
+ * guarded update with that token (1 row). */
+static void floor_cycle(floor_my *f)
+{
+    if (mysql_real_query(f->m, f->acq, f->acq_len) != 0)
+        die("floor acquire", mysql_error(f->m));
+    my_ulonglong got = mysql_affected_rows(f->m);
+    unsigned long long token = (unsigned long long)mysql_insert_id(f->m);
+    if ((got != 1 && got != 2) || token == 0)
+        die("floor acquire", "the floor's lock was not free");
+    release_sql(f->rel, sizeof(f->rel), FLOOR_TABLE, f->name, f->owner,
+                token);
+    if (mysql_real_query(f->m, f->rel, strlen(f->rel)) != 0)
+        die("floor release", mysql_error(f->m));
+    if (mysql_affected_rows(f->m) != 1)
+        die("floor release", "the floor's row was not ours");
+}
+
+/* ------------------------------------------------------------------------ */
+/* dlock                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static dlock_client *open_client(void)
+{
+    dlock_client_options o = {10000}; /* a busy machine is no failure */
+    dlock_client *c;
+
+    if (dlock_client_open(&c, uri, &o) != DLOCK_OK)
+        die("client", dlock_errmsg());
+    return c;
+}
+
+static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
+{
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = TTL_MS;
+    o.flags = flags;
+    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
+        die(name, dlock_errmsg());
+    return l;
+}
+
+static void dlock_cycle(dlock *l)
+{
+    if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
+        die("cycle", dlock_errmsg());
+}
+
+/* ------------------------------------------------------------------------ */
+/* Is the floor the store?                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The n-th (from 1) X'...' literal of s, into out; 0 if there is none. */
+static int nth_literal(const char *s, size_t len, int n, char *out,
+                       size_t cap)
+{
+    const char *end = s + len;
+
+    for (const char *p = s; p + 1 < end; p++) {
+        if (p[0] != 'X' || p[1] != '\'')
+            continue;
+        const char *q = memchr(p + 2, '\'', (size_t)(end - p - 2));
+        if (!q)
+            return 0;
+        if (--n == 0) {
+            if ((size_t)(q - p + 1) >= cap)
+                return 0;
+            memcpy(out, p, (size_t)(q - p + 1));
+            out[q - p + 1] = '\0';
+            return 1;
+        }
+        p = q;
+    }
+    return 0;
+}
+
+/* Every identifier in s that begins with `from (the floor's names)
+ * begins with `to instead (the store's). */
+static void rename_idents(char *s, size_t cap, const char *from,
+                          const char *to)
+{
+    size_t fl = strlen(from), tl = strlen(to);
+
+    for (char *p = strchr(s, '`'); p; p = strchr(p + 1, '`')) {
+        if (strncmp(p + 1, from, fl) != 0)
+            continue;
+        size_t rest = strlen(p + 1 + fl);
+        if ((size_t)(p + 1 - s) + tl + rest + 1 > cap)
+            die("renaming", "too long");
+        memmove(p + 1 + tl, p + 1 + fl, rest + 1);
+        memcpy(p + 1, to, tl);
+        p += tl;
+    }
+}
+
+/* SHOW CREATE TABLE of `t` with the floor's names made the store's, the
+ * AUTO_INCREMENT counter left out (it is no part of the DDL). */
+static void create_text(MYSQL *m, const char *t, char *out, size_t cap)
+{
+    char sql[200], *p;
+
+    snprintf(sql, sizeof(sql), "SHOW CREATE TABLE `%s`", t);
+    query_str(m, sql, 1, out, cap);
+    rename_idents(out, cap, FLOOR_TABLE, store_table);
+    if ((p = strstr(out, " AUTO_INCREMENT=")) != NULL) {
+        char *q = p + strlen(" AUTO_INCREMENT=");
+        while (*q >= '0' && *q <= '9')
+            q++;
+        memmove(p, q, strlen(q) + 1);
+    }
+}
+
+/* Whether the floor's tables are the store's: 1 or 0. */
+static int same_schema(MYSQL *m)
+{
+    static char a[SQL_MAX], b[SQL_MAX];
+    static const char *const floor_t[2] = {FLOOR_TABLE,
+                                           FLOOR_TABLE "_queue"};
+    int same = 1;
+
+    for (int i = 0; i < 2; i++) {
+        char st[100];
+        snprintf(st, sizeof(st), "%s%s", store_table, i ? "_queue" : "");
+        create_text(m, st, a, sizeof(a));
+        create_text(m, floor_t[i], b, sizeof(b));
+        if (strcmp(a, b) != 0) {
+            fprintf(stderr, "bench_mysql: the store's table\n  %s\nthe "
+                            "floor's\n  %s\n", a, b);
+            same = 0;
+        }
+    }
+    return same;
+}
+
+/* Compares what the store sent (got, len bytes) with the floor's
+ * statement written for the store's table (want). */
+static int same_text(const char *what, const char *got, size_t len,
+                     const char *want)
+{
+    if (len == strlen(want) && !memcmp(got, want, len))
+        return 1;
+    fprintf(stderr, "bench_mysql: %s: the store sent\n  %.*s\nthe floor "
+                    "sends (for the store's table)\n  %s\n",
+            what, (int)len, got, want);
+    return 0;
+}
+
+/* The general log as it was, to put back. */
+static void general_log_restore(MYSQL *m, const char *on, const char *out)
+{
+    char sql[300];
+
+    snprintf(sql, sizeof(sql), "SET GLOBAL general_log = %s", on);
+    exec_ok(m, sql);
+    snprintf(sql, sizeof(sql), "SET GLOBAL log_output = '%s'", out);
+    exec_ok(m, sql);
+}
+
+/*
+ * Whether one uncontended dlock cycle sent exactly the floor's two
+ * statements (for the store's table): 1 same, 0 not, -1 not known (why
+ * in *why). The server's general query log (to its table, only for the
+ * cycle) shows the text: performance_schema is off by default in
+ * MariaDB, and the process list shows a statement only while it runs.
+ */
+static int same_statements(MYSQL *m, const char **why)
+{
+    char was_on[8], was_out[64];
+    dlock_client *c = open_client();
+    dlock *l = open_lock(c, CYCLE_LOCK, 0);
+    unsigned long long token = 0;
+    int same = -1;
+
+    *why = NULL;
+    query_str(m, "SELECT @@global.general_log, @@global.log_output", 0,
+              was_on, sizeof(was_on));
+    query_str(m, "SELECT @@global.general_log, @@global.log_output", 1,
+              was_out, sizeof(was_out));
+    /* another client's statements would be mixed with dlock's */
+    if (query_ll(m, "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                    "WHERE ID <> CONNECTION_ID() AND COMMAND NOT IN "
+                    "('Daemon', 'Sleep')") > 0 ||
+        (strcmp(was_on, "0") != 0 && strcmp(was_on, "OFF") != 0)) {
+        *why = "not checked: other clients were busy, or the general log "
+               "was on already";
+        goto out;
+    }
+    static const char to_table[] = "SET GLOBAL log_output = 'TABLE'";
+    static const char log_on[] = "SET GLOBAL general_log = 1";
+    if (mysql_real_query(m, to_table, strlen(to_table)) != 0 ||
+        mysql_real_query(m, log_on, strlen(log_on)) != 0) {
+        fprintf(stderr, "bench_mysql: general log: %s\n", mysql_error(m));
+        general_log_restore(m, was_on, was_out);
+        *why = "not checked: no right to turn the general log on";
+        goto out;
+    }
+    int rc = dlock_acquire(l, 0);
+    token = dlock_token(l);
+    if (rc == DLOCK_OK)
+        rc = dlock_release(l);
+    general_log_restore(m, was_on, was_out);
+    if (rc != DLOCK_OK)
+        die("check cycle", dlock_errmsg());
+
+    MYSQL_RES *r = rows(m, "SELECT thread_id, argument FROM "
+                           "mysql.general_log WHERE command_type = 'Query' "
+                           "AND thread_id <> CONNECTION_ID() ORDER BY "
+                           "event_time");
+    MYSQL_ROW row[2];
+    unsigned long *lens;
+    size_t len[2];
+    my_ulonglong n = mysql_num_rows(r);
+    for (int i = 0; i < 2 && (my_ulonglong)i < n; i++) {
+        row[i] = mysql_fetch_row(r);
+        lens = mysql_fetch_lengths(r);
+        len[i] = lens ? lens[1] : 0;
+    }
+    if (n != 2 || !row[0][1] || !row[1][1] || strcmp(row[0][0], row[1][0])) {
+        fprintf(stderr, "bench_mysql: the general log has %llu statements "
+                        "of other connections for one dlock cycle\n",
+                (unsigned long long)n);
+        same = 0;
+    } else {
+        /* the owner is dlock's (a random client id): taken from the log */
+        char name[64], owner[200], holder[160], hh[2 * sizeof(holder) + 4];
+        static char want[SQL_MAX];
+        holder_text(holder, sizeof(holder));
+        hexlit(CYCLE_LOCK, name, sizeof(name));
+        hexlit(holder, hh, sizeof(hh));
+        if (!nth_literal(row[0][1], len[0], 2, owner, sizeof(owner))) {
+            fprintf(stderr, "bench_mysql: no owner in the store's upsert\n");
+            snprintf(owner, sizeof(owner), "?");
+        }
+        acquire_sql(want, sizeof(want), store_table, name, owner, hh);
+        same = same_text("acquire", row[0][1], len[0], want);
+        release_sql(want, sizeof(want), store_table, name, owner, token);
+        same &= same_text("release", row[1][1], len[1], want);
+    }
+    mysql_free_result(r);
+    /* it was off: the rows are ours alone */
+    exec_ok(m, "TRUNCATE TABLE mysql.general_log");
+out:
+    dlock_close(l);
+    dlock_client_close(c);
+    return same;
+}
+
+/*
+ * Cycles of dlock and of the floor in `chunks` chunks that alternate (the
+ * order within a chunk too), each chunk preceded by round trips on the
+ * floor's connection. Every chunk has a new floor connection and a new
+ * dlock client: on a small machine, which core the server's thread for a
+ * connection shares with the client moves one fixed connection's figures.
+ */
+typedef struct cycles {
+    spread floor, dlock, ratio, rtt;
+    stats floor_all, dlock_all;
+} cycles;
+
+static cycles run_cycles(int n)
+{
+    int per = n / chunks;
+    int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * (size_t)chunks);
+    int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * (size_t)chunks);
+    int64_t *rns = malloc(sizeof(int64_t) * (size_t)per);
+    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS], tv[CHUNKS];
+    cycles c;
+
+    if (!fns || !dns || !rns)
+        die("cycles", "out of memory");
+    for (int k = 0; k < chunks; k++) {
+        int64_t *fk = fns + (size_t)k * per, *dk = dns + (size_t)k * per;
+        floor_my f;
+        floor_connect(&f);
+        dlock_client *dc = open_client();
+        dlock *l = open_lock(dc, CYCLE_LOCK, 0);
+        /* past a new session's cold start */
+        for (int i = 0; i < (k == 0 ? 300 : 30); i++) {
+            floor_cycle(&f);
+            dlock_cycle(l);
+        }
+        for (int i = 0; i < per; i++) {
+            int64_t t0 = now_ns();
+            floor_rtt(&f);
+            rns[i] = now_ns() - t0;
+        }
+        for (int side = 0; side < 2; side++) {
+            if ((side ^ (k & 1)) == 0) {
+                for (int i = 0; i < per; i++) {
+                    int64_t t0 = now_ns();
+                    floor_cycle(&f);
+                    fk[i] = now_ns() - t0;
+                }
+            } else {
+                for (int i = 0; i < per; i++) {
+                    int64_t t0 = now_ns();
+                    dlock_cycle(l);
+                    dk[i] = now_ns() - t0;
+                }
+            }
+        }
+        dlock_close(l);
+        dlock_client_close(dc);
+        mysql_close(f.m);
+        tv[k] = summarize(rns, per).p50_us;
+        fv[k] = summarize(fk, per).p50_us;
+        dv[k] = summarize(dk, per).p50_us;
+        rv[k] = dv[k] / fv[k];
+    }
+    c.floor = medrange(fv, chunks);
+    c.dlock = medrange(dv, chunks);
+    c.ratio = medrange(rv, chunks);
+    c.rtt = medrange(tv, chunks);
+    c.floor_all = summarize(fns, per * chunks);
+    c.dlock_all = summarize(dns, per * chunks);
+    free(fns);
+    free(dns);
+    free(rns);
+    return c;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Processes                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Waits until *v >= want; dies past PROC_LIMIT_S. Polls every 20 µs at
+ * first, then backs off to 1 ms, so that waiting processes leave the
+ * CPUs to the ones that work. */
+static void spin_until(volatile int *v, int want)
+{
+    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
+    long us = 20;
+
+    for (int i = 0; __atomic_load_n(v, __ATOMIC_ACQUIRE) < want; i++) {
+        if (now_ns() > end)
+            die("waiting for another process", "timed out");
+        sleep_us(us);
+        if (i > 100 && us < 1000)
+            us *= 2;
+    }
+}
+
+static void kill_all(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGKILL);
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0)
+            waitpid(pids[i], NULL, 0);
+}
+
+/* Reaps the processes that have exited; dies (killing the others) if one
+ * failed, or if `must_live` and any has exited. */
+static int reap_some(pid_t *pids, int n, int must_live, const char *what)
+{
+    int st, gone = 0;
+    pid_t p;
+
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+        for (int i = 0; i < n; i++) {
+            if (pids[i] != p)
+                continue;
+            pids[i] = 0;
+            gone++;
+            if (must_live || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                kill_all(pids, n);
+                die(what, "a process failed");
+            }
+        }
+    }
+    return gone;
+}
+
+/* Waits for the n processes, killing them past PROC_LIMIT_S. */
+static void reap(pid_t *pids, int n, const char *what)
+{
+    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
+    int left = n;
+
+    for (int i = 0; i < n; i++)
+        left -= pids[i] <= 0;
+    while (left > 0) {
+        left -= reap_some(pids, n, 0, what);
+        if (left > 0 && now_ns() > end) {
+            kill_all(pids, n);
+            die(what, "processes still running after the time limit");
+        }
+        if (left > 0)
+            sleep_us(2000);
+    }
+}
+
+/* Waits until *v >= want while all n processes live. */
+static void wait_ready(volatile int *v, int want, pid_t *pids, int n,
+                       const char *what)
+{
+    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
+
+    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want) {
+        reap_some(pids, n, 1, what);
+        if (now_ns() > end) {
+            kill_all(pids, n);
+            die(what, "processes not ready in time");
+        }
+        sleep_us(200);
+    }
+}
+
+static pid_t spawn(void (*fn)(void *, int), void *arg, int me)
+{
+    fflush(stdout);
+    pid_t p = fork();
+    if (p < 0)
+        die("fork", strerror(errno));
+    if (p == 0) {
+        alarm(PROC_LIMIT_S + 5); /* a stuck child never outlives us */
+        fn(arg, me);
+        _exit(0);
+    }
+    return p;
+}
+
+/* --- hand-off between two processes --- */
+
+typedef struct pingpong {
+    volatile int started, ready[2], acquired;
+    volatile int64_t released_at, waits_from;
+    long hold_min_us, hold_max_us; /* how long the holder keeps it */
+    int n;
+    int64_t samples[];
+} pingpong;
+
+static void pingpong_proc(void *arg, int me)
+{
+    pingpong *s = arg;
+    dlock_client *c = open_client(); /* after fork: a client of its own */
+    dlock *l = open_lock(c, "bench-handoff", 0);
+    unsigned seed = (unsigned)getpid();
+
+    if (me == 0) {
+        if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
+            die("handoff acquire", dlock_errmsg());
+        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
+    } else {
+        spin_until(&s->started, 1);
+    }
+    for (int i = 0; i < s->n; i++) {
+        if (i % 2 == me) { /* we hold it: hand it over */
+            spin_until(&s->ready[1 - me], i + 1);
+            /* counted from when the other one began to wait, not from
+             * when we saw it: the release's place in its polling
+             * schedule is then what the hold says */
+            long span = s->hold_max_us - s->hold_min_us;
+            int64_t at = __atomic_load_n(&s->waits_from, __ATOMIC_ACQUIRE) +
+                         (int64_t)1000 * (s->hold_min_us +
+                                          (span > 0 ? (long)(rand_r(&seed) %
+                                                             (span + 1))
+                                                    : 0));
+            int64_t left = at - now_ns();
+            if (left > 0)
+                sleep_us((long)(left / 1000));
+            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
+            if (dlock_release(l) != DLOCK_OK)
+                die("handoff release", dlock_errmsg());
+        } else {
+            /* never barge: ask only once the other one got it */
+            spin_until(&s->acquired, i);
+            __atomic_store_n(&s->waits_from, now_ns(), __ATOMIC_RELEASE);
+            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
+            if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
+                die("handoff acquire", dlock_errmsg());
+            s->samples[i] = now_ns() -
+                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
+            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
+        }
+    }
+    if (dlock_held(l) > 0 && dlock_release(l) != DLOCK_OK)
+        die("handoff release", dlock_errmsg());
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* n hand-offs measured after one warm-up in each direction and before a
+ * last one (the other process exits during it); p50/p99 in µs. */
+static stats handoff(int n, long hold_min_us, long hold_max_us)
+{
+    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)(n + 3);
+    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pids[2];
+
+    if (s == MAP_FAILED)
+        die("mmap", strerror(errno));
+    memset(s, 0, size);
+    s->n = n + 3;
+    s->hold_min_us = hold_min_us;
+    s->hold_max_us = hold_max_us;
+    for (int me = 0; me < 2; me++)
+        pids[me] = spawn(pingpong_proc, s, me);
+    reap(pids, 2, "handoff");
+    stats r = summarize(s->samples + 2, n);
+    munmap(s, size);
+    return r;
+}
+
+/* --- statements per hand-off --- */
+
+typedef struct contend {
+    volatile int ready, go, last, timed_out;
+    volatile long handoffs, acquisitions;
+    volatile int64_t done_at;
+    unsigned flags;
+    int cycles;     /* acquisitions per process (0: only open and close) */
+    int64_t end_ns; /* stop anyway */
+} contend;
+
+/* Acquire, hold 1 ms, release, then 0-2 ms outside the lock, `cycles`
+ * times. Without the pause the releaser takes the lock again before any
+ * polling waiter sees it free; a fixed one let two processes fall into
+ * step (one run: every acquisition uncontended; the next: one process
+ * starving the other), so it is drawn at random. */
+static void contend_proc(void *arg, int me)
+{
+    contend *s = arg;
+    dlock_client *c = open_client();
+    dlock *l = open_lock(c, "bench-contend", s->flags);
+    unsigned seed = (unsigned)getpid();
+    int done = 0;
+
+    __atomic_add_fetch(&s->ready, 1, __ATOMIC_RELEASE);
+    spin_until(&s->go, 1);
+    for (long i = 0; done < s->cycles && i < 20L * s->cycles; i++) {
+        if (now_ns() > s->end_ns) {
+            __atomic_store_n(&s->timed_out, 1, __ATOMIC_RELEASE);
+            break;
+        }
+        int rc = dlock_acquire(l, 5000);
+        if (rc == DLOCK_EBUSY)
+            continue;
+        if (rc != DLOCK_OK)
+            die("contend", dlock_errmsg());
+        done++;
+        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
+        if (s->last != me) {
+            __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
+            s->last = me;
+        }
+        sleep_us(1000);
+        if (dlock_release(l) != DLOCK_OK)
+            die("contend release", dlock_errmsg());
+        sleep_us((long)(rand_r(&seed) % 2001));
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    int64_t t = now_ns();
+    /* the last one to finish ends the race */
+    if (__atomic_load_n(&s->done_at, __ATOMIC_ACQUIRE) < t)
+        __atomic_store_n(&s->done_at, t, __ATOMIC_RELEASE);
+}
+
+/* Statements and upserts that other connections sent: the global counts
+ * less this connection's, read in one statement. */
+typedef struct counts {
+    long long statements, upserts;
+} counts;
+
+static counts server_counts(MYSQL *mon)
+{
+    MYSQL_RES *r = rows(mon,
+                        "SELECT SUM(IF(g.VARIABLE_NAME = 'QUESTIONS', "
+                        "g.VARIABLE_VALUE - s.VARIABLE_VALUE, 0)), "
+                        "SUM(IF(g.VARIABLE_NAME = 'COM_INSERT_SELECT', "
+                        "g.VARIABLE_VALUE - s.VARIABLE_VALUE, 0)) FROM "
+                        "information_schema.GLOBAL_STATUS g JOIN "
+                        "information_schema.SESSION_STATUS s ON "
+                        "s.VARIABLE_NAME = g.VARIABLE_NAME WHERE "
+                        "g.VARIABLE_NAME IN ('QUESTIONS', "
+                        "'COM_INSERT_SELECT')");
+    MYSQL_ROW row = mysql_fetch_row(r);
+    counts c;
+
+    if (!row || !row[0] || !row[1])
+        die("server status", "no counts");
+    c.statements = strtoll(row[0], NULL, 10);
+    c.upserts = strtoll(row[1], NULL, 10);
+    mysql_free_result(r);
+    return c;
+}
+
+/* Waits until no other connection of our user is open (a closed
+ * session's counts join the global ones when its thread ends); 0 if some
+ * still are after 10 s. */
+static int others_gone(MYSQL *mon)
+{
+    for (int i = 0; i < 200; i++) {
+        if (query_ll(mon, "SELECT COUNT(*) FROM information_schema."
+                          "PROCESSLIST WHERE ID <> CONNECTION_ID() AND "
+                          "USER = SUBSTRING_INDEX(USER(), '@', 1)") == 0)
+            return 1;
+        sleep_us(50000);
+    }
+    return 0;
+}
+
+typedef struct per_handoff {
+    double statements, upserts, acqs, per_s;
+    long handoffs;
+    int exact, timed_out;
+} per_handoff;
+
+/* One race of nproc processes (cycles 0: they only open and close); the
+ * server's counts from before the first opens to after the last closed. */
+static counts contention(MYSQL *mon, unsigned flags, int nproc, int cyc,
+                         per_handoff *r)
+{
+    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
+
+    if (s == MAP_FAILED || !pids)
+        die("contend", "out of memory");
+    memset(s, 0, sizeof(*s));
+    s->last = -1;
+    s->flags = flags;
+    s->cycles = cyc;
+    r->exact = others_gone(mon);
+    counts c0 = server_counts(mon);
+    for (int i = 0; i < nproc; i++) {
+        pids[i] = spawn(contend_proc, s, i);
+        wait_ready(&s->ready, i + 1, pids, nproc, "contend");
+    }
+    int64_t t0 = now_ns();
+    s->end_ns = t0 + (quick ? 5 : 12) * (int64_t)1000000000;
+    __atomic_store_n(&s->go, 1, __ATOMIC_RELEASE);
+    reap(pids, nproc, "contend");
+    int64_t t1 = s->done_at > t0 ? s->done_at : now_ns();
+    r->exact &= others_gone(mon);
+    counts c1 = server_counts(mon);
+    r->handoffs = s->handoffs;
+    r->timed_out = s->timed_out;
+    r->acqs = r->handoffs ? (double)s->acquisitions / (double)r->handoffs
+                          : 0;
+    r->per_s = (double)r->handoffs / ((double)(t1 - t0) / 1e9);
+    free(pids);
+    munmap(s, sizeof(*s));
+    c1.statements -= c0.statements;
+    c1.upserts -= c0.upserts;
+    return c1;
+}
+
+/* Per hand-off, the processes' open and close (a race without cycles)
+ * subtracted. */
+static per_handoff statements_per_handoff(MYSQL *mon, unsigned flags,
+                                          int nproc, int cyc)
+{
+    per_handoff setup, r;
+    counts base = contention(mon, flags, nproc, 0, &setup);
+    counts all = contention(mon, flags, nproc, cyc, &r);
+    double h = r.handoffs ? (double)r.handoffs : 1;
+
+    r.exact &= setup.exact;
+    r.statements = (double)(all.statements - base.statements) / h;
+    r.upserts = (double)(all.upserts - base.upserts) / h;
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+
+/* %XX escapes of a URI part, into out. */
+static void unescape(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t o = 0;
+
+    for (size_t i = 0; i < n && o + 1 < cap; i++) {
+        if (s[i] == '%' && i + 2 < n && isxdigit((unsigned char)s[i + 1]) &&
+            isxdigit((unsigned char)s[i + 2])) {
+            char hex[3] = {s[i + 1], s[i + 2], '\0'};
+            out[o++] = (char)strtol(hex, NULL, 16);
+            i += 2;
+        } else {
+            out[o++] = s[i];
+        }
+    }
+    out[o] = '\0';
+}
+
+/* mysql://[user[:password]@]host[:port]/db[?table=T...]: the parts for
+ * the bare client, and the URI without its password. */
+static void parse_uri(void)
+{
+    const char *p = strstr(uri, "://"), *q, *at, *slash, *colon, *t;
+
+    if (!p || (strncmp(uri, "mysql://", 8) && strncmp(uri, "mariadb://", 10)))
+        die(uri, "expected mysql://[user:password@]host[:port]/db");
+    p += 3;
+    q = strchr(p, '?');
+    if (!q)
+        q = p + strlen(p);
+    slash = memchr(p, '/', (size_t)(q - p));
+    if (!slash)
+        die(uri, "no database");
+    at = NULL;
+    for (const char *a = p; a < slash; a++)
+        if (*a == '@')
+            at = a;
+    const char *hp = p;
+    if (at) {
+        colon = memchr(p, ':', (size_t)(at - p));
+        unescape(p, (size_t)((colon ? colon : at) - p), user, sizeof(user));
+        if (colon)
+            unescape(colon + 1, (size_t)(at - colon - 1), password,
+                     sizeof(password));
+        hp = at + 1;
+        snprintf(shown, sizeof(shown), "%.*s%s",
+                 (int)((colon ? colon : at) - uri), uri, at);
+    } else {
+        snprintf(shown, sizeof(shown), "%s", uri);
+    }
+    colon = memchr(hp, ':', (size_t)(slash - hp));
+    snprintf(host, sizeof(host), "%.*s",
+             (int)((colon ? colon : slash) - hp), hp);
+    if (colon)
+        port = (unsigned)strtoul(colon + 1, NULL, 10);
+    unescape(slash + 1, (size_t)(q - slash - 1), db, sizeof(db));
+    if (*q && (t = strstr(q, "table=")) != NULL &&
+        (t[-1] == '?' || t[-1] == '&')) {
+        size_t n = strcspn(t + 6, "&");
+        if (n == 0 || n > 48 || memchr(t + 6, '`', n))
+            die(uri, "the bench takes a table name of 1 to 48 bytes "
+                     "without backquotes");
+        snprintf(store_table, sizeof(store_table), "%.*s", (int)n, t + 6);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: dlock_bench_mysql URI [--quick]\n");
+        return 2;
+    }
+    uri = argv[1];
+    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    chunks = quick ? QUICK_CHUNKS : CHUNKS;
+    parse_uri();
+    signal(SIGPIPE, SIG_IGN);
+    if (mysql_library_init(0, NULL, NULL) != 0)
+        die("mysql_library_init", "failed");
+
+    int n = quick ? 3000 : 15000; /* cycles of each kind */
+    int nh = quick ? 40 : 200;    /* hand-offs held 2 ms */
+    int nr = quick ? 30 : 100;    /* hand-offs held 2-40 ms */
+
+    printf("## MySQL / MariaDB (%s)\n\n", shown);
+    MYSQL *m = connect_my();
+    char version[128];
+    query_str(m, "SELECT VERSION()", 0, version, sizeof(version));
+    exec_ok(m, SQL_FLOOR_DROP);
+    exec_ok(m, SQL_FLOOR_TABLE);
+    exec_ok(m, SQL_FLOOR_QUEUE);
+
+    dlock_client *c = NULL;
+    dlock_client_options o = {10000};
+    int rc = dlock_client_open(&c, uri, &o);
+    if (rc != DLOCK_OK) {
+        if (rc != DLOCK_ENOTSUP)
+            die("client", dlock_errmsg());
+        printf("Not measured: %s.\n", dlock_errmsg());
+        mysql_close(m);
+        return 0;
+    }
+    dlock_client_close(c); /* it made the store's tables */
+    int schema = same_schema(m);
+    const char *why;
+    int stmts = same_statements(m, &why);
+
+    cycles tc = run_cycles(n);
+    double rtt = tc.rtt.med;
+    printf("Server %s. Latency in microseconds. Floor: one blocking "
+           "libmariadb connection (READ COMMITTED and utf8mb4, as the "
+           "store's sessions) sending the store's own two statements as "
+           "text: the `INSERT ... SELECT ... FROM DUAL ... ON DUPLICATE KEY "
+           "UPDATE` upsert (its token from `mysql_insert_id()`) and the "
+           "release `UPDATE` guarded by owner and token, on a table and "
+           "queue table of the floor's own made with the store's DDL "
+           "(checked against the text dlock's connection sent, from the "
+           "server's general query log, and against `SHOW CREATE TABLE`: "
+           "%s). Cycles: %d of each, in %d chunks alternating with the "
+           "floor (the round trip in the same chunks), each on a new floor "
+           "connection and a new dlock client; a p50 is the median of the "
+           "chunks' medians, a p99 is over all cycles, a ratio is the "
+           "median of the chunks' ratios (with their spread).\n\n",
+           version,
+           !schema || stmts == 0 ? "**they differ**"
+           : stmts < 0           ? why
+                                 : "the same",
+           (n / chunks) * chunks, chunks);
+    printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
+    printf("| round trip (`SELECT 1`), p50 | %.1f (chunks: %.1f–%.1f) | "
+           "| |\n",
+           rtt, tc.rtt.min, tc.rtt.max);
+    printf("| uncontended acquire+release, p50 (floor: the upsert + the "
+           "guarded update) | %.1f | %.1f | **%.2fx** (chunks: %.2f–%.2f; "
+           "goal ≤ 1.2x) |\n",
+           tc.floor.med, tc.dlock.med, tc.ratio.med, tc.ratio.min,
+           tc.ratio.max);
+    printf("| the same, p99 | %.1f | %.1f | %.2fx |\n", tc.floor_all.p99_us,
+           tc.dlock_all.p99_us, tc.dlock_all.p99_us / tc.floor_all.p99_us);
+    printf("| the same p50 in round trips | %.2f | %.2f | |\n",
+           tc.floor.med / rtt, tc.dlock.med / rtt);
+    fflush(stdout);
+
+    /* no dlock client may be open across fork (its threads) */
+    stats h2 = handoff(nh, 2000, 2000);
+    stats hr = handoff(nr, 2000, 40000);
+    printf("\n### MySQL / MariaDB hand-off\n\n");
+    printf("Two processes pass one lock back and forth; the time from the "
+           "holder's `dlock_release()` call to the waiting process's "
+           "`dlock_acquire()` returning, p50 / p99, in **milliseconds**: "
+           "MySQL cannot notify another client, so a waiter in another "
+           "process polls (each try: the upsert, and a read of the lease "
+           "end while busy; 2 ms doubling to 100 ms apart), and a release "
+           "waits for the waiter's next try. The holder keeps the lock 2 ms "
+           "once the other one waits (that one's third try comes about "
+           "3 ms after it began), or 2–40 ms at random (the waiter's "
+           "interval has grown to between 2 and 32 ms by then).\n\n");
+    printf("| holder keeps the lock | hand-offs | dlock, p50 / p99 (ms) |\n"
+           "|---|---|---|\n");
+    printf("| 2 ms | %d | **%.2f** / %.2f |\n", nh, h2.p50_us / 1000,
+           h2.p99_us / 1000);
+    printf("| 2–40 ms at random | %d | **%.2f** / %.2f |\n", nr,
+           hr.p50_us / 1000, hr.p99_us / 1000);
+    fflush(stdout);
+
+    /* statements per hand-off: nothing of ours but m connected */
+    static const char *const mode_name[2] = {"default", "fair"};
+    unsigned hf[2] = {0, DLOCK_FAIR};
+    int np[] = {2, 8};
+    int cyc[] = {quick ? 50 : 200, 20};
+    int nnp = quick ? 1 : 2;
+    per_handoff res[2][2];
+    int exact = 1, timed_out = 0;
+    for (int i = 0; i < nnp; i++)
+        for (int k = 0; k < 2; k++) {
+            res[k][i] = statements_per_handoff(m, hf[k], np[i], cyc[i]);
+            exact &= res[k][i].exact;
+            timed_out |= res[k][i].timed_out;
+        }
+    mysql_close(m);
+    printf("\n### MySQL / MariaDB statements per hand-off\n\n");
+    printf("N processes contend for one lock, each for a fixed number of "
+           "acquisitions (%d each for 2 processes, %d each for 8): acquire "
+           "(waiting at most 5 s), hold 1 ms, release, then 0–2 ms (at "
+           "random) outside the lock: without that pause the releaser "
+           "takes the lock again before any waiter's next try. "
+           "*Statements*: the server's `Questions` "
+           "(every statement a client sent; *upserts*: "
+           "`Com_insert_select`) from before the processes connect to "
+           "after they have gone, less the reading connection's own and "
+           "less the count for the same processes only opening and closing "
+           "their clients; per hand-off (a change of the holding process), "
+           "and per second. A waiter in another process learns of a "
+           "release only by trying again: every waiting process sends the "
+           "upsert and a read of the lease end (fair mode: also a refresh "
+           "of its queue entry) at each try, 2 ms doubling to 100 ms "
+           "apart, whether or not the lock was released. Default mode: "
+           "the releaser often takes the lock again before any waiter's "
+           "next try (*acquisitions* per hand-off), and with more "
+           "processes one of them tries sooner after a release, so the "
+           "count per hand-off need not grow with them; with 2 processes "
+           "it varies much from run to run, as once the waiter's interval "
+           "has grown to 100 ms the other process may take the lock tens "
+           "of times in a row. Fair mode: only "
+           "the queue's head may take the lock, and only at its next try "
+           "(by then up to 100 ms apart), while every other waiter keeps "
+           "polling: the count per hand-off grows with the number of "
+           "waiting processes, and the hand-offs per second fall.%s%s\n\n",
+           cyc[0], cyc[1],
+           exact ? "" : " (Some connections had not gone: the counts are "
+                        "approximate.)",
+           timed_out ? " (Some processes stopped at the time limit before "
+                       "their last acquisition.)"
+                     : "");
+    printf("| mode | processes | statements | of them upserts | "
+           "statements/s | acquisitions | hand-offs/s |\n"
+           "|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < nnp; i++)
+            printf("| %s | %d | %.1f | %.1f | %.0f | %.1f | %.0f |\n",
+                   mode_name[k], np[i], res[k][i].statements,
+                   res[k][i].upserts,
+                   res[k][i].statements * res[k][i].per_s, res[k][i].acqs,
+                   res[k][i].per_s);
+    mysql_library_end();
+    return 0;
+}
