@@ -304,7 +304,7 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
     CHECK_OK(a.rc);
     CHECK_OP(th_now_ms() - t0, <, 1000);
     pthread_join(ta, NULL);
-    th_sleep_ms(300);
+    th_sleep_ms(1300); /* a's client stops listening after a second */
     before = last_activity();
     th_sleep_ms(1000);
     CHECK_EQ(last_activity(), before);
@@ -370,9 +370,10 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
     /* nothing waits: no queue heartbeat any more (it runs every second
-     * while a fair waiter waits), and the listener has stopped listening
-     * (every listening session is woken by every NOTIFY in the database) */
-    th_sleep_ms(300);
+     * while a fair waiter waits), and after a second without waiters the
+     * listener stops listening (every listening session is woken by every
+     * NOTIFY in the database) */
+    th_sleep_ms(1500);
     long long before = last_activity();
     th_sleep_ms(1500);
     CHECK_EQ(last_activity(), before);

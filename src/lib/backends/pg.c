@@ -130,6 +130,7 @@ typedef struct pg_store {
 
     int epfd;     /* the client thread's fd: listener, timer, holds */
     int timer_fd; /* fair waiters' heartbeat */
+    int idle_fd;  /* one-shot: nobody has waited for a while: UNLISTEN */
 
     pthread_mutex_t lmu; /* listener, channels, fair waiters */
     PGconn *listener;
@@ -153,6 +154,8 @@ typedef struct pg_lease {
 
 #define EV_TIMER 1u
 #define EV_LISTENER 2u
+#define EV_IDLE 3u
+#define PG_UNLISTEN_AFTER_MS 1000 /* no waiter for this long: UNLISTEN */
 
 static void quiet(void *arg, const char *message)
 {
@@ -783,10 +786,28 @@ static void listen_unref(pg_store *ps, pg_lease *pl)
     }
     pl->listening = 0;
 
-    /* nobody waits any more: stop listening, for PostgreSQL wakes every
-     * listening session of the database at every NOTIFY, whatever its
-     * channel (sent without waiting; the client thread reads the answer) */
+    /* nobody waits any more: stop listening in a second if nobody waits
+     * again by then (a client that waits often keeps its channels) */
     int refs = 0;
+    for (pg_chan *ch = ps->chans; ch; ch = ch->next)
+        refs += ch->refs;
+    if (refs == 0 && ps->listener && ps->chans) {
+        struct itimerspec its;
+        memset(&its, 0, sizeof(its));
+        its.it_value.tv_sec = PG_UNLISTEN_AFTER_MS / 1000;
+        its.it_value.tv_nsec = (PG_UNLISTEN_AFTER_MS % 1000) * 1000000L;
+        timerfd_settime(ps->idle_fd, 0, &its, NULL);
+    }
+}
+
+/* The client thread: nobody has waited for a second. Stops listening, for
+ * PostgreSQL wakes every listening session of the database at every
+ * NOTIFY, whatever its channel (sent without waiting; the client thread
+ * reads the answer). lmu held. */
+static void unlisten_idle(pg_store *ps)
+{
+    int refs = 0;
+
     for (pg_chan *ch = ps->chans; ch; ch = ch->next)
         refs += ch->refs;
     if (refs > 0 || !ps->listener || ps->unlistening || !ps->chans)
@@ -1393,7 +1414,14 @@ static void pg_loop_run(void *st, int readable)
         return;
     n = epoll_wait(ps->epfd, ev, 16, 0);
     for (int i = 0; i < n; i++) {
-        if (ev[i].data.u64 == EV_TIMER) {
+        if (ev[i].data.u64 == EV_IDLE) {
+            uint64_t ticks;
+            if (read(ps->idle_fd, &ticks, sizeof(ticks)) > 0) {
+                pthread_mutex_lock(&ps->lmu);
+                unlisten_idle(ps);
+                pthread_mutex_unlock(&ps->lmu);
+            }
+        } else if (ev[i].data.u64 == EV_TIMER) {
             uint64_t ticks;
             if (read(ps->timer_fd, &ticks, sizeof(ticks)) > 0)
                 heartbeat(ps);
@@ -1453,6 +1481,8 @@ static void pg_close(void *st)
         close(ps->epfd);
     if (ps->timer_fd >= 0)
         close(ps->timer_fd);
+    if (ps->idle_fd >= 0)
+        close(ps->idle_fd);
     for (int i = 0; i < S_COUNT; i++)
         free(ps->sql[i]);
     for (size_t i = 0; i < sizeof(ps->vals) / sizeof(ps->vals[0]); i++) {
@@ -1815,7 +1845,7 @@ static int pg_open(void **out, dlock_client *c, const dlock__uri *u,
         return enomem();
     }
     ps->client = c;
-    ps->epfd = ps->timer_fd = -1;
+    ps->epfd = ps->timer_fd = ps->idle_fd = -1;
     ps->advisory = pg_select(u) != NULL;
     ps->timeout_ms = timeout_ms;
     pthread_mutex_init(&ps->mu, NULL);
@@ -1829,7 +1859,8 @@ static int pg_open(void **out, dlock_client *c, const dlock__uri *u,
     quote_literal(ps->seq_ident, ps->seq_lit, sizeof(ps->seq_lit));
     ps->epfd = epoll_create1(EPOLL_CLOEXEC);
     ps->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    if (ps->epfd < 0 || ps->timer_fd < 0) {
+    ps->idle_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (ps->epfd < 0 || ps->timer_fd < 0 || ps->idle_fd < 0) {
         rc = dlock__err(DLOCK_ENOMEM, "epoll/timerfd: %s", strerror(errno));
         pg_close(ps);
         return rc;
@@ -1837,6 +1868,8 @@ static int pg_open(void **out, dlock_client *c, const dlock__uri *u,
     struct epoll_event ev = {.events = EPOLLIN};
     ev.data.u64 = EV_TIMER;
     epoll_ctl(ps->epfd, EPOLL_CTL_ADD, ps->timer_fd, &ev);
+    ev.data.u64 = EV_IDLE;
+    epoll_ctl(ps->epfd, EPOLL_CTL_ADD, ps->idle_fd, &ev);
 
     rc = build_keywords(ps, u);
     if (!rc)
