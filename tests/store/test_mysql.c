@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1077,6 +1078,60 @@ TEST(the_uri_timeout_bounds_every_statement)
     CHECK_OP(took, <, 1500);
 }
 
+/* --- TLS ---------------------------------------------------------------- */
+
+TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
+{
+    char dir[600], cert[700], key[700], u[2048];
+    th_sql s2;
+    dlock_client *c = NULL;
+
+    snprintf(dir, sizeof(dir), "%s/mytls", th_tmpdir());
+    mkdir(dir, 0755);
+    th_make_cert(dir, "srv");
+    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
+    snprintf(key, sizeof(key), "%s/srv.key", dir);
+    th_sql_start_tls(&s2, "mysql", cert, key);
+    /* a user the server lets in over TLS only */
+    th_sql_query(&s2, NULL, 0,
+                 "CREATE USER IF NOT EXISTS 'tlsonly'@'%%' IDENTIFIED BY "
+                 "'tls-pass' REQUIRE SSL");
+    th_sql_query(&s2, NULL, 0, "GRANT ALL ON dlocktest.* TO 'tlsonly'@'%%'");
+    snprintf(u, sizeof(u),
+             "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
+             "verify_identity&ssl_ca=%s/ca.pem",
+             s2.port, dir);
+    c = client_at(u);
+    dlock *l = handle(c, "tls", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+    c = NULL;
+    /* without TLS the same user is refused */
+    snprintf(u, sizeof(u),
+             "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
+             "disabled",
+             s2.port);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    CHECK(strstr(dlock_errmsg(), "tls-pass") == NULL);
+    /* a CA that did not sign the server's certificate: refused */
+    snprintf(dir, sizeof(dir), "%s/mytls-other", th_tmpdir());
+    mkdir(dir, 0755);
+    th_make_cert(dir, "x");
+    snprintf(u, sizeof(u),
+             "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
+             "verify_identity&ssl_ca=%s/ca.pem",
+             s2.port, dir);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+    /* TLS required from a server without it: refused (Connector/C 3.3
+     * itself would go on in plain text) */
+    snprintf(u, sizeof(u), "%s?ssl_mode=required", srv.uri);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+    CHECK_CONTAINS(dlock_errmsg(), "TLS is required");
+    th_sql_kill(&s2, SIGKILL);
+}
+
 static const th_test tests[] = {
     T(rows_stay_on_release_and_carry_the_token),
     T(gc_removes_only_unused_free_rows_and_tokens_still_grow),
@@ -1091,6 +1146,7 @@ static const th_test tests[] = {
     T(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone),
     T(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable),
     T(the_uri_timeout_bounds_every_statement),
+    T(tls_verifies_the_server_and_a_ssl_only_user_gets_in),
     {NULL, NULL, 0},
 };
 

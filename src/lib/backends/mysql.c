@@ -227,6 +227,16 @@ static int conn_open(my_store *ms, int64_t deadline, my_conn **out)
         conn_free(cn);
         return rc;
     }
+    if (ms->ssl_enforce && !mysql_get_ssl_cipher(cn->m)) {
+        /* Connector/C 3.3 goes on in plain text when the server offers no
+         * TLS, even when told to require it: refuse such a session */
+        cn->broken = 1;
+        conn_free(cn);
+        return dlock__err(DLOCK_ECONN,
+                          "mysql %s: connecting: TLS is required (ssl_mode) "
+                          "but the server does not offer it",
+                          ms->redacted);
+    }
     *out = cn;
     return DLOCK_OK;
 }
