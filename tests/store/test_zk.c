@@ -1209,15 +1209,26 @@ static void server_trouble(int sig)
     CHECK_RC(dlock_inspect(b, "trouble", &(dlock_info){0}), DLOCK_ECONN);
     CHECK_OP(th_now_ms() - t0, <, 4000);
 
-    if (sig == SIGSTOP)
+    if (sig == SIGSTOP) {
         th_zk_kill(&own, 0, SIGCONT);
-    else
+        /* a thawed JVM on a loaded machine may take seconds to serve */
+        for (int i = 0; i < 100 && !th_zk_serving(&own, 0); i++)
+            th_sleep_ms(100);
+    } else {
         th_zk_restart(&own, 0); /* same data: the sessions may live on */
+    }
     /* the lost hold's release says so, and frees the lock whether or not
      * its session survived */
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     CHECK_EQ(dlock_held(la), 0);
-    CHECK_OK(dlock_acquire(w.l, 15000));
+    /* the client reconnects by itself; until it has, a try may still
+     * find no server (DLOCK_ECONN), and an application tries again */
+    int rc = DLOCK_ECONN;
+    for (int64_t until = th_now_ms() + 15000;
+         rc == DLOCK_ECONN && th_now_ms() < until;)
+        if ((rc = dlock_acquire(w.l, 15000)) == DLOCK_ECONN)
+            th_sleep_ms(200);
+    CHECK_OK(rc);
     CHECK_OP(dlock_token(w.l), >, tok);
     CHECK_OK(dlock_release(w.l));
     /* and the holder's client works again */
