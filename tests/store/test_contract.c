@@ -564,8 +564,10 @@ static int holder_child(void *arg)
     o.on_lost_arg = s;
     if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
         dlock_open(&l, c, "frozen", &o) != DLOCK_OK ||
-        dlock_acquire(l, 5000) != DLOCK_OK)
+        dlock_acquire(l, 5000) != DLOCK_OK) {
+        fprintf(stderr, "holder child: %s\n", dlock_errmsg());
         return 2;
+    }
     s->token = dlock_token(l);
     __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
     for (int i = 0; i < 3000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);

@@ -282,6 +282,8 @@ static void *background(void *arg)
     dlock_client *c = arg;
 
     pthread_mutex_lock(&c->mu);
+    c->thread_running = 1;
+    pthread_cond_broadcast(&c->cv);
     while (!c->stopping) {
         int64_t next = watchdog(c);
         int64_t now = dlock__now_ms();
@@ -480,6 +482,14 @@ int dlock_client_open(dlock_client **out, const char *uri,
         goto fail;
     }
     c->thread_started = 1;
+    /* return only once the thread runs its loop: a thread still starting
+     * (its runtime setting itself up, allocating) when the caller forks
+     * leaves the child with locks no thread will release (seen with
+     * AddressSanitizer's allocator) */
+    pthread_mutex_lock(&c->mu);
+    while (!c->thread_running)
+        pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
     dlock__uri_free(&u);
     *out = c;
     return DLOCK_OK;

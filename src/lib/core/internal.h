@@ -91,6 +91,7 @@ struct dlock_client {
 
     pthread_t thread;
     int thread_started;
+    int thread_running; /* the background thread has reached its loop */
     int wake_fd;       /* eventfd that wakes the background thread */
     int stopping;
     int64_t next_wake; /* when the background thread will wake anyway */
