@@ -592,7 +592,7 @@ else
     fail "unknown store: message does not name foo: $(cat "$TMP/err")"
 fi
 expect_rc 64 "malformed store URI" -- status --store nope usageL
-expect_rc 69 "store not built" -- run --store redlock://h:1,h:2 usageL -- true
+expect_rc 69 "no redlock node reachable" -- run --store redlock://127.0.0.1:1,127.0.0.1:2 usageL -- true
 expect_rc 69 "unreachable redis" -- status --store redis://127.0.0.1:1 usageL
 # a password in a bad URI is not printed
 dl status --store 'redis://u:Pw9Secret@127.0.0.1:1' usageL

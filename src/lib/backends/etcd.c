@@ -1875,4 +1875,5 @@ const dlock__backend dlock__backend_etcd = {
     etcd_loop_run,          /* loop_run */
     NULL,                   /* gc */
     NULL, /* select */
+    NULL, /* margin */
 };

@@ -666,4 +666,5 @@ const dlock__backend dlock__backend_file = {
     NULL,                    /* loop_run */
     NULL,                    /* gc */
     NULL, /* select */
+    NULL, /* margin */
 };

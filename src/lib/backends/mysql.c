@@ -932,4 +932,5 @@ const dlock__backend dlock__backend_mysql = {
     NULL,             /* loop_run */
     my_gc,            /* gc */
     NULL,             /* select */
+    NULL,             /* margin */
 };

@@ -1913,6 +1913,7 @@ const dlock__backend dlock__backend_pg = {
     pg_loop_run,      /* loop_run */
     pg_gc,            /* gc */
     pg_select,        /* select */
+    NULL,             /* margin */
 };
 
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
@@ -1932,6 +1933,7 @@ static const dlock__backend backend_pg_advisory = {
     pg_loop_run,            /* loop_run */
     NULL,                   /* gc: nothing is kept per name */
     NULL,                   /* select */
+    NULL,                   /* margin */
 };
 
 static const dlock__backend *pg_select(const dlock__uri *u)

@@ -28,9 +28,7 @@
  * client's background thread. Waiters write SUBSCRIBE themselves under
  * sub_mu and wait for the acknowledgement before their next try.
  */
-#include "../core/internal.h"
-
-#include <hiredis.h>
+#include "redis_shared.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -41,9 +39,8 @@
 #include <sys/time.h>
 
 #define DEFAULT_PORT 6379
-#define DEFAULT_PREFIX "dlock:"
-#define PREFIX_MAX 128
-#define KEY_MAX (PREFIX_MAX + DLOCK_NAME_MAX + 24)
+#define PREFIX_MAX DLOCK__REDIS_PREFIX_MAX
+#define KEY_MAX DLOCK__REDIS_KEY_MAX
 #define QUEUE_GRACE_MS 2000 /* how late a live fair waiter may re-check */
 #define NO_TTL_RETRY_MS 1000
 #define MIN_IO_MS 10
@@ -70,24 +67,7 @@ static const char acquire_lua[] =
     /* a fresh hold: the lock key is ours; bump the fencing counter (a new
      * or lost counter continues from the server clock in microseconds, so
      * tokens keep growing even after a restart without persistence) */
-    "local function take()\n"
-    "  local n = redis.pcall('INCR', fence)\n"
-    "  if type(n) == 'table' then\n"
-    "    redis.call('DEL', lock)\n"
-    "    return nil, redis.error_reply('DLOCKFENCE the fencing counter key "
-    "holds a non-number or another type')\n"
-    "  end\n"
-    "  local tm = redis.call('TIME')\n"
-    "  if n == 1 then\n"
-    "    n = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"
-    "    redis.call('SET', fence, string.format('%.0f', n))\n"
-    "  end\n"
-    "  local ns = string.format('%.0f', n)\n"
-    "  redis.call('APPEND', lock, ns .. ' ' .. string.format('%.0f', "
-    "tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)) .. ' ' .. "
-    "desc)\n"
-    "  return ns\n"
-    "end\n"
+    DLOCK__REDIS_LUA_TAKE
     "local function won()\n"
     "  local t, err = take()\n"
     "  if err then return err end\n"
@@ -125,7 +105,7 @@ static const char acquire_lua[] =
     "    redis.call('PEXPIRE', lock, ttl)\n"
     "    return {1, string.match(v, '^%S+ (%d+)')}\n"
     "  end\n"
-    "  if not string.match(v, '^%x+:%d+ %d+ %d+ ') then\n"
+    "  if not string.match(v, " DLOCK__REDIS_LUA_OURS_PATTERN ") then\n"
     "    return redis.error_reply('DLOCKFOREIGN the lock key holds a value "
     "not written by dlock')\n"
     "  end\n"
@@ -239,13 +219,8 @@ typedef struct redis_store {
     char *host; /* NULL for unix:// */
     int port;
     char *path; /* unix socket */
-    char *user;
-    char *password;
-    long db;
-    char prefix[PREFIX_MAX + 1];
-    size_t prefix_len;
+    dlock__redis_config cfg; /* prefix, db, timeout, credentials */
     char where[320]; /* "redis 127.0.0.1:6379", for messages */
-    int64_t timeout_ms;
 
     pthread_mutex_t cmd_mu;
     redisContext *cmd;
@@ -274,15 +249,8 @@ typedef struct keyset {
 static size_t make_key(const redis_store *rs, char *out, const char *name,
                        size_t len, const char *suffix)
 {
-    size_t o = rs->prefix_len, sl = strlen(suffix);
-
-    memcpy(out, rs->prefix, rs->prefix_len);
-    out[o++] = '{';
-    memcpy(out + o, name, len);
-    o += len;
-    out[o++] = '}';
-    memcpy(out + o, suffix, sl);
-    return o + sl;
+    return dlock__redis_key(rs->cfg.prefix, rs->cfg.prefix_len, name, len,
+                            suffix, out);
 }
 
 static void make_keys(const redis_store *rs, keyset *k, const char *name,
@@ -290,7 +258,7 @@ static void make_keys(const redis_store *rs, keyset *k, const char *name,
 {
     char wake[32];
 
-    snprintf(wake, sizeof(wake), ":w:%ld", rs->db);
+    snprintf(wake, sizeof(wake), ":w:%ld", rs->cfg.db);
     k->lock_len = make_key(rs, k->lock, name, len, "");
     k->fence_len = make_key(rs, k->fence, name, len, ":f");
     k->q_len = make_key(rs, k->q, name, len, ":q");
@@ -302,71 +270,16 @@ static void make_keys(const redis_store *rs, keyset *k, const char *name,
 /* Errors                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* Copies a server message, with any occurrence of the password masked. */
-static void scrub(const redis_store *rs, const char *in, char *out,
-                  size_t cap)
-{
-    size_t pl = rs->password ? strlen(rs->password) : 0;
-    size_t o = 0;
-
-    for (size_t i = 0; in[i] && o + 4 < cap;) {
-        if (pl >= 3 && strncmp(in + i, rs->password, pl) == 0) {
-            memcpy(out + o, "***", 3);
-            o += 3;
-            i += pl;
-        } else {
-            unsigned char ch = (unsigned char)in[i++];
-            out[o++] = ch < ' ' ? ' ' : (char)ch;
-        }
-    }
-    out[o] = '\0';
-}
-
-/* Maps an error reply of the server to a code and message. */
 static int server_error(const redis_store *rs, const char *msg,
                         const char *lock)
 {
-    char m[200];
-
-    scrub(rs, msg, m, sizeof(m));
-    if (!strncmp(m, "NOAUTH", 6) || !strncmp(m, "WRONGPASS", 9) ||
-        !strncmp(m, "NOPERM", 6) || strstr(m, "AUTH"))
-        return dlock__err(DLOCK_EAUTH, "%s: authentication refused: %s",
-                          rs->where, m);
-    if (strstr(m, "WRONGTYPE") || !strncmp(m, "DLOCKFOREIGN", 12))
-        return dlock__err(DLOCK_EPROTO,
-                          "%s: a key of lock '%.100s' holds a value of "
-                          "another type (not written by dlock): %s",
-                          rs->where, lock ? lock : "?", m);
-    if (!strncmp(m, "DLOCKFENCE", 10))
-        return dlock__err(DLOCK_EPROTO, "%s: lock '%.100s': %s", rs->where,
-                          lock ? lock : "?", m + 11);
-    if (!strncmp(m, "LOADING", 7) || !strncmp(m, "BUSY", 4) ||
-        !strncmp(m, "MASTERDOWN", 10) || !strncmp(m, "TRYAGAIN", 8) ||
-        !strncmp(m, "CLUSTERDOWN", 11))
-        return dlock__err(DLOCK_ECONN, "%s: server not ready: %s", rs->where,
-                          m);
-    return dlock__err(DLOCK_EPROTO, "%s: %s", rs->where, m);
+    return dlock__redis_server_error(rs->where, rs->cfg.password, msg, lock);
 }
 
-/* Describes the I/O failure of a context (then discarded by the caller). */
 static int io_failure(const redis_store *rs, const redisContext *ctx,
                       int64_t io_ms)
 {
-    if (ctx->err == REDIS_ERR_IO &&
-        (strstr(ctx->errstr, "temporarily unavailable") ||
-         strstr(ctx->errstr, "timed out")))
-        return dlock__err(DLOCK_ECONN, "%s: no answer within %lld ms",
-                          rs->where, (long long)io_ms);
-    if (ctx->err == REDIS_ERR_EOF)
-        return dlock__err(DLOCK_ECONN, "%s: the server closed the connection",
-                          rs->where);
-    if (ctx->err == REDIS_ERR_OOM)
-        return dlock__err(DLOCK_ENOMEM, "%s: out of memory", rs->where);
-    if (ctx->err == REDIS_ERR_PROTOCOL)
-        return dlock__err(DLOCK_EPROTO, "%s: protocol error: %s", rs->where,
-                          ctx->errstr);
-    return dlock__err(DLOCK_ECONN, "%s: %s", rs->where, ctx->errstr);
+    return dlock__redis_io_failure(rs->where, ctx, io_ms);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -386,8 +299,8 @@ static int64_t io_budget(const redis_store *rs, int64_t deadline)
 {
     int64_t ms = deadline - dlock__now_ms();
 
-    if (ms > rs->timeout_ms)
-        ms = rs->timeout_ms;
+    if (ms > rs->cfg.timeout_ms)
+        ms = rs->cfg.timeout_ms;
     return ms < MIN_IO_MS ? MIN_IO_MS : ms;
 }
 
@@ -416,23 +329,7 @@ static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
     if (!rs->path)
         redisEnableKeepAlive(ctx);
 
-    if (rs->password) {
-        const char *argv[3] = {"AUTH", rs->user, rs->password};
-        size_t lens[3] = {4, rs->user ? strlen(rs->user) : 0,
-                          strlen(rs->password)};
-        if (rs->user)
-            redisAppendCommandArgv(ctx, 3, argv, lens);
-        else {
-            argv[1] = rs->password;
-            lens[1] = lens[2];
-            redisAppendCommandArgv(ctx, 2, argv, lens);
-        }
-        n++;
-    }
-    if (rs->db != 0) {
-        redisAppendCommand(ctx, "SELECT %ld", rs->db);
-        n++;
-    }
+    n = dlock__redis_append_login(ctx, &rs->cfg);
     if (load_scripts)
         for (int i = 0; i < NSCRIPTS; i++)
             redisAppendCommand(ctx, "SCRIPT LOAD %s", script_text[i]);
@@ -449,15 +346,15 @@ static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
         }
         if (rc == DLOCK_OK) {
             if (r->type == REDIS_REPLY_ERROR) {
-                if (rs->password && i == 0)
+                if (rs->cfg.password && i == 0)
                     rc = dlock__err(DLOCK_EAUTH,
                                     "%s: authentication refused (wrong user "
                                     "name or password)",
                                     rs->where);
-                else if (rs->db != 0 && i == n - 1)
+                else if (rs->cfg.db != 0 && i == n - 1)
                     rc = dlock__err(DLOCK_EINVAL,
                                     "%s: cannot select database %ld",
-                                    rs->where, rs->db);
+                                    rs->where, rs->cfg.db);
                 else
                     rc = server_error(rs, r->str, NULL);
             } else if (load_scripts && i >= n) {
@@ -641,7 +538,7 @@ static int sub_send(redis_store *rs, chan *ch, int subscribe)
     redisAppendCommandArgv(rs->sub, 2, argv, lens);
     while (!done)
         if (redisBufferWrite(rs->sub, &done) != REDIS_OK)
-            return io_failure(rs, rs->sub, rs->timeout_ms);
+            return io_failure(rs, rs->sub, rs->cfg.timeout_ms);
     ch->want = subscribe;
     ch->outstanding++;
     return DLOCK_OK;
@@ -723,14 +620,14 @@ static void sub_reply(redis_store *rs, redisReply *r)
             !memcmp(name, rs->mine->name, len)) {
             dlock__notify_waiter(rs->client,
                                  strtoull(r->element[2]->str, NULL, 10));
-        } else if (len > rs->prefix_len + 2 && name[rs->prefix_len] == '{') {
+        } else if (len > rs->cfg.prefix_len + 2 && name[rs->cfg.prefix_len] == '{') {
             /* P{NAME}:w:DB -> NAME */
             const char *end = name + len;
             while (end > name && *--end != '}')
                 ;
-            if (end > name + rs->prefix_len)
-                dlock__notify_name(rs->client, name + rs->prefix_len + 1,
-                                   (size_t)(end - name) - rs->prefix_len - 1);
+            if (end > name + rs->cfg.prefix_len)
+                dlock__notify_name(rs->client, name + rs->cfg.prefix_len + 1,
+                                   (size_t)(end - name) - rs->cfg.prefix_len - 1);
         }
         return;
     }
@@ -804,21 +701,6 @@ static size_t waiter_id(redis_store *rs, const dlock__lease *l, char *out,
     return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
-static int reply_uint(const redisReply *r, uint64_t *out)
-{
-    if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) {
-        *out = (uint64_t)r->integer;
-        return 0;
-    }
-    if (r->type == REDIS_REPLY_STRING && r->len > 0 && r->len < 21) {
-        char *end;
-        errno = 0;
-        *out = strtoull(r->str, &end, 10);
-        return errno || *end ? -1 : 0;
-    }
-    return -1;
-}
-
 static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
 {
     redis_store *rs = st;
@@ -862,7 +744,7 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
         rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to acquire",
                         rs->where);
     } else if (r->element[0]->integer == 1) {
-        if (reply_uint(r->element[1], &l->token) != 0 || l->token == 0)
+        if (dlock__redis_reply_uint(r->element[1], &l->token) != 0 || l->token == 0)
             rc = dlock__err(DLOCK_EPROTO,
                             "%s: lock '%.100s': bad fencing token in the "
                             "store",
@@ -891,7 +773,7 @@ static int release_script(redis_store *rs, const dlock__lease *l,
     int rc;
 
     make_keys(rs, &k, l->name, l->name_len);
-    snprintf(cprefix, sizeof(cprefix), "%sc:", rs->prefix);
+    snprintf(cprefix, sizeof(cprefix), "%sc:", rs->cfg.prefix);
     evalsha(&c, S_RELEASE, 3);
     arg(&c, k.lock, k.lock_len);
     arg(&c, k.q, k.q_len);
@@ -972,7 +854,7 @@ static int redis_arm(void *st, dlock__lease *l, int64_t deadline)
         if (l->flags & DLOCK_FAIR) {
             if (!rs->mine) {
                 char name[PREFIX_MAX + 40];
-                int n = snprintf(name, sizeof(name), "%sc:%s", rs->prefix,
+                int n = snprintf(name, sizeof(name), "%sc:%s", rs->cfg.prefix,
                                  dlock__client_id(rs->client));
                 rs->mine = chan_get(rs, name, (size_t)n);
                 if (rs->mine)
@@ -1007,7 +889,7 @@ static void redis_disarm(void *st, dlock__lease *l, int acquired)
         size_t n = waiter_id(rs, l, me, sizeof(me));
         long long ignored;
         (void)release_script(rs, l, me, n, "abandon",
-                             dlock__now_ms() + rs->timeout_ms, &ignored);
+                             dlock__now_ms() + rs->cfg.timeout_ms, &ignored);
     }
     rl->queued = 0;
     pthread_mutex_lock(&rs->sub_mu);
@@ -1073,7 +955,7 @@ static int redis_inspect(void *st, const char *name, size_t len,
     long long now = s->element[0]->integer;
     uint64_t tok;
 
-    if (reply_uint(s->element[3], &tok) == 0)
+    if (dlock__redis_reply_uint(s->element[3], &tok) == 0)
         out->token = tok;
     out->held = v->type == REDIS_REPLY_STRING;
     if (out->held) {
@@ -1155,27 +1037,19 @@ static void redis_close(void *st)
     pthread_cond_destroy(&rs->sub_cv);
     free(rs->host);
     free(rs->path);
-    free(rs->user);
-    if (rs->password) {
-        dlock__wipe(rs->password, strlen(rs->password));
-        free(rs->password);
-    }
+    dlock__redis_config_free(&rs->cfg);
     free(rs);
 }
 
-static int parse_config(redis_store *rs, const dlock__uri *u, int64_t *tmo)
+static int parse_config(redis_store *rs, const dlock__uri *u)
 {
     static const char *const params[] = {"prefix", "timeout", "db", NULL};
-    const char *prefix = dlock__uri_param(u, "prefix");
-    const char *timeout = dlock__uri_param(u, "timeout");
     const char *db = dlock__uri_param(u, "db");
-    int is_unix = strcmp(u->scheme, "unix") == 0;
-    long long v;
     int rc = dlock__uri_check_params(u, params);
 
     if (rc)
         return rc;
-    if (is_unix) {
+    if (strcmp(u->scheme, "unix") == 0) {
         if (u->nhosts != 0 || u->path[0] != '/' || u->path[1] == '\0')
             return dlock__err(DLOCK_EINVAL,
                               "unix:// needs the socket's absolute path: "
@@ -1205,40 +1079,7 @@ static int parse_config(redis_store *rs, const dlock__uri *u, int64_t *tmo)
             db = u->path + 1;
         }
     }
-    if (db) {
-        if (dlock__parse_int(db, 1000000, &v) != 0)
-            return dlock__err(DLOCK_EINVAL,
-                              "redis: database must be a number, not "
-                              "'%.40s'",
-                              db);
-        rs->db = (long)v;
-    }
-    if (timeout) {
-        if (dlock__parse_int(timeout, 3600000, &v) != 0 || v == 0)
-            return dlock__err(DLOCK_EINVAL,
-                              "redis: timeout must be milliseconds "
-                              "(1..3600000), not '%.40s'",
-                              timeout);
-        *tmo = v;
-    }
-    if (!prefix)
-        prefix = DEFAULT_PREFIX;
-    if (strlen(prefix) > PREFIX_MAX || strpbrk(prefix, "{}"))
-        return dlock__err(DLOCK_EINVAL,
-                          "redis: prefix must be at most %d bytes without "
-                          "'{' or '}'",
-                          PREFIX_MAX);
-    rs->prefix_len = strlen(prefix);
-    memcpy(rs->prefix, prefix, rs->prefix_len + 1);
-    if (u->user && !(rs->user = strdup(u->user)))
-        return dlock__err(DLOCK_ENOMEM, "out of memory");
-    if (u->user && !u->password)
-        return dlock__err(DLOCK_EINVAL,
-                          "redis: a user name needs a password "
-                          "(user:password@host)");
-    if (u->password && !(rs->password = strdup(u->password)))
-        return dlock__err(DLOCK_ENOMEM, "out of memory");
-    return DLOCK_OK;
+    return dlock__redis_config_parse(&rs->cfg, u, "redis", db);
 }
 
 static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
@@ -1259,11 +1100,11 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
         free(rs);
         return rc;
     }
-    rs->timeout_ms = timeout_ms;
-    rc = parse_config(rs, u, &rs->timeout_ms);
+    rs->cfg.timeout_ms = timeout_ms;
+    rc = parse_config(rs, u);
     if (rc == DLOCK_OK) {
         pthread_mutex_lock(&rs->cmd_mu);
-        rc = connect_ctx(rs, dlock__now_ms() + rs->timeout_ms, 1, &rs->cmd,
+        rc = connect_ctx(rs, dlock__now_ms() + rs->cfg.timeout_ms, 1, &rs->cmd,
                          &rs->cmd_io_ms);
         pthread_mutex_unlock(&rs->cmd_mu);
     }
@@ -1290,5 +1131,6 @@ const dlock__backend dlock__backend_redis = {
     redis_loop_fd,       /* loop_fd */
     redis_loop_run,      /* loop_run */
     NULL,                /* gc */
-    NULL, /* select */
+    NULL,                /* select */
+    NULL,                /* margin */
 };

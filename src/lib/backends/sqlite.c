@@ -499,4 +499,5 @@ const dlock__backend dlock__backend_sqlite = {
     NULL,             /* loop_run */
     sq_gc,            /* gc */
     NULL, /* select */
+    NULL, /* margin */
 };

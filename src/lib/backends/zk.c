@@ -1521,4 +1521,5 @@ const dlock__backend dlock__backend_zk = {
     zk_loop_run,            /* loop_run */
     NULL,                   /* gc */
     NULL, /* select */
+    NULL, /* margin */
 };

@@ -122,6 +122,12 @@ typedef struct dlock__backend {
      * other capabilities (postgres://...?mode=advisory), or NULL to keep
      * this one. Called before open(). Optional. */
     const struct dlock__backend *(*select)(const dlock__uri *uri);
+
+    /* How long before the lease's end (counted from the moment before the
+     * command that set it) the core declares a hold lost: the clock drift
+     * allowed between client and store. Optional: NULL means ttl/100 + 2
+     * ms. Redlock makes it configurable (?drift_factor=, ?drift_ms=). */
+    int64_t (*margin)(void *st, int64_t ttl_ms);
 } dlock__backend;
 
 /* --- services the core offers to backends ------------------------------ */
@@ -176,6 +182,7 @@ void dlock__loop_wake(dlock_client *c);
 extern const dlock__backend dlock__backend_file;
 #ifdef DLOCK_HAVE_REDIS
 extern const dlock__backend dlock__backend_redis;
+extern const dlock__backend dlock__backend_redlock;
 #endif
 #ifdef DLOCK_HAVE_ZK
 extern const dlock__backend dlock__backend_zk;

@@ -237,7 +237,7 @@ static int64_t watchdog(dlock_client *c)
         pthread_mutex_lock(&c->mu);
         h->renewing = 0;
         if (rc == DLOCK_OK) {
-            h->lease_end = t0 + ttl - dlock__lease_margin(ttl);
+            h->lease_end = t0 + ttl - dlock__client_margin(c, ttl);
             h->renew_at = t0 + ttl / 3;
         } else if (rc == DLOCK_ENOTHELD) {
             mark_lost(h, "renewal found it deleted or taken over in the "

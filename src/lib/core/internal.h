@@ -138,5 +138,7 @@ void dlock__hold_drop(dlock_client *c, dlock__hold *h);
 /* Lease margin: how early before the store's expiry a lease is declared
  * lost locally (clock-rate drift between client and store). */
 int64_t dlock__lease_margin(int64_t ttl_ms);
+/* The margin of this client's store (its margin slot, or the default). */
+int64_t dlock__client_margin(const dlock_client *c, int64_t ttl_ms);
 
 #endif /* DLOCK_INTERNAL_H */

@@ -38,6 +38,12 @@ int64_t dlock__lease_margin(int64_t ttl_ms)
     return ttl_ms / 100 + 2;
 }
 
+int64_t dlock__client_margin(const dlock_client *c, int64_t ttl_ms)
+{
+    return c->be->margin ? c->be->margin(c->st, ttl_ms)
+                         : dlock__lease_margin(ttl_ms);
+}
+
 /* The end of one store operation made while the caller waits until
  * `deadline` (or tries once). */
 static int64_t op_deadline(const dlock_client *c, int64_t deadline,
@@ -437,7 +443,7 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     h->count = 1;
     if (c->be->caps & DLOCK__CAP_LEASE) {
         h->lease_end = t0 + h->lease.ttl_ms -
-                       dlock__lease_margin(h->lease.ttl_ms);
+                       dlock__client_margin(c, h->lease.ttl_ms);
         h->renew_at = t0 + h->lease.ttl_ms / 3;
     } else {
         h->lease_end = h->renew_at = DLOCK__FOREVER;
@@ -573,7 +579,7 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
     if (rc == DLOCK_OK) {
         h->lease.ttl_ms = ttl_ms;
         if (c->be->caps & DLOCK__CAP_LEASE) {
-            h->lease_end = t0 + ttl_ms - dlock__lease_margin(ttl_ms);
+            h->lease_end = t0 + ttl_ms - dlock__client_margin(c, ttl_ms);
             h->renew_at = t0 + ttl_ms / 3;
             dlock__schedule(c, (h->handle->opts.flags & DLOCK_NO_RENEW)
                                    ? h->lease_end

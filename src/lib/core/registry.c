@@ -17,9 +17,11 @@ static const struct {
 #ifdef DLOCK_HAVE_REDIS
     {"redis", &dlock__backend_redis},
     {"unix", &dlock__backend_redis},
+    {"redlock", &dlock__backend_redlock},
 #else
     {"redis", NULL},
     {"unix", NULL},
+    {"redlock", NULL},
 #endif
 #ifdef DLOCK_HAVE_ZK
     {"zk", &dlock__backend_zk},
@@ -33,8 +35,6 @@ static const struct {
     {"etcd", NULL},
     {"etcds", NULL},
 #endif
-    /* stores planned but not yet written */
-    {"redlock", NULL},
 #ifdef DLOCK_HAVE_SQLITE
     {"sqlite", &dlock__backend_sqlite},
 #else

@@ -1,0 +1,95 @@
+/*
+ * redis_shared.h -- what the two Redis stores share: redis.c (one server)
+ * and redlock.c (a quorum of independent masters).
+ *
+ * Both lay out a lock's keys the same way (see redis.c), so that a lock
+ * taken through redlock:// can be looked at on any one node with
+ * `dlock inspect` over redis://:
+ *   P{NAME}      "OWNER TOKEN ACQUIRED_MS DESCRIPTION" with the lease as
+ *                its PEXPIRE
+ *   P{NAME}:f    the node's fencing counter (never expires)
+ *   P{NAME}:w:DB the release channel
+ */
+#ifndef DLOCK_REDIS_SHARED_H
+#define DLOCK_REDIS_SHARED_H
+
+#include "../core/internal.h"
+
+#include <hiredis.h>
+
+#define DLOCK__REDIS_PREFIX_MAX 128
+#define DLOCK__REDIS_KEY_MAX (DLOCK__REDIS_PREFIX_MAX + DLOCK_NAME_MAX + 24)
+
+/*
+ * Lua: `take()`, for a script that has just set the lock key to the owner
+ * (followed by a space). It bumps the fencing counter and appends
+ * "TOKEN ACQUIRED_MS DESCRIPTION" to the key; returns the token as a
+ * string, or nil and an error reply. A counter that is new (or was lost in
+ * a restart without persistence) continues from the server clock in
+ * microseconds, so tokens keep growing across such a restart. Expects the
+ * locals `lock`, `fence` and `desc`.
+ */
+#define DLOCK__REDIS_LUA_TAKE                                                 \
+    "local function take()\n"                                                 \
+    "  local n = redis.pcall('INCR', fence)\n"                                \
+    "  if type(n) == 'table' then\n"                                          \
+    "    redis.call('DEL', lock)\n"                                           \
+    "    return nil, redis.error_reply('DLOCKFENCE the fencing counter key "  \
+    "holds a non-number or another type')\n"                                  \
+    "  end\n"                                                                 \
+    "  local tm = redis.call('TIME')\n"                                       \
+    "  if n == 1 then\n"                                                      \
+    "    n = tonumber(tm[1]) * 1000000 + tonumber(tm[2])\n"                   \
+    "    redis.call('SET', fence, string.format('%.0f', n))\n"                \
+    "  end\n"                                                                 \
+    "  local ns = string.format('%.0f', n)\n"                                 \
+    "  redis.call('APPEND', lock, ns .. ' ' .. string.format('%.0f', "        \
+    "tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)) .. ' ' .. " \
+    "desc)\n"                                                                 \
+    "  return ns\n"                                                           \
+    "end\n"
+
+/* Lua: the test that a lock key's value was written by dlock. */
+#define DLOCK__REDIS_LUA_OURS_PATTERN "'^%x+:%d+ %d+ %d+ '"
+
+/* Writes PREFIX{NAME}SUFFIX to out (DLOCK__REDIS_KEY_MAX bytes); returns
+ * its length. */
+size_t dlock__redis_key(const char *prefix, size_t prefix_len,
+                        const char *name, size_t len, const char *suffix,
+                        char *out);
+
+/* Maps an error reply of a server to a code and message ("where: ...");
+ * any occurrence of `password` (may be NULL) is masked. */
+int dlock__redis_server_error(const char *where, const char *password,
+                              const char *msg, const char *lock);
+
+/* Describes the I/O failure of a context. */
+int dlock__redis_io_failure(const char *where, const redisContext *ctx,
+                            int64_t io_ms);
+
+/* An integer or decimal-string reply as an unsigned number: 0, or -1 when
+ * it is neither. */
+int dlock__redis_reply_uint(const redisReply *r, uint64_t *out);
+
+/* The options both stores take: prefix, db, timeout, user and password.
+ * `what` names the store in messages. Fills what it finds; leaves the
+ * rest. */
+typedef struct dlock__redis_config {
+    char prefix[DLOCK__REDIS_PREFIX_MAX + 1];
+    size_t prefix_len;
+    long db;
+    int64_t timeout_ms;
+    char *user;     /* malloc'd or NULL */
+    char *password; /* malloc'd or NULL; wiped by ..._config_free() */
+} dlock__redis_config;
+
+int dlock__redis_config_parse(dlock__redis_config *cfg, const dlock__uri *u,
+                              const char *what, const char *db);
+void dlock__redis_config_free(dlock__redis_config *cfg);
+
+/* Appends AUTH (when there is a password) and SELECT (db != 0) to ctx;
+ * returns how many commands it appended. */
+int dlock__redis_append_login(redisContext *ctx,
+                              const dlock__redis_config *cfg);
+
+#endif /* DLOCK_REDIS_SHARED_H */
