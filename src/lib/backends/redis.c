@@ -304,6 +304,20 @@ static int64_t io_budget(const redis_store *rs, int64_t deadline)
     return ms < MIN_IO_MS ? MIN_IO_MS : ms;
 }
 
+/* Sends what ctx has buffered on its blocking socket, without SIGPIPE
+ * (hiredis' redisGetReply() would write() it). */
+static int send_all(const redis_store *rs, redisContext *ctx, int64_t io_ms)
+{
+    int r = dlock__redis_send(ctx);
+
+    if (r == 1)
+        return DLOCK_OK;
+    if (r == 0)
+        return dlock__err(DLOCK_ECONN, "%s: no answer within %lld ms",
+                          rs->where, (long long)io_ms);
+    return dlock__err(DLOCK_ECONN, "%s: %s", rs->where, strerror(errno));
+}
+
 /* Connects, authenticates, selects the database and, for the command
  * connection, loads the scripts: one pipelined round trip after connect. */
 static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
@@ -337,6 +351,11 @@ static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
         redisAppendCommand(ctx, "PING");
 
     int total = n + (load_scripts ? NSCRIPTS : 1);
+    rc = send_all(rs, ctx, ms);
+    if (rc) {
+        redisFree(ctx);
+        return rc;
+    }
     for (int i = 0; i < total; i++) {
         redisReply *r = NULL;
         if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
@@ -443,6 +462,12 @@ static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
         }
         for (int i = 0; i < n; i++)
             replies[i] = NULL;
+        rc = send_all(rs, rs->cmd, rs->cmd_io_ms);
+        if (rc) {
+            redisFree(rs->cmd);
+            rs->cmd = NULL;
+            goto out;
+        }
         for (int i = 0; i < n; i++) {
             if (redisGetReply(rs->cmd, (void **)&replies[i]) != REDIS_OK ||
                 !replies[i]) {
@@ -533,12 +558,12 @@ static int sub_send(redis_store *rs, chan *ch, int subscribe)
 {
     const char *argv[2] = {subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", ch->name};
     size_t lens[2] = {strlen(argv[0]), ch->len};
-    int done = 0;
+    int rc;
 
     redisAppendCommandArgv(rs->sub, 2, argv, lens);
-    while (!done)
-        if (redisBufferWrite(rs->sub, &done) != REDIS_OK)
-            return io_failure(rs, rs->sub, rs->cfg.timeout_ms);
+    rc = send_all(rs, rs->sub, rs->cfg.timeout_ms);
+    if (rc)
+        return rc;
     ch->want = subscribe;
     ch->outstanding++;
     return DLOCK_OK;

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 size_t dlock__redis_key(const char *prefix, size_t prefix_len,
                         const char *name, size_t len, const char *suffix,
@@ -178,4 +179,21 @@ int dlock__redis_append_login(redisContext *ctx,
         n++;
     }
     return n;
+}
+
+int dlock__redis_send(redisContext *ctx)
+{
+    size_t len = sdslen(ctx->obuf);
+
+    while (len > 0) {
+        ssize_t w = send(ctx->fd, ctx->obuf, len, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        }
+        sdsrange(ctx->obuf, (int)w, -1);
+        len = sdslen(ctx->obuf);
+    }
+    return 1;
 }

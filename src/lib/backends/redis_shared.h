@@ -71,6 +71,13 @@ int dlock__redis_io_failure(const char *where, const redisContext *ctx,
  * it is neither. */
 int dlock__redis_reply_uint(const redisReply *r, uint64_t *out);
 
+/* Sends what ctx has buffered with send(MSG_NOSIGNAL): a connection the
+ * server reset never raises SIGPIPE (hiredis' own write() would, and the
+ * library installs no signal handlers). 1: all sent; 0: the socket would
+ * block (a non-blocking one is full; a blocking one hit its send timeout);
+ * -1: the connection failed (errno says why). */
+int dlock__redis_send(redisContext *ctx);
+
 /* The options both stores take: prefix, db, timeout, user and password.
  * `what` names the store in messages. Fills what it finds; leaves the
  * rest. */

@@ -284,26 +284,6 @@ static int64_t margin(const rl_store *rs, int64_t ttl_ms)
 /* Sockets                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Sends what the context has buffered, never raising SIGPIPE (hiredis'
- * own write() would on a connection the server reset). 1: all sent; 0:
- * the socket is full; -1: the connection failed (errno). */
-static int flush_out(redisContext *ctx)
-{
-    size_t len = sdslen(ctx->obuf);
-
-    while (len > 0) {
-        ssize_t w = send(ctx->fd, ctx->obuf, len, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-        }
-        sdsrange(ctx->obuf, (int)w, -1);
-        len = sdslen(ctx->obuf);
-    }
-    return 1;
-}
-
 /* A non-blocking connect finished: 0, or its errno. */
 static int connect_result(int fd)
 {
@@ -372,10 +352,25 @@ static int stale(const redisContext *ctx)
     return poll(&p, 1, 0) != 0;
 }
 
+static void node_io(rl_store *rs, rnode *n, short revents);
+
 /* Makes sure node n has a command connection: a new one is connecting,
  * with its login and script loads queued ahead of any command. */
 static void node_connect(rl_store *rs, rnode *n, int64_t now)
 {
+    if (n->ctx && n->owed_len > 0) {
+        /* read what arrived since the last round (the replies of nodes
+         * that answered after its quorum) */
+        struct pollfd p = {n->ctx->fd, POLLIN, 0};
+        if (n->connecting || sdslen(n->ctx->obuf) > 0)
+            p.events |= POLLOUT;
+        if (poll(&p, 1, 0) > 0)
+            node_io(rs, n, p.revents);
+        if (!n->ctx) { /* that failed: a new connection, this round */
+            n->rc = 0;
+            n->msg[0] = '\0';
+        }
+    }
     if (n->ctx && n->owed_since && now - n->owed_since > rs->node_timeout)
         node_drop(n); /* still silent: frozen, or gone */
     if (n->ctx && !n->connecting && n->owed_len == 0 &&
@@ -444,7 +439,7 @@ static void node_send(rl_store *rs, rnode *n, rcmd *c, int kind,
     else if (!n->owed_since)
         n->owed_since = now;
     n->used = now;
-    if (!n->connecting && flush_out(n->ctx) < 0) {
+    if (!n->connecting && dlock__redis_send(n->ctx) < 0) {
         char why[512];
         snprintf(why, sizeof(why), "%s: %s", n->where, strerror(errno));
         node_fail(n, DLOCK_ECONN, why);
@@ -525,7 +520,7 @@ static void node_io(rl_store *rs, rnode *n, short revents)
         }
         n->connecting = 0;
     }
-    if (flush_out(n->ctx) < 0) {
+    if (dlock__redis_send(n->ctx) < 0) {
         snprintf(why, sizeof(why), "%s: %s", n->where, strerror(errno));
         node_fail(n, DLOCK_ECONN, why);
         return;
@@ -1298,7 +1293,7 @@ static void sub_flush(rl_store *rs, rnode *n)
 {
     if (n->sub_connecting)
         return;
-    int r = flush_out(n->sub);
+    int r = dlock__redis_send(n->sub);
     if (r < 0) {
         sub_drop(rs, n);
         return;
