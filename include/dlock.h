@@ -139,6 +139,9 @@ typedef struct dlock_options {
  *   file:///dir                            lock files in dir (one host)
  *   redis://[user[:password]@]host[:port][/db][?prefix=P&timeout=MS]
  *   unix://[[user]:password@]/path/redis.sock[?db=N&prefix=P&timeout=MS]
+ *   redlock://[user:password@]host:port,host:port,...[?node_timeout=MS
+ *       &drift_factor=F&drift_ms=MS&prefix=P]   (Redlock: a majority of
+ *       N independent Redis masters; no DLOCK_FAIR; docs/redlock.md)
  *   zk://[user:password@]host:port[,host:port...][/chroot]
  *   etcd://[user:password@]host:port[,...][?prefix=P&timeout=MS] (etcds://)
  *   sqlite:///path/to/file.db[?table=T&timeout=MS]
@@ -209,8 +212,11 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  *
  * Errors: DLOCK_EBUSY (another owner held it for the whole wait; also a
  * re-acquire under DLOCK_NOT_REENTRANT), DLOCK_ELOST (the thread's hold was
- * lost and not yet released), DLOCK_EINVAL (wait_ms < -1, closed client),
- * DLOCK_ECONN, DLOCK_EAUTH, DLOCK_EPROTO, DLOCK_ENOMEM. A store failure
+ * lost and not yet released), DLOCK_EINVAL (wait_ms < -1, closed client;
+ * on redlock://, a ttl_ms too short for its node timeout and drift),
+ * DLOCK_ENOTSUP (DLOCK_FAIR on redlock://), DLOCK_ECONN (also: fewer than
+ * a quorum of Redlock nodes reachable), DLOCK_EAUTH, DLOCK_EPROTO,
+ * DLOCK_ENOMEM. A store failure
  * during the wait returns at once with its code, never after the deadline
  * plus more than one store timeout.
  * Thread-safety: any thread; each thread acts for itself.

@@ -27,6 +27,7 @@ static const char usage[] =
     "$XDG_RUNTIME_DIR/dlock (or /tmp/dlock-$UID). URIs:\n"
     "  file:///dir   redis://[user:pass@]host[:port][/db][?prefix=P]\n"
     "  unix:///path/redis.sock\n"
+    "  redlock://[user:pass@]host:port,host:port,...[?node_timeout=MS]\n"
     "  zk://host:port[,host:port...][/chroot]\n"
     "  etcd://[user:pass@]host:port[,host:port...][?prefix=P]   (etcds:// TLS)\n"
     "  sqlite:///path/to/file.db[?table=T]\n"
