@@ -246,24 +246,14 @@ typedef struct keyset {
     size_t lock_len, fence_len, q_len, qd_len, wake_len;
 } keyset;
 
-static size_t make_key(const redis_store *rs, char *out, const char *name,
-                       size_t len, const char *suffix)
-{
-    return dlock__redis_key(rs->cfg.prefix, rs->cfg.prefix_len, name, len,
-                            suffix, out);
-}
-
 static void make_keys(const redis_store *rs, keyset *k, const char *name,
                       size_t len)
 {
-    char wake[32];
-
-    snprintf(wake, sizeof(wake), ":w:%ld", rs->cfg.db);
-    k->lock_len = make_key(rs, k->lock, name, len, "");
-    k->fence_len = make_key(rs, k->fence, name, len, ":f");
-    k->q_len = make_key(rs, k->q, name, len, ":q");
-    k->qd_len = make_key(rs, k->qd, name, len, ":qd");
-    k->wake_len = make_key(rs, k->wake, name, len, wake);
+    k->lock_len = dlock__redis_key(&rs->cfg, name, len, "", k->lock);
+    k->fence_len = dlock__redis_key(&rs->cfg, name, len, ":f", k->fence);
+    k->q_len = dlock__redis_key(&rs->cfg, name, len, ":q", k->q);
+    k->qd_len = dlock__redis_key(&rs->cfg, name, len, ":qd", k->qd);
+    k->wake_len = dlock__redis_wake_key(&rs->cfg, name, len, k->wake);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -395,26 +385,6 @@ static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
     return DLOCK_OK;
 }
 
-typedef struct rcmd {
-    int script; /* S_* for EVALSHA (run() adds the SHA), -1 otherwise */
-    int argc;
-    const char *argv[16];
-    size_t lens[16];
-} rcmd;
-
-static void arg(rcmd *c, const char *s, size_t len)
-{
-    /* argv has room for the longest command we build (acquire: 14) */
-    c->argv[c->argc] = s;
-    c->lens[c->argc] = len;
-    c->argc++;
-}
-
-static void args(rcmd *c, const char *s)
-{
-    arg(c, s, strlen(s));
-}
-
 /* An idle connection with something to read has been closed (or reset) by
  * the server, e.g. by a restart: replacing it before sending avoids a
  * failure, and a retry that could not tell whether the command ran. */
@@ -495,24 +465,6 @@ static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
 out:
     pthread_mutex_unlock(&rs->cmd_mu);
     return rc;
-}
-
-/* Starts EVALSHA of script `s`; run() fills in the SHA. */
-static void evalsha(rcmd *c, int s, int nkeys)
-{
-    static const char *const nk[] = {"0", "1", "2", "3", "4"};
-
-    c->script = s;
-    c->argc = 0;
-    args(c, "EVALSHA");
-    arg(c, "", 40);
-    args(c, nk[nkeys]);
-}
-
-static void plain(rcmd *c)
-{
-    c->script = -1;
-    c->argc = 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -744,18 +696,18 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     snprintf(grace, sizeof(grace), "%d", QUEUE_GRACE_MS);
     if (fair)
         me_len = waiter_id(rs, l, me, sizeof(me));
-    evalsha(&c, S_ACQUIRE, 4);
-    arg(&c, k.lock, k.lock_len);
-    arg(&c, k.fence, k.fence_len);
-    arg(&c, k.q, k.q_len);
-    arg(&c, k.qd, k.qd_len);
-    arg(&c, owner, owner_len);
-    args(&c, ttl);
-    args(&c, l->desc);
-    args(&c, fair ? "1" : "0");
-    arg(&c, fair ? me : "", me_len);
-    args(&c, enqueue ? "1" : "0");
-    args(&c, grace);
+    rcmd_evalsha(&c, S_ACQUIRE, 4);
+    rcmd_arg(&c, k.lock, k.lock_len);
+    rcmd_arg(&c, k.fence, k.fence_len);
+    rcmd_arg(&c, k.q, k.q_len);
+    rcmd_arg(&c, k.qd, k.qd_len);
+    rcmd_arg(&c, owner, owner_len);
+    rcmd_str(&c, ttl);
+    rcmd_str(&c, l->desc);
+    rcmd_str(&c, fair ? "1" : "0");
+    rcmd_arg(&c, fair ? me : "", me_len);
+    rcmd_str(&c, enqueue ? "1" : "0");
+    rcmd_str(&c, grace);
     if (enqueue)
         rl->queued = 1;
 
@@ -799,14 +751,14 @@ static int release_script(redis_store *rs, const dlock__lease *l,
 
     make_keys(rs, &k, l->name, l->name_len);
     snprintf(cprefix, sizeof(cprefix), "%sc:", rs->cfg.prefix);
-    evalsha(&c, S_RELEASE, 3);
-    arg(&c, k.lock, k.lock_len);
-    arg(&c, k.q, k.q_len);
-    arg(&c, k.qd, k.qd_len);
-    arg(&c, who, who_len);
-    arg(&c, k.wake, k.wake_len);
-    args(&c, cprefix);
-    args(&c, mode);
+    rcmd_evalsha(&c, S_RELEASE, 3);
+    rcmd_arg(&c, k.lock, k.lock_len);
+    rcmd_arg(&c, k.q, k.q_len);
+    rcmd_arg(&c, k.qd, k.qd_len);
+    rcmd_arg(&c, who, who_len);
+    rcmd_arg(&c, k.wake, k.wake_len);
+    rcmd_str(&c, cprefix);
+    rcmd_str(&c, mode);
     rc = run(rs, &c, 1, &r, deadline);
     if (rc)
         return rc;
@@ -848,10 +800,10 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
 
     make_keys(rs, &k, l->name, l->name_len);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
-    evalsha(&c, S_EXTEND, 1);
-    arg(&c, k.lock, k.lock_len);
-    arg(&c, owner, owner_len);
-    args(&c, ttl);
+    rcmd_evalsha(&c, S_EXTEND, 1);
+    rcmd_arg(&c, k.lock, k.lock_len);
+    rcmd_arg(&c, owner, owner_len);
+    rcmd_str(&c, ttl);
     rc = run(rs, &c, 1, &r, deadline);
     if (rc)
         return rc;
@@ -952,14 +904,14 @@ static int redis_inspect(void *st, const char *name, size_t len,
     int rc;
 
     make_keys(rs, &k, name, len);
-    evalsha(&c[0], S_INSPECT, 3);
-    arg(&c[0], k.lock, k.lock_len);
-    arg(&c[0], k.fence, k.fence_len);
-    arg(&c[0], k.q, k.q_len);
-    plain(&c[1]);
-    args(&c[1], "PUBSUB");
-    args(&c[1], "NUMSUB");
-    arg(&c[1], k.wake, k.wake_len);
+    rcmd_evalsha(&c[0], S_INSPECT, 3);
+    rcmd_arg(&c[0], k.lock, k.lock_len);
+    rcmd_arg(&c[0], k.fence, k.fence_len);
+    rcmd_arg(&c[0], k.q, k.q_len);
+    rcmd_plain(&c[1]);
+    rcmd_str(&c[1], "PUBSUB");
+    rcmd_str(&c[1], "NUMSUB");
+    rcmd_arg(&c[1], k.wake, k.wake_len);
     rc = run(rs, c, 2, r, deadline);
     if (rc)
         return rc;

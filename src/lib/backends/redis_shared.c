@@ -4,24 +4,10 @@
 #include "redis_shared.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-
-size_t dlock__redis_key(const char *prefix, size_t prefix_len,
-                        const char *name, size_t len, const char *suffix,
-                        char *out)
-{
-    size_t o = prefix_len, sl = strlen(suffix);
-
-    memcpy(out, prefix, prefix_len);
-    out[o++] = '{';
-    memcpy(out + o, name, len);
-    o += len;
-    out[o++] = '}';
-    memcpy(out + o, suffix, sl);
-    return o + sl;
-}
 
 /* Copies a server message, control characters replaced and any
  * occurrence of the password masked. */
@@ -144,6 +130,29 @@ int dlock__redis_config_parse(dlock__redis_config *cfg, const dlock__uri *u,
     if (u->password && !(cfg->password = strdup(u->password)))
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     return DLOCK_OK;
+}
+
+size_t dlock__redis_key(const dlock__redis_config *cfg, const char *name,
+                        size_t len, const char *suffix, char *out)
+{
+    size_t o = cfg->prefix_len, sl = strlen(suffix);
+
+    memcpy(out, cfg->prefix, cfg->prefix_len);
+    out[o++] = '{';
+    memcpy(out + o, name, len);
+    o += len;
+    out[o++] = '}';
+    memcpy(out + o, suffix, sl);
+    return o + sl;
+}
+
+size_t dlock__redis_wake_key(const dlock__redis_config *cfg, const char *name,
+                             size_t len, char *out)
+{
+    char sfx[32];
+
+    snprintf(sfx, sizeof(sfx), ":w:%ld", cfg->db);
+    return dlock__redis_key(cfg, name, len, sfx, out);
 }
 
 void dlock__redis_config_free(dlock__redis_config *cfg)

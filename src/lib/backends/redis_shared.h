@@ -16,6 +16,7 @@
 #include "../core/internal.h"
 
 #include <hiredis.h>
+#include <string.h>
 
 #define DLOCK__REDIS_PREFIX_MAX 128
 #define DLOCK__REDIS_KEY_MAX (DLOCK__REDIS_PREFIX_MAX + DLOCK_NAME_MAX + 24)
@@ -52,11 +53,45 @@
 /* Lua: the test that a lock key's value was written by dlock. */
 #define DLOCK__REDIS_LUA_OURS_PATTERN "'^%x+:%d+ %d+ %d+ '"
 
-/* Writes PREFIX{NAME}SUFFIX to out (DLOCK__REDIS_KEY_MAX bytes); returns
- * its length. */
-size_t dlock__redis_key(const char *prefix, size_t prefix_len,
-                        const char *name, size_t len, const char *suffix,
-                        char *out);
+/* One command of either store, its arguments borrowed (binary-safe). */
+typedef struct rcmd {
+    int script; /* S_* of the store for EVALSHA (the store adds the SHA),
+                 * -1 for a plain command */
+    int argc;
+    const char *argv[16]; /* room for the longest command built (14) */
+    size_t lens[16];
+} rcmd;
+
+static inline void rcmd_arg(rcmd *c, const char *s, size_t len)
+{
+    c->argv[c->argc] = s;
+    c->lens[c->argc] = len;
+    c->argc++;
+}
+
+static inline void rcmd_str(rcmd *c, const char *s)
+{
+    rcmd_arg(c, s, strlen(s));
+}
+
+/* Starts EVALSHA of script `s` with nkeys (0..4) keys; argv[1] is left
+ * for the SHA. */
+static inline void rcmd_evalsha(rcmd *c, int s, int nkeys)
+{
+    static const char *const nk[] = {"0", "1", "2", "3", "4"};
+
+    c->script = s;
+    c->argc = 0;
+    rcmd_str(c, "EVALSHA");
+    rcmd_arg(c, "", 40);
+    rcmd_str(c, nk[nkeys]);
+}
+
+static inline void rcmd_plain(rcmd *c)
+{
+    c->script = -1;
+    c->argc = 0;
+}
 
 /* Maps an error reply of a server to a code and message ("where: ...");
  * any occurrence of `password` (may be NULL) is masked. */
@@ -89,6 +124,15 @@ typedef struct dlock__redis_config {
     char *user;     /* malloc'd or NULL */
     char *password; /* malloc'd or NULL; wiped by ..._config_free() */
 } dlock__redis_config;
+
+/* Writes PREFIX{NAME}SUFFIX to out (DLOCK__REDIS_KEY_MAX bytes); returns
+ * its length. */
+size_t dlock__redis_key(const dlock__redis_config *cfg, const char *name,
+                        size_t len, const char *suffix, char *out);
+
+/* The release channel of a lock, PREFIX{NAME}:w:DB. */
+size_t dlock__redis_wake_key(const dlock__redis_config *cfg, const char *name,
+                             size_t len, char *out);
 
 int dlock__redis_config_parse(dlock__redis_config *cfg, const dlock__uri *u,
                               const char *what, const char *db);

@@ -225,50 +225,6 @@ typedef struct rl_lease {
     rchan *chan;
 } rl_lease;
 
-typedef struct rcmd {
-    int script; /* S_*, or -1 for a plain command */
-    int argc;
-    const char *argv[12];
-    size_t lens[12];
-} rcmd;
-
-static void arg(rcmd *c, const char *s, size_t len)
-{
-    c->argv[c->argc] = s;
-    c->lens[c->argc] = len;
-    c->argc++;
-}
-
-static void args(rcmd *c, const char *s)
-{
-    arg(c, s, strlen(s));
-}
-
-static void evalsha(rcmd *c, int s, const char *nkeys)
-{
-    c->script = s;
-    c->argc = 0;
-    args(c, "EVALSHA");
-    arg(c, "", 40);
-    args(c, nkeys);
-}
-
-static size_t make_key(const rl_store *rs, char *out, const char *name,
-                       size_t len, const char *suffix)
-{
-    return dlock__redis_key(rs->cfg.prefix, rs->cfg.prefix_len, name, len,
-                            suffix, out);
-}
-
-static size_t wake_key(const rl_store *rs, char *out, const char *name,
-                       size_t len)
-{
-    char sfx[32];
-
-    snprintf(sfx, sizeof(sfx), ":w:%ld", rs->cfg.db);
-    return make_key(rs, out, name, len, sfx);
-}
-
 static size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
 {
     int n = snprintf(out, cap, "%s ", l->owner);
@@ -684,23 +640,60 @@ static int quorum_decided(const rl_store *rs, void *arg)
     return t->yes >= rs->quorum || t->no > rs->n - rs->quorum;
 }
 
+/* Sends the nc commands `c` to every node and runs the round, for at most
+ * the node timeout (and op_deadline), until `decided` (NULL: until every
+ * node answered). mu held. Returns when the round started. */
+static int64_t ask_all(rl_store *rs, rcmd *c, int nc, int64_t op_deadline,
+                       int (*decided)(const rl_store *, void *), void *arg)
+{
+    int64_t start = dlock__now_ms(), deadline = start + rs->node_timeout;
+
+    if (deadline > op_deadline)
+        deadline = op_deadline;
+    round_begin(rs);
+    for (int i = 0; i < rs->n; i++)
+        for (int k = 0; k < nc; k++)
+            node_send(rs, &rs->nodes[i], &c[k], K_ROUND, start);
+    round_run(rs, deadline, decided, arg);
+    return start;
+}
+
+/* Of the nodes that answered an integer: how many, and how many said
+ * other than 1 (not ours); missing[i] (may be NULL): node i said 0. */
+static void count_ints(const rl_store *rs, int *answered, int *notours,
+                       int *missing)
+{
+    *answered = *notours = 0;
+    for (int i = 0; i < rs->n; i++) {
+        const rnode *n = &rs->nodes[i];
+        int ok = !n->rc && n->ngot > 0 &&
+                 n->got[0]->type == REDIS_REPLY_INTEGER;
+        if (missing)
+            missing[i] = ok && n->got[0]->integer == 0;
+        if (ok) {
+            (*answered)++;
+            *notours += n->got[0]->integer != 1;
+        }
+    }
+}
+
 /* Sends the release script to every node; `message` '' publishes nothing.
  * Replies are thrown away. */
 static void release_all(rl_store *rs, const dlock__lease *l,
                         const char *message, int64_t now)
 {
     char lock[DLOCK__REDIS_KEY_MAX], wake[DLOCK__REDIS_KEY_MAX], owner[80];
-    size_t ll = make_key(rs, lock, l->name, l->name_len, "");
-    size_t wl = wake_key(rs, wake, l->name, l->name_len);
+    size_t ll = dlock__redis_key(&rs->cfg, l->name, l->name_len, "", lock);
+    size_t wl = dlock__redis_wake_key(&rs->cfg, l->name, l->name_len, wake);
     size_t ol = owner_sp(l, owner, sizeof(owner));
 
     for (int i = 0; i < rs->n; i++) {
         rcmd c;
-        evalsha(&c, S_RELEASE, "1");
-        arg(&c, lock, ll);
-        arg(&c, owner, ol);
-        arg(&c, wake, wl);
-        args(&c, message);
+        rcmd_evalsha(&c, S_RELEASE, 1);
+        rcmd_arg(&c, lock, ll);
+        rcmd_arg(&c, owner, ol);
+        rcmd_arg(&c, wake, wl);
+        rcmd_str(&c, message);
         node_send(rs, &rs->nodes[i], &c, K_SKIP, now);
     }
 }
@@ -771,7 +764,7 @@ static int raise_counters(rl_store *rs, const dlock__lease *l,
                           int64_t op_deadline)
 {
     char fence[DLOCK__REDIS_KEY_MAX], num[24];
-    size_t fl = make_key(rs, fence, l->name, l->name_len, ":f");
+    size_t fl = dlock__redis_key(&rs->cfg, l->name, l->name_len, ":f", fence);
     int64_t now = dlock__now_ms();
     int64_t deadline = now + rs->node_timeout;
     raise_goal g;
@@ -787,9 +780,9 @@ static int raise_counters(rl_store *rs, const dlock__lease *l,
         if (cs[i] == c)
             continue;
         rcmd cmd;
-        evalsha(&cmd, S_RAISE, "1");
-        arg(&cmd, fence, fl);
-        args(&cmd, num);
+        rcmd_evalsha(&cmd, S_RAISE, 1);
+        rcmd_arg(&cmd, fence, fl);
+        rcmd_str(&cmd, num);
         node_send(rs, &rs->nodes[i], &cmd, K_ROUND, now);
         g.sent++;
     }
@@ -806,6 +799,7 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     size_t ll, fl, ol;
     uint64_t cs[MAX_NODES];
     int rc = DLOCK_OK;
+    rcmd c;
     tally t;
 
     if (l->flags & DLOCK_FAIR)
@@ -822,28 +816,19 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                           rs->where, (long long)l->ttl_ms,
                           (long long)rs->node_timeout,
                           (long long)margin(rs, l->ttl_ms));
-    ll = make_key(rs, lock, l->name, l->name_len, "");
-    fl = make_key(rs, fence, l->name, l->name_len, ":f");
+    ll = dlock__redis_key(&rs->cfg, l->name, l->name_len, "", lock);
+    fl = dlock__redis_key(&rs->cfg, l->name, l->name_len, ":f", fence);
     ol = owner_sp(l, owner, sizeof(owner));
     snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
 
+    rcmd_evalsha(&c, S_ACQUIRE, 2);
+    rcmd_arg(&c, lock, ll);
+    rcmd_arg(&c, fence, fl);
+    rcmd_arg(&c, owner, ol);
+    rcmd_str(&c, ttl);
+    rcmd_str(&c, l->desc);
     pthread_mutex_lock(&rs->mu);
-    int64_t start = dlock__now_ms();
-    int64_t deadline = start + rs->node_timeout;
-    if (deadline > op_deadline)
-        deadline = op_deadline;
-    round_begin(rs);
-    for (int i = 0; i < rs->n; i++) {
-        rcmd c;
-        evalsha(&c, S_ACQUIRE, "2");
-        arg(&c, lock, ll);
-        arg(&c, fence, fl);
-        arg(&c, owner, ol);
-        args(&c, ttl);
-        args(&c, l->desc);
-        node_send(rs, &rs->nodes[i], &c, K_ROUND, start);
-    }
-    round_run(rs, deadline, quorum_decided, &t);
+    int64_t start = ask_all(rs, &c, 1, op_deadline, quorum_decided, &t);
 
     /* the counters of the nodes that said yes */
     uint64_t top = 0;
@@ -936,40 +921,25 @@ static int rl_release(void *st, dlock__lease *l, int64_t op_deadline)
     rl_store *rs = st;
     char lock[DLOCK__REDIS_KEY_MAX], wake[DLOCK__REDIS_KEY_MAX], owner[80];
     char msg[120];
-    size_t ll = make_key(rs, lock, l->name, l->name_len, "");
-    size_t wl = wake_key(rs, wake, l->name, l->name_len);
+    size_t ll = dlock__redis_key(&rs->cfg, l->name, l->name_len, "", lock);
+    size_t wl = dlock__redis_wake_key(&rs->cfg, l->name, l->name_len, wake);
     size_t ol = owner_sp(l, owner, sizeof(owner));
     int rc = DLOCK_OK;
+    rcmd c;
     tally t;
 
     snprintf(msg, sizeof(msg), "%s%" PRIu64, owner, l->token >> NODE_BITS);
+    rcmd_evalsha(&c, S_RELEASE, 1);
+    rcmd_arg(&c, lock, ll);
+    rcmd_arg(&c, owner, ol);
+    rcmd_arg(&c, wake, wl);
+    rcmd_str(&c, msg);
     pthread_mutex_lock(&rs->mu);
-    int64_t now = dlock__now_ms();
-    int64_t deadline = now + rs->node_timeout;
-    if (deadline > op_deadline)
-        deadline = op_deadline;
-    round_begin(rs);
-    for (int i = 0; i < rs->n; i++) {
-        rcmd c;
-        evalsha(&c, S_RELEASE, "1");
-        arg(&c, lock, ll);
-        arg(&c, owner, ol);
-        arg(&c, wake, wl);
-        args(&c, msg);
-        node_send(rs, &rs->nodes[i], &c, K_ROUND, now);
-    }
-    round_run(rs, deadline, quorum_decided, &t);
+    ask_all(rs, &c, 1, op_deadline, quorum_decided, &t);
     count(rs, &t);
     if (t.yes < rs->quorum) {
-        int answered = 0, notours = 0;
-        for (int i = 0; i < rs->n; i++) {
-            const rnode *n = &rs->nodes[i];
-            if (!n->rc && n->ngot > 0 &&
-                n->got[0]->type == REDIS_REPLY_INTEGER) {
-                answered++;
-                notours += n->got[0]->integer != 1;
-            }
-        }
+        int answered, notours;
+        count_ints(rs, &answered, &notours, NULL);
         if (notours > rs->n - rs->quorum)
             rc = dlock__err(DLOCK_ENOTHELD,
                             "lock '%.100s' is not ours on a quorum of the "
@@ -988,41 +958,24 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
 {
     rl_store *rs = st;
     char lock[DLOCK__REDIS_KEY_MAX], owner[80], ttl[24], num[24];
-    size_t ll = make_key(rs, lock, l->name, l->name_len, "");
+    size_t ll = dlock__redis_key(&rs->cfg, l->name, l->name_len, "", lock);
     size_t ol = owner_sp(l, owner, sizeof(owner));
     int rc = DLOCK_OK;
+    rcmd c;
     tally t;
 
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     snprintf(num, sizeof(num), "%" PRIu64, l->token >> NODE_BITS);
+    rcmd_evalsha(&c, S_EXTEND, 1);
+    rcmd_arg(&c, lock, ll);
+    rcmd_arg(&c, owner, ol);
+    rcmd_str(&c, ttl);
     pthread_mutex_lock(&rs->mu);
-    int64_t start = dlock__now_ms();
-    int64_t deadline = start + rs->node_timeout;
-    if (deadline > op_deadline)
-        deadline = op_deadline;
-    round_begin(rs);
-    for (int i = 0; i < rs->n; i++) {
-        rcmd c;
-        evalsha(&c, S_EXTEND, "1");
-        arg(&c, lock, ll);
-        arg(&c, owner, ol);
-        args(&c, ttl);
-        node_send(rs, &rs->nodes[i], &c, K_ROUND, start);
-    }
-    round_run(rs, deadline, quorum_decided, &t);
+    int64_t start = ask_all(rs, &c, 1, op_deadline, quorum_decided, &t);
     count(rs, &t);
     int64_t now = dlock__now_ms();
-    int answered = 0, notours = 0;
-    int missing[MAX_NODES];
-    for (int i = 0; i < rs->n; i++) {
-        const rnode *n = &rs->nodes[i];
-        missing[i] = 0;
-        if (!n->rc && n->ngot > 0 && n->got[0]->type == REDIS_REPLY_INTEGER) {
-            answered++;
-            notours += n->got[0]->integer != 1;
-            missing[i] = n->got[0]->integer == 0;
-        }
-    }
+    int answered, notours, missing[MAX_NODES];
+    count_ints(rs, &answered, &notours, missing);
     if (t.yes >= rs->quorum &&
         ttl_ms - (now - start) - margin(rs, ttl_ms) > 0) {
         /* put back the keys that nodes lost (counted from the next
@@ -1031,13 +984,12 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
         for (int i = 0; i < rs->n; i++) {
             if (!missing[i])
                 continue;
-            rcmd c;
-            evalsha(&c, S_REPAIR, "1");
-            arg(&c, lock, ll);
-            arg(&c, owner, ol);
-            args(&c, num);
-            args(&c, l->desc);
-            args(&c, ttl);
+            rcmd_evalsha(&c, S_REPAIR, 1);
+            rcmd_arg(&c, lock, ll);
+            rcmd_arg(&c, owner, ol);
+            rcmd_str(&c, num);
+            rcmd_str(&c, l->desc);
+            rcmd_str(&c, ttl);
             node_send(rs, &rs->nodes[i], &c, K_SKIP, now);
         }
         pthread_mutex_unlock(&rs->mu);
@@ -1086,33 +1038,23 @@ static int rl_inspect(void *st, const char *name, size_t len,
     rl_store *rs = st;
     char lock[DLOCK__REDIS_KEY_MAX], fence[DLOCK__REDIS_KEY_MAX];
     char wake[DLOCK__REDIS_KEY_MAX];
-    size_t ll = make_key(rs, lock, name, len, "");
-    size_t fl = make_key(rs, fence, name, len, ":f");
-    size_t wl = wake_key(rs, wake, name, len);
+    size_t ll = dlock__redis_key(&rs->cfg, name, len, "", lock);
+    size_t fl = dlock__redis_key(&rs->cfg, name, len, ":f", fence);
+    size_t wl = dlock__redis_wake_key(&rs->cfg, name, len, wake);
     seen sn[MAX_NODES];
     int has[MAX_NODES];
     int rc = DLOCK_OK, answered = 0;
 
+    rcmd c[2];
+    rcmd_evalsha(&c[0], S_INSPECT, 2);
+    rcmd_arg(&c[0], lock, ll);
+    rcmd_arg(&c[0], fence, fl);
+    rcmd_plain(&c[1]);
+    rcmd_str(&c[1], "PUBSUB");
+    rcmd_str(&c[1], "NUMSUB");
+    rcmd_arg(&c[1], wake, wl);
     pthread_mutex_lock(&rs->mu);
-    int64_t now = dlock__now_ms();
-    int64_t deadline = now + rs->node_timeout;
-    if (deadline > op_deadline)
-        deadline = op_deadline;
-    round_begin(rs);
-    for (int i = 0; i < rs->n; i++) {
-        rcmd c, p;
-        evalsha(&c, S_INSPECT, "2");
-        arg(&c, lock, ll);
-        arg(&c, fence, fl);
-        node_send(rs, &rs->nodes[i], &c, K_ROUND, now);
-        p.script = -1;
-        p.argc = 0;
-        args(&p, "PUBSUB");
-        args(&p, "NUMSUB");
-        arg(&p, wake, wl);
-        node_send(rs, &rs->nodes[i], &p, K_ROUND, now);
-    }
-    round_run(rs, deadline, NULL, NULL);
+    ask_all(rs, c, 2, op_deadline, NULL, NULL);
 
     uint64_t last = 0;
     out->waiters = 0;
@@ -1464,7 +1406,7 @@ static int rl_arm(void *st, dlock__lease *l, int64_t op_deadline)
     pthread_mutex_lock(&rs->sub_mu);
     if (!rl->chan) {
         char wake[DLOCK__REDIS_KEY_MAX];
-        size_t wl = wake_key(rs, wake, l->name, l->name_len);
+        size_t wl = dlock__redis_wake_key(&rs->cfg, l->name, l->name_len, wake);
         rl->chan = chan_get(rs, wake, wl);
         if (!rl->chan) {
             pthread_mutex_unlock(&rs->sub_mu);
