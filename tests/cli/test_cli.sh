@@ -5,30 +5,32 @@
 #
 # test_cli.sh -- the dlock command-line tool, through its real binary.
 #
-#   bash test_cli.sh /path/to/dlock file|redis|zk|etcd|sqlite|pg|pg-advisory|mysql
+#   bash test_cli.sh /path/to/dlock file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql
 #
 # "redis" starts a private redis-server (from PATH) on a free loopback port
-# in a temporary directory and stops it on exit; "zk" likewise a private
-# standalone ZooKeeper server (java from PATH, /usr/share/java/zookeeper.jar:
-# Debian's zookeeper package); "etcd" a private etcd member (Debian's
-# etcd-server; etcdctl from etcd-client); "pg", "pg-advisory" and "mysql" a
-# private PostgreSQL or MariaDB server (tests/servers/sqlserver.sh; psql and
-# the mariadb client look behind dlock's back). Every wait is bounded; the whole script takes
-# well under a minute. Each failed assertion prints a
-# "FAIL:" line; the exit status is 1 if any failed, 0 otherwise.
+# in a temporary directory and stops it on exit; "redlock" three of them
+# (redlock://, quorum 2; at the end it freezes one, then kills two); "zk"
+# likewise a private standalone ZooKeeper server (java from PATH,
+# /usr/share/java/zookeeper.jar: Debian's zookeeper package); "etcd" a
+# private etcd member (Debian's etcd-server; etcdctl from etcd-client);
+# "pg", "pg-advisory" and "mysql" a private PostgreSQL or MariaDB server
+# (tests/servers/sqlserver.sh; psql and the mariadb client look behind
+# dlock's back). Every wait is bounded; the whole script takes well under a
+# minute. Each failed assertion prints a "FAIL:" line; the exit status is 1
+# if any failed, 0 otherwise.
 
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
+file | redis | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file', 'redis', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -40,8 +42,10 @@ fi
 FAILS=0
 PASSES=0
 BG_PIDS=()
-REDIS_PID=
-REDIS_PORT=
+REDIS_PIDS=()  # one redis-server per node (redis: 1, redlock: 3)
+REDIS_PORTS=()
+REDIS_PORT=    # the first node's port
+PW_STORE=      # redlock: DLOCK_STORE with user dlu and its password
 ZK_PID=
 ZK_PORT=
 ETCD_PID=
@@ -60,10 +64,12 @@ cleanup() {
     for p in "${BG_PIDS[@]}"; do
         kill -KILL "$p" 2>/dev/null
     done
-    if [ -n "$REDIS_PID" ]; then
-        kill -KILL "$REDIS_PID" 2>/dev/null
-        wait "$REDIS_PID" 2>/dev/null
-    fi
+    for p in "${REDIS_PIDS[@]}"; do
+        if [ -n "$p" ]; then
+            kill -KILL "$p" 2>/dev/null
+            wait "$p" 2>/dev/null
+        fi
+    done
     if [ -n "$ZK_PID" ]; then
         kill -KILL "$ZK_PID" 2>/dev/null # also when SIGSTOPped
         wait "$ZK_PID" 2>/dev/null
@@ -206,24 +212,54 @@ wait_file() {
     return 1
 }
 
+# tok_close STATUS_TOKEN HOLDER_TOKEN: the token `dlock status` shows
+# stands for the holder's. redlock: the status shows the highest fencing
+# counter among the nodes (a node that answered after the quorum may be a
+# little ahead; counters start from the nodes' clocks in microseconds), so
+# its counter (token / 64) is at least the holder's and less than a second
+# of microseconds above it, whatever the node index (token % 64)
+# (docs/redlock.md, "Fencing tokens"). Other stores: the same number.
+tok_close() {
+    [[ $1 =~ ^[0-9]+$ && $2 =~ ^[0-9]+$ ]] || return 1
+    if [ "$KIND" = redlock ]; then
+        local d=$(((10#$1 >> 6) - (10#$2 >> 6)))
+        ((d >= 0 && d < 1000000))
+    else
+        [ "$1" = "$2" ]
+    fi
+}
+
 START_MS=$(now_ms)
 
 # --------------------------------------------------------------------------
 # The store
 # --------------------------------------------------------------------------
 
+# start_redis N: starts N private redis-servers (no persistence), each on
+# its own free loopback port, in $TMP/redisI; their pids in REDIS_PIDS and
+# ports in REDIS_PORTS (REDIS_PORT: the first's). Exits if one will not start.
 start_redis() {
-    local attempt p i
+    local n=${1:-1} node
     if ! command -v redis-server >/dev/null 2>&1; then
         echo "FAIL: redis-server is not in PATH: install redis (e.g." \
-            "apt-get install redis-server) to run the redis CLI tests" >&2
+            "apt-get install redis-server) to run the $KIND CLI tests" >&2
         exit 1
     fi
     if ! command -v redis-cli >/dev/null 2>&1; then
         echo "FAIL: redis-cli is not in PATH: install redis-tools" >&2
         exit 1
     fi
-    mkdir -p "$TMP/redis"
+    for ((node = 0; node < n; node++)); do
+        start_redis_node "$node"
+    done
+    REDIS_PORT=${REDIS_PORTS[0]}
+}
+
+# start_redis_node I: starts node I (REDIS_PIDS[I], REDIS_PORTS[I]). The
+# nodes started before it listen already, so it never picks their ports.
+start_redis_node() {
+    local node=$1 attempt p i pid dir=$TMP/redis$1
+    mkdir -p "$dir"
     for ((attempt = 0; attempt < 5; attempt++)); do
         # a free loopback port: nothing answers on it
         p=
@@ -238,26 +274,46 @@ start_redis() {
             continue
         fi
         redis-server --save '' --appendonly no --bind 127.0.0.1 \
-            --port "$p" --dir "$TMP/redis" --daemonize no \
-            >"$TMP/redis/log" 2>&1 </dev/null &
-        REDIS_PID=$!
+            --port "$p" --dir "$dir" --daemonize no \
+            >"$dir/log" 2>&1 </dev/null &
+        pid=$!
+        REDIS_PIDS[node]=$pid
         for ((i = 0; i < 50; i++)); do
-            if ! kill -0 "$REDIS_PID" 2>/dev/null; then
+            if ! kill -0 "$pid" 2>/dev/null; then
                 break # exited: the port was taken after all?
             fi
             if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
-                REDIS_PORT=$p
+                REDIS_PORTS[node]=$p
                 return 0
             fi
             sleep 0.1
         done
-        kill -KILL "$REDIS_PID" 2>/dev/null
-        wait "$REDIS_PID" 2>/dev/null
-        REDIS_PID=
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        REDIS_PIDS[node]=
     done
-    echo "FAIL: redis-server did not start; its log:" >&2
-    show "$TMP/redis/log"
+    echo "FAIL: redis-server (node $node) did not start; its log:" >&2
+    show "$dir/log"
     exit 1
+}
+
+# kill_redis_node I: SIGKILLs node I and reaps it.
+kill_redis_node() {
+    local pid=${REDIS_PIDS[$1]}
+    if [ -n "$pid" ]; then
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        REDIS_PIDS[$1]=
+    fi
+}
+
+# redis_all CMD...: runs redis-cli CMD on every node; prints the answers,
+# one a line, in node order.
+redis_all() {
+    local p
+    for p in "${REDIS_PORTS[@]}"; do
+        redis-cli -p "$p" "$@" 2>&1
+    done
 }
 
 ZK_JAR=/usr/share/java/zookeeper.jar
@@ -469,8 +525,26 @@ store_serving() {
 
 case $KIND in
 redis)
-    start_redis
+    start_redis 1
     export DLOCK_STORE="redis://127.0.0.1:$REDIS_PORT"
+    ;;
+redlock)
+    start_redis 3
+    export DLOCK_STORE="redlock://127.0.0.1:${REDIS_PORTS[0]},127.0.0.1:${REDIS_PORTS[1]},127.0.0.1:${REDIS_PORTS[2]}"
+    # a user with a password on every node, for the checks that a password
+    # in the URI is never printed
+    acl=$(redis_all ACL SETUSER dlu on '>Pw9Secret' '~*' '&*' +@all)
+    if [ "$acl" != "$(printf 'OK\nOK\nOK')" ]; then
+        echo "FAIL: ACL SETUSER on the redlock nodes answered: ${acl//$'\n'/ }" >&2
+        exit 1
+    fi
+    PW_STORE="redlock://dlu:Pw9Secret@127.0.0.1:${REDIS_PORTS[0]},127.0.0.1:${REDIS_PORTS[1]},127.0.0.1:${REDIS_PORTS[2]}"
+    dl status redlockProbeL
+    if [ "$RC" -ne 0 ]; then
+        echo "FAIL: dlock status on $DLOCK_STORE exited $RC (built without" \
+            "libhiredis?):" "$(cat "$TMP/err")" >&2
+        exit 1
+    fi
     ;;
 zk)
     start_zk
@@ -630,6 +704,46 @@ if [ "$KIND" = etcd ]; then
         fail "etcd auth without server auth: exit $RC: $(cat "$TMP/err")"
     fi
 fi
+if [ "$KIND" = redlock ]; then
+    # a password in the URI (user dlu on every node) is shown as ***, and
+    # is in no message, whether it is right, wrong or never sent
+    dl status --store "$PW_STORE" pwL
+    if [ "$RC" -eq 0 ] && grep -q '^store: *redlock://dlu:\*\*\*@127' "$TMP/out" &&
+        ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+        pass "redlock: status with a password shows it as ***"
+    else
+        fail "redlock: status with a password: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl status --json --store "$PW_STORE" pwL
+    if [ "$RC" -eq 0 ] && grep -q '"store":"redlock://dlu:\*\*\*@127' "$TMP/out" &&
+        ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+        pass "redlock: status --json with a password shows it as ***"
+    else
+        fail "redlock: status --json with a password: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl run --store "$PW_STORE" pwL -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+    if [ "$RC" -eq 0 ] && grep -q '^[1-9][0-9]*$' "$TMP/out" && [ ! -s "$TMP/err" ]; then
+        pass "redlock: run with the right password"
+    else
+        fail "redlock: run with a password: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    rm -f "$TMP/pw.ran"
+    dl run --store "${PW_STORE/Pw9Secret/Wrong9Pass}" pwL -- sh -c ': > "$0"' "$TMP/pw.ran"
+    if [ "$RC" -eq 69 ] && grep -qi 'auth' "$TMP/err" && [ ! -e "$TMP/pw.ran" ] &&
+        ! grep -q -e Wrong9Pass -e Pw9Secret "$TMP/out" "$TMP/err"; then
+        pass "redlock: a wrong password refused in words, unprinted (exit 69)"
+    else
+        fail "redlock: wrong password: exit $RC (expected 69, 'auth'," \
+            "no password, command not run): $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl run --wait 1s --store 'redlock://dlu:Pw9Secret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3' pwL -- true
+    if [ "$RC" -eq 69 ] && grep -q '127.0.0.1:2' "$TMP/err" &&
+        ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+        pass "redlock: unreachable nodes listed, password not printed (exit 69)"
+    else
+        fail "redlock: unreachable nodes with a password: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+fi
 # --store wins over DLOCK_STORE
 dl status --store "file://$TMP/other" storeL
 if [ "$RC" -eq 0 ] && grep -q "store: *file://$TMP/other" "$TMP/out"; then
@@ -703,8 +817,9 @@ if [ "$KIND" = zk ] || [ "$KIND" = etcd ] || [ "$KIND" = pg-advisory ]; then
 else
     want_tok=$tok3
 fi
-if grep -q "\"held\":false" "$TMP/out" && grep -q "\"token\":${want_tok}[,}]" "$TMP/out"; then
-    pass "status shows the last token $want_tok"
+stok=$(sed -n 's/.*"token":\([0-9]*\)[,}].*/\1/p' "$TMP/out")
+if grep -q "\"held\":false" "$TMP/out" && tok_close "$stok" "$want_tok"; then
+    pass "status shows the last token $want_tok (status: $stok)"
 else
     fail "status after release: expected held false and token $want_tok: $(cat "$TMP/out")"
 fi
@@ -818,6 +933,32 @@ if wait_held mxL "$holder"; then
             pass "etcd status --json: ttl_ms > 0, token = the holder's DLOCK_TOKEN $htok"
         else
             fail "etcd status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
+        fi
+    fi
+
+    if [ "$KIND" = redis ] || [ "$KIND" = redlock ]; then
+        # the holder, the lease left (of the default 10 s ttl) and the
+        # holder's token (redlock: see tok_close)
+        wait_file "$TMP/tok.mx"
+        htok=$(cat "$TMP/tok.mx" 2>/dev/null)
+        dl status mxL
+        stok=$(sed -n 's/^token:    \([0-9]*\)$/\1/p' "$TMP/out")
+        if [ "$RC" -eq 0 ] && grep -q '^lease:    [0-9.]*m\?s left' "$TMP/out" &&
+            grep -q "^holder:   .*pid ${holder}[^0-9]" "$TMP/out" &&
+            tok_close "$stok" "$htok"; then
+            pass "$KIND status: the holder, the lease, token $stok for the holder's $htok"
+        else
+            fail "$KIND status while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out" "$TMP/err")"
+        fi
+        dl status --json mxL
+        stok=$(sed -n 's/.*"token":\([0-9]*\)[,}].*/\1/p' "$TMP/out")
+        ttl=$(sed -n 's/.*"ttl_ms":\(-\{0,1\}[0-9]*\)[,}].*/\1/p' "$TMP/out")
+        if [ "$RC" -eq 0 ] && [[ $ttl =~ ^[0-9]+$ ]] && ((ttl > 0 && ttl <= 10000)) &&
+            grep -q "\"holder\":\"[^\"]*pid ${holder}[^0-9]" "$TMP/out" &&
+            tok_close "$stok" "$htok"; then
+            pass "$KIND status --json: the holder, ttl_ms $ttl, token $stok"
+        else
+            fail "$KIND status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
         fi
     fi
 
@@ -1084,7 +1225,7 @@ else
 fi
 
 # --------------------------------------------------------------------------
-# Lock loss (redis, zk and etcd: the file store has no lease to lose)
+# Lock loss (every store but the file store, which has no lease to lose)
 # --------------------------------------------------------------------------
 
 # wait_free NAME SECONDS: waits (at most SECONDS) until the store says NAME
@@ -1101,15 +1242,24 @@ wait_free() {
     return 1
 }
 
-if [ "$KIND" = redis ]; then
+if [ "$KIND" = redis ] || [ "$KIND" = redlock ]; then
+    # the key deleted behind dlock's back (redlock: on every node; a
+    # renewal between two DELs may put one back, so count at least a
+    # quorum of them, and the next renewal finds the key on one node at most)
     bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
-        n=$(redis-cli -p "$REDIS_PORT" DEL 'dlock:{lostL}' 2>&1)
-        if [ "$n" = 1 ]; then
+        n=$(redis_all DEL 'dlock:{lostL}')
+        ndel=0
+        for x in $n; do
+            [[ $x =~ ^[0-9]+$ ]] && ndel=$((ndel + x))
+        done
+        if [ "$KIND" = redis ] && [ "$n" = 1 ]; then
             pass "deleted the lock key behind dlock's back"
+        elif [ "$KIND" = redlock ] && [[ ${n//$'\n'/} =~ ^[01]+$ ]] && ((ndel >= 2)); then
+            pass "deleted the lock key on the nodes behind dlock's back (${n//$'\n'/ })"
         else
-            fail "redis-cli DEL 'dlock:{lostL}' answered '$n' (key layout?)"
+            fail "redis-cli DEL 'dlock:{lostL}' answered '${n//$'\n'/ }' (key layout?)"
         fi
         t0=$(now_ms)
         wait_exit "$lostpid" 6
@@ -1141,7 +1291,7 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
         sh -c "$stubborn"
     stubpid=$BG
     if wait_held stubL "$stubpid" && wait_file "$TMP/ready"; then
-        redis-cli -p "$REDIS_PORT" DEL 'dlock:{stubL}' >/dev/null 2>&1
+        redis_all DEL 'dlock:{stubL}' >/dev/null
         wait_exit "$stubpid" 8
         if [ "$WRC" = 76 ]; then
             pass "lost lock, command ignoring SIGTERM: killed, exit 76"
@@ -1376,9 +1526,146 @@ fi
 # Fairness flag
 # --------------------------------------------------------------------------
 
-expect_rc 0 "--fair" -- run --fair fairL -- true
-expect_rc 0 "--fair --wait 1s --ttl 2s" -- run --fair --wait 1s --ttl 2s fairL -- true
+if [ "$KIND" = redlock ]; then
+    # no fair mode on N independent masters: DLOCK_ENOTSUP, which the CLI
+    # reports as a store failure (69), in words, before running anything
+    for args in "--fair" "--fair --wait 1s --ttl 2s" "--store=$PW_STORE --fair"; do
+        rm -f "$TMP/fair.ran"
+        # shellcheck disable=SC2086 # split on purpose
+        dl run $args fairL -- sh -c ': > "$0"' "$TMP/fair.ran"
+        if [ "$RC" -eq 69 ] && grep -qi 'fair' "$TMP/err" &&
+            grep -qi 'not supported' "$TMP/err" && [ ! -e "$TMP/fair.ran" ] &&
+            [ ! -s "$TMP/out" ] && ! grep -q Pw9Secret "$TMP/err"; then
+            pass "redlock: run ${args/Pw9Secret/***} refused: exit 69, '$(head -c 80 "$TMP/err")...'"
+        else
+            fail "redlock: run ${args/Pw9Secret/***}: exit $RC (expected 69, 'fair ... not" \
+                "supported' on stderr, the command not run): $(cat "$TMP/out" "$TMP/err")"
+        fi
+    done
+    dl status --json fairL
+    if [ "$RC" -eq 0 ] && grep -q '"held":false' "$TMP/out" && grep -q '"token":0[,}]' "$TMP/out"; then
+        pass "redlock: fairL never taken by the refused --fair runs"
+    else
+        fail "redlock: fairL after the refused --fair runs: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+else
+    expect_rc 0 "--fair" -- run --fair fairL -- true
+    expect_rc 0 "--fair --wait 1s --ttl 2s" -- run --fair --wait 1s --ttl 2s fairL -- true
+fi
 expect_rc 0 "--quiet --store=URI form" -- run --quiet "--store=$DLOCK_STORE" fairL -- true
+
+# --------------------------------------------------------------------------
+# redlock: nodes frozen and killed (last: the nodes do not come back)
+# --------------------------------------------------------------------------
+
+if [ "$KIND" = redlock ]; then
+    # one node frozen: every operation ends once the other two answered,
+    # within node_timeout (50 ms) of them
+    kill -STOP "${REDIS_PIDS[0]}"
+    t0=$(now_ms)
+    dl run frozenNodeL -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+    dt=$(($(now_ms) - t0))
+    if [ "$RC" -eq 0 ] && grep -q '^[1-9][0-9]*$' "$TMP/out" && ((dt < 3000)); then
+        pass "redlock: one of 3 nodes frozen: run exit 0 after ${dt} ms"
+    else
+        fail "redlock: one node frozen: run exit $RC after ${dt} ms: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl status frozenNodeL
+    if [ "$RC" -eq 0 ] && grep -q '^state:    free' "$TMP/out"; then
+        pass "redlock: one of 3 nodes frozen: status"
+    else
+        fail "redlock: one node frozen: status exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    kill -CONT "${REDIS_PIDS[0]}"
+
+    # a holder survives the death (SIGKILL) of one node: its renewals
+    # (every ttl/3) keep a quorum of two
+    TOKFILE=$TMP/tok.k1 bg_dlock k1 run --ttl 1s k1L -- \
+        sh -c 'printf "%s" "$DLOCK_TOKEN" > "$TOKFILE"; sleep 2'
+    k1pid=$BG
+    if wait_held k1L "$k1pid"; then
+        kill_redis_node 2
+        wait_exit "$k1pid" 10
+        if [ "$WRC" = 0 ] && ! grep -qi lost "$TMP/bg.k1.err"; then
+            pass "redlock: a holder (ttl 1s, 2 s command) survives a node's SIGKILL"
+        else
+            fail "redlock: holder across a node's SIGKILL: exit $WRC, expected 0"
+            show "$TMP/bg.k1.err"
+        fi
+    else
+        fail "k1L never held"
+        show "$TMP/bg.k1.err"
+        kill_redis_node 2
+    fi
+    k1tok=$(cat "$TMP/tok.k1" 2>/dev/null)
+
+    # one of three killed: run works, with a token above the last one
+    t0=$(now_ms)
+    dl run k1L -- sh -c "$print_env"
+    dt=$(($(now_ms) - t0))
+    ktok=$(sed -n 2p "$TMP/out")
+    if [ "$RC" -eq 0 ] && [ "$(sed -n 1p "$TMP/out")" = k1L ] &&
+        [[ $ktok =~ ^[1-9][0-9]*$ ]]; then
+        pass "redlock: one of 3 nodes killed: run exit 0, DLOCK_TOKEN $ktok (${dt} ms)"
+    else
+        fail "redlock: one node killed: run exit $RC, output: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    if [[ $ktok =~ ^[0-9]+$ && $k1tok =~ ^[0-9]+$ ]] && ((10#$ktok > 10#$k1tok)); then
+        pass "redlock: one node killed: the token still grows ($k1tok < $ktok)"
+    else
+        fail "redlock: one node killed: token '$ktok' not above the previous '$k1tok'"
+    fi
+    dl status k1L
+    if [ "$RC" -eq 0 ] && grep -q '^state:    free' "$TMP/out"; then
+        pass "redlock: one of 3 nodes killed: status"
+    else
+        fail "redlock: one node killed: status exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+
+    # a second node killed under a holder: below the quorum, its renewal
+    # fails and the hold is lost at the end of its validity (ttl 1s): 76
+    bg_dlock k2 run --ttl 1s --kill-after 1s k2L -- sleep 20
+    k2pid=$BG
+    if wait_held k2L "$k2pid"; then
+        kill_redis_node 1
+        t0=$(now_ms)
+        wait_exit "$k2pid" 8
+        dt=$(($(now_ms) - t0))
+        if [ "$WRC" = 76 ] && grep -qi lost "$TMP/bg.k2.err"; then
+            pass "redlock: second node killed under a holder: lost, exit 76 after ${dt} ms"
+        else
+            fail "redlock: second node killed under a holder: exit $WRC after ${dt} ms," \
+                "expected 76 and 'lost' on stderr"
+            show "$TMP/bg.k2.err"
+        fi
+    else
+        fail "k2L never held"
+        show "$TMP/bg.k2.err"
+        kill_redis_node 1
+    fi
+
+    # two of three killed: no quorum: 69 at once (not after --wait),
+    # naming the nodes that failed, and the command never runs
+    for store in "$DLOCK_STORE" "$PW_STORE"; do
+        rm -f "$TMP/k2.ran"
+        t0=$(now_ms)
+        dl run --wait 1s --store "$store" k2L -- sh -c ': > "$0"' "$TMP/k2.ran"
+        dt=$(($(now_ms) - t0))
+        what="redlock: two of 3 nodes killed"
+        [ "$store" = "$PW_STORE" ] && what="$what (a password in the URI)"
+        if [ "$RC" -eq 69 ] && ((dt < 1000)) && [ ! -e "$TMP/k2.ran" ] &&
+            grep -qF "127.0.0.1:${REDIS_PORTS[1]}" "$TMP/err" &&
+            grep -qF "127.0.0.1:${REDIS_PORTS[2]}" "$TMP/err" &&
+            ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+            pass "$what: run --wait 1s: exit 69 after ${dt} ms, nodes named"
+        else
+            fail "$what: run --wait 1s: exit $RC after ${dt} ms (expected 69 within" \
+                "1 s, both dead nodes named, no password, command not run" \
+                "$([ -e "$TMP/k2.ran" ] && echo ': it RAN')): $(cat "$TMP/out" "$TMP/err")"
+        fi
+    done
+    expect_rc 69 "redlock: two of 3 nodes killed: status" -- status k2L
+fi
 
 # --------------------------------------------------------------------------
 
