@@ -1077,8 +1077,10 @@ static int rl_inspect(void *st, const char *name, size_t len,
         }
         answered++;
         uint64_t f;
+        /* the highest counter, from the lowest node that has it: the
+         * token rule of the acquire */
         if (dlock__redis_reply_uint(s->element[3], &f) == 0 &&
-            (f << NODE_BITS | (uint64_t)i) > last)
+            (f << NODE_BITS) > (last & ~(uint64_t)((1 << NODE_BITS) - 1)))
             last = f << NODE_BITS | (uint64_t)i;
         if (ns->type == REDIS_REPLY_ARRAY && ns->elements == 2 &&
             ns->element[1]->type == REDIS_REPLY_INTEGER &&
