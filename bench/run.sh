@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # run.sh BUILD_DIR [--quick] -- runs the benchmarks against a private
 # redis-server (free loopback port, temporary directory, no persistence),
-# a temporary file store, a private standalone ZooKeeper server (free
+# a temporary file store, five private redis-servers for Redlock (beside
+# node-redlock, which npm installs under BUILD_DIR/npm, never in the
+# tree), a private standalone ZooKeeper server (free
 # loopback port, temporary directory, no fsync) and a private etcd member
 # (free loopback ports, temporary directory), then SQLite database files
 # in the temporary directory, a private PostgreSQL server (free loopback
@@ -14,12 +16,14 @@ quick=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlock-bench-XXXXXX")
 pid=
+rlpids=
 zkpid=
 etcdpid=
 pgpid=
 mypid=
 cleanup() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null
+    for p in $rlpids; do kill "$p" 2>/dev/null; done
     [ -n "$zkpid" ] && kill "$zkpid" 2>/dev/null
     [ -n "$etcdpid" ] && kill "$etcdpid" 2>/dev/null
     # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for its clients)
@@ -51,6 +55,93 @@ out=$tmp/results.md
 # shellcheck disable=SC2086 # $quick: nothing or --quick
 "$build/bench/dlock_bench" "redis://127.0.0.1:$port" "$tmp/locks" $quick >"$out"
 kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
+
+# --- Redlock: five private redis-servers, dlock's redlock:// store beside
+# a bare hiredis quorum floor and node-redlock (npm redlock 5 on ioredis)
+rlout=$tmp/results-redlock.md
+rlnodes=
+rl_redis() { # rl_redis DIR: one more server in DIR; its pid and address
+    # are added to rlpids and rlnodes
+    local d=$1 p rp
+    mkdir -p "$d"
+    for _ in $(seq 50); do
+        p=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+        redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
+            --dir "$d" --logfile "$d/redis.log" &
+        rp=$!
+        # the server that answers must be this one (another process may
+        # have taken the port since it was found free)
+        for _ in $(seq 100); do
+            redis-cli -p "$p" info server 2>/dev/null | tr -d '\r' |
+                grep -qx "process_id:$rp" && {
+                rlpids="$rlpids $rp"
+                rlnodes=$rlnodes${rlnodes:+,}127.0.0.1:$p
+                return 0
+            }
+            kill -0 "$rp" 2>/dev/null || break
+            sleep 0.05
+        done
+        kill "$rp" 2>/dev/null || true; wait "$rp" 2>/dev/null || true
+    done
+    return 1
+}
+# node-redlock: the 5.x line has only pre-releases (`redlock@5` resolves to
+# none), so the newest is named; installed once into BUILD_DIR/npm
+rl_spec="redlock@5.0.0-beta.2 ioredis@5"
+npmdir=$(cd "$build" && pwd)/npm
+rl_peer_skip=
+rl_peer_ver=
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    rl_peer_skip="node or npm is missing (Debian packages nodejs and npm; scripts/install-deps.sh bench)"
+elif [ "$(cat "$npmdir/.installed" 2>/dev/null)" != "$rl_spec" ] ||
+    [ ! -d "$npmdir/node_modules/redlock" ] || [ ! -d "$npmdir/node_modules/ioredis" ]; then
+    rm -rf "$npmdir"
+    mkdir -p "$npmdir"
+    echo "bench: npm install $rl_spec (into $npmdir)" >&2
+    # shellcheck disable=SC2086 # $rl_spec: two package specs
+    if timeout 240 npm install --prefix "$npmdir" --no-save --no-audit \
+        --no-fund --no-update-notifier --loglevel=error --fetch-retries=1 \
+        --fetch-retry-mintimeout=2000 --fetch-retry-maxtimeout=5000 \
+        --fetch-timeout=60000 $rl_spec >"$tmp/npm.log" 2>&1; then
+        echo "$rl_spec" >"$npmdir/.installed"
+    else
+        rl_err=$(grep -m1 -E '^npm (ERR!|error) ' "$tmp/npm.log" |
+            sed -E 's/^npm (ERR!|error) //' | cut -c1-160)
+        rl_peer_skip="\`npm install $rl_spec\` failed or timed out (is the npm registry reachable?)${rl_err:+: $rl_err}"
+    fi
+fi
+if [ -z "$rl_peer_skip" ]; then
+    # shellcheck disable=SC2016 # JavaScript, not shell
+    rl_peer_ver=$(node -e '
+        const fs = require("fs"), v = (m) => JSON.parse(fs.readFileSync(
+            process.argv[1] + "/node_modules/" + m + "/package.json")).version;
+        console.log(`redlock ${v("redlock").replace(/^v/, "")}, ioredis ${v("ioredis")}, node ${process.version}`);
+    ' "$npmdir" 2>/dev/null) || rl_peer_ver=
+fi
+if [ ! -x "$build/bench/dlock_bench_redlock" ]; then
+    printf '## Redlock\n\nNot measured: dlock_bench_redlock was not built (libhiredis-dev missing).\n' >"$rlout"
+else
+    for i in 1 2 3 4 5; do
+        rl_redis "$tmp/redlock$i" || {
+            echo "bench: redis-server for Redlock did not start" >&2
+            exit 1
+        }
+    done
+    if [ -n "$rl_peer_skip" ]; then
+        rl_peer=(--no-peer "$rl_peer_skip")
+    else
+        rl_peer=(--peer "$root/bench/redlock_peer.js" "$npmdir/node_modules")
+    fi
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    if ! "$build/bench/dlock_bench_redlock" "$rlnodes" $quick "${rl_peer[@]}" >"$rlout"; then
+        echo "bench: dlock_bench_redlock failed; the servers' logs:" >&2
+        tail -5 "$tmp"/redlock*/redis.log >&2 || true
+        exit 1
+    fi
+    for p in $rlpids; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    rlpids=
+fi
 
 # --- ZooKeeper: started only now, so that its JVM does not run beside the
 # Redis figures
@@ -340,6 +431,7 @@ doc=$root/docs/benchmarks.md
     echo "- machine: $(nproc) cores, ${cpu:-unknown CPU}, $(uname -sr)"
     echo "- redis-server: $(redis-server --version | sed 's/Redis server //;s/ sha.*//')," \
          "hiredis $(pkg-config --modversion hiredis 2>/dev/null || echo '?')"
+    echo "- redlock: five more such redis-servers; node-redlock: ${rl_peer_ver:-not measured}"
     if [ -n "$zkver" ]; then
         echo "- zookeeper: server $zkver (standalone, forceSync=no, $(java -version 2>&1 | head -1 | tr -d '"'))," \
              "libzookeeper_mt $(dpkg-query -W -f='${Version}' libzookeeper-mt2 2>/dev/null | sed 's/-.*//')"
@@ -365,6 +457,8 @@ doc=$root/docs/benchmarks.md
     echo
     cat "$out"
     echo
+    cat "$rlout"
+    echo
     cat "$zkout"
     echo
     cat "$etcdout"
@@ -376,6 +470,8 @@ doc=$root/docs/benchmarks.md
     cat "$myout"
 } >"$doc"
 cat "$out"
+echo
+cat "$rlout"
 echo
 cat "$zkout"
 echo

@@ -9,7 +9,8 @@
 #             their command-line clients, faketime (clock-skew tests)
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
-#   bench     what the benchmarks compare against
+#   bench     what the benchmarks compare against (the servers; Node.js and
+#             npm for node-redlock, which the bench installs from npm)
 set -eu
 
 pkgs=""
@@ -19,7 +20,7 @@ for group in "$@"; do
     test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client mariadb-server mariadb-client faketime" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
-    bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client" ;;
+    bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac
 done
@@ -27,6 +28,12 @@ done
 missing=""
 for p in $pkgs; do
     case " $missing " in *" $p "*) continue ;; esac
+    # a Node.js from elsewhere (NodeSource's nodejs package carries its own
+    # npm and conflicts with Debian's): the commands are what counts
+    case $p in
+    nodejs) command -v node >/dev/null 2>&1 && continue ;;
+    npm) command -v npm >/dev/null 2>&1 && continue ;;
+    esac
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
         missing="$missing $p"
     fi
