@@ -73,6 +73,7 @@
 #define SUB_RETRY_MS 500 /* a failed subscriber connection waits this long */
 #define JITTER_MS 50
 #define NO_TTL_RETRY_MS 1000
+#define RELEASING_RETRY_MS 2 /* the holder's release is on its way */
 #define STALE_CHECK_MS 200
 
 /* ------------------------------------------------------------------------ */
@@ -197,7 +198,9 @@ typedef struct rchan {
     int refs;
     int *want;        /* per node: SUBSCRIBE was the last command sent */
     int *outstanding; /* per node: commands sent, not answered */
-    char last[96];    /* the last release seen (one per node arrives) */
+    char last[96];    /* the last release seen ("OWNER COUNTER"; one copy
+                       * arrives per node it freed) */
+    int64_t last_at;  /* when its first copy arrived */
     struct rchan *next;
 } rchan;
 
@@ -706,37 +709,62 @@ static int64_t jitter_ms(void)
     return 1 + b % JITTER_MS;
 }
 
-/* After a try without a quorum: when to try again. If one owner holds the
- * lock on a quorum of the nodes, its lease (or a release) decides; else a
- * split or a half-free lock: a short random wait. */
-static int64_t retry_after(const rl_store *rs)
+/* Whether this client saw `owner` announce the release of the lock on
+ * `ch` within the last node timeout. */
+static int announced(rl_store *rs, rchan *ch, const char *owner, size_t len)
+{
+    int yes;
+
+    pthread_mutex_lock(&rs->sub_mu);
+    yes = ch && strlen(ch->last) > len && ch->last[len] == ' ' &&
+          memcmp(ch->last, owner, len) == 0 &&
+          dlock__now_ms() - ch->last_at <= rs->node_timeout;
+    pthread_mutex_unlock(&rs->sub_mu);
+    return yes;
+}
+
+/* The holder a node reported on this try (a "no" answer), or NULL. */
+static const redisReply *holder_of(const rnode *n)
+{
+    const redisReply *r = n->ngot > 0 ? n->got[0] : NULL;
+
+    if (n->rc || !r || reply_yes(r) || r->type != REDIS_REPLY_ARRAY ||
+        r->elements != 3 || r->element[2]->type != REDIS_REPLY_STRING)
+        return NULL;
+    return r->element[2];
+}
+
+/* After a try without a quorum: when to try again.
+ *  - A holder whose release this client has just heard of: soon. A
+ *    release reaches the nodes one by one, and its first notification can
+ *    wake a waiter whose try still finds the holder on some of them; the
+ *    copies of that notification from the other nodes are dropped (one
+ *    release wakes a waiter once), so nothing else would wake it.
+ *  - One owner on a quorum: its lease (or its release's notification).
+ *  - Otherwise a split vote or a lock half free: a short random wait. */
+static int64_t retry_after(rl_store *rs, rchan *ch)
 {
     for (int i = 0; i < rs->n; i++) {
-        const rnode *a = &rs->nodes[i];
-        if (a->rc || a->ngot == 0 || reply_yes(a->got[0]) ||
-            a->got[0]->type != REDIS_REPLY_ARRAY ||
-            a->got[0]->elements != 3 ||
-            a->got[0]->element[2]->type != REDIS_REPLY_STRING)
+        const redisReply *o = holder_of(&rs->nodes[i]);
+        if (o && announced(rs, ch, o->str, o->len))
+            return RELEASING_RETRY_MS;
+    }
+    for (int i = 0; i < rs->n; i++) {
+        const redisReply *oa = holder_of(&rs->nodes[i]);
+        if (!oa)
             continue;
-        const redisReply *oa = a->got[0]->element[2];
         int same = 0;
-        long long least = -3;
+        long long least = -1;
         for (int k = 0; k < rs->n; k++) {
-            const rnode *b = &rs->nodes[k];
-            if (b->rc || b->ngot == 0 || reply_yes(b->got[0]) ||
-                b->got[0]->type != REDIS_REPLY_ARRAY ||
-                b->got[0]->elements != 3)
-                continue;
-            const redisReply *ob = b->got[0]->element[2];
-            if (ob->type != REDIS_REPLY_STRING || ob->len != oa->len ||
+            const redisReply *ob = holder_of(&rs->nodes[k]);
+            if (!ob || ob->len != oa->len ||
                 memcmp(ob->str, oa->str, oa->len) != 0)
                 continue;
             same++;
-            long long p = b->got[0]->element[1]->type == REDIS_REPLY_INTEGER
-                              ? b->got[0]->element[1]->integer
-                              : -1;
-            if (least == -3 || (p >= 0 && (least < 0 || p < least)))
-                least = p;
+            const redisReply *p = rs->nodes[k].got[0]->element[1];
+            if (p->type == REDIS_REPLY_INTEGER && p->integer >= 0 &&
+                (least < 0 || p->integer < least))
+                least = p->integer;
         }
         if (same >= rs->quorum)
             return least >= 0 ? least : NO_TTL_RETRY_MS;
@@ -897,7 +925,7 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 
     /* no quorum: give back what we got, quietly; too many nodes failed
      * for any quorum: a store failure */
-    int64_t retry = retry_after(rs);
+    int64_t retry = retry_after(rs, ((rl_lease *)l->priv)->chan);
     int failed = 0;
     for (int i = 0; i < rs->n; i++)
         failed += rs->nodes[i].rc != 0;
@@ -1321,6 +1349,7 @@ static void sub_reply(rl_store *rs, rnode *n, redisReply *r)
             !memcmp(ch->last, m->str, m->len))
             return;
         snprintf(ch->last, sizeof(ch->last), "%.*s", (int)m->len, m->str);
+        ch->last_at = dlock__now_ms();
         /* P{NAME}:w:DB -> NAME */
         const char *end = name + len;
         while (end > name && *--end != '}')
