@@ -1,0 +1,1426 @@
+/*
+ * test_redlock.c -- what only the Redlock store (redlock://) does, and how
+ * it fails: five private redis-servers (no persistence) of which some are
+ * killed (SIGKILL), frozen (SIGSTOP) or restarted empty while locks are
+ * taken, held, renewed, waited for and released.
+ *
+ *   - 2 of 5 down: every operation still works (a quorum is 3);
+ *   - 3 of 5 down or frozen: DLOCK_ECONN that names the quorum, at once or
+ *     within the node timeout, never a success; a hold made before is
+ *     reported lost when its lease runs out;
+ *   - a frozen node costs at most the node timeout, never the sum of them,
+ *     round after round; its late replies do no harm;
+ *   - release and extend count the keys still ours: a quorum, or the hold
+ *     was lost;
+ *   - a node restarted empty: the holder puts its key back; the worst case
+ *     (a bare quorum, one of it restarted after the documented delay)
+ *     keeps mutual exclusion;
+ *   - fencing tokens grow across faults and across nodes whose counters
+ *     differ; six processes fighting (split votes), also while nodes
+ *     freeze and thaw, keep exclusion and all make progress;
+ *   - bad URIs, passwords, DLOCK_FAIR, a ttl too short for the node
+ *     timeout.
+ *
+ * Under valgrind (DLOCK_TEST_VALGRIND=1) a node answers far slower than
+ * Redlock's default 50 ms node timeout: the URI then says
+ * ?node_timeout=250, and leases and bounds are longer.
+ */
+#include "test.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#define NN 5 /* nodes; quorum 3 */
+
+static th_redis node[NN];
+static int down[NN]; /* 0 up, 1 killed, 2 frozen */
+static char hosts[512]; /* "127.0.0.1:P0,...,127.0.0.1:P4" */
+static char uri[1024];
+static int slow;         /* under valgrind */
+static int64_t nt;       /* the node timeout in uri */
+static int64_t slack;    /* a few round trips on a loaded machine */
+static int64_t short_ttl;
+
+/* ------------------------------------------------------------------------ */
+/* Helpers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+static dlock_client *client(void)
+{
+    return client_at(uri);
+}
+
+static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
+                        unsigned flags, dlock_lost_cb cb, void *arg)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    o.on_lost = cb;
+    o.on_lost_arg = arg;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
+                     unsigned flags)
+{
+    return handle_cb(c, name, ttl, flags, NULL, NULL);
+}
+
+static void kill_node(int i)
+{
+    th_redis_kill(&node[i], SIGKILL);
+    down[i] = 1;
+}
+
+static void stop_node(int i)
+{
+    th_redis_kill(&node[i], SIGSTOP);
+    down[i] = 2;
+}
+
+static void cont_node(int i)
+{
+    th_redis_kill(&node[i], SIGCONT);
+    down[i] = 0;
+}
+
+/* Starts a killed node again on its port: empty (no persistence). */
+static void restart_node(int i)
+{
+    th_redis_restart(&node[i]);
+    down[i] = 0;
+}
+
+/* After nodes died or came back: lets the clients' connections to them
+ * go idle long enough (the store looks for a connection the server closed
+ * only when it has been idle for 200 ms; one used just before the node
+ * died fails its next round, as on redis://, and three such nodes fail a
+ * try with DLOCK_ECONN even though a reconnect would reach them). */
+static void settle(void)
+{
+    th_sleep_ms(250);
+}
+
+/* Every node up and running again. */
+static void heal(void)
+{
+    for (int i = 0; i < NN; i++) {
+        if (down[i] == 2)
+            cont_node(i);
+        else if (down[i] == 1)
+            restart_node(i);
+    }
+}
+
+/* The URI of the five nodes with a query string (or none). */
+static const char *uri_with(char *buf, size_t cap, const char *query)
+{
+    snprintf(buf, cap, "redlock://%s%s", hosts, query ? query : "");
+    return buf;
+}
+
+/* The lock key of `name` on node i exists (1) or not (0). */
+static int key_on(int i, const char *name)
+{
+    return (int)th_redis_cmd(&node[i], NULL, 0, "EXISTS dlock:{%s}", name);
+}
+
+/* Waits (at most `ms`) until the key of `name` exists on every node that
+ * is up; fails the test if it does not. */
+static void wait_keys_everywhere(const char *name, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+    int all;
+
+    do {
+        all = 1;
+        for (int i = 0; i < NN; i++)
+            if (!down[i] && !key_on(i, name))
+                all = 0;
+        if (!all)
+            th_sleep_ms(5);
+    } while (!all && th_now_ms() < until);
+    CHECK(all);
+}
+
+/* Waits (at most `ms`) until no node that is up has the key of `name`;
+ * returns 1 when none has. */
+static int wait_keys_gone(const char *name, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+    int any;
+
+    do {
+        any = 0;
+        for (int i = 0; i < NN; i++)
+            if (!down[i] && key_on(i, name))
+                any = 1;
+        if (any)
+            th_sleep_ms(10);
+    } while (any && th_now_ms() < until);
+    return !any;
+}
+
+/* The fencing counter of `name` on node i (0: none). */
+static unsigned long long counter_on(int i, const char *name)
+{
+    char v[64];
+
+    th_redis_cmd(&node[i], v, sizeof(v), "GET dlock:{%s}:f", name);
+    return strtoull(v, NULL, 10);
+}
+
+static void set_counter(int i, const char *name, unsigned long long v)
+{
+    char num[32], out[64];
+
+    snprintf(num, sizeof(num), "%llu", v);
+    th_redis_cmd(&node[i], out, sizeof(out), "SET dlock:{%s}:f %s", name,
+                 num);
+    CHECK_STR(out, "OK");
+}
+
+/* Nodes that have a subscriber on the release channel of `name`. */
+static int subscribed_nodes(const char *name)
+{
+    char ch[700];
+    int n = 0;
+
+    snprintf(ch, sizeof(ch), "dlock:{%s}:w:0", name);
+    for (int i = 0; i < NN; i++) {
+        if (down[i])
+            continue;
+        /* PUBSUB NUMSUB answers [channel, count]: read the count */
+        long long k = th_redis_cmd(
+            &node[i], NULL, 0, "EVAL %s 0 %s",
+            "return redis.call('PUBSUB', 'NUMSUB', ARGV[1])[2]", ch);
+        n += k > 0;
+    }
+    return n;
+}
+
+typedef struct lost_rec {
+    volatile int seen;
+    volatile int64_t at;
+    volatile uint64_t token;
+} lost_rec;
+
+static void record_lost(dlock *l, uint64_t token, void *arg)
+{
+    lost_rec *r = arg;
+
+    (void)l;
+    r->at = th_now_ms();
+    r->token = token;
+    __atomic_store_n(&r->seen, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A thread that acquires, keeps the lock hold_ms, then releases. */
+typedef struct waiter {
+    dlock *l;
+    int64_t wait, hold_ms;
+    volatile int rc, release_rc, acquired;
+    int64_t took;
+    uint64_t token;
+    char msg[512];
+} waiter;
+
+static void *wait_thread(void *arg)
+{
+    waiter *w = arg;
+    int64_t t0 = th_now_ms();
+
+    w->rc = dlock_acquire(w->l, w->wait);
+    w->took = th_now_ms() - t0;
+    snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
+    if (w->rc == DLOCK_OK) {
+        w->token = dlock_token(w->l);
+        __atomic_store_n(&w->acquired, 1, __ATOMIC_SEQ_CST);
+        th_sleep_ms(w->hold_ms);
+        w->release_rc = dlock_release(w->l);
+    }
+    return NULL;
+}
+
+/* The waiter's acquire returned `code` (its own message if not). */
+#define CHECK_WAITER(w, code)                                               \
+    do {                                                                    \
+        if ((w).rc != (code))                                               \
+            th_fail(__FILE__, __LINE__, "waiter: %s, expected %s: %s",  \
+                    dlock_errname((w).rc), dlock_errname(code), (w).msg);   \
+    } while (0)
+
+/* A hold by the calling thread: acquired within `wait`, token above
+ * `last`, released; returns the token. Failures name the caller's line. */
+static uint64_t hold_once_at(int line, dlock *l, int64_t wait, uint64_t last)
+{
+    int rc = dlock_acquire(l, wait);
+
+    if (rc != DLOCK_OK)
+        th_fail(__FILE__, line, "acquire returned %s: %s", dlock_errname(rc),
+                dlock_errmsg());
+    uint64_t tok = dlock_token(l);
+    if (tok <= last)
+        th_fail(__FILE__, line, "token %llu after %llu",
+                (unsigned long long)tok, (unsigned long long)last);
+    rc = dlock_release(l);
+    if (rc != DLOCK_OK)
+        th_fail(__FILE__, line, "release returned %s: %s", dlock_errname(rc),
+                dlock_errmsg());
+    return tok;
+}
+#define hold_once(l, wait, last) hold_once_at(__LINE__, l, wait, last)
+
+/* ------------------------------------------------------------------------ */
+/* Two of five down: a quorum is left                                       */
+/* ------------------------------------------------------------------------ */
+
+TEST(two_of_five_killed_still_serve)
+{
+    dlock_client *a = client(); /* opened with five up */
+    kill_node(3);
+    kill_node(4);
+    dlock_client *b = client(); /* opened with two down */
+    dlock *la = handle(a, "two-down", 60000, 0);
+    dlock *lb = handle(b, "two-down", 60000, 0);
+    dlock_info info;
+    char pid[32];
+
+    /* acquire, busy, a timed wait that waits */
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    CHECK_OP(tok, >, 0);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
+    CHECK_OP(th_now_ms() - t0, >=, 290);
+    CHECK_OP(th_now_ms() - t0, <, 300 + 3000);
+
+    /* extend, seen by inspect from the other client */
+    CHECK_OK(dlock_extend(la, 20000));
+    CHECK_OK(dlock_inspect(b, "two-down", &info));
+    CHECK_EQ(info.held, 1);
+    snprintf(pid, sizeof(pid), "pid %d", (int)getpid());
+    CHECK_CONTAINS(info.holder, pid);
+    CHECK_OP(info.ttl_ms, >, 10000);
+    CHECK_OP(info.ttl_ms, <=, 20000);
+    CHECK_EQ(info.token >> 6, tok >> 6);
+    dlock_info_clear(&info);
+
+    /* hand-off a -> b: b waits, subscribed on all three live nodes (it
+     * needs N - Q + 1 = 3 so that any quorum includes one of them) */
+    waiter w = {.l = lb, .wait = 10000, .hold_ms = 300};
+    pthread_t th;
+    pthread_create(&th, NULL, wait_thread, &w);
+    int64_t until = th_now_ms() + 5000;
+    while (subscribed_nodes("two-down") < 3 && th_now_ms() < until)
+        th_sleep_ms(10);
+    CHECK_EQ(subscribed_nodes("two-down"), 3);
+    th_sleep_ms(100);
+    CHECK_OK(dlock_release(la));
+    until = th_now_ms() + 5000; /* woken by the release, not the lease */
+    while (!w.acquired && w.rc == 0 && th_now_ms() < until)
+        th_sleep_ms(1);
+    CHECK_EQ(w.acquired, 1);
+    /* ... and back b -> a: a waits while b holds for 300 ms */
+    int64_t t1 = th_now_ms();
+    CHECK_OK(dlock_acquire(la, 10000));
+    int64_t back = th_now_ms() - t1;
+    pthread_join(th, NULL);
+    CHECK_WAITER(w, DLOCK_OK);
+    CHECK_OP(w.token, >, tok);
+    CHECK_OK(w.release_rc);
+    CHECK_OP(dlock_token(la), >, w.token);
+    CHECK_OP(back, >=, 150); /* b held it for 300 ms */
+    CHECK_OP(back, <, 300 + 5000);
+    CHECK_OK(dlock_release(la));
+    dlock_close(la);
+
+    /* the watchdog keeps a short lease alive for many ttls */
+    lost_rec lost = {0, 0, 0};
+    la = handle_cb(a, "two-down-wd", short_ttl, 0, record_lost, &lost);
+    dlock *lw = handle(b, "two-down-wd", 0, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+    tok = dlock_token(la);
+    for (int i = 0; i < 10; i++) { /* 2 s: five or more ttls */
+        th_sleep_ms(200);
+        CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
+    }
+    CHECK_EQ(lost.seen, 0);
+    CHECK_EQ(dlock_held(la), 1);
+    CHECK_EQ(dlock_token(la), tok);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lw, 0));
+    CHECK_OK(dlock_release(lw));
+
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lw);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    heal();
+}
+
+/* ------------------------------------------------------------------------ */
+/* Three of five down: no quorum                                            */
+/* ------------------------------------------------------------------------ */
+
+static void check_names_quorum(const char *msg, int dead)
+{
+    char where[64];
+
+    CHECK_CONTAINS(msg, "quorum 3");
+    snprintf(where, sizeof(where), "127.0.0.1:%d", node[dead].port);
+    CHECK_CONTAINS(msg, where);
+}
+
+TEST(three_of_five_killed_fail_and_the_hold_is_lost)
+{
+    int64_t ttl = slow ? 2500 : 1000;
+    lost_rec lost = {0, 0, 0};
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle_cb(a, "three-down", ttl, 0, record_lost, &lost);
+    dlock *lb = handle(b, "three-down", 0, 0);
+    dlock *lo = handle(b, "three-down-other", 0, 0);
+
+    int64_t t_acq = th_now_ms();
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    kill_node(2);
+    kill_node(3);
+    kill_node(4);
+
+    for (int i = 0; i < 3; i++) {
+        int64_t t0 = th_now_ms();
+        CHECK_RC(dlock_acquire(lo, 0), DLOCK_ECONN);
+        check_names_quorum(dlock_errmsg(), 2 + i);
+        CHECK_OP(th_now_ms() - t0, <, nt + slack);
+        t0 = th_now_ms();
+        CHECK_RC(dlock_acquire(lo, 500), DLOCK_ECONN);
+        check_names_quorum(dlock_errmsg(), 2 + i);
+        CHECK_OP(th_now_ms() - t0, <, 500 + nt + slack);
+        /* the held lock too: a failure, never a success nor EBUSY */
+        CHECK_RC(dlock_acquire(lb, 500), DLOCK_ECONN);
+    }
+    /* a new client cannot connect to a quorum */
+    dlock_client *c = NULL;
+    CHECK_RC(dlock_client_open(&c, uri, NULL), DLOCK_ECONN);
+    CHECK_CONTAINS(dlock_errmsg(), "quorum 3");
+    CHECK(c == NULL);
+    /* the holder cannot extend */
+    int rc = dlock_extend(la, ttl);
+    CHECK(rc == DLOCK_ECONN || rc == DLOCK_ELOST);
+
+    /* the hold is reported lost when its lease runs out on the local
+     * clock (the watchdog's renewals find no quorum) */
+    int64_t until = t_acq + 3 * ttl + 5000;
+    while (!lost.seen && th_now_ms() < until)
+        th_sleep_ms(10);
+    CHECK_EQ(lost.seen, 1);
+    CHECK_EQ(lost.token, tok);
+    CHECK_OP(lost.at - t_acq, >=, ttl / 2);
+    CHECK_OP(lost.at - t_acq, <, ttl + slack + 1000);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    CHECK_EQ(dlock_token(la), 0);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+
+    /* back: the three come back empty; their counters continue from the
+     * clock, so tokens keep growing */
+    heal();
+    CHECK_OK(dlock_acquire(lb, 5000));
+    CHECK_OP(dlock_token(lb), >, tok);
+    CHECK_OK(dlock_release(lb));
+    hold_once(lo, 0, 0);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lo);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(three_of_five_frozen_fail_within_the_node_timeout)
+{
+    char u[1100], q[64];
+    /* a long node timeout: a sequential implementation would take three
+     * of them */
+    int64_t ntl = slow ? 2000 : 1000;
+    snprintf(q, sizeof(q), "?node_timeout=%lld", (long long)ntl);
+    dlock_client *c = client_at(uri_with(u, sizeof(u), q));
+    dlock *l = handle(c, "three-frozen", 0, 0);
+
+    hold_once(l, 0, 0);
+    stop_node(0);
+    stop_node(2);
+    stop_node(4);
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_ECONN);
+    int64_t took = th_now_ms() - t0;
+    CHECK_CONTAINS(dlock_errmsg(), "quorum 3");
+    CHECK_CONTAINS(dlock_errmsg(), "no answer within");
+    CHECK_OP(took, <, ntl + 2 * slack); /* sequential: 3 node timeouts */
+    t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 500), DLOCK_ECONN);
+    CHECK_OP(th_now_ms() - t0, <, 500 + 2 * slack);
+    cont_node(0);
+    cont_node(2);
+    cont_node(4);
+    /* connections still owing answers are replaced: the next try works */
+    hold_once(l, 2000, 0);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A frozen node                                                            */
+/* ------------------------------------------------------------------------ */
+
+TEST(frozen_nodes_cost_at_most_a_node_timeout)
+{
+    char u[1100], q[64];
+    int64_t ntl = slow ? 2000 : 1000;
+    snprintf(q, sizeof(q), "?node_timeout=%lld", (long long)ntl);
+    dlock_client *a = client(), *b = client();
+    dlock_client *lc = client_at(uri_with(u, sizeof(u), q));
+    dlock *la = handle(a, "frozen-node", 0, 0);
+    dlock *lb = handle(b, "frozen-node", 0, 0);
+    dlock *ll = handle(lc, "frozen-node", 0, 0);
+    static const int pause_ms[] = {0, 5, 25, 60, 120, 0, 1, 80, 0, 200};
+    /* around the long node timeout (1 s, 2 s under valgrind) */
+    const int64_t long_pause[] = {0, 50, ntl + 100, 0, 300, 0};
+    uint64_t last = 0;
+    int64_t worst = 0;
+
+    stop_node(1);
+    /* one after another, with pauses shorter and longer than the node
+     * timeout: the frozen node still owes replies, or its connection is
+     * replaced */
+    for (int i = 0; i < 10; i++) {
+        dlock *l = i % 2 ? la : lb;
+        int64_t t0 = th_now_ms();
+        last = hold_once(l, 0, last);
+        int64_t took = th_now_ms() - t0;
+        if (took > worst)
+            worst = took;
+        th_sleep_ms(pause_ms[i]);
+    }
+    CHECK_OP(worst, <, nt + slack);
+    /* with a 1 s node timeout and two nodes frozen, a try still ends when
+     * the three others have answered: not after the node timeout, nor
+     * after the sum of two */
+    stop_node(3);
+    worst = 0;
+    for (int i = 0; i < 6; i++) {
+        int64_t t0 = th_now_ms();
+        last = hold_once(ll, 0, last);
+        int64_t took = th_now_ms() - t0;
+        if (took > worst)
+            worst = took;
+        th_sleep_ms(long_pause[i]);
+    }
+    CHECK_OP(worst, <, ntl / 2);
+    cont_node(3);
+
+    /* waiting and hand-off with a node frozen */
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OP(dlock_token(lb), >, last);
+    last = dlock_token(lb);
+    waiter w = {.l = la, .wait = 10000};
+    pthread_t th;
+    pthread_create(&th, NULL, wait_thread, &w);
+    th_sleep_ms(200);
+    CHECK_OK(dlock_release(lb));
+    pthread_join(th, NULL);
+    CHECK_WAITER(w, DLOCK_OK);
+    CHECK_OK(w.release_rc);
+    CHECK_OP(w.token, >, last);
+    CHECK_OP(w.took, <, 200 + 3000);
+    last = w.token;
+
+    /* the watchdog keeps a short lease with a node frozen */
+    lost_rec lost = {0, 0, 0};
+    dlock *lw = handle_cb(a, "frozen-node-wd", short_ttl, 0, record_lost,
+                          &lost);
+    dlock *lx = handle(b, "frozen-node-wd", 0, 0);
+    CHECK_OK(dlock_acquire(lw, 0));
+    for (int i = 0; i < 8; i++) {
+        th_sleep_ms(200);
+        CHECK_RC(dlock_acquire(lx, 0), DLOCK_EBUSY);
+    }
+    CHECK_EQ(lost.seen, 0);
+    dlock_info info;
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_inspect(b, "frozen-node-wd", &info)); /* 4 of 5 answer */
+    CHECK_OP(th_now_ms() - t0, <, nt + slack);
+    CHECK_EQ(info.held, 1);
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_release(lw));
+
+    /* thawed: it answers everything it owed, late; nothing breaks */
+    cont_node(1);
+    th_sleep_ms(50);
+    worst = 0;
+    for (int i = 0; i < 6; i++) {
+        dlock *l = i % 2 ? la : lb;
+        int64_t t0b = th_now_ms();
+        last = hold_once(l, 0, last);
+        if (th_now_ms() - t0b > worst)
+            worst = th_now_ms() - t0b;
+        th_sleep_ms(pause_ms[i]);
+    }
+    CHECK_OP(worst, <, nt + slack);
+    hold_once(lx, 0, 0);
+    hold_once(ll, 0, last);
+    /* its late commands left no key behind on any node, and the lock is
+     * free for everybody */
+    CHECK(wait_keys_gone("frozen-node", 1000));
+    CHECK(wait_keys_gone("frozen-node-wd", 1000));
+    CHECK_OK(dlock_inspect(b, "frozen-node", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_OP(info.token >> 6, >=, last >> 6);
+    dlock_info_clear(&info);
+
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(ll);
+    dlock_close(lw);
+    dlock_close(lx);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(lc);
+}
+
+TEST(late_answers_do_no_harm)
+{
+    dlock_client *a = client(), *b = client(), *c = client();
+    dlock *la = handle(a, "late", 10000, 0), *lb = handle(b, "late", 10000, 0);
+    dlock_info info;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    wait_keys_everywhere("late", 2000);
+    /* frozen during the hold: its answers to the extend, the release and
+     * b's acquire come after the quorum decided each */
+    stop_node(2);
+    CHECK_OK(dlock_extend(la, 10000));
+    th_sleep_ms(nt + 20);
+    CHECK_OK(dlock_extend(la, 10000));
+    CHECK_OK(dlock_release(la));
+    th_sleep_ms(nt + 20);
+    CHECK_OK(dlock_acquire(lb, 0));
+    uint64_t tb = dlock_token(lb);
+    CHECK_OP(tb, >, ta);
+    cont_node(2);
+    th_sleep_ms(100);
+    CHECK_EQ(th_redis_cmd(&node[2], NULL, 0, "PING"), 0);
+
+    /* b still holds it, on a quorum; inspect's token is the highest
+     * counter among b's keys, where node 2's late one counts too (it may
+     * be a little above b's own: docs/redlock.md) */
+    CHECK_OK(dlock_inspect(c, "late", &info));
+    CHECK_EQ(info.held, 1);
+    CHECK_OP(info.token >> 6, >=, tb >> 6);
+    CHECK_OP(info.token >> 6, <, (tb >> 6) + 1000000);
+    dlock_info_clear(&info);
+    CHECK_EQ(dlock_held(lb), 1);
+    dlock *lc = handle(c, "late", 0, 0);
+    CHECK_RC(dlock_acquire(lc, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_extend(lb, 10000));
+    CHECK_OK(dlock_release(lb));
+    CHECK(wait_keys_gone("late", 1000));
+    CHECK_OK(dlock_inspect(c, "late", &info));
+    CHECK_EQ(info.held, 0);
+    dlock_info_clear(&info);
+    /* a's late release did not free another hold, and tokens go on */
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OP(dlock_token(la), >, tb);
+    CHECK_RC(dlock_acquire(lc, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(la));
+    hold_once(lc, 0, tb);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lc);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Keys lost on some nodes                                                  */
+/* ------------------------------------------------------------------------ */
+
+static void del_on(int i, const char *name)
+{
+    CHECK_EQ(th_redis_cmd(&node[i], NULL, 0, "DEL dlock:{%s}", name), 1);
+}
+
+TEST(release_and_extend_need_a_quorum_of_keys)
+{
+    dlock_client *a = client();
+    /* no watchdog: nothing puts keys back behind the test's back */
+    dlock *l = handle(a, "keys", 30000, DLOCK_NO_RENEW);
+
+    /* two keys gone: three are ours, the release is a success */
+    CHECK_OK(dlock_acquire(l, 0));
+    wait_keys_everywhere("keys", 2000);
+    del_on(0, "keys");
+    del_on(1, "keys");
+    CHECK_OK(dlock_release(l));
+    CHECK(wait_keys_gone("keys", 1000));
+
+    /* three gone: not ours on a quorum, the hold was lost */
+    CHECK_OK(dlock_acquire(l, 0));
+    wait_keys_everywhere("keys", 2000);
+    del_on(0, "keys");
+    del_on(2, "keys");
+    del_on(4, "keys");
+    CHECK_RC(dlock_release(l), DLOCK_ELOST);
+
+    /* extend with two gone: three are ours, a success */
+    CHECK_OK(dlock_acquire(l, 0));
+    wait_keys_everywhere("keys", 2000);
+    del_on(1, "keys");
+    del_on(3, "keys");
+    CHECK_OK(dlock_extend(l, 30000));
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_release(l));
+    CHECK(wait_keys_gone("keys", 1000));
+
+    /* ... with three gone: the hold is lost */
+    CHECK_OK(dlock_acquire(l, 0));
+    wait_keys_everywhere("keys", 2000);
+    del_on(0, "keys");
+    del_on(1, "keys");
+    del_on(3, "keys");
+    CHECK_RC(dlock_extend(l, 30000), DLOCK_ELOST);
+    CHECK_EQ(dlock_held(l), DLOCK_ELOST);
+    CHECK_RC(dlock_release(l), DLOCK_ELOST);
+    hold_once(l, 0, 0);
+    dlock_close(l);
+    dlock_client_close(a);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Nodes restarted empty                                                    */
+/* ------------------------------------------------------------------------ */
+
+TEST(restarted_node_gets_the_key_back)
+{
+    int64_t ttl = slow ? 3000 : 900;
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "restarted", ttl, 0);
+    dlock *lb = handle(b, "restarted", ttl, 0);
+    char v1[512], v0[512];
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    wait_keys_everywhere("restarted", 2000);
+    th_redis_cmd(&node[1], v1, sizeof(v1), "GET dlock:{restarted}");
+    CHECK(strchr(v1, ' ') != NULL);
+    *strchr(v1, ' ') = '\0'; /* the owner */
+
+    /* a waiter in b, subscribed on the nodes; one of them restarts */
+    waiter w = {.l = handle(b, "restarted", ttl, 0), .wait = 20000};
+    pthread_t th;
+    pthread_create(&th, NULL, wait_thread, &w);
+    th_sleep_ms(200);
+    kill_node(0);
+    restart_node(0); /* at once, empty */
+
+    /* the lock is free on one node only: nobody else gets a quorum */
+    for (int i = 0; i < 5; i++) {
+        CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+        th_sleep_ms(ttl / 10);
+    }
+    /* the holder's renewals put its key back on the restarted node (a
+     * renewal repairs the nodes that said "missing" before its quorum
+     * was reached: not always the first one) */
+    int64_t until = th_now_ms() + 4 * ttl + slack;
+    int back = 0;
+    while (!back && th_now_ms() < until) {
+        th_redis_cmd(&node[0], v0, sizeof(v0), "GET dlock:{restarted}");
+        back = strncmp(v0, v1, strlen(v1)) == 0 && v0[strlen(v1)] == ' ';
+        if (!back)
+            th_sleep_ms(10);
+    }
+    CHECK(back);
+    CHECK_OP(th_redis_cmd(&node[0], NULL, 0, "PTTL dlock:{restarted}"), >,
+             0);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_EQ(dlock_held(la), 1);
+
+    /* the waiter re-subscribed after losing its subscriber connection to
+     * the restarted node: the release still wakes it */
+    th_sleep_ms(100);
+    int64_t released = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_WAITER(w, DLOCK_OK);
+    CHECK_OK(w.release_rc);
+    CHECK_OP(w.token, >, tok);
+    CHECK_OP(th_now_ms() - released, <, 3000);
+    hold_once(lb, 0, w.token);
+    dlock_close(w.l);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/*
+ * The worst case for a restart without persistence: the holder's key is
+ * on exactly a bare quorum, nodes {0, 1, 2} (deleted by hand from 3 and 4,
+ * as if they had missed the acquisition), and node 0 crashes. Node 0 comes
+ * back only after the lease's ttl (antirez's delayed restart): by then the
+ * holder's lease has run out on its local clock (its renewals find keys on
+ * 1 and 2 only: no quorum), so it has been told it lost before anybody
+ * else can win {0, 3, 4}. Both sides write down what they believed and
+ * when; their beliefs must not overlap.
+ *
+ * Without the delay (node 0 restarted at once, empty), a contender wins
+ * {0, 3, 4} at once while the holder still believes in its lease: its next
+ * renewal (up to ttl/3 later) finds three keys that are not its own
+ * (DLOCK_ENOTHELD, then the lost-lock callback), and until then two owners
+ * both think they hold the lock. Redlock without persistence is only safe
+ * with the delayed restart; fencing tokens still tell the two apart (the
+ * contender's is larger). Not asserted here: it is the documented limit.
+ */
+typedef struct bare {
+    volatile int holder_ready, contender_ready, go;
+    volatile int64_t acquired_at; /* the holder's acquire returned */
+    volatile int64_t last_held;   /* the holder last saw held() == 1 */
+    volatile int64_t lost_at;     /* its lost-lock callback ran */
+    volatile uint64_t token;
+    volatile int release_rc;
+    volatile int64_t ok_at; /* the contender's acquire returned DLOCK_OK */
+    volatile uint64_t ctoken;
+    volatile int crc, crelease_rc, tries, cdone;
+    volatile int64_t restarted_at;
+    int64_t ttl;
+} bare;
+
+static void bare_lost(dlock *l, uint64_t token, void *arg)
+{
+    bare *s = arg;
+
+    (void)l;
+    (void)token;
+    if (!s->lost_at)
+        s->lost_at = th_now_ms();
+}
+
+static int bare_holder(void *arg)
+{
+    bare *s = arg;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = s->ttl;
+    o.on_lost = bare_lost;
+    o.on_lost_arg = s;
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "bare-quorum", &o) != DLOCK_OK ||
+        dlock_acquire(l, 5000) != DLOCK_OK) {
+        fprintf(stderr, "holder: %s\n", dlock_errmsg());
+        return 2;
+    }
+    s->acquired_at = th_now_ms();
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->holder_ready, 1, __ATOMIC_SEQ_CST);
+    /* believes it holds the lock as long as dlock_held() says 1 */
+    int64_t until = th_now_ms() + 4 * s->ttl + 10000;
+    while (th_now_ms() < until) {
+        int64_t t = th_now_ms(); /* taken before the look: conservative */
+        if (dlock_held(l) != 1)
+            break;
+        s->last_held = t;
+        th_sleep_ms(1);
+    }
+    /* the release would free nodes 1 and 2: it waits until the contender
+     * has won (with node 0 back) */
+    until = th_now_ms() + 4 * s->ttl + 10000;
+    while (!s->cdone && th_now_ms() < until)
+        th_sleep_ms(1);
+    s->release_rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+static int bare_contender(void *arg)
+{
+    bare *s = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "bare-quorum", NULL) != DLOCK_OK) {
+        fprintf(stderr, "contender: %s\n", dlock_errmsg());
+        return 2;
+    }
+    __atomic_store_n(&s->contender_ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 60000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(1);
+    int64_t until = th_now_ms() + 4 * s->ttl + 10000;
+    int rc = DLOCK_EBUSY;
+    while (th_now_ms() < until) {
+        /* EBUSY while the holder's key is on 1 and 2 and node 0 is down */
+        rc = dlock_acquire(l, 200);
+        s->tries++;
+        if (rc == DLOCK_OK) {
+            s->ok_at = th_now_ms();
+            s->ctoken = dlock_token(l);
+            break;
+        }
+        if (rc != DLOCK_EBUSY && rc != DLOCK_ECONN)
+            break;
+    }
+    s->crc = rc;
+    __atomic_store_n(&s->cdone, 1, __ATOMIC_SEQ_CST);
+    if (rc == DLOCK_OK)
+        s->crelease_rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+static void wait_flag(volatile int *flag, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
+        th_sleep_ms(1);
+    CHECK(*flag);
+}
+
+TEST(delayed_restart_keeps_a_bare_quorum_exclusive)
+{
+    bare *s = th_shared(sizeof(*s));
+
+    s->ttl = slow ? 6000 : 3000;
+    pid_t contender = th_fork(bare_contender, s);
+    wait_flag(&s->contender_ready, 30000);
+    pid_t holder = th_fork(bare_holder, s);
+    wait_flag(&s->holder_ready, 30000);
+    wait_keys_everywhere("bare-quorum", 2000);
+
+    /* node 0 crashes; 3 and 4 lose the key: the holder's key is left on
+     * 1 and 2, of the bare quorum {0, 1, 2}. (Node 0 first: a renewal
+     * between the deletions would put the key back on 3 or 4.) The
+     * holder's first renewal comes at ttl/3 - ttl/10: all this must
+     * happen before it. */
+    kill_node(0);
+    del_on(3, "bare-quorum");
+    del_on(4, "bare-quorum");
+    int64_t faults_done = th_now_ms();
+    CHECK_OP(faults_done - s->acquired_at, <, s->ttl / 5);
+    __atomic_store_n(&s->go, 1, __ATOMIC_SEQ_CST);
+
+    /* the delayed restart: a ttl after the key was lost (plus the test's
+     * own scheduling slack), node 0 comes back empty */
+    th_sleep_ms(s->ttl + (slow ? 300 : 100));
+    s->restarted_at = th_now_ms();
+    restart_node(0);
+
+    CHECK_EQ(th_wait(holder), 0);
+    CHECK_EQ(th_wait(contender), 0);
+    /* the contender won, with node 0 back (the holder's failing renewals
+     * kept its key alive on 1 and 2 until its lease ran out), and a larger
+     * token */
+    CHECK_OK(s->crc);
+    CHECK_OK(s->crelease_rc);
+    CHECK_OP(s->ok_at, >, s->restarted_at);
+    CHECK_OP(s->ok_at - faults_done, <, 3 * s->ttl + 5000);
+    CHECK_OP(s->ctoken, >, s->token);
+    /* the holder was told, before the contender won: no overlap */
+    CHECK_OP(s->lost_at, >, 0);
+    CHECK_OP(s->lost_at, <=, s->ok_at);
+    CHECK_OP(s->last_held, <, s->ok_at);
+    CHECK_RC(s->release_rc, DLOCK_ELOST);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fencing tokens                                                           */
+/* ------------------------------------------------------------------------ */
+
+#define TPROC 3
+#define THOLDS 6
+
+typedef struct tok_log {
+    volatile int inside, overlaps, failures, n;
+    uint64_t tok[TPROC * THOLDS];
+} tok_log;
+
+static int token_child(void *arg)
+{
+    tok_log *s = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "tokens", NULL) != DLOCK_OK)
+        return 2;
+    for (int i = 0; i < THOLDS; i++) {
+        if (dlock_acquire(l, 60000) != DLOCK_OK) {
+            fprintf(stderr, "token child: %s\n", dlock_errmsg());
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_SEQ_CST);
+            continue;
+        }
+        if (__atomic_fetch_add(&s->inside, 1, __ATOMIC_SEQ_CST) != 0)
+            __atomic_add_fetch(&s->overlaps, 1, __ATOMIC_SEQ_CST);
+        s->tok[s->n] = dlock_token(l); /* in the order of the holds */
+        s->n++;
+        usleep(200);
+        __atomic_sub_fetch(&s->inside, 1, __ATOMIC_SEQ_CST);
+        if (dlock_release(l) != DLOCK_OK)
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_SEQ_CST);
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+/* TPROC processes take turns; returns the last token, checked above
+ * `last` and strictly increasing in the order of the holds. */
+static uint64_t token_round(uint64_t last)
+{
+    tok_log *s = th_shared(sizeof(*s));
+    pid_t pids[TPROC];
+
+    for (int i = 0; i < TPROC; i++)
+        pids[i] = th_fork(token_child, s);
+    for (int i = 0; i < TPROC; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->failures, 0);
+    CHECK_EQ(s->overlaps, 0);
+    CHECK_EQ(s->n, TPROC * THOLDS);
+    for (int i = 0; i < s->n; i++) {
+        CHECK_OP(s->tok[i], >, last);
+        last = s->tok[i];
+    }
+    return last;
+}
+
+TEST(fencing_tokens_grow_across_faults_and_split_counters)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "tokens", 0, 0), *lb = handle(b, "tokens", 0, 0);
+    uint64_t last = token_round(0);
+
+    /* two nodes killed */
+    kill_node(0);
+    kill_node(1);
+    settle();
+    for (int i = 0; i < 4; i++)
+        last = hold_once(i % 2 ? la : lb, 5000, last);
+    /* back, empty: their counters start again from their clocks */
+    restart_node(0);
+    restart_node(1);
+    settle();
+    last = token_round(last);
+    CHECK_OP(counter_on(0, "tokens"), >, 0);
+
+    /* a split: node 2's counter far above the others. With 3 and 4 down
+     * the quorum must be {0, 1, 2}: the token comes from node 2, and the
+     * counters of 0 and 1 are raised to it before the acquire returns */
+    unsigned long long high = counter_on(2, "tokens") + 1000000000000ULL;
+    set_counter(2, "tokens", high);
+    kill_node(3);
+    kill_node(4);
+    settle();
+    last = hold_once(la, 5000, last);
+    CHECK_EQ(last >> 6, high + 1);
+    CHECK_EQ(last & 63, 2);
+    CHECK_OP(counter_on(0, "tokens"), >=, high + 1);
+    CHECK_OP(counter_on(1, "tokens"), >=, high + 1);
+    /* a later hold on another quorum, {0, 1, 3, 4} without node 2 (3 and
+     * 4 back empty, their counters far below): larger still */
+    restart_node(3);
+    restart_node(4);
+    kill_node(2);
+    settle();
+    last = hold_once(lb, 5000, last);
+    CHECK_OP(last >> 6, >, high + 1);
+    last = hold_once(la, 5000, last);
+
+    /* node 3's counter far below the others: tokens still grow, also on
+     * a quorum that must include it ({1, 3, 4}) */
+    set_counter(3, "tokens", 7);
+    last = hold_once(lb, 5000, last);
+    set_counter(3, "tokens", 7);
+    kill_node(0);
+    settle();
+    last = hold_once(la, 5000, last);
+    last = hold_once(lb, 5000, last);
+    heal();
+    settle();
+    last = token_round(last);
+    dlock_info info;
+    CHECK_OK(dlock_inspect(a, "tokens", &info));
+    CHECK_EQ(info.held, 0);
+    /* the highest counter there is: at least the last hold's (tries that
+     * lost a split vote bumped counters too; the node index may differ:
+     * docs/redlock.md) */
+    CHECK_OP(info.token >> 6, >=, last >> 6);
+    CHECK_OP(info.token >> 6, <, (last >> 6) + 1000);
+    dlock_info_clear(&info);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Contention: split votes among six processes                             */
+/* ------------------------------------------------------------------------ */
+
+#define CPROC 6
+
+typedef struct fight_state {
+    volatile int ready, go;
+    volatile int inside, overlaps, failures, regressions;
+    volatile long counter;
+    volatile uint64_t last_token;
+    volatile int64_t first_at[CPROC];
+    volatile int got[CPROC];
+    volatile int finished[CPROC];
+    volatile int unconfirmed;
+    int cycles, freezing;
+    volatile int index;
+} fight_state;
+
+static int fight_child(void *arg)
+{
+    fight_state *s = arg;
+    int me = s->index;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 10000;
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "fight", &o) != DLOCK_OK)
+        return 2;
+    __atomic_add_fetch(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 60000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(1);
+    for (int i = 0; i < s->cycles; i++) {
+        int rc = dlock_acquire(l, slow ? 120000 : 60000);
+        if (rc != DLOCK_OK) {
+            fprintf(stderr, "fighter %d: %s: %s\n", me, dlock_errname(rc),
+                    dlock_errmsg());
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_SEQ_CST);
+            continue;
+        }
+        if (__atomic_fetch_add(&s->inside, 1, __ATOMIC_SEQ_CST) != 0)
+            __atomic_add_fetch(&s->overlaps, 1, __ATOMIC_SEQ_CST);
+        if (!s->got[me])
+            s->first_at[me] = th_now_ms();
+        s->got[me]++;
+        uint64_t tok = dlock_token(l);
+        if (tok <= s->last_token)
+            __atomic_add_fetch(&s->regressions, 1, __ATOMIC_SEQ_CST);
+        s->last_token = tok;
+        long v = s->counter; /* unprotected read-modify-write */
+        usleep(300);
+        s->counter = v + 1;
+        __atomic_sub_fetch(&s->inside, 1, __ATOMIC_SEQ_CST);
+        rc = dlock_release(l);
+        if (rc == DLOCK_ECONN && s->freezing) {
+            /* a bare quorum with one of its nodes frozen: the release
+             * cannot tell whether a quorum of keys was still ours */
+            __atomic_add_fetch(&s->unconfirmed, 1, __ATOMIC_SEQ_CST);
+        } else if (rc != DLOCK_OK) {
+            fprintf(stderr, "fighter %d: release: %s: %s\n", me,
+                    dlock_errname(rc), dlock_errmsg());
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_SEQ_CST);
+        }
+    }
+    __atomic_store_n(&s->finished[me], 1, __ATOMIC_SEQ_CST);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+/* CPROC processes, all let go at once, fight for one lock `cycles` times
+ * each. With `freeze`, the parent meanwhile freezes one node after another
+ * for a while (their late answers arrive while the fight goes on). */
+static void fight(int cycles, int freeze)
+{
+    fight_state *s = th_shared(sizeof(*s));
+    pid_t pids[CPROC];
+    int done = 0, st[CPROC];
+
+    s->cycles = cycles;
+    s->freezing = freeze;
+    for (int i = 0; i < CPROC; i++) {
+        s->index = i;
+        pids[i] = th_fork(fight_child, s);
+        int64_t until = th_now_ms() + 30000;
+        while (s->ready < i + 1 && th_now_ms() < until)
+            th_sleep_ms(1);
+        CHECK_EQ(s->ready, i + 1);
+    }
+    int64_t t0 = th_now_ms();
+    __atomic_store_n(&s->go, 1, __ATOMIC_SEQ_CST); /* all at once */
+    for (int k = 0; freeze && done < CPROC && th_now_ms() - t0 < 60000;
+         k++) {
+        stop_node(k % NN);
+        th_sleep_ms(150);
+        cont_node(k % NN);
+        for (int w = 0; w < 10 && done < CPROC; w++) {
+            th_sleep_ms(10);
+            done = 0;
+            for (int i = 0; i < CPROC; i++)
+                done += __atomic_load_n(&s->finished[i], __ATOMIC_SEQ_CST);
+        }
+    }
+    for (int i = 0; i < CPROC; i++)
+        st[i] = th_wait(pids[i]);
+    int64_t took = th_now_ms() - t0;
+    for (int i = 0; i < CPROC; i++)
+        CHECK_EQ(st[i], 0);
+    CHECK_EQ(s->failures, 0);
+    CHECK_EQ(s->overlaps, 0);
+    CHECK_EQ(s->regressions, 0);
+    CHECK_EQ(s->counter, CPROC * s->cycles);
+    for (int i = 0; i < CPROC; i++) {
+        CHECK_EQ(s->got[i], s->cycles);
+        CHECK_OP(s->first_at[i] - t0, <, slow ? 60000 : 20000);
+    }
+    CHECK_OP(took, <, slow ? 120000 : 40000);
+}
+
+TEST(six_processes_fighting_keep_exclusion_and_progress)
+{
+    fight(slow ? 4 : 15, 0);
+}
+
+TEST(six_processes_fighting_while_nodes_freeze_and_thaw)
+{
+    fight(slow ? 4 : 40, 1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Bad input and credentials                                                */
+/* ------------------------------------------------------------------------ */
+
+static void check_einval(const char *u, const char *needle)
+{
+    dlock_client *c = NULL;
+
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EINVAL);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), needle);
+    CHECK(strstr(dlock_errmsg(), "SECRET") == NULL);
+}
+
+TEST(bad_uris_are_rejected)
+{
+    static char many[64 * 24 + 64];
+    char u[1200];
+    size_t o;
+
+    check_einval("redlock://", "nodes");
+    check_einval("redlock://u:pw-SECRET1@?node_timeout=50", "nodes");
+    o = (size_t)snprintf(many, sizeof(many), "redlock://u:pw-SECRET2@");
+    for (int i = 0; i < 64; i++)
+        o += (size_t)snprintf(many + o, sizeof(many) - o, "%s127.0.0.1:%d",
+                              i ? "," : "", 10000 + i);
+    check_einval(many, "63");
+
+    static const char *const bad_nt[] = {"0", "-5", "abc", "", "60001",
+                                         "1.5", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof(bad_nt) / sizeof(bad_nt[0]); i++) {
+        snprintf(u, sizeof(u), "redlock://u:pw-SECRET3@%s?node_timeout=%s",
+                 hosts, bad_nt[i]);
+        check_einval(u, "node_timeout");
+    }
+    static const char *const bad_df[] = {"-0.1", "0.6", "abc", "", "nan",
+                                         "inf", "0.1x", "1"};
+    for (size_t i = 0; i < sizeof(bad_df) / sizeof(bad_df[0]); i++) {
+        snprintf(u, sizeof(u), "redlock://u:pw-SECRET4@%s?drift_factor=%s",
+                 hosts, bad_df[i]);
+        check_einval(u, "drift_factor");
+    }
+    snprintf(u, sizeof(u), "redlock://%s?drift_ms=-1", hosts);
+    check_einval(u, "drift_ms");
+    snprintf(u, sizeof(u), "redlock://u:pw-SECRET5@%s?color=red", hosts);
+    check_einval(u, "unknown parameter 'color'");
+    snprintf(u, sizeof(u), "redlock://%s?node_timeout=50&node_timeout=60",
+             hosts);
+    check_einval(u, "twice");
+    snprintf(u, sizeof(u), "redlock://%s/2?db=3", hosts);
+    check_einval(u, "not both");
+    snprintf(u, sizeof(u), "redlock://%s?prefix={x}", hosts);
+    check_einval(u, "prefix");
+    snprintf(u, sizeof(u), "redlock://alice@%s", hosts);
+    check_einval(u, "password");
+    check_einval("redlock://u:pw-SECRET6@127.0.0.1:0,127.0.0.1:1", "port");
+
+    /* good options are taken */
+    dlock_client *c;
+    snprintf(u, sizeof(u),
+             "redlock://%s/2?node_timeout=%lld&drift_factor=0.02&drift_ms=5&"
+             "prefix=app:&timeout=3000",
+             hosts, (long long)nt);
+    c = client_at(u);
+    dlock *l = handle(c, "options", 0, 0);
+    hold_once(l, 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    /* in database 2, under the prefix app: */
+    CHECK_EQ(th_redis_cmd(&node[0], NULL, 0, "EXISTS dlock:{options}"), 0);
+    CHECK_EQ(th_redis_cmd(&node[0], NULL, 0, "EVAL %s 1 %s",
+                          "redis.call('SELECT', 2) "
+                          "return redis.call('EXISTS', KEYS[1])",
+                          "app:{options}"),
+             1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(fair_mode_and_too_short_ttls_are_refused)
+{
+    char u[1100], q[64];
+    dlock_client *c = client();
+    dlock *l = handle(c, "fair", 0, DLOCK_FAIR);
+
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_ENOTSUP);
+    CHECK_CONTAINS(dlock_errmsg(), "DLOCK_FAIR");
+    CHECK_RC(dlock_acquire(l, 200), DLOCK_ENOTSUP);
+    CHECK_EQ(dlock_held(l), 0);
+    dlock_close(l);
+    dlock_client_close(c);
+
+    /* a lease must outlast one node timeout plus the drift allowance:
+     * with a 400 ms node timeout, 400 ms is too short, 500 is enough */
+    snprintf(q, sizeof(q), "?node_timeout=400");
+    c = client_at(uri_with(u, sizeof(u), q));
+    l = handle(c, "short", 400, 0);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "too short");
+    CHECK_CONTAINS(dlock_errmsg(), "400 ms");
+    CHECK_RC(dlock_acquire(l, 300), DLOCK_EINVAL);
+    CHECK_EQ(dlock_held(l), 0);
+    dlock_close(l);
+    l = handle(c, "short", 500, 0);
+    hold_once(l, 0, 0);
+    dlock_close(l);
+    dlock_client_close(c);
+    /* the drift allowance counts: 20% of 500 ms + 2 ms + 400 ms > 500 */
+    snprintf(q, sizeof(q), "?node_timeout=400&drift_factor=0.2");
+    c = client_at(uri_with(u, sizeof(u), q));
+    l = handle(c, "short", 500, 0);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(passwords_never_in_messages_and_wrong_ones_give_eauth)
+{
+    th_redis au[3];
+    char h[256], u[512];
+    size_t o = 0;
+    dlock_client *c = NULL;
+
+    for (int i = 0; i < 3; i++) {
+        th_redis_start(&au[i], "requirepass rl-SECRET-pw\n"
+                               "user alice on >alice-SECRET-pw ~* &* +@all\n");
+        o += (size_t)snprintf(h + o, sizeof(h) - o, "%s127.0.0.1:%d",
+                              i ? "," : "", au[i].port);
+    }
+    /* right passwords */
+    snprintf(u, sizeof(u), "redlock://:rl-SECRET-pw@%s", h);
+    c = client_at(u);
+    CHECK(strstr(dlock_client_store(c), "SECRET") == NULL);
+    CHECK_CONTAINS(dlock_client_store(c), ":***@");
+    dlock *l = handle(c, "auth", 0, 0);
+    hold_once(l, 0, 0);
+    dlock_close(l);
+    dlock_client_close(c);
+    snprintf(u, sizeof(u), "redlock://alice:alice-SECRET-pw@%s", h);
+    c = client_at(u);
+    CHECK_CONTAINS(dlock_client_store(c), "alice:***@");
+    l = handle(c, "auth", 0, 0);
+    hold_once(l, 0, 0);
+    dlock_close(l);
+    dlock_client_close(c);
+
+    /* wrong ones, or none */
+    snprintf(u, sizeof(u), "redlock://:wrong-SECRET-1@%s", h);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    CHECK(c == NULL);
+    CHECK(strstr(dlock_errmsg(), "SECRET") == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), "auth");
+    snprintf(u, sizeof(u), "redlock://alice:wrong-SECRET-2@%s", h);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    CHECK(strstr(dlock_errmsg(), "SECRET") == NULL);
+    snprintf(u, sizeof(u), "redlock://%s", h);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+
+    /* the password is not leaked by a node that is down either */
+    th_redis_kill(&au[1], SIGKILL);
+    th_redis_kill(&au[2], SIGKILL);
+    snprintf(u, sizeof(u), "redlock://:rl-SECRET-pw@%s", h);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+    CHECK(strstr(dlock_errmsg(), "SECRET") == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), "quorum 2");
+    th_redis_stop(&au[0]);
+}
+
+static const th_test tests[] = {
+    T(bad_uris_are_rejected),
+    T(fair_mode_and_too_short_ttls_are_refused),
+    T(passwords_never_in_messages_and_wrong_ones_give_eauth),
+    T(two_of_five_killed_still_serve),
+    T(three_of_five_killed_fail_and_the_hold_is_lost),
+    T(three_of_five_frozen_fail_within_the_node_timeout),
+    T(frozen_nodes_cost_at_most_a_node_timeout),
+    T(late_answers_do_no_harm),
+    T(release_and_extend_need_a_quorum_of_keys),
+    T(restarted_node_gets_the_key_back),
+    T(delayed_restart_keeps_a_bare_quorum_exclusive),
+    T(fencing_tokens_grow_across_faults_and_split_counters),
+    T(six_processes_fighting_keep_exclusion_and_progress),
+    T(six_processes_fighting_while_nodes_freeze_and_thaw),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    const char *vg = getenv("DLOCK_TEST_VALGRIND");
+    size_t o = 0;
+
+    slow = vg && *vg && strcmp(vg, "0") != 0;
+    nt = slow ? 250 : 50;
+    slack = slow ? 1500 : 250;
+    short_ttl = slow ? 1000 : 400;
+    for (int i = 0; i < NN; i++) {
+        th_redis_start(&node[i], NULL);
+        o += (size_t)snprintf(hosts + o, sizeof(hosts) - o, "%s127.0.0.1:%d",
+                              i ? "," : "", node[i].port);
+    }
+    /* the default node timeout (50 ms), or 250 ms under valgrind */
+    snprintf(uri, sizeof(uri), "redlock://%s%s", hosts,
+             slow ? "?node_timeout=250" : "");
+    return th_main(argc, argv, tests);
+}
