@@ -1387,6 +1387,104 @@ TEST(passwords_never_in_messages_and_wrong_ones_give_eauth)
     th_redis_stop(&au[0]);
 }
 
+/* --- tests that fail against redlock.c at 268dac0 (see the report) ---
+ * They use the helpers of tests/store/test_redlock.c; paste them before
+ * its tests[] table and add the T() lines. */
+
+/* EVALSHA calls on the nodes that are up. */
+static long long evalsha_calls(void)
+{
+    long long n = 0;
+
+    for (int i = 0; i < NN; i++)
+        if (!down[i])
+            n += th_redis_calls(&node[i], "evalsha");
+    return n;
+}
+
+/* With a 60 s lease, a 1 s wait costs its first try, the try after
+ * subscribing and one at the deadline (each: the acquire script and the
+ * quiet release on the three live nodes), nothing in between: the waiter
+ * sleeps until a release notification or the holder's lease. */
+TEST(waiters_do_not_poll_with_two_nodes_down)
+{
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "no-poll", 60000, 0);
+    dlock *lb = handle(b, "no-poll", 60000, 0);
+    long long worst = 0;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    kill_node(3);
+    kill_node(4);
+    settle();
+    for (int i = 0; i < 5; i++) {
+        long long before = evalsha_calls();
+        CHECK_RC(dlock_acquire(lb, 1000), DLOCK_EBUSY);
+        long long tries = (evalsha_calls() - before) / (2 * 3);
+        if (tries > worst)
+            worst = tries;
+    }
+    CHECK_OP(worst, <=, 6); /* polling every 1..50 ms: 20 to 40 */
+    CHECK_OK(dlock_release(la));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    heal();
+}
+
+/* A renewal that finds the holder's key missing on some nodes puts it
+ * back there (docs/redlock.md: "Keys that a node lost ... are then put
+ * back"), whichever nodes answered first. */
+TEST(extend_puts_back_every_key_a_node_lost)
+{
+    dlock_client *a = client();
+    dlock *l = handle(a, "put-back", 30000, DLOCK_NO_RENEW);
+
+    for (int k = 0; k < 20; k++) {
+        CHECK_OK(dlock_acquire(l, 0));
+        wait_keys_everywhere("put-back", 2000);
+        del_on(k % NN, "put-back");
+        del_on((k + 2) % NN, "put-back");
+        CHECK_OK(dlock_extend(l, 30000));
+        wait_keys_everywhere("put-back", 1000);
+        CHECK_OK(dlock_release(l));
+    }
+    dlock_close(l);
+    dlock_client_close(a);
+}
+
+/* The same node listed three times would make a quorum of 3 out of 5 on
+ * its own. */
+TEST(a_node_listed_twice_is_refused)
+{
+    char u[512];
+    dlock_client *c = NULL;
+
+    snprintf(u, sizeof(u),
+             "redlock://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d,"
+             "127.0.0.1:%d",
+             node[0].port, node[0].port, node[0].port, node[1].port,
+             node[2].port);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EINVAL);
+    CHECK(c == NULL);
+}
+
+/* dlock_extend() to a lease the store would refuse at acquire time. */
+TEST(extend_to_a_ttl_too_short_for_the_node_timeout_is_refused)
+{
+    char u[1100];
+    dlock_client *c = client_at(uri_with(u, sizeof(u), "?node_timeout=400"));
+    dlock *l = handle(c, "short-extend", 5000, 0);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_RC(dlock_extend(l, 300), DLOCK_EINVAL);
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 static const th_test tests[] = {
     T(bad_uris_are_rejected),
     T(fair_mode_and_too_short_ttls_are_refused),
@@ -1402,6 +1500,10 @@ static const th_test tests[] = {
     T(fencing_tokens_grow_across_faults_and_split_counters),
     T(six_processes_fighting_keep_exclusion_and_progress),
     T(six_processes_fighting_while_nodes_freeze_and_thaw),
+    T(waiters_do_not_poll_with_two_nodes_down),
+    T(extend_puts_back_every_key_a_node_lost),
+    T(a_node_listed_twice_is_refused),
+    T(extend_to_a_ttl_too_short_for_the_node_timeout_is_refused),
     {NULL, NULL, 0},
 };
 

@@ -50,8 +50,9 @@
     "  return ns\n"                                                           \
     "end\n"
 
-/* Lua: the test that a lock key's value was written by dlock. */
-#define DLOCK__REDIS_LUA_OURS_PATTERN "'^%x+:%d+ %d+ %d+ '"
+/* Lua: the test that a lock key's value was written by dlock (the owner
+ * is CLIENT:THREAD, and on Redlock CLIENT:THREAD:ACQUISITION). */
+#define DLOCK__REDIS_LUA_OURS_PATTERN "'^%x+:%d+[:%d]* %d+ %d+ '"
 
 /* One command of either store, its arguments borrowed (binary-safe). */
 typedef struct rcmd {

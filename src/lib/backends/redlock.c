@@ -59,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -74,7 +75,7 @@
 #define JITTER_MS 50
 #define NO_TTL_RETRY_MS 1000
 #define RELEASING_RETRY_MS 2 /* the holder's release is on its way */
-#define STALE_CHECK_MS 200
+#define PARTIAL_RETRY_MS 250 /* one owner on the nodes up, not a quorum */
 
 /* ------------------------------------------------------------------------ */
 /* Scripts                                                                  */
@@ -228,9 +229,14 @@ typedef struct rl_lease {
     rchan *chan;
 } rl_lease;
 
+/* The owner as the scripts compare it: the core's owner (client and
+ * thread) with this acquisition's number, then a space. The number makes
+ * every hold of a thread a different owner on the nodes: a release of an
+ * earlier hold that reaches a node late (a frozen node, an old connection)
+ * cannot delete a later hold's key there. */
 static size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
 {
-    int n = snprintf(out, cap, "%s ", l->owner);
+    int n = snprintf(out, cap, "%s:%" PRIu64 " ", l->owner, l->waiter);
     return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
@@ -332,9 +338,8 @@ static void node_connect(rl_store *rs, rnode *n, int64_t now)
     }
     if (n->ctx && n->owed_since && now - n->owed_since > rs->node_timeout)
         node_drop(n); /* still silent: frozen, or gone */
-    if (n->ctx && !n->connecting && n->owed_len == 0 &&
-        now - n->used > STALE_CHECK_MS && stale(n->ctx))
-        node_drop(n); /* closed by the server while idle */
+    if (n->ctx && !n->connecting && n->owed_len == 0 && stale(n->ctx))
+        node_drop(n); /* closed by the server (a restart) since last used */
     if (n->ctx)
         return;
 
@@ -365,13 +370,27 @@ static void round_begin(rl_store *rs)
     }
 }
 
+/* Ends a round: frees its replies; the replies still owed to it are
+ * thrown away when they arrive. */
 static void round_free(rl_store *rs)
 {
+    int64_t now = dlock__now_ms();
+
     for (int i = 0; i < rs->n; i++) {
         rnode *n = &rs->nodes[i];
+        int late = 0;
         for (int k = 0; k < n->ngot; k++)
             freeReplyObject(n->got[k]);
         n->ngot = 0;
+        for (int k = 0; k < n->owed_len; k++) {
+            unsigned char *kind = &n->owed[(n->owed_head + k) % OWED_MAX];
+            if (*kind == K_ROUND) {
+                *kind = K_SKIP;
+                late = 1;
+            }
+        }
+        if (late && !n->owed_since)
+            n->owed_since = now;
     }
 }
 
@@ -558,21 +577,6 @@ static void round_run(rl_store *rs, int64_t deadline,
             if (pfd[k].revents)
                 node_io(rs, &rs->nodes[who[k]], pfd[k].revents);
     }
-    /* replies still owed to this round are thrown away on arrival */
-    int64_t now = dlock__now_ms();
-    for (int i = 0; i < rs->n; i++) {
-        rnode *n = &rs->nodes[i];
-        int late = 0;
-        for (int k = 0; k < n->owed_len; k++) {
-            unsigned char *kind = &n->owed[(n->owed_head + k) % OWED_MAX];
-            if (*kind == K_ROUND) {
-                *kind = K_SKIP;
-                late = 1;
-            }
-        }
-        if (late && !n->owed_since)
-            n->owed_since = now;
-    }
 }
 
 /* The store's message for a round in which too few nodes answered. */
@@ -662,17 +666,17 @@ static int64_t ask_all(rl_store *rs, rcmd *c, int nc, int64_t op_deadline,
 }
 
 /* Of the nodes that answered an integer: how many, and how many said
- * other than 1 (not ours); missing[i] (may be NULL): node i said 0. */
+ * other than 1 (not ours); mine[i] (may be NULL): node i said 1. */
 static void count_ints(const rl_store *rs, int *answered, int *notours,
-                       int *missing)
+                       int *mine)
 {
     *answered = *notours = 0;
     for (int i = 0; i < rs->n; i++) {
         const rnode *n = &rs->nodes[i];
         int ok = !n->rc && n->ngot > 0 &&
                  n->got[0]->type == REDIS_REPLY_INTEGER;
-        if (missing)
-            missing[i] = ok && n->got[0]->integer == 0;
+        if (mine)
+            mine[i] = ok && n->got[0]->integer == 1;
         if (ok) {
             (*answered)++;
             *notours += n->got[0]->integer != 1;
@@ -744,31 +748,42 @@ static const redisReply *holder_of(const rnode *n)
  *  - Otherwise a split vote or a lock half free: a short random wait. */
 static int64_t retry_after(rl_store *rs, rchan *ch)
 {
+    const redisReply *only = NULL; /* the one owner of every "no" */
+    int yes = 0, several = 0;
+    long long least = -1;
+
     for (int i = 0; i < rs->n; i++) {
         const redisReply *o = holder_of(&rs->nodes[i]);
         if (o && announced(rs, ch, o->str, o->len))
             return RELEASING_RETRY_MS;
     }
     for (int i = 0; i < rs->n; i++) {
-        const redisReply *oa = holder_of(&rs->nodes[i]);
-        if (!oa)
+        const rnode *n = &rs->nodes[i];
+        const redisReply *o = holder_of(n);
+        if (!n->rc && n->ngot > 0 && reply_yes(n->got[0]))
+            yes++;
+        if (!o)
             continue;
-        int same = 0;
-        long long least = -1;
-        for (int k = 0; k < rs->n; k++) {
-            const redisReply *ob = holder_of(&rs->nodes[k]);
-            if (!ob || ob->len != oa->len ||
-                memcmp(ob->str, oa->str, oa->len) != 0)
-                continue;
-            same++;
-            const redisReply *p = rs->nodes[k].got[0]->element[1];
-            if (p->type == REDIS_REPLY_INTEGER && p->integer >= 0 &&
-                (least < 0 || p->integer < least))
-                least = p->integer;
-        }
-        if (same >= rs->quorum)
-            return least >= 0 ? least : NO_TTL_RETRY_MS;
+        if (only && (o->len != only->len ||
+                     memcmp(o->str, only->str, o->len) != 0))
+            several = 1;
+        only = only ? only : o;
+        const redisReply *p = n->got[0]->element[1];
+        if (p->type == REDIS_REPLY_INTEGER && p->integer >= 0 &&
+            (least < 0 || p->integer < least))
+            least = p->integer;
     }
+    int same = 0;
+    for (int i = 0; i < rs->n && only && !several; i++)
+        same += holder_of(&rs->nodes[i]) != NULL;
+    if (only && !several && same >= rs->quorum)
+        return least >= 0 ? least : NO_TTL_RETRY_MS;
+    /* one owner on every node that answered, none free, but not a quorum
+     * of them (the others are down): a holder whose quorum included nodes
+     * now down, or a contender about to give back what it got quietly */
+    if (only && !several && yes == 0)
+        return least >= 0 && least < PARTIAL_RETRY_MS ? least
+                                                      : PARTIAL_RETRY_MS;
     return jitter_ms();
 }
 
@@ -819,6 +834,19 @@ static int raise_counters(rl_store *rs, const dlock__lease *l,
     return g.t.yes >= g.need ? 0 : -1;
 }
 
+/* A lease that no round could leave any validity of. */
+static int ttl_too_short(const rl_store *rs, int64_t ttl_ms)
+{
+    if (margin(rs, ttl_ms) + rs->node_timeout < ttl_ms)
+        return 0;
+    dlock__err(DLOCK_EINVAL,
+               "%s: a lease of %lld ms is too short for the node timeout "
+               "(%lld ms) and the clock drift allowance (%lld ms)",
+               rs->where, (long long)ttl_ms, (long long)rs->node_timeout,
+               (long long)margin(rs, ttl_ms));
+    return 1;
+}
+
 static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     rl_store *rs = st;
@@ -836,14 +864,8 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                           "first-served queue needs one place that orders the "
                           "waiters (use redis://, zk:// or etcd://)",
                           rs->where);
-    if (margin(rs, l->ttl_ms) + rs->node_timeout >= l->ttl_ms)
-        return dlock__err(DLOCK_EINVAL,
-                          "%s: a lease of %lld ms is too short for the node "
-                          "timeout (%lld ms) and the clock drift allowance "
-                          "(%lld ms)",
-                          rs->where, (long long)l->ttl_ms,
-                          (long long)rs->node_timeout,
-                          (long long)margin(rs, l->ttl_ms));
+    if (ttl_too_short(rs, l->ttl_ms))
+        return DLOCK_EINVAL;
     ll = dlock__redis_key(&rs->cfg, l->name, l->name_len, "", lock);
     fl = dlock__redis_key(&rs->cfg, l->name, l->name_len, ":f", fence);
     ol = owner_sp(l, owner, sizeof(owner));
@@ -924,7 +946,13 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     }
 
     /* no quorum: give back what we got, quietly; too many nodes failed
-     * for any quorum: a store failure */
+     * for any quorum: a store failure. When to try again depends on who
+     * holds the nodes that have not answered yet: hear them out (within
+     * the same node timeout) */
+    round_run(rs, start + rs->node_timeout < op_deadline
+                      ? start + rs->node_timeout
+                      : op_deadline,
+              NULL, NULL);
     int64_t retry = retry_after(rs, ((rl_lease *)l->priv)->chan);
     int failed = 0;
     for (int i = 0; i < rs->n; i++)
@@ -992,6 +1020,8 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     rcmd c;
     tally t;
 
+    if (ttl_too_short(rs, ttl_ms))
+        return DLOCK_EINVAL;
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     snprintf(num, sizeof(num), "%" PRIu64, l->token >> NODE_BITS);
     rcmd_evalsha(&c, S_EXTEND, 1);
@@ -1002,15 +1032,15 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     int64_t start = ask_all(rs, &c, 1, op_deadline, quorum_decided, &t);
     count(rs, &t);
     int64_t now = dlock__now_ms();
-    int answered, notours, missing[MAX_NODES];
-    count_ints(rs, &answered, &notours, missing);
+    int answered, notours, mine[MAX_NODES];
+    count_ints(rs, &answered, &notours, mine);
     if (t.yes >= rs->quorum &&
         ttl_ms - (now - start) - margin(rs, ttl_ms) > 0) {
         /* put back the keys that nodes lost (counted from the next
          * renewal on) */
         round_free(rs);
         for (int i = 0; i < rs->n; i++) {
-            if (!missing[i])
+            if (mine[i])
                 continue;
             rcmd_evalsha(&c, S_REPAIR, 1);
             rcmd_arg(&c, lock, ll);
@@ -1601,6 +1631,14 @@ static int parse_config(rl_store *rs, const dlock__uri *u)
         if (!(n->host = strdup(u->hosts[i].host)))
             return dlock__err(DLOCK_ENOMEM, "out of memory");
         n->port = u->hosts[i].port ? u->hosts[i].port : DEFAULT_PORT;
+        for (int k = 0; k < i; k++)
+            if (rs->nodes[k].port == n->port &&
+                strcasecmp(rs->nodes[k].host, n->host) == 0)
+                return dlock__err(DLOCK_EINVAL,
+                                  "redlock: node %.200s:%d is listed twice "
+                                  "(each node must count once towards the "
+                                  "quorum)",
+                                  n->host, n->port);
         snprintf(n->where, sizeof(n->where),
                  strchr(n->host, ':') ? "redis [%.200s]:%d"
                                       : "redis %.200s:%d",
