@@ -285,7 +285,9 @@ typedef struct dlock_info {
     int held;          /* 1: someone holds it; 0: free */
     char holder[256];  /* "host pid N tid N" of the holder, "" if free */
     uint64_t token;    /* holder's fencing token; when free, the last one
-                        * issued (0: never held) */
+                        * issued (0: never held). Redlock: the highest
+                        * node counter, so within the same counter as the
+                        * token, not always equal (docs/redlock.md) */
     int64_t ttl_ms;    /* lease left; -1 when free or the store has none */
     int64_t held_ms;   /* how long the current hold has lasted; -1 unknown */
     int64_t waiters;   /* waiters known to the store; -1 when it can't tell */
