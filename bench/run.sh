@@ -484,3 +484,12 @@ echo
 cat "$myout"
 echo
 echo "bench: wrote $doc"
+
+# --- charts of the headline figures (gnuplot), beside the document
+plotdir=$root/docs
+[ -n "$quick" ] && plotdir=$build
+if command -v gnuplot >/dev/null 2>&1 && python3 "$root/bench/plot.py" "$doc" "$plotdir"; then
+    echo "bench: drew $plotdir/bench-cycle.svg and $plotdir/bench-handoff.svg"
+else
+    echo "bench: no charts (gnuplot missing, or a figure not found)" >&2
+fi
