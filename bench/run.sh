@@ -54,6 +54,33 @@ mkdir -p "$tmp/locks"
 out=$tmp/results.md
 # shellcheck disable=SC2086 # $quick: nothing or --quick
 "$build/bench/dlock_bench" "redis://127.0.0.1:$port" "$tmp/locks" $quick >"$out"
+# --- redis-py's lock on the same server, beside dlock's figures of this
+# run (Debian's python3-redis, run by Debian's own python3); its table goes
+# at the end of the Redis section
+pyout=$tmp/results-redis-py.md
+redis_fig() { # redis_fig LABEL COLUMN: a number of the Redis section's table
+    awk -F'|' -v l="$1" -v c="$2" '
+        /^## Redis/ { s = 1; next } /^## / { s = 0 }
+        s && index($2, l) == 2 { split($c, a, " "); print a[1]; exit }' "$out"
+}
+if ! /usr/bin/python3 -c 'import redis' 2>/dev/null; then
+    printf '### Beside redis-py'"'"'s lock\n\nNot measured: no python3-redis on this machine.\n' >"$pyout"
+else
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    /usr/bin/python3 "$root/bench/peer_redis_py.py" "$port" \
+        "$(redis_fig 'uncontended acquire+release, p50' 3)" \
+        "$(redis_fig 'uncontended acquire+release, p50' 4)" \
+        "$(redis_fig 'hand-off, release → waiter' 4)" $quick >"$pyout" ||
+        printf '### Beside redis-py'"'"'s lock\n\nNot measured: the script failed (see above).\n' >"$pyout"
+fi
+awk -v f="$pyout" '
+    function py(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+    /^## / && seen && !done { py() }
+    /^## Redis/ { seen = 1 }
+    { print }
+    END { if (!done) { print ""; py() } }
+' "$out" >"$out.new" && mv "$out.new" "$out"
+
 kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
 
 # --- Redlock: five private redis-servers, dlock's redlock:// store beside
