@@ -54,25 +54,34 @@ mkdir -p "$tmp/locks"
 out=$tmp/results.md
 # shellcheck disable=SC2086 # $quick: nothing or --quick
 "$build/bench/dlock_bench" "redis://127.0.0.1:$port" "$tmp/locks" $quick >"$out"
-# --- redis-py's lock on the same server, beside dlock's figures of this
-# run (Debian's python3-redis, run by Debian's own python3); its table goes
-# at the end of the Redis section
-pyout=$tmp/results-redis-py.md
-redis_fig() { # redis_fig LABEL COLUMN: a number of the Redis section's table
-    awk -F'|' -v l="$1" -v c="$2" '
-        /^## Redis/ { s = 1; next } /^## / { s = 0 }
-        s && index($2, l) == 2 { split($c, a, " "); print a[1]; exit }' "$out"
+# --- Python peers (Debian packages, run by Debian's own python3; see
+# bench/peer_py.py): one subsection each, appended to its store's section
+# and beside dlock's figures of the same run
+# table_fig FILE LABEL COLUMN: the first number of COLUMN in the first row
+# of FILE's tables whose first cell starts with LABEL
+table_fig() {
+    awk -F'|' -v l="$2" -v c="$3" '
+        index($2, l) == 2 { split($c, a, " "); print a[1]; exit }' "$1"
 }
-if ! /usr/bin/python3 -c 'import redis' 2>/dev/null; then
-    printf '### Beside redis-py'"'"'s lock\n\nNot measured: no python3-redis on this machine.\n' >"$pyout"
-else
+# py_peer KIND ADDRESS FILE PACKAGE CYCLE_LABEL HANDOFF_LABEL: measures
+# the peer and prints its subsection (or why it was not measured)
+py_peer() {
+    local kind=$1 addr=$2 file=$3 pkg=$4 fig
+    fig=$(awk '/^## /{n++} n<=1' "$file") # the section's own tables only
+    if ! /usr/bin/python3 -c "import $kind" 2>/dev/null; then
+        printf '### Beside the %s peer\n\nNot measured: no %s on this machine.\n\n' "$kind" "$pkg"
+        return 0
+    fi
     # shellcheck disable=SC2086 # $quick: nothing or --quick
-    /usr/bin/python3 "$root/bench/peer_redis_py.py" "$port" \
-        "$(redis_fig 'uncontended acquire+release, p50' 3)" \
-        "$(redis_fig 'uncontended acquire+release, p50' 4)" \
-        "$(redis_fig 'hand-off, release → waiter' 4)" $quick >"$pyout" ||
-        printf '### Beside redis-py'"'"'s lock\n\nNot measured: the script failed (see above).\n' >"$pyout"
-fi
+    /usr/bin/python3 "$root/bench/peer_py.py" "$kind" "$addr" \
+        "$(table_fig <(echo "$fig") "$5" 3)" \
+        "$(table_fig <(echo "$fig") "$5" 4)" \
+        "$(table_fig <(echo "$fig") "$6" 4)" $quick ||
+        printf '### Beside the %s peer\n\nNot measured: its script failed (see the bench output).\n\n' "$kind"
+}
+pyout=$tmp/results-redis-py.md
+py_peer redis "$port" "$out" python3-redis 'uncontended acquire+release, p50' \
+    'hand-off, release → waiter' >"$pyout"
 awk -v f="$pyout" '
     function py(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
     /^## / && seen && !done { py() }
@@ -232,6 +241,9 @@ else
         tail -30 "$tmp/zk/zk.log" >&2 || true
         exit 1
     fi
+    py_peer kazoo "127.0.0.1:$zkport" "$zkout" python3-kazoo \
+        'uncontended acquire+release, p50' 'hand-off, release → waiter' >"$zkout.peer"
+    { echo; cat "$zkout.peer"; } >>"$zkout"
     kill "$zkpid" 2>/dev/null || true; wait "$zkpid" 2>/dev/null || true; zkpid=
 fi
 
@@ -324,6 +336,9 @@ else
             printf "| `true` alone (process start floor) | %.1f | |\n", f / 1000
         }'
     } >>"$etcdout"
+    py_peer etcd3 "$ep" "$etcdout" python3-etcd3 \
+        'uncontended acquire+release, p50' 'hand-off, release → waiter' >"$etcdout.peer"
+    { echo; cat "$etcdout.peer"; } >>"$etcdout"
     kill "$etcdpid" 2>/dev/null || true; wait "$etcdpid" 2>/dev/null || true; etcdpid=
 fi
 

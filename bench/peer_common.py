@@ -1,0 +1,102 @@
+"""peer_common.py -- the measuring loops the Python peers share, the same
+as bench.c's for dlock:
+
+  cycle(new_lock, n)     uncontended acquire (one try) + release, after a
+                         warm-up; p50/p99 in us and cycles per second
+  handoff(new_lock, n)   two processes pass one lock back and forth: the
+                         time from the holder's release() call to the
+                         waiting process's acquire() returning; the holder
+                         releases 2 ms after the other one began to wait,
+                         and the next round starts once the waiter has it
+                         (no barging). p50/p99 in us.
+
+new_lock() is called in each process and returns (acquire, release):
+acquire(blocking) -> bool, release() -> None.
+"""
+import multiprocessing as mp
+import time
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * p))]
+
+
+def cycle(new_lock, n, warmup=200):
+    acquire, release = new_lock()
+    for _ in range(warmup):
+        if acquire(False):
+            release()
+    lat = []
+    t_all = time.monotonic_ns()
+    for _ in range(n):
+        t0 = time.monotonic_ns()
+        if not acquire(False):
+            raise SystemExit("peer: an uncontended acquire failed")
+        release()
+        lat.append(time.monotonic_ns() - t0)
+    per_s = n / ((time.monotonic_ns() - t_all) / 1e9)
+    return pct(lat, 0.5) / 1e3, pct(lat, 0.99) / 1e3, per_s
+
+
+def _await(v, want):
+    until = time.monotonic() + 60
+    while v.value != want:
+        if time.monotonic() > until:
+            raise SystemExit("peer hand-off: the other process stalled")
+        time.sleep(0.00005)
+
+
+def _handoff_proc(me, new_lock, n, st):
+    acquire, release = new_lock()
+    if me == 0:
+        if not acquire(True):
+            raise SystemExit("peer hand-off: first acquire failed")
+        st["ready"].value = 1
+    else:
+        _await(st["ready"], 1)
+    held = me == 0
+    for i in range(n):
+        if i % 2 == me:
+            _await(st["waiting"][1 - me], i + 1)
+            time.sleep(0.002)  # let it reach its wait
+            st["released"].value = time.monotonic_ns()
+            release()
+            held = False
+            _await(st["done"], i + 1)
+        else:
+            st["waiting"][me].value = i + 1
+            if not acquire(True):
+                raise SystemExit("peer hand-off: acquire timed out")
+            held = True
+            st["lat"][i] = time.monotonic_ns() - st["released"].value
+            st["done"].value = i + 1
+    if held:
+        release()
+
+
+def handoff(new_lock, n):
+    ctx = mp.get_context("fork")
+    st = {
+        "ready": ctx.Value("i", 0, lock=False),
+        "done": ctx.Value("i", 0, lock=False),
+        "released": ctx.Value("q", 0, lock=False),
+        "waiting": [ctx.Value("i", 0, lock=False) for _ in range(2)],
+        "lat": ctx.Array("q", n, lock=False),
+    }
+    ps = [ctx.Process(target=_handoff_proc, args=(i, new_lock, n, st))
+          for i in range(2)]
+    for p in ps:
+        p.start()
+    while any(p.is_alive() for p in ps):
+        if any(p.exitcode not in (None, 0) for p in ps):
+            for p in ps:  # one failed: the other would wait for it
+                p.terminate()
+            break
+        time.sleep(0.01)
+    for p in ps:
+        p.join()
+    if any(p.exitcode != 0 for p in ps):
+        raise SystemExit("peer hand-off: a process failed")
+    lat = list(st["lat"])
+    return pct(lat, 0.5) / 1e3, pct(lat, 0.99) / 1e3

@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""peer_py.py KIND ADDRESS FLOOR_US DLOCK_US DLOCK_HANDOFF_US [--quick]
+
+A Python lock library on the private server of one bench section, measured
+the way bench.c measures dlock (see peer_common.py), printed as a markdown
+subsection beside dlock's figures of the same run:
+
+  redis  ADDRESS = port     redis-py's redis.lock.Lock (python3-redis), with
+                            its default 0.1 s sleep between tries and 1 ms
+  kazoo  ADDRESS = host:port  kazoo's Lock recipe (python3-kazoo)
+  etcd3  ADDRESS = host:port  python-etcd3's Lock (python3-etcd3, gRPC)
+
+FLOOR_US, DLOCK_US: the section's cycle floor and dlock's cycle p50;
+DLOCK_HANDOFF_US: dlock's hand-off p50. Run with Debian's /usr/bin/python3,
+the interpreter those packages are installed for.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_common import cycle, handoff  # noqa: E402
+
+
+def redis_lock(port, name, sleep=0.1):
+    import redis
+
+    def new_lock():
+        r = redis.Redis(host="127.0.0.1", port=int(port))
+        lock = r.lock(name, timeout=30, sleep=sleep, blocking_timeout=30)
+        return (lambda blocking: lock.acquire(blocking=blocking),
+                lock.release)
+    return new_lock
+
+
+def kazoo_lock(hosts, name):
+    from kazoo.client import KazooClient
+
+    def new_lock():
+        zk = KazooClient(hosts=hosts, timeout=10)
+        zk.start(timeout=10)
+        lock = zk.Lock("/peer-kazoo/" + name, "peer %d" % os.getpid())
+        return (lambda blocking: lock.acquire(blocking=blocking,
+                                              timeout=30 if blocking
+                                              else None),
+                lock.release)
+    return new_lock
+
+
+def etcd3_lock(hostport, name):
+    import etcd3
+    host, port = hostport.rsplit(":", 1)
+
+    def new_lock():
+        client = etcd3.client(host=host, port=int(port), timeout=10)
+        lock = client.lock("peer-etcd3-" + name, ttl=30)
+        return (lambda blocking: lock.acquire(timeout=30 if blocking else 0),
+                lock.release)
+    return new_lock
+
+
+KINDS = {
+    "redis": ("redis-py", "redis", "`redis.lock.Lock` (Debian's "
+              "python3-redis): `SET NX PX` to acquire, a Lua "
+              "compare-and-delete to release; a waiter sleeps between tries "
+              "(`sleep`, 0.1 s by default) and learns of a release only at "
+              "its next try"),
+    "kazoo": ("kazoo", "kazoo", "its `Lock` recipe (Debian's python3-kazoo): "
+              "an ephemeral sequential node, the children listed, a watch on "
+              "the predecessor"),
+    "etcd3": ("python-etcd3", "etcd3", "its `Lock` (Debian's python3-etcd3, "
+              "gRPC): a lease, a transaction that creates the key if absent; "
+              "a waiter watches the key"),
+}
+
+
+def main():
+    if len(sys.argv) < 6 or sys.argv[1] not in KINDS:
+        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+        return 2
+    kind, addr = sys.argv[1], sys.argv[2]
+    floor, dl, dl_hand = (float(a) for a in sys.argv[3:6])
+    quick = "--quick" in sys.argv[6:]
+    title, module, how = KINDS[kind]
+    mod = __import__(module)
+    version = getattr(mod, "__version__", "?")
+    if kind == "kazoo":
+        from kazoo import version as kv
+        version = getattr(kv, "__version__", version)
+    make = {"redis": redis_lock, "kazoo": kazoo_lock, "etcd3": etcd3_lock}
+    n = {"redis": 20000, "kazoo": 3000, "etcd3": 1000}[kind]
+    hn = {"redis": 300, "kazoo": 300, "etcd3": 200}[kind]
+    if quick:
+        n, hn = n // 10, 60
+
+    p50, p99, per_s = cycle(make[kind](addr, "cycle"), n)
+    print("### Beside %s\n" % title)
+    print("%s %s on the same server, %s. Uncontended: %d cycles, one try to "
+          "acquire then release. Hand-off: as for dlock (two processes, the "
+          "release 2 ms after the other one began to wait), %d hand-offs."
+          "\n" % (title, version, how, n, hn))
+    print("| measure | floor | dlock | %s | %s ÷ floor | dlock ÷ %s |"
+          % (title, title, title))
+    print("|---|---|---|---|---|---|")
+    print("| uncontended acquire+release, p50 | %.1f | %.1f | %.1f | %.2fx "
+          "| **%.2fx** |" % (floor, dl, p50, p50 / floor, dl / p50))
+    print("| the same, p99 | | | %.1f | | |" % p99)
+    print("| cycles per second (one client) | | | %.0f | | |" % per_s)
+    variants = [("", make[kind](addr, "handoff"))]
+    if kind == "redis":
+        variants = [(", default sleep 0.1 s", redis_lock(addr, "handoff")),
+                    (", sleep 1 ms", redis_lock(addr, "handoff", 0.001))]
+    for name, factory in variants:
+        try:
+            h50, h99 = handoff(factory, hn)
+        except SystemExit as e:
+            # python-etcd3 0.12's blocking acquire() fails with Debian 12's
+            # tenacity (a TypeError in its retry wait): say so, go on
+            print("| hand-off%s | | %.1f | not measured: %s (see the "
+                  "bench's output) | | |" % (name, dl_hand, e))
+            continue
+        print("| hand-off p50 (p99)%s | | %.1f | %.1f (%.1f) | | **%.3fx** |"
+              % (name, dl_hand, h50, h99, dl_hand / h50))
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
