@@ -90,6 +90,25 @@ awk -v f="$pyout" '
     END { if (!done) { print ""; py() } }
 ' "$out" >"$out.new" && mv "$out.new" "$out"
 
+# --- Many locks on the same redis-server (100,000 names held at once;
+# --quick: 10,000), after the peer: its subsection ends the Redis section
+manyout=$tmp/results-many.md
+if [ -x "$build/bench/dlock_bench_many" ]; then
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    if ! "$build/bench/dlock_bench_many" "redis://127.0.0.1:$port" $quick >"$manyout"; then
+        echo "bench: dlock_bench_many failed; the server's log:" >&2
+        tail -5 "$tmp/redis.log" >&2 || true
+        exit 1
+    fi
+    awk -v f="$manyout" '
+        function many(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+        /^## / && seen && !done { many() }
+        /^## Redis/ { seen = 1 }
+        { print }
+        END { if (!done) { print ""; many() } }
+    ' "$out" >"$out.new" && mv "$out.new" "$out"
+fi
+
 kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
 
 # --- Redlock: five private redis-servers, dlock's redlock:// store beside

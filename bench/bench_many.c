@@ -1,0 +1,628 @@
+/*
+ * bench_many.c -- many locks held at once on Redis: memory per lock in the
+ * store and acquire/release throughput, beside bare hiredis floors measured
+ * in the same run on the same server.
+ *
+ *   bench_many REDIS_URI [--quick] [--names N]
+ *
+ * Prints Markdown (a subsection of the Redis section). N = 100000 distinct
+ * names (--quick: 10000), "many-000000" ...; the server is FLUSHALLed
+ * before every run, so every run starts from an empty keyspace.
+ *
+ * Each run: the N names acquired as fast as possible by some threads
+ * (each its own owner), then released; ttl 600 s and DLOCK_NO_RENEW, so no
+ * watchdog renews anything meanwhile. dlock runs: 1, 4 and 16 threads on
+ * one client, 4 clients with one thread each. Floors: bare hiredis `SET floor:{NAME}
+ * VALUE NX PX 600000` (release: the EVALSHA compare-and-delete) from one
+ * connection pipelined (depth PIPE_DEPTH), unpipelined, and from 4
+ * connections unpipelined (one thread each).
+ *
+ * Memory, in the dlock run with 4 threads and in the pipelined floor:
+ * INFO memory's used_memory less the clients' buffers, settled, before
+ * the acquisitions, with all N held, and after the release (when only
+ * dlock's fencing counters remain). The floor's keys are as long as
+ * dlock's lock keys ("floor:" as long as "dlock:"), its values as long as
+ * the mean of dlock's lock values in the same run.
+ */
+#include <dlock.h>
+#include <hiredis.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PIPE_DEPTH 100
+#define MEM_THREADS 4
+#define NAME_FMT "many-%06d"
+#define TTL_MS 600000
+
+static const char *redis_uri;
+static char redis_host[256] = "127.0.0.1";
+static int redis_port = 6379;
+static int nnames;
+
+static const char release_script[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('DEL', KEYS[1]) end return 0";
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
+
+    nanosleep(&ts, NULL);
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_many: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void parse_redis_uri(void)
+{
+    const char *p = strstr(redis_uri, "://");
+
+    if (!p || strncmp(redis_uri, "redis://", 8) != 0)
+        die("uri", "expected redis://host:port");
+    p += 3;
+    const char *colon = strchr(p, ':');
+    if (colon) {
+        snprintf(redis_host, sizeof(redis_host), "%.*s", (int)(colon - p), p);
+        redis_port = atoi(colon + 1);
+    } else {
+        snprintf(redis_host, sizeof(redis_host), "%.*s", (int)strcspn(p, "/?"),
+                 p);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The server                                                               */
+/* ------------------------------------------------------------------------ */
+
+static redisContext *hiredis_connect(void)
+{
+    struct timeval tv = {10, 0};
+    redisContext *c = redisConnectWithTimeout(redis_host, redis_port, tv);
+
+    if (!c || c->err)
+        die("connect", c ? c->errstr : "out of memory");
+    redisSetTimeout(c, tv);
+    return c;
+}
+
+static redisReply *command(redisContext *c, const char *cmd)
+{
+    redisReply *r = redisCommand(c, cmd);
+
+    if (!r || r->type == REDIS_REPLY_ERROR)
+        die(cmd, r ? r->str : c->errstr);
+    return r;
+}
+
+static long long dbsize(redisContext *c)
+{
+    redisReply *r = command(c, "DBSIZE");
+    long long n = r->integer;
+
+    freeReplyObject(r);
+    return n;
+}
+
+/* used_memory less the clients' buffers (mem_clients_normal: query and
+ * reply buffers, which grow and shrink with pipelining, not with keys). */
+static long long keyspace_memory(redisContext *c)
+{
+    redisReply *r = command(c, "INFO memory");
+    const char *u = strstr(r->str, "\nused_memory:");
+    const char *m = strstr(r->str, "\nmem_clients_normal:");
+
+    if (!u || !m)
+        die("INFO memory", "no used_memory or mem_clients_normal");
+    long long v = atoll(u + 13) - atoll(m + 20);
+    freeReplyObject(r);
+    return v;
+}
+
+/* The figure above once it has settled: a dict that grew may still be
+ * rehashing incrementally (both tables allocated) for a few server ticks. */
+static long long used_memory(redisContext *c)
+{
+    long long prev = keyspace_memory(c), cur = prev;
+
+    for (int i = 0; i < 30; i++) {
+        sleep_ms(100);
+        cur = keyspace_memory(c);
+        if (llabs(cur - prev) <= 1024)
+            break;
+        prev = cur;
+    }
+    return cur;
+}
+
+/* Microseconds the server spent in the commands the clients sent since
+ * the last CONFIG RESETSTAT: EVALSHA when any was sent (the commands a
+ * script runs are counted apart, and inside its time), else SET. */
+static double server_us(redisContext *c)
+{
+    redisReply *r = command(c, "INFO commandstats");
+    const char *which[] = {"\ncmdstat_evalsha:", "\ncmdstat_set:"};
+    double us = 0;
+
+    for (int i = 0; i < 2 && us == 0; i++) {
+        const char *p = strstr(r->str, which[i]);
+        const char *u = p ? strstr(p, "usec=") : NULL;
+        if (u)
+            us = atof(u + 5);
+    }
+    freeReplyObject(r);
+    return us;
+}
+
+static void reset_stats(redisContext *c)
+{
+    freeReplyObject(command(c, "CONFIG RESETSTAT"));
+}
+
+static long rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, rss = 0;
+
+    if (!f)
+        return 0;
+    if (fscanf(f, "%ld %ld", &size, &rss) != 2)
+        rss = 0;
+    fclose(f);
+    return rss * sysconf(_SC_PAGESIZE);
+}
+
+/* ------------------------------------------------------------------------ */
+/* One run: N names acquired, then released, by some threads               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct run_cfg {
+    int use_dlock;
+    int threads;
+    int clients;       /* dlock: clients shared round-robin by the threads */
+    int depth;         /* floor: pipeline depth (1: unpipelined) */
+    int64_t ttl_ms;    /* lease (dlock) or PX (floor) */
+    unsigned flags;    /* dlock_options.flags */
+    const char *value; /* floor: the value SET */
+    int measure;       /* memory: used_memory held and after release */
+} run_cfg;
+
+typedef struct run_result {
+    double acq_per_s, rel_per_s;
+    double acq_server_us, rel_server_us; /* per name */
+    long long mem_base, mem_held, mem_released;
+    long long keys_held, keys_released;
+    long rss_base, rss_held;
+    double value_len; /* dlock: mean length of its lock values */
+    int value_min, value_max;
+} run_result;
+
+typedef struct shared {
+    const run_cfg *cfg;
+    pthread_barrier_t bar;
+    char sha[41];
+    pthread_mutex_t mu;
+    int failures;
+    char first_error[512];
+} shared;
+
+typedef struct worker {
+    shared *s;
+    pthread_t thread;
+    int lo, hi;            /* its names: [lo, hi) */
+    dlock **locks;         /* dlock: its handles, locks[i - lo] */
+    redisContext *conn;    /* floor: its connection */
+} worker;
+
+static void fail(shared *s, const char *fmt, const char *a, const char *b)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->failures++ == 0)
+        snprintf(s->first_error, sizeof(s->first_error), fmt, a, b);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void dlock_share(worker *w, int release)
+{
+    for (int i = w->lo; i < w->hi; i++) {
+        dlock *l = w->locks[i - w->lo];
+        int rc = release ? dlock_release(l) : dlock_acquire(l, 0);
+        if (rc != DLOCK_OK)
+            fail(w->s, "%s: %s", release ? "dlock_release" : "dlock_acquire",
+                 dlock_errmsg());
+    }
+}
+
+static void floor_share(worker *w, int release)
+{
+    const run_cfg *cfg = w->s->cfg;
+    char key[64], px[32];
+
+    snprintf(px, sizeof(px), "%lld", (long long)cfg->ttl_ms);
+    for (int i = w->lo; i < w->hi; i += cfg->depth) {
+        int n = w->hi - i < cfg->depth ? w->hi - i : cfg->depth;
+        for (int k = 0; k < n; k++) {
+            snprintf(key, sizeof(key), "floor:{" NAME_FMT "}", i + k);
+            if (release)
+                redisAppendCommand(w->conn, "EVALSHA %s 1 %s %s", w->s->sha,
+                                   key, cfg->value);
+            else
+                redisAppendCommand(w->conn, "SET %s %s NX PX %s", key,
+                                   cfg->value, px);
+        }
+        for (int k = 0; k < n; k++) {
+            redisReply *r = NULL;
+            if (redisGetReply(w->conn, (void **)&r) != REDIS_OK || !r)
+                die("floor", w->conn->errstr);
+            int ok = release ? r->type == REDIS_REPLY_INTEGER && r->integer == 1
+                             : r->type == REDIS_REPLY_STATUS;
+            if (!ok)
+                fail(w->s, "%s: %s", release ? "floor release" : "floor SET",
+                     r->type == REDIS_REPLY_ERROR ? r->str : "refused");
+            freeReplyObject(r);
+        }
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+
+    for (int release = 0; release < 2; release++) {
+        pthread_barrier_wait(&w->s->bar); /* start */
+        if (w->s->cfg->use_dlock)
+            dlock_share(w, release);
+        else
+            floor_share(w, release);
+        pthread_barrier_wait(&w->s->bar); /* done */
+    }
+    return NULL;
+}
+
+static dlock_client *open_client(void)
+{
+    dlock_client *c;
+
+    if (dlock_client_open(&c, redis_uri, NULL) != DLOCK_OK)
+        die(redis_uri, dlock_errmsg());
+    /* connect and load the scripts now, outside the measurement */
+    dlock *l;
+    if (dlock_open(&l, c, "many-warm-up", NULL) != DLOCK_OK ||
+        dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
+        die("warm-up", dlock_errmsg());
+    dlock_close(l);
+    return c;
+}
+
+/* Mean, min and max length of dlock's lock values (pipelined STRLEN). */
+static void value_lengths(redisContext *c, run_result *res)
+{
+    char key[64];
+    long long sum = 0;
+
+    res->value_min = 1 << 30;
+    res->value_max = 0;
+    for (int i = 0; i < nnames; i += PIPE_DEPTH) {
+        int n = nnames - i < PIPE_DEPTH ? nnames - i : PIPE_DEPTH;
+        for (int k = 0; k < n; k++) {
+            snprintf(key, sizeof(key), "dlock:{" NAME_FMT "}", i + k);
+            redisAppendCommand(c, "STRLEN %s", key);
+        }
+        for (int k = 0; k < n; k++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c, (void **)&r) != REDIS_OK || !r ||
+                r->type != REDIS_REPLY_INTEGER || r->integer == 0)
+                die("STRLEN", "a lock key is missing (not dlock:{NAME}?)");
+            int len = (int)r->integer;
+            sum += len;
+            if (len < res->value_min)
+                res->value_min = len;
+            if (len > res->value_max)
+                res->value_max = len;
+            freeReplyObject(r);
+        }
+    }
+    res->value_len = (double)sum / nnames;
+}
+
+static run_result run(const run_cfg *cfg)
+{
+    redisContext *admin = hiredis_connect();
+    shared s;
+    run_result res;
+    int nclients = cfg->use_dlock ? cfg->clients : 0;
+    dlock_client **clients = calloc((size_t)(nclients ? nclients : 1),
+                                    sizeof(*clients));
+    worker *w = calloc((size_t)cfg->threads, sizeof(*w));
+    dlock **locks = calloc((size_t)nnames, sizeof(*locks));
+
+    if (!clients || !w || !locks)
+        die("run", "out of memory");
+    memset(&s, 0, sizeof(s));
+    memset(&res, 0, sizeof(res));
+    s.cfg = cfg;
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_barrier_init(&s.bar, NULL, (unsigned)cfg->threads + 1);
+    freeReplyObject(command(admin, "FLUSHALL"));
+    {
+        redisReply *r = redisCommand(admin, "SCRIPT LOAD %s", release_script);
+        if (!r || r->type != REDIS_REPLY_STRING)
+            die("SCRIPT LOAD", r && r->str ? r->str : admin->errstr);
+        snprintf(s.sha, sizeof(s.sha), "%s", r->str);
+        freeReplyObject(r);
+    }
+    for (int i = 0; i < nclients; i++)
+        clients[i] = open_client();
+    for (int t = 0; t < cfg->threads; t++) {
+        w[t].s = &s;
+        w[t].lo = (int)((long long)nnames * t / cfg->threads);
+        w[t].hi = (int)((long long)nnames * (t + 1) / cfg->threads);
+        w[t].locks = locks + w[t].lo;
+        if (!cfg->use_dlock) {
+            w[t].conn = hiredis_connect();
+            redisReply *r = redisCommand(w[t].conn, "PING");
+            if (!r)
+                die("PING", w[t].conn->errstr);
+            freeReplyObject(r);
+        }
+        if (pthread_create(&w[t].thread, NULL, worker_main, &w[t]) != 0)
+            die("pthread_create", strerror(errno));
+    }
+    res.rss_base = rss_bytes();
+    if (cfg->use_dlock) {
+        dlock_options o;
+        char name[32];
+        memset(&o, 0, sizeof(o));
+        o.ttl_ms = cfg->ttl_ms;
+        o.flags = cfg->flags;
+        for (int t = 0; t < cfg->threads; t++)
+            for (int i = w[t].lo; i < w[t].hi; i++) {
+                snprintf(name, sizeof(name), NAME_FMT, i);
+                if (dlock_open(&locks[i], clients[t % nclients], name, &o) !=
+                    DLOCK_OK)
+                    die(name, dlock_errmsg());
+            }
+    }
+    /* before the baseline: CONFIG RESETSTAT also frees memory (the
+     * latency histograms of Redis 7, made before tracking was turned off) */
+    reset_stats(admin);
+    if (cfg->measure)
+        res.mem_base = used_memory(admin);
+
+    pthread_barrier_wait(&s.bar);
+    int64_t t0 = now_ns();
+    pthread_barrier_wait(&s.bar);
+    int64_t t1 = now_ns();
+    if (s.failures)
+        die("acquire", s.first_error);
+    res.acq_server_us = server_us(admin) / nnames;
+    res.keys_held = dbsize(admin);
+    if (cfg->measure) {
+        res.mem_held = used_memory(admin);
+        res.rss_held = rss_bytes();
+        if (cfg->use_dlock)
+            value_lengths(admin, &res);
+    }
+    reset_stats(admin);
+    pthread_barrier_wait(&s.bar);
+    int64_t t2 = now_ns();
+    pthread_barrier_wait(&s.bar);
+    int64_t t3 = now_ns();
+    if (s.failures)
+        die("release", s.first_error);
+    res.rel_server_us = server_us(admin) / nnames;
+    res.keys_released = dbsize(admin);
+    if (cfg->measure)
+        res.mem_released = used_memory(admin);
+    res.acq_per_s = nnames / ((double)(t1 - t0) / 1e9);
+    res.rel_per_s = nnames / ((double)(t3 - t2) / 1e9);
+
+    for (int t = 0; t < cfg->threads; t++) {
+        pthread_join(w[t].thread, NULL);
+        if (w[t].conn)
+            redisFree(w[t].conn);
+    }
+    if (cfg->use_dlock)
+        for (int i = 0; i < nnames; i++)
+            dlock_close(locks[i]);
+    for (int i = 0; i < nclients; i++)
+        dlock_client_close(clients[i]);
+    freeReplyObject(command(admin, "FLUSHALL"));
+    redisFree(admin);
+    pthread_barrier_destroy(&s.bar);
+    pthread_mutex_destroy(&s.mu);
+    free(locks);
+    free(w);
+    free(clients);
+    return res;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static double per_lock(long long bytes)
+{
+    return (double)bytes / nnames;
+}
+
+static void expect_keys(const char *what, long long got, long long want)
+{
+    char msg[128];
+
+    if (got == want)
+        return;
+    snprintf(msg, sizeof(msg), "%lld keys in the store, expected %lld", got,
+             want);
+    die(what, msg);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr,
+                "usage: bench_many REDIS_URI [--quick] [--names N]\n");
+        return 2;
+    }
+    redis_uri = argv[1];
+    nnames = 100000;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            nnames = 10000;
+        else if (!strcmp(argv[i], "--names") && i + 1 < argc)
+            nnames = atoi(argv[++i]); /* for a short trial */
+        else
+            die(argv[i], "unknown argument");
+    }
+    if (nnames < 16)
+        die("--names", "at least 16");
+    parse_redis_uri();
+    signal(SIGPIPE, SIG_IGN);
+    int64_t start = now_ns();
+
+    /* Redis 7 keeps a latency histogram per command, made at its first
+     * call and freed by CONFIG RESETSTAT: tens of KB that would come and
+     * go between the memory readings. Off for the run (older servers have
+     * no such setting). */
+    redisContext *cfgc = hiredis_connect();
+    char tracking[16] = "";
+    redisReply *r = redisCommand(cfgc, "CONFIG GET latency-tracking");
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[1]->type == REDIS_REPLY_STRING)
+        snprintf(tracking, sizeof(tracking), "%s", r->element[1]->str);
+    freeReplyObject(r);
+    if (tracking[0])
+        freeReplyObject(command(cfgc, "CONFIG SET latency-tracking no"));
+
+    /* Every run: ttl 600 s, no renewal. Run 0 (dlock, 4 threads) and run
+     * 1 (the pipelined floor) also measure memory; run 0 first, for the
+     * length of dlock's lock values, which the floor's values copy. */
+    static const struct {
+        const char *label;
+        run_cfg cfg;
+    } tp[] = {
+        {"dlock: 1 client, 4 threads",
+         {1, MEM_THREADS, 1, 1, TTL_MS, DLOCK_NO_RENEW, NULL, 1}},
+        {"floor: 1 connection, pipelined (depth 100)",
+         {0, 1, 0, PIPE_DEPTH, TTL_MS, 0, NULL, 1}},
+        {"floor: 1 connection, unpipelined",
+         {0, 1, 0, 1, TTL_MS, 0, NULL, 0}},
+        {"floor: 4 connections, one thread each, unpipelined",
+         {0, 4, 0, 1, TTL_MS, 0, NULL, 0}},
+        {"dlock: 1 client, 1 thread",
+         {1, 1, 1, 1, TTL_MS, DLOCK_NO_RENEW, NULL, 0}},
+        {"dlock: 1 client, 16 threads",
+         {1, 16, 1, 1, TTL_MS, DLOCK_NO_RENEW, NULL, 0}},
+        {"dlock: 4 clients, one thread each",
+         {1, 4, 4, 1, TTL_MS, DLOCK_NO_RENEW, NULL, 0}},
+    };
+    enum { NTP = sizeof(tp) / sizeof(tp[0]) };
+    static const int order[NTP] = {1, 2, 3, 4, 0, 5, 6}; /* table rows */
+    run_result tr[NTP];
+    char *value = NULL;
+    for (int i = 0; i < NTP; i++) {
+        run_cfg c = tp[i].cfg;
+        c.value = value;
+        tr[i] = run(&c);
+        /* dlock: lock keys, counters and the warm-up's counter */
+        expect_keys(tp[i].label, tr[i].keys_held,
+                    c.use_dlock ? 2LL * nnames + 1 : nnames);
+        expect_keys(tp[i].label, tr[i].keys_released,
+                    c.use_dlock ? nnames + 1LL : 0);
+        if (i == 0) {
+            int vlen = (int)(tr[0].value_len + 0.5);
+            value = malloc((size_t)vlen + 1);
+            if (!value)
+                die("value", "out of memory");
+            for (int k = 0; k < vlen; k++)
+                value[k] = (char)('a' + k % 26);
+            value[vlen] = '\0';
+        }
+    }
+    double secs = (double)(now_ns() - start) / 1e9;
+    const run_result *md = &tr[0], *mfl = &tr[1];
+    double floor_b = per_lock(mfl->mem_held - mfl->mem_base);
+    double held_b = per_lock(md->mem_held - md->mem_base);
+    double counter_b = per_lock(md->mem_released - md->mem_base);
+    double key_b = per_lock(md->mem_held - md->mem_released);
+    double rss_b = per_lock(md->rss_held - md->rss_base);
+
+    printf("### Many locks: %d names held at once\n\n", nnames);
+    printf("One run (%.0f s in all); FLUSHALL before each part. Memory: the "
+           "growth of INFO memory's `used_memory` less `mem_clients_normal` "
+           "(the clients' buffers), once settled, divided by %d. dlock "
+           "holds the names through one client, %d threads (each its own "
+           "owner), `dlock_acquire(l, 0)`, ttl %d s and `DLOCK_NO_RENEW` "
+           "(no watchdog renewal meanwhile). The floor's keys are as long as "
+           "dlock's lock keys, its values as long as dlock's lock values "
+           "(mean %.1f bytes, %d–%d).\n\n",
+           secs, nnames, MEM_THREADS, TTL_MS / 1000, md->value_len,
+           md->value_min, md->value_max);
+    printf("| memory in the store | keys | bytes per lock | ratio to floor "
+           "|\n|---|---|---|---|\n");
+    printf("| floor: `SET floor:{NAME} VALUE NX PX %d` | %lld | %.1f | "
+           "1.00x |\n",
+           TTL_MS, mfl->keys_held, floor_b);
+    printf("| dlock, %d locks held (lock key + fencing counter) | %lld | "
+           "%.1f | **%.2fx** |\n",
+           nnames, md->keys_held - 1, held_b, held_b / floor_b);
+    printf("| of which the lock keys (held − after release) | %d | %.1f | "
+           "%.2fx |\n",
+           nnames, key_b, key_b / floor_b);
+    printf("| of which the fencing counters (left after release; they never "
+           "expire) | %lld | %.1f | %.2fx |\n",
+           md->keys_released - 1, counter_b, counter_b / floor_b);
+    printf("\nIn the dlock process: %.0f bytes per held lock (RSS growth "
+           "from before the %d handles were opened to all held: handle, "
+           "name entry and hold).\n\n",
+           rss_b, nnames);
+
+    printf("Throughput: the %d names acquired as fast as possible, then "
+           "released, one run each. Floors: bare hiredis `SET floor:{NAME} "
+           "VALUE NX PX %d`; release: the `EVALSHA` compare-and-delete. "
+           "dlock: `dlock_acquire(l, 0)` and `dlock_release(l)`, ttl %d s, "
+           "`DLOCK_NO_RENEW`; the threads of one client share its one "
+           "command connection. A name's first acquisition also makes its "
+           "fencing counter. *Server µs each*: the time the server spent in the commands sent (INFO "
+           "commandstats: SET, or EVALSHA with the commands its script ran), "
+           "per name.\n\n",
+           nnames, TTL_MS, TTL_MS / 1000);
+    double fu_a = tr[2].acq_per_s, fu_r = tr[2].rel_per_s;
+    double fp_a = tr[1].acq_per_s, fp_r = tr[1].rel_per_s;
+    printf("| client | acquisitions/s | ÷ unpipelined floor | ÷ pipelined "
+           "floor | server µs each | releases/s | ÷ unpipelined floor | ÷ "
+           "pipelined floor | server µs each |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < NTP; k++) {
+        int i = order[k];
+        const char *b = i == 4 ? "**" : "";
+        printf("| %s | %.0f | %s%.2fx%s | %.2fx | %.1f | %.0f | %s%.2fx%s | "
+               "%.2fx | %.1f |\n",
+               tp[i].label, tr[i].acq_per_s, b, tr[i].acq_per_s / fu_a, b,
+               tr[i].acq_per_s / fp_a, tr[i].acq_server_us, tr[i].rel_per_s,
+               b, tr[i].rel_per_s / fu_r, b, tr[i].rel_per_s / fp_r,
+               tr[i].rel_server_us);
+    }
+    if (tracking[0]) {
+        r = redisCommand(cfgc, "CONFIG SET latency-tracking %s", tracking);
+        freeReplyObject(r);
+    }
+    redisFree(cfgc);
+    free(value);
+    return 0;
+}
