@@ -111,6 +111,23 @@ fi
 
 kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
 
+# --- File store: the CLI, whole `dlock run` commands beside util-linux
+# flock(1) and `true` alone, timed by a C fork/exec/wait loop; appended to
+# the file store's section (the last of $out)
+flock_bin=$(command -v flock 2>/dev/null || true)
+flockver=
+if [ -z "$flock_bin" ]; then
+    printf '\n### The CLI: one whole command under a file lock\n\nNot measured: no flock(1) (Debian package util-linux) on this machine.\n' >>"$out"
+elif [ ! -x "$build/bench/dlock_bench_cli" ]; then
+    printf '\n### The CLI: one whole command under a file lock\n\nNot measured: dlock_bench_cli was not built.\n' >>"$out"
+else
+    flockver=$("$flock_bin" --version 2>/dev/null | sed -n 's/^flock from //p')
+    mkdir -p "$tmp/cli"
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_cli" "$(cd "$build" && pwd)/dlock" "$flock_bin" \
+        "$tmp/cli" $quick >>"$out"
+fi
+
 # --- Redlock: five private redis-servers, dlock's redlock:// store beside
 # a bare hiredis quorum floor and node-redlock (npm redlock 5 on ioredis)
 rlout=$tmp/results-redlock.md
@@ -492,6 +509,7 @@ doc=$root/docs/benchmarks.md
     echo "- machine: $(nproc) cores, ${cpu:-unknown CPU}, $(uname -sr)"
     echo "- redis-server: $(redis-server --version | sed 's/Redis server //;s/ sha.*//')," \
          "hiredis $(pkg-config --modversion hiredis 2>/dev/null || echo '?')"
+    echo "- file store CLI: flock(1) ${flockver:-not measured}"
     echo "- redlock: five more such redis-servers; node-redlock: ${rl_peer_ver:-not measured}"
     if [ -n "$zkver" ]; then
         echo "- zookeeper: server $zkver (standalone, forceSync=no, $(java -version 2>&1 | head -1 | tr -d '"'))," \

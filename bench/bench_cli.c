@@ -1,0 +1,312 @@
+/*
+ * bench_cli.c -- the command-line tool on the file store, whole commands:
+ * `dlock run NAME -- true` beside util-linux flock(1) and `true` alone.
+ *
+ *   dlock_bench_cli DLOCK FLOCK DIR [--quick]
+ *
+ * DLOCK and FLOCK are the programs' paths; DIR an empty directory for the
+ * lock files (the default store goes to DIR/xdg/dlock: XDG_RUNTIME_DIR is
+ * set to DIR/xdg and DLOCK_STORE removed for that command). Prints Markdown.
+ *
+ * One command's time is its wall time from posix_spawn() to waitpid()
+ * returning, on CLOCK_MONOTONIC, in this process: no shell, no `date`
+ * process, no loop overhead in the figure. The commands' output goes to
+ * /dev/null. The kinds of command run in turns, in CHUNKS chunks, so that
+ * the machine's drift hits them alike; the ratio to flock is the median of
+ * the chunks' ratios of their means.
+ *
+ * Contended: N processes start together, each running one kind of command
+ * M times in a row under the same lock name; the wall time until the last
+ * has finished, divided by N*M, is the time per command.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define CHUNKS 15
+#define NAME "benchcli"
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_cli: %s: %s\n", what, why);
+    exit(1);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+typedef struct kind {
+    const char *label; /* Markdown */
+    char *argv[12];
+    char **envp;
+    int pathsearch; /* posix_spawnp: `true` found on PATH, as flock and
+                       dlock find it */
+    int64_t *ns;    /* every measured run */
+    int n;
+    double chunk_mean[CHUNKS];
+} kind;
+
+static posix_spawn_file_actions_t to_null;
+
+/* Runs one command to its end; its wall time in ns. */
+static int64_t run_once(const kind *k)
+{
+    pid_t pid;
+    int st, rc;
+    int64_t t0 = now_ns();
+
+    rc = k->pathsearch
+             ? posix_spawnp(&pid, k->argv[0], &to_null, NULL, k->argv, k->envp)
+             : posix_spawn(&pid, k->argv[0], &to_null, NULL, k->argv, k->envp);
+    if (rc != 0)
+        die(k->argv[0], strerror(rc));
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            die("waitpid", strerror(errno));
+    int64_t t = now_ns() - t0;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "failed (wait status %d)", st);
+        die(k->label, msg);
+    }
+    return t;
+}
+
+/* envp: environ without DLOCK_STORE (and XDG_RUNTIME_DIR when xdg is
+ * given), plus XDG_RUNTIME_DIR=xdg */
+static char **make_env(const char *xdg)
+{
+    size_t n = 0, o = 0;
+
+    while (environ[n])
+        n++;
+    char **e = calloc(n + 2, sizeof(*e));
+    if (!e)
+        die("env", "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (!strncmp(environ[i], "DLOCK_STORE=", 12))
+            continue;
+        if (xdg && !strncmp(environ[i], "XDG_RUNTIME_DIR=", 16))
+            continue;
+        e[o++] = environ[i];
+    }
+    if (xdg) {
+        size_t len = strlen(xdg) + 17;
+        e[o] = malloc(len);
+        if (!e[o])
+            die("env", "out of memory");
+        snprintf(e[o++], len, "XDG_RUNTIME_DIR=%s", xdg);
+    }
+    e[o] = NULL;
+    return e;
+}
+
+static double mean_ms(const int64_t *ns, int n)
+{
+    double s = 0;
+
+    for (int i = 0; i < n; i++)
+        s += (double)ns[i];
+    return s / n / 1e6;
+}
+
+/* N processes, each running k M times; the wall time per command in ms */
+static double contended(const kind *k, int nproc, int m)
+{
+    int gate[2];
+    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
+
+    if (!pids || pipe(gate) != 0)
+        die("contended", strerror(errno));
+    fflush(stdout); /* not written twice by a child's exit() */
+    for (int p = 0; p < nproc; p++) {
+        pids[p] = fork();
+        if (pids[p] < 0)
+            die("fork", strerror(errno));
+        if (pids[p] == 0) {
+            char c;
+            close(gate[1]);
+            /* the gate opens (EOF) when the parent closes its end */
+            while (read(gate[0], &c, 1) < 0 && errno == EINTR)
+                ;
+            for (int i = 0; i < m; i++)
+                run_once(k); /* exits 1 on a failure */
+            _exit(0);
+        }
+    }
+    close(gate[0]);
+    int64_t t0 = now_ns();
+    close(gate[1]);
+    int failed = 0;
+    for (int p = 0; p < nproc; p++) {
+        int st;
+        while (waitpid(pids[p], &st, 0) < 0)
+            if (errno != EINTR)
+                die("waitpid", strerror(errno));
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            failed = 1;
+    }
+    int64_t t = now_ns() - t0;
+    free(pids);
+    if (failed)
+        die(k->label, "failed under contention");
+    return (double)t / (double)(nproc * m) / 1e6;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) {
+        fprintf(stderr, "usage: dlock_bench_cli DLOCK FLOCK DIR [--quick]\n");
+        return 2;
+    }
+    char *dlock = argv[1], *flock = argv[2], *dir = argv[3];
+    int quick = argc > 4 && !strcmp(argv[4], "--quick");
+    int per_chunk = quick ? 4 : 10;
+    char uri[4200], lockfile[4200], xdg[4200];
+
+    snprintf(uri, sizeof(uri), "file://%s", dir);
+    snprintf(lockfile, sizeof(lockfile), "%s/%s.flock", dir, NAME);
+    snprintf(xdg, sizeof(xdg), "%s/xdg", dir);
+    if (mkdir(xdg, 0700) != 0 && errno != EEXIST)
+        die(xdg, strerror(errno));
+    signal(SIGPIPE, SIG_IGN);
+    if (posix_spawn_file_actions_init(&to_null) != 0 ||
+        posix_spawn_file_actions_addopen(&to_null, 1, "/dev/null", O_WRONLY,
+                                         0) != 0 ||
+        posix_spawn_file_actions_addopen(&to_null, 2, "/dev/null", O_WRONLY,
+                                         0) != 0)
+        die("posix_spawn_file_actions", "failed");
+
+    char **env = make_env(NULL), **env_xdg = make_env(xdg);
+    /* the order of the table; FLOCK first: the ratios' base */
+    enum { K_FLOCK, K_DLOCK, K_DEFAULT, K_VERSION, K_TRUE, NK };
+    kind ks[NK] = {
+        [K_FLOCK] = {"`flock DIR/NAME.flock true`",
+                     {flock, lockfile, "true", NULL}, env, 0, NULL, 0, {0}},
+        [K_DLOCK] = {"`dlock run --store file://DIR NAME true`",
+                     {dlock, "run", "--store", uri, NAME, "--", "true", NULL},
+                     env, 0, NULL, 0, {0}},
+        [K_DEFAULT] = {"`dlock run NAME true` (default store, "
+                       "`$XDG_RUNTIME_DIR/dlock`)",
+                       {dlock, "run", NAME, "--", "true", NULL},
+                       env_xdg, 0, NULL, 0, {0}},
+        [K_VERSION] = {"`dlock --version` (start-up and exit, no lock)",
+                       {dlock, "--version", NULL}, env, 0, NULL, 0, {0}},
+        [K_TRUE] = {"`true` alone (process start floor)",
+                    {"true", NULL}, env, 1, NULL, 0, {0}},
+    };
+    int total = CHUNKS * per_chunk;
+
+    for (int i = 0; i < NK; i++) {
+        ks[i].ns = malloc(sizeof(int64_t) * (size_t)total);
+        if (!ks[i].ns)
+            die("malloc", "out of memory");
+        for (int w = 0; w < 3; w++) /* warm-up: page cache, lock files */
+            run_once(&ks[i]);
+    }
+    for (int c = 0; c < CHUNKS; c++)
+        for (int i = 0; i < NK; i++) {
+            kind *k = &ks[(i + c) % NK]; /* a different first one each time */
+            int64_t *start = k->ns + k->n;
+            for (int r = 0; r < per_chunk; r++)
+                k->ns[k->n++] = run_once(k);
+            k->chunk_mean[c] = mean_ms(start, per_chunk);
+        }
+
+    printf("\n### The CLI: one whole command under a file lock\n\n");
+    printf("Wall time of one whole command, in ms, from `posix_spawn()` to "
+           "`waitpid()` returning, timed by a C loop on CLOCK_MONOTONIC: "
+           "process start, lock, run `true`, unlock, exit. %d runs of each, "
+           "in %d chunks in which every command takes its turn; the ratio is "
+           "the median of the chunks' ratios of the means (with their "
+           "range).\n\n",
+           total, CHUNKS);
+    printf("| command | mean | p50 | p99 | above `true` | ratio to flock "
+           "|\n|---|---|---|---|---|---|\n");
+    double true_mean = mean_ms(ks[K_TRUE].ns, total);
+    for (int i = 0; i < NK; i++) {
+        kind *k = &ks[i];
+        double mean = mean_ms(k->ns, total), rv[CHUNKS];
+        qsort(k->ns, (size_t)total, sizeof(int64_t), cmp64);
+        printf("| %s | %.2f | %.2f | %.2f | ", k->label, mean,
+               (double)k->ns[total / 2] / 1e6,
+               (double)k->ns[(int)(total * 0.99)] / 1e6);
+        if (i == K_TRUE)
+            printf("| |\n");
+        else
+            printf("%.2f | ", mean - true_mean);
+        if (i == K_FLOCK) {
+            printf("1.00x |\n");
+        } else if (i != K_TRUE) {
+            for (int c = 0; c < CHUNKS; c++)
+                rv[c] = k->chunk_mean[c] / ks[K_FLOCK].chunk_mean[c];
+            qsort(rv, CHUNKS, sizeof(double), cmpd);
+            printf("%s%.2fx%s (%.2f–%.2f) |\n", i == K_DLOCK ? "**" : "",
+                   rv[CHUNKS / 2], i == K_DLOCK ? "**" : "", rv[0],
+                   rv[CHUNKS - 1]);
+        }
+    }
+
+    /* contended: the same lock name for every process */
+    int np[] = {2, 8};
+    int cmds = quick ? 40 : 120; /* commands per run, all processes */
+    printf("\n### The CLI under contention: one file lock, N processes\n\n");
+    printf("N processes start together; each runs the command %d/N times "
+           "in a row, all under the same lock name. Wall time until the "
+           "last has finished, divided by the %d commands, in ms: median "
+           "of three runs (the three in brackets); the ratio is the median "
+           "of the three runs' ratios. `true` alone takes no lock: what the "
+           "cores give when nothing waits.\n\n",
+           cmds, cmds);
+    printf("| processes | `true` alone | flock | dlock run --store file:// "
+           "| ratio to flock |\n|---|---|---|---|---|\n");
+    for (int j = 0; j < 2; j++) {
+        double t[3], f[3], d[3], r[3];
+        int m = cmds / np[j];
+        for (int rep = 0; rep < 3; rep++) {
+            t[rep] = contended(&ks[K_TRUE], np[j], m);
+            f[rep] = contended(&ks[K_FLOCK], np[j], m);
+            d[rep] = contended(&ks[K_DLOCK], np[j], m);
+            r[rep] = d[rep] / f[rep];
+        }
+        qsort(t, 3, sizeof(double), cmpd);
+        qsort(f, 3, sizeof(double), cmpd);
+        qsort(d, 3, sizeof(double), cmpd);
+        qsort(r, 3, sizeof(double), cmpd);
+        printf("| %d | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %.2f "
+               "(%.2f–%.2f) | **%.2fx** (%.2f–%.2f) |\n",
+               np[j], t[1], t[0], t[2], f[1], f[0], f[2], d[1], d[0], d[2],
+               r[1], r[0], r[2]);
+    }
+    return 0;
+}
