@@ -32,38 +32,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
+const char bench_prog[] = "bench_cli";
+
 extern char **environ;
 
 #define CHUNKS 15
 #define NAME "benchcli"
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void die(const char *what, const char *why)
-{
-    fprintf(stderr, "bench_cli: %s: %s\n", what, why);
-    exit(1);
-}
-
-static int cmp64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
 
 typedef struct kind {
     const char *label; /* Markdown */

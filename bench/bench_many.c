@@ -36,6 +36,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
+const char bench_prog[] = "bench_many";
+
 #define PIPE_DEPTH 100
 #define MEM_THREADS 4
 #define NAME_FMT "many-%06d"
@@ -50,25 +54,11 @@ static const char release_script[] =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then "
     "return redis.call('DEL', KEYS[1]) end return 0";
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
 
     nanosleep(&ts, NULL);
-}
-
-static void die(const char *what, const char *why)
-{
-    fprintf(stderr, "bench_many: %s: %s\n", what, why);
-    exit(1);
 }
 
 static void parse_redis_uri(void)

@@ -43,6 +43,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
+const char bench_prog[] = "bench_mysql";
+
 #define CHUNKS 15             /* --quick: QUICK_CHUNKS */
 #define QUICK_CHUNKS 9
 #define PROC_LIMIT_S 60       /* a forked process never runs longer */
@@ -66,55 +70,6 @@ static char shown[1200];    /* the URI without its password */
 static char store_table[65] = STORE_TABLE;
 static char host[256], user[256], password[256], db[256];
 static unsigned port = 3306;
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void die(const char *what, const char *why)
-{
-    fprintf(stderr, "bench_mysql: %s: %s\n", what, why);
-    exit(1);
-}
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-
-    nanosleep(&ts, NULL);
-}
-
-static int cmp64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-typedef struct stats {
-    double p50_us, p99_us;
-} stats;
-
-static stats summarize(int64_t *ns, int n)
-{
-    stats s;
-
-    qsort(ns, (size_t)n, sizeof(*ns), cmp64);
-    s.p50_us = (double)ns[n / 2] / 1000;
-    s.p99_us = (double)ns[(int)(n * 0.99)] / 1000;
-    return s;
-}
 
 typedef struct spread {
     double med, min, max;

@@ -46,6 +46,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
+const char bench_prog[] = "bench_redlock";
+
 #define CHUNKS 15
 #define MAX_NODES 16
 #define TTL "30000" /* ms: dlock's default lease, and node-redlock's here */
@@ -65,60 +69,6 @@ static const char del_lua[] =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then "
     "return redis.call('DEL', KEYS[1]) end return 0";
 static char sha[MAX_NODES][41];
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void die(const char *what, const char *why)
-{
-    fprintf(stderr, "bench_redlock: %s: %s\n", what, why);
-    exit(1);
-}
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-
-    nanosleep(&ts, NULL);
-}
-
-static int cmp64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-typedef struct stats {
-    double p50_us, p99_us, per_s;
-} stats;
-
-/* Sorts ns. */
-static stats summarize(int64_t *ns, int n)
-{
-    stats s;
-    double sum = 0;
-
-    qsort(ns, (size_t)n, sizeof(*ns), cmp64);
-    for (int i = 0; i < n; i++)
-        sum += (double)ns[i];
-    s.p50_us = (double)ns[n / 2] / 1000;
-    s.p99_us = (double)ns[(int)(n * 0.99)] / 1000;
-    s.per_s = 1e9 / (sum / n);
-    return s;
-}
 
 typedef struct spread {
     double med, min, max;

@@ -23,36 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
+const char bench_prog[] = "bench_sqlite";
+
 #define CHUNKS 15
 #define NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void die(const char *what, const char *why)
-{
-    fprintf(stderr, "bench_sqlite: %s: %s\n", what, why);
-    exit(1);
-}
-
-static int cmp64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return x < y ? -1 : x > y;
-}
 
 static double p50_us(int64_t *ns, int n)
 {

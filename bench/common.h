@@ -1,0 +1,33 @@
+/*
+ * common.h -- what every benchmark program needs: the clock, sorting and
+ * percentiles, a fatal error. Each program defines `bench_prog` (its name,
+ * for messages) and links common.c.
+ */
+#ifndef DLOCK_BENCH_COMMON_H
+#define DLOCK_BENCH_COMMON_H
+
+#include <stdint.h>
+
+extern const char bench_prog[];
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t now_ns(void);
+
+/* Sleeps `us` microseconds. */
+void sleep_us(long us);
+
+/* qsort() comparators: int64_t and double, ascending. */
+int cmp64(const void *a, const void *b);
+int cmpd(const void *a, const void *b);
+
+/* Prints "PROG: what: why" and exits 1. */
+void die(const char *what, const char *why) __attribute__((noreturn));
+
+typedef struct stats {
+    double p50_us, p99_us, per_s; /* per_s: 1 / mean */
+} stats;
+
+/* Sorts ns[0..n) (latencies in ns) and summarises them. */
+stats summarize(int64_t *ns, int n);
+
+#endif
