@@ -82,7 +82,7 @@ void cli_format_duration(int64_t ms, char *buf, size_t cap)
         snprintf(buf, cap, "?");
     else if (ms < 1000)
         snprintf(buf, cap, "%lldms", (long long)ms);
-    else if ((ms + 50) / 100 < 600) /* tenths of a second, rounded */
+    else if (ms < 59950) /* tenths of a second, rounded: below 60.0s */
         snprintf(buf, cap, "%lld.%llds", (long long)((ms + 50) / 1000),
                  (long long)((ms + 50) / 100 % 10));
     else if (ms < 3600000)

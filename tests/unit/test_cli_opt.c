@@ -138,6 +138,14 @@ TEST(duration_format)
     CHECK_STR(b, "2h10m");
     cli_format_duration(100LL * 3600000, b, sizeof(b));
     CHECK_STR(b, "100h00m");
+    cli_format_duration(59949, b, sizeof(b));
+    CHECK_STR(b, "59.9s");
+    cli_format_duration(59950, b, sizeof(b));
+    CHECK_STR(b, "0m59s");
+    /* any int64 a store reports formats without overflow (found by
+     * fuzz/fuzz_cli_opt.c: INT64_MAX + 50 was signed overflow) */
+    cli_format_duration(INT64_MAX, b, sizeof(b));
+    CHECK_STR(b, "2562047788015h12m");
 
     /* a short buffer is truncated, still terminated */
     char small[4];
