@@ -100,3 +100,33 @@ def handoff(new_lock, n):
         raise SystemExit("peer hand-off: a process failed")
     lat = list(st["lat"])
     return pct(lat, 0.5) / 1e3, pct(lat, 0.99) / 1e3
+
+
+def contend_worker(new_lock):
+    """One worker of bench_contend.c (see its header for the protocol):
+    "ready", then the start line, then holds of HOLD_US until STOP."""
+    import sys
+    acquire, release = new_lock()
+    print("ready", flush=True)
+    start, stop, hold_us = (int(w) for w in sys.stdin.readline().split())
+    holds = []
+    now = time.monotonic_ns
+    if start > now():
+        time.sleep((start - now()) / 1e9)
+    while now() < stop:
+        call = now()
+        if not acquire(True):
+            print("error an acquire timed out", flush=True)
+            return 1
+        acq = now()
+        if acq >= stop:
+            release()
+            holds.append("e %d %d" % (call, acq))
+            break
+        time.sleep(hold_us / 1e6)
+        rel = now()
+        release()
+        holds.append("h %d %d %d" % (call, acq, rel))
+    holds.append("end")
+    print("\n".join(holds), flush=True)
+    return 0

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 """peer_py.py KIND ADDRESS FLOOR_US DLOCK_US DLOCK_HANDOFF_US [--quick]
+   peer_py.py contend KIND ADDRESS NAME [SLEEP_S]
 
 A Python lock library on the private server of one bench section, measured
 the way bench.c measures dlock (see peer_common.py), printed as a markdown
@@ -11,14 +12,15 @@ subsection beside dlock's figures of the same run:
   etcd3  ADDRESS = host:port  python-etcd3's Lock (python3-etcd3, gRPC)
 
 FLOOR_US, DLOCK_US: the section's cycle floor and dlock's cycle p50;
-DLOCK_HANDOFF_US: dlock's hand-off p50. Run with Debian's /usr/bin/python3,
+DLOCK_HANDOFF_US: dlock's hand-off p50. `contend`: one worker of
+bench_contend.c on lock NAME (SLEEP_S: redis-py's sleep). Run with Debian's /usr/bin/python3,
 the interpreter those packages are installed for.
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_common import cycle, handoff  # noqa: E402
+from peer_common import contend_worker, cycle, handoff  # noqa: E402
 
 
 def redis_lock(port, name, sleep=0.1):
@@ -26,7 +28,7 @@ def redis_lock(port, name, sleep=0.1):
 
     def new_lock():
         r = redis.Redis(host="127.0.0.1", port=int(port))
-        lock = r.lock(name, timeout=30, sleep=sleep, blocking_timeout=30)
+        lock = r.lock(name, timeout=30, sleep=sleep, blocking_timeout=60)
         return (lambda blocking: lock.acquire(blocking=blocking),
                 lock.release)
     return new_lock
@@ -40,7 +42,7 @@ def kazoo_lock(hosts, name):
         zk.start(timeout=10)
         lock = zk.Lock("/peer-kazoo/" + name, "peer %d" % os.getpid())
         return (lambda blocking: lock.acquire(blocking=blocking,
-                                              timeout=30 if blocking
+                                              timeout=60 if blocking
                                               else None),
                 lock.release)
     return new_lock
@@ -74,6 +76,13 @@ KINDS = {
 
 
 def main():
+    if len(sys.argv) >= 5 and sys.argv[1] == "contend":
+        kind, addr, name = sys.argv[2:5]
+        if kind == "redis":
+            sleep = float(sys.argv[5]) if len(sys.argv) > 5 else 0.1
+            return contend_worker(redis_lock(addr, name, sleep))
+        return contend_worker({"kazoo": kazoo_lock,
+                               "etcd3": etcd3_lock}[kind](addr, name))
     if len(sys.argv) < 6 or sys.argv[1] not in KINDS:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2

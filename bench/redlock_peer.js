@@ -19,6 +19,12 @@
 //                 "samples K N NS1 ... NSN", each cycle's time in ns
 //       quit
 //
+//   node redlock_peer.js --modules DIR --nodes HOST:PORT,... --contend NAME
+//     one worker of dlock_bench_contend (see bench/bench_contend.c for
+//     the protocol) on lock NAME over all the nodes given: node-redlock's
+//     default retry (200 ms +- 100 ms between tries) with retryCount -1,
+//     its "wait for as long as it takes"
+//
 // DIR is the node_modules directory that holds redlock and ioredis (the
 // bench installs them under its build directory, never in the tree).
 'use strict';
@@ -44,6 +50,7 @@ for (let i = 2; i < process.argv.length; i++) {
   else if (a === '--cycles') opt.cycles = parseInt(next(), 10);
   else if (a === '--warmup') opt.warmup = parseInt(next(), 10);
   else if (a === '--serve') opt.serve = true;
+  else if (a === '--contend') opt.contend = next();
   else fail(`unknown argument ${a}`);
 }
 if (!opt.modules || !opt.nodes) {
@@ -95,6 +102,46 @@ function summary(ns) {
   };
 }
 
+const now = () => process.hrtime.bigint();
+const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// The first line of standard input, as a promise.
+function firstLine() {
+  return new Promise((resolve) => {
+    const rl = readline.createInterface({ input: process.stdin });
+    rl.once('line', (line) => {
+      rl.close();
+      resolve(line);
+    });
+  });
+}
+
+async function contend(clients, name) {
+  const redlock = new Redlock(clients, { retryCount: -1 });
+  redlock.on('error', () => {}); // failed tries are retried; quiet
+  process.stdout.write('ready\n');
+  const [start, stop, holdUs] = (await firstLine()).trim().split(/\s+/)
+    .map((w) => BigInt(w));
+  const out = [];
+  if (start > now()) await sleepMs(Number((start - now()) / 1000000n));
+  while (now() < stop) {
+    const call = now();
+    const lock = await redlock.acquire([name], TTL_MS);
+    const acq = now();
+    if (acq >= stop) {
+      await lock.release();
+      out.push(`e ${call} ${acq}`);
+      break;
+    }
+    await sleepMs(Number(holdUs) / 1000);
+    const rel = now();
+    await lock.release();
+    out.push(`h ${call} ${acq} ${rel}`);
+  }
+  out.push('end', '');
+  await new Promise((r) => process.stdout.write(out.join('\n'), r));
+}
+
 async function main() {
   const addrs = opt.nodes.split(',').map((hp) => {
     const k = hp.lastIndexOf(':');
@@ -111,6 +158,11 @@ async function main() {
     c.on('error', () => {}); // a failed command rejects; that is enough
   }
   await Promise.all(clients.map((c) => c.connect()));
+  if (opt.contend) {
+    await contend(clients, opt.contend);
+    await Promise.all(clients.map((c) => c.quit()));
+    return;
+  }
 
   // retryCount 0: one try, as dlock_acquire(l, 0)
   const sets = new Map();
