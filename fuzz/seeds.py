@@ -72,3 +72,20 @@ for d, ms, args in [
     put("cli_opt", fields(d, i64(ms) + bytes([31]) + b"--store",
                           *args) if args else
         fields(d) + b"\0" + i64(ms) + bytes([7]))
+
+# --- file: NAME \0 FLAGS CONTENT (fuzz_file.c) ---
+import struct
+
+_rec = (struct.pack('<QQQqq', 1700000000000000, 1700000000000000, 0, 1234,
+                    1235) + b'host pid 1234 tid 1235'.ljust(160, b'\0') +
+        struct.pack('<I', 4) + b'name')
+for name, flags, content in [
+        ("a", 4, b'\0' * 56 + _rec), ("a", 5, b'\0' * 56 + _rec),
+        ("x/y", 7 | (5 << 3), b'\0' * 56 + _rec),
+        (".hidden", 0, b''), ("..", 1, b'DLOCKF1\n'), ("zookeeper", 4, b''),
+        ("%41", 5, b'\0' * 56 + b'\xff' * 300),
+        ("\xff" * 512, 5, b'\0' * 56 + struct.pack('<QQQ', 1 << 63, 1 << 63,
+                                                   (1 << 64) - 1)),
+        ("a" * 213 + "/", 4, b'junk'),
+        ("A-b_c.d", 3, b'NOTMAGIC' + b'\0' * 300)]:
+    put("file", fields(name) + b'\0' + bytes([flags]) + content)

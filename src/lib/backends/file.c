@@ -523,10 +523,15 @@ static int file_inspect(void *vst, const char *name, size_t len,
     out->token = r.fence;
     out->held = first_conflict(fd, MAIN_BYTE, MAIN_BYTE + 1) >= 0;
     if (out->held) {
-        int64_t ms = (wall_us() - (int64_t)r.acquired_us) / 1000;
+        /* the record is whatever the file holds: no arithmetic on its
+         * numbers may overflow (a foreign or damaged file) */
+        uint64_t now = (uint64_t)wall_us();
         snprintf(out->holder, sizeof(out->holder), "%s", r.desc);
-        out->held_ms = ms >= 0 ? ms : 0;
-        if (r.ticket_plus1)
+        out->held_ms = r.acquired_us < now
+                           ? (int64_t)((now - r.acquired_us) / 1000)
+                           : 0;
+        if (r.ticket_plus1 &&
+            r.ticket_plus1 <= (uint64_t)(QUEUE_END - QUEUE_BASE))
             skip = QUEUE_BASE + (off_t)(r.ticket_plus1 - 1);
     }
     for (off_t at = QUEUE_BASE; out->waiters < MAX_WAITERS_COUNTED;) {
