@@ -38,13 +38,28 @@ static inline fz fz_init(const uint8_t *data, size_t size)
     return f;
 }
 
+/* A copy of n bytes in a buffer of exactly n bytes (+1 for a NUL). */
+static inline char *fz_dup(const void *p, size_t n)
+{
+    char *s = malloc(n + 1);
+    if (!s)
+        abort();
+    if (n)
+        memcpy(s, p, n);
+    s[n] = '\0';
+    return s;
+}
+
 /* The next field (up to a NUL or the end of the input) as a fresh
  * NUL-terminated string of exactly its size; *len its length. NULL when
- * the input is used up. Free with free(). */
+ * the input is used up, "". Free with free(). */
 static inline char *fz_field(fz *f, size_t *len)
 {
-    if (f->n == 0 && f->p == NULL)
-        return NULL;
+    if (f->p == NULL) {
+        if (len)
+            *len = 0;
+        return fz_dup("", 0);
+    }
     const uint8_t *z = memchr(f->p, 0, f->n);
     size_t l = z ? (size_t)(z - f->p) : f->n;
     char *s = malloc(l + 1);
@@ -94,18 +109,6 @@ fz_fail(const char *fmt, ...)
     va_end(ap);
     fputc('\n', stderr);
     abort();
-}
-
-/* A copy of n bytes in a buffer of exactly n bytes (+1 for a NUL). */
-static inline char *fz_dup(const void *p, size_t n)
-{
-    char *s = malloc(n + 1);
-    if (!s)
-        abort();
-    if (n)
-        memcpy(s, p, n);
-    s[n] = '\0';
-    return s;
 }
 
 #endif

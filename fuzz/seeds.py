@@ -89,3 +89,58 @@ for name, flags, content in [
         ("a" * 213 + "/", 4, b'junk'),
         ("A-b_c.d", 3, b'NOTMAGIC' + b'\0' * 300)]:
     put("file", fields(name) + b'\0' + bytes([flags]) + content)
+
+
+# --- redis: URI \0 NAME \0 PASSWORD \0 ERRMSG \0 FLAGS RESP (fuzz_redis.c) ---
+def bulk(s):
+    if s is None:
+        return b"$-1\r\n"
+    s = s.encode("latin-1") if isinstance(s, str) else s
+    return b"$%d\r\n%s\r\n" % (len(s), s)
+
+
+def arr(*items):
+    return b"*%d\r\n" % len(items) + b"".join(items)
+
+
+def num(n):
+    return b":%d\r\n" % n
+
+
+OWNER = "0123456789abcdef0123456789abcdef:4242"
+VAL = OWNER + " 1700000000000001 1700000000000 host pid 1 tid 2"
+INSPECT = [
+    arr(num(1700000001000), bulk(VAL), num(29000), bulk("1700000000000001"),
+        num(0), arr()) + arr(bulk("dlock:{a}:w:0"), num(2)),
+    arr(num(1700000001000), bulk(None), num(-2), bulk(None), num(0), arr()) +
+    arr(bulk("dlock:{a}:w:0"), num(0)),
+    arr(num(5), bulk(OWNER + " 18446744073709551615 18446744073709551615 d"),
+        num(-1), bulk("99999999999999999999"), num(9223372036854775807),
+        arr(bulk("1 host pid 3 tid 4"), bulk("x"), num(3))) +
+    arr(bulk("k"), num(9223372036854775807)),
+    arr(num(-9223372036854775808), bulk("junk"), num(1), num(-1), bulk("x"),
+        arr()) + b"-ERR x\r\n",
+    b"-NOAUTH Authentication required.\r\n",
+    b"-WRONGTYPE Operation against a key\r\n",
+    b"-DLOCKFENCE the fencing counter\r\n",
+]
+SUB = [
+    arr(bulk("message"), bulk("dlock:c:fuzz"), bulk("17")),
+    arr(bulk("message"), bulk("dlock:{a}:w:0"), bulk("")),
+    arr(bulk("message"), bulk("dlock:{a}}}:w:0"), bulk("")),
+    arr(bulk("subscribe"), bulk("dlock:{a}:w:0"), num(1)),
+    arr(bulk("unsubscribe"), bulk("dlock:c:fuzz"), num(0)),
+    b"*3\r\n$7\r\nmessage\r\n$2\r\n{}\r\n:1\r\n",
+]
+for uri, name, resp in [
+        ("redis://127.0.0.1:6379", "a", INSPECT[0] + SUB[0] + SUB[1]),
+        ("redis://h/3?prefix=app:", "a", INSPECT[1] + SUB[3]),
+        ("unix:///run/r.sock?db=2&timeout=100", "a}b{c", INSPECT[2]),
+        ("redis://h?db=1000001", "\xff\x00", INSPECT[3]),
+        ("redis://u:p@h", "x" * 512, INSPECT[4] + SUB[2] + SUB[4] + SUB[5]),
+        ("redis://h,i", "n", INSPECT[5]), ("unix://h/x", "n", INSPECT[6]),
+        ("redis://h/1?db=2", "n", SUB[0] + SUB[0]),
+        ("redis://h?prefix=a{b", "n", b"*1\r\n*1\r\n*1\r\n"),
+        ("redis://h", "n", b"+OK\r\n:12\r\n$3\r\n-12\r\n")]:
+    put("redis", fields(uri, name, "s3cret", "WRONGPASS s3cret invalid") +
+        b"\0" + bytes([1]) + resp)

@@ -894,6 +894,78 @@ static char *dup_str(const char *s, size_t n)
     return d;
 }
 
+/* Reads the answers to the inspect script (s) and to PUBSUB NUMSUB (ns)
+ * into *out. Whatever the server sent (a value written by someone else,
+ * numbers of any size) gives an answer or DLOCK_EPROTO. */
+static int inspect_answer(const redis_store *rs, const char *name,
+                          const redisReply *s, const redisReply *ns,
+                          dlock_info *out)
+{
+    if (s->type == REDIS_REPLY_ERROR)
+        return server_error(rs, s->str, name);
+    if (s->type != REDIS_REPLY_ARRAY || s->elements != 6 ||
+        s->element[0]->type != REDIS_REPLY_INTEGER ||
+        s->element[5]->type != REDIS_REPLY_ARRAY)
+        return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
+                          rs->where);
+    const redisReply *v = s->element[1];
+    long long now = s->element[0]->integer;
+    uint64_t tok;
+
+    if (dlock__redis_reply_uint(s->element[3], &tok) == 0)
+        out->token = tok;
+    out->held = v->type == REDIS_REPLY_STRING;
+    if (out->held) {
+        /* "OWNER TOKEN ACQUIRED_MS DESCRIPTION" */
+        unsigned long long t = 0, at = 0;
+        int desc = 0;
+        if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
+            desc <= 0)
+            return dlock__err(DLOCK_EPROTO,
+                              "%s: a key of lock '%.100s' holds a value of "
+                              "another type (not written by dlock)",
+                              rs->where, name);
+        out->token = t;
+        snprintf(out->holder, sizeof(out->holder), "%.*s",
+                 (int)(v->len - (size_t)desc), v->str + desc);
+        if (now >= 0 && (unsigned long long)now >= at)
+            out->held_ms = (int64_t)((unsigned long long)now - at);
+        if (s->element[2]->type == REDIS_REPLY_INTEGER &&
+            s->element[2]->integer >= 0)
+            out->ttl_ms = s->element[2]->integer;
+    }
+    /* queued (fair) plus subscribed (default mode) waiters */
+    if (s->element[4]->type == REDIS_REPLY_INTEGER &&
+        s->element[4]->integer >= 0) {
+        out->waiters = s->element[4]->integer;
+        if (ns->type == REDIS_REPLY_ARRAY && ns->elements == 2 &&
+            ns->element[1]->type == REDIS_REPLY_INTEGER &&
+            ns->element[1]->integer > 0 &&
+            ns->element[1]->integer <= INT64_MAX - out->waiters)
+            out->waiters += ns->element[1]->integer;
+    }
+
+    const redisReply *q = s->element[5];
+    if (q->elements > 0) {
+        out->queue = calloc(q->elements, sizeof(char *));
+        if (!out->queue)
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        for (size_t i = 0; i < q->elements; i++) {
+            const redisReply *e = q->element[i];
+            if (e->type != REDIS_REPLY_STRING)
+                continue;
+            const char *sp = memchr(e->str, ' ', e->len);
+            const char *d = sp ? sp + 1 : e->str;
+            size_t dl = e->len - (size_t)(d - e->str);
+            out->queue[out->queue_len] = dup_str(d, dl);
+            if (!out->queue[out->queue_len])
+                return dlock__err(DLOCK_ENOMEM, "out of memory");
+            out->queue_len++;
+        }
+    }
+    return DLOCK_OK;
+}
+
 static int redis_inspect(void *st, const char *name, size_t len,
                          dlock_info *out, int64_t deadline)
 {
@@ -915,75 +987,7 @@ static int redis_inspect(void *st, const char *name, size_t len,
     rc = run(rs, c, 2, r, deadline);
     if (rc)
         return rc;
-
-    const redisReply *s = r[0];
-    if (s->type == REDIS_REPLY_ERROR) {
-        rc = server_error(rs, s->str, name);
-        goto done;
-    }
-    if (s->type != REDIS_REPLY_ARRAY || s->elements != 6 ||
-        s->element[0]->type != REDIS_REPLY_INTEGER ||
-        s->element[5]->type != REDIS_REPLY_ARRAY) {
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
-                        rs->where);
-        goto done;
-    }
-    const redisReply *v = s->element[1];
-    long long now = s->element[0]->integer;
-    uint64_t tok;
-
-    if (dlock__redis_reply_uint(s->element[3], &tok) == 0)
-        out->token = tok;
-    out->held = v->type == REDIS_REPLY_STRING;
-    if (out->held) {
-        /* "OWNER TOKEN ACQUIRED_MS DESCRIPTION" */
-        unsigned long long t = 0, at = 0;
-        int desc = 0;
-        if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
-            desc <= 0) {
-            rc = dlock__err(DLOCK_EPROTO,
-                            "%s: a key of lock '%.100s' holds a value of "
-                            "another type (not written by dlock)",
-                            rs->where, name);
-            goto done;
-        }
-        out->token = t;
-        snprintf(out->holder, sizeof(out->holder), "%.*s",
-                 (int)(v->len - (size_t)desc), v->str + desc);
-        if (now >= (long long)at)
-            out->held_ms = now - (long long)at;
-        if (s->element[2]->type == REDIS_REPLY_INTEGER &&
-            s->element[2]->integer >= 0)
-            out->ttl_ms = s->element[2]->integer;
-    }
-    out->waiters = s->element[4]->integer;
-    if (r[1]->type == REDIS_REPLY_ARRAY && r[1]->elements == 2 &&
-        r[1]->element[1]->type == REDIS_REPLY_INTEGER)
-        out->waiters += r[1]->element[1]->integer;
-
-    const redisReply *q = s->element[5];
-    if (q->elements > 0) {
-        out->queue = calloc(q->elements, sizeof(char *));
-        if (!out->queue) {
-            rc = dlock__err(DLOCK_ENOMEM, "out of memory");
-            goto done;
-        }
-        for (size_t i = 0; i < q->elements; i++) {
-            const redisReply *e = q->element[i];
-            if (e->type != REDIS_REPLY_STRING)
-                continue;
-            const char *sp = memchr(e->str, ' ', e->len);
-            const char *d = sp ? sp + 1 : e->str;
-            size_t dl = e->len - (size_t)(d - e->str);
-            out->queue[out->queue_len] = dup_str(d, dl);
-            if (!out->queue[out->queue_len]) {
-                rc = dlock__err(DLOCK_ENOMEM, "out of memory");
-                goto done;
-            }
-            out->queue_len++;
-        }
-    }
-done:
+    rc = inspect_answer(rs, name, r[0], r[1], out);
     freeReplyObject(r[0]);
     freeReplyObject(r[1]);
     return rc;

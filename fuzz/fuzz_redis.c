@@ -1,0 +1,203 @@
+/*
+ * fuzz_redis.c -- what the Redis store (src/lib/backends/redis.c and
+ * redis_shared.c) does with URIs, lock names and the server's replies.
+ * RESP itself is parsed by hiredis: the fuzzer's bytes go through
+ * hiredis' redisReader to make real redisReply trees, which are then
+ * handed to our code.
+ *
+ * Input: field 1 a store URI (redis:// or unix://: parse_config, the
+ * options prefix, db, timeout); field 2 a lock name; field 3 a password
+ * and field 4 a server error message (scrub: the password never shows);
+ * one byte of flags; the rest RESP bytes. The first two replies are read
+ * as the answers to inspect (the script's array and PUBSUB NUMSUB); every
+ * reply goes to the subscriber connection's handler (messages naming
+ * the client's own channel or a lock's release channel).
+ * Checks: keys are PREFIX{NAME}SUFFIX and the name comes back from a key
+ * by its last '}' (one key per name and suffix); inspect answers give
+ * DLOCK_OK or DLOCK_EPROTO, a terminated holder, waiters >= -1, held_ms
+ * >= -1, no UB whatever the numbers.
+ */
+#include "fuzz.h"
+
+#include "../src/lib/backends/redis.c"
+#include "../src/lib/backends/redis_shared.c"
+
+static dlock_client *client;
+
+static void setup(void)
+{
+    static char dir[] = "/tmp/dlock-fuzz-redis-XXXXXX";
+    char uri[64];
+
+    if (client)
+        return;
+    /* a real client (file store) for the notify calls of sub_reply */
+    if (!mkdtemp(dir))
+        abort();
+    snprintf(uri, sizeof(uri), "file://%s", dir);
+    if (dlock_client_open(&client, uri, NULL) != DLOCK_OK)
+        abort();
+}
+
+static void check_key(const redis_store *rs, const char *name, size_t len,
+                      const char *sfx)
+{
+    char *k = malloc(DLOCK__REDIS_KEY_MAX);
+    size_t kl = dlock__redis_key(&rs->cfg, name, len, sfx, k);
+    size_t pl = rs->cfg.prefix_len, sl = strlen(sfx);
+
+    if (kl > DLOCK__REDIS_KEY_MAX || kl != pl + len + 2 + sl ||
+        memcmp(k, rs->cfg.prefix, pl) != 0 || k[pl] != '{')
+        fz_fail("key layout");
+    /* the name back: between the '{' after the prefix and the last '}' */
+    const char *end = k + kl;
+    while (end > k && *--end != '}')
+        ;
+    if ((size_t)(end - k) != pl + 1 + len ||
+        memcmp(k + pl + 1, name, len) != 0 || memcmp(end + 1, sfx, sl) != 0)
+        fz_fail("the name does not come back from its key");
+    free(k);
+}
+
+static void check_scrub(const char *password, const char *msg)
+{
+    char out[64];
+
+    scrub(password, msg, out, sizeof(out));
+    if (strlen(out) >= sizeof(out))
+        fz_fail("scrub past its capacity");
+    for (const char *p = out; *p; p++)
+        if ((unsigned char)*p < ' ')
+            fz_fail("scrub left a control character");
+    size_t pl = strlen(password);
+    /* a password of '*', spaces or control characters could be made up by
+     * the replacements themselves */
+    if (pl >= 3 && !strpbrk(password, "* ") &&
+        !memchr(password, 0x7f, pl)) {
+        for (size_t i = 0; i < pl; i++)
+            if ((unsigned char)password[i] < ' ')
+                return;
+        if (strstr(out, password))
+            fz_fail("the password shows in a scrubbed message");
+    }
+    (void)dlock__redis_server_error("redis h:1", password, msg, "L");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fz f = fz_init(data, size);
+    size_t len, plen;
+    char *uri = fz_field(&f, NULL);
+    char *name = fz_field(&f, &len);
+    char *password = fz_field(&f, &plen);
+    char *msg = fz_field(&f, NULL);
+    unsigned flags = fz_byte(&f);
+    redis_store *rs = calloc(1, sizeof(*rs));
+    dlock__uri u;
+
+    setup();
+    rs->client = client;
+    if (dlock__uri_parse(uri, &u) == DLOCK_OK) {
+        if (parse_config(rs, &u) != DLOCK_OK) {
+            free(rs->host);
+            free(rs->path);
+            dlock__redis_config_free(&rs->cfg);
+            memset(rs, 0, sizeof(*rs));
+            rs->client = client;
+        }
+        dlock__uri_free(&u);
+    }
+    if (!rs->cfg.prefix_len) {
+        memcpy(rs->cfg.prefix, "dlock:", 7);
+        rs->cfg.prefix_len = 6;
+    }
+    snprintf(rs->where, sizeof(rs->where), "redis fuzz");
+
+    if (len >= 1 && len <= DLOCK_NAME_MAX) {
+        keyset *k = malloc(sizeof(*k));
+        make_keys(rs, k, name, len);
+        free(k);
+        check_key(rs, name, len, "");
+        check_key(rs, name, len, ":f");
+        check_key(rs, name, len, ":q");
+        check_key(rs, name, len, ":qd");
+    }
+    check_scrub(password, msg);
+
+    /* the subscriber side: the client's channel, and the release channel
+     * of this name */
+    char *wake = malloc(DLOCK__REDIS_KEY_MAX);
+    size_t wl = dlock__redis_wake_key(&rs->cfg, name,
+                                      len <= DLOCK_NAME_MAX ? len : 1, wake);
+    chan *mine = chan_get(rs, "dlock:c:fuzz", 12);
+    mine->want = 1;
+    rs->mine = mine;
+    chan *ch = chan_get(rs, wake, wl);
+    ch->refs = flags & 1;
+    ch->outstanding = (int)(flags >> 1 & 3);
+    free(wake);
+
+    size_t rl;
+    const uint8_t *resp = fz_rest(&f, &rl);
+    redisReader *rd = redisReaderCreate();
+    /* hiredis 0.14 allocates whatever count an array header announces:
+     * keep arrays small (4 digits at most after '*') */
+    for (size_t i = 0, digits = 0; i < rl; i++) {
+        digits = resp[i] >= '0' && resp[i] <= '9' && digits ? digits + 1
+                 : resp[i] == '*'                             ? 1
+                                                              : 0;
+        if (digits > 5)
+            rl = 0;
+    }
+    redisReply *got[8];
+    int n = 0;
+    if (rl > 0)
+        redisReaderFeed(rd, (const char *)resp, rl);
+    while (n < 8) {
+        void *r = NULL;
+        if (redisReaderGetReply(rd, &r) != REDIS_OK || !r)
+            break;
+        got[n++] = r;
+    }
+    redisReaderFree(rd);
+
+    if (n >= 1) {
+        dlock_info info;
+        memset(&info, 0, sizeof(info));
+        info.ttl_ms = info.held_ms = info.waiters = -1;
+        int rc = inspect_answer(rs, name, got[0], n >= 2 ? got[1] : got[0],
+                                &info);
+        if (rc != DLOCK_OK && rc != DLOCK_EPROTO && rc != DLOCK_EAUTH &&
+            rc != DLOCK_ECONN)
+            fz_fail("inspect_answer returned %d", rc);
+        if (rc == DLOCK_OK &&
+            (strnlen(info.holder, sizeof(info.holder)) >= sizeof(info.holder) ||
+             info.waiters < -1 || info.held_ms < -1 || info.ttl_ms < -1 ||
+             (got[0]->type == REDIS_REPLY_ARRAY &&
+              info.queue_len > got[0]->elements)))
+            fz_fail("inspect answer out of range");
+        dlock_info_clear(&info);
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t v;
+        (void)dlock__redis_reply_uint(got[i], &v);
+        sub_reply(rs, got[i]);
+        freeReplyObject(got[i]);
+    }
+
+    while (rs->chans) {
+        chan *c = rs->chans;
+        rs->chans = c->next;
+        free(c->name);
+        free(c);
+    }
+    free(rs->host);
+    free(rs->path);
+    dlock__redis_config_free(&rs->cfg);
+    free(rs);
+    free(uri);
+    free(name);
+    free(password);
+    free(msg);
+    return 0;
+}
