@@ -1,0 +1,263 @@
+/*
+ * history.c -- the fenced resource and the history checker.
+ */
+#include "safety.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *sf_outcome_name(int o)
+{
+    switch (o) {
+    case SF_HELD:
+        return "held";
+    case SF_LOST:
+        return "lost-and-reported";
+    case SF_FENCED:
+        return "fenced";
+    case SF_VIOLATED:
+        return "VIOLATED";
+    case SF_INCONCLUSIVE:
+        return "INCONCLUSIVE";
+    default:
+        return "skipped";
+    }
+}
+
+int64_t sf_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void sf_sleep_us(int64_t us)
+{
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000L};
+
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The resource                                                             */
+/* ------------------------------------------------------------------------ */
+
+void sf_resource_init(sf_resource *r)
+{
+    pthread_mutexattr_t a;
+
+    memset(r, 0, sizeof(*r));
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    /* a worker SIGKILLed inside would leave it locked for good */
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&r->mu, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+static void res_lock(sf_resource *r)
+{
+    if (pthread_mutex_lock(&r->mu) == EOWNERDEAD)
+        pthread_mutex_consistent(&r->mu);
+}
+
+int sf_resource_read(sf_resource *r, uint64_t token, int64_t *value,
+                     uint64_t *seen, uint64_t *op)
+{
+    int res = SF_W_NONE;
+
+    res_lock(r);
+    *op = ++r->ops;
+    *seen = r->max_token;
+    if (token < r->max_token) {
+        r->read_rejected++;
+        res = SF_W_READ_REJECTED;
+    } else {
+        r->max_token = token;
+        *value = r->value;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return res;
+}
+
+int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
+                      uint64_t read_op, uint64_t *op)
+{
+    int res;
+
+    res_lock(r);
+    *op = ++r->ops;
+    if (token < r->max_token) {
+        r->rejected++;
+        res = SF_W_REJECTED;
+    } else {
+        /* what the checker wants to know, not what a storage service
+         * would check: another write landed between our read and now */
+        if (r->last_write_op > read_op)
+            r->stale_accepted++;
+        r->max_token = token;
+        r->value = value;
+        r->accepted++;
+        r->last_write_op = *op;
+        res = SF_W_ACCEPTED;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return res;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The checker                                                              */
+/* ------------------------------------------------------------------------ */
+
+static int by_acq_ret(const void *a, const void *b, void *base)
+{
+    const sf_hold *x = (const sf_hold *)base + *(const int *)a;
+    const sf_hold *y = (const sf_hold *)base + *(const int *)b;
+    return (x->t_acq_ret > y->t_acq_ret) - (x->t_acq_ret < y->t_acq_ret);
+}
+
+static int by_acq_call(const void *a, const void *b, void *base)
+{
+    const sf_hold *x = (const sf_hold *)base + *(const int *)a;
+    const sf_hold *y = (const sf_hold *)base + *(const int *)b;
+    return (x->t_acq_call > y->t_acq_call) - (x->t_acq_call < y->t_acq_call);
+}
+
+static void note(sf_report *rep, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void note(sf_report *rep, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (rep->detail[0])
+        return;
+    va_start(ap, fmt);
+    vsnprintf(rep->detail, sizeof(rep->detail), fmt, ap);
+    va_end(ap);
+}
+
+static int told(const sf_hold *h)
+{
+    return h->rel_rc == DLOCK_ELOST || h->lost_cb;
+}
+
+void sf_check(const sf_shared *s, sf_report *rep)
+{
+    uint32_t n = s->nholds > SF_MAX_HOLDS ? SF_MAX_HOLDS : s->nholds;
+    int *ord = calloc(n + 1, sizeof(int)), *ord2 = calloc(n + 1, sizeof(int));
+    int m = 0;
+
+    memset(rep, 0, sizeof(*rep));
+    if (!ord || !ord2) {
+        free(ord);
+        free(ord2);
+        rep->outcome = SF_VIOLATED;
+        note(rep, "out of memory in the checker");
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const sf_hold *h = &s->holds[i];
+        if (!h->done && !h->killed)
+            continue; /* cannot happen: workers finish their hold */
+        ord[m] = (int)i;
+        ord2[m] = (int)i;
+        m++;
+        if (told(h))
+            rep->lost_reported++;
+        if (h->done && !h->killed && h->rel_rc != DLOCK_OK &&
+            h->rel_rc != DLOCK_ELOST)
+            rep->release_errors++;
+    }
+    rep->holds = m;
+    qsort_r(ord, (size_t)m, sizeof(int), by_acq_ret, (void *)s->holds);
+    qsort_r(ord2, (size_t)m, sizeof(int), by_acq_call, (void *)s->holds);
+
+    /* overlapping holds: [acquire returned, release called] of two workers
+     * (a SIGKILLed holder's ends at the kill) */
+    for (int i = 0; i < m; i++) {
+        const sf_hold *a = &s->holds[ord[i]];
+        for (int j = i + 1; j < m; j++) {
+            const sf_hold *b = &s->holds[ord[j]];
+            if (b->t_acq_ret >= a->t_rel_call)
+                break;
+            if (b->worker == a->worker)
+                continue;
+            rep->overlaps++;
+            /* a, the earlier one, lost the lock to b */
+            if (told(a)) {
+                rep->overlaps_reported++;
+            } else {
+                rep->overlaps_silent++;
+                note(rep,
+                     "holds %llx (worker %d, token %llu, release %s%s) and "
+                     "%llx (worker %d, token %llu) overlapped by %.1f ms; "
+                     "the first holder was never told",
+                     (unsigned long long)a->acq_id, a->worker,
+                     (unsigned long long)a->token,
+                     a->killed ? "none: killed" : dlock_errname(a->rel_rc),
+                     a->lost_cb ? ", lost callback" : "",
+                     (unsigned long long)b->acq_id, b->worker,
+                     (unsigned long long)b->token,
+                     (double)(a->t_rel_call - b->t_acq_ret) / 1e6);
+            }
+        }
+    }
+
+    /* tokens: above that of every hold whose acquire returned before this
+     * acquire was called */
+    {
+        uint64_t maxtok = 0;
+        const sf_hold *maxh = NULL;
+        int k = 0;
+        for (int j = 0; j < m; j++) {
+            const sf_hold *b = &s->holds[ord2[j]];
+            while (k < m && s->holds[ord[k]].t_acq_ret < b->t_acq_call) {
+                const sf_hold *a = &s->holds[ord[k]];
+                if (a->token >= maxtok) {
+                    maxtok = a->token;
+                    maxh = a;
+                }
+                k++;
+            }
+            if (maxh && b->token <= maxtok) {
+                rep->token_backwards++;
+                note(rep,
+                     "hold %llx (worker %d) got token %llu, not above token "
+                     "%llu of hold %llx (worker %d) acquired before",
+                     (unsigned long long)b->acq_id, b->worker,
+                     (unsigned long long)b->token, (unsigned long long)maxtok,
+                     (unsigned long long)maxh->acq_id, maxh->worker);
+            }
+        }
+    }
+
+    rep->stale_rejected = (int)(s->res.rejected + s->res.read_rejected);
+    rep->stale_accepted = (int)s->res.stale_accepted;
+    rep->lost_updates = (int)(s->res.accepted - s->res.value);
+    if (rep->lost_updates < 0)
+        rep->lost_updates = -rep->lost_updates;
+    if (rep->stale_accepted)
+        note(rep, "%d writes accepted on a stale read", rep->stale_accepted);
+    if (rep->lost_updates)
+        note(rep, "final value %lld after %lld accepted increments",
+             (long long)s->res.value, (long long)s->res.accepted);
+
+    if (rep->stale_accepted || rep->lost_updates || rep->overlaps_silent ||
+        rep->token_backwards)
+        rep->outcome = SF_VIOLATED;
+    else if (rep->stale_rejected)
+        rep->outcome = SF_FENCED;
+    else if (rep->lost_reported || rep->overlaps_reported)
+        rep->outcome = SF_LOST;
+    else
+        rep->outcome = SF_HELD;
+    free(ord);
+    free(ord2);
+}

@@ -1,0 +1,994 @@
+/*
+ * safety.c -- the safety suite's driver.
+ *
+ *   dlock_safety [--quick] [--stores a,b] [--scenarios x,y] [--workers N]
+ *                [--table FILE] [--doc FILE]
+ *
+ * For every store (file, redis, redlock, zk, etcd, sqlite, pg,
+ * pg-advisory, mysql) and scenario (none, kill, stop, restart, partition,
+ * slow, clock), starts the store's private servers (tests/harness), runs N
+ * worker processes fighting for one lock while each hold does a
+ * read-modify-write on a fenced resource, injects the scenario's fault
+ * while one holder (the victim) is between its read and its write,
+ * checks the history (history.c) and prints a table scenario x store of
+ * the outcomes: held, lost-and-reported, fenced, VIOLATED. Exit 1 when an
+ * outcome is worse than the one expected for its cell (docs/safety.md
+ * says why each is expected). --table writes the table in Markdown;
+ * --doc replaces the part of a Markdown file between the markers
+ * <!-- safety-table:begin --> and <!-- safety-table:end --> with it.
+ */
+#include "safety.h"
+#include "test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FAKETIME_LIB "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
+       SC_CLOCK, SC_N };
+static const char *const sc_name[SC_N] = {
+    "none", "kill", "stop", "restart", "partition", "slow", "clock"};
+
+enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
+       ST_PGADV, ST_MYSQL, ST_N };
+static const char *const st_name[ST_N] = {
+    "file", "redis", "redlock", "zk", "etcd", "sqlite", "pg", "pg-advisory",
+    "mysql"};
+
+/* The expected outcome of every cell (the worst acceptable one); -1: the
+ * scenario does not apply to the store (why in na_why()). */
+#define H SF_HELD
+#define L SF_LOST
+#define F SF_FENCED
+#define NA (-1)
+static const int expected[ST_N][SC_N] = {
+    /*            none kill stop restart partition slow clock */
+    /* file    */ {H, H, F, NA, NA, NA, H},
+    /* redis   */ {H, H, F, F, F, F, H},
+    /* redlock */ {H, H, F, H, F, F, H},
+    /* zk      */ {H, H, F, L, F, NA, H},
+    /* etcd    */ {H, H, F, L, F, NA, H},
+    /* sqlite  */ {H, H, F, NA, NA, NA, F},
+    /* pg      */ {H, H, F, F, F, F, H},
+    /* pg-adv  */ {H, H, F, F, F, F, H},
+    /* mysql   */ {H, H, F, F, F, NA, H},
+};
+#undef H
+#undef L
+#undef F
+
+/* options */
+static int quick, nworkers = 8;
+static int want_store[ST_N], want_sc[SC_N];
+static const char *table_path, *doc_path;
+static char self_exe[1024];
+
+/* results */
+typedef struct cell {
+    int ran;
+    int outcome;          /* SF_* or SF_SKIPPED */
+    char why[256];        /* skip reason, or the checker's first problem */
+    sf_report rep;
+    int64_t ms;
+    int64_t accepted;
+} cell;
+static cell cells[ST_N][SC_N];
+
+/* ------------------------------------------------------------------------ */
+/* Stores                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct store {
+    int kind;
+    int has_lease;       /* a frozen holder loses the lock */
+    int64_t ttl, ttl_restart;
+    char uri[SF_URI_MAX];        /* every worker, direct */
+    char part_uri[SF_URI_MAX];   /* worker 0 through the cut-able path */
+    int part_netns;              /* that path is the namespace */
+    th_redis redis, rl[5];
+    th_zk zk;
+    th_etcd etcd;
+    th_sql sql;
+    sf_relay *relay[5];
+    int nrelay;
+    char dir[600];
+} store;
+
+static sf_netns netns; /* one namespace for the whole run */
+static int netns_ok;
+static char netns_why[200];
+static int netns_tbf; /* the kernel has no netem: a token bucket instead */
+
+static int have_exe(const char *name)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "command -v %s >/dev/null 2>&1", name);
+    return system(cmd) == 0;
+}
+
+/* 0 and the store started, or -1 and why it cannot run here. */
+static int store_available(int kind, char *why, size_t cap)
+{
+    switch (kind) {
+    case ST_FILE:
+        return 0;
+    case ST_REDIS:
+    case ST_REDLOCK:
+        if (!have_exe("redis-server")) {
+            snprintf(why, cap, "no redis-server");
+            return -1;
+        }
+        return 0;
+    case ST_ZK:
+#ifndef TH_ZK_CLIENT
+        snprintf(why, cap, "this build has no zk store");
+        return -1;
+#else
+        if (!have_exe("java") ||
+            access("/usr/share/java/zookeeper.jar", R_OK) != 0) {
+            snprintf(why, cap, "no java or zookeeper.jar");
+            return -1;
+        }
+        return 0;
+#endif
+    case ST_ETCD:
+        if (!th_etcd_available()) {
+            snprintf(why, cap, "etcd not installed");
+            return -1;
+        }
+        return 0;
+    case ST_SQLITE:
+#ifndef TH_SQLITE
+        snprintf(why, cap, "this build has no sqlite store");
+        return -1;
+#else
+        return 0;
+#endif
+    case ST_PG:
+    case ST_PGADV:
+        if (!th_sql_available("pg")) {
+            snprintf(why, cap, "no postgres store or server");
+            return -1;
+        }
+        return 0;
+    case ST_MYSQL:
+        if (!th_sql_available("mysql")) {
+            snprintf(why, cap, "no mysql store or MariaDB server");
+            return -1;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+/* Lets PostgreSQL listen on the namespace's address too (a restart). */
+static void pg_listen_netns(store *st)
+{
+    char path[700];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/data/postgresql.conf", st->sql.dir);
+    f = fopen(path, "a");
+    if (!f)
+        th_fail(__FILE__, __LINE__, "cannot append to %s", path);
+    fprintf(f, "listen_addresses = '127.0.0.1,%s'\n", netns.host_ip);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/data/pg_hba.conf", st->sql.dir);
+    f = fopen(path, "a");
+    if (!f)
+        th_fail(__FILE__, __LINE__, "cannot append to %s", path);
+    fprintf(f, "host all all %s/32 scram-sha-256\n", netns.ns_ip);
+    fclose(f);
+    th_sql_kill(&st->sql, SIGINT);
+    th_sql_restart(&st->sql);
+}
+
+/* A copy of uri with 127.0.0.1:PORT replaced by host:newport. */
+static void swap_host(char *out, size_t cap, const char *uri,
+                      const char *host, int port, int newport)
+{
+    char from[64];
+    const char *p;
+
+    snprintf(from, sizeof(from), "127.0.0.1:%d", port);
+    p = strstr(uri, from);
+    if (!p) {
+        snprintf(out, cap, "%s", uri);
+        return;
+    }
+    snprintf(out, cap, "%.*s%s:%d%s", (int)(p - uri), uri, host, newport,
+             p + strlen(from));
+}
+
+static void store_start(store *st, int kind)
+{
+    char bind[128];
+
+    memset(st, 0, sizeof(*st));
+    st->kind = kind;
+    st->has_lease = kind != ST_FILE && kind != ST_PGADV;
+    st->ttl = 500;
+    st->ttl_restart = 1000;
+    snprintf(bind, sizeof(bind), "bind 127.0.0.1 %s\nprotected-mode no",
+             netns.host_ip);
+    switch (kind) {
+    case ST_FILE:
+        snprintf(st->dir, sizeof(st->dir), "%s/file-locks", th_tmpdir());
+        snprintf(st->uri, sizeof(st->uri), "file://%s", st->dir);
+        break;
+    case ST_REDIS:
+        th_redis_start(&st->redis, netns_ok ? bind : NULL);
+        snprintf(st->uri, sizeof(st->uri), "%s", st->redis.uri);
+        if (netns_ok) {
+            snprintf(st->part_uri, sizeof(st->part_uri), "redis://%s:%d",
+                     netns.host_ip, st->redis.port);
+            st->part_netns = 1;
+        }
+        break;
+    case ST_REDLOCK: {
+        size_t o = (size_t)snprintf(st->uri, sizeof(st->uri), "redlock://");
+        size_t q = (size_t)snprintf(st->part_uri, sizeof(st->part_uri),
+                                    "redlock://");
+        for (int i = 0; i < 5; i++) {
+            th_redis_start(&st->rl[i], netns_ok ? bind : NULL);
+            o += (size_t)snprintf(st->uri + o, sizeof(st->uri) - o,
+                                  "%s127.0.0.1:%d", i ? "," : "",
+                                  st->rl[i].port);
+            q += (size_t)snprintf(st->part_uri + q, sizeof(st->part_uri) - q,
+                                  "%s%s:%d", i ? "," : "", netns.host_ip,
+                                  st->rl[i].port);
+        }
+        if (netns_ok)
+            st->part_netns = 1;
+        else
+            st->part_uri[0] = '\0';
+        st->ttl_restart = 2000;
+        break;
+    }
+    case ST_ZK: {
+        /* a 3-server ensemble for every scenario: the restart scenario
+         * kills its leader */
+        th_zk_start(&st->zk, 3);
+        snprintf(st->uri, sizeof(st->uri), "zk://%s/safety", st->zk.hosts);
+        /* the cut-able path: one relay per server */
+        size_t q = (size_t)snprintf(st->part_uri, sizeof(st->part_uri),
+                                    "zk://");
+        for (int i = 0; i < 3; i++) {
+            st->relay[i] = sf_relay_start(st->zk.port[i]);
+            if (!st->relay[i])
+                th_fail(__FILE__, __LINE__, "relay: %s", strerror(errno));
+            q += (size_t)snprintf(st->part_uri + q, sizeof(st->part_uri) - q,
+                                  "%s127.0.0.1:%d", i ? "," : "",
+                                  sf_relay_port(st->relay[i]));
+        }
+        snprintf(st->part_uri + q, sizeof(st->part_uri) - q, "/safety");
+        st->nrelay = 3;
+        st->ttl = 1000;
+        st->ttl_restart = 4000;
+        break;
+    }
+    case ST_ETCD: {
+        th_etcd_start(&st->etcd, 3);
+        snprintf(st->uri, sizeof(st->uri), "etcd://%s?prefix=safety",
+                 st->etcd.hosts);
+        size_t q = (size_t)snprintf(st->part_uri, sizeof(st->part_uri),
+                                    "etcd://");
+        for (int i = 0; i < 3; i++) {
+            st->relay[i] = sf_relay_start(st->etcd.port[i]);
+            if (!st->relay[i])
+                th_fail(__FILE__, __LINE__, "relay: %s", strerror(errno));
+            q += (size_t)snprintf(st->part_uri + q, sizeof(st->part_uri) - q,
+                                  "%s127.0.0.1:%d", i ? "," : "",
+                                  sf_relay_port(st->relay[i]));
+        }
+        snprintf(st->part_uri + q, sizeof(st->part_uri) - q,
+                 "?prefix=safety");
+        st->nrelay = 3;
+        st->ttl = 1000;
+        st->ttl_restart = 3000;
+        break;
+    }
+    case ST_SQLITE:
+        snprintf(st->uri, sizeof(st->uri), "sqlite://%s/safety.db",
+                 th_tmpdir());
+        break;
+    case ST_PG:
+    case ST_PGADV:
+    case ST_MYSQL:
+        th_sql_start(&st->sql, kind == ST_MYSQL ? "mysql" : "pg");
+        if (kind == ST_PGADV)
+            snprintf(st->uri, sizeof(st->uri), "%s?mode=advisory",
+                     st->sql.uri);
+        else
+            snprintf(st->uri, sizeof(st->uri), "%s", st->sql.uri);
+        if (kind != ST_MYSQL && netns_ok) {
+            pg_listen_netns(st);
+            swap_host(st->part_uri, sizeof(st->part_uri), st->uri,
+                      netns.host_ip, st->sql.port, st->sql.port);
+            st->part_netns = 1;
+        } else if (kind == ST_MYSQL) {
+            st->relay[0] = sf_relay_start(st->sql.port);
+            if (!st->relay[0])
+                th_fail(__FILE__, __LINE__, "relay: %s", strerror(errno));
+            st->nrelay = 1;
+            swap_host(st->part_uri, sizeof(st->part_uri), st->uri,
+                      "127.0.0.1", st->sql.port, sf_relay_port(st->relay[0]));
+        }
+        break;
+    }
+}
+
+static void store_stop(store *st)
+{
+    for (int i = 0; i < st->nrelay; i++)
+        sf_relay_stop(st->relay[i]);
+    switch (st->kind) {
+    case ST_REDIS:
+        th_redis_kill(&st->redis, SIGKILL);
+        break;
+    case ST_REDLOCK:
+        for (int i = 0; i < 5; i++)
+            th_redis_kill(&st->rl[i], SIGKILL);
+        break;
+    case ST_ZK:
+        for (int i = 0; i < 3; i++)
+            if (st->zk.pid[i] > 0)
+                th_zk_kill(&st->zk, i, SIGKILL);
+        break;
+    case ST_ETCD:
+        for (int i = 0; i < 3; i++)
+            if (st->etcd.pid[i] > 0)
+                th_etcd_kill(&st->etcd, i, SIGKILL);
+        break;
+    case ST_PG:
+    case ST_PGADV:
+    case ST_MYSQL:
+        th_sql_kill(&st->sql, SIGKILL);
+        break;
+    }
+}
+
+/* Why a scenario does not apply to a store. */
+static const char *na_why(int kind, int sc)
+{
+    if (sc == SC_RESTART)
+        return "no server to restart";
+    if (sc == SC_PARTITION)
+        return "no network between client and store";
+    if (sc == SC_SLOW)
+        return kind == ST_MYSQL || kind == ST_ZK || kind == ST_ETCD
+                   ? "the harness binds this server to loopback only: the "
+                     "relay cuts, it does not slow"
+                   : "no network between client and store";
+    return "not applicable";
+}
+
+/* ------------------------------------------------------------------------ */
+/* One run                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct run {
+    store *st;
+    int sc;
+    sf_shared *s;
+    char shm[700];
+    char clockfile[700];
+    pid_t pid[SF_MAX_WORKERS];
+} run;
+
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_line(const char *fmt, ...)
+{
+    va_list ap;
+    static int64_t t0;
+
+    if (!t0)
+        t0 = th_now_ms();
+    fprintf(stderr, "[%7.1f] ", (double)(th_now_ms() - t0) / 1000.0);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static pid_t spawn_worker(run *r, int id, int in_netns, int faketime)
+{
+    pid_t parent = getpid(), pid;
+    char idbuf[16];
+
+    snprintf(idbuf, sizeof(idbuf), "%d", id);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(99);
+        if (in_netns && sf_netns_enter(&netns) != 0) {
+            fprintf(stderr, "worker %d: setns: %s\n", id, strerror(errno));
+            _exit(98);
+        }
+        if (faketime) {
+            setenv("LD_PRELOAD", FAKETIME_LIB, 1);
+            setenv("FAKETIME_TIMESTAMP_FILE", r->clockfile, 1);
+            setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1", 1);
+            setenv("FAKETIME_NO_CACHE", "1", 1);
+        }
+        execl(self_exe, self_exe, "--worker", r->shm, idbuf, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int64_t accepted(const run *r)
+{
+    return __atomic_load_n(&r->s->res.accepted, __ATOMIC_SEQ_CST);
+}
+
+/* Waits (bounded) until `n` more writes were accepted than `base`. */
+static int wait_accepted(const run *r, int64_t base, int64_t n,
+                         int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+
+    while (th_now_ms() < until) {
+        if (accepted(r) >= base + n)
+            return 1;
+        th_sleep_ms(5);
+    }
+    return 0;
+}
+
+/* Writes the libfaketime spec for every worker (atomically). */
+static void set_clock(const run *r, const char *spec)
+{
+    char tmp[760];
+    FILE *f;
+
+    snprintf(tmp, sizeof(tmp), "%s.tmp", r->clockfile);
+    f = fopen(tmp, "w");
+    if (!f)
+        th_fail(__FILE__, __LINE__, "cannot write %s", tmp);
+    fprintf(f, "%s\n", spec);
+    fclose(f);
+    if (rename(tmp, r->clockfile) != 0)
+        th_fail(__FILE__, __LINE__, "rename: %s", strerror(errno));
+}
+
+/* Starts the store fault of SC_RESTART. Returns how long to let the
+ * other workers try before the victim goes on (ms). */
+static int64_t restart_fault(run *r, char *note, size_t cap)
+{
+    store *st = r->st;
+
+    switch (st->kind) {
+    case ST_REDIS:
+        th_redis_kill(&st->redis, SIGKILL);
+        th_redis_restart(&st->redis);
+        snprintf(note, cap, "redis-server SIGKILLed, restarted empty");
+        return 4000;
+    case ST_REDLOCK:
+        th_redis_kill(&st->rl[0], SIGKILL);
+        th_redis_restart(&st->rl[0]);
+        snprintf(note, cap, "node 0 of 5 SIGKILLed, restarted empty at once");
+        return st->ttl_restart * 2;
+    case ST_ZK: {
+        int lead = th_zk_wait_leader(&st->zk, 10000);
+        if (lead < 0)
+            th_fail(__FILE__, __LINE__, "no zk leader");
+        th_zk_kill(&st->zk, lead, SIGKILL);
+        snprintf(note, cap, "zk leader (server %d of 3) SIGKILLed", lead);
+        return st->ttl_restart;
+    }
+    case ST_ETCD: {
+        int lead = th_etcd_wait_leader(&st->etcd, 10000);
+        if (lead < 0)
+            th_fail(__FILE__, __LINE__, "no etcd leader");
+        th_etcd_kill(&st->etcd, lead, SIGKILL);
+        snprintf(note, cap, "etcd leader (member %d of 3) SIGKILLed", lead);
+        return st->ttl_restart;
+    }
+    case ST_PG:
+    case ST_PGADV:
+    case ST_MYSQL:
+        th_sql_kill(&st->sql, SIGKILL);
+        th_sql_restart(&st->sql);
+        snprintf(note, cap, "server SIGKILLed and restarted");
+        return 4000;
+    }
+    return 0;
+}
+
+/* Brings back what restart_fault() left down (cluster members). */
+static void restart_heal(run *r)
+{
+    store *st = r->st;
+
+    if (st->kind == ST_ZK) {
+        for (int i = 0; i < 3; i++)
+            if (st->zk.pid[i] <= 0)
+                th_zk_restart(&st->zk, i);
+    } else if (st->kind == ST_ETCD) {
+        for (int i = 0; i < 3; i++)
+            if (st->etcd.pid[i] <= 0)
+                th_etcd_restart(&st->etcd, i);
+    }
+}
+
+static void cut(run *r, int on)
+{
+    store *st = r->st;
+
+    if (st->part_netns)
+        sf_netns_link(&netns, on ? "down" : "up");
+    for (int i = 0; i < st->nrelay; i++)
+        sf_relay_cut(st->relay[i], on);
+}
+
+static void run_one(store *st, int sc, cell *out)
+{
+    run r;
+    int fd;
+    int64_t t0 = th_now_ms();
+    int workers = nworkers;
+    char note[256] = "";
+    int use_faketime = sc == SC_CLOCK;
+    int victim_only0 = sc == SC_PARTITION || sc == SC_SLOW;
+    static int seq;
+    int inconclusive = 0;
+
+    memset(&r, 0, sizeof(r));
+    r.st = st;
+    r.sc = sc;
+    snprintf(r.shm, sizeof(r.shm), "%s/run%d.shm", th_tmpdir(), seq);
+    snprintf(r.clockfile, sizeof(r.clockfile), "%s/run%d.clock", th_tmpdir(),
+             seq++);
+    fd = open(r.shm, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)sizeof(sf_shared)) != 0)
+        th_fail(__FILE__, __LINE__, "%s: %s", r.shm, strerror(errno));
+    r.s = mmap(NULL, sizeof(sf_shared), PROT_READ | PROT_WRITE, MAP_SHARED,
+               fd, 0);
+    close(fd);
+    if (r.s == MAP_FAILED)
+        th_fail(__FILE__, __LINE__, "mmap: %s", strerror(errno));
+    sf_resource_init(&r.s->res);
+    sf_shared *s = r.s;
+    s->nworkers = workers;
+    s->ttl_ms = sc == SC_RESTART ? st->ttl_restart : st->ttl;
+    s->flags = 0;
+    s->wait_ms = 3000;
+    s->delay_us = 200;
+    s->max_holds_per_worker = quick ? 400 : 1000;
+    s->deadline_ns = sf_now_ns() + (int64_t)(quick ? 40 : 60) * 1000000000;
+    s->victim_worker = -1;
+    s->victim_hold = -1;
+    if (use_faketime)
+        set_clock(&r, "+0");
+    for (int i = 0; i < workers; i++)
+        snprintf(s->w[i].uri, sizeof(s->w[i].uri), "%s",
+                 i == 0 && victim_only0 ? st->part_uri : st->uri);
+    for (int i = 0; i < workers; i++)
+        r.pid[i] = spawn_worker(&r, i, i == 0 && victim_only0 &&
+                                           st->part_netns, use_faketime);
+
+    /* warm up: every worker has a client, some writes went through */
+    int64_t until = th_now_ms() + 30000;
+    for (int i = 0; i < workers; i++)
+        while (!__atomic_load_n(&s->w[i].opened, __ATOMIC_SEQ_CST) &&
+               th_now_ms() < until)
+            th_sleep_ms(10);
+    wait_accepted(&r, 0, quick ? 10 : 30, 10000);
+
+    if (sc == SC_NONE) {
+        wait_accepted(&r, accepted(&r), quick ? 100 : 400,
+                      quick ? 3000 : 8000);
+    } else {
+        /* the victim: the next holder (worker 0 for network faults) */
+        __atomic_store_n(&s->victim_want, victim_only0 ? 1 : -1,
+                         __ATOMIC_SEQ_CST);
+        until = th_now_ms() + 20000;
+        while (!__atomic_load_n(&s->victim_in_window, __ATOMIC_SEQ_CST) &&
+               th_now_ms() < until)
+            th_sleep_ms(1);
+        if (!s->victim_in_window) {
+            snprintf(note, sizeof(note), "INCONCLUSIVE: no victim within "
+                     "20 s (the fault was not injected)");
+            inconclusive = 1;
+        } else {
+            int vw = s->victim_worker, vh = s->victim_hold;
+            pid_t vpid = r.pid[vw];
+            int64_t base = accepted(&r);
+            int64_t lease_wait = st->has_lease ? s->ttl_ms * 3 + 4000 : 1500;
+            switch (sc) {
+            case SC_KILL:
+                s->holds[vh].t_rel_call = sf_now_ns();
+                s->holds[vh].killed = 1;
+                kill(vpid, SIGKILL);
+                waitpid(vpid, NULL, 0);
+                r.pid[vw] = 0;
+                snprintf(note, sizeof(note), "holder SIGKILLed");
+                wait_accepted(&r, base, 1, lease_wait);
+                break;
+            case SC_STOP:
+                kill(vpid, SIGSTOP);
+                snprintf(note, sizeof(note), "holder SIGSTOPped");
+                wait_accepted(&r, base, 1, lease_wait);
+                th_sleep_ms(100);
+                kill(vpid, SIGCONT);
+                break;
+            case SC_RESTART: {
+                int64_t w = restart_fault(&r, note, sizeof(note));
+                wait_accepted(&r, base, 1, w);
+                restart_heal(&r);
+                break;
+            }
+            case SC_PARTITION:
+                cut(&r, 1);
+                snprintf(note, sizeof(note), "%s",
+                         st->part_netns ? "veth link down"
+                                        : "relay cut (every connection)");
+                wait_accepted(&r, base, 1, lease_wait);
+                th_sleep_ms(100);
+                cut(&r, 0);
+                break;
+            case SC_SLOW:
+                netns_tbf = sf_netns_link(&netns, "slow") == 1;
+                snprintf(note, sizeof(note), "%s",
+                         netns_tbf ? "tbf 16 kbit/s, 300 ms queue"
+                                   : "netem 150 ms, 20% loss");
+                th_sleep_ms(s->ttl_ms * 4);
+                sf_netns_link(&netns, "clear");
+                break;
+            case SC_CLOCK:
+                set_clock(&r, "+2h");
+                snprintf(note, sizeof(note), "every worker's wall clock +2h");
+                wait_accepted(&r, base, 1, s->ttl_ms * 3 + 3000);
+                break;
+            }
+            __atomic_store_n(&s->victim_go, 1, __ATOMIC_SEQ_CST);
+            until = th_now_ms() + 20000;
+            if (r.pid[vw])
+                while (!__atomic_load_n(&s->victim_done, __ATOMIC_SEQ_CST) &&
+                       th_now_ms() < until)
+                    th_sleep_ms(5);
+            /* afterwards the lock works again */
+            wait_accepted(&r, accepted(&r), quick ? 10 : 30, 10000);
+        }
+    }
+    __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
+    until = th_now_ms() + 20000;
+    for (int i = 0; i < workers; i++) {
+        if (!r.pid[i])
+            continue;
+        int st_;
+        while (waitpid(r.pid[i], &st_, WNOHANG) == 0 && th_now_ms() < until)
+            th_sleep_ms(10);
+        if (th_now_ms() >= until) {
+            kill(r.pid[i], SIGCONT);
+            kill(r.pid[i], SIGKILL);
+            waitpid(r.pid[i], NULL, 0);
+            log_line("worker %d did not stop: killed", i);
+        }
+    }
+    sf_check(s, &out->rep);
+    out->ran = 1;
+    out->outcome = inconclusive && out->rep.outcome < SF_VIOLATED
+                       ? SF_INCONCLUSIVE : out->rep.outcome;
+    out->accepted = s->res.accepted;
+    out->ms = th_now_ms() - t0;
+    snprintf(out->why, sizeof(out->why), "%s%s%s", note,
+             out->rep.detail[0] ? "; " : "", out->rep.detail);
+    {
+        int64_t errs = 0, busy = 0;
+        const char *last = "";
+        for (int i = 0; i < workers; i++) {
+            errs += s->w[i].errors;
+            busy += s->w[i].busy;
+            if (s->w[i].last_err[0])
+                last = s->w[i].last_err;
+        }
+        log_line("%-11s %-9s %-17s %5lld ms  holds %d  writes %lld  "
+                 "overlaps %d (reported %d, silent %d)  refused %d  lost "
+                 "%d  errors %lld  busy %lld  %s%s%s",
+                 st_name[st->kind], sc_name[sc], sf_outcome_name(out->outcome),
+                 (long long)out->ms, out->rep.holds,
+                 (long long)out->accepted, out->rep.overlaps,
+                 out->rep.overlaps_reported, out->rep.overlaps_silent,
+                 out->rep.stale_rejected, out->rep.lost_reported,
+                 (long long)errs, (long long)busy, out->why,
+                 last[0] ? "; last error: " : "", last);
+    }
+    munmap(s, sizeof(*s));
+    unlink(r.shm);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The table                                                                */
+/* ------------------------------------------------------------------------ */
+
+static int worse(const cell *c, int exp)
+{
+    return c->ran && exp >= 0 &&
+           (c->outcome == SF_INCONCLUSIVE ||
+            (c->outcome != SF_SKIPPED && c->outcome > exp));
+}
+
+static void write_table(FILE *f, int64_t total_ms)
+{
+    fprintf(f, "Run: `%s` — %d workers, %.0f s.\n\n",
+            quick ? "make safety SAFETY_QUICK=1" : "make safety", nworkers,
+            (double)total_ms / 1000.0);
+    fprintf(f, "| scenario |");
+    for (int k = 0; k < ST_N; k++)
+        if (want_store[k])
+            fprintf(f, " %s |", st_name[k]);
+    fprintf(f, "\n|---|");
+    for (int k = 0; k < ST_N; k++)
+        if (want_store[k])
+            fprintf(f, "---|");
+    fprintf(f, "\n");
+    for (int sc = 0; sc < SC_N; sc++) {
+        if (!want_sc[sc])
+            continue;
+        fprintf(f, "| %s |", sc_name[sc]);
+        for (int k = 0; k < ST_N; k++) {
+            if (!want_store[k])
+                continue;
+            const cell *c = &cells[k][sc];
+            int exp = expected[k][sc];
+            if (exp < 0)
+                fprintf(f, " n/a |");
+            else if (!c->ran || c->outcome == SF_SKIPPED)
+                fprintf(f, " skipped |");
+            else if (c->outcome == exp)
+                fprintf(f, " %s |", sf_outcome_name(c->outcome));
+            else
+                fprintf(f, " %s (expected ≤ %s)%s |",
+                        sf_outcome_name(c->outcome), sf_outcome_name(exp),
+                        worse(c, exp) ? " **FAIL**" : "");
+        }
+        fprintf(f, "\n");
+    }
+    fprintf(f, "\nSkipped or not applicable:\n\n");
+    for (int k = 0; k < ST_N; k++)
+        for (int sc = 0; sc < SC_N; sc++) {
+            const cell *c = &cells[k][sc];
+            if (!want_store[k] || !want_sc[sc])
+                continue;
+            if (expected[k][sc] < 0)
+                fprintf(f, "- %s × %s: n/a, %s\n", sc_name[sc], st_name[k],
+                        na_why(k, sc));
+            else if (!c->ran || c->outcome == SF_SKIPPED)
+                fprintf(f, "- %s × %s: %s\n", sc_name[sc], st_name[k],
+                        c->why[0] ? c->why : "not run");
+        }
+    fprintf(f, "\nWhat happened in each run (the victim's fault, then the "
+               "checker's counts):\n\n");
+    fprintf(f, "| store | scenario | outcome | holds | writes | overlaps "
+               "(reported/silent) | refused by the fence | holders told "
+               "of a loss | fault |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < ST_N; k++)
+        for (int sc = 0; sc < SC_N; sc++) {
+            const cell *c = &cells[k][sc];
+            if (!c->ran || c->outcome == SF_SKIPPED)
+                continue;
+            fprintf(f, "| %s | %s | %s | %d | %lld | %d (%d/%d) | %d | %d | "
+                       "%s |\n",
+                    st_name[k], sc_name[sc], sf_outcome_name(c->outcome),
+                    c->rep.holds, (long long)c->accepted, c->rep.overlaps,
+                    c->rep.overlaps_reported, c->rep.overlaps_silent,
+                    c->rep.stale_rejected, c->rep.lost_reported, c->why);
+        }
+}
+
+static void splice_doc(const char *path, const char *table)
+{
+    const char *b = "<!-- safety-table:begin -->";
+    const char *e = "<!-- safety-table:end -->";
+    FILE *f = fopen(path, "r");
+    char *doc = NULL, *p, *q;
+    long len;
+
+    if (!f) {
+        fprintf(stderr, "safety: cannot read %s\n", path);
+        return;
+    }
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    doc = calloc(1, (size_t)len + 1);
+    if (!doc || fread(doc, 1, (size_t)len, f) != (size_t)len) {
+        fclose(f);
+        free(doc);
+        return;
+    }
+    fclose(f);
+    p = strstr(doc, b);
+    q = p ? strstr(p, e) : NULL;
+    if (!p || !q) {
+        fprintf(stderr, "safety: %s has no %s ... %s markers\n", path, b, e);
+        free(doc);
+        return;
+    }
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%.*s%s\n\n%s\n%s", (int)(p - doc + (long)strlen(b)), doc,
+                "", table, q);
+        fclose(f);
+    }
+    free(doc);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void parse_list(const char *arg, const char *const *names, int n,
+                       int *want)
+{
+    char buf[512], *save = NULL;
+
+    memset(want, 0, sizeof(int) * (size_t)n);
+    snprintf(buf, sizeof(buf), "%s", arg);
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(t, names[i]))
+                want[i] = found = 1;
+        if (!found) {
+            fprintf(stderr, "safety: unknown name '%s'\n", t);
+            exit(2);
+        }
+    }
+}
+
+static int failed;
+
+static void suite(void)
+{
+    int64_t t0 = th_now_ms();
+
+    sf_netns_reap_stale();
+    if (sf_netns_create(&netns, netns_why, sizeof(netns_why)) == 0)
+        netns_ok = 1;
+    else
+        log_line("no network namespace: %s (partition through relays)",
+                 netns_why);
+    for (int k = 0; k < ST_N; k++) {
+        char why[256] = "";
+        int any = 0;
+        if (!want_store[k])
+            continue;
+        for (int sc = 0; sc < SC_N; sc++)
+            any |= want_sc[sc] && expected[k][sc] >= 0;
+        if (!any)
+            continue;
+        if (store_available(k, why, sizeof(why)) != 0) {
+            log_line("%s: skipped: %s", st_name[k], why);
+            for (int sc = 0; sc < SC_N; sc++) {
+                cells[k][sc].outcome = SF_SKIPPED;
+                snprintf(cells[k][sc].why, sizeof(cells[k][sc].why), "%s",
+                         why);
+            }
+            continue;
+        }
+        store st;
+        int64_t ts = th_now_ms();
+        store_start(&st, k);
+        log_line("%s: started in %lld ms (%s)", st_name[k],
+                 (long long)(th_now_ms() - ts), st.uri);
+        for (int sc = 0; sc < SC_N; sc++) {
+            cell *c = &cells[k][sc];
+            if (!want_sc[sc] || expected[k][sc] < 0)
+                continue;
+            if ((sc == SC_PARTITION || sc == SC_SLOW) && !st.part_uri[0]) {
+                c->outcome = SF_SKIPPED;
+                snprintf(c->why, sizeof(c->why), "no namespace: %s",
+                         netns_why);
+                continue;
+            }
+            if (sc == SC_SLOW && !st.part_netns) {
+                c->outcome = SF_SKIPPED;
+                snprintf(c->why, sizeof(c->why), "needs the namespace");
+                continue;
+            }
+            if (sc == SC_CLOCK && !th_faketime_available()) {
+                c->outcome = SF_SKIPPED;
+                snprintf(c->why, sizeof(c->why), "libfaketime not installed");
+                continue;
+            }
+            run_one(&st, sc, c);
+            if (worse(c, expected[k][sc])) {
+                failed = 1;
+                log_line("FAIL: %s × %s: %s, expected at worst %s", sc_name[sc],
+                         st_name[k], sf_outcome_name(c->outcome),
+                         sf_outcome_name(expected[k][sc]));
+            }
+        }
+        store_stop(&st);
+    }
+    if (netns_ok)
+        sf_netns_destroy(&netns);
+
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *m = open_memstream(&buf, &blen);
+    if (!m)
+        th_fail(__FILE__, __LINE__, "open_memstream");
+    write_table(m, th_now_ms() - t0);
+    fclose(m);
+    printf("\n%s\n", buf);
+    if (table_path) {
+        FILE *f = fopen(table_path, "w");
+        if (f) {
+            fputs(buf, f);
+            fclose(f);
+        }
+    }
+    if (doc_path)
+        splice_doc(doc_path, buf);
+    free(buf);
+    printf("safety: %s (%.0f s)\n", failed ? "FAILED: an outcome is worse "
+                                            "than expected" : "ok",
+           (double)(th_now_ms() - t0) / 1000.0);
+}
+
+int main(int argc, char **argv)
+{
+    static const th_test tests[] = {{"safety", suite, 0}, {NULL, NULL, 0}};
+    ssize_t n;
+
+    if (argc == 4 && !strcmp(argv[1], "--worker"))
+        return sf_worker_main(argv[2], atoi(argv[3]));
+    n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
+    if (n <= 0)
+        return 2;
+    self_exe[n] = '\0';
+    for (int i = 0; i < ST_N; i++)
+        want_store[i] = 1;
+    for (int i = 0; i < SC_N; i++)
+        want_sc[i] = 1;
+    if (getenv("SAFETY_QUICK") && *getenv("SAFETY_QUICK") &&
+        strcmp(getenv("SAFETY_QUICK"), "0") != 0)
+        quick = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--stores") && i + 1 < argc)
+            parse_list(argv[++i], st_name, ST_N, want_store);
+        else if (!strcmp(argv[i], "--scenarios") && i + 1 < argc)
+            parse_list(argv[++i], sc_name, SC_N, want_sc);
+        else if (!strcmp(argv[i], "--workers") && i + 1 < argc)
+            nworkers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--table") && i + 1 < argc)
+            table_path = argv[++i];
+        else if (!strcmp(argv[i], "--doc") && i + 1 < argc)
+            doc_path = argv[++i];
+        else {
+            fprintf(stderr,
+                    "usage: %s [--quick] [--stores a,b] [--scenarios x,y] "
+                    "[--workers N] [--table FILE] [--doc FILE]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (nworkers < 2 || nworkers > SF_MAX_WORKERS) {
+        fprintf(stderr, "safety: 2 to %d workers\n", SF_MAX_WORKERS);
+        return 2;
+    }
+    if (getuid() != 0)
+        log_line("not root: no network namespace (relays instead)");
+    th_main(1, argv, tests);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,176 @@
+/*
+ * safety.h -- the safety suite: worker processes fighting for one lock and
+ * doing a read-modify-write on a fenced resource, a shared history of
+ * every hold, faults injected while a chosen holder (the victim) is in the
+ * middle of its read-modify-write, and a checker that classifies the run.
+ *
+ * Everything the workers share lives in one file-backed mapping (struct
+ * sf_shared): the workers are this binary exec'd again (`--worker FILE
+ * ID`), so that a worker can run under libfaketime or inside a network
+ * namespace.
+ */
+#ifndef DLOCK_SAFETY_H
+#define DLOCK_SAFETY_H
+
+#include <dlock.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SF_MAX_WORKERS 16
+#define SF_MAX_HOLDS 8192
+#define SF_URI_MAX 1200
+
+/* Outcomes, from best to worst. */
+enum sf_outcome {
+    SF_HELD = 0,     /* no overlap, no loss */
+    SF_LOST = 1,     /* a hold was lost, and its holder was told */
+    SF_FENCED = 2,   /* a stale holder touched the resource: refused */
+    SF_VIOLATED = 3, /* a stale write accepted, a lost update, an overlap
+                      * nobody was told of, or a token that went back */
+    SF_SKIPPED = 4,  /* not run (no server, not applicable) */
+    SF_INCONCLUSIVE = 5, /* the fault could not be injected: a failure */
+};
+
+const char *sf_outcome_name(int o);
+
+/* Write results. */
+#define SF_W_NONE 0
+#define SF_W_ACCEPTED 1
+#define SF_W_REJECTED 2      /* the write carried a stale token */
+#define SF_W_READ_REJECTED 3 /* already the read carried a stale token */
+
+/* One hold, as its worker saw it. Times: CLOCK_MONOTONIC, ns. */
+typedef struct sf_hold {
+    int worker;
+    int victim;           /* the hold the fault was aimed at */
+    int killed;           /* its process was SIGKILLed during the hold */
+    volatile int done;    /* the record is complete */
+    uint64_t acq_id;      /* worker << 32 | sequence number */
+    uint64_t token;       /* dlock_token() right after the acquire */
+    int64_t t_acq_call, t_acq_ret;
+    int64_t t_rel_call, t_rel_ret;
+    int64_t read_value;
+    uint64_t read_seen;   /* the highest token the resource had seen */
+    uint64_t read_op, write_op; /* the resource's operation numbers */
+    int write_res;        /* SF_W_* */
+    int rel_rc;           /* dlock_release()'s code */
+    volatile int lost_cb; /* the lost-lock callback ran for this hold */
+} sf_hold;
+
+/* The fenced resource: a storage service that remembers the highest
+ * fencing token it was shown (on reads and writes) and refuses requests
+ * with a lower one. Guarded by a process-shared robust mutex. */
+typedef struct sf_resource {
+    pthread_mutex_t mu;
+    int64_t value;
+    uint64_t max_token;
+    uint64_t ops;           /* operation counter */
+    uint64_t last_write_op; /* op number of the last accepted write */
+    int64_t accepted, rejected, read_rejected;
+    int64_t stale_accepted; /* accepted writes whose read was stale */
+} sf_resource;
+
+/* Per-worker parameters and counters. */
+typedef struct sf_worker {
+    char uri[SF_URI_MAX];
+    volatile pid_t pid;
+    volatile int opened;     /* its client is open */
+    volatile int exited;
+    int64_t acquires, busy, errors, open_errors;
+    char last_err[256];
+} sf_worker;
+
+typedef struct sf_shared {
+    sf_resource res;
+    /* parameters */
+    int nworkers;
+    int64_t ttl_ms;
+    unsigned flags;
+    int64_t wait_ms;         /* acquire wait */
+    int64_t delay_us;        /* between read and write */
+    int max_holds_per_worker;
+    int64_t deadline_ns;     /* workers stop at this monotonic time */
+    volatile int stop;
+    /* the victim protocol */
+    volatile int victim_want;    /* 0 none, else 1 + worker id, or -1 any */
+    volatile int victim_worker;  /* -1, or the worker that took the role */
+    volatile int victim_hold;    /* its hold index */
+    volatile int victim_in_window; /* it has read and waits for go */
+    volatile int victim_go;
+    volatile int victim_done;    /* it wrote and released */
+    /* the history */
+    volatile uint32_t nholds;
+    sf_worker w[SF_MAX_WORKERS];
+    sf_hold holds[SF_MAX_HOLDS];
+} sf_shared;
+
+/* Time. */
+int64_t sf_now_ns(void);
+void sf_sleep_us(int64_t us);
+
+/* The resource (resource.c). */
+void sf_resource_init(sf_resource *r);
+/* Reads the value with `token`; returns SF_W_NONE when served, else
+ * SF_W_READ_REJECTED. */
+int sf_resource_read(sf_resource *r, uint64_t token, int64_t *value,
+                     uint64_t *seen, uint64_t *op);
+/* Writes `value` with `token` (the read was operation read_op); returns
+ * SF_W_ACCEPTED or SF_W_REJECTED. */
+int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
+                      uint64_t read_op, uint64_t *op);
+
+/* The checker (checker.c). */
+typedef struct sf_report {
+    int outcome;
+    int holds;            /* complete holds */
+    int overlaps;         /* pairs of holds of different workers */
+    int overlaps_reported;/* ... whose earlier holder was told (or killed) */
+    int overlaps_silent;  /* ... whose earlier holder was not told */
+    int stale_rejected;   /* resource requests refused */
+    int stale_accepted;   /* writes accepted on a stale read */
+    int lost_updates;     /* final value vs accepted writes */
+    int lost_reported;    /* holds whose release said DLOCK_ELOST or got a
+                           * lost-lock callback */
+    int token_backwards;  /* tokens not above an earlier hold's */
+    int release_errors;   /* releases that failed otherwise (ECONN ...) */
+    char detail[512];     /* the first problem, in words */
+} sf_report;
+
+void sf_check(const sf_shared *s, sf_report *rep);
+
+/* The worker (worker.c): runs worker `id` of the mapping in `path`. */
+int sf_worker_main(const char *path, int id);
+
+/* Network faults (netfault.c). */
+typedef struct sf_netns {
+    char name[64];     /* the namespace */
+    char host_if[16];  /* the veth end in our namespace */
+    char ns_if[16];    /* the end inside */
+    char host_ip[32];  /* the address servers bind to */
+    char ns_ip[32];
+    int up;
+} sf_netns;
+
+/* Creates a namespace and a veth pair with a /30 of their own; 0 or -1
+ * (why in `why`). Registered for removal at exit and on SIGINT/SIGTERM. */
+int sf_netns_create(sf_netns *n, char *why, size_t cap);
+void sf_netns_destroy(sf_netns *n);
+/* Removes namespaces left by dead runs of this program. */
+void sf_netns_reap_stale(void);
+/* The link's state: "up", "down" (a full partition), "slow" (a slow,
+ * lossy link: tbf, or netem where the kernel has it), "clear". */
+int sf_netns_link(sf_netns *n, const char *how);
+/* Enters the namespace (in a child, before exec). */
+int sf_netns_enter(const sf_netns *n);
+
+/* A TCP relay that can cut every connection, new ones too (a partition
+ * for the stores the namespace does not reach). */
+typedef struct sf_relay sf_relay;
+sf_relay *sf_relay_start(int target_port);
+int sf_relay_port(const sf_relay *r);
+void sf_relay_cut(sf_relay *r, int cut);
+void sf_relay_stop(sf_relay *r);
+
+#endif

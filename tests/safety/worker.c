@@ -1,0 +1,186 @@
+/*
+ * worker.c -- one worker process: acquire, read-modify-write the fenced
+ * resource with the hold's token, release; every step in the history.
+ * Uses the public API only.
+ */
+#include "safety.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct wstate {
+    sf_shared *s;
+    volatile int cur;                 /* the hold being made, or -1 */
+    volatile uint64_t last_lost_token;
+} wstate;
+
+static void on_lost(dlock *l, uint64_t token, void *arg)
+{
+    wstate *w = arg;
+    int cur = __atomic_load_n(&w->cur, __ATOMIC_SEQ_CST);
+
+    (void)l;
+    __atomic_store_n(&w->last_lost_token, token, __ATOMIC_SEQ_CST);
+    if (cur >= 0 && w->s->holds[cur].token == token)
+        __atomic_store_n(&w->s->holds[cur].lost_cb, 1, __ATOMIC_SEQ_CST);
+}
+
+static int stopping(const sf_shared *s)
+{
+    return __atomic_load_n(&s->stop, __ATOMIC_SEQ_CST) ||
+           sf_now_ns() >= s->deadline_ns;
+}
+
+/* Takes the victim's role if the controller asks for one and it fits. */
+static int claim_victim(sf_shared *s, int id)
+{
+    int want = __atomic_load_n(&s->victim_want, __ATOMIC_SEQ_CST);
+    int none = -1;
+
+    if (want == 0 || (want > 0 && want != id + 1))
+        return 0;
+    return __atomic_compare_exchange_n(&s->victim_worker, &none, id, 0,
+                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
+                     uint32_t seq, int64_t t_call)
+{
+    sf_worker *me = &s->w[id];
+    int64_t t_ret = sf_now_ns();
+    uint32_t idx = __atomic_fetch_add(&s->nholds, 1, __ATOMIC_SEQ_CST);
+
+    if (idx >= SF_MAX_HOLDS) { /* history full: stop cleanly */
+        __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
+        dlock_release(l);
+        return;
+    }
+    sf_hold *h = &s->holds[idx];
+    h->worker = id;
+    h->acq_id = ((uint64_t)id << 32) | seq;
+    h->token = dlock_token(l);
+    h->t_acq_call = t_call;
+    h->t_acq_ret = t_ret;
+    __atomic_store_n(&ws->cur, (int)idx, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&ws->last_lost_token, __ATOMIC_SEQ_CST) == h->token)
+        h->lost_cb = 1;
+    me->acquires++;
+
+    int victim = claim_victim(s, id);
+    if (victim) {
+        h->victim = 1;
+        __atomic_store_n(&s->victim_hold, (int)idx, __ATOMIC_SEQ_CST);
+    }
+    int64_t v = 0;
+    uint64_t seen = 0, rop = 0, wop = 0;
+    int r = sf_resource_read(&s->res, h->token, &v, &seen, &rop);
+    h->read_value = v;
+    h->read_seen = seen;
+    h->read_op = rop;
+    if (victim) {
+        /* the controller injects its fault now; bounded wait for go */
+        __atomic_store_n(&s->victim_in_window, 1, __ATOMIC_SEQ_CST);
+        for (int i = 0; i < 120000 &&
+                        !__atomic_load_n(&s->victim_go, __ATOMIC_SEQ_CST);
+             i++)
+            sf_sleep_us(1000);
+    } else if (s->delay_us > 0) {
+        sf_sleep_us(s->delay_us);
+    }
+    if (r == SF_W_NONE)
+        r = sf_resource_write(&s->res, h->token, v + 1, rop, &wop);
+    h->write_res = r;
+    h->write_op = wop;
+    h->t_rel_call = sf_now_ns();
+    h->rel_rc = dlock_release(l);
+    h->t_rel_ret = sf_now_ns();
+    if (h->rel_rc != DLOCK_OK)
+        snprintf(me->last_err, sizeof(me->last_err), "release: %s: %s",
+                 dlock_errname(h->rel_rc), dlock_errmsg());
+    if (__atomic_load_n(&ws->last_lost_token, __ATOMIC_SEQ_CST) == h->token)
+        h->lost_cb = 1;
+    __atomic_store_n(&ws->cur, -1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&h->done, 1, __ATOMIC_SEQ_CST);
+    if (victim)
+        __atomic_store_n(&s->victim_done, 1, __ATOMIC_SEQ_CST);
+}
+
+int sf_worker_main(const char *path, int id)
+{
+    int fd = open(path, O_RDWR);
+    sf_shared *s;
+    dlock_client *c = NULL;
+    dlock *l = NULL;
+    dlock_options o;
+    dlock_client_options co = {3000};
+    wstate ws;
+
+    if (fd < 0)
+        return 2;
+    s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (s == MAP_FAILED || id < 0 || id >= s->nworkers)
+        return 2;
+    sf_worker *me = &s->w[id];
+    me->pid = getpid();
+    srand((unsigned)getpid());
+    memset(&ws, 0, sizeof(ws));
+    ws.s = s;
+    ws.cur = -1;
+
+    /* the store may be down (a restart in progress): try until stopped */
+    for (int i = 0; i < 100000 && !stopping(s); i++) {
+        if (dlock_client_open(&c, me->uri, &co) == DLOCK_OK)
+            break;
+        me->open_errors++;
+        snprintf(me->last_err, sizeof(me->last_err), "open: %s",
+                 dlock_errmsg());
+        c = NULL;
+        sf_sleep_us(100000);
+    }
+    if (!c) {
+        me->exited = 1;
+        return 0;
+    }
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = s->ttl_ms;
+    o.flags = s->flags | DLOCK_NOT_REENTRANT;
+    o.on_lost = on_lost;
+    o.on_lost_arg = &ws;
+    if (dlock_open(&l, c, "safety", &o) != DLOCK_OK) {
+        snprintf(me->last_err, sizeof(me->last_err), "dlock_open: %s",
+                 dlock_errmsg());
+        dlock_client_close(c);
+        me->exited = 1;
+        return 3;
+    }
+    __atomic_store_n(&me->opened, 1, __ATOMIC_SEQ_CST);
+
+    for (uint32_t seq = 0;
+         (int)seq < s->max_holds_per_worker && !stopping(s); seq++) {
+        int64_t t_call = sf_now_ns();
+        int rc = dlock_acquire(l, s->wait_ms);
+        if (rc == DLOCK_OK) {
+            one_hold(s, &ws, l, id, seq, t_call);
+        } else if (rc == DLOCK_EBUSY) {
+            me->busy++;
+        } else {
+            me->errors++;
+            snprintf(me->last_err, sizeof(me->last_err), "acquire: %s: %s",
+                     dlock_errname(rc), dlock_errmsg());
+            if (rc == DLOCK_ELOST) /* cannot be: every hold is released */
+                dlock_release(l);
+            sf_sleep_us(20000); /* a store down: do not spin */
+        }
+        sf_sleep_us(rand() % 1000);
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    __atomic_store_n(&me->exited, 1, __ATOMIC_SEQ_CST);
+    munmap(s, sizeof(*s));
+    return 0;
+}
