@@ -144,3 +144,49 @@ for uri, name, resp in [
         ("redis://h", "n", b"+OK\r\n:12\r\n$3\r\n-12\r\n")]:
     put("redis", fields(uri, name, "s3cret", "WRONGPASS s3cret invalid") +
         b"\0" + bytes([1]) + resp)
+
+
+# --- etcd: URI \0 NAME \0 JSON \0 WATCH-STREAM (fuzz_etcd.c) ---
+import base64
+import json
+
+
+def b64(s):
+    return base64.b64encode(s.encode("latin-1")).decode()
+
+
+_kv = {"key": b64("dlock/a/694d5a1b2c3d4e5f"), "create_revision": "42",
+       "mod_revision": "42", "version": "1", "lease": "7587869876543210",
+       "value": b64(OWNER + "\nhost pid 1 tid 2")}
+_kv2 = dict(_kv, key=b64("dlock/a/694d5a1b2c3d4e60"), create_revision="43",
+            value=b64("someone else"))
+RANGE = [
+    {"header": {"revision": "50"}, "kvs": [_kv, _kv2, dict(_kv2, value="")],
+     "count": "3"},
+    {"header": {"revision": "50"}},
+    {"kvs": [dict(_kv, create_revision=1e300, lease=-1e300)],
+     "count": -9223372036854775808},
+    {"kvs": [dict(_kv, value="!!!notb64", lease=True)], "count": "x"},
+    {"succeeded": True, "responses": [{}, {"response_range": {
+        "kvs": [_kv, _kv2], "count": "2"}}], "header": {"revision": "9"}},
+    {"result": {"TTL": "9223372036854775807"}, "ID": 1.5, "TTL": "-3"},
+    {"error": "etcdserver: lease not found", "code": 5},
+]
+WATCH = [
+    json.dumps({"result": {"created": True}}) + "\n" +
+    json.dumps({"result": {"events": [{"type": "DELETE", "kv": {
+        "key": b64("dlock/a/")}}]}}) + "\n",
+    json.dumps({"result": {"canceled": True}}) + "\n",
+    "{not json}\n",
+    json.dumps({"result": {"events": [{"type": "PUT"}, 3, None]}}) + "\n" +
+    "\n" + json.dumps({"result": {}}),
+]
+for i, (uri, name) in enumerate([
+        ("etcd://127.0.0.1:2379", "a"),
+        ("etcds://u:p@h1:1,[::1]:2/?prefix=app&cacert=/c&cert=c&key=k", "a/b%c"),
+        ("etcd://h?prefix=&timeout=5", "%2F"),
+        ("etcd://h/x", "\xff" * 512),
+        ("etcd://h?prefix=" + "p" * 256, "/"),
+        ("etcds://h?cert=c", "n"), ("etcd://u@h", "n")]):
+    put("etcd", fields(uri, name, json.dumps(RANGE[i % len(RANGE)]),
+                       WATCH[i % len(WATCH)]))

@@ -57,6 +57,7 @@
 #define ETCD_RESP_MAX (64u << 20) /* larger answers are refused */
 #define ETCD_IDLE_MS 60000        /* an unused lease is revoked after this */
 #define ETCD_ORPHAN_RETRY_MS 1000
+#define ETCD_TTL_MAX_S 9000000000LL /* etcd's own maximum lease TTL */
 
 /* private results of request() besides the DLOCK_E* codes */
 #define ETCD_NOLEASE 1 /* the server does not know the lease */
@@ -221,8 +222,14 @@ static int64_t jint(const cJSON *o, const char *name)
 
     if (cJSON_IsString(v))
         return strtoll(v->valuestring, NULL, 10);
-    if (cJSON_IsNumber(v))
-        return (int64_t)v->valuedouble;
+    if (cJSON_IsNumber(v)) {
+        /* any JSON number: converting one outside int64 would be UB */
+        double d = v->valuedouble;
+        return d >= 9223372036854775807.0    ? INT64_MAX
+               : d <= -9223372036854775808.0 ? INT64_MIN
+               : d == d                      ? (int64_t)d
+                                             : 0;
+    }
     if (cJSON_IsTrue(v))
         return 1;
     return 0;
@@ -880,9 +887,9 @@ static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
     }
     int64_t id = jint(j, "ID"), ttl = jint(j, "TTL");
     cJSON_Delete(j);
-    if (id == 0 || ttl <= 0) {
+    if (id == 0 || ttl <= 0 || ttl > ETCD_TTL_MAX_S) {
         *rc = dlock__err(DLOCK_EPROTO, "etcd %s: the lease grant answer has "
-                                       "no ID or TTL", es->redacted);
+                                       "no ID or no usable TTL", es->redacted);
         return NULL;
     }
     el = calloc(1, sizeof(*el));
@@ -1419,6 +1426,44 @@ static void describe(const cJSON *kv, char *out, size_t cap)
                  (uint64_t)jint(kv, "lease"));
 }
 
+/* Reads the range answer of inspect (the lock's keys in queue order) into
+ * *out; *lease is the holder key's lease (0: none). */
+static int inspect_answer(const cJSON *j, dlock_info *out, int64_t *lease)
+{
+    const cJSON *kv = kvs_at(j, 0);
+    size_t n = 0;
+
+    out->ttl_ms = -1;
+    out->held_ms = -1;
+    out->waiters = 0;
+    *lease = 0;
+    if (!kv)
+        return DLOCK_OK;
+    out->held = 1;
+    out->token = (uint64_t)jint(kv, "create_revision");
+    describe(kv, out->holder, sizeof(out->holder));
+    int64_t count = jint(j, "count");
+    out->waiters = count >= 1 ? count - 1 : -1; /* no count: cannot tell */
+    int nk = cJSON_GetArraySize(jget(j, "kvs"));
+    if (nk > 1) {
+        out->queue = calloc((size_t)nk - 1, sizeof(char *));
+        if (!out->queue)
+            return enomem();
+        for (int i = 1; i < nk; i++) {
+            char d[256];
+            describe(kvs_at(j, i), d, sizeof(d));
+            if (!(out->queue[n] = strdup(d))) {
+                out->queue_len = n;
+                return enomem();
+            }
+            n++;
+        }
+        out->queue_len = n;
+    }
+    *lease = jint(kv, "lease");
+    return DLOCK_OK;
+}
+
 static int etcd_inspect(void *st, const char *name, size_t len,
                         dlock_info *out, int64_t op_deadline)
 {
@@ -1427,9 +1472,8 @@ static int etcd_inspect(void *st, const char *name, size_t len,
     char body[2 * ETCD_B64_MAX + 256];
     size_t base_len = lock_base(es, name, len, base);
     cJSON *j = NULL;
-    const cJSON *kv;
+    int64_t lease;
     int rc;
-    size_t n = 0;
 
     b64_encode(base, base_len, bb);
     range_end_b64(base, base_len, eb);
@@ -1441,46 +1485,17 @@ static int etcd_inspect(void *st, const char *name, size_t len,
                  "reading the lock queue");
     if (rc != DLOCK_OK)
         return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
-    out->ttl_ms = -1;
-    out->held_ms = -1;
-    out->waiters = 0;
-    kv = kvs_at(j, 0);
-    if (!kv) {
-        cJSON_Delete(j);
-        return DLOCK_OK;
-    }
-    out->held = 1;
-    out->token = (uint64_t)jint(kv, "create_revision");
-    describe(kv, out->holder, sizeof(out->holder));
-    out->waiters = jint(j, "count") - 1;
-    int nk = cJSON_GetArraySize(jget(j, "kvs"));
-    if (nk > 1) {
-        out->queue = calloc((size_t)nk - 1, sizeof(char *));
-        if (!out->queue) {
-            cJSON_Delete(j);
-            return enomem();
-        }
-        for (int i = 1; i < nk; i++) {
-            char d[256];
-            describe(kvs_at(j, i), d, sizeof(d));
-            if (!(out->queue[n] = strdup(d))) {
-                out->queue_len = n;
-                cJSON_Delete(j);
-                return enomem();
-            }
-            n++;
-        }
-        out->queue_len = n;
-    }
-    int64_t lease = jint(kv, "lease");
+    rc = inspect_answer(j, out, &lease);
     cJSON_Delete(j);
+    if (rc != DLOCK_OK)
+        return rc;
     if (lease) {
         char lb[64];
         snprintf(lb, sizeof(lb), "{\"ID\":\"%" PRId64 "\"}", lease);
         if (request(es, "/v3/lease/timetolive", lb, op_deadline, &j,
                     "reading the holder's lease") == DLOCK_OK) {
             int64_t ttl = jint(j, "TTL");
-            out->ttl_ms = ttl > 0 ? ttl * 1000 : -1;
+            out->ttl_ms = ttl > 0 && ttl <= ETCD_TTL_MAX_S ? ttl * 1000 : -1;
             cJSON_Delete(j);
         }
     }
