@@ -190,3 +190,14 @@ for i, (uri, name) in enumerate([
         ("etcds://h?cert=c", "n"), ("etcd://u@h", "n")]):
     put("etcd", fields(uri, name, json.dumps(RANGE[i % len(RANGE)]),
                        WATCH[i % len(WATCH)]))
+
+
+# --- zk: CHROOT \0 NAME \0 CHILD \0 CHILD ... (fuzz_zk.c) ---
+for chroot, name, kids in [
+        ("", "a", ["l-0000000002", "l-0000000001", "x", "l-abc0000000003"]),
+        ("/app/locks", "a/b", ["l-c0ffee-0000000010", "l-0000000009"]),
+        ("/", "zookeeper", []), ("", "..", ["l-", "l-000000000", "l-9999999999"]),
+        ("/zookeeper/x", ".", []), ("/a//b", "%7A", []), ("/a/./b", "n", []),
+        ("/a/..", "n", []), ("/a/", "n", []), ("/" + "x" * 256, "\xff" * 512, []),
+        ("/a\x01", "n", ["l-0000000001"] * 3)]:
+    put("zk", fields(chroot, name, *kids))
