@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all build demo test asan valgrind bench install clean
+.PHONY: all build demo test asan valgrind bench bench-quick install clean
 
 all: build
 
@@ -45,6 +45,15 @@ bench:
 	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF >/dev/null
 	cmake --build build-bench -j$(JOBS)
 	bench/run.sh build-bench
+
+# the short bench CI runs: every section, fewer samples (build-bench/
+# benchmarks-quick.md and charts); checks that its output parses
+bench-quick:
+	@scripts/install-deps.sh build bench
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF >/dev/null
+	cmake --build build-bench -j$(JOBS)
+	bench/run.sh build-bench --quick
+	python3 bench/check.py build-bench/benchmarks-quick.md --charts build-bench
 
 install: build
 	cmake --install $(BUILD)

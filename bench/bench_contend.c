@@ -420,8 +420,16 @@ static result one_run(char **argv, int n, double seconds, long hold_us,
     /* late holds (rel -1) began at or after the stop: they sort last */
     qsort(hs, (size_t)nh, sizeof(*hs), cmp_acq);
     long nrec = nh - late;
-    if (nrec < 2)
-        die(label, "fewer than two holds in the whole run");
+    if (nrec < 2) { /* no hand-off in the run: a figure of its own */
+        r.holds = nrec;
+        r.late = late;
+        r.seconds = seconds;
+        r.hand_p50 = r.hand_p99 = r.other_p50 = -1;
+        r.wait_p99 = r.wait_max = -1;
+        r.load = load ? (l1 - l0) / (double)(nh ? nh : 1) : -1;
+        free(hs);
+        return r;
+    }
     int64_t *hand = malloc((size_t)nh * sizeof(int64_t));
     int64_t *other = malloc((size_t)nh * sizeof(int64_t));
     int64_t *wait = malloc((size_t)nh * sizeof(int64_t));
@@ -474,7 +482,8 @@ static int cmp_result(const void *a, const void *b)
 
 /*
  * One line, tab-separated: "contend", label, contenders, repetitions, then
- * the repetition with the median hand-off p50: holds, critical sections
+ * the repetition with the median hand-off p50 (-1: fewer than two holds
+ * in that run, so no hand-off): holds, critical sections
  * per second, utilisation, hand-off p50 and p99 (us), share to another
  * process, hand-off p50 to another process (us; -1: none), wait p99 and
  * maximum (us), overlaps (all repetitions), store requests per critical

@@ -79,6 +79,38 @@ py_peer() {
         "$(table_fig <(echo "$fig") "$6" 4)" $quick ||
         printf '### Beside the %s peer\n\nNot measured: its script failed (see the bench output).\n\n' "$kind"
 }
+# --- Contention (bench/bench_contend.c): N processes, one lock, each
+# holding it 1 ms per turn, for dlock and the peers on each section's
+# server while it runs; the rows gather in $ctsv, and bench/contend.py
+# makes them the document's contention section and chart at the end
+ctsv=$tmp/contend.tsv
+: >"$ctsv"
+contend_ns="2 8 64"
+[ -n "$quick" ] && contend_ns=2
+# contend LABEL LOAD WORKER...: LABEL is STORE|IMPLEMENTATION|FLOOR (see
+# bench/contend.py); LOAD, the store's kind and ports for bench/load.sh
+# (empty: no server to ask); a failure is a "not measured" row
+contend() {
+    local label=$1 load=$2 n reps secs=1 err
+    shift 2
+    [ -n "$quick" ] && secs=0.3
+    for n in $contend_ns; do
+        # three repetitions (median and spread) but at 64 contenders, where
+        # starting the peers' 64 interpreters alone takes seconds
+        reps=3
+        { [ "$n" = 64 ] || [ -n "$quick" ]; } && reps=1
+        local args=(--label "$label" --n "$n" --seconds "$secs" --reps "$reps")
+        [ -n "$load" ] && args+=(--load "bash $root/bench/load.sh $load")
+        if ! timeout 300 "$build/bench/dlock_bench_contend" run "${args[@]}" -- "$@" \
+            >>"$ctsv" 2>"$tmp/contend.err"; then
+            err=$(grep -v '^Traceback\|^  ' "$tmp/contend.err" | tail -1 | cut -c1-200)
+            printf 'fail\t%s\t%s\t%s\n' "$label" "$n" "${err:-it failed}" >>"$ctsv"
+            echo "bench: contention $label, $n contenders: ${err:-failed}" >&2
+            return 0 # more contenders would fail the same way
+        fi
+    done
+}
+cbin=$build/bench/dlock_bench_contend
 pyout=$tmp/results-redis-py.md
 py_peer redis "$port" "$out" python3-redis 'uncontended acquire+release, p50' \
     'hand-off, release → waiter' >"$pyout"
@@ -90,6 +122,7 @@ awk -v f="$pyout" '
     END { if (!done) { print ""; py() } }
 ' "$out" >"$out.new" && mv "$out.new" "$out"
 
+echo "bench: ${SECONDS}s: many locks" >&2
 # --- Many locks on the same redis-server (100,000 names held at once;
 # --quick: 10,000), after the peer: its subsection ends the Redis section
 manyout=$tmp/results-many.md
@@ -109,8 +142,25 @@ if [ -x "$build/bench/dlock_bench_many" ]; then
     ' "$out" >"$out.new" && mv "$out.new" "$out"
 fi
 
+ru=redis://127.0.0.1:$port
+contend "Redis|dlock|Redis" "redis $port" "$cbin" worker "$ru" contend-1
+contend "Redis|dlock, fair|Redis" "redis $port" "$cbin" worker "$ru" contend-2 fair
+if /usr/bin/python3 -c "import redis" 2>/dev/null; then
+    contend "Redis|redis-py, sleep 0.1 s (its default)|Redis" "redis $port" \
+        /usr/bin/python3 "$root/bench/peer_py.py" contend redis "$port" contend-3
+    contend "Redis|redis-py, sleep 1 ms|Redis" "redis $port" \
+        /usr/bin/python3 "$root/bench/peer_py.py" contend redis "$port" contend-4 0.001
+fi
+# the file store, on the kernel's lock alone and through dlock
+contend "File store|kernel OFD lock (floor: fcntl F_OFD_SETLKW)|" "" "$cbin" worker-ofd "$tmp/ofd-lock"
+contend "File store|dlock|row:kernel OFD lock (floor: fcntl F_OFD_SETLKW)" "" \
+    "$cbin" worker "file://$tmp/locks" contend-1
+contend "File store|dlock, fair|row:kernel OFD lock (floor: fcntl F_OFD_SETLKW)" "" \
+    "$cbin" worker "file://$tmp/locks" contend-2 fair
+
 kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
 
+echo "bench: ${SECONDS}s: the CLI" >&2
 # --- File store: the CLI, whole `dlock run` commands beside util-linux
 # flock(1) and `true` alone, timed by a C fork/exec/wait loop; appended to
 # the file store's section (the last of $out)
@@ -128,6 +178,7 @@ else
         "$tmp/cli" $quick >>"$out"
 fi
 
+echo "bench: ${SECONDS}s: Redlock" >&2
 # --- Redlock: five private redis-servers, dlock's redlock:// store beside
 # a bare hiredis quorum floor and node-redlock (npm redlock 5 on ioredis)
 rlout=$tmp/results-redlock.md
@@ -211,10 +262,25 @@ else
         tail -5 "$tmp"/redlock*/redis.log >&2 || true
         exit 1
     fi
+    rlports=$(echo "$rlnodes" | tr ',' '\n' | sed 's/.*://' | tr '\n' ' ')
+    rlfirst=${rlnodes%%,*}
+    contend "Redlock, 5 nodes|dlock|Redlock, 5 nodes" "redis $rlports" \
+        "$cbin" worker "redlock://$rlnodes" contend-1
+    contend "Redlock, 1 node|dlock (redis://)|Redis" "redis ${rlfirst##*:}" \
+        "$cbin" worker "redis://$rlfirst" contend-3
+    if [ -z "$rl_peer_skip" ]; then
+        contend "Redlock, 5 nodes|node-redlock|Redlock, 5 nodes" "redis $rlports" \
+            node "$root/bench/redlock_peer.js" --modules "$npmdir/node_modules" \
+            --nodes "$rlnodes" --contend contend-2
+        contend "Redlock, 1 node|node-redlock|Redis" "redis ${rlfirst##*:}" \
+            node "$root/bench/redlock_peer.js" --modules "$npmdir/node_modules" \
+            --nodes "$rlfirst" --contend contend-4
+    fi
     for p in $rlpids; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     rlpids=
 fi
 
+echo "bench: ${SECONDS}s: ZooKeeper" >&2
 # --- ZooKeeper: started only now, so that its JVM does not run beside the
 # Redis figures
 zk_jar=/usr/share/java/zookeeper.jar
@@ -280,9 +346,16 @@ else
     py_peer kazoo "127.0.0.1:$zkport" "$zkout" python3-kazoo \
         'uncontended acquire+release, p50' 'hand-off, release → waiter' >"$zkout.peer"
     { echo; cat "$zkout.peer"; } >>"$zkout"
+    contend "ZooKeeper|dlock|ZooKeeper" "zk $zkport" "$cbin" worker \
+        "zk://127.0.0.1:$zkport/dlock-bench" contend-1
+    if /usr/bin/python3 -c "import kazoo" 2>/dev/null; then
+        contend "ZooKeeper|kazoo|ZooKeeper" "zk $zkport" /usr/bin/python3 \
+            "$root/bench/peer_py.py" contend kazoo "127.0.0.1:$zkport" contend-2
+    fi
     kill "$zkpid" 2>/dev/null || true; wait "$zkpid" 2>/dev/null || true; zkpid=
 fi
 
+echo "bench: ${SECONDS}s: etcd" >&2
 # --- etcd: one private member (free loopback ports, data in the temp dir)
 etcdport=
 etcd_health() {
@@ -375,19 +448,28 @@ else
     py_peer etcd3 "$ep" "$etcdout" python3-etcd3 \
         'uncontended acquire+release, p50' 'hand-off, release → waiter' >"$etcdout.peer"
     { echo; cat "$etcdout.peer"; } >>"$etcdout"
+    contend "etcd|dlock|etcd" "etcd $etcdport" "$cbin" worker \
+        "etcd://$ep?prefix=dlock-bench" contend-1
+    if /usr/bin/python3 -c "import etcd3" 2>/dev/null; then
+        contend "etcd|python-etcd3|etcd" "etcd $etcdport" /usr/bin/python3 \
+            "$root/bench/peer_py.py" contend etcd3 "$ep" contend-2
+    fi
     kill "$etcdpid" 2>/dev/null || true; wait "$etcdpid" 2>/dev/null || true; etcdpid=
 fi
 
+echo "bench: ${SECONDS}s: SQLite" >&2
 # --- SQLite: database files in the temporary directory
 sqout=$tmp/results-sqlite.md
 if [ -x "$build/bench/dlock_bench_sqlite" ]; then
     mkdir -p "$tmp/sqlite"
     # shellcheck disable=SC2086
     "$build/bench/dlock_bench_sqlite" "$tmp/sqlite" $quick >"$sqout"
+    contend "SQLite|dlock|SQLite" "" "$cbin" worker "sqlite://$tmp/sqlite/contend.db" contend-1
 else
     printf '## SQLite\n\nNot measured: dlock_bench_sqlite was not built (libsqlite3-dev missing).\n' >"$sqout"
 fi
 
+echo "bench: ${SECONDS}s: PostgreSQL" >&2
 # --- PostgreSQL: a private server (tests/servers/sqlserver.sh: superuser
 # dlock, database postgres, fsync off unless DLOCK_SQL_DURABLE=1)
 pgport=
@@ -437,9 +519,15 @@ else
         tail -30 "$tmp/pg/server.log" >&2 || true
         exit 1
     fi
+    pu="postgres://dlock:dlock-secret@127.0.0.1:$pgport/postgres"
+    contend "PostgreSQL|dlock, table mode|PostgreSQL" "pg $pgport" "$cbin" worker "$pu" contend-1
+    contend "PostgreSQL|dlock, table mode, fair|PostgreSQL" "pg $pgport" "$cbin" worker "$pu" contend-2 fair
+    contend "PostgreSQL|dlock, advisory mode|PostgreSQL advisory" "pg $pgport" "$cbin" worker \
+        "$pu?mode=advisory" contend-3
     kill -INT "$pgpid" 2>/dev/null || true; wait "$pgpid" 2>/dev/null || true; pgpid=
 fi
 
+echo "bench: ${SECONDS}s: MariaDB" >&2
 # --- MySQL/MariaDB: a private server (tests/servers/sqlserver.sh: user
 # dlock with every privilege, database dlocktest, the InnoDB log flushed
 # once a second unless DLOCK_SQL_DURABLE=1)
@@ -492,6 +580,9 @@ else
         tail -30 "$tmp/mysql/server.log" >&2 || true
         exit 1
     fi
+    mu="mysql://dlock:dlock-secret@127.0.0.1:$myport/dlocktest"
+    contend "MySQL / MariaDB|dlock|MariaDB" "mysql $myport" "$cbin" worker "$mu" contend-1
+    contend "MySQL / MariaDB|dlock, fair|MariaDB" "mysql $myport" "$cbin" worker "$mu" contend-2 fair
     kill "$mypid" 2>/dev/null || true; wait "$mypid" 2>/dev/null || true; mypid=
 fi
 
@@ -548,6 +639,12 @@ doc=$root/docs/benchmarks.md
     echo
     cat "$myout"
 } >"$doc"
+contout=$tmp/results-contend.md
+if python3 "$root/bench/contend.py" "$ctsv" "$doc" >"$contout"; then
+    { echo; cat "$contout"; } >>"$doc"
+else
+    printf '\n## Contention\n\nNot tabulated: bench/contend.py failed (see the output).\n' >>"$doc"
+fi
 cat "$out"
 echo
 cat "$rlout"
@@ -562,8 +659,11 @@ cat "$pgout"
 echo
 cat "$myout"
 echo
-echo "bench: wrote $doc"
+cat "$contout"
+echo
+echo "bench: wrote $doc in ${SECONDS}s"
 
+echo "bench: ${SECONDS}s: charts" >&2
 # --- charts of the headline figures (gnuplot), beside the document
 plotdir=$root/docs
 [ -n "$quick" ] && plotdir=$build
@@ -571,4 +671,10 @@ if command -v gnuplot >/dev/null 2>&1 && python3 "$root/bench/plot.py" "$doc" "$
     echo "bench: drew $plotdir/bench-cycle.svg and $plotdir/bench-handoff.svg"
 else
     echo "bench: no charts (gnuplot missing, or a figure not found)" >&2
+fi
+if command -v gnuplot >/dev/null 2>&1 &&
+    python3 "$root/bench/contend.py" "$ctsv" "$doc" --plot "$plotdir"; then
+    echo "bench: drew $plotdir/bench-contend.svg"
+else
+    echo "bench: no contention chart (gnuplot missing, or no rows)" >&2
 fi

@@ -22,7 +22,7 @@ for group in "$@"; do
     test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client mariadb-server mariadb-client faketime" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
-    bench) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3" ;;
+    bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac
 done

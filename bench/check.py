@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""check.py BENCHMARKS_MD -- CI's check of a bench run's document (`make
+bench-quick` runs `bench/run.sh --quick`, then this): that it parses, not
+how fast anything was. It fails (exit 1, one line per problem) when
+
+  - a store section that should have been measured is missing or says
+    "Not measured" (every store's server is installed by
+    scripts/install-deps.sh bench, so a skip means something broke);
+  - a store's headline figures (uncontended cycle: floor and dlock; the
+    two-process hand-off) do not parse as positive numbers;
+  - the contention section lacks a dlock row for a store, a dlock row has
+    no hand-off figure, or any run saw overlapping holds;
+  - a chart named by the document was not drawn (with --charts DIR).
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot  # noqa: E402
+
+STORES = ["Redis", "File store", "Redlock", "ZooKeeper", "etcd", "SQLite",
+          "PostgreSQL", "MySQL / MariaDB"]
+CONTENTION = ["Redis", "File store", "Redlock, 5 nodes", "ZooKeeper",
+              "etcd", "SQLite", "PostgreSQL", "MySQL / MariaDB"]
+
+
+def main():
+    args = sys.argv[1:]
+    charts = None
+    if "--charts" in args:
+        i = args.index("--charts")
+        charts = args[i + 1]
+        del args[i:i + 2]
+    if len(args) != 1:
+        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+        return 2
+    with open(args[0], encoding="utf-8") as f:
+        text = f.read()
+    bad = []
+    sec = plot.sections(text)
+    for s in STORES:
+        body = text.split("\n## " + s, 1)
+        if len(body) < 2:
+            bad.append("no section for %s" % s)
+        elif "Not measured" in body[1].split("\n## ", 1)[0].split("\n###")[0]:
+            bad.append("%s was not measured" % s)
+    cyc = {c[0]: c for c in plot.cycles(sec)}
+    hand = dict(plot.handoffs(sec))
+    for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",
+                  "SQLite", "PostgreSQL", "PostgreSQL advisory", "MariaDB"]:
+        c = cyc.get(label)
+        if not c or not (c[1] > 0 and c[2] > 0):
+            bad.append("no uncontended cycle figures for %s" % label)
+    for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",
+                  "SQLite (polls)", "PostgreSQL", "PostgreSQL advisory",
+                  "MariaDB (polls)"]:
+        if not hand.get(label, 0) > 0:
+            bad.append("no hand-off figure for %s" % label)
+
+    cont = text.split("\n## Contention", 1)
+    if len(cont) < 2:
+        bad.append("no contention section")
+    else:
+        csec = {}
+        for block in cont[1].split("\n### ")[1:]:
+            title, _, rest = block.partition("\n")
+            csec[title.strip()] = [
+                [c.strip() for c in line.strip().strip("|").split("|")]
+                for line in rest.splitlines()
+                if line.startswith("|") and not line.startswith("|---")][1:]
+        for s in CONTENTION:
+            rows = [r for r in csec.get(s, []) if r and (
+                r[0] == "dlock" or r[0].startswith("dlock, table"))]
+            if not rows:
+                bad.append("no dlock contention row for %s" % s)
+            for r in rows:
+                if len(r) < 3 or plot.num(r[2]) is None:
+                    bad.append("no contention hand-off for %s: %s"
+                               % (s, " | ".join(r)[:120]))
+        m = re.search(r"in all these runs: \*\*([0-9]+)\*\*", cont[1])
+        if not m:
+            bad.append("the contention section does not count overlaps")
+        elif m.group(1) != "0":
+            bad.append("overlapping holds under contention: %s" % m.group(1))
+    if charts:
+        for svg in ["bench-cycle.svg", "bench-handoff.svg",
+                    "bench-contend.svg"]:
+            p = os.path.join(charts, svg)
+            if not os.path.exists(p) or os.path.getsize(p) < 1000:
+                bad.append("chart %s was not drawn" % p)
+    for b in bad:
+        print("bench check: %s" % b)
+    if not bad:
+        print("bench check: %s parses: every store measured, %d contention "
+              "subsections, no overlaps" % (args[0], len(CONTENTION)))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""contend.py TSV BENCHMARKS_MD [--plot OUT_DIR] -- the contention section
+of benchmarks.md from the rows dlock_bench_contend printed (bench/run.sh
+gathers them in TSV while each store's server runs), printed as markdown;
+with --plot, also OUT_DIR/bench-contend.svg (gnuplot): hand-off p50 by the
+number of contenders, one line per implementation, log scales.
+
+A row's label is "STORE|IMPLEMENTATION|FLOOR": FLOOR names the cycle floor
+of BENCHMARKS_MD (bench/plot.py's labels: the bare client's uncontended
+acquire + release on that store, measured earlier in the same run) that
+the hand-off is compared with, or "row:IMPLEMENTATION" for another row of
+the same store (the file store's kernel lock). Failed rows ("fail" lines)
+say why they were not measured.
+"""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plot  # noqa: E402
+
+FIELDS = ["label", "n", "reps", "holds", "cs", "util", "p50", "p99",
+          "other", "other_p50", "wait_p99", "wait_max", "overlaps", "load",
+          "p50_min", "p50_max", "cs_min", "cs_max"]
+
+
+INTRO = """## Contention: N processes, one lock, 1 ms holds
+
+![Hand-off under contention by the number of contenders](bench-contend.svg)
+
+`bench/bench_contend.c` starts N processes on one lock name, each with its
+own client: dlock's workers use the public API; the peers' workers
+(`bench/peer_py.py contend`, `bench/redlock_peer.js --contend`) run the
+same loop with their library. For 1 s (`--quick`: 0.3 s) each process
+loops: a blocking acquire, a 1 ms hold (a sleep), release, and at once the
+next acquire, so the process that just released competes again; locks
+that let it barge in show a small share of hand-offs "to another process"
+and long waits. Every time is the monotonic clock, read by each process
+and merged afterwards. At 2 and 8 contenders a figure is the median of
+three runs (by hand-off p50) with the spread of the three; at 64, one run.
+
+- **hand-off**: from a holder's release call to the next holder's acquire
+  returning (the next holder may be the same process);
+  **p50 ÷ floor**: the hand-off beside the store's cycle floor measured
+  above (a bare client's uncontended acquire + release: the two requests
+  a hand-off needs at least; for the file store, the kernel's own
+  blocking lock under the same load);
+- **to another process**: the share of hand-offs that went to another
+  process, and their p50;
+- **critical sections/s** and **utilisation**: the share of the run's
+  time the lock was held (1.00 would be a lock that costs nothing; with
+  1 ms holds a hand-off of 1 ms halves it);
+- **wait**: acquire call to return, the p99 and the longest (a process
+  that got nothing in the run waited from its call to its first hold
+  after the end);
+- **store requests per critical section**: what the server received
+  during the run (`bench/load.sh`: Redis commands, the ones scripts ran
+  included; ZooKeeper packets; etcd gRPC messages; PostgreSQL
+  transactions; MariaDB statements) divided by the holds: what waiting
+  costs the store, polling included.
+"""
+
+
+def read_rows(path):
+    rows, fails = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            w = line.rstrip("\n").split("\t")
+            if w[0] == "contend" and len(w) == len(FIELDS) + 1:
+                r = dict(zip(FIELDS, w[1:]))
+                for k in FIELDS[1:]:
+                    r[k] = float(r[k])
+                rows.append(r)
+            elif w[0] == "fail" and len(w) >= 4:
+                fails.append((w[1], int(w[2]), w[3]))
+    return rows, fails
+
+
+def split(label):
+    store, impl, floor = (label.split("|") + ["", ""])[:3]
+    return store, impl, floor
+
+
+def spread(v, lo, hi, reps, fmt):
+    s = fmt % v
+    return s + (" (%s–%s)" % (fmt % lo, fmt % hi) if reps > 1 else "")
+
+
+def table(rows, fails, floors):
+    stores, by = [], {}
+    for r in rows:
+        store, impl, floor = split(r["label"])
+        if store not in by:
+            stores.append(store)
+            by[store] = []
+        by[store].append((impl, floor, r))
+    for label, n, why in fails:
+        store, impl, floor = split(label)
+        if store not in by:
+            stores.append(store)
+            by[store] = []
+        by[store].append((impl, floor, {"fail": why, "n": n}))
+    out = []
+    for store in stores:
+        out.append("### %s\n" % store)
+        out.append("| implementation | contenders | hand-off p50, µs "
+                   "| hand-off p99, µs | p50 ÷ floor | to another process: "
+                   "share, p50 µs | critical sections/s | utilisation "
+                   "| wait p99 / longest, ms | store requests per critical "
+                   "section |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for impl, floor, r in by[store]:
+            if "fail" in r:
+                out.append("| %s | %d | not measured: %s | | | | | | | |"
+                           % (impl, r["n"], r["fail"]))
+                continue
+            if r["p50"] < 0:
+                out.append("| %s | %d | none: %d holds in the whole run | "
+                           "| | | %.1f | | | %s |" % (
+                               impl, r["n"], r["holds"], r["cs"],
+                               "%.1f" % r["load"] if r["load"] >= 0 else "—"))
+                continue
+            if floor.startswith("row:"):  # that row, as many contenders
+                fl = next((r2["p50"] for i2, _, r2 in by[store]
+                           if i2 == floor[4:] and "fail" not in r2
+                           and r2["n"] == r["n"]), None)
+            else:
+                fl = floors.get(floor)
+            ratio = "%.2fx" % (r["p50"] / fl) if fl else ""
+            reps = int(r["reps"])
+            other = ("%.0f%%, %.0f" % (100 * r["other"], r["other_p50"])
+                     if r["other_p50"] >= 0 else "0%")
+            load = "%.1f" % r["load"] if r["load"] >= 0 else "—"
+            out.append("| %s | %d | %s | %.0f | %s | %s | %s | %.2f | "
+                       "%.1f / %.1f | %s |" % (
+                           impl, r["n"],
+                           spread(r["p50"], r["p50_min"], r["p50_max"], reps,
+                                  "%.0f"),
+                           r["p99"], ratio, other,
+                           spread(r["cs"], r["cs_min"], r["cs_max"], reps,
+                                  "%.0f"),
+                           r["util"], r["wait_p99"] / 1e3,
+                           r["wait_max"] / 1e3, load))
+        out.append("")
+    return "\n".join(out)
+
+
+def chart(rows, outdir):
+    impls = []
+    for r in rows:
+        store, impl, _ = split(r["label"])
+        name = "%s: %s" % (store, impl)
+        if name not in impls:
+            impls.append(name)
+    data = os.path.join(outdir, "bench-contend.dat")
+    with open(data, "w", encoding="utf-8") as f:
+        for i, name in enumerate(impls):
+            if i:
+                f.write("\n\n")
+            f.write("# %s\n" % name)
+            for r in rows:
+                store, impl, _ = split(r["label"])
+                if "%s: %s" % (store, impl) == name and r["p50"] >= 0:
+                    f.write("%d %g\n" % (r["n"], max(r["p50"], 0.1)))
+    plots = ", \\\n     ".join(
+        "'%s' index %d using 1:2 with linespoints title '%s'"
+        % (data, i, name.replace("'", "''")) for i, name in enumerate(impls))
+    plot.gnuplot("""
+set terminal svg size 1000,620 dynamic font 'sans,10' background '#ffffff'
+set output '%s'
+set title 'Hand-off under contention, p50 (µs, log scale): N processes, one lock, 1 ms holds'
+set logscale xy
+set xtics (2, 8, 64)
+set xrange [1.6:80]
+set xlabel 'contenders'
+set grid
+set key outside right top font 'sans,9'
+plot %s
+""" % (os.path.join(outdir, "bench-contend.svg"), plots))
+    os.remove(data)
+
+
+def main():
+    args = sys.argv[1:]
+    outdir = None
+    if "--plot" in args:
+        i = args.index("--plot")
+        outdir = args[i + 1]
+        del args[i:i + 2]
+    if len(args) != 2:
+        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+        return 2
+    rows, fails = read_rows(args[0])
+    with open(args[1], encoding="utf-8") as f:
+        sec = plot.sections(f.read())
+    floors = {label: floor for label, floor, _, _ in plot.cycles(sec)}
+    if outdir:
+        if not rows:
+            print("contend: nothing to draw", file=sys.stderr)
+            return 1
+        chart(rows, outdir)
+        return 0
+    overlaps = sum(r["overlaps"] for r in rows)
+    print(INTRO)
+    print(table(rows, fails, floors))
+    print("Overlapping holds (a hold that began before the previous one's "
+          "release call) in all these runs: **%d**.\n" % overlaps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
