@@ -201,3 +201,20 @@ for chroot, name, kids in [
         ("/a/..", "n", []), ("/a/", "n", []), ("/" + "x" * 256, "\xff" * 512, []),
         ("/a\x01", "n", ["l-0000000001"] * 3)]:
     put("zk", fields(chroot, name, *kids))
+
+
+# --- pg: URI \0 TABLE \0 NAME \0 PAYLOAD ... (fuzz_pg.c) ---
+_id = "0123456789abcdef0123456789abcdef"
+for uri, table, name, payloads in [
+        ("postgres://u:p@db:5432/app?table=locks&sslmode=require", "locks", "a",
+         ["61", "61 " + _id + ":7", "61 ffff:1"]),
+        ("postgresql:///app?host=/run/postgresql&mode=advisory", 'a"b', "a b",
+         ["", "6", "zz", "6120", "61 "]),
+        ("postgres://h1,h2:1,[::1]:2/db?target_session_attrs=read-write",
+         '"' * 48, "\xff" * 512, ["ff" * 600]),
+        ("postgres://" + ",".join(["h" * 300] * 4) + "/db", "'" * 48, "x", []),
+        ("postgres://h/db?mode=x", "a'b\"c", "x", []),
+        ("postgres:///", "", "", []),
+        ("postgres://h/db?sslmode=a&sslrootcert=b&sslcert=c&sslkey=d&sslcrl=e",
+         "t" * 49, "n", [])]:
+    put("pg", fields(uri, table, name, *payloads))

@@ -330,6 +330,29 @@ TEST(store_bad_uri)
     CHECK(strstr(dlock_errmsg(), "Pq8Zsecret") == NULL);
 }
 
+/* Host lists longer than libpq's keyword buffers are refused in words, not
+ * written past them (found by fuzz/fuzz_pg.c: the room left wrapped
+ * around after the first host that did not fit). No server needed: the
+ * URI is refused before any connection. */
+TEST(store_pg_many_long_hosts)
+{
+    dlock_client *c = (dlock_client *)&c;
+    char uri[2048];
+    size_t o = (size_t)snprintf(uri, sizeof(uri), "postgres://");
+
+    for (int i = 0; i < 5; i++) {
+        if (i)
+            uri[o++] = ',';
+        memset(uri + o, 'h', 300);
+        o += 300;
+    }
+    snprintf(uri + o, sizeof(uri) - o, "/db");
+    int rc = dlock_client_open(&c, uri, NULL);
+    CHECK(rc == DLOCK_EINVAL || rc == DLOCK_ENOTSUP);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), "postgres");
+}
+
 static const th_test tests[] = {
     T(codes_fixed_numbers),
     T(strerror_distinct),
@@ -342,6 +365,7 @@ static const th_test tests[] = {
     T(store_unknown_scheme),
     T(store_not_built),
     T(store_bad_uri),
+    T(store_pg_many_long_hosts),
     {NULL, NULL, 0},
 };
 

@@ -1525,7 +1525,11 @@ static int build_keywords(pg_store *ps, const dlock__uri *u)
     size_t k = 0, ho = 0, po = 0;
     int rc = DLOCK_OK;
 
-    for (size_t i = 0; i < u->nhosts; i++) {
+    /* stops at the first host that does not fit: past it, the room left
+     * (sizeof - ho) would wrap around */
+    for (size_t i = 0; i < u->nhosts && ho < sizeof(hosts) &&
+                       po < sizeof(ports);
+         i++) {
         ho += (size_t)snprintf(hosts + ho, sizeof(hosts) - ho, "%s%s",
                                i ? "," : "", u->hosts[i].host);
         po += (size_t)snprintf(ports + po, sizeof(ports) - po, "%s%d",

@@ -1,0 +1,136 @@
+/*
+ * fuzz_pg.c -- what the PostgreSQL store (src/lib/backends/pg.c) does with
+ * URIs, table names, lock names and NOTIFY payloads.
+ *
+ * Input: field 1 a store URI (postgres:// or postgresql://: libpq's
+ * keywords built from hosts, ports, user, database and options); field 2
+ * a table name (?table=); field 3 a lock name; the remaining fields NOTIFY
+ * payloads as the listener receives them ("HEXNAME" or "HEXNAME
+ * CLIENTID:WAITER").
+ * Checks: every quoted identifier and literal, in buffers of the sizes
+ * pg_open uses, unquotes to exactly the table name and its suffix (no
+ * truncation, one identifier whatever the quotes in the name); a lock's
+ * channel is "dlock_" and 16 hex digits; payloads of any bytes are read
+ * without reading past them (exact-size copies), waking only this test
+ * client's (absent) waiters.
+ */
+#include "fuzz.h"
+
+#include "../src/lib/backends/pg.c"
+
+static dlock_client *client;
+
+static void setup(void)
+{
+    static char dir[] = "/tmp/dlock-fuzz-pg-XXXXXX";
+    char uri[64];
+
+    if (client)
+        return;
+    if (!mkdtemp(dir))
+        abort();
+    snprintf(uri, sizeof(uri), "file://%s", dir);
+    if (dlock_client_open(&client, uri, NULL) != DLOCK_OK)
+        abort();
+}
+
+/* `q` must be open + (in with every `open` doubled) + close. */
+static void check_quoted(const char *q, char quote, const char *in,
+                         const char *sfx)
+{
+    size_t n = strlen(q), il = strlen(in), o = 0;
+    char *want = malloc(il + strlen(sfx) + 1);
+
+    memcpy(want, in, il);
+    strcpy(want + il, sfx);
+    if (n < 2 || q[0] != quote || q[n - 1] != quote)
+        fz_fail("not quoted: %s", q);
+    for (size_t i = 1; i + 1 < n; i++) {
+        if (q[i] == quote) {
+            if (q[i + 1] != quote || i + 2 >= n)
+                fz_fail("a lone quote inside: %s", q);
+            i++;
+        }
+        if (want[o] != q[i])
+            fz_fail("quoted text differs (truncated?): %s", q);
+        o++;
+    }
+    if (want[o] != '\0')
+        fz_fail("quoted text truncated: %s", q);
+    free(want);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fz f = fz_init(data, size);
+    size_t tl, len;
+    char *uri = fz_field(&f, NULL);
+    char *table = fz_field(&f, &tl);
+    char *name = fz_field(&f, &len);
+    pg_store *ps = calloc(1, sizeof(*ps));
+    dlock__uri u;
+
+    setup();
+    ps->client = client;
+    if (dlock__uri_parse(uri, &u) == DLOCK_OK) {
+        ps->redacted = u.redacted;
+        (void)pg_select(&u);
+        (void)build_keywords(ps, &u);
+        for (size_t i = 0; ps->vals[i]; i++)
+            free(ps->vals[i]);
+        memset(ps->vals, 0, sizeof(ps->vals));
+        ps->redacted = NULL;
+        dlock__uri_free(&u);
+    }
+
+    if (tl == 0 || tl > PG_TABLE_MAX) {
+        free(table);
+        table = fz_dup(PG_DEFAULT_TABLE, strlen(PG_DEFAULT_TABLE));
+    }
+    snprintf(ps->table, sizeof(ps->table), "%s", table);
+    {
+        /* the buffers of pg_open and ensure_schema, at their sizes */
+        char *t = malloc(2 * PG_TABLE_MAX + 16);
+        char *q = malloc(2 * PG_TABLE_MAX + 24);
+        char *qi = malloc(2 * PG_TABLE_MAX + 32);
+        char *lt = malloc(200), *lq = malloc(200);
+        quote_ident(table, "", t, 2 * PG_TABLE_MAX + 16);
+        quote_ident(table, "_queue", q, 2 * PG_TABLE_MAX + 24);
+        quote_ident(table, "_queue_name", qi, 2 * PG_TABLE_MAX + 32);
+        quote_ident(table, "_tokens", ps->seq_ident, sizeof(ps->seq_ident));
+        quote_literal(ps->seq_ident, ps->seq_lit, sizeof(ps->seq_lit));
+        quote_literal(t, lt, 200);
+        quote_literal(q, lq, 200);
+        check_quoted(t, '"', table, "");
+        check_quoted(q, '"', table, "_queue");
+        check_quoted(qi, '"', table, "_queue_name");
+        check_quoted(ps->seq_ident, '"', table, "_tokens");
+        check_quoted(ps->seq_lit, '\'', ps->seq_ident, "");
+        check_quoted(lt, '\'', t, "");
+        check_quoted(lq, '\'', q, "");
+        free(t);
+        free(q);
+        free(qi);
+        free(lt);
+        free(lq);
+    }
+
+    if (len >= 1 && len <= DLOCK_NAME_MAX) {
+        char ch[24];
+        channel_of(ps, name, len, ch);
+        if (strlen(ch) != 22 || strncmp(ch, "dlock_", 6) != 0 ||
+            strspn(ch + 6, "0123456789abcdef") != 16)
+            fz_fail("channel name %s", ch);
+    }
+
+    while (f.p) {
+        char *payload = fz_field(&f, NULL);
+        dispatch(ps, payload);
+        free(payload);
+    }
+    free(ps);
+    free(uri);
+    free(table);
+    free(name);
+    return 0;
+}
