@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all build demo test asan valgrind bench bench-quick install clean
+.PHONY: all build demo test asan valgrind bench bench-quick install clean fuzz
 
 all: build
 
@@ -55,8 +55,18 @@ bench-quick:
 	bench/run.sh build-bench --quick
 	python3 bench/check.py build-bench/benchmarks-quick.md --charts build-bench
 
+# libFuzzer targets (fuzz/), FUZZ_SECONDS each on their corpus; fails on
+# any crash, leak, UB or broken invariant. Long runs: make fuzz FUZZ_SECONDS=600
+FUZZ_SECONDS ?= 10
+fuzz:
+	@scripts/install-deps.sh build asan
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_FUZZ=ON \
+	    -DDLOCK_TESTS=OFF -DDLOCK_BENCH=OFF >/dev/null
+	cmake --build build-fuzz -j$(JOBS) --target fuzz_all
+	fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+
 install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan build-valgrind build-bench
+	rm -rf $(BUILD) build-asan build-valgrind build-bench build-fuzz

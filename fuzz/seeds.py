@@ -218,3 +218,9 @@ for uri, table, name, payloads in [
         ("postgres://h/db?sslmode=a&sslrootcert=b&sslcert=c&sslkey=d&sslcrl=e",
          "t" * 49, "n", [])]:
     put("pg", fields(uri, table, name, *payloads))
+
+
+# --- mysql: TABLE \0 NAME (fuzz_mysql.c) ---
+for table, name in [("dlock_locks", "a"), ("`" * 48, "\xff" * 512),
+                    ("a`b", "x'y\\z"), ("t" * 49, ""), ("", "n")]:
+    put("mysql", fields(table, name))
