@@ -57,6 +57,8 @@ typedef struct sf_hold {
     int write_res;        /* SF_W_* */
     int rel_rc;           /* dlock_release()'s code */
     volatile int lost_cb; /* the lost-lock callback ran for this hold */
+    int64_t t_lost;       /* when it ran */
+    char lost_msg[160];   /* dlock_errmsg() inside it */
 } sf_hold;
 
 /* The fenced resource: a storage service that remembers the highest

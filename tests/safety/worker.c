@@ -25,8 +25,12 @@ static void on_lost(dlock *l, uint64_t token, void *arg)
 
     (void)l;
     __atomic_store_n(&w->last_lost_token, token, __ATOMIC_SEQ_CST);
-    if (cur >= 0 && w->s->holds[cur].token == token)
-        __atomic_store_n(&w->s->holds[cur].lost_cb, 1, __ATOMIC_SEQ_CST);
+    if (cur >= 0 && w->s->holds[cur].token == token) {
+        sf_hold *h = &w->s->holds[cur];
+        h->t_lost = sf_now_ns();
+        snprintf(h->lost_msg, sizeof(h->lost_msg), "%s", dlock_errmsg());
+        __atomic_store_n(&h->lost_cb, 1, __ATOMIC_SEQ_CST);
+    }
 }
 
 static int stopping(const sf_shared *s)
