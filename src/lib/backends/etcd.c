@@ -71,7 +71,16 @@ typedef struct buf {
     size_t n, cap;
 } buf;
 
-/* A waiter's watch on the key before its own. */
+struct etcd_store;
+
+/* A waiter's watch on the key before its own. The watch starts at the
+ * member's current revision: etcd sends a watch that starts at an older
+ * revision nothing until its catch-up loop runs (every 100 ms), and the
+ * same happens to a new watch when a write lands while the member creates
+ * it -- most often the very deletion we wait for. So once the watch is
+ * created, a range on another connection looks at the key (`checked`):
+ * gone, or created anew, is a deletion; still there, the watch (created
+ * before that range) will see it go. */
 typedef struct watch_state {
     const char *key_b64; /* the watched key, base64 as etcd sends it */
     size_t done;         /* bytes of the buffer already parsed */
@@ -79,6 +88,10 @@ typedef struct watch_state {
     int deleted;         /* the key's deletion arrived */
     int canceled;        /* the server ended the watch: look again */
     atomic_int *dead;    /* the waiter's lease died: abort */
+    int64_t key_rev;     /* its create revision; 0: unknown */
+    int owed;            /* the watch was created: a look is owed */
+    int checked;         /* ... and was done */
+    struct etcd_store *es; /* for that look; NULL: none (the fuzz target) */
 } watch_state;
 
 typedef struct etcd_conn {
@@ -456,8 +469,10 @@ static int watch_scan(watch_state *ws, buf *b)
             ws->canceled = 1; /* an error in the stream: look again */
             return 1;
         }
-        if (cJSON_IsTrue(jget(r, "created")))
+        if (cJSON_IsTrue(jget(r, "created"))) {
             ws->created = 1;
+            ws->owed = 1;
+        }
         if (cJSON_IsTrue(jget(r, "canceled")))
             ws->canceled = 1;
         const cJSON *ev;
@@ -480,6 +495,8 @@ static int watch_scan(watch_state *ws, buf *b)
     }
 }
 
+static void watch_check(watch_state *ws);
+
 static size_t on_write(char *p, size_t size, size_t n, void *arg)
 {
     etcd_conn *cn = arg;
@@ -488,6 +505,11 @@ static size_t on_write(char *p, size_t size, size_t n, void *arg)
         return 0;
     if (cn->ws && watch_scan(cn->ws, &cn->resp))
         return 0; /* the event we waited for: end the transfer */
+    if (cn->ws && cn->ws->owed && !cn->ws->checked && cn->ws->es) {
+        watch_check(cn->ws);
+        if (cn->ws->deleted || cn->ws->canceled)
+            return 0;
+    }
     return size * n;
 }
 
@@ -753,6 +775,31 @@ static int request(etcd_store *es, const char *path, const char *body,
     return rc;
 }
 
+/* Once a watch is created (see watch_state): is its key still the one we
+ * saw? Asked on another connection, from inside the watch's transfer
+ * (another easy handle: libcurl allows that in a callback). Absent or
+ * created anew: deleted; no answer: look again. */
+static void watch_check(watch_state *ws)
+{
+    char body[ETCD_B64_MAX + 64];
+    cJSON *j = NULL;
+
+    ws->checked = 1;
+    snprintf(body, sizeof(body), "{\"key\":\"%s\",\"keys_only\":true}",
+             ws->key_b64);
+    if (request(ws->es, "/v3/kv/range", body,
+                dlock__now_ms() + ws->es->timeout_ms, &j,
+                "looking at the key before ours") != DLOCK_OK) {
+        dlock__err_clear();
+        ws->canceled = 1;
+        return;
+    }
+    const cJSON *kv = kvs_at(j, 0);
+    if (!kv || (ws->key_rev && jint(kv, "create_revision") != ws->key_rev))
+        ws->deleted = 1;
+    cJSON_Delete(j);
+}
+
 /* Gets a new auth token (the password is sent, never logged). */
 static int authenticate(etcd_store *es, etcd_conn *cn, int64_t deadline)
 {
@@ -994,6 +1041,7 @@ static void give_up_key(etcd_store *es, etcd_hold *eh)
 /* Where a waiter stands: pred_b64 empty = we hold it. */
 typedef struct place {
     int64_t revision; /* the store revision the answer reflects */
+    int64_t pred_rev; /* pred's create revision */
     int second;       /* pred is the holder */
     char pred_b64[ETCD_B64_MAX];
 } place;
@@ -1035,9 +1083,11 @@ static int look(etcd_store *es, etcd_hold *eh, const char *base,
         return 1;
     }
     p->pred_b64[0] = '\0';
+    p->pred_rev = 0;
     p->second = 0;
     if (pred && jstr(pred, "key")) {
         snprintf(p->pred_b64, sizeof(p->pred_b64), "%s", jstr(pred, "key"));
+        p->pred_rev = jint(pred, "create_revision");
         p->second = head && jstr(head, "key") &&
                     !strcmp(jstr(head, "key"), p->pred_b64);
     }
@@ -1062,10 +1112,11 @@ static int watch_pred(etcd_store *es, etcd_hold *eh, const place *p,
     memset(&ws, 0, sizeof(ws));
     ws.key_b64 = p->pred_b64;
     ws.dead = &eh->lease->dead;
-    snprintf(body, sizeof(body),
-             "{\"create_request\":{\"key\":\"%s\",\"start_revision\":\"%" PRId64
-             "\"}}",
-             p->pred_b64, p->revision + 1);
+    ws.key_rev = p->pred_rev;
+    ws.es = es;
+    /* from the current revision: see watch_state */
+    snprintf(body, sizeof(body), "{\"create_request\":{\"key\":\"%s\"}}",
+             p->pred_b64);
     for (unsigned tries = 0;; tries++) {
         size_t ep;
         long status;
@@ -1079,6 +1130,7 @@ static int watch_pred(etcd_store *es, etcd_hold *eh, const place *p,
         }
         cn->ws = &ws;
         ws.done = 0;
+        ws.created = ws.owed = ws.checked = 0;
         CURLcode cc = post_once(es, cn, ep, "/v3/watch", body, deadline,
                                 &status);
         cn->ws = NULL;
@@ -1186,9 +1238,12 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         }
         p.revision = jint(jget(j, "header"), "revision");
         p.pred_b64[0] = '\0';
+        p.pred_rev = 0;
         p.second = count == 2;
-        if (count > 1 && pred && jstr(pred, "key"))
+        if (count > 1 && pred && jstr(pred, "key")) {
             snprintf(p.pred_b64, sizeof(p.pred_b64), "%s", jstr(pred, "key"));
+            p.pred_rev = jint(pred, "create_revision");
+        }
         cJSON_Delete(j);
     } else {
         /* our key is there already: an earlier try whose answer was lost */
