@@ -9,10 +9,13 @@ build=$1
 secs=$2
 here=$(cd "$(dirname "$0")" && pwd)
 found=0
-for bin in "$build"/fuzz/fuzz_*; do
-    [ -x "$bin" ] || continue
+for src in "$here"/fuzz_*.c; do
+    name=${src##*/fuzz_}
+    name=${name%.c}
+    bin=$build/fuzz/fuzz_$name
+    [ -x "$bin" ] || continue # a store this build leaves out
     found=1
-    name=${bin##*/fuzz_}
+    mkdir -p "$here/corpus/$name"
     work=$build/fuzz-run/$name
     mkdir -p "$work" "$build/fuzz-artifacts"
     printf 'fuzz_%s: %ss ... ' "$name" "$secs"
