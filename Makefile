@@ -65,6 +65,18 @@ fuzz:
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_all
 	fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
+# the safety suite (docs/safety.md): worker processes, a fenced resource and
+# faults on every store; fails when an outcome is worse than expected. The
+# full run rewrites the table in docs/safety.md; SAFETY_QUICK=1 (or
+# safety-quick) is the short form for CI, its table in $(BUILD)/safety-quick.md
+.PHONY: safety safety-quick
+SAFETY_QUICK ?=
+safety: build
+	@scripts/install-deps.sh test
+	$(BUILD)/tests/safety/dlock_safety $(if $(filter-out 0,$(SAFETY_QUICK)),--quick --table $(BUILD)/safety-quick.md,--doc docs/safety.md --table $(BUILD)/safety.md)
+safety-quick:
+	$(MAKE) safety SAFETY_QUICK=1
+
 install: build
 	cmake --install $(BUILD)
 

@@ -143,9 +143,12 @@ static void note(sf_report *rep, const char *fmt, ...)
     va_end(ap);
 }
 
+/* The holder was not assured its hold was intact: only DLOCK_OK from
+ * dlock_release() vouches for a hold (DLOCK_ELOST says it was lost;
+ * DLOCK_ECONN that the store could not be asked: not proven either). */
 static int told(const sf_hold *h)
 {
-    return h->rel_rc == DLOCK_ELOST || h->lost_cb;
+    return (h->done && !h->killed && h->rel_rc != DLOCK_OK) || h->lost_cb;
 }
 
 void sf_check(const sf_shared *s, sf_report *rep)
@@ -169,7 +172,7 @@ void sf_check(const sf_shared *s, sf_report *rep)
         ord[m] = (int)i;
         ord2[m] = (int)i;
         m++;
-        if (told(h))
+        if (h->rel_rc == DLOCK_ELOST || h->lost_cb)
             rep->lost_reported++;
         if (h->done && !h->killed && h->rel_rc != DLOCK_OK &&
             h->rel_rc != DLOCK_ELOST)
