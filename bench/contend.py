@@ -36,8 +36,9 @@ loops: a blocking acquire, a 1 ms hold (a sleep), release, and at once the
 next acquire, so the process that just released competes again; locks
 that let it barge in show a small share of hand-offs "to another process"
 and long waits. Every time is the monotonic clock, read by each process
-and merged afterwards. At 2 and 8 contenders a figure is the median of
-three runs (by hand-off p50) with the spread of the three; at 64, one run.
+and merged afterwards. At 8 contenders a figure is the median of three
+runs (by hand-off p50) with the spread of the three; at 2 and 64, one run
+(64 Python or node processes take seconds to start).
 
 - **hand-off**: from a holder's release call to the next holder's acquire
   returning (the next holder may be the same process);

@@ -28,9 +28,9 @@ def redis_lock(port, name, sleep=0.1):
 
     def new_lock():
         r = redis.Redis(host="127.0.0.1", port=int(port))
-        lock = r.lock(name, timeout=30, sleep=sleep, blocking_timeout=60)
-        return (lambda blocking: lock.acquire(blocking=blocking),
-                lock.release)
+        lock = r.lock(name, timeout=30, sleep=sleep)
+        return (lambda blocking, wait=30: lock.acquire(
+            blocking=blocking, blocking_timeout=wait), lock.release)
     return new_lock
 
 
@@ -41,10 +41,9 @@ def kazoo_lock(hosts, name):
         zk = KazooClient(hosts=hosts, timeout=10)
         zk.start(timeout=10)
         lock = zk.Lock("/peer-kazoo/" + name, "peer %d" % os.getpid())
-        return (lambda blocking: lock.acquire(blocking=blocking,
-                                              timeout=60 if blocking
-                                              else None),
-                lock.release)
+        return (lambda blocking, wait=30: lock.acquire(
+            blocking=blocking, timeout=wait if blocking else None),
+            lock.release)
     return new_lock
 
 
@@ -55,8 +54,8 @@ def etcd3_lock(hostport, name):
     def new_lock():
         client = etcd3.client(host=host, port=int(port), timeout=10)
         lock = client.lock("peer-etcd3-" + name, ttl=30)
-        return (lambda blocking: lock.acquire(timeout=30 if blocking else 0),
-                lock.release)
+        return (lambda blocking, wait=30: lock.acquire(
+            timeout=wait if blocking else 0), lock.release)
     return new_lock
 
 

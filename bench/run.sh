@@ -95,10 +95,11 @@ contend() {
     shift 2
     [ -n "$quick" ] && secs=0.3
     for n in $contend_ns; do
-        # three repetitions (median and spread) but at 64 contenders, where
-        # starting the peers' 64 interpreters alone takes seconds
-        reps=3
-        { [ "$n" = 64 ] || [ -n "$quick" ]; } && reps=1
+        # three repetitions (median and spread) at 8 contenders, the
+        # headline; one at 2, and at 64, where starting the peers' 64
+        # interpreters alone takes seconds
+        reps=1
+        { [ "$n" = 8 ] && [ -z "$quick" ]; } && reps=3
         local args=(--label "$label" --n "$n" --seconds "$secs" --reps "$reps")
         [ -n "$load" ] && args+=(--load "bash $root/bench/load.sh $load")
         if ! timeout 300 "$build/bench/dlock_bench_contend" run "${args[@]}" -- "$@" \
