@@ -922,7 +922,7 @@ static counts contention(MYSQL *mon, unsigned flags, int nproc, int cyc,
         wait_ready(&s->ready, i + 1, pids, nproc, "contend");
     }
     int64_t t0 = now_ns();
-    s->end_ns = t0 + (quick ? 5 : 12) * (int64_t)1000000000;
+    s->end_ns = t0 + (quick ? 4 : 8) * (int64_t)1000000000;
     __atomic_store_n(&s->go, 1, __ATOMIC_RELEASE);
     reap(pids, nproc, "contend");
     int64_t t1 = s->done_at > t0 ? s->done_at : now_ns();

@@ -845,7 +845,7 @@ static long long contention(PGconn *mon, const char *u, unsigned flags,
         wait_ready(&s->ready, i + 1, pids, nproc, "contend");
     }
     int64_t t0 = now_ns();
-    s->end_ns = t0 + (quick ? 4 : 10) * (int64_t)1000000000;
+    s->end_ns = t0 + (quick ? 4 : 6) * (int64_t)1000000000;
     __atomic_store_n(&s->go, 1, __ATOMIC_RELEASE);
     reap(pids, nproc, "contend");
     int64_t t1 = s->stop_at ? s->stop_at : now_ns();

@@ -104,7 +104,11 @@ contend() {
         [ -n "$load" ] && args+=(--load "bash $root/bench/load.sh $load")
         if ! timeout 300 "$build/bench/dlock_bench_contend" run "${args[@]}" -- "$@" \
             >>"$ctsv" 2>"$tmp/contend.err"; then
-            err=$(grep -v '^Traceback\|^  ' "$tmp/contend.err" | tail -1 | cut -c1-200)
+            # a worker's own exception first (Python's "...Error: why"),
+            # else the driver's last word
+            err=$(grep -m1 -E '^[A-Za-z.]*(Error|Exception): ' "$tmp/contend.err" ||
+                grep -v '^Traceback\|^  ' "$tmp/contend.err" | tail -1)
+            err=$(echo "$err" | cut -c1-200 | tr '|' '/')
             printf 'fail\t%s\t%s\t%s\n' "$label" "$n" "${err:-it failed}" >>"$ctsv"
             echo "bench: contention $label, $n contenders: ${err:-failed}" >&2
             return 0 # more contenders would fail the same way
