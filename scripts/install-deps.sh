@@ -19,7 +19,7 @@ pkgs=""
 for group in "$@"; do
     case $group in
     build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client mariadb-server mariadb-client faketime" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client mariadb-server mariadb-client faketime iproute2" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3" ;;
