@@ -2,8 +2,9 @@
 """contend.py TSV BENCHMARKS_MD [--plot OUT_DIR] -- the contention section
 of benchmarks.md from the rows dlock_bench_contend printed (bench/run.sh
 gathers them in TSV while each store's server runs), printed as markdown;
-with --plot, also OUT_DIR/bench-contend.svg (gnuplot): hand-off p50 by the
-number of contenders, one line per implementation, log scales.
+with --plot, OUT_DIR/bench-contend.svg (gnuplot) instead, drawn from the
+contention tables of BENCHMARKS_MD (TSV is not read then): hand-off p50 by
+the number of contenders, one line per implementation, log scales.
 
 A row's label is "STORE|IMPLEMENTATION|FLOOR": FLOOR names the cycle floor
 of BENCHMARKS_MD (bench/plot.py's labels: the bare client's uncontended
@@ -59,6 +60,16 @@ runs (by hand-off p50) with the spread of the three; at 2 and 64, one run
   included; ZooKeeper packets; etcd gRPC messages; PostgreSQL
   transactions; MariaDB statements) divided by the holds: what waiting
   costs the store, polling included.
+
+Reading them: a default (non-fair) mode lets the process that just
+released take the lock again before a woken waiter can (a small share "to
+another process", the longest waits near the run's length), and on Redis
+and Redlock it wakes every waiter of a release, so the requests per
+critical section grow with the contenders; the fair modes (and ZooKeeper
+and etcd, always first come first served) hand the lock to the next in
+line at a cost that stays flat. Pollers (redis-py, node-redlock, dlock's
+SQLite and MariaDB stores across processes) cost little per critical
+section but leave waiters to their next try.
 """
 
 
@@ -146,28 +157,52 @@ def table(rows, fails, floors):
     return "\n".join(out)
 
 
+def doc_rows(text):
+    """The contention rows of a benchmarks.md: (store, implementation,
+    contenders, hand-off p50 or None), so that the chart can be drawn
+    again from the document alone."""
+    out = []
+    part = text.split("\n## Contention", 1)
+    if len(part) < 2:
+        return out
+    for block in part[1].split("\n## ", 1)[0].split("\n### ")[1:]:
+        store, _, rest = block.partition("\n")
+        for line in rest.splitlines():
+            if not line.startswith("|") or line.startswith("|---"):
+                continue
+            c = [x.strip() for x in line.strip().strip("|").split("|")]
+            if len(c) < 3 or not c[1].isdigit():
+                continue
+            out.append((store.strip(), c[0], int(c[1]), plot.num(c[2])
+                        if c[2][:1].isdigit() else None))
+    return out
+
+
+COLORS = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a",
+          "#00838f", "#5d4037", "#ad1457", "#9e9d24", "#37474f"]
+
+
 def chart(rows, outdir):
     impls = []
-    for r in rows:
-        store, impl, _ = split(r["label"])
-        name = "%s: %s" % (store, impl)
-        if name not in impls:
-            impls.append(name)
+    for store, impl, _, p50 in rows:
+        if p50 is not None and (store, impl) not in impls:
+            impls.append((store, impl))
     data = os.path.join(outdir, "bench-contend.dat")
     with open(data, "w", encoding="utf-8") as f:
-        for i, name in enumerate(impls):
+        for i, (store, impl) in enumerate(impls):
             if i:
                 f.write("\n\n")
-            f.write("# %s\n" % name)
-            for r in rows:
-                store, impl, _ = split(r["label"])
-                if "%s: %s" % (store, impl) == name and r["p50"] >= 0:
-                    f.write("%d %g\n" % (r["n"], max(r["p50"], 0.1)))
+            for st, im, n, p50 in rows:
+                if (st, im) == (store, impl) and p50 is not None:
+                    f.write("%d %g\n" % (n, max(p50, 0.1)))
+    # ten colours, then the same with dashes; a point type per line
     plots = ", \\\n     ".join(
-        "'%s' index %d using 1:2 with linespoints title '%s'"
-        % (data, i, name.replace("'", "''")) for i, name in enumerate(impls))
+        "'%s' index %d using 1:2 with linespoints lw 1.5 lc rgb '%s' dt %d "
+        "pt %d ps 0.7 title '%s: %s'"
+        % (data, i, COLORS[i % 10], 1 + i // 10, 1 + i % 13, store,
+           impl.replace("'", "''")) for i, (store, impl) in enumerate(impls))
     plot.gnuplot("""
-set terminal svg size 1000,620 dynamic font 'sans,10' background '#ffffff'
+set terminal svg size 1100,640 dynamic noenhanced font 'sans,10' background '#ffffff'
 set output '%s'
 set title 'Hand-off under contention, p50 (µs, log scale): N processes, one lock, 1 ms holds'
 set logscale xy
@@ -175,7 +210,7 @@ set xtics (2, 8, 64)
 set xrange [1.6:80]
 set xlabel 'contenders'
 set grid
-set key outside right top font 'sans,9'
+set key outside right top font 'sans,9' samplen 2
 plot %s
 """ % (os.path.join(outdir, "bench-contend.svg"), plots))
     os.remove(data)
@@ -191,16 +226,18 @@ def main():
     if len(args) != 2:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
-    rows, fails = read_rows(args[0])
     with open(args[1], encoding="utf-8") as f:
-        sec = plot.sections(f.read())
-    floors = {label: floor for label, floor, _, _ in plot.cycles(sec)}
-    if outdir:
-        if not rows:
+        text = f.read()
+    if outdir:  # from the document's own tables
+        rows = doc_rows(text)
+        if not any(r[3] is not None for r in rows):
             print("contend: nothing to draw", file=sys.stderr)
             return 1
         chart(rows, outdir)
         return 0
+    rows, fails = read_rows(args[0])
+    sec = plot.sections(text)
+    floors = {label: floor for label, floor, _, _ in plot.cycles(sec)}
     overlaps = sum(r["overlaps"] for r in rows)
     print(INTRO)
     print(table(rows, fails, floors))
