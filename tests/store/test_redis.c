@@ -374,6 +374,27 @@ TEST(dropped_connection_reconnects)
     dlock_client_close(c);
 }
 
+/* The server closed the command connection (CLIENT KILL; a restart does
+ * the same) just before a release: the release goes to a new connection
+ * and releases, instead of failing with DLOCK_ECONN on the dead one. */
+TEST(release_after_the_server_closed_the_connection)
+{
+    dlock_client *c = client_at(srv.uri);
+    dlock *l = handle(c, "closed-then-release", 0, 0);
+
+    for (int i = 0; i < 5; i++) {
+        CHECK_OK(dlock_acquire(l, 0));
+        th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE normal SKIPME yes");
+        CHECK_OK(dlock_release(l));
+        CHECK_OK(dlock_acquire(l, 0));
+        th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE normal SKIPME yes");
+        CHECK_OK(dlock_extend(l, 20000));
+        CHECK_OK(dlock_release(l));
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 TEST(scripts_flushed_are_reloaded)
 {
     dlock_client *c = client_at(srv.uri);
@@ -542,6 +563,7 @@ static const th_test tests[] = {
     T(killed_mid_wait_then_recovers),
     T(frozen_server_never_hangs_past_the_wait),
     T(dropped_connection_reconnects),
+    T(release_after_the_server_closed_the_connection),
     T(scripts_flushed_are_reloaded),
     T(waiters_send_no_commands_between_notifications),
     T(fair_handoff_wakes_only_the_head),

@@ -44,7 +44,6 @@
 #define QUEUE_GRACE_MS 2000 /* how late a live fair waiter may re-check */
 #define NO_TTL_RETRY_MS 1000
 #define MIN_IO_MS 10
-#define STALE_CHECK_MS 200 /* probe a connection idle this long first */
 
 /* ------------------------------------------------------------------------ */
 /* Scripts                                                                  */
@@ -409,7 +408,11 @@ static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
         int noscript = 0;
 
         int64_t now = dlock__now_ms();
-        if (rs->cmd && now - rs->cmd_used > STALE_CHECK_MS && stale(rs->cmd)) {
+        /* a connection the server closed (a restart, CLIENT KILL, its idle
+         * timeout) is seen before anything is sent on it, so that the
+         * command goes to a new connection instead of failing: one poll(),
+         * about a microsecond */
+        if (rs->cmd && stale(rs->cmd)) {
             redisFree(rs->cmd);
             rs->cmd = NULL;
         }
