@@ -1138,10 +1138,13 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
         op_put(kids);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
+    int start_zrc = ZOK; /* the first read that could not be sent */
     for (int32_t i = 0; i < n; i++) {
         snprintf(path, sizeof(path), "%s/%.100s", parent,
                  kids->kids.data[i]);
         ops[i] = call_start(zs, s, C_GET, path, NULL, 0, 0, &zrc);
+        if (!ops[i] && start_zrc == ZOK)
+            start_zrc = zrc;
     }
     if (n > 1) {
         out->queue = calloc((size_t)n, sizeof(char *));
@@ -1153,8 +1156,13 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
     int64_t nowwall = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     for (int32_t i = 0; i < n; i++) {
         const char *desc = "?";
-        if (!ops[i])
+        if (!ops[i]) {
+            /* not sent (the session between servers, say): an answer
+             * without that node would be wrong, not merely old */
+            if (rc == DLOCK_OK)
+                rc = zk_error(zs, "reading a lock node", start_zrc);
             continue;
+        }
         zrc = op_wait(ops[i], op_deadline);
         if (zrc == ZOK) {
             const char *nl = strchr(ops[i]->data, '\n');
