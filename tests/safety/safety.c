@@ -728,7 +728,8 @@ static void run_one(store *st, int sc, cell *out)
                        ? SF_INCONCLUSIVE : out->rep.outcome;
     out->accepted = s->res.accepted;
     out->ms = th_now_ms() - t0;
-    snprintf(out->why, sizeof(out->why), "%s%s%s", note,
+    /* the note first; the checker's detail fills what is left (cut) */
+    snprintf(out->why, sizeof(out->why), "%.120s%s%.120s", note,
              out->rep.detail[0] ? "; " : "", out->rep.detail);
     {
         int64_t errs = 0, busy = 0;
