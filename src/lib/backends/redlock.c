@@ -19,7 +19,11 @@
  * waking anybody unless we had a quorum) and the try ends DLOCK_EBUSY: the
  * core re-tries after a release notification, after the holder's lease, or
  * after a random 1..50 ms when no single owner held a quorum (a split vote:
- * the jitter keeps two contenders from splitting again in step).
+ * the jitter keeps two contenders from splitting again in step). Split
+ * votes in a row double that window (up to 1..400 ms), and until it ends
+ * the waiter does not try, release notifications or not: with many
+ * contenders every release would otherwise start a new stampede of tries
+ * on every node that nobody wins.
  *
  * Fencing tokens. Redlock has no single counter, but every node has one,
  * and any two quorums share a node. A fresh hold bumps the counter of each
@@ -73,6 +77,7 @@
 #define OWED_MAX 64      /* replies one command connection may owe */
 #define SUB_RETRY_MS 500 /* a failed subscriber connection waits this long */
 #define JITTER_MS 50
+#define BACKOFF_MAX_SHIFT 5 /* split votes in a row: window up to 1.6 s */
 #define NO_TTL_RETRY_MS 1000
 #define RELEASING_RETRY_MS 2 /* the holder's release is on its way */
 #define PARTIAL_RETRY_MS 250 /* one owner on the nodes up, not a quorum */
@@ -227,6 +232,8 @@ typedef struct rl_store {
 
 typedef struct rl_lease {
     rchan *chan;
+    int splits;         /* split votes in a row in this wait */
+    int64_t not_before; /* no try before this (a split vote's back-off) */
 } rl_lease;
 
 /* The owner as the scripts compare it: the core's owner (client and
@@ -705,12 +712,13 @@ static void release_all(rl_store *rs, const dlock__lease *l,
     }
 }
 
-static int64_t jitter_ms(void)
+/* A random 1..window ms. */
+static int64_t jitter_ms(int64_t window)
 {
-    unsigned char b = 0;
+    unsigned char b[2] = {0, 0};
 
-    dlock__random(&b, 1);
-    return 1 + b % JITTER_MS;
+    dlock__random(b, sizeof(b));
+    return 1 + (int64_t)(b[0] | b[1] << 8) % window;
 }
 
 /* Whether this client saw `owner` announce the release of the lock on
@@ -745,9 +753,11 @@ static const redisReply *holder_of(const rnode *n)
  *    copies of that notification from the other nodes are dropped (one
  *    release wakes a waiter once), so nothing else would wake it.
  *  - One owner on a quorum: its lease (or its release's notification).
- *  - Otherwise a split vote or a lock half free: a short random wait. */
-static int64_t retry_after(rl_store *rs, rchan *ch)
+ *  - Otherwise a split vote or a lock half free: a short random wait, and
+ *    no try before it ends; it doubles with every split vote in a row. */
+static int64_t retry_after(rl_store *rs, rl_lease *rp)
 {
+    rchan *ch = rp->chan;
     const redisReply *only = NULL; /* the one owner of every "no" */
     int yes = 0, several = 0;
     long long least = -1;
@@ -784,7 +794,12 @@ static int64_t retry_after(rl_store *rs, rchan *ch)
     if (only && !several && yes == 0)
         return least >= 0 && least < PARTIAL_RETRY_MS ? least
                                                       : PARTIAL_RETRY_MS;
-    return jitter_ms();
+    int shift = rp->splits < BACKOFF_MAX_SHIFT ? rp->splits
+                                               : BACKOFF_MAX_SHIFT;
+    int64_t wait = jitter_ms((int64_t)JITTER_MS << shift);
+    rp->splits++;
+    rp->not_before = dlock__now_ms() + wait;
+    return wait;
 }
 
 typedef struct raise_goal {
@@ -866,6 +881,15 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                           rs->where);
     if (ttl_too_short(rs, l->ttl_ms))
         return DLOCK_EINVAL;
+    rl_lease *rp = l->priv;
+    int64_t now0 = dlock__now_ms();
+    if (!l->waiting) { /* a new acquisition: no back-off carried over */
+        rp->splits = 0;
+        rp->not_before = 0;
+    } else if (rp->not_before > now0) {
+        l->retry_ms = rp->not_before - now0; /* backing off: not yet */
+        return DLOCK_EBUSY;
+    }
     ll = dlock__redis_key(&rs->cfg, l->name, l->name_len, "", lock);
     fl = dlock__redis_key(&rs->cfg, l->name, l->name_len, ":f", fence);
     ol = owner_sp(l, owner, sizeof(owner));
@@ -953,7 +977,7 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                       ? start + rs->node_timeout
                       : op_deadline,
               NULL, NULL);
-    int64_t retry = retry_after(rs, ((rl_lease *)l->priv)->chan);
+    int64_t retry = retry_after(rs, rp);
     int failed = 0;
     for (int i = 0; i < rs->n; i++)
         failed += rs->nodes[i].rc != 0;
