@@ -387,6 +387,8 @@ static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
 /* An idle connection with something to read has been closed (or reset) by
  * the server, e.g. by a restart: replacing it before sending avoids a
  * failure, and a retry that could not tell whether the command ran. */
+#define STALE_CHECK_MS 2 /* probe a connection quiet this long (>= 1 ms) */
+
 static int stale(const redisContext *ctx)
 {
     struct pollfd p = {ctx->fd, POLLIN, 0};
@@ -410,9 +412,11 @@ static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
         int64_t now = dlock__now_ms();
         /* a connection the server closed (a restart, CLIENT KILL, its idle
          * timeout) is seen before anything is sent on it, so that the
-         * command goes to a new connection instead of failing: one poll(),
-         * about a microsecond */
-        if (rs->cmd && stale(rs->cmd)) {
+         * command goes to a new connection instead of failing. One poll()
+         * (a few microseconds on a VM), so not between the commands of a
+         * tight loop: only after STALE_CHECK_MS of quiet */
+        if (rs->cmd && now - rs->cmd_used >= STALE_CHECK_MS &&
+            stale(rs->cmd)) {
             redisFree(rs->cmd);
             rs->cmd = NULL;
         }
