@@ -406,35 +406,38 @@ static void log_line(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
-static pid_t spawn_worker(run *r, int id, int in_netns, int faketime)
+typedef struct worker_exec {
+    run *r;
+    int id, in_netns, faketime;
+} worker_exec;
+
+/* In the forked child (th_fork: dies with the suite): into the namespace,
+ * under libfaketime if asked, then this program again as a worker. */
+static int worker_exec_child(void *arg)
 {
-    pid_t parent = getpid(), pid;
+    worker_exec *w = arg;
     char idbuf[16];
 
-    snprintf(idbuf, sizeof(idbuf), "%d", id);
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(99);
-        if (in_netns && sf_netns_enter(&netns) != 0) {
-            fprintf(stderr, "worker %d: setns: %s\n", id, strerror(errno));
-            _exit(98);
-        }
-        if (faketime) {
-            setenv("LD_PRELOAD", FAKETIME_LIB, 1);
-            setenv("FAKETIME_TIMESTAMP_FILE", r->clockfile, 1);
-            setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1", 1);
-            setenv("FAKETIME_NO_CACHE", "1", 1);
-        }
-        execl(self_exe, self_exe, "--worker", r->shm, idbuf, (char *)NULL);
-        _exit(127);
+    snprintf(idbuf, sizeof(idbuf), "%d", w->id);
+    if (w->in_netns && sf_netns_enter(&netns) != 0) {
+        fprintf(stderr, "worker %d: setns: %s\n", w->id, strerror(errno));
+        return 98;
     }
-    return pid;
+    if (w->faketime) {
+        setenv("LD_PRELOAD", FAKETIME_LIB, 1);
+        setenv("FAKETIME_TIMESTAMP_FILE", w->r->clockfile, 1);
+        setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1", 1);
+        setenv("FAKETIME_NO_CACHE", "1", 1);
+    }
+    execl(self_exe, self_exe, "--worker", w->r->shm, idbuf, (char *)NULL);
+    return 127;
+}
+
+static pid_t spawn_worker(run *r, int id, int in_netns, int faketime)
+{
+    worker_exec w = {r, id, in_netns, faketime};
+
+    return th_fork(worker_exec_child, &w);
 }
 
 static int64_t accepted(const run *r)
@@ -794,11 +797,9 @@ static int worse(const cell *c, int exp)
             (c->outcome != SF_SKIPPED && c->outcome > exp));
 }
 
-static void write_table(FILE *f, int64_t total_ms)
+/* "| scenario | store | ..." and its rule, for the stores asked for. */
+static void table_head(FILE *f)
 {
-    fprintf(f, "Run: `%s` — %d workers, %.0f s.\n\n",
-            quick ? "make safety SAFETY_QUICK=1" : "make safety", nworkers,
-            (double)total_ms / 1000.0);
     fprintf(f, "| scenario |");
     for (int k = 0; k < ST_N; k++)
         if (want_store[k])
@@ -808,6 +809,14 @@ static void write_table(FILE *f, int64_t total_ms)
         if (want_store[k])
             fprintf(f, "---|");
     fprintf(f, "\n");
+}
+
+static void write_table(FILE *f, int64_t total_ms)
+{
+    fprintf(f, "Run: `%s` — %d workers, %.0f s.\n\n",
+            quick ? "make safety SAFETY_QUICK=1" : "make safety", nworkers,
+            (double)total_ms / 1000.0);
+    table_head(f);
     for (int sc = 0; sc < SC_N; sc++) {
         if (!want_sc[sc])
             continue;
@@ -830,15 +839,8 @@ static void write_table(FILE *f, int64_t total_ms)
         fprintf(f, "\n");
     }
     fprintf(f, "\nExpected, at worst (a cell fails when its outcome is "
-               "worse):\n\n| scenario |");
-    for (int k = 0; k < ST_N; k++)
-        if (want_store[k])
-            fprintf(f, " %s |", st_name[k]);
-    fprintf(f, "\n|---|");
-    for (int k = 0; k < ST_N; k++)
-        if (want_store[k])
-            fprintf(f, "---|");
-    fprintf(f, "\n");
+               "worse):\n\n");
+    table_head(f);
     for (int sc = 0; sc < SC_N; sc++) {
         if (!want_sc[sc])
             continue;
