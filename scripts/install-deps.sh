@@ -62,7 +62,7 @@ if [ ! -e $policy ]; then
     $SUDO chmod 755 $policy
     ours=1
 fi
-cleanup() { [ -n "$ours" ] && $SUDO rm -f $policy; }
+cleanup() { if [ -n "$ours" ]; then $SUDO rm -f $policy; fi; }
 trap cleanup EXIT
 
 export DEBIAN_FRONTEND=noninteractive
