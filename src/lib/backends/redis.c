@@ -28,7 +28,7 @@
  * client's background thread. Waiters write SUBSCRIBE themselves under
  * sub_mu and wait for the acknowledgement before their next try.
  */
-#include "redis_shared.h"
+#include "redis_conn.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -221,11 +221,8 @@ typedef struct redis_store {
     dlock__redis_config cfg; /* prefix, db, timeout, credentials */
     char where[320]; /* "redis 127.0.0.1:6379", for messages */
 
-    pthread_mutex_t cmd_mu;
-    redisContext *cmd;
-    int64_t cmd_io_ms; /* the I/O timeout set on the socket now */
-    int64_t cmd_used;  /* when the command connection was last used */
-    char sha[NSCRIPTS][41];
+    dlock__rconn_target target; /* how to connect (both connections) */
+    dlock__rconn *conn;         /* the pipelined command connection */
 
     pthread_mutex_t sub_mu;
     pthread_cond_t sub_cv;
@@ -265,37 +262,12 @@ static int server_error(const redis_store *rs, const char *msg,
     return dlock__redis_server_error(rs->where, rs->cfg.password, msg, lock);
 }
 
-static int io_failure(const redis_store *rs, const redisContext *ctx,
-                      int64_t io_ms)
-{
-    return dlock__redis_io_failure(rs->where, ctx, io_ms);
-}
-
 /* ------------------------------------------------------------------------ */
-/* Connections                                                              */
+/* Subscriber connection                                                    */
 /* ------------------------------------------------------------------------ */
 
-static struct timeval tv_ms(int64_t ms)
-{
-    struct timeval tv;
-
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)((ms % 1000) * 1000);
-    return tv;
-}
-
-static int64_t io_budget(const redis_store *rs, int64_t deadline)
-{
-    int64_t ms = deadline - dlock__now_ms();
-
-    if (ms > rs->cfg.timeout_ms)
-        ms = rs->cfg.timeout_ms;
-    return ms < MIN_IO_MS ? MIN_IO_MS : ms;
-}
-
-/* Sends what ctx has buffered on its blocking socket, without SIGPIPE
- * (hiredis' redisGetReply() would write() it). */
-static int send_all(const redis_store *rs, redisContext *ctx, int64_t io_ms)
+/* Sends what the subscriber context has buffered, without SIGPIPE. */
+static int send_all(const redis_store *rs, redisContext *ctx)
 {
     int r = dlock__redis_send(ctx);
 
@@ -303,180 +275,9 @@ static int send_all(const redis_store *rs, redisContext *ctx, int64_t io_ms)
         return DLOCK_OK;
     if (r == 0)
         return dlock__err(DLOCK_ECONN, "%s: no answer within %lld ms",
-                          rs->where, (long long)io_ms);
+                          rs->where, (long long)rs->cfg.timeout_ms);
     return dlock__err(DLOCK_ECONN, "%s: %s", rs->where, strerror(errno));
 }
-
-/* Connects, authenticates, selects the database and, for the command
- * connection, loads the scripts: one pipelined round trip after connect. */
-static int connect_ctx(redis_store *rs, int64_t deadline, int load_scripts,
-                       redisContext **out, int64_t *io_ms)
-{
-    int64_t ms = io_budget(rs, deadline);
-    redisContext *ctx;
-    int n = 0, rc = DLOCK_OK;
-
-    *out = NULL;
-    ctx = rs->path ? redisConnectUnixWithTimeout(rs->path, tv_ms(ms))
-                   : redisConnectWithTimeout(rs->host, rs->port, tv_ms(ms));
-    if (!ctx)
-        return dlock__err(DLOCK_ENOMEM, "%s: out of memory", rs->where);
-    if (ctx->err) {
-        rc = dlock__err(DLOCK_ECONN, "%s: cannot connect: %s", rs->where,
-                        ctx->errstr);
-        redisFree(ctx);
-        return rc;
-    }
-    redisSetTimeout(ctx, tv_ms(ms));
-    *io_ms = ms;
-    if (!rs->path)
-        redisEnableKeepAlive(ctx);
-
-    n = dlock__redis_append_login(ctx, &rs->cfg);
-    if (load_scripts)
-        for (int i = 0; i < NSCRIPTS; i++)
-            redisAppendCommand(ctx, "SCRIPT LOAD %s", script_text[i]);
-    else
-        redisAppendCommand(ctx, "PING");
-
-    int total = n + (load_scripts ? NSCRIPTS : 1);
-    rc = send_all(rs, ctx, ms);
-    if (rc) {
-        redisFree(ctx);
-        return rc;
-    }
-    for (int i = 0; i < total; i++) {
-        redisReply *r = NULL;
-        if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
-            if (rc == DLOCK_OK)
-                rc = io_failure(rs, ctx, ms);
-            break;
-        }
-        if (rc == DLOCK_OK) {
-            if (r->type == REDIS_REPLY_ERROR) {
-                if (rs->cfg.password && i == 0)
-                    rc = dlock__err(DLOCK_EAUTH,
-                                    "%s: authentication refused (wrong user "
-                                    "name or password)",
-                                    rs->where);
-                else if (rs->cfg.db != 0 && i == n - 1)
-                    rc = dlock__err(DLOCK_EINVAL,
-                                    "%s: cannot select database %ld",
-                                    rs->where, rs->cfg.db);
-                else
-                    rc = server_error(rs, r->str, NULL);
-            } else if (load_scripts && i >= n) {
-                if (r->type != REDIS_REPLY_STRING || r->len != 40)
-                    rc = dlock__err(DLOCK_EPROTO,
-                                    "%s: unexpected answer to SCRIPT LOAD",
-                                    rs->where);
-                else
-                    memcpy(rs->sha[i - n], r->str, 41);
-            }
-        }
-        freeReplyObject(r);
-    }
-    if (rc) {
-        redisFree(ctx);
-        return rc;
-    }
-    *out = ctx;
-    return DLOCK_OK;
-}
-
-/* An idle connection with something to read has been closed (or reset) by
- * the server, e.g. by a restart: replacing it before sending avoids a
- * failure, and a retry that could not tell whether the command ran. */
-#define STALE_CHECK_MS 2 /* probe a connection quiet this long (>= 1 ms) */
-
-static int stale(const redisContext *ctx)
-{
-    struct pollfd p = {ctx->fd, POLLIN, 0};
-
-    return poll(&p, 1, 0) != 0;
-}
-
-/* Runs `n` commands as one pipeline on the command connection, connecting
- * first if needed. On DLOCK_OK every replies[i] is set (the caller frees
- * them); an error reply is left for the caller to judge. A NOSCRIPT answer
- * (scripts flushed) reloads the scripts and runs the pipeline again. */
-static int run(redis_store *rs, rcmd *cmds, int n, redisReply **replies,
-               int64_t deadline)
-{
-    int rc = DLOCK_OK;
-
-    pthread_mutex_lock(&rs->cmd_mu);
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int noscript = 0;
-
-        int64_t now = dlock__now_ms();
-        /* a connection the server closed (a restart, CLIENT KILL, its idle
-         * timeout) is seen before anything is sent on it, so that the
-         * command goes to a new connection instead of failing. One poll()
-         * (a few microseconds on a VM), so not between the commands of a
-         * tight loop: only after STALE_CHECK_MS of quiet */
-        if (rs->cmd && now - rs->cmd_used >= STALE_CHECK_MS &&
-            stale(rs->cmd)) {
-            redisFree(rs->cmd);
-            rs->cmd = NULL;
-        }
-        if (!rs->cmd) {
-            rc = connect_ctx(rs, deadline, 1, &rs->cmd, &rs->cmd_io_ms);
-            if (rc)
-                break;
-        }
-        rs->cmd_used = now;
-        int64_t ms = io_budget(rs, deadline);
-        if (rs->cmd_io_ms < ms * 9 / 10 || rs->cmd_io_ms > ms * 11 / 10) {
-            redisSetTimeout(rs->cmd, tv_ms(ms));
-            rs->cmd_io_ms = ms;
-        }
-        for (int i = 0; i < n; i++) {
-            if (cmds[i].script >= 0)
-                cmds[i].argv[1] = rs->sha[cmds[i].script];
-            redisAppendCommandArgv(rs->cmd, cmds[i].argc, cmds[i].argv,
-                                   cmds[i].lens);
-        }
-        for (int i = 0; i < n; i++)
-            replies[i] = NULL;
-        rc = send_all(rs, rs->cmd, rs->cmd_io_ms);
-        if (rc) {
-            redisFree(rs->cmd);
-            rs->cmd = NULL;
-            goto out;
-        }
-        for (int i = 0; i < n; i++) {
-            if (redisGetReply(rs->cmd, (void **)&replies[i]) != REDIS_OK ||
-                !replies[i]) {
-                rc = io_failure(rs, rs->cmd, rs->cmd_io_ms);
-                redisFree(rs->cmd);
-                rs->cmd = NULL;
-                for (int k = 0; k < i; k++)
-                    freeReplyObject(replies[k]);
-                goto out;
-            }
-            if (replies[i]->type == REDIS_REPLY_ERROR &&
-                !strncmp(replies[i]->str, "NOSCRIPT", 8))
-                noscript = 1;
-        }
-        if (!noscript)
-            goto out;
-        for (int i = 0; i < n; i++)
-            freeReplyObject(replies[i]);
-        redisFree(rs->cmd); /* reconnecting reloads the scripts */
-        rs->cmd = NULL;
-        rc = dlock__err(DLOCK_EPROTO, "%s: the server keeps forgetting "
-                                      "dlock's scripts",
-                        rs->where);
-    }
-out:
-    pthread_mutex_unlock(&rs->cmd_mu);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Subscriber connection                                                    */
-/* ------------------------------------------------------------------------ */
 
 static chan *chan_get(redis_store *rs, const char *name, size_t len)
 {
@@ -520,7 +321,7 @@ static int sub_send(redis_store *rs, chan *ch, int subscribe)
     int rc;
 
     redisAppendCommandArgv(rs->sub, 2, argv, lens);
-    rc = send_all(rs, rs->sub, rs->cfg.timeout_ms);
+    rc = send_all(rs, rs->sub);
     if (rc)
         return rc;
     ch->want = subscribe;
@@ -563,12 +364,11 @@ static int sub_ensure(redis_store *rs, chan *ch, int64_t deadline)
         }
         if (!rs->sub) {
             redisContext *ctx;
-            int64_t io_ms;
             int rc;
 
             rs->sub_connecting = 1;
             pthread_mutex_unlock(&rs->sub_mu);
-            rc = connect_ctx(rs, deadline, 0, &ctx, &io_ms);
+            rc = dlock__rconn_connect(&rs->target, 0, NULL, deadline, &ctx);
             pthread_mutex_lock(&rs->sub_mu);
             rs->sub_connecting = 0;
             pthread_cond_broadcast(&rs->sub_cv);
@@ -718,7 +518,7 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     if (enqueue)
         rl->queued = 1;
 
-    rc = run(rs, &c, 1, &r, deadline);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -766,7 +566,7 @@ static int release_script(redis_store *rs, const dlock__lease *l,
     rcmd_arg(&c, k.wake, k.wake_len);
     rcmd_str(&c, cprefix);
     rcmd_str(&c, mode);
-    rc = run(rs, &c, 1, &r, deadline);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR)
@@ -811,7 +611,7 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     rcmd_arg(&c, k.lock, k.lock_len);
     rcmd_arg(&c, owner, owner_len);
     rcmd_str(&c, ttl);
-    rc = run(rs, &c, 1, &r, deadline);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR)
@@ -991,7 +791,7 @@ static int redis_inspect(void *st, const char *name, size_t len,
     rcmd_str(&c[1], "PUBSUB");
     rcmd_str(&c[1], "NUMSUB");
     rcmd_arg(&c[1], k.wake, k.wake_len);
-    rc = run(rs, c, 2, r, deadline);
+    rc = dlock__rconn_run(rs->conn, c, 2, r, deadline);
     if (rc)
         return rc;
     rc = inspect_answer(rs, name, r[0], r[1], out);
@@ -1010,8 +810,7 @@ static void redis_close(void *st)
 
     if (!rs)
         return;
-    if (rs->cmd)
-        redisFree(rs->cmd);
+    dlock__rconn_free(rs->conn);
     if (rs->sub)
         redisFree(rs->sub);
     while (rs->chans) {
@@ -1020,7 +819,6 @@ static void redis_close(void *st)
         free(ch->name);
         free(ch);
     }
-    pthread_mutex_destroy(&rs->cmd_mu);
     pthread_mutex_destroy(&rs->sub_mu);
     pthread_cond_destroy(&rs->sub_cv);
     free(rs->host);
@@ -1079,11 +877,9 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
     if (!rs)
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     rs->client = c;
-    pthread_mutex_init(&rs->cmd_mu, NULL);
     pthread_mutex_init(&rs->sub_mu, NULL);
     rc = dlock__cond_init(&rs->sub_cv);
     if (rc) {
-        pthread_mutex_destroy(&rs->cmd_mu);
         pthread_mutex_destroy(&rs->sub_mu);
         free(rs);
         return rc;
@@ -1091,10 +887,15 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
     rs->cfg.timeout_ms = timeout_ms;
     rc = parse_config(rs, u);
     if (rc == DLOCK_OK) {
-        pthread_mutex_lock(&rs->cmd_mu);
-        rc = connect_ctx(rs, dlock__now_ms() + rs->cfg.timeout_ms, 1, &rs->cmd,
-                         &rs->cmd_io_ms);
-        pthread_mutex_unlock(&rs->cmd_mu);
+        rs->target.host = rs->host;
+        rs->target.port = rs->port;
+        rs->target.path = rs->path;
+        rs->target.cfg = &rs->cfg;
+        rs->target.where = rs->where;
+        rs->target.scripts = script_text;
+        rs->target.nscripts = NSCRIPTS;
+        rc = dlock__rconn_open(&rs->conn, &rs->target,
+                               dlock__now_ms() + rs->cfg.timeout_ms);
     }
     if (rc) {
         redis_close(rs);

@@ -61,6 +61,10 @@ typedef struct rcmd {
     int argc;
     const char *argv[16]; /* room for the longest command built (14) */
     size_t lens[16];
+    /* A longer command (redis.c's batch renewal) keeps its arguments
+     * here instead (NULL: argv/lens); its ext_argv[1] gets the SHA. */
+    const char **ext_argv;
+    size_t *ext_lens;
 } rcmd;
 
 static inline void rcmd_arg(rcmd *c, const char *s, size_t len)
@@ -83,6 +87,8 @@ static inline void rcmd_evalsha(rcmd *c, int s, int nkeys)
 
     c->script = s;
     c->argc = 0;
+    c->ext_argv = NULL;
+    c->ext_lens = NULL;
     rcmd_str(c, "EVALSHA");
     rcmd_arg(c, "", 40);
     rcmd_str(c, nk[nkeys]);
@@ -92,6 +98,8 @@ static inline void rcmd_plain(rcmd *c)
 {
     c->script = -1;
     c->argc = 0;
+    c->ext_argv = NULL;
+    c->ext_lens = NULL;
 }
 
 /* Maps an error reply of a server to a code and message ("where: ...");

@@ -1,0 +1,562 @@
+/*
+ * redis_conn.c -- the Redis store's pipelined command connection (see
+ * redis_conn.h), and the connect + login + script load both of its
+ * connections use.
+ *
+ * Locking: one mutex (mu) guards the socket's writes, the queue of calls
+ * in flight and the reading role. The reading thread drops mu while it
+ * waits in recv(); only it touches the reply reader then. A connection
+ * found broken while someone reads is shut down (which ends that recv())
+ * and freed by the reader, never under its feet.
+ */
+#include "redis_conn.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#define MIN_IO_MS 10      /* the shortest wait for an answer */
+#define STALE_CHECK_MS 2  /* probe a connection quiet this long (>= 1 ms) */
+#define MAX_SCRIPTS 16
+#define READ_CHUNK 16384
+
+/* One call in flight: its replies arrive in order. */
+typedef struct pend {
+    struct pend *next;
+    redisReply **replies; /* the caller's array (unused once abandoned) */
+    int n, got;
+    int done;      /* every reply is in, or the call failed */
+    int abandoned; /* its caller gave up: drop its replies, then free it */
+    int rc;        /* the call's failure (the connection broke) */
+    char msg[256];
+    int64_t sent; /* when its commands were written */
+    pthread_cond_t cv;
+} pend;
+
+struct dlock__rconn {
+    dlock__rconn_target t;
+    pthread_mutex_t mu;
+    pthread_cond_t idle_cv; /* a broken connection was freed */
+    redisContext *ctx;      /* the socket and its reply reader */
+    pend *head, *tail;      /* calls in flight, in the order written */
+    int reading;            /* a thread waits in recv() */
+    int dead;               /* broken while read: the reader frees it */
+    int64_t used;           /* when a command was last written */
+    int64_t rcvtimeo;       /* the socket's SO_RCVTIMEO now, ms */
+    char sha[MAX_SCRIPTS][41];
+};
+
+/* ------------------------------------------------------------------------ */
+/* Connecting                                                               */
+/* ------------------------------------------------------------------------ */
+
+static struct timeval tv_ms(int64_t ms)
+{
+    struct timeval tv;
+
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)((ms % 1000) * 1000);
+    return tv;
+}
+
+static int64_t budget(const dlock__rconn_target *t, int64_t deadline)
+{
+    int64_t ms = deadline - dlock__now_ms();
+
+    if (ms > t->cfg->timeout_ms)
+        ms = t->cfg->timeout_ms;
+    return ms < MIN_IO_MS ? MIN_IO_MS : ms;
+}
+
+int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
+                         char (*sha)[41], int64_t deadline,
+                         redisContext **out)
+{
+    int64_t ms = budget(t, deadline);
+    redisContext *ctx;
+    int n, rc = DLOCK_OK;
+
+    *out = NULL;
+    ctx = t->path ? redisConnectUnixWithTimeout(t->path, tv_ms(ms))
+                  : redisConnectWithTimeout(t->host, t->port, tv_ms(ms));
+    if (!ctx)
+        return dlock__err(DLOCK_ENOMEM, "%s: out of memory", t->where);
+    if (ctx->err) {
+        rc = dlock__err(DLOCK_ECONN, "%s: cannot connect: %s", t->where,
+                        ctx->errstr);
+        redisFree(ctx);
+        return rc;
+    }
+    redisSetTimeout(ctx, tv_ms(ms));
+    if (!t->path)
+        redisEnableKeepAlive(ctx);
+
+    n = dlock__redis_append_login(ctx, t->cfg);
+    if (load_scripts)
+        for (int i = 0; i < t->nscripts; i++)
+            redisAppendCommand(ctx, "SCRIPT LOAD %s", t->scripts[i]);
+    else
+        redisAppendCommand(ctx, "PING");
+
+    int total = n + (load_scripts ? t->nscripts : 1);
+    int sent = dlock__redis_send(ctx);
+    if (sent != 1) {
+        rc = sent == 0 ? dlock__err(DLOCK_ECONN, "%s: no answer within %lld "
+                                                 "ms",
+                                    t->where, (long long)ms)
+                       : dlock__err(DLOCK_ECONN, "%s: %s", t->where,
+                                    strerror(errno));
+        redisFree(ctx);
+        return rc;
+    }
+    for (int i = 0; i < total; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
+            if (rc == DLOCK_OK)
+                rc = dlock__redis_io_failure(t->where, ctx, ms);
+            break;
+        }
+        if (rc == DLOCK_OK) {
+            if (r->type == REDIS_REPLY_ERROR) {
+                if (t->cfg->password && i == 0)
+                    rc = dlock__err(DLOCK_EAUTH,
+                                    "%s: authentication refused (wrong user "
+                                    "name or password)",
+                                    t->where);
+                else if (t->cfg->db != 0 && i == n - 1)
+                    rc = dlock__err(DLOCK_EINVAL,
+                                    "%s: cannot select database %ld",
+                                    t->where, t->cfg->db);
+                else
+                    rc = dlock__redis_server_error(t->where, t->cfg->password,
+                                                   r->str, NULL);
+            } else if (load_scripts && i >= n) {
+                if (r->type != REDIS_REPLY_STRING || r->len != 40)
+                    rc = dlock__err(DLOCK_EPROTO,
+                                    "%s: unexpected answer to SCRIPT LOAD",
+                                    t->where);
+                else
+                    memcpy(sha[i - n], r->str, 41);
+            }
+        }
+        freeReplyObject(r);
+    }
+    if (rc) {
+        redisFree(ctx);
+        return rc;
+    }
+    *out = ctx;
+    return DLOCK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Calls in flight                                                          */
+/* ------------------------------------------------------------------------ */
+
+static void pend_free(pend *p)
+{
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+/* Wakes the oldest caller still waiting, so that it reads (mu held). */
+static void pass_reading(dlock__rconn *rc)
+{
+    if (rc->reading)
+        return;
+    for (pend *p = rc->head; p; p = p->next) {
+        if (!p->abandoned && !p->done) {
+            pthread_cond_signal(&p->cv);
+            return;
+        }
+    }
+}
+
+/* The connection broke: every call in flight fails with `code` and the
+ * message; the socket is closed now, or by its reader (mu held). */
+static void conn_fail(dlock__rconn *rc, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void conn_fail(dlock__rconn *rc, int code, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    for (pend *p = rc->head, *next; p; p = next) {
+        next = p->next;
+        if (p->abandoned) {
+            pend_free(p);
+            continue;
+        }
+        for (int i = 0; i < p->got; i++)
+            freeReplyObject(p->replies[i]);
+        p->got = 0;
+        p->rc = code;
+        memcpy(p->msg, msg, sizeof(msg));
+        p->done = 1;
+        pthread_cond_signal(&p->cv);
+    }
+    rc->head = rc->tail = NULL;
+    if (!rc->ctx)
+        return;
+    if (rc->reading) {
+        shutdown(rc->ctx->fd, SHUT_RDWR); /* ends the reader's recv() */
+        rc->dead = 1;
+    } else {
+        redisFree(rc->ctx);
+        rc->ctx = NULL;
+    }
+}
+
+/* One reply, for the oldest call in flight (mu held). */
+static void dispatch(dlock__rconn *rc, redisReply *r)
+{
+    pend *p = rc->head;
+
+    if (!p) {
+        freeReplyObject(r);
+        conn_fail(rc, DLOCK_EPROTO, "%s: an answer to nothing we asked",
+                  rc->t.where);
+        return;
+    }
+    if (p->abandoned)
+        freeReplyObject(r);
+    else
+        p->replies[p->got] = r;
+    if (++p->got < p->n)
+        return;
+    rc->head = p->next;
+    if (!rc->head)
+        rc->tail = NULL;
+    if (p->abandoned) {
+        pend_free(p);
+    } else {
+        p->done = 1;
+        pthread_cond_signal(&p->cv);
+    }
+}
+
+/* Reads what the server sent, once, waiting at most until `until` or
+ * until the oldest call in flight has waited the whole client timeout
+ * (then the connection is declared dead). mu held; dropped in recv(). */
+static void read_once(dlock__rconn *rc, int64_t until)
+{
+    int64_t oldest = rc->head->sent + rc->t.cfg->timeout_ms;
+    int64_t now = dlock__now_ms();
+    int64_t ms = (oldest < until ? oldest : until) - now;
+    redisContext *ctx = rc->ctx;
+    char buf[READ_CHUNK];
+    ssize_t r;
+    int err;
+
+    if (ms < 1)
+        ms = 1;
+    if (rc->rcvtimeo < ms * 9 / 10 || rc->rcvtimeo > ms * 11 / 10) {
+        struct timeval tv = tv_ms(ms);
+        setsockopt(ctx->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        rc->rcvtimeo = ms;
+    }
+    rc->reading = 1;
+    pthread_mutex_unlock(&rc->mu);
+    do
+        r = recv(ctx->fd, buf, sizeof(buf), 0);
+    while (r < 0 && errno == EINTR);
+    err = errno;
+    pthread_mutex_lock(&rc->mu);
+    rc->reading = 0;
+
+    if (rc->dead) { /* failed by a writer meanwhile */
+        redisFree(rc->ctx);
+        rc->ctx = NULL;
+        rc->dead = 0;
+        pthread_cond_broadcast(&rc->idle_cv);
+        return;
+    }
+    if (r > 0) {
+        if (redisReaderFeed(ctx->reader, buf, (size_t)r) != REDIS_OK) {
+            conn_fail(rc, DLOCK_ENOMEM, "%s: out of memory", rc->t.where);
+            return;
+        }
+        for (;;) {
+            void *reply = NULL;
+            if (redisReaderGetReply(ctx->reader, &reply) != REDIS_OK) {
+                conn_fail(rc, DLOCK_EPROTO, "%s: protocol error: %s",
+                          rc->t.where, ctx->reader->errstr);
+                return;
+            }
+            if (!reply)
+                break;
+            dispatch(rc, reply);
+            if (!rc->ctx)
+                return;
+        }
+    } else if (r == 0) {
+        conn_fail(rc, DLOCK_ECONN, "%s: the server closed the connection",
+                  rc->t.where);
+    } else if (err == EAGAIN || err == EWOULDBLOCK) {
+        if (rc->head && dlock__now_ms() >= oldest)
+            conn_fail(rc, DLOCK_ECONN, "%s: no answer within %lld ms",
+                      rc->t.where, (long long)rc->t.cfg->timeout_ms);
+    } else {
+        conn_fail(rc, DLOCK_ECONN, "%s: %s", rc->t.where, strerror(err));
+    }
+}
+
+/* Has the server closed this idle connection? One poll(), no wait. */
+static int stale(const redisContext *ctx)
+{
+    struct pollfd p = {ctx->fd, POLLIN, 0};
+
+    return poll(&p, 1, 0) != 0;
+}
+
+/* Writes buf[0..len) on the socket, without SIGPIPE (mu held). */
+static int write_all(dlock__rconn *rc, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t w = send(rc->ctx->fd, buf, len, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            int e = errno;
+            if (e == EAGAIN || e == EWOULDBLOCK)
+                conn_fail(rc, DLOCK_ECONN, "%s: no answer within %lld ms",
+                          rc->t.where, (long long)rc->t.cfg->timeout_ms);
+            else
+                conn_fail(rc, DLOCK_ECONN, "%s: %s", rc->t.where,
+                          strerror(e));
+            return -1;
+        }
+        buf += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Writes one call and waits for its replies (see redis_conn.h). */
+static int call(dlock__rconn *rc, const char *buf, size_t len, int n,
+                redisReply **replies, int64_t deadline)
+{
+    pend *p = calloc(1, sizeof(*p));
+    int code;
+
+    if (!p)
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    code = dlock__cond_init(&p->cv);
+    if (code) {
+        free(p);
+        return code;
+    }
+    p->replies = replies;
+    p->n = n;
+
+    pthread_mutex_lock(&rc->mu);
+    while (rc->dead) /* a broken socket its reader has not freed yet */
+        pthread_cond_wait(&rc->idle_cv, &rc->mu);
+    int64_t now = dlock__now_ms();
+    if (rc->ctx && !rc->head && now - rc->used >= STALE_CHECK_MS &&
+        stale(rc->ctx)) {
+        redisFree(rc->ctx);
+        rc->ctx = NULL;
+    }
+    if (!rc->ctx) {
+        code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx);
+        if (code) {
+            pthread_mutex_unlock(&rc->mu);
+            pend_free(p);
+            return code;
+        }
+        rc->rcvtimeo = budget(&rc->t, deadline);
+        now = dlock__now_ms();
+    }
+    p->sent = now;
+    rc->used = now;
+    if (rc->tail)
+        rc->tail->next = p;
+    else
+        rc->head = p;
+    rc->tail = p;
+    /* at least MIN_IO_MS after sending, at most the client timeout */
+    int64_t until = deadline;
+    if (until > p->sent + rc->t.cfg->timeout_ms)
+        until = p->sent + rc->t.cfg->timeout_ms;
+    if (until < p->sent + MIN_IO_MS)
+        until = p->sent + MIN_IO_MS;
+    (void)write_all(rc, buf, len); /* a failure fails the call */
+    while (!p->done) {
+        if (dlock__now_ms() >= until) {
+            /* give up; the replies are dropped when they come */
+            for (int i = 0; i < p->got; i++)
+                freeReplyObject(p->replies[i]);
+            p->abandoned = 1;
+            pass_reading(rc);
+            pthread_mutex_unlock(&rc->mu);
+            return dlock__err(DLOCK_ECONN, "%s: no answer within %lld ms",
+                              rc->t.where, (long long)(until - p->sent));
+        }
+        if (!rc->reading)
+            read_once(rc, until);
+        else
+            dlock__cond_wait_until(&p->cv, &rc->mu, until);
+    }
+    pass_reading(rc);
+    code = p->rc;
+    pthread_mutex_unlock(&rc->mu);
+    if (code)
+        dlock__err(code, "%s", p->msg);
+    pend_free(p);
+    return code;
+}
+
+/* The RESP bytes of cmds[0..n), SHAs filled in; malloc'd. */
+static char *format(dlock__rconn *rc, rcmd *cmds, int n, size_t *len)
+{
+    char *all = NULL;
+    size_t total = 0;
+
+    for (int i = 0; i < n; i++) {
+        const char **argv = cmds[i].ext_argv ? cmds[i].ext_argv
+                                             : cmds[i].argv;
+        size_t *lens = cmds[i].ext_lens ? cmds[i].ext_lens : cmds[i].lens;
+        char *one = NULL;
+        if (cmds[i].script >= 0) {
+            argv[1] = rc->sha[cmds[i].script];
+            lens[1] = 40;
+        }
+        int l = redisFormatCommandArgv(&one, cmds[i].argc, argv, lens);
+        if (l < 0 || !one) {
+            free(all);
+            return NULL;
+        }
+        if (n == 1) {
+            *len = (size_t)l;
+            return one;
+        }
+        char *grown = realloc(all, total + (size_t)l);
+        if (!grown) {
+            free(one);
+            free(all);
+            return NULL;
+        }
+        all = grown;
+        memcpy(all + total, one, (size_t)l);
+        total += (size_t)l;
+        free(one);
+    }
+    *len = total;
+    return all;
+}
+
+int dlock__rconn_run(dlock__rconn *rc, rcmd *cmds, int n,
+                     redisReply **replies, int64_t deadline)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        size_t len = 0;
+        char *buf = format(rc, cmds, n, &len);
+        int code, noscript = 0;
+
+        if (!buf)
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        code = call(rc, buf, len, n, replies, deadline);
+        free(buf);
+        if (code)
+            return code;
+        for (int i = 0; i < n; i++)
+            if (replies[i]->type == REDIS_REPLY_ERROR &&
+                !strncmp(replies[i]->str, "NOSCRIPT", 8))
+                noscript = 1;
+        if (!noscript)
+            return DLOCK_OK;
+        for (int i = 0; i < n; i++)
+            freeReplyObject(replies[i]);
+
+        /* the scripts were flushed: load them again (the SHAs are those
+         * of the same texts), then run the call once more */
+        rcmd load[MAX_SCRIPTS];
+        redisReply *lr[MAX_SCRIPTS];
+        for (int i = 0; i < rc->t.nscripts; i++) {
+            rcmd_plain(&load[i]);
+            rcmd_str(&load[i], "SCRIPT");
+            rcmd_str(&load[i], "LOAD");
+            rcmd_str(&load[i], rc->t.scripts[i]);
+        }
+        buf = format(rc, load, rc->t.nscripts, &len);
+        if (!buf)
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        code = call(rc, buf, len, rc->t.nscripts, lr, deadline);
+        free(buf);
+        if (code)
+            return code;
+        for (int i = 0; i < rc->t.nscripts; i++) {
+            if (lr[i]->type == REDIS_REPLY_ERROR && code == DLOCK_OK)
+                code = dlock__redis_server_error(rc->t.where,
+                                                 rc->t.cfg->password,
+                                                 lr[i]->str, NULL);
+            freeReplyObject(lr[i]);
+        }
+        if (code)
+            return code;
+    }
+    return dlock__err(DLOCK_EPROTO,
+                      "%s: the server keeps forgetting dlock's scripts",
+                      rc->t.where);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Open and free                                                            */
+/* ------------------------------------------------------------------------ */
+
+int dlock__rconn_open(dlock__rconn **out, const dlock__rconn_target *t,
+                      int64_t deadline)
+{
+    dlock__rconn *rc;
+    int code;
+
+    *out = NULL;
+    if (t->nscripts > MAX_SCRIPTS)
+        return dlock__err(DLOCK_EINVAL, "too many scripts");
+    rc = calloc(1, sizeof(*rc));
+    if (!rc)
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    rc->t = *t;
+    pthread_mutex_init(&rc->mu, NULL);
+    code = dlock__cond_init(&rc->idle_cv);
+    if (code == DLOCK_OK) {
+        code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx);
+        if (code)
+            pthread_cond_destroy(&rc->idle_cv);
+    }
+    if (code) {
+        pthread_mutex_destroy(&rc->mu);
+        free(rc);
+        return code;
+    }
+    rc->rcvtimeo = budget(t, deadline);
+    rc->used = dlock__now_ms();
+    *out = rc;
+    return DLOCK_OK;
+}
+
+void dlock__rconn_free(dlock__rconn *rc)
+{
+    if (!rc)
+        return;
+    while (rc->head) { /* abandoned calls whose replies never came */
+        pend *p = rc->head;
+        rc->head = p->next;
+        pend_free(p);
+    }
+    if (rc->ctx)
+        redisFree(rc->ctx);
+    pthread_cond_destroy(&rc->idle_cv);
+    pthread_mutex_destroy(&rc->mu);
+    free(rc);
+}
