@@ -1946,4 +1946,6 @@ const dlock__backend dlock__backend_etcd = {
     NULL,                   /* gc */
     NULL, /* select */
     NULL, /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };

@@ -672,4 +672,6 @@ const dlock__backend dlock__backend_file = {
     NULL,                    /* gc */
     NULL, /* select */
     NULL, /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };

@@ -933,4 +933,6 @@ const dlock__backend dlock__backend_mysql = {
     my_gc,            /* gc */
     NULL,             /* select */
     NULL,             /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };

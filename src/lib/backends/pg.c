@@ -1918,6 +1918,8 @@ const dlock__backend dlock__backend_pg = {
     pg_gc,            /* gc */
     pg_select,        /* select */
     NULL,             /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };
 
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
@@ -1938,6 +1940,8 @@ static const dlock__backend backend_pg_advisory = {
     NULL,                   /* gc: nothing is kept per name */
     NULL,                   /* select */
     NULL,                   /* margin */
+    NULL,                   /* abandon */
+    NULL,                   /* extend_many */
 };
 
 static const dlock__backend *pg_select(const dlock__uri *u)

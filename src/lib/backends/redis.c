@@ -922,4 +922,6 @@ const dlock__backend dlock__backend_redis = {
     NULL,                /* gc */
     NULL,                /* select */
     NULL,                /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };

@@ -1772,4 +1772,6 @@ const dlock__backend dlock__backend_redlock = {
     NULL,               /* gc */
     NULL,               /* select */
     rl_margin,          /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };

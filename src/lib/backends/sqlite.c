@@ -500,4 +500,6 @@ const dlock__backend dlock__backend_sqlite = {
     sq_gc,            /* gc */
     NULL, /* select */
     NULL, /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };

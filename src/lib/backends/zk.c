@@ -1530,4 +1530,6 @@ const dlock__backend dlock__backend_zk = {
     NULL,                   /* gc */
     NULL, /* select */
     NULL, /* margin */
+    NULL, /* abandon */
+    NULL, /* extend_many */
 };

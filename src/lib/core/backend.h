@@ -52,18 +52,35 @@ typedef struct dlock__lease {
     int waiting;       /* 0 on the first try; 1 once the core has armed
                         * notifications and will wait (fair queues join
                         * then) */
+    int may_wait;      /* the caller waits if this try finds the lock
+                        * busy (the waiter is registered): a store whose
+                        * notifications are already armed for this client
+                        * may queue it in this try, and say so (armed) */
+    int64_t *hint;     /* two int64_t of scratch kept per lock name in the
+                        * client, across its holds, for the backend alone
+                        * (read and written with __atomic builtins only) */
     int64_t deadline;  /* when the caller's wait ends (CAP_NATIVE_WAIT
                         * only); DLOCK__FOREVER; <= now means try once */
     /* outputs of acquire */
     uint64_t token;   /* fencing token of a successful acquire */
     int64_t retry_ms; /* on DLOCK_EBUSY: re-try after this long even without
                        * a notification (the holder's lease left); -1 none */
+    int armed;        /* on DLOCK_EBUSY: this try queued the lease while its
+                       * notifications were live (no arm() and second try
+                       * needed) */
     void *priv;       /* backend state, lease_size bytes */
 } dlock__lease;
 
 /* Capabilities. */
 #define DLOCK__CAP_LEASE 0x1u       /* locks expire unless renewed */
 #define DLOCK__CAP_NATIVE_WAIT 0x2u /* acquire() itself waits until deadline */
+#define DLOCK__CAP_HANDOVER 0x4u    /* release() hands the lock to a waiter
+                                     * itself (dlock__notify_grant()); the
+                                     * core wakes no one on release */
+#define DLOCK__CAP_WAITER_READS 0x8u /* loop_run() may run on a waiting
+                                      * application thread: it only reads
+                                      * notifications (never blocks) and
+                                      * calls dlock__notify_*() */
 
 typedef struct dlock__backend {
     const char *name; /* "redis", "file" */
@@ -128,6 +145,22 @@ typedef struct dlock__backend {
      * allowed between client and store. Optional: NULL means ttl/100 + 2
      * ms. Redlock makes it configurable (?drift_factor=, ?drift_ms=). */
     int64_t (*margin)(void *st, int64_t ttl_ms);
+
+    /* The wait of lease l ends without the lock (deadline, error): leave
+     * the store's queue. If the store already handed the lock to l's
+     * owner, keep it instead: DLOCK_OK with l->token set and the lease
+     * restarted by this call. DLOCK_EBUSY: left (or never queued); an
+     * error: the store could not be told. Optional (CAP_HANDOVER stores
+     * need it). */
+    int (*abandon)(void *st, dlock__lease *l, int64_t op_deadline);
+
+    /* Renews n leases at once: rcs[i] = DLOCK_OK, DLOCK_ENOTHELD or an
+     * error for ls[i], set to ttls[i] from now. Returns DLOCK_OK when
+     * every rcs[i] is set, else an error for all. Optional: the watchdog
+     * calls extend() for each otherwise. */
+    int (*extend_many)(void *st, dlock__lease *const *ls,
+                       const int64_t *ttls, int *rcs, size_t n,
+                       int64_t op_deadline);
 } dlock__backend;
 
 /* --- services the core offers to backends ------------------------------ */
@@ -153,6 +186,11 @@ void dlock__notify_fair(dlock_client *c, const char *name, size_t len);
 
 /* Wakes the waiter whose lease has l->waiter == waiter. */
 void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
+
+/* The store handed the lock to the waiter whose lease has l->waiter ==
+ * waiter, with this fencing token (CAP_HANDOVER). A waiter that is gone
+ * is not an error: the message is dropped. */
+void dlock__notify_grant(dlock_client *c, uint64_t waiter, uint64_t token);
 
 /* Wakes every waiter of the client: its notifications may have been lost
  * (a subscriber connection broke). Each re-arms, then re-tries. */

@@ -51,6 +51,21 @@ void dlock__schedule(dlock_client *c, int64_t when)
     }
 }
 
+/* Wakes waiter w (c->mu held): through its condition variable, or, if it
+ * is the thread reading the backend's fd, through the reader's eventfd. */
+static void wake_waiter(dlock_client *c, dlock__waiter *w)
+{
+    if (w == c->reader) {
+        uint64_t one = 1;
+        ssize_t n;
+        do
+            n = write(c->reader_fd, &one, sizeof(one));
+        while (n < 0 && errno == EINTR);
+    } else {
+        pthread_cond_signal(&w->cv);
+    }
+}
+
 void dlock__notify_name(dlock_client *c, const char *name, size_t len)
 {
     pthread_mutex_lock(&c->mu);
@@ -62,7 +77,7 @@ void dlock__notify_name(dlock_client *c, const char *name, size_t len)
         for (dlock__waiter *w = c->waiters; w; w = w->next) {
             if (w->entry == e && !w->fair && !w->notified) {
                 w->notified = 1;
-                pthread_cond_signal(&w->cv);
+                wake_waiter(c, w);
                 break;
             }
         }
@@ -77,7 +92,7 @@ void dlock__notify_fair(dlock_client *c, const char *name, size_t len)
     for (dlock__waiter *w = c->waiters; e && w; w = w->next) {
         if (w->entry == e && w->fair) {
             w->notified = 1;
-            pthread_cond_signal(&w->cv);
+            wake_waiter(c, w);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -89,7 +104,23 @@ void dlock__notify_waiter(dlock_client *c, uint64_t seq)
     for (dlock__waiter *w = c->waiters; w; w = w->next) {
         if (w->seq == seq) {
             w->notified = 1;
-            pthread_cond_signal(&w->cv);
+            wake_waiter(c, w);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void dlock__notify_grant(dlock_client *c, uint64_t seq, uint64_t token)
+{
+    pthread_mutex_lock(&c->mu);
+    for (dlock__waiter *w = c->waiters; w; w = w->next) {
+        if (w->seq == seq) {
+            if (!w->granted) {
+                w->granted = 1;
+                w->token = token;
+                wake_waiter(c, w);
+            }
             break;
         }
     }
@@ -101,7 +132,7 @@ void dlock__notify_error(dlock_client *c)
     pthread_mutex_lock(&c->mu);
     for (dlock__waiter *w = c->waiters; w; w = w->next) {
         w->rearm = 1;
-        pthread_cond_signal(&w->cv);
+        wake_waiter(c, w);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -170,6 +201,67 @@ static void note_lost(dlock__hold *h, lost_note **notes, size_t *n,
     h->handle->callbacks++;
 }
 
+/* Applies the answer `rc` to renewing hold h, renewed from t0 (c->mu
+ * held): a new lease end, a loss, or another try soon. */
+static void renewed(dlock_client *c, dlock__hold *h, int rc, int64_t t0,
+                    lost_note **notes, size_t *nnotes, size_t *capnotes,
+                    int64_t *next)
+{
+    int64_t ttl = h->lease.ttl_ms;
+
+    h->renewing = 0;
+    if (rc == DLOCK_OK) {
+        h->lease_end = t0 + ttl - dlock__client_margin(c, ttl);
+        h->renew_at = t0 + ttl / 3;
+    } else if (rc == DLOCK_ENOTHELD) {
+        mark_lost(h, "renewal found it deleted or taken over in the store");
+        note_lost(h, notes, nnotes, capnotes);
+    } else {
+        /* The store did not answer: try again soon, until the local lease
+         * end declares the hold lost. */
+        int64_t again = dlock__now_ms() + (ttl / 10 > 1000 ? 1000 : ttl / 10);
+        h->renew_at = again < h->lease_end ? again : h->lease_end;
+    }
+    if (!h->lost) {
+        if (h->renew_at < *next)
+            *next = h->renew_at;
+        if (h->lease_end < *next)
+            *next = h->lease_end;
+    }
+    pthread_cond_broadcast(&c->cv);
+}
+
+/* Renews due[0..n) (all marked renewing) in one call of the backend's
+ * extend_many (c->mu held; dropped meanwhile); rcs[i] gets each answer.
+ * Returns 0, or -1 when it could not even start (out of memory). */
+static int renew_batch(dlock_client *c, dlock__hold **due, size_t n,
+                       int *rcs)
+{
+    dlock__lease **ls = malloc(n * sizeof(*ls));
+    int64_t *ttls = malloc(n * sizeof(*ttls));
+    int rc;
+
+    if (!ls || !ttls) {
+        free(ls);
+        free(ttls);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ls[i] = &due[i]->lease;
+        ttls[i] = due[i]->lease.ttl_ms;
+    }
+    pthread_mutex_unlock(&c->mu);
+    rc = c->be->extend_many(c->st, ls, ttls, rcs, n,
+                            dlock__now_ms() + c->timeout_ms);
+    pthread_mutex_lock(&c->mu);
+    if (rc != DLOCK_OK)
+        for (size_t i = 0; i < n; i++)
+            rcs[i] = rc;
+    free(ls);
+    free(ttls);
+    return 0;
+}
+
 /* One pass of the watchdog; c->mu held on entry and exit (dropped while
  * talking to the store). Returns when it wants to run next. */
 static int64_t watchdog(dlock_client *c)
@@ -223,6 +315,18 @@ static int64_t watchdog(dlock_client *c)
             next = h->lease_end;
     }
 
+    if (ndue > 0 && c->be->extend_many) {
+        /* one batch for all: the backend pipelines them */
+        int *rcs = malloc(ndue * sizeof(*rcs));
+        int64_t t0 = dlock__now_ms();
+        if (rcs && renew_batch(c, due, ndue, rcs) == 0) {
+            for (size_t i = 0; i < ndue; i++)
+                renewed(c, due[i], rcs[i], t0, &notes, &nnotes, &capnotes,
+                        &next);
+            ndue = 0;
+        }
+        free(rcs);
+    }
     for (size_t i = 0; i < ndue; i++) {
         dlock__hold *h = due[i];
         int64_t t0 = dlock__now_ms();
@@ -235,28 +339,7 @@ static int64_t watchdog(dlock_client *c)
         pthread_mutex_unlock(&c->mu);
         rc = c->be->extend(c->st, &h->lease, ttl, dl);
         pthread_mutex_lock(&c->mu);
-        h->renewing = 0;
-        if (rc == DLOCK_OK) {
-            h->lease_end = t0 + ttl - dlock__client_margin(c, ttl);
-            h->renew_at = t0 + ttl / 3;
-        } else if (rc == DLOCK_ENOTHELD) {
-            mark_lost(h, "renewal found it deleted or taken over in the "
-                         "store");
-            note_lost(h, &notes, &nnotes, &capnotes);
-        } else {
-            /* The store did not answer: try again soon, until the local
-             * lease end declares the hold lost. */
-            int64_t again = dlock__now_ms() + (ttl / 10 > 1000 ? 1000
-                                                               : ttl / 10);
-            h->renew_at = again < h->lease_end ? again : h->lease_end;
-        }
-        if (!h->lost) {
-            if (h->renew_at < next)
-                next = h->renew_at;
-            if (h->lease_end < next)
-                next = h->lease_end;
-        }
-        pthread_cond_broadcast(&c->cv);
+        renewed(c, h, rc, t0, &notes, &nnotes, &capnotes, &next);
     }
     free(due);
 
@@ -289,13 +372,17 @@ static void *background(void *arg)
         int64_t now = dlock__now_ms();
         struct pollfd fds[2];
         int nfds = 1, timeout;
+        /* while a waiting thread reads the backend's fd, leave it alone
+         * (that thread wakes this one when it stops reading) */
+        int others_read = c->reader != NULL;
 
         c->next_wake = next;
         pthread_mutex_unlock(&c->mu);
 
         fds[0].fd = c->wake_fd;
         fds[0].events = POLLIN;
-        fds[1].fd = c->be->loop_fd ? c->be->loop_fd(c->st) : -1;
+        fds[1].fd = c->be->loop_fd && !others_read ? c->be->loop_fd(c->st)
+                                                     : -1;
         fds[1].events = POLLIN;
         fds[1].revents = 0;
         if (fds[1].fd >= 0)
@@ -383,6 +470,8 @@ static void client_free(dlock_client *c)
     free(c->buckets);
     if (c->wake_fd >= 0)
         close(c->wake_fd);
+    if (c->reader_fd >= 0)
+        close(c->reader_fd);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c->store);
@@ -437,6 +526,7 @@ int dlock_client_open(dlock_client **out, const char *uri,
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
     c->wake_fd = -1;
+    c->reader_fd = -1;
     c->be = be;
     c->refs = 1;
     c->next_wake = DLOCK__FOREVER;
@@ -462,7 +552,10 @@ int dlock_client_open(dlock_client **out, const char *uri,
     for (size_t i = 0; i < sizeof(id); i++)
         snprintf(c->id + 2 * i, 3, "%02x", id[i]);
     c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (c->wake_fd < 0) {
+    if (c->wake_fd >= 0 && (be->caps & DLOCK__CAP_WAITER_READS))
+        c->reader_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->wake_fd < 0 ||
+        ((be->caps & DLOCK__CAP_WAITER_READS) && c->reader_fd < 0)) {
         rc = dlock__err(DLOCK_ENOMEM, "eventfd failed: %s", strerror(errno));
         goto fail;
     }

@@ -48,6 +48,9 @@ struct dlock__waiter {
     int fair;
     int notified; /* a wake-up arrived and was not consumed yet */
     int rearm;    /* notifications may have been lost: arm again */
+    int granted;  /* the store handed it the lock (CAP_HANDOVER) */
+    int sleeping; /* blocked on cv (may be asked to read for all) */
+    uint64_t token; /* ... with this token */
     dlock__waiter *prev, *next;
 };
 
@@ -58,6 +61,7 @@ struct dlock__entry {
     uint64_t hash;
     size_t refs;         /* handles open on this name */
     dlock__hold *holds;  /* this client's holds of it, one per thread */
+    int64_t hint[2];     /* the backend's per-name scratch (lease.hint) */
     dlock__entry *chain; /* hash bucket chain */
 };
 
@@ -88,6 +92,11 @@ struct dlock_client {
 
     dlock__waiter *waiters;
     uint64_t next_waiter;
+    /* CAP_WAITER_READS: the waiter that reads the backend's fd now (NULL:
+     * the background thread does), and the eventfd that wakes it from
+     * its poll() for wake-ups that do not come through that fd */
+    dlock__waiter *reader;
+    int reader_fd;
 
     pthread_t thread;
     int thread_started;

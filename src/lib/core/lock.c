@@ -23,6 +23,7 @@
  */
 #include "internal.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,8 +267,35 @@ static int try_once(dlock_client *c, dlock__hold *h, int64_t *t0,
     return rc;
 }
 
+/* Registers w as a waiter of h's lock (before the first try, so that a
+ * wake-up or hand-over that follows that try is latched). */
+static int waiter_add(dlock_client *c, dlock__waiter *w, dlock__hold *h)
+{
+    int rc;
+
+    memset(w, 0, sizeof(*w));
+    rc = dlock__cond_init(&w->cv);
+    if (rc)
+        return rc;
+    w->seq = h->lease.waiter;
+    w->entry = h->entry;
+    w->fair = (h->lease.flags & DLOCK_FAIR) != 0;
+
+    pthread_mutex_lock(&c->mu);
+    /* append: the oldest waiter of a name is woken first */
+    dlock__waiter **pp = &c->waiters;
+    while (*pp) {
+        w->prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = w;
+    pthread_mutex_unlock(&c->mu);
+    return DLOCK_OK;
+}
+
 static void waiter_remove(dlock_client *c, dlock__waiter *w, int acquired)
 {
+    pthread_mutex_lock(&c->mu);
     if (w->prev)
         w->prev->next = w->next;
     else
@@ -284,90 +312,187 @@ static void waiter_remove(dlock_client *c, dlock__waiter *w, int acquired)
             }
         }
     }
+    pthread_mutex_unlock(&c->mu);
+    pthread_cond_destroy(&w->cv);
 }
 
-static int wait_loop(dlock_client *c, dlock__hold *h, int64_t start,
-                     int64_t deadline, int64_t *t0, int *seen_busy)
+/* One round of reading the backend's fd on this waiting thread, until
+ * something arrives or `wake_at` (c->mu NOT held). Wake-ups that do not
+ * come through the fd arrive on the client's reader eventfd. */
+static void read_for_all(dlock_client *c, int64_t wake_at)
 {
-    dlock__waiter w;
-    int rc;
+    int fd = c->be->loop_fd(c->st);
+    struct pollfd p[2];
+    int64_t now = dlock__now_ms();
+    int n = 0, timeout, readable = 0;
 
-    memset(&w, 0, sizeof(w));
-    rc = dlock__cond_init(&w.cv);
-    if (rc)
-        return rc;
-    w.seq = h->lease.waiter;
-    w.entry = h->entry;
-    w.fair = (h->lease.flags & DLOCK_FAIR) != 0;
-
-    pthread_mutex_lock(&c->mu);
-    /* append: the oldest waiter of a name is woken first */
-    dlock__waiter **pp = &c->waiters;
-    while (*pp) {
-        w.prev = *pp;
-        pp = &(*pp)->next;
+    p[n].fd = c->reader_fd;
+    p[n++].events = POLLIN;
+    if (fd >= 0) {
+        p[n].fd = fd;
+        p[n++].events = POLLIN;
     }
-    *pp = &w;
-    pthread_mutex_unlock(&c->mu);
+    if (wake_at == DLOCK__FOREVER)
+        timeout = -1;
+    else
+        timeout = wake_at <= now ? 0
+                  : wake_at - now > 60000 ? 60000
+                                          : (int)(wake_at - now);
+    if (poll(p, (nfds_t)n, timeout) > 0) {
+        if (p[0].revents & POLLIN) {
+            uint64_t v;
+            if (read(c->reader_fd, &v, sizeof(v)) < 0) {
+                /* drained already */
+            }
+        }
+        readable = n == 2 && (p[1].revents & (POLLIN | POLLERR | POLLHUP));
+    }
+    if (readable)
+        c->be->loop_run(c->st, 1);
+}
 
-    int64_t arm_t0 = dlock__now_ms(), arm_dl = op_deadline(c, deadline, 0);
-    rc = c->be->arm ? c->be->arm(c->st, &h->lease, arm_dl) : DLOCK_OK;
-    if (cut_short(c, rc, *seen_busy, arm_t0, arm_dl, deadline))
+/* Sleeps until w is woken, handed the lock or told to re-arm, the client
+ * closes, or wake_at (c->mu held on entry and exit). On a store whose
+ * notifications may be read by a waiting thread, the first waiter to
+ * sleep reads them for the whole client, so that its own wake-up comes
+ * straight from the kernel; it passes the reading on when it stops. */
+static void sleep_until(dlock_client *c, dlock__waiter *w, int64_t wake_at)
+{
+    int reads = (c->be->caps & DLOCK__CAP_WAITER_READS) && c->be->loop_fd;
+
+    while (!w->notified && !w->granted && !w->rearm && !c->closed &&
+           dlock__now_ms() < wake_at) {
+        if (reads && (!c->reader || c->reader == w)) {
+            __atomic_store_n(&c->reader, w, __ATOMIC_RELAXED);
+            pthread_mutex_unlock(&c->mu);
+            read_for_all(c, wake_at);
+            pthread_mutex_lock(&c->mu);
+            continue;
+        }
+        w->sleeping = 1;
+        dlock__cond_wait_until(&w->cv, &c->mu, wake_at);
+        w->sleeping = 0;
+    }
+    if (c->reader == w) {
+        __atomic_store_n(&c->reader, NULL, __ATOMIC_RELAXED);
+        for (dlock__waiter *o = c->waiters; o; o = o->next) {
+            if (o->sleeping) {
+                pthread_cond_signal(&o->cv); /* it reads from now on */
+                return;
+            }
+        }
+        dlock__loop_wake(c); /* the background thread reads again */
+    }
+}
+
+/* After arm() or a try cut short by the deadline: see cut_short(). */
+static int armed(dlock_client *c, dlock__hold *h, int64_t deadline,
+                 int seen_busy)
+{
+    int64_t t0 = dlock__now_ms(), dl = op_deadline(c, deadline, 0);
+    int rc = c->be->arm(c->st, &h->lease, dl);
+
+    if (cut_short(c, rc, seen_busy, t0, dl, deadline))
         rc = ran_out(h);
+    return rc;
+}
+
+/* The wait, once the first try found the lock busy (stores without
+ * CAP_NATIVE_WAIT). *t0 gets the start of the try or call whose answer
+ * started the lease; *t_busy is the start of the last try answered
+ * "held": a lock the store hands over was handed after that. */
+static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
+                     int64_t start, int64_t deadline, int64_t *t0,
+                     int64_t *t_busy, int *seen_busy)
+{
+    int rc = DLOCK_OK, need_try = 0;
+
+    if (!h->lease.armed) {
+        if (c->be->arm)
+            rc = armed(c, h, deadline, *seen_busy);
+        need_try = 1;
+    }
     h->lease.waiting = 1;
     while (rc == DLOCK_OK) {
-        rc = try_once(c, h, t0, deadline, 0, seen_busy);
-        if (rc != DLOCK_EBUSY)
-            break;
-        int64_t now = dlock__now_ms();
-        if (now >= deadline) {
-            rc = busy_message(h, now - start);
-            break;
+        if (need_try) {
+            rc = try_once(c, h, t0, deadline, 0, seen_busy);
+            if (rc != DLOCK_EBUSY)
+                break;
+            *t_busy = *t0;
+            need_try = 0;
+            rc = DLOCK_OK;
         }
+        int64_t now = dlock__now_ms();
         int64_t wake_at = deadline;
         if (h->lease.retry_ms >= 0 && now + h->lease.retry_ms + 1 < wake_at)
             wake_at = now + h->lease.retry_ms + 1;
 
         pthread_mutex_lock(&c->mu);
-        while (!w.notified && !w.rearm && !c->closed &&
-               dlock__now_ms() < wake_at)
-            dlock__cond_wait_until(&w.cv, &c->mu, wake_at);
-        int rearm = w.rearm;
-        int closed = c->closed;
-        w.notified = 0;
-        w.rearm = 0;
+        sleep_until(c, w, wake_at);
+        int granted = w->granted, rearm = w->rearm, closed = c->closed;
+        uint64_t token = w->token;
+        w->notified = 0;
+        w->rearm = 0;
+        w->granted = 0;
         pthread_mutex_unlock(&c->mu);
 
-        rc = DLOCK_OK;
-        if (closed)
-            rc = dlock__err(DLOCK_EINVAL, "the client was closed during "
-                                          "the wait");
-        else if (rearm && c->be->arm) {
-            arm_t0 = dlock__now_ms();
-            arm_dl = op_deadline(c, deadline, 0);
-            rc = c->be->arm(c->st, &h->lease, arm_dl);
-            if (cut_short(c, rc, *seen_busy, arm_t0, arm_dl, deadline))
-                rc = ran_out(h);
+        if (granted) {
+            /* handed over after the last "held": the lease started
+             * then at the latest, from where this thread stands */
+            now = dlock__now_ms();
+            if (*t_busy + h->lease.ttl_ms -
+                    dlock__client_margin(c, h->lease.ttl_ms) > now) {
+                h->lease.token = token;
+                *t0 = *t_busy;
+                return DLOCK_OK;
+            }
+            need_try = 1; /* too late to trust: a try adopts it if ours */
+            continue;
         }
+        if (closed)
+            return dlock__err(DLOCK_EINVAL, "the client was closed during "
+                                            "the wait");
+        if (dlock__now_ms() >= deadline)
+            return busy_message(h, dlock__now_ms() - start);
+        if (rearm && c->be->arm)
+            rc = armed(c, h, deadline, *seen_busy);
+        need_try = 1;
     }
-    if (c->be->disarm)
-        c->be->disarm(c->st, &h->lease, rc == DLOCK_OK);
-
-    pthread_mutex_lock(&c->mu);
-    waiter_remove(c, &w, rc == DLOCK_OK);
-    pthread_mutex_unlock(&c->mu);
-    pthread_cond_destroy(&w.cv);
     return rc;
+}
+
+/* A wait ends without the lock: leave the store's queue. A store that
+ * hands locks over may have handed this one to us meanwhile; then it is
+ * ours (DLOCK_OK, its lease restarted at *t0). */
+static int leave_queue(dlock_client *c, dlock__hold *h, int rc, int64_t *t0)
+{
+    int64_t a0 = dlock__now_ms();
+    int r;
+
+    if (!c->be->abandon)
+        return rc;
+    if (rc == DLOCK_EBUSY) {
+        r = c->be->abandon(c->st, &h->lease, a0 + c->timeout_ms);
+        if (r == DLOCK_OK)
+            *t0 = a0;
+        return r == DLOCK_EBUSY ? rc : r;
+    }
+    /* the store failed: send the leaving on its way, keep the error */
+    char keep[512];
+    snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
+    (void)c->be->abandon(c->st, &h->lease, a0 + MIN_OP_MS);
+    return dlock__err(rc, "%s", keep);
 }
 
 int dlock_acquire(dlock *l, int64_t wait_ms)
 {
     dlock_client *c;
     dlock__hold *h;
+    dlock__waiter w;
     pthread_t self = pthread_self();
-    int64_t start, deadline, t0 = 0;
+    int64_t start, deadline, t0 = 0, t_busy = 0;
     uint64_t seq;
-    int rc, seen_busy = 0;
+    int rc, seen_busy = 0, waits;
 
     if (!l)
         return dlock__err(DLOCK_EINVAL, "dlock_acquire: lock is NULL");
@@ -426,14 +551,32 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     h->lease.waiter = seq;
     h->lease.deadline = wait_ms == 0 ? start : deadline;
     h->lease.retry_ms = -1;
+    h->lease.hint = l->entry->hint;
     h->lease.priv = c->be->lease_size ? (void *)(h + 1) : NULL;
 
+    waits = wait_ms != 0 && !(c->be->caps & DLOCK__CAP_NATIVE_WAIT);
+    if (waits) {
+        rc = waiter_add(c, &w, h);
+        if (rc) {
+            free(h);
+            return rc;
+        }
+    }
+    h->lease.may_wait = waits;
     rc = try_once(c, h, &t0, deadline, wait_ms == 0, &seen_busy);
-    if (rc == DLOCK_EBUSY && wait_ms != 0 &&
-        !(c->be->caps & DLOCK__CAP_NATIVE_WAIT))
-        rc = wait_loop(c, h, start, deadline, &t0, &seen_busy);
-    else if (rc == DLOCK_EBUSY)
+    if (rc == DLOCK_EBUSY && waits) {
+        t_busy = t0;
+        rc = wait_loop(c, h, &w, start, deadline, &t0, &t_busy, &seen_busy);
+        if (rc != DLOCK_OK)
+            rc = leave_queue(c, h, rc, &t0);
+    } else if (rc == DLOCK_EBUSY) {
         rc = busy_message(h, dlock__now_ms() - start);
+    }
+    if (waits) {
+        if (c->be->disarm && h->lease.waiting)
+            c->be->disarm(c->st, &h->lease, rc == DLOCK_OK);
+        waiter_remove(c, &w, rc == DLOCK_OK);
+    }
     if (rc != DLOCK_OK) {
         free(h);
         return rc;
@@ -513,7 +656,8 @@ int dlock_release(dlock *l)
     pthread_mutex_unlock(&c->mu);
 
     rc = c->be->release(c->st, &h->lease, dlock__now_ms() + c->timeout_ms);
-    if (rc == DLOCK_OK && !(h->lease.flags & DLOCK_FAIR))
+    if (rc == DLOCK_OK && !(h->lease.flags & DLOCK_FAIR) &&
+        !(c->be->caps & DLOCK__CAP_HANDOVER))
         dlock__notify_name(c, h->lease.name, h->lease.name_len);
 
     /* A loss already announced stays a loss. Otherwise the store's answer
