@@ -347,11 +347,21 @@ long long th_redis_calls(th_redis *r, const char *cmd)
     static char buf[65536];
     char key[64];
     const char *p;
+    long long n = 0;
 
     th_redis_cmd(r, buf, sizeof(buf), "INFO commandstats");
-    snprintf(key, sizeof(key), "cmdstat_%s:calls=", cmd);
-    p = strstr(buf, key);
-    return p ? atoll(p + strlen(key)) : 0;
+    if (cmd) {
+        snprintf(key, sizeof(key), "cmdstat_%s:calls=", cmd);
+        p = strstr(buf, key);
+        return p ? atoll(p + strlen(key)) : 0;
+    }
+    /* every command run, those run inside scripts included, but INFO */
+    for (p = buf; (p = strstr(p, "cmdstat_")); p++) {
+        const char *calls = strstr(p, "calls=");
+        if (calls && strncmp(p, "cmdstat_info:", 13) != 0)
+            n += atoll(calls + 6);
+    }
+    return n;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -137,7 +137,8 @@ void th_redis_stop(th_redis *r);
 long long th_redis_cmd(th_redis *r, char *out, size_t cap, const char *fmt,
                        ...);
 /* The number of calls of `cmd` (e.g. "evalsha") so far, from INFO
- * commandstats. */
+ * commandstats; cmd NULL: of every command but INFO, those that scripts
+ * ran included. */
 long long th_redis_calls(th_redis *r, const char *cmd);
 
 /* The first free TCP port on 127.0.0.1. */

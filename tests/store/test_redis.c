@@ -8,6 +8,7 @@
 #include "test.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -43,6 +44,42 @@ static void cycle(dlock_client *c, const char *name)
     CHECK_OP(dlock_token(l), >, 0);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
+}
+
+typedef struct waiter {
+    dlock *l;
+    int64_t wait;
+    int rc;
+    int64_t took;
+    char msg[512];
+    uint64_t token;
+} waiter;
+
+static void *wait_thread(void *arg)
+{
+    waiter *w = arg;
+    int64_t t0 = th_now_ms();
+
+    w->rc = dlock_acquire(w->l, w->wait);
+    w->took = th_now_ms() - t0;
+    snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
+    w->token = dlock_token(w->l);
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->l);
+    return NULL;
+}
+
+#define NWAIT 5
+
+static int64_t waiters_of(dlock_client *c, const char *name)
+{
+    dlock_info info;
+    int64_t n;
+
+    CHECK_OK(dlock_inspect(c, name, &info));
+    n = info.waiters;
+    dlock_info_clear(&info);
+    return n;
 }
 
 static void start_auth(void)
@@ -170,22 +207,23 @@ TEST(unix_socket)
     CHECK_RC(dlock_client_open(&c, uri, NULL), DLOCK_ECONN);
 }
 
-/* The hash tag of a key: between its first '{' and the next '}'. */
-static void tag_of(const char *key, char *out, size_t cap)
+/* Runs a Lua snippet in database 3 of srv (the tests' other database). */
+static long long in_db3(char *out, size_t cap, const char *lua)
 {
-    const char *o = strchr(key, '{');
-    const char *e = o ? strchr(o + 1, '}') : NULL;
+    char script[1024];
 
-    snprintf(out, cap, "%.*s", o && e ? (int)(e - o - 1) : 0, o ? o + 1 : "");
+    snprintf(script, sizeof(script), "redis.call('SELECT', 3) %s", lua);
+    return th_redis_cmd(&srv, out, cap, "EVAL %s 0", script);
 }
 
-TEST(database_prefix_and_hash_tags)
+TEST(database_prefix_and_one_key_per_lock)
 {
-    char uri[256], keys[4096], tag0[600], tag[600];
-    dlock_client *c, *d0;
+    char uri[256], keys[4096], val[512];
+    dlock_client *c, *c2, *d0;
 
     snprintf(uri, sizeof(uri), "%s/3?prefix=app:", srv.uri);
     c = client_at(uri);
+    c2 = client_at(uri);
     d0 = client_at(srv.uri);
     dlock *l = handle(c, "ab{c}d", 0, DLOCK_FAIR);
     dlock *o = handle(c, "ab{c}d", 0, DLOCK_FAIR);
@@ -195,30 +233,41 @@ TEST(database_prefix_and_hash_tags)
     CHECK_EQ(info.held, 0);
     dlock_info_clear(&info);
 
-    /* list the keys of db 3 (the queue keys exist while someone waits) */
-    th_redis_cmd(&srv, NULL, 0, "ZADD app:{ab{c}d}:q 1 x");
-    th_redis_cmd(&srv, NULL, 0, "SELECT 0");
-    long long n = th_redis_cmd(
-        &srv, keys, sizeof(keys),
-        "EVAL %s 0",
-        "redis.call('SELECT', 3) local k = redis.call('KEYS', '*') "
-        "table.sort(k) return table.concat(k, '|')");
-    CHECK_EQ(n, 0);
-    CHECK_CONTAINS(keys, "app:{ab{c}d}");
-    CHECK_CONTAINS(keys, "app:{ab{c}d}:f");
-    /* every key of the lock has the same hash tag: one cluster slot */
-    tag_of("app:{ab{c}d}", tag0, sizeof(tag0));
-    for (char *k = strtok(keys, "|"); k; k = strtok(NULL, "|")) {
-        CHECK(strncmp(k, "app:", 4) == 0);
-        tag_of(k, tag, sizeof(tag));
-        CHECK_STR(tag, tag0);
-    }
+    /* a waiter queues inside the lock's one key: nothing else is kept */
+    waiter w = {handle(c2, "ab{c}d", 0, DLOCK_FAIR), 5000, 0, 0, "", 0};
+    pthread_t th;
+    pthread_create(&th, NULL, wait_thread, &w);
+    int64_t until = th_now_ms() + 5000;
+    while (waiters_of(c, "ab{c}d") < 1 && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK_EQ(waiters_of(c, "ab{c}d"), 1);
+    CHECK_EQ(in_db3(keys, sizeof(keys),
+                    "local k = redis.call('KEYS', '*') table.sort(k) "
+                    "return table.concat(k, '|')"),
+             0);
+    CHECK_STR(keys, "app:{ab{c}d}");
     CHECK_RC(dlock_acquire(o, 0), DLOCK_OK); /* reentrant, same thread */
     CHECK_OK(dlock_release(o));
-    CHECK_OK(dlock_release(l));
+    CHECK_OK(dlock_release(l)); /* hands over; the waiter releases */
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+
+    /* free: a tombstone with the last token, gone an hour after it */
+    CHECK_EQ(in_db3(keys, sizeof(keys),
+                    "return table.concat(redis.call('KEYS', '*'), '|')"),
+             0);
+    CHECK_STR(keys, "app:{ab{c}d}");
+    in_db3(val, sizeof(val), "return redis.call('GET', 'app:{ab{c}d}')");
+    CHECK(strncmp(val, "- ", 2) == 0);
+    long long pttl = in_db3(NULL, 0, "return redis.call('PTTL', "
+                                     "'app:{ab{c}d}')");
+    CHECK_OP(pttl, >, 3500000);
+    CHECK_OP(pttl, <=, 3600000);
     dlock_close(l);
     dlock_close(o);
+    dlock_close(w.l);
     dlock_client_close(c);
+    dlock_client_close(c2);
     dlock_client_close(d0);
 
     dlock_client *bad = NULL;
@@ -229,8 +278,9 @@ TEST(database_prefix_and_hash_tags)
 
 TEST(keys_of_the_wrong_type)
 {
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = client_at(srv.uri), *h = client_at(srv.uri);
     dlock *l;
+    char val[64];
 
     th_redis_cmd(&srv, NULL, 0, "SET dlock:{plain} hello");
     l = handle(c, "plain", 0, 0);
@@ -241,24 +291,39 @@ TEST(keys_of_the_wrong_type)
     CHECK_RC(dlock_inspect(c, "plain", &info), DLOCK_EPROTO);
     dlock_close(l);
 
-    th_redis_cmd(&srv, NULL, 0, "HSET dlock:{fencehash}:f a b");
-    l = handle(c, "fencehash", 0, 0);
+    th_redis_cmd(&srv, NULL, 0, "HSET dlock:{hash} a b");
+    l = handle(c, "hash", 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     dlock_close(l);
 
-    th_redis_cmd(&srv, NULL, 0, "SET dlock:{fencetext}:f abc");
-    l = handle(c, "fencetext", 0, 0);
+    /* something that looks like a tombstone but is not one */
+    th_redis_cmd(&srv, NULL, 0, "SET dlock:{tombtext} %s", "- abc");
+    l = handle(c, "tombtext", 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
-    CHECK_CONTAINS(dlock_errmsg(), "non-number");
+    CHECK_RC(dlock_inspect(c, "tombtext", &info), DLOCK_EPROTO);
     dlock_close(l);
-    char val[64];
-    /* the failed acquisition left no lock behind */
-    CHECK_EQ(th_redis_cmd(&srv, val, sizeof(val), "EXISTS dlock:{fencetext}"),
-             0);
+
+    /* a waiter whose client believes the lock held appends its line
+     * without reading the key first; a short foreign value found that
+     * way is put back as it was, and the call fails at once */
+    dlock *lh = handle(h, "blindfoe", 60000, 0);
+    l = handle(c, "blindfoe", 0, 0);
+    CHECK_OK(dlock_acquire(lh, 0));
+    CHECK_RC(dlock_acquire(l, 50), DLOCK_EBUSY); /* c: held, for 60 s */
+    CHECK_OK(dlock_release(lh));
+    th_redis_cmd(&srv, NULL, 0, "SET dlock:{blindfoe} foo");
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 2000), DLOCK_EPROTO);
+    CHECK_OP(th_now_ms() - t0, <, 1000); /* told at once, not at 2 s */
+    th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{blindfoe}");
+    CHECK_STR(val, "foo");
+    dlock_close(l);
+    dlock_close(lh);
 
     /* the client is still fine for other locks */
     cycle(c, "fine");
     dlock_client_close(c);
+    dlock_client_close(h);
 }
 
 TEST(server_down_gives_econn)
@@ -274,34 +339,13 @@ TEST(server_down_gives_econn)
     CHECK(c == NULL);
 }
 
-typedef struct waiter {
-    dlock *l;
-    int64_t wait;
-    int rc;
-    int64_t took;
-    char msg[512];
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-    int64_t t0 = th_now_ms();
-
-    w->rc = dlock_acquire(w->l, w->wait);
-    w->took = th_now_ms() - t0;
-    snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 TEST(killed_mid_wait_then_recovers)
 {
     th_redis s;
     th_redis_start(&s, NULL);
     dlock_client *a = client_at(s.uri), *b = client_at(s.uri);
     dlock *la = handle(a, "midwait", 30000, 0);
-    waiter w = {handle(b, "midwait", 0, 0), 10000, 0, 0, ""};
+    waiter w = {handle(b, "midwait", 0, 0), 10000, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -413,7 +457,7 @@ TEST(waiters_send_no_commands_between_notifications)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
     dlock *la = handle(a, "quiet", 60000, 0);
-    waiter w = {handle(b, "quiet", 0, 0), 2500, 0, 0, ""};
+    waiter w = {handle(b, "quiet", 0, 0), 2500, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -445,59 +489,73 @@ TEST(waiters_send_no_commands_between_notifications)
     dlock_client_close(b);
 }
 
-#define NWAIT 5
+typedef struct ordered {
+    dlock *l;
+    int rc;
+    int *next; /* shared: the order of acquisitions */
+    int place;
+} ordered;
 
-static int64_t waiters_of(dlock_client *c, const char *name)
+static void *ordered_thread(void *arg)
 {
-    dlock_info info;
-    int64_t n;
+    ordered *o = arg;
 
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
+    o->rc = dlock_acquire(o->l, 20000);
+    o->place = __atomic_fetch_add(o->next, 1, __ATOMIC_SEQ_CST);
+    if (o->rc == DLOCK_OK)
+        dlock_release(o->l);
+    return NULL;
 }
 
-TEST(fair_handoff_wakes_only_the_head)
+/* Both modes hand the lock to the waiters one by one, in arrival order,
+ * each hand-over one release and no try: no herd. */
+TEST(handoff_wakes_only_the_head_in_order)
 {
-    dlock_client *h = client_at(srv.uri), *cl[NWAIT];
-    dlock *lh = handle(h, "herd", 0, DLOCK_FAIR);
-    waiter w[NWAIT];
-    pthread_t th[NWAIT];
+    for (int mode = 0; mode < 2; mode++) {
+        unsigned flags = mode ? DLOCK_FAIR : 0;
+        const char *name = mode ? "herd-fair" : "herd";
+        dlock_client *h = client_at(srv.uri), *cl[NWAIT];
+        dlock *lh = handle(h, name, 0, flags);
+        ordered o[NWAIT];
+        pthread_t th[NWAIT];
+        int next = 0;
 
-    CHECK_OK(dlock_acquire(lh, 0));
-    for (int i = 0; i < NWAIT; i++) {
-        cl[i] = client_at(srv.uri);
-        w[i] = (waiter){handle(cl[i], "herd", 0, DLOCK_FAIR), 20000, 0, 0,
-                        ""};
-        pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        int64_t until = th_now_ms() + 5000;
-        while (waiters_of(h, "herd") < i + 1 && th_now_ms() < until)
-            th_sleep_ms(5);
-    }
-    CHECK_EQ(waiters_of(h, "herd"), NWAIT);
-    dlock_info info;
-    CHECK_OK(dlock_inspect(h, "herd", &info));
-    CHECK_EQ(info.queue_len, NWAIT);
-    CHECK_CONTAINS(info.queue[0], "pid ");
-    dlock_info_clear(&info);
+        CHECK_OK(dlock_acquire(lh, 0));
+        for (int i = 0; i < NWAIT; i++) {
+            cl[i] = client_at(srv.uri);
+            o[i] = (ordered){handle(cl[i], name, 0, flags), 0, &next, -1};
+            pthread_create(&th[i], NULL, ordered_thread, &o[i]);
+            int64_t until = th_now_ms() + 5000;
+            while (waiters_of(h, name) < i + 1 && th_now_ms() < until)
+                th_sleep_ms(5);
+        }
+        CHECK_EQ(waiters_of(h, name), NWAIT);
+        dlock_info info;
+        CHECK_OK(dlock_inspect(h, name, &info));
+        CHECK_EQ(info.queue_len, NWAIT);
+        CHECK_CONTAINS(info.queue[0], "pid ");
+        dlock_info_clear(&info);
 
-    long long before = th_redis_calls(&srv, "evalsha");
-    CHECK_OK(dlock_release(lh));
-    for (int i = 0; i < NWAIT; i++)
-        pthread_join(th[i], NULL);
-    long long used = th_redis_calls(&srv, "evalsha") - before;
-    for (int i = 0; i < NWAIT; i++)
-        CHECK_OK(w[i].rc);
-    /* per hand-off: one release and the head's acquire. A herd would make
-     * every waiter re-try on every release. */
-    CHECK_OP(used, <=, 2 * NWAIT + 2);
-    for (int i = 0; i < NWAIT; i++) {
-        dlock_close(w[i].l);
-        dlock_client_close(cl[i]);
+        long long before = th_redis_calls(&srv, "evalsha");
+        CHECK_OK(dlock_release(lh));
+        for (int i = 0; i < NWAIT; i++)
+            pthread_join(th[i], NULL);
+        long long used = th_redis_calls(&srv, "evalsha") - before;
+        for (int i = 0; i < NWAIT; i++) {
+            CHECK_OK(o[i].rc);
+            CHECK_EQ(o[i].place, i); /* first come, first served */
+        }
+        /* one script per release (the holder's and each waiter's): the
+         * lock comes with the message. A herd would make every waiter
+         * try on every release. */
+        CHECK_OP(used, <=, NWAIT + 2);
+        for (int i = 0; i < NWAIT; i++) {
+            dlock_close(o[i].l);
+            dlock_client_close(cl[i]);
+        }
+        dlock_close(lh);
+        dlock_client_close(h);
     }
-    dlock_close(lh);
-    dlock_client_close(h);
 }
 
 static int count_lines_with(const char *text, const char *needle)
@@ -522,12 +580,14 @@ TEST(one_subscriber_connection_per_client)
         snprintf(name, sizeof(name), "sub%d", i);
         held[i] = handle(a, name, 60000, 0);
         CHECK_OK(dlock_acquire(held[i], 0));
-        w[i] = (waiter){handle(b, name, 0, 0), 1500, 0, 0, ""};
+        w[i] = (waiter){handle(b, name, 0, 0), 1500, 0, 0, "", 0};
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
     }
     th_sleep_ms(500);
     th_redis_cmd(&srv, list, sizeof(list), "CLIENT LIST TYPE pubsub");
-    CHECK_EQ(count_lines_with(list, "sub=4"), 1); /* one conn, 4 channels */
+    /* one connection, one channel (the client's own), whatever the number
+     * of names and waiting threads */
+    CHECK_EQ(count_lines_with(list, "sub=1 "), 1);
     CHECK_EQ(count_lines_with(list, "id="), 1);
     for (int i = 0; i < 4; i++) {
         pthread_join(th[i], NULL);
@@ -556,12 +616,372 @@ TEST(client_timeout_option)
     dlock_client_close(c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Hand-over: the failure cases of docs/design.md                          */
+/* ------------------------------------------------------------------------ */
+
+/* printf into a static buffer (one use per statement). */
+static const char *strf(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+static const char *strf(const char *fmt, ...)
+{
+    static char buf[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+/* Waits (5 s at most) until lock `name` has n waiters in its queue. */
+static void until_waiters(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 5000;
+
+    while (waiters_of(c, name) != n && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK_EQ(waiters_of(c, name), n);
+}
+
+/* The owner string of the first waiter in lock `name`'s queue
+ * ("CLIENTID:TID"), read from the key. */
+static void first_waiter_owner(const char *name, char *out, size_t cap)
+{
+    char val[4096];
+
+    th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{%s}", name);
+    const char *nl = strchr(val, '\n');
+    CHECK(nl != NULL);
+    const char *c2 = nl ? strchr(nl + 1, ':') : NULL;
+    const char *c3 = c2 ? strchr(c2 + 1, ':') : NULL;
+    CHECK(c3 != NULL);
+    snprintf(out, cap, "%.*s", c3 ? (int)(c3 - nl - 1) : 0, nl + 1);
+}
+
+typedef struct pingpong {
+    dlock_client *c;
+    dlock *l;
+    int n;
+    int rc;
+} pingpong;
+
+static void *pingpong_thread(void *arg)
+{
+    pingpong *p = arg;
+
+    for (int i = 0; i < p->n && p->rc == DLOCK_OK; i++) {
+        p->rc = dlock_acquire(p->l, 10000);
+        if (p->rc != DLOCK_OK)
+            break;
+        th_sleep_ms(1);
+        p->rc = dlock_release(p->l);
+    }
+    return NULL;
+}
+
+/* The contended steady state costs at most six commands per critical
+ * section, every command the server runs counted (those inside scripts
+ * too): the release that hands over (EVALSHA, GET, PUBLISH, SET) and the
+ * releaser's next acquire, which appends its line without reading
+ * (EVALSHA, APPEND). */
+TEST(a_handover_costs_six_commands)
+{
+    pingpong p[2];
+    pthread_t th[2];
+    const int n = 150;
+
+    for (int i = 0; i < 2; i++) {
+        p[i].c = client_at(srv.uri);
+        p[i].l = handle(p[i].c, "six", 0, 0);
+        p[i].n = n;
+        p[i].rc = DLOCK_OK;
+    }
+    long long before = th_redis_calls(&srv, NULL);
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, pingpong_thread, &p[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    long long used = th_redis_calls(&srv, NULL) - before;
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(p[i].rc);
+        dlock_close(p[i].l);
+        dlock_client_close(p[i].c);
+    }
+    /* the first waits cost more (a try, SUBSCRIBE, a try that queues) */
+    CHECK_OP(used, <=, 6 * 2 * n + 40);
+}
+
+/* The chosen waiter's process died: its client no longer listens, so the
+ * release skips it in the same script and hands the lock to the next
+ * waiter at once (its lease of 30 s would otherwise stand between). */
+static int dead_waiter_child(void *arg)
+{
+    dlock_client *c = NULL;
+    dlock *l = NULL;
+
+    (void)arg;
+    if (dlock_client_open(&c, srv.uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "deadwaiter", NULL) != DLOCK_OK)
+        return 1;
+    dlock_acquire(l, 30000); /* killed while it waits */
+    return 2;
+}
+
+TEST(handover_skips_a_dead_waiter)
+{
+    static char list[65536];
+    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock *lh = handle(h, "deadwaiter", 30000, 0);
+    waiter w = {handle(c, "deadwaiter", 30000, 0), 20000, 0, 0, "", 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pid_t child = th_fork(dead_waiter_child, NULL);
+    until_waiters(h, "deadwaiter", 1);
+    pthread_create(&th, NULL, wait_thread, &w);
+    until_waiters(h, "deadwaiter", 2);
+    kill(child, SIGKILL);
+    th_wait(child);
+    /* (Redis has noticed the dead connection: one subscriber left) */
+    int64_t until = th_now_ms() + 5000;
+    do {
+        th_redis_cmd(&srv, list, sizeof(list), "CLIENT LIST TYPE pubsub");
+    } while (count_lines_with(list, "id=") > 1 && th_now_ms() < until &&
+             (th_sleep_ms(5), 1));
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(lh));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(th_now_ms() - t0, <, 3000); /* not the dead one's 30 s */
+    dlock_close(w.l);
+    dlock_close(lh);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* The chosen waiter is frozen: the lock is held in its name until its
+ * lease runs out (like any frozen holder's); the waiter behind it gets
+ * it then. Thawed, the frozen one finds its hand-over older than its
+ * lease: it does not use it, but tries again and waits its turn. */
+typedef struct frozen {
+    int64_t acq, rel; /* monotonic, when b got and gave up the lock */
+    int rc;
+} frozen;
+
+static int frozen_waiter_child(void *arg)
+{
+    frozen *f = arg;
+    dlock_client *c = NULL;
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 600;
+    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "frozenwaiter", &o) != DLOCK_OK)
+        return 1;
+    f->rc = dlock_acquire(l, 30000);
+    f->acq = th_now_ms();
+    if (f->rc == DLOCK_OK) {
+        th_sleep_ms(20);
+        f->rel = th_now_ms();
+        dlock_release(l);
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(a_frozen_waiter_loses_its_handover_by_its_lease)
+{
+    frozen *f = th_shared(sizeof(*f));
+    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock *lh = handle(h, "frozenwaiter", 1000, 0);
+    dlock *lc = handle(c, "frozenwaiter", 30000, 0);
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pid_t child = th_fork(frozen_waiter_child, f);
+    until_waiters(h, "frozenwaiter", 1);
+    th_sleep_ms(50); /* the child's try was answered: it is waiting */
+    kill(child, SIGSTOP);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(lh)); /* handed to the frozen child */
+    int64_t t1 = th_now_ms();
+    CHECK_OK(dlock_acquire(lc, 10000));
+    int64_t got = th_now_ms();
+    /* not before the child's 600 ms lease ran out (Redis' expiry alone
+     * frees it; dlock's margin: 1%), and within a few leases */
+    CHECK_OP(got - t1, >=, 550);
+    CHECK_OP(got - t0, <, 5000);
+    kill(child, SIGCONT);
+    th_sleep_ms(300); /* it reads its stale hand-over meanwhile */
+    int64_t rel = th_now_ms();
+    CHECK_OK(dlock_release(lc));
+    CHECK_EQ(th_wait(child), 0);
+    CHECK_OK(f->rc);
+    CHECK_OP(f->acq, >=, rel); /* never while c held it */
+    dlock_close(lc);
+    dlock_close(lh);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* A waiter that gives up leaves the queue: the next release does not
+ * hand the lock to it. */
+TEST(giving_up_leaves_the_queue)
+{
+    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock *lh = handle(h, "giveup", 0, 0), *l = handle(c, "giveup", 0, 0);
+    char val[4096];
+    dlock_info info;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    CHECK_RC(dlock_acquire(l, 300), DLOCK_EBUSY);
+    CHECK_EQ(waiters_of(h, "giveup"), 0);
+    th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{giveup}");
+    CHECK(strchr(val, '\n') == NULL);
+    CHECK_OK(dlock_release(lh));
+    CHECK_OK(dlock_inspect(h, "giveup", &info));
+    CHECK_EQ(info.held, 0);
+    dlock_info_clear(&info);
+    dlock_close(l);
+    dlock_close(lh);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* The store handed the lock to a waiter whose message never arrived: the
+ * waiter finds it when it leaves at its deadline and keeps it (never
+ * DLOCK_EBUSY while the store names it the owner). The hand-over is made
+ * here by hand, without the message. */
+TEST(a_handover_found_when_leaving_is_kept)
+{
+    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock *lh = handle(h, "kept", 30000, 0);
+    waiter w = {handle(c, "kept", 30000, 0), 1500, 0, 0, "", 0};
+    pthread_t th;
+    char owner[128];
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pthread_create(&th, NULL, wait_thread, &w);
+    until_waiters(h, "kept", 1);
+    first_waiter_owner("kept", owner, sizeof(owner));
+    th_redis_cmd(&srv, NULL, 0, "SET dlock:{kept} %s PX 20000",
+                 strf("%s 4242 0 by hand", owner));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.took, >=, 1400); /* learnt only when leaving */
+    CHECK_EQ(w.token, 4242);
+    CHECK_RC(dlock_release(lh), DLOCK_ELOST);
+    dlock_close(w.l);
+    dlock_close(lh);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* The same, but the subscriber connection breaks: the waiter re-arms and
+ * tries, finds the lock its own and takes it, long before its deadline. */
+TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
+{
+    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock *lh = handle(h, "lostmsg", 30000, 0);
+    waiter w = {handle(c, "lostmsg", 30000, 0), 15000, 0, 0, "", 0};
+    pthread_t th;
+    char owner[128];
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pthread_create(&th, NULL, wait_thread, &w);
+    until_waiters(h, "lostmsg", 1);
+    first_waiter_owner("lostmsg", owner, sizeof(owner));
+    th_redis_cmd(&srv, NULL, 0, "SET dlock:{lostmsg} %s PX 20000",
+                 strf("%s 4343 0 by hand", owner));
+    th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE pubsub");
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.took, <, 10000);
+    CHECK_EQ(w.token, 4343);
+    CHECK_RC(dlock_release(lh), DLOCK_ELOST);
+    dlock_close(w.l);
+    dlock_close(lh);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* A release racing the waiter's deadline, many times, with the release
+ * a little before, at or a little after it: whatever the order, the
+ * waiter either got the lock or the lock ends up free — never handed to
+ * a waiter that said DLOCK_EBUSY (that lock would stay held, in its
+ * name, for its 30 s lease). */
+TEST(a_handover_racing_a_timed_out_wait)
+{
+    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock *lh = handle(h, "race", 30000, 0);
+    int ok = 0, busy = 0;
+
+    for (int i = 0; i < 60; i++) {
+        waiter w = {handle(c, "race", 30000, 0), 40, 0, 0, "", 0};
+        pthread_t th;
+        dlock_info info;
+
+        CHECK_OK(dlock_acquire(lh, 0));
+        pthread_create(&th, NULL, wait_thread, &w);
+        th_sleep_ms(30 + i % 20);
+        CHECK_OK(dlock_release(lh));
+        pthread_join(th, NULL);
+        CHECK(w.rc == DLOCK_OK || w.rc == DLOCK_EBUSY);
+        ok += w.rc == DLOCK_OK;
+        busy += w.rc == DLOCK_EBUSY;
+        CHECK_OK(dlock_inspect(h, "race", &info));
+        CHECK_EQ(info.held, 0);
+        CHECK_EQ(info.waiters, 0);
+        dlock_info_clear(&info);
+        dlock_close(w.l);
+    }
+    CHECK_OP(ok, >, 0);
+    CHECK_OP(busy, >, 0);
+    dlock_close(lh);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* A tombstone whose token is ahead of the server's clock (the clock was
+ * set back): the next hold's token is still higher, and the release
+ * keeps the tombstone until the clock has passed that token by an hour. */
+TEST(tokens_stay_above_a_tombstone_ahead_of_the_clock)
+{
+    dlock_client *c = client_at(srv.uri);
+    dlock *l = handle(c, "ahead", 0, 0);
+    char val[128];
+    long long secs = th_redis_cmd(&srv, NULL, 0, "EVAL %s 0",
+                                  "return tonumber(redis.call('TIME')[1])");
+    unsigned long long ahead = (unsigned long long)(secs + 600) * 1000000ULL;
+
+    th_redis_cmd(&srv, NULL, 0, "SET dlock:{ahead} %s PX 60000",
+                 strf("- %llu", ahead));
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+    CHECK_OP(tok, >, ahead);
+    CHECK_OP(tok, <, ahead + 1000000);
+    CHECK_OK(dlock_release(l));
+    th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{ahead}");
+    CHECK_STR(val, strf("- %llu", (unsigned long long)tok));
+    long long pttl = th_redis_cmd(&srv, NULL, 0, "PTTL dlock:{ahead}");
+    CHECK_OP(pttl, >, 3600000); /* an hour past a token 10 min ahead */
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, tok);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 static const th_test tests[] = {
     T(acl_user_and_password),
     T(refused_credentials_give_eauth_without_the_password),
     T(password_never_in_messages),
     T(unix_socket),
-    T(database_prefix_and_hash_tags),
+    T(database_prefix_and_one_key_per_lock),
     T(keys_of_the_wrong_type),
     T(server_down_gives_econn),
     T(killed_mid_wait_then_recovers),
@@ -570,8 +990,16 @@ static const th_test tests[] = {
     T(release_after_the_server_closed_the_connection),
     T(scripts_flushed_are_reloaded),
     T(waiters_send_no_commands_between_notifications),
-    T(fair_handoff_wakes_only_the_head),
+    T(handoff_wakes_only_the_head_in_order),
     T(one_subscriber_connection_per_client),
+    T(a_handover_costs_six_commands),
+    T(handover_skips_a_dead_waiter),
+    T(a_frozen_waiter_loses_its_handover_by_its_lease),
+    T(giving_up_leaves_the_queue),
+    T(a_handover_found_when_leaving_is_kept),
+    T(a_lost_handover_message_is_found_when_the_channel_breaks),
+    T(a_handover_racing_a_timed_out_wait),
+    T(tokens_stay_above_a_tombstone_ahead_of_the_clock),
     T(client_timeout_option),
     {NULL, NULL, 0},
 };

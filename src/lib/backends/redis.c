@@ -1,176 +1,203 @@
 /*
  * redis.c -- the Redis store (redis:// and unix://), over hiredis.
  *
- * Keys of lock NAME with prefix P (default "dlock:"), all sharing the
- * Redis Cluster hash tag {NAME}:
- *   P{NAME}       string "OWNER TOKEN ACQUIRED_MS DESCRIPTION"; its PEXPIRE
- *                 is the lease
- *   P{NAME}:f     the fencing counter (INCR), never expires
- *   P{NAME}:q     fair queue: zset of waiters scored by arrival
- *   P{NAME}:qd    fair queue: zset of the same waiters scored by the server
- *                 time after which a silent waiter is presumed dead
- * Channels:
- *   P{NAME}:w:DB  release notifications for default-mode waiters
- *   Pc:CLIENTID   one per client: "your turn" for its fair waiters
- * A name may hold any bytes: keys are sent binary-safe, and since no key
- * suffix contains '}', two names can never produce the same key, and all
- * keys of one name always hash to one cluster slot.
+ * One key per lock NAME with prefix P (default "dlock:"), P{NAME}: the
+ * holder's record, then the wait queue, one line per waiter, in one
+ * string whose PEXPIRE is the holder's lease:
+ *     OWNER TOKEN ACQUIRED_MS DESCRIPTION
+ *     CLIENTID:TID:SEQ TTL DESCRIPTION        (one per waiter, in order)
+ * A release that frees the lock leaves a tombstone, "- TOKEN", expiring
+ * an hour after the token's time on the server's clock (the last token,
+ * for the next fresh hold's; see "Fencing tokens" in docs/design.md).
+ * Channel Pc:CLIENTID, one per client: "g SEQ TOKEN", the lock handed to
+ * waiter SEQ of that client.
+ * A name may hold any bytes: keys are sent binary-safe, and the key has
+ * the Redis Cluster hash tag {NAME}.
  *
- * Every state change is one Lua script, so it is atomic: acquire (fresh
- * acquisition bumps the fencing counter in the same script), release
- * (compare-and-delete, then publish), extend (compare-and-pexpire).
- * Fencing token: INCR of the counter; a counter that is new (or was lost
- * in a restart without persistence) starts from the server clock in
- * microseconds, so tokens keep growing across such a restart.
+ * Every state change is one Lua script, so it is atomic:
+ *  - try: take a free lock (token: the server clock in µs, above the
+ *    tombstone's), adopt one already ours (a reply we never saw), or,
+ *    for a waiter, append its line once and answer the lease left;
+ *  - queue: a waiter's first try when the client knows the lock is held:
+ *    APPEND its line without reading (one command), and fall back to a
+ *    fresh take if the key turns out free;
+ *  - release: compare the owner; hand the lock to the first waiter whose
+ *    client still listens (token + 1, its lease, one message to it),
+ *    else leave the tombstone;
+ *  - abandon: a wait that ends without the lock removes its line, or
+ *    keeps the lock if it was handed over meanwhile;
+ *  - extend / extend many: compare the owner, PEXPIRE.
+ * The protocol and its failure cases: "Hand-over (Redis)" in
+ * docs/design.md.
  *
- * Connections: one command connection per client (guarded by cmd_mu) and,
- * once something waits, one subscriber connection per client, read by the
- * client's background thread. Waiters write SUBSCRIBE themselves under
- * sub_mu and wait for the acknowledgement before their next try.
+ * Connections: the pipelined command connection (redis_conn.c) and, once
+ * something waits, one subscriber connection per client, subscribed to
+ * the client's channel only. It is read by a waiting thread (or the
+ * client's background thread while nobody waits); the socket is
+ * non-blocking so that either may read it.
  */
 #include "redis_conn.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
+#include <time.h>
 
 #define DEFAULT_PORT 6379
 #define PREFIX_MAX DLOCK__REDIS_PREFIX_MAX
 #define KEY_MAX DLOCK__REDIS_KEY_MAX
-#define QUEUE_GRACE_MS 2000 /* how late a live fair waiter may re-check */
-#define NO_TTL_RETRY_MS 1000
-#define MIN_IO_MS 10
+#define LINE_MAX 320        /* a queue line: "\nCLIENT:TID:SEQ TTL DESC" */
+#define NO_TTL_RETRY_MS 1000 /* a held key without expiry: look again */
+#define BATCH 256            /* leases per extend-many script */
+/* A value this long before a waiter's appended line is a holder's record
+ * (owner alone is 34 bytes); a tombstone is at most 22 */
+#define RECORD_MIN 25
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 /* ------------------------------------------------------------------------ */
 /* Scripts                                                                  */
 /* ------------------------------------------------------------------------ */
 
-enum { S_ACQUIRE, S_RELEASE, S_EXTEND, S_INSPECT, NSCRIPTS };
+enum {
+    S_TRY,
+    S_QUEUE,
+    S_RELEASE,
+    S_ABANDON,
+    S_EXTEND,
+    S_EXTEND_MANY,
+    S_INSPECT,
+    NSCRIPTS
+};
 
-/* The lock key's value is "OWNER TOKEN ACQUIRED_MS DESCRIPTION"; scripts
- * get the owner with its trailing space, so one prefix comparison checks
- * ownership. */
+/* The token of a fresh hold, into local t: the server clock in µs when
+ * the key is free (v false), else one more than the tombstone's token
+ * (v "- TOKEN"); anything else is not dlock's. Both written whole, so
+ * the record is "OWNER TOKEN" .. ARGV[3] (" ACQUIRED_MS DESCRIPTION",
+ * from the client). */
+#define LUA_FRESH                                                             \
+    "  local t\n"                                                             \
+    "  if not v then\n"                                                       \
+    "    local tm = redis.call('TIME')\n"                                     \
+    "    t = tm[1] .. string.sub(tm[2] + 1000000, 2)\n"                       \
+    "  else\n"                                                                \
+    "    t = string.match(v, '^%- (%d+)$')\n"                                 \
+    "    if not t then return " LUA_FOREIGN " end\n"                         \
+    "    t = string.format('%.0f', t + 1)\n"                                  \
+    "  end\n"                                                                 \
+    "  redis.call('SET', KEYS[1], ARGV[1] .. t .. ARGV[3], 'PX', ARGV[2])\n"  \
+    "  return t\n"
 
-/* KEYS: lock, fence, queue, queue deadlines.
- * ARGV: "owner ", ttl, desc, fair(0/1), waiter id, enqueue(0/1), grace.
- * Returns {1, token} or {0, ms to wait before re-trying (-1: no expiry)}.
- * The uncontended path is SET NX PX + INCR + TIME + APPEND. */
-static const char acquire_lua[] =
-    "local lock, fence, q, qd = KEYS[1], KEYS[2], KEYS[3], KEYS[4]\n"
-    "local owner, ttl, desc = ARGV[1], ARGV[2], ARGV[3]\n"
-    "local fair, me, enq = ARGV[4] == '1', ARGV[5], ARGV[6] == '1'\n"
-    /* a fresh hold: the lock key is ours; bump the fencing counter (a new
-     * or lost counter continues from the server clock in microseconds, so
-     * tokens keep growing even after a restart without persistence) */
-    DLOCK__REDIS_LUA_TAKE
-    "local function won()\n"
-    "  local t, err = take()\n"
-    "  if err then return err end\n"
-    "  return {1, t}\n"
+#define LUA_FOREIGN                                                           \
+    "redis.error_reply('DLOCKFOREIGN the lock key holds a value not "         \
+    "written by dlock')"
+
+/* KEYS: lock. ARGV: "owner ", ttl, " ACQUIRED_MS DESCRIPTION", line (""
+ * when not waiting), line id ("\nCLIENT:TID:SEQ "). Returns the token
+ * (taken or adopted) as a string, or {lease left in ms (-1: none), 1 if
+ * queued}. The uncontended path: GET, SET (TIME for a name not used in
+ * the last hour). */
+static const char try_lua[] =
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if not v or string.byte(v, 1) == 45 then\n"
+    LUA_FRESH
     "end\n"
-    "local head = false\n"
-    "local now\n"
-    "if not fair then\n"
-    "  if redis.call('SET', lock, owner, 'NX', 'PX', ttl) then return won() "
-    "end\n"
-    "else\n"
-    "  local tm = redis.call('TIME')\n"
-    "  now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)\n"
-    "  local dead = redis.call('ZRANGEBYSCORE', qd, '-inf', now, 'LIMIT', 0, "
-    "64)\n"
-    "  for i = 1, #dead do\n"
-    "    redis.call('ZREM', q, dead[i])\n"
-    "    redis.call('ZREM', qd, dead[i])\n"
-    "  end\n"
-    "  head = redis.call('ZRANGE', q, 0, 0)[1] or false\n"
-    "  if redis.call('EXISTS', lock) == 0 and (not head or head == me) then\n"
-    "    redis.call('SET', lock, owner, 'PX', ttl)\n"
-    "    if head then\n"
-    "      redis.call('ZREM', q, me)\n"
-    "      redis.call('ZREM', qd, me)\n"
-    "    end\n"
-    "    return won()\n"
-    "  end\n"
-    "end\n"
-    "local v = redis.call('GET', lock)\n"
-    "local wait\n"
-    "if v then\n"
-    "  if string.sub(v, 1, #owner) == owner then\n"
+    "local o = ARGV[1]\n"
+    "if string.sub(v, 1, #o) == o then\n"
     /* ours already: the reply to an earlier try was lost; adopt it */
-    "    redis.call('PEXPIRE', lock, ttl)\n"
-    "    return {1, string.match(v, '^%S+ (%d+)')}\n"
-    "  end\n"
-    "  if not string.match(v, " DLOCK__REDIS_LUA_OURS_PATTERN ") then\n"
-    "    return redis.error_reply('DLOCKFOREIGN the lock key holds a value "
-    "not written by dlock')\n"
-    "  end\n"
-    "  wait = redis.call('PTTL', lock)\n"
-    "elseif head then\n"
-    "  wait = tonumber(redis.call('ZSCORE', qd, head)) - now\n"
-    "  if wait < 0 then wait = 0 end\n"
-    "else\n"
-    "  wait = -2\n" /* it vanished just now: try again at once */
+    "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+    "  return string.match(v, '^%S+ (%d+)')\n"
     "end\n"
-    "if fair and enq then\n"
-    "  if not redis.call('ZSCORE', q, me) then\n"
-    "    local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')\n"
-    "    local s = 1\n"
-    "    if last[2] then s = tonumber(last[2]) + 1 end\n"
-    "    redis.call('ZADD', q, s, me)\n"
-    "  end\n"
-    "  local life = tonumber(ARGV[7])\n"
-    "  if wait > 0 then life = life + wait end\n"
-    "  redis.call('ZADD', qd, now + life, me)\n"
-    "  if redis.call('PTTL', q) < life then\n"
-    "    redis.call('PEXPIRE', q, life)\n"
-    "    redis.call('PEXPIRE', qd, life)\n"
-    "  end\n"
+    "if not string.match(v, " DLOCK__REDIS_LUA_OURS_PATTERN ") then\n"
+    "  return " LUA_FOREIGN "\n"
     "end\n"
-    "return {0, wait}\n";
+    "local q = 0\n"
+    "if ARGV[4] ~= '' then\n"
+    "  if not string.find(v, ARGV[5], 1, true) then\n"
+    "    redis.call('APPEND', KEYS[1], ARGV[4])\n"
+    "  end\n"
+    "  q = 1\n"
+    "end\n"
+    "return {redis.call('PTTL', KEYS[1]), q}\n";
 
-/* KEYS: lock, queue, queue deadlines.
- * ARGV: "owner " (release) or waiter id (abandon), wake channel, client
- * channel prefix, mode ('release' or 'abandon').
- * Release: compare-and-delete, publish on the wake channel. Abandon: leave
- * the queue. Both then tell the fair queue's head (if any, and if the lock
- * is free) that it is its turn. Returns 1, or 0 when the lock was not ours. */
+/* KEYS: lock. ARGV: "owner ", ttl, " ACQUIRED_MS DESCRIPTION", line. A
+ * waiter's first try when its client knows the lock is held: append
+ * without reading (APPEND alone). Returns {-3, 1} when queued behind a
+ * holder, else the token of a fresh hold (the key was free or a
+ * tombstone; a short foreign value is put back as it was). */
+static const char queue_lua[] =
+    "local n = redis.call('APPEND', KEYS[1], ARGV[4])\n"
+    "local before = n - #ARGV[4]\n"
+    "if before >= " STR(RECORD_MIN) " then return {-3, 1} end\n"
+    "local v = false\n"
+    "if before > 0 then\n"
+    "  v = string.sub(redis.call('GET', KEYS[1]), 1, before)\n"
+    "  if not string.match(v, '^%- %d+$') then\n"
+    "    redis.call('SET', KEYS[1], v, 'KEEPTTL')\n"
+    "    return " LUA_FOREIGN "\n"
+    "  end\n"
+    "end\n"
+    "do\n"
+    LUA_FRESH
+    "end\n";
+
+/* KEYS: lock. ARGV: "owner ", client channel prefix ("Pc:"), " ACQ "
+ * (the releasing client's clock in ms, for the next holder's record).
+ * Returns 0 (not ours), 1 (freed: the tombstone left) or {CLIENT, SEQ,
+ * TOKEN, TTL} (handed to that waiter). Uncontended: GET, SET. */
 static const char release_lua[] =
-    "local lock, q, qd = KEYS[1], KEYS[2], KEYS[3]\n"
-    "if ARGV[4] == 'abandon' then\n"
-    "  redis.call('ZREM', q, ARGV[1])\n"
-    "  redis.call('ZREM', qd, ARGV[1])\n"
-    "  if redis.call('EXISTS', lock) == 1 then return 1 end\n"
-    "else\n"
-    "  local v = redis.call('GET', lock)\n"
-    "  if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end\n"
-    "  redis.call('DEL', lock)\n"
-    "  redis.call('PUBLISH', ARGV[2], 'r')\n"
-    "end\n"
-    "if redis.call('EXISTS', q) == 1 then\n"
-    "  local tm = redis.call('TIME')\n"
-    "  local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
-    "1000)\n"
-    "  local dead = redis.call('ZRANGEBYSCORE', qd, '-inf', now, 'LIMIT', 0, "
-    "64)\n"
-    "  for i = 1, #dead do\n"
-    "    redis.call('ZREM', q, dead[i])\n"
-    "    redis.call('ZREM', qd, dead[i])\n"
-    "  end\n"
-    "  local head = redis.call('ZRANGE', q, 0, 0)[1]\n"
-    "  if head then\n"
-    "    local c = string.find(head, ':', 1, true)\n"
-    "    local s = string.find(head, ' ', 1, true)\n"
-    "    if c and s then\n"
-    "      redis.call('PUBLISH', ARGV[3] .. string.sub(head, 1, c - 1),\n"
-    "                 string.sub(head, c + 1, s - 1))\n"
+    "local v = redis.call('GET', KEYS[1])\n"
+    "local o = ARGV[1]\n"
+    "if not v or string.sub(v, 1, #o) ~= o then return 0 end\n"
+    "local ts = string.match(v, '^%S+ (%d+)')\n"
+    "local nl = string.find(v, '\\n', #o, true)\n"
+    "if nl then\n"
+    "  local tok = tonumber(ts)\n"
+    "  repeat\n"
+    "    local e = string.find(v, '\\n', nl + 1, true)\n"
+    "    local c, tid, seq, ttl, desc = string.match(\n"
+    "      string.sub(v, nl + 1, (e or 0) - 1),\n"
+    "      '^(%x+):(%d+):(%d+) (%d+) (.*)$')\n"
+    /* a line of the releasing owner itself is left over from an earlier
+     * wait of this thread: skip it */
+    "    if c and c .. ':' .. tid .. ' ' ~= o then\n"
+    "      tok = tok + 1\n"
+    "      ts = string.format('%.0f', tok)\n"
+    "      if redis.call('PUBLISH', ARGV[2] .. c, 'g ' .. seq .. ' ' .. ts)"
+    " > 0 then\n"
+    "        redis.call('SET', KEYS[1], c .. ':' .. tid .. ' ' .. ts ..\n"
+    "          ARGV[3] .. desc .. (e and string.sub(v, e) or ''), 'PX', "
+    "ttl)\n"
+    "        return {c, seq, ts, tonumber(ttl)}\n"
+    "      end\n"
     "    end\n"
-    "  end\n"
+    "    nl = e\n"
+    "  until not nl\n"
     "end\n"
+    "redis.call('SET', KEYS[1], '- ' .. ts, 'PXAT',\n"
+    "  tonumber(string.sub(ts, 1, -4)) + 3600000)\n"
     "return 1\n";
+
+/* KEYS: lock. ARGV: "owner ", line id, ttl. Returns {TOKEN} when the
+ * lock was handed to this owner (kept, its lease restarted), else 0 (the
+ * line removed, if it was there). */
+static const char abandon_lua[] =
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if not v then return 0 end\n"
+    "if string.sub(v, 1, #ARGV[1]) == ARGV[1] then\n"
+    "  redis.call('PEXPIRE', KEYS[1], ARGV[3])\n"
+    "  return {tonumber(string.match(v, '^%S+ (%d+)'))}\n"
+    "end\n"
+    "local s = string.find(v, ARGV[2], 1, true)\n"
+    "if s then\n"
+    "  local e = string.find(v, '\\n', s + 1, true)\n"
+    "  redis.call('SET', KEYS[1], string.sub(v, 1, s - 1) ..\n"
+    "    (e and string.sub(v, e) or ''), 'KEEPTTL')\n"
+    "end\n"
+    "return 0\n";
 
 /* KEYS: lock. ARGV: "owner ", ttl. 1 if extended, 0 if not ours. */
 static const char extend_lua[] =
@@ -181,37 +208,34 @@ static const char extend_lua[] =
     "end\n"
     "return 0\n";
 
-/* KEYS: lock, fence, queue. Returns {server ms, lock value, pttl, fence,
- * queue length, first 100 queue entries}. */
+/* KEYS: locks. ARGV: "owner ", ttl for each. {1 or 0 for each}. */
+static const char extend_many_lua[] =
+    "local r = {}\n"
+    "for i = 1, #KEYS do\n"
+    "  local v = redis.call('GET', KEYS[i])\n"
+    "  local o = ARGV[2 * i - 1]\n"
+    "  if v and string.sub(v, 1, #o) == o then\n"
+    "    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])\n"
+    "    r[i] = 1\n"
+    "  else\n"
+    "    r[i] = 0\n"
+    "  end\n"
+    "end\n"
+    "return r\n";
+
+/* KEYS: lock. Returns {server ms, value or false, pttl}. */
 static const char inspect_lua[] =
     "local tm = redis.call('TIME')\n"
-    "local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
-    "1000)\n"
-    "local v = redis.call('GET', KEYS[1])\n"
-    "local pttl = redis.call('PTTL', KEYS[1])\n"
-    "local f = redis.call('GET', KEYS[2])\n"
-    "local qn = redis.call('ZCARD', KEYS[3])\n"
-    "local q = redis.call('ZRANGE', KEYS[3], 0, 99)\n"
-    "return {now, v, pttl, f, qn, q}\n";
+    "return {tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000),\n"
+    "        redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}\n";
 
-static const char *const script_text[NSCRIPTS] = {acquire_lua, release_lua,
-                                                  extend_lua, inspect_lua};
+static const char *const script_text[NSCRIPTS] = {
+    try_lua,    queue_lua,       release_lua, abandon_lua,
+    extend_lua, extend_many_lua, inspect_lua};
 
 /* ------------------------------------------------------------------------ */
 /* State                                                                    */
 /* ------------------------------------------------------------------------ */
-
-/* One channel of the subscriber connection. Replies to (UN)SUBSCRIBE come
- * back in order, so a channel is truly subscribed once every command sent
- * for it has been answered and the last one was SUBSCRIBE. */
-typedef struct chan {
-    char *name;
-    size_t len;
-    int refs;        /* waiters relying on it */
-    int want;        /* the last command sent was SUBSCRIBE */
-    int outstanding; /* commands sent, not yet answered */
-    struct chan *next;
-} chan;
 
 typedef struct redis_store {
     dlock_client *client;
@@ -220,41 +244,69 @@ typedef struct redis_store {
     char *path; /* unix socket */
     dlock__redis_config cfg; /* prefix, db, timeout, credentials */
     char where[320]; /* "redis 127.0.0.1:6379", for messages */
+    char chan_prefix[PREFIX_MAX + 4]; /* "Pc:" */
+    char chan[PREFIX_MAX + 40];       /* "Pc:CLIENTID": our channel */
+    size_t chan_len;
 
     dlock__rconn_target target; /* how to connect (both connections) */
     dlock__rconn *conn;         /* the pipelined command connection */
 
     pthread_mutex_t sub_mu;
     pthread_cond_t sub_cv;
-    redisContext *sub;
+    redisContext *sub; /* the subscriber connection (non-blocking) */
     int sub_connecting;
-    chan *chans;
-    chan *mine; /* the client channel, once created */
+    int subscribed; /* SUBSCRIBE of our channel confirmed on sub */
 } redis_store;
 
 typedef struct redis_lease {
-    chan *chan;  /* the channel this waiting lease armed */
-    int queued;  /* it may sit in a fair queue */
+    int queued; /* its line may sit in the lock's queue */
 } redis_lease;
 
-typedef struct keyset {
-    char lock[KEY_MAX], fence[KEY_MAX], q[KEY_MAX], qd[KEY_MAX], wake[KEY_MAX];
-    size_t lock_len, fence_len, q_len, qd_len, wake_len;
-} keyset;
-
-static void make_keys(const redis_store *rs, keyset *k, const char *name,
-                      size_t len)
+/* The lease's hint[0]: until when (monotonic ms) this client believes
+ * the lock held by someone else (0: it does not know). Set when a
+ * release hands the lock over or a try finds it held; a waiter's first
+ * try appends blindly only while it holds. Never decides anything but
+ * which script runs and the fallback timer. */
+static int64_t hint_get(const dlock__lease *l)
 {
-    k->lock_len = dlock__redis_key(&rs->cfg, name, len, "", k->lock);
-    k->fence_len = dlock__redis_key(&rs->cfg, name, len, ":f", k->fence);
-    k->q_len = dlock__redis_key(&rs->cfg, name, len, ":q", k->q);
-    k->qd_len = dlock__redis_key(&rs->cfg, name, len, ":qd", k->qd);
-    k->wake_len = dlock__redis_wake_key(&rs->cfg, name, len, k->wake);
+    return __atomic_load_n(&l->hint[0], __ATOMIC_RELAXED);
 }
 
-/* ------------------------------------------------------------------------ */
-/* Errors                                                                   */
-/* ------------------------------------------------------------------------ */
+static void hint_set(const dlock__lease *l, int64_t until)
+{
+    __atomic_store_n(&l->hint[0], until, __ATOMIC_RELAXED);
+}
+
+static size_t lock_key(const redis_store *rs, const char *name, size_t len,
+                       char *out)
+{
+    return dlock__redis_key(&rs->cfg, name, len, "", out);
+}
+
+/* The owner as the scripts compare it: followed by a space. */
+static size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s ", l->owner);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* The lease's queue line, "\nCLIENT:TID:SEQ TTL DESC", and in *id_len
+ * the length of its id, "\nCLIENT:TID:SEQ " (the owner is CLIENT:TID). */
+static size_t queue_line(const dlock__lease *l, char *out, size_t cap,
+                         size_t *id_len)
+{
+    int id = snprintf(out, cap, "\n%s:%" PRIu64 " ", l->owner, l->waiter);
+    int n = id < 0 || (size_t)id >= cap
+                ? id
+                : snprintf(out + id, cap - (size_t)id, "%lld %s",
+                           (long long)l->ttl_ms, l->desc);
+    if (id < 0 || n < 0 || (size_t)id + (size_t)n >= cap) {
+        *id_len = 0;
+        return 0;
+    }
+    *id_len = (size_t)id;
+    return (size_t)id + (size_t)n;
+}
 
 static int server_error(const redis_store *rs, const char *msg,
                         const char *lock)
@@ -262,97 +314,37 @@ static int server_error(const redis_store *rs, const char *msg,
     return dlock__redis_server_error(rs->where, rs->cfg.password, msg, lock);
 }
 
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Subscriber connection                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* Sends what the subscriber context has buffered, without SIGPIPE. */
-static int send_all(const redis_store *rs, redisContext *ctx)
-{
-    int r = dlock__redis_send(ctx);
-
-    if (r == 1)
-        return DLOCK_OK;
-    if (r == 0)
-        return dlock__err(DLOCK_ECONN, "%s: no answer within %lld ms",
-                          rs->where, (long long)rs->cfg.timeout_ms);
-    return dlock__err(DLOCK_ECONN, "%s: %s", rs->where, strerror(errno));
-}
-
-static chan *chan_get(redis_store *rs, const char *name, size_t len)
-{
-    for (chan *ch = rs->chans; ch; ch = ch->next)
-        if (ch->len == len && memcmp(ch->name, name, len) == 0)
-            return ch;
-    chan *ch = calloc(1, sizeof(*ch));
-    if (!ch || !(ch->name = malloc(len + 1))) {
-        free(ch);
-        return NULL;
-    }
-    memcpy(ch->name, name, len);
-    ch->name[len] = '\0';
-    ch->len = len;
-    ch->next = rs->chans;
-    rs->chans = ch;
-    return ch;
-}
-
-static void chan_free_if_idle(redis_store *rs, chan *ch)
-{
-    if (ch->refs > 0 || ch->outstanding > 0 || ch->want)
-        return;
-    for (chan **pp = &rs->chans; *pp; pp = &(*pp)->next) {
-        if (*pp == ch) {
-            *pp = ch->next;
-            break;
-        }
-    }
-    if (rs->mine == ch)
-        rs->mine = NULL;
-    free(ch->name);
-    free(ch);
-}
-
-/* Sends (UN)SUBSCRIBE for ch on the subscriber connection; sub_mu held. */
-static int sub_send(redis_store *rs, chan *ch, int subscribe)
-{
-    const char *argv[2] = {subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", ch->name};
-    size_t lens[2] = {strlen(argv[0]), ch->len};
-    int rc;
-
-    redisAppendCommandArgv(rs->sub, 2, argv, lens);
-    rc = send_all(rs, rs->sub);
-    if (rc)
-        return rc;
-    ch->want = subscribe;
-    ch->outstanding++;
-    return DLOCK_OK;
-}
-
-/* The subscriber connection failed: forget it and every subscription, and
- * tell the waiters to re-arm. sub_mu held. */
+/* The subscriber connection failed: forget it, and tell the waiters to
+ * re-arm (their hand-overs may have been lost). sub_mu held. */
 static void sub_lost(redis_store *rs)
 {
     if (rs->sub) {
         redisFree(rs->sub);
         rs->sub = NULL;
     }
-    for (chan *ch = rs->chans, *next; ch; ch = next) {
-        next = ch->next;
-        ch->want = 0;
-        ch->outstanding = 0;
-        chan_free_if_idle(rs, ch);
-    }
+    rs->subscribed = 0;
     pthread_cond_broadcast(&rs->sub_cv);
     dlock__notify_error(rs->client);
 }
 
-/* Makes sure `ch` is subscribed, connecting the subscriber if needed.
- * sub_mu held (dropped while connecting). */
-static int sub_ensure(redis_store *rs, chan *ch, int64_t deadline)
+/* Makes sure our channel is subscribed, connecting the subscriber if
+ * needed. sub_mu held (dropped while connecting). */
+static int sub_ensure(redis_store *rs, int64_t deadline)
 {
     for (;;) {
-        if (rs->sub && ch->want && ch->outstanding == 0)
+        if (rs->sub && rs->subscribed)
             return DLOCK_OK;
         if (dlock__now_ms() >= deadline)
             return dlock__err(DLOCK_ECONN,
@@ -374,57 +366,58 @@ static int sub_ensure(redis_store *rs, chan *ch, int64_t deadline)
             pthread_cond_broadcast(&rs->sub_cv);
             if (rc)
                 return rc;
+            /* non-blocking: the background thread and a waiting thread may
+             * both find it readable; one of them reads, the other gets
+             * EAGAIN, which hiredis takes as "nothing yet" once the
+             * context is not marked blocking */
+            int fl = fcntl(ctx->fd, F_GETFL);
+            if (fl < 0 || fcntl(ctx->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+                redisFree(ctx);
+                return dlock__err(DLOCK_ECONN, "%s: %s", rs->where,
+                                  strerror(errno));
+            }
+            ctx->flags &= ~REDIS_BLOCK;
             rs->sub = ctx;
-            dlock__loop_wake(rs->client); /* poll the new fd */
-        }
-        if (!ch->want) {
-            int rc = sub_send(rs, ch, 1);
-            if (rc) {
+            const char *argv[2] = {"SUBSCRIBE", rs->chan};
+            size_t lens[2] = {9, rs->chan_len};
+            redisAppendCommandArgv(rs->sub, 2, argv, lens);
+            if (dlock__redis_send(rs->sub) != 1) {
+                rc = dlock__err(DLOCK_ECONN, "%s: cannot subscribe: %s",
+                                rs->where, strerror(errno));
                 sub_lost(rs);
                 return rc;
             }
         }
+        /* the confirmation comes on the fd: make sure it is read (the
+         * background thread polls it while no waiting thread does) */
+        dlock__loop_wake(rs->client);
         dlock__cond_wait_until(&rs->sub_cv, &rs->sub_mu, deadline);
     }
 }
 
-/* One reply on the subscriber connection; sub_mu held. */
-static void sub_reply(redis_store *rs, redisReply *r)
+/* One reply on the subscriber connection; sub_mu held. A hand-over is a
+ * message "g SEQ TOKEN" on our channel; the confirmation of SUBSCRIBE
+ * makes waiting possible. Anything else is ignored. */
+static void sub_reply(redis_store *rs, const redisReply *r)
 {
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
         r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_STRING)
+        r->element[1]->type != REDIS_REPLY_STRING ||
+        r->element[1]->len != rs->chan_len ||
+        memcmp(r->element[1]->str, rs->chan, rs->chan_len) != 0)
         return;
     const char *kind = r->element[0]->str;
-    const char *name = r->element[1]->str;
-    size_t len = r->element[1]->len;
 
     if (!strcmp(kind, "message") && r->element[2]->type == REDIS_REPLY_STRING) {
-        if (rs->mine && len == rs->mine->len &&
-            !memcmp(name, rs->mine->name, len)) {
-            dlock__notify_waiter(rs->client,
-                                 strtoull(r->element[2]->str, NULL, 10));
-        } else if (len > rs->cfg.prefix_len + 2 && name[rs->cfg.prefix_len] == '{') {
-            /* P{NAME}:w:DB -> NAME */
-            const char *end = name + len;
-            while (end > name && *--end != '}')
-                ;
-            if (end > name + rs->cfg.prefix_len)
-                dlock__notify_name(rs->client, name + rs->cfg.prefix_len + 1,
-                                   (size_t)(end - name) - rs->cfg.prefix_len - 1);
-        }
-        return;
-    }
-    if (!strcmp(kind, "subscribe") || !strcmp(kind, "unsubscribe")) {
-        for (chan *ch = rs->chans; ch; ch = ch->next) {
-            if (ch->len == len && !memcmp(ch->name, name, len)) {
-                if (ch->outstanding > 0)
-                    ch->outstanding--;
-                chan_free_if_idle(rs, ch);
-                pthread_cond_broadcast(&rs->sub_cv);
-                break;
-            }
-        }
+        unsigned long long seq, token;
+        char g, end;
+        if (sscanf(r->element[2]->str, "%c %llu %llu%c", &g, &seq, &token,
+                   &end) == 3 &&
+            g == 'g' && token > 0)
+            dlock__notify_grant(rs->client, seq, token);
+    } else if (!strcmp(kind, "subscribe")) {
+        rs->subscribed = 1;
+        pthread_cond_broadcast(&rs->sub_cv);
     }
 }
 
@@ -469,53 +462,54 @@ static void redis_loop_run(void *st, int readable)
 /* Backend slots                                                            */
 /* ------------------------------------------------------------------------ */
 
-/* The owner as the scripts compare it: followed by a space. */
-static size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
+/* Can a waiter of this client be handed a lock right now? (Its channel
+ * is subscribed: a hand-over's message would reach it.) */
+static int listening(redis_store *rs)
 {
-    int n = snprintf(out, cap, "%s ", l->owner);
-    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
-}
+    int yes;
 
-/* The fair-queue member of a waiting lease: "<client id>:<waiter> <desc>". */
-static size_t waiter_id(redis_store *rs, const dlock__lease *l, char *out,
-                        size_t cap)
-{
-    int n = snprintf(out, cap, "%s:%" PRIu64 " %s",
-                     dlock__client_id(rs->client), l->waiter, l->desc);
-    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    pthread_mutex_lock(&rs->sub_mu);
+    yes = rs->sub && rs->subscribed;
+    pthread_mutex_unlock(&rs->sub_mu);
+    return yes;
 }
 
 static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
 {
     redis_store *rs = st;
     redis_lease *rl = l->priv;
-    keyset k;
-    char ttl[24], grace[24], me[256], owner[80];
-    size_t me_len = 0, owner_len = owner_sp(l, owner, sizeof(owner));
-    int fair = (l->flags & DLOCK_FAIR) != 0;
-    int enqueue = fair && l->waiting;
+    char key[KEY_MAX], owner[80], ttl[24], line[LINE_MAX], rest[200];
+    size_t kl = lock_key(rs, l->name, l->name_len, key);
+    size_t ol = owner_sp(l, owner, sizeof(owner)), id_len = 0, ll = 0;
+    int64_t now = dlock__now_ms(), hint = hint_get(l);
+    /* the record after its token: this client's clock, description */
+    int rl_len = snprintf(rest, sizeof(rest), " %lld %s",
+                          (long long)wall_ms(), l->desc);
+    int queue = l->waiting || (l->may_wait && listening(rs));
+    int blind = queue && !l->waiting && hint > now;
     redisReply *r;
     rcmd c;
     int rc;
 
-    make_keys(rs, &k, l->name, l->name_len);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
-    snprintf(grace, sizeof(grace), "%d", QUEUE_GRACE_MS);
-    if (fair)
-        me_len = waiter_id(rs, l, me, sizeof(me));
-    rcmd_evalsha(&c, S_ACQUIRE, 4);
-    rcmd_arg(&c, k.lock, k.lock_len);
-    rcmd_arg(&c, k.fence, k.fence_len);
-    rcmd_arg(&c, k.q, k.q_len);
-    rcmd_arg(&c, k.qd, k.qd_len);
-    rcmd_arg(&c, owner, owner_len);
+    if (queue) {
+        ll = queue_line(l, line, sizeof(line), &id_len);
+        if (!ll)
+            return dlock__err(DLOCK_EINVAL, "lock '%.100s': description too "
+                                            "long",
+                              l->name);
+    }
+    rcmd_evalsha(&c, blind ? S_QUEUE : S_TRY, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_arg(&c, owner, ol);
     rcmd_str(&c, ttl);
-    rcmd_str(&c, l->desc);
-    rcmd_str(&c, fair ? "1" : "0");
-    rcmd_arg(&c, fair ? me : "", me_len);
-    rcmd_str(&c, enqueue ? "1" : "0");
-    rcmd_str(&c, grace);
-    if (enqueue)
+    rcmd_arg(&c, rest, rl_len > 0 && (size_t)rl_len < sizeof(rest)
+                           ? (size_t)rl_len
+                           : strlen(rest));
+    rcmd_arg(&c, line, ll);
+    if (!blind)
+        rcmd_arg(&c, line, id_len);
+    if (queue)
         rl->queued = 1;
 
     rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
@@ -523,74 +517,122 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
         rc = server_error(rs, r->str, l->name);
-    } else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-               r->element[0]->type != REDIS_REPLY_INTEGER) {
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to acquire",
-                        rs->where);
-    } else if (r->element[0]->integer == 1) {
-        if (dlock__redis_reply_uint(r->element[1], &l->token) != 0 || l->token == 0)
+    } else if (r->type == REDIS_REPLY_STRING) {
+        if (dlock__redis_reply_uint(r, &l->token) != 0 || l->token == 0)
             rc = dlock__err(DLOCK_EPROTO,
                             "%s: lock '%.100s': bad fencing token in the "
                             "store",
                             rs->where, l->name);
-    } else {
-        long long wait = r->element[1]->type == REDIS_REPLY_INTEGER
-                             ? r->element[1]->integer
-                             : -2;
-        /* -1: the key has no expiry (not set by dlock): look again now and
-         * then; -2: it vanished meanwhile: try again at once. */
-        l->retry_ms = wait >= 0 ? wait : wait == -2 ? 0 : NO_TTL_RETRY_MS;
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+               r->element[0]->type == REDIS_REPLY_INTEGER &&
+               r->element[1]->type == REDIS_REPLY_INTEGER) {
+        long long left = r->element[0]->integer;
+        if (left == -3) /* queued blindly: the lease left as we knew it */
+            l->retry_ms = hint > now ? hint - now : 0;
+        else if (left >= 0)
+            l->retry_ms = left;
+        else /* a held key without expiry (not set by dlock) */
+            l->retry_ms = NO_TTL_RETRY_MS;
+        if (left >= 0)
+            hint_set(l, now + left);
+        l->armed = r->element[1]->integer == 1 && !l->waiting;
         rc = DLOCK_EBUSY;
-    }
-    freeReplyObject(r);
-    return rc;
-}
-
-static int release_script(redis_store *rs, const dlock__lease *l,
-                          const char *who, size_t who_len, const char *mode,
-                          int64_t deadline, long long *result)
-{
-    keyset k;
-    char cprefix[PREFIX_MAX + 4];
-    redisReply *r;
-    rcmd c;
-    int rc;
-
-    make_keys(rs, &k, l->name, l->name_len);
-    snprintf(cprefix, sizeof(cprefix), "%sc:", rs->cfg.prefix);
-    rcmd_evalsha(&c, S_RELEASE, 3);
-    rcmd_arg(&c, k.lock, k.lock_len);
-    rcmd_arg(&c, k.q, k.q_len);
-    rcmd_arg(&c, k.qd, k.qd_len);
-    rcmd_arg(&c, who, who_len);
-    rcmd_arg(&c, k.wake, k.wake_len);
-    rcmd_str(&c, cprefix);
-    rcmd_str(&c, mode);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
-    if (rc)
-        return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = server_error(rs, r->str, l->name);
-    else if (r->type != REDIS_REPLY_INTEGER)
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to release",
+    } else {
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to acquire",
                         rs->where);
-    else
-        *result = r->integer;
+    }
     freeReplyObject(r);
     return rc;
 }
 
 static int redis_release(void *st, dlock__lease *l, int64_t deadline)
 {
-    char owner[80];
-    size_t n = owner_sp(l, owner, sizeof(owner));
-    long long ok = 0;
-    int rc = release_script(st, l, owner, n, "release", deadline, &ok);
+    redis_store *rs = st;
+    char key[KEY_MAX], owner[80], now_ms[24];
+    size_t kl = lock_key(rs, l->name, l->name_len, key);
+    size_t ol = owner_sp(l, owner, sizeof(owner));
+    redisReply *r;
+    rcmd c;
+    int rc;
 
-    if (rc == DLOCK_OK && !ok)
-        rc = dlock__err(DLOCK_ENOTHELD, "lock '%.100s' is not ours in the "
-                                        "store",
-                        l->name);
+    snprintf(now_ms, sizeof(now_ms), " %lld ", (long long)wall_ms());
+    rcmd_evalsha(&c, S_RELEASE, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_arg(&c, owner, ol);
+    rcmd_str(&c, rs->chan_prefix);
+    rcmd_str(&c, now_ms);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = server_error(rs, r->str, l->name);
+    } else if (r->type == REDIS_REPLY_INTEGER) {
+        if (r->integer == 0)
+            rc = dlock__err(DLOCK_ENOTHELD,
+                            "lock '%.100s' is not ours in the store",
+                            l->name);
+        else
+            hint_set(l, 0); /* free now */
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 4 &&
+               r->element[0]->type == REDIS_REPLY_STRING &&
+               r->element[1]->type == REDIS_REPLY_STRING &&
+               r->element[2]->type == REDIS_REPLY_STRING &&
+               r->element[3]->type == REDIS_REPLY_INTEGER) {
+        /* handed over: held by the waiter for its lease at most, unless
+         * renewed; a waiter of this very client hears it at once */
+        uint64_t token = 0;
+        hint_set(l, dlock__now_ms() + r->element[3]->integer);
+        if (r->element[0]->len == 32 &&
+            !memcmp(r->element[0]->str, dlock__client_id(rs->client), 32) &&
+            dlock__redis_reply_uint(r->element[2], &token) == 0 && token)
+            dlock__notify_grant(rs->client,
+                                strtoull(r->element[1]->str, NULL, 10),
+                                token);
+    } else {
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to release",
+                        rs->where);
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+static int redis_abandon(void *st, dlock__lease *l, int64_t deadline)
+{
+    redis_store *rs = st;
+    redis_lease *rl = l->priv;
+    char key[KEY_MAX], owner[80], ttl[24], line[LINE_MAX];
+    size_t kl = lock_key(rs, l->name, l->name_len, key), id_len = 0;
+    size_t ol = owner_sp(l, owner, sizeof(owner));
+    redisReply *r;
+    rcmd c;
+    int rc;
+
+    if (!rl->queued)
+        return DLOCK_EBUSY;
+    rl->queued = 0;
+    (void)queue_line(l, line, sizeof(line), &id_len);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    rcmd_evalsha(&c, S_ABANDON, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_arg(&c, owner, ol);
+    rcmd_arg(&c, line, id_len);
+    rcmd_str(&c, ttl);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = server_error(rs, r->str, l->name);
+    } else if (r->type == REDIS_REPLY_INTEGER) {
+        rc = DLOCK_EBUSY;
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+               dlock__redis_reply_uint(r->element[0], &l->token) == 0 &&
+               l->token > 0) {
+        rc = DLOCK_OK; /* handed to us as we left: ours */
+    } else {
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to abandon",
+                        rs->where);
+    }
+    freeReplyObject(r);
     return rc;
 }
 
@@ -598,18 +640,17 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                         int64_t deadline)
 {
     redis_store *rs = st;
-    keyset k;
-    char ttl[24], owner[80];
-    size_t owner_len = owner_sp(l, owner, sizeof(owner));
+    char key[KEY_MAX], ttl[24], owner[80];
+    size_t kl = lock_key(rs, l->name, l->name_len, key);
+    size_t ol = owner_sp(l, owner, sizeof(owner));
     redisReply *r;
     rcmd c;
     int rc;
 
-    make_keys(rs, &k, l->name, l->name_len);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     rcmd_evalsha(&c, S_EXTEND, 1);
-    rcmd_arg(&c, k.lock, k.lock_len);
-    rcmd_arg(&c, owner, owner_len);
+    rcmd_arg(&c, key, kl);
+    rcmd_arg(&c, owner, ol);
     rcmd_str(&c, ttl);
     rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
@@ -627,67 +668,95 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return rc;
 }
 
-static int redis_arm(void *st, dlock__lease *l, int64_t deadline)
+/* Renews n leases with one script per BATCH of them, every script of the
+ * call pipelined: one round trip for tens of thousands of holds. */
+static int redis_extend_many(void *st, dlock__lease *const *ls,
+                             const int64_t *ttls, int *rcs, size_t n,
+                             int64_t deadline)
 {
     redis_store *rs = st;
-    redis_lease *rl = l->priv;
-    int rc;
+    size_t nb = (n + BATCH - 1) / BATCH;
+    rcmd *cmds = calloc(nb, sizeof(*cmds));
+    redisReply **replies = calloc(nb, sizeof(*replies));
+    const char **argv = malloc((n * 3 + nb * 3) * sizeof(*argv));
+    size_t *lens = malloc((n * 3 + nb * 3) * sizeof(*lens));
+    char *text = malloc(n * (KEY_MAX + 80 + 24)); /* key, owner, ttl */
+    char(*nk)[8] = malloc((nb ? nb : 1) * sizeof(*nk)); /* key counts */
+    int rc = DLOCK_OK;
 
-    pthread_mutex_lock(&rs->sub_mu);
-    if (!rl->chan) {
-        if (l->flags & DLOCK_FAIR) {
-            if (!rs->mine) {
-                char name[PREFIX_MAX + 40];
-                int n = snprintf(name, sizeof(name), "%sc:%s", rs->cfg.prefix,
-                                 dlock__client_id(rs->client));
-                rs->mine = chan_get(rs, name, (size_t)n);
-                if (rs->mine)
-                    rs->mine->refs++; /* kept for the client's life */
-            }
-            rl->chan = rs->mine;
-        } else {
-            keyset k;
-            make_keys(rs, &k, l->name, l->name_len);
-            rl->chan = chan_get(rs, k.wake, k.wake_len);
-        }
-        if (!rl->chan) {
-            pthread_mutex_unlock(&rs->sub_mu);
-            return dlock__err(DLOCK_ENOMEM, "out of memory");
-        }
-        rl->chan->refs++;
+    if (!cmds || !replies || !argv || !lens || !text || !nk) {
+        rc = dlock__err(DLOCK_ENOMEM, "out of memory");
+        goto out;
     }
-    rc = sub_ensure(rs, rl->chan, deadline);
-    pthread_mutex_unlock(&rs->sub_mu);
+    size_t a = 0, t = 0;
+    for (size_t b = 0; b < nb; b++) {
+        size_t first = b * BATCH, m = n - first < BATCH ? n - first : BATCH;
+        rcmd *c = &cmds[b];
+        c->script = S_EXTEND_MANY;
+        c->ext_argv = argv + a;
+        c->ext_lens = lens + a;
+        snprintf(nk[b], sizeof(nk[b]), "%zu", m);
+        argv[a] = "EVALSHA";
+        lens[a++] = 7;
+        argv[a] = ""; /* the SHA */
+        lens[a++] = 40;
+        argv[a] = nk[b];
+        lens[a++] = strlen(nk[b]);
+        for (size_t i = first; i < first + m; i++) {
+            argv[a] = text + t;
+            lens[a] = lock_key(rs, ls[i]->name, ls[i]->name_len, text + t);
+            t += lens[a++];
+        }
+        for (size_t i = first; i < first + m; i++) {
+            argv[a] = text + t;
+            lens[a] = owner_sp(ls[i], text + t, 80);
+            t += lens[a++];
+            argv[a] = text + t;
+            lens[a] = (size_t)sprintf(text + t, "%lld", (long long)ttls[i]);
+            t += lens[a++];
+        }
+        c->argc = (int)(3 + 3 * m);
+    }
+    rc = dlock__rconn_run(rs->conn, cmds, (int)nb, replies, deadline);
+    if (rc)
+        goto out;
+    for (size_t b = 0; b < nb; b++) {
+        const redisReply *r = replies[b];
+        size_t first = b * BATCH, m = n - first < BATCH ? n - first : BATCH;
+        for (size_t i = 0; i < m; i++) {
+            if (r->type == REDIS_REPLY_ERROR)
+                rcs[first + i] = server_error(rs, r->str, ls[first + i]->name);
+            else if (r->type != REDIS_REPLY_ARRAY || r->elements != m ||
+                     r->element[i]->type != REDIS_REPLY_INTEGER)
+                rcs[first + i] = dlock__err(DLOCK_EPROTO,
+                                            "%s: unexpected answer to extend",
+                                            rs->where);
+            else
+                rcs[first + i] = r->element[i]->integer == 1 ? DLOCK_OK
+                                                             : DLOCK_ENOTHELD;
+        }
+        freeReplyObject(replies[b]);
+    }
+out:
+    free(cmds);
+    free(replies);
+    free(argv);
+    free(lens);
+    free(text);
+    free(nk);
     return rc;
 }
 
-static void redis_disarm(void *st, dlock__lease *l, int acquired)
+static int redis_arm(void *st, dlock__lease *l, int64_t deadline)
 {
     redis_store *rs = st;
-    redis_lease *rl = l->priv;
+    int rc;
 
-    if (rl->queued && !acquired) {
-        /* leave the fair queue at once, so the next waiter need not wait
-         * for our entry to expire */
-        char me[256];
-        size_t n = waiter_id(rs, l, me, sizeof(me));
-        long long ignored;
-        (void)release_script(rs, l, me, n, "abandon",
-                             dlock__now_ms() + rs->cfg.timeout_ms, &ignored);
-    }
-    rl->queued = 0;
+    (void)l;
     pthread_mutex_lock(&rs->sub_mu);
-    if (rl->chan) {
-        chan *ch = rl->chan;
-        rl->chan = NULL;
-        if (--ch->refs == 0) {
-            if (rs->sub && ch->want && sub_send(rs, ch, 0) != DLOCK_OK)
-                sub_lost(rs);
-            else
-                chan_free_if_idle(rs, ch);
-        }
-    }
+    rc = sub_ensure(rs, deadline);
     pthread_mutex_unlock(&rs->sub_mu);
+    return rc;
 }
 
 static char *dup_str(const char *s, size_t n)
@@ -701,74 +770,73 @@ static char *dup_str(const char *s, size_t n)
     return d;
 }
 
-/* Reads the answers to the inspect script (s) and to PUBSUB NUMSUB (ns)
- * into *out. Whatever the server sent (a value written by someone else,
- * numbers of any size) gives an answer or DLOCK_EPROTO. */
+/* Reads the answer to the inspect script into *out: the holder's record,
+ * a tombstone's token, the queue's lines. Whatever the server sent (a
+ * value written by someone else, numbers of any size) gives an answer or
+ * DLOCK_EPROTO. */
 static int inspect_answer(const redis_store *rs, const char *name,
-                          const redisReply *s, const redisReply *ns,
-                          dlock_info *out)
+                          const redisReply *s, dlock_info *out)
 {
     if (s->type == REDIS_REPLY_ERROR)
         return server_error(rs, s->str, name);
-    if (s->type != REDIS_REPLY_ARRAY || s->elements != 6 ||
-        s->element[0]->type != REDIS_REPLY_INTEGER ||
-        s->element[5]->type != REDIS_REPLY_ARRAY)
+    if (s->type != REDIS_REPLY_ARRAY || s->elements != 3 ||
+        s->element[0]->type != REDIS_REPLY_INTEGER)
         return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
                           rs->where);
     const redisReply *v = s->element[1];
     long long now = s->element[0]->integer;
-    uint64_t tok;
+    unsigned long long t = 0, at = 0;
+    int desc = 0;
 
-    if (dlock__redis_reply_uint(s->element[3], &tok) == 0)
-        out->token = tok;
-    out->held = v->type == REDIS_REPLY_STRING;
-    if (out->held) {
-        /* "OWNER TOKEN ACQUIRED_MS DESCRIPTION" */
-        unsigned long long t = 0, at = 0;
-        int desc = 0;
-        if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
-            desc <= 0)
+    out->waiters = 0;
+    if (v->type != REDIS_REPLY_STRING)
+        return DLOCK_OK; /* free, nothing kept */
+    if (v->len > 2 && v->str[0] == '-' && v->str[1] == ' ') {
+        /* a tombstone: free; the last token */
+        char end;
+        if (sscanf(v->str + 2, "%llu%c", &t, &end) != 1)
             return dlock__err(DLOCK_EPROTO,
                               "%s: a key of lock '%.100s' holds a value of "
                               "another type (not written by dlock)",
                               rs->where, name);
         out->token = t;
-        snprintf(out->holder, sizeof(out->holder), "%.*s",
-                 (int)(v->len - (size_t)desc), v->str + desc);
-        if (now >= 0 && (unsigned long long)now >= at)
-            out->held_ms = (int64_t)((unsigned long long)now - at);
-        if (s->element[2]->type == REDIS_REPLY_INTEGER &&
-            s->element[2]->integer >= 0)
-            out->ttl_ms = s->element[2]->integer;
+        return DLOCK_OK;
     }
-    /* queued (fair) plus subscribed (default mode) waiters */
-    if (s->element[4]->type == REDIS_REPLY_INTEGER &&
-        s->element[4]->integer >= 0) {
-        out->waiters = s->element[4]->integer;
-        if (ns->type == REDIS_REPLY_ARRAY && ns->elements == 2 &&
-            ns->element[1]->type == REDIS_REPLY_INTEGER &&
-            ns->element[1]->integer > 0 &&
-            ns->element[1]->integer <= INT64_MAX - out->waiters)
-            out->waiters += ns->element[1]->integer;
-    }
+    /* "OWNER TOKEN ACQUIRED_MS DESCRIPTION" then "\n" + queue lines */
+    const char *nl = memchr(v->str, '\n', v->len);
+    size_t rec = nl ? (size_t)(nl - v->str) : v->len;
+    if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
+        desc <= 0 || (size_t)desc > rec)
+        return dlock__err(DLOCK_EPROTO,
+                          "%s: a key of lock '%.100s' holds a value of "
+                          "another type (not written by dlock)",
+                          rs->where, name);
+    out->held = 1;
+    out->token = t;
+    snprintf(out->holder, sizeof(out->holder), "%.*s",
+             (int)(rec - (size_t)desc), v->str + desc);
+    if (now >= 0 && (unsigned long long)now >= at)
+        out->held_ms = (int64_t)((unsigned long long)now - at);
+    if (s->element[2]->type == REDIS_REPLY_INTEGER &&
+        s->element[2]->integer >= 0)
+        out->ttl_ms = s->element[2]->integer;
 
-    const redisReply *q = s->element[5];
-    if (q->elements > 0) {
-        out->queue = calloc(q->elements, sizeof(char *));
-        if (!out->queue)
+    /* each line "CLIENT:TID:SEQ TTL DESCRIPTION": the description */
+    for (const char *p = nl; p && p < v->str + v->len;) {
+        const char *b = p + 1, *e = memchr(b, '\n', (size_t)(v->str + v->len - b));
+        const char *lim = e ? e : v->str + v->len;
+        const char *sp = memchr(b, ' ', (size_t)(lim - b));
+        const char *sp2 = sp ? memchr(sp + 1, ' ', (size_t)(lim - sp - 1)) : NULL;
+        const char *d = sp2 ? sp2 + 1 : lim;
+        char *item = dup_str(d, (size_t)(lim - d));
+        if (!item)
             return dlock__err(DLOCK_ENOMEM, "out of memory");
-        for (size_t i = 0; i < q->elements; i++) {
-            const redisReply *e = q->element[i];
-            if (e->type != REDIS_REPLY_STRING)
-                continue;
-            const char *sp = memchr(e->str, ' ', e->len);
-            const char *d = sp ? sp + 1 : e->str;
-            size_t dl = e->len - (size_t)(d - e->str);
-            out->queue[out->queue_len] = dup_str(d, dl);
-            if (!out->queue[out->queue_len])
-                return dlock__err(DLOCK_ENOMEM, "out of memory");
-            out->queue_len++;
-        }
+        int rc = dlock__info_add_waiter(out, item);
+        free(item);
+        if (rc)
+            return rc;
+        out->waiters++;
+        p = e;
     }
     return DLOCK_OK;
 }
@@ -777,26 +845,18 @@ static int redis_inspect(void *st, const char *name, size_t len,
                          dlock_info *out, int64_t deadline)
 {
     redis_store *rs = st;
-    keyset k;
-    redisReply *r[2];
-    rcmd c[2];
+    char key[KEY_MAX];
+    redisReply *r;
+    rcmd c;
     int rc;
 
-    make_keys(rs, &k, name, len);
-    rcmd_evalsha(&c[0], S_INSPECT, 3);
-    rcmd_arg(&c[0], k.lock, k.lock_len);
-    rcmd_arg(&c[0], k.fence, k.fence_len);
-    rcmd_arg(&c[0], k.q, k.q_len);
-    rcmd_plain(&c[1]);
-    rcmd_str(&c[1], "PUBSUB");
-    rcmd_str(&c[1], "NUMSUB");
-    rcmd_arg(&c[1], k.wake, k.wake_len);
-    rc = dlock__rconn_run(rs->conn, c, 2, r, deadline);
+    rcmd_evalsha(&c, S_INSPECT, 1);
+    rcmd_arg(&c, key, lock_key(rs, name, len, key));
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
         return rc;
-    rc = inspect_answer(rs, name, r[0], r[1], out);
-    freeReplyObject(r[0]);
-    freeReplyObject(r[1]);
+    rc = inspect_answer(rs, name, r, out);
+    freeReplyObject(r);
     return rc;
 }
 
@@ -813,12 +873,6 @@ static void redis_close(void *st)
     dlock__rconn_free(rs->conn);
     if (rs->sub)
         redisFree(rs->sub);
-    while (rs->chans) {
-        chan *ch = rs->chans;
-        rs->chans = ch->next;
-        free(ch->name);
-        free(ch);
-    }
     pthread_mutex_destroy(&rs->sub_mu);
     pthread_cond_destroy(&rs->sub_cv);
     free(rs->host);
@@ -887,6 +941,11 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
     rs->cfg.timeout_ms = timeout_ms;
     rc = parse_config(rs, u);
     if (rc == DLOCK_OK) {
+        snprintf(rs->chan_prefix, sizeof(rs->chan_prefix), "%sc:",
+                 rs->cfg.prefix);
+        rs->chan_len = (size_t)snprintf(rs->chan, sizeof(rs->chan), "%s%s",
+                                        rs->chan_prefix,
+                                        dlock__client_id(c));
         rs->target.host = rs->host;
         rs->target.port = rs->port;
         rs->target.path = rs->path;
@@ -906,22 +965,23 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
 }
 
 const dlock__backend dlock__backend_redis = {
-    "redis",             /* name */
-    DLOCK__CAP_LEASE,    /* caps */
-    sizeof(redis_lease), /* lease_size */
-    redis_open,          /* open */
-    redis_close,         /* close */
-    redis_acquire,       /* acquire */
-    redis_arm,           /* arm */
-    redis_disarm,        /* disarm */
-    redis_release,       /* release */
-    redis_extend,        /* extend */
-    redis_inspect,       /* inspect */
-    redis_loop_fd,       /* loop_fd */
-    redis_loop_run,      /* loop_run */
-    NULL,                /* gc */
-    NULL,                /* select */
-    NULL,                /* margin */
-    NULL, /* abandon */
-    NULL, /* extend_many */
+    "redis",                    /* name */
+    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER |
+        DLOCK__CAP_WAITER_READS, /* caps */
+    sizeof(redis_lease),        /* lease_size */
+    redis_open,                 /* open */
+    redis_close,                /* close */
+    redis_acquire,              /* acquire */
+    redis_arm,                  /* arm */
+    NULL,                       /* disarm: the client's channel stays */
+    redis_release,              /* release */
+    redis_extend,               /* extend */
+    redis_inspect,              /* inspect */
+    redis_loop_fd,              /* loop_fd */
+    redis_loop_run,             /* loop_run */
+    NULL,                       /* gc: nothing outlives its hour */
+    NULL,                       /* select */
+    NULL,                       /* margin */
+    redis_abandon,              /* abandon */
+    redis_extend_many,          /* extend_many */
 };

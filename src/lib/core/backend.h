@@ -80,7 +80,11 @@ typedef struct dlock__lease {
 #define DLOCK__CAP_WAITER_READS 0x8u /* loop_run() may run on a waiting
                                       * application thread: it only reads
                                       * notifications (never blocks) and
-                                      * calls dlock__notify_*() */
+                                      * calls dlock__notify_*(). The fd is
+                                      * read only while a thread waits: a
+                                      * slot that waits for an answer on it
+                                      * (arm) calls dlock__loop_wake()
+                                      * first */
 
 typedef struct dlock__backend {
     const char *name; /* "redis", "file" */

@@ -43,6 +43,11 @@ void dlock__loop_wake(dlock_client *c)
     while (n < 0 && errno == EINTR);
 }
 
+/* A new deadline for the background thread: woken only when it is
+ * earlier than the one it sleeps towards (an acquire after the first
+ * rarely pays for a context switch to tell it about a renewal 10 s away;
+ * not a timerfd: libfaketime, which the clock-skew tests run holders
+ * under, shifts absolute timerfd times). */
 void dlock__schedule(dlock_client *c, int64_t when)
 {
     if (when < c->next_wake) {
@@ -56,6 +61,9 @@ void dlock__schedule(dlock_client *c, int64_t when)
 static void wake_waiter(dlock_client *c, dlock__waiter *w)
 {
     if (w == c->reader) {
+        /* the reader itself, reading: it looks at its flags next */
+        if (pthread_equal(pthread_self(), w->thread))
+            return;
         uint64_t one = 1;
         ssize_t n;
         do
@@ -373,7 +381,8 @@ static void *background(void *arg)
         struct pollfd fds[2];
         int nfds = 1, timeout;
         /* while a waiting thread reads the backend's fd, leave it alone
-         * (that thread wakes this one when it stops reading) */
+         * (a thread that waits for something the fd brings wakes this one
+         * first, see CAP_WAITER_READS) */
         int others_read = c->reader != NULL;
 
         c->next_wake = next;
@@ -402,8 +411,9 @@ static void *background(void *arg)
         }
         if (c->be->loop_run)
             c->be->loop_run(c->st,
-                            nfds == 2 && (fds[1].revents &
-                                          (POLLIN | POLLERR | POLLHUP)));
+                            nfds == 2 &&
+                                !__atomic_load_n(&c->reader, __ATOMIC_RELAXED) &&
+                                (fds[1].revents & (POLLIN | POLLERR | POLLHUP)));
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);

@@ -50,6 +50,7 @@ struct dlock__waiter {
     int rearm;    /* notifications may have been lost: arm again */
     int granted;  /* the store handed it the lock (CAP_HANDOVER) */
     int sleeping; /* blocked on cv (may be asked to read for all) */
+    pthread_t thread; /* the waiting thread */
     uint64_t token; /* ... with this token */
     dlock__waiter *prev, *next;
 };
@@ -127,8 +128,8 @@ void dlock__restore_signals(const sigset_t *old);
 
 /* client.c */
 void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */
-/* Tells the background thread a hold needs attention at `when`. c->mu
- * held. */
+/* Tells the background thread a hold needs attention at `when` (wakes
+ * it only if that is earlier than its next wake-up). c->mu held. */
 void dlock__schedule(dlock_client *c, int64_t when);
 
 /* names.c (c->mu held for all) */

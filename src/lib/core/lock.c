@@ -278,6 +278,7 @@ static int waiter_add(dlock_client *c, dlock__waiter *w, dlock__hold *h)
     if (rc)
         return rc;
     w->seq = h->lease.waiter;
+    w->thread = pthread_self();
     w->entry = h->entry;
     w->fair = (h->lease.flags & DLOCK_FAIR) != 0;
 
@@ -374,14 +375,17 @@ static void sleep_until(dlock_client *c, dlock__waiter *w, int64_t wake_at)
         w->sleeping = 0;
     }
     if (c->reader == w) {
+        /* Another sleeping waiter reads from now on. With none, the
+         * background thread takes the fd back at its next wake-up: until
+         * then nobody waits for what it brings (a thread that arms waits
+         * for an answer on it, and wakes the background thread first) */
         __atomic_store_n(&c->reader, NULL, __ATOMIC_RELAXED);
         for (dlock__waiter *o = c->waiters; o; o = o->next) {
             if (o->sleeping) {
-                pthread_cond_signal(&o->cv); /* it reads from now on */
+                pthread_cond_signal(&o->cv);
                 return;
             }
         }
-        dlock__loop_wake(c); /* the background thread reads again */
     }
 }
 
