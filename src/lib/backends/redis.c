@@ -38,6 +38,7 @@
  */
 #include "redis_conn.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -52,11 +53,10 @@
 #define LINE_MAX 320        /* a queue line: "\nCLIENT:TID:SEQ TTL DESC" */
 #define NO_TTL_RETRY_MS 1000 /* a held key without expiry: look again */
 #define BATCH 256            /* leases per extend-many script */
-/* A value this long before a waiter's appended line is a holder's record
- * (owner alone is 34 bytes); a tombstone is at most 22 */
+/* A value this long before a waiter's blindly appended line is a
+ * holder's record (its owner alone is 34 bytes); a tombstone is at most
+ * 22 bytes */
 #define RECORD_MIN 25
-#define STR_(x) #x
-#define STR(x) STR_(x)
 
 /* ------------------------------------------------------------------------ */
 /* Scripts                                                                  */
@@ -64,7 +64,6 @@
 
 enum {
     S_TRY,
-    S_QUEUE,
     S_RELEASE,
     S_ABANDON,
     S_EXTEND,
@@ -73,24 +72,6 @@ enum {
     NSCRIPTS
 };
 
-/* The token of a fresh hold, into local t: the server clock in µs when
- * the key is free (v false), else one more than the tombstone's token
- * (v "- TOKEN"); anything else is not dlock's. Both written whole, so
- * the record is "OWNER TOKEN" .. ARGV[3] (" ACQUIRED_MS DESCRIPTION",
- * from the client). */
-#define LUA_FRESH                                                             \
-    "  local t\n"                                                             \
-    "  if not v then\n"                                                       \
-    "    local tm = redis.call('TIME')\n"                                     \
-    "    t = tm[1] .. string.sub(tm[2] + 1000000, 2)\n"                       \
-    "  else\n"                                                                \
-    "    t = string.match(v, '^%- (%d+)$')\n"                                 \
-    "    if not t then return " LUA_FOREIGN " end\n"                         \
-    "    t = string.format('%.0f', t + 1)\n"                                  \
-    "  end\n"                                                                 \
-    "  redis.call('SET', KEYS[1], ARGV[1] .. t .. ARGV[3], 'PX', ARGV[2])\n"  \
-    "  return t\n"
-
 #define LUA_FOREIGN                                                           \
     "redis.error_reply('DLOCKFOREIGN the lock key holds a value not "         \
     "written by dlock')"
@@ -98,12 +79,41 @@ enum {
 /* KEYS: lock. ARGV: "owner ", ttl, " ACQUIRED_MS DESCRIPTION", line (""
  * when not waiting), line id ("\nCLIENT:TID:SEQ "). Returns the token
  * (taken or adopted) as a string, or {lease left in ms (-1: none), 1 if
- * queued}. The uncontended path: GET, SET (TIME for a name not used in
- * the last hour). */
+ * queued}. The lock is free when the key is missing, a tombstone "- TOKEN"
+ * or only queue lines (left by blind appends that found it free, the
+ * caller's own among them): the new record is written whole in front of
+ * the other waiters' lines, with the tombstone's token + 1 or the server
+ * clock in µs. The uncontended path: GET, SET (TIME for a name not used
+ * in the last hour). */
 static const char try_lua[] =
     "local v = redis.call('GET', KEYS[1])\n"
-    "if not v or string.byte(v, 1) == 45 then\n"
-    LUA_FRESH
+    "local b = v and string.byte(v, 1)\n"
+    "if not v or b == 45 or b == 10 then\n"
+    "  local t, rest = nil, ''\n"
+    "  if v then\n"
+    "    local nl = string.find(v, '\\n', 1, true)\n"
+    "    if b == 45 then\n"
+    "      t = string.match(string.sub(v, 1, (nl or 0) - 1), '^%- (%d+)$')\n"
+    "      if not t then return " LUA_FOREIGN " end\n"
+    "      t = string.format('%.0f', t + 1)\n"
+    "    end\n"
+    "    if nl then\n"
+    "      rest = string.sub(v, nl)\n"
+    "      local s = ARGV[5] ~= '' and string.find(rest, ARGV[5], 1, true)\n"
+    "      if s then\n"
+    "        local e = string.find(rest, '\\n', s + 1, true)\n"
+    "        rest = string.sub(rest, 1, s - 1) .. (e and string.sub(rest, e) "
+    "or '')\n"
+    "      end\n"
+    "    end\n"
+    "  end\n"
+    "  if not t then\n"
+    "    local tm = redis.call('TIME')\n"
+    "    t = tm[1] .. string.sub(tm[2] + 1000000, 2)\n"
+    "  end\n"
+    "  redis.call('SET', KEYS[1], ARGV[1] .. t .. ARGV[3] .. rest, 'PX', "
+    "ARGV[2])\n"
+    "  return t\n"
     "end\n"
     "local o = ARGV[1]\n"
     "if string.sub(v, 1, #o) == o then\n"
@@ -112,6 +122,13 @@ static const char try_lua[] =
     "  return string.match(v, '^%S+ (%d+)')\n"
     "end\n"
     "if not string.match(v, " DLOCK__REDIS_LUA_OURS_PATTERN ") then\n"
+    /* not dlock's: put it back as it was before our blind append */
+    "  local s = ARGV[5] ~= '' and string.find(v, ARGV[5], 1, true)\n"
+    "  if s then\n"
+    "    local e = string.find(v, '\\n', s + 1, true)\n"
+    "    redis.call('SET', KEYS[1], string.sub(v, 1, s - 1) ..\n"
+    "      (e and string.sub(v, e) or ''), 'KEEPTTL')\n"
+    "  end\n"
     "  return " LUA_FOREIGN "\n"
     "end\n"
     "local q = 0\n"
@@ -122,27 +139,6 @@ static const char try_lua[] =
     "  q = 1\n"
     "end\n"
     "return {redis.call('PTTL', KEYS[1]), q}\n";
-
-/* KEYS: lock. ARGV: "owner ", ttl, " ACQUIRED_MS DESCRIPTION", line. A
- * waiter's first try when its client knows the lock is held: append
- * without reading (APPEND alone). Returns {-3, 1} when queued behind a
- * holder, else the token of a fresh hold (the key was free or a
- * tombstone; a short foreign value is put back as it was). */
-static const char queue_lua[] =
-    "local n = redis.call('APPEND', KEYS[1], ARGV[4])\n"
-    "local before = n - #ARGV[4]\n"
-    "if before >= " STR(RECORD_MIN) " then return {-3, 1} end\n"
-    "local v = false\n"
-    "if before > 0 then\n"
-    "  v = string.sub(redis.call('GET', KEYS[1]), 1, before)\n"
-    "  if not string.match(v, '^%- %d+$') then\n"
-    "    redis.call('SET', KEYS[1], v, 'KEEPTTL')\n"
-    "    return " LUA_FOREIGN "\n"
-    "  end\n"
-    "end\n"
-    "do\n"
-    LUA_FRESH
-    "end\n";
 
 /* KEYS: lock. ARGV: "owner ", client channel prefix ("Pc:"), " ACQ "
  * (the releasing client's clock in ms, for the next holder's record).
@@ -230,8 +226,8 @@ static const char inspect_lua[] =
     "        redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}\n";
 
 static const char *const script_text[NSCRIPTS] = {
-    try_lua,    queue_lua,       release_lua, abandon_lua,
-    extend_lua, extend_many_lua, inspect_lua};
+    try_lua, release_lua, abandon_lua, extend_lua, extend_many_lua,
+    inspect_lua};
 
 /* ------------------------------------------------------------------------ */
 /* State                                                                    */
@@ -499,7 +495,36 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
                                             "long",
                               l->name);
     }
-    rcmd_evalsha(&c, blind ? S_QUEUE : S_TRY, 1);
+    if (queue)
+        rl->queued = 1;
+    if (blind) {
+        /* APPEND alone (no script): behind the holder the client knows
+         * of. A value shorter than a record before our line means the
+         * lock was free after all (the append made the key, or met a
+         * tombstone) or is not dlock's: the try below sorts that out. */
+        rcmd_plain(&c);
+        rcmd_str(&c, "APPEND");
+        rcmd_arg(&c, key, kl);
+        rcmd_arg(&c, line, ll);
+        rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+        if (rc)
+            return rc;
+        if (r->type == REDIS_REPLY_ERROR) {
+            rc = server_error(rs, r->str, l->name);
+            freeReplyObject(r);
+            return rc;
+        }
+        long long before = r->type == REDIS_REPLY_INTEGER
+                               ? r->integer - (long long)ll
+                               : 0;
+        freeReplyObject(r);
+        if (before >= RECORD_MIN) {
+            l->retry_ms = hint - now;
+            l->armed = 1;
+            return DLOCK_EBUSY;
+        }
+    }
+    rcmd_evalsha(&c, S_TRY, 1);
     rcmd_arg(&c, key, kl);
     rcmd_arg(&c, owner, ol);
     rcmd_str(&c, ttl);
@@ -507,10 +532,7 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
                            ? (size_t)rl_len
                            : strlen(rest));
     rcmd_arg(&c, line, ll);
-    if (!blind)
-        rcmd_arg(&c, line, id_len);
-    if (queue)
-        rl->queued = 1;
+    rcmd_arg(&c, line, id_len);
 
     rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
@@ -527,9 +549,7 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
                r->element[0]->type == REDIS_REPLY_INTEGER &&
                r->element[1]->type == REDIS_REPLY_INTEGER) {
         long long left = r->element[0]->integer;
-        if (left == -3) /* queued blindly: the lease left as we knew it */
-            l->retry_ms = hint > now ? hint - now : 0;
-        else if (left >= 0)
+        if (left >= 0)
             l->retry_ms = left;
         else /* a held key without expiry (not set by dlock) */
             l->retry_ms = NO_TTL_RETRY_MS;
@@ -791,35 +811,38 @@ static int inspect_answer(const redis_store *rs, const char *name,
     out->waiters = 0;
     if (v->type != REDIS_REPLY_STRING)
         return DLOCK_OK; /* free, nothing kept */
-    if (v->len > 2 && v->str[0] == '-' && v->str[1] == ' ') {
-        /* a tombstone: free; the last token */
-        char end;
-        if (sscanf(v->str + 2, "%llu%c", &t, &end) != 1)
+    /* the first line: a holder's record "OWNER TOKEN ACQUIRED_MS
+     * DESCRIPTION", a tombstone "- TOKEN", or nothing (only queue lines:
+     * free); then "\n" + queue lines */
+    const char *nl = memchr(v->str, '\n', v->len);
+    size_t rec = nl ? (size_t)(nl - v->str) : v->len;
+    if (rec > 2 && v->str[0] == '-' && v->str[1] == ' ') {
+        char *end = NULL;
+        errno = 0;
+        t = strtoull(v->str + 2, &end, 10);
+        if (errno || end != v->str + rec || !isdigit((unsigned char)v->str[2]))
             return dlock__err(DLOCK_EPROTO,
                               "%s: a key of lock '%.100s' holds a value of "
                               "another type (not written by dlock)",
                               rs->where, name);
         out->token = t;
-        return DLOCK_OK;
+    } else if (rec > 0) {
+        if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
+            desc <= 0 || (size_t)desc > rec)
+            return dlock__err(DLOCK_EPROTO,
+                              "%s: a key of lock '%.100s' holds a value of "
+                              "another type (not written by dlock)",
+                              rs->where, name);
+        out->held = 1;
+        out->token = t;
+        snprintf(out->holder, sizeof(out->holder), "%.*s",
+                 (int)(rec - (size_t)desc), v->str + desc);
+        if (now >= 0 && (unsigned long long)now >= at)
+            out->held_ms = (int64_t)((unsigned long long)now - at);
+        if (s->element[2]->type == REDIS_REPLY_INTEGER &&
+            s->element[2]->integer >= 0)
+            out->ttl_ms = s->element[2]->integer;
     }
-    /* "OWNER TOKEN ACQUIRED_MS DESCRIPTION" then "\n" + queue lines */
-    const char *nl = memchr(v->str, '\n', v->len);
-    size_t rec = nl ? (size_t)(nl - v->str) : v->len;
-    if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
-        desc <= 0 || (size_t)desc > rec)
-        return dlock__err(DLOCK_EPROTO,
-                          "%s: a key of lock '%.100s' holds a value of "
-                          "another type (not written by dlock)",
-                          rs->where, name);
-    out->held = 1;
-    out->token = t;
-    snprintf(out->holder, sizeof(out->holder), "%.*s",
-             (int)(rec - (size_t)desc), v->str + desc);
-    if (now >= 0 && (unsigned long long)now >= at)
-        out->held_ms = (int64_t)((unsigned long long)now - at);
-    if (s->element[2]->type == REDIS_REPLY_INTEGER &&
-        s->element[2]->integer >= 0)
-        out->ttl_ms = s->element[2]->integer;
 
     /* each line "CLIENT:TID:SEQ TTL DESCRIPTION": the description */
     for (const char *p = nl; p && p < v->str + v->len;) {
