@@ -20,9 +20,14 @@
  * Memory, in the dlock run with 4 threads and in the pipelined floor:
  * INFO memory's used_memory less the clients' buffers, settled, before
  * the acquisitions, with all N held, and after the release (when only
- * dlock's fencing counters remain). The floor's keys are as long as
- * dlock's lock keys ("floor:" as long as "dlock:"), its values as long as
- * the mean of dlock's lock values in the same run.
+ * dlock's tombstones remain, each expiring an hour after its token). The
+ * floor's keys are as long as dlock's lock keys ("floor:" as long as
+ * "dlock:"), its values as long as the mean of dlock's lock values in the
+ * same run.
+ *
+ * Keep-alive: one client holds the N names at once with a 3 s lease that
+ * its watchdog renews, for 10 s (--quick: 4 s); every lost-lock callback
+ * is counted, and every hold is checked at the end (dlock_held()).
  */
 #include <dlock.h>
 #include <hiredis.h>
@@ -44,6 +49,8 @@ const char bench_prog[] = "bench_many";
 #define MEM_THREADS 4
 #define NAME_FMT "many-%06d"
 #define TTL_MS 600000
+#define KEEP_TTL_MS 3000
+#define KEEP_THREADS 16
 
 static const char *redis_uri;
 static char redis_host[256] = "127.0.0.1";
@@ -445,6 +452,129 @@ static run_result run(const run_cfg *cfg)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Keep-alive: N holds renewed by one client's watchdog                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct keeper {
+    pthread_t thread;
+    pthread_barrier_t *bar;
+    dlock **locks;
+    int lo, hi;
+    int failures, not_held, release_lost;
+    char err[256];
+} keeper;
+
+static void keep_lost(dlock *l, uint64_t token, void *arg)
+{
+    (void)l;
+    (void)token;
+    __atomic_add_fetch((int *)arg, 1, __ATOMIC_RELAXED);
+}
+
+/* A thread's share: acquire its names, wait while they are held, check
+ * and release them (a hold belongs to the thread that made it). */
+static void *keeper_main(void *arg)
+{
+    keeper *k = arg;
+
+    for (int i = k->lo; i < k->hi; i++)
+        if (dlock_acquire(k->locks[i], 0) != DLOCK_OK && k->failures++ == 0)
+            snprintf(k->err, sizeof(k->err), "%s", dlock_errmsg());
+    pthread_barrier_wait(k->bar); /* all held */
+    pthread_barrier_wait(k->bar); /* the holding time is over */
+    for (int i = k->lo; i < k->hi; i++) {
+        if (dlock_held(k->locks[i]) != 1)
+            k->not_held++;
+        if (dlock_release(k->locks[i]) == DLOCK_ELOST)
+            k->release_lost++;
+    }
+    return NULL;
+}
+
+typedef struct keep_result {
+    double acquire_s;
+    int lost_cb, not_held, release_lost;
+    double renewals_per_s, scripts_per_s, server_us_per_s;
+} keep_result;
+
+static keep_result keepalive(int64_t hold_ms)
+{
+    redisContext *admin = hiredis_connect();
+    dlock **locks = calloc((size_t)nnames, sizeof(*locks));
+    keeper k[KEEP_THREADS];
+    pthread_barrier_t bar;
+    keep_result res;
+    int lost = 0;
+    dlock_options o;
+    char name[32];
+
+    if (!locks)
+        die("keep-alive", "out of memory");
+    memset(&res, 0, sizeof(res));
+    memset(k, 0, sizeof(k));
+    freeReplyObject(command(admin, "FLUSHALL"));
+    dlock_client *c = open_client();
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = KEEP_TTL_MS;
+    o.on_lost = keep_lost;
+    o.on_lost_arg = &lost;
+    for (int i = 0; i < nnames; i++) {
+        snprintf(name, sizeof(name), NAME_FMT, i);
+        if (dlock_open(&locks[i], c, name, &o) != DLOCK_OK)
+            die(name, dlock_errmsg());
+    }
+    pthread_barrier_init(&bar, NULL, KEEP_THREADS + 1);
+    int64_t t0 = now_ns();
+    for (int t = 0; t < KEEP_THREADS; t++) {
+        k[t].bar = &bar;
+        k[t].locks = locks;
+        k[t].lo = (int)((long long)nnames * t / KEEP_THREADS);
+        k[t].hi = (int)((long long)nnames * (t + 1) / KEEP_THREADS);
+        if (pthread_create(&k[t].thread, NULL, keeper_main, &k[t]) != 0)
+            die("pthread_create", strerror(errno));
+    }
+    pthread_barrier_wait(&bar);
+    res.acquire_s = (double)(now_ns() - t0) / 1e9;
+    for (int t = 0; t < KEEP_THREADS; t++)
+        if (k[t].failures)
+            die("keep-alive acquire", k[t].err);
+    reset_stats(admin);
+    int64_t h0 = now_ns();
+    sleep_ms((int)hold_ms);
+    double held_s = (double)(now_ns() - h0) / 1e9;
+    {
+        redisReply *r = command(admin, "INFO commandstats");
+        const char *e = strstr(r->str, "\ncmdstat_evalsha:");
+        const char *g = strstr(r->str, "\ncmdstat_pexpire:");
+        if (e) {
+            const char *calls = strstr(e, "calls="), *us = strstr(e, "usec=");
+            res.scripts_per_s = calls ? atof(calls + 6) / held_s : 0;
+            res.server_us_per_s = us ? atof(us + 5) / held_s : 0;
+        }
+        if (g) {
+            const char *calls = strstr(g, "calls=");
+            res.renewals_per_s = calls ? atof(calls + 6) / held_s : 0;
+        }
+        freeReplyObject(r);
+    }
+    pthread_barrier_wait(&bar);
+    for (int t = 0; t < KEEP_THREADS; t++) {
+        pthread_join(k[t].thread, NULL);
+        res.not_held += k[t].not_held;
+        res.release_lost += k[t].release_lost;
+    }
+    res.lost_cb = __atomic_load_n(&lost, __ATOMIC_RELAXED);
+    for (int i = 0; i < nnames; i++)
+        dlock_close(locks[i]);
+    dlock_client_close(c);
+    freeReplyObject(command(admin, "FLUSHALL"));
+    redisFree(admin);
+    pthread_barrier_destroy(&bar);
+    free(locks);
+    return res;
+}
+
+/* ------------------------------------------------------------------------ */
 
 static double per_lock(long long bytes)
 {
@@ -481,6 +611,7 @@ int main(int argc, char **argv)
     }
     if (nnames < 16)
         die("--names", "at least 16");
+    int64_t keep_ms = nnames >= 100000 ? 10000 : 4000;
     parse_redis_uri();
     signal(SIGPIPE, SIG_IGN);
     int64_t start = now_ns();
@@ -529,9 +660,10 @@ int main(int argc, char **argv)
         run_cfg c = tp[i].cfg;
         c.value = value;
         tr[i] = run(&c);
-        /* dlock: lock keys, counters and the warm-up's counter */
+        /* dlock: the lock keys and the warm-up's tombstone; after the
+         * release, the tombstones */
         expect_keys(tp[i].label, tr[i].keys_held,
-                    c.use_dlock ? 2LL * nnames + 1 : nnames);
+                    c.use_dlock ? nnames + 1LL : nnames);
         expect_keys(tp[i].label, tr[i].keys_released,
                     c.use_dlock ? nnames + 1LL : 0);
         if (i == 0) {
@@ -548,8 +680,7 @@ int main(int argc, char **argv)
     const run_result *md = &tr[0], *mfl = &tr[1];
     double floor_b = per_lock(mfl->mem_held - mfl->mem_base);
     double held_b = per_lock(md->mem_held - md->mem_base);
-    double counter_b = per_lock(md->mem_released - md->mem_base);
-    double key_b = per_lock(md->mem_held - md->mem_released);
+    double tomb_b = per_lock(md->mem_released - md->mem_base);
     double rss_b = per_lock(md->rss_held - md->rss_base);
 
     printf("### Many locks: %d names held at once\n\n", nnames);
@@ -568,15 +699,12 @@ int main(int argc, char **argv)
     printf("| floor: `SET floor:{NAME} VALUE NX PX %d` | %lld | %.1f | "
            "1.00x |\n",
            TTL_MS, mfl->keys_held, floor_b);
-    printf("| dlock, %d locks held (lock key + fencing counter) | %lld | "
-           "%.1f | **%.2fx** |\n",
+    printf("| dlock, %d locks held (one key each: record and queue) | %lld "
+           "| %.1f | **%.2fx** |\n",
            nnames, md->keys_held - 1, held_b, held_b / floor_b);
-    printf("| of which the lock keys (held − after release) | %d | %.1f | "
-           "%.2fx |\n",
-           nnames, key_b, key_b / floor_b);
-    printf("| of which the fencing counters (left after release; they never "
-           "expire) | %lld | %.1f | %.2fx |\n",
-           md->keys_released - 1, counter_b, counter_b / floor_b);
+    printf("| dlock, after the release: tombstones (each gone an hour after "
+           "its token) | %lld | %.1f | %.2fx |\n",
+           md->keys_released - 1, tomb_b, tomb_b / floor_b);
     printf("\nIn the dlock process: %.0f bytes per held lock (RSS growth "
            "from before the %d handles were opened to all held: handle, "
            "name entry and hold).\n\n",
@@ -587,8 +715,8 @@ int main(int argc, char **argv)
            "VALUE NX PX %d`; release: the `EVALSHA` compare-and-delete. "
            "dlock: `dlock_acquire(l, 0)` and `dlock_release(l)`, ttl %d s, "
            "`DLOCK_NO_RENEW`; the threads of one client share its one "
-           "command connection. A name's first acquisition also makes its "
-           "fencing counter. *Server µs each*: the time the server spent in the commands sent (INFO "
+           "pipelined command connection. A name's first acquisition reads "
+           "the server's clock for its token (`TIME`). *Server µs each*: the time the server spent in the commands sent (INFO "
            "commandstats: SET, or EVALSHA with the commands its script ran), "
            "per name.\n\n",
            nnames, TTL_MS, TTL_MS / 1000);
@@ -608,6 +736,25 @@ int main(int argc, char **argv)
                b, tr[i].rel_per_s / fu_r, b, tr[i].rel_per_s / fp_r,
                tr[i].rel_server_us);
     }
+
+    keep_result kr = keepalive(keep_ms);
+    printf("\n### Keeping many holds alive\n\n");
+    printf("One client holds the %d names at once (acquired by %d threads "
+           "in %.1f s), each with a %d s lease that the client's watchdog "
+           "renews at a third of it (due renewals go in batches: one script "
+           "per 256 holds, all pipelined), for %.0f s. *Lost*: lost-lock "
+           "callbacks, holds not intact at the end (`dlock_held()`), "
+           "releases that said `DLOCK_ELOST`.\n\n",
+           nnames, KEEP_THREADS, kr.acquire_s, KEEP_TTL_MS / 1000,
+           (double)keep_ms / 1000);
+    printf("| holds | lease | lost (callbacks / not intact / released "
+           "lost) | renewals/s | scripts/s | server µs per second |\n"
+           "|---|---|---|---|---|---|\n");
+    printf("| %d | %d s | **%d** (%d / %d / %d) | %.0f | %.0f | %.0f |\n",
+           nnames, KEEP_TTL_MS / 1000,
+           kr.lost_cb > kr.not_held ? kr.lost_cb : kr.not_held, kr.lost_cb,
+           kr.not_held, kr.release_lost, kr.renewals_per_s, kr.scripts_per_s,
+           kr.server_us_per_s);
     if (tracking[0]) {
         r = redisCommand(cfgc, "CONFIG SET latency-tracking %s", tracking);
         freeReplyObject(r);
