@@ -7,6 +7,10 @@
  * run on the same server, so the ratio, not the machine, is the result:
  *   redis cycle floor   hiredis: SET NX PX + EVALSHA compare-and-delete
  *   redis round trip    hiredis: PING
+ *   redis hand-off floor  hiredis: a script that GETs, PUBLISHes and SETs,
+ *                       from one process, to another process's
+ *                       subscriber idle 2 ms in poll() (what a hand-over
+ *                       needs at least: the release and the message)
  *   file cycle floor    open + F_OFD_SETLK + unlock + close
  * Hand-off: two processes pass the lock back and forth; the time from the
  * holder's release call to the waiter's acquire returning (same host, one
@@ -18,6 +22,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +116,82 @@ static stats floor_redis_cycle(int n)
     stats s = summarize(ns, n);
     free(ns);
     return s;
+}
+
+/* The floor of a hand-over: one process runs a script that reads a key,
+ * publishes one message and writes the key (what a release that hands
+ * the lock over does), 2 ms after the other process began to wait in
+ * poll() on its subscriber connection; from the script's send to the
+ * subscriber's read of the message. */
+typedef struct notify_shared {
+    volatile int ready, got;
+    volatile int64_t sent;
+    int64_t samples[];
+} notify_shared;
+
+static stats floor_redis_handoff(int n)
+{
+    size_t size = sizeof(notify_shared) + sizeof(int64_t) * (size_t)n;
+    notify_shared *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    pid_t pid;
+
+    memset(s, 0, size);
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        redisContext *c = hiredis_connect();
+        reply_ok(redisCommand(c, "SUBSCRIBE floor-handoff"), "SUBSCRIBE");
+        for (int i = 0; i < n; i++) {
+            __atomic_store_n(&s->ready, i + 1, __ATOMIC_RELEASE);
+            struct pollfd p = {c->fd, POLLIN, 0};
+            redisReply *r = NULL;
+            if (poll(&p, 1, 5000) != 1 ||
+                redisGetReply(c, (void **)&r) != REDIS_OK || !r)
+                _exit(1);
+            s->samples[i] = now_ns() - __atomic_load_n(&s->sent,
+                                                       __ATOMIC_ACQUIRE);
+            freeReplyObject(r);
+            __atomic_store_n(&s->got, i + 1, __ATOMIC_RELEASE);
+        }
+        redisFree(c);
+        _exit(0);
+    }
+    redisContext *c = hiredis_connect();
+    redisReply *r = redisCommand(
+        c, "SCRIPT LOAD %s",
+        "local v = redis.call('GET', KEYS[1]) "
+        "redis.call('PUBLISH', 'floor-handoff', 'g 1 1') "
+        "redis.call('SET', KEYS[1], 'owner-0123456789abcdef', 'PX', 30000) "
+        "return 1");
+    char sha[41];
+    if (!r || r->type != REDIS_REPLY_STRING)
+        die("script load", "failed");
+    snprintf(sha, sizeof(sha), "%s", r->str);
+    freeReplyObject(r);
+    for (int i = 0; i < n; i++) {
+        while (__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE) < i + 1) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+        struct timespec ts = {0, 2000000}; /* let it start waiting */
+        nanosleep(&ts, NULL);
+        __atomic_store_n(&s->sent, now_ns(), __ATOMIC_RELEASE);
+        reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{handoff}", sha),
+                 "EVALSHA");
+        while (__atomic_load_n(&s->got, __ATOMIC_ACQUIRE) < i + 1) {
+            struct timespec t2 = {0, 20000};
+            nanosleep(&t2, NULL);
+        }
+    }
+    redisFree(c);
+    int st;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        die("hand-off floor", "the subscriber failed");
+    stats res = summarize(s->samples + 2, n - 2);
+    munmap(s, size);
+    return res;
 }
 
 static stats floor_redis_ping(int n)
@@ -304,9 +385,9 @@ static void redis_commands(long long *all, long long *req)
 {
     redisContext *c = hiredis_connect();
     redisReply *r = redisCommand(c, "INFO commandstats");
-    static const char *const sent[] = {"evalsha", "subscribe", "unsubscribe",
-                                       "eval", "script", "auth", "select",
-                                       "ping", NULL};
+    static const char *const sent[] = {"evalsha", "append", "subscribe",
+                                       "unsubscribe", "eval", "script",
+                                       "auth", "select", "ping", NULL};
 
     *all = *req = 0;
     if (!r || r->type != REDIS_REPLY_STRING)
@@ -433,6 +514,8 @@ int main(int argc, char **argv)
     int n = quick ? 2000 : 20000;
     int nh = quick ? 100 : 1000;
     double f_med, f_min, f_max, d_med, d_min, d_max, p_med, p_min, p_max;
+    (void)f_min;
+    (void)f_max;
     stats fs, ds;
 
     printf("## Redis (%s)\n\n", redis_uri);
@@ -467,27 +550,49 @@ int main(int argc, char **argv)
            fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
     printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
            fs.per_s, ds.per_s, ds.per_s / fs.per_s);
-    double c_med, c_min, c_max;
-    REPEAT3(floor_redis_cold_ping(nh), c_med, c_min, c_max);
+    /* the idle round trip, the hand-off floor and both modes' hand-offs
+     * in three rounds, each ratio taken within its round (the machine
+     * drifts between minutes); medians, with the spread of the rounds */
+    double cp[3], hflo[3], hdef[3], hfa[3], r_d[3], r_f[3], r_dh[3], r_fh[3],
+        r_hf[3];
+    for (int k = 0; k < 3; k++) {
+        cp[k] = floor_redis_cold_ping(nh).p50_us;
+        hflo[k] = floor_redis_handoff(nh).p50_us;
+        hdef[k] = handoff(redis_uri, 0, nh).p50_us;
+        hfa[k] = handoff(redis_uri, DLOCK_FAIR, nh).p50_us;
+        r_d[k] = hdef[k] / cp[k];
+        r_f[k] = hfa[k] / cp[k];
+        r_dh[k] = hdef[k] / hflo[k];
+        r_fh[k] = hfa[k] / hflo[k];
+        r_hf[k] = hflo[k] / cp[k];
+    }
+    double *all[] = {cp, hflo, hdef, hfa, r_d, r_f, r_dh, r_fh, r_hf};
+    for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
+        qsort(all[k], 3, sizeof(double), cmpd);
     printf("| round trip after 2 ms idle (PING) | %.1f (%.1f–%.1f) | | |\n",
-           c_med, c_min, c_max);
-    REPEAT3(handoff(redis_uri, 0, nh), d_med, d_min, d_max);
+           cp[1], cp[0], cp[2]);
+    printf("| hand-off floor: a script's GET, PUBLISH, SET reaching a "
+           "subscriber idle in poll(), p50 | %.1f (%.1f–%.1f) | | %.2f idle "
+           "RTT |\n",
+           hflo[1], hflo[0], hflo[2], r_hf[1]);
     printf("| hand-off, release → waiter's acquire returns, p50 | "
            "%.1f (1 idle RTT) | %.1f (%.1f–%.1f) | **%.2f idle RTT** "
-           "(%.2f hot RTT) |\n",
-           c_med, d_med, d_min, d_max, d_med / c_med, d_med / p_med);
-    REPEAT3(handoff(redis_uri, DLOCK_FAIR, nh), f_med, f_min, f_max);
+           "(%.2f–%.2f; %.2fx the hand-off floor, %.2f hot RTT) |\n",
+           cp[1], hdef[1], hdef[0], hdef[2], r_d[1], r_d[0], r_d[2], r_dh[1],
+           hdef[1] / p_med);
     printf("| hand-off, fair mode, p50 | %.1f (1 idle RTT) | %.1f "
-           "(%.1f–%.1f) | **%.2f idle RTT** (%.2f hot RTT) |\n",
-           c_med, f_med, f_min, f_max, f_med / c_med, f_med / p_med);
-
+           "(%.1f–%.1f) | **%.2f idle RTT** (%.2f–%.2f; %.2fx the hand-off "
+           "floor, %.2f hot RTT) |\n",
+           cp[1], hfa[1], hfa[0], hfa[2], r_f[1], r_f[0], r_f[2], r_fh[1],
+           hfa[1] / p_med);
     printf("\n### Redis commands per hand-off\n\n");
     printf("N waiters plus the holder contend for %d s (each process: "
            "acquire, release, repeat; a wait gives up after 300 ms and "
            "starts again). Per hand-off between two different processes: "
-           "*requests* = commands the clients sent (EVALSHA, SUBSCRIBE, "
-           "UNSUBSCRIBE); *server* = every command the server ran, "
-           "including those inside the scripts (INFO commandstats).\n\n",
+           "*requests* = commands the clients sent (EVALSHA, APPEND, "
+           "SUBSCRIBE); *server* = every command the server ran, "
+           "including those inside the scripts (INFO commandstats). Both "
+           "modes hand the lock to the oldest waiter on Redis.\n\n",
            quick ? 1 : 3);
     printf("| waiters | default: requests | default: server | default: "
            "hand-offs/s | fair: requests | fair: server | fair: "

@@ -36,9 +36,11 @@
 #define FAKETIME_LIB "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
-       SC_CLOCK, SC_N };
+       SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_N };
 static const char *const sc_name[SC_N] = {
-    "none", "kill", "stop", "restart", "partition", "slow", "clock"};
+    "none",      "kill",        "stop",        "restart",
+    "partition", "slow",        "clock",       "waiter-kill",
+    "waiter-stop", "short-waits", "handover-restart"};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
        ST_PGADV, ST_MYSQL, ST_N };
@@ -53,16 +55,17 @@ static const char *const st_name[ST_N] = {
 #define F SF_FENCED
 #define NA (-1)
 static const int expected[ST_N][SC_N] = {
-    /*            none kill stop restart partition slow clock */
-    /* file    */ {H, H, F, NA, NA, NA, H},
-    /* redis   */ {H, H, F, F, F, F, H},
-    /* redlock */ {H, H, F, F, F, F, H},
-    /* zk      */ {H, H, F, L, F, NA, H},
-    /* etcd    */ {H, H, F, L, F, NA, H},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F},
-    /* pg      */ {H, H, F, F, F, F, H},
-    /* pg-adv  */ {H, H, F, F, F, F, H},
-    /* mysql   */ {H, H, F, F, F, NA, H},
+    /*            none kill stop restart partition slow clock
+     *            waiter-kill waiter-stop short-waits handover-restart */
+    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA},
+    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F},
+    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA},
+    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA},
+    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA},
+    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA},
+    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA},
+    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA},
+    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA},
 };
 #undef H
 #undef L
@@ -366,6 +369,12 @@ static void store_stop(store *st)
 /* Why a scenario does not apply to a store. */
 static const char *na_why(int kind, int sc)
 {
+    if (sc == SC_HRESTART)
+        return kind == ST_FILE || kind == ST_SQLITE
+                   ? "no server to restart"
+                   : "a restart across a hand-over is Redis's case (its "
+                     "release hands the lock over); the restart column "
+                     "covers this store";
     if (sc == SC_RESTART)
         return "no server to restart";
     if (sc == SC_PARTITION)
@@ -549,6 +558,43 @@ static void cut(run *r, int on)
         sf_relay_cut(st->relay[i], on);
 }
 
+/* The worker a release would hand the lock to next: the head of the
+ * store's queue when dlock_inspect() lists it ("... pid N tid N"), else
+ * any worker waiting in dlock_acquire() for a while; never `not`. -1
+ * when none shows up within 5 s. */
+static int pick_waiter(run *r, dlock_client *ctl, int not)
+{
+    sf_shared *s = r->s;
+    int64_t until = th_now_ms() + 5000, since[SF_MAX_WORKERS] = {0};
+
+    while (th_now_ms() < until) {
+        dlock_info info;
+        if (ctl && dlock_inspect(ctl, "safety", &info) == DLOCK_OK) {
+            const char *p = info.queue_len > 0
+                                ? strstr(info.queue[0], " pid ")
+                                : NULL;
+            long pid = p ? atol(p + 5) : 0;
+            dlock_info_clear(&info);
+            for (int i = 0; pid > 0 && i < s->nworkers; i++)
+                if (s->w[i].pid == pid && i != not && r->pid[i] > 0)
+                    return i;
+        }
+        for (int i = 0; i < s->nworkers; i++) {
+            if (i == not || r->pid[i] <= 0 ||
+                !__atomic_load_n(&s->w[i].in_acquire, __ATOMIC_SEQ_CST)) {
+                since[i] = 0;
+                continue;
+            }
+            if (!since[i])
+                since[i] = th_now_ms();
+            else if (th_now_ms() - since[i] >= 50) /* its try answered */
+                return i;
+        }
+        th_sleep_ms(5);
+    }
+    return -1;
+}
+
 static void run_one(store *st, int sc, cell *out)
 {
     run r;
@@ -587,6 +633,7 @@ static void run_one(store *st, int sc, cell *out)
                     : (st->ttl > 2000 ? st->ttl : 2000);
     s->flags = 0;
     s->wait_ms = 3000;
+    s->short_waits = sc == SC_SHORT;
     s->delay_us = 200;
     s->max_holds_per_worker = quick ? 400 : 1000;
     s->deadline_ns = sf_now_ns() + (int64_t)(quick ? 40 : 60) * 1000000000;
@@ -609,10 +656,19 @@ static void run_one(store *st, int sc, cell *out)
             th_sleep_ms(10);
     wait_accepted(&r, 0, quick ? 10 : 30, 10000);
 
-    if (sc == SC_NONE)
+    if (sc == SC_NONE || sc == SC_SHORT)
         wait_accepted(&r, accepted(&r), quick ? 100 : 400,
                       quick ? 3000 : 8000);
-    for (int round = 0; sc != SC_NONE && round < rounds && !inconclusive;
+    if (sc == SC_SHORT)
+        snprintf(note, sizeof(note), "waits of 1-10 ms, ending as the lock "
+                                     "is handed over");
+    /* a client of the controller's own, to find the queue's head */
+    dlock_client *ctl = NULL;
+    if (sc == SC_WKILL || sc == SC_WSTOP || sc == SC_HRESTART)
+        if (dlock_client_open(&ctl, st->uri, NULL) != DLOCK_OK)
+            ctl = NULL;
+    for (int round = 0; sc != SC_NONE && sc != SC_SHORT && round < rounds &&
+                        !inconclusive;
          round++) {
         char rnote[256] = "";
         /* the victim: the next holder (worker 0 for network faults) */
@@ -686,6 +742,64 @@ static void run_one(store *st, int sc, cell *out)
             th_sleep_ms(s->ttl_ms * 4);
             sf_netns_link(&netns, "clear");
             break;
+        case SC_WKILL:
+        case SC_WSTOP: {
+            /* the waiter the release will hand the lock to, killed or
+             * frozen just before the release */
+            int ww = pick_waiter(&r, ctl, vw);
+            if (ww < 0) {
+                snprintf(rnote, sizeof(rnote), "no waiter showed up");
+                inconclusive = 1;
+                break;
+            }
+            pid_t wpid = r.pid[ww];
+            if (sc == SC_WKILL) {
+                kill(wpid, SIGKILL);
+                waitpid(wpid, NULL, 0);
+                r.pid[ww] = 0;
+                snprintf(rnote, sizeof(rnote), "the next waiter SIGKILLed, "
+                                               "then the holder released");
+                __atomic_store_n(&s->victim_go, 1, __ATOMIC_SEQ_CST);
+                wait_accepted(&r, base, 2, lease_wait);
+                if (workers < SF_MAX_WORKERS) {
+                    snprintf(s->w[workers].uri, sizeof(s->w[workers].uri),
+                             "%s", st->uri);
+                    s->nworkers = workers + 1;
+                    r.pid[workers] = spawn_worker(&r, workers, 0, 0);
+                    workers++;
+                }
+            } else {
+                kill(wpid, SIGSTOP);
+                snprintf(rnote, sizeof(rnote), "the next waiter SIGSTOPped, "
+                                               "then the holder released");
+                __atomic_store_n(&s->victim_go, 1, __ATOMIC_SEQ_CST);
+                wait_accepted(&r, base, 2, lease_wait);
+                th_sleep_ms(100);
+                kill(wpid, SIGCONT);
+            }
+            break;
+        }
+        case SC_HRESTART: {
+            /* a release hands the lock over, and the server restarts
+             * empty at once, or a little later: the message may be on its
+             * way, the new holder's renewal finds nothing */
+            static const int delay_us[3] = {0, 200, 2000};
+            if (pick_waiter(&r, ctl, vw) < 0) {
+                snprintf(rnote, sizeof(rnote), "no waiter showed up");
+                inconclusive = 1;
+                break;
+            }
+            __atomic_store_n(&s->victim_go, 1, __ATOMIC_SEQ_CST);
+            if (delay_us[round % 3])
+                sf_sleep_us(delay_us[round % 3]);
+            th_redis_kill(&st->redis, SIGKILL);
+            th_redis_restart(&st->redis);
+            snprintf(rnote, sizeof(rnote), "redis-server SIGKILLed as the "
+                     "holder released to a waiter (0, 0.2, 2 ms later), "
+                     "restarted empty");
+            wait_accepted(&r, base, 2, 4000);
+            break;
+        }
         case SC_CLOCK:
             /* forward, then back: every worker's wall clock */
             set_clock(&r, round % 2 ? "+0" : "+2h");
@@ -710,6 +824,8 @@ static void run_one(store *st, int sc, cell *out)
         /* afterwards the lock works again */
         wait_accepted(&r, accepted(&r), quick ? 10 : 30, 10000);
     }
+    if (ctl)
+        dlock_client_close(ctl);
     __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
     until = th_now_ms() + 20000;
     for (int i = 0; i < workers; i++) {

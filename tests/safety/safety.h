@@ -80,6 +80,7 @@ typedef struct sf_worker {
     volatile pid_t pid;
     volatile int opened;     /* its client is open */
     volatile int exited;
+    volatile int in_acquire; /* inside dlock_acquire() (waiting) */
     int64_t acquires, busy, errors, open_errors;
     char last_err[256];
 } sf_worker;
@@ -91,6 +92,8 @@ typedef struct sf_shared {
     int64_t ttl_ms;
     unsigned flags;
     int64_t wait_ms;         /* acquire wait */
+    int short_waits;         /* waits of 1..10 ms instead (they keep
+                              * ending as the lock is handed over) */
     int64_t delay_us;        /* between read and write */
     int max_holds_per_worker;
     int64_t deadline_ns;     /* workers stop at this monotonic time */

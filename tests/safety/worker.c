@@ -167,7 +167,10 @@ int sf_worker_main(const char *path, int id)
     for (uint32_t seq = 0;
          (int)seq < s->max_holds_per_worker && !stopping(s); seq++) {
         int64_t t_call = sf_now_ns();
-        int rc = dlock_acquire(l, s->wait_ms);
+        __atomic_store_n(&me->in_acquire, 1, __ATOMIC_SEQ_CST);
+        int rc = dlock_acquire(l, s->short_waits ? 1 + rand() % 10
+                                                 : s->wait_ms);
+        __atomic_store_n(&me->in_acquire, 0, __ATOMIC_SEQ_CST);
         if (rc == DLOCK_OK) {
             one_hold(s, &ws, l, id, seq, t_call);
         } else if (rc == DLOCK_EBUSY) {
