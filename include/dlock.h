@@ -98,7 +98,9 @@ typedef struct dlock_client_options {
 
 /* Flags for dlock_options.flags. */
 #define DLOCK_NO_RENEW 0x1u      /* no watchdog: the lease simply runs out */
-#define DLOCK_FAIR 0x2u          /* first come, first served wait queue */
+#define DLOCK_FAIR 0x2u          /* first come, first served wait queue
+                                  * (on redis:// both modes are: a release
+                                  * hands the lock to the oldest waiter) */
 #define DLOCK_NOT_REENTRANT 0x4u /* a second acquire by the holder fails */
 
 /*
@@ -206,6 +208,11 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  *   wait_ms  > 0   wait at most that long;
  *   wait_ms == -1  wait for as long as it takes;
  * Waiting is woken by the store's notifications (never busy polling).
+ * On stores that hand the lock over (redis://), a release gives it to the
+ * oldest waiter in the same step and the waiter returns on that message;
+ * a wait that ends just as the lock is handed to it keeps the lock and
+ * returns DLOCK_OK (a round trip after its deadline), so DLOCK_EBUSY is
+ * never returned while the store names the caller as the owner.
  * If the thread already holds the lock, the hold count goes up and the
  * fencing token stays the same, unless DLOCK_NOT_REENTRANT, in which case
  * the call fails at once with DLOCK_EBUSY.
@@ -218,7 +225,9 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  * a quorum of Redlock nodes reachable), DLOCK_EAUTH, DLOCK_EPROTO,
  * DLOCK_ENOMEM. A store failure
  * during the wait returns at once with its code, never after the deadline
- * plus more than one store timeout.
+ * plus more than one store timeout (on redis://, DLOCK_ECONN also when the
+ * wait ran out and the store could not be told that it left the queue:
+ * the lock may be in the caller's name until its lease ends).
  * Thread-safety: any thread; each thread acts for itself.
  */
 DLOCK_EXTERN int dlock_acquire(dlock *l, int64_t wait_ms);
@@ -285,9 +294,11 @@ typedef struct dlock_info {
     int held;          /* 1: someone holds it; 0: free */
     char holder[256];  /* "host pid N tid N" of the holder, "" if free */
     uint64_t token;    /* holder's fencing token; when free, the last one
-                        * issued (0: never held). Redlock: the highest
-                        * node counter, so within the same counter as the
-                        * token, not always equal (docs/redlock.md) */
+                        * issued (0: never held). Redis keeps it for an
+                        * hour after the last release, then 0. Redlock:
+                        * the highest node counter, so within the same
+                        * counter as the token, not always equal
+                        * (docs/redlock.md) */
     int64_t ttl_ms;    /* lease left; -1 when free or the store has none */
     int64_t held_ms;   /* how long the current hold has lasted; -1 unknown */
     int64_t waiters;   /* waiters known to the store; -1 when it can't tell */
