@@ -61,13 +61,14 @@ runs (by hand-off p50) with the spread of the three; at 2 and 64, one run
   transactions; MariaDB statements) divided by the holds: what waiting
   costs the store, polling included.
 
-Reading them: a default (non-fair) mode lets the process that just
-released take the lock again before a woken waiter can (a small share "to
-another process", the longest waits near the run's length), and on Redis
-and Redlock it wakes every waiter of a release, so the requests per
-critical section grow with the contenders; the fair modes (and ZooKeeper
-and etcd, always first come first served) hand the lock to the next in
-line at a cost that stays flat. Pollers (redis-py, node-redlock, dlock's
+Reading them: a default (non-fair) mode that only wakes waiters lets the
+process that just released take the lock again before a woken waiter can
+(a small share "to another process", the longest waits near the run's
+length), and on Redlock it wakes every waiter of a release, so the
+requests per critical section grow with the contenders; the fair modes,
+Redis in both modes (a release hands the lock to the oldest waiter) and
+ZooKeeper and etcd (always first come first served) give the lock to the
+next in line at a cost that stays flat. Pollers (redis-py, node-redlock, dlock's
 SQLite and MariaDB stores across processes) cost little per critical
 section but leave waiters to their next try.
 """
