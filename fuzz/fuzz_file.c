@@ -17,7 +17,7 @@
 
 #include "../src/lib/backends/file.c"
 
-static file_store store = {NULL, -1};
+static file_store store = {.dir = NULL, .dirfd = -1, .epfd = -1};
 
 static void setup(void)
 {

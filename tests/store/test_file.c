@@ -1,14 +1,31 @@
 /*
  * test_file.c -- what only the file store does: the default location and
  * its safety checks, hostile files, replaced files, leases that do not
- * exist, and cancelled kernel waits that leave nothing behind.
+ * exist, cancelled kernel waits that leave nothing behind, and the fair
+ * queue's hand-over through wake-up channels (docs/design.md, "File store:
+ * fair hand-over") with real processes: FIFO, killed holders and waiters,
+ * deadlines that meet a hand-off, mixed modes, channels that are refused,
+ * squatted or foreign, forks.
+ *
+ * Timing bounds: a hand-off that must come "at once" (a release, a death)
+ * is allowed 2 s, against waits of 30 s that it would otherwise take:
+ * loose for a busy 2-core machine, yet it tells a wake-up from a waiter
+ * left to its deadline.
  */
 #include "test.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char dir[800];
@@ -276,6 +293,954 @@ TEST(long_names_fit_a_file_name)
     dlock_client_close(c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Fair hand-over across processes                                          */
+/* ------------------------------------------------------------------------ */
+
+#define NW 16
+
+/* What the workers of one test share (th_shared). Times: th_now_ms(), the
+ * monotonic clock, the same in every process. */
+typedef struct fstate {
+    volatile int order[NW]; /* workers by acquisition */
+    volatile int pos;
+    volatile int rc[NW];          /* dlock_acquire()'s answer; -99 before */
+    volatile int held[NW];        /* 1 while holding */
+    volatile int release[NW];     /* set: a worker holding until told */
+    volatile int done[NW];
+    volatile int64_t t_call[NW], t_acq[NW], t_rel[NW];
+    volatile int inside, overlaps; /* holders at once */
+    volatile int64_t release_at[NW]; /* > 0: release at this time */
+    volatile int fork_ms[NW];      /* > 0: fork a child that lives this
+                                    * long, once holding */
+    volatile int killed[NW];       /* will be killed holding: not counted
+                                    * in `inside` */
+    volatile int fork_waiting_ms[NW]; /* > 0: fork a child that lives 3 s,
+                                       * this long after starting to wait */
+} fstate;
+
+typedef struct fjob {
+    fstate *s;
+    int me;
+    const char *name;
+    unsigned flags;
+    int64_t wait_ms;
+    int64_t hold_ms; /* -1: until s->release[me] or s->release_at[me] */
+} fjob;
+
+static void *fork_later(void *arg)
+{
+    int ms = *(volatile int *)arg;
+
+    th_sleep_ms(ms);
+    if (fork() == 0) {
+        th_sleep_ms(3000);
+        _exit(0);
+    }
+    return NULL;
+}
+
+static int fworker(void *arg)
+{
+    fjob *j = arg;
+    fstate *s = j->s;
+    dlock_client *c;
+    dlock_options o;
+    dlock *l;
+    int rc;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = j->flags;
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, j->name, &o) != DLOCK_OK)
+        return 2;
+    pthread_t forker;
+    if (s->fork_waiting_ms[j->me] > 0)
+        pthread_create(&forker, NULL, fork_later,
+                       (void *)&s->fork_waiting_ms[j->me]);
+    s->t_call[j->me] = th_now_ms();
+    rc = dlock_acquire(l, j->wait_ms);
+    if (s->fork_waiting_ms[j->me] > 0)
+        pthread_join(forker, NULL);
+    if (rc == DLOCK_OK) {
+        s->t_acq[j->me] = th_now_ms();
+        if (!s->killed[j->me] &&
+            __atomic_add_fetch(&s->inside, 1, __ATOMIC_SEQ_CST) != 1)
+            __atomic_add_fetch(&s->overlaps, 1, __ATOMIC_SEQ_CST);
+        s->order[__atomic_fetch_add(&s->pos, 1, __ATOMIC_SEQ_CST)] = j->me;
+    }
+    s->rc[j->me] = rc;
+    if (rc == DLOCK_OK) {
+        s->held[j->me] = 1;
+        if (s->fork_ms[j->me] > 0) {
+            /* a child that shares our open files and does nothing */
+            pid_t kid = fork();
+            if (kid == 0) {
+                th_sleep_ms(s->fork_ms[j->me]);
+                _exit(0);
+            }
+        }
+        if (j->hold_ms >= 0)
+            th_sleep_ms(j->hold_ms);
+        else
+            for (;;) { /* sleeps, but spins the last 2 ms of release_at */
+                int64_t at = s->release_at[j->me], now = th_now_ms();
+                if (s->release[j->me] || (at > 0 && now >= at))
+                    break;
+                if (at <= 0 || at - now > 2)
+                    th_sleep_ms(1);
+            }
+        __atomic_sub_fetch(&s->inside, 1, __ATOMIC_SEQ_CST);
+        s->held[j->me] = 0;
+        s->t_rel[j->me] = th_now_ms();
+        if (dlock_release(l) != DLOCK_OK)
+            return 4;
+    }
+    s->done[j->me] = 1;
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+static fstate *fstate_new(void)
+{
+    fstate *s = th_shared(sizeof(*s));
+
+    for (int i = 0; i < NW; i++)
+        s->rc[i] = -99;
+    return s;
+}
+
+static pid_t fstart(fstate *s, int me, const char *name, unsigned flags,
+                    int64_t wait_ms, int64_t hold_ms)
+{
+    fjob j = {s, me, name, flags, wait_ms, hold_ms};
+
+    return th_fork(fworker, &j);
+}
+
+static int64_t waiters_of(dlock_client *c, const char *name)
+{
+    dlock_info info;
+    int64_t n;
+
+    CHECK_OK(dlock_inspect(c, name, &info));
+    n = info.waiters;
+    dlock_info_clear(&info);
+    return n;
+}
+
+/* Waits (at most 10 s) until `name` has n queued fair waiters. */
+static void wait_queued(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 10000;
+
+    while (waiters_of(c, name) != n && th_now_ms() < until)
+        th_sleep_ms(2);
+    CHECK_EQ(waiters_of(c, name), n);
+}
+
+/* Waits (at most ms) until *flag == v. */
+static int wait_for(volatile int *flag, int v, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (*flag != v && th_now_ms() < until)
+        th_sleep_ms(1);
+    return *flag == v;
+}
+
+/* Threads of process pid: a waiter that sleeps on a channel has two (its
+ * own and its client's background thread), one that waits in the kernel
+ * for a timed wait has a third, the helper. */
+static int threads_of(pid_t pid)
+{
+    char path[64];
+    struct dirent *e;
+    DIR *d;
+    int n = 0;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    d = opendir(path);
+    if (!d)
+        return -1;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A worker that holds `name` with a fair ticket (and so a channel): it
+ * queues behind our own ticketless hold, then we let it through. It holds
+ * until s->release[me]. */
+static pid_t ticketed_holder(dlock_client *c, fstate *s, int me,
+                             const char *name)
+{
+    dlock *l = handle(c, name, 0, DLOCK_FAIR);
+    pid_t pid;
+
+    CHECK_OK(dlock_acquire(l, 0)); /* free, no queue: no ticket */
+    pid = fstart(s, me, name, DLOCK_FAIR, 30000, -1);
+    wait_queued(c, name, 1);
+    CHECK_OK(dlock_release(l));
+    CHECK(wait_for(&s->held[me], 1, 10000));
+    dlock_close(l);
+    return pid;
+}
+
+TEST(fair_fifo_across_processes_with_deadlines)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "ffifo", 0, DLOCK_FAIR);
+    pid_t pids[8];
+    const int n = 8;
+
+    CHECK_OK(dlock_acquire(l, 0));
+    for (int i = 0; i < n; i++) {
+        pids[i] = fstart(s, i, "ffifo", DLOCK_FAIR, 30000, 3);
+        wait_queued(c, "ffifo", i + 1);
+        /* all but the first wait on their predecessor's channel in their
+         * own thread: no helper thread (the first waits for our ticketless
+         * hold in the kernel) */
+        if (i > 0)
+            CHECK_EQ(threads_of(pids[i]), 2);
+    }
+    CHECK_OK(dlock_release(l));
+    for (int i = 0; i < n; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->pos, n);
+    CHECK_EQ(s->overlaps, 0);
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ(s->order[i], i);
+        CHECK_OK(s->rc[i]);
+    }
+    CHECK_EQ(waiters_of(c, "ffifo"), 0);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(killed_fair_holder_hands_over_at_once)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    s->killed[0] = 1;
+    pid_t h = ticketed_holder(c, s, 0, "fkill");
+    pid_t w1 = fstart(s, 1, "fkill", DLOCK_FAIR, 30000, 5);
+
+    /* (inspect does not count the holder's own ticket) */
+    wait_queued(c, "fkill", 1);
+    pid_t w2 = fstart(s, 2, "fkill", DLOCK_FAIR, 30000, 5);
+    wait_queued(c, "fkill", 2);
+    CHECK_EQ(threads_of(w1), 2); /* on the holder's channel */
+    int64_t t0 = th_now_ms();
+    kill(h, SIGKILL);
+    CHECK_EQ(th_wait(h), 128 + SIGKILL);
+    CHECK_EQ(th_wait(w1), 0);
+    CHECK_EQ(th_wait(w2), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OK(s->rc[2]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000); /* not its 30 s deadline */
+    CHECK_EQ(s->order[1], 1);
+    CHECK_EQ(s->order[2], 2);
+    CHECK_EQ(s->overlaps, 0);
+    CHECK_EQ(waiters_of(c, "fkill"), 0);
+    dlock_client_close(c);
+}
+
+TEST(killed_fair_waiter_does_not_block_the_queue)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    pid_t h = ticketed_holder(c, s, 0, "fmid");
+    pid_t w[4];
+
+    for (int i = 1; i <= 3; i++) {
+        w[i] = fstart(s, i, "fmid", DLOCK_FAIR, 30000, 5);
+        wait_queued(c, "fmid", i);
+    }
+    /* the middle one dies; the one behind it now waits for the first */
+    kill(w[2], SIGKILL);
+    CHECK_EQ(th_wait(w[2]), 128 + SIGKILL);
+    wait_queued(c, "fmid", 2);
+    int64_t t0 = th_now_ms();
+    s->release[0] = 1;
+    CHECK_EQ(th_wait(h), 0);
+    CHECK_EQ(th_wait(w[1]), 0);
+    CHECK_EQ(th_wait(w[3]), 0);
+    CHECK_EQ(s->pos, 3);
+    CHECK_EQ(s->order[1], 1);
+    CHECK_EQ(s->order[2], 3);
+    CHECK_OP(s->t_acq[3] - t0, <, 2000);
+    CHECK_EQ(s->overlaps, 0);
+    CHECK_EQ(waiters_of(c, "fmid"), 0);
+    dlock_client_close(c);
+}
+
+/* A waiter whose deadline passes just as its predecessor releases: it
+ * either takes the lock (late by a hair) or leaves the queue; either way
+ * the one behind it is not held up and nothing stays queued. The release
+ * is placed from 4 ms before to 4 ms after the deadline. */
+TEST(deadline_meets_the_hand_over)
+{
+    dlock_client *c = client();
+
+    for (int off = -4; off <= 4; off++) {
+        fstate *s = fstate_new();
+        pid_t h = ticketed_holder(c, s, 0, "fdead");
+        const int64_t wait = 150;
+
+        pid_t w = fstart(s, 1, "fdead", DLOCK_FAIR, wait, 2);
+        wait_queued(c, "fdead", 1);
+        pid_t t = fstart(s, 2, "fdead", DLOCK_FAIR, 30000, 2);
+        wait_queued(c, "fdead", 2);
+        s->release_at[0] = s->t_call[1] + wait + off;
+        CHECK_EQ(th_wait(h), 0);
+        CHECK_EQ(th_wait(w), 0);
+        CHECK_EQ(th_wait(t), 0);
+        CHECK(s->rc[1] == DLOCK_OK || s->rc[1] == DLOCK_EBUSY);
+        CHECK_OK(s->rc[2]);
+        /* the last one got it promptly after the release (or after w's
+         * short hold) */
+        CHECK_OP(s->t_acq[2] - s->t_rel[0], <, 2000);
+        if (s->rc[1] == DLOCK_OK) {
+            CHECK_EQ(s->order[1], 1);
+            CHECK_OP(s->t_acq[1] - s->t_call[1], <, wait + 1000);
+        } else {
+            CHECK_OP(s->t_call[1] + wait, <=, th_now_ms());
+        }
+        CHECK_EQ(s->overlaps, 0);
+        CHECK_EQ(waiters_of(c, "fdead"), 0);
+    }
+    dlock_client_close(c);
+}
+
+static int count_fds(void)
+{
+    struct dirent *e;
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the directory's own */
+}
+
+/* Sockets (listeners and their accepted connections) named after the
+ * channels of `name`'s lock file, in the whole system. */
+static int count_channels(const char *name)
+{
+    char line[512], prefix[128], path[1000], fname[64];
+    struct stat st;
+    FILE *f;
+    int n = 0;
+
+    snprintf(fname, sizeof(fname), "%.50s.lock", name);
+    path_of(fname, path, sizeof(path));
+    CHECK_EQ(stat(path, &st), 0);
+    snprintf(prefix, sizeof(prefix), "@dlock-fair/%llx/%llx/",
+             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    f = fopen("/proc/net/unix", "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, prefix) != NULL;
+    fclose(f);
+    return n;
+}
+
+static int count_files(void)
+{
+    struct dirent *e;
+    DIR *d = opendir(dir);
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+TEST(timed_waits_leave_nothing_behind)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client(), *me = client();
+    pid_t h = ticketed_holder(c, s, 0, "fnothing");
+    dlock *fair = handle(me, "fnothing", 0, DLOCK_FAIR);
+    dlock *plain = handle(me, "fnothing", 0, 0);
+    int fds = count_fds(), threads = threads_of(getpid());
+    int files = count_files();
+
+    CHECK_EQ(count_channels("fnothing"), 1); /* the holder's listener */
+    for (int i = 0; i < 10; i++) {
+        int64_t t0 = th_now_ms();
+        /* fair: on the holder's channel; plain: in the kernel */
+        CHECK_RC(dlock_acquire(i % 2 ? plain : fair, 20 + i), DLOCK_EBUSY);
+        CHECK_OP(th_now_ms() - t0, >=, 20 + i);
+        CHECK_OP(th_now_ms() - t0, <, 20 + i + 1000);
+        CHECK_EQ(waiters_of(c, "fnothing"), 0); /* the holder's only */
+        CHECK_EQ(count_fds(), fds);
+        CHECK_EQ(threads_of(getpid()), threads);
+        CHECK_EQ(count_files(), files);
+    }
+    /* the holder keeps what it accepted from the waiters that left (at
+     * most a few) until it releases; then nothing is left anywhere */
+    CHECK_OP(count_channels("fnothing"), <=, 1 + 4);
+    s->release[0] = 1;
+    CHECK_EQ(th_wait(h), 0);
+    CHECK_OK(dlock_acquire(fair, 0));
+    CHECK_OK(dlock_release(fair));
+    CHECK_EQ(count_channels("fnothing"), 0);
+    CHECK_EQ(waiters_of(c, "fnothing"), 0);
+    dlock_close(fair);
+    dlock_close(plain);
+    dlock_client_close(me);
+    dlock_client_close(c);
+}
+
+TEST(fair_and_default_acquirers_mixed)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "fmix", 0, DLOCK_FAIR);
+    pid_t pids[7];
+
+    /* FIFO among the fair ones, whatever the default ones do */
+    CHECK_OK(dlock_acquire(l, 0));
+    for (int i = 0; i < 3; i++) {
+        pids[i] = fstart(s, i, "fmix", DLOCK_FAIR, 30000, 3);
+        wait_queued(c, "fmix", i + 1);
+        pids[3 + i] = fstart(s, 3 + i, "fmix", 0, 30000, 3);
+    }
+    th_sleep_ms(50); /* the default ones wait in the kernel */
+    CHECK_OK(dlock_release(l));
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->pos, 6);
+    CHECK_EQ(s->overlaps, 0);
+    int next = 0;
+    for (int i = 0; i < 6; i++)
+        if (s->order[i] < 3)
+            CHECK_EQ(s->order[i], next++);
+    CHECK_EQ(next, 3);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* Processes looping over acquire (with a deadline), hold, release, fair
+ * and default ones together: never two holders. */
+typedef struct loopjob {
+    fstate *s;
+    unsigned flags;
+} loopjob;
+
+static int loop_worker(void *arg)
+{
+    loopjob *j = arg;
+    dlock_client *c;
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.flags = j->flags;
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "floop", &o) != DLOCK_OK)
+        return 2;
+    for (int i = 0; i < 30; i++) {
+        int rc = dlock_acquire(l, 20000);
+        if (rc != DLOCK_OK) {
+            fprintf(stderr, "loop worker: %s\n", dlock_errmsg());
+            return 3;
+        }
+        if (__atomic_add_fetch(&j->s->inside, 1, __ATOMIC_SEQ_CST) != 1)
+            __atomic_add_fetch(&j->s->overlaps, 1, __ATOMIC_SEQ_CST);
+        th_sleep_ms(1);
+        __atomic_sub_fetch(&j->s->inside, 1, __ATOMIC_SEQ_CST);
+        if (dlock_release(l) != DLOCK_OK)
+            return 4;
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(mixed_modes_never_overlap)
+{
+    fstate *s = fstate_new();
+    pid_t pids[6];
+
+    for (int i = 0; i < 6; i++) {
+        loopjob j = {s, i < 4 ? DLOCK_FAIR : 0};
+        pids[i] = th_fork(loop_worker, &j);
+    }
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ(th_wait(pids[i]), 0);
+    CHECK_EQ(s->overlaps, 0);
+}
+
+/* --- channels that cannot be used: the kernel path ---------------------- */
+
+/* The lock file's header: the next ticket and the channel salt. */
+static void header_of(const char *name, uint64_t *next, unsigned char *salt,
+                      struct stat *st)
+{
+    char path[1000], fname[64];
+    int fd;
+
+    snprintf(fname, sizeof(fname), "%.50s.lock", name);
+    path_of(fname, path, sizeof(path));
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    CHECK_EQ(fstat(fd, st), 0);
+    CHECK_EQ(pread(fd, next, 8, 8), 8);
+    if (salt)
+        CHECK_EQ(pread(fd, salt, 16, 16), 16);
+    close(fd);
+}
+
+/* The abstract address of a ticket's channel (file.c's chan_name()). */
+static socklen_t chan_addr(struct sockaddr_un *sa, const struct stat *st,
+                           const unsigned char *salt, uint64_t ticket)
+{
+    char hex[33];
+    int n;
+
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", salt[i]);
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+                 "dlock-fair/%llx/%llx/%s/%llx",
+                 (unsigned long long)st->st_dev,
+                 (unsigned long long)st->st_ino, hex,
+                 (unsigned long long)ticket);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                       (size_t)n);
+}
+
+/* Takes the next ticket and MAIN by hand, the way a dlock without
+ * channels (an older version) does: no channel. Returns the open file. */
+static int raw_ticket_holder(const char *name, uint64_t *ticket)
+{
+    char path[1000], fname[64];
+    struct flock fl;
+    uint64_t next = 0;
+    int fd;
+
+    snprintf(fname, sizeof(fname), "%.50s.lock", name);
+    path_of(fname, path, sizeof(path));
+    fd = open(path, O_RDWR | O_CREAT, 0644);
+    CHECK(fd >= 0);
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 1; /* META */
+    fl.l_len = 1;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLKW, &fl), 0);
+    if (pread(fd, &next, 8, 8) != 8)
+        next = 0;
+    *ticket = next++;
+    CHECK_EQ(pwrite(fd, "DLOCKF1\n", 8, 0), 8);
+    CHECK_EQ(pwrite(fd, &next, 8, 8), 8);
+    fl.l_start = ((off_t)1 << 32) + (off_t)*ticket;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    fl.l_start = 0; /* MAIN */
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    fl.l_type = F_UNLCK;
+    fl.l_start = 1;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    return fd;
+}
+
+/* Gives the file a channel salt: a fair waiter (a child: in this process
+ * its kernel wait would stall valgrind) queues once behind our hold. */
+static void salt_file(const char *name)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *a = handle(c, name, 0, DLOCK_FAIR);
+    unsigned char salt[16], zero[16] = {0};
+    struct stat st;
+    uint64_t next;
+
+    CHECK_OK(dlock_acquire(a, 0));
+    pid_t w = fstart(s, 0, name, DLOCK_FAIR, 30000, 0);
+    wait_queued(c, name, 1); /* its ticket, taken with the salt */
+    header_of(name, &next, salt, &st);
+    CHECK(memcmp(salt, zero, 16) != 0);
+    CHECK_OK(dlock_release(a));
+    CHECK_EQ(th_wait(w), 0);
+    dlock_close(a);
+    dlock_client_close(c);
+}
+
+/* After the holder `fd` (no usable channel) releases, the waiter w (which
+ * waited in the kernel: a helper thread) takes the lock at once. The
+ * hand-made ticket has no holder record: inspect counts it as queued. */
+static void kernel_path_then_release(fstate *s, dlock_client *c,
+                                     const char *name, int fd, pid_t w)
+{
+    wait_queued(c, name, 2);
+    th_sleep_ms(20);
+    CHECK_EQ(threads_of(w), 3); /* main, client, kernel-wait helper */
+    int64_t t0 = th_now_ms();
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    close(fd);
+    CHECK_EQ(th_wait(w), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000);
+    CHECK_EQ(waiters_of(c, name), 0);
+}
+
+TEST(refused_channel_ends_in_the_kernel)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    uint64_t t;
+
+    salt_file("frefused");
+    int fd = raw_ticket_holder("frefused", &t);
+    pid_t w = fstart(s, 1, "frefused", DLOCK_FAIR, 30000, 1);
+    kernel_path_then_release(s, c, "frefused", fd, w);
+    dlock_client_close(c);
+}
+
+/* A process of another user listens on the name of a ticket's channel:
+ * the successor does not trust it (uid), and waits in the kernel. */
+typedef struct squatter {
+    struct sockaddr_un sa;
+    socklen_t len;
+    volatile int ready;
+} squatter;
+
+static int squat(void *arg)
+{
+    squatter *q = arg;
+    int l;
+
+    if (setgid(65534) != 0 || setuid(65534) != 0)
+        return 2;
+    /* a change of uid clears the parent-death signal: die with the test */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    l = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (l < 0 || bind(l, (struct sockaddr *)&q->sa, q->len) != 0 ||
+        listen(l, 16) != 0)
+        return 3;
+    q->ready = 1;
+    pause();
+    return 0;
+}
+
+TEST(foreign_listener_on_a_channel_name)
+{
+    fstate *s = fstate_new();
+    squatter *q = th_shared(sizeof(*q));
+    dlock_client *c = client();
+    unsigned char salt[16];
+    struct stat st;
+    uint64_t t, next;
+
+    if (geteuid() != 0) {
+        printf("  (not root: no other user to squat with)\n");
+        dlock_client_close(c);
+        return;
+    }
+    salt_file("fsquat");
+    int fd = raw_ticket_holder("fsquat", &t);
+    header_of("fsquat", &next, salt, &st);
+    CHECK_EQ(next, t + 1);
+    q->len = chan_addr(&q->sa, &st, salt, t);
+    pid_t sq = th_fork(squat, q);
+    th__track(sq, 1); /* killed at exit, even if the test fails */
+    CHECK(wait_for(&q->ready, 1, 10000));
+    /* the successor reaches the squatter's listener, sees another uid,
+     * and waits for the ticket's byte in the kernel */
+    pid_t w = fstart(s, 1, "fsquat", DLOCK_FAIR, 30000, 1);
+    kernel_path_then_release(s, c, "fsquat", fd, w);
+    kill(sq, SIGKILL);
+    th_wait(sq);
+    th__track(sq, 0);
+    dlock_client_close(c);
+}
+
+/* Someone holds the name of the next ticket's channel before its owner
+ * comes: the owner skips that ticket number, and still gets a channel. */
+TEST(squatted_ticket_number_is_skipped)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "fskip", 0, DLOCK_FAIR);
+    struct sockaddr_un sa;
+    unsigned char salt[16];
+    struct stat st;
+    uint64_t next, after;
+
+    salt_file("fskip");
+    header_of("fskip", &next, salt, &st);
+    socklen_t len = chan_addr(&sa, &st, salt, next);
+    int sq = socket(AF_UNIX, SOCK_STREAM, 0);
+    CHECK_EQ(bind(sq, (struct sockaddr *)&sa, len), 0);
+    CHECK_EQ(listen(sq, 4), 0);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    pid_t w1 = fstart(s, 1, "fskip", DLOCK_FAIR, 30000, 3);
+    wait_queued(c, "fskip", 1);
+    header_of("fskip", &after, NULL, &st);
+    CHECK_EQ(after, next + 2); /* one number skipped */
+    pid_t w2 = fstart(s, 2, "fskip", DLOCK_FAIR, 30000, 3);
+    wait_queued(c, "fskip", 2);
+    CHECK_EQ(threads_of(w2), 2); /* on w1's (real) channel */
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(th_wait(w1), 0);
+    CHECK_EQ(th_wait(w2), 0);
+    CHECK_EQ(s->order[0], 1);
+    CHECK_EQ(s->order[1], 2);
+    CHECK_OP(s->t_acq[2] - s->t_rel[1], <, 2000);
+    close(sq);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* A predecessor in another network namespace: its channel's name is not
+ * in ours. */
+static int netns_worker(void *arg)
+{
+    if (unshare(CLONE_NEWNET) != 0)
+        return 77;
+    return fworker(arg);
+}
+
+TEST(predecessor_in_another_network_namespace)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "fnetns", 0, DLOCK_FAIR);
+    fjob j = {s, 0, "fnetns", DLOCK_FAIR, 30000, -1};
+
+    CHECK_OK(dlock_acquire(l, 0));
+    pid_t h = th_fork(netns_worker, &j);
+    int64_t until = th_now_ms() + 10000;
+    while (waiters_of(c, "fnetns") < 1 && th_now_ms() < until &&
+           !s->done[0] && kill(h, 0) == 0 && s->rc[0] == -99) {
+        int st;
+        if (waitpid(h, &st, WNOHANG) == h) {
+            /* could not make a namespace (not root): nothing to test */
+            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 77);
+            printf("  (no network namespace: skipped)\n");
+            CHECK_OK(dlock_release(l));
+            dlock_close(l);
+            dlock_client_close(c);
+            return;
+        }
+        th_sleep_ms(2);
+    }
+    wait_queued(c, "fnetns", 1);
+    CHECK_OK(dlock_release(l));
+    CHECK(wait_for(&s->held[0], 1, 10000));
+    pid_t w = fstart(s, 1, "fnetns", DLOCK_FAIR, 30000, 1);
+    wait_queued(c, "fnetns", 1);
+    th_sleep_ms(20);
+    CHECK_EQ(threads_of(w), 3); /* refused: waits in the kernel */
+    int64_t t0 = th_now_ms();
+    s->release[0] = 1;
+    CHECK_EQ(th_wait(h), 0);
+    CHECK_EQ(th_wait(w), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* Someone connects to the holder's channel and never reads: the release
+ * still wakes the real successor. */
+TEST(foreign_connection_to_a_channel)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    pid_t h = ticketed_holder(c, s, 0, "fconn");
+    struct sockaddr_un sa;
+    unsigned char salt[16];
+    struct stat st;
+    uint64_t next;
+    int conns[8];
+
+    header_of("fconn", &next, salt, &st);
+    socklen_t len = chan_addr(&sa, &st, salt, next - 1); /* the holder's */
+    for (int i = 0; i < 8; i++) {
+        conns[i] = socket(AF_UNIX, SOCK_STREAM, 0);
+        CHECK_EQ(connect(conns[i], (struct sockaddr *)&sa, len), 0);
+    }
+    pid_t w = fstart(s, 1, "fconn", DLOCK_FAIR, 30000, 1);
+    wait_queued(c, "fconn", 1);
+    th_sleep_ms(20);
+    CHECK_EQ(threads_of(w), 2);
+    int64_t t0 = th_now_ms();
+    s->release[0] = 1;
+    CHECK_EQ(th_wait(h), 0);
+    CHECK_EQ(th_wait(w), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000);
+    for (int i = 0; i < 8; i++)
+        close(conns[i]);
+    dlock_client_close(c);
+}
+
+/* --- forks --------------------------------------------------------------- */
+
+TEST(release_wakes_the_successor_despite_a_forked_child)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "ffork", 0, DLOCK_FAIR);
+
+    /* the holder forks a child that keeps its open file and channel for
+     * 3 s; its release must not wait for that child */
+    s->fork_ms[0] = 3000;
+    CHECK_OK(dlock_acquire(l, 0));
+    pid_t h = fstart(s, 0, "ffork", DLOCK_FAIR, 30000, -1);
+    wait_queued(c, "ffork", 1);
+    CHECK_OK(dlock_release(l));
+    CHECK(wait_for(&s->held[0], 1, 10000));
+    pid_t w = fstart(s, 1, "ffork", DLOCK_FAIR, 30000, 1);
+    wait_queued(c, "ffork", 1);
+    int64_t t0 = th_now_ms();
+    s->release[0] = 1;
+    CHECK_EQ(th_wait(h), 0);
+    CHECK_EQ(th_wait(w), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(dead_holder_with_a_forked_child_keeps_the_lock)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "fforkdie", 0, DLOCK_FAIR);
+
+    /* as before the channels: the lock lives as long as a child forked
+     * while it was held keeps the open file (file.c, "Forks") */
+    s->fork_ms[0] = 1000;
+    s->killed[0] = 1;
+    CHECK_OK(dlock_acquire(l, 0));
+    pid_t h = fstart(s, 0, "fforkdie", DLOCK_FAIR, 30000, -1);
+    wait_queued(c, "fforkdie", 1);
+    CHECK_OK(dlock_release(l));
+    CHECK(wait_for(&s->held[0], 1, 10000));
+    int64_t forked = th_now_ms();
+    pid_t w = fstart(s, 1, "fforkdie", DLOCK_FAIR, 30000, 1);
+    wait_queued(c, "fforkdie", 1);
+    kill(h, SIGKILL);
+    CHECK_EQ(th_wait(h), 128 + SIGKILL);
+    CHECK_EQ(th_wait(w), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - forked, >=, 900);  /* the child's life */
+    CHECK_OP(s->t_acq[1] - forked, <, 1000 + 2000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(give_up_wakes_the_successor_despite_a_forked_child)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "fforkgive", 0, DLOCK_FAIR);
+
+    /* w queues behind h; h forks (its successor's connection, accepted
+     * ahead, goes to the child too), then gives up: w must move on at
+     * once, not when the child exits */
+    s->fork_waiting_ms[0] = 150;
+    CHECK_OK(dlock_acquire(l, 0));
+    pid_t h = fstart(s, 0, "fforkgive", DLOCK_FAIR, 400, 1);
+    wait_queued(c, "fforkgive", 1);
+    pid_t w = fstart(s, 1, "fforkgive", DLOCK_FAIR, 30000, 1);
+    wait_queued(c, "fforkgive", 2);
+    CHECK_EQ(th_wait(h), 0);
+    CHECK_RC(s->rc[0], DLOCK_EBUSY);
+    wait_queued(c, "fforkgive", 1); /* w only */
+    th_sleep_ms(50);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(th_wait(w), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- many waiters: a release wakes one ---------------------------------- */
+
+static long switches_of(pid_t pid)
+{
+    char path[64], line[256];
+    long n = -1;
+    FILE *f;
+
+    /* the main thread only (its tid is the pid) */
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)pid,
+             (int)pid);
+    f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &n) == 1)
+            break;
+    fclose(f);
+    return n;
+}
+
+TEST(a_release_wakes_only_the_next)
+{
+    fstate *s = fstate_new();
+    dlock_client *c = client();
+    dlock *l = handle(c, "fmany", 0, DLOCK_FAIR);
+    const int n = 10;
+    pid_t pids[NW];
+
+    CHECK_OK(dlock_acquire(l, 0));
+    for (int i = 0; i < n; i++) {
+        pids[i] = fstart(s, i, "fmany", DLOCK_FAIR, 30000, -1);
+        wait_queued(c, "fmany", i + 1);
+    }
+    th_sleep_ms(20);
+    long before = switches_of(pids[n - 1]);
+    CHECK_OP(before, >=, 0);
+    CHECK_OK(dlock_release(l));
+    /* five hand-offs at the head of the queue */
+    for (int i = 0; i < 5; i++) {
+        CHECK(wait_for(&s->held[i], 1, 10000));
+        s->release[i] = 1;
+        CHECK_EQ(th_wait(pids[i]), 0);
+    }
+    /* the last waiter slept through them (its thread was never woken:
+     * a few switches of slack for the machine's own noise) */
+    CHECK_OP(switches_of(pids[n - 1]) - before, <=, 2);
+    for (int i = 5; i < n; i++) {
+        CHECK(wait_for(&s->held[i], 1, 10000));
+        s->release[i] = 1;
+        CHECK_EQ(th_wait(pids[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        CHECK_EQ(s->order[i], i);
+    CHECK_EQ(s->overlaps, 0);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* Tests in which only child processes wait (the test's own threads never
+ * block in F_OFD_SETLKW) run under valgrind too: a child blocked there
+ * stalls only itself. TK: the test process itself waits in the kernel with
+ * a deadline (harness/test.h). */
 static const th_test tests[] = {
     T(default_store_is_a_private_directory),
     T(bad_file_uris),
@@ -285,6 +1250,22 @@ static const th_test tests[] = {
     TK(replaced_file_is_detected),
     TK(cancelled_waits_leave_nothing_behind),
     T(long_names_fit_a_file_name),
+    T(fair_fifo_across_processes_with_deadlines),
+    T(killed_fair_holder_hands_over_at_once),
+    T(killed_fair_waiter_does_not_block_the_queue),
+    T(deadline_meets_the_hand_over),
+    TK(timed_waits_leave_nothing_behind),
+    T(fair_and_default_acquirers_mixed),
+    T(mixed_modes_never_overlap),
+    T(refused_channel_ends_in_the_kernel),
+    T(foreign_listener_on_a_channel_name),
+    T(squatted_ticket_number_is_skipped),
+    T(predecessor_in_another_network_namespace),
+    T(foreign_connection_to_a_channel),
+    T(release_wakes_the_successor_despite_a_forked_child),
+    T(dead_holder_with_a_forked_child_keeps_the_lock),
+    TK(give_up_wakes_the_successor_despite_a_forked_child),
+    T(a_release_wakes_only_the_next),
     {NULL, NULL, 0},
 };
 

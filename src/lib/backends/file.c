@@ -9,29 +9,46 @@
  *  - the kernel drops it the moment the holder's file is closed, including
  *    when the holder dies. No lease is needed; ttl_ms is accepted and has no
  *    effect; the watchdog has nothing to renew here.
- *  - waiting happens in the kernel (F_OFD_SETLKW), never by polling. A wait
- *    with a deadline runs the blocking call in a short-lived helper thread
- *    that the caller cancels when the deadline passes (glibc makes
- *    F_OFD_SETLKW a cancellation point; no signal handler is installed).
+ *  - waiting never polls (file_wait.c): a default-mode waiter waits in the
+ *    kernel (F_OFD_SETLKW; with a deadline, in a helper thread cancelled at
+ *    the deadline). A fair waiter sleeps, itself, on its predecessor's
+ *    wake-up channel (below), or in the kernel when there is none it can
+ *    trust.
  *
  * File layout (native byte order; the file never leaves the host):
  *   0   magic "DLOCKF1\n"
  *   8   next fair-queue ticket (written under the META byte lock)
+ *   16  16 random bytes naming the fair queue's wake-up channels (written
+ *       once, under the META byte lock; all zero: no channels)
  *   64  holder record: fencing counter, acquisition time, holder's
  *       description (written by the holder, under the main lock)
  * Byte-range locks (advisory, independent of the data):
  *   0          MAIN: the lock itself
- *   1          META: guards the ticket counter
+ *   1          META: guards the ticket counter and the channel salt
  *   2^32 + t   ticket t of a fair waiter, held from joining the queue until
- *              its release. Waiter t waits (blocked in the kernel) only for
- *              the highest live ticket below its own, so one release wakes
- *              one waiter, in arrival order. A waiter that gives up or dies
- *              drops its byte, and the one behind it moves up.
+ *              its release. Waiter t may take MAIN only when no ticket
+ *              below its own is held; it waits for the highest live one
+ *              below, so one release wakes one waiter, in arrival order. A
+ *              waiter that gives up or dies drops its byte, and the one
+ *              behind it moves up.
+ * These locks alone decide who holds the lock and who is next.
  *
- * Forks: a child forked while a lock is held shares the open file; release
- * unlocks the description explicitly, so the child's copy does not keep the
- * lock. But if the holder dies first, the lock lives until the child exits
- * or execs (descriptors are close-on-exec).
+ * Fair wake-up channels (docs/design.md, "File store: fair hand-over";
+ * file_wait.c): the owner of ticket t listens, from before it locks its
+ * ticket byte until after it unlocks it, on the abstract Unix socket
+ * "dlock-fair/<dev>/<ino>/<salt>/<t>"; its successor connects and sleeps
+ * in poll(). The release sends that connection a byte and yields the CPU
+ * to the woken successor; a give-up ends the connection; the kernel resets
+ * it when the owner dies. A connection is trusted only if the listener has
+ * our uid and ticket t is still held after connecting. The channels only
+ * make waking faster; they never decide anything.
+ *
+ * Forks: a child forked while a lock is held (or waited for) shares the
+ * open file and the channel; release (and give-up) unlocks the description
+ * explicitly and wakes the successor through the connection itself (a
+ * byte, or shutdown()), so the child's copy keeps neither the lock nor the
+ * successor waiting. But if the holder dies first, the lock lives until
+ * the child exits or execs (descriptors are close-on-exec).
  *
  * Lock files are never deleted: deleting a file while someone holds or
  * waits on it would let a newcomer lock a fresh file of the same name. Every
@@ -41,28 +58,22 @@
  * Fencing token: max(last + 1, wall clock in microseconds), kept in the file
  * and updated under the lock, so it only grows, even across reboots.
  */
-#include "../core/internal.h"
+#include "file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
-#define MAIN_BYTE 0
-#define META_BYTE 1
-#define QUEUE_BASE ((off_t)1 << 32)
-#define QUEUE_END ((off_t)1 << 62)
 #define REC_OFFSET 64
-#define FNAME_MAX 240
 #define MAX_WAITERS_COUNTED 100000
-
-static const char magic[8] = {'D', 'L', 'O', 'C', 'K', 'F', '1', '\n'};
 
 typedef struct file_rec {
     uint64_t fence;
@@ -74,18 +85,6 @@ typedef struct file_rec {
     uint32_t name_len;
     char name[DLOCK_NAME_MAX + 1];
 } file_rec;
-
-typedef struct file_store {
-    char *dir;
-    int dirfd;
-} file_store;
-
-typedef struct file_lease {
-    int fd;
-    dev_t dev;
-    ino_t ino;
-    char fname[FNAME_MAX + 8];
-} file_lease;
 
 /* ------------------------------------------------------------------------ */
 /* Names and files                                                          */
@@ -135,49 +134,6 @@ static int io_error(const char *what, const char *fname, int err)
                       strerror(err));
 }
 
-static int lk(int fd, int cmd, short type, off_t start, off_t len)
-{
-    struct flock fl;
-
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = type;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = start;
-    fl.l_len = len;
-    return fcntl(fd, cmd, &fl);
-}
-
-/* Start of a lock held by another open file in [start, end), or -1. */
-static off_t first_conflict(int fd, off_t start, off_t end)
-{
-    struct flock fl;
-
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = start;
-    fl.l_len = end - start;
-    if (end <= start || fcntl(fd, F_OFD_GETLK, &fl) != 0 ||
-        fl.l_type == F_UNLCK)
-        return -1;
-    return fl.l_start < start ? start : fl.l_start;
-}
-
-/* The highest fair ticket below `mine` still held by someone, or -1. */
-static off_t highest_below(int fd, off_t mine)
-{
-    off_t found = -1, at = QUEUE_BASE;
-
-    for (int i = 0; i < MAX_WAITERS_COUNTED; i++) {
-        off_t b = first_conflict(fd, at, mine);
-        if (b < 0)
-            break;
-        found = b;
-        at = b + 1;
-    }
-    return found;
-}
-
 static int check_magic(int fd, const char *fname)
 {
     char buf[8];
@@ -192,22 +148,47 @@ static int check_magic(int fd, const char *fname)
     return DLOCK_OK;
 }
 
-/* Opens (creating with O_CREAT) the lock file. *missing is set when it
- * does not exist (only possible without O_CREAT). */
-static int open_lock_file(file_store *fs, const char *fname, int flags,
-                          int *out, int *missing)
+/* What the store asks of a file: statx() without the timestamps. Asking
+ * for them (stat(), fstat()) makes the next write to the file stamp it
+ * with a fine-grained time (Linux 6.13's multigrain timestamps), which
+ * doubles the cost of the holder's record write on the hand-off path. */
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    uint64_t size;
+} file_id;
+
+static int file_stat(int dirfd, const char *path, int flags, file_id *id,
+                     int *regular)
 {
-    struct stat st;
+    struct statx sx;
+
+    if (statx(dirfd, path, flags, STATX_TYPE | STATX_INO | STATX_SIZE,
+              &sx) != 0)
+        return -1;
+    id->dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+    id->ino = (ino_t)sx.stx_ino;
+    id->size = sx.stx_size;
+    *regular = S_ISREG(sx.stx_mode);
+    return 0;
+}
+
+/* Opens (creating with O_CREAT) the lock file; *id is its identity.
+ * *missing is set when it does not exist (only possible without
+ * O_CREAT). */
+static int open_lock_file(file_store *fs, const char *fname, int flags,
+                          int *out, file_id *id, int *missing)
+{
     int fd = openat(fs->dirfd, fname,
                     flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
-    int rc;
+    int rc, regular = 0;
 
     *missing = 0;
     if (fd < 0) {
         *missing = errno == ENOENT;
         return io_error("open", fname, errno);
     }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (file_stat(fd, "", AT_EMPTY_PATH, id, &regular) != 0 || !regular) {
         close(fd);
         return dlock__err(DLOCK_EPROTO,
                           "file store: %.200s is not a regular file", fname);
@@ -224,130 +205,36 @@ static int open_lock_file(file_store *fs, const char *fname, int flags,
 /* Does the path still name the file we hold open? */
 static int same_file(file_store *fs, const file_lease *fl)
 {
-    struct stat st;
+    file_id id;
+    int regular;
 
-    if (fstatat(fs->dirfd, fl->fname, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    if (file_stat(fs->dirfd, fl->fname, AT_SYMLINK_NOFOLLOW, &id,
+                  &regular) != 0)
         return 0;
-    return st.st_dev == fl->dev && st.st_ino == fl->ino;
+    return id.dev == fl->dev && id.ino == fl->ino;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Waiting in the kernel                                                    */
-/* ------------------------------------------------------------------------ */
-
-typedef struct kwait {
-    int fd;
-    off_t ticket; /* absolute byte of our fair ticket, or -1 */
-    int rc;       /* errno of a failed call, 0 when the lock was taken */
-    int done;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} kwait;
-
-/* The blocking part: wait for the fair predecessors, then for the lock.
- * Only the two F_OFD_SETLKW calls block (and are cancellation points). */
-static int kwait_run(kwait *k)
+/* Gives up a lease's open lock file: unlocks every byte of its open file
+ * description first (a forked child may share it), then wakes the fair
+ * successors (end of file on each connection), then closes everything. */
+static void drop_file(file_store *fs, file_lease *fl)
 {
-    int old;
+    int ready[READY_MAX], n;
 
-    if (k->ticket >= 0) {
-        for (;;) {
-            off_t b = highest_below(k->fd, k->ticket);
-            if (b < 0)
-                break;
-            if (lk(k->fd, F_OFD_SETLKW, F_RDLCK, b, 1) != 0 &&
-                errno != EINTR)
-                return errno;
-            lk(k->fd, F_OFD_SETLK, F_UNLCK, b, 1);
-        }
+    lk(fl->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
+    n = dlock__file_watch_end(fs, fl, ready);
+    for (int i = 0; i < n; i++) {
+        /* end of file even if a forked child has a copy of it */
+        shutdown(ready[i], SHUT_RDWR);
+        close(ready[i]);
     }
-    while (lk(k->fd, F_OFD_SETLKW, F_WRLCK, MAIN_BYTE, 1) != 0) {
-        if (errno != EINTR)
-            return errno;
-    }
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-    return 0;
-}
-
-static void *kwait_thread(void *arg)
-{
-    kwait *k = arg;
-    int rc = kwait_run(k);
-    int old;
-
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-    pthread_mutex_lock(&k->mu);
-    k->rc = rc;
-    k->done = 1;
-    pthread_cond_signal(&k->cv);
-    pthread_mutex_unlock(&k->mu);
-    return NULL;
-}
-
-/* Blocks until the lock is ours or `deadline` passes. 0: taken; ETIMEDOUT;
- * or an errno. */
-static int kwait_until(int fd, off_t ticket, int64_t deadline)
-{
-    kwait k;
-    pthread_t t;
-    sigset_t old;
-    void *res = NULL;
-    int rc;
-
-    memset(&k, 0, sizeof(k));
-    k.fd = fd;
-    k.ticket = ticket;
-    if (deadline == DLOCK__FOREVER)
-        return kwait_run(&k);
-
-    pthread_mutex_init(&k.mu, NULL);
-    if (dlock__cond_init(&k.cv) != DLOCK_OK) {
-        pthread_mutex_destroy(&k.mu);
-        return ENOMEM;
-    }
-    dlock__block_signals(&old);
-    rc = pthread_create(&t, NULL, kwait_thread, &k);
-    dlock__restore_signals(&old);
-    if (rc == 0) {
-        pthread_mutex_lock(&k.mu);
-        while (!k.done && dlock__now_ms() < deadline)
-            dlock__cond_wait_until(&k.cv, &k.mu, deadline);
-        int done = k.done;
-        pthread_mutex_unlock(&k.mu);
-        if (!done)
-            pthread_cancel(t);
-        pthread_join(t, &res);
-        rc = res == PTHREAD_CANCELED ? ETIMEDOUT : k.rc;
-    }
-    pthread_cond_destroy(&k.cv);
-    pthread_mutex_destroy(&k.mu);
-    return rc;
-}
-
-/* Takes a fair-queue ticket and locks its byte; returns the byte or -1. */
-static off_t take_ticket(int fd, const char *fname, int *rc)
-{
-    uint64_t next = 0;
-    off_t byte;
-
-    while (lk(fd, F_OFD_SETLKW, F_WRLCK, META_BYTE, 1) != 0) {
-        if (errno != EINTR) {
-            *rc = io_error("lock", fname, errno);
-            return -1;
-        }
-    }
-    if (pread(fd, &next, sizeof(next), 8) != (ssize_t)sizeof(next))
-        next = 0;
-    byte = QUEUE_BASE + (off_t)(next % (uint64_t)(QUEUE_END - QUEUE_BASE));
-    next++;
-    if (pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic) ||
-        pwrite(fd, &next, sizeof(next), 8) != (ssize_t)sizeof(next) ||
-        lk(fd, F_OFD_SETLK, F_WRLCK, byte, 1) != 0) {
-        *rc = io_error("write", fname, errno);
-        byte = -1;
-    }
-    lk(fd, F_OFD_SETLK, F_UNLCK, META_BYTE, 1);
-    return byte;
+    dlock__file_watch_forget(fs, fl);
+    if (fl->lfd >= 0)
+        dlock__file_chan_close(fl->lfd, -1);
+    if (fl->cfd >= 0)
+        close(fl->cfd);
+    close(fl->fd);
+    fl->fd = fl->lfd = fl->cfd = -1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -362,10 +249,13 @@ static int64_t wall_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* Writes the holder record under the main lock; sets l->token. */
-static int write_record(int fd, const char *fname, dlock__lease *l,
-                        off_t ticket)
+/* Writes the holder record under the main lock; sets l->token. The magic
+ * too when the file had none when it was opened (a new file: one that had
+ * it was checked by open_lock_file()). */
+static int write_record(file_store *fs, int fd, const char *fname,
+                        dlock__lease *l, off_t ticket, int need_magic)
 {
+    const char *tid = strrchr(l->owner, ':'); /* "<client hex>:<tid>" */
     file_rec r;
     int64_t now = wall_us();
 
@@ -375,12 +265,13 @@ static int write_record(int fd, const char *fname, dlock__lease *l,
     r.fence = r.fence + 1 > (uint64_t)now ? r.fence + 1 : (uint64_t)now;
     r.acquired_us = (uint64_t)now;
     r.ticket_plus1 = ticket >= 0 ? (uint64_t)(ticket - QUEUE_BASE) + 1 : 0;
-    r.pid = (int64_t)getpid();
-    r.tid = dlock__tid();
+    r.pid = fs->pid;
+    r.tid = tid ? strtoll(tid + 1, NULL, 10) : 0;
     snprintf(r.desc, sizeof(r.desc), "%s", l->desc);
     r.name_len = (uint32_t)l->name_len;
     memcpy(r.name, l->name, l->name_len);
-    if (pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic) ||
+    if ((need_magic &&
+         pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic)) ||
         pwrite(fd, &r, sizeof(r), REC_OFFSET) != (ssize_t)sizeof(r))
         return io_error("write", fname, errno);
     l->token = r.fence;
@@ -398,59 +289,64 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
     (void)op_deadline;
     file_name(l->name, l->name_len, fl->fname);
     for (int attempt = 0; attempt < 16; attempt++) {
-        struct stat st;
+        file_id st;
+        lock_file f;
         off_t ticket = -1;
-        int fd, e;
+        int e;
 
-        rc = open_lock_file(fs, fl->fname, O_RDWR | O_CREAT, &fd, &e);
+        fl->fd = fl->lfd = fl->cfd = -1;
+        fl->watching = fl->listed = 0;
+        rc = open_lock_file(fs, fl->fname, O_RDWR | O_CREAT, &fl->fd, &st,
+                            &e);
         if (rc)
             return rc;
+        fl->dev = st.dev;
+        fl->ino = st.ino;
         /* A fair acquirer never jumps the queue: with waiters queued it
          * queues too, even if the lock is free for a moment. */
-        int queued = fair && first_conflict(fd, QUEUE_BASE, QUEUE_END) >= 0;
-        if (!queued && lk(fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0) {
+        int queued =
+            fair && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
+        if (!queued && lk(fl->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0) {
             e = 0;
         } else if (!queued && errno != EAGAIN && errno != EACCES) {
             e = errno;
         } else if (once) {
-            close(fd);
+            close(fl->fd);
             l->retry_ms = -1;
             return DLOCK_EBUSY;
-        } else {
-            if (fair) {
-                ticket = take_ticket(fd, fl->fname, &rc);
-                if (ticket < 0) {
-                    close(fd);
-                    return rc;
-                }
+        } else if (fair) {
+            memset(&f, 0, sizeof(f));
+            f.fd = fl->fd;
+            f.dev = st.dev;
+            f.ino = st.ino;
+            const char *what = "lock";
+            ticket = dlock__file_take_ticket(&f, &fl->lfd, &what, &e);
+            if (ticket < 0) {
+                close(fl->fd);
+                return io_error(what, fl->fname, e);
             }
-            e = kwait_until(fd, ticket, l->deadline);
+            dlock__file_watch_add(fs, fl);
+            e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd);
+        } else {
+            e = dlock__file_kwait(fl->fd, F_WRLCK, MAIN_BYTE, l->deadline);
         }
         if (e == ETIMEDOUT) {
-            close(fd);
+            drop_file(fs, fl);
             l->retry_ms = -1;
             return DLOCK_EBUSY;
         }
         if (e != 0) {
-            close(fd);
+            drop_file(fs, fl);
             return io_error("lock", fl->fname, e);
         }
-        if (fstat(fd, &st) != 0) {
-            e = errno;
-            close(fd);
-            return io_error("stat", fl->fname, e);
-        }
-        fl->fd = fd;
-        fl->dev = st.st_dev;
-        fl->ino = st.st_ino;
         if (!same_file(fs, fl)) {
             /* deleted or replaced while we waited: lock the new one */
-            close(fd);
+            drop_file(fs, fl);
             continue;
         }
-        rc = write_record(fd, fl->fname, l, ticket);
+        rc = write_record(fs, fl->fd, fl->fname, l, ticket, st.size < 8);
         if (rc) {
-            close(fd);
+            drop_file(fs, fl);
             return rc;
         }
         return DLOCK_OK;
@@ -464,16 +360,45 @@ static int file_release(void *vst, dlock__lease *l, int64_t op_deadline)
 {
     file_store *fs = vst;
     file_lease *fl = l->priv;
-    int ours = same_file(fs, fl);
+    int ready[READY_MAX], n, woke = 0, woken = -1, ours = -1;
 
     (void)op_deadline;
+    /* Does the path still name the file we locked? Asked while we hold
+     * it, except when a fair successor waits on our channel: its
+     * hand-over must not wait for the answer (a file replaced while held
+     * stays replaced). */
+    if (fl->lfd < 0)
+        ours = same_file(fs, fl);
     /* Unlock the open file description itself (every byte: the lock and
      * any ticket) before closing: a child forked while we held it shares
      * the description, and close() alone would leave the lock held for as
      * long as that child keeps its copy. */
     lk(fl->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
+    /* Hand over: a byte to each fair successor whose connection was
+     * accepted ahead, else to the one waiting in the listener's backlog;
+     * then let it run before anything else: the lock is idle until it
+     * does, and a scheduler that put it on this CPU would otherwise make
+     * it wait for whatever this thread does next, such as queueing again
+     * (docs/design.md). */
+    n = dlock__file_watch_end(fs, fl, ready);
+    for (int i = 0; i < n; i++)
+        woke |= send(ready[i], "", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1;
+    if (!woke && fl->lfd >= 0 &&
+        (woken = dlock__file_chan_wake(fl->lfd)) >= 0)
+        woke = 1;
+    if (woke)
+        sched_yield();
+    dlock__file_watch_forget(fs, fl);
+    for (int i = 0; i < n; i++)
+        close(ready[i]);
+    if (fl->lfd >= 0)
+        dlock__file_chan_close(fl->lfd, woken);
+    if (ours < 0)
+        ours = same_file(fs, fl);
+    if (fl->cfd >= 0)
+        close(fl->cfd);
     close(fl->fd);
-    fl->fd = -1;
+    fl->fd = fl->lfd = fl->cfd = -1;
     if (!ours)
         return dlock__err(DLOCK_ENOTHELD,
                           "file store: %.200s was deleted or replaced while "
@@ -501,6 +426,7 @@ static int file_inspect(void *vst, const char *name, size_t len,
 {
     file_store *fs = vst;
     char fname[FNAME_MAX + 8];
+    file_id st;
     file_rec r;
     off_t skip = -1;
     int fd, rc, missing;
@@ -508,7 +434,7 @@ static int file_inspect(void *vst, const char *name, size_t len,
     (void)op_deadline;
     file_name(name, len, fname);
     out->waiters = 0;
-    rc = open_lock_file(fs, fname, O_RDONLY, &fd, &missing);
+    rc = open_lock_file(fs, fname, O_RDONLY, &fd, &st, &missing);
     if (rc && missing)
         return DLOCK_OK; /* never used: free, no token yet */
     if (rc)
@@ -633,6 +559,7 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
         free(fs);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
+    fs->pid = (int64_t)getpid();
     fs->dirfd = open(fs->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fs->dirfd < 0) {
         rc = io_error("open", fs->dir, errno);
@@ -640,6 +567,7 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
         free(fs);
         return rc;
     }
+    dlock__file_watch_open(fs);
     *out = fs;
     return DLOCK_OK;
 }
@@ -650,6 +578,7 @@ static void file_close(void *vst)
 
     if (!fs)
         return;
+    dlock__file_watch_close(fs);
     close(fs->dirfd);
     free(fs->dir);
     free(fs);
@@ -667,8 +596,8 @@ const dlock__backend dlock__backend_file = {
     file_release,            /* release */
     file_extend,             /* extend */
     file_inspect,            /* inspect */
-    NULL,                    /* loop_fd */
-    NULL,                    /* loop_run */
+    dlock__file_loop_fd,     /* loop_fd */
+    dlock__file_loop_run,    /* loop_run */
     NULL,                    /* gc */
     NULL, /* select */
     NULL, /* margin */

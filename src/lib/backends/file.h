@@ -1,0 +1,137 @@
+/*
+ * file.h -- what the file store's two halves share: file.c, the store
+ * (names, files, holder records, the backend's slots), and file_wait.c,
+ * its waits (in the kernel, and the fair queue's wake-up channels). The
+ * file's layout and the locks on it are described in file.c.
+ */
+#ifndef DLOCK_FILE_H
+#define DLOCK_FILE_H
+
+#include "../core/internal.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+
+/* the lock file's layout (file.c) */
+#define MAIN_BYTE 0
+#define META_BYTE 1
+#define QUEUE_BASE ((off_t)1 << 32)
+#define QUEUE_END ((off_t)1 << 62)
+#define SALT_OFFSET 16
+#define SALT_LEN 16
+#define FNAME_MAX 240 /* a lock file's name, at most */
+/* Successors' connections the background thread accepts ahead of the
+ * release, per channel (more wait in the backlog for the release). */
+#define READY_MAX 4
+
+static const char magic[8] = {'D', 'L', 'O', 'C', 'K', 'F', '1', '\n'};
+
+typedef struct file_lease file_lease;
+
+typedef struct file_store {
+    char *dir;
+    int dirfd;
+    int64_t pid; /* for holder records (a client is not used after fork) */
+    /* The client's background thread accepts successors' connections to
+     * our fair channels ahead of the release (dlock__file_loop_run()): epfd
+     * watches the listeners of the leases in `watched`; mu guards that
+     * list and every watched lease's `ready`. */
+    int epfd;
+    pthread_mutex_t mu;
+    file_lease *watched;
+} file_store;
+
+struct file_lease {
+    int fd;
+    int lfd; /* the fair ticket's wake-up channel (listener), or -1 */
+    int cfd; /* the connection a fair wait ended on, or -1 */
+    dev_t dev;
+    ino_t ino;
+    /* successors' connections accepted ahead (under file_store.mu) */
+    int ready[READY_MAX];
+    int nready;
+    int watching; /* lfd is in file_store.epfd */
+    int listed;   /* in file_store.watched (under file_store.mu) */
+    file_lease *wnext, *wprev;
+    char fname[FNAME_MAX + 8];
+};
+
+/* One open lock file, as a fair waiter sees it. */
+typedef struct lock_file {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+    unsigned char salt[SALT_LEN]; /* all zero: no channels */
+} lock_file;
+
+/* An F_OFD_SETLK(W) (or GETLK) on [start, start + len). */
+static inline int lk(int fd, int cmd, short type, off_t start, off_t len)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = start;
+    fl.l_len = len;
+    return fcntl(fd, cmd, &fl);
+}
+
+/* Start of a lock held by another open file in [start, end), or -1. */
+static inline off_t first_conflict(int fd, off_t start, off_t end)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = start;
+    fl.l_len = end - start;
+    if (end <= start || fcntl(fd, F_OFD_GETLK, &fl) != 0 ||
+        fl.l_type == F_UNLCK)
+        return -1;
+    return fl.l_start < start ? start : fl.l_start;
+}
+
+/* --- file_wait.c --------------------------------------------------------- */
+
+/* Blocks until open file `fd` holds a lock of `type` on `byte` or
+ * `deadline` passes. 0: taken; ETIMEDOUT; or an errno. */
+int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline);
+
+/* Takes a fair-queue ticket and locks its byte, making its wake-up
+ * channel first (*lfd; -1: none); sets f->salt. The ticket's byte, or -1
+ * with *what ("lock", "write") and *err (an errno). */
+off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
+                              int *err);
+
+/* Waits, as the owner of ticket byte `ticket`, until f->fd holds MAIN.
+ * 0, ETIMEDOUT or an errno. *conn: a connection left open (or -1), for
+ * the caller to close. */
+int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
+                          int *conn);
+
+/* Has the client's background thread accept successors' connections to
+ * fl->lfd ahead of the release (watch_add), and stops that, handing over
+ * what it accepted (watch_end: their number, into out[READY_MAX]), then
+ * drops the listener from its set (watch_forget, before it is closed).
+ * watch_open/watch_close make and free the store's part. */
+void dlock__file_watch_open(file_store *fs);
+void dlock__file_watch_close(file_store *fs);
+void dlock__file_watch_add(file_store *fs, file_lease *fl);
+int dlock__file_watch_end(file_store *fs, file_lease *fl, int *out);
+void dlock__file_watch_forget(file_store *fs, file_lease *fl);
+
+/* Wakes the successor waiting in a channel's backlog (its connection, or
+ * -1), and closes a channel after waking every successor still there. */
+int dlock__file_chan_wake(int lfd);
+void dlock__file_chan_close(int lfd, int woken);
+
+/* The backend's loop_fd and loop_run slots (the background thread). */
+int dlock__file_loop_fd(void *st);
+void dlock__file_loop_run(void *st, int readable);
+
+#endif /* DLOCK_FILE_H */

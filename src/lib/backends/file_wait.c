@@ -1,0 +1,577 @@
+/*
+ * file_wait.c -- the file store's waits (file.c is the store; file.h what
+ * they share). Nothing here polls: a waiter sleeps until the kernel wakes
+ * it (a lock freed, a socket closed or written to) or its deadline.
+ *
+ * Waiting in the kernel: F_OFD_SETLKW cannot be given a deadline, so a
+ * timed wait runs it in a short-lived helper thread that the caller
+ * cancels when the deadline passes (glibc makes F_OFD_SETLKW a
+ * cancellation point; no signal handler is installed). Default-mode
+ * waiters wait so for MAIN; a fair waiter only when its predecessor has no
+ * channel it can trust, or when it is the head and MAIN's holder has no
+ * ticket.
+ *
+ * The fair queue's wake-up channels (docs/design.md, "File store: fair
+ * hand-over"): the owner of ticket t listens, from before it locks its
+ * ticket byte until after it unlocks it, on the abstract Unix socket
+ * "dlock-fair/<dev>/<ino>/<salt>/<t>". Its successor connects and sleeps
+ * in poll(), itself, until the connection reports anything: the release
+ * sends it a byte ("you are the head"), a give-up ends the connection, the
+ * owner's death resets it. The client's background thread accepts the
+ * successor's connection as soon as it comes (watch_add(), loop_run()), so
+ * that the release does not allocate a socket on the hand-off's path. A
+ * connection is trusted only if the listener has our uid and ticket t is
+ * still held after connecting; otherwise (refused, squatted, another
+ * network namespace, another uid, an older dlock) the successor waits for
+ * byte t in the kernel. The channels only make waking faster: the ticket
+ * bytes and MAIN decide everything.
+ */
+#include "file.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* A waiter whose channel name is taken skips that many ticket numbers at
+ * most, then queues without a channel. */
+#define CHAN_BIND_TRIES 8
+/* Pending connections a channel keeps (the kernel caps it at somaxconn),
+ * and how many a release accepts and closes at most (only a foreign
+ * process connects more than one or two). */
+#define CHAN_BACKLOG 4096
+#define CHAN_ACCEPT_MAX 4096
+
+/* The highest fair ticket below `mine` still held by someone, or -1 (then
+ * none was held at the moment of one F_OFD_GETLK over the whole range).
+ * F_OFD_GETLK reports *a* conflicting lock, not the lowest or the highest,
+ * so after that one call the search goes down from `mine` in doubling
+ * steps and then halves the step: tickets are consecutive numbers, so the
+ * predecessor is usually mine - 1 and two calls find it. Tickets dropped
+ * during the search may give a ticket that is no longer held; the caller
+ * checks. */
+static off_t highest_below(int fd, off_t mine)
+{
+    for (int round = 0; round < 64; round++) {
+        off_t lo = first_conflict(fd, QUEUE_BASE, mine), hi = mine, step = 1;
+
+        if (lo < 0)
+            return -1;
+        /* some ticket in [lo, mine) is held: find the highest */
+        while (hi > lo) {
+            off_t from = hi - lo > step ? hi - step : lo;
+            if (first_conflict(fd, from, hi) >= 0) {
+                lo = from;
+                break;
+            }
+            hi = from;
+            step *= 2;
+        }
+        if (hi <= lo)
+            continue; /* what we saw was dropped meanwhile: look again */
+        while (hi - lo > 1) {
+            off_t mid = lo + (hi - lo) / 2;
+            if (first_conflict(fd, mid, hi) >= 0)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        return lo;
+    }
+    return first_conflict(fd, QUEUE_BASE, mine);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Waiting in the kernel                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kwait {
+    int fd;
+    short type;  /* F_WRLCK (MAIN) or F_RDLCK (a predecessor's ticket) */
+    off_t byte;
+    int rc;      /* errno of a failed call, 0 when the lock was taken */
+    int done;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} kwait;
+
+/* The blocking part: one F_OFD_SETLKW, a cancellation point. */
+static int kwait_run(kwait *k)
+{
+    while (lk(k->fd, F_OFD_SETLKW, k->type, k->byte, 1) != 0) {
+        if (errno != EINTR)
+            return errno;
+    }
+    return 0;
+}
+
+static void *kwait_thread(void *arg)
+{
+    kwait *k = arg;
+    int rc = kwait_run(k);
+    int old;
+
+    /* no cancellation point since the lock was taken: it is reported */
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+    pthread_mutex_lock(&k->mu);
+    k->rc = rc;
+    k->done = 1;
+    pthread_cond_signal(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
+
+/* Blocks until this open file holds a lock of `type` on `byte` or
+ * `deadline` passes. 0: taken; ETIMEDOUT; or an errno. Without a deadline
+ * the calling thread blocks itself; with one, a helper thread blocks and is
+ * cancelled at the deadline (no signal handler needed). */
+int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline)
+{
+    kwait k;
+    pthread_t t;
+    sigset_t old;
+    void *res = NULL;
+    int rc;
+
+    memset(&k, 0, sizeof(k));
+    k.fd = fd;
+    k.type = type;
+    k.byte = byte;
+    if (deadline == DLOCK__FOREVER)
+        return kwait_run(&k);
+    if (dlock__now_ms() >= deadline)
+        return ETIMEDOUT;
+
+    pthread_mutex_init(&k.mu, NULL);
+    if (dlock__cond_init(&k.cv) != DLOCK_OK) {
+        pthread_mutex_destroy(&k.mu);
+        return ENOMEM;
+    }
+    dlock__block_signals(&old);
+    rc = pthread_create(&t, NULL, kwait_thread, &k);
+    dlock__restore_signals(&old);
+    if (rc == 0) {
+        pthread_mutex_lock(&k.mu);
+        while (!k.done && dlock__now_ms() < deadline)
+            dlock__cond_wait_until(&k.cv, &k.mu, deadline);
+        int done = k.done;
+        pthread_mutex_unlock(&k.mu);
+        if (!done)
+            pthread_cancel(t);
+        pthread_join(t, &res);
+        rc = res == PTHREAD_CANCELED ? ETIMEDOUT : k.rc;
+    }
+    pthread_cond_destroy(&k.cv);
+    pthread_mutex_destroy(&k.mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fair queue: tickets and wake-up channels                                 */
+/* ------------------------------------------------------------------------ */
+
+static int salt_set(const unsigned char *salt)
+{
+    for (int i = 0; i < SALT_LEN; i++)
+        if (salt[i])
+            return 1;
+    return 0;
+}
+
+/* The abstract socket address of the channel of ticket byte `byte`. */
+static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
+                           off_t byte)
+{
+    char salt[2 * SALT_LEN + 1];
+    int n;
+
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    dlock__hex(f->salt, SALT_LEN, salt);
+    /* sun_path[0] stays NUL: the abstract namespace, no file */
+    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+                 "dlock-fair/%llx/%llx/%s/%llx", (unsigned long long)f->dev,
+                 (unsigned long long)f->ino, salt,
+                 (unsigned long long)(byte - QUEUE_BASE));
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                       (size_t)n);
+}
+
+/* A listening channel for ticket byte `byte`: its descriptor; -1 when the
+ * name is taken (someone squats it: skip this ticket number); -2 when no
+ * channel can be made (no descriptors, no salt). */
+static int chan_listen(const lock_file *f, off_t byte)
+{
+    struct sockaddr_un sa;
+    socklen_t len;
+    int s, e;
+
+    if (!salt_set(f->salt))
+        return -2;
+    len = chan_name(&sa, f, byte);
+    s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0)
+        return -2;
+    if (bind(s, (struct sockaddr *)&sa, len) != 0) {
+        e = errno;
+        close(s);
+        return e == EADDRINUSE ? -1 : -2;
+    }
+    if (listen(s, CHAN_BACKLOG) != 0) {
+        close(s);
+        return -2;
+    }
+    return s;
+}
+
+/* Wakes the successor connected to a channel, if one is: accepts one
+ * pending connection and sends it a byte (its poll() returns). Returns the
+ * accepted descriptor, for dlock__file_chan_close() to close, or -1. Call
+ * it after the ticket byte is unlocked. */
+int dlock__file_chan_wake(int lfd)
+{
+    for (;;) {
+        int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c >= 0) {
+            (void)send(c, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+            return c;
+        }
+        if (errno != EINTR && errno != ECONNABORTED)
+            return -1;
+    }
+}
+
+/* Wakes every successor still connected to a channel and closes it: each
+ * pending connection is accepted and closed (its owner sees end of file),
+ * which works even when a forked child keeps a copy of the listener; the
+ * listener's close then resets any connection that came after the last
+ * accept. `woken` is dlock__file_chan_wake()'s connection, or -1. Call it
+ * after the ticket byte is unlocked. */
+void dlock__file_chan_close(int lfd, int woken)
+{
+    if (woken >= 0)
+        close(woken);
+    for (int i = 0; i < CHAN_ACCEPT_MAX; i++) {
+        int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (c >= 0)
+            close(c);
+        else if (errno != EINTR && errno != ECONNABORTED)
+            break;
+    }
+    close(lfd);
+}
+
+/* Connects to the channel of ticket byte `byte`: a connected descriptor
+ * whose listener has our effective uid, or -1. The caller must still check
+ * that `byte` is held after this returns. */
+static int chan_connect(const lock_file *f, off_t byte)
+{
+    struct sockaddr_un sa;
+    struct ucred cr;
+    socklen_t crlen = sizeof(cr);
+    socklen_t len;
+    int s;
+
+    if (!salt_set(f->salt))
+        return -1;
+    len = chan_name(&sa, f, byte);
+    s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0)
+        return -1;
+    if (connect(s, (struct sockaddr *)&sa, len) != 0 ||
+        getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 ||
+        cr.uid != geteuid()) {
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* Sleeps until the connection reports anything or the deadline passes.
+ * 0, ETIMEDOUT or an errno. *handed is set when the predecessor released
+ * the lock it held (it sent a byte: readable, no hang-up yet) rather than
+ * gave up or died (end of file, reset). */
+static int chan_wait(int c, int64_t deadline, int *handed)
+{
+    struct pollfd pf;
+
+    *handed = 0;
+    for (;;) {
+        int ms = -1, n;
+        if (deadline != DLOCK__FOREVER) {
+            int64_t left = deadline - dlock__now_ms();
+            if (left <= 0)
+                return ETIMEDOUT;
+            ms = left > INT_MAX ? INT_MAX : (int)left;
+        }
+        pf.fd = c;
+        pf.events = POLLIN;
+        pf.revents = 0;
+        n = poll(&pf, 1, ms);
+        if (n > 0) {
+            *handed = pf.revents == POLLIN;
+            return 0;
+        }
+        if (n < 0 && errno != EINTR)
+            return errno;
+    }
+}
+
+/* Accepting ahead. At N = 2 the successor (the previous holder, queueing
+ * again) connects while we hold the lock and run the caller's code, so
+ * the release would have to accept its connection before it can wake it:
+ * a socket allocated on the hand-off's path (~5 us of ~20 here). So the
+ * client's background thread watches our listener (epoll, one-shot) and
+ * accepts the connection when it comes; the release then only sends.
+ * A lease's memory is the core's and is freed after release, so the
+ * background thread touches a lease only under fs->mu and only while it is
+ * in fs->watched. */
+void dlock__file_watch_open(file_store *fs)
+{
+    /* without it, the release accepts the successor itself */
+    fs->epfd = epoll_create1(EPOLL_CLOEXEC);
+    fs->watched = NULL;
+    pthread_mutex_init(&fs->mu, NULL);
+}
+
+void dlock__file_watch_close(file_store *fs)
+{
+    if (fs->epfd >= 0)
+        close(fs->epfd);
+    pthread_mutex_destroy(&fs->mu);
+}
+
+void dlock__file_watch_add(file_store *fs, file_lease *fl)
+{
+    struct epoll_event ev;
+
+    fl->nready = 0;
+    fl->watching = fl->listed = 0;
+    if (fs->epfd < 0 || fl->lfd < 0)
+        return;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.ptr = fl;
+    pthread_mutex_lock(&fs->mu);
+    if (epoll_ctl(fs->epfd, EPOLL_CTL_ADD, fl->lfd, &ev) == 0) {
+        fl->watching = fl->listed = 1;
+        fl->wprev = NULL;
+        fl->wnext = fs->watched;
+        if (fs->watched)
+            fs->watched->wprev = fl;
+        fs->watched = fl;
+    }
+    pthread_mutex_unlock(&fs->mu);
+}
+
+/* Stops watching a lease's listener; its connections accepted ahead go to
+ * out[] (READY_MAX), their number is returned. From here on the background
+ * thread never touches the lease, and the listener gives at most one more
+ * event (one-shot, not re-armed once out of the list), which it ignores.
+ * The caller then calls watch_forget() before it closes the listener. */
+int dlock__file_watch_end(file_store *fs, file_lease *fl, int *out)
+{
+    int n = 0;
+
+    if (!fl->listed)
+        return 0;
+    pthread_mutex_lock(&fs->mu);
+    if (fl->wprev)
+        fl->wprev->wnext = fl->wnext;
+    else
+        fs->watched = fl->wnext;
+    if (fl->wnext)
+        fl->wnext->wprev = fl->wprev;
+    fl->listed = 0;
+    n = fl->nready;
+    memcpy(out, fl->ready, (size_t)n * sizeof(int));
+    fl->nready = 0;
+    pthread_mutex_unlock(&fs->mu);
+    return n;
+}
+
+/* Drops the listener from the epoll set, after watch_end() (the release
+ * does it after the hand-off, off its path): it must go before the
+ * listener is closed, since a forked child's copy would keep it there. */
+void dlock__file_watch_forget(file_store *fs, file_lease *fl)
+{
+    if (!fl->watching)
+        return;
+    epoll_ctl(fs->epfd, EPOLL_CTL_DEL, fl->lfd, NULL);
+    fl->watching = 0;
+}
+
+int dlock__file_loop_fd(void *vst)
+{
+    return ((file_store *)vst)->epfd;
+}
+
+/* The background thread: accepts the successors that connected to our
+ * watched listeners. */
+void dlock__file_loop_run(void *vst, int readable)
+{
+    file_store *fs = vst;
+    struct epoll_event evs[8];
+    int n;
+
+    if (!readable || fs->epfd < 0)
+        return;
+    n = epoll_wait(fs->epfd, evs, 8, 0);
+    for (int i = 0; i < n; i++) {
+        file_lease *fl;
+
+        pthread_mutex_lock(&fs->mu);
+        for (fl = fs->watched; fl && fl != evs[i].data.ptr; fl = fl->wnext)
+            ;
+        /* first drop the connections of successors that left (end of
+         * file): only the live one needs the release's byte */
+        for (int k = 0; fl && k < fl->nready;) {
+            char b;
+            if (recv(fl->ready[k], &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+                close(fl->ready[k]);
+                fl->ready[k] = fl->ready[--fl->nready];
+            } else {
+                k++;
+            }
+        }
+        while (fl && fl->nready < READY_MAX) {
+            int c =
+                accept4(fl->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (c >= 0)
+                fl->ready[fl->nready++] = c;
+            else if (errno != EINTR && errno != ECONNABORTED)
+                break;
+        }
+        if (fl && fl->nready < READY_MAX) {
+            struct epoll_event ev;
+            memset(&ev, 0, sizeof(ev));
+            ev.events = EPOLLIN | EPOLLONESHOT;
+            ev.data.ptr = fl;
+            epoll_ctl(fs->epfd, EPOLL_CTL_MOD, fl->lfd, &ev);
+        }
+        pthread_mutex_unlock(&fs->mu);
+    }
+}
+
+/* Takes a fair-queue ticket and locks its byte; returns the byte or -1
+ * (*what, *err set). Its channel, made before the byte is locked, goes to
+ * *lfd (-1: none); f->salt is set from the file (made if the file has
+ * none). */
+off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
+                              int *err)
+{
+    unsigned char hdr[SALT_OFFSET + SALT_LEN];
+    uint64_t next;
+    off_t byte;
+    ssize_t n;
+
+    *lfd = -1;
+    while (lk(f->fd, F_OFD_SETLKW, F_WRLCK, META_BYTE, 1) != 0) {
+        if (errno != EINTR) {
+            *what = "lock";
+            *err = errno;
+            return -1;
+        }
+    }
+    n = pread(f->fd, hdr, sizeof(hdr), 0);
+    if (n < (ssize_t)sizeof(hdr))
+        memset(hdr + (n > 0 ? n : 0), 0,
+               sizeof(hdr) - (size_t)(n > 0 ? n : 0));
+    memcpy(&next, hdr + 8, sizeof(next));
+    memcpy(f->salt, hdr + SALT_OFFSET, SALT_LEN);
+    if (!salt_set(f->salt) && dlock__random(f->salt, SALT_LEN) != DLOCK_OK)
+        memset(f->salt, 0, SALT_LEN); /* no channels for this file, yet */
+    for (int i = 0; i < CHAN_BIND_TRIES; i++) {
+        byte = QUEUE_BASE + (off_t)(next % (uint64_t)(QUEUE_END -
+                                                      QUEUE_BASE));
+        *lfd = chan_listen(f, byte);
+        if (*lfd != -1)
+            break;
+        next++; /* squatted: nobody will hold this ticket */
+    }
+    if (*lfd < 0)
+        *lfd = -1;
+    byte = QUEUE_BASE + (off_t)(next % (uint64_t)(QUEUE_END - QUEUE_BASE));
+    next++;
+    memcpy(hdr, magic, sizeof(magic));
+    memcpy(hdr + 8, &next, sizeof(next));
+    memcpy(hdr + SALT_OFFSET, f->salt, SALT_LEN);
+    if (pwrite(f->fd, hdr, sizeof(hdr), 0) != (ssize_t)sizeof(hdr) ||
+        lk(f->fd, F_OFD_SETLK, F_WRLCK, byte, 1) != 0) {
+        *what = "write";
+        *err = errno;
+        if (*lfd >= 0)
+            close(*lfd);
+        *lfd = -1;
+        byte = -1;
+    }
+    lk(f->fd, F_OFD_SETLK, F_UNLCK, META_BYTE, 1);
+    return byte;
+}
+
+/* A fair waiter holding ticket byte `ticket` waits until its open file
+ * holds MAIN. 0, ETIMEDOUT or an errno. On ETIMEDOUT the caller leaves the
+ * queue (file.c's drop_file()). *conn is the channel connection the wait
+ * last woke on, still open (closing it costs time the hand-off should not
+ * wait for), or -1; the caller closes it in every case. */
+int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
+                          int *conn)
+{
+    int handed = 0;
+
+    *conn = -1;
+    for (;;) {
+        /* Handed the lock by the predecessor that held it: we are the
+         * head (it took the lock when no ticket below its own was held,
+         * and none can come later; none was held between it and us) */
+        off_t b = handed ? -1 : highest_below(f->fd, ticket);
+        int c, e;
+
+        if (b < 0) {
+            /* the head: MAIN is free unless someone without a ticket
+             * (default mode, or a fair acquirer that found no queue)
+             * holds it; then only the kernel can tell us */
+            if (lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0)
+                return 0;
+            if (errno != EAGAIN && errno != EACCES)
+                return errno;
+            return dlock__file_kwait(f->fd, F_WRLCK, MAIN_BYTE, deadline);
+        }
+        if (*conn >= 0) {
+            close(*conn);
+            *conn = -1;
+        }
+        c = chan_connect(f, b);
+        if (c >= 0 && first_conflict(f->fd, b, b + 1) >= 0) {
+            /* b was held after we connected: its owner's channel */
+            e = chan_wait(c, deadline, &handed);
+            *conn = c;
+        } else {
+            if (c >= 0)
+                close(c);
+            if (first_conflict(f->fd, b, b + 1) < 0)
+                continue; /* gone meanwhile: look again */
+            /* no channel we can trust: wait for its byte in the kernel */
+            e = dlock__file_kwait(f->fd, F_RDLCK, b, deadline);
+            if (e == 0)
+                lk(f->fd, F_OFD_SETLK, F_UNLCK, b, 1);
+        }
+        if (e == ETIMEDOUT) {
+            /* the deadline and the hand-off may have come together: a
+             * head that finds MAIN free takes it */
+            if (highest_below(f->fd, ticket) < 0 &&
+                lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0)
+                return 0;
+            return ETIMEDOUT;
+        }
+        if (e)
+            return e;
+    }
+}
+
