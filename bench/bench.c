@@ -283,6 +283,41 @@ static stats dlock_cycle(const char *uri, int n)
     return s;
 }
 
+/* Server time per cycle (INFO commandstats, µs): `n` cycles of the floor
+ * (the top-level SET plus its EVALSHA, whose time includes what its script
+ * ran) or of dlock (its two EVALSHA), after a CONFIG RESETSTAT. */
+static double usec_of(const char *info, const char *cmd)
+{
+    char key[64];
+    const char *p, *u;
+
+    snprintf(key, sizeof(key), "\ncmdstat_%s:", cmd);
+    p = strstr(info, key);
+    u = p ? strstr(p, "usec=") : NULL;
+    return u ? atof(u + 5) : 0;
+}
+
+static double server_us_per_cycle(int use_dlock, int n)
+{
+    redisContext *c = hiredis_connect();
+    redisReply *r;
+    double us;
+
+    reply_ok(redisCommand(c, "CONFIG RESETSTAT"), "CONFIG RESETSTAT");
+    if (use_dlock)
+        (void)dlock_cycle(redis_uri, n);
+    else
+        (void)floor_redis_cycle(n);
+    r = redisCommand(c, "INFO commandstats");
+    if (!r || r->type != REDIS_REPLY_STRING)
+        die("INFO", "failed");
+    us = usec_of(r->str, "evalsha") + (use_dlock ? 0 : usec_of(r->str, "set"));
+    freeReplyObject(r);
+    redisFree(c);
+    /* both loops run a tenth more cycles to warm up */
+    return us / (n + n / 10);
+}
+
 /* --- hand-off between two processes --- */
 
 typedef struct pingpong {
@@ -521,8 +556,10 @@ int main(int argc, char **argv)
     printf("## Redis (%s)\n\n", redis_uri);
     printf("Latency in microseconds. Cycles: %d of each, run in %d "
            "alternating chunks; the ratio is the median of the chunks' "
-           "ratios. Round trips and hand-offs: median of three runs, with "
-           "the spread of the three.\n\n",
+           "ratios. Hot round trip: median of three runs, with the spread "
+           "of the three. Idle round trip, hand-off floor and hand-offs: "
+           "five rounds of all four, each ratio within its round; medians, "
+           "with the rounds' spread.\n\n",
            n, CHUNKS);
     printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
     REPEAT3(floor_redis_ping(n), p_med, p_min, p_max);
@@ -550,12 +587,19 @@ int main(int argc, char **argv)
            fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
     printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
            fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    double su_f = server_us_per_cycle(0, n / 4);
+    double su_d = server_us_per_cycle(1, n / 4);
+    printf("| server µs per cycle (INFO commandstats: the floor's SET and "
+           "EVALSHA, dlock's two EVALSHA with what their scripts ran) | "
+           "%.1f | %.1f | +%.1f µs |\n",
+           su_f, su_d, su_d - su_f);
     /* the idle round trip, the hand-off floor and both modes' hand-offs
-     * in three rounds, each ratio taken within its round (the machine
+     * in five rounds, each ratio taken within its round (the machine
      * drifts between minutes); medians, with the spread of the rounds */
-    double cp[3], hflo[3], hdef[3], hfa[3], r_d[3], r_f[3], r_dh[3], r_fh[3],
-        r_hf[3];
-    for (int k = 0; k < 3; k++) {
+    enum { R = 5 };
+    double cp[R], hflo[R], hdef[R], hfa[R], r_d[R], r_f[R], r_dh[R], r_fh[R],
+        r_hf[R];
+    for (int k = 0; k < R; k++) {
         cp[k] = floor_redis_cold_ping(nh).p50_us;
         hflo[k] = floor_redis_handoff(nh).p50_us;
         hdef[k] = handoff(redis_uri, 0, nh).p50_us;
@@ -568,23 +612,23 @@ int main(int argc, char **argv)
     }
     double *all[] = {cp, hflo, hdef, hfa, r_d, r_f, r_dh, r_fh, r_hf};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
-        qsort(all[k], 3, sizeof(double), cmpd);
+        qsort(all[k], R, sizeof(double), cmpd);
     printf("| round trip after 2 ms idle (PING) | %.1f (%.1f–%.1f) | | |\n",
-           cp[1], cp[0], cp[2]);
+           cp[R / 2], cp[0], cp[R - 1]);
     printf("| hand-off floor: a script's GET, PUBLISH, SET reaching a "
            "subscriber idle in poll(), p50 | %.1f (%.1f–%.1f) | | %.2f idle "
            "RTT |\n",
-           hflo[1], hflo[0], hflo[2], r_hf[1]);
+           hflo[R / 2], hflo[0], hflo[R - 1], r_hf[R / 2]);
     printf("| hand-off, release → waiter's acquire returns, p50 | "
            "%.1f (1 idle RTT) | %.1f (%.1f–%.1f) | **%.2f idle RTT** "
            "(%.2f–%.2f; %.2fx the hand-off floor, %.2f hot RTT) |\n",
-           cp[1], hdef[1], hdef[0], hdef[2], r_d[1], r_d[0], r_d[2], r_dh[1],
-           hdef[1] / p_med);
+           cp[R / 2], hdef[R / 2], hdef[0], hdef[R - 1], r_d[R / 2], r_d[0], r_d[R - 1], r_dh[R / 2],
+           hdef[R / 2] / p_med);
     printf("| hand-off, fair mode, p50 | %.1f (1 idle RTT) | %.1f "
            "(%.1f–%.1f) | **%.2f idle RTT** (%.2f–%.2f; %.2fx the hand-off "
            "floor, %.2f hot RTT) |\n",
-           cp[1], hfa[1], hfa[0], hfa[2], r_f[1], r_f[0], r_f[2], r_fh[1],
-           hfa[1] / p_med);
+           cp[R / 2], hfa[R / 2], hfa[0], hfa[R - 1], r_f[R / 2], r_f[0], r_f[R - 1], r_fh[R / 2],
+           hfa[R / 2] / p_med);
     printf("\n### Redis commands per hand-off\n\n");
     printf("N waiters plus the holder contend for %d s (each process: "
            "acquire, release, repeat; a wait gives up after 300 ms and "

@@ -542,7 +542,7 @@ int dlock_client_open(dlock_client **out, const char *uri,
     c->next_wake = DLOCK__FOREVER;
     c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
                                                   : DEFAULT_TIMEOUT_MS;
-    c->pid = (long)getpid();
+    c->pid = dlock__pid();
     if (gethostname(c->host, sizeof(c->host) - 1) != 0)
         strcpy(c->host, "unknown-host");
     pthread_mutex_init(&c->mu, NULL);

@@ -116,6 +116,7 @@ void dlock__err_clear(void);
 void dlock__wipe(void *p, size_t n);
 int dlock__random(void *buf, size_t n);
 long dlock__tid(void);
+long dlock__pid(void); /* getpid(), cached per thread (fork-safe) */
 uint64_t dlock__hash(const char *s, size_t n);
 int dlock__cond_init(pthread_cond_t *cv);
 /* Waits on cv until signalled or `deadline` (monotonic ms) passes. */

@@ -71,7 +71,7 @@ static int usable(const dlock_client *c)
 {
     if (c->closed)
         return dlock__err(DLOCK_EINVAL, "the client is closed");
-    if (c->pid != (long)getpid())
+    if (c->pid != dlock__pid())
         return dlock__err(DLOCK_EINVAL,
                           "the client was opened in another process (before "
                           "fork): open a new one");
@@ -543,9 +543,10 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     h->handle = l;
     h->entry = l->entry;
     h->thread = self;
-    snprintf(h->owner, sizeof(h->owner), "%s:%ld", c->id, dlock__tid());
+    long tid = dlock__tid();
+    snprintf(h->owner, sizeof(h->owner), "%s:%ld", c->id, tid);
     snprintf(h->desc, sizeof(h->desc), "%.64s pid %ld tid %ld", c->host,
-             c->pid, dlock__tid());
+             c->pid, tid);
     h->lease.name = l->entry->name;
     h->lease.name_len = l->entry->len;
     h->lease.owner = h->owner;

@@ -3,6 +3,8 @@
  */
 #include "internal.h"
 
+#include <pthread.h>
+
 #include <errno.h>
 #include <string.h>
 #include <sys/random.h>
@@ -40,9 +42,41 @@ int dlock__random(void *buf, size_t n)
     return DLOCK_OK;
 }
 
+/* The calling thread's id and process id, asked of the kernel once per
+ * thread (each is a system call, a microsecond or two on a VM, and the
+ * acquire and release paths need them). A fork() child's only thread
+ * inherits the caches: the handler below, registered once per process,
+ * clears them there. */
+static _Thread_local long tls_tid, tls_pid;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void forked_child(void)
+{
+    tls_tid = 0;
+    tls_pid = 0;
+}
+
+static void register_atfork(void)
+{
+    (void)pthread_atfork(NULL, NULL, forked_child);
+}
+
 long dlock__tid(void)
 {
-    return (long)gettid();
+    if (!tls_tid) {
+        pthread_once(&atfork_once, register_atfork);
+        tls_tid = (long)gettid();
+    }
+    return tls_tid;
+}
+
+long dlock__pid(void)
+{
+    if (!tls_pid) {
+        pthread_once(&atfork_once, register_atfork);
+        tls_pid = (long)getpid();
+    }
+    return tls_pid;
 }
 
 /* FNV-1a, 64 bits: spreads names over hash buckets and file names. */
