@@ -283,6 +283,67 @@ static stats dlock_cycle(const char *uri, int n)
     return s;
 }
 
+/* n cycles of the floor (SET NX PX, the EVALSHA compare-and-delete) and
+ * of dlock (dlock_acquire(l, 0), dlock_release(l)) in strict alternation,
+ * each on a connection and a client kept open, after a tenth as many to
+ * warm up; rq: the quartiles and median of the per-cycle ratios. */
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void redis_cycles_alternating(int n, stats *fs, stats *ds, double rq[3])
+{
+    redisContext *c = hiredis_connect();
+    redisReply *r = redisCommand(
+        c, "SCRIPT LOAD %s",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+        "return redis.call('DEL', KEYS[1]) end return 0");
+    char sha[41];
+    dlock_client *dc = open_client(redis_uri);
+    dlock *l = open_lock(dc, "bench-cycle", 0);
+    int64_t *f = malloc(sizeof(*f) * (size_t)n);
+    int64_t *d = malloc(sizeof(*d) * (size_t)n);
+    int64_t *q = malloc(sizeof(*q) * (size_t)n);
+
+    if (!r || r->type != REDIS_REPLY_STRING || !f || !d || !q)
+        die("cycles", "script load or memory");
+    snprintf(sha, sizeof(sha), "%s", r->str);
+    freeReplyObject(r);
+    for (int i = -n / 10; i < n; i++) {
+        int64_t t0 = now_ns();
+        reply_ok(redisCommand(c, "SET floor:{k} owner-0123456789abcdef NX PX "
+                                 "30000"),
+                 "SET");
+        reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{k} "
+                                 "owner-0123456789abcdef",
+                              sha),
+                 "EVALSHA");
+        int64_t t1 = now_ns();
+        if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
+            die("cycle", dlock_errmsg());
+        int64_t t2 = now_ns();
+        if (i >= 0) {
+            f[i] = t1 - t0;
+            d[i] = t2 - t1;
+            q[i] = (t2 - t1) * 10000 / (t1 - t0 > 0 ? t1 - t0 : 1);
+        }
+    }
+    *fs = summarize(f, n);
+    *ds = summarize(d, n);
+    qsort(q, (size_t)n, sizeof(*q), cmp_i64);
+    rq[0] = (double)q[n / 4] / 10000;
+    rq[1] = (double)q[n / 2] / 10000;
+    rq[2] = (double)q[n * 3 / 4] / 10000;
+    free(f);
+    free(d);
+    free(q);
+    dlock_close(l);
+    dlock_client_close(dc);
+    redisFree(c);
+}
+
 /* Server time per cycle (INFO commandstats, µs): `n` cycles of the floor
  * (the top-level SET plus its EVALSHA, whose time includes what its script
  * ran) or of dlock (its two EVALSHA), after a CONFIG RESETSTAT. */
@@ -554,35 +615,25 @@ int main(int argc, char **argv)
     stats fs, ds;
 
     printf("## Redis (%s)\n\n", redis_uri);
-    printf("Latency in microseconds. Cycles: %d of each, run in %d "
-           "alternating chunks; the ratio is the median of the chunks' "
-           "ratios. Hot round trip: median of three runs, with the spread "
+    printf("Latency in microseconds. Cycles: %d of each, floor and dlock "
+           "in strict alternation (one cycle each, in turn), the ratio the "
+           "median of the per-cycle ratios. Hot round trip: median of three runs, with the spread "
            "of the three. Idle round trip, hand-off floor and hand-offs: "
            "five rounds of all four, each ratio within its round; medians, "
            "with the rounds' spread.\n\n",
-           n, CHUNKS);
+           n);
     printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
     REPEAT3(floor_redis_ping(n), p_med, p_min, p_max);
     printf("| round trip (PING) | %.1f (%.1f–%.1f) | | |\n", p_med, p_min,
            p_max);
-    /* interleave floor and dlock in many short chunks, so that the
-     * machine's drift hits both alike; the ratio is the median of the
-     * chunks' ratios */
-    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS];
-    for (int k = 0; k < CHUNKS; k++) {
-        fs = floor_redis_cycle(n / CHUNKS);
-        ds = dlock_cycle(redis_uri, n / CHUNKS);
-        fv[k] = fs.p50_us;
-        dv[k] = ds.p50_us;
-        rv[k] = ds.p50_us / fs.p50_us;
-    }
-    qsort(fv, CHUNKS, sizeof(double), cmpd);
-    qsort(dv, CHUNKS, sizeof(double), cmpd);
-    qsort(rv, CHUNKS, sizeof(double), cmpd);
+    /* floor and dlock cycle by cycle, strictly alternating, so that
+     * the machine's drift (large on a VM) hits both alike; the ratio is
+     * the median of the per-cycle ratios, with their quartiles */
+    double rq[3];
+    redis_cycles_alternating(n, &fs, &ds, rq);
     printf("| uncontended acquire+release, p50 | %.1f | %.1f | **%.2fx** "
-           "(chunks: %.2f–%.2f) |\n",
-           fv[CHUNKS / 2], dv[CHUNKS / 2], rv[CHUNKS / 2], rv[0],
-           rv[CHUNKS - 1]);
+           "(per cycle: quartiles %.2f–%.2f) |\n",
+           fs.p50_us, ds.p50_us, rq[1], rq[0], rq[2]);
     printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx |\n",
            fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
     printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
@@ -654,6 +705,7 @@ int main(int argc, char **argv)
 
     printf("\n## File store (%s)\n\n", file_uri);
     printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
+    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS];
     for (int k = 0; k < CHUNKS; k++) {
         fs = floor_file_cycle(n / CHUNKS);
         ds = dlock_cycle(file_uri, n / CHUNKS);
