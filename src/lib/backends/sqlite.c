@@ -201,7 +201,21 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
              " holder TEXT,"
              " alive_until INTEGER NOT NULL);",
              t, q);
-    if (sqlite3_exec(ss->db, ddl, NULL, NULL, NULL) != SQLITE_OK) {
+    /* Clients opening a new database at the same moment: SQLite answers
+     * SQLITE_BUSY at once, without its busy handler, to the connection
+     * whose lock upgrade would deadlock with another's (the WAL switch,
+     * the first CREATE TABLE), and the remedy is to run the statement
+     * again. Bounded by the client's timeout (both statements are no-ops
+     * once done). */
+    int64_t ddl_end = dlock__now_ms() + timeout_ms;
+    int erc;
+    for (int i = 0; i < 10000; i++) {
+        erc = sqlite3_exec(ss->db, ddl, NULL, NULL, NULL);
+        if ((erc & 0xff) != SQLITE_BUSY || dlock__now_ms() >= ddl_end)
+            break;
+        sqlite3_sleep(1 + i % 8);
+    }
+    if (erc != SQLITE_OK) {
         rc = sq_error(ss, "creating the lock table");
         sq_close(ss);
         return rc;
