@@ -86,29 +86,41 @@ static stats floor_redis_cold_ping(int n)
     return s;
 }
 
-static stats floor_redis_cycle(int n)
+/* The floor's compare-and-delete script, loaded; its SHA into sha. */
+static void floor_load(redisContext *c, char sha[41])
 {
-    redisContext *c = hiredis_connect();
     redisReply *r = redisCommand(
         c, "SCRIPT LOAD %s",
         "if redis.call('GET', KEYS[1]) == ARGV[1] then "
         "return redis.call('DEL', KEYS[1]) end return 0");
-    char sha[41];
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
 
     if (!r || r->type != REDIS_REPLY_STRING)
         die("script load", "failed");
-    snprintf(sha, sizeof(sha), "%s", r->str);
+    snprintf(sha, 41, "%s", r->str);
     freeReplyObject(r);
+}
+
+/* One cycle of the floor: SET NX PX, then the compare-and-delete. */
+static void floor_once(redisContext *c, const char *sha)
+{
+    reply_ok(redisCommand(c, "SET floor:{k} owner-0123456789abcdef NX PX "
+                             "30000"),
+             "SET");
+    reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{k} owner-0123456789abcdef",
+                          sha),
+             "EVALSHA");
+}
+
+static stats floor_redis_cycle(int n)
+{
+    redisContext *c = hiredis_connect();
+    char sha[41];
+    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+
+    floor_load(c, sha);
     for (int i = -n / 10; i < n; i++) {
         int64_t t0 = now_ns();
-        reply_ok(redisCommand(c, "SET floor:{k} owner-0123456789abcdef NX PX "
-                                 "30000"),
-                 "SET");
-        reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{k} "
-                                 "owner-0123456789abcdef",
-                              sha),
-                 "EVALSHA");
+        floor_once(c, sha);
         if (i >= 0)
             ns[i] = now_ns() - t0;
     }
@@ -296,10 +308,6 @@ static int cmp_i64(const void *a, const void *b)
 static void redis_cycles_alternating(int n, stats *fs, stats *ds, double rq[3])
 {
     redisContext *c = hiredis_connect();
-    redisReply *r = redisCommand(
-        c, "SCRIPT LOAD %s",
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-        "return redis.call('DEL', KEYS[1]) end return 0");
     char sha[41];
     dlock_client *dc = open_client(redis_uri);
     dlock *l = open_lock(dc, "bench-cycle", 0);
@@ -307,19 +315,12 @@ static void redis_cycles_alternating(int n, stats *fs, stats *ds, double rq[3])
     int64_t *d = malloc(sizeof(*d) * (size_t)n);
     int64_t *q = malloc(sizeof(*q) * (size_t)n);
 
-    if (!r || r->type != REDIS_REPLY_STRING || !f || !d || !q)
-        die("cycles", "script load or memory");
-    snprintf(sha, sizeof(sha), "%s", r->str);
-    freeReplyObject(r);
+    if (!f || !d || !q)
+        die("cycles", "out of memory");
+    floor_load(c, sha);
     for (int i = -n / 10; i < n; i++) {
         int64_t t0 = now_ns();
-        reply_ok(redisCommand(c, "SET floor:{k} owner-0123456789abcdef NX PX "
-                                 "30000"),
-                 "SET");
-        reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{k} "
-                                 "owner-0123456789abcdef",
-                              sha),
-                 "EVALSHA");
+        floor_once(c, sha);
         int64_t t1 = now_ns();
         if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
             die("cycle", dlock_errmsg());

@@ -645,6 +645,10 @@ static void until_waiters(dlock_client *c, const char *name, int64_t n)
     CHECK_EQ(waiters_of(c, name), n);
 }
 
+/* Makes the first waiter of lock `name` its holder by hand, with
+ * `token`, as a hand-over whose message was lost would. */
+static void hand_over_by_hand(const char *name, unsigned long long token);
+
 /* The owner string of the first waiter in lock `name`'s queue
  * ("CLIENTID:TID"), read from the key. */
 static void first_waiter_owner(const char *name, char *out, size_t cap)
@@ -658,6 +662,15 @@ static void first_waiter_owner(const char *name, char *out, size_t cap)
     const char *c3 = c2 ? strchr(c2 + 1, ':') : NULL;
     CHECK(c3 != NULL);
     snprintf(out, cap, "%.*s", c3 ? (int)(c3 - nl - 1) : 0, nl + 1);
+}
+
+static void hand_over_by_hand(const char *name, unsigned long long token)
+{
+    char owner[128];
+
+    first_waiter_owner(name, owner, sizeof(owner));
+    th_redis_cmd(&srv, NULL, 0, "SET dlock:{%s} %s PX 20000", name,
+                 strf("%s %llu 0 by hand", owner, token));
 }
 
 typedef struct pingpong {
@@ -862,14 +875,11 @@ TEST(a_handover_found_when_leaving_is_kept)
     dlock *lh = handle(h, "kept", 30000, 0);
     waiter w = {handle(c, "kept", 30000, 0), 1500, 0, 0, "", 0};
     pthread_t th;
-    char owner[128];
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&th, NULL, wait_thread, &w);
     until_waiters(h, "kept", 1);
-    first_waiter_owner("kept", owner, sizeof(owner));
-    th_redis_cmd(&srv, NULL, 0, "SET dlock:{kept} %s PX 20000",
-                 strf("%s 4242 0 by hand", owner));
+    hand_over_by_hand("kept", 4242);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     CHECK_OP(w.took, >=, 1400); /* learnt only when leaving */
@@ -889,14 +899,11 @@ TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
     dlock *lh = handle(h, "lostmsg", 30000, 0);
     waiter w = {handle(c, "lostmsg", 30000, 0), 15000, 0, 0, "", 0};
     pthread_t th;
-    char owner[128];
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&th, NULL, wait_thread, &w);
     until_waiters(h, "lostmsg", 1);
-    first_waiter_owner("lostmsg", owner, sizeof(owner));
-    th_redis_cmd(&srv, NULL, 0, "SET dlock:{lostmsg} %s PX 20000",
-                 strf("%s 4343 0 by hand", owner));
+    hand_over_by_hand("lostmsg", 4343);
     th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE pubsub");
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
