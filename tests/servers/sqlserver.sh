@@ -66,7 +66,6 @@ pg)
         {
             echo "listen_addresses = '127.0.0.1'"
             echo "unix_socket_directories = '$dir'"
-            echo "max_connections = 300"
             echo "shared_buffers = 32MB"
             echo "log_min_messages = warning"
             echo "log_connections = off"
@@ -124,7 +123,7 @@ EOF
         --socket="$dir/mysql.sock" --pid-file="$dir/mysql.pid" \
         --init-file="$dir/init.sql" --skip-log-bin --skip-name-resolve \
         --innodb-buffer-pool-size=32M --innodb-log-file-size=32M \
-        --innodb-flush-log-at-trx-commit=$flush --max-connections=300 \
+        --innodb-flush-log-at-trx-commit=$flush \
         --log-error="$dir/server.log" "${tls[@]}"
     ;;
 *)
