@@ -18,13 +18,27 @@
  *  - Every value in a statement is a number or a hex literal (X'...'), and
  *    the table name one backquoted identifier: nothing a caller passes can
  *    change a statement.
- *  - Waiting: MySQL cannot notify another client. A release wakes waiters
- *    of the same client at once (the core does it); waiters elsewhere poll
- *    from 2 ms doubling up to 100 ms, never past the holder's lease end.
- *    Fair mode: T_queue (AUTO_INCREMENT), as in the SQLite store.
- *  - Connections: a pool per client; the non-blocking API of Connector/C,
- *    so every statement keeps the caller's deadline; READ COMMITTED (no
- *    gap locks between upserts); a deadlock victim is re-tried.
+ *  - Waiting, in the server: every name has a gate, a user-level lock
+ *    (GET_LOCK) named from a hash of the database, table and name. A
+ *    holder's connection holds its gate for the hold; a waiter sleeps in
+ *    GET_LOCK on its own connection, and the holder's release (one round
+ *    trip: the UPDATE, then RELEASE_ALL_LOCKS) hands the gate to the
+ *    oldest waiter, whom the server wakes (its lock queue is FIFO). The
+ *    try that wins also takes the gate; one that finds the gate taken
+ *    does not take a free row (no barging past a woken waiter). The row
+ *    stays the truth for owner, lease and token: the gate only decides
+ *    who is woken. A waiter never sleeps past the holder's lease end (a
+ *    frozen holder keeps its gate; the lease decides). Protocol and
+ *    failure cases: docs/design.md, "Waiting in the server (MySQL)".
+ *  - Fair mode: waiters are already served in order; a waiter also
+ *    writes a T_queue entry for dlock_inspect(), alive while its
+ *    connection holds the entry's own user lock (no heartbeats).
+ *  - Connections: a pool per client (up to MY_IDLE_MAX idle); a hold and
+ *    a waiting acquire each keep one connection out of it (the gate's),
+ *    so a client uses as many as it has holds and waiters at once. The
+ *    non-blocking API of Connector/C, so every statement keeps the
+ *    caller's deadline; READ COMMITTED (no gap locks between upserts); a
+ *    deadlock victim is re-tried.
  */
 #include "../core/internal.h"
 
@@ -44,8 +58,7 @@
 #define MY_DEFAULT_TABLE "dlock_locks"
 #define MY_TABLE_MAX 48  /* + "_queue": within MySQL's 64 */
 #define MY_IDLE_MAX 8
-#define MY_POLL_MIN_MS 2
-#define MY_POLL_MAX_MS 100
+#define MY_WAIT_SLICE_MS 60000 /* one GET_LOCK waits at most this long */
 #define MY_DEADLOCK_RETRIES 5
 #define NOW "UTC_TIMESTAMP(6)"
 #define NOW_US "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " NOW ")"
@@ -53,6 +66,7 @@
 typedef struct my_conn {
     MYSQL *m;
     int broken;
+    int answered; /* the last query's first statement was answered */
     struct my_conn *next;
 } my_conn;
 
@@ -66,14 +80,16 @@ typedef struct my_store {
     char t[2 * MY_TABLE_MAX + 8];  /* `T` */
     char q[2 * MY_TABLE_MAX + 16]; /* `T_queue` */
     char table[MY_TABLE_MAX + 1];
+    char *tl; /* the table's name as a literal, for gate names */
     pthread_mutex_t mu;
     my_conn *idle;
     int nidle;
 } my_store;
 
 typedef struct my_lease {
-    int64_t seq;     /* fair queue entry, 0 when none */
-    int64_t backoff; /* next poll interval */
+    my_conn *cn; /* out of the pool while waiting or holding: the gate's */
+    int gated;   /* cn holds the name's gate */
+    int64_t seq; /* fair queue entry (inspect), 0 when none */
 } my_lease;
 
 static int enomem(void)
@@ -209,9 +225,11 @@ static int conn_open(my_store *ms, int64_t deadline, my_conn **out)
         mysql_options(cn->m, MYSQL_OPT_SSL_ENFORCE, &yes);
     if (ms->ssl_verify)
         mysql_options(cn->m, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &yes);
+    /* several statements in one round trip: a try and its wait, a
+     * release and the gate's */
     status = mysql_real_connect_start(&ret, cn->m, ms->host, ms->user,
                                       ms->password, ms->db, ms->port, NULL,
-                                      0);
+                                      CLIENT_MULTI_STATEMENTS);
     while (status) {
         int ready = wait_io(cn->m, status, deadline);
         if (ready < 0) {
@@ -284,32 +302,14 @@ static void conn_put(my_store *ms, my_conn *cn)
     conn_free(cn);
 }
 
-/*
- * Runs one statement on cn within `deadline`. *res gets its rows (NULL for
- * a statement without rows; the caller frees them), *affected the rows it
- * changed, *id the LAST_INSERT_ID it set. Any may be NULL.
- */
-static int query(my_store *ms, my_conn *cn, const char *sql,
-                 int64_t deadline, MYSQL_RES **res, uint64_t *affected,
-                 uint64_t *id, const char *what)
+/* Reads the result of the statement whose answer is pending on cn into
+ * *res when it has rows (replacing an earlier one), else frees it. */
+static int take_result(my_store *ms, my_conn *cn, int64_t deadline,
+                       MYSQL_RES **res, const char *what)
 {
     MYSQL_RES *r = NULL;
-    int err = 0, status, ready;
+    int status, ready;
 
-    if (res)
-        *res = NULL;
-    status = mysql_real_query_start(&err, cn->m, sql, strlen(sql));
-    while (status) {
-        if ((ready = wait_io(cn->m, status, deadline)) < 0)
-            return timeout_error(ms, cn, what);
-        status = mysql_real_query_cont(&err, cn->m, ready);
-    }
-    if (err)
-        return my_error(ms, cn, what);
-    if (affected)
-        *affected = (uint64_t)mysql_affected_rows(cn->m);
-    if (id)
-        *id = (uint64_t)mysql_insert_id(cn->m);
     if (mysql_field_count(cn->m) == 0)
         return DLOCK_OK;
     status = mysql_store_result_start(&r, cn->m);
@@ -320,11 +320,65 @@ static int query(my_store *ms, my_conn *cn, const char *sql,
     }
     if (!r)
         return my_error(ms, cn, what);
-    if (res)
+    if (res) {
+        if (*res)
+            mysql_free_result(*res);
         *res = r;
-    else
+    } else {
         mysql_free_result(r);
+    }
     return DLOCK_OK;
+}
+
+/*
+ * Runs sql (one statement, or several separated by ';') on cn within
+ * `deadline`. *affected and *id get what the first statement changed and
+ * the LAST_INSERT_ID it set; *res the rows of the last statement that has
+ * rows (NULL when none; the caller frees them). Any may be NULL. The
+ * server stops at the first statement that fails.
+ */
+static int query(my_store *ms, my_conn *cn, const char *sql,
+                 int64_t deadline, MYSQL_RES **res, uint64_t *affected,
+                 uint64_t *id, const char *what)
+{
+    int err = 0, status, ready, rc;
+
+    if (res)
+        *res = NULL;
+    cn->answered = 0;
+    status = mysql_real_query_start(&err, cn->m, sql, strlen(sql));
+    while (status) {
+        if ((ready = wait_io(cn->m, status, deadline)) < 0)
+            return timeout_error(ms, cn, what);
+        status = mysql_real_query_cont(&err, cn->m, ready);
+    }
+    if (err)
+        return my_error(ms, cn, what);
+    cn->answered = 1;
+    if (affected)
+        *affected = (uint64_t)mysql_affected_rows(cn->m);
+    if (id)
+        *id = (uint64_t)mysql_insert_id(cn->m);
+    rc = take_result(ms, cn, deadline, res, what);
+    while (rc == DLOCK_OK && mysql_more_results(cn->m)) {
+        status = mysql_next_result_start(&err, cn->m);
+        while (status) {
+            if ((ready = wait_io(cn->m, status, deadline)) < 0) {
+                rc = timeout_error(ms, cn, what);
+                break;
+            }
+            status = mysql_next_result_cont(&err, cn->m, ready);
+        }
+        if (rc == DLOCK_OK && err)
+            rc = my_error(ms, cn, what);
+        if (rc == DLOCK_OK)
+            rc = take_result(ms, cn, deadline, res, what);
+    }
+    if (rc && res && *res) {
+        mysql_free_result(*res);
+        *res = NULL;
+    }
+    return rc;
 }
 
 /* One statement on a pooled connection; a deadlock victim (rolled back,
@@ -421,14 +475,108 @@ static char *stmt(const char *fmt, ...)
     return out;
 }
 
-/* The upsert takes the row over when its lease ended (fair mode: and no
- * live queue entry is before ours), with a new token. A row that is
- * already ours and live is adopted as it is (token kept, lease only
- * lengthened): an earlier try whose answer was lost took it, or this
- * statement is that late try and the owner holds the lock again. */
+/* The upsert takes the row over when its lease ended, with a new token. A
+ * row that is already ours and live is adopted as it is (token kept,
+ * lease only lengthened): an earlier try whose answer was lost took it,
+ * or this statement is that late try and the owner holds the lock again.
+ * `where` guards the whole statement (the gate, below). */
 #define ENDED "lock_until <= " NOW
 #define MINE "owner <=> VALUES(owner)"
 
+/* The name's gate: a user-level lock named from the database, the table
+ * and the lock name (64 bytes at most, the server's limit). */
+static char *gate_of(const my_store *ms, const char *name_lit)
+{
+    return stmt("CONCAT('dlock:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), "
+                "X'00', %s, X'00', "
+                "%s), 224))",
+                ms->tl, name_lit);
+}
+
+/* A fair queue entry's own user lock: held by its waiter's connection,
+ * so the entry dies with it. `seq` is an SQL expression. */
+static char *entry_lock_of(const my_store *ms, const char *seq)
+{
+    return stmt("CONCAT('dlock-q:', SHA2(CONCAT(CAST(DATABASE() AS "
+                "BINARY), X'00', %s, X'00', "
+                "%s), 224))",
+                ms->tl, seq);
+}
+
+static char *upsert(const my_store *ms, const dlock__lease *l,
+                    const char *name, const char *owner, const char *holder,
+                    const char *where)
+{
+    return stmt("INSERT INTO %s (name, owner, holder, holds, token, "
+                "locked_at, lock_until) SELECT %s, %s, %s, 1, "
+                "LAST_INSERT_ID(" NOW_US "), " NOW ", " NOW
+                " + INTERVAL %lld MICROSECOND FROM DUAL%s "
+                "ON DUPLICATE KEY UPDATE "
+                "holder = IF(" ENDED ", VALUES(holder), holder), "
+                "holds = IF(" ENDED ", 1, holds), "
+                "token = IF(" ENDED ", LAST_INSERT_ID(GREATEST(token + 1, "
+                "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), "
+                "token)), "
+                "locked_at = IF(" ENDED ", VALUES(locked_at), locked_at), "
+                "owner = IF(" ENDED ", VALUES(owner), owner), "
+                "lock_until = IF(" ENDED ", VALUES(lock_until), IF(" MINE
+                ", GREATEST(lock_until, VALUES(lock_until)), lock_until))",
+                ms->t, name, owner, holder, (long long)l->ttl_ms * 1000,
+                where);
+}
+
+/* How a try treats the gate. */
+enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER };
+
+/* Drops what a lease without the lock keeps in the server (its gate, its
+ * queue entry) and gives its connection back. */
+static void let_go(my_store *ms, my_lease *sl)
+{
+    if (!sl->cn)
+        return;
+    if (sl->gated || sl->seq) {
+        char *sql = sl->seq ? stmt("DELETE FROM %s WHERE seq = %lld; "
+                                   "DO RELEASE_ALL_LOCKS()",
+                                   ms->q, (long long)sl->seq)
+                            : stmt("DO RELEASE_ALL_LOCKS()");
+        /* on failure the connection closes, and the server lets go */
+        if (!sql || query(ms, sl->cn, sql, dlock__now_ms() + ms->timeout_ms,
+                          NULL, NULL, NULL, "leaving the wait") != DLOCK_OK)
+            sl->cn->broken = 1;
+        free(sql);
+    }
+    conn_put(ms, sl->cn);
+    sl->cn = NULL;
+    sl->gated = 0;
+    sl->seq = 0;
+}
+
+/* An idle pinned connection that the server closed (restart, KILL,
+ * wait_timeout) has something to read: it is dead, and its gate gone. */
+static int pinned_alive(my_lease *sl)
+{
+    struct pollfd p;
+
+    if (!sl->cn || sl->cn->broken)
+        return 0;
+    p.fd = mysql_get_socket(sl->cn->m);
+    p.events = POLLIN;
+    p.revents = 0;
+    if (poll(&p, 1, 0) == 0)
+        return 1;
+    sl->cn->broken = 1;
+    return 0;
+}
+
+/*
+ * Acquire (CAP_NATIVE_WAIT): tries and, while l->deadline allows, waits
+ * in the server. One round trip per try: the upsert (guarded by the gate)
+ * and a SELECT that, when the upsert took nothing, waits in GET_LOCK for
+ * the gate until the holder's lease end or the caller's deadline
+ * (whichever first; at most MY_WAIT_SLICE_MS), then reports whether this
+ * connection holds the gate. A woken waiter holds the gate and tries
+ * again; the holder's release woke it, so that try finds the row free.
+ */
 static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     my_store *ms = st;
@@ -437,178 +585,254 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     char *name = hexlit(l->name, l->name_len);
     char *owner = hexlit(l->owner, strlen(l->owner));
     char *holder = hexlit(l->desc, strlen(l->desc));
-    char *sql = NULL, *ahead = NULL, cond[4096];
-    long long seq = sl->seq ? sl->seq : INT64_MAX;
-    uint64_t affected = 0, token = 0;
-    MYSQL_RES *r = NULL;
-    int rc = DLOCK_OK;
+    char *gate = name ? gate_of(ms, name) : NULL;
+    int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK;
 
-    if (!name || !owner || !holder) {
+    (void)op_deadline;
+    if (!name || !owner || !holder || !gate) {
         rc = enomem();
         goto out;
     }
-    if (fair && sl->seq) {
-        /* still waiting: keep the queue entry alive */
-        char *refresh = stmt("UPDATE %s SET alive_until = " NOW
-                             " + INTERVAL 3 SECOND WHERE seq = %lld",
-                             ms->q, seq);
-        rc = refresh ? query_pooled(ms, refresh, op_deadline, NULL, NULL,
-                                    NULL, "refreshing the queue entry")
-                     : enomem();
-        free(refresh);
-        if (rc)
-            goto out;
-    }
-    if (fair) {
-        ahead = stmt("NOT EXISTS (SELECT 1 FROM %s WHERE name = %s AND "
-                     "alive_until > " NOW " AND seq < %lld)",
-                     ms->q, name, seq);
-        if (!ahead) {
+    for (int round = 0;; round++) {
+        int64_t now = dlock__now_ms();
+        int once = l->deadline <= now;
+        int64_t wait_ms = once ? 0 : l->deadline - now;
+        int64_t dl = now + ms->timeout_ms;
+        char *sql, *where, *waitexp;
+        uint64_t affected = 0, token = 0;
+        MYSQL_RES *r = NULL;
+
+        /* during a wait no statement runs past the caller's deadline */
+        if (!once && l->deadline != DLOCK__FOREVER && dl > l->deadline + 10)
+            dl = l->deadline + 10;
+        if (wait_ms > MY_WAIT_SLICE_MS)
+            wait_ms = MY_WAIT_SLICE_MS;
+        if (!sl->cn) {
+            rc = conn_get(ms, dl, &sl->cn);
+            if (rc)
+                break;
+        }
+
+        /* the try: one statement; a fair waiter that wins also leaves its
+         * queue entry, in the same round trip */
+        where = kind == TRY_HELD
+                    ? stmt("%s", "")
+                    : stmt(" WHERE GET_LOCK(%s, 0) %s", gate,
+                           kind == TRY_GATE ? "= 1" : "IS NOT NULL");
+        char *up = where ? upsert(ms, l, name, owner, holder, where) : NULL;
+        sql = up && sl->seq ? stmt("%s; DELETE FROM %s WHERE seq = %lld AND "
+                                   "ROW_COUNT() > 0",
+                                   up, ms->q, (long long)sl->seq)
+                            : up;
+        if (sql != up)
+            free(up);
+        free(where);
+        if (!sql) {
             rc = enomem();
-            goto out;
+            break;
         }
-        snprintf(cond, sizeof(cond), "(" ENDED " AND %s)", ahead);
-    } else {
-        snprintf(cond, sizeof(cond), "(" ENDED ")");
-    }
-    sql = stmt("INSERT INTO %s (name, owner, holder, holds, token, "
-               "locked_at, lock_until) SELECT %s, %s, %s, 1, "
-               "LAST_INSERT_ID(" NOW_US "), " NOW ", " NOW
-               " + INTERVAL %lld MICROSECOND FROM DUAL%s%s "
-               "ON DUPLICATE KEY UPDATE "
-               "holder = IF(%s, VALUES(holder), holder), "
-               "holds = IF(%s, 1, holds), "
-               "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
-               "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), "
-               "token)), "
-               "locked_at = IF(%s, VALUES(locked_at), locked_at), "
-               "owner = IF(%s, VALUES(owner), owner), "
-               "lock_until = IF(%s, VALUES(lock_until), IF(" MINE ", "
-               "GREATEST(lock_until, VALUES(lock_until)), lock_until))",
-               ms->t, name, owner, holder, (long long)l->ttl_ms * 1000,
-               fair ? " WHERE " : "", fair ? ahead : "", cond, cond, cond,
-               cond, cond, cond);
-    if (!sql) {
-        rc = enomem();
-        goto out;
-    }
-    rc = query_pooled(ms, sql, op_deadline, NULL, &affected, &token,
-                      "taking the lock");
-    if (rc)
-        goto out;
-    if ((affected == 1 || affected == 2) && token == 0) {
-        /* LAST_INSERT_ID did not come back (a trigger on the table?) */
-        rc = dlock__err(DLOCK_EPROTO,
-                        "mysql %s: the lock was taken but the server sent "
-                        "no token (a trigger on %s?)",
-                        ms->redacted, ms->t);
-        goto out;
-    }
-    if (affected == 1 || affected == 2) {
-        l->token = token;
-        if (fair && sl->seq) {
-            char *leave = stmt("DELETE FROM %s WHERE seq = %lld", ms->q,
-                               seq);
-            if (leave)
-                (void)query_pooled(ms, leave, op_deadline, NULL, NULL, NULL,
-                                   "leaving the queue");
-            free(leave);
+        int64_t sent = dlock__now_ms();
+        rc = query(ms, sl->cn, sql, dl, NULL, &affected, &token,
+                   "taking the lock");
+        free(sql);
+        if (rc && mysql_errno(sl->cn->m) == ER_LOCK_DEADLOCK &&
+            round < MY_DEADLOCK_RETRIES) {
+            rc = DLOCK_OK; /* rolled back, nothing done: again */
+            continue;
+        }
+        if (rc == DLOCK_OK && (affected == 1 || affected == 2)) {
+            if (token == 0) {
+                rc = dlock__err(DLOCK_EPROTO,
+                                "mysql %s: the lock was taken but the "
+                                "server sent no token (a trigger on %s?)",
+                                ms->redacted, ms->t);
+                break;
+            }
+            l->token = token;
+            l->started = sent;
             sl->seq = 0;
+            /* the gate is ours unless a stale holder kept it (takeover) */
+            sl->gated = kind != TRY_TAKEOVER;
+            if (kind == TRY_TAKEOVER) {
+                r = NULL;
+                char *chk = stmt("SELECT IS_USED_LOCK(%s) <=> "
+                                 "CONNECTION_ID()",
+                                 gate);
+                if (chk && query(ms, sl->cn, chk, dl, &r, NULL, NULL,
+                                 "taking the lock") == DLOCK_OK)
+                    sl->gated = col_ll(r, 0, 0) == 1;
+                if (r)
+                    mysql_free_result(r);
+                free(chk);
+            }
+            goto out; /* keeps sl->cn: the gate's connection */
         }
-        goto out;
-    }
+        if (rc)
+            break;
+        seen_busy = 1;
 
-    /* busy: poll again soon, never later than the holder's lease end */
-    free(sql);
-    sql = stmt("SELECT TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV "
-               "1000 + 1 FROM %s WHERE name = %s",
-               ms->t, name);
-    long long left = -1;
-    if (sql && query_pooled(ms, sql, op_deadline, &r, NULL, NULL,
-                            "reading the lease") == DLOCK_OK)
-        left = col_ll(r, 0, -1);
-    if (r)
-        mysql_free_result(r);
-    if (sl->backoff < MY_POLL_MIN_MS)
-        sl->backoff = MY_POLL_MIN_MS;
-    l->retry_ms = sl->backoff;
-    if (left > 0 && left < l->retry_ms)
-        l->retry_ms = left;
-    sl->backoff = sl->backoff * 2 > MY_POLL_MAX_MS ? MY_POLL_MAX_MS
-                                                   : sl->backoff * 2;
-    rc = DLOCK_EBUSY;
+        /* held: wait in the server for the gate, until the holder's lease
+         * end (+1 ms) or the caller's deadline; a free row whose gate
+         * another holds: a woken waiter is about to take it, and one that
+         * does not within a lease (frozen in between) is passed by. A
+         * fair waiter joins the queue inspect() lists before it waits */
+        int waits = !once && kind != TRY_HELD && !(fair && !sl->seq);
+        if (!waits)
+            waitexp = stmt("%s", "0");
+        else
+            waitexp = stmt("GET_LOCK(%s, LEAST(%lld.%03lld, IFNULL((SELECT "
+                           "IF(owner IS NOT NULL, GREATEST(0.001, "
+                           "TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) "
+                           "/ 1000000 + 0.001), %lld.%03lld) FROM %s WHERE "
+                           "name = %s), %lld.%03lld)))",
+                           gate, (long long)(wait_ms / 1000),
+                           (long long)(wait_ms % 1000),
+                           (long long)(l->ttl_ms / 1000),
+                           (long long)(l->ttl_ms % 1000), ms->t, name,
+                           (long long)(l->ttl_ms / 1000),
+                           (long long)(l->ttl_ms % 1000));
+        /* the lease left is read after the wait (SYSDATE: now, not the
+         * statement's start) */
+        sql = waitexp ? stmt("SELECT %s, IS_USED_LOCK(%s) <=> "
+                             "CONNECTION_ID(), (SELECT TIMESTAMPDIFF("
+                             "MICROSECOND, CONVERT_TZ(SYSDATE(6), "
+                             "@@session.time_zone, '+00:00'), lock_until) "
+                             "DIV 1000 + 1 FROM %s WHERE name = %s)",
+                             waitexp, gate, ms->t, name)
+                      : NULL;
+        free(waitexp);
+        if (!sql) {
+            rc = enomem();
+            break;
+        }
+        int64_t wdl = dl;
+        if (waits) {
+            /* the server answers by the wait's end; a frozen one is given
+             * up at the caller's deadline */
+            wdl = now + wait_ms + ms->timeout_ms;
+            if (l->deadline != DLOCK__FOREVER && wdl > l->deadline + 10)
+                wdl = l->deadline + 10;
+        }
+        rc = query(ms, sl->cn, sql, wdl, &r, NULL, NULL,
+                   waits ? "waiting for the lock" : "reading the lease");
+        free(sql);
+        if (rc)
+            break;
+        MYSQL_ROW row = r ? mysql_fetch_row(r) : NULL;
+        long long waited = row && row[0] ? strtoll(row[0], NULL, 10) : 0;
+        int gated = row && row[1] && !strcmp(row[1], "1");
+        long long left = row && row[2] ? strtoll(row[2], NULL, 10) : -1;
+        if (r)
+            mysql_free_result(r);
+        sl->gated = gated;
+        l->retry_ms = left > 0 ? left : 1;
+        if (once)
+            break;
+        if (dlock__now_ms() >= l->deadline) {
+            rc = DLOCK_EBUSY;
+            break;
+        }
+        if (waited == 1) {
+            kind = TRY_HELD; /* woken with the gate: the row is free */
+            continue;
+        }
+        if (gated) {
+            /* we hold the gate, yet the row is held: its holder lost its
+             * gate (its connection died) and keeps the lease. Nobody can
+             * wake us: sleep to its lease end (or our deadline), watching
+             * the connection */
+            int64_t until = dlock__now_ms() + (left > 0 ? left : 1);
+            if (until > l->deadline)
+                until = l->deadline;
+            struct pollfd p = {mysql_get_socket(sl->cn->m), POLLIN, 0};
+            int64_t ms_left = until - dlock__now_ms();
+            if (ms_left > 0 &&
+                poll(&p, 1, ms_left > 60000 ? 60000 : (int)ms_left) > 0) {
+                sl->cn->broken = 1; /* the server closed it */
+                conn_put(ms, sl->cn);
+                sl->cn = NULL;
+                sl->gated = 0;
+                sl->seq = 0;
+            }
+            kind = sl->cn ? TRY_HELD : TRY_GATE;
+            continue;
+        }
+        if (fair && !sl->seq) {
+            /* join the queue inspect() lists: an entry alive while this
+             * connection holds its own lock */
+            char *lock = entry_lock_of(ms, "LAST_INSERT_ID()");
+            char *join = lock ? stmt("INSERT INTO %s (name, holder, "
+                                     "alive_until) VALUES (%s, %s, " NOW
+                                     "); DO GET_LOCK(%s, 0)",
+                                     ms->q, name, holder, lock)
+                              : NULL;
+            uint64_t id = 0;
+            free(lock);
+            rc = join ? query(ms, sl->cn, join, dl, NULL, NULL, &id,
+                              "joining the queue")
+                      : enomem();
+            free(join);
+            if (rc)
+                break;
+            sl->seq = (int64_t)id;
+        }
+        /* woken by nothing: the wait ran to the holder's lease end (or
+         * its slice); a lease that ended is taken without the gate if a
+         * frozen holder keeps it */
+        kind = waits && waited == 0 ? TRY_TAKEOVER : TRY_GATE;
+    }
+    if (rc && sl->cn && sl->cn->broken) {
+        /* the server let go of our gate and entry with the connection */
+        conn_put(ms, sl->cn);
+        sl->cn = NULL;
+        sl->gated = 0;
+        sl->seq = 0;
+    }
+    if (rc && rc != DLOCK_EBUSY && seen_busy && l->deadline != DLOCK__FOREVER &&
+        dlock__now_ms() >= l->deadline)
+        rc = dlock__err(DLOCK_EBUSY,
+                        "lock '%.200s' was held by another owner, and not "
+                        "acquired within the wait (the last statement did "
+                        "not finish before the deadline)",
+                        l->name);
+    if (rc == DLOCK_OK)
+        rc = DLOCK_EBUSY;
+    let_go(ms, sl);
 out:
-    free(sql);
-    free(ahead);
+    free(gate);
     free(name);
     free(owner);
     free(holder);
     return rc;
 }
 
-static int my_arm(void *st, dlock__lease *l, int64_t op_deadline)
+/* UPDATE guarded by owner and token, then `after` in the same round
+ * trip: DLOCK_OK, ENOTHELD, or an error. On the hold's own connection
+ * when it is alive, else on a pooled one. */
+static int guarded(my_store *ms, dlock__lease *l, const char *set,
+                   const char *after, int64_t op_deadline, const char *what)
 {
-    my_store *ms = st;
     my_lease *sl = l->priv;
-    uint64_t id = 0;
-    int rc;
-
-    sl->backoff = MY_POLL_MIN_MS;
-    if (!(l->flags & DLOCK_FAIR) || sl->seq)
-        return DLOCK_OK;
-    char *name = hexlit(l->name, l->name_len);
-    char *holder = hexlit(l->desc, strlen(l->desc));
-    char *sql = name && holder
-                    ? stmt("INSERT INTO %s (name, holder, alive_until) "
-                           "VALUES (%s, %s, " NOW " + INTERVAL 3 SECOND)",
-                           ms->q, name, holder)
-                    : NULL;
-    rc = sql ? query_pooled(ms, sql, op_deadline, NULL, NULL, &id,
-                            "joining the queue")
-             : enomem();
-    if (rc == DLOCK_OK)
-        sl->seq = (int64_t)id;
-    free(sql);
-    free(name);
-    free(holder);
-    return rc;
-}
-
-static void my_disarm(void *st, dlock__lease *l, int acquired)
-{
-    my_store *ms = st;
-    my_lease *sl = l->priv;
-
-    (void)acquired;
-    if (!sl->seq)
-        return;
-    char *sql = stmt("DELETE FROM %s WHERE seq = %lld OR alive_until < " NOW
-                     " - INTERVAL 60 SECOND",
-                     ms->q, (long long)sl->seq);
-    if (sql)
-        (void)query_pooled(ms, sql, dlock__now_ms() + ms->timeout_ms, NULL,
-                           NULL, NULL, "leaving the queue");
-    free(sql);
-    sl->seq = 0;
-}
-
-/* UPDATE guarded by owner and token: DLOCK_OK, ENOTHELD, or an error. */
-static int guarded(my_store *ms, const dlock__lease *l, const char *set,
-                   int64_t op_deadline, const char *what)
-{
     char *name = hexlit(l->name, l->name_len);
     char *owner = hexlit(l->owner, strlen(l->owner));
+    int pinned = pinned_alive(sl);
     char *sql = name && owner
                     ? stmt("UPDATE %s SET %s WHERE name = %s AND owner = %s "
-                           "AND token = %llu AND lock_until > " NOW,
+                           "AND token = %llu AND lock_until > " NOW "%s%s",
                            ms->t, set, name, owner,
-                           (unsigned long long)l->token)
+                           (unsigned long long)l->token,
+                           pinned && after ? "; " : "",
+                           pinned && after ? after : "")
                     : NULL;
     uint64_t affected = 0;
-    int rc = sql ? query_pooled(ms, sql, op_deadline, NULL, &affected, NULL,
-                                what)
-                 : enomem();
+    int rc;
 
+    if (!sql)
+        rc = enomem();
+    else if (pinned)
+        rc = query(ms, sl->cn, sql, op_deadline, NULL, &affected, NULL, what);
+    else
+        rc = query_pooled(ms, sql, op_deadline, NULL, &affected, NULL, what);
     free(sql);
     free(name);
     free(owner);
@@ -623,9 +847,22 @@ static int guarded(my_store *ms, const dlock__lease *l, const char *set,
 
 static int my_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
-    return guarded(st, l,
-                   "owner = NULL, holder = NULL, holds = 0, lock_until = " NOW,
-                   op_deadline, "releasing the lock");
+    my_store *ms = st;
+    my_lease *sl = l->priv;
+    /* the row first, then the gate: the waiter it wakes finds it free */
+    int rc = guarded(ms, l,
+                     "owner = NULL, holder = NULL, holds = 0, lock_until = " NOW,
+                     "DO RELEASE_ALL_LOCKS()", op_deadline,
+                     "releasing the lock");
+
+    if (sl->cn) {
+        if (rc != DLOCK_OK && rc != DLOCK_ENOTHELD)
+            sl->cn->broken = 1; /* closing it lets go of the gate */
+        conn_put(ms, sl->cn);
+        sl->cn = NULL;
+        sl->gated = 0;
+    }
+    return rc;
 }
 
 static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,
@@ -636,7 +873,7 @@ static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     snprintf(set, sizeof(set),
              "lock_until = " NOW " + INTERVAL %lld MICROSECOND",
              (long long)ttl_ms * 1000);
-    return guarded(st, l, set, op_deadline, "extending the lease");
+    return guarded(st, l, set, NULL, op_deadline, "extending the lease");
 }
 
 static int my_inspect(void *st, const char *name, size_t len,
@@ -673,9 +910,12 @@ static int my_inspect(void *st, const char *name, size_t len,
         mysql_free_result(r);
     r = NULL;
     if (rc == DLOCK_OK) {
-        sql = stmt("SELECT holder FROM %s WHERE name = %s AND alive_until > "
-                   NOW " ORDER BY seq",
-                   ms->q, hn);
+        char *lock = entry_lock_of(ms, "seq");
+        sql = lock ? stmt("SELECT holder FROM %s WHERE name = %s AND "
+                          "IS_USED_LOCK(%s) IS NOT NULL ORDER BY seq",
+                          ms->q, hn, lock)
+                   : NULL;
+        free(lock);
         rc = sql ? query_pooled(ms, sql, op_deadline, &r, NULL, NULL,
                                 "reading the queue")
                  : enomem();
@@ -705,7 +945,16 @@ static int my_gc(void *st, int64_t idle_ms, uint64_t *removed,
     free(sql);
     *removed = rc == DLOCK_OK ? n : 0;
     if (rc == DLOCK_OK) {
-        sql = stmt("DELETE FROM %s WHERE alive_until <= " NOW, ms->q);
+        /* an entry is alive while its waiter's connection holds its
+         * lock; one written in the last second may not hold it yet (the
+         * same round trip takes it) */
+        char *lock = entry_lock_of(ms, "seq");
+        sql = lock ? stmt("DELETE FROM %s WHERE alive_until <= " NOW
+                          " - INTERVAL 1 SECOND AND IS_USED_LOCK(%s) IS "
+                          "NULL",
+                          ms->q, lock)
+                   : NULL;
+        free(lock);
         rc = sql ? query_pooled(ms, sql, op_deadline, NULL, NULL, NULL,
                                 "removing dead queue entries")
                  : enomem();
@@ -745,6 +994,7 @@ static void my_close(void *st)
     free(ms->ssl_cert);
     free(ms->ssl_key);
     pthread_mutex_destroy(&ms->mu);
+    free(ms->tl);
     free(ms->redacted);
     free(ms);
 }
@@ -897,6 +1147,10 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
         return enomem();
     }
     snprintf(ms->table, sizeof(ms->table), "%s", table);
+    if (!(ms->tl = hexlit(table, strlen(table)))) {
+        my_close(ms);
+        return enomem();
+    }
     quote_ident(table, "", ms->t, sizeof(ms->t));
     quote_ident(table, "_queue", ms->q, sizeof(ms->q));
 
@@ -917,14 +1171,14 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
 }
 
 const dlock__backend dlock__backend_mysql = {
-    "mysql",          /* name */
-    DLOCK__CAP_LEASE, /* caps */
-    sizeof(my_lease), /* lease_size */
-    my_open,          /* open */
-    my_close,         /* close */
-    my_acquire,       /* acquire */
-    my_arm,           /* arm */
-    my_disarm,        /* disarm */
+    "mysql",                                        /* name */
+    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT,      /* caps */
+    sizeof(my_lease),                               /* lease_size */
+    my_open,                                        /* open */
+    my_close,                                       /* close */
+    my_acquire,                                     /* acquire */
+    NULL,                                           /* arm */
+    NULL,                                           /* disarm */
     my_release,       /* release */
     my_extend,        /* extend */
     my_inspect,       /* inspect */
