@@ -68,6 +68,10 @@ typedef struct dlock__lease {
     int armed;        /* on DLOCK_EBUSY: this try queued the lease while its
                        * notifications were live (no arm() and second try
                        * needed) */
+    int64_t started;  /* on DLOCK_OK, a CAP_NATIVE_WAIT store with leases:
+                       * dlock__now_ms() just before the command that set
+                       * the lease (the lease starts then, not when the
+                       * wait began); 0: the call's start */
     void *priv;       /* backend state, lease_size bytes */
 } dlock__lease;
 

@@ -259,7 +259,10 @@ static int try_once(dlock_client *c, dlock__hold *h, int64_t *t0,
 
     *t0 = dlock__now_ms();
     dl = op_deadline(c, deadline, once);
+    h->lease.started = 0;
     rc = c->be->acquire(c->st, &h->lease, dl);
+    if (rc == DLOCK_OK && h->lease.started > *t0)
+        *t0 = h->lease.started; /* a store that waited by itself */
     if (rc == DLOCK_EBUSY)
         *seen_busy = 1;
     else if (!once && cut_short(c, rc, *seen_busy, *t0, dl, deadline))
