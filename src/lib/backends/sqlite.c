@@ -6,38 +6,44 @@
  *    holder description, hold count, fencing token, locked_at and
  *    lock_until (milliseconds of SQLite's own clock). Rows are never
  *    deleted on release, so the token counter survives it.
- *  - Acquire is one statement: an upsert that inserts the row, or takes it
- *    over only when its lease has ended (released rows have lock_until 0),
- *    raising the token, RETURNING it. No row back = busy. A token is
+ *  - Acquire is one statement: an UPDATE that takes the row over only
+ *    when its lease has ended (released rows have lock_until 0), raising
+ *    the token, RETURNING it. No row back = busy. A token is
  *    max(previous + 1, SQLite's clock in µs): it grows per name, and a
  *    name whose row dlock_gc() removed starts again above its old tokens.
+ *    The row is made once per client and name (its rowid names the
+ *    name's region of the sidecar, below).
  *  - Release and extend are one UPDATE each, guarded by owner and token.
- *  - Fair mode: waiters join T_queue (an AUTOINCREMENT sequence, so a
- *    later waiter always has a higher number) and refresh their entry on
- *    every try; the upsert then also requires that no live entry with a
- *    lower number exists. A waiter that dies stops refreshing and drops
- *    out after SQ_QUEUE_ALIVE_MS (3 s).
- *  - Waiting: a release wakes waiters of the same client at once (the
- *    core does that). Waiters in other processes poll with a backoff from
- *    2 ms doubling up to 100 ms, never past the holder's lease end: SQLite
- *    has no way to notify another process.
+ *  - Waiting (sqlite_wait.c; docs/design.md, "SQLite: waking waiters"):
+ *    every acquirer takes a ticket in the sidecar file `<db>-dlock` (OFD
+ *    byte locks, a Unix socket channel per ticket) and runs the acquire
+ *    statement only as the head of that queue, woken by its
+ *    predecessor's release; a waiter sends no statement while it waits,
+ *    except at the holder's lease end (a frozen or dead holder). So both
+ *    modes are first come, first served: DLOCK_FAIR changes nothing.
+ *    The backend waits by itself (CAP_NATIVE_WAIT) and reports when its
+ *    successful statement started (lease.started).
  *  - One connection per client, WAL journal, busy timeout = the client's
- *    timeout; a mutex serialises the client's threads on it.
+ *    timeout; a mutex serialises the client's threads on it. Each
+ *    acquisition opens the sidecar once more: OFD locks belong to an open
+ *    file, so that two threads of one process exclude each other.
  */
-#include "../core/internal.h"
+#include "sqlite.h"
 
 #include <sqlite3.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define SQ_DEFAULT_TABLE "dlock_locks"
 #define SQ_TABLE_MAX 128
-#define SQ_POLL_MIN_MS 2
-#define SQ_POLL_MAX_MS 100
-#define SQ_QUEUE_ALIVE_MS 3000 /* a fair waiter silent this long is gone */
+#define SQ_MOVES_MAX 16        /* region changes (gc, VACUUM) in one call */
+#define SQ_WAITERS_COUNTED 100000
 
 /* SQLite's clock, in milliseconds and microseconds since the epoch */
 #define NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
@@ -45,32 +51,30 @@
     "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
 
 enum {
-    S_ACQUIRE,
-    S_ACQUIRE_FAIR,
+    S_ROWID,
+    S_MAKE,
+    S_TAKE,
     S_LEASE_LEFT,
     S_RELEASE,
     S_EXTEND,
     S_INSPECT,
-    S_QUEUE,
-    S_JOIN,
-    S_REFRESH,
-    S_LEAVE,
     S_GC,
-    S_GC_QUEUE,
     S_COUNT
 };
 
 typedef struct sq_store {
     sqlite3 *db;
     char *redacted;
+    char *side;   /* the sidecar's path */
+    mode_t mode;  /* the database file's permission bits, for the sidecar */
+    int sidefd;   /* the sidecar, for dlock_inspect() (holds no lock) */
     int64_t timeout_ms;
     pthread_mutex_t mu;
     sqlite3_stmt *st[S_COUNT];
 } sq_store;
 
 typedef struct sq_lease {
-    int64_t seq;     /* fair queue entry, 0 when none */
-    int64_t backoff; /* next poll interval */
+    sq_wait w;
 } sq_lease;
 
 static int sq_error(sq_store *ss, const char *what)
@@ -86,6 +90,19 @@ static int sq_error(sq_store *ss, const char *what)
                    : DLOCK_EPROTO;
     return dlock__err(code, "sqlite %s: %s: %s", ss->redacted, what,
                       sqlite3_errmsg(ss->db));
+}
+
+static int side_error(sq_store *ss, const char *what, int e)
+{
+    int code = e == EACCES || e == EPERM || e == EROFS ? DLOCK_EAUTH
+               : e == ENOMEM                          ? DLOCK_ENOMEM
+               : e == ELOOP || e == EINVAL            ? DLOCK_EPROTO
+                                                      : DLOCK_ECONN;
+    return dlock__err(code, "sqlite %s: %s the wake-up file %.300s: %s%s",
+                      ss->redacted, what, ss->side, strerror(e),
+                      e == ELOOP || e == EINVAL
+                          ? " (a symbolic link or not a regular file)"
+                          : "");
 }
 
 /* "name" with embedded quotes doubled: any table name is one identifier. */
@@ -112,18 +129,20 @@ static void sq_close(void *st)
     for (int i = 0; i < S_COUNT; i++)
         sqlite3_finalize(ss->st[i]);
     sqlite3_close(ss->db);
+    if (ss->sidefd >= 0)
+        close(ss->sidefd);
     pthread_mutex_destroy(&ss->mu);
     free(ss->redacted);
+    free(ss->side);
     free(ss);
 }
 
-static int prepare(sq_store *ss, int which, const char *fmt, const char *t,
-                   const char *q)
+static int prepare(sq_store *ss, int which, const char *fmt, const char *t)
 {
     char sql[4096];
 
-    /* every %1$s is the table, %2$s the queue table, %3$s the clock */
-    snprintf(sql, sizeof(sql), fmt, t, q, NOW_MS);
+    /* every %1$s is the table, %2$s the clock */
+    snprintf(sql, sizeof(sql), fmt, t, NOW_MS);
     if (sqlite3_prepare_v3(ss->db, sql, -1, SQLITE_PREPARE_PERSISTENT,
                            &ss->st[which], NULL) != SQLITE_OK)
         return sq_error(ss, "preparing a statement");
@@ -136,8 +155,9 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     static const char *const params[] = {"table", "timeout", NULL};
     const char *table = dlock__uri_param(u, "table");
     const char *timeout = dlock__uri_param(u, "timeout");
-    char t[2 * SQ_TABLE_MAX + 8], q[2 * SQ_TABLE_MAX + 16], qn[SQ_TABLE_MAX + 8];
+    char t[2 * SQ_TABLE_MAX + 8];
     char ddl[2048];
+    struct stat dbst;
     sq_store *ss;
     int rc;
 
@@ -166,10 +186,15 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         timeout_ms = v;
     }
     ss = calloc(1, sizeof(*ss));
-    if (!ss || !(ss->redacted = strdup(u->redacted))) {
+    if (!ss || !(ss->redacted = strdup(u->redacted)) ||
+        !(ss->side = malloc(strlen(u->path) + 8))) {
+        if (ss)
+            free(ss->redacted);
         free(ss);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
+    sprintf(ss->side, "%s-dlock", u->path);
+    ss->sidefd = -1;
     pthread_mutex_init(&ss->mu, NULL);
     ss->timeout_ms = timeout_ms;
     if (sqlite3_open_v2(u->path, &ss->db,
@@ -183,10 +208,15 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     }
     sqlite3_busy_timeout(ss->db, (int)timeout_ms);
     quote_ident(table, t, sizeof(t));
-    snprintf(qn, sizeof(qn), "%s_queue", table);
-    quote_ident(qn, q, sizeof(q));
+    /* synchronous=NORMAL: in WAL mode a commit is not fsync'ed (a
+     * checkpoint is); a process crash loses nothing, a system crash may
+     * lose the last commits. Every holder and waiter is on this host and
+     * dies with it, leases are on the wall clock and tokens are at least
+     * the clock in µs, so what is lost is only locks nobody holds any
+     * more; FULL would put an fsync (~100 µs here) in every hand-off. */
     snprintf(ddl, sizeof(ddl),
              "PRAGMA journal_mode=WAL;"
+             "PRAGMA synchronous=NORMAL;"
              "CREATE TABLE IF NOT EXISTS %s ("
              " name BLOB PRIMARY KEY,"
              " owner TEXT,"
@@ -194,13 +224,8 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
              " holds INTEGER NOT NULL DEFAULT 0,"
              " token INTEGER NOT NULL DEFAULT 0,"
              " locked_at INTEGER NOT NULL DEFAULT 0,"
-             " lock_until INTEGER NOT NULL DEFAULT 0);"
-             "CREATE TABLE IF NOT EXISTS %s ("
-             " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-             " name BLOB NOT NULL,"
-             " holder TEXT,"
-             " alive_until INTEGER NOT NULL);",
-             t, q);
+             " lock_until INTEGER NOT NULL DEFAULT 0);",
+             t);
     /* Clients opening a new database at the same moment: SQLite answers
      * SQLITE_BUSY at once, without its busy handler, to the connection
      * whose lock upgrade would deadlock with another's (the WAL switch,
@@ -220,63 +245,55 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         sq_close(ss);
         return rc;
     }
-    /* ?1 name, ?2 owner, ?3 ttl, ?4 holder, ?5 our queue number */
-    static const char upsert[] =
-        "INSERT INTO %1$s (name, owner, holder, holds, token, locked_at, "
-        "lock_until) VALUES (?1, ?2, ?4, 1, " NOW_US ", %3$s, %3$s + ?3) "
-        "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
-        "holder = excluded.holder, holds = 1, token = max(token + 1, "
-        NOW_US "), "
-        "locked_at = excluded.locked_at, lock_until = excluded.lock_until "
-        "WHERE lock_until <= %3$s";
-    char fair[4096], plain[4096];
-    snprintf(plain, sizeof(plain), "%s RETURNING token", upsert);
-    snprintf(fair, sizeof(fair),
-             "%s AND NOT EXISTS (SELECT 1 FROM %%2$s WHERE name = ?1 AND "
-             "alive_until > %%3$s AND seq < ?5) RETURNING token",
-             upsert);
-    if ((rc = prepare(ss, S_ACQUIRE, plain, t, q)) ||
-        (rc = prepare(ss, S_ACQUIRE_FAIR, fair, t, q)) ||
+    /* the sidecar gets the database file's permission bits: whoever may
+     * use the table may wait for it */
+    ss->mode = stat(u->path, &dbst) == 0 ? (dbst.st_mode & 0777) : 0644;
+    {
+        dev_t dev;
+        ino_t ino;
+        ss->sidefd = dlock__sqw_open(ss->side, ss->mode, &dev, &ino);
+        if (ss->sidefd < 0) {
+            rc = side_error(ss, "opening", errno);
+            sq_close(ss);
+            return rc;
+        }
+    }
+    /* ?1 name, ?2 owner, ?3 ttl, ?4 holder, ?5 the rowid we queued under */
+    if ((rc = prepare(ss, S_ROWID,
+                      "SELECT rowid FROM %1$s WHERE name = ?1", t)) ||
+        (rc = prepare(ss, S_MAKE,
+                      "INSERT INTO %1$s (name) VALUES (?1) ON CONFLICT "
+                      "(name) DO NOTHING",
+                      t)) ||
+        (rc = prepare(ss, S_TAKE,
+                      "UPDATE %1$s SET owner = ?2, holder = ?4, holds = 1, "
+                      "token = max(token + 1, " NOW_US "), locked_at = "
+                      "%2$s, lock_until = %2$s + ?3 WHERE name = ?1 AND "
+                      "rowid = ?5 AND lock_until <= %2$s RETURNING token",
+                      t)) ||
         (rc = prepare(ss, S_LEASE_LEFT,
-                      "SELECT lock_until - %3$s FROM %1$s WHERE name = ?1",
-                      t, q)) ||
+                      "SELECT rowid, lock_until - %2$s FROM %1$s WHERE "
+                      "name = ?1",
+                      t)) ||
         (rc = prepare(ss, S_RELEASE,
                       "UPDATE %1$s SET owner = NULL, holder = NULL, holds = "
                       "0, lock_until = 0 WHERE name = ?1 AND owner = ?2 AND "
-                      "token = ?3 AND lock_until > %3$s",
-                      t, q)) ||
+                      "token = ?3 AND lock_until > %2$s",
+                      t)) ||
         (rc = prepare(ss, S_EXTEND,
-                      "UPDATE %1$s SET lock_until = %3$s + ?4 WHERE name = "
+                      "UPDATE %1$s SET lock_until = %2$s + ?4 WHERE name = "
                       "?1 AND owner = ?2 AND token = ?3 AND lock_until > "
-                      "%3$s",
-                      t, q)) ||
+                      "%2$s",
+                      t)) ||
         (rc = prepare(ss, S_INSPECT,
-                      "SELECT lock_until > %3$s, holder, token, "
-                      "lock_until - %3$s, %3$s - locked_at FROM %1$s WHERE "
-                      "name = ?1",
-                      t, q)) ||
-        (rc = prepare(ss, S_QUEUE,
-                      "SELECT holder FROM %2$s WHERE name = ?1 AND "
-                      "alive_until > %3$s ORDER BY seq",
-                      t, q)) ||
-        (rc = prepare(ss, S_JOIN,
-                      "INSERT INTO %2$s (name, holder, alive_until) VALUES "
-                      "(?1, ?2, %3$s + ?3) RETURNING seq",
-                      t, q)) ||
-        (rc = prepare(ss, S_REFRESH,
-                      "UPDATE %2$s SET alive_until = %3$s + ?2 WHERE seq = "
-                      "?1",
-                      t, q)) ||
-        (rc = prepare(ss, S_LEAVE,
-                      "DELETE FROM %2$s WHERE seq = ?1 OR alive_until < %3$s "
-                      "- 60000",
-                      t, q)) ||
+                      "SELECT lock_until > %2$s, holder, token, "
+                      "lock_until - %2$s, %2$s - locked_at, rowid FROM %1$s "
+                      "WHERE name = ?1",
+                      t)) ||
         (rc = prepare(ss, S_GC,
-                      "DELETE FROM %1$s WHERE lock_until <= %3$s AND "
-                      "locked_at <= %3$s - ?1",
-                      t, q)) ||
-        (rc = prepare(ss, S_GC_QUEUE,
-                      "DELETE FROM %2$s WHERE alive_until <= %3$s", t, q))) {
+                      "DELETE FROM %1$s WHERE lock_until <= %2$s AND "
+                      "locked_at <= %2$s - ?1",
+                      t))) {
         sq_close(ss);
         return rc;
     }
@@ -303,96 +320,265 @@ static void done(sq_store *ss, int which)
     sqlite3_clear_bindings(ss->st[which]);
 }
 
-static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
+/* The name's rowid (its region of the sidecar), making the row if
+ * missing; kept per name in the client (hint[0]). */
+static int region_of(sq_store *ss, dlock__lease *l, int64_t *rowid)
 {
-    sq_store *ss = st;
-    sq_lease *sl = l->priv;
-    int fair = (l->flags & DLOCK_FAIR) != 0;
-    int which = fair ? S_ACQUIRE_FAIR : S_ACQUIRE;
-    sqlite3_stmt *s = ss->st[which];
+    int64_t h = __atomic_load_n(&l->hint[0], __ATOMIC_RELAXED);
+    int rc = DLOCK_OK, row = 0;
+
+    if (h > 0) {
+        *rowid = h;
+        return DLOCK_OK;
+    }
+    pthread_mutex_lock(&ss->mu);
+    for (int i = 0; i < 2 && rc == DLOCK_OK && !row; i++) {
+        if (i == 1) {
+            sqlite3_bind_blob(ss->st[S_MAKE], 1, l->name, (int)l->name_len,
+                              SQLITE_STATIC);
+            rc = step(ss, S_MAKE, &row, "making the lock's row");
+            done(ss, S_MAKE);
+            row = 0;
+            if (rc)
+                break;
+        }
+        sqlite3_bind_blob(ss->st[S_ROWID], 1, l->name, (int)l->name_len,
+                          SQLITE_STATIC);
+        rc = step(ss, S_ROWID, &row, "reading the lock's row");
+        if (rc == DLOCK_OK && row)
+            *rowid = sqlite3_column_int64(ss->st[S_ROWID], 0);
+        done(ss, S_ROWID);
+    }
+    pthread_mutex_unlock(&ss->mu);
+    if (rc == DLOCK_OK && !row)
+        rc = dlock__err(DLOCK_EPROTO, "sqlite %s: the lock's row vanished "
+                                      "as it was made",
+                        ss->redacted);
+    if (rc == DLOCK_OK)
+        __atomic_store_n(&l->hint[0], *rowid, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* What one acquire statement found. */
+enum { T_TAKEN, T_BUSY, T_MOVED };
+
+/* Runs the acquire statement for region `rowid`; on busy reads the lease
+ * left (*left: ms, <= 0 free or ended, INT64_MAX unknown). T_MOVED: the
+ * row is gone or has another rowid (dlock gc, VACUUM): queue again. */
+static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
+                    int64_t *left)
+{
+    sqlite3_stmt *s = ss->st[S_TAKE];
     int rc, row = 0;
 
-    (void)op_deadline;
     pthread_mutex_lock(&ss->mu);
-    if (fair && sl->seq) {
-        sqlite3_bind_int64(ss->st[S_REFRESH], 1, sl->seq);
-        sqlite3_bind_int64(ss->st[S_REFRESH], 2, SQ_QUEUE_ALIVE_MS);
-        rc = step(ss, S_REFRESH, &row, "refreshing the queue entry");
-        done(ss, S_REFRESH);
-        if (rc) {
-            pthread_mutex_unlock(&ss->mu);
-            return rc;
-        }
-    }
+    l->started = dlock__now_ms();
     sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, l->owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 3, l->ttl_ms);
     sqlite3_bind_text(s, 4, l->desc, -1, SQLITE_STATIC);
-    if (fair)
-        sqlite3_bind_int64(s, 5, sl->seq ? sl->seq : INT64_MAX);
-    rc = step(ss, which, &row, "taking the lock");
+    sqlite3_bind_int64(s, 5, rowid);
+    rc = step(ss, S_TAKE, &row, "taking the lock");
     if (rc == DLOCK_OK && row)
         l->token = (uint64_t)sqlite3_column_int64(s, 0);
-    done(ss, which);
+    done(ss, S_TAKE);
+    *what = row ? T_TAKEN : T_BUSY;
     if (rc == DLOCK_OK && !row) {
-        int64_t left = 0;
-        sqlite3_bind_blob(ss->st[S_LEASE_LEFT], 1, l->name,
-                          (int)l->name_len, SQLITE_STATIC);
-        if (step(ss, S_LEASE_LEFT, &row, "reading the lease") == DLOCK_OK &&
-            row)
-            left = sqlite3_column_int64(ss->st[S_LEASE_LEFT], 0);
+        s = ss->st[S_LEASE_LEFT];
+        sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
+        rc = step(ss, S_LEASE_LEFT, &row, "reading the lease");
+        if (rc == DLOCK_OK && (!row || sqlite3_column_int64(s, 0) != rowid))
+            *what = T_MOVED;
+        else if (rc == DLOCK_OK)
+            *left = sqlite3_column_int64(s, 1);
         done(ss, S_LEASE_LEFT);
-        if (sl->backoff < SQ_POLL_MIN_MS)
-            sl->backoff = SQ_POLL_MIN_MS;
-        l->retry_ms = sl->backoff;
-        if (left > 0 && left + 1 < l->retry_ms)
-            l->retry_ms = left + 1;
-        sl->backoff = sl->backoff * 2 > SQ_POLL_MAX_MS ? SQ_POLL_MAX_MS
-                                                       : sl->backoff * 2;
-        rc = DLOCK_EBUSY;
     }
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
 
-static int sq_arm(void *st, dlock__lease *l, int64_t op_deadline)
+/* The lease left of the lock (the read a waiter makes once it is
+ * connected to its predecessor): as try_take() without taking. */
+static int read_left(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
+                     int64_t *left)
 {
-    sq_store *ss = st;
-    sq_lease *sl = l->priv;
-    int rc = DLOCK_OK, row = 0;
+    sqlite3_stmt *s = ss->st[S_LEASE_LEFT];
+    int rc, row = 0;
 
-    (void)op_deadline;
-    sl->backoff = SQ_POLL_MIN_MS;
-    if (!(l->flags & DLOCK_FAIR) || sl->seq)
-        return DLOCK_OK;
     pthread_mutex_lock(&ss->mu);
-    sqlite3_stmt *s = ss->st[S_JOIN];
     sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, l->desc, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 3, SQ_QUEUE_ALIVE_MS);
-    rc = step(ss, S_JOIN, &row, "joining the queue");
-    if (rc == DLOCK_OK && row)
-        sl->seq = sqlite3_column_int64(s, 0);
-    done(ss, S_JOIN);
+    rc = step(ss, S_LEASE_LEFT, &row, "reading the lease");
+    *what = T_BUSY;
+    if (rc == DLOCK_OK && (!row || sqlite3_column_int64(s, 0) != rowid))
+        *what = T_MOVED;
+    else if (rc == DLOCK_OK)
+        *left = sqlite3_column_int64(s, 1);
+    done(ss, S_LEASE_LEFT);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
 
-static void sq_disarm(void *st, dlock__lease *l, int acquired)
+/* When a waiter next runs the acquire statement without being woken:
+ * the holder's lease end (+1 ms), or, when the lock was free, after its
+ * own ttl (a frozen waiter ahead of it holds it up that long at most). */
+static int64_t timer_from(const dlock__lease *l, int64_t left)
+{
+    int64_t now = dlock__now_ms();
+
+    if (left == INT64_MAX || left <= 0)
+        return now + l->ttl_ms;
+    return now + left + 1;
+}
+
+/* One queued acquisition: waits as ticket w->ticket until the acquire
+ * statement takes the lock, the deadline passes (DLOCK_EBUSY), or the
+ * region moved (T_MOVED through *moved). */
+static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
+                      int *moved)
+{
+    int64_t timer = -1, left = INT64_MAX;
+    off_t conn_p = -1;
+    int c = -1, handed = 0, rc = DLOCK_OK, what;
+
+    *moved = 0;
+    for (;;) {
+        off_t p = handed ? -1 : dlock__sqw_pred(w);
+        if (once || p < 0) {
+            /* the head (or handed the lock, or trying once) */
+            if (c >= 0)
+                close(c);
+            c = -1;
+            conn_p = -1;
+            handed = 0;
+            rc = try_take(ss, l, w->region, &what, &left);
+            if (rc || what == T_TAKEN)
+                break;
+            if (what == T_MOVED) {
+                *moved = 1;
+                break;
+            }
+            l->retry_ms = left > 0 && left != INT64_MAX ? left : -1;
+            if (once || dlock__now_ms() >= l->deadline) {
+                rc = DLOCK_EBUSY;
+                break;
+            }
+            if (left <= 0)
+                continue; /* freed meanwhile */
+            if (dlock__sqw_pred(w) < 0) {
+                /* held by one we cannot see (dead: its lease still
+                 * runs; or without a ticket in this file): its lease */
+                int64_t until = timer_from(l, left);
+                dlock__sqw_sleep(until < l->deadline ? until : l->deadline);
+                continue;
+            }
+            timer = timer_from(l, left);
+            continue;
+        }
+        if (p != conn_p) {
+            if (c >= 0)
+                close(c);
+            c = dlock__sqw_connect(w, p);
+            conn_p = p;
+            if (c < 0 && !dlock__sqw_held(w, p)) {
+                conn_p = -1;
+                continue; /* left meanwhile: look again */
+            }
+        }
+        if (timer < 0) {
+            /* connected first, so that no release is missed */
+            rc = read_left(ss, l, w->region, &what, &left);
+            if (rc)
+                break;
+            if (what == T_MOVED) {
+                *moved = 1;
+                break;
+            }
+            timer = timer_from(l, left);
+        }
+        int64_t until = timer < l->deadline ? timer : l->deadline;
+        int ev = dlock__sqw_wait(w, c, p, until);
+        if (ev < 0) {
+            rc = dlock__err(DLOCK_ECONN, "sqlite %s: waiting on the wake-up "
+                                         "file %.300s: %s",
+                            ss->redacted, ss->side, strerror(-ev));
+            break;
+        }
+        if (ev == SQW_HANDED) {
+            handed = 1;
+            continue;
+        }
+        if (ev == SQW_LEFT) {
+            close(c);
+            c = -1;
+            conn_p = -1;
+            continue;
+        }
+        if (dlock__now_ms() >= l->deadline) {
+            /* the deadline and a hand-over may come together: a head
+             * that finds the lock free takes it */
+            if (dlock__sqw_pred(w) < 0) {
+                once = 1;
+                continue;
+            }
+            rc = DLOCK_EBUSY;
+            break;
+        }
+        /* the timer: the holder's lease may be over (frozen, dead) */
+        rc = try_take(ss, l, w->region, &what, &left);
+        if (rc || what == T_TAKEN)
+            break;
+        if (what == T_MOVED) {
+            *moved = 1;
+            break;
+        }
+        timer = timer_from(l, left);
+    }
+    if (c >= 0)
+        close(c);
+    return rc;
+}
+
+static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     sq_store *ss = st;
     sq_lease *sl = l->priv;
-    int row;
+    sq_wait *w = &sl->w;
+    int once = l->deadline <= dlock__now_ms();
+    int rc = DLOCK_OK;
 
-    (void)acquired;
-    if (!sl->seq)
-        return;
-    pthread_mutex_lock(&ss->mu);
-    sqlite3_bind_int64(ss->st[S_LEAVE], 1, sl->seq);
-    (void)step(ss, S_LEAVE, &row, "leaving the queue");
-    done(ss, S_LEAVE);
-    pthread_mutex_unlock(&ss->mu);
-    sl->seq = 0;
+    (void)op_deadline;
+    l->retry_ms = -1;
+    for (int i = 0; i < SQ_MOVES_MAX; i++) {
+        int64_t rowid = 0;
+        int moved = 0, e;
+
+        rc = region_of(ss, l, &rowid);
+        if (rc)
+            return rc;
+        memset(w, 0, sizeof(*w));
+        w->lfd = -1;
+        w->ticket = -1;
+        w->region = rowid;
+        w->fd = dlock__sqw_open(ss->side, ss->mode, &w->dev, &w->ino);
+        if (w->fd < 0)
+            return side_error(ss, "opening", errno);
+        e = dlock__sqw_take(w);
+        if (e) {
+            close(w->fd);
+            w->fd = -1;
+            return side_error(ss, "locking", e);
+        }
+        rc = queue_wait(ss, l, w, once, &moved);
+        if (rc == DLOCK_OK && !moved)
+            return DLOCK_OK;
+        dlock__sqw_drop(w, 0);
+        if (!moved)
+            return rc;
+        __atomic_store_n(&l->hint[0], 0, __ATOMIC_RELAXED);
+    }
+    return dlock__err(DLOCK_EPROTO, "sqlite %s: the lock's row keeps being "
+                                    "removed or renumbered; giving up",
+                      ss->redacted);
 }
 
 /* UPDATE guarded by owner and token: DLOCK_OK, ENOTHELD, or an error. */
@@ -423,8 +609,14 @@ static int guarded(sq_store *ss, int which, const dlock__lease *l,
 
 static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
+    sq_lease *sl = l->priv;
+    int rc;
+
     (void)op_deadline;
-    return guarded(st, S_RELEASE, l, 0, "releasing the lock");
+    rc = guarded(st, S_RELEASE, l, 0, "releasing the lock");
+    /* the row is free (or was not ours): the successor's turn */
+    dlock__sqw_drop(&sl->w, 1);
+    return rc;
 }
 
 static int sq_extend(void *st, dlock__lease *l, int64_t ttl_ms,
@@ -439,6 +631,7 @@ static int sq_inspect(void *st, const char *name, size_t len,
 {
     sq_store *ss = st;
     sqlite3_stmt *s = ss->st[S_INSPECT];
+    int64_t rowid = 0;
     int rc, row = 0;
 
     (void)op_deadline;
@@ -449,6 +642,7 @@ static int sq_inspect(void *st, const char *name, size_t len,
     rc = step(ss, S_INSPECT, &row, "reading the lock");
     if (rc == DLOCK_OK && row) {
         out->token = (uint64_t)sqlite3_column_int64(s, 2);
+        rowid = sqlite3_column_int64(s, 5);
         if (sqlite3_column_int(s, 0)) {
             const unsigned char *h = sqlite3_column_text(s, 1);
             out->held = 1;
@@ -459,21 +653,13 @@ static int sq_inspect(void *st, const char *name, size_t len,
         }
     }
     done(ss, S_INSPECT);
-    if (rc == DLOCK_OK) {
-        sqlite3_stmt *q = ss->st[S_QUEUE];
-        sqlite3_bind_blob(q, 1, name, (int)len, SQLITE_STATIC);
-        while ((row = sqlite3_step(q)) == SQLITE_ROW) {
-            const unsigned char *h = sqlite3_column_text(q, 0);
-            rc = dlock__info_add_waiter(out, h ? (const char *)h : "");
-            if (rc)
-                break;
-        }
-        if (rc == DLOCK_OK && row != SQLITE_DONE)
-            rc = sq_error(ss, "reading the queue");
-        done(ss, S_QUEUE);
-        out->waiters = (int64_t)out->queue_len;
-    }
     pthread_mutex_unlock(&ss->mu);
+    if (rc == DLOCK_OK && rowid > 0) {
+        /* the queue is in the kernel: every held ticket but the
+         * holder's */
+        int64_t n = dlock__sqw_count(ss->sidefd, rowid, SQ_WAITERS_COUNTED);
+        out->waiters = n > out->held ? n - out->held : 0;
+    }
     return rc;
 }
 
@@ -489,29 +675,25 @@ static int sq_gc(void *st, int64_t idle_ms, uint64_t *removed,
     rc = step(ss, S_GC, &row, "removing unused locks");
     *removed = rc == DLOCK_OK ? (uint64_t)sqlite3_changes(ss->db) : 0;
     done(ss, S_GC);
-    if (rc == DLOCK_OK) {
-        rc = step(ss, S_GC_QUEUE, &row, "removing dead queue entries");
-        done(ss, S_GC_QUEUE);
-    }
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
 
 const dlock__backend dlock__backend_sqlite = {
-    "sqlite",         /* name */
-    DLOCK__CAP_LEASE, /* caps */
-    sizeof(sq_lease), /* lease_size */
-    sq_open,          /* open */
-    sq_close,         /* close */
-    sq_acquire,       /* acquire */
-    sq_arm,           /* arm */
-    sq_disarm,        /* disarm */
-    sq_release,       /* release */
-    sq_extend,        /* extend */
-    sq_inspect,       /* inspect */
-    NULL,             /* loop_fd */
-    NULL,             /* loop_run */
-    sq_gc,            /* gc */
+    "sqlite",                                   /* name */
+    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT,  /* caps */
+    sizeof(sq_lease),                           /* lease_size */
+    sq_open,                                    /* open */
+    sq_close,                                   /* close */
+    sq_acquire,                                 /* acquire */
+    NULL,                                       /* arm */
+    NULL,                                       /* disarm */
+    sq_release,                                 /* release */
+    sq_extend,                                  /* extend */
+    sq_inspect,                                 /* inspect */
+    NULL,                                       /* loop_fd */
+    NULL,                                       /* loop_run */
+    sq_gc,                                      /* gc */
     NULL, /* select */
     NULL, /* margin */
     NULL, /* abandon */

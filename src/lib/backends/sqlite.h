@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sqlite.h -- what the SQLite store's two halves share: sqlite.c, the
+ * store (the lock table, its statements, the backend's slots), and
+ * sqlite_wait.c, its waits in the kernel through the sidecar file
+ * `<db>-dlock` (docs/design.md, "SQLite: waking waiters").
+ */
+#ifndef DLOCK_SQLITE_H
+#define DLOCK_SQLITE_H
+
+#include "../core/internal.h"
+
+#include <stdint.h>
+#include <sys/types.h>
+
+/* A lock name's region of the sidecar: byte 0 guards ticket taking,
+ * byte t (1 .. SQW_TICKETS - 1) is held by the owner of ticket t. */
+#define SQW_REGION_SHIFT 32
+#define SQW_TICKETS ((off_t)1 << SQW_REGION_SHIFT)
+#define SQW_REGIONS ((int64_t)1 << 30) /* rowids above wrap around */
+
+/* One acquisition's kernel side: its own open file description of the
+ * sidecar (OFD locks belong to it), its ticket and wake-up channel. */
+typedef struct sq_wait {
+    int fd;         /* the sidecar, or -1 */
+    int lfd;        /* the ticket's channel (listener), or -1 */
+    dev_t dev;      /* the sidecar's identity, for channel names */
+    ino_t ino;
+    int64_t region; /* the name's rowid */
+    off_t base;     /* region's first byte */
+    off_t ticket;   /* ticket byte, or -1 */
+} sq_wait;
+
+/* What a wait on a predecessor ended with. */
+enum { SQW_TIMEOUT, SQW_HANDED, SQW_LEFT };
+
+/* Opens (creating it with `mode`) the sidecar at `path`: its descriptor,
+ * or -1 with errno set. */
+int dlock__sqw_open(const char *path, mode_t mode, dev_t *dev, ino_t *ino);
+
+/* Takes a ticket in w->region on w->fd and locks its byte, making its
+ * channel first. 0 or an errno. */
+int dlock__sqw_take(sq_wait *w);
+
+/* The highest ticket below w's still held, or -1 (w is the head). */
+off_t dlock__sqw_pred(const sq_wait *w);
+
+/* Is ticket byte p held by another open file? */
+int dlock__sqw_held(const sq_wait *w, off_t p);
+
+/* Number of tickets held in the region of `rowid`, as seen through fd
+ * (which holds none), at most `max`. */
+int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max);
+
+/* A trusted connection to the channel of ticket byte p (its listener has
+ * our uid and p is still held after connecting), or -1. */
+int dlock__sqw_connect(const sq_wait *w, off_t p);
+
+/* Sleeps until the predecessor p (on connection c, or in the kernel on
+ * its byte when c < 0) hands over or leaves, or until `until`. SQW_* or
+ * a negative errno. */
+int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until);
+
+/* Sleeps until `until` (nothing to wait on: a head whose holder has no
+ * ticket it can see). */
+void dlock__sqw_sleep(int64_t until);
+
+/* Drops w's ticket and channel and closes its descriptors. `wake`: the
+ * lock was held and is now free in the table: the successor connected to
+ * the channel gets one byte and the CPU. */
+void dlock__sqw_drop(sq_wait *w, int wake);
+
+#endif /* DLOCK_SQLITE_H */

@@ -1,0 +1,283 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sqlite_wait.c -- the SQLite store's waits, in the kernel: nothing here
+ * sends a statement or polls. A waiter sleeps until its predecessor in
+ * the name's queue hands over (a byte on a Unix socket), leaves or dies
+ * (end of file), or until a timer the caller sets from the holder's lease
+ * end. The lock table (sqlite.c) decides everything; this only decides
+ * who tries next, and when. The protocol and its failure cases are in
+ * docs/design.md, "SQLite: waking waiters".
+ *
+ * The sidecar `<db>-dlock` holds no data, only OFD byte-range locks: per
+ * lock name a region of 2^32 bytes at rowid << 32; its byte 0 guards
+ * ticket taking, byte t is held by the owner of ticket t from before its
+ * first statement until it releases or gives up (the kernel drops it with
+ * the process). Ticket t's wake-up channel is the abstract Unix socket
+ * "dlock-sq/<dev>/<ino>/<rowid>/<t>", listening from before byte t is
+ * locked until after it is unlocked, as the file store's fair channels
+ * (file_wait.c), whose kernel wait this file reuses.
+ */
+#include "sqlite.h"
+#include "file.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define CHAN_BIND_TRIES 8  /* ticket numbers skipped when squatted */
+#define CHAN_BACKLOG 4096
+
+static off_t region_base(int64_t rowid)
+{
+    int64_t r = rowid > 0 && rowid < SQW_REGIONS ? rowid
+                                                  : 1 + (rowid & (SQW_REGIONS - 2));
+    return (off_t)r << SQW_REGION_SHIFT;
+}
+
+int dlock__sqw_open(const char *path, mode_t mode, dev_t *dev, ino_t *ino)
+{
+    struct stat st;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
+
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    *dev = st.st_dev;
+    *ino = st.st_ino;
+    return fd;
+}
+
+/* The highest byte in [lo, hi) that another open file holds, or -1. It
+ * gallops up from the one F_OFD_GETLK reports (tickets are consecutive:
+ * a few calls), then halves. Bytes dropped meanwhile may give one no
+ * longer held: callers check. */
+static off_t highest_held(int fd, off_t lo, off_t hi)
+{
+    off_t best = first_conflict(fd, lo, hi), step = 1, top;
+
+    if (best < 0)
+        return -1;
+    for (;;) {
+        off_t from = best + step;
+        off_t above = from < hi ? first_conflict(fd, from, hi) : -1;
+        if (above < 0) {
+            top = from < hi ? from : hi;
+            break;
+        }
+        best = above;
+        step *= 2;
+    }
+    /* nothing held in [top, hi); best was: look between */
+    while (top - best > 1) {
+        off_t mid = best + (top - best) / 2;
+        off_t c = first_conflict(fd, mid, top);
+        if (c >= 0)
+            best = c;
+        else
+            top = mid;
+    }
+    return best;
+}
+
+static socklen_t chan_name(struct sockaddr_un *sa, const sq_wait *w,
+                           off_t ticket)
+{
+    int n;
+
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    /* sun_path[0] stays NUL: the abstract namespace, no file */
+    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+                 "dlock-sq/%llx/%llx/%llx/%llx", (unsigned long long)w->dev,
+                 (unsigned long long)w->ino, (unsigned long long)w->region,
+                 (unsigned long long)(ticket - w->base));
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                       (size_t)n);
+}
+
+/* A listener for ticket byte t: its descriptor, -1 when the name is taken
+ * (skip this number), -2 when none can be made. */
+static int chan_listen(const sq_wait *w, off_t t)
+{
+    struct sockaddr_un sa;
+    socklen_t len = chan_name(&sa, w, t);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int e;
+
+    if (s < 0)
+        return -2;
+    if (bind(s, (struct sockaddr *)&sa, len) != 0) {
+        e = errno;
+        close(s);
+        return e == EADDRINUSE ? -1 : -2;
+    }
+    if (listen(s, CHAN_BACKLOG) != 0) {
+        close(s);
+        return -2;
+    }
+    return s;
+}
+
+int dlock__sqw_take(sq_wait *w)
+{
+    off_t meta, top, t;
+    int e = 0;
+
+    w->base = region_base(w->region);
+    w->lfd = -1;
+    w->ticket = -1;
+    meta = w->base;
+    top = w->base + SQW_TICKETS;
+    while (lk(w->fd, F_OFD_SETLKW, F_WRLCK, meta, 1) != 0) {
+        if (errno != EINTR)
+            return errno;
+    }
+    t = highest_held(w->fd, meta + 1, top);
+    t = t < 0 ? meta + 1 : t + 1;
+    for (int i = 0; i < CHAN_BIND_TRIES; i++, t++) {
+        if (t >= top)
+            t = meta + 1; /* 2^32 tickets with the queue never empty */
+        w->lfd = chan_listen(w, t);
+        if (w->lfd != -1)
+            break;
+    }
+    if (w->lfd < 0)
+        w->lfd = -1; /* no channel: successors wait in the kernel */
+    if (t >= top)
+        t = meta + 1;
+    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0) {
+        w->ticket = t;
+    } else {
+        e = errno;
+        if (w->lfd >= 0)
+            close(w->lfd);
+        w->lfd = -1;
+    }
+    lk(w->fd, F_OFD_SETLK, F_UNLCK, meta, 1);
+    return e;
+}
+
+off_t dlock__sqw_pred(const sq_wait *w)
+{
+    return highest_held(w->fd, w->base + 1, w->ticket);
+}
+
+int dlock__sqw_held(const sq_wait *w, off_t p)
+{
+    return first_conflict(w->fd, p, p + 1) >= 0;
+}
+
+int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max)
+{
+    off_t base = region_base(rowid), at = base + 1, end = base + SQW_TICKETS;
+    int64_t n = 0;
+
+    while (n < max) {
+        off_t b = first_conflict(fd, at, end);
+        if (b < 0)
+            break;
+        n++;
+        at = b + 1;
+    }
+    return n;
+}
+
+int dlock__sqw_connect(const sq_wait *w, off_t p)
+{
+    struct sockaddr_un sa;
+    struct ucred cr;
+    socklen_t crlen = sizeof(cr);
+    socklen_t len = chan_name(&sa, w, p);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+    if (s < 0)
+        return -1;
+    if (connect(s, (struct sockaddr *)&sa, len) != 0 ||
+        getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 ||
+        cr.uid != geteuid() || first_conflict(w->fd, p, p + 1) < 0) {
+        /* refused, another uid's, or p left: its name may be anyone's */
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
+{
+    if (c < 0) {
+        /* no channel we trust: p's byte, in the kernel */
+        int e = dlock__file_kwait(w->fd, F_RDLCK, p, until);
+        if (e == ETIMEDOUT)
+            return SQW_TIMEOUT;
+        if (e)
+            return -e;
+        lk(w->fd, F_OFD_SETLK, F_UNLCK, p, 1);
+        return SQW_LEFT;
+    }
+    for (;;) {
+        struct pollfd pf = {c, POLLIN, 0};
+        int ms = -1, n;
+        if (until != DLOCK__FOREVER) {
+            int64_t left = until - dlock__now_ms();
+            if (left <= 0)
+                return SQW_TIMEOUT;
+            ms = left > INT_MAX ? INT_MAX : (int)left;
+        }
+        n = poll(&pf, 1, ms);
+        if (n > 0) {
+            char b;
+            /* a byte with no end of file behind it: p released */
+            if (pf.revents == POLLIN && recv(c, &b, 1, MSG_DONTWAIT) == 1)
+                return SQW_HANDED;
+            return SQW_LEFT;
+        }
+        if (n < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+void dlock__sqw_sleep(int64_t until)
+{
+    for (;;) {
+        int64_t left = until == DLOCK__FOREVER ? INT_MAX
+                                               : until - dlock__now_ms();
+        if (left <= 0)
+            return;
+        (void)poll(NULL, 0, left > INT_MAX ? INT_MAX : (int)left);
+        if (until == DLOCK__FOREVER)
+            continue;
+    }
+}
+
+void dlock__sqw_drop(sq_wait *w, int wake)
+{
+    int woken = -1;
+
+    if (w->fd < 0)
+        return;
+    /* the ticket first: a successor that connects from now on finds it
+     * free and does not wait on the channel */
+    lk(w->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
+    if (w->lfd >= 0) {
+        if (wake)
+            woken = dlock__file_chan_wake(w->lfd);
+        if (woken >= 0)
+            sched_yield(); /* the lock is idle until the successor runs */
+        /* every other pending connection gets end of file: look again */
+        dlock__file_chan_close(w->lfd, woken);
+    }
+    close(w->fd);
+    w->fd = w->lfd = -1;
+    w->ticket = -1;
+}
