@@ -112,6 +112,9 @@ typedef struct etcd_lease {
     int64_t next_ka;    /* when the next keepalive is due */
     int64_t idle_since; /* refs fell to 0 then */
     int refs;           /* holds and acquisitions using it */
+    int own;            /* one DLOCK_NO_RENEW acquisition's own lease */
+    int held;           /* own, and its lock acquired: no more keepalives
+                         * once next_ka (INT64_MAX: done) has passed */
     atomic_int dead;    /* lost: no new users; revoked once unused */
     struct etcd_lease *next;
 } etcd_lease;
@@ -160,6 +163,7 @@ typedef struct etcd_store {
 typedef struct etcd_hold {
     etcd_lease *lease; /* a reference while the key exists */
     int64_t rev;       /* our key's create revision */
+    int waited;        /* the acquisition waited in the queue */
     size_t key_len;
     char key[ETCD_KEY_MAX];
 } etcd_hold;
@@ -884,6 +888,18 @@ static int authenticate(etcd_store *es, etcd_conn *cn, int64_t deadline)
 /* Leases                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Until when the lease's holds are certainly alive: 2/3 of the TTL after
+ * the last keepalive that worked was sent (the last third is margin, see
+ * docs/stores.md); an own lease that is no longer kept alive, until just
+ * before its end (the core's margin for leases, ttl/100 + 2 ms). es->mu
+ * held. */
+static int64_t lease_limit(const etcd_lease *el)
+{
+    if (el->held && el->next_ka == INT64_MAX)
+        return el->last_ok + el->ttl_ms - (el->ttl_ms / 100 + 2);
+    return el->last_ok + el->ttl_ms * 2 / 3;
+}
+
 static int match_lease(const dlock__lease *l, void *arg)
 {
     const etcd_hold *eh = l->priv;
@@ -902,8 +918,9 @@ static void lease_lost(etcd_store *es, etcd_lease *el, const char *why)
 }
 
 /* A live lease of `want_s` seconds with a reference, granting one when
- * there is none. */
-static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
+ * there is none; `own`: always a new one, for one DLOCK_NO_RENEW
+ * acquisition alone. */
+static etcd_lease *lease_get(etcd_store *es, int64_t want_s, int own,
                              int64_t deadline, int *rc)
 {
     etcd_lease *el;
@@ -912,9 +929,9 @@ static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
     int64_t sent;
 
     pthread_mutex_lock(&es->mu);
-    for (el = es->leases; el; el = el->next) {
-        if (!el->dead && el->want_s == want_s &&
-            dlock__now_ms() - el->last_ok < el->ttl_ms * 2 / 3) {
+    for (el = own ? NULL : es->leases; el; el = el->next) {
+        if (!el->dead && !el->own && el->want_s == want_s &&
+            dlock__now_ms() < lease_limit(el)) {
             el->refs++;
             pthread_mutex_unlock(&es->mu);
             return el;
@@ -946,6 +963,7 @@ static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
     }
     el->id = id;
     el->want_s = want_s;
+    el->own = own;
     el->ttl_ms = ttl * 1000;
     el->last_ok = sent;
     el->next_ka = sent + el->ttl_ms / 3;
@@ -967,7 +985,7 @@ static void lease_put(etcd_store *es, etcd_lease *el)
         el->idle_since = dlock__now_ms();
     /* read under the mutex: once unused and dead, the client thread may
      * free it at any moment */
-    wake = el->refs == 0 && el->dead;
+    wake = el->refs == 0 && (el->dead || el->own);
     pthread_mutex_unlock(&es->mu);
     if (wake)
         dlock__loop_wake(es->client); /* revoke it soon */
@@ -993,7 +1011,7 @@ static int keepalive(etcd_store *es, etcd_lease *el, int64_t deadline)
     pthread_mutex_lock(&es->mu);
     if (sent > el->last_ok)
         el->last_ok = sent;
-    el->next_ka = sent + el->ttl_ms / 3;
+    el->next_ka = el->held ? INT64_MAX : sent + el->ttl_ms / 3;
     pthread_mutex_unlock(&es->mu);
     return DLOCK_OK;
 }
@@ -1276,6 +1294,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             l->retry_ms = -1;
             return DLOCK_EBUSY;
         }
+        eh->waited = 1;
         rc = watch_pred(es, eh, &p, l->deadline);
         if (rc == 0 && p.second && !eh->lease->dead) {
             /* the head's key was deleted (not merely a broken stream) */
@@ -1332,7 +1351,9 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         op_ms = 1;
     for (int attempt = 0; attempt < 3; attempt++) {
         eh->lease = lease_get(es, ttl_seconds(l->ttl_ms),
+                              (l->flags & DLOCK_NO_RENEW) != 0,
                               dlock__now_ms() + op_ms, &rc);
+        eh->waited = 0;
         if (!eh->lease)
             return rc;
         rc = pick_key(es, l, eh);
@@ -1342,6 +1363,19 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         }
         rc = acquire_on(es, l, eh, op_ms);
+        if (rc == DLOCK_OK && eh->lease->own) {
+            /* DLOCK_NO_RENEW: nobody keeps the lease alive from now on,
+             * but once more at once when the wait took a while, so that
+             * the hold lasts a whole ttl from its acquisition */
+            etcd_lease *el = eh->lease;
+            pthread_mutex_lock(&es->mu);
+            el->held = 1;
+            el->next_ka = eh->waited ? dlock__now_ms() : INT64_MAX;
+            arm_timer(es, eh->waited ? el->next_ka : lease_limit(el));
+            pthread_mutex_unlock(&es->mu);
+            if (eh->waited)
+                dlock__loop_wake(es->client);
+        }
         if (rc != 1)
             return rc;
         rc = dlock__err(DLOCK_ECONN, "etcd %s: the lease ended while "
@@ -1429,9 +1463,15 @@ static int etcd_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     } else {
         /* move the key to a lease of the new length (its create revision,
          * hence the token and its place in the queue, stay) */
-        to = lease_get(es, ttl_seconds(ttl_ms), op_deadline, &rc);
+        to = lease_get(es, ttl_seconds(ttl_ms), el->own, op_deadline, &rc);
         if (!to)
             return rc;
+        if (to->own) {
+            pthread_mutex_lock(&es->mu);
+            to->held = 1;
+            to->next_ka = INT64_MAX;
+            pthread_mutex_unlock(&es->mu);
+        }
         snprintf(body, sizeof(body),
                  "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\","
                  "\"create_revision\":\"%" PRId64 "\"}],"
@@ -1601,10 +1641,15 @@ static void etcd_loop_run(void *st, int readable)
     for (etcd_lease *el = es->leases; el; el = el->next) {
         if (el->dead)
             continue;
-        if (now - el->last_ok >= el->ttl_ms * 2 / 3) {
+        if (now >= lease_limit(el)) {
+            int ran_out = el->held && el->next_ka == INT64_MAX;
             pthread_mutex_unlock(&es->mu);
-            lease_lost(es, el, "etcd: the client's lease could not be kept "
-                               "alive (no endpoint answered in time)");
+            lease_lost(es, el, ran_out
+                                   ? "etcd: the hold's own lease ran out "
+                                     "(DLOCK_NO_RENEW)"
+                                   : "etcd: the client's lease could not "
+                                     "be kept alive (no endpoint answered "
+                                     "in time)");
             pthread_mutex_lock(&es->mu);
             continue;
         }
@@ -1615,7 +1660,7 @@ static void etcd_loop_run(void *st, int readable)
     for (size_t i = 0; i < nd; i++) {
         etcd_lease *el = due[i];
         pthread_mutex_lock(&es->mu);
-        int64_t limit = el->last_ok + el->ttl_ms * 2 / 3;
+        int64_t limit = lease_limit(el);
         pthread_mutex_unlock(&es->mu);
         int64_t dl = dlock__now_ms() + es->timeout_ms;
         if (dl > limit)
@@ -1625,6 +1670,8 @@ static void etcd_loop_run(void *st, int readable)
             lease_lost(es, el, "etcd: the client's lease expired or was "
                                "revoked");
         } else if (rc != DLOCK_OK) {
+            /* an own lease's one keepalive after its acquisition, too:
+             * tried again until it works or the lease ends */
             pthread_mutex_lock(&es->mu);
             el->next_ka = dlock__now_ms() + el->ttl_ms / 12 + 10;
             pthread_mutex_unlock(&es->mu);
@@ -1673,8 +1720,8 @@ static void etcd_loop_run(void *st, int readable)
         pthread_mutex_lock(&es->mu);
         for (etcd_lease **pp = &es->leases; *pp; pp = &(*pp)->next) {
             etcd_lease *el = *pp;
-            if (el->refs == 0 &&
-                (el->dead || now - el->idle_since >= ETCD_IDLE_MS)) {
+            if (el->refs == 0 && (el->dead || el->own ||
+                                  now - el->idle_since >= ETCD_IDLE_MS)) {
                 *pp = el->next;
                 gone = el;
                 break;
@@ -1700,8 +1747,8 @@ static void etcd_loop_run(void *st, int readable)
             continue;
         if (el->next_ka < next)
             next = el->next_ka;
-        if (el->last_ok + el->ttl_ms * 2 / 3 < next)
-            next = el->last_ok + el->ttl_ms * 2 / 3;
+        if (lease_limit(el) < next)
+            next = lease_limit(el);
     }
     for (etcd_orphan *o = es->orphans; o; o = o->next)
         if (o->next_try < next)
