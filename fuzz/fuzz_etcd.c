@@ -4,13 +4,13 @@
  *
  * Input: field 1 a store URI (etcd:// or etcds://: parse_config, options
  * prefix, timeout, cacert, cert, key); field 2 a lock name; field 3 a JSON
- * answer; the rest a watch stream (JSON lines).
+ * answer; the rest a watch stream (WebSocket frames of watch answers).
  * Checks: the lock's key range is PREFIX/ + the name with '/' and '%'
  * escaped + '/': no '/' inside the escaped name, and it unescapes to the
  * name (one range per name, no range inside another); base64 of the key
  * decodes back to it; the JSON answer read as inspect's range answer, as
  * the key descriptions and int64 fields, whatever its types and numbers
- * (no UB); the watch stream scanned line by line, never past its buffer.
+ * (no UB); the watch stream's frames parsed, never past its buffer.
  */
 #include "fuzz.h"
 
@@ -107,6 +107,13 @@ static void read_json(const char *text, size_t n)
     cJSON_Delete(j);
 }
 
+static int fuzz_msg(void *arg, const char *p, size_t n)
+{
+    int64_t created = 0;
+    (void)arg;
+    return stream_msg(NULL, p, n, &created);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz f = fz_init(data, size);
@@ -150,20 +157,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     (void)b64_decode(json, dec, jl + 1);
     free(dec);
 
-    /* the watch stream on this lock's key */
+    /* the watch stream: WebSocket frames carrying watch answers */
     size_t wl;
     const uint8_t *w = fz_rest(&f, &wl);
-    char *kb = malloc(ETCD_B64_MAX);
-    b64_encode(base, bl, kb);
-    buf b = {fz_dup(w, wl), wl, wl + 1};
-    watch_state ws;
-    memset(&ws, 0, sizeof(ws));
-    ws.key_b64 = kb;
-    (void)watch_scan(&ws, &b);
-    if (ws.done > wl)
-        fz_fail("watch scan went past the buffer");
-    free(b.p);
-    free(kb);
+    buf in = {NULL, 0, 0}, msg = {NULL, 0, 0};
+    if (buf_add(&in, (const char *)w, wl) == 0) {
+        (void)ws_frames(&in, &msg, fuzz_msg, NULL, NULL);
+        if (in.n > wl)
+            fz_fail("frame parser grew its input");
+    }
+    free(in.p);
+    free(msg.p);
     free(base);
     free_config(&es);
     free(uri);

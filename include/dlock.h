@@ -97,6 +97,17 @@ typedef struct dlock_client_options {
 } dlock_client_options;
 
 /* Flags for dlock_options.flags. */
+/* DLOCK_NO_RENEW: nobody renews the hold; its lease simply runs out ttl_ms
+ * after the acquisition (the lost-lock callback runs just before), unless
+ * it is released or dlock_extend()ed first. Honoured by redis://,
+ * redlock://, the lock tables (sqlite://, postgres:// in table mode,
+ * mysql://) and etcd:// (the hold gets an etcd lease of its own, ttl
+ * rounded up to seconds). Stores that cannot honour it ignore it:
+ * zk:// keeps its session semantics (the lock lives as long as its
+ * ZooKeeper session, which the ZooKeeper client keeps alive while the
+ * process runs); file:// and postgres://...?mode=advisory have no lease
+ * (the lock lives until it is released or its holder's file or session
+ * closes, e.g. the process dies). */
 #define DLOCK_NO_RENEW 0x1u      /* no watchdog: the lease simply runs out */
 #define DLOCK_FAIR 0x2u          /* first come, first served wait queue
                                   * (on redis:// both modes are: a release

@@ -8,16 +8,20 @@
  *    attached to the client's lease, in a transaction only if that key is
  *    absent; the value is "<owner>\n<description>".
  *  - The key with the lowest create revision holds the lock. A waiter
- *    watches only the key created just before its own (no herd) for its
- *    deletion, then looks again. Fencing token: the holder key's create
- *    revision (every write to the cluster raises the revision).
- *  - One acquire is one round trip: the same transaction that puts the key
- *    reads the two newest keys of the range and their count, which tells
- *    whether we hold the lock, or whom to watch and whether that one holds
- *    it (second in line: its deletion makes us the holder, no second look).
+ *    waits for the keys ahead of its own to be deleted, told by the
+ *    client's one watch stream (a WebSocket to /v3/watch with one watch
+ *    on the whole prefix, deletions only; see "The watch stream").
+ *    Fencing token: the holder key's create revision (every write to the
+ *    cluster raises the revision).
+ *  - One acquire is one round trip: the same transaction that puts the
+ *    key reads the keys ahead of it (up to ETCD_AHEAD_MAX), which tells
+ *    whether we hold the lock, or which deletions make us the holder (no
+ *    second look after the last one goes).
  *  - Liveness is the lease: one lease per client and distinct TTL (ttl_ms
  *    rounded up to seconds; the server may raise it to its minimum), kept
- *    alive by the client's background thread every TTL/3. A lease the
+ *    alive by the client's background thread every TTL/3; a
+ *    DLOCK_NO_RENEW acquisition has a lease of its own, kept alive only
+ *    while it waits (and once when acquired). A lease the
  *    server no longer knows, or one we could not keep alive for 2/3 of its
  *    TTL, makes every hold on it lost (callback, DLOCK_ELOST).
  *  - Two threads of one client are two owners but share the lease, so a
@@ -31,8 +35,8 @@
  * the store's pool (each keeps its connection alive). A request that cannot
  * reach an endpoint, or that the member answers "unavailable", goes to the
  * next endpoint while time is left; every request dlock sends is
- * idempotent, so a retry is safe. A waiting thread reads its own watch
- * stream: a release wakes it without passing through another thread.
+ * idempotent, so a retry is safe. The client thread reads the watch
+ * stream and wakes the waiters a deletion concerns (one thread hop).
  */
 #include "../core/internal.h"
 
@@ -46,6 +50,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +64,7 @@
 #define ETCD_IDLE_MS 60000        /* an unused lease is revoked after this */
 #define ETCD_ORPHAN_RETRY_MS 1000
 #define ETCD_TTL_MAX_S 9000000000LL /* etcd's own maximum lease TTL */
+#define ETCD_AHEAD_MAX 64 /* keys ahead of its own a waiter reads at once */
 
 /* private results of request() besides the DLOCK_E* codes */
 #define ETCD_NOLEASE 1 /* the server does not know the lease */
@@ -73,31 +80,34 @@ typedef struct buf {
 
 struct etcd_store;
 
-/* A waiter's watch on the key before its own. The watch starts at the
- * member's current revision: etcd sends a watch that starts at an older
- * revision nothing until its catch-up loop runs (every 100 ms), and the
- * same happens to a new watch when a write lands while the member creates
- * it -- most often the very deletion we wait for. So once the watch is
- * created, a range on another connection looks at the key (`checked`):
- * gone, or created anew, is a deletion; still there, the watch (created
- * before that range) will see it go. */
-typedef struct watch_state {
-    const char *key_b64; /* the watched key, base64 as etcd sends it */
-    size_t done;         /* bytes of the buffer already parsed */
-    int created;
-    int deleted;         /* the key's deletion arrived */
-    int canceled;        /* the server ended the watch: look again */
-    atomic_int *dead;    /* the waiter's lease died: abort */
-    int64_t key_rev;     /* its create revision; 0: unknown */
-    int owed;            /* the watch was created: a look is owed */
-    int checked;         /* ... and was done */
-    struct etcd_store *es; /* for that look; NULL: none (the fuzz target) */
-} watch_state;
+/* A waiter of this client (see "The watch stream" below). */
+typedef struct etcd_del {
+    int64_t rev;
+    char *key; /* base64 */
+} etcd_del;
+
+typedef struct etcd_waiter {
+    struct etcd_waiter *next, *prev;
+    pthread_cond_t cv;
+    const char *mine; /* our key, base64 */
+    uint64_t gen;     /* the stream generation it relies on */
+    int pending;      /* its revision is not known yet: deletions logged */
+    int64_t rev;      /* deletions above this revision count */
+    char **ahead;     /* keys ahead of ours, base64 */
+    size_t nahead;
+    int partial;      /* more keys ahead than `ahead` holds */
+    int mine_gone;    /* our own key was deleted */
+    int broken;       /* the stream broke or the lease died: look again */
+    etcd_del *log;
+    size_t nlog, caplog;
+} etcd_waiter;
+
+/* stream states */
+enum { ST_DOWN, ST_OPENING, ST_UP };
 
 typedef struct etcd_conn {
     CURL *h;
     buf resp;
-    watch_state *ws;
     struct curl_slist *hdrs;
     uint64_t hdr_gen; /* the auth token generation hdrs carry */
     char errbuf[CURL_ERROR_SIZE];
@@ -112,6 +122,9 @@ typedef struct etcd_lease {
     int64_t next_ka;    /* when the next keepalive is due */
     int64_t idle_since; /* refs fell to 0 then */
     int refs;           /* holds and acquisitions using it */
+    int own;            /* one DLOCK_NO_RENEW acquisition's own lease */
+    int held;           /* own, and its lock acquired: no more keepalives
+                         * once next_ka (INT64_MAX: done) has passed */
     atomic_int dead;    /* lost: no new users; revoked once unused */
     struct etcd_lease *next;
 } etcd_lease;
@@ -144,6 +157,15 @@ typedef struct etcd_store {
     int timer_fd;
     int offline; /* open failed: close talks to no server */
     int unreachable; /* the last request found no endpoint (es->mu) */
+    int ep_fd;          /* epoll: timer_fd, and the stream when up */
+
+    /* the watch stream: the handle and its buffers, one thread at a time
+     * (the opener, then the client thread); lock order sio, then mu */
+    pthread_mutex_t sio;
+    CURL *sh;
+    curl_socket_t sfd;
+    buf sin;  /* bytes read, not parsed yet */
+    buf smsg; /* the message being reassembled from its frames */
 
     pthread_mutex_t mu; /* everything below */
     size_t cur;         /* the endpoint tried first */
@@ -154,12 +176,21 @@ typedef struct etcd_store {
     etcd_slot **slots;
     size_t nbuckets, nslots;
     etcd_orphan *orphans;
+    int sstate;          /* ST_* */
+    uint64_t sgen;       /* + 1 at each open: waiters of an older one
+                          * look again */
+    int64_t s_since;     /* the watch sends every deletion after this
+                          * revision */
+    int64_t s_idle;      /* no waiter since then */
+    pthread_cond_t scv;  /* sstate changed */
+    etcd_waiter *waiters;
 } etcd_store;
 
 /* The backend's part of one dlock__lease. */
 typedef struct etcd_hold {
     etcd_lease *lease; /* a reference while the key exists */
     int64_t rev;       /* our key's create revision */
+    int waited;        /* the acquisition waited in the queue */
     size_t key_len;
     char key[ETCD_KEY_MAX];
 } etcd_hold;
@@ -452,74 +483,13 @@ static void orphan_add(etcd_store *es, const char *key, size_t len)
 /* HTTP                                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Parses the complete lines of a watch stream; returns 1 to stop. */
-static int watch_scan(watch_state *ws, buf *b)
-{
-    for (;;) {
-        char *start = b->p + ws->done;
-        char *nl = memchr(start, '\n', b->n - ws->done);
-        if (!nl)
-            return 0;
-        *nl = '\0';
-        ws->done = (size_t)(nl - b->p) + 1;
-        cJSON *j = cJSON_Parse(start);
-        const cJSON *r = j ? jget(j, "result") : NULL;
-        if (!r) {
-            cJSON_Delete(j);
-            ws->canceled = 1; /* an error in the stream: look again */
-            return 1;
-        }
-        if (cJSON_IsTrue(jget(r, "created"))) {
-            ws->created = 1;
-            ws->owed = 1;
-        }
-        if (cJSON_IsTrue(jget(r, "canceled")))
-            ws->canceled = 1;
-        const cJSON *ev;
-        cJSON_ArrayForEach(ev, jget(r, "events"))
-        {
-            const char *type = jstr(ev, "type");
-            const char *key = jstr(jget(ev, "kv"), "key");
-            if (type && !strcmp(type, "DELETE") && key &&
-                !strcmp(key, ws->key_b64))
-                ws->deleted = 1;
-        }
-        cJSON_Delete(j);
-        if (ws->deleted || ws->canceled)
-            return 1;
-        /* keep the buffer small on a long watch */
-        if (ws->done == b->n) {
-            b->n = ws->done = 0;
-            b->p[0] = '\0';
-        }
-    }
-}
-
-static void watch_check(watch_state *ws);
-
 static size_t on_write(char *p, size_t size, size_t n, void *arg)
 {
     etcd_conn *cn = arg;
 
     if (buf_add(&cn->resp, p, size * n) != 0)
         return 0;
-    if (cn->ws && watch_scan(cn->ws, &cn->resp))
-        return 0; /* the event we waited for: end the transfer */
-    if (cn->ws && cn->ws->owed && !cn->ws->checked && cn->ws->es) {
-        watch_check(cn->ws);
-        if (cn->ws->deleted || cn->ws->canceled)
-            return 0;
-    }
     return size * n;
-}
-
-static int on_progress(void *arg, curl_off_t a, curl_off_t b, curl_off_t c,
-                       curl_off_t d)
-{
-    etcd_conn *cn = arg;
-
-    (void)a, (void)b, (void)c, (void)d;
-    return cn->ws && cn->ws->dead && *cn->ws->dead;
 }
 
 static etcd_conn *conn_get(etcd_store *es)
@@ -544,8 +514,6 @@ static etcd_conn *conn_get(etcd_store *es)
     curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, cn);
-    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(h, CURLOPT_XFERINFODATA, cn);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cn->errbuf);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     if (es->cacert)
@@ -568,7 +536,6 @@ static void conn_free(etcd_conn *cn)
 
 static void conn_put(etcd_store *es, etcd_conn *cn)
 {
-    cn->ws = NULL;
     if (cn->resp.cap > 65536) { /* do not keep a huge answer's memory */
         free(cn->resp.p);
         memset(&cn->resp, 0, sizeof(cn->resp));
@@ -634,7 +601,7 @@ static CURLcode post_once(etcd_store *es, etcd_conn *cn, size_t ep,
     curl_easy_setopt(cn->h, CURLOPT_HTTPHEADER, cn->hdrs);
     curl_easy_setopt(cn->h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(cn->h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    curl_easy_setopt(cn->h, CURLOPT_NOPROGRESS, cn->ws ? 0L : 1L);
+    curl_easy_setopt(cn->h, CURLOPT_NOPROGRESS, 1L);
     if (deadline == DLOCK__FOREVER) {
         curl_easy_setopt(cn->h, CURLOPT_TIMEOUT_MS, 0L);
         curl_easy_setopt(cn->h, CURLOPT_CONNECTTIMEOUT_MS,
@@ -775,31 +742,6 @@ static int request(etcd_store *es, const char *path, const char *body,
     return rc;
 }
 
-/* Once a watch is created (see watch_state): is its key still the one we
- * saw? Asked on another connection, from inside the watch's transfer
- * (another easy handle: libcurl allows that in a callback). Absent or
- * created anew: deleted; no answer: look again. */
-static void watch_check(watch_state *ws)
-{
-    char body[ETCD_B64_MAX + 64];
-    cJSON *j = NULL;
-
-    ws->checked = 1;
-    snprintf(body, sizeof(body), "{\"key\":\"%s\",\"keys_only\":true}",
-             ws->key_b64);
-    if (request(ws->es, "/v3/kv/range", body,
-                dlock__now_ms() + ws->es->timeout_ms, &j,
-                "looking at the key before ours") != DLOCK_OK) {
-        dlock__err_clear();
-        ws->canceled = 1;
-        return;
-    }
-    const cJSON *kv = kvs_at(j, 0);
-    if (!kv || (ws->key_rev && jint(kv, "create_revision") != ws->key_rev))
-        ws->deleted = 1;
-    cJSON_Delete(j);
-}
-
 /* Gets a new auth token (the password is sent, never logged). */
 static int authenticate(etcd_store *es, etcd_conn *cn, int64_t deadline)
 {
@@ -884,6 +826,18 @@ static int authenticate(etcd_store *es, etcd_conn *cn, int64_t deadline)
 /* Leases                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Until when the lease's holds are certainly alive: 2/3 of the TTL after
+ * the last keepalive that worked was sent (the last third is margin, see
+ * docs/stores.md); an own lease that is no longer kept alive, until just
+ * before its end (the core's margin for leases, ttl/100 + 2 ms). es->mu
+ * held. */
+static int64_t lease_limit(const etcd_lease *el)
+{
+    if (el->held && el->next_ka == INT64_MAX)
+        return el->last_ok + el->ttl_ms - (el->ttl_ms / 100 + 2);
+    return el->last_ok + el->ttl_ms * 2 / 3;
+}
+
 static int match_lease(const dlock__lease *l, void *arg)
 {
     const etcd_hold *eh = l->priv;
@@ -896,14 +850,17 @@ static void lease_lost(etcd_store *es, etcd_lease *el, const char *why)
     pthread_mutex_lock(&es->mu);
     int was = el->dead;
     el->dead = 1;
+    for (etcd_waiter *w = es->waiters; w; w = w->next)
+        pthread_cond_signal(&w->cv); /* those on this lease start again */
     pthread_mutex_unlock(&es->mu);
     if (!was)
         dlock__notify_lost(es->client, match_lease, el, why);
 }
 
 /* A live lease of `want_s` seconds with a reference, granting one when
- * there is none. */
-static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
+ * there is none; `own`: always a new one, for one DLOCK_NO_RENEW
+ * acquisition alone. */
+static etcd_lease *lease_get(etcd_store *es, int64_t want_s, int own,
                              int64_t deadline, int *rc)
 {
     etcd_lease *el;
@@ -912,9 +869,9 @@ static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
     int64_t sent;
 
     pthread_mutex_lock(&es->mu);
-    for (el = es->leases; el; el = el->next) {
-        if (!el->dead && el->want_s == want_s &&
-            dlock__now_ms() - el->last_ok < el->ttl_ms * 2 / 3) {
+    for (el = own ? NULL : es->leases; el; el = el->next) {
+        if (!el->dead && !el->own && el->want_s == want_s &&
+            dlock__now_ms() < lease_limit(el)) {
             el->refs++;
             pthread_mutex_unlock(&es->mu);
             return el;
@@ -946,6 +903,7 @@ static etcd_lease *lease_get(etcd_store *es, int64_t want_s,
     }
     el->id = id;
     el->want_s = want_s;
+    el->own = own;
     el->ttl_ms = ttl * 1000;
     el->last_ok = sent;
     el->next_ka = sent + el->ttl_ms / 3;
@@ -967,7 +925,7 @@ static void lease_put(etcd_store *es, etcd_lease *el)
         el->idle_since = dlock__now_ms();
     /* read under the mutex: once unused and dead, the client thread may
      * free it at any moment */
-    wake = el->refs == 0 && el->dead;
+    wake = el->refs == 0 && (el->dead || el->own);
     pthread_mutex_unlock(&es->mu);
     if (wake)
         dlock__loop_wake(es->client); /* revoke it soon */
@@ -993,7 +951,7 @@ static int keepalive(etcd_store *es, etcd_lease *el, int64_t deadline)
     pthread_mutex_lock(&es->mu);
     if (sent > el->last_ok)
         el->last_ok = sent;
-    el->next_ka = sent + el->ttl_ms / 3;
+    el->next_ka = el->held ? INT64_MAX : sent + el->ttl_ms / 3;
     pthread_mutex_unlock(&es->mu);
     return DLOCK_OK;
 }
@@ -1038,18 +996,660 @@ static void give_up_key(etcd_store *es, etcd_hold *eh)
     eh->lease = NULL;
 }
 
-/* Where a waiter stands: pred_b64 empty = we hold it. */
-typedef struct place {
-    int64_t revision; /* the store revision the answer reflects */
-    int64_t pred_rev; /* pred's create revision */
-    int second;       /* pred is the holder */
-    char pred_b64[ETCD_B64_MAX];
-} place;
+/* ------------------------------------------------------------------------ */
+/* The watch stream                                                         */
+/* ------------------------------------------------------------------------ */
 
-/* Looks at the queue below our key: returns DLOCK_OK with *p filled, 1
- * when our key is gone, or an error. */
-static int look(etcd_store *es, etcd_hold *eh, const char *base,
-                size_t base_len, place *p, int64_t deadline)
+/*
+ * One WebSocket per client to the gateway's /v3/watch (etcd's gateway
+ * serves it since 3.3), with one watch on the whole prefix, deletions
+ * only, from the member's current revision: made once, it stays "synced"
+ * in etcd, so its events go out as each write is applied. A watch made
+ * per wait could come out "unsynced" whenever a write landed while etcd
+ * set it up, and wait for etcd's 100 ms catch-up loop. See docs/design.md
+ * ("etcd: one watch stream per client") for the protocol and its failure
+ * cases.
+ *
+ * libcurl connects (TLS included) with CURLOPT_CONNECT_ONLY; the
+ * handshake and the frames (RFC 6455: client frames masked, server frames
+ * not) are ours. The opener reads the stream until the watch is created;
+ * then the client thread reads it (the socket is in its epoll set),
+ * draining curl_easy_recv() until it would block (TLS may hold bytes the
+ * socket no longer shows).
+ */
+
+#define WS_TEXT 0x1
+#define WS_CLOSE 0x8
+#define WS_PING 0x9
+#define WS_PONG 0xA
+
+/* Waits until the stream's socket is readable (or writable): 0 ready,
+ * -1 the deadline passed. */
+static int sock_wait(curl_socket_t fd, int out, int64_t deadline)
+{
+    struct pollfd p;
+    int64_t left = deadline - dlock__now_ms();
+
+    if (left < 0)
+        return -1;
+    p.fd = fd;
+    p.events = out ? POLLOUT : POLLIN;
+    p.revents = 0;
+    return poll(&p, 1, left > 60000 ? 60000 : (int)left) > 0 ? 0 : -1;
+}
+
+/* Sends all of p[0..n) on the stream; es->sio held. 0 or -1. */
+static int stream_write(etcd_store *es, const char *p, size_t n,
+                        int64_t deadline)
+{
+    while (n > 0) {
+        size_t sent = 0;
+        CURLcode cc = curl_easy_send(es->sh, p, n, &sent);
+        if (cc == CURLE_AGAIN) {
+            if (sock_wait(es->sfd, 1, deadline) != 0)
+                return -1;
+            continue;
+        }
+        if (cc != CURLE_OK)
+            return -1;
+        p += sent;
+        n -= sent;
+    }
+    return 0;
+}
+
+/* One masked frame (a client's frames must be). es->sio held. */
+static int ws_send(etcd_store *es, int op, const char *p, size_t n,
+                   int64_t deadline)
+{
+    unsigned char hdr[14], mask[4];
+    size_t h = 0;
+    char *f;
+    int rc;
+
+    hdr[h++] = (unsigned char)(0x80 | op);
+    if (n < 126) {
+        hdr[h++] = (unsigned char)(0x80 | n);
+    } else if (n < 65536) {
+        hdr[h++] = 0x80 | 126;
+        hdr[h++] = (unsigned char)(n >> 8);
+        hdr[h++] = (unsigned char)n;
+    } else {
+        hdr[h++] = 0x80 | 127;
+        for (int i = 7; i >= 0; i--)
+            hdr[h++] = (unsigned char)((uint64_t)n >> (8 * i));
+    }
+    if (dlock__random(mask, sizeof(mask)) != 0)
+        memset(mask, 0x5a, sizeof(mask)); /* masking is not a secret */
+    memcpy(hdr + h, mask, 4);
+    h += 4;
+    f = malloc(h + n);
+    if (!f)
+        return -1;
+    memcpy(f, hdr, h);
+    for (size_t i = 0; i < n; i++)
+        f[h + i] = (char)(p[i] ^ mask[i & 3]);
+    rc = stream_write(es, f, h + n, deadline);
+    free(f);
+    return rc;
+}
+
+/*
+ * Takes the complete frames at the start of *in: a message's text goes
+ * to *msg (a message may come in several frames) and, once whole, to
+ * on_msg(arg, text, len), which returns -1 to stop. A ping is answered
+ * through pong(arg, ...) when given. Returns 0 (more bytes needed), or -1:
+ * a close frame, a protocol error, or on_msg said stop. No socket: the
+ * fuzz target runs it on any bytes.
+ */
+static int ws_frames(buf *in, buf *msg,
+                     int (*on_msg)(void *arg, const char *p, size_t n),
+                     int (*pong)(void *arg, const char *p, size_t n),
+                     void *arg)
+{
+    size_t off = 0;
+    int rc = 0;
+
+    for (;;) {
+        const unsigned char *b = (const unsigned char *)in->p + off;
+        size_t have = in->n - off, h = 2;
+        uint64_t len;
+
+        if (have < 2)
+            break;
+        len = b[1] & 0x7f;
+        if (b[1] & 0x80) { /* a server never masks */
+            rc = -1;
+            break;
+        }
+        if (len == 126) {
+            if (have < 4)
+                break;
+            len = (uint64_t)b[2] << 8 | b[3];
+            h = 4;
+        } else if (len == 127) {
+            if (have < 10)
+                break;
+            len = 0;
+            for (int i = 0; i < 8; i++)
+                len = len << 8 | b[2 + i];
+            h = 10;
+        }
+        if (len > ETCD_RESP_MAX) {
+            rc = -1;
+            break;
+        }
+        if (have - h < len)
+            break;
+        int op = b[0] & 0x0f, fin = (b[0] & 0x80) != 0;
+        const char *p = (const char *)b + h;
+        off += h + (size_t)len;
+        if (op == WS_CLOSE) {
+            rc = -1;
+            break;
+        }
+        if (op == WS_PING) {
+            if (pong && pong(arg, p, (size_t)len) != 0) {
+                rc = -1;
+                break;
+            }
+            continue;
+        }
+        if (op == WS_PONG)
+            continue;
+        if (op != WS_TEXT && op != 0x0 && op != 0x2) {
+            rc = -1;
+            break;
+        }
+        if (buf_add(msg, p, (size_t)len) != 0) {
+            rc = -1;
+            break;
+        }
+        if (!fin)
+            continue;
+        rc = on_msg(arg, msg->p, msg->n);
+        msg->n = 0;
+        if (rc != 0)
+            break;
+    }
+    /* keep what is left (an incomplete frame) at the start */
+    if (off > 0) {
+        memmove(in->p, in->p + off, in->n - off);
+        in->n -= off;
+        in->p[in->n] = '\0';
+    }
+    return rc;
+}
+
+/* A waiter's key ahead went, or its own: es->mu held. */
+static void waiter_deleted(etcd_waiter *w, const char *key, int64_t rev)
+{
+    if (w->pending) {
+        if (w->nlog == w->caplog) {
+            size_t nc = w->caplog ? w->caplog * 2 : 16;
+            etcd_del *nl = nc <= 4096 ? realloc(w->log, nc * sizeof(*nl))
+                                      : NULL;
+            if (!nl) {
+                w->broken = 1; /* cannot keep up: look again */
+                return;
+            }
+            w->log = nl;
+            w->caplog = nc;
+        }
+        if (!(w->log[w->nlog].key = strdup(key))) {
+            w->broken = 1;
+            return;
+        }
+        w->log[w->nlog++].rev = rev;
+        return;
+    }
+    /* a deletion the waiter's own revision already shows (the stream
+     * lags behind its transaction) says nothing about the keys it saw */
+    if (rev <= w->rev)
+        return;
+    if (!strcmp(key, w->mine)) {
+        w->mine_gone = 1;
+        pthread_cond_signal(&w->cv);
+        return;
+    }
+    for (size_t i = 0; i < w->nahead; i++) {
+        if (!strcmp(w->ahead[i], key)) {
+            free(w->ahead[i]);
+            w->ahead[i] = w->ahead[--w->nahead];
+            if (w->nahead == 0)
+                pthread_cond_signal(&w->cv);
+            return;
+        }
+    }
+}
+
+/* One message of the stream. `created` (may be NULL): set to the
+ * revision a new watch starts after. 0, or -1: the stream is of no more
+ * use (an error, the watch canceled). es->mu not held. */
+static int stream_msg(etcd_store *es, const char *text, size_t n,
+                      int64_t *created)
+{
+    cJSON *j = cJSON_ParseWithLength(text, n);
+    const cJSON *r = j ? jget(j, "result") : NULL, *ev;
+
+    if (!r || cJSON_IsTrue(jget(r, "canceled"))) {
+        cJSON_Delete(j);
+        return -1;
+    }
+    if (cJSON_IsTrue(jget(r, "created")) && created) {
+        *created = jint(jget(r, "header"), "revision");
+        if (*created <= 0)
+            *created = -1; /* no revision: of no use */
+    }
+    if (es) {
+        pthread_mutex_lock(&es->mu);
+        cJSON_ArrayForEach(ev, jget(r, "events"))
+        {
+            const char *type = jstr(ev, "type");
+            const char *key = jstr(jget(ev, "kv"), "key");
+            int64_t rev = jint(jget(ev, "kv"), "mod_revision");
+            if (!type || strcmp(type, "DELETE") != 0 || !key || rev <= 0)
+                continue;
+            for (etcd_waiter *w = es->waiters; w; w = w->next)
+                waiter_deleted(w, key, rev);
+        }
+        pthread_mutex_unlock(&es->mu);
+    }
+    cJSON_Delete(j);
+    return 0;
+}
+
+typedef struct stream_ctx {
+    etcd_store *es;
+    int64_t created; /* 0 until the watch is created */
+    int64_t deadline;
+} stream_ctx;
+
+static int stream_on_msg(void *arg, const char *p, size_t n)
+{
+    stream_ctx *sc = arg;
+    return stream_msg(sc->es, p, n, &sc->created);
+}
+
+static int stream_pong(void *arg, const char *p, size_t n)
+{
+    stream_ctx *sc = arg;
+    return ws_send(sc->es, WS_PONG, p, n, sc->deadline);
+}
+
+/* Reads what the socket has and handles it. 0, or -1: the stream
+ * closed or failed. es->sio held. */
+static int stream_read(etcd_store *es, stream_ctx *sc)
+{
+    char tmp[16384];
+
+    for (;;) {
+        size_t got = 0;
+        CURLcode cc = curl_easy_recv(es->sh, tmp, sizeof(tmp), &got);
+        if (cc == CURLE_AGAIN)
+            return 0;
+        if (cc != CURLE_OK || got == 0)
+            return -1;
+        if (buf_add(&es->sin, tmp, got) != 0)
+            return -1;
+        if (ws_frames(&es->sin, &es->smsg, stream_on_msg, stream_pong, sc) !=
+            0)
+            return -1;
+    }
+}
+
+/* Closes the handle; es->sio held. */
+static void stream_drop(etcd_store *es)
+{
+    if (es->sh)
+        curl_easy_cleanup(es->sh);
+    es->sh = NULL;
+    es->sfd = CURL_SOCKET_BAD;
+    es->sin.n = es->smsg.n = 0;
+}
+
+/* The stream broke (or closes): every waiter that relies on it looks
+ * again. es->sio held, es->mu not. */
+static void stream_break(etcd_store *es)
+{
+    if (es->sfd != CURL_SOCKET_BAD)
+        epoll_ctl(es->ep_fd, EPOLL_CTL_DEL, es->sfd, NULL);
+    stream_drop(es);
+    pthread_mutex_lock(&es->mu);
+    es->sstate = ST_DOWN;
+    for (etcd_waiter *w = es->waiters; w; w = w->next) {
+        w->broken = 1;
+        pthread_cond_signal(&w->cv);
+    }
+    pthread_cond_broadcast(&es->scv);
+    pthread_mutex_unlock(&es->mu);
+}
+
+/* Connects to endpoint `ep`, upgrades to a WebSocket and creates the
+ * watch; 0 with *since set, or -1 with `why` filled. es->sio held. */
+static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
+                          int64_t *since, char *why, size_t cap)
+{
+    char url[512], req[1024], key[32], kb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
+    char body[2 * ETCD_B64_MAX + 128], errbuf[CURL_ERROR_SIZE] = "";
+    unsigned char nonce[16];
+    curl_socket_t sock = CURL_SOCKET_BAD;
+    int64_t left = deadline - dlock__now_ms();
+    CURLcode cc;
+
+    if (left < 1)
+        left = 1;
+    if (!(es->sh = curl_easy_init())) {
+        snprintf(why, cap, "out of memory");
+        return -1;
+    }
+    snprintf(url, sizeof(url), "%s/v3/watch", es->ep[ep]);
+    curl_easy_setopt(es->sh, CURLOPT_URL, url);
+    curl_easy_setopt(es->sh, CURLOPT_CONNECT_ONLY, 1L);
+    curl_easy_setopt(es->sh, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(es->sh, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(es->sh, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(es->sh, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(es->sh, CURLOPT_CONNECTTIMEOUT_MS,
+                     (long)(left < es->timeout_ms ? left : es->timeout_ms));
+    if (es->cacert)
+        curl_easy_setopt(es->sh, CURLOPT_CAINFO, es->cacert);
+    if (es->cert)
+        curl_easy_setopt(es->sh, CURLOPT_SSLCERT, es->cert);
+    if (es->key)
+        curl_easy_setopt(es->sh, CURLOPT_SSLKEY, es->key);
+    cc = curl_easy_perform(es->sh);
+    if (cc == CURLE_OK)
+        cc = curl_easy_getinfo(es->sh, CURLINFO_ACTIVESOCKET, &sock);
+    curl_easy_setopt(es->sh, CURLOPT_ERRORBUFFER, NULL);
+    if (cc != CURLE_OK || sock == CURL_SOCKET_BAD) {
+        snprintf(why, cap, "%s", errbuf[0] ? errbuf : curl_easy_strerror(cc));
+        stream_drop(es);
+        return -1;
+    }
+    es->sfd = sock;
+
+    /* the upgrade; the token as for any request (the gateway reads the
+     * Authorization header) */
+    if (dlock__random(nonce, sizeof(nonce)) != 0)
+        memset(nonce, 0x42, sizeof(nonce));
+    b64_encode((const char *)nonce, sizeof(nonce), key);
+    pthread_mutex_lock(&es->mu);
+    int n = snprintf(req, sizeof(req),
+                     "GET /v3/watch HTTP/1.1\r\nHost: %s\r\n"
+                     "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                     "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
+                     "%s%s%s\r\n",
+                     strstr(es->ep[ep], "://") + 3, key,
+                     es->token ? "Authorization: " : "",
+                     es->token ? es->token : "", es->token ? "\r\n" : "");
+    pthread_mutex_unlock(&es->mu);
+    int bad = n < 0 || (size_t)n >= sizeof(req) ||
+              stream_write(es, req, (size_t)n, deadline) != 0;
+    dlock__wipe(req, sizeof(req));
+    if (bad) {
+        snprintf(why, cap, "sending the WebSocket upgrade failed");
+        stream_drop(es);
+        return -1;
+    }
+    /* the answer's head: "HTTP/1.1 101 ..." up to the blank line */
+    es->sin.n = es->smsg.n = 0;
+    char *end = NULL;
+    while (!end) {
+        char tmp[4096];
+        size_t got = 0;
+        cc = curl_easy_recv(es->sh, tmp, sizeof(tmp), &got);
+        if (cc == CURLE_AGAIN) {
+            if (sock_wait(es->sfd, 0, deadline) == 0)
+                continue;
+            snprintf(why, cap, "no answer to the WebSocket upgrade");
+        } else if (cc != CURLE_OK || got == 0 ||
+                   buf_add(&es->sin, tmp, got) != 0 || es->sin.n > 65536) {
+            snprintf(why, cap, "the WebSocket upgrade failed");
+        } else {
+            end = strstr(es->sin.p, "\r\n\r\n");
+            continue;
+        }
+        stream_drop(es);
+        return -1;
+    }
+    if (strncmp(es->sin.p, "HTTP/1.1 101", 12) != 0) {
+        char *eol = strstr(es->sin.p, "\r\n");
+        snprintf(why, cap, "the gateway refused a WebSocket on /v3/watch "
+                           "(%.*s)",
+                 (int)(eol ? eol - es->sin.p : 0), es->sin.p);
+        stream_drop(es);
+        return -1;
+    }
+    size_t head = (size_t)(end - es->sin.p) + 4;
+    memmove(es->sin.p, es->sin.p + head, es->sin.n - head);
+    es->sin.n -= head;
+
+    /* the watch: the whole prefix ("P/" up to "P0"; no prefix: every key
+     * from "\0"), deletions only, from the current revision */
+    if (es->prefix_len) {
+        b64_encode(es->prefix, es->prefix_len, kb);
+        range_end_b64(es->prefix, es->prefix_len, eb);
+    } else {
+        b64_encode("", 1, kb);
+        b64_encode("", 1, eb);
+    }
+    n = snprintf(body, sizeof(body),
+                 "{\"create_request\":{\"key\":\"%s\",\"range_end\":\"%s\","
+                 "\"filters\":[\"NOPUT\"]}}",
+                 kb, eb);
+    if (ws_send(es, WS_TEXT, body, (size_t)n, deadline) != 0) {
+        snprintf(why, cap, "sending the watch failed");
+        stream_drop(es);
+        return -1;
+    }
+    stream_ctx sc = {es, 0, deadline};
+    for (;;) {
+        if (ws_frames(&es->sin, &es->smsg, stream_on_msg, stream_pong,
+                      &sc) != 0 ||
+            sc.created < 0) {
+            snprintf(why, cap, "the watch was refused");
+            break;
+        }
+        if (sc.created > 0) {
+            *since = sc.created;
+            return 0;
+        }
+        if (sock_wait(es->sfd, 0, deadline) != 0) {
+            snprintf(why, cap, "the watch was not created in time");
+            break;
+        }
+        char tmp[4096];
+        size_t got = 0;
+        cc = curl_easy_recv(es->sh, tmp, sizeof(tmp), &got);
+        if (cc == CURLE_AGAIN)
+            continue;
+        if (cc != CURLE_OK || got == 0 || buf_add(&es->sin, tmp, got) != 0) {
+            snprintf(why, cap, "the watch stream closed");
+            break;
+        }
+    }
+    stream_drop(es);
+    return -1;
+}
+
+/* Makes sure the stream is up, opening it if need be (any endpoint, by
+ * the deadline). DLOCK_OK with *gen its generation, or DLOCK_ECONN. */
+static int stream_up(etcd_store *es, int64_t deadline, uint64_t *gen)
+{
+    char why[CURL_ERROR_SIZE + 128] = "no endpoint answered";
+
+    pthread_mutex_lock(&es->mu);
+    for (;;) {
+        if (es->sstate == ST_UP) {
+            *gen = es->sgen;
+            pthread_mutex_unlock(&es->mu);
+            return DLOCK_OK;
+        }
+        if (es->sstate == ST_DOWN)
+            break;
+        /* another thread opens it: wait for its outcome */
+        if (dlock__now_ms() >= deadline) {
+            pthread_mutex_unlock(&es->mu);
+            return dlock__err(DLOCK_ECONN, "etcd %s: opening the watch "
+                                           "stream: no answer in time",
+                              es->redacted);
+        }
+        dlock__cond_wait_until(&es->scv, &es->mu, deadline);
+    }
+    es->sstate = ST_OPENING;
+    pthread_mutex_unlock(&es->mu);
+
+    pthread_mutex_lock(&es->sio);
+    int ok = -1;
+    int64_t since = 0;
+    for (size_t tries = 0; tries < 2 * es->nep; tries++) {
+        pthread_mutex_lock(&es->mu);
+        size_t ep = es->cur;
+        pthread_mutex_unlock(&es->mu);
+        ok = stream_connect(es, ep, deadline, &since, why, sizeof(why));
+        if (ok == 0 || dlock__now_ms() >= deadline)
+            break;
+        pthread_mutex_lock(&es->mu);
+        if (es->cur == ep)
+            es->cur = (ep + 1) % es->nep;
+        pthread_mutex_unlock(&es->mu);
+    }
+    if (ok == 0) {
+        struct epoll_event ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.events = EPOLLIN;
+        if (epoll_ctl(es->ep_fd, EPOLL_CTL_ADD, es->sfd, &ev) != 0) {
+            snprintf(why, sizeof(why), "epoll: %s", strerror(errno));
+            stream_drop(es);
+            ok = -1;
+        }
+    }
+    pthread_mutex_lock(&es->mu);
+    if (ok == 0) {
+        es->sstate = ST_UP;
+        es->sgen++;
+        es->s_since = since;
+        es->s_idle = dlock__now_ms();
+        *gen = es->sgen;
+    } else {
+        es->sstate = ST_DOWN;
+    }
+    pthread_cond_broadcast(&es->scv);
+    pthread_mutex_unlock(&es->mu);
+    pthread_mutex_unlock(&es->sio);
+    if (ok != 0)
+        return dlock__err(DLOCK_ECONN, "etcd %s: opening the watch stream: "
+                                       "%s",
+                          es->redacted, why);
+    dlock__loop_wake(es->client); /* the client thread reads it now */
+    return DLOCK_OK;
+}
+
+/* Reads the stream on the client thread; closes it after ETCD_IDLE_MS
+ * without waiters. */
+static void stream_loop(etcd_store *es)
+{
+    pthread_mutex_lock(&es->mu);
+    int up = es->sstate == ST_UP;
+    int idle = up && !es->waiters &&
+               dlock__now_ms() - es->s_idle >= ETCD_IDLE_MS;
+    pthread_mutex_unlock(&es->mu);
+    if (!up)
+        return;
+    pthread_mutex_lock(&es->sio);
+    stream_ctx sc = {es, 0, dlock__now_ms() + es->timeout_ms};
+    if (es->sh && (idle || stream_read(es, &sc) != 0))
+        stream_break(es);
+    pthread_mutex_unlock(&es->sio);
+}
+
+/* Registers w (pending: deletions are logged until waiter_fill()); es->mu
+ * held. */
+static void waiter_add(etcd_store *es, etcd_waiter *w, uint64_t gen)
+{
+    w->gen = gen;
+    w->pending = 1;
+    w->broken = w->mine_gone = 0;
+    w->prev = NULL;
+    w->next = es->waiters;
+    if (es->waiters)
+        es->waiters->prev = w;
+    es->waiters = w;
+}
+
+static void waiter_clear(etcd_waiter *w)
+{
+    for (size_t i = 0; i < w->nahead; i++)
+        free(w->ahead[i]);
+    w->nahead = 0;
+    for (size_t i = 0; i < w->nlog; i++)
+        free(w->log[i].key);
+    w->nlog = 0;
+}
+
+/* Unregisters w if registered; es->mu held. */
+static void waiter_del(etcd_store *es, etcd_waiter *w)
+{
+    if (!w->gen)
+        return;
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        es->waiters = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    w->next = w->prev = NULL;
+    w->gen = 0;
+    waiter_clear(w);
+    if (!es->waiters)
+        es->s_idle = dlock__now_ms();
+}
+
+/* Starts a new look for a registered waiter: deletions are logged again.
+ * es->mu held. */
+static void waiter_relook(etcd_waiter *w)
+{
+    waiter_clear(w);
+    w->pending = 1;
+}
+
+/* The waiter's transaction answered at revision `rev` with the keys ahead
+ * (kvs[first..] of range `r`, more than those when `more`): the logged
+ * deletions after `rev` apply. es->mu held. 0, or -1 out of memory. */
+static int waiter_fill(etcd_waiter *w, const cJSON *r, int first, int more,
+                       int64_t rev)
+{
+    int n = cJSON_GetArraySize(jget(r, "kvs"));
+
+    for (size_t i = 0; i < w->nahead; i++)
+        free(w->ahead[i]);
+    w->nahead = 0;
+    if (!w->ahead && !(w->ahead = calloc(ETCD_AHEAD_MAX, sizeof(char *))))
+        return -1;
+    for (int i = first; i < n && w->nahead < ETCD_AHEAD_MAX; i++) {
+        const char *k = jstr(kvs_at(r, i), "key");
+        if (!k)
+            continue;
+        if (!(w->ahead[w->nahead] = strdup(k)))
+            return -1;
+        w->nahead++;
+    }
+    w->partial = more || n - first > ETCD_AHEAD_MAX;
+    w->rev = rev;
+    w->pending = 0;
+    for (size_t i = 0; i < w->nlog; i++) {
+        waiter_deleted(w, w->log[i].key, w->log[i].rev);
+        free(w->log[i].key);
+    }
+    w->nlog = 0;
+    return 0;
+}
+
+/* Reads the keys ahead of ours (a look) into waiter w, registered or
+ * not: DLOCK_OK, 1 when our key is gone, or an error. */
+static int look(etcd_store *es, etcd_hold *eh, etcd_waiter *w,
+                const char *base, size_t base_len, int64_t deadline)
 {
     char kb[ETCD_B64_MAX], bb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
     char body[6 * ETCD_B64_MAX + 1024];
@@ -1064,118 +1664,40 @@ static int look(etcd_store *es, etcd_hold *eh, const char *base,
              "{\"request_range\":{\"key\":\"%s\",\"keys_only\":true}},"
              "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
              "\"sort_order\":\"DESCEND\",\"sort_target\":\"CREATE\","
-             "\"limit\":\"1\",\"max_create_revision\":\"%" PRId64 "\","
-             "\"keys_only\":true}},"
-             "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
-             "\"sort_order\":\"ASCEND\",\"sort_target\":\"CREATE\","
-             "\"limit\":\"1\",\"keys_only\":true}}]}",
-             kb, bb, eb, eh->rev - 1, bb, eb);
+             "\"limit\":\"%d\",\"max_create_revision\":\"%" PRId64 "\","
+             "\"keys_only\":true}}]}",
+             kb, bb, eb, ETCD_AHEAD_MAX, eh->rev - 1);
+    pthread_mutex_lock(&es->mu);
+    waiter_relook(w);
+    pthread_mutex_unlock(&es->mu);
     rc = request(es, "/v3/kv/txn", body, deadline, &j,
                  "looking at the lock queue");
     if (rc != DLOCK_OK)
         return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
     const cJSON *mine = kvs_at(txn_resp(j, 0, "response_range"), 0);
-    const cJSON *pred = kvs_at(txn_resp(j, 1, "response_range"), 0);
-    const cJSON *head = kvs_at(txn_resp(j, 2, "response_range"), 0);
-    p->revision = jint(jget(j, "header"), "revision");
+    const cJSON *r = txn_resp(j, 1, "response_range");
     if (!mine || jint(mine, "create_revision") != eh->rev) {
         cJSON_Delete(j);
         return 1;
     }
-    p->pred_b64[0] = '\0';
-    p->pred_rev = 0;
-    p->second = 0;
-    if (pred && jstr(pred, "key")) {
-        snprintf(p->pred_b64, sizeof(p->pred_b64), "%s", jstr(pred, "key"));
-        p->pred_rev = jint(pred, "create_revision");
-        p->second = head && jstr(head, "key") &&
-                    !strcmp(jstr(head, "key"), p->pred_b64);
-    }
+    pthread_mutex_lock(&es->mu);
+    rc = waiter_fill(w, r, 0, (int)jint(r, "more"),
+                     jint(jget(j, "header"), "revision"));
+    pthread_mutex_unlock(&es->mu);
     cJSON_Delete(j);
-    return DLOCK_OK;
+    return rc == 0 ? DLOCK_OK : enomem();
 }
 
-/* Waits until the key pred_b64 is deleted after revision `rev`, the
- * deadline, or the lease's death. 0 deleted, 4 look again (the stream
- * broke or the server ended the watch: nothing is known), 2 deadline,
- * 3 lease died, or an error. */
-static int watch_pred(etcd_store *es, etcd_hold *eh, const place *p,
-                      int64_t deadline)
+/* Ends a wait: unregisters w and frees what it holds. */
+static void waiter_end(etcd_store *es, etcd_waiter *w)
 {
-    char body[ETCD_B64_MAX + 128];
-    watch_state ws;
-    etcd_conn *cn = conn_get(es);
-    int rc = 0;
-
-    if (!cn)
-        return enomem();
-    memset(&ws, 0, sizeof(ws));
-    ws.key_b64 = p->pred_b64;
-    ws.dead = &eh->lease->dead;
-    ws.key_rev = p->pred_rev;
-    ws.es = es;
-    /* from the current revision: see watch_state */
-    snprintf(body, sizeof(body), "{\"create_request\":{\"key\":\"%s\"}}",
-             p->pred_b64);
-    for (unsigned tries = 0;; tries++) {
-        size_t ep;
-        long status;
-
-        pthread_mutex_lock(&es->mu);
-        ep = es->cur;
-        pthread_mutex_unlock(&es->mu);
-        if (conn_headers(es, cn, 1) != 0) {
-            rc = enomem();
-            break;
-        }
-        cn->ws = &ws;
-        ws.done = 0;
-        ws.created = ws.owed = ws.checked = 0;
-        CURLcode cc = post_once(es, cn, ep, "/v3/watch", body, deadline,
-                                &status);
-        cn->ws = NULL;
-        if (ws.deleted) {
-            rc = 0;
-            break;
-        }
-        if (ws.canceled) {
-            rc = 4;
-            break;
-        }
-        if (eh->lease->dead) {
-            rc = 3;
-            break;
-        }
-        if (dlock__now_ms() >= deadline && deadline != DLOCK__FOREVER) {
-            rc = 2;
-            break;
-        }
-        if (cc == CURLE_OK && status != 200) {
-            /* e.g. an auth token that expired: a fresh look decides */
-            rc = 4;
-            break;
-        }
-        /* the stream broke (member down?): look again at once if the watch
-         * had been running, else try the next endpoint first. Never take
-         * a broken stream for the predecessor's deletion. */
-        if (ws.created) {
-            rc = 4;
-            break;
-        }
-        if (tries >= 2 * es->nep) {
-            rc = dlock__err(DLOCK_ECONN, "etcd %s: watching the lock: %s",
-                            es->redacted,
-                            cn->errbuf[0] ? cn->errbuf
-                                          : curl_easy_strerror(cc));
-            break;
-        }
-        pthread_mutex_lock(&es->mu);
-        if (es->cur == ep)
-            es->cur = (ep + 1) % es->nep;
-        pthread_mutex_unlock(&es->mu);
-    }
-    conn_put(es, cn);
-    return rc;
+    pthread_mutex_lock(&es->mu);
+    waiter_del(es, w);
+    waiter_clear(w);
+    pthread_mutex_unlock(&es->mu);
+    free(w->ahead);
+    free(w->log);
+    pthread_cond_destroy(&w->cv);
 }
 
 /* One acquisition on lease eh->lease. DLOCK_OK, DLOCK_EBUSY, an error,
@@ -1188,10 +1710,17 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     char eb[ETCD_B64_MAX], vb[4 * 300 / 3 + 8], val[300];
     char body[6 * ETCD_B64_MAX + 1024];
     size_t base_len = lock_base(es, l->name, l->name_len, base);
-    place p;
+    etcd_waiter w;
     cJSON *j = NULL;
-    int rc, vlen;
+    int rc, vlen, need_look = 0;
+    int may_wait = l->deadline > dlock__now_ms();
 
+    memset(&w, 0, sizeof(w));
+    rc = dlock__cond_init(&w.cv);
+    if (rc != DLOCK_OK) {
+        give_up_key(es, eh);
+        return rc;
+    }
     vlen = snprintf(val, sizeof(val), "%s\n%s", l->owner, l->desc);
     if (vlen >= (int)sizeof(val))
         vlen = (int)sizeof(val) - 1;
@@ -1199,6 +1728,13 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     b64_encode(eh->key, eh->key_len, kb);
     b64_encode(base, base_len, bb);
     range_end_b64(base, base_len, eb);
+    w.mine = kb;
+    /* the stream is up: register first, so that no deletion after our
+     * transaction can be missed */
+    pthread_mutex_lock(&es->mu);
+    if (may_wait && es->sstate == ST_UP)
+        waiter_add(es, &w, es->sgen);
+    pthread_mutex_unlock(&es->mu);
     snprintf(body, sizeof(body),
              "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\","
              "\"create_revision\":\"0\"}],"
@@ -1207,111 +1743,163 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
              "\"lease\":\"%" PRId64 "\"}},"
              "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
              "\"sort_order\":\"DESCEND\",\"sort_target\":\"CREATE\","
-             "\"limit\":\"2\",\"keys_only\":true}}],"
+             "\"limit\":\"%d\",\"keys_only\":true}}],"
              "\"failure\":[{\"request_range\":{\"key\":\"%s\","
              "\"keys_only\":true}}]}",
-             kb, kb, vb, eh->lease->id, bb, eb, kb);
+             kb, kb, vb, eh->lease->id, bb, eb, ETCD_AHEAD_MAX + 1, kb);
     rc = request(es, "/v3/kv/txn", body, dlock__now_ms() + op_ms, &j,
                  "putting the lock key");
     if (rc == ETCD_NOLEASE) {
+        waiter_end(es, &w);
         lease_lost(es, eh->lease, "etcd: the server no longer knows the "
                                   "client's lease");
         give_up_key(es, eh);
         return 1;
     }
     if (rc != DLOCK_OK) {
+        waiter_end(es, &w);
         give_up_key(es, eh); /* the put may have happened */
         return rc;
     }
     if (cJSON_IsTrue(jget(j, "succeeded"))) {
         const cJSON *r = txn_resp(j, 1, "response_range");
-        const cJSON *me = kvs_at(r, 0), *pred = kvs_at(r, 1);
-        int64_t count = jint(r, "count");
+        const cJSON *me = kvs_at(r, 0);
         eh->rev = me ? jint(me, "create_revision") : 0;
         if (!me || !jstr(me, "key") || strcmp(jstr(me, "key"), kb) != 0 ||
             eh->rev <= 0) {
             cJSON_Delete(j);
+            waiter_end(es, &w);
             give_up_key(es, eh);
             return dlock__err(DLOCK_EPROTO, "etcd %s: the lock transaction's "
                                             "answer lacks our key",
                               es->redacted);
         }
-        p.revision = jint(jget(j, "header"), "revision");
-        p.pred_b64[0] = '\0';
-        p.pred_rev = 0;
-        p.second = count == 2;
-        if (count > 1 && pred && jstr(pred, "key")) {
-            snprintf(p.pred_b64, sizeof(p.pred_b64), "%s", jstr(pred, "key"));
-            p.pred_rev = jint(pred, "create_revision");
-        }
+        pthread_mutex_lock(&es->mu);
+        rc = waiter_fill(&w, r, 1, (int)jint(r, "more"),
+                         jint(jget(j, "header"), "revision"));
+        pthread_mutex_unlock(&es->mu);
         cJSON_Delete(j);
+        if (rc != 0) {
+            waiter_end(es, &w);
+            give_up_key(es, eh);
+            return enomem();
+        }
+        /* no stream yet: what happened since our answer is unknown */
+        need_look = may_wait && !w.gen && (w.nahead || w.partial);
     } else {
         /* our key is there already: an earlier try whose answer was lost */
         const cJSON *me = kvs_at(txn_resp(j, 0, "response_range"), 0);
         eh->rev = me ? jint(me, "create_revision") : 0;
         cJSON_Delete(j);
         if (eh->rev <= 0) {
+            waiter_end(es, &w);
             give_up_key(es, eh);
             return dlock__err(DLOCK_EPROTO, "etcd %s: the lock transaction "
                                             "failed but found no key",
                               es->redacted);
         }
-        rc = look(es, eh, base, base_len, &p, dlock__now_ms() + op_ms);
-        if (rc != DLOCK_OK) {
-            give_up_key(es, eh);
-            return rc == 1 ? dlock__err(DLOCK_EPROTO, "etcd %s: our lock key "
-                                                      "vanished",
-                                        es->redacted)
-                           : rc;
-        }
+        w.nahead = 0;
+        w.partial = 1; /* unknown: look */
+        need_look = 1;
     }
 
     for (;;) {
-        if (!p.pred_b64[0]) {
+        int64_t now = dlock__now_ms();
+        int64_t dl = now + op_ms;
+
+        if (may_wait && dl > l->deadline)
+            dl = l->deadline; /* no call of a wait runs past its end */
+        if (need_look && (w.gen || !may_wait || now >= l->deadline)) {
+            rc = look(es, eh, &w, base, base_len,
+                      may_wait ? dl : now + op_ms);
+            need_look = 0;
+            if (rc == 1) {
+                int dead = eh->lease->dead;
+                waiter_end(es, &w);
+                give_up_key(es, eh);
+                if (dead)
+                    return 1;
+                return dlock__err(DLOCK_EPROTO, "etcd %s: our lock key "
+                                                "vanished (deleted by someone "
+                                                "else?)",
+                                  es->redacted);
+            }
+            if (rc != DLOCK_OK) {
+                waiter_end(es, &w);
+                give_up_key(es, eh);
+                if (may_wait && dlock__now_ms() >= l->deadline) {
+                    l->retry_ms = -1;
+                    return DLOCK_EBUSY; /* it answered "held" before */
+                }
+                return rc;
+            }
+        }
+        pthread_mutex_lock(&es->mu);
+        int holds = !w.pending && w.nahead == 0 && !w.partial;
+        pthread_mutex_unlock(&es->mu);
+        if (holds && !need_look) {
+            waiter_end(es, &w);
             l->token = (uint64_t)eh->rev;
             return DLOCK_OK;
         }
-        if (l->deadline <= dlock__now_ms()) {
+        if (!may_wait || dlock__now_ms() >= l->deadline) {
+            waiter_end(es, &w);
             give_up_key(es, eh);
             l->retry_ms = -1;
             return DLOCK_EBUSY;
         }
-        rc = watch_pred(es, eh, &p, l->deadline);
-        if (rc == 0 && p.second && !eh->lease->dead) {
-            /* the head's key was deleted (not merely a broken stream) */
-            /* second in line and the head is gone: every key created
-             * since is behind us */
-            l->token = (uint64_t)eh->rev;
-            return DLOCK_OK;
+        eh->waited = 1;
+        if (!w.gen || need_look) {
+            /* arm: the stream first, then look (no missed deletion) */
+            uint64_t gen = 0;
+            rc = stream_up(es, dl, &gen);
+            if (rc != DLOCK_OK) {
+                waiter_end(es, &w);
+                give_up_key(es, eh);
+                if (dlock__now_ms() >= l->deadline) {
+                    l->retry_ms = -1;
+                    return DLOCK_EBUSY;
+                }
+                return rc;
+            }
+            pthread_mutex_lock(&es->mu);
+            waiter_del(es, &w);
+            waiter_add(es, &w, gen);
+            pthread_mutex_unlock(&es->mu);
+            need_look = 1;
+            continue;
         }
-        if (rc == 2) {
-            give_up_key(es, eh);
-            l->retry_ms = -1;
-            return DLOCK_EBUSY;
-        }
-        if (rc == 3 || eh->lease->dead) {
+        /* wait for the keys ahead to go */
+        pthread_mutex_lock(&es->mu);
+        while (!w.broken && !w.mine_gone && !eh->lease->dead &&
+               !(w.nahead == 0 && !w.pending) &&
+               dlock__now_ms() < l->deadline)
+            dlock__cond_wait_until(&w.cv, &es->mu, l->deadline);
+        int broken = w.broken, gone = w.mine_gone;
+        int emptied = w.nahead == 0 && !w.pending;
+        int partial = w.partial;
+        pthread_mutex_unlock(&es->mu);
+        if (eh->lease->dead) {
+            waiter_end(es, &w);
             give_up_key(es, eh);
             return 1;
         }
-        if (rc != 0 && rc != 4) {
-            give_up_key(es, eh);
-            return rc;
+        if (gone) {
+            need_look = 1; /* a look says for sure (and ends the wait) */
+            continue;
         }
-        rc = look(es, eh, base, base_len, &p, dlock__now_ms() + op_ms);
-        if (rc == 1) {
-            int dead = eh->lease->dead;
-            give_up_key(es, eh);
-            if (dead)
-                return 1;
-            return dlock__err(DLOCK_EPROTO, "etcd %s: our lock key vanished "
-                                            "while waiting (deleted by "
-                                            "someone else?)",
-                              es->redacted);
+        if (emptied && !partial)
+            continue; /* holds (checked above) */
+        if (emptied || broken) {
+            if (broken) {
+                pthread_mutex_lock(&es->mu);
+                waiter_del(es, &w); /* re-armed above */
+                pthread_mutex_unlock(&es->mu);
+            }
+            need_look = 1;
+            continue;
         }
-        if (rc != DLOCK_OK) {
-            give_up_key(es, eh);
-            return rc;
-        }
+        /* the deadline: checked above */
     }
 }
 
@@ -1332,7 +1920,9 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         op_ms = 1;
     for (int attempt = 0; attempt < 3; attempt++) {
         eh->lease = lease_get(es, ttl_seconds(l->ttl_ms),
+                              (l->flags & DLOCK_NO_RENEW) != 0,
                               dlock__now_ms() + op_ms, &rc);
+        eh->waited = 0;
         if (!eh->lease)
             return rc;
         rc = pick_key(es, l, eh);
@@ -1342,6 +1932,19 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         }
         rc = acquire_on(es, l, eh, op_ms);
+        if (rc == DLOCK_OK && eh->lease->own) {
+            /* DLOCK_NO_RENEW: nobody keeps the lease alive from now on,
+             * but once more at once when the wait took a while, so that
+             * the hold lasts a whole ttl from its acquisition */
+            etcd_lease *el = eh->lease;
+            pthread_mutex_lock(&es->mu);
+            el->held = 1;
+            el->next_ka = eh->waited ? dlock__now_ms() : INT64_MAX;
+            arm_timer(es, eh->waited ? el->next_ka : lease_limit(el));
+            pthread_mutex_unlock(&es->mu);
+            if (eh->waited)
+                dlock__loop_wake(es->client);
+        }
         if (rc != 1)
             return rc;
         rc = dlock__err(DLOCK_ECONN, "etcd %s: the lease ended while "
@@ -1429,9 +2032,15 @@ static int etcd_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     } else {
         /* move the key to a lease of the new length (its create revision,
          * hence the token and its place in the queue, stay) */
-        to = lease_get(es, ttl_seconds(ttl_ms), op_deadline, &rc);
+        to = lease_get(es, ttl_seconds(ttl_ms), el->own, op_deadline, &rc);
         if (!to)
             return rc;
+        if (to->own) {
+            pthread_mutex_lock(&es->mu);
+            to->held = 1;
+            to->next_ka = INT64_MAX;
+            pthread_mutex_unlock(&es->mu);
+        }
         snprintf(body, sizeof(body),
                  "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\","
                  "\"create_revision\":\"%" PRId64 "\"}],"
@@ -1580,7 +2189,7 @@ static void arm_timer(etcd_store *es, int64_t at)
 
 static int etcd_loop_fd(void *st)
 {
-    return ((etcd_store *)st)->timer_fd;
+    return ((etcd_store *)st)->ep_fd;
 }
 
 #define LOOP_BATCH 64
@@ -1593,18 +2202,25 @@ static void etcd_loop_run(void *st, int readable)
     int64_t now = dlock__now_ms(), next = now + 60000;
     size_t nd = 0;
 
-    if (readable && read(es->timer_fd, &ticks, sizeof(ticks)) < 0)
+    (void)readable; /* both fds are non-blocking: look at each */
+    if (read(es->timer_fd, &ticks, sizeof(ticks)) < 0)
         (void)errno;
+    stream_loop(es);
 
     /* 1. leases past their safe life are lost; due ones get a keepalive */
     pthread_mutex_lock(&es->mu);
     for (etcd_lease *el = es->leases; el; el = el->next) {
         if (el->dead)
             continue;
-        if (now - el->last_ok >= el->ttl_ms * 2 / 3) {
+        if (now >= lease_limit(el)) {
+            int ran_out = el->held && el->next_ka == INT64_MAX;
             pthread_mutex_unlock(&es->mu);
-            lease_lost(es, el, "etcd: the client's lease could not be kept "
-                               "alive (no endpoint answered in time)");
+            lease_lost(es, el, ran_out
+                                   ? "etcd: the hold's own lease ran out "
+                                     "(DLOCK_NO_RENEW)"
+                                   : "etcd: the client's lease could not "
+                                     "be kept alive (no endpoint answered "
+                                     "in time)");
             pthread_mutex_lock(&es->mu);
             continue;
         }
@@ -1615,7 +2231,7 @@ static void etcd_loop_run(void *st, int readable)
     for (size_t i = 0; i < nd; i++) {
         etcd_lease *el = due[i];
         pthread_mutex_lock(&es->mu);
-        int64_t limit = el->last_ok + el->ttl_ms * 2 / 3;
+        int64_t limit = lease_limit(el);
         pthread_mutex_unlock(&es->mu);
         int64_t dl = dlock__now_ms() + es->timeout_ms;
         if (dl > limit)
@@ -1625,6 +2241,8 @@ static void etcd_loop_run(void *st, int readable)
             lease_lost(es, el, "etcd: the client's lease expired or was "
                                "revoked");
         } else if (rc != DLOCK_OK) {
+            /* an own lease's one keepalive after its acquisition, too:
+             * tried again until it works or the lease ends */
             pthread_mutex_lock(&es->mu);
             el->next_ka = dlock__now_ms() + el->ttl_ms / 12 + 10;
             pthread_mutex_unlock(&es->mu);
@@ -1673,8 +2291,8 @@ static void etcd_loop_run(void *st, int readable)
         pthread_mutex_lock(&es->mu);
         for (etcd_lease **pp = &es->leases; *pp; pp = &(*pp)->next) {
             etcd_lease *el = *pp;
-            if (el->refs == 0 &&
-                (el->dead || now - el->idle_since >= ETCD_IDLE_MS)) {
+            if (el->refs == 0 && (el->dead || el->own ||
+                                  now - el->idle_since >= ETCD_IDLE_MS)) {
                 *pp = el->next;
                 gone = el;
                 break;
@@ -1700,12 +2318,15 @@ static void etcd_loop_run(void *st, int readable)
             continue;
         if (el->next_ka < next)
             next = el->next_ka;
-        if (el->last_ok + el->ttl_ms * 2 / 3 < next)
-            next = el->last_ok + el->ttl_ms * 2 / 3;
+        if (lease_limit(el) < next)
+            next = lease_limit(el);
     }
     for (etcd_orphan *o = es->orphans; o; o = o->next)
         if (o->next_try < next)
             next = o->next_try;
+    if (es->sstate == ST_UP && !es->waiters &&
+        es->s_idle + ETCD_IDLE_MS < next)
+        next = es->s_idle + ETCD_IDLE_MS;
     /* the timer may hold a later time than `next` from before: reset it.
      * Under es->mu, so that a lease added since is armed after this. */
     struct itimerspec off;
@@ -1777,8 +2398,16 @@ static void etcd_close(void *st)
     free(es->cert);
     free(es->key);
     free(es->redacted);
+    if (es->sh)
+        curl_easy_cleanup(es->sh);
+    free(es->sin.p);
+    free(es->smsg.p);
+    if (es->ep_fd >= 0)
+        close(es->ep_fd);
     if (es->timer_fd >= 0)
         close(es->timer_fd);
+    pthread_cond_destroy(&es->scv);
+    pthread_mutex_destroy(&es->sio);
     pthread_mutex_destroy(&es->mu);
     free(es);
     curl_global_cleanup();
@@ -1880,12 +2509,24 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
         curl_global_cleanup();
         return enomem();
     }
+    if (dlock__cond_init(&es->scv) != DLOCK_OK) {
+        free(es);
+        curl_global_cleanup();
+        return enomem();
+    }
     pthread_mutex_init(&es->mu, NULL);
+    pthread_mutex_init(&es->sio, NULL);
+    es->sfd = CURL_SOCKET_BAD;
     es->client = c;
     es->timeout_ms = timeout_ms;
     es->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    es->ep_fd = epoll_create1(EPOLL_CLOEXEC);
     es->redacted = strdup(u->redacted);
-    if (es->timer_fd < 0 || !es->redacted) {
+    struct epoll_event tev;
+    memset(&tev, 0, sizeof(tev));
+    tev.events = EPOLLIN;
+    if (es->timer_fd < 0 || es->ep_fd < 0 || !es->redacted ||
+        epoll_ctl(es->ep_fd, EPOLL_CTL_ADD, es->timer_fd, &tev) != 0) {
         es->offline = 1;
         etcd_close(es);
         return enomem();
