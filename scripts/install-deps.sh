@@ -4,7 +4,7 @@
 #   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client,
 #             libcurl and cJSON (etcd), SQLite, libpq (PostgreSQL), MariaDB
 #             Connector/C
-#   test      redis-server, zookeeper, etcd, postgresql and mariadb-server
+#   test      redis-server, zookeeper, etcd, postgresql, pgbouncer and mariadb-server
 #             (started by the tests themselves, never as system services),
 #             their command-line clients, faketime (clock-skew tests)
 #   asan      clang and its sanitizer runtime
@@ -19,7 +19,7 @@ pkgs=""
 for group in "$@"; do
     case $group in
     build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client mariadb-server mariadb-client faketime iproute2" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3" ;;
@@ -70,7 +70,7 @@ $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -q --no-install-recommends $missing >/dev/null
 if [ -d /run/systemd/system ]; then
-    for svc in redis-server zookeeper etcd postgresql mariadb; do
+    for svc in redis-server zookeeper etcd postgresql pgbouncer mariadb; do
         case " $missing " in
         *" $svc "* | *" $svc-server "*) $SUDO systemctl disable --now $svc >/dev/null 2>&1 || true ;;
         esac

@@ -332,18 +332,22 @@ TEST(a_listener_killed_mid_wait_listens_again)
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&t, NULL, waiter, &w);
     wait_queued(&w);
-    /* end every session that LISTENs: the waiter's listener */
-    CHECK_OP(th_sql_query(&srv, NULL, 0,
-                          "SELECT count(pg_terminate_backend(pid)) FROM "
-                          "pg_stat_activity WHERE query LIKE '%%LISTEN%%' AND "
-                          "pid <> pg_backend_pid()"),
-             >=, 1);
-    th_sleep_ms(500); /* the client thread notices; the waiter re-arms */
+    /* end the session that LISTENs for the waiter (its client's command
+     * connection, named in its queue entry) */
+    long long old = th_sql_query(&srv, NULL, 0,
+                                 "SELECT min(pid) FROM dlock_locks_waiters "
+                                 "WHERE name = 'relisten'::bytea");
+    CHECK_OP(old, >, 0);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(pg_terminate_backend(%lld))", old),
+             1);
+    th_sleep_ms(500); /* the client notices; the waiter re-arms, queues */
     CHECK_EQ(w.done, 0);
+    CHECK_EQ(waiters_of(h, "relisten"), 1);
     CHECK_OP(th_sql_query(&srv, NULL, 0,
-                          "SELECT count(*) FROM pg_stat_activity WHERE query "
-                          "LIKE '%%LISTEN%%' AND pid <> pg_backend_pid()"),
-             >=, 1);
+                          "SELECT max(pid) FROM dlock_locks_waiters WHERE "
+                          "name = 'relisten'::bytea"),
+             !=, old);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     pthread_join(t, NULL);
@@ -369,10 +373,9 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     CHECK_OK(dlock_release(lh));
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
-    /* nothing waits: no queue heartbeat any more (it runs every second
-     * while a fair waiter waits), and after a second without waiters the
-     * listener stops listening (every listening session is woken by every
-     * NOTIFY in the database) */
+    /* nothing waits: after a second without waiters the command
+     * connection stops listening (every listening session is woken by
+     * every NOTIFY in the database), and then nothing is sent */
     th_sleep_ms(1500);
     long long before = last_activity();
     th_sleep_ms(1500);
@@ -430,7 +433,7 @@ static int fair_child(void *arg)
     return 0;
 }
 
-TEST(fair_waiters_stay_queued_beyond_an_entrys_life)
+TEST(fair_waiters_stay_queued_without_refreshing)
 {
     fair_shared *s = th_shared(sizeof(*s));
     dlock_client *h = client();
@@ -446,8 +449,8 @@ TEST(fair_waiters_stay_queued_beyond_an_entrys_life)
             th_sleep_ms(10);
         CHECK_EQ(waiters_of(h, "fair"), i + 1);
     }
-    /* an entry lives 3 s unless refreshed: the waiters' client threads
-     * refresh them, so after 5 s all three are still queued, in order */
+    /* nothing refreshes an entry: it lives as long as its waiter's
+     * session, so after 5 s all three are still queued, in order */
     th_sleep_ms(5000);
     CHECK_EQ(waiters_of(h, "fair"), 3);
     CHECK_OK(dlock_release(lh));
@@ -481,13 +484,108 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     CHECK_EQ(th_wait(dead), 128 + SIGKILL);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    /* the head is dead: its entry expires (3 s) and the next one goes */
+    /* the head is dead: its session ended with it, so the release skips
+     * its entry and hands the lock to the next at once (2 s: a hand-over
+     * is a few ms; the child holds 10 ms and exits, on a busy machine) */
     CHECK_EQ(th_wait(next), 0);
-    CHECK_OP(th_now_ms() - t0, <, 10000);
+    CHECK_OP(th_now_ms() - t0, <, 2000);
     CHECK_EQ(s->pos, 1);
     CHECK_EQ(s->order[0], 1);
     dlock_close(lh);
     dlock_client_close(h);
+}
+
+/* --- hand-over (both modes) --- */
+
+TEST(a_release_hands_the_lock_over_in_default_mode)
+{
+    dlock_client *h = client(), *c = client();
+    dlock *lh = handle(h, "handover", 60000, 0);
+    waiter_arg w = {handle(c, "handover", 60000, 0), 20000, 0, 0, 0, 0};
+    dlock_info info;
+    pthread_t t;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    uint64_t first = dlock_token(lh);
+    pthread_create(&t, NULL, waiter, &w);
+    wait_queued(&w);
+    CHECK_EQ(waiters_of(h, "handover"), 1);
+    /* the release gives the lock to the waiter in the same statement: the
+     * releaser cannot barge back in, even at once */
+    CHECK_OK(dlock_release(lh));
+    CHECK_RC(dlock_acquire(lh, 0), DLOCK_EBUSY);
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.took, <, 20000);
+    /* the waiter released it: free, with a newer token than the first */
+    CHECK_OK(dlock_inspect(h, "handover", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_OP(info.token, >, first);
+    CHECK_EQ(info.waiters, 0);
+    dlock_info_clear(&info);
+    dlock_close(lh);
+    dlock_close(w.l);
+    dlock_client_close(h);
+    dlock_client_close(c);
+}
+
+TEST(a_waiter_that_gave_up_is_not_handed_the_lock)
+{
+    dlock_client *h = client(), *c = client();
+    dlock *lh = handle(h, "gave-up", 60000, 0);
+    dlock *lc = handle(c, "gave-up", 60000, 0);
+    dlock_info info;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    CHECK_RC(dlock_acquire(lc, 300), DLOCK_EBUSY);
+    CHECK_EQ(waiters_of(h, "gave-up"), 0);
+    /* its client is alive and listening no more than a second: a grant
+     * to its finished wait would leave the lock held by nobody */
+    CHECK_OK(dlock_release(lh));
+    CHECK_OK(dlock_inspect(h, "gave-up", &info));
+    CHECK_EQ(info.held, 0);
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_acquire(lc, 0));
+    CHECK_OK(dlock_release(lc));
+    dlock_close(lh);
+    dlock_close(lc);
+    dlock_client_close(h);
+    dlock_client_close(c);
+}
+
+static long long dlock_sessions(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT count(*) FROM pg_stat_activity WHERE "
+                        "application_name LIKE 'dlock%%' AND pid <> "
+                        "pg_backend_pid()");
+}
+
+TEST(a_client_keeps_one_connection_while_it_holds_or_waits)
+{
+    th_sleep_ms(300); /* sessions of earlier tests' clients end */
+    long long base = dlock_sessions();
+    dlock_client *h = client(), *c = client();
+    dlock *lh = handle(h, "one-conn", 60000, 0);
+    waiter_arg w = {handle(c, "one-conn", 60000, DLOCK_FAIR), 20000, 0, 0, 0,
+                    0};
+    pthread_t t;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pthread_create(&t, NULL, waiter, &w);
+    wait_queued(&w);
+    /* the holder's client and the waiter's client: one session each (the
+     * waiter's LISTENs on its command connection) */
+    CHECK_EQ(dlock_sessions(), base + 2);
+    CHECK_OK(dlock_release(lh));
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    th_sleep_ms(1500); /* at rest */
+    CHECK_EQ(dlock_sessions(), base + 2);
+    dlock_close(lh);
+    dlock_close(w.l);
+    dlock_client_close(h);
+    dlock_client_close(c);
 }
 
 /* --- clocks --- */
@@ -786,9 +884,9 @@ TEST(auth_privileges_and_bad_uris)
                  "'app-pass'; END IF; END $$");
     th_sql_query(&srv, NULL, 0,
                  "REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT SELECT, "
-                 "INSERT, UPDATE, DELETE ON dlock_locks, dlock_locks_queue "
+                 "INSERT, UPDATE, DELETE ON dlock_locks, dlock_locks_waiters "
                  "TO app; GRANT USAGE ON dlock_locks_tokens, "
-                 "dlock_locks_queue_seq_seq TO app");
+                 "dlock_locks_waiters_seq_seq TO app");
     snprintf(u, sizeof(u), "postgres://app:app-pass@127.0.0.1:%d/postgres",
              srv.port);
     c = client_at(u);
@@ -1032,8 +1130,11 @@ static const th_test tests[] = {
     T(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it),
     T(a_listener_killed_mid_wait_listens_again),
     T(a_client_that_waited_goes_quiet_and_stops_listening),
-    T(fair_waiters_stay_queued_beyond_an_entrys_life),
+    T(fair_waiters_stay_queued_without_refreshing),
     T(a_dead_fair_waiter_drops_out_of_the_queue),
+    T(a_release_hands_the_lock_over_in_default_mode),
+    T(a_waiter_that_gave_up_is_not_handed_the_lock),
+    T(a_client_keeps_one_connection_while_it_holds_or_waits),
     T(a_client_whose_clock_is_hours_off_gets_correct_leases),
     T(the_server_down_and_back),
     T(advisory_holds_end_with_the_server),

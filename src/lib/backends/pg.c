@@ -9,20 +9,24 @@
  *    rows of locks unused for a while.
  *  - Acquire is one statement: an upsert that inserts the row or takes it
  *    over only when its lease has ended, RETURNING the token; the same
- *    statement reads the holder's lease left (for the retry timer).
+ *    statement reads the holder's lease left (for the retry timer) and,
+ *    for a caller that will wait, appends its entry to T_waiters while
+ *    the upsert holds the row.
  *  - Tokens come from the sequence T_tokens: strictly increasing for every
  *    name, whatever the clocks do and whether or not gc removed a row.
- *  - Release and extend are one statement each, guarded by owner and
- *    token. The release also sends NOTIFY on the lock's channel (at
- *    commit, so never before the row is free), naming the fair queue's
- *    head if there is one.
- *  - Waiting: each client has one listener connection that LISTENs on the
- *    channels of the names its threads wait for (a channel per name, so a
- *    release wakes only clients that wait for that name); the client
- *    thread reads it. Fair mode: waiters join T_queue; a release names the
- *    head, and only that waiter re-tries; the client thread keeps its fair
- *    waiters' entries alive once a second, and an entry not refreshed for
- *    3 s (a dead waiter) is skipped.
+ *  - Release is one statement, the function T_release: with the row
+ *    locked it hands the lock to the oldest waiter whose session is alive
+ *    (new token, its own lease) and notifies that waiter's client alone
+ *    (channel dlock_CLIENTID, "g WAITER TOKEN", delivered at commit), or
+ *    frees the row. Extend is one guarded UPDATE.
+ *  - Waiting (both modes: the lock is never free while a live waiter is
+ *    queued, so nobody barges in): the client LISTENs on its channel on
+ *    its command connection while it has waiters; the waiter returns on
+ *    its grant with no further round trip. A waiter is alive as long as
+ *    that session is (pg_stat_get_activity): nothing is refreshed while
+ *    it waits. A wait that ends without the lock leaves with T_leave,
+ *    which keeps a lock handed over meanwhile. docs/design.md,
+ *    "PostgreSQL table mode: hand-over", has the failure cases.
  *
  * Advisory mode (?mode=advisory): PostgreSQL's session-level advisory
  * locks. The key of lock NAME is the first 64 bits of md5(NAME). Each hold
@@ -33,10 +37,14 @@
  * Tokens come from the sequence T_tokens. The client thread watches every
  * hold's connection and reports a hold lost the moment its session ends.
  *
- * Connections: a pool per client (one connection per statement in flight;
- * idle ones kept), all I/O non-blocking with the caller's deadline; a
- * connection that misses its deadline is closed (the server ends what it
- * was doing). Statements are prepared once per connection.
+ * Connections: the client's command connection (which also LISTENs, and
+ * is read by the client thread or a waiting application thread while no
+ * statement runs on it) and, for statements in flight beside it, extra
+ * ones closed after a second unused: one connection per client at rest.
+ * All I/O is non-blocking with the caller's deadline; a connection that
+ * misses its deadline is closed (the server ends what it was doing).
+ * Statements are prepared once per connection, unless a pooler that may
+ * not keep them sits in front (?pooler=, detected at open).
  */
 #include "../core/internal.h"
 
@@ -54,27 +62,28 @@
 #include <unistd.h>
 
 #define PG_DEFAULT_TABLE "dlock_locks"
-#define PG_TABLE_MAX 48     /* + "_tokens"/"_queue": under 63 bytes */
-#define PG_IDLE_MAX 8       /* idle connections kept per client */
-#define PG_QUEUE_ALIVE_MS 3000
-#define PG_HEARTBEAT_MS 1000
-#define PG_STALE_CHANS 32   /* unused channels kept before UNLISTEN */
+#define PG_TABLE_MAX 48     /* + "_tokens"/"_waiters": under 63 bytes */
+#define PG_IDLE_MAX 8       /* idle extra connections kept (for a second) */
+#define PG_IDLE_MS 1000     /* extras unused, or no waiter, for this long:
+                             * close them, UNLISTEN */
 #define PG_APPNAME_MAX 63
 
 /* The server's clock, and the advisory key of a bytea name. */
 #define NOW "clock_timestamp()"
 #define MS_LEFT(ts) "ceil(extract(epoch FROM " ts " - " NOW ") * 1000)::bigint"
 #define KEY(x) "('x' || substr(md5(" x "), 1, 16))::bit(64)::bigint"
+/* A waiter's session (columns pid, since of T_waiters) is alive. Another
+ * role's backend_start is hidden (NULL): alive while its pid is. */
+#define ALIVE(w)                                                            \
+    "EXISTS (SELECT 1 FROM pg_stat_get_activity(" w ".pid) a WHERE "        \
+    "a.backend_start = " w ".since OR a.backend_start IS NULL)"
 
 enum {
     S_ACQUIRE,
-    S_ACQUIRE_FAIR,
     S_RELEASE,
     S_EXTEND,
     S_INSPECT,
     S_QUEUE,
-    S_JOIN,
-    S_REFRESH,
     S_LEAVE,
     S_GC,
     S_GC_QUEUE,
@@ -85,11 +94,14 @@ enum {
     S_COUNT
 };
 
-/* Parameter types: bytea, text, int8, int8[] (OIDs fixed by PostgreSQL). */
+/* Parameter types: bytea, text, int8, int4 (OIDs fixed by PostgreSQL). */
 #define T_BYTEA 17
 #define T_TEXT 25
 #define T_INT8 20
-#define T_INT8ARR 1016
+#define T_INT4 23
+
+/* ?pooler= */
+enum { POOLER_NONE, POOLER_SESSION, POOLER_TRANSACTION };
 
 typedef struct pg_conn {
     PGconn *pg;
@@ -102,60 +114,56 @@ typedef struct pg_conn {
     struct pg_conn *next, *prev;
 } pg_conn;
 
-typedef struct pg_chan {
-    char name[24]; /* "dlock_" + 16 hex */
-    int refs;      /* waiting leases that need it */
-    struct pg_chan *next;
-} pg_chan;
-
 typedef struct pg_store {
     dlock_client *client;
     char *redacted;
     int advisory;
     int64_t timeout_ms;
+    int pooler;    /* ?pooler= */
+    int behind;    /* a pooler sits in front (detected) */
+    int sessions;  /* LISTEN and session locks can be trusted */
+    int unnamed;   /* no prepared statements (transaction pooling) */
 
     /* libpq connection keywords and values (owned; password wiped) */
     const char *keys[24];
     char *vals[24];
 
-    char table[PG_TABLE_MAX + 1]; /* as given: the channel hash uses it */
+    char table[PG_TABLE_MAX + 1];
     char *sql[S_COUNT];
     int nparams[S_COUNT];
     char seq_ident[2 * PG_TABLE_MAX + 24]; /* "T_tokens" */
     char seq_lit[4 * PG_TABLE_MAX + 48];   /* '"T_tokens"', a literal */
+    char chan[48];                         /* dlock_CLIENTID */
 
-    pthread_mutex_t mu; /* the pool */
-    pg_conn *idle;
+    pthread_mutex_t mu; /* the command connection, the pool, waiting */
+    pthread_cond_t cv;  /* the command connection became free */
+    pg_conn *main;      /* the command connection (NULL: none now) */
+    int main_busy;      /* a thread uses it (a statement, or reading) */
+    int main_pending;   /* an UNLISTEN was sent: its answer is unread */
+    int listening;      /* main LISTENs on chan */
+    unsigned gen;       /* +1 whenever a listening main is lost */
+    int lpid;           /* main's backend pid on the server ... */
+    char lsince[48];    /* ... and its backend_start */
+    int nwait;          /* leases counted as waiting (listening refs) */
+    pg_conn *idle;      /* extra connections */
     int nidle;
 
-    int epfd;     /* the client thread's fd: listener, timer, holds */
-    int timer_fd; /* fair waiters' heartbeat */
-    int idle_fd;  /* one-shot: nobody has waited for a while: UNLISTEN */
-
-    pthread_mutex_t lmu; /* listener, channels, fair waiters */
-    PGconn *listener;
-    int unlistening; /* an UNLISTEN * is in flight on it */
-    unsigned gen; /* listener generation: a new connection, new LISTENs */
-    pg_chan *chans;
-    int64_t *fair; /* queue entries of this client's fair waiters */
-    size_t nfair, capfair;
+    int epfd;    /* the client thread's fd: main, idle timer, holds */
+    int idle_fd; /* one-shot: close extras; nobody waits: UNLISTEN */
 
     pthread_mutex_t hmu; /* advisory holds' connections */
     pg_conn *holds;
 } pg_store;
 
 typedef struct pg_lease {
-    int64_t seq;       /* fair queue entry, 0 when none */
-    int listening;     /* holds a reference on its channel */
-    unsigned gen;      /* ... of that listener generation */
-    char chan[24];
-    pg_conn *hold;     /* advisory: the connection holding the lock */
+    int listening; /* counted in nwait ... */
+    unsigned gen;  /* ... for this generation of the listening session */
+    int queued;    /* a try of this wait appended its entry */
+    pg_conn *hold; /* advisory: the connection holding the lock */
 } pg_lease;
 
-#define EV_TIMER 1u
-#define EV_LISTENER 2u
+#define EV_MAIN 2u
 #define EV_IDLE 3u
-#define PG_UNLISTEN_AFTER_MS 1000 /* no waiter for this long: UNLISTEN */
 
 static void quiet(void *arg, const char *message)
 {
@@ -317,50 +325,181 @@ static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
     return DLOCK_OK;
 }
 
-/* An idle connection from the pool, or a new one. */
-static int conn_get(pg_store *ps, int64_t deadline, pg_conn **out)
+static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
+                   PGresult **out, const char *what);
+static void drain_notifies(pg_store *ps, pg_conn *cn);
+
+/* (Re)arms the one-shot epoll entry of the command connection: the
+ * client thread (or a waiting thread) reads it while nobody else uses it.
+ * Table mode only. */
+static void main_watch(pg_store *ps, pg_conn *cn, int op)
 {
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT};
+
+    if (ps->advisory)
+        return;
+    ev.data.u64 = EV_MAIN;
+    epoll_ctl(ps->epfd, op, PQsocket(cn->pg), &ev);
+}
+
+static void idle_timer(pg_store *ps)
+{
+    struct itimerspec its;
+
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = PG_IDLE_MS / 1000;
+    its.it_value.tv_nsec = (PG_IDLE_MS % 1000) * 1000000L;
+    timerfd_settime(ps->idle_fd, 0, &its, NULL);
+}
+
+/* The command connection broke or was closed (its user holds main_busy;
+ * mu held): forget it. Its session LISTENed for our waiters, so they arm
+ * again (on a new connection) and try again. */
+static void main_lost(pg_store *ps)
+{
+    pg_conn *cn = ps->main;
+
+    ps->main = NULL;
+    ps->main_busy = 0;
+    ps->main_pending = 0;
+    pthread_cond_broadcast(&ps->cv);
+    if (cn && !ps->advisory && PQsocket(cn->pg) >= 0)
+        epoll_ctl(ps->epfd, EPOLL_CTL_DEL, PQsocket(cn->pg), NULL);
+    if (ps->listening) {
+        ps->listening = 0;
+        ps->gen++;
+        dlock__notify_error(ps->client);
+    }
+    conn_free(cn);
+}
+
+/* Is an idle connection still usable? It has nothing to read unless the
+ * server closed it (a restart) or sent notifications. */
+static int conn_alive(pg_store *ps, pg_conn *cn)
+{
+    struct pollfd p = {PQsocket(cn->pg), POLLIN, 0};
+
+    if (PQstatus(cn->pg) != CONNECTION_OK)
+        return 0;
+    if (poll(&p, 1, 0) == 0)
+        return 1;
+    if (!PQconsumeInput(cn->pg) || PQstatus(cn->pg) != CONNECTION_OK)
+        return 0;
+    drain_notifies(ps, cn);
+    return 1;
+}
+
+/*
+ * A connection for one statement: the command connection when it is free
+ * (`need_main`: wait until it is, until `deadline`), else an idle extra
+ * one, or a new one. A new connection becomes the command connection when
+ * there is none.
+ */
+static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
+                       int need_main)
+{
+    pg_conn *cn = NULL;
+    int rc;
+
+    *out = NULL;
     if (deadline > dlock__now_ms() + ps->timeout_ms)
         deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
     pthread_mutex_lock(&ps->mu);
-    pg_conn *cn = ps->idle;
-    if (cn) {
+    while (need_main && ps->main && ps->main_busy &&
+           dlock__now_ms() < deadline)
+        dlock__cond_wait_until(&ps->cv, &ps->mu, deadline);
+    if (ps->main && !ps->main_busy) {
+        ps->main_busy = 1;
+        cn = ps->main;
+        pthread_mutex_unlock(&ps->mu);
+        if (ps->main_pending) {
+            /* the UNLISTEN sent when the last waiter left: its answer */
+            PGresult *r;
+            rc = collect(ps, cn, deadline, &r, "UNLISTEN");
+            PQclear(r);
+            ps->main_pending = 0;
+            if (rc == DLOCK_OK)
+                ps->listening = 0;
+        }
+        if (!cn->broken && conn_alive(ps, cn)) {
+            *out = cn;
+            return DLOCK_OK;
+        }
+        pthread_mutex_lock(&ps->mu);
+        main_lost(ps);
+        cn = NULL;
+    } else if (need_main && ps->main) {
+        pthread_mutex_unlock(&ps->mu);
+        return dlock__err(DLOCK_ECONN, "postgres %s: the command "
+                                       "connection stayed busy",
+                          ps->redacted);
+    }
+    int as_main = ps->main == NULL;
+    if (as_main)
+        ps->main_busy = 1; /* ours, as soon as it exists */
+    else if (ps->idle) {
+        cn = ps->idle;
         ps->idle = cn->next;
         ps->nidle--;
         cn->next = NULL;
     }
     pthread_mutex_unlock(&ps->mu);
-    if (cn) {
-        /* an idle connection has nothing to read unless the server closed
-         * it (a restart): then a new one, before any statement is lost */
-        struct pollfd p = {PQsocket(cn->pg), POLLIN, 0};
-        if (PQstatus(cn->pg) == CONNECTION_OK &&
-            (poll(&p, 1, 0) == 0 ||
-             (PQconsumeInput(cn->pg) && PQstatus(cn->pg) == CONNECTION_OK &&
-              !PQisBusy(cn->pg)))) {
+    while (cn) {
+        if (conn_alive(ps, cn)) {
             *out = cn;
             return DLOCK_OK;
         }
         conn_free(cn);
+        cn = NULL;
     }
-    return conn_open(ps, deadline, out);
+    rc = conn_open(ps, deadline, &cn);
+    pthread_mutex_lock(&ps->mu);
+    if (as_main) {
+        if (rc == DLOCK_OK) {
+            ps->main = cn;
+            main_watch(ps, cn, EPOLL_CTL_ADD);
+        } else {
+            ps->main_busy = 0;
+            pthread_cond_broadcast(&ps->cv);
+        }
+    }
+    pthread_mutex_unlock(&ps->mu);
+    *out = cn;
+    return rc;
+}
+
+static int conn_get(pg_store *ps, int64_t deadline, pg_conn **out)
+{
+    return conn_get_ex(ps, deadline, out, 0);
 }
 
 static void conn_put(pg_store *ps, pg_conn *cn)
 {
     if (!cn)
         return;
-    if (cn->broken || cn->dead || PQstatus(cn->pg) != CONNECTION_OK ||
-        PQtransactionStatus(cn->pg) != PQTRANS_IDLE) {
-        conn_free(cn);
+    int usable = !cn->broken && !cn->dead &&
+                 PQstatus(cn->pg) == CONNECTION_OK &&
+                 PQtransactionStatus(cn->pg) == PQTRANS_IDLE;
+    if (usable)
+        drain_notifies(ps, cn);
+    pthread_mutex_lock(&ps->mu);
+    if (cn == ps->main) {
+        if (!usable) {
+            main_lost(ps);
+        } else {
+            ps->main_busy = 0;
+            pthread_cond_signal(&ps->cv);
+            main_watch(ps, cn, EPOLL_CTL_MOD);
+        }
+        pthread_mutex_unlock(&ps->mu);
         return;
     }
-    pthread_mutex_lock(&ps->mu);
-    if (ps->nidle < PG_IDLE_MAX) {
+    if (usable && ps->nidle < PG_IDLE_MAX) {
         cn->next = ps->idle;
         ps->idle = cn;
         ps->nidle++;
         cn = NULL;
+        idle_timer(ps);
     }
     pthread_mutex_unlock(&ps->mu);
     conn_free(cn);
@@ -447,19 +586,16 @@ static int run(pg_store *ps, pg_conn *cn, int which, const char *const *vals,
                const char *what)
 {
     static const char *const names[S_COUNT] = {
-        "dlock0", "dlock1", "dlock2",  "dlock3",  "dlock4",
-        "dlock5", "dlock6", "dlock7",  "dlock8",  "dlock9",
-        "dlock10", "dlock11", "dlock12", "dlock13", "dlock14"};
-    static const Oid types[S_COUNT][6] = {
-        [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT},
-        [S_ACQUIRE_FAIR] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_INT8},
-        [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT},
+        "dlock0", "dlock1", "dlock2", "dlock3",  "dlock4", "dlock5",
+        "dlock6", "dlock7", "dlock8", "dlock9", "dlock10", "dlock11"};
+    static const Oid types[S_COUNT][8] = {
+        [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
+                       T_INT4, T_TEXT},
+        [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8},
         [S_EXTEND] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
         [S_INSPECT] = {T_BYTEA},
         [S_QUEUE] = {T_BYTEA},
-        [S_JOIN] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT},
-        [S_REFRESH] = {T_INT8ARR},
-        [S_LEAVE] = {T_BYTEA, T_INT8, T_TEXT},
+        [S_LEAVE] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT8},
         [S_GC] = {T_INT8},
         [S_GC_QUEUE] = {0},
         [S_ADV_TRY] = {T_BYTEA, T_TEXT},
@@ -467,7 +603,7 @@ static int run(pg_store *ps, pg_conn *cn, int which, const char *const *vals,
         [S_ADV_CHECK] = {T_BYTEA},
         [S_ADV_INSPECT] = {T_BYTEA},
     };
-    int fmts[6] = {0};
+    int fmts[8] = {0};
     int n = ps->nparams[which];
     PGresult *r;
     int rc;
@@ -475,6 +611,16 @@ static int run(pg_store *ps, pg_conn *cn, int which, const char *const *vals,
     *out = NULL;
     if (deadline > dlock__now_ms() + ps->timeout_ms)
         deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
+    if (n > 0 && types[which][0] == T_BYTEA)
+        fmts[0] = 1;
+    if (ps->unnamed) {
+        /* a pooler may run each transaction on another session: no
+         * prepared statements (the text goes with every call) */
+        if (!PQsendQueryParams(cn->pg, ps->sql[which], n, types[which],
+                               vals, lens, fmts, 0))
+            return conn_error(ps, cn, what);
+        goto answer;
+    }
     if (!(cn->prepared & (1u << which))) {
         if (!PQsendPrepare(cn->pg, names[which], ps->sql[which], n,
                            types[which]))
@@ -488,10 +634,9 @@ static int run(pg_store *ps, pg_conn *cn, int which, const char *const *vals,
         PQclear(r);
         cn->prepared |= 1u << which;
     }
-    if (n > 0 && types[which][0] == T_BYTEA)
-        fmts[0] = 1;
     if (!PQsendQueryPrepared(cn->pg, names[which], n, vals, lens, fmts, 0))
         return conn_error(ps, cn, what);
+answer:
     rc = collect(ps, cn, deadline, &r, what);
     if (rc)
         return rc;
@@ -577,28 +722,6 @@ static void quote_literal(const char *in, char *out, size_t cap)
     out[o] = '\0';
 }
 
-/* The NOTIFY channel of a lock: "dlock_" + FNV-1a 64 of "TABLE\0NAME". */
-static void channel_of(const pg_store *ps, const char *name, size_t len,
-                       char out[24])
-{
-    uint64_t h = dlock__hash(ps->table, strlen(ps->table) + 1);
-
-    /* continue the same hash over the name */
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)name[i];
-        h *= 0x100000001b3ull;
-    }
-    snprintf(out, 24, "dlock_%016" PRIx64, h);
-}
-
-static int hexval(int c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 /* The application_name of a hold: "dlock " + desc, within 63 bytes. */
 static void appname(const dlock__lease *l, char *out, size_t cap)
 {
@@ -607,405 +730,307 @@ static void appname(const dlock__lease *l, char *out, size_t cap)
 }
 
 /* ------------------------------------------------------------------------ */
-/* The listener (table mode): LISTEN per waited-for name                    */
+/* Notifications (table mode): LISTEN dlock_CLIENTID on the command         */
+/* connection                                                               */
 /* ------------------------------------------------------------------------ */
 
-/* A notification: "HEXNAME" or "HEXNAME CLIENTID:WAITER" (fair head). */
-static void dispatch(pg_store *ps, const char *payload)
+/* A notification on our channel: "g WAITER TOKEN", the lock handed to one
+ * of our waiters. */
+static void dispatch(pg_store *ps, const PGnotify *nt)
 {
-    char name[DLOCK_NAME_MAX];
-    size_t n = 0;
-    const char *p = payload;
+    unsigned long long waiter, token;
+    int end = 0;
 
-    while (p[0] && p[1] && p[0] != ' ' && n < sizeof(name)) {
-        int hi = hexval(p[0]), lo = hexval(p[1]);
-        if (hi < 0 || lo < 0)
-            return;
-        name[n++] = (char)(hi << 4 | lo);
-        p += 2;
-    }
-    if (n == 0 || (*p && *p != ' '))
+    if (strcmp(nt->relname, ps->chan) != 0)
         return;
-    dlock__notify_name(ps->client, name, n);
-    if (*p != ' ') {
-        /* no head named: the releaser's snapshot may have missed a fair
-         * waiter that was joining the queue just then; ours try again */
-        dlock__notify_fair(ps->client, name, n);
-    } else {
-        const char *id = dlock__client_id(ps->client);
-        size_t idlen = strlen(id);
-        if (!strncmp(p + 1, id, idlen) && p[1 + idlen] == ':')
-            dlock__notify_waiter(ps->client,
-                                 strtoull(p + 2 + idlen, NULL, 10));
-    }
+    if (sscanf(nt->extra, "g %llu %llu%n", &waiter, &token, &end) == 2 &&
+        nt->extra[end] == '\0' && token > 0)
+        dlock__notify_grant(ps->client, waiter, token);
 }
 
-static void drain_notifies(pg_store *ps)
+/* Hands every notification libpq has read on cn to its waiter (whoever
+ * uses cn: a statement's thread, or the one reading it while idle). */
+static void drain_notifies(pg_store *ps, pg_conn *cn)
 {
     PGnotify *nt;
 
-    while ((nt = PQnotifies(ps->listener)) != NULL) {
-        dispatch(ps, nt->extra);
+    while ((nt = PQnotifies(cn->pg)) != NULL) {
+        dispatch(ps, nt);
         PQfreemem(nt);
     }
 }
 
-/* The listener broke: forget it and its channels; waiters re-arm. lmu
- * held. */
-static void listener_lost(pg_store *ps)
+/* Counts lease l as waiting: while any lease waits, the command
+ * connection LISTENs (once per session; the session's pid and start go
+ * into the lease's queue entry, so that a release can tell whether it is
+ * alive). `may_send`: LISTEN now if needed (else just say whether the
+ * client listens already). DLOCK_OK, DLOCK_EBUSY (not listening and
+ * !may_send), or an error. */
+static int listen_ref(pg_store *ps, pg_lease *pl, int64_t deadline,
+                      int may_send)
 {
-    if (ps->listener) {
-        epoll_ctl(ps->epfd, EPOLL_CTL_DEL, PQsocket(ps->listener), NULL);
-        PQfinish(ps->listener);
-        ps->listener = NULL;
-    }
-    ps->unlistening = 0;
-    while (ps->chans) {
-        pg_chan *ch = ps->chans;
-        ps->chans = ch->next;
-        free(ch);
-    }
-    ps->gen++;
-    dlock__notify_error(ps->client);
-}
-
-/* LISTENs on `chan` for lease l (a reference per waiting lease), after
- * UNLISTEN of channels nobody needs any more. lmu held. */
-static int listen_ref(pg_store *ps, pg_lease *pl, int64_t deadline)
-{
-    pg_chan *ch, **pp;
-    char sql[PG_STALE_CHANS * 40 + 64];
-    size_t o = 0;
-    int stale = 0, rc;
+    pg_conn *cn;
     PGresult *r;
+    char sql[160];
+    int rc;
 
-    if (pl->listening && pl->gen == ps->gen)
+    pthread_mutex_lock(&ps->mu);
+    if (pl->listening && pl->gen == ps->gen && ps->listening) {
+        pthread_mutex_unlock(&ps->mu);
         return DLOCK_OK;
+    }
+    if (pl->listening) /* a lost generation's reference */
+        ps->nwait--;
     pl->listening = 0;
-    for (ch = ps->chans; ch; ch = ch->next)
-        if (!strcmp(ch->name, pl->chan))
-            break;
-    if (ch && ps->listener) {
-        ch->refs++;
+    if (ps->listening && !ps->main_pending) {
         pl->listening = 1;
         pl->gen = ps->gen;
+        ps->nwait++;
+        pthread_mutex_unlock(&ps->mu);
         return DLOCK_OK;
     }
-    if (ps->listener && ps->unlistening) {
-        /* the UNLISTEN * sent when the last waiter left: its answer first */
-        pg_conn tmp = {.pg = ps->listener};
-        rc = collect(ps, &tmp, deadline, &r, "UNLISTEN");
-        PQclear(r);
-        ps->unlistening = 0;
-        if (rc) {
-            listener_lost(ps);
-            return rc;
-        }
-        drain_notifies(ps);
-    }
-    if (!ps->listener) {
-        pg_conn *cn;
-        rc = conn_open(ps, deadline, &cn);
-        if (rc)
-            return rc;
-        ps->listener = cn->pg;
-        cn->pg = NULL;
-        conn_free(cn);
-        struct epoll_event ev = {.events = EPOLLIN};
-        ev.data.u64 = EV_LISTENER;
-        if (epoll_ctl(ps->epfd, EPOLL_CTL_ADD, PQsocket(ps->listener),
-                      &ev) != 0) {
-            PQfinish(ps->listener);
-            ps->listener = NULL;
-            return dlock__err(DLOCK_ENOMEM, "epoll_ctl: %s",
-                              strerror(errno));
-        }
-        dlock__loop_wake(ps->client);
-    }
-    for (pg_chan *c2 = ps->chans; c2; c2 = c2->next)
-        stale += c2->refs == 0;
-    if (stale >= PG_STALE_CHANS) {
-        for (pg_chan *c2 = ps->chans; c2; c2 = c2->next)
-            if (c2->refs == 0)
-                o += (size_t)snprintf(sql + o, sizeof(sql) - o,
-                                      "UNLISTEN %s;", c2->name);
-    }
-    snprintf(sql + o, sizeof(sql) - o, "LISTEN %s", pl->chan);
-    if (!PQsendQuery(ps->listener, sql)) {
-        listener_lost(ps);
-        return dlock__err(DLOCK_ECONN, "postgres %s: LISTEN: connection "
-                                       "lost",
-                          ps->redacted);
-    }
-    pg_conn tmp = {.pg = ps->listener};
-    rc = collect(ps, &tmp, deadline, &r, "LISTEN");
-    if (rc == DLOCK_OK)
-        rc = result_ok(ps, &r, "LISTEN");
-    PQclear(r);
-    if (tmp.broken || rc) {
-        listener_lost(ps);
-        return rc ? rc : DLOCK_ECONN;
-    }
-    drain_notifies(ps);
-    if (stale >= PG_STALE_CHANS) {
-        for (pp = &ps->chans; *pp;) {
-            if ((*pp)->refs == 0) {
-                pg_chan *dead = *pp;
-                *pp = dead->next;
-                free(dead);
+    pthread_mutex_unlock(&ps->mu);
+    if (!may_send)
+        return DLOCK_EBUSY;
+    if (!ps->sessions)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "postgres %s: waiting needs LISTEN on a session "
+                          "of its own, which %s: try once (wait 0), or "
+                          "connect to the server or to a session-mode pool "
+                          "(?pooler=session)",
+                          ps->redacted,
+                          ps->pooler == POOLER_TRANSACTION
+                              ? "transaction pooling (?pooler=transaction) "
+                                "does not keep"
+                              : "a pooler in front of the server may not "
+                                "keep (say ?pooler=session if it does)");
+    rc = conn_get_ex(ps, deadline, &cn, 1);
+    if (rc)
+        return rc;
+    if (ps->listening) {
+        rc = DLOCK_OK; /* another thread did it meanwhile */
+    } else {
+        snprintf(sql, sizeof(sql),
+                 "LISTEN %s; SELECT pid, backend_start FROM "
+                 "pg_stat_get_activity(pg_backend_pid())",
+                 ps->chan);
+        rc = run_text(ps, cn, sql, deadline, &r, "LISTEN");
+        if (rc == DLOCK_OK) {
+            if (PQntuples(r) == 1 && PQnfields(r) == 2) {
+                ps->lpid = atoi(PQgetvalue(r, 0, 0));
+                snprintf(ps->lsince, sizeof(ps->lsince), "%s",
+                         PQgetvalue(r, 0, 1));
+                ps->listening = 1;
             } else {
-                pp = &(*pp)->next;
+                rc = dlock__err(DLOCK_EPROTO, "postgres %s: LISTEN: no "
+                                              "session row",
+                                ps->redacted);
             }
+            PQclear(r);
         }
     }
-    if (!ch) {
-        ch = calloc(1, sizeof(*ch));
-        if (!ch)
-            return enomem();
-        snprintf(ch->name, sizeof(ch->name), "%s", pl->chan);
-        ch->next = ps->chans;
-        ps->chans = ch;
+    pthread_mutex_lock(&ps->mu);
+    if (rc == DLOCK_OK) {
+        pl->listening = 1;
+        pl->gen = ps->gen;
+        ps->nwait++;
     }
-    ch->refs++;
-    pl->listening = 1;
-    pl->gen = ps->gen;
-    return DLOCK_OK;
+    pthread_mutex_unlock(&ps->mu);
+    conn_put(ps, cn);
+    return rc;
 }
 
-/* Drops lease l's reference; the channel stays LISTENed until enough
- * unused ones pile up (a later LISTEN sends the UNLISTENs with it). lmu
- * held. */
+/* Lease l waits no more. With no waiter left, the client stops listening
+ * in a second, unless it waits again by then: PostgreSQL wakes every
+ * listening session of the database at every NOTIFY. */
 static void listen_unref(pg_store *ps, pg_lease *pl)
 {
-    if (pl->listening && pl->gen == ps->gen) {
-        for (pg_chan *ch = ps->chans; ch; ch = ch->next)
-            if (!strcmp(ch->name, pl->chan) && ch->refs > 0) {
-                ch->refs--;
-                break;
-            }
-    }
+    pthread_mutex_lock(&ps->mu);
+    if (pl->listening && --ps->nwait == 0)
+        idle_timer(ps);
     pl->listening = 0;
-
-    /* nobody waits any more: stop listening in a second if nobody waits
-     * again by then (a client that waits often keeps its channels) */
-    int refs = 0;
-    for (pg_chan *ch = ps->chans; ch; ch = ch->next)
-        refs += ch->refs;
-    if (refs == 0 && ps->listener && ps->chans) {
-        struct itimerspec its;
-        memset(&its, 0, sizeof(its));
-        its.it_value.tv_sec = PG_UNLISTEN_AFTER_MS / 1000;
-        its.it_value.tv_nsec = (PG_UNLISTEN_AFTER_MS % 1000) * 1000000L;
-        timerfd_settime(ps->idle_fd, 0, &its, NULL);
-    }
+    pl->queued = 0;
+    pthread_mutex_unlock(&ps->mu);
 }
 
-/* The client thread: nobody has waited for a second. Stops listening, for
- * PostgreSQL wakes every listening session of the database at every
- * NOTIFY, whatever its channel (sent without waiting; the client thread
- * reads the answer). lmu held. */
-static void unlisten_idle(pg_store *ps)
+/* The idle timer (client thread or a waiting thread: never blocks):
+ * extra connections unused for a second are closed; with no waiter, the
+ * command connection stops listening (sent now, its answer read later). */
+static void idle_run(pg_store *ps)
 {
-    int refs = 0;
+    pg_conn *extra, *cn = NULL;
 
-    for (pg_chan *ch = ps->chans; ch; ch = ch->next)
-        refs += ch->refs;
-    if (refs > 0 || !ps->listener || ps->unlistening || !ps->chans)
-        return;
-    if (!PQsendQuery(ps->listener, "UNLISTEN *") ||
-        PQflush(ps->listener) != 0) {
-        listener_lost(ps);
-        return;
+    pthread_mutex_lock(&ps->mu);
+    extra = ps->idle;
+    ps->idle = NULL;
+    ps->nidle = 0;
+    if (ps->nwait == 0 && ps->listening && ps->main && !ps->main_busy) {
+        cn = ps->main;
+        ps->main_busy = 1;
+    } else if (ps->nwait == 0 && ps->listening) {
+        idle_timer(ps); /* in use: later */
     }
-    ps->unlistening = 1;
-    while (ps->chans) {
-        pg_chan *ch = ps->chans;
-        ps->chans = ch->next;
-        free(ch);
+    pthread_mutex_unlock(&ps->mu);
+    while (extra) {
+        pg_conn *next = extra->next;
+        conn_free(extra);
+        extra = next;
     }
+    if (!cn)
+        return;
+    int ok = !ps->main_pending && PQsendQuery(cn->pg, "UNLISTEN *") &&
+             PQflush(cn->pg) == 0;
+    pthread_mutex_lock(&ps->mu);
+    if (!ok) {
+        cn->broken = 1;
+        main_lost(ps);
+    } else {
+        ps->main_pending = 1;
+        ps->listening = 0; /* a new wait LISTENs again */
+        ps->main_busy = 0;
+        pthread_cond_signal(&ps->cv);
+        main_watch(ps, cn, EPOLL_CTL_MOD);
+    }
+    pthread_mutex_unlock(&ps->mu);
 }
 
-static void timer_set(pg_store *ps, int on)
+/* The command connection is readable while nobody uses it: a
+ * notification, the answer of an UNLISTEN, or the server closing it. */
+static void main_read(pg_store *ps)
 {
-    struct itimerspec its;
+    pg_conn *cn;
 
-    memset(&its, 0, sizeof(its));
-    if (on) {
-        its.it_value.tv_sec = PG_HEARTBEAT_MS / 1000;
-        its.it_value.tv_nsec = (PG_HEARTBEAT_MS % 1000) * 1000000L;
-        its.it_interval = its.it_value;
-    }
-    timerfd_settime(ps->timer_fd, 0, &its, NULL);
-}
-
-/* Keeps this client's fair queue entries alive, and wakes a waiter whose
- * turn it is with the lock free (client thread). */
-static void heartbeat(pg_store *ps)
-{
-    PGresult *r = NULL;
-    size_t o = 0, cap;
-    char *arr;
-
-    pthread_mutex_lock(&ps->lmu);
-    cap = ps->nfair * 22 + 3;
-    arr = ps->nfair ? malloc(cap) : NULL;
-    if (arr) {
-        arr[o++] = '{';
-        for (size_t i = 0; i < ps->nfair; i++)
-            o += (size_t)snprintf(arr + o, cap - o, "%s%lld", i ? "," : "",
-                                  (long long)ps->fair[i]);
-        arr[o++] = '}';
-        arr[o] = '\0';
-    }
-    pthread_mutex_unlock(&ps->lmu);
-    if (!arr)
+    pthread_mutex_lock(&ps->mu);
+    if (!ps->main || ps->main_busy) {
+        /* its user re-arms the watch when it gives it back */
+        pthread_mutex_unlock(&ps->mu);
         return;
-    const char *vals[1] = {arr};
-    int rc = run_pooled(ps, S_REFRESH, vals, NULL,
-                        dlock__now_ms() + ps->timeout_ms, &r,
-                        "refreshing the queue entries");
-    free(arr);
-    if (rc != DLOCK_OK)
-        return;
-    for (int i = 0; i < PQntuples(r); i++)
-        if (!strcmp(PQgetvalue(r, i, 1), "t"))
-            dlock__notify_waiter(ps->client,
-                                 strtoull(PQgetvalue(r, i, 0), NULL, 10));
-    PQclear(r);
+    }
+    cn = ps->main;
+    ps->main_busy = 1;
+    pthread_mutex_unlock(&ps->mu);
+    int ok = PQconsumeInput(cn->pg) && PQstatus(cn->pg) == CONNECTION_OK;
+    if (ok) {
+        drain_notifies(ps, cn);
+        PGresult *r;
+        while (!PQisBusy(cn->pg) && (r = PQgetResult(cn->pg)) != NULL)
+            PQclear(r);
+        if (!PQisBusy(cn->pg))
+            ps->main_pending = 0;
+    }
+    pthread_mutex_lock(&ps->mu);
+    if (!ok) {
+        main_lost(ps);
+    } else {
+        ps->main_busy = 0;
+        pthread_cond_signal(&ps->cv);
+        main_watch(ps, cn, EPOLL_CTL_MOD);
+    }
+    pthread_mutex_unlock(&ps->mu);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Table mode                                                               */
 /* ------------------------------------------------------------------------ */
 
-static int fair_add(pg_store *ps, int64_t seq)
-{
-    if (ps->nfair == ps->capfair) {
-        size_t n = ps->capfair ? ps->capfair * 2 : 8;
-        int64_t *p = realloc(ps->fair, n * sizeof(*p));
-        if (!p)
-            return enomem();
-        ps->fair = p;
-        ps->capfair = n;
-    }
-    ps->fair[ps->nfair++] = seq;
-    if (ps->nfair == 1)
-        timer_set(ps, 1);
-    return DLOCK_OK;
-}
-
-static void fair_remove(pg_store *ps, int64_t seq)
-{
-    for (size_t i = 0; i < ps->nfair; i++) {
-        if (ps->fair[i] == seq) {
-            ps->fair[i] = ps->fair[--ps->nfair];
-            break;
-        }
-    }
-    if (ps->nfair == 0)
-        timer_set(ps, 0);
-}
-
 static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
     pg_lease *pl = l->priv;
-    int fair = (l->flags & DLOCK_FAIR) != 0;
-    char ttl[24], seq[24];
+    char ttl[24], waiter[24], pid[16], since[48];
+    const char *client = NULL;
     PGresult *r;
     int rc;
 
-    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
-    snprintf(seq, sizeof(seq), "%lld",
-             (long long)(pl->seq ? pl->seq : INT64_MAX));
-    const char *vals[5] = {l->name, l->owner, ttl, l->desc, seq};
-    int lens[5] = {(int)l->name_len, 0, 0, 0, 0};
-    rc = run_pooled(ps, fair ? S_ACQUIRE_FAIR : S_ACQUIRE, vals, lens,
-                    op_deadline, &r, "taking the lock");
-    if (rc)
-        return rc;
-    long long token = col_ll(r, 0, 0, -1);
-    long long left = col_ll(r, 0, 1, -1);
-    long long qleft = fair ? col_ll(r, 0, 2, -1) : -1;
-    PQclear(r);
-    if (token > 0) {
-        l->token = (uint64_t)token;
-        if (pl->seq) {
-            /* the statement removed our queue entry */
-            pthread_mutex_lock(&ps->lmu);
-            fair_remove(ps, pl->seq);
-            pthread_mutex_unlock(&ps->lmu);
-            pl->seq = 0;
+    /* a caller that will wait joins the queue in this try when its client
+     * listens already (the first try: then no arm() is needed), or once
+     * arm() made it listen */
+    if (l->may_wait && ps->sessions &&
+        listen_ref(ps, pl, op_deadline, 0) == DLOCK_OK) {
+        pthread_mutex_lock(&ps->mu);
+        if (ps->listening && pl->gen == ps->gen) {
+            client = dlock__client_id(ps->client);
+            snprintf(pid, sizeof(pid), "%d", ps->lpid);
+            snprintf(since, sizeof(since), "%s", ps->lsince);
         }
-        return DLOCK_OK;
+        pthread_mutex_unlock(&ps->mu);
     }
-    if (left > 0)
-        l->retry_ms = left;
-    else if (qleft > 0)
-        l->retry_ms = qleft; /* free, but an older waiter's turn */
-    else
-        l->retry_ms = 50; /* a row made after the statement's snapshot */
-    return DLOCK_EBUSY;
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
+    const char *vals[8] = {l->name, l->owner, ttl, l->desc, client, waiter,
+                           client ? pid : NULL, client ? since : NULL};
+    int lens[8] = {(int)l->name_len, 0, 0, 0, 0, 0, 0, 0};
+    rc = run_pooled(ps, S_ACQUIRE, vals, lens, op_deadline, &r,
+                    "taking the lock");
+    if (rc == DLOCK_OK) {
+        long long token = col_ll(r, 0, 0, -1);
+        long long left = col_ll(r, 0, 1, -1);
+        int queued = col_ll(r, 0, 2, 0) > 0;
+        PQclear(r);
+        if (token > 0) {
+            l->token = (uint64_t)token;
+            rc = DLOCK_OK;
+        } else {
+            /* the fallback timer: the holder's lease end (a crashed
+             * holder releases nothing); a row made after the statement's
+             * snapshot shows no lease: soon */
+            l->retry_ms = left > 0 ? left : 50;
+            if (queued || pl->queued)
+                pl->queued = 1;
+            if (client && !l->waiting)
+                l->armed = 1; /* queued, and its grant will be heard */
+            rc = DLOCK_EBUSY;
+        }
+    }
+    if (!l->waiting && (rc != DLOCK_EBUSY || !client)) {
+        /* the core calls disarm() only for a lease that waited */
+        if (pl->listening)
+            listen_unref(ps, pl);
+    }
+    return rc;
 }
 
 static int pg_arm(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
     pg_lease *pl = l->priv;
-    int rc;
 
-    if (!pl->chan[0])
-        channel_of(ps, l->name, l->name_len, pl->chan);
-    pthread_mutex_lock(&ps->lmu);
-    rc = listen_ref(ps, pl, op_deadline);
-    pthread_mutex_unlock(&ps->lmu);
-    if (rc || !(l->flags & DLOCK_FAIR) || pl->seq)
-        return rc;
-
-    /* fair: join the queue; the client thread keeps the entry alive */
-    char waiter[24];
-    PGresult *r;
-    snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
-    const char *vals[4] = {l->name, dlock__client_id(ps->client), waiter,
-                           l->desc};
-    int lens[4] = {(int)l->name_len, 0, 0, 0};
-    rc = run_pooled(ps, S_JOIN, vals, lens, op_deadline, &r,
-                    "joining the queue");
-    if (rc)
-        return rc;
-    pl->seq = col_ll(r, 0, 0, 0);
-    PQclear(r);
-    pthread_mutex_lock(&ps->lmu);
-    rc = fair_add(ps, pl->seq);
-    pthread_mutex_unlock(&ps->lmu);
-    return rc;
+    return listen_ref(ps, pl, op_deadline, 1);
 }
 
 static void pg_disarm(void *st, dlock__lease *l, int acquired)
 {
     pg_store *ps = st;
-    pg_lease *pl = l->priv;
-    char seq[24];
-    PGresult *r;
 
-    pthread_mutex_lock(&ps->lmu);
-    listen_unref(ps, pl);
-    if (pl->seq)
-        fair_remove(ps, pl->seq);
-    pthread_mutex_unlock(&ps->lmu);
-    if (!pl->seq)
-        return;
-    /* gave up (or failed): leave the queue, and if the lock is free tell
-     * the next in line, who would otherwise wait for our entry to expire */
-    (void)acquired;
-    snprintf(seq, sizeof(seq), "%lld", (long long)pl->seq);
-    const char *vals[3] = {l->name, seq, pl->chan};
-    int lens[3] = {(int)l->name_len, 0, 0};
-    if (run_pooled(ps, S_LEAVE, vals, lens,
-                   dlock__now_ms() + ps->timeout_ms, &r,
-                   "leaving the queue") == DLOCK_OK)
-        PQclear(r);
-    pl->seq = 0;
+    (void)acquired; /* leaving the queue is abandon()'s */
+    listen_unref(ps, l->priv);
+}
+
+/* The wait ends without the lock: leave the queue, unless the lock was
+ * handed to us meanwhile (then keep it, lease restarted). */
+static int pg_abandon(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    char waiter[24], ttl[24];
+    PGresult *r;
+    int rc;
+
+    snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    const char *vals[5] = {l->name, l->owner, dlock__client_id(ps->client),
+                           waiter, ttl};
+    int lens[5] = {(int)l->name_len, 0, 0, 0, 0};
+    rc = run_pooled(ps, S_LEAVE, vals, lens, op_deadline, &r,
+                    "leaving the queue");
+    if (rc)
+        return rc;
+    long long token = col_ll(r, 0, 0, -1);
+    PQclear(r);
+    if (token > 0) {
+        l->token = (uint64_t)token;
+        return DLOCK_OK;
+    }
+    return DLOCK_EBUSY;
 }
 
 static int not_ours(pg_store *ps)
@@ -1019,21 +1044,28 @@ static int not_ours(pg_store *ps)
 static int pg_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
-    pg_lease *pl = l->priv;
     char token[24];
     PGresult *r;
     int rc;
 
-    if (!pl->chan[0])
-        channel_of(ps, l->name, l->name_len, pl->chan);
     snprintf(token, sizeof(token), "%llu", (unsigned long long)l->token);
-    const char *vals[4] = {l->name, l->owner, token, pl->chan};
-    int lens[4] = {(int)l->name_len, 0, 0, 0};
+    const char *vals[3] = {l->name, l->owner, token};
+    int lens[3] = {(int)l->name_len, 0, 0};
     rc = run_pooled(ps, S_RELEASE, vals, lens, op_deadline, &r,
                     "releasing the lock");
     if (rc)
         return rc;
-    int released = PQntuples(r) == 1;
+    int released = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
+    if (released && !PQgetisnull(r, 0, 1)) {
+        /* handed over: to a waiter of ours? then wake it now, not when
+         * the notification comes back */
+        const char *to = PQgetvalue(r, 0, 1);
+        const char *id = dlock__client_id(ps->client);
+        size_t n = strlen(id);
+        if (!strncmp(to, id, n) && to[n] == ':')
+            dlock__notify_grant(ps->client, strtoull(to + n + 1, NULL, 10),
+                                (uint64_t)col_ll(r, 0, 2, 0));
+    }
     PQclear(r);
     return released ? DLOCK_OK : not_ours(ps);
 }
@@ -1290,7 +1322,8 @@ static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
     pthread_mutex_lock(&cn->mu);
     pthread_mutex_unlock(&cn->mu); /* the client thread is done with it */
     if (cn->dead || PQstatus(cn->pg) != CONNECTION_OK) {
-        conn_free(cn);
+        cn->broken = 1;
+        conn_put(ps, cn);
         return dlock__err(DLOCK_ENOTHELD,
                           "postgres %s: the session holding the advisory "
                           "lock ended: the server had released it",
@@ -1302,7 +1335,7 @@ static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
              "releasing the advisory lock");
     if (rc == DLOCK_ECONN && cn->broken) {
         /* closing the session frees the lock on the server too */
-        conn_free(cn);
+        conn_put(ps, cn);
         return rc;
     }
     if (rc == DLOCK_OK) {
@@ -1416,32 +1449,10 @@ static void pg_loop_run(void *st, int readable)
     for (int i = 0; i < n; i++) {
         if (ev[i].data.u64 == EV_IDLE) {
             uint64_t ticks;
-            if (read(ps->idle_fd, &ticks, sizeof(ticks)) > 0) {
-                pthread_mutex_lock(&ps->lmu);
-                unlisten_idle(ps);
-                pthread_mutex_unlock(&ps->lmu);
-            }
-        } else if (ev[i].data.u64 == EV_TIMER) {
-            uint64_t ticks;
-            if (read(ps->timer_fd, &ticks, sizeof(ticks)) > 0)
-                heartbeat(ps);
-        } else if (ev[i].data.u64 == EV_LISTENER) {
-            pthread_mutex_lock(&ps->lmu);
-            if (ps->listener) {
-                if (!PQconsumeInput(ps->listener) ||
-                    PQstatus(ps->listener) != CONNECTION_OK) {
-                    listener_lost(ps);
-                } else {
-                    drain_notifies(ps);
-                    PGresult *r;
-                    while (!PQisBusy(ps->listener) &&
-                           (r = PQgetResult(ps->listener)) != NULL)
-                        PQclear(r);
-                    if (!PQisBusy(ps->listener))
-                        ps->unlistening = 0;
-                }
-            }
-            pthread_mutex_unlock(&ps->lmu);
+            if (read(ps->idle_fd, &ticks, sizeof(ticks)) > 0)
+                idle_run(ps);
+        } else if (ev[i].data.u64 == EV_MAIN) {
+            main_read(ps);
         } else {
             pthread_mutex_lock(&ps->hmu);
             hold_check(ps, ev[i].data.ptr);
@@ -1468,19 +1479,12 @@ static void pg_close(void *st)
     while (ps->holds) {
         pg_conn *cn = ps->holds;
         ps->holds = cn->next;
-        conn_free(cn);
+        if (cn != ps->main)
+            conn_free(cn);
     }
-    if (ps->listener)
-        PQfinish(ps->listener);
-    while (ps->chans) {
-        pg_chan *ch = ps->chans;
-        ps->chans = ch->next;
-        free(ch);
-    }
+    conn_free(ps->main);
     if (ps->epfd >= 0)
         close(ps->epfd);
-    if (ps->timer_fd >= 0)
-        close(ps->timer_fd);
     if (ps->idle_fd >= 0)
         close(ps->idle_fd);
     for (int i = 0; i < S_COUNT; i++)
@@ -1491,9 +1495,8 @@ static void pg_close(void *st)
             free(ps->vals[i]);
         }
     }
-    free(ps->fair);
     pthread_mutex_destroy(&ps->mu);
-    pthread_mutex_destroy(&ps->lmu);
+    pthread_cond_destroy(&ps->cv);
     pthread_mutex_destroy(&ps->hmu);
     free(ps->redacted);
     free(ps);
@@ -1570,31 +1573,54 @@ static int build_keywords(pg_store *ps, const dlock__uri *u)
     return rc;
 }
 
-static int set_sql(pg_store *ps, int which, int nparams, const char *fmt,
-                   const char *t, const char *q, const char *s)
-{
-    size_t cap = strlen(fmt) + 8 * (strlen(t) + strlen(q) + strlen(s)) + 64;
+/* The schema objects' names, each one quoted identifier. */
+typedef struct pg_names {
+    char t[2 * PG_TABLE_MAX + 16];  /* T */
+    char w[2 * PG_TABLE_MAX + 24];  /* T_waiters */
+    char wi[2 * PG_TABLE_MAX + 32]; /* T_waiters_name */
+    char rel[2 * PG_TABLE_MAX + 24]; /* T_release */
+    char leave[2 * PG_TABLE_MAX + 24]; /* T_leave */
+} pg_names;
 
-    if (!(ps->sql[which] = malloc(cap)))
+/* fmt with %1$s the table, %2$s the waiters table, %3$s the sequence
+ * literal, %4$s the release function, %5$s the leaving function. */
+static char *sql_of(const char *fmt, const pg_names *nm, const char *s)
+{
+    size_t cap = strlen(fmt) + 8 * (strlen(nm->t) + strlen(nm->w) +
+                                    strlen(s) + strlen(nm->rel) +
+                                    strlen(nm->leave)) + 64;
+    char *out = malloc(cap);
+
+    if (out)
+        snprintf(out, cap, fmt, nm->t, nm->w, s, nm->rel, nm->leave);
+    return out;
+}
+
+static int set_sql(pg_store *ps, int which, int nparams, const char *fmt,
+                   const pg_names *nm, const char *s)
+{
+    if (!(ps->sql[which] = sql_of(fmt, nm, s)))
         return enomem();
-    /* %1$s the table, %2$s the queue table, %3$s the sequence literal */
-    snprintf(ps->sql[which], cap, fmt, t, q, s);
     ps->nparams[which] = nparams;
     return DLOCK_OK;
 }
 
-static int build_statements(pg_store *ps, const char *t, const char *q,
-                            const char *s)
+static int build_statements(pg_store *ps, const pg_names *nm, const char *s)
 {
     int rc = 0;
 
-    /* $1 name, $2 owner, $3 ttl ms, $4 holder [, $5 our queue number].
+    /* $1 name, $2 owner, $3 ttl ms, $4 holder; a caller that will wait:
+     * $5 its client id, $6 its waiter number, $7 and $8 its client's
+     * listening session (pid, backend_start); else NULL.
      * A take-over (the lease ended) draws its token in the UPDATE, while
      * it holds the row: one drawn before (in VALUES) could be older than a
      * hold that came between, and tokens would go backwards. A row that is
      * already ours and live is adopted as it is (token kept, lease only
-     * lengthened): an earlier try whose answer was lost took it, or this
-     * statement is that late try and the owner holds the lock again. */
+     * lengthened): an earlier try whose answer was lost took it, the lock
+     * was handed to us, or this statement is that late try and the owner
+     * holds the lock again. ON CONFLICT DO UPDATE locks the row even when
+     * its WHERE is false, so the queue entry is committed before any
+     * release can lock the row and look for waiters. */
 #define ENDED "t.lock_until <= " NOW
 #define KEEP_OR(col, new_)                                                  \
     col " = CASE WHEN " ENDED " THEN " new_ " ELSE t." col " END"
@@ -1608,98 +1634,59 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
 #define LEFT_OF_ROW                                                         \
     "(SELECT " MS_LEFT("lock_until") " FROM %1$s WHERE name = $1)"
     rc = rc ? rc
-            : set_sql(ps, S_ACQUIRE, 4,
+            : set_sql(ps, S_ACQUIRE, 8,
                       "WITH ins AS (INSERT INTO %1$s AS t (name, owner, "
                       "holder, holds, token, locked_at, lock_until) VALUES "
                       "($1, $2, $4, 1, nextval(%3$s), " NOW ", " NOW
                       " + $3 * interval '1 millisecond')" UPSERT_SET(ENDED)
-                      " RETURNING token) SELECT (SELECT token FROM ins), "
-                      LEFT_OF_ROW,
-                      t, q, s);
-#define AHEAD                                                               \
-    "FROM %2$s WHERE name = $1 AND alive_until > " NOW " AND seq < $5"
+                      " RETURNING token), "
+                      "del AS (DELETE FROM %2$s WHERE name = $1 AND client "
+                      "= $5 AND waiter = $6 AND EXISTS (SELECT 1 FROM ins)), "
+                      "enq AS (INSERT INTO %2$s (name, client, waiter, "
+                      "owner, holder, ttl_ms, pid, since) SELECT $1, $5, "
+                      "$6, $2, $4, $3, $7, $8::timestamptz WHERE $5 IS NOT "
+                      "NULL AND NOT EXISTS (SELECT 1 FROM ins) AND NOT "
+                      "EXISTS (SELECT 1 FROM %2$s WHERE name = $1 AND "
+                      "client = $5 AND waiter = $6 AND pid = $7) RETURNING "
+                      "seq) "
+                      "SELECT (SELECT token FROM ins), " LEFT_OF_ROW
+                      ", (SELECT seq FROM enq)",
+                      nm, s);
+    /* $1 name, $2 owner, $3 token: ok, handed to "client:waiter", token */
     rc = rc ? rc
-            : set_sql(ps, S_ACQUIRE_FAIR, 5,
-                      "WITH ins AS (INSERT INTO %1$s AS t (name, owner, "
-                      "holder, holds, token, locked_at, lock_until) SELECT "
-                      "$1, $2, $4, 1, nextval(%3$s), " NOW ", " NOW
-                      " + $3 * interval '1 millisecond' WHERE NOT EXISTS "
-                      "(SELECT 1 " AHEAD ")" UPSERT_SET(
-                          ENDED " AND NOT EXISTS (SELECT 1 " AHEAD ")")
-                      " RETURNING token), del AS (DELETE FROM %2$s WHERE seq "
-                      "= $5 AND EXISTS (SELECT 1 FROM ins)) SELECT (SELECT "
-                      "token FROM ins), " LEFT_OF_ROW ", (SELECT " MS_LEFT(
-                          "min(alive_until)") " " AHEAD ")",
-                      t, q, s);
-    /* $1 name, $2 owner, $3 token, $4 channel */
-#define HEAD                                                                \
-    "coalesce((SELECT ' ' || client || ':' || waiter FROM %2$s WHERE name " \
-    "= $1 AND alive_until > " NOW
-    rc = rc ? rc
-            : set_sql(ps, S_RELEASE, 4,
-                      "WITH r AS (UPDATE %1$s SET owner = NULL, holder = "
-                      "NULL, holds = 0, lock_until = " NOW " WHERE name = $1 "
-                      "AND owner = $2 AND token = $3 AND lock_until > " NOW
-                      " RETURNING name) SELECT pg_notify($4, encode($1, "
-                      "'hex') || " HEAD " ORDER BY seq LIMIT 1), '')) FROM r",
-                      t, q, s);
+            : set_sql(ps, S_RELEASE, 3, "SELECT * FROM %4$s($1, $2, $3)",
+                      nm, s);
     /* $1 name, $2 owner, $3 token, $4 ttl ms */
     rc = rc ? rc
             : set_sql(ps, S_EXTEND, 4,
                       "UPDATE %1$s SET lock_until = " NOW " + $4 * interval "
                       "'1 millisecond' WHERE name = $1 AND owner = $2 AND "
                       "token = $3 AND lock_until > " NOW,
-                      t, q, s);
+                      nm, s);
     rc = rc ? rc
             : set_sql(ps, S_INSPECT, 1,
                       "SELECT owner IS NOT NULL AND lock_until > " NOW
                       ", holder, token, " MS_LEFT("lock_until") ", floor("
                       "extract(epoch FROM " NOW " - locked_at) * 1000)::"
                       "bigint FROM %1$s WHERE name = $1",
-                      t, q, s);
+                      nm, s);
     rc = rc ? rc
             : set_sql(ps, S_QUEUE, 1,
-                      "SELECT holder FROM %2$s WHERE name = $1 AND "
-                      "alive_until > " NOW " ORDER BY seq",
-                      t, q, s);
-    /* $1 name, $2 client id, $3 waiter number, $4 holder */
+                      "SELECT w.holder FROM %2$s w WHERE w.name = $1 AND "
+                      ALIVE("w") " ORDER BY w.seq",
+                      nm, s);
+    /* $1 name, $2 owner, $3 client id, $4 waiter number, $5 ttl ms */
     rc = rc ? rc
-            : set_sql(ps, S_JOIN, 4,
-                      "INSERT INTO %2$s (name, client, waiter, holder, "
-                      "alive_until) VALUES ($1, $2, $3, $4, " NOW
-                      " + interval '3 seconds') RETURNING seq",
-                      t, q, s);
-    /* the heartbeat also says whose turn it is: a head that died (or a
-     * notification that was lost) must not leave the next waiter asleep */
-    rc = rc ? rc
-            : set_sql(ps, S_REFRESH, 1,
-                      "UPDATE %2$s AS q SET alive_until = " NOW " + interval "
-                      "'3 seconds' WHERE seq = ANY ($1) RETURNING waiter, "
-                      "NOT EXISTS (SELECT 1 FROM %2$s o WHERE o.name = "
-                      "q.name AND o.alive_until > " NOW " AND o.seq < q.seq) "
-                      "AND NOT EXISTS (SELECT 1 FROM %1$s t WHERE t.name = "
-                      "q.name AND t.owner IS NOT NULL AND t.lock_until > "
-                      NOW ")",
-                      t, q, s);
-    /* $1 name, $2 our queue number, $3 channel: leave; if the lock is
-     * free, the new head's turn */
-    rc = rc ? rc
-            : set_sql(ps, S_LEAVE, 3,
-                      "WITH d AS (DELETE FROM %2$s WHERE seq = $2 OR "
-                      "alive_until < " NOW " - interval '60 seconds') "
-                      "SELECT pg_notify($3, encode($1, 'hex') || " HEAD
-                      " AND seq <> $2 ORDER BY seq LIMIT 1), '')) WHERE NOT "
-                      "EXISTS (SELECT 1 FROM %1$s WHERE name = $1 AND owner "
-                      "IS NOT NULL AND lock_until > " NOW ")",
-                      t, q, s);
+            : set_sql(ps, S_LEAVE, 5,
+                      "SELECT %5$s($1, $2, $3, $4, $5)", nm, s);
     rc = rc ? rc
             : set_sql(ps, S_GC, 1,
                       "DELETE FROM %1$s WHERE lock_until <= " NOW " - $1 * "
                       "interval '1 millisecond'",
-                      t, q, s);
+                      nm, s);
     rc = rc ? rc
             : set_sql(ps, S_GC_QUEUE, 0,
-                      "DELETE FROM %2$s WHERE alive_until <= " NOW, t, q, s);
+                      "DELETE FROM %2$s w WHERE NOT " ALIVE("w"), nm, s);
     /* advisory: $1 name [, $2 holder] */
     rc = rc ? rc
             : set_sql(ps, S_ADV_TRY, 2,
@@ -1708,12 +1695,12 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
                       "END AS t FROM l) SELECT t, CASE WHEN t IS NOT NULL "
                       "THEN set_config('application_name', 'dlock ' || t || "
                       "' ' || $2, false) END FROM n",
-                      t, q, s);
+                      nm, s);
     rc = rc ? rc
             : set_sql(ps, S_ADV_UNLOCK, 1,
                       "SELECT pg_advisory_unlock(" KEY("$1") "), "
                       "set_config('application_name', 'dlock', false)",
-                      t, q, s);
+                      nm, s);
 #define ADV_KEY_OF_LOCK                                                     \
     "l.locktype = 'advisory' AND l.objsubid = 1 AND ((l.classid::bigint "   \
     "<< 32) | l.objid::bigint) = " KEY("$1")
@@ -1722,7 +1709,7 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
                       "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "
                       "l.pid = pg_backend_pid() AND l.granted AND "
                       ADV_KEY_OF_LOCK ")",
-                      t, q, s);
+                      nm, s);
     rc = rc ? rc
             : set_sql(ps, S_ADV_INSPECT, 1,
                       "SELECT l.granted, coalesce(a.application_name, ''), "
@@ -1731,60 +1718,124 @@ static int build_statements(pg_store *ps, const char *t, const char *q,
                       "pg_stat_activity a ON a.pid = l.pid WHERE "
                       ADV_KEY_OF_LOCK " ORDER BY l.granted DESC, "
                       "a.query_start",
-                      t, q, s);
+                      nm, s);
     return rc;
 }
 
-/* Creates what is missing (an existing table needs no CREATE right). */
-static int ensure_schema(pg_store *ps, pg_conn *cn, const char *t,
-                         const char *q, const char *qi, int64_t deadline)
+/* The table mode's schema: the lock table, the waiters' queue and the two
+ * functions that hand a lock over and leave the queue (docs/design.md,
+ * "PostgreSQL table mode: hand-over"). Each statement of a function sees
+ * what committed before it: once the row is locked, every queue entry
+ * appended under that row's lock is visible. */
+static const char schema_sql[] =
+    "SELECT pg_advisory_xact_lock(" KEY("'dlock schema'::bytea") "); "
+    "CREATE SEQUENCE IF NOT EXISTS %6$s; "
+    "CREATE TABLE IF NOT EXISTS %1$s ("
+    " name bytea PRIMARY KEY,"
+    " owner text,"
+    " holder text,"
+    " holds integer NOT NULL DEFAULT 0,"
+    " token bigint NOT NULL DEFAULT 0,"
+    " locked_at timestamptz NOT NULL DEFAULT " NOW ","
+    " lock_until timestamptz NOT NULL DEFAULT " NOW "); "
+    "CREATE TABLE IF NOT EXISTS %2$s ("
+    " seq bigserial PRIMARY KEY,"
+    " name bytea NOT NULL,"
+    " client text NOT NULL,"
+    " waiter bigint NOT NULL,"
+    " owner text NOT NULL,"
+    " holder text,"
+    " ttl_ms bigint NOT NULL,"
+    " pid integer NOT NULL,"
+    " since timestamptz); "
+    "CREATE INDEX IF NOT EXISTS %7$s ON %2$s (name, seq); "
+    "CREATE OR REPLACE FUNCTION %4$s(n bytea, o text, tok bigint, "
+    "OUT ok boolean, OUT granted text, OUT gtoken bigint) LANGUAGE plpgsql "
+    "AS $f$ DECLARE w record; BEGIN "
+    " ok := false;"
+    " PERFORM 1 FROM %1$s WHERE name = n AND owner = o AND token = tok AND "
+    "lock_until > " NOW " FOR UPDATE;"
+    " IF NOT FOUND THEN RETURN; END IF;"
+    " ok := true;"
+    " LOOP"
+    "  SELECT * INTO w FROM %2$s WHERE name = n ORDER BY seq LIMIT 1;"
+    "  EXIT WHEN NOT FOUND;"
+    "  IF w.owner <> o AND " ALIVE("w") " THEN"
+    "   gtoken := nextval(%3$s);"
+    "   UPDATE %1$s SET owner = w.owner, holder = w.holder, holds = 1, "
+    "token = gtoken, locked_at = " NOW ", lock_until = " NOW " + w.ttl_ms * "
+    "interval '1 millisecond' WHERE name = n;"
+    "   DELETE FROM %2$s WHERE name = n AND client = w.client AND waiter = "
+    "w.waiter;"
+    "   PERFORM pg_notify('dlock_' || w.client, 'g ' || w.waiter || ' ' || "
+    "gtoken);"
+    "   granted := w.client || ':' || w.waiter;"
+    "   RETURN;"
+    "  END IF;"
+    "  DELETE FROM %2$s WHERE seq = w.seq;"
+    " END LOOP;"
+    " UPDATE %1$s SET owner = NULL, holder = NULL, holds = 0, lock_until = "
+    NOW " WHERE name = n;"
+    " END $f$; "
+    "CREATE OR REPLACE FUNCTION %5$s(n bytea, o text, c text, wt bigint, "
+    "ttl bigint) RETURNS bigint LANGUAGE plpgsql AS $f$ DECLARE t bigint; "
+    "BEGIN"
+    " PERFORM 1 FROM %1$s WHERE name = n FOR UPDATE;"
+    " DELETE FROM %2$s WHERE name = n AND client = c AND waiter = wt;"
+    " UPDATE %1$s SET lock_until = greatest(lock_until, " NOW " + ttl * "
+    "interval '1 millisecond') WHERE name = n AND owner = o AND lock_until > "
+    NOW " RETURNING token INTO t;"
+    " RETURN t;"
+    " END $f$";
+
+/* Creates what is missing (an existing schema needs no CREATE right), and
+ * tells whether a pooler sits in front of the server: libpq was told a
+ * backend pid that is not the server's (PgBouncer makes up its own). */
+static int ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
+                         int64_t deadline)
 {
-    char sql[4096], lt[200], lq[200];
+    char sql[8192], lt[200], lw[200], lrel[200], lleave[200];
     PGresult *r;
     int rc;
 
-    quote_literal(t, lt, sizeof(lt));
-    quote_literal(q, lq, sizeof(lq));
-    snprintf(sql, sizeof(sql),
-             "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT "
-             "NULL AND to_regclass(%s) IS NOT NULL",
-             ps->advisory ? ps->seq_lit : lt, ps->advisory ? ps->seq_lit : lq,
-             ps->seq_lit);
+    quote_literal(nm->t, lt, sizeof(lt));
+    quote_literal(nm->w, lw, sizeof(lw));
+    quote_literal(nm->rel, lrel, sizeof(lrel));
+    quote_literal(nm->leave, lleave, sizeof(lleave));
+    if (ps->advisory)
+        snprintf(sql, sizeof(sql),
+                 "SELECT to_regclass(%s) IS NOT NULL, pg_backend_pid()",
+                 ps->seq_lit);
+    else
+        snprintf(sql, sizeof(sql),
+                 "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS "
+                 "NOT NULL AND to_regclass(%s) IS NOT NULL AND to_regproc(%s) "
+                 "IS NOT NULL AND to_regproc(%s) IS NOT NULL, "
+                 "pg_backend_pid()",
+                 lt, lw, ps->seq_lit, lrel, lleave);
     rc = run_text(ps, cn, sql, deadline, &r, "looking for the lock table");
     if (rc)
         return rc;
     int present = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
+    ps->behind = PQntuples(r) == 1 &&
+                 atoi(PQgetvalue(r, 0, 1)) != PQbackendPID(cn->pg);
     PQclear(r);
+    ps->sessions = !ps->behind ? ps->pooler != POOLER_TRANSACTION
+                               : ps->pooler == POOLER_SESSION;
+    ps->unnamed = (ps->behind && ps->pooler != POOLER_SESSION) ||
+                  ps->pooler == POOLER_TRANSACTION;
     if (present)
         return DLOCK_OK;
     /* one implicit transaction; concurrent creators take turns */
-    if (ps->advisory)
+    if (ps->advisory) {
         snprintf(sql, sizeof(sql),
                  "SELECT pg_advisory_xact_lock(" KEY("'dlock schema'::bytea")
                  "); CREATE SEQUENCE IF NOT EXISTS %s",
                  ps->seq_ident);
-    else
-        snprintf(sql, sizeof(sql),
-                 "SELECT pg_advisory_xact_lock(" KEY("'dlock schema'::bytea")
-                 "); "
-                 "CREATE SEQUENCE IF NOT EXISTS %3$s; "
-                 "CREATE TABLE IF NOT EXISTS %1$s ("
-                 " name bytea PRIMARY KEY,"
-                 " owner text,"
-                 " holder text,"
-                 " holds integer NOT NULL DEFAULT 0,"
-                 " token bigint NOT NULL DEFAULT 0,"
-                 " locked_at timestamptz NOT NULL DEFAULT " NOW ","
-                 " lock_until timestamptz NOT NULL DEFAULT " NOW "); "
-                 "CREATE TABLE IF NOT EXISTS %2$s ("
-                 " seq bigserial PRIMARY KEY,"
-                 " name bytea NOT NULL,"
-                 " client text NOT NULL,"
-                 " waiter bigint NOT NULL,"
-                 " holder text,"
-                 " alive_until timestamptz NOT NULL); "
-                 "CREATE INDEX IF NOT EXISTS %4$s ON %2$s (name, seq)",
-                 t, q, ps->seq_ident, qi);
+    } else {
+        snprintf(sql, sizeof(sql), schema_sql, nm->t, nm->w, ps->seq_lit,
+                 nm->rel, nm->leave, ps->seq_ident, nm->wi);
+    }
     rc = run_text(ps, cn, sql, deadline, &r, "creating the lock table");
     if (rc == DLOCK_EAUTH)
         return dlock__err(DLOCK_EAUTH,
@@ -1792,7 +1843,7 @@ static int ensure_schema(pg_store *ps, pg_conn *cn, const char *t,
                           "(no CREATE right): create it once with the DDL "
                           "in docs/stores.md, then grant SELECT, INSERT, "
                           "UPDATE, DELETE on it and USAGE on its sequences",
-                          ps->redacted, t);
+                          ps->redacted, nm->t);
     if (rc == DLOCK_OK)
         PQclear(r);
     return rc;
@@ -1804,13 +1855,13 @@ static int pg_open(void **out, dlock_client *c, const dlock__uri *u,
                    int64_t timeout_ms)
 {
     static const char *const params[] = {
-        "table", "mode",   "timeout", "sslmode",          "sslrootcert",
+        "table", "mode",   "timeout", "pooler", "sslmode", "sslrootcert",
         "sslcert", "sslkey", "sslcrl", "target_session_attrs", "host", NULL};
     const char *table = dlock__uri_param(u, "table");
     const char *mode = dlock__uri_param(u, "mode");
     const char *timeout = dlock__uri_param(u, "timeout");
-    char t[2 * PG_TABLE_MAX + 16], q[2 * PG_TABLE_MAX + 24];
-    char qi[2 * PG_TABLE_MAX + 32];
+    const char *pooler = dlock__uri_param(u, "pooler");
+    pg_names nm;
     pg_store *ps;
     pg_conn *cn;
     int rc;
@@ -1822,6 +1873,13 @@ static int pg_open(void **out, dlock_client *c, const dlock__uri *u,
         return dlock__err(DLOCK_EINVAL, "postgres URI %s: mode must be "
                                         "'table' or 'advisory', not '%s'",
                           u->redacted, mode);
+    if (pooler && strcmp(pooler, "session") &&
+        strcmp(pooler, "transaction"))
+        return dlock__err(DLOCK_EINVAL, "postgres URI %s: pooler must be "
+                                        "'session' or 'transaction' (the "
+                                        "pool mode of the PgBouncer in "
+                                        "front), not '%s'",
+                          u->redacted, pooler);
     if (!table)
         table = PG_DEFAULT_TABLE;
     if (!table[0] || strlen(table) > PG_TABLE_MAX)
@@ -1849,35 +1907,38 @@ static int pg_open(void **out, dlock_client *c, const dlock__uri *u,
         return enomem();
     }
     ps->client = c;
-    ps->epfd = ps->timer_fd = ps->idle_fd = -1;
+    ps->epfd = ps->idle_fd = -1;
     ps->advisory = pg_select(u) != NULL;
     ps->timeout_ms = timeout_ms;
     pthread_mutex_init(&ps->mu, NULL);
-    pthread_mutex_init(&ps->lmu, NULL);
+    dlock__cond_init(&ps->cv);
     pthread_mutex_init(&ps->hmu, NULL);
     snprintf(ps->table, sizeof(ps->table), "%s", table);
-    quote_ident(table, "", t, sizeof(t));
-    quote_ident(table, "_queue", q, sizeof(q));
-    quote_ident(table, "_queue_name", qi, sizeof(qi));
+    ps->pooler = !pooler ? POOLER_NONE
+                 : !strcmp(pooler, "session") ? POOLER_SESSION
+                                              : POOLER_TRANSACTION;
+    snprintf(ps->chan, sizeof(ps->chan), "dlock_%s", dlock__client_id(c));
+    quote_ident(table, "", nm.t, sizeof(nm.t));
+    quote_ident(table, "_waiters", nm.w, sizeof(nm.w));
+    quote_ident(table, "_waiters_name", nm.wi, sizeof(nm.wi));
+    quote_ident(table, "_release", nm.rel, sizeof(nm.rel));
+    quote_ident(table, "_leave", nm.leave, sizeof(nm.leave));
     quote_ident(table, "_tokens", ps->seq_ident, sizeof(ps->seq_ident));
     quote_literal(ps->seq_ident, ps->seq_lit, sizeof(ps->seq_lit));
     ps->epfd = epoll_create1(EPOLL_CLOEXEC);
-    ps->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
     ps->idle_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-    if (ps->epfd < 0 || ps->timer_fd < 0 || ps->idle_fd < 0) {
+    if (ps->epfd < 0 || ps->idle_fd < 0) {
         rc = dlock__err(DLOCK_ENOMEM, "epoll/timerfd: %s", strerror(errno));
         pg_close(ps);
         return rc;
     }
     struct epoll_event ev = {.events = EPOLLIN};
-    ev.data.u64 = EV_TIMER;
-    epoll_ctl(ps->epfd, EPOLL_CTL_ADD, ps->timer_fd, &ev);
     ev.data.u64 = EV_IDLE;
     epoll_ctl(ps->epfd, EPOLL_CTL_ADD, ps->idle_fd, &ev);
 
     rc = build_keywords(ps, u);
     if (!rc)
-        rc = build_statements(ps, t, q, ps->seq_lit);
+        rc = build_statements(ps, &nm, ps->seq_lit);
     if (rc) {
         pg_close(ps);
         return rc;
@@ -1885,25 +1946,38 @@ static int pg_open(void **out, dlock_client *c, const dlock__uri *u,
     /* reach the server now, so that a wrong address or password fails
      * here, and make the table if it is missing */
     int64_t deadline = dlock__now_ms() + timeout_ms;
-    rc = conn_open(ps, deadline, &cn);
+    rc = conn_get(ps, deadline, &cn);
     if (rc) {
         pg_close(ps);
         return rc;
     }
-    rc = ensure_schema(ps, cn, t, q, qi, deadline);
-    if (rc) {
-        conn_free(cn);
-        pg_close(ps);
-        return rc;
-    }
+    rc = ensure_schema(ps, cn, &nm, deadline);
+    if (rc)
+        cn->broken = 1;
     conn_put(ps, cn);
+    if (rc == DLOCK_OK && ps->advisory && !ps->sessions)
+        rc = dlock__err(DLOCK_ENOTSUP,
+                        "postgres %s: advisory mode holds each lock in a "
+                        "session, which %s: use table mode, or connect to "
+                        "the server or to a session-mode pool "
+                        "(?pooler=session)",
+                        ps->redacted,
+                        ps->pooler == POOLER_TRANSACTION
+                            ? "transaction pooling (?pooler=transaction) "
+                              "does not keep"
+                            : "a pooler in front of the server may not keep "
+                              "(say ?pooler=session if it does)");
+    if (rc) {
+        pg_close(ps);
+        return rc;
+    }
     *out = ps;
     return DLOCK_OK;
 }
 
 const dlock__backend dlock__backend_pg = {
-    "postgres",       /* name */
-    DLOCK__CAP_LEASE, /* caps */
+    "postgres", /* name */
+    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS,
     sizeof(pg_lease), /* lease_size */
     pg_open,          /* open */
     pg_close,         /* close */
@@ -1918,8 +1992,8 @@ const dlock__backend dlock__backend_pg = {
     pg_gc,            /* gc */
     pg_select,        /* select */
     NULL,             /* margin */
-    NULL, /* abandon */
-    NULL, /* extend_many */
+    pg_abandon,       /* abandon */
+    NULL,             /* extend_many */
 };
 
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
