@@ -5,14 +5,12 @@
  * Input: field 1 a store URI (postgres:// or postgresql://: libpq's
  * keywords built from hosts, ports, user, database and options); field 2
  * a table name (?table=); field 3 a lock name; the remaining fields NOTIFY
- * payloads as the listener receives them ("HEXNAME" or "HEXNAME
- * CLIENTID:WAITER").
+ * payloads as the client's listener receives them ("g WAITER TOKEN").
  * Checks: every quoted identifier and literal, in buffers of the sizes
  * pg_open uses, unquotes to exactly the table name and its suffix (no
- * truncation, one identifier whatever the quotes in the name); a lock's
- * channel is "dlock_" and 16 hex digits; payloads of any bytes are read
- * without reading past them (exact-size copies), waking only this test
- * client's (absent) waiters.
+ * truncation, one identifier whatever the quotes in the name); payloads
+ * of any bytes are read without reading past them, handing locks only to
+ * this test client's (absent) waiters.
  */
 #include "fuzz.h"
 
@@ -115,17 +113,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(lq);
     }
 
-    if (len >= 1 && len <= DLOCK_NAME_MAX) {
-        char ch[24];
-        channel_of(ps, name, len, ch);
-        if (strlen(ch) != 22 || strncmp(ch, "dlock_", 6) != 0 ||
-            strspn(ch + 6, "0123456789abcdef") != 16)
-            fz_fail("channel name %s", ch);
-    }
-
+    /* notifications on the client's channel: "g WAITER TOKEN" */
+    snprintf(ps->chan, sizeof(ps->chan), "dlock_%s",
+             dlock__client_id(client));
     while (f.p) {
         char *payload = fz_field(&f, NULL);
-        dispatch(ps, payload);
+        PGnotify nt;
+        memset(&nt, 0, sizeof(nt));
+        nt.relname = ps->chan;
+        nt.extra = payload;
+        dispatch(ps, &nt);
         free(payload);
     }
     free(ps);

@@ -376,13 +376,21 @@ static void *counter_thread(void *arg)
     long *counter = a[1];
 
     for (int i = 0; i < 50; i++) {
-        if (dlock_acquire(l, 30000) != DLOCK_OK)
+        int rc = dlock_acquire(l, 30000);
+        if (rc != DLOCK_OK) {
+            fprintf(stderr, "acquire %d: %s (%s)\n", i, dlock_errname(rc),
+                    dlock_errmsg());
             return (void *)1;
+        }
         long v = *counter;
         usleep(50);
         *counter = v + 1;
-        if (dlock_release(l) != DLOCK_OK)
+        rc = dlock_release(l);
+        if (rc != DLOCK_OK) {
+            fprintf(stderr, "release %d: %s (%s)\n", i, dlock_errname(rc),
+                    dlock_errmsg());
             return (void *)1;
+        }
     }
     return NULL;
 }
