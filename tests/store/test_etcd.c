@@ -589,6 +589,73 @@ TEST(a_dead_waiter_does_not_let_the_next_one_jump_the_holder)
     dlock_client_close(c);
 }
 
+/* A waiter SIGSTOPped past its lease's safe life, while the holder lets
+ * go: the stream it reads on SIGCONT shows the keys ahead deleted (the
+ * release came first), but its key expired with its lease and the lock
+ * went to someone else. Its acquire must not return the lock while that
+ * one holds it (the safety suite's waiter-stop found one such overlap):
+ * the waiter gives up the dead lease and queues again with a new one. */
+typedef struct {
+    int rc;
+    int64_t t_ret; /* th_now_ms() when its acquire returned */
+} stopped_shared;
+
+static int stopped_waiter(void *arg)
+{
+    stopped_shared *s = arg;
+    dlock_client *c = client();
+    dlock *l = handle(c, "stopped", 1000, NULL);
+
+    s->rc = dlock_acquire(l, 20000);
+    __atomic_store_n(&s->t_ret, th_now_ms(), __ATOMIC_SEQ_CST);
+    if (s->rc == DLOCK_OK)
+        dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers)
+{
+    stopped_shared *s = th_shared(sizeof(*s));
+    dlock_client *c = client(), *c2 = client();
+    dlock *l = handle(c, "stopped", 0, NULL), *l2 = handle(c2, "stopped", 0,
+                                                          NULL);
+    char out[4096];
+    int k;
+
+    CHECK_OK(dlock_acquire(l, 0));
+    pid_t pid = th_fork(stopped_waiter, s);
+    for (k = 0; k < 200 && waiters_of(c, "stopped") < 1; k++)
+        th_sleep_ms(20);
+    CHECK_EQ(waiters_of(c, "stopped"), 1);
+    kill(pid, SIGSTOP);
+    CHECK_OK(dlock_release(l));
+    /* the stopped waiter's 1 s lease runs out in etcd: its key goes */
+    int64_t t0 = th_now_ms();
+    for (k = 0; k < 300; k++) {
+        if (keys_under(&srv, "etcdtest/stopped/", out, sizeof(out)) == 0)
+            break;
+        th_sleep_ms(20);
+    }
+    CHECK_EQ(keys_under(&srv, "etcdtest/stopped/", out, sizeof(out)), 0);
+    CHECK_OP(th_now_ms() - t0, <, 1000 + 4000); /* etcd ends leases late */
+    CHECK_OK(dlock_acquire(l2, 5000));
+    kill(pid, SIGCONT);
+    th_sleep_ms(1500); /* the waiter runs on meanwhile */
+    CHECK_EQ(dlock_held(l2), 1);
+    int64_t t_rel = th_now_ms();
+    CHECK_OK(dlock_release(l2));
+    CHECK_EQ(th_wait(pid), 0);
+    /* it got the lock once l2 let go of it, not before */
+    CHECK_EQ(s->rc, DLOCK_OK);
+    CHECK_OP(__atomic_load_n(&s->t_ret, __ATOMIC_SEQ_CST), >=, t_rel);
+    dlock_close(l);
+    dlock_close(l2);
+    dlock_client_close(c);
+    dlock_client_close(c2);
+}
+
 /* --- threads of one client --- */
 
 typedef struct {
@@ -1276,6 +1343,7 @@ static const th_test tests[] = {
     T(a_release_wakes_one_waiter_no_herd),
     T(a_waiter_that_gives_up_leaves_no_key),
     T(a_dead_waiter_does_not_let_the_next_one_jump_the_holder),
+    T(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers),
     T(two_threads_of_one_client_queue_with_two_keys),
     T(names_with_slash_and_percent_are_distinct_locks),
     T(a_revoked_lease_is_a_lost_lock),

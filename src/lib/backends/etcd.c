@@ -1836,7 +1836,24 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         }
         pthread_mutex_lock(&es->mu);
         int holds = !w.pending && w.nahead == 0 && !w.partial;
+        /* the keys ahead went while this process could not keep the lease
+         * alive (stopped, starved): the stream tells what happened up to a
+         * revision, not that our key outlived it; past the lease's safe
+         * life our key may be gone and the lock someone else's, so the
+         * lease is lost, not the lock won (found by the safety suite's
+         * waiter-stop: a waiter SIGSTOPped past its lease, woken by the
+         * release that preceded its key's expiry) */
+        int stale = holds && eh->waited && !eh->lease->dead &&
+                    dlock__now_ms() >= lease_limit(eh->lease);
         pthread_mutex_unlock(&es->mu);
+        if (stale) {
+            lease_lost(es, eh->lease, "etcd: the client's lease could not "
+                                      "be kept alive (the process did not "
+                                      "run for its safe life)");
+            waiter_end(es, &w);
+            give_up_key(es, eh);
+            return 1;
+        }
         if (holds && !need_look) {
             waiter_end(es, &w);
             l->token = (uint64_t)eh->rev;
