@@ -36,11 +36,13 @@
 #define FAKETIME_LIB "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
-       SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_N };
+       SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
+       SC_RESTART_NOW, SC_N };
 static const char *const sc_name[SC_N] = {
     "none",      "kill",        "stop",        "restart",
     "partition", "slow",        "clock",       "waiter-kill",
-    "waiter-stop", "short-waits", "handover-restart"};
+    "waiter-stop", "short-waits", "handover-restart", "conn-kill",
+    "restart-now"};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
        ST_PGADV, ST_MYSQL, ST_N };
@@ -56,16 +58,17 @@ static const char *const st_name[ST_N] = {
 #define NA (-1)
 static const int expected[ST_N][SC_N] = {
     /*            none kill stop restart partition slow clock
-     *            waiter-kill waiter-stop short-waits handover-restart */
-    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA},
-    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F},
-    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA},
-    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA},
-    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA},
-    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA},
-    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA},
-    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA},
+     *            waiter-kill waiter-stop short-waits handover-restart
+     *            conn-kill restart-now */
+    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA},
+    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA},
+    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA},
+    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA},
+    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA},
+    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA},
+    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F},
+    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F},
+    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F},
 };
 #undef H
 #undef L
@@ -369,6 +372,11 @@ static void store_stop(store *st)
 /* Why a scenario does not apply to a store. */
 static const char *na_why(int kind, int sc)
 {
+    if (sc == SC_CONNKILL || sc == SC_RESTART_NOW)
+        return kind == ST_FILE || kind == ST_SQLITE
+                   ? "no server"
+                   : "the SQL stores' case (waiters asleep in the server or "
+                     "on its notifications); restart covers this store";
     if (sc == SC_HRESTART)
         return kind == ST_FILE || kind == ST_SQLITE
                    ? "no server to restart"
@@ -595,6 +603,60 @@ static int pick_waiter(run *r, dlock_client *ctl, int not)
     return -1;
 }
 
+/* How many workers are in dlock_acquire() now: waiters asleep in the
+ * store (a try answers "held" within ms). */
+static int waiting_now(const run *r)
+{
+    int n = 0;
+
+    for (int i = 0; i < r->s->nworkers; i++)
+        if (r->pid[i] > 0 &&
+            __atomic_load_n(&r->s->w[i].in_acquire, __ATOMIC_SEQ_CST))
+            n++;
+    return n;
+}
+
+/* Waits (at most 5 s) until at least two workers have been waiting for
+ * 50 ms, so that the fault finds waiters asleep in the server; returns how
+ * many wait then. */
+static int waiters_asleep(const run *r)
+{
+    int64_t until = th_now_ms() + 5000, since = 0;
+
+    while (th_now_ms() < until) {
+        if (waiting_now(r) >= 2) {
+            if (!since)
+                since = th_now_ms();
+            else if (th_now_ms() - since >= 50)
+                break;
+        } else {
+            since = 0;
+        }
+        th_sleep_ms(2);
+    }
+    return waiting_now(r);
+}
+
+/* Ends every connection of the store's user at the server (the
+ * superuser's own is not one of them); returns how many. */
+static long long kill_connections(store *st)
+{
+    char out[256];
+
+    if (st->kind == ST_MYSQL) {
+        long long n = th_sql_query(&st->sql, out, sizeof(out),
+                                   "SELECT COUNT(*) FROM "
+                                   "information_schema.PROCESSLIST WHERE "
+                                   "USER = 'dlock'");
+        th_sql_query(&st->sql, out, sizeof(out), "KILL CONNECTION USER dlock");
+        return n;
+    }
+    return th_sql_query(&st->sql, out, sizeof(out),
+                        "SELECT COUNT(pg_terminate_backend(pid)) FROM "
+                        "pg_stat_activity WHERE usename = 'dlock' AND pid <> "
+                        "pg_backend_pid()");
+}
+
 static void run_one(store *st, int sc, cell *out)
 {
     run r;
@@ -798,6 +860,34 @@ static void run_one(store *st, int sc, cell *out)
                      "holder released to a waiter (0, 0.2, 2 ms later), "
                      "restarted empty");
             wait_accepted(&r, base, 2, 4000);
+            break;
+        }
+        case SC_CONNKILL: {
+            /* the holder's connections and the waiters' (asleep in
+             * GET_LOCK, or LISTENing) end at once; the holder writes and
+             * releases 300 ms later */
+            int nw = waiters_asleep(&r);
+            long long nk = kill_connections(st);
+            snprintf(rnote, sizeof(rnote), "every client connection killed "
+                     "at the server (%lld; %d workers waiting), then the "
+                     "holder released", nk, nw);
+            th_sleep_ms(300);
+            __atomic_store_n(&s->victim_go, 1, __ATOMIC_SEQ_CST);
+            wait_accepted(&r, base, 2, lease_wait);
+            break;
+        }
+        case SC_RESTART_NOW: {
+            /* SIGKILL and restart at once, within the lease, while
+             * waiters sleep in the server; the holder goes on afterwards */
+            int nw = waiters_asleep(&r);
+            int64_t k0 = th_now_ms();
+            th_sql_kill(&st->sql, SIGKILL);
+            th_sql_restart(&st->sql);
+            snprintf(rnote, sizeof(rnote), "server SIGKILLed with %d workers "
+                     "waiting, restarted at once (down %lld ms)", nw,
+                     (long long)(th_now_ms() - k0));
+            __atomic_store_n(&s->victim_go, 1, __ATOMIC_SEQ_CST);
+            wait_accepted(&r, base, 2, lease_wait);
             break;
         }
         case SC_CLOCK:
