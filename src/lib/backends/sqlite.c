@@ -62,12 +62,23 @@ enum {
     S_COUNT
 };
 
+#define SQ_SPARE_MAX 8
+
 typedef struct sq_store {
     sqlite3 *db;
     char *redacted;
     char *side;   /* the sidecar's path */
     mode_t mode;  /* the database file's permission bits, for the sidecar */
-    int sidefd;   /* the sidecar, for dlock_inspect() (holds no lock) */
+    int sidefd;   /* the sidecar, for dlock_inspect() and the looks of
+                   * acquisitions without a ticket (holds no lock) */
+    dev_t side_dev; /* its identity, for channel names */
+    ino_t side_ino;
+    /* sidecar descriptors of finished acquisitions, unlocked, for the next
+     * ones (an open file description each: OFD locks are its own) */
+    int spare[SQ_SPARE_MAX];
+    int nspare;
+    pthread_mutex_t spare_mu; /* spare, nspare (not mu: a statement may
+                               * hold that one for a while) */
     int64_t timeout_ms;
     pthread_mutex_t mu;
     sqlite3_stmt *st[S_COUNT];
@@ -131,6 +142,9 @@ static void sq_close(void *st)
     sqlite3_close(ss->db);
     if (ss->sidefd >= 0)
         close(ss->sidefd);
+    for (int i = 0; i < ss->nspare; i++)
+        close(ss->spare[i]);
+    pthread_mutex_destroy(&ss->spare_mu);
     pthread_mutex_destroy(&ss->mu);
     free(ss->redacted);
     free(ss->side);
@@ -196,6 +210,7 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     sprintf(ss->side, "%s-dlock", u->path);
     ss->sidefd = -1;
     pthread_mutex_init(&ss->mu, NULL);
+    pthread_mutex_init(&ss->spare_mu, NULL);
     ss->timeout_ms = timeout_ms;
     if (sqlite3_open_v2(u->path, &ss->db,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
@@ -249,9 +264,8 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
      * use the table may wait for it */
     ss->mode = stat(u->path, &dbst) == 0 ? (dbst.st_mode & 0777) : 0644;
     {
-        dev_t dev;
-        ino_t ino;
-        ss->sidefd = dlock__sqw_open(ss->side, ss->mode, &dev, &ino);
+        ss->sidefd = dlock__sqw_open(ss->side, ss->mode, &ss->side_dev,
+                                     &ss->side_ino);
         if (ss->sidefd < 0) {
             rc = side_error(ss, "opening", errno);
             sq_close(ss);
@@ -450,6 +464,10 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             c = -1;
             conn_p = -1;
             handed = 0;
+            /* our doorbell before the statement: a holder without a
+             * ticket rings the head when it releases */
+            if (!once)
+                dlock__sqw_arm(w);
             rc = try_take(ss, l, w->region, &what, &left);
             if (rc || what == T_TAKEN)
                 break;
@@ -465,10 +483,20 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             if (left <= 0)
                 continue; /* freed meanwhile */
             if (dlock__sqw_pred(w) < 0) {
-                /* held by one we cannot see (dead: its lease still
-                 * runs; or without a ticket in this file): its lease */
+                /* held without a ticket (taken when nobody queued: its
+                 * release rings our doorbell), or by one we cannot see
+                 * (dead: its lease still runs; another sidecar): until
+                 * the ring or its lease end */
                 int64_t until = timer_from(l, left);
-                dlock__sqw_sleep(until < l->deadline ? until : l->deadline);
+                int ev = dlock__sqw_bell(w, until < l->deadline
+                                                ? until
+                                                : l->deadline);
+                if (ev < 0) {
+                    rc = dlock__err(DLOCK_ECONN, "sqlite %s: waiting on the "
+                                                 "wake-up file %.300s: %s",
+                                    ss->redacted, ss->side, strerror(-ev));
+                    break;
+                }
                 continue;
             }
             timer = timer_from(l, left);
@@ -477,6 +505,9 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
         if (p != conn_p) {
             if (c >= 0)
                 close(c);
+            /* our channel and doorbell before we look at p: p's release
+             * either finds them or comes before our check below */
+            dlock__sqw_arm(w);
             c = dlock__sqw_connect(w, p);
             conn_p = p;
             if (c < 0 && !dlock__sqw_held(w, p)) {
@@ -538,6 +569,44 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
     return rc;
 }
 
+/* A sidecar descriptor for one acquisition: a spare one, unless its file
+ * was removed or replaced since (no more links: open the path again, so
+ * that we queue where newcomers do), else a new one. -1 with errno. */
+static int side_get(sq_store *ss, dev_t *dev, ino_t *ino)
+{
+    struct stat st;
+    int fd = -1;
+
+    pthread_mutex_lock(&ss->spare_mu);
+    if (ss->nspare > 0)
+        fd = ss->spare[--ss->nspare];
+    pthread_mutex_unlock(&ss->spare_mu);
+    if (fd >= 0) {
+        if (fstat(fd, &st) == 0 && st.st_nlink > 0) {
+            *dev = st.st_dev;
+            *ino = st.st_ino;
+            return fd;
+        }
+        close(fd);
+    }
+    return dlock__sqw_open(ss->side, ss->mode, dev, ino);
+}
+
+/* Back to the spares (it holds no lock any more), or closed. */
+static void side_put(sq_store *ss, int fd)
+{
+    if (fd < 0)
+        return;
+    pthread_mutex_lock(&ss->spare_mu);
+    if (ss->nspare < SQ_SPARE_MAX) {
+        ss->spare[ss->nspare++] = fd;
+        fd = -1;
+    }
+    pthread_mutex_unlock(&ss->spare_mu);
+    if (fd >= 0)
+        close(fd);
+}
+
 static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     sq_store *ss = st;
@@ -556,10 +625,28 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         if (rc)
             return rc;
         memset(w, 0, sizeof(*w));
-        w->lfd = -1;
+        w->fd = w->lfd = w->bfd = -1;
         w->ticket = -1;
         w->region = rowid;
-        w->fd = dlock__sqw_open(ss->side, ss->mode, &w->dev, &w->ino);
+        if (!dlock__sqw_queued(ss->sidefd, rowid)) {
+            /* nobody queued: the statement alone, without a ticket (a
+             * hold without one rings the queue's head at its release) */
+            int what;
+            int64_t left = INT64_MAX;
+            rc = try_take(ss, l, rowid, &what, &left);
+            if (rc || what == T_TAKEN)
+                return rc;
+            if (what == T_MOVED) {
+                __atomic_store_n(&l->hint[0], 0, __ATOMIC_RELAXED);
+                continue;
+            }
+            if (once) {
+                l->retry_ms = left > 0 && left != INT64_MAX ? left : -1;
+                return DLOCK_EBUSY;
+            }
+            /* busy: queue, and try again once armed */
+        }
+        w->fd = side_get(ss, &w->dev, &w->ino);
         if (w->fd < 0)
             return side_error(ss, "opening", errno);
         e = dlock__sqw_take(w);
@@ -571,7 +658,7 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         rc = queue_wait(ss, l, w, once, &moved);
         if (rc == DLOCK_OK && !moved)
             return DLOCK_OK;
-        dlock__sqw_drop(w, 0);
+        side_put(ss, dlock__sqw_drop(w, 0));
         if (!moved)
             return rc;
         __atomic_store_n(&l->hint[0], 0, __ATOMIC_RELAXED);
@@ -615,7 +702,12 @@ static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
     (void)op_deadline;
     rc = guarded(st, S_RELEASE, l, 0, "releasing the lock");
     /* the row is free (or was not ours): the successor's turn */
-    dlock__sqw_drop(&sl->w, 1);
+    if (sl->w.ticket < 0) {
+        sq_store *ss = st;
+        dlock__sqw_ring_head(ss->sidefd, ss->side_dev, ss->side_ino,
+                             sl->w.region);
+    }
+    side_put(st, dlock__sqw_drop(&sl->w, 1));
     return rc;
 }
 
@@ -656,9 +748,11 @@ static int sq_inspect(void *st, const char *name, size_t len,
     pthread_mutex_unlock(&ss->mu);
     if (rc == DLOCK_OK && rowid > 0) {
         /* the queue is in the kernel: every held ticket but the
-         * holder's */
+         * holder's, when the holder has one (not when it took the lock
+         * with nobody queued: then the head marks the region) */
         int64_t n = dlock__sqw_count(ss->sidefd, rowid, SQ_WAITERS_COUNTED);
-        out->waiters = n > out->held ? n - out->held : 0;
+        int64_t mine = out->held && !dlock__sqw_marked(ss->sidefd, rowid);
+        out->waiters = n > mine ? n - mine : 0;
     }
     return rc;
 }

@@ -31,7 +31,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define CHAN_BIND_TRIES 8  /* ticket numbers skipped when squatted */
 #define CHAN_BACKLOG 4096
 
 static off_t region_base(int64_t rowid)
@@ -90,8 +89,11 @@ static off_t highest_held(int fd, off_t lo, off_t hi)
     return best;
 }
 
+/* The abstract socket name of ticket `ticket`'s channel (`bell` 0: the
+ * stream its successors connect to) or doorbell (`bell` 1: the datagram
+ * socket a releaser without a channel rings). */
 static socklen_t chan_name(struct sockaddr_un *sa, const sq_wait *w,
-                           off_t ticket)
+                           off_t ticket, int bell)
 {
     int n;
 
@@ -99,7 +101,8 @@ static socklen_t chan_name(struct sockaddr_un *sa, const sq_wait *w,
     sa->sun_family = AF_UNIX;
     /* sun_path[0] stays NUL: the abstract namespace, no file */
     n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                 "dlock-sq/%llx/%llx/%llx/%llx", (unsigned long long)w->dev,
+                 "dlock-sq%s/%llx/%llx/%llx/%llx", bell ? "b" : "",
+                 (unsigned long long)w->dev,
                  (unsigned long long)w->ino, (unsigned long long)w->region,
                  (unsigned long long)(ticket - w->base));
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
@@ -108,23 +111,23 @@ static socklen_t chan_name(struct sockaddr_un *sa, const sq_wait *w,
 
 /* A listener for ticket byte t: its descriptor, -1 when the name is taken
  * (skip this number), -2 when none can be made. */
-static int chan_listen(const sq_wait *w, off_t t)
+/* Binds ticket t's channel (`bell` 0: a listening stream) or doorbell
+ * (`bell` 1: a datagram socket): its descriptor, or -1 (the name is taken,
+ * or no socket). */
+static int chan_bind(const sq_wait *w, off_t t, int bell)
 {
     struct sockaddr_un sa;
-    socklen_t len = chan_name(&sa, w, t);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int e;
+    socklen_t len = chan_name(&sa, w, t, bell);
+    int s = socket(AF_UNIX, (bell ? SOCK_DGRAM : SOCK_STREAM) | SOCK_CLOEXEC |
+                                SOCK_NONBLOCK,
+                   0);
 
     if (s < 0)
-        return -2;
-    if (bind(s, (struct sockaddr *)&sa, len) != 0) {
-        e = errno;
+        return -1;
+    if (bind(s, (struct sockaddr *)&sa, len) != 0 ||
+        (!bell && listen(s, CHAN_BACKLOG) != 0)) {
         close(s);
-        return e == EADDRINUSE ? -1 : -2;
-    }
-    if (listen(s, CHAN_BACKLOG) != 0) {
-        close(s);
-        return -2;
+        return -1;
     }
     return s;
 }
@@ -135,37 +138,41 @@ int dlock__sqw_take(sq_wait *w)
     int e = 0;
 
     w->base = region_base(w->region);
-    w->lfd = -1;
+    w->lfd = w->bfd = -1;
+    w->armed = 0;
     w->ticket = -1;
     meta = w->base;
-    top = w->base + SQW_TICKETS;
+    top = w->base + SQW_MARK; /* tickets end below the mark */
     while (lk(w->fd, F_OFD_SETLKW, F_WRLCK, meta, 1) != 0) {
         if (errno != EINTR)
             return errno;
     }
     t = highest_held(w->fd, meta + 1, top);
-    t = t < 0 ? meta + 1 : t + 1;
-    for (int i = 0; i < CHAN_BIND_TRIES; i++, t++) {
-        if (t >= top)
-            t = meta + 1; /* 2^32 tickets with the queue never empty */
-        w->lfd = chan_listen(w, t);
-        if (w->lfd != -1)
-            break;
-    }
-    if (w->lfd < 0)
-        w->lfd = -1; /* no channel: successors wait in the kernel */
-    if (t >= top)
-        t = meta + 1;
-    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0) {
+    t = t < 0 || t + 1 >= top ? meta + 1 : t + 1; /* 2^32: start again */
+    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0)
         w->ticket = t;
-    } else {
+    else
         e = errno;
-        if (w->lfd >= 0)
-            close(w->lfd);
-        w->lfd = -1;
-    }
     lk(w->fd, F_OFD_SETLK, F_UNLCK, meta, 1);
     return e;
+}
+
+int dlock__sqw_queued(int fd, int64_t rowid)
+{
+    off_t base = region_base(rowid);
+
+    /* byte 0 too: someone taking a ticket right now */
+    return first_conflict(fd, base, base + SQW_TICKETS) >= 0;
+}
+
+void dlock__sqw_arm(sq_wait *w)
+{
+    if (w->armed || w->ticket < 0)
+        return;
+    w->armed = 1;
+    /* a name already taken (squatted): successors do without that one */
+    w->lfd = chan_bind(w, w->ticket, 0);
+    w->bfd = chan_bind(w, w->ticket, 1);
 }
 
 off_t dlock__sqw_pred(const sq_wait *w)
@@ -180,7 +187,7 @@ int dlock__sqw_held(const sq_wait *w, off_t p)
 
 int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max)
 {
-    off_t base = region_base(rowid), at = base + 1, end = base + SQW_TICKETS;
+    off_t base = region_base(rowid), at = base + 1, end = base + SQW_MARK;
     int64_t n = 0;
 
     while (n < max) {
@@ -198,7 +205,7 @@ int dlock__sqw_connect(const sq_wait *w, off_t p)
     struct sockaddr_un sa;
     struct ucred cr;
     socklen_t crlen = sizeof(cr);
-    socklen_t len = chan_name(&sa, w, p);
+    socklen_t len = chan_name(&sa, w, p, 0);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 
     if (s < 0)
@@ -213,8 +220,59 @@ int dlock__sqw_connect(const sq_wait *w, off_t p)
     return s;
 }
 
+/* Sleeps in poll() on fd until it is readable or `until`: 1 (its events
+ * in *rev), 0 at `until`, or a negative errno. */
+static int poll_until(int fd, int64_t until, short *rev)
+{
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        int ms = -1, n;
+        if (until != DLOCK__FOREVER) {
+            int64_t left = until - dlock__now_ms();
+            if (left <= 0)
+                return 0;
+            ms = left > INT_MAX ? INT_MAX : (int)left;
+        }
+        n = poll(&pf, 1, ms);
+        if (n > 0) {
+            *rev = pf.revents;
+            return 1;
+        }
+        if (n < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+/* Sleeps on w's doorbell until a ring (SQW_LEFT; drained: a ring says
+ * "look again") or `until` (SQW_TIMEOUT), or a negative errno. */
+static int bell_wait(const sq_wait *w, int64_t until)
+{
+    char b[16];
+    short rev = 0;
+    int n = poll_until(w->bfd, until, &rev);
+
+    if (n <= 0)
+        return n == 0 ? SQW_TIMEOUT : n;
+    while (recv(w->bfd, b, sizeof(b), MSG_DONTWAIT) >= 0)
+        ;
+    return SQW_LEFT;
+}
+
 int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
 {
+    short rev = 0;
+    int n;
+
+    if (c < 0 && w->bfd >= 0) {
+        /* p has no channel (it made none before we looked): its release
+         * or give-up rings our doorbell; anyone can send a datagram, so
+         * p's byte decides; our timer covers its death */
+        for (;;) {
+            int ev = bell_wait(w, until);
+            if (ev != SQW_LEFT || first_conflict(w->fd, p, p + 1) < 0)
+                return ev;
+        }
+    }
     if (c < 0) {
         /* no channel we trust: p's byte, in the kernel */
         int e = dlock__file_kwait(w->fd, F_RDLCK, p, until);
@@ -225,26 +283,36 @@ int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
         lk(w->fd, F_OFD_SETLK, F_UNLCK, p, 1);
         return SQW_LEFT;
     }
-    for (;;) {
-        struct pollfd pf = {c, POLLIN, 0};
-        int ms = -1, n;
-        if (until != DLOCK__FOREVER) {
-            int64_t left = until - dlock__now_ms();
-            if (left <= 0)
-                return SQW_TIMEOUT;
-            ms = left > INT_MAX ? INT_MAX : (int)left;
-        }
-        n = poll(&pf, 1, ms);
-        if (n > 0) {
-            char b;
-            /* a byte with no end of file behind it: p released */
-            if (pf.revents == POLLIN && recv(c, &b, 1, MSG_DONTWAIT) == 1)
-                return SQW_HANDED;
-            return SQW_LEFT;
-        }
-        if (n < 0 && errno != EINTR)
-            return -errno;
-    }
+    n = poll_until(c, until, &rev);
+    if (n <= 0)
+        return n == 0 ? SQW_TIMEOUT : n;
+    char b;
+    /* a byte with no end of file behind it: p released */
+    if (rev == POLLIN && recv(c, &b, 1, MSG_DONTWAIT) == 1)
+        return SQW_HANDED;
+    return SQW_LEFT;
+}
+
+int dlock__sqw_bell(const sq_wait *w, int64_t until)
+{
+    off_t mark = w->base + SQW_MARK;
+    int ev = SQW_TIMEOUT;
+
+    /* the mark says "the holder has no ticket here" to dlock_inspect() */
+    lk(w->fd, F_OFD_SETLK, F_RDLCK, mark, 1);
+    if (w->bfd < 0)
+        dlock__sqw_sleep(until);
+    else
+        ev = bell_wait(w, until);
+    lk(w->fd, F_OFD_SETLK, F_UNLCK, mark, 1);
+    return ev;
+}
+
+int dlock__sqw_marked(int fd, int64_t rowid)
+{
+    off_t mark = region_base(rowid) + SQW_MARK;
+
+    return first_conflict(fd, mark, mark + 1) >= 0;
 }
 
 void dlock__sqw_sleep(int64_t until)
@@ -260,24 +328,67 @@ void dlock__sqw_sleep(int64_t until)
     }
 }
 
-void dlock__sqw_drop(sq_wait *w, int wake)
+/* Rings the doorbell of the lowest ticket held above w's (its successor,
+ * when that one found no channel of ours): 1 if a ring went out. */
+static int ring_successor(const sq_wait *w)
 {
-    int woken = -1;
+    struct sockaddr_un sa;
+    off_t s = first_conflict(w->fd, w->ticket + 1, w->base + SQW_MARK);
+    int fd, sent;
+
+    if (s < 0)
+        return 0; /* nobody queued: the uncontended case costs this */
+    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return 0;
+    socklen_t len = chan_name(&sa, w, s, 1);
+    sent = sendto(fd, "", 1, MSG_NOSIGNAL, (struct sockaddr *)&sa, len) == 1;
+    close(fd);
+    return sent;
+}
+
+void dlock__sqw_ring_head(int fd, dev_t dev, ino_t ino, int64_t rowid)
+{
+    sq_wait w;
+
+    memset(&w, 0, sizeof(w));
+    w.fd = fd;
+    w.dev = dev;
+    w.ino = ino;
+    w.region = rowid;
+    w.base = region_base(rowid);
+    w.ticket = w.base; /* the lowest ticket above byte 0 */
+    if (ring_successor(&w))
+        sched_yield(); /* the lock is idle until the head runs */
+}
+
+int dlock__sqw_drop(sq_wait *w, int wake)
+{
+    int woken = -1, fd = w->fd;
 
     if (w->fd < 0)
-        return;
-    /* the ticket first: a successor that connects from now on finds it
-     * free and does not wait on the channel */
+        return -1;
+    /* the doorbell before the ticket: the next owner of this ticket
+     * number must be able to bind it (a head without one could only
+     * sleep to the lease end) */
+    if (w->bfd >= 0)
+        close(w->bfd);
+    w->bfd = -1;
+    /* the ticket next: a successor that connects or arms from now on
+     * finds it free and does not wait on us */
     lk(w->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
-    if (w->lfd >= 0) {
-        if (wake)
-            woken = dlock__file_chan_wake(w->lfd);
-        if (woken >= 0)
-            sched_yield(); /* the lock is idle until the successor runs */
-        /* every other pending connection gets end of file: look again */
-        dlock__file_chan_close(w->lfd, woken);
-    }
-    close(w->fd);
+    if (w->lfd >= 0 && wake)
+        woken = dlock__file_chan_wake(w->lfd);
+    /* no successor on our channel (we had none, or it could not connect
+     * before we made it): the next ticket may wait on its doorbell */
+    if (woken < 0 && w->ticket >= 0 && ring_successor(w))
+        woken = -2;
+    if (woken != -1)
+        sched_yield(); /* the lock is idle until the successor runs */
+    if (w->lfd >= 0) /* other pending connections get end of file */
+        dlock__file_chan_close(w->lfd, woken >= 0 ? woken : -1);
     w->fd = w->lfd = -1;
     w->ticket = -1;
+    w->armed = 0;
+    return fd;
 }
