@@ -95,6 +95,9 @@ typedef struct waiter_arg {
     volatile int done;
     uint64_t token;
     char msg[512];
+    int hold;              /* keep the lock until let_go (at most 10 s) */
+    volatile int got;      /* it has the lock */
+    volatile int let_go;
 } waiter_arg;
 
 static void *waiter(void *arg)
@@ -108,6 +111,11 @@ static void *waiter(void *arg)
     snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
     if (w->rc == DLOCK_OK) {
         w->token = dlock_token(w->l);
+        __atomic_store_n(&w->got, 1, __ATOMIC_SEQ_CST);
+        for (int i = 0; i < 1000 && w->hold &&
+                        !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
+             i++)
+            th_sleep_ms(10);
         dlock_release(w->l);
     }
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
@@ -179,6 +187,7 @@ TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
     memset(&w, 0, sizeof(w));
     w.l = handle(c, "t-wake", 60000, 0, NULL);
     w.wait = 20000;
+    w.hold = 1;
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t first = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
@@ -188,19 +197,28 @@ TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     /* handed over in the release statement: the releaser cannot barge
-     * back in */
+     * back in (the waiter keeps the lock until told) */
     CHECK_RC(dlock_acquire(lh, 0), DLOCK_EBUSY);
     /* the notification wakes it (1 s: a hand-over is a few ms; not the
      * holder's 60 s lease, nor the 20 s wait) */
-    for (int i = 0; i < 500 && !done(&w); i++)
+    for (int i = 0; i < 500 && !__atomic_load_n(&w.got, __ATOMIC_SEQ_CST) &&
+                    !done(&w);
+         i++)
         th_sleep_ms(2);
-    CHECK_EQ(done(&w), 1);
-    CHECK_OP(th_now_ms() - t0, <, 1000);
-    pthread_join(t, NULL);
-    if (w.rc != DLOCK_OK)
+    if (done(&w) && w.rc != DLOCK_OK)
         th_fail(__FILE__, __LINE__, "the waiter: %s: %s",
                 dlock_errname(w.rc), w.msg);
+    CHECK_EQ(w.got, 1);
+    CHECK_OP(th_now_ms() - t0, <, 1000);
     CHECK_OP(w.token, >, first);
+    dlock_info info;
+    CHECK_OK(dlock_inspect(h, "t-wake", &info));
+    CHECK_EQ(info.held, 1);
+    CHECK_EQ(info.token, w.token);
+    dlock_info_clear(&info);
+    __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
     dlock_close(lh);
     dlock_close(w.l);
     dlock_client_close(h);
