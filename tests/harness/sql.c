@@ -25,6 +25,9 @@
 #ifndef TH_SQLSERVER
 #error "TH_SQLSERVER: the path of tests/servers/sqlserver.sh"
 #endif
+#ifndef TH_PGBOUNCER
+#error "TH_PGBOUNCER: the path of tests/servers/pgbouncer.sh"
+#endif
 
 int th_sql_available(const char *kind)
 {
@@ -412,4 +415,180 @@ long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt, ...)
     long long v = query_v(s, 0, out, cap, fmt, ap);
     va_end(ap);
     return v;
+}
+
+/* ------------------------------------------------------------------------ */
+/* PgBouncer                                                                */
+/* ------------------------------------------------------------------------ */
+
+int th_pgb_available(void)
+{
+    return th_sql_available("pg") &&
+           access("/usr/sbin/pgbouncer", X_OK) == 0;
+}
+
+static void pgb_spawn(th_pgb *b)
+{
+    char port[16], pgport[16];
+    pid_t parent = getpid(), pid;
+
+    snprintf(port, sizeof(port), "%d", b->port);
+    snprintf(pgport, sizeof(pgport), "%d", b->srv->port);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        char log[700];
+        snprintf(log, sizeof(log), "%s/start.log", b->dir);
+        int null = open("/dev/null", O_RDWR);
+        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        setsid();
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        dup2(null, 0);
+        dup2(out >= 0 ? out : null, 1);
+        dup2(out >= 0 ? out : null, 2);
+        execl("/bin/bash", "bash", TH_PGBOUNCER, b->dir, port, pgport,
+              b->mode, (char *)NULL);
+        _exit(127);
+    }
+    b->pid = pid;
+    th__track(pid, 1);
+}
+
+static int pgb_exited(th_pgb *b)
+{
+    int st;
+
+    if (b->pid <= 0)
+        return 1;
+    if (waitpid(b->pid, &st, WNOHANG) != b->pid)
+        return 0;
+    th__track(b->pid, 0);
+    b->pid = 0;
+    return 1;
+}
+
+long long th_pgb_try(th_pgb *b, char *out, size_t cap, const char *fmt, ...)
+{
+    long long v = -2;
+
+    if (out && cap)
+        out[0] = '\0';
+#ifdef TH_PG
+    char sql[4096], conninfo[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof(sql), fmt, ap);
+    va_end(ap);
+    snprintf(conninfo, sizeof(conninfo),
+             "host=127.0.0.1 port=%d user=dlock password=dlock-secret "
+             "dbname=postgres connect_timeout=3",
+             b->port);
+    PGconn *pg = PQconnectdb(conninfo);
+    if (PQstatus(pg) != CONNECTION_OK) {
+        if (out && cap)
+            snprintf(out, cap, "%s", PQerrorMessage(pg));
+        PQfinish(pg);
+        return -2;
+    }
+    PGresult *r = PQexec(pg, sql);
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+        if (out && cap)
+            snprintf(out, cap, "%s", PQresultErrorMessage(r));
+    } else if (st == PGRES_TUPLES_OK && PQntuples(r) > 0 &&
+               !PQgetisnull(r, 0, 0)) {
+        if (out && cap)
+            snprintf(out, cap, "%s", PQgetvalue(r, 0, 0));
+        v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        if (!strcmp(PQgetvalue(r, 0, 0), "t"))
+            v = 1;
+    } else {
+        v = -1;
+    }
+    PQclear(r);
+    PQfinish(pg);
+#else
+    (void)b;
+    (void)fmt;
+#endif
+    return v;
+}
+
+static int pgb_wait_up(th_pgb *b, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+    char out[256];
+
+    while (th_now_ms() < until) {
+        if (pgb_exited(b))
+            return -1;
+        if (th_pgb_try(b, out, sizeof(out), "SELECT 1") == 1)
+            return 0;
+        th_sleep_ms(100);
+    }
+    return -1;
+}
+
+void th_pgb_start(th_pgb *b, th_sql *srv, const char *mode)
+{
+    static int seq;
+
+    if (!th_pgb_available())
+        th_fail(__FILE__, __LINE__, "no pgbouncer or PostgreSQL");
+    chmod(th_tmpdir(), 0711); /* it may run as another user */
+    for (int attempt = 0; attempt < 5; attempt++) {
+        memset(b, 0, sizeof(*b));
+        b->srv = srv;
+        snprintf(b->mode, sizeof(b->mode), "%s", mode);
+        b->port = th_free_port();
+        snprintf(b->dir, sizeof(b->dir), "%s/pgbouncer%d", th_tmpdir(),
+                 seq++);
+        mkdir(b->dir, 0755);
+        snprintf(b->uri, sizeof(b->uri),
+                 "postgres://dlock:dlock-secret@127.0.0.1:%d/postgres",
+                 b->port);
+        pgb_spawn(b);
+        if (pgb_wait_up(b, 30000) == 0)
+            return;
+        th_pgb_kill(b, SIGKILL);
+    }
+    th_fail(__FILE__, __LINE__, "pgbouncer did not start (see %s/start.log "
+            "and pgbouncer.log)", b->dir);
+}
+
+void th_pgb_kill(th_pgb *b, int sig)
+{
+    if (b->pid <= 0)
+        return;
+    signal_tree(b->pid, sig); /* bash has exec'd: pgbouncer itself */
+    if (sig == SIGSTOP || sig == SIGCONT)
+        return;
+    for (int k = 0; k < 200 && !pgb_exited(b); k++)
+        th_sleep_ms(50);
+    if (b->pid <= 0)
+        return;
+    signal_tree(b->pid, SIGKILL);
+    waitpid(b->pid, NULL, 0);
+    th__track(b->pid, 0);
+    b->pid = 0;
+}
+
+void th_pgb_restart(th_pgb *b)
+{
+    if (b->pid > 0)
+        th_fail(__FILE__, __LINE__, "pgbouncer is running");
+    for (int attempt = 0; attempt < 20; attempt++) {
+        pgb_spawn(b);
+        if (pgb_wait_up(b, 30000) == 0)
+            return;
+        th_pgb_kill(b, SIGKILL);
+        th_sleep_ms(250);
+    }
+    th_fail(__FILE__, __LINE__, "pgbouncer did not restart (see %s/"
+            "pgbouncer.log)", b->dir);
 }

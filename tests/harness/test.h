@@ -285,6 +285,40 @@ long long th_sql_query(th_sql *s, char *out, size_t cap, const char *fmt,
 long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt,
                      ...) __attribute__((format(printf, 4, 5)));
 
+/* --- a private PgBouncer in front of a private PostgreSQL ---
+ * Started by tests/servers/pgbouncer.sh (Debian's pgbouncer, never a
+ * system service) on a free loopback port, its files in a directory under
+ * th_tmpdir(), every setting PgBouncer's default but pool_mode. Killed at
+ * exit; it also dies with the thread that started it: call these from the
+ * main thread only. `uri` is the store URI of the user dlock through it
+ * (postgres://...:PORT/postgres, no ?pooler=). */
+typedef struct th_pgb {
+    th_sql *srv;   /* the server behind it */
+    char mode[16]; /* "session" or "transaction" */
+    int port;
+    pid_t pid;
+    char dir[512];
+    char uri[256];
+} th_pgb;
+
+/* 1 when this build has the postgres store and the machine has
+ * PostgreSQL and pgbouncer. */
+int th_pgb_available(void);
+/* Starts PgBouncer in pool mode `mode` in front of srv (running) and
+ * waits (at most 30 s) until a query through it answers. Fails the test
+ * if it cannot start. */
+void th_pgb_start(th_pgb *b, th_sql *srv, const char *mode);
+/* Sends sig; SIGSTOP and SIGCONT return at once, any other signal waits
+ * for the exit (SIGKILL after 10 s). */
+void th_pgb_kill(th_pgb *b, int sig);
+/* Starts it again on the same port; waits until it answers. */
+void th_pgb_restart(th_pgb *b);
+/* Runs SQL through PgBouncer as the user dlock (its own connection);
+ * returns the first column of the first row as an integer ('t' is 1), -1
+ * when there is none, -2 on an error (message in out). */
+long long th_pgb_try(th_pgb *b, char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Makes (in dir) a CA (ca.pem, ca.key) unless there is one, and a
  * certificate for 127.0.0.1 signed by it: WHAT.pem and WHAT.key (e.g.
  * "srv", "cli"). Fails the test when openssl cannot. */

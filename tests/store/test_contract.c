@@ -1,13 +1,16 @@
 /*
  * test_contract.c -- the behaviour every store must give.
  *
- *   test_contract file|redis|zk|etcd|sqlite|pg|pg-advisory|mysql [filter]
+ *   test_contract file|redis|zk|etcd|sqlite|pg|pg-advisory|pg-pgbouncer|
+ *                 pg-advisory-pgbouncer|mysql [filter]
  *
  * "redis" starts a private redis-server; "zk" a private standalone
  * ZooKeeper server (uri zk://127.0.0.1:PORT/dlocktest); "etcd" a private
  * etcd member (uri etcd://127.0.0.1:PORT?prefix=dlocktest); "sqlite" a
  * database file in a temporary directory; "pg" and "pg-advisory" a
- * private PostgreSQL server (the lock table; ?mode=advisory), "mysql" a
+ * private PostgreSQL server (the lock table; ?mode=advisory);
+ * "pg-pgbouncer" and "pg-advisory-pgbouncer" the same through a private
+ * PgBouncer in session mode (?pooler=session), "mysql" a
  * private MariaDB server; "file" uses a temporary
  * directory. Tests that need a lock to end without its holder's
  * help (expiry, a frozen holder) run only on stores that have that; the
@@ -32,6 +35,7 @@ static th_redis rl[5]; /* redlock's nodes */
 static th_zk zsrv;
 static th_etcd esrv;
 static th_sql ssrv;
+static th_pgb pgb;
 
 /* What the store does (set in main()):
  *  - has_leases: a lock outlives a dead or frozen holder only by its ttl
@@ -1109,7 +1113,7 @@ int main(int argc, char **argv)
     if (argc < 2) {
         fprintf(stderr,
                 "usage: %s file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|"
-                "mysql "
+                "pg-pgbouncer|pg-advisory-pgbouncer|mysql "
                 "[filter]\n",
                 argv[0]);
         return 2;
@@ -1176,6 +1180,26 @@ int main(int argc, char **argv)
         snprintf(ssrv.kind, sizeof(ssrv.kind), "pg");
         snprintf(uri, sizeof(uri), "%s?mode=advisory", ssrv.uri);
         keeps_last_token = 0; /* no lease, no row: see docs/stores.md */
+    } else if (!strcmp(argv[1], "pg-pgbouncer") ||
+               !strcmp(argv[1], "pg-advisory-pgbouncer")) {
+        /* PgBouncer in session mode in front: the same behaviour as the
+         * server's own, looked at behind its back the same way */
+        int advisory = !strcmp(argv[1], "pg-advisory-pgbouncer");
+        if (!th_sql_available("pg"))
+            th_skip("this build has no postgres store, or no server");
+        if (!th_pgb_available())
+            th_skip("pgbouncer is not installed");
+        th_sql_start(&ssrv, "pg");
+        th_pgb_start(&pgb, &ssrv, "session");
+        snprintf(uri, sizeof(uri), "%s?pooler=session%s", pgb.uri,
+                 advisory ? "&mode=advisory" : "");
+        kind = advisory ? "pg-advisory" : "pg";
+        if (advisory) {
+            keeps_last_token = 0;
+        } else {
+            has_leases = lease_runs_out = ttl_visible = 1;
+            short_ttl = 300;
+        }
     } else if (!strcmp(argv[1], "file")) {
         snprintf(uri, sizeof(uri), "file://%s/locks", th_tmpdir());
     } else {
