@@ -591,10 +591,10 @@ static int pinned_alive(my_lease *sl)
  * 0). After a busy try, every wait is one round trip in which the waiter
  * sleeps inside its try (TRY_WAIT): a SET of the wait's length (the
  * holder's lease left + 1 ms, or the caller's deadline if sooner; at most
- * MY_WAIT_SLICE_MS), the upsert guarded by GET_LOCK(gate, that length),
- * and a SELECT of whether this connection holds the gate, how long the
- * server slept before the row was taken, and the lease left. The holder's
- * release wakes it, and the same statement takes the free row.
+ * MY_WAIT_SLICE_MS), then the upsert guarded by GET_LOCK(gate, that
+ * length). The holder's release wakes it, and the same statement takes
+ * the free row; only a wait that took nothing (or a long one) reads more
+ * in a round trip of its own.
  */
 static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
@@ -662,19 +662,13 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                        "IFNULL((SELECT IF(owner IS NOT NULL, GREATEST("
                        "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
                        "lock_until) / 1000000 + 0.001), %lld.%03lld) FROM "
-                       "%s WHERE name = %s), %lld.%03lld)); %s%s; SELECT "
-                       "IS_USED_LOCK(@dlock_g) <=> CONNECTION_ID(), (SELECT "
-                       "TIMESTAMPDIFF(MICROSECOND, @dlock_t0, locked_at) "
-                       "FROM %s WHERE name = %s), (SELECT TIMESTAMPDIFF("
-                       "MICROSECOND, SYSDATE(6), lock_until) DIV 1000 + 1 "
-                       "FROM %s WHERE name = %s)",
+                       "%s WHERE name = %s), %lld.%03lld)); %s%s",
                        gate, (long long)(wait_ms / 1000),
                        (long long)(wait_ms % 1000),
                        (long long)(l->ttl_ms / 1000),
                        (long long)(l->ttl_ms % 1000), ms->t, name,
                        (long long)(l->ttl_ms / 1000),
-                       (long long)(l->ttl_ms % 1000), up, del, ms->t, name,
-                       ms->t, name);
+                       (long long)(l->ttl_ms % 1000), up, del);
         free(where);
         free(up);
         free(del);
@@ -690,9 +684,10 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             if (l->deadline != DLOCK__FOREVER && wdl > l->deadline + 10)
                 wdl = l->deadline + 10;
         }
-        rc = query_at(ms, sl->cn, sql, wdl, waits ? &r : NULL, waits ? 1 : 0,
-                      &affected, &token,
+        rc = query_at(ms, sl->cn, sql, wdl, NULL, waits ? 1 : 0, &affected,
+                      &token,
                       waits ? "waiting for the lock" : "taking the lock");
+        int64_t answered = dlock__now_ms();
         free(sql);
         /* a try through GET_LOCK may hold the gate now (the row held by
          * one that lost its gate, or a deadlock after the wake): until
@@ -706,12 +701,6 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 kind = TRY_GATE; /* a held gate is only counted up */
             continue;
         }
-        MYSQL_ROW row = rc == DLOCK_OK && r ? mysql_fetch_row(r) : NULL;
-        int gated = row && row[0] && !strcmp(row[0], "1");
-        long long slept_us = row && row[1] ? strtoll(row[1], NULL, 10) : 0;
-        long long left = row && row[2] ? strtoll(row[2], NULL, 10) : -1;
-        if (r)
-            mysql_free_result(r);
         if (rc == DLOCK_OK && (affected == 1 || affected == 2)) {
             if (token == 0) {
                 rc = dlock__err(DLOCK_EPROTO,
@@ -721,10 +710,28 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
             }
             l->token = token;
-            /* a waiting try's lease began when the server woke it: the
-             * send plus how long the server slept (from its SET, after
-             * the send, to the row's locked_at) */
-            l->started = sent + (waits && slept_us > 0 ? slept_us / 1000 : 0);
+            /* a waiting try's lease began when the server woke it, after
+             * the send: a short wait counts from the send (a lease at
+             * most a third short: the renewal comes that much sooner);
+             * after a longer one the server says how long it slept (from
+             * its SET, after the send, to the row's locked_at), in a
+             * round trip of its own: nothing more on a short hand-off's
+             * way */
+            l->started = sent;
+            if (waits && answered - sent > l->ttl_ms / 3) {
+                char *rd = stmt("SELECT TIMESTAMPDIFF(MICROSECOND, "
+                                "@dlock_t0, locked_at) FROM %s WHERE name "
+                                "= %s",
+                                ms->t, name);
+                r = NULL;
+                if (rd && query(ms, sl->cn, rd, dl, &r, NULL, NULL,
+                                "taking the lock") == DLOCK_OK &&
+                    col_ll(r, 0, 0) > 0)
+                    l->started = sent + col_ll(r, 0, 0) / 1000;
+                if (r)
+                    mysql_free_result(r);
+                free(rd);
+            }
             sl->seq = 0;
             /* the gate is ours unless a stale holder kept it (takeover) */
             sl->gated = kind != TRY_TAKEOVER;
@@ -772,6 +779,29 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             kind = TRY_WAIT;
             continue;
         }
+        /* nothing taken: whether the wake gave us the gate, and the
+         * lease left (unknown gate: let_go() lets go of it) */
+        if (dlock__now_ms() >= l->deadline) {
+            rc = DLOCK_EBUSY;
+            break;
+        }
+        char *rd = stmt("SELECT IS_USED_LOCK(@dlock_g) <=> CONNECTION_ID(), "
+                        "(SELECT TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), "
+                        "lock_until) DIV 1000 + 1 FROM %s WHERE name = %s)",
+                        ms->t, name);
+        rc = rd ? query(ms, sl->cn, rd, dl, &r, NULL, NULL,
+                        "waiting for the lock")
+                : enomem();
+        free(rd);
+        if (rc) {
+            if (r)
+                mysql_free_result(r);
+            break;
+        }
+        int gated = col_ll(r, 0, 0) == 1;
+        long long left = col_ll(r, 1, -1);
+        if (r)
+            mysql_free_result(r);
         sl->gated = gated;
         l->retry_ms = left > 0 ? left : 1;
         if (dlock__now_ms() >= l->deadline) {
