@@ -21,8 +21,16 @@
  * connection sent (the server's general query log, on for one cycle), and
  * its tables against the store's (SHOW CREATE TABLE), so that the floor
  * cannot drift from the store unnoticed.
- * Hand-off: two processes pass the lock back and forth; a waiter in
- * another process polls (2 ms doubling to 100 ms), so it is given in ms.
+ * Hand-off: two processes pass the lock back and forth, from the
+ * holder's release call to the waiter's acquire returning. The waiter
+ * sleeps in the server (GET_LOCK inside its upsert) and the release wakes
+ * it. Floor: two bare blocking libmariadb clients doing what a hand-off
+ * minimally needs: the waiter's session blocked in SELECT GET_LOCK(g, t),
+ * the holder's release (the store's guarded UPDATE, then DO
+ * RELEASE_ALL_LOCKS(), one round trip) waking it, then one statement (the
+ * store's upsert, taking the row). Chunks alternate floor and dlock, each
+ * with the round trip measured beside it; figures are medians of the
+ * chunks' medians, also in round trips.
  * Statements per hand-off: N processes contend; the server's Questions
  * (and Com_insert_select: the upserts) less this connection's own
  * (GLOBAL_STATUS - SESSION_STATUS, in one statement), less the same count
@@ -237,6 +245,25 @@ static MYSQL *connect_my(void)
     mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &io_s);
     mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
     if (!mysql_real_connect(m, host, user, password, db, port, NULL, 0))
+        die("connecting", mysql_error(m));
+    exec_ok(m, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    return m;
+}
+
+/* A blocking connection that may send several statements at once. */
+static MYSQL *connect_multi(void)
+{
+    MYSQL *m = mysql_init(NULL);
+    unsigned connect_s = 10, io_s = 30;
+
+    if (!m)
+        die("mysql_init", "out of memory");
+    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &connect_s);
+    mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &io_s);
+    mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &io_s);
+    mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+    if (!mysql_real_connect(m, host, user, password, db, port, NULL,
+                            CLIENT_MULTI_STATEMENTS))
         die("connecting", mysql_error(m));
     exec_ok(m, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
     return m;
@@ -718,19 +745,81 @@ typedef struct pingpong {
     volatile int started, ready[2], acquired;
     volatile int64_t released_at, waits_from;
     long hold_min_us, hold_max_us; /* how long the holder keeps it */
+    int floor; /* bare clients instead of dlock */
     int n;
     int64_t samples[];
 } pingpong;
 
+/* The floor's side of a hand-off: a connection, its upsert (an owner of
+ * its own) and the token of its hold. */
+typedef struct floor_side {
+    MYSQL *m;
+    char name[64], owner[160];
+    char acq[SQL_MAX], rel[SQL_MAX + 64];
+    unsigned long long token;
+} floor_side;
+
+#define FLOOR_GATE "SELECT GET_LOCK('bench-floor-handoff', 10)"
+
+static void floor_side_open(floor_side *f, int me)
+{
+    char owner[64], holder[160], hh[2 * sizeof(holder) + 4];
+
+    f->m = connect_multi();
+    snprintf(owner, sizeof(owner), "0123456789abcdef0123456789abcdef:%d",
+             me);
+    holder_text(holder, sizeof(holder));
+    hexlit("bench-handoff", f->name, sizeof(f->name));
+    hexlit(owner, f->owner, sizeof(f->owner));
+    hexlit(holder, hh, sizeof(hh));
+    acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh);
+}
+
+/* Blocked in GET_LOCK until the holder lets go, then the upsert. */
+static void floor_side_take(floor_side *f)
+{
+    if (query_ll(f->m, FLOOR_GATE) != 1)
+        die("floor hand-off", "GET_LOCK was not granted");
+    if (mysql_real_query(f->m, f->acq, strlen(f->acq)) != 0)
+        die("floor hand-off", mysql_error(f->m));
+    f->token = (unsigned long long)mysql_insert_id(f->m);
+    if (mysql_affected_rows(f->m) < 1 || f->token == 0)
+        die("floor hand-off", "the floor's row was not free");
+}
+
+/* The store's release: the guarded UPDATE, then the gate, one round
+ * trip. */
+static void floor_side_release(floor_side *f)
+{
+    release_sql(f->rel, sizeof(f->rel), FLOOR_TABLE, f->name, f->owner,
+                f->token);
+    strcat(f->rel, "; DO RELEASE_ALL_LOCKS()");
+    if (mysql_real_query(f->m, f->rel, strlen(f->rel)) != 0)
+        die("floor release", mysql_error(f->m));
+    if (mysql_affected_rows(f->m) != 1)
+        die("floor release", "the floor's row was not ours");
+    if (mysql_next_result(f->m) != 0)
+        die("floor release", mysql_error(f->m));
+}
+
 static void pingpong_proc(void *arg, int me)
 {
     pingpong *s = arg;
-    dlock_client *c = open_client(); /* after fork: a client of its own */
-    dlock *l = open_lock(c, "bench-handoff", 0);
+    dlock_client *c = NULL;
+    dlock *l = NULL;
+    floor_side f;
     unsigned seed = (unsigned)getpid();
 
+    if (s->floor) {
+        floor_side_open(&f, me);
+    } else {
+        c = open_client(); /* after fork: a client of its own */
+        l = open_lock(c, "bench-handoff", 0);
+    }
     if (me == 0) {
-        if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
+        if (s->floor)
+            floor_side_take(&f);
+        else if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
             die("handoff acquire", dlock_errmsg());
         __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
     } else {
@@ -740,8 +829,7 @@ static void pingpong_proc(void *arg, int me)
         if (i % 2 == me) { /* we hold it: hand it over */
             spin_until(&s->ready[1 - me], i + 1);
             /* counted from when the other one began to wait, not from
-             * when we saw it: the release's place in its polling
-             * schedule is then what the hold says */
+             * when we saw it: by then it sleeps in the server */
             long span = s->hold_max_us - s->hold_min_us;
             int64_t at = __atomic_load_n(&s->waits_from, __ATOMIC_ACQUIRE) +
                          (int64_t)1000 * (s->hold_min_us +
@@ -752,19 +840,30 @@ static void pingpong_proc(void *arg, int me)
             if (left > 0)
                 sleep_us((long)(left / 1000));
             __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            if (dlock_release(l) != DLOCK_OK)
+            if (s->floor)
+                floor_side_release(&f);
+            else if (dlock_release(l) != DLOCK_OK)
                 die("handoff release", dlock_errmsg());
         } else {
             /* never barge: ask only once the other one got it */
             spin_until(&s->acquired, i);
             __atomic_store_n(&s->waits_from, now_ns(), __ATOMIC_RELEASE);
             __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
+            if (s->floor)
+                floor_side_take(&f);
+            else if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
                 die("handoff acquire", dlock_errmsg());
             s->samples[i] = now_ns() -
                             __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
             __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
         }
+    }
+    if (s->floor) {
+        /* the last one to take it lets go */
+        if ((s->n - 1) % 2 != me)
+            floor_side_release(&f);
+        mysql_close(f.m);
+        return;
     }
     if (dlock_held(l) > 0 && dlock_release(l) != DLOCK_OK)
         die("handoff release", dlock_errmsg());
@@ -774,7 +873,7 @@ static void pingpong_proc(void *arg, int me)
 
 /* n hand-offs measured after one warm-up in each direction and before a
  * last one (the other process exits during it); p50/p99 in µs. */
-static stats handoff(int n, long hold_min_us, long hold_max_us)
+static stats handoff(int floor, int n, long hold_min_us, long hold_max_us)
 {
     size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)(n + 3);
     pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
@@ -787,6 +886,7 @@ static stats handoff(int n, long hold_min_us, long hold_max_us)
     s->n = n + 3;
     s->hold_min_us = hold_min_us;
     s->hold_max_us = hold_max_us;
+    s->floor = floor;
     for (int me = 0; me < 2; me++)
         pids[me] = spawn(pingpong_proc, s, me);
     reap(pids, 2, "handoff");
@@ -1039,8 +1139,7 @@ int main(int argc, char **argv)
         die("mysql_library_init", "failed");
 
     int n = quick ? 3000 : 15000; /* cycles of each kind */
-    int nh = quick ? 40 : 200;    /* hand-offs held 2 ms */
-    int nr = quick ? 30 : 100;    /* hand-offs held 2-40 ms */
+    int nh = quick ? 60 : 300;    /* hand-offs of each kind */
 
     printf("## MySQL / MariaDB (%s)\n\n", shown);
     MYSQL *m = connect_my();
@@ -1101,26 +1200,65 @@ int main(int argc, char **argv)
            tc.floor.med / rtt, tc.dlock.med / rtt);
     fflush(stdout);
 
-    /* no dlock client may be open across fork (its threads) */
-    stats h2 = handoff(nh, 2000, 2000);
-    stats hr = handoff(nr, 2000, 40000);
+    /* no dlock client may be open across fork (its threads). Chunks of
+     * floor and dlock hand-offs alternate, the round trip beside each */
+    int hc = quick ? 3 : 5;
+    double hfl[8], hd[8], hrat[8], hrtt[8], hfp99 = 0, hdp99 = 0;
+    for (int k = 0; k < hc; k++) {
+        stats fs = handoff(1, nh / hc, 2000, 2000);
+        stats ds = handoff(0, nh / hc, 2000, 2000);
+        double t[200];
+        for (int i = 0; i < 200; i++) {
+            int64_t t0 = now_ns();
+            exec_ok(m, "SELECT 1");
+            t[i] = (double)(now_ns() - t0) / 1000;
+        }
+        hrtt[k] = medrange(t, 200).med;
+        hfl[k] = fs.p50_us;
+        hd[k] = ds.p50_us;
+        hrat[k] = ds.p50_us / fs.p50_us;
+        hfp99 = fs.p99_us > hfp99 ? fs.p99_us : hfp99;
+        hdp99 = ds.p99_us > hdp99 ? ds.p99_us : hdp99;
+    }
+    double hunit[8], hfu[8];
+    for (int k = 0; k < hc; k++) {
+        hunit[k] = hd[k] / hrtt[k];
+        hfu[k] = hfl[k] / hrtt[k];
+    }
+    spread hs_f = medrange(hfl, hc), hs_d = medrange(hd, hc);
+    spread hs_r = medrange(hrat, hc), hs_t = medrange(hrtt, hc);
+    spread hs_u = medrange(hunit, hc), hs_fu = medrange(hfu, hc);
     printf("\n### MySQL / MariaDB hand-off\n\n");
-    printf("Two processes pass one lock back and forth; the time from the "
+    printf("Two processes pass one lock back and forth: the time from the "
            "holder's `dlock_release()` call to the waiting process's "
-           "`dlock_acquire()` returning, p50 / p99, in **milliseconds**: "
-           "MySQL cannot notify another client, so a waiter in another "
-           "process polls (each try: the upsert, and a read of the lease "
-           "end while busy; 2 ms doubling to 100 ms apart), and a release "
-           "waits for the waiter's next try. The holder keeps the lock 2 ms "
-           "once the other one waits (that one's third try comes about "
-           "3 ms after it began), or 2–40 ms at random (the waiter's "
-           "interval has grown to between 2 and 32 ms by then).\n\n");
-    printf("| holder keeps the lock | hand-offs | dlock, p50 / p99 (ms) |\n"
-           "|---|---|---|\n");
-    printf("| 2 ms | %d | **%.2f** / %.2f |\n", nh, h2.p50_us / 1000,
-           h2.p99_us / 1000);
-    printf("| 2–40 ms at random | %d | **%.2f** / %.2f |\n", nr,
-           hr.p50_us / 1000, hr.p99_us / 1000);
+           "`dlock_acquire()` returning, in microseconds. The waiter "
+           "sleeps in the server inside its try (the upsert guarded by a "
+           "blocking `GET_LOCK` on the name's gate); the release (the "
+           "guarded `UPDATE`, then `DO RELEASE_ALL_LOCKS()`, one round "
+           "trip) lets go of the gate, the server wakes the waiter, and the "
+           "same statement takes the row. The holder releases 2 ms after the "
+           "other process began to wait. Floor: two bare blocking "
+           "libmariadb clients doing what a hand-off minimally needs: the "
+           "waiter's session blocked in `SELECT GET_LOCK(g, 10)`, the "
+           "holder's release (the same two statements, one round trip) "
+           "waking it, then one statement (the store's upsert, taking the "
+           "row). %d chunks of %d hand-offs of each alternate, the round "
+           "trip (`SELECT 1`) measured after each; a p50 is the median of "
+           "the chunks' medians, a p99 the largest chunk's, a ratio the "
+           "median of the chunks' ratios, round trips the median of the "
+           "chunks' p50 / round trip.\n\n",
+           hc, nh / hc);
+    printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
+    printf("| round trip (`SELECT 1`), p50 | %.1f (chunks: %.1f–%.1f) | "
+           "| |\n",
+           hs_t.med, hs_t.min, hs_t.max);
+    printf("| hand-off, release → the waiter's acquire returns, p50 | %.1f "
+           "| %.1f | **%.2fx** (chunks: %.2f–%.2f) |\n",
+           hs_f.med, hs_d.med, hs_r.med, hs_r.min, hs_r.max);
+    printf("| the same, p99 | %.1f | %.1f | |\n", hfp99, hdp99);
+    printf("| the same p50 in round trips | %.2f | **%.2f** (chunks: "
+           "%.2f–%.2f; goal ≤ 4) | |\n",
+           hs_fu.med, hs_u.med, hs_u.min, hs_u.max);
     fflush(stdout);
 
     /* statements per hand-off: nothing of ours but m connected */

@@ -13,9 +13,15 @@
  *    are on the server's clock only;
  *  - a fair waiter that dies drops out of the queue at once (with its
  *    connection);
- *  - waiters in other processes sleep in the server (one statement,
- *    counted with the server's statement counters) and come soon after a
- *    release;
+ *  - waiters in other processes sleep in the server inside their try
+ *    (no statement while they wait, counted with the server's Questions)
+ *    and come soon after a release;
+ *  - the waiting protocol's failure cases: the holder's connection killed
+ *    (the waiter follows at the lease end, never two owners), a sleeping
+ *    waiter's connection killed (ECONN at once, the next one woken), a
+ *    release at the waiter's deadline (one owner or none, nothing left
+ *    behind), the server killed while waiters sleep (they return within
+ *    their deadline);
  *  - a server killed (ECONN at once, the hold lost, the pool reconnects
  *    after the restart, tokens still grow) or frozen (the caller's
  *    deadline and the timeout are kept; ?timeout= too, last);
@@ -599,6 +605,39 @@ static long long inserts(void)
                         " 'COM_INSERT_SELECT')");
 }
 
+/* Statements the server has been sent (this reading one included). */
+static long long questions(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT VARIABLE_VALUE FROM information_schema."
+                        "GLOBAL_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
+}
+
+/* Sessions of server s asleep in GET_LOCK inside an upsert. */
+static long long sleepers_on(th_sql *sv)
+{
+    return th_sql_query(sv, NULL, 0,
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                        "WHERE STATE = 'User lock' AND INFO LIKE "
+                        "'INSERT INTO%%GET_LOCK(@dlock_g, @dlock_w)%%'");
+}
+
+/* Waits (at most 10 s: a busy machine) until n sessions of sv sleep. */
+static void wait_sleepers_on(th_sql *sv, long long n)
+{
+    int64_t until = th_now_ms() + 10000;
+    long long k = -1;
+
+    while (th_now_ms() < until && (k = sleepers_on(sv)) != n)
+        th_sleep_ms(10);
+    CHECK_EQ(k, n);
+}
+
+static void wait_sleepers(long long n)
+{
+    wait_sleepers_on(&srv, n);
+}
+
 TEST(a_waiter_in_another_process_sleeps_in_the_server_until_the_release)
 {
     poll_shared *s = th_shared(sizeof(*s));
@@ -609,13 +648,19 @@ TEST(a_waiter_in_another_process_sleeps_in_the_server_until_the_release)
     long long before = inserts();
     pid_t pid = th_fork(poll_waiter, s);
     wait_flag(&s->waiting, 10000);
+    /* the waiter's session sleeps inside its second upsert */
+    wait_sleepers(1);
+    /* nothing is sent while it sleeps: over 2 s the server's Questions
+     * grow by what our own reading costs alone (measured back to back;
+     * the holder's lease, 30 s, is far off, and so is its renewal at
+     * 10 s) */
+    long long q0 = questions(), q1 = questions();
     th_sleep_ms(2000);
-    /* one try, whose second statement sleeps in GET_LOCK: the holder's
-     * lease (30 s) is far off, so a waiter that polled would have tried
-     * again in 2 s */
+    CHECK_EQ(questions() - q1, q1 - q0);
+    /* two tries: the first, and the one it sleeps in */
     long long tries = inserts() - before;
-    if (tries != 1)
-        th_fail(__FILE__, __LINE__, "%lld tries in 2 s (expected 1)", tries);
+    if (tries != 2)
+        th_fail(__FILE__, __LINE__, "%lld tries (expected 2)", tries);
     CHECK_EQ(s->got_at, 0);
     int64_t released_at = th_now_ms();
     CHECK_OK(dlock_release(l));
@@ -624,10 +669,181 @@ TEST(a_waiter_in_another_process_sleeps_in_the_server_until_the_release)
     /* woken by the release (the server hands it the gate), not by the
      * lease; 1 s leaves room for a busy machine */
     CHECK_OP(s->got_at - released_at, <, 1000);
-    /* the woken waiter's second try: two in all */
+    /* the statement it slept in took the row: still two */
     CHECK_EQ(inserts() - before, 2);
     dlock_close(l);
     dlock_client_close(c);
+}
+
+/* A waiter in a thread of this process: when it returned, and its
+ * token. Having the lock, it tries `other` once (another client's handle:
+ * it must be busy) and releases. */
+typedef struct timed_waiter {
+    dlock *l;
+    int64_t wait_ms;
+    volatile int done;
+    int rc;
+    int64_t at;
+    uint64_t token;
+    dlock *other;
+    int other_rc, release_rc;
+} timed_waiter;
+
+static void *timed_wait_thread(void *arg)
+{
+    timed_waiter *w = arg;
+
+    w->rc = dlock_acquire(w->l, w->wait_ms);
+    w->at = th_now_ms();
+    if (w->rc == DLOCK_OK) {
+        w->token = dlock_token(w->l);
+        if (w->other)
+            w->other_rc = dlock_acquire(w->other, 0);
+        w->release_rc = dlock_release(w->l);
+    }
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* Kills the connection that holds the gate of `name` on srv. */
+static void kill_gate_holder(const char *name)
+{
+    char hex[64];
+    long long id;
+
+    to_hex(name, hex, sizeof(hex));
+    id = th_sql_query(&srv, NULL, 0,
+                      "SELECT IFNULL(IS_USED_LOCK(CONCAT('dlock:', SHA2("
+                      "CONCAT(CAST(DATABASE() AS BINARY), X'00', "
+                      "'dlock_locks', X'00', X'%s'), 224))), 0)",
+                      hex);
+    CHECK_OP(id, >, 0);
+    th_sql_query(&srv, NULL, 0, "KILL CONNECTION %lld", id);
+}
+
+TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *la = handle(a, "killholder", 1500, 0);
+    timed_waiter w = {handle(b, "killholder", 0, 0), 15000, 0, -99, 0,
+                        0, NULL, 0, 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+    wait_sleepers(1);
+    /* the gate goes with the connection and wakes the waiter, which
+     * finds the row held with a live lease (renewed through the pool):
+     * it must not take it while the holder holds */
+    kill_gate_holder("killholder");
+    th_sleep_ms(2500); /* more than a lease: renewals keep it */
+    CHECK_EQ(w.done, 0);
+    CHECK_EQ(dlock_held(la), 1);
+    int64_t released_at = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.at, >=, released_at);
+    CHECK_OP(w.token, >, ta);
+    /* nobody wakes it (the holder had lost its gate): it takes the row at
+     * the lease end it last read, at most a lease (1.5 s) after the
+     * release; 1.5 s more for a busy machine */
+    CHECK_OP(w.at - released_at, <, 3000);
+    CHECK_OK(w.release_rc);
+    dlock_close(la);
+    dlock_close(w.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(a_waiter_whose_connection_is_killed_returns_and_the_next_is_woken)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri);
+    dlock *la = handle(a, "killwaiter", 0, 0);
+    timed_waiter wb = {handle(b, "killwaiter", 0, 0), 15000, 0, -99, 0,
+                        0, NULL, 0, 0};
+    timed_waiter wc = {handle(c, "killwaiter", 0, 0), 15000, 0, -99, 0,
+                        0, NULL, 0, 0};
+    pthread_t tb, tc;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_EQ(pthread_create(&tb, NULL, timed_wait_thread, &wb), 0);
+    wait_sleepers(1);
+    CHECK_EQ(pthread_create(&tc, NULL, timed_wait_thread, &wc), 0);
+    wait_sleepers(2);
+    /* b came first: kill its session (the older of the two) */
+    long long id = th_sql_query(&srv, NULL, 0,
+                                "SELECT MIN(ID) FROM information_schema."
+                                "PROCESSLIST WHERE STATE = 'User lock' AND "
+                                "INFO LIKE 'INSERT INTO%%'");
+    int64_t k0 = th_now_ms();
+    th_sql_query(&srv, NULL, 0, "KILL CONNECTION %lld", id);
+    pthread_join(tb, NULL);
+    /* told at once (a lost connection), not at its deadline; 3 s for a
+     * busy machine */
+    CHECK_RC(wb.rc, DLOCK_ECONN);
+    CHECK_OP(wb.at - k0, <, 3000);
+    CHECK_EQ(dlock_held(la), 1);
+    CHECK_EQ(wc.done, 0);
+    /* the dead one is out of the gate's queue: the release wakes c */
+    int64_t released_at = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    pthread_join(tc, NULL);
+    CHECK_OK(wc.rc);
+    CHECK_OP(wc.at - released_at, <, 1000);
+    CHECK_OK(wc.release_rc);
+    /* b's client still works (the pool opens a new connection) */
+    CHECK_OK(dlock_acquire(wb.l, 0));
+    CHECK_OK(dlock_release(wb.l));
+    dlock_close(la);
+    dlock_close(wb.l);
+    dlock_close(wc.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
+TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *obs = client_at(srv.uri);
+    dlock *la = handle(a, "deadlinewake", 0, 0);
+    dlock *lo = handle(obs, "deadlinewake", 0, 0);
+
+    /* the release lands about when the waiter's deadline ends: before it
+     * (woken, takes the row), in the same ms, or after (busy). Either the
+     * waiter holds the lock or nobody does; it returns within its
+     * deadline plus the 10 ms a statement may run past it (plus 500 ms
+     * for a busy machine) */
+    for (int i = 0; i < 6; i++) {
+        timed_waiter w = {handle(b, "deadlinewake", 0, 0), 400, 0, -99, 0,
+                          0, lo, -99, -99};
+        pthread_t th;
+        CHECK_OK(dlock_acquire(la, 0));
+        int64_t t0 = th_now_ms();
+        CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+        th_sleep_ms(400 - 4 + 2 * i); /* 396..406 ms */
+        CHECK_OK(dlock_release(la));
+        pthread_join(th, NULL);
+        CHECK_OP(w.at - t0, <, 400 + 10 + 500);
+        if (w.rc == DLOCK_OK) {
+            CHECK_RC(w.other_rc, DLOCK_EBUSY);
+            CHECK_OK(w.release_rc);
+        } else {
+            CHECK_RC(w.rc, DLOCK_EBUSY);
+        }
+        /* nothing left behind: the gate is free, the lock takes at once */
+        CHECK_OK(dlock_acquire(lo, 0));
+        CHECK_OK(dlock_release(lo));
+        dlock_close(w.l);
+    }
+    dlock_close(la);
+    dlock_close(lo);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(obs);
 }
 
 /* --- the server in trouble ----------------------------------------------- */
@@ -693,6 +909,49 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     dlock_close(li);
     dlock_client_close(a);
     dlock_client_close(idle);
+}
+
+TEST(sleeping_waiters_return_within_their_deadline_when_the_server_dies)
+{
+    start_own();
+    dlock_client *a = client_at(own.uri), *b = client_at(own.uri);
+    dlock *la = handle(a, "restart-held", 0, 0);
+    timed_waiter w1 = {handle(b, "restart-held", 0, 0), 8000, 0, -99, 0,
+                        0, NULL, 0, 0};
+    timed_waiter w2 = {handle(b, "restart-held", 0, 0), 8000, 0, -99, 0,
+                        0, NULL, 0, 0};
+    pthread_t t1, t2;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_EQ(pthread_create(&t1, NULL, timed_wait_thread, &w1), 0);
+    CHECK_EQ(pthread_create(&t2, NULL, timed_wait_thread, &w2), 0);
+    wait_sleepers_on(&own, 2);
+    int64_t k0 = th_now_ms();
+    th_sql_kill(&own, SIGKILL);
+    th_sql_restart(&own);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    /* never hung: each returned within its 8 s deadline (+10 ms, +1 s
+     * for a busy machine), with ECONN (its connection died) or, if it
+     * re-tried on the restarted server, busy (the row is durable and
+     * held) */
+    int rcs[2] = {w1.rc, w2.rc};
+    int64_t ats[2] = {w1.at, w2.at};
+    for (int i = 0; i < 2; i++) {
+        if (rcs[i] != DLOCK_ECONN)
+            CHECK_RC(rcs[i], DLOCK_EBUSY);
+        CHECK_OP(ats[i] - k0, <, 8000 + 10 + 1000);
+    }
+    /* the holder's row survived the restart: it still holds (its
+     * release goes through a new connection) */
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(w1.l, 5000));
+    CHECK_OK(dlock_release(w1.l));
+    dlock_close(la);
+    dlock_close(w1.l);
+    dlock_close(w2.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
 }
 
 TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
@@ -1152,7 +1411,11 @@ static const th_test tests[] = {
     T(leases_are_on_the_servers_clock_not_the_holders),
     T(a_dead_fair_waiter_drops_out_of_the_queue),
     T(a_waiter_in_another_process_sleeps_in_the_server_until_the_release),
+    T(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows),
+    T(a_waiter_whose_connection_is_killed_returns_and_the_next_is_woken),
+    T(a_release_at_the_waiters_deadline_gives_one_owner_or_none),
     T(a_killed_server_gives_econn_then_the_pool_reconnects),
+    T(sleeping_waiters_return_within_their_deadline_when_the_server_dies),
     T(a_frozen_server_never_holds_a_caller_past_its_deadline),
     T(credentials_and_bad_uris),
     T(inspect_shows_the_holder_and_the_fair_queue_in_order),

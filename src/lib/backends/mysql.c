@@ -61,7 +61,6 @@
 #define MY_WAIT_SLICE_MS 60000 /* one GET_LOCK waits at most this long */
 #define MY_DEADLOCK_RETRIES 5
 #define NOW "UTC_TIMESTAMP(6)"
-#define NOW_US "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " NOW ")"
 
 typedef struct my_conn {
     MYSQL *m;
@@ -332,16 +331,16 @@ static int take_result(my_store *ms, my_conn *cn, int64_t deadline,
 
 /*
  * Runs sql (one statement, or several separated by ';') on cn within
- * `deadline`. *affected and *id get what the first statement changed and
- * the LAST_INSERT_ID it set; *res the rows of the last statement that has
- * rows (NULL when none; the caller frees them). Any may be NULL. The
- * server stops at the first statement that fails.
+ * `deadline`. *affected and *id get what statement number `at` (from 0)
+ * changed and the LAST_INSERT_ID it set; *res the rows of the last
+ * statement that has rows (NULL when none; the caller frees them). Any
+ * may be NULL. The server stops at the first statement that fails.
  */
-static int query(my_store *ms, my_conn *cn, const char *sql,
-                 int64_t deadline, MYSQL_RES **res, uint64_t *affected,
-                 uint64_t *id, const char *what)
+static int query_at(my_store *ms, my_conn *cn, const char *sql,
+                    int64_t deadline, MYSQL_RES **res, int at,
+                    uint64_t *affected, uint64_t *id, const char *what)
 {
-    int err = 0, status, ready, rc;
+    int err = 0, status, ready, rc, n = 0;
 
     if (res)
         *res = NULL;
@@ -355,12 +354,15 @@ static int query(my_store *ms, my_conn *cn, const char *sql,
     if (err)
         return my_error(ms, cn, what);
     cn->answered = 1;
-    if (affected)
-        *affected = (uint64_t)mysql_affected_rows(cn->m);
-    if (id)
-        *id = (uint64_t)mysql_insert_id(cn->m);
-    rc = take_result(ms, cn, deadline, res, what);
-    while (rc == DLOCK_OK && mysql_more_results(cn->m)) {
+    for (;;) {
+        if (n == at && affected)
+            *affected = (uint64_t)mysql_affected_rows(cn->m);
+        if (n == at && id)
+            *id = (uint64_t)mysql_insert_id(cn->m);
+        rc = take_result(ms, cn, deadline, res, what);
+        if (rc != DLOCK_OK || !mysql_more_results(cn->m))
+            break;
+        n++;
         status = mysql_next_result_start(&err, cn->m);
         while (status) {
             if ((ready = wait_io(cn->m, status, deadline)) < 0) {
@@ -371,14 +373,21 @@ static int query(my_store *ms, my_conn *cn, const char *sql,
         }
         if (rc == DLOCK_OK && err)
             rc = my_error(ms, cn, what);
-        if (rc == DLOCK_OK)
-            rc = take_result(ms, cn, deadline, res, what);
+        if (rc)
+            break;
     }
     if (rc && res && *res) {
         mysql_free_result(*res);
         *res = NULL;
     }
     return rc;
+}
+
+static int query(my_store *ms, my_conn *cn, const char *sql,
+                 int64_t deadline, MYSQL_RES **res, uint64_t *affected,
+                 uint64_t *id, const char *what)
+{
+    return query_at(ms, cn, sql, deadline, res, 0, affected, id, what);
 }
 
 /* One statement on a pooled connection; a deadlock victim (rolled back,
@@ -479,8 +488,13 @@ static char *stmt(const char *fmt, ...)
  * row that is already ours and live is adopted as it is (token kept,
  * lease only lengthened): an earlier try whose answer was lost took it,
  * or this statement is that late try and the owner holds the lock again.
- * `where` guards the whole statement (the gate, below). */
+ * `where` guards the whole statement (the gate, below). A waiter's upsert
+ * sleeps in its `where` (GET_LOCK): its times are the wake's, SYSDATE(6)
+ * (UTC: the session's time zone is set to it), and its condition reads
+ * the one value the row would get, VALUES(locked_at). */
 #define ENDED "lock_until <= " NOW
+#define ENDED_WOKE "lock_until <= VALUES(locked_at)"
+#define WOKE "SYSDATE(6)"
 #define MINE "owner <=> VALUES(owner)"
 
 /* The name's gate: a user-level lock named from the database, the table
@@ -505,28 +519,31 @@ static char *entry_lock_of(const my_store *ms, const char *seq)
 
 static char *upsert(const my_store *ms, const dlock__lease *l,
                     const char *name, const char *owner, const char *holder,
-                    const char *where)
+                    const char *where, int woke)
 {
+    const char *now = woke ? WOKE : NOW;
+    const char *e = woke ? ENDED_WOKE : ENDED;
+
     return stmt("INSERT INTO %s (name, owner, holder, holds, token, "
                 "locked_at, lock_until) SELECT %s, %s, %s, 1, "
-                "LAST_INSERT_ID(" NOW_US "), " NOW ", " NOW
-                " + INTERVAL %lld MICROSECOND FROM DUAL%s "
+                "LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
+                "%s)), %s, %s + INTERVAL %lld MICROSECOND FROM DUAL%s "
                 "ON DUPLICATE KEY UPDATE "
-                "holder = IF(" ENDED ", VALUES(holder), holder), "
-                "holds = IF(" ENDED ", 1, holds), "
-                "token = IF(" ENDED ", LAST_INSERT_ID(GREATEST(token + 1, "
+                "holder = IF(%s, VALUES(holder), holder), "
+                "holds = IF(%s, 1, holds), "
+                "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
                 "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), "
                 "token)), "
-                "locked_at = IF(" ENDED ", VALUES(locked_at), locked_at), "
-                "owner = IF(" ENDED ", VALUES(owner), owner), "
-                "lock_until = IF(" ENDED ", VALUES(lock_until), IF(" MINE
+                "locked_at = IF(%s, VALUES(locked_at), locked_at), "
+                "owner = IF(%s, VALUES(owner), owner), "
+                "lock_until = IF(%s, VALUES(lock_until), IF(" MINE
                 ", GREATEST(lock_until, VALUES(lock_until)), lock_until))",
-                ms->t, name, owner, holder, (long long)l->ttl_ms * 1000,
-                where);
+                ms->t, name, owner, holder, now, now, now,
+                (long long)l->ttl_ms * 1000, where, e, e, e, e, e, e);
 }
 
 /* How a try treats the gate. */
-enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER };
+enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER, TRY_WAIT };
 
 /* Drops what a lease without the lock keeps in the server (its gate, its
  * queue entry) and gives its connection back. */
@@ -570,12 +587,14 @@ static int pinned_alive(my_lease *sl)
 
 /*
  * Acquire (CAP_NATIVE_WAIT): tries and, while l->deadline allows, waits
- * in the server. One round trip per try: the upsert (guarded by the gate)
- * and a SELECT that, when the upsert took nothing, waits in GET_LOCK for
- * the gate until the holder's lease end or the caller's deadline
- * (whichever first; at most MY_WAIT_SLICE_MS), then reports whether this
- * connection holds the gate. A woken waiter holds the gate and tries
- * again; the holder's release woke it, so that try finds the row free.
+ * in the server. The first try is the upsert guarded by GET_LOCK(gate,
+ * 0). After a busy try, every wait is one round trip in which the waiter
+ * sleeps inside its try (TRY_WAIT): a SET of the wait's length (the
+ * holder's lease left + 1 ms, or the caller's deadline if sooner; at most
+ * MY_WAIT_SLICE_MS), then the upsert guarded by GET_LOCK(gate, that
+ * length). The holder's release wakes it, and the same statement takes
+ * the free row; only a wait that took nothing (or a long one) reads more
+ * in a round trip of its own.
  */
 static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
@@ -596,9 +615,10 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     for (int round = 0;; round++) {
         int64_t now = dlock__now_ms();
         int once = l->deadline <= now;
+        int waits = kind == TRY_WAIT;
         int64_t wait_ms = once ? 0 : l->deadline - now;
         int64_t dl = now + ms->timeout_ms;
-        char *sql, *where, *waitexp;
+        char *sql, *where, *up, *del;
         uint64_t affected = 0, token = 0;
         MYSQL_RES *r = NULL;
 
@@ -613,31 +633,72 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
         }
 
-        /* the try: one statement; a fair waiter that wins also leaves its
-         * queue entry, in the same round trip */
-        where = kind == TRY_HELD
-                    ? stmt("%s", "")
-                    : stmt(" WHERE GET_LOCK(%s, 0) %s", gate,
-                           kind == TRY_GATE ? "= 1" : "IS NOT NULL");
-        char *up = where ? upsert(ms, l, name, owner, holder, where) : NULL;
-        sql = up && sl->seq ? stmt("%s; DELETE FROM %s WHERE seq = %lld AND "
-                                   "ROW_COUNT() > 0",
-                                   up, ms->q, (long long)sl->seq)
-                            : up;
-        if (sql != up)
-            free(up);
+        /* the try: one upsert; a fair waiter that wins also leaves its
+         * queue entry, in the same round trip. A waiting try first sets
+         * its gate and the wait's length (the holder's lease left + 1 ms;
+         * a whole lease when the row is free but its gate taken: a woken
+         * waiter is about to take it, and one that does not within a
+         * lease, frozen in between, is passed by), and sleeps in the
+         * upsert's GET_LOCK */
+        if (waits)
+            where = stmt(" WHERE GET_LOCK(@dlock_g, @dlock_w) = 1");
+        else if (kind == TRY_HELD)
+            where = stmt("%s", "");
+        else
+            where = stmt(" WHERE GET_LOCK(%s, 0) %s", gate,
+                         kind == TRY_GATE ? "= 1" : "IS NOT NULL");
+        up = where ? upsert(ms, l, name, owner, holder, where, waits) : NULL;
+        del = sl->seq ? stmt("; DELETE FROM %s WHERE seq = %lld AND "
+                             "ROW_COUNT() > 0",
+                             ms->q, (long long)sl->seq)
+                      : stmt("%s", "");
+        if (!up || !del)
+            sql = NULL;
+        else if (!waits)
+            sql = stmt("%s%s", up, del);
+        else
+            sql = stmt("SET time_zone = '+00:00', @dlock_t0 = " NOW ", "
+                       "@dlock_g = %s, @dlock_w = LEAST(%lld.%03lld, "
+                       "IFNULL((SELECT IF(owner IS NOT NULL, GREATEST("
+                       "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
+                       "lock_until) / 1000000 + 0.001), %lld.%03lld) FROM "
+                       "%s WHERE name = %s), %lld.%03lld)); %s%s",
+                       gate, (long long)(wait_ms / 1000),
+                       (long long)(wait_ms % 1000),
+                       (long long)(l->ttl_ms / 1000),
+                       (long long)(l->ttl_ms % 1000), ms->t, name,
+                       (long long)(l->ttl_ms / 1000),
+                       (long long)(l->ttl_ms % 1000), up, del);
         free(where);
+        free(up);
+        free(del);
         if (!sql) {
             rc = enomem();
             break;
         }
-        int64_t sent = dlock__now_ms();
-        rc = query(ms, sl->cn, sql, dl, NULL, &affected, &token,
-                   "taking the lock");
+        int64_t sent = dlock__now_ms(), wdl = dl;
+        if (waits) {
+            /* the server answers by the wait's end; a frozen one is given
+             * up at the caller's deadline */
+            wdl = now + wait_ms + ms->timeout_ms;
+            if (l->deadline != DLOCK__FOREVER && wdl > l->deadline + 10)
+                wdl = l->deadline + 10;
+        }
+        rc = query_at(ms, sl->cn, sql, wdl, NULL, waits ? 1 : 0, &affected,
+                      &token,
+                      waits ? "waiting for the lock" : "taking the lock");
+        int64_t answered = dlock__now_ms();
         free(sql);
+        /* a try through GET_LOCK may hold the gate now (the row held by
+         * one that lost its gate, or a deadlock after the wake): until
+         * known, let_go() lets go of it */
+        if (kind != TRY_HELD)
+            sl->gated = 1;
         if (rc && mysql_errno(sl->cn->m) == ER_LOCK_DEADLOCK &&
             round < MY_DEADLOCK_RETRIES) {
             rc = DLOCK_OK; /* rolled back, nothing done: again */
+            if (waits)
+                kind = TRY_GATE; /* a held gate is only counted up */
             continue;
         }
         if (rc == DLOCK_OK && (affected == 1 || affected == 2)) {
@@ -649,7 +710,28 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
             }
             l->token = token;
+            /* a waiting try's lease began when the server woke it, after
+             * the send: a short wait counts from the send (a lease at
+             * most a third short: the renewal comes that much sooner);
+             * after a longer one the server says how long it slept (from
+             * its SET, after the send, to the row's locked_at), in a
+             * round trip of its own: nothing more on a short hand-off's
+             * way */
             l->started = sent;
+            if (waits && answered - sent > l->ttl_ms / 3) {
+                char *rd = stmt("SELECT TIMESTAMPDIFF(MICROSECOND, "
+                                "@dlock_t0, locked_at) FROM %s WHERE name "
+                                "= %s",
+                                ms->t, name);
+                r = NULL;
+                if (rd && query(ms, sl->cn, rd, dl, &r, NULL, NULL,
+                                "taking the lock") == DLOCK_OK &&
+                    col_ll(r, 0, 0) > 0)
+                    l->started = sent + col_ll(r, 0, 0) / 1000;
+                if (r)
+                    mysql_free_result(r);
+                free(rd);
+            }
             sl->seq = 0;
             /* the gate is ours unless a stale holder kept it (takeover) */
             sl->gated = kind != TRY_TAKEOVER;
@@ -671,70 +753,60 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             break;
         seen_busy = 1;
 
-        /* held: wait in the server for the gate, until the holder's lease
-         * end (+1 ms) or the caller's deadline; a free row whose gate
-         * another holds: a woken waiter is about to take it, and one that
-         * does not within a lease (frozen in between) is passed by. A
-         * fair waiter joins the queue inspect() lists before it waits */
-        int waits = !once && kind != TRY_HELD && !(fair && !sl->seq);
-        if (!waits)
-            waitexp = stmt("%s", "0");
-        else
-            waitexp = stmt("GET_LOCK(%s, LEAST(%lld.%03lld, IFNULL((SELECT "
-                           "IF(owner IS NOT NULL, GREATEST(0.001, "
-                           "TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) "
-                           "/ 1000000 + 0.001), %lld.%03lld) FROM %s WHERE "
-                           "name = %s), %lld.%03lld)))",
-                           gate, (long long)(wait_ms / 1000),
-                           (long long)(wait_ms % 1000),
-                           (long long)(l->ttl_ms / 1000),
-                           (long long)(l->ttl_ms % 1000), ms->t, name,
-                           (long long)(l->ttl_ms / 1000),
-                           (long long)(l->ttl_ms % 1000));
-        /* the lease left is read after the wait (SYSDATE: now, not the
-         * statement's start) */
-        sql = waitexp ? stmt("SELECT %s, IS_USED_LOCK(%s) <=> "
-                             "CONNECTION_ID(), (SELECT TIMESTAMPDIFF("
-                             "MICROSECOND, CONVERT_TZ(SYSDATE(6), "
-                             "@@session.time_zone, '+00:00'), lock_until) "
-                             "DIV 1000 + 1 FROM %s WHERE name = %s)",
-                             waitexp, gate, ms->t, name)
-                      : NULL;
-        free(waitexp);
-        if (!sql) {
-            rc = enomem();
-            break;
+        if (!waits) {
+            /* held: wait in the server. A fair waiter first joins the
+             * queue inspect() lists: an entry alive while this
+             * connection holds its own lock */
+            if (once)
+                break;
+            if (fair && !sl->seq) {
+                char *lock = entry_lock_of(ms, "LAST_INSERT_ID()");
+                char *join = lock ? stmt("INSERT INTO %s (name, holder, "
+                                         "alive_until) VALUES (%s, %s, " NOW
+                                         "); DO GET_LOCK(%s, 0)",
+                                         ms->q, name, holder, lock)
+                                  : NULL;
+                uint64_t id = 0;
+                free(lock);
+                rc = join ? query(ms, sl->cn, join, dl, NULL, NULL, &id,
+                                  "joining the queue")
+                          : enomem();
+                free(join);
+                if (rc)
+                    break;
+                sl->seq = (int64_t)id;
+            }
+            kind = TRY_WAIT;
+            continue;
         }
-        int64_t wdl = dl;
-        if (waits) {
-            /* the server answers by the wait's end; a frozen one is given
-             * up at the caller's deadline */
-            wdl = now + wait_ms + ms->timeout_ms;
-            if (l->deadline != DLOCK__FOREVER && wdl > l->deadline + 10)
-                wdl = l->deadline + 10;
-        }
-        rc = query(ms, sl->cn, sql, wdl, &r, NULL, NULL,
-                   waits ? "waiting for the lock" : "reading the lease");
-        free(sql);
-        if (rc)
-            break;
-        MYSQL_ROW row = r ? mysql_fetch_row(r) : NULL;
-        long long waited = row && row[0] ? strtoll(row[0], NULL, 10) : 0;
-        int gated = row && row[1] && !strcmp(row[1], "1");
-        long long left = row && row[2] ? strtoll(row[2], NULL, 10) : -1;
-        if (r)
-            mysql_free_result(r);
-        sl->gated = gated;
-        l->retry_ms = left > 0 ? left : 1;
-        if (once)
-            break;
+        /* nothing taken: whether the wake gave us the gate, and the
+         * lease left (unknown gate: let_go() lets go of it) */
         if (dlock__now_ms() >= l->deadline) {
             rc = DLOCK_EBUSY;
             break;
         }
-        if (waited == 1) {
-            kind = TRY_HELD; /* woken with the gate: the row is free */
-            continue;
+        char *rd = stmt("SELECT IS_USED_LOCK(@dlock_g) <=> CONNECTION_ID(), "
+                        "(SELECT TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), "
+                        "lock_until) DIV 1000 + 1 FROM %s WHERE name = %s)",
+                        ms->t, name);
+        rc = rd ? query(ms, sl->cn, rd, dl, &r, NULL, NULL,
+                        "waiting for the lock")
+                : enomem();
+        free(rd);
+        if (rc) {
+            if (r)
+                mysql_free_result(r);
+            break;
+        }
+        int gated = col_ll(r, 0, 0) == 1;
+        long long left = col_ll(r, 1, -1);
+        if (r)
+            mysql_free_result(r);
+        sl->gated = gated;
+        l->retry_ms = left > 0 ? left : 1;
+        if (dlock__now_ms() >= l->deadline) {
+            rc = DLOCK_EBUSY;
+            break;
         }
         if (gated) {
             /* we hold the gate, yet the row is held: its holder lost its
@@ -757,29 +829,10 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             kind = sl->cn ? TRY_HELD : TRY_GATE;
             continue;
         }
-        if (fair && !sl->seq) {
-            /* join the queue inspect() lists: an entry alive while this
-             * connection holds its own lock */
-            char *lock = entry_lock_of(ms, "LAST_INSERT_ID()");
-            char *join = lock ? stmt("INSERT INTO %s (name, holder, "
-                                     "alive_until) VALUES (%s, %s, " NOW
-                                     "); DO GET_LOCK(%s, 0)",
-                                     ms->q, name, holder, lock)
-                              : NULL;
-            uint64_t id = 0;
-            free(lock);
-            rc = join ? query(ms, sl->cn, join, dl, NULL, NULL, &id,
-                              "joining the queue")
-                      : enomem();
-            free(join);
-            if (rc)
-                break;
-            sl->seq = (int64_t)id;
-        }
         /* woken by nothing: the wait ran to the holder's lease end (or
-         * its slice); a lease that ended is taken without the gate if a
-         * frozen holder keeps it */
-        kind = waits && waited == 0 ? TRY_TAKEOVER : TRY_GATE;
+         * its slice, or GET_LOCK failed); a lease that ended is taken
+         * without the gate if a frozen holder keeps it */
+        kind = TRY_TAKEOVER;
     }
     if (rc && sl->cn && sl->cn->broken) {
         /* the server let go of our gate and entry with the connection */
