@@ -60,6 +60,7 @@
 #define MY_IDLE_MAX 8
 #define MY_WAIT_SLICE_MS 60000 /* one GET_LOCK waits at most this long */
 #define MY_DEADLOCK_RETRIES 5
+#define MY_WAIT_RECONNECTS 3 /* a waiting session killed: wait on anew */
 #define NOW "UTC_TIMESTAMP(6)"
 
 typedef struct my_conn {
@@ -596,6 +597,15 @@ static int pinned_alive(my_lease *sl)
  * the free row; only a wait that took nothing (or a long one) reads more
  * in a round trip of its own.
  */
+/* Did the statement fail because the session went (killed, server
+ * gone), rather than with an error of the statement itself? */
+static int conn_lost(const my_conn *cn)
+{
+    unsigned e = mysql_errno(cn->m);
+
+    return cn->broken || e == ER_CONNECTION_KILLED || e == ER_SERVER_SHUTDOWN;
+}
+
 static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     my_store *ms = st;
@@ -605,7 +615,7 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     char *owner = hexlit(l->owner, strlen(l->owner));
     char *holder = hexlit(l->desc, strlen(l->desc));
     char *gate = name ? gate_of(ms, name) : NULL;
-    int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK;
+    int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
 
     (void)op_deadline;
     if (!name || !owner || !holder || !gate) {
@@ -701,6 +711,23 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 kind = TRY_GATE; /* a held gate is only counted up */
             continue;
         }
+        if (rc && waits && lost < MY_WAIT_RECONNECTS &&
+            dlock__now_ms() < l->deadline && conn_lost(sl->cn)) {
+            /* the sleeping session was killed (a DBA, a proxy, a server
+             * restart): its gate place and queue entry went with it. Wait
+             * on, on a new connection, behind those who waited meanwhile
+             * (the upsert may have taken the row before the kill: the
+             * next try adopts a row already ours) */
+            lost++;
+            sl->cn->broken = 1;
+            conn_put(ms, sl->cn);
+            sl->cn = NULL;
+            sl->gated = 0;
+            sl->seq = 0;
+            rc = DLOCK_OK;
+            kind = TRY_GATE;
+            continue;
+        }
         if (rc == DLOCK_OK && (affected == 1 || affected == 2)) {
             if (token == 0) {
                 rc = dlock__err(DLOCK_EPROTO,
@@ -719,10 +746,14 @@ static int my_acquire(void *st, dlock__lease *l, int64_t op_deadline)
              * way */
             l->started = sent;
             if (waits && answered - sent > l->ttl_ms / 3) {
+                /* our row only: taken over meanwhile (this process
+                 * stopped past the lease), its locked_at is another
+                 * holder's, and the send is the only start we know */
                 char *rd = stmt("SELECT TIMESTAMPDIFF(MICROSECOND, "
                                 "@dlock_t0, locked_at) FROM %s WHERE name "
-                                "= %s",
-                                ms->t, name);
+                                "= %s AND owner = %s AND token = %llu",
+                                ms->t, name, owner,
+                                (unsigned long long)token);
                 r = NULL;
                 if (rd && query(ms, sl->cn, rd, dl, &r, NULL, NULL,
                                 "taking the lock") == DLOCK_OK &&

@@ -563,31 +563,63 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     h->lease.priv = c->be->lease_size ? (void *)(h + 1) : NULL;
 
     waits = wait_ms != 0 && !(c->be->caps & DLOCK__CAP_NATIVE_WAIT);
-    if (waits) {
-        rc = waiter_add(c, &w, h);
-        if (rc) {
+    for (int stale = 0;; stale++) {
+        if (waits) {
+            rc = waiter_add(c, &w, h);
+            if (rc) {
+                free(h);
+                return rc;
+            }
+        }
+        h->lease.may_wait = waits;
+        rc = try_once(c, h, &t0, deadline, wait_ms == 0, &seen_busy);
+        if (rc == DLOCK_EBUSY && waits) {
+            t_busy = t0;
+            rc = wait_loop(c, h, &w, start, deadline, &t0, &t_busy,
+                           &seen_busy);
+            if (rc != DLOCK_OK)
+                rc = leave_queue(c, h, rc, &t0);
+        } else if (rc == DLOCK_EBUSY) {
+            rc = busy_message(h, dlock__now_ms() - start);
+        }
+        if (waits) {
+            if (c->be->disarm && h->lease.waiting)
+                c->be->disarm(c->st, &h->lease, rc == DLOCK_OK);
+            waiter_remove(c, &w, rc == DLOCK_OK);
+        }
+        if (rc != DLOCK_OK) {
             free(h);
             return rc;
         }
-    }
-    h->lease.may_wait = waits;
-    rc = try_once(c, h, &t0, deadline, wait_ms == 0, &seen_busy);
-    if (rc == DLOCK_EBUSY && waits) {
-        t_busy = t0;
-        rc = wait_loop(c, h, &w, start, deadline, &t0, &t_busy, &seen_busy);
-        if (rc != DLOCK_OK)
-            rc = leave_queue(c, h, rc, &t0);
-    } else if (rc == DLOCK_EBUSY) {
-        rc = busy_message(h, dlock__now_ms() - start);
-    }
-    if (waits) {
-        if (c->be->disarm && h->lease.waiting)
-            c->be->disarm(c->st, &h->lease, rc == DLOCK_OK);
-        waiter_remove(c, &w, rc == DLOCK_OK);
-    }
-    if (rc != DLOCK_OK) {
-        free(h);
-        return rc;
+        /* The lease ran out before this call could return: the process
+         * did not run for a whole lease (stopped, starved) between the
+         * store's answer and here, and the lock may be someone else's by
+         * now. Not a hold to hand out: let go of it in the store (guarded:
+         * only if still ours) and try again while the wait lasts (found by
+         * the safety suite's waiter-stop on MariaDB: a waiter frozen in the
+         * server's GET_LOCK is handed the row, and thawed after its
+         * lease). */
+        if (!(c->be->caps & DLOCK__CAP_LEASE) ||
+            dlock__now_ms() < t0 + h->lease.ttl_ms -
+                                  dlock__client_margin(c, h->lease.ttl_ms))
+            break;
+        (void)c->be->release(c->st, &h->lease, op_deadline(c, deadline, 1));
+        if (stale >= 3 || (wait_ms != -1 && dlock__now_ms() >= deadline)) {
+            long long ttl = (long long)h->lease.ttl_ms;
+            free(h);
+            return dlock__err(DLOCK_EBUSY,
+                              "lock '%.200s': acquired, but its lease ran out "
+                              "before the call could return (the process did "
+                              "not run for %lld ms); let go again",
+                              l->entry->name, ttl);
+        }
+        pthread_mutex_lock(&c->mu);
+        seq = ++c->next_waiter;
+        pthread_mutex_unlock(&c->mu);
+        h->lease.waiter = seq;
+        h->lease.waiting = 0;
+        h->lease.retry_ms = -1;
+        seen_busy = 0;
     }
 
     pthread_mutex_lock(&c->mu);
