@@ -69,9 +69,14 @@ const char bench_prog[] = "bench_pg";
 #define W "\"" FLOOR_NAME "_waiters\""
 #define REL "\"" FLOOR_NAME "_release\""
 #define S "'\"" FLOOR_NAME "_tokens\"'"
-#define ALIVE(w)                                                            \
-    "EXISTS (SELECT 1 FROM pg_stat_get_activity(" w ".pid) a WHERE "        \
-    "a.backend_start = " w ".since OR a.backend_start IS NULL)"
+/* a listening session's advisory lock, and the release's probe of it */
+#define SKEY(x)                                                             \
+    "('x' || substr(md5(" x "), 1, 8))::bit(32)::int, ('x' || substr(md5("  \
+    x "), 9, 8))::bit(32)::int"
+#define ALIVE(w, me)                                                        \
+    "(CASE WHEN " w ".pid = pg_backend_pid() THEN " w ".client = " me       \
+    " ELSE NOT pg_try_advisory_xact_lock_shared(" SKEY(                     \
+        w ".client || ':' || " w ".pid") ") END)"
 
 #define ENDED "t.lock_until <= " NOW
 #define KEEP_OR(col, new_)                                                  \
@@ -114,7 +119,7 @@ const char bench_prog[] = "bench_pg";
     " LOOP"                                                                 \
     "  SELECT * INTO w FROM " W " WHERE name = n ORDER BY seq LIMIT 1;"     \
     "  EXIT WHEN NOT FOUND;"                                                \
-    "  IF w.owner <> o AND " ALIVE("w") " THEN"                             \
+    "  IF w.owner <> o AND " ALIVE("w", "split_part(o, ':', 1)") " THEN"    \
     "   gtoken := nextval(" S ");"                                          \
     "   UPDATE " T " SET owner = w.owner, holder = w.holder, holds = 1, "   \
     "token = gtoken, locked_at = " NOW ", lock_until = " NOW " + w.ttl_ms " \
@@ -733,10 +738,14 @@ static void party_open(party *p, int kind)
     if (kind == H_FLOOR_TABLE || kind == H_FLOOR_ADV) {
         floor_connect(&p->f);
         /* both processes, as dlock's listeners stay after a wait; the
-         * session's pid and start go into its queue entries */
+         * session holds its advisory lock while it listens (the release's
+         * test that it is alive); its pid and start go into its entries */
         if (kind == H_FLOOR_TABLE) {
-            char sql[80];
-            snprintf(sql, sizeof(sql), "LISTEN dlock_%s", p->f.client);
+            char sql[400];
+            snprintf(sql, sizeof(sql),
+                     "LISTEN dlock_%s; SELECT pg_try_advisory_lock(" SKEY(
+                         "'%s:' || pg_backend_pid()") ")",
+                     p->f.client, p->f.client, p->f.client);
             exec_ok(p->f.pg, sql);
             PGresult *r = PQexec(p->f.pg, "SELECT pid, backend_start FROM "
                                           "pg_stat_get_activity("

@@ -370,6 +370,18 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&t, NULL, waiter, &w);
     wait_queued(&w);
+    /* the listening session holds its advisory lock (the two-int key
+     * space) while it listens: that is how a release knows it is alive */
+    long long lpid = th_sql_query(&srv, NULL, 0,
+                                  "SELECT min(pid) FROM dlock_locks_waiters "
+                                  "WHERE name = 'idle-after'::bytea");
+    CHECK_OP(lpid, >, 0);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_locks WHERE locktype = "
+                          "'advisory' AND objsubid = 2 AND granted AND pid "
+                          "= %lld",
+                          lpid),
+             1);
     CHECK_OK(dlock_release(lh));
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
@@ -382,8 +394,15 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     CHECK_EQ(last_activity(), before);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_stat_activity WHERE "
-                          "query = 'UNLISTEN *'"),
+                          "query = 'UNLISTEN *; SELECT "
+                          "pg_advisory_unlock_all()'"),
              1);
+    /* and its lock went with it: an entry it left would be dead */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_locks WHERE locktype = "
+                          "'advisory' AND objsubid = 2 AND pid = %lld",
+                          lpid),
+             0);
     /* and the next wait listens again */
     CHECK_OK(dlock_acquire(lh, 0));
     w.done = w.started = 0;
@@ -493,6 +512,44 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     CHECK_EQ(s->order[0], 1);
     dlock_close(lh);
     dlock_client_close(h);
+}
+
+TEST(an_entry_whose_session_does_not_listen_is_skipped)
+{
+    dlock_client *h = client(), *c = client();
+    dlock *lh = handle(h, "not-listening", 60000, DLOCK_FAIR);
+    waiter_arg w = {handle(c, "not-listening", 60000, DLOCK_FAIR), 20000, 0,
+                    0, 0, 0};
+    pthread_t t;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    /* the head of the queue names a live session that holds no key: the
+     * server's checkpointer (alive, pid and start right, never listening) */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "INSERT INTO dlock_locks_waiters (name, client, "
+                          "waiter, owner, holder, ttl_ms, pid, since) SELECT "
+                          "'not-listening'::bytea, repeat('0', 32), 1, "
+                          "'gone:1', 'gone', 60000, pid, backend_start FROM "
+                          "pg_stat_activity WHERE backend_type = "
+                          "'checkpointer'"),
+             1);
+    pthread_create(&t, NULL, waiter, &w);
+    wait_queued(&w);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(lh));
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    /* handed to the live waiter at once (2 s: a hand-over is a few ms),
+     * not to the entry, whose lease (60 s) would have held it */
+    CHECK_OP(th_now_ms() - t0, <, 2000);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM dlock_locks_waiters WHERE "
+                          "name = 'not-listening'::bytea"),
+             0);
+    dlock_close(lh);
+    dlock_close(w.l);
+    dlock_client_close(h);
+    dlock_client_close(c);
 }
 
 /* --- hand-over (both modes) --- */
@@ -1132,6 +1189,7 @@ static const th_test tests[] = {
     T(a_client_that_waited_goes_quiet_and_stops_listening),
     T(fair_waiters_stay_queued_without_refreshing),
     T(a_dead_fair_waiter_drops_out_of_the_queue),
+    T(an_entry_whose_session_does_not_listen_is_skipped),
     T(a_release_hands_the_lock_over_in_default_mode),
     T(a_waiter_that_gave_up_is_not_handed_the_lock),
     T(a_client_keeps_one_connection_while_it_holds_or_waits),
