@@ -1219,14 +1219,13 @@ int main(int argc, char **argv)
            "every backend has gone, less the same count for the processes "
            "only started (one by one) and stopped; per hand-off. It "
            "includes each process's first `LISTEN` and the transaction in "
-           "which every "
-           "`LISTEN`ing backend reads each NOTIFY (PostgreSQL signals every "
-           "listener of the database, whatever the channel): about one per "
-           "process per release in table mode. Default mode: "
-           "every waiting process re-tries once per release, and the "
-           "releaser often takes the lock again at once (*acquisitions* per "
-           "hand-off); fair mode: only the queue's head re-tries; advisory: "
-           "the waiters wait inside the server.%s\n\n",
+           "which every `LISTEN`ing backend reads each NOTIFY (PostgreSQL "
+           "signals every listener of the database, whatever the channel): "
+           "about one per waiting process per release in table mode, where "
+           "the release hands the lock over (both modes) and no waiter "
+           "re-tries; *acquisitions* per hand-off above 1 are a releaser "
+           "taking the lock again while nobody was queued. Advisory: the "
+           "waiters wait inside the server.%s\n\n",
            target, exact ? "" : " (Some backends had not gone: the "
                                 "counts are approximate.)");
     printf("| mode | processes | transactions | acquisitions | "
