@@ -24,8 +24,9 @@
  *    its command connection while it has waiters; the waiter returns on
  *    its grant with no further round trip. A waiter is alive as long as
  *    that session listens (it holds an advisory lock of its own while it
- *    does; a release probes it): nothing is refreshed while it waits. A wait that ends without the lock leaves with T_leave,
- *    which keeps a lock handed over meanwhile. docs/design.md,
+ *    does; a release probes it): nothing is refreshed while it waits.
+ *    A wait that ends without the lock leaves with T_leave, which keeps
+ *    a lock handed over meanwhile. docs/design.md,
  *    "PostgreSQL table mode: hand-over", has the failure cases.
  *
  * Advisory mode (?mode=advisory): PostgreSQL's session-level advisory
