@@ -237,6 +237,8 @@ typedef struct waiter_arg {
     volatile int rc;
     volatile int64_t took;
     volatile int done;
+    int hold;              /* keep the lock until let_go (20 s at most) */
+    volatile int let_go;
 } waiter_arg;
 
 static void *waiter(void *arg)
@@ -247,6 +249,10 @@ static void *waiter(void *arg)
     w->started = 1;
     w->rc = dlock_acquire(w->l, w->wait);
     w->took = th_now_ms() - t0;
+    for (int i = 0; w->rc == DLOCK_OK && w->hold && i < 2000 &&
+                    !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
     if (w->rc == DLOCK_OK)
         dlock_release(w->l);
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
@@ -276,8 +282,8 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
     dlock_client *h = client(), *wa = client(), *wb = client();
     dlock *la = handle(h, "quiet-a", 60000, 0);
     dlock *lb = handle(h, "quiet-b", 60000, 0);
-    waiter_arg a = {handle(wa, "quiet-a", 60000, 0), 20000, 0, 0, 0, 0};
-    waiter_arg b = {handle(wb, "quiet-b", 60000, 0), 20000, 0, 0, 0, 0};
+    waiter_arg a = {handle(wa, "quiet-a", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
+    waiter_arg b = {handle(wb, "quiet-b", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
     pthread_t ta, tb;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -326,7 +332,7 @@ TEST(a_listener_killed_mid_wait_listens_again)
 {
     dlock_client *h = client(), *c = client();
     dlock *lh = handle(h, "relisten", 60000, 0);
-    waiter_arg w = {handle(c, "relisten", 60000, 0), 20000, 0, 0, 0, 0};
+    waiter_arg w = {handle(c, "relisten", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -364,12 +370,24 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     dlock_client *h = client(), *c = client();
     dlock *lh = handle(h, "idle-after", 60000, DLOCK_FAIR);
     waiter_arg w = {handle(c, "idle-after", 60000, DLOCK_FAIR), 20000, 0, 0,
-                    0, 0};
+                    0, 0, 0, 0};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&t, NULL, waiter, &w);
     wait_queued(&w);
+    /* the listening session holds its advisory lock (the two-int key
+     * space) while it listens: that is how a release knows it is alive */
+    long long lpid = th_sql_query(&srv, NULL, 0,
+                                  "SELECT min(pid) FROM dlock_locks_waiters "
+                                  "WHERE name = 'idle-after'::bytea");
+    CHECK_OP(lpid, >, 0);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_locks WHERE locktype = "
+                          "'advisory' AND objsubid = 2 AND granted AND pid "
+                          "= %lld",
+                          lpid),
+             1);
     CHECK_OK(dlock_release(lh));
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
@@ -382,8 +400,15 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     CHECK_EQ(last_activity(), before);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_stat_activity WHERE "
-                          "query = 'UNLISTEN *'"),
+                          "query = 'UNLISTEN *; SELECT "
+                          "pg_advisory_unlock_all()'"),
              1);
+    /* and its lock went with it: an entry it left would be dead */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_locks WHERE locktype = "
+                          "'advisory' AND objsubid = 2 AND pid = %lld",
+                          lpid),
+             0);
     /* and the next wait listens again */
     CHECK_OK(dlock_acquire(lh, 0));
     w.done = w.started = 0;
@@ -495,16 +520,55 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     dlock_client_close(h);
 }
 
+TEST(an_entry_whose_session_does_not_listen_is_skipped)
+{
+    dlock_client *h = client(), *c = client();
+    dlock *lh = handle(h, "not-listening", 60000, DLOCK_FAIR);
+    waiter_arg w = {handle(c, "not-listening", 60000, DLOCK_FAIR), 20000, 0,
+                    0, 0, 0, 0, 0};
+    pthread_t t;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    /* the head of the queue names a live session that holds no key: the
+     * server's checkpointer (alive, pid and start right, never listening) */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "INSERT INTO dlock_locks_waiters (name, client, "
+                          "waiter, owner, holder, ttl_ms, pid, since) SELECT "
+                          "'not-listening'::bytea, repeat('0', 32), 1, "
+                          "'gone:1', 'gone', 60000, pid, backend_start FROM "
+                          "pg_stat_activity WHERE backend_type = "
+                          "'checkpointer'"),
+             1);
+    pthread_create(&t, NULL, waiter, &w);
+    wait_queued(&w);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(lh));
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    /* handed to the live waiter at once (2 s: a hand-over is a few ms),
+     * not to the entry, whose lease (60 s) would have held it */
+    CHECK_OP(th_now_ms() - t0, <, 2000);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM dlock_locks_waiters WHERE "
+                          "name = 'not-listening'::bytea"),
+             0);
+    dlock_close(lh);
+    dlock_close(w.l);
+    dlock_client_close(h);
+    dlock_client_close(c);
+}
+
 /* --- hand-over (both modes) --- */
 
 TEST(a_release_hands_the_lock_over_in_default_mode)
 {
     dlock_client *h = client(), *c = client();
     dlock *lh = handle(h, "handover", 60000, 0);
-    waiter_arg w = {handle(c, "handover", 60000, 0), 20000, 0, 0, 0, 0};
+    waiter_arg w = {handle(c, "handover", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
     dlock_info info;
     pthread_t t;
 
+    w.hold = 1; /* else it may have released already when we try */
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t first = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
@@ -514,6 +578,7 @@ TEST(a_release_hands_the_lock_over_in_default_mode)
      * releaser cannot barge back in, even at once */
     CHECK_OK(dlock_release(lh));
     CHECK_RC(dlock_acquire(lh, 0), DLOCK_EBUSY);
+    __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
     CHECK_OP(w.took, <, 20000);
@@ -568,7 +633,7 @@ TEST(a_client_keeps_one_connection_while_it_holds_or_waits)
     dlock_client *h = client(), *c = client();
     dlock *lh = handle(h, "one-conn", 60000, 0);
     waiter_arg w = {handle(c, "one-conn", 60000, DLOCK_FAIR), 20000, 0, 0, 0,
-                    0};
+                    0, 0, 0};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -1132,6 +1197,7 @@ static const th_test tests[] = {
     T(a_client_that_waited_goes_quiet_and_stops_listening),
     T(fair_waiters_stay_queued_without_refreshing),
     T(a_dead_fair_waiter_drops_out_of_the_queue),
+    T(an_entry_whose_session_does_not_listen_is_skipped),
     T(a_release_hands_the_lock_over_in_default_mode),
     T(a_waiter_that_gave_up_is_not_handed_the_lock),
     T(a_client_keeps_one_connection_while_it_holds_or_waits),

@@ -23,9 +23,10 @@
  *    queued, so nobody barges in): the client LISTENs on its channel on
  *    its command connection while it has waiters; the waiter returns on
  *    its grant with no further round trip. A waiter is alive as long as
- *    that session is (pg_stat_get_activity): nothing is refreshed while
- *    it waits. A wait that ends without the lock leaves with T_leave,
- *    which keeps a lock handed over meanwhile. docs/design.md,
+ *    that session listens (it holds an advisory lock of its own while it
+ *    does; a release probes it): nothing is refreshed while it waits.
+ *    A wait that ends without the lock leaves with T_leave, which keeps
+ *    a lock handed over meanwhile. docs/design.md,
  *    "PostgreSQL table mode: hand-over", has the failure cases.
  *
  * Advisory mode (?mode=advisory): PostgreSQL's session-level advisory
@@ -72,11 +73,21 @@
 #define NOW "clock_timestamp()"
 #define MS_LEFT(ts) "ceil(extract(epoch FROM " ts " - " NOW ") * 1000)::bigint"
 #define KEY(x) "('x' || substr(md5(" x "), 1, 16))::bit(64)::bigint"
-/* A waiter's session (columns pid, since of T_waiters) is alive. Another
- * role's backend_start is hidden (NULL): alive while its pid is. */
-#define ALIVE(w)                                                            \
-    "EXISTS (SELECT 1 FROM pg_stat_get_activity(" w ".pid) a WHERE "        \
-    "a.backend_start = " w ".since OR a.backend_start IS NULL)"
+/* The advisory lock a listening session holds while it listens: the
+ * two-int key space (advisory mode uses one bigint), both halves of
+ * md5(text), here 'CLIENTID:PID'. */
+#define SKEY(x)                                                             \
+    "('x' || substr(md5(" x "), 1, 8))::bit(32)::int, ('x' || substr(md5("  \
+    x "), 9, 8))::bit(32)::int"
+/* A waiter's session (columns client, pid of T_waiters) still listens: it
+ * holds its key (a shared try is refused). The running session's own pid:
+ * alive if the entry is of the running client (`me`), whose session does
+ * not conflict with its own lock; any other client's is from a dead
+ * session that had this pid. */
+#define ALIVE(w, me)                                                        \
+    "(CASE WHEN " w ".pid = pg_backend_pid() THEN " w ".client = " me       \
+    " ELSE NOT pg_try_advisory_xact_lock_shared(" SKEY(                     \
+        w ".client || ':' || " w ".pid") ") END)"
 
 enum {
     S_ACQUIRE,
@@ -594,10 +605,10 @@ static int run(pg_store *ps, pg_conn *cn, int which, const char *const *vals,
         [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8},
         [S_EXTEND] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
         [S_INSPECT] = {T_BYTEA},
-        [S_QUEUE] = {T_BYTEA},
+        [S_QUEUE] = {T_BYTEA, T_TEXT},
         [S_LEAVE] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT8},
         [S_GC] = {T_INT8},
-        [S_GC_QUEUE] = {0},
+        [S_GC_QUEUE] = {T_TEXT},
         [S_ADV_TRY] = {T_BYTEA, T_TEXT},
         [S_ADV_UNLOCK] = {T_BYTEA},
         [S_ADV_CHECK] = {T_BYTEA},
@@ -771,7 +782,7 @@ static int listen_ref(pg_store *ps, pg_lease *pl, int64_t deadline,
 {
     pg_conn *cn;
     PGresult *r;
-    char sql[160];
+    char sql[512];
     int rc;
 
     pthread_mutex_lock(&ps->mu);
@@ -810,13 +821,17 @@ static int listen_ref(pg_store *ps, pg_lease *pl, int64_t deadline,
     if (ps->listening) {
         rc = DLOCK_OK; /* another thread did it meanwhile */
     } else {
+        /* the session's advisory lock says that it listens (released
+         * with UNLISTEN, or by the server when the session ends) */
         snprintf(sql, sizeof(sql),
-                 "LISTEN %s; SELECT pid, backend_start FROM "
+                 "LISTEN %s; SELECT pid, backend_start, "
+                 "pg_try_advisory_lock(" SKEY("'%s:' || pid") ") FROM "
                  "pg_stat_get_activity(pg_backend_pid())",
-                 ps->chan);
+                 ps->chan, dlock__client_id(ps->client),
+                 dlock__client_id(ps->client));
         rc = run_text(ps, cn, sql, deadline, &r, "LISTEN");
         if (rc == DLOCK_OK) {
-            if (PQntuples(r) == 1 && PQnfields(r) == 2) {
+            if (PQntuples(r) == 1 && PQnfields(r) == 3) {
                 ps->lpid = atoi(PQgetvalue(r, 0, 0));
                 snprintf(ps->lsince, sizeof(ps->lsince), "%s",
                          PQgetvalue(r, 0, 1));
@@ -878,7 +893,9 @@ static void idle_run(pg_store *ps)
     }
     if (!cn)
         return;
-    int ok = !ps->main_pending && PQsendQuery(cn->pg, "UNLISTEN *") &&
+    int ok = !ps->main_pending &&
+             PQsendQuery(cn->pg, "UNLISTEN *; SELECT "
+                                 "pg_advisory_unlock_all()") &&
              PQflush(cn->pg) == 0;
     pthread_mutex_lock(&ps->mu);
     if (!ok) {
@@ -1099,8 +1116,8 @@ static int pg_inspect(void *st, const char *name, size_t len,
     PGresult *r;
     int rc;
 
-    const char *vals[1] = {name};
-    int lens[1] = {(int)len};
+    const char *vals[2] = {name, dlock__client_id(ps->client)};
+    int lens[2] = {(int)len, 0};
     rc = conn_get(ps, op_deadline, &cn);
     if (rc)
         return rc;
@@ -1147,7 +1164,8 @@ static int pg_gc(void *st, int64_t idle_ms, uint64_t *removed,
         return rc;
     *removed = strtoull(PQcmdTuples(r), NULL, 10);
     PQclear(r);
-    rc = run_pooled(ps, S_GC_QUEUE, NULL, NULL, op_deadline, &r,
+    const char *me[1] = {dlock__client_id(ps->client)};
+    rc = run_pooled(ps, S_GC_QUEUE, me, NULL, op_deadline, &r,
                     "removing dead queue entries");
     if (rc == DLOCK_OK)
         PQclear(r);
@@ -1671,9 +1689,9 @@ static int build_statements(pg_store *ps, const pg_names *nm, const char *s)
                       "bigint FROM %1$s WHERE name = $1",
                       nm, s);
     rc = rc ? rc
-            : set_sql(ps, S_QUEUE, 1,
+            : set_sql(ps, S_QUEUE, 2,
                       "SELECT w.holder FROM %2$s w WHERE w.name = $1 AND "
-                      ALIVE("w") " ORDER BY w.seq",
+                      ALIVE("w", "$2") " ORDER BY w.seq",
                       nm, s);
     /* $1 name, $2 owner, $3 client id, $4 waiter number, $5 ttl ms */
     rc = rc ? rc
@@ -1685,8 +1703,9 @@ static int build_statements(pg_store *ps, const pg_names *nm, const char *s)
                       "interval '1 millisecond'",
                       nm, s);
     rc = rc ? rc
-            : set_sql(ps, S_GC_QUEUE, 0,
-                      "DELETE FROM %2$s w WHERE NOT " ALIVE("w"), nm, s);
+            : set_sql(ps, S_GC_QUEUE, 1,
+                      "DELETE FROM %2$s w WHERE NOT " ALIVE("w", "$1"), nm,
+                      s);
     /* advisory: $1 name [, $2 holder] */
     rc = rc ? rc
             : set_sql(ps, S_ADV_TRY, 2,
@@ -1760,7 +1779,7 @@ static const char schema_sql[] =
     " LOOP"
     "  SELECT * INTO w FROM %2$s WHERE name = n ORDER BY seq LIMIT 1;"
     "  EXIT WHEN NOT FOUND;"
-    "  IF w.owner <> o AND " ALIVE("w") " THEN"
+    "  IF w.owner <> o AND " ALIVE("w", "split_part(o, ':', 1)") " THEN"
     "   gtoken := nextval(%3$s);"
     "   UPDATE %1$s SET owner = w.owner, holder = w.holder, holds = 1, "
     "token = gtoken, locked_at = " NOW ", lock_until = " NOW " + w.ttl_ms * "
