@@ -29,10 +29,12 @@
  * holder's release call to the waiter's acquire returning. The waiter
  * sleeps in the server (GET_LOCK inside its upsert) and the release wakes
  * it. Floor: two bare blocking libmariadb clients doing what a hand-off
- * minimally needs: the waiter's session blocked in SELECT GET_LOCK(g, t),
- * the holder's release (the store's guarded UPDATE, then DO
- * RELEASE_ALL_LOCKS(), one round trip) waking it, then one statement (the
- * store's upsert, taking the row). Chunks alternate floor and dlock, each
+ * minimally needs: the waiter's session asleep in the store's waiting
+ * upsert (guarded by GET_LOCK(g, 10), its times the wake's), the holder's
+ * release (the store's guarded UPDATE, then DO RELEASE_ALL_LOCKS(), one
+ * round trip) waking it, and the same statement taking the row; what
+ * dlock adds is the SET before the upsert (in the same round trip) and
+ * its own work. Chunks alternate floor and dlock, each
  * with the round trip measured beside it; figures are medians of the
  * chunks' medians, also in round trips.
  * Statements per hand-off: N processes contend; the server's Questions
@@ -788,8 +790,8 @@ typedef struct pingpong {
     int64_t samples[];
 } pingpong;
 
-/* The floor's side of a hand-off: a connection, its upsert (an owner of
- * its own) and the token of its hold. */
+/* The floor's side of a hand-off: a connection, its waiting upsert (an
+ * owner of its own) and the token of its hold. */
 typedef struct floor_side {
     MYSQL *m;
     char name[64], owner[160];
@@ -797,13 +799,15 @@ typedef struct floor_side {
     unsigned long long token;
 } floor_side;
 
-#define FLOOR_GATE "SELECT GET_LOCK('bench-floor-handoff', 10)"
+#define FLOOR_GATE " WHERE GET_LOCK('bench-floor-handoff', 10) = 1"
 
 static void floor_side_open(floor_side *f, int me)
 {
     char owner[64], holder[160], hh[2 * sizeof(holder) + 4];
 
     f->m = connect_multi();
+    /* the woken upsert's SYSDATE(6) in UTC, as the store's */
+    exec_ok(f->m, "SET time_zone = '+00:00'");
     snprintf(owner, sizeof(owner), "0123456789abcdef0123456789abcdef:%d",
              me);
     holder_text(holder, sizeof(holder));
@@ -811,19 +815,19 @@ static void floor_side_open(floor_side *f, int me)
     hexlit(owner, f->owner, sizeof(f->owner));
     hexlit(holder, hh, sizeof(hh));
     acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh,
-                "", 0);
+                FLOOR_GATE, 1);
 }
 
-/* Blocked in GET_LOCK until the holder lets go, then the upsert. */
+/* The upsert, asleep in its GET_LOCK until the holder lets go, then
+ * taking the row. */
 static void floor_side_take(floor_side *f)
 {
-    if (query_ll(f->m, FLOOR_GATE) != 1)
-        die("floor hand-off", "GET_LOCK was not granted");
     if (mysql_real_query(f->m, f->acq, strlen(f->acq)) != 0)
         die("floor hand-off", mysql_error(f->m));
     f->token = (unsigned long long)mysql_insert_id(f->m);
     if (mysql_affected_rows(f->m) < 1 || f->token == 0)
-        die("floor hand-off", "the floor's row was not free");
+        die("floor hand-off", "the gate was not granted or the floor's row "
+                              "was not free");
 }
 
 /* The store's release: the guarded UPDATE, then the gate, one round
@@ -1279,10 +1283,11 @@ int main(int argc, char **argv)
            "same statement takes the row. The holder releases 2 ms after the "
            "other process began to wait. Floor: two bare blocking "
            "libmariadb clients doing what a hand-off minimally needs: the "
-           "waiter's session blocked in `SELECT GET_LOCK(g, 10)`, the "
-           "holder's release (the same two statements, one round trip) "
-           "waking it, then one statement (the store's upsert, taking the "
-           "row). %d chunks of %d hand-offs of each alternate, the round "
+           "waiter's session asleep in the store's waiting upsert, guarded "
+           "by `GET_LOCK(g, 10)` (without the `SET` of the wait's length "
+           "that dlock sends before it), the holder's release (the same two "
+           "statements, one round trip) waking it, and the same upsert "
+           "taking the row. %d chunks of %d hand-offs of each alternate, the round "
            "trip (`SELECT 1`) measured after each; a p50 is the median of "
            "the chunks' medians, a p99 the largest chunk's, a ratio the "
            "median of the chunks' ratios, round trips the median of the "
