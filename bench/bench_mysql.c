@@ -8,13 +8,17 @@
  * Prints Markdown. Floors, on one blocking libmariadb connection (READ
  * COMMITTED and utf8mb4, as the store's sessions):
  *   round trip   SELECT 1
- *   cycle floor  the store's acquire upsert (INSERT ... SELECT ... FROM
- *                DUAL ... ON DUPLICATE KEY UPDATE, as my_acquire() in
- *                mysql.c builds it for a lock that is not fair, the token
- *                from mysql_insert_id()) and its release UPDATE guarded by
- *                owner and token (guarded(), my_release()), as text with
- *                hex literals, on a table and queue table of the floor's
- *                own made with the store's DDL
+ *   cycle floor  the store's uncontended statements, as my_acquire()
+ *                and my_release() in mysql.c build them for a lock that
+ *                is not fair: the try, its upsert guarded by the name's
+ *                gate (INSERT ... SELECT ... FROM DUAL WHERE
+ *                GET_LOCK(gate, 0) = 1 ON DUPLICATE KEY UPDATE ..., the
+ *                token from mysql_insert_id()), and the release, its
+ *                UPDATE guarded by owner and token then DO
+ *                RELEASE_ALL_LOCKS() in one round trip (guarded()), as
+ *                text with hex literals, on a table and queue table of
+ *                the floor's own made with the store's DDL (so a gate of
+ *                its own)
  * Cycles run in chunks that alternate with the floor, each on a new floor
  * connection and a new dlock client; a ratio is the median of the chunks'
  * ratios. The floor's statements are checked against the text dlock's
@@ -25,10 +29,12 @@
  * holder's release call to the waiter's acquire returning. The waiter
  * sleeps in the server (GET_LOCK inside its upsert) and the release wakes
  * it. Floor: two bare blocking libmariadb clients doing what a hand-off
- * minimally needs: the waiter's session blocked in SELECT GET_LOCK(g, t),
- * the holder's release (the store's guarded UPDATE, then DO
- * RELEASE_ALL_LOCKS(), one round trip) waking it, then one statement (the
- * store's upsert, taking the row). Chunks alternate floor and dlock, each
+ * minimally needs: the waiter's session asleep in the store's waiting
+ * upsert (guarded by GET_LOCK(g, 10), its times the wake's), the holder's
+ * release (the store's guarded UPDATE, then DO RELEASE_ALL_LOCKS(), one
+ * round trip) waking it, and the same statement taking the row; what
+ * dlock adds is the SET before the upsert (in the same round trip) and
+ * its own work. Chunks alternate floor and dlock, each
  * with the round trip measured beside it; figures are medians of the
  * chunks' medians, also in round trips.
  * Statements per hand-off: N processes contend; the server's Questions
@@ -66,11 +72,13 @@ const char bench_prog[] = "bench_mysql";
 #define CYCLE_LOCK "bench-cycle"
 #define SQL_MAX 8192
 
-/* mysql.c's expressions */
+/* mysql.c's expressions (a woken waiter's upsert: WOKE, ENDED_WOKE) */
 #define NOW "UTC_TIMESTAMP(6)"
-#define NOW_US "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " NOW ")"
 #define ENDED "lock_until <= " NOW
+#define ENDED_WOKE "lock_until <= VALUES(locked_at)"
+#define WOKE "SYSDATE(6)"
 #define MINE "owner <=> VALUES(owner)"
+#define LET_GO "DO RELEASE_ALL_LOCKS()"
 
 static int quick, chunks;
 static const char *uri;
@@ -123,19 +131,32 @@ static void fits(int n, size_t cap)
         die("statement", "too long");
 }
 
-/* my_acquire()'s upsert for a lock that is not fair (the take-over
- * condition six times, no WHERE after FROM DUAL); values are literals. */
+/* gate_of(): the name's gate, a user-level lock named from the database,
+ * the table (tl: its name as a hex literal) and the lock name. */
+static void gate_sql(char *out, size_t cap, const char *tl, const char *name)
+{
+    fits(snprintf(out, cap,
+                  "CONCAT('dlock:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), "
+                  "X'00', %s, X'00', %s), 224))",
+                  tl, name),
+         cap);
+}
+
+/* upsert(): my_acquire()'s upsert for a lock that is not fair (the
+ * take-over condition six times), `where` after FROM DUAL (the gate);
+ * `woke`: a waiter's, whose times are its wake's. Values are literals. */
 static void acquire_sql(char *out, size_t cap, const char *table,
                         const char *name, const char *owner,
-                        const char *holder)
+                        const char *holder, const char *where, int woke)
 {
-    static const char cond[] = "(" ENDED ")";
+    const char *now = woke ? WOKE : NOW;
+    const char *cond = woke ? ENDED_WOKE : ENDED;
 
     fits(snprintf(out, cap,
                   "INSERT INTO `%s` (name, owner, holder, holds, token, "
                   "locked_at, lock_until) SELECT %s, %s, %s, 1, "
-                  "LAST_INSERT_ID(" NOW_US "), " NOW ", " NOW
-                  " + INTERVAL %lld MICROSECOND FROM DUAL "
+                  "LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
+                  "%s)), %s, %s + INTERVAL %lld MICROSECOND FROM DUAL%s "
                   "ON DUPLICATE KEY UPDATE "
                   "holder = IF(%s, VALUES(holder), holder), "
                   "holds = IF(%s, 1, holds), "
@@ -146,12 +167,28 @@ static void acquire_sql(char *out, size_t cap, const char *table,
                   "owner = IF(%s, VALUES(owner), owner), "
                   "lock_until = IF(%s, VALUES(lock_until), IF(" MINE ", "
                   "GREATEST(lock_until, VALUES(lock_until)), lock_until))",
-                  table, name, owner, holder, (long long)TTL_MS * 1000, cond,
-                  cond, cond, cond, cond, cond),
+                  table, name, owner, holder, now, now, now,
+                  (long long)TTL_MS * 1000, where, cond, cond, cond, cond,
+                  cond, cond),
          cap);
 }
 
-/* guarded() with my_release()'s SET. */
+/* The cycle's try: the upsert guarded by GET_LOCK(gate, 0) (TRY_GATE),
+ * the gate that of `table`. */
+static void try_sql(char *out, size_t cap, const char *table,
+                    const char *name, const char *owner, const char *holder)
+{
+    char tl[2 * 64 + 4], gate[512], where[600];
+
+    hexlit(table, tl, sizeof(tl));
+    gate_sql(gate, sizeof(gate), tl, name);
+    fits(snprintf(where, sizeof(where), " WHERE GET_LOCK(%s, 0) = 1", gate),
+         sizeof(where));
+    acquire_sql(out, cap, table, name, owner, holder, where, 0);
+}
+
+/* guarded() with my_release()'s SET, then the gate's release in the same
+ * round trip (my_release() on the hold's connection). */
 static void release_sql(char *out, size_t cap, const char *table,
                         const char *name, const char *owner,
                         unsigned long long token)
@@ -159,7 +196,7 @@ static void release_sql(char *out, size_t cap, const char *table,
     fits(snprintf(out, cap,
                   "UPDATE `%s` SET owner = NULL, holder = NULL, holds = 0, "
                   "lock_until = " NOW " WHERE name = %s AND owner = %s AND "
-                  "token = %llu AND lock_until > " NOW,
+                  "token = %llu AND lock_until > " NOW "; " LET_GO,
                   table, name, owner, token),
          cap);
 }
@@ -296,14 +333,14 @@ static void floor_connect(floor_my *f)
 {
     char owner[64], holder[160], hh[2 * sizeof(holder) + 4];
 
-    f->m = connect_my();
+    f->m = connect_multi();
     snprintf(owner, sizeof(owner), "0123456789abcdef0123456789abcdef:%ld",
              (long)getpid());
     holder_text(holder, sizeof(holder));
     hexlit(CYCLE_LOCK, f->name, sizeof(f->name));
     hexlit(owner, f->owner, sizeof(f->owner));
     hexlit(holder, hh, sizeof(hh));
-    acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh);
+    try_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh);
     f->acq_len = strlen(f->acq);
 }
 
@@ -312,9 +349,10 @@ static void floor_rtt(floor_my *f)
     exec_ok(f->m, "SELECT 1");
 }
 
-/* One acquire and one release, as the store sends them: the upsert (1
- * row inserted or 2 taken over; the token from LAST_INSERT_ID), then the
- * guarded update with that token (1 row). */
+/* One acquire and one release, as the store sends them: the upsert
+ * guarded by the gate (1 row inserted or 2 taken over; the token from
+ * LAST_INSERT_ID), then the guarded update with that token (1 row) and
+ * the gate's release, one round trip. */
 static void floor_cycle(floor_my *f)
 {
     if (mysql_real_query(f->m, f->acq, f->acq_len) != 0)
@@ -329,6 +367,8 @@ static void floor_cycle(floor_my *f)
         die("floor release", mysql_error(f->m));
     if (mysql_affected_rows(f->m) != 1)
         die("floor release", "the floor's row was not ours");
+    if (mysql_next_result(f->m) != 0)
+        die("floor release", mysql_error(f->m));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -549,7 +589,7 @@ static int same_statements(MYSQL *m, const char **why)
             fprintf(stderr, "bench_mysql: no owner in the store's upsert\n");
             snprintf(owner, sizeof(owner), "?");
         }
-        acquire_sql(want, sizeof(want), store_table, name, owner, hh);
+        try_sql(want, sizeof(want), store_table, name, owner, hh);
         same = same_text("acquire", row[0][1], len[0], want);
         release_sql(want, sizeof(want), store_table, name, owner, token);
         same &= same_text("release", row[1][1], len[1], want);
@@ -750,41 +790,44 @@ typedef struct pingpong {
     int64_t samples[];
 } pingpong;
 
-/* The floor's side of a hand-off: a connection, its upsert (an owner of
- * its own) and the token of its hold. */
+/* The floor's side of a hand-off: a connection, its waiting upsert (an
+ * owner of its own) and the token of its hold. */
 typedef struct floor_side {
     MYSQL *m;
     char name[64], owner[160];
-    char acq[SQL_MAX], rel[SQL_MAX + 64];
+    char acq[SQL_MAX], rel[SQL_MAX];
     unsigned long long token;
 } floor_side;
 
-#define FLOOR_GATE "SELECT GET_LOCK('bench-floor-handoff', 10)"
+#define FLOOR_GATE " WHERE GET_LOCK('bench-floor-handoff', 10) = 1"
 
 static void floor_side_open(floor_side *f, int me)
 {
     char owner[64], holder[160], hh[2 * sizeof(holder) + 4];
 
     f->m = connect_multi();
+    /* the woken upsert's SYSDATE(6) in UTC, as the store's */
+    exec_ok(f->m, "SET time_zone = '+00:00'");
     snprintf(owner, sizeof(owner), "0123456789abcdef0123456789abcdef:%d",
              me);
     holder_text(holder, sizeof(holder));
     hexlit("bench-handoff", f->name, sizeof(f->name));
     hexlit(owner, f->owner, sizeof(f->owner));
     hexlit(holder, hh, sizeof(hh));
-    acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh);
+    acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh,
+                FLOOR_GATE, 1);
 }
 
-/* Blocked in GET_LOCK until the holder lets go, then the upsert. */
+/* The upsert, asleep in its GET_LOCK until the holder lets go, then
+ * taking the row. */
 static void floor_side_take(floor_side *f)
 {
-    if (query_ll(f->m, FLOOR_GATE) != 1)
-        die("floor hand-off", "GET_LOCK was not granted");
     if (mysql_real_query(f->m, f->acq, strlen(f->acq)) != 0)
         die("floor hand-off", mysql_error(f->m));
     f->token = (unsigned long long)mysql_insert_id(f->m);
     if (mysql_affected_rows(f->m) < 1 || f->token == 0)
-        die("floor hand-off", "the floor's row was not free");
+        die("floor hand-off", "the gate was not granted or the floor's row "
+                              "was not free");
 }
 
 /* The store's release: the guarded UPDATE, then the gate, one round
@@ -793,7 +836,6 @@ static void floor_side_release(floor_side *f)
 {
     release_sql(f->rel, sizeof(f->rel), FLOOR_TABLE, f->name, f->owner,
                 f->token);
-    strcat(f->rel, "; DO RELEASE_ALL_LOCKS()");
     if (mysql_real_query(f->m, f->rel, strlen(f->rel)) != 0)
         die("floor release", mysql_error(f->m));
     if (mysql_affected_rows(f->m) != 1)
@@ -907,10 +949,8 @@ typedef struct contend {
 } contend;
 
 /* Acquire, hold 1 ms, release, then 0-2 ms outside the lock, `cycles`
- * times. Without the pause the releaser takes the lock again before any
- * polling waiter sees it free; a fixed one let two processes fall into
- * step (one run: every acquisition uncontended; the next: one process
- * starving the other), so it is drawn at random. */
+ * times. The pause, drawn at random, makes a process's next acquire find
+ * the lock sometimes held (it waits in the server) and sometimes free. */
 static void contend_proc(void *arg, int me)
 {
     contend *s = arg;
@@ -1168,11 +1208,14 @@ int main(int argc, char **argv)
     double rtt = tc.rtt.med;
     printf("Server %s. Latency in microseconds. Floor: one blocking "
            "libmariadb connection (READ COMMITTED and utf8mb4, as the "
-           "store's sessions) sending the store's own two statements as "
-           "text: the `INSERT ... SELECT ... FROM DUAL ... ON DUPLICATE KEY "
-           "UPDATE` upsert (its token from `mysql_insert_id()`) and the "
-           "release `UPDATE` guarded by owner and token, on a table and "
-           "queue table of the floor's own made with the store's DDL "
+           "store's sessions) sending the store's own two round trips of an "
+           "uncontended cycle as text: the try, the `INSERT ... SELECT ... "
+           "FROM DUAL WHERE GET_LOCK(gate, 0) = 1 ON DUPLICATE KEY UPDATE` "
+           "upsert (the gate: the name's user-level lock, which a hold "
+           "keeps; the token from `mysql_insert_id()`), and the release, "
+           "the `UPDATE` guarded by owner and token then `DO "
+           "RELEASE_ALL_LOCKS()`, on a table and queue table of the "
+           "floor's own made with the store's DDL "
            "(checked against the text dlock's connection sent, from the "
            "server's general query log, and against `SHOW CREATE TABLE`: "
            "%s). Cycles: %d of each, in %d chunks alternating with the "
@@ -1189,8 +1232,9 @@ int main(int argc, char **argv)
     printf("| round trip (`SELECT 1`), p50 | %.1f (chunks: %.1f–%.1f) | "
            "| |\n",
            rtt, tc.rtt.min, tc.rtt.max);
-    printf("| uncontended acquire+release, p50 (floor: the upsert + the "
-           "guarded update) | %.1f | %.1f | **%.2fx** (chunks: %.2f–%.2f; "
+    printf("| uncontended acquire+release, p50 (floor: the gated upsert + "
+           "the guarded update and the gate's release) | %.1f | %.1f | "
+           "**%.2fx** (chunks: %.2f–%.2f; "
            "goal ≤ 1.2x) |\n",
            tc.floor.med, tc.dlock.med, tc.ratio.med, tc.ratio.min,
            tc.ratio.max);
@@ -1239,10 +1283,11 @@ int main(int argc, char **argv)
            "same statement takes the row. The holder releases 2 ms after the "
            "other process began to wait. Floor: two bare blocking "
            "libmariadb clients doing what a hand-off minimally needs: the "
-           "waiter's session blocked in `SELECT GET_LOCK(g, 10)`, the "
-           "holder's release (the same two statements, one round trip) "
-           "waking it, then one statement (the store's upsert, taking the "
-           "row). %d chunks of %d hand-offs of each alternate, the round "
+           "waiter's session asleep in the store's waiting upsert, guarded "
+           "by `GET_LOCK(g, 10)` (without the `SET` of the wait's length "
+           "that dlock sends before it), the holder's release (the same two "
+           "statements, one round trip) waking it, and the same upsert "
+           "taking the row. %d chunks of %d hand-offs of each alternate, the round "
            "trip (`SELECT 1`) measured after each; a p50 is the median of "
            "the chunks' medians, a p99 the largest chunk's, a ratio the "
            "median of the chunks' ratios, round trips the median of the "
@@ -1280,30 +1325,32 @@ int main(int argc, char **argv)
     printf("N processes contend for one lock, each for a fixed number of "
            "acquisitions (%d each for 2 processes, %d each for 8): acquire "
            "(waiting at most 5 s), hold 1 ms, release, then 0–2 ms (at "
-           "random) outside the lock: without that pause the releaser "
-           "takes the lock again before any waiter's next try. "
-           "*Statements*: the server's `Questions` "
-           "(every statement a client sent; *upserts*: "
-           "`Com_insert_select`) from before the processes connect to "
-           "after they have gone, less the reading connection's own and "
-           "less the count for the same processes only opening and closing "
-           "their clients; per hand-off (a change of the holding process), "
-           "and per second. A waiter in another process learns of a "
-           "release only by trying again: every waiting process sends the "
-           "upsert and a read of the lease end (fair mode: also a refresh "
-           "of its queue entry) at each try, 2 ms doubling to 100 ms "
-           "apart, whether or not the lock was released. Default mode: "
-           "the releaser often takes the lock again before any waiter's "
-           "next try (*acquisitions* per hand-off), and with more "
-           "processes one of them tries sooner after a release, so the "
-           "count per hand-off need not grow with them; with 2 processes "
-           "it varies much from run to run, as once the waiter's interval "
-           "has grown to 100 ms the other process may take the lock tens "
-           "of times in a row. Fair mode: only "
-           "the queue's head may take the lock, and only at its next try "
-           "(by then up to 100 ms apart), while every other waiter keeps "
-           "polling: the count per hand-off grows with the number of "
-           "waiting processes, and the hand-offs per second fall.%s%s\n\n",
+           "random) outside the lock, so that a process's next acquire "
+           "finds the lock sometimes held and sometimes free. "
+           "*Statements*: the server's `Questions` (every statement a "
+           "client sent, each of a round trip's statements counted; "
+           "*upserts*: `Com_insert_select`) from before the processes "
+           "connect to after they have gone, less the reading connection's "
+           "own and less the count for the same processes only opening and "
+           "closing their clients; per hand-off (a change of the holding "
+           "process), and per second. A waiter sends nothing while it "
+           "waits: after its try (the upsert guarded by `GET_LOCK(gate, "
+           "0)`, busy) it sends one round trip, a `SET` of the wait's "
+           "length and the upsert guarded by a blocking `GET_LOCK`, and "
+           "sleeps in the server inside it; the release (the guarded "
+           "`UPDATE`, then `DO RELEASE_ALL_LOCKS()`) hands the gate to the "
+           "oldest waiter, and the same upsert takes the row. So an "
+           "acquisition that waited costs 5 statements with its release (2 "
+           "of them upserts), one that found the lock free 3 (1 upsert); a "
+           "fair waiter also writes the queue entry that `dlock_inspect()` "
+           "lists (an `INSERT` and a `DO GET_LOCK` before its wait, a "
+           "`DELETE` with its winning upsert): 8 (2 upserts). A release "
+           "wakes only the oldest waiter, so the count per hand-off does "
+           "not grow with the number of waiting processes; a releaser's "
+           "next try cannot take the lock past a woken waiter (the gate "
+           "went to it), so *acquisitions* per hand-off exceed 1 only when "
+           "nobody waited at the release and the releaser tried again "
+           "first.%s%s\n\n",
            cyc[0], cyc[1],
            exact ? "" : " (Some connections had not gone: the counts are "
                         "approximate.)",

@@ -53,8 +53,7 @@ def main():
         if not c or not (c[1] > 0 and c[2] > 0):
             bad.append("no uncontended cycle figures for %s" % label)
     for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",
-                  "SQLite (polls)", "PostgreSQL", "PostgreSQL advisory",
-                  "MariaDB (polls)"]:
+                  "SQLite", "PostgreSQL", "PostgreSQL advisory", "MariaDB"]:
         if not hand.get(label, 0) > 0:
             bad.append("no hand-off figure for %s" % label)
 

@@ -59,18 +59,22 @@ runs (by hand-off p50) with the spread of the three; at 2 and 64, one run
   during the run (`bench/load.sh`: Redis commands, the ones scripts ran
   included; ZooKeeper packets; etcd gRPC messages; PostgreSQL
   transactions; MariaDB statements) divided by the holds: what waiting
-  costs the store, polling included.
+  costs the store, a peer's polling included; "—" for the file store and
+  SQLite, which have no server to count: their waiters sleep in the
+  kernel, and SQLite's statements run inside each process.
 
 Reading them: a default (non-fair) mode that only wakes waiters lets the
 process that just released take the lock again before a woken waiter can
 (a small share "to another process", the longest waits near the run's
 length), and on Redlock it wakes every waiter of a release, so the
 requests per critical section grow with the contenders; the fair modes,
-Redis in both modes (a release hands the lock to the oldest waiter) and
-ZooKeeper and etcd (always first come first served) give the lock to the
-next in line at a cost that stays flat. Pollers (redis-py, node-redlock, dlock's
-SQLite and MariaDB stores across processes) cost little per critical
-section but leave waiters to their next try.
+Redis in both modes (a release hands the lock to the oldest waiter),
+ZooKeeper and etcd (always first come first served), and SQLite and
+MariaDB in both modes (a release wakes the oldest waiter, queued in the
+kernel or in the server's queue for the name's gate, and the releaser
+cannot take the lock back past it) give the lock to the next in line at
+a cost that stays flat. Pollers (redis-py, node-redlock) cost little per
+critical section but leave waiters to their next try.
 """
 
 

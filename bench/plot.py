@@ -76,10 +76,11 @@ def handoffs(sec):
         ("File store", "file", "hand-off, release", 2, 1),
         ("ZooKeeper", "ZooKeeper", "hand-off, release", 2, 1),
         ("etcd", "etcd", "hand-off, release", 2, 1),
-        ("SQLite", "SQLite (polls)", "hand-off between processes", 2, 1000),
+        ("SQLite", "SQLite", "hand-off between processes", 2, 1),
         ("PostgreSQL", "PostgreSQL", "table (the waiter", 2, 1),
         ("PostgreSQL", "PostgreSQL advisory", "advisory (the server", 2, 1),
-        ("MySQL / MariaDB", "MariaDB (polls)", "2 ms", 2, 1000),
+        ("MySQL / MariaDB", "MariaDB", "hand-off, release → the waiter", 2,
+         1),
     ]
     out = []
     for title, label, start, col, scale in want:
