@@ -15,10 +15,12 @@
  *    name's region of the sidecar, below).
  *  - Release and extend are one UPDATE each, guarded by owner and token.
  *  - Waiting (sqlite_wait.c; docs/design.md, "SQLite: waking waiters"):
- *    every acquirer takes a ticket in the sidecar file `<db>-dlock` (OFD
- *    byte locks, a Unix socket channel per ticket) and runs the acquire
- *    statement only as the head of that queue, woken by its
- *    predecessor's release; a waiter sends no statement while it waits,
+ *    an acquirer that finds nobody queued runs the statement alone; one
+ *    that finds a queue or the lock busy takes a ticket in the sidecar
+ *    file `<db>-dlock` (OFD byte locks; once it waits, a Unix socket
+ *    channel and a doorbell) and runs the acquire statement only as the
+ *    head of that queue, woken by its predecessor's release (or the ring
+ *    of a holder without a ticket); a waiter sends no statement while it waits,
  *    except at the holder's lease end (a frozen or dead holder). So both
  *    modes are first come, first served: DLOCK_FAIR changes nothing.
  *    The backend waits by itself (CAP_NATIVE_WAIT) and reports when its
