@@ -385,6 +385,70 @@ TEST(a_waiter_killed_in_the_queue_is_skipped)
     dlock_client_close(c);
 }
 
+/* Default mode is first come, first served too: a holder that took the
+ * lock with nobody queued (no ticket) rings the head of the queue at its
+ * release, each following release wakes the next one, in arrival order,
+ * and nobody waits for a lease (30 s) or a timer. */
+typedef struct {
+    int order[8];
+    volatile int n;
+    volatile int64_t at[8];
+} order_shared;
+
+typedef struct {
+    order_shared *s;
+    int me;
+} order_arg;
+
+static int ordered_waiter(void *arg)
+{
+    order_arg *a = arg;
+    dlock_client *c = client();
+    dlock *l = handle(c, "order", 0);
+
+    if (dlock_acquire(l, 20000) != DLOCK_OK)
+        return 1;
+    int k = __atomic_fetch_add(&a->s->n, 1, __ATOMIC_SEQ_CST);
+    a->s->order[k] = a->me;
+    a->s->at[k] = th_now_ms();
+    th_sleep_ms(20);
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_OK ? 0 : 2;
+}
+
+TEST(default_mode_wakes_waiters_one_at_a_time_in_arrival_order)
+{
+    order_shared *s = th_shared(sizeof(*s));
+    order_arg args[4];
+    pid_t pid[4];
+    dlock_client *c = client();
+    dlock *l = handle(c, "order", 0);
+
+    CHECK_OK(dlock_acquire(l, 0)); /* nobody queued: no ticket */
+    for (int i = 0; i < 4; i++) {
+        args[i].s = s;
+        args[i].me = i;
+        pid[i] = th_fork(ordered_waiter, &args[i]);
+        for (int k = 0; k < 500 && waiters(c, "order") < i + 1; k++)
+            th_sleep_ms(5);
+        CHECK_EQ(waiters(c, "order"), i + 1);
+    }
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(l));
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(th_wait(pid[i]), 0);
+    CHECK_EQ(s->n, 4);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ(s->order[i], i);
+    /* each woken by the one before: four 20 ms holds, and a busy
+     * machine's scheduling, far below one lease */
+    CHECK_OP(s->at[3] - t0, <, 4 * 20 + 2000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 /* Processes opening a client on a new database file at the same moment
  * all succeed: the loser of SQLite's lock upgrade on the first DDL gets
  * SQLITE_BUSY without its busy handler, and runs the statement again (it
@@ -462,6 +526,7 @@ static const th_test tests[] = {
     T(a_waiter_in_another_process_is_woken_by_the_release),
     T(a_killed_holder_lets_waiters_in_at_its_lease_end),
     T(a_waiter_killed_in_the_queue_is_skipped),
+    T(default_mode_wakes_waiters_one_at_a_time_in_arrival_order),
     T(clients_opening_a_new_database_together),
     T(bad_uris_are_rejected),
     {NULL, NULL, 0},
