@@ -466,10 +466,6 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             c = -1;
             conn_p = -1;
             handed = 0;
-            /* our doorbell before the statement: a holder without a
-             * ticket rings the head when it releases */
-            if (!once)
-                dlock__sqw_arm(w);
             rc = try_take(ss, l, w->region, &what, &left);
             if (rc || what == T_TAKEN)
                 break;
@@ -507,9 +503,6 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
         if (p != conn_p) {
             if (c >= 0)
                 close(c);
-            /* our channel and doorbell before we look at p: p's release
-             * either finds them or comes before our check below */
-            dlock__sqw_arm(w);
             c = dlock__sqw_connect(w, p);
             conn_p = p;
             if (c < 0 && !dlock__sqw_held(w, p)) {
@@ -646,7 +639,8 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 l->retry_ms = left > 0 && left != INT64_MAX ? left : -1;
                 return DLOCK_EBUSY;
             }
-            /* busy: queue, and try again once armed */
+            /* busy: queue, and try again with a ticket (its doorbell
+             * made first: the holder's release rings it) */
         }
         w->fd = side_get(ss, &w->dev, &w->ino);
         if (w->fd < 0)

@@ -28,7 +28,6 @@ typedef struct sq_wait {
     int fd;         /* the sidecar, or -1 */
     int lfd;        /* the ticket's channel (listener), or -1 */
     int bfd;        /* the ticket's doorbell (datagrams), or -1 */
-    int armed;      /* channel and doorbell made (once it waits) */
     dev_t dev;      /* the sidecar's identity, for channel names */
     ino_t ino;
     int64_t region; /* the name's rowid */
@@ -43,9 +42,10 @@ enum { SQW_TIMEOUT, SQW_HANDED, SQW_LEFT };
  * or -1 with errno set. */
 int dlock__sqw_open(const char *path, mode_t mode, dev_t *dev, ino_t *ino);
 
-/* Takes a ticket in w->region on w->fd and locks its byte (no channel
- * yet: an acquisition that finds no one ahead never makes one). 0 or an
- * errno. */
+/* Takes a ticket in w->region on w->fd and locks its byte, making its
+ * channel (for its successors) and doorbell (for a predecessor without a
+ * channel to ring) first. 0 or an errno. Only acquisitions that find a
+ * queue or the lock busy take one. */
 int dlock__sqw_take(sq_wait *w);
 
 /* Does anyone hold (or take) a ticket in the region of `rowid`, as seen
@@ -58,9 +58,6 @@ int dlock__sqw_queued(int fd, int64_t rowid);
  * the sidecar `dev`/`ino`. */
 void dlock__sqw_ring_head(int fd, dev_t dev, ino_t ino, int64_t rowid);
 
-/* Makes w's channel (for its successors) and doorbell (for a predecessor
- * without a channel), once, before w first waits on a predecessor. */
-void dlock__sqw_arm(sq_wait *w);
 
 /* The highest ticket below w's still held, or -1 (w is the head). */
 off_t dlock__sqw_pred(const sq_wait *w);

@@ -31,6 +31,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#define CHAN_BIND_TRIES 8 /* ticket numbers skipped when a name is taken */
+
 #define CHAN_BACKLOG 4096
 
 static off_t region_base(int64_t rowid)
@@ -139,7 +141,6 @@ int dlock__sqw_take(sq_wait *w)
 
     w->base = region_base(w->region);
     w->lfd = w->bfd = -1;
-    w->armed = 0;
     w->ticket = -1;
     meta = w->base;
     top = w->base + SQW_MARK; /* tickets end below the mark */
@@ -149,10 +150,32 @@ int dlock__sqw_take(sq_wait *w)
     }
     t = highest_held(w->fd, meta + 1, top);
     t = t < 0 || t + 1 >= top ? meta + 1 : t + 1; /* 2^32: start again */
-    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0)
+    /* channel and doorbell before the byte: a successor that sees the
+     * ticket finds them (a name still bound by its previous owner, or
+     * squatted, makes us skip that number) */
+    for (int i = 0; i < CHAN_BIND_TRIES; i++, t++) {
+        if (t >= top)
+            t = meta + 1;
+        w->lfd = chan_bind(w, t, 0);
+        w->bfd = w->lfd >= 0 ? chan_bind(w, t, 1) : -1;
+        if (w->bfd >= 0)
+            break;
+        if (w->lfd >= 0)
+            close(w->lfd);
+        w->lfd = -1; /* none at all after the last try: kernel waits */
+    }
+    if (t >= top)
+        t = meta + 1;
+    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0) {
         w->ticket = t;
-    else
+    } else {
         e = errno;
+        if (w->lfd >= 0)
+            close(w->lfd);
+        if (w->bfd >= 0)
+            close(w->bfd);
+        w->lfd = w->bfd = -1;
+    }
     lk(w->fd, F_OFD_SETLK, F_UNLCK, meta, 1);
     return e;
 }
@@ -163,16 +186,6 @@ int dlock__sqw_queued(int fd, int64_t rowid)
 
     /* byte 0 too: someone taking a ticket right now */
     return first_conflict(fd, base, base + SQW_TICKETS) >= 0;
-}
-
-void dlock__sqw_arm(sq_wait *w)
-{
-    if (w->armed || w->ticket < 0)
-        return;
-    w->armed = 1;
-    /* a name already taken (squatted): successors do without that one */
-    w->lfd = chan_bind(w, w->ticket, 0);
-    w->bfd = chan_bind(w, w->ticket, 1);
 }
 
 off_t dlock__sqw_pred(const sq_wait *w)
@@ -389,6 +402,5 @@ int dlock__sqw_drop(sq_wait *w, int wake)
         dlock__file_chan_close(w->lfd, woken >= 0 ? woken : -1);
     w->fd = w->lfd = -1;
     w->ticket = -1;
-    w->armed = 0;
     return fd;
 }
