@@ -159,7 +159,8 @@ typedef struct dlock_options {
  *   etcd://[user:password@]host:port[,...][?prefix=P&timeout=MS] (etcds://)
  *   sqlite:///path/to/file.db[?table=T&timeout=MS]
  *   postgres://[user[:password]@]host[:port][,...]/db[?table=T&mode=advisory
- *       &sslmode=...&timeout=MS]   (postgresql:// too)
+ *       &pooler=session|transaction&sslmode=...&timeout=MS]
+ *                                  (postgresql:// too)
  *   mysql://[user[:password]@]host[:port]/db[?table=T&ssl_mode=...
  *       &timeout=MS]               (mariadb:// too)
  * (docs/stores.md has every option.)
