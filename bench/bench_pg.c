@@ -8,9 +8,9 @@
  * prepared once:
  *   round trip        a prepared SELECT 1 (hot, and after 2 ms idle)
  *   table floor       the store's acquire upsert and its release function
- *                     (build_statements() and schema_sql in pg.c), on a
- *                     table, queue table, sequence and function of the
- *                     floor's own
+ *                     (dlock__pg_build_statements() and schema_sql in
+ *                     pg_sql.c), on a table, queue table, sequence and
+ *                     function of the floor's own
  *   advisory floor    the store's pg_try_advisory_lock + nextval and its
  *                     pg_advisory_unlock, same key expression
  * Cycles run in chunks that alternate with their floor; a ratio is the
@@ -56,8 +56,8 @@ const char bench_prog[] = "bench_pg";
 #define PROC_LIMIT_S 60       /* a forked process never runs longer */
 #define WAIT_MS 10000         /* a hand-off's acquire gives up after this */
 
-/* The store's statements (pg.c, build_statements()), with the floor's own
- * table "bench_floor", queue "bench_floor_queue" and sequence
+/* The store's statements (pg_sql.c, dlock__pg_build_statements()), with the
+ * floor's own table "bench_floor", queue "bench_floor_queue" and sequence
  * "bench_floor_tokens": same length as dlock_locks, so that the texts
  * compare byte for byte once the names are swapped. */
 #define NOW "clock_timestamp()"
@@ -108,7 +108,7 @@ const char bench_prog[] = "bench_pg";
 /* $1 name, $2 owner, $3 token: hands the lock to the queue's oldest live
  * waiter and notifies its client, or frees the row */
 #define SQL_RELEASE "SELECT * FROM " REL "($1, $2, $3)"
-/* the body of T_release (schema_sql in pg.c), compared with the store's */
+/* the body of T_release (schema_sql in pg_sql.c), compared with the store's */
 #define REL_BODY                                                            \
     " DECLARE w record; BEGIN "                                             \
     " ok := false;"                                                         \

@@ -1,5 +1,5 @@
 /*
- * fuzz_pg.c -- what the PostgreSQL store (src/lib/backends/pg.c) does with
+ * fuzz_pg.c -- what the PostgreSQL store (src/lib/backends/pg*.c) does with
  * URIs, table names, lock names and NOTIFY payloads.
  *
  * Input: field 1 a store URI (postgres:// or postgresql://: libpq's
@@ -15,6 +15,8 @@
 #include "fuzz.h"
 
 #include "../src/lib/backends/pg.c"
+#include "../src/lib/backends/pg_conn.c"
+#include "../src/lib/backends/pg_sql.c"
 
 static dlock_client *client;
 
@@ -92,13 +94,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *q = malloc(2 * PG_TABLE_MAX + 24);
         char *qi = malloc(2 * PG_TABLE_MAX + 32);
         char *lt = malloc(200), *lq = malloc(200);
-        quote_ident(table, "", t, 2 * PG_TABLE_MAX + 16);
-        quote_ident(table, "_queue", q, 2 * PG_TABLE_MAX + 24);
-        quote_ident(table, "_queue_name", qi, 2 * PG_TABLE_MAX + 32);
-        quote_ident(table, "_tokens", ps->seq_ident, sizeof(ps->seq_ident));
-        quote_literal(ps->seq_ident, ps->seq_lit, sizeof(ps->seq_lit));
-        quote_literal(t, lt, 200);
-        quote_literal(q, lq, 200);
+        dlock__pg_quote_ident(table, "", t, 2 * PG_TABLE_MAX + 16);
+        dlock__pg_quote_ident(table, "_queue", q, 2 * PG_TABLE_MAX + 24);
+        dlock__pg_quote_ident(table, "_queue_name", qi, 2 * PG_TABLE_MAX + 32);
+        dlock__pg_quote_ident(table, "_tokens", ps->seq_ident,
+                              sizeof(ps->seq_ident));
+        dlock__pg_quote_literal(ps->seq_ident, ps->seq_lit,
+                                sizeof(ps->seq_lit));
+        dlock__pg_quote_literal(t, lt, 200);
+        dlock__pg_quote_literal(q, lq, 200);
         check_quoted(t, '"', table, "");
         check_quoted(q, '"', table, "_queue");
         check_quoted(qi, '"', table, "_queue_name");

@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pg.h -- what the PostgreSQL store's three files share: pg.c, the store
+ * (the backend's slots in table and advisory mode, URI options, open and
+ * close, the client thread's loop, the two backend structs); pg_conn.c,
+ * its connections (the command connection and the pool of extra ones,
+ * non-blocking libpq I/O with the caller's deadline, running statements,
+ * error codes, LISTEN and the notifications read on the command
+ * connection); and pg_sql.c, its SQL (quoted names, the statements'
+ * texts, the table mode's schema with its release and leave functions,
+ * and the look at open that creates what is missing and tells whether a
+ * pooler sits in front).
+ */
+#ifndef DLOCK_PG_H
+#define DLOCK_PG_H
+
+#include "../core/internal.h"
+
+#include <libpq-fe.h>
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PG_DEFAULT_TABLE "dlock_locks"
+#define PG_TABLE_MAX 48     /* + "_tokens"/"_waiters": under 63 bytes */
+#define PG_IDLE_MAX 8       /* idle extra connections kept (for a second) */
+#define PG_IDLE_MS 1000     /* extras unused, or no waiter, for this long:
+                             * close them, UNLISTEN */
+#define PG_APPNAME_MAX 63
+
+/* The server's clock, and the advisory key of a bytea name. */
+#define NOW "clock_timestamp()"
+#define MS_LEFT(ts) "ceil(extract(epoch FROM " ts " - " NOW ") * 1000)::bigint"
+#define KEY(x) "('x' || substr(md5(" x "), 1, 16))::bit(64)::bigint"
+/* The advisory lock a listening session holds while it listens: the
+ * two-int key space (advisory mode uses one bigint), both halves of
+ * md5(text), here 'CLIENTID:PID'. */
+#define SKEY(x)                                                             \
+    "('x' || substr(md5(" x "), 1, 8))::bit(32)::int, ('x' || substr(md5("  \
+    x "), 9, 8))::bit(32)::int"
+/* A waiter's session (columns client, pid of T_waiters) still listens: it
+ * holds its key (a shared try is refused). The running session's own pid:
+ * alive if the entry is of the running client (`me`), whose session does
+ * not conflict with its own lock; any other client's is from a dead
+ * session that had this pid. */
+#define ALIVE(w, me)                                                        \
+    "(CASE WHEN " w ".pid = pg_backend_pid() THEN " w ".client = " me       \
+    " ELSE NOT pg_try_advisory_xact_lock_shared(" SKEY(                     \
+        w ".client || ':' || " w ".pid") ") END)"
+
+enum {
+    S_ACQUIRE,
+    S_RELEASE,
+    S_EXTEND,
+    S_INSPECT,
+    S_QUEUE,
+    S_LEAVE,
+    S_GC,
+    S_GC_QUEUE,
+    S_ADV_TRY,
+    S_ADV_UNLOCK,
+    S_ADV_CHECK,
+    S_ADV_INSPECT,
+    S_COUNT
+};
+
+/* Parameter types: bytea, text, int8, int4 (OIDs fixed by PostgreSQL). */
+#define T_BYTEA 17
+#define T_TEXT 25
+#define T_INT8 20
+#define T_INT4 23
+
+/* ?pooler= */
+enum { POOLER_NONE, POOLER_SESSION, POOLER_TRANSACTION };
+
+typedef struct pg_conn {
+    PGconn *pg;
+    unsigned prepared; /* bit i: statement i prepared on this connection */
+    int broken;        /* unusable: close instead of pooling */
+    /* advisory holds */
+    pthread_mutex_t mu; /* the hold's owner vs the client thread */
+    int dead;           /* the client thread saw its session end */
+    int watched;        /* in the epoll set */
+    struct pg_conn *next, *prev;
+} pg_conn;
+
+typedef struct pg_store {
+    dlock_client *client;
+    char *redacted;
+    int advisory;
+    int64_t timeout_ms;
+    int pooler;    /* ?pooler= */
+    int behind;    /* a pooler sits in front (detected) */
+    int sessions;  /* LISTEN and session locks can be trusted */
+    int unnamed;   /* no prepared statements (transaction pooling) */
+
+    /* libpq connection keywords and values (owned; password wiped) */
+    const char *keys[24];
+    char *vals[24];
+
+    char table[PG_TABLE_MAX + 1];
+    char *sql[S_COUNT];
+    int nparams[S_COUNT];
+    char seq_ident[2 * PG_TABLE_MAX + 24]; /* "T_tokens" */
+    char seq_lit[4 * PG_TABLE_MAX + 48];   /* '"T_tokens"', a literal */
+    char chan[48];                         /* dlock_CLIENTID */
+
+    pthread_mutex_t mu; /* the command connection, the pool, waiting */
+    pthread_cond_t cv;  /* the command connection became free */
+    pg_conn *main;      /* the command connection (NULL: none now) */
+    int main_busy;      /* a thread uses it (a statement, or reading) */
+    int main_pending;   /* an UNLISTEN was sent: its answer is unread */
+    int listening;      /* main LISTENs on chan */
+    unsigned gen;       /* +1 whenever a listening main is lost */
+    int lpid;           /* main's backend pid on the server ... */
+    char lsince[48];    /* ... and its backend_start */
+    int nwait;          /* leases counted as waiting (listening refs) */
+    pg_conn *idle;      /* extra connections */
+    int nidle;
+
+    int epfd;    /* the client thread's fd: main, idle timer, holds */
+    int idle_fd; /* one-shot: close extras; nobody waits: UNLISTEN */
+
+    pthread_mutex_t hmu; /* advisory holds' connections */
+    pg_conn *holds;
+} pg_store;
+
+typedef struct pg_lease {
+    int listening; /* counted in nwait ... */
+    unsigned gen;  /* ... for this generation of the listening session */
+    int queued;    /* a try of this wait appended its entry */
+    pg_conn *hold; /* advisory: the connection holding the lock */
+} pg_lease;
+
+/* The client thread's epoll entries (a hold's: its pg_conn). */
+#define EV_MAIN 2u
+#define EV_IDLE 3u
+
+/* The schema objects' names, each one quoted identifier. */
+typedef struct pg_names {
+    char t[2 * PG_TABLE_MAX + 16];  /* T */
+    char w[2 * PG_TABLE_MAX + 24];  /* T_waiters */
+    char wi[2 * PG_TABLE_MAX + 32]; /* T_waiters_name */
+    char rel[2 * PG_TABLE_MAX + 24]; /* T_release */
+    char leave[2 * PG_TABLE_MAX + 24]; /* T_leave */
+} pg_names;
+
+/* pg_conn.c: errors */
+
+/* DLOCK_ENOMEM, "out of memory". */
+int dlock__pg_enomem(void);
+
+/* pg_conn.c: connections and statements */
+
+/* Closes and frees a connection (NULL: nothing). */
+void dlock__pg_conn_free(pg_conn *cn);
+
+/* A connection for one statement (the command connection when free, an
+ * idle extra one, or a new one), within `deadline` and ?timeout=. */
+int dlock__pg_conn_get(pg_store *ps, int64_t deadline, pg_conn **out);
+
+/* Gives cn back: to the command connection's waiters, to the idle extras,
+ * or closed when it is unusable. */
+void dlock__pg_conn_put(pg_store *ps, pg_conn *cn);
+
+/* Runs statement `which` (ps->sql) on cn, vals[0] the name in binary;
+ * *out its result on DLOCK_OK (the caller PQclear()s it). */
+int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
+                  const char *const *vals, const int *lens, int64_t deadline,
+                  PGresult **out, const char *what);
+
+/* dlock__pg_run() on a pooled connection. */
+int dlock__pg_run_pooled(pg_store *ps, int which, const char *const *vals,
+                         const int *lens, int64_t deadline, PGresult **out,
+                         const char *what);
+
+/* A query text without parameters (may hold several statements). */
+int dlock__pg_run_text(pg_store *ps, pg_conn *cn, const char *sql,
+                       int64_t deadline, PGresult **out, const char *what);
+
+/* pg_conn.c: notifications (table mode) */
+
+/* Counts lease pl as waiting: the command connection LISTENs (`may_send`:
+ * LISTEN now if needed). DLOCK_OK, DLOCK_EBUSY (not listening and
+ * !may_send), or an error. */
+int dlock__pg_listen_ref(pg_store *ps, pg_lease *pl, int64_t deadline,
+                         int may_send);
+
+/* Lease pl waits no more (UNLISTEN a second after the last). */
+void dlock__pg_listen_unref(pg_store *ps, pg_lease *pl);
+
+/* The idle timer fired: close unused extras; UNLISTEN with no waiter. */
+void dlock__pg_idle_run(pg_store *ps);
+
+/* The command connection is readable while nobody uses it. */
+void dlock__pg_main_read(pg_store *ps);
+
+/* pg_sql.c */
+
+/* in + suffix as one quoted identifier ("..." with quotes doubled). */
+void dlock__pg_quote_ident(const char *in, const char *suffix, char *out,
+                           size_t cap);
+
+/* in as a quoted literal ('...' with quotes doubled). */
+void dlock__pg_quote_literal(const char *in, char *out, size_t cap);
+
+/* ps->sql and ps->nparams for the names nm and the sequence literal s. */
+int dlock__pg_build_statements(pg_store *ps, const pg_names *nm,
+                               const char *s);
+
+/* Creates the schema objects that are missing; sets ps->behind, sessions
+ * and unnamed (pooler detection). */
+int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
+                            int64_t deadline);
+
+#endif /* DLOCK_PG_H */

@@ -1,0 +1,744 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pg_conn.c -- the PostgreSQL store's connections (pg.c is the store,
+ * pg.h what they share): the pool, non-blocking libpq I/O, statements
+ * run with the caller's deadline, error codes, and the notifications
+ * (table mode) that the command connection LISTENs for.
+ *
+ * Connections: the client's command connection (which also LISTENs, and
+ * is read by the client thread or a waiting application thread while no
+ * statement runs on it) and, for statements in flight beside it, extra
+ * ones closed after a second unused: one connection per client at rest.
+ * All I/O is non-blocking with the caller's deadline; a connection that
+ * misses its deadline is closed (the server ends what it was doing).
+ * Statements are prepared once per connection, unless a pooler that may
+ * not keep them sits in front (?pooler=, detected at open).
+ */
+#include "pg.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+
+static void quiet(void *arg, const char *message)
+{
+    (void)arg;
+    (void)message; /* the library never prints: notices are dropped */
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The first line of a libpq message, without its trailing newline. */
+static const char *one_line(const char *msg, char *buf, size_t cap)
+{
+    size_t n = strcspn(msg ? msg : "", "\n");
+
+    snprintf(buf, cap, "%.*s", (int)(n < cap ? n : cap - 1),
+             msg ? msg : "");
+    return buf;
+}
+
+/* A failed result: the code for its SQLSTATE, with the server's words. */
+static int result_error(pg_store *ps, const PGresult *r, const char *what)
+{
+    const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+    const char *msg = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY)
+                        : NULL;
+    char buf[400];
+    int code = DLOCK_EPROTO;
+
+    if (state) {
+        if (!strncmp(state, "28", 2) || !strcmp(state, "42501"))
+            code = DLOCK_EAUTH;
+        else if (!strcmp(state, "55P03"))
+            code = DLOCK_EBUSY;
+        else if (!strncmp(state, "08", 2) || !strncmp(state, "57", 2) ||
+                 !strncmp(state, "53", 2) || !strncmp(state, "58", 2) ||
+                 !strcmp(state, "25006") || !strcmp(state, "40001") ||
+                 !strcmp(state, "40P01"))
+            code = DLOCK_ECONN;
+    }
+    return dlock__err(code, "postgres %s: %s: %s%s%s%s", ps->redacted, what,
+                      one_line(msg ? msg
+                                   : r ? PQresultErrorMessage(r)
+                                       : "no answer",
+                               buf, sizeof(buf)),
+                      state ? " (SQLSTATE " : "", state ? state : "",
+                      state ? ")" : "");
+}
+
+/* The connection failed: ECONN (or EAUTH for a refused login). */
+static int conn_error(pg_store *ps, pg_conn *cn, const char *what)
+{
+    char buf[400];
+    const char *msg = PQerrorMessage(cn->pg);
+    int code = DLOCK_ECONN;
+
+    cn->broken = 1;
+    if (strstr(msg, "authentication") || strstr(msg, "password") ||
+        strstr(msg, "permission denied") || strstr(msg, "no pg_hba.conf"))
+        code = DLOCK_EAUTH;
+    return dlock__err(code, "postgres %s: %s: %s", ps->redacted, what,
+                      one_line(msg[0] ? msg : "connection lost", buf,
+                               sizeof(buf)));
+}
+
+static int timeout_error(pg_store *ps, pg_conn *cn, const char *what)
+{
+    cn->broken = 1;
+    return dlock__err(DLOCK_ECONN, "postgres %s: %s: no answer in time",
+                      ps->redacted, what);
+}
+
+int dlock__pg_enomem(void)
+{
+    return dlock__err(DLOCK_ENOMEM, "out of memory");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connections                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Waits until fd is ready for `events` or `deadline`; 1 ready, 0 timeout,
+ * -1 error. */
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    struct pollfd p = {fd, events, 0};
+
+    for (;;) {
+        int64_t left = deadline == DLOCK__FOREVER ? -1
+                                                  : deadline - dlock__now_ms();
+        if (deadline != DLOCK__FOREVER && left <= 0)
+            return 0;
+        int r = poll(&p, 1, left > 60000 || left < 0 ? 60000 : (int)left);
+        if (r > 0)
+            return 1;
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+void dlock__pg_conn_free(pg_conn *cn)
+{
+    if (!cn)
+        return;
+    if (cn->pg)
+        PQfinish(cn->pg);
+    pthread_mutex_destroy(&cn->mu);
+    free(cn);
+}
+
+/* Opens a connection within `deadline`. */
+static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
+{
+    pg_conn *cn = calloc(1, sizeof(*cn));
+    PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+    int rc;
+
+    *out = NULL;
+    if (!cn)
+        return dlock__pg_enomem();
+    pthread_mutex_init(&cn->mu, NULL);
+    cn->pg = PQconnectStartParams(ps->keys, (const char *const *)ps->vals,
+                                  0);
+    if (!cn->pg) {
+        dlock__pg_conn_free(cn);
+        return dlock__pg_enomem();
+    }
+    PQsetNoticeProcessor(cn->pg, quiet, NULL);
+    if (PQstatus(cn->pg) == CONNECTION_BAD) {
+        rc = conn_error(ps, cn, "connecting");
+        dlock__pg_conn_free(cn);
+        return rc;
+    }
+    while (st != PGRES_POLLING_OK) {
+        if (st == PGRES_POLLING_FAILED) {
+            rc = conn_error(ps, cn, "connecting");
+            dlock__pg_conn_free(cn);
+            return rc;
+        }
+        int r = wait_fd(PQsocket(cn->pg),
+                        st == PGRES_POLLING_READING ? POLLIN : POLLOUT,
+                        deadline);
+        if (r <= 0) {
+            rc = dlock__err(DLOCK_ECONN, "postgres %s: connecting: no "
+                                         "answer in time",
+                            ps->redacted);
+            dlock__pg_conn_free(cn);
+            return rc;
+        }
+        st = PQconnectPoll(cn->pg);
+    }
+    if (PQsetnonblocking(cn->pg, 1) != 0) {
+        rc = conn_error(ps, cn, "connecting");
+        dlock__pg_conn_free(cn);
+        return rc;
+    }
+    *out = cn;
+    return DLOCK_OK;
+}
+
+static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
+                   PGresult **out, const char *what);
+static void drain_notifies(pg_store *ps, pg_conn *cn);
+
+/* (Re)arms the one-shot epoll entry of the command connection: the
+ * client thread (or a waiting thread) reads it while nobody else uses it.
+ * Table mode only. */
+static void main_watch(pg_store *ps, pg_conn *cn, int op)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT};
+
+    if (ps->advisory)
+        return;
+    ev.data.u64 = EV_MAIN;
+    epoll_ctl(ps->epfd, op, PQsocket(cn->pg), &ev);
+}
+
+static void idle_timer(pg_store *ps)
+{
+    struct itimerspec its;
+
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = PG_IDLE_MS / 1000;
+    its.it_value.tv_nsec = (PG_IDLE_MS % 1000) * 1000000L;
+    timerfd_settime(ps->idle_fd, 0, &its, NULL);
+}
+
+/* The command connection broke or was closed (its user holds main_busy;
+ * mu held): forget it. Its session LISTENed for our waiters, so they arm
+ * again (on a new connection) and try again. */
+static void main_lost(pg_store *ps)
+{
+    pg_conn *cn = ps->main;
+
+    ps->main = NULL;
+    ps->main_busy = 0;
+    ps->main_pending = 0;
+    pthread_cond_broadcast(&ps->cv);
+    if (cn && !ps->advisory && PQsocket(cn->pg) >= 0)
+        epoll_ctl(ps->epfd, EPOLL_CTL_DEL, PQsocket(cn->pg), NULL);
+    if (ps->listening) {
+        ps->listening = 0;
+        ps->gen++;
+        dlock__notify_error(ps->client);
+    }
+    dlock__pg_conn_free(cn);
+}
+
+/* Is an idle connection still usable? It has nothing to read unless the
+ * server closed it (a restart) or sent notifications. */
+static int conn_alive(pg_store *ps, pg_conn *cn)
+{
+    struct pollfd p = {PQsocket(cn->pg), POLLIN, 0};
+
+    if (PQstatus(cn->pg) != CONNECTION_OK)
+        return 0;
+    if (poll(&p, 1, 0) == 0)
+        return 1;
+    if (!PQconsumeInput(cn->pg) || PQstatus(cn->pg) != CONNECTION_OK)
+        return 0;
+    drain_notifies(ps, cn);
+    return 1;
+}
+
+/*
+ * A connection for one statement: the command connection when it is free
+ * (`need_main`: wait until it is, until `deadline`), else an idle extra
+ * one, or a new one. A new connection becomes the command connection when
+ * there is none.
+ */
+static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
+                       int need_main)
+{
+    pg_conn *cn = NULL;
+    int rc;
+
+    *out = NULL;
+    if (deadline > dlock__now_ms() + ps->timeout_ms)
+        deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
+    pthread_mutex_lock(&ps->mu);
+    while (need_main && ps->main && ps->main_busy &&
+           dlock__now_ms() < deadline)
+        dlock__cond_wait_until(&ps->cv, &ps->mu, deadline);
+    if (ps->main && !ps->main_busy) {
+        ps->main_busy = 1;
+        cn = ps->main;
+        pthread_mutex_unlock(&ps->mu);
+        if (ps->main_pending) {
+            /* the UNLISTEN sent when the last waiter left: its answer */
+            PGresult *r;
+            rc = collect(ps, cn, deadline, &r, "UNLISTEN");
+            PQclear(r);
+            ps->main_pending = 0;
+            if (rc == DLOCK_OK)
+                ps->listening = 0;
+        }
+        if (!cn->broken && conn_alive(ps, cn)) {
+            *out = cn;
+            return DLOCK_OK;
+        }
+        pthread_mutex_lock(&ps->mu);
+        main_lost(ps);
+        cn = NULL;
+    } else if (need_main && ps->main) {
+        pthread_mutex_unlock(&ps->mu);
+        return dlock__err(DLOCK_ECONN, "postgres %s: the command "
+                                       "connection stayed busy",
+                          ps->redacted);
+    }
+    int as_main = ps->main == NULL;
+    if (as_main)
+        ps->main_busy = 1; /* ours, as soon as it exists */
+    else if (ps->idle) {
+        cn = ps->idle;
+        ps->idle = cn->next;
+        ps->nidle--;
+        cn->next = NULL;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    while (cn) {
+        if (conn_alive(ps, cn)) {
+            *out = cn;
+            return DLOCK_OK;
+        }
+        dlock__pg_conn_free(cn);
+        cn = NULL;
+    }
+    rc = conn_open(ps, deadline, &cn);
+    pthread_mutex_lock(&ps->mu);
+    if (as_main) {
+        if (rc == DLOCK_OK) {
+            ps->main = cn;
+            main_watch(ps, cn, EPOLL_CTL_ADD);
+        } else {
+            ps->main_busy = 0;
+            pthread_cond_broadcast(&ps->cv);
+        }
+    }
+    pthread_mutex_unlock(&ps->mu);
+    *out = cn;
+    return rc;
+}
+
+int dlock__pg_conn_get(pg_store *ps, int64_t deadline, pg_conn **out)
+{
+    return conn_get_ex(ps, deadline, out, 0);
+}
+
+void dlock__pg_conn_put(pg_store *ps, pg_conn *cn)
+{
+    if (!cn)
+        return;
+    int usable = !cn->broken && !cn->dead &&
+                 PQstatus(cn->pg) == CONNECTION_OK &&
+                 PQtransactionStatus(cn->pg) == PQTRANS_IDLE;
+    if (usable)
+        drain_notifies(ps, cn);
+    pthread_mutex_lock(&ps->mu);
+    if (cn == ps->main) {
+        if (!usable) {
+            main_lost(ps);
+        } else {
+            ps->main_busy = 0;
+            pthread_cond_signal(&ps->cv);
+            main_watch(ps, cn, EPOLL_CTL_MOD);
+        }
+        pthread_mutex_unlock(&ps->mu);
+        return;
+    }
+    if (usable && ps->nidle < PG_IDLE_MAX) {
+        cn->next = ps->idle;
+        ps->idle = cn;
+        ps->nidle++;
+        cn = NULL;
+        idle_timer(ps);
+    }
+    pthread_mutex_unlock(&ps->mu);
+    dlock__pg_conn_free(cn);
+}
+
+static int failed_result(const PGresult *r)
+{
+    ExecStatusType s = PQresultStatus(r);
+    return s != PGRES_TUPLES_OK && s != PGRES_COMMAND_OK &&
+           s != PGRES_EMPTY_QUERY;
+}
+
+/*
+ * Sends what is queued and collects every result of the command in flight
+ * until `deadline`. *out gets the first failed result, else the last one
+ * (the caller PQclear()s it). On a timeout or a broken connection the
+ * connection is marked broken and ECONN returned.
+ */
+static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
+                   PGresult **out, const char *what)
+{
+    PGresult *keep = NULL;
+
+    *out = NULL;
+    for (;;) {
+        int f = PQflush(cn->pg);
+        if (f < 0)
+            goto broken;
+        if (f == 0 && !PQisBusy(cn->pg)) {
+            PGresult *r = PQgetResult(cn->pg);
+            if (!r)
+                break;
+            if (!keep || (!failed_result(keep) &&
+                          (failed_result(r) ||
+                           PQresultStatus(r) == PGRES_TUPLES_OK ||
+                           PQresultStatus(keep) != PGRES_TUPLES_OK))) {
+                PQclear(keep); /* the first failure, else the last rows */
+                keep = r;
+            } else {
+                PQclear(r);
+            }
+            continue;
+        }
+        int r = wait_fd(PQsocket(cn->pg), f == 1 ? POLLIN | POLLOUT : POLLIN,
+                        deadline);
+        if (r == 0) {
+            PQclear(keep);
+            return timeout_error(ps, cn, what);
+        }
+        if (r < 0 || !PQconsumeInput(cn->pg))
+            goto broken;
+    }
+    if (PQstatus(cn->pg) != CONNECTION_OK)
+        goto broken;
+    *out = keep;
+    if (!keep)
+        return dlock__err(DLOCK_EPROTO, "postgres %s: %s: no result",
+                          ps->redacted, what);
+    return DLOCK_OK;
+broken:
+    PQclear(keep);
+    return conn_error(ps, cn, what);
+}
+
+/* `keep`'s status: DLOCK_OK for a success, else its error (cleared). */
+static int result_ok(pg_store *ps, PGresult **r, const char *what)
+{
+    ExecStatusType s = PQresultStatus(*r);
+
+    if (s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK)
+        return DLOCK_OK;
+    int rc = result_error(ps, *r, what);
+    PQclear(*r);
+    *r = NULL;
+    return rc;
+}
+
+/*
+ * Runs prepared statement `which` with parameter values (vals[0], the lock
+ * name, in binary: any bytes) on cn; *out the result on DLOCK_OK.
+ */
+int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
+                  const char *const *vals, const int *lens, int64_t deadline,
+                  PGresult **out, const char *what)
+{
+    static const char *const names[S_COUNT] = {
+        "dlock0", "dlock1", "dlock2", "dlock3",  "dlock4", "dlock5",
+        "dlock6", "dlock7", "dlock8", "dlock9", "dlock10", "dlock11"};
+    static const Oid types[S_COUNT][8] = {
+        [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
+                       T_INT4, T_TEXT},
+        [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8},
+        [S_EXTEND] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
+        [S_INSPECT] = {T_BYTEA},
+        [S_QUEUE] = {T_BYTEA, T_TEXT},
+        [S_LEAVE] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT8},
+        [S_GC] = {T_INT8},
+        [S_GC_QUEUE] = {T_TEXT},
+        [S_ADV_TRY] = {T_BYTEA, T_TEXT},
+        [S_ADV_UNLOCK] = {T_BYTEA},
+        [S_ADV_CHECK] = {T_BYTEA},
+        [S_ADV_INSPECT] = {T_BYTEA},
+    };
+    int fmts[8] = {0};
+    int n = ps->nparams[which];
+    PGresult *r;
+    int rc;
+
+    *out = NULL;
+    if (deadline > dlock__now_ms() + ps->timeout_ms)
+        deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
+    if (n > 0 && types[which][0] == T_BYTEA)
+        fmts[0] = 1;
+    if (ps->unnamed) {
+        /* a pooler may run each transaction on another session: no
+         * prepared statements (the text goes with every call) */
+        if (!PQsendQueryParams(cn->pg, ps->sql[which], n, types[which],
+                               vals, lens, fmts, 0))
+            return conn_error(ps, cn, what);
+        goto answer;
+    }
+    if (!(cn->prepared & (1u << which))) {
+        if (!PQsendPrepare(cn->pg, names[which], ps->sql[which], n,
+                           types[which]))
+            return conn_error(ps, cn, what);
+        rc = collect(ps, cn, deadline, &r, what);
+        if (rc)
+            return rc;
+        rc = result_ok(ps, &r, what);
+        if (rc)
+            return rc;
+        PQclear(r);
+        cn->prepared |= 1u << which;
+    }
+    if (!PQsendQueryPrepared(cn->pg, names[which], n, vals, lens, fmts, 0))
+        return conn_error(ps, cn, what);
+answer:
+    rc = collect(ps, cn, deadline, &r, what);
+    if (rc)
+        return rc;
+    rc = result_ok(ps, &r, what);
+    if (rc)
+        return rc;
+    *out = r;
+    return DLOCK_OK;
+}
+
+/* One statement on a pooled connection. */
+int dlock__pg_run_pooled(pg_store *ps, int which, const char *const *vals,
+                         const int *lens, int64_t deadline, PGresult **out,
+                         const char *what)
+{
+    pg_conn *cn;
+    int rc = dlock__pg_conn_get(ps, deadline, &cn);
+
+    if (rc)
+        return rc;
+    rc = dlock__pg_run(ps, cn, which, vals, lens, deadline, out, what);
+    dlock__pg_conn_put(ps, cn);
+    return rc;
+}
+
+/* A query text (no parameters; may hold several statements). */
+int dlock__pg_run_text(pg_store *ps, pg_conn *cn, const char *sql,
+                       int64_t deadline, PGresult **out, const char *what)
+{
+    int rc;
+
+    *out = NULL;
+    if (!PQsendQuery(cn->pg, sql))
+        return conn_error(ps, cn, what);
+    rc = collect(ps, cn, deadline, out, what);
+    if (rc)
+        return rc;
+    return result_ok(ps, out, what);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Notifications (table mode): LISTEN dlock_CLIENTID on the command         */
+/* connection                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* A notification on our channel: "g WAITER TOKEN", the lock handed to one
+ * of our waiters. */
+static void dispatch(pg_store *ps, const PGnotify *nt)
+{
+    unsigned long long waiter, token;
+    int end = 0;
+
+    if (strcmp(nt->relname, ps->chan) != 0)
+        return;
+    if (sscanf(nt->extra, "g %llu %llu%n", &waiter, &token, &end) == 2 &&
+        nt->extra[end] == '\0' && token > 0)
+        dlock__notify_grant(ps->client, waiter, token);
+}
+
+/* Hands every notification libpq has read on cn to its waiter (whoever
+ * uses cn: a statement's thread, or the one reading it while idle). */
+static void drain_notifies(pg_store *ps, pg_conn *cn)
+{
+    PGnotify *nt;
+
+    while ((nt = PQnotifies(cn->pg)) != NULL) {
+        dispatch(ps, nt);
+        PQfreemem(nt);
+    }
+}
+
+/* Counts lease l as waiting: while any lease waits, the command
+ * connection LISTENs (once per session; the session's pid and start go
+ * into the lease's queue entry, so that a release can tell whether it is
+ * alive). `may_send`: LISTEN now if needed (else just say whether the
+ * client listens already). DLOCK_OK, DLOCK_EBUSY (not listening and
+ * !may_send), or an error. */
+int dlock__pg_listen_ref(pg_store *ps, pg_lease *pl, int64_t deadline,
+                         int may_send)
+{
+    pg_conn *cn;
+    PGresult *r;
+    char sql[512];
+    int rc;
+
+    pthread_mutex_lock(&ps->mu);
+    if (pl->listening && pl->gen == ps->gen && ps->listening) {
+        pthread_mutex_unlock(&ps->mu);
+        return DLOCK_OK;
+    }
+    if (pl->listening) /* a lost generation's reference */
+        ps->nwait--;
+    pl->listening = 0;
+    if (ps->listening && !ps->main_pending) {
+        pl->listening = 1;
+        pl->gen = ps->gen;
+        ps->nwait++;
+        pthread_mutex_unlock(&ps->mu);
+        return DLOCK_OK;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    if (!may_send)
+        return DLOCK_EBUSY;
+    if (!ps->sessions)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "postgres %s: waiting needs LISTEN on a session "
+                          "of its own, which %s: try once (wait 0), or "
+                          "connect to the server or to a session-mode pool "
+                          "(?pooler=session)",
+                          ps->redacted,
+                          ps->pooler == POOLER_TRANSACTION
+                              ? "transaction pooling (?pooler=transaction) "
+                                "does not keep"
+                              : "a pooler in front of the server may not "
+                                "keep (say ?pooler=session if it does)");
+    rc = conn_get_ex(ps, deadline, &cn, 1);
+    if (rc)
+        return rc;
+    if (ps->listening) {
+        rc = DLOCK_OK; /* another thread did it meanwhile */
+    } else {
+        /* the session's advisory lock says that it listens (released
+         * with UNLISTEN, or by the server when the session ends) */
+        snprintf(sql, sizeof(sql),
+                 "LISTEN %s; SELECT pid, backend_start, "
+                 "pg_try_advisory_lock(" SKEY("'%s:' || pid") ") FROM "
+                 "pg_stat_get_activity(pg_backend_pid())",
+                 ps->chan, dlock__client_id(ps->client),
+                 dlock__client_id(ps->client));
+        rc = dlock__pg_run_text(ps, cn, sql, deadline, &r, "LISTEN");
+        if (rc == DLOCK_OK) {
+            if (PQntuples(r) == 1 && PQnfields(r) == 3) {
+                ps->lpid = atoi(PQgetvalue(r, 0, 0));
+                snprintf(ps->lsince, sizeof(ps->lsince), "%s",
+                         PQgetvalue(r, 0, 1));
+                ps->listening = 1;
+            } else {
+                rc = dlock__err(DLOCK_EPROTO, "postgres %s: LISTEN: no "
+                                              "session row",
+                                ps->redacted);
+            }
+            PQclear(r);
+        }
+    }
+    pthread_mutex_lock(&ps->mu);
+    if (rc == DLOCK_OK) {
+        pl->listening = 1;
+        pl->gen = ps->gen;
+        ps->nwait++;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    dlock__pg_conn_put(ps, cn);
+    return rc;
+}
+
+/* Lease l waits no more. With no waiter left, the client stops listening
+ * in a second, unless it waits again by then: PostgreSQL wakes every
+ * listening session of the database at every NOTIFY. */
+void dlock__pg_listen_unref(pg_store *ps, pg_lease *pl)
+{
+    pthread_mutex_lock(&ps->mu);
+    if (pl->listening && --ps->nwait == 0)
+        idle_timer(ps);
+    pl->listening = 0;
+    pl->queued = 0;
+    pthread_mutex_unlock(&ps->mu);
+}
+
+/* The idle timer (client thread or a waiting thread: never blocks):
+ * extra connections unused for a second are closed; with no waiter, the
+ * command connection stops listening (sent now, its answer read later). */
+void dlock__pg_idle_run(pg_store *ps)
+{
+    pg_conn *extra, *cn = NULL;
+
+    pthread_mutex_lock(&ps->mu);
+    extra = ps->idle;
+    ps->idle = NULL;
+    ps->nidle = 0;
+    if (ps->nwait == 0 && ps->listening && ps->main && !ps->main_busy) {
+        cn = ps->main;
+        ps->main_busy = 1;
+    } else if (ps->nwait == 0 && ps->listening) {
+        idle_timer(ps); /* in use: later */
+    }
+    pthread_mutex_unlock(&ps->mu);
+    while (extra) {
+        pg_conn *next = extra->next;
+        dlock__pg_conn_free(extra);
+        extra = next;
+    }
+    if (!cn)
+        return;
+    int ok = !ps->main_pending &&
+             PQsendQuery(cn->pg, "UNLISTEN *; SELECT "
+                                 "pg_advisory_unlock_all()") &&
+             PQflush(cn->pg) == 0;
+    pthread_mutex_lock(&ps->mu);
+    if (!ok) {
+        cn->broken = 1;
+        main_lost(ps);
+    } else {
+        ps->main_pending = 1;
+        ps->listening = 0; /* a new wait LISTENs again */
+        ps->main_busy = 0;
+        pthread_cond_signal(&ps->cv);
+        main_watch(ps, cn, EPOLL_CTL_MOD);
+    }
+    pthread_mutex_unlock(&ps->mu);
+}
+
+/* The command connection is readable while nobody uses it: a
+ * notification, the answer of an UNLISTEN, or the server closing it. */
+void dlock__pg_main_read(pg_store *ps)
+{
+    pg_conn *cn;
+
+    pthread_mutex_lock(&ps->mu);
+    if (!ps->main || ps->main_busy) {
+        /* its user re-arms the watch when it gives it back */
+        pthread_mutex_unlock(&ps->mu);
+        return;
+    }
+    cn = ps->main;
+    ps->main_busy = 1;
+    pthread_mutex_unlock(&ps->mu);
+    int ok = PQconsumeInput(cn->pg) && PQstatus(cn->pg) == CONNECTION_OK;
+    if (ok) {
+        drain_notifies(ps, cn);
+        PGresult *r;
+        while (!PQisBusy(cn->pg) && (r = PQgetResult(cn->pg)) != NULL)
+            PQclear(r);
+        if (!PQisBusy(cn->pg))
+            ps->main_pending = 0;
+    }
+    pthread_mutex_lock(&ps->mu);
+    if (!ok) {
+        main_lost(ps);
+    } else {
+        ps->main_busy = 0;
+        pthread_cond_signal(&ps->cv);
+        main_watch(ps, cn, EPOLL_CTL_MOD);
+    }
+    pthread_mutex_unlock(&ps->mu);
+}
