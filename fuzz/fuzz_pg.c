@@ -95,8 +95,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *qi = malloc(2 * PG_TABLE_MAX + 32);
         char *lt = malloc(200), *lq = malloc(200);
         dlock__pg_quote_ident(table, "", t, 2 * PG_TABLE_MAX + 16);
-        dlock__pg_quote_ident(table, "_queue", q, 2 * PG_TABLE_MAX + 24);
-        dlock__pg_quote_ident(table, "_queue_name", qi, 2 * PG_TABLE_MAX + 32);
+        dlock__pg_quote_ident(table, "_waiters", q, 2 * PG_TABLE_MAX + 24);
+        dlock__pg_quote_ident(table, "_waiters_name", qi, 2 * PG_TABLE_MAX + 32);
         dlock__pg_quote_ident(table, "_tokens", ps->seq_ident,
                               sizeof(ps->seq_ident));
         dlock__pg_quote_literal(ps->seq_ident, ps->seq_lit,
@@ -104,8 +104,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         dlock__pg_quote_literal(t, lt, 200);
         dlock__pg_quote_literal(q, lq, 200);
         check_quoted(t, '"', table, "");
-        check_quoted(q, '"', table, "_queue");
-        check_quoted(qi, '"', table, "_queue_name");
+        check_quoted(q, '"', table, "_waiters");
+        check_quoted(qi, '"', table, "_waiters_name");
         check_quoted(ps->seq_ident, '"', table, "_tokens");
         check_quoted(ps->seq_lit, '\'', ps->seq_ident, "");
         check_quoted(lt, '\'', t, "");
