@@ -77,7 +77,7 @@ def handoffs(sec):
         ("ZooKeeper", "ZooKeeper", "hand-off, release", 2, 1),
         ("etcd", "etcd", "hand-off, release", 2, 1),
         ("SQLite", "SQLite", "hand-off between processes", 2, 1),
-        ("PostgreSQL", "PostgreSQL", "table (the waiter", 2, 1),
+        ("PostgreSQL", "PostgreSQL", "table (the release", 2, 1),
         ("PostgreSQL", "PostgreSQL advisory", "advisory (the server", 2, 1),
         ("MySQL / MariaDB", "MariaDB", "hand-off, release → the waiter", 2,
          1),
