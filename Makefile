@@ -1,9 +1,13 @@
+# SPDX-License-Identifier: MIT
 # dlock -- `make demo` and `make test` work on a fresh Debian 12 machine:
 # they install what they need (apt), build, and run.
 
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
+# warnings as errors: OFF for a user's or a packager's build, ON in CI
+# (.ci/run) and for development (make WERROR=ON ...)
+WERROR ?= OFF
 
 .PHONY: all build demo test asan valgrind bench bench-quick install clean fuzz
 
@@ -11,7 +15,7 @@ all: build
 
 build:
 	@scripts/install-deps.sh build
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_WERROR=$(WERROR) $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
 # the seeds' counter example across processes, on the default file store
@@ -28,7 +32,7 @@ test: build
 asan:
 	@scripts/install-deps.sh build test asan
 	CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug \
-	    -DDLOCK_SANITIZER=address,undefined -DDLOCK_BENCH=OFF >/dev/null
+	    -DDLOCK_SANITIZER=address,undefined -DDLOCK_BENCH=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-asan -j$(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(JOBS)
 
@@ -36,13 +40,13 @@ asan:
 valgrind:
 	@scripts/install-deps.sh build test valgrind
 	cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug -DDLOCK_VALGRIND=ON \
-	    -DDLOCK_BENCH=OFF >/dev/null
+	    -DDLOCK_BENCH=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-valgrind -j$(JOBS)
 	cd build-valgrind && ctest --output-on-failure -L memcheck -j$(JOBS)
 
 bench:
 	@scripts/install-deps.sh build bench
-	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF >/dev/null
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-bench -j$(JOBS)
 	bench/run.sh build-bench
 
@@ -50,7 +54,7 @@ bench:
 # benchmarks-quick.md and charts); checks that its output parses
 bench-quick:
 	@scripts/install-deps.sh build bench
-	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF >/dev/null
+	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-bench -j$(JOBS)
 	bench/run.sh build-bench --quick
 	python3 bench/check.py build-bench/benchmarks-quick.md --charts build-bench
@@ -61,7 +65,7 @@ FUZZ_SECONDS ?= 10
 fuzz:
 	@scripts/install-deps.sh build asan
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_FUZZ=ON \
-	    -DDLOCK_TESTS=OFF -DDLOCK_BENCH=OFF >/dev/null
+	    -DDLOCK_TESTS=OFF -DDLOCK_BENCH=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_all
 	fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench.c -- dlock beside the floor of each store, measured in one run.
  *

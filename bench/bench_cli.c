@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_cli.c -- the command-line tool on the file store, whole commands:
  * `dlock run NAME -- true` beside util-linux flock(1) and `true` alone.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_contend.c -- N processes contend for one lock, each holding it
  * 1 ms per turn; the same measure for dlock on every store and for the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_etcd.c -- dlock's etcd store beside a bare libcurl client of the
  * same v3 JSON gateway, measured in one run against the same member.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_many.c -- many locks held at once on Redis: memory per lock in the
  * store and acquire/release throughput, beside bare hiredis floors measured

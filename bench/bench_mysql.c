@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_mysql.c -- dlock's MySQL/MariaDB store beside the store's own
  * statements run by a bare libmariadb loop, measured in one run against

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_pg.c -- dlock's PostgreSQL store beside the store's own statements
  * run by a bare libpq loop, measured in one run against the same server.

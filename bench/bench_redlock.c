@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_redlock.c -- dlock's redlock:// store over N independent Redis
  * servers, beside a bare hiredis floor, dlock's redis:// store on one of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_sqlite.c -- dlock's SQLite store beside the same two statements
  * run by a bare sqlite3 loop on the same kind of database file.

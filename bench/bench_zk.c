@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_zk.c -- dlock's ZooKeeper store beside the bare ZooKeeper C client,
  * measured in one run against the same server.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """check.py BENCHMARKS_MD -- CI's check of a bench run's document (`make
 bench-quick` runs `bench/run.sh --quick`, then this): that it parses, not
 how fast anything was. It fails (exit 1, one line per problem) when

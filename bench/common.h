@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * common.h -- what every benchmark program needs: the clock, sorting and
  * percentiles, a fatal error. Each program defines `bench_prog` (its name,

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """contend.py TSV BENCHMARKS_MD [--plot OUT_DIR] -- the contention section
 of benchmarks.md from the rows dlock_bench_contend printed (bench/run.sh
 gathers them in TSV while each store's server runs), printed as markdown;

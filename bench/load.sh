@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # load.sh KIND ARGS... -- prints how many requests a private bench server
 # has received so far, for dlock_bench_contend --load (the difference
 # over a run, per critical section, is the store load of a hand-off):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """peer_common.py -- the measuring loops the Python peers share, the same
 as bench.c's for dlock:
 

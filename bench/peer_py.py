@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """peer_py.py KIND ADDRESS FLOOR_US DLOCK_US DLOCK_HANDOFF_US [--quick]
    peer_py.py contend KIND ADDRESS NAME [SLEEP_S]
 

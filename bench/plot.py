@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """plot.py BENCHMARKS_MD OUT_DIR -- draws the headline figures of a
 benchmarks.md (as bench/run.sh writes it) as SVG charts with gnuplot:
 

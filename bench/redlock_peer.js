@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+// SPDX-License-Identifier: MIT
 // redlock_peer.js -- node-redlock (npm `redlock` 5, on `ioredis` clients)
 // on the same Redis servers as dlock_bench_redlock: the uncontended cycle
 // `redlock.acquire([key], ttl)` then `lock.release()`, with retryCount 0,

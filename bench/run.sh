@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # run.sh BUILD_DIR [--quick] -- runs the benchmarks against a private
 # redis-server (free loopback port, temporary directory, no persistence),
 # a temporary file store, five private redis-servers for Redlock (beside

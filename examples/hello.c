@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* hello.c -- the README's example: one critical section under a lock. */
 #include <dlock.h>
 #include <stdio.h>

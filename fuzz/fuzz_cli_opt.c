@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_cli_opt.c -- the command line's duration and option parsers
  * (src/cli/opt.c).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_etcd.c -- what the etcd store (src/lib/backends/etcd.c) does with
  * URIs, lock names and the JSON gateway's answers (cJSON trees).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_file.c -- the file store (src/lib/backends/file.c): lock names to
  * file names, and the lock file's content as dlock_inspect() reads it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_mysql.c -- how the MySQL/MariaDB store (src/lib/backends/mysql.c)
  * writes table names and lock names into SQL.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_pg.c -- what the PostgreSQL store (src/lib/backends/pg*.c) does with
  * URIs, table names, lock names and NOTIFY payloads.

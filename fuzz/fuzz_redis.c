@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_redis.c -- what the Redis store (src/lib/backends/redis.c and
  * redis_shared.c) does with URIs, lock names and the server's replies.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_uri.c -- the store-URI parser (src/lib/core/uri.c), every scheme.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_zk.c -- what the ZooKeeper store (src/lib/backends/zk.c) does with
  * chroots, lock names and the children the server lists.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # fuzz/run.sh BUILD_DIR SECONDS -- runs every fuzz target built in
 # BUILD_DIR/fuzz for SECONDS each, one after the other (one core), on its
 # committed corpus fuzz/corpus/<name>/ (read only: new inputs go to

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Writes the hand-made seeds of every fuzz target into fuzz/corpus/<name>/.
 
 The committed corpus is these seeds plus inputs found by fuzzing and kept

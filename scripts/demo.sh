@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # demo.sh DLOCK -- the seeds' counter example, across processes.
 #
 # PROCS processes each add 1 to a number in a file ITER times, with a

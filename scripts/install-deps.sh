@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # install-deps.sh GROUP... -- installs the Debian packages dlock needs for
 # the given groups, when they are missing (apt-get; as root, or with sudo).
 #   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cli.h -- shared bits of the dlock command-line tool. The tool is just
  * another program on the public API (dlock.h): no internal headers.

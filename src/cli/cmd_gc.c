@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cmd_gc.c -- `dlock gc [--store URI] [--idle DURATION]`
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cmd_run.c -- `dlock run [options] NAME [--] CMD [ARG...]`
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cmd_status.c -- `dlock status [--store URI] [--json] NAME`
  */

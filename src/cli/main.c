@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * main.c -- `dlock`: run a command under a distributed lock, or look at one.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * opt.c -- durations and option values for the command line.
  */

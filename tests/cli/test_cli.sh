@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # shellcheck disable=SC2016,SC2317
 # (SC2016: single-quoted "$VAR"s are for the command's own shell; SC2317:
 # cleanup runs from the EXIT trap.)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * harness.c -- the test runner and real-store helpers (see test.h).
  */
@@ -263,7 +264,9 @@ void th_redis_start(th_redis *r, const char *extra)
     static int n;
 
     memset(r, 0, sizeof(*r));
-    snprintf(r->dir, sizeof(r->dir), "%s/redis%d", th_tmpdir(), n++);
+    if (snprintf(r->dir, sizeof(r->dir), "%s/redis%d", th_tmpdir(), n++) >=
+        (int)sizeof(r->dir))
+        th_fail(__FILE__, __LINE__, "temporary directory name too long");
     mkdir(r->dir, 0700);
     snprintf(r->sock, sizeof(r->sock), "%s/redis.sock", r->dir);
     snprintf(r->extra, sizeof(r->extra), "%s", extra ? extra : "");
@@ -574,8 +577,10 @@ void th_zk_start(th_zk *z, int nservers)
             }
         }
         for (int i = 0; i < nservers; i++) {
-            snprintf(z->dir[i], sizeof(z->dir[i]), "%s/zk%d-%d", th_tmpdir(),
-                     seq, i);
+            if (snprintf(z->dir[i], sizeof(z->dir[i]), "%s/zk%d-%d",
+                         th_tmpdir(), seq, i) >= (int)sizeof(z->dir[i]))
+                th_fail(__FILE__, __LINE__,
+                        "temporary directory name too long");
             zk_write_config(z, i);
         }
         seq++;
@@ -1021,8 +1026,10 @@ static void etcd_start(th_etcd *e, int n, const char *cert, const char *key)
             snprintf(e->key, sizeof(e->key), "%s", key);
         }
         for (int i = 0; i < n; i++)
-            snprintf(e->dir[i], sizeof(e->dir[i]), "%s/etcd%d-%d",
-                     th_tmpdir(), seq, i);
+            if (snprintf(e->dir[i], sizeof(e->dir[i]), "%s/etcd%d-%d",
+                         th_tmpdir(), seq, i) >= (int)sizeof(e->dir[i]))
+                th_fail(__FILE__, __LINE__,
+                        "temporary directory name too long");
         seq++;
         for (int i = 0; i < n; i++)
             etcd_spawn(e, i, 1);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * relay.c -- a TCP relay in front of a server (see test.h: th_relay).
  */

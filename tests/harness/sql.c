@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sql.c -- private PostgreSQL and MariaDB servers for the tests (see
  * test.h), started through tests/servers/sqlserver.sh, and a superuser

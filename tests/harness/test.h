@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test.h -- a small test harness: checks that never compile out and print
  * both sides, a test list runner, and helpers to run real stores.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # test_install.sh SRC BUILD -- `cmake --install` into a temporary prefix,
 # then build the README's example against it with pkg-config, both with the
 # shared and the static library, and run both on a temporary file store.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * history.c -- the fenced resource and the history checker.
  */

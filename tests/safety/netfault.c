@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * netfault.c -- network faults between a worker and its store:
  *  - a network namespace with a veth pair (10.X.Y.0/30, nowhere else):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * safety.c -- the safety suite's driver.
  *
@@ -663,7 +664,7 @@ static void run_one(store *st, int sc, cell *out)
     int fd;
     int64_t t0 = th_now_ms();
     int workers = nworkers;
-    char note[256] = "";
+    char note[300] = ""; /* a round's note (256) and " (each round)" */
     int use_faketime = sc == SC_CLOCK;
     int victim_only0 = sc == SC_PARTITION || sc == SC_SLOW;
     static int seq;

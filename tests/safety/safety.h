@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * safety.h -- the safety suite: worker processes fighting for one lock and
  * doing a read-modify-write on a fenced resource, a shared history of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * worker.c -- one worker process: acquire, read-modify-write the fenced
  * resource with the hold's token, release; every step in the history.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # pgbouncer.sh DIR PORT PGPORT MODE -- a private PgBouncer for the tests,
 # never a system service.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # sqlserver.sh pg|mysql DIR PORT [CERT KEY] -- a private PostgreSQL or
 # MariaDB server for the tests and the benchmarks, never a system service.
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_contract.c -- the behaviour every store must give.
  *

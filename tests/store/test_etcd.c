@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_etcd.c -- what only the etcd store does, against real etcd members:
  * the key layout of etcd's own mutex (and `etcdctl lock` excluding dlock

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_file.c -- what only the file store does: the default location and
  * its safety checks, hostile files, replaced files, leases that do not

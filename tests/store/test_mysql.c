@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_mysql.c -- what only the MySQL/MariaDB store does, on private
  * MariaDB servers (tests/servers/sqlserver.sh):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_pg.c -- what only the PostgreSQL store does, against real servers:
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_redis.c -- what only the Redis store does, and how it fails:
  * authentication, sockets, databases and prefixes, keys of the wrong type,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_redlock.c -- what only the Redlock store (redlock://) does, and how
  * it fails: five private redis-servers (no persistence) of which some are

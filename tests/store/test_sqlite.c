@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_sqlite.c -- what only the SQLite store does, on real database files:
  * the lock table and its rows (the token survives release), dlock_gc()

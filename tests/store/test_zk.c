@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_zk.c -- what only the ZooKeeper store does, against real servers:
  * the node layout and czxid tokens, first come first served across

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cli_opt.c -- the command line's durations and option values
  * (src/cli/opt.c).

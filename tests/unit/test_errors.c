@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_errors.c -- return codes and their words, the version, the
  * thread-local error message, and calls with NULL or bad arguments.

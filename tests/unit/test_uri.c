@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_uri.c -- the store-URI parser (src/lib/core/uri.c), on its own.
  *

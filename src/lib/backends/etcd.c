@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * etcd.c -- the etcd store, through etcd's v3 JSON gateway (libcurl, cJSON).
  *
@@ -2099,8 +2100,10 @@ static void describe(const cJSON *kv, char *out, size_t cap)
 
     out[0] = '\0';
     if (v && b64_decode(v, val, sizeof(val)) > 0) {
-        const char *nl = strchr(val, '\n');
-        snprintf(out, cap, "%s", nl ? nl + 1 : val);
+        const char *nl = strchr(val, '\n'), *d = nl ? nl + 1 : val;
+        size_t n = strnlen(d, cap - 1); /* cut to fit, on purpose */
+        memcpy(out, d, n);
+        out[n] = '\0';
     }
     if (!out[0])
         snprintf(out, cap, "etcd lease %" PRIx64 " (not dlock)",

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * file.c -- the embedded store: one lock file per name in a directory.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * file.h -- what the file store's two halves share: file.c, the store
  * (names, files, holder records, the backend's slots), and file_wait.c,

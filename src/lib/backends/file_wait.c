@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * file_wait.c -- the file store's waits (file.c is the store; file.h what
  * they share). Nothing here polls: a waiter sleeps until the kernel wakes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mysql.c -- the MySQL/MariaDB store (MariaDB Connector/C, which also
  * speaks to MySQL): the seeds' lock table.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pg.c -- the PostgreSQL store (libpq), in two modes.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis.c -- the Redis store (redis:// and unix://), over hiredis.
  *

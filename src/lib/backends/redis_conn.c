@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_conn.c -- the Redis store's pipelined command connection (see
  * redis_conn.h), and the connect + login + script load both of its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_conn.h -- the Redis store's command connection: one socket per
  * client, shared by every thread of the client, pipelined.

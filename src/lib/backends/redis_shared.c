@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_shared.c -- helpers shared by the Redis stores (redis_shared.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redis_shared.h -- what the two Redis stores share: redis.c (one server)
  * and redlock.c (a quorum of independent masters).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * redlock.c -- Redlock (redlock://): one lock over N independent Redis
  * masters, held while a majority (quorum Q = N/2 + 1) of them hold it.

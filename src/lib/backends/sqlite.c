@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sqlite.c -- the SQLite store: the seeds' database lock table, in one
  * database file shared by the processes of one host.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * zk.c -- the ZooKeeper store.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * client.c -- clients, their background thread, and wake-ups.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * error.c -- return codes, their words, and the per-thread last message.
  *

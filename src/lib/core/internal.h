@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * internal.h -- the core's structures. Never installed; backends see only
  * backend.h.

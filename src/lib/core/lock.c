@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * lock.c -- handles, and the acquire/release/extend logic shared by stores.
  *

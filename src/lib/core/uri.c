@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * uri.c -- the one store-URI parser (see uri.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * uri.h -- store URIs: scheme://[user[:password]@]hosts[/path][?k=v&...]
  *

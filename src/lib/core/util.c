@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * util.c -- small helpers: time, randomness, thread ids, hashing, waits.
  */
