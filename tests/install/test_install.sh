@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # test_install.sh SRC BUILD -- `cmake --install` into a temporary prefix,
-# then build the README's example against it with pkg-config, both with the
-# shared and the static library, and run both on a temporary file store.
+# then build the README's example against it with pkg-config and with the
+# CMake package (find_package(dlock CONFIG)), both with the shared and the
+# static library, and run them on a temporary file store.
 set -u
 src=$1
 build=$2
@@ -35,6 +36,23 @@ cc -std=c11 $cflags "$src/examples/hello.c" -o "$tmp/hello-static" \
 ldd "$tmp/hello-static" | grep -q libdlock && fail "the static build still needs libdlock.so"
 out=$("$tmp/hello-static" "file://$tmp/locks") || fail "the static example failed"
 echo "ok   example against the static library: $out"
+
+# the CMake package: find_package(dlock CONFIG), dlock::dlock and
+# dlock::dlock_static, from a project of its own
+[ -f "$p/lib/cmake/dlock/dlockConfig.cmake" ] || fail "dlockConfig.cmake is not installed"
+cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$p" \
+    -DEXAMPLE="$src/examples/hello.c" >"$tmp/consumer.log" 2>&1 ||
+    { cat "$tmp/consumer.log"; fail "configuring a project with find_package(dlock CONFIG)"; }
+cmake --build "$tmp/consumer" >>"$tmp/consumer.log" 2>&1 ||
+    { cat "$tmp/consumer.log"; fail "building against dlock::dlock and dlock::dlock_static"; }
+out=$(LD_LIBRARY_PATH=$p/lib "$tmp/consumer/hello" "file://$tmp/locks") ||
+    fail "the example built with dlock::dlock failed"
+case $out in "held, fencing token "[1-9]*) ;; *) fail "unexpected output: $out" ;; esac
+ldd "$tmp/consumer/hello_static" | grep -q libdlock &&
+    fail "the dlock::dlock_static build still needs libdlock.so"
+out=$("$tmp/consumer/hello_static" "file://$tmp/locks") ||
+    fail "the example built with dlock::dlock_static failed"
+echo "ok   find_package(dlock CONFIG): dlock::dlock and dlock::dlock_static"
 
 "$p/bin/dlock" --version | grep -q "^dlock " || fail "installed dlock --version"
 MANPATH=$p/share/man man -w dlock >/dev/null 2>&1 || [ -s "$p/share/man/man1/dlock.1" ] ||
