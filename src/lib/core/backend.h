@@ -248,7 +248,9 @@ extern const dlock__backend dlock__backend_mysql;
 #endif
 
 /* The backend for a URI scheme; NULL when unknown. *built is 0 for a known
- * store that this build does not include. */
-const dlock__backend *dlock__backend_find(const char *scheme, int *built);
+ * store that this build does not include; *needs then names what to
+ * install (Debian packages) to build it in. */
+const dlock__backend *dlock__backend_find(const char *scheme, int *built,
+                                          const char **needs);
 
 #endif /* DLOCK_BACKEND_H */

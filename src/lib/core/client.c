@@ -498,6 +498,7 @@ int dlock_client_open(dlock_client **out, const char *uri,
     dlock_client *c;
     unsigned char id[16];
     int built = 1, rc;
+    const char *needs = "";
 
     dlock__err_clear();
     if (!out)
@@ -515,7 +516,7 @@ int dlock_client_open(dlock_client **out, const char *uri,
     rc = dlock__uri_parse(uri, &u);
     if (rc)
         return rc;
-    be = dlock__backend_find(u.scheme, &built);
+    be = dlock__backend_find(u.scheme, &built, &needs);
     if (!be) {
         rc = built ? dlock__err(DLOCK_EINVAL,
                                 "unknown store '%s://' (known: file, redis, "
@@ -523,8 +524,12 @@ int dlock_client_open(dlock_client **out, const char *uri,
                                 "postgresql, mysql, mariadb, redlock)",
                                 u.scheme)
                    : dlock__err(DLOCK_ENOTSUP,
-                                "this dlock was built without %s:// support",
-                                u.scheme);
+                                "this dlock was built without the %s:// "
+                                "store (left out when it was configured: "
+                                "its client library was missing or it was "
+                                "turned off; Debian: install %s and build "
+                                "dlock again)",
+                                u.scheme, needs);
         dlock__uri_free(&u);
         return rc;
     }

@@ -13,58 +13,62 @@
 static const struct {
     const char *scheme;
     const dlock__backend *backend;
+    const char *needs; /* what to install to build it in (Debian) */
 } registry[] = {
-    {"file", &dlock__backend_file},
+    {"file", &dlock__backend_file, ""},
 #ifdef DLOCK_HAVE_REDIS
-    {"redis", &dlock__backend_redis},
-    {"unix", &dlock__backend_redis},
-    {"redlock", &dlock__backend_redlock},
+    {"redis", &dlock__backend_redis, "libhiredis-dev"},
+    {"unix", &dlock__backend_redis, "libhiredis-dev"},
+    {"redlock", &dlock__backend_redlock, "libhiredis-dev"},
 #else
-    {"redis", NULL},
-    {"unix", NULL},
-    {"redlock", NULL},
+    {"redis", NULL, "libhiredis-dev"},
+    {"unix", NULL, "libhiredis-dev"},
+    {"redlock", NULL, "libhiredis-dev"},
 #endif
 #ifdef DLOCK_HAVE_ZK
-    {"zk", &dlock__backend_zk},
+    {"zk", &dlock__backend_zk, "libzookeeper-mt-dev"},
 #else
-    {"zk", NULL},
+    {"zk", NULL, "libzookeeper-mt-dev"},
 #endif
 #ifdef DLOCK_HAVE_ETCD
-    {"etcd", &dlock__backend_etcd},
-    {"etcds", &dlock__backend_etcd},
+    {"etcd", &dlock__backend_etcd, "libcurl4-openssl-dev and libcjson-dev"},
+    {"etcds", &dlock__backend_etcd, "libcurl4-openssl-dev and libcjson-dev"},
 #else
-    {"etcd", NULL},
-    {"etcds", NULL},
+    {"etcd", NULL, "libcurl4-openssl-dev and libcjson-dev"},
+    {"etcds", NULL, "libcurl4-openssl-dev and libcjson-dev"},
 #endif
 #ifdef DLOCK_HAVE_SQLITE
-    {"sqlite", &dlock__backend_sqlite},
+    {"sqlite", &dlock__backend_sqlite, "libsqlite3-dev"},
 #else
-    {"sqlite", NULL},
+    {"sqlite", NULL, "libsqlite3-dev"},
 #endif
 #ifdef DLOCK_HAVE_PG
-    {"postgres", &dlock__backend_pg},
-    {"postgresql", &dlock__backend_pg},
+    {"postgres", &dlock__backend_pg, "libpq-dev"},
+    {"postgresql", &dlock__backend_pg, "libpq-dev"},
 #else
-    {"postgres", NULL},
-    {"postgresql", NULL},
+    {"postgres", NULL, "libpq-dev"},
+    {"postgresql", NULL, "libpq-dev"},
 #endif
 #ifdef DLOCK_HAVE_MYSQL
-    {"mysql", &dlock__backend_mysql},
-    {"mariadb", &dlock__backend_mysql},
+    {"mysql", &dlock__backend_mysql, "libmariadb-dev"},
+    {"mariadb", &dlock__backend_mysql, "libmariadb-dev"},
 #else
-    {"mysql", NULL},
-    {"mariadb", NULL},
+    {"mysql", NULL, "libmariadb-dev"},
+    {"mariadb", NULL, "libmariadb-dev"},
 #endif
 };
 
-const dlock__backend *dlock__backend_find(const char *scheme, int *built)
+const dlock__backend *dlock__backend_find(const char *scheme, int *built,
+                                          const char **needs)
 {
     for (size_t i = 0; i < sizeof(registry) / sizeof(registry[0]); i++) {
         if (strcmp(registry[i].scheme, scheme) == 0) {
             *built = registry[i].backend != NULL;
+            *needs = registry[i].needs;
             return registry[i].backend;
         }
     }
     *built = 1;
+    *needs = "";
     return NULL;
 }
