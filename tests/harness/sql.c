@@ -47,12 +47,20 @@ int th_sql_available(const char *kind)
 #endif
 }
 
-static void spawn(th_sql *s)
+/* Runs `bash ARGS...` (a NULL-terminated script and its arguments) as a
+ * tracked child: its own process group (a server's processes are
+ * signalled together: a frozen PostgreSQL is every backend frozen), dead
+ * with the test binary, output in DIR/start.log. */
+static pid_t spawn_bash(const char *dir, const char *const *args)
 {
-    char port[16];
+    char *argv[12];
+    int n = 0;
     pid_t parent = getpid(), pid;
 
-    snprintf(port, sizeof(port), "%d", s->port);
+    argv[n++] = (char *)"bash";
+    while (*args && n < 11)
+        argv[n++] = (char *)*args++;
+    argv[n] = NULL;
     fflush(stdout);
     fflush(stderr);
     pid = fork();
@@ -60,11 +68,9 @@ static void spawn(th_sql *s)
         th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
     if (pid == 0) {
         char log[700];
-        snprintf(log, sizeof(log), "%s/start.log", s->dir);
+        snprintf(log, sizeof(log), "%s/start.log", dir);
         int null = open("/dev/null", O_RDWR);
         int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        /* its own process group: the server's processes are signalled
-         * together (a frozen PostgreSQL is every backend frozen) */
         setsid();
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
@@ -72,16 +78,21 @@ static void spawn(th_sql *s)
         dup2(null, 0);
         dup2(out >= 0 ? out : null, 1);
         dup2(out >= 0 ? out : null, 2);
-        if (s->cert[0])
-            execl("/bin/bash", "bash", TH_SQLSERVER, s->kind, s->dir, port,
-                  s->cert, s->key, (char *)NULL);
-        else
-            execl("/bin/bash", "bash", TH_SQLSERVER, s->kind, s->dir, port,
-                  (char *)NULL);
+        execv("/bin/bash", argv);
         _exit(127);
     }
-    s->pid = pid;
     th__track(pid, 1);
+    return pid;
+}
+
+static void spawn(th_sql *s)
+{
+    char port[16];
+    const char *args[] = {TH_SQLSERVER, s->kind, s->dir, port,
+                          s->cert[0] ? s->cert : NULL, s->key, NULL};
+
+    snprintf(port, sizeof(port), "%d", s->port);
+    s->pid = spawn_bash(s->dir, args);
 }
 
 static int exited(th_sql *s)
@@ -431,33 +442,11 @@ int th_pgb_available(void)
 static void pgb_spawn(th_pgb *b)
 {
     char port[16], pgport[16];
-    pid_t parent = getpid(), pid;
+    const char *args[] = {TH_PGBOUNCER, b->dir, port, pgport, b->mode, NULL};
 
     snprintf(port, sizeof(port), "%d", b->port);
     snprintf(pgport, sizeof(pgport), "%d", b->srv->port);
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        char log[700];
-        snprintf(log, sizeof(log), "%s/start.log", b->dir);
-        int null = open("/dev/null", O_RDWR);
-        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        setsid();
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
-        dup2(null, 0);
-        dup2(out >= 0 ? out : null, 1);
-        dup2(out >= 0 ? out : null, 2);
-        execl("/bin/bash", "bash", TH_PGBOUNCER, b->dir, port, pgport,
-              b->mode, (char *)NULL);
-        _exit(127);
-    }
-    b->pid = pid;
-    th__track(pid, 1);
+    b->pid = spawn_bash(b->dir, args);
 }
 
 static int pgb_exited(th_pgb *b)

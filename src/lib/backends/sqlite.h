@@ -73,9 +73,9 @@ int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max);
  * our uid and p is still held after connecting), or -1. */
 int dlock__sqw_connect(const sq_wait *w, off_t p);
 
-/* Sleeps until the predecessor p (on connection c; when c < 0 on w's
- * doorbell, or in the kernel on p's byte without one) hands over or
- * leaves, or until `until`. SQW_* or a negative errno. */
+/* Sleeps until the predecessor p (on connection c, or in the kernel on
+ * p's byte when c < 0) hands over or leaves, or until `until`. SQW_* or
+ * a negative errno. */
 int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until);
 
 /* A head whose holder has no ticket it can see: sleeps on w's doorbell

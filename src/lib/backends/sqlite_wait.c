@@ -276,18 +276,11 @@ int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
     short rev = 0;
     int n;
 
-    if (c < 0 && w->bfd >= 0) {
-        /* p has no channel (it made none before we looked): its release
-         * or give-up rings our doorbell; anyone can send a datagram, so
-         * p's byte decides; our timer covers its death */
-        for (;;) {
-            int ev = bell_wait(w, until);
-            if (ev != SQW_LEFT || first_conflict(w->fd, p, p + 1) < 0)
-                return ev;
-        }
-    }
     if (c < 0) {
-        /* no channel we trust: p's byte, in the kernel */
+        /* no channel we trust (squatted, or p dying: its socket closed
+         * before its byte was unlocked): p's byte, in the kernel, which
+         * tells a release and a death alike (a doorbell would hear only
+         * the release) */
         int e = dlock__file_kwait(w->fd, F_RDLCK, p, until);
         if (e == ETIMEDOUT)
             return SQW_TIMEOUT;
