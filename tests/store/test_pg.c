@@ -508,6 +508,12 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     CHECK_EQ(waiters_of(h, "fair"), 2);
     kill(dead, SIGKILL);
     CHECK_EQ(th_wait(dead), 128 + SIGKILL);
+    /* its backend ends when it reads the closed socket: at once on an
+     * idle machine, later on a loaded one (until then the session, and
+     * so the waiter, is alive, and a release would hand it the lock) */
+    for (int k = 0; k < 1000 && waiters_of(h, "fair") != 1; k++)
+        th_sleep_ms(10);
+    CHECK_EQ(waiters_of(h, "fair"), 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     /* the head is dead: its session ended with it, so the release skips
