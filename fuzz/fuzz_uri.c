@@ -166,7 +166,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_parsed(s, &u);
 
     int built;
-    const dlock__backend *be = dlock__backend_find(u.scheme, &built);
+    const char *needs = NULL;
+    const dlock__backend *be = dlock__backend_find(u.scheme, &built, &needs);
+    if (!be && !built && (!needs || !*needs))
+        fz_fail("store %s left out of the build names nothing to install",
+                u.scheme);
     if (be && (!be->open || !be->close || !be->acquire || !be->release ||
                !be->extend || !be->inspect))
         fz_fail("backend %s lacks a required slot", be->name);
