@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_etcd.c -- what the etcd store (src/lib/backends/etcd.c) does with
+ * fuzz_etcd.c -- what the etcd store (src/stores/etcd/etcd.c) does with
  * URIs, lock names and the JSON gateway's answers (cJSON trees).
  *
  * Input: field 1 a store URI (etcd:// or etcds://: parse_config, options
@@ -15,7 +15,7 @@
  */
 #include "fuzz.h"
 
-#include "../src/lib/backends/etcd.c"
+#include "../src/stores/etcd/etcd.c"
 
 static void free_config(etcd_store *es)
 {

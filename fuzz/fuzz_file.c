@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_file.c -- the file store (src/lib/backends/file.c): lock names to
+ * fuzz_file.c -- the file store (src/stores/file/file.c): lock names to
  * file names, and the lock file's content as dlock_inspect() reads it.
  *
  * Input: field 1 a lock name; then one byte of flags (bit 0: another open
@@ -16,7 +16,7 @@
  */
 #include "fuzz.h"
 
-#include "../src/lib/backends/file.c"
+#include "../src/stores/file/file.c"
 
 static file_store store = {.dir = NULL, .dirfd = -1, .epfd = -1};
 

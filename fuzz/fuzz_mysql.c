@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_mysql.c -- how the MySQL/MariaDB store (src/lib/backends/mysql.c)
+ * fuzz_mysql.c -- how the MySQL/MariaDB store (src/stores/mysql/mysql.c)
  * writes table names and lock names into SQL.
  *
  * Input: field 1 a table name (?table=, 1 to 48 bytes); field 2 a lock
@@ -11,7 +11,7 @@
  */
 #include "fuzz.h"
 
-#include "../src/lib/backends/mysql.c"
+#include "../src/stores/mysql/mysql.c"
 
 static void check_quoted(const char *q, const char *in, const char *sfx)
 {

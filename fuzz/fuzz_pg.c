@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_pg.c -- what the PostgreSQL store (src/lib/backends/pg*.c) does with
+ * fuzz_pg.c -- what the PostgreSQL store (src/stores/pg/pg*.c) does with
  * URIs, table names, lock names and NOTIFY payloads.
  *
  * Input: field 1 a store URI (postgres:// or postgresql://: libpq's
@@ -15,9 +15,9 @@
  */
 #include "fuzz.h"
 
-#include "../src/lib/backends/pg.c"
-#include "../src/lib/backends/pg_conn.c"
-#include "../src/lib/backends/pg_sql.c"
+#include "../src/stores/pg/pg.c"
+#include "../src/stores/pg/pg_conn.c"
+#include "../src/stores/pg/pg_sql.c"
 
 static dlock_client *client;
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_redis.c -- what the Redis store (src/lib/backends/redis.c and
+ * fuzz_redis.c -- what the Redis store (src/stores/redis/redis.c and
  * redis_shared.c) does with URIs, lock names and the server's replies.
  * RESP itself is parsed by hiredis: the fuzzer's bytes go through
  * hiredis' redisReader to make real redisReply trees, which are then
@@ -22,9 +22,9 @@
  */
 #include "fuzz.h"
 
-#include "../src/lib/backends/redis.c"
-#include "../src/lib/backends/redis_conn.c"
-#include "../src/lib/backends/redis_shared.c"
+#include "../src/stores/redis/redis.c"
+#include "../src/stores/redis/redis_conn.c"
+#include "../src/stores/redis/redis_shared.c"
 
 static dlock_client *client;
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_uri.c -- the store-URI parser (src/lib/core/uri.c), every scheme.
+ * fuzz_uri.c -- the store-URI parser (src/core/uri.c), every scheme.
  *
  * Input: a URI (the whole input; inputs with a NUL byte are skipped).
  * Checks: a failure leaves *out empty with a message; a success gives a
@@ -165,20 +165,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     check_parsed(s, &u);
 
-    int built;
-    const char *needs = NULL;
-    const dlock__backend *be = dlock__backend_find(u.scheme, &built, &needs);
-    if (!be && !built && (!needs || !*needs))
-        fz_fail("store %s left out of the build names nothing to install",
-                u.scheme);
-    if (be && (!be->open || !be->close || !be->acquire || !be->release ||
-               !be->extend || !be->inspect))
-        fz_fail("backend %s lacks a required slot", be->name);
+    const dlock__backend *be = NULL;
+    void *module = NULL;
+    if (dlock__store_open(u.scheme, &be, &module) == 0 &&
+        (!be || !be->open || !be->close || !be->acquire || !be->release ||
+         !be->extend || !be->inspect))
+        fz_fail("backend of %s lacks a required slot", u.scheme);
     if (be && be->select) {
         const dlock__backend *other = be->select(&u);
         if (other && !other->open)
             fz_fail("selected backend without open");
     }
+    dlock__store_close(module);
 
     /* write it back, escaped, and parse again: the same parts */
     sbuf b = {0};

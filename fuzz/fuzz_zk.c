@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_zk.c -- what the ZooKeeper store (src/lib/backends/zk.c) does with
+ * fuzz_zk.c -- what the ZooKeeper store (src/stores/zk/zk.c) does with
  * chroots, lock names and the children the server lists.
  *
  * Input: field 1 a chroot (check_chroot, as zk_open validates the URI's
@@ -15,7 +15,7 @@
  */
 #include "fuzz.h"
 
-#include "../src/lib/backends/zk.c"
+#include "../src/stores/zk/zk.c"
 
 static int hexdig(int c)
 {

@@ -373,6 +373,26 @@ DLOCK_EXTERN const char *dlock_errmsg(void);
 /* "0.1.0". */
 DLOCK_EXTERN const char *dlock_version(void);
 
+/* How this library reaches a store (dlock_store_scheme()). */
+#define DLOCK_STORE_MISSING 0 /* left out of this build, or its module is
+                               * not installed */
+#define DLOCK_STORE_BUILTIN 1 /* inside the library */
+#define DLOCK_STORE_MODULE 2  /* its module is installed: loaded on the
+                               * first client of its scheme */
+
+/*
+ * The URI schemes this library knows, by index from 0: returns the scheme
+ * ("redis"), or NULL past the last one. With `how` non-NULL, *how gets
+ * DLOCK_STORE_BUILTIN, DLOCK_STORE_MODULE or DLOCK_STORE_MISSING. A module
+ * is only looked for here, not loaded: dlock_client_open() may still
+ * refuse a module found (one of another dlock version, for example) with
+ * DLOCK_ENOTSUP and a message that says why. The module directory is
+ * dlock-<version>/ beside the shared library, or $DLOCK_MODULE_DIR
+ * (docs/development.md "Modules"). The returned string is static.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN const char *dlock_store_scheme(size_t index, int *how);
+
 #ifdef __cplusplus
 }
 #endif

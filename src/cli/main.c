@@ -37,6 +37,33 @@ static const char usage[] =
     "\n"
     "See 'dlock help run', 'dlock help status', 'dlock help gc' and man dlock.\n";
 
+/* the version, and the stores this build reaches: in the library, as an
+ * installed module, or missing (left out, or its module not installed) */
+static void print_version(void)
+{
+    static const struct {
+        int how;
+        const char *label;
+    } kinds[] = {{DLOCK_STORE_BUILTIN, "built in"},
+                 {DLOCK_STORE_MODULE, "as modules"},
+                 {DLOCK_STORE_MISSING, "missing"}};
+    printf("dlock %s (library %s)\n", DLOCK_CLI_VERSION, dlock_version());
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        int any = 0, how;
+        const char *scheme;
+        for (size_t i = 0; (scheme = dlock_store_scheme(i, &how)) != NULL;
+             i++) {
+            if (how != kinds[k].how)
+                continue;
+            printf("%s%s", any ? " " : "stores ", any ? "" : kinds[k].label);
+            printf("%s%s", any ? "" : ": ", scheme);
+            any = 1;
+        }
+        if (any)
+            putchar('\n');
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *cmd;
@@ -47,8 +74,7 @@ int main(int argc, char **argv)
     }
     cmd = argv[1];
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-        printf("dlock %s (library %s)\n", DLOCK_CLI_VERSION,
-               dlock_version());
+        print_version();
         return 0;
     }
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test_uri.c -- the store-URI parser (src/lib/core/uri.c), on its own.
+ * test_uri.c -- the store-URI parser (src/core/uri.c), on its own.
  *
  * Every parse of a URI that carries a password, good or bad, also checks
  * that the password (raw or decoded) shows up neither in dlock_errmsg() nor

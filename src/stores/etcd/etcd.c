@@ -39,7 +39,7 @@
  * idempotent, so a retry is safe. The client thread reads the watch
  * stream and wakes the waiters a deletion concerns (one thread hop).
  */
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <cJSON.h>
 #include <curl/curl.h>

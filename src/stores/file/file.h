@@ -8,7 +8,7 @@
 #ifndef DLOCK_FILE_H
 #define DLOCK_FILE_H
 
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -101,7 +101,7 @@ static inline off_t first_conflict(int fd, off_t start, off_t end)
 
 /* Blocks until open file `fd` holds a lock of `type` on `byte` or
  * `deadline` passes. 0: taken; ETIMEDOUT; or an errno. */
-int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline);
+DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline);
 
 /* Takes a fair-queue ticket and locks its byte, making its wake-up
  * channel first (*lfd; -1: none); sets f->salt. The ticket's byte, or -1
@@ -128,8 +128,8 @@ void dlock__file_watch_forget(file_store *fs, file_lease *fl);
 
 /* Wakes the successor waiting in a channel's backlog (its connection, or
  * -1), and closes a channel after waking every successor still there. */
-int dlock__file_chan_wake(int lfd);
-void dlock__file_chan_close(int lfd, int woken);
+DLOCK__HOST int dlock__file_chan_wake(int lfd);
+DLOCK__HOST void dlock__file_chan_close(int lfd, int woken);
 
 /* The backend's loop_fd and loop_run slots (the background thread). */
 int dlock__file_loop_fd(void *st);

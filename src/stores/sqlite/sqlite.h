@@ -8,7 +8,7 @@
 #ifndef DLOCK_SQLITE_H
 #define DLOCK_SQLITE_H
 
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <stdint.h>
 #include <sys/types.h>

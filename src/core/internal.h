@@ -10,6 +10,8 @@
 #ifndef DLOCK_INTERNAL_H
 #define DLOCK_INTERNAL_H
 
+#include "host.h"
+
 #include "backend.h"
 #include "dlock.h"
 
@@ -76,6 +78,7 @@ struct dlock {
 
 struct dlock_client {
     const dlock__backend *be;
+    void *module; /* be's module (registry.c), NULL if built in */
     void *st;
     char *store; /* redacted URI */
     char id[33];
@@ -114,19 +117,19 @@ struct dlock_client {
 void dlock__err_clear(void);
 
 /* util.c */
-void dlock__wipe(void *p, size_t n);
-int dlock__random(void *buf, size_t n);
+DLOCK__HOST void dlock__wipe(void *p, size_t n);
+DLOCK__HOST int dlock__random(void *buf, size_t n);
 long dlock__tid(void);
 long dlock__pid(void); /* getpid(), cached per thread (fork-safe) */
-uint64_t dlock__hash(const char *s, size_t n);
-int dlock__cond_init(pthread_cond_t *cv);
+DLOCK__HOST uint64_t dlock__hash(const char *s, size_t n);
+DLOCK__HOST int dlock__cond_init(pthread_cond_t *cv);
 /* Waits on cv until signalled or `deadline` (monotonic ms) passes. */
-void dlock__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
+DLOCK__HOST void dlock__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
                             int64_t deadline);
 /* Blocks every signal in the calling thread and returns the old mask in
  * *old, so that threads it creates inherit a blocked mask. */
-void dlock__block_signals(sigset_t *old);
-void dlock__restore_signals(const sigset_t *old);
+DLOCK__HOST void dlock__block_signals(sigset_t *old);
+DLOCK__HOST void dlock__restore_signals(const sigset_t *old);
 
 /* client.c */
 void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */
@@ -149,7 +152,7 @@ void dlock__hold_unlink(dlock_client *c, dlock__hold *h);
 void dlock__hold_drop(dlock_client *c, dlock__hold *h);
 /* Lease margin: how early before the store's expiry a lease is declared
  * lost locally (clock-rate drift between client and store). */
-int64_t dlock__lease_margin(int64_t ttl_ms);
+DLOCK__HOST int64_t dlock__lease_margin(int64_t ttl_ms);
 /* The margin of this client's store (its margin slot, or the default). */
 int64_t dlock__client_margin(const dlock_client *c, int64_t ttl_ms);
 

@@ -14,7 +14,7 @@
 #ifndef DLOCK_REDIS_SHARED_H
 #define DLOCK_REDIS_SHARED_H
 
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <hiredis.h>
 #include <string.h>

@@ -10,6 +10,8 @@
 #ifndef DLOCK_URI_H
 #define DLOCK_URI_H
 
+#include "host.h"
+
 #include <stddef.h>
 
 typedef struct dlock__host {
@@ -42,14 +44,14 @@ int dlock__uri_parse(const char *s, dlock__uri *out);
 void dlock__uri_free(dlock__uri *u);
 
 /* The value of query parameter `key`, or NULL. */
-const char *dlock__uri_param(const dlock__uri *u, const char *key);
+DLOCK__HOST const char *dlock__uri_param(const dlock__uri *u, const char *key);
 
 /* DLOCK_EINVAL naming the first parameter not in the NULL-terminated
  * `allowed` list. */
-int dlock__uri_check_params(const dlock__uri *u, const char *const *allowed);
+DLOCK__HOST int dlock__uri_check_params(const dlock__uri *u, const char *const *allowed);
 
 /* Parses a non-negative decimal integer no larger than `max` into *out.
  * Returns 0 on success, -1 otherwise. */
-int dlock__parse_int(const char *s, long long max, long long *out);
+DLOCK__HOST int dlock__parse_int(const char *s, long long max, long long *out);
 
 #endif /* DLOCK_URI_H */

@@ -486,6 +486,7 @@ static void client_free(dlock_client *c)
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c->store);
+    dlock__store_close(c->module);
     free(c);
 }
 
@@ -497,8 +498,8 @@ int dlock_client_open(dlock_client **out, const char *uri,
     const dlock__backend *be;
     dlock_client *c;
     unsigned char id[16];
-    int built = 1, rc;
-    const char *needs = "";
+    void *module = NULL;
+    int rc;
 
     dlock__err_clear();
     if (!out)
@@ -516,20 +517,8 @@ int dlock_client_open(dlock_client **out, const char *uri,
     rc = dlock__uri_parse(uri, &u);
     if (rc)
         return rc;
-    be = dlock__backend_find(u.scheme, &built, &needs);
-    if (!be) {
-        rc = built ? dlock__err(DLOCK_EINVAL,
-                                "unknown store '%s://' (known: file, redis, "
-                                "unix, zk, etcd, etcds, sqlite, postgres, "
-                                "postgresql, mysql, mariadb, redlock)",
-                                u.scheme)
-                   : dlock__err(DLOCK_ENOTSUP,
-                                "this dlock was built without the %s:// "
-                                "store (left out when it was configured: "
-                                "its client library was missing or it was "
-                                "turned off; Debian: install %s and build "
-                                "dlock again)",
-                                u.scheme, needs);
+    rc = dlock__store_open(u.scheme, &be, &module);
+    if (rc) {
         dlock__uri_free(&u);
         return rc;
     }
@@ -539,8 +528,10 @@ int dlock_client_open(dlock_client **out, const char *uri,
     c = calloc(1, sizeof(*c));
     if (!c) {
         dlock__uri_free(&u);
+        dlock__store_close(module);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
+    c->module = module;
     c->wake_fd = -1;
     c->reader_fd = -1;
     c->be = be;
@@ -557,6 +548,7 @@ int dlock_client_open(dlock_client **out, const char *uri,
         pthread_mutex_destroy(&c->mu);
         free(c);
         dlock__uri_free(&u);
+        dlock__store_close(module);
         return rc;
     }
     c->store = strdup(u.redacted);

@@ -18,7 +18,7 @@
  * (file_wait.c), whose kernel wait this file reuses.
  */
 #include "sqlite.h"
-#include "file.h"
+#include "../file/file.h"
 
 #include <errno.h>
 #include <limits.h>

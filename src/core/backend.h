@@ -26,6 +26,8 @@
 #ifndef DLOCK_BACKEND_H
 #define DLOCK_BACKEND_H
 
+#include "host.h"
+
 #include "dlock.h"
 #include "uri.h"
 
@@ -175,18 +177,18 @@ typedef struct dlock__backend {
 /* --- services the core offers to backends ------------------------------ */
 
 /* Stores a formatted message for the calling thread; returns `code`. */
-int dlock__err(int code, const char *fmt, ...)
+DLOCK__HOST int dlock__err(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* CLOCK_MONOTONIC in milliseconds. */
-int64_t dlock__now_ms(void);
+DLOCK__HOST int64_t dlock__now_ms(void);
 
 /* The client's random id as 32 lowercase hex digits. */
-const char *dlock__client_id(const dlock_client *c);
+DLOCK__HOST const char *dlock__client_id(const dlock_client *c);
 
 /* Wakes one waiter of this client that waits (not in fair mode) for
  * `name`: the lock was released. */
-void dlock__notify_name(dlock_client *c, const char *name, size_t len);
+DLOCK__HOST void dlock__notify_name(dlock_client *c, const char *name, size_t len);
 
 /* Wakes every fair-mode waiter of this client for `name`: each tries once
  * more. For a release that could not name the head of the queue (it did
@@ -199,11 +201,11 @@ void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
 /* The store handed the lock to the waiter whose lease has l->waiter ==
  * waiter, with this fencing token (CAP_HANDOVER). A waiter that is gone
  * is not an error: the message is dropped. */
-void dlock__notify_grant(dlock_client *c, uint64_t waiter, uint64_t token);
+DLOCK__HOST void dlock__notify_grant(dlock_client *c, uint64_t waiter, uint64_t token);
 
 /* Wakes every waiter of the client: its notifications may have been lost
  * (a subscriber connection broke). Each re-arms, then re-tries. */
-void dlock__notify_error(dlock_client *c);
+DLOCK__HOST void dlock__notify_error(dlock_client *c);
 
 /* Declares lost every hold of this client for which match(lease, arg)
  * returns nonzero (a session ended, a connection stayed down too long):
@@ -211,46 +213,66 @@ void dlock__notify_error(dlock_client *c);
  * the holds' lost-lock callbacks with `why`. `match` runs with the
  * client's mutex held: it must only look at the lease (no locks, no store
  * calls). Any thread. */
-void dlock__notify_lost(dlock_client *c,
+DLOCK__HOST void dlock__notify_lost(dlock_client *c,
                         int (*match)(const dlock__lease *l, void *arg),
                         void *arg, const char *why);
 
 /* Appends a copy of s (a waiter's description) to out->queue, growing
  * it. DLOCK_OK or DLOCK_ENOMEM (with a message). */
-int dlock__info_add_waiter(dlock_info *out, const char *s);
+DLOCK__HOST int dlock__info_add_waiter(dlock_info *out, const char *s);
 
 /* Writes the 2n lowercase hex digits of in[0..n) and a NUL to out. */
-void dlock__hex(const void *in, size_t n, char *out);
+DLOCK__HOST void dlock__hex(const void *in, size_t n, char *out);
 
 /* Makes the background thread call loop_fd()/loop_run() soon. */
-void dlock__loop_wake(dlock_client *c);
+DLOCK__HOST void dlock__loop_wake(dlock_client *c);
 
-/* Backends, defined in src/lib/backends/ and listed in registry.c. */
+/* The file store: always in libdlock. */
 extern const dlock__backend dlock__backend_file;
-#ifdef DLOCK_HAVE_REDIS
+
+/* Every other store, built in (the static library, or a build with
+ * DLOCK_MODULES=OFF) or in its module (src/stores/<store>/). */
 extern const dlock__backend dlock__backend_redis;
 extern const dlock__backend dlock__backend_redlock;
-#endif
-#ifdef DLOCK_HAVE_ZK
 extern const dlock__backend dlock__backend_zk;
-#endif
-#ifdef DLOCK_HAVE_ETCD
 extern const dlock__backend dlock__backend_etcd;
-#endif
-#ifdef DLOCK_HAVE_SQLITE
 extern const dlock__backend dlock__backend_sqlite;
-#endif
-#ifdef DLOCK_HAVE_PG
 extern const dlock__backend dlock__backend_pg;
-#endif
-#ifdef DLOCK_HAVE_MYSQL
 extern const dlock__backend dlock__backend_mysql;
-#endif
 
-/* The backend for a URI scheme; NULL when unknown. *built is 0 for a known
- * store that this build does not include; *needs then names what to
- * install (Debian packages) to build it in. */
-const dlock__backend *dlock__backend_find(const char *scheme, int *built,
-                                          const char **needs);
+/*
+ * A store module: a shared object <store>.so in the module directory
+ * (docs/development.md "Modules") exporting one `dlock__module_entry`.
+ * The core refuses a module whose abi or version differs from its own.
+ * DLOCK__MODULE_ABI changes whenever this header or host.h changes in a
+ * way a module would notice (a slot, a field, a host function's contract);
+ * `abi` stays the first field of every version of the struct.
+ */
+#define DLOCK__MODULE_ABI 1
+typedef struct dlock__module {
+    unsigned abi;                          /* DLOCK__MODULE_ABI */
+    const char *version;                   /* DLOCK_VERSION_STRING */
+    const dlock__backend *const *backends; /* NULL-terminated */
+} dlock__module;
+
+/* The module's entry, in src/stores/<store>/module.c:
+ * DLOCK__MODULE(&dlock__backend_redis, &dlock__backend_redlock); */
+#define DLOCK__MODULE(...)                                                  \
+    static const dlock__backend *const dlock__module_backends[] = {         \
+        __VA_ARGS__, NULL};                                                 \
+    DLOCK__HOST extern const dlock__module dlock__module_entry;             \
+    const dlock__module dlock__module_entry = {                             \
+        DLOCK__MODULE_ABI, DLOCK_VERSION_STRING, dlock__module_backends}
+
+/*
+ * The backend of a URI scheme, built in or from its module (loaded here on
+ * first use; *handle then keeps it, to give back with dlock__store_close;
+ * NULL for a store built in). Errors (message set): DLOCK_EINVAL (unknown
+ * scheme), DLOCK_ENOTSUP (a store left out of this build, a module not
+ * installed or of another dlock).
+ */
+int dlock__store_open(const char *scheme, const dlock__backend **be,
+                      void **handle);
+void dlock__store_close(void *handle);
 
 #endif /* DLOCK_BACKEND_H */

@@ -33,7 +33,7 @@
  * arrive on the C client's completion thread; they only mark state and
  * signal the store's condition variable.
  */
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <inttypes.h>

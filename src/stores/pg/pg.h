@@ -14,7 +14,7 @@
 #ifndef DLOCK_PG_H
 #define DLOCK_PG_H
 
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <libpq-fe.h>
 

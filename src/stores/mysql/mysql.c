@@ -41,7 +41,7 @@
  *    caller's deadline; READ COMMITTED (no gap locks between upserts); a
  *    deadlock victim is re-tried.
  */
-#include "../core/internal.h"
+#include "internal.h"
 
 #include <mysql.h>
 #include <errmsg.h>

@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * registry.c -- which store serves which URI scheme, and where it is.
+ *
+ * The file store is always in the library. Every other store is either
+ * built in (the static library, or a shared library configured with
+ * DLOCK_MODULES=OFF) or a module: <store>.so in the module directory,
+ * loaded here when a client first opens a URI of its scheme
+ * (docs/development.md "Modules"). A store that this build leaves out
+ * stays listed, so that its URI fails with DLOCK_ENOTSUP naming what to
+ * install rather than with "unknown store".
+ *
+ * No state of our own: a client keeps its module's handle; the dynamic
+ * linker counts the handles, and RTLD_NODELETE keeps a module mapped after
+ * its last client (a client library unmapped under its own thread-exit
+ * handlers would crash the process).
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+#ifdef DLOCK_MODULES
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+#endif
+
+/* the backends this library holds itself (NULL: left out, or a module) */
+#if defined(DLOCK_HAVE_REDIS) && !defined(DLOCK_MODULES)
+#define IN_REDIS &dlock__backend_redis
+#define IN_REDLOCK &dlock__backend_redlock
+#else
+#define IN_REDIS NULL
+#define IN_REDLOCK NULL
+#endif
+#if defined(DLOCK_HAVE_ZK) && !defined(DLOCK_MODULES)
+#define IN_ZK &dlock__backend_zk
+#else
+#define IN_ZK NULL
+#endif
+#if defined(DLOCK_HAVE_ETCD) && !defined(DLOCK_MODULES)
+#define IN_ETCD &dlock__backend_etcd
+#else
+#define IN_ETCD NULL
+#endif
+#if defined(DLOCK_HAVE_SQLITE) && !defined(DLOCK_MODULES)
+#define IN_SQLITE &dlock__backend_sqlite
+#else
+#define IN_SQLITE NULL
+#endif
+#if defined(DLOCK_HAVE_PG) && !defined(DLOCK_MODULES)
+#define IN_PG &dlock__backend_pg
+#else
+#define IN_PG NULL
+#endif
+#if defined(DLOCK_HAVE_MYSQL) && !defined(DLOCK_MODULES)
+#define IN_MYSQL &dlock__backend_mysql
+#else
+#define IN_MYSQL NULL
+#endif
+
+/* the stores configured into this build (built in or as a module) */
+#ifdef DLOCK_HAVE_REDIS
+#define HAVE_REDIS 1
+#else
+#define HAVE_REDIS 0
+#endif
+#ifdef DLOCK_HAVE_ZK
+#define HAVE_ZK 1
+#else
+#define HAVE_ZK 0
+#endif
+#ifdef DLOCK_HAVE_ETCD
+#define HAVE_ETCD 1
+#else
+#define HAVE_ETCD 0
+#endif
+#ifdef DLOCK_HAVE_SQLITE
+#define HAVE_SQLITE 1
+#else
+#define HAVE_SQLITE 0
+#endif
+#ifdef DLOCK_HAVE_PG
+#define HAVE_PG 1
+#else
+#define HAVE_PG 0
+#endif
+#ifdef DLOCK_HAVE_MYSQL
+#define HAVE_MYSQL 1
+#else
+#define HAVE_MYSQL 0
+#endif
+
+typedef struct {
+    const char *scheme;
+    const char *module;  /* its module: <module>.so; NULL for "file" */
+    const char *backend; /* the backend's name in the module */
+    const char *what;    /* for messages: "Redis" */
+    const char *needs;   /* what it is built with (Debian packages) */
+    const dlock__backend *in; /* built into this library */
+    int configured;      /* in this build, built in or as a module */
+} store;
+
+#define LIBREDIS "libhiredis-dev"
+#define LIBZK "libzookeeper-mt-dev"
+#define LIBETCD "libcurl4-openssl-dev and libcjson-dev"
+static const store stores[] = {
+    {"file", NULL, "file", "file", "", &dlock__backend_file, 1},
+    {"redis", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
+    {"unix", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
+    {"redlock", "redis", "redlock", "Redlock", LIBREDIS, IN_REDLOCK,
+     HAVE_REDIS},
+    {"zk", "zk", "zk", "ZooKeeper", LIBZK, IN_ZK, HAVE_ZK},
+    {"etcd", "etcd", "etcd", "etcd", LIBETCD, IN_ETCD, HAVE_ETCD},
+    {"etcds", "etcd", "etcd", "etcd", LIBETCD, IN_ETCD, HAVE_ETCD},
+    {"sqlite", "sqlite", "sqlite", "SQLite", "libsqlite3-dev", IN_SQLITE,
+     HAVE_SQLITE},
+    {"postgres", "pg", "postgres", "PostgreSQL", "libpq-dev", IN_PG,
+     HAVE_PG},
+    {"postgresql", "pg", "postgres", "PostgreSQL", "libpq-dev", IN_PG,
+     HAVE_PG},
+    {"mysql", "mysql", "mysql", "MySQL/MariaDB", "libmariadb-dev", IN_MYSQL,
+     HAVE_MYSQL},
+    {"mariadb", "mysql", "mysql", "MySQL/MariaDB", "libmariadb-dev",
+     IN_MYSQL, HAVE_MYSQL},
+};
+#define NSTORES (sizeof(stores) / sizeof(stores[0]))
+
+static const store *find(const char *scheme)
+{
+    for (size_t i = 0; i < NSTORES; i++)
+        if (strcmp(stores[i].scheme, scheme) == 0)
+            return &stores[i];
+    return NULL;
+}
+
+#ifdef DLOCK_MODULES
+/*
+ * The module directory: $DLOCK_MODULE_DIR (ignored in set-user-ID
+ * programs), else dlock-<version>/ beside the libdlock.so that runs this
+ * code (so that a tree installed under any prefix, or the build tree,
+ * finds its own modules), else the directory it was installed to.
+ */
+static void module_dir(char *buf, size_t n)
+{
+    const char *env = secure_getenv("DLOCK_MODULE_DIR");
+    if (env && *env) {
+        snprintf(buf, n, "%s", env);
+        return;
+    }
+    Dl_info di;
+    const char *slash;
+    if (dladdr((void *)dlock__store_open, &di) && di.dli_fname &&
+        (slash = strrchr(di.dli_fname, '/')) != NULL) {
+        snprintf(buf, n, "%.*s/%s", (int)(slash - di.dli_fname),
+                 di.dli_fname, DLOCK_MODULE_SUBDIR);
+        return;
+    }
+    snprintf(buf, n, "%s", DLOCK_MODULE_INSTALL_DIR);
+}
+
+static void module_path(const store *s, char *buf, size_t n)
+{
+    char dir[PATH_MAX];
+    module_dir(dir, sizeof(dir));
+    if ((size_t)snprintf(buf, n, "%s/%s.so", dir, s->module) >= n)
+        buf[0] = '\0'; /* no such file */
+}
+
+static int module_open(const store *s, const dlock__backend **be,
+                       void **handle)
+{
+    char path[PATH_MAX + 16];
+    module_path(s, path, sizeof(path));
+    if (!path[0] || access(path, F_OK) != 0)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "the %s:// store is a module of dlock that is not "
+                          "installed: %s.so not found in the module directory "
+                          "(%s; install dlock's %s module, built with %s)",
+                          s->scheme, s->module,
+                          path[0] ? path : "path too long", s->what,
+                          s->needs);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!h) {
+        const char *why = dlerror();
+        return dlock__err(DLOCK_ENOTSUP,
+                          "the %s:// store's module %s cannot be loaded: %s%s",
+                          s->scheme, path, why ? why : "unknown reason",
+                          why && strstr(why, "DLOCK_PRIVATE_")
+                              ? " (a module of another dlock version: install "
+                                "the one of dlock " DLOCK_VERSION_STRING ")"
+                              : "");
+    }
+    const dlock__module *m = (const dlock__module *)dlsym(h, "dlock__module_entry");
+    int rc = 0;
+    if (!m) {
+        rc = dlock__err(DLOCK_ENOTSUP, "%s is not a dlock store module (it "
+                        "has no dlock__module_entry)", path);
+    } else if (m->abi != DLOCK__MODULE_ABI) {
+        rc = dlock__err(DLOCK_ENOTSUP, "%s speaks module ABI %u, this "
+                        "libdlock %s speaks %u: install the %s module of "
+                        "dlock %s", path, m->abi, DLOCK_VERSION_STRING,
+                        DLOCK__MODULE_ABI, s->what, DLOCK_VERSION_STRING);
+    } else if (!m->version || strcmp(m->version, DLOCK_VERSION_STRING) != 0) {
+        rc = dlock__err(DLOCK_ENOTSUP, "%s is the %s module of dlock %.32s, "
+                        "this libdlock is %s: install the module of the same "
+                        "version", path, s->what,
+                        m->version ? m->version : "(unknown)",
+                        DLOCK_VERSION_STRING);
+    } else {
+        *be = NULL;
+        for (size_t i = 0; m->backends && m->backends[i]; i++)
+            if (strcmp(m->backends[i]->name, s->backend) == 0)
+                *be = m->backends[i];
+        if (!*be)
+            rc = dlock__err(DLOCK_ENOTSUP, "%s has no %s store", path,
+                            s->backend);
+    }
+    if (rc) {
+        dlclose(h);
+        return rc;
+    }
+    *handle = h;
+    return 0;
+}
+#endif
+
+int dlock__store_open(const char *scheme, const dlock__backend **be,
+                      void **handle)
+{
+    *be = NULL;
+    *handle = NULL;
+    const store *s = find(scheme);
+    if (!s) {
+        char known[256] = "";
+        size_t off = 0;
+        for (size_t i = 0; i < NSTORES && off < sizeof(known); i++)
+            off += (size_t)snprintf(known + off, sizeof(known) - off, "%s%s",
+                                    i ? ", " : "", stores[i].scheme);
+        return dlock__err(DLOCK_EINVAL, "unknown store '%s://' (known: %s)",
+                          scheme, known);
+    }
+    if (s->in) {
+        *be = s->in;
+        return 0;
+    }
+    if (!s->configured)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "this dlock was built without the %s:// store "
+                          "(left out when it was configured: its client "
+                          "library was missing or it was turned off; Debian: "
+                          "install %s and build dlock again)",
+                          scheme, s->needs);
+#ifdef DLOCK_MODULES
+    return module_open(s, be, handle);
+#else
+    return dlock__err(DLOCK_ENOTSUP, "the %s:// store is not in this build",
+                      scheme);
+#endif
+}
+
+void dlock__store_close(void *handle)
+{
+#ifdef DLOCK_MODULES
+    if (handle)
+        dlclose(handle);
+#else
+    (void)handle;
+#endif
+}
+
+const char *dlock_store_scheme(size_t index, int *how)
+{
+    if (index >= NSTORES)
+        return NULL;
+    const store *s = &stores[index];
+    if (how) {
+        *how = s->in ? DLOCK_STORE_BUILTIN : DLOCK_STORE_MISSING;
+#ifdef DLOCK_MODULES
+        if (!s->in && s->configured) {
+            char path[PATH_MAX + 16];
+            module_path(s, path, sizeof(path));
+            if (path[0] && access(path, R_OK) == 0)
+                *how = DLOCK_STORE_MODULE;
+        }
+#endif
+    }
+    return s->scheme;
+}

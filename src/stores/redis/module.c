@@ -1,0 +1,9 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * module.c -- the entry of redis.so, the Redis and Redlock store module:
+ * what libdlock looks up after loading it (src/core/registry.c). Only in
+ * the module: a build with the store built in does not compile this file.
+ */
+#include "backend.h"
+
+DLOCK__MODULE(&dlock__backend_redis, &dlock__backend_redlock);
