@@ -10,6 +10,7 @@
 #             their command-line clients, faketime (clock-skew tests)
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
+#   busy      stress-ng (make test-busy: the suite on a busy machine)
 #   bench     what the benchmarks compare against (the servers; Node.js and
 #             npm for node-redlock, which the bench installs from npm;
 #             python3-redis, python3-kazoo and python3-etcd3 for the Python
@@ -23,6 +24,7 @@ for group in "$@"; do
     test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
+    busy) pkgs="$pkgs stress-ng" ;;
     bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac

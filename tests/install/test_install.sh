@@ -54,7 +54,19 @@ out=$("$tmp/consumer/hello_static" "file://$tmp/locks") ||
     fail "the example built with dlock::dlock_static failed"
 echo "ok   find_package(dlock CONFIG): dlock::dlock and dlock::dlock_static"
 
-"$p/bin/dlock" --version | grep -q "^dlock " || fail "installed dlock --version"
+v=$("$p/bin/dlock" --version) || fail "installed dlock --version"
+echo "$v" | grep -q "^dlock " || fail "installed dlock --version: $v"
+# the modules installed beside the library, found there from any prefix
+mods=$(cd "$p/lib" && ls dlock-*/*.so 2>/dev/null)
+if [ -n "$mods" ]; then
+    echo "$v" | grep -q "^stores as modules: .*redis" ||
+        fail "the installed dlock does not find its modules ($mods): $v"
+    # a store whose module loads tries to connect (nothing listens there)
+    "$p/bin/dlock" run --store redis://127.0.0.1:1 m -- true 2>"$tmp/err"
+    grep -q "not installed\|cannot be loaded" "$tmp/err" &&
+        fail "the installed redis module does not load: $(cat "$tmp/err")"
+    echo "ok   installed modules: $(echo $mods)"
+fi
 MANPATH=$p/share/man man -w dlock >/dev/null 2>&1 || [ -s "$p/share/man/man1/dlock.1" ] ||
     fail "man page"
 echo "ok   installed dlock runs"
