@@ -170,11 +170,14 @@ typedef struct dlock_options {
  * Percent-escapes (%40 for '@', ...) are decoded in user and password.
  *
  * Connects (network stores) and starts the client's background thread.
+ * The first client of a store other than file:// loads that store's module
+ * (and its client library) into the process; it stays loaded.
  * On success *out is a new client, to be freed with dlock_client_close().
  * On failure *out is NULL.
  *
  * Errors: DLOCK_EINVAL (bad URI or option), DLOCK_ENOTSUP (a store this
- * build does not include), DLOCK_ECONN (store unreachable), DLOCK_EAUTH
+ * build does not include, or whose module is not installed or is refused:
+ * the message says which), DLOCK_ECONN (store unreachable), DLOCK_EAUTH
  * (credentials refused), DLOCK_EPROTO, DLOCK_ENOMEM.
  * Thread-safety: may be called from any thread.
  */
