@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_mysql.c -- how the MySQL/MariaDB store (src/stores/mysql/mysql.c)
+ * fuzz_mysql.c -- how the MySQL/MariaDB store (src/stores/mysql/mysql*.c)
  * writes table names and lock names into SQL.
  *
  * Input: field 1 a table name (?table=, 1 to 48 bytes); field 2 a lock
@@ -12,6 +12,9 @@
 #include "fuzz.h"
 
 #include "../src/stores/mysql/mysql.c"
+#include "../src/stores/mysql/mysql_conn.c"
+#include "../src/stores/mysql/mysql_sql.c"
+#include "../src/stores/mysql/mysql_wait.c"
 
 static void check_quoted(const char *q, const char *in, const char *sfx)
 {
@@ -45,13 +48,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (tl >= 1 && tl <= MY_TABLE_MAX) {
         my_store *ms = calloc(1, sizeof(*ms));
-        quote_ident(table, "", ms->t, sizeof(ms->t));
-        quote_ident(table, "_queue", ms->q, sizeof(ms->q));
+        dlock__mysql_quote_ident(table, "", ms->t, sizeof(ms->t));
+        dlock__mysql_quote_ident(table, "_queue", ms->q, sizeof(ms->q));
         check_quoted(ms->t, table, "");
         check_quoted(ms->q, table, "_queue");
         free(ms);
     }
-    char *h = hexlit(name, len);
+    char *h = dlock__mysql_hexlit(name, len);
     if (!h || strlen(h) != 2 * len + 3 || strncmp(h, "X'", 2) != 0 ||
         h[2 * len + 2] != '\'' ||
         strspn(h + 2, "0123456789abcdef") != 2 * len)

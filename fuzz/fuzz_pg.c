@@ -8,7 +8,7 @@
  * a table name (?table=); field 3 a lock name; the remaining fields NOTIFY
  * payloads as the client's listener receives them ("g WAITER TOKEN").
  * Checks: every quoted identifier and literal, in buffers of the sizes
- * pg_open uses, unquotes to exactly the table name and its suffix (no
+ * dlock__pg_open uses, unquotes to exactly the table name and its suffix (no
  * truncation, one identifier whatever the quotes in the name); payloads
  * of any bytes are read without reading past them, handing locks only to
  * this test client's (absent) waiters.
@@ -16,6 +16,8 @@
 #include "fuzz.h"
 
 #include "../src/stores/pg/pg.c"
+#include "../src/stores/pg/pg_table.c"
+#include "../src/stores/pg/pg_advisory.c"
 #include "../src/stores/pg/pg_conn.c"
 #include "../src/stores/pg/pg_sql.c"
 
@@ -75,7 +77,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ps->client = client;
     if (dlock__uri_parse(uri, &u) == DLOCK_OK) {
         ps->redacted = u.redacted;
-        (void)pg_select(&u);
+        (void)dlock__pg_select(&u);
         (void)build_keywords(ps, &u);
         for (size_t i = 0; ps->vals[i]; i++)
             free(ps->vals[i]);
@@ -90,7 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     snprintf(ps->table, sizeof(ps->table), "%s", table);
     {
-        /* the buffers of pg_open and ensure_schema, at their sizes */
+        /* the buffers of dlock__pg_open and ensure_schema, at their sizes */
         char *t = malloc(2 * PG_TABLE_MAX + 16);
         char *q = malloc(2 * PG_TABLE_MAX + 24);
         char *qi = malloc(2 * PG_TABLE_MAX + 32);

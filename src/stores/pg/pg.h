@@ -1,15 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pg.h -- what the PostgreSQL store's three files share: pg.c, the store
- * (the backend's slots in table and advisory mode, URI options, open and
- * close, the client thread's loop, the two backend structs); pg_conn.c,
- * its connections (the command connection and the pool of extra ones,
- * non-blocking libpq I/O with the caller's deadline, running statements,
- * error codes, LISTEN and the notifications read on the command
- * connection); and pg_sql.c, its SQL (quoted names, the statements'
- * texts, the table mode's schema with its release and leave functions,
- * and the look at open that creates what is missing and tells whether a
- * pooler sits in front).
+ * pg.h -- what the PostgreSQL store's files share: pg.c, the store (URI
+ * options and libpq's keywords, open and close, the client thread's
+ * loop, the two backend structs' shared slots); pg_table.c, table mode
+ * (the lock table's slots and dlock__backend_pg); pg_advisory.c,
+ * advisory mode (its slots and backend, chosen by dlock__pg_select);
+ * pg_conn.c, its connections (the command connection and the pool of
+ * extra ones, non-blocking libpq I/O with the caller's deadline, running
+ * statements, error codes, LISTEN and the notifications read on the
+ * command connection); and pg_sql.c, its SQL (quoted names, the
+ * statements' texts, the table mode's schema with its release and leave
+ * functions, and the look at open that creates what is missing and tells
+ * whether a pooler sits in front).
  */
 #ifndef DLOCK_PG_H
 #define DLOCK_PG_H
@@ -145,6 +147,32 @@ typedef struct pg_names {
     char rel[2 * PG_TABLE_MAX + 24]; /* T_release */
     char leave[2 * PG_TABLE_MAX + 24]; /* T_leave */
 } pg_names;
+
+/* pg.c: the store, for both modes */
+
+/* The backend's open, close, loop_fd and loop_run slots. */
+int dlock__pg_open(void **out, dlock_client *c, const dlock__uri *u,
+                   int64_t timeout_ms);
+void dlock__pg_close(void *st);
+int dlock__pg_loop_fd(void *st);
+void dlock__pg_loop_run(void *st, int readable);
+
+/* Row `row`, column `col` of r as a number (dflt: no such value). */
+long long dlock__pg_col_ll(const PGresult *r, int row, int col,
+                           long long dflt);
+
+/* DLOCK_ENOTHELD: the row (table mode) or the session (advisory mode) no
+ * longer holds the lock. */
+int dlock__pg_not_ours(pg_store *ps);
+
+/* pg_advisory.c */
+
+/* The advisory backend for ?mode=advisory, else NULL (the select slot). */
+const dlock__backend *dlock__pg_select(const dlock__uri *u);
+
+/* The client thread: a watched hold connection became readable (hmu
+ * held): a session that ended is reported lost. */
+void dlock__pg_hold_check(pg_store *ps, pg_conn *cn);
 
 /* pg_conn.c: errors */
 

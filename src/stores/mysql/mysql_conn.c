@@ -1,0 +1,357 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * mysql_conn.c -- the MySQL/MariaDB store's connections (mysql.c is the
+ * store, mysql_int.h what its files share): the pool (up to MY_IDLE_MAX
+ * idle), the non-blocking API of Connector/C, so that every statement
+ * keeps the caller's deadline, running one statement or several in a
+ * round trip, and the error codes of server and client errors. A
+ * connection that misses its deadline is closed.
+ */
+#include "mysql_int.h"
+
+#include <errmsg.h>
+#include <mysqld_error.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+int dlock__mysql_enomem(void)
+{
+    return dlock__err(DLOCK_ENOMEM, "out of memory");
+}
+
+/* The code for a server or client error number. */
+static int code_of(unsigned e)
+{
+    switch (e) {
+    case ER_ACCESS_DENIED_ERROR:
+    case ER_DBACCESS_DENIED_ERROR:
+    case ER_TABLEACCESS_DENIED_ERROR:
+    case ER_COLUMNACCESS_DENIED_ERROR:
+    case ER_SPECIFIC_ACCESS_DENIED_ERROR:
+    case ER_BAD_DB_ERROR:
+        return DLOCK_EAUTH;
+    case ER_LOCK_DEADLOCK:
+    case ER_LOCK_WAIT_TIMEOUT:
+    case ER_SERVER_SHUTDOWN:
+    case ER_CON_COUNT_ERROR:
+    case ER_TOO_MANY_USER_CONNECTIONS:
+    case ER_OPTION_PREVENTS_STATEMENT: /* read_only: a replica */
+        return DLOCK_ECONN;
+    default:
+        return e >= 2000 && e < 3000 ? DLOCK_ECONN : DLOCK_EPROTO;
+    }
+}
+
+/* The connection's last error; a client-side error (CR_*) breaks it. */
+static int my_error(my_store *ms, my_conn *cn, const char *what)
+{
+    unsigned e = mysql_errno(cn->m);
+
+    if (e >= 2000 && e < 3000)
+        cn->broken = 1;
+    return dlock__err(code_of(e), "mysql %s: %s: %s (error %u)",
+                      ms->redacted, what,
+                      e ? mysql_error(cn->m) : "connection lost", e);
+}
+
+static int timeout_error(my_store *ms, my_conn *cn, const char *what)
+{
+    cn->broken = 1;
+    return dlock__err(DLOCK_ECONN, "mysql %s: %s: no answer in time",
+                      ms->redacted, what);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Non-blocking I/O                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Waits for what the library asked (status) until `deadline`; returns the
+ * status to pass to the _cont call, or -1 when the deadline passed. */
+static int wait_io(MYSQL *m, int status, int64_t deadline)
+{
+    struct pollfd p;
+    int64_t left = deadline - dlock__now_ms();
+    int lib = -1;
+
+    p.fd = mysql_get_socket(m);
+    p.events = (short)((status & MYSQL_WAIT_READ ? POLLIN : 0) |
+                       (status & MYSQL_WAIT_WRITE ? POLLOUT : 0) |
+                       (status & MYSQL_WAIT_EXCEPT ? POLLPRI : 0));
+    p.revents = 0;
+    if (status & MYSQL_WAIT_TIMEOUT)
+        lib = (int)mysql_get_timeout_value_ms(m);
+    for (;;) {
+        left = deadline - dlock__now_ms();
+        if (left <= 0)
+            return -1;
+        int ms = left > 60000 ? 60000 : (int)left;
+        int own = lib < 0 || lib > ms; /* which timer ends the poll */
+        if (!own)
+            ms = lib;
+        int r = poll(&p, 1, ms);
+        if (r > 0)
+            return (p.revents & (POLLIN | POLLHUP | POLLERR) ? MYSQL_WAIT_READ
+                                                              : 0) |
+                   (p.revents & POLLOUT ? MYSQL_WAIT_WRITE : 0) |
+                   (p.revents & POLLPRI ? MYSQL_WAIT_EXCEPT : 0);
+        if (r == 0 && !own)
+            return MYSQL_WAIT_TIMEOUT;
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+void dlock__mysql_conn_free(my_conn *cn)
+{
+    if (!cn)
+        return;
+    if (cn->m) {
+        /* a shut socket makes the close's COM_QUIT fail at once instead of
+         * blocking on a dead or frozen server */
+        if (cn->broken && mysql_get_socket(cn->m) >= 0)
+            shutdown(mysql_get_socket(cn->m), SHUT_RDWR);
+        mysql_close(cn->m);
+    }
+    free(cn);
+}
+
+int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
+{
+    my_conn *cn = calloc(1, sizeof(*cn));
+    MYSQL *ret = NULL;
+    unsigned secs;
+    int status, rc;
+    my_bool yes = 1;
+
+    *out = NULL;
+    if (!cn || !(cn->m = mysql_init(NULL))) {
+        free(cn);
+        return dlock__mysql_enomem();
+    }
+    /* the library's own timeouts only back ours up */
+    secs = (unsigned)((ms->timeout_ms + 999) / 1000) + 1;
+    mysql_options(cn->m, MYSQL_OPT_NONBLOCK, 0);
+    mysql_options(cn->m, MYSQL_OPT_CONNECT_TIMEOUT, &secs);
+    mysql_options(cn->m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
+    mysql_options(cn->m, MYSQL_INIT_COMMAND,
+                  "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    mysql_optionsv(cn->m, MYSQL_OPT_CONNECT_ATTR_ADD, "program_name",
+                   "dlock");
+    if (ms->ssl_ca)
+        mysql_options(cn->m, MYSQL_OPT_SSL_CA, ms->ssl_ca);
+    if (ms->ssl_cert)
+        mysql_options(cn->m, MYSQL_OPT_SSL_CERT, ms->ssl_cert);
+    if (ms->ssl_key)
+        mysql_options(cn->m, MYSQL_OPT_SSL_KEY, ms->ssl_key);
+    if (ms->ssl_enforce)
+        mysql_options(cn->m, MYSQL_OPT_SSL_ENFORCE, &yes);
+    if (ms->ssl_verify)
+        mysql_options(cn->m, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &yes);
+    /* several statements in one round trip: a try and its wait, a
+     * release and the gate's */
+    status = mysql_real_connect_start(&ret, cn->m, ms->host, ms->user,
+                                      ms->password, ms->db, ms->port, NULL,
+                                      CLIENT_MULTI_STATEMENTS);
+    while (status) {
+        int ready = wait_io(cn->m, status, deadline);
+        if (ready < 0) {
+            rc = timeout_error(ms, cn, "connecting");
+            dlock__mysql_conn_free(cn);
+            return rc;
+        }
+        status = mysql_real_connect_cont(&ret, cn->m, ready);
+    }
+    if (!ret) {
+        rc = my_error(ms, cn, "connecting");
+        cn->broken = 1;
+        dlock__mysql_conn_free(cn);
+        return rc;
+    }
+    if (ms->ssl_enforce && !mysql_get_ssl_cipher(cn->m)) {
+        /* Connector/C 3.3 goes on in plain text when the server offers no
+         * TLS, even when told to require it: refuse such a session */
+        cn->broken = 1;
+        dlock__mysql_conn_free(cn);
+        return dlock__err(DLOCK_ECONN,
+                          "mysql %s: connecting: TLS is required (ssl_mode) "
+                          "but the server does not offer it",
+                          ms->redacted);
+    }
+    *out = cn;
+    return DLOCK_OK;
+}
+
+int dlock__mysql_conn_get(my_store *ms, int64_t deadline, my_conn **out)
+{
+    pthread_mutex_lock(&ms->mu);
+    my_conn *cn = ms->idle;
+    if (cn) {
+        ms->idle = cn->next;
+        ms->nidle--;
+        cn->next = NULL;
+    }
+    pthread_mutex_unlock(&ms->mu);
+    if (cn) {
+        /* an idle connection has nothing to read unless the server closed
+         * it (a restart, wait_timeout): then a new one */
+        struct pollfd p = {mysql_get_socket(cn->m), POLLIN, 0};
+        if (poll(&p, 1, 0) == 0) {
+            *out = cn;
+            return DLOCK_OK;
+        }
+        cn->broken = 1;
+        dlock__mysql_conn_free(cn);
+    }
+    return dlock__mysql_conn_open(ms, deadline, out);
+}
+
+void dlock__mysql_conn_put(my_store *ms, my_conn *cn)
+{
+    if (!cn)
+        return;
+    if (cn->broken) {
+        dlock__mysql_conn_free(cn);
+        return;
+    }
+    pthread_mutex_lock(&ms->mu);
+    if (ms->nidle < MY_IDLE_MAX) {
+        cn->next = ms->idle;
+        ms->idle = cn;
+        ms->nidle++;
+        cn = NULL;
+    }
+    pthread_mutex_unlock(&ms->mu);
+    dlock__mysql_conn_free(cn);
+}
+
+/* Reads the result of the statement whose answer is pending on cn into
+ * *res when it has rows (replacing an earlier one), else frees it. */
+static int take_result(my_store *ms, my_conn *cn, int64_t deadline,
+                       MYSQL_RES **res, const char *what)
+{
+    MYSQL_RES *r = NULL;
+    int status, ready;
+
+    if (mysql_field_count(cn->m) == 0)
+        return DLOCK_OK;
+    status = mysql_store_result_start(&r, cn->m);
+    while (status) {
+        if ((ready = wait_io(cn->m, status, deadline)) < 0)
+            return timeout_error(ms, cn, what);
+        status = mysql_store_result_cont(&r, cn->m, ready);
+    }
+    if (!r)
+        return my_error(ms, cn, what);
+    if (res) {
+        if (*res)
+            mysql_free_result(*res);
+        *res = r;
+    } else {
+        mysql_free_result(r);
+    }
+    return DLOCK_OK;
+}
+
+/*
+ * Runs sql (one statement, or several separated by ';') on cn within
+ * `deadline`. *affected and *id get what statement number `at` (from 0)
+ * changed and the LAST_INSERT_ID it set; *res the rows of the last
+ * statement that has rows (NULL when none; the caller frees them). Any
+ * may be NULL. The server stops at the first statement that fails.
+ */
+int dlock__mysql_query_at(my_store *ms, my_conn *cn, const char *sql,
+                          int64_t deadline, MYSQL_RES **res, int at,
+                          uint64_t *affected, uint64_t *id, const char *what)
+{
+    int err = 0, status, ready, rc, n = 0;
+
+    if (res)
+        *res = NULL;
+    cn->answered = 0;
+    status = mysql_real_query_start(&err, cn->m, sql, strlen(sql));
+    while (status) {
+        if ((ready = wait_io(cn->m, status, deadline)) < 0)
+            return timeout_error(ms, cn, what);
+        status = mysql_real_query_cont(&err, cn->m, ready);
+    }
+    if (err)
+        return my_error(ms, cn, what);
+    cn->answered = 1;
+    for (;;) {
+        if (n == at && affected)
+            *affected = (uint64_t)mysql_affected_rows(cn->m);
+        if (n == at && id)
+            *id = (uint64_t)mysql_insert_id(cn->m);
+        rc = take_result(ms, cn, deadline, res, what);
+        if (rc != DLOCK_OK || !mysql_more_results(cn->m))
+            break;
+        n++;
+        status = mysql_next_result_start(&err, cn->m);
+        while (status) {
+            if ((ready = wait_io(cn->m, status, deadline)) < 0) {
+                rc = timeout_error(ms, cn, what);
+                break;
+            }
+            status = mysql_next_result_cont(&err, cn->m, ready);
+        }
+        if (rc == DLOCK_OK && err)
+            rc = my_error(ms, cn, what);
+        if (rc)
+            break;
+    }
+    if (rc && res && *res) {
+        mysql_free_result(*res);
+        *res = NULL;
+    }
+    return rc;
+}
+
+int dlock__mysql_query(my_store *ms, my_conn *cn, const char *sql,
+                       int64_t deadline, MYSQL_RES **res, uint64_t *affected,
+                       uint64_t *id, const char *what)
+{
+    return dlock__mysql_query_at(ms, cn, sql, deadline, res, 0, affected, id,
+                                 what);
+}
+
+/* One statement on a pooled connection; a deadlock victim (rolled back,
+ * nothing done) runs again. */
+int dlock__mysql_query_pooled(my_store *ms, const char *sql, int64_t deadline,
+                              MYSQL_RES **res, uint64_t *affected, uint64_t *id,
+                              const char *what)
+{
+    my_conn *cn;
+    int rc;
+
+    if (deadline > dlock__now_ms() + ms->timeout_ms)
+        deadline = dlock__now_ms() + ms->timeout_ms; /* ?timeout= */
+    for (int attempt = 0;; attempt++) {
+        rc = dlock__mysql_conn_get(ms, deadline, &cn);
+        if (rc)
+            return rc;
+        rc = dlock__mysql_query(ms, cn, sql, deadline, res, affected, id, what);
+        unsigned e = rc ? mysql_errno(cn->m) : 0;
+        dlock__mysql_conn_put(ms, cn);
+        if (!(rc && e == ER_LOCK_DEADLOCK && attempt < MY_DEADLOCK_RETRIES &&
+              dlock__now_ms() < deadline))
+            return rc;
+    }
+}
+
+long long dlock__mysql_col_ll(MYSQL_RES *r, int col, long long dflt)
+{
+    MYSQL_ROW row;
+
+    if (!r || (int)mysql_num_fields(r) <= col)
+        return dflt;
+    mysql_data_seek(r, 0);
+    row = mysql_fetch_row(r);
+    if (!row || !row[col])
+        return dflt;
+    return strtoll(row[col], NULL, 10);
+}

@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pg_table.c -- the PostgreSQL store's table mode (the default): the
+ * backend's slots and its struct, dlock__backend_pg (pg.c opens and
+ * closes the store for both modes; pg.h).
+ *
+ * Table mode: the seeds' lock table.
+ *  - One row per lock name in table T (default dlock_locks): owner, holder
+ *    description, hold count, fencing token, locked_at and lock_until
+ *    (timestamptz of the server's clock_timestamp(); the client's clock is
+ *    never used). Rows are not deleted on release; dlock_gc() removes the
+ *    rows of locks unused for a while.
+ *  - Acquire is one statement: an upsert that inserts the row or takes it
+ *    over only when its lease has ended, RETURNING the token; the same
+ *    statement reads the holder's lease left (for the retry timer) and,
+ *    for a caller that will wait, appends its entry to T_waiters while
+ *    the upsert holds the row.
+ *  - Tokens come from the sequence T_tokens: strictly increasing for every
+ *    name, whatever the clocks do and whether or not gc removed a row.
+ *  - Release is one statement, the function T_release: with the row
+ *    locked it hands the lock to the oldest waiter whose session is alive
+ *    (new token, its own lease) and notifies that waiter's client alone
+ *    (channel dlock_CLIENTID, "g WAITER TOKEN", delivered at commit), or
+ *    frees the row. Extend is one guarded UPDATE.
+ *  - Waiting (both modes: the lock is never free while a live waiter is
+ *    queued, so nobody barges in): the client LISTENs on its channel on
+ *    its command connection while it has waiters; the waiter returns on
+ *    its grant with no further round trip. A waiter is alive as long as
+ *    that session listens (it holds an advisory lock of its own while it
+ *    does; a release probes it): nothing is refreshed while it waits.
+ *    A wait that ends without the lock leaves with T_leave, which keeps
+ *    a lock handed over meanwhile. docs/design.md,
+ *    "PostgreSQL table mode: hand-over", has the failure cases.
+ */
+#include "pg.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    pg_lease *pl = l->priv;
+    char ttl[24], waiter[24], pid[16], since[48];
+    const char *client = NULL;
+    PGresult *r;
+    int rc;
+
+    /* a caller that will wait joins the queue in this try when its client
+     * listens already (the first try: then no arm() is needed), or once
+     * arm() made it listen */
+    if (l->may_wait && ps->sessions &&
+        dlock__pg_listen_ref(ps, pl, op_deadline, 0) == DLOCK_OK) {
+        pthread_mutex_lock(&ps->mu);
+        if (ps->listening && pl->gen == ps->gen) {
+            client = dlock__client_id(ps->client);
+            snprintf(pid, sizeof(pid), "%d", ps->lpid);
+            snprintf(since, sizeof(since), "%s", ps->lsince);
+        }
+        pthread_mutex_unlock(&ps->mu);
+    }
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
+    const char *vals[8] = {l->name, l->owner, ttl, l->desc, client, waiter,
+                           client ? pid : NULL, client ? since : NULL};
+    int lens[8] = {(int)l->name_len, 0, 0, 0, 0, 0, 0, 0};
+    rc = dlock__pg_run_pooled(ps, S_ACQUIRE, vals, lens, op_deadline, &r,
+                              "taking the lock");
+    if (rc == DLOCK_OK) {
+        long long token = dlock__pg_col_ll(r, 0, 0, -1);
+        long long left = dlock__pg_col_ll(r, 0, 1, -1);
+        int queued = dlock__pg_col_ll(r, 0, 2, 0) > 0;
+        PQclear(r);
+        if (token > 0) {
+            l->token = (uint64_t)token;
+            rc = DLOCK_OK;
+        } else {
+            /* the fallback timer: the holder's lease end (a crashed
+             * holder releases nothing); a row made after the statement's
+             * snapshot shows no lease: soon */
+            l->retry_ms = left > 0 ? left : 50;
+            if (queued || pl->queued)
+                pl->queued = 1;
+            if (client && !l->waiting)
+                l->armed = 1; /* queued, and its grant will be heard */
+            rc = DLOCK_EBUSY;
+        }
+    }
+    if (!l->waiting && (rc != DLOCK_EBUSY || !client)) {
+        /* the core calls disarm() only for a lease that waited */
+        if (pl->listening)
+            dlock__pg_listen_unref(ps, pl);
+    }
+    return rc;
+}
+
+static int pg_arm(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    pg_lease *pl = l->priv;
+
+    return dlock__pg_listen_ref(ps, pl, op_deadline, 1);
+}
+
+static void pg_disarm(void *st, dlock__lease *l, int acquired)
+{
+    pg_store *ps = st;
+
+    (void)acquired; /* leaving the queue is abandon()'s */
+    dlock__pg_listen_unref(ps, l->priv);
+}
+
+/* The wait ends without the lock: leave the queue, unless the lock was
+ * handed to us meanwhile (then keep it, lease restarted). */
+static int pg_abandon(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    char waiter[24], ttl[24];
+    PGresult *r;
+    int rc;
+
+    snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    const char *vals[5] = {l->name, l->owner, dlock__client_id(ps->client),
+                           waiter, ttl};
+    int lens[5] = {(int)l->name_len, 0, 0, 0, 0};
+    rc = dlock__pg_run_pooled(ps, S_LEAVE, vals, lens, op_deadline, &r,
+                              "leaving the queue");
+    if (rc)
+        return rc;
+    long long token = dlock__pg_col_ll(r, 0, 0, -1);
+    PQclear(r);
+    if (token > 0) {
+        l->token = (uint64_t)token;
+        return DLOCK_OK;
+    }
+    return DLOCK_EBUSY;
+}
+
+static int pg_release(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    char token[24];
+    PGresult *r;
+    int rc;
+
+    snprintf(token, sizeof(token), "%llu", (unsigned long long)l->token);
+    const char *vals[3] = {l->name, l->owner, token};
+    int lens[3] = {(int)l->name_len, 0, 0};
+    rc = dlock__pg_run_pooled(ps, S_RELEASE, vals, lens, op_deadline, &r,
+                              "releasing the lock");
+    if (rc)
+        return rc;
+    int released = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
+    if (released && !PQgetisnull(r, 0, 1)) {
+        /* handed over: to a waiter of ours? then wake it now, not when
+         * the notification comes back */
+        const char *to = PQgetvalue(r, 0, 1);
+        const char *id = dlock__client_id(ps->client);
+        size_t n = strlen(id);
+        if (!strncmp(to, id, n) && to[n] == ':')
+            dlock__notify_grant(ps->client, strtoull(to + n + 1, NULL, 10),
+                                (uint64_t)dlock__pg_col_ll(r, 0, 2, 0));
+    }
+    PQclear(r);
+    return released ? DLOCK_OK : dlock__pg_not_ours(ps);
+}
+
+static int pg_extend(void *st, dlock__lease *l, int64_t ttl_ms,
+                     int64_t op_deadline)
+{
+    pg_store *ps = st;
+    char token[24], ttl[24];
+    PGresult *r;
+    int rc;
+
+    snprintf(token, sizeof(token), "%llu", (unsigned long long)l->token);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+    const char *vals[4] = {l->name, l->owner, token, ttl};
+    int lens[4] = {(int)l->name_len, 0, 0, 0};
+    rc = dlock__pg_run_pooled(ps, S_EXTEND, vals, lens, op_deadline, &r,
+                              "extending the lease");
+    if (rc)
+        return rc;
+    int changed = !strcmp(PQcmdTuples(r), "1");
+    PQclear(r);
+    return changed ? DLOCK_OK : dlock__pg_not_ours(ps);
+}
+
+static int pg_inspect(void *st, const char *name, size_t len,
+                      dlock_info *out, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    pg_conn *cn;
+    PGresult *r;
+    int rc;
+
+    const char *vals[2] = {name, dlock__client_id(ps->client)};
+    int lens[2] = {(int)len, 0};
+    rc = dlock__pg_conn_get(ps, op_deadline, &cn);
+    if (rc)
+        return rc;
+    rc = dlock__pg_run(ps, cn, S_INSPECT, vals, lens, op_deadline, &r,
+                       "reading the lock");
+    if (rc == DLOCK_OK) {
+        if (PQntuples(r) == 1) {
+            out->token = (uint64_t)dlock__pg_col_ll(r, 0, 2, 0);
+            if (!strcmp(PQgetvalue(r, 0, 0), "t")) {
+                out->held = 1;
+                snprintf(out->holder, sizeof(out->holder), "%s",
+                         PQgetvalue(r, 0, 1));
+                out->ttl_ms = dlock__pg_col_ll(r, 0, 3, -1);
+                out->held_ms = dlock__pg_col_ll(r, 0, 4, -1);
+            }
+        }
+        PQclear(r);
+        rc = dlock__pg_run(ps, cn, S_QUEUE, vals, lens, op_deadline, &r,
+                           "reading the queue");
+    }
+    if (rc == DLOCK_OK) {
+        for (int i = 0; i < PQntuples(r) && rc == DLOCK_OK; i++)
+            rc = dlock__info_add_waiter(out, PQgetvalue(r, i, 0));
+        out->waiters = (int64_t)out->queue_len;
+        PQclear(r);
+    }
+    dlock__pg_conn_put(ps, cn);
+    return rc;
+}
+
+static int pg_gc(void *st, int64_t idle_ms, uint64_t *removed,
+                 int64_t op_deadline)
+{
+    pg_store *ps = st;
+    char idle[24];
+    PGresult *r;
+    int rc;
+
+    snprintf(idle, sizeof(idle), "%lld", (long long)idle_ms);
+    const char *vals[1] = {idle};
+    rc = dlock__pg_run_pooled(ps, S_GC, vals, NULL, op_deadline, &r,
+                              "removing unused locks");
+    if (rc)
+        return rc;
+    *removed = strtoull(PQcmdTuples(r), NULL, 10);
+    PQclear(r);
+    const char *me[1] = {dlock__client_id(ps->client)};
+    rc = dlock__pg_run_pooled(ps, S_GC_QUEUE, me, NULL, op_deadline, &r,
+                              "removing dead queue entries");
+    if (rc == DLOCK_OK)
+        PQclear(r);
+    return rc;
+}
+
+const dlock__backend dlock__backend_pg = {
+    "postgres",         /* name */
+    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS,
+    sizeof(pg_lease),   /* lease_size */
+    dlock__pg_open,     /* open */
+    dlock__pg_close,    /* close */
+    pg_acquire,         /* acquire */
+    pg_arm,             /* arm */
+    pg_disarm,          /* disarm */
+    pg_release,         /* release */
+    pg_extend,          /* extend */
+    pg_inspect,         /* inspect */
+    dlock__pg_loop_fd,  /* loop_fd */
+    dlock__pg_loop_run, /* loop_run */
+    pg_gc,              /* gc */
+    dlock__pg_select,   /* select */
+    NULL,               /* margin */
+    pg_abandon,         /* abandon */
+    NULL,               /* extend_many */
+};
