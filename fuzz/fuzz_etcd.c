@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_etcd.c -- what the etcd store (src/stores/etcd/etcd.c) does with
- * URIs, lock names and the JSON gateway's answers (cJSON trees).
+ * fuzz_etcd.c -- what the etcd store (src/stores/etcd/: etcd.c,
+ * etcd_gateway.c, etcd_watch.c) does with URIs, lock names and the JSON
+ * gateway's answers (cJSON trees).
  *
  * Input: field 1 a store URI (etcd:// or etcds://: parse_config, options
  * prefix, timeout, cacert, cert, key); field 2 a lock name; field 3 a JSON
@@ -16,6 +17,9 @@
 #include "fuzz.h"
 
 #include "../src/stores/etcd/etcd.c"
+#include "../src/stores/etcd/etcd_gateway.c"
+#include "../src/stores/etcd/etcd_lease.c"
+#include "../src/stores/etcd/etcd_watch.c"
 
 static void free_config(etcd_store *es)
 {
@@ -68,10 +72,10 @@ static void check_b64(const char *s, size_t n)
 {
     char *enc = malloc(4 * ((n + 2) / 3) + 1);
     char *dec = malloc(n + 1);
-    size_t el = b64_encode(s, n, enc);
+    size_t el = dlock__etcd_b64_encode(s, n, enc);
     if (el != 4 * ((n + 2) / 3))
         fz_fail("base64 length");
-    long dl = b64_decode(enc, dec, n + 1);
+    long dl = dlock__etcd_b64_decode(enc, dec, n + 1);
     if (dl != (long)n || memcmp(dec, s, n) != 0)
         fz_fail("base64 does not decode back");
     free(enc);
@@ -128,7 +132,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&es, 0, sizeof(es));
     if (dlock__uri_parse(uri, &u) == DLOCK_OK) {
         es.redacted = u.redacted;
-        if (parse_config(&es, &u) != DLOCK_OK)
+        if (dlock__etcd_parse_config(&es, &u) != DLOCK_OK)
             free_config(&es);
         else if (es.prefix_len > ETCD_PREFIX_MAX + 1)
             fz_fail("prefix longer than its maximum");
@@ -147,7 +151,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_base(&es, name, len, base, bl);
         check_b64(base, bl);
         char *eb = malloc(ETCD_B64_MAX);
-        range_end_b64(base, bl, eb);
+        dlock__etcd_range_end_b64(base, bl, eb);
         free(eb);
     } else {
         bl = (size_t)snprintf(base, ETCD_KEY_MAX, "%sx/", es.prefix);
@@ -155,14 +159,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check_b64(name, len);
     read_json(json, jl);
     char *dec = malloc(jl + 1);
-    (void)b64_decode(json, dec, jl + 1);
+    (void)dlock__etcd_b64_decode(json, dec, jl + 1);
     free(dec);
 
     /* the watch stream: WebSocket frames carrying watch answers */
     size_t wl;
     const uint8_t *w = fz_rest(&f, &wl);
     buf in = {NULL, 0, 0}, msg = {NULL, 0, 0};
-    if (buf_add(&in, (const char *)w, wl) == 0) {
+    if (dlock__etcd_buf_add(&in, (const char *)w, wl) == 0) {
         (void)ws_frames(&in, &msg, fuzz_msg, NULL, NULL);
         if (in.n > wl)
             fz_fail("frame parser grew its input");

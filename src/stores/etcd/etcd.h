@@ -1,0 +1,326 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * etcd.h -- what the etcd store's four files share: etcd.c, the lock
+ * protocol (the keys of a lock, acquire, release, extend, inspect, open
+ * and close: the backend's slots); etcd_gateway.c, the HTTP/JSON client
+ * of etcd's v3 gateway over libcurl (requests with their retries across
+ * the endpoints, TLS, auth, base64, the URI's options); etcd_watch.c, the
+ * client's watch stream and the waiters it wakes; and etcd_lease.c, the
+ * leases and the background thread that keeps them alive, deletes
+ * left-over keys and revokes unused leases. The limits, the structs, the
+ * small readers of cJSON answers, and each file's functions that the
+ * others call.
+ */
+#ifndef DLOCK_ETCD_H
+#define DLOCK_ETCD_H
+
+#include "internal.h"
+
+#include <cJSON.h>
+#include <curl/curl.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define ETCD_DEFAULT_PREFIX "dlock"
+#define ETCD_PREFIX_MAX 256
+#define ETCD_KEY_MAX (ETCD_PREFIX_MAX + 3 * DLOCK_NAME_MAX + 48)
+#define ETCD_B64_MAX (4 * ((ETCD_KEY_MAX + 2) / 3) + 4)
+#define ETCD_RESP_MAX (64u << 20) /* larger answers are refused */
+#define ETCD_IDLE_MS 60000        /* an unused lease is revoked after this */
+#define ETCD_ORPHAN_RETRY_MS 1000
+#define ETCD_TTL_MAX_S 9000000000LL /* etcd's own maximum lease TTL */
+#define ETCD_AHEAD_MAX 64 /* keys ahead of its own a waiter reads at once */
+
+/* private results of dlock__etcd_request() besides the DLOCK_E* codes */
+#define ETCD_NOLEASE 1 /* the server does not know the lease */
+
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+} buf;
+
+struct etcd_store;
+
+/* A waiter of this client (see "The watch stream" in etcd_watch.c). */
+typedef struct etcd_del {
+    int64_t rev;
+    char *key; /* base64 */
+} etcd_del;
+
+typedef struct etcd_waiter {
+    struct etcd_waiter *next, *prev;
+    pthread_cond_t cv;
+    const char *mine; /* our key, base64 */
+    uint64_t gen;     /* the stream generation it relies on */
+    int pending;      /* its revision is not known yet: deletions logged */
+    int64_t rev;      /* deletions above this revision count */
+    char **ahead;     /* keys ahead of ours, base64 */
+    size_t nahead;
+    int partial;      /* more keys ahead than `ahead` holds */
+    int mine_gone;    /* our own key was deleted */
+    int broken;       /* the stream broke or the lease died: look again */
+    etcd_del *log;
+    size_t nlog, caplog;
+} etcd_waiter;
+
+/* stream states */
+enum { ST_DOWN, ST_OPENING, ST_UP };
+
+typedef struct etcd_conn {
+    CURL *h;
+    buf resp;
+    struct curl_slist *hdrs;
+    uint64_t hdr_gen; /* the auth token generation hdrs carry */
+    char errbuf[CURL_ERROR_SIZE];
+    struct etcd_conn *next;
+} etcd_conn;
+
+typedef struct etcd_lease {
+    int64_t id;
+    int64_t want_s;     /* requested TTL (the lookup key) */
+    int64_t ttl_ms;     /* granted TTL */
+    int64_t last_ok;    /* when the last keepalive that worked was sent */
+    int64_t next_ka;    /* when the next keepalive is due */
+    int64_t idle_since; /* refs fell to 0 then */
+    int refs;           /* holds and acquisitions using it */
+    int own;            /* one DLOCK_NO_RENEW acquisition's own lease */
+    int held;           /* own, and its lock acquired: no more keepalives
+                         * once next_ka (INT64_MAX: done) has passed */
+    atomic_int dead;    /* lost: no new users; revoked once unused */
+    struct etcd_lease *next;
+} etcd_lease;
+
+/* A key this client uses (held, waited on, or waiting to be deleted). */
+typedef struct etcd_slot {
+    struct etcd_slot *next;
+    uint64_t hash;
+    size_t len;
+    char key[];
+} etcd_slot;
+
+typedef struct etcd_orphan {
+    int64_t next_try;
+    size_t len;
+    struct etcd_orphan *next;
+    char key[];
+} etcd_orphan;
+
+typedef struct etcd_store {
+    dlock_client *client;
+    char **ep; /* "http://host:port" */
+    size_t nep;
+    char *redacted;
+    char prefix[ETCD_PREFIX_MAX + 2]; /* "P/" or "" */
+    size_t prefix_len;
+    char *user, *password;
+    char *cacert, *cert, *key;
+    int64_t timeout_ms;
+    int timer_fd;
+    int offline; /* open failed: close talks to no server */
+    int unreachable; /* the last request found no endpoint (es->mu) */
+    int ep_fd;          /* epoll: timer_fd, and the stream when up */
+
+    /* the watch stream: the handle and its buffers, one thread at a time
+     * (the opener, then the client thread); lock order sio, then mu */
+    pthread_mutex_t sio;
+    CURL *sh;
+    curl_socket_t sfd;
+    buf sin;  /* bytes read, not parsed yet */
+    buf smsg; /* the message being reassembled from its frames */
+
+    pthread_mutex_t mu; /* everything below */
+    size_t cur;         /* the endpoint tried first */
+    char *token;        /* auth token, NULL without auth */
+    uint64_t token_gen;
+    etcd_conn *pool;
+    etcd_lease *leases;
+    etcd_slot **slots;
+    size_t nbuckets, nslots;
+    etcd_orphan *orphans;
+    int sstate;          /* ST_* */
+    uint64_t sgen;       /* + 1 at each open: waiters of an older one
+                          * look again */
+    int64_t s_since;     /* the watch sends every deletion after this
+                          * revision */
+    int64_t s_idle;      /* no waiter since then */
+    pthread_cond_t scv;  /* sstate changed */
+    etcd_waiter *waiters;
+} etcd_store;
+
+/* The backend's part of one dlock__lease. */
+typedef struct etcd_hold {
+    etcd_lease *lease; /* a reference while the key exists */
+    int64_t rev;       /* our key's create revision */
+    int waited;        /* the acquisition waited in the queue */
+    size_t key_len;
+    char key[ETCD_KEY_MAX];
+} etcd_hold;
+
+/* Readers of the gateway's answers (cJSON trees, fields of any type) and
+ * the out-of-memory error: used by every file, small enough to inline. */
+
+/* An int64 field that the gateway sends as a string (or a number); 0 when
+ * absent, as proto3 JSON omits zero values. */
+static inline int64_t jint(const cJSON *o, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+
+    if (cJSON_IsString(v))
+        return strtoll(v->valuestring, NULL, 10);
+    if (cJSON_IsNumber(v)) {
+        /* any JSON number: converting one outside int64 would be UB */
+        double d = v->valuedouble;
+        return d >= 9223372036854775807.0    ? INT64_MAX
+               : d <= -9223372036854775808.0 ? INT64_MIN
+               : d == d                      ? (int64_t)d
+                                             : 0;
+    }
+    if (cJSON_IsTrue(v))
+        return 1;
+    return 0;
+}
+
+static inline const char *jstr(const cJSON *o, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static inline const cJSON *jget(const cJSON *o, const char *name)
+{
+    return cJSON_GetObjectItemCaseSensitive(o, name);
+}
+
+/* responses[i].<kind> of a txn answer, or NULL. */
+static inline const cJSON *txn_resp(const cJSON *txn, int i, const char *kind)
+{
+    const cJSON *r = cJSON_GetArrayItem(jget(txn, "responses"), i);
+    return r ? jget(r, kind) : NULL;
+}
+
+static inline const cJSON *kvs_at(const cJSON *range, int i)
+{
+    return range ? cJSON_GetArrayItem(jget(range, "kvs"), i) : NULL;
+}
+
+static inline int enomem(void)
+{
+    return dlock__err(DLOCK_ENOMEM, "out of memory");
+}
+
+/* etcd.c: the keys this client uses */
+
+/* Drops the reservation of `key`; es->mu held. */
+void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len);
+
+/* etcd_gateway.c: base64 and buffers */
+
+/* Base64 (with padding) of n bytes into out (cap >= 4*ceil(n/3)+1). */
+size_t dlock__etcd_b64_encode(const char *in, size_t n, char *out);
+
+/* Decodes base64 into out (at most cap-1 bytes, NUL-terminated); returns
+ * the length, or -1 when the text is not base64. */
+long dlock__etcd_b64_decode(const char *in, char *out, size_t cap);
+
+/* The range end of a base that ends with '/': the same with '0'. */
+void dlock__etcd_range_end_b64(const char *base, size_t len, char *out);
+
+/* Appends n bytes (kept NUL-terminated); -1 out of memory or past
+ * ETCD_RESP_MAX. */
+int dlock__etcd_buf_add(buf *b, const char *p, size_t n);
+
+/* etcd_gateway.c: requests */
+
+/* An easy handle from the pool (a new one when it is empty), or NULL. */
+etcd_conn *dlock__etcd_conn_get(etcd_store *es);
+
+/* Gives cn back to the pool. */
+void dlock__etcd_conn_put(etcd_store *es, etcd_conn *cn);
+
+/* Frees cn and its handle. */
+void dlock__etcd_conn_free(etcd_conn *cn);
+
+/* POSTs `body` to `path` and parses the answer into *out (freed by the
+ * caller with cJSON_Delete). Tries every endpoint while time is left.
+ * Returns DLOCK_OK, ETCD_NOLEASE, or an error with a message about
+ * `what`. */
+int dlock__etcd_request(etcd_store *es, const char *path, const char *body,
+                        int64_t deadline, cJSON **out, const char *what);
+
+/* Gets a new auth token (the password is sent, never logged). */
+int dlock__etcd_authenticate(etcd_store *es, etcd_conn *cn,
+                             int64_t deadline);
+
+/* The URI's endpoints, prefix, timeout, TLS files and user into es. */
+int dlock__etcd_parse_config(etcd_store *es, const dlock__uri *u);
+
+/* etcd_lease.c: leases */
+
+/* Until when the lease's holds are certainly alive; es->mu held. */
+int64_t dlock__etcd_lease_limit(const etcd_lease *el);
+
+/* Marks a lease lost and tells the core; any thread, es->mu not held. */
+void dlock__etcd_lease_lost(etcd_store *es, etcd_lease *el, const char *why);
+
+/* A live lease of `want_s` seconds with a reference, granting one when
+ * there is none; `own`: always a new one, for one DLOCK_NO_RENEW
+ * acquisition alone. NULL with *rc set on failure. */
+etcd_lease *dlock__etcd_lease_get(etcd_store *es, int64_t want_s, int own,
+                                  int64_t deadline, int *rc);
+
+/* Drops a reference to el. */
+void dlock__etcd_lease_put(etcd_store *es, etcd_lease *el);
+
+/* One keepalive: 0 alive, ETCD_NOLEASE gone, or an error. */
+int dlock__etcd_keepalive(etcd_store *es, etcd_lease *el, int64_t deadline);
+
+/* Revokes lease `id` (deleting every key on it). */
+int dlock__etcd_lease_revoke(etcd_store *es, int64_t id, int64_t deadline);
+
+/* etcd_lease.c: the background thread */
+
+/* Makes the timer fire by `at` at the latest; es->mu held. */
+void dlock__etcd_arm_timer(etcd_store *es, int64_t at);
+
+/* The backend's loop_fd and loop_run slots. */
+int dlock__etcd_loop_fd(void *st);
+void dlock__etcd_loop_run(void *st, int readable);
+
+/* etcd_watch.c: the watch stream */
+
+/* Makes sure the stream is up, opening it if need be (any endpoint, by
+ * the deadline). DLOCK_OK with *gen its generation, or DLOCK_ECONN. */
+int dlock__etcd_stream_up(etcd_store *es, int64_t deadline, uint64_t *gen);
+
+/* Reads the stream on the client thread; closes it after ETCD_IDLE_MS
+ * without waiters. */
+void dlock__etcd_stream_loop(etcd_store *es);
+
+/* etcd_watch.c: waiters */
+
+/* Registers w (pending: deletions are logged until
+ * dlock__etcd_waiter_fill()); es->mu held. */
+void dlock__etcd_waiter_add(etcd_store *es, etcd_waiter *w, uint64_t gen);
+
+/* Unregisters w if registered; es->mu held. */
+void dlock__etcd_waiter_del(etcd_store *es, etcd_waiter *w);
+
+/* The waiter's transaction answered at revision `rev` with the keys ahead
+ * (kvs[first..] of range `r`, more than those when `more`): the logged
+ * deletions after `rev` apply. es->mu held. 0, or -1 out of memory. */
+int dlock__etcd_waiter_fill(etcd_waiter *w, const cJSON *r, int first,
+                            int more, int64_t rev);
+
+/* Reads the keys ahead of ours (a look) into waiter w, registered or
+ * not: DLOCK_OK, 1 when our key is gone, or an error. */
+int dlock__etcd_look(etcd_store *es, etcd_hold *eh, etcd_waiter *w,
+                     const char *base, size_t base_len, int64_t deadline);
+
+/* Ends a wait: unregisters w and frees what it holds. */
+void dlock__etcd_waiter_end(etcd_store *es, etcd_waiter *w);
+
+#endif /* DLOCK_ETCD_H */

@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * etcd_lease.c -- the etcd store's leases (etcd.c is the lock protocol,
+ * etcd.h what the files share): one lease per client and distinct TTL
+ * (a DLOCK_NO_RENEW acquisition's own), granted, kept alive, revoked; and
+ * the client's background thread, which keeps them alive every TTL/3,
+ * tells the core of a lease lost, deletes the keys whose delete failed
+ * and revokes leases no longer used. The watch stream it also reads is
+ * etcd_watch.c's.
+ */
+#include "etcd.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* Leases                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Until when the lease's holds are certainly alive: 2/3 of the TTL after
+ * the last keepalive that worked was sent (the last third is margin, see
+ * docs/stores.md); an own lease that is no longer kept alive, until just
+ * before its end (the core's margin for leases, ttl/100 + 2 ms). es->mu
+ * held. */
+int64_t dlock__etcd_lease_limit(const etcd_lease *el)
+{
+    if (el->held && el->next_ka == INT64_MAX)
+        return el->last_ok + el->ttl_ms - (el->ttl_ms / 100 + 2);
+    return el->last_ok + el->ttl_ms * 2 / 3;
+}
+
+static int match_lease(const dlock__lease *l, void *arg)
+{
+    const etcd_hold *eh = l->priv;
+    return eh->lease == arg;
+}
+
+/* Marks a lease lost and tells the core; any thread, es->mu not held. */
+void dlock__etcd_lease_lost(etcd_store *es, etcd_lease *el, const char *why)
+{
+    pthread_mutex_lock(&es->mu);
+    int was = el->dead;
+    el->dead = 1;
+    for (etcd_waiter *w = es->waiters; w; w = w->next)
+        pthread_cond_signal(&w->cv); /* those on this lease start again */
+    pthread_mutex_unlock(&es->mu);
+    if (!was)
+        dlock__notify_lost(es->client, match_lease, el, why);
+}
+
+/* A live lease of `want_s` seconds with a reference, granting one when
+ * there is none; `own`: always a new one, for one DLOCK_NO_RENEW
+ * acquisition alone. */
+etcd_lease *dlock__etcd_lease_get(etcd_store *es, int64_t want_s, int own,
+                                  int64_t deadline, int *rc)
+{
+    etcd_lease *el;
+    cJSON *j = NULL;
+    char body[64];
+    int64_t sent;
+
+    pthread_mutex_lock(&es->mu);
+    for (el = own ? NULL : es->leases; el; el = el->next) {
+        if (!el->dead && !el->own && el->want_s == want_s &&
+            dlock__now_ms() < dlock__etcd_lease_limit(el)) {
+            el->refs++;
+            pthread_mutex_unlock(&es->mu);
+            return el;
+        }
+    }
+    pthread_mutex_unlock(&es->mu);
+
+    snprintf(body, sizeof(body), "{\"TTL\":\"%" PRId64 "\"}", want_s);
+    sent = dlock__now_ms();
+    *rc = dlock__etcd_request(es, "/v3/lease/grant", body, deadline, &j,
+                              "granting a lease");
+    if (*rc != DLOCK_OK) {
+        if (*rc == ETCD_NOLEASE)
+            *rc = dlock__err(DLOCK_EPROTO, "etcd %s: granting a lease "
+                                           "failed", es->redacted);
+        return NULL;
+    }
+    int64_t id = jint(j, "ID"), ttl = jint(j, "TTL");
+    cJSON_Delete(j);
+    if (id == 0 || ttl <= 0 || ttl > ETCD_TTL_MAX_S) {
+        *rc = dlock__err(DLOCK_EPROTO, "etcd %s: the lease grant answer has "
+                                       "no ID or no usable TTL", es->redacted);
+        return NULL;
+    }
+    el = calloc(1, sizeof(*el));
+    if (!el) {
+        *rc = enomem();
+        return NULL; /* the lease expires by itself */
+    }
+    el->id = id;
+    el->want_s = want_s;
+    el->own = own;
+    el->ttl_ms = ttl * 1000;
+    el->last_ok = sent;
+    el->next_ka = sent + el->ttl_ms / 3;
+    el->refs = 1;
+    pthread_mutex_lock(&es->mu);
+    el->next = es->leases;
+    es->leases = el;
+    dlock__etcd_arm_timer(es, el->next_ka);
+    pthread_mutex_unlock(&es->mu);
+    return el;
+}
+
+void dlock__etcd_lease_put(etcd_store *es, etcd_lease *el)
+{
+    int wake;
+
+    pthread_mutex_lock(&es->mu);
+    if (--el->refs == 0)
+        el->idle_since = dlock__now_ms();
+    /* read under the mutex: once unused and dead, the client thread may
+     * free it at any moment */
+    wake = el->refs == 0 && (el->dead || el->own);
+    pthread_mutex_unlock(&es->mu);
+    if (wake)
+        dlock__loop_wake(es->client); /* revoke it soon */
+}
+
+/* One keepalive: 0 alive, ETCD_NOLEASE gone, or an error. */
+int dlock__etcd_keepalive(etcd_store *es, etcd_lease *el, int64_t deadline)
+{
+    char body[64];
+    cJSON *j = NULL;
+    int64_t sent = dlock__now_ms();
+    int rc;
+
+    snprintf(body, sizeof(body), "{\"ID\":\"%" PRId64 "\"}", el->id);
+    rc = dlock__etcd_request(es, "/v3/lease/keepalive", body, deadline, &j,
+                             "keeping the lease alive");
+    if (rc != DLOCK_OK)
+        return rc;
+    int64_t ttl = jint(jget(j, "result"), "TTL");
+    cJSON_Delete(j);
+    if (ttl <= 0)
+        return ETCD_NOLEASE;
+    pthread_mutex_lock(&es->mu);
+    if (sent > el->last_ok)
+        el->last_ok = sent;
+    el->next_ka = el->held ? INT64_MAX : sent + el->ttl_ms / 3;
+    pthread_mutex_unlock(&es->mu);
+    return DLOCK_OK;
+}
+
+int dlock__etcd_lease_revoke(etcd_store *es, int64_t id, int64_t deadline)
+{
+    char body[64];
+    cJSON *j = NULL;
+    int rc;
+
+    snprintf(body, sizeof(body), "{\"ID\":\"%" PRId64 "\"}", id);
+    rc = dlock__etcd_request(es, "/v3/lease/revoke", body, deadline, &j,
+                             "revoking a lease");
+    cJSON_Delete(j);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The background thread: keepalives, orphans, idle leases                  */
+/* ------------------------------------------------------------------------ */
+
+/* Makes the timer fire by `at` at the latest; es->mu held. */
+void dlock__etcd_arm_timer(etcd_store *es, int64_t at)
+{
+    struct itimerspec its, cur;
+    int64_t in = at - dlock__now_ms();
+
+    if (in < 1)
+        in = 1;
+    if (timerfd_gettime(es->timer_fd, &cur) == 0 &&
+        (cur.it_value.tv_sec || cur.it_value.tv_nsec) &&
+        cur.it_value.tv_sec * 1000 + cur.it_value.tv_nsec / 1000000 <= in)
+        return; /* it fires earlier anyway */
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = in / 1000;
+    its.it_value.tv_nsec = (in % 1000) * 1000000L;
+    timerfd_settime(es->timer_fd, 0, &its, NULL);
+}
+
+int dlock__etcd_loop_fd(void *st)
+{
+    return ((etcd_store *)st)->ep_fd;
+}
+
+#define LOOP_BATCH 64
+
+void dlock__etcd_loop_run(void *st, int readable)
+{
+    etcd_store *es = st;
+    uint64_t ticks;
+    etcd_lease *due[LOOP_BATCH];
+    int64_t now = dlock__now_ms(), next = now + 60000;
+    size_t nd = 0;
+
+    (void)readable; /* both fds are non-blocking: look at each */
+    if (read(es->timer_fd, &ticks, sizeof(ticks)) < 0)
+        (void)errno;
+    dlock__etcd_stream_loop(es);
+
+    /* 1. leases past their safe life are lost; due ones get a keepalive */
+    pthread_mutex_lock(&es->mu);
+    for (etcd_lease *el = es->leases; el; el = el->next) {
+        if (el->dead)
+            continue;
+        if (now >= dlock__etcd_lease_limit(el)) {
+            int ran_out = el->held && el->next_ka == INT64_MAX;
+            pthread_mutex_unlock(&es->mu);
+            const char *why = ran_out
+                                  ? "etcd: the hold's own lease ran out "
+                                    "(DLOCK_NO_RENEW)"
+                                  : "etcd: the client's lease could not "
+                                    "be kept alive (no endpoint answered "
+                                    "in time)";
+            dlock__etcd_lease_lost(es, el, why);
+            pthread_mutex_lock(&es->mu);
+            continue;
+        }
+        if (el->next_ka <= now && nd < LOOP_BATCH)
+            due[nd++] = el;
+    }
+    pthread_mutex_unlock(&es->mu);
+    for (size_t i = 0; i < nd; i++) {
+        etcd_lease *el = due[i];
+        pthread_mutex_lock(&es->mu);
+        int64_t limit = dlock__etcd_lease_limit(el);
+        pthread_mutex_unlock(&es->mu);
+        int64_t dl = dlock__now_ms() + es->timeout_ms;
+        if (dl > limit)
+            dl = limit;
+        int rc = dlock__etcd_keepalive(es, el, dl);
+        if (rc == ETCD_NOLEASE) {
+            dlock__etcd_lease_lost(es, el, "etcd: the client's lease "
+                                           "expired or was revoked");
+        } else if (rc != DLOCK_OK) {
+            /* an own lease's one keepalive after its acquisition, too:
+             * tried again until it works or the lease ends */
+            pthread_mutex_lock(&es->mu);
+            el->next_ka = dlock__now_ms() + el->ttl_ms / 12 + 10;
+            pthread_mutex_unlock(&es->mu);
+        }
+    }
+
+    /* 2. keys to delete */
+    now = dlock__now_ms();
+    for (int k = 0; k < LOOP_BATCH; k++) {
+        etcd_orphan *o = NULL;
+        pthread_mutex_lock(&es->mu);
+        for (etcd_orphan **pp = &es->orphans; *pp; pp = &(*pp)->next) {
+            if ((*pp)->next_try <= now) {
+                o = *pp;
+                *pp = o->next;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&es->mu);
+        if (!o)
+            break;
+        char kb[ETCD_B64_MAX], body[ETCD_B64_MAX + 32];
+        cJSON *j = NULL;
+        dlock__etcd_b64_encode(o->key, o->len, kb);
+        snprintf(body, sizeof(body), "{\"key\":\"%s\"}", kb);
+        int rc = dlock__etcd_request(es, "/v3/kv/deleterange", body,
+                                     dlock__now_ms() + es->timeout_ms, &j,
+                                     "deleting a left-over key");
+        cJSON_Delete(j);
+        pthread_mutex_lock(&es->mu);
+        if (rc == DLOCK_OK || rc == DLOCK_EAUTH) {
+            dlock__etcd_slot_drop(es, o->key, o->len);
+            free(o);
+        } else {
+            o->next_try = dlock__now_ms() + ETCD_ORPHAN_RETRY_MS;
+            o->next = es->orphans;
+            es->orphans = o;
+        }
+        pthread_mutex_unlock(&es->mu);
+    }
+
+    /* 3. unused leases: dead ones and long idle ones are revoked */
+    for (;;) {
+        etcd_lease *gone = NULL;
+        now = dlock__now_ms();
+        pthread_mutex_lock(&es->mu);
+        for (etcd_lease **pp = &es->leases; *pp; pp = &(*pp)->next) {
+            etcd_lease *el = *pp;
+            if (el->refs == 0 && (el->dead || el->own ||
+                                  now - el->idle_since >= ETCD_IDLE_MS)) {
+                *pp = el->next;
+                gone = el;
+                break;
+            }
+        }
+        int down = es->unreachable;
+        pthread_mutex_unlock(&es->mu);
+        if (!gone)
+            break;
+        /* unreachable: it expires by itself; do not hold up the client
+         * thread (and a closing client) for a timeout */
+        if (!down)
+            dlock__etcd_lease_revoke(es, gone->id,
+                                     dlock__now_ms() + es->timeout_ms);
+        free(gone);
+    }
+
+    /* 4. the next wake-up */
+    pthread_mutex_lock(&es->mu);
+    for (etcd_lease *el = es->leases; el; el = el->next) {
+        if (el->refs == 0 && el->idle_since + ETCD_IDLE_MS < next)
+            next = el->idle_since + ETCD_IDLE_MS;
+        if (el->dead)
+            continue;
+        if (el->next_ka < next)
+            next = el->next_ka;
+        if (dlock__etcd_lease_limit(el) < next)
+            next = dlock__etcd_lease_limit(el);
+    }
+    for (etcd_orphan *o = es->orphans; o; o = o->next)
+        if (o->next_try < next)
+            next = o->next_try;
+    if (es->sstate == ST_UP && !es->waiters &&
+        es->s_idle + ETCD_IDLE_MS < next)
+        next = es->s_idle + ETCD_IDLE_MS;
+    /* the timer may hold a later time than `next` from before: reset it.
+     * Under es->mu, so that a lease added since is armed after this. */
+    struct itimerspec off;
+    memset(&off, 0, sizeof(off));
+    timerfd_settime(es->timer_fd, 0, &off, NULL);
+    dlock__etcd_arm_timer(es, next);
+    pthread_mutex_unlock(&es->mu);
+}
