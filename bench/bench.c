@@ -28,12 +28,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "harness.h"
 
 const char bench_prog[] = "bench";
 
@@ -66,24 +65,20 @@ static void reply_ok(redisReply *r, const char *what)
     freeReplyObject(r);
 }
 
+static void ping_once(void *c)
+{
+    reply_ok(redisCommand(c, "PING"), "PING");
+}
+
 /* A round trip after the same 2 ms of idleness that precedes every
  * hand-off: the fair floor for hand-off latency (waking an idle server,
  * thread or CPU costs far more than a hot loop shows, on VMs especially). */
 static stats floor_redis_cold_ping(int n)
 {
     redisContext *c = hiredis_connect();
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+    stats s = time_op(ping_once, c, 0, n, 2000);
 
-    for (int i = 0; i < n; i++) {
-        struct timespec ts = {0, 2000000};
-        nanosleep(&ts, NULL);
-        int64_t t0 = now_ns();
-        reply_ok(redisCommand(c, "PING"), "PING");
-        ns[i] = now_ns() - t0;
-    }
     redisFree(c);
-    stats s = summarize(ns, n);
-    free(ns);
     return s;
 }
 
@@ -101,33 +96,32 @@ static void floor_load(redisContext *c, char sha[41])
     freeReplyObject(r);
 }
 
+typedef struct floor_redis {
+    redisContext *c;
+    char sha[41];
+} floor_redis;
+
 /* One cycle of the floor: SET NX PX, then the compare-and-delete. */
-static void floor_once(redisContext *c, const char *sha)
+static void floor_once(void *arg)
 {
-    reply_ok(redisCommand(c, "SET floor:{k} owner-0123456789abcdef NX PX "
-                             "30000"),
+    floor_redis *f = arg;
+
+    reply_ok(redisCommand(f->c, "SET floor:{k} owner-0123456789abcdef NX "
+                                "PX 30000"),
              "SET");
-    reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{k} owner-0123456789abcdef",
-                          sha),
+    reply_ok(redisCommand(f->c, "EVALSHA %s 1 floor:{k} "
+                                "owner-0123456789abcdef",
+                          f->sha),
              "EVALSHA");
 }
 
 static stats floor_redis_cycle(int n)
 {
-    redisContext *c = hiredis_connect();
-    char sha[41];
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+    floor_redis f = {hiredis_connect(), ""};
 
-    floor_load(c, sha);
-    for (int i = -n / 10; i < n; i++) {
-        int64_t t0 = now_ns();
-        floor_once(c, sha);
-        if (i >= 0)
-            ns[i] = now_ns() - t0;
-    }
-    redisFree(c);
-    stats s = summarize(ns, n);
-    free(ns);
+    floor_load(f.c, f.sha);
+    stats s = time_op(floor_once, &f, n / 10, n, 0);
+    redisFree(f.c);
     return s;
 }
 
@@ -145,11 +139,9 @@ typedef struct notify_shared {
 static stats floor_redis_handoff(int n)
 {
     size_t size = sizeof(notify_shared) + sizeof(int64_t) * (size_t)n;
-    notify_shared *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    notify_shared *s = h_shared(size);
     pid_t pid;
 
-    memset(s, 0, size);
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
@@ -183,19 +175,12 @@ static stats floor_redis_handoff(int n)
     snprintf(sha, sizeof(sha), "%s", r->str);
     freeReplyObject(r);
     for (int i = 0; i < n; i++) {
-        while (__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE) < i + 1) {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-        }
-        struct timespec ts = {0, 2000000}; /* let it start waiting */
-        nanosleep(&ts, NULL);
+        spin_until((volatile int *)&s->ready, i + 1);
+        sleep_us(2000); /* let it start waiting */
         __atomic_store_n(&s->sent, now_ns(), __ATOMIC_RELEASE);
         reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{handoff}", sha),
                  "EVALSHA");
-        while (__atomic_load_n(&s->got, __ATOMIC_ACQUIRE) < i + 1) {
-            struct timespec t2 = {0, 20000};
-            nanosleep(&t2, NULL);
-        }
+        spin_until((volatile int *)&s->got, i + 1);
     }
     redisFree(c);
     int st;
@@ -203,128 +188,81 @@ static stats floor_redis_handoff(int n)
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         die("hand-off floor", "the subscriber failed");
     stats res = summarize(s->samples + 2, n - 2);
-    munmap(s, size);
+    h_unshare(s, size);
     return res;
 }
 
 static stats floor_redis_ping(int n)
 {
     redisContext *c = hiredis_connect();
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+    stats s = time_op(ping_once, c, n / 10, n, 0);
 
-    for (int i = -n / 10; i < n; i++) {
-        int64_t t0 = now_ns();
-        reply_ok(redisCommand(c, "PING"), "PING");
-        if (i >= 0)
-            ns[i] = now_ns() - t0;
-    }
     redisFree(c);
-    stats s = summarize(ns, n);
-    free(ns);
     return s;
+}
+
+typedef struct floor_file {
+    char path[1100];
+    struct flock fl;
+} floor_file;
+
+/* One cycle of the file floor: open, an OFD lock, unlock, close. */
+static void file_once(void *arg)
+{
+    floor_file *f = arg;
+    int fd = open(f->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+
+    f->fl.l_type = F_WRLCK;
+    if (fd < 0 || fcntl(fd, F_OFD_SETLK, &f->fl) != 0)
+        die("floor lock", strerror(errno));
+    f->fl.l_type = F_UNLCK;
+    fcntl(fd, F_OFD_SETLK, &f->fl);
+    close(fd);
 }
 
 static stats floor_file_cycle(int n)
 {
-    char path[1100];
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
-    struct flock fl;
+    floor_file f;
 
-    snprintf(path, sizeof(path), "%s/floor.lock", file_dir);
-    memset(&fl, 0, sizeof(fl));
-    fl.l_whence = SEEK_SET;
-    fl.l_len = 1;
-    for (int i = -n / 10; i < n; i++) {
-        int64_t t0 = now_ns();
-        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        fl.l_type = F_WRLCK;
-        if (fd < 0 || fcntl(fd, F_OFD_SETLK, &fl) != 0)
-            die("floor lock", strerror(errno));
-        fl.l_type = F_UNLCK;
-        fcntl(fd, F_OFD_SETLK, &fl);
-        close(fd);
-        if (i >= 0)
-            ns[i] = now_ns() - t0;
-    }
-    stats s = summarize(ns, n);
-    free(ns);
-    return s;
+    memset(&f, 0, sizeof(f));
+    snprintf(f.path, sizeof(f.path), "%s/floor.lock", file_dir);
+    f.fl.l_whence = SEEK_SET;
+    f.fl.l_len = 1;
+    return time_op(file_once, &f, n / 10, n, 0);
 }
 
 /* ------------------------------------------------------------------------ */
 /* dlock                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static dlock_client *open_client(const char *uri)
-{
-    dlock_client *c;
-
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK)
-        die(uri, dlock_errmsg());
-    return c;
-}
-
-static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
-{
-    dlock_options o;
-    dlock *l;
-
-    memset(&o, 0, sizeof(o));
-    o.flags = flags;
-    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
-        die(name, dlock_errmsg());
-    return l;
-}
-
 static stats dlock_cycle(const char *uri, int n)
 {
-    dlock_client *c = open_client(uri);
-    dlock *l = open_lock(c, "bench-cycle", 0);
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+    dlock_client *c = h_open_client(uri, NULL);
+    dlock *l = h_open_lock(c, "bench-cycle", 0, 0);
+    stats s = time_op(h_dlock_once, l, n / 10, n, 0);
 
-    for (int i = -n / 10; i < n; i++) {
-        int64_t t0 = now_ns();
-        if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
-            die("cycle", dlock_errmsg());
-        if (i >= 0)
-            ns[i] = now_ns() - t0;
-    }
     dlock_close(l);
     dlock_client_close(c);
-    stats s = summarize(ns, n);
-    free(ns);
     return s;
-}
-
-/* n cycles of the floor (SET NX PX, the EVALSHA compare-and-delete) and
- * of dlock (dlock_acquire(l, 0), dlock_release(l)) in strict alternation,
- * each on a connection and a client kept open, after a tenth as many to
- * warm up; rq: the quartiles and median of the per-cycle ratios. */
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
 }
 
 static void redis_cycles_alternating(int n, stats *fs, stats *ds, double rq[3])
 {
-    redisContext *c = hiredis_connect();
-    char sha[41];
-    dlock_client *dc = open_client(redis_uri);
-    dlock *l = open_lock(dc, "bench-cycle", 0);
+    floor_redis fr = {hiredis_connect(), ""};
+    dlock_client *dc = h_open_client(redis_uri, NULL);
+    dlock *l = h_open_lock(dc, "bench-cycle", 0, 0);
     int64_t *f = malloc(sizeof(*f) * (size_t)n);
     int64_t *d = malloc(sizeof(*d) * (size_t)n);
     int64_t *q = malloc(sizeof(*q) * (size_t)n);
 
     if (!f || !d || !q)
         die("cycles", "out of memory");
-    floor_load(c, sha);
+    floor_load(fr.c, fr.sha);
     for (int i = -n / 10; i < n; i++) {
         int64_t t0 = now_ns();
-        floor_once(c, sha);
+        floor_once(&fr);
         int64_t t1 = now_ns();
-        if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
-            die("cycle", dlock_errmsg());
+        h_dlock_once(l);
         int64_t t2 = now_ns();
         if (i >= 0) {
             f[i] = t1 - t0;
@@ -334,7 +272,7 @@ static void redis_cycles_alternating(int n, stats *fs, stats *ds, double rq[3])
     }
     *fs = summarize(f, n);
     *ds = summarize(d, n);
-    qsort(q, (size_t)n, sizeof(*q), cmp_i64);
+    qsort(q, (size_t)n, sizeof(*q), cmp64);
     rq[0] = (double)q[n / 4] / 10000;
     rq[1] = (double)q[n / 2] / 10000;
     rq[2] = (double)q[n * 3 / 4] / 10000;
@@ -343,7 +281,7 @@ static void redis_cycles_alternating(int n, stats *fs, stats *ds, double rq[3])
     free(q);
     dlock_close(l);
     dlock_client_close(dc);
-    redisFree(c);
+    redisFree(fr.c);
 }
 
 /* Server time per cycle (INFO commandstats, µs): `n` cycles of the floor
@@ -383,99 +321,15 @@ static double server_us_per_cycle(int use_dlock, int n)
 
 /* --- hand-off between two processes --- */
 
-typedef struct pingpong {
-    volatile int started; /* process 0 holds the lock: 1 may begin */
-    volatile int ready[2];
-    volatile int acquired; /* hand-offs completed */
-    volatile int64_t released_at;
-    int n;
-    int64_t samples[];
-} pingpong;
-
-static void spin_until(volatile int *v, int want)
-{
-    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want) {
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-static void pingpong_proc(pingpong *s, int me, const char *uri,
-                          unsigned flags)
-{
-    dlock_client *c = open_client(uri);
-    dlock *l = open_lock(c, "bench-handoff", flags);
-
-    if (me == 0) {
-        if (dlock_acquire(l, -1) != DLOCK_OK)
-            die("handoff", dlock_errmsg());
-        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
-    } else {
-        spin_until(&s->started, 1);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (i % 2 == me) { /* we hold it: hand it over */
-            spin_until(&s->ready[1 - me], i + 1);
-            struct timespec ts = {0, 2000000}; /* let it start waiting */
-            nanosleep(&ts, NULL);
-            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            if (dlock_release(l) != DLOCK_OK)
-                die("handoff release", dlock_errmsg());
-        } else {
-            /* never barge: ask only once the other one got it (in default
-             * mode a releaser that re-tries at once may win again) */
-            spin_until(&s->acquired, i);
-            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            if (dlock_acquire(l, -1) != DLOCK_OK)
-                die("handoff acquire", dlock_errmsg());
-            s->samples[i] = now_ns() -
-                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
-            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
-        }
-    }
-    if (dlock_held(l) > 0)
-        dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-}
-
 static stats handoff(const char *uri, unsigned flags, int n)
 {
-    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)n;
-    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[2];
+    dlock_party p = {uri, NULL, flags, 0, -1};
 
-    memset(s, 0, size);
-    s->n = n;
-    for (int me = 0; me < 2; me++) {
-        fflush(stdout);
-        pids[me] = fork();
-        if (pids[me] == 0) {
-            pingpong_proc(s, me, uri, flags);
-            _exit(0);
-        }
-    }
-    for (int me = 0; me < 2; me++) {
-        int st;
-        waitpid(pids[me], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            die("handoff", "a process failed");
-    }
-    /* the first sample of each direction includes subscribing */
-    stats r = summarize(s->samples + 2, n - 2);
-    munmap(s, size);
-    return r;
+    /* the first sample of each direction includes subscribing: dropped */
+    return handoff_dlock(&p, n - 2, NULL);
 }
 
 /* --- store commands per hand-off under contention --- */
-
-typedef struct contend {
-    volatile int stop;
-    volatile int last;
-    volatile long handoffs;
-    volatile long acquisitions;
-} contend;
 
 /* Commands the server ran: all of them (including those inside scripts)
  * into *all; only those clients sent (requests) into *req. */
@@ -506,64 +360,25 @@ static void redis_commands(long long *all, long long *req)
     redisFree(c);
 }
 
-static void contend_proc(contend *s, int me, unsigned flags)
-{
-    dlock_client *c = open_client(redis_uri);
-    dlock *l = open_lock(c, "bench-contend", flags);
-
-    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
-        int rc = dlock_acquire(l, 300);
-        if (rc == DLOCK_EBUSY)
-            continue;
-        if (rc != DLOCK_OK)
-            die("contend", dlock_errmsg());
-        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
-        if (s->last != me) {
-            __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
-            s->last = me;
-        }
-        if (dlock_release(l) != DLOCK_OK)
-            die("contend release", dlock_errmsg());
-    }
-    dlock_close(l);
-    dlock_client_close(c);
-}
-
 static void commands_per_handoff(int waiters, unsigned flags, double *req,
                                  double *per, double *handoffs_per_s)
 {
-    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    int nproc = waiters + 1;
-    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
     int64_t ms = quick ? 1000 : 3000;
-
-    memset(s, 0, sizeof(*s));
-    s->last = -1;
+    contend_cfg cfg = {redis_uri, NULL, flags, waiters + 1, 0, 0, 0,
+                       300, 0, 0, ms + 10000};
     long long before, before_req, after, after_req;
+
     redis_commands(&before, &before_req);
-    int64_t t0 = now_ns();
-    for (int i = 0; i < nproc; i++) {
-        fflush(stdout);
-        pids[i] = fork();
-        if (pids[i] == 0) {
-            contend_proc(s, i, flags);
-            _exit(0);
-        }
-    }
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
-    for (int i = 0; i < nproc; i++)
-        waitpid(pids[i], NULL, 0);
-    double secs = (double)(now_ns() - t0) / 1e9;
+    contend *s = contend_start(&cfg);
+    contend_go(s);
+    sleep_us(ms * 1000);
+    contend_stop(s);
+    contend_result r = contend_finish(s);
     redis_commands(&after, &after_req);
-    *per = s->handoffs ? (double)(after - before) / (double)s->handoffs : 0;
-    *req = s->handoffs ? (double)(after_req - before_req) / (double)s->handoffs
-                       : 0;
-    *handoffs_per_s = (double)s->handoffs / secs;
-    free(pids);
-    munmap(s, sizeof(*s));
+    *per = r.handoffs ? (double)(after - before) / (double)r.handoffs : 0;
+    *req = r.handoffs ? (double)(after_req - before_req) / (double)r.handoffs
+                      : 0;
+    *handoffs_per_s = r.per_s;
 }
 
 /* ------------------------------------------------------------------------ */

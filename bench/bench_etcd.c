@@ -30,12 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "harness.h"
 
 const char bench_prog[] = "bench_etcd";
 
@@ -44,14 +41,6 @@ const char bench_prog[] = "bench_etcd";
 static int quick;
 static const char *uri;
 static char base[256]; /* http://host:port */
-
-static void medrange(double *v, double *med, double *min, double *max)
-{
-    qsort(v, CHUNKS, sizeof(double), cmpd);
-    *min = v[0];
-    *med = v[CHUNKS / 2];
-    *max = v[CHUNKS - 1];
-}
 
 /* ------------------------------------------------------------------------ */
 /* The bare client                                                          */
@@ -172,8 +161,9 @@ static void floor_prepare(http *c)
 
 /* dlock's own two requests from the bare client: the put that also reads
  * the queue's two newest keys, and a delete conditional on the revision */
-static void same_cycle_once(http *c)
+static void same_cycle_once(void *arg)
 {
+    http *c = arg;
     char del[512];
     const char *r = post(c, "/v3/kv/txn", same_put);
     const char *rev = strstr(r, "\"revision\":\"");
@@ -190,56 +180,33 @@ static void same_cycle_once(http *c)
         die("same delete", r);
 }
 
-static void floor_cycle_once(http *c)
+static void floor_cycle_once(void *arg)
 {
+    http *c = arg;
     post(c, "/v3/kv/txn", floor_put);
     post(c, "/v3/kv/deleterange", "{\"key\":\"" FLOOR_CHILD "\"}");
 }
 
-static void floor_write_once(http *c)
+static void floor_write_once(void *arg)
 {
+    http *c = arg;
     post(c, "/v3/kv/put",
          "{\"key\":\"" FLOOR_DATA "\",\"value\":\"MDEyMzQ1Njc4OWFiY2RlZg==\"}");
 }
 
-static void floor_rtt_once(http *c)
+static void floor_rtt_once(void *arg)
 {
+    http *c = arg;
     post(c, "/v3/kv/range", "{\"key\":\"" FLOOR_DATA "\"}");
-}
-
-static void floor_cycles(http *c, int64_t *ns, int n, int same)
-{
-    for (int i = 0; i < n; i++) {
-        int64_t t0 = now_ns();
-        if (same)
-            same_cycle_once(c);
-        else
-            floor_cycle_once(c);
-        if (ns)
-            ns[i] = now_ns() - t0;
-    }
 }
 
 /* kind 0: round trip; 1: write; 2: 2 ms idle, then write + round trip */
 static stats floor_op(int kind, int n)
 {
-    http *c = http_new();
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+    http *h = http_new();
+    stats s = time_write_rtt(floor_write_once, floor_rtt_once, h, kind, n);
 
-    for (int i = -n / 10; i < n; i++) {
-        if (kind == 2)
-            sleep_us(2000);
-        int64_t t0 = now_ns();
-        if (kind >= 1)
-            floor_write_once(c);
-        if (kind != 1)
-            floor_rtt_once(c);
-        if (i >= 0)
-            ns[i] = now_ns() - t0;
-    }
-    http_free(c);
-    stats s = summarize(ns, n);
-    free(ns);
+    http_free(h);
     return s;
 }
 
@@ -264,203 +231,45 @@ static double metric(const char *name)
 /* dlock                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static dlock_client *open_client(void)
-{
-    dlock_client *c;
-
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK)
-        die(uri, dlock_errmsg());
-    return c;
-}
-
-static dlock *open_lock(dlock_client *c, const char *name)
-{
-    dlock *l;
-
-    if (dlock_open(&l, c, name, NULL) != DLOCK_OK)
-        die(name, dlock_errmsg());
-    return l;
-}
-
-static void dlock_cycles(dlock *l, int64_t *ns, int n)
-{
-    for (int i = 0; i < n; i++) {
-        int64_t t0 = now_ns();
-        if (dlock_acquire(l, 0) != DLOCK_OK)
-            die("cycle acquire", dlock_errmsg());
-        if (dlock_release(l) != DLOCK_OK)
-            die("cycle release", dlock_errmsg());
-        if (ns)
-            ns[i] = now_ns() - t0;
-    }
-}
-
-typedef struct pingpong {
-    volatile int started;
-    volatile int ready[2];
-    volatile int acquired;
-    volatile int64_t released_at;
-    int n;
-    int64_t samples[];
-} pingpong;
-
-static void spin_until(volatile int *v, int want)
-{
-    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want)
-        sleep_us(20);
-}
-
-static void pingpong_proc(pingpong *s, int me)
-{
-    dlock_client *c = open_client();
-    dlock *l = open_lock(c, "bench-handoff");
-
-    if (me == 0) {
-        if (dlock_acquire(l, -1) != DLOCK_OK)
-            die("handoff", dlock_errmsg());
-        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
-    } else {
-        spin_until(&s->started, 1);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (i % 2 == me) {
-            spin_until(&s->ready[1 - me], i + 1);
-            sleep_us(2000); /* let it start waiting */
-            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            if (dlock_release(l) != DLOCK_OK)
-                die("handoff release", dlock_errmsg());
-        } else {
-            spin_until(&s->acquired, i);
-            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            if (dlock_acquire(l, -1) != DLOCK_OK)
-                die("handoff acquire", dlock_errmsg());
-            s->samples[i] = now_ns() -
-                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
-            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
-        }
-    }
-    if (dlock_held(l) > 0)
-        dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-}
-
+/* the first sample of each direction (setting up the wait) is dropped */
 static stats handoff(int n)
 {
-    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)n;
-    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[2];
+    dlock_party p = {uri, NULL, 0, 0, -1};
 
-    if (s == MAP_FAILED)
-        die("mmap", strerror(errno));
-    memset(s, 0, size);
-    s->n = n;
-    for (int me = 0; me < 2; me++) {
-        fflush(stdout);
-        pids[me] = fork();
-        if (pids[me] == 0) {
-            pingpong_proc(s, me);
-            _exit(0);
-        }
-    }
-    for (int me = 0; me < 2; me++) {
-        int st;
-        waitpid(pids[me], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            die("handoff", "a process failed");
-    }
-    stats r = summarize(s->samples + 2, n - 2);
-    munmap(s, size);
-    return r;
-}
-
-typedef struct contend {
-    volatile int stop;
-    volatile int ready;
-    volatile int last;
-    volatile long handoffs;
-} contend;
-
-static void contend_proc(contend *s, int me)
-{
-    dlock_client *c = open_client();
-    dlock *l = open_lock(c, "bench-contend");
-
-    __atomic_add_fetch(&s->ready, 1, __ATOMIC_RELEASE);
-    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
-        int rc = dlock_acquire(l, 300);
-        if (rc == DLOCK_EBUSY)
-            continue;
-        if (rc != DLOCK_OK)
-            die("contend", dlock_errmsg());
-        if (s->last != me) {
-            __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
-            s->last = me;
-        }
-        if (dlock_release(l) != DLOCK_OK)
-            die("contend release", dlock_errmsg());
-    }
-    dlock_close(l);
-    dlock_client_close(c);
+    return handoff_dlock(&p, n - 2, NULL);
 }
 
 static void work_per_handoff(int waiters, double *writes, double *reads,
                              double *per_s)
 {
-    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    int nproc = waiters + 1;
-    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
     int64_t ms = quick ? 1000 : 3000;
+    contend_cfg cfg = {uri, NULL, 0, waiters + 1, 0, 0, 0,
+                       300, 0, 0, ms + 10000};
+    contend *s = contend_start(&cfg);
 
-    if (s == MAP_FAILED || !pids)
-        die("contend", "out of memory");
-    memset(s, 0, sizeof(*s));
-    s->last = -1;
-    for (int i = 0; i < nproc; i++) {
-        fflush(stdout);
-        pids[i] = fork();
-        if (pids[i] == 0) {
-            contend_proc(s, i);
-            _exit(0);
-        }
-    }
-    spin_until(&s->ready, nproc);
+    contend_go(s);
     sleep_us(200000);
     double w0 = metric("etcd_debugging_mvcc_put_total") +
                 metric("etcd_debugging_mvcc_delete_total");
     double r0 = metric("etcd_debugging_mvcc_range_total");
-    long h0 = __atomic_load_n(&s->handoffs, __ATOMIC_ACQUIRE);
+    long h0 = contend_handoffs(s);
     int64_t t0 = now_ns();
     sleep_us(ms * 1000);
-    long h1 = __atomic_load_n(&s->handoffs, __ATOMIC_ACQUIRE);
+    long h1 = contend_handoffs(s);
     double w1 = metric("etcd_debugging_mvcc_put_total") +
                 metric("etcd_debugging_mvcc_delete_total");
     double r1 = metric("etcd_debugging_mvcc_range_total");
     double secs = (double)(now_ns() - t0) / 1e9;
-    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
-    for (int i = 0; i < nproc; i++) {
-        int st;
-        waitpid(pids[i], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            die("contend", "a process failed");
-    }
+    contend_stop(s);
+    contend_finish(s);
     *writes = h1 > h0 ? (w1 - w0) / (double)(h1 - h0) : 0;
     *reads = h1 > h0 ? (r1 - r0) / (double)(h1 - h0) : 0;
     *per_s = (double)(h1 - h0) / secs;
-    free(pids);
-    munmap(s, sizeof(*s));
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: dlock_bench_etcd ETCD_URI [--quick]\n");
-        return 2;
-    }
-    uri = argv[1];
-    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    uri = h_args(argc, argv, "ETCD_URI", &quick);
     if (strncmp(uri, "etcd://", 7) != 0)
         die("uri", "expected etcd://host:port");
     snprintf(base, sizeof(base), "http://%.*s", (int)strcspn(uri + 7, ",/?"),
@@ -472,22 +281,17 @@ int main(int argc, char **argv)
     int nh = quick ? 150 : 600;
     int no = quick ? 500 : 2000;
 
-    dlock_client *dc = NULL;
-    int rc = dlock_client_open(&dc, uri, NULL);
-    int have_store = rc == DLOCK_OK;
-    char why[256] = "";
-    if (rc == DLOCK_ENOTSUP)
-        snprintf(why, sizeof(why), "%s", dlock_errmsg());
-    else if (rc != DLOCK_OK)
-        die(uri, dlock_errmsg());
+    char why[256];
+    dlock_client *dc = h_store_client(uri, NULL, why, sizeof(why));
+    int have_store = dc != NULL;
 
     http *c = http_new();
     floor_prepare(c);
-    dlock *dl = have_store ? open_lock(dc, "bench-cycle") : NULL;
-    floor_cycles(c, NULL, 200, 0);
-    floor_cycles(c, NULL, 200, 1);
+    dlock *dl = have_store ? h_open_lock(dc, "bench-cycle", 0, 0) : NULL;
+    time_ops(floor_cycle_once, c, NULL, 200, 0);
+    time_ops(same_cycle_once, c, NULL, 200, 0);
     if (have_store)
-        dlock_cycles(dl, NULL, 200);
+        h_dlock_cycles(dl, NULL, 200);
 
     printf("## etcd (%s)\n\n", uri);
     if (!have_store)
@@ -508,33 +312,24 @@ int main(int argc, char **argv)
     int per = n / CHUNKS;
     int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
     int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
-    int64_t *sns = malloc(sizeof(int64_t) * (size_t)per);
-    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS], sv[CHUNKS], srv[CHUNKS];
-    for (int k = 0; k < CHUNKS; k++) {
-        int64_t *f = fns + (size_t)k * per, *d = dns + (size_t)k * per;
-        floor_cycles(c, f, per, 0);
-        floor_cycles(c, sns, per, 1);
-        if (have_store)
-            dlock_cycles(dl, d, per);
-        fv[k] = summarize(f, per).p50_us;
-        sv[k] = summarize(sns, per).p50_us;
-        dv[k] = have_store ? summarize(d, per).p50_us : 0;
-        rv[k] = dv[k] / fv[k];
-        srv[k] = dv[k] / sv[k];
-    }
+    int64_t *all[3] = {fns, NULL, dns};
+    /* the floor, dlock's own requests from the bare client, dlock */
+    int64_t *sns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
+    kind_op kinds[3] = {{floor_cycle_once, c}, {same_cycle_once, c},
+                        {h_dlock_once, dl}};
+    double p50[3 * CHUNKS] = {0}, *fv = p50, *sv = p50 + CHUNKS,
+           *dv = p50 + 2 * CHUNKS;
+    all[1] = sns;
+    chunked_ops(kinds, have_store ? 3 : 2, n, CHUNKS, p50, all);
     free(sns);
     http_free(c);
     if (have_store) {
         dlock_close(dl);
         dlock_client_close(dc);
     }
-    double f_med, d_med, r_med, r_min, r_max, x, s_med, sr_med, sr_min,
-        sr_max;
-    medrange(sv, &s_med, &x, &x);
-    medrange(srv, &sr_med, &sr_min, &sr_max);
-    medrange(fv, &f_med, &x, &x);
-    medrange(dv, &d_med, &x, &x);
-    medrange(rv, &r_med, &r_min, &r_max);
+    double s_med = medrange(sv, CHUNKS).med, f_med = medrange(fv, CHUNKS).med,
+           d_med = medrange(dv, CHUNKS).med;
+    spread sr = ratios(dv, sv, CHUNKS), rs = ratios(dv, fv, CHUNKS);
     stats fs = summarize(fns, per * CHUNKS);
     stats ds = have_store ? summarize(dns, per * CHUNKS) : fs;
     free(fns);
@@ -542,12 +337,12 @@ int main(int argc, char **argv)
     if (have_store) {
         printf("| uncontended acquire+release, p50 (floor: txn put + "
                "delete) | %.1f | %.1f | **%.2fx** (chunks: %.2f–%.2f) |\n",
-               f_med, d_med, r_med, r_min, r_max);
+               f_med, d_med, rs.med, rs.min, rs.max);
         printf("| the same, beside dlock's own two requests sent by the "
                "bare client (txn put + range of the two newest keys; txn "
                "compare-revision + delete) | %.1f | %.1f | %.2fx (chunks: "
                "%.2f–%.2f) |\n",
-               s_med, d_med, sr_med, sr_min, sr_max);
+               s_med, d_med, sr.med, sr.min, sr.max);
         printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx "
                "|\n",
                fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
@@ -566,17 +361,16 @@ int main(int argc, char **argv)
         hv[k] = handoff(per_h + 2).p50_us;
         hr[k] = hv[k] / iv[k];
     }
-    double i_med, i_min, i_max, h_med;
-    medrange(iv, &i_med, &i_min, &i_max);
-    medrange(hv, &h_med, &x, &x);
-    medrange(hr, &r_med, &r_min, &r_max);
+    spread is = medrange(iv, CHUNKS);
+    double h_med = medrange(hv, CHUNKS).med;
+    rs = medrange(hr, CHUNKS);
     printf("| write + round trip after 2 ms idle (put, range) | %.1f "
            "(chunks: %.1f–%.1f) | | |\n",
-           i_med, i_min, i_max);
+           is.med, is.min, is.max);
     printf("| hand-off, release → waiter's acquire returns, p50 | %.1f (1 "
            "idle write+RTT) | %.1f | **%.2f idle write+RTT** (chunks: "
            "%.2f–%.2f; %.2f hot write+RTT) |\n",
-           i_med, h_med, r_med, r_min, r_max,
+           is.med, h_med, rs.med, rs.min, rs.max,
            h_med / (wr.p50_us + rt.p50_us));
 
     printf("\n### etcd work per hand-off\n\n");

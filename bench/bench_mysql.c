@@ -53,18 +53,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "harness.h"
 
 const char bench_prog[] = "bench_mysql";
 
 #define CHUNKS 15             /* --quick: QUICK_CHUNKS */
 #define QUICK_CHUNKS 9
-#define PROC_LIMIT_S 60       /* a forked process never runs longer */
 #define WAIT_MS 10000         /* a hand-off's acquire gives up after this */
 #define TTL_MS 30000          /* dlock's default lease; the floor's too */
 #define STORE_TABLE "dlock_locks"
@@ -88,20 +84,8 @@ static char store_table[65] = STORE_TABLE;
 static char host[256], user[256], password[256], db[256];
 static unsigned port = 3306;
 
-typedef struct spread {
-    double med, min, max;
-} spread;
-
-static spread medrange(double *v, int n)
-{
-    spread s;
-
-    qsort(v, (size_t)n, sizeof(double), cmpd);
-    s.min = v[0];
-    s.med = v[n / 2];
-    s.max = v[n - 1];
-    return s;
-}
+static const dlock_client_options copts = {10000}; /* a busy machine is
+                                                   * no failure */
 
 /* ------------------------------------------------------------------------ */
 /* The store's statements                                                   */
@@ -270,8 +254,9 @@ static void query_str(MYSQL *m, const char *sql, int col, char *out,
     mysql_free_result(r);
 }
 
-/* A blocking connection set up as the store sets up its own. */
-static MYSQL *connect_my(void)
+/* A blocking connection set up as the store sets up its own; flags:
+ * CLIENT_MULTI_STATEMENTS to send several statements at once. */
+static MYSQL *connect_my(unsigned long flags)
 {
     MYSQL *m = mysql_init(NULL);
     unsigned connect_s = 10, io_s = 30; /* a stuck server: an error */
@@ -282,26 +267,7 @@ static MYSQL *connect_my(void)
     mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &io_s);
     mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &io_s);
     mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
-    if (!mysql_real_connect(m, host, user, password, db, port, NULL, 0))
-        die("connecting", mysql_error(m));
-    exec_ok(m, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
-    return m;
-}
-
-/* A blocking connection that may send several statements at once. */
-static MYSQL *connect_multi(void)
-{
-    MYSQL *m = mysql_init(NULL);
-    unsigned connect_s = 10, io_s = 30;
-
-    if (!m)
-        die("mysql_init", "out of memory");
-    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &connect_s);
-    mysql_options(m, MYSQL_OPT_READ_TIMEOUT, &io_s);
-    mysql_options(m, MYSQL_OPT_WRITE_TIMEOUT, &io_s);
-    mysql_options(m, MYSQL_SET_CHARSET_NAME, "utf8mb4");
-    if (!mysql_real_connect(m, host, user, password, db, port, NULL,
-                            CLIENT_MULTI_STATEMENTS))
+    if (!mysql_real_connect(m, host, user, password, db, port, NULL, flags))
         die("connecting", mysql_error(m));
     exec_ok(m, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED");
     return m;
@@ -327,14 +293,19 @@ static void holder_text(char *out, size_t cap)
              (long)getpid());
 }
 
-/* A floor connection; values shaped like dlock's (a 32-hex client id and
- * a thread id; the main thread's holder text). The upsert's text does not
- * change from cycle to cycle: made once. */
-static void floor_connect(floor_my *f)
+/* A new floor connection (for run_cycles(): one per chunk); values shaped
+ * like dlock's (a 32-hex client id and a thread id; the main thread's
+ * holder text). The upsert's text does not change from cycle to cycle:
+ * made once. */
+static void *floor_connect(void *arg)
 {
     char owner[64], holder[160], hh[2 * sizeof(holder) + 4];
+    floor_my *f = malloc(sizeof(*f));
 
-    f->m = connect_multi();
+    (void)arg;
+    if (!f)
+        die("floor", "out of memory");
+    f->m = connect_my(CLIENT_MULTI_STATEMENTS);
     snprintf(owner, sizeof(owner), "0123456789abcdef0123456789abcdef:%ld",
              (long)getpid());
     holder_text(holder, sizeof(holder));
@@ -343,10 +314,21 @@ static void floor_connect(floor_my *f)
     hexlit(holder, hh, sizeof(hh));
     try_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh);
     f->acq_len = strlen(f->acq);
+    return f;
 }
 
-static void floor_rtt(floor_my *f)
+static void floor_close(void *arg)
 {
+    floor_my *f = arg;
+
+    mysql_close(f->m);
+    free(f);
+}
+
+static void floor_rtt(void *arg)
+{
+    floor_my *f = arg;
+
     exec_ok(f->m, "SELECT 1");
 }
 
@@ -354,55 +336,31 @@ static void floor_rtt(floor_my *f)
  * guarded by the gate (1 row inserted or 2 taken over; the token from
  * LAST_INSERT_ID), then the guarded update with that token (1 row) and
  * the gate's release, one round trip. */
-static void floor_cycle(floor_my *f)
+/* The store's release: the guarded UPDATE, then the gate, one round
+ * trip (rel: room for its text). */
+static void floor_release(MYSQL *m, char *rel, size_t cap, const char *name,
+                          const char *owner, unsigned long long token)
 {
+    release_sql(rel, cap, FLOOR_TABLE, name, owner, token);
+    if (mysql_real_query(m, rel, strlen(rel)) != 0)
+        die("floor release", mysql_error(m));
+    if (mysql_affected_rows(m) != 1)
+        die("floor release", "the floor's row was not ours");
+    if (mysql_next_result(m) != 0)
+        die("floor release", mysql_error(m));
+}
+
+static void floor_cycle(void *arg)
+{
+    floor_my *f = arg;
+
     if (mysql_real_query(f->m, f->acq, f->acq_len) != 0)
         die("floor acquire", mysql_error(f->m));
     my_ulonglong got = mysql_affected_rows(f->m);
     unsigned long long token = (unsigned long long)mysql_insert_id(f->m);
     if ((got != 1 && got != 2) || token == 0)
         die("floor acquire", "the floor's lock was not free");
-    release_sql(f->rel, sizeof(f->rel), FLOOR_TABLE, f->name, f->owner,
-                token);
-    if (mysql_real_query(f->m, f->rel, strlen(f->rel)) != 0)
-        die("floor release", mysql_error(f->m));
-    if (mysql_affected_rows(f->m) != 1)
-        die("floor release", "the floor's row was not ours");
-    if (mysql_next_result(f->m) != 0)
-        die("floor release", mysql_error(f->m));
-}
-
-/* ------------------------------------------------------------------------ */
-/* dlock                                                                    */
-/* ------------------------------------------------------------------------ */
-
-static dlock_client *open_client(void)
-{
-    dlock_client_options o = {10000}; /* a busy machine is no failure */
-    dlock_client *c;
-
-    if (dlock_client_open(&c, uri, &o) != DLOCK_OK)
-        die("client", dlock_errmsg());
-    return c;
-}
-
-static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
-{
-    dlock_options o;
-    dlock *l;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = TTL_MS;
-    o.flags = flags;
-    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
-        die(name, dlock_errmsg());
-    return l;
-}
-
-static void dlock_cycle(dlock *l)
-{
-    if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
-        die("cycle", dlock_errmsg());
+    floor_release(f->m, f->rel, sizeof(f->rel), f->name, f->owner, token);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -525,8 +483,8 @@ static void general_log_restore(MYSQL *m, const char *on, const char *out)
 static int same_statements(MYSQL *m, const char **why)
 {
     char was_on[8], was_out[64];
-    dlock_client *c = open_client();
-    dlock *l = open_lock(c, CYCLE_LOCK, 0);
+    dlock_client *c = h_open_client(uri, &copts);
+    dlock *l = h_open_lock(c, CYCLE_LOCK, 0, TTL_MS);
     unsigned long long token = 0;
     int same = -1;
 
@@ -604,192 +562,12 @@ out:
     return same;
 }
 
-/*
- * Cycles of dlock and of the floor in `chunks` chunks that alternate (the
- * order within a chunk too), each chunk preceded by round trips on the
- * floor's connection. Every chunk has a new floor connection and a new
- * dlock client: on a small machine, which core the server's thread for a
- * connection shares with the client moves one fixed connection's figures.
- */
-typedef struct cycles {
-    spread floor, dlock, ratio, rtt;
-    stats floor_all, dlock_all;
-} cycles;
-
-static cycles run_cycles(int n)
-{
-    int per = n / chunks;
-    int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * (size_t)chunks);
-    int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * (size_t)chunks);
-    int64_t *rns = malloc(sizeof(int64_t) * (size_t)per);
-    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS], tv[CHUNKS];
-    cycles c;
-
-    if (!fns || !dns || !rns)
-        die("cycles", "out of memory");
-    for (int k = 0; k < chunks; k++) {
-        int64_t *fk = fns + (size_t)k * per, *dk = dns + (size_t)k * per;
-        floor_my f;
-        floor_connect(&f);
-        dlock_client *dc = open_client();
-        dlock *l = open_lock(dc, CYCLE_LOCK, 0);
-        /* past a new session's cold start */
-        for (int i = 0; i < (k == 0 ? 300 : 30); i++) {
-            floor_cycle(&f);
-            dlock_cycle(l);
-        }
-        for (int i = 0; i < per; i++) {
-            int64_t t0 = now_ns();
-            floor_rtt(&f);
-            rns[i] = now_ns() - t0;
-        }
-        for (int side = 0; side < 2; side++) {
-            if ((side ^ (k & 1)) == 0) {
-                for (int i = 0; i < per; i++) {
-                    int64_t t0 = now_ns();
-                    floor_cycle(&f);
-                    fk[i] = now_ns() - t0;
-                }
-            } else {
-                for (int i = 0; i < per; i++) {
-                    int64_t t0 = now_ns();
-                    dlock_cycle(l);
-                    dk[i] = now_ns() - t0;
-                }
-            }
-        }
-        dlock_close(l);
-        dlock_client_close(dc);
-        mysql_close(f.m);
-        tv[k] = summarize(rns, per).p50_us;
-        fv[k] = summarize(fk, per).p50_us;
-        dv[k] = summarize(dk, per).p50_us;
-        rv[k] = dv[k] / fv[k];
-    }
-    c.floor = medrange(fv, chunks);
-    c.dlock = medrange(dv, chunks);
-    c.ratio = medrange(rv, chunks);
-    c.rtt = medrange(tv, chunks);
-    c.floor_all = summarize(fns, per * chunks);
-    c.dlock_all = summarize(dns, per * chunks);
-    free(fns);
-    free(dns);
-    free(rns);
-    return c;
-}
+static const floor_ops my_floor = {floor_connect, floor_cycle, floor_rtt,
+                                   floor_close, NULL};
 
 /* ------------------------------------------------------------------------ */
-/* Processes                                                                */
+/* Hand-off between two processes                                           */
 /* ------------------------------------------------------------------------ */
-
-/* Waits until *v >= want; dies past PROC_LIMIT_S. Polls every 20 µs at
- * first, then backs off to 1 ms, so that waiting processes leave the
- * CPUs to the ones that work. */
-static void spin_until(volatile int *v, int want)
-{
-    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
-    long us = 20;
-
-    for (int i = 0; __atomic_load_n(v, __ATOMIC_ACQUIRE) < want; i++) {
-        if (now_ns() > end)
-            die("waiting for another process", "timed out");
-        sleep_us(us);
-        if (i > 100 && us < 1000)
-            us *= 2;
-    }
-}
-
-static void kill_all(pid_t *pids, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0)
-            kill(pids[i], SIGKILL);
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0)
-            waitpid(pids[i], NULL, 0);
-}
-
-/* Reaps the processes that have exited; dies (killing the others) if one
- * failed, or if `must_live` and any has exited. */
-static int reap_some(pid_t *pids, int n, int must_live, const char *what)
-{
-    int st, gone = 0;
-    pid_t p;
-
-    while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
-        for (int i = 0; i < n; i++) {
-            if (pids[i] != p)
-                continue;
-            pids[i] = 0;
-            gone++;
-            if (must_live || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-                kill_all(pids, n);
-                die(what, "a process failed");
-            }
-        }
-    }
-    return gone;
-}
-
-/* Waits for the n processes, killing them past PROC_LIMIT_S. */
-static void reap(pid_t *pids, int n, const char *what)
-{
-    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
-    int left = n;
-
-    for (int i = 0; i < n; i++)
-        left -= pids[i] <= 0;
-    while (left > 0) {
-        left -= reap_some(pids, n, 0, what);
-        if (left > 0 && now_ns() > end) {
-            kill_all(pids, n);
-            die(what, "processes still running after the time limit");
-        }
-        if (left > 0)
-            sleep_us(2000);
-    }
-}
-
-/* Waits until *v >= want while all n processes live. */
-static void wait_ready(volatile int *v, int want, pid_t *pids, int n,
-                       const char *what)
-{
-    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
-
-    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want) {
-        reap_some(pids, n, 1, what);
-        if (now_ns() > end) {
-            kill_all(pids, n);
-            die(what, "processes not ready in time");
-        }
-        sleep_us(200);
-    }
-}
-
-static pid_t spawn(void (*fn)(void *, int), void *arg, int me)
-{
-    fflush(stdout);
-    pid_t p = fork();
-    if (p < 0)
-        die("fork", strerror(errno));
-    if (p == 0) {
-        alarm(PROC_LIMIT_S + 5); /* a stuck child never outlives us */
-        fn(arg, me);
-        _exit(0);
-    }
-    return p;
-}
-
-/* --- hand-off between two processes --- */
-
-typedef struct pingpong {
-    volatile int started, ready[2], acquired;
-    volatile int64_t released_at, waits_from;
-    long hold_min_us, hold_max_us; /* how long the holder keeps it */
-    int floor; /* bare clients instead of dlock */
-    int n;
-    int64_t samples[];
-} pingpong;
 
 /* The floor's side of a hand-off: a connection, its waiting upsert (an
  * owner of its own) and the token of its hold. */
@@ -802,11 +580,16 @@ typedef struct floor_side {
 
 #define FLOOR_GATE " WHERE GET_LOCK('bench-floor-handoff', 10) = 1"
 
-static void floor_side_open(floor_side *f, int me)
+/* A hand-off party of its own (handoff_run(), after the fork). */
+static void *floor_side_open(void *arg, int me)
 {
     char owner[64], holder[160], hh[2 * sizeof(holder) + 4];
+    floor_side *f = malloc(sizeof(*f));
 
-    f->m = connect_multi();
+    (void)arg;
+    if (!f)
+        die("floor hand-off", "out of memory");
+    f->m = connect_my(CLIENT_MULTI_STATEMENTS);
     /* the woken upsert's SYSDATE(6) in UTC, as the store's */
     exec_ok(f->m, "SET time_zone = '+00:00'");
     snprintf(owner, sizeof(owner), "0123456789abcdef0123456789abcdef:%d",
@@ -817,12 +600,15 @@ static void floor_side_open(floor_side *f, int me)
     hexlit(holder, hh, sizeof(hh));
     acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh,
                 FLOOR_GATE, 1);
+    return f;
 }
 
 /* The upsert, asleep in its GET_LOCK until the holder lets go, then
  * taking the row. */
-static void floor_side_take(floor_side *f)
+static void floor_side_take(void *arg)
 {
+    floor_side *f = arg;
+
     if (mysql_real_query(f->m, f->acq, strlen(f->acq)) != 0)
         die("floor hand-off", mysql_error(f->m));
     f->token = (unsigned long long)mysql_insert_id(f->m);
@@ -831,165 +617,43 @@ static void floor_side_take(floor_side *f)
                               "was not free");
 }
 
-/* The store's release: the guarded UPDATE, then the gate, one round
- * trip. */
-static void floor_side_release(floor_side *f)
+static void floor_side_release(void *arg)
 {
-    release_sql(f->rel, sizeof(f->rel), FLOOR_TABLE, f->name, f->owner,
-                f->token);
-    if (mysql_real_query(f->m, f->rel, strlen(f->rel)) != 0)
-        die("floor release", mysql_error(f->m));
-    if (mysql_affected_rows(f->m) != 1)
-        die("floor release", "the floor's row was not ours");
-    if (mysql_next_result(f->m) != 0)
-        die("floor release", mysql_error(f->m));
+    floor_side *f = arg;
+
+    floor_release(f->m, f->rel, sizeof(f->rel), f->name, f->owner,
+                  f->token);
 }
 
-static void pingpong_proc(void *arg, int me)
+static void floor_side_close(void *arg, int holding)
 {
-    pingpong *s = arg;
-    dlock_client *c = NULL;
-    dlock *l = NULL;
-    floor_side f;
-    unsigned seed = (unsigned)getpid();
+    floor_side *f = arg;
 
-    if (s->floor) {
-        floor_side_open(&f, me);
-    } else {
-        c = open_client(); /* after fork: a client of its own */
-        l = open_lock(c, "bench-handoff", 0);
-    }
-    if (me == 0) {
-        if (s->floor)
-            floor_side_take(&f);
-        else if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
-            die("handoff acquire", dlock_errmsg());
-        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
-    } else {
-        spin_until(&s->started, 1);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (i % 2 == me) { /* we hold it: hand it over */
-            spin_until(&s->ready[1 - me], i + 1);
-            /* counted from when the other one began to wait, not from
-             * when we saw it: by then it sleeps in the server */
-            long span = s->hold_max_us - s->hold_min_us;
-            int64_t at = __atomic_load_n(&s->waits_from, __ATOMIC_ACQUIRE) +
-                         (int64_t)1000 * (s->hold_min_us +
-                                          (span > 0 ? (long)(rand_r(&seed) %
-                                                             (span + 1))
-                                                    : 0));
-            int64_t left = at - now_ns();
-            if (left > 0)
-                sleep_us((long)(left / 1000));
-            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            if (s->floor)
-                floor_side_release(&f);
-            else if (dlock_release(l) != DLOCK_OK)
-                die("handoff release", dlock_errmsg());
-        } else {
-            /* never barge: ask only once the other one got it */
-            spin_until(&s->acquired, i);
-            __atomic_store_n(&s->waits_from, now_ns(), __ATOMIC_RELEASE);
-            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            if (s->floor)
-                floor_side_take(&f);
-            else if (dlock_acquire(l, WAIT_MS) != DLOCK_OK)
-                die("handoff acquire", dlock_errmsg());
-            s->samples[i] = now_ns() -
-                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
-            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
-        }
-    }
-    if (s->floor) {
-        /* the last one to take it lets go */
-        if ((s->n - 1) % 2 != me)
-            floor_side_release(&f);
-        mysql_close(f.m);
-        return;
-    }
-    if (dlock_held(l) > 0 && dlock_release(l) != DLOCK_OK)
-        die("handoff release", dlock_errmsg());
-    dlock_close(l);
-    dlock_client_close(c);
+    /* the last one to take it lets go */
+    if (holding)
+        floor_side_release(f);
+    mysql_close(f->m);
+    free(f);
 }
 
-/* n hand-offs measured after one warm-up in each direction and before a
- * last one (the other process exits during it); p50/p99 in µs. */
+/* n hand-offs of the floor or of dlock, the holder letting go hold_min_us
+ * to hold_max_us after the other one began to wait (by then it sleeps in
+ * the server); p50/p99 in µs. */
 static stats handoff(int floor, int n, long hold_min_us, long hold_max_us)
 {
-    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)(n + 3);
-    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[2];
+    static const party_ops floor_party = {floor_side_open, floor_side_take,
+                                          floor_side_release,
+                                          floor_side_close, NULL};
+    dlock_party d = {uri, &copts, 0, 0, WAIT_MS};
+    party_ops dl = dlock_party_ops;
+    handoff_cfg cfg = {floor ? &floor_party : &dl, hold_min_us, hold_max_us,
+                       0};
 
-    if (s == MAP_FAILED)
-        die("mmap", strerror(errno));
-    memset(s, 0, size);
-    s->n = n + 3;
-    s->hold_min_us = hold_min_us;
-    s->hold_max_us = hold_max_us;
-    s->floor = floor;
-    for (int me = 0; me < 2; me++)
-        pids[me] = spawn(pingpong_proc, s, me);
-    reap(pids, 2, "handoff");
-    stats r = summarize(s->samples + 2, n);
-    munmap(s, size);
-    return r;
+    dl.arg = &d;
+    return handoff_run(&cfg, n, NULL);
 }
 
 /* --- statements per hand-off --- */
-
-typedef struct contend {
-    volatile int ready, go, last, timed_out;
-    volatile long handoffs, acquisitions;
-    volatile int64_t done_at;
-    unsigned flags;
-    int cycles;     /* acquisitions per process (0: only open and close) */
-    int64_t end_ns; /* stop anyway */
-} contend;
-
-/* Acquire, hold 1 ms, release, then 0-2 ms outside the lock, `cycles`
- * times. The pause, drawn at random, makes a process's next acquire find
- * the lock sometimes held (it waits in the server) and sometimes free. */
-static void contend_proc(void *arg, int me)
-{
-    contend *s = arg;
-    dlock_client *c = open_client();
-    dlock *l = open_lock(c, "bench-contend", s->flags);
-    unsigned seed = (unsigned)getpid();
-    int done = 0;
-
-    __atomic_add_fetch(&s->ready, 1, __ATOMIC_RELEASE);
-    spin_until(&s->go, 1);
-    for (long i = 0; done < s->cycles && i < 20L * s->cycles; i++) {
-        if (now_ns() > s->end_ns) {
-            __atomic_store_n(&s->timed_out, 1, __ATOMIC_RELEASE);
-            break;
-        }
-        int rc = dlock_acquire(l, 5000);
-        if (rc == DLOCK_EBUSY)
-            continue;
-        if (rc != DLOCK_OK)
-            die("contend", dlock_errmsg());
-        done++;
-        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
-        if (s->last != me) {
-            __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
-            s->last = me;
-        }
-        sleep_us(1000);
-        if (dlock_release(l) != DLOCK_OK)
-            die("contend release", dlock_errmsg());
-        sleep_us((long)(rand_r(&seed) % 2001));
-    }
-    dlock_close(l);
-    dlock_client_close(c);
-    int64_t t = now_ns();
-    /* the last one to finish ends the race */
-    if (__atomic_load_n(&s->done_at, __ATOMIC_ACQUIRE) < t)
-        __atomic_store_n(&s->done_at, t, __ATOMIC_RELEASE);
-}
 
 /* Statements and upserts that other connections sent: the global counts
  * less this connection's, read in one statement. */
@@ -1042,40 +706,29 @@ typedef struct per_handoff {
 } per_handoff;
 
 /* One race of nproc processes (cycles 0: they only open and close); the
- * server's counts from before the first opens to after the last closed. */
+ * server's counts from before the first opens to after the last closed.
+ * Each process: acquire (waiting at most 5 s), hold 1 ms, release, then
+ * 0-2 ms outside the lock, `cyc` times. The pause, drawn at random, makes
+ * a process's next acquire find the lock sometimes held (it waits in the
+ * server) and sometimes free. */
 static counts contention(MYSQL *mon, unsigned flags, int nproc, int cyc,
                          per_handoff *r)
 {
-    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
+    contend_cfg cfg = {uri, &copts, flags, nproc, 0, cyc, cyc == 0,
+                       5000, 1000, 2000, quick ? 4000 : 8000};
 
-    if (s == MAP_FAILED || !pids)
-        die("contend", "out of memory");
-    memset(s, 0, sizeof(*s));
-    s->last = -1;
-    s->flags = flags;
-    s->cycles = cyc;
     r->exact = others_gone(mon);
     counts c0 = server_counts(mon);
-    for (int i = 0; i < nproc; i++) {
-        pids[i] = spawn(contend_proc, s, i);
-        wait_ready(&s->ready, i + 1, pids, nproc, "contend");
-    }
-    int64_t t0 = now_ns();
-    s->end_ns = t0 + (quick ? 4 : 8) * (int64_t)1000000000;
-    __atomic_store_n(&s->go, 1, __ATOMIC_RELEASE);
-    reap(pids, nproc, "contend");
-    int64_t t1 = s->done_at > t0 ? s->done_at : now_ns();
+    contend *s = contend_start(&cfg);
+    contend_go(s);
+    contend_result cr = contend_finish(s);
     r->exact &= others_gone(mon);
     counts c1 = server_counts(mon);
-    r->handoffs = s->handoffs;
-    r->timed_out = s->timed_out;
-    r->acqs = r->handoffs ? (double)s->acquisitions / (double)r->handoffs
+    r->handoffs = cr.handoffs;
+    r->timed_out = cr.timed_out;
+    r->acqs = r->handoffs ? (double)cr.acquisitions / (double)r->handoffs
                           : 0;
-    r->per_s = (double)r->handoffs / ((double)(t1 - t0) / 1e9);
-    free(pids);
-    munmap(s, sizeof(*s));
+    r->per_s = cr.per_s;
     c1.statements -= c0.statements;
     c1.upserts -= c0.upserts;
     return c1;
@@ -1167,12 +820,7 @@ static void parse_uri(void)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: dlock_bench_mysql URI [--quick]\n");
-        return 2;
-    }
-    uri = argv[1];
-    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    uri = h_args(argc, argv, "URI", &quick);
     chunks = quick ? QUICK_CHUNKS : CHUNKS;
     parse_uri();
     signal(SIGPIPE, SIG_IGN);
@@ -1183,20 +831,17 @@ int main(int argc, char **argv)
     int nh = quick ? 60 : 300;    /* hand-offs of each kind */
 
     printf("## MySQL / MariaDB (%s)\n\n", shown);
-    MYSQL *m = connect_my();
+    MYSQL *m = connect_my(0);
     char version[128];
     query_str(m, "SELECT VERSION()", 0, version, sizeof(version));
     exec_ok(m, SQL_FLOOR_DROP);
     exec_ok(m, SQL_FLOOR_TABLE);
     exec_ok(m, SQL_FLOOR_QUEUE);
 
-    dlock_client *c = NULL;
-    dlock_client_options o = {10000};
-    int rc = dlock_client_open(&c, uri, &o);
-    if (rc != DLOCK_OK) {
-        if (rc != DLOCK_ENOTSUP)
-            die("client", dlock_errmsg());
-        printf("Not measured: %s.\n", dlock_errmsg());
+    char nwhy[256];
+    dlock_client *c = h_store_client(uri, &copts, nwhy, sizeof(nwhy));
+    if (!c) {
+        printf("Not measured: %s.\n", nwhy);
         mysql_close(m);
         return 0;
     }
@@ -1205,7 +850,7 @@ int main(int argc, char **argv)
     const char *why;
     int stmts = same_statements(m, &why);
 
-    cycles tc = run_cycles(n);
+    cycles tc = run_cycles(&my_floor, uri, &copts, n, chunks, 1);
     double rtt = tc.rtt.med;
     printf("Server %s. Latency in microseconds. Floor: one blocking "
            "libmariadb connection (READ COMMITTED and utf8mb4, as the "

@@ -40,21 +40,18 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "harness.h"
 
 const char bench_prog[] = "bench_pg";
 
 #define CHUNKS 15
 #define H_CHUNKS 5            /* hand-off runs per mode (fresh processes) */
-#define PROC_LIMIT_S 60       /* a forked process never runs longer */
 #define WAIT_MS 10000         /* a hand-off's acquire gives up after this */
 
 /* The store's statements (pg_sql.c, dlock__pg_build_statements()), with the
@@ -178,20 +175,8 @@ static char conninfo[1200]; /* the URI without parameters: libpq would
 static char shown[1200];    /* the URI without its password */
 static char dbname[256];
 
-typedef struct spread {
-    double med, min, max;
-} spread;
-
-static spread medrange(double *v, int n)
-{
-    spread s;
-
-    qsort(v, (size_t)n, sizeof(double), cmpd);
-    s.min = v[0];
-    s.med = v[n / 2];
-    s.max = v[n - 1];
-    return s;
-}
+static const dlock_client_options copts = {10000}; /* a busy machine is
+                                                   * no failure */
 
 /* ------------------------------------------------------------------------ */
 /* The bare client                                                          */
@@ -316,8 +301,9 @@ static PGresult *floor_run(floor_pg *f, const char *name, int n,
     return r;
 }
 
-static void floor_rtt(floor_pg *f)
+static void floor_rtt(void *arg)
 {
+    floor_pg *f = arg;
     PGresult *r = PQexecPrepared(f->pg, "rtt", 0, NULL, NULL, NULL, 0);
 
     if (PQresultStatus(r) != PGRES_TUPLES_OK)
@@ -353,8 +339,10 @@ static void floor_table_release(floor_pg *f)
     PQclear(r);
 }
 
-static void floor_table_cycle(floor_pg *f)
+static void floor_table_cycle(void *arg)
 {
+    floor_pg *f = arg;
+
     snprintf(f->waiter, sizeof(f->waiter), "%llu", ++f->waits);
     if (!floor_table_try(f, 0))
         die("floor acquire", "the floor's lock was not free");
@@ -370,8 +358,9 @@ static void floor_adv_release(floor_pg *f)
     PQclear(r);
 }
 
-static void floor_adv_cycle(floor_pg *f)
+static void floor_adv_cycle(void *arg)
 {
+    floor_pg *f = arg;
     const char *try[1] = {f->holder};
     PGresult *r = floor_run(f, "atry", 2, try);
 
@@ -432,34 +421,6 @@ static void floor_adv_wait(floor_pg *f)
 /* ------------------------------------------------------------------------ */
 /* dlock                                                                    */
 /* ------------------------------------------------------------------------ */
-
-static dlock_client *open_client(const char *u)
-{
-    dlock_client_options o = {10000}; /* a busy machine is no failure */
-    dlock_client *c;
-
-    if (dlock_client_open(&c, u, &o) != DLOCK_OK)
-        die(u == uri ? "client" : "advisory client", dlock_errmsg());
-    return c;
-}
-
-static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
-{
-    dlock_options o;
-    dlock *l;
-
-    memset(&o, 0, sizeof(o));
-    o.flags = flags;
-    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
-        die(name, dlock_errmsg());
-    return l;
-}
-
-static void dlock_cycle(dlock *l)
-{
-    if (dlock_acquire(l, 0) != DLOCK_OK || dlock_release(l) != DLOCK_OK)
-        die("cycle", dlock_errmsg());
-}
 
 /*
  * The text the store's backend ran last (its only client backend besides
@@ -542,206 +503,61 @@ static int check_statements(floor_pg *f, dlock *l, const char *acq,
     return a < 0 || r < 0 ? -1 : a && r;
 }
 
-/*
- * Cycles of dlock (a client on u) and of the floor (floor_cycle) in CHUNKS
- * chunks that alternate, each chunk preceded by round trips when with_rtt
- * (the round trip then drifts with the cycles it is compared to). Every
- * chunk has a new floor connection and a new dlock client: two identical
- * floors on two fixed connections differed by 20% on a 2-core VM, as the
- * scheduler kept one backend beside the client and the other across.
- */
-typedef struct cycles {
-    spread floor, dlock, ratio, rtt;
-    stats floor_all, dlock_all;
-} cycles;
-
-static cycles run_cycles(const char *u, void (*floor_cycle)(floor_pg *),
-                         int n, int with_rtt)
+/* The cycles' floors for run_cycles(): a new floor connection per chunk. */
+static void *floor_new(void *arg)
 {
-    int per = n / CHUNKS;
-    int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
-    int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
-    int64_t *rns = malloc(sizeof(int64_t) * (size_t)per);
-    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS], tv[CHUNKS];
-    cycles c;
+    floor_pg *f = malloc(sizeof(*f));
 
-    if (!fns || !dns || !rns)
-        die("cycles", "out of memory");
-    for (int k = 0; k < CHUNKS; k++) {
-        int64_t *fk = fns + (size_t)k * per, *dk = dns + (size_t)k * per;
-        floor_pg f;
-        floor_connect(&f);
-        dlock_client *dc = open_client(u);
-        dlock *l = open_lock(dc, "bench-cycle", 0);
-        /* past a new session's first plans and cold caches */
-        for (int i = 0; i < (k == 0 ? 300 : 30); i++) {
-            floor_cycle(&f);
-            dlock_cycle(l);
-        }
-        for (int i = 0; with_rtt && i < per; i++) {
-            int64_t t0 = now_ns();
-            floor_rtt(&f);
-            rns[i] = now_ns() - t0;
-        }
-        for (int side = 0; side < 2; side++) {
-            /* the order alternates too */
-            if ((side ^ (k & 1)) == 0) {
-                for (int i = 0; i < per; i++) {
-                    int64_t t0 = now_ns();
-                    floor_cycle(&f);
-                    fk[i] = now_ns() - t0;
-                }
-            } else {
-                for (int i = 0; i < per; i++) {
-                    int64_t t0 = now_ns();
-                    dlock_cycle(l);
-                    dk[i] = now_ns() - t0;
-                }
-            }
-        }
-        dlock_close(l);
-        dlock_client_close(dc);
-        PQfinish(f.pg);
-        tv[k] = with_rtt ? summarize(rns, per).p50_us : 0;
-        fv[k] = summarize(fk, per).p50_us;
-        dv[k] = summarize(dk, per).p50_us;
-        rv[k] = dv[k] / fv[k];
-    }
-    c.floor = medrange(fv, CHUNKS);
-    c.dlock = medrange(dv, CHUNKS);
-    c.ratio = medrange(rv, CHUNKS);
-    c.rtt = medrange(tv, CHUNKS);
-    c.floor_all = summarize(fns, per * CHUNKS);
-    c.dlock_all = summarize(dns, per * CHUNKS);
-    free(fns);
-    free(dns);
-    free(rns);
-    return c;
+    (void)arg;
+    if (!f)
+        die("floor", "out of memory");
+    floor_connect(f);
+    return f;
 }
+
+static void floor_free(void *f)
+{
+    PQfinish(((floor_pg *)f)->pg);
+    free(f);
+}
+
+static const floor_ops table_floor = {floor_new, floor_table_cycle,
+                                      floor_rtt, floor_free, NULL};
+static const floor_ops adv_floor = {floor_new, floor_adv_cycle, floor_rtt,
+                                    floor_free, NULL};
 
 /* ------------------------------------------------------------------------ */
-/* Processes                                                                */
+/* Hand-off between two processes                                           */
 /* ------------------------------------------------------------------------ */
-
-/* Waits until *v >= want; dies past PROC_LIMIT_S. Polls every 20 µs at
- * first, then backs off to 1 ms: 32 waiting processes must not fill the
- * CPUs that the others need to log in. */
-static void spin_until(volatile int *v, int want)
-{
-    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
-    long us = 20;
-
-    for (int i = 0; __atomic_load_n(v, __ATOMIC_ACQUIRE) < want; i++) {
-        if (now_ns() > end)
-            die("waiting for another process", "timed out");
-        sleep_us(us);
-        if (i > 100 && us < 1000)
-            us *= 2;
-    }
-}
-
-static void kill_all(pid_t *pids, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0)
-            kill(pids[i], SIGKILL);
-    for (int i = 0; i < n; i++)
-        if (pids[i] > 0)
-            waitpid(pids[i], NULL, 0);
-}
-
-/* Reaps the processes that have exited; dies (killing the others) if one
- * failed, or if `must_live` and any has exited. */
-static int reap_some(pid_t *pids, int n, int must_live, const char *what)
-{
-    int st, gone = 0;
-    pid_t p;
-
-    while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
-        for (int i = 0; i < n; i++) {
-            if (pids[i] != p)
-                continue;
-            pids[i] = 0;
-            gone++;
-            if (must_live || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-                kill_all(pids, n);
-                die(what, "a process failed");
-            }
-        }
-    }
-    return gone;
-}
-
-/* Waits for the n processes, killing them past PROC_LIMIT_S. */
-static void reap(pid_t *pids, int n, const char *what)
-{
-    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
-    int left = n;
-
-    for (int i = 0; i < n; i++)
-        left -= pids[i] <= 0;
-    while (left > 0) {
-        left -= reap_some(pids, n, 0, what);
-        if (left > 0 && now_ns() > end) {
-            kill_all(pids, n);
-            die(what, "processes still running after the time limit");
-        }
-        if (left > 0)
-            sleep_us(2000);
-    }
-}
-
-/* Waits until *v >= want while all n processes live. */
-static void wait_ready(volatile int *v, int want, pid_t *pids, int n,
-                       const char *what)
-{
-    int64_t end = now_ns() + (int64_t)PROC_LIMIT_S * 1000000000;
-
-    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want) {
-        reap_some(pids, n, 1, what);
-        if (now_ns() > end) {
-            kill_all(pids, n);
-            die(what, "processes not ready in time");
-        }
-        sleep_us(200);
-    }
-}
-
-static pid_t spawn(void (*fn)(void *, int), void *arg, int me)
-{
-    fflush(stdout);
-    pid_t p = fork();
-    if (p < 0)
-        die("fork", strerror(errno));
-    if (p == 0) {
-        alarm(PROC_LIMIT_S + 5); /* a stuck child never outlives us */
-        fn(arg, me);
-        _exit(0);
-    }
-    return p;
-}
-
-/* --- hand-off between two processes --- */
 
 /* What passes the lock: dlock in one of its modes, or a floor. */
 enum { H_TABLE, H_FAIR, H_ADV, H_FLOOR_TABLE, H_FLOOR_ADV, H_KINDS };
 
 typedef struct party {
     int kind;
-    dlock_client *c;
-    dlock *l;
+    void *d; /* dlock's side (dlock_party_ops) */
     floor_pg f;
 } party;
 
-static void party_open(party *p, int kind)
+static const dlock_party dlock_kind[3] = {
+    {NULL, &copts, 0, 0, WAIT_MS},
+    {NULL, &copts, DLOCK_FAIR, 0, WAIT_MS},
+    {NULL, &copts, 0, 0, WAIT_MS},
+};
+
+static void *party_open(void *arg, int me)
 {
-    p->kind = kind;
-    if (kind == H_FLOOR_TABLE || kind == H_FLOOR_ADV) {
+    party *p = calloc(1, sizeof(*p));
+
+    if (!p)
+        die("handoff", "out of memory");
+    p->kind = (int)(intptr_t)arg;
+    if (p->kind == H_FLOOR_TABLE || p->kind == H_FLOOR_ADV) {
         floor_connect(&p->f);
         /* both processes, as dlock's listeners stay after a wait; the
          * session holds its advisory lock while it listens (the release's
          * test that it is alive); its pid and start go into its entries */
-        if (kind == H_FLOOR_TABLE) {
+        if (p->kind == H_FLOOR_TABLE) {
             char sql[400];
             snprintf(sql, sizeof(sql),
                      "LISTEN dlock_%s; SELECT pg_try_advisory_lock(" SKEY(
@@ -758,155 +574,68 @@ static void party_open(party *p, int kind)
                      PQgetvalue(r, 0, 1));
             PQclear(r);
         }
-        return;
+        return p;
     }
-    p->c = open_client(kind == H_ADV ? adv_uri : uri); /* after fork */
-    p->l = open_lock(p->c, "bench-handoff", kind == H_FAIR ? DLOCK_FAIR : 0);
+    dlock_party d = dlock_kind[p->kind];
+    d.uri = p->kind == H_ADV ? adv_uri : uri;
+    p->d = dlock_party_ops.open(&d, me); /* after fork */
+    return p;
 }
 
-static void party_acquire(party *p)
+static void party_acquire(void *side)
 {
+    party *p = side;
+
     if (p->kind == H_FLOOR_TABLE)
         floor_table_wait(&p->f);
     else if (p->kind == H_FLOOR_ADV)
         floor_adv_wait(&p->f);
-    else if (dlock_acquire(p->l, WAIT_MS) != DLOCK_OK)
-        die("handoff acquire", dlock_errmsg());
+    else
+        dlock_party_ops.acquire(p->d);
 }
 
-static void party_release(party *p)
+static void party_release(void *side)
 {
+    party *p = side;
+
     if (p->kind == H_FLOOR_TABLE)
         floor_table_release(&p->f);
     else if (p->kind == H_FLOOR_ADV)
         floor_adv_release(&p->f);
-    else if (dlock_release(p->l) != DLOCK_OK)
-        die("handoff release", dlock_errmsg());
+    else
+        dlock_party_ops.release(p->d);
 }
 
-static void party_close(party *p, int holding)
+static void party_close(void *side, int holding)
 {
-    if (holding)
-        party_release(p);
-    if (p->c) {
-        dlock_close(p->l);
-        dlock_client_close(p->c);
+    party *p = side;
+
+    if (p->d) {
+        dlock_party_ops.close(p->d, holding);
     } else {
+        if (holding)
+            party_release(p);
         PQfinish(p->f.pg);
     }
+    free(p);
 }
 
-typedef struct pingpong {
-    volatile int started, ready[2], acquired;
-    volatile int64_t released_at;
-    int kind, n;
-    int64_t samples[];
-} pingpong;
-
-static void pingpong_proc(void *arg, int me)
-{
-    pingpong *s = arg;
-    party p;
-
-    memset(&p, 0, sizeof(p));
-    party_open(&p, s->kind);
-    if (me == 0) {
-        party_acquire(&p);
-        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
-    } else {
-        spin_until(&s->started, 1);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (i % 2 == me) { /* we hold it: hand it over */
-            spin_until(&s->ready[1 - me], i + 1);
-            /* let it start waiting; in the two warm-ups, long enough for
-             * a cold first try and the store's first LISTEN connection */
-            sleep_us(i < 2 ? 50000 : 2000);
-            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            party_release(&p);
-        } else {
-            /* never barge: ask only once the other one got it */
-            spin_until(&s->acquired, i);
-            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            party_acquire(&p);
-            s->samples[i] = now_ns() -
-                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
-            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
-        }
-    }
-    party_close(&p, s->n % 2 == me);
-}
-
-/* n hand-offs of `kind` measured, after one warm-up in each direction
- * and before a last one (the other process exits during it); appended to
+/* n hand-offs of `kind` measured (the holder lets go 2 ms after the
+ * other began to wait; in the two warm-ups 50 ms, long enough for a cold
+ * first try and the store's first LISTEN connection); appended to
  * out[*k...]; the p50 of this run. */
 static double handoff(int kind, int n, int64_t *out, int *k)
 {
-    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)(n + 3);
-    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[2];
+    party_ops ops = {party_open, party_acquire, party_release, party_close,
+                     (void *)(intptr_t)kind};
+    handoff_cfg cfg = {&ops, 2000, 2000, 50000};
+    double p50 = handoff_run(&cfg, n, out + *k).p50_us;
 
-    if (s == MAP_FAILED)
-        die("mmap", strerror(errno));
-    memset(s, 0, size);
-    s->kind = kind;
-    s->n = n + 3;
-    for (int me = 0; me < 2; me++)
-        pids[me] = spawn(pingpong_proc, s, me);
-    reap(pids, 2, "handoff");
-    memcpy(out + *k, s->samples + 2, sizeof(int64_t) * (size_t)n);
-    double p50 = summarize(out + *k, n).p50_us;
     *k += n;
-    munmap(s, size);
     return p50;
 }
 
 /* --- transactions per hand-off --- */
-
-typedef struct contend {
-    volatile int ready, go, stop, last;
-    volatile long handoffs, acquisitions;
-    volatile int64_t stop_at;
-    const char *uri;
-    unsigned flags;
-    long target;    /* hand-offs, then stop */
-    int64_t end_ns; /* stop anyway */
-} contend;
-
-static void contend_proc(void *arg, int me)
-{
-    contend *s = arg;
-    dlock_client *c = open_client(s->uri);
-    dlock *l = open_lock(c, "bench-contend", s->flags);
-
-    __atomic_add_fetch(&s->ready, 1, __ATOMIC_RELEASE);
-    spin_until(&s->go, 1);
-    for (long i = 0; i < 20 * s->target &&
-                     !__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE) &&
-                     now_ns() < s->end_ns;
-         i++) {
-        /* 3 s: room for the first wait's LISTEN login, N at once */
-        int rc = dlock_acquire(l, 3000);
-        if (rc == DLOCK_EBUSY)
-            continue;
-        if (rc != DLOCK_OK)
-            die("contend", dlock_errmsg());
-        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
-        if (s->last != me) {
-            long h = __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
-            s->last = me;
-            if (h == s->target) {
-                __atomic_store_n(&s->stop_at, now_ns(), __ATOMIC_RELEASE);
-                __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
-            }
-        }
-        if (dlock_release(l) != DLOCK_OK)
-            die("contend release", dlock_errmsg());
-    }
-    dlock_close(l);
-    dlock_client_close(c);
-}
 
 /* Waits until no client backend is connected to the database (their
  * counts are flushed when they exit); 0 if some still are after 10 s. */
@@ -942,38 +671,21 @@ typedef struct per_handoff {
 static long long contention(PGconn *mon, const char *u, unsigned flags,
                             int nproc, long target, per_handoff *r)
 {
-    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
+    /* 3 s: room for the first wait's LISTEN login, N at once */
+    contend_cfg cfg = {u, &copts, flags, nproc, target, 0, target == 0,
+                       3000, 0, 0, quick ? 4000 : 6000};
 
-    if (s == MAP_FAILED || !pids)
-        die("contend", "out of memory");
-    memset(s, 0, sizeof(*s));
-    s->last = -1;
-    s->uri = u;
-    s->flags = flags;
-    s->target = target;
-    s->stop = target == 0;
     r->exact = backends_gone(mon);
     long long x0 = xacts(mon);
-    /* one at a time: 32 logins at once can outlast a client's timeout */
-    for (int i = 0; i < nproc; i++) {
-        pids[i] = spawn(contend_proc, s, i);
-        wait_ready(&s->ready, i + 1, pids, nproc, "contend");
-    }
-    int64_t t0 = now_ns();
-    s->end_ns = t0 + (quick ? 4 : 6) * (int64_t)1000000000;
-    __atomic_store_n(&s->go, 1, __ATOMIC_RELEASE);
-    reap(pids, nproc, "contend");
-    int64_t t1 = s->stop_at ? s->stop_at : now_ns();
+    contend *s = contend_start(&cfg);
+    contend_go(s);
+    contend_result cr = contend_finish(s);
     r->exact &= backends_gone(mon);
     long long x1 = xacts(mon);
-    r->handoffs = s->handoffs;
-    r->acqs = r->handoffs ? (double)s->acquisitions / (double)r->handoffs
+    r->handoffs = cr.handoffs;
+    r->acqs = r->handoffs ? (double)cr.acquisitions / (double)r->handoffs
                           : 0;
-    r->per_s = (double)r->handoffs / ((double)(t1 - t0) / 1e9);
-    free(pids);
-    munmap(s, sizeof(*s));
+    r->per_s = cr.per_s;
     return x1 - x0;
 }
 
@@ -1034,12 +746,7 @@ static void handoff_row(const char *mode, int64_t *hs, int n, int64_t *fl,
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: dlock_bench_pg URI [--quick]\n");
-        return 2;
-    }
-    uri = argv[1];
-    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    uri = h_args(argc, argv, "URI", &quick);
     parse_uri();
     signal(SIGPIPE, SIG_IGN);
 
@@ -1055,32 +762,29 @@ int main(int argc, char **argv)
              PQparameterStatus(f.pg, "server_version"));
 
     printf("## PostgreSQL (%s)\n\n", shown);
-    dlock_client *c = NULL;
-    dlock_client_options o = {10000};
-    int rc = dlock_client_open(&c, uri, &o);
-    if (rc != DLOCK_OK) {
-        if (rc != DLOCK_ENOTSUP)
-            die("client", dlock_errmsg());
-        printf("Not measured: %s.\n", dlock_errmsg());
+    char why[256];
+    dlock_client *c = h_store_client(uri, &copts, why, sizeof(why));
+    if (!c) {
+        printf("Not measured: %s.\n", why);
         PQfinish(f.pg);
         return 0;
     }
     /* the floors must be the statements the store sends: each client's
      * statements are compared while it is the only other backend */
-    dlock *l = open_lock(c, "bench-cycle", 0);
+    dlock *l = h_open_lock(c, "bench-cycle", 0, 0);
     int same_table = check_statements(&f, l, SQL_ACQUIRE, SQL_RELEASE);
     if (same_table > 0)
         same_table = same_function(&f);
     dlock_close(l);
     dlock_client_close(c);
-    dlock_client *ac = open_client(adv_uri);
-    dlock *al = open_lock(ac, "bench-cycle", 0);
+    dlock_client *ac = h_open_client(adv_uri, &copts);
+    dlock *al = h_open_lock(ac, "bench-cycle", 0, 0);
     int same_adv = check_statements(&f, al, SQL_ADV_TRY, SQL_ADV_UNLOCK);
     dlock_close(al);
     dlock_client_close(ac);
 
-    cycles tc = run_cycles(uri, floor_table_cycle, n, 1);
-    cycles acyc = run_cycles(adv_uri, floor_adv_cycle, n, 0);
+    cycles tc = run_cycles(&table_floor, uri, &copts, n, CHUNKS, 1);
+    cycles acyc = run_cycles(&adv_floor, adv_uri, &copts, n, CHUNKS, 0);
     double rtt = tc.rtt.med;
 
     printf("PostgreSQL %s. Latency in microseconds. Floors: one blocking "

@@ -41,13 +41,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "harness.h"
 
 const char bench_prog[] = "bench_redlock";
 
@@ -70,23 +68,6 @@ static const char del_lua[] =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then "
     "return redis.call('DEL', KEYS[1]) end return 0";
 static char sha[MAX_NODES][41];
-
-typedef struct spread {
-    double med, min, max;
-} spread;
-
-static spread medrange(const double *v, int n)
-{
-    double s[CHUNKS * 4];
-    spread r;
-
-    memcpy(s, v, sizeof(double) * (size_t)n);
-    qsort(s, (size_t)n, sizeof(double), cmpd);
-    r.min = s[0];
-    r.med = s[n / 2];
-    r.max = s[n - 1];
-    return r;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Blocking connections: the 1-node floor, round trips, INFO                */
@@ -319,44 +300,6 @@ static void idle_qping_cycles(int64_t *ns, int n)
 }
 
 /* ------------------------------------------------------------------------ */
-/* dlock                                                                    */
-/* ------------------------------------------------------------------------ */
-
-static dlock_client *open_client(const char *uri)
-{
-    dlock_client *c;
-
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK)
-        die(uri, dlock_errmsg());
-    return c;
-}
-
-/* ttl_ms 0: the default lease (30 s) */
-static dlock *open_lock(dlock_client *c, const char *name, int64_t ttl_ms)
-{
-    dlock_options o;
-    dlock *l;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl_ms;
-    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
-        die(name, dlock_errmsg());
-    return l;
-}
-
-static void dlock_cycles(dlock *l, int64_t *ns, int n)
-{
-    for (int i = 0; i < n; i++) {
-        int64_t t0 = now_ns();
-        int rc = dlock_acquire(l, 0);
-        if (rc != DLOCK_OK || (rc = dlock_release(l)) != DLOCK_OK)
-            die("cycle", dlock_errmsg());
-        if (ns)
-            ns[i] = now_ns() - t0;
-    }
-}
-
-/* ------------------------------------------------------------------------ */
 /* The node-redlock peer                                                    */
 /* ------------------------------------------------------------------------ */
 
@@ -531,89 +474,13 @@ static counts counts_diff(counts a, counts b)
 /* Hand-off between two processes                                           */
 /* ------------------------------------------------------------------------ */
 
-typedef struct pingpong {
-    volatile int started; /* process 0 holds the lock: 1 may begin */
-    volatile int ready[2];
-    volatile int acquired; /* hand-offs completed */
-    volatile int64_t released_at;
-    int n;
-    int64_t samples[];
-} pingpong;
-
-static void spin_until(volatile int *v, int want)
-{
-    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want)
-        sleep_us(20);
-}
-
-static void pingpong_proc(pingpong *s, int me, const char *uri)
-{
-    dlock_client *c = open_client(uri);
-    dlock *l = open_lock(c, "bench-handoff", HANDOFF_TTL_MS);
-
-    if (me == 0) {
-        if (dlock_acquire(l, -1) != DLOCK_OK)
-            die("handoff", dlock_errmsg());
-        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
-    } else {
-        spin_until(&s->started, 1);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (i % 2 == me) { /* we hold it: hand it over */
-            spin_until(&s->ready[1 - me], i + 1);
-            sleep_us(2000); /* let it start waiting */
-            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            if (dlock_release(l) != DLOCK_OK)
-                die("handoff release", dlock_errmsg());
-        } else {
-            /* never barge: ask only once the other one got it */
-            spin_until(&s->acquired, i);
-            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            if (dlock_acquire(l, -1) != DLOCK_OK)
-                die("handoff acquire", dlock_errmsg());
-            s->samples[i] = now_ns() -
-                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
-            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
-        }
-    }
-    if (dlock_held(l) > 0)
-        dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-}
-
-/* n hand-offs, their times into out (if not NULL); the first two (each
- * process's first wait) are dropped */
+/* n hand-offs of dlock on uri (a short lease: HANDOFF_TTL_MS), their
+ * times into out (if not NULL) */
 static stats handoff(const char *uri, int n, int64_t *out)
 {
-    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)(n + 2);
-    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[2];
+    dlock_party p = {uri, NULL, 0, HANDOFF_TTL_MS, -1};
 
-    if (s == MAP_FAILED)
-        die("mmap", strerror(errno));
-    memset(s, 0, size);
-    s->n = n + 2;
-    for (int me = 0; me < 2; me++) {
-        fflush(stdout);
-        pids[me] = fork();
-        if (pids[me] == 0) {
-            pingpong_proc(s, me, uri);
-            _exit(0);
-        }
-    }
-    for (int me = 0; me < 2; me++) {
-        int st;
-        waitpid(pids[me], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            die("handoff", "a process failed");
-    }
-    if (out)
-        memcpy(out, s->samples + 2, sizeof(int64_t) * (size_t)n);
-    stats r = summarize(s->samples + 2, n);
-    munmap(s, size);
-    return r;
+    return handoff_dlock(&p, n, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -652,14 +519,9 @@ enum { K_PING, K_F1, K_D1, K_N1, K_FQ, K_FALL, K_DQ, K_NQ, NKINDS };
 
 static double p50[NKINDS][CHUNKS]; /* each chunk's p50 of each kind */
 
-/* The median (and spread) of the chunks' ratios of kind a to kind b. */
 static spread ratio(int a, int b)
 {
-    double r[CHUNKS];
-
-    for (int ch = 0; ch < CHUNKS; ch++)
-        r[ch] = p50[a][ch] / p50[b][ch];
-    return medrange(r, CHUNKS);
+    return ratios(p50[a], p50[b], CHUNKS);
 }
 
 int main(int argc, char **argv)
@@ -705,17 +567,17 @@ int main(int argc, char **argv)
     redisContext *ic[MAX_NODES];
     for (int i = 0; i < nn; i++)
         ic[i] = connect_blocking(i);
-    dlock_client *dc1 = open_client(redis_uri);
-    dlock_client *dcq = open_client(rl_uri);
-    dlock *dl1 = open_lock(dc1, "bench-cycle-redis", 0);
-    dlock *dlq = open_lock(dcq, "bench-cycle-redlock", 0);
+    dlock_client *dc1 = h_open_client(redis_uri, NULL);
+    dlock_client *dcq = h_open_client(rl_uri, NULL);
+    dlock *dl1 = h_open_lock(dc1, "bench-cycle-redis", 0, 0);
+    dlock *dlq = h_open_lock(dcq, "bench-cycle-redlock", 0, 0);
 
     /* warm-up, not measured */
     floor1_cycles(c1, NULL, warm);
     floorq_cycles(NULL, warm, quorum);
     floorq_cycles(NULL, warm, nn);
-    dlock_cycles(dl1, NULL, warm);
-    dlock_cycles(dlq, NULL, warm);
+    h_dlock_cycles(dl1, NULL, warm);
+    h_dlock_cycles(dlq, NULL, warm);
 
     int64_t *ns[NKINDS];
     for (int k = 0; k < NKINDS; k++)
@@ -729,12 +591,12 @@ int main(int argc, char **argv)
         size_t o = (size_t)ch * (size_t)per;
         ping_cycles(c1, ns[K_PING] + o, per, 0);
         floor1_cycles(c1, ns[K_F1] + o, per);
-        dlock_cycles(dl1, ns[K_D1] + o, per);
+        h_dlock_cycles(dl1, ns[K_D1] + o, per);
         if (have_peer && peer_run(1, ns[K_N1] + o, per) != 0)
             have_peer = 0;
         floorq_cycles(ns[K_FQ] + o, per, quorum);
         floorq_cycles(ns[K_FALL] + o, per, nn);
-        dlock_cycles(dlq, ns[K_DQ] + o, per);
+        h_dlock_cycles(dlq, ns[K_DQ] + o, per);
         if (have_peer && peer_run(nn, ns[K_NQ] + o, per) != 0)
             have_peer = 0;
         for (int k = 0; k < NKINDS; k++) {
@@ -751,7 +613,7 @@ int main(int argc, char **argv)
     floorq_cycles(NULL, ncount, quorum);
     counts cf = counts_diff(c0, server_counts(ic));
     c0 = server_counts(ic);
-    dlock_cycles(dlq, NULL, ncount);
+    h_dlock_cycles(dlq, NULL, ncount);
     counts cd = counts_diff(c0, server_counts(ic));
     counts cn = {0, 0, 0, 0};
     if (have_peer) {

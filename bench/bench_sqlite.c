@@ -25,12 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "harness.h"
 
 const char bench_prog[] = "bench_sqlite";
 
@@ -40,12 +37,6 @@ const char bench_prog[] = "bench_sqlite";
 #define NOW_US                                                              \
     "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
 #define FLOOR_NAME "bench"
-
-static double p50_us(int64_t *ns, int n)
-{
-    qsort(ns, (size_t)n, sizeof(*ns), cmp64);
-    return (double)ns[n / 2] / 1000;
-}
 
 typedef struct floor_db {
     sqlite3 *db;
@@ -104,8 +95,9 @@ static void floor_open(floor_db *f, const char *path)
 
 /* One acquire and one release, bound, run, reset and cleared as the
  * store does. */
-static void floor_cycle(floor_db *f)
+static void floor_cycle(void *arg)
 {
+    floor_db *f = arg;
     static const char owner[] = "0123456789abcdef0123456789abcdef:1";
     int n = (int)strlen(FLOOR_NAME);
     int64_t token;
@@ -131,153 +123,36 @@ static void floor_cycle(floor_db *f)
 
 static const char *uri;
 
-static dlock *open_lock(dlock_client **c, const char *name)
-{
-    dlock *l;
-
-    if (dlock_client_open(c, uri, NULL) != DLOCK_OK)
-        die(uri, dlock_errmsg());
-    if (dlock_open(&l, *c, name, NULL) != DLOCK_OK)
-        die(name, dlock_errmsg());
-    return l;
-}
-
-typedef struct pingpong {
-    volatile int started, ready[2], acquired;
-    volatile int64_t released_at;
-    int n;
-    int64_t samples[];
-} pingpong;
-
-static void spin_until(volatile int *v, int want)
-{
-    struct timespec ts = {0, 20000};
-
-    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want)
-        nanosleep(&ts, NULL);
-}
-
-static void pingpong_proc(pingpong *s, int me)
-{
-    dlock_client *c;
-    dlock *l = open_lock(&c, "bench-handoff");
-    struct timespec two_ms = {0, 2000000};
-
-    if (me == 0) {
-        if (dlock_acquire(l, -1) != DLOCK_OK)
-            die("handoff", dlock_errmsg());
-        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
-    } else {
-        spin_until(&s->started, 1);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (i % 2 == me) {
-            spin_until(&s->ready[1 - me], i + 1);
-            nanosleep(&two_ms, NULL);
-            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            if (dlock_release(l) != DLOCK_OK)
-                die("handoff release", dlock_errmsg());
-        } else {
-            spin_until(&s->acquired, i);
-            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            if (dlock_acquire(l, -1) != DLOCK_OK)
-                die("handoff acquire", dlock_errmsg());
-            s->samples[i] = now_ns() - s->released_at;
-            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
-        }
-    }
-    if (dlock_held(l) > 0)
-        dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-}
-
-static double handoff_ms(int n)
-{
-    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)n;
-    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[2];
-
-    if (s == MAP_FAILED)
-        die("mmap", strerror(errno));
-    memset(s, 0, size);
-    s->n = n;
-    for (int me = 0; me < 2; me++) {
-        fflush(stdout);
-        pids[me] = fork();
-        if (pids[me] == 0) {
-            pingpong_proc(s, me);
-            _exit(0);
-        }
-    }
-    for (int me = 0; me < 2; me++) {
-        int st;
-        waitpid(pids[me], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            die("handoff", "a process failed");
-    }
-    double r = p50_us(s->samples + 2, n - 2) / 1000;
-    munmap(s, size);
-    return r;
-}
-
 int main(int argc, char **argv)
 {
     char path[600], u[700];
     floor_db f;
-
-    if (argc < 2) {
-        fprintf(stderr, "usage: dlock_bench_sqlite DIR [--quick]\n");
-        return 2;
-    }
-    int quick = argc > 2 && !strcmp(argv[2], "--quick");
+    int quick;
+    const char *dir = h_args(argc, argv, "DIR", &quick);
     int n = quick ? 1500 : 15000, nh = quick ? 40 : 200;
-    snprintf(path, sizeof(path), "%s/floor.db", argv[1]);
-    snprintf(u, sizeof(u), "sqlite://%s/dlock.db", argv[1]);
+    snprintf(path, sizeof(path), "%s/floor.db", dir);
+    snprintf(u, sizeof(u), "sqlite://%s/dlock.db", dir);
     uri = u;
     floor_open(&f, path);
 
-    dlock_client *c = NULL;
-    int rc = dlock_client_open(&c, uri, NULL);
+    char why[256];
+    dlock_client *c = h_store_client(uri, NULL, why, sizeof(why));
     printf("## SQLite (database files in a temporary directory)\n\n");
-    if (rc == DLOCK_ENOTSUP) {
-        printf("Not measured: %s.\n", dlock_errmsg());
+    if (!c) {
+        printf("Not measured: %s.\n", why);
         return 0;
     }
-    if (rc != DLOCK_OK)
-        die(uri, dlock_errmsg());
-    dlock *l;
-    if (dlock_open(&l, c, "bench", NULL) != DLOCK_OK)
-        die("open", dlock_errmsg());
+    dlock *l = h_open_lock(c, "bench", 0, 0);
     for (int i = 0; i < 500; i++) {
         floor_cycle(&f);
-        if (dlock_acquire(l, 0) || dlock_release(l))
-            die("warm-up", dlock_errmsg());
+        h_dlock_once(l);
     }
     int per = n / CHUNKS;
-    int64_t *fns = malloc(sizeof(int64_t) * (size_t)per);
-    int64_t *dns = malloc(sizeof(int64_t) * (size_t)per);
-    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS];
-    for (int k = 0; k < CHUNKS; k++) {
-        for (int i = 0; i < per; i++) {
-            int64_t t0 = now_ns();
-            floor_cycle(&f);
-            fns[i] = now_ns() - t0;
-        }
-        for (int i = 0; i < per; i++) {
-            int64_t t0 = now_ns();
-            if (dlock_acquire(l, 0) || dlock_release(l))
-                die("cycle", dlock_errmsg());
-            dns[i] = now_ns() - t0;
-        }
-        fv[k] = p50_us(fns, per);
-        dv[k] = p50_us(dns, per);
-        rv[k] = dv[k] / fv[k];
-    }
-    qsort(fv, CHUNKS, sizeof(double), cmpd);
-    qsort(dv, CHUNKS, sizeof(double), cmpd);
-    qsort(rv, CHUNKS, sizeof(double), cmpd);
+    kind_op kinds[2] = {{floor_cycle, &f}, {h_dlock_once, l}};
+    double p50[2 * CHUNKS];
+    chunked_ops(kinds, 2, n, CHUNKS, p50, NULL);
+    spread fs = medrange(p50, CHUNKS), ds = medrange(p50 + CHUNKS, CHUNKS),
+           rs = ratios(p50 + CHUNKS, p50, CHUNKS);
     dlock_close(l);
     dlock_client_close(c);
     printf("Latency in microseconds. Cycles: %d of each, in %d chunks "
@@ -298,11 +173,9 @@ int main(int argc, char **argv)
     printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
     printf("| uncontended acquire+release, p50 | %.1f | %.1f | **%.2fx** "
            "(chunks: %.2f–%.2f) |\n",
-           fv[CHUNKS / 2], dv[CHUNKS / 2], rv[CHUNKS / 2], rv[0],
-           rv[CHUNKS - 1]);
+           fs.med, ds.med, rs.med, rs.min, rs.max);
+    dlock_party p = {uri, NULL, 0, 0, -1};
     printf("| hand-off between processes, p50 (µs) | | %.1f | |\n",
-           handoff_ms(nh + 2) * 1000);
-    free(fns);
-    free(dns);
+           handoff_dlock(&p, nh, NULL).p50_us);
     return 0;
 }

@@ -38,13 +38,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "harness.h"
 
 const char bench_prog[] = "bench_zk";
 
@@ -122,8 +119,9 @@ static void zk_prepare(void)
 }
 
 /* One floor cycle: create + getChildren + delete. */
-static void floor_cycle_once(zhandle_t *zh)
+static void floor_cycle_once(void *arg)
 {
+    zhandle_t *zh = arg;
     char child[700], pattern[700];
     struct String_vector sv;
     int rc;
@@ -143,16 +141,18 @@ static void floor_cycle_once(zhandle_t *zh)
         zdie("floor delete", rc);
 }
 
-static void floor_write_once(zhandle_t *zh)
+static void floor_write_once(void *arg)
 {
+    zhandle_t *zh = arg;
     int rc = zoo_set(zh, floor_data, "0123456789abcdef", 16, -1);
 
     if (rc != ZOK)
         zdie("floor set", rc);
 }
 
-static void floor_rtt_once(zhandle_t *zh)
+static void floor_rtt_once(void *arg)
 {
+    zhandle_t *zh = arg;
     struct Stat st;
     int rc = zoo_exists(zh, floor_data, 0, &st);
 
@@ -160,37 +160,13 @@ static void floor_rtt_once(zhandle_t *zh)
         zdie("floor exists", rc);
 }
 
-/* n timed cycles into ns[0..n) */
-static void floor_cycles(zhandle_t *zh, int64_t *ns, int n)
-{
-    for (int i = 0; i < n; i++) {
-        int64_t t0 = now_ns();
-        floor_cycle_once(zh);
-        ns[i] = now_ns() - t0;
-    }
-}
-
-/* kind 0: round trip (exists); 1: write (set); 2: 2 ms idle, then write +
- * round trip timed together */
+/* kind 0: round trip; 1: write; 2: 2 ms idle, then write + round trip */
 static stats floor_op(int kind, int n)
 {
-    zhandle_t *zh = zk_connect(zk_servers);
-    int64_t *ns = malloc(sizeof(*ns) * (size_t)n);
+    zhandle_t *h = zk_connect(zk_servers);
+    stats s = time_write_rtt(floor_write_once, floor_rtt_once, h, kind, n);
 
-    for (int i = -n / 10; i < n; i++) {
-        if (kind == 2)
-            sleep_us(2000);
-        int64_t t0 = now_ns();
-        if (kind >= 1)
-            floor_write_once(zh);
-        if (kind != 1)
-            floor_rtt_once(zh);
-        if (i >= 0)
-            ns[i] = now_ns() - t0;
-    }
-    zookeeper_close(zh);
-    stats s = summarize(ns, n);
-    free(ns);
+    zookeeper_close(h);
     return s;
 }
 
@@ -244,122 +220,14 @@ static stats floor_watch(int n)
 /* dlock                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static dlock_client *open_client(void)
-{
-    dlock_client *c;
-
-    if (dlock_client_open(&c, zk_uri, NULL) != DLOCK_OK)
-        die(zk_uri, dlock_errmsg());
-    return c;
-}
-
-static dlock *open_lock(dlock_client *c, const char *name, unsigned flags)
-{
-    dlock_options o;
-    dlock *l;
-
-    memset(&o, 0, sizeof(o));
-    o.flags = flags;
-    if (dlock_open(&l, c, name, &o) != DLOCK_OK)
-        die(name, dlock_errmsg());
-    return l;
-}
-
-static void dlock_cycles(dlock *l, int64_t *ns, int n)
-{
-    for (int i = 0; i < n; i++) {
-        int64_t t0 = now_ns();
-        if (dlock_acquire(l, 0) != DLOCK_OK)
-            die("cycle acquire", dlock_errmsg());
-        if (dlock_release(l) != DLOCK_OK)
-            die("cycle release", dlock_errmsg());
-        if (ns)
-            ns[i] = now_ns() - t0;
-    }
-}
-
-/* --- hand-off between two processes (as in bench.c) --- */
-
-typedef struct pingpong {
-    volatile int started; /* process 0 holds the lock: 1 may begin */
-    volatile int ready[2];
-    volatile int acquired; /* hand-offs completed */
-    volatile int64_t released_at;
-    int n;
-    int64_t samples[];
-} pingpong;
-
-static void spin_until(volatile int *v, int want)
-{
-    while (__atomic_load_n(v, __ATOMIC_ACQUIRE) < want)
-        sleep_us(20);
-}
-
-static void pingpong_proc(pingpong *s, int me, unsigned flags)
-{
-    dlock_client *c = open_client();
-    dlock *l = open_lock(c, "bench-handoff", flags);
-
-    if (me == 0) {
-        if (dlock_acquire(l, -1) != DLOCK_OK)
-            die("handoff", dlock_errmsg());
-        __atomic_store_n(&s->started, 1, __ATOMIC_RELEASE);
-    } else {
-        spin_until(&s->started, 1);
-    }
-    for (int i = 0; i < s->n; i++) {
-        if (i % 2 == me) { /* we hold it: hand it over */
-            spin_until(&s->ready[1 - me], i + 1);
-            sleep_us(2000); /* let it start waiting */
-            __atomic_store_n(&s->released_at, now_ns(), __ATOMIC_RELEASE);
-            if (dlock_release(l) != DLOCK_OK)
-                die("handoff release", dlock_errmsg());
-        } else {
-            /* never barge: ask only once the other one got it */
-            spin_until(&s->acquired, i);
-            __atomic_store_n(&s->ready[me], i + 1, __ATOMIC_RELEASE);
-            if (dlock_acquire(l, -1) != DLOCK_OK)
-                die("handoff acquire", dlock_errmsg());
-            s->samples[i] = now_ns() -
-                            __atomic_load_n(&s->released_at, __ATOMIC_ACQUIRE);
-            __atomic_store_n(&s->acquired, i + 1, __ATOMIC_RELEASE);
-        }
-    }
-    if (dlock_held(l) > 0)
-        dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-}
+/* --- hand-off between two processes --- */
 
 static stats handoff(unsigned flags, int n)
 {
-    size_t size = sizeof(pingpong) + sizeof(int64_t) * (size_t)n;
-    pingpong *s = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    pid_t pids[2];
+    dlock_party p = {zk_uri, NULL, flags, 0, -1};
 
-    if (s == MAP_FAILED)
-        die("mmap", strerror(errno));
-    memset(s, 0, size);
-    s->n = n;
-    for (int me = 0; me < 2; me++) {
-        fflush(stdout);
-        pids[me] = fork();
-        if (pids[me] == 0) {
-            pingpong_proc(s, me, flags);
-            _exit(0);
-        }
-    }
-    for (int me = 0; me < 2; me++) {
-        int st;
-        waitpid(pids[me], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            die("handoff", "a process failed");
-    }
     /* the first sample of each direction includes setting up the wait */
-    stats r = summarize(s->samples + 2, n - 2);
-    munmap(s, size);
-    return r;
+    return handoff_dlock(&p, n - 2, NULL);
 }
 
 /* --- requests per hand-off under contention --- */
@@ -397,83 +265,28 @@ static long long zk_mntr(const char *key)
     return 0;
 }
 
-typedef struct contend {
-    volatile int stop;
-    volatile int ready;
-    volatile int last;
-    volatile long handoffs;
-    volatile long acquisitions;
-} contend;
-
-static void contend_proc(contend *s, int me, unsigned flags)
-{
-    dlock_client *c = open_client();
-    dlock *l = open_lock(c, "bench-contend", flags);
-
-    __atomic_add_fetch(&s->ready, 1, __ATOMIC_RELEASE);
-    while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
-        int rc = dlock_acquire(l, 300);
-        if (rc == DLOCK_EBUSY)
-            continue;
-        if (rc != DLOCK_OK)
-            die("contend", dlock_errmsg());
-        __atomic_add_fetch(&s->acquisitions, 1, __ATOMIC_RELAXED);
-        if (s->last != me) {
-            __atomic_add_fetch(&s->handoffs, 1, __ATOMIC_RELAXED);
-            s->last = me;
-        }
-        if (dlock_release(l) != DLOCK_OK)
-            die("contend release", dlock_errmsg());
-    }
-    dlock_close(l);
-    dlock_client_close(c);
-}
-
-/* Requests the server received per hand-off, and hand-offs per second.
- * The counting starts once every process has its session (connects are
- * not hand-offs) and ends before they close. */
 static void requests_per_handoff(int waiters, unsigned flags, double *req,
                                  double *handoffs_per_s)
 {
-    contend *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    int nproc = waiters + 1;
-    pid_t *pids = calloc((size_t)nproc, sizeof(*pids));
     int64_t ms = quick ? 1000 : 3000;
+    contend_cfg cfg = {zk_uri, NULL, flags, waiters + 1, 0, 0, 0,
+                       300, 0, 0, ms + 10000};
+    contend *s = contend_start(&cfg);
 
-    if (s == MAP_FAILED || !pids)
-        die("contend", "out of memory");
-    memset(s, 0, sizeof(*s));
-    s->last = -1;
-    for (int i = 0; i < nproc; i++) {
-        fflush(stdout);
-        pids[i] = fork();
-        if (pids[i] == 0) {
-            contend_proc(s, i, flags);
-            _exit(0);
-        }
-    }
-    spin_until(&s->ready, nproc);
+    contend_go(s);
     sleep_us(100000);
     long long before = zk_mntr("zk_packets_received");
-    long h0 = __atomic_load_n(&s->handoffs, __ATOMIC_ACQUIRE);
+    long h0 = contend_handoffs(s);
     int64_t t0 = now_ns();
     sleep_us(ms * 1000);
     long long after = zk_mntr("zk_packets_received");
-    long h1 = __atomic_load_n(&s->handoffs, __ATOMIC_ACQUIRE);
+    long h1 = contend_handoffs(s);
     double secs = (double)(now_ns() - t0) / 1e9;
-    __atomic_store_n(&s->stop, 1, __ATOMIC_RELEASE);
-    for (int i = 0; i < nproc; i++) {
-        int st;
-        waitpid(pids[i], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            die("contend", "a process failed");
-    }
+    contend_stop(s);
+    contend_finish(s);
     /* 1 for the mntr connection itself */
     *req = h1 > h0 ? (double)(after - before - 1) / (double)(h1 - h0) : 0;
     *handoffs_per_s = (double)(h1 - h0) / secs;
-    free(pids);
-    munmap(s, sizeof(*s));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -502,34 +315,9 @@ static void parse_uri(void)
         zk_first_port = atoi(zk_servers + hl + 1);
 }
 
-/* Median and range of CHUNKS figures (sorts them). */
-static void medrange(double *v, double *med, double *min, double *max)
-{
-    qsort(v, CHUNKS, sizeof(double), cmpd);
-    *min = v[0];
-    *med = v[CHUNKS / 2];
-    *max = v[CHUNKS - 1];
-}
-
-/* Median of three repetitions with the spread (min..max). */
-static void med3(const double v3[3], double *med, double *min, double *max)
-{
-    double v[3] = {v3[0], v3[1], v3[2]};
-
-    qsort(v, 3, sizeof(double), cmpd);
-    *min = v[0];
-    *med = v[1];
-    *max = v[2];
-}
-
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: dlock_bench_zk ZK_URI [--quick]\n");
-        return 2;
-    }
-    zk_uri = argv[1];
-    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    zk_uri = h_args(argc, argv, "ZK_URI", &quick);
     parse_uri();
     signal(SIGPIPE, SIG_IGN);
     zoo_set_debug_level(ZOO_LOG_LEVEL_ERROR);
@@ -542,25 +330,20 @@ int main(int argc, char **argv)
     zk_prepare();
 
     /* is the store in this build? */
-    dlock_client *dc = NULL;
-    int rc = dlock_client_open(&dc, zk_uri, NULL);
-    int have_store = rc == DLOCK_OK;
-    char why[256] = "";
-    if (rc == DLOCK_ENOTSUP)
-        snprintf(why, sizeof(why), "%s", dlock_errmsg());
-    else if (rc != DLOCK_OK)
-        die(zk_uri, dlock_errmsg());
+    char why[256];
+    dlock_client *dc = h_store_client(zk_uri, NULL, why, sizeof(why));
+    int have_store = dc != NULL;
 
     /* warm-up, not measured: the server's JIT, both clients' paths */
     zhandle_t *zh = zk_connect(zk_servers);
-    dlock *dl = have_store ? open_lock(dc, "bench-cycle", 0) : NULL;
+    dlock *dl = have_store ? h_open_lock(dc, "bench-cycle", 0, 0) : NULL;
     for (int i = 0; i < warm; i++) {
         floor_cycle_once(zh);
         floor_write_once(zh);
         floor_rtt_once(zh);
     }
     if (have_store)
-        dlock_cycles(dl, NULL, warm);
+        h_dlock_cycles(dl, NULL, warm);
 
     printf("## ZooKeeper (%s)\n\n", zk_uri);
     if (!have_store)
@@ -577,42 +360,35 @@ int main(int argc, char **argv)
            warm, no, n, CHUNKS, (nh / CHUNKS) * CHUNKS, CHUNKS);
     printf("| measure | floor | dlock | ratio |\n|---|---|---|---|\n");
 
-    double v[3], rt_med, rt_min, rt_max, wr_med, wr_min, wr_max;
+    /* median of three repetitions, with their spread */
+    double v[3];
     for (int k = 0; k < 3; k++)
         v[k] = floor_op(0, no).p50_us;
-    med3(v, &rt_med, &rt_min, &rt_max);
-    printf("| round trip (exists) | %.1f (%.1f–%.1f) | | |\n", rt_med,
-           rt_min, rt_max);
+    spread rt = medrange(v, 3);
+    printf("| round trip (exists) | %.1f (%.1f–%.1f) | | |\n", rt.med,
+           rt.min, rt.max);
     for (int k = 0; k < 3; k++)
         v[k] = floor_op(1, no).p50_us;
-    med3(v, &wr_med, &wr_min, &wr_max);
-    printf("| write (set, 16 bytes) | %.1f (%.1f–%.1f) | | |\n", wr_med,
-           wr_min, wr_max);
+    spread wr = medrange(v, 3);
+    printf("| write (set, 16 bytes) | %.1f (%.1f–%.1f) | | |\n", wr.med,
+           wr.min, wr.max);
 
     /* interleave floor and dlock in short chunks, so that the machine's
      * drift hits both alike; the ratio is the median of the chunks' ratios */
     int per = n / CHUNKS;
     int64_t *fns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
     int64_t *dns = malloc(sizeof(int64_t) * (size_t)per * CHUNKS);
-    double fv[CHUNKS], dv[CHUNKS], rv[CHUNKS];
-    for (int k = 0; k < CHUNKS; k++) {
-        int64_t *f = fns + (size_t)k * per, *d = dns + (size_t)k * per;
-        floor_cycles(zh, f, per);
-        if (have_store)
-            dlock_cycles(dl, d, per);
-        /* summarize sorts in place: both arrays stay whole for the p99 */
-        fv[k] = summarize(f, per).p50_us;
-        dv[k] = have_store ? summarize(d, per).p50_us : 0;
-        rv[k] = dv[k] / fv[k];
-    }
+    int64_t *all[2] = {fns, dns};
+    kind_op kinds[2] = {{floor_cycle_once, zh}, {h_dlock_once, dl}};
+    double p50[2 * CHUNKS] = {0}, *fv = p50, *dv = p50 + CHUNKS;
+    chunked_ops(kinds, have_store ? 2 : 1, n, CHUNKS, p50, all);
     zookeeper_close(zh);
     if (have_store) {
         dlock_close(dl);
         dlock_client_close(dc);
     }
-    qsort(fv, CHUNKS, sizeof(double), cmpd);
-    qsort(dv, CHUNKS, sizeof(double), cmpd);
-    qsort(rv, CHUNKS, sizeof(double), cmpd);
+    spread fm = medrange(fv, CHUNKS), dm = medrange(dv, CHUNKS);
+    spread rm = have_store ? ratios(dv, fv, CHUNKS) : dm;
     stats fs = summarize(fns, per * CHUNKS);
     stats ds = have_store ? summarize(dns, per * CHUNKS) : fs;
     free(fns);
@@ -620,8 +396,7 @@ int main(int argc, char **argv)
     if (have_store) {
         printf("| uncontended acquire+release, p50 | %.1f | %.1f | "
                "**%.2fx** (chunks: %.2f–%.2f) |\n",
-               fv[CHUNKS / 2], dv[CHUNKS / 2], rv[CHUNKS / 2], rv[0],
-               rv[CHUNKS - 1]);
+               fm.med, dm.med, rm.med, rm.min, rm.max);
         printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx "
                "|\n",
                fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
@@ -629,7 +404,7 @@ int main(int argc, char **argv)
                fs.per_s, ds.per_s, ds.per_s / fs.per_s);
     } else {
         printf("| uncontended acquire+release, p50 | %.1f | | |\n",
-               fv[CHUNKS / 2]);
+               fm.med);
         printf("| uncontended acquire+release, p99 | %.1f | | |\n",
                fs.p99_us);
         printf("| cycles per second (one client) | %.0f | | |\n", fs.per_s);
@@ -656,30 +431,26 @@ int main(int argc, char **argv)
             ar[k] = av[k] / iv[k];
         }
     }
-    double i_med, i_min, i_max, w_med, w_min, w_max;
-    medrange(iv, &i_med, &i_min, &i_max);
-    medrange(wv, &w_med, &w_min, &w_max);
+    spread is = medrange(iv, CHUNKS), ws_ = medrange(wv, CHUNKS);
     printf("| write + round trip after 2 ms idle (set, exists) | %.1f "
            "(chunks: %.1f–%.1f) | | |\n",
-           i_med, i_min, i_max);
+           is.med, is.min, is.max);
     printf("| write seen by another session's watch, after 2 ms idle (set → "
            "exists watch fires) | %.1f (chunks: %.1f–%.1f) | | |\n",
-           w_med, w_min, w_max);
+           ws_.med, ws_.min, ws_.max);
     if (have_store) {
-        double hot = wr_med + rt_med, h_med, a_med, r_med, r_min, r_max,
-                                      x;
-        medrange(hv, &h_med, &x, &x);
-        medrange(av, &a_med, &x, &x);
-        medrange(hr, &r_med, &r_min, &r_max);
+        double hot = wr.med + rt.med, h_med = medrange(hv, CHUNKS).med,
+               a_med = medrange(av, CHUNKS).med;
+        spread r = medrange(hr, CHUNKS);
         printf("| hand-off, release → waiter's acquire returns, p50 | "
                "%.1f (1 idle write+RTT) | %.1f | **%.2f idle write+RTT** "
                "(chunks: %.2f–%.2f; %.2f hot write+RTT) |\n",
-               i_med, h_med, r_med, r_min, r_max, h_med / hot);
-        medrange(ar, &r_med, &r_min, &r_max);
+               is.med, h_med, r.med, r.min, r.max, h_med / hot);
+        r = medrange(ar, CHUNKS);
         printf("| hand-off, fair mode, p50 | %.1f (1 idle write+RTT) | %.1f "
                "| **%.2f idle write+RTT** (chunks: %.2f–%.2f; %.2f hot "
                "write+RTT) |\n",
-               i_med, a_med, r_med, r_min, r_max, a_med / hot);
+               is.med, a_med, r.med, r.min, r.max, a_med / hot);
 
         printf("\n### ZooKeeper requests per hand-off\n\n");
         printf("N waiters plus the holder contend for %d s (each process: "
