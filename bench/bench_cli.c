@@ -185,8 +185,10 @@ int main(int argc, char **argv)
         die("posix_spawn_file_actions", "failed");
 
     char **env = make_env(NULL), **env_xdg = make_env(xdg);
-    /* the order of the table; FLOCK first: the ratios' base */
-    enum { K_FLOCK, K_DLOCK, K_DEFAULT, K_VERSION, K_TRUE, NK };
+    /* the order of the table; FLOCK first: the ratios' base (FLOCK_VERSION
+     * for `dlock --version`: start-up against start-up) */
+    enum { K_FLOCK, K_DLOCK, K_DEFAULT, K_FLOCK_VERSION, K_VERSION, K_TRUE,
+           NK };
     kind ks[NK] = {
         [K_FLOCK] = {"`flock DIR/NAME.flock true`",
                      {flock, lockfile, "true", NULL}, env, 0, NULL, 0, {0}},
@@ -197,7 +199,11 @@ int main(int argc, char **argv)
                        "`$XDG_RUNTIME_DIR/dlock`)",
                        {dlock, "run", NAME, "--", "true", NULL},
                        env_xdg, 0, NULL, 0, {0}},
-        [K_VERSION] = {"`dlock --version` (start-up and exit, no lock)",
+        [K_FLOCK_VERSION] = {"`flock --version` (start-up and exit)",
+                             {flock, "--version", NULL}, env, 0, NULL, 0,
+                             {0}},
+        [K_VERSION] = {"`dlock --version` (start-up, the stores it reaches, "
+                       "exit; ratio to `flock --version`)",
                        {dlock, "--version", NULL}, env, 0, NULL, 0, {0}},
         [K_TRUE] = {"`true` alone (process start floor)",
                     {"true", NULL}, env, 1, NULL, 0, {0}},
@@ -242,15 +248,16 @@ int main(int argc, char **argv)
             printf("| |\n");
         else
             printf("%.2f | ", mean - true_mean);
-        if (i == K_FLOCK) {
+        if (i == K_FLOCK || i == K_FLOCK_VERSION) {
             printf("1.00x |\n");
         } else if (i != K_TRUE) {
+            int base = i == K_VERSION ? K_FLOCK_VERSION : K_FLOCK;
+            int bold = i == K_DLOCK || i == K_VERSION;
             for (int c = 0; c < CHUNKS; c++)
-                rv[c] = k->chunk_mean[c] / ks[K_FLOCK].chunk_mean[c];
+                rv[c] = k->chunk_mean[c] / ks[base].chunk_mean[c];
             qsort(rv, CHUNKS, sizeof(double), cmpd);
-            printf("%s%.2fx%s (%.2f–%.2f) |\n", i == K_DLOCK ? "**" : "",
-                   rv[CHUNKS / 2], i == K_DLOCK ? "**" : "", rv[0],
-                   rv[CHUNKS - 1]);
+            printf("%s%.2fx%s (%.2f–%.2f) |\n", bold ? "**" : "",
+                   rv[CHUNKS / 2], bold ? "**" : "", rv[0], rv[CHUNKS - 1]);
         }
     }
 
