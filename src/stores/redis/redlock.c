@@ -306,11 +306,8 @@ static int raise_counters(rl_store *rs, const dlock__lease *l,
     char fence[DLOCK__REDIS_KEY_MAX], num[24];
     size_t fl = dlock__redis_key(&rs->cfg, l->name, l->name_len, ":f", fence);
     int64_t now = dlock__now_ms();
-    int64_t deadline = now + rs->node_timeout;
     raise_goal g;
 
-    if (deadline > op_deadline)
-        deadline = op_deadline;
     dlock__redlock_round_free(rs);
     dlock__redlock_round_begin(rs);
     snprintf(num, sizeof(num), "%" PRIu64, c);
@@ -326,6 +323,10 @@ static int raise_counters(rl_store *rs, const dlock__lease *l,
         dlock__redlock_node_send(rs, &rs->nodes[i], &cmd, K_ROUND, now);
         g.sent++;
     }
+    /* a node timeout from the last request written, as in ask_all() */
+    int64_t deadline = dlock__now_ms() + rs->node_timeout;
+    if (deadline > op_deadline)
+        deadline = op_deadline;
     dlock__redlock_round_run(rs, deadline, raise_decided, &g);
     dlock__redlock_count(rs, &g.t);
     return g.t.yes >= g.need ? 0 : -1;
@@ -384,7 +385,8 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     rcmd_str(&c, ttl);
     rcmd_str(&c, l->desc);
     pthread_mutex_lock(&rs->mu);
-    int64_t start = dlock__redlock_ask_all(rs, &c, 1, op_deadline,
+    int64_t start = dlock__redlock_ask_all(rs, &c, 1, rs->node_timeout,
+                                           op_deadline,
                                            dlock__redlock_quorum_decided, &t);
 
     /* the counters of the nodes that said yes */
@@ -498,8 +500,18 @@ static int rl_release(void *st, dlock__lease *l, int64_t op_deadline)
     rcmd_arg(&c, wake, wl);
     rcmd_str(&c, msg);
     pthread_mutex_lock(&rs->mu);
-    dlock__redlock_ask_all(rs, &c, 1, op_deadline,
-                           dlock__redlock_quorum_decided, &t);
+    /* Unlike the other rounds, a release waits for its quorum's answers
+     * until op_deadline (the client's timeout), not for one node timeout:
+     * it has no lease validity to protect, and one that gave up early
+     * would leave the keys to block every waiter until the lease ends. A
+     * node late by more than the node timeout (not scheduled for that
+     * long on a busy machine) then costs its lateness, not the lease. It
+     * still ends as soon as the outcome is decided, so frozen nodes cost
+     * nothing while a quorum answers. */
+    int64_t now = dlock__now_ms();
+    dlock__redlock_ask_all(rs, &c, 1,
+                           op_deadline > now ? op_deadline - now : 0,
+                           op_deadline, dlock__redlock_quorum_decided, &t);
     dlock__redlock_count(rs, &t);
     if (t.yes < rs->quorum) {
         int answered, notours;
@@ -537,7 +549,8 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     rcmd_arg(&c, owner, ol);
     rcmd_str(&c, ttl);
     pthread_mutex_lock(&rs->mu);
-    int64_t start = dlock__redlock_ask_all(rs, &c, 1, op_deadline,
+    int64_t start = dlock__redlock_ask_all(rs, &c, 1, rs->node_timeout,
+                                           op_deadline,
                                            dlock__redlock_quorum_decided, &t);
     dlock__redlock_count(rs, &t);
     int64_t now = dlock__now_ms();
@@ -621,7 +634,8 @@ static int rl_inspect(void *st, const char *name, size_t len,
     rcmd_str(&c[1], "NUMSUB");
     rcmd_arg(&c[1], wake, wl);
     pthread_mutex_lock(&rs->mu);
-    dlock__redlock_ask_all(rs, c, 2, op_deadline, NULL, NULL);
+    dlock__redlock_ask_all(rs, c, 2, rs->node_timeout, op_deadline, NULL,
+                           NULL);
 
     uint64_t last = 0;
     out->waiters = 0;

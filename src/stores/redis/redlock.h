@@ -164,10 +164,11 @@ void dlock__redlock_count(const rl_store *rs, tally *t);
 int dlock__redlock_quorum_decided(const rl_store *rs, void *arg);
 
 /* Sends the nc commands `c` to every node and runs the round, for at most
- * the node timeout (and op_deadline), until `decided` (NULL: until every
- * node answered). Returns when the round started. */
+ * round_ms after the last request was written (and until op_deadline),
+ * until `decided` (NULL: until every node answered). Returns when the
+ * round started. */
 int64_t dlock__redlock_ask_all(rl_store *rs, rcmd *c, int nc,
-                               int64_t op_deadline,
+                               int64_t round_ms, int64_t op_deadline,
                                int (*decided)(const rl_store *, void *),
                                void *arg);
 

@@ -311,13 +311,25 @@ int dlock__redlock_node_busy(const rnode *n)
 /* Runs the round until every node answered or failed, `decided` says the
  * outcome is known, or `deadline` passes (nodes still silent then fail).
  * The replies of nodes still owing when it ends early are dropped when
- * they arrive. */
+ * they arrive.
+ *
+ * Silent means that no reply had arrived at the deadline, not that this
+ * thread had not read one: a thread that gets the CPU only after the
+ * deadline (a busy machine) first reads what its sockets hold, without
+ * waiting, and fails only the nodes that still owe. (It used to fail
+ * them unread: a thread preempted past the deadline after its writes
+ * could report "0 of 5 nodes answered" with every reply in its
+ * sockets.) */
 void dlock__redlock_round_run(rl_store *rs, int64_t deadline,
                               int (*decided)(const rl_store *, void *),
                               void *arg)
 {
     struct pollfd pfd[MAX_NODES];
     int who[MAX_NODES];
+    int last = 0; /* the deadline has passed: one look without waiting */
+    /* for the message: the node timeout, or this round's longer wait (a
+     * release, the open) */
+    int64_t waited = deadline - dlock__now_ms();
 
     for (;;) {
         if (decided && decided(rs, arg))
@@ -337,17 +349,21 @@ void dlock__redlock_round_run(rl_store *rs, int64_t deadline,
         if (np == 0)
             break;
         int64_t now = dlock__now_ms();
-        if (now >= deadline) {
+        if (last) {
             for (int k = 0; k < np; k++) {
                 rnode *n = &rs->nodes[who[k]];
                 char why[512];
                 snprintf(why, sizeof(why), "%s: no answer within %lld ms",
-                         n->where, (long long)rs->node_timeout);
+                         n->where,
+                         (long long)(waited > rs->node_timeout
+                                         ? waited
+                                         : rs->node_timeout));
                 node_fail(n, DLOCK_ECONN, why);
             }
             break;
         }
-        int r = poll(pfd, (nfds_t)np, (int)(deadline - now));
+        last = now >= deadline;
+        int r = poll(pfd, (nfds_t)np, last ? 0 : (int)(deadline - now));
         if (r < 0 && errno != EINTR)
             break;
         for (int k = 0; k < np && r > 0; k++)
@@ -418,21 +434,27 @@ int dlock__redlock_quorum_decided(const rl_store *rs, void *arg)
 }
 
 /* Sends the nc commands `c` to every node and runs the round, for at most
- * the node timeout (and op_deadline), until `decided` (NULL: until every
- * node answered). mu held. Returns when the round started. */
+ * round_ms (and op_deadline), until `decided` (NULL: until every node
+ * answered). mu held. Returns when the round started (the lease's
+ * validity counts from there); round_ms counts from when the last request
+ * was written, since a node cannot answer before it is asked (a thread
+ * preempted among its writes would otherwise count that against the
+ * nodes). */
 int64_t dlock__redlock_ask_all(rl_store *rs, rcmd *c, int nc,
-                               int64_t op_deadline,
+                               int64_t round_ms, int64_t op_deadline,
                                int (*decided)(const rl_store *, void *),
                                void *arg)
 {
-    int64_t start = dlock__now_ms(), deadline = start + rs->node_timeout;
+    int64_t start = dlock__now_ms();
 
-    if (deadline > op_deadline)
-        deadline = op_deadline;
     dlock__redlock_round_begin(rs);
     for (int i = 0; i < rs->n; i++)
         for (int k = 0; k < nc; k++)
-            dlock__redlock_node_send(rs, &rs->nodes[i], &c[k], K_ROUND, start);
+            dlock__redlock_node_send(rs, &rs->nodes[i], &c[k], K_ROUND,
+                                     start);
+    int64_t deadline = dlock__now_ms() + round_ms;
+    if (deadline > op_deadline)
+        deadline = op_deadline;
     dlock__redlock_round_run(rs, deadline, decided, arg);
     return start;
 }
