@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_zk.c -- what the ZooKeeper store (src/stores/zk/zk.c) does with
+ * fuzz_zk.c -- what the ZooKeeper store (src/stores/zk/) does with
  * chroots, lock names and the children the server lists.
  *
  * Input: field 1 a chroot (check_chroot, as zk_open validates the URI's
@@ -16,6 +16,8 @@
 #include "fuzz.h"
 
 #include "../src/stores/zk/zk.c"
+#include "../src/stores/zk/zk_queue.c"
+#include "../src/stores/zk/zk_session.c"
 
 static int hexdig(int c)
 {
@@ -89,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (len >= 1 && len <= DLOCK_NAME_MAX) {
         char *out = malloc(ZK_PARENT_MAX);
-        lock_path(zs, name, len, out);
+        dlock__zk_lock_path(zs, name, len, out);
         check_path(zs, name, len, out);
         free(out);
     }
@@ -98,7 +100,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     v.data = calloc(64, sizeof(char *));
     while (f.p && v.count < 64)
         v.data[v.count++] = fz_field(&f, NULL);
-    int32_t kept = sort_children(&v), ours = 0;
+    int32_t kept = dlock__zk_sort_children(&v), ours = 0;
     for (int32_t i = 0; i < v.count; i++)
         ours += child_seq(v.data[i]) >= 0;
     if (kept != ours)

@@ -64,7 +64,8 @@ static th_pgb pgb;
  *  - short_ttl: the shortest ttl the store keeps for seconds: 300 ms on
  *    Redis; 400 ms on ZooKeeper, the private server's minSessionTimeout;
  *    1000 ms on etcd (leases are whole seconds; the private member's
- *    minimum is 1 s). */
+ *    minimum is 1 s) and on Redlock (four of its 250 ms node timeouts: a
+ *    renewal may take one). */
 static int has_leases, lease_runs_out, ttl_visible, fixed_ttl,
     keeps_last_token, held_visible, has_fair = 1;
 static int64_t short_ttl;
@@ -1127,21 +1128,24 @@ int main(int argc, char **argv)
         has_leases = lease_runs_out = ttl_visible = 1;
         short_ttl = 300;
     } else if (!strcmp(argv[1], "redlock")) {
-        /* five independent masters; under valgrind a node answers slower
-         * than Redlock's default 50 ms per-node timeout */
-        const char *vg = getenv("DLOCK_TEST_VALGRIND");
-        int slow = vg && *vg && strcmp(vg, "0") != 0;
+        /* five independent masters. The node timeout is the longest a
+         * node's answer may take before the round counts it as failed
+         * (too many: DLOCK_ECONN). On a busy 2-core machine a node is now
+         * and then not scheduled within Redlock's default 50 ms (seen
+         * under stress-ng --cpu 2: "cannot raise the fencing counters:
+         * ... no answer within 50 ms"), and under valgrind it answers
+         * slower still; the contract is not about that, so the nodes get
+         * 250 ms here (test_redlock.c says the same) */
         size_t o = (size_t)snprintf(uri, sizeof(uri), "redlock://");
         for (int i = 0; i < 5; i++) {
             th_redis_start(&rl[i], NULL);
             o += (size_t)snprintf(uri + o, sizeof(uri) - o, "%s127.0.0.1:%d",
                                   i ? "," : "", rl[i].port);
         }
-        if (slow)
-            snprintf(uri + o, sizeof(uri) - o, "?node_timeout=250");
+        snprintf(uri + o, sizeof(uri) - o, "?node_timeout=250");
         has_leases = lease_runs_out = ttl_visible = 1;
         has_fair = 0;
-        short_ttl = slow ? 1000 : 400;
+        short_ttl = 1000;
     } else if (!strcmp(argv[1], "zk")) {
 #ifndef TH_ZK_CLIENT
         th_skip("this build has no zk store");

@@ -22,9 +22,25 @@
  *   - bad URIs, passwords, DLOCK_FAIR, a ttl too short for the node
  *     timeout.
  *
- * Under valgrind (DLOCK_TEST_VALGRIND=1) a node answers far slower than
- * Redlock's default 50 ms node timeout: the URI then says
- * ?node_timeout=250, and leases and bounds are longer.
+ * The node timeout (?node_timeout=250 in the URI, not the default 50 ms)
+ * is the longest a node's answer may take before its round counts it as
+ * failed; too many failed nodes end the operation with DLOCK_ECONN, as
+ * documented. On a busy 2-core machine (five redis-servers, the test's
+ * processes, other tests or stress-ng) a node is now and then not
+ * scheduled for more than 50 ms, sometimes several at once: with the
+ * default, an operation then fails although every node is up (seen under
+ * stress-ng --cpu 2: "cannot acquire: 1 of 5 nodes answered ... no answer
+ * within 50 ms"). What these tests check is not how fast a loaded machine
+ * schedules, so they allow 250 ms (`slack`, the file's allowance for a
+ * few round trips on a loaded machine). That makes such failures rare,
+ * not impossible (single nodes were seen silent for 250 ms); the 1,500
+ * hand-offs, the most exposed, repeat an acquire that fails so, a few
+ * times at most. The tests about the node timeout itself set their own
+ * (1 s); the contract suite (test_contract.c) uses 250 ms too, the CLI's
+ * test the default.
+ *
+ * Under valgrind (DLOCK_TEST_VALGRIND=1) nodes answer far slower: leases
+ * and bounds are longer.
  */
 #include "test.h"
 
@@ -39,7 +55,7 @@ static int down[NN]; /* 0 up, 1 killed, 2 frozen */
 static char hosts[512]; /* "127.0.0.1:P0,...,127.0.0.1:P4" */
 static char uri[1024];
 static int slow;         /* under valgrind */
-static int64_t nt;       /* the node timeout in uri */
+static int64_t nt;       /* the node timeout in uri (see the top) */
 static int64_t slack;    /* a few round trips on a loaded machine */
 static int64_t short_ttl;
 
@@ -308,6 +324,9 @@ TEST(two_of_five_killed_still_serve)
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
+    /* a timed wait waits its whole time (less the clock's granularity)
+     * and ends at its deadline: the 3 s allow its last try (at most a node
+     * timeout) and the scheduling of a loaded machine */
     CHECK_OP(th_now_ms() - t0, >=, 290);
     CHECK_OP(th_now_ms() - t0, <, 300 + 3000);
 
@@ -327,13 +346,17 @@ TEST(two_of_five_killed_still_serve)
     waiter w = {.l = lb, .wait = 10000, .hold_ms = 300};
     pthread_t th;
     pthread_create(&th, NULL, wait_thread, &w);
+    /* subscribing takes a round trip per node: 5 s is only a bound on
+     * the loop */
     int64_t until = th_now_ms() + 5000;
     while (subscribed_nodes("two-down") < 3 && th_now_ms() < until)
         th_sleep_ms(10);
     CHECK_EQ(subscribed_nodes("two-down"), 3);
-    th_sleep_ms(100);
+    th_sleep_ms(100); /* let it reach its sleep (not asserted) */
     CHECK_OK(dlock_release(la));
-    until = th_now_ms() + 5000; /* woken by the release, not the lease */
+    /* woken by the release: the lease is 60 s, so a missed wake-up would
+     * wait far longer than these 5 s */
+    until = th_now_ms() + 5000;
     while (!w.acquired && w.rc == 0 && th_now_ms() < until)
         th_sleep_ms(1);
     CHECK_EQ(w.acquired, 1);
@@ -346,7 +369,9 @@ TEST(two_of_five_killed_still_serve)
     CHECK_OP(w.token, >, tok);
     CHECK_OK(w.release_rc);
     CHECK_OP(dlock_token(la), >, w.token);
-    CHECK_OP(back, >=, 150); /* b held it for 300 ms */
+    /* a waited for b's 300 ms hold (150: the hold began before a's wait
+     * did), and was woken by b's release, not b's 60 s lease */
+    CHECK_OP(back, >=, 150);
     CHECK_OP(back, <, 300 + 5000);
     CHECK_OK(dlock_release(la));
     dlock_close(la);
@@ -357,7 +382,8 @@ TEST(two_of_five_killed_still_serve)
     dlock *lw = handle(b, "two-down-wd", 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     tok = dlock_token(la);
-    for (int i = 0; i < 10; i++) { /* 2 s: five or more ttls */
+    /* five ttls, so the hold lives on renewals alone */
+    for (int i = 0; i < 5 * short_ttl / 200; i++) {
         th_sleep_ms(200);
         CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
     }
@@ -406,6 +432,9 @@ TEST(three_of_five_killed_fail_and_the_hold_is_lost)
     kill_node(4);
 
     for (int i = 0; i < 3; i++) {
+        /* killed nodes refuse connections: DLOCK_ECONN at once, within
+         * one round (a node timeout) and a loaded machine's slack; a wait
+         * ends with it at once or at its deadline, never later */
         int64_t t0 = th_now_ms();
         CHECK_RC(dlock_acquire(lo, 0), DLOCK_ECONN);
         check_names_quorum(dlock_errmsg(), 2 + i);
@@ -427,7 +456,12 @@ TEST(three_of_five_killed_fail_and_the_hold_is_lost)
     CHECK(rc == DLOCK_ECONN || rc == DLOCK_ELOST);
 
     /* the hold is reported lost when its lease runs out on the local
-     * clock (the watchdog's renewals find no quorum) */
+     * clock (the watchdog's renewals find no quorum): not before half
+     * the ttl (the lease ends at ttl less the drift allowance; a loose
+     * bound that still tells it from a loss at the first failed renewal,
+     * ttl/3), and within the ttl, the background thread's scheduling
+     * (slack) and a renewal's round in flight at the lease end (1 s); the
+     * loop's own bound is looser still */
     int64_t until = t_acq + 3 * ttl + 5000;
     while (!lost.seen && th_now_ms() < until)
         th_sleep_ms(10);
@@ -472,9 +506,13 @@ TEST(three_of_five_frozen_fail_within_the_node_timeout)
     int64_t took = th_now_ms() - t0;
     CHECK_CONTAINS(dlock_errmsg(), "quorum 3");
     CHECK_CONTAINS(dlock_errmsg(), "no answer within");
-    CHECK_OP(took, <, ntl + 2 * slack); /* sequential: 3 node timeouts */
+    /* the nodes are asked at once: one node timeout, and the quiet
+     * release after it (slack each); asked one after another it would be
+     * three node timeouts */
+    CHECK_OP(took, <, ntl + 2 * slack);
     t0 = th_now_ms();
     CHECK_RC(dlock_acquire(l, 500), DLOCK_ECONN);
+    /* a wait cuts the round short at its deadline */
     CHECK_OP(th_now_ms() - t0, <, 500 + 2 * slack);
     cont_node(0);
     cont_node(2);
@@ -499,7 +537,8 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
     dlock *la = handle(a, "frozen-node", 0, 0);
     dlock *lb = handle(b, "frozen-node", 0, 0);
     dlock *ll = handle(lc, "frozen-node", 0, 0);
-    static const int pause_ms[] = {0, 5, 25, 60, 120, 0, 1, 80, 0, 200};
+    /* pauses shorter and longer than the node timeout */
+    const int64_t pause_ms[] = {0, 5, 25, 60, nt / 2, 0, 1, 80, 0, nt + 50};
     /* around the long node timeout (1 s, 2 s under valgrind) */
     const int64_t long_pause[] = {0, 50, ntl + 100, 0, 300, 0};
     uint64_t last = 0;
@@ -518,6 +557,9 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
             worst = took;
         th_sleep_ms(pause_ms[i]);
     }
+    /* the contract: a frozen node costs at most one node timeout per
+     * operation (in fact nothing, the four others make the quorum), plus
+     * a loaded machine's slack; never the node timeout again and again */
     CHECK_OP(worst, <, nt + slack);
     /* with a 1 s node timeout and two nodes frozen, a try still ends when
      * the three others have answered: not after the node timeout, nor
@@ -532,6 +574,8 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
             worst = took;
         th_sleep_ms(long_pause[i]);
     }
+    /* half the node timeout: far above three round trips on a loaded
+     * machine, far below the node timeout a slower rule would cost */
     CHECK_OP(worst, <, ntl / 2);
     cont_node(3);
 
@@ -548,6 +592,8 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
     CHECK_WAITER(w, DLOCK_OK);
     CHECK_OK(w.release_rc);
     CHECK_OP(w.token, >, last);
+    /* woken by the release after 200 ms, not by the end of the default
+     * 30 s lease; 3 s for a loaded machine */
     CHECK_OP(w.took, <, 200 + 3000);
     last = w.token;
 
@@ -557,20 +603,23 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
                           &lost);
     dlock *lx = handle(b, "frozen-node-wd", 0, 0);
     CHECK_OK(dlock_acquire(lw, 0));
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 4 * short_ttl / 200; i++) { /* four ttls */
         th_sleep_ms(200);
         CHECK_RC(dlock_acquire(lx, 0), DLOCK_EBUSY);
     }
     CHECK_EQ(lost.seen, 0);
     dlock_info info;
     int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_inspect(b, "frozen-node-wd", &info)); /* 4 of 5 answer */
+    /* 4 of 5 answer; inspect waits for all, so the frozen one costs
+     * exactly one node timeout */
+    CHECK_OK(dlock_inspect(b, "frozen-node-wd", &info));
     CHECK_OP(th_now_ms() - t0, <, nt + slack);
     CHECK_EQ(info.held, 1);
     dlock_info_clear(&info);
     CHECK_OK(dlock_release(lw));
 
-    /* thawed: it answers everything it owed, late; nothing breaks */
+    /* thawed: it answers everything it owed, late; nothing breaks (the
+     * 50 ms let its late answers arrive, not asserted) */
     cont_node(1);
     th_sleep_ms(50);
     worst = 0;
@@ -582,7 +631,7 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
             worst = th_now_ms() - t0b;
         th_sleep_ms(pause_ms[i]);
     }
-    CHECK_OP(worst, <, nt + slack);
+    CHECK_OP(worst, <, nt + slack); /* as above */
     hold_once(lx, 0, 0);
     hold_once(ll, 0, last);
     /* its late commands left no key behind on any node, and the lock is
@@ -616,6 +665,9 @@ TEST(late_answers_do_no_harm)
     /* frozen during the hold: its answers to the extend, the release and
      * b's acquire come after the quorum decided each */
     stop_node(2);
+    /* the pauses of a node timeout (+20 ms) make node 2's connection one
+     * that owes answers for longer than the node timeout: replaced, not
+     * waited for (a timing choice, not a bound) */
     CHECK_OK(dlock_extend(la, 10000));
     th_sleep_ms(nt + 20);
     CHECK_OK(dlock_extend(la, 10000));
@@ -625,7 +677,7 @@ TEST(late_answers_do_no_harm)
     uint64_t tb = dlock_token(lb);
     CHECK_OP(tb, >, ta);
     cont_node(2);
-    th_sleep_ms(100);
+    th_sleep_ms(100); /* its late answers and commands arrive */
     CHECK_EQ(th_redis_cmd(&node[2], NULL, 0, "PING"), 0);
 
     /* b still holds it, on a quorum; inspect's token is the highest
@@ -737,18 +789,21 @@ TEST(restarted_node_gets_the_key_back)
     waiter w = {.l = handle(b, "restarted", ttl, 0), .wait = 20000};
     pthread_t th;
     pthread_create(&th, NULL, wait_thread, &w);
-    th_sleep_ms(200);
+    th_sleep_ms(200); /* let it subscribe (not asserted) */
     kill_node(0);
     restart_node(0); /* at once, empty */
 
-    /* the lock is free on one node only: nobody else gets a quorum */
+    /* the lock is free on one node only: nobody else gets a quorum (five
+     * tries over half a ttl, across the holder's renewals) */
     for (int i = 0; i < 5; i++) {
         CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
         th_sleep_ms(ttl / 10);
     }
     /* the holder's renewals put its key back on the restarted node (a
      * renewal repairs the nodes that said "missing" before its quorum
-     * was reached: not always the first one) */
+     * was reached: not always the first one). The watchdog renews every
+     * ttl/3: 4 ttls are a dozen renewals, and the key is back after the
+     * first that hears node 0 say "missing" */
     int64_t until = th_now_ms() + 4 * ttl + slack;
     int back = 0;
     while (!back && th_now_ms() < until) {
@@ -764,8 +819,11 @@ TEST(restarted_node_gets_the_key_back)
     CHECK_EQ(dlock_held(la), 1);
 
     /* the waiter re-subscribed after losing its subscriber connection to
-     * the restarted node: the release still wakes it */
-    th_sleep_ms(100);
+     * the restarted node: the release still wakes it. (The bound only
+     * says it got the lock soon: a missed wake-up would cost the rest of
+     * the 900 ms lease, also under 3 s; hand_offs_never_wait_out_the_lease
+     * is the test that tells the two apart.) */
+    th_sleep_ms(100); /* its re-subscription (not asserted) */
     int64_t released = th_now_ms();
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
@@ -935,7 +993,7 @@ TEST(delayed_restart_keeps_a_bare_quorum_exclusive)
 
     /* the delayed restart: a ttl after the key was lost (plus the test's
      * own scheduling slack), node 0 comes back empty */
-    th_sleep_ms(s->ttl + (slow ? 300 : 100));
+    th_sleep_ms(s->ttl + (slow ? 300 : 100)); /* at least a ttl: safety */
     s->restarted_at = th_now_ms();
     restart_node(0);
 
@@ -947,6 +1005,10 @@ TEST(delayed_restart_keeps_a_bare_quorum_exclusive)
     CHECK_OK(s->crc);
     CHECK_OK(s->crelease_rc);
     CHECK_OP(s->ok_at, >, s->restarted_at);
+    /* progress: the holder's key on 1 and 2 lives until its lease ends
+     * (about a ttl after the faults), node 0 is back after a ttl: the
+     * contender wins soon after; 3 ttls and 5 s are only a bound on a
+     * loaded machine, exclusion is what is checked */
     CHECK_OP(s->ok_at - faults_done, <, 3 * s->ttl + 5000);
     CHECK_OP(s->ctoken, >, s->token);
     /* the holder was told, before the contender won: no overlap */
@@ -1203,6 +1265,10 @@ static void fight(int cycles, int freeze)
     CHECK_EQ(s->overlaps, 0);
     CHECK_EQ(s->regressions, 0);
     CHECK_EQ(s->counter, CPROC * s->cycles);
+    /* progress, not speed: everybody's first hold comes within 20 s (the
+     * back-off of split votes is at most 1.6 s a try) and the whole fight
+     * (15 or 40 holds each) within 40 s; a livelock of split votes would
+     * miss them */
     for (int i = 0; i < CPROC; i++) {
         CHECK_EQ(s->got[i], s->cycles);
         CHECK_OP(s->first_at[i] - t0, <, slow ? 60000 : 20000);
@@ -1494,6 +1560,7 @@ TEST(extend_to_a_ttl_too_short_for_the_node_timeout_is_refused)
  * (Before that was so, about 1 hand-off in 1000 waited the whole lease.) */
 
 #define HANDOFFS 1500
+#define UNANSWERED_MAX 5
 
 typedef struct pingpong {
     int ids;                 /* children started */
@@ -1503,6 +1570,7 @@ typedef struct pingpong {
     volatile int64_t released_at;
     volatile int64_t worst;
     volatile int failed;
+    volatile int unanswered; /* acquires repeated after "no answer" */
 } pingpong;
 
 /* Spins (politely) until *v == want; 0 if that took over 10 s. */
@@ -1559,7 +1627,20 @@ static int pingpong_child(void *arg)
                 return 4;
         } else {
             __atomic_store_n(&s->waiting[me], i + 1, __ATOMIC_SEQ_CST);
-            if (dlock_acquire(l, 5000) != DLOCK_OK) {
+            /* A try in which too few nodes answered within the node
+             * timeout ends the acquire with DLOCK_ECONN, as documented;
+             * on an overloaded machine several nodes (processes) now and
+             * then go unscheduled that long at once (seen under stress-ng
+             * with 250 ms). That is not what this test checks, so such an
+             * acquire is repeated, UNANSWERED_MAX times a run at most;
+             * its time counts in the hand-off's. */
+            int rc;
+            while ((rc = dlock_acquire(l, 5000)) == DLOCK_ECONN &&
+                   strstr(dlock_errmsg(), "no answer within") &&
+                   __atomic_add_fetch(&s->unanswered, 1, __ATOMIC_SEQ_CST) <=
+                       UNANSWERED_MAX)
+                ;
+            if (rc != DLOCK_OK) {
                 fprintf(stderr, "ping-pong %d: %s\n", me, dlock_errmsg());
                 s->failed = 1;
                 return 5;
@@ -1586,7 +1667,13 @@ TEST(hand_offs_never_wait_out_the_lease)
     CHECK_EQ(th_wait(a), 0);
     CHECK_EQ(th_wait(b), 0);
     CHECK_EQ(s->failed, 0);
+    if (s->unanswered > 0)
+        printf("note: %d acquires repeated after \"no answer within\"\n",
+               s->unanswered);
     /* a missed wake-up costs the 1000 ms lease */
+    /* a hand-off is a release, a wake-up and a try or two: a few round
+     * trips (slack on a loaded machine); a missed wake-up costs the
+     * 1000 ms lease. 500 + slack sits between the two. */
     CHECK_OP(s->worst, <, 500 + slack);
 }
 
@@ -1619,16 +1706,19 @@ int main(int argc, char **argv)
     size_t o = 0;
 
     slow = vg && *vg && strcmp(vg, "0") != 0;
-    nt = slow ? 250 : 50;
+    nt = 250;
     slack = slow ? 1500 : 250;
-    short_ttl = slow ? 1000 : 400;
+    /* the watchdog's tests: a lease of four node timeouts, so that a
+     * renewal that takes one (a node silent on a loaded machine) leaves
+     * room for the next */
+    short_ttl = 1000;
     for (int i = 0; i < NN; i++) {
         th_redis_start(&node[i], NULL);
         o += (size_t)snprintf(hosts + o, sizeof(hosts) - o, "%s127.0.0.1:%d",
                               i ? "," : "", node[i].port);
     }
-    /* the default node timeout (50 ms), or 250 ms under valgrind */
-    snprintf(uri, sizeof(uri), "redlock://%s%s", hosts,
-             slow ? "?node_timeout=250" : "");
+    /* a node timeout that holds on a busy machine (see the top) */
+    snprintf(uri, sizeof(uri), "redlock://%s?node_timeout=%lld", hosts,
+             (long long)nt);
     return th_main(argc, argv, tests);
 }

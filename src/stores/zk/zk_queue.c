@@ -1,0 +1,351 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * zk_queue.c -- the ZooKeeper store's queue (zk.c has the recipe, zk.h
+ * what the files share): a lock's node path (escaped name under the
+ * chroot) and its parents, the EPHEMERAL_SEQUENTIAL children in queue
+ * order, one acquisition attempt (create our node, or find it by its
+ * nonce after a lost answer; hold when first, else watch the immediate
+ * predecessor), and orphans: nodes to delete once their session answers.
+ */
+#include "zk.h"
+
+/* ------------------------------------------------------------------------ */
+/* Paths                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* <chroot>/<escaped name>: bytes other than [A-Za-z0-9_-] become %XX, so
+ * no name can be ".", "..", contain "/" or collide with another. */
+void dlock__zk_lock_path(const zk_store *zs, const char *name, size_t len,
+                         char *out)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = (size_t)snprintf(out, ZK_PARENT_MAX, "%s/",
+                                strcmp(zs->chroot, "/") ? zs->chroot : "");
+
+    /* at the root, "zookeeper" is the server's own node: escape its first
+     * byte (no other name escapes to "%7A...", so names stay distinct) */
+    int reserved = strcmp(zs->chroot, "/") == 0 && len == 9 &&
+                   memcmp(name, "zookeeper", 9) == 0;
+
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        if (reserved && i == 0) {
+            out[o++] = '%';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 15];
+        } else if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+            (ch >= '0' && ch <= '9') || ch == '_' || ch == '-') {
+            out[o++] = (char)ch;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 15];
+        }
+    }
+    out[o] = '\0';
+}
+
+/* The sequence number at the end of a child's name; -1 if not ours. */
+static long long child_seq(const char *name)
+{
+    size_t n = strlen(name);
+    long long v = 0;
+
+    if (n < ZK_SEQ_DIGITS + 3 || strncmp(name, "l-", 2) != 0)
+        return -1;
+    for (size_t i = n - ZK_SEQ_DIGITS; i < n; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+static int cmp_child(const void *a, const void *b)
+{
+    long long x = child_seq(*(char *const *)a);
+    long long y = child_seq(*(char *const *)b);
+
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts the lock children in queue order, dropping foreign names; returns
+ * how many remain at the front. */
+int32_t dlock__zk_sort_children(struct String_vector *v)
+{
+    int32_t n = 0;
+
+    for (int32_t i = 0; i < v->count; i++) {
+        if (child_seq(v->data[i]) >= 0) {
+            char *t = v->data[n];
+            v->data[n++] = v->data[i];
+            v->data[i] = t;
+        }
+    }
+    if (n > 1)
+        qsort(v->data, (size_t)n, sizeof(char *), cmp_child);
+    return n;
+}
+
+/* Creates the chroot's nodes (persistent) and the lock's parent
+ * (container) when missing. */
+static int make_parents(zk_store *zs, zk_session *s, const char *parent,
+                        int64_t deadline)
+{
+    char buf[ZK_PATH_MAX];
+    size_t plen = strlen(parent);
+
+    memcpy(buf, parent, plen + 1);
+    for (size_t i = 1; i <= plen; i++) {
+        if (buf[i] != '/' && buf[i] != '\0')
+            continue;
+        char saved = buf[i];
+        buf[i] = '\0';
+        int zrc = dlock__zk_call(zs, s, C_CREATE, buf, NULL, -1,
+                                 i == plen ? ZOO_CONTAINER : ZOO_PERSISTENT,
+                                 deadline, NULL);
+        buf[i] = saved;
+        if (zrc != ZOK && zrc != ZNODEEXISTS)
+            return dlock__zk_error(zs, "creating the lock's parent node", zrc);
+    }
+    return DLOCK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Orphans: nodes to delete once the session answers again                  */
+/* ------------------------------------------------------------------------ */
+
+void dlock__zk_orphan_add(zk_store *zs, uint64_t sid, const char *path,
+                          int prefix)
+{
+    zk_orphan *o = calloc(1, sizeof(*o));
+
+    if (!o)
+        return; /* the node goes when the session ends */
+    o->path = strdup(path);
+    if (!o->path) {
+        free(o);
+        return;
+    }
+    o->sid = sid;
+    o->prefix = prefix;
+    pthread_mutex_lock(&zs->mu);
+    o->next = zs->orphans;
+    zs->orphans = o;
+    pthread_mutex_unlock(&zs->mu);
+    dlock__zk_arm_timer(zs, dlock__now_ms() + 200);
+}
+
+/* Deletes node `path`, or (prefix) the child of its parent whose name
+ * starts with its last component. ZOK when gone. */
+int dlock__zk_delete_node(zk_store *zs, zk_session *s, const char *path,
+                          int prefix, int64_t deadline)
+{
+    char full[ZK_PATH_MAX];
+    zk_op *op = NULL;
+    int zrc;
+
+    if (!prefix) {
+        zrc = dlock__zk_call(zs, s, C_DELETE, path, NULL, 0, 0, deadline,
+                             NULL);
+        return zrc == ZNONODE ? ZOK : zrc;
+    }
+    const char *slash = strrchr(path, '/');
+    size_t plen = (size_t)(slash - path);
+    char parent[ZK_PARENT_MAX];
+    if (plen >= sizeof(parent))
+        return ZBADARGUMENTS;
+    memcpy(parent, path, plen);
+    parent[plen] = '\0';
+    zrc = dlock__zk_call(zs, s, C_CHILDREN, parent, NULL, 0, 0, deadline, &op);
+    if (zrc == ZNONODE)
+        return ZOK;
+    if (zrc != ZOK)
+        return zrc;
+    for (int32_t i = 0; i < op->kids.count; i++) {
+        if (strncmp(op->kids.data[i], slash + 1, strlen(slash + 1)) == 0) {
+            snprintf(full, sizeof(full), "%s/%.100s", parent,
+                     op->kids.data[i]);
+            zrc = dlock__zk_call(zs, s, C_DELETE, full, NULL, 0, 0,
+                                 deadline, NULL);
+            if (zrc == ZNONODE)
+                zrc = ZOK;
+            break;
+        }
+    }
+    dlock__zk_op_put(op);
+    return zrc;
+}
+
+/* Finds our node among `v` (sorted); index or -1. */
+static int32_t find_mine(const struct String_vector *v, int32_t n,
+                         const char *base)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (strcmp(v->data[i], base) == 0)
+            return i;
+    return -1;
+}
+
+/* Deletes our node after a failed or abandoned wait; an unanswered delete
+ * leaves it to the background thread. */
+static void give_up_node(zk_store *zs, zk_session *s, zk_lease *zl)
+{
+    int zrc = dlock__zk_delete_node(zs, s, zl->path, 0,
+                                    dlock__now_ms() + zs->timeout_ms);
+
+    if (zrc != ZOK && zrc != ZSESSIONEXPIRED && zrc != ZINVALIDSTATE)
+        dlock__zk_orphan_add(zs, s->sid, zl->path, 0);
+    zl->path[0] = '\0';
+}
+
+/* One acquisition attempt in session s; DLOCK_OK, DLOCK_EBUSY, an error,
+ * or 1 = the session expired underneath (start again). */
+int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
+                         int64_t op_ms)
+{
+    zk_lease *zl = l->priv;
+    char parent[ZK_PARENT_MAX], prefix[ZK_PATH_MAX], data[256];
+    unsigned char nonce[8];
+    const char *base;
+    zk_op *op = NULL;
+    int zrc, dlen;
+    uint64_t czxid;
+
+    dlock__zk_lock_path(zs, l->name, l->name_len, parent);
+    if (dlock__random(nonce, sizeof(nonce)) != 0)
+        return dlock__err(DLOCK_EPROTO, "no random bytes for a node name");
+    snprintf(prefix, sizeof(prefix), "%s/l-%02x%02x%02x%02x%02x%02x%02x%02x-",
+             parent, nonce[0], nonce[1], nonce[2], nonce[3], nonce[4],
+             nonce[5], nonce[6], nonce[7]);
+    dlen = snprintf(data, sizeof(data), "%s\n%s", l->owner, l->desc);
+    if (dlen >= (int)sizeof(data))
+        dlen = (int)sizeof(data) - 1;
+
+    /* create our node (and the parents when missing) */
+    for (int attempt = 0;; attempt++) {
+        zrc = dlock__zk_call(zs, s, C_CREATE, prefix, data, dlen,
+                             ZOO_EPHEMERAL_SEQUENTIAL,
+                             dlock__now_ms() + op_ms, &op);
+        if (zrc == ZNONODE && attempt < 4) {
+            int rc = make_parents(zs, s, parent, dlock__now_ms() + op_ms);
+            if (rc)
+                return rc;
+            continue;
+        }
+        break;
+    }
+    if (zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE)
+        return 1;
+    if (zrc != ZOK) {
+        if (zrc == ZCONNECTIONLOSS || zrc == ZOPERATIONTIMEOUT)
+            dlock__zk_orphan_add(zs, s->sid, prefix, 1); /* it may exist */
+        return dlock__zk_error(zs, "creating the lock node", zrc);
+    }
+    snprintf(zl->path, sizeof(zl->path), "%s", op->str);
+    zl->sid = s->sid;
+    czxid = (uint64_t)op->stat.czxid;
+    dlock__zk_op_put(op);
+    op = NULL;
+    base = strrchr(zl->path, '/') + 1;
+
+    for (;;) {
+        char pred[ZK_PATH_MAX];
+        int32_t n, me;
+
+        zrc = dlock__zk_call(zs, s, C_CHILDREN, parent, NULL, 0, 0,
+                             dlock__now_ms() + op_ms, &op);
+        if (zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE)
+            return 1;
+        if (zrc != ZOK) {
+            give_up_node(zs, s, zl);
+            return dlock__zk_error(zs, "listing the lock queue", zrc);
+        }
+        n = dlock__zk_sort_children(&op->kids);
+        me = find_mine(&op->kids, n, base);
+        if (me < 0) {
+            dlock__zk_op_put(op);
+            pthread_mutex_lock(&zs->mu);
+            int expired = s->state == S_EXPIRED;
+            pthread_mutex_unlock(&zs->mu);
+            zl->path[0] = '\0';
+            if (expired)
+                return 1;
+            return dlock__err(DLOCK_EPROTO,
+                              "zk %s: our lock node vanished while waiting "
+                              "(deleted by someone else?)",
+                              zs->redacted);
+        }
+        if (me == 0) {
+            dlock__zk_op_put(op);
+            l->token = czxid;
+            return DLOCK_OK;
+        }
+        snprintf(pred, sizeof(pred), "%s/%.100s", parent,
+                 op->kids.data[me - 1]);
+        dlock__zk_op_put(op);
+        op = NULL;
+        if (l->deadline <= dlock__now_ms()) {
+            give_up_node(zs, s, zl);
+            l->retry_ms = -1;
+            return DLOCK_EBUSY;
+        }
+
+        /* watch the predecessor only */
+        zk_watch w = {pred, s->sid, 0, 0, NULL};
+        pthread_mutex_lock(&zs->mu);
+        w.next = zs->watches;
+        zs->watches = &w;
+        pthread_mutex_unlock(&zs->mu);
+        zrc = dlock__zk_call(zs, s, C_WEXISTS, pred, NULL, 0, 0,
+                             dlock__now_ms() + op_ms, NULL);
+        int outcome = 0; /* 0 re-check, 1 expired, 2 deadline, 3 error */
+        pthread_mutex_lock(&zs->mu);
+        if (zrc == ZOK) {
+            while (!w.fired && s->state != S_EXPIRED &&
+                   !(s->state == S_CONNECTING && s->declared_lost) &&
+                   dlock__now_ms() < l->deadline)
+                dlock__cond_wait_until(&zs->cv, &zs->mu, l->deadline);
+            if (w.fired)
+                outcome = 0;
+            else if (s->state == S_EXPIRED)
+                outcome = 1;
+            else if (s->state == S_CONNECTING)
+                outcome = 3;
+            else
+                outcome = 2;
+        } else if (zrc == ZNONODE) {
+            outcome = 0; /* gone already: look again */
+        } else if (zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE) {
+            outcome = 1;
+        } else {
+            outcome = 3;
+        }
+        for (zk_watch **pp = &zs->watches; *pp; pp = &(*pp)->next) {
+            if (*pp == &w) {
+                *pp = w.next;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&zs->mu);
+        /* Second in line and the head's node is gone: we are the head
+         * (every node created since has a higher sequence), no need to
+         * list the queue again. That saves a round trip per hand-off. */
+        if (outcome == 0 && me == 1 && (w.deleted || zrc == ZNONODE)) {
+            l->token = czxid;
+            return DLOCK_OK;
+        }
+        if (outcome == 1)
+            return 1;
+        if (outcome == 2) {
+            give_up_node(zs, s, zl);
+            l->retry_ms = -1;
+            return DLOCK_EBUSY;
+        }
+        if (outcome == 3) {
+            give_up_node(zs, s, zl);
+            return dlock__zk_error(zs, "waiting for the lock",
+                            zrc == ZOK ? ZCONNECTIONLOSS : zrc);
+        }
+    }
+}
