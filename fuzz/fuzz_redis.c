@@ -23,6 +23,7 @@
 #include "fuzz.h"
 
 #include "../src/stores/redis/redis.c"
+#include "../src/stores/redis/redis_scripts.c"
 #include "../src/stores/redis/redis_conn.c"
 #include "../src/stores/redis/redis_shared.c"
 
