@@ -4,6 +4,11 @@
  * statements run by a bare libmariadb loop, measured in one run against
  * the same server.
  *
+ * Past 1,000 lines because its floors are the store's own statements,
+ * written out in bare libmariadb (the fair queue's gate, the waiters'
+ * upserts, the hand-off of both modes): the measurement machinery itself
+ * is in harness.c.
+ *
  *   dlock_bench_mysql URI [--quick]   (URI: mysql://user:pw@host:port/db)
  *
  * Prints Markdown. Floors, on one blocking libmariadb connection (READ
