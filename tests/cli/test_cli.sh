@@ -184,6 +184,9 @@ wait_held() {
 
 # wait_exit PID SECONDS: waits until PID exits (at most SECONDS), then sets
 # WRC to its exit status; WRC=timeout (and PID is killed) if it did not.
+# SECONDS is an upper bound: each use names what dlock needs (detection +
+# --kill-after) and leaves slack for a busy machine; the loop counts 0.1 s
+# sleeps, so under load it waits longer than SECONDS, never shorter.
 wait_exit() {
     local pid=$1 limit=$(($2 * 10)) i
     for ((i = 0; i < limit; i++)); do
@@ -986,6 +989,9 @@ if wait_held mxL "$holder"; then
     else
         fail "--wait 0: no message on stderr"
     fi
+    # lower bound: a wait never ends before its deadline; upper bound: the
+    # wait, the process's start and exit, slack for a busy machine (it
+    # shows the wait ends, not its speed)
     t0=$(now_ms)
     expect_rc 75 "--wait 300ms while held" -- run --wait 300ms mxL -- true
     dt=$(($(now_ms) - t0))
@@ -1262,6 +1268,9 @@ if [ "$KIND" = redis ] || [ "$KIND" = redlock ]; then
         else
             fail "redis-cli DEL 'dlock:{lostL}' answered '${n//$'\n'/ }' (key layout?)"
         fi
+        # the next renewal (ttl/3 = 333 ms) finds the key gone; SIGTERM,
+        # and `sleep` ends at once (2 s --kill-after at most): 2.4 s, 6 s
+        # with slack
         t0=$(now_ms)
         wait_exit "$lostpid" 6
         dt=$(($(now_ms) - t0))
@@ -1293,6 +1302,8 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
     stubpid=$BG
     if wait_held stubL "$stubpid" && wait_file "$TMP/ready"; then
         redis_all DEL 'dlock:{stubL}' >/dev/null
+        # the next renewal (333 ms), then SIGKILL 500 ms after SIGTERM;
+        # 8 s with slack
         wait_exit "$stubpid" 8
         if [ "$WRC" = 76 ]; then
             pass "lost lock, command ignoring SIGTERM: killed, exit 76"
@@ -1313,6 +1324,10 @@ elif [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
     bg_dlock lost run --ttl 3s --kill-after 2s lostL -- sleep 30
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
+        # lost a third of the 3 s session after the last answer (etcd:
+        # 2/3 of the lease, 2 s), then SIGTERM (2 s --kill-after at most):
+        # under 5 s, 20 s with slack (a frozen server can hold a request
+        # for a whole timeout first)
         t0=$(now_ms)
         kill -STOP "$(store_pid)"
         wait_exit "$lostpid" 20
@@ -1362,6 +1377,8 @@ elif [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
         expect_rc 0 "another process takes the lock of the frozen holder" -- \
             run --wait 10s frozeL -- true
         kill -CONT "$frozepid"
+        # thawed: its session's expiry is learnt at the reconnect, then
+        # SIGTERM (2 s --kill-after at most): 10 s with slack
         wait_exit "$frozepid" 10
         if [ "$WRC" = 76 ] && grep -qi lost "$TMP/bg.froze.err"; then
             pass "holder thawed: lost lock, exit 76"
@@ -1444,6 +1461,8 @@ print(n)' "$TMP/locks.db" 2>&1)
         else
             fail "UPDATE of the lostL row answered '$n'"
         fi
+        # the next extend (ttl/3 = 333 ms), SIGTERM (2 s --kill-after at
+        # most): 2.4 s, 6 s with slack
         t0=$(now_ms)
         wait_exit "$lostpid" 6
         dt=$(($(now_ms) - t0))
@@ -1475,6 +1494,8 @@ elif [ "$KIND" = pg ] || [ "$KIND" = mysql ] || [ "$KIND" = pg-advisory ]; then
         else
             fail "$KIND: taking lostL away answered '$n'"
         fi
+        # the next extend (333 ms) or the session's end (at once), SIGTERM
+        # (2 s --kill-after at most): 2.4 s, 6 s with slack
         t0=$(now_ms)
         wait_exit "$lostpid" 6
         dt=$(($(now_ms) - t0))

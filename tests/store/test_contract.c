@@ -137,6 +137,11 @@ TEST(try_busy_and_timed_wait)
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
     int64_t took = th_now_ms() - t0;
+    /* lower bound: a wait never ends before its deadline (the library
+     * measures it on the same monotonic clock from a later start; 10 ms
+     * for the whole-ms rounding); upper bound: the wait plus one store
+     * call cut at the deadline (MIN_OP_MS) plus slack for a busy machine
+     * (a loose bound: it shows the call does not hang, not its speed) */
     CHECK_OP(took, >=, 290);  /* it did wait */
     CHECK_OP(took, <, 5000);  /* and never hangs past its wait */
     CHECK_EQ(dlock_held(lb), 0);
@@ -186,6 +191,8 @@ TEST(not_reentrant_fails_at_once)
     CHECK_OK(dlock_acquire(l, 0));
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(l, 5000), DLOCK_EBUSY);
+    /* refused by the library before any store call, not at the 5 s
+     * deadline: 2 s is scheduling slack only */
     CHECK_OP(th_now_ms() - t0, <, 2000);
     CHECK_CONTAINS(dlock_errmsg(), "NOT_REENTRANT");
     CHECK_EQ(dlock_held(l), 1);
@@ -456,6 +463,11 @@ TEST(release_wakes_the_waiter)
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(t.rc);
+    /* lower bound: the waiter started before our 300 ms sleep and could
+     * not have the lock before the release (50 ms for rounding); upper
+     * bound: the contract is "woken by the release", which t.rc == OK
+     * already shows (a 60 s lease, a 10 s wait); 9 s only catches a
+     * waiter that slept to its deadline */
     CHECK_OP(t.step, >=, 250);
     CHECK_OP(t.step, <, 9000);
     dlock_close(la);
@@ -643,6 +655,12 @@ TEST(killed_holder_is_replaced)
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_acquire(l, 10000));
+    /* the contract: the waiter is let in when the lock is freed, not at
+     * its 10 s deadline. Without leases the kernel frees it at the death
+     * (upper bound: one wake-up, 1 s of scheduling slack); with leases
+     * (or sessions) at the lease end: the 800 ms ttl, plus the store's
+     * expiry granularity (ZooKeeper's tick, etcd's lease checks) and
+     * slack for a busy machine, 3 s */
     if (!has_leases) /* the kernel frees it when the holder dies */
         CHECK_OP(th_now_ms() - t0, <, 1000);
     else /* its lease (session) ends within its ttl, plus slack */
@@ -778,6 +796,9 @@ TEST(extend)
     CHECK_OK(dlock_inspect(c, "extend", &info));
     CHECK_EQ(info.held, 1);
     check_token(info.token, tok);
+    /* extended to 5 s just now: more than 2 s left unless 3 s passed
+     * between the extend and the inspect (or the store rounds the ttl
+     * down to whole seconds: etcd) */
     if (ttl_visible)
         CHECK_OP(info.ttl_ms, >, 2000);
     dlock_info_clear(&info);
@@ -923,6 +944,9 @@ TEST(inspect_reports_the_holder)
     snprintf(pid, sizeof(pid), "pid %d", (int)getpid());
     CHECK_CONTAINS(info.holder, pid);
     check_token(info.token, dlock_token(l));
+    /* acquired just before the inspect: held for less than 5 s (the
+     * lease) and the ttl left at most the 5 s given, whatever the
+     * machine's load */
     if (held_visible) {
         CHECK_OP(info.held_ms, >=, 0);
         CHECK_OP(info.held_ms, <, 5000);

@@ -167,7 +167,7 @@ TEST(etcdctl_lock_excludes_dlock)
     dlock_info info;
     char out[4096];
 
-    pid_t pid = th_fork(etcdctl_holds, (void *)"2");
+    pid_t pid = th_fork(etcdctl_holds, (void *)"3");
     int i;
     for (i = 0; i < 100; i++) {
         if (keys_under(&srv, "etcdtest/interop/", out, sizeof(out)) == 1)
@@ -183,6 +183,10 @@ TEST(etcdctl_lock_excludes_dlock)
     dlock_info_clear(&info);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_acquire(l, 10000)); /* once etcdctl's sleep ends */
+    /* lower bound: etcdctl holds the lock for its 3 s `sleep` after its
+     * key appeared; t0 is taken within one etcdctl run and two calls of
+     * seeing it (well under 2.5 s even on a busy machine), so the wait
+     * lasted more than 0.5 s unless dlock took the lock from etcdctl */
     CHECK_OP(th_now_ms() - t0, >, 500);
     CHECK_EQ(th_wait(pid), 0);
     CHECK_OK(dlock_release(l));
@@ -490,6 +494,9 @@ TEST(a_waiter_that_gives_up_leaves_no_key)
     CHECK_OK(dlock_acquire(la, 0));
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
+    /* lower bound: a wait never ends before its deadline; upper bound:
+     * the wait, the delete of its key (one request to a live member) and
+     * scheduling slack on a busy machine */
     CHECK_OP(th_now_ms() - t0, >=, 300);
     CHECK_OP(th_now_ms() - t0, <, 3000);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
@@ -564,6 +571,8 @@ TEST(a_dead_waiter_does_not_let_the_next_one_jump_the_holder)
         th_sleep_ms(20);
     }
     CHECK_EQ(keys_under(&srv, "etcdtest/middle/", out, sizeof(out)), 3);
+    /* its lease ended: the 1 s ttl, etcd's expiry checks (every 500 ms)
+     * and a slow etcdctl on a busy machine: 3 s of slack */
     CHECK_OP(th_now_ms() - t0, <, 1000 + 3000); /* its lease ended */
     th_sleep_ms(700);
     CHECK_EQ(__atomic_load_n(&s->n, __ATOMIC_SEQ_CST), 0);
@@ -640,6 +649,8 @@ TEST(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers)
         th_sleep_ms(20);
     }
     CHECK_EQ(keys_under(&srv, "etcdtest/stopped/", out, sizeof(out)), 0);
+    /* the 1 s lease, then etcd's expiry (late by up to 500 ms, later
+     * under load: the revoke is a raft write) and etcdctl runs */
     CHECK_OP(th_now_ms() - t0, <, 1000 + 4000); /* etcd ends leases late */
     CHECK_OK(dlock_acquire(l2, 5000));
     kill(pid, SIGCONT);
@@ -650,6 +661,7 @@ TEST(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers)
     CHECK_EQ(th_wait(pid), 0);
     /* it got the lock once l2 let go of it, not before */
     CHECK_EQ(s->rc, DLOCK_OK);
+    /* ordering, not speed: it returned after l2's release began */
     CHECK_OP(__atomic_load_n(&s->t_ret, __ATOMIC_SEQ_CST), >=, t_rel);
     dlock_close(l);
     dlock_close(l2);
@@ -787,6 +799,9 @@ TEST(a_revoked_lease_is_a_lost_lock)
     for (int i = 0; i < 300 && !lost_seen; i++)
         th_sleep_ms(10);
     CHECK_EQ(lost_seen, 1);
+    /* upper bound: the next keepalive (at most ttl/3 = 1 s after the
+     * revoke) learns it, plus its round trip and 1.5 s of scheduling
+     * slack */
     CHECK_OP(th_now_ms() - t0, <, 2500);
     CHECK_EQ(lost_token, tok);
     CHECK_EQ(dlock_held(la), DLOCK_ELOST);
@@ -829,6 +844,8 @@ TEST(extend_to_another_ttl_moves_the_key_to_another_lease)
     CHECK(json_field(out, "lease") != lease1);
     CHECK_EQ(json_field(out, "create_revision"), (long long)tok);
     CHECK_OK(dlock_inspect(c, "moved", &info));
+    /* extended to 9 s just now: more than 5 s left unless 4 s passed
+     * between the extend and the inspect */
     CHECK_OP(info.ttl_ms, >, 5000);
     CHECK_EQ(info.token, tok);
     dlock_info_clear(&info);
@@ -950,7 +967,12 @@ TEST(a_no_renew_hold_runs_out_at_its_ttl_while_the_client_lives)
     lease_of("etcdtest/norenew/", h1, sizeof(h1));
     lease_of("etcdtest/renewed/", h2, sizeof(h2));
     CHECK(strcmp(h1, h2) != 0); /* its own lease, not the shared one */
-    th_sleep_ms(1500 - (th_now_ms() - t0));
+    /* the hold lasts its 2 s: the key is there and nothing was reported
+     * lost at 1.2 s (0.8 s before the client may call it lost, for a
+     * slow etcdctl on a busy machine); the key goes no sooner than 1.5 s
+     * (observed late, never early: a safe lower bound) and within the
+     * ttl, etcd's expiry checks (500 ms) and 1.5 s of slack */
+    th_sleep_ms(1200 - (th_now_ms() - t0));
     CHECK_EQ(keys_under(&srv, "etcdtest/norenew/", out, sizeof(out)), 1);
     CHECK_EQ(lost_seen, 0);
     int64_t gone = gone_after("etcdtest/norenew/", t0, 2000 + 500 + 1500);
@@ -1021,6 +1043,10 @@ TEST(a_no_renew_hold_that_waited_lasts_its_ttl_from_its_acquisition)
             break;
         th_sleep_ms(20);
     }
+    /* at least 9 of the 10 s (etcd rounds down): the keepalive at the
+     * acquisition. A busy machine can only delay the release past the
+     * waiter's second queue keepalive (at 3.33 s), which makes this pass
+     * without that keepalive too (weaker), never fail */
     CHECK_OP(left, >=, 9);
     __atomic_store_n(&release_now, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
@@ -1058,6 +1084,8 @@ TEST(bad_uris_are_rejected)
     /* nothing listens on port 1: a store error, quickly */
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_client_open(&c, "etcd://127.0.0.1:1", NULL), DLOCK_ECONN);
+    /* refused at once by the kernel: well within the 2 s request
+     * timeout, plus 1 s of slack */
     CHECK_OP(th_now_ms() - t0, <, 3000);
 }
 
@@ -1106,11 +1134,17 @@ TEST(a_member_down_or_frozen_ends_a_wait_and_the_hold_survives_it)
     th_etcd_kill(&e, 0, SIGKILL);
     pthread_join(th, NULL);
     CHECK_RC(t.rc, DLOCK_ECONN);
+    /* upper bound: the broken stream fails the wait at once; the waiter's
+     * key delete then fails within one request timeout (2 s: a refused
+     * connection fails sooner), plus 1.5 s of scheduling slack */
     CHECK_OP(t.end - t0, <, 2000 + 1500);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_ECONN);
 
     /* back with its data within 2/3 of the 15 s lease: the hold lives on */
     th_etcd_restart(&e, 0);
+    /* not a bound of the library's: the precondition of what follows
+     * (the member back before 2/3 of the 15 s lease, the client's safe
+     * life); a restart takes 1-3 s on a busy machine */
     CHECK_OP(th_now_ms() - t0, <, 9000);
     CHECK_EQ(lost_seen, 0);
     CHECK_OK(dlock_extend(la, 15000));
@@ -1133,6 +1167,12 @@ TEST(a_member_down_or_frozen_ends_a_wait_and_the_hold_survives_it)
     pthread_join(th, NULL);
     th_etcd_kill(&e, 0, SIGCONT);
     CHECK(f.rc == DLOCK_EBUSY || f.rc == DLOCK_ECONN);
+    /* upper bound: every call of the wait is cut at its deadline (1.5 s),
+     * then the waiter's key is deleted (one request, cut at the 2 s
+     * request timeout by the frozen member), plus 1 s of scheduling
+     * slack; 3.5 s measured under stress-ng --cpu 2. (It once took 5.5 s:
+     * a look after a watch check ran a whole timeout past the deadline,
+     * a code defect fixed in 1de796a, not a bound to loosen.) */
     CHECK_OP(f.end - t0, <, 1500 + 2000 + 1000);
     CHECK_EQ(lost_seen, 0);
     CHECK_OK(dlock_release(la));
@@ -1320,6 +1360,8 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
     dlock *other = handle(c, "ha-other", 5000, NULL);
     int rc = dlock_acquire(other, 3000);
     CHECK_RC(rc, DLOCK_ECONN);
+    /* the wait (3 s, its calls cut at it), one request timeout after it
+     * (2 s: giving up the key) and 1.5 s of slack */
     CHECK_OP(th_now_ms() - t0, <, 3000 + 2000 + 1500);
     for (int i = 0; i < 1000 && !lost_seen; i++)
         th_sleep_ms(10);

@@ -688,12 +688,14 @@ typedef struct timed_waiter {
     uint64_t token;
     dlock *other;
     int other_rc, release_rc;
+    long tid; /* the waiting thread's */
 } timed_waiter;
 
 static void *timed_wait_thread(void *arg)
 {
     timed_waiter *w = arg;
 
+    w->tid = (long)gettid();
     w->rc = dlock_acquire(w->l, w->wait_ms);
     w->at = th_now_ms();
     if (w->rc == DLOCK_OK) {
@@ -727,7 +729,7 @@ TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
     dlock *la = handle(a, "killholder", 1500, 0);
     timed_waiter w = {handle(b, "killholder", 0, 0), 15000, 0, -99, 0,
-                        0, NULL, 0, 0};
+                        0, NULL, 0, 0, 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -745,6 +747,7 @@ TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
+    /* ordering, not speed: not before the holder let go */
     CHECK_OP(w.at, >=, released_at);
     CHECK_OP(w.token, >, ta);
     /* nobody wakes it (the holder had lost its gate): it takes the row at
@@ -764,9 +767,9 @@ TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
                  *c = client_at(srv.uri);
     dlock *la = handle(a, "killwaiter", 0, 0);
     timed_waiter wb = {handle(b, "killwaiter", 0, 0), 15000, 0, -99, 0,
-                        0, NULL, 0, 0};
+                        0, NULL, 0, 0, 0};
     timed_waiter wc = {handle(c, "killwaiter", 0, 0), 15000, 0, -99, 0,
-                        0, NULL, 0, 0};
+                        0, NULL, 0, 0, 0};
     pthread_t tb, tc;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -802,6 +805,10 @@ TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
     CHECK_OK(dlock_release(la));
     pthread_join(tc, NULL);
     CHECK_OK(wc.rc);
+    /* woken by the release (the server hands c the gate), not by a lease
+     * or its 15 s deadline: one wake-up and one statement, 1 s of slack
+     * for a busy machine; b by c's release, so ordered after c and
+     * within two hand-offs */
     CHECK_OP(wc.at - released_at, <, 1000);
     CHECK_OK(wc.release_rc);
     pthread_join(tb, NULL);
@@ -865,6 +872,9 @@ TEST(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers)
     CHECK_EQ(th_wait(pid), 0);
     CHECK_OK(s->rc);
     int64_t got = __atomic_load_n(&s->got_at, __ATOMIC_SEQ_CST);
+    /* lower bound (the point of the test): not while b held it; upper
+     * bound: it learns the release at b's lease end at the latest (2 s),
+     * plus 3 s of slack */
     CHECK_OP(got, >=, t_rel);
     CHECK_OP(got - t_rel, <, 2000 + 3000); /* a lease, and a busy machine */
     dlock_close(la);
@@ -883,11 +893,13 @@ TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
     /* the release lands about when the waiter's deadline ends: before it
      * (woken, takes the row), in the same ms, or after (busy). Either the
      * waiter holds the lock or nobody does; it returns within its
-     * deadline plus the 10 ms a statement may run past it (plus 500 ms
-     * for a busy machine) */
+     * deadline plus the 10 ms a statement may run past it (plus 1 s of
+     * scheduling for a busy machine: 926 ms was seen with the suite and
+     * two more loops of this test beside stress-ng; a call that waited
+     * for a statement's 2 s timeout would take 2.4 s) */
     for (int i = 0; i < 6; i++) {
         timed_waiter w = {handle(b, "deadlinewake", 0, 0), 400, 0, -99, 0,
-                          0, lo, -99, -99};
+                          0, lo, -99, -99, 0};
         pthread_t th;
         CHECK_OK(dlock_acquire(la, 0));
         int64_t t0 = th_now_ms();
@@ -895,15 +907,52 @@ TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
         th_sleep_ms(400 - 4 + 2 * i); /* 396..406 ms */
         CHECK_OK(dlock_release(la));
         pthread_join(th, NULL);
-        CHECK_OP(w.at - t0, <, 400 + 10 + 500);
+        CHECK_OP(w.at - t0, <, 400 + 10 + 1000);
         if (w.rc == DLOCK_OK) {
             CHECK_RC(w.other_rc, DLOCK_EBUSY);
             CHECK_OK(w.release_rc);
         } else {
             CHECK_RC(w.rc, DLOCK_EBUSY);
         }
-        /* nothing left behind: the gate is free, the lock takes at once */
-        CHECK_OK(dlock_acquire(lo, 0));
+        /* nothing left behind: the gate is free, the lock takes at once.
+         * Except in the case design.md names ("caller's deadline during
+         * the wait"), seen under stress-ng --cpu 2 (with the release even
+         * 4 ms before the deadline): the waiter's statement was not
+         * answered by its deadline + 10 ms, so the client closed its
+         * connection and returned DLOCK_EBUSY; until the server sees the
+         * close, that session keeps the gate it may have been granted (a
+         * try meanwhile finds the lock busy: a moment), and the upsert
+         * may have committed: the lock is held in the waiter's name, by
+         * nobody else, until its lease ends. The test frees such a row by
+         * hand (its 30 s lease would end the loop); then the lock must
+         * come within a moment */
+        int rc = dlock_acquire(lo, 0);
+        if (rc == DLOCK_EBUSY && w.rc == DLOCK_EBUSY) {
+            dlock_info info;
+            char tid[64];
+            CHECK_OK(dlock_inspect(obs, "deadlinewake", &info));
+            if (info.held) {
+                snprintf(tid, sizeof(tid), " tid %ld", w.tid);
+                CHECK(ends_with(info.holder, tid));
+                CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                                      "UPDATE dlock_locks SET owner = "
+                                      "NULL, holder = NULL, holds = 0, "
+                                      "lock_until = UTC_TIMESTAMP(6) "
+                                      "WHERE name = 'deadlinewake'"),
+                         1);
+            }
+            fprintf(stderr, "  release at %d ms: the waiter gave up its "
+                            "statement (%s)\n",
+                    400 - 4 + 2 * i,
+                    info.held ? "which took the row: freed by hand"
+                              : "its session kept the gate a moment");
+            dlock_info_clear(&info);
+            int64_t t1 = th_now_ms();
+            rc = dlock_acquire(lo, 5000);
+            /* the server ends the closed session (ms), 2 s of slack */
+            CHECK_OP(th_now_ms() - t1, <, 2000);
+        }
+        CHECK_OK(rc);
         CHECK_OK(dlock_release(lo));
         dlock_close(w.l);
     }
@@ -985,9 +1034,9 @@ TEST(sleeping_waiters_return_within_their_deadline_when_the_server_dies)
     dlock_client *a = client_at(own.uri), *b = client_at(own.uri);
     dlock *la = handle(a, "restart-held", 0, 0);
     timed_waiter w1 = {handle(b, "restart-held", 0, 0), 8000, 0, -99, 0,
-                        0, NULL, 0, 0};
+                        0, NULL, 0, 0, 0};
     timed_waiter w2 = {handle(b, "restart-held", 0, 0), 8000, 0, -99, 0,
-                        0, NULL, 0, 0};
+                        0, NULL, 0, 0, 0};
     pthread_t t1, t2;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -1144,6 +1193,8 @@ TEST(credentials_and_bad_uris)
              th_free_port());
     int64_t t0 = th_now_ms();
     open_fails(u, DLOCK_ECONN, "dlock-secret");
+    /* refused at once by the kernel, not the 2 s timeout waited out:
+     * 1 s of slack above it */
     CHECK_OP(th_now_ms() - t0, <, 3000);
 
     /* a user with only SELECT, INSERT, UPDATE, DELETE on the tables */
@@ -1375,6 +1426,9 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
             th_fail(__FILE__, __LINE__, "%s wait: %s after %lld ms (%s)",
                     modes[m] ? "fair" : "default", dlock_errname(rc),
                     (long long)took, dlock_errmsg());
+        /* lower bound: never before the deadline; upper bound: the wait,
+         * the 15 ms link's statements cut at the deadline (+10 ms), and
+         * 2 s of slack for a busy machine */
         CHECK_OP(took, >=, 300);
         CHECK_OP(took, <, 2300);
     }

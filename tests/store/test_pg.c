@@ -309,6 +309,8 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
         th_sleep_ms(2);
     CHECK_EQ(a.done, 1);
     CHECK_OK(a.rc);
+    /* woken by the NOTIFY (one wake-up and one statement), not by the
+     * 60 s lease: 1 s of slack for a busy machine */
     CHECK_OP(th_now_ms() - t0, <, 1000);
     pthread_join(ta, NULL);
     th_sleep_ms(1300); /* a's client stops listening after a second */
@@ -319,6 +321,7 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
     CHECK_OK(dlock_release(lb));
     pthread_join(tb, NULL);
     CHECK_OK(b.rc);
+    /* woken by its release, not the 60 s lease: any time far below it */
     CHECK_OP(b.took, <, 10000);
     dlock_close(la);
     dlock_close(lb);
@@ -418,6 +421,8 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     CHECK_OK(dlock_release(lh));
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
+    /* woken by the release's NOTIFY, not at a lease end: far below it,
+     * with room for a busy machine */
     CHECK_OP(w.took, <, 5000);
     dlock_close(lh);
     dlock_close(w.l);
@@ -588,6 +593,7 @@ TEST(a_release_hands_the_lock_over_in_default_mode)
     __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
+    /* handed the lock, then held until let_go: only "it did not hang" */
     CHECK_OP(w.took, <, 20000);
     /* the waiter released it: free, with a newer token than the first */
     CHECK_OK(dlock_inspect(h, "handover", &info));
@@ -696,6 +702,8 @@ static void skewed(const char *shift, long long expect_offset)
     close(fd);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_acquire(l, 10000));
+    /* the killed holder's 2 s lease ends on the server's clock (its own
+     * is 5 h off): at most 2 s after the kill, plus 1.5 s of slack */
     CHECK_OP(th_now_ms() - t0, <, 2000 + 1500);
     CHECK_OP(dlock_token(l), >, token);
     CHECK_OK(dlock_release(l));
@@ -815,11 +823,15 @@ TEST(a_frozen_server_keeps_the_callers_deadline)
     /* one try: ?timeout=500 bounds it, not the client's default 2 s */
     t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lq, 0), DLOCK_ECONN);
+    /* upper bound: the URI's 500 ms timeout, plus 1 s of slack (the
+     * client's default 2 s would fail it) */
     CHECK_OP(th_now_ms() - t0, <, 1500);
     th_sql_kill(&s2, SIGCONT);
     if (rc != DLOCK_ECONN && rc != DLOCK_EBUSY)
         th_fail(__FILE__, __LINE__, "frozen: %s after %lld ms: %s",
                 dlock_errname(rc), (long long)took, dlock_errmsg());
+    /* the 300 ms wait, its calls cut at the deadline (not the 2 s
+     * timeout), plus 1.2 s of slack */
     CHECK_OP(took, <, 1500);
     CHECK_OK(dlock_acquire(l, 5000));
     CHECK_OK(dlock_release(l));
@@ -910,6 +922,9 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
                         adv_mode ? "advisory " : "",
                         modes[m] ? "fair" : "default", dlock_errname(rc),
                         (long long)took, dlock_errmsg());
+            /* lower bound: never before the deadline (10 ms for the
+             * rounding); upper bound: the wait, a statement cut at the
+             * deadline, 2 s of slack for a busy machine */
             CHECK_OP(took, >=, 290);
             CHECK_OP(took, <, 2500);
             dlock_close(l);
@@ -1176,6 +1191,9 @@ TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(l, 400), DLOCK_EBUSY);
     int64_t took = th_now_ms() - t0;
+    /* lower bound: never before the deadline (20 ms for the rounding);
+     * upper bound: the wait (the server ends it: lock_timeout), 1.6 s of
+     * slack for a busy machine */
     CHECK_OP(took, >=, 380);
     CHECK_OP(took, <, 2000);
     CHECK_EQ(waiters_of(h, "adv-timeout"), 0);
