@@ -235,8 +235,16 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                     "= %s AND owner = %s AND token = %llu",
                     ms->t, name, owner, (unsigned long long)token);
                 r = NULL;
+                /* the lock is ours already: this read gets the
+                 * store's op timeout, not what is left of the caller's
+                 * wait (cut at the deadline, it broke the gate's
+                 * connection; the release then left the gate to the
+                 * server's close, and a try right after found a freed
+                 * lock busy) */
                 if (rd &&
-                    dlock__mysql_query(ms, sl->cn, rd, dl, &r, NULL, NULL,
+                    dlock__mysql_query(ms, sl->cn, rd,
+                                       dlock__now_ms() + ms->timeout_ms, &r,
+                                       NULL, NULL,
                                        "taking the lock") == DLOCK_OK &&
                     dlock__mysql_col_ll(r, 0, 0) > 0)
                     l->started = sent + dlock__mysql_col_ll(r, 0, 0) / 1000;
@@ -253,7 +261,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                                               "CONNECTION_ID()",
                                               gate);
                 if (chk &&
-                    dlock__mysql_query(ms, sl->cn, chk, dl, &r, NULL, NULL,
+                    dlock__mysql_query(ms, sl->cn, chk,
+                                       dlock__now_ms() + ms->timeout_ms, &r,
+                                       NULL, NULL,
                                        "taking the lock") == DLOCK_OK)
                     sl->gated = dlock__mysql_col_ll(r, 0, 0) == 1;
                 if (r)
