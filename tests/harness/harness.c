@@ -1,6 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * harness.c -- the test runner and real-store helpers (see test.h).
+ *
+ * Past 1,000 lines on purpose: the one runner and the start and stop of
+ * every real store (redis-server, ZooKeeper, etcd, PostgreSQL, MariaDB,
+ * PgBouncer), one section each, so that no test starts a server its own
+ * way.
  */
 #include "test.h"
 

@@ -17,6 +17,11 @@
  * says why each is expected). --table writes the table in Markdown;
  * --doc replaces the part of a Markdown file between the markers
  * <!-- safety-table:begin --> and <!-- safety-table:end --> with it.
+ *
+ * Past 1,000 lines on purpose: the scenarios' table and the driver that
+ * runs each against every store and writes the table; the history
+ * checker, the workers and the network faults are in history.c, worker.c
+ * and netfault.c.
  */
 #include "safety.h"
 #include "test.h"

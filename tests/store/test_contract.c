@@ -16,6 +16,10 @@
  * directory. Tests that need a lock to end without its holder's
  * help (expiry, a frozen holder) run only on stores that have that; the
  * flags below say what each store does, test by test.
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 

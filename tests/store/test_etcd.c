@@ -19,6 +19,10 @@
  * Most tests share one member (uri etcd://127.0.0.1:PORT?prefix=etcdtest);
  * the tests that stop members or enable auth start their own. etcdctl
  * (th_etcdctl) and the gateway (th_etcd_http) look behind the store's back.
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 

@@ -12,6 +12,10 @@
  * is allowed 2 s, against waits of 30 s that it would otherwise take:
  * loose for a busy 2-core machine, yet it tells a wake-up from a waiter
  * left to its deadline.
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 

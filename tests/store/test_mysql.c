@@ -35,6 +35,10 @@
  * What every store does (test_contract mysql) is not repeated here. The
  * superuser connection of the harness (th_sql_query) looks behind the
  * store's back.
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 

@@ -20,6 +20,10 @@
  * server restarting (holds lost at once, not after a lease).
  *
  * Most tests share one server (srv); those that stop it start their own.
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 

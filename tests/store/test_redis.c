@@ -5,6 +5,10 @@
  * a server that is down, frozen, killed mid-wait or restarted empty, and
  * the claims about traffic (no commands while waiting, one subscriber
  * connection per client, fair hand-off wakes only the head).
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 

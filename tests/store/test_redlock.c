@@ -41,6 +41,10 @@
  *
  * Under valgrind (DLOCK_TEST_VALGRIND=1) nodes answer far slower: leases
  * and bounds are longer.
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 

@@ -11,6 +11,10 @@
  * the tests that stop servers start their own. A direct ZooKeeper client
  * (th_zk_connect) looks behind the store's back; the servers' four-letter
  * words (wchs, wchp, wchc, cons, mntr) count watches and sessions.
+ *
+ * Past 1,000 lines on purpose: a list of independent scenarios (one
+ * function each, run by name through the harness, any one alone with a
+ * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 
