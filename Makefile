@@ -9,7 +9,7 @@ CMAKE_ARGS ?=
 # (.ci/run) and for development (make WERROR=ON ...)
 WERROR ?= OFF
 
-.PHONY: all build demo test test-busy asan valgrind bench bench-quick install clean fuzz
+.PHONY: all build demo test test-busy build-matrix asan valgrind bench bench-quick install clean fuzz
 
 all: build
 
@@ -32,6 +32,13 @@ test: build
 test-busy: build
 	@scripts/install-deps.sh test busy
 	cd $(BUILD) && $(CURDIR)/scripts/busy.sh ctest --output-on-failure -j$(JOBS)
+
+# the builds users and packagers make, from scratch, with the tests: every
+# build type with gcc, Release with clang, every store built in, stores left
+# out (scripts/build-matrix.sh; CI runs it with WERROR=ON)
+build-matrix:
+	@scripts/install-deps.sh build asan
+	WERROR=$(WERROR) scripts/build-matrix.sh
 
 # the suite again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (clang: gcc's ASan misreports the thread cancellation used by file waits)

@@ -325,6 +325,7 @@ static long long query_v(th_sql *s, int must, char *out, size_t cap,
     char sql[8192];
     long long v = -1;
 
+    (void)must; /* unused when neither SQL store is built */
     vsnprintf(sql, sizeof(sql), fmt, ap);
     if (out && cap)
         out[0] = '\0';

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# build-matrix.sh [DIR] -- the builds a user or a packager makes, each from
+# scratch in DIR (default build-matrix/), with the tests, and warnings as
+# errors when WERROR=ON (as CI sets it):
+#   Release, RelWithDebInfo, Debug and MinSizeRel with gcc; Release with
+#   clang; every store built in (-DDLOCK_MODULES=OFF); two stores left out
+#   (-DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF), whose summary and URIs
+#   must name what to install.
+# Each build's `dlock --version` must answer and list the stores as that
+# build reaches them. Exits non-zero at the first build that fails.
+set -u
+cd "$(dirname "$0")/.."
+top=${1:-build-matrix}
+mkdir -p "$top"
+werror=${WERROR:-OFF}
+jobs=$(nproc 2>/dev/null || echo 2)
+fail() { echo "build-matrix: FAIL: $*" >&2; exit 1; }
+
+build() { # NAME CC CMAKE_ARGS...
+    local name=$1 cc=$2
+    shift 2
+    local dir=$top/$name
+    rm -rf "$dir"
+    echo "build-matrix: $name ($cc $*)"
+    CC=$cc cmake -S . -B "$dir" -DDLOCK_WERROR="$werror" -DDLOCK_BENCH=OFF "$@" \
+        >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; fail "$name: configure"; }
+    cmake --build "$dir" -j"$jobs" >"$dir.build.log" 2>&1 ||
+        { grep -E "error|warning" "$dir.build.log" | head -40; fail "$name: build"; }
+    "$dir/dlock" --version >"$dir.version" 2>&1 || { cat "$dir.version"; fail "$name: dlock --version"; }
+}
+
+for t in Release RelWithDebInfo Debug MinSizeRel; do
+    build "gcc-$t" gcc -DCMAKE_BUILD_TYPE=$t
+    grep -q "^stores as modules: .*redis" "$top/gcc-$t.version" ||
+        fail "gcc-$t: --version lists no modules: $(cat "$top/gcc-$t.version")"
+done
+build clang-Release clang -DCMAKE_BUILD_TYPE=Release
+
+build builtin gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_MODULES=OFF
+grep -q "^stores built in: file redis .*mysql" "$top/builtin.version" ||
+    fail "builtin: not every store is built in: $(cat "$top/builtin.version")"
+ls "$top"/builtin/dlock-*/*.so >/dev/null 2>&1 && fail "builtin: modules were built"
+
+build left-out gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF
+grep -q "stores left out of this build: postgres (needs libpq-dev); mysql (needs libmariadb-dev)" \
+    "$top/left-out.configure.log" || fail "left-out: CMake's summary does not name the stores left out"
+grep -q "^stores missing: postgres postgresql mysql mariadb" "$top/left-out.version" ||
+    fail "left-out: --version: $(cat "$top/left-out.version")"
+out=$("$top/left-out/dlock" run --store postgres://u@127.0.0.1/db x -- true 2>&1)
+rc=$?
+[ $rc -eq 69 ] || fail "left-out: postgres:// exit $rc, not 69: $out"
+echo "$out" | grep -q "built without the postgres:// store.*libpq-dev" ||
+    fail "left-out: the message does not name the package: $out"
+echo "build-matrix: every build built ($top/)"
