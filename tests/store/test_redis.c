@@ -962,7 +962,15 @@ TEST(a_handover_racing_a_timed_out_wait)
         th_sleep_ms(30 + i % 20);
         CHECK_OK(dlock_release(lh));
         pthread_join(th, NULL);
-        CHECK(w.rc == DLOCK_OK || w.rc == DLOCK_EBUSY);
+        /* DLOCK_ECONN is the documented answer when the wait's first
+         * try was not answered by its 40 ms deadline (a busy machine:
+         * the store had not yet said "held", so the core cannot call it
+         * a wait that ran out); what this test guards holds then too:
+         * the lock must end up free, checked below */
+        if (w.rc != DLOCK_OK && w.rc != DLOCK_EBUSY &&
+            !(w.rc == DLOCK_ECONN && strstr(w.msg, "no answer")))
+            th_fail(__FILE__, __LINE__, "round %d: the waiter got %s: %s", i,
+                    dlock_errname(w.rc), w.msg);
         ok += w.rc == DLOCK_OK;
         busy += w.rc == DLOCK_EBUSY;
         CHECK_OK(dlock_inspect(h, "race", &info));

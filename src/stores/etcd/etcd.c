@@ -456,6 +456,13 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     if (op_ms < 1)
         op_ms = 1;
     for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt > 0 && l->deadline != DLOCK__FOREVER) {
+            /* again after the lease ended mid-wait: what is left of the
+             * caller's wait bounds the new grant and put too */
+            int64_t left = l->deadline - dlock__now_ms();
+            if (left < op_ms)
+                op_ms = left < 1 ? 1 : left;
+        }
         eh->lease = dlock__etcd_lease_get(es, ttl_seconds(l->ttl_ms),
                                           (l->flags & DLOCK_NO_RENEW) != 0,
                                           dlock__now_ms() + op_ms, &rc);
