@@ -70,6 +70,8 @@ extern "C" {
 #define DLOCK_EPROTO -7   /* the store answered something unexpected */
 #define DLOCK_ENOMEM -8   /* out of memory */
 #define DLOCK_ENOTSUP -9  /* store or operation not supported/built */
+#define DLOCK_EDEADLK -10 /* the request would wait for the caller itself
+                           * (a read hold asking to become a write hold) */
 
 /* Longest lock name, in bytes (not counting the terminating NUL). */
 #define DLOCK_NAME_MAX 512
@@ -142,7 +144,20 @@ typedef struct dlock_options {
     /* Optional lost-lock callback and its argument. */
     dlock_lost_cb on_lost;
     void *on_lost_arg;
+    /* 0 (the default): the name is a lock, taken exclusively with
+     * dlock_acquire() or shared with dlock_acquire_shared(). N >= 1: the
+     * name is a counting semaphore of N permits, and each dlock_acquire()
+     * takes one (dlock_acquire_shared() is then DLOCK_EINVAL). Every
+     * handle of a name must say the same: the store keeps N while any
+     * permit is held, and an acquire with another N (or an exclusive or
+     * shared acquire of a semaphore's name, and the reverse) fails with
+     * DLOCK_EINVAL where the store can tell (docs/locks.md). At most
+     * DLOCK_PERMITS_MAX. */
+    unsigned permits;
 } dlock_options;
+
+/* Most permits a semaphore may have. */
+#define DLOCK_PERMITS_MAX 65536
 
 /* ------------------------------------------------------------------------ */
 /* Clients                                                                  */
@@ -249,6 +264,34 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
 DLOCK_EXTERN int dlock_acquire(dlock *l, int64_t wait_ms);
 
 /*
+ * Acquires a shared (read) hold for the calling thread: any number of
+ * owners may hold the name shared at once, and none while an owner holds
+ * it exclusively (dlock_acquire()). wait_ms as for dlock_acquire(). Every
+ * read hold has its own lease, renewed by the watchdog and reported lost
+ * like an exclusive hold; dlock_release() ends it (and touches no other
+ * reader's hold).
+ *
+ * No writer starvation: once an exclusive acquire waits, a new shared
+ * acquire queues behind it even while other readers hold; a release wakes
+ * exactly the waiters that can proceed (every reader at the head of the
+ * queue, or one writer). Reentrancy: a thread holding the name shared or
+ * exclusively re-enters (its hold count goes up, no store trip, the token
+ * stays the outermost hold's), unless DLOCK_NOT_REENTRANT (DLOCK_EBUSY).
+ * A thread holding the name shared that calls dlock_acquire() gets
+ * DLOCK_EDEADLK at once: release the read hold first (two readers
+ * upgrading would wait for each other forever).
+ *
+ * Fencing: a read hold's token is greater than every earlier write hold's
+ * of the name (docs/locks.md says what a resource should check).
+ *
+ * Errors: as dlock_acquire(); DLOCK_EINVAL also on a semaphore's handle
+ * (dlock_options.permits > 0); DLOCK_ENOTSUP on a store without shared
+ * holds yet (the message names the store; docs/locks.md lists them).
+ * Thread-safety: any thread; each thread acts for itself.
+ */
+DLOCK_EXTERN int dlock_acquire_shared(dlock *l, int64_t wait_ms);
+
+/*
  * Releases one level of the calling thread's hold; the last level frees the
  * lock in the store (an atomic compare-and-delete: never another owner's).
  *
@@ -319,7 +362,13 @@ typedef struct dlock_info {
     int64_t held_ms;   /* how long the current hold has lasted; -1 unknown */
     int64_t waiters;   /* waiters known to the store; -1 when it can't tell */
     char **queue;      /* the fair wait queue in order (NULL if none); */
-    size_t queue_len;  /* each entry a waiter's description */
+    size_t queue_len;  /* each entry a waiter's description ("read: ",
+                        * "write: " or "permit: " in front where the store
+                        * queues kinds together) */
+    int64_t holders;   /* holds now: 0 free, 1 an exclusive holder, or
+                        * the number of read holds or permits taken */
+    int shared;        /* 1: those holds are read holds */
+    int64_t permits;   /* a semaphore's permits; 0: a lock */
 } dlock_info;
 
 /*

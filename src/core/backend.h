@@ -50,6 +50,10 @@ typedef struct dlock__lease {
     const char *desc;  /* human description: "host pid N tid N" */
     int64_t ttl_ms;    /* lease length; dlock_extend() may change it */
     unsigned flags;    /* DLOCK_FAIR, ... */
+    unsigned kind;     /* DLOCK__WRITE (exclusive), DLOCK__READ (shared;
+                        * CAP_SHARED stores only) or DLOCK__PERMIT (one
+                        * of `permits`; CAP_PERMITS stores only) */
+    unsigned permits;  /* DLOCK__PERMIT: the semaphore's N; else 0 */
     uint64_t waiter;   /* this lease's waiter number in the client; target
                         * of dlock__notify_waiter() */
     int waiting;       /* 0 on the first try; 1 once the core has armed
@@ -78,6 +82,11 @@ typedef struct dlock__lease {
     void *priv;       /* backend state, lease_size bytes */
 } dlock__lease;
 
+/* Kinds of hold (dlock__lease.kind). */
+#define DLOCK__WRITE 0u
+#define DLOCK__READ 1u
+#define DLOCK__PERMIT 2u
+
 /* Capabilities. */
 #define DLOCK__CAP_LEASE 0x1u       /* locks expire unless renewed */
 #define DLOCK__CAP_NATIVE_WAIT 0x2u /* acquire() itself waits until deadline */
@@ -92,6 +101,13 @@ typedef struct dlock__lease {
                                       * slot that waits for an answer on it
                                       * (arm) calls dlock__loop_wake()
                                       * first */
+#define DLOCK__CAP_SHARED 0x10u  /* read holds (l->kind DLOCK__READ): the
+                                  * store queues readers behind a waiting
+                                  * writer, and a release wakes every
+                                  * waiter that can then proceed */
+#define DLOCK__CAP_PERMITS 0x20u /* counting semaphores (DLOCK__PERMIT):
+                                  * the store keeps N with the name and
+                                  * refuses another N with DLOCK_EINVAL */
 
 typedef struct dlock__backend {
     const char *name; /* "redis", "file" */
@@ -248,7 +264,7 @@ extern const dlock__backend dlock__backend_mysql;
  * way a module would notice (a slot, a field, a host function's contract);
  * `abi` stays the first field of every version of the struct.
  */
-#define DLOCK__MODULE_ABI 1
+#define DLOCK__MODULE_ABI 2
 typedef struct dlock__module {
     unsigned abi;                          /* DLOCK__MODULE_ABI */
     const char *version;                   /* DLOCK_VERSION_STRING */

@@ -24,7 +24,8 @@ static _Thread_local char errmsg[ERRMSG_MAX];
     X(DLOCK_EAUTH, "DLOCK_EAUTH", "the store refused the credentials")      \
     X(DLOCK_EPROTO, "DLOCK_EPROTO", "unexpected answer from the store")     \
     X(DLOCK_ENOMEM, "DLOCK_ENOMEM", "out of memory")                        \
-    X(DLOCK_ENOTSUP, "DLOCK_ENOTSUP", "not supported by this store or build")
+    X(DLOCK_ENOTSUP, "DLOCK_ENOTSUP", "not supported by this store or build") \
+    X(DLOCK_EDEADLK, "DLOCK_EDEADLK", "would wait for the caller's own hold")
 
 const char *dlock_strerror(int rc)
 {

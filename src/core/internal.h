@@ -155,5 +155,9 @@ void dlock__hold_drop(dlock_client *c, dlock__hold *h);
 DLOCK__HOST int64_t dlock__lease_margin(int64_t ttl_ms);
 /* The margin of this client's store (its margin slot, or the default). */
 int64_t dlock__client_margin(const dlock_client *c, int64_t ttl_ms);
+/* A lock name's checks (DLOCK_EINVAL with a message); *len its length. */
+int dlock__check_name(const char *name, size_t *len);
+/* The client is open and of this process (c->mu held). */
+int dlock__usable(const dlock_client *c);
 
 #endif /* DLOCK_INTERNAL_H */

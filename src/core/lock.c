@@ -68,7 +68,7 @@ static dlock__hold *find_hold(dlock__entry *e, pthread_t self)
 }
 
 /* Common checks; c->mu held. */
-static int usable(const dlock_client *c)
+int dlock__usable(const dlock_client *c)
 {
     if (c->closed)
         return dlock__err(DLOCK_EINVAL, "the client is closed");
@@ -109,7 +109,7 @@ void dlock__hold_drop(dlock_client *c, dlock__hold *h)
 /* Handles                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static int check_name(const char *name, size_t *len)
+int dlock__check_name(const char *name, size_t *len)
 {
     if (!name)
         return dlock__err(DLOCK_EINVAL, "lock name is NULL");
@@ -135,7 +135,7 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
     *out = NULL;
     if (!c)
         return dlock__err(DLOCK_EINVAL, "dlock_open: client is NULL");
-    rc = check_name(name, &len);
+    rc = dlock__check_name(name, &len);
     if (rc)
         return rc;
     if (opts && (opts->ttl_ms < 0 ||
@@ -148,6 +148,10 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
     if (opts && (opts->flags & ~KNOWN_FLAGS))
         return dlock__err(DLOCK_EINVAL, "lock '%.100s': unknown flags 0x%x",
                           name, opts->flags & ~KNOWN_FLAGS);
+    if (opts && opts->permits > DLOCK_PERMITS_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.100s': permits must be at most %d, not %u",
+                          name, DLOCK_PERMITS_MAX, opts->permits);
 
     l = calloc(1, sizeof(*l));
     if (!l)
@@ -159,7 +163,7 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
     l->client = c;
 
     pthread_mutex_lock(&c->mu);
-    rc = usable(c);
+    rc = dlock__usable(c);
     if (rc == DLOCK_OK) {
         l->entry = dlock__entry_ref(c, name, len);
         if (!l->entry)
@@ -492,7 +496,64 @@ static int leave_queue(dlock_client *c, dlock__hold *h, int rc, int64_t *t0)
     return dlock__err(rc, "%s", keep);
 }
 
-int dlock_acquire(dlock *l, int64_t wait_ms)
+/* The calling thread already holds l's name (hold h): may it take a hold
+ * of `kind` inside it? DLOCK_OK (count it), or the refusal. c->mu held. */
+static int reenter(const dlock_client *c, const dlock *l,
+                   const dlock__hold *h, unsigned kind)
+{
+    const char *name = l->entry->name;
+
+    if (h->lost ||
+        ((c->be->caps & DLOCK__CAP_LEASE) && dlock__now_ms() >= h->lease_end))
+        return dlock__err(DLOCK_ELOST,
+                          "lock '%.200s': this thread's hold was lost; "
+                          "release it first",
+                          name);
+    if ((kind == DLOCK__PERMIT) != (h->lease.kind == DLOCK__PERMIT) ||
+        (kind == DLOCK__PERMIT && l->opts.permits != h->lease.permits))
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s': this thread holds it as %s, and "
+                          "this handle says %u permits (every handle of a "
+                          "name must say the same)",
+                          name,
+                          h->lease.kind == DLOCK__PERMIT
+                              ? "a semaphore's permit"
+                              : "a lock",
+                          l->opts.permits);
+    if (h->lease.kind == DLOCK__READ && kind == DLOCK__WRITE)
+        return dlock__err(DLOCK_EDEADLK,
+                          "lock '%.200s': this thread holds it shared; a "
+                          "read hold cannot become a write hold (it would "
+                          "wait for itself, and two readers upgrading for "
+                          "each other): release it first",
+                          name);
+    if ((l->opts.flags | h->handle->opts.flags) & DLOCK_NOT_REENTRANT)
+        return dlock__err(DLOCK_EBUSY,
+                          "lock '%.200s' is already held by this thread "
+                          "(DLOCK_NOT_REENTRANT)",
+                          name);
+    return DLOCK_OK;
+}
+
+/* Can this client's store take a hold of `kind`? */
+static int kind_supported(const dlock_client *c, const dlock *l,
+                          unsigned kind)
+{
+    unsigned cap = kind == DLOCK__READ     ? DLOCK__CAP_SHARED
+                   : kind == DLOCK__PERMIT ? DLOCK__CAP_PERMITS
+                                           : 0;
+
+    if ((c->be->caps & cap) == cap)
+        return DLOCK_OK;
+    return dlock__err(DLOCK_ENOTSUP,
+                      "lock '%.200s': %s holds are not supported on %s:// "
+                      "yet (docs/locks.md lists the stores that have them)",
+                      l->entry->name,
+                      kind == DLOCK__READ ? "shared (read)" : "semaphore",
+                      c->be->name);
+}
+
+static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
 {
     dlock_client *c;
     dlock__hold *h;
@@ -502,8 +563,6 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     uint64_t seq;
     int rc, seen_busy = 0, waits;
 
-    if (!l)
-        return dlock__err(DLOCK_EINVAL, "dlock_acquire: lock is NULL");
     if (wait_ms < -1)
         return dlock__err(DLOCK_EINVAL,
                           "lock '%.200s': wait_ms must be -1 (forever), 0 "
@@ -514,27 +573,21 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     deadline = wait_ms == -1 ? DLOCK__FOREVER : start + wait_ms;
 
     pthread_mutex_lock(&c->mu);
-    rc = usable(c);
+    rc = dlock__usable(c);
     if (rc) {
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
     h = find_hold(l->entry, self);
     if (h) {
-        if (h->lost || ((c->be->caps & DLOCK__CAP_LEASE) &&
-                        dlock__now_ms() >= h->lease_end))
-            rc = dlock__err(DLOCK_ELOST,
-                            "lock '%.200s': this thread's hold was lost; "
-                            "release it first",
-                            l->entry->name);
-        else if ((l->opts.flags | h->handle->opts.flags) &
-                 DLOCK_NOT_REENTRANT)
-            rc = dlock__err(DLOCK_EBUSY,
-                            "lock '%.200s' is already held by this thread "
-                            "(DLOCK_NOT_REENTRANT)",
-                            l->entry->name);
-        else
+        rc = reenter(c, l, h, kind);
+        if (rc == DLOCK_OK)
             h->count++;
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    rc = kind_supported(c, l, kind);
+    if (rc) {
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
@@ -557,6 +610,8 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     h->lease.desc = h->desc;
     h->lease.ttl_ms = l->opts.ttl_ms;
     h->lease.flags = l->opts.flags;
+    h->lease.kind = kind;
+    h->lease.permits = kind == DLOCK__PERMIT ? l->opts.permits : 0;
     h->lease.waiter = seq;
     h->lease.deadline = wait_ms == 0 ? start : deadline;
     h->lease.retry_ms = -1;
@@ -646,6 +701,25 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
     return DLOCK_OK;
 }
 
+int dlock_acquire(dlock *l, int64_t wait_ms)
+{
+    if (!l)
+        return dlock__err(DLOCK_EINVAL, "dlock_acquire: lock is NULL");
+    return acquire(l, wait_ms, l->opts.permits ? DLOCK__PERMIT : DLOCK__WRITE);
+}
+
+int dlock_acquire_shared(dlock *l, int64_t wait_ms)
+{
+    if (!l)
+        return dlock__err(DLOCK_EINVAL, "dlock_acquire_shared: lock is NULL");
+    if (l->opts.permits)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s' is a semaphore (%u permits): take "
+                          "a permit with dlock_acquire()",
+                          l->entry->name, l->opts.permits);
+    return acquire(l, wait_ms, DLOCK__READ);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Release, extend, token                                                   */
 /* ------------------------------------------------------------------------ */
@@ -670,7 +744,7 @@ int dlock_release(dlock *l)
         return dlock__err(DLOCK_EINVAL, "dlock_release: lock is NULL");
     c = l->client;
     pthread_mutex_lock(&c->mu);
-    rc = usable(c);
+    rc = dlock__usable(c);
     if (rc) {
         pthread_mutex_unlock(&c->mu);
         return rc;
@@ -734,7 +808,7 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
                           l->entry->name, MIN_TTL_MS, (long long)ttl_ms);
     c = l->client;
     pthread_mutex_lock(&c->mu);
-    rc = usable(c);
+    rc = dlock__usable(c);
     if (rc) {
         pthread_mutex_unlock(&c->mu);
         return rc;
@@ -812,94 +886,4 @@ int dlock_held(const dlock *l)
                                                         : h->count;
     pthread_mutex_unlock(&l->client->mu);
     return n;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Inspection                                                               */
-/* ------------------------------------------------------------------------ */
-
-void dlock_info_clear(dlock_info *info)
-{
-    if (!info)
-        return;
-    for (size_t i = 0; i < info->queue_len; i++)
-        free(info->queue[i]);
-    free(info->queue);
-    memset(info, 0, sizeof(*info));
-}
-
-int dlock__info_add_waiter(dlock_info *out, const char *s)
-{
-    size_t n = out->queue_len;
-
-    /* capacity: 8, then doubled whenever n reaches a power of two */
-    if (n == 0 || (n >= 8 && (n & (n - 1)) == 0)) {
-        char **p = realloc(out->queue, (n ? 2 * n : 8) * sizeof(*p));
-        if (!p)
-            return dlock__err(DLOCK_ENOMEM, "out of memory");
-        out->queue = p;
-    }
-    if (!(out->queue[n] = strdup(s)))
-        return dlock__err(DLOCK_ENOMEM, "out of memory");
-    out->queue_len = n + 1;
-    return DLOCK_OK;
-}
-
-int dlock_inspect(dlock_client *c, const char *name, dlock_info *out)
-{
-    size_t len = 0;
-    int rc;
-
-    if (!out)
-        return dlock__err(DLOCK_EINVAL, "dlock_inspect: out is NULL");
-    memset(out, 0, sizeof(*out));
-    if (!c)
-        return dlock__err(DLOCK_EINVAL, "dlock_inspect: client is NULL");
-    rc = check_name(name, &len);
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&c->mu);
-    rc = usable(c);
-    pthread_mutex_unlock(&c->mu);
-    if (rc)
-        return rc;
-    out->ttl_ms = -1;
-    out->held_ms = -1;
-    out->waiters = -1;
-    rc = c->be->inspect(c->st, name, len, out,
-                        dlock__now_ms() + c->timeout_ms);
-    if (rc) {
-        dlock_info_clear(out);
-        return rc;
-    }
-    return DLOCK_OK;
-}
-
-int dlock_gc(dlock_client *c, int64_t idle_ms, uint64_t *removed)
-{
-    uint64_t n = 0;
-    int rc;
-
-    if (removed)
-        *removed = 0;
-    if (!c)
-        return dlock__err(DLOCK_EINVAL, "dlock_gc: client is NULL");
-    if (idle_ms < 0)
-        return dlock__err(DLOCK_EINVAL,
-                          "dlock_gc: idle_ms must not be negative, not %lld",
-                          (long long)idle_ms);
-    pthread_mutex_lock(&c->mu);
-    rc = usable(c);
-    pthread_mutex_unlock(&c->mu);
-    if (rc)
-        return rc;
-    if (!c->be->gc)
-        return dlock__err(DLOCK_ENOTSUP,
-                          "%s: this store keeps nothing to collect (its "
-                          "locks leave no state, or the store removes it)",
-                          dlock_client_store(c));
-    rc = c->be->gc(c->st, idle_ms, &n, dlock__now_ms() + c->timeout_ms);
-    if (rc == DLOCK_OK && removed)
-        *removed = n;
-    return rc;
 }

@@ -25,6 +25,7 @@ static const struct {
     {DLOCK_EPROTO, "DLOCK_EPROTO"},
     {DLOCK_ENOMEM, "DLOCK_ENOMEM"},
     {DLOCK_ENOTSUP, "DLOCK_ENOTSUP"},
+    {DLOCK_EDEADLK, "DLOCK_EDEADLK"},
 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 
@@ -53,7 +54,8 @@ TEST(codes_fixed_numbers)
     CHECK_EQ(DLOCK_EPROTO, -7);
     CHECK_EQ(DLOCK_ENOMEM, -8);
     CHECK_EQ(DLOCK_ENOTSUP, -9);
-    CHECK_EQ(NCODES, 10);
+    CHECK_EQ(DLOCK_EDEADLK, -10);
+    CHECK_EQ(NCODES, 11);
 }
 
 TEST(strerror_distinct)
@@ -86,7 +88,7 @@ TEST(errname_matches)
 
 TEST(unknown_codes)
 {
-    static const int unknown[] = {1, 2, 42, -10, -11, -100, INT_MAX, INT_MIN};
+    static const int unknown[] = {1, 2, 42, -11, -12, -100, INT_MAX, INT_MIN};
 
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
         CHECK_STR(dlock_strerror(unknown[i]), "unknown error code");
