@@ -263,7 +263,8 @@ static int write_record(file_store *fs, int fd, const char *fname,
     memset(&r, 0, sizeof(r));
     if (pread(fd, &r, sizeof(r.fence), REC_OFFSET) != (ssize_t)sizeof(r.fence))
         r.fence = 0;
-    r.fence = r.fence + 1 > (uint64_t)now ? r.fence + 1 : (uint64_t)now;
+    /* + 2: the readers since the last write hold r.fence + 1 */
+    r.fence = r.fence + 2 > (uint64_t)now ? r.fence + 2 : (uint64_t)now;
     r.acquired_us = (uint64_t)now;
     r.ticket_plus1 = ticket >= 0 ? (uint64_t)(ticket - QUEUE_BASE) + 1 : 0;
     r.pid = fs->pid;
@@ -279,11 +280,38 @@ static int write_record(file_store *fs, int fd, const char *fname,
     return DLOCK_OK;
 }
 
+/* A reader's part, under its read lock of MAIN: a slot of its own, so
+ * that inspection can count the readers (a slot taken by someone else is
+ * passed over; none found after a few leaves the reader uncounted, never
+ * unprotected), and its token: the last write's + 1, which orders it
+ * after that write and before the next (write_record() adds 2). The magic
+ * when the file is new. */
+static int read_token(int fd, const char *fname, dlock__lease *l,
+                      int need_magic)
+{
+    uint64_t fence = 0;
+    uint64_t slot = dlock__hash(l->owner, strlen(l->owner));
+
+    for (int i = 0; i < 8; i++, slot++) {
+        if (lk(fd, F_OFD_SETLK, F_WRLCK,
+               READER_BASE + (off_t)(slot % (uint64_t)READER_SLOTS), 1) == 0)
+            break;
+    }
+    if (need_magic &&
+        pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic))
+        return io_error("write", fname, errno);
+    if (pread(fd, &fence, sizeof(fence), REC_OFFSET) != (ssize_t)sizeof(fence))
+        fence = 0;
+    l->token = fence + 1;
+    return DLOCK_OK;
+}
+
 static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
 {
     file_store *fs = vst;
     file_lease *fl = l->priv;
     int fair = (l->flags & DLOCK_FAIR) != 0;
+    int reader = l->kind == DLOCK__READ;
     int once = l->deadline <= dlock__now_ms();
     int rc;
 
@@ -304,10 +332,19 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
         fl->dev = st.dev;
         fl->ino = st.ino;
         /* A fair acquirer never jumps the queue: with waiters queued it
-         * queues too, even if the lock is free for a moment. */
+         * queues too, even if the lock is free for a moment. Readers and
+         * default-mode writers go through the gate (dlock__file_take). */
         int queued =
-            fair && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
-        if (!queued && lk(fl->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0) {
+            fair && !reader && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
+        if (reader || !fair) {
+            e = dlock__file_take(fl->fd, reader ? F_RDLCK : F_WRLCK,
+                                 once ? 0 : l->deadline);
+            if (e == EAGAIN) {
+                close(fl->fd);
+                l->retry_ms = -1;
+                return DLOCK_EBUSY;
+            }
+        } else if (!queued && lk(fl->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0) {
             e = 0;
         } else if (!queued && errno != EAGAIN && errno != EACCES) {
             e = errno;
@@ -315,7 +352,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             close(fl->fd);
             l->retry_ms = -1;
             return DLOCK_EBUSY;
-        } else if (fair) {
+        } else {
             memset(&f, 0, sizeof(f));
             f.fd = fl->fd;
             f.dev = st.dev;
@@ -328,8 +365,6 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             }
             dlock__file_watch_add(fs, fl);
             e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd);
-        } else {
-            e = dlock__file_kwait(fl->fd, F_WRLCK, MAIN_BYTE, l->deadline);
         }
         if (e == ETIMEDOUT) {
             drop_file(fs, fl);
@@ -345,7 +380,9 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             drop_file(fs, fl);
             continue;
         }
-        rc = write_record(fs, fl->fd, fl->fname, l, ticket, st.size < 8);
+        rc = reader ? read_token(fl->fd, fl->fname, l, st.size < 8)
+                    : write_record(fs, fl->fd, fl->fname, l, ticket,
+                                   st.size < 8);
         if (rc) {
             drop_file(fs, fl);
             return rc;
@@ -448,8 +485,21 @@ static int file_inspect(void *vst, const char *name, size_t len,
     }
     r.desc[sizeof(r.desc) - 1] = '\0';
     out->token = r.fence;
-    out->held = first_conflict(fd, MAIN_BYTE, MAIN_BYTE + 1) >= 0;
-    if (out->held) {
+    short type = F_UNLCK;
+    out->held = conflict_of(fd, F_WRLCK, MAIN_BYTE, MAIN_BYTE + 1, &type) >= 0;
+    if (out->held && type == F_RDLCK) {
+        out->shared = 1;
+        for (off_t at = READER_BASE; out->holders < MAX_WAITERS_COUNTED;) {
+            off_t b = first_conflict(fd, at, READER_BASE + READER_SLOTS);
+            if (b < 0)
+                break;
+            out->holders++;
+            at = b + 1;
+        }
+        snprintf(out->holder, sizeof(out->holder), "%lld reader%s",
+                 (long long)out->holders, out->holders == 1 ? "" : "s");
+    } else if (out->held) {
+        out->holders = 1;
         /* the record is whatever the file holds: no arithmetic on its
          * numbers may overflow (a foreign or damaged file) */
         uint64_t now = (uint64_t)wall_us();
@@ -469,6 +519,11 @@ static int file_inspect(void *vst, const char *name, size_t len,
             out->waiters++;
         at = b + 1;
     }
+    /* no fair queue: a writer waiting at the gate (default mode; the
+     * others wait in the kernel behind it, uncounted) */
+    if (out->waiters == 0 &&
+        conflict_of(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1, NULL) >= 0)
+        out->waiters = 1;
     close(fd);
     return DLOCK_OK;
 }
@@ -587,7 +642,7 @@ static void file_close(void *vst)
 
 const dlock__backend dlock__backend_file = {
     "file",                  /* name */
-    DLOCK__CAP_NATIVE_WAIT,  /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
     sizeof(file_lease),      /* lease_size */
     file_open,               /* open */
     file_close,              /* close */

@@ -19,6 +19,10 @@
 /* the lock file's layout (file.c) */
 #define MAIN_BYTE 0
 #define META_BYTE 1
+#define GATE_BYTE 2 /* held by a waiting writer: new readers stop here */
+#define PERMIT_BASE ((off_t)1 << 16) /* a semaphore's permit i */
+#define READER_BASE ((off_t)1 << 62) /* a reader's slot (counted) */
+#define READER_SLOTS ((off_t)1 << 32)
 #define QUEUE_BASE ((off_t)1 << 32)
 #define QUEUE_END ((off_t)1 << 62)
 #define SALT_OFFSET 16
@@ -81,6 +85,27 @@ static inline int lk(int fd, int cmd, short type, off_t start, off_t len)
     return fcntl(fd, cmd, &fl);
 }
 
+/* Start of a lock held by another open file in [start, end) that would
+ * conflict with a lock of `type` (F_WRLCK: any lock; F_RDLCK: a write
+ * lock), or -1; *held (may be NULL) gets its type. */
+static inline off_t conflict_of(int fd, short type, off_t start, off_t end,
+                                short *held)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = start;
+    fl.l_len = end - start;
+    if (end <= start || fcntl(fd, F_OFD_GETLK, &fl) != 0 ||
+        fl.l_type == F_UNLCK)
+        return -1;
+    if (held)
+        *held = fl.l_type;
+    return fl.l_start < start ? start : fl.l_start;
+}
+
 /* Start of a lock held by another open file in [start, end), or -1. */
 static inline off_t first_conflict(int fd, off_t start, off_t end)
 {
@@ -102,6 +127,13 @@ static inline off_t first_conflict(int fd, off_t start, off_t end)
 /* Blocks until open file `fd` holds a lock of `type` on `byte` or
  * `deadline` passes. 0: taken; ETIMEDOUT; or an errno. */
 DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline);
+
+/* Takes MAIN for `type` (F_WRLCK: a writer; F_RDLCK: a reader) through
+ * the gate that keeps writers from starving: a writer that must wait
+ * holds GATE while it waits for MAIN, and a reader that finds GATE held
+ * waits there. 0: taken; EAGAIN: busy and `deadline` has passed (a try);
+ * ETIMEDOUT; or an errno. */
+DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline);
 
 /* Takes a fair-queue ticket and locks its byte, making its wake-up
  * channel first (*lfd; -1: none); sets f->salt. The ticket's byte, or -1

@@ -173,6 +173,35 @@ int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline)
     return rc;
 }
 
+int dlock__file_take(int fd, short type, int64_t deadline)
+{
+    int e;
+
+    /* the try: a reader first looks at the gate (a writer waits there),
+     * with a read lock's eyes (other readers waiting there do not count) */
+    if (type == F_WRLCK || conflict_of(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1,
+                                       NULL) < 0) {
+        if (lk(fd, F_OFD_SETLK, type, MAIN_BYTE, 1) == 0)
+            return 0;
+        if (errno != EAGAIN && errno != EACCES)
+            return errno;
+    }
+    if (dlock__now_ms() >= deadline)
+        return EAGAIN;
+    /* the wait: the gate (a writer keeps it while it waits for MAIN; a
+     * reader only passes it), then MAIN, then the gate opens again */
+    if (lk(fd, F_OFD_SETLK, type, GATE_BYTE, 1) != 0) {
+        if (errno != EAGAIN && errno != EACCES)
+            return errno;
+        e = dlock__file_kwait(fd, type, GATE_BYTE, deadline);
+        if (e)
+            return e;
+    }
+    e = dlock__file_kwait(fd, type, MAIN_BYTE, deadline);
+    lk(fd, F_OFD_SETLK, F_UNLCK, GATE_BYTE, 1);
+    return e;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Fair queue: tickets and wake-up channels                                 */
 /* ------------------------------------------------------------------------ */
@@ -538,11 +567,8 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             /* the head: MAIN is free unless someone without a ticket
              * (default mode, or a fair acquirer that found no queue)
              * holds it; then only the kernel can tell us */
-            if (lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0)
-                return 0;
-            if (errno != EAGAIN && errno != EACCES)
-                return errno;
-            return dlock__file_kwait(f->fd, F_WRLCK, MAIN_BYTE, deadline);
+            e = dlock__file_take(f->fd, F_WRLCK, deadline);
+            return e == EAGAIN ? ETIMEDOUT : e;
         }
         if (*conn >= 0) {
             close(*conn);
