@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 static th_store S;
@@ -564,6 +565,128 @@ TEST(semaphore_counts_permits)
     dlock_client_close(c);
 }
 
+typedef struct sem_user {
+    dlock_client *c;
+    dlock *l;
+    unsigned seed;
+    int *inside, *most;
+    int bad, done;
+} sem_user;
+
+static void *sem_worker(void *p)
+{
+    sem_user *u = p;
+
+    for (int i = 0; i < 40; i++) {
+        int rc = dlock_acquire(u->l, 20000);
+        if (rc != DLOCK_OK) {
+            u->bad = 1000 + rc;
+            return NULL;
+        }
+        int n = __atomic_add_fetch(u->inside, 1, __ATOMIC_SEQ_CST);
+        int m = __atomic_load_n(u->most, __ATOMIC_SEQ_CST);
+        while (n > m && !__atomic_compare_exchange_n(u->most, &m, n, 0,
+                                                     __ATOMIC_SEQ_CST,
+                                                     __ATOMIC_SEQ_CST)) {
+        }
+        usleep(300 + rand_r(&u->seed) % 700);
+        __atomic_sub_fetch(u->inside, 1, __ATOMIC_SEQ_CST);
+        rc = dlock_release(u->l);
+        if (rc != DLOCK_OK) {
+            u->bad = 2000 + rc;
+            return NULL;
+        }
+        u->done++;
+    }
+    return NULL;
+}
+
+TEST(a_semaphore_never_lets_more_than_n_in)
+{
+    NEED_PERMITS();
+    enum { N = 5, PERMITS = 2 };
+    sem_user u[N];
+    pthread_t th[N];
+    int inside = 0, most = 0;
+
+    for (int i = 0; i < N; i++) {
+        memset(&u[i], 0, sizeof(u[i]));
+        u[i].c = client();
+        u[i].l = handle(u[i].c, "sem-mix", PERMITS, i % 2 ? DLOCK_FAIR : 0);
+        u[i].seed = (unsigned)(i * 104729 + 3);
+        u[i].inside = &inside;
+        u[i].most = &most;
+        pthread_create(&th[i], NULL, sem_worker, &u[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ(u[i].bad, 0);
+        CHECK_EQ(u[i].done, 40);
+        dlock_close(u[i].l);
+        dlock_client_close(u[i].c);
+    }
+    CHECK_OP(most, <=, PERMITS);
+}
+
+typedef struct permit_child_arg {
+    int ready;
+} permit_child_arg;
+
+static int permit_child(void *p)
+{
+    permit_child_arg *s = p;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 800;
+    o.permits = 1;
+    if (dlock_client_open(&c, S.uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "sem-killed", &o) != DLOCK_OK ||
+        dlock_acquire(l, 5000) != DLOCK_OK) {
+        fprintf(stderr, "permit child: %s\n", dlock_errmsg());
+        return 2;
+    }
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 6000; i++)
+        th_sleep_ms(10); /* killed long before */
+    return 3;
+}
+
+TEST(a_killed_permit_holder_wakes_the_waiter)
+{
+    NEED_PERMITS();
+    permit_child_arg *s = th_shared(sizeof(*s));
+    dlock_client *c = client();
+    dlock *l = handle(c, "sem-killed", 1, 0);
+    waiter_arg w;
+    pthread_t th;
+    pid_t pid = th_fork(permit_child, s);
+    int64_t until = th_now_ms() + 10000;
+
+    while (!__atomic_load_n(&s->ready, __ATOMIC_SEQ_CST) && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK(s->ready);
+    memset(&w, 0, sizeof(w));
+    w.l = l;
+    w.wait_ms = 20000;
+    w.release = 1;
+    pthread_create(&th, NULL, waiter, &w);
+    wait_waiters(c, "sem-killed", 1);
+    th_sleep_ms(50); /* asleep on the holder, most likely */
+    int64_t t0 = th_now_ms();
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    /* woken by the holder's death: at once without leases (1 s of
+     * scheduling slack), else at the 800 ms lease's end plus slack */
+    CHECK_OP(w.got_at - t0, <, S.has_leases ? 800 + 3000 : 1000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 static const th_test tests[] = {
     T(the_store_says_what_it_has),
     T(readers_share_and_exclude_writers),
@@ -574,6 +697,8 @@ static const th_test tests[] = {
     TK(a_killed_reader_frees_its_hold),
     TK(mixed_readers_and_writers_never_overlap_wrongly),
     TK(semaphore_counts_permits),
+    TK(a_semaphore_never_lets_more_than_n_in),
+    TK(a_killed_permit_holder_wakes_the_waiter),
     {NULL, NULL, 0},
 };
 
@@ -587,6 +712,6 @@ int main(int argc, char **argv)
     /* what each store has (docs/locks.md): the first test checks that
      * the others answer DLOCK_ENOTSUP, clearly */
     has_shared = !strcmp(S.kind, "file");
-    has_permits = 0;
+    has_permits = !strcmp(S.kind, "file");
     return th_main(argc - 1, argv + 1, tests);
 }

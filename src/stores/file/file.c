@@ -58,6 +58,10 @@
  *
  * Fencing token: max(last + 1, wall clock in microseconds), kept in the file
  * and updated under the lock, so it only grows, even across reboots.
+ *
+ * Shared holds: a read lock on MAIN, through a gate byte that a waiting
+ * writer holds (dlock__file_take(), file_wait.c); semaphores: permit bytes
+ * (file_sem.c). docs/design.md, "Shared holds and permits".
  */
 #include "file.h"
 
@@ -73,7 +77,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define REC_OFFSET 64
 #define MAX_WAITERS_COUNTED 100000
 
 typedef struct file_rec {
@@ -118,7 +121,7 @@ static void file_name(const char *name, size_t len, char *out)
     memcpy(out + o, ".lock", 6);
 }
 
-static int io_error(const char *what, const char *fname, int err)
+int dlock__file_io_error(const char *what, const char *fname, int err)
 {
     if (err == EACCES || err == EPERM || err == EROFS)
         return dlock__err(DLOCK_EAUTH, "file store: %s %.200s: %s", what,
@@ -141,7 +144,7 @@ static int check_magic(int fd, const char *fname)
     ssize_t n = pread(fd, buf, sizeof(buf), 0);
 
     if (n < 0)
-        return io_error("read", fname, errno);
+        return dlock__file_io_error("read", fname, errno);
     if (n == (ssize_t)sizeof(buf) && memcmp(buf, magic, sizeof(buf)) != 0)
         return dlock__err(DLOCK_EPROTO,
                           "file store: %.200s is not a dlock lock file",
@@ -187,7 +190,7 @@ static int open_lock_file(file_store *fs, const char *fname, int flags,
     *missing = 0;
     if (fd < 0) {
         *missing = errno == ENOENT;
-        return io_error("open", fname, errno);
+        return dlock__file_io_error("open", fname, errno);
     }
     if (file_stat(fd, "", AT_EMPTY_PATH, id, &regular) != 0 || !regular) {
         close(fd);
@@ -242,7 +245,7 @@ static void drop_file(file_store *fs, file_lease *fl)
 /* Backend slots                                                            */
 /* ------------------------------------------------------------------------ */
 
-static int64_t wall_us(void)
+int64_t dlock__file_wall_us(void)
 {
     struct timespec ts;
 
@@ -258,7 +261,7 @@ static int write_record(file_store *fs, int fd, const char *fname,
 {
     const char *tid = strrchr(l->owner, ':'); /* "<client hex>:<tid>" */
     file_rec r;
-    int64_t now = wall_us();
+    int64_t now = dlock__file_wall_us();
 
     memset(&r, 0, sizeof(r));
     if (pread(fd, &r, sizeof(r.fence), REC_OFFSET) != (ssize_t)sizeof(r.fence))
@@ -275,7 +278,7 @@ static int write_record(file_store *fs, int fd, const char *fname,
     if ((need_magic &&
          pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic)) ||
         pwrite(fd, &r, sizeof(r), REC_OFFSET) != (ssize_t)sizeof(r))
-        return io_error("write", fname, errno);
+        return dlock__file_io_error("write", fname, errno);
     l->token = r.fence;
     return DLOCK_OK;
 }
@@ -299,7 +302,7 @@ static int read_token(int fd, const char *fname, dlock__lease *l,
     }
     if (need_magic &&
         pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic))
-        return io_error("write", fname, errno);
+        return dlock__file_io_error("write", fname, errno);
     if (pread(fd, &fence, sizeof(fence), REC_OFFSET) != (ssize_t)sizeof(fence))
         fence = 0;
     l->token = fence + 1;
@@ -331,6 +334,22 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             return rc;
         fl->dev = st.dev;
         fl->ino = st.ino;
+        if (l->kind == DLOCK__PERMIT) {
+            memset(&f, 0, sizeof(f));
+            f.fd = fl->fd;
+            f.dev = st.dev;
+            f.ino = st.ino;
+            rc = dlock__file_sem_acquire(fs, fl, &f, l, once);
+            if (rc == DLOCK_OK && !same_file(fs, fl)) {
+                drop_file(fs, fl); /* replaced meanwhile: the new one */
+                continue;
+            }
+            if (rc != DLOCK_OK)
+                drop_file(fs, fl);
+            if (rc == DLOCK_EBUSY)
+                l->retry_ms = -1;
+            return rc;
+        }
         /* A fair acquirer never jumps the queue: with waiters queued it
          * queues too, even if the lock is free for a moment. Readers and
          * default-mode writers go through the gate (dlock__file_take). */
@@ -361,10 +380,10 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             ticket = dlock__file_take_ticket(&f, &fl->lfd, &what, &e);
             if (ticket < 0) {
                 close(fl->fd);
-                return io_error(what, fl->fname, e);
+                return dlock__file_io_error(what, fl->fname, e);
             }
             dlock__file_watch_add(fs, fl);
-            e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd);
+            e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd, 0);
         }
         if (e == ETIMEDOUT) {
             drop_file(fs, fl);
@@ -373,7 +392,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
         }
         if (e != 0) {
             drop_file(fs, fl);
-            return io_error("lock", fl->fname, e);
+            return dlock__file_io_error("lock", fl->fname, e);
         }
         if (!same_file(fs, fl)) {
             /* deleted or replaced while we waited: lock the new one */
@@ -479,7 +498,7 @@ static int file_inspect(void *vst, const char *name, size_t len,
         return rc;
     memset(&r, 0, sizeof(r));
     if (pread(fd, &r, sizeof(r), REC_OFFSET) < 0) {
-        rc = io_error("read", fname, errno);
+        rc = dlock__file_io_error("read", fname, errno);
         close(fd);
         return rc;
     }
@@ -490,7 +509,7 @@ static int file_inspect(void *vst, const char *name, size_t len,
     if (out->held && type == F_RDLCK) {
         out->shared = 1;
         for (off_t at = READER_BASE; out->holders < MAX_WAITERS_COUNTED;) {
-            off_t b = first_conflict(fd, at, READER_BASE + READER_SLOTS);
+            off_t b = lowest_held(fd, at, READER_BASE + READER_SLOTS);
             if (b < 0)
                 break;
             out->holders++;
@@ -502,7 +521,7 @@ static int file_inspect(void *vst, const char *name, size_t len,
         out->holders = 1;
         /* the record is whatever the file holds: no arithmetic on its
          * numbers may overflow (a foreign or damaged file) */
-        uint64_t now = (uint64_t)wall_us();
+        uint64_t now = (uint64_t)dlock__file_wall_us();
         snprintf(out->holder, sizeof(out->holder), "%s", r.desc);
         out->held_ms = r.acquired_us < now
                            ? (int64_t)((now - r.acquired_us) / 1000)
@@ -511,8 +530,10 @@ static int file_inspect(void *vst, const char *name, size_t len,
             r.ticket_plus1 <= (uint64_t)(QUEUE_END - QUEUE_BASE))
             skip = QUEUE_BASE + (off_t)(r.ticket_plus1 - 1);
     }
+    if (!out->held)
+        dlock__file_sem_inspect(fd, out);
     for (off_t at = QUEUE_BASE; out->waiters < MAX_WAITERS_COUNTED;) {
-        off_t b = first_conflict(fd, at, QUEUE_END);
+        off_t b = lowest_held(fd, at, QUEUE_END);
         if (b < 0)
             break;
         if (b != skip)
@@ -543,7 +564,7 @@ static int make_dirs(const char *path, mode_t mode)
         char keep = buf[i];
         buf[i] = '\0';
         if (mkdir(buf, keep ? 0777 : mode) != 0 && errno != EEXIST)
-            return io_error("mkdir", buf, errno);
+            return dlock__file_io_error("mkdir", buf, errno);
         buf[i] = keep;
     }
     return DLOCK_OK;
@@ -556,7 +577,7 @@ static int check_private(const char *dir)
     struct stat st;
 
     if (lstat(dir, &st) != 0)
-        return io_error("stat", dir, errno);
+        return dlock__file_io_error("stat", dir, errno);
     if (!S_ISDIR(st.st_mode))
         return dlock__err(DLOCK_EPROTO,
                           "file store: %.200s is not a directory (or is a "
@@ -568,7 +589,7 @@ static int check_private(const char *dir)
                           "you; refusing to use it",
                           dir, (unsigned long)st.st_uid);
     if ((st.st_mode & 077) && chmod(dir, 0700) != 0)
-        return io_error("chmod", dir, errno);
+        return dlock__file_io_error("chmod", dir, errno);
     return DLOCK_OK;
 }
 
@@ -618,7 +639,7 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
     fs->pid = (int64_t)getpid();
     fs->dirfd = open(fs->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fs->dirfd < 0) {
-        rc = io_error("open", fs->dir, errno);
+        rc = dlock__file_io_error("open", fs->dir, errno);
         free(fs->dir);
         free(fs);
         return rc;
@@ -642,7 +663,7 @@ static void file_close(void *vst)
 
 const dlock__backend dlock__backend_file = {
     "file",                  /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
     sizeof(file_lease),      /* lease_size */
     file_open,               /* open */
     file_close,              /* close */

@@ -214,10 +214,13 @@ static int salt_set(const unsigned char *salt)
     return 0;
 }
 
-/* The abstract socket address of the channel of ticket byte `byte`. */
+/* The abstract socket address of the channel of ticket byte `byte`
+ * (tag "fair"; base QUEUE_BASE), or of a semaphore's permit byte (tag
+ * "semh"; base PERMIT_BASE). */
 static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
                            off_t byte)
 {
+    int sem = byte >= PERMIT_BASE && byte < QUEUE_BASE;
     char salt[2 * SALT_LEN + 1];
     int n;
 
@@ -226,9 +229,9 @@ static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
     dlock__hex(f->salt, SALT_LEN, salt);
     /* sun_path[0] stays NUL: the abstract namespace, no file */
     n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                 "dlock-fair/%llx/%llx/%s/%llx", (unsigned long long)f->dev,
-                 (unsigned long long)f->ino, salt,
-                 (unsigned long long)(byte - QUEUE_BASE));
+                 "dlock-%s/%llx/%llx/%s/%llx", sem ? "semh" : "fair",
+                 (unsigned long long)f->dev, (unsigned long long)f->ino, salt,
+                 (unsigned long long)(byte - (sem ? PERMIT_BASE : QUEUE_BASE)));
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
                        (size_t)n);
 }
@@ -236,7 +239,7 @@ static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
 /* A listening channel for ticket byte `byte`: its descriptor; -1 when the
  * name is taken (someone squats it: skip this ticket number); -2 when no
  * channel can be made (no descriptors, no salt). */
-static int chan_listen(const lock_file *f, off_t byte)
+int dlock__file_chan_listen(const lock_file *f, off_t byte)
 {
     struct sockaddr_un sa;
     socklen_t len;
@@ -300,7 +303,7 @@ void dlock__file_chan_close(int lfd, int woken)
 /* Connects to the channel of ticket byte `byte`: a connected descriptor
  * whose listener has our effective uid, or -1. The caller must still check
  * that `byte` is held after this returns. */
-static int chan_connect(const lock_file *f, off_t byte)
+int dlock__file_chan_connect(const lock_file *f, off_t byte)
 {
     struct sockaddr_un sa;
     struct ucred cr;
@@ -520,7 +523,7 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
     for (int i = 0; i < CHAN_BIND_TRIES; i++) {
         byte = QUEUE_BASE + (off_t)(next % (uint64_t)(QUEUE_END -
                                                       QUEUE_BASE));
-        *lfd = chan_listen(f, byte);
+        *lfd = dlock__file_chan_listen(f, byte);
         if (*lfd != -1)
             break;
         next++; /* squatted: nobody will hold this ticket */
@@ -551,7 +554,7 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
  * last woke on, still open (closing it costs time the hand-off should not
  * wait for), or -1; the caller closes it in every case. */
 int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
-                          int *conn)
+                          int *conn, int head_only)
 {
     int handed = 0;
 
@@ -563,6 +566,8 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
         off_t b = handed ? -1 : highest_below(f->fd, ticket);
         int c, e;
 
+        if (b < 0 && head_only)
+            return 0;
         if (b < 0) {
             /* the head: MAIN is free unless someone without a ticket
              * (default mode, or a fair acquirer that found no queue)
@@ -574,7 +579,7 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             close(*conn);
             *conn = -1;
         }
-        c = chan_connect(f, b);
+        c = dlock__file_chan_connect(f, b);
         if (c >= 0 && first_conflict(f->fd, b, b + 1) >= 0) {
             /* b was held after we connected: its owner's channel */
             e = chan_wait(c, deadline, &handed);
@@ -593,7 +598,8 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             /* the deadline and the hand-off may have come together: a
              * head that finds MAIN free takes it */
             if (highest_below(f->fd, ticket) < 0 &&
-                lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0)
+                (head_only ||
+                 lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0))
                 return 0;
             return ETIMEDOUT;
         }
