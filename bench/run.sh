@@ -148,6 +148,21 @@ if [ -x "$build/bench/dlock_bench_many" ]; then
     ' "$out" >"$out.new" && mv "$out.new" "$out"
 fi
 
+# --- Shared holds and semaphores (bench/bench_rw.c): one subsection at
+# the end of the Redis section and one at the end of the file store's
+rwout=$tmp/results-rw-redis.md
+# shellcheck disable=SC2086 # $quick: nothing or --quick
+"$build/bench/dlock_bench_rw" "redis://127.0.0.1:$port" $quick >"$rwout"
+awk -v f="$rwout" '
+    function rw(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+    /^## / && seen && !done { rw() }
+    /^## Redis/ { seen = 1 }
+    { print }
+    END { if (!done) { print ""; rw() } }
+' "$out" >"$out.new" && mv "$out.new" "$out"
+# shellcheck disable=SC2086 # $quick: nothing or --quick
+"$build/bench/dlock_bench_rw" "file://$tmp/locks" $quick >>"$out"
+
 ru=redis://127.0.0.1:$port
 contend "Redis|dlock|Redis" "redis $port" "$cbin" worker "$ru" contend-1
 contend "Redis|dlock, fair|Redis" "redis $port" "$cbin" worker "$ru" contend-2 fair
