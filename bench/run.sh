@@ -541,6 +541,10 @@ else
         exit 1
     fi
     pu="postgres://dlock:dlock-secret@127.0.0.1:$pgport/postgres"
+    # shared holds in advisory mode (bench/bench_rw.c), ending the section
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_rw" "$pu?mode=advisory" $quick |
+        sed 's/^### Shared holds and semaphores$/### Shared holds and semaphores (advisory mode)/' >>"$pgout"
     contend "PostgreSQL|dlock, table mode|PostgreSQL" "pg $pgport" "$cbin" worker "$pu" contend-1
     contend "PostgreSQL|dlock, table mode, fair|PostgreSQL" "pg $pgport" "$cbin" worker "$pu" contend-2 fair
     contend "PostgreSQL|dlock, advisory mode|PostgreSQL advisory" "pg $pgport" "$cbin" worker \
