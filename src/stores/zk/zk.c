@@ -242,6 +242,7 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
     int readers = 0, queued = 0;
     for (int32_t i = 0; i < n; i++)
         readers |= dlock__zk_is_reader(kids->kids.data[i]);
+    out->permits = dlock__zk_permits_of(kids->kids.data[0]);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     int64_t nowwall = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
@@ -268,7 +269,9 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
         int reader = dlock__zk_is_reader(kids->kids.data[i]);
         if (zrc != ZOK) {
             /* gone, or unreadable: not part of the answer */
-        } else if (!out->held || (out->shared && reader && !queued)) {
+        } else if (!out->held || (out->shared && reader && !queued) ||
+                   (out->permits > 0 && out->holders < out->permits &&
+                    !queued)) {
             /* the holders: the first node, and the readers right
              * after a reader at the head */
             if (!out->held) {
@@ -301,6 +304,9 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
     out->waiters = (int64_t)out->queue_len;
     if (n > 1 && !out->queue)
         out->waiters = n - 1; /* out of memory: the count from the list */
+    if (out->permits > 0 && out->held)
+        snprintf(out->holder, sizeof(out->holder), "%lld of %lld permits",
+                 (long long)out->holders, (long long)out->permits);
     free(ops);
     dlock__zk_op_put(kids);
     return rc;
@@ -622,7 +628,7 @@ static int zk_open(void **out, dlock_client *c, const dlock__uri *u,
 
 const dlock__backend dlock__backend_zk = {
     "zk",                   /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
     sizeof(zk_lease),       /* lease_size */
     zk_open,                /* open */
     zk_close,               /* close */

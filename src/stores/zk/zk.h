@@ -108,7 +108,7 @@ typedef struct zk_op {
     int datalen;
 } zk_op;
 
-enum { C_CREATE, C_CHILDREN, C_DELETE, C_EXISTS, C_WEXISTS, C_GET };
+enum { C_CREATE, C_CHILDREN, C_DELETE, C_EXISTS, C_WEXISTS, C_GET, C_SET };
 
 /* ------------------------------------------------------------------------ */
 /* zk_session.c: asynchronous calls, sessions                               */
@@ -173,6 +173,8 @@ void dlock__zk_lock_path(const zk_store *zs, const char *name, size_t len,
 
 /* A lock child of a reader ("r-..."), not a writer ("l-...")? */
 int dlock__zk_is_reader(const char *child);
+/* A semaphore's permit child ("s<N>-..."): its N; 0 if not one. */
+long dlock__zk_permits_of(const char *child);
 
 /* Sorts the lock children in queue order, dropping foreign names; returns
  * how many remain at the front. */

@@ -52,7 +52,8 @@ static long long child_seq(const char *name)
     long long v = 0;
 
     if (n < ZK_SEQ_DIGITS + 3 ||
-        (strncmp(name, "l-", 2) != 0 && strncmp(name, "r-", 2) != 0))
+        (strncmp(name, "l-", 2) != 0 && strncmp(name, "r-", 2) != 0 &&
+         dlock__zk_permits_of(name) <= 0))
         return -1;
     for (size_t i = n - ZK_SEQ_DIGITS; i < n; i++) {
         if (name[i] < '0' || name[i] > '9')
@@ -73,6 +74,44 @@ static int cmp_child(const void *a, const void *b)
 int dlock__zk_is_reader(const char *child)
 {
     return child[0] == 'r';
+}
+
+long dlock__zk_permits_of(const char *child)
+{
+    char *end = NULL;
+    long n;
+
+    if (child[0] != 's' || child[1] < '1' || child[1] > '9')
+        return 0;
+    n = strtol(child + 1, &end, 10);
+    return end && *end == '-' && n > 0 && n <= DLOCK_PERMITS_MAX ? n : 0;
+}
+
+/* Is our node's kind at odds with the others' (a lock's name used as a
+ * semaphore, or a semaphore of another N)? The refusal, or DLOCK_OK. */
+static int kind_clash(const zk_store *zs, const dlock__lease *l,
+                      const struct String_vector *v, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        long p = dlock__zk_permits_of(v->data[i]);
+        if (l->kind == DLOCK__PERMIT && p == 0)
+            return dlock__err(DLOCK_EINVAL,
+                              "zk %s: lock '%.200s' is held or awaited as a "
+                              "lock, not as a semaphore",
+                              zs->redacted, l->name);
+        if (l->kind != DLOCK__PERMIT && p > 0)
+            return dlock__err(DLOCK_EINVAL,
+                              "zk %s: lock '%.200s' is a semaphore of %ld "
+                              "permits, not a lock",
+                              zs->redacted, l->name, p);
+        if (l->kind == DLOCK__PERMIT && p != (long)l->permits)
+            return dlock__err(DLOCK_EINVAL,
+                              "zk %s: lock '%.200s' is a semaphore of %ld "
+                              "permits, not %u (every handle of a name must "
+                              "say the same)",
+                              zs->redacted, l->name, p, l->permits);
+    }
+    return DLOCK_OK;
 }
 
 /* Sorts the lock children in queue order, dropping foreign names; returns
@@ -205,6 +244,81 @@ static void give_up_node(zk_store *zs, zk_session *s, zk_lease *zl)
     zl->path[0] = '\0';
 }
 
+/* A permit taken after a wait: our node's data changes, which wakes the
+ * waiter behind us (it watches our node): it is now the head of the
+ * waiters, and watches the holders. Best effort: a successor that missed
+ * it is woken by the next holder's going or its own deadline. */
+static void permit_taken(zk_store *zs, zk_session *s, zk_lease *zl,
+                         int64_t op_ms)
+{
+    (void)dlock__zk_call(zs, s, C_SET, zl->path, "held", 4, 0,
+                         dlock__now_ms() + op_ms, NULL);
+}
+
+/* The head of a semaphore's waiters (position `me` == N): watches every
+ * holder's node (the first N) and sleeps until one goes or changes, the
+ * session ends or l->deadline. 0 look again, 1 expired, 2 deadline, 3
+ * error. */
+static int watch_holders(zk_store *zs, zk_session *s, const char *parent,
+                         const struct String_vector *kids, int32_t me,
+                         const dlock__lease *l, int64_t op_ms)
+{
+    zk_watch *ws = calloc((size_t)me, sizeof(*ws));
+    char *paths = malloc((size_t)me * ZK_PATH_MAX);
+    int outcome = 0, gone = 0;
+
+    if (!ws || !paths) {
+        free(ws);
+        free(paths);
+        return 3;
+    }
+    pthread_mutex_lock(&zs->mu);
+    for (int32_t i = 0; i < me; i++) {
+        snprintf(paths + (size_t)i * ZK_PATH_MAX, ZK_PATH_MAX, "%s/%.100s",
+                 parent, kids->data[i]);
+        ws[i].path = paths + (size_t)i * ZK_PATH_MAX;
+        ws[i].sid = s->sid;
+        ws[i].next = zs->watches;
+        zs->watches = &ws[i];
+    }
+    pthread_mutex_unlock(&zs->mu);
+    for (int32_t i = 0; i < me && !gone && outcome == 0; i++) {
+        int zrc = dlock__zk_call(zs, s, C_WEXISTS, ws[i].path, NULL, 0, 0,
+                                 dlock__now_ms() + op_ms, NULL);
+        if (zrc == ZNONODE)
+            gone = 1; /* a holder went already: look again */
+        else if (zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE)
+            outcome = 1;
+        else if (zrc != ZOK)
+            outcome = 3;
+    }
+    pthread_mutex_lock(&zs->mu);
+    while (outcome == 0 && !gone) {
+        for (int32_t i = 0; i < me; i++)
+            gone |= ws[i].fired;
+        if (gone)
+            break;
+        if (s->state == S_EXPIRED)
+            outcome = 1;
+        else if (s->state == S_CONNECTING && s->declared_lost)
+            outcome = 3;
+        else if (dlock__now_ms() >= l->deadline)
+            outcome = 2;
+        else
+            dlock__cond_wait_until(&zs->cv, &zs->mu, l->deadline);
+    }
+    for (int32_t i = 0; i < me; i++)
+        for (zk_watch **pp = &zs->watches; *pp; pp = &(*pp)->next)
+            if (*pp == &ws[i]) {
+                *pp = ws[i].next;
+                break;
+            }
+    pthread_mutex_unlock(&zs->mu);
+    free(ws);
+    free(paths);
+    return outcome;
+}
+
 /* One acquisition attempt in session s; DLOCK_OK, DLOCK_EBUSY, an error,
  * or 1 = the session expired underneath (start again). */
 int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
@@ -215,15 +329,21 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
     unsigned char nonce[8];
     const char *base;
     zk_op *op = NULL;
-    int zrc, dlen;
+    int zrc, dlen, waited = 0;
     uint64_t czxid;
 
     dlock__zk_lock_path(zs, l->name, l->name_len, parent);
     if (dlock__random(nonce, sizeof(nonce)) != 0)
         return dlock__err(DLOCK_EPROTO, "no random bytes for a node name");
-    /* "l-" a writer (an exclusive hold), "r-" a reader (shared) */
-    snprintf(prefix, sizeof(prefix), "%s/%c-%02x%02x%02x%02x%02x%02x%02x%02x-",
-             parent, l->kind == DLOCK__READ ? 'r' : 'l', nonce[0], nonce[1], nonce[2], nonce[3], nonce[4],
+    /* "l-" a writer (an exclusive hold), "r-" a reader (shared), "s<N>-"
+     * a permit of a semaphore of N */
+    char kind[16];
+    if (l->kind == DLOCK__PERMIT)
+        snprintf(kind, sizeof(kind), "s%u", l->permits);
+    else
+        snprintf(kind, sizeof(kind), "%c", l->kind == DLOCK__READ ? 'r' : 'l');
+    snprintf(prefix, sizeof(prefix), "%s/%s-%02x%02x%02x%02x%02x%02x%02x%02x-",
+             parent, kind, nonce[0], nonce[1], nonce[2], nonce[3], nonce[4],
              nonce[5], nonce[6], nonce[7]);
     dlen = snprintf(data, sizeof(data), "%s\n%s", l->owner, l->desc);
     if (dlen >= (int)sizeof(data))
@@ -283,18 +403,56 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                               "(deleted by someone else?)",
                               zs->redacted);
         }
+        int rc = kind_clash(zs, l, &op->kids, n);
+        if (rc) {
+            dlock__zk_op_put(op);
+            give_up_node(zs, s, zl);
+            return rc;
+        }
         /* a writer waits for every node before it, a reader for the
          * writers before it: it watches the nearest one (readers ahead
-         * of it hold or wait with it) */
+         * of it hold or wait with it); a permit holds among the first N */
         int32_t w_at = me - 1;
         if (l->kind == DLOCK__READ)
             while (w_at >= 0 && dlock__zk_is_reader(op->kids.data[w_at]))
                 w_at--;
+        if (l->kind == DLOCK__PERMIT && me < (int32_t)l->permits)
+            w_at = -1;
         if (w_at < 0) {
             dlock__zk_op_put(op);
             l->token = czxid;
+            if (l->kind == DLOCK__PERMIT && waited)
+                permit_taken(zs, s, zl, op_ms);
             return DLOCK_OK;
         }
+        if (l->kind == DLOCK__PERMIT && me == (int32_t)l->permits) {
+            /* the head of the waiters: any holder's going lets it in */
+            if (l->deadline <= dlock__now_ms()) {
+                dlock__zk_op_put(op);
+                give_up_node(zs, s, zl);
+                l->retry_ms = -1;
+                return DLOCK_EBUSY;
+            }
+            waited = 1;
+            int outcome = watch_holders(zs, s, parent, &op->kids, me, l,
+                                        op_ms);
+            dlock__zk_op_put(op);
+            op = NULL;
+            if (outcome == 1)
+                return 1;
+            if (outcome == 2) {
+                give_up_node(zs, s, zl);
+                l->retry_ms = -1;
+                return DLOCK_EBUSY;
+            }
+            if (outcome == 3) {
+                give_up_node(zs, s, zl);
+                return dlock__zk_error(zs, "waiting for a permit",
+                                       ZCONNECTIONLOSS);
+            }
+            continue;
+        }
+        waited = 1;
         snprintf(pred, sizeof(pred), "%s/%.100s", parent,
                  op->kids.data[w_at]);
         dlock__zk_op_put(op);
@@ -346,7 +504,8 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
          * before ours is gone or a reader (and we read), every node
          * created since has a higher sequence: ours, no need to list the
          * queue again. That saves a round trip per hand-off. */
-        if (outcome == 0 && w_at == 0 && (w.deleted || zrc == ZNONODE)) {
+        if (outcome == 0 && w_at == 0 && l->kind != DLOCK__PERMIT &&
+            (w.deleted || zrc == ZNONODE)) {
             l->token = czxid;
             return DLOCK_OK;
         }

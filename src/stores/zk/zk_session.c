@@ -427,6 +427,9 @@ zk_op *dlock__zk_call_start(zk_store *zs, zk_session *s, int kind,
     case C_WEXISTS:
         rc = zoo_awexists(s->zh, path, on_event, s, on_stat, op);
         break;
+    case C_SET:
+        rc = zoo_aset(s->zh, path, value, vlen, -1, on_stat, op);
+        break;
     default:
         rc = zoo_aget(s->zh, path, 0, on_data, op);
         break;
