@@ -23,7 +23,9 @@
 #include "fuzz.h"
 
 #include "../src/stores/redis/redis.c"
+#include "../src/stores/redis/redis_rw.c"
 #include "../src/stores/redis/redis_scripts.c"
+#include "../src/stores/redis/redis_rw_scripts.c"
 #include "../src/stores/redis/redis_conn.c"
 #include "../src/stores/redis/redis_shared.c"
 
