@@ -48,6 +48,10 @@ static const char run_usage[] =
     "  --wait DUR         give up after DUR (default: forever; 0: one try)\n"
     "  --ttl DUR          lease length (default 10s; renewed every DUR/3)\n"
     "  --fair             first come, first served\n"
+    "  --shared           a shared (read) hold: other --shared runs of NAME\n"
+    "                     run alongside; a plain run waits for them all\n"
+    "  --permits N        NAME is a semaphore of N permits: at most N runs\n"
+    "                     at once (every run of NAME must say the same N)\n"
     "  --kill-after DUR   after losing the lock, SIGKILL CMD this long after\n"
     "                     SIGTERM (default 5s)\n"
     "  --quiet            no progress line while waiting\n"
@@ -272,7 +276,8 @@ typedef struct run_opts {
     const char *name;
     char **cmd;
     int64_t ttl_ms, wait_ms, kill_after_ms;
-    int fair, quiet;
+    int fair, quiet, shared;
+    unsigned permits;
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o)
@@ -291,6 +296,24 @@ static int parse(int argc, char **argv, run_opts *o)
         }
         if (!strcmp(a, "--fair")) {
             o->fair = 1;
+            continue;
+        }
+        if (!strcmp(a, "--shared")) {
+            o->shared = 1;
+            continue;
+        }
+        if ((r = cli_opt_value(argc, argv, &i, "--permits", &v)) != 0) {
+            char *end = NULL;
+            unsigned long n = r > 0 ? strtoul(v, &end, 10) : 0;
+            if (r < 0 || !end || *end || v[0] < '1' || v[0] > '9' ||
+                n > DLOCK_PERMITS_MAX) {
+                if (r > 0)
+                    cli_err("run: --permits must be a whole number from 1 "
+                            "to %d, not '%s'",
+                            DLOCK_PERMITS_MAX, v);
+                return CLI_EX_USAGE;
+            }
+            o->permits = (unsigned)n;
             continue;
         }
         if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
@@ -356,7 +379,18 @@ static int parse(int argc, char **argv, run_opts *o)
         return CLI_EX_USAGE;
     }
     o->cmd = argv + i;
+    if (o->shared && o->permits) {
+        cli_err("run: --shared and --permits do not go together (a "
+                "semaphore's permits are all alike)");
+        return CLI_EX_USAGE;
+    }
     return -1; /* go on */
+}
+
+static int take(dlock *l, const run_opts *o, int64_t wait_ms)
+{
+    return o->shared ? dlock_acquire_shared(l, wait_ms)
+                     : dlock_acquire(l, wait_ms);
 }
 
 /* Waits for CMD, forwarding signals and reacting to loss. Returns the exit
@@ -450,6 +484,7 @@ int cmd_run(int argc, char **argv)
     memset(&lo, 0, sizeof(lo));
     lo.ttl_ms = o.ttl_ms;
     lo.flags = o.fair ? DLOCK_FAIR : 0;
+    lo.permits = o.permits;
     lo.on_lost = on_lost;
     memset(&note, 0, sizeof(note));
     note.fd = lost_pipe[1];
@@ -469,7 +504,7 @@ int cmd_run(int argc, char **argv)
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGHUP, &sa, &old_hup);
 
-    rc = dlock_acquire(l, 0);
+    rc = take(l, &o, 0);
     if (rc == DLOCK_EBUSY && o.wait_ms != 0) {
         progress p;
         pthread_t t;
@@ -484,7 +519,7 @@ int cmd_run(int argc, char **argv)
         if (!o.quiet && isatty(STDERR_FILENO) &&
             pthread_create(&t, NULL, progress_main, &p) == 0)
             shown = 1;
-        rc = dlock_acquire(l, o.wait_ms);
+        rc = take(l, &o, o.wait_ms);
         if (shown) {
             pthread_mutex_lock(&p.mu);
             p.stop = 1;

@@ -67,6 +67,16 @@ static void human_str(FILE *f, const char *s)
     }
 }
 
+/* "free", "exclusive", "shared" or "semaphore". */
+static const char *mode_of(const dlock_info *info)
+{
+    if (info->permits > 0)
+        return "semaphore";
+    if (!info->held)
+        return "free";
+    return info->shared ? "shared" : "exclusive";
+}
+
 int cmd_status(int argc, char **argv)
 {
     const char *store = NULL, *name = NULL;
@@ -133,6 +143,9 @@ int cmd_status(int argc, char **argv)
             json_str(stdout, info.holder);
         else
             fputs("null", stdout);
+        printf(",\"mode\":\"%s\",\"holders\":%lld,\"permits\":%lld",
+               mode_of(&info), (long long)info.holders,
+               (long long)info.permits);
         printf(",\"token\":%llu,\"held_ms\":%lld,\"ttl_ms\":%lld,"
                "\"waiters\":%lld,\"queue\":[",
                (unsigned long long)info.token, (long long)info.held_ms,
@@ -147,7 +160,14 @@ int cmd_status(int argc, char **argv)
         fputs("lock:     ", stdout);
         human_str(stdout, name);
         printf("\nstore:    %s\n", dlock_client_store(c));
-        printf("state:    %s\n", info.held ? "held" : "free");
+        if (info.permits > 0)
+            printf("state:    %lld of %lld permits taken\n",
+                   (long long)info.holders, (long long)info.permits);
+        else if (info.held && info.shared)
+            printf("state:    held shared by %lld reader%s\n",
+                   (long long)info.holders, info.holders == 1 ? "" : "s");
+        else
+            printf("state:    %s\n", info.held ? "held" : "free");
         if (info.held) {
             fputs("holder:   ", stdout);
             human_str(stdout, info.holder);

@@ -1577,6 +1577,98 @@ fi
 expect_rc 0 "--quiet --store=URI form" -- run --quiet "--store=$DLOCK_STORE" fairL -- true
 
 # --------------------------------------------------------------------------
+# Shared holds and semaphores (docs/locks.md: which stores have them)
+# --------------------------------------------------------------------------
+
+expect_rc 64 "run --permits 0" -- run --permits 0 semL -- true
+expect_rc 64 "run --permits x" -- run --permits x semL -- true
+expect_rc 64 "run --shared --permits 2" -- run --shared --permits 2 semL -- true
+case $KIND in
+file) HAS_SHARED=1 HAS_PERMITS=1 ;;
+*) HAS_SHARED=0 HAS_PERMITS=0 ;;
+esac
+if [ "$HAS_SHARED" = 1 ]; then
+    # a reader holds until told; a second reader runs beside it, a writer
+    # cannot; status shows the shared hold
+    rm -f "$TMP/rd.go"
+    bg_dlock rd run --shared rwL -- sh -c 'i=0; while [ ! -e "$0" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done' "$TMP/rd.go"
+    RD=$BG
+    if wait_held rwL "$RD"; then
+        expect_rc 0 "run --shared beside another reader" -- run --shared --wait 0 rwL -- true
+        expect_rc 75 "a writer while a reader holds (--wait 0)" -- run --wait 0 rwL -- true
+        dl status --json rwL
+        if [ "$RC" -eq 0 ] && grep -q '"mode":"shared"' "$TMP/out" &&
+            grep -q '"holders":1' "$TMP/out"; then
+            pass "status --json: mode shared, 1 holder"
+        else
+            fail "status --json rwL: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+        fi
+        dl status rwL
+        if grep -q 'held shared by 1 reader' "$TMP/out"; then
+            pass "status: held shared by 1 reader"
+        else
+            fail "status rwL: $(cat "$TMP/out" "$TMP/err")"
+        fi
+        # a writer waiting behind the reader runs once it is done
+        bg_dlock wr run --wait 20s rwL -- sh -c 'echo "$DLOCK_TOKEN" > "$0"' "$TMP/wr.tok"
+        WR=$BG
+        sleep 0.2
+        : >"$TMP/rd.go"
+        wait_exit "$RD" 15
+        RDRC=$WRC
+        wait_exit "$WR" 15
+        if [ "$RDRC" = 0 ] && [ "$WRC" = 0 ] && [ -s "$TMP/wr.tok" ]; then
+            pass "the writer ran after the reader (token $(cat "$TMP/wr.tok"))"
+        else
+            fail "reader exit $RDRC, writer exit $WRC (expected 0, 0)"
+            show "$TMP/bg.rd.err" "$TMP/bg.wr.err"
+        fi
+    else
+        fail "the --shared run never held rwL"
+        show "$TMP/bg.rd.err"
+    fi
+else
+    rm -f "$TMP/sh.ran"
+    dl run --shared rwL -- sh -c ': > "$0"' "$TMP/sh.ran"
+    if [ "$RC" -eq 69 ] && grep -q 'not supported' "$TMP/err" && [ ! -e "$TMP/sh.ran" ]; then
+        pass "run --shared on $KIND: exit 69, '$(head -c 80 "$TMP/err")...'"
+    else
+        fail "run --shared on $KIND: exit $RC (expected 69, 'not supported', not run): $(cat "$TMP/out" "$TMP/err")"
+    fi
+fi
+if [ "$HAS_PERMITS" = 1 ]; then
+    rm -f "$TMP/p1.go"
+    bg_dlock p1 run --permits 2 semL -- sh -c 'i=0; while [ ! -e "$0" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done' "$TMP/p1.go"
+    P1=$BG
+    if wait_held semL "$P1"; then
+        expect_rc 0 "run --permits 2: a second run beside the first" -- run --permits 2 --wait 0 semL -- true
+        rm -f "$TMP/p2.go"
+        bg_dlock p2 run --permits 2 semL -- sh -c 'i=0; while [ ! -e "$0" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done' "$TMP/p2.go"
+        P2=$BG
+        for ((i = 0; i < 100; i++)); do
+            "${BOUND[@]}" "$DLOCK" status --json semL 2>/dev/null | grep -q '"holders":2' && break
+            sleep 0.1
+        done
+        expect_rc 75 "run --permits 2: a third run (--wait 0)" -- run --permits 2 --wait 0 semL -- true
+        expect_rc 64 "run --permits 3 on a semaphore of 2" -- run --permits 3 --wait 0 semL -- true
+        : >"$TMP/p1.go"
+        : >"$TMP/p2.go"
+        wait_exit "$P1" 15
+        wait_exit "$P2" 15
+    else
+        fail "the --permits 2 run never held semL"
+        show "$TMP/bg.p1.err"
+    fi
+else
+    dl run --permits 2 semL -- true
+    if [ "$RC" -eq 69 ] && grep -q 'not supported' "$TMP/err"; then
+        pass "run --permits on $KIND: exit 69, '$(head -c 80 "$TMP/err")...'"
+    else
+        fail "run --permits on $KIND: exit $RC (expected 69, 'not supported'): $(cat "$TMP/out" "$TMP/err")"
+    fi
+fi
+
+# --------------------------------------------------------------------------
 # redlock: nodes frozen and killed (last: the nodes do not come back)
 # --------------------------------------------------------------------------
 

@@ -392,4 +392,50 @@ void th_zk_close(void *zh);
 int th_zk_delete_children(void *zh, const char *path);
 #endif
 
+/* A store for the store tests, started by kind: file, redis, redlock, zk,
+ * etcd, sqlite, pg, pg-advisory, pg-pgbouncer, pg-advisory-pgbouncer,
+ * mysql (th_skip() when this build or machine lacks it). What the store
+ * does:
+ *  - has_leases: a lock outlives a dead or frozen holder only by its ttl
+ *    (a Redis lease; a ZooKeeper session): a SIGKILLed holder is replaced
+ *    after the ttl, not at once; a frozen holder loses its lock; a short
+ *    ttl is kept alive for many ttls while the holder lives (the watchdog
+ *    renews a lease; the ZooKeeper client pings its session).
+ *    PostgreSQL's advisory locks have no lease: they live as long as the
+ *    holder's session, which the server ends when the holder dies.
+ *  - lease_runs_out: a lease ends while its holder lives if nobody renews
+ *    it (DLOCK_NO_RENEW). Redis and the lock tables: a ZooKeeper session
+ *    lives as long as its process (NO_RENEW has no effect there).
+ *  - ttl_visible: dlock_inspect() reports the lease left and
+ *    dlock_extend() sets a new one. Redis and etcd (whose extend moves the
+ *    key to a lease of the new length).
+ *  - held_visible: dlock_inspect() says how long the hold has lasted. Not
+ *    on etcd (it keeps no creation time: held_ms -1).
+ *  - fixed_ttl: dlock_extend() with another ttl is DLOCK_ENOTSUP (a
+ *    ZooKeeper session's timeout cannot change); with the same ttl it
+ *    checks that the hold is still there.
+ *  - keeps_last_token: a free lock's dlock_inspect() token is the last one
+ *    issued. Not on ZooKeeper (documented in docs/stores.md: token 0).
+ *  - has_fair: DLOCK_FAIR is supported; otherwise (Redlock) it fails
+ *    with DLOCK_ENOTSUP.
+ *  - short_ttl: the shortest ttl the store keeps for seconds: 300 ms on
+ *    Redis; 400 ms on ZooKeeper, the private server's minSessionTimeout;
+ *    1000 ms on etcd (leases are whole seconds; the private member's
+ *    minimum is 1 s) and on Redlock (four of its 250 ms node timeouts: a
+ *    renewal may take one). */
+typedef struct th_store {
+    char uri[1200];
+    const char *kind; /* pg-pgbouncer runs as "pg", and so on */
+    int has_leases, lease_runs_out, ttl_visible, fixed_ttl, keeps_last_token,
+        held_visible, has_fair;
+    int64_t short_ttl;
+    th_redis srv;   /* redis */
+    th_redis rl[5]; /* redlock's nodes */
+    th_zk zsrv;
+    th_etcd esrv;
+    th_sql ssrv;
+    th_pgb pgb;
+} th_store;
+void th_store_start(th_store *s, const char *kind);
+
 #endif

@@ -33,43 +33,11 @@
 #include <sqlite3.h>
 #endif
 
-static char uri[1200];
-static const char *kind;  /* "file", "redis", "zk", "etcd", "sqlite" */
-static th_redis srv;
-static th_redis rl[5]; /* redlock's nodes */
-static th_zk zsrv;
-static th_etcd esrv;
-static th_sql ssrv;
-static th_pgb pgb;
+static th_store S;
+static const char *uri;
+static const char *kind; /* "file", "redis", "zk", "etcd", "sqlite", ... */
 
-/* What the store does (set in main()):
- *  - has_leases: a lock outlives a dead or frozen holder only by its ttl
- *    (a Redis lease; a ZooKeeper session): a SIGKILLed holder is replaced
- *    after the ttl, not at once; a frozen holder loses its lock; a short
- *    ttl is kept alive for many ttls while the holder lives (the watchdog
- *    renews a lease; the ZooKeeper client pings its session).
- *    PostgreSQL's advisory locks have no lease: they live as long as the
- *    holder's session, which the server ends when the holder dies.
- *  - lease_runs_out: a lease ends while its holder lives if nobody renews
- *    it (DLOCK_NO_RENEW). Redis and the lock tables: a ZooKeeper session
- *    lives as long as its process (NO_RENEW has no effect there).
- *  - ttl_visible: dlock_inspect() reports the lease left and
- *    dlock_extend() sets a new one. Redis and etcd (whose extend moves the
- *    key to a lease of the new length).
- *  - held_visible: dlock_inspect() says how long the hold has lasted. Not
- *    on etcd (it keeps no creation time: held_ms -1).
- *  - fixed_ttl: dlock_extend() with another ttl is DLOCK_ENOTSUP (a
- *    ZooKeeper session's timeout cannot change); with the same ttl it
- *    checks that the hold is still there.
- *  - keeps_last_token: a free lock's dlock_inspect() token is the last one
- *    issued. Not on ZooKeeper (documented in docs/stores.md: token 0).
- *  - has_fair: DLOCK_FAIR is supported; otherwise (Redlock) it fails
- *    with DLOCK_ENOTSUP.
- *  - short_ttl: the shortest ttl the store keeps for seconds: 300 ms on
- *    Redis; 400 ms on ZooKeeper, the private server's minSessionTimeout;
- *    1000 ms on etcd (leases are whole seconds; the private member's
- *    minimum is 1 s) and on Redlock (four of its 250 ms node timeouts: a
- *    renewal may take one). */
+/* What the store does: th_store (test.h) says what each flag means. */
 static int has_leases, lease_runs_out, ttl_visible, fixed_ttl,
     keeps_last_token, held_visible, has_fair = 1;
 static int64_t short_ttl;
@@ -821,7 +789,7 @@ static void delete_lock(const char *name)
 #ifdef TH_ZK_CLIENT
         /* the holder's node: the one child of /dlocktest/<name> (a plain
          * name is its own escape) */
-        void *zh = th_zk_connect(zsrv.hosts, NULL);
+        void *zh = th_zk_connect(S.zsrv.hosts, NULL);
         snprintf(path, sizeof(path), "/dlocktest/%s", name);
         CHECK_EQ(th_zk_delete_children(zh, path), 1);
         th_zk_close(zh);
@@ -829,7 +797,7 @@ static void delete_lock(const char *name)
     } else if (!strcmp(kind, "etcd")) {
         /* the holder's key: the one key under dlocktest/<name>/ */
         char out[4096];
-        CHECK_EQ(th_etcdctl(&esrv, out, sizeof(out),
+        CHECK_EQ(th_etcdctl(&S.esrv, out, sizeof(out),
                             "del --prefix dlocktest/%s/", name), 0);
         CHECK_EQ(atoi(out), 1);
     } else if (!strcmp(kind, "sqlite")) {
@@ -851,7 +819,7 @@ static void delete_lock(const char *name)
 #endif
     } else if (!strcmp(kind, "pg")) {
         /* an intruder takes the row over and lets it go */
-        CHECK_EQ(th_sql_query(&ssrv, NULL, 0,
+        CHECK_EQ(th_sql_query(&S.ssrv, NULL, 0,
                               "UPDATE dlock_locks SET owner = 'intruder', "
                               "lock_until = clock_timestamp(), token = "
                               "token + 1 WHERE name = '%s'::bytea",
@@ -859,7 +827,7 @@ static void delete_lock(const char *name)
                  1);
     } else if (!strcmp(kind, "pg-advisory")) {
         /* the holder's session is ended by an administrator */
-        CHECK_EQ(th_sql_query(&ssrv, NULL, 0,
+        CHECK_EQ(th_sql_query(&S.ssrv, NULL, 0,
                               "SELECT count(pg_terminate_backend(pid)) FROM "
                               "pg_locks WHERE locktype = 'advisory' AND "
                               "granted AND objsubid = 1 AND ((classid::"
@@ -869,19 +837,19 @@ static void delete_lock(const char *name)
                               name),
                  1);
     } else if (!strcmp(kind, "mysql")) {
-        CHECK_EQ(th_sql_query(&ssrv, NULL, 0,
+        CHECK_EQ(th_sql_query(&S.ssrv, NULL, 0,
                               "UPDATE dlock_locks SET owner = 'intruder', "
                               "lock_until = NOW(6), token = token + 1 WHERE "
                               "name = '%s'",
                               name),
                  1);
     } else if (!strcmp(kind, "redis")) {
-        CHECK_EQ(th_redis_cmd(&srv, NULL, 0, "DEL dlock:{%s}", name), 1);
+        CHECK_EQ(th_redis_cmd(&S.srv, NULL, 0, "DEL dlock:{%s}", name), 1);
     } else if (!strcmp(kind, "redlock")) {
         /* gone from every node (it was on at least a quorum) */
         int n = 0;
         for (int i = 0; i < 5; i++)
-            n += (int)th_redis_cmd(&rl[i], NULL, 0, "DEL dlock:{%s}", name);
+            n += (int)th_redis_cmd(&S.rl[i], NULL, 0, "DEL dlock:{%s}", name);
         CHECK_OP(n, >=, 3);
     } else {
         snprintf(path, sizeof(path), "%s/locks/%s.lock", th_tmpdir(), name);
@@ -1148,96 +1116,16 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
-    kind = argv[1];
-    keeps_last_token = held_visible = 1;
-    if (!strcmp(argv[1], "redis")) {
-        th_redis_start(&srv, NULL);
-        snprintf(uri, sizeof(uri), "%s", srv.uri);
-        has_leases = lease_runs_out = ttl_visible = 1;
-        short_ttl = 300;
-    } else if (!strcmp(argv[1], "redlock")) {
-        /* five independent masters. The node timeout is the longest a
-         * node's answer may take before the round counts it as failed
-         * (too many: DLOCK_ECONN). On a busy 2-core machine a node is now
-         * and then not scheduled within Redlock's default 50 ms (seen
-         * under stress-ng --cpu 2: "cannot raise the fencing counters:
-         * ... no answer within 50 ms"), and under valgrind it answers
-         * slower still; the contract is not about that, so the nodes get
-         * 250 ms here (test_redlock.c says the same) */
-        size_t o = (size_t)snprintf(uri, sizeof(uri), "redlock://");
-        for (int i = 0; i < 5; i++) {
-            th_redis_start(&rl[i], NULL);
-            o += (size_t)snprintf(uri + o, sizeof(uri) - o, "%s127.0.0.1:%d",
-                                  i ? "," : "", rl[i].port);
-        }
-        snprintf(uri + o, sizeof(uri) - o, "?node_timeout=250");
-        has_leases = lease_runs_out = ttl_visible = 1;
-        has_fair = 0;
-        short_ttl = 1000;
-    } else if (!strcmp(argv[1], "zk")) {
-#ifndef TH_ZK_CLIENT
-        th_skip("this build has no zk store");
-#endif
-        th_zk_start(&zsrv, 1);
-        snprintf(uri, sizeof(uri), "zk://%s/dlocktest", zsrv.hosts);
-        has_leases = fixed_ttl = 1;
-        keeps_last_token = 0;
-        short_ttl = 400;
-    } else if (!strcmp(argv[1], "etcd")) {
-        if (!th_etcd_available())
-            th_skip("etcd/etcdctl not installed");
-        th_etcd_start(&esrv, 1);
-        snprintf(uri, sizeof(uri), "etcd://%s?prefix=dlocktest", esrv.hosts);
-        has_leases = ttl_visible = 1;
-        keeps_last_token = held_visible = 0;
-        short_ttl = 1000;
-    } else if (!strcmp(argv[1], "sqlite")) {
-#ifndef TH_SQLITE
-        th_skip("this build has no sqlite store");
-#endif
-        snprintf(uri, sizeof(uri), "sqlite://%s/locks.db", th_tmpdir());
-        has_leases = lease_runs_out = ttl_visible = 1;
-        short_ttl = 300;
-    } else if (!strcmp(argv[1], "pg") || !strcmp(argv[1], "mysql")) {
-        const char *k = argv[1];
-        if (!th_sql_available(k))
-            th_skip("this build has no such store, or no server");
-        th_sql_start(&ssrv, k);
-        snprintf(uri, sizeof(uri), "%s", ssrv.uri);
-        has_leases = lease_runs_out = ttl_visible = 1;
-        short_ttl = 300;
-    } else if (!strcmp(argv[1], "pg-advisory")) {
-        if (!th_sql_available("pg"))
-            th_skip("this build has no postgres store, or no server");
-        th_sql_start(&ssrv, "pg");
-        snprintf(ssrv.kind, sizeof(ssrv.kind), "pg");
-        snprintf(uri, sizeof(uri), "%s?mode=advisory", ssrv.uri);
-        keeps_last_token = 0; /* no lease, no row: see docs/stores.md */
-    } else if (!strcmp(argv[1], "pg-pgbouncer") ||
-               !strcmp(argv[1], "pg-advisory-pgbouncer")) {
-        /* PgBouncer in session mode in front: the same behaviour as the
-         * server's own, looked at behind its back the same way */
-        int advisory = !strcmp(argv[1], "pg-advisory-pgbouncer");
-        if (!th_sql_available("pg"))
-            th_skip("this build has no postgres store, or no server");
-        if (!th_pgb_available())
-            th_skip("pgbouncer is not installed");
-        th_sql_start(&ssrv, "pg");
-        th_pgb_start(&pgb, &ssrv, "session");
-        snprintf(uri, sizeof(uri), "%s?pooler=session%s", pgb.uri,
-                 advisory ? "&mode=advisory" : "");
-        kind = advisory ? "pg-advisory" : "pg";
-        if (advisory) {
-            keeps_last_token = 0;
-        } else {
-            has_leases = lease_runs_out = ttl_visible = 1;
-            short_ttl = 300;
-        }
-    } else if (!strcmp(argv[1], "file")) {
-        snprintf(uri, sizeof(uri), "file://%s/locks", th_tmpdir());
-    } else {
-        fprintf(stderr, "unknown store kind %s\n", argv[1]);
-        return 2;
-    }
+    th_store_start(&S, argv[1]);
+    kind = S.kind;
+    uri = S.uri;
+    has_leases = S.has_leases;
+    lease_runs_out = S.lease_runs_out;
+    ttl_visible = S.ttl_visible;
+    fixed_ttl = S.fixed_ttl;
+    keeps_last_token = S.keeps_last_token;
+    held_visible = S.held_visible;
+    has_fair = S.has_fair;
+    short_ttl = S.short_ttl;
     return th_main(argc - 1, argv + 1, tests);
 }

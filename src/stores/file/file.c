@@ -58,6 +58,10 @@
  *
  * Fencing token: max(last + 1, wall clock in microseconds), kept in the file
  * and updated under the lock, so it only grows, even across reboots.
+ *
+ * Shared holds: a read lock on MAIN, through a gate byte that a waiting
+ * writer holds (dlock__file_take(), file_wait.c); semaphores: permit bytes
+ * (file_sem.c). docs/design.md, "Shared holds and permits".
  */
 #include "file.h"
 
@@ -73,7 +77,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define REC_OFFSET 64
 #define MAX_WAITERS_COUNTED 100000
 
 typedef struct file_rec {
@@ -118,7 +121,7 @@ static void file_name(const char *name, size_t len, char *out)
     memcpy(out + o, ".lock", 6);
 }
 
-static int io_error(const char *what, const char *fname, int err)
+int dlock__file_io_error(const char *what, const char *fname, int err)
 {
     if (err == EACCES || err == EPERM || err == EROFS)
         return dlock__err(DLOCK_EAUTH, "file store: %s %.200s: %s", what,
@@ -141,7 +144,7 @@ static int check_magic(int fd, const char *fname)
     ssize_t n = pread(fd, buf, sizeof(buf), 0);
 
     if (n < 0)
-        return io_error("read", fname, errno);
+        return dlock__file_io_error("read", fname, errno);
     if (n == (ssize_t)sizeof(buf) && memcmp(buf, magic, sizeof(buf)) != 0)
         return dlock__err(DLOCK_EPROTO,
                           "file store: %.200s is not a dlock lock file",
@@ -187,7 +190,7 @@ static int open_lock_file(file_store *fs, const char *fname, int flags,
     *missing = 0;
     if (fd < 0) {
         *missing = errno == ENOENT;
-        return io_error("open", fname, errno);
+        return dlock__file_io_error("open", fname, errno);
     }
     if (file_stat(fd, "", AT_EMPTY_PATH, id, &regular) != 0 || !regular) {
         close(fd);
@@ -242,7 +245,7 @@ static void drop_file(file_store *fs, file_lease *fl)
 /* Backend slots                                                            */
 /* ------------------------------------------------------------------------ */
 
-static int64_t wall_us(void)
+int64_t dlock__file_wall_us(void)
 {
     struct timespec ts;
 
@@ -258,12 +261,13 @@ static int write_record(file_store *fs, int fd, const char *fname,
 {
     const char *tid = strrchr(l->owner, ':'); /* "<client hex>:<tid>" */
     file_rec r;
-    int64_t now = wall_us();
+    int64_t now = dlock__file_wall_us();
 
     memset(&r, 0, sizeof(r));
     if (pread(fd, &r, sizeof(r.fence), REC_OFFSET) != (ssize_t)sizeof(r.fence))
         r.fence = 0;
-    r.fence = r.fence + 1 > (uint64_t)now ? r.fence + 1 : (uint64_t)now;
+    /* + 2: the readers since the last write hold r.fence + 1 */
+    r.fence = r.fence + 2 > (uint64_t)now ? r.fence + 2 : (uint64_t)now;
     r.acquired_us = (uint64_t)now;
     r.ticket_plus1 = ticket >= 0 ? (uint64_t)(ticket - QUEUE_BASE) + 1 : 0;
     r.pid = fs->pid;
@@ -274,8 +278,34 @@ static int write_record(file_store *fs, int fd, const char *fname,
     if ((need_magic &&
          pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic)) ||
         pwrite(fd, &r, sizeof(r), REC_OFFSET) != (ssize_t)sizeof(r))
-        return io_error("write", fname, errno);
+        return dlock__file_io_error("write", fname, errno);
     l->token = r.fence;
+    return DLOCK_OK;
+}
+
+/* A reader's part, under its read lock of MAIN: a slot of its own, so
+ * that inspection can count the readers (a slot taken by someone else is
+ * passed over; none found after a few leaves the reader uncounted, never
+ * unprotected), and its token: the last write's + 1, which orders it
+ * after that write and before the next (write_record() adds 2). The magic
+ * when the file is new. */
+static int read_token(int fd, const char *fname, dlock__lease *l,
+                      int need_magic)
+{
+    uint64_t fence = 0;
+    uint64_t slot = dlock__hash(l->owner, strlen(l->owner));
+
+    for (int i = 0; i < 8; i++, slot++) {
+        if (lk(fd, F_OFD_SETLK, F_WRLCK,
+               READER_BASE + (off_t)(slot % (uint64_t)READER_SLOTS), 1) == 0)
+            break;
+    }
+    if (need_magic &&
+        pwrite(fd, magic, sizeof(magic), 0) != (ssize_t)sizeof(magic))
+        return dlock__file_io_error("write", fname, errno);
+    if (pread(fd, &fence, sizeof(fence), REC_OFFSET) != (ssize_t)sizeof(fence))
+        fence = 0;
+    l->token = fence + 1;
     return DLOCK_OK;
 }
 
@@ -284,6 +314,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
     file_store *fs = vst;
     file_lease *fl = l->priv;
     int fair = (l->flags & DLOCK_FAIR) != 0;
+    int reader = l->kind == DLOCK__READ;
     int once = l->deadline <= dlock__now_ms();
     int rc;
 
@@ -303,11 +334,36 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             return rc;
         fl->dev = st.dev;
         fl->ino = st.ino;
+        if (l->kind == DLOCK__PERMIT) {
+            memset(&f, 0, sizeof(f));
+            f.fd = fl->fd;
+            f.dev = st.dev;
+            f.ino = st.ino;
+            rc = dlock__file_sem_acquire(fs, fl, &f, l, once);
+            if (rc == DLOCK_OK && !same_file(fs, fl)) {
+                drop_file(fs, fl); /* replaced meanwhile: the new one */
+                continue;
+            }
+            if (rc != DLOCK_OK)
+                drop_file(fs, fl);
+            if (rc == DLOCK_EBUSY)
+                l->retry_ms = -1;
+            return rc;
+        }
         /* A fair acquirer never jumps the queue: with waiters queued it
-         * queues too, even if the lock is free for a moment. */
+         * queues too, even if the lock is free for a moment. Readers and
+         * default-mode writers go through the gate (dlock__file_take). */
         int queued =
-            fair && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
-        if (!queued && lk(fl->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0) {
+            fair && !reader && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
+        if (reader || !fair) {
+            e = dlock__file_take(fl->fd, reader ? F_RDLCK : F_WRLCK,
+                                 once ? 0 : l->deadline);
+            if (e == EAGAIN) {
+                close(fl->fd);
+                l->retry_ms = -1;
+                return DLOCK_EBUSY;
+            }
+        } else if (!queued && lk(fl->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0) {
             e = 0;
         } else if (!queued && errno != EAGAIN && errno != EACCES) {
             e = errno;
@@ -315,7 +371,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             close(fl->fd);
             l->retry_ms = -1;
             return DLOCK_EBUSY;
-        } else if (fair) {
+        } else {
             memset(&f, 0, sizeof(f));
             f.fd = fl->fd;
             f.dev = st.dev;
@@ -324,12 +380,10 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             ticket = dlock__file_take_ticket(&f, &fl->lfd, &what, &e);
             if (ticket < 0) {
                 close(fl->fd);
-                return io_error(what, fl->fname, e);
+                return dlock__file_io_error(what, fl->fname, e);
             }
             dlock__file_watch_add(fs, fl);
-            e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd);
-        } else {
-            e = dlock__file_kwait(fl->fd, F_WRLCK, MAIN_BYTE, l->deadline);
+            e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd, 0);
         }
         if (e == ETIMEDOUT) {
             drop_file(fs, fl);
@@ -338,14 +392,16 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
         }
         if (e != 0) {
             drop_file(fs, fl);
-            return io_error("lock", fl->fname, e);
+            return dlock__file_io_error("lock", fl->fname, e);
         }
         if (!same_file(fs, fl)) {
             /* deleted or replaced while we waited: lock the new one */
             drop_file(fs, fl);
             continue;
         }
-        rc = write_record(fs, fl->fd, fl->fname, l, ticket, st.size < 8);
+        rc = reader ? read_token(fl->fd, fl->fname, l, st.size < 8)
+                    : write_record(fs, fl->fd, fl->fname, l, ticket,
+                                   st.size < 8);
         if (rc) {
             drop_file(fs, fl);
             return rc;
@@ -442,17 +498,30 @@ static int file_inspect(void *vst, const char *name, size_t len,
         return rc;
     memset(&r, 0, sizeof(r));
     if (pread(fd, &r, sizeof(r), REC_OFFSET) < 0) {
-        rc = io_error("read", fname, errno);
+        rc = dlock__file_io_error("read", fname, errno);
         close(fd);
         return rc;
     }
     r.desc[sizeof(r.desc) - 1] = '\0';
     out->token = r.fence;
-    out->held = first_conflict(fd, MAIN_BYTE, MAIN_BYTE + 1) >= 0;
-    if (out->held) {
+    short type = F_UNLCK;
+    out->held = conflict_of(fd, F_WRLCK, MAIN_BYTE, MAIN_BYTE + 1, &type) >= 0;
+    if (out->held && type == F_RDLCK) {
+        out->shared = 1;
+        for (off_t at = READER_BASE; out->holders < MAX_WAITERS_COUNTED;) {
+            off_t b = lowest_held(fd, at, READER_BASE + READER_SLOTS);
+            if (b < 0)
+                break;
+            out->holders++;
+            at = b + 1;
+        }
+        snprintf(out->holder, sizeof(out->holder), "%lld reader%s",
+                 (long long)out->holders, out->holders == 1 ? "" : "s");
+    } else if (out->held) {
+        out->holders = 1;
         /* the record is whatever the file holds: no arithmetic on its
          * numbers may overflow (a foreign or damaged file) */
-        uint64_t now = (uint64_t)wall_us();
+        uint64_t now = (uint64_t)dlock__file_wall_us();
         snprintf(out->holder, sizeof(out->holder), "%s", r.desc);
         out->held_ms = r.acquired_us < now
                            ? (int64_t)((now - r.acquired_us) / 1000)
@@ -461,14 +530,21 @@ static int file_inspect(void *vst, const char *name, size_t len,
             r.ticket_plus1 <= (uint64_t)(QUEUE_END - QUEUE_BASE))
             skip = QUEUE_BASE + (off_t)(r.ticket_plus1 - 1);
     }
+    if (!out->held)
+        dlock__file_sem_inspect(fd, out);
     for (off_t at = QUEUE_BASE; out->waiters < MAX_WAITERS_COUNTED;) {
-        off_t b = first_conflict(fd, at, QUEUE_END);
+        off_t b = lowest_held(fd, at, QUEUE_END);
         if (b < 0)
             break;
         if (b != skip)
             out->waiters++;
         at = b + 1;
     }
+    /* no fair queue: a writer waiting at the gate (default mode; the
+     * others wait in the kernel behind it, uncounted) */
+    if (out->waiters == 0 &&
+        conflict_of(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1, NULL) >= 0)
+        out->waiters = 1;
     close(fd);
     return DLOCK_OK;
 }
@@ -488,7 +564,7 @@ static int make_dirs(const char *path, mode_t mode)
         char keep = buf[i];
         buf[i] = '\0';
         if (mkdir(buf, keep ? 0777 : mode) != 0 && errno != EEXIST)
-            return io_error("mkdir", buf, errno);
+            return dlock__file_io_error("mkdir", buf, errno);
         buf[i] = keep;
     }
     return DLOCK_OK;
@@ -501,7 +577,7 @@ static int check_private(const char *dir)
     struct stat st;
 
     if (lstat(dir, &st) != 0)
-        return io_error("stat", dir, errno);
+        return dlock__file_io_error("stat", dir, errno);
     if (!S_ISDIR(st.st_mode))
         return dlock__err(DLOCK_EPROTO,
                           "file store: %.200s is not a directory (or is a "
@@ -513,7 +589,7 @@ static int check_private(const char *dir)
                           "you; refusing to use it",
                           dir, (unsigned long)st.st_uid);
     if ((st.st_mode & 077) && chmod(dir, 0700) != 0)
-        return io_error("chmod", dir, errno);
+        return dlock__file_io_error("chmod", dir, errno);
     return DLOCK_OK;
 }
 
@@ -563,7 +639,7 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
     fs->pid = (int64_t)getpid();
     fs->dirfd = open(fs->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fs->dirfd < 0) {
-        rc = io_error("open", fs->dir, errno);
+        rc = dlock__file_io_error("open", fs->dir, errno);
         free(fs->dir);
         free(fs);
         return rc;
@@ -587,7 +663,7 @@ static void file_close(void *vst)
 
 const dlock__backend dlock__backend_file = {
     "file",                  /* name */
-    DLOCK__CAP_NATIVE_WAIT,  /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
     sizeof(file_lease),      /* lease_size */
     file_open,               /* open */
     file_close,              /* close */

@@ -19,6 +19,14 @@
 /* the lock file's layout (file.c) */
 #define MAIN_BYTE 0
 #define META_BYTE 1
+#define GATE_BYTE 2 /* held by a waiting writer: new readers stop here */
+#define PERMIT_BASE ((off_t)1 << 16) /* a semaphore's permit i */
+#define READER_BASE ((off_t)1 << 62) /* a reader's slot (counted) */
+#define READER_SLOTS ((off_t)1 << 32)
+#define SEM_OFFSET 48 /* a semaphore's N (uint32_t), under META */
+#define SEM_PERMITS_MAX 256 /* file store: a waiter keeps one connection
+                             * per permit held */
+#define REC_OFFSET 64 /* the holder record; its first field the fence */
 #define QUEUE_BASE ((off_t)1 << 32)
 #define QUEUE_END ((off_t)1 << 62)
 #define SALT_OFFSET 16
@@ -81,6 +89,27 @@ static inline int lk(int fd, int cmd, short type, off_t start, off_t len)
     return fcntl(fd, cmd, &fl);
 }
 
+/* Start of a lock held by another open file in [start, end) that would
+ * conflict with a lock of `type` (F_WRLCK: any lock; F_RDLCK: a write
+ * lock), or -1; *held (may be NULL) gets its type. */
+static inline off_t conflict_of(int fd, short type, off_t start, off_t end,
+                                short *held)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = start;
+    fl.l_len = end - start;
+    if (end <= start || fcntl(fd, F_OFD_GETLK, &fl) != 0 ||
+        fl.l_type == F_UNLCK)
+        return -1;
+    if (held)
+        *held = fl.l_type;
+    return fl.l_start < start ? start : fl.l_start;
+}
+
 /* Start of a lock held by another open file in [start, end), or -1. */
 static inline off_t first_conflict(int fd, off_t start, off_t end)
 {
@@ -97,11 +126,48 @@ static inline off_t first_conflict(int fd, off_t start, off_t end)
     return fl.l_start < start ? start : fl.l_start;
 }
 
+/* The lowest byte in [lo, hi) locked by another open file, or -1.
+ * F_OFD_GETLK reports *a* conflicting lock, not the lowest, so the range
+ * below the one reported is halved until none is below: O(log(hi - lo))
+ * calls. Walking [lo, hi) from it (next from b + 1) visits every lock. */
+static inline off_t lowest_held(int fd, off_t lo, off_t hi)
+{
+    off_t b = first_conflict(fd, lo, hi);
+
+    while (b > lo) {
+        off_t mid = lo + (b - lo) / 2, c;
+        if (mid > lo && (c = first_conflict(fd, lo, mid)) >= 0) {
+            b = c;
+            continue;
+        }
+        lo = mid;
+        c = first_conflict(fd, lo, b);
+        if (c < 0)
+            break;
+        b = c;
+    }
+    return b;
+}
+
+/* --- file.c ------------------------------------------------------------- */
+
+/* A failed system call on a lock file as a dlock code with a message. */
+int dlock__file_io_error(const char *what, const char *fname, int err);
+/* CLOCK_REALTIME in microseconds (fencing tokens, holder records). */
+int64_t dlock__file_wall_us(void);
+
 /* --- file_wait.c --------------------------------------------------------- */
 
 /* Blocks until open file `fd` holds a lock of `type` on `byte` or
  * `deadline` passes. 0: taken; ETIMEDOUT; or an errno. */
 DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline);
+
+/* Takes MAIN for `type` (F_WRLCK: a writer; F_RDLCK: a reader) through
+ * the gate that keeps writers from starving: a writer that must wait
+ * holds GATE while it waits for MAIN, and a reader that finds GATE held
+ * waits there. 0: taken; EAGAIN: busy and `deadline` has passed (a try);
+ * ETIMEDOUT; or an errno. */
+DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline);
 
 /* Takes a fair-queue ticket and locks its byte, making its wake-up
  * channel first (*lfd; -1: none); sets f->salt. The ticket's byte, or -1
@@ -113,7 +179,26 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
  * 0, ETIMEDOUT or an errno. *conn: a connection left open (or -1), for
  * the caller to close. */
 int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
-                          int *conn);
+                          int *conn, int head_only);
+
+/* A wake-up channel's listener for a fair ticket's byte or a permit's
+ * byte (its descriptor; -1: the name is taken; -2: none can be made), and
+ * a connection to one (our uid only; -1: none; the caller checks that the
+ * byte is still held after connecting). */
+int dlock__file_chan_listen(const lock_file *f, off_t byte);
+int dlock__file_chan_connect(const lock_file *f, off_t byte);
+
+/* --- file_sem.c ---------------------------------------------------------- */
+
+/* A semaphore's permit (l->kind DLOCK__PERMIT) on the open lock file
+ * fl->fd (f: its identity and salt): one try when `once`, else waits in
+ * the fair queue until l->deadline. DLOCK_OK (l->token set; fl->lfd the
+ * permit's channel), DLOCK_EBUSY, or an error (message set). */
+int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
+                            dlock__lease *l, int once);
+/* dlock_inspect() of a semaphore: fills permits and holders when the file
+ * says it is one (N at SEM_OFFSET). */
+void dlock__file_sem_inspect(int fd, dlock_info *out);
 
 /* Has the client's background thread accept successors' connections to
  * fl->lfd ahead of the release (watch_add), and stops that, handing over

@@ -173,6 +173,35 @@ int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline)
     return rc;
 }
 
+int dlock__file_take(int fd, short type, int64_t deadline)
+{
+    int e;
+
+    /* the try: a reader first looks at the gate (a writer waits there),
+     * with a read lock's eyes (other readers waiting there do not count) */
+    if (type == F_WRLCK || conflict_of(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1,
+                                       NULL) < 0) {
+        if (lk(fd, F_OFD_SETLK, type, MAIN_BYTE, 1) == 0)
+            return 0;
+        if (errno != EAGAIN && errno != EACCES)
+            return errno;
+    }
+    if (dlock__now_ms() >= deadline)
+        return EAGAIN;
+    /* the wait: the gate (a writer keeps it while it waits for MAIN; a
+     * reader only passes it), then MAIN, then the gate opens again */
+    if (lk(fd, F_OFD_SETLK, type, GATE_BYTE, 1) != 0) {
+        if (errno != EAGAIN && errno != EACCES)
+            return errno;
+        e = dlock__file_kwait(fd, type, GATE_BYTE, deadline);
+        if (e)
+            return e;
+    }
+    e = dlock__file_kwait(fd, type, MAIN_BYTE, deadline);
+    lk(fd, F_OFD_SETLK, F_UNLCK, GATE_BYTE, 1);
+    return e;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Fair queue: tickets and wake-up channels                                 */
 /* ------------------------------------------------------------------------ */
@@ -185,10 +214,13 @@ static int salt_set(const unsigned char *salt)
     return 0;
 }
 
-/* The abstract socket address of the channel of ticket byte `byte`. */
+/* The abstract socket address of the channel of ticket byte `byte`
+ * (tag "fair"; base QUEUE_BASE), or of a semaphore's permit byte (tag
+ * "semh"; base PERMIT_BASE). */
 static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
                            off_t byte)
 {
+    int sem = byte >= PERMIT_BASE && byte < QUEUE_BASE;
     char salt[2 * SALT_LEN + 1];
     int n;
 
@@ -197,9 +229,9 @@ static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
     dlock__hex(f->salt, SALT_LEN, salt);
     /* sun_path[0] stays NUL: the abstract namespace, no file */
     n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                 "dlock-fair/%llx/%llx/%s/%llx", (unsigned long long)f->dev,
-                 (unsigned long long)f->ino, salt,
-                 (unsigned long long)(byte - QUEUE_BASE));
+                 "dlock-%s/%llx/%llx/%s/%llx", sem ? "semh" : "fair",
+                 (unsigned long long)f->dev, (unsigned long long)f->ino, salt,
+                 (unsigned long long)(byte - (sem ? PERMIT_BASE : QUEUE_BASE)));
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
                        (size_t)n);
 }
@@ -207,7 +239,7 @@ static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
 /* A listening channel for ticket byte `byte`: its descriptor; -1 when the
  * name is taken (someone squats it: skip this ticket number); -2 when no
  * channel can be made (no descriptors, no salt). */
-static int chan_listen(const lock_file *f, off_t byte)
+int dlock__file_chan_listen(const lock_file *f, off_t byte)
 {
     struct sockaddr_un sa;
     socklen_t len;
@@ -271,7 +303,7 @@ void dlock__file_chan_close(int lfd, int woken)
 /* Connects to the channel of ticket byte `byte`: a connected descriptor
  * whose listener has our effective uid, or -1. The caller must still check
  * that `byte` is held after this returns. */
-static int chan_connect(const lock_file *f, off_t byte)
+int dlock__file_chan_connect(const lock_file *f, off_t byte)
 {
     struct sockaddr_un sa;
     struct ucred cr;
@@ -491,7 +523,7 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
     for (int i = 0; i < CHAN_BIND_TRIES; i++) {
         byte = QUEUE_BASE + (off_t)(next % (uint64_t)(QUEUE_END -
                                                       QUEUE_BASE));
-        *lfd = chan_listen(f, byte);
+        *lfd = dlock__file_chan_listen(f, byte);
         if (*lfd != -1)
             break;
         next++; /* squatted: nobody will hold this ticket */
@@ -522,7 +554,7 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
  * last woke on, still open (closing it costs time the hand-off should not
  * wait for), or -1; the caller closes it in every case. */
 int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
-                          int *conn)
+                          int *conn, int head_only)
 {
     int handed = 0;
 
@@ -534,21 +566,20 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
         off_t b = handed ? -1 : highest_below(f->fd, ticket);
         int c, e;
 
+        if (b < 0 && head_only)
+            return 0;
         if (b < 0) {
             /* the head: MAIN is free unless someone without a ticket
              * (default mode, or a fair acquirer that found no queue)
              * holds it; then only the kernel can tell us */
-            if (lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0)
-                return 0;
-            if (errno != EAGAIN && errno != EACCES)
-                return errno;
-            return dlock__file_kwait(f->fd, F_WRLCK, MAIN_BYTE, deadline);
+            e = dlock__file_take(f->fd, F_WRLCK, deadline);
+            return e == EAGAIN ? ETIMEDOUT : e;
         }
         if (*conn >= 0) {
             close(*conn);
             *conn = -1;
         }
-        c = chan_connect(f, b);
+        c = dlock__file_chan_connect(f, b);
         if (c >= 0 && first_conflict(f->fd, b, b + 1) >= 0) {
             /* b was held after we connected: its owner's channel */
             e = chan_wait(c, deadline, &handed);
@@ -567,7 +598,8 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             /* the deadline and the hand-off may have come together: a
              * head that finds MAIN free takes it */
             if (highest_below(f->fd, ticket) < 0 &&
-                lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0)
+                (head_only ||
+                 lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0))
                 return 0;
             return ETIMEDOUT;
         }

@@ -1,0 +1,717 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_shared.c -- shared (read) holds and counting semaphores: the
+ * behaviour every store that has them must give (docs/locks.md).
+ *
+ *   test_shared file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql
+ *               [filter]
+ *
+ * On a store without them, the first test checks that the answer is a
+ * clear DLOCK_ENOTSUP naming the store, and the others are skipped (each
+ * says so).
+ */
+#include "test.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static th_store S;
+static int has_shared, has_permits;
+
+static dlock_client *client(void)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, S.uri, NULL));
+    return c;
+}
+
+static dlock *handle(dlock_client *c, const char *name, unsigned permits,
+                     unsigned flags)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.permits = permits;
+    o.flags = flags;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+static dlock_info info_of(dlock_client *c, const char *name)
+{
+    dlock_info in;
+
+    CHECK_OK(dlock_inspect(c, name, &in));
+    return in;
+}
+
+/* Waits (bounded) until the store reports at least n waiters of `name`:
+ * the test's own poll of the store, to order its steps. */
+static void wait_waiters(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 10000;
+    dlock_info in;
+
+    for (;;) {
+        in = info_of(c, name);
+        int64_t w = in.waiters;
+        dlock_info_clear(&in);
+        if (w >= n)
+            return;
+        if (th_now_ms() >= until)
+            th_fail(__FILE__, __LINE__, "%lld waiters of %s after 10 s, "
+                                        "not %lld",
+                    (long long)w, name, (long long)n);
+        th_sleep_ms(5);
+    }
+}
+
+/* A test of what the store does not have yet passes with a note (its
+ * DLOCK_ENOTSUP is checked by the first test). */
+#define NEED_SHARED()                                                       \
+    do {                                                                    \
+        if (!has_shared) {                                                  \
+            printf("     (no shared holds on this store yet)\n");          \
+            return;                                                         \
+        }                                                                   \
+    } while (0)
+#define NEED_PERMITS()                                                      \
+    do {                                                                    \
+        if (!has_permits) {                                                 \
+            printf("     (no semaphores on this store yet)\n");            \
+            return;                                                         \
+        }                                                                   \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+
+TEST(the_store_says_what_it_has)
+{
+    dlock_client *c = client();
+    dlock *r = handle(c, "what", 0, 0), *p = handle(c, "what-sem", 2, 0);
+    int rc = dlock_acquire_shared(r, 0);
+
+    if (has_shared) {
+        CHECK_OK(rc);
+        CHECK_OK(dlock_release(r));
+    } else {
+        CHECK_RC(rc, DLOCK_ENOTSUP);
+        CHECK_CONTAINS(dlock_errmsg(), "not supported");
+        CHECK_CONTAINS(dlock_errmsg(), "docs/locks.md");
+    }
+    rc = dlock_acquire(p, 0);
+    if (has_permits) {
+        CHECK_OK(rc);
+        CHECK_OK(dlock_release(p));
+    } else {
+        CHECK_RC(rc, DLOCK_ENOTSUP);
+        CHECK_CONTAINS(dlock_errmsg(), "semaphore");
+    }
+    /* whatever the store: a semaphore's handle takes no read hold, and
+     * a handle asks for at most DLOCK_PERMITS_MAX */
+    CHECK_RC(dlock_acquire_shared(p, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "semaphore");
+    dlock_options o;
+    dlock *bad = NULL;
+    memset(&o, 0, sizeof(o));
+    o.permits = DLOCK_PERMITS_MAX + 1;
+    CHECK_RC(dlock_open(&bad, c, "too-many", &o), DLOCK_EINVAL);
+    CHECK(bad == NULL);
+    dlock_close(r);
+    dlock_close(p);
+    dlock_client_close(c);
+}
+
+TEST(readers_share_and_exclude_writers)
+{
+    NEED_SHARED();
+    dlock_client *a = client(), *b = client(), *w = client();
+    dlock *la = handle(a, "rw", 0, 0), *lb = handle(b, "rw", 0, 0),
+          *lw = handle(w, "rw", 0, 0);
+    dlock_info in;
+
+    CHECK_OK(dlock_acquire_shared(la, 0));
+    CHECK_OK(dlock_acquire_shared(lb, 0));
+    CHECK_OP(dlock_token(la), >, 0);
+    CHECK_OP(dlock_token(lb), >, 0);
+    CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
+    in = info_of(w, "rw");
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.shared, 1);
+    CHECK_EQ(in.holders, 2);
+    dlock_info_clear(&in);
+
+    /* a reader's release ends its own hold only */
+    CHECK_OK(dlock_release(la));
+    CHECK_EQ(dlock_held(lb), 1);
+    CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
+    in = info_of(w, "rw");
+    CHECK_EQ(in.holders, 1);
+    dlock_info_clear(&in);
+
+    CHECK_OK(dlock_release(lb));
+    CHECK_OK(dlock_acquire(lw, 0));
+    CHECK_RC(dlock_acquire_shared(la, 0), DLOCK_EBUSY);
+    in = info_of(a, "rw");
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.shared, 0);
+    CHECK_EQ(in.holders, 1);
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_release(lw));
+    in = info_of(a, "rw");
+    CHECK_EQ(in.held, 0);
+    CHECK_EQ(in.holders, 0);
+    dlock_info_clear(&in);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lw);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(w);
+}
+
+TEST(read_tokens_order_after_writes)
+{
+    NEED_SHARED();
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "rw-tokens", 0, 0), *lb = handle(b, "rw-tokens", 0, 0);
+    uint64_t last_write = 0, last_read = 0;
+
+    for (int i = 0; i < 5; i++) {
+        CHECK_OK(dlock_acquire(la, 0));
+        uint64_t w = dlock_token(la);
+        /* a write is after every earlier hold, read or write */
+        CHECK_OP(w, >, last_write);
+        CHECK_OP(w, >, last_read);
+        last_write = w;
+        CHECK_OK(dlock_release(la));
+        CHECK_OK(dlock_acquire_shared(la, 0));
+        CHECK_OK(dlock_acquire_shared(lb, 0));
+        /* a read is after the last write */
+        CHECK_OP(dlock_token(la), >, last_write);
+        CHECK_OP(dlock_token(lb), >, last_write);
+        last_read = dlock_token(la) > dlock_token(lb) ? dlock_token(la)
+                                                        : dlock_token(lb);
+        CHECK_OK(dlock_release(la));
+        CHECK_OK(dlock_release(lb));
+    }
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+TEST(reentry_rules)
+{
+    NEED_SHARED();
+    dlock_client *c = client(), *o = client();
+    dlock *l = handle(c, "rw-reenter", 0, 0),
+          *nr = handle(c, "rw-reenter", 0, DLOCK_NOT_REENTRANT),
+          *other = handle(o, "rw-reenter", 0, 0);
+
+    /* a reader re-enters; asking to write is refused at once, even with
+     * an endless wait (it would wait for itself) */
+    CHECK_OK(dlock_acquire_shared(l, 0));
+    uint64_t t = dlock_token(l);
+    CHECK_OK(dlock_acquire_shared(l, 0));
+    CHECK_EQ(dlock_held(l), 2);
+    CHECK_EQ(dlock_token(l), t);
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, -1), DLOCK_EDEADLK);
+    CHECK_CONTAINS(dlock_errmsg(), "release it first");
+    /* at once: no store trip, no wait (bound: a scheduling hiccup) */
+    CHECK_OP(th_now_ms() - t0, <, 1000);
+    CHECK_RC(dlock_acquire_shared(nr, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(l));
+    CHECK_RC(dlock_acquire(other, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(dlock_held(l), 0);
+
+    /* a writer takes a read hold inside its write hold */
+    CHECK_OK(dlock_acquire(l, 0));
+    t = dlock_token(l);
+    CHECK_OK(dlock_acquire_shared(l, 0));
+    CHECK_EQ(dlock_held(l), 2);
+    CHECK_EQ(dlock_token(l), t);
+    CHECK_OK(dlock_release(l));
+    CHECK_RC(dlock_acquire_shared(other, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(l));
+    CHECK_OK(dlock_acquire_shared(other, 0));
+    CHECK_OK(dlock_release(other));
+    dlock_close(l);
+    dlock_close(nr);
+    dlock_close(other);
+    dlock_client_close(c);
+    dlock_client_close(o);
+}
+
+typedef struct waiter_arg {
+    dlock *l;
+    int shared;
+    int64_t wait_ms;
+    int rc;
+    int64_t got_at;
+    uint64_t token;
+    int release; /* release at once (1), or when `go` is set (0) */
+    volatile int go;
+} waiter_arg;
+
+static void *waiter(void *p)
+{
+    waiter_arg *a = p;
+
+    a->rc = a->shared ? dlock_acquire_shared(a->l, a->wait_ms)
+                      : dlock_acquire(a->l, a->wait_ms);
+    a->got_at = th_now_ms();
+    a->token = dlock_token(a->l);
+    if (a->rc == DLOCK_OK) {
+        for (int i = 0; i < 2000 && !a->release &&
+                        !__atomic_load_n(&a->go, __ATOMIC_SEQ_CST);
+             i++)
+            th_sleep_ms(5);
+        CHECK_OK(dlock_release(a->l));
+    }
+    return NULL;
+}
+
+TEST(a_waiting_writer_stops_new_readers)
+{
+    NEED_SHARED();
+    dlock_client *a = client(), *b = client(), *r = client();
+    dlock *la = handle(a, "rw-starve", 0, 0), *lw = handle(b, "rw-starve", 0, 0),
+          *lr = handle(r, "rw-starve", 0, 0);
+    waiter_arg wa, ra;
+    pthread_t wt, rt;
+
+    CHECK_OK(dlock_acquire_shared(la, 0));
+    memset(&wa, 0, sizeof(wa));
+    wa.l = lw;
+    wa.wait_ms = 30000;
+    pthread_create(&wt, NULL, waiter, &wa);
+    wait_waiters(a, "rw-starve", 1);
+    /* the writer waits: a new reader queues behind it, even though only
+     * readers hold, and does not get in while the writer waits */
+    CHECK_RC(dlock_acquire_shared(lr, 0), DLOCK_EBUSY);
+    CHECK_RC(dlock_acquire_shared(lr, 200), DLOCK_EBUSY);
+    memset(&ra, 0, sizeof(ra));
+    ra.l = lr;
+    ra.shared = 1;
+    ra.wait_ms = 30000;
+    ra.release = 1;
+    pthread_create(&rt, NULL, waiter, &ra);
+    wait_waiters(a, "rw-starve", 1);
+    int64_t released = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    /* the writer, then the reader behind it */
+    th_sleep_ms(50);
+    __atomic_store_n(&wa.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(wt, NULL);
+    pthread_join(rt, NULL);
+    CHECK_OK(wa.rc);
+    CHECK_OK(ra.rc);
+    CHECK_OP(wa.got_at, >=, released);
+    CHECK_OP(ra.got_at, >=, wa.got_at);
+    CHECK_OP(ra.token, >, wa.token);
+    dlock_close(la);
+    dlock_close(lw);
+    dlock_close(lr);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(r);
+}
+
+#define NREADERS 3
+
+typedef struct together {
+    dlock_client *c;
+    dlock *l;
+    int rc;
+    int *inside;
+    int *most;
+} together;
+
+static void *reader_together(void *p)
+{
+    together *t = p;
+
+    t->rc = dlock_acquire_shared(t->l, 30000);
+    if (t->rc != DLOCK_OK)
+        return NULL;
+    int n = __atomic_add_fetch(t->inside, 1, __ATOMIC_SEQ_CST);
+    int m = __atomic_load_n(t->most, __ATOMIC_SEQ_CST);
+    while (n > m &&
+           !__atomic_compare_exchange_n(t->most, &m, n, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST)) {
+    }
+    /* stay until every reader is in (bounded: 10 s) */
+    for (int i = 0; i < 2000 && __atomic_load_n(t->inside, __ATOMIC_SEQ_CST) <
+                                    NREADERS;
+         i++)
+        th_sleep_ms(5);
+    t->rc = dlock_release(t->l);
+    return NULL;
+}
+
+TEST(a_release_lets_every_waiting_reader_in)
+{
+    NEED_SHARED();
+    dlock_client *w = client();
+    dlock *lw = handle(w, "rw-all", 0, 0);
+    together t[NREADERS];
+    pthread_t th[NREADERS];
+    int inside = 0, most = 0;
+
+    CHECK_OK(dlock_acquire(lw, 0));
+    for (int i = 0; i < NREADERS; i++) {
+        t[i].c = client();
+        t[i].l = handle(t[i].c, "rw-all", 0, 0);
+        t[i].inside = &inside;
+        t[i].most = &most;
+        pthread_create(&th[i], NULL, reader_together, &t[i]);
+    }
+    th_sleep_ms(100); /* most of them waiting; the check holds either way */
+    CHECK_OK(dlock_release(lw));
+    for (int i = 0; i < NREADERS; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_OK(t[i].rc);
+        dlock_close(t[i].l);
+        dlock_client_close(t[i].c);
+    }
+    /* all of them held it at once */
+    CHECK_EQ(most, NREADERS);
+    CHECK_OK(dlock_acquire(lw, 0));
+    CHECK_OK(dlock_release(lw));
+    dlock_close(lw);
+    dlock_client_close(w);
+}
+
+typedef struct reader_child_arg {
+    int ready;
+    uint64_t token;
+} reader_child_arg;
+
+static int reader_child(void *p)
+{
+    reader_child_arg *s = p;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 800;
+    if (dlock_client_open(&c, S.uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "rw-killed", &o) != DLOCK_OK ||
+        dlock_acquire_shared(l, 5000) != DLOCK_OK) {
+        fprintf(stderr, "reader child: %s\n", dlock_errmsg());
+        return 2;
+    }
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 6000; i++)
+        th_sleep_ms(10); /* killed long before */
+    return 3;
+}
+
+TEST(a_killed_reader_frees_its_hold)
+{
+    NEED_SHARED();
+    reader_child_arg *s = th_shared(sizeof(*s));
+    dlock_client *c = client(), *r = client();
+    dlock *l = handle(c, "rw-killed", 0, 0), *lr = handle(r, "rw-killed", 0, 0);
+    pid_t pid = th_fork(reader_child, s);
+    int64_t until = th_now_ms() + 10000;
+
+    while (!__atomic_load_n(&s->ready, __ATOMIC_SEQ_CST) && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK(s->ready);
+    CHECK_OK(dlock_acquire_shared(lr, 0)); /* readers share */
+    CHECK_OK(dlock_release(lr));
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(l, 10000));
+    /* the contract: the writer gets in when the dead reader's hold ends,
+     * not at its 10 s deadline: at once without leases (the kernel or the
+     * session; 1 s of scheduling slack), else at the 800 ms lease's end
+     * plus the store's expiry granularity and a busy machine's slack */
+    CHECK_OP(th_now_ms() - t0, <, S.has_leases ? 800 + 3000 : 1000);
+    CHECK_OP(dlock_token(l), >, s->token);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_close(lr);
+    dlock_client_close(c);
+    dlock_client_close(r);
+}
+
+/* Several threads of several clients take read and write holds of one
+ * name at random; every hold checks what it shares the name with. */
+typedef struct mix {
+    dlock_client *c;
+    dlock *l;
+    unsigned seed;
+    int *readers, *writers;
+    int bad, done;
+} mix;
+
+static void *mixer(void *p)
+{
+    mix *m = p;
+
+    for (int i = 0; i < 60; i++) {
+        int shared = rand_r(&m->seed) % 3 != 0;
+        int rc = shared ? dlock_acquire_shared(m->l, 20000)
+                        : dlock_acquire(m->l, 20000);
+        if (rc != DLOCK_OK) {
+            m->bad = 1000 + rc;
+            return NULL;
+        }
+        if (shared) {
+            __atomic_add_fetch(m->readers, 1, __ATOMIC_SEQ_CST);
+            if (__atomic_load_n(m->writers, __ATOMIC_SEQ_CST) != 0)
+                m->bad++;
+        } else {
+            if (__atomic_add_fetch(m->writers, 1, __ATOMIC_SEQ_CST) != 1 ||
+                __atomic_load_n(m->readers, __ATOMIC_SEQ_CST) != 0)
+                m->bad++;
+        }
+        usleep(200 + rand_r(&m->seed) % 800);
+        if (shared)
+            __atomic_sub_fetch(m->readers, 1, __ATOMIC_SEQ_CST);
+        else
+            __atomic_sub_fetch(m->writers, 1, __ATOMIC_SEQ_CST);
+        rc = dlock_release(m->l);
+        if (rc != DLOCK_OK) {
+            m->bad = 2000 + rc;
+            return NULL;
+        }
+        m->done++;
+    }
+    return NULL;
+}
+
+TEST(mixed_readers_and_writers_never_overlap_wrongly)
+{
+    NEED_SHARED();
+    enum { N = 4 };
+    mix m[N];
+    pthread_t th[N];
+    int readers = 0, writers = 0;
+
+    for (int i = 0; i < N; i++) {
+        memset(&m[i], 0, sizeof(m[i]));
+        m[i].c = client();
+        m[i].l = handle(m[i].c, "rw-mix", 0, 0);
+        m[i].seed = (unsigned)(i * 7919 + 1);
+        m[i].readers = &readers;
+        m[i].writers = &writers;
+        pthread_create(&th[i], NULL, mixer, &m[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ(m[i].bad, 0);
+        CHECK_EQ(m[i].done, 60);
+        dlock_close(m[i].l);
+        dlock_client_close(m[i].c);
+    }
+}
+
+TEST(semaphore_counts_permits)
+{
+    NEED_PERMITS();
+    dlock_client *a = client(), *b = client(), *c = client();
+    dlock *la = handle(a, "sem", 2, 0), *lb = handle(b, "sem", 2, 0),
+          *lc = handle(c, "sem", 2, 0), *other = handle(c, "sem", 3, 0);
+    waiter_arg wc;
+    pthread_t th;
+    dlock_info in;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK(dlock_token(la) != dlock_token(lb));
+    CHECK_RC(dlock_acquire(lc, 0), DLOCK_EBUSY);
+    /* every handle of a semaphore says the same N */
+    CHECK_RC(dlock_acquire(other, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "2 permits");
+    in = info_of(c, "sem");
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.permits, 2);
+    CHECK_EQ(in.holders, 2);
+    dlock_info_clear(&in);
+    memset(&wc, 0, sizeof(wc));
+    wc.l = lc;
+    wc.wait_ms = 30000;
+    wc.release = 1;
+    pthread_create(&th, NULL, waiter, &wc);
+    wait_waiters(a, "sem", 1);
+    int64_t released = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(wc.rc);
+    CHECK_OP(wc.got_at, >=, released);
+    CHECK_OP(wc.token, >, dlock_token(lb));
+    CHECK_OK(dlock_release(lb));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lc);
+    dlock_close(other);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
+typedef struct sem_user {
+    dlock_client *c;
+    dlock *l;
+    unsigned seed;
+    int *inside, *most;
+    int bad, done;
+} sem_user;
+
+static void *sem_worker(void *p)
+{
+    sem_user *u = p;
+
+    for (int i = 0; i < 40; i++) {
+        int rc = dlock_acquire(u->l, 20000);
+        if (rc != DLOCK_OK) {
+            u->bad = 1000 + rc;
+            return NULL;
+        }
+        int n = __atomic_add_fetch(u->inside, 1, __ATOMIC_SEQ_CST);
+        int m = __atomic_load_n(u->most, __ATOMIC_SEQ_CST);
+        while (n > m && !__atomic_compare_exchange_n(u->most, &m, n, 0,
+                                                     __ATOMIC_SEQ_CST,
+                                                     __ATOMIC_SEQ_CST)) {
+        }
+        usleep(300 + rand_r(&u->seed) % 700);
+        __atomic_sub_fetch(u->inside, 1, __ATOMIC_SEQ_CST);
+        rc = dlock_release(u->l);
+        if (rc != DLOCK_OK) {
+            u->bad = 2000 + rc;
+            return NULL;
+        }
+        u->done++;
+    }
+    return NULL;
+}
+
+TEST(a_semaphore_never_lets_more_than_n_in)
+{
+    NEED_PERMITS();
+    enum { N = 5, PERMITS = 2 };
+    sem_user u[N];
+    pthread_t th[N];
+    int inside = 0, most = 0;
+
+    for (int i = 0; i < N; i++) {
+        memset(&u[i], 0, sizeof(u[i]));
+        u[i].c = client();
+        u[i].l = handle(u[i].c, "sem-mix", PERMITS, i % 2 ? DLOCK_FAIR : 0);
+        u[i].seed = (unsigned)(i * 104729 + 3);
+        u[i].inside = &inside;
+        u[i].most = &most;
+        pthread_create(&th[i], NULL, sem_worker, &u[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ(u[i].bad, 0);
+        CHECK_EQ(u[i].done, 40);
+        dlock_close(u[i].l);
+        dlock_client_close(u[i].c);
+    }
+    CHECK_OP(most, <=, PERMITS);
+}
+
+typedef struct permit_child_arg {
+    int ready;
+} permit_child_arg;
+
+static int permit_child(void *p)
+{
+    permit_child_arg *s = p;
+    dlock_client *c;
+    dlock *l;
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 800;
+    o.permits = 1;
+    if (dlock_client_open(&c, S.uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "sem-killed", &o) != DLOCK_OK ||
+        dlock_acquire(l, 5000) != DLOCK_OK) {
+        fprintf(stderr, "permit child: %s\n", dlock_errmsg());
+        return 2;
+    }
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 6000; i++)
+        th_sleep_ms(10); /* killed long before */
+    return 3;
+}
+
+TEST(a_killed_permit_holder_wakes_the_waiter)
+{
+    NEED_PERMITS();
+    permit_child_arg *s = th_shared(sizeof(*s));
+    dlock_client *c = client();
+    dlock *l = handle(c, "sem-killed", 1, 0);
+    waiter_arg w;
+    pthread_t th;
+    pid_t pid = th_fork(permit_child, s);
+    int64_t until = th_now_ms() + 10000;
+
+    while (!__atomic_load_n(&s->ready, __ATOMIC_SEQ_CST) && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK(s->ready);
+    memset(&w, 0, sizeof(w));
+    w.l = l;
+    w.wait_ms = 20000;
+    w.release = 1;
+    pthread_create(&th, NULL, waiter, &w);
+    wait_waiters(c, "sem-killed", 1);
+    th_sleep_ms(50); /* asleep on the holder, most likely */
+    int64_t t0 = th_now_ms();
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    /* woken by the holder's death: at once without leases (1 s of
+     * scheduling slack), else at the 800 ms lease's end plus slack */
+    CHECK_OP(w.got_at - t0, <, S.has_leases ? 800 + 3000 : 1000);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+static const th_test tests[] = {
+    T(the_store_says_what_it_has),
+    T(readers_share_and_exclude_writers),
+    T(read_tokens_order_after_writes),
+    T(reentry_rules),
+    TK(a_waiting_writer_stops_new_readers),
+    TK(a_release_lets_every_waiting_reader_in),
+    TK(a_killed_reader_frees_its_hold),
+    TK(mixed_readers_and_writers_never_overlap_wrongly),
+    TK(semaphore_counts_permits),
+    TK(a_semaphore_never_lets_more_than_n_in),
+    TK(a_killed_permit_holder_wakes_the_waiter),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
+        return 2;
+    }
+    th_store_start(&S, argv[1]);
+    /* what each store has (docs/locks.md): the first test checks that
+     * the others answer DLOCK_ENOTSUP, clearly */
+    has_shared = !strcmp(S.kind, "file");
+    has_permits = !strcmp(S.kind, "file");
+    return th_main(argc - 1, argv + 1, tests);
+}
