@@ -426,6 +426,80 @@ TEST(a_semaphore_keeps_its_permits)
     dlock_client_close(d);
 }
 
+/* A writer that gives up waiting behind readers leaves the queue in one
+ * script, which lets in the readers that queued behind it (they were
+ * held back only by the writer): they share with the readers holding. */
+TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *c = client_at(srv.uri);
+    dlock *r1 = handle(a, "rw8", 30000, 0, 0);
+    waiter w = {handle(b, "rw8", 30000, 0, 0), 0, 600, 0, 0, 0, 0, ""};
+    waiter r2 = {handle(c, "rw8", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, ""};
+    pthread_t tw, tr;
+
+    CHECK_OK(dlock_acquire_shared(r1, 0));
+    pthread_create(&tw, NULL, wait_thread, &w);
+    until_state(a, "rw8", 1, 1);
+    pthread_create(&tr, NULL, wait_thread, &r2);
+    until_state(a, "rw8", 2, 1);
+    pthread_join(tw, NULL);
+    CHECK_RC(w.rc, DLOCK_EBUSY);
+    pthread_join(tr, NULL);
+    CHECK_OK(r2.rc);
+    /* let in by the writer's leaving (its message), not by r1's release
+     * or lease (30 s): r1 still holds */
+    CHECK_OP(r2.got - w.got, <, 3000);
+    CHECK_EQ(dlock_held(r1), 1);
+    CHECK_OK(dlock_release(r1));
+    dlock_close(r1);
+    dlock_close(w.l);
+    dlock_close(r2.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
+/* unix:// is the same store: its readers and permits share the key with
+ * those over TCP, and a hand-over crosses between them. */
+TEST(shared_holds_over_a_unix_socket)
+{
+    char uri[800];
+
+    snprintf(uri, sizeof(uri), "unix://%s", srv.sock);
+    dlock_client *u = client_at(uri), *t = client_at(srv.uri);
+    dlock *ru = handle(u, "rw9", 30000, 0, 0);
+    dlock *rt = handle(t, "rw9", 30000, 0, 0);
+    waiter w = {handle(u, "rw9", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
+    dlock *pu = handle(u, "rw9p", 30000, 0, 2);
+    dlock *pt = handle(t, "rw9p", 30000, 0, 2);
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire_shared(ru, 0));
+    CHECK_OK(dlock_acquire_shared(rt, 0));
+    CHECK_OK(dlock_release(ru));
+    pthread_create(&th, NULL, wait_thread, &w);
+    until_state(t, "rw9", 1, 1);
+    CHECK_OK(dlock_release(rt));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OK(dlock_acquire(pu, 0));
+    CHECK_OK(dlock_acquire(pt, 0));
+    dlock_info i = info_of(u, "rw9p");
+    CHECK_EQ(i.holders, 2);
+    CHECK_EQ(i.permits, 2);
+    dlock_info_clear(&i);
+    CHECK_OK(dlock_release(pt));
+    CHECK_OK(dlock_release(pu));
+    dlock_close(ru);
+    dlock_close(rt);
+    dlock_close(w.l);
+    dlock_close(pu);
+    dlock_close(pt);
+    dlock_client_close(u);
+    dlock_client_close(t);
+}
+
 static const th_test tests[] = {
     T(a_writer_behind_readers_gets_it_at_the_last_release),
     T(one_release_lets_in_every_reader_at_the_head),
@@ -434,6 +508,8 @@ static const th_test tests[] = {
     T(a_release_whose_line_is_gone_is_lost),
     T(the_shared_cycle_costs_the_exclusive_ones_commands),
     T(a_semaphore_keeps_its_permits),
+    T(a_writer_giving_up_lets_the_readers_behind_it_in),
+    T(shared_holds_over_a_unix_socket),
     {NULL, NULL, 0},
 };
 

@@ -231,8 +231,30 @@
  * is granted only when every waiter ahead of it is (FIFO across kinds: a
  * reader never passes a waiting writer). */
 const char dlock__redis_rw_try_lua[] =
+    /* the uncontended path first (the library is not even defined): a
+     * read hold or a permit on a free key, nobody waiting; GET, SET
+     * (TIME for a name not used in the last hour), as for a writer */
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if not v or (string.byte(v, 1) == 45 and\n"
+    "             not string.find(v, '\\n', 1, true)) then\n"
+    "  local c, k, n, ttl, d = string.match(ARGV[1],\n"
+    "    '^(%x+:%d+):%d+ ([rp])(%d*) (%d+) (.*)$')\n"
+    "  local t = v and string.match(v, '^%- (%d+)$')\n"
+    "  if c and (t or not v) then\n"
+    "    if t then\n"
+    "      t = string.format('%.0f', t + 1)\n"
+    "    else\n"
+    "      local tm = redis.call('TIME')\n"
+    "      t = tm[1] .. string.sub(tm[2] + 1000000, 2)\n"
+    "    end\n"
+    "    redis.call('SET', KEYS[1], (k == 'p' and 'N ' .. n .. ' ' or 'S ')"
+    " ..\n"
+    "      t .. '\\n+ ' .. c .. ' ' .. t .. ' ? ' .. d, 'PX', ttl)\n"
+    "    return t\n"
+    "  end\n"
+    "end\n"
     RW_LIB
-    "local st = parse(redis.call('GET', KEYS[1]))\n"
+    "local st = parse(v)\n"
     "if not st then return " RW_FOREIGN " end\n"
     "local me = line(ARGV[1])\n"
     "drop(st, KEYS[1])\n"
@@ -281,8 +303,24 @@ const char dlock__redis_rw_try_lua[] =
  * proceed. Returns 0 (not ours) or {1, CLIENT, SEQ, TOKEN, TTL, ...}
  * (the grants). */
 const char dlock__redis_rw_release_lua[] =
-    RW_LIB
+    /* the uncontended path first: the owner's line is the only one (GET,
+     * SET of the tombstone, as for a writer) */
     "local v = redis.call('GET', KEYS[1])\n"
+    "local b = v and string.byte(v, 1)\n"
+    "if b == 83 or b == 78 then\n"
+    "  local nl = string.find(v, '\\n', 1, true)\n"
+    "  local o = '+ ' .. ARGV[1] .. ' '\n"
+    "  if nl and string.sub(v, nl + 1, nl + #o) == o and\n"
+    "     not string.find(v, '\\n', nl + 1, true) then\n"
+    "    local t = string.match(string.sub(v, 1, nl - 1), ' (%d+)$')\n"
+    "    if t then\n"
+    "      redis.call('SET', KEYS[1], '- ' .. t, 'PXAT',\n"
+    "        math.floor(tonumber(t) / 1000) + 3600000)\n"
+    "      return {1}\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    RW_LIB
     "local st = parse(v)\n"
     "if not st then return " RW_FOREIGN " end\n"
     "if not v then return 0 end\n"
