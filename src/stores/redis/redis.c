@@ -29,7 +29,10 @@
  *    keeps the lock if it was handed over meanwhile;
  *  - extend / extend many: compare the owner, PEXPIRE.
  * The protocol and its failure cases: "Hand-over (Redis)" in
- * docs/design.md.
+ * docs/design.md. Shared (read) holds and semaphores give the key other
+ * forms ("S ...", "N ..."): redis_rw.c, whose scripts a writer's script
+ * hands such a key to (it answers 2); redis_rw.c also reads every form
+ * for dlock_inspect().
  *
  * Connections: the pipelined command connection (redis_conn.c) and, once
  * something waits, one subscriber connection per client, subscribed to
