@@ -84,13 +84,15 @@ fuzz:
 
 # the safety suite (docs/safety.md): worker processes, a fenced resource and
 # faults on every store; fails when an outcome is worse than expected. The
-# full run rewrites the table in docs/safety.md; SAFETY_QUICK=1 (or
+# full run rewrites the tables in docs/safety.md (exclusive holds, then
+# --mixed: readers and writers on the stores with shared holds); SAFETY_QUICK=1 (or
 # safety-quick) is the short form for CI, its table in $(BUILD)/safety-quick.md
 .PHONY: safety safety-quick
 SAFETY_QUICK ?=
 safety: build
 	@scripts/install-deps.sh test
 	$(BUILD)/tests/safety/dlock_safety $(if $(filter-out 0,$(SAFETY_QUICK)),--quick --table $(BUILD)/safety-quick.md,--doc docs/safety.md --table $(BUILD)/safety.md)
+	$(BUILD)/tests/safety/dlock_safety --mixed $(if $(filter-out 0,$(SAFETY_QUICK)),--quick --table $(BUILD)/safety-mixed-quick.md,--doc docs/safety.md --table $(BUILD)/safety-mixed.md)
 safety-quick:
 	$(MAKE) safety SAFETY_QUICK=1
 

@@ -11,6 +11,8 @@ how fast anything was. It fails (exit 1, one line per problem) when
     two-process hand-off) do not parse as positive numbers;
   - the contention section lacks a dlock row for a store, a dlock row has
     no hand-off figure, or any run saw overlapping holds;
+  - a store with shared holds has no "Shared holds and semaphores"
+    figures (its uncontended shared cycle's ratio);
   - a chart named by the document was not drawn (with --charts DIR).
 """
 import os
@@ -22,6 +24,8 @@ import plot  # noqa: E402
 
 STORES = ["Redis", "File store", "Redlock", "ZooKeeper", "etcd", "SQLite",
           "PostgreSQL", "MySQL / MariaDB"]
+# stores with shared holds (docs/locks.md): their bench_rw subsection
+RW_STORES = ["File store", "PostgreSQL"]
 CONTENTION = ["Redis", "File store", "Redlock, 5 nodes", "ZooKeeper",
               "etcd", "SQLite", "PostgreSQL", "MySQL / MariaDB"]
 
@@ -46,6 +50,14 @@ def main():
             bad.append("no section for %s" % s)
         elif "Not measured" in body[1].split("\n## ", 1)[0].split("\n###")[0]:
             bad.append("%s was not measured" % s)
+    for s in RW_STORES:
+        body = text.split("\n## " + s, 1)
+        own = body[1].split("\n## ", 1)[0] if len(body) == 2 else ""
+        rw = own.split("\n### Shared holds and semaphores", 1)
+        if len(rw) < 2 or not re.search(
+                r"\| shared beside exclusive: uncontended[^\n]*\*\*[0-9.]+x\*\*",
+                rw[1]):
+            bad.append("no shared-hold figures for %s" % s)
     cyc = {c[0]: c for c in plot.cycles(sec)}
     hand = dict(plot.handoffs(sec))
     for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",

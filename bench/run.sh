@@ -148,6 +148,21 @@ if [ -x "$build/bench/dlock_bench_many" ]; then
     ' "$out" >"$out.new" && mv "$out.new" "$out"
 fi
 
+# --- Shared holds and semaphores (bench/bench_rw.c): one subsection at
+# the end of the Redis section and one at the end of the file store's
+rwout=$tmp/results-rw-redis.md
+# shellcheck disable=SC2086 # $quick: nothing or --quick
+"$build/bench/dlock_bench_rw" "redis://127.0.0.1:$port" $quick >"$rwout"
+awk -v f="$rwout" '
+    function rw(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+    /^## / && seen && !done { rw() }
+    /^## Redis/ { seen = 1 }
+    { print }
+    END { if (!done) { print ""; rw() } }
+' "$out" >"$out.new" && mv "$out.new" "$out"
+# shellcheck disable=SC2086 # $quick: nothing or --quick
+"$build/bench/dlock_bench_rw" "file://$tmp/locks" $quick >>"$out"
+
 ru=redis://127.0.0.1:$port
 contend "Redis|dlock|Redis" "redis $port" "$cbin" worker "$ru" contend-1
 contend "Redis|dlock, fair|Redis" "redis $port" "$cbin" worker "$ru" contend-2 fair
@@ -526,6 +541,10 @@ else
         exit 1
     fi
     pu="postgres://dlock:dlock-secret@127.0.0.1:$pgport/postgres"
+    # shared holds in advisory mode (bench/bench_rw.c), ending the section
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_rw" "$pu?mode=advisory" $quick |
+        sed 's/^### Shared holds and semaphores$/### Shared holds and semaphores (advisory mode)/' >>"$pgout"
     contend "PostgreSQL|dlock, table mode|PostgreSQL" "pg $pgport" "$cbin" worker "$pu" contend-1
     contend "PostgreSQL|dlock, table mode, fair|PostgreSQL" "pg $pgport" "$cbin" worker "$pu" contend-2 fair
     contend "PostgreSQL|dlock, advisory mode|PostgreSQL advisory" "pg $pgport" "$cbin" worker \

@@ -87,6 +87,26 @@ int sf_resource_read(sf_resource *r, uint64_t token, int64_t *value,
     return res;
 }
 
+int sf_resource_read_shared(sf_resource *r, uint64_t token, int64_t *value,
+                            uint64_t *seen, uint64_t *op)
+{
+    int res = SF_W_NONE;
+
+    res_lock(r);
+    *op = ++r->ops;
+    *seen = r->max_token;
+    if (token <= r->last_write_token && r->accepted > 0) {
+        r->read_rejected++;
+        res = SF_W_READ_REJECTED;
+    } else {
+        if (token > r->max_token)
+            r->max_token = token;
+        *value = r->value;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return res;
+}
+
 int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
                       uint64_t read_op, uint64_t *op)
 {
@@ -106,6 +126,7 @@ int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
         r->value = value;
         r->accepted++;
         r->last_write_op = *op;
+        r->last_write_token = token;
         res = SF_W_ACCEPTED;
     }
     pthread_mutex_unlock(&r->mu);
@@ -191,7 +212,7 @@ void sf_check(const sf_shared *s, sf_report *rep)
             const sf_hold *b = &s->holds[ord[j]];
             if (b->t_acq_ret >= a->t_rel_call)
                 break;
-            if (b->worker == a->worker)
+            if (b->worker == a->worker || (a->shared && b->shared))
                 continue;
             rep->overlaps++;
             /* a, the earlier one, lost the lock to b */
@@ -214,22 +235,29 @@ void sf_check(const sf_shared *s, sf_report *rep)
         }
     }
 
-    /* tokens: above that of every hold whose acquire returned before this
-     * acquire was called */
+    /* tokens: a write's above that of every hold whose acquire returned
+     * before this acquire was called; a read's above every such write's
+     * (readers may share a token) */
     {
-        uint64_t maxtok = 0;
-        const sf_hold *maxh = NULL;
+        uint64_t maxall = 0, maxw = 0;
+        const sf_hold *maxallh = NULL, *maxwh = NULL;
         int k = 0;
         for (int j = 0; j < m; j++) {
             const sf_hold *b = &s->holds[ord2[j]];
             while (k < m && s->holds[ord[k]].t_acq_ret < b->t_acq_call) {
                 const sf_hold *a = &s->holds[ord[k]];
-                if (a->token >= maxtok) {
-                    maxtok = a->token;
-                    maxh = a;
+                if (a->token >= maxall) {
+                    maxall = a->token;
+                    maxallh = a;
+                }
+                if (!a->shared && a->token >= maxw) {
+                    maxw = a->token;
+                    maxwh = a;
                 }
                 k++;
             }
+            uint64_t maxtok = b->shared ? maxw : maxall;
+            const sf_hold *maxh = b->shared ? maxwh : maxallh;
             /* a hold lost before dlock_token() was asked has token 0
              * (the API's answer for a lost hold): reported, not a
              * regression */

@@ -2,8 +2,8 @@
 /*
  * safety.c -- the safety suite's driver.
  *
- *   dlock_safety [--quick] [--stores a,b] [--scenarios x,y] [--workers N]
- *                [--table FILE] [--doc FILE]
+ *   dlock_safety [--quick] [--mixed] [--stores a,b] [--scenarios x,y]
+ *                [--workers N] [--table FILE] [--doc FILE]
  *
  * For every store (file, redis, redlock, zk, etcd, sqlite, pg,
  * pg-advisory, mysql) and scenario (none, kill, stop, restart, partition,
@@ -17,6 +17,11 @@
  * says why each is expected). --table writes the table in Markdown;
  * --doc replaces the part of a Markdown file between the markers
  * <!-- safety-table:begin --> and <!-- safety-table:end --> with it.
+ * --mixed: two holds in three are read holds (dlock_acquire_shared(); a
+ * reader only reads the resource), on the stores that have them; the
+ * checker then flags a write overlapping any other hold and a read
+ * overlapping a write; its table goes between the safety-mixed-table
+ * markers.
  *
  * Past 1,000 lines on purpose: the scenarios' table and the driver that
  * runs each against every store and writes the table; the history
@@ -81,7 +86,9 @@ static const int expected[ST_N][SC_N] = {
 #undef F
 
 /* options */
-static int quick, nworkers = 8;
+static int quick, mixed, nworkers = 8;
+/* stores with shared holds (docs/locks.md), for --mixed */
+static const int has_shared[ST_N] = {1, 0, 0, 0, 0, 0, 0, 1, 0};
 static int want_store[ST_N], want_sc[SC_N];
 static const char *table_path, *doc_path;
 static char self_exe[1024];
@@ -702,6 +709,7 @@ static void run_one(store *st, int sc, cell *out)
     s->flags = 0;
     s->wait_ms = 3000;
     s->short_waits = sc == SC_SHORT;
+    s->mixed = mixed;
     s->delay_us = 200;
     s->max_holds_per_worker = quick ? 400 : 1000;
     s->deadline_ns = sf_now_ns() + (int64_t)(quick ? 40 : 60) * 1000000000;
@@ -1098,8 +1106,10 @@ static void write_table(FILE *f, int64_t total_ms)
 
 static void splice_doc(const char *path, const char *table)
 {
-    const char *b = "<!-- safety-table:begin -->";
-    const char *e = "<!-- safety-table:end -->";
+    const char *b = mixed ? "<!-- safety-mixed-table:begin -->"
+                          : "<!-- safety-table:begin -->";
+    const char *e = mixed ? "<!-- safety-mixed-table:end -->"
+                          : "<!-- safety-table:end -->";
     FILE *f = fopen(path, "r");
     char *doc = NULL, *p, *q;
     long len;
@@ -1176,7 +1186,10 @@ static void suite(void)
             any |= want_sc[sc] && expected[k][sc] >= 0;
         if (!any)
             continue;
-        if (store_available(k, why, sizeof(why)) != 0) {
+        if (mixed && !has_shared[k])
+            snprintf(why, sizeof(why), "no shared holds on this store yet "
+                                       "(docs/locks.md)");
+        if (why[0] || store_available(k, why, sizeof(why)) != 0) {
             log_line("%s: skipped: %s", st_name[k], why);
             for (int sc = 0; sc < SC_N; sc++) {
                 cells[k][sc].outcome = SF_SKIPPED;
@@ -1268,6 +1281,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--mixed"))
+            mixed = 1;
         else if (!strcmp(argv[i], "--stores") && i + 1 < argc)
             parse_list(argv[++i], st_name, ST_N, want_store);
         else if (!strcmp(argv[i], "--scenarios") && i + 1 < argc) {
@@ -1282,8 +1297,9 @@ int main(int argc, char **argv)
             doc_path = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--stores a,b] [--scenarios x,y] "
-                    "[--workers N] [--table FILE] [--doc FILE]\n",
+                    "usage: %s [--quick] [--mixed] [--stores a,b] "
+                    "[--scenarios x,y] [--workers N] [--table FILE] "
+                    "[--doc FILE]\n",
                     argv[0]);
             return 2;
         }

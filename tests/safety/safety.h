@@ -46,6 +46,7 @@ const char *sf_outcome_name(int o);
 typedef struct sf_hold {
     int worker;
     int victim;           /* the hold the fault was aimed at */
+    int shared;           /* a read hold (--mixed): reads, never writes */
     int killed;           /* its process was SIGKILLed during the hold */
     volatile int done;    /* the record is complete */
     uint64_t acq_id;      /* worker << 32 | sequence number */
@@ -73,6 +74,7 @@ typedef struct sf_resource {
     uint64_t last_write_op; /* op number of the last accepted write */
     int64_t accepted, rejected, read_rejected;
     int64_t stale_accepted; /* accepted writes whose read was stale */
+    uint64_t last_write_token; /* the token of the last accepted write */
 } sf_resource;
 
 /* Per-worker parameters and counters. */
@@ -95,6 +97,7 @@ typedef struct sf_shared {
     int64_t wait_ms;         /* acquire wait */
     int short_waits;         /* waits of 1..10 ms instead (they keep
                               * ending as the lock is handed over) */
+    int mixed;               /* two holds in three are read holds */
     int64_t delay_us;        /* between read and write */
     int max_holds_per_worker;
     int64_t deadline_ns;     /* workers stop at this monotonic time */
@@ -122,6 +125,12 @@ void sf_resource_init(sf_resource *r);
  * SF_W_READ_REJECTED. */
 int sf_resource_read(sf_resource *r, uint64_t token, int64_t *value,
                      uint64_t *seen, uint64_t *op);
+/* A reader's read (a read hold's token): served when the token is above
+ * the last accepted write's (else SF_W_READ_REJECTED: a stale reader);
+ * raises the highest token seen, so that no earlier writer writes after
+ * it. */
+int sf_resource_read_shared(sf_resource *r, uint64_t token, int64_t *value,
+                            uint64_t *seen, uint64_t *op);
 /* Writes `value` with `token` (the read was operation read_op); returns
  * SF_W_ACCEPTED or SF_W_REJECTED. */
 int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
@@ -131,7 +140,8 @@ int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
 typedef struct sf_report {
     int outcome;
     int holds;            /* complete holds */
-    int overlaps;         /* pairs of holds of different workers */
+    int overlaps;         /* pairs of holds of different workers, one of
+                           * them a write hold (readers may overlap) */
     int overlaps_reported;/* ... whose earlier holder was told (or killed) */
     int overlaps_silent;  /* ... whose earlier holder was not told */
     int stale_rejected;   /* resource requests refused */

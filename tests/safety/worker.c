@@ -53,7 +53,7 @@ static int claim_victim(sf_shared *s, int id)
 }
 
 static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
-                     uint32_t seq, int64_t t_call)
+                     uint32_t seq, int64_t t_call, int shared)
 {
     sf_worker *me = &s->w[id];
     int64_t t_ret = sf_now_ns();
@@ -66,6 +66,7 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
     }
     sf_hold *h = &s->holds[idx];
     h->worker = id;
+    h->shared = shared;
     h->acq_id = ((uint64_t)id << 32) | seq;
     h->token = dlock_token(l);
     h->t_acq_call = t_call;
@@ -82,7 +83,9 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
     }
     int64_t v = 0;
     uint64_t seen = 0, rop = 0, wop = 0;
-    int r = sf_resource_read(&s->res, h->token, &v, &seen, &rop);
+    int r = shared ? sf_resource_read_shared(&s->res, h->token, &v, &seen,
+                                             &rop)
+                   : sf_resource_read(&s->res, h->token, &v, &seen, &rop);
     h->read_value = v;
     h->read_seen = seen;
     h->read_op = rop;
@@ -96,7 +99,7 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
     } else if (s->delay_us > 0) {
         sf_sleep_us(s->delay_us);
     }
-    if (r == SF_W_NONE)
+    if (r == SF_W_NONE && !shared)
         r = sf_resource_write(&s->res, h->token, v + 1, rop, &wop);
     h->write_res = r;
     h->write_op = wop;
@@ -169,11 +172,13 @@ int sf_worker_main(const char *path, int id)
          (int)seq < s->max_holds_per_worker && !stopping(s); seq++) {
         int64_t t_call = sf_now_ns();
         __atomic_store_n(&me->in_acquire, 1, __ATOMIC_SEQ_CST);
-        int rc = dlock_acquire(l, s->short_waits ? 1 + rand() % 10
-                                                 : s->wait_ms);
+        int shared = s->mixed && rand() % 3 != 0;
+        int64_t wait = s->short_waits ? 1 + rand() % 10 : s->wait_ms;
+        int rc = shared ? dlock_acquire_shared(l, wait)
+                        : dlock_acquire(l, wait);
         __atomic_store_n(&me->in_acquire, 0, __ATOMIC_SEQ_CST);
         if (rc == DLOCK_OK) {
-            one_hold(s, &ws, l, id, seq, t_call);
+            one_hold(s, &ws, l, id, seq, t_call, shared);
         } else if (rc == DLOCK_EBUSY) {
             me->busy++;
         } else {

@@ -711,7 +711,8 @@ int main(int argc, char **argv)
     th_store_start(&S, argv[1]);
     /* what each store has (docs/locks.md): the first test checks that
      * the others answer DLOCK_ENOTSUP, clearly */
-    has_shared = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis");
+    has_shared = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
+                 !strcmp(S.kind, "pg-advisory");
     has_permits = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis");
     return th_main(argc - 1, argv + 1, tests);
 }

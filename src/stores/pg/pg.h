@@ -64,6 +64,8 @@ enum {
     S_ADV_UNLOCK,
     S_ADV_CHECK,
     S_ADV_INSPECT,
+    S_ADV_TRY_SHARED,
+    S_ADV_UNLOCK_SHARED,
     S_COUNT
 };
 

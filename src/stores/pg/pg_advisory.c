@@ -12,6 +12,10 @@
  * lock_timeout = the caller's wait): first come, first served, no polling.
  * Tokens come from the sequence T_tokens. The client thread watches every
  * hold's connection and reports a hold lost the moment its session ends.
+ * Shared holds are the server's shared advisory locks
+ * (pg_advisory_lock_shared): its lock manager queues a shared request
+ * behind a waiting exclusive one and wakes every compatible waiter at the
+ * head of the queue on a release, so readers do not starve writers.
  */
 #include "pg.h"
 
@@ -115,6 +119,7 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     pg_conn *cn;
     PGresult *r = NULL;
     int64_t now = dlock__now_ms();
+    int shared = l->kind == DLOCK__READ;
     int rc;
 
     rc = dlock__pg_conn_get(ps, op_deadline, &cn);
@@ -124,7 +129,8 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     if (l->deadline <= now) {
         const char *vals[2] = {l->name, app};
         int lens[2] = {(int)l->name_len, 0};
-        rc = dlock__pg_run(ps, cn, S_ADV_TRY, vals, lens, op_deadline, &r,
+        rc = dlock__pg_run(ps, cn, shared ? S_ADV_TRY_SHARED : S_ADV_TRY,
+                           vals, lens, op_deadline, &r,
                            "taking the advisory lock");
     } else {
         /* the server waits: lock_timeout ends the wait at our deadline */
@@ -143,12 +149,13 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                          "SET LOCAL lock_timeout = %lld; "
                          "SELECT set_config('application_name', 'dlock 0 ' "
                          "|| %s, false); "
-                         "WITH l AS (SELECT pg_advisory_lock(" KEY(
+                         "WITH l AS (SELECT pg_advisory_lock%s(" KEY(
                              "decode('%s', 'hex')") ")), "
                          "n AS (SELECT nextval(%s) AS t FROM l) "
                          "SELECT t, set_config('application_name', 'dlock ' "
                          "|| t || ' ' || %s, false) FROM n",
-                         (long long)wait, lit, hex, ps->seq_lit, lit);
+                         (long long)wait, lit, shared ? "_shared" : "", hex,
+                         ps->seq_lit, lit);
         }
         if (sql) {
             int64_t limit = l->deadline == DLOCK__FOREVER
@@ -201,7 +208,10 @@ static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
     }
     const char *vals[1] = {l->name};
     int lens[1] = {(int)l->name_len};
-    rc = dlock__pg_run(ps, cn, S_ADV_UNLOCK, vals, lens, op_deadline, &r,
+    rc = dlock__pg_run(ps, cn,
+                       l->kind == DLOCK__READ ? S_ADV_UNLOCK_SHARED
+                                              : S_ADV_UNLOCK,
+                       vals, lens, op_deadline, &r,
                        "releasing the advisory lock");
     if (rc == DLOCK_ECONN && cn->broken) {
         /* closing the session frees the lock on the server too */
@@ -284,15 +294,28 @@ static int adv_inspect(void *st, const char *name, size_t len,
         else
             snprintf(who, sizeof(who), "backend pid %s (%s)",
                      PQgetvalue(r, i, 3), app[0] ? app : "not dlock");
-        if (!strcmp(PQgetvalue(r, i, 0), "t") && !out->held) {
+        int reader = !strcmp(PQgetvalue(r, i, 4), "t");
+        if (!strcmp(PQgetvalue(r, i, 0), "t")) {
+            /* the holders: one writer, or readers (the newest token) */
+            if (!out->held || token > out->token) {
+                out->token = token;
+                out->held_ms = dlock__pg_col_ll(r, i, 2, -1);
+            }
+            if (!out->held)
+                snprintf(out->holder, sizeof(out->holder), "%s", who);
             out->held = 1;
-            out->token = token;
-            snprintf(out->holder, sizeof(out->holder), "%s", who);
-            out->held_ms = dlock__pg_col_ll(r, i, 2, -1);
+            out->shared = reader;
+            out->holders++;
         } else {
-            rc = dlock__info_add_waiter(out, who);
+            char line[sizeof(out->holder) + 8];
+            snprintf(line, sizeof(line), "%s: %s", reader ? "read" : "write",
+                     who);
+            rc = dlock__info_add_waiter(out, line);
         }
     }
+    if (out->shared && out->holders > 1)
+        snprintf(out->holder, sizeof(out->holder), "%lld readers",
+                 (long long)out->holders);
     out->waiters = (int64_t)out->queue_len;
     PQclear(r);
     return rc;
@@ -301,7 +324,7 @@ static int adv_inspect(void *st, const char *name, size_t len,
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
 static const dlock__backend backend_pg_advisory = {
     "postgres advisory",    /* name */
-    DLOCK__CAP_NATIVE_WAIT, /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
     sizeof(pg_lease),       /* lease_size */
     dlock__pg_open,         /* open */
     dlock__pg_close,        /* close */

@@ -447,7 +447,8 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
 {
     static const char *const names[S_COUNT] = {
         "dlock0", "dlock1", "dlock2", "dlock3",  "dlock4", "dlock5",
-        "dlock6", "dlock7", "dlock8", "dlock9", "dlock10", "dlock11"};
+        "dlock6", "dlock7", "dlock8", "dlock9", "dlock10", "dlock11",
+        "dlock12", "dlock13"};
     static const Oid types[S_COUNT][8] = {
         [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
                        T_INT4, T_TEXT},
@@ -462,6 +463,8 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         [S_ADV_UNLOCK] = {T_BYTEA},
         [S_ADV_CHECK] = {T_BYTEA},
         [S_ADV_INSPECT] = {T_BYTEA},
+        [S_ADV_TRY_SHARED] = {T_BYTEA, T_TEXT},
+        [S_ADV_UNLOCK_SHARED] = {T_BYTEA},
     };
     int fmts[8] = {0};
     int n = ps->nparams[which];

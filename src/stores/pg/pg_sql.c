@@ -157,20 +157,27 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
             : set_sql(ps, S_GC_QUEUE, 1,
                       "DELETE FROM %2$s w WHERE NOT " ALIVE("w", "$1"), nm,
                       s);
-    /* advisory: $1 name [, $2 holder] */
+    /* advisory: $1 name [, $2 holder]; exclusive and shared (read) */
+#define ADV_TRY(fn)                                                         \
+    "WITH l AS (SELECT " fn "(" KEY("$1") ") AS ok), n AS (SELECT CASE "    \
+    "WHEN ok THEN nextval(%3$s) END AS t FROM l) SELECT t, CASE WHEN t IS " \
+    "NOT NULL THEN set_config('application_name', 'dlock ' || t || ' ' || " \
+    "$2, false) END FROM n"
+#define ADV_UNLOCK(fn)                                                      \
+    "SELECT " fn "(" KEY("$1") "), set_config('application_name', "         \
+    "'dlock', false)"
     rc = rc ? rc
-            : set_sql(ps, S_ADV_TRY, 2,
-                      "WITH l AS (SELECT pg_try_advisory_lock(" KEY("$1")
-                      ") AS ok), n AS (SELECT CASE WHEN ok THEN nextval(%3$s) "
-                      "END AS t FROM l) SELECT t, CASE WHEN t IS NOT NULL "
-                      "THEN set_config('application_name', 'dlock ' || t || "
-                      "' ' || $2, false) END FROM n",
+            : set_sql(ps, S_ADV_TRY, 2, ADV_TRY("pg_try_advisory_lock"), nm,
+                      s);
+    rc = rc ? rc
+            : set_sql(ps, S_ADV_TRY_SHARED, 2,
+                      ADV_TRY("pg_try_advisory_lock_shared"), nm, s);
+    rc = rc ? rc
+            : set_sql(ps, S_ADV_UNLOCK, 1, ADV_UNLOCK("pg_advisory_unlock"),
                       nm, s);
     rc = rc ? rc
-            : set_sql(ps, S_ADV_UNLOCK, 1,
-                      "SELECT pg_advisory_unlock(" KEY("$1") "), "
-                      "set_config('application_name', 'dlock', false)",
-                      nm, s);
+            : set_sql(ps, S_ADV_UNLOCK_SHARED, 1,
+                      ADV_UNLOCK("pg_advisory_unlock_shared"), nm, s);
 #define ADV_KEY_OF_LOCK                                                     \
     "l.locktype = 'advisory' AND l.objsubid = 1 AND ((l.classid::bigint "   \
     "<< 32) | l.objid::bigint) = " KEY("$1")
@@ -184,7 +191,8 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
             : set_sql(ps, S_ADV_INSPECT, 1,
                       "SELECT l.granted, coalesce(a.application_name, ''), "
                       "floor(extract(epoch FROM " NOW " - a.state_change) * "
-                      "1000)::bigint, l.pid FROM pg_locks l LEFT JOIN "
+                      "1000)::bigint, l.pid, l.mode = 'ShareLock' FROM "
+                      "pg_locks l LEFT JOIN "
                       "pg_stat_activity a ON a.pid = l.pid WHERE "
                       ADV_KEY_OF_LOCK " ORDER BY l.granted DESC, "
                       "a.query_start",

@@ -32,6 +32,7 @@
  *    file, so that two threads of one process exclude each other.
  */
 #include "sqlite.h"
+#include "../file/file.h"
 
 #include <sqlite3.h>
 
@@ -318,12 +319,47 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     return DLOCK_OK;
 }
 
+/* Takes the writers' turn in the sidecar (SQW_WRITER) before a statement
+ * that writes: another client's write waits in the kernel, woken when the
+ * turn is free, instead of in SQLite's busy handler (which sleeps and
+ * tries again: a renewal that met another client's statement there could
+ * sleep past a short lease on a busy machine). Bounded by the client's
+ * timeout. Only dlock's clients take turns: another program's writer
+ * still meets them in the busy handler. */
+static int writer_turn(sq_store *ss, const char *what)
+{
+    int e;
+
+    if (ss->sidefd < 0 || lk(ss->sidefd, F_OFD_SETLK, F_WRLCK, SQW_WRITER, 1) == 0)
+        return DLOCK_OK;
+    if (errno != EAGAIN && errno != EACCES)
+        e = errno;
+    else
+        e = dlock__file_kwait(ss->sidefd, F_WRLCK, SQW_WRITER,
+                              dlock__now_ms() + ss->timeout_ms);
+    if (e == 0)
+        return DLOCK_OK;
+    return dlock__err(DLOCK_ECONN,
+                      "sqlite %s: %s: %s", ss->redacted, what,
+                      e == ETIMEDOUT ? "another client's statement held the "
+                                       "database for the whole timeout"
+                                     : strerror(e));
+}
+
 /* Runs a prepared statement to its first row (SQLITE_ROW), or to the end
- * (SQLITE_DONE). Leaves it reset-able by the caller. */
+ * (SQLITE_DONE), a statement that writes in the writers' turn. Leaves it
+ * reset-able by the caller. */
 static int step(sq_store *ss, int which, int *row, const char *what)
 {
-    int r = sqlite3_step(ss->st[which]);
+    int writes = which != S_ROWID && which != S_LEASE_LEFT &&
+                 which != S_INSPECT;
+    int r, rc;
 
+    if (writes && (rc = writer_turn(ss, what)) != DLOCK_OK)
+        return rc;
+    r = sqlite3_step(ss->st[which]);
+    if (writes && ss->sidefd >= 0)
+        lk(ss->sidefd, F_OFD_SETLK, F_UNLCK, SQW_WRITER, 1);
     if (r == SQLITE_ROW || r == SQLITE_DONE) {
         *row = r == SQLITE_ROW;
         return DLOCK_OK;

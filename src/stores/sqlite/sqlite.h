@@ -18,6 +18,11 @@
 #define SQW_REGION_SHIFT 32
 #define SQW_TICKETS ((off_t)1 << SQW_REGION_SHIFT)
 #define SQW_REGIONS ((int64_t)1 << 30) /* rowids above wrap around */
+/* Region 0 is no lock's (rowids start at 1). Its byte 1 is the writers'
+ * turn: every statement that writes takes it (a write lock, woken by the
+ * kernel) before SQLite's own write lock, so that dlock's clients never
+ * meet in SQLite's busy handler, which sleeps and retries. */
+#define SQW_WRITER 1
 /* The region's last byte is no ticket: a head that waits for a holder
  * without a ticket holds it shared ("the holder is not in the queue"). */
 #define SQW_MARK (SQW_TICKETS - 1)

@@ -1,0 +1,228 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench_rw.c -- shared holds and semaphores on one store (issue 19's
+ * targets), printed as a Markdown subsection of that store's section:
+ *
+ *   dlock_bench_rw URI [--quick]
+ *
+ *  - the uncontended cycle, shared beside exclusive (chunks alternate);
+ *  - readers in parallel: R processes each holding the name shared for
+ *    1 ms at a time, critical sections per second beside one reader's;
+ *  - a writer under a flood of readers: R readers keep the name held
+ *    shared (1 ms holds, back to back), a writer asks for it; how long
+ *    it waits, beside 2 x (the longest read hold + one hand-off), the
+ *    hand-off measured in the same run (exclusive, two processes).
+ */
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define READERS 8
+#define HOLD_US 1000
+
+const char bench_prog[] = "bench_rw";
+static const char *uri;
+
+static void shared_once(void *l)
+{
+    if (dlock_acquire_shared(l, 0) != DLOCK_OK)
+        die("acquire_shared", dlock_errmsg());
+    if (dlock_release(l) != DLOCK_OK)
+        die("release", dlock_errmsg());
+}
+
+/* ------------------------------------------------------------------------ */
+/* Readers in parallel                                                      */
+/* ------------------------------------------------------------------------ */
+
+typedef struct par {
+    volatile int ready, go, stop;
+    int64_t run_ns;
+    volatile long sections[READERS];
+    volatile int64_t longest_hold_ns; /* the longest read hold seen */
+    volatile int writer_waits;        /* the flood: writer's turns */
+    int64_t writer_ns[64];
+} par;
+
+static void reader(void *arg, int me)
+{
+    par *p = arg;
+    dlock_client *c = h_open_client(uri, NULL);
+    dlock *l = h_open_lock(c, "bench-rw", 0, 0);
+
+    __atomic_add_fetch(&p->ready, 1, __ATOMIC_SEQ_CST);
+    spin_until(&p->go, 1);
+    while (!__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST)) {
+        if (dlock_acquire_shared(l, 30000) != DLOCK_OK)
+            die("reader: acquire_shared", dlock_errmsg());
+        int64_t t0 = now_ns();
+        sleep_us(HOLD_US);
+        int64_t held = now_ns() - t0;
+        if (dlock_release(l) != DLOCK_OK)
+            die("reader: release", dlock_errmsg());
+        p->sections[me]++;
+        int64_t was = __atomic_load_n(&p->longest_hold_ns, __ATOMIC_SEQ_CST);
+        while (held > was &&
+               !__atomic_compare_exchange_n(&p->longest_hold_ns, &was, held,
+                                            0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST)) {
+        }
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* Critical sections per second of n readers together over run_ms. */
+static double readers_rate(int n, int64_t run_ms)
+{
+    par *p = h_shared(sizeof(*p));
+    pid_t pids[READERS];
+    long total = 0;
+
+    for (int i = 0; i < n; i++)
+        pids[i] = spawn(reader, p, i);
+    wait_ready(&p->ready, n, pids, n, "readers");
+    __atomic_store_n(&p->go, 1, __ATOMIC_SEQ_CST);
+    int64_t t0 = now_ns();
+    sleep_us((long)run_ms * 1000);
+    for (int i = 0; i < n; i++)
+        total += __atomic_load_n(&p->sections[i], __ATOMIC_SEQ_CST);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
+    reap(pids, n, "readers");
+    h_unshare(p, sizeof(*p));
+    return (double)total / secs;
+}
+
+/* ------------------------------------------------------------------------ */
+/* A writer under a flood of readers                                        */
+/* ------------------------------------------------------------------------ */
+
+/* The writer's waits, into out[0..turns); the longest read hold seen. */
+static int64_t writer_under_flood(int turns, int64_t *out)
+{
+    par *p = h_shared(sizeof(*p));
+    pid_t pids[READERS];
+    dlock_client *c = h_open_client(uri, NULL);
+    dlock *l = h_open_lock(c, "bench-rw", 0, 0);
+
+    for (int i = 0; i < READERS; i++)
+        pids[i] = spawn(reader, p, i);
+    wait_ready(&p->ready, READERS, pids, READERS, "readers");
+    __atomic_store_n(&p->go, 1, __ATOMIC_SEQ_CST);
+    sleep_us(50000); /* the flood is on */
+    for (int t = 0; t < turns; t++) {
+        sleep_us(5000 + rand() % 5000);
+        int64_t t0 = now_ns();
+        if (dlock_acquire(l, 30000) != DLOCK_OK)
+            die("writer: acquire", dlock_errmsg());
+        out[t] = now_ns() - t0;
+        if (dlock_release(l) != DLOCK_OK)
+            die("writer: release", dlock_errmsg());
+    }
+    __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
+    reap(pids, READERS, "readers");
+    int64_t longest = p->longest_hold_ns;
+    dlock_close(l);
+    dlock_client_close(c);
+    h_unshare(p, sizeof(*p));
+    return longest;
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0;
+    char why[256];
+
+    uri = h_args(argc, argv, "URI", &quick);
+    dlock_client *c = h_store_client(uri, NULL, why, sizeof(why));
+    printf("\n### Shared holds and semaphores\n\n");
+    if (!c) {
+        printf("Not measured: %s.\n", why);
+        return 0;
+    }
+    dlock *x = h_open_lock(c, "bench-rw-cycle", 0, 0);
+    if (dlock_acquire_shared(x, 0) != DLOCK_OK) {
+        printf("Not measured: %s.\n", dlock_errmsg());
+        return 0;
+    }
+    dlock_release(x);
+    dlock_options so;
+    memset(&so, 0, sizeof(so));
+    so.permits = 4;
+    dlock *sem = NULL;
+    if (dlock_open(&sem, c, "bench-rw-sem", &so) != DLOCK_OK)
+        die("open", dlock_errmsg());
+    int has_sem = dlock_acquire(sem, 0) == DLOCK_OK;
+    if (has_sem)
+        dlock_release(sem);
+
+    /* the uncontended cycles, chunk by chunk */
+    int n = quick ? 2000 : 20000, chunks = 10;
+    kind_op kinds[3] = {{h_dlock_once, x}, {shared_once, x}, {h_dlock_once, sem}};
+    int nk = has_sem ? 3 : 2;
+    double *p50 = calloc((size_t)(nk * chunks), sizeof(double));
+    if (!p50)
+        die("calloc", "out of memory");
+    chunked_ops(kinds, nk, n, chunks, p50, NULL);
+    spread ex = medrange(p50, chunks), sh = medrange(p50 + chunks, chunks);
+    spread r = ratios(p50 + chunks, p50, chunks);
+    printf("| measure | exclusive | shared | ratio (target) |\n|---|---|---|---|\n");
+    printf("| shared beside exclusive: uncontended acquire+release, p50 (µs) "
+           "| %.1f | %.1f | **%.2fx** "
+           "(%.2f–%.2f; target ≤ 1.1x) |\n",
+           ex.med, sh.med, r.med, r.min, r.max);
+    if (has_sem) {
+        spread pm = medrange(p50 + 2 * chunks, chunks);
+        spread pr = ratios(p50 + 2 * chunks, p50, chunks);
+        printf("| a semaphore's permit (4 permits), p50 (µs) | %.1f | %.1f | "
+               "%.2fx (%.2f–%.2f) |\n",
+               ex.med, pm.med, pr.med, pr.min, pr.max);
+    }
+    free(p50);
+    dlock_close(x);
+    dlock_close(sem);
+    dlock_client_close(c);
+
+    /* readers in parallel */
+    int64_t run_ms = quick ? 500 : 2000;
+    double one = readers_rate(1, run_ms), many = readers_rate(READERS, run_ms);
+    double goal = 0.8 * READERS * one;
+    printf("| %d readers holding %d ms each, critical sections/s | 1 reader: "
+           "%.0f | %d readers: %.0f | **%.2fx** of %d x one reader's (target "
+           "≥ 0.8x) |\n",
+           READERS, HOLD_US / 1000, one, READERS, many,
+           many / (READERS * one), READERS);
+    (void)goal;
+
+    /* a writer under a flood of readers */
+    dlock_party party = {uri, NULL, 0, 0, 30000};
+    int nh = quick ? 20 : 100, turns = quick ? 10 : 40;
+    int64_t *hs = calloc((size_t)nh, sizeof(int64_t)),
+            *ws = calloc((size_t)turns, sizeof(int64_t));
+    if (!hs || !ws)
+        die("calloc", "out of memory");
+    stats ho = handoff_dlock(&party, nh, hs);
+    int64_t longest = writer_under_flood(turns, ws);
+    stats wst = summarize(ws, turns);
+    int64_t wmax = ws[turns - 1]; /* sorted by summarize */
+    double bound_us = 2.0 * ((double)longest / 1000.0 + ho.p50_us);
+    printf("| a writer under a flood of %d readers (1 ms holds): its wait, "
+           "p50 / max (µs) | hand-off p50 %.1f, longest read hold %.0f | "
+           "%.0f / %.0f | max **%.2fx** of 2 x (longest read hold + "
+           "hand-off) = %.0f µs (target ≤ 1x) |\n",
+           READERS, ho.p50_us, (double)longest / 1000.0, wst.p50_us,
+           (double)wmax / 1000.0, (double)wmax / 1000.0 / bound_us, bound_us);
+    free(hs);
+    free(ws);
+    printf("\nThe readers sleep 1 ms per hold (nanosleep: the kernel's timer "
+           "slack makes it a little longer); the longest read hold is the "
+           "longest any reader measured in the flood. The writer asks %d "
+           "times, 5–10 ms apart, while the %d readers keep the name "
+           "held.\n",
+           turns, READERS);
+    return 0;
+}
