@@ -501,6 +501,73 @@ TEST(shared_holds_over_a_unix_socket)
     dlock_client_close(t);
 }
 
+/* A permit holder killed holding: its line stays in the key until a
+ * script has to decide (with nobody waiting, nothing is held up by it);
+ * the next try after its lease end drops it and takes the permit it
+ * left. dlock_inspect() counts only the live lines meanwhile. */
+static int dead_permit_child(void *arg)
+{
+    dead *d = arg;
+    dlock_client *c = NULL;
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 500;
+    o.permits = 2;
+    if (dlock_client_open(&c, srv.uri, NULL) != DLOCK_OK ||
+        dlock_open(&l, c, "rw10", &o) != DLOCK_OK)
+        return 1;
+    d->before = th_now_ms();
+    d->rc = dlock_acquire(l, 0);
+    for (;;)
+        pause(); /* killed holding */
+}
+
+static int holder_lines(const char *name)
+{
+    char val[4096];
+    int n = 0;
+
+    th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{%s}", name);
+    for (const char *p = val; (p = strstr(p, "\n+ ")) != NULL; p++)
+        n++;
+    return n;
+}
+
+TEST(an_expired_holder_line_is_dropped_by_the_next_try)
+{
+    dead *d = th_shared(sizeof(*d));
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *pa = handle(a, "rw10", 30000, 0, 2);
+    dlock *pb = handle(b, "rw10", 30000, 0, 2);
+
+    d->rc = -1000;
+    pid_t child = th_fork(dead_permit_child, d);
+    until_state(a, "rw10", 0, 1);
+    kill(child, SIGKILL);
+    th_wait(child);
+    CHECK_OK(d->rc);
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_RC(dlock_acquire(pb, 0), DLOCK_EBUSY); /* 2 of 2 taken */
+    /* past the dead holder's lease (500 ms from before its acquire) */
+    int64_t left = d->before + 500 + 50 - th_now_ms();
+    if (left > 0)
+        th_sleep_ms(left);
+    CHECK_EQ(holder_lines("rw10"), 2); /* still there: nobody decided */
+    dlock_info i = info_of(a, "rw10");
+    CHECK_EQ(i.holders, 1); /* but not counted */
+    dlock_info_clear(&i);
+    CHECK_OK(dlock_acquire(pb, 0));
+    CHECK_EQ(holder_lines("rw10"), 2); /* pa's and pb's */
+    CHECK_OK(dlock_release(pa));
+    CHECK_OK(dlock_release(pb));
+    dlock_close(pa);
+    dlock_close(pb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 static const th_test tests[] = {
     T(a_writer_behind_readers_gets_it_at_the_last_release),
     T(one_release_lets_in_every_reader_at_the_head),
@@ -511,6 +578,7 @@ static const th_test tests[] = {
     T(a_semaphore_keeps_its_permits),
     T(a_writer_giving_up_lets_the_readers_behind_it_in),
     T(shared_holds_over_a_unix_socket),
+    T(an_expired_holder_line_is_dropped_by_the_next_try),
     {NULL, NULL, 0},
 };
 

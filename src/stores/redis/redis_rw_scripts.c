@@ -235,10 +235,10 @@ const char dlock__redis_rw_try_lua[] =
      * read hold or a permit on a free key, nobody waiting; GET, SET
      * (TIME for a name not used in the last hour), as for a writer */
     "local v = redis.call('GET', KEYS[1])\n"
+    "local c, k, n, ttl, d = string.match(ARGV[1],\n"
+    "  '^(%x+:%d+):%d+ ([rp])(%d*) (%d+) (.*)$')\n"
     "if not v or (string.byte(v, 1) == 45 and\n"
     "             not string.find(v, '\\n', 1, true)) then\n"
-    "  local c, k, n, ttl, d = string.match(ARGV[1],\n"
-    "    '^(%x+:%d+):%d+ ([rp])(%d*) (%d+) (.*)$')\n"
     "  local t = v and string.match(v, '^%- (%d+)$')\n"
     "  if c and (t or not v) then\n"
     "    if t then\n"
@@ -251,6 +251,39 @@ const char dlock__redis_rw_try_lua[] =
     " ..\n"
     "      t .. '\\n+ ' .. c .. ' ' .. t .. ' ? ' .. d, 'PX', ttl)\n"
     "    return t\n"
+    "  end\n"
+    /* readers (permits) hold, nobody waits, no line has expired, room:
+     * one more holder line, read on the string (GET, TIME, PTTL, SET) */
+    "elseif c and not string.find(v, '\\n[^+]') and\n"
+    "       not string.find(v, '\\n+ ' .. c .. ' ', 1, true) then\n"
+    "  local nl = string.find(v, '\\n', 1, true)\n"
+    "  local hd = string.sub(v, 1, (nl or 0) - 1)\n"
+    "  local pre, t = string.match(hd, '^(S )(%d+)$')\n"
+    "  if k == 'p' then pre, t = string.match(hd, '^(N ' .. n .. ' )(%d+)$') "
+    "end\n"
+    "  if nl and t and ((k == 'r') == (pre == 'S ')) then\n"
+    "    local tm = redis.call('TIME')\n"
+    "    local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
+    "1000)\n"
+    "    local pt = redis.call('PTTL', KEYS[1])\n"
+    "    local ok, cnt = pt > 0, 0\n"
+    "    for u in string.gmatch(v, '\\n%+ %S+ %d+ (%S+) ') do\n"
+    "      cnt = cnt + 1\n"
+    "      if u ~= '?' and tonumber(u) <= now then ok = false end\n"
+    "    end\n"
+    "    if ok and cnt > 0 and (k == 'r' or cnt < tonumber(n)) then\n"
+    "      t = string.format('%.0f', t + 1)\n"
+    "      local u = now + tonumber(ttl)\n"
+    /* a sole holder's "?" is the key's expiry: written out now */
+    "      local body = string.gsub(string.sub(v, nl), '^(\\n%+ %S+ %d+ )%? ',"
+    "\n"
+    "        '%1' .. string.format('%.0f', now + pt) .. ' ')\n"
+    "      redis.call('SET', KEYS[1], pre .. t .. body .. '\\n+ ' .. c .. "
+    "' ' ..\n"
+    "        t .. ' ' .. string.format('%.0f', u) .. ' ' .. d, 'PXAT',\n"
+    "        string.format('%.0f', math.max(u, now + pt)))\n"
+    "      return t\n"
+    "    end\n"
     "  end\n"
     "end\n"
     RW_LIB
@@ -303,19 +336,25 @@ const char dlock__redis_rw_try_lua[] =
  * proceed. Returns 0 (not ours) or {1, CLIENT, SEQ, TOKEN, TTL, ...}
  * (the grants). */
 const char dlock__redis_rw_release_lua[] =
-    /* the uncontended path first: the owner's line is the only one (GET,
-     * SET of the tombstone, as for a writer) */
+    /* nobody waits (every line a holder's): the owner's line is cut out
+     * on the string, GET, SET (the tombstone when it was the only one, as
+     * for a writer); other lines are left as they are (with nobody
+     * waiting, an expired one holds nothing up: the next try drops it) */
     "local v = redis.call('GET', KEYS[1])\n"
     "local b = v and string.byte(v, 1)\n"
-    "if b == 83 or b == 78 then\n"
-    "  local nl = string.find(v, '\\n', 1, true)\n"
-    "  local o = '+ ' .. ARGV[1] .. ' '\n"
-    "  if nl and string.sub(v, nl + 1, nl + #o) == o and\n"
-    "     not string.find(v, '\\n', nl + 1, true) then\n"
-    "    local t = string.match(string.sub(v, 1, nl - 1), ' (%d+)$')\n"
+    "if (b == 83 or b == 78) and not string.find(v, '\\n[^+]') then\n"
+    "  local s = string.find(v, '\\n+ ' .. ARGV[1] .. ' ', 1, true)\n"
+    "  if s then\n"
+    "    local e = string.find(v, '\\n', s + 1, true)\n"
+    "    local rest = string.sub(v, 1, s - 1) .. (e and string.sub(v, e) or "
+    "'')\n"
+    "    local t = string.match(rest, '^[SN] [%d ]-(%d+)$')\n"
     "    if t then\n"
     "      redis.call('SET', KEYS[1], '- ' .. t, 'PXAT',\n"
     "        math.floor(tonumber(t) / 1000) + 3600000)\n"
+    "      return {1}\n"
+    "    elseif string.find(rest, '\\n', 1, true) then\n"
+    "      redis.call('SET', KEYS[1], rest, 'KEEPTTL')\n"
     "      return {1}\n"
     "    end\n"
     "  end\n"
