@@ -367,6 +367,8 @@ else
     py_peer kazoo "127.0.0.1:$zkport" "$zkout" python3-kazoo \
         'uncontended acquire+release, p50' 'hand-off, release → waiter' >"$zkout.peer"
     { echo; cat "$zkout.peer"; } >>"$zkout"
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_rw" "zk://127.0.0.1:$zkport/dlock-bench" $quick >>"$zkout"
     contend "ZooKeeper|dlock|ZooKeeper" "zk $zkport" "$cbin" worker \
         "zk://127.0.0.1:$zkport/dlock-bench" contend-1
     if /usr/bin/python3 -c "import kazoo" 2>/dev/null; then

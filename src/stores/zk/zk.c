@@ -239,6 +239,9 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
         if (!out->queue)
             rc = dlock__err(DLOCK_ENOMEM, "out of memory");
     }
+    int readers = 0, queued = 0;
+    for (int32_t i = 0; i < n; i++)
+        readers |= dlock__zk_is_reader(kids->kids.data[i]);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     int64_t nowwall = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
@@ -262,17 +265,32 @@ static int inspect_in(zk_store *zs, zk_session *s, const char *name,
          * there holds the lock (every lower one is gone, every newer one
          * is higher), the rest wait. So held, holder, waiters and queue
          * always agree, even in the middle of a hand-off. */
+        int reader = dlock__zk_is_reader(kids->kids.data[i]);
         if (zrc != ZOK) {
             /* gone, or unreadable: not part of the answer */
-        } else if (!out->held) {
+        } else if (!out->held || (out->shared && reader && !queued)) {
+            /* the holders: the first node, and the readers right
+             * after a reader at the head */
+            if (!out->held) {
+                snprintf(out->holder, sizeof(out->holder), "%s", desc);
+                out->held_ms = nowwall - ops[i]->stat.ctime;
+                if (out->held_ms < 0)
+                    out->held_ms = 0;
+            }
             out->held = 1;
-            snprintf(out->holder, sizeof(out->holder), "%s", desc);
-            out->token = (uint64_t)ops[i]->stat.czxid;
-            out->held_ms = nowwall - ops[i]->stat.ctime;
-            if (out->held_ms < 0)
-                out->held_ms = 0;
+            out->shared = reader;
+            out->holders++;
+            if ((uint64_t)ops[i]->stat.czxid > out->token)
+                out->token = (uint64_t)ops[i]->stat.czxid;
         } else if (out->queue) {
-            char *d = strdup(desc);
+            char line[320];
+            queued = 1;
+            if (readers)
+                snprintf(line, sizeof(line), "%s: %s",
+                         reader ? "read" : "write", desc);
+            else
+                snprintf(line, sizeof(line), "%s", desc);
+            char *d = strdup(line);
             if (!d && rc == DLOCK_OK)
                 rc = dlock__err(DLOCK_ENOMEM, "out of memory");
             if (d)
@@ -604,7 +622,7 @@ static int zk_open(void **out, dlock_client *c, const dlock__uri *u,
 
 const dlock__backend dlock__backend_zk = {
     "zk",                   /* name */
-    DLOCK__CAP_NATIVE_WAIT, /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
     sizeof(zk_lease),       /* lease_size */
     zk_open,                /* open */
     zk_close,               /* close */

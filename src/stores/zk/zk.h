@@ -171,6 +171,9 @@ uint64_t dlock__zk_conn_gen(zk_store *zs, zk_session *s);
 void dlock__zk_lock_path(const zk_store *zs, const char *name, size_t len,
                          char *out);
 
+/* A lock child of a reader ("r-..."), not a writer ("l-...")? */
+int dlock__zk_is_reader(const char *child);
+
 /* Sorts the lock children in queue order, dropping foreign names; returns
  * how many remain at the front. */
 int32_t dlock__zk_sort_children(struct String_vector *v);

@@ -51,7 +51,8 @@ static long long child_seq(const char *name)
     size_t n = strlen(name);
     long long v = 0;
 
-    if (n < ZK_SEQ_DIGITS + 3 || strncmp(name, "l-", 2) != 0)
+    if (n < ZK_SEQ_DIGITS + 3 ||
+        (strncmp(name, "l-", 2) != 0 && strncmp(name, "r-", 2) != 0))
         return -1;
     for (size_t i = n - ZK_SEQ_DIGITS; i < n; i++) {
         if (name[i] < '0' || name[i] > '9')
@@ -67,6 +68,11 @@ static int cmp_child(const void *a, const void *b)
     long long y = child_seq(*(char *const *)b);
 
     return x < y ? -1 : x > y;
+}
+
+int dlock__zk_is_reader(const char *child)
+{
+    return child[0] == 'r';
 }
 
 /* Sorts the lock children in queue order, dropping foreign names; returns
@@ -215,8 +221,9 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
     dlock__zk_lock_path(zs, l->name, l->name_len, parent);
     if (dlock__random(nonce, sizeof(nonce)) != 0)
         return dlock__err(DLOCK_EPROTO, "no random bytes for a node name");
-    snprintf(prefix, sizeof(prefix), "%s/l-%02x%02x%02x%02x%02x%02x%02x%02x-",
-             parent, nonce[0], nonce[1], nonce[2], nonce[3], nonce[4],
+    /* "l-" a writer (an exclusive hold), "r-" a reader (shared) */
+    snprintf(prefix, sizeof(prefix), "%s/%c-%02x%02x%02x%02x%02x%02x%02x%02x-",
+             parent, l->kind == DLOCK__READ ? 'r' : 'l', nonce[0], nonce[1], nonce[2], nonce[3], nonce[4],
              nonce[5], nonce[6], nonce[7]);
     dlen = snprintf(data, sizeof(data), "%s\n%s", l->owner, l->desc);
     if (dlen >= (int)sizeof(data))
@@ -276,13 +283,20 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                               "(deleted by someone else?)",
                               zs->redacted);
         }
-        if (me == 0) {
+        /* a writer waits for every node before it, a reader for the
+         * writers before it: it watches the nearest one (readers ahead
+         * of it hold or wait with it) */
+        int32_t w_at = me - 1;
+        if (l->kind == DLOCK__READ)
+            while (w_at >= 0 && dlock__zk_is_reader(op->kids.data[w_at]))
+                w_at--;
+        if (w_at < 0) {
             dlock__zk_op_put(op);
             l->token = czxid;
             return DLOCK_OK;
         }
         snprintf(pred, sizeof(pred), "%s/%.100s", parent,
-                 op->kids.data[me - 1]);
+                 op->kids.data[w_at]);
         dlock__zk_op_put(op);
         op = NULL;
         if (l->deadline <= dlock__now_ms()) {
@@ -328,10 +342,11 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
             }
         }
         pthread_mutex_unlock(&zs->mu);
-        /* Second in line and the head's node is gone: we are the head
-         * (every node created since has a higher sequence), no need to
-         * list the queue again. That saves a round trip per hand-off. */
-        if (outcome == 0 && me == 1 && (w.deleted || zrc == ZNONODE)) {
+        /* The node we watched was the head and is gone: every node
+         * before ours is gone or a reader (and we read), every node
+         * created since has a higher sequence: ours, no need to list the
+         * queue again. That saves a round trip per hand-off. */
+        if (outcome == 0 && w_at == 0 && (w.deleted || zrc == ZNONODE)) {
             l->token = czxid;
             return DLOCK_OK;
         }
