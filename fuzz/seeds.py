@@ -138,6 +138,8 @@ INSPECT += [
         ":6 p 1 y"), num(-1)),
     arr(num(1), bulk("N 0 1\n+ a b c d\n+ \n+"), num(1)),
     arr(num(1), bulk("S x\n+ o 1 99999999999999999999999 d"), num(1)),
+    arr(num(1), bulk("- 1700000000000009 3"), num(100)),
+    arr(num(1), bulk("- 1700000000000009 99999999999999999999"), num(100)),
 ]
 SUB = [
     arr(bulk("message"), bulk("dlock:c:fuzz"), bulk("17")),
@@ -159,7 +161,8 @@ for uri, name, resp in [
         ("redis://h", "n", b"+OK\r\n:12\r\n$3\r\n-12\r\n"),
         ("redis://h", "s", INSPECT[7]), ("redis://h", "p", INSPECT[8]),
         ("redis://h", "k", INSPECT[9]), ("redis://h", "z", INSPECT[10]),
-        ("redis://h", "y", INSPECT[11])]:
+        ("redis://h", "y", INSPECT[11]), ("redis://h", "t", INSPECT[12]),
+        ("redis://h", "u", INSPECT[13])]:
     put("redis", fields(uri, name, "s3cret", "WRONGPASS s3cret invalid") +
         b"\0" + bytes([1]) + resp)
 

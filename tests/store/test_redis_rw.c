@@ -415,7 +415,13 @@ TEST(a_semaphore_keeps_its_permits)
     CHECK_EQ(i.waiters, 0);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(p3));
-    /* free: the name may now be anything */
+    /* free: its tombstone still says 3 permits, for dlock status... */
+    i = info_of(c, "rw7");
+    CHECK_EQ(i.held, 0);
+    CHECK_EQ(i.permits, 3);
+    CHECK_OP(i.token, >, 0);
+    dlock_info_clear(&i);
+    /* ...but binds nothing: the name may now be anything */
     CHECK_OK(dlock_acquire(lk, 0));
     CHECK_RC(dlock_acquire(p3, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "not a semaphore");

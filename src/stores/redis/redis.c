@@ -7,7 +7,8 @@
  * string whose PEXPIRE is the holder's lease:
  *     OWNER TOKEN ACQUIRED_MS DESCRIPTION
  *     CLIENTID:TID:SEQ TTL DESCRIPTION        (one per waiter, in order)
- * A release that frees the lock leaves a tombstone, "- TOKEN", expiring
+ * A release that frees the lock leaves a tombstone, "- TOKEN" ("- TOKEN
+ * N" after a semaphore of N, for inspection only), expiring
  * an hour after the token's time on the server's clock (the last token,
  * for the next fresh hold's; see "Fencing tokens" in docs/design.md).
  * Channel Pc:CLIENTID, one per client: "g SEQ TOKEN", the lock handed to
@@ -56,8 +57,8 @@
 #define BATCH 256            /* leases per extend-many script */
 /* A value this long before a waiter's blindly appended line is a
  * holder's record (its owner alone is 34 bytes); a tombstone is at most
- * 22 bytes */
-#define RECORD_MIN 25
+ * 28 bytes ("- TOKEN", and a semaphore's " N") */
+#define RECORD_MIN 29
 
 /* ------------------------------------------------------------------------ */
 /* State                                                                    */

@@ -223,7 +223,8 @@ static const char *shared_holders(const char *v, const char *end,
 
     if (v[0] == 'N') {
         sp = memchr(v + 2, ' ', (size_t)(rec - v - 2));
-        if (!sp || number(v + 2, sp, &n) || number(sp + 1, rec, &t) || !n)
+        if (!sp || number(v + 2, sp, &n) || number(sp + 1, rec, &t) || !n ||
+            n > DLOCK_PERMITS_MAX)
             return NULL;
         out->permits = (int64_t)n;
     } else {
@@ -291,9 +292,15 @@ int dlock__redis_rw_inspect(const redis_store *rs, const char *name,
     const char *nl = memchr(v->str, '\n', v->len);
     size_t rec = nl ? (size_t)(nl - v->str) : v->len;
     if (rec > 2 && v->str[0] == '-' && v->str[1] == ' ') {
-        if (number(v->str + 2, v->str + rec, &t))
+        /* "- TOKEN", or "- TOKEN N" after a semaphore of N */
+        const char *sp = memchr(v->str + 2, ' ', rec - 2);
+        unsigned long long n = 0;
+        if (number(v->str + 2, sp ? sp : v->str + rec, &t) ||
+            (sp && (number(sp + 1, v->str + rec, &n) || !n ||
+                    n > DLOCK_PERMITS_MAX)))
             return not_dlock(rs, name);
         out->token = t;
+        out->permits = (int64_t)n;
     } else if (rec > 2 && (v->str[0] == 'S' || v->str[0] == 'N') &&
                v->str[1] == ' ') {
         nl = shared_holders(v->str, end, now, out);

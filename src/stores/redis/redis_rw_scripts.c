@@ -56,8 +56,11 @@
     "  end\n"                                                               \
     "  local hd = ls[1]\n"                                                  \
     "  local a, t = string.match(hd, '^([-S]) (%d+)$')\n"                   \
+    "  local tn\n"                                                          \
+    "  if not a then a, t, tn = string.match(hd, '^(%-) (%d+) (%d+)$') end\n"\
     "  if a then\n"                                                         \
-    "    st.f, st.tok = a == 'S' and 'S' or 'F', tonumber(t)\n"             \
+    "    st.f, st.tok, st.n = a == 'S' and 'S' or 'F', tonumber(t), "        \
+    "tonumber(tn)\n"                                                        \
     "  elseif hd ~= '' then\n"                                              \
     "    local n, t2 = string.match(hd, '^N (%d+) (%d+)$')\n"               \
     "    if n then\n"                                                       \
@@ -168,7 +171,8 @@
     "local function save(key, st)\n"                                        \
     "  if st.f == 'F' and #st.q == 0 then\n"                                \
     "    if st.tok then\n"                                                  \
-    "      redis.call('SET', key, '- ' .. fmt(st.tok), 'PXAT',\n"           \
+    "      redis.call('SET', key, '- ' .. fmt(st.tok) ..\n"                 \
+    "        (st.n and ' ' .. st.n or ''), 'PXAT',\n"                       \
     "        math.floor(st.tok / 1000) + 3600000)\n"                        \
     "    else\n"                                                            \
     "      redis.call('DEL', key)\n"                                        \
@@ -239,7 +243,7 @@ const char dlock__redis_rw_try_lua[] =
     "  '^(%x+:%d+):%d+ ([rp])(%d*) (%d+) (.*)$')\n"
     "if not v or (string.byte(v, 1) == 45 and\n"
     "             not string.find(v, '\\n', 1, true)) then\n"
-    "  local t = v and string.match(v, '^%- (%d+)$')\n"
+    "  local t = v and string.match(v, '^%- (%d+) ?%d*$')\n"
     "  if c and (t or not v) then\n"
     "    if t then\n"
     "      t = string.format('%.0f', t + 1)\n"
@@ -348,9 +352,11 @@ const char dlock__redis_rw_release_lua[] =
     "    local e = string.find(v, '\\n', s + 1, true)\n"
     "    local rest = string.sub(v, 1, s - 1) .. (e and string.sub(v, e) or "
     "'')\n"
-    "    local t = string.match(rest, '^[SN] [%d ]-(%d+)$')\n"
+    "    local n, t = string.match(rest, '^N (%d+) (%d+)$')\n"
+    "    if not t then t = string.match(rest, '^S (%d+)$') end\n"
     "    if t then\n"
-    "      redis.call('SET', KEYS[1], '- ' .. t, 'PXAT',\n"
+    "      redis.call('SET', KEYS[1], '- ' .. t .. (n and ' ' .. n or ''),"
+    " 'PXAT',\n"
     "        math.floor(tonumber(t) / 1000) + 3600000)\n"
     "      return {1}\n"
     "    elseif string.find(rest, '\\n', 1, true) then\n"
