@@ -444,6 +444,8 @@ else
         tail -30 "$tmp/etcd/etcd.log" >&2 || true
         exit 1
     fi
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_rw" "etcd://127.0.0.1:$etcdport?prefix=dlock-bench" $quick >"$etcdout.rw"
     # the CLI: a whole command under the lock, dlock beside etcdctl
     runs=20
     [ -n "$quick" ] && runs=5
@@ -470,7 +472,7 @@ else
     } >>"$etcdout"
     py_peer etcd3 "$ep" "$etcdout" python3-etcd3 \
         'uncontended acquire+release, p50' 'hand-off, release → waiter' >"$etcdout.peer"
-    { echo; cat "$etcdout.peer"; } >>"$etcdout"
+    { echo; cat "$etcdout.peer"; cat "$etcdout.rw"; } >>"$etcdout"
     contend "etcd|dlock|etcd" "etcd $etcdport" "$cbin" worker \
         "etcd://$ep?prefix=dlock-bench" contend-1
     if /usr/bin/python3 -c "import etcd3" 2>/dev/null; then

@@ -1585,7 +1585,7 @@ expect_rc 64 "run --permits x" -- run --permits x semL -- true
 expect_rc 64 "run --shared --permits 2" -- run --shared --permits 2 semL -- true
 case $KIND in
 file | redis) HAS_SHARED=1 HAS_PERMITS=1 ;;
-pg-advisory | zk) HAS_SHARED=1 HAS_PERMITS=0 ;;
+pg-advisory | zk | etcd) HAS_SHARED=1 HAS_PERMITS=0 ;;
 *) HAS_SHARED=0 HAS_PERMITS=0 ;;
 esac
 if [ "$HAS_SHARED" = 1 ]; then

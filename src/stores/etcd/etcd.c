@@ -148,7 +148,9 @@ void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len)
 static int pick_key(etcd_store *es, const dlock__lease *l, etcd_hold *eh)
 {
     size_t n = lock_base(es, l->name, l->name_len, eh->key);
-    size_t m = n + (size_t)sprintf(eh->key + n, "%" PRIx64,
+    /* a reader's key: "r" + lease hex (a writer's, etcdctl lock's form) */
+    size_t m = n + (size_t)sprintf(eh->key + n, "%s%" PRIx64,
+                                   l->kind == DLOCK__READ ? "r" : "",
                                    (uint64_t)eh->lease->id);
 
     pthread_mutex_lock(&es->mu);
@@ -247,6 +249,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     dlock__etcd_b64_encode(base, base_len, bb);
     dlock__etcd_range_end_b64(base, base_len, eb);
     w.mine = kb;
+    w.reader = l->kind == DLOCK__READ;
     /* the stream is up: register first, so that no deletion after our
      * transaction can be missed */
     pthread_mutex_lock(&es->mu);
@@ -655,17 +658,43 @@ static int inspect_answer(const cJSON *j, dlock_info *out, int64_t *lease)
     out->held = 1;
     out->token = (uint64_t)jint(kv, "create_revision");
     describe(kv, out->holder, sizeof(out->holder));
-    int64_t count = jint(j, "count");
-    out->waiters = count >= 1 ? count - 1 : -1; /* no count: cannot tell */
     int nk = cJSON_GetArraySize(jget(j, "kvs"));
-    if (nk > 1) {
-        out->queue = calloc((size_t)nk - 1, sizeof(char *));
+    int readers = 0, first = 1;
+    for (int i = 0; i < nk; i++)
+        readers |= dlock__etcd_key_is_reader(jstr(kvs_at(j, i), "key"));
+    /* the holders: the first key, and the readers right after a reader */
+    out->shared = dlock__etcd_key_is_reader(jstr(kv, "key"));
+    out->holders = 1;
+    while (out->shared && first < nk &&
+           dlock__etcd_key_is_reader(jstr(kvs_at(j, first), "key"))) {
+        int64_t t = jint(kvs_at(j, first), "create_revision");
+        if ((uint64_t)t > out->token)
+            out->token = (uint64_t)t;
+        out->holders++;
+        first++;
+    }
+    if (out->holders > 1)
+        snprintf(out->holder, sizeof(out->holder), "%lld readers",
+                 (long long)out->holders);
+    int64_t count = jint(j, "count");
+    out->waiters = count >= first ? count - first : -1; /* no count: cannot
+                                                         * tell */
+    if (nk > first) {
+        out->queue = calloc((size_t)(nk - first), sizeof(char *));
         if (!out->queue)
             return enomem();
-        for (int i = 1; i < nk; i++) {
-            char d[256];
+        for (int i = first; i < nk; i++) {
+            char d[256], line[272];
             describe(kvs_at(j, i), d, sizeof(d));
-            if (!(out->queue[n] = strdup(d))) {
+            if (readers)
+                snprintf(line, sizeof(line), "%s: %s",
+                         dlock__etcd_key_is_reader(jstr(kvs_at(j, i), "key"))
+                             ? "read"
+                             : "write",
+                         d);
+            else
+                snprintf(line, sizeof(line), "%s", d);
+            if (!(out->queue[n] = strdup(line))) {
                 out->queue_len = n;
                 return enomem();
             }
@@ -870,7 +899,7 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
 
 const dlock__backend dlock__backend_etcd = {
     "etcd",                 /* name */
-    DLOCK__CAP_NATIVE_WAIT, /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
     sizeof(etcd_hold),      /* lease_size */
     etcd_open,              /* open */
     etcd_close,             /* close */

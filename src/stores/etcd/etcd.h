@@ -63,6 +63,7 @@ typedef struct etcd_waiter {
     int partial;      /* more keys ahead than `ahead` holds */
     int mine_gone;    /* our own key was deleted */
     int broken;       /* the stream broke or the lease died: look again */
+    int reader;       /* a shared hold's: only writers' keys are ahead */
     etcd_del *log;
     size_t nlog, caplog;
 } etcd_waiter;
@@ -311,12 +312,19 @@ void dlock__etcd_waiter_del(etcd_store *es, etcd_waiter *w);
 
 /* The waiter's transaction answered at revision `rev` with the keys ahead
  * (kvs[first..] of range `r`, more than those when `more`): the logged
- * deletions after `rev` apply. es->mu held. 0, or -1 out of memory. */
+ * deletions after `rev` apply. A reader keeps the writers' keys only.
+ * es->mu held. 0, or -1 out of memory. */
 int dlock__etcd_waiter_fill(etcd_waiter *w, const cJSON *r, int first,
                             int more, int64_t rev);
 
+/* Is this key (base64) a reader's: its last component "r<lease hex>"
+ * (a writer's is "<lease hex>", as etcdctl lock's)? */
+int dlock__etcd_key_is_reader(const char *key_b64);
+
 /* Reads the keys ahead of ours (a look) into waiter w, registered or
- * not: DLOCK_OK, 1 when our key is gone, or an error. */
+ * not: DLOCK_OK, 1 when our key is gone, or an error. A reader's look
+ * reads on, page after page, until it finds a writer's key ahead or the
+ * end of the queue. */
 int dlock__etcd_look(etcd_store *es, etcd_hold *eh, etcd_waiter *w,
                      const char *base, size_t base_len, int64_t deadline);
 

@@ -638,6 +638,19 @@ static void waiter_relook(etcd_waiter *w)
 /* The waiter's transaction answered at revision `rev` with the keys ahead
  * (kvs[first..] of range `r`, more than those when `more`): the logged
  * deletions after `rev` apply. es->mu held. 0, or -1 out of memory. */
+int dlock__etcd_key_is_reader(const char *key_b64)
+{
+    char key[ETCD_KEY_MAX + 8];
+    long n = key_b64 ? dlock__etcd_b64_decode(key_b64, key, sizeof(key) - 1)
+                     : 0;
+
+    if (n <= 0)
+        return 0;
+    key[n] = '\0';
+    const char *last = strrchr(key, '/');
+    return last && last[1] == 'r';
+}
+
 int dlock__etcd_waiter_fill(etcd_waiter *w, const cJSON *r, int first,
                             int more, int64_t rev)
 {
@@ -650,7 +663,7 @@ int dlock__etcd_waiter_fill(etcd_waiter *w, const cJSON *r, int first,
         return -1;
     for (int i = first; i < n && w->nahead < ETCD_AHEAD_MAX; i++) {
         const char *k = jstr(kvs_at(r, i), "key");
-        if (!k)
+        if (!k || (w->reader && dlock__etcd_key_is_reader(k)))
             continue;
         if (!(w->ahead[w->nahead] = strdup(k)))
             return -1;
@@ -677,36 +690,55 @@ int dlock__etcd_look(etcd_store *es, etcd_hold *eh, etcd_waiter *w,
     cJSON *j = NULL;
     int rc;
 
+    int64_t below = eh->rev - 1;
+
     dlock__etcd_b64_encode(eh->key, eh->key_len, kb);
     dlock__etcd_b64_encode(base, base_len, bb);
     dlock__etcd_range_end_b64(base, base_len, eb);
-    snprintf(body, sizeof(body),
-             "{\"success\":["
-             "{\"request_range\":{\"key\":\"%s\",\"keys_only\":true}},"
-             "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
-             "\"sort_order\":\"DESCEND\",\"sort_target\":\"CREATE\","
-             "\"limit\":\"%d\",\"max_create_revision\":\"%" PRId64 "\","
-             "\"keys_only\":true}}]}",
-             kb, bb, eb, ETCD_AHEAD_MAX, eh->rev - 1);
-    pthread_mutex_lock(&es->mu);
-    waiter_relook(w);
-    pthread_mutex_unlock(&es->mu);
-    rc = dlock__etcd_request(es, "/v3/kv/txn", body, deadline, &j,
-                             "looking at the lock queue");
-    if (rc != DLOCK_OK)
-        return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
-    const cJSON *mine = kvs_at(txn_resp(j, 0, "response_range"), 0);
-    const cJSON *r = txn_resp(j, 1, "response_range");
-    if (!mine || jint(mine, "create_revision") != eh->rev) {
+    /* a page of the keys just ahead of ours (nearest first); a reader
+     * that found only readers there reads the page before it, and so on
+     * (bounded: the queue is finite and each page goes further back).
+     * Deletions are logged from before each page's request until its
+     * answer is filled in, so none between the two is missed */
+    for (int page = 0; page < 1000000; page++) {
+        pthread_mutex_lock(&es->mu);
+        waiter_relook(w);
+        pthread_mutex_unlock(&es->mu);
+        snprintf(body, sizeof(body),
+                 "{\"success\":["
+                 "{\"request_range\":{\"key\":\"%s\",\"keys_only\":true}},"
+                 "{\"request_range\":{\"key\":\"%s\",\"range_end\":\"%s\","
+                 "\"sort_order\":\"DESCEND\",\"sort_target\":\"CREATE\","
+                 "\"limit\":\"%d\",\"max_create_revision\":\"%" PRId64 "\","
+                 "\"keys_only\":true}}]}",
+                 kb, bb, eb, ETCD_AHEAD_MAX, below);
+        rc = dlock__etcd_request(es, "/v3/kv/txn", body, deadline, &j,
+                                 "looking at the lock queue");
+        if (rc != DLOCK_OK)
+            return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
+        const cJSON *mine = kvs_at(txn_resp(j, 0, "response_range"), 0);
+        const cJSON *r = txn_resp(j, 1, "response_range");
+        if (!mine || jint(mine, "create_revision") != eh->rev) {
+            cJSON_Delete(j);
+            return 1;
+        }
+        int n = cJSON_GetArraySize(jget(r, "kvs"));
+        const cJSON *last = n > 0 ? kvs_at(r, n - 1) : NULL;
+        pthread_mutex_lock(&es->mu);
+        rc = dlock__etcd_waiter_fill(w, r, 0, (int)jint(r, "more"),
+                                     jint(jget(j, "header"), "revision"));
+        int further = rc == 0 && w->reader && w->nahead == 0 && w->partial &&
+                      last && jint(last, "create_revision") > 1;
+        pthread_mutex_unlock(&es->mu);
+        if (further)
+            below = jint(last, "create_revision") - 1;
         cJSON_Delete(j);
-        return 1;
+        if (rc != 0)
+            return enomem();
+        if (!further)
+            break;
     }
-    pthread_mutex_lock(&es->mu);
-    rc = dlock__etcd_waiter_fill(w, r, 0, (int)jint(r, "more"),
-                                 jint(jget(j, "header"), "revision"));
-    pthread_mutex_unlock(&es->mu);
-    cJSON_Delete(j);
-    return rc == 0 ? DLOCK_OK : enomem();
+    return DLOCK_OK;
 }
 
 /* Ends a wait: unregisters w and frees what it holds. */
