@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * fuzz_redis.c -- what the Redis store (src/stores/redis/redis.c and
- * redis_shared.c) does with URIs, lock names and the server's replies.
+ * fuzz_redis.c -- what the Redis store (src/stores/redis/redis.c,
+ * redis_rw.c and redis_shared.c) does with URIs, lock names and the
+ * server's replies.
  * RESP itself is parsed by hiredis: the fuzzer's bytes go through
  * hiredis' redisReader to make real redisReply trees, which are then
  * handed to our code.
@@ -11,19 +12,23 @@
  * and field 4 a server error message (scrub: the password never shows);
  * one byte of flags; the rest RESP bytes. The first reply is read as the
  * answer to inspect (the script's array: server time, the lock's value
- * with its queue lines, PTTL); every reply goes to the subscriber
+ * in any form, exclusive, shared or a semaphore's, with its holder and
+ * queue lines, PTTL); every reply goes to the subscriber
  * connection's handler (hand-over messages on the client's channel).
  * Checks: keys are PREFIX{NAME}SUFFIX and the name comes back from a key
  * by its last '}' (one key per name and suffix); a queue line holds the
  * owner, waiter number, ttl and description and its id is its prefix;
  * inspect answers give DLOCK_OK or DLOCK_EPROTO, a terminated holder,
- * waiters >= -1 and as many as the queue entries, held_ms >= -1, no UB
- * whatever the numbers.
+ * waiters >= -1 and as many as the queue entries, held_ms >= -1, holders
+ * and permits >= 0 (held exactly when holders > 0), no UB whatever the
+ * numbers.
  */
 #include "fuzz.h"
 
 #include "../src/stores/redis/redis.c"
+#include "../src/stores/redis/redis_rw.c"
 #include "../src/stores/redis/redis_scripts.c"
+#include "../src/stores/redis/redis_rw_scripts.c"
 #include "../src/stores/redis/redis_conn.c"
 #include "../src/stores/redis/redis_shared.c"
 
@@ -180,13 +185,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         dlock_info info;
         memset(&info, 0, sizeof(info));
         info.ttl_ms = info.held_ms = info.waiters = -1;
-        int rc = inspect_answer(rs, name, got[0], &info);
+        int rc = dlock__redis_rw_inspect(rs, name, got[0], &info);
+        /* DLOCK_EINVAL: an error reply "DLOCKKIND ..." (the shared
+         * scripts' answer to a lock used as a semaphore) */
         if (rc != DLOCK_OK && rc != DLOCK_EPROTO && rc != DLOCK_EAUTH &&
-            rc != DLOCK_ECONN && rc != DLOCK_ENOMEM)
-            fz_fail("inspect_answer returned %d", rc);
+            rc != DLOCK_ECONN && rc != DLOCK_ENOMEM && rc != DLOCK_EINVAL)
+            fz_fail("dlock__redis_rw_inspect returned %d", rc);
         if (rc == DLOCK_OK &&
             (strnlen(info.holder, sizeof(info.holder)) >= sizeof(info.holder) ||
              info.waiters < -1 || info.held_ms < -1 || info.ttl_ms < -1 ||
+             info.holders < 0 || info.permits < 0 ||
+             info.held != (info.holders > 0) ||
              (info.waiters >= 0 && (size_t)info.waiters != info.queue_len)))
             fz_fail("inspect answer out of range");
         dlock_info_clear(&info);

@@ -125,6 +125,22 @@ INSPECT = [
     b"-WRONGTYPE Operation against a key\r\n",
     b"-DLOCKFENCE the fencing counter\r\n",
 ]
+# the shared forms (redis_rw.c): readers, a semaphore, a sole holder's
+# end "?", kinded waiter lines behind a writer
+INSPECT += [
+    arr(num(1700000001000), bulk("S 1700000000000003\n+ " + OWNER +
+        " 1700000000000002 1700000009000 host pid 1 tid 2\n+ " + OWNER +
+        "1 1700000000000003 1700000000500 gone\n" + OWNER +
+        ":7 30000 w\n" + OWNER + ":8 r 30000 r"), num(8000)),
+    arr(num(1700000001000), bulk("N 3 1700000000000009\n+ " + OWNER +
+        " 1700000000000009 ? d\n" + OWNER + ":9 p3 100 p"), num(100)),
+    arr(num(1), bulk(VAL + "\n" + OWNER + ":5 r 30000 x\n" + OWNER +
+        ":6 p 1 y"), num(-1)),
+    arr(num(1), bulk("N 0 1\n+ a b c d\n+ \n+"), num(1)),
+    arr(num(1), bulk("S x\n+ o 1 99999999999999999999999 d"), num(1)),
+    arr(num(1), bulk("- 1700000000000009 3"), num(100)),
+    arr(num(1), bulk("- 1700000000000009 99999999999999999999"), num(100)),
+]
 SUB = [
     arr(bulk("message"), bulk("dlock:c:fuzz"), bulk("17")),
     arr(bulk("message"), bulk("dlock:{a}:w:0"), bulk("")),
@@ -142,7 +158,11 @@ for uri, name, resp in [
         ("redis://h,i", "n", INSPECT[5]), ("unix://h/x", "n", INSPECT[6]),
         ("redis://h/1?db=2", "n", SUB[0] + SUB[0]),
         ("redis://h?prefix=a{b", "n", b"*1\r\n*1\r\n*1\r\n"),
-        ("redis://h", "n", b"+OK\r\n:12\r\n$3\r\n-12\r\n")]:
+        ("redis://h", "n", b"+OK\r\n:12\r\n$3\r\n-12\r\n"),
+        ("redis://h", "s", INSPECT[7]), ("redis://h", "p", INSPECT[8]),
+        ("redis://h", "k", INSPECT[9]), ("redis://h", "z", INSPECT[10]),
+        ("redis://h", "y", INSPECT[11]), ("redis://h", "t", INSPECT[12]),
+        ("redis://h", "u", INSPECT[13])]:
     put("redis", fields(uri, name, "s3cret", "WRONGPASS s3cret invalid") +
         b"\0" + bytes([1]) + resp)
 

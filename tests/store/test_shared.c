@@ -828,8 +828,10 @@ int main(int argc, char **argv)
     th_store_start(&S, argv[1]);
     /* what each store has (docs/locks.md): the first test checks that
      * the others answer DLOCK_ENOTSUP, clearly */
-    has_shared = !strcmp(S.kind, "file") || !strcmp(S.kind, "pg-advisory") ||
-                 !strcmp(S.kind, "zk") || !strcmp(S.kind, "etcd");
-    has_permits = !strcmp(S.kind, "file") || !strcmp(S.kind, "zk");
+    has_shared = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
+                 !strcmp(S.kind, "pg-advisory") || !strcmp(S.kind, "zk") ||
+                 !strcmp(S.kind, "etcd");
+    has_permits = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
+                  !strcmp(S.kind, "zk");
     return th_main(argc - 1, argv + 1, tests);
 }

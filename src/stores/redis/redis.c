@@ -7,7 +7,8 @@
  * string whose PEXPIRE is the holder's lease:
  *     OWNER TOKEN ACQUIRED_MS DESCRIPTION
  *     CLIENTID:TID:SEQ TTL DESCRIPTION        (one per waiter, in order)
- * A release that frees the lock leaves a tombstone, "- TOKEN", expiring
+ * A release that frees the lock leaves a tombstone, "- TOKEN" ("- TOKEN
+ * N" after a semaphore of N, for inspection only), expiring
  * an hour after the token's time on the server's clock (the last token,
  * for the next fresh hold's; see "Fencing tokens" in docs/design.md).
  * Channel Pc:CLIENTID, one per client: "g SEQ TOKEN", the lock handed to
@@ -29,7 +30,10 @@
  *    keeps the lock if it was handed over meanwhile;
  *  - extend / extend many: compare the owner, PEXPIRE.
  * The protocol and its failure cases: "Hand-over (Redis)" in
- * docs/design.md.
+ * docs/design.md. Shared (read) holds and semaphores give the key other
+ * forms ("S ...", "N ..."): redis_rw.c, whose scripts a writer's script
+ * hands such a key to (it answers 2); redis_rw.c also reads every form
+ * for dlock_inspect().
  *
  * Connections: the pipelined command connection (redis_conn.c) and, once
  * something waits, one subscriber connection per client, subscribed to
@@ -37,10 +41,9 @@
  * client's background thread while nobody waits); the socket is
  * non-blocking so that either may read it.
  */
-#include "redis_conn.h"
+#include "redis_int.h"
 #include "redis_scripts.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -50,96 +53,16 @@
 #include <time.h>
 
 #define DEFAULT_PORT 6379
-#define PREFIX_MAX DLOCK__REDIS_PREFIX_MAX
-#define KEY_MAX DLOCK__REDIS_KEY_MAX
-#define LINE_MAX 320        /* a queue line: "\nCLIENT:TID:SEQ TTL DESC" */
 #define NO_TTL_RETRY_MS 1000 /* a held key without expiry: look again */
 #define BATCH 256            /* leases per extend-many script */
 /* A value this long before a waiter's blindly appended line is a
  * holder's record (its owner alone is 34 bytes); a tombstone is at most
- * 22 bytes */
-#define RECORD_MIN 25
+ * 28 bytes ("- TOKEN", and a semaphore's " N") */
+#define RECORD_MIN 29
 
 /* ------------------------------------------------------------------------ */
 /* State                                                                    */
 /* ------------------------------------------------------------------------ */
-
-typedef struct redis_store {
-    dlock_client *client;
-    char *host; /* NULL for unix:// */
-    int port;
-    char *path; /* unix socket */
-    dlock__redis_config cfg; /* prefix, db, timeout, credentials */
-    char where[320]; /* "redis 127.0.0.1:6379", for messages */
-    char chan_prefix[PREFIX_MAX + 4]; /* "Pc:" */
-    char chan[PREFIX_MAX + 40];       /* "Pc:CLIENTID": our channel */
-    size_t chan_len;
-
-    dlock__rconn_target target; /* how to connect (both connections) */
-    dlock__rconn *conn;         /* the pipelined command connection */
-
-    pthread_mutex_t sub_mu;
-    pthread_cond_t sub_cv;
-    redisContext *sub; /* the subscriber connection (non-blocking) */
-    int sub_connecting;
-    int subscribed; /* SUBSCRIBE of our channel confirmed on sub */
-} redis_store;
-
-typedef struct redis_lease {
-    int queued; /* its line may sit in the lock's queue */
-} redis_lease;
-
-/* The lease's hint[0]: until when (monotonic ms) this client believes
- * the lock held by someone else (0: it does not know). Set when a
- * release hands the lock over or a try finds it held; a waiter's first
- * try appends blindly only while it holds. Never decides anything but
- * which script runs and the fallback timer. */
-static int64_t hint_get(const dlock__lease *l)
-{
-    return __atomic_load_n(&l->hint[0], __ATOMIC_RELAXED);
-}
-
-static void hint_set(const dlock__lease *l, int64_t until)
-{
-    __atomic_store_n(&l->hint[0], until, __ATOMIC_RELAXED);
-}
-
-static size_t lock_key(const redis_store *rs, const char *name, size_t len,
-                       char *out)
-{
-    return dlock__redis_key(&rs->cfg, name, len, "", out);
-}
-
-/* The owner as the scripts compare it: followed by a space. */
-static size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
-{
-    int n = snprintf(out, cap, "%s ", l->owner);
-    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
-}
-
-/* The lease's queue line, "\nCLIENT:TID:SEQ TTL DESC", and in *id_len
- * the length of its id, "\nCLIENT:TID:SEQ " (the owner is CLIENT:TID). */
-static size_t queue_line(const dlock__lease *l, char *out, size_t cap,
-                         size_t *id_len)
-{
-    int id = snprintf(out, cap, "\n%s:%" PRIu64 " ", l->owner, l->waiter);
-    int n = id < 0 || (size_t)id >= cap
-                ? id
-                : snprintf(out + id, cap - (size_t)id, "%lld %s",
-                           (long long)l->ttl_ms, l->desc);
-    if (id < 0 || n < 0 || (size_t)id + (size_t)n >= cap) {
-        *id_len = 0;
-        return 0;
-    }
-    *id_len = (size_t)id;
-    return (size_t)id + (size_t)n;
-}
-
-static int server_error(const redis_store *rs, const char *msg,
-                        const char *lock)
-{
-    return dlock__redis_server_error(rs->where, rs->cfg.password, msg, lock);
-}
 
 static int64_t wall_ms(void)
 {
@@ -318,6 +241,8 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     rcmd c;
     int rc;
 
+    if (l->kind != DLOCK__WRITE)
+        return dlock__redis_rw_acquire(rs, l, queue, deadline);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
     if (queue) {
         ll = queue_line(l, line, sizeof(line), &id_len);
@@ -370,15 +295,31 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
         rc = server_error(rs, r->str, l->name);
-    } else if (r->type == REDIS_REPLY_STRING) {
+    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
+        /* the key holds readers or a semaphore: the shared scripts */
+        freeReplyObject(r);
+        return dlock__redis_rw_acquire(rs, l, queue, deadline);
+    } else {
+        rc = dlock__redis_try_answer(rs, l, r, now);
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+int dlock__redis_try_answer(const redis_store *rs, dlock__lease *l,
+                            const redisReply *r, int64_t now)
+{
+    if (r->type == REDIS_REPLY_STRING) {
         if (dlock__redis_reply_uint(r, &l->token) != 0 || l->token == 0)
-            rc = dlock__err(DLOCK_EPROTO,
-                            "%s: lock '%.100s': bad fencing token in the "
-                            "store",
-                            rs->where, l->name);
-    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-               r->element[0]->type == REDIS_REPLY_INTEGER &&
-               r->element[1]->type == REDIS_REPLY_INTEGER) {
+            return dlock__err(DLOCK_EPROTO,
+                              "%s: lock '%.100s': bad fencing token in the "
+                              "store",
+                              rs->where, l->name);
+        return DLOCK_OK;
+    }
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_INTEGER &&
+        r->element[1]->type == REDIS_REPLY_INTEGER) {
         long long left = r->element[0]->integer;
         if (left >= 0)
             l->retry_ms = left;
@@ -387,13 +328,22 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
         if (left >= 0)
             hint_set(l, now + left);
         l->armed = r->element[1]->integer == 1 && !l->waiting;
-        rc = DLOCK_EBUSY;
-    } else {
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to acquire",
-                        rs->where);
+        return DLOCK_EBUSY;
     }
-    freeReplyObject(r);
-    return rc;
+    return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to acquire",
+                      rs->where);
+}
+
+void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
+                            const redisReply *seq, const redisReply *token)
+{
+    uint64_t t = 0;
+
+    if (c->type == REDIS_REPLY_STRING && c->len == 32 &&
+        !memcmp(c->str, dlock__client_id(rs->client), 32) &&
+        seq->type == REDIS_REPLY_STRING &&
+        dlock__redis_reply_uint(token, &t) == 0 && t)
+        dlock__notify_grant(rs->client, strtoull(seq->str, NULL, 10), t);
 }
 
 static int redis_release(void *st, dlock__lease *l, int64_t deadline)
@@ -406,6 +356,8 @@ static int redis_release(void *st, dlock__lease *l, int64_t deadline)
     rcmd c;
     int rc;
 
+    if (l->kind != DLOCK__WRITE)
+        return dlock__redis_rw_release(rs, l, deadline);
     snprintf(now_ms, sizeof(now_ms), " %lld ", (long long)wall_ms());
     rcmd_evalsha(&c, S_RELEASE, 1);
     rcmd_arg(&c, key, kl);
@@ -417,6 +369,10 @@ static int redis_release(void *st, dlock__lease *l, int64_t deadline)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
         rc = server_error(rs, r->str, l->name);
+    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
+        /* readers or permits wait: the shared script releases */
+        freeReplyObject(r);
+        return dlock__redis_rw_release(rs, l, deadline);
     } else if (r->type == REDIS_REPLY_INTEGER) {
         if (r->integer == 0)
             rc = dlock__err(DLOCK_ENOTHELD,
@@ -431,14 +387,9 @@ static int redis_release(void *st, dlock__lease *l, int64_t deadline)
                r->element[3]->type == REDIS_REPLY_INTEGER) {
         /* handed over: held by the waiter for its lease at most, unless
          * renewed; a waiter of this very client hears it at once */
-        uint64_t token = 0;
         hint_set(l, dlock__now_ms() + r->element[3]->integer);
-        if (r->element[0]->len == 32 &&
-            !memcmp(r->element[0]->str, dlock__client_id(rs->client), 32) &&
-            dlock__redis_reply_uint(r->element[2], &token) == 0 && token)
-            dlock__notify_grant(rs->client,
-                                strtoull(r->element[1]->str, NULL, 10),
-                                token);
+        dlock__redis_own_grant(rs, r->element[0], r->element[1],
+                               r->element[2]);
     } else {
         rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to release",
                         rs->where);
@@ -460,6 +411,8 @@ static int redis_abandon(void *st, dlock__lease *l, int64_t deadline)
 
     if (!rl->queued)
         return DLOCK_EBUSY;
+    if (l->kind != DLOCK__WRITE)
+        return dlock__redis_rw_abandon(rs, l, deadline);
     rl->queued = 0;
     (void)queue_line(l, line, sizeof(line), &id_len);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
@@ -473,6 +426,11 @@ static int redis_abandon(void *st, dlock__lease *l, int64_t deadline)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
         rc = server_error(rs, r->str, l->name);
+    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
+        /* readers or permits hold: leaving may let them in */
+        rl->queued = 1;
+        freeReplyObject(r);
+        return dlock__redis_rw_abandon(rs, l, deadline);
     } else if (r->type == REDIS_REPLY_INTEGER) {
         rc = DLOCK_EBUSY;
     } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
@@ -498,6 +456,8 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     rcmd c;
     int rc;
 
+    if (l->kind != DLOCK__WRITE)
+        return dlock__redis_rw_extend(rs, l, ttl_ms, deadline);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     rcmd_evalsha(&c, S_EXTEND, 1);
     rcmd_arg(&c, key, kl);
@@ -529,8 +489,8 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
     size_t nb = (n + BATCH - 1) / BATCH;
     rcmd *cmds = calloc(nb, sizeof(*cmds));
     redisReply **replies = calloc(nb, sizeof(*replies));
-    const char **argv = malloc((n * 3 + nb * 3) * sizeof(*argv));
-    size_t *lens = malloc((n * 3 + nb * 3) * sizeof(*lens));
+    const char **argv = malloc((n * 3 + nb * 4) * sizeof(*argv));
+    size_t *lens = malloc((n * 3 + nb * 4) * sizeof(*lens));
     char *text = malloc(n * (KEY_MAX + 80 + 24)); /* key, owner, ttl */
     char(*nk)[8] = malloc((nb ? nb : 1) * sizeof(*nk)); /* key counts */
     int rc = DLOCK_OK;
@@ -543,7 +503,10 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
     for (size_t b = 0; b < nb; b++) {
         size_t first = b * BATCH, m = n - first < BATCH ? n - first : BATCH;
         rcmd *c = &cmds[b];
-        c->script = S_EXTEND_MANY;
+        int shared = 0; /* holder lines to renew: the shared script */
+        for (size_t i = first; i < first + m; i++)
+            shared |= ls[i]->kind != DLOCK__WRITE;
+        c->script = shared ? S_RW_EXTEND_MANY : S_EXTEND_MANY;
         c->ext_argv = argv + a;
         c->ext_lens = lens + a;
         snprintf(nk[b], sizeof(nk[b]), "%zu", m);
@@ -560,13 +523,22 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
         }
         for (size_t i = first; i < first + m; i++) {
             argv[a] = text + t;
-            lens[a] = owner_sp(ls[i], text + t, 80);
+            if (ls[i]->kind == DLOCK__WRITE)
+                lens[a] = owner_sp(ls[i], text + t, 80);
+            else /* "+OWNER": a holder line's */
+                lens[a] = (size_t)snprintf(text + t, 80, "+%s",
+                                           ls[i]->owner);
             t += lens[a++];
             argv[a] = text + t;
             lens[a] = (size_t)sprintf(text + t, "%lld", (long long)ttls[i]);
             t += lens[a++];
         }
         c->argc = (int)(3 + 3 * m);
+        if (shared) {
+            argv[a] = rs->chan_prefix;
+            lens[a++] = strlen(rs->chan_prefix);
+            c->argc++;
+        }
     }
     rc = dlock__rconn_run(rs->conn, cmds, (int)nb, replies, deadline);
     if (rc)
@@ -610,91 +582,6 @@ static int redis_arm(void *st, dlock__lease *l, int64_t deadline)
     return rc;
 }
 
-static char *dup_str(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-
-    if (d) {
-        memcpy(d, s, n);
-        d[n] = '\0';
-    }
-    return d;
-}
-
-/* Reads the answer to the inspect script into *out: the holder's record,
- * a tombstone's token, the queue's lines. Whatever the server sent (a
- * value written by someone else, numbers of any size) gives an answer or
- * DLOCK_EPROTO. */
-static int inspect_answer(const redis_store *rs, const char *name,
-                          const redisReply *s, dlock_info *out)
-{
-    if (s->type == REDIS_REPLY_ERROR)
-        return server_error(rs, s->str, name);
-    if (s->type != REDIS_REPLY_ARRAY || s->elements != 3 ||
-        s->element[0]->type != REDIS_REPLY_INTEGER)
-        return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
-                          rs->where);
-    const redisReply *v = s->element[1];
-    long long now = s->element[0]->integer;
-    unsigned long long t = 0, at = 0;
-    int desc = 0;
-
-    out->waiters = 0;
-    if (v->type != REDIS_REPLY_STRING)
-        return DLOCK_OK; /* free, nothing kept */
-    /* the first line: a holder's record "OWNER TOKEN ACQUIRED_MS
-     * DESCRIPTION", a tombstone "- TOKEN", or nothing (only queue lines:
-     * free); then "\n" + queue lines */
-    const char *nl = memchr(v->str, '\n', v->len);
-    size_t rec = nl ? (size_t)(nl - v->str) : v->len;
-    if (rec > 2 && v->str[0] == '-' && v->str[1] == ' ') {
-        char *end = NULL;
-        errno = 0;
-        t = strtoull(v->str + 2, &end, 10);
-        if (errno || end != v->str + rec || !isdigit((unsigned char)v->str[2]))
-            return dlock__err(DLOCK_EPROTO,
-                              "%s: a key of lock '%.100s' holds a value of "
-                              "another type (not written by dlock)",
-                              rs->where, name);
-        out->token = t;
-    } else if (rec > 0) {
-        if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
-            desc <= 0 || (size_t)desc > rec)
-            return dlock__err(DLOCK_EPROTO,
-                              "%s: a key of lock '%.100s' holds a value of "
-                              "another type (not written by dlock)",
-                              rs->where, name);
-        out->held = 1;
-        out->token = t;
-        snprintf(out->holder, sizeof(out->holder), "%.*s",
-                 (int)(rec - (size_t)desc), v->str + desc);
-        if (now >= 0 && (unsigned long long)now >= at)
-            out->held_ms = (int64_t)((unsigned long long)now - at);
-        if (s->element[2]->type == REDIS_REPLY_INTEGER &&
-            s->element[2]->integer >= 0)
-            out->ttl_ms = s->element[2]->integer;
-    }
-
-    /* each line "CLIENT:TID:SEQ TTL DESCRIPTION": the description */
-    for (const char *p = nl; p && p < v->str + v->len;) {
-        const char *b = p + 1, *e = memchr(b, '\n', (size_t)(v->str + v->len - b));
-        const char *lim = e ? e : v->str + v->len;
-        const char *sp = memchr(b, ' ', (size_t)(lim - b));
-        const char *sp2 = sp ? memchr(sp + 1, ' ', (size_t)(lim - sp - 1)) : NULL;
-        const char *d = sp2 ? sp2 + 1 : lim;
-        char *item = dup_str(d, (size_t)(lim - d));
-        if (!item)
-            return dlock__err(DLOCK_ENOMEM, "out of memory");
-        int rc = dlock__info_add_waiter(out, item);
-        free(item);
-        if (rc)
-            return rc;
-        out->waiters++;
-        p = e;
-    }
-    return DLOCK_OK;
-}
-
 static int redis_inspect(void *st, const char *name, size_t len,
                          dlock_info *out, int64_t deadline)
 {
@@ -709,7 +596,7 @@ static int redis_inspect(void *st, const char *name, size_t len,
     rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
         return rc;
-    rc = inspect_answer(rs, name, r, out);
+    rc = dlock__redis_rw_inspect(rs, name, r, out);
     freeReplyObject(r);
     return rc;
 }
@@ -820,8 +707,8 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
 
 const dlock__backend dlock__backend_redis = {
     "redis",                    /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER |
-        DLOCK__CAP_WAITER_READS, /* caps */
+    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS |
+        DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
     sizeof(redis_lease),        /* lease_size */
     redis_open,                 /* open */
     redis_close,                /* close */

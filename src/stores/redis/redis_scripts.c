@@ -16,7 +16,8 @@
 /* KEYS: lock. ARGV: "owner ", ttl, " ACQUIRED_MS DESCRIPTION", line (""
  * when not waiting), line id ("\nCLIENT:TID:SEQ "). Returns the token
  * (taken or adopted) as a string, or {lease left in ms (-1: none), 1 if
- * queued}. The lock is free when the key is missing, a tombstone "- TOKEN"
+ * queued}, or 2: the key holds readers or a semaphore (the client runs
+ * the shared try, redis_rw_scripts.c). The lock is free when the key is missing, a tombstone "- TOKEN"
  * or only queue lines (left by blind appends that found it free, the
  * caller's own among them): the new record is written whole in front of
  * the other waiters' lines, with the tombstone's token + 1 or the server
@@ -30,7 +31,8 @@ static const char try_lua[] =
     "  if v then\n"
     "    local nl = string.find(v, '\\n', 1, true)\n"
     "    if b == 45 then\n"
-    "      t = string.match(string.sub(v, 1, (nl or 0) - 1), '^%- (%d+)$')\n"
+    "      t = string.match(string.sub(v, 1, (nl or 0) - 1), "
+    "'^%- (%d+) ?%d*$')\n"
     "      if not t then return " LUA_FOREIGN " end\n"
     "      t = string.format('%.0f', t + 1)\n"
     "    end\n"
@@ -58,6 +60,8 @@ static const char try_lua[] =
     "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
     "  return string.match(v, '^%S+ (%d+)')\n"
     "end\n"
+    /* readers or a semaphore ("S ..." or "N ..."): the shared script */
+    "if b == 83 or b == 78 then return 2 end\n"
     "if not string.match(v, " DLOCK__REDIS_LUA_OURS_PATTERN ") then\n"
     /* not dlock's: put it back as it was before our blind append */
     "  local s = ARGV[5] ~= '' and string.find(v, ARGV[5], 1, true)\n"
@@ -79,8 +83,9 @@ static const char try_lua[] =
 
 /* KEYS: lock. ARGV: "owner ", client channel prefix ("Pc:"), " ACQ "
  * (the releasing client's clock in ms, for the next holder's record).
- * Returns 0 (not ours), 1 (freed: the tombstone left) or {CLIENT, SEQ,
- * TOKEN, TTL} (handed to that waiter). Uncontended: GET, SET. */
+ * Returns 0 (not ours), 1 (freed: the tombstone left), {CLIENT, SEQ,
+ * TOKEN, TTL} (handed to that waiter) or 2 (a reader or a permit waits
+ * ahead of any writer: the client runs the shared release). Uncontended: GET, SET. */
 static const char release_lua[] =
     "local v = redis.call('GET', KEYS[1])\n"
     "local o = ARGV[1]\n"
@@ -91,9 +96,12 @@ static const char release_lua[] =
     "  local tok = tonumber(ts)\n"
     "  repeat\n"
     "    local e = string.find(v, '\\n', nl + 1, true)\n"
-    "    local c, tid, seq, ttl, desc = string.match(\n"
-    "      string.sub(v, nl + 1, (e or 0) - 1),\n"
+    "    local ln = string.sub(v, nl + 1, (e or 0) - 1)\n"
+    "    local c, tid, seq, ttl, desc = string.match(ln,\n"
     "      '^(%x+):(%d+):(%d+) (%d+) (.*)$')\n"
+    /* a reader or a permit waits: the shared script hands over */
+    "    if not c and string.find(ln, '^%x+:%d+:%d+ [rp]') then return 2 "
+    "end\n"
     /* a line of the releasing owner itself is left over from an earlier
      * wait of this thread: skip it */
     "    if c and c .. ':' .. tid .. ' ' ~= o then\n"
@@ -116,10 +124,14 @@ static const char release_lua[] =
 
 /* KEYS: lock. ARGV: "owner ", line id, ttl. Returns {TOKEN} when the
  * lock was handed to this owner (kept, its lease restarted), else 0 (the
- * line removed, if it was there). */
+ * line removed, if it was there), or 2 (readers or a semaphore: the
+ * shared abandon). */
 static const char abandon_lua[] =
     "local v = redis.call('GET', KEYS[1])\n"
     "if not v then return 0 end\n"
+    /* readers or a semaphore: the shared script (leaving may let them in) */
+    "local b = string.byte(v, 1)\n"
+    "if b == 83 or b == 78 then return 2 end\n"
     "if string.sub(v, 1, #ARGV[1]) == ARGV[1] then\n"
     "  redis.call('PEXPIRE', KEYS[1], ARGV[3])\n"
     "  return {tonumber(string.match(v, '^%S+ (%d+)'))}\n"
@@ -163,6 +175,15 @@ static const char inspect_lua[] =
     "        redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}\n";
 
 const char *const dlock__redis_script_text[NSCRIPTS] = {
-    try_lua, release_lua, abandon_lua, extend_lua, extend_many_lua,
-    inspect_lua};
+    try_lua,
+    release_lua,
+    abandon_lua,
+    extend_lua,
+    extend_many_lua,
+    inspect_lua,
+    dlock__redis_rw_try_lua,
+    dlock__redis_rw_release_lua,
+    dlock__redis_rw_abandon_lua,
+    dlock__redis_rw_extend_lua,
+    dlock__redis_rw_extend_many_lua};
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * redis_scripts.h -- the Redis store's Lua scripts (redis_scripts.c), by
- * number: each state change of a lock is one of them (redis.c).
+ * number: each state change of a lock is one of them (redis.c,
+ * redis_rw.c).
  */
 #ifndef DLOCK_REDIS_SCRIPTS_H
 #define DLOCK_REDIS_SCRIPTS_H
@@ -13,10 +14,22 @@ enum {
     S_EXTEND,
     S_EXTEND_MANY,
     S_INSPECT,
+    S_RW_TRY, /* shared holds and permits: redis_rw_scripts.c */
+    S_RW_RELEASE,
+    S_RW_ABANDON,
+    S_RW_EXTEND,
+    S_RW_EXTEND_MANY,
     NSCRIPTS
 };
 
 /* Their texts, loaded by the command connection (redis_conn.c). */
 extern const char *const dlock__redis_script_text[NSCRIPTS];
+
+/* The shared scripts' texts (redis_rw_scripts.c). */
+extern const char dlock__redis_rw_try_lua[];
+extern const char dlock__redis_rw_release_lua[];
+extern const char dlock__redis_rw_abandon_lua[];
+extern const char dlock__redis_rw_extend_lua[];
+extern const char dlock__redis_rw_extend_many_lua[];
 
 #endif /* DLOCK_REDIS_SCRIPTS_H */

@@ -46,6 +46,9 @@ int dlock__redis_server_error(const char *where, const char *password,
                           "%s: a key of lock '%.100s' holds a value of "
                           "another type (not written by dlock): %s",
                           where, lock ? lock : "?", m);
+    if (!strncmp(m, "DLOCKKIND ", 10)) /* a lock used as a semaphore, ... */
+        return dlock__err(DLOCK_EINVAL, "lock '%.100s' %s", lock ? lock : "?",
+                          m + 10);
     if (!strncmp(m, "DLOCKFENCE", 10))
         return dlock__err(DLOCK_EPROTO, "%s: lock '%.100s': %s", where,
                           lock ? lock : "?", m + 11);

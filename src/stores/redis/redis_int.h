@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * redis_int.h -- what the parts of the Redis store (redis:// and unix://)
+ * share: its state, the lease's scratch, the key and line formats.
+ * redis.c is the exclusive lock and the connections; redis_rw.c the
+ * shared (read) holds and semaphores.
+ */
+#ifndef DLOCK_REDIS_INT_H
+#define DLOCK_REDIS_INT_H
+
+#include "redis_conn.h"
+#include "redis_scripts.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+#define PREFIX_MAX DLOCK__REDIS_PREFIX_MAX
+#define KEY_MAX DLOCK__REDIS_KEY_MAX
+#define LINE_MAX 320 /* a queue line: "\nCLIENT:TID:SEQ [KIND ]TTL DESC" */
+
+typedef struct redis_store {
+    dlock_client *client;
+    char *host; /* NULL for unix:// */
+    int port;
+    char *path; /* unix socket */
+    dlock__redis_config cfg; /* prefix, db, timeout, credentials */
+    char where[320]; /* "redis 127.0.0.1:6379", for messages */
+    char chan_prefix[PREFIX_MAX + 4]; /* "Pc:" */
+    char chan[PREFIX_MAX + 40];       /* "Pc:CLIENTID": our channel */
+    size_t chan_len;
+
+    dlock__rconn_target target; /* how to connect (both connections) */
+    dlock__rconn *conn;         /* the pipelined command connection */
+
+    pthread_mutex_t sub_mu;
+    pthread_cond_t sub_cv;
+    redisContext *sub; /* the subscriber connection (non-blocking) */
+    int sub_connecting;
+    int subscribed; /* SUBSCRIBE of our channel confirmed on sub */
+} redis_store;
+
+typedef struct redis_lease {
+    int queued; /* its line may sit in the lock's queue */
+} redis_lease;
+
+/* The lease's hint[0]: until when (monotonic ms) this client believes
+ * the lock held by someone else (0: it does not know). Set when a
+ * release hands the lock over or a try finds it held; a waiter's first
+ * try appends blindly only while it holds. Never decides anything but
+ * which script runs and the fallback timer. */
+static inline int64_t hint_get(const dlock__lease *l)
+{
+    return __atomic_load_n(&l->hint[0], __ATOMIC_RELAXED);
+}
+
+static inline void hint_set(const dlock__lease *l, int64_t until)
+{
+    __atomic_store_n(&l->hint[0], until, __ATOMIC_RELAXED);
+}
+
+static inline size_t lock_key(const redis_store *rs, const char *name, size_t len,
+                       char *out)
+{
+    return dlock__redis_key(&rs->cfg, name, len, "", out);
+}
+
+/* The owner as the scripts compare it: followed by a space. */
+static inline size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s ", l->owner);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* The lease's queue line, "\nCLIENT:TID:SEQ [KIND ]TTL DESC" (KIND "r"
+ * for a reader, "pN" for a permit of N, nothing for a writer), and in
+ * *id_len the length of its id, "\nCLIENT:TID:SEQ " (the owner is
+ * CLIENT:TID). */
+static inline size_t queue_line(const dlock__lease *l, char *out, size_t cap,
+                                size_t *id_len)
+{
+    char kind[16] = "";
+    int id = snprintf(out, cap, "\n%s:%" PRIu64 " ", l->owner, l->waiter);
+    int n;
+
+    if (l->kind == DLOCK__READ)
+        snprintf(kind, sizeof(kind), "r ");
+    else if (l->kind == DLOCK__PERMIT)
+        snprintf(kind, sizeof(kind), "p%u ", l->permits);
+    n = id < 0 || (size_t)id >= cap
+            ? id
+            : snprintf(out + id, cap - (size_t)id, "%s%lld %s", kind,
+                       (long long)l->ttl_ms, l->desc);
+    if (id < 0 || n < 0 || (size_t)id + (size_t)n >= cap) {
+        *id_len = 0;
+        return 0;
+    }
+    *id_len = (size_t)id;
+    return (size_t)id + (size_t)n;
+}
+
+static inline int server_error(const redis_store *rs, const char *msg,
+                        const char *lock)
+{
+    return dlock__redis_server_error(rs->where, rs->cfg.password, msg, lock);
+}
+
+/* The answer to a try (either kind's script, redis.c): the token taken,
+ * or busy with the lease left and whether it queued. */
+int dlock__redis_try_answer(const redis_store *rs, dlock__lease *l,
+                            const redisReply *r, int64_t now);
+
+/* A release handed the lock to waiter SEQ of client C with TOKEN: if C
+ * is this client, that waiter hears it at once (redis.c). */
+void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
+                            const redisReply *seq, const redisReply *token);
+
+/* Shared holds and permits (redis_rw.c): the backend slots for a lease
+ * of kind DLOCK__READ or DLOCK__PERMIT, and for a writer whose exclusive
+ * script found the key in a shared form. `queue`: the try may stay in the
+ * queue (the client listens on its channel). */
+int dlock__redis_rw_acquire(redis_store *rs, dlock__lease *l, int queue,
+                            int64_t deadline);
+int dlock__redis_rw_release(redis_store *rs, dlock__lease *l,
+                            int64_t deadline);
+int dlock__redis_rw_abandon(redis_store *rs, dlock__lease *l,
+                            int64_t deadline);
+int dlock__redis_rw_extend(redis_store *rs, dlock__lease *l, int64_t ttl_ms,
+                           int64_t deadline);
+
+/* Fills *out from the answer to the inspect script ({server ms, value,
+ * pttl}), whatever form the key is in (exclusive, shared, semaphore,
+ * tombstone). Whatever the server sent gives an answer or DLOCK_EPROTO. */
+int dlock__redis_rw_inspect(const redis_store *rs, const char *name,
+                            const redisReply *s, dlock_info *out);
+
+#endif /* DLOCK_REDIS_INT_H */

@@ -1,0 +1,366 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * redis_rw.c -- shared (read) holds and counting semaphores on the Redis
+ * store (redis:// and unix://), and the reading of a lock key in any form
+ * for dlock_inspect().
+ *
+ * The lock's one key keeps the exclusive form (redis.c) while only
+ * writers use it; readers and permits give it these forms:
+ *     S TOKEN                               (readers hold), or
+ *     N PERMITS TOKEN                       (a semaphore of N permits)
+ *     + OWNER TOKEN UNTIL_MS DESCRIPTION    (one line per holder)
+ *     CLIENTID:TID:SEQ [KIND ]TTL DESCRIPTION   (waiters, in order)
+ * KIND is "r" (a reader) or "pN" (a permit of N); a writer's line has
+ * none, as in the exclusive form, whose queue readers may also join.
+ * TOKEN in the first line is the last token given. Each holder line
+ * carries its own lease end on the server's clock; the key's PEXPIRE is
+ * the latest of them, and every script first drops the lines whose end
+ * has passed, then grants the head of the queue what can now proceed.
+ * The scripts are in redis_rw_scripts.c; the protocol and its failure
+ * cases in docs/design.md, "Shared holds and permits".
+ */
+#include "redis_int.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The lease's waiter line without its leading "\n", and its id
+ * "CLIENT:TID:SEQ" (without the space), both in `line`. */
+static int waiter_line(const dlock__lease *l, char *line, size_t cap,
+                       size_t *len, size_t *id_len)
+{
+    size_t n = queue_line(l, line, cap, id_len);
+
+    if (!n || *id_len < 2)
+        return dlock__err(DLOCK_EINVAL, "lock '%.100s': description too "
+                                        "long",
+                          l->name);
+    *len = n - 1;
+    *id_len -= 2;
+    return DLOCK_OK;
+}
+
+int dlock__redis_rw_acquire(redis_store *rs, dlock__lease *l, int queue,
+                            int64_t deadline)
+{
+    redis_lease *rl = l->priv;
+    char key[KEY_MAX], line[LINE_MAX];
+    size_t kl = lock_key(rs, l->name, l->name_len, key), ll = 0, id_len = 0;
+    int64_t now = dlock__now_ms();
+    redisReply *r;
+    rcmd c;
+    int rc = waiter_line(l, line, sizeof(line), &ll, &id_len);
+
+    if (rc)
+        return rc;
+    if (queue)
+        rl->queued = 1;
+    rcmd_evalsha(&c, S_RW_TRY, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_arg(&c, line + 1, ll);
+    rcmd_str(&c, queue ? "1" : "0");
+    rcmd_str(&c, rs->chan_prefix);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = server_error(rs, r->str, l->name);
+    else
+        rc = dlock__redis_try_answer(rs, l, r, now);
+    freeReplyObject(r);
+    return rc;
+}
+
+int dlock__redis_rw_release(redis_store *rs, dlock__lease *l,
+                            int64_t deadline)
+{
+    char key[KEY_MAX];
+    size_t kl = lock_key(rs, l->name, l->name_len, key);
+    redisReply *r;
+    rcmd c;
+    int rc;
+
+    rcmd_evalsha(&c, S_RW_RELEASE, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_str(&c, l->owner);
+    rcmd_str(&c, rs->chan_prefix);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = server_error(rs, r->str, l->name);
+    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
+        rc = dlock__err(DLOCK_ENOTHELD,
+                        "lock '%.100s' is not ours in the store (%s)",
+                        l->name,
+                        l->kind == DLOCK__WRITE ? "no record of ours"
+                                                : "our holder line is gone");
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements % 4 == 1) {
+        /* {1, CLIENT, SEQ, TOKEN, TTL, ...}: the waiters it let in; a
+         * waiter of this very client hears it at once */
+        hint_set(l, 0);
+        for (size_t i = 1; i + 3 < r->elements; i += 4)
+            dlock__redis_own_grant(rs, r->element[i], r->element[i + 1],
+                                   r->element[i + 2]);
+    } else {
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to release",
+                        rs->where);
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+int dlock__redis_rw_abandon(redis_store *rs, dlock__lease *l,
+                            int64_t deadline)
+{
+    redis_lease *rl = l->priv;
+    char key[KEY_MAX], line[LINE_MAX], ttl[24];
+    size_t kl = lock_key(rs, l->name, l->name_len, key), ll = 0, id_len = 0;
+    redisReply *r;
+    rcmd c;
+    int rc = waiter_line(l, line, sizeof(line), &ll, &id_len);
+
+    rl->queued = 0;
+    if (rc)
+        return rc;
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
+    rcmd_evalsha(&c, S_RW_ABANDON, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_str(&c, l->owner);
+    rcmd_arg(&c, line + 1, id_len);
+    rcmd_str(&c, ttl);
+    rcmd_str(&c, rs->chan_prefix);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = server_error(rs, r->str, l->name);
+    } else if (r->type == REDIS_REPLY_INTEGER) {
+        rc = DLOCK_EBUSY;
+    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+               dlock__redis_reply_uint(r->element[0], &l->token) == 0 &&
+               l->token > 0) {
+        rc = DLOCK_OK; /* handed to us as we left: ours */
+    } else {
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to abandon",
+                        rs->where);
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+int dlock__redis_rw_extend(redis_store *rs, dlock__lease *l, int64_t ttl_ms,
+                           int64_t deadline)
+{
+    char key[KEY_MAX], ttl[24];
+    size_t kl = lock_key(rs, l->name, l->name_len, key);
+    redisReply *r;
+    rcmd c;
+    int rc;
+
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+    rcmd_evalsha(&c, S_RW_EXTEND, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_str(&c, l->owner);
+    rcmd_str(&c, ttl);
+    rcmd_str(&c, rs->chan_prefix);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = server_error(rs, r->str, l->name);
+    else if (r->type != REDIS_REPLY_INTEGER)
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to extend",
+                        rs->where);
+    else if (r->integer != 1)
+        rc = dlock__err(DLOCK_ENOTHELD,
+                        "lock '%.100s' is not ours in the store (our "
+                        "holder line is gone)",
+                        l->name);
+    freeReplyObject(r);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Inspection                                                               */
+/* ------------------------------------------------------------------------ */
+
+static int not_dlock(const redis_store *rs, const char *name)
+{
+    return dlock__err(DLOCK_EPROTO,
+                      "%s: a key of lock '%.100s' holds a value of another "
+                      "type (not written by dlock)",
+                      rs->where, name);
+}
+
+/* A decimal number filling [p, end) exactly. */
+static int number(const char *p, const char *end, unsigned long long *out)
+{
+    char buf[24], *e = NULL;
+    size_t n = (size_t)(end - p);
+
+    if (n == 0 || n >= sizeof(buf) || !isdigit((unsigned char)p[0]))
+        return -1;
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    errno = 0;
+    *out = strtoull(buf, &e, 10);
+    return errno || *e ? -1 : 0;
+}
+
+/* Reads the first line of a shared form, "S TOKEN" or "N PERMITS
+ * TOKEN", and its holder lines "+ OWNER TOKEN UNTIL_MS DESC" (only those
+ * whose end is still ahead of the server clock `now` count). Returns the
+ * end of the holder lines, or NULL if the value is not dlock's. */
+static const char *shared_holders(const char *v, const char *end,
+                                  long long now, dlock_info *out)
+{
+    const char *nl = memchr(v, '\n', (size_t)(end - v));
+    const char *rec = nl ? nl : end, *sp;
+    unsigned long long n = 0, t = 0;
+
+    if (v[0] == 'N') {
+        sp = memchr(v + 2, ' ', (size_t)(rec - v - 2));
+        if (!sp || number(v + 2, sp, &n) || number(sp + 1, rec, &t) || !n ||
+            n > DLOCK_PERMITS_MAX)
+            return NULL;
+        out->permits = (int64_t)n;
+    } else {
+        if (number(v + 2, rec, &t))
+            return NULL;
+        out->shared = 1;
+    }
+    out->token = t;
+    while (nl && nl + 2 < end && nl[1] == '+' && nl[2] == ' ') {
+        const char *b = nl + 3, *e = memchr(b, '\n', (size_t)(end - b));
+        const char *lim = e ? e : end;
+        unsigned long long until = 0;
+        int u = 0, desc = 0;
+
+        /* the end "?": a sole holder's, the key's own expiry */
+        if (sscanf(b, "%*s %*u %n", &u) < 0 || u <= 0 || b + u >= lim)
+            return NULL;
+        if (b[u] == '?')
+            desc = u + 2;
+        else if (sscanf(b + u, "%llu %n", &until, &desc) < 1 || desc <= 0)
+            return NULL;
+        else
+            desc += u;
+        if (b + desc > lim)
+            return NULL;
+        if (b[u] == '?' || now < 0 || until > (unsigned long long)now) {
+            if (!out->holders)
+                snprintf(out->holder, sizeof(out->holder), "%.*s",
+                         (int)(lim - b - desc), b + desc);
+            out->holders++;
+        }
+        nl = e;
+    }
+    out->held = out->holders > 0;
+    if (!out->held)
+        out->shared = 0;
+    return nl ? nl : end;
+}
+
+int dlock__redis_rw_inspect(const redis_store *rs, const char *name,
+                            const redisReply *s, dlock_info *out)
+{
+    if (s->type == REDIS_REPLY_ERROR)
+        return server_error(rs, s->str, name);
+    if (s->type != REDIS_REPLY_ARRAY || s->elements != 3 ||
+        s->element[0]->type != REDIS_REPLY_INTEGER)
+        return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
+                          rs->where);
+    const redisReply *v = s->element[1];
+    long long now = s->element[0]->integer;
+    long long pttl = s->element[2]->type == REDIS_REPLY_INTEGER
+                         ? s->element[2]->integer
+                         : -1;
+    unsigned long long t = 0, at = 0;
+    int desc = 0, kinds = 0;
+
+    out->waiters = 0;
+    if (v->type != REDIS_REPLY_STRING)
+        return DLOCK_OK; /* free, nothing kept */
+    const char *end = v->str + v->len;
+    /* the first line: a writer's record "OWNER TOKEN ACQUIRED_MS
+     * DESCRIPTION", a tombstone "- TOKEN", a shared form's first line
+     * and its holders, or nothing (only queue lines: free); then "\n" +
+     * queue lines */
+    const char *nl = memchr(v->str, '\n', v->len);
+    size_t rec = nl ? (size_t)(nl - v->str) : v->len;
+    if (rec > 2 && v->str[0] == '-' && v->str[1] == ' ') {
+        /* "- TOKEN", or "- TOKEN N" after a semaphore of N */
+        const char *sp = memchr(v->str + 2, ' ', rec - 2);
+        unsigned long long n = 0;
+        if (number(v->str + 2, sp ? sp : v->str + rec, &t) ||
+            (sp && (number(sp + 1, v->str + rec, &n) || !n ||
+                    n > DLOCK_PERMITS_MAX)))
+            return not_dlock(rs, name);
+        out->token = t;
+        out->permits = (int64_t)n;
+    } else if (rec > 2 && (v->str[0] == 'S' || v->str[0] == 'N') &&
+               v->str[1] == ' ') {
+        nl = shared_holders(v->str, end, now, out);
+        if (!nl)
+            return not_dlock(rs, name);
+        if (nl == end)
+            nl = NULL;
+        if (out->held && pttl >= 0)
+            out->ttl_ms = pttl;
+        kinds = 1;
+    } else if (rec > 0) {
+        if (sscanf(v->str, "%*s %llu %llu %n", &t, &at, &desc) < 2 ||
+            desc <= 0 || (size_t)desc > rec)
+            return not_dlock(rs, name);
+        out->held = 1;
+        out->holders = 1;
+        out->token = t;
+        snprintf(out->holder, sizeof(out->holder), "%.*s",
+                 (int)(rec - (size_t)desc), v->str + desc);
+        if (now >= 0 && (unsigned long long)now >= at)
+            out->held_ms = (int64_t)((unsigned long long)now - at);
+        if (pttl >= 0)
+            out->ttl_ms = pttl;
+    }
+
+    /* each line "CLIENT:TID:SEQ [KIND ]TTL DESCRIPTION": its kind in
+     * front of the description when readers or permits use the name */
+    for (const char *p = nl; p && !kinds && p + 1 < end;) {
+        const char *sp = memchr(p + 1, ' ', (size_t)(end - p - 1));
+        if (sp && sp + 1 < end && (sp[1] == 'r' || sp[1] == 'p'))
+            kinds = 1;
+        p = memchr(p + 1, '\n', (size_t)(end - p - 1));
+    }
+    for (const char *p = nl; p && p < end;) {
+        const char *b = p + 1, *e = memchr(b, '\n', (size_t)(end - b));
+        const char *lim = e ? e : end;
+        const char *sp = memchr(b, ' ', (size_t)(lim - b));
+        const char *k = sp && sp + 1 < lim ? sp + 1 : lim;
+        int kinded = k < lim && (*k == 'r' || *k == 'p');
+        const char *sp2 = memchr(k, ' ', (size_t)(lim - k));
+        if (kinded && sp2)
+            sp2 = memchr(sp2 + 1, ' ', (size_t)(lim - sp2 - 1));
+        const char *d = sp2 ? sp2 + 1 : lim;
+        const char *kind = !kinds     ? ""
+                           : !kinded  ? "write: "
+                           : *k == 'r' ? "read: "
+                                       : "permit: ";
+        size_t kl = strlen(kind), dl = (size_t)(lim - d);
+        char *item = malloc(kl + dl + 1);
+        if (!item)
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        memcpy(item, kind, kl);
+        memcpy(item + kl, d, dl);
+        item[kl + dl] = '\0';
+        int rc = dlock__info_add_waiter(out, item);
+        free(item);
+        if (rc)
+            return rc;
+        out->waiters++;
+        p = e;
+    }
+    return DLOCK_OK;
+}
