@@ -832,6 +832,6 @@ int main(int argc, char **argv)
                  !strcmp(S.kind, "pg-advisory") || !strcmp(S.kind, "zk") ||
                  !strcmp(S.kind, "etcd");
     has_permits = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
-                  !strcmp(S.kind, "zk");
+                  !strcmp(S.kind, "zk") || !strcmp(S.kind, "etcd");
     return th_main(argc - 1, argv + 1, tests);
 }

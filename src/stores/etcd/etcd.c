@@ -148,9 +148,14 @@ void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len)
 static int pick_key(etcd_store *es, const dlock__lease *l, etcd_hold *eh)
 {
     size_t n = lock_base(es, l->name, l->name_len, eh->key);
-    /* a reader's key: "r" + lease hex (a writer's, etcdctl lock's form) */
-    size_t m = n + (size_t)sprintf(eh->key + n, "%s%" PRIx64,
-                                   l->kind == DLOCK__READ ? "r" : "",
+    /* a reader's key: "r" + lease hex; a permit's "s<N>-" + lease hex; a
+     * writer's the lease hex (etcdctl lock's form) */
+    char kind[16] = "";
+    if (l->kind == DLOCK__READ)
+        snprintf(kind, sizeof(kind), "r");
+    else if (l->kind == DLOCK__PERMIT)
+        snprintf(kind, sizeof(kind), "s%u-", l->permits);
+    size_t m = n + (size_t)sprintf(eh->key + n, "%s%" PRIx64, kind,
                                    (uint64_t)eh->lease->id);
 
     pthread_mutex_lock(&es->mu);
@@ -250,6 +255,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     dlock__etcd_range_end_b64(base, base_len, eb);
     w.mine = kb;
     w.reader = l->kind == DLOCK__READ;
+    w.permits = l->kind == DLOCK__PERMIT ? l->permits : 0;
     /* the stream is up: register first, so that no deletion after our
      * transaction can be missed */
     pthread_mutex_lock(&es->mu);
@@ -307,7 +313,8 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             return enomem();
         }
         /* no stream yet: what happened since our answer is unknown */
-        need_look = may_wait && !w.gen && (w.nahead || w.partial);
+        need_look = may_wait && !w.gen &&
+                    (!dlock__etcd_waiter_room(&w) || w.partial);
     } else {
         /* our key is there already: an earlier try whose answer was lost */
         const cJSON *me = kvs_at(txn_resp(j, 0, "response_range"), 0);
@@ -357,7 +364,26 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             }
         }
         pthread_mutex_lock(&es->mu);
-        int holds = !w.pending && w.nahead == 0 && !w.partial;
+        long clash = w.clash;
+        int holds = !w.pending && dlock__etcd_waiter_room(&w) && !w.partial;
+        pthread_mutex_unlock(&es->mu);
+        if (clash) {
+            dlock__etcd_waiter_end(es, &w);
+            give_up_key(es, eh);
+            if (clash < 0) /* a permit's waiter saw a lock's key */
+                return dlock__err(DLOCK_EINVAL,
+                                  "etcd %s: lock '%.200s' is held or "
+                                  "awaited as a lock, not as a semaphore",
+                                  es->redacted, l->name);
+            return dlock__err(DLOCK_EINVAL,
+                              "etcd %s: lock '%.200s' is a semaphore of %ld "
+                              "permits%s",
+                              es->redacted, l->name, clash,
+                              w.permits ? " (every handle of a name must "
+                                          "say the same)"
+                                        : ", not a lock");
+        }
+        pthread_mutex_lock(&es->mu);
         /* the keys ahead went while this process could not keep the lease
          * alive (stopped, starved): the stream tells what happened up to a
          * revision, not that our key outlived it; past the lease's safe
@@ -412,11 +438,11 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         /* wait for the keys ahead to go */
         pthread_mutex_lock(&es->mu);
         while (!w.broken && !w.mine_gone && !eh->lease->dead &&
-               !(w.nahead == 0 && !w.pending) &&
+               !(dlock__etcd_waiter_room(&w) && !w.pending) &&
                dlock__now_ms() < l->deadline)
             dlock__cond_wait_until(&w.cv, &es->mu, l->deadline);
         int broken = w.broken, gone = w.mine_gone;
-        int emptied = w.nahead == 0 && !w.pending;
+        int emptied = dlock__etcd_waiter_room(&w) && !w.pending;
         int partial = w.partial;
         pthread_mutex_unlock(&es->mu);
         if (eh->lease->dead) {
@@ -456,6 +482,13 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     int64_t op_ms = op_deadline - dlock__now_ms();
     int rc = DLOCK_ECONN;
 
+    /* a waiter counts the keys ahead of its own, 64 at a time: a
+     * semaphore of more permits could not tell 64 from more */
+    if (l->kind == DLOCK__PERMIT && l->permits > ETCD_AHEAD_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "etcd %s: lock '%.200s': a semaphore on etcd has "
+                          "at most %d permits, not %u",
+                          es->redacted, l->name, ETCD_AHEAD_MAX, l->permits);
     if (op_ms < 1)
         op_ms = 1;
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -662,9 +695,21 @@ static int inspect_answer(const cJSON *j, dlock_info *out, int64_t *lease)
     int readers = 0, first = 1;
     for (int i = 0; i < nk; i++)
         readers |= dlock__etcd_key_is_reader(jstr(kvs_at(j, i), "key"));
-    /* the holders: the first key, and the readers right after a reader */
+    /* the holders: the first key, and the readers right after a reader,
+     * or a semaphore's first N */
     out->shared = dlock__etcd_key_is_reader(jstr(kv, "key"));
+    out->permits = dlock__etcd_key_permits(jstr(kv, "key"));
     out->holders = 1;
+    while (out->permits && first < nk && first < out->permits) {
+        int64_t t = jint(kvs_at(j, first), "create_revision");
+        if ((uint64_t)t > out->token)
+            out->token = (uint64_t)t;
+        out->holders++;
+        first++;
+    }
+    if (out->permits)
+        snprintf(out->holder, sizeof(out->holder), "%lld of %lld permits",
+                 (long long)out->holders, (long long)out->permits);
     while (out->shared && first < nk &&
            dlock__etcd_key_is_reader(jstr(kvs_at(j, first), "key"))) {
         int64_t t = jint(kvs_at(j, first), "create_revision");
@@ -899,7 +944,7 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
 
 const dlock__backend dlock__backend_etcd = {
     "etcd",                 /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
     sizeof(etcd_hold),      /* lease_size */
     etcd_open,              /* open */
     etcd_close,             /* close */

@@ -64,6 +64,10 @@ typedef struct etcd_waiter {
     int mine_gone;    /* our own key was deleted */
     int broken;       /* the stream broke or the lease died: look again */
     int reader;       /* a shared hold's: only writers' keys are ahead */
+    unsigned permits; /* a semaphore's permit: holds with fewer than this
+                       * many keys ahead (0: a lock, none ahead) */
+    long clash;       /* a key ahead of another kind (-1: a lock's, N: a
+                       * semaphore of N), or 0 */
     etcd_del *log;
     size_t nlog, caplog;
 } etcd_waiter;
@@ -320,6 +324,11 @@ int dlock__etcd_waiter_fill(etcd_waiter *w, const cJSON *r, int first,
 /* Is this key (base64) a reader's: its last component "r<lease hex>"
  * (a writer's is "<lease hex>", as etcdctl lock's)? */
 int dlock__etcd_key_is_reader(const char *key_b64);
+/* A semaphore's permit key's N ("s<N>-<lease hex>"), or 0. */
+long dlock__etcd_key_permits(const char *key_b64);
+/* Are few enough keys ahead of w's for it to hold (none; fewer than N for
+ * a permit)? Not counting `partial`. */
+int dlock__etcd_waiter_room(const etcd_waiter *w);
 
 /* Reads the keys ahead of ours (a look) into waiter w, registered or
  * not: DLOCK_OK, 1 when our key is gone, or an error. A reader's look

@@ -235,7 +235,7 @@ static void waiter_deleted(etcd_waiter *w, const char *key, int64_t rev)
         if (!strcmp(w->ahead[i], key)) {
             free(w->ahead[i]);
             w->ahead[i] = w->ahead[--w->nahead];
-            if (w->nahead == 0)
+            if (dlock__etcd_waiter_room(w))
                 pthread_cond_signal(&w->cv);
             return;
         }
@@ -638,6 +638,36 @@ static void waiter_relook(etcd_waiter *w)
 /* The waiter's transaction answered at revision `rev` with the keys ahead
  * (kvs[first..] of range `r`, more than those when `more`): the logged
  * deletions after `rev` apply. es->mu held. 0, or -1 out of memory. */
+/* The last component of a key (base64) into out; its length or -1. */
+static long last_part(const char *key_b64, char *out, size_t cap)
+{
+    char key[ETCD_KEY_MAX + 8];
+    long n = key_b64 ? dlock__etcd_b64_decode(key_b64, key, sizeof(key) - 1)
+                     : 0;
+
+    if (n <= 0)
+        return -1;
+    key[n] = '\0';
+    const char *last = strrchr(key, '/');
+    last = last ? last + 1 : key;
+    return (long)snprintf(out, cap, "%s", last);
+}
+
+long dlock__etcd_key_permits(const char *key_b64)
+{
+    char part[64], *end = NULL;
+
+    if (last_part(key_b64, part, sizeof(part)) < 2 || part[0] != 's')
+        return 0;
+    long n = strtol(part + 1, &end, 10);
+    return end && *end == '-' && n > 0 ? n : 0;
+}
+
+int dlock__etcd_waiter_room(const etcd_waiter *w)
+{
+    return w->permits ? w->nahead < w->permits : w->nahead == 0;
+}
+
 int dlock__etcd_key_is_reader(const char *key_b64)
 {
     char key[ETCD_KEY_MAX + 8];
@@ -665,6 +695,9 @@ int dlock__etcd_waiter_fill(etcd_waiter *w, const cJSON *r, int first,
         const char *k = jstr(kvs_at(r, i), "key");
         if (!k || (w->reader && dlock__etcd_key_is_reader(k)))
             continue;
+        long p = dlock__etcd_key_permits(k);
+        if (p != (long)w->permits && !w->clash)
+            w->clash = p ? p : -1;
         if (!(w->ahead[w->nahead] = strdup(k)))
             return -1;
         w->nahead++;
