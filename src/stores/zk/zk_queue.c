@@ -468,7 +468,9 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
         pthread_mutex_lock(&zs->mu);
         w.next = zs->watches;
         zs->watches = &w;
+        int64_t session_ms = s->timeout > 0 ? s->timeout : l->ttl_ms;
         pthread_mutex_unlock(&zs->mu);
+        int64_t t_watch = dlock__now_ms(); /* the server hears from us */
         zrc = dlock__zk_call(zs, s, C_WEXISTS, pred, NULL, 0, 0,
                              dlock__now_ms() + op_ms, NULL);
         int outcome = 0; /* 0 re-check, 1 expired, 2 deadline, 3 error */
@@ -504,8 +506,16 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
          * before ours is gone or a reader (and we read), every node
          * created since has a higher sequence: ours, no need to list the
          * queue again. That saves a round trip per hand-off. */
+        /* ... unless the wait lasted as long as our session may: a
+         * process stopped past its session timeout wakes to the buffered
+         * deletion of its predecessor before it learns that its session
+         * (and our node with it) ended meanwhile, and the lock is someone
+         * else's. Then the listing below settles it (it fails on an ended
+         * session). Found by the safety suite's mixed waiter-stop. */
         if (outcome == 0 && w_at == 0 && l->kind != DLOCK__PERMIT &&
-            (w.deleted || zrc == ZNONODE)) {
+            (w.deleted || zrc == ZNONODE) &&
+            dlock__now_ms() - t_watch <
+                session_ms - dlock__lease_margin(session_ms)) {
             l->token = czxid;
             return DLOCK_OK;
         }
