@@ -97,6 +97,13 @@ static void read_json(const char *text, size_t n)
     if (strnlen(info.holder, sizeof(info.holder)) >= sizeof(info.holder) ||
         info.waiters < -1)
         fz_fail("inspect answer out of range");
+    /* shared holds and semaphores: the holders are keys of the answer */
+    int nk = cJSON_GetArraySize(jget(j, "kvs"));
+    if (info.holders < 0 || info.holders > (nk > 0 ? nk : 0) ||
+        (info.held && info.holders < 1) || (!info.held && info.holders) ||
+        info.permits < 0 || (size_t)info.holders + info.queue_len >
+                                (size_t)(nk > 0 ? nk : 0))
+        fz_fail("inspect answer's holders out of range");
     dlock_info_clear(&info);
     /* the fields other answers read: any JSON type, any number */
     static const char *const names[] = {"count", "create_revision", "lease",

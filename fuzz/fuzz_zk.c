@@ -101,8 +101,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     while (f.p && v.count < 64)
         v.data[v.count++] = fz_field(&f, NULL);
     int32_t kept = dlock__zk_sort_children(&v), ours = 0;
-    for (int32_t i = 0; i < v.count; i++)
+    for (int32_t i = 0; i < v.count; i++) {
         ours += child_seq(v.data[i]) >= 0;
+        long p = dlock__zk_permits_of(v.data[i]);
+        if (p < 0 || p > DLOCK_PERMITS_MAX)
+            fz_fail("permits_of %ld", p);
+    }
     if (kept != ours)
         fz_fail("sort_children kept %d of %d", kept, ours);
     for (int32_t i = 0; i < kept; i++) {
