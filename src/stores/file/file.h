@@ -113,17 +113,7 @@ static inline off_t conflict_of(int fd, short type, off_t start, off_t end,
 /* Start of a lock held by another open file in [start, end), or -1. */
 static inline off_t first_conflict(int fd, off_t start, off_t end)
 {
-    struct flock fl;
-
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = start;
-    fl.l_len = end - start;
-    if (end <= start || fcntl(fd, F_OFD_GETLK, &fl) != 0 ||
-        fl.l_type == F_UNLCK)
-        return -1;
-    return fl.l_start < start ? start : fl.l_start;
+    return conflict_of(fd, F_WRLCK, start, end, NULL);
 }
 
 /* The lowest byte in [lo, hi) locked by another open file, or -1.

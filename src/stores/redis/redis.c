@@ -431,18 +431,24 @@ static int redis_abandon(void *st, dlock__lease *l, int64_t deadline)
         rl->queued = 1;
         freeReplyObject(r);
         return dlock__redis_rw_abandon(rs, l, deadline);
-    } else if (r->type == REDIS_REPLY_INTEGER) {
-        rc = DLOCK_EBUSY;
-    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
-               dlock__redis_reply_uint(r->element[0], &l->token) == 0 &&
-               l->token > 0) {
-        rc = DLOCK_OK; /* handed to us as we left: ours */
     } else {
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to abandon",
-                        rs->where);
+        rc = dlock__redis_abandon_answer(rs, r, l);
     }
     freeReplyObject(r);
     return rc;
+}
+
+int dlock__redis_abandon_answer(const redis_store *rs, const redisReply *r,
+                                dlock__lease *l)
+{
+    if (r->type == REDIS_REPLY_INTEGER)
+        return DLOCK_EBUSY; /* left (or never queued) */
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+        dlock__redis_reply_uint(r->element[0], &l->token) == 0 &&
+        l->token > 0)
+        return DLOCK_OK; /* handed to us as we left: ours */
+    return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to abandon",
+                      rs->where);
 }
 
 static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,

@@ -114,6 +114,11 @@ int dlock__redis_try_answer(const redis_store *rs, dlock__lease *l,
 void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
                             const redisReply *seq, const redisReply *token);
 
+/* The answer of an abandon script (either form): DLOCK_EBUSY left,
+ * DLOCK_OK handed over as we left (l->token set), or DLOCK_EPROTO. */
+int dlock__redis_abandon_answer(const redis_store *rs, const redisReply *r,
+                                dlock__lease *l);
+
 /* Shared holds and permits (redis_rw.c): the backend slots for a lease
  * of kind DLOCK__READ or DLOCK__PERMIT, and for a writer whose exclusive
  * script found the key in a shared form. `queue`: the try may stay in the

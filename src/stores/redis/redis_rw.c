@@ -137,15 +137,8 @@ int dlock__redis_rw_abandon(redis_store *rs, dlock__lease *l,
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
         rc = server_error(rs, r->str, l->name);
-    } else if (r->type == REDIS_REPLY_INTEGER) {
-        rc = DLOCK_EBUSY;
-    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
-               dlock__redis_reply_uint(r->element[0], &l->token) == 0 &&
-               l->token > 0) {
-        rc = DLOCK_OK; /* handed to us as we left: ours */
     } else {
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to abandon",
-                        rs->where);
+        rc = dlock__redis_abandon_answer(rs, r, l);
     }
     freeReplyObject(r);
     return rc;

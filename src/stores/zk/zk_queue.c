@@ -244,6 +244,23 @@ static void give_up_node(zk_store *zs, zk_session *s, zk_lease *zl)
     zl->path[0] = '\0';
 }
 
+/* A wait that ended without the lock (outcome 1 the session expired:
+ * start again; 2 the deadline; 3 an error, zrc): what the attempt
+ * returns, our node given up. */
+static int wait_ended(zk_store *zs, zk_session *s, zk_lease *zl,
+                      dlock__lease *l, int outcome, const char *what,
+                      int zrc)
+{
+    if (outcome == 1)
+        return 1;
+    give_up_node(zs, s, zl);
+    if (outcome == 2) {
+        l->retry_ms = -1;
+        return DLOCK_EBUSY;
+    }
+    return dlock__zk_error(zs, what, zrc);
+}
+
 /* A permit taken after a wait: our node's data changes, which wakes the
  * waiter behind us (it watches our node): it is now the head of the
  * waiters, and watches the holders. Best effort: a successor that missed
@@ -438,18 +455,9 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                                         op_ms);
             dlock__zk_op_put(op);
             op = NULL;
-            if (outcome == 1)
-                return 1;
-            if (outcome == 2) {
-                give_up_node(zs, s, zl);
-                l->retry_ms = -1;
-                return DLOCK_EBUSY;
-            }
-            if (outcome == 3) {
-                give_up_node(zs, s, zl);
-                return dlock__zk_error(zs, "waiting for a permit",
-                                       ZCONNECTIONLOSS);
-            }
+            if (outcome != 0)
+                return wait_ended(zs, s, zl, l, outcome, "waiting for a permit",
+                                  ZCONNECTIONLOSS);
             continue;
         }
         waited = 1;
@@ -519,17 +527,8 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
             l->token = czxid;
             return DLOCK_OK;
         }
-        if (outcome == 1)
-            return 1;
-        if (outcome == 2) {
-            give_up_node(zs, s, zl);
-            l->retry_ms = -1;
-            return DLOCK_EBUSY;
-        }
-        if (outcome == 3) {
-            give_up_node(zs, s, zl);
-            return dlock__zk_error(zs, "waiting for the lock",
-                            zrc == ZOK ? ZCONNECTIONLOSS : zrc);
-        }
+        if (outcome != 0)
+            return wait_ended(zs, s, zl, l, outcome, "waiting for the lock",
+                              zrc == ZOK ? ZCONNECTIONLOSS : zrc);
     }
 }
