@@ -1346,6 +1346,23 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
         pthread_create(&th[i], NULL, ens_thread, &w[i]);
         wait_waiters(obs, "ens", i + 1);
     }
+    /* both waiters asleep on their watches (each watches one node) before
+     * the leader goes: a waiter still between its node's creation and its
+     * watch when the leader dies gets DLOCK_ECONN from that call (a store
+     * failure during the wait: the contract), and this test is about the
+     * queue surviving, not about that window. Bounded: 10 s */
+    for (int64_t until = th_now_ms() + 10000;;) {
+        long long watches = 0;
+        for (int i = 0; i < 3; i++) {
+            long long c = 0, p = 0, t = 0;
+            wchs(&e, i, &c, &p, &t);
+            watches += t > 0 ? t : 0;
+        }
+        if (watches >= 2)
+            break;
+        CHECK(th_now_ms() < until);
+        th_sleep_ms(10);
+    }
 
     /* the leader dies: a new one is elected, the hold is kept */
     int leader = th_zk_leader(&e);
