@@ -2,10 +2,13 @@
 /*
  * mysql_sql.c -- the MySQL/MariaDB store's SQL (mysql_int.h): quoted
  * identifiers, hex literals of names and owners (nothing a caller passes
- * can change a statement), the statements' texts (the acquire's upsert,
- * a name's gate, a queue entry's lock) and the schema created at open.
+ * can change a statement), the statements' texts (the acquire's upserts,
+ * a name's gate, a queue entry's lock, a hold's lock) and the schema
+ * created at open (or migrated from the previous version's).
  */
 #include "mysql_int.h"
+
+#include <mysqld_error.h>
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -68,16 +71,19 @@ char *dlock__mysql_stmt(const char *fmt, ...)
     return out;
 }
 
-/* The upsert takes the row over when its lease ended, with a new token. A
- * row that is already ours and live is adopted as it is (token kept,
- * lease only lengthened): an earlier try whose answer was lost took it,
- * or this statement is that late try and the owner holds the lock again.
- * `where` guards the whole statement (the gate, below). A waiter's upsert
- * sleeps in its `where` (GET_LOCK): its times are the wake's, SYSDATE(6)
- * (UTC: the session's time zone is set to it), and its condition reads
- * the one value the row would get, VALUES(locked_at). */
-#define ENDED "lock_until <= " NOW
-#define ENDED_WOKE "lock_until <= VALUES(locked_at)"
+/* The upsert takes the row over when it is free: released (holds 0) or
+ * its lease ended, with a new token. A row that is already ours and live
+ * is adopted as it is (token kept, lease only lengthened): an earlier try
+ * whose answer was lost took it, or this statement is that late try and
+ * the owner holds the lock again. `where` guards the whole statement (the
+ * gate, below). A waiter's upsert sleeps in its `where` (GET_LOCK): its
+ * times are the wake's, SYSDATE(6) (UTC: the session's time zone is set
+ * to it), and its condition reads the one value the row would get,
+ * VALUES(locked_at). "Released" is holds = 0 and not only the lease's end:
+ * a statement that started before the release (and waited for the row's
+ * lock behind it) reads a lease end, the release's now, after its own. */
+#define ENDED "(holds = 0 OR lock_until <= " NOW ")"
+#define ENDED_WOKE "(holds = 0 OR lock_until <= VALUES(locked_at))"
 #define WOKE "SYSDATE(6)"
 #define MINE "owner <=> VALUES(owner)"
 
@@ -103,13 +109,44 @@ char *dlock__mysql_entry_lock_of(const my_store *ms, const char *seq)
         ms->tl, seq);
 }
 
+/* A read hold's (permit's) own user lock: held by its connection for the
+ * hold, so that a waiter for that hold sleeps on it. `owner` is an SQL
+ * expression (a hex literal, or a JSON_TABLE column). */
+char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
+                                const char *owner)
+{
+    return dlock__mysql_stmt(
+        "CONCAT('dlock-h:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), X'00', "
+        "%s, X'00', %s, X'00', %s), 224))",
+        ms->tl, name_lit, owner);
+}
+
+/* What a busy upsert tells its caller through LAST_INSERT_ID (the row's
+ * columns before the statement; `now` the condition's time): who holds
+ * the row (MY_CODE_*). The token column stays as it is. */
+#define BUSY_CODE(now)                                                      \
+    "token + 0 * LAST_INSERT_ID(IF(holds = 0 OR lock_until <= " now ", 0, " \
+    "IF(owner <=> " MY_SHARED ", IF(permits > 0, 3 + permits, 2), 1)))"
+
+/* The columns the condition reads (holds, lock_until, owner) are
+ * assigned last, each after those that read its old value: lock_until
+ * after owner (its MINE reads the new owner only when the row was free,
+ * and then takes the first branch anyway), holds last (1 when the row is
+ * ours). */
 char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *name, const char *owner,
                           const char *holder, const char *where, int woke)
 {
     const char *now = woke ? WOKE : NOW;
     const char *e = woke ? ENDED_WOKE : ENDED;
+    /* a row that read holds or permits used: taken, it forgets them */
+    char clear[200] = "";
 
+    if (ms->rw)
+        snprintf(clear, sizeof(clear),
+                 "permits = IF(%s, 0, permits), holders = IF(%s, NULL, "
+                 "holders), ",
+                 e, e);
     return dlock__mysql_stmt(
         "INSERT INTO %s (name, owner, holder, holds, token, "
         "locked_at, lock_until) SELECT %s, %s, %s, 1, "
@@ -117,47 +154,251 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
         "%s)), %s, %s + INTERVAL %lld MICROSECOND FROM DUAL%s "
         "ON DUPLICATE KEY UPDATE "
         "holder = IF(%s, VALUES(holder), holder), "
-        "holds = IF(%s, 1, holds), "
         "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
-        "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), "
-        "token)), "
-        "locked_at = IF(%s, VALUES(locked_at), locked_at), "
+        "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), %s)), "
+        "locked_at = IF(%s, VALUES(locked_at), locked_at), %s"
         "owner = IF(%s, VALUES(owner), owner), "
         "lock_until = IF(%s, VALUES(lock_until), IF(" MINE
-        ", GREATEST(lock_until, VALUES(lock_until)), lock_until))",
+        ", GREATEST(lock_until, VALUES(lock_until)), lock_until)), "
+        "holds = IF(" MINE ", 1, holds)",
         ms->t, name, owner, holder, now, now, now, (long long)l->ttl_ms * 1000,
-        where, e, e, e, e, e, e);
+        where, e, e,
+        ms->rw ? BUSY_CODE("VALUES(locked_at)")
+               : "token + 0 * LAST_INSERT_ID(1)",
+        e, clear, e, e);
 }
 
-/* Creates the tables when missing (existing ones need no CREATE right). */
-int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
+/*
+ * A read hold's or permit's upsert (mysql_rw.c's header says when it
+ * runs). The row is taken afresh when it is free (E: released, or its
+ * lease ended), or joined (S) when the row is held by holds of the same
+ * kind (readers; or permits of the same N with fewer than N live) and
+ * `join` allows it, or when our own hold is there and live (an earlier try
+ * whose answer was lost: adopted with its token). Every assignment reads
+ * the row as it was: the columns the conditions read are assigned after
+ * the others (holders, permits, owner, lock_until: each reads the new
+ * value of the earlier ones only in a case where the answer stays the
+ * same), `holds` and `holder` last, from the new holders. The times are
+ * one, the SELECT part's (VALUES()): now in µs is VALUES(token), the
+ * condition's now VALUES(locked_at). The new token is LAST_INSERT_ID()
+ * once the token column is assigned. A busy answer's LAST_INSERT_ID says
+ * who holds.
+ */
+char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
+                                 const char *name, const char *owner,
+                                 const char *holder, const char *where,
+                                 int woke, int join)
+{
+    const char *now = woke ? WOKE : NOW;
+    const long long ttl = (long long)l->ttl_ms * 1000;
+    const unsigned p = l->kind == DLOCK__PERMIT ? l->permits : 0;
+    const char *e = ENDED_WOKE;
+    char path[128], pe[128], pt[128], ps[128], sum[96], first[64];
+    char *oj, *live, *pruned, *a, *s, *entry, *adopt, *out = NULL;
+
+    if (dlock__mysql_owner_path(l->owner, "", path, sizeof(path)) ||
+        dlock__mysql_owner_path(l->owner, "[2]", pe, sizeof(pe)) ||
+        dlock__mysql_owner_path(l->owner, "[1]", pt, sizeof(pt)) ||
+        dlock__mysql_owner_path(l->owner, "[3]", ps, sizeof(ps)))
+        return NULL;
+    /* the owner as text (MySQL 8 writes binary strings into JSON as
+     * base64) */
+    oj = dlock__mysql_stmt("CONVERT(%s USING utf8mb4)", owner);
+    /* the live holds but ours (a subquery cannot read VALUES(): the
+     * statement's start is its now, before a waiter's wake: a hold that
+     * ended during the wait still counts, which only refuses a permit
+     * the state read then finds) */
+    live = dlock__mysql_stmt(
+        "(SELECT COUNT(*) FROM JSON_TABLE(holders, " MY_HOLDERS_COLS
+        ") j WHERE j.e > " MY_US(NOW) " AND j.o <> %s)",
+        owner);
+    pruned = dlock__mysql_stmt(
+        "(SELECT JSON_OBJECTAGG(j.o, JSON_ARRAY(j.o, j.t, j.e, j.s, j.d)) "
+        "FROM JSON_TABLE(holders, " MY_HOLDERS_COLS
+        ") j WHERE j.e > " MY_US(NOW) " AND j.o <> %s)",
+        owner);
+    /* ours, live */
+    a = dlock__mysql_stmt(
+        "IFNULL(CAST(JSON_EXTRACT(holders, '%s') AS SIGNED) > "
+        "VALUES(token), 0)",
+        pe);
+    if (p)
+        s = live && a ? dlock__mysql_stmt(
+                            "((%d OR %s) AND owner <=> " MY_SHARED " AND "
+                            "permits = %u AND (%s OR %s < %u))",
+                            join, a, p, a, live, p)
+                      : NULL;
+    else
+        s = a ? dlock__mysql_stmt("((%d OR %s) AND owner <=> " MY_SHARED
+                                  " AND permits = 0)",
+                                  join, a)
+              : NULL;
+    if (p)
+        snprintf(sum, sizeof(sum), "CONCAT(holds, ' of %u permits')", p);
+    else
+        snprintf(sum, sizeof(sum),
+                 "IF(holds = 1, VALUES(holder), CONCAT(holds, ' readers'))");
+    entry = oj ? dlock__mysql_stmt(
+                     "JSON_ARRAY(%s, LAST_INSERT_ID(), VALUES(token) + %lld, "
+                     "VALUES(token), CONVERT(%s USING utf8mb4))",
+                     oj, ttl, holder)
+               : NULL;
+    adopt = oj ? dlock__mysql_stmt(
+                     "JSON_ARRAY(%s, CAST(JSON_EXTRACT(holders, '%s') AS "
+                     "UNSIGNED), GREATEST(CAST(JSON_EXTRACT(holders, '%s') AS "
+                     "SIGNED), VALUES(token) + %lld), CAST(JSON_EXTRACT("
+                     "holders, '%s') AS SIGNED), CONVERT(%s USING utf8mb4))",
+                     oj, pt, pe, ttl, ps, holder)
+               : NULL;
+    if (p)
+        snprintf(first, sizeof(first), "'1 of %u permits'", p);
+    if (oj && live && pruned && a && s && entry && adopt)
+        out = dlock__mysql_stmt(
+            "INSERT INTO %s (name, owner, holder, holds, token, locked_at, "
+            "lock_until, permits, holders) SELECT %s, " MY_SHARED ", %s, 1, "
+            "LAST_INSERT_ID(" MY_US("%s") "), %s, %s + INTERVAL %lld "
+            "MICROSECOND, %u, JSON_OBJECT(%s, JSON_ARRAY(%s, "
+            "LAST_INSERT_ID(), LAST_INSERT_ID() + %lld, LAST_INSERT_ID(), "
+            "CONVERT(%s USING utf8mb4))) FROM DUAL%s "
+            "ON DUPLICATE KEY UPDATE "
+            "token = IF(%s OR (%s AND NOT %s), LAST_INSERT_ID(GREATEST("
+            "token + 1, VALUES(token))), IF(%s, token + 0 * LAST_INSERT_ID("
+            "CAST(JSON_EXTRACT(holders, '%s') AS UNSIGNED)), "
+            BUSY_CODE("VALUES(locked_at)") ")), "
+            "locked_at = IF(%s, VALUES(locked_at), locked_at), "
+            "holders = IF(%s, JSON_OBJECT(%s, %s), IF(%s, JSON_SET(IFNULL("
+            "%s, '{}'), '%s', IF(%s, %s, %s)), holders)), "
+            "permits = IF(%s, VALUES(permits), permits), "
+            "owner = IF(%s OR %s, " MY_SHARED ", owner), "
+            "lock_until = IF(%s, VALUES(lock_until), IF(%s, GREATEST("
+            "lock_until, VALUES(lock_until)), lock_until)), "
+            "holds = IF(%s, (SELECT COUNT(*) FROM JSON_TABLE(holders, "
+            MY_HOLDERS_COLS ") j WHERE j.e > " MY_US(NOW) "), holds), "
+            "holder = IF(%s, %s, holder)",
+            ms->t, name, p ? first : holder, now, now, now, ttl, p, oj, oj,
+            ttl, holder, where,
+            /* token */ e, s, a, s, pt,
+            /* locked_at */ e,
+            /* holders */ e, oj, entry, s, pruned, path, a, adopt, entry,
+            /* permits */ e,
+            /* owner */ e, s,
+            /* lock_until */ e, s,
+            /* holds */ a,
+            /* holder */ a, sum);
+    free(oj);
+    free(live);
+    free(pruned);
+    free(a);
+    free(s);
+    free(entry);
+    free(adopt);
+    return out;
+}
+
+/* The read holds' and permits' columns (docs/stores.md shows the DDL). */
+#define COL_PERMITS "permits INT NOT NULL DEFAULT 0"
+#define COL_HOLDERS "holders LONGTEXT NULL"
+
+/* How many of the tables and of the new columns exist: *tables (0..2),
+ * *has_permits, *has_holders. */
+static int look(my_store *ms, my_conn *cn, int64_t deadline, long long *tables,
+                long long *has_permits, long long *has_holders)
 {
     char qn[MY_TABLE_MAX + 8];
     MYSQL_RES *r = NULL;
+    MYSQL_ROW row;
     int rc;
 
     snprintf(qn, sizeof(qn), "%s_queue", ms->table);
-    char *tl = dlock__mysql_hexlit(ms->table, strlen(ms->table));
     char *ql = dlock__mysql_hexlit(qn, strlen(qn));
     char *sql =
-        tl && ql
-            ? dlock__mysql_stmt("SELECT COUNT(*) FROM information_schema."
-                                "tables WHERE table_schema = DATABASE() AND "
-                                "table_name IN (CONVERT(%s USING utf8mb4), "
-                                "CONVERT(%s USING utf8mb4))",
-                                tl, ql)
-            : NULL;
-    free(tl);
+        ql ? dlock__mysql_stmt(
+                 "SELECT (SELECT COUNT(*) FROM information_schema.tables "
+                 "WHERE table_schema = DATABASE() AND table_name IN "
+                 "(CONVERT(%s USING utf8mb4), CONVERT(%s USING utf8mb4))), "
+                 "(SELECT COUNT(*) FROM information_schema.columns WHERE "
+                 "table_schema = DATABASE() AND table_name = CONVERT(%s "
+                 "USING utf8mb4) AND column_name = 'permits'), (SELECT "
+                 "COUNT(*) FROM information_schema.columns WHERE "
+                 "table_schema = DATABASE() AND table_name = CONVERT(%s "
+                 "USING utf8mb4) AND column_name = 'holders')",
+                 ms->tl, ql, ms->tl, ms->tl)
+           : NULL;
     free(ql);
     rc = sql ? dlock__mysql_query(ms, cn, sql, deadline, &r, NULL, NULL,
                                   "looking for the lock table")
              : dlock__mysql_enomem();
     free(sql);
-    long long present = rc == DLOCK_OK ? dlock__mysql_col_ll(r, 0, 0) : 0;
+    *tables = *has_permits = *has_holders = 0;
+    if (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL) {
+        *tables = row[0] ? atoll(row[0]) : 0;
+        *has_permits = row[1] ? atoll(row[1]) : 0;
+        *has_holders = row[2] ? atoll(row[2]) : 0;
+    }
     if (r)
         mysql_free_result(r);
-    if (rc || present == 2)
+    return rc;
+}
+
+/* A table of the previous version: adds the columns of read holds and
+ * permits, waiting for the table's metadata lock (running statements
+ * hold it: waiters asleep in their upsert) at most the store's timeout;
+ * new statements on the table queue behind that wait. Not allowed, or
+ * timed out: exclusive locks only (ms->rw 0, and why). */
+static int migrate(my_store *ms, my_conn *cn, int64_t deadline,
+                   long long has_permits, long long has_holders)
+{
+    long long secs = (ms->timeout_ms + 999) / 1000;
+    char *sql = dlock__mysql_stmt(
+        "SET SESSION lock_wait_timeout = %lld; ALTER TABLE %s %s%s%s%s; "
+        "SET SESSION lock_wait_timeout = DEFAULT",
+        secs, ms->t, has_permits ? "" : "ADD COLUMN " COL_PERMITS,
+        !has_permits && !has_holders ? ", " : "",
+        has_holders ? "" : "ADD COLUMN ", has_holders ? "" : COL_HOLDERS);
+    int rc;
+
+    if (!sql)
+        return dlock__mysql_enomem();
+    rc = dlock__mysql_query(ms, cn, sql, deadline, NULL, NULL, NULL,
+                            "adding the columns of read holds and permits");
+    free(sql);
+    if (rc == DLOCK_OK) {
+        ms->rw = 1;
+        return DLOCK_OK;
+    }
+    unsigned e = mysql_errno(cn->m);
+    cn->broken = 1; /* its lock_wait_timeout may be the short one */
+    if (e == ER_DUP_FIELDNAME) {
+        ms->rw = 1; /* another client added it meanwhile */
+        return DLOCK_OK;
+    }
+    if (e != ER_LOCK_WAIT_TIMEOUT && rc != DLOCK_EAUTH && rc != DLOCK_EPROTO)
+        return rc; /* the server: the open fails */
+    snprintf(ms->rw_why, sizeof(ms->rw_why),
+             "the lock table %.60s lacks the columns permits and holders, "
+             "and adding them at open %s",
+             ms->t,
+             e == ER_LOCK_WAIT_TIMEOUT ? "timed out (the table was busy)"
+                                       : "was refused (no ALTER right?)");
+    return DLOCK_OK;
+}
+
+/* Creates the tables when missing (existing ones need no CREATE right),
+ * and adds the columns a table of the previous version lacks. */
+int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
+{
+    long long tables, has_permits, has_holders;
+    int rc = look(ms, cn, deadline, &tables, &has_permits, &has_holders);
+    char *sql;
+
+    if (rc)
         return rc;
+    if (tables == 2 && has_permits && has_holders) {
+        ms->rw = 1;
+        return DLOCK_OK;
+    }
+    if (tables == 2) /* a table of the previous version */
+        return migrate(ms, cn, deadline, has_permits, has_holders);
     sql = dlock__mysql_stmt(
         "CREATE TABLE IF NOT EXISTS %s ("
         " name VARBINARY(%d) NOT NULL PRIMARY KEY,"
@@ -167,7 +408,9 @@ int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
         " token BIGINT UNSIGNED NOT NULL DEFAULT 0,"
         " locked_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00',"
         " lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 "
-        "00:00:00') ENGINE=InnoDB",
+        "00:00:00',"
+        " " COL_PERMITS ","
+        " " COL_HOLDERS ") ENGINE=InnoDB",
         ms->t, DLOCK_NAME_MAX);
     rc = sql ? dlock__mysql_query(ms, cn, sql, deadline, NULL, NULL, NULL,
                                   "creating the lock table")
@@ -194,5 +437,15 @@ int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
                           "docs/stores.md, then grant SELECT, INSERT, "
                           "UPDATE, DELETE on it",
                           ms->redacted, ms->t);
-    return rc;
+    if (rc)
+        return rc;
+    /* the table existed (the previous version's?): its columns now */
+    rc = look(ms, cn, deadline, &tables, &has_permits, &has_holders);
+    if (rc)
+        return rc;
+    if (has_permits && has_holders) {
+        ms->rw = 1;
+        return DLOCK_OK;
+    }
+    return migrate(ms, cn, deadline, has_permits, has_holders);
 }
