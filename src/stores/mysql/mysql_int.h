@@ -150,11 +150,13 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *holder, const char *where, int woke);
 
 /* A read hold's or permit's upsert (mysql_sql.c says more): `join`, may
- * it join the live holds (0: only start on an ended row). */
+ * it join the live holds (0: only start on a free row, or adopt ours);
+ * `prune`, drop the ended holds and count only the live ones (a
+ * subquery: not on the uncontended path). */
 char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
                                  const char *name, const char *owner,
                                  const char *holder, const char *where,
-                                 int woke, int join);
+                                 int woke, int join, int prune);
 
 /* Creates the tables when missing, adds the columns a table of the
  * previous version lacks (ms->rw: whether it has them). */
@@ -206,6 +208,11 @@ typedef struct my_state {
 int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
                        const char *gate, int64_t deadline, my_state *st);
 void dlock__mysql_state_free(my_state *st);
+
+/* A writer's look at a readers' row (holding the gate): its end set to
+ * the latest live hold's, free when none is (a release keeps an upper
+ * bound). A statement and "; ". */
+char *dlock__mysql_settle(const my_store *ms, const char *name);
 
 /* The drain round trip of a writer that holds the gate while readers
  * hold: a SELECT waiting on each live reader's hold lock in turn (until

@@ -134,36 +134,42 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set,
                             l->kind == DLOCK__PERMIT ? "permit" : "read hold");
 }
 
+/* What the holds left make of the row (the count is every entry left,
+ * a few ended ones included until a renewal or a fresh start drops them). */
+#define HOLDER_TEXT                                                         \
+    "holder = IF(holds = 0, NULL, IF(permits > 0, CONCAT(holds, ' of ', "   \
+    "permits, ' permits'), CONCAT(holds, IF(holds = 1, ' reader', "         \
+    "' readers'))))"
+
+/* The latest live end of the holds in `holders`, as the lock's end. */
+#define LATEST_END                                                          \
+    "(SELECT '1970-01-01' + INTERVAL MAX(j.e) MICROSECOND FROM JSON_TABLE(" \
+    "holders, " MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US ")"
+
 int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
                                 int64_t op_deadline)
 {
     my_lease *sl = l->priv;
-    char *oj = dlock__mysql_hexlit(l->owner, strlen(l->owner));
-    /* the live holds but ours, then what they make of the row (`holds`,
-     * `holder`, `lock_until`: now when none is left, and `owner` NULL);
-     * a semaphore keeps its N */
-    char *set =
-        oj ? dlock__mysql_stmt(
-                 "holders = (SELECT JSON_OBJECTAGG(j.o, JSON_ARRAY(j.o, j.t, "
-                 "j.e, j.s, j.d)) FROM JSON_TABLE(holders, " MY_HOLDERS_COLS
-                 ") j WHERE j.e > " NOW_US " AND j.o <> %s), "
-                 "holds = IFNULL(JSON_LENGTH(holders), 0), "
-                 "holder = IF(holds = 0, NULL, IF(permits > 0, CONCAT(holds, "
-                 "' of ', permits, ' permits'), IF(holds = 1, (SELECT "
-                 "MIN(j.d) FROM JSON_TABLE(holders, " MY_HOLDERS_COLS
-                 ") j), CONCAT(holds, ' readers')))), "
-                 "lock_until = IFNULL((SELECT '1970-01-01' + INTERVAL "
-                 "MAX(j.e) MICROSECOND FROM JSON_TABLE(holders, "
-                 MY_HOLDERS_COLS ") j), " NOW "), "
-                 "owner = IF(holds = 0, NULL, owner)",
-                 oj)
-           : NULL;
-    int rc = set ? guarded(ms, l, set, "DO RELEASE_ALL_LOCKS()", 0,
+    char path[128];
+    int rc = dlock__mysql_owner_path(l->owner, "", path, sizeof(path));
+    /* our entry goes; the lock's end stays (the latest end of the holds
+     * since the last renewal: an upper bound, made exact again by the
+     * next renewal; a subquery to compute it would cost the release tens
+     * of µs) unless none is left: then now, `holds` 0 and `owner` NULL. A
+     * semaphore keeps its N */
+    char *set = rc ? NULL
+                   : dlock__mysql_stmt(
+                         "holders = JSON_REMOVE(holders, '%s'), "
+                         "holds = JSON_LENGTH(holders), "
+                         "lock_until = IF(holds = 0, " NOW ", lock_until), "
+                         HOLDER_TEXT ", owner = IF(holds = 0, NULL, owner)",
+                         path);
+
+    if (!rc)
+        rc = set ? guarded(ms, l, set, "DO RELEASE_ALL_LOCKS()", 0,
                            op_deadline, "releasing the lock")
                  : dlock__mysql_enomem();
-
     free(set);
-    free(oj);
     if (sl->cn) {
         if (rc != DLOCK_OK && rc != DLOCK_ENOTHELD)
             sl->cn->broken = 1; /* closing it lets go of the hold lock */
@@ -177,25 +183,30 @@ int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
 int dlock__mysql_extend_shared(my_store *ms, dlock__lease *l, int64_t ttl_ms,
                                int64_t op_deadline)
 {
-    char pe[128];
-    int rc = dlock__mysql_owner_path(l->owner, "[2]", pe, sizeof(pe));
-    /* our end only; lock_until the latest live end (a shorter ttl may
-     * lower it) */
-    char *set = rc ? NULL
-                   : dlock__mysql_stmt(
-                         "holders = JSON_SET(holders, '%s', " NOW_US
-                         " + %lld), lock_until = (SELECT '1970-01-01' + "
-                         "INTERVAL MAX(j.e) MICROSECOND FROM JSON_TABLE("
-                         "holders, " MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US
-                         ")",
-                         pe, (long long)ttl_ms * 1000);
+    char path[128], pe[128];
+    char *oj = dlock__mysql_hexlit(l->owner, strlen(l->owner));
+    int rc = dlock__mysql_owner_path(l->owner, "", path, sizeof(path));
+    char *set = NULL;
 
-    if (rc)
-        return rc;
-    rc = set ? guarded(ms, l, set, NULL, 1, op_deadline,
-                       "extending the lease")
-             : dlock__mysql_enomem();
+    if (!rc)
+        rc = dlock__mysql_owner_path(l->owner, "[2]", pe, sizeof(pe));
+    /* our end only (the other holds as they are, the ended ones dropped);
+     * the lock's end the latest live one (a shorter ttl may lower it) */
+    if (!rc && oj)
+        set = dlock__mysql_stmt(
+            "holders = JSON_SET(JSON_SET(IFNULL((SELECT JSON_OBJECTAGG(j.o, "
+            "JSON_ARRAY(j.o, j.t, j.e, j.s, j.d)) FROM JSON_TABLE(holders, "
+            MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US " AND j.o <> %s), "
+            "'{}'), '%s', JSON_EXTRACT(holders, '%s')), '%s', " NOW_US
+            " + %lld), lock_until = " LATEST_END ", holds = JSON_LENGTH("
+            "holders), " HOLDER_TEXT,
+            oj, path, path, pe, (long long)ttl_ms * 1000);
+    if (!rc)
+        rc = set ? guarded(ms, l, set, NULL, 1, op_deadline,
+                           "extending the lease")
+                 : dlock__mysql_enomem();
     free(set);
+    free(oj);
     return rc;
 }
 
@@ -287,8 +298,11 @@ int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
 {
     my_lease *sl = l->priv;
     char *hold = dlock__mysql_hold_lock_of(ms, name, "j.o");
+    char *ow = dlock__mysql_hexlit(l->owner, strlen(l->owner));
+    /* our own entry, if any (a try whose answer was lost), does not
+     * count: our next try replaces it */
     char *sql =
-        hold ? dlock__mysql_stmt(
+        hold && ow ? dlock__mysql_stmt(
                    "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID(), "
                    "TIMESTAMPDIFF(MICROSECOND, " NOW ", t.lock_until) DIV "
                    "1000 + 1, IF(t.name IS NULL OR t.holds = 0 OR "
@@ -296,8 +310,8 @@ int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
                    "t.permits, 2), 1)), j.o, (j.e - " NOW_US ") DIV 1000 + 1, "
                    "IS_USED_LOCK(%s) IS NOT NULL FROM (SELECT 1) d LEFT JOIN "
                    "%s t ON t.name = %s LEFT JOIN JSON_TABLE(t.holders, "
-                   MY_HOLDERS_COLS ") j ON j.e > " NOW_US,
-                   gate, hold, ms->t, name)
+                   MY_HOLDERS_COLS ") j ON j.e > " NOW_US " AND j.o <> %s",
+                   gate, hold, ms->t, name, ow)
              : NULL;
     MYSQL_RES *r = NULL;
     MYSQL_ROW row;
@@ -310,6 +324,7 @@ int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
              : dlock__mysql_enomem();
     free(sql);
     free(hold);
+    free(ow);
     if (rc == DLOCK_OK && r) {
         size_t n = (size_t)mysql_num_rows(r);
         st->lk_owner = calloc(n ? n : 1, sizeof(*st->lk_owner));
@@ -342,6 +357,17 @@ int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
     if (rc)
         dlock__mysql_state_free(st);
     return rc;
+}
+
+char *dlock__mysql_settle(const my_store *ms, const char *name)
+{
+    /* the latest live end (now when none: the row is free) */
+    return dlock__mysql_stmt(
+        "UPDATE %s SET lock_until = IFNULL(" LATEST_END ", " NOW "), "
+        "holds = IF(lock_until > " NOW ", holds, 0), owner = IF(holds = 0, "
+        "NULL, owner) WHERE name = %s AND owner <=> " MY_SHARED " AND "
+        "permits = 0 AND lock_until > " NOW "; ",
+        ms->t, name);
 }
 
 char *dlock__mysql_drain(const my_store *ms, const char *name,

@@ -171,88 +171,85 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
 /*
  * A read hold's or permit's upsert (mysql_rw.c's header says when it
  * runs). The row is taken afresh when it is free (E: released, or its
- * lease ended), or joined (S) when the row is held by holds of the same
- * kind (readers; or permits of the same N with fewer than N live) and
- * `join` allows it, or when our own hold is there and live (an earlier try
- * whose answer was lost: adopted with its token). Every assignment reads
- * the row as it was: the columns the conditions read are assigned after
- * the others (holders, permits, owner, lock_until: each reads the new
- * value of the earlier ones only in a case where the answer stays the
- * same), `holds` and `holder` last, from the new holders. The times are
- * one, the SELECT part's (VALUES()): now in µs is VALUES(token), the
- * condition's now VALUES(locked_at). The new token is LAST_INSERT_ID()
- * once the token column is assigned. A busy answer's LAST_INSERT_ID says
- * who holds.
+ * lease ended), or joined (S) when `join` allows it and the row is held
+ * by holds of the same kind (readers; or permits of the same N with fewer
+ * than N other entries). Our own entry, if there is one (an earlier try
+ * whose answer was lost), is replaced: a try that is late behind a newer
+ * hold of ours cannot get here, as that hold keeps our hold lock, which
+ * the try's guard takes.
+ *
+ * E and S are decided once, in the first assignment (token), with the
+ * row as it was; the others read the outcome from LAST_INSERT_ID(): taken
+ * (T) when it equals the new token (a busy answer's LAST_INSERT_ID is a
+ * code below 40, every token at least the server's clock in µs). E reads
+ * holds and lock_until, assigned last. The times are one, the SELECT
+ * part's (VALUES()): now in µs is VALUES(token), the condition's now
+ * VALUES(locked_at).
+ *
+ * Without `prune` the statement has no subquery (each costs the server
+ * tens of µs to prepare, evaluated or not): holds whose lease ended stay
+ * in `holders`, and a permit counts them as taken (it may find a
+ * semaphore full that is not: the waiter holding the gate then reads the
+ * live ones and tries again with `prune`, which drops them and counts the
+ * live ones only).
  */
 char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
                                  const char *name, const char *owner,
                                  const char *holder, const char *where,
-                                 int woke, int join)
+                                 int woke, int join, int prune)
 {
     const char *now = woke ? WOKE : NOW;
     const long long ttl = (long long)l->ttl_ms * 1000;
     const unsigned p = l->kind == DLOCK__PERMIT ? l->permits : 0;
-    const char *e = ENDED_WOKE;
-    char path[128], pe[128], pt[128], ps[128], sum[96], first[64];
-    char *oj, *live, *pruned, *a, *s, *entry, *adopt, *out = NULL;
+    const char *e = ENDED_WOKE, *t = "LAST_INSERT_ID() = token";
+    char path[128], ol[96], sum[128];
+    char *others, *base, *s, *out = NULL;
 
+    (void)owner;
+    /* the owner as a quoted literal (its bytes are checked: shorter to
+     * parse than hex, and text, as JSON wants) */
     if (dlock__mysql_owner_path(l->owner, "", path, sizeof(path)) ||
-        dlock__mysql_owner_path(l->owner, "[2]", pe, sizeof(pe)) ||
-        dlock__mysql_owner_path(l->owner, "[1]", pt, sizeof(pt)) ||
-        dlock__mysql_owner_path(l->owner, "[3]", ps, sizeof(ps)))
+        (size_t)snprintf(ol, sizeof(ol), "'%s'", l->owner) >= sizeof(ol))
         return NULL;
-    /* the owner as text (MySQL 8 writes binary strings into JSON as
-     * base64) */
-    oj = dlock__mysql_stmt("CONVERT(%s USING utf8mb4)", owner);
-    /* the live holds but ours (a subquery cannot read VALUES(): the
-     * statement's start is its now, before a waiter's wake: a hold that
-     * ended during the wait still counts, which only refuses a permit
-     * the state read then finds) */
-    live = dlock__mysql_stmt(
-        "(SELECT COUNT(*) FROM JSON_TABLE(holders, " MY_HOLDERS_COLS
-        ") j WHERE j.e > " MY_US(NOW) " AND j.o <> %s)",
-        owner);
-    pruned = dlock__mysql_stmt(
-        "(SELECT JSON_OBJECTAGG(j.o, JSON_ARRAY(j.o, j.t, j.e, j.s, j.d)) "
-        "FROM JSON_TABLE(holders, " MY_HOLDERS_COLS
-        ") j WHERE j.e > " MY_US(NOW) " AND j.o <> %s)",
-        owner);
-    /* ours, live */
-    a = dlock__mysql_stmt(
-        "IFNULL(CAST(JSON_EXTRACT(holders, '%s') AS SIGNED) > "
-        "VALUES(token), 0)",
-        pe);
-    if (p)
-        s = live && a ? dlock__mysql_stmt(
-                            "((%d OR %s) AND owner <=> " MY_SHARED " AND "
-                            "permits = %u AND (%s OR %s < %u))",
-                            join, a, p, a, live, p)
-                      : NULL;
+    /* the other holds: with `prune` the live ones (a subquery cannot
+     * read VALUES(): the statement's start is its now, before a waiter's
+     * wake: a hold that ended during the wait still counts, which only
+     * refuses a permit the state read then finds); else every entry */
+    others = prune ? dlock__mysql_stmt(
+                         "(SELECT COUNT(*) FROM JSON_TABLE(holders, "
+                         MY_HOLDERS_COLS ") j WHERE j.e > " MY_US(NOW)
+                         " AND j.o <> %s)",
+                         ol)
+                   : dlock__mysql_stmt(
+                         "(IFNULL(JSON_LENGTH(holders), 0) - "
+                         "IFNULL(JSON_CONTAINS_PATH(holders, 'one', '%s'), "
+                         "0))",
+                         path);
+    /* what our entry is set into */
+    base = prune ? dlock__mysql_stmt(
+                       "IFNULL((SELECT JSON_OBJECTAGG(j.o, JSON_ARRAY(j.o, "
+                       "j.t, j.e, j.s, j.d)) FROM JSON_TABLE(holders, "
+                       MY_HOLDERS_COLS ") j WHERE j.e > " MY_US(NOW)
+                       " AND j.o <> %s), '{}')",
+                       ol)
+                 : dlock__mysql_stmt("IFNULL(holders, '{}')");
+    if (!join)
+        s = dlock__mysql_stmt("0");
+    else if (p)
+        s = others ? dlock__mysql_stmt("owner <=> " MY_SHARED " AND permits "
+                                       "= %u AND %s < %u",
+                                       p, others, p)
+                   : NULL;
     else
-        s = a ? dlock__mysql_stmt("((%d OR %s) AND owner <=> " MY_SHARED
-                                  " AND permits = 0)",
-                                  join, a)
-              : NULL;
+        s = dlock__mysql_stmt("owner <=> " MY_SHARED " AND permits = 0");
     if (p)
         snprintf(sum, sizeof(sum), "CONCAT(holds, ' of %u permits')", p);
     else
         snprintf(sum, sizeof(sum),
                  "IF(holds = 1, VALUES(holder), CONCAT(holds, ' readers'))");
-    entry = oj ? dlock__mysql_stmt(
-                     "JSON_ARRAY(%s, LAST_INSERT_ID(), VALUES(token) + %lld, "
-                     "VALUES(token), CONVERT(%s USING utf8mb4))",
-                     oj, ttl, holder)
-               : NULL;
-    adopt = oj ? dlock__mysql_stmt(
-                     "JSON_ARRAY(%s, CAST(JSON_EXTRACT(holders, '%s') AS "
-                     "UNSIGNED), GREATEST(CAST(JSON_EXTRACT(holders, '%s') AS "
-                     "SIGNED), VALUES(token) + %lld), CAST(JSON_EXTRACT("
-                     "holders, '%s') AS SIGNED), CONVERT(%s USING utf8mb4))",
-                     oj, pt, pe, ttl, ps, holder)
-               : NULL;
-    if (p)
-        snprintf(first, sizeof(first), "'1 of %u permits'", p);
-    if (oj && live && pruned && a && s && entry && adopt)
+    /* the row's holder is the description (a permit's too, on a new row:
+     * its entry reads it from there) */
+    if (others && base && s)
         out = dlock__mysql_stmt(
             "INSERT INTO %s (name, owner, holder, holds, token, locked_at, "
             "lock_until, permits, holders) SELECT %s, " MY_SHARED ", %s, 1, "
@@ -261,37 +258,31 @@ char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
             "LAST_INSERT_ID(), LAST_INSERT_ID() + %lld, LAST_INSERT_ID(), "
             "CONVERT(%s USING utf8mb4))) FROM DUAL%s "
             "ON DUPLICATE KEY UPDATE "
-            "token = IF(%s OR (%s AND NOT %s), LAST_INSERT_ID(GREATEST("
-            "token + 1, VALUES(token))), IF(%s, token + 0 * LAST_INSERT_ID("
-            "CAST(JSON_EXTRACT(holders, '%s') AS UNSIGNED)), "
-            BUSY_CODE("VALUES(locked_at)") ")), "
+            "token = IF(%s OR %s, LAST_INSERT_ID(GREATEST(token + 1, "
+            "VALUES(token))), " BUSY_CODE("VALUES(locked_at)") "), "
             "locked_at = IF(%s, VALUES(locked_at), locked_at), "
-            "holders = IF(%s, JSON_OBJECT(%s, %s), IF(%s, JSON_SET(IFNULL("
-            "%s, '{}'), '%s', IF(%s, %s, %s)), holders)), "
+            "holders = IF(%s, JSON_SET(IF(%s, '{}', %s), '%s', JSON_ARRAY(%s, "
+            "token, VALUES(token) + %lld, VALUES(token), CONVERT("
+            "VALUES(holder) USING utf8mb4))), holders), "
             "permits = IF(%s, VALUES(permits), permits), "
-            "owner = IF(%s OR %s, " MY_SHARED ", owner), "
+            "owner = IF(%s, " MY_SHARED ", owner), "
             "lock_until = IF(%s, VALUES(lock_until), IF(%s, GREATEST("
             "lock_until, VALUES(lock_until)), lock_until)), "
-            "holds = IF(%s, (SELECT COUNT(*) FROM JSON_TABLE(holders, "
-            MY_HOLDERS_COLS ") j WHERE j.e > " MY_US(NOW) "), holds), "
+            "holds = IF(%s, JSON_LENGTH(holders), holds), "
             "holder = IF(%s, %s, holder)",
-            ms->t, name, p ? first : holder, now, now, now, ttl, p, oj, oj,
-            ttl, holder, where,
-            /* token */ e, s, a, s, pt,
+            ms->t, name, holder, now, now, now, ttl, p, ol, ol, ttl, holder,
+            where,
+            /* token */ e, s,
             /* locked_at */ e,
-            /* holders */ e, oj, entry, s, pruned, path, a, adopt, entry,
+            /* holders */ t, e, base, path, ol, ttl,
             /* permits */ e,
-            /* owner */ e, s,
-            /* lock_until */ e, s,
-            /* holds */ a,
-            /* holder */ a, sum);
-    free(oj);
-    free(live);
-    free(pruned);
-    free(a);
+            /* owner */ t,
+            /* lock_until */ e, t,
+            /* holds */ t,
+            /* holder */ t, sum);
+    free(others);
+    free(base);
     free(s);
-    free(entry);
-    free(adopt);
     return out;
 }
 

@@ -37,6 +37,8 @@ typedef struct acq {
     dlock__lease *l;
     my_lease *sl;
     int shared; /* a read hold or a permit */
+    int listed; /* it waits listed in the queue table */
+    int kinds;  /* with its kind (readers or permits use the name) */
     char *name, *owner, *holder, *gate, *hold;
 } acq;
 
@@ -48,9 +50,9 @@ static void let_go(my_store *ms, my_lease *sl)
         return;
     if (sl->gated || sl->locks || sl->seq) {
         char *sql = sl->seq
-                        ? dlock__mysql_stmt("DELETE FROM %s WHERE seq = %lld; "
-                                            "DO RELEASE_ALL_LOCKS()",
-                                            ms->q, (long long)sl->seq)
+                        ? dlock__mysql_stmt("DELETE FROM %s WHERE seq = "
+                                            "@dlock_q; DO RELEASE_ALL_LOCKS()",
+                                            ms->q)
                         : dlock__mysql_stmt("DO RELEASE_ALL_LOCKS()");
         /* on failure the connection closes, and the server lets go */
         if (!sql ||
@@ -106,6 +108,34 @@ static void drop_conn(my_store *ms, my_lease *sl)
 /* The statements of one try                                                */
 /* ------------------------------------------------------------------------ */
 
+/* A waiter's entry in T_queue for dlock_inspect(): alive while this
+ * connection holds the entry's own lock; its seq in @dlock_q. Its
+ * description says its kind when readers or permits use the name. Three
+ * statements and "; ". */
+static char *join_sql(const acq *a)
+{
+    const dlock__lease *l = a->l;
+    const char *kind = l->kind == DLOCK__READ     ? "read: "
+                       : l->kind == DLOCK__PERMIT ? "permit: "
+                       : a->kinds                 ? "write: "
+                                                  : "";
+    char desc[300];
+
+    snprintf(desc, sizeof(desc), "%s%s", kind, l->desc);
+    char *holder = dlock__mysql_hexlit(desc, strlen(desc));
+    char *lock = dlock__mysql_entry_lock_of(a->ms, "@dlock_q");
+    char *join = holder && lock
+                     ? dlock__mysql_stmt("INSERT INTO %s (name, holder, "
+                                         "alive_until) VALUES (%s, %s, " NOW
+                                         "); SET @dlock_q = LAST_INSERT_ID(); "
+                                         "DO GET_LOCK(%s, 0); ",
+                                         a->ms->q, a->name, holder, lock)
+                     : NULL;
+    free(lock);
+    free(holder);
+    return join;
+}
+
 /* The try of kind `kind` (wait_ms: how long a waiting one may wait), and
  * in *at which of its statements is the upsert. */
 static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
@@ -143,7 +173,9 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     up = !where ? NULL
          : a->shared
              ? dlock__mysql_upsert_shared(ms, l, a->name, a->owner, a->holder,
-                                          where, waits, kind != TRY_TAKEOVER)
+                                          where, waits, kind != TRY_TAKEOVER,
+                                          kind == TRY_HELD ||
+                                              kind == TRY_TAKEOVER)
              : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
                                    waits);
     /* a read hold or permit taken holding the gate lets go of it in the
@@ -154,22 +186,33 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
                                         "0)",
                                         a->gate)
                     : dlock__mysql_stmt("%s", "");
-    /* the queue entry goes with the win */
-    del = a->sl->seq ? dlock__mysql_stmt("; DELETE FROM %s WHERE seq = %lld "
-                                         "AND %s > 0",
-                                         ms->q, (long long)a->sl->seq,
-                                         lets_go ? "@dlock_n" : "ROW_COUNT()")
-                     : dlock__mysql_stmt("%s", "");
-    *at = 0;
-    if (!up || !after || !del) {
+    /* a waiter listed for dlock_inspect() joins the queue in its first
+     * wait's round trip (its entry's seq kept in @dlock_q), and the entry
+     * goes with the win */
+    int joins = a->listed && !a->sl->seq && (waits || kind == TRY_DRAIN);
+    char *join = joins ? join_sql(a) : dlock__mysql_stmt("%s", "");
+    del = a->sl->seq || joins
+              ? dlock__mysql_stmt("; DELETE FROM %s WHERE seq = @dlock_q AND "
+                                  "%s > 0",
+                                  ms->q, lets_go ? "@dlock_n" : "ROW_COUNT()")
+              : dlock__mysql_stmt("%s", "");
+    /* a writer holding the gate first settles a readers' row: its end
+     * the latest live hold's (a release keeps an upper bound), free when
+     * none is live */
+    char *settle = !a->shared && ms->rw && kind == TRY_HELD
+                       ? dlock__mysql_settle(ms, a->name)
+                       : dlock__mysql_stmt("%s", "");
+    *at = joins ? 3 : 0;
+    if (!up || !after || !del || !settle || !join) {
         sql = NULL;
     } else if (kind == TRY_DRAIN) {
         char *d = dlock__mysql_drain(ms, a->name, wait_ms, up);
-        sql = d ? dlock__mysql_stmt("%s%s", d, del) : NULL;
+        sql = d ? dlock__mysql_stmt("%s%s%s", join, d, del) : NULL;
         free(d);
-        *at = 2;
+        *at += 2;
     } else if (!waits) {
-        sql = dlock__mysql_stmt("%s%s%s", up, after, del);
+        sql = dlock__mysql_stmt("%s%s%s%s", settle, up, after, del);
+        *at = settle[0] ? 1 : 0;
     } else {
         /* a waiting try first sets its gate and the wait's length (the
          * holder's lease left + 1 ms; a whole lease when the row is free
@@ -177,58 +220,26 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
          * that does not within a lease, frozen in between, is passed by),
          * and sleeps in the upsert's GET_LOCK */
         sql = dlock__mysql_stmt(
-            "SET time_zone = '+00:00', @dlock_t0 = " NOW ", "
+            "%sSET time_zone = '+00:00', @dlock_t0 = " NOW ", "
             "@dlock_g = %s, @dlock_w = LEAST(%lld.%03lld, "
             "IFNULL((SELECT IF(owner IS NOT NULL, GREATEST("
             "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
             "lock_until) / 1000000 + 0.001), %lld.%03lld) FROM "
             "%s WHERE name = %s), %lld.%03lld)); %s%s%s",
-            a->gate, (long long)(wait_ms / 1000), (long long)(wait_ms % 1000),
+            join, a->gate, (long long)(wait_ms / 1000),
+            (long long)(wait_ms % 1000),
             (long long)(l->ttl_ms / 1000), (long long)(l->ttl_ms % 1000),
             ms->t, a->name, (long long)(l->ttl_ms / 1000),
             (long long)(l->ttl_ms % 1000), up, after, del);
-        *at = 1;
+        *at += 1;
     }
     free(where);
     free(up);
     free(after);
     free(del);
-    return sql;
-}
-
-/* A waiter's entry in T_queue for dlock_inspect(): alive while this
- * connection holds the entry's own lock. Its description says its kind
- * when readers or permits use the name (`kinds`). */
-static int join_queue(const acq *a, int kinds, int64_t dl)
-{
-    my_store *ms = a->ms;
-    const dlock__lease *l = a->l;
-    const char *kind = l->kind == DLOCK__READ     ? "read: "
-                       : l->kind == DLOCK__PERMIT ? "permit: "
-                       : kinds                    ? "write: "
-                                                  : "";
-    char desc[300];
-    uint64_t id = 0;
-    int rc;
-
-    snprintf(desc, sizeof(desc), "%s%s", kind, l->desc);
-    char *holder = dlock__mysql_hexlit(desc, strlen(desc));
-    char *lock = dlock__mysql_entry_lock_of(ms, "LAST_INSERT_ID()");
-    char *join = holder && lock
-                     ? dlock__mysql_stmt("INSERT INTO %s (name, holder, "
-                                         "alive_until) VALUES (%s, %s, " NOW
-                                         "); DO GET_LOCK(%s, 0)",
-                                         ms->q, a->name, holder, lock)
-                     : NULL;
-    free(lock);
-    free(holder);
-    rc = join ? dlock__mysql_query(ms, a->sl->cn, join, dl, NULL, NULL, &id,
-                                   "joining the queue")
-              : dlock__mysql_enomem();
+    free(settle);
     free(join);
-    if (rc == DLOCK_OK)
-        a->sl->seq = (int64_t)id;
-    return rc;
+    return sql;
 }
 
 /* A busy try's answer (`code`, MY_CODE_*) that no wait can change:
@@ -364,15 +375,20 @@ static int after_gated_try(const acq *a, int *kind, int *recheck)
         *kind = TRY_TAKEOVER;
     } else if ((rc = wrong_kind(a, st.code)) != DLOCK_OK) {
         ;
-    } else if (st.code == MY_CODE_NONE ||
-               (l->kind == DLOCK__READ && st.code == MY_CODE_READERS) ||
-               (l->kind == DLOCK__PERMIT &&
-                st.live < (int)l->permits)) {
-        *kind = TRY_HELD; /* room for us */
     } else if (st.code == MY_CODE_WRITER) {
         /* its holder lost its gate (its connection died) and keeps the
          * lease */
+        *recheck = 0;
         *kind = sleep_gated(ms, l, st.left_ms);
+    } else if (st.code == MY_CODE_NONE ||
+               (l->kind == DLOCK__READ && st.code == MY_CODE_READERS) ||
+               (l->kind == DLOCK__PERMIT && st.live < (int)l->permits) ||
+               (l->kind == DLOCK__WRITE && st.live == 0)) {
+        /* room for us (a writer: no live reader, the row's end an upper
+         * bound that its next try settles); a second time in a row that
+         * took nothing, the lease end is the timer */
+        *kind = (*recheck)++ < 2 ? TRY_HELD
+                                 : sleep_gated(ms, l, st.left_ms);
     } else if (st.live > st.locked && !*recheck) {
         *recheck = 1;
         *kind = TRY_HELD;
@@ -412,7 +428,8 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     my_store *ms = st;
     my_lease *sl = l->priv;
     int fair = (l->flags & DLOCK_FAIR) != 0;
-    acq a = {ms, l, sl, l->kind != DLOCK__WRITE, NULL, NULL, NULL, NULL, NULL};
+    acq a = {ms, l,    sl,   l->kind != DLOCK__WRITE, 0, 0, NULL, NULL,
+             NULL, NULL, NULL};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
     int recheck = 0, held_tries = 0;
 
@@ -482,6 +499,8 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             ms, sl->cn, sql, wdl, NULL, at, &affected, &token,
             waits ? "waiting for the lock" : "taking the lock");
         int64_t answered = dlock__now_ms();
+        if (a.listed && !sl->seq && (waits || kind == TRY_DRAIN))
+            sl->seq = -1; /* in @dlock_q (let_go deletes it) */
         free(sql);
         /* a try through GET_LOCK may hold the gate now (the row held by
          * one that lost its gate, or a deadlock after the wake): until
@@ -563,12 +582,18 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
              * and writers that met readers or permits first join the
              * queue inspect() lists: an entry alive while this connection
              * holds its own lock */
+            if (once && !a.shared && kind == TRY_GATE &&
+                token == MY_CODE_READERS) {
+                /* a try only, holding the gate on a readers' row whose
+                 * end may be an upper bound: settled, is it free? */
+                kind = TRY_HELD;
+                continue;
+            }
             if (once)
                 break;
-            if ((fair || a.shared || token >= MY_CODE_READERS) && !sl->seq) {
-                rc = join_queue(&a, token >= MY_CODE_READERS, dl);
-                if (rc)
-                    break;
+            if (fair || a.shared || token >= MY_CODE_READERS) {
+                a.listed = 1;
+                a.kinds |= token >= MY_CODE_READERS;
             }
             /* a writer whose try got the gate while readers hold keeps it
              * and drains them; anyone else waits at the gate */
