@@ -150,13 +150,15 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *holder, const char *where, int woke);
 
 /* A read hold's or permit's upsert (mysql_sql.c says more): `join`, may
- * it join the live holds (0: only start on a free row, or adopt ours);
- * `prune`, drop the ended holds and count only the live ones (a
- * subquery: not on the uncontended path). */
+ * it join the live holds (0: only start on a free row); `prune`, drop the
+ * ended holds and count only the live ones (a subquery: not on the
+ * uncontended path); `gate` (NULL: none), the gate it lets go of once
+ * taken. */
 char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
                                  const char *name, const char *owner,
                                  const char *holder, const char *where,
-                                 int woke, int join, int prune);
+                                 int woke, int join, int prune,
+                                 const char *gate);
 
 /* Creates the tables when missing, adds the columns a table of the
  * previous version lacks (ms->rw: whether it has them). */

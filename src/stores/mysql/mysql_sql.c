@@ -186,6 +186,11 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
  * part's (VALUES()): now in µs is VALUES(token), the condition's now
  * VALUES(locked_at).
  *
+ * With `gate` (a waiter holding the name's gate), the take lets go of the
+ * gate in the statement itself, once taken: the next waiter wakes while
+ * this statement commits, and its own upsert waits for the row's lock
+ * (a writer woken so then sees this hold and waits for it).
+ *
  * Without `prune` the statement has no subquery (each costs the server
  * tens of µs to prepare, evaluated or not): holds whose lease ended stay
  * in `holders`, and a permit counts them as taken (it may find a
@@ -196,7 +201,8 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
 char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
                                  const char *name, const char *owner,
                                  const char *holder, const char *where,
-                                 int woke, int join, int prune)
+                                 int woke, int join, int prune,
+                                 const char *gate)
 {
     const char *now = woke ? WOKE : NOW;
     const long long ttl = (long long)l->ttl_ms * 1000;
@@ -268,7 +274,7 @@ char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
             "owner = IF(%s, " MY_SHARED ", owner), "
             "lock_until = IF(%s, VALUES(lock_until), IF(%s, GREATEST("
             "lock_until, VALUES(lock_until)), lock_until)), "
-            "holds = IF(%s, JSON_LENGTH(holders), holds), "
+            "holds = IF(%s, JSON_LENGTH(holders)%s%s%s, holds), "
             "holder = IF(%s, %s, holder)",
             ms->t, name, holder, now, now, now, ttl, p, ol, ol, ttl, holder,
             where,
@@ -278,7 +284,8 @@ char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
             /* permits */ e,
             /* owner */ t,
             /* lock_until */ e, t,
-            /* holds */ t,
+            /* holds */ t, gate ? " + 0 * IFNULL(RELEASE_LOCK(" : "",
+            gate ? gate : "", gate ? "), 0)" : "",
             /* holder */ t, sum);
     free(others);
     free(base);

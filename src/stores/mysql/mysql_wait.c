@@ -143,7 +143,7 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     const my_store *ms = a->ms;
     const dlock__lease *l = a->l;
     int waits = kind == TRY_WAIT;
-    char *where, *up, *after, *del, *sql = NULL;
+    char *where, *up, *del, *sql = NULL;
 
     /* every guard first clears LAST_INSERT_ID: a guard that fails leaves
      * the statement's answer 0, not the session's last id (a queue
@@ -170,22 +170,18 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
             waits ? "GET_LOCK(@dlock_g, @dlock_w) = 1 AND " : "", a->hold,
             kind == TRY_TAKEOVER ? 0 : 1);
     }
+    /* a read hold or permit taken holding the gate lets go of it in its
+     * upsert: that wakes the next waiter */
+    int lets_go = a->shared && (kind == TRY_WAIT || kind == TRY_HELD);
     up = !where ? NULL
          : a->shared
-             ? dlock__mysql_upsert_shared(ms, l, a->name, a->owner, a->holder,
-                                          where, waits, kind != TRY_TAKEOVER,
-                                          kind == TRY_HELD ||
-                                              kind == TRY_TAKEOVER)
+             ? dlock__mysql_upsert_shared(
+                   ms, l, a->name, a->owner, a->holder, where, waits,
+                   kind != TRY_TAKEOVER,
+                   kind == TRY_HELD || kind == TRY_TAKEOVER,
+                   lets_go ? a->gate : NULL)
              : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
                                    waits);
-    /* a read hold or permit taken holding the gate lets go of it in the
-     * same round trip: that wakes the next waiter */
-    int lets_go = a->shared && (kind == TRY_WAIT || kind == TRY_HELD);
-    after = lets_go ? dlock__mysql_stmt("; SET @dlock_n = ROW_COUNT(); DO "
-                                        "IF(@dlock_n > 0, RELEASE_LOCK(%s), "
-                                        "0)",
-                                        a->gate)
-                    : dlock__mysql_stmt("%s", "");
     /* a waiter listed for dlock_inspect() joins the queue in its first
      * wait's round trip (its entry's seq kept in @dlock_q), and the entry
      * goes with the win */
@@ -193,8 +189,8 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     char *join = joins ? join_sql(a) : dlock__mysql_stmt("%s", "");
     del = a->sl->seq || joins
               ? dlock__mysql_stmt("; DELETE FROM %s WHERE seq = @dlock_q AND "
-                                  "%s > 0",
-                                  ms->q, lets_go ? "@dlock_n" : "ROW_COUNT()")
+                                  "ROW_COUNT() > 0",
+                                  ms->q)
               : dlock__mysql_stmt("%s", "");
     /* a writer holding the gate first settles a readers' row: its end
      * the latest live hold's (a release keeps an upper bound), free when
@@ -203,7 +199,7 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
                        ? dlock__mysql_settle(ms, a->name)
                        : dlock__mysql_stmt("%s", "");
     *at = joins ? 3 : 0;
-    if (!up || !after || !del || !settle || !join) {
+    if (!up || !del || !settle || !join) {
         sql = NULL;
     } else if (kind == TRY_DRAIN) {
         char *d = dlock__mysql_drain(ms, a->name, wait_ms, up);
@@ -211,7 +207,7 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
         free(d);
         *at += 2;
     } else if (!waits) {
-        sql = dlock__mysql_stmt("%s%s%s%s", settle, up, after, del);
+        sql = dlock__mysql_stmt("%s%s%s", settle, up, del);
         *at = settle[0] ? 1 : 0;
     } else {
         /* a waiting try first sets its gate and the wait's length (the
@@ -225,17 +221,16 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
             "IFNULL((SELECT IF(owner IS NOT NULL, GREATEST("
             "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
             "lock_until) / 1000000 + 0.001), %lld.%03lld) FROM "
-            "%s WHERE name = %s), %lld.%03lld)); %s%s%s",
+            "%s WHERE name = %s), %lld.%03lld)); %s%s",
             join, a->gate, (long long)(wait_ms / 1000),
             (long long)(wait_ms % 1000),
             (long long)(l->ttl_ms / 1000), (long long)(l->ttl_ms % 1000),
             ms->t, a->name, (long long)(l->ttl_ms / 1000),
-            (long long)(l->ttl_ms % 1000), up, after, del);
+            (long long)(l->ttl_ms % 1000), up, del);
         *at += 1;
     }
     free(where);
     free(up);
-    free(after);
     free(del);
     free(settle);
     free(join);
