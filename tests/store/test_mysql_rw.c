@@ -61,6 +61,24 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
     return l;
 }
 
+/* A forked child's client and handle (patient: several log in at once);
+ * 0, or -1 when it could not open them. */
+static int child_open(const char *name, int64_t ttl, unsigned permits,
+                      dlock_client **c, dlock **l)
+{
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.permits = permits;
+    *c = NULL;
+    *l = NULL;
+    if (dlock_client_open(c, srv.uri, th_patient()) != DLOCK_OK ||
+        dlock_open(l, *c, name, &o) != DLOCK_OK)
+        return -1;
+    return 0;
+}
+
 /* A waiter in a thread of this process: it acquires (shared or not), then
  * holds until `go` (at most 20 s) and releases. */
 typedef struct waiter {
@@ -215,6 +233,32 @@ static long long questions(void)
                         "GLOBAL_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
 }
 
+/* Kills the holder `pid` while a waiter sleeps on its hold lock (the
+ * session kind `sleeper`, "drain" or "helper"), and checks what the
+ * store does: the sleeper woken at once (its statement over well before
+ * the holder's lease, of 4 s, ends: at least 2/3 of it is left, renewed
+ * every 1.3 s; 1.5 s of slack for a busy machine), the waiter in only
+ * after the holder's lease end (its token, the take's time in µs at
+ * least, past the end the row kept, on the server's clock), and at that
+ * end (4 s at most from the kill, 3 s of slack, far below its 20 s
+ * wait). */
+static void kill_holder_and_check(pid_t pid, const char *sleeper,
+                                  const char *name, waiter *w)
+{
+    int64_t k0 = th_now_ms();
+
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    wait_sleepers(sleeper, 0);
+    CHECK_OP(th_now_ms() - k0, <, 1500);
+    long long end = entry_of(name, 0, 2, NULL, 0);
+    CHECK_OP(end, >, 0);
+    wait_flag(&w->got_it, 10000);
+    CHECK_OK(w->rc);
+    CHECK_OP((long long)w->token, >, end);
+    CHECK_OP(w->got - k0, <, 4000 + 3000);
+}
+
 /* ------------------------------------------------------------------------ */
 /* A writer draining readers                                                */
 /* ------------------------------------------------------------------------ */
@@ -273,14 +317,10 @@ typedef struct child_reader {
 static int reader_child(void *arg)
 {
     child_reader *s = arg;
-    dlock_client *c = NULL;
-    dlock *l = NULL;
-    dlock_options o;
+    dlock_client *c;
+    dlock *l;
 
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = s->ttl;
-    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK ||
-        dlock_open(&l, c, s->name, &o) != DLOCK_OK)
+    if (child_open(s->name, s->ttl, 0, &c, &l))
         return 2;
     s->rc = dlock_acquire_shared(l, 10000);
     s->token = dlock_token(l);
@@ -296,6 +336,20 @@ static int reader_child(void *arg)
     return 0;
 }
 
+/* A reader in a child process holding `name` (ttl_ms), its state shared. */
+static pid_t fork_reader(const char *name, int64_t ttl, child_reader **out)
+{
+    child_reader *s = th_shared(sizeof(*s));
+
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    s->ttl = ttl;
+    pid_t pid = th_fork(reader_child, s);
+    wait_flag(&s->ready, 10000);
+    CHECK_OK(s->rc);
+    *out = s;
+    return pid;
+}
+
 /* A reader's process is killed while the writer drains: its session ends
  * and frees its hold lock, which wakes the writer at once; its hold in the
  * row lives on until its lease ends (the lease decides: a process whose
@@ -303,38 +357,16 @@ static int reader_child(void *arg)
  * writer takes the row then, not before and not at its deadline. */
 TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
 {
-    child_reader *s = th_shared(sizeof(*s));
+    child_reader *s;
+    pid_t pid = fork_reader("drain-killed", 4000, &s);
     dlock_client *c = client_at(srv.uri);
     waiter w;
     pthread_t th;
 
-    snprintf(s->name, sizeof(s->name), "drain-killed");
-    s->ttl = 4000;
-    pid_t pid = th_fork(reader_child, s);
-    wait_flag(&s->ready, 10000);
-    CHECK_OK(s->rc);
     start(&w, &th, handle(c, "drain-killed", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
-    int64_t k0 = th_now_ms();
-    kill(pid, SIGKILL);
-    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
-    /* woken at once: its drain statement is over well before the lease
-     * ends (the lease has at least 2/3 of 4 s left: renewed every 1.3 s;
-     * 1.5 s of slack for a busy machine) */
-    wait_sleepers("drain", 0);
-    CHECK_OP(th_now_ms() - k0, <, 1500);
-    CHECK_EQ(w.got_it, 0);
-    long long end = entry_of("drain-killed", 0, 2, NULL, 0);
-    CHECK_OP(end, >, 0);
-    wait_flag(&w.got_it, 10000);
-    CHECK_OK(w.rc);
-    /* the server's clock: the writer's token (its take's time in µs, at
-     * least) is past the dead reader's lease end */
-    CHECK_OP((long long)w.token, >, end);
+    kill_holder_and_check(pid, "drain", "drain-killed", &w);
     CHECK_OP(w.token, >, s->token);
-    /* and it came at that end: the lease (4 s at most from the kill) and
-     * 3 s of slack, far below its 20 s wait */
-    CHECK_OP(w.got - k0, <, 4000 + 3000);
     let_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
@@ -348,16 +380,12 @@ TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
  * DLOCK_ELOST. */
 TEST(a_frozen_readers_lease_end_lets_the_writer_in)
 {
-    child_reader *s = th_shared(sizeof(*s));
+    child_reader *s;
+    pid_t pid = fork_reader("drain-frozen", 1500, &s);
     dlock_client *c = client_at(srv.uri);
     waiter w;
     pthread_t th;
 
-    snprintf(s->name, sizeof(s->name), "drain-frozen");
-    s->ttl = 1500;
-    pid_t pid = th_fork(reader_child, s);
-    wait_flag(&s->ready, 10000);
-    CHECK_OK(s->rc);
     kill(pid, SIGSTOP);
     long long end = entry_of("drain-frozen", 0, 2, NULL, 0);
     int64_t t0 = th_now_ms();
@@ -721,14 +749,10 @@ typedef struct racers {
 static int racer(void *arg)
 {
     racers *r = arg;
-    dlock_client *c = NULL;
-    dlock *l = NULL;
-    dlock_options o;
+    dlock_client *c;
+    dlock *l;
 
-    memset(&o, 0, sizeof(o));
-    o.permits = 3;
-    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK ||
-        dlock_open(&l, c, "sem-race", &o) != DLOCK_OK)
+    if (child_open("sem-race", 0, 3, &c, &l))
         return 2;
     while (!__atomic_load_n(&r->go, __ATOMIC_SEQ_CST))
         th_sleep_ms(1);
@@ -795,15 +819,10 @@ typedef struct child_permit {
 static int permit_child(void *arg)
 {
     child_permit *s = arg;
-    dlock_client *c = NULL;
-    dlock *l = NULL;
-    dlock_options o;
+    dlock_client *c;
+    dlock *l;
 
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = 4000;
-    o.permits = 1;
-    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK ||
-        dlock_open(&l, c, "sem-killed", &o) != DLOCK_OK)
+    if (child_open("sem-killed", 4000, 1, &c, &l))
         return 2;
     s->rc = dlock_acquire(l, 10000);
     __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
@@ -827,19 +846,7 @@ TEST(a_killed_permit_holder_wakes_the_head)
     CHECK_OK(s->rc);
     start(&w, &th, handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
-    int64_t k0 = th_now_ms();
-    kill(pid, SIGKILL);
-    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
-    /* the helper woken at once (the lease has at least 2.6 s left; 1.5 s
-     * of slack for a busy machine) */
-    wait_sleepers("helper", 0);
-    CHECK_OP(th_now_ms() - k0, <, 1500);
-    long long end = entry_of("sem-killed", 0, 2, NULL, 0);
-    CHECK_OP(end, >, 0);
-    wait_flag(&w.got_it, 10000);
-    CHECK_OK(w.rc);
-    CHECK_OP((long long)w.token, >, end); /* after the holder's lease */
-    CHECK_OP(w.got - k0, <, 4000 + 3000);
+    kill_holder_and_check(pid, "helper", "sem-killed", &w);
     let_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);

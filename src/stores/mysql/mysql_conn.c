@@ -389,14 +389,9 @@ static void async_result(my_async *a, int ready)
     a->res = r;
 }
 
-void dlock__mysql_async_start(my_async *a, const char *sql)
+/* The query's own call answered (status, err): on to its result. */
+static void async_queried(my_async *a, int err)
 {
-    int err = 0;
-
-    a->phase = 0;
-    a->failed = 0;
-    a->res = NULL;
-    a->status = mysql_real_query_start(&err, a->cn->m, sql, strlen(sql));
     if (a->status)
         return;
     if (err) {
@@ -405,6 +400,17 @@ void dlock__mysql_async_start(my_async *a, const char *sql)
         return;
     }
     async_result(a, 0);
+}
+
+void dlock__mysql_async_start(my_async *a, const char *sql)
+{
+    int err = 0;
+
+    a->phase = 0;
+    a->failed = 0;
+    a->res = NULL;
+    a->status = mysql_real_query_start(&err, a->cn->m, sql, strlen(sql));
+    async_queried(a, err);
 }
 
 void dlock__mysql_async_step(my_async *a, short revents)
@@ -419,14 +425,7 @@ void dlock__mysql_async_step(my_async *a, short revents)
         return;
     if (a->phase == 0) {
         a->status = mysql_real_query_cont(&err, a->cn->m, ready);
-        if (a->status)
-            return;
-        if (err) {
-            a->failed = 1;
-            a->phase = 2;
-            return;
-        }
-        async_result(a, 0);
+        async_queried(a, err);
         return;
     }
     async_result(a, ready);
