@@ -973,6 +973,13 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
                           "'old_t' AND column_name IN ('permits', "
                           "'holders')"),
              2);
+    /* holders is text in utf8mb4 (JSON), whatever the table's default */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT CHARACTER_SET_NAME = 'utf8mb4' FROM "
+                          "information_schema.columns WHERE table_schema = "
+                          "'dlocktest' AND table_name = 'old_t' AND "
+                          "column_name = 'holders'"),
+             1);
     /* the held lock is as it was: held, by its owner, its token */
     dlock *w = handle(c, "old-held", 0, 0, 0), *r = handle(c, "old-held", 0, 0, 0);
     dlock_info in;

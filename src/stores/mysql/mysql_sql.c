@@ -295,7 +295,8 @@ char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
 
 /* The read holds' and permits' columns (docs/stores.md shows the DDL). */
 #define COL_PERMITS "permits INT NOT NULL DEFAULT 0"
-#define COL_HOLDERS "holders LONGTEXT NULL"
+#define COL_HOLDERS                                                         \
+    "holders LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL"
 
 /* How many of the tables and of the new columns exist: *tables (0..2),
  * *has_permits, *has_holders. */
