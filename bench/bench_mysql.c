@@ -199,8 +199,9 @@ static void release_sql(char *out, size_t cap, const char *table,
     "PRIMARY KEY, owner VARBINARY(80) NULL, holder VARBINARY(255) NULL, "   \
     "holds INT NOT NULL DEFAULT 0, token BIGINT UNSIGNED NOT NULL DEFAULT " \
     "0, locked_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00', "     \
-    "lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00') "       \
-    "ENGINE=InnoDB"
+    "lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00', "       \
+    "permits INT NOT NULL DEFAULT 0, holders LONGTEXT CHARACTER SET "       \
+    "utf8mb4 COLLATE utf8mb4_bin NULL) ENGINE=InnoDB"
 #define SQL_FLOOR_QUEUE                                                     \
     "CREATE TABLE `" FLOOR_TABLE "_queue` ( seq BIGINT UNSIGNED NOT NULL "  \
     "AUTO_INCREMENT PRIMARY KEY, name VARBINARY(512) NOT NULL, holder "     \

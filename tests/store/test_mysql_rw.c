@@ -732,6 +732,30 @@ TEST(a_semaphores_n_is_kept)
     CHECK_OK(dlock_release(lk));
     CHECK_OK(dlock_acquire(p3, 0)); /* a semaphore of 3 now */
     CHECK_OK(dlock_release(p3));
+
+    /* full, with a head waiting at the gate: a lock's waiter does not
+     * queue behind it to learn that much */
+    dlock *q1 = handle(a, "sem-n1", 0, 0, 1), *lq = handle(b, "sem-n1", 0, 0, 0);
+    dlock_client *h = client_at(srv.uri);
+    waiter w;
+    pthread_t th;
+    CHECK_OK(dlock_acquire(q1, 0));
+    start(&w, &th, handle(h, "sem-n1", 0, 0, 1), 0, 20000);
+    wait_sleepers("helper", 1);
+    t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lq, 5000), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "semaphore of 1 permits");
+    CHECK_RC(dlock_acquire_shared(lq, 5000), DLOCK_EINVAL);
+    CHECK_OP(th_now_ms() - t0, <, 1000);
+    CHECK_OK(dlock_release(q1));
+    wait_flag(&w.got_it, 10000);
+    CHECK_OK(w.rc);
+    let_go(&w);
+    pthread_join(th, NULL);
+    dlock_close(w.l);
+    dlock_close(q1);
+    dlock_close(lq);
+    dlock_client_close(h);
     dlock_close(p2);
     dlock_close(p3);
     dlock_close(lk);

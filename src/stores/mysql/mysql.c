@@ -14,11 +14,10 @@
  *    the client's clock nor any session's time zone is used). Rows are not
  *    deleted on release; dlock_gc() removes long-unused ones.
  *  - Acquire is one statement: INSERT ... ON DUPLICATE KEY UPDATE where
- *    every column is taken over only if the row is free, released (holds
- *    0) or its lease ended (each assignment repeats the condition; owner,
- *    lock_until and holds, which the condition reads, come last).
- *    Affected rows say what happened: 1 inserted, 2 taken over, 0 busy,
- *    and a busy answer's LAST_INSERT_ID who holds. The token is max(previous + 1, the server's clock
+ *    every column is taken over only if the lease ended (each assignment
+ *    repeats the condition; owner and lock_until, which the condition
+ *    reads, come last). Affected rows say what happened: 1 inserted, 2
+ *    taken over, 0 busy (in a wait, its LAST_INSERT_ID says who holds). The token is max(previous + 1, the server's clock
  *    in µs), read back through LAST_INSERT_ID(expr) in the same statement,
  *    so a name whose row gc removed starts again above its old tokens.
  *  - Release and extend are one UPDATE each, guarded by owner and token.

@@ -144,10 +144,11 @@ char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
 #define MY_US(dt) "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " dt ")"
 
 /* The acquire's upsert, guarded by `where`; `woke`: a waiter's, whose
- * times are its wake's. */
+ * times are its wake's; `rich`: a busy answer says who holds. */
 char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *name, const char *owner,
-                          const char *holder, const char *where, int woke);
+                          const char *holder, const char *where, int woke,
+                          int rich);
 
 /* A read hold's or permit's upsert (mysql_sql.c says more): `join`, may
  * it join the live holds (0: only start on a free row); `prune`, drop the

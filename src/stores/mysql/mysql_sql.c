@@ -71,21 +71,24 @@ char *dlock__mysql_stmt(const char *fmt, ...)
     return out;
 }
 
-/* The upsert takes the row over when it is free: released (holds 0) or
- * its lease ended, with a new token. A row that is already ours and live
- * is adopted as it is (token kept, lease only lengthened): an earlier try
- * whose answer was lost took it, or this statement is that late try and
- * the owner holds the lock again. `where` guards the whole statement (the
- * gate, below). A waiter's upsert sleeps in its `where` (GET_LOCK): its
- * times are the wake's, SYSDATE(6) (UTC: the session's time zone is set
- * to it), and its condition reads the one value the row would get,
- * VALUES(locked_at). "Released" is holds = 0 and not only the lease's end:
- * a statement that started before the release (and waited for the row's
- * lock behind it) reads a lease end, the release's now, after its own. */
-#define ENDED "(holds = 0 OR lock_until <= " NOW ")"
-#define ENDED_WOKE "(holds = 0 OR lock_until <= VALUES(locked_at))"
+/* The upsert takes the row over when its lease ended, with a new token. A
+ * row that is already ours and live is adopted as it is (token kept,
+ * lease only lengthened): an earlier try whose answer was lost took it,
+ * or this statement is that late try and the owner holds the lock again.
+ * `where` guards the whole statement (the gate, below). A waiter's upsert
+ * sleeps in its `where` (GET_LOCK): its times are the wake's, SYSDATE(6)
+ * (UTC: the session's time zone is set to it), and its condition reads
+ * the one value the row would get, VALUES(locked_at). */
+#define ENDED "lock_until <= " NOW
+#define ENDED_WOKE "lock_until <= VALUES(locked_at)"
 #define WOKE "SYSDATE(6)"
 #define MINE "owner <=> VALUES(owner)"
+/* A read hold's or permit's: free also when released (holds 0). A
+ * statement that started before a release (and waited for the row's lock
+ * behind it) reads a lease end, the release's now, after its own: a
+ * writer's try then answers busy, and waits (as before read holds); a
+ * reader's joins. */
+#define FREE_WOKE "(holds = 0 OR lock_until <= VALUES(locked_at))"
 
 /* The name's gate: a user-level lock named from the database, the table
  * and the lock name (64 bytes at most, the server's limit). */
@@ -128,25 +131,21 @@ char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
     "token + 0 * LAST_INSERT_ID(IF(holds = 0 OR lock_until <= " now ", 0, " \
     "IF(owner <=> " MY_SHARED ", IF(permits > 0, 3 + permits, 2), 1)))"
 
-/* The columns the condition reads (holds, lock_until, owner) are
- * assigned last, each after those that read its old value: lock_until
- * after owner (its MINE reads the new owner only when the row was free,
- * and then takes the first branch anyway), holds last (1 when the row is
- * ours). */
+/* `rich`: a busy answer says who holds (BUSY_CODE); for the tries of a
+ * wait only, so that the uncontended try stays the statement it was
+ * before read holds (each function the server prepares costs every try:
+ * tens of µs for this one). A writer leaves what readers or permits left
+ * in the row (holders, permits) as it is: they are read only while
+ * `owner` is '*', and the next read hold or permit on a free row writes
+ * them anew. */
 char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *name, const char *owner,
-                          const char *holder, const char *where, int woke)
+                          const char *holder, const char *where, int woke,
+                          int rich)
 {
     const char *now = woke ? WOKE : NOW;
     const char *e = woke ? ENDED_WOKE : ENDED;
-    /* a row that read holds or permits used: taken, it forgets them */
-    char clear[200] = "";
 
-    if (ms->rw)
-        snprintf(clear, sizeof(clear),
-                 "permits = IF(%s, 0, permits), holders = IF(%s, NULL, "
-                 "holders), ",
-                 e, e);
     return dlock__mysql_stmt(
         "INSERT INTO %s (name, owner, holder, holds, token, "
         "locked_at, lock_until) SELECT %s, %s, %s, 1, "
@@ -154,18 +153,19 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
         "%s)), %s, %s + INTERVAL %lld MICROSECOND FROM DUAL%s "
         "ON DUPLICATE KEY UPDATE "
         "holder = IF(%s, VALUES(holder), holder), "
+        "holds = IF(%s, 1, holds), "
         "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
         "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), %s)), "
-        "locked_at = IF(%s, VALUES(locked_at), locked_at), %s"
+        "locked_at = IF(%s, VALUES(locked_at), locked_at), "
         "owner = IF(%s, VALUES(owner), owner), "
         "lock_until = IF(%s, VALUES(lock_until), IF(" MINE
-        ", GREATEST(lock_until, VALUES(lock_until)), lock_until)), "
-        "holds = IF(" MINE ", 1, holds)",
+        ", GREATEST(lock_until, VALUES(lock_until)), lock_until))",
         ms->t, name, owner, holder, now, now, now, (long long)l->ttl_ms * 1000,
-        where, e, e,
-        ms->rw ? BUSY_CODE("VALUES(locked_at)")
-               : "token + 0 * LAST_INSERT_ID(1)",
-        e, clear, e, e);
+        where, e, e, e,
+        !rich     ? "token"
+        : ms->rw  ? BUSY_CODE("VALUES(locked_at)")
+                  : "token + 0 * LAST_INSERT_ID(1)",
+        e, e, e);
 }
 
 /*
@@ -207,7 +207,7 @@ char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
     const char *now = woke ? WOKE : NOW;
     const long long ttl = (long long)l->ttl_ms * 1000;
     const unsigned p = l->kind == DLOCK__PERMIT ? l->permits : 0;
-    const char *e = ENDED_WOKE, *t = "LAST_INSERT_ID() = token";
+    const char *e = FREE_WOKE, *t = "LAST_INSERT_ID() = token";
     char path[128], ol[96], sum[128];
     char *others, *base, *s, *out = NULL;
 

@@ -149,14 +149,15 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
      * the statement's answer 0, not the session's last id (a queue
      * entry's), which a busy answer would read as who holds */
     if (!a->shared) {
+        /* a writer's try and take-over are the statements of exclusive
+         * locks as they were (no answer of who holds: code 0) */
         if (waits)
             where = dlock__mysql_stmt(" WHERE " CLEAR_ID
                                       "GET_LOCK(@dlock_g, @dlock_w) = 1");
         else if (kind == TRY_HELD || kind == TRY_DRAIN)
             where = dlock__mysql_stmt("%s", "");
         else
-            where = dlock__mysql_stmt(" WHERE " CLEAR_ID "GET_LOCK(%s, 0) %s",
-                                      a->gate,
+            where = dlock__mysql_stmt(" WHERE GET_LOCK(%s, 0) %s", a->gate,
                                       kind == TRY_GATE ? "= 1"
                                                        : "IS NOT NULL");
     } else if (kind == TRY_GATE) {
@@ -181,7 +182,8 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
                    kind == TRY_HELD || kind == TRY_TAKEOVER,
                    lets_go ? a->gate : NULL)
              : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
-                                   waits);
+                                   waits, kind != TRY_GATE &&
+                                              kind != TRY_TAKEOVER);
     /* a waiter listed for dlock_inspect() joins the queue in its first
      * wait's round trip (its entry's seq kept in @dlock_q), and the entry
      * goes with the win */
@@ -218,12 +220,19 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
         sql = dlock__mysql_stmt(
             "%sSET time_zone = '+00:00', @dlock_t0 = " NOW ", "
             "@dlock_g = %s, @dlock_w = LEAST(%lld.%03lld, "
-            "IFNULL((SELECT IF(owner IS NOT NULL, GREATEST("
+            "IFNULL((SELECT IF(owner IS NOT NULL, %sGREATEST("
             "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
-            "lock_until) / 1000000 + 0.001), %lld.%03lld) FROM "
+            "lock_until) / 1000000 + 0.001)%s, %lld.%03lld) FROM "
             "%s WHERE name = %s), %lld.%03lld)); %s%s",
             join, a->gate, (long long)(wait_ms / 1000),
             (long long)(wait_ms % 1000),
+            /* a lock's waiter does not sleep behind a live semaphore
+             * (its answer, and the look after it, say so) */
+            ms->rw && l->kind != DLOCK__PERMIT
+                ? "IF(owner <=> " MY_SHARED " AND permits > 0 AND "
+                  "lock_until > " NOW ", 0, "
+                : "(",
+            ")",
             (long long)(l->ttl_ms / 1000), (long long)(l->ttl_ms % 1000),
             ms->t, a->name, (long long)(l->ttl_ms / 1000),
             (long long)(l->ttl_ms % 1000), up, del);
@@ -345,7 +354,7 @@ static int sleep_gated(my_store *ms, dlock__lease *l, long long left)
  * without a session were seen once (a release in the moment between the
  * row's snapshot and the look at their hold locks looks the same: try
  * again before sleeping to their lease end). */
-static int after_gated_try(const acq *a, int *kind, int *recheck)
+static int after_gated_try(acq *a, int *kind, int *recheck)
 {
     my_store *ms = a->ms;
     dlock__lease *l = a->l;
@@ -361,15 +370,17 @@ static int after_gated_try(const acq *a, int *kind, int *recheck)
         return rc;
     sl->gated = st.gated;
     l->retry_ms = st.left_ms > 0 ? st.left_ms : 1;
-    if (dlock__now_ms() >= l->deadline) {
+    if (st.code >= MY_CODE_READERS) /* listed from the next wait on */
+        a->listed = a->kinds = 1;
+    if ((rc = wrong_kind(a, st.code)) != DLOCK_OK) {
+        ;
+    } else if (dlock__now_ms() >= l->deadline) {
         rc = DLOCK_EBUSY;
     } else if (!st.gated) {
         /* woken by nothing: the wait ran to the holder's lease end (or
          * its slice, or GET_LOCK failed); a lease that ended is taken
          * without the gate if a frozen holder keeps it */
         *kind = TRY_TAKEOVER;
-    } else if ((rc = wrong_kind(a, st.code)) != DLOCK_OK) {
-        ;
     } else if (st.code == MY_CODE_WRITER) {
         /* its holder lost its gate (its connection died) and keeps the
          * lease */
@@ -566,35 +577,36 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         }
         if (rc)
             break;
-        /* busy: who holds (LAST_INSERT_ID of the busy branch) */
-        rc = wrong_kind(&a, (long long)token);
+        /* busy: who holds (LAST_INSERT_ID of the busy branch; a writer's
+         * try and take-over do not say: 0) */
+        long long code = (long long)token;
+        if ((!a.shared && (kind == TRY_GATE || kind == TRY_TAKEOVER)) ||
+            code > MY_CODE_SEM + MY_PERMITS_MAX)
+            code = MY_CODE_NONE;
+        rc = wrong_kind(&a, code);
         if (rc)
             break;
         seen_busy = 1;
 
         if (kind == TRY_GATE || kind == TRY_TAKEOVER) {
             /* held: wait in the server. Readers, permits, fair waiters
-             * and writers that met readers or permits first join the
-             * queue inspect() lists: an entry alive while this connection
-             * holds its own lock */
-            if (once && !a.shared && kind == TRY_GATE &&
-                token == MY_CODE_READERS) {
-                /* a try only, holding the gate on a readers' row whose
-                 * end may be an upper bound: settled, is it free? */
-                kind = TRY_HELD;
-                continue;
-            }
+             * and writers that met readers or permits join the queue
+             * inspect() lists (in their first wait's round trip): an
+             * entry alive while this connection holds its own lock */
             if (once)
                 break;
-            if (fair || a.shared || token >= MY_CODE_READERS) {
+            if (fair || a.shared) {
                 a.listed = 1;
-                a.kinds |= token >= MY_CODE_READERS;
+                a.kinds |= code >= MY_CODE_READERS;
             }
-            /* a writer whose try got the gate while readers hold keeps it
-             * and drains them; anyone else waits at the gate */
-            kind = !a.shared && kind == TRY_GATE && token == MY_CODE_READERS
-                       ? TRY_DRAIN
-                       : TRY_WAIT;
+            kind = TRY_WAIT;
+            continue;
+        }
+        if (!a.shared && kind == TRY_WAIT && code == MY_CODE_READERS) {
+            /* a writer granted the gate while readers hold keeps it and
+             * drains them (listed, with its kind) */
+            a.listed = a.kinds = 1;
+            kind = TRY_DRAIN;
             continue;
         }
         /* nothing taken holding the gate (or maybe: a wait): the row
@@ -603,7 +615,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             rc = DLOCK_EBUSY;
             break;
         }
-        if (kind == TRY_HELD && token == MY_CODE_NONE &&
+        if (kind == TRY_HELD && code == MY_CODE_NONE &&
             ++held_tries > MY_HELD_TRIES) {
             rc = dlock__err(DLOCK_EPROTO,
                             "mysql %s: lock '%.200s' is free, but this "
