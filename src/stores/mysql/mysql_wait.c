@@ -39,6 +39,7 @@ typedef struct acq {
     int shared; /* a read hold or a permit */
     int listed; /* it waits listed in the queue table */
     int kinds;  /* with its kind (readers or permits use the name) */
+    int rich;   /* a writer whose every try says who holds */
     char *name, *owner, *holder, *gate, *hold;
 } acq;
 
@@ -104,6 +105,21 @@ static void drop_conn(my_store *ms, my_lease *sl)
     sl->seq = 0;
 }
 
+/* The client's note, per name (the lease's hint[0]), that read holds or
+ * permits use it: a writer's first try then asks who holds (a writer
+ * that meets readers drains them at once) instead of being the exclusive
+ * lock's cheaper statement. */
+static int shared_seen(const dlock__lease *l)
+{
+    return l->hint && __atomic_load_n(&l->hint[0], __ATOMIC_RELAXED) != 0;
+}
+
+static void shared_note(dlock__lease *l)
+{
+    if (l->hint)
+        __atomic_store_n(&l->hint[0], 1, __ATOMIC_RELAXED);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The statements of one try                                                */
 /* ------------------------------------------------------------------------ */
@@ -150,14 +166,16 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
      * entry's), which a busy answer would read as who holds */
     if (!a->shared) {
         /* a writer's try and take-over are the statements of exclusive
-         * locks as they were (no answer of who holds: code 0) */
+         * locks as they were (no answer of who holds: code 0), unless
+         * this client saw readers or permits on the name */
         if (waits)
             where = dlock__mysql_stmt(" WHERE " CLEAR_ID
                                       "GET_LOCK(@dlock_g, @dlock_w) = 1");
         else if (kind == TRY_HELD || kind == TRY_DRAIN)
             where = dlock__mysql_stmt("%s", "");
         else
-            where = dlock__mysql_stmt(" WHERE GET_LOCK(%s, 0) %s", a->gate,
+            where = dlock__mysql_stmt(" WHERE %sGET_LOCK(%s, 0) %s",
+                                      a->rich ? CLEAR_ID : "", a->gate,
                                       kind == TRY_GATE ? "= 1"
                                                        : "IS NOT NULL");
     } else if (kind == TRY_GATE) {
@@ -182,8 +200,9 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
                    kind == TRY_HELD || kind == TRY_TAKEOVER,
                    lets_go ? a->gate : NULL)
              : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
-                                   waits, kind != TRY_GATE &&
-                                              kind != TRY_TAKEOVER);
+                                   waits,
+                                   a->rich || (kind != TRY_GATE &&
+                                               kind != TRY_TAKEOVER));
     /* a waiter listed for dlock_inspect() joins the queue in its first
      * wait's round trip (its entry's seq kept in @dlock_q), and the entry
      * goes with the win */
@@ -370,8 +389,10 @@ static int after_gated_try(acq *a, int *kind, int *recheck)
         return rc;
     sl->gated = st.gated;
     l->retry_ms = st.left_ms > 0 ? st.left_ms : 1;
-    if (st.code >= MY_CODE_READERS) /* listed from the next wait on */
+    if (st.code >= MY_CODE_READERS) { /* listed from the next wait on */
         a->listed = a->kinds = 1;
+        shared_note(l);
+    }
     if ((rc = wrong_kind(a, st.code)) != DLOCK_OK) {
         ;
     } else if (dlock__now_ms() >= l->deadline) {
@@ -434,8 +455,8 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     my_store *ms = st;
     my_lease *sl = l->priv;
     int fair = (l->flags & DLOCK_FAIR) != 0;
-    acq a = {ms, l,    sl,   l->kind != DLOCK__WRITE, 0, 0, NULL, NULL,
-             NULL, NULL, NULL};
+    acq a = {ms, l, sl, l->kind != DLOCK__WRITE, 0, 0, shared_seen(l),
+             NULL, NULL, NULL, NULL, NULL};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
     int recheck = 0, held_tries = 0;
 
@@ -552,6 +573,8 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
             }
             l->token = token;
+            if (a.shared)
+                shared_note(l);
             lease_start(&a, waits, sent, answered);
             sl->seq = 0;
             sl->locks = 0;
@@ -580,14 +603,27 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         /* busy: who holds (LAST_INSERT_ID of the busy branch; a writer's
          * try and take-over do not say: 0) */
         long long code = (long long)token;
-        if ((!a.shared && (kind == TRY_GATE || kind == TRY_TAKEOVER)) ||
+        if ((!a.shared && !a.rich &&
+             (kind == TRY_GATE || kind == TRY_TAKEOVER)) ||
             code > MY_CODE_SEM + MY_PERMITS_MAX)
             code = MY_CODE_NONE;
+        if (code >= MY_CODE_READERS)
+            shared_note(l);
         rc = wrong_kind(&a, code);
         if (rc)
             break;
         seen_busy = 1;
 
+        if (!a.shared && (kind == TRY_WAIT || kind == TRY_GATE) &&
+            code == MY_CODE_READERS) {
+            /* a writer granted the gate while readers hold keeps it and
+             * drains them (listed, with its kind); a try only answers */
+            if (once)
+                break;
+            a.listed = a.kinds = 1;
+            kind = TRY_DRAIN;
+            continue;
+        }
         if (kind == TRY_GATE || kind == TRY_TAKEOVER) {
             /* held: wait in the server. Readers, permits, fair waiters
              * and writers that met readers or permits join the queue
@@ -600,13 +636,6 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 a.kinds |= code >= MY_CODE_READERS;
             }
             kind = TRY_WAIT;
-            continue;
-        }
-        if (!a.shared && kind == TRY_WAIT && code == MY_CODE_READERS) {
-            /* a writer granted the gate while readers hold keeps it and
-             * drains them (listed, with its kind) */
-            a.listed = a.kinds = 1;
-            kind = TRY_DRAIN;
             continue;
         }
         /* nothing taken holding the gate (or maybe: a wait): the row
