@@ -144,10 +144,13 @@ typedef struct sq_store {
     int64_t timeout_ms;
     pthread_mutex_t mu;
     sqlite3_stmt *st[S_COUNT];
+    int64_t returned; /* the one value a writing statement returned (mu) */
 } sq_store;
 
 typedef struct sq_lease {
     sq_wait w;
+    char star[72]; /* '*' and the owner: a sole reader's or permit's
+                    * owner column (sqlite_rw.c) */
 } sq_lease;
 
 /* SQLite's clock, in milliseconds and microseconds since the epoch */
@@ -160,7 +163,8 @@ typedef struct sq_lease {
 int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
                       const char *t);
 /* Runs a prepared statement to its first row (*row 1) or to its end (0),
- * one that writes in the writers' turn; dlock__sq_done() resets it. */
+ * one that writes in the writers' turn and to its end (its one row's
+ * first column in ss->returned); dlock__sq_done() resets it. */
 int dlock__sq_step(sq_store *ss, int which, int *row, const char *what);
 void dlock__sq_done(sq_store *ss, int which);
 
@@ -189,10 +193,9 @@ void dlock__sq_bind_take(sq_store *ss, const dlock__lease *l, int64_t rowid,
 int dlock__sq_kind_check(const sq_store *ss, const dlock__lease *l,
                          sqlite3_stmt *s);
 
-/* Releases a reader's or a permit's entry; *left: the live entries left
- * (when DLOCK_OK). DLOCK_ENOTHELD when its entry is gone. */
-int dlock__sq_release_entry(sq_store *ss, const dlock__lease *l,
-                            int64_t *left);
+/* Releases a reader's or a permit's hold. DLOCK_ENOTHELD when it is gone
+ * (its lease ended). */
+int dlock__sq_release_entry(sq_store *ss, const dlock__lease *l);
 
 /* Renews a reader's or a permit's entry to ttl_ms from now. */
 int dlock__sq_extend_entry(sq_store *ss, const dlock__lease *l,
