@@ -789,7 +789,7 @@ TEST(kinds_mixed_on_a_live_name_are_refused)
 typedef struct racer_shared {
     volatile int go;
     int inside, most;
-    int bad;
+    int got; /* permits taken, by all */
 } racer_shared;
 
 static int racer(void *arg)
@@ -807,7 +807,9 @@ static int racer(void *arg)
         return 2;
     while (!__atomic_load_n(&r->go, __ATOMIC_SEQ_CST))
         th_sleep_ms(1);
-    for (int i = 0; i < 400 && got < 30; i++) {
+    /* tries only: bounded by count and time (a try may lose every race) */
+    int64_t until = th_now_ms() + 3000;
+    for (int i = 0; i < 4000 && got < 30 && th_now_ms() < until; i++) {
         int rc = dlock_acquire(l, 0);
         if (rc == DLOCK_EBUSY)
             continue;
@@ -825,9 +827,10 @@ static int racer(void *arg)
             return 4;
         got++;
     }
+    __atomic_add_fetch(&r->got, got, __ATOMIC_SEQ_CST);
     dlock_close(l);
     dlock_client_close(c);
-    return got > 0 ? 0 : 5;
+    return 0;
 }
 
 TEST(tries_from_many_processes_never_take_more_than_n)
@@ -843,7 +846,7 @@ TEST(tries_from_many_processes_never_take_more_than_n)
     for (int i = 0; i < NP; i++)
         CHECK_EQ(th_wait(pid[i]), 0);
     CHECK_OP(r->most, <=, 2);
-    CHECK_OP(r->most, >=, 1);
+    CHECK_OP(r->got, >=, 1);
 }
 
 /* The lock table as the previous dlock made it (its DDL, before the

@@ -417,10 +417,11 @@ static int read_row(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
 
 /* Runs the acquire statement for region `rowid` (a reader or a permit:
  * `join`, it may join a live shared row); on busy reads the row (*left:
- * ms, <= 0 free or ended, INT64_MAX unknown). T_MOVED: the row is gone or
- * has another rowid (dlock gc, VACUUM): queue again. */
+ * ms, <= 0 free or ended, INT64_MAX unknown), unless `quick` (a caller
+ * about to queue and try again). T_MOVED: the row is gone or has another
+ * rowid (dlock gc, VACUUM): queue again. */
 static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int join,
-                    int *what, int64_t *left)
+                    int quick, int *what, int64_t *left)
 {
     int which = l->kind == DLOCK__WRITE ? S_TAKE : S_SH_TAKE;
     sqlite3_stmt *s = ss->st[which];
@@ -442,7 +443,7 @@ static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int join,
         l->token = (uint64_t)ss->returned;
     dlock__sq_done(ss, which);
     *what = row ? T_TAKEN : T_BUSY;
-    if (rc == DLOCK_OK && !row)
+    if (rc == DLOCK_OK && !row && !quick)
         rc = read_row(ss, l, rowid, what, left);
     pthread_mutex_unlock(&ss->mu);
     return rc;
@@ -496,7 +497,7 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             conn_p = -1;
             handed = 0;
             *as_head = p < 0;
-            rc = try_take(ss, l, w->region, p < 0, &what, &left);
+            rc = try_take(ss, l, w->region, p < 0, 0, &what, &left);
             if (rc || what == T_TAKEN)
                 break;
             if (what == T_MOVED) {
@@ -582,7 +583,7 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
         /* the timer: the holder's lease may be over (frozen, dead); not
          * the head, so only a free or ended row */
         *as_head = 0;
-        rc = try_take(ss, l, w->region, 0, &what, &left);
+        rc = try_take(ss, l, w->region, 0, 0, &what, &left);
         if (rc || what == T_TAKEN)
             break;
         if (what == T_MOVED) {
@@ -666,7 +667,7 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             int what;
             int64_t left = INT64_MAX;
             rc = try_take(ss, l, rowid, !queued || l->kind == DLOCK__PERMIT,
-                          &what, &left);
+                          !once, &what, &left);
             if (rc || what == T_TAKEN)
                 return rc;
             if (what == T_MOVED) {
@@ -677,8 +678,10 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 l->retry_ms = left > 0 && left != INT64_MAX ? left : -1;
                 return DLOCK_EBUSY;
             }
-            /* busy: queue, and try again with a ticket (its doorbell
-             * made first: the holder's release rings it) */
+            /* busy: queue at once (the row is read, and read only, by
+             * the try with the ticket: new readers queue behind us the
+             * sooner), and try again with a ticket (its doorbell made
+             * first: the holder's release rings it) */
         }
         w->fd = side_get(ss, &w->dev, &w->ino);
         if (w->fd < 0)

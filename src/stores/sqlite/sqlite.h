@@ -149,8 +149,10 @@ typedef struct sq_store {
 
 typedef struct sq_lease {
     sq_wait w;
-    char star[72]; /* '*' and the owner: a sole reader's or permit's
-                    * owner column (sqlite_rw.c) */
+    /* a reader's or a permit's: '*' and its owner (a sole holder's
+     * owner column), the JSON paths of its entry, its token and its end
+     * (sqlite_rw.c) */
+    char star[72], path[80], path0[84], path1[84];
 } sq_lease;
 
 /* SQLite's clock, in milliseconds and microseconds since the epoch */

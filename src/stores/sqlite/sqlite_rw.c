@@ -29,10 +29,15 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The JSON path of the caller's entry (?2: its owner; owners are
- * "<client hex>:<thread>", so the quotes hold), then of its fields. */
-#define MINE "'$.\"' || ?2 || '\"'"
-#define MINE_AT(i) "'$.\"' || ?2 || '\"[" #i "]'"
+/* The JSON path of the caller's entry, then of its token and its end:
+ * bound (?9, ?10, ?11), made once per hold by the client (sq_lease),
+ * since SQLite computes every expression of parameters alone once at the
+ * start of each statement, whichever branch needs it: concatenated in
+ * SQL they cost the uncontended take 4 µs. */
+#define MINE "?9"
+#define MINE_AT(i) MINE_AT_##i
+#define MINE_AT_0 "?10"
+#define MINE_AT_1 "?11"
 
 /* The row's two shared forms: a sole holder's ('*' || its owner, its
  * token, lease end, start and description in the lock's own columns:
@@ -40,7 +45,7 @@
  * entries ('*', holders). SET expressions see the row as it was. */
 #define SHARED "(owner >= '*' AND owner < '+')"
 #define SHARED_LIVE "(" SHARED " AND lock_until > %2$s)"
-#define SOLE_MINE "owner = ?8" /* ?8: '*' || our owner */
+#define SOLE_MINE "owner = ?8" /* ?8: '*' and our owner */
 #define ENTRIES_FORM "owner = '*'"
 
 /* An aggregate over the entries (the '*' form) other than the caller's
@@ -54,8 +59,13 @@
     "(SELECT " what " FROM json_each(holders) AS e WHERE "                 \
     "json_extract(e.value, '$[1]') > %2$s AND e.key <> ?2)"
 #define OTHERS_H OTHERS("json_group_object(e.key, json(e.value))")
-#define OTHERS_N OTHERS("count(*)")
-#define OTHERS_U OTHERS("max(json_extract(e.value, '$[1]'))")
+/* The same over the entries' ends, read in one walk of the object (each
+ * entry's element 1; ?9 is our entry's path): no parse per entry. */
+#define OTHERS_END(what)                                                    \
+    "(SELECT " what " FROM json_tree(holders) AS e WHERE e.key = 1 AND "   \
+    "e.path <> ?9 AND e.value > %2$s)"
+#define OTHERS_N OTHERS_END("count(*)")
+#define OTHERS_U OTHERS_END("max(e.value)")
 
 /* The caller's entry is live in the '*' form, with its token (?3). */
 #define ENTRY_MINE_LIVE                                                     \
@@ -83,46 +93,55 @@
 /* Another holder than the caller holds (the row is shared and live). */
 #define JOINING "(" SHARED_LIVE " AND NOT " SOLE_MINE ")"
 
+/* Entries kept before a take drops the ended ones (a dead holder's): a
+ * take or a release adds or removes its own entry without a pass over
+ * the others, so ended entries stay until the row is free, or until a
+ * take finds this many. */
+#define ENTRIES_KEPT "16"
+#define TIDY "holds >= " ENTRIES_KEPT
+
 /* A reader's or a permit's take. ?1 name, ?2 owner, ?3 ttl, ?4 its
  * description, ?5 the rowid it queued under, ?6 N (0: a reader), ?7 it
  * may join a live shared row (the head of the queue, or nobody queued).
  * A free or ended row becomes the sole holder's (or a live one of ours
  * is adopted: its token kept); a live one of the same kind (readers;
- * permits of the same N with room) held by others gets our entry, the
- * sole holder's made an entry and the ended ones dropped. `holder` in
- * the '*' form says what holds, for an older client's dlock status.
- * Returns our token. */
+ * permits of the same N with room) held by others gets our entry (the
+ * sole holder's made an entry). `holds` counts the entries, ended ones
+ * too: a permit's room is counted over the live ones only when the
+ * entries look full. `holder` in the '*' form says what holds, for an
+ * older client's dlock status. Returns our token. */
 static const char take_sql[] =
-    "UPDATE %1$s SET owner = CASE WHEN " JOINING " THEN '*' ELSE '*' || ?2 "
-    "END, holders = CASE WHEN NOT " JOINING " THEN NULL WHEN " ENTRIES_FORM
-    " THEN json_set(" OTHERS_H ", " MINE ", " ENTRY ") ELSE "
-    "json_object(substr(owner, 2), json_array(token, lock_until, locked_at, "
-    "holder), ?2, " ENTRY ") END, holds = CASE WHEN NOT " JOINING " THEN 1 "
-    "WHEN " ENTRIES_FORM " THEN " OTHERS_N " + 1 ELSE 2 END, holder = CASE "
-    "WHEN NOT " JOINING " THEN ?4 WHEN ?6 > 0 THEN 'permits of a semaphore "
-    "of ' || ?6 ELSE 'readers' END, token = CASE WHEN " MINE_TOKEN " IS "
-    "NULL THEN max(token + 1, " SQ_NOW_US ") ELSE token END, locked_at = "
-    "CASE WHEN lock_until > %2$s THEN locked_at ELSE %2$s END, lock_until = "
-    "CASE WHEN NOT " JOINING " THEN %2$s + ?3 WHEN " ENTRIES_FORM " AND "
-    MINE_TOKEN " IS NOT NULL THEN max(coalesce(" OTHERS_U ", 0), %2$s + ?3) "
-    "ELSE max(lock_until, %2$s + ?3) END, permits = ?6 WHERE name = ?1 AND "
-    "rowid = ?5 AND (lock_until <= %2$s OR " SOLE_MINE " OR (?7 AND " SHARED
-    " AND permits = ?6 AND (?6 = 0 OR (CASE WHEN " ENTRIES_FORM " THEN "
-    OTHERS_N " ELSE 1 END) < ?6))) RETURNING CASE WHEN holders IS NULL THEN "
-    "token ELSE " ENTRY_MINE_TOKEN " END";
+    "UPDATE %1$s SET owner = CASE WHEN " JOINING " THEN '*' ELSE ?8 END, "
+    "holders = CASE WHEN NOT " JOINING " THEN NULL WHEN " ENTRIES_FORM
+    " THEN json_set(CASE WHEN " TIDY " THEN " OTHERS_H " ELSE holders END, "
+    MINE ", " ENTRY ") ELSE json_object(substr(owner, 2), json_array(token, "
+    "lock_until, locked_at, holder), ?2, " ENTRY ") END, holds = CASE WHEN "
+    "NOT " JOINING " THEN 1 WHEN " ENTRIES_FORM " THEN (CASE WHEN " TIDY
+    " THEN " OTHERS_N " ELSE holds - (json_type(holders, " MINE ") IS NOT "
+    "NULL) END) + 1 ELSE 2 END, holder = CASE WHEN NOT " JOINING " THEN ?4 "
+    "WHEN ?6 > 0 THEN 'permits' ELSE 'readers' END, token = CASE WHEN "
+    MINE_TOKEN " IS NULL THEN max(token + 1, " SQ_NOW_US ") ELSE token END, "
+    "locked_at = CASE WHEN lock_until > %2$s THEN locked_at ELSE %2$s END, "
+    "lock_until = CASE WHEN NOT " JOINING " THEN %2$s + ?3 ELSE "
+    "max(lock_until, %2$s + ?3) END, permits = ?6 WHERE name = ?1 AND rowid "
+    "= ?5 AND (lock_until <= %2$s OR " SOLE_MINE " OR (?7 AND " SHARED " AND "
+    "permits = ?6 AND (?6 = 0 OR " MINE_TOKEN " IS NOT NULL OR (CASE WHEN "
+    "NOT " ENTRIES_FORM " THEN 1 WHEN holds < ?6 THEN holds ELSE " OTHERS_N
+    " END) < ?6))) RETURNING CASE WHEN holders IS NULL THEN token ELSE "
+    ENTRY_MINE_TOKEN " END";
 
-/* Removes the caller's hold (?3 its token), only while it is live, and
- * in the '*' form the ended entries; none left: the row is free
- * (lock_until 0; permits and token stay). The sole holder's release costs
- * the exclusive one's statement (no RETURNING either: it costs a
- * temporary table, 4 µs a statement here). */
+/* Removes the caller's hold (?3 its token), only while it is live; none
+ * live left: the row is free (lock_until 0; permits and token stay). The
+ * sole holder's release costs the exclusive one's statement (no RETURNING
+ * either: it costs a temporary table, 4 µs a statement here); with
+ * others, one pass over the entries for the latest live end. */
 #define MORE "(" ENTRIES_FORM " AND holds > 1)"
 static const char release_sql[] =
     "UPDATE %1$s SET owner = CASE WHEN " MORE " THEN owner END, holder = "
     "CASE WHEN " MORE " THEN holder END, holders = CASE WHEN " MORE " THEN "
-    OTHERS_H " END, lock_until = CASE WHEN " MORE " THEN coalesce(" OTHERS_U
-    ", 0) ELSE 0 END, holds = CASE WHEN " MORE " THEN " OTHERS_N " ELSE 0 "
-    "END WHERE name = ?1 AND " MINE_LIVE;
+    "json_remove(holders, " MINE ") END, lock_until = CASE WHEN " MORE
+    " THEN coalesce(" OTHERS_U ", 0) ELSE 0 END, holds = CASE WHEN " MORE
+    " THEN holds - 1 ELSE 0 END WHERE name = ?1 AND " MINE_LIVE;
 
 /* Moves the caller's end (?4: ttl) and nothing else's; lock_until
  * becomes the latest live end. */
@@ -132,16 +151,17 @@ static const char extend_sql[] =
     "WHEN " MORE " THEN max(coalesce(" OTHERS_U ", 0), %2$s + ?4) ELSE %2$s "
     "+ ?4 END WHERE name = ?1 AND " MINE_LIVE;
 
-/* The live entries of a row in the '*' form, in a correlated subquery. */
+/* The live entries' ends of a row in the '*' form, in a correlated
+ * subquery (e.value: an end, e.path: its entry's path). */
 #define ENTRIES                                                             \
-    "json_each(holders) AS e WHERE json_extract(e.value, '$[1]') > %2$s"
+    "json_tree(holders) AS e WHERE e.key = 1 AND e.value > %2$s"
 
 /* After a take that got nothing: rowid, ms to the row's next end (in the
  * '*' form the earliest live entry's end: the waiter's timer), live,
  * shared, permits. */
 static const char lease_left_sql[] =
     "SELECT rowid, CASE WHEN " ENTRIES_FORM " AND lock_until > %2$s THEN "
-    "coalesce((SELECT min(json_extract(e.value, '$[1]')) FROM " ENTRIES "), "
+    "coalesce((SELECT min(e.value) FROM " ENTRIES "), "
     "lock_until) ELSE lock_until END - %2$s, lock_until > %2$s, " SHARED ", "
     "permits FROM %1$s WHERE name = ?1";
 
@@ -152,7 +172,8 @@ static const char inspect_sql[] =
     "locked_at, rowid, " SHARED_LIVE ", permits, CASE WHEN NOT " SHARED_LIVE
     " THEN 0 WHEN " ENTRIES_FORM " THEN (SELECT count(*) FROM " ENTRIES ") "
     "ELSE 1 END, CASE WHEN NOT " SHARED_LIVE " THEN NULL WHEN " ENTRIES_FORM
-    " THEN (SELECT json_extract(e.value, '$[3]') FROM " ENTRIES " LIMIT 1) "
+    " THEN (SELECT json_extract(holders, e.path || '[3]') FROM " ENTRIES
+    " LIMIT 1) "
     "ELSE holder END FROM %1$s WHERE name = ?1";
 
 /* Does table `table` have column `col`? 1, 0, or -1 with *rc set. */
@@ -224,15 +245,24 @@ int dlock__sq_prepare_rw(sq_store *ss, const char *t)
     return DLOCK_OK;
 }
 
-/* '*' and l's owner: a sole holder's owner column (kept in the lease,
- * for SQLITE_STATIC bindings). */
-static const char *star_owner(const dlock__lease *l)
+/* Binds what the statements of l's hold compare: ?8 '*' and its owner
+ * (a sole holder's owner column), ?9 ?10 ?11 the JSON paths of its entry,
+ * its token and its end (owners are "<client hex>:<thread>": the quotes
+ * hold). Made once per hold, kept in the lease for SQLITE_STATIC. */
+static void bind_owner(sqlite3_stmt *s, const dlock__lease *l)
 {
     sq_lease *sl = l->priv;
 
-    if (sl->star[0] != '*')
+    if (sl->star[0] != '*') {
         snprintf(sl->star, sizeof(sl->star), "*%s", l->owner);
-    return sl->star;
+        snprintf(sl->path, sizeof(sl->path), "$.\"%s\"", l->owner);
+        snprintf(sl->path0, sizeof(sl->path0), "$.\"%s\"[0]", l->owner);
+        snprintf(sl->path1, sizeof(sl->path1), "$.\"%s\"[1]", l->owner);
+    }
+    sqlite3_bind_text(s, 8, sl->star, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 9, sl->path, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 10, sl->path0, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 11, sl->path1, -1, SQLITE_STATIC);
 }
 
 void dlock__sq_bind_take(sq_store *ss, const dlock__lease *l, int64_t rowid,
@@ -247,7 +277,7 @@ void dlock__sq_bind_take(sq_store *ss, const dlock__lease *l, int64_t rowid,
     sqlite3_bind_int64(s, 5, rowid);
     sqlite3_bind_int64(s, 6, l->kind == DLOCK__PERMIT ? l->permits : 0);
     sqlite3_bind_int(s, 7, join);
-    sqlite3_bind_text(s, 8, star_owner(l), -1, SQLITE_STATIC);
+    bind_owner(s, l);
 }
 
 int dlock__sq_kind_check(const sq_store *ss, const dlock__lease *l,
@@ -295,7 +325,7 @@ static sqlite3_stmt *bind_mine(sq_store *ss, int which,
     sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, l->owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 3, (int64_t)l->token);
-    sqlite3_bind_text(s, 8, star_owner(l), -1, SQLITE_STATIC);
+    bind_owner(s, l);
     return s;
 }
 
