@@ -152,7 +152,7 @@ typedef struct sq_lease {
     /* a reader's or a permit's: '*' and its owner (a sole holder's
      * owner column), the JSON paths of its entry, its token and its end
      * (sqlite_rw.c) */
-    char star[72], path[80], path0[84], path1[84];
+    char star[72], path[80], path0[84], path1[84], bare[80];
 } sq_lease;
 
 /* SQLite's clock, in milliseconds and microseconds since the epoch */

@@ -60,10 +60,12 @@
     "json_extract(e.value, '$[1]') > %2$s AND e.key <> ?2)"
 #define OTHERS_H OTHERS("json_group_object(e.key, json(e.value))")
 /* The same over the entries' ends, read in one walk of the object (each
- * entry's element 1; ?9 is our entry's path): no parse per entry. */
+ * entry's element 1, whose path is its entry's: ?9 quoted, as SQLite 3.40
+ * writes it, ?12 not, in case another version does): no parse per
+ * entry. */
 #define OTHERS_END(what)                                                    \
     "(SELECT " what " FROM json_tree(holders) AS e WHERE e.key = 1 AND "   \
-    "e.path <> ?9 AND e.value > %2$s)"
+    "e.path NOT IN (?9, ?12) AND e.value > %2$s)"
 #define OTHERS_N OTHERS_END("count(*)")
 #define OTHERS_U OTHERS_END("max(e.value)")
 
@@ -247,8 +249,9 @@ int dlock__sq_prepare_rw(sq_store *ss, const char *t)
 
 /* Binds what the statements of l's hold compare: ?8 '*' and its owner
  * (a sole holder's owner column), ?9 ?10 ?11 the JSON paths of its entry,
- * its token and its end (owners are "<client hex>:<thread>": the quotes
- * hold). Made once per hold, kept in the lease for SQLITE_STATIC. */
+ * its token and its end, ?12 its entry's path unquoted (owners are
+ * "<client hex>:<thread>": the quotes hold). Made once per hold, kept in
+ * the lease for SQLITE_STATIC. */
 static void bind_owner(sqlite3_stmt *s, const dlock__lease *l)
 {
     sq_lease *sl = l->priv;
@@ -258,11 +261,13 @@ static void bind_owner(sqlite3_stmt *s, const dlock__lease *l)
         snprintf(sl->path, sizeof(sl->path), "$.\"%s\"", l->owner);
         snprintf(sl->path0, sizeof(sl->path0), "$.\"%s\"[0]", l->owner);
         snprintf(sl->path1, sizeof(sl->path1), "$.\"%s\"[1]", l->owner);
+        snprintf(sl->bare, sizeof(sl->bare), "$.%s", l->owner);
     }
     sqlite3_bind_text(s, 8, sl->star, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 9, sl->path, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 10, sl->path0, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 11, sl->path1, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 12, sl->bare, -1, SQLITE_STATIC);
 }
 
 void dlock__sq_bind_take(sq_store *ss, const dlock__lease *l, int64_t rowid,
