@@ -15,13 +15,14 @@
  *    The row is made once per client and name (its rowid names the
  *    name's region of the sidecar, below).
  *  - Release and extend are one UPDATE each, guarded by owner and token.
- *  - Readers and permits (sqlite_rw.c): one entry each in the row's
- *    `holders`, with its own lease end; lock_until is the latest one, so
- *    the writer's statement above sees the name held while any of them
- *    may hold it. A reader or permit keeps no ticket: the head of the
- *    queue that gets in drops its ticket with the wake-up byte, so the
- *    readers at the head get in one after another; the release that
- *    leaves no reader (or frees a permit) rings the head.
+ *  - Readers and permits (sqlite_rw.c): a sole holder in the row's own
+ *    columns, then one entry each in the row's `holders`, with its own
+ *    lease end; lock_until is the latest one, so the writer's statement
+ *    above sees the name held while any of them may hold it. A reader or
+ *    permit keeps no ticket: the head of the queue that gets in drops its
+ *    ticket with the wake-up byte, so the readers at the head get in one
+ *    after another; the release that leaves no reader (or frees a
+ *    permit) rings the head.
  *  - Waiting (sqlite_wait.c; docs/design.md, "SQLite: waking waiters"):
  *    an acquirer that finds nobody queued runs the statement alone; one
  *    that finds a queue or the lock busy takes a ticket in the sidecar
