@@ -199,8 +199,9 @@ static void release_sql(char *out, size_t cap, const char *table,
     "PRIMARY KEY, owner VARBINARY(80) NULL, holder VARBINARY(255) NULL, "   \
     "holds INT NOT NULL DEFAULT 0, token BIGINT UNSIGNED NOT NULL DEFAULT " \
     "0, locked_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00', "     \
-    "lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00') "       \
-    "ENGINE=InnoDB"
+    "lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00', "       \
+    "permits INT NOT NULL DEFAULT 0, holders LONGTEXT CHARACTER SET "       \
+    "utf8mb4 COLLATE utf8mb4_bin NULL) ENGINE=InnoDB"
 #define SQL_FLOOR_QUEUE                                                     \
     "CREATE TABLE `" FLOOR_TABLE "_queue` ( seq BIGINT UNSIGNED NOT NULL "  \
     "AUTO_INCREMENT PRIMARY KEY, name VARBINARY(512) NOT NULL, holder "     \
@@ -994,8 +995,9 @@ int main(int argc, char **argv)
            "acquisition that waited costs 5 statements with its release (2 "
            "of them upserts), one that found the lock free 3 (1 upsert); a "
            "fair waiter also writes the queue entry that `dlock_inspect()` "
-           "lists (an `INSERT` and a `DO GET_LOCK` before its wait, a "
-           "`DELETE` with its winning upsert): 8 (2 upserts). A release "
+           "lists (an `INSERT`, a `SET` of its number and a `DO GET_LOCK` "
+           "in its first wait's round trip, a `DELETE` with its winning "
+           "upsert): 9 (2 upserts). A release "
            "wakes only the oldest waiter, so the count per hand-off does "
            "not grow with the number of waiting processes; a releaser's "
            "next try cannot take the lock past a woken waiter (the gate "

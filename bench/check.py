@@ -26,7 +26,7 @@ STORES = ["Redis", "File store", "Redlock", "ZooKeeper", "etcd", "SQLite",
           "PostgreSQL", "MySQL / MariaDB"]
 # stores with shared holds (docs/locks.md): their bench_rw subsection
 RW_STORES = ["Redis", "File store", "PostgreSQL", "ZooKeeper", "etcd",
-             "SQLite"]
+             "SQLite", "MySQL / MariaDB"]
 CONTENTION = ["Redis", "File store", "Redlock, 5 nodes", "ZooKeeper",
               "etcd", "SQLite", "PostgreSQL", "MySQL / MariaDB"]
 

@@ -613,6 +613,9 @@ else
         exit 1
     fi
     mu="mysql://dlock:dlock-secret@127.0.0.1:$myport/dlocktest"
+    # shared holds and semaphores (bench/bench_rw.c), ending the section
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_rw" "$mu" $quick >>"$myout"
     contend "MySQL / MariaDB|dlock|MariaDB" "mysql $myport" "$cbin" worker "$mu" contend-1
     contend "MySQL / MariaDB|dlock, fair|MariaDB" "mysql $myport" "$cbin" worker "$mu" contend-2 fair
     kill "$mypid" 2>/dev/null || true; wait "$mypid" 2>/dev/null || true; mypid=

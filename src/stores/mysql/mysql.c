@@ -17,7 +17,7 @@
  *    every column is taken over only if the lease ended (each assignment
  *    repeats the condition; owner and lock_until, which the condition
  *    reads, come last). Affected rows say what happened: 1 inserted, 2
- *    taken over, 0 busy. The token is max(previous + 1, the server's clock
+ *    taken over, 0 busy (in a wait, its LAST_INSERT_ID says who holds). The token is max(previous + 1, the server's clock
  *    in µs), read back through LAST_INSERT_ID(expr) in the same statement,
  *    so a name whose row gc removed starts again above its old tokens.
  *  - Release and extend are one UPDATE each, guarded by owner and token.
@@ -39,6 +39,9 @@
  *  - Fair mode: waiters are already served in order; a waiter also
  *    writes a T_queue entry for dlock_inspect(), alive while its
  *    connection holds the entry's own user lock (no heartbeats).
+ *  - Read holds and permits (mysql_rw.c): entries of a JSON column of
+ *    the row, each with a user-level lock of its own that whoever waits
+ *    for it sleeps on; docs/design.md, "Shared holds and permits".
  *  - Connections: a pool per client (up to MY_IDLE_MAX idle); a hold and
  *    a waiting acquire each keep one connection out of it (the gate's),
  *    so a client uses as many as it has holds and waiters at once. The
@@ -98,6 +101,9 @@ static int my_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
     my_store *ms = st;
     my_lease *sl = l->priv;
+
+    if (l->kind != DLOCK__WRITE)
+        return dlock__mysql_release_shared(ms, l, op_deadline);
     /* the row first, then the gate: the waiter it wakes finds it free */
     int rc = guarded(ms, l,
                      "owner = NULL, holder = NULL, holds = 0, lock_until = " NOW,
@@ -119,10 +125,26 @@ static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,
 {
     char set[96];
 
+    if (l->kind != DLOCK__WRITE)
+        return dlock__mysql_extend_shared(st, l, ttl_ms, op_deadline);
     snprintf(set, sizeof(set),
              "lock_until = " NOW " + INTERVAL %lld MICROSECOND",
              (long long)ttl_ms * 1000);
     return guarded(st, l, set, NULL, op_deadline, "extending the lease");
+}
+
+/* The waiters' kinds: once readers or permits use the name (or a waiter
+ * says its kind), an entry without one is a writer's. */
+static int add_waiter(dlock_info *out, const char *desc, int kinds)
+{
+    char line[300];
+
+    if (kinds && strncmp(desc, "read: ", 6) && strncmp(desc, "write: ", 7) &&
+        strncmp(desc, "permit: ", 8)) {
+        snprintf(line, sizeof(line), "write: %s", desc);
+        desc = line;
+    }
+    return dlock__info_add_waiter(out, desc);
 }
 
 static int my_inspect(void *st, const char *name, size_t len,
@@ -132,32 +154,37 @@ static int my_inspect(void *st, const char *name, size_t len,
     char *hn = dlock__mysql_hexlit(name, len), *sql;
     MYSQL_RES *r = NULL;
     MYSQL_ROW row;
-    int rc;
+    int rc, kinds = 0;
 
     if (!hn)
         return dlock__mysql_enomem();
-    sql = dlock__mysql_stmt(
-        "SELECT owner IS NOT NULL AND lock_until > " NOW ", holder, "
-        "token, TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV "
-        "1000, TIMESTAMPDIFF(MICROSECOND, locked_at, " NOW ") DIV "
-        "1000 FROM %s WHERE name = %s",
-        ms->t, hn);
-    rc = sql ? dlock__mysql_query_pooled(ms, sql, op_deadline, &r, NULL, NULL,
-                                         "reading the lock")
-             : dlock__mysql_enomem();
-    free(sql);
-    if (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL) {
-        out->token = row[2] ? strtoull(row[2], NULL, 10) : 0;
-        if (row[0] && !strcmp(row[0], "1")) {
-            out->held = 1;
-            snprintf(out->holder, sizeof(out->holder), "%s",
-                     row[1] ? row[1] : "");
-            out->ttl_ms = row[3] ? strtoll(row[3], NULL, 10) : -1;
-            out->held_ms = row[4] ? strtoll(row[4], NULL, 10) : -1;
+    if (ms->rw) {
+        rc = dlock__mysql_inspect_row(ms, hn, out, &kinds, op_deadline);
+    } else {
+        sql = dlock__mysql_stmt(
+            "SELECT owner IS NOT NULL AND lock_until > " NOW ", holder, "
+            "token, TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV "
+            "1000, TIMESTAMPDIFF(MICROSECOND, locked_at, " NOW ") DIV "
+            "1000 FROM %s WHERE name = %s",
+            ms->t, hn);
+        rc = sql ? dlock__mysql_query_pooled(ms, sql, op_deadline, &r, NULL,
+                                             NULL, "reading the lock")
+                 : dlock__mysql_enomem();
+        free(sql);
+        if (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL) {
+            out->token = row[2] ? strtoull(row[2], NULL, 10) : 0;
+            if (row[0] && !strcmp(row[0], "1")) {
+                out->held = 1;
+                out->holders = 1;
+                snprintf(out->holder, sizeof(out->holder), "%s",
+                         row[1] ? row[1] : "");
+                out->ttl_ms = row[3] ? strtoll(row[3], NULL, 10) : -1;
+                out->held_ms = row[4] ? strtoll(row[4], NULL, 10) : -1;
+            }
         }
+        if (r)
+            mysql_free_result(r);
     }
-    if (r)
-        mysql_free_result(r);
     r = NULL;
     if (rc == DLOCK_OK) {
         char *lock = dlock__mysql_entry_lock_of(ms, "seq");
@@ -172,8 +199,15 @@ static int my_inspect(void *st, const char *name, size_t len,
                                              NULL, "reading the queue")
                  : dlock__mysql_enomem();
         free(sql);
+        while (!kinds && rc == DLOCK_OK && r &&
+               (row = mysql_fetch_row(r)) != NULL)
+            kinds = row[0] && (!strncmp(row[0], "read: ", 6) ||
+                               !strncmp(row[0], "write: ", 7) ||
+                               !strncmp(row[0], "permit: ", 8));
+        if (r)
+            mysql_data_seek(r, 0);
         while (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL)
-            rc = dlock__info_add_waiter(out, row[0] ? row[0] : "");
+            rc = add_waiter(out, row[0] ? row[0] : "", kinds);
         out->waiters = (int64_t)out->queue_len;
         if (r)
             mysql_free_result(r);
@@ -362,8 +396,9 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
 }
 
 const dlock__backend dlock__backend_mysql = {
-    "mysql",                                   /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT, /* caps */
+    "mysql", /* name */
+    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED |
+        DLOCK__CAP_PERMITS, /* caps */
     sizeof(my_lease),                          /* lease_size */
     my_open,                                   /* open */
     my_close,                                  /* close */

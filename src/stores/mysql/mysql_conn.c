@@ -70,6 +70,14 @@ static int timeout_error(my_store *ms, my_conn *cn, const char *what)
 /* Non-blocking I/O                                                         */
 /* ------------------------------------------------------------------------ */
 
+/* The library's MYSQL_WAIT_* from poll()'s revents. */
+static int ready_of(short revents)
+{
+    return (revents & (POLLIN | POLLHUP | POLLERR) ? MYSQL_WAIT_READ : 0) |
+           (revents & POLLOUT ? MYSQL_WAIT_WRITE : 0) |
+           (revents & POLLPRI ? MYSQL_WAIT_EXCEPT : 0);
+}
+
 /* Waits for what the library asked (status) until `deadline`; returns the
  * status to pass to the _cont call, or -1 when the deadline passed. */
 static int wait_io(MYSQL *m, int status, int64_t deadline)
@@ -95,10 +103,7 @@ static int wait_io(MYSQL *m, int status, int64_t deadline)
             ms = lib;
         int r = poll(&p, 1, ms);
         if (r > 0)
-            return (p.revents & (POLLIN | POLLHUP | POLLERR) ? MYSQL_WAIT_READ
-                                                              : 0) |
-                   (p.revents & POLLOUT ? MYSQL_WAIT_WRITE : 0) |
-                   (p.revents & POLLPRI ? MYSQL_WAIT_EXCEPT : 0);
+            return ready_of(p.revents);
         if (r == 0 && !own)
             return MYSQL_WAIT_TIMEOUT;
         if (r < 0 && errno != EINTR)
@@ -354,4 +359,83 @@ long long dlock__mysql_col_ll(MYSQL_RES *r, int col, long long dflt)
     if (!row || !row[col])
         return dflt;
     return strtoll(row[col], NULL, 10);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A statement sent without waiting (a semaphore head's helpers)            */
+/* ------------------------------------------------------------------------ */
+
+/* After the query: its result (one statement, rows or none). */
+static void async_result(my_async *a, int ready)
+{
+    MYSQL_RES *r = NULL;
+
+    if (a->phase == 0) {
+        if (mysql_field_count(a->cn->m) == 0) {
+            a->phase = 2;
+            a->status = 0;
+            return;
+        }
+        a->phase = 1;
+        a->status = mysql_store_result_start(&r, a->cn->m);
+    } else {
+        a->status = mysql_store_result_cont(&r, a->cn->m, ready);
+    }
+    if (a->status)
+        return;
+    a->phase = 2;
+    if (!r)
+        a->failed = 1;
+    a->res = r;
+}
+
+/* The query's own call answered (status, err): on to its result. */
+static void async_queried(my_async *a, int err)
+{
+    if (a->status)
+        return;
+    if (err) {
+        a->failed = 1;
+        a->phase = 2;
+        return;
+    }
+    async_result(a, 0);
+}
+
+void dlock__mysql_async_start(my_async *a, const char *sql)
+{
+    int err = 0;
+
+    a->phase = 0;
+    a->failed = 0;
+    a->res = NULL;
+    a->status = mysql_real_query_start(&err, a->cn->m, sql, strlen(sql));
+    async_queried(a, err);
+}
+
+void dlock__mysql_async_step(my_async *a, short revents)
+{
+    int err = 0, ready = ready_of(revents);
+
+    if (a->phase == 2 || a->status == 0)
+        return;
+    if ((a->status & MYSQL_WAIT_TIMEOUT) && !ready)
+        ready = MYSQL_WAIT_TIMEOUT;
+    if (!ready)
+        return;
+    if (a->phase == 0) {
+        a->status = mysql_real_query_cont(&err, a->cn->m, ready);
+        async_queried(a, err);
+        return;
+    }
+    async_result(a, ready);
+}
+
+short dlock__mysql_async_events(const my_async *a)
+{
+    if (a->phase == 2 || a->status == 0)
+        return -1;
+    return (short)((a->status & MYSQL_WAIT_READ ? POLLIN : 0) |
+                   (a->status & MYSQL_WAIT_WRITE ? POLLOUT : 0) |
+                   (a->status & MYSQL_WAIT_EXCEPT ? POLLPRI : 0));
 }

@@ -25,7 +25,11 @@
 #define MY_WAIT_SLICE_MS 60000 /* one GET_LOCK waits at most this long */
 #define MY_DEADLOCK_RETRIES 5
 #define MY_WAIT_RECONNECTS 3 /* a waiting session killed: wait on anew */
+#define MY_PERMITS_MAX 32 /* a full semaphore's head waits with one
+                           * connection per holder (docs/locks.md) */
 #define NOW "UTC_TIMESTAMP(6)"
+/* The owner of a row held by readers or permits (an owner id has a ':') */
+#define MY_SHARED "'*'"
 
 typedef struct my_conn {
     MYSQL *m;
@@ -48,13 +52,24 @@ typedef struct my_store {
     pthread_mutex_t mu;
     my_conn *idle;
     int nidle;
+    int rw; /* the table has the columns of read holds and permits
+             * (permits, holders): else exclusive locks only */
+    char rw_why[200]; /* why not, for the DLOCK_ENOTSUP */
 } my_store;
 
 typedef struct my_lease {
-    my_conn *cn; /* out of the pool while waiting or holding: the gate's */
+    my_conn *cn; /* out of the pool while waiting or holding: the gate's,
+                  * or a read hold's (permit's) hold lock's */
     int gated;   /* cn holds the name's gate */
-    int64_t seq; /* fair queue entry (inspect), 0 when none */
+    int locks;   /* cn may hold other user locks (a hold lock taken by a
+                  * try that took nothing): let go of them on failure */
+    int64_t seq; /* queue entry (inspect), 0 when none */
 } my_lease;
+
+/* What a busy upsert's LAST_INSERT_ID says about the row (MY_CODE_SEM + N:
+ * a live semaphore of N permits). */
+enum { MY_CODE_NONE = 0, MY_CODE_WRITER = 1, MY_CODE_READERS = 2,
+       MY_CODE_SEM = 3 };
 
 /* mysql_conn.c: errors, connections and statements */
 
@@ -114,13 +129,40 @@ char *dlock__mysql_gate_of(const my_store *ms, const char *name_lit);
 /* A fair queue entry's own user lock (`seq` an SQL expression). */
 char *dlock__mysql_entry_lock_of(const my_store *ms, const char *seq);
 
+/* A read hold's (permit's) hold lock (`owner` an SQL expression). */
+char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
+                                const char *owner);
+
+/* The columns of JSON_TABLE over `holders` (o owner, t token, e end µs,
+ * s start µs, d description). */
+#define MY_HOLDERS_COLS                                                     \
+    "'$.*' COLUMNS (o VARCHAR(80) PATH '$[0]', t BIGINT UNSIGNED PATH "     \
+    "'$[1]', e BIGINT PATH '$[2]', s BIGINT PATH '$[3]', d VARCHAR(255) "    \
+    "PATH '$[4]')"
+
+/* The server's clock in µs, from a DATETIME(6) expression. */
+#define MY_US(dt) "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " dt ")"
+
 /* The acquire's upsert, guarded by `where`; `woke`: a waiter's, whose
- * times are its wake's. */
+ * times are its wake's; `rich`: a busy answer says who holds. */
 char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *name, const char *owner,
-                          const char *holder, const char *where, int woke);
+                          const char *holder, const char *where, int woke,
+                          int rich);
 
-/* Creates the tables when missing. */
+/* A read hold's or permit's upsert (mysql_sql.c says more): `join`, may
+ * it join the live holds (0: only start on a free row); `prune`, drop the
+ * ended holds and count only the live ones (a subquery: not on the
+ * uncontended path); `gate` (NULL: none), the gate it lets go of once
+ * taken. */
+char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
+                                 const char *name, const char *owner,
+                                 const char *holder, const char *where,
+                                 int woke, int join, int prune,
+                                 const char *gate);
+
+/* Creates the tables when missing, adds the columns a table of the
+ * previous version lacks (ms->rw: whether it has them). */
 int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline);
 
 /* mysql_wait.c: acquire and waiting */
@@ -131,5 +173,82 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline);
 
 /* Is the hold's own connection alive (and so its gate held)? */
 int dlock__mysql_pinned_alive(my_lease *sl);
+
+/* mysql_rw.c: read holds and permits */
+
+/* The owner as a JSON path into `holders`: '$."OWNER"' plus `tail` (the
+ * owner is checked: [0-9A-Za-z:._-] only). DLOCK_OK or DLOCK_EINVAL. */
+int dlock__mysql_owner_path(const char *owner, const char *tail, char *out,
+                            size_t cap);
+
+/* Release and renewal of a read hold or permit. */
+int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
+                                int64_t op_deadline);
+int dlock__mysql_extend_shared(my_store *ms, dlock__lease *l, int64_t ttl_ms,
+                               int64_t op_deadline);
+
+/* The holders of row `name` (hex literal) for dlock_inspect(): fills
+ * out->held, holder, holders, shared, permits, ttl_ms, held_ms, token.
+ * *queue_kinds: the row is held by readers or permits (the waiters'
+ * kinds are then shown). */
+int dlock__mysql_inspect_row(my_store *ms, const char *name, dlock_info *out,
+                             int *queue_kinds, int64_t op_deadline);
+
+/* The row's state as a waiter holding (or maybe holding) the gate sees it. */
+typedef struct my_state {
+    int gated;          /* our connection holds the gate */
+    long long left_ms;  /* the row's lease left (+1), -1 none */
+    long long code;     /* MY_CODE_*: free (NONE), held by whom */
+    int live, locked;   /* live read holds / permits, those whose hold
+                         * lock is held (their sessions alive) */
+    long long unlocked_first_ms, unlocked_last_ms; /* their lease left */
+    int nlk;            /* the locked ones: */
+    char (*lk_owner)[81];
+    long long *lk_ms;
+} my_state;
+
+/* Reads it on the lease's connection; free with dlock__mysql_state_free. */
+int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
+                       const char *gate, int64_t deadline, my_state *st);
+void dlock__mysql_state_free(my_state *st);
+
+/* A writer's look at a readers' row (holding the gate): its end set to
+ * the latest live hold's, free when none is (a release keeps an upper
+ * bound). A statement and "; ". */
+char *dlock__mysql_settle(const my_store *ms, const char *name);
+
+/* The drain round trip of a writer that holds the gate while readers
+ * hold: a SELECT waiting on each live reader's hold lock in turn (until
+ * the deadline `wait_ms` from now at most), then `upsert` (its answer is
+ * statement 2). */
+char *dlock__mysql_drain(const my_store *ms, const char *name,
+                         int64_t wait_ms, const char *upsert);
+
+/* A semaphore's head, holding the gate with every permit held: waits on
+ * the hold locks of st's locked holders at once (one pooled connection
+ * each), until one is let go, `timer_ms` (the earliest lease end of a
+ * holder without a session), or l->deadline. DLOCK_OK: woken (try
+ * again); an error: the gate's connection failed. */
+int dlock__mysql_head_wait(my_store *ms, dlock__lease *l, const char *name,
+                           const my_state *st, int64_t timer_ms);
+
+/* mysql_conn.c, for the head's helpers: a statement sent without waiting
+ * for its answer. */
+typedef struct my_async {
+    my_conn *cn;
+    int phase;   /* 0 query, 1 result, 2 done */
+    int status;  /* what the library waits for (MYSQL_WAIT_*), 0 done */
+    int failed;  /* the statement failed (or its connection) */
+    MYSQL_RES *res;
+} my_async;
+
+/* Starts sql on a->cn. */
+void dlock__mysql_async_start(my_async *a, const char *sql);
+
+/* Goes on after poll() said `revents` for its socket. */
+void dlock__mysql_async_step(my_async *a, short revents);
+
+/* The poll() events the library waits for; -1 when done. */
+short dlock__mysql_async_events(const my_async *a);
 
 #endif /* DLOCK_MYSQL_INT_H */

@@ -2,10 +2,13 @@
 /*
  * mysql_sql.c -- the MySQL/MariaDB store's SQL (mysql_int.h): quoted
  * identifiers, hex literals of names and owners (nothing a caller passes
- * can change a statement), the statements' texts (the acquire's upsert,
- * a name's gate, a queue entry's lock) and the schema created at open.
+ * can change a statement), the statements' texts (the acquire's upserts,
+ * a name's gate, a queue entry's lock, a hold's lock) and the schema
+ * created at open (or migrated from the previous version's).
  */
 #include "mysql_int.h"
+
+#include <mysqld_error.h>
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -80,6 +83,12 @@ char *dlock__mysql_stmt(const char *fmt, ...)
 #define ENDED_WOKE "lock_until <= VALUES(locked_at)"
 #define WOKE "SYSDATE(6)"
 #define MINE "owner <=> VALUES(owner)"
+/* A read hold's or permit's: free also when released (holds 0). A
+ * statement that started before a release (and waited for the row's lock
+ * behind it) reads a lease end, the release's now, after its own: a
+ * writer's try then answers busy, and waits (as before read holds); a
+ * reader's joins. */
+#define FREE_WOKE "(holds = 0 OR lock_until <= VALUES(locked_at))"
 
 /* The name's gate: a user-level lock named from the database, the table
  * and the lock name (64 bytes at most, the server's limit). */
@@ -103,9 +112,36 @@ char *dlock__mysql_entry_lock_of(const my_store *ms, const char *seq)
         ms->tl, seq);
 }
 
+/* A read hold's (permit's) own user lock: held by its connection for the
+ * hold, so that a waiter for that hold sleeps on it. `owner` is an SQL
+ * expression (a hex literal, or a JSON_TABLE column). */
+char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
+                                const char *owner)
+{
+    return dlock__mysql_stmt(
+        "CONCAT('dlock-h:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), X'00', "
+        "%s, X'00', %s, X'00', %s), 224))",
+        ms->tl, name_lit, owner);
+}
+
+/* What a busy upsert tells its caller through LAST_INSERT_ID (the row's
+ * columns before the statement; `now` the condition's time): who holds
+ * the row (MY_CODE_*). The token column stays as it is. */
+#define BUSY_CODE(now)                                                      \
+    "token + 0 * LAST_INSERT_ID(IF(holds = 0 OR lock_until <= " now ", 0, " \
+    "IF(owner <=> " MY_SHARED ", IF(permits > 0, 3 + permits, 2), 1)))"
+
+/* `rich`: a busy answer says who holds (BUSY_CODE); for the tries of a
+ * wait only, so that the uncontended try stays the statement it was
+ * before read holds (each function the server prepares costs every try:
+ * tens of µs for this one). A writer leaves what readers or permits left
+ * in the row (holders, permits) as it is: they are read only while
+ * `owner` is '*', and the next read hold or permit on a free row writes
+ * them anew. */
 char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *name, const char *owner,
-                          const char *holder, const char *where, int woke)
+                          const char *holder, const char *where, int woke,
+                          int rich)
 {
     const char *now = woke ? WOKE : NOW;
     const char *e = woke ? ENDED_WOKE : ENDED;
@@ -119,45 +155,249 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
         "holder = IF(%s, VALUES(holder), holder), "
         "holds = IF(%s, 1, holds), "
         "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
-        "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), "
-        "token)), "
+        "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), %s)), "
         "locked_at = IF(%s, VALUES(locked_at), locked_at), "
         "owner = IF(%s, VALUES(owner), owner), "
         "lock_until = IF(%s, VALUES(lock_until), IF(" MINE
         ", GREATEST(lock_until, VALUES(lock_until)), lock_until))",
         ms->t, name, owner, holder, now, now, now, (long long)l->ttl_ms * 1000,
-        where, e, e, e, e, e, e);
+        where, e, e, e,
+        !rich     ? "token"
+        : ms->rw  ? BUSY_CODE("VALUES(locked_at)")
+                  : "token + 0 * LAST_INSERT_ID(1)",
+        e, e, e);
 }
 
-/* Creates the tables when missing (existing ones need no CREATE right). */
-int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
+/*
+ * A read hold's or permit's upsert (mysql_rw.c's header says when it
+ * runs). The row is taken afresh when it is free (E: released, or its
+ * lease ended), or joined (S) when `join` allows it and the row is held
+ * by holds of the same kind (readers; or permits of the same N with fewer
+ * than N other entries). Our own entry, if there is one (an earlier try
+ * whose answer was lost), is replaced: a try that is late behind a newer
+ * hold of ours cannot get here, as that hold keeps our hold lock, which
+ * the try's guard takes.
+ *
+ * E and S are decided once, in the first assignment (token), with the
+ * row as it was; the others read the outcome from LAST_INSERT_ID(): taken
+ * (T) when it equals the new token (a busy answer's LAST_INSERT_ID is a
+ * code below 40, every token at least the server's clock in µs). E reads
+ * holds and lock_until, assigned last. The times are one, the SELECT
+ * part's (VALUES()): now in µs is VALUES(token), the condition's now
+ * VALUES(locked_at).
+ *
+ * With `gate` (a waiter holding the name's gate), the take lets go of the
+ * gate in the statement itself, once taken: the next waiter wakes while
+ * this statement commits, and its own upsert waits for the row's lock
+ * (a writer woken so then sees this hold and waits for it).
+ *
+ * Without `prune` the statement has no subquery (each costs the server
+ * tens of µs to prepare, evaluated or not): holds whose lease ended stay
+ * in `holders`, and a permit counts them as taken (it may find a
+ * semaphore full that is not: the waiter holding the gate then reads the
+ * live ones and tries again with `prune`, which drops them and counts the
+ * live ones only).
+ */
+char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
+                                 const char *name, const char *owner,
+                                 const char *holder, const char *where,
+                                 int woke, int join, int prune,
+                                 const char *gate)
+{
+    const char *now = woke ? WOKE : NOW;
+    const long long ttl = (long long)l->ttl_ms * 1000;
+    const unsigned p = l->kind == DLOCK__PERMIT ? l->permits : 0;
+    const char *e = FREE_WOKE, *t = "LAST_INSERT_ID() = token";
+    char path[128], ol[96], sum[128];
+    char *others, *base, *s, *out = NULL;
+
+    (void)owner;
+    /* the owner as a quoted literal (its bytes are checked: shorter to
+     * parse than hex, and text, as JSON wants) */
+    if (dlock__mysql_owner_path(l->owner, "", path, sizeof(path)) ||
+        (size_t)snprintf(ol, sizeof(ol), "'%s'", l->owner) >= sizeof(ol))
+        return NULL;
+    /* the other holds: with `prune` the live ones (a subquery cannot
+     * read VALUES(): the statement's start is its now, before a waiter's
+     * wake: a hold that ended during the wait still counts, which only
+     * refuses a permit the state read then finds); else every entry */
+    others = prune ? dlock__mysql_stmt(
+                         "(SELECT COUNT(*) FROM JSON_TABLE(holders, "
+                         MY_HOLDERS_COLS ") j WHERE j.e > " MY_US(NOW)
+                         " AND j.o <> %s)",
+                         ol)
+                   : dlock__mysql_stmt(
+                         "(IFNULL(JSON_LENGTH(holders), 0) - "
+                         "IFNULL(JSON_CONTAINS_PATH(holders, 'one', '%s'), "
+                         "0))",
+                         path);
+    /* what our entry is set into */
+    base = prune ? dlock__mysql_stmt(
+                       "IFNULL((SELECT JSON_OBJECTAGG(j.o, JSON_ARRAY(j.o, "
+                       "j.t, j.e, j.s, j.d)) FROM JSON_TABLE(holders, "
+                       MY_HOLDERS_COLS ") j WHERE j.e > " MY_US(NOW)
+                       " AND j.o <> %s), '{}')",
+                       ol)
+                 : dlock__mysql_stmt("IFNULL(holders, '{}')");
+    if (!join)
+        s = dlock__mysql_stmt("0");
+    else if (p)
+        s = others ? dlock__mysql_stmt("owner <=> " MY_SHARED " AND permits "
+                                       "= %u AND %s < %u",
+                                       p, others, p)
+                   : NULL;
+    else
+        s = dlock__mysql_stmt("owner <=> " MY_SHARED " AND permits = 0");
+    if (p)
+        snprintf(sum, sizeof(sum), "CONCAT(holds, ' of %u permits')", p);
+    else
+        snprintf(sum, sizeof(sum),
+                 "IF(holds = 1, VALUES(holder), CONCAT(holds, ' readers'))");
+    /* the row's holder is the description (a permit's too, on a new row:
+     * its entry reads it from there) */
+    if (others && base && s)
+        out = dlock__mysql_stmt(
+            "INSERT INTO %s (name, owner, holder, holds, token, locked_at, "
+            "lock_until, permits, holders) SELECT %s, " MY_SHARED ", %s, 1, "
+            "LAST_INSERT_ID(" MY_US("%s") "), %s, %s + INTERVAL %lld "
+            "MICROSECOND, %u, JSON_OBJECT(%s, JSON_ARRAY(%s, "
+            "LAST_INSERT_ID(), LAST_INSERT_ID() + %lld, LAST_INSERT_ID(), "
+            "CONVERT(%s USING utf8mb4))) FROM DUAL%s "
+            "ON DUPLICATE KEY UPDATE "
+            "token = IF(%s OR %s, LAST_INSERT_ID(GREATEST(token + 1, "
+            "VALUES(token))), " BUSY_CODE("VALUES(locked_at)") "), "
+            "locked_at = IF(%s, VALUES(locked_at), locked_at), "
+            "holders = IF(%s, JSON_SET(IF(%s, '{}', %s), '%s', JSON_ARRAY(%s, "
+            "token, VALUES(token) + %lld, VALUES(token), CONVERT("
+            "VALUES(holder) USING utf8mb4))), holders), "
+            "permits = IF(%s, VALUES(permits), permits), "
+            "owner = IF(%s, " MY_SHARED ", owner), "
+            "lock_until = IF(%s, VALUES(lock_until), IF(%s, GREATEST("
+            "lock_until, VALUES(lock_until)), lock_until)), "
+            "holds = IF(%s, JSON_LENGTH(holders)%s%s%s, holds), "
+            "holder = IF(%s, %s, holder)",
+            ms->t, name, holder, now, now, now, ttl, p, ol, ol, ttl, holder,
+            where,
+            /* token */ e, s,
+            /* locked_at */ e,
+            /* holders */ t, e, base, path, ol, ttl,
+            /* permits */ e,
+            /* owner */ t,
+            /* lock_until */ e, t,
+            /* holds */ t, gate ? " + 0 * IFNULL(RELEASE_LOCK(" : "",
+            gate ? gate : "", gate ? "), 0)" : "",
+            /* holder */ t, sum);
+    free(others);
+    free(base);
+    free(s);
+    return out;
+}
+
+/* The read holds' and permits' columns (docs/stores.md shows the DDL). */
+#define COL_PERMITS "permits INT NOT NULL DEFAULT 0"
+#define COL_HOLDERS                                                         \
+    "holders LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL"
+
+/* How many of the tables and of the new columns exist: *tables (0..2),
+ * *has_permits, *has_holders. */
+static int look(my_store *ms, my_conn *cn, int64_t deadline, long long *tables,
+                long long *has_permits, long long *has_holders)
 {
     char qn[MY_TABLE_MAX + 8];
     MYSQL_RES *r = NULL;
+    MYSQL_ROW row;
     int rc;
 
     snprintf(qn, sizeof(qn), "%s_queue", ms->table);
-    char *tl = dlock__mysql_hexlit(ms->table, strlen(ms->table));
     char *ql = dlock__mysql_hexlit(qn, strlen(qn));
     char *sql =
-        tl && ql
-            ? dlock__mysql_stmt("SELECT COUNT(*) FROM information_schema."
-                                "tables WHERE table_schema = DATABASE() AND "
-                                "table_name IN (CONVERT(%s USING utf8mb4), "
-                                "CONVERT(%s USING utf8mb4))",
-                                tl, ql)
-            : NULL;
-    free(tl);
+        ql ? dlock__mysql_stmt(
+                 "SELECT (SELECT COUNT(*) FROM information_schema.tables "
+                 "WHERE table_schema = DATABASE() AND table_name IN "
+                 "(CONVERT(%s USING utf8mb4), CONVERT(%s USING utf8mb4))), "
+                 "(SELECT COUNT(*) FROM information_schema.columns WHERE "
+                 "table_schema = DATABASE() AND table_name = CONVERT(%s "
+                 "USING utf8mb4) AND column_name = 'permits'), (SELECT "
+                 "COUNT(*) FROM information_schema.columns WHERE "
+                 "table_schema = DATABASE() AND table_name = CONVERT(%s "
+                 "USING utf8mb4) AND column_name = 'holders')",
+                 ms->tl, ql, ms->tl, ms->tl)
+           : NULL;
     free(ql);
     rc = sql ? dlock__mysql_query(ms, cn, sql, deadline, &r, NULL, NULL,
                                   "looking for the lock table")
              : dlock__mysql_enomem();
     free(sql);
-    long long present = rc == DLOCK_OK ? dlock__mysql_col_ll(r, 0, 0) : 0;
+    *tables = *has_permits = *has_holders = 0;
+    if (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL) {
+        *tables = row[0] ? atoll(row[0]) : 0;
+        *has_permits = row[1] ? atoll(row[1]) : 0;
+        *has_holders = row[2] ? atoll(row[2]) : 0;
+    }
     if (r)
         mysql_free_result(r);
-    if (rc || present == 2)
+    return rc;
+}
+
+/* A table of the previous version: adds the columns of read holds and
+ * permits, waiting for the table's metadata lock (running statements
+ * hold it: waiters asleep in their upsert) at most the store's timeout;
+ * new statements on the table queue behind that wait. Not allowed, or
+ * timed out: exclusive locks only (ms->rw 0, and why). */
+static int migrate(my_store *ms, my_conn *cn, int64_t deadline,
+                   long long has_permits, long long has_holders)
+{
+    long long secs = (ms->timeout_ms + 999) / 1000;
+    char *sql = dlock__mysql_stmt(
+        "SET SESSION lock_wait_timeout = %lld; ALTER TABLE %s %s%s%s%s; "
+        "SET SESSION lock_wait_timeout = DEFAULT",
+        secs, ms->t, has_permits ? "" : "ADD COLUMN " COL_PERMITS,
+        !has_permits && !has_holders ? ", " : "",
+        has_holders ? "" : "ADD COLUMN ", has_holders ? "" : COL_HOLDERS);
+    int rc;
+
+    if (!sql)
+        return dlock__mysql_enomem();
+    rc = dlock__mysql_query(ms, cn, sql, deadline, NULL, NULL, NULL,
+                            "adding the columns of read holds and permits");
+    free(sql);
+    if (rc == DLOCK_OK) {
+        ms->rw = 1;
+        return DLOCK_OK;
+    }
+    unsigned e = mysql_errno(cn->m);
+    cn->broken = 1; /* its lock_wait_timeout may be the short one */
+    if (e == ER_DUP_FIELDNAME) {
+        ms->rw = 1; /* another client added it meanwhile */
+        return DLOCK_OK;
+    }
+    if (e != ER_LOCK_WAIT_TIMEOUT && rc != DLOCK_EAUTH && rc != DLOCK_EPROTO)
+        return rc; /* the server: the open fails */
+    snprintf(ms->rw_why, sizeof(ms->rw_why),
+             "the lock table %.60s lacks the columns permits and holders, "
+             "and adding them at open %s",
+             ms->t,
+             e == ER_LOCK_WAIT_TIMEOUT ? "timed out (the table was busy)"
+                                       : "was refused (no ALTER right?)");
+    return DLOCK_OK;
+}
+
+/* Creates the tables when missing (existing ones need no CREATE right),
+ * and adds the columns a table of the previous version lacks. */
+int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
+{
+    long long tables, has_permits, has_holders;
+    int rc = look(ms, cn, deadline, &tables, &has_permits, &has_holders);
+    char *sql;
+
+    if (rc)
         return rc;
+    if (tables == 2 && has_permits && has_holders) {
+        ms->rw = 1;
+        return DLOCK_OK;
+    }
+    if (tables == 2) /* a table of the previous version */
+        return migrate(ms, cn, deadline, has_permits, has_holders);
     sql = dlock__mysql_stmt(
         "CREATE TABLE IF NOT EXISTS %s ("
         " name VARBINARY(%d) NOT NULL PRIMARY KEY,"
@@ -167,7 +407,9 @@ int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
         " token BIGINT UNSIGNED NOT NULL DEFAULT 0,"
         " locked_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00',"
         " lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 "
-        "00:00:00') ENGINE=InnoDB",
+        "00:00:00',"
+        " " COL_PERMITS ","
+        " " COL_HOLDERS ") ENGINE=InnoDB",
         ms->t, DLOCK_NAME_MAX);
     rc = sql ? dlock__mysql_query(ms, cn, sql, deadline, NULL, NULL, NULL,
                                   "creating the lock table")
@@ -194,5 +436,15 @@ int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline)
                           "docs/stores.md, then grant SELECT, INSERT, "
                           "UPDATE, DELETE on it",
                           ms->redacted, ms->t);
-    return rc;
+    if (rc)
+        return rc;
+    /* the table existed (the previous version's?): its columns now */
+    rc = look(ms, cn, deadline, &tables, &has_permits, &has_holders);
+    if (rc)
+        return rc;
+    if (has_permits && has_holders) {
+        ms->rw = 1;
+        return DLOCK_OK;
+    }
+    return migrate(ms, cn, deadline, has_permits, has_holders);
 }

@@ -4,9 +4,12 @@
  * try, and the waiting in the server: a waiter sleeps in GET_LOCK on the
  * name's gate inside its try, and the holder's release wakes it (the
  * protocol is in mysql.c's header comment; its failure cases in
- * docs/design.md, "Waiting in the server (MySQL)"). A fair waiter's
- * queue entry, a session killed while it waits, a holder that lost its
- * gate, a frozen holder whose lease ends.
+ * docs/design.md, "Waiting in the server (MySQL)"). A waiter's queue
+ * entry, a session killed while it waits, a holder that lost its gate, a
+ * frozen holder whose lease ends. Read holds and permits take the same
+ * path with their own upsert (mysql_sql.c) and, holding the gate, what
+ * mysql_rw.c adds: a writer drains the readers, a semaphore's head waits
+ * on every holder (docs/design.md, "Shared holds and permits").
  */
 #include "mysql_int.h"
 
@@ -17,20 +20,40 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* How a try treats the gate. */
-enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER, TRY_WAIT };
+/* How a try treats the gate. TRY_DRAIN: a writer holding the gate while
+ * readers hold waits for each of them, then tries. */
+enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER, TRY_WAIT, TRY_DRAIN };
+
+#define CLEAR_ID "LAST_INSERT_ID(0) = 0 AND "
+
+/* Tries in a row that hold the gate, find the row free and take nothing
+ * (a read hold's own hold lock held by another session): then an error */
+#define MY_HELD_TRIES 3
+
+/* What one acquire keeps between its round trips: the lease, and its
+ * values as SQL (hex literals; the gate and the hold lock expressions). */
+typedef struct acq {
+    my_store *ms;
+    dlock__lease *l;
+    my_lease *sl;
+    int shared; /* a read hold or a permit */
+    int listed; /* it waits listed in the queue table */
+    int kinds;  /* with its kind (readers or permits use the name) */
+    int rich;   /* a writer whose every try says who holds */
+    char *name, *owner, *holder, *gate, *hold;
+} acq;
 
 /* Drops what a lease without the lock keeps in the server (its gate, its
- * queue entry) and gives its connection back. */
+ * hold lock, its queue entry) and gives its connection back. */
 static void let_go(my_store *ms, my_lease *sl)
 {
     if (!sl->cn)
         return;
-    if (sl->gated || sl->seq) {
+    if (sl->gated || sl->locks || sl->seq) {
         char *sql = sl->seq
-                        ? dlock__mysql_stmt("DELETE FROM %s WHERE seq = %lld; "
-                                            "DO RELEASE_ALL_LOCKS()",
-                                            ms->q, (long long)sl->seq)
+                        ? dlock__mysql_stmt("DELETE FROM %s WHERE seq = "
+                                            "@dlock_q; DO RELEASE_ALL_LOCKS()",
+                                            ms->q)
                         : dlock__mysql_stmt("DO RELEASE_ALL_LOCKS()");
         /* on failure the connection closes, and the server lets go */
         if (!sql ||
@@ -42,7 +65,7 @@ static void let_go(my_store *ms, my_lease *sl)
     }
     dlock__mysql_conn_put(ms, sl->cn);
     sl->cn = NULL;
-    sl->gated = 0;
+    sl->gated = sl->locks = 0;
     sl->seq = 0;
 }
 
@@ -72,10 +95,354 @@ static int conn_lost(const my_conn *cn)
     return cn->broken || e == ER_CONNECTION_KILLED || e == ER_SERVER_SHUTDOWN;
 }
 
+/* The connection went: the server let go of its gate, locks and entry. */
+static void drop_conn(my_store *ms, my_lease *sl)
+{
+    sl->cn->broken = 1;
+    dlock__mysql_conn_put(ms, sl->cn);
+    sl->cn = NULL;
+    sl->gated = sl->locks = 0;
+    sl->seq = 0;
+}
+
+/* The client's note, per name (the lease's hint[0]), that read holds or
+ * permits use it: a writer's first try then asks who holds (a writer
+ * that meets readers drains them at once) instead of being the exclusive
+ * lock's cheaper statement. */
+static int shared_seen(const dlock__lease *l)
+{
+    return l->hint && __atomic_load_n(&l->hint[0], __ATOMIC_RELAXED) != 0;
+}
+
+static void shared_note(dlock__lease *l)
+{
+    if (l->hint)
+        __atomic_store_n(&l->hint[0], 1, __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The statements of one try                                                */
+/* ------------------------------------------------------------------------ */
+
+/* A waiter's entry in T_queue for dlock_inspect(): alive while this
+ * connection holds the entry's own lock; its seq in @dlock_q. Its
+ * description says its kind when readers or permits use the name. Three
+ * statements and "; ". */
+static char *join_sql(const acq *a)
+{
+    const dlock__lease *l = a->l;
+    const char *kind = l->kind == DLOCK__READ     ? "read: "
+                       : l->kind == DLOCK__PERMIT ? "permit: "
+                       : a->kinds                 ? "write: "
+                                                  : "";
+    char desc[300];
+
+    snprintf(desc, sizeof(desc), "%s%s", kind, l->desc);
+    char *holder = dlock__mysql_hexlit(desc, strlen(desc));
+    char *lock = dlock__mysql_entry_lock_of(a->ms, "@dlock_q");
+    char *join = holder && lock
+                     ? dlock__mysql_stmt("INSERT INTO %s (name, holder, "
+                                         "alive_until) VALUES (%s, %s, " NOW
+                                         "); SET @dlock_q = LAST_INSERT_ID(); "
+                                         "DO GET_LOCK(%s, 0); ",
+                                         a->ms->q, a->name, holder, lock)
+                     : NULL;
+    free(lock);
+    free(holder);
+    return join;
+}
+
+/* The try of kind `kind` (wait_ms: how long a waiting one may wait), and
+ * in *at which of its statements is the upsert. */
+static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
+{
+    const my_store *ms = a->ms;
+    const dlock__lease *l = a->l;
+    int waits = kind == TRY_WAIT;
+    char *where, *up, *del, *sql = NULL;
+
+    /* every guard first clears LAST_INSERT_ID: a guard that fails leaves
+     * the statement's answer 0, not the session's last id (a queue
+     * entry's), which a busy answer would read as who holds */
+    if (!a->shared) {
+        /* a writer's try and take-over are the statements of exclusive
+         * locks as they were (no answer of who holds: code 0), unless
+         * this client saw readers or permits on the name */
+        if (waits)
+            where = dlock__mysql_stmt(" WHERE " CLEAR_ID
+                                      "GET_LOCK(@dlock_g, @dlock_w) = 1");
+        else if (kind == TRY_HELD || kind == TRY_DRAIN)
+            where = dlock__mysql_stmt("%s", "");
+        else
+            where = dlock__mysql_stmt(" WHERE %sGET_LOCK(%s, 0) %s",
+                                      a->rich ? CLEAR_ID : "", a->gate,
+                                      kind == TRY_GATE ? "= 1"
+                                                       : "IS NOT NULL");
+    } else if (kind == TRY_GATE) {
+        /* a free gate: nobody waits, nobody is being woken */
+        where = dlock__mysql_stmt(" WHERE " CLEAR_ID "IS_FREE_LOCK(%s) = 1 "
+                                  "AND GET_LOCK(%s, 0) = 1",
+                                  a->gate, a->hold);
+    } else {
+        where = dlock__mysql_stmt(
+            " WHERE " CLEAR_ID "%sGET_LOCK(%s, %d) = 1",
+            waits ? "GET_LOCK(@dlock_g, @dlock_w) = 1 AND " : "", a->hold,
+            kind == TRY_TAKEOVER ? 0 : 1);
+    }
+    /* a read hold or permit taken holding the gate lets go of it in its
+     * upsert: that wakes the next waiter */
+    int lets_go = a->shared && (kind == TRY_WAIT || kind == TRY_HELD);
+    up = !where ? NULL
+         : a->shared
+             ? dlock__mysql_upsert_shared(
+                   ms, l, a->name, a->owner, a->holder, where, waits,
+                   kind != TRY_TAKEOVER,
+                   kind == TRY_HELD || kind == TRY_TAKEOVER,
+                   lets_go ? a->gate : NULL)
+             : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
+                                   waits,
+                                   a->rich || (kind != TRY_GATE &&
+                                               kind != TRY_TAKEOVER));
+    /* a waiter listed for dlock_inspect() joins the queue in its first
+     * wait's round trip (its entry's seq kept in @dlock_q), and the entry
+     * goes with the win */
+    int joins = a->listed && !a->sl->seq && (waits || kind == TRY_DRAIN);
+    char *join = joins ? join_sql(a) : dlock__mysql_stmt("%s", "");
+    del = a->sl->seq || joins
+              ? dlock__mysql_stmt("; DELETE FROM %s WHERE seq = @dlock_q AND "
+                                  "ROW_COUNT() > 0",
+                                  ms->q)
+              : dlock__mysql_stmt("%s", "");
+    /* a writer holding the gate first settles a readers' row: its end
+     * the latest live hold's (a release keeps an upper bound), free when
+     * none is live */
+    char *settle = !a->shared && ms->rw && kind == TRY_HELD
+                       ? dlock__mysql_settle(ms, a->name)
+                       : dlock__mysql_stmt("%s", "");
+    *at = joins ? 3 : 0;
+    if (!up || !del || !settle || !join) {
+        sql = NULL;
+    } else if (kind == TRY_DRAIN) {
+        char *d = dlock__mysql_drain(ms, a->name, wait_ms, up);
+        sql = d ? dlock__mysql_stmt("%s%s%s", join, d, del) : NULL;
+        free(d);
+        *at += 2;
+    } else if (!waits) {
+        sql = dlock__mysql_stmt("%s%s%s", settle, up, del);
+        *at = settle[0] ? 1 : 0;
+    } else {
+        /* a waiting try first sets its gate and the wait's length (the
+         * holder's lease left + 1 ms; a whole lease when the row is free
+         * but its gate taken: a woken waiter is about to take it, and one
+         * that does not within a lease, frozen in between, is passed by),
+         * and sleeps in the upsert's GET_LOCK */
+        sql = dlock__mysql_stmt(
+            "%sSET time_zone = '+00:00', @dlock_t0 = " NOW ", "
+            "@dlock_g = %s, @dlock_w = LEAST(%lld.%03lld, "
+            "IFNULL((SELECT IF(owner IS NOT NULL, %sGREATEST("
+            "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
+            "lock_until) / 1000000 + 0.001)%s, %lld.%03lld) FROM "
+            "%s WHERE name = %s), %lld.%03lld)); %s%s",
+            join, a->gate, (long long)(wait_ms / 1000),
+            (long long)(wait_ms % 1000),
+            /* a lock's waiter does not sleep behind a live semaphore
+             * (its answer, and the look after it, say so) */
+            ms->rw && l->kind != DLOCK__PERMIT
+                ? "IF(owner <=> " MY_SHARED " AND permits > 0 AND "
+                  "lock_until > " NOW ", 0, "
+                : "(",
+            ")",
+            (long long)(l->ttl_ms / 1000), (long long)(l->ttl_ms % 1000),
+            ms->t, a->name, (long long)(l->ttl_ms / 1000),
+            (long long)(l->ttl_ms % 1000), up, del);
+        *at += 1;
+    }
+    free(where);
+    free(up);
+    free(del);
+    free(settle);
+    free(join);
+    return sql;
+}
+
+/* A busy try's answer (`code`, MY_CODE_*) that no wait can change:
+ * DLOCK_EINVAL for a hold of the wrong kind, else DLOCK_OK. */
+static int wrong_kind(const acq *a, long long code)
+{
+    const dlock__lease *l = a->l;
+    long long n = code - MY_CODE_SEM;
+
+    if (l->kind != DLOCK__PERMIT && code >= MY_CODE_SEM)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s' is a semaphore of %lld permits: "
+                          "take a permit with a handle opened with permits "
+                          "= %lld",
+                          l->name, n, n);
+    if (l->kind == DLOCK__PERMIT &&
+        (code == MY_CODE_WRITER || code == MY_CODE_READERS))
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s' is held as a lock (%s), not as a "
+                          "semaphore of %u permits",
+                          l->name,
+                          code == MY_CODE_READERS ? "by readers"
+                                                  : "exclusively",
+                          l->permits);
+    if (l->kind == DLOCK__PERMIT && code >= MY_CODE_SEM &&
+        n != (long long)l->permits)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s' is a semaphore of %lld permits, not "
+                          "%u (every handle of a semaphore must say the same "
+                          "permits)",
+                          l->name, n, l->permits);
+    return DLOCK_OK;
+}
+
+/* The lease of a hold taken by a waiting try began when the server woke
+ * it, after the send: a short wait counts from the send (a lease at most
+ * a third short: the renewal comes that much sooner); after a longer one
+ * the server says how long it slept (from its SET, after the send, to the
+ * hold's start), in a round trip of its own: nothing more on a short
+ * hand-off's way. Our hold only: one taken over meanwhile (this process
+ * stopped past the lease) has another holder's start, and the send is
+ * the only start we know. */
+static void lease_start(const acq *a, int waited, int64_t sent,
+                        int64_t answered)
+{
+    my_store *ms = a->ms;
+    dlock__lease *l = a->l;
+    char pt[128], ps[128];
+    MYSQL_RES *r = NULL;
+    char *rd = NULL;
+
+    l->started = sent;
+    if (!waited || answered - sent <= l->ttl_ms / 3)
+        return;
+    if (!a->shared)
+        rd = dlock__mysql_stmt("SELECT TIMESTAMPDIFF(MICROSECOND, "
+                               "@dlock_t0, locked_at) FROM %s WHERE name "
+                               "= %s AND owner = %s AND token = %llu",
+                               ms->t, a->name, a->owner,
+                               (unsigned long long)l->token);
+    else if (!dlock__mysql_owner_path(l->owner, "[1]", pt, sizeof(pt)) &&
+             !dlock__mysql_owner_path(l->owner, "[3]", ps, sizeof(ps)))
+        rd = dlock__mysql_stmt(
+            "SELECT CAST(JSON_EXTRACT(holders, '%s') AS SIGNED) - "
+            MY_US("@dlock_t0") " FROM %s WHERE name = %s AND owner <=> "
+            MY_SHARED " AND CAST(JSON_EXTRACT(holders, '%s') AS UNSIGNED) = "
+            "%llu",
+            ps, ms->t, a->name, pt, (unsigned long long)l->token);
+    /* the lock is ours already: this read gets the store's op timeout,
+     * not what is left of the caller's wait (cut at the deadline, it
+     * broke the gate's connection; the release then left the gate to the
+     * server's close, and a try right after found a freed lock busy) */
+    if (rd &&
+        dlock__mysql_query(ms, a->sl->cn, rd,
+                           dlock__now_ms() + ms->timeout_ms, &r, NULL, NULL,
+                           "taking the lock") == DLOCK_OK &&
+        dlock__mysql_col_ll(r, 0, 0) > 0)
+        l->started = sent + dlock__mysql_col_ll(r, 0, 0) / 1000;
+    if (r)
+        mysql_free_result(r);
+    free(rd);
+}
+
+/* We hold the gate, yet the row is held and nobody can wake us (its
+ * holder lost its gate, or readers lost their hold locks, with their
+ * sessions): sleep to that lease end (or our deadline), watching the
+ * connection. The next try: holding the gate, or from the start if the
+ * connection died. */
+static int sleep_gated(my_store *ms, dlock__lease *l, long long left)
+{
+    my_lease *sl = l->priv;
+    int64_t until = dlock__now_ms() + (left > 0 ? left : 1);
+
+    if (until > l->deadline)
+        until = l->deadline;
+    struct pollfd p = {mysql_get_socket(sl->cn->m), POLLIN, 0};
+    for (int64_t ms_left = until - dlock__now_ms(); ms_left > 0;
+         ms_left = until - dlock__now_ms())
+        if (poll(&p, 1, ms_left > 60000 ? 60000 : (int)ms_left) > 0) {
+            drop_conn(ms, sl); /* the server closed it */
+            return TRY_GATE;
+        }
+    return TRY_HELD;
+}
+
+/* A try that held the gate (or may have) took nothing: what the row says
+ * decides the next step, in *kind (or an error). *recheck: live holds
+ * without a session were seen once (a release in the moment between the
+ * row's snapshot and the look at their hold locks looks the same: try
+ * again before sleeping to their lease end). */
+static int after_gated_try(acq *a, int *kind, int *recheck)
+{
+    my_store *ms = a->ms;
+    dlock__lease *l = a->l;
+    my_lease *sl = a->sl;
+    int64_t dl = dlock__now_ms() + ms->timeout_ms;
+    my_state st;
+    int rc;
+
+    if (l->deadline != DLOCK__FOREVER && dl > l->deadline + 10)
+        dl = l->deadline + 10;
+    rc = dlock__mysql_state(ms, l, a->name, a->gate, dl, &st);
+    if (rc)
+        return rc;
+    sl->gated = st.gated;
+    l->retry_ms = st.left_ms > 0 ? st.left_ms : 1;
+    if (st.code >= MY_CODE_READERS) { /* listed from the next wait on */
+        a->listed = a->kinds = 1;
+        shared_note(l);
+    }
+    if ((rc = wrong_kind(a, st.code)) != DLOCK_OK) {
+        ;
+    } else if (dlock__now_ms() >= l->deadline) {
+        rc = DLOCK_EBUSY;
+    } else if (!st.gated) {
+        /* woken by nothing: the wait ran to the holder's lease end (or
+         * its slice, or GET_LOCK failed); a lease that ended is taken
+         * without the gate if a frozen holder keeps it */
+        *kind = TRY_TAKEOVER;
+    } else if (st.code == MY_CODE_WRITER) {
+        /* its holder lost its gate (its connection died) and keeps the
+         * lease */
+        *recheck = 0;
+        *kind = sleep_gated(ms, l, st.left_ms);
+    } else if (st.code == MY_CODE_NONE ||
+               (l->kind == DLOCK__READ && st.code == MY_CODE_READERS) ||
+               (l->kind == DLOCK__PERMIT && st.live < (int)l->permits) ||
+               (l->kind == DLOCK__WRITE && st.live == 0)) {
+        /* room for us (a writer: no live reader, the row's end an upper
+         * bound that its next try settles); a second time in a row that
+         * took nothing, the lease end is the timer */
+        *kind = (*recheck)++ < 2 ? TRY_HELD
+                                 : sleep_gated(ms, l, st.left_ms);
+    } else if (st.live > st.locked && !*recheck) {
+        *recheck = 1;
+        *kind = TRY_HELD;
+    } else if (l->kind == DLOCK__WRITE) {
+        *recheck = 0;
+        *kind = st.locked ? TRY_DRAIN
+                          : sleep_gated(ms, l, st.unlocked_last_ms);
+    } else {
+        /* a semaphore's head: woken by any holder's release, death or
+         * lease end */
+        *recheck = 0;
+        rc = dlock__mysql_head_wait(ms, l, a->name, &st,
+                                    st.unlocked_first_ms);
+        *kind = TRY_HELD;
+    }
+    dlock__mysql_state_free(&st);
+    /* slept: no try past the caller's deadline */
+    if (rc == DLOCK_OK && dlock__now_ms() >= l->deadline)
+        rc = DLOCK_EBUSY;
+    return rc;
+}
+
 /*
  * Acquire (CAP_NATIVE_WAIT): tries and, while l->deadline allows, waits
  * in the server. The first try is the upsert guarded by GET_LOCK(gate,
- * 0). After a busy try, every wait is one round trip in which the waiter
+ * 0) (a read hold's or permit's: by a free gate and its own hold lock).
+ * After a busy try, every wait is one round trip in which the waiter
  * sleeps inside its try (TRY_WAIT): a SET of the wait's length (the
  * holder's lease left + 1 ms, or the caller's deadline if sooner; at most
  * MY_WAIT_SLICE_MS), then the upsert guarded by GET_LOCK(gate, that
@@ -88,26 +455,46 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     my_store *ms = st;
     my_lease *sl = l->priv;
     int fair = (l->flags & DLOCK_FAIR) != 0;
-    char *name = dlock__mysql_hexlit(l->name, l->name_len);
-    char *owner = dlock__mysql_hexlit(l->owner, strlen(l->owner));
-    char *holder = dlock__mysql_hexlit(l->desc, strlen(l->desc));
-    char *gate = name ? dlock__mysql_gate_of(ms, name) : NULL;
+    acq a = {ms, l, sl, l->kind != DLOCK__WRITE, 0, 0, shared_seen(l),
+             NULL, NULL, NULL, NULL, NULL};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
+    int recheck = 0, held_tries = 0;
 
     (void)op_deadline;
-    if (!name || !owner || !holder || !gate) {
+    if (a.shared && !ms->rw)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "lock '%.200s': %s holds are not available on "
+                          "this mysql:// table: %s (docs/stores.md has the "
+                          "ALTER TABLE)",
+                          l->name,
+                          l->kind == DLOCK__READ ? "shared (read)"
+                                                 : "semaphore",
+                          ms->rw_why);
+    if (l->kind == DLOCK__PERMIT && l->permits > MY_PERMITS_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s': a semaphore has at most %d permits "
+                          "on mysql:// (a full one's head waits with one "
+                          "connection per holder), not %u",
+                          l->name, MY_PERMITS_MAX, l->permits);
+    a.name = dlock__mysql_hexlit(l->name, l->name_len);
+    a.owner = dlock__mysql_hexlit(l->owner, strlen(l->owner));
+    a.holder = dlock__mysql_hexlit(l->desc, strlen(l->desc));
+    a.gate = a.name ? dlock__mysql_gate_of(ms, a.name) : NULL;
+    a.hold = a.name && a.owner
+                 ? dlock__mysql_hold_lock_of(ms, a.name, a.owner)
+                 : NULL;
+    if (!a.name || !a.owner || !a.holder || !a.gate || !a.hold) {
         rc = dlock__mysql_enomem();
         goto out;
     }
     for (int round = 0;; round++) {
         int64_t now = dlock__now_ms();
         int once = l->deadline <= now;
-        int waits = kind == TRY_WAIT;
+        int waits = kind == TRY_WAIT || kind == TRY_DRAIN;
         int64_t wait_ms = once ? 0 : l->deadline - now;
         int64_t dl = now + ms->timeout_ms;
-        char *sql, *where, *up, *del;
         uint64_t affected = 0, token = 0;
-        MYSQL_RES *r = NULL;
+        int at = 0;
 
         /* during a wait no statement runs past the caller's deadline */
         if (!once && l->deadline != DLOCK__FOREVER && dl > l->deadline + 10)
@@ -120,48 +507,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
         }
 
-        /* the try: one upsert; a fair waiter that wins also leaves its
-         * queue entry, in the same round trip. A waiting try first sets
-         * its gate and the wait's length (the holder's lease left + 1 ms;
-         * a whole lease when the row is free but its gate taken: a woken
-         * waiter is about to take it, and one that does not within a
-         * lease, frozen in between, is passed by), and sleeps in the
-         * upsert's GET_LOCK */
-        if (waits)
-            where =
-                dlock__mysql_stmt(" WHERE GET_LOCK(@dlock_g, @dlock_w) = 1");
-        else if (kind == TRY_HELD)
-            where = dlock__mysql_stmt("%s", "");
-        else
-            where = dlock__mysql_stmt(" WHERE GET_LOCK(%s, 0) %s", gate,
-                                      kind == TRY_GATE ? "= 1" : "IS NOT NULL");
-        up = where
-                 ? dlock__mysql_upsert(ms, l, name, owner, holder, where, waits)
-                 : NULL;
-        del = sl->seq
-                  ? dlock__mysql_stmt("; DELETE FROM %s WHERE seq = %lld AND "
-                                      "ROW_COUNT() > 0",
-                                      ms->q, (long long)sl->seq)
-                  : dlock__mysql_stmt("%s", "");
-        if (!up || !del)
-            sql = NULL;
-        else if (!waits)
-            sql = dlock__mysql_stmt("%s%s", up, del);
-        else
-            sql = dlock__mysql_stmt(
-                "SET time_zone = '+00:00', @dlock_t0 = " NOW ", "
-                "@dlock_g = %s, @dlock_w = LEAST(%lld.%03lld, "
-                "IFNULL((SELECT IF(owner IS NOT NULL, GREATEST("
-                "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
-                "lock_until) / 1000000 + 0.001), %lld.%03lld) FROM "
-                "%s WHERE name = %s), %lld.%03lld)); %s%s",
-                gate, (long long)(wait_ms / 1000), (long long)(wait_ms % 1000),
-                (long long)(l->ttl_ms / 1000), (long long)(l->ttl_ms % 1000),
-                ms->t, name, (long long)(l->ttl_ms / 1000),
-                (long long)(l->ttl_ms % 1000), up, del);
-        free(where);
-        free(up);
-        free(del);
+        /* the try: one upsert; a waiter that wins also leaves its queue
+         * entry, in the same round trip */
+        char *sql = try_sql(&a, kind, wait_ms, &at);
         if (!sql) {
             rc = dlock__mysql_enomem();
             break;
@@ -175,20 +523,32 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 wdl = l->deadline + 10;
         }
         rc = dlock__mysql_query_at(
-            ms, sl->cn, sql, wdl, NULL, waits ? 1 : 0, &affected, &token,
+            ms, sl->cn, sql, wdl, NULL, at, &affected, &token,
             waits ? "waiting for the lock" : "taking the lock");
         int64_t answered = dlock__now_ms();
+        if (a.listed && !sl->seq && (waits || kind == TRY_DRAIN))
+            sl->seq = -1; /* in @dlock_q (let_go deletes it) */
         free(sql);
         /* a try through GET_LOCK may hold the gate now (the row held by
          * one that lost its gate, or a deadlock after the wake): until
-         * known, let_go() lets go of it */
-        if (kind != TRY_HELD)
+         * known, let_go() lets go of it; a read hold's try may hold its
+         * hold lock */
+        if (a.shared ? kind == TRY_WAIT
+                     : kind != TRY_HELD && kind != TRY_DRAIN)
             sl->gated = 1;
+        /* a busy answer of 0: its guard failed before its GET_LOCK(hold)
+         * (or that failed); any other: it holds the hold lock */
+        if (a.shared && (rc || token != 0))
+            sl->locks = 1;
         if (rc && mysql_errno(sl->cn->m) == ER_LOCK_DEADLOCK &&
             round < MY_DEADLOCK_RETRIES) {
             rc = DLOCK_OK; /* rolled back, nothing done: again */
-            if (waits)
+            if (waits && !a.shared)
                 kind = TRY_GATE; /* a held gate is only counted up */
+            else if (a.shared && kind != TRY_GATE && kind != TRY_TAKEOVER)
+                rc = after_gated_try(&a, &kind, &recheck);
+            if (rc)
+                break;
             continue;
         }
         if (rc && waits && lost < MY_WAIT_RECONNECTS &&
@@ -199,11 +559,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
              * (the upsert may have taken the row before the kill: the
              * next try adopts a row already ours) */
             lost++;
-            sl->cn->broken = 1;
-            dlock__mysql_conn_put(ms, sl->cn);
-            sl->cn = NULL;
-            sl->gated = 0;
-            sl->seq = 0;
+            drop_conn(ms, sl);
             rc = DLOCK_OK;
             kind = TRY_GATE;
             continue;
@@ -217,49 +573,19 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
             }
             l->token = token;
-            /* a waiting try's lease began when the server woke it, after
-             * the send: a short wait counts from the send (a lease at
-             * most a third short: the renewal comes that much sooner);
-             * after a longer one the server says how long it slept (from
-             * its SET, after the send, to the row's locked_at), in a
-             * round trip of its own: nothing more on a short hand-off's
-             * way */
-            l->started = sent;
-            if (waits && answered - sent > l->ttl_ms / 3) {
-                /* our row only: taken over meanwhile (this process
-                 * stopped past the lease), its locked_at is another
-                 * holder's, and the send is the only start we know */
-                char *rd = dlock__mysql_stmt(
-                    "SELECT TIMESTAMPDIFF(MICROSECOND, "
-                    "@dlock_t0, locked_at) FROM %s WHERE name "
-                    "= %s AND owner = %s AND token = %llu",
-                    ms->t, name, owner, (unsigned long long)token);
-                r = NULL;
-                /* the lock is ours already: this read gets the
-                 * store's op timeout, not what is left of the caller's
-                 * wait (cut at the deadline, it broke the gate's
-                 * connection; the release then left the gate to the
-                 * server's close, and a try right after found a freed
-                 * lock busy) */
-                if (rd &&
-                    dlock__mysql_query(ms, sl->cn, rd,
-                                       dlock__now_ms() + ms->timeout_ms, &r,
-                                       NULL, NULL,
-                                       "taking the lock") == DLOCK_OK &&
-                    dlock__mysql_col_ll(r, 0, 0) > 0)
-                    l->started = sent + dlock__mysql_col_ll(r, 0, 0) / 1000;
-                if (r)
-                    mysql_free_result(r);
-                free(rd);
-            }
+            if (a.shared)
+                shared_note(l);
+            lease_start(&a, waits, sent, answered);
             sl->seq = 0;
-            /* the gate is ours unless a stale holder kept it (takeover) */
-            sl->gated = kind != TRY_TAKEOVER;
-            if (kind == TRY_TAKEOVER) {
-                r = NULL;
+            sl->locks = 0;
+            /* the gate is ours unless a stale holder kept it (takeover);
+             * a read hold or permit let go of it in the same round trip */
+            sl->gated = !a.shared && kind != TRY_TAKEOVER;
+            if (!a.shared && kind == TRY_TAKEOVER) {
+                MYSQL_RES *r = NULL;
                 char *chk = dlock__mysql_stmt("SELECT IS_USED_LOCK(%s) <=> "
                                               "CONNECTION_ID()",
-                                              gate);
+                                              a.gate);
                 if (chk &&
                     dlock__mysql_query(ms, sl->cn, chk,
                                        dlock__now_ms() + ms->timeout_ms, &r,
@@ -270,101 +596,77 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                     mysql_free_result(r);
                 free(chk);
             }
-            goto out; /* keeps sl->cn: the gate's connection */
+            goto out; /* keeps sl->cn: the gate's (the hold lock's) */
         }
+        if (rc)
+            break;
+        /* busy: who holds (LAST_INSERT_ID of the busy branch; a writer's
+         * try and take-over do not say: 0) */
+        long long code = (long long)token;
+        if ((!a.shared && !a.rich &&
+             (kind == TRY_GATE || kind == TRY_TAKEOVER)) ||
+            code > MY_CODE_SEM + MY_PERMITS_MAX)
+            code = MY_CODE_NONE;
+        if (code >= MY_CODE_READERS)
+            shared_note(l);
+        rc = wrong_kind(&a, code);
         if (rc)
             break;
         seen_busy = 1;
 
-        if (!waits) {
-            /* held: wait in the server. A fair waiter first joins the
-             * queue inspect() lists: an entry alive while this
-             * connection holds its own lock */
+        if (!a.shared && (kind == TRY_WAIT || kind == TRY_GATE) &&
+            code == MY_CODE_READERS) {
+            /* a writer granted the gate while readers hold keeps it and
+             * drains them (listed, with its kind); a try only answers */
             if (once)
                 break;
-            if (fair && !sl->seq) {
-                char *lock = dlock__mysql_entry_lock_of(ms, "LAST_INSERT_ID()");
-                char *join =
-                    lock ? dlock__mysql_stmt("INSERT INTO %s (name, holder, "
-                                             "alive_until) VALUES (%s, %s, " NOW
-                                             "); DO GET_LOCK(%s, 0)",
-                                             ms->q, name, holder, lock)
-                         : NULL;
-                uint64_t id = 0;
-                free(lock);
-                rc = join ? dlock__mysql_query(ms, sl->cn, join, dl, NULL, NULL,
-                                               &id, "joining the queue")
-                          : dlock__mysql_enomem();
-                free(join);
-                if (rc)
-                    break;
-                sl->seq = (int64_t)id;
+            a.listed = a.kinds = 1;
+            kind = TRY_DRAIN;
+            continue;
+        }
+        if (kind == TRY_GATE || kind == TRY_TAKEOVER) {
+            /* held: wait in the server. Readers, permits, fair waiters
+             * and writers that met readers or permits join the queue
+             * inspect() lists (in their first wait's round trip): an
+             * entry alive while this connection holds its own lock */
+            if (once)
+                break;
+            if (fair || a.shared) {
+                a.listed = 1;
+                a.kinds |= code >= MY_CODE_READERS;
             }
             kind = TRY_WAIT;
             continue;
         }
-        /* nothing taken: whether the wake gave us the gate, and the
-         * lease left (unknown gate: let_go() lets go of it) */
+        /* nothing taken holding the gate (or maybe: a wait): the row
+         * says what next */
         if (dlock__now_ms() >= l->deadline) {
             rc = DLOCK_EBUSY;
             break;
         }
-        char *rd = dlock__mysql_stmt(
-            "SELECT IS_USED_LOCK(@dlock_g) <=> CONNECTION_ID(), "
-            "(SELECT TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), "
-            "lock_until) DIV 1000 + 1 FROM %s WHERE name = %s)",
-            ms->t, name);
-        rc = rd ? dlock__mysql_query(ms, sl->cn, rd, dl, &r, NULL, NULL,
-                                     "waiting for the lock")
-                : dlock__mysql_enomem();
-        free(rd);
-        if (rc) {
-            if (r)
-                mysql_free_result(r);
+        if (kind == TRY_HELD && code == MY_CODE_NONE &&
+            ++held_tries > MY_HELD_TRIES) {
+            rc = dlock__err(DLOCK_EPROTO,
+                            "mysql %s: lock '%.200s' is free, but this "
+                            "hold's own lock is held by another session",
+                            ms->redacted, l->name);
             break;
         }
-        int gated = dlock__mysql_col_ll(r, 0, 0) == 1;
-        long long left = dlock__mysql_col_ll(r, 1, -1);
-        if (r)
-            mysql_free_result(r);
-        sl->gated = gated;
-        l->retry_ms = left > 0 ? left : 1;
-        if (dlock__now_ms() >= l->deadline) {
-            rc = DLOCK_EBUSY;
+        rc = after_gated_try(&a, &kind, &recheck);
+        if (rc == DLOCK_ECONN && sl->cn && sl->cn->broken &&
+            lost < MY_WAIT_RECONNECTS && dlock__now_ms() < l->deadline) {
+            /* a semaphore head's gate connection closed: wait on */
+            lost++;
+            drop_conn(ms, sl);
+            rc = DLOCK_OK;
+            kind = TRY_GATE;
+        }
+        if (rc)
             break;
-        }
-        if (gated) {
-            /* we hold the gate, yet the row is held: its holder lost its
-             * gate (its connection died) and keeps the lease. Nobody can
-             * wake us: sleep to its lease end (or our deadline), watching
-             * the connection */
-            int64_t until = dlock__now_ms() + (left > 0 ? left : 1);
-            if (until > l->deadline)
-                until = l->deadline;
-            struct pollfd p = {mysql_get_socket(sl->cn->m), POLLIN, 0};
-            int64_t ms_left = until - dlock__now_ms();
-            if (ms_left > 0 &&
-                poll(&p, 1, ms_left > 60000 ? 60000 : (int)ms_left) > 0) {
-                sl->cn->broken = 1; /* the server closed it */
-                dlock__mysql_conn_put(ms, sl->cn);
-                sl->cn = NULL;
-                sl->gated = 0;
-                sl->seq = 0;
-            }
-            kind = sl->cn ? TRY_HELD : TRY_GATE;
-            continue;
-        }
-        /* woken by nothing: the wait ran to the holder's lease end (or
-         * its slice, or GET_LOCK failed); a lease that ended is taken
-         * without the gate if a frozen holder keeps it */
-        kind = TRY_TAKEOVER;
     }
     if (rc && sl->cn && sl->cn->broken) {
         /* the server let go of our gate and entry with the connection */
-        dlock__mysql_conn_put(ms, sl->cn);
-        sl->cn = NULL;
-        sl->gated = 0;
-        sl->seq = 0;
+        drop_conn(ms, sl);
     }
     if (rc && rc != DLOCK_EBUSY && seen_busy && l->deadline != DLOCK__FOREVER &&
         dlock__now_ms() >= l->deadline)
@@ -377,9 +679,10 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         rc = DLOCK_EBUSY;
     let_go(ms, sl);
 out:
-    free(gate);
-    free(name);
-    free(owner);
-    free(holder);
+    free(a.gate);
+    free(a.hold);
+    free(a.name);
+    free(a.owner);
+    free(a.holder);
     return rc;
 }

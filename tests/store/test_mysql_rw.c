@@ -1,0 +1,1088 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_mysql_rw.c -- what only the MySQL/MariaDB store does with shared
+ * (read) holds and semaphores, and how they fail (docs/design.md, "Shared
+ * holds and permits", its MySQL / MariaDB paragraph), on a private
+ * MariaDB server (tests/servers/sqlserver.sh):
+ *
+ *  - a writer draining readers: the last reader's release wakes it; a
+ *    reader's process killed wakes it, and it takes the row at that
+ *    reader's lease end, not before; a frozen reader's lease end lets it
+ *    in; a reader whose session alone was killed still holds, takes its
+ *    hold lock again at its renewal, and its release wakes the writer;
+ *  - readers queued behind a writer all get in at its release, one
+ *    server-side wake each, and a writer queued behind them stops the
+ *    chain (R R W R: only the first two);
+ *  - a reader's renewal moves only its own hold; a release whose hold is
+ *    gone is DLOCK_ELOST and touches no other;
+ *  - no statement reaches the server while waiters sleep (a reader at the
+ *    gate, a writer draining, a semaphore's head and its helper), counted
+ *    with the server's Questions;
+ *  - semaphores: N kept with the name (and a lock's kinds refused on it),
+ *    tries racing never take more than N, a killed permit holder wakes
+ *    the head at once, a head that gives up leaves no session asleep, no
+ *    queue entry and no connection behind;
+ *  - a table made by the previous version: its columns added at open, a
+ *    lock it held kept; a user who may not alter it keeps exclusive locks
+ *    and gets DLOCK_ENOTSUP for the rest.
+ *
+ * The contract every store with shared holds gives is
+ * tests/store/test_shared.c; the exclusive lock's failure cases are in
+ * test_mysql.c. The superuser connection of the harness (th_sql_query)
+ * looks behind the store's back.
+ */
+#include "test.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+static th_sql srv;
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
+                     unsigned flags, unsigned permits)
+{
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    o.permits = permits;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    return l;
+}
+
+/* A forked child's client and handle (patient: several log in at once);
+ * 0, or -1 when it could not open them. */
+static int child_open(const char *name, int64_t ttl, unsigned permits,
+                      dlock_client **c, dlock **l)
+{
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.permits = permits;
+    *c = NULL;
+    *l = NULL;
+    if (dlock_client_open(c, srv.uri, th_patient()) != DLOCK_OK ||
+        dlock_open(l, *c, name, &o) != DLOCK_OK)
+        return -1;
+    return 0;
+}
+
+/* A waiter in a thread of this process: it acquires (shared or not), then
+ * holds until `go` (at most 20 s) and releases. */
+typedef struct waiter {
+    dlock *l;
+    int shared;
+    int64_t wait;
+    int rc, release_rc;
+    volatile int got_it, go;
+    int64_t got; /* monotonic ms when acquire returned */
+    uint64_t token;
+} waiter;
+
+static void *wait_thread(void *arg)
+{
+    waiter *w = arg;
+
+    w->rc = w->shared ? dlock_acquire_shared(w->l, w->wait)
+                      : dlock_acquire(w->l, w->wait);
+    w->got = th_now_ms();
+    w->token = dlock_token(w->l);
+    __atomic_store_n(&w->got_it, 1, __ATOMIC_SEQ_CST);
+    if (w->rc == DLOCK_OK) {
+        for (int i = 0; i < 4000 && !__atomic_load_n(&w->go, __ATOMIC_SEQ_CST);
+             i++)
+            th_sleep_ms(5);
+        w->release_rc = dlock_release(w->l);
+    }
+    return NULL;
+}
+
+static void start(waiter *w, pthread_t *th, dlock *l, int shared,
+                  int64_t wait)
+{
+    memset(w, 0, sizeof(*w));
+    w->l = l;
+    w->shared = shared;
+    w->wait = wait;
+    w->rc = -99;
+    CHECK_EQ(pthread_create(th, NULL, wait_thread, w), 0);
+}
+
+static void let_go(waiter *w)
+{
+    __atomic_store_n(&w->go, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Sessions asleep in the server: at the gate inside an upsert ("gate"),
+ * a writer draining readers ("drain"), a semaphore head's helper on a
+ * holder's hold lock ("helper"). */
+static long long sleepers(const char *what)
+{
+    const char *like = !strcmp(what, "gate")    ? "INSERT INTO%GET_LOCK(@dlock_g, @dlock_w)%"
+                       : !strcmp(what, "drain") ? "SELECT COUNT(IF(GET_LOCK(%"
+                                                : "SELECT GET_LOCK(%RELEASE_LOCK(%";
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                        "WHERE STATE = 'User lock' AND INFO LIKE '%s'",
+                        like);
+}
+
+/* Waits (at most 10 s: a busy machine) until n sessions sleep so. */
+static void wait_sleepers(const char *what, long long n)
+{
+    int64_t until = th_now_ms() + 10000;
+    long long k = -1;
+
+    while (th_now_ms() < until && (k = sleepers(what)) != n)
+        th_sleep_ms(5);
+    if (k != n)
+        th_fail(__FILE__, __LINE__, "%lld sessions asleep (%s), not %lld", k,
+                what, n);
+}
+
+static void wait_flag(volatile int *flag, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
+        th_sleep_ms(5);
+    CHECK(*flag);
+}
+
+/* The bytes of s as hex digits, for X'...' literals in our own queries. */
+static void to_hex(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+
+    out[0] = '\0';
+    for (; *s && o + 3 <= cap; s++, o += 2)
+        snprintf(out + o, cap - o, "%02X", (unsigned)(unsigned char)*s);
+}
+
+/* Field `i` (1: token, 2: end µs, 3: start µs) of the n-th holder entry
+ * (from 0, in the JSON object's order) of `name` in table dlock_locks, and
+ * its owner into *owner (may be NULL). -1 when there is none. */
+static long long entry_of(const char *name, int n, int i, char *owner,
+                          size_t cap)
+{
+    char hex[200], arr[4096] = "", o[4096] = "";
+    const char *p = arr;
+
+    to_hex(name, hex, sizeof(hex));
+    /* a wildcard path answers an array, in the object's order */
+    th_sql_query(&srv, arr, sizeof(arr),
+                 "SELECT JSON_EXTRACT(holders, '$.*[%d]') FROM dlock_locks "
+                 "WHERE name = X'%s'",
+                 i, hex);
+    if (owner) {
+        th_sql_query(&srv, o, sizeof(o),
+                     "SELECT JSON_EXTRACT(holders, '$.*[0]') FROM "
+                     "dlock_locks WHERE name = X'%s'",
+                     hex);
+        const char *q = o;
+        owner[0] = '\0';
+        for (int k = 0; q && k <= n; k++) {
+            const char *b = strchr(q, '"'), *e = b ? strchr(b + 1, '"') : NULL;
+            if (!e)
+                break;
+            if (k == n)
+                snprintf(owner, cap, "%.*s", (int)(e - b - 1), b + 1);
+            q = e + 1;
+        }
+    }
+    if (*p == '[')
+        p++;
+    for (int k = 0; k < n && p; k++) {
+        p = strchr(p, ',');
+        if (p)
+            p++;
+    }
+    return p && *p && *p != ']' ? strtoll(p, NULL, 10) : -1;
+}
+
+/* Field `i` of the holder entry of `owner` in `name`'s row; -1 none. */
+static long long entry_by(const char *name, const char *owner, int i)
+{
+    char hex[200];
+
+    to_hex(name, hex, sizeof(hex));
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT IFNULL(CAST(JSON_EXTRACT(holders, "
+                        "'$.\"%s\"[%d]') AS SIGNED), -1) FROM dlock_locks "
+                        "WHERE name = X'%s'",
+                        owner, i, hex);
+}
+
+/* Statements the server has been sent (this reading one included). */
+static long long questions(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT VARIABLE_VALUE FROM information_schema."
+                        "GLOBAL_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
+}
+
+/* Kills the holder `pid` while a waiter sleeps on its hold lock (the
+ * session kind `sleeper`, "drain" or "helper"), and checks what the
+ * store does: the sleeper woken at once (its statement over well before
+ * the holder's lease, of 4 s, ends: at least 2/3 of it is left, renewed
+ * every 1.3 s; 1.5 s of slack for a busy machine), the waiter in only
+ * after the holder's lease end (its token, the take's time in µs at
+ * least, past the end the row kept, on the server's clock), and at that
+ * end (4 s at most from the kill, 3 s of slack, far below its 20 s
+ * wait). */
+static void kill_holder_and_check(pid_t pid, const char *sleeper,
+                                  const char *name, waiter *w)
+{
+    int64_t k0 = th_now_ms();
+
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    wait_sleepers(sleeper, 0);
+    CHECK_OP(th_now_ms() - k0, <, 1500);
+    long long end = entry_of(name, 0, 2, NULL, 0);
+    CHECK_OP(end, >, 0);
+    wait_flag(&w->got_it, 10000);
+    CHECK_OK(w->rc);
+    CHECK_OP((long long)w->token, >, end);
+    CHECK_OP(w->got - k0, <, 4000 + 3000);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A writer draining readers                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Two readers hold with 30 s leases; a writer waits for them, asleep in
+ * GET_LOCK on their hold locks. The first reader's release does not let
+ * it in; the last one's wakes it, and the round trip it slept in takes the
+ * row: a hand-off, not a lease. */
+TEST(the_last_readers_release_wakes_the_writer)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri);
+    dlock *ra = handle(a, "drain-last", 30000, 0, 0),
+          *rb = handle(b, "drain-last", 30000, 0, 0);
+    waiter w;
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    start(&w, &th, handle(c, "drain-last", 30000, 0, 0), 0, 20000);
+    wait_sleepers("drain", 1);
+    CHECK_OK(dlock_release(ra));
+    /* still asleep on the other reader (200 ms: far more than a wake and
+     * a statement take) */
+    th_sleep_ms(200);
+    CHECK_EQ(w.got_it, 0);
+    wait_sleepers("drain", 1);
+    int64_t rel = th_now_ms();
+    CHECK_OK(dlock_release(rb));
+    wait_flag(&w.got_it, 10000);
+    CHECK_OK(w.rc);
+    /* the release's wake: one wake and the upsert, not the readers' 30 s
+     * leases; 1 s of slack for a busy machine */
+    CHECK_OP(w.got - rel, <, 1000);
+    CHECK_OP(w.token, >, dlock_token(ra) > dlock_token(rb) ? dlock_token(ra)
+                                                          : dlock_token(rb));
+    let_go(&w);
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    dlock_close(w.l);
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
+typedef struct child_reader {
+    char name[32];
+    int64_t ttl;
+    volatile int ready, released;
+    int rc, release_rc;
+    uint64_t token;
+} child_reader;
+
+static int reader_child(void *arg)
+{
+    child_reader *s = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (child_open(s->name, s->ttl, 0, &c, &l))
+        return 2;
+    s->rc = dlock_acquire_shared(l, 10000);
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    if (s->rc != DLOCK_OK)
+        return 3;
+    /* held until killed, or (SIGSTOP/SIGCONT) 3 s more */
+    th_sleep_ms(s->ttl * 4);
+    s->release_rc = dlock_release(l);
+    __atomic_store_n(&s->released, 1, __ATOMIC_SEQ_CST);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+/* A reader in a child process holding `name` (ttl_ms), its state shared. */
+static pid_t fork_reader(const char *name, int64_t ttl, child_reader **out)
+{
+    child_reader *s = th_shared(sizeof(*s));
+
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    s->ttl = ttl;
+    pid_t pid = th_fork(reader_child, s);
+    wait_flag(&s->ready, 10000);
+    CHECK_OK(s->rc);
+    *out = s;
+    return pid;
+}
+
+/* A reader's process is killed while the writer drains: its session ends
+ * and frees its hold lock, which wakes the writer at once; its hold in the
+ * row lives on until its lease ends (the lease decides: a process whose
+ * session alone went may still be inside its critical section), and the
+ * writer takes the row then, not before and not at its deadline. */
+TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
+{
+    child_reader *s;
+    pid_t pid = fork_reader("drain-killed", 4000, &s);
+    dlock_client *c = client_at(srv.uri);
+    waiter w;
+    pthread_t th;
+
+    start(&w, &th, handle(c, "drain-killed", 30000, 0, 0), 0, 20000);
+    wait_sleepers("drain", 1);
+    kill_holder_and_check(pid, "drain", "drain-killed", &w);
+    CHECK_OP(w.token, >, s->token);
+    let_go(&w);
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    dlock_close(w.l);
+    dlock_client_close(c);
+}
+
+/* A reader frozen (SIGSTOP) while a writer drains keeps its session and
+ * its hold lock: the writer's GET_LOCK ends at the reader's lease end and
+ * the writer takes the row; the reader, thawed, learns its release is
+ * DLOCK_ELOST. */
+TEST(a_frozen_readers_lease_end_lets_the_writer_in)
+{
+    child_reader *s;
+    pid_t pid = fork_reader("drain-frozen", 1500, &s);
+    dlock_client *c = client_at(srv.uri);
+    waiter w;
+    pthread_t th;
+
+    kill(pid, SIGSTOP);
+    long long end = entry_of("drain-frozen", 0, 2, NULL, 0);
+    int64_t t0 = th_now_ms();
+    start(&w, &th, handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
+    wait_flag(&w.got_it, 15000);
+    CHECK_OK(w.rc);
+    CHECK_OP((long long)w.token, >, end); /* not before its lease end */
+    /* at its end: 1.5 s at most, and 3 s of slack */
+    CHECK_OP(w.got - t0, <, 1500 + 3000);
+    kill(pid, SIGCONT);
+    wait_flag(&s->released, 15000);
+    CHECK_RC(s->release_rc, DLOCK_ELOST);
+    CHECK_EQ(th_wait(pid), 0);
+    /* its late release took nothing from the writer */
+    dlock_info in;
+    CHECK_OK(dlock_inspect(c, "drain-frozen", &in));
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.shared, 0);
+    CHECK_EQ(in.token, w.token);
+    dlock_info_clear(&in);
+    let_go(&w);
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    dlock_close(w.l);
+    dlock_client_close(c);
+}
+
+/* A reader whose session alone is killed (a DBA, a proxy) still holds:
+ * its renewal, through a new connection, takes its hold lock again there,
+ * so the writer waiting behind it is woken by its release, not only at
+ * its lease ends. */
+TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
+{
+    dlock_client *a = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock *ra = handle(a, "drain-session", 1500, 0, 0);
+    char owner[100], hex[64];
+    waiter w;
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    entry_of("drain-session", 0, 1, owner, sizeof(owner));
+    CHECK(owner[0] != '\0');
+    to_hex("drain-session", hex, sizeof(hex));
+    char lock[400];
+    snprintf(lock, sizeof(lock),
+             "CONCAT('dlock-h:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), "
+             "X'00', 'dlock_locks', X'00', X'%s', X'00', '%s'), 224))",
+             hex, owner);
+    long long id = th_sql_query(&srv, NULL, 0, "SELECT IS_USED_LOCK(%s)",
+                                lock);
+    CHECK_OP(id, >, 0);
+    th_sql_query(&srv, NULL, 0, "KILL CONNECTION %lld", id);
+    start(&w, &th, handle(c, "drain-session", 30000, 0, 0), 0, 20000);
+    /* more than two leases: renewed through a new connection, it holds */
+    th_sleep_ms(3500);
+    CHECK_EQ(w.got_it, 0);
+    CHECK_EQ(dlock_held(ra), 1); /* this thread's own hold */
+    /* its hold lock is held again (by the renewal's connection) */
+    long long id2 = th_sql_query(&srv, NULL, 0, "SELECT IS_USED_LOCK(%s)",
+                                 lock);
+    CHECK_OP(id2, >, 0);
+    CHECK(id2 != id);
+    /* the writer sleeps on it within a lease (its timer at the lease end
+     * it last read, then the drain) */
+    wait_sleepers("drain", 1);
+    int64_t rel = th_now_ms();
+    CHECK_OK(dlock_release(ra));
+    wait_flag(&w.got_it, 10000);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.got - rel, <, 1000); /* woken by the release */
+    let_go(&w);
+    pthread_join(th, NULL);
+    dlock_close(w.l);
+    dlock_close(ra);
+    dlock_client_close(a);
+    dlock_client_close(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The readers' chain                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* R R W R queued, in that order, behind a writer: its release wakes the
+ * first reader, whose take lets go of the gate and wakes the second,
+ * whose take wakes the writer: the two readers hold together, the writer
+ * waits for them (draining), the last reader waits behind the writer. */
+TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
+{
+    dlock_client *h = client_at(srv.uri), *c[4];
+    dlock *lh = handle(h, "chain", 30000, 0, 0);
+    waiter w[4];
+    pthread_t th[4];
+    const int shared[4] = {1, 1, 0, 1};
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    uint64_t t0 = dlock_token(lh);
+    for (int i = 0; i < 4; i++) {
+        c[i] = client_at(srv.uri);
+        start(&w[i], &th[i], handle(c[i], "chain", 30000, 0, 0), shared[i],
+              20000);
+        wait_sleepers("gate", i + 1); /* queued in this order */
+    }
+    int64_t rel = th_now_ms();
+    CHECK_OK(dlock_release(lh));
+    wait_flag(&w[0].got_it, 10000);
+    wait_flag(&w[1].got_it, 10000);
+    CHECK_OK(w[0].rc);
+    CHECK_OK(w[1].rc);
+    /* a chain of server-side wakes, no lease: 1 s for a busy machine */
+    CHECK_OP(w[1].got - rel, <, 1000);
+    /* the writer drains them, the last reader waits at the gate */
+    wait_sleepers("drain", 1);
+    wait_sleepers("gate", 1);
+    th_sleep_ms(200);
+    CHECK_EQ(w[2].got_it, 0);
+    CHECK_EQ(w[3].got_it, 0);
+    dlock_info in;
+    CHECK_OK(dlock_inspect(h, "chain", &in));
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.shared, 1);
+    CHECK_EQ(in.holders, 2);
+    CHECK_CONTAINS(in.holder, "2 readers");
+    dlock_info_clear(&in);
+    /* tokens: each reader after the first writer */
+    CHECK_OP(w[0].token, >, t0);
+    CHECK_OP(w[1].token, >, t0);
+    let_go(&w[0]);
+    th_sleep_ms(100);
+    CHECK_EQ(w[2].got_it, 0);
+    int64_t rel2 = th_now_ms();
+    let_go(&w[1]);
+    wait_flag(&w[2].got_it, 10000);
+    CHECK_OK(w[2].rc);
+    CHECK_OP(w[2].got - rel2, <, 1000);
+    CHECK_OP(w[2].token, >, w[0].token);
+    CHECK_OP(w[2].token, >, w[1].token);
+    th_sleep_ms(100);
+    CHECK_EQ(w[3].got_it, 0);
+    let_go(&w[2]);
+    wait_flag(&w[3].got_it, 10000);
+    CHECK_OK(w[3].rc);
+    CHECK_OP(w[3].token, >, w[2].token);
+    let_go(&w[3]);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_OK(w[i].release_rc);
+        dlock_close(w[i].l);
+        dlock_client_close(c[i]);
+    }
+    dlock_close(lh);
+    dlock_client_close(h);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Each hold its own                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A reader's renewal sets its own end (and the lock's end, the latest),
+ * never another reader's; a shorter renewal lowers the lock's end. */
+TEST(a_readers_renewal_moves_only_its_own_hold)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *ra = handle(a, "renew", 10000, DLOCK_NO_RENEW, 0),
+          *rb = handle(b, "renew", 10000, DLOCK_NO_RENEW, 0);
+    char oa[100], ob[100];
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    entry_of("renew", 0, 2, oa, sizeof(oa));
+    entry_of("renew", 1, 2, ob, sizeof(ob));
+    CHECK(strcmp(oa, ob) != 0);
+    long long ea = entry_by("renew", oa, 2), eb = entry_by("renew", ob, 2);
+    long long ta = entry_by("renew", oa, 1), tb = entry_by("renew", ob, 1);
+    CHECK_EQ((uint64_t)ta, dlock_token(ra));
+    CHECK_EQ((uint64_t)tb, dlock_token(rb));
+    CHECK_OK(dlock_extend(ra, 20000));
+    long long ea2 = entry_by("renew", oa, 2);
+    /* a's end about 10 s later (the renewal's now + 20 s) */
+    CHECK_OP(ea2 - ea, >, 9000000);
+    CHECK_EQ(entry_by("renew", ob, 2), eb); /* b's as it was */
+    CHECK_EQ(entry_by("renew", oa, 1), ta); /* tokens kept */
+    CHECK_EQ(entry_by("renew", ob, 1), tb);
+    /* the lock's end is the latest: a's */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
+                          "lock_until) FROM dlock_locks WHERE name = "
+                          "'renew'"),
+             ea2);
+    /* shorter: a's end before b's, and the lock's end b's */
+    CHECK_OK(dlock_extend(ra, 2000));
+    CHECK_OP(entry_by("renew", oa, 2), <, eb);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
+                          "lock_until) FROM dlock_locks WHERE name = "
+                          "'renew'"),
+             eb);
+    CHECK_EQ(entry_by("renew", ob, 2), eb);
+    CHECK_OK(dlock_release(ra));
+    CHECK_OK(dlock_release(rb));
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A reader whose lease ended (no renewal) is not in the row any more as
+ * far as its release goes: DLOCK_ELOST, and the other reader's hold is
+ * untouched (its entry, the row's end, its renewal and release). */
+TEST(a_release_whose_hold_is_gone_is_lost)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *ra = handle(a, "gone", 1000, DLOCK_NO_RENEW, 0),
+          *rb = handle(b, "gone", 30000, 0, 0);
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    char ob[100];
+    entry_of("gone", 1, 2, ob, sizeof(ob));
+    th_sleep_ms(1300); /* a's 1 s lease over */
+    long long eb = entry_by("gone", ob, 2), tb = entry_by("gone", ob, 1);
+    CHECK_EQ((uint64_t)tb, dlock_token(rb));
+    long long until = th_sql_query(&srv, NULL, 0,
+                                   "SELECT TIMESTAMPDIFF(MICROSECOND, "
+                                   "'1970-01-01', lock_until) FROM "
+                                   "dlock_locks WHERE name = 'gone'");
+    CHECK_RC(dlock_release(ra), DLOCK_ELOST);
+    CHECK_EQ(entry_by("gone", ob, 2), eb);
+    CHECK_EQ(entry_by("gone", ob, 1), tb);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
+                          "lock_until) FROM dlock_locks WHERE name = 'gone'"),
+             until);
+    dlock_info in;
+    CHECK_OK(dlock_inspect(b, "gone", &in));
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.holders, 1); /* only b's is live */
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_extend(rb, 30000));
+    CHECK_OK(dlock_release(rb));
+    CHECK_OK(dlock_acquire(ra, 0)); /* free: the writer gets it */
+    CHECK_OK(dlock_release(ra));
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* No statement while waiters sleep                                         */
+/* ------------------------------------------------------------------------ */
+
+/* A writer draining a reader, a reader waiting at the gate behind it, and
+ * a semaphore's head waiting on its holder (its helper asleep on the
+ * holder's hold lock): over 2 s the server's Questions grow by what our
+ * own reading costs alone (measured back to back; the holds' 30 s leases
+ * renew at 10 s, far off). */
+TEST(no_statement_while_waiters_sleep)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri), *d = client_at(srv.uri),
+                 *e = client_at(srv.uri);
+    dlock *ra = handle(a, "quiet", 30000, 0, 0),
+          *pa = handle(d, "quiet-sem", 30000, 0, 1);
+    waiter ww, wr, wp;
+    pthread_t tw, tr, tp;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    start(&ww, &tw, handle(b, "quiet", 30000, 0, 0), 0, 20000);
+    wait_sleepers("drain", 1);
+    start(&wr, &tr, handle(c, "quiet", 30000, 0, 0), 1, 20000);
+    wait_sleepers("gate", 1);
+    CHECK_OK(dlock_acquire(pa, 0));
+    start(&wp, &tp, handle(e, "quiet-sem", 30000, 0, 1), 0, 20000);
+    wait_sleepers("helper", 1);
+    long long q0 = questions(), q1 = questions();
+    th_sleep_ms(2000);
+    CHECK_EQ(questions() - q1, q1 - q0);
+    CHECK_EQ(ww.got_it + wr.got_it + wp.got_it, 0);
+    /* and each is woken by its release */
+    CHECK_OK(dlock_release(ra));
+    wait_flag(&ww.got_it, 10000);
+    CHECK_OK(ww.rc);
+    let_go(&ww);
+    wait_flag(&wr.got_it, 10000);
+    CHECK_OK(wr.rc);
+    let_go(&wr);
+    CHECK_OK(dlock_release(pa));
+    wait_flag(&wp.got_it, 10000);
+    CHECK_OK(wp.rc);
+    let_go(&wp);
+    pthread_join(tw, NULL);
+    pthread_join(tr, NULL);
+    pthread_join(tp, NULL);
+    dlock_close(ww.l);
+    dlock_close(wr.l);
+    dlock_close(wp.l);
+    dlock_close(ra);
+    dlock_close(pa);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(d);
+    dlock_client_close(e);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Semaphores                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* N is the name's while held: another N, a read or a write hold is
+ * DLOCK_EINVAL at once, even with a long wait (nothing to wait for); a
+ * free semaphore's row keeps its N for dlock status, and binds nothing. */
+TEST(a_semaphores_n_is_kept)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *p2 = handle(a, "sem-n", 0, 0, 2), *p3 = handle(b, "sem-n", 0, 0, 3),
+          *lk = handle(b, "sem-n", 0, 0, 0);
+
+    CHECK_OK(dlock_acquire(p2, 0));
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(p3, 5000), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "semaphore of 2 permits");
+    CHECK_RC(dlock_acquire_shared(lk, 5000), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "semaphore of 2 permits");
+    CHECK_RC(dlock_acquire(lk, 5000), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "semaphore of 2 permits");
+    /* at once (1 s for a busy machine), not after the 5 s waits */
+    CHECK_OP(th_now_ms() - t0, <, 1000);
+    dlock_info in;
+    CHECK_OK(dlock_inspect(b, "sem-n", &in));
+    CHECK_EQ(in.permits, 2);
+    CHECK_EQ(in.holders, 1);
+    CHECK_CONTAINS(in.holder, " pid ");
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_release(p2));
+    CHECK_OK(dlock_inspect(b, "sem-n", &in));
+    CHECK_EQ(in.held, 0);
+    CHECK_EQ(in.permits, 2);
+    dlock_info_clear(&in);
+    /* free: a lock may take the name, and then a permit may not */
+    CHECK_OK(dlock_acquire_shared(lk, 0));
+    CHECK_RC(dlock_acquire(p2, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "held as a lock");
+    CHECK_OK(dlock_release(lk));
+    CHECK_OK(dlock_acquire(p3, 0)); /* a semaphore of 3 now */
+    CHECK_OK(dlock_release(p3));
+
+    /* full, with a head waiting at the gate: a lock's waiter does not
+     * queue behind it to learn that much */
+    dlock *q1 = handle(a, "sem-n1", 0, 0, 1), *lq = handle(b, "sem-n1", 0, 0, 0);
+    dlock_client *h = client_at(srv.uri);
+    waiter w;
+    pthread_t th;
+    CHECK_OK(dlock_acquire(q1, 0));
+    start(&w, &th, handle(h, "sem-n1", 0, 0, 1), 0, 20000);
+    wait_sleepers("helper", 1);
+    t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lq, 5000), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "semaphore of 1 permits");
+    CHECK_RC(dlock_acquire_shared(lq, 5000), DLOCK_EINVAL);
+    CHECK_OP(th_now_ms() - t0, <, 1000);
+    CHECK_OK(dlock_release(q1));
+    wait_flag(&w.got_it, 10000);
+    CHECK_OK(w.rc);
+    let_go(&w);
+    pthread_join(th, NULL);
+    dlock_close(w.l);
+    dlock_close(q1);
+    dlock_close(lq);
+    dlock_client_close(h);
+    dlock_close(p2);
+    dlock_close(p3);
+    dlock_close(lk);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+typedef struct racers {
+    volatile int inside, most, go, stop;
+    volatile int taken, bad;
+} racers;
+
+/* Tries only, again and again (kazoo #213: racing tries handed out more
+ * permits than there were). */
+static int racer(void *arg)
+{
+    racers *r = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (child_open("sem-race", 0, 3, &c, &l))
+        return 2;
+    while (!__atomic_load_n(&r->go, __ATOMIC_SEQ_CST))
+        th_sleep_ms(1);
+    for (int i = 0; i < 100000 && !__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST);
+         i++) {
+        int rc = dlock_acquire(l, 0);
+        if (rc == DLOCK_EBUSY)
+            continue;
+        if (rc != DLOCK_OK) {
+            __atomic_add_fetch(&r->bad, 1, __ATOMIC_SEQ_CST);
+            break;
+        }
+        int n = __atomic_add_fetch(&r->inside, 1, __ATOMIC_SEQ_CST);
+        int m = __atomic_load_n(&r->most, __ATOMIC_SEQ_CST);
+        while (n > m && !__atomic_compare_exchange_n(&r->most, &m, n, 0,
+                                                     __ATOMIC_SEQ_CST,
+                                                     __ATOMIC_SEQ_CST)) {
+        }
+        __atomic_add_fetch(&r->taken, 1, __ATOMIC_SEQ_CST);
+        usleep(300);
+        __atomic_sub_fetch(&r->inside, 1, __ATOMIC_SEQ_CST);
+        if (dlock_release(l) != DLOCK_OK) {
+            __atomic_add_fetch(&r->bad, 1, __ATOMIC_SEQ_CST);
+            break;
+        }
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(tries_racing_never_take_more_than_n)
+{
+    enum { NP = 6 };
+    racers *r = th_shared(sizeof(*r));
+    pid_t pid[NP];
+
+    for (int i = 0; i < NP; i++)
+        pid[i] = th_fork(racer, r);
+    th_sleep_ms(300); /* every client open */
+    __atomic_store_n(&r->go, 1, __ATOMIC_SEQ_CST);
+    th_sleep_ms(2000);
+    __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < NP; i++)
+        CHECK_EQ(th_wait(pid[i]), 0);
+    CHECK_EQ(r->bad, 0);
+    CHECK_OP(r->taken, >, 10);
+    CHECK_OP(r->most, <=, 3);
+    /* and the row never counted more than 3 live */
+    dlock_client *c = client_at(srv.uri);
+    dlock_info in;
+    CHECK_OK(dlock_inspect(c, "sem-race", &in));
+    CHECK_EQ(in.held, 0);
+    CHECK_EQ(in.permits, 3);
+    dlock_info_clear(&in);
+    dlock_client_close(c);
+}
+
+typedef struct child_permit {
+    volatile int ready;
+    int rc;
+} child_permit;
+
+static int permit_child(void *arg)
+{
+    child_permit *s = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (child_open("sem-killed", 4000, 1, &c, &l))
+        return 2;
+    s->rc = dlock_acquire(l, 10000);
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (;;)
+        pause(); /* killed holding */
+}
+
+/* The head waits on the holder's hold lock through a helper connection;
+ * the holder's process killed, its session's end wakes the helper (and
+ * the head) at once; the permit is the holder's until its lease ends, and
+ * the head takes it then. */
+TEST(a_killed_permit_holder_wakes_the_head)
+{
+    child_permit *s = th_shared(sizeof(*s));
+    dlock_client *c = client_at(srv.uri);
+    waiter w;
+    pthread_t th;
+
+    pid_t pid = th_fork(permit_child, s);
+    wait_flag(&s->ready, 10000);
+    CHECK_OK(s->rc);
+    start(&w, &th, handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
+    wait_sleepers("helper", 1);
+    kill_holder_and_check(pid, "helper", "sem-killed", &w);
+    let_go(&w);
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    dlock_close(w.l);
+    dlock_client_close(c);
+}
+
+/* The number of sessions of the user dlock. */
+static long long sessions(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                        "WHERE USER = 'dlock'");
+}
+
+/* A head whose wait ends (its deadline) interrupts its helpers, deletes
+ * its queue entry and lets go of the gate: nothing asleep, nothing listed,
+ * no connection left once its client closes, and the next permit freed
+ * goes at once to a try. */
+TEST(a_head_that_gives_up_leaves_nothing_behind)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *p1 = handle(a, "sem-give-up", 30000, 0, 2),
+          *p2 = handle(b, "sem-give-up", 30000, 0, 2);
+
+    CHECK_OK(dlock_acquire(p1, 0));
+    CHECK_OK(dlock_acquire(p2, 0));
+    dlock_client *obs = client_at(srv.uri); /* its pool: one connection */
+    dlock_info in;
+    CHECK_OK(dlock_inspect(obs, "sem-give-up", &in));
+    dlock_info_clear(&in);
+    long long before = sessions();
+    dlock_client *h = client_at(srv.uri);
+    dlock *ph = handle(h, "sem-give-up", 30000, 0, 2);
+    for (int i = 0; i < 2; i++) {
+        int64_t t0 = th_now_ms();
+        CHECK_RC(dlock_acquire(ph, 700), DLOCK_EBUSY);
+        /* within its deadline (+1 s for a busy machine) */
+        CHECK_OP(th_now_ms() - t0, <, 700 + 1000);
+        CHECK_EQ(sleepers("helper"), 0);
+        CHECK_EQ(sleepers("gate"), 0);
+        CHECK_OK(dlock_inspect(obs, "sem-give-up", &in));
+        CHECK_EQ(in.waiters, 0);
+        CHECK_EQ(in.holders, 2);
+        dlock_info_clear(&in);
+    }
+    dlock_close(ph);
+    dlock_client_close(h);
+    /* its client's connections (its own, its helpers) go with it: the
+     * server drops a closed session at once, 5 s for a busy machine */
+    int64_t until = th_now_ms() + 5000;
+    while (sessions() > before && th_now_ms() < until)
+        th_sleep_ms(20);
+    CHECK_EQ(sessions(), before);
+    /* the gate is free: a try gets the permit freed at once */
+    CHECK_OK(dlock_release(p1));
+    dlock_client *t = client_at(srv.uri);
+    dlock *pt = handle(t, "sem-give-up", 30000, 0, 2);
+    CHECK_OK(dlock_acquire(pt, 0));
+    CHECK_OK(dlock_release(pt));
+    CHECK_OK(dlock_release(p2));
+    dlock_close(pt);
+    dlock_client_close(t);
+    dlock_client_close(obs);
+    dlock_close(p1);
+    dlock_close(p2);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A table of the previous version                                          */
+/* ------------------------------------------------------------------------ */
+
+/* The previous version's DDL (git show main:src/stores/mysql/mysql_sql.c),
+ * for table `t`. */
+static void old_tables(const char *t)
+{
+    th_sql_query(&srv, NULL, 0, "DROP TABLE IF EXISTS dlocktest.%s, "
+                                "dlocktest.%s_queue",
+                 t, t);
+    th_sql_query(&srv, NULL, 0,
+                 "CREATE TABLE dlocktest.%s ("
+                 " name VARBINARY(512) NOT NULL PRIMARY KEY,"
+                 " owner VARBINARY(80) NULL,"
+                 " holder VARBINARY(255) NULL,"
+                 " holds INT NOT NULL DEFAULT 0,"
+                 " token BIGINT UNSIGNED NOT NULL DEFAULT 0,"
+                 " locked_at DATETIME(6) NOT NULL DEFAULT '1970-01-01 "
+                 "00:00:00',"
+                 " lock_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 "
+                 "00:00:00') ENGINE=InnoDB",
+                 t);
+    th_sql_query(&srv, NULL, 0,
+                 "CREATE TABLE dlocktest.%s_queue ("
+                 " seq BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,"
+                 " name VARBINARY(512) NOT NULL,"
+                 " holder VARBINARY(255) NULL,"
+                 " alive_until DATETIME(6) NOT NULL,"
+                 " KEY name_seq (name, seq)) ENGINE=InnoDB",
+                 t);
+    /* a lock a client of the previous version holds for 30 s */
+    th_sql_query(&srv, NULL, 0,
+                 "INSERT INTO dlocktest.%s VALUES ('old-held', "
+                 "'0123456789abcdef0123456789abcdef:42', 'oldhost pid 42 tid "
+                 "42', 1, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
+                 "UTC_TIMESTAMP(6)), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + "
+                 "INTERVAL 30 SECOND)",
+                 t);
+}
+
+TEST(a_table_of_the_previous_version_is_migrated_at_open)
+{
+    char u[400];
+
+    old_tables("old_t");
+    long long tok = th_sql_query(&srv, NULL, 0, "SELECT token FROM "
+                                                "dlocktest.old_t");
+    snprintf(u, sizeof(u), "%s?table=old_t", srv.uri);
+    dlock_client *c = client_at(u);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT COUNT(*) FROM information_schema.columns "
+                          "WHERE table_schema = 'dlocktest' AND table_name = "
+                          "'old_t' AND column_name IN ('permits', "
+                          "'holders')"),
+             2);
+    /* holders is text in utf8mb4 (JSON), whatever the table's default */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT CHARACTER_SET_NAME = 'utf8mb4' FROM "
+                          "information_schema.columns WHERE table_schema = "
+                          "'dlocktest' AND table_name = 'old_t' AND "
+                          "column_name = 'holders'"),
+             1);
+    /* the held lock is as it was: held, by its owner, its token */
+    dlock *w = handle(c, "old-held", 0, 0, 0), *r = handle(c, "old-held", 0, 0, 0);
+    dlock_info in;
+    CHECK_OK(dlock_inspect(c, "old-held", &in));
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.shared, 0);
+    CHECK_STR(in.holder, "oldhost pid 42 tid 42");
+    CHECK_EQ(in.token, (uint64_t)tok);
+    dlock_info_clear(&in);
+    CHECK_RC(dlock_acquire(w, 0), DLOCK_EBUSY);
+    CHECK_RC(dlock_acquire_shared(r, 0), DLOCK_EBUSY);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT owner = '0123456789abcdef0123456789abcdef:42' "
+                          "AND token = %lld FROM dlocktest.old_t",
+                          tok),
+             1);
+    /* its holder releases (the previous version's release) */
+    th_sql_query(&srv, NULL, 0,
+                 "UPDATE dlocktest.old_t SET owner = NULL, holder = NULL, "
+                 "holds = 0, lock_until = UTC_TIMESTAMP(6) WHERE name = "
+                 "'old-held'");
+    CHECK_OK(dlock_acquire_shared(r, 0));
+    CHECK_OP(dlock_token(r), >, (uint64_t)tok);
+    CHECK_OK(dlock_release(r));
+    CHECK_OK(dlock_acquire(w, 0));
+    CHECK_OK(dlock_release(w));
+    dlock_close(w);
+    dlock_close(r);
+    dlock_client_close(c);
+
+    /* a user who may use the tables but not alter them: exclusive locks as
+     * before, shared holds and semaphores answer why not */
+    old_tables("old_ro");
+    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'noalter'@'%%' "
+                                "IDENTIFIED BY 'noalter-pw'");
+    th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                                "dlocktest.old_ro TO 'noalter'@'%%'");
+    th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                                "dlocktest.old_ro_queue TO 'noalter'@'%%'");
+    snprintf(u, sizeof(u),
+             "mysql://noalter:noalter-pw@127.0.0.1:%d/dlocktest?table=old_ro",
+             srv.port);
+    c = client_at(u);
+    dlock *x = handle(c, "plain", 0, 0, 0), *s = handle(c, "plain", 0, 0, 2),
+          *o = handle(c, "old-held", 0, 0, 0);
+    CHECK_OK(dlock_acquire(x, 0));
+    CHECK_OK(dlock_release(x));
+    CHECK_RC(dlock_acquire_shared(x, 0), DLOCK_ENOTSUP);
+    CHECK_CONTAINS(dlock_errmsg(), "permits and holders");
+    CHECK_CONTAINS(dlock_errmsg(), "docs/stores.md");
+    CHECK_RC(dlock_acquire(s, 0), DLOCK_ENOTSUP);
+    CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY); /* its old holder's */
+    dlock_close(x);
+    dlock_close(s);
+    dlock_close(o);
+    dlock_client_close(c);
+}
+
+static const th_test tests[] = {
+    T(the_last_readers_release_wakes_the_writer),
+    T(a_killed_reader_wakes_the_writer_which_waits_for_its_lease),
+    T(a_frozen_readers_lease_end_lets_the_writer_in),
+    T(a_reader_whose_session_was_killed_holds_and_wakes_the_writer),
+    T(readers_at_the_head_get_in_and_a_writer_stops_the_chain),
+    T(a_readers_renewal_moves_only_its_own_hold),
+    T(a_release_whose_hold_is_gone_is_lost),
+    T(no_statement_while_waiters_sleep),
+    T(a_semaphores_n_is_kept),
+    T(tries_racing_never_take_more_than_n),
+    T(a_killed_permit_holder_wakes_the_head),
+    T(a_head_that_gives_up_leaves_nothing_behind),
+    T(a_table_of_the_previous_version_is_migrated_at_open),
+    {NULL, NULL, 0},
+};
+
+int main(int argc, char **argv)
+{
+    if (!th_sql_available("mysql"))
+        th_skip("this build has no mysql store, or no MariaDB server");
+    th_sql_start(&srv, "mysql");
+    return th_main(argc, argv, tests);
+}
