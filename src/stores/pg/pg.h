@@ -33,6 +33,7 @@
 
 /* The server's clock, and the advisory key of a bytea name. */
 #define NOW "clock_timestamp()"
+#define NOW_MS "floor(extract(epoch FROM " NOW ") * 1000)::bigint"
 #define MS_LEFT(ts) "ceil(extract(epoch FROM " ts " - " NOW ") * 1000)::bigint"
 #define KEY(x) "('x' || substr(md5(" x "), 1, 16))::bit(64)::bigint"
 /* The advisory lock a listening session holds while it listens: the
@@ -66,10 +67,14 @@ enum {
     S_ADV_INSPECT,
     S_ADV_TRY_SHARED,
     S_ADV_UNLOCK_SHARED,
+    S_TAKE,
+    S_EXTEND_SHARED,
     S_COUNT
 };
 
-/* Parameter types: bytea, text, int8, int4 (OIDs fixed by PostgreSQL). */
+/* Parameter types: bytea, text, int8, int4 (OIDs fixed by PostgreSQL);
+ * at most PG_PARAMS_MAX parameters a statement. */
+#define PG_PARAMS_MAX 10
 #define T_BYTEA 17
 #define T_TEXT 25
 #define T_INT8 20
@@ -148,6 +153,9 @@ typedef struct pg_names {
     char wi[2 * PG_TABLE_MAX + 32]; /* T_waiters_name */
     char rel[2 * PG_TABLE_MAX + 24]; /* T_release */
     char leave[2 * PG_TABLE_MAX + 24]; /* T_leave */
+    char unlock[2 * PG_TABLE_MAX + 24]; /* T_unlock */
+    char ahead[2 * PG_TABLE_MAX + 24];  /* T_ahead */
+    char abandon[2 * PG_TABLE_MAX + 24]; /* T_abandon */
 } pg_names;
 
 /* pg.c: the store, for both modes */

@@ -446,17 +446,20 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
                   PGresult **out, const char *what)
 {
     static const char *const names[S_COUNT] = {
-        "dlock0", "dlock1", "dlock2", "dlock3",  "dlock4", "dlock5",
-        "dlock6", "dlock7", "dlock8", "dlock9", "dlock10", "dlock11",
-        "dlock12", "dlock13"};
-    static const Oid types[S_COUNT][8] = {
+        "dlock0",  "dlock1",  "dlock2",  "dlock3",  "dlock4",  "dlock5",
+        "dlock6",  "dlock7",  "dlock8",  "dlock9",  "dlock10", "dlock11",
+        "dlock12", "dlock13", "dlock14", "dlock15"};
+    static const Oid types[S_COUNT][PG_PARAMS_MAX] = {
         [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
                        T_INT4, T_TEXT},
+        [S_TAKE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8, T_INT4,
+                    T_TEXT, T_INT4},
         [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8},
         [S_EXTEND] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
+        [S_EXTEND_SHARED] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
         [S_INSPECT] = {T_BYTEA},
         [S_QUEUE] = {T_BYTEA, T_TEXT},
-        [S_LEAVE] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT8},
+        [S_LEAVE] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT8, T_INT4},
         [S_GC] = {T_INT8},
         [S_GC_QUEUE] = {T_TEXT},
         [S_ADV_TRY] = {T_BYTEA, T_TEXT},
@@ -466,7 +469,7 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         [S_ADV_TRY_SHARED] = {T_BYTEA, T_TEXT},
         [S_ADV_UNLOCK_SHARED] = {T_BYTEA},
     };
-    int fmts[8] = {0};
+    int fmts[PG_PARAMS_MAX] = {0};
     int n = ps->nparams[which];
     PGresult *r;
     int rc;
