@@ -68,6 +68,8 @@ enum {
     S_ADV_TRY_SHARED,
     S_ADV_UNLOCK_SHARED,
     S_TAKE,
+    S_TAKE_FAST,
+    S_RELEASE_READ,
     S_EXTEND_SHARED,
     S_COUNT
 };
@@ -139,6 +141,8 @@ typedef struct pg_lease {
     int listening; /* counted in nwait ... */
     unsigned gen;  /* ... for this generation of the listening session */
     int queued;    /* a try of this wait appended its entry */
+    int others;    /* a read hold taken beside others: its release tries
+                    * S_RELEASE_READ first */
     pg_conn *hold; /* advisory: the connection holding the lock */
 } pg_lease;
 

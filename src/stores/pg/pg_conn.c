@@ -448,13 +448,16 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
     static const char *const names[S_COUNT] = {
         "dlock0",  "dlock1",  "dlock2",  "dlock3",  "dlock4",  "dlock5",
         "dlock6",  "dlock7",  "dlock8",  "dlock9",  "dlock10", "dlock11",
-        "dlock12", "dlock13", "dlock14", "dlock15"};
+        "dlock12", "dlock13", "dlock14", "dlock15", "dlock16", "dlock17"};
     static const Oid types[S_COUNT][PG_PARAMS_MAX] = {
         [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
                        T_INT4, T_TEXT},
         [S_TAKE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8, T_INT4,
                     T_TEXT, T_INT4},
+        [S_TAKE_FAST] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
+                         T_INT4, T_TEXT, T_INT4},
         [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8},
+        [S_RELEASE_READ] = {T_BYTEA, T_TEXT, T_INT8},
         [S_EXTEND] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
         [S_EXTEND_SHARED] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
         [S_INSPECT] = {T_BYTEA},

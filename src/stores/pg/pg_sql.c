@@ -212,7 +212,7 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   " ELSE " MS_LEFT("t.lock_until") " END AS l, "
                   "CASE WHEN t.owner IS NULL OR t.lock_until <= (SELECT ts "
                   "FROM c) THEN NULL WHEN t.owner = '*' THEN t.permits ELSE "
-                  "-1 END AS kind), "
+                  "-1 END AS kind, t.holds AS n), "
                   "del AS (DELETE FROM %2$s WHERE name = $1 AND client = $5 "
                   "AND waiter = $6 AND EXISTS (SELECT 1 FROM ins WHERE tok "
                   "IS NOT NULL)), "
@@ -223,13 +223,73 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   "ins.tok IS NULL AND NOT " MISMATCH("ins.kind") " AND NOT "
                   "EXISTS (SELECT 1 FROM %2$s WHERE name = $1 AND client = "
                   "$5 AND waiter = $6 AND pid = $7) RETURNING seq) "
-                  "SELECT tok, l, kind, (SELECT seq FROM enq) FROM ins",
+                  "SELECT tok, l, kind, (SELECT seq FROM enq), n FROM ins",
+                  nm, s);
+    /* The uncontended read hold or permit, in a statement as light as the
+     * writer's: the row free (or its lease ended), or held by readers (a
+     * semaphore of this N with room) with no queue entry for the name at
+     * all and no entry of ours: take it (a new entry, a token drawn under
+     * the row's lock). Anything else (the row busy, a queue, an entry of
+     * ours to adopt, another kind) takes nothing and returns no row, and
+     * the caller runs S_TAKE, which decides every case. Times are the
+     * statement's arrival (statement_timestamp(): the lease starts no
+     * earlier than the caller sent it; another's end is read as live a
+     * moment longer), not the clock after waiting for the row. Same
+     * parameters as S_TAKE ($5 to $8 unused). */
+#define STMT_MS "floor(date_part('epoch', statement_timestamp()) * 1000)::bigint"
+#define FAST_FREE "(t.owner IS NULL OR t.lock_until <= statement_timestamp())"
+#define FAST_ENTRY                                                          \
+    "jsonb_build_object($2, jsonb_build_object('t', k.v, 'u', " STMT_MS     \
+    " + $3, 's', " STMT_MS ", 'd', $4))"
+#define FAST_END "to_timestamp((" STMT_MS " + $3) / 1000.0)"
+    rc = rc ? rc
+            : set_sql(
+                  ps, S_TAKE_FAST, 9,
+                  "INSERT INTO %1$s AS t (name, owner, holds, token, "
+                  "locked_at, lock_until, holders, permits) SELECT $1, '*', "
+                  "1, k.v, statement_timestamp(), " FAST_END ", " FAST_ENTRY
+                  ", $9 FROM (SELECT nextval(%3$s) AS v) k "
+                  "ON CONFLICT (name) DO UPDATE SET (owner, holder, holds, "
+                  "token, locked_at, lock_until, holders, permits) = (SELECT "
+                  "'*', NULL, CASE WHEN " FAST_FREE " THEN 1 ELSE t.holds + "
+                  "1 END, k.v, CASE WHEN " FAST_FREE " THEN "
+                  "statement_timestamp() ELSE t.locked_at END, CASE WHEN "
+                  FAST_FREE " THEN " FAST_END " ELSE greatest(t.lock_until, "
+                  FAST_END ") END, CASE WHEN " FAST_FREE " THEN " FAST_ENTRY
+                  " ELSE t.holders || " FAST_ENTRY " END, $9 FROM (SELECT "
+                  "nextval(%3$s) AS v) k) "
+                  "WHERE (" FAST_FREE " OR (t.owner = '*' AND t.permits = $9 "
+                  "AND NOT t.holders ? $2 AND ($9 = 0 OR jsonb_array_length("
+                  "jsonb_path_query_array(t.holders, '$.* ? (@.u > $m)', "
+                  "jsonb_build_object('m', " STMT_MS "))) < $9))) AND NOT "
+                  "EXISTS (SELECT 1 FROM %2$s WHERE name = $1) "
+                  "RETURNING token, holds, $5::text IS NULL AND $6 > 0 AND "
+                  "$7 IS NULL AND $8 IS NULL",
                   nm, s);
     /* $1 name, $2 owner, $3 token: ok, and the grants "CLIENT:WAITER:TOKEN
      * ..." (space-separated; '' none) */
     rc = rc ? rc
             : set_sql(ps, S_RELEASE, 3,
                       "SELECT ok, grants FROM %6$s($1, $2, $3)", nm, s);
+    /* A read hold's release while another live read hold remains: no
+     * waiter can proceed then (a writer waits for every reader, a reader
+     * waits only behind a writer), so no grant step and no function: one
+     * UPDATE, guarded by owner, token and a live end, checked on the
+     * row's latest version. No row changed: the caller calls T_unlock.
+     * $1 name, $2 owner, $3 token */
+    rc = rc ? rc
+            : set_sql(ps, S_RELEASE_READ, 3,
+                      "UPDATE %1$s t SET holders = t.holders - $2, holds = "
+                      "greatest(t.holds - 1, 1), lock_until = to_timestamp(("
+                      "SELECT max((x.value ->> 'u')::bigint) FROM jsonb_each("
+                      "t.holders - $2) x) / 1000.0) FROM (SELECT floor("
+                      "date_part('epoch', " NOW ") * 1000)::bigint AS ms) c "
+                      "WHERE t.name = $1 AND t.owner = '*' AND t.permits = 0 "
+                      "AND (t.holders -> $2 ->> 't')::bigint = $3 AND "
+                      "(t.holders -> $2 ->> 'u')::bigint > c.ms AND "
+                      "jsonb_path_exists(t.holders - $2, '$.* ? (@.u > $m)', "
+                      "jsonb_build_object('m', c.ms))",
+                      nm, s);
     /* $1 name, $2 owner, $3 token, $4 ttl ms */
     rc = rc ? rc
             : set_sql(ps, S_EXTEND, 4,
@@ -424,7 +484,7 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
  * of it) */
 #define LOCK_ROW                                                            \
     " SELECT * INTO r FROM %1$s WHERE name = n FOR UPDATE;"                 \
-    " ts := " NOW "; ms := floor(extract(epoch FROM ts) * 1000)::bigint;"
+    " ts := " NOW "; ms := floor(date_part('epoch', ts) * 1000)::bigint;"
 static const char schema_sql[] =
     /* creators take turns; each looks again (%10$s: the look at open)
      * and changes nothing when another made it meanwhile. ALTER TABLE

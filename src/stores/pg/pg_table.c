@@ -86,6 +86,28 @@ static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                            client ? pid : NULL, client ? since : NULL,
                            permits};
     int lens[9] = {(int)l->name_len, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (shared && !pl->queued) {
+        /* the uncontended read hold or permit: one light statement; it
+         * takes nothing (no row) where S_TAKE has to decide. A wait that
+         * queued skips it: its own entry is a queue */
+        rc = dlock__pg_run_pooled(ps, S_TAKE_FAST, vals, lens, op_deadline,
+                                  &r, "taking the lock");
+        if (rc == DLOCK_OK) {
+            long long token = dlock__pg_col_ll(r, 0, 0, -1);
+            pl->others = dlock__pg_col_ll(r, 0, 1, 0) > 1;
+            PQclear(r);
+            if (token > 0) {
+                l->token = (uint64_t)token;
+                if (!l->waiting && pl->listening)
+                    dlock__pg_listen_unref(ps, pl);
+                return DLOCK_OK;
+            }
+        } else if (rc != DLOCK_EBUSY) {
+            if (!l->waiting && pl->listening)
+                dlock__pg_listen_unref(ps, pl);
+            return rc;
+        }
+    }
     rc = dlock__pg_run_pooled(ps, shared ? S_TAKE : S_ACQUIRE, vals, lens,
                               op_deadline, &r, "taking the lock");
     if (rc == DLOCK_OK) {
@@ -96,6 +118,7 @@ static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         long long kind = dlock__pg_col_ll(r, 0, 2, LLONG_MIN);
         int queued = dlock__pg_col_ll(r, 0, shared ? 3 : 2, 0) > 0;
         long long sem = shared ? 0 : dlock__pg_col_ll(r, 0, 3, 0);
+        pl->others = shared && dlock__pg_col_ll(r, 0, 4, 0) > 1;
         PQclear(r);
         if (token > 0) {
             l->token = (uint64_t)token;
@@ -200,6 +223,7 @@ static void own_grants(pg_store *ps, const char *grants)
 static int pg_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
+    pg_lease *pl = l->priv;
     char token[24];
     PGresult *r;
     int rc;
@@ -207,6 +231,18 @@ static int pg_release(void *st, dlock__lease *l, int64_t op_deadline)
     snprintf(token, sizeof(token), "%llu", (unsigned long long)l->token);
     const char *vals[3] = {l->name, l->owner, token};
     int lens[3] = {(int)l->name_len, 0, 0};
+    if (l->kind == DLOCK__READ && pl->others) {
+        /* others read beside us (at the take): while one still does, our
+         * release lets nobody in, and costs one UPDATE */
+        rc = dlock__pg_run_pooled(ps, S_RELEASE_READ, vals, lens,
+                                  op_deadline, &r, "releasing the lock");
+        if (rc)
+            return rc;
+        int done = !strcmp(PQcmdTuples(r), "1");
+        PQclear(r);
+        if (done)
+            return DLOCK_OK;
+    }
     rc = dlock__pg_run_pooled(ps, S_RELEASE, vals, lens, op_deadline, &r,
                               "releasing the lock");
     if (rc)
