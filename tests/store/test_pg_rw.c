@@ -16,6 +16,11 @@
  * freed; the uncontended shared cycle costing one statement each way
  * (counted in the server's log); a table of the previous version migrated
  * at open, its held rows working on.
+ *
+ * Advisory mode's semaphores: a permit holder's death waking the head of
+ * the queue at once; a head that gives up leaving nothing; waiters served
+ * in order, one per permit freed; tries racing never holding more than N;
+ * the name's kind and N kept, and the mode's cap on N.
  */
 #include "test.h"
 
@@ -790,6 +795,297 @@ TEST(a_table_of_the_previous_version_is_migrated)
     dlock_client_close(b);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Advisory mode: semaphores                                                */
+/* ------------------------------------------------------------------------ */
+
+static char adv[400]; /* srv.uri + ?mode=advisory */
+
+/* Advisory locks of the server that are not granted (sessions waiting),
+ * and those granted on the keys a semaphore of name uses beside its slots
+ * (its gate: a head still holding it). */
+static long long adv_waiting(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT count(*) FROM pg_locks WHERE locktype = "
+                        "'advisory' AND NOT granted");
+}
+
+/* Granted advisory locks of every session but ours. */
+static long long adv_granted(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT count(*) FROM pg_locks WHERE locktype = "
+                        "'advisory' AND granted AND pid <> pg_backend_pid()");
+}
+
+static long long sessions(void)
+{
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT count(*) FROM pg_stat_activity WHERE "
+                        "backend_type = 'client backend' AND pid <> "
+                        "pg_backend_pid()");
+}
+
+typedef struct sem_child_arg {
+    int ready;
+} sem_child_arg;
+
+static int permit_child(void *arg)
+{
+    sem_child_arg *a = arg;
+    dlock_client *c = NULL;
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    if (dlock_client_open(&c, adv, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "adv1", &o) != DLOCK_OK ||
+        dlock_acquire(l, 10000) != DLOCK_OK)
+        return 1;
+    __atomic_store_n(&a->ready, 1, __ATOMIC_SEQ_CST);
+    for (;;)
+        pause(); /* killed holding */
+}
+
+/* A permit holder killed: its session ends and the server frees its slot,
+ * which the head of the queue waits on: it gets the permit at once (no
+ * lease in this mode), and dlock status showed it queued meanwhile. */
+TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
+{
+    sem_child_arg *a = th_shared(sizeof(*a));
+    dlock_client *c = client_at(adv), *d = client_at(adv);
+    dlock *p = handle(c, "adv1", 0, 0, 2);
+    waiter w = {handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0};
+    pthread_t th;
+
+    pid_t child = th_fork(permit_child, a);
+    for (int i = 0; i < 2000 && !__atomic_load_n(&a->ready, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(5);
+    CHECK(a->ready);
+    CHECK_OK(dlock_acquire(p, 0));
+    pthread_create(&th, NULL, wait_thread, &w);
+    until_state(c, "adv1", 1, 2);
+    dlock_info i = info_of(c, "adv1");
+    CHECK_EQ(i.permits, 2);
+    CHECK_EQ(i.held, 1);
+    if (i.queue_len == 1)
+        CHECK_CONTAINS(i.queue[0], "permit: ");
+    dlock_info_clear(&i);
+    th_sleep_ms(300); /* the head asleep on both slots, most likely */
+    int64_t t0 = th_now_ms();
+    kill(child, SIGKILL);
+    th_wait(child);
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    /* woken by the server when the session ended: no lease, no timer;
+     * 1 s for a busy machine */
+    CHECK_OP(w.got - t0, <, 1000);
+    CHECK_OK(dlock_release(p));
+    dlock_close(p);
+    dlock_close(w.l);
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
+/* The head of the queue gives up at its deadline: every wait of it (the
+ * gate's, and one per slot) ends, and nothing of it is left: no session
+ * waits, no key beyond the holders' is held, and its extra sessions are
+ * gone a moment later (the pool closes them after a second). */
+TEST(an_advisory_head_that_gives_up_leaves_nothing)
+{
+    dlock_client *a = client_at(adv), *b = client_at(adv),
+                 *c = client_at(adv);
+    dlock *pa = handle(a, "adv2", 0, 0, 3), *pb = handle(b, "adv2", 0, 0, 3),
+          *pc = handle(c, "adv2", 0, 0, 3);
+    dlock_client *h = client_at(adv);
+    dlock *ph = handle(h, "adv2", 0, 0, 3);
+
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_OK(dlock_acquire(pb, 0));
+    CHECK_OK(dlock_acquire(pc, 0));
+    th_sleep_ms(1500); /* idle extra sessions of the clients closed */
+    long long held = adv_granted(), n0 = sessions();
+    CHECK_EQ(held, 9); /* three holders: a slot and two family keys each */
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(ph, 600), DLOCK_EBUSY);
+    /* at its deadline (the server's lock_timeout), not later: 1 s of
+     * slack for a busy machine */
+    CHECK_OP(th_now_ms() - t0, >=, 600);
+    CHECK_OP(th_now_ms() - t0, <, 600 + 1000);
+    CHECK_EQ(adv_waiting(), 0);
+    CHECK_EQ(adv_granted(), held);
+    th_sleep_ms(1500);
+    CHECK_EQ(sessions(), n0);
+    /* and the semaphore works on: a permit freed goes to the next */
+    CHECK_OK(dlock_release(pa));
+    CHECK_OK(dlock_acquire(ph, 0));
+    CHECK_OK(dlock_release(ph));
+    CHECK_OK(dlock_release(pb));
+    CHECK_OK(dlock_release(pc));
+    dlock_close(pa);
+    dlock_close(pb);
+    dlock_close(pc);
+    dlock_close(ph);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(h);
+}
+
+/* Waiters of a semaphore are served in arrival order, one per permit
+ * freed: a release lets in the first only. */
+TEST(advisory_permit_waiters_are_served_in_order)
+{
+    dlock_client *h = client_at(adv), *c1 = client_at(adv),
+                 *c2 = client_at(adv);
+    dlock *ph = handle(h, "adv3", 0, 0, 1);
+    waiter w1 = {handle(c1, "adv3", 0, 0, 1), 0, 20000, 800, 0, 0, 0, 0};
+    waiter w2 = {handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0};
+    pthread_t t1, t2;
+
+    CHECK_OK(dlock_acquire(ph, 0));
+    pthread_create(&t1, NULL, wait_thread, &w1);
+    until_state(h, "adv3", 1, 1);
+    pthread_create(&t2, NULL, wait_thread, &w2);
+    until_state(h, "adv3", 2, 1);
+    CHECK_OK(dlock_release(ph));
+    until_returned(&w1);
+    CHECK_OK(w1.rc);
+    CHECK_EQ(w2.done, 0); /* w1 holds 800 ms */
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    CHECK_OK(w2.rc);
+    CHECK_OP(w2.got, >=, w1.got + w1.hold);
+    CHECK_OP(w2.token, >, w1.token);
+    dlock_close(ph);
+    dlock_close(w1.l);
+    dlock_close(w2.l);
+    dlock_client_close(h);
+    dlock_client_close(c1);
+    dlock_client_close(c2);
+}
+
+/* Tries racing from several processes (kazoo #213): never more than N
+ * hold, counted by the holders themselves and by the server's slots. */
+typedef struct race_sem {
+    int inside, most, done, bad;
+    volatile int stop;
+} race_sem;
+
+static int try_child(void *arg)
+{
+    race_sem *r = arg;
+    dlock_client *c = NULL;
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    if (dlock_client_open(&c, adv, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "adv4", &o) != DLOCK_OK)
+        return 1;
+    for (int i = 0; i < 100000 && !__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST);
+         i++) {
+        int rc = dlock_acquire(l, 0);
+        if (rc == DLOCK_EBUSY)
+            continue;
+        if (rc != DLOCK_OK) {
+            __atomic_add_fetch(&r->bad, 1, __ATOMIC_SEQ_CST);
+            continue;
+        }
+        int n = __atomic_add_fetch(&r->inside, 1, __ATOMIC_SEQ_CST);
+        int m = __atomic_load_n(&r->most, __ATOMIC_SEQ_CST);
+        while (n > m && !__atomic_compare_exchange_n(&r->most, &m, n, 0,
+                                                     __ATOMIC_SEQ_CST,
+                                                     __ATOMIC_SEQ_CST)) {
+        }
+        usleep(500);
+        __atomic_sub_fetch(&r->inside, 1, __ATOMIC_SEQ_CST);
+        if (dlock_release(l) != DLOCK_OK)
+            __atomic_add_fetch(&r->bad, 1, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&r->done, 1, __ATOMIC_SEQ_CST);
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+TEST(advisory_permit_tries_never_hold_more_than_n)
+{
+    enum { P = 5 };
+    race_sem *r = th_shared(sizeof(*r));
+    pid_t pid[P];
+    long long most_slots = 0;
+
+    for (int i = 0; i < P; i++)
+        pid[i] = th_fork(try_child, r);
+    /* the server's view while they race: shared holders of the name's
+     * family key (each permit holder's session holds it shared; a look
+     * holds it exclusively for an instant) */
+    for (int i = 0; i < 100; i++) {
+        long long n = th_sql_query(
+            &srv, NULL, 0,
+            "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' "
+            "AND l.objsubid = 1 AND l.granted AND l.mode = 'ShareLock' AND "
+            "((l.classid::bigint << 32) | l.objid::bigint) = ('x' || "
+            "substr(md5('adv4'::bytea || '\\x00'::bytea || 'f'::bytea), 1, "
+            "16))::bit(64)::bigint");
+        if (n > most_slots)
+            most_slots = n;
+        th_sleep_ms(20);
+    }
+    __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < P; i++)
+        CHECK_EQ(th_wait(pid[i]), 0);
+    CHECK_EQ(r->bad, 0);
+    CHECK_OP(r->done, >, 10);
+    CHECK_OP(r->most, <=, 2);
+    CHECK_OP(most_slots, <=, 2);
+    CHECK_OP(most_slots, >=, 1); /* the look found the key: not vacuous */
+}
+
+/* A name is a lock or a semaphore of one N while held: the other kind, or
+ * another N, is DLOCK_EINVAL naming what it is; N above this mode's cap is
+ * refused with the cap. */
+TEST(advisory_semaphore_kinds_and_cap)
+{
+    dlock_client *c = client_at(adv), *d = client_at(adv);
+    dlock *p2 = handle(c, "adv5", 0, 0, 2), *p3 = handle(d, "adv5", 0, 0, 3);
+    dlock *lk = handle(d, "adv5", 0, 0, 0);
+    dlock *big = handle(d, "adv5-big", 0, 0, 33);
+
+    CHECK_OK(dlock_acquire(p2, 0));
+    CHECK_RC(dlock_acquire(p3, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "is a semaphore of 2 permits");
+    CHECK_RC(dlock_acquire(p3, 500), DLOCK_EINVAL);
+    CHECK_RC(dlock_acquire(lk, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "is a semaphore of 2 permits");
+    CHECK_RC(dlock_acquire(lk, 500), DLOCK_EINVAL);
+    CHECK_RC(dlock_acquire_shared(lk, 0), DLOCK_EINVAL);
+    CHECK_EQ(adv_waiting(), 0);
+    dlock_info i = info_of(c, "adv5");
+    CHECK_EQ(i.permits, 2);
+    CHECK_EQ(i.holders, 1);
+    dlock_info_clear(&i);
+    CHECK_OK(dlock_release(p2));
+    /* free: the name binds nothing; a lock now, and a permit is refused */
+    CHECK_OK(dlock_acquire_shared(lk, 0));
+    CHECK_RC(dlock_acquire(p2, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "is a lock, not a semaphore");
+    CHECK_OK(dlock_release(lk));
+    CHECK_RC(dlock_acquire(big, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "at most 32 permits");
+    dlock_close(p2);
+    dlock_close(p3);
+    dlock_close(lk);
+    dlock_close(big);
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
 static const th_test tests[] = {
     T(a_dead_readers_entry_ends_at_its_lease),
     T(the_last_readers_release_hands_over_to_the_writer),
@@ -802,6 +1098,11 @@ static const th_test tests[] = {
     T(a_wait_never_takes_the_owners_hold_of_another_kind),
     T(the_uncontended_shared_cycle_is_one_statement_each_way),
     T(a_table_of_the_previous_version_is_migrated),
+    T(an_advisory_permit_holders_death_wakes_the_head_at_once),
+    T(an_advisory_head_that_gives_up_leaves_nothing),
+    T(advisory_permit_waiters_are_served_in_order),
+    T(advisory_permit_tries_never_hold_more_than_n),
+    T(advisory_semaphore_kinds_and_cap),
     {NULL, NULL, 0},
 };
 
@@ -810,5 +1111,6 @@ int main(int argc, char **argv)
     if (!th_sql_available("pg"))
         th_skip("no PostgreSQL server or libpq in this build");
     th_sql_start(&srv, "pg");
+    snprintf(adv, sizeof(adv), "%s?mode=advisory", srv.uri);
     return th_main(argc, argv, tests);
 }

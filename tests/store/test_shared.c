@@ -837,6 +837,6 @@ int main(int argc, char **argv)
                  !strcmp(S.kind, "etcd") || !strcmp(S.kind, "pg");
     has_permits = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
                   !strcmp(S.kind, "zk") || !strcmp(S.kind, "etcd") ||
-                  !strcmp(S.kind, "pg");
+                  !strcmp(S.kind, "pg") || !strcmp(S.kind, "pg-advisory");
     return th_main(argc - 1, argv + 1, tests);
 }

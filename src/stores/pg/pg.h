@@ -52,6 +52,42 @@
     " ELSE NOT pg_try_advisory_xact_lock_shared(" SKEY(                     \
         w ".client || ':' || " w ".pid") ") END)"
 
+/* Advisory mode's semaphore keys (docs/design.md, "PostgreSQL advisory
+ * mode semaphores") of the name expression n (bytea): n, a NUL byte (no
+ * lock name has one), a tag. N and i are SQL expressions. */
+#define ADV_TAGKEY(n, tag)                                                  \
+    KEY("(" n " || '\\x00'::bytea || (" tag ")::bytea)")
+#define ADV_F(n) ADV_TAGKEY(n, "'f'")
+#define ADV_G(n) ADV_TAGKEY(n, "'g'")
+#define ADV_C(n) ADV_TAGKEY(n, "'c'")
+#define ADV_FN(n, N) ADV_TAGKEY(n, "'n' || " N)
+#define ADV_SLOT(n, N, i) ADV_TAGKEY(n, "'s' || " N " || ':' || " i)
+#define ADV_KEY_IS(k)                                                       \
+    "l.locktype = 'advisory' AND l.objsubid = 1 AND ((l.classid::bigint "   \
+    "<< 32) | l.objid::bigint) = " k
+/* Key k is held by someone: our exclusive try fails, or is let go at
+ * once. */
+#define ADV_HELD(k)                                                         \
+    "NOT CASE WHEN pg_try_advisory_lock(" k ") THEN pg_advisory_unlock("    \
+    k ") ELSE false END"
+/* Key k (a family key) is held shared, by a permit holder: our exclusive
+ * try fails and pg_locks shows a shared holder (a try that fails may also
+ * meet another's look, which holds it exclusively for an instant). */
+#define ADV_SHARED_HELD(k)                                                  \
+    "CASE WHEN pg_try_advisory_lock(" k ") THEN NOT pg_advisory_unlock("    \
+    k ") ELSE EXISTS (SELECT 1 FROM pg_locks l WHERE l.granted AND l.mode " \
+    "= 'ShareLock' AND " ADV_KEY_IS(k) ") END"
+/* The N that a permit holder of name n names in its application_name
+ * ("dlock TOKEN sN DESC"); NULL when none is found. */
+#define ADV_OTHER_N(n)                                                      \
+    "(SELECT substring(a.application_name FROM '^dlock [0-9]+ s([0-9]+) ')" \
+    "::int FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE " \
+    "l.granted AND " ADV_KEY_IS(ADV_F(n)) " AND a.application_name ~ "      \
+    "'^dlock [0-9]+ s[0-9]+ ' LIMIT 1)"
+/* The most permits of a semaphore in advisory mode: its head waits with
+ * one session per permit (docs/locks.md). */
+#define PG_ADV_PERMITS_MAX 32
+
 enum {
     S_ACQUIRE,
     S_RELEASE,
@@ -71,6 +107,9 @@ enum {
     S_TAKE_FAST,
     S_RELEASE_READ,
     S_EXTEND_SHARED,
+    S_ADV_SEM_TRY,
+    S_ADV_SEM_UNLOCK,
+    S_ADV_SEM_CHECK,
     S_COUNT
 };
 
@@ -81,6 +120,7 @@ enum {
 #define T_TEXT 25
 #define T_INT8 20
 #define T_INT4 23
+#define T_BOOL 16
 
 /* ?pooler= */
 enum { POOLER_NONE, POOLER_SESSION, POOLER_TRANSACTION };
@@ -144,6 +184,7 @@ typedef struct pg_lease {
     int others;    /* a read hold taken beside others: its release tries
                     * S_RELEASE_READ first */
     pg_conn *hold; /* advisory: the connection holding the lock */
+    int slot;      /* advisory: the permit's slot (1..N) */
 } pg_lease;
 
 /* The client thread's epoll entries (a hold's: its pg_conn). */
@@ -188,10 +229,31 @@ const dlock__backend *dlock__pg_select(const dlock__uri *u);
  * held): a session that ended is reported lost. */
 void dlock__pg_hold_check(pg_store *ps, pg_conn *cn);
 
+/* The lock is ours on cn, token taken: cn is kept for the hold, and
+ * watched. */
+void dlock__pg_hold_keep(pg_store *ps, dlock__lease *l, pg_conn *cn,
+                         long long token);
+
+/* The application_name part of a hold: its description, within 63
+ * bytes. */
+void dlock__pg_appname(const dlock__lease *l, char *out, size_t cap);
+
+/* pg_adv_sem.c: advisory mode's semaphores */
+
+/* A permit (l->kind DLOCK__PERMIT): a try, or a wait until l->deadline
+ * at the gate and, as the head, on every slot at once. */
+int dlock__pg_adv_sem_acquire(pg_store *ps, dlock__lease *l,
+                              int64_t op_deadline);
+
 /* pg_conn.c: errors */
 
 /* DLOCK_ENOMEM, "out of memory". */
 int dlock__pg_enomem(void);
+
+/* A failed result (NULL: none came): the code for its SQLSTATE, with the
+ * server's words. */
+int dlock__pg_result_error(pg_store *ps, const PGresult *r,
+                           const char *what);
 
 /* pg_conn.c: connections and statements */
 

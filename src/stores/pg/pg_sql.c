@@ -346,12 +346,17 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
             : set_sql(ps, S_GC_QUEUE, 1,
                       "DELETE FROM %2$s w WHERE NOT " ALIVE("w", "$1"), nm,
                       s);
-    /* advisory: $1 name [, $2 holder]; exclusive and shared (read) */
+    /* advisory: $1 name [, $2 holder]; exclusive and shared (read). A
+     * name that a semaphore holds (its family key held) is not taken: the
+     * third column is that semaphore's N (0: not known) */
 #define ADV_TRY(fn)                                                         \
-    "WITH l AS (SELECT " fn "(" KEY("$1") ") AS ok), n AS (SELECT CASE "    \
-    "WHEN ok THEN nextval(%3$s) END AS t FROM l) SELECT t, CASE WHEN t IS " \
-    "NOT NULL THEN set_config('application_name', 'dlock ' || t || ' ' || " \
-    "$2, false) END FROM n"
+    "WITH s AS (SELECT " ADV_SHARED_HELD(ADV_F("$1")) " AS sem), l AS ("     \
+    "SELECT "                                                               \
+    "sem, CASE WHEN NOT sem THEN " fn "(" KEY("$1") ") END AS ok FROM s), " \
+    "n AS (SELECT sem, CASE WHEN ok THEN nextval(%3$s) END AS t FROM l) "   \
+    "SELECT t, CASE WHEN t IS NOT NULL THEN set_config('application_name', " \
+    "'dlock ' || t || ' ' || $2, false) END, CASE WHEN sem THEN coalesce("  \
+    ADV_OTHER_N("$1") ", 0) END FROM n"
 #define ADV_UNLOCK(fn)                                                      \
     "SELECT " fn "(" KEY("$1") "), set_config('application_name', "         \
     "'dlock', false)"
@@ -367,24 +372,76 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
     rc = rc ? rc
             : set_sql(ps, S_ADV_UNLOCK_SHARED, 1,
                       ADV_UNLOCK("pg_advisory_unlock_shared"), nm, s);
-#define ADV_KEY_OF_LOCK                                                     \
-    "l.locktype = 'advisory' AND l.objsubid = 1 AND ((l.classid::bigint "   \
-    "<< 32) | l.objid::bigint) = " KEY("$1")
     rc = rc ? rc
             : set_sql(ps, S_ADV_CHECK, 1,
                       "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "
                       "l.pid = pg_backend_pid() AND l.granted AND "
-                      ADV_KEY_OF_LOCK ")",
+                      ADV_KEY_IS(KEY("$1")) ")",
                       nm, s);
+    /* holders of the lock (k 0), of a semaphore's permits (k 1: its
+     * family key) and its gate (k 2: the head granted, the others
+     * waiting), each with its session's application_name */
     rc = rc ? rc
             : set_sql(ps, S_ADV_INSPECT, 1,
                       "SELECT l.granted, coalesce(a.application_name, ''), "
                       "floor(extract(epoch FROM " NOW " - a.state_change) * "
-                      "1000)::bigint, l.pid, l.mode = 'ShareLock' FROM "
-                      "pg_locks l LEFT JOIN "
-                      "pg_stat_activity a ON a.pid = l.pid WHERE "
-                      ADV_KEY_OF_LOCK " ORDER BY l.granted DESC, "
+                      "1000)::bigint, l.pid, l.mode = 'ShareLock', w.k FROM "
+                      "(VALUES (" KEY("$1") ", 0), (" ADV_F("$1") ", 1), ("
+                      ADV_G("$1") ", 2)) w(key, k) JOIN pg_locks l ON "
+                      ADV_KEY_IS("w.key") " LEFT JOIN pg_stat_activity a ON "
+                      "a.pid = l.pid ORDER BY w.k, l.granted DESC, "
                       "a.query_start",
+                      nm, s);
+    /* A permit (docs/design.md, "PostgreSQL advisory mode semaphores"):
+     * $1 name, $2 holder, $3 N, $4 the slot already won (NULL: take the
+     * first free one), $5 let go of the gate when done. Under the check
+     * key: a lock held (locked), a semaphore of another N (its N, 0 if
+     * not known), else a slot, the family keys shared, a token. Answers
+     * slot, token, locked, the other N. N's own key is looked at first:
+     * a release lets go of the family key before N's, so a semaphore of
+     * N whose N key is free has let go of its family key too (no check
+     * key needed in the release). */
+    rc = rc ? rc
+            : set_sql(
+                  ps, S_ADV_SEM_TRY, 5,
+                  "WITH c AS (SELECT 1 AS one FROM (SELECT "
+                  "pg_advisory_xact_lock(" ADV_C("$1") ")) x), "
+                  "d AS (SELECT CASE WHEN (SELECT one FROM c) = 1 THEN "
+                  ADV_HELD(KEY("$1")) " END AS locked, "
+                  ADV_HELD(ADV_FN("$1", "$3")) " AS same), "
+                  "e AS (SELECT locked, CASE WHEN same THEN false ELSE "
+                  ADV_SHARED_HELD(ADV_F("$1")) " END AS other FROM d), "
+                  "s AS (SELECT locked, other, CASE WHEN locked OR other "
+                  "THEN NULL ELSE coalesce($4, "
+                  "(SELECT i FROM generate_series(1, $3) i WHERE "
+                  "pg_try_advisory_lock(" ADV_SLOT("$1", "$3", "i") ") LIMIT "
+                  "1)) END AS slot FROM e), "
+                  "t AS (SELECT s.*, CASE WHEN slot IS NOT NULL THEN (SELECT "
+                  "nextval(%3$s) FROM (SELECT pg_advisory_lock_shared("
+                  ADV_F("$1") "), pg_advisory_lock_shared(" ADV_FN("$1", "$3")
+                  ")) y) END AS tok FROM s) "
+                  "SELECT slot, tok, locked, CASE WHEN other THEN coalesce("
+                  ADV_OTHER_N("$1") ", 0) END, CASE WHEN tok IS NOT NULL THEN "
+                  "set_config('application_name', left('dlock ' || tok || "
+                  "' s' || $3 || ' ' || $2, 63), false) END, CASE WHEN $4 IS "
+                  "NOT NULL AND tok IS NULL THEN pg_advisory_unlock("
+                  ADV_SLOT("$1", "$3", "$4") ") END, CASE WHEN $5 AND (tok IS "
+                  "NOT NULL OR locked OR other) THEN pg_advisory_unlock("
+                  ADV_G("$1") ") END FROM t",
+                  nm, s);
+    /* $1 name, $2 N, $3 slot */
+    rc = rc ? rc
+            : set_sql(ps, S_ADV_SEM_UNLOCK, 3,
+                      "SELECT pg_advisory_unlock(" ADV_SLOT("$1", "$2", "$3")
+                      "), pg_advisory_unlock_shared(" ADV_F("$1") "), "
+                      "pg_advisory_unlock_shared(" ADV_FN("$1", "$2") "), "
+                      "set_config('application_name', 'dlock', false)",
+                      nm, s);
+    rc = rc ? rc
+            : set_sql(ps, S_ADV_SEM_CHECK, 3,
+                      "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE "
+                      "l.pid = pg_backend_pid() AND l.granted AND "
+                      ADV_KEY_IS(ADV_SLOT("$1", "$2", "$3")) ")",
                       nm, s);
     return rc;
 }
