@@ -3,15 +3,17 @@
  * pg.h -- what the PostgreSQL store's files share: pg.c, the store (URI
  * options and libpq's keywords, open and close, the client thread's
  * loop, the two backend structs' shared slots); pg_table.c, table mode
- * (the lock table's slots and dlock__backend_pg); pg_advisory.c,
- * advisory mode (its slots and backend, chosen by dlock__pg_select);
+ * (the lock table's slots and dlock__backend_pg: exclusive and shared
+ * holds and permits); pg_advisory.c, advisory mode (its slots and
+ * backend, chosen by dlock__pg_select); pg_adv_sem.c, advisory mode's
+ * semaphores (slot keys, the gate, the head's wait on every slot);
  * pg_conn.c, its connections (the command connection and the pool of
  * extra ones, non-blocking libpq I/O with the caller's deadline, running
  * statements, error codes, LISTEN and the notifications read on the
  * command connection); and pg_sql.c, its SQL (quoted names, the
- * statements' texts, the table mode's schema with its release and leave
- * functions, and the look at open that creates what is missing and tells
- * whether a pooler sits in front).
+ * statements' texts, the table mode's schema with its release, leave and
+ * queue functions, and the look at open that creates or upgrades what is
+ * missing and tells whether a pooler sits in front).
  */
 #ifndef DLOCK_PG_H
 #define DLOCK_PG_H

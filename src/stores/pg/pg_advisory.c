@@ -16,6 +16,8 @@
  * (pg_advisory_lock_shared): its lock manager queues a shared request
  * behind a waiting exclusive one and wakes every compatible waiter at the
  * head of the queue on a release, so readers do not starve writers.
+ * Semaphores are in pg_adv_sem.c; a lock's take first looks whether a
+ * semaphore holds the name (its family key held shared).
  */
 #include "pg.h"
 

@@ -31,6 +31,14 @@
  *    A wait that ends without the lock leaves with T_leave, which keeps
  *    a lock handed over meanwhile. docs/design.md,
  *    "PostgreSQL table mode: hand-over", has the failure cases.
+ *  - Read holds and permits (docs/design.md, "Shared holds and permits"):
+ *    the row's owner is '*' and its holders column keeps one entry per
+ *    hold, each with its own lease end; lock_until is the latest. A take
+ *    runs S_TAKE_FAST (the uncontended case, as light as the writer's
+ *    upsert), then S_TAKE when that took nothing; T_unlock's grant step
+ *    lets in every reader at the head, the writer, or one waiter per
+ *    permit freed; a reader's release beside other readers is one UPDATE
+ *    (S_RELEASE_READ).
  */
 #include "pg.h"
 
