@@ -231,7 +231,11 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
      * all and no entry of ours: take it (a new entry, a token drawn under
      * the row's lock). Anything else (the row busy, a queue, an entry of
      * ours to adopt, another kind) takes nothing and returns no row, and
-     * the caller runs S_TAKE, which decides every case. Times are the
+     * the caller runs S_TAKE, which decides every case. A queue is seen
+     * before the row is locked (the source row is not made at all): an
+     * arrival behind a waiting writer then locks the row once, in S_TAKE,
+     * not twice (with 8 readers and a writer, every lock of the one row
+     * is a turn the releases wait for). Times are the
      * statement's arrival (statement_timestamp(): the lease starts no
      * earlier than the caller sent it; another's end is read as live a
      * moment longer), not the clock after waiting for the row. Same
@@ -248,7 +252,8 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   "INSERT INTO %1$s AS t (name, owner, holds, token, "
                   "locked_at, lock_until, holders, permits) SELECT $1, '*', "
                   "1, k.v, statement_timestamp(), " FAST_END ", " FAST_ENTRY
-                  ", $9 FROM (SELECT nextval(%3$s) AS v) k "
+                  ", $9 FROM (SELECT nextval(%3$s) AS v) k WHERE NOT EXISTS "
+                  "(SELECT 1 FROM %2$s WHERE name = $1) "
                   "ON CONFLICT (name) DO UPDATE SET (owner, holder, holds, "
                   "token, locked_at, lock_until, holders, permits) = (SELECT "
                   "'*', NULL, CASE WHEN " FAST_FREE " THEN 1 ELSE t.holds + "
@@ -261,8 +266,7 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   "WHERE (" FAST_FREE " OR (t.owner = '*' AND t.permits = $9 "
                   "AND NOT t.holders ? $2 AND ($9 = 0 OR jsonb_array_length("
                   "jsonb_path_query_array(t.holders, '$.* ? (@.u > $m)', "
-                  "jsonb_build_object('m', " STMT_MS "))) < $9))) AND NOT "
-                  "EXISTS (SELECT 1 FROM %2$s WHERE name = $1) "
+                  "jsonb_build_object('m', " STMT_MS "))) < $9))) "
                   "RETURNING token, holds, $5::text IS NULL AND $6 > 0 AND "
                   "$7 IS NULL AND $8 IS NULL",
                   nm, s);
