@@ -204,6 +204,27 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     return rc;
 }
 
+/* The parameters of a hold's release and check: the name, and a
+ * permit's N and slot (a lock's statements read only the name). */
+typedef struct hold_params {
+    char n[16], slot[16];
+    const char *vals[3];
+    int lens[3];
+} hold_params;
+
+static void hold_params_of(const dlock__lease *l, hold_params *p)
+{
+    const pg_lease *pl = l->priv;
+
+    snprintf(p->n, sizeof(p->n), "%u", l->permits);
+    snprintf(p->slot, sizeof(p->slot), "%d", pl->slot);
+    p->vals[0] = l->name;
+    p->vals[1] = p->n;
+    p->vals[2] = p->slot;
+    p->lens[0] = (int)l->name_len;
+    p->lens[1] = p->lens[2] = 0;
+}
+
 static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
@@ -226,16 +247,13 @@ static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
                           "lock ended: the server had released it",
                           ps->redacted);
     }
-    char n[16], slot[16];
-    snprintf(n, sizeof(n), "%u", l->permits);
-    snprintf(slot, sizeof(slot), "%d", pl->slot);
-    const char *vals[3] = {l->name, n, slot};
-    int lens[3] = {(int)l->name_len, 0, 0};
+    hold_params p;
+    hold_params_of(l, &p);
     rc = dlock__pg_run(ps, cn,
                        l->kind == DLOCK__PERMIT ? S_ADV_SEM_UNLOCK
                        : l->kind == DLOCK__READ ? S_ADV_UNLOCK_SHARED
                                                 : S_ADV_UNLOCK,
-                       vals, lens, op_deadline, &r,
+                       p.vals, p.lens, op_deadline, &r,
                        "releasing the advisory lock");
     if (rc == DLOCK_ECONN && cn->broken) {
         /* closing the session frees the lock on the server too */
@@ -271,15 +289,12 @@ static int adv_extend(void *st, dlock__lease *l, int64_t ttl_ms,
         return dlock__pg_not_ours(ps);
     pthread_mutex_lock(&cn->mu);
     if (!cn->dead && PQstatus(cn->pg) == CONNECTION_OK) {
-        char n[16], slot[16];
-        snprintf(n, sizeof(n), "%u", l->permits);
-        snprintf(slot, sizeof(slot), "%d", pl->slot);
-        const char *vals[3] = {l->name, n, slot};
-        int lens[3] = {(int)l->name_len, 0, 0};
+        hold_params p;
+        hold_params_of(l, &p);
         rc = dlock__pg_run(ps, cn,
                            l->kind == DLOCK__PERMIT ? S_ADV_SEM_CHECK
                                                     : S_ADV_CHECK,
-                           vals, lens, op_deadline, &r,
+                           p.vals, p.lens, op_deadline, &r,
                            "checking the advisory lock");
         if (rc == DLOCK_OK) {
             held = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
