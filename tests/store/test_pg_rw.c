@@ -172,7 +172,7 @@ static int dead_reader_child(void *arg)
         dlock_open(&l, c, "rw1", &o) != DLOCK_OK)
         return 1;
     d->before = th_now_ms();
-    d->rc = dlock_acquire_shared(l, 0);
+    __atomic_store_n(&d->rc, dlock_acquire_shared(l, 0), __ATOMIC_SEQ_CST);
     for (;;)
         pause(); /* killed holding */
 }
@@ -187,6 +187,11 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
 
     d->rc = -1000;
     pid_t child = th_fork(dead_reader_child, d);
+    /* its acquire has returned (the row shows the hold a moment before) */
+    for (int i = 0; i < 4000 && __atomic_load_n(&d->rc, __ATOMIC_SEQ_CST) ==
+                                   -1000;
+         i++)
+        th_sleep_ms(5);
     until_state(c, "rw1", 0, 1);
     kill(child, SIGKILL);
     th_wait(child);

@@ -263,6 +263,15 @@ static int slots_wait(pg_store *ps, pg_conn *cn, dlock__lease *l,
         if (l->deadline != DLOCK__FOREVER && l->deadline < dl)
             dl = l->deadline + 10;
         rc = dlock__pg_conn_get(ps, dl, &w[i].cn);
+        if (rc == DLOCK_ECONN && l->deadline != DLOCK__FOREVER &&
+            dlock__now_ms() >= l->deadline)
+            /* the wait ran out while its sessions were being opened:
+             * every permit was held for the whole of it */
+            rc = dlock__err(DLOCK_EBUSY,
+                            "lock '%.200s': every permit was held for the "
+                            "whole wait (it ended while the sessions to "
+                            "wait on them were opened)",
+                            l->name);
     }
     for (int i = 0; i < n && rc == DLOCK_OK; i++) {
         char *sql = wait_sql(l, "",
