@@ -67,6 +67,7 @@ typedef struct waiter {
     int64_t got; /* monotonic ms when the acquire returned (0: not yet) */
     uint64_t token;
     volatile int done;
+    volatile int *go; /* then hold until *go is set (20 s at most) */
 } waiter;
 
 static void *wait_thread(void *arg)
@@ -80,6 +81,10 @@ static void *wait_thread(void *arg)
     if (w->rc == DLOCK_OK) {
         if (w->hold)
             th_sleep_ms(w->hold);
+        for (int i = 0; w->go && i < 4000 &&
+                        !__atomic_load_n(w->go, __ATOMIC_SEQ_CST);
+             i++)
+            th_sleep_ms(5);
         dlock_release(w->l);
     }
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
@@ -182,7 +187,7 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
     dead *d = th_shared(sizeof(*d));
     dlock_client *a = client(), *c = client();
     dlock *live = handle(a, "rw1", 30000, 0, 0);
-    waiter w = {handle(c, "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0};
+    waiter w = {handle(c, "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     d->rc = -1000;
@@ -225,7 +230,7 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     dlock *r1 = handle(c[1], "rw2", 30000, 0, 0);
     dlock *r2 = handle(c[2], "rw2", 30000, 0, 0);
     dlock *r3 = handle(c[3], "rw2", 30000, 0, 0);
-    waiter w = {handle(c[0], "rw2", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0};
+    waiter w = {handle(c[0], "rw2", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
@@ -262,7 +267,8 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
 
 /* A writer's release with R R W R queued lets in the two readers at the
  * head and no further: the writer behind them and the reader behind it
- * keep waiting, in that order. */
+ * keep waiting, in that order. Each holds until told (`go`): the checks
+ * see them holding however slow the machine. */
 TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
 {
     enum { N = 4 };
@@ -270,6 +276,7 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
     dlock *lh = handle(h, "rw3", 30000, 0, 0);
     waiter w[N];
     pthread_t th[N];
+    volatile int go_r = 0, go_w = 0;
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < N; i++) {
@@ -278,7 +285,7 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
         w[i].l = handle(c[i], "rw3", 30000, 0, 0);
         w[i].shared = i != 2; /* R R W R */
         w[i].wait = 20000;
-        w[i].hold = 1000; /* the checks below see them holding */
+        w[i].go = i < 2 ? &go_r : i == 2 ? &go_w : NULL;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
         until_state(h, "rw3", i + 1, 1); /* queued in this order */
     }
@@ -300,16 +307,24 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
         CHECK_CONTAINS(i.queue[1], "read: ");
     }
     dlock_info_clear(&i);
+    until_returned(&w[0]);
+    until_returned(&w[1]);
+    int64_t t_r = th_now_ms();
+    __atomic_store_n(&go_r, 1, __ATOMIC_SEQ_CST);
+    until_returned(&w[2]);
+    CHECK_EQ(w[3].got, 0); /* the reader behind the writer still waits */
+    int64_t t_w = th_now_ms();
+    __atomic_store_n(&go_w, 1, __ATOMIC_SEQ_CST);
     for (int k = 0; k < N; k++)
         pthread_join(th[k], NULL);
     for (int k = 0; k < N; k++)
         CHECK_OK(w[k].rc);
     for (int k = 0; k < 2; k++) {
         CHECK_OP(w[k].got - rel, <, 3000); /* one hand-off, busy machine */
-        CHECK_OP(w[2].got, >=, w[k].got + w[k].hold);
         CHECK_OP(w[2].token, >, w[k].token);
     }
-    CHECK_OP(w[3].got, >=, w[2].got + w[2].hold);
+    CHECK_OP(w[2].got, >=, t_r);
+    CHECK_OP(w[3].got, >=, t_w);
     CHECK_OP(w[3].token, >, w[2].token);
     for (int k = 0; k < N; k++) {
         dlock_close(w[k].l);
@@ -326,8 +341,8 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 {
     dlock_client *a = client(), *b = client(), *c = client();
     dlock *r1 = handle(a, "rw4", 30000, 0, 0);
-    waiter w = {handle(b, "rw4", 30000, 0, 0), 0, 1500, 0, 0, 0, 0, 0};
-    waiter r2 = {handle(c, "rw4", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0};
+    waiter w = {handle(b, "rw4", 30000, 0, 0), 0, 3000, 0, 0, 0, 0, 0, NULL};
+    waiter r2 = {handle(c, "rw4", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t tw, tr;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
@@ -445,7 +460,7 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
     int *ready = th_shared(sizeof(*ready));
     dlock_client *h = client(), *c = client();
     dlock *lh = handle(h, "rw7", 30000, 0, 0);
-    waiter r = {handle(c, "rw7", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0};
+    waiter r = {handle(c, "rw7", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -483,10 +498,12 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     dlock *pb = handle(b, "rw8", 30000, 0, 2);
     dlock *p3 = handle(c, "rw8", 30000, 0, 3);
     dlock *lk = handle(c, "rw8", 30000, 0, 0);
-    waiter w1 = {handle(c, "rw8", 30000, 0, 2), 0, 20000, 1500, 0, 0, 0, 0};
-    waiter w2 = {handle(d, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0};
+    volatile int go1 = 0;
+    waiter w1 = {handle(c, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w2 = {handle(d, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
 
+    w1.go = &go1;
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
     CHECK(dlock_token(pa) != dlock_token(pb));
@@ -509,10 +526,11 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_OK(dlock_release(pa));
     /* one permit freed: the first waiter alone */
     until_state(a, "rw8", 1, 2);
-    CHECK_EQ(w2.done, 0); /* w1 holds 1.5 s */
     until_returned(&w1);
+    CHECK_EQ(w2.got, 0); /* one permit freed: one waiter in */
     CHECK_OP(w1.got - rel, <, 3000); /* a hand-off, busy machine */
     CHECK_OK(dlock_release(pb));
+    __atomic_store_n(&go1, 1, __ATOMIC_SEQ_CST);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
     CHECK_OK(w1.rc);
@@ -770,8 +788,8 @@ TEST(a_table_of_the_previous_version_is_migrated)
     CHECK_STR(i.holder, "an older client");
     CHECK_EQ(i.token, tok);
     dlock_info_clear(&i);
-    waiter r1 = {handle(a, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0};
-    waiter r2 = {handle(b, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0};
+    waiter r1 = {handle(a, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter r2 = {handle(b, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
     pthread_create(&t1, NULL, wait_thread, &r1);
     until_state(b, "rw10", 1, 1);
@@ -862,7 +880,7 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
     sem_child_arg *a = th_shared(sizeof(*a));
     dlock_client *c = client_at(adv), *d = client_at(adv);
     dlock *p = handle(c, "adv1", 0, 0, 2);
-    waiter w = {handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0};
+    waiter w = {handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     pid_t child = th_fork(permit_child, a);
@@ -947,10 +965,12 @@ TEST(advisory_permit_waiters_are_served_in_order)
     dlock_client *h = client_at(adv), *c1 = client_at(adv),
                  *c2 = client_at(adv);
     dlock *ph = handle(h, "adv3", 0, 0, 1);
-    waiter w1 = {handle(c1, "adv3", 0, 0, 1), 0, 20000, 800, 0, 0, 0, 0};
-    waiter w2 = {handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0};
+    volatile int go1 = 0;
+    waiter w1 = {handle(c1, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w2 = {handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
 
+    w1.go = &go1;
     CHECK_OK(dlock_acquire(ph, 0));
     pthread_create(&t1, NULL, wait_thread, &w1);
     until_state(h, "adv3", 1, 1);
@@ -959,11 +979,14 @@ TEST(advisory_permit_waiters_are_served_in_order)
     CHECK_OK(dlock_release(ph));
     until_returned(&w1);
     CHECK_OK(w1.rc);
-    CHECK_EQ(w2.done, 0); /* w1 holds 800 ms */
+    th_sleep_ms(200); /* w2 would have been let in by now */
+    CHECK_EQ(w2.got, 0); /* w1 holds until told */
+    int64_t t_go = th_now_ms();
+    __atomic_store_n(&go1, 1, __ATOMIC_SEQ_CST);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
     CHECK_OK(w2.rc);
-    CHECK_OP(w2.got, >=, w1.got + w1.hold);
+    CHECK_OP(w2.got, >=, t_go);
     CHECK_OP(w2.token, >, w1.token);
     dlock_close(ph);
     dlock_close(w1.l);

@@ -80,12 +80,14 @@
     k ") ELSE EXISTS (SELECT 1 FROM pg_locks l WHERE l.granted AND l.mode " \
     "= 'ShareLock' AND " ADV_KEY_IS(k) ") END"
 /* The N that a permit holder of name n names in its application_name
- * ("dlock TOKEN sN DESC"); NULL when none is found. */
-#define ADV_OTHER_N(n)                                                      \
-    "(SELECT substring(a.application_name FROM '^dlock [0-9]+ s([0-9]+) ')" \
-    "::int FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE " \
-    "l.granted AND " ADV_KEY_IS(ADV_F(n)) " AND a.application_name ~ "      \
-    "'^dlock [0-9]+ s[0-9]+ ' LIMIT 1)"
+ * ("dlock TOKEN sN DESC") and that is not `not` (an SQL expression; NULL:
+ * any N); NULL when none is found. */
+#define ADV_OTHER_N(n, not)                                                 \
+    "(SELECT x.m FROM (SELECT substring(a.application_name FROM '^dlock "   \
+    "[0-9]+ s([0-9]{1,5}) ')::int AS m FROM pg_locks l JOIN "               \
+    "pg_stat_activity a ON a.pid = l.pid WHERE l.granted AND "              \
+    ADV_KEY_IS(ADV_F(n)) " AND a.application_name ~ '^dlock [0-9]+ "        \
+    "s[0-9]{1,5} ') x WHERE x.m IS DISTINCT FROM " not " LIMIT 1)"
 /* The most permits of a semaphore in advisory mode: its head waits with
  * one session per permit (docs/locks.md). */
 #define PG_ADV_PERMITS_MAX 32

@@ -60,15 +60,10 @@ static int sem_try(pg_store *ps, pg_conn *cn, dlock__lease *l, int *slot,
                           "lock '%.200s' is a lock, not a semaphore (it has "
                           "holders)",
                           l->name);
-    if (other > 0)
+    if (other >= 0)
         return dlock__err(DLOCK_EINVAL,
                           "lock '%.200s' is a semaphore of %lld permits",
                           l->name, other);
-    if (other == 0)
-        return dlock__err(DLOCK_EINVAL,
-                          "lock '%.200s' is a semaphore of another number "
-                          "of permits than %u",
-                          l->name, l->permits);
     return DLOCK_EBUSY;
 }
 

@@ -163,7 +163,8 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                          "SELECT t, set_config('application_name', CASE WHEN "
                          "t IS NOT NULL THEN 'dlock ' || t || ' ' || %2$s "
                          "ELSE 'dlock' END, false), CASE WHEN sem THEN "
-                         "coalesce(" ADV_OTHER_N(HEXNAME) ", 0) END FROM n",
+                         "coalesce(" ADV_OTHER_N(HEXNAME, "NULL") ", 0) END FROM "
+                         "n",
                          (long long)wait, lit, hex, shared ? "_shared" : "",
                          ps->seq_lit);
 #undef HEXNAME

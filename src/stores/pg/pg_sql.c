@@ -360,7 +360,7 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
     "n AS (SELECT sem, CASE WHEN ok THEN nextval(%3$s) END AS t FROM l) "   \
     "SELECT t, CASE WHEN t IS NOT NULL THEN set_config('application_name', " \
     "'dlock ' || t || ' ' || $2, false) END, CASE WHEN sem THEN coalesce("  \
-    ADV_OTHER_N("$1") ", 0) END FROM n"
+    ADV_OTHER_N("$1", "NULL") ", 0) END FROM n"
 #define ADV_UNLOCK(fn)                                                      \
     "SELECT " fn "(" KEY("$1") "), set_config('application_name', "         \
     "'dlock', false)"
@@ -399,12 +399,14 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
     /* A permit (docs/design.md, "PostgreSQL advisory mode semaphores"):
      * $1 name, $2 holder, $3 N, $4 the slot already won (NULL: take the
      * first free one), $5 let go of the gate when done. Under the check
-     * key: a lock held (locked), a semaphore of another N (its N, 0 if
-     * not known), else a slot, the family keys shared, a token. Answers
-     * slot, token, locked, the other N. N's own key is looked at first:
-     * a release lets go of the family key before N's, so a semaphore of
-     * N whose N key is free has let go of its family key too (no check
-     * key needed in the release). */
+     * key: a lock held (locked), a semaphore of another N (other: its N,
+     * read from a holder's application_name: a holder of this N that is
+     * dying may still hold the family key a moment after N's), else a
+     * slot, the family keys shared, a token. Answers slot, token, locked,
+     * other. N's own key is looked at first: a release lets go of the
+     * family key before N's, so a semaphore of N whose N key is free has
+     * let go of its family key too (no check key needed in the
+     * release). */
     rc = rc ? rc
             : set_sql(
                   ps, S_ADV_SEM_TRY, 5,
@@ -413,10 +415,11 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   "d AS (SELECT CASE WHEN (SELECT one FROM c) = 1 THEN "
                   ADV_HELD(KEY("$1")) " END AS locked, "
                   ADV_HELD(ADV_FN("$1", "$3")) " AS same), "
-                  "e AS (SELECT locked, CASE WHEN same THEN false ELSE "
-                  ADV_SHARED_HELD(ADV_F("$1")) " END AS other FROM d), "
-                  "s AS (SELECT locked, other, CASE WHEN locked OR other "
-                  "THEN NULL ELSE coalesce($4, "
+                  "e AS (SELECT locked, CASE WHEN NOT same AND "
+                  ADV_SHARED_HELD(ADV_F("$1")) " THEN " ADV_OTHER_N("$1", "$3")
+                  " END AS other FROM d), "
+                  "s AS (SELECT locked, other, CASE WHEN locked OR other IS "
+                  "NOT NULL THEN NULL ELSE coalesce($4, "
                   "(SELECT i FROM generate_series(1, $3) i WHERE "
                   "pg_try_advisory_lock(" ADV_SLOT("$1", "$3", "i") ") LIMIT "
                   "1)) END AS slot FROM e), "
@@ -424,22 +427,27 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   "nextval(%3$s) FROM (SELECT pg_advisory_lock_shared("
                   ADV_F("$1") "), pg_advisory_lock_shared(" ADV_FN("$1", "$3")
                   ")) y) END AS tok FROM s) "
-                  "SELECT slot, tok, locked, CASE WHEN other THEN coalesce("
-                  ADV_OTHER_N("$1") ", 0) END, CASE WHEN tok IS NOT NULL THEN "
+                  "SELECT slot, tok, locked, other, CASE WHEN tok IS NOT NULL "
+                  "THEN "
                   "set_config('application_name', left('dlock ' || tok || "
                   "' s' || $3 || ' ' || $2, 63), false) END, CASE WHEN $4 IS "
                   "NOT NULL AND tok IS NULL THEN pg_advisory_unlock("
                   ADV_SLOT("$1", "$3", "$4") ") END, CASE WHEN $5 AND (tok IS "
-                  "NOT NULL OR locked OR other) THEN pg_advisory_unlock("
+                  "NOT NULL OR locked OR other IS NOT NULL) THEN "
+                  "pg_advisory_unlock("
                   ADV_G("$1") ") END FROM t",
                   nm, s);
-    /* $1 name, $2 N, $3 slot */
+    /* $1 name, $2 N, $3 slot: the family key, then N's, then the slot
+     * (a holder takes them the other way round): a session holds the
+     * family key only while it holds a slot, and N's only while it holds
+     * the family key. Answers whether the slot was held (first column) */
     rc = rc ? rc
             : set_sql(ps, S_ADV_SEM_UNLOCK, 3,
-                      "SELECT pg_advisory_unlock(" ADV_SLOT("$1", "$2", "$3")
-                      "), pg_advisory_unlock_shared(" ADV_F("$1") "), "
-                      "pg_advisory_unlock_shared(" ADV_FN("$1", "$2") "), "
-                      "set_config('application_name', 'dlock', false)",
+                      "SELECT u, c FROM (SELECT pg_advisory_unlock_shared("
+                      ADV_F("$1") ") AS f, pg_advisory_unlock_shared("
+                      ADV_FN("$1", "$2") ") AS n, pg_advisory_unlock("
+                      ADV_SLOT("$1", "$2", "$3") ") AS u, set_config("
+                      "'application_name', 'dlock', false) AS c) x",
                       nm, s);
     rc = rc ? rc
             : set_sql(ps, S_ADV_SEM_CHECK, 3,
