@@ -25,7 +25,8 @@ import plot  # noqa: E402
 STORES = ["Redis", "File store", "Redlock", "ZooKeeper", "etcd", "SQLite",
           "PostgreSQL", "MySQL / MariaDB"]
 # stores with shared holds (docs/locks.md): their bench_rw subsection
-RW_STORES = ["Redis", "File store", "PostgreSQL", "ZooKeeper", "etcd"]
+RW_STORES = ["Redis", "File store", "PostgreSQL", "ZooKeeper", "etcd",
+             "SQLite"]
 CONTENTION = ["Redis", "File store", "Redlock, 5 nodes", "ZooKeeper",
               "etcd", "SQLite", "PostgreSQL", "MySQL / MariaDB"]
 

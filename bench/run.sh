@@ -489,6 +489,9 @@ if [ -x "$build/bench/dlock_bench_sqlite" ]; then
     mkdir -p "$tmp/sqlite"
     # shellcheck disable=SC2086
     "$build/bench/dlock_bench_sqlite" "$tmp/sqlite" $quick >"$sqout"
+    # shared holds and semaphores (bench/bench_rw.c), ending the section
+    # shellcheck disable=SC2086
+    "$build/bench/dlock_bench_rw" "sqlite://$tmp/sqlite/rw.db" $quick >>"$sqout"
     contend "SQLite|dlock|SQLite" "" "$cbin" worker "sqlite://$tmp/sqlite/contend.db" contend-1
 else
     printf '## SQLite\n\nNot measured: dlock_bench_sqlite was not built (libsqlite3-dev missing).\n' >"$sqout"

@@ -686,6 +686,14 @@ TEST(watchdog_keeps_a_short_lease)
 {
     if (!has_leases)
         return; /* no lease on this store */
+    if (!strcmp(kind, "sqlite") && getenv("DLOCK_TEST_VALGRIND")) {
+        /* the watchdog's renewals and this thread's tries meet in the
+         * SQLite store's writers' turn, a wait in F_OFD_SETLKW behind
+         * another thread of this process: it stalls valgrind 3.19, as
+         * the TK() tests do (harness/test.h) */
+        printf("     (skipped under valgrind on sqlite)\n");
+        return;
+    }
     dlock_client *a = client(), *b = client();
     dlock_options o;
     dlock *la, *lb = handle(b, "watchdog", 0, 0);

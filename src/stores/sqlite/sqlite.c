@@ -15,6 +15,14 @@
  *    The row is made once per client and name (its rowid names the
  *    name's region of the sidecar, below).
  *  - Release and extend are one UPDATE each, guarded by owner and token.
+ *  - Readers and permits (sqlite_rw.c): a sole holder in the row's own
+ *    columns, then one entry each in the row's `holders`, with its own
+ *    lease end; lock_until is the latest one, so the writer's statement
+ *    above sees the name held while any of them may hold it. A reader or
+ *    permit keeps no ticket: the head of the queue that gets in drops its
+ *    ticket with the wake-up byte, so the readers at the head get in one
+ *    after another; the release that leaves no reader (or frees a
+ *    permit) rings the head.
  *  - Waiting (sqlite_wait.c; docs/design.md, "SQLite: waking waiters"):
  *    an acquirer that finds nobody queued runs the statement alone; one
  *    that finds a queue or the lock busy takes a ticket in the sidecar
@@ -34,8 +42,6 @@
 #include "sqlite.h"
 #include "../file/file.h"
 
-#include <sqlite3.h>
-
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -49,48 +55,8 @@
 #define SQ_MOVES_MAX 16        /* region changes (gc, VACUUM) in one call */
 #define SQ_WAITERS_COUNTED 100000
 
-/* SQLite's clock, in milliseconds and microseconds since the epoch */
-#define NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
-#define NOW_US                                                              \
-    "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
-
-enum {
-    S_ROWID,
-    S_MAKE,
-    S_TAKE,
-    S_LEASE_LEFT,
-    S_RELEASE,
-    S_EXTEND,
-    S_INSPECT,
-    S_GC,
-    S_COUNT
-};
-
-#define SQ_SPARE_MAX 8
-
-typedef struct sq_store {
-    sqlite3 *db;
-    char *redacted;
-    char *side;   /* the sidecar's path */
-    mode_t mode;  /* the database file's permission bits, for the sidecar */
-    int sidefd;   /* the sidecar, for dlock_inspect() and the looks of
-                   * acquisitions without a ticket (holds no lock) */
-    dev_t side_dev; /* its identity, for channel names */
-    ino_t side_ino;
-    /* sidecar descriptors of finished acquisitions, unlocked, for the next
-     * ones (an open file description each: OFD locks are its own) */
-    int spare[SQ_SPARE_MAX];
-    int nspare;
-    pthread_mutex_t spare_mu; /* spare, nspare (not mu: a statement may
-                               * hold that one for a while) */
-    int64_t timeout_ms;
-    pthread_mutex_t mu;
-    sqlite3_stmt *st[S_COUNT];
-} sq_store;
-
-typedef struct sq_lease {
-    sq_wait w;
-} sq_lease;
+#define NOW_MS SQ_NOW_MS
+#define NOW_US SQ_NOW_US
 
 static int sq_error(sq_store *ss, const char *what)
 {
@@ -155,12 +121,16 @@ static void sq_close(void *st)
     free(ss);
 }
 
-static int prepare(sq_store *ss, int which, const char *fmt, const char *t)
+int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
+                      const char *t)
 {
-    char sql[4096];
+    char sql[8192];
 
     /* every %1$s is the table, %2$s the clock */
-    snprintf(sql, sizeof(sql), fmt, t, NOW_MS);
+    if (snprintf(sql, sizeof(sql), fmt, t, NOW_MS) >= (int)sizeof(sql))
+        return dlock__err(DLOCK_EINVAL, "sqlite %s: a statement is too "
+                                        "long for the table's name",
+                          ss->redacted);
     if (sqlite3_prepare_v3(ss->db, sql, -1, SQLITE_PREPARE_PERSISTENT,
                            &ss->st[which], NULL) != SQLITE_OK)
         return sq_error(ss, "preparing a statement");
@@ -243,24 +213,29 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
              " holds INTEGER NOT NULL DEFAULT 0,"
              " token INTEGER NOT NULL DEFAULT 0,"
              " locked_at INTEGER NOT NULL DEFAULT 0,"
-             " lock_until INTEGER NOT NULL DEFAULT 0);",
+             " lock_until INTEGER NOT NULL DEFAULT 0,"
+             " holders TEXT,"
+             " permits INTEGER NOT NULL DEFAULT 0);",
              t);
     /* Clients opening a new database at the same moment: SQLite answers
      * SQLITE_BUSY at once, without its busy handler, to the connection
      * whose lock upgrade would deadlock with another's (the WAL switch,
      * the first CREATE TABLE), and the remedy is to run the statement
      * again. Bounded by the client's timeout (both statements are no-ops
-     * once done). */
+     * once done). A table made by an older dlock gets the columns of
+     * shared holds here (sqlite_rw.c), with the same retries. */
     int64_t ddl_end = dlock__now_ms() + timeout_ms;
     int erc;
     for (int i = 0; i < 10000; i++) {
         erc = sqlite3_exec(ss->db, ddl, NULL, NULL, NULL);
+        if (erc == SQLITE_OK)
+            erc = dlock__sq_migrate(ss->db, table, t);
         if ((erc & 0xff) != SQLITE_BUSY || dlock__now_ms() >= ddl_end)
             break;
         sqlite3_sleep(1 + i % 8);
     }
     if (erc != SQLITE_OK) {
-        rc = sq_error(ss, "creating the lock table");
+        rc = sq_error(ss, "creating (or adding columns to) the lock table");
         sq_close(ss);
         return rc;
     }
@@ -277,41 +252,34 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         }
     }
     /* ?1 name, ?2 owner, ?3 ttl, ?4 holder, ?5 the rowid we queued under */
-    if ((rc = prepare(ss, S_ROWID,
+    if ((rc = dlock__sq_prepare(ss, S_ROWID,
                       "SELECT rowid FROM %1$s WHERE name = ?1", t)) ||
-        (rc = prepare(ss, S_MAKE,
+        (rc = dlock__sq_prepare(ss, S_MAKE,
                       "INSERT INTO %1$s (name) VALUES (?1) ON CONFLICT "
                       "(name) DO NOTHING",
                       t)) ||
-        (rc = prepare(ss, S_TAKE,
+        (rc = dlock__sq_prepare(ss, S_TAKE,
                       "UPDATE %1$s SET owner = ?2, holder = ?4, holds = 1, "
                       "token = max(token + 1, " NOW_US "), locked_at = "
-                      "%2$s, lock_until = %2$s + ?3 WHERE name = ?1 AND "
-                      "rowid = ?5 AND lock_until <= %2$s RETURNING token",
+                      "%2$s, lock_until = %2$s + ?3, holders = NULL, "
+                      "permits = 0 WHERE name = ?1 AND rowid = ?5 AND "
+                      "lock_until <= %2$s RETURNING token",
                       t)) ||
-        (rc = prepare(ss, S_LEASE_LEFT,
-                      "SELECT rowid, lock_until - %2$s FROM %1$s WHERE "
-                      "name = ?1",
-                      t)) ||
-        (rc = prepare(ss, S_RELEASE,
+        (rc = dlock__sq_prepare(ss, S_RELEASE,
                       "UPDATE %1$s SET owner = NULL, holder = NULL, holds = "
                       "0, lock_until = 0 WHERE name = ?1 AND owner = ?2 AND "
                       "token = ?3 AND lock_until > %2$s",
                       t)) ||
-        (rc = prepare(ss, S_EXTEND,
+        (rc = dlock__sq_prepare(ss, S_EXTEND,
                       "UPDATE %1$s SET lock_until = %2$s + ?4 WHERE name = "
                       "?1 AND owner = ?2 AND token = ?3 AND lock_until > "
                       "%2$s",
                       t)) ||
-        (rc = prepare(ss, S_INSPECT,
-                      "SELECT lock_until > %2$s, holder, token, "
-                      "lock_until - %2$s, %2$s - locked_at, rowid FROM %1$s "
-                      "WHERE name = ?1",
-                      t)) ||
-        (rc = prepare(ss, S_GC,
+        (rc = dlock__sq_prepare(ss, S_GC,
                       "DELETE FROM %1$s WHERE lock_until <= %2$s AND "
                       "locked_at <= %2$s - ?1",
-                      t))) {
+                      t)) ||
+        (rc = dlock__sq_prepare_rw(ss, t))) {
         sq_close(ss);
         return rc;
     }
@@ -349,7 +317,7 @@ static int writer_turn(sq_store *ss, const char *what)
 /* Runs a prepared statement to its first row (SQLITE_ROW), or to the end
  * (SQLITE_DONE), a statement that writes in the writers' turn. Leaves it
  * reset-able by the caller. */
-static int step(sq_store *ss, int which, int *row, const char *what)
+int dlock__sq_step(sq_store *ss, int which, int *row, const char *what)
 {
     int writes = which != S_ROWID && which != S_LEASE_LEFT &&
                  which != S_INSPECT;
@@ -358,16 +326,27 @@ static int step(sq_store *ss, int which, int *row, const char *what)
     if (writes && (rc = writer_turn(ss, what)) != DLOCK_OK)
         return rc;
     r = sqlite3_step(ss->st[which]);
+    *row = r == SQLITE_ROW;
+    if (writes && r == SQLITE_ROW) {
+        /* a statement that writes and returns its one row: finished here,
+         * in the turn. Its transaction commits only when it ends (until
+         * then it keeps SQLite's write lock, and the next client in the
+         * turn would meet it in the busy handler), and SQLite runs its
+         * WAL hook, the auto-checkpoint, only when a step answers
+         * SQLITE_DONE: a statement always reset after its row never let
+         * the WAL be checkpointed (it grew by a page per statement, and
+         * every read slowed down with it: 71 MB in 2 s of readers) */
+        ss->returned = sqlite3_column_int64(ss->st[which], 0);
+        r = sqlite3_step(ss->st[which]);
+    }
     if (writes && ss->sidefd >= 0)
         lk(ss->sidefd, F_OFD_SETLK, F_UNLCK, SQW_WRITER, 1);
-    if (r == SQLITE_ROW || r == SQLITE_DONE) {
-        *row = r == SQLITE_ROW;
+    if (r == SQLITE_ROW || r == SQLITE_DONE)
         return DLOCK_OK;
-    }
     return sq_error(ss, what);
 }
 
-static void done(sq_store *ss, int which)
+void dlock__sq_done(sq_store *ss, int which)
 {
     sqlite3_reset(ss->st[which]);
     sqlite3_clear_bindings(ss->st[which]);
@@ -389,18 +368,18 @@ static int region_of(sq_store *ss, dlock__lease *l, int64_t *rowid)
         if (i == 1) {
             sqlite3_bind_blob(ss->st[S_MAKE], 1, l->name, (int)l->name_len,
                               SQLITE_STATIC);
-            rc = step(ss, S_MAKE, &row, "making the lock's row");
-            done(ss, S_MAKE);
+            rc = dlock__sq_step(ss, S_MAKE, &row, "making the lock's row");
+            dlock__sq_done(ss, S_MAKE);
             row = 0;
             if (rc)
                 break;
         }
         sqlite3_bind_blob(ss->st[S_ROWID], 1, l->name, (int)l->name_len,
                           SQLITE_STATIC);
-        rc = step(ss, S_ROWID, &row, "reading the lock's row");
+        rc = dlock__sq_step(ss, S_ROWID, &row, "reading the lock's row");
         if (rc == DLOCK_OK && row)
             *rowid = sqlite3_column_int64(ss->st[S_ROWID], 0);
-        done(ss, S_ROWID);
+        dlock__sq_done(ss, S_ROWID);
     }
     pthread_mutex_unlock(&ss->mu);
     if (rc == DLOCK_OK && !row)
@@ -415,37 +394,58 @@ static int region_of(sq_store *ss, dlock__lease *l, int64_t *rowid)
 /* What one acquire statement found. */
 enum { T_TAKEN, T_BUSY, T_MOVED };
 
-/* Runs the acquire statement for region `rowid`; on busy reads the lease
- * left (*left: ms, <= 0 free or ended, INT64_MAX unknown). T_MOVED: the
- * row is gone or has another rowid (dlock gc, VACUUM): queue again. */
-static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
+/* Reads the row after a take that got nothing (S_LEASE_LEFT): *left, ms
+ * to its next end (<= 0 free or ended; a shared row's earliest live
+ * entry's end); T_MOVED when the row is gone or has another rowid;
+ * DLOCK_EINVAL when the live row is of another kind than l's. ss->mu
+ * held. */
+static int read_row(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
                     int64_t *left)
 {
-    sqlite3_stmt *s = ss->st[S_TAKE];
+    sqlite3_stmt *s = ss->st[S_LEASE_LEFT];
+    int rc, row = 0;
+
+    sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
+    rc = dlock__sq_step(ss, S_LEASE_LEFT, &row, "reading the lease");
+    *what = T_BUSY;
+    if (rc == DLOCK_OK && (!row || sqlite3_column_int64(s, 0) != rowid))
+        *what = T_MOVED;
+    else if (rc == DLOCK_OK && (rc = dlock__sq_kind_check(ss, l, s)) == 0)
+        *left = sqlite3_column_int64(s, 1);
+    dlock__sq_done(ss, S_LEASE_LEFT);
+    return rc;
+}
+
+/* Runs the acquire statement for region `rowid` (a reader or a permit:
+ * `join`, it may join a live shared row); on busy reads the row (*left:
+ * ms, <= 0 free or ended, INT64_MAX unknown), unless `quick` (a caller
+ * about to queue and try again). T_MOVED: the row is gone or has another
+ * rowid (dlock gc, VACUUM): queue again. */
+static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int join,
+                    int quick, int *what, int64_t *left)
+{
+    int which = l->kind == DLOCK__WRITE ? S_TAKE : S_SH_TAKE;
+    sqlite3_stmt *s = ss->st[which];
     int rc, row = 0;
 
     pthread_mutex_lock(&ss->mu);
     l->started = dlock__now_ms();
-    sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, l->owner, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 3, l->ttl_ms);
-    sqlite3_bind_text(s, 4, l->desc, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 5, rowid);
-    rc = step(ss, S_TAKE, &row, "taking the lock");
-    if (rc == DLOCK_OK && row)
-        l->token = (uint64_t)sqlite3_column_int64(s, 0);
-    done(ss, S_TAKE);
-    *what = row ? T_TAKEN : T_BUSY;
-    if (rc == DLOCK_OK && !row) {
-        s = ss->st[S_LEASE_LEFT];
+    if (which == S_SH_TAKE) {
+        dlock__sq_bind_take(ss, l, rowid, join);
+    } else {
         sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
-        rc = step(ss, S_LEASE_LEFT, &row, "reading the lease");
-        if (rc == DLOCK_OK && (!row || sqlite3_column_int64(s, 0) != rowid))
-            *what = T_MOVED;
-        else if (rc == DLOCK_OK)
-            *left = sqlite3_column_int64(s, 1);
-        done(ss, S_LEASE_LEFT);
+        sqlite3_bind_text(s, 2, l->owner, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 3, l->ttl_ms);
+        sqlite3_bind_text(s, 4, l->desc, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 5, rowid);
     }
+    rc = dlock__sq_step(ss, which, &row, "taking the lock");
+    if (rc == DLOCK_OK && row)
+        l->token = (uint64_t)ss->returned;
+    dlock__sq_done(ss, which);
+    *what = row ? T_TAKEN : T_BUSY;
+    if (rc == DLOCK_OK && !row && !quick)
+        rc = read_row(ss, l, rowid, what, left);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
@@ -455,18 +455,10 @@ static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
 static int read_left(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
                      int64_t *left)
 {
-    sqlite3_stmt *s = ss->st[S_LEASE_LEFT];
-    int rc, row = 0;
+    int rc;
 
     pthread_mutex_lock(&ss->mu);
-    sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
-    rc = step(ss, S_LEASE_LEFT, &row, "reading the lease");
-    *what = T_BUSY;
-    if (rc == DLOCK_OK && (!row || sqlite3_column_int64(s, 0) != rowid))
-        *what = T_MOVED;
-    else if (rc == DLOCK_OK)
-        *left = sqlite3_column_int64(s, 1);
-    done(ss, S_LEASE_LEFT);
+    rc = read_row(ss, l, rowid, what, left);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
@@ -484,10 +476,12 @@ static int64_t timer_from(const dlock__lease *l, int64_t left)
 }
 
 /* One queued acquisition: waits as ticket w->ticket until the acquire
- * statement takes the lock, the deadline passes (DLOCK_EBUSY), or the
- * region moved (T_MOVED through *moved). */
+ * statement takes the lock (*as_head: as the head of the queue, not at a
+ * timer behind a predecessor), the deadline passes (DLOCK_EBUSY), or the
+ * region moved (T_MOVED through *moved). Only the head may join a live
+ * shared row: a reader behind a waiter never passes it. */
 static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
-                      int *moved)
+                      int *moved, int *as_head)
 {
     int64_t timer = -1, left = INT64_MAX;
     off_t conn_p = -1;
@@ -503,7 +497,8 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             c = -1;
             conn_p = -1;
             handed = 0;
-            rc = try_take(ss, l, w->region, &what, &left);
+            *as_head = p < 0;
+            rc = try_take(ss, l, w->region, p < 0, 0, &what, &left);
             if (rc || what == T_TAKEN)
                 break;
             if (what == T_MOVED) {
@@ -586,8 +581,10 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             rc = DLOCK_EBUSY;
             break;
         }
-        /* the timer: the holder's lease may be over (frozen, dead) */
-        rc = try_take(ss, l, w->region, &what, &left);
+        /* the timer: the holder's lease may be over (frozen, dead); not
+         * the head, so only a free or ended row */
+        *as_head = 0;
+        rc = try_take(ss, l, w->region, 0, 0, &what, &left);
         if (rc || what == T_TAKEN)
             break;
         if (what == T_MOVED) {
@@ -645,13 +642,14 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     sq_lease *sl = l->priv;
     sq_wait *w = &sl->w;
     int once = l->deadline <= dlock__now_ms();
+    int shared = l->kind != DLOCK__WRITE;
     int rc = DLOCK_OK;
 
     (void)op_deadline;
     l->retry_ms = -1;
     for (int i = 0; i < SQ_MOVES_MAX; i++) {
         int64_t rowid = 0;
-        int moved = 0, e;
+        int moved = 0, as_head = 0, queued, e;
 
         rc = region_of(ss, l, &rowid);
         if (rc)
@@ -660,12 +658,17 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         w->fd = w->lfd = w->bfd = -1;
         w->ticket = -1;
         w->region = rowid;
-        if (!dlock__sqw_queued(ss->sidefd, rowid)) {
+        queued = dlock__sqw_queued(ss->sidefd, rowid);
+        if (!queued || (shared && once)) {
             /* nobody queued: the statement alone, without a ticket (a
-             * hold without one rings the queue's head at its release) */
+             * hold without one rings the queue's head at its release).
+             * A reader's or a permit's try the same, queue or not; with
+             * a queue a reader takes only a free name: the queue has no
+             * kinds, and a writer may wait in it */
             int what;
             int64_t left = INT64_MAX;
-            rc = try_take(ss, l, rowid, &what, &left);
+            rc = try_take(ss, l, rowid, !queued || l->kind == DLOCK__PERMIT,
+                          !once, &what, &left);
             if (rc || what == T_TAKEN)
                 return rc;
             if (what == T_MOVED) {
@@ -676,8 +679,10 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 l->retry_ms = left > 0 && left != INT64_MAX ? left : -1;
                 return DLOCK_EBUSY;
             }
-            /* busy: queue, and try again with a ticket (its doorbell
-             * made first: the holder's release rings it) */
+            /* busy: queue at once (the row is read, and read only, by
+             * the try with the ticket: new readers queue behind us the
+             * sooner), and try again with a ticket (its doorbell made
+             * first: the holder's release rings it) */
         }
         w->fd = side_get(ss, &w->dev, &w->ino);
         if (w->fd < 0)
@@ -688,9 +693,16 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             w->fd = -1;
             return side_error(ss, "locking", e);
         }
-        rc = queue_wait(ss, l, w, once, &moved);
-        if (rc == DLOCK_OK && !moved)
+        rc = queue_wait(ss, l, w, once, &moved, &as_head);
+        if (rc == DLOCK_OK && !moved) {
+            /* a reader or a permit keeps no ticket: the head passes its
+             * role on with the byte (the next reader gets in at once: a
+             * chain), one that got in at a timer without it (its
+             * successor looks again and waits for the head) */
+            if (shared)
+                side_put(ss, dlock__sqw_drop(w, as_head));
             return DLOCK_OK;
+        }
         side_put(ss, dlock__sqw_drop(w, 0));
         if (!moved)
             return rc;
@@ -714,9 +726,9 @@ static int guarded(sq_store *ss, int which, const dlock__lease *l,
     sqlite3_bind_int64(s, 3, (int64_t)l->token);
     if (which == S_EXTEND)
         sqlite3_bind_int64(s, 4, ttl_ms);
-    rc = step(ss, which, &row, what);
+    rc = dlock__sq_step(ss, which, &row, what);
     int changed = sqlite3_changes(ss->db);
-    done(ss, which);
+    dlock__sq_done(ss, which);
     pthread_mutex_unlock(&ss->mu);
     if (rc)
         return rc;
@@ -727,16 +739,48 @@ static int guarded(sq_store *ss, int which, const dlock__lease *l,
                                      ss->redacted);
 }
 
+/* Is lock l held, by anyone (a read; an error counts as free: a ring
+ * too many costs the head one statement, one too few a lease)? */
+static int still_held(sq_store *ss, dlock__lease *l)
+{
+    sqlite3_stmt *s = ss->st[S_LEASE_LEFT];
+    int rc, row = 0, held = 0;
+
+    pthread_mutex_lock(&ss->mu);
+    sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
+    rc = dlock__sq_step(ss, S_LEASE_LEFT, &row, "reading the lease");
+    if (rc == DLOCK_OK)
+        held = row && sqlite3_column_int(s, 2);
+    dlock__sq_done(ss, S_LEASE_LEFT);
+    pthread_mutex_unlock(&ss->mu);
+    return held;
+}
+
 static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
+    sq_store *ss = st;
     sq_lease *sl = l->priv;
     int rc;
 
     (void)op_deadline;
+    if (l->kind != DLOCK__WRITE) {
+        /* our hold only; the head of the queue (a writer, or a permit
+         * waiting for one) can go on once a permit is free, or once no
+         * reader is left: ring it (it holds no ticket of ours). Whether
+         * a reader is left is read only when someone queued, after our
+         * release committed: the last reader to leave reads none */
+        rc = dlock__sq_release_entry(ss, l);
+        if (rc == DLOCK_OK &&
+            (l->kind == DLOCK__PERMIT ||
+             (dlock__sqw_queued(ss->sidefd, sl->w.region) &&
+              !still_held(ss, l))))
+            dlock__sqw_ring_head(ss->sidefd, ss->side_dev, ss->side_ino,
+                                 sl->w.region);
+        return rc;
+    }
     rc = guarded(st, S_RELEASE, l, 0, "releasing the lock");
     /* the row is free (or was not ours): the successor's turn */
     if (sl->w.ticket < 0) {
-        sq_store *ss = st;
         dlock__sqw_ring_head(ss->sidefd, ss->side_dev, ss->side_ino,
                              sl->w.region);
     }
@@ -748,6 +792,8 @@ static int sq_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                      int64_t op_deadline)
 {
     (void)op_deadline;
+    if (l->kind != DLOCK__WRITE)
+        return dlock__sq_extend_entry(st, l, ttl_ms);
     return guarded(st, S_EXTEND, l, ttl_ms, "extending the lease");
 }
 
@@ -757,34 +803,45 @@ static int sq_inspect(void *st, const char *name, size_t len,
     sq_store *ss = st;
     sqlite3_stmt *s = ss->st[S_INSPECT];
     int64_t rowid = 0;
-    int rc, row = 0;
+    int rc, row = 0, shared = 0;
 
     (void)op_deadline;
     out->ttl_ms = -1;
     out->held_ms = -1;
     pthread_mutex_lock(&ss->mu);
     sqlite3_bind_blob(s, 1, name, (int)len, SQLITE_STATIC);
-    rc = step(ss, S_INSPECT, &row, "reading the lock");
+    rc = dlock__sq_step(ss, S_INSPECT, &row, "reading the lock");
     if (rc == DLOCK_OK && row) {
         out->token = (uint64_t)sqlite3_column_int64(s, 2);
         rowid = sqlite3_column_int64(s, 5);
-        if (sqlite3_column_int(s, 0)) {
+        shared = sqlite3_column_int(s, 6);
+        if (sqlite3_column_int(s, 0) &&
+            (!shared || sqlite3_column_int64(s, 8) > 0)) {
             const unsigned char *h = sqlite3_column_text(s, 1);
             out->held = 1;
+            out->holders = 1;
             snprintf(out->holder, sizeof(out->holder), "%s",
                      h ? (const char *)h : "");
             out->ttl_ms = sqlite3_column_int64(s, 3);
             out->held_ms = sqlite3_column_int64(s, 4);
+            if (shared) /* readers or permits: their live entries */
+                dlock__sq_inspect_shared(s, out);
+        } else {
+            shared = 0;
+            out->permits = sqlite3_column_int64(s, 7); /* kept when free */
         }
     }
-    done(ss, S_INSPECT);
+    dlock__sq_done(ss, S_INSPECT);
     pthread_mutex_unlock(&ss->mu);
     if (rc == DLOCK_OK && rowid > 0) {
         /* the queue is in the kernel: every held ticket but the
          * holder's, when the holder has one (not when it took the lock
-         * with nobody queued: then the head marks the region) */
+         * with nobody queued: then the head marks the region; readers
+         * and permits keep none). The kernel knows no kinds: the
+         * waiters have no descriptions. */
         int64_t n = dlock__sqw_count(ss->sidefd, rowid, SQ_WAITERS_COUNTED);
-        int64_t mine = out->held && !dlock__sqw_marked(ss->sidefd, rowid);
+        int64_t mine = out->held && !shared &&
+                       !dlock__sqw_marked(ss->sidefd, rowid);
         out->waiters = n > mine ? n - mine : 0;
     }
     return rc;
@@ -799,16 +856,17 @@ static int sq_gc(void *st, int64_t idle_ms, uint64_t *removed,
     (void)op_deadline;
     pthread_mutex_lock(&ss->mu);
     sqlite3_bind_int64(ss->st[S_GC], 1, idle_ms);
-    rc = step(ss, S_GC, &row, "removing unused locks");
+    rc = dlock__sq_step(ss, S_GC, &row, "removing unused locks");
     *removed = rc == DLOCK_OK ? (uint64_t)sqlite3_changes(ss->db) : 0;
-    done(ss, S_GC);
+    dlock__sq_done(ss, S_GC);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
 
 const dlock__backend dlock__backend_sqlite = {
     "sqlite",                                   /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT,  /* caps */
+    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED |
+        DLOCK__CAP_PERMITS,                     /* caps */
     sizeof(sq_lease),                           /* lease_size */
     sq_open,                                    /* open */
     sq_close,                                   /* close */

@@ -1,15 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sqlite.h -- what the SQLite store's two halves share: sqlite.c, the
- * store (the lock table, its statements, the backend's slots), and
- * sqlite_wait.c, its waits in the kernel through the sidecar file
- * `<db>-dlock` (docs/design.md, "SQLite: waking waiters").
+ * sqlite.h -- what the SQLite store's parts share: sqlite.c, the store
+ * (the lock table, its statements, the backend's slots), sqlite_rw.c,
+ * its shared holds and semaphores (their statements, the table's columns
+ * for them), and sqlite_wait.c, its waits in the kernel through the
+ * sidecar file `<db>-dlock` (docs/design.md, "SQLite: waking waiters" and
+ * "Shared holds and permits").
  */
 #ifndef DLOCK_SQLITE_H
 #define DLOCK_SQLITE_H
 
 #include "internal.h"
 
+#include <pthread.h>
+#include <sqlite3.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -101,5 +105,106 @@ void dlock__sqw_sleep(int64_t until);
  * the channel gets one byte and the CPU. Without one connected, the next
  * ticket's doorbell is rung (a give-up too: it looks again). */
 int dlock__sqw_drop(sq_wait *w, int wake);
+
+/* --- the store (sqlite.c) ------------------------------------------------ */
+
+/* Its prepared statements. */
+enum {
+    S_ROWID,
+    S_MAKE,
+    S_TAKE,       /* a writer's take */
+    S_LEASE_LEFT, /* what a take that got nothing reads */
+    S_RELEASE,
+    S_EXTEND,
+    S_INSPECT,
+    S_GC,
+    S_SH_TAKE,    /* a reader's or a permit's take (sqlite_rw.c) */
+    S_SH_RELEASE, /* its release */
+    S_SH_EXTEND,  /* its renewal */
+    S_COUNT
+};
+
+#define SQ_SPARE_MAX 8
+
+typedef struct sq_store {
+    sqlite3 *db;
+    char *redacted;
+    char *side;   /* the sidecar's path */
+    mode_t mode;  /* the database file's permission bits, for the sidecar */
+    int sidefd;   /* the sidecar, for dlock_inspect() and the looks of
+                   * acquisitions without a ticket (holds no lock) */
+    dev_t side_dev; /* its identity, for channel names */
+    ino_t side_ino;
+    /* sidecar descriptors of finished acquisitions, unlocked, for the next
+     * ones (an open file description each: OFD locks are its own) */
+    int spare[SQ_SPARE_MAX];
+    int nspare;
+    pthread_mutex_t spare_mu; /* spare, nspare (not mu: a statement may
+                               * hold that one for a while) */
+    int64_t timeout_ms;
+    pthread_mutex_t mu;
+    sqlite3_stmt *st[S_COUNT];
+    int64_t returned; /* the one value a writing statement returned (mu) */
+} sq_store;
+
+typedef struct sq_lease {
+    sq_wait w;
+    /* a reader's or a permit's: '*' and its owner (a sole holder's
+     * owner column), the JSON paths of its entry, its token and its end
+     * (sqlite_rw.c) */
+    char star[72], path[80], path0[84], path1[84], bare[80];
+} sq_lease;
+
+/* SQLite's clock, in milliseconds and microseconds since the epoch */
+#define SQ_NOW_MS "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+#define SQ_NOW_US                                                           \
+    "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
+
+/* Prepares statement `which` from fmt, where every %1$s is the (quoted)
+ * table t and every %2$s SQLite's clock in ms. */
+int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
+                      const char *t);
+/* Runs a prepared statement to its first row (*row 1) or to its end (0),
+ * one that writes in the writers' turn and to its end (its one row's
+ * first column in ss->returned); dlock__sq_done() resets it. */
+int dlock__sq_step(sq_store *ss, int which, int *row, const char *what);
+void dlock__sq_done(sq_store *ss, int which);
+
+/* --- shared holds and semaphores (sqlite_rw.c) --------------------------- */
+
+/* Adds the columns of shared holds (holders, permits) to table t when it
+ * lacks them (a table made by an older dlock). An SQLite result code:
+ * SQLITE_BUSY means "run it again". */
+int dlock__sq_migrate(sqlite3 *db, const char *table, const char *t);
+
+/* Prepares, for the quoted table t, the statements that see the entries
+ * of readers and permits: theirs (S_SH_*), the read after a take that got
+ * nothing (S_LEASE_LEFT: rowid, ms to the row's next end, live, shared,
+ * permits) and dlock_inspect()'s (S_INSPECT). */
+int dlock__sq_prepare_rw(sq_store *ss, const char *t);
+
+/* Binds a reader's or a permit's take (S_SH_TAKE): `join`: it may join
+ * a live shared row (the head of the queue, or nobody queued). */
+void dlock__sq_bind_take(sq_store *ss, const dlock__lease *l, int64_t rowid,
+                         int join);
+
+/* After a take that got nothing (S_LEASE_LEFT's row in s): DLOCK_EINVAL
+ * with its message when the live row is of another kind than l's (a
+ * semaphore for a writer or a reader; a lock, or another N, for a
+ * permit), else DLOCK_OK. */
+int dlock__sq_kind_check(const sq_store *ss, const dlock__lease *l,
+                         sqlite3_stmt *s);
+
+/* Releases a reader's or a permit's hold. DLOCK_ENOTHELD when it is gone
+ * (its lease ended). */
+int dlock__sq_release_entry(sq_store *ss, const dlock__lease *l);
+
+/* Renews a reader's or a permit's entry to ttl_ms from now. */
+int dlock__sq_extend_entry(sq_store *ss, const dlock__lease *l,
+                           int64_t ttl_ms);
+
+/* Fills the shared part of *out from dlock_inspect()'s row in s (the
+ * row is live and shared). */
+void dlock__sq_inspect_shared(sqlite3_stmt *s, dlock_info *out);
 
 #endif /* DLOCK_SQLITE_H */
