@@ -548,7 +548,11 @@ else
         exit 1
     fi
     pu="postgres://dlock:dlock-secret@127.0.0.1:$pgport/postgres"
-    # shared holds in advisory mode (bench/bench_rw.c), ending the section
+    # shared holds and semaphores in table mode, then in advisory mode
+    # (bench/bench_rw.c), ending the section
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_rw" "$pu" $quick |
+        sed 's/^### Shared holds and semaphores$/### Shared holds and semaphores (table mode)/' >>"$pgout"
     # shellcheck disable=SC2086 # $quick: nothing or --quick
     "$build/bench/dlock_bench_rw" "$pu?mode=advisory" $quick |
         sed 's/^### Shared holds and semaphores$/### Shared holds and semaphores (advisory mode)/' >>"$pgout"

@@ -6,18 +6,24 @@
  * Input: field 1 a store URI (postgres:// or postgresql://: libpq's
  * keywords built from hosts, ports, user, database and options); field 2
  * a table name (?table=); field 3 a lock name; the remaining fields NOTIFY
- * payloads as the client's listener receives them ("g WAITER TOKEN").
+ * payloads as the client's listener receives them ("g WAITER TOKEN"),
+ * each also read as a release's grants ("CLIENT:WAITER:TOKEN ...", from
+ * T_unlock) and as an advisory session's application_name ("dlock TOKEN
+ * [sN ]DESC", read by dlock_inspect()).
  * Checks: every quoted identifier and literal, in buffers of the sizes
  * dlock__pg_open uses, unquotes to exactly the table name and its suffix (no
  * truncation, one identifier whatever the quotes in the name); payloads
  * of any bytes are read without reading past them, handing locks only to
- * this test client's (absent) waiters.
+ * this test client's (absent) waiters; a grants list is read to its end
+ * whatever its bytes; an application_name gives a description that fits
+ * the holder field and a permit count within the mode's cap.
  */
 #include "fuzz.h"
 
 #include "../src/stores/pg/pg.c"
 #include "../src/stores/pg/pg_table.c"
 #include "../src/stores/pg/pg_advisory.c"
+#include "../src/stores/pg/pg_adv_sem.c"
 #include "../src/stores/pg/pg_conn.c"
 #include "../src/stores/pg/pg_sql.c"
 
@@ -130,6 +136,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         nt.relname = ps->chan;
         nt.extra = payload;
         dispatch(ps, &nt);
+        own_grants(ps, payload);
+        {
+            char who[256];
+            unsigned long long token;
+            unsigned n;
+            who_of(payload, "42", &token, &n, who, sizeof(who));
+            if (strlen(who) >= sizeof(who) || n > PG_ADV_PERMITS_MAX)
+                fz_fail("application_name read past its bounds: %s",
+                        payload);
+        }
         free(payload);
     }
     free(ps);

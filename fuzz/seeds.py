@@ -237,7 +237,15 @@ for uri, table, name, payloads in [
         ("postgres://h/db?mode=x", "a'b\"c", "x", []),
         ("postgres:///", "", "", []),
         ("postgres://h/db?sslmode=a&sslrootcert=b&sslcert=c&sslkey=d&sslcrl=e",
-         "t" * 49, "n", [])]:
+         "t" * 49, "n", []),
+        # grants from T_unlock, application_names of advisory sessions
+        ("postgres://h/db", "t", "n",
+         [_id + ":3:42 " + _id + ":4:43 ", "g 3 42", _id + ":x:1",
+          _id + ":3:", ":" * 40 + " " * 3, _id + ":18446744073709551616:1"]),
+        ("postgres://h/db?mode=advisory", "t", "n",
+         ["dlock 42 s3 host pid 1 tid 2", "dlock 0 s33 x", "dlock 7 host",
+          "dlock 9 s0 y", "dlock 1 s4294967297 z", "dlock ", "dlock 5 s",
+          "dlock 5 s3", "x" * 300, "dlock 5 " + "d" * 400])]:
     put("pg", fields(uri, table, name, *payloads))
 
 

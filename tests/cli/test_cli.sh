@@ -1584,8 +1584,7 @@ expect_rc 64 "run --permits 0" -- run --permits 0 semL -- true
 expect_rc 64 "run --permits x" -- run --permits x semL -- true
 expect_rc 64 "run --shared --permits 2" -- run --shared --permits 2 semL -- true
 case $KIND in
-file | redis | zk | etcd | sqlite | mysql) HAS_SHARED=1 HAS_PERMITS=1 ;;
-pg-advisory) HAS_SHARED=1 HAS_PERMITS=0 ;;
+file | redis | zk | etcd | sqlite | mysql | pg | pg-advisory) HAS_SHARED=1 HAS_PERMITS=1 ;;
 *) HAS_SHARED=0 HAS_PERMITS=0 ;;
 esac
 if [ "$HAS_SHARED" = 1 ]; then

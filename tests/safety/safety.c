@@ -88,7 +88,7 @@ static const int expected[ST_N][SC_N] = {
 /* options */
 static int quick, mixed, nworkers = 8;
 /* stores with shared holds (docs/locks.md), for --mixed */
-static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 0, 1, 1};
+static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1};
 static int want_store[ST_N], want_sc[SC_N];
 static const char *table_path, *doc_path;
 static char self_exe[1024];

@@ -355,7 +355,16 @@ TEST(a_listener_killed_mid_wait_listens_again)
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(pg_terminate_backend(%lld))", old),
              1);
-    th_sleep_ms(500); /* the client notices; the waiter re-arms, queues */
+    /* the client notices; the waiter re-arms on a new session and queues
+     * again (10 s at most: a login under valgrind on a busy machine takes
+     * most of a second) */
+    for (int i = 0;
+         i < 2000 && (th_sql_query(&srv, NULL, 0,
+                                   "SELECT max(pid) FROM dlock_locks_waiters "
+                                   "WHERE name = 'relisten'::bytea") == old ||
+                      waiters_of(h, "relisten") != 1);
+         i++)
+        th_sleep_ms(5);
     CHECK_EQ(w.done, 0);
     CHECK_EQ(waiters_of(h, "relisten"), 1);
     CHECK_OP(th_sql_query(&srv, NULL, 0,

@@ -835,9 +835,10 @@ int main(int argc, char **argv)
     has_shared = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
                  !strcmp(S.kind, "pg-advisory") || !strcmp(S.kind, "zk") ||
                  !strcmp(S.kind, "etcd") || !strcmp(S.kind, "sqlite") ||
-                 !strcmp(S.kind, "mysql");
+                 !strcmp(S.kind, "mysql") || !strcmp(S.kind, "pg");
     has_permits = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
                   !strcmp(S.kind, "zk") || !strcmp(S.kind, "etcd") ||
-                  !strcmp(S.kind, "sqlite") || !strcmp(S.kind, "mysql");
+                  !strcmp(S.kind, "sqlite") || !strcmp(S.kind, "mysql") ||
+                  !strcmp(S.kind, "pg") || !strcmp(S.kind, "pg-advisory");
     return th_main(argc - 1, argv + 1, tests);
 }

@@ -3,15 +3,17 @@
  * pg.h -- what the PostgreSQL store's files share: pg.c, the store (URI
  * options and libpq's keywords, open and close, the client thread's
  * loop, the two backend structs' shared slots); pg_table.c, table mode
- * (the lock table's slots and dlock__backend_pg); pg_advisory.c,
- * advisory mode (its slots and backend, chosen by dlock__pg_select);
+ * (the lock table's slots and dlock__backend_pg: exclusive and shared
+ * holds and permits); pg_advisory.c, advisory mode (its slots and
+ * backend, chosen by dlock__pg_select); pg_adv_sem.c, advisory mode's
+ * semaphores (slot keys, the gate, the head's wait on every slot);
  * pg_conn.c, its connections (the command connection and the pool of
  * extra ones, non-blocking libpq I/O with the caller's deadline, running
  * statements, error codes, LISTEN and the notifications read on the
  * command connection); and pg_sql.c, its SQL (quoted names, the
- * statements' texts, the table mode's schema with its release and leave
- * functions, and the look at open that creates what is missing and tells
- * whether a pooler sits in front).
+ * statements' texts, the table mode's schema with its release, leave and
+ * queue functions, and the look at open that creates or upgrades what is
+ * missing and tells whether a pooler sits in front).
  */
 #ifndef DLOCK_PG_H
 #define DLOCK_PG_H
@@ -33,6 +35,7 @@
 
 /* The server's clock, and the advisory key of a bytea name. */
 #define NOW "clock_timestamp()"
+#define NOW_MS "floor(extract(epoch FROM " NOW ") * 1000)::bigint"
 #define MS_LEFT(ts) "ceil(extract(epoch FROM " ts " - " NOW ") * 1000)::bigint"
 #define KEY(x) "('x' || substr(md5(" x "), 1, 16))::bit(64)::bigint"
 /* The advisory lock a listening session holds while it listens: the
@@ -51,6 +54,44 @@
     " ELSE NOT pg_try_advisory_xact_lock_shared(" SKEY(                     \
         w ".client || ':' || " w ".pid") ") END)"
 
+/* Advisory mode's semaphore keys (docs/design.md, "PostgreSQL advisory
+ * mode semaphores") of the name expression n (bytea): n, a NUL byte (no
+ * lock name has one), a tag. N and i are SQL expressions. */
+#define ADV_TAGKEY(n, tag)                                                  \
+    KEY("(" n " || '\\x00'::bytea || (" tag ")::bytea)")
+#define ADV_F(n) ADV_TAGKEY(n, "'f'")
+#define ADV_G(n) ADV_TAGKEY(n, "'g'")
+#define ADV_C(n) ADV_TAGKEY(n, "'c'")
+#define ADV_FN(n, N) ADV_TAGKEY(n, "'n' || " N)
+#define ADV_SLOT(n, N, i) ADV_TAGKEY(n, "'s' || " N " || ':' || " i)
+#define ADV_KEY_IS(k)                                                       \
+    "l.locktype = 'advisory' AND l.objsubid = 1 AND ((l.classid::bigint "   \
+    "<< 32) | l.objid::bigint) = " k
+/* Key k is held by someone: our exclusive try fails, or is let go at
+ * once. */
+#define ADV_HELD(k)                                                         \
+    "NOT CASE WHEN pg_try_advisory_lock(" k ") THEN pg_advisory_unlock("    \
+    k ") ELSE false END"
+/* Key k (a family key) is held shared, by a permit holder: our exclusive
+ * try fails and pg_locks shows a shared holder (a try that fails may also
+ * meet another's look, which holds it exclusively for an instant). */
+#define ADV_SHARED_HELD(k)                                                  \
+    "CASE WHEN pg_try_advisory_lock(" k ") THEN NOT pg_advisory_unlock("    \
+    k ") ELSE EXISTS (SELECT 1 FROM pg_locks l WHERE l.granted AND l.mode " \
+    "= 'ShareLock' AND " ADV_KEY_IS(k) ") END"
+/* The N that a permit holder of name n names in its application_name
+ * ("dlock TOKEN sN DESC") and that is not `not` (an SQL expression; NULL:
+ * any N); NULL when none is found. */
+#define ADV_OTHER_N(n, not)                                                 \
+    "(SELECT x.m FROM (SELECT substring(a.application_name FROM '^dlock "   \
+    "[0-9]+ s([0-9]{1,5}) ')::int AS m FROM pg_locks l JOIN "               \
+    "pg_stat_activity a ON a.pid = l.pid WHERE l.granted AND "              \
+    ADV_KEY_IS(ADV_F(n)) " AND a.application_name ~ '^dlock [0-9]+ "        \
+    "s[0-9]{1,5} ') x WHERE x.m IS DISTINCT FROM " not " LIMIT 1)"
+/* The most permits of a semaphore in advisory mode: its head waits with
+ * one session per permit (docs/locks.md). */
+#define PG_ADV_PERMITS_MAX 32
+
 enum {
     S_ACQUIRE,
     S_RELEASE,
@@ -66,14 +107,24 @@ enum {
     S_ADV_INSPECT,
     S_ADV_TRY_SHARED,
     S_ADV_UNLOCK_SHARED,
+    S_TAKE,
+    S_TAKE_FAST,
+    S_RELEASE_READ,
+    S_EXTEND_SHARED,
+    S_ADV_SEM_TRY,
+    S_ADV_SEM_UNLOCK,
+    S_ADV_SEM_CHECK,
     S_COUNT
 };
 
-/* Parameter types: bytea, text, int8, int4 (OIDs fixed by PostgreSQL). */
+/* Parameter types: bytea, text, int8, int4 (OIDs fixed by PostgreSQL);
+ * at most PG_PARAMS_MAX parameters a statement. */
+#define PG_PARAMS_MAX 10
 #define T_BYTEA 17
 #define T_TEXT 25
 #define T_INT8 20
 #define T_INT4 23
+#define T_BOOL 16
 
 /* ?pooler= */
 enum { POOLER_NONE, POOLER_SESSION, POOLER_TRANSACTION };
@@ -134,7 +185,10 @@ typedef struct pg_lease {
     int listening; /* counted in nwait ... */
     unsigned gen;  /* ... for this generation of the listening session */
     int queued;    /* a try of this wait appended its entry */
+    int others;    /* a read hold taken beside others: its release tries
+                    * S_RELEASE_READ first */
     pg_conn *hold; /* advisory: the connection holding the lock */
+    int slot;      /* advisory: the permit's slot (1..N) */
 } pg_lease;
 
 /* The client thread's epoll entries (a hold's: its pg_conn). */
@@ -148,6 +202,9 @@ typedef struct pg_names {
     char wi[2 * PG_TABLE_MAX + 32]; /* T_waiters_name */
     char rel[2 * PG_TABLE_MAX + 24]; /* T_release */
     char leave[2 * PG_TABLE_MAX + 24]; /* T_leave */
+    char unlock[2 * PG_TABLE_MAX + 24]; /* T_unlock */
+    char ahead[2 * PG_TABLE_MAX + 24];  /* T_ahead */
+    char abandon[2 * PG_TABLE_MAX + 24]; /* T_abandon */
 } pg_names;
 
 /* pg.c: the store, for both modes */
@@ -176,10 +233,31 @@ const dlock__backend *dlock__pg_select(const dlock__uri *u);
  * held): a session that ended is reported lost. */
 void dlock__pg_hold_check(pg_store *ps, pg_conn *cn);
 
+/* The lock is ours on cn, token taken: cn is kept for the hold, and
+ * watched. */
+void dlock__pg_hold_keep(pg_store *ps, dlock__lease *l, pg_conn *cn,
+                         long long token);
+
+/* The application_name part of a hold: its description, within 63
+ * bytes. */
+void dlock__pg_appname(const dlock__lease *l, char *out, size_t cap);
+
+/* pg_adv_sem.c: advisory mode's semaphores */
+
+/* A permit (l->kind DLOCK__PERMIT): a try, or a wait until l->deadline
+ * at the gate and, as the head, on every slot at once. */
+int dlock__pg_adv_sem_acquire(pg_store *ps, dlock__lease *l,
+                              int64_t op_deadline);
+
 /* pg_conn.c: errors */
 
 /* DLOCK_ENOMEM, "out of memory". */
 int dlock__pg_enomem(void);
+
+/* A failed result (NULL: none came): the code for its SQLSTATE, with the
+ * server's words. */
+int dlock__pg_result_error(pg_store *ps, const PGresult *r,
+                           const char *what);
 
 /* pg_conn.c: connections and statements */
 

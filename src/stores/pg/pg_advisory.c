@@ -16,6 +16,8 @@
  * (pg_advisory_lock_shared): its lock manager queues a shared request
  * behind a waiting exclusive one and wakes every compatible waiter at the
  * head of the queue on a release, so readers do not starve writers.
+ * Semaphores are in pg_adv_sem.c; a lock's take first looks whether a
+ * semaphore holds the name (its family key held shared).
  */
 #include "pg.h"
 
@@ -25,8 +27,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 
-/* The application_name of a hold: "dlock " + desc, within 63 bytes. */
-static void appname(const dlock__lease *l, char *out, size_t cap)
+void dlock__pg_appname(const dlock__lease *l, char *out, size_t cap)
 {
     snprintf(out, cap < PG_APPNAME_MAX + 1 ? cap : PG_APPNAME_MAX + 1,
              "%s", l->desc);
@@ -101,9 +102,8 @@ void dlock__pg_hold_check(pg_store *ps, pg_conn *cn)
     pthread_mutex_unlock(&cn->mu);
 }
 
-/* The lock is ours on cn, token taken: keep cn for the hold. */
-static void hold_keep(pg_store *ps, dlock__lease *l, pg_conn *cn,
-                      long long token)
+void dlock__pg_hold_keep(pg_store *ps, dlock__lease *l, pg_conn *cn,
+                         long long token)
 {
     pg_lease *pl = l->priv;
 
@@ -122,10 +122,12 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     int shared = l->kind == DLOCK__READ;
     int rc;
 
+    if (l->kind == DLOCK__PERMIT)
+        return dlock__pg_adv_sem_acquire(ps, l, op_deadline);
     rc = dlock__pg_conn_get(ps, op_deadline, &cn);
     if (rc)
         return rc;
-    appname(l, app, sizeof(app));
+    dlock__pg_appname(l, app, sizeof(app));
     if (l->deadline <= now) {
         const char *vals[2] = {l->name, app};
         int lens[2] = {(int)l->name_len, 0};
@@ -140,22 +142,32 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         char *sql = NULL;
         if (hex && lit) {
             dlock__hex(l->name, l->name_len, hex);
-            size_t cap = strlen(hex) + 2 * strlen(lit) + 640;
+            size_t cap = 8 * strlen(hex) + 2 * strlen(lit) + 2048;
             sql = malloc(cap);
             if (sql)
                 /* the session says who waits ("dlock 0 DESC": no token
-                 * yet); a wait that times out rolls the name back */
+                 * yet); a wait that times out rolls the name back. A
+                 * name a semaphore holds is not waited for: the third
+                 * column is its N */
+#define HEXNAME "decode('%3$s', 'hex')"
                 snprintf(sql, cap,
-                         "SET LOCAL lock_timeout = %lld; "
+                         "SET LOCAL lock_timeout = %1$lld; "
                          "SELECT set_config('application_name', 'dlock 0 ' "
-                         "|| %s, false); "
-                         "WITH l AS (SELECT pg_advisory_lock%s(" KEY(
-                             "decode('%s', 'hex')") ")), "
-                         "n AS (SELECT nextval(%s) AS t FROM l) "
-                         "SELECT t, set_config('application_name', 'dlock ' "
-                         "|| t || ' ' || %s, false) FROM n",
-                         (long long)wait, lit, shared ? "_shared" : "", hex,
-                         ps->seq_lit, lit);
+                         "|| %2$s, false); "
+                         "WITH s AS (SELECT " ADV_SHARED_HELD(ADV_F(HEXNAME))
+                         " AS sem), l AS (SELECT sem, CASE WHEN NOT sem THEN "
+                         "(SELECT true FROM (SELECT pg_advisory_lock%4$s("
+                         KEY(HEXNAME) ")) z) END AS ok FROM s), "
+                         "n AS (SELECT sem, CASE WHEN ok THEN nextval(%5$s) "
+                         "END AS t FROM l) "
+                         "SELECT t, set_config('application_name', CASE WHEN "
+                         "t IS NOT NULL THEN 'dlock ' || t || ' ' || %2$s "
+                         "ELSE 'dlock' END, false), CASE WHEN sem THEN "
+                         "coalesce(" ADV_OTHER_N(HEXNAME, "NULL") ", 0) END FROM "
+                         "n",
+                         (long long)wait, lit, hex, shared ? "_shared" : "",
+                         ps->seq_lit);
+#undef HEXNAME
         }
         if (sql) {
             int64_t limit = l->deadline == DLOCK__FOREVER
@@ -172,16 +184,46 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     }
     if (rc == DLOCK_OK) {
         long long token = dlock__pg_col_ll(r, 0, 0, -1);
+        long long sem = dlock__pg_col_ll(r, 0, 2, -1);
         PQclear(r);
         if (token > 0) {
-            hold_keep(ps, l, cn, token);
+            dlock__pg_hold_keep(ps, l, cn, token);
             return DLOCK_OK;
         }
-        rc = DLOCK_EBUSY;
+        rc = sem > 0 ? dlock__err(DLOCK_EINVAL,
+                                  "lock '%.200s' is a semaphore of %lld "
+                                  "permits",
+                                  l->name, sem)
+             : sem == 0 ? dlock__err(DLOCK_EINVAL,
+                                     "lock '%.200s' is a semaphore (its "
+                                     "permits are held)",
+                                     l->name)
+                        : DLOCK_EBUSY;
     }
     l->retry_ms = -1;
     dlock__pg_conn_put(ps, cn);
     return rc;
+}
+
+/* The parameters of a hold's release and check: the name, and a
+ * permit's N and slot (a lock's statements read only the name). */
+typedef struct hold_params {
+    char n[16], slot[16];
+    const char *vals[3];
+    int lens[3];
+} hold_params;
+
+static void hold_params_of(const dlock__lease *l, hold_params *p)
+{
+    const pg_lease *pl = l->priv;
+
+    snprintf(p->n, sizeof(p->n), "%u", l->permits);
+    snprintf(p->slot, sizeof(p->slot), "%d", pl->slot);
+    p->vals[0] = l->name;
+    p->vals[1] = p->n;
+    p->vals[2] = p->slot;
+    p->lens[0] = (int)l->name_len;
+    p->lens[1] = p->lens[2] = 0;
 }
 
 static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
@@ -206,12 +248,13 @@ static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
                           "lock ended: the server had released it",
                           ps->redacted);
     }
-    const char *vals[1] = {l->name};
-    int lens[1] = {(int)l->name_len};
+    hold_params p;
+    hold_params_of(l, &p);
     rc = dlock__pg_run(ps, cn,
-                       l->kind == DLOCK__READ ? S_ADV_UNLOCK_SHARED
-                                              : S_ADV_UNLOCK,
-                       vals, lens, op_deadline, &r,
+                       l->kind == DLOCK__PERMIT ? S_ADV_SEM_UNLOCK
+                       : l->kind == DLOCK__READ ? S_ADV_UNLOCK_SHARED
+                                                : S_ADV_UNLOCK,
+                       p.vals, p.lens, op_deadline, &r,
                        "releasing the advisory lock");
     if (rc == DLOCK_ECONN && cn->broken) {
         /* closing the session frees the lock on the server too */
@@ -247,9 +290,12 @@ static int adv_extend(void *st, dlock__lease *l, int64_t ttl_ms,
         return dlock__pg_not_ours(ps);
     pthread_mutex_lock(&cn->mu);
     if (!cn->dead && PQstatus(cn->pg) == CONNECTION_OK) {
-        const char *vals[1] = {l->name};
-        int lens[1] = {(int)l->name_len};
-        rc = dlock__pg_run(ps, cn, S_ADV_CHECK, vals, lens, op_deadline, &r,
+        hold_params p;
+        hold_params_of(l, &p);
+        rc = dlock__pg_run(ps, cn,
+                           l->kind == DLOCK__PERMIT ? S_ADV_SEM_CHECK
+                                                    : S_ADV_CHECK,
+                           p.vals, p.lens, op_deadline, &r,
                            "checking the advisory lock");
         if (rc == DLOCK_OK) {
             held = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
@@ -269,6 +315,31 @@ static int adv_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                              ps->redacted);
 }
 
+/* A session's application_name "dlock TOKEN [sN ]DESC": *token, *n (0:
+ * no "sN "), and the description in who; another program's session is
+ * shown by its pid and name. */
+static void who_of(const char *app, const char *pid, unsigned long long *token,
+                   unsigned *n, char *who, size_t cap)
+{
+    int skip = 0, more = 0;
+
+    *token = 0;
+    *n = 0;
+    if (!strncmp(app, "dlock ", 6) &&
+        sscanf(app + 6, "%llu %n", token, &skip) == 1 && skip > 0) {
+        const char *d = app + 6 + skip;
+        if (sscanf(d, "s%u %n", n, &more) == 1 && more > 0 && *n > 0 &&
+            *n <= PG_ADV_PERMITS_MAX)
+            d += more;
+        else
+            *n = 0;
+        snprintf(who, cap, "%s", d);
+    } else {
+        snprintf(who, cap, "backend pid %s (%s)", pid,
+                 app[0] ? app : "not dlock");
+    }
+}
+
 static int adv_inspect(void *st, const char *name, size_t len,
                        dlock_info *out, int64_t op_deadline)
 {
@@ -283,20 +354,20 @@ static int adv_inspect(void *st, const char *name, size_t len,
     if (rc)
         return rc;
     out->waiters = 0;
+    /* k 0: the lock's holders and waiters; k 1: a semaphore's permit
+     * holders; k 2: its gate (the head, granted, then the queue) */
     for (int i = 0; i < PQntuples(r) && rc == DLOCK_OK; i++) {
         const char *app = PQgetvalue(r, i, 1);
         char who[sizeof(out->holder)];
-        unsigned long long token = 0;
-        int skip = 0;
-        if (!strncmp(app, "dlock ", 6) &&
-            sscanf(app + 6, "%llu %n", &token, &skip) == 1 && skip > 0)
-            snprintf(who, sizeof(who), "%s", app + 6 + skip);
-        else
-            snprintf(who, sizeof(who), "backend pid %s (%s)",
-                     PQgetvalue(r, i, 3), app[0] ? app : "not dlock");
+        unsigned long long token;
+        unsigned n;
+        int k = (int)dlock__pg_col_ll(r, i, 5, 0);
+        int granted = !strcmp(PQgetvalue(r, i, 0), "t");
         int reader = !strcmp(PQgetvalue(r, i, 4), "t");
-        if (!strcmp(PQgetvalue(r, i, 0), "t")) {
-            /* the holders: one writer, or readers (the newest token) */
+        who_of(app, PQgetvalue(r, i, 3), &token, &n, who, sizeof(who));
+        if (k != 2 && granted) {
+            /* the holders: one writer, readers or permits (the newest
+             * token) */
             if (!out->held || token > out->token) {
                 out->token = token;
                 out->held_ms = dlock__pg_col_ll(r, i, 2, -1);
@@ -304,12 +375,14 @@ static int adv_inspect(void *st, const char *name, size_t len,
             if (!out->held)
                 snprintf(out->holder, sizeof(out->holder), "%s", who);
             out->held = 1;
-            out->shared = reader;
+            out->shared = k == 0 && reader;
+            if (k == 1 && n > 0)
+                out->permits = n;
             out->holders++;
-        } else {
+        } else if (k == 0 || k == 2) {
             char line[sizeof(out->holder) + 8];
-            snprintf(line, sizeof(line), "%s: %s", reader ? "read" : "write",
-                     who);
+            snprintf(line, sizeof(line), "%s: %s",
+                     k == 2 ? "permit" : reader ? "read" : "write", who);
             rc = dlock__info_add_waiter(out, line);
         }
     }
@@ -324,7 +397,7 @@ static int adv_inspect(void *st, const char *name, size_t len,
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
 static const dlock__backend backend_pg_advisory = {
     "postgres advisory",    /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED, /* caps */
+    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
     sizeof(pg_lease),       /* lease_size */
     dlock__pg_open,         /* open */
     dlock__pg_close,        /* close */

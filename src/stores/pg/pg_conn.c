@@ -46,7 +46,7 @@ static const char *one_line(const char *msg, char *buf, size_t cap)
 }
 
 /* A failed result: the code for its SQLSTATE, with the server's words. */
-static int result_error(pg_store *ps, const PGresult *r, const char *what)
+int dlock__pg_result_error(pg_store *ps, const PGresult *r, const char *what)
 {
     const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
     const char *msg = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY)
@@ -431,7 +431,7 @@ static int result_ok(pg_store *ps, PGresult **r, const char *what)
 
     if (s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK)
         return DLOCK_OK;
-    int rc = result_error(ps, *r, what);
+    int rc = dlock__pg_result_error(ps, *r, what);
     PQclear(*r);
     *r = NULL;
     return rc;
@@ -446,17 +446,24 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
                   PGresult **out, const char *what)
 {
     static const char *const names[S_COUNT] = {
-        "dlock0", "dlock1", "dlock2", "dlock3",  "dlock4", "dlock5",
-        "dlock6", "dlock7", "dlock8", "dlock9", "dlock10", "dlock11",
-        "dlock12", "dlock13"};
-    static const Oid types[S_COUNT][8] = {
+        "dlock0",  "dlock1",  "dlock2",  "dlock3",  "dlock4",  "dlock5",
+        "dlock6",  "dlock7",  "dlock8",  "dlock9",  "dlock10", "dlock11",
+        "dlock12", "dlock13", "dlock14", "dlock15", "dlock16", "dlock17",
+        "dlock18", "dlock19", "dlock20"};
+    static const Oid types[S_COUNT][PG_PARAMS_MAX] = {
         [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
                        T_INT4, T_TEXT},
+        [S_TAKE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8, T_INT4,
+                    T_TEXT, T_INT4},
+        [S_TAKE_FAST] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
+                         T_INT4, T_TEXT, T_INT4},
         [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8},
+        [S_RELEASE_READ] = {T_BYTEA, T_TEXT, T_INT8},
         [S_EXTEND] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
+        [S_EXTEND_SHARED] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
         [S_INSPECT] = {T_BYTEA},
         [S_QUEUE] = {T_BYTEA, T_TEXT},
-        [S_LEAVE] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT8},
+        [S_LEAVE] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT8, T_INT4},
         [S_GC] = {T_INT8},
         [S_GC_QUEUE] = {T_TEXT},
         [S_ADV_TRY] = {T_BYTEA, T_TEXT},
@@ -465,8 +472,11 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         [S_ADV_INSPECT] = {T_BYTEA},
         [S_ADV_TRY_SHARED] = {T_BYTEA, T_TEXT},
         [S_ADV_UNLOCK_SHARED] = {T_BYTEA},
+        [S_ADV_SEM_TRY] = {T_BYTEA, T_TEXT, T_INT4, T_INT4, T_BOOL},
+        [S_ADV_SEM_UNLOCK] = {T_BYTEA, T_INT4, T_INT4},
+        [S_ADV_SEM_CHECK] = {T_BYTEA, T_INT4, T_INT4},
     };
-    int fmts[8] = {0};
+    int fmts[PG_PARAMS_MAX] = {0};
     int n = ps->nparams[which];
     PGresult *r;
     int rc;

@@ -31,20 +31,45 @@
  *    A wait that ends without the lock leaves with T_leave, which keeps
  *    a lock handed over meanwhile. docs/design.md,
  *    "PostgreSQL table mode: hand-over", has the failure cases.
+ *  - Read holds and permits (docs/design.md, "Shared holds and permits"):
+ *    the row's owner is '*' and its holders column keeps one entry per
+ *    hold, each with its own lease end; lock_until is the latest. A take
+ *    runs S_TAKE_FAST (the uncontended case, as light as the writer's
+ *    upsert), then S_TAKE when that took nothing; T_unlock's grant step
+ *    lets in every reader at the head, the writer, or one waiter per
+ *    permit freed; a reader's release beside other readers is one UPDATE
+ *    (S_RELEASE_READ).
  */
 #include "pg.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The row's kind refuses this hold (docs/design.md, "Shared holds and
+ * permits"): `kind` is what the statement read (-1 a lock held, 0
+ * readers, N a semaphore). */
+static int wrong_kind(const dlock__lease *l, long long kind)
+{
+    if (kind > 0)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s' is a semaphore of %lld permits",
+                          l->name, kind);
+    return dlock__err(DLOCK_EINVAL,
+                      "lock '%.200s' is a lock, not a semaphore (it has "
+                      "holders)",
+                      l->name);
+}
+
 static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
     pg_lease *pl = l->priv;
-    char ttl[24], waiter[24], pid[16], since[48];
+    char ttl[24], waiter[24], pid[16], since[48], permits[16];
     const char *client = NULL;
+    int shared = l->kind != DLOCK__WRITE;
     PGresult *r;
     int rc;
 
@@ -63,23 +88,59 @@ static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     }
     snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
     snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
-    const char *vals[8] = {l->name, l->owner, ttl, l->desc, client, waiter,
-                           client ? pid : NULL, client ? since : NULL};
-    int lens[8] = {(int)l->name_len, 0, 0, 0, 0, 0, 0, 0};
-    rc = dlock__pg_run_pooled(ps, S_ACQUIRE, vals, lens, op_deadline, &r,
-                              "taking the lock");
+    snprintf(permits, sizeof(permits), "%u",
+             l->kind == DLOCK__PERMIT ? l->permits : 0u);
+    const char *vals[9] = {l->name, l->owner, ttl, l->desc, client, waiter,
+                           client ? pid : NULL, client ? since : NULL,
+                           permits};
+    int lens[9] = {(int)l->name_len, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (shared && !pl->queued) {
+        /* the uncontended read hold or permit: one light statement; it
+         * takes nothing (no row) where S_TAKE has to decide. A wait that
+         * queued skips it: its own entry is a queue */
+        rc = dlock__pg_run_pooled(ps, S_TAKE_FAST, vals, lens, op_deadline,
+                                  &r, "taking the lock");
+        if (rc == DLOCK_OK) {
+            long long token = dlock__pg_col_ll(r, 0, 0, -1);
+            pl->others = dlock__pg_col_ll(r, 0, 1, 0) > 1;
+            PQclear(r);
+            if (token > 0) {
+                l->token = (uint64_t)token;
+                if (!l->waiting && pl->listening)
+                    dlock__pg_listen_unref(ps, pl);
+                return DLOCK_OK;
+            }
+        } else if (rc != DLOCK_EBUSY) {
+            if (!l->waiting && pl->listening)
+                dlock__pg_listen_unref(ps, pl);
+            return rc;
+        }
+    }
+    rc = dlock__pg_run_pooled(ps, shared ? S_TAKE : S_ACQUIRE, vals, lens,
+                              op_deadline, &r, "taking the lock");
     if (rc == DLOCK_OK) {
+        /* the writer's: token, lease left, queued, a live semaphore's N;
+         * the reader's or permit's: token, lease left, kind, queued */
         long long token = dlock__pg_col_ll(r, 0, 0, -1);
         long long left = dlock__pg_col_ll(r, 0, 1, -1);
-        int queued = dlock__pg_col_ll(r, 0, 2, 0) > 0;
+        long long kind = dlock__pg_col_ll(r, 0, 2, LLONG_MIN);
+        int queued = dlock__pg_col_ll(r, 0, shared ? 3 : 2, 0) > 0;
+        long long sem = shared ? 0 : dlock__pg_col_ll(r, 0, 3, 0);
+        pl->others = shared && dlock__pg_col_ll(r, 0, 4, 0) > 1;
         PQclear(r);
         if (token > 0) {
             l->token = (uint64_t)token;
             rc = DLOCK_OK;
+        } else if (sem > 0) {
+            rc = wrong_kind(l, sem);
+        } else if (shared && kind != LLONG_MIN &&
+                   (l->kind == DLOCK__READ ? kind > 0
+                                           : kind != (long long)l->permits)) {
+            rc = wrong_kind(l, kind);
         } else {
-            /* the fallback timer: the holder's lease end (a crashed
-             * holder releases nothing); a row made after the statement's
-             * snapshot shows no lease: soon */
+            /* the fallback timer: the lease end of a hold in the way (a
+             * crashed holder releases nothing); a row made after the
+             * statement's snapshot shows no lease: soon */
             l->retry_ms = left > 0 ? left : 50;
             if (queued || pl->queued)
                 pl->queued = 1;
@@ -117,15 +178,22 @@ static void pg_disarm(void *st, dlock__lease *l, int acquired)
 static int pg_abandon(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
-    char waiter[24], ttl[24];
+    char waiter[24], ttl[24], kind[16];
     PGresult *r;
     int rc;
 
     snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
-    const char *vals[5] = {l->name, l->owner, dlock__client_id(ps->client),
-                           waiter, ttl};
-    int lens[5] = {(int)l->name_len, 0, 0, 0, 0};
+    /* the hold kept must be of this wait's kind: a leftover hold of the
+     * owner's of another kind (an earlier wait's, its answer lost) is
+     * not this one */
+    snprintf(kind, sizeof(kind), "%d",
+             l->kind == DLOCK__WRITE  ? -1
+             : l->kind == DLOCK__READ ? 0
+                                      : (int)l->permits);
+    const char *vals[6] = {l->name, l->owner, dlock__client_id(ps->client),
+                           waiter, ttl, kind};
+    int lens[6] = {(int)l->name_len, 0, 0, 0, 0, 0};
     rc = dlock__pg_run_pooled(ps, S_LEAVE, vals, lens, op_deadline, &r,
                               "leaving the queue");
     if (rc)
@@ -139,9 +207,31 @@ static int pg_abandon(void *st, dlock__lease *l, int64_t op_deadline)
     return DLOCK_EBUSY;
 }
 
+/* The grants a release (T_unlock) answers, "CLIENT:WAITER:TOKEN ...":
+ * a waiter of this client is woken now, not when its notification comes
+ * back. */
+static void own_grants(pg_store *ps, const char *grants)
+{
+    const char *id = dlock__client_id(ps->client);
+    size_t n = strlen(id);
+
+    for (const char *p = grants; p && *p;) {
+        unsigned long long waiter, token;
+        int end = 0;
+        while (*p == ' ')
+            p++;
+        if (!strncmp(p, id, n) && p[n] == ':' &&
+            sscanf(p + n + 1, "%llu:%llu%n", &waiter, &token, &end) == 2 &&
+            token > 0 && (p[n + 1 + end] == ' ' || p[n + 1 + end] == '\0'))
+            dlock__notify_grant(ps->client, waiter, token);
+        p = strchr(p, ' ');
+    }
+}
+
 static int pg_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
+    pg_lease *pl = l->priv;
     char token[24];
     PGresult *r;
     int rc;
@@ -149,21 +239,25 @@ static int pg_release(void *st, dlock__lease *l, int64_t op_deadline)
     snprintf(token, sizeof(token), "%llu", (unsigned long long)l->token);
     const char *vals[3] = {l->name, l->owner, token};
     int lens[3] = {(int)l->name_len, 0, 0};
+    if (l->kind == DLOCK__READ && pl->others) {
+        /* others read beside us (at the take): while one still does, our
+         * release lets nobody in, and costs one UPDATE */
+        rc = dlock__pg_run_pooled(ps, S_RELEASE_READ, vals, lens,
+                                  op_deadline, &r, "releasing the lock");
+        if (rc)
+            return rc;
+        int done = !strcmp(PQcmdTuples(r), "1");
+        PQclear(r);
+        if (done)
+            return DLOCK_OK;
+    }
     rc = dlock__pg_run_pooled(ps, S_RELEASE, vals, lens, op_deadline, &r,
                               "releasing the lock");
     if (rc)
         return rc;
     int released = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
-    if (released && !PQgetisnull(r, 0, 1)) {
-        /* handed over: to a waiter of ours? then wake it now, not when
-         * the notification comes back */
-        const char *to = PQgetvalue(r, 0, 1);
-        const char *id = dlock__client_id(ps->client);
-        size_t n = strlen(id);
-        if (!strncmp(to, id, n) && to[n] == ':')
-            dlock__notify_grant(ps->client, strtoull(to + n + 1, NULL, 10),
-                                (uint64_t)dlock__pg_col_ll(r, 0, 2, 0));
-    }
+    if (released && PQnfields(r) > 1 && !PQgetisnull(r, 0, 1))
+        own_grants(ps, PQgetvalue(r, 0, 1));
     PQclear(r);
     return released ? DLOCK_OK : dlock__pg_not_ours(ps);
 }
@@ -180,7 +274,10 @@ static int pg_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     const char *vals[4] = {l->name, l->owner, token, ttl};
     int lens[4] = {(int)l->name_len, 0, 0, 0};
-    rc = dlock__pg_run_pooled(ps, S_EXTEND, vals, lens, op_deadline, &r,
+    rc = dlock__pg_run_pooled(ps,
+                              l->kind == DLOCK__WRITE ? S_EXTEND
+                                                      : S_EXTEND_SHARED,
+                              vals, lens, op_deadline, &r,
                               "extending the lease");
     if (rc)
         return rc;
@@ -195,7 +292,7 @@ static int pg_inspect(void *st, const char *name, size_t len,
     pg_store *ps = st;
     pg_conn *cn;
     PGresult *r;
-    int rc;
+    int rc, kinds = 0;
 
     const char *vals[2] = {name, dlock__client_id(ps->client)};
     int lens[2] = {(int)len, 0};
@@ -205,12 +302,31 @@ static int pg_inspect(void *st, const char *name, size_t len,
     rc = dlock__pg_run(ps, cn, S_INSPECT, vals, lens, op_deadline, &r,
                        "reading the lock");
     if (rc == DLOCK_OK) {
-        if (PQntuples(r) == 1) {
+        /* held, holder, token, ttl, held for, shared form, permits, live
+         * entries, the earliest live entry's description */
+        if (PQntuples(r) == 1 && PQnfields(r) == 9) {
+            int held = !strcmp(PQgetvalue(r, 0, 0), "t");
+            int form = !strcmp(PQgetvalue(r, 0, 5), "t");
             out->token = (uint64_t)dlock__pg_col_ll(r, 0, 2, 0);
-            if (!strcmp(PQgetvalue(r, 0, 0), "t")) {
+            out->permits = dlock__pg_col_ll(r, 0, 6, 0);
+            if (form && held) {
                 out->held = 1;
+                out->holders = dlock__pg_col_ll(r, 0, 7, 0);
+                out->shared = out->permits == 0;
+                kinds = 1;
+                if (out->shared && out->holders > 1)
+                    snprintf(out->holder, sizeof(out->holder),
+                             "%lld readers", (long long)out->holders);
+                else
+                    snprintf(out->holder, sizeof(out->holder), "%s",
+                             PQgetvalue(r, 0, 8));
+            } else if (held) {
+                out->held = 1;
+                out->holders = 1;
                 snprintf(out->holder, sizeof(out->holder), "%s",
                          PQgetvalue(r, 0, 1));
+            }
+            if (out->held) {
                 out->ttl_ms = dlock__pg_col_ll(r, 0, 3, -1);
                 out->held_ms = dlock__pg_col_ll(r, 0, 4, -1);
             }
@@ -220,8 +336,21 @@ static int pg_inspect(void *st, const char *name, size_t len,
                            "reading the queue");
     }
     if (rc == DLOCK_OK) {
-        for (int i = 0; i < PQntuples(r) && rc == DLOCK_OK; i++)
-            rc = dlock__info_add_waiter(out, PQgetvalue(r, i, 0));
+        /* each waiter's kind in front once readers or permits use the
+         * name */
+        for (int i = 0; i < PQntuples(r); i++)
+            kinds |= dlock__pg_col_ll(r, i, 1, 0) != 0;
+        for (int i = 0; i < PQntuples(r) && rc == DLOCK_OK; i++) {
+            long long k = dlock__pg_col_ll(r, i, 1, 0);
+            char line[sizeof(out->holder) + 16];
+            snprintf(line, sizeof(line), "%s%s",
+                     !kinds   ? ""
+                     : k == 0 ? "write: "
+                     : k == 1 ? "read: "
+                              : "permit: ",
+                     PQgetvalue(r, i, 0));
+            rc = dlock__info_add_waiter(out, line);
+        }
         out->waiters = (int64_t)out->queue_len;
         PQclear(r);
     }
@@ -255,7 +384,8 @@ static int pg_gc(void *st, int64_t idle_ms, uint64_t *removed,
 
 const dlock__backend dlock__backend_pg = {
     "postgres",         /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS,
+    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS |
+        DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
     sizeof(pg_lease),   /* lease_size */
     dlock__pg_open,     /* open */
     dlock__pg_close,    /* close */
