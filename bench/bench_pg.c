@@ -10,14 +10,16 @@
  *   round trip        a prepared SELECT 1 (hot, and after 2 ms idle)
  *   table floor       the store's acquire upsert and its release function
  *                     (dlock__pg_build_statements() and schema_sql in
- *                     pg_sql.c), on a table, queue table, sequence and
- *                     function of the floor's own
+ *                     pg_sql.c), on a table, queue table and sequence of
+ *                     the floor's own; the function is the store's
+ *                     T_unlock, copied from the database under the
+ *                     floor's names
  *   advisory floor    the store's pg_try_advisory_lock + nextval and its
  *                     pg_advisory_unlock, same key expression
  * Cycles run in chunks that alternate with their floor; a ratio is the
  * median of the chunks' ratios. The floor's statements are checked against
  * the text dlock's backend last ran (pg_stat_activity), and the release
- * function's body against the store's (pg_proc), so that the floor cannot
+ * function is copied from the store's (pg_proc), so that the floor cannot
  * drift from the store unnoticed.
  * Hand-off: two processes pass the lock back and forth; the time from the
  * holder's release call to the waiter's acquire returning, in idle round
@@ -65,7 +67,9 @@ const char bench_prog[] = "bench_pg";
 #define STORE_NAME "dlock_locks"
 #define T "\"" FLOOR_NAME "\""
 #define W "\"" FLOOR_NAME "_waiters\""
-#define REL "\"" FLOOR_NAME "_release\""
+#define UNLOCK "\"" FLOOR_NAME "_unlock\""
+#define EARLIEST "\"" FLOOR_NAME "_earliest\""
+#define NOW_MS "floor(extract(epoch FROM " NOW ") * 1000)::bigint"
 #define S "'\"" FLOOR_NAME "_tokens\"'"
 /* a listening session's advisory lock, and the release's probe of it */
 #define SKEY(x)                                                             \
@@ -89,6 +93,7 @@ const char bench_prog[] = "bench_pg";
     "excluded.owner"
 /* $1 name, $2 owner, $3 ttl ms, $4 holder; a waiter: $5 client id, $6
  * waiter number, $7 and $8 its listening session (pid, backend_start) */
+#define SEMAPHORE_LIVE "owner = '*' AND permits > 0 AND lock_until > " NOW
 #define SQL_ACQUIRE                                                         \
     "WITH ins AS (INSERT INTO " T " AS t (name, owner, holder, holds, "     \
     "token, locked_at, lock_until) VALUES ($1, $2, $4, 1, nextval(" S       \
@@ -100,66 +105,68 @@ const char bench_prog[] = "bench_pg";
     "ttl_ms, pid, since) SELECT $1, $5, $6, $2, $4, $3, $7, "               \
     "$8::timestamptz WHERE $5 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM "   \
     "ins) AND NOT EXISTS (SELECT 1 FROM " W " WHERE name = $1 AND client "  \
-    "= $5 AND waiter = $6 AND pid = $7) RETURNING seq) "                    \
-    "SELECT (SELECT token FROM ins), (SELECT " MS_LEFT("lock_until")        \
-    " FROM " T " WHERE name = $1), (SELECT seq FROM enq)"
+    "= $5 AND waiter = $6 AND pid = $7) AND NOT EXISTS (SELECT 1 FROM " T   \
+    " WHERE name = $1 AND " SEMAPHORE_LIVE ") RETURNING seq) "              \
+    "SELECT (SELECT token FROM ins), r.l, (SELECT seq FROM enq), r.n FROM " \
+    "(SELECT 1) o LEFT JOIN LATERAL (SELECT CASE WHEN owner = '*' THEN "    \
+    EARLIEST "(holders, " NOW_MS ") - " NOW_MS " ELSE " MS_LEFT("lock_until") \
+    " END AS l, CASE WHEN " SEMAPHORE_LIVE " THEN permits END AS n FROM " T \
+    " WHERE name = $1) r ON true"
 /* $1 name, $2 owner, $3 token: hands the lock to the queue's oldest live
- * waiter and notifies its client, or frees the row */
-#define SQL_RELEASE "SELECT * FROM " REL "($1, $2, $3)"
-/* the body of T_release (schema_sql in pg_sql.c), compared with the store's */
-#define REL_BODY                                                            \
-    " DECLARE w record; BEGIN "                                             \
-    " ok := false;"                                                         \
-    " PERFORM 1 FROM " T " WHERE name = n AND owner = o AND token = tok "   \
-    "AND lock_until > " NOW " FOR UPDATE;"                                  \
-    " IF NOT FOUND THEN RETURN; END IF;"                                    \
-    " ok := true;"                                                          \
-    " LOOP"                                                                 \
-    "  SELECT * INTO w FROM " W " WHERE name = n ORDER BY seq LIMIT 1;"     \
-    "  EXIT WHEN NOT FOUND;"                                                \
-    "  IF w.owner <> o AND " ALIVE("w", "split_part(o, ':', 1)") " THEN"    \
-    "   gtoken := nextval(" S ");"                                          \
-    "   UPDATE " T " SET owner = w.owner, holder = w.holder, holds = 1, "   \
-    "token = gtoken, locked_at = " NOW ", lock_until = " NOW " + w.ttl_ms " \
-    "* interval '1 millisecond' WHERE name = n;"                            \
-    "   DELETE FROM " W " WHERE name = n AND client = w.client AND waiter " \
-    "= w.waiter;"                                                           \
-    "   PERFORM pg_notify('dlock_' || w.client, 'g ' || w.waiter || ' ' || "\
-    "gtoken);"                                                              \
-    "   granted := w.client || ':' || w.waiter;"                            \
-    "   RETURN;"                                                            \
-    "  END IF;"                                                             \
-    "  DELETE FROM " W " WHERE seq = w.seq;"                                \
-    " END LOOP;"                                                            \
-    " UPDATE " T " SET owner = NULL, holder = NULL, holds = 0, lock_until " \
-    "= " NOW " WHERE name = n;"                                             \
-    " END "
+ * waiters (every reader at the head, or the writer, or one waiter per
+ * permit freed) and notifies each one's client, or frees the row. The
+ * floor's function is the store's T_unlock, copied from the database
+ * (floor_open()) under the floor's names */
+#define SQL_RELEASE "SELECT ok, grants FROM " UNLOCK "($1, $2, $3)"
+/* advisory mode's try: a name that a semaphore holds (its family key
+ * held shared) is not taken (pg.h's key expressions) */
+#define ADV_TAGKEY(n, tag)                                                  \
+    KEY("(" n " || '\\x00'::bytea || (" tag ")::bytea)")
+#define ADV_F(n) ADV_TAGKEY(n, "'f'")
+#define ADV_KEY_IS(k)                                                       \
+    "l.locktype = 'advisory' AND l.objsubid = 1 AND ((l.classid::bigint "   \
+    "<< 32) | l.objid::bigint) = " k
+#define ADV_SHARED_HELD(k)                                                  \
+    "CASE WHEN pg_try_advisory_lock(" k ") THEN NOT pg_advisory_unlock("    \
+    k ") ELSE EXISTS (SELECT 1 FROM pg_locks l WHERE l.granted AND l.mode " \
+    "= 'ShareLock' AND " ADV_KEY_IS(k) ") END"
+#define ADV_OTHER_N(n, not)                                                 \
+    "(SELECT x.m FROM (SELECT substring(a.application_name FROM '^dlock "   \
+    "[0-9]+ s([0-9]{1,5}) ')::int AS m FROM pg_locks l JOIN "               \
+    "pg_stat_activity a ON a.pid = l.pid WHERE l.granted AND "              \
+    ADV_KEY_IS(ADV_F(n)) " AND a.application_name ~ '^dlock [0-9]+ "        \
+    "s[0-9]{1,5} ') x WHERE x.m IS DISTINCT FROM " not " LIMIT 1)"
 #define SQL_ADV_TRY                                                         \
-    "WITH l AS (SELECT pg_try_advisory_lock(" KEY("$1") ") AS ok), n AS "   \
-    "(SELECT CASE WHEN ok THEN nextval(" S ") END AS t FROM l) SELECT t, "  \
-    "CASE WHEN t IS NOT NULL THEN set_config('application_name', 'dlock ' " \
-    "|| t || ' ' || $2, false) END FROM n"
+    "WITH s AS (SELECT " ADV_SHARED_HELD(ADV_F("$1")) " AS sem), l AS ("     \
+    "SELECT sem, CASE WHEN NOT sem THEN pg_try_advisory_lock(" KEY("$1")    \
+    ") END AS ok FROM s), n AS (SELECT sem, CASE WHEN ok THEN nextval(" S   \
+    ") END AS t FROM l) SELECT t, CASE WHEN t IS NOT NULL THEN set_config(" \
+    "'application_name', 'dlock ' || t || ' ' || $2, false) END, CASE "    \
+    "WHEN sem THEN coalesce(" ADV_OTHER_N("$1", "NULL") ", 0) END FROM n"
 #define SQL_ADV_UNLOCK                                                      \
     "SELECT pg_advisory_unlock(" KEY("$1") "), set_config("                 \
     "'application_name', 'dlock', false)"
-/* ensure_schema()'s DDL (the parts the floor runs), for the floor's names */
+/* ensure_schema()'s DDL (the tables and their index), for the floor's
+ * names; the release function is the store's (floor_open()) */
 #define SQL_SCHEMA                                                          \
-    "DROP FUNCTION IF EXISTS " REL "(bytea, text, bigint); "                \
+    "DROP FUNCTION IF EXISTS \"" FLOOR_NAME "_release\"(bytea, text, "       \
+    "bigint); "                                                             \
+    "DROP FUNCTION IF EXISTS " UNLOCK "(bytea, text, bigint); "             \
+    "DROP FUNCTION IF EXISTS " EARLIEST "(jsonb, bigint); "                 \
     "DROP TABLE IF EXISTS " T ", " W "; "                                   \
     "DROP SEQUENCE IF EXISTS \"" FLOOR_NAME "_tokens\"; "                   \
     "CREATE SEQUENCE \"" FLOOR_NAME "_tokens\"; "                           \
     "CREATE TABLE " T " (name bytea PRIMARY KEY, owner text, holder text, " \
     "holds integer NOT NULL DEFAULT 0, token bigint NOT NULL DEFAULT 0, "   \
     "locked_at timestamptz NOT NULL DEFAULT " NOW ", lock_until "           \
-    "timestamptz NOT NULL DEFAULT " NOW "); "                               \
+    "timestamptz NOT NULL DEFAULT " NOW ", holders jsonb, permits integer " \
+    "NOT NULL DEFAULT 0); "                                                 \
     "CREATE TABLE " W " (seq bigserial PRIMARY KEY, name bytea NOT NULL, "  \
     "client text NOT NULL, waiter bigint NOT NULL, owner text NOT NULL, "   \
     "holder text, ttl_ms bigint NOT NULL, pid integer NOT NULL, since "     \
-    "timestamptz); "                                                        \
-    "CREATE INDEX \"" FLOOR_NAME "_waiters_name\" ON " W " (name, seq); "   \
-    "CREATE FUNCTION " REL "(n bytea, o text, tok bigint, OUT ok boolean, " \
-    "OUT granted text, OUT gtoken bigint) LANGUAGE plpgsql AS $f$"          \
-    REL_BODY "$f$"
+    "timestamptz, kind smallint NOT NULL DEFAULT 0, permits integer NOT "   \
+    "NULL DEFAULT 0); "                                                     \
+    "CREATE INDEX \"" FLOOR_NAME "_waiters_name\" ON " W " (name, seq)"
 
 /* Parameter types as the store declares them: bytea, text, int8. */
 #define T_BYTEA 17
@@ -273,12 +280,47 @@ static void floor_connect(floor_pg *f)
     snprintf(f->client, sizeof(f->client), "%032lx", (long)getpid());
 }
 
+/* Makes the floor's copy of one of the store's functions (made by the
+ * store's client, opened first): its body under the floor's names
+ * (FLOOR_NAME and STORE_NAME have the same length). */
+static void copy_function(PGconn *pg, const char *suffix, const char *head)
+{
+    char look[256];
+    size_t fl = strlen(FLOOR_NAME);
+
+    snprintf(look, sizeof(look),
+             "SELECT prosrc FROM pg_proc WHERE proname = '" STORE_NAME "%s'",
+             suffix);
+    PGresult *r = PQexec(pg, look);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        die("the store's functions", PQerrorMessage(pg));
+    const char *body = PQgetvalue(r, 0, 0);
+    size_t n = strlen(body) + strlen(head) + 64;
+    char *sql = malloc(n);
+    if (!sql || strstr(body, "$floor$"))
+        die("the store's functions", "cannot copy them");
+    snprintf(sql, n, "%s $floor$%s$floor$", head, body);
+    for (char *p = sql; (p = strstr(p, STORE_NAME)) != NULL; p += fl)
+        memcpy(p, FLOOR_NAME, fl);
+    PQclear(r);
+    exec_ok(pg, sql);
+    free(sql);
+}
+
+/* The floor's tables, and its functions: the store's T_unlock (the
+ * release) and T_earliest (a busy writer's timer beside readers). */
 static void floor_open(floor_pg *f)
 {
     PGconn *pg = connect_pg(NULL);
 
     exec_ok(pg, "SET client_min_messages = warning");
     exec_ok(pg, SQL_SCHEMA);
+    copy_function(pg, "_unlock",
+                  "CREATE FUNCTION " UNLOCK "(n bytea, o text, tok bigint, "
+                  "OUT ok boolean, OUT grants text) LANGUAGE plpgsql AS");
+    copy_function(pg, "_earliest",
+                  "CREATE FUNCTION " EARLIEST "(h jsonb, ms bigint) RETURNS "
+                  "bigint LANGUAGE sql IMMUTABLE AS");
     PQfinish(pg);
     floor_connect(f);
 }
@@ -327,8 +369,8 @@ static int floor_table_try(floor_pg *f, int wait)
     return taken;
 }
 
-/* The release function: hands the lock to the oldest live waiter (and
- * notifies it) or frees the row. */
+/* The release function: hands the lock to the oldest live waiters (and
+ * notifies them) or frees the row. */
 static void floor_table_release(floor_pg *f)
 {
     const char *rel[2] = {f->owner, f->token};
@@ -460,30 +502,6 @@ static int same_as_store(floor_pg *f, const char *sql)
                             "runs\n  %s\n",
                     got, want);
     }
-    free(want);
-    PQclear(r);
-    return same;
-}
-
-/* Whether the store's release function has the floor's body: 1 or 0. */
-static int same_function(floor_pg *f)
-{
-    size_t n = strlen(REL_BODY), fl = strlen(FLOOR_NAME);
-    char *want = malloc(n + 1);
-    PGresult *r = PQexec(f->pg, "SELECT prosrc FROM pg_proc WHERE proname "
-                                "= '" STORE_NAME "_release'");
-    int same;
-
-    if (PQresultStatus(r) != PGRES_TUPLES_OK || !want)
-        die("pg_proc", PQerrorMessage(f->pg));
-    memcpy(want, REL_BODY, n + 1);
-    for (char *p = want; (p = strstr(p, FLOOR_NAME)) != NULL; p += fl)
-        memcpy(p, STORE_NAME, fl);
-    same = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), want);
-    if (!same)
-        fprintf(stderr, "bench_pg: the store's release function is\n  %s\n"
-                        "the floor's\n  %s\n",
-                PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "(none)", want);
     free(want);
     PQclear(r);
     return same;
@@ -754,6 +772,15 @@ int main(int argc, char **argv)
     int nh = quick ? 20 : 60;        /* hand-offs per run, H_CHUNKS runs */
     long target = quick ? 150 : 400; /* hand-offs per contention run */
 
+    printf("## PostgreSQL (%s)\n\n", shown);
+    char why[256];
+    /* the store's client first: it makes the store's schema, whose
+     * release function the floor copies */
+    dlock_client *c = h_store_client(uri, &copts, why, sizeof(why));
+    if (!c) {
+        printf("Not measured: %s.\n", why);
+        return 0;
+    }
     floor_pg f;
     floor_open(&f);
     snprintf(dbname, sizeof(dbname), "%s", PQdb(f.pg));
@@ -761,20 +788,10 @@ int main(int argc, char **argv)
     snprintf(version, sizeof(version), "%s",
              PQparameterStatus(f.pg, "server_version"));
 
-    printf("## PostgreSQL (%s)\n\n", shown);
-    char why[256];
-    dlock_client *c = h_store_client(uri, &copts, why, sizeof(why));
-    if (!c) {
-        printf("Not measured: %s.\n", why);
-        PQfinish(f.pg);
-        return 0;
-    }
     /* the floors must be the statements the store sends: each client's
      * statements are compared while it is the only other backend */
     dlock *l = h_open_lock(c, "bench-cycle", 0, 0);
     int same_table = check_statements(&f, l, SQL_ACQUIRE, SQL_RELEASE);
-    if (same_table > 0)
-        same_table = same_function(&f);
     dlock_close(l);
     dlock_client_close(c);
     dlock_client *ac = h_open_client(adv_uri, &copts);
@@ -790,9 +807,9 @@ int main(int argc, char **argv)
     printf("PostgreSQL %s. Latency in microseconds. Floors: one blocking "
            "libpq connection, statements prepared once; the cycle floors "
            "are the store's own two statements (checked against the text "
-           "dlock's backend ran, and the release function's body against "
-           "the store's: %s) on a table, queue table, sequence and release "
-           "function of the floor's own. Cycles: %d of each, in %d chunks "
+           "dlock's backend ran: %s) on a table, queue table and sequence "
+           "of the floor's own, the release function the store's, copied "
+           "under the floor's names. Cycles: %d of each, in %d chunks "
            "alternating with the floor (the round trip in the same "
            "chunks), each on a new floor connection and a new dlock client "
            "(on which core the server runs a session's backend changes "
@@ -870,7 +887,7 @@ int main(int argc, char **argv)
            "one try (the upsert above) queues it, then it sleeps in "
            "`poll()` on its connection, which `LISTEN`s on its client's "
            "channel; the holder's one release statement (the store's "
-           "release function, checked above: it hands the lock to the "
+           "release function, copied above: it hands the lock to the "
            "queue's oldest live waiter and `pg_notify`s that waiter's "
            "client) wakes it, and the notification carries the token: no "
            "statement follows; *advisory*: `pg_advisory_unlock` wakes the "

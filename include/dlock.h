@@ -152,7 +152,9 @@ typedef struct dlock_options {
      * permit is held, and an acquire with another N (or an exclusive or
      * shared acquire of a semaphore's name, and the reverse) fails with
      * DLOCK_EINVAL where the store can tell (docs/locks.md). At most
-     * DLOCK_PERMITS_MAX. */
+     * DLOCK_PERMITS_MAX; some stores allow fewer and answer DLOCK_EINVAL
+     * above their own limit at the acquire (file:// 256, etcd:// 64,
+     * mysql:// and postgres://...?mode=advisory 32: docs/locks.md). */
     unsigned permits;
 } dlock_options;
 
@@ -285,8 +287,9 @@ DLOCK_EXTERN int dlock_acquire(dlock *l, int64_t wait_ms);
  * of the name (docs/locks.md says what a resource should check).
  *
  * Errors: as dlock_acquire(); DLOCK_EINVAL also on a semaphore's handle
- * (dlock_options.permits > 0); DLOCK_ENOTSUP on a store without shared
- * holds yet (the message names the store; docs/locks.md lists them).
+ * (dlock_options.permits > 0); DLOCK_ENOTSUP on redlock://, which has
+ * no shared holds or semaphores (the message names the store;
+ * docs/locks.md lists what each store has).
  * Thread-safety: any thread; each thread acts for itself.
  */
 DLOCK_EXTERN int dlock_acquire_shared(dlock *l, int64_t wait_ms);

@@ -260,6 +260,8 @@ int dlock__pg_open(void **out, dlock_client *c, const dlock__uri *u,
     dlock__pg_quote_ident(table, "_unlock", nm.unlock, sizeof(nm.unlock));
     dlock__pg_quote_ident(table, "_ahead", nm.ahead, sizeof(nm.ahead));
     dlock__pg_quote_ident(table, "_abandon", nm.abandon, sizeof(nm.abandon));
+    dlock__pg_quote_ident(table, "_earliest", nm.earliest,
+                          sizeof(nm.earliest));
     dlock__pg_quote_ident(table, "_tokens", ps->seq_ident,
                           sizeof(ps->seq_ident));
     dlock__pg_quote_literal(ps->seq_ident, ps->seq_lit, sizeof(ps->seq_lit));

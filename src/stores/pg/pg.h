@@ -205,6 +205,7 @@ typedef struct pg_names {
     char unlock[2 * PG_TABLE_MAX + 24]; /* T_unlock */
     char ahead[2 * PG_TABLE_MAX + 24];  /* T_ahead */
     char abandon[2 * PG_TABLE_MAX + 24]; /* T_abandon */
+    char earliest[2 * PG_TABLE_MAX + 24]; /* T_earliest */
 } pg_names;
 
 /* pg.c: the store, for both modes */
