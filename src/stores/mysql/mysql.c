@@ -283,6 +283,7 @@ static void my_close(void *st)
     free(ms->ssl_key);
     pthread_mutex_destroy(&ms->mu);
     free(ms->tl);
+    free(ms->dbname);
     free(ms->redacted);
     free(ms);
 }

@@ -5,8 +5,10 @@
  * struct); mysql_wait.c, acquire and the waiting in the server (the
  * gate, the fair queue's entry); mysql_conn.c, its connections (the pool,
  * the non-blocking Connector/C I/O that keeps the caller's deadline,
- * running statements, error codes); and mysql_sql.c, its SQL (quoted
- * names, hex literals, the statements' texts, the schema).
+ * running statements, error codes); mysql_sql.c, its SQL (quoted
+ * names, hex literals, the statements' texts, the schema); mysql_rw.c,
+ * read holds' and permits' release, renewal and waiting; mysql_hash.c,
+ * their lock names as literals.
  */
 #ifndef DLOCK_MYSQL_INT_H
 #define DLOCK_MYSQL_INT_H
@@ -28,8 +30,15 @@
 #define MY_PERMITS_MAX 32 /* a full semaphore's head waits with one
                            * connection per holder (docs/locks.md) */
 #define NOW "UTC_TIMESTAMP(6)"
-/* The owner of a row held by readers or permits (an owner id has a ':') */
+/* The owner of a row whose readers or permits are entries of `holders`
+ * (an owner id has a ':'); a sole reader's or permit's row has '*' and its
+ * owner id. */
 #define MY_SHARED "'*'"
+/* The row is held by readers or permits (either form): `owner` starts
+ * with '*' (no owner id does). */
+#define MY_SHARED_ANY(owner) "(" owner " >= '*' AND " owner " < '+')"
+/* Its sole holder's form ('*' and its owner id). */
+#define MY_SOLE(owner) "(" owner " > '*' AND " owner " < '+')"
 
 typedef struct my_conn {
     MYSQL *m;
@@ -49,6 +58,8 @@ typedef struct my_store {
     char q[2 * MY_TABLE_MAX + 16]; /* `T_queue` */
     char table[MY_TABLE_MAX + 1];
     char *tl; /* the table's name as a literal, for gate names */
+    char *dbname; /* DATABASE() as the server said it at open (the
+                   * lock names the client computes hash it) */
     pthread_mutex_t mu;
     my_conn *idle;
     int nidle;
@@ -64,6 +75,8 @@ typedef struct my_lease {
     int locks;   /* cn may hold other user locks (a hold lock taken by a
                   * try that took nothing): let go of them on failure */
     int64_t seq; /* queue entry (inspect), 0 when none */
+    int sole;    /* a read hold or permit taken by the light take: sole
+                  * when taken (its release tries the sole form first) */
 } my_lease;
 
 /* What a busy upsert's LAST_INSERT_ID says about the row (MY_CODE_SEM + N:
@@ -133,15 +146,25 @@ char *dlock__mysql_entry_lock_of(const my_store *ms, const char *seq);
 char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
                                 const char *owner);
 
+/* The server's clock in µs, from a DATETIME(6) expression. */
+#define MY_US(dt) "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " dt ")"
+
+/* The holds of a row read by alias `a` ("t." or ""), as one JSON object
+ * whatever the form: `holders` for entries, a one-entry object made of the
+ * sole holder's columns, else NULL. */
+#define MY_HOLDS_OF(a)                                                      \
+    "IF(" a "owner <=> " MY_SHARED ", " a "holders, IF(" MY_SOLE(a "owner") \
+    ", JSON_OBJECT(CONVERT(SUBSTR(" a "owner, 2) USING utf8mb4), "          \
+    "JSON_ARRAY(CONVERT(SUBSTR(" a "owner, 2) USING utf8mb4), " a "token, " \
+    MY_US(a "lock_until") ", " MY_US(a "locked_at") ", CONVERT(" a          \
+    "holder USING utf8mb4))), NULL))"
+
 /* The columns of JSON_TABLE over `holders` (o owner, t token, e end µs,
  * s start µs, d description). */
 #define MY_HOLDERS_COLS                                                     \
     "'$.*' COLUMNS (o VARCHAR(80) PATH '$[0]', t BIGINT UNSIGNED PATH "     \
     "'$[1]', e BIGINT PATH '$[2]', s BIGINT PATH '$[3]', d VARCHAR(255) "    \
     "PATH '$[4]')"
-
-/* The server's clock in µs, from a DATETIME(6) expression. */
-#define MY_US(dt) "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " dt ")"
 
 /* The acquire's upsert, guarded by `where`; `woke`: a waiter's, whose
  * times are its wake's; `rich`: a busy answer says who holds. */
@@ -150,7 +173,14 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *holder, const char *where, int woke,
                           int rich);
 
-/* A read hold's or permit's upsert (mysql_sql.c says more): `join`, may
+/* A read hold's or permit's light take (mysql_sql.c says more): the
+ * exclusive upsert's shape with the sole holder's values, guarded by
+ * `where`. */
+char *dlock__mysql_upsert_light(const my_store *ms, const dlock__lease *l,
+                                const char *name, const char *holder,
+                                const char *where);
+
+/* A read hold's or permit's full take (mysql_sql.c says more): `join`, may
  * it join the live holds (0: only start on a free row); `prune`, drop the
  * ended holds and count only the live ones (a subquery: not on the
  * uncontended path); `gate` (NULL: none), the gate it lets go of once
@@ -161,9 +191,25 @@ char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
                                  int woke, int join, int prune,
                                  const char *gate);
 
+/* What a full take's first assignment decided (its LAST_INSERT_ID until
+ * the token's assignment; a busy one's is a MY_CODE_*). */
+enum { MY_TOOK_FREE = 1001, MY_TOOK_SOLE = 1002, MY_TOOK_ENTRIES = 1003 };
+
+/* The sole holder's owner column: '*' and the owner id, as a hex literal
+ * (fresh; NULL: out of memory). */
+char *dlock__mysql_sole_owner(const char *owner);
+
 /* Creates the tables when missing, adds the columns a table of the
- * previous version lacks (ms->rw: whether it has them). */
+ * previous version lacks (ms->rw: whether it has them), and reads
+ * DATABASE() into ms->dbname. */
 int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline);
+
+/* mysql_hash.c: a read hold's or permit's own lock names as quoted
+ * literals (fresh; NULL: out of memory), the same names as the SQL
+ * expressions of dlock__mysql_gate_of() and dlock__mysql_hold_lock_of() */
+char *dlock__mysql_gate_lit(const my_store *ms, const char *name, size_t len);
+char *dlock__mysql_hold_lit(const my_store *ms, const char *name, size_t len,
+                            const char *owner);
 
 /* mysql_wait.c: acquire and waiting */
 

@@ -40,7 +40,9 @@ typedef struct acq {
     int listed; /* it waits listed in the queue table */
     int kinds;  /* with its kind (readers or permits use the name) */
     int rich;   /* a writer whose every try says who holds */
-    char *name, *owner, *holder, *gate, *hold;
+    int light;  /* a read hold's or permit's next try is the light take */
+    char *name, *owner, *holder, *gate, *hold; /* a read hold's or permit's
+                                                * gate and hold: literals */
 } acq;
 
 /* Drops what a lease without the lock keeps in the server (its gate, its
@@ -120,6 +122,20 @@ static void shared_note(dlock__lease *l)
         __atomic_store_n(&l->hint[0], 1, __ATOMIC_RELAXED);
 }
 
+/* The client's note, per name (hint[1], written by a shared release and by
+ * a busy light take), that others held beside its last shared hold there:
+ * its first try is then the full take (the light one would be busy). */
+static int others_seen(const dlock__lease *l)
+{
+    return l->hint && __atomic_load_n(&l->hint[1], __ATOMIC_RELAXED) != 0;
+}
+
+static void others_busy(dlock__lease *l)
+{
+    if (l->hint)
+        __atomic_store_n(&l->hint[1], 1, __ATOMIC_RELAXED);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The statements of one try                                                */
 /* ------------------------------------------------------------------------ */
@@ -193,6 +209,8 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
      * upsert: that wakes the next waiter */
     int lets_go = a->shared && (kind == TRY_WAIT || kind == TRY_HELD);
     up = !where ? NULL
+         : a->shared && kind == TRY_GATE && a->light
+             ? dlock__mysql_upsert_light(ms, l, a->name, a->holder, where)
          : a->shared
              ? dlock__mysql_upsert_shared(
                    ms, l, a->name, a->owner, a->holder, where, waits,
@@ -248,7 +266,7 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
             /* a lock's waiter does not sleep behind a live semaphore
              * (its answer, and the look after it, say so) */
             ms->rw && l->kind != DLOCK__PERMIT
-                ? "IF(owner <=> " MY_SHARED " AND permits > 0 AND "
+                ? "IF(" MY_SHARED_ANY("owner") " AND permits > 0 AND "
                   "lock_until > " NOW ", 0, "
                 : "(",
             ")",
@@ -312,7 +330,7 @@ static void lease_start(const acq *a, int waited, int64_t sent,
     dlock__lease *l = a->l;
     char pt[128], ps[128];
     MYSQL_RES *r = NULL;
-    char *rd = NULL;
+    char *rd = NULL, *sole = NULL;
 
     l->started = sent;
     if (!waited || answered - sent <= l->ttl_ms / 3)
@@ -324,13 +342,17 @@ static void lease_start(const acq *a, int waited, int64_t sent,
                                ms->t, a->name, a->owner,
                                (unsigned long long)l->token);
     else if (!dlock__mysql_owner_path(l->owner, "[1]", pt, sizeof(pt)) &&
-             !dlock__mysql_owner_path(l->owner, "[3]", ps, sizeof(ps)))
+             !dlock__mysql_owner_path(l->owner, "[3]", ps, sizeof(ps)) &&
+             (sole = dlock__mysql_sole_owner(l->owner)) != NULL)
         rd = dlock__mysql_stmt(
-            "SELECT CAST(JSON_EXTRACT(holders, '%s') AS SIGNED) - "
-            MY_US("@dlock_t0") " FROM %s WHERE name = %s AND owner <=> "
-            MY_SHARED " AND CAST(JSON_EXTRACT(holders, '%s') AS UNSIGNED) = "
-            "%llu",
-            ps, ms->t, a->name, pt, (unsigned long long)l->token);
+            "SELECT IF(owner <=> " MY_SHARED ", CAST(JSON_EXTRACT(holders, "
+            "'%s') AS SIGNED), " MY_US("locked_at") ") - " MY_US("@dlock_t0")
+            " FROM %s WHERE name = %s AND (owner = %s AND token = %llu OR "
+            "owner <=> " MY_SHARED " AND CAST(JSON_EXTRACT(holders, '%s') AS "
+            "UNSIGNED) = %llu)",
+            ps, ms->t, a->name, sole, (unsigned long long)l->token, pt,
+            (unsigned long long)l->token);
+    free(sole);
     /* the lock is ours already: this read gets the store's op timeout,
      * not what is left of the caller's wait (cut at the deadline, it
      * broke the gate's connection; the release then left the gate to the
@@ -456,7 +478,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     my_lease *sl = l->priv;
     int fair = (l->flags & DLOCK_FAIR) != 0;
     acq a = {ms, l, sl, l->kind != DLOCK__WRITE, 0, 0, shared_seen(l),
-             NULL, NULL, NULL, NULL, NULL};
+             !others_seen(l), NULL, NULL, NULL, NULL, NULL};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
     int recheck = 0, held_tries = 0;
 
@@ -479,10 +501,18 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     a.name = dlock__mysql_hexlit(l->name, l->name_len);
     a.owner = dlock__mysql_hexlit(l->owner, strlen(l->owner));
     a.holder = dlock__mysql_hexlit(l->desc, strlen(l->desc));
-    a.gate = a.name ? dlock__mysql_gate_of(ms, a.name) : NULL;
-    a.hold = a.name && a.owner
-                 ? dlock__mysql_hold_lock_of(ms, a.name, a.owner)
-                 : NULL;
+    /* a reader's or permit's own statements name its locks as literals
+     * (computed here: the server's SHA2 costs each statement ~10 µs a
+     * name); a writer's keep the exclusive lock's expressions */
+    if (a.shared) {
+        a.gate = dlock__mysql_gate_lit(ms, l->name, l->name_len);
+        a.hold = dlock__mysql_hold_lit(ms, l->name, l->name_len, l->owner);
+    } else {
+        a.gate = a.name ? dlock__mysql_gate_of(ms, a.name) : NULL;
+        a.hold = a.name && a.owner
+                     ? dlock__mysql_hold_lock_of(ms, a.name, a.owner)
+                     : NULL;
+    }
     if (!a.name || !a.owner || !a.holder || !a.gate || !a.hold) {
         rc = dlock__mysql_enomem();
         goto out;
@@ -573,6 +603,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
             }
             l->token = token;
+            /* taken by the light take: sole (the release tries that form
+             * first) */
+            sl->sole = a.shared && kind == TRY_GATE && a.light;
             if (a.shared)
                 shared_note(l);
             lease_start(&a, waits, sent, answered);
@@ -600,6 +633,15 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         }
         if (rc)
             break;
+        if (a.shared && kind == TRY_GATE && a.light) {
+            /* a busy light take says nothing (its guard may have taken
+             * the hold lock): the full take at once (and first, next
+             * time: others hold) */
+            sl->locks = 1;
+            a.light = 0;
+            others_busy(l);
+            continue;
+        }
         /* busy: who holds (LAST_INSERT_ID of the busy branch; a writer's
          * try and take-over do not say: 0) */
         long long code = (long long)token;
