@@ -646,11 +646,17 @@ static int take_shared(dlock *l)
     return dlock_acquire_shared(l, 0);
 }
 
+static int dlock_acquire_now(dlock *l)
+{
+    return dlock_acquire(l, 0);
+}
+
 /* The uncontended shared cycle is two statements (the light take, the
  * sole release). A light take that finds others holding is followed at
  * once by the full take, in the same call; the client's note (kept per
- * name) then makes the full take its first try there while others hold,
- * and a release that finds it sole makes the light take first again. */
+ * name) then makes the join (one UPDATE) its first try there while others
+ * hold; a join that finds the row free is followed by the full take, and
+ * a release that finds its hold sole makes the light take first again. */
 TEST(a_readers_tries_follow_its_note_of_others)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
@@ -666,15 +672,16 @@ TEST(a_readers_tries_follow_its_note_of_others)
     CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 2);
     CHECK_EQ(form_of("note"), 2);
     CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
-    /* noted: the full take first */
+    /* noted: the join first */
     CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
+    CHECK_EQ(form_of("note"), 2);
     CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
     /* the first reader's hold turned to an entry: its release's sole
      * statement matches nothing, the second removes the entry */
     CHECK_EQ(sent_by(dlock_release, ra, DLOCK_OK), 2);
-    /* rb alone now: the full take (its note), which finds the row free
-     * and takes it sole; its release says so, and the next take is light */
-    CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
+    /* rb alone now: the join (its note) finds the row free, the full take
+     * takes it sole; its release says so, and the next take is light */
+    CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 2);
     CHECK_EQ(form_of("note"), 1);
     CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
     CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
@@ -683,6 +690,74 @@ TEST(a_readers_tries_follow_its_note_of_others)
     dlock_close(rb);
     dlock_client_close(a);
     dlock_client_close(b);
+}
+
+/* A client that saw others hold a name tries the join first there: one
+ * UPDATE that turns a sole holder into an entry (its token, end and start
+ * kept) or adds to the entries, and for a permit counts the other entries
+ * against N (here 3: a fourth permit is busy, its full take says so). */
+TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
+{
+    dlock_client *c[4];
+    dlock *r[2], *p[4];
+    char oa[100];
+
+    for (int i = 0; i < 4; i++)
+        c[i] = client_at(srv.uri);
+    for (int i = 0; i < 2; i++)
+        r[i] = handle(c[i], "join", 30000, 0, 0);
+    for (int i = 0; i < 4; i++)
+        p[i] = handle(c[i], "join-sem", 30000, 0, 3);
+    /* each learns that the other held (their notes: the join first) */
+    CHECK_OK(dlock_acquire_shared(r[0], 0));
+    CHECK_OK(dlock_acquire_shared(r[1], 0));
+    CHECK_OK(dlock_release(r[1]));
+    CHECK_OK(dlock_release(r[0]));
+    /* the row is free: the join finds nothing, the full take takes it */
+    CHECK_EQ(sent_by(take_shared, r[0], DLOCK_OK), 2);
+    CHECK_EQ(form_of("join"), 1);
+    long long ta = entry_of("join", 0, 1, oa, sizeof(oa));
+    long long ea = entry_of("join", 0, 2, NULL, 0);
+    long long sa = entry_of("join", 0, 3, NULL, 0);
+    /* the other's join: one statement, the sole hold an entry */
+    CHECK_EQ(sent_by(take_shared, r[1], DLOCK_OK), 1);
+    CHECK_EQ(form_of("join"), 2);
+    CHECK_EQ(entry_by("join", oa, 1), ta);
+    CHECK_EQ(entry_by("join", oa, 2), ea);
+    CHECK_EQ(entry_by("join", oa, 3), sa);
+    CHECK_OP(dlock_token(r[1]), >, dlock_token(r[0]));
+    CHECK_OK(dlock_release(r[0]));
+    CHECK_OK(dlock_release(r[1]));
+    CHECK_EQ(form_of("join"), 0);
+
+    /* permits: each client learns that others held (three at once, the
+     * fourth busy), then a sole permit is joined twice */
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dlock_acquire(p[i], 0));
+    CHECK_RC(dlock_acquire(p[3], 0), DLOCK_EBUSY);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dlock_release(p[i]));
+    CHECK_EQ(sent_by(dlock_acquire_now, p[0], DLOCK_OK), 2);
+    CHECK_EQ(form_of("join-sem"), 1);
+    CHECK_EQ(sent_by(dlock_acquire_now, p[1], DLOCK_OK), 1); /* joined */
+    CHECK_EQ(form_of("join-sem"), 2);
+    CHECK_EQ(sent_by(dlock_acquire_now, p[2], DLOCK_OK), 1);
+    /* full: the join matches nothing, the full take answers busy, and the
+     * hold lock its guard took is let go of */
+    CHECK_EQ(sent_by(dlock_acquire_now, p[3], DLOCK_EBUSY), 3);
+    dlock_info in;
+    CHECK_OK(dlock_inspect(c[0], "join-sem", &in));
+    CHECK_EQ(in.holders, 3);
+    CHECK_EQ(in.permits, 3);
+    dlock_info_clear(&in);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dlock_release(p[i]));
+    for (int i = 0; i < 4; i++) {
+        dlock_close(p[i]);
+        if (i < 2)
+            dlock_close(r[i]);
+        dlock_client_close(c[i]);
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1288,6 +1363,7 @@ static const th_test tests[] = {
     T(a_second_reader_turns_the_sole_hold_into_an_entry),
     T(an_ended_sole_hold_is_taken_by_a_writers_try),
     T(a_readers_tries_follow_its_note_of_others),
+    T(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits),
     T(a_killed_reader_wakes_the_writer_which_waits_for_its_lease),
     T(a_frozen_readers_lease_end_lets_the_writer_in),
     T(a_reader_whose_session_was_killed_holds_and_wakes_the_writer),

@@ -40,10 +40,21 @@
 /* Its sole holder's form ('*' and its owner id). */
 #define MY_SOLE(owner) "(" owner " > '*' AND " owner " < '+')"
 
+/* The statements prepared once per connection: a reader's or a permit's
+ * join (the first try of a client that saw others hold the name), and
+ * the release of a read hold or permit in either form (docs/design.md:
+ * the contended path). */
+enum { MY_PS_JOIN_READ, MY_PS_JOIN_PERMIT, MY_PS_RELEASE, MY_PS_N };
+#define MY_PS_PARAMS 48 /* markers in one prepared statement, at most */
+
 typedef struct my_conn {
     MYSQL *m;
     int broken;
     int answered; /* the last query's first statement was answered */
+    unsigned err; /* the last statement's error number (0: none) */
+    MYSQL_STMT *ps[MY_PS_N];         /* prepared, or NULL */
+    char ps_order[MY_PS_N][MY_PS_PARAMS + 1]; /* their markers, in order */
+    int ps_off;   /* the server refused a prepare: text statements */
     struct my_conn *next;
 } my_conn;
 
@@ -65,6 +76,8 @@ typedef struct my_store {
     int nidle;
     int rw; /* the table has the columns of read holds and permits
              * (permits, holders): else exclusive locks only */
+    char *tmpl[MY_PS_N]; /* the prepared statements' texts, with markers
+                          * (MY_V_*), made at open */
     char rw_why[200]; /* why not, for the DLOCK_ENOTSUP */
 } my_store;
 
@@ -83,6 +96,42 @@ typedef struct my_lease {
  * a live semaphore of N permits). */
 enum { MY_CODE_NONE = 0, MY_CODE_WRITER = 1, MY_CODE_READERS = 2,
        MY_CODE_SEM = 3 };
+
+/* A value of a statement's text, as a marker (the byte 1 and a letter):
+ * a literal in a text statement (dlock__mysql_fill()), a parameter in a
+ * prepared one. */
+#define MY_V_NAME "\001N"     /* the lock name (bytes) */
+#define MY_V_SOLE "\001S"     /* '*' and the owner id (bytes) */
+#define MY_V_DESC "\001D"     /* the holder's description (bytes) */
+#define MY_V_TTL "\001T"      /* the lease, µs */
+#define MY_V_PERMITS "\001P"  /* a semaphore's N */
+#define MY_V_GATE "\001G"     /* the gate's name */
+#define MY_V_HOLD "\001H"     /* the hold lock's name */
+#define MY_V_OWNER "\001O"    /* the owner id (text: a JSON key) */
+#define MY_V_PATH "\001A"     /* '$."OWNER"': our entry */
+#define MY_V_PATH_TOK "\001E" /* its token ([1]) */
+#define MY_V_PATH_END "\001F" /* its end ([2]) */
+#define MY_V_TOKEN "\001K"    /* the hold's token */
+
+/* The values the markers stand for, from one lease. */
+typedef struct my_vals {
+    const char *name;
+    size_t name_len;
+    char sole[96];
+    const char *desc;
+    long long ttl_us, permits;
+    char gate[72], hold[72]; /* unquoted */
+    char owner[88], path[96], path_tok[100], path_end[100];
+    unsigned long long token;
+} my_vals;
+
+/* Fills *v from the lease (its lock names computed): DLOCK_OK, or
+ * DLOCK_EINVAL (an owner id with other bytes) or DLOCK_ENOMEM. */
+int dlock__mysql_vals(const my_store *ms, const dlock__lease *l, my_vals *v);
+
+/* The text statement of a template: each marker as a literal. Fresh
+ * buffer, or NULL. */
+char *dlock__mysql_fill(const char *tmpl, const my_vals *v);
 
 /* mysql_conn.c: errors, connections and statements */
 
@@ -113,6 +162,18 @@ int dlock__mysql_query_at(my_store *ms, my_conn *cn, const char *sql,
 int dlock__mysql_query(my_store *ms, my_conn *cn, const char *sql,
                        int64_t deadline, MYSQL_RES **res,
                        uint64_t *affected, uint64_t *id, const char *what);
+
+/* Runs prepared statement `which` (its template ms->tmpl[which], prepared
+ * on cn's first use) with the values of v, within `deadline`: what it
+ * changed and its LAST_INSERT_ID. MY_PS_TEXT when the server refused to
+ * prepare it (the caller runs the text statement; cn stays text). */
+#define MY_PS_TEXT 1000
+int dlock__mysql_ps_run(my_store *ms, my_conn *cn, int which,
+                        const my_vals *v, int64_t deadline,
+                        uint64_t *affected, uint64_t *id, const char *what);
+
+/* The error number of cn's last statement (text or prepared). */
+unsigned dlock__mysql_errno(const my_conn *cn);
 
 /* One statement on a pooled connection (a deadlock victim runs again). */
 int dlock__mysql_query_pooled(my_store *ms, const char *sql,
@@ -180,16 +241,27 @@ char *dlock__mysql_upsert_light(const my_store *ms, const dlock__lease *l,
                                 const char *name, const char *holder,
                                 const char *where);
 
-/* A read hold's or permit's full take (mysql_sql.c says more): `join`, may
- * it join the live holds (0: only start on a free row); `prune`, drop the
- * ended holds and count only the live ones (a subquery: not on the
- * uncontended path); `gate` (NULL: none), the gate it lets go of once
- * taken. */
-char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
-                                 const char *name, const char *owner,
-                                 const char *holder, const char *where,
-                                 int woke, int join, int prune,
-                                 const char *gate);
+/* A read hold's or permit's full take (mysql_sql.c says more), as a
+ * template (MY_V_* markers: dlock__mysql_fill() makes it text): `permit`,
+ * a permit's (N a marker) or a reader's; `join`, may it join the live
+ * holds (0: only start on a free row); `prune`, drop the ended holds and
+ * count only the live ones (a subquery: not on the uncontended path);
+ * `gate` (NULL: none), the gate it lets go of once taken. */
+char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
+                                 const char *where, int woke, int join,
+                                 int prune, const char *gate);
+
+/* A reader's or permit's join, as a template (mysql_sql.c says more):
+ * `permit`, a permit's (N a marker) or a reader's. */
+char *dlock__mysql_join(const my_store *ms, int permit);
+
+/* The release of a read hold or permit in either form, as a template
+ * (mysql_rw.c says more). */
+char *dlock__mysql_release_any(const my_store *ms);
+
+/* Makes ms->tmpl[] (the prepared statements' templates): DLOCK_OK or
+ * DLOCK_ENOMEM. */
+int dlock__mysql_templates(my_store *ms);
 
 /* What a full take's first assignment decided (its LAST_INSERT_ID until
  * the token's assignment; a busy one's is a MY_CODE_*). */

@@ -175,36 +175,79 @@ static void others_note(dlock__lease *l, int others)
         __atomic_store_n(&l->hint[1], others, __ATOMIC_RELAXED);
 }
 
+/* A sole holder frees the row, as the exclusive release. An entry goes
+ * (`holds` one less: every statement that writes the entries sets it to
+ * their number, and this one matched ours);
+ * the lock's end stays (the latest end of the holds since the last
+ * renewal: an upper bound, made exact again by the next renewal; a
+ * subquery to compute it would cost the release tens of µs) unless none
+ * is left: then now, `holds` 0 and `owner` NULL. A semaphore keeps its N.
+ * The hold lock goes in the statement (only when it matched: a hold found
+ * in the other form keeps it until the statement that removes it):
+ * whoever it wakes next runs an upsert, which waits for this statement's
+ * commit. LAST_INSERT_ID: 2 when our hold was an entry, 1 when sole (the
+ * note for the next take). */
+char *dlock__mysql_release_any(const my_store *ms)
+{
+    return dlock__mysql_stmt(
+        "UPDATE %s SET holders = IF(owner <=> " MY_SHARED ", JSON_REMOVE("
+        "holders, " MY_V_PATH "), holders), holds = IF(owner <=> " MY_SHARED
+        ", holds - 1, 0) + 0 * RELEASE_ALL_LOCKS() + 0 * "
+        "LAST_INSERT_ID(IF(owner <=> " MY_SHARED ", 2, 1)), lock_until = "
+        "IF(holds = 0, " NOW ", lock_until), " HOLDER_TEXT ", owner = IF("
+        "holds = 0, NULL, owner) WHERE name = " MY_V_NAME " AND (owner = "
+        MY_V_SOLE " AND token = " MY_V_TOKEN " AND lock_until > " NOW " OR "
+        "owner <=> " MY_SHARED " AND CAST(JSON_EXTRACT(holders, "
+        MY_V_PATH_TOK ") AS UNSIGNED) = " MY_V_TOKEN " AND CAST(JSON_EXTRACT("
+        "holders, " MY_V_PATH_END ") AS SIGNED) > " NOW_US ")",
+        ms->t);
+}
+
+/* The release for either form: on the hold's connection (prepared there,
+ * or text if the server refused it), else on a pooled one. */
+static int release_any(my_store *ms, dlock__lease *l, const my_vals *v,
+                       int64_t op_deadline, uint64_t *id)
+{
+    my_lease *sl = l->priv;
+    int pinned = dlock__mysql_pinned_alive(sl);
+    uint64_t affected = 0;
+    int rc = MY_PS_TEXT;
+
+    if (pinned)
+        rc = dlock__mysql_ps_run(ms, sl->cn, MY_PS_RELEASE, v, op_deadline,
+                                 &affected, id, "releasing the lock");
+    if (rc == MY_PS_TEXT) {
+        char *sql = dlock__mysql_fill(ms->tmpl[MY_PS_RELEASE], v);
+        if (!sql)
+            rc = dlock__mysql_enomem();
+        else if (pinned)
+            rc = dlock__mysql_query(ms, sl->cn, sql, op_deadline, NULL,
+                                    &affected, id, "releasing the lock");
+        else
+            rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
+                                           &affected, id,
+                                           "releasing the lock");
+        free(sql);
+    }
+    if (rc)
+        return rc;
+    return affected == 1
+               ? DLOCK_OK
+               : dlock__err(DLOCK_ENOTHELD,
+                            "mysql %s: this %s is no longer in the lock row "
+                            "(its lease ended, or a writer took the row)",
+                            ms->redacted,
+                            l->kind == DLOCK__PERMIT ? "permit" : "read hold");
+}
+
 int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
                                 int64_t op_deadline)
 {
     my_lease *sl = l->priv;
-    char path[128];
     uint64_t id = 0;
-    int rc = dlock__mysql_owner_path(l->owner, "", path, sizeof(path));
-    /* A sole holder frees the row, as the exclusive release. An entry
-     * goes; the lock's end stays (the latest end of the holds since the
-     * last renewal: an upper bound, made exact again by the next renewal;
-     * a subquery to compute it would cost the release tens of µs) unless
-     * none is left: then now, `holds` 0 and `owner` NULL. A semaphore
-     * keeps its N. The hold lock goes in the statement (only when it
-     * matched: a hold found in the other form keeps it until the
-     * statement that removes it): whoever it wakes next runs an upsert,
-     * which waits for this statement's commit. LAST_INSERT_ID: 2 when our
-     * hold was an entry, 1 when sole (the note for the next take). */
-    char *set = rc ? NULL
-                   : dlock__mysql_stmt(
-                         "holders = IF(owner <=> " MY_SHARED ", JSON_REMOVE("
-                         "holders, '%s'), holders), holds = IF(owner <=> "
-                         MY_SHARED ", JSON_LENGTH(holders), 0) + 0 * "
-                         "RELEASE_ALL_LOCKS() + 0 * LAST_INSERT_ID(IF(owner "
-                         "<=> " MY_SHARED ", 2, 1)), lock_until = IF(holds = "
-                         "0, " NOW ", lock_until), " HOLDER_TEXT ", owner = "
-                         "IF(holds = 0, NULL, owner)",
-                         path);
+    my_vals v;
+    int rc = dlock__mysql_vals(ms, l, &v);
 
-    if (!rc && !set)
-        rc = dlock__mysql_enomem();
     if (!rc && sl->sole) {
         /* taken sole: the exclusive release's shape first */
         rc = guarded(ms, l,
@@ -212,13 +255,10 @@ int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
                      "RELEASE_ALL_LOCKS(), lock_until = " NOW,
                      SOLE, NULL, 0, op_deadline, NULL, "releasing the lock");
         if (rc == DLOCK_ENOTHELD)
-            rc = guarded(ms, l, set, ANY, NULL, 0, op_deadline, &id,
-                         "releasing the lock");
+            rc = release_any(ms, l, &v, op_deadline, &id);
     } else if (!rc) {
-        rc = guarded(ms, l, set, ANY, NULL, 0, op_deadline, &id,
-                     "releasing the lock");
+        rc = release_any(ms, l, &v, op_deadline, &id);
     }
-    free(set);
     if (rc == DLOCK_OK)
         others_note(l, id == 2);
     if (sl->cn) {
