@@ -760,6 +760,61 @@ TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
     }
 }
 
+/* The join and the release of the contended path are prepared once per
+ * connection; a server that refuses to prepare them (its
+ * max_prepared_stmt_count reached) gets the same statements as text, and
+ * the holds are the same. */
+TEST(a_refused_prepare_runs_the_text_statements)
+{
+    th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = 0");
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *ra = handle(a, "no-prepare", 30000, 0, 0),
+          *rb = handle(b, "no-prepare", 30000, 0, 0);
+    dlock_info in;
+
+    /* b learns that a holds, then joins and leaves twice */
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(dlock_release(rb));
+        CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1); /* the join */
+        CHECK_OK(dlock_inspect(a, "no-prepare", &in));
+        CHECK_EQ(in.holders, 2);
+        dlock_info_clear(&in);
+    }
+    CHECK_OK(dlock_release(rb));
+    CHECK_OK(dlock_release(ra));
+    CHECK_OK(dlock_inspect(a, "no-prepare", &in));
+    CHECK_EQ(in.held, 0);
+    dlock_info_clear(&in);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT VARIABLE_VALUE FROM information_schema."
+                          "GLOBAL_STATUS WHERE VARIABLE_NAME = "
+                          "'PREPARED_STMT_COUNT'"),
+             0);
+    th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = DEFAULT");
+    /* allowed again: a new client's connections prepare them */
+    dlock_client *c = client_at(srv.uri);
+    dlock *rc = handle(c, "no-prepare", 30000, 0, 0);
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rc, 0)); /* light, then the full take */
+    CHECK_OK(dlock_release(rc));
+    CHECK_OK(dlock_acquire_shared(rc, 0)); /* the join, prepared */
+    CHECK_OP(th_sql_query(&srv, NULL, 0,
+                          "SELECT VARIABLE_VALUE FROM information_schema."
+                          "GLOBAL_STATUS WHERE VARIABLE_NAME = "
+                          "'PREPARED_STMT_COUNT'"),
+             >, 0);
+    CHECK_OK(dlock_release(rc));
+    CHECK_OK(dlock_release(ra));
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_close(rc);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The readers' chain                                                        */
 /* ------------------------------------------------------------------------ */
@@ -1364,6 +1419,7 @@ static const th_test tests[] = {
     T(an_ended_sole_hold_is_taken_by_a_writers_try),
     T(a_readers_tries_follow_its_note_of_others),
     T(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits),
+    T(a_refused_prepare_runs_the_text_statements),
     T(a_killed_reader_wakes_the_writer_which_waits_for_its_lease),
     T(a_frozen_readers_lease_end_lets_the_writer_in),
     T(a_reader_whose_session_was_killed_holds_and_wakes_the_writer),
