@@ -630,15 +630,41 @@ TEST(an_ended_sole_hold_is_taken_by_a_writers_try)
     dlock_client_close(b);
 }
 
-/* Statements one call sends (the server's Questions, less the count's own
- * query): nothing else runs on the server meanwhile. */
+/* The server's Questions once every statement sent so far is counted (a
+ * statement reaches the global count a moment after its answer: a
+ * release was once counted by the reading after next), and how many
+ * readings that took (*reads): it reads every 5 ms until two readings in
+ * a row added the same (the reading's own statements) as the one before
+ * (at most 2 s, for a busy machine; a statement's count lags by
+ * microseconds). *per: what one reading adds. */
+static long long questions_settled(int *reads, long long *per)
+{
+    long long a = questions(), b = questions(), c = b;
+
+    *reads = 2;
+    for (int i = 0; i < 400; i++) {
+        th_sleep_ms(5);
+        c = questions();
+        ++*reads;
+        if (c - b == b - a)
+            break;
+        a = b;
+        b = c;
+    }
+    *per = c - b;
+    return c;
+}
+
+/* Statements one call sends (the server's Questions, less the readings'
+ * own): nothing else runs on the server meanwhile. */
 static long long sent_by(int (*call)(dlock *), dlock *l, int want)
 {
-    long long q0 = questions(), q1 = questions();
-    long long per = q1 - q0; /* the count's own query */
+    int reads;
+    long long per, q0 = questions_settled(&reads, &per);
 
     CHECK_RC(call(l), want);
-    return questions() - q1 - per;
+    long long q1 = questions_settled(&reads, &per);
+    return q1 - q0 - reads * per;
 }
 
 static int take_shared(dlock *l)

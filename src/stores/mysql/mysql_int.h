@@ -81,16 +81,6 @@ typedef struct my_store {
     char rw_why[200]; /* why not, for the DLOCK_ENOTSUP */
 } my_store;
 
-typedef struct my_lease {
-    my_conn *cn; /* out of the pool while waiting or holding: the gate's,
-                  * or a read hold's (permit's) hold lock's */
-    int gated;   /* cn holds the name's gate */
-    int locks;   /* cn may hold other user locks (a hold lock taken by a
-                  * try that took nothing): let go of them on failure */
-    int64_t seq; /* queue entry (inspect), 0 when none */
-    int sole;    /* a read hold or permit taken by the light take: sole
-                  * when taken (its release tries the sole form first) */
-} my_lease;
 
 /* What a busy upsert's LAST_INSERT_ID says about the row (MY_CODE_SEM + N:
  * a live semaphore of N permits). */
@@ -124,6 +114,20 @@ typedef struct my_vals {
     char owner[88], path[96], path_tok[100], path_end[100];
     unsigned long long token;
 } my_vals;
+
+typedef struct my_lease {
+    my_conn *cn; /* out of the pool while waiting or holding: the gate's,
+                  * or a read hold's (permit's) hold lock's */
+    int gated;   /* cn holds the name's gate */
+    int locks;   /* cn may hold other user locks (a hold lock taken by a
+                  * try that took nothing): let go of them on failure */
+    int64_t seq; /* queue entry (inspect), 0 when none */
+    int sole;    /* a read hold or permit taken by the light take: sole
+                  * when taken (its release tries the sole form first) */
+    int has_v;   /* v is filled (a read hold's or permit's acquire) */
+    my_vals v;   /* its values, for its statements (lock names computed
+                  * once) */
+} my_lease;
 
 /* Fills *v from the lease (its lock names computed): DLOCK_OK, or
  * DLOCK_EINVAL (an owner id with other bytes) or DLOCK_ENOMEM. */

@@ -245,9 +245,11 @@ int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
 {
     my_lease *sl = l->priv;
     uint64_t id = 0;
-    my_vals v;
-    int rc = dlock__mysql_vals(ms, l, &v);
+    int rc = DLOCK_OK;
 
+    if (!sl->has_v && (rc = dlock__mysql_vals(ms, l, &sl->v)) == DLOCK_OK)
+        sl->has_v = 1;
+    sl->v.token = l->token;
     if (!rc && sl->sole) {
         /* taken sole: the exclusive release's shape first */
         rc = guarded(ms, l,
@@ -255,9 +257,9 @@ int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
                      "RELEASE_ALL_LOCKS(), lock_until = " NOW,
                      SOLE, NULL, 0, op_deadline, NULL, "releasing the lock");
         if (rc == DLOCK_ENOTHELD)
-            rc = release_any(ms, l, &v, op_deadline, &id);
+            rc = release_any(ms, l, &sl->v, op_deadline, &id);
     } else if (!rc) {
-        rc = release_any(ms, l, &v, op_deadline, &id);
+        rc = release_any(ms, l, &sl->v, op_deadline, &id);
     }
     if (rc == DLOCK_OK)
         others_note(l, id == 2);

@@ -49,7 +49,7 @@ typedef struct acq {
     int first;  /* a read hold's or permit's next try of kind TRY_GATE */
     char *name, *owner, *holder, *gate, *hold; /* a read hold's or permit's
                                                 * gate and hold: literals */
-    my_vals v;  /* a read hold's or permit's values, for its templates */
+    const my_vals *v; /* a read hold's or permit's values (its lease's) */
 } acq;
 
 /* Drops what a lease without the lock keeps in the server (its gate, its
@@ -225,7 +225,7 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     up = !where ? NULL
          : a->shared && light
              ? dlock__mysql_upsert_light(ms, l, a->name, a->holder, where)
-         : a->shared ? (tmpl ? dlock__mysql_fill(tmpl, &a->v) : NULL)
+         : a->shared ? (tmpl ? dlock__mysql_fill(tmpl, a->v) : NULL)
              : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
                                    waits,
                                    a->rich || (kind != TRY_GATE &&
@@ -513,11 +513,18 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     a.owner = dlock__mysql_hexlit(l->owner, strlen(l->owner));
     a.holder = dlock__mysql_hexlit(l->desc, strlen(l->desc));
     /* a reader's or permit's own statements name its locks as literals
-     * (computed here: the server's SHA2 costs each statement ~10 µs a
-     * name); a writer's keep the exclusive lock's expressions */
+     * (computed once, with its other values, kept with the lease: the
+     * server's SHA2 costs each statement ~10 µs a name); a writer's keep
+     * the exclusive lock's expressions */
     if (a.shared) {
-        a.gate = dlock__mysql_gate_lit(ms, l->name, l->name_len);
-        a.hold = dlock__mysql_hold_lit(ms, l->name, l->name_len, l->owner);
+        if (!sl->has_v) {
+            if ((rc = dlock__mysql_vals(ms, l, &sl->v)) != DLOCK_OK)
+                goto out;
+            sl->has_v = 1;
+        }
+        a.v = &sl->v;
+        a.gate = dlock__mysql_stmt("'%s'", sl->v.gate);
+        a.hold = dlock__mysql_stmt("'%s'", sl->v.hold);
     } else {
         a.gate = a.name ? dlock__mysql_gate_of(ms, a.name) : NULL;
         a.hold = a.name && a.owner
@@ -528,8 +535,6 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         rc = dlock__mysql_enomem();
         goto out;
     }
-    if (a.shared && (rc = dlock__mysql_vals(ms, l, &a.v)) != DLOCK_OK)
-        goto out;
     for (int round = 0;; round++) {
         int64_t now = dlock__now_ms();
         int once = l->deadline <= now;
@@ -560,10 +565,10 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         if (join) {
             int which = l->kind == DLOCK__PERMIT ? MY_PS_JOIN_PERMIT
                                                  : MY_PS_JOIN_READ;
-            rc = dlock__mysql_ps_run(ms, sl->cn, which, &a.v, dl, &affected,
+            rc = dlock__mysql_ps_run(ms, sl->cn, which, a.v, dl, &affected,
                                      &token, "taking the lock");
             if (rc == MY_PS_TEXT) {
-                char *sql = dlock__mysql_fill(ms->tmpl[which], &a.v);
+                char *sql = dlock__mysql_fill(ms->tmpl[which], a.v);
                 rc = sql ? dlock__mysql_query(ms, sl->cn, sql, dl, NULL,
                                               &affected, &token,
                                               "taking the lock")
