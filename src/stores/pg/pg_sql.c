@@ -605,19 +605,17 @@ static const char schema_sql[] =
     "CREATE OR REPLACE FUNCTION %8$s(n bytea, o text, tok bigint, "
     "OUT ok boolean, OUT grants text) LANGUAGE plpgsql AS $f$ BEGIN"
     " ok := false; grants := '';"
-    /* the exclusive holder, or a reader or permit holder with no other
-     * live hold beside it, with nobody queued (the uncontended cycle):
+    /* the exclusive holder, or a reader or permit holder alone in the
+     * row (holds counts the entries, live or ended, under owner '*': every
+     * statement that adds or removes one keeps it so), with nobody queued
+     * (the uncontended cycle):
      * the previous version's three statements, before the state's
      * variables cost anything (as much again); a semaphore's free row
      * keeps its N */
-    " PERFORM 1 FROM %1$s WHERE name = n AND owner = o AND token = tok AND "
-    "lock_until > " NOW " FOR UPDATE;"
-    " IF NOT FOUND THEN"
-    "  PERFORM 1 FROM %1$s WHERE name = n AND owner = '*' AND (holders -> o "
-    "->> 't')::bigint = tok AND (holders -> o ->> 'u')::bigint > " NOW_MS
-    " AND NOT jsonb_path_exists(holders - o, '$.* ? (@.u > $m)', "
-    "jsonb_build_object('m', " NOW_MS ")) FOR UPDATE;"
-    " END IF;"
+    " PERFORM 1 FROM %1$s WHERE name = n AND ((owner = o AND token = tok "
+    "AND lock_until > " NOW ") OR (owner = '*' AND holds = 1 AND (holders "
+    "-> o ->> 't')::bigint = tok AND (holders -> o ->> 'u')::bigint > "
+    NOW_MS ")) FOR UPDATE;"
     " IF FOUND THEN"
     "  PERFORM 1 FROM %2$s WHERE name = n LIMIT 1;"
     "  IF NOT FOUND THEN"
