@@ -360,13 +360,10 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
      * name that a semaphore holds (its family key held) is not taken: the
      * third column is that semaphore's N (0: not known) */
 #define ADV_TRY(fn)                                                         \
-    "WITH s AS (SELECT " ADV_SHARED_HELD(ADV_F("$1")) " AS sem), l AS ("     \
-    "SELECT "                                                               \
-    "sem, CASE WHEN NOT sem THEN " fn "(" KEY("$1") ") END AS ok FROM s), " \
-    "n AS (SELECT sem, CASE WHEN ok THEN nextval(%3$s) END AS t FROM l) "   \
-    "SELECT t, CASE WHEN t IS NOT NULL THEN set_config('application_name', " \
-    "'dlock ' || t || ' ' || $2, false) END, CASE WHEN sem THEN coalesce("  \
-    ADV_OTHER_N("$1", "NULL") ", 0) END FROM n"
+    "WITH l AS (SELECT " fn "(" KEY("$1") ") AS ok), n AS (SELECT CASE "    \
+    "WHEN ok THEN nextval(%3$s) END AS t FROM l) SELECT t, CASE WHEN t IS " \
+    "NOT NULL THEN set_config('application_name', 'dlock ' || t || ' ' || " \
+    "$2, false) END FROM n"
 #define ADV_UNLOCK(fn)                                                      \
     "SELECT " fn "(" KEY("$1") "), set_config('application_name', "         \
     "'dlock', false)"
