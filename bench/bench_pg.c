@@ -118,31 +118,11 @@ const char bench_prog[] = "bench_pg";
  * floor's function is the store's T_unlock, copied from the database
  * (floor_open()) under the floor's names */
 #define SQL_RELEASE "SELECT ok, grants FROM " UNLOCK "($1, $2, $3)"
-/* advisory mode's try: a name that a semaphore holds (its family key
- * held shared) is not taken (pg.h's key expressions) */
-#define ADV_TAGKEY(n, tag)                                                  \
-    KEY("(" n " || '\\x00'::bytea || (" tag ")::bytea)")
-#define ADV_F(n) ADV_TAGKEY(n, "'f'")
-#define ADV_KEY_IS(k)                                                       \
-    "l.locktype = 'advisory' AND l.objsubid = 1 AND ((l.classid::bigint "   \
-    "<< 32) | l.objid::bigint) = " k
-#define ADV_SHARED_HELD(k)                                                  \
-    "CASE WHEN pg_try_advisory_lock(" k ") THEN NOT pg_advisory_unlock("    \
-    k ") ELSE EXISTS (SELECT 1 FROM pg_locks l WHERE l.granted AND l.mode " \
-    "= 'ShareLock' AND " ADV_KEY_IS(k) ") END"
-#define ADV_OTHER_N(n, not)                                                 \
-    "(SELECT x.m FROM (SELECT substring(a.application_name FROM '^dlock "   \
-    "[0-9]+ s([0-9]{1,5}) ')::int AS m FROM pg_locks l JOIN "               \
-    "pg_stat_activity a ON a.pid = l.pid WHERE l.granted AND "              \
-    ADV_KEY_IS(ADV_F(n)) " AND a.application_name ~ '^dlock [0-9]+ "        \
-    "s[0-9]{1,5} ') x WHERE x.m IS DISTINCT FROM " not " LIMIT 1)"
 #define SQL_ADV_TRY                                                         \
-    "WITH s AS (SELECT " ADV_SHARED_HELD(ADV_F("$1")) " AS sem), l AS ("     \
-    "SELECT sem, CASE WHEN NOT sem THEN pg_try_advisory_lock(" KEY("$1")    \
-    ") END AS ok FROM s), n AS (SELECT sem, CASE WHEN ok THEN nextval(" S   \
-    ") END AS t FROM l) SELECT t, CASE WHEN t IS NOT NULL THEN set_config(" \
-    "'application_name', 'dlock ' || t || ' ' || $2, false) END, CASE "    \
-    "WHEN sem THEN coalesce(" ADV_OTHER_N("$1", "NULL") ", 0) END FROM n"
+    "WITH l AS (SELECT pg_try_advisory_lock(" KEY("$1") ") AS ok), n AS "   \
+    "(SELECT CASE WHEN ok THEN nextval(" S ") END AS t FROM l) SELECT t, "  \
+    "CASE WHEN t IS NOT NULL THEN set_config('application_name', 'dlock ' " \
+    "|| t || ' ' || $2, false) END FROM n"
 #define SQL_ADV_UNLOCK                                                      \
     "SELECT pg_advisory_unlock(" KEY("$1") "), set_config("                 \
     "'application_name', 'dlock', false)"

@@ -11,7 +11,9 @@
 # "dlock-secret", with SCRAM (the server's own auth): the auth file holds
 # the password, so PgBouncer logs in to the server with it too. Every
 # other setting is PgBouncer's default (pool sizes, timeouts,
-# server_reset_query DISCARD ALL). The caller kills it when done.
+# server_reset_query DISCARD ALL). DLOCK_SQL_AUTH=password: clients send
+# the password in clear (auth_type plain), for the reason sqlserver.sh
+# gives. The caller kills it when done.
 #
 # As root (PgBouncer refuses root) it runs as the user postgres, else
 # nobody; DIR must then be reachable by that user. It dies with its
@@ -40,6 +42,8 @@ session | transaction) ;;
     ;;
 esac
 
+auth=scram-sha-256
+[ "${DLOCK_SQL_AUTH:-}" = password ] && auth=plain
 mkdir -p "$dir"
 printf '"dlock" "dlock-secret"\n' >"$dir/userlist.txt"
 cat >"$dir/pgbouncer.ini" <<EOF
@@ -50,7 +54,7 @@ postgres = host=127.0.0.1 port=$pgport dbname=postgres
 listen_addr = 127.0.0.1
 listen_port = $port
 unix_socket_dir =
-auth_type = scram-sha-256
+auth_type = $auth
 auth_file = $dir/userlist.txt
 pool_mode = $mode
 logfile = $dir/pgbouncer.log

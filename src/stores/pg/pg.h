@@ -165,6 +165,9 @@ typedef struct pg_store {
     pthread_cond_t cv;  /* the command connection became free */
     pg_conn *main;      /* the command connection (NULL: none now) */
     int main_busy;      /* a thread uses it (a statement, or reading) */
+    int main_opening;   /* a thread opens it (main is NULL until then):
+                         * nobody else opens one as the command
+                         * connection meanwhile */
     int main_pending;   /* an UNLISTEN was sent: its answer is unread */
     int listening;      /* main LISTENs on chan */
     unsigned gen;       /* +1 whenever a listening main is lost */

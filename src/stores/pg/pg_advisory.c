@@ -142,32 +142,22 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         char *sql = NULL;
         if (hex && lit) {
             dlock__hex(l->name, l->name_len, hex);
-            size_t cap = 8 * strlen(hex) + 2 * strlen(lit) + 2048;
+            size_t cap = strlen(hex) + 2 * strlen(lit) + 640;
             sql = malloc(cap);
             if (sql)
                 /* the session says who waits ("dlock 0 DESC": no token
-                 * yet); a wait that times out rolls the name back. A
-                 * name a semaphore holds is not waited for: the third
-                 * column is its N */
-#define HEXNAME "decode('%3$s', 'hex')"
+                 * yet); a wait that times out rolls the name back */
                 snprintf(sql, cap,
-                         "SET LOCAL lock_timeout = %1$lld; "
+                         "SET LOCAL lock_timeout = %lld; "
                          "SELECT set_config('application_name', 'dlock 0 ' "
-                         "|| %2$s, false); "
-                         "WITH s AS (SELECT " ADV_SHARED_HELD(ADV_F(HEXNAME))
-                         " AS sem), l AS (SELECT sem, CASE WHEN NOT sem THEN "
-                         "(SELECT true FROM (SELECT pg_advisory_lock%4$s("
-                         KEY(HEXNAME) ")) z) END AS ok FROM s), "
-                         "n AS (SELECT sem, CASE WHEN ok THEN nextval(%5$s) "
-                         "END AS t FROM l) "
-                         "SELECT t, set_config('application_name', CASE WHEN "
-                         "t IS NOT NULL THEN 'dlock ' || t || ' ' || %2$s "
-                         "ELSE 'dlock' END, false), CASE WHEN sem THEN "
-                         "coalesce(" ADV_OTHER_N(HEXNAME, "NULL") ", 0) END FROM "
-                         "n",
-                         (long long)wait, lit, hex, shared ? "_shared" : "",
-                         ps->seq_lit);
-#undef HEXNAME
+                         "|| %s, false); "
+                         "WITH l AS (SELECT pg_advisory_lock%s(" KEY(
+                             "decode('%s', 'hex')") ")), "
+                         "n AS (SELECT nextval(%s) AS t FROM l) "
+                         "SELECT t, set_config('application_name', 'dlock ' "
+                         "|| t || ' ' || %s, false) FROM n",
+                         (long long)wait, lit, shared ? "_shared" : "", hex,
+                         ps->seq_lit, lit);
         }
         if (sql) {
             int64_t limit = l->deadline == DLOCK__FOREVER
@@ -184,21 +174,12 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     }
     if (rc == DLOCK_OK) {
         long long token = dlock__pg_col_ll(r, 0, 0, -1);
-        long long sem = dlock__pg_col_ll(r, 0, 2, -1);
         PQclear(r);
         if (token > 0) {
             dlock__pg_hold_keep(ps, l, cn, token);
             return DLOCK_OK;
         }
-        rc = sem > 0 ? dlock__err(DLOCK_EINVAL,
-                                  "lock '%.200s' is a semaphore of %lld "
-                                  "permits",
-                                  l->name, sem)
-             : sem == 0 ? dlock__err(DLOCK_EINVAL,
-                                     "lock '%.200s' is a semaphore (its "
-                                     "permits are held)",
-                                     l->name)
-                        : DLOCK_EBUSY;
+        rc = DLOCK_EBUSY;
     }
     l->retry_ms = -1;
     dlock__pg_conn_put(ps, cn);

@@ -265,7 +265,7 @@ static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
     if (deadline > dlock__now_ms() + ps->timeout_ms)
         deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
     pthread_mutex_lock(&ps->mu);
-    while (need_main && ps->main && ps->main_busy &&
+    while (need_main && (ps->main ? ps->main_busy : ps->main_opening) &&
            dlock__now_ms() < deadline)
         dlock__cond_wait_until(&ps->cv, &ps->mu, deadline);
     if (ps->main && !ps->main_busy) {
@@ -288,16 +288,20 @@ static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
         pthread_mutex_lock(&ps->mu);
         main_lost(ps);
         cn = NULL;
-    } else if (need_main && ps->main) {
+    } else if (need_main && (ps->main || ps->main_opening)) {
         pthread_mutex_unlock(&ps->mu);
         return dlock__err(DLOCK_ECONN, "postgres %s: the command "
                                        "connection stayed busy",
                           ps->redacted);
     }
-    int as_main = ps->main == NULL;
-    if (as_main)
+    /* one thread at a time opens the command connection: a second one
+     * made meanwhile would replace the first in ps->main, which its user
+     * may already have given back (then it was in no list: lost) */
+    int as_main = ps->main == NULL && !ps->main_opening;
+    if (as_main) {
         ps->main_busy = 1; /* ours, as soon as it exists */
-    else if (ps->idle) {
+        ps->main_opening = 1;
+    } else if (ps->idle) {
         cn = ps->idle;
         ps->idle = cn->next;
         ps->nidle--;
@@ -315,13 +319,14 @@ static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
     rc = conn_open(ps, deadline, &cn);
     pthread_mutex_lock(&ps->mu);
     if (as_main) {
+        ps->main_opening = 0;
         if (rc == DLOCK_OK) {
             ps->main = cn;
             main_watch(ps, cn, EPOLL_CTL_ADD);
         } else {
             ps->main_busy = 0;
-            pthread_cond_broadcast(&ps->cv);
         }
+        pthread_cond_broadcast(&ps->cv);
     }
     pthread_mutex_unlock(&ps->mu);
     *out = cn;

@@ -360,13 +360,10 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
      * name that a semaphore holds (its family key held) is not taken: the
      * third column is that semaphore's N (0: not known) */
 #define ADV_TRY(fn)                                                         \
-    "WITH s AS (SELECT " ADV_SHARED_HELD(ADV_F("$1")) " AS sem), l AS ("     \
-    "SELECT "                                                               \
-    "sem, CASE WHEN NOT sem THEN " fn "(" KEY("$1") ") END AS ok FROM s), " \
-    "n AS (SELECT sem, CASE WHEN ok THEN nextval(%3$s) END AS t FROM l) "   \
-    "SELECT t, CASE WHEN t IS NOT NULL THEN set_config('application_name', " \
-    "'dlock ' || t || ' ' || $2, false) END, CASE WHEN sem THEN coalesce("  \
-    ADV_OTHER_N("$1", "NULL") ", 0) END FROM n"
+    "WITH l AS (SELECT " fn "(" KEY("$1") ") AS ok), n AS (SELECT CASE "    \
+    "WHEN ok THEN nextval(%3$s) END AS t FROM l) SELECT t, CASE WHEN t IS " \
+    "NOT NULL THEN set_config('application_name', 'dlock ' || t || ' ' || " \
+    "$2, false) END FROM n"
 #define ADV_UNLOCK(fn)                                                      \
     "SELECT " fn "(" KEY("$1") "), set_config('application_name', "         \
     "'dlock', false)"
@@ -603,27 +600,40 @@ static const char schema_sql[] =
     /* release: the caller's own hold (the exclusive owner, or its own live
      * entry), then the grant step; ok false: not ours, nothing written */
     "CREATE OR REPLACE FUNCTION %8$s(n bytea, o text, tok bigint, "
-    "OUT ok boolean, OUT grants text) LANGUAGE plpgsql AS $f$ BEGIN"
+    "OUT ok boolean, OUT grants text) LANGUAGE plpgsql AS $f$ DECLARE p "
+    "integer; q record; g bigint; BEGIN"
     " ok := false; grants := '';"
-    /* the exclusive holder, or a reader or permit holder with no other
-     * live hold beside it, with nobody queued (the uncontended cycle):
-     * the previous version's three statements, before the state's
-     * variables cost anything (as much again); a semaphore's free row
-     * keeps its N */
-    " PERFORM 1 FROM %1$s WHERE name = n AND owner = o AND token = tok AND "
-    "lock_until > " NOW " FOR UPDATE;"
-    " IF NOT FOUND THEN"
-    "  PERFORM 1 FROM %1$s WHERE name = n AND owner = '*' AND (holders -> o "
-    "->> 't')::bigint = tok AND (holders -> o ->> 'u')::bigint > " NOW_MS
-    " AND NOT jsonb_path_exists(holders - o, '$.* ? (@.u > $m)', "
-    "jsonb_build_object('m', " NOW_MS ")) FOR UPDATE;"
-    " END IF;"
+    /* the exclusive holder (p -1), or a reader or permit holder alone in
+     * the row (p its N; holds counts the entries, live or ended, under
+     * owner '*': every statement that adds or removes one keeps it so),
+     * with nobody queued (the uncontended cycle) or a live writer of
+     * another owner at the head of the queue (the exclusive hand-off, or
+     * the last reader's): the previous version's statements, before the
+     * state's variables cost anything (as much again). A semaphore's free
+     * row keeps its N */
+    " SELECT CASE WHEN owner = o THEN -1 ELSE permits END INTO p FROM %1$s "
+    "WHERE name = n AND ((owner = o AND token = tok AND lock_until > " NOW
+    ") OR (owner = '*' AND holds = 1 AND (holders -> o ->> 't')::bigint = "
+    "tok AND (holders -> o ->> 'u')::bigint > " NOW_MS ")) FOR UPDATE;"
     " IF FOUND THEN"
-    "  PERFORM 1 FROM %2$s WHERE name = n LIMIT 1;"
+    "  SELECT * INTO q FROM %2$s WHERE name = n ORDER BY seq LIMIT 1;"
     "  IF NOT FOUND THEN"
     "   UPDATE %1$s SET owner = NULL, holder = NULL, holds = 0, lock_until = "
     NOW ", holders = NULL, permits = CASE WHEN owner = '*' THEN permits "
     "ELSE 0 END WHERE name = n;"
+    "   ok := true; RETURN;"
+    "  END IF;"
+    "  IF p <= 0 AND q.kind = 0 AND q.owner <> o AND "
+    ALIVE("q", "split_part(o, ':', 1)") " THEN"
+    "   g := nextval(%3$s);"
+    "   UPDATE %1$s SET owner = q.owner, holder = q.holder, holds = 1, "
+    "token = g, locked_at = " NOW ", lock_until = " NOW " + q.ttl_ms * "
+    "interval '1 millisecond', holders = NULL, permits = 0 WHERE name = n;"
+    "   DELETE FROM %2$s WHERE name = n AND client = q.client AND waiter = "
+    "q.waiter;"
+    "   PERFORM pg_notify('dlock_' || q.client, 'g ' || q.waiter || ' ' || "
+    "g);"
+    "   grants := q.client || ':' || q.waiter || ':' || g || ' ';"
     "   ok := true; RETURN;"
     "  END IF;"
     " END IF;"
