@@ -171,9 +171,20 @@ static void to_hex(const char *s, char *out, size_t cap)
         snprintf(out + o, cap - o, "%02X", (unsigned)(unsigned char)*s);
 }
 
-/* Field `i` (1: token, 2: end µs, 3: start µs) of the n-th holder entry
- * (from 0, in the JSON object's order) of `name` in table dlock_locks, and
- * its owner into *owner (may be NULL). -1 when there is none. */
+/* The holds of a row as one JSON object, in either form (the store's
+ * MY_HOLDS_OF): `holders` when owner is '*', else a sole holder's own
+ * columns (owner '*' and its id) as a one-entry object. */
+#define HOLDS                                                               \
+    "IF(owner <=> '*', holders, IF(owner > '*' AND owner < '+', "          \
+    "JSON_OBJECT(CONVERT(SUBSTR(owner, 2) USING utf8mb4), JSON_ARRAY("      \
+    "CONVERT(SUBSTR(owner, 2) USING utf8mb4), token, TIMESTAMPDIFF("       \
+    "MICROSECOND, '1970-01-01', lock_until), TIMESTAMPDIFF(MICROSECOND, "   \
+    "'1970-01-01', locked_at), CONVERT(holder USING utf8mb4))), NULL))"
+
+/* Field `i` (1: token, 2: end µs, 3: start µs) of the n-th hold (from 0,
+ * in the JSON object's order; a sole holder's is the only one) of `name`
+ * in table dlock_locks, and its owner into *owner (may be NULL). -1 when
+ * there is none. */
 static long long entry_of(const char *name, int n, int i, char *owner,
                           size_t cap)
 {
@@ -183,12 +194,12 @@ static long long entry_of(const char *name, int n, int i, char *owner,
     to_hex(name, hex, sizeof(hex));
     /* a wildcard path answers an array, in the object's order */
     th_sql_query(&srv, arr, sizeof(arr),
-                 "SELECT JSON_EXTRACT(holders, '$.*[%d]') FROM dlock_locks "
+                 "SELECT JSON_EXTRACT(" HOLDS ", '$.*[%d]') FROM dlock_locks "
                  "WHERE name = X'%s'",
                  i, hex);
     if (owner) {
         th_sql_query(&srv, o, sizeof(o),
-                     "SELECT JSON_EXTRACT(holders, '$.*[0]') FROM "
+                     "SELECT JSON_EXTRACT(" HOLDS ", '$.*[0]') FROM "
                      "dlock_locks WHERE name = X'%s'",
                      hex);
         const char *q = o;
@@ -212,17 +223,46 @@ static long long entry_of(const char *name, int n, int i, char *owner,
     return p && *p && *p != ']' ? strtoll(p, NULL, 10) : -1;
 }
 
-/* Field `i` of the holder entry of `owner` in `name`'s row; -1 none. */
+/* Field `i` of the hold of `owner` in `name`'s row; -1 none. */
 static long long entry_by(const char *name, const char *owner, int i)
 {
     char hex[200];
 
     to_hex(name, hex, sizeof(hex));
     return th_sql_query(&srv, NULL, 0,
-                        "SELECT IFNULL(CAST(JSON_EXTRACT(holders, "
+                        "SELECT IFNULL(CAST(JSON_EXTRACT(" HOLDS ", "
                         "'$.\"%s\"[%d]') AS SIGNED), -1) FROM dlock_locks "
                         "WHERE name = X'%s'",
                         owner, i, hex);
+}
+
+/* Whether `name`'s row is in the sole holder's form (owner '*' and an
+ * owner id, one hold) or in the entries' (owner '*'): 1 sole, 2 entries,
+ * 0 neither. */
+static long long form_of(const char *name)
+{
+    char hex[200];
+
+    to_hex(name, hex, sizeof(hex));
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT IF(owner > '*' AND owner < '+' AND holds = "
+                        "1, 1, IF(owner <=> '*', 2, 0)) FROM dlock_locks "
+                        "WHERE name = X'%s'",
+                        hex);
+}
+
+/* Whether the hold lock of `owner` on `name` is held by some session. */
+static long long hold_locked(const char *name, const char *owner)
+{
+    char hex[200], ohex[200];
+
+    to_hex(name, hex, sizeof(hex));
+    to_hex(owner, ohex, sizeof(ohex));
+    return th_sql_query(&srv, NULL, 0,
+                        "SELECT IS_USED_LOCK(CONCAT('dlock-h:', SHA2(CONCAT("
+                        "CAST(DATABASE() AS BINARY), X'00', 'dlock_locks', "
+                        "X'00', X'%s', X'00', X'%s'), 224))) IS NOT NULL",
+                        hex, ohex);
 }
 
 /* Statements the server has been sent (this reading one included). */
@@ -376,8 +416,8 @@ TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
 
 /* A reader frozen (SIGSTOP) while a writer drains keeps its session and
  * its hold lock: the writer's GET_LOCK ends at the reader's lease end and
- * the writer takes the row; the reader, thawed, learns its release is
- * DLOCK_ELOST. */
+ * the writer takes the row (the sole reader's row, its end in the row's
+ * own columns); the reader, thawed, learns its release is DLOCK_ELOST. */
 TEST(a_frozen_readers_lease_end_lets_the_writer_in)
 {
     child_reader *s;
@@ -387,6 +427,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
     pthread_t th;
 
     kill(pid, SIGSTOP);
+    CHECK_EQ(form_of("drain-frozen"), 1); /* a sole reader's row */
     long long end = entry_of("drain-frozen", 0, 2, NULL, 0);
     int64_t t0 = th_now_ms();
     start(&w, &th, handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
@@ -461,6 +502,342 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
     dlock_close(w.l);
     dlock_close(ra);
     dlock_client_close(a);
+    dlock_client_close(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* A sole holder in the row's own columns                                   */
+/* ------------------------------------------------------------------------ */
+
+/* A sole reader holds in the row's own columns (owner '*' and its id, its
+ * token, end and start: no JSON). A second reader's take turns the row to
+ * entries, the first one's keeping its token, end and start. The first
+ * reader's release (the sole form's statement first, which matches
+ * nothing) removes its entry and its hold lock, not the second's: a
+ * writer draining them sleeps on, and the second one's release lets it
+ * in. */
+TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri);
+    dlock *ra = handle(a, "sole-join", 30000, 0, 0),
+          *rb = handle(b, "sole-join", 30000, 0, 0);
+    char oa[100], ob[100];
+    waiter w;
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_EQ(form_of("sole-join"), 1);
+    long long ta = entry_of("sole-join", 0, 1, oa, sizeof(oa));
+    long long ea = entry_of("sole-join", 0, 2, NULL, 0);
+    long long sa = entry_of("sole-join", 0, 3, NULL, 0);
+    CHECK_EQ(ta, (long long)dlock_token(ra));
+    CHECK_OP(ea, >, sa);
+    CHECK_EQ(hold_locked("sole-join", oa), 1);
+
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    CHECK_EQ(form_of("sole-join"), 2);
+    /* the first reader's hold, now an entry, as it was */
+    CHECK_EQ(entry_by("sole-join", oa, 1), ta);
+    CHECK_EQ(entry_by("sole-join", oa, 2), ea);
+    CHECK_EQ(entry_by("sole-join", oa, 3), sa);
+    entry_of("sole-join", 1, 1, ob, sizeof(ob));
+    CHECK(strcmp(oa, ob) != 0);
+    CHECK_EQ(entry_by("sole-join", ob, 1), (long long)dlock_token(rb));
+    CHECK_OP(dlock_token(rb), >, dlock_token(ra));
+    dlock_info in;
+    CHECK_OK(dlock_inspect(c, "sole-join", &in));
+    CHECK_EQ(in.holders, 2);
+    CHECK_EQ(in.shared, 1);
+    dlock_info_clear(&in);
+
+    start(&w, &th, handle(c, "sole-join", 30000, 0, 0), 0, 20000);
+    wait_sleepers("drain", 1);
+    CHECK_OK(dlock_release(ra));
+    CHECK_EQ(entry_by("sole-join", oa, 1), -1);
+    CHECK_EQ(entry_by("sole-join", ob, 1), (long long)dlock_token(rb));
+    CHECK_EQ(hold_locked("sole-join", oa), 0);
+    CHECK_EQ(hold_locked("sole-join", ob), 1);
+    /* still asleep on the second reader (200 ms: far more than a wake and
+     * a statement take) */
+    th_sleep_ms(200);
+    CHECK_EQ(w.got_it, 0);
+    wait_sleepers("drain", 1);
+    int64_t rel = th_now_ms();
+    CHECK_OK(dlock_release(rb));
+    wait_flag(&w.got_it, 10000);
+    CHECK_OK(w.rc);
+    /* the release's wake, not the 30 s leases; 1 s of slack for a busy
+     * machine */
+    CHECK_OP(w.got - rel, <, 1000);
+    let_go(&w);
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    dlock_close(w.l);
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
+/* A sole reader whose lease ended (not renewed: DLOCK_NO_RENEW; a frozen
+ * or dead holder's looks the same) holds nothing: a writer's try, the
+ * exclusive upsert, takes the row at once with a greater token; the
+ * reader's late renewal and release are DLOCK_ELOST and leave the writer's
+ * row as it is. A semaphore's sole permit the same. */
+TEST(an_ended_sole_hold_is_taken_by_a_writers_try)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *ra = handle(a, "sole-ended", 300, DLOCK_NO_RENEW, 0),
+          *wb = handle(b, "sole-ended", 30000, 0, 0),
+          *pa = handle(a, "sole-ended-sem", 300, DLOCK_NO_RENEW, 2),
+          *pb = handle(b, "sole-ended-sem", 30000, 0, 2);
+    dlock_info in;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_EQ(form_of("sole-ended"), 1);
+    CHECK_EQ(form_of("sole-ended-sem"), 1);
+    uint64_t tr = dlock_token(ra);
+    /* held: a writer's try is busy */
+    CHECK_RC(dlock_acquire(wb, 0), DLOCK_EBUSY);
+    /* twice the 300 ms lease: ended on any machine's clock step */
+    th_sleep_ms(600);
+    CHECK_OK(dlock_acquire(wb, 0));
+    CHECK_OP(dlock_token(wb), >, tr);
+    CHECK_RC(dlock_extend(ra, 300), DLOCK_ELOST);
+    CHECK_RC(dlock_release(ra), DLOCK_ELOST);
+    CHECK_OK(dlock_inspect(b, "sole-ended", &in));
+    CHECK_EQ(in.held, 1);
+    CHECK_EQ(in.shared, 0);
+    CHECK_EQ(in.token, dlock_token(wb));
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_release(wb));
+    /* a permit: the next one (of the same N) takes the ended one's place */
+    CHECK_OK(dlock_acquire(pb, 0));
+    CHECK_RC(dlock_release(pa), DLOCK_ELOST);
+    CHECK_OK(dlock_inspect(b, "sole-ended-sem", &in));
+    CHECK_EQ(in.holders, 1);
+    CHECK_EQ(in.token, dlock_token(pb));
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_release(pb));
+    dlock_close(ra);
+    dlock_close(wb);
+    dlock_close(pa);
+    dlock_close(pb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* The server's Questions once every statement sent so far is counted (a
+ * statement reaches the global count a moment after its answer: a
+ * release was once counted by the reading after next), and how many
+ * readings that took (*reads): it reads every 5 ms until two readings in
+ * a row added the same (the reading's own statements) as the one before
+ * (at most 2 s, for a busy machine; a statement's count lags by
+ * microseconds). *per: what one reading adds. */
+static long long questions_settled(int *reads, long long *per)
+{
+    long long a = questions(), b = questions(), c = b;
+
+    *reads = 2;
+    for (int i = 0; i < 400; i++) {
+        th_sleep_ms(5);
+        c = questions();
+        ++*reads;
+        if (c - b == b - a)
+            break;
+        a = b;
+        b = c;
+    }
+    *per = c - b;
+    return c;
+}
+
+/* Statements one call sends (the server's Questions, less the readings'
+ * own): nothing else runs on the server meanwhile. */
+static long long sent_by(int (*call)(dlock *), dlock *l, int want)
+{
+    int reads;
+    long long per, q0 = questions_settled(&reads, &per);
+
+    CHECK_RC(call(l), want);
+    long long q1 = questions_settled(&reads, &per);
+    return q1 - q0 - reads * per;
+}
+
+static int take_shared(dlock *l)
+{
+    return dlock_acquire_shared(l, 0);
+}
+
+static int dlock_acquire_now(dlock *l)
+{
+    return dlock_acquire(l, 0);
+}
+
+/* The uncontended shared cycle is two statements (the light take, the
+ * sole release). A light take that finds others holding is followed at
+ * once by the full take, in the same call; the client's note (kept per
+ * name) then makes the join (one UPDATE) its first try there while others
+ * hold; a join that finds the row free is followed by the full take, and
+ * a release that finds its hold sole makes the light take first again. */
+TEST(a_readers_tries_follow_its_note_of_others)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *ra = handle(a, "note", 30000, 0, 0),
+          *rb = handle(b, "note", 30000, 0, 0);
+
+    /* alone: one statement each */
+    CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
+    CHECK_EQ(form_of("note"), 1);
+    CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
+    /* beside a holder: the light take, then the full one */
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 2);
+    CHECK_EQ(form_of("note"), 2);
+    CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
+    /* noted: the join first */
+    CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
+    CHECK_EQ(form_of("note"), 2);
+    CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
+    /* the first reader's hold turned to an entry: its release's sole
+     * statement matches nothing, the second removes the entry */
+    CHECK_EQ(sent_by(dlock_release, ra, DLOCK_OK), 2);
+    /* rb alone now: the join (its note) finds the row free, the full take
+     * takes it sole; its release says so, and the next take is light */
+    CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 2);
+    CHECK_EQ(form_of("note"), 1);
+    CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
+    CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
+    CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A client that saw others hold a name tries the join first there: one
+ * UPDATE that turns a sole holder into an entry (its token, end and start
+ * kept) or adds to the entries, and for a permit counts the other entries
+ * against N (here 3: a fourth permit is busy, its full take says so). */
+TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
+{
+    dlock_client *c[4];
+    dlock *r[2], *p[4];
+    char oa[100];
+
+    for (int i = 0; i < 4; i++)
+        c[i] = client_at(srv.uri);
+    for (int i = 0; i < 2; i++)
+        r[i] = handle(c[i], "join", 30000, 0, 0);
+    for (int i = 0; i < 4; i++)
+        p[i] = handle(c[i], "join-sem", 30000, 0, 3);
+    /* each learns that the other held (their notes: the join first) */
+    CHECK_OK(dlock_acquire_shared(r[0], 0));
+    CHECK_OK(dlock_acquire_shared(r[1], 0));
+    CHECK_OK(dlock_release(r[1]));
+    CHECK_OK(dlock_release(r[0]));
+    /* the row is free: the join finds nothing, the full take takes it */
+    CHECK_EQ(sent_by(take_shared, r[0], DLOCK_OK), 2);
+    CHECK_EQ(form_of("join"), 1);
+    long long ta = entry_of("join", 0, 1, oa, sizeof(oa));
+    long long ea = entry_of("join", 0, 2, NULL, 0);
+    long long sa = entry_of("join", 0, 3, NULL, 0);
+    /* the other's join: one statement, the sole hold an entry */
+    CHECK_EQ(sent_by(take_shared, r[1], DLOCK_OK), 1);
+    CHECK_EQ(form_of("join"), 2);
+    CHECK_EQ(entry_by("join", oa, 1), ta);
+    CHECK_EQ(entry_by("join", oa, 2), ea);
+    CHECK_EQ(entry_by("join", oa, 3), sa);
+    CHECK_OP(dlock_token(r[1]), >, dlock_token(r[0]));
+    CHECK_OK(dlock_release(r[0]));
+    CHECK_OK(dlock_release(r[1]));
+    CHECK_EQ(form_of("join"), 0);
+
+    /* permits: each client learns that others held (three at once, the
+     * fourth busy), then a sole permit is joined twice */
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dlock_acquire(p[i], 0));
+    CHECK_RC(dlock_acquire(p[3], 0), DLOCK_EBUSY);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dlock_release(p[i]));
+    CHECK_EQ(sent_by(dlock_acquire_now, p[0], DLOCK_OK), 2);
+    CHECK_EQ(form_of("join-sem"), 1);
+    CHECK_EQ(sent_by(dlock_acquire_now, p[1], DLOCK_OK), 1); /* joined */
+    CHECK_EQ(form_of("join-sem"), 2);
+    CHECK_EQ(sent_by(dlock_acquire_now, p[2], DLOCK_OK), 1);
+    /* full: the join matches nothing, the full take answers busy, and the
+     * hold lock its guard took is let go of */
+    CHECK_EQ(sent_by(dlock_acquire_now, p[3], DLOCK_EBUSY), 3);
+    dlock_info in;
+    CHECK_OK(dlock_inspect(c[0], "join-sem", &in));
+    CHECK_EQ(in.holders, 3);
+    CHECK_EQ(in.permits, 3);
+    dlock_info_clear(&in);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(dlock_release(p[i]));
+    for (int i = 0; i < 4; i++) {
+        dlock_close(p[i]);
+        if (i < 2)
+            dlock_close(r[i]);
+        dlock_client_close(c[i]);
+    }
+}
+
+/* The join and the release of the contended path are prepared once per
+ * connection; a server that refuses to prepare them (its
+ * max_prepared_stmt_count reached) gets the same statements as text, and
+ * the holds are the same. */
+TEST(a_refused_prepare_runs_the_text_statements)
+{
+    th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = 0");
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *ra = handle(a, "no-prepare", 30000, 0, 0),
+          *rb = handle(b, "no-prepare", 30000, 0, 0);
+    dlock_info in;
+
+    /* b learns that a holds, then joins and leaves twice */
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(dlock_release(rb));
+        CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1); /* the join */
+        CHECK_OK(dlock_inspect(a, "no-prepare", &in));
+        CHECK_EQ(in.holders, 2);
+        dlock_info_clear(&in);
+    }
+    CHECK_OK(dlock_release(rb));
+    CHECK_OK(dlock_release(ra));
+    CHECK_OK(dlock_inspect(a, "no-prepare", &in));
+    CHECK_EQ(in.held, 0);
+    dlock_info_clear(&in);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT VARIABLE_VALUE FROM information_schema."
+                          "GLOBAL_STATUS WHERE VARIABLE_NAME = "
+                          "'PREPARED_STMT_COUNT'"),
+             0);
+    th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = DEFAULT");
+    /* allowed again: a new client's connections prepare them */
+    dlock_client *c = client_at(srv.uri);
+    dlock *rc = handle(c, "no-prepare", 30000, 0, 0);
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rc, 0)); /* light, then the full take */
+    CHECK_OK(dlock_release(rc));
+    CHECK_OK(dlock_acquire_shared(rc, 0)); /* the join, prepared */
+    CHECK_OP(th_sql_query(&srv, NULL, 0,
+                          "SELECT VARIABLE_VALUE FROM information_schema."
+                          "GLOBAL_STATUS WHERE VARIABLE_NAME = "
+                          "'PREPARED_STMT_COUNT'"),
+             >, 0);
+    CHECK_OK(dlock_release(rc));
+    CHECK_OK(dlock_release(ra));
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_close(rc);
+    dlock_client_close(a);
+    dlock_client_close(b);
     dlock_client_close(c);
 }
 
@@ -1064,6 +1441,11 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
 
 static const th_test tests[] = {
     T(the_last_readers_release_wakes_the_writer),
+    T(a_second_reader_turns_the_sole_hold_into_an_entry),
+    T(an_ended_sole_hold_is_taken_by_a_writers_try),
+    T(a_readers_tries_follow_its_note_of_others),
+    T(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits),
+    T(a_refused_prepare_runs_the_text_statements),
     T(a_killed_reader_wakes_the_writer_which_waits_for_its_lease),
     T(a_frozen_readers_lease_end_lets_the_writer_in),
     T(a_reader_whose_session_was_killed_holds_and_wakes_the_writer),

@@ -283,6 +283,9 @@ static void my_close(void *st)
     free(ms->ssl_key);
     pthread_mutex_destroy(&ms->mu);
     free(ms->tl);
+    free(ms->dbname);
+    for (int i = 0; i < MY_PS_N; i++)
+        free(ms->tmpl[i]);
     free(ms->redacted);
     free(ms);
 }
@@ -387,6 +390,8 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
     }
     rc = dlock__mysql_ensure_schema(ms, cn, deadline);
     dlock__mysql_conn_put(ms, cn);
+    if (rc == DLOCK_OK)
+        rc = dlock__mysql_templates(ms);
     if (rc) {
         my_close(ms);
         return rc;

@@ -52,6 +52,7 @@ static int my_error(my_store *ms, my_conn *cn, const char *what)
 {
     unsigned e = mysql_errno(cn->m);
 
+    cn->err = e;
     if (e >= 2000 && e < 3000)
         cn->broken = 1;
     return dlock__err(code_of(e), "mysql %s: %s: %s (error %u)",
@@ -59,9 +60,29 @@ static int my_error(my_store *ms, my_conn *cn, const char *what)
                       e ? mysql_error(cn->m) : "connection lost", e);
 }
 
+/* A prepared statement's error, as my_error(). */
+static int stmt_error(my_store *ms, my_conn *cn, MYSQL_STMT *st,
+                      const char *what)
+{
+    unsigned e = mysql_stmt_errno(st);
+
+    cn->err = e;
+    if (e >= 2000 && e < 3000)
+        cn->broken = 1;
+    return dlock__err(code_of(e), "mysql %s: %s: %s (error %u)",
+                      ms->redacted, what,
+                      e ? mysql_stmt_error(st) : "connection lost", e);
+}
+
+unsigned dlock__mysql_errno(const my_conn *cn)
+{
+    return cn->err;
+}
+
 static int timeout_error(my_store *ms, my_conn *cn, const char *what)
 {
     cn->broken = 1;
+    cn->err = 0;
     return dlock__err(DLOCK_ECONN, "mysql %s: %s: no answer in time",
                       ms->redacted, what);
 }
@@ -122,6 +143,12 @@ void dlock__mysql_conn_free(my_conn *cn)
             shutdown(mysql_get_socket(cn->m), SHUT_RDWR);
         mysql_close(cn->m);
     }
+    /* closed, the connection has let go of its prepared statements (the
+     * server frees them with the session): only their memory is left,
+     * freed without a round trip */
+    for (int i = 0; i < MY_PS_N; i++)
+        if (cn->ps[i])
+            mysql_stmt_close(cn->ps[i]);
     free(cn);
 }
 
@@ -278,6 +305,7 @@ int dlock__mysql_query_at(my_store *ms, my_conn *cn, const char *sql,
     if (res)
         *res = NULL;
     cn->answered = 0;
+    cn->err = 0;
     status = mysql_real_query_start(&err, cn->m, sql, strlen(sql));
     while (status) {
         if ((ready = wait_io(cn->m, status, deadline)) < 0)
@@ -340,12 +368,137 @@ int dlock__mysql_query_pooled(my_store *ms, const char *sql, int64_t deadline,
         if (rc)
             return rc;
         rc = dlock__mysql_query(ms, cn, sql, deadline, res, affected, id, what);
-        unsigned e = rc ? mysql_errno(cn->m) : 0;
+        unsigned e = rc ? dlock__mysql_errno(cn) : 0;
         dlock__mysql_conn_put(ms, cn);
         if (!(rc && e == ER_LOCK_DEADLOCK && attempt < MY_DEADLOCK_RETRIES &&
               dlock__now_ms() < deadline))
             return rc;
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Prepared statements                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Prepares statement `which` on cn: its template with each marker as '?',
+ * the markers' order kept. DLOCK_OK; MY_PS_TEXT when the server refused
+ * it (cn runs text from now on); or an error (the connection's). */
+static int ps_prepare(my_store *ms, my_conn *cn, int which, int64_t deadline,
+                      const char *what)
+{
+    const char *t = ms->tmpl[which];
+    char *sql = malloc(strlen(t) + 1), *o = sql;
+    int n = 0, ret = 0, status, ready;
+    MYSQL_STMT *st;
+
+    if (!sql)
+        return dlock__mysql_enomem();
+    for (; *t; t++) {
+        if (*t != '\001') {
+            *o++ = *t;
+            continue;
+        }
+        if (n == MY_PS_PARAMS || !t[1]) {
+            free(sql);
+            return dlock__err(DLOCK_EPROTO, "mysql: a statement with too "
+                                            "many values");
+        }
+        cn->ps_order[which][n++] = *++t;
+        *o++ = '?';
+    }
+    *o = '\0';
+    cn->ps_order[which][n] = '\0';
+    if (!(st = mysql_stmt_init(cn->m))) {
+        free(sql);
+        return dlock__mysql_enomem();
+    }
+    status = mysql_stmt_prepare_start(&ret, st, sql, strlen(sql));
+    while (status) {
+        if ((ready = wait_io(cn->m, status, deadline)) < 0) {
+            free(sql);
+            mysql_stmt_close(st); /* never prepared: no round trip */
+            return timeout_error(ms, cn, what);
+        }
+        status = mysql_stmt_prepare_cont(&ret, st, ready);
+    }
+    free(sql);
+    if (ret) {
+        int rc = stmt_error(ms, cn, st, what);
+        mysql_stmt_close(st);
+        if (cn->broken)
+            return rc;
+        /* refused by the server (max_prepared_stmt_count, a server
+         * without something the statement uses): text statements */
+        cn->ps_off = 1;
+        return MY_PS_TEXT;
+    }
+    cn->ps[which] = st;
+    return DLOCK_OK;
+}
+
+int dlock__mysql_ps_run(my_store *ms, my_conn *cn, int which,
+                        const my_vals *v, int64_t deadline,
+                        uint64_t *affected, uint64_t *id, const char *what)
+{
+    MYSQL_BIND b[MY_PS_PARAMS];
+    unsigned long lens[MY_PS_PARAMS];
+    int ret = 0, status, ready, rc;
+    MYSQL_STMT *st;
+
+    if (cn->ps_off || !ms->tmpl[which])
+        return MY_PS_TEXT;
+    cn->err = 0;
+    cn->answered = 0;
+    if (!cn->ps[which] &&
+        (rc = ps_prepare(ms, cn, which, deadline, what)) != DLOCK_OK)
+        return rc;
+    st = cn->ps[which];
+    memset(b, 0, sizeof(b));
+    for (int i = 0; cn->ps_order[which][i]; i++) {
+        const void *buf = NULL;
+        size_t len = 0;
+        enum enum_field_types ty = MYSQL_TYPE_STRING;
+        switch (cn->ps_order[which][i]) {
+        case 'N': buf = v->name; len = v->name_len; ty = MYSQL_TYPE_BLOB; break;
+        case 'S': buf = v->sole; ty = MYSQL_TYPE_BLOB; break;
+        case 'D': buf = v->desc; ty = MYSQL_TYPE_BLOB; break;
+        case 'T': buf = &v->ttl_us; ty = MYSQL_TYPE_LONGLONG; break;
+        case 'P': buf = &v->permits; ty = MYSQL_TYPE_LONGLONG; break;
+        case 'K': buf = &v->token; ty = MYSQL_TYPE_LONGLONG; break;
+        case 'G': buf = v->gate; break;
+        case 'H': buf = v->hold; break;
+        case 'O': buf = v->owner; break;
+        case 'A': buf = v->path; break;
+        case 'E': buf = v->path_tok; break;
+        case 'F': buf = v->path_end; break;
+        default: return dlock__err(DLOCK_EPROTO, "mysql: a statement's "
+                                                 "value unknown");
+        }
+        if (ty != MYSQL_TYPE_LONGLONG && !len)
+            len = strlen(buf);
+        lens[i] = (unsigned long)len;
+        b[i].buffer_type = ty;
+        b[i].buffer = (void *)buf;
+        b[i].buffer_length = lens[i];
+        b[i].length = ty == MYSQL_TYPE_LONGLONG ? NULL : &lens[i];
+        b[i].is_unsigned = cn->ps_order[which][i] == 'K';
+    }
+    if (mysql_stmt_bind_param(st, b))
+        return stmt_error(ms, cn, st, what);
+    status = mysql_stmt_execute_start(&ret, st);
+    while (status) {
+        if ((ready = wait_io(cn->m, status, deadline)) < 0)
+            return timeout_error(ms, cn, what);
+        status = mysql_stmt_execute_cont(&ret, st, ready);
+    }
+    if (ret)
+        return stmt_error(ms, cn, st, what);
+    cn->answered = 1;
+    if (affected)
+        *affected = (uint64_t)mysql_stmt_affected_rows(st);
+    if (id)
+        *id = (uint64_t)mysql_stmt_insert_id(st);
+    return DLOCK_OK;
 }
 
 long long dlock__mysql_col_ll(MYSQL_RES *r, int col, long long dflt)

@@ -5,8 +5,10 @@
  * struct); mysql_wait.c, acquire and the waiting in the server (the
  * gate, the fair queue's entry); mysql_conn.c, its connections (the pool,
  * the non-blocking Connector/C I/O that keeps the caller's deadline,
- * running statements, error codes); and mysql_sql.c, its SQL (quoted
- * names, hex literals, the statements' texts, the schema).
+ * running statements, error codes); mysql_sql.c, its SQL (quoted
+ * names, hex literals, the statements' texts, the schema); mysql_rw.c,
+ * read holds' and permits' release, renewal and waiting; mysql_hash.c,
+ * their lock names as literals.
  */
 #ifndef DLOCK_MYSQL_INT_H
 #define DLOCK_MYSQL_INT_H
@@ -28,13 +30,31 @@
 #define MY_PERMITS_MAX 32 /* a full semaphore's head waits with one
                            * connection per holder (docs/locks.md) */
 #define NOW "UTC_TIMESTAMP(6)"
-/* The owner of a row held by readers or permits (an owner id has a ':') */
+/* The owner of a row whose readers or permits are entries of `holders`
+ * (an owner id has a ':'); a sole reader's or permit's row has '*' and its
+ * owner id. */
 #define MY_SHARED "'*'"
+/* The row is held by readers or permits (either form): `owner` starts
+ * with '*' (no owner id does). */
+#define MY_SHARED_ANY(owner) "(" owner " >= '*' AND " owner " < '+')"
+/* Its sole holder's form ('*' and its owner id). */
+#define MY_SOLE(owner) "(" owner " > '*' AND " owner " < '+')"
+
+/* The statements prepared once per connection: a reader's or a permit's
+ * join (the first try of a client that saw others hold the name), and
+ * the release of a read hold or permit in either form (docs/design.md:
+ * the contended path). */
+enum { MY_PS_JOIN_READ, MY_PS_JOIN_PERMIT, MY_PS_RELEASE, MY_PS_N };
+#define MY_PS_PARAMS 48 /* markers in one prepared statement, at most */
 
 typedef struct my_conn {
     MYSQL *m;
     int broken;
     int answered; /* the last query's first statement was answered */
+    unsigned err; /* the last statement's error number (0: none) */
+    MYSQL_STMT *ps[MY_PS_N];         /* prepared, or NULL */
+    char ps_order[MY_PS_N][MY_PS_PARAMS + 1]; /* their markers, in order */
+    int ps_off;   /* the server refused a prepare: text statements */
     struct my_conn *next;
 } my_conn;
 
@@ -49,13 +69,51 @@ typedef struct my_store {
     char q[2 * MY_TABLE_MAX + 16]; /* `T_queue` */
     char table[MY_TABLE_MAX + 1];
     char *tl; /* the table's name as a literal, for gate names */
+    char *dbname; /* DATABASE() as the server said it at open (the
+                   * lock names the client computes hash it) */
     pthread_mutex_t mu;
     my_conn *idle;
     int nidle;
     int rw; /* the table has the columns of read holds and permits
              * (permits, holders): else exclusive locks only */
+    char *tmpl[MY_PS_N]; /* the prepared statements' texts, with markers
+                          * (MY_V_*), made at open */
     char rw_why[200]; /* why not, for the DLOCK_ENOTSUP */
 } my_store;
+
+
+/* What a busy upsert's LAST_INSERT_ID says about the row (MY_CODE_SEM + N:
+ * a live semaphore of N permits). */
+enum { MY_CODE_NONE = 0, MY_CODE_WRITER = 1, MY_CODE_READERS = 2,
+       MY_CODE_SEM = 3 };
+
+/* A value of a statement's text, as a marker (the byte 1 and a letter):
+ * a literal in a text statement (dlock__mysql_fill()), a parameter in a
+ * prepared one. */
+#define MY_V_NAME "\001N"     /* the lock name (bytes) */
+#define MY_V_SOLE "\001S"     /* '*' and the owner id (bytes) */
+#define MY_V_DESC "\001D"     /* the holder's description (bytes) */
+#define MY_V_TTL "\001T"      /* the lease, µs */
+#define MY_V_PERMITS "\001P"  /* a semaphore's N */
+#define MY_V_GATE "\001G"     /* the gate's name */
+#define MY_V_HOLD "\001H"     /* the hold lock's name */
+#define MY_V_OWNER "\001O"    /* the owner id (text: a JSON key) */
+#define MY_V_PATH "\001A"     /* '$."OWNER"': our entry */
+#define MY_V_PATH_TOK "\001E" /* its token ([1]) */
+#define MY_V_PATH_END "\001F" /* its end ([2]) */
+#define MY_V_TOKEN "\001K"    /* the hold's token */
+
+/* The values the markers stand for, from one lease. */
+typedef struct my_vals {
+    const char *name;
+    size_t name_len;
+    char sole[96];
+    const char *desc;
+    long long ttl_us, permits;
+    char gate[72], hold[72]; /* unquoted */
+    char owner[88], path[96], path_tok[100], path_end[100];
+    unsigned long long token;
+} my_vals;
 
 typedef struct my_lease {
     my_conn *cn; /* out of the pool while waiting or holding: the gate's,
@@ -64,12 +122,20 @@ typedef struct my_lease {
     int locks;   /* cn may hold other user locks (a hold lock taken by a
                   * try that took nothing): let go of them on failure */
     int64_t seq; /* queue entry (inspect), 0 when none */
+    int sole;    /* a read hold or permit taken by the light take: sole
+                  * when taken (its release tries the sole form first) */
+    int has_v;   /* v is filled (a read hold's or permit's acquire) */
+    my_vals v;   /* its values, for its statements (lock names computed
+                  * once) */
 } my_lease;
 
-/* What a busy upsert's LAST_INSERT_ID says about the row (MY_CODE_SEM + N:
- * a live semaphore of N permits). */
-enum { MY_CODE_NONE = 0, MY_CODE_WRITER = 1, MY_CODE_READERS = 2,
-       MY_CODE_SEM = 3 };
+/* Fills *v from the lease (its lock names computed): DLOCK_OK, or
+ * DLOCK_EINVAL (an owner id with other bytes) or DLOCK_ENOMEM. */
+int dlock__mysql_vals(const my_store *ms, const dlock__lease *l, my_vals *v);
+
+/* The text statement of a template: each marker as a literal. Fresh
+ * buffer, or NULL. */
+char *dlock__mysql_fill(const char *tmpl, const my_vals *v);
 
 /* mysql_conn.c: errors, connections and statements */
 
@@ -100,6 +166,18 @@ int dlock__mysql_query_at(my_store *ms, my_conn *cn, const char *sql,
 int dlock__mysql_query(my_store *ms, my_conn *cn, const char *sql,
                        int64_t deadline, MYSQL_RES **res,
                        uint64_t *affected, uint64_t *id, const char *what);
+
+/* Runs prepared statement `which` (its template ms->tmpl[which], prepared
+ * on cn's first use) with the values of v, within `deadline`: what it
+ * changed and its LAST_INSERT_ID. MY_PS_TEXT when the server refused to
+ * prepare it (the caller runs the text statement; cn stays text). */
+#define MY_PS_TEXT 1000
+int dlock__mysql_ps_run(my_store *ms, my_conn *cn, int which,
+                        const my_vals *v, int64_t deadline,
+                        uint64_t *affected, uint64_t *id, const char *what);
+
+/* The error number of cn's last statement (text or prepared). */
+unsigned dlock__mysql_errno(const my_conn *cn);
 
 /* One statement on a pooled connection (a deadlock victim runs again). */
 int dlock__mysql_query_pooled(my_store *ms, const char *sql,
@@ -133,15 +211,25 @@ char *dlock__mysql_entry_lock_of(const my_store *ms, const char *seq);
 char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
                                 const char *owner);
 
+/* The server's clock in µs, from a DATETIME(6) expression. */
+#define MY_US(dt) "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " dt ")"
+
+/* The holds of a row read by alias `a` ("t." or ""), as one JSON object
+ * whatever the form: `holders` for entries, a one-entry object made of the
+ * sole holder's columns, else NULL. */
+#define MY_HOLDS_OF(a)                                                      \
+    "IF(" a "owner <=> " MY_SHARED ", " a "holders, IF(" MY_SOLE(a "owner") \
+    ", JSON_OBJECT(CONVERT(SUBSTR(" a "owner, 2) USING utf8mb4), "          \
+    "JSON_ARRAY(CONVERT(SUBSTR(" a "owner, 2) USING utf8mb4), " a "token, " \
+    MY_US(a "lock_until") ", " MY_US(a "locked_at") ", CONVERT(" a          \
+    "holder USING utf8mb4))), NULL))"
+
 /* The columns of JSON_TABLE over `holders` (o owner, t token, e end µs,
  * s start µs, d description). */
 #define MY_HOLDERS_COLS                                                     \
     "'$.*' COLUMNS (o VARCHAR(80) PATH '$[0]', t BIGINT UNSIGNED PATH "     \
     "'$[1]', e BIGINT PATH '$[2]', s BIGINT PATH '$[3]', d VARCHAR(255) "    \
     "PATH '$[4]')"
-
-/* The server's clock in µs, from a DATETIME(6) expression. */
-#define MY_US(dt) "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', " dt ")"
 
 /* The acquire's upsert, guarded by `where`; `woke`: a waiter's, whose
  * times are its wake's; `rich`: a busy answer says who holds. */
@@ -150,20 +238,54 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *holder, const char *where, int woke,
                           int rich);
 
-/* A read hold's or permit's upsert (mysql_sql.c says more): `join`, may
- * it join the live holds (0: only start on a free row); `prune`, drop the
- * ended holds and count only the live ones (a subquery: not on the
- * uncontended path); `gate` (NULL: none), the gate it lets go of once
- * taken. */
-char *dlock__mysql_upsert_shared(const my_store *ms, const dlock__lease *l,
-                                 const char *name, const char *owner,
-                                 const char *holder, const char *where,
-                                 int woke, int join, int prune,
-                                 const char *gate);
+/* A read hold's or permit's light take (mysql_sql.c says more): the
+ * exclusive upsert's shape with the sole holder's values, guarded by
+ * `where`. */
+char *dlock__mysql_upsert_light(const my_store *ms, const dlock__lease *l,
+                                const char *name, const char *holder,
+                                const char *where);
+
+/* A read hold's or permit's full take (mysql_sql.c says more), as a
+ * template (MY_V_* markers: dlock__mysql_fill() makes it text): `permit`,
+ * a permit's (N a marker) or a reader's; `join`, may it join the live
+ * holds (0: only start on a free row); `prune`, drop the ended holds and
+ * count only the live ones (a subquery: not on the uncontended path);
+ * `gate` (NULL: none), the gate it lets go of once taken. */
+char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
+                                 const char *where, int woke, int join,
+                                 int prune, const char *gate);
+
+/* A reader's or permit's join, as a template (mysql_sql.c says more):
+ * `permit`, a permit's (N a marker) or a reader's. */
+char *dlock__mysql_join(const my_store *ms, int permit);
+
+/* The release of a read hold or permit in either form, as a template
+ * (mysql_rw.c says more). */
+char *dlock__mysql_release_any(const my_store *ms);
+
+/* Makes ms->tmpl[] (the prepared statements' templates): DLOCK_OK or
+ * DLOCK_ENOMEM. */
+int dlock__mysql_templates(my_store *ms);
+
+/* What a full take's first assignment decided (its LAST_INSERT_ID until
+ * the token's assignment; a busy one's is a MY_CODE_*). */
+enum { MY_TOOK_FREE = 1001, MY_TOOK_SOLE = 1002, MY_TOOK_ENTRIES = 1003 };
+
+/* The sole holder's owner column: '*' and the owner id, as a hex literal
+ * (fresh; NULL: out of memory). */
+char *dlock__mysql_sole_owner(const char *owner);
 
 /* Creates the tables when missing, adds the columns a table of the
- * previous version lacks (ms->rw: whether it has them). */
+ * previous version lacks (ms->rw: whether it has them), and reads
+ * DATABASE() into ms->dbname. */
 int dlock__mysql_ensure_schema(my_store *ms, my_conn *cn, int64_t deadline);
+
+/* mysql_hash.c: a read hold's or permit's own lock names as quoted
+ * literals (fresh; NULL: out of memory), the same names as the SQL
+ * expressions of dlock__mysql_gate_of() and dlock__mysql_hold_lock_of() */
+char *dlock__mysql_gate_lit(const my_store *ms, const char *name, size_t len);
+char *dlock__mysql_hold_lit(const my_store *ms, const char *name, size_t len,
+                            const char *owner);
 
 /* mysql_wait.c: acquire and waiting */
 

@@ -5,14 +5,17 @@
  * docs/design.md, "Shared holds and permits", the MySQL / MariaDB
  * paragraph):
  *
- *  - the holds live in the lock row: `owner` is '*', `permits` a
- *    semaphore's N (0: readers), `holders` a JSON object owner -> [owner,
- *    token, end µs, start µs, description], `lock_until` the latest end.
- *    Every change is one statement on that row;
+ *  - the holds live in the lock row: a sole holder in its own columns
+ *    (`owner` '*' and its owner id, its token, end and start, its
+ *    description in `holder`), several as entries (`owner` '*',
+ *    `holders` a JSON object owner -> [owner, token, end µs, start µs,
+ *    description], `lock_until` the latest end); `permits` a semaphore's
+ *    N (0: readers). Every change is one statement on that row;
  *  - each hold keeps its hold lock (a user-level lock of its own) on its
  *    connection, so that whoever waits for it sleeps in GET_LOCK on it;
  *  - their release and renewal (one UPDATE each, guarded by the hold's own
- *    token and live end), and dlock_inspect()'s view of them;
+ *    token and live end, in either form), and dlock_inspect()'s view of
+ *    them;
  *  - what a waiter that holds the gate sees of the row (the state), a
  *    writer's drain of the readers, and a semaphore's head waiting on
  *    every holder's hold lock at once through pooled helper connections.
@@ -51,38 +54,52 @@ int dlock__mysql_owner_path(const char *owner, const char *tail, char *out,
 /* Release and renewal                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* UPDATE `set` guarded by the hold's own entry (its token, its end still
- * ahead), then `after` on the hold's connection in the same round trip
- * (the release's RELEASE_ALL_LOCKS). A hold whose connection died runs it
- * on a pooled one; `repin` then also takes the hold lock there and keeps
- * that connection for the hold (a renewal). DLOCK_OK, ENOTHELD, or an
+/* The hold's own guard: `form` SOLE, its sole hold ('*' and its owner id,
+ * its token, a live lease); ANY, that or its entry (its token, its end
+ * still ahead). */
+enum { SOLE, ANY };
+
+/* UPDATE `set` guarded by the hold's own hold in `form`, then `after` on
+ * the hold's connection in the same round trip. A hold whose connection
+ * died runs it on a pooled one; `repin` then also takes the hold lock
+ * there and keeps that connection for the hold (a renewal). *id: the
+ * statement's LAST_INSERT_ID (may be NULL). DLOCK_OK, ENOTHELD, or an
  * error. */
-static int guarded(my_store *ms, dlock__lease *l, const char *set,
+static int guarded(my_store *ms, dlock__lease *l, const char *set, int form,
                    const char *after, int repin, int64_t op_deadline,
-                   const char *what)
+                   uint64_t *id, const char *what)
 {
     my_lease *sl = l->priv;
     char pt[128], pe[128];
     char *name = dlock__mysql_hexlit(l->name, l->name_len);
     char *owner = dlock__mysql_hexlit(l->owner, strlen(l->owner));
+    char *sole = dlock__mysql_sole_owner(l->owner);
     char *hold = name && owner ? dlock__mysql_hold_lock_of(ms, name, owner)
                                : NULL;
     int pinned = dlock__mysql_pinned_alive(sl);
     uint64_t affected = 0;
     MYSQL_RES *r = NULL;
     my_conn *cn = NULL;
-    char *sql = NULL;
+    char *sql = NULL, *entry = NULL;
     int rc;
 
     rc = dlock__mysql_owner_path(l->owner, "[1]", pt, sizeof(pt));
     if (!rc)
         rc = dlock__mysql_owner_path(l->owner, "[2]", pe, sizeof(pe));
-    if (!rc && hold)
+    if (!rc && form == ANY)
+        entry = dlock__mysql_stmt(
+            " OR owner <=> " MY_SHARED " AND CAST(JSON_EXTRACT(holders, "
+            "'%s') AS UNSIGNED) = %llu AND CAST(JSON_EXTRACT(holders, '%s') "
+            "AS SIGNED) > " NOW_US,
+            pt, (unsigned long long)l->token, pe);
+    else if (!rc)
+        entry = dlock__mysql_stmt("%s", "");
+    if (!rc && hold && sole && entry)
         sql = dlock__mysql_stmt(
-            "UPDATE %s SET %s WHERE name = %s AND owner <=> " MY_SHARED " "
-            "AND CAST(JSON_EXTRACT(holders, '%s') AS UNSIGNED) = %llu AND "
-            "CAST(JSON_EXTRACT(holders, '%s') AS SIGNED) > " NOW_US "%s%s%s",
-            ms->t, set, name, pt, (unsigned long long)l->token, pe,
+            "UPDATE %s SET %s WHERE name = %s AND %sowner = %s AND token = "
+            "%llu AND lock_until > " NOW "%s%s%s%s%s",
+            ms->t, set, name, form == ANY ? "(" : "", sole,
+            (unsigned long long)l->token, entry, form == ANY ? ")" : "",
             pinned && after ? "; " : "", pinned && after ? after : "",
             !pinned && repin ? "; SELECT IF(ROW_COUNT() > 0, GET_LOCK(" : "");
     if (sql && !pinned && repin) {
@@ -94,10 +111,10 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set,
         rc = dlock__mysql_enomem();
     if (!rc && pinned) {
         rc = dlock__mysql_query(ms, sl->cn, sql, op_deadline, NULL, &affected,
-                                NULL, what);
+                                id, what);
     } else if (!rc && !repin) {
         rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL, &affected,
-                                       NULL, what);
+                                       id, what);
     } else if (!rc) {
         /* a renewal without its connection: a new one, which takes the
          * hold lock again and stays the hold's */
@@ -106,7 +123,7 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set,
         rc = dlock__mysql_conn_get(ms, op_deadline, &cn);
         if (!rc)
             rc = dlock__mysql_query(ms, cn, sql, op_deadline, &r, &affected,
-                                    NULL, what);
+                                    id, what);
         if (!rc && affected == 1 && dlock__mysql_col_ll(r, 0, 0) == 1) {
             dlock__mysql_conn_put(ms, sl->cn); /* the dead one: closed */
             sl->cn = cn;
@@ -120,7 +137,9 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set,
         dlock__mysql_conn_put(ms, cn);
     }
     free(sql);
+    free(entry);
     free(hold);
+    free(sole);
     free(name);
     free(owner);
     if (rc)
@@ -135,42 +154,122 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set,
 }
 
 /* What the holds left make of the row (the count is every entry left,
- * a few ended ones included until a renewal or a fresh start drops them). */
+ * a few ended ones included until a renewal or a fresh start drops them;
+ * a sole holder's `holder` is its description). */
 #define HOLDER_TEXT                                                         \
-    "holder = IF(holds = 0, NULL, IF(permits > 0, CONCAT(holds, ' of ', "   \
-    "permits, ' permits'), CONCAT(holds, IF(holds = 1, ' reader', "         \
-    "' readers'))))"
+    "holder = IF(holds = 0, NULL, IF(owner <=> " MY_SHARED ", IF(permits > " \
+    "0, CONCAT(holds, ' of ', permits, ' permits'), CONCAT(holds, IF(holds " \
+    "= 1, ' reader', ' readers'))), holder))"
 
 /* The latest live end of the holds in `holders`, as the lock's end. */
 #define LATEST_END                                                          \
     "(SELECT '1970-01-01' + INTERVAL MAX(j.e) MICROSECOND FROM JSON_TABLE(" \
     "holders, " MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US ")"
 
+/* The client's note, per name (the lease's hint[1]), that others held
+ * beside its last shared hold there: its next take is then the full one
+ * at once (the light one would be busy). */
+static void others_note(dlock__lease *l, int others)
+{
+    if (l->hint)
+        __atomic_store_n(&l->hint[1], others, __ATOMIC_RELAXED);
+}
+
+/* A sole holder frees the row, as the exclusive release. An entry goes
+ * (`holds` one less: every statement that writes the entries sets it to
+ * their number, and this one matched ours);
+ * the lock's end stays (the latest end of the holds since the last
+ * renewal: an upper bound, made exact again by the next renewal; a
+ * subquery to compute it would cost the release tens of µs) unless none
+ * is left: then now, `holds` 0 and `owner` NULL. A semaphore keeps its N.
+ * The hold lock goes in the statement (only when it matched: a hold found
+ * in the other form keeps it until the statement that removes it):
+ * whoever it wakes next runs an upsert, which waits for this statement's
+ * commit. LAST_INSERT_ID: 2 when our hold was an entry, 1 when sole (the
+ * note for the next take). */
+char *dlock__mysql_release_any(const my_store *ms)
+{
+    return dlock__mysql_stmt(
+        "UPDATE %s SET holders = IF(owner <=> " MY_SHARED ", JSON_REMOVE("
+        "holders, " MY_V_PATH "), holders), holds = IF(owner <=> " MY_SHARED
+        ", holds - 1, 0) + 0 * RELEASE_ALL_LOCKS() + 0 * "
+        "LAST_INSERT_ID(IF(owner <=> " MY_SHARED ", 2, 1)), lock_until = "
+        "IF(holds = 0, " NOW ", lock_until), " HOLDER_TEXT ", owner = IF("
+        "holds = 0, NULL, owner) WHERE name = " MY_V_NAME " AND (owner = "
+        MY_V_SOLE " AND token = " MY_V_TOKEN " AND lock_until > " NOW " OR "
+        "owner <=> " MY_SHARED " AND CAST(JSON_EXTRACT(holders, "
+        MY_V_PATH_TOK ") AS UNSIGNED) = " MY_V_TOKEN " AND CAST(JSON_EXTRACT("
+        "holders, " MY_V_PATH_END ") AS SIGNED) > " NOW_US ")",
+        ms->t);
+}
+
+/* The release for either form: on the hold's connection (prepared there,
+ * or text if the server refused it), else on a pooled one. */
+static int release_any(my_store *ms, dlock__lease *l, const my_vals *v,
+                       int64_t op_deadline, uint64_t *id)
+{
+    my_lease *sl = l->priv;
+    int pinned = dlock__mysql_pinned_alive(sl);
+    uint64_t affected = 0;
+    int rc = MY_PS_TEXT;
+
+    if (pinned)
+        rc = dlock__mysql_ps_run(ms, sl->cn, MY_PS_RELEASE, v, op_deadline,
+                                 &affected, id, "releasing the lock");
+    if (rc == MY_PS_TEXT) {
+        char *sql = dlock__mysql_fill(ms->tmpl[MY_PS_RELEASE], v);
+        if (!sql)
+            rc = dlock__mysql_enomem();
+        else if (pinned)
+            rc = dlock__mysql_query(ms, sl->cn, sql, op_deadline, NULL,
+                                    &affected, id, "releasing the lock");
+        else
+            rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
+                                           &affected, id,
+                                           "releasing the lock");
+        free(sql);
+    }
+    if (rc)
+        return rc;
+    return affected == 1
+               ? DLOCK_OK
+               : dlock__err(DLOCK_ENOTHELD,
+                            "mysql %s: this %s is no longer in the lock row "
+                            "(its lease ended, or a writer took the row)",
+                            ms->redacted,
+                            l->kind == DLOCK__PERMIT ? "permit" : "read hold");
+}
+
 int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
                                 int64_t op_deadline)
 {
     my_lease *sl = l->priv;
-    char path[128];
-    int rc = dlock__mysql_owner_path(l->owner, "", path, sizeof(path));
-    /* our entry goes; the lock's end stays (the latest end of the holds
-     * since the last renewal: an upper bound, made exact again by the
-     * next renewal; a subquery to compute it would cost the release tens
-     * of µs) unless none is left: then now, `holds` 0 and `owner` NULL. A
-     * semaphore keeps its N */
-    char *set = rc ? NULL
-                   : dlock__mysql_stmt(
-                         "holders = JSON_REMOVE(holders, '%s'), "
-                         "holds = JSON_LENGTH(holders), "
-                         "lock_until = IF(holds = 0, " NOW ", lock_until), "
-                         HOLDER_TEXT ", owner = IF(holds = 0, NULL, owner)",
-                         path);
+    uint64_t id = 0;
+    int rc = DLOCK_OK;
 
-    if (!rc)
-        rc = set ? guarded(ms, l, set, "DO RELEASE_ALL_LOCKS()", 0,
-                           op_deadline, "releasing the lock")
-                 : dlock__mysql_enomem();
-    free(set);
+    if (!sl->has_v && (rc = dlock__mysql_vals(ms, l, &sl->v)) == DLOCK_OK)
+        sl->has_v = 1;
+    sl->v.token = l->token;
+    if (!rc && sl->sole) {
+        /* taken sole: the exclusive release's shape first */
+        rc = guarded(ms, l,
+                     "owner = NULL, holder = NULL, holds = 0 * "
+                     "RELEASE_ALL_LOCKS(), lock_until = " NOW,
+                     SOLE, NULL, 0, op_deadline, NULL, "releasing the lock");
+        if (rc == DLOCK_ENOTHELD)
+            rc = release_any(ms, l, &sl->v, op_deadline, &id);
+    } else if (!rc) {
+        rc = release_any(ms, l, &sl->v, op_deadline, &id);
+    }
+    if (rc == DLOCK_OK)
+        others_note(l, id == 2);
     if (sl->cn) {
+        /* a release that matched nothing kept the hold lock: let go */
+        if (rc == DLOCK_ENOTHELD &&
+            dlock__mysql_query(ms, sl->cn, "DO RELEASE_ALL_LOCKS()",
+                               op_deadline, NULL, NULL, NULL,
+                               "releasing the lock") != DLOCK_OK)
+            sl->cn->broken = 1;
         if (rc != DLOCK_OK && rc != DLOCK_ENOTHELD)
             sl->cn->broken = 1; /* closing it lets go of the hold lock */
         dlock__mysql_conn_put(ms, sl->cn);
@@ -190,19 +289,23 @@ int dlock__mysql_extend_shared(my_store *ms, dlock__lease *l, int64_t ttl_ms,
 
     if (!rc)
         rc = dlock__mysql_owner_path(l->owner, "[2]", pe, sizeof(pe));
-    /* our end only (the other holds as they are, the ended ones dropped);
-     * the lock's end the latest live one (a shorter ttl may lower it) */
+    /* a sole holder: its end. Entries: our end only (the other holds as
+     * they are, the ended ones dropped); the lock's end the latest live
+     * one (a shorter ttl may lower it) */
     if (!rc && oj)
         set = dlock__mysql_stmt(
-            "holders = JSON_SET(JSON_SET(IFNULL((SELECT JSON_OBJECTAGG(j.o, "
-            "JSON_ARRAY(j.o, j.t, j.e, j.s, j.d)) FROM JSON_TABLE(holders, "
-            MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US " AND j.o <> %s), "
-            "'{}'), '%s', JSON_EXTRACT(holders, '%s')), '%s', " NOW_US
-            " + %lld), lock_until = " LATEST_END ", holds = JSON_LENGTH("
-            "holders), " HOLDER_TEXT,
-            oj, path, path, pe, (long long)ttl_ms * 1000);
+            "holders = IF(owner <=> " MY_SHARED ", JSON_SET(JSON_SET(IFNULL(("
+            "SELECT JSON_OBJECTAGG(j.o, JSON_ARRAY(j.o, j.t, j.e, j.s, j.d)) "
+            "FROM JSON_TABLE(holders, " MY_HOLDERS_COLS ") j WHERE j.e > "
+            NOW_US " AND j.o <> %s), '{}'), '%s', JSON_EXTRACT(holders, "
+            "'%s')), '%s', " NOW_US " + %lld), holders), lock_until = IF("
+            "owner <=> " MY_SHARED ", " LATEST_END ", " NOW " + INTERVAL %lld "
+            "MICROSECOND), holds = IF(owner <=> " MY_SHARED ", JSON_LENGTH("
+            "holders), 1), " HOLDER_TEXT,
+            oj, path, path, pe, (long long)ttl_ms * 1000,
+            (long long)ttl_ms * 1000);
     if (!rc)
-        rc = set ? guarded(ms, l, set, NULL, 1, op_deadline,
+        rc = set ? guarded(ms, l, set, ANY, NULL, 1, op_deadline, NULL,
                            "extending the lease")
                  : dlock__mysql_enomem();
     free(set);
@@ -219,16 +322,18 @@ int dlock__mysql_inspect_row(my_store *ms, const char *name, dlock_info *out,
 {
     MYSQL_RES *r = NULL;
     MYSQL_ROW row;
+    /* the holds of either form as one object (MY_HOLDS_OF) */
     char *sql = dlock__mysql_stmt(
         "SELECT owner IS NOT NULL AND lock_until > " NOW ", holder, token, "
         "TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV 1000, "
-        "TIMESTAMPDIFF(MICROSECOND, locked_at, " NOW ") DIV 1000, owner <=> "
-        MY_SHARED ", permits, (SELECT COUNT(*) FROM JSON_TABLE(holders, "
-        MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US "), (SELECT MIN(j.d) FROM "
-        "JSON_TABLE(holders, " MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US
-        "), (SELECT (" NOW_US " - MIN(j.s)) DIV 1000 FROM JSON_TABLE("
-        "holders, " MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US ") FROM %s "
-        "WHERE name = %s",
+        "TIMESTAMPDIFF(MICROSECOND, locked_at, " NOW ") DIV 1000, "
+        MY_SHARED_ANY("owner") ", permits, (SELECT COUNT(*) FROM JSON_TABLE("
+        MY_HOLDS_OF("t.") ", " MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US
+        "), (SELECT MIN(j.d) FROM JSON_TABLE(" MY_HOLDS_OF("t.") ", "
+        MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US "), (SELECT (" NOW_US
+        " - MIN(j.s)) DIV 1000 FROM JSON_TABLE(" MY_HOLDS_OF("t.") ", "
+        MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US ") FROM %s t WHERE name "
+        "= %s",
         ms->t, name);
     int rc = sql ? dlock__mysql_query_pooled(ms, sql, op_deadline, &r, NULL,
                                              NULL, "reading the lock")
@@ -306,11 +411,12 @@ int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
                    "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID(), "
                    "TIMESTAMPDIFF(MICROSECOND, " NOW ", t.lock_until) DIV "
                    "1000 + 1, IF(t.name IS NULL OR t.holds = 0 OR "
-                   "t.lock_until <= " NOW ", 0, IF(t.owner <=> " MY_SHARED ", IF(t.permits > 0, 3 + "
-                   "t.permits, 2), 1)), j.o, (j.e - " NOW_US ") DIV 1000 + 1, "
-                   "IS_USED_LOCK(%s) IS NOT NULL FROM (SELECT 1) d LEFT JOIN "
-                   "%s t ON t.name = %s LEFT JOIN JSON_TABLE(t.holders, "
-                   MY_HOLDERS_COLS ") j ON j.e > " NOW_US " AND j.o <> %s",
+                   "t.lock_until <= " NOW ", 0, IF(" MY_SHARED_ANY("t.owner")
+                   ", IF(t.permits > 0, 3 + t.permits, 2), 1)), j.o, (j.e - "
+                   NOW_US ") DIV 1000 + 1, IS_USED_LOCK(%s) IS NOT NULL FROM "
+                   "(SELECT 1) d LEFT JOIN %s t ON t.name = %s LEFT JOIN "
+                   "JSON_TABLE(" MY_HOLDS_OF("t.") ", " MY_HOLDERS_COLS ") j "
+                   "ON j.e > " NOW_US " AND j.o <> %s",
                    gate, hold, ms->t, name, ow)
              : NULL;
     MYSQL_RES *r = NULL;
@@ -382,9 +488,8 @@ char *dlock__mysql_drain(const my_store *ms, const char *name,
                    "= " NOW_US " + %lld; SELECT COUNT(IF(GET_LOCK(%s, "
                    "GREATEST(0, LEAST(j.e, @dlock_dl) - " MY_US("SYSDATE(6)")
                    ") / 1000000 + 0.001) = 1, RELEASE_LOCK(%s), NULL)) FROM "
-                   "%s t, JSON_TABLE(t.holders, " MY_HOLDERS_COLS ") j WHERE "
-                   "t.name = %s AND t.owner <=> " MY_SHARED " AND j.e > "
-                   NOW_US "; %s",
+                   "%s t, JSON_TABLE(" MY_HOLDS_OF("t.") ", " MY_HOLDERS_COLS
+                   ") j WHERE t.name = %s AND j.e > " NOW_US "; %s",
                    (long long)wait_ms * 1000, hold, hold, ms->t, name, upsert)
              : NULL;
 

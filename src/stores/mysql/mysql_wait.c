@@ -24,6 +24,12 @@
  * readers hold waits for each of them, then tries. */
 enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER, TRY_WAIT, TRY_DRAIN };
 
+/* A read hold's or permit's try of kind TRY_GATE: the light take (the
+ * client last held the name alone), the join (others held), or the full
+ * take (after either found nothing to take: it takes a free row, or
+ * answers who holds). */
+enum { FIRST_FULL, FIRST_LIGHT, FIRST_JOIN };
+
 #define CLEAR_ID "LAST_INSERT_ID(0) = 0 AND "
 
 /* Tries in a row that hold the gate, find the row free and take nothing
@@ -40,7 +46,10 @@ typedef struct acq {
     int listed; /* it waits listed in the queue table */
     int kinds;  /* with its kind (readers or permits use the name) */
     int rich;   /* a writer whose every try says who holds */
-    char *name, *owner, *holder, *gate, *hold;
+    int first;  /* a read hold's or permit's next try of kind TRY_GATE */
+    char *name, *owner, *holder, *gate, *hold; /* a read hold's or permit's
+                                                * gate and hold: literals */
+    const my_vals *v; /* a read hold's or permit's values (its lease's) */
 } acq;
 
 /* Drops what a lease without the lock keeps in the server (its gate, its
@@ -90,7 +99,7 @@ int dlock__mysql_pinned_alive(my_lease *sl)
  * gone), rather than with an error of the statement itself? */
 static int conn_lost(const my_conn *cn)
 {
-    unsigned e = mysql_errno(cn->m);
+    unsigned e = dlock__mysql_errno(cn);
 
     return cn->broken || e == ER_CONNECTION_KILLED || e == ER_SERVER_SHUTDOWN;
 }
@@ -118,6 +127,20 @@ static void shared_note(dlock__lease *l)
 {
     if (l->hint)
         __atomic_store_n(&l->hint[0], 1, __ATOMIC_RELAXED);
+}
+
+/* The client's note, per name (hint[1], written by a shared release and by
+ * a busy light take), that others held beside its last shared hold there:
+ * its first try is then the join (the light take would be busy). */
+static int others_seen(const dlock__lease *l)
+{
+    return l->hint && __atomic_load_n(&l->hint[1], __ATOMIC_RELAXED) != 0;
+}
+
+static void others_busy(dlock__lease *l)
+{
+    if (l->hint)
+        __atomic_store_n(&l->hint[1], 1, __ATOMIC_RELAXED);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -192,17 +215,22 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     /* a read hold or permit taken holding the gate lets go of it in its
      * upsert: that wakes the next waiter */
     int lets_go = a->shared && (kind == TRY_WAIT || kind == TRY_HELD);
+    char *tmpl = NULL;
+    int light = kind == TRY_GATE && a->first == FIRST_LIGHT;
+    if (where && a->shared && !light)
+        tmpl = dlock__mysql_upsert_shared(
+            ms, l->kind == DLOCK__PERMIT, where, waits, kind != TRY_TAKEOVER,
+            kind == TRY_HELD || kind == TRY_TAKEOVER,
+            lets_go ? a->gate : NULL);
     up = !where ? NULL
-         : a->shared
-             ? dlock__mysql_upsert_shared(
-                   ms, l, a->name, a->owner, a->holder, where, waits,
-                   kind != TRY_TAKEOVER,
-                   kind == TRY_HELD || kind == TRY_TAKEOVER,
-                   lets_go ? a->gate : NULL)
+         : a->shared && light
+             ? dlock__mysql_upsert_light(ms, l, a->name, a->holder, where)
+         : a->shared ? (tmpl ? dlock__mysql_fill(tmpl, a->v) : NULL)
              : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
                                    waits,
                                    a->rich || (kind != TRY_GATE &&
                                                kind != TRY_TAKEOVER));
+    free(tmpl);
     /* a waiter listed for dlock_inspect() joins the queue in its first
      * wait's round trip (its entry's seq kept in @dlock_q), and the entry
      * goes with the win */
@@ -248,7 +276,7 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
             /* a lock's waiter does not sleep behind a live semaphore
              * (its answer, and the look after it, say so) */
             ms->rw && l->kind != DLOCK__PERMIT
-                ? "IF(owner <=> " MY_SHARED " AND permits > 0 AND "
+                ? "IF(" MY_SHARED_ANY("owner") " AND permits > 0 AND "
                   "lock_until > " NOW ", 0, "
                 : "(",
             ")",
@@ -312,7 +340,7 @@ static void lease_start(const acq *a, int waited, int64_t sent,
     dlock__lease *l = a->l;
     char pt[128], ps[128];
     MYSQL_RES *r = NULL;
-    char *rd = NULL;
+    char *rd = NULL, *sole = NULL;
 
     l->started = sent;
     if (!waited || answered - sent <= l->ttl_ms / 3)
@@ -324,13 +352,17 @@ static void lease_start(const acq *a, int waited, int64_t sent,
                                ms->t, a->name, a->owner,
                                (unsigned long long)l->token);
     else if (!dlock__mysql_owner_path(l->owner, "[1]", pt, sizeof(pt)) &&
-             !dlock__mysql_owner_path(l->owner, "[3]", ps, sizeof(ps)))
+             !dlock__mysql_owner_path(l->owner, "[3]", ps, sizeof(ps)) &&
+             (sole = dlock__mysql_sole_owner(l->owner)) != NULL)
         rd = dlock__mysql_stmt(
-            "SELECT CAST(JSON_EXTRACT(holders, '%s') AS SIGNED) - "
-            MY_US("@dlock_t0") " FROM %s WHERE name = %s AND owner <=> "
-            MY_SHARED " AND CAST(JSON_EXTRACT(holders, '%s') AS UNSIGNED) = "
-            "%llu",
-            ps, ms->t, a->name, pt, (unsigned long long)l->token);
+            "SELECT IF(owner <=> " MY_SHARED ", CAST(JSON_EXTRACT(holders, "
+            "'%s') AS SIGNED), " MY_US("locked_at") ") - " MY_US("@dlock_t0")
+            " FROM %s WHERE name = %s AND (owner = %s AND token = %llu OR "
+            "owner <=> " MY_SHARED " AND CAST(JSON_EXTRACT(holders, '%s') AS "
+            "UNSIGNED) = %llu)",
+            ps, ms->t, a->name, sole, (unsigned long long)l->token, pt,
+            (unsigned long long)l->token);
+    free(sole);
     /* the lock is ours already: this read gets the store's op timeout,
      * not what is left of the caller's wait (cut at the deadline, it
      * broke the gate's connection; the release then left the gate to the
@@ -455,8 +487,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     my_store *ms = st;
     my_lease *sl = l->priv;
     int fair = (l->flags & DLOCK_FAIR) != 0;
-    acq a = {ms, l, sl, l->kind != DLOCK__WRITE, 0, 0, shared_seen(l),
-             NULL, NULL, NULL, NULL, NULL};
+    acq a = {.ms = ms, .l = l, .sl = sl, .shared = l->kind != DLOCK__WRITE,
+             .rich = shared_seen(l),
+             .first = others_seen(l) ? FIRST_JOIN : FIRST_LIGHT};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
     int recheck = 0, held_tries = 0;
 
@@ -479,10 +512,25 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     a.name = dlock__mysql_hexlit(l->name, l->name_len);
     a.owner = dlock__mysql_hexlit(l->owner, strlen(l->owner));
     a.holder = dlock__mysql_hexlit(l->desc, strlen(l->desc));
-    a.gate = a.name ? dlock__mysql_gate_of(ms, a.name) : NULL;
-    a.hold = a.name && a.owner
-                 ? dlock__mysql_hold_lock_of(ms, a.name, a.owner)
-                 : NULL;
+    /* a reader's or permit's own statements name its locks as literals
+     * (computed once, with its other values, kept with the lease: the
+     * server's SHA2 costs each statement ~10 µs a name); a writer's keep
+     * the exclusive lock's expressions */
+    if (a.shared) {
+        if (!sl->has_v) {
+            if ((rc = dlock__mysql_vals(ms, l, &sl->v)) != DLOCK_OK)
+                goto out;
+            sl->has_v = 1;
+        }
+        a.v = &sl->v;
+        a.gate = dlock__mysql_stmt("'%s'", sl->v.gate);
+        a.hold = dlock__mysql_stmt("'%s'", sl->v.hold);
+    } else {
+        a.gate = a.name ? dlock__mysql_gate_of(ms, a.name) : NULL;
+        a.hold = a.name && a.owner
+                     ? dlock__mysql_hold_lock_of(ms, a.name, a.owner)
+                     : NULL;
+    }
     if (!a.name || !a.owner || !a.holder || !a.gate || !a.hold) {
         rc = dlock__mysql_enomem();
         goto out;
@@ -508,27 +556,47 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         }
 
         /* the try: one upsert; a waiter that wins also leaves its queue
-         * entry, in the same round trip */
-        char *sql = try_sql(&a, kind, wait_ms, &at);
-        if (!sql) {
-            rc = dlock__mysql_enomem();
-            break;
-        }
+         * entry, in the same round trip. A read hold's or permit's join
+         * (the contended path) is prepared on the connection (MY_PS_TEXT:
+         * refused, the text instead) */
         int64_t sent = dlock__now_ms(), wdl = dl;
-        if (waits) {
-            /* the server answers by the wait's end; a frozen one is given
-             * up at the caller's deadline */
-            wdl = now + wait_ms + ms->timeout_ms;
-            if (l->deadline != DLOCK__FOREVER && wdl > l->deadline + 10)
-                wdl = l->deadline + 10;
+        int join = a.shared && kind == TRY_GATE && a.first == FIRST_JOIN;
+        rc = MY_PS_TEXT;
+        if (join) {
+            int which = l->kind == DLOCK__PERMIT ? MY_PS_JOIN_PERMIT
+                                                 : MY_PS_JOIN_READ;
+            rc = dlock__mysql_ps_run(ms, sl->cn, which, a.v, dl, &affected,
+                                     &token, "taking the lock");
+            if (rc == MY_PS_TEXT) {
+                char *sql = dlock__mysql_fill(ms->tmpl[which], a.v);
+                rc = sql ? dlock__mysql_query(ms, sl->cn, sql, dl, NULL,
+                                              &affected, &token,
+                                              "taking the lock")
+                         : dlock__mysql_enomem();
+                free(sql);
+            }
+        } else {
+            char *sql = try_sql(&a, kind, wait_ms, &at);
+            if (!sql) {
+                rc = dlock__mysql_enomem();
+                break;
+            }
+            if (waits) {
+                /* the server answers by the wait's end; a frozen one is
+                 * given up at the caller's deadline */
+                wdl = now + wait_ms + ms->timeout_ms;
+                if (l->deadline != DLOCK__FOREVER && wdl > l->deadline + 10)
+                    wdl = l->deadline + 10;
+            }
+            sent = dlock__now_ms();
+            rc = dlock__mysql_query_at(
+                ms, sl->cn, sql, wdl, NULL, at, &affected, &token,
+                waits ? "waiting for the lock" : "taking the lock");
+            free(sql);
         }
-        rc = dlock__mysql_query_at(
-            ms, sl->cn, sql, wdl, NULL, at, &affected, &token,
-            waits ? "waiting for the lock" : "taking the lock");
         int64_t answered = dlock__now_ms();
         if (a.listed && !sl->seq && (waits || kind == TRY_DRAIN))
             sl->seq = -1; /* in @dlock_q (let_go deletes it) */
-        free(sql);
         /* a try through GET_LOCK may hold the gate now (the row held by
          * one that lost its gate, or a deadlock after the wake): until
          * known, let_go() lets go of it; a read hold's try may hold its
@@ -540,7 +608,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
          * (or that failed); any other: it holds the hold lock */
         if (a.shared && (rc || token != 0))
             sl->locks = 1;
-        if (rc && mysql_errno(sl->cn->m) == ER_LOCK_DEADLOCK &&
+        if (rc && dlock__mysql_errno(sl->cn) == ER_LOCK_DEADLOCK &&
             round < MY_DEADLOCK_RETRIES) {
             rc = DLOCK_OK; /* rolled back, nothing done: again */
             if (waits && !a.shared)
@@ -573,6 +641,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                 break;
             }
             l->token = token;
+            /* taken by the light take: sole (the release tries that form
+             * first) */
+            sl->sole = a.shared && kind == TRY_GATE && a.first == FIRST_LIGHT;
             if (a.shared)
                 shared_note(l);
             lease_start(&a, waits, sent, answered);
@@ -600,6 +671,16 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         }
         if (rc)
             break;
+        if (a.shared && kind == TRY_GATE && a.first != FIRST_FULL) {
+            /* a light take or a join that took nothing says nothing (its
+             * guard may have taken the hold lock): the full take at once.
+             * A busy light take: others hold (the join first, next time) */
+            sl->locks = 1;
+            if (a.first == FIRST_LIGHT)
+                others_busy(l);
+            a.first = FIRST_FULL;
+            continue;
+        }
         /* busy: who holds (LAST_INSERT_ID of the busy branch; a writer's
          * try and take-over do not say: 0) */
         long long code = (long long)token;
