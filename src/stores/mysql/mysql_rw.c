@@ -54,6 +54,22 @@ int dlock__mysql_owner_path(const char *owner, const char *tail, char *out,
 /* Release and renewal                                                      */
 /* ------------------------------------------------------------------------ */
 
+/* A hold's guarded statement's outcome: `rc` as it is, else DLOCK_OK when
+ * it matched its row (`affected` 1), ENOTHELD when the hold was gone. */
+static int matched(const my_store *ms, const dlock__lease *l, int rc,
+                   uint64_t affected)
+{
+    if (rc)
+        return rc;
+    return affected == 1
+               ? DLOCK_OK
+               : dlock__err(DLOCK_ENOTHELD,
+                            "mysql %s: this %s is no longer in the lock row "
+                            "(its lease ended, or a writer took the row)",
+                            ms->redacted,
+                            l->kind == DLOCK__PERMIT ? "permit" : "read hold");
+}
+
 /* The hold's own guard: `form` SOLE, its sole hold ('*' and its owner id,
  * its token, a live lease); ANY, that or its entry (its token, its end
  * still ahead). */
@@ -142,15 +158,7 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set, int form,
     free(sole);
     free(name);
     free(owner);
-    if (rc)
-        return rc;
-    return affected == 1
-               ? DLOCK_OK
-               : dlock__err(DLOCK_ENOTHELD,
-                            "mysql %s: this %s is no longer in the lock row "
-                            "(its lease ended, or a writer took the row)",
-                            ms->redacted,
-                            l->kind == DLOCK__PERMIT ? "permit" : "read hold");
+    return matched(ms, l, rc, affected);
 }
 
 /* What the holds left make of the row (the count is every entry left,
@@ -229,15 +237,7 @@ static int release_any(my_store *ms, dlock__lease *l, const my_vals *v,
                                            "releasing the lock");
         free(sql);
     }
-    if (rc)
-        return rc;
-    return affected == 1
-               ? DLOCK_OK
-               : dlock__err(DLOCK_ENOTHELD,
-                            "mysql %s: this %s is no longer in the lock row "
-                            "(its lease ended, or a writer took the row)",
-                            ms->redacted,
-                            l->kind == DLOCK__PERMIT ? "permit" : "read hold");
+    return matched(ms, l, rc, affected);
 }
 
 int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
