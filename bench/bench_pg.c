@@ -245,6 +245,8 @@ static void floor_connect(floor_pg *f)
     exec_ok(f->pg, "SET client_min_messages = warning");
     /* a floor waiter never blocks forever (the store: the caller's wait) */
     exec_ok(f->pg, "SET lock_timeout = 10000");
+    /* generic plans only, as the store's sessions (pg_conn.c) */
+    exec_ok(f->pg, "SET plan_cache_mode = force_generic_plan");
     prepare(f->pg, "rtt", "SELECT 1", 0, NULL);
     prepare(f->pg, "acq", SQL_ACQUIRE, 8, acq);
     prepare(f->pg, "rel", SQL_RELEASE, 3, rel);
