@@ -442,6 +442,23 @@ static int result_ok(pg_store *ps, PGresult **r, const char *what)
     return rc;
 }
 
+/* A command whose result is not needed: `sent` is what libpq's send call
+ * returned; its answer is collected and checked. */
+static int answered(pg_store *ps, pg_conn *cn, int sent, int64_t deadline,
+                    const char *what)
+{
+    PGresult *r;
+    int rc;
+
+    if (!sent)
+        return conn_error(ps, cn, what);
+    rc = collect(ps, cn, deadline, &r, what);
+    if (!rc)
+        rc = result_ok(ps, &r, what);
+    PQclear(r);
+    return rc;
+}
+
 /*
  * Runs prepared statement `which` with parameter values (vals[0], the lock
  * name, in binary: any bytes) on cn; *out the result on DLOCK_OK.
@@ -507,27 +524,20 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
          * every call while the queue table had no statistics (a fresh or
          * never-analyzed queue: the exclusive cycle 450-700 µs instead of
          * 150-250 µs, bench_rw after bench_pg) */
-        if (!PQsendQuery(cn->pg, "SET plan_cache_mode = force_generic_plan"))
-            return conn_error(ps, cn, what);
-        rc = collect(ps, cn, deadline, &r, what);
+        rc = answered(ps, cn,
+                      PQsendQuery(cn->pg,
+                                  "SET plan_cache_mode = force_generic_plan"),
+                      deadline, what);
         if (rc)
             return rc;
-        rc = result_ok(ps, &r, what);
-        if (rc)
-            return rc;
-        PQclear(r);
     }
     if (!(cn->prepared & (1u << which))) {
-        if (!PQsendPrepare(cn->pg, names[which], ps->sql[which], n,
-                           types[which]))
-            return conn_error(ps, cn, what);
-        rc = collect(ps, cn, deadline, &r, what);
+        rc = answered(ps, cn,
+                      PQsendPrepare(cn->pg, names[which], ps->sql[which], n,
+                                    types[which]),
+                      deadline, what);
         if (rc)
             return rc;
-        rc = result_ok(ps, &r, what);
-        if (rc)
-            return rc;
-        PQclear(r);
         cn->prepared |= 1u << which;
     }
     if (!PQsendQueryPrepared(cn->pg, names[which], n, vals, lens, fmts, 0))
