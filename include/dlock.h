@@ -407,6 +407,78 @@ DLOCK_EXTERN int dlock_gc(dlock_client *c, int64_t idle_ms,
                           uint64_t *removed);
 
 /* ------------------------------------------------------------------------ */
+/* Operating: listing and breaking locks                                    */
+/* ------------------------------------------------------------------------ */
+
+/* One lock of a dlock_list() page. */
+typedef struct dlock_listed {
+    char *name;      /* the lock name (NUL-terminated; any other bytes) */
+    dlock_info info; /* what dlock_inspect() would say of it */
+} dlock_listed;
+
+/* A page of dlock_list(): freed with dlock_list_clear(). */
+typedef struct dlock_list_page {
+    dlock_listed *locks; /* n locks, in the store's order */
+    size_t n;
+    char *next; /* the cursor of the next page; NULL: this was the last */
+} dlock_list_page;
+
+/* dlock_list() flags. */
+#define DLOCK_LIST_FREE 0x1u /* also locks nobody holds or waits for that
+                              * the store still keeps (a lock table's
+                              * rows, a token counter) */
+
+/*
+ * Lists the locks of the store whose names start with `prefix` (NULL or ""
+ * for all): by default those held or waited for, with DLOCK_LIST_FREE
+ * every one the store keeps. One page per call: `cursor` NULL (or "")
+ * starts, then pass the page's `next` until it is NULL. `limit` is the
+ * most locks wanted in the page (0 = 100, at most 10000); a page may hold
+ * fewer even when more follow (Redis' SCAN), and a lock that changes
+ * between pages may be listed twice or not at all, never wrongly
+ * described: each entry is the store's view of that lock at one moment.
+ * Never blocks the store (Redis: SCAN, never KEYS), and uses memory for
+ * one page only. A cursor is opaque, made by the store: pass it back
+ * unchanged to a client of the same store.
+ * On success *out is a page to free with dlock_list_clear(); on failure
+ * it is empty (and needs no clearing).
+ * Errors: DLOCK_EINVAL (bad cursor, flags or limit, closed client),
+ * DLOCK_ENOTSUP (a store that cannot enumerate its locks: the message
+ * says why; docs/monitoring.md lists them), DLOCK_ECONN, DLOCK_EAUTH,
+ * DLOCK_EPROTO, DLOCK_ENOMEM.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_list(dlock_client *c, const char *prefix,
+                            const char *cursor, size_t limit,
+                            unsigned flags, dlock_list_page *out);
+
+/* Frees what dlock_list() put in *page. NULL is a no-op. */
+DLOCK_EXTERN void dlock_list_clear(dlock_list_page *page);
+
+/*
+ * Breaks lock `name` in the store, for an operator whose lock is stuck
+ * (a holder that hangs while its watchdog renews): removes every hold of
+ * it (the exclusive holder, every read hold, every permit), then wakes its
+ * waiters as a release would. Waiters keep their places in the queue. The
+ * name's fencing counter is kept, so the next hold's token is greater
+ * than the evicted holders': a resource that checks tokens refuses their
+ * late writes. An evicted holder learns of it at its next renewal (or its
+ * release): DLOCK_ELOST and its lost-lock callback. docs/monitoring.md
+ * says how each store does it.
+ * `evicted` (may be NULL) gets what the store said of the lock just
+ * before (dlock_info: holder, token, holders); the caller frees it with
+ * dlock_info_clear() on DLOCK_OK and DLOCK_ENOTHELD.
+ * Errors: DLOCK_ENOTHELD (nobody held it: nothing was done), DLOCK_EINVAL,
+ * DLOCK_ENOTSUP (a store whose holds cannot be taken from outside the
+ * holder: file://, whose locks are the holder's kernel locks, and the
+ * others docs/monitoring.md lists, with the reason), DLOCK_ECONN,
+ * DLOCK_EAUTH, DLOCK_EPROTO, DLOCK_ENOMEM.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_break(dlock_client *c, const char *name,
+                             dlock_info *evicted);
+
+/* ------------------------------------------------------------------------ */
 /* Errors and version                                                       */
 /* ------------------------------------------------------------------------ */
 

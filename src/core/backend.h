@@ -188,6 +188,32 @@ typedef struct dlock__backend {
     int (*extend_many)(void *st, dlock__lease *const *ls,
                        const int64_t *ttls, int *rcs, size_t n,
                        int64_t op_deadline);
+
+    /* dlock_list(): appends to `out` (with dlock__list_add()) the locks
+     * whose names start with prefix[0..plen), from `cursor` ("" = the
+     * start; else one this slot made), at most `limit` of them (a few
+     * more or fewer is allowed; 1 <= limit <= 10000), and sets out->next
+     * (malloc'd: the cursor of what follows; NULL at the end). `flags`:
+     * DLOCK_LIST_FREE lists free locks the store keeps too; without it
+     * only those held or waited for. A cursor this slot did not make is
+     * DLOCK_EINVAL, never a crash. The core clears `out` on failure.
+     * Optional: NULL means DLOCK_ENOTSUP. */
+    int (*list)(void *st, const char *prefix, size_t plen,
+                const char *cursor, size_t limit, unsigned flags,
+                dlock_list_page *out, int64_t op_deadline);
+
+    /* dlock_break(): removes every hold of `name` in one atomic step
+     * (the token counter kept, waiters woken as by a release) and fills
+     * *out (zeroed by the core) with the store's view just before.
+     * DLOCK_OK; DLOCK_ENOTHELD when nobody held it (nothing done); or an
+     * error. Optional: NULL means DLOCK_ENOTSUP, with evict_unsupported
+     * as the reason. */
+    int (*evict)(void *st, const char *name, size_t len, dlock_info *out,
+                 int64_t op_deadline);
+
+    /* Why this store has no evict slot, for the DLOCK_ENOTSUP message
+     * ("its locks are the holders' kernel locks"). Optional. */
+    const char *evict_unsupported;
 } dlock__backend;
 
 /* --- services the core offers to backends ------------------------------ */
@@ -237,6 +263,12 @@ DLOCK__HOST void dlock__notify_lost(dlock_client *c,
  * it. DLOCK_OK or DLOCK_ENOMEM (with a message). */
 DLOCK__HOST int dlock__info_add_waiter(dlock_info *out, const char *s);
 
+/* Appends one lock to a dlock_list() page: a copy of name[0..len) and
+ * *info (whose queue, if any, the page takes over; *info is zeroed).
+ * DLOCK_OK or DLOCK_ENOMEM (with a message; *info then cleared). */
+DLOCK__HOST int dlock__list_add(dlock_list_page *out, const char *name,
+                                size_t len, dlock_info *info);
+
 /* Writes the 2n lowercase hex digits of in[0..n) and a NUL to out. */
 DLOCK__HOST void dlock__hex(const void *in, size_t n, char *out);
 
@@ -264,7 +296,7 @@ extern const dlock__backend dlock__backend_mysql;
  * way a module would notice (a slot, a field, a host function's contract);
  * `abi` stays the first field of every version of the struct.
  */
-#define DLOCK__MODULE_ABI 2
+#define DLOCK__MODULE_ABI 3
 typedef struct dlock__module {
     unsigned abi;                          /* DLOCK__MODULE_ABI */
     const char *version;                   /* DLOCK_VERSION_STRING */

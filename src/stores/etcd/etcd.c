@@ -961,4 +961,7 @@ const dlock__backend dlock__backend_etcd = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };

@@ -680,4 +680,8 @@ const dlock__backend dlock__backend_file = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    "its locks are the holders' own kernel locks (open file "
+    "descriptions): only the holder, or its end, frees them", /* evict_unsupported */
 };

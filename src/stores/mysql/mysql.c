@@ -420,4 +420,7 @@ const dlock__backend dlock__backend_mysql = {
     NULL,                                      /* margin */
     NULL,                                      /* abandon */
     NULL,                                      /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };

@@ -395,6 +395,9 @@ static const dlock__backend backend_pg_advisory = {
     NULL,                   /* margin */
     NULL,                   /* abandon */
     NULL,                   /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };
 
 const dlock__backend *dlock__pg_select(const dlock__uri *u)

@@ -402,4 +402,7 @@ const dlock__backend dlock__backend_pg = {
     NULL,               /* margin */
     pg_abandon,         /* abandon */
     NULL,               /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };

@@ -731,4 +731,7 @@ const dlock__backend dlock__backend_redis = {
     NULL,                       /* margin */
     redis_abandon,              /* abandon */
     redis_extend_many,          /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };

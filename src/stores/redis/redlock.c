@@ -757,4 +757,7 @@ const dlock__backend dlock__backend_redlock = {
     rl_margin,               /* margin */
     NULL,                    /* abandon */
     NULL,                    /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };

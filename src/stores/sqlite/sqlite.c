@@ -883,4 +883,7 @@ const dlock__backend dlock__backend_sqlite = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };

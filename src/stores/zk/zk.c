@@ -645,4 +645,7 @@ const dlock__backend dlock__backend_zk = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
+    NULL, /* list */
+    NULL, /* evict */
+    NULL, /* evict_unsupported */
 };
