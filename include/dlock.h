@@ -479,6 +479,138 @@ DLOCK_EXTERN int dlock_break(dlock_client *c, const char *name,
                              dlock_info *evicted);
 
 /* ------------------------------------------------------------------------ */
+/* Observing: metrics and events                                            */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Every client keeps metrics of what its locks do, on by default (atomic
+ * counters, no lock taken for them; docs/monitoring.md has each series
+ * and what it costs). Per lock name for up to `max_names` names (0 = 100):
+ * a name keeps its own series while a handle is open on it, and among the
+ * names without one the busiest keep theirs; every other name is counted
+ * in the aggregate, lock name "" (no lock is called ""). Client-wide:
+ * store errors by code and the store's round-trip times by operation.
+ *
+ * dlock_metrics_config() turns them on (enabled 1) or off (0) and sets
+ * max_names (a new max_names takes effect for names met from then on).
+ * Errors: DLOCK_EINVAL (NULL or closed client, max_names > 100000).
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_metrics_config(dlock_client *c, int enabled,
+                                      size_t max_names);
+
+/* Histogram buckets: upper bounds in microseconds, the last one infinite
+ * (every observation). The same for every histogram:
+ * 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms 250ms 500ms 1s
+ * 2.5s 5s 10s 30s 60s 300s +Inf. */
+#define DLOCK_HIST_BUCKETS 20
+
+typedef struct dlock_histogram {
+    uint64_t count;  /* observations */
+    uint64_t sum_us; /* their sum, in microseconds */
+    uint64_t le[DLOCK_HIST_BUCKETS]; /* cumulative: le[i] observations
+                                      * were <= dlock_hist_bound_us(i) */
+} dlock_histogram;
+
+/* The upper bound of bucket i in microseconds; INT64_MAX for the last
+ * (and past it). Thread-safety: any thread. */
+DLOCK_EXTERN int64_t dlock_hist_bound_us(size_t i);
+
+/* A snapshot of a client's metrics, filled by dlock_stats_get(). Fields are
+ * only ever appended: pass sizeof(dlock_stats) as `size`. */
+typedef struct dlock_stats {
+    int tracked;           /* name given: 1 if it has its own series */
+    uint64_t acquired;     /* holds taken in the store (outermost) */
+    uint64_t reentered;    /* acquires counted into a hold already held */
+    uint64_t busy;         /* acquires that ended DLOCK_EBUSY */
+    uint64_t waited;       /* acquires that found it held and waited */
+    uint64_t released;     /* outermost releases (any result) */
+    uint64_t lost_expired; /* holds lost: the lease ran out locally */
+    uint64_t lost_taken;   /* ... renewal/release found it gone or taken */
+    uint64_t lost_store;   /* ... the store said so (session ended, ...) */
+    uint64_t renewed;      /* watchdog renewals that succeeded */
+    uint64_t renew_failed; /* ... that failed with a store error */
+    uint64_t long_holds;   /* holds that passed the long-hold threshold */
+    dlock_histogram wait;    /* time in acquires that waited */
+    dlock_histogram hold;    /* acquire to release (outermost) */
+    dlock_histogram handoff; /* a waiter's wake-up from the store to its
+                              * acquire returning the lock */
+    /* client-wide only (name NULL), else zero: */
+    uint64_t errors[16];      /* store errors by -code (errors[5]:
+                               * DLOCK_ECONN) */
+    dlock_histogram store_op; /* one store operation's time (a try,
+                               * release, renewal, inspect) */
+    int64_t holds;            /* holds now */
+    int64_t waiters;          /* threads waiting now */
+} dlock_stats;
+
+/*
+ * Fills *out with the metrics of lock `name` (NULL: the whole client,
+ * every name summed; "": the aggregate of names without their own
+ * series). A name without series of its own gets zeros and tracked 0.
+ * `size` is sizeof(*out) as the caller knows it (fields past it are
+ * not written). Errors: DLOCK_EINVAL (NULL client or out, size too
+ * small, name too long). Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_stats_get(dlock_client *c, const char *name,
+                                 dlock_stats *out, size_t size);
+
+/*
+ * Renders the metrics of clients[0..n) in the Prometheus text exposition
+ * format (version 0.0.4): one family per metric (dlock_acquired_total,
+ * dlock_wait_seconds_bucket{le=...}, ...), each series labelled with
+ * store="<the client's redacted URI>" and, per name, lock="<name>"
+ * (label values escaped as the format says: \\, \" and \n; any other
+ * byte as is, so a name that is not UTF-8 stays byte-exact).
+ * docs/monitoring.md lists the families. *out gets a NUL-terminated
+ * buffer to free with dlock_free(), *len (may be NULL) its length.
+ * Errors: DLOCK_EINVAL, DLOCK_ENOMEM. Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_metrics_text(dlock_client *const *clients, size_t n,
+                                    char **out, size_t *len);
+
+/* Frees a buffer the library returned (dlock_metrics_text()). */
+DLOCK_EXTERN void dlock_free(void *p);
+
+/* Event types (dlock_event.type). */
+#define DLOCK_EVENT_ACQUIRED 1  /* a hold was taken in the store */
+#define DLOCK_EVENT_RELEASED 2  /* ... was released (rc: the result) */
+#define DLOCK_EVENT_LOST 3      /* ... was found lost (why: the cause) */
+#define DLOCK_EVENT_LONG_HOLD 4 /* ... passed the long-hold threshold */
+
+/* What happened, for a dlock_event_cb. Valid during the call only. */
+typedef struct dlock_event {
+    int type;          /* DLOCK_EVENT_* */
+    dlock *lock;       /* the handle the hold was made through */
+    const char *name;  /* its lock name */
+    int shared;        /* 1: a read hold; 2: a semaphore's permit */
+    uint64_t token;    /* the hold's fencing token */
+    int64_t waited_ms; /* ACQUIRED: time spent in the acquire call */
+    int64_t held_ms;   /* RELEASED, LOST, LONG_HOLD: the hold's age */
+    int rc;            /* RELEASED: what dlock_release() returns */
+    const char *why;   /* LOST: why (as in dlock_errmsg()); else "" */
+} dlock_event;
+
+typedef void (*dlock_event_cb)(const dlock_event *ev, void *arg);
+
+/*
+ * Sets the client's event callback (NULL: none) and its long-hold
+ * threshold (0: no LONG_HOLD events). ACQUIRED and RELEASED are called on
+ * the owner's thread, inside dlock_acquire() and dlock_release() just
+ * before they return (only for holds taken or freed in the store, not
+ * for reentrant levels); LOST and LONG_HOLD on the client's background
+ * thread, once per hold. The callback must return quickly (it delays the
+ * caller, or the client's renewals) and must not call dlock_close() or
+ * dlock_client_close(); it may call any other function. Replacing the
+ * callback while holds exist is allowed: a call already started may
+ * still reach the old one.
+ * Errors: DLOCK_EINVAL (NULL or closed client, long_hold_ms < 0).
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_client_set_events(dlock_client *c, dlock_event_cb cb,
+                                         void *arg, int64_t long_hold_ms);
+
+/* ------------------------------------------------------------------------ */
 /* Errors and version                                                       */
 /* ------------------------------------------------------------------------ */
 

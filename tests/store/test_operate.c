@@ -585,7 +585,33 @@ int main(int argc, char **argv)
     /* what each store can do (docs/monitoring.md): the first test checks
      * that the others answer DLOCK_ENOTSUP, clearly. Each store's flag is
      * turned on by the change that gives the store the slot. */
-    can_list = 0;
-    can_break = 0;
+    static const struct {
+        const char *kind;
+        int list, brk;
+    } what[] = {
+        {"file", 0, 0},
+
+        {"redis", 0, 0},
+
+        {"redlock", 0, 0},
+
+        {"zk", 0, 0},
+
+        {"etcd", 0, 0},
+
+        {"sqlite", 0, 0},
+
+        {"pg", 0, 0},
+
+        {"pg-advisory", 0, 0},
+
+        {"mysql", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(what) / sizeof(what[0]); i++) {
+        if (!strcmp(S.kind, what[i].kind)) {
+            can_list = what[i].list;
+            can_break = what[i].brk;
+        }
+    }
     return th_main(argc - 1, argv + 1, tests);
 }
