@@ -43,9 +43,9 @@ void dlock__hist_observe(dlock__hist *h, int64_t us)
         us = 0;
     while (i < DLOCK_HIST_BUCKETS - 1 && us > bounds[i])
         i++;
+    /* two atomics: the count is the buckets' sum, made when read */
     __atomic_fetch_add(&h->b[i], 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&h->sum_us, (uint64_t)us, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&h->count, 1, __ATOMIC_RELAXED);
 }
 
 void dlock__m_store_op(dlock__metrics *m, int64_t us, int rc)
@@ -80,7 +80,6 @@ static uint64_t load(const uint64_t *p)
 
 static void hist_add(dlock__hist *to, const dlock__hist *from)
 {
-    to->count += load(&from->count);
     to->sum_us += load(&from->sum_us);
     for (size_t i = 0; i < DLOCK_HIST_BUCKETS; i++)
         to->b[i] += load(&from->b[i]);
@@ -93,7 +92,6 @@ static void fold(dlock__metrics *m, dlock__mslot *s)
         __atomic_fetch_add(&m->other.c[i], s->c[i], __ATOMIC_RELAXED);
     for (int i = 0; i < DLOCK__H_COUNT; i++) {
         dlock__hist *o = &m->other.h[i];
-        __atomic_fetch_add(&o->count, s->h[i].count, __ATOMIC_RELAXED);
         __atomic_fetch_add(&o->sum_us, s->h[i].sum_us, __ATOMIC_RELAXED);
         for (size_t b = 0; b < DLOCK_HIST_BUCKETS; b++)
             __atomic_fetch_add(&o->b[b], s->h[i].b[b], __ATOMIC_RELAXED);
@@ -207,15 +205,12 @@ static void to_public(dlock_histogram *out, const dlock__hist *h)
 {
     uint64_t acc = 0;
 
-    out->count = load(&h->count);
     out->sum_us = load(&h->sum_us);
     for (size_t i = 0; i < DLOCK_HIST_BUCKETS; i++) {
         acc += load(&h->b[i]);
         out->le[i] = acc;
     }
-    /* written while being read: every observation is in +Inf */
-    if (out->le[DLOCK_HIST_BUCKETS - 1] > out->count)
-        out->count = out->le[DLOCK_HIST_BUCKETS - 1];
+    out->count = acc;
 }
 
 /* The per-name part of a snapshot. */
@@ -444,7 +439,7 @@ static void put_hist(buf *b, const char *fam, const csnap *cs,
     putf(b, "} %.6f\n", (double)h->sum_us / 1e6);
     putf(b, "%s_count", fam);
     labels(b, cs, s, NULL);
-    putf(b, "} %llu\n", (unsigned long long)(acc > h->count ? acc : h->count));
+    putf(b, "} %llu\n", (unsigned long long)acc);
 }
 
 static const struct {

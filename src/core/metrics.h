@@ -37,9 +37,10 @@ enum {
 /* Histograms, per name. */
 enum { DLOCK__H_WAIT, DLOCK__H_HOLD, DLOCK__H_HANDOFF, DLOCK__H_COUNT };
 
-/* Buckets are per bucket here (not cumulative); sum in microseconds. */
+/* Buckets are per bucket here (not cumulative; the count is their sum);
+ * sum in microseconds. */
 typedef struct dlock__hist {
-    uint64_t count, sum_us;
+    uint64_t sum_us;
     uint64_t b[DLOCK_HIST_BUCKETS];
 } dlock__hist;
 

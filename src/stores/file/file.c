@@ -562,7 +562,7 @@ int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
 {
     file_rec r;
     file_id st;
-    int fd, rc, missing;
+    int fd = -1, rc, missing;
     ssize_t n;
 
     rc = open_lock_file(fs, fname, O_RDONLY, &fd, &st, &missing);
