@@ -560,8 +560,10 @@ DLOCK_EXTERN int dlock_stats_get(dlock_client *c, const char *name,
  * format (version 0.0.4): one family per metric (dlock_acquired_total,
  * dlock_wait_seconds_bucket{le=...}, ...), each series labelled with
  * store="<the client's redacted URI>" and, per name, lock="<name>"
- * (label values escaped as the format says: \\, \" and \n; any other
- * byte as is, so a name that is not UTF-8 stays byte-exact).
+ * (label values escaped as the format says: \\, \" and \n. Prometheus
+ * takes UTF-8 only, so in a name that is not UTF-8 each stray byte is
+ * written \xNN and the series gets lock_hex="<the name's bytes in
+ * hex>", exact).
  * docs/monitoring.md lists the families. *out gets a NUL-terminated
  * buffer to free with dlock_free(), *len (may be NULL) its length.
  * Errors: DLOCK_EINVAL, DLOCK_ENOMEM. Thread-safety: any thread.

@@ -372,24 +372,81 @@ static void putf(buf *b, const char *fmt, ...)
     put(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
 }
 
+/* The length of the well-formed UTF-8 sequence at s[0..n) (1 to 4), or 0
+ * when none starts there (Unicode 3.9, table 3-7: no overlong forms, no
+ * surrogates, nothing past U+10FFFF). */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0], lo, hi;
+    size_t k;
+
+    if (c < 0x80)
+        return 1;
+    k = c >= 0xc2 && c <= 0xdf   ? 2
+        : c >= 0xe0 && c <= 0xef ? 3
+        : c >= 0xf0 && c <= 0xf4 ? 4
+                                 : 0;
+    if (k == 0 || k > n)
+        return 0;
+    lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+    hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < k; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    return k;
+}
+
+static int utf8_valid(const char *s, size_t n)
+{
+    for (size_t i = 0, k; i < n; i += k)
+        if ((k = utf8_len((const unsigned char *)s + i, n - i)) == 0)
+            return 0;
+    return 1;
+}
+
 /* A label value, escaped as the format says: backslash, double quote and
- * line feed; every other byte as it is. */
+ * line feed. Prometheus takes only UTF-8 label values (one other fails
+ * the whole scrape), so a byte that is not part of well-formed UTF-8 is
+ * written as the four characters \xNN (escaped: \\xNN), as `dlock list`
+ * and the exporter write it; labels() then adds lock_hex, the name's
+ * exact bytes. */
 static void put_label(buf *b, const char *s, size_t n)
 {
     size_t run = 0;
 
-    for (size_t i = 0; i < n; i++) {
-        const char *esc = s[i] == '\\'   ? "\\\\"
-                          : s[i] == '"'  ? "\\\""
-                          : s[i] == '\n' ? "\\n"
-                                         : NULL;
-        if (!esc)
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_len((const unsigned char *)s + i, n - i);
+        char esc[8];
+
+        if (k > 1 || (k == 1 && s[i] != '\\' && s[i] != '"' && s[i] != '\n')) {
+            i += k;
             continue;
+        }
         put(b, s + run, i - run);
-        put(b, esc, 2);
-        run = i + 1;
+        if (k == 0)
+            snprintf(esc, sizeof(esc), "\\\\x%02x", (unsigned char)s[i]);
+        else
+            snprintf(esc, sizeof(esc), "\\%c", s[i] == '\n' ? 'n' : s[i]);
+        puts_(b, esc);
+        run = ++i;
     }
     put(b, s + run, n - run);
+}
+
+/* lock_hex="<the name's bytes in hex>", for a name that is not UTF-8. */
+static void put_hex_label(buf *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+
+    puts_(b, ",lock_hex=\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        char two[2] = {hex[ch >> 4], hex[ch & 15]};
+        put(b, two, 2);
+    }
+    puts_(b, "\"");
 }
 
 typedef struct csnap {
@@ -411,6 +468,8 @@ static void labels(buf *b, const csnap *cs, const snap *s, const char *extra)
         if (s->name)
             put_label(b, s->name, s->len);
         puts_(b, "\"");
+        if (s->name && !utf8_valid(s->name, s->len))
+            put_hex_label(b, s->name, s->len);
     }
     if (extra) {
         puts_(b, ",");
