@@ -12,11 +12,15 @@
  * unless cut and hashed ('~'), it decodes back to the name (one file per
  * name). Then file_inspect() reads whatever the file holds: no crash or UB,
  * "held" exactly when another open file holds the lock byte, a holder
- * description that is a terminated string.
+ * description that is a terminated string. Then dlock__file_list() with
+ * the name as prefix lists exactly that name once when inspect could read
+ * the file, never when it is not a lock file (DLOCK_LIST_FREE), and with the name as a
+ * cursor answers DLOCK_EINVAL or a page, never a crash.
  */
 #include "fuzz.h"
 
 #include "../src/stores/file/file.c"
+#include "../src/stores/file/file_list.c"
 
 static file_store store = {.dir = NULL, .dirfd = -1, .epfd = -1};
 
@@ -87,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     char *fname = malloc(FNAME_MAX + 8);
-    file_name(name, len, fname);
+    dlock__file_name(name, len, fname);
     check_file_name(name, len, fname);
 
     unsigned flags = fz_byte(&f);
@@ -110,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     dlock_info info;
     memset(&info, 0, sizeof(info));
-    int rc = file_inspect(&store, name, len, &info, DLOCK__FOREVER);
+    int rc = dlock__file_inspect(&store, name, len, &info, DLOCK__FOREVER);
     if (rc == DLOCK_OK) {
         if (strnlen(info.holder, sizeof(info.holder)) == sizeof(info.holder))
             fz_fail("holder not terminated");
@@ -123,6 +127,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fz_fail("inspect returned %d: %s", rc, dlock_errmsg());
     }
     dlock_info_clear(&info);
+    int inspected = rc == DLOCK_OK;
+
+    dlock_list_page page;
+    memset(&page, 0, sizeof(page));
+    rc = dlock__file_list(&store, name, len, "", 10, DLOCK_LIST_FREE, &page,
+                          DLOCK__FOREVER);
+    if (rc == DLOCK_OK) {
+        size_t same = 0;
+        for (size_t i = 0; i < page.n; i++)
+            same += strlen(page.locks[i].name) == len &&
+                    memcmp(page.locks[i].name, name, len) == 0;
+        /* a name with a NUL byte cannot be a lock name: skip those */
+        if (strlen(name) == len && same != (size_t)inspected &&
+            !strchr(fname, '~'))
+            fz_fail("the name is listed %zu times (inspect: %s)", same,
+                    inspected ? "ok" : "not a lock file");
+    } else {
+        fz_fail("list returned %d: %s", rc, dlock_errmsg());
+    }
+    dlock_list_clear(&page);
+    rc = dlock__file_list(&store, "", 0, name, 3, 0, &page, DLOCK__FOREVER);
+    if (rc != DLOCK_OK && rc != DLOCK_EINVAL)
+        fz_fail("list from a cursor returned %d: %s", rc, dlock_errmsg());
+    dlock_list_clear(&page);
     close(fd);
     unlinkat(store.dirfd, fname, 0);
     free(fname);

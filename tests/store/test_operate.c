@@ -302,6 +302,32 @@ TEST(list_matches_names_as_bytes)
     dlock_client_close(b);
 }
 
+TEST(list_shows_long_names_whole)
+{
+    NEED(list);
+    /* the longest names: a store that keeps a shortened form (the file
+     * store's file names) must still list the name itself */
+    char name[DLOCK_NAME_MAX + 1];
+    dlock_client *a = client(), *b = client();
+    dlock *l;
+
+    memcpy(name, "op/long/", 8);
+    for (size_t i = 8; i < DLOCK_NAME_MAX; i++)
+        name[i] = (char)('a' + (i * 7) % 26);
+    name[DLOCK_NAME_MAX] = '\0';
+    l = handle(a, name, 0, NULL, NULL);
+    CHECK_OK(dlock_acquire(l, 0));
+    found f = list_all(b, "op/long/", 100, 0);
+    CHECK_EQ(f.n, 1);
+    CHECK_STR(f.names[0], name);
+    CHECK_EQ(f.tokens[0], dlock_token(l));
+    found_free(&f);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 typedef struct waiter_arg {
     dlock *l;
     int rc;
@@ -567,6 +593,7 @@ static const th_test tests[] = {
     T(list_shows_held_locks_under_a_prefix),
     T(list_pages_through_every_lock),
     T(list_matches_names_as_bytes),
+    T(list_shows_long_names_whole),
     TK(list_shows_waiters),
     TK(break_evicts_a_renewing_holder),
     TK(break_wakes_a_waiter_at_once),
@@ -589,7 +616,7 @@ int main(int argc, char **argv)
         const char *kind;
         int list, brk;
     } what[] = {
-        {"file", 0, 0},
+        {"file", 1, 0},
 
         {"redis", 0, 0},
 

@@ -98,7 +98,7 @@ typedef struct file_rec {
  * (but a leading '.'), everything else %XX; a long result is cut and given
  * a hash of the whole name. Two names sharing a file would only exclude
  * each other: never a safety problem. */
-static void file_name(const char *name, size_t len, char *out)
+void dlock__file_name(const char *name, size_t len, char *out)
 {
     size_t o = 0;
 
@@ -319,7 +319,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
     int rc;
 
     (void)op_deadline;
-    file_name(l->name, l->name_len, fl->fname);
+    dlock__file_name(l->name, l->name_len, fl->fname);
     for (int attempt = 0; attempt < 16; attempt++) {
         file_id st;
         lock_file f;
@@ -478,18 +478,24 @@ static int file_extend(void *vst, dlock__lease *l, int64_t ttl_ms,
     return DLOCK_OK;
 }
 
-static int file_inspect(void *vst, const char *name, size_t len,
+int dlock__file_inspect(void *vst, const char *name, size_t len,
                         dlock_info *out, int64_t op_deadline)
 {
-    file_store *fs = vst;
     char fname[FNAME_MAX + 8];
+
+    (void)op_deadline;
+    dlock__file_name(name, len, fname);
+    return dlock__file_inspect_fname(vst, fname, out);
+}
+
+int dlock__file_inspect_fname(file_store *fs, const char *fname,
+                              dlock_info *out)
+{
     file_id st;
     file_rec r;
     off_t skip = -1;
     int fd, rc, missing;
 
-    (void)op_deadline;
-    file_name(name, len, fname);
     out->waiters = 0;
     rc = open_lock_file(fs, fname, O_RDONLY, &fd, &st, &missing);
     if (rc && missing)
@@ -546,6 +552,28 @@ static int file_inspect(void *vst, const char *name, size_t len,
         conflict_of(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1, NULL) >= 0)
         out->waiters = 1;
     close(fd);
+    return DLOCK_OK;
+}
+
+int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
+                         size_t *len)
+{
+    file_rec r;
+    file_id st;
+    int fd, rc, missing;
+    ssize_t n;
+
+    rc = open_lock_file(fs, fname, O_RDONLY, &fd, &st, &missing);
+    if (rc)
+        return rc;
+    memset(&r, 0, sizeof(r));
+    n = pread(fd, &r, sizeof(r), REC_OFFSET);
+    close(fd);
+    if (n != (ssize_t)sizeof(r) || r.name_len == 0 ||
+        r.name_len > DLOCK_NAME_MAX)
+        return DLOCK_ENOTHELD; /* no record of the name (yet) */
+    memcpy(name, r.name, r.name_len);
+    *len = r.name_len;
     return DLOCK_OK;
 }
 
@@ -672,7 +700,7 @@ const dlock__backend dlock__backend_file = {
     NULL,                    /* disarm */
     file_release,            /* release */
     file_extend,             /* extend */
-    file_inspect,            /* inspect */
+    dlock__file_inspect,     /* inspect */
     dlock__file_loop_fd,     /* loop_fd */
     dlock__file_loop_run,    /* loop_run */
     NULL,                    /* gc */
@@ -680,7 +708,7 @@ const dlock__backend dlock__backend_file = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
-    NULL, /* list */
+    dlock__file_list, /* list */
     NULL, /* evict */
     "its locks are the holders' own kernel locks (open file "
     "descriptions): only the holder, or its end, frees them", /* evict_unsupported */

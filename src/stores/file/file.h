@@ -210,4 +210,20 @@ DLOCK__HOST void dlock__file_chan_close(int lfd, int woken);
 int dlock__file_loop_fd(void *st);
 void dlock__file_loop_run(void *st, int readable);
 
+/* file.c: the lock file's name of a lock name (FNAME_MAX + 8 bytes);
+ * the store's view of one lock (the inspect slot); the lock name kept in
+ * a file's holder record (DLOCK_NAME_MAX bytes; DLOCK_ENOTHELD: none) */
+void dlock__file_name(const char *name, size_t len, char *out);
+int dlock__file_inspect(void *vst, const char *name, size_t len,
+                        dlock_info *out, int64_t op_deadline);
+int dlock__file_inspect_fname(file_store *fs, const char *fname,
+                              dlock_info *out);
+int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
+                         size_t *len);
+
+/* file_list.c: the list slot */
+int dlock__file_list(void *st, const char *prefix, size_t plen,
+                     const char *cursor, size_t limit, unsigned flags,
+                     dlock_list_page *out, int64_t op_deadline);
+
 #endif /* DLOCK_FILE_H */
