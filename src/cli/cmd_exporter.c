@@ -186,36 +186,58 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
     sb_add(b, tmp, (size_t)n);
 }
 
-/* A label value as the text format escapes it: backslash, double quote
- * and line feed; every other byte as it is. */
+/*
+ * A label value as the text format escapes it: backslash, double quote
+ * and line feed; every other byte as it is. Prometheus takes only UTF-8
+ * label values (one bad value fails the whole scrape: "invalid label
+ * value"), so a byte that is not part of well-formed UTF-8 is written as
+ * the four characters \xNN, as `dlock list` shows it; sb_labels() then
+ * adds the label lock_hex with the name's exact bytes, so such a name
+ * never collides with one that really has a backslash in it.
+ */
 static void sb_label(sbuf *b, const char *s)
 {
-    const char *run = s;
+    const unsigned char *p = (const unsigned char *)s, *run = p;
 
-    for (; *s; s++) {
-        const char *esc = *s == '\\' ? "\\\\"
-                          : *s == '"' ? "\\\""
-                          : *s == '\n' ? "\\n"
-                                       : NULL;
-        if (!esc)
+    while (*p) {
+        size_t n = cli_utf8_len(p);
+        char esc[8];
+
+        if (n > 1 || (n == 1 && *p != '\\' && *p != '"' && *p != '\n')) {
+            p += n; /* part of the run copied as is */
             continue;
-        sb_add(b, run, (size_t)(s - run));
+        }
+        sb_add(b, (const char *)run, (size_t)(p - run));
+        if (n == 0)
+            snprintf(esc, sizeof(esc), "\\\\x%02x", *p);
+        else
+            snprintf(esc, sizeof(esc), "\\%c", *p == '\n' ? 'n' : *p);
         sb_str(b, esc);
-        run = s + 1;
+        run = ++p;
     }
-    sb_add(b, run, (size_t)(s - run));
+    sb_add(b, (const char *)run, (size_t)(p - run));
 }
 
-/* `family{store="...",lock="..."} ` (the value follows). */
-static void sb_series(sbuf *b, const char *family, const char *store,
-                      const char *lock)
+/* The labels of a store's series, `{store="..."} `, or of a lock's,
+ * `{store="...",lock="..."} `; a lock name that is not UTF-8 also gets
+ * lock_hex="<its bytes in hex>". Built once per lock, then copied after
+ * each family's name. */
+static void sb_labels(sbuf *b, const char *store, const char *lock)
 {
-    sb_str(b, family);
     sb_str(b, "{store=\"");
     sb_label(b, store);
     if (lock) {
         sb_str(b, "\",lock=\"");
         sb_label(b, lock);
+        if (!cli_utf8_valid(lock)) {
+            static const char hex[] = "0123456789abcdef";
+            sb_str(b, "\",lock_hex=\"");
+            for (const unsigned char *p = (const unsigned char *)lock; *p;
+                 p++) {
+                char two[2] = {hex[*p >> 4], hex[*p & 15]};
+                sb_add(b, two, 2);
+            }
+        }
     }
     sb_str(b, "\"} ");
 }
@@ -279,36 +301,51 @@ static int64_t mono_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* One lock's series, into the per-family buffers. */
-static void add_lock(sbuf *fam, const char *store, const dlock_listed *l)
+/* `family<labels>` (the value follows). */
+static void sb_series(sbuf *b, int family, const sbuf *labels)
+{
+    sb_str(b, families[family].name);
+    if (labels->p)
+        sb_add(b, labels->p, labels->len);
+}
+
+/* One lock's series, into the per-family buffers; lab is scratch space
+ * for its labels. */
+static void add_lock(sbuf *fam, sbuf *lab, const char *store,
+                     const dlock_listed *l)
 {
     const dlock_info *in = &l->info;
 
-    sb_series(&fam[F_HELD], families[F_HELD].name, store, l->name);
+    lab->len = 0;
+    sb_labels(lab, store, l->name);
+    sb_series(&fam[F_HELD], F_HELD, lab);
     sb_str(&fam[F_HELD], in->held ? "1\n" : "0\n");
     if (in->held && in->ttl_ms >= 0) {
-        sb_series(&fam[F_LEASE], families[F_LEASE].name, store, l->name);
+        sb_series(&fam[F_LEASE], F_LEASE, lab);
         sb_printf(&fam[F_LEASE], "%.3f\n", (double)in->ttl_ms / 1000);
     }
     if (in->held && in->held_ms >= 0) {
-        sb_series(&fam[F_AGE], families[F_AGE].name, store, l->name);
+        sb_series(&fam[F_AGE], F_AGE, lab);
         sb_printf(&fam[F_AGE], "%.3f\n", (double)in->held_ms / 1000);
     }
     if (in->waiters >= 0) {
-        sb_series(&fam[F_WAITERS], families[F_WAITERS].name, store, l->name);
+        sb_series(&fam[F_WAITERS], F_WAITERS, lab);
         sb_printf(&fam[F_WAITERS], "%lld\n", (long long)in->waiters);
     }
-    sb_series(&fam[F_HOLDERS], families[F_HOLDERS].name, store, l->name);
+    sb_series(&fam[F_HOLDERS], F_HOLDERS, lab);
     sb_printf(&fam[F_HOLDERS], "%lld\n", (long long)in->holders);
-    sb_series(&fam[F_TOKEN], families[F_TOKEN].name, store, l->name);
+    sb_series(&fam[F_TOKEN], F_TOKEN, lab);
     sb_printf(&fam[F_TOKEN], "%llu\n", (unsigned long long)in->token);
+    if (lab->oom)
+        fam[F_HELD].oom = 1; /* reported by scrape() */
 }
 
 /* Lists store s into the lock families. Returns the number of locks, or
  * -1 (and the lines it wrote are taken back: a failed store shows no
  * partial listing) with the reason in why. */
 static long long scrape_store(const exporter *ex, xstore *s, sbuf *fam,
-                              int64_t deadline_us, char *why, size_t cap)
+                              sbuf *lab, int64_t deadline_us, char *why,
+                              size_t cap)
 {
     size_t mark[F_TOKEN + 1];
     char *cursor = NULL;
@@ -337,7 +374,7 @@ static long long scrape_store(const exporter *ex, xstore *s, sbuf *fam,
             break;
         }
         for (size_t i = 0; i < page.n; i++)
-            add_lock(fam, s->label, &page.locks[i]);
+            add_lock(fam, lab, s->label, &page.locks[i]);
         count += (long long)page.n;
         if (page.next && !(cursor = strdup(page.next))) {
             snprintf(why, cap, "out of memory");
@@ -383,7 +420,7 @@ static void note_state(xstore *s, int up, const char *why)
  * memory ran out. */
 static int scrape(exporter *ex, int64_t deadline_us, sbuf *out)
 {
-    sbuf fam[F_COUNT];
+    sbuf fam[F_COUNT], lab = {0};
     int rc = 0;
 
     memset(fam, 0, sizeof(fam));
@@ -392,25 +429,30 @@ static int scrape(exporter *ex, int64_t deadline_us, sbuf *out)
         xstore *s = &ex->stores[i];
         char why[512] = "";
         int64_t t0 = mono_us();
-        long long n = scrape_store(ex, s, fam, deadline_us, why, sizeof(why));
+        long long n =
+            scrape_store(ex, s, fam, &lab, deadline_us, why, sizeof(why));
         double took = (double)(mono_us() - t0) / 1e6;
 
         if (n < 0)
             atomic_fetch_add(&s->errors, 1);
         note_state(s, n >= 0, why);
-        sb_series(&fam[F_UP], families[F_UP].name, s->label, NULL);
+        lab.len = 0;
+        sb_labels(&lab, s->label, NULL);
+        if (lab.oom)
+            rc = -1;
+        sb_series(&fam[F_UP], F_UP, &lab);
         sb_str(&fam[F_UP], n >= 0 ? "1\n" : "0\n");
-        sb_series(&fam[F_DURATION], families[F_DURATION].name, s->label,
-                  NULL);
+        sb_series(&fam[F_DURATION], F_DURATION, &lab);
         sb_printf(&fam[F_DURATION], "%.6f\n", took);
         if (n >= 0) {
-            sb_series(&fam[F_LOCKS], families[F_LOCKS].name, s->label, NULL);
+            sb_series(&fam[F_LOCKS], F_LOCKS, &lab);
             sb_printf(&fam[F_LOCKS], "%lld\n", n);
         }
-        sb_series(&fam[F_ERRORS], families[F_ERRORS].name, s->label, NULL);
+        sb_series(&fam[F_ERRORS], F_ERRORS, &lab);
         sb_printf(&fam[F_ERRORS], "%llu\n",
                   (unsigned long long)atomic_load(&s->errors));
     }
+    free(lab.p);
     /* each family's lines together, after its HELP and TYPE; a family
      * without a series (no lock has a lease) is left out whole */
     for (int f = 0; f < F_COUNT; f++) {
