@@ -396,6 +396,18 @@ static void commands_per_handoff(int waiters, unsigned flags, double *req,
         out_max = v_[2];                                                    \
     } while (0)
 
+/* The cost of metrics (on by default) against the same client with them
+ * off, cycle by cycle (issue 20: on within 1.02x of off). */
+static void metrics_row(const char *uri, int n)
+{
+    double on_us, off_us;
+    spread r = metrics_cost(uri, NULL, n, CHUNKS, &on_us, &off_us);
+
+    printf("| uncontended cycle, metrics on ÷ off (the floor: off), p50 | "
+           "%.1f | %.1f | %.3fx (chunks: %.3f–%.3f) |\n",
+           off_us, on_us, r.med, r.min, r.max);
+}
+
 static void parse_redis_uri(void)
 {
     const char *p = strstr(redis_uri, "://");
@@ -455,6 +467,7 @@ int main(int argc, char **argv)
            fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
     printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
            fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    metrics_row(redis_uri, n);
     double su_f = server_us_per_cycle(0, n / 4);
     double su_d = server_us_per_cycle(1, n / 4);
     printf("| server µs per cycle (INFO commandstats: the floor's SET and "
@@ -539,6 +552,7 @@ int main(int argc, char **argv)
            rv[CHUNKS - 1]);
     printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
            fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    metrics_row(file_uri, n);
     REPEAT3(handoff(file_uri, 0, nh), d_med, d_min, d_max);
     printf("| hand-off, release → waiter's acquire returns, p50 | | %.1f "
            "(%.1f–%.1f) | |\n",

@@ -130,6 +130,55 @@ void h_dlock_cycles(dlock *l, int64_t *ns, int n)
     time_ops(h_dlock_once, l, ns, n, 0);
 }
 
+spread metrics_cost(const char *uri, const dlock_client_options *o, int n,
+                    int chunks, double *on_us, double *off_us)
+{
+    int per = n / chunks;
+    int64_t *a = malloc(sizeof(int64_t) * (size_t)per);
+    int64_t *b = malloc(sizeof(int64_t) * (size_t)per);
+    double *v = malloc(sizeof(double) * (size_t)chunks * 2);
+    spread r;
+
+    if (!a || !b || !v)
+        die("metrics cost", "out of memory");
+    for (int k = 0; k < chunks; k++) {
+        dlock_client *on = h_open_client(uri, o), *off = h_open_client(uri, o);
+        if (dlock_metrics_config(off, 0, 0) != DLOCK_OK)
+            die("metrics cost", dlock_errmsg());
+        dlock *lon = h_open_lock(on, "bench-metrics-on", 0, 0);
+        dlock *loff = h_open_lock(off, "bench-metrics-off", 0, 0);
+        for (int i = 0; i < (k == 0 ? 300 : 30); i++) {
+            h_dlock_once(lon);
+            h_dlock_once(loff);
+        }
+        for (int i = 0; i < per; i++) {
+            /* the order alternates too */
+            dlock *first = (i ^ k) & 1 ? loff : lon;
+            dlock *second = first == lon ? loff : lon;
+            int64_t t0 = now_ns();
+            h_dlock_once(first);
+            int64_t t1 = now_ns();
+            h_dlock_once(second);
+            int64_t t2 = now_ns();
+            a[i] = first == lon ? t1 - t0 : t2 - t1;
+            b[i] = first == lon ? t2 - t1 : t1 - t0;
+        }
+        v[k] = summarize(a, per).p50_us;
+        v[chunks + k] = summarize(b, per).p50_us;
+        dlock_close(lon);
+        dlock_close(loff);
+        dlock_client_close(on);
+        dlock_client_close(off);
+    }
+    r = ratios(v, v + chunks, chunks);
+    *on_us = medrange(v, chunks).med;
+    *off_us = medrange(v + chunks, chunks).med;
+    free(a);
+    free(b);
+    free(v);
+    return r;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Spreads                                                                  */
 /* ------------------------------------------------------------------------ */

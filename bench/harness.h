@@ -78,13 +78,23 @@ void h_dlock_once(void *l);
  * timed into ns[i] when ns is not NULL. */
 void h_dlock_cycles(dlock *l, int64_t *ns, int n);
 
+/* What metrics cost: uncontended cycles of two clients of uri, one with
+ * metrics on (the default) and one with them off (dlock_metrics_config),
+ * strictly alternating cycle by cycle, in `chunks` chunks of n / chunks
+ * cycles (fresh clients each). Per chunk the p50 of each side; returns
+ * the median and range over the chunks of on ÷ off, and the sides' p50
+ * (µs, median over chunks) in *on_us and *off_us. */
+typedef struct spread spread;
+spread metrics_cost(const char *uri, const dlock_client_options *o, int n,
+                    int chunks, double *on_us, double *off_us);
+
 /* ------------------------------------------------------------------------ */
 /* Spreads                                                                  */
 /* ------------------------------------------------------------------------ */
 
-typedef struct spread {
+struct spread {
     double med, min, max;
-} spread;
+};
 
 /* Median and range of v[0..n) (v is left as it was). */
 spread medrange(const double *v, int n);

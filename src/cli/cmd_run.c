@@ -54,6 +54,8 @@ static const char run_usage[] =
     "                     at once (every run of NAME must say the same N)\n"
     "  --kill-after DUR   after losing the lock, SIGKILL CMD this long after\n"
     "                     SIGTERM (default 5s)\n"
+    "  --warn-after DUR   say on stderr, once, when the lock has been held\n"
+    "                     for DUR (CMD keeps running)\n"
     "  --quiet            no progress line while waiting\n"
     "\n"
     "DUR: 500ms, 30s, 2m, 1h, 1.5s; a bare number is seconds.\n"
@@ -271,11 +273,35 @@ static pid_t spawn(char **cmd, char **env, int *exec_errno)
     return pid;
 }
 
+/* --warn-after: the client's long-hold event (on its background thread),
+ * said once on stderr. */
+static void on_event(const dlock_event *e, void *arg)
+{
+    char held[32], line[700];
+    const char *name = e->name;
+    int n;
+
+    (void)arg;
+    if (e->type != DLOCK_EVENT_LONG_HOLD)
+        return;
+    cli_format_duration(e->held_ms, held, sizeof(held));
+    n = snprintf(line, sizeof(line),
+                 "dlock: lock '%.200s' held for %s (--warn-after), token "
+                 "%llu; the command still runs\n",
+                 name, held, (unsigned long long)e->token);
+    /* one write: whole, even beside the command's own output */
+    if (n > 0 && write(STDERR_FILENO, line,
+                       (size_t)n < sizeof(line) ? (size_t)n
+                                                : sizeof(line) - 1) < 0) {
+        /* stderr is gone: nothing to tell */
+    }
+}
+
 typedef struct run_opts {
     const char *store;
     const char *name;
     char **cmd;
-    int64_t ttl_ms, wait_ms, kill_after_ms;
+    int64_t ttl_ms, wait_ms, kill_after_ms, warn_after_ms;
     int fair, quiet, shared;
     unsigned permits;
 } run_opts;
@@ -342,6 +368,17 @@ static int parse(int argc, char **argv, run_opts *o)
                 if (r > 0)
                     cli_err("run: --wait must be a duration like 30s, 0 "
                             "(one try) or 'forever', not '%s'",
+                            v);
+                return CLI_EX_USAGE;
+            }
+            continue;
+        }
+        if ((r = cli_opt_value(argc, argv, &i, "--warn-after", &v)) != 0) {
+            if (r < 0 || cli_parse_duration(v, &o->warn_after_ms, 0) != 0 ||
+                o->warn_after_ms <= 0) {
+                if (r > 0)
+                    cli_err("run: --warn-after must be a positive duration "
+                            "like 10m or 30s, not '%s'",
                             v);
                 return CLI_EX_USAGE;
             }
@@ -486,6 +523,13 @@ int cmd_run(int argc, char **argv)
     lo.flags = o.fair ? DLOCK_FAIR : 0;
     lo.permits = o.permits;
     lo.on_lost = on_lost;
+    if (o.warn_after_ms > 0 &&
+        (rc = dlock_client_set_events(c, on_event, NULL, o.warn_after_ms)) !=
+            DLOCK_OK) {
+        cli_err("%s", dlock_errmsg());
+        code = cli_exit_for(rc);
+        goto out;
+    }
     memset(&note, 0, sizeof(note));
     note.fd = lost_pipe[1];
     lo.on_lost_arg = &note;

@@ -75,6 +75,11 @@ typedef struct dlock__lease {
     int armed;        /* on DLOCK_EBUSY: this try queued the lease while its
                        * notifications were live (no arm() and second try
                        * needed) */
+    int64_t woken_us; /* on DLOCK_OK from a CAP_NATIVE_WAIT acquire that
+                       * found the lock held and waited: dlock__now_us()
+                       * when its wait ended (the store's wake-up, before
+                       * taking the lock); 0: it did not wait (for the
+                       * metrics: waits and hand-off times) */
     int64_t started;  /* on DLOCK_OK from a CAP_NATIVE_WAIT acquire that
                        * waited: dlock__now_ms() just before the command
                        * that took the lock (its lease starts no earlier);
@@ -222,8 +227,9 @@ typedef struct dlock__backend {
 DLOCK__HOST int dlock__err(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* CLOCK_MONOTONIC in milliseconds. */
+/* CLOCK_MONOTONIC in milliseconds, and in microseconds. */
 DLOCK__HOST int64_t dlock__now_ms(void);
+DLOCK__HOST int64_t dlock__now_us(void);
 
 /* The client's random id as 32 lowercase hex digits. */
 DLOCK__HOST const char *dlock__client_id(const dlock_client *c);

@@ -61,6 +61,9 @@ void dlock__schedule(dlock_client *c, int64_t when)
  * is the thread reading the backend's fd, through the reader's eventfd. */
 static void wake_waiter(dlock_client *c, dlock__waiter *w)
 {
+    /* the moment the store's word arrived, for dlock_handoff_seconds */
+    if (!w->rearm && dlock__m_on(&c->m))
+        w->woken_us = dlock__now_us();
     if (w == c->reader) {
         /* the reader itself, reading: it looks at its flags next */
         if (pthread_equal(pthread_self(), w->thread))
@@ -146,7 +149,8 @@ void dlock__notify_error(dlock_client *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-static void mark_lost(dlock__hold *h, const char *why);
+static void mark_lost(dlock_client *c, dlock__hold *h, const char *why,
+                      int cause);
 
 void dlock__notify_lost(dlock_client *c,
                         int (*match)(const dlock__lease *l, void *arg),
@@ -158,7 +162,7 @@ void dlock__notify_lost(dlock_client *c,
     for (dlock__hold *h = c->holds; h; h = h->next) {
         if (h->lost || h->count == 0 || !match(&h->lease, arg))
             continue;
-        mark_lost(h, why);
+        mark_lost(c, h, why, DLOCK__M_LOST_STORE);
         h->announce = 1;
         any = 1;
     }
@@ -179,21 +183,30 @@ const char *dlock__client_id(const dlock_client *c)
 typedef struct lost_note {
     dlock *handle;
     uint64_t token;
+    int type;        /* DLOCK_EVENT_LOST or DLOCK_EVENT_LONG_HOLD */
+    int shared;      /* as dlock_event.shared */
+    int64_t held_ms; /* the hold's age */
     char why[256];
 } lost_note;
 
-static void mark_lost(dlock__hold *h, const char *why)
+static void mark_lost(dlock_client *c, dlock__hold *h, const char *why,
+                      int cause)
 {
     h->lost = 1;
+    h->lost_cause = cause;
+    if (dlock__m_on(&c->m))
+        dlock__m_inc(h->entry->ms, cause);
     snprintf(h->why, sizeof(h->why), "lock '%.100s': %s", h->entry->name,
              why);
 }
 
-/* Collects lost notes into *notes (grown as needed); c->mu held. */
-static void note_lost(dlock__hold *h, lost_note **notes, size_t *n,
-                      size_t *cap)
+/* Collects a note for the background thread's callbacks into *notes
+ * (grown as needed): a loss (the lost-lock callback and the LOST event)
+ * or a long hold (the LONG_HOLD event); c->mu held. */
+static void note(dlock_client *c, dlock__hold *h, int type,
+                 lost_note **notes, size_t *n, size_t *cap)
 {
-    if (!h->handle->opts.on_lost)
+    if (!(type == DLOCK_EVENT_LOST && h->handle->opts.on_lost) && !c->ev_cb)
         return;
     if (*n == *cap) {
         size_t nc = *cap ? *cap * 2 : 8;
@@ -206,8 +219,22 @@ static void note_lost(dlock__hold *h, lost_note **notes, size_t *n,
     lost_note *ln = &(*notes)[(*n)++];
     ln->handle = h->handle;
     ln->token = h->lease.token;
-    memcpy(ln->why, h->why, sizeof(ln->why));
+    ln->type = type;
+    ln->shared = h->lease.kind == DLOCK__READ     ? 1
+                 : h->lease.kind == DLOCK__PERMIT ? 2
+                                                  : 0;
+    ln->held_ms = (dlock__now_us() - h->acquired_us) / 1000;
+    if (type == DLOCK_EVENT_LOST)
+        memcpy(ln->why, h->why, sizeof(ln->why));
+    else
+        ln->why[0] = '\0';
     h->handle->callbacks++;
+}
+
+static void note_lost(dlock_client *c, dlock__hold *h, lost_note **notes,
+                      size_t *n, size_t *cap)
+{
+    note(c, h, DLOCK_EVENT_LOST, notes, n, cap);
 }
 
 /* Applies the answer `rc` to renewing hold h, renewed from t0 (c->mu
@@ -219,12 +246,16 @@ static void renewed(dlock_client *c, dlock__hold *h, int rc, int64_t t0,
     int64_t ttl = h->lease.ttl_ms;
 
     h->renewing = 0;
+    if (dlock__m_on(&c->m) && rc != DLOCK_ENOTHELD)
+        dlock__m_inc(h->entry->ms, rc == DLOCK_OK ? DLOCK__M_RENEWED
+                                                  : DLOCK__M_RENEW_FAILED);
     if (rc == DLOCK_OK) {
         h->lease_end = t0 + ttl - dlock__client_margin(c, ttl);
         h->renew_at = t0 + ttl / 3;
     } else if (rc == DLOCK_ENOTHELD) {
-        mark_lost(h, "renewal found it deleted or taken over in the store");
-        note_lost(h, notes, nnotes, capnotes);
+        mark_lost(c, h, "renewal found it deleted or taken over in the store",
+                  DLOCK__M_LOST_TAKEN);
+        note_lost(c, h, notes, nnotes, capnotes);
     } else {
         /* The store did not answer: try again soon, until the local lease
          * end declares the hold lost. */
@@ -260,8 +291,11 @@ static int renew_batch(dlock_client *c, dlock__hold **due, size_t n,
         ttls[i] = due[i]->lease.ttl_ms;
     }
     pthread_mutex_unlock(&c->mu);
+    int64_t u0 = dlock__now_us();
     rc = c->be->extend_many(c->st, ls, ttls, rcs, n,
-                            dlock__now_ms() + c->timeout_ms);
+                            u0 / 1000 + c->timeout_ms);
+    if (dlock__m_on(&c->m))
+        dlock__m_store_op(&c->m, dlock__now_us() - u0, rc);
     pthread_mutex_lock(&c->mu);
     if (rc != DLOCK_OK)
         for (size_t i = 0; i < n; i++)
@@ -285,7 +319,19 @@ static int64_t watchdog(dlock_client *c)
     for (dlock__hold *h = c->holds; h; h = h->next) {
         if (h->announce) { /* declared lost by the backend */
             h->announce = 0;
-            note_lost(h, &notes, &nnotes, &capnotes);
+            note_lost(c, h, &notes, &nnotes, &capnotes);
+        }
+    }
+    for (dlock__hold *h = c->holds; h; h = h->next) {
+        if (h->long_at == DLOCK__FOREVER || h->lost || h->count == 0)
+            continue;
+        if (now >= h->long_at) {
+            h->long_at = DLOCK__FOREVER;
+            if (dlock__m_on(&c->m))
+                dlock__m_inc(h->entry->ms, DLOCK__M_LONG_HOLDS);
+            note(c, h, DLOCK_EVENT_LONG_HOLD, &notes, &nnotes, &capnotes);
+        } else if (h->long_at < next) {
+            next = h->long_at;
         }
     }
     if (!(c->be->caps & DLOCK__CAP_LEASE))
@@ -295,8 +341,9 @@ static int64_t watchdog(dlock_client *c)
         if (h->lost || h->renewing || h->count == 0)
             continue;
         if (now >= h->lease_end) {
-            mark_lost(h, "the lease ran out before it could be renewed");
-            note_lost(h, &notes, &nnotes, &capnotes);
+            mark_lost(c, h, "the lease ran out before it could be renewed",
+                      DLOCK__M_LOST_EXPIRED);
+            note_lost(c, h, &notes, &nnotes, &capnotes);
             continue;
         }
         if (!(h->handle->opts.flags & DLOCK_NO_RENEW)) {
@@ -346,7 +393,10 @@ static int64_t watchdog(dlock_client *c)
         if (dl > h->lease_end)
             dl = h->lease_end;
         pthread_mutex_unlock(&c->mu);
+        int64_t u0 = dlock__now_us();
         rc = c->be->extend(c->st, &h->lease, ttl, dl);
+        if (dlock__m_on(&c->m))
+            dlock__m_store_op(&c->m, dlock__now_us() - u0, rc);
         pthread_mutex_lock(&c->mu);
         renewed(c, h, rc, t0, &notes, &nnotes, &capnotes, &next);
     }
@@ -354,13 +404,31 @@ static int64_t watchdog(dlock_client *c)
 
 callbacks:
     for (size_t i = 0; i < nnotes; i++) {
-        dlock *l = notes[i].handle;
-        dlock_lost_cb cb = l->opts.on_lost;
+        lost_note *n = &notes[i];
+        dlock *l = n->handle;
+        dlock_lost_cb cb = n->type == DLOCK_EVENT_LOST ? l->opts.on_lost
+                                                       : NULL;
         void *arg = l->opts.on_lost_arg;
+        dlock_event_cb ev = c->ev_cb;
+        void *ev_arg = c->ev_arg;
 
         pthread_mutex_unlock(&c->mu);
-        dlock__err(DLOCK_ELOST, "%s", notes[i].why);
-        cb(l, notes[i].token, arg);
+        if (n->type == DLOCK_EVENT_LOST)
+            dlock__err(DLOCK_ELOST, "%s", n->why);
+        if (cb)
+            cb(l, n->token, arg);
+        if (ev) {
+            dlock_event e;
+            memset(&e, 0, sizeof(e));
+            e.type = n->type;
+            e.lock = l;
+            e.name = l->entry->name;
+            e.shared = n->shared;
+            e.token = n->token;
+            e.held_ms = n->held_ms;
+            e.why = n->why;
+            ev(&e, ev_arg);
+        }
         pthread_mutex_lock(&c->mu);
         l->callbacks--;
         pthread_cond_broadcast(&c->cv);
@@ -479,6 +547,7 @@ static void client_free(dlock_client *c)
         }
     }
     free(c->buckets);
+    dlock__metrics_free(&c->m);
     if (c->wake_fd >= 0)
         close(c->wake_fd);
     if (c->reader_fd >= 0)
@@ -537,6 +606,7 @@ int dlock_client_open(dlock_client **out, const char *uri,
     c->be = be;
     c->refs = 1;
     c->next_wake = DLOCK__FOREVER;
+    dlock__metrics_init(&c->m);
     c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
                                                   : DEFAULT_TIMEOUT_MS;
     c->pid = dlock__pid();
@@ -651,4 +721,28 @@ void dlock_client_close(dlock_client *c)
 const char *dlock_client_store(const dlock_client *c)
 {
     return c ? c->store : "";
+}
+
+int dlock_client_set_events(dlock_client *c, dlock_event_cb cb, void *arg,
+                            int64_t long_hold_ms)
+{
+    int rc;
+
+    if (!c)
+        return dlock__err(DLOCK_EINVAL,
+                          "dlock_client_set_events: client is NULL");
+    if (long_hold_ms < 0)
+        return dlock__err(DLOCK_EINVAL,
+                          "dlock_client_set_events: long_hold_ms must not be "
+                          "negative, not %lld",
+                          (long long)long_hold_ms);
+    pthread_mutex_lock(&c->mu);
+    rc = dlock__usable(c);
+    if (rc == DLOCK_OK) {
+        c->ev_cb = cb;
+        c->ev_arg = arg;
+        c->long_hold_ms = long_hold_ms;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }

@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "dlock.h"
+#include "metrics.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -39,6 +40,9 @@ struct dlock__hold {
     char owner[64];       /* lease.owner points here */
     char desc[160];       /* lease.desc points here */
     char why[256];        /* why it was lost (for the callback's errmsg) */
+    int64_t acquired_us;  /* when the store said "taken" (monotonic) */
+    int64_t long_at;      /* when it becomes a long hold (ms), FOREVER */
+    int lost_cause;       /* DLOCK__M_LOST_*, once lost */
     dlock__hold *next_in_entry;
     dlock__hold *prev, *next; /* the client's list of all holds */
 };
@@ -55,6 +59,7 @@ struct dlock__waiter {
     int sleeping; /* blocked on cv (may be asked to read for all) */
     pthread_t thread; /* the waiting thread */
     uint64_t token; /* ... with this token */
+    int64_t woken_us; /* when the first wake-up or hand-over arrived */
     dlock__waiter *prev, *next;
 };
 
@@ -66,6 +71,7 @@ struct dlock__entry {
     size_t refs;         /* handles open on this name */
     dlock__hold *holds;  /* this client's holds of it, one per thread */
     int64_t hint[2];     /* the backend's per-name scratch (lease.hint) */
+    dlock__mslot *ms;    /* its metrics (metrics.h): fixed while it lives */
     dlock__entry *chain; /* hash bucket chain */
 };
 
@@ -111,6 +117,11 @@ struct dlock_client {
     int64_t next_wake; /* when the background thread will wake anyway */
     int closed;
     size_t refs; /* 1 for the client itself + open handles */
+
+    dlock__metrics m;      /* metrics.c */
+    dlock_event_cb ev_cb;  /* events (c->mu) */
+    void *ev_arg;
+    int64_t long_hold_ms;  /* 0: no long-hold events */
 };
 
 /* error.c */

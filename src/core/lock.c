@@ -257,15 +257,27 @@ static int ran_out(const dlock__hold *h)
 /* One try; records when it started, for the lease's local end, and
  * whether the store answered "held". */
 static int try_once(dlock_client *c, dlock__hold *h, int64_t *t0,
-                    int64_t deadline, int once, int *seen_busy)
+                    int64_t deadline, int once, int *seen_busy,
+                    int64_t *t_end_us)
 {
     int64_t dl;
     int rc;
 
-    *t0 = dlock__now_ms();
+    int64_t u0 = dlock__now_us();
+
+    *t0 = u0 / 1000;
     dl = op_deadline(c, deadline, once);
     h->lease.started = 0;
+    h->lease.woken_us = 0;
     rc = c->be->acquire(c->st, &h->lease, dl);
+    /* one store operation, unless the store waited in it */
+    if (dlock__m_on(&c->m) &&
+        (once || !(c->be->caps & DLOCK__CAP_NATIVE_WAIT))) {
+        *t_end_us = dlock__now_us();
+        dlock__m_store_op(&c->m, *t_end_us - u0, rc);
+    } else {
+        *t_end_us = 0;
+    }
     if (rc == DLOCK_OK && h->lease.started > *t0)
         *t0 = h->lease.started; /* a native wait: the lease began later */
     if (rc == DLOCK_EBUSY)
@@ -427,7 +439,8 @@ static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
     h->lease.waiting = 1;
     while (rc == DLOCK_OK) {
         if (need_try) {
-            rc = try_once(c, h, t0, deadline, 0, seen_busy);
+            int64_t t_end;
+            rc = try_once(c, h, t0, deadline, 0, seen_busy, &t_end);
             if (rc != DLOCK_EBUSY)
                 break;
             *t_busy = *t0;
@@ -553,15 +566,33 @@ static int kind_supported(const dlock_client *c, const dlock *l,
                       c->be->name);
 }
 
+/* Counts an acquire that ended without the lock. */
+static void acquire_failed(dlock_client *c, const dlock *l, int rc,
+                           int waited, int64_t start_us)
+{
+    dlock__mslot *ms = l->entry->ms;
+
+    if (!dlock__m_on(&c->m))
+        return;
+    if (rc == DLOCK_EBUSY)
+        dlock__m_inc(ms, DLOCK__M_BUSY);
+    if (waited) {
+        dlock__m_inc(ms, DLOCK__M_WAITED);
+        dlock__hist_observe(&ms->h[DLOCK__H_WAIT],
+                            dlock__now_us() - start_us);
+    }
+}
+
 static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
 {
     dlock_client *c;
     dlock__hold *h;
     dlock__waiter w;
     pthread_t self = pthread_self();
-    int64_t start, deadline, t0 = 0, t_busy = 0;
+    int64_t start, start_us, deadline, t0 = 0, t_busy = 0, woken_us = 0;
+    int64_t try_end_us = 0;
     uint64_t seq;
-    int rc, seen_busy = 0, waits;
+    int rc, seen_busy = 0, waits, waited = 0;
 
     if (wait_ms < -1)
         return dlock__err(DLOCK_EINVAL,
@@ -569,7 +600,8 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
                           "(one try) or positive, not %lld",
                           l->entry->name, (long long)wait_ms);
     c = l->client;
-    start = dlock__now_ms();
+    start_us = dlock__now_us();
+    start = start_us / 1000;
     deadline = wait_ms == -1 ? DLOCK__FOREVER : start + wait_ms;
 
     pthread_mutex_lock(&c->mu);
@@ -581,8 +613,11 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
     h = find_hold(l->entry, self);
     if (h) {
         rc = reenter(c, l, h, kind);
-        if (rc == DLOCK_OK)
+        if (rc == DLOCK_OK) {
             h->count++;
+            if (dlock__m_on(&c->m))
+                dlock__m_inc(l->entry->ms, DLOCK__M_REENTERED);
+        }
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
@@ -628,9 +663,11 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
             }
         }
         h->lease.may_wait = waits;
-        rc = try_once(c, h, &t0, deadline, wait_ms == 0, &seen_busy);
+        rc = try_once(c, h, &t0, deadline, wait_ms == 0, &seen_busy,
+                      &try_end_us);
         if (rc == DLOCK_EBUSY && waits) {
             t_busy = t0;
+            waited = 1;
             rc = wait_loop(c, h, &w, start, deadline, &t0, &t_busy,
                            &seen_busy);
             if (rc != DLOCK_OK)
@@ -642,8 +679,20 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
             if (c->be->disarm && h->lease.waiting)
                 c->be->disarm(c->st, &h->lease, rc == DLOCK_OK);
             waiter_remove(c, &w, rc == DLOCK_OK);
+            if (w.woken_us)
+                woken_us = w.woken_us;
+        }
+        if (!waits && wait_ms != 0 &&
+            (rc == DLOCK_EBUSY || h->lease.woken_us != 0 ||
+             h->lease.started != 0)) {
+            /* the store waited in its acquire (CAP_NATIVE_WAIT) */
+            waited = 1;
+            woken_us = h->lease.woken_us     ? h->lease.woken_us
+                       : h->lease.started != 0 ? h->lease.started * 1000
+                                              : 0;
         }
         if (rc != DLOCK_OK) {
+            acquire_failed(c, l, rc, waited, start_us);
             free(h);
             return rc;
         }
@@ -662,6 +711,7 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
         (void)c->be->release(c->st, &h->lease, op_deadline(c, deadline, 1));
         if (stale >= 3 || (wait_ms != -1 && dlock__now_ms() >= deadline)) {
             long long ttl = (long long)h->lease.ttl_ms;
+            acquire_failed(c, l, DLOCK_EBUSY, waited, start_us);
             free(h);
             return dlock__err(DLOCK_EBUSY,
                               "lock '%.200s': acquired, but its lease ran out "
@@ -678,8 +728,16 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
         seen_busy = 0;
     }
 
+    /* the first try's end, when it took the lock and was timed (one clock
+     * read fewer on the uncontended path) */
+    int64_t now_us = !waited && try_end_us ? try_end_us : dlock__now_us();
     pthread_mutex_lock(&c->mu);
     h->count = 1;
+    h->acquired_us = now_us;
+    h->long_at = c->long_hold_ms > 0 ? now_us / 1000 + c->long_hold_ms
+                                     : DLOCK__FOREVER;
+    if (h->long_at != DLOCK__FOREVER)
+        dlock__schedule(c, h->long_at);
     if (c->be->caps & DLOCK__CAP_LEASE) {
         h->lease_end = t0 + h->lease.ttl_ms -
                        dlock__client_margin(c, h->lease.ttl_ms);
@@ -697,7 +755,32 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
     if (c->be->caps & DLOCK__CAP_LEASE)
         dlock__schedule(c, (l->opts.flags & DLOCK_NO_RENEW) ? h->lease_end
                                                              : h->renew_at);
+    dlock_event_cb ev = c->ev_cb;
+    void *ev_arg = c->ev_arg;
     pthread_mutex_unlock(&c->mu);
+    if (dlock__m_on(&c->m)) {
+        dlock__mslot *ms = l->entry->ms;
+        dlock__m_inc(ms, DLOCK__M_ACQUIRED);
+        if (waited) {
+            dlock__m_inc(ms, DLOCK__M_WAITED);
+            dlock__hist_observe(&ms->h[DLOCK__H_WAIT], now_us - start_us);
+            if (woken_us > 0)
+                dlock__hist_observe(&ms->h[DLOCK__H_HANDOFF],
+                                    now_us - woken_us);
+        }
+    }
+    if (ev) {
+        dlock_event e;
+        memset(&e, 0, sizeof(e));
+        e.type = DLOCK_EVENT_ACQUIRED;
+        e.lock = l;
+        e.name = l->entry->name;
+        e.shared = kind == DLOCK__READ ? 1 : kind == DLOCK__PERMIT ? 2 : 0;
+        e.token = h->lease.token;
+        e.waited_ms = (now_us - start_us) / 1000;
+        e.why = "";
+        ev(&e, ev_arg);
+    }
     return DLOCK_OK;
 }
 
@@ -768,9 +851,24 @@ int dlock_release(dlock *l)
     announced = h->lost;
     lost = dlock__now_ms() >= h->lease_end;
     dlock__hold_unlink(c, h);
+    dlock_event_cb ev = c->ev_cb;
+    void *ev_arg = c->ev_arg;
     pthread_mutex_unlock(&c->mu);
 
-    rc = c->be->release(c->st, &h->lease, dlock__now_ms() + c->timeout_ms);
+    int64_t u0 = dlock__now_us();
+    rc = c->be->release(c->st, &h->lease, u0 / 1000 + c->timeout_ms);
+    int64_t u1 = dlock__now_us();
+    if (dlock__m_on(&c->m)) {
+        dlock__mslot *ms = l->entry->ms;
+        dlock__m_store_op(&c->m, u1 - u0, rc);
+        dlock__m_inc(ms, DLOCK__M_RELEASED);
+        dlock__hist_observe(&ms->h[DLOCK__H_HOLD], u1 - h->acquired_us);
+        /* a loss this release found (an announced one was counted) */
+        if (!announced && rc == DLOCK_ENOTHELD)
+            dlock__m_inc(ms, DLOCK__M_LOST_TAKEN);
+        else if (!announced && rc != DLOCK_OK && lost)
+            dlock__m_inc(ms, DLOCK__M_LOST_EXPIRED);
+    }
     if (rc == DLOCK_OK && !(h->lease.flags & DLOCK_FAIR) &&
         !(c->be->caps & DLOCK__CAP_HANDOVER))
         dlock__notify_name(c, h->lease.name, h->lease.name_len);
@@ -788,6 +886,26 @@ int dlock_release(dlock *l)
                         h->lease.name);
     else if (rc != DLOCK_OK && lost)
         rc = lost_message(h);
+    if (ev) {
+        dlock_event e;
+        memset(&e, 0, sizeof(e));
+        e.type = DLOCK_EVENT_RELEASED;
+        e.lock = l;
+        e.name = l->entry->name;
+        e.shared = h->lease.kind == DLOCK__READ     ? 1
+                   : h->lease.kind == DLOCK__PERMIT ? 2
+                                                    : 0;
+        e.token = h->lease.token;
+        e.held_ms = (u1 - h->acquired_us) / 1000;
+        e.rc = rc;
+        e.why = "";
+        /* the callback may call the library: keep this call's message */
+        char keep[512];
+        snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
+        ev(&e, ev_arg);
+        if (rc != DLOCK_OK)
+            dlock__err(rc, "%s", keep);
+    }
     free(h);
     return rc;
 }
@@ -798,9 +916,14 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
     dlock__hold *h;
     int64_t t0;
     int rc;
+    dlock_event lost_ev;
+    dlock_event_cb ev = NULL;
+    void *ev_arg = NULL;
+    char why[256];
 
     if (!l)
         return dlock__err(DLOCK_EINVAL, "dlock_extend: lock is NULL");
+    memset(&lost_ev, 0, sizeof(lost_ev));
     if (ttl_ms < MIN_TTL_MS)
         return dlock__err(DLOCK_EINVAL,
                           "lock '%.200s': ttl_ms must be at least %d, not "
@@ -830,8 +953,11 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
     h->renewing = 1;
     pthread_mutex_unlock(&c->mu);
 
-    t0 = dlock__now_ms();
+    int64_t u0 = dlock__now_us();
+    t0 = u0 / 1000;
     rc = c->be->extend(c->st, &h->lease, ttl_ms, t0 + c->timeout_ms);
+    if (dlock__m_on(&c->m))
+        dlock__m_store_op(&c->m, dlock__now_us() - u0, rc);
 
     pthread_mutex_lock(&c->mu);
     h->renewing = 0;
@@ -846,14 +972,33 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
         }
     } else if (rc == DLOCK_ENOTHELD) {
         h->lost = 1;
+        h->lost_cause = DLOCK__M_LOST_TAKEN;
+        if (dlock__m_on(&c->m))
+            dlock__m_inc(h->entry->ms, DLOCK__M_LOST_TAKEN);
         snprintf(h->why, sizeof(h->why),
                  "lock '%.100s': extend found it deleted or taken over in "
                  "the store",
                  h->lease.name);
+        lost_ev.type = DLOCK_EVENT_LOST;
+        lost_ev.lock = l;
+        lost_ev.name = l->entry->name;
+        lost_ev.shared = h->lease.kind == DLOCK__READ     ? 1
+                         : h->lease.kind == DLOCK__PERMIT ? 2
+                                                          : 0;
+        lost_ev.token = h->lease.token;
+        lost_ev.held_ms = (dlock__now_us() - h->acquired_us) / 1000;
+        snprintf(why, sizeof(why), "%s", h->why);
+        lost_ev.why = why;
+        ev = c->ev_cb;
+        ev_arg = c->ev_arg;
         rc = lost_message(h);
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (ev) {
+        ev(&lost_ev, ev_arg);
+        dlock__err(DLOCK_ELOST, "%s", why);
+    }
     return rc;
 }
 

@@ -73,6 +73,7 @@ dlock__entry *dlock__entry_ref(dlock_client *c, const char *name, size_t len)
     e->len = len;
     e->hash = dlock__hash(name, len);
     e->refs = 1;
+    dlock__metrics_attach(&c->m, e);
     size_t k = (size_t)(e->hash & (c->nbuckets - 1));
     e->chain = c->buckets[k];
     c->buckets[k] = e;
@@ -92,6 +93,7 @@ void dlock__entry_maybe_free(dlock_client *c, dlock__entry *e)
         pp = &(*pp)->chain;
     *pp = e->chain;
     c->nentries--;
+    dlock__metrics_detach(&c->m, e);
     free(e->name);
     free(e);
 }

@@ -637,6 +637,23 @@ else
     fail "dlock help run does not list --wait/--ttl/--fair"
 fi
 
+# --warn-after: one line on stderr once the hold is that old, the command
+# unharmed. The command holds 1.5 s and the warning is due at 300 ms: the
+# library's background thread has 1.2 s to say it, on a busy machine too
+dl run --warn-after 300ms warnL -- sh -c 'sleep 1.5; echo done'
+if [ "$RC" -eq 0 ] && grep -q '^done$' "$TMP/out" &&
+    [ "$(grep -c "lock 'warnL' held for .* (--warn-after), token [0-9]" "$TMP/err")" = 1 ]; then
+    pass "run --warn-after: warned once, the command ran to its end"
+else
+    fail "run --warn-after: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+fi
+dl run --warn-after 10s warnL -- true
+if [ "$RC" -eq 0 ] && ! grep -q "warn-after" "$TMP/err"; then
+    pass "run --warn-after: no warning for a short hold"
+else
+    fail "run --warn-after 10s of a short hold: exit $RC: $(cat "$TMP/err")"
+fi
+
 expect_rc 64 "no command" --
 expect_rc 64 "unknown command" -- frobnicate
 expect_rc 64 "help of an unknown command" -- help frobnicate
@@ -652,6 +669,8 @@ expect_rc 64 "--wait -5" -- run --wait -5 usageL -- true
 expect_rc 64 "--wait 5x" -- run --wait 5x usageL -- true
 expect_rc 64 "--wait without a value" -- run --wait
 expect_rc 64 "--kill-after bad" -- run --kill-after zz usageL -- true
+expect_rc 64 "--warn-after 0" -- run --warn-after 0 usageL -- true
+expect_rc 64 "--warn-after bad" -- run --warn-after 1y usageL -- true
 expect_rc 64 "status without NAME" -- status
 expect_rc 64 "status with two names" -- status a b
 expect_rc 64 "status with an unknown option" -- status --bogus a

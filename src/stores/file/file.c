@@ -357,7 +357,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             fair && !reader && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
         if (reader || !fair) {
             e = dlock__file_take(fl->fd, reader ? F_RDLCK : F_WRLCK,
-                                 once ? 0 : l->deadline);
+                                 once ? 0 : l->deadline, &l->woken_us);
             if (e == EAGAIN) {
                 close(fl->fd);
                 l->retry_ms = -1;
@@ -384,6 +384,8 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             }
             dlock__file_watch_add(fs, fl);
             e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd, 0);
+            if (e == 0)
+                l->woken_us = dlock__now_us();
         }
         if (e == ETIMEDOUT) {
             drop_file(fs, fl);
@@ -560,7 +562,7 @@ int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
 {
     file_rec r;
     file_id st;
-    int fd, rc, missing;
+    int fd = -1, rc, missing;
     ssize_t n;
 
     rc = open_lock_file(fs, fname, O_RDONLY, &fd, &st, &missing);

@@ -157,7 +157,8 @@ DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadli
  * holds GATE while it waits for MAIN, and a reader that finds GATE held
  * waits there. 0: taken; EAGAIN: busy and `deadline` has passed (a try);
  * ETIMEDOUT; or an errno. */
-DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline);
+DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline,
+                     int64_t *woken_us);
 
 /* Takes a fair-queue ticket and locks its byte, making its wake-up
  * channel first (*lfd; -1: none); sets f->salt. The ticket's byte, or -1

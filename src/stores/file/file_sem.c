@@ -218,6 +218,8 @@ int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
         return dlock__file_io_error(what, fl->fname, e);
     for (int round = 0;; round++) {
         e = dlock__file_fair_wait(f, ticket, l->deadline, &conn, 1);
+        if (e == 0)
+            l->woken_us = dlock__now_us();
         if (e)
             break;
         rc = sem_try(f, l, fl->fname, 0, &byte);

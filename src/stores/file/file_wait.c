@@ -173,7 +173,8 @@ int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline)
     return rc;
 }
 
-int dlock__file_take(int fd, short type, int64_t deadline)
+int dlock__file_take(int fd, short type, int64_t deadline,
+                     int64_t *woken_us)
 {
     int e;
 
@@ -198,6 +199,8 @@ int dlock__file_take(int fd, short type, int64_t deadline)
             return e;
     }
     e = dlock__file_kwait(fd, type, MAIN_BYTE, deadline);
+    if (e == 0 && woken_us)
+        *woken_us = dlock__now_us();
     lk(fd, F_OFD_SETLK, F_UNLCK, GATE_BYTE, 1);
     return e;
 }
@@ -572,7 +575,7 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             /* the head: MAIN is free unless someone without a ticket
              * (default mode, or a fair acquirer that found no queue)
              * holds it; then only the kernel can tell us */
-            e = dlock__file_take(f->fd, F_WRLCK, deadline);
+            e = dlock__file_take(f->fd, F_WRLCK, deadline, NULL);
             return e == EAGAIN ? ETIMEDOUT : e;
         }
         if (*conn >= 0) {
