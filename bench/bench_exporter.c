@@ -6,10 +6,11 @@
  * whole scrapes of GET /metrics (connect, request, the last byte of the
  * answer), as Prometheus would do them.
  *
- *   dlock_bench_exporter /path/to/dlock [URI] [N] [SCRAPES]
+ *   dlock_bench_exporter /path/to/dlock [URI] [N] [SCRAPES] [PAGE]
  *
  * URI: the store (default: a file:// store in a new temporary directory,
- * removed at the end). The file store's locks are the holder's kernel
+ * removed at the end). PAGE: the exporter's --page (default: its own,
+ * 1000). The file store's locks are the holder's kernel
  * locks: one process holding N of them needs N descriptors, so the soft
  * RLIMIT_NOFILE is raised to the hard one (N must fit below it).
  * Prints a markdown row: the median and the slowest scrape, and the
@@ -46,7 +47,7 @@ static pid_t exporter_pid;
 
 /* Starts `dlock exporter --listen 127.0.0.1:0 --store uri`; returns the
  * port it printed (read from a pipe, the first line, within 30 s). */
-static int start_exporter(const char *cli, const char *uri)
+static int start_exporter(const char *cli, const char *uri, const char *page)
 {
     int fds[2];
     char line[256];
@@ -62,8 +63,12 @@ static int start_exporter(const char *cli, const char *uri)
         dup2(fds[1], STDOUT_FILENO);
         close(fds[0]);
         close(fds[1]);
-        execl(cli, cli, "exporter", "--listen", "127.0.0.1:0", "--store",
-              uri, (char *)NULL);
+        if (page)
+            execl(cli, cli, "exporter", "--listen", "127.0.0.1:0", "--store",
+                  uri, "--page", page, (char *)NULL);
+        else
+            execl(cli, cli, "exporter", "--listen", "127.0.0.1:0", "--store",
+                  uri, (char *)NULL);
         perror("exec dlock");
         _exit(127);
     }
@@ -186,7 +191,7 @@ static void rm_dir(const char *dir)
 
 int main(int argc, char **argv)
 {
-    const char *cli, *uri;
+    const char *cli, *uri, *page = NULL;
     long n = DEFAULT_LOCKS, scrapes = DEFAULT_SCRAPES;
     char tmpdir[] = "/tmp/dlock-bench-exporter-XXXXXX", fileuri[256];
     dlock_client *c;
@@ -197,8 +202,9 @@ int main(int argc, char **argv)
     size_t bytes = 0;
     int64_t t0;
 
-    if (argc < 2 || argc > 5) {
-        fprintf(stderr, "usage: %s /path/to/dlock [URI] [N] [SCRAPES]\n",
+    if (argc < 2 || argc > 6) {
+        fprintf(stderr,
+                "usage: %s /path/to/dlock [URI] [N] [SCRAPES] [PAGE]\n",
                 argv[0]);
         return 2;
     }
@@ -208,6 +214,8 @@ int main(int argc, char **argv)
         n = strtol(argv[3], NULL, 10);
     if (argc > 4)
         scrapes = strtol(argv[4], NULL, 10);
+    if (argc > 5)
+        page = argv[5];
     if (n < 1 || n > 1000000 || scrapes < 1 || scrapes > 1000)
         die("arguments", "N must be 1..1000000 and SCRAPES 1..1000");
     if (!uri) {
@@ -244,7 +252,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "%s: %ld locks held on %s in %.1f s\n", bench_prog, n,
             dlock_client_store(c), (double)(now_ns() - t0) / 1e9);
 
-    port = start_exporter(cli, uri);
+    port = start_exporter(cli, uri, page);
     {
         char *body;
         size_t len;
@@ -269,11 +277,11 @@ int main(int argc, char **argv)
         snprintf(scheme, sizeof(scheme), "%.*s",
                  (int)strcspn(dlock_client_store(c), ":"),
                  dlock_client_store(c));
-        printf("| exporter scrape of %ld locks (%s, %ld scrapes, %.1f MB "
-               "each) | median %.0f ms | max %.0f ms | %.2f of the 1 s "
-               "target |\n",
-               n, scheme, scrapes, (double)bytes / 1e6, med, max,
-               med / 1000.0);
+        printf("| exporter scrape of %ld locks (%s, --page %s, %ld scrapes, "
+               "%.1f MB each) | median %.0f ms | max %.0f ms | %.2f of the "
+               "1 s target |\n",
+               n, scheme, page ? page : "1000", scrapes, (double)bytes / 1e6,
+               med, max, med / 1000.0);
     }
     for (long i = 0; i < n; i++) {
         dlock_release(locks[i]);

@@ -32,7 +32,7 @@
 
 static const char exporter_usage[] =
     "usage: dlock exporter --listen ADDR:PORT [--store URI]... [--prefix P]\n"
-    "                      [--all] [--timeout DUR]\n"
+    "                      [--all] [--timeout DUR] [--page N]\n"
     "\n"
     "Serves the locks of the stores as Prometheus metrics on\n"
     "http://ADDR:PORT/metrics (text format 0.0.4). Each scrape lists every\n"
@@ -50,6 +50,9 @@ static const char exporter_usage[] =
     "  --prefix P          only lock names that start with the bytes P\n"
     "  --all               also free locks the store still keeps\n"
     "  --timeout DUR       longest store round trip (default 2s)\n"
+    "  --page N            locks per store round trip (1..10000, default\n"
+    "                      1000): larger walks big stores in fewer, longer\n"
+    "                      store operations\n"
     "\n"
     "A scrape stops listing a store when Prometheus' scrape timeout (its\n"
     "X-Prometheus-Scrape-Timeout-Seconds header) is near, and reports it\n"
@@ -104,8 +107,10 @@ typedef int mhd_result;
  * connection is reused from one scrape to the next. */
 #define HTTP_CONN_MAX 64
 #define HTTP_IDLE_S 120
-/* Locks per dlock_list() page: fewer round trips than the default 100 on
- * big stores, and a page's memory stays small (a few hundred kB). */
+/* Locks per dlock_list() page unless --page says otherwise: fewer round
+ * trips than the library's default 100 on big stores, while one page stays
+ * a short store operation (Redis runs one command at a time) and a few
+ * hundred kB. */
 #define PAGE_LIMIT 1000
 /* Pages per store and scrape: ends a walk over a store whose cursor never
  * ends (a bug), far past any real store (10,000,000 locks). */
@@ -129,6 +134,7 @@ typedef struct exporter {
     size_t n;
     const char *prefix;
     unsigned flags;
+    size_t page; /* locks per dlock_list() call */
 } exporter;
 
 /* ------------------------------------------------------------------------ */
@@ -365,8 +371,7 @@ static long long scrape_store(const exporter *ex, xstore *s, sbuf *fam,
             rc = DLOCK_ECONN;
             break;
         }
-        rc = dlock_list(s->c, ex->prefix, cursor, PAGE_LIMIT, ex->flags,
-                        &page);
+        rc = dlock_list(s->c, ex->prefix, cursor, ex->page, ex->flags, &page);
         free(cursor);
         cursor = NULL;
         if (rc != DLOCK_OK) {
@@ -684,7 +689,8 @@ static void close_stores(exporter *ex)
 
 int cmd_exporter(int argc, char **argv)
 {
-    const char *listen = NULL, *timeout = NULL, *v, *host, *port;
+    const char *listen = NULL, *timeout = NULL, *page = NULL, *v, *host,
+               *port;
     const char **uris;
     size_t nuris = 0;
     dlock_client_options copts = {0};
@@ -720,7 +726,8 @@ int cmd_exporter(int argc, char **argv)
         if ((r = cli_opt_value(argc, argv, &i, "--listen", &listen)) != 0 ||
             (r = cli_opt_value(argc, argv, &i, "--prefix", &ex.prefix)) !=
                 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--timeout", &timeout)) != 0) {
+            (r = cli_opt_value(argc, argv, &i, "--timeout", &timeout)) != 0 ||
+            (r = cli_opt_value(argc, argv, &i, "--page", &page)) != 0) {
             if (r < 0)
                 goto usage;
             continue;
@@ -742,6 +749,22 @@ int cmd_exporter(int argc, char **argv)
                 "not '%s'",
                 timeout);
         goto usage;
+    }
+    ex.page = PAGE_LIMIT;
+    if (page) {
+        char *end;
+        unsigned long pv;
+
+        errno = 0;
+        pv = strtoul(page, &end, 10);
+        if (page[0] < '0' || page[0] > '9' || *end || errno || pv < 1 ||
+            pv > 10000) {
+            cli_err("exporter: --page wants a number from 1 to 10000, not "
+                    "'%s'",
+                    page);
+            goto usage;
+        }
+        ex.page = pv;
     }
     if (ex.prefix && strlen(ex.prefix) > DLOCK_NAME_MAX) {
         cli_err("exporter: the prefix is longer than a lock name may be "
