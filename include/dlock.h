@@ -599,11 +599,14 @@ typedef void (*dlock_event_cb)(const dlock_event *ev, void *arg);
  * the owner's thread, inside dlock_acquire() and dlock_release() just
  * before they return (only for holds taken or freed in the store, not
  * for reentrant levels); LOST and LONG_HOLD on the client's background
- * thread, once per hold. The callback must return quickly (it delays the
- * caller, or the client's renewals) and must not call dlock_close() or
- * dlock_client_close(); it may call any other function. Replacing the
- * callback while holds exist is allowed: a call already started may
- * still reach the old one.
+ * thread, once per hold (LOST on the owner's thread when its own
+ * dlock_extend() finds the hold gone; a loss that dlock_release() finds
+ * is its RELEASED event with rc DLOCK_ELOST). The callback must return
+ * quickly (it delays the caller, or the client's renewals) and must not
+ * call dlock_close() or dlock_client_close(); it may call any other
+ * function. Replacing the callback while holds exist is allowed: a call
+ * already started may still reach the old one. A new long_hold_ms
+ * applies to holds taken from then on.
  * Errors: DLOCK_EINVAL (NULL or closed client, long_hold_ms < 0).
  * Thread-safety: any thread.
  */

@@ -48,12 +48,12 @@
 
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
-       SC_RESTART_NOW, SC_N };
+       SC_RESTART_NOW, SC_BREAK, SC_N };
 static const char *const sc_name[SC_N] = {
     "none",      "kill",        "stop",        "restart",
     "partition", "slow",        "clock",       "waiter-kill",
     "waiter-stop", "short-waits", "handover-restart", "conn-kill",
-    "restart-now"};
+    "restart-now", "break"};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
        ST_PGADV, ST_MYSQL, ST_N };
@@ -70,16 +70,16 @@ static const char *const st_name[ST_N] = {
 static const int expected[ST_N][SC_N] = {
     /*            none kill stop restart partition slow clock
      *            waiter-kill waiter-stop short-waits handover-restart
-     *            conn-kill restart-now */
-    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA},
-    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA},
-    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA},
-    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA},
-    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA},
-    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F},
-    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F},
-    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F},
+     *            conn-kill restart-now break */
+    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA},
+    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F},
+    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F},
+    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F},
+    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F},
+    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F},
+    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F},
+    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F},
+    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F},
 };
 #undef H
 #undef L
@@ -385,6 +385,9 @@ static void store_stop(store *st)
 /* Why a scenario does not apply to a store. */
 static const char *na_why(int kind, int sc)
 {
+    if (sc == SC_BREAK)
+        return "a file lock is its holder's own kernel lock: nothing can "
+               "take it away (dlock_break: DLOCK_ENOTSUP)";
     if (sc == SC_CONNKILL || sc == SC_RESTART_NOW)
         return kind == ST_FILE || kind == ST_SQLITE
                    ? "no server"
@@ -740,7 +743,8 @@ static void run_one(store *st, int sc, cell *out)
                                      "is handed over");
     /* a client of the controller's own, to find the queue's head */
     dlock_client *ctl = NULL;
-    if (sc == SC_WKILL || sc == SC_WSTOP || sc == SC_HRESTART)
+    if (sc == SC_WKILL || sc == SC_WSTOP || sc == SC_HRESTART ||
+        sc == SC_BREAK)
         if (dlock_client_open(&ctl, st->uri, NULL) != DLOCK_OK)
             ctl = NULL;
     for (int round = 0; sc != SC_NONE && sc != SC_SHORT && round < rounds &&
@@ -902,6 +906,30 @@ static void run_one(store *st, int sc, cell *out)
                      (long long)(th_now_ms() - k0));
             __atomic_store_n(&s->victim_go, 1, __ATOMIC_SEQ_CST);
             wait_accepted(&r, base, 2, lease_wait);
+            break;
+        }
+        case SC_BREAK: {
+            /* an operator breaks the lock while the victim sits between
+             * its read and its write (alive, renewing): the next holder
+             * must get it at once, with a higher token, so that the
+             * victim's write is refused; the victim learns of it */
+            dlock_info ev;
+            int brc = ctl ? dlock_break(ctl, "safety", &ev) : DLOCK_ECONN;
+            if (brc != DLOCK_OK) {
+                snprintf(rnote, sizeof(rnote), "INCONCLUSIVE: dlock_break: "
+                         "%s: %.150s", dlock_errname(brc), dlock_errmsg());
+                inconclusive = 1;
+                if (brc == DLOCK_ENOTHELD)
+                    dlock_info_clear(&ev);
+                break;
+            }
+            snprintf(rnote, sizeof(rnote), "dlock_break while the holder "
+                     "(token %llu) sat between read and write",
+                     (unsigned long long)ev.token);
+            dlock_info_clear(&ev);
+            /* well within the lease (>= 2 s here): the break, not the
+             * lease's end, is what lets the next holder in */
+            wait_accepted(&r, base, 1, lease_wait);
             break;
         }
         case SC_CLOCK:
