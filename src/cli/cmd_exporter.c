@@ -625,7 +625,7 @@ static int split_listen(const char *s, char *buf, size_t cap,
 
 /* Starts libmicrohttpd on host:port; NULL after a message. */
 static struct MHD_Daemon *start_http(exporter *ex, const char *host,
-                                     const char *port)
+                                     const char *port, int *dual)
 {
     unsigned flags = MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_ERROR_LOG;
@@ -642,6 +642,7 @@ static struct MHD_Daemon *start_http(exporter *ex, const char *host,
                              (unsigned)HTTP_CONN_MAX,
                              MHD_OPTION_CONNECTION_TIMEOUT,
                              (unsigned)HTTP_IDLE_S, MHD_OPTION_END);
+        *dual = d != NULL;
         if (!d) /* a host without IPv6 */
             d = MHD_start_daemon(flags, pnum, NULL, NULL, on_request, ex,
                                  MHD_OPTION_THREAD_POOL_SIZE,
@@ -699,7 +700,7 @@ int cmd_exporter(int argc, char **argv)
     const union MHD_DaemonInfo *info;
     char lbuf[300];
     sigset_t stop;
-    int r, sig = 0;
+    int r, sig = 0, dual = 0;
 
     /* every --store, in order (at most argc of them) */
     uris = calloc((size_t)argc, sizeof(*uris));
@@ -816,15 +817,17 @@ int cmd_exporter(int argc, char **argv)
     }
     free(uris);
 
-    d = start_http(&ex, host, port);
+    d = start_http(&ex, host, port, &dual);
     if (!d) {
         close_stores(&ex);
         return CLI_EX_UNAVAILABLE;
     }
     info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    if (!*host) /* every address: IPv6 and IPv4, or IPv4 alone */
+        host = dual ? "::" : "0.0.0.0";
     printf("dlock exporter: listening on http://%s%s%s:%u/metrics\n",
-           strchr(host, ':') ? "[" : "", *host ? host : "0.0.0.0",
-           strchr(host, ':') ? "]" : "", info ? (unsigned)info->port : 0u);
+           strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
+           info ? (unsigned)info->port : 0u);
     for (size_t i = 0; i < ex.n; i++)
         printf("dlock exporter: store %s\n", ex.stores[i].label);
     fflush(stdout);

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 # shellcheck shell=bash
-# shellcheck disable=SC2317
-# (SC2317: cleanup runs from the EXIT trap.)
+# shellcheck disable=SC2317,SC2034
+# (SC2317: cleanup runs from the EXIT trap; SC2034: WRC, RC and the like
+# are read by the sourcing script.)
 #
 # ops_lib.sh -- what the operator-command tests share (test_list_break.sh,
 # test_exporter.sh): pass/fail counting, a private store (file:// in a

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
+# shellcheck disable=SC2317
+# (SC2317: stop_servers runs from ops_lib.sh's EXIT trap.)
 #
 # test_exporter.sh -- `dlock exporter` through the real binary, read by
 # curl, promtool and a real Prometheus server.
@@ -51,7 +53,7 @@ for tool in curl promtool prometheus python3; do
     fi
 done
 
-# shellcheck source=ops_lib.sh
+# shellcheck source-path=SCRIPTDIR source=ops_lib.sh
 . "$(dirname "$0")/ops_lib.sh"
 
 # DLOCK_TEST_PREFIX: a command line to run the exporter under (valgrind)

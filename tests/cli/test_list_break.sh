@@ -43,7 +43,7 @@ if ! command -v python3 >/dev/null 2>&1; then
     exit 77
 fi
 
-# shellcheck source=ops_lib.sh
+# shellcheck source-path=SCRIPTDIR source=ops_lib.sh
 . "$(dirname "$0")/ops_lib.sh"
 
 use_store
