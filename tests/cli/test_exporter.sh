@@ -82,6 +82,12 @@ OPS_CLEANUP=stop_servers
 # --------------------------------------------------------------------------
 
 expect_rc 0 "help exporter" -- help exporter
+dl exporter
+if [ "$RC" -eq 69 ] && grep -q "libmicrohttpd" "$TMP/err"; then
+    pass "a dlock built without libmicrohttpd says so and names the package (exit 69)"
+    skip "this dlock was built without libmicrohttpd: $(cat "$TMP/err")"
+    finish
+fi
 expect_rc 64 "exporter without --listen" -- exporter
 expect_rc 64 "exporter --listen without a port" -- exporter --listen 127.0.0.1
 expect_rc 64 "exporter --listen with a bad port" -- exporter --listen 127.0.0.1:99999
@@ -146,11 +152,6 @@ if [ "$KIND" = file ]; then
 fi
 
 if ! start_exporter --store "$DLOCK_STORE" "${EXTRA[@]}"; then
-    if [ "$WRC" = 69 ] && grep -q "libmicrohttpd" "$TMP/exp.err"; then
-        pass "a dlock built without libmicrohttpd says so (exit 69)"
-        skip "this dlock was built without libmicrohttpd: $(cat "$TMP/exp.err")"
-        finish
-    fi
     fail "the exporter did not start (exit $WRC)"
     show "$TMP/exp.out" "$TMP/exp.err"
     finish
