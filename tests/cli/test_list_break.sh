@@ -71,7 +71,8 @@ expect_rc 0 "help break" -- help break
 N_A=ops/alpha
 N_B=ops/beta
 N_W=$'we"ird\\na\nme\tx'    # quote, backslash, newline, tab
-N_X=$'bin\xff\xfeary'      # not UTF-8
+N_X=$'bin\xff\xfeary\xc0\xaf\xed\xa0\x80'  # not UTF-8: stray bytes, an overlong
+                           # '/', a surrogate
 N_U=$'ops/caf\xc3\xa9'     # UTF-8
 N_S=ops/shared             # two read holds
 N_P=ops/sem                # 2 of 3 permits
@@ -196,7 +197,7 @@ if [ "$LIST_OK" = 1 ]; then
         show "$TMP/out"
     fi
     if grep -qF 'we"ird\\na\x0ame\x09x ' "$TMP/out" &&
-        grep -qF 'bin\xff\xfeary ' "$TMP/out" &&
+        grep -qF 'bin\xff\xfeary\xc0\xaf\xed\xa0\x80 ' "$TMP/out" &&
         grep -qF "$N_U " "$TMP/out"; then
         pass "list: a backslash as \\\\, control bytes and bytes that are not UTF-8 as \\xNN, UTF-8 as is"
     else
