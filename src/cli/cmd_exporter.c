@@ -42,8 +42,8 @@ static const char exporter_usage[] =
     "lock); per store: dlock_exporter_up, dlock_exporter_scrape_duration_\n"
     "seconds, dlock_exporter_locks, dlock_exporter_scrape_errors_total.\n"
     "\n"
-    "  --listen ADDR:PORT  where to listen: 127.0.0.1:9477, [::1]:9477,\n"
-    "                      :9477 (every address); port 0 picks a free one\n"
+    "  --listen ADDR:PORT  where to listen: 127.0.0.1:9464, [::1]:9464,\n"
+    "                      :9464 (every address); port 0 picks a free one\n"
     "                      (printed at start)\n"
     "  --store URI         a store to list (repeat for several; default:\n"
     "                      $DLOCK_STORE, else the file store)\n"
@@ -604,7 +604,7 @@ static int split_listen(const char *s, char *buf, size_t cap,
         colon = strrchr(buf, ':');
         if (!colon || strchr(buf, ':') != colon) {
             cli_err("exporter: --listen wants ADDRESS:PORT (e.g. "
-                    "127.0.0.1:9477, [::1]:9477, :9477), not '%s'",
+                    "127.0.0.1:9464, [::1]:9464, :9464), not '%s'",
                     s);
             return -1;
         }
@@ -739,7 +739,7 @@ int cmd_exporter(int argc, char **argv)
     }
     if (!listen) {
         cli_err("exporter: --listen ADDR:PORT is required (e.g. "
-                "--listen 127.0.0.1:9477)");
+                "--listen 127.0.0.1:9464)");
         goto usage;
     }
     if (split_listen(listen, lbuf, sizeof(lbuf), &host, &port) != 0)
