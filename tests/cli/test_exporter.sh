@@ -327,6 +327,30 @@ if [ "$LIST_OK" = 1 ]; then
     fi
 fi
 
+# Prometheus' scrape timeout: a scrape that cannot finish within it
+# reports the store down rather than answering too late (a timeout of 1 us
+# has passed before the first page)
+if [ "$LIST_OK" = 1 ]; then
+    scrape "$TMP/m_to" -H 'X-Prometheus-Scrape-Timeout-Seconds: 0.000001'
+    if [ "$CODE" = 200 ] &&
+        grep -qF "dlock_exporter_up{store=\"$STORE_LABEL\"} 0" "$TMP/m_to" &&
+        ! grep -qF "dlock_lock_held{store=\"$STORE_LABEL\"" "$TMP/m_to" &&
+        grep -q "scrape timeout is near" "$TMP/exp.err"; then
+        pass "past Prometheus' scrape timeout: the store is reported down for that scrape, and logged"
+    else
+        fail "the scrape timeout header: HTTP $CODE"
+        show "$TMP/m_to" "$TMP/exp.err"
+    fi
+    scrape "$TMP/m_after"
+    if grep -qF "dlock_exporter_up{store=\"$STORE_LABEL\"} 1" "$TMP/m_after" &&
+        grep -q "listing works again" "$TMP/exp.err"; then
+        pass "the next scrape lists the store again (and says so once)"
+    else
+        fail "the scrape after the timed-out one"
+        show "$TMP/m_after" "$TMP/exp.err"
+    fi
+fi
+
 # the other paths
 code=$(curl -sS --max-time $((10 * SLOW)) -o "$TMP/index" -w '%{http_code}' "http://127.0.0.1:$EXP_PORT/")
 if [ "$code" = 200 ] && grep -q 'href="/metrics"' "$TMP/index"; then
