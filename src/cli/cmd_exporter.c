@@ -363,7 +363,7 @@ static long long scrape_store(const exporter *ex, xstore *s, sbuf *fam,
     do {
         dlock_list_page page;
 
-        if (deadline_us && mono_us() > deadline_us) {
+        if (deadline_us && mono_us() >= deadline_us) {
             snprintf(why, cap,
                      "%s: stopped listing: Prometheus' scrape timeout is "
                      "near (%lld locks listed so far)",
