@@ -4,10 +4,12 @@
 # the given groups, when they are missing (apt-get; as root, or with sudo).
 #   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client,
 #             libcurl and cJSON (etcd), SQLite, libpq (PostgreSQL), MariaDB
-#             Connector/C
+#             Connector/C, libmicrohttpd (the `dlock exporter` command)
 #   test      redis-server, zookeeper, etcd, postgresql, pgbouncer and mariadb-server
 #             (started by the tests themselves, never as system services),
-#             their command-line clients, faketime (clock-skew tests)
+#             their command-line clients, faketime (clock-skew tests),
+#             prometheus and promtool (the exporter's and the alert rules'
+#             tests), curl
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
 #   busy      stress-ng (make test-busy: the suite on a busy machine)
@@ -20,8 +22,8 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     busy) pkgs="$pkgs stress-ng" ;;
@@ -73,7 +75,7 @@ $SUDO apt-get update -qq
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -q --no-install-recommends $missing >/dev/null
 if [ -d /run/systemd/system ]; then
-    for svc in redis-server zookeeper etcd postgresql pgbouncer mariadb; do
+    for svc in redis-server zookeeper etcd postgresql pgbouncer mariadb prometheus; do
         case " $missing " in
         *" $svc "* | *" $svc-server "*) $SUDO systemctl disable --now $svc >/dev/null 2>&1 || true ;;
         esac

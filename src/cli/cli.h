@@ -8,9 +8,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+
+struct dlock_info;
 
 /* Exit codes of dlock itself (a command run by `dlock run` passes its own
  * through, or 128+N when killed by signal N). Listed in docs/dlock.1. */
+#define CLI_EX_NOTHELD 1      /* dlock break: nobody held the lock, nothing
+                               * was done (like grep's "no match") */
 #define CLI_EX_USAGE 64       /* bad command line */
 #define CLI_EX_UNAVAILABLE 69 /* the store failed (connect, auth, ...) */
 #define CLI_EX_SOFTWARE 70    /* internal error (out of memory, ...) */
@@ -22,6 +27,9 @@
 int cmd_run(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
+int cmd_list(int argc, char **argv);
+int cmd_break(int argc, char **argv);
+int cmd_exporter(int argc, char **argv);
 
 /* "dlock: <message>\n" on stderr. */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -42,5 +50,37 @@ void cli_format_duration(int64_t ms, char *buf, size_t cap);
  * option; -1 (after a message) if the value is missing. */
 int cli_opt_value(int argc, char **argv, int *i, const char *name,
                   const char **value);
+
+/* Printing names and holders (out.c). A lock name is any bytes but NUL. */
+
+/* The length (1..4) of the well-formed UTF-8 sequence at p, 0 if none. */
+size_t cli_utf8_len(const unsigned char *p);
+
+/* 1 if s is well-formed UTF-8 throughout, else 0. */
+int cli_utf8_valid(const char *s);
+
+/* s as a JSON string, always valid JSON: quotes, backslashes and control
+ * characters escaped; a byte that is not part of well-formed UTF-8 as
+ * \u00XX (readable, but not exact: see cli_json_name). */
+void cli_json_str(FILE *f, const char *s);
+
+/* "key":"<s>" and, when s is not well-formed UTF-8, ,"key_hex":"<bytes in
+ * hex>": the exact bytes (docs/dlock.1, JSON OUTPUT). */
+void cli_json_name(FILE *f, const char *key, const char *s);
+
+/* s for people: backslash as \\, control characters, DEL and bytes that
+ * are not UTF-8 as \xNN; well-formed UTF-8 as is. Unambiguous. */
+void cli_human_str(FILE *f, const char *s);
+
+/* The columns cli_human_str() takes (a character counts one). */
+size_t cli_human_width(const char *s);
+
+/* "free", "exclusive", "shared" or "semaphore". */
+const char *cli_mode_of(const struct dlock_info *info);
+
+/* "held":...,"holder":...,"mode":...,"holders":...,"permits":...,
+ * "token":...,"held_ms":...,"ttl_ms":...,"waiters":...,"queue":[...]
+ * (no braces): the fields `dlock status --json` prints. */
+void cli_json_info(FILE *f, const struct dlock_info *info);
 
 #endif

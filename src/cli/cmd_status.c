@@ -21,62 +21,6 @@ static const char status_usage[] =
     "Exit status: 0 when the store answered (held or free), 64 usage,\n"
     "69 store error.\n";
 
-/* Writes s as a JSON string: escapes quotes, backslashes and control
- * characters; bytes that are not valid UTF-8 become \u00XX. */
-static void json_str(FILE *f, const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-
-    fputc('"', f);
-    while (*p) {
-        unsigned char ch = *p;
-        int n = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3
-                                : (ch >> 3) == 30                ? 4
-                                                                 : 0;
-        int ok = n > 0;
-        for (int i = 1; ok && i < n; i++)
-            ok = (p[i] & 0xc0) == 0x80;
-        if (n > 1 && ok) {
-            fwrite(p, 1, (size_t)n, f);
-            p += n;
-            continue;
-        }
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch == '\n')
-            fputs("\\n", f);
-        else if (ch == '\t')
-            fputs("\\t", f);
-        else if (ch < 0x20 || ch >= 0x7f)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-        p++;
-    }
-    fputc('"', f);
-}
-
-/* Prints a name for humans: non-printable bytes as \xNN. */
-static void human_str(FILE *f, const char *s)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p < 0x20 || *p == 0x7f)
-            fprintf(f, "\\x%02x", *p);
-        else
-            fputc(*p, f);
-    }
-}
-
-/* "free", "exclusive", "shared" or "semaphore". */
-static const char *mode_of(const dlock_info *info)
-{
-    if (info->permits > 0)
-        return "semaphore";
-    if (!info->held)
-        return "free";
-    return info->shared ? "shared" : "exclusive";
-}
-
 int cmd_status(int argc, char **argv)
 {
     const char *store = NULL, *name = NULL;
@@ -134,31 +78,16 @@ int cmd_status(int argc, char **argv)
     }
 
     if (json) {
-        fputs("{\"name\":", stdout);
-        json_str(stdout, name);
+        fputc('{', stdout);
+        cli_json_name(stdout, "name", name);
         fputs(",\"store\":", stdout);
-        json_str(stdout, dlock_client_store(c));
-        printf(",\"held\":%s,\"holder\":", info.held ? "true" : "false");
-        if (info.held)
-            json_str(stdout, info.holder);
-        else
-            fputs("null", stdout);
-        printf(",\"mode\":\"%s\",\"holders\":%lld,\"permits\":%lld",
-               mode_of(&info), (long long)info.holders,
-               (long long)info.permits);
-        printf(",\"token\":%llu,\"held_ms\":%lld,\"ttl_ms\":%lld,"
-               "\"waiters\":%lld,\"queue\":[",
-               (unsigned long long)info.token, (long long)info.held_ms,
-               (long long)info.ttl_ms, (long long)info.waiters);
-        for (size_t i = 0; i < info.queue_len; i++) {
-            if (i)
-                fputc(',', stdout);
-            json_str(stdout, info.queue[i]);
-        }
-        fputs("]}\n", stdout);
+        cli_json_str(stdout, dlock_client_store(c));
+        fputc(',', stdout);
+        cli_json_info(stdout, &info);
+        fputs("}\n", stdout);
     } else {
         fputs("lock:     ", stdout);
-        human_str(stdout, name);
+        cli_human_str(stdout, name);
         printf("\nstore:    %s\n", dlock_client_store(c));
         if (info.permits > 0)
             printf("state:    %lld of %lld permits taken\n",
@@ -170,7 +99,7 @@ int cmd_status(int argc, char **argv)
             printf("state:    %s\n", info.held ? "held" : "free");
         if (info.held) {
             fputs("holder:   ", stdout);
-            human_str(stdout, info.holder);
+            cli_human_str(stdout, info.holder);
             fputc('\n', stdout);
             if (info.held_ms >= 0) {
                 cli_format_duration(info.held_ms, d1, sizeof(d1));
@@ -190,7 +119,7 @@ int cmd_status(int argc, char **argv)
             printf("waiters:  %lld\n", (long long)info.waiters);
         for (size_t i = 0; i < info.queue_len; i++) {
             printf("  %zu. ", i + 1);
-            human_str(stdout, info.queue[i]);
+            cli_human_str(stdout, info.queue[i]);
             fputc('\n', stdout);
         }
     }

@@ -19,10 +19,13 @@ static const char usage[] =
     "Distributed locks over the stores you already run.\n"
     "\n"
     "commands:\n"
-    "  run     run a command while holding a lock\n"
-    "  status  show who holds a lock, its lease, token and waiters\n"
-    "  gc      remove the state of long-unused locks (lock tables)\n"
-    "  help    show the help of a command\n"
+    "  run       run a command while holding a lock\n"
+    "  status    show who holds a lock, its lease, token and waiters\n"
+    "  gc        remove the state of long-unused locks (lock tables)\n"
+    "  list      list the locks of a store: holders, leases, tokens, waiters\n"
+    "  break     take a stuck lock away from its holders (operators)\n"
+    "  exporter  serve the locks of stores as Prometheus metrics\n"
+    "  help      show the help of a command\n"
     "\n"
     "Store: --store URI, else $DLOCK_STORE, else lock files under\n"
     "$XDG_RUNTIME_DIR/dlock (or /tmp/dlock-$UID). URIs:\n"
@@ -35,7 +38,7 @@ static const char usage[] =
     "  postgres://[user:pass@]host[:port]/db[?table=T|?mode=advisory]\n"
     "  mysql://[user:pass@]host[:port]/db[?table=T]\n"
     "\n"
-    "See 'dlock help run', 'dlock help status', 'dlock help gc' and man dlock.\n";
+    "See 'dlock help COMMAND' and man dlock.\n";
 
 /* the version, and the stores this build reaches: in the library, as an
  * installed module, or missing (left out, or its module not installed) */
@@ -89,6 +92,12 @@ int main(int argc, char **argv)
             return cmd_status(2, help);
         if (argc > 2 && !strcmp(argv[2], "gc"))
             return cmd_gc(2, help);
+        if (argc > 2 && !strcmp(argv[2], "list"))
+            return cmd_list(2, help);
+        if (argc > 2 && !strcmp(argv[2], "break"))
+            return cmd_break(2, help);
+        if (argc > 2 && !strcmp(argv[2], "exporter"))
+            return cmd_exporter(2, help);
         fputs(usage, stdout);
         return argc > 2 ? CLI_EX_USAGE : 0;
     }
@@ -98,6 +107,12 @@ int main(int argc, char **argv)
         return cmd_status(argc - 1, argv + 1);
     if (!strcmp(cmd, "gc"))
         return cmd_gc(argc - 1, argv + 1);
+    if (!strcmp(cmd, "list"))
+        return cmd_list(argc - 1, argv + 1);
+    if (!strcmp(cmd, "break"))
+        return cmd_break(argc - 1, argv + 1);
+    if (!strcmp(cmd, "exporter"))
+        return cmd_exporter(argc - 1, argv + 1);
     cli_err("unknown command '%s' (try dlock --help)", cmd);
     return CLI_EX_USAGE;
 }

@@ -869,7 +869,8 @@ for name in "a lock with spaces" "it's \"quoted\"" "semi;colon \$HOME *" \
         show "$TMP/err"
     fi
     dl status "$name"
-    if [ "$RC" -eq 0 ] && grep -qF "lock:     $name" "$TMP/out" &&
+    # status shows a backslash as \\ (unambiguous, as dlock list does)
+    if [ "$RC" -eq 0 ] && grep -qF "lock:     ${name//\\/\\\\}" "$TMP/out" &&
         grep -q "state: *free" "$TMP/out"; then
         pass "status of [$name]"
     else

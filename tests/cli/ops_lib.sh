@@ -1,0 +1,234 @@
+# SPDX-License-Identifier: MIT
+# shellcheck shell=bash
+# shellcheck disable=SC2317,SC2034
+# (SC2317: cleanup runs from the EXIT trap; SC2034: WRC, RC and the like
+# are read by the sourcing script.)
+#
+# ops_lib.sh -- what the operator-command tests share (test_list_break.sh,
+# test_exporter.sh): pass/fail counting, a private store (file:// in a
+# temporary directory, or a private redis-server on a free loopback port),
+# holders started in the background with `dlock run`, bounded waits.
+#
+# Sourced after DLOCK and KIND are set. Every wait is bounded; each bound
+# says what it covers.
+
+FAILS=0
+PASSES=0
+SKIPS=0
+BG_PIDS=()
+REDIS_PID=
+REDIS_PORT=
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-ops-XXXXXX") || {
+    echo "FAIL: mktemp -d failed" >&2
+    exit 1
+}
+# extra cleanup of the sourcing script (a function name), run first
+OPS_CLEANUP=
+
+ops_cleanup() {
+    local p
+    if [ -n "$OPS_CLEANUP" ]; then
+        "$OPS_CLEANUP"
+    fi
+    for p in "${BG_PIDS[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+    if [ -n "$REDIS_PID" ]; then
+        kill -KILL "$REDIS_PID" 2>/dev/null
+        wait "$REDIS_PID" 2>/dev/null
+    fi
+    if [ -z "${DLOCK_TEST_KEEP:-}" ]; then
+        rm -rf "$TMP"
+    else
+        echo "kept $TMP" >&2
+    fi
+}
+trap ops_cleanup EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    FAILS=$((FAILS + 1))
+}
+
+pass() {
+    echo "ok   $*"
+    PASSES=$((PASSES + 1))
+}
+
+skip() {
+    echo "SKIP: $*"
+    SKIPS=$((SKIPS + 1))
+}
+
+# Shows files (indented) after a failure, for diagnosis.
+show() {
+    local f
+    for f in "$@"; do
+        if [ -s "$f" ]; then
+            echo "  --- ${f#"$TMP"/}:" >&2
+            sed 's/^/  | /' "$f" | head -n 30 >&2
+        fi
+    done
+}
+
+now_ms() {
+    local t=${EPOCHREALTIME/[.,]/}
+    echo $((10#$t / 1000))
+}
+
+# Every foreground dlock call is bounded, so a hang fails (exit 124)
+# instead of stalling the suite: 20 s is ten times a store round trip's
+# default timeout, for one command on a busy machine.
+BOUND=(timeout -k 2 20)
+
+# dl ARGS... : runs dlock, stdout in $TMP/out, stderr in $TMP/err, status
+# in RC.
+dl() {
+    "${BOUND[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+}
+
+# expect_rc WANT DESCRIPTION -- ARGS... : runs dlock ARGS, checks the status.
+expect_rc() {
+    local want=$1 what=$2
+    shift 3
+    dl "$@"
+    if [ "$RC" -eq "$want" ]; then
+        pass "$what (exit $RC)"
+    else
+        fail "$what: dlock $* exited $RC, expected $want"
+        show "$TMP/out" "$TMP/err"
+    fi
+}
+
+# free_port: prints a loopback port nothing answers on (another process
+# may still take it before we bind: callers retry).
+free_port() {
+    local i cand
+    for ((i = 0; i < 100; i++)); do
+        cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null; then
+            echo "$cand"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# start_redis: a private redis-server (no persistence) on a free loopback
+# port in $TMP/redis; REDIS_PID and REDIS_PORT. Exits if it will not start.
+start_redis() {
+    local attempt p i dir=$TMP/redis
+    if ! command -v redis-server >/dev/null 2>&1 ||
+        ! command -v redis-cli >/dev/null 2>&1; then
+        echo "FAIL: redis-server or redis-cli is not in PATH: install" \
+            "redis-server and redis-tools (scripts/install-deps.sh test)" >&2
+        exit 1
+    fi
+    mkdir -p "$dir"
+    for ((attempt = 0; attempt < 5; attempt++)); do
+        p=$(free_port) || continue
+        redis-server --save '' --appendonly no --bind 127.0.0.1 \
+            --port "$p" --dir "$dir" --daemonize no \
+            >"$dir/log" 2>&1 </dev/null &
+        REDIS_PID=$!
+        # a redis-server answers within milliseconds; 5 s on a busy machine
+        for ((i = 0; i < 50; i++)); do
+            if ! kill -0 "$REDIS_PID" 2>/dev/null; then
+                break # exited: the port was taken after all?
+            fi
+            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
+                REDIS_PORT=$p
+                return 0
+            fi
+            sleep 0.1
+        done
+        kill -KILL "$REDIS_PID" 2>/dev/null
+        wait "$REDIS_PID" 2>/dev/null
+        REDIS_PID=
+    done
+    echo "FAIL: redis-server did not start; its log:" >&2
+    show "$dir/log"
+    exit 1
+}
+
+# use_store: sets DLOCK_STORE (exported) for KIND, starting the store.
+use_store() {
+    case $KIND in
+    file)
+        mkdir -p "$TMP/locks"
+        export DLOCK_STORE="file://$TMP/locks"
+        ;;
+    redis)
+        start_redis
+        export DLOCK_STORE="redis://127.0.0.1:$REDIS_PORT/0?prefix=opstest:"
+        ;;
+    esac
+}
+
+# is_held NAME: the store says NAME is held.
+is_held() {
+    "${BOUND[@]}" "$DLOCK" status --json -- "$1" 2>/dev/null </dev/null |
+        grep -q '"held":true'
+}
+
+# hold TAG NAME [RUN OPTIONS...]: starts `dlock run OPTIONS NAME -- sleep
+# 120` in the background (output in $TMP/hold.TAG.*); its pid in HOLD_PID.
+hold() {
+    local tag=$1 name=$2
+    shift 2
+    "$DLOCK" run --quiet "$@" "$name" -- sleep 120 \
+        >"$TMP/hold.$tag.out" 2>"$TMP/hold.$tag.err" </dev/null &
+    HOLD_PID=$!
+    BG_PIDS+=("$HOLD_PID")
+}
+
+# wait_holders NAME N: waits until the store reports N holds on NAME (10 s:
+# a `dlock run` takes a free lock in well under a second, ten times that
+# on a busy machine). Returns 0 when it does.
+wait_holders() {
+    local name=$1 want=$2 i
+    for ((i = 0; i < 100; i++)); do
+        if "${BOUND[@]}" "$DLOCK" status --json -- "$name" 2>/dev/null \
+            </dev/null | grep -q "\"holders\":$want,"; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# wait_exit PID SECONDS: waits until PID exits (at most SECONDS, counted in
+# 0.1 s sleeps, so under load it waits longer, never shorter), then sets
+# WRC to its status; WRC=timeout (and PID is killed) if it did not.
+wait_exit() {
+    local pid=$1 limit=$(($2 * 10)) i
+    for ((i = 0; i < limit; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            break
+        fi
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        WRC=timeout
+        return 1
+    fi
+    wait "$pid"
+    WRC=$?
+    return 0
+}
+
+# finish: the summary line and the exit status (77: everything skipped).
+finish() {
+    echo "$PASSES passed, $FAILS failed, $SKIPS skipped"
+    if [ "$FAILS" -gt 0 ]; then
+        exit 1
+    fi
+    if [ "$PASSES" -eq 0 ]; then
+        exit 77
+    fi
+    exit 0
+}
