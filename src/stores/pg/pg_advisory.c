@@ -444,10 +444,12 @@ static int adv_list(void *st, const char *prefix, size_t plen,
  *     (application_name 'dlock', or 'dlock 0 ...': a look of a permit's
  *     try, or a take in flight, which comes after the break);
  *  3. if this role may end every victim's session (its role's member or
- *     pg_signal_backend's; a superuser's only as a superuser), each
- *     pg_terminate_backend(pid, wait) (PostgreSQL 14+: returns once the
- *     session is gone, so its locks are free and its waiters granted;
- *     before 14, once signalled). Else nothing is ended: DLOCK_EAUTH.
+ *     pg_signal_backend's; a superuser's only as a superuser), each is
+ *     signalled (pg_terminate_backend(pid)), then waited for
+ *     (pg_terminate_backend(pid, wait), PostgreSQL 14+: returns once the
+ *     session is gone, so its locks are free and its waiters granted; the
+ *     sessions end side by side, within one wait). Else nothing is ended:
+ *     DLOCK_EAUTH.
  * The server grants the lock to its waiters as the sessions end (its own
  * queue: no notification needed); the evicted holders' connections close
  * and their clients report the holds lost (dlock__pg_hold_check). Tokens
@@ -470,20 +472,25 @@ static const char adv_break_sql[] =
     "current_user)) AND (pg_has_role(v.role, 'USAGE') OR pg_has_role("
     "'pg_signal_backend', 'USAGE')), false)), true) AS ok FROM v LEFT JOIN "
     "pg_roles r ON r.oid = v.role), "
-    "e AS (SELECT count(*) FILTER (WHERE pg_terminate_backend(v.pid%2$s)) "
-    "AS n FROM v WHERE (SELECT ok FROM ok)) "
+    "e AS (SELECT count(*) FILTER (WHERE pg_terminate_backend(v.pid)) AS n "
+    "FROM v WHERE (SELECT ok FROM ok)), "
+    "f AS (SELECT count(*) FILTER (WHERE %2$s) AS n FROM v WHERE (SELECT n "
+    "FROM e) > 0) "
     "SELECT s.granted, s.app, s.ms, s.pid, s.sh, s.k, s.victim, (SELECT ok "
-    "FROM ok), (SELECT n FROM e) FROM s ORDER BY s.k, s.granted DESC, s.qs";
+    "FROM ok), (SELECT n FROM e), (SELECT n FROM f) FROM s ORDER BY s.k, "
+    "s.granted DESC, s.qs";
 #undef HEX
 
-/* How long the break waits for the evicted sessions to end, at most. */
+/* How long the break waits for the evicted sessions to end, at most
+ * (their exits take milliseconds; a session stuck in the kernel may take
+ * longer, and ends later). */
 #define ADV_BREAK_WAIT_MS 5000
 
 static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
                      int64_t op_deadline)
 {
     pg_store *ps = st;
-    char wait[32] = "";
+    char wait[160] = "false";
     char *hex = NULL, *sql = NULL;
     pg_conn *cn;
     PGresult *r;
@@ -493,11 +500,14 @@ static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
     if (rc)
         return rc;
     if (PQserverVersion(cn->pg) >= 140000) {
-        /* wait for the sessions to end, within the break's deadline */
+        /* wait for the sessions to end (side by side: each is signalled
+         * already), all within the break's deadline */
         int64_t left = op_deadline - dlock__now_ms() - 100;
         if (left > ADV_BREAK_WAIT_MS)
             left = ADV_BREAK_WAIT_MS;
-        snprintf(wait, sizeof(wait), ", %lld",
+        snprintf(wait, sizeof(wait),
+                 "pg_terminate_backend(v.pid, greatest(1, %lld / (SELECT "
+                 "count(*) FROM v))::bigint)",
                  (long long)(left > 1 ? left : 1));
     }
     hex = malloc(2 * len + 1);
@@ -515,14 +525,15 @@ static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
     dlock__pg_conn_put(ps, cn);
     if (rc)
         return rc;
-    if (PQnfields(r) != 9) {
+    if (PQnfields(r) != 10) {
         PQclear(r);
         return dlock__err(DLOCK_EPROTO, "postgres %s: breaking the advisory "
                                         "lock: an answer of another shape",
                           ps->redacted);
     }
     /* the look as dlock_inspect() reads it, then: a victim, whether this
-     * role may end every victim's session, how many ended */
+     * role may end every victim's session, how many were signalled, how
+     * many were gone within the wait */
     int victims = 0, allowed = 1;
     for (int i = 0; i < PQntuples(r); i++) {
         victims += !strcmp(PQgetvalue(r, i, 6), "t");
