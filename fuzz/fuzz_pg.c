@@ -9,14 +9,19 @@
  * payloads as the client's listener receives them ("g WAITER TOKEN"),
  * each also read as a release's grants ("CLIENT:WAITER:TOKEN ...", from
  * T_unlock) and as an advisory session's application_name ("dlock TOKEN
- * [sN ]DESC", read by dlock_inspect()).
+ * [sN ]DESC", read by dlock_inspect()), and as a dlock_list() cursor
+ * ("pg:HEX", table mode).
  * Checks: every quoted identifier and literal, in buffers of the sizes
  * dlock__pg_open uses, unquotes to exactly the table name and its suffix (no
  * truncation, one identifier whatever the quotes in the name); payloads
  * of any bytes are read without reading past them, handing locks only to
  * this test client's (absent) waiters; a grants list is read to its end
  * whatever its bytes; an application_name gives a description that fits
- * the holder field and a permit count within the mode's cap.
+ * the holder field and a permit count within the mode's cap; a cursor is
+ * read within its bounds and, when taken, stands for the name it was
+ * made from (made again, it is the same text); the lock name (as a
+ * listing's prefix) gives a range [prefix, end) holding exactly the names
+ * that start with it, within its buffer.
  */
 #include "fuzz.h"
 
@@ -126,6 +131,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(lq);
     }
 
+    /* the lock name as dlock_list()'s prefix: [name, end) */
+    if (len <= DLOCK_NAME_MAX) {
+        char *hi = malloc(DLOCK_NAME_MAX + 1);
+        size_t n = prefix_end(name, len, hi, DLOCK_NAME_MAX + 1);
+        if (n == DLOCK_NAME_MAX + 1) {
+            for (size_t i = 0; i < n; i++)
+                if ((unsigned char)hi[i] != 0xff)
+                    fz_fail("the open end is not all 0xff");
+            for (size_t i = 0; i < len; i++)
+                if ((unsigned char)name[i] != 0xff)
+                    fz_fail("an open end for a prefix that has one");
+        } else {
+            if (n == 0 || n > len || memcmp(hi, name, n - 1) != 0 ||
+                (unsigned char)hi[n - 1] !=
+                    (unsigned char)name[n - 1] + 1)
+                fz_fail("the end is not the prefix raised by one");
+            for (size_t i = n; i < len; i++)
+                if ((unsigned char)name[i] != 0xff)
+                    fz_fail("the end drops a byte below 0xff");
+        }
+        free(hi);
+        /* the cursor of a listed name stands for that name */
+        if (len > 0) {
+            char *hex = malloc(2 * len + 1), *got = malloc(CURSOR_MAX);
+            size_t glen = 0;
+            dlock__hex(name, len, hex);
+            char *cur = cursor_make(hex);
+            if (!cur || cursor_read(cur, got, &glen) != 0 || glen != len ||
+                memcmp(got, name, len) != 0)
+                fz_fail("a name's cursor does not stand for it");
+            free(cur);
+            free(hex);
+            free(got);
+        }
+    }
+
     /* notifications on the client's channel: "g WAITER TOKEN" */
     snprintf(ps->chan, sizeof(ps->chan), "dlock_%s",
              dlock__client_id(client));
@@ -145,6 +186,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (strlen(who) >= sizeof(who) || n > PG_ADV_PERMITS_MAX)
                 fz_fail("application_name read past its bounds: %s",
                         payload);
+        }
+        {
+            /* a cursor: taken, it is made again from its name's hex */
+            char *got = malloc(CURSOR_MAX), *hex = malloc(2 * CURSOR_MAX + 1);
+            size_t glen = 0;
+            if (cursor_read(payload, got, &glen) == 0) {
+                if (glen == 0 || glen > CURSOR_MAX)
+                    fz_fail("a cursor of %zu bytes", glen);
+                dlock__hex(got, glen, hex);
+                char *again = cursor_make(hex);
+                if (!again || strcmp(again, payload) != 0)
+                    fz_fail("a cursor not made again: %s", payload);
+                free(again);
+            }
+            free(got);
+            free(hex);
         }
         free(payload);
     }

@@ -628,9 +628,10 @@ int main(int argc, char **argv)
 
         {"sqlite", 0, 0},
 
-        {"pg", 0, 0},
+        {"pg", 1, 1},
 
-        {"pg-advisory", 0, 0},
+        /* advisory mode cannot list: the server has keys, not names */
+        {"pg-advisory", 0, 1},
 
         {"mysql", 0, 0},
     };

@@ -1232,6 +1232,611 @@ TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
     dlock_client_close(c);
 }
 
+/* --- operating: dlock_list() and dlock_break() (docs/monitoring.md) --- */
+
+/* The locks a listing of prefix pfx finds through every page of `limit`
+ * (held ones, or every row with DLOCK_LIST_FREE): checked to come in
+ * byte order, each once, at most `limit` a page; *pages and *empty (pages
+ * with no lock but a cursor) counted. Returns how many. */
+static size_t list_count(dlock_client *c, const char *pfx, size_t limit,
+                         unsigned flags, size_t *pages, size_t *empty)
+{
+    char *cursor = NULL, last[600] = "";
+    size_t n = 0;
+
+    *pages = *empty = 0;
+    for (;;) {
+        dlock_list_page p;
+        CHECK_OK(dlock_list(c, pfx, cursor, limit, flags, &p));
+        free(cursor);
+        cursor = NULL;
+        (*pages)++;
+        CHECK_OP(p.n, <=, limit);
+        *empty += p.n == 0 && p.next;
+        for (size_t i = 0; i < p.n; i++) {
+            CHECK_OP(strcmp(p.locks[i].name, last), >, 0);
+            snprintf(last, sizeof(last), "%s", p.locks[i].name);
+            CHECK(!strncmp(p.locks[i].name, pfx, strlen(pfx)));
+            n++;
+        }
+        if (p.next)
+            cursor = strdup(p.next);
+        dlock_list_clear(&p);
+        if (!cursor)
+            break;
+        CHECK_OP(*pages, <, 1000); /* a cursor that never ends */
+    }
+    return n;
+}
+
+/* A page looks at a bounded number of rows (8 per lock asked, at least
+ * 1000): a table of many free rows among a few held ones is listed in
+ * more pages, some with no lock but a cursor, never in one statement
+ * that reads the whole table; every held lock is listed once, in byte
+ * order, with its token; DLOCK_LIST_FREE lists every row. */
+TEST(list_pages_a_big_table_in_bounded_pages)
+{
+    static const int held[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 2000, 3500,
+                               4999};
+    enum { N = sizeof(held) / sizeof(held[0]), ROWS = 5000 };
+    dlock_client *a = client(), *b = client();
+    dlock *ls[N];
+    char name[32];
+    size_t pages, empty;
+
+    /* free rows, as earlier holds leave them */
+    th_sql_query(&srv, NULL, 0,
+                 "INSERT INTO dlock_locks (name, lock_until) SELECT ('big/' "
+                 "|| lpad(i::text, 4, '0'))::bytea, clock_timestamp() FROM "
+                 "generate_series(0, %d) i ON CONFLICT DO NOTHING",
+                 ROWS - 1);
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof(name), "big/%04d", held[i]);
+        ls[i] = handle(a, name, 0, 0);
+        CHECK_OK(dlock_acquire(ls[i], 0));
+    }
+    /* 13 locks in pages of 5 would be 3 pages; 5000 rows looked at 1000
+     * a page take 5 more, some of them empty */
+    CHECK_EQ(list_count(b, "big/", 5, 0, &pages, &empty), N);
+    CHECK_OP(pages, >=, 5);
+    CHECK_OP(pages, <=, 12);
+    CHECK_OP(empty, >=, 1);
+    /* and each entry is its lock */
+    dlock_list_page p;
+    CHECK_OK(dlock_list(b, "big/", NULL, N, 0, &p));
+    CHECK_EQ(p.n, 10); /* the first 1000 rows hold the first ten */
+    for (size_t i = 0; i < p.n; i++) {
+        snprintf(name, sizeof(name), "big/%04d", held[i]);
+        CHECK_STR(p.locks[i].name, name);
+        CHECK_EQ(p.locks[i].info.held, 1);
+        CHECK_EQ(p.locks[i].info.token, dlock_token(ls[i]));
+        CHECK_EQ(p.locks[i].info.holders, 1);
+    }
+    dlock_list_clear(&p);
+    /* every row: pages of 1000 (a page of free rows looks at no more) */
+    CHECK_EQ(list_count(b, "big/", 1000, DLOCK_LIST_FREE, &pages, &empty),
+             ROWS);
+    CHECK_OP(pages, <=, 6);
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(dlock_release(ls[i]));
+        dlock_close(ls[i]);
+    }
+    CHECK_EQ(list_count(b, "big/", 100, 0, &pages, &empty), 0);
+    th_sql_query(&srv, NULL, 0,
+                 "DELETE FROM dlock_locks WHERE name LIKE 'big/%%'");
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A cursor is "pg:" and the hex of the last name listed: anything else is
+ * DLOCK_EINVAL with a message, never a crash or a wrong page; a cursor
+ * resumes right after its name. */
+TEST(list_cursors_are_checked_and_resume_past_their_name)
+{
+    static const char *const bad[] = {
+        "pg:",  "pg:6",  "pg:zz",   "pg:6G",     "pg:ABCD", "PG:6162",
+        "6162", "pg: 6162", "pg:61 62", "pg:-1", "x", NULL};
+    dlock_client *a = client(), *b = client();
+    dlock *la = handle(a, "cur/a", 0, 0), *lb = handle(a, "cur/b", 0, 0),
+          *lc = handle(a, "cur/c", 0, 0);
+    dlock_list_page p;
+    char big[3 + 2 * 2046 + 1];
+
+    for (int i = 0; bad[i]; i++) {
+        CHECK_RC(dlock_list(b, NULL, bad[i], 10, 0, &p), DLOCK_EINVAL);
+        CHECK_CONTAINS(dlock_errmsg(), "cursor");
+        CHECK_EQ(p.n, 0);
+    }
+    /* the longest cursor this store makes: a position past every name */
+    memcpy(big, "pg:", 3);
+    memset(big + 3, 'f', 2 * 2046);
+    big[sizeof(big) - 1] = '\0';
+    CHECK_OK(dlock_list(b, NULL, big, 10, DLOCK_LIST_FREE, &p));
+    CHECK_EQ(p.n, 0);
+    CHECK(p.next == NULL);
+    dlock_list_clear(&p);
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_acquire(lc, 0));
+    /* "cur/b" is 63 75 72 2f 62 */
+    CHECK_OK(dlock_list(b, "cur/", "pg:6375722f62", 10, 0, &p));
+    CHECK_EQ(p.n, 1);
+    if (p.n == 1)
+        CHECK_STR(p.locks[0].name, "cur/c");
+    CHECK(p.next == NULL);
+    dlock_list_clear(&p);
+    /* pages of one: each cursor is the page's last name */
+    CHECK_OK(dlock_list(b, "cur/", NULL, 1, 0, &p));
+    CHECK_EQ(p.n, 1);
+    CHECK(p.next != NULL);
+    if (p.next)
+        CHECK_STR(p.next, "pg:6375722f61");
+    dlock_list_clear(&p);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_release(lb));
+    CHECK_OK(dlock_release(lc));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lc);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* Waits (10 s at most, a busy machine) until `name` has n waiters. */
+static void until_waiters(dlock_client *c, const char *name, int64_t n)
+{
+    for (int i = 0; i < 2000 && waiters_of(c, name) != n; i++)
+        th_sleep_ms(5);
+    CHECK_EQ(waiters_of(c, name), n);
+}
+
+/* A listed lock is what dlock_inspect() says of it: holder, token,
+ * holders, the queue in order with each waiter's description (one
+ * statement for the page: the queue comes with its lock). */
+TEST(a_listed_lock_is_described_as_inspect_describes_it)
+{
+    dlock_client *h = client(), *w1 = client(), *w2 = client(),
+                 *op = client();
+    dlock *lh = handle(h, "desc/x", 30000, 0);
+    waiter_arg a = {handle(w1, "desc/x", 30000, 0), 20000, 0, 0, 0, 0, 0, 0};
+    waiter_arg b = {handle(w2, "desc/x", 30000, 0), 20000, 0, 0, 0, 0, 0, 0};
+    pthread_t ta, tb;
+    dlock_list_page p;
+    dlock_info in;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    pthread_create(&ta, NULL, waiter, &a);
+    until_waiters(op, "desc/x", 1);
+    pthread_create(&tb, NULL, waiter, &b);
+    until_waiters(op, "desc/x", 2);
+    CHECK_OK(dlock_list(op, "desc/", NULL, 10, 0, &p));
+    CHECK_OK(dlock_inspect(op, "desc/x", &in));
+    CHECK_EQ(p.n, 1);
+    if (p.n == 1) {
+        dlock_info *l = &p.locks[0].info;
+        CHECK_STR(p.locks[0].name, "desc/x");
+        CHECK_EQ(l->held, in.held);
+        CHECK_STR(l->holder, in.holder);
+        CHECK_EQ(l->token, in.token);
+        CHECK_EQ(l->token, dlock_token(lh));
+        CHECK_EQ(l->holders, 1);
+        CHECK_EQ(l->shared, 0);
+        CHECK_EQ(l->permits, 0);
+        CHECK_EQ(l->waiters, 2);
+        CHECK_EQ(l->queue_len, in.queue_len);
+        for (size_t i = 0; i < l->queue_len && i < in.queue_len; i++)
+            CHECK_STR(l->queue[i], in.queue[i]);
+        /* read a moment apart: the lease's and the hold's clocks agree
+         * within the time between the two statements (2 s: busy) */
+        CHECK_OP(l->ttl_ms, >, 0);
+        CHECK_OP(llabs(l->ttl_ms - in.ttl_ms), <, 2000);
+        CHECK_OP(llabs(l->held_ms - in.held_ms), <, 2000);
+    }
+    dlock_list_clear(&p);
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_release(lh));
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    CHECK_OK(a.rc);
+    CHECK_OK(b.rc);
+    dlock_close(lh);
+    dlock_close(a.l);
+    dlock_close(b.l);
+    dlock_client_close(h);
+    dlock_client_close(w1);
+    dlock_client_close(w2);
+    dlock_client_close(op);
+}
+
+/* A table made by the version before dlock_break() has no T_break: the
+ * first break of a client adds it (any user that may create functions);
+ * one that may not gets DLOCK_EAUTH saying what to do, and nothing held
+ * is touched. Opening such a table needs nothing new. */
+TEST(a_break_on_a_table_of_an_earlier_version_adds_its_function)
+{
+    char u[600];
+
+    snprintf(u, sizeof(u), "%s?table=brk_old", srv.uri);
+    dlock_client *a = client_at(u);
+    dlock *la = handle(a, "x", 30000, 0), *ly = handle(a, "y", 30000, 0);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT to_regproc('brk_old_break') IS NOT NULL"),
+             1);
+    th_sql_query(&srv, NULL, 0, "DROP FUNCTION brk_old_break");
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t = dlock_token(la);
+    dlock_client *b = client_at(u); /* opens as before */
+    dlock_info ev;
+    CHECK_OK(dlock_break(b, "x", &ev));
+    CHECK_EQ(ev.token, t);
+    dlock_info_clear(&ev);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT to_regproc('brk_old_break') IS NOT NULL"),
+             1);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    dlock_client_close(b);
+
+    /* a user with DML rights only */
+    th_sql_query(&srv, NULL, 0,
+                 "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE "
+                 "rolname = 'brkapp') THEN CREATE ROLE brkapp LOGIN "
+                 "PASSWORD 'brkapp-pass'; END IF; END $$");
+    th_sql_query(&srv, NULL, 0,
+                 "REVOKE CREATE ON SCHEMA public FROM PUBLIC; GRANT SELECT, "
+                 "INSERT, UPDATE, DELETE ON brk_old, brk_old_waiters TO "
+                 "brkapp; GRANT USAGE ON brk_old_tokens, "
+                 "brk_old_waiters_seq_seq TO brkapp");
+    th_sql_query(&srv, NULL, 0, "DROP FUNCTION brk_old_break");
+    CHECK_OK(dlock_acquire(ly, 0));
+    snprintf(u, sizeof(u),
+             "postgres://brkapp:brkapp-pass@127.0.0.1:%d/postgres?table="
+             "brk_old",
+             srv.port);
+    dlock_client *c = client_at(u);
+    CHECK_RC(dlock_break(c, "y", &ev), DLOCK_EAUTH);
+    CHECK_CONTAINS(dlock_errmsg(), "brk_old_break");
+    CHECK_CONTAINS(dlock_errmsg(), "table's owner");
+    CHECK_EQ(ev.held, 0); /* nothing said of it: the core clears it */
+    CHECK_EQ(dlock_held(ly), 1);
+    CHECK_OK(dlock_extend(ly, 30000));
+    /* the owner's break adds it, and then the user's works */
+    snprintf(u, sizeof(u), "%s?table=brk_old", srv.uri);
+    b = client_at(u);
+    CHECK_RC(dlock_break(b, "nobody-holds-it", NULL), DLOCK_ENOTHELD);
+    dlock_client_close(b);
+    CHECK_OK(dlock_break(c, "y", NULL));
+    CHECK_RC(dlock_release(ly), DLOCK_ELOST);
+    dlock_client_close(c);
+    dlock_close(la);
+    dlock_close(ly);
+    dlock_client_close(a);
+}
+
+typedef struct handed {
+    dlock *l;
+    int64_t wait;
+    volatile int rc, rel, got;
+    uint64_t token;
+    volatile int go;
+} handed;
+
+/* Acquires (its wait queued), holds until go, releases: rc, rel. */
+static void *handed_thread(void *arg)
+{
+    handed *h = arg;
+
+    h->rc = dlock_acquire(h->l, h->wait);
+    h->token = dlock_token(h->l);
+    __atomic_store_n(&h->got, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; h->rc == DLOCK_OK && i < 4000 &&
+                    !__atomic_load_n(&h->go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(5);
+    h->rel = h->rc == DLOCK_OK ? dlock_release(h->l) : h->rc;
+    return NULL;
+}
+
+typedef struct breaking {
+    dlock_client *op;
+    const char *name;
+    int delay_ms;
+    int rc;
+    dlock_info ev;
+} breaking;
+
+static void *break_thread(void *arg)
+{
+    breaking *b = arg;
+
+    if (b->delay_ms)
+        th_sleep_ms(b->delay_ms);
+    b->rc = dlock_break(b->op, b->name, &b->ev);
+    return NULL;
+}
+
+/* The holder's release hands the lock to the queued waiter while an
+ * operator breaks it: the release and the break lock the row in turn, so
+ * the break evicts exactly one of them: the holder (its release is
+ * ELOST, the break grants the waiter), or the waiter it was handed to
+ * (the release is OK, the waiter's own release ELOST). Never both, never
+ * neither. */
+TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
+{
+    dlock_client *a = client(), *b = client(), *op = client();
+    dlock *la = handle(a, "handbrk", 30000, 0);
+    int first = 0, second = 0;
+
+    for (int i = 0; i < 12; i++) {
+        handed w = {handle(b, "handbrk", 30000, 0), 20000, 0, 0, 0, 0, 0};
+        breaking k = {op, "handbrk", i % 3, 0, {0}};
+        pthread_t tw, tk;
+        CHECK_OK(dlock_acquire(la, 5000));
+        uint64_t ta = dlock_token(la);
+        pthread_create(&tw, NULL, handed_thread, &w);
+        until_waiters(op, "handbrk", 1);
+        pthread_create(&tk, NULL, break_thread, &k);
+        if (i % 2)
+            th_sleep_ms(i % 4);
+        int rel = dlock_release(la);
+        pthread_join(tk, NULL);
+        for (int j = 0; j < 2000 && !__atomic_load_n(&w.got, __ATOMIC_SEQ_CST);
+             j++)
+            th_sleep_ms(5);
+        __atomic_store_n(&w.go, 1, __ATOMIC_SEQ_CST);
+        pthread_join(tw, NULL);
+        CHECK_OK(k.rc); /* someone held it all along */
+        CHECK_OK(w.rc);
+        CHECK_OP(w.token, >, ta);
+        if (k.ev.token == ta) {
+            first++;
+            CHECK_RC(rel, DLOCK_ELOST);
+            CHECK_OK(w.rel);
+        } else {
+            second++;
+            CHECK_EQ(k.ev.token, w.token);
+            CHECK_OK(rel);
+            CHECK_RC(w.rel, DLOCK_ELOST);
+        }
+        dlock_info_clear(&k.ev);
+        dlock_close(w.l);
+    }
+    printf("     the holder evicted %d times, the waiter handed it %d\n",
+           first, second);
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
+typedef struct frozen {
+    volatile int ready, lost;
+    uint64_t token;
+    int rc;
+} frozen;
+
+static void frozen_lost(dlock *l, uint64_t token, void *arg)
+{
+    frozen *f = arg;
+
+    (void)l;
+    (void)token;
+    __atomic_store_n(&f->lost, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The holder: ttl 3 s (renewed every second); waits (20 s at most) for
+ * its loss, then releases: 0 when it was told (callback, ELOST). */
+static int frozen_child(void *arg)
+{
+    frozen *f = arg;
+    dlock_client *c = NULL;
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 3000;
+    o.on_lost = frozen_lost;
+    o.on_lost_arg = f;
+    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "frozen-holder", &o) != DLOCK_OK ||
+        dlock_acquire(l, 0) != DLOCK_OK)
+        return 2;
+    f->token = dlock_token(l);
+    __atomic_store_n(&f->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 2000 && !__atomic_load_n(&f->lost, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
+    f->rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return f->lost && f->rc == DLOCK_ELOST ? 0 : 1;
+}
+
+/* The holder is frozen (SIGSTOP) when the lock is broken, and thawed
+ * well within its lease: the next holder takes the lock at once; the
+ * thawed holder's next renewal finds the row gone (DLOCK_ENOTHELD) and
+ * it learns of the loss (callback, ELOST); the new holder is untouched. */
+TEST(an_evicted_holder_frozen_learns_it_when_thawed)
+{
+    frozen *f = th_shared(sizeof(*f));
+    dlock_client *op = client(), *b = client();
+    dlock *lb = handle(b, "frozen-holder", 30000, 0);
+    dlock_info ev;
+
+    pid_t child = th_fork(frozen_child, f);
+    for (int i = 0; i < 2000 && !__atomic_load_n(&f->ready, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(5);
+    CHECK(f->ready);
+    kill(child, SIGSTOP);
+    CHECK_OK(dlock_break(op, "frozen-holder", &ev));
+    CHECK_EQ(ev.token, f->token);
+    char want[32];
+    snprintf(want, sizeof(want), "pid %d ", (int)child);
+    CHECK_CONTAINS(ev.holder, want);
+    dlock_info_clear(&ev);
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OP(dlock_token(lb), >, f->token);
+    th_sleep_ms(300);
+    kill(child, SIGCONT);
+    /* the child's renewal is due within a second of its thaw (ttl/3);
+     * it waits 20 s at most for the loss */
+    CHECK_EQ(th_wait(child), 0);
+    CHECK_EQ(dlock_held(lb), 1);
+    CHECK_OK(dlock_inspect(op, "frozen-holder", &ev));
+    CHECK_EQ(ev.token, dlock_token(lb));
+    dlock_info_clear(&ev);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(lb);
+    dlock_client_close(op);
+    dlock_client_close(b);
+}
+
+typedef struct lost_at {
+    volatile int64_t at;
+    uint64_t token;
+} lost_at;
+
+static void note_lost(dlock *l, uint64_t token, void *arg)
+{
+    lost_at *x = arg;
+
+    (void)l;
+    x->token = token;
+    __atomic_store_n(&x->at, th_now_ms(), __ATOMIC_SEQ_CST);
+}
+
+/* Advisory mode: the break ends the holder's session, and only that
+ * session: another hold of the same client (another session) stays; the
+ * server grants the lock to its waiter as the session ends; the holder's
+ * client sees its connection close and reports the hold lost at once,
+ * naming why. */
+TEST(an_advisory_break_ends_only_the_holders_session)
+{
+    lost_at x = {0, 0};
+    dlock_client *a = client_at(adv), *w = client_at(adv),
+                 *op = client_at(adv);
+    dlock_options o;
+    dlock *l1, *l2 = handle(a, "advb-2", 0, 0);
+    waiter_arg wa = {handle(w, "advb-1", 0, 0), 20000, 0, 0, 0, 0, 0, 0};
+    pthread_t t;
+    dlock_info ev;
+
+    memset(&o, 0, sizeof(o));
+    o.on_lost = note_lost;
+    o.on_lost_arg = &x;
+    CHECK_OK(dlock_open(&l1, a, "advb-1", &o));
+    CHECK_OK(dlock_acquire(l1, 0));
+    CHECK_OK(dlock_acquire(l2, 0));
+    uint64_t t1 = dlock_token(l1);
+    pthread_create(&t, NULL, waiter, &wa);
+    until_waiters(op, "advb-1", 1);
+    long long before = th_sql_query(&srv, NULL, 0,
+                                    "SELECT count(*) FROM pg_stat_activity "
+                                    "WHERE application_name LIKE 'dlock%%'");
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "advb-1", &ev));
+    CHECK_EQ(ev.held, 1);
+    CHECK_EQ(ev.token, t1);
+    CHECK_EQ(ev.holders, 1);
+    CHECK_EQ(ev.waiters, 1);
+    CHECK_CONTAINS(ev.holder, "pid");
+    dlock_info_clear(&ev);
+    /* one session fewer: the evicted holder's (PostgreSQL 14+: the break
+     * returns once it is gone) */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT count(*) FROM pg_stat_activity WHERE "
+                          "application_name LIKE 'dlock%%'"),
+             before - 1);
+    /* the waiter is woken by the server, the holder's client by its
+     * socket: no lease, no timer; 3 s for a busy machine */
+    for (int i = 0; i < 600 && !__atomic_load_n(&wa.done, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(5);
+    CHECK(wa.done);
+    CHECK_OP(th_now_ms() - t0, <, 3000);
+    pthread_join(t, NULL);
+    CHECK_OK(wa.rc);
+    for (int i = 0; i < 600 && !__atomic_load_n(&x.at, __ATOMIC_SEQ_CST); i++)
+        th_sleep_ms(5);
+    CHECK(x.at != 0);
+    CHECK_OP(x.at - t0, <, 3000);
+    CHECK_EQ(x.token, t1);
+    CHECK_EQ(dlock_held(l1), DLOCK_ELOST);
+    CHECK_RC(dlock_release(l1), DLOCK_ELOST);
+    CHECK_CONTAINS(dlock_errmsg(), "pg_terminate_backend");
+    /* the other hold of the same client lives on */
+    CHECK_EQ(dlock_held(l2), 1);
+    CHECK_OK(dlock_extend(l2, 1000)); /* its session still holds it */
+    CHECK_OK(dlock_release(l2));
+    CHECK_RC(dlock_break(op, "advb-1", NULL), DLOCK_ENOTHELD);
+    dlock_close(l1);
+    dlock_close(l2);
+    dlock_close(wa.l);
+    dlock_client_close(a);
+    dlock_client_close(w);
+    dlock_client_close(op);
+}
+
+/* Advisory mode: ending another's session needs its role (or a member
+ * of it) or pg_signal_backend (a superuser's session: a superuser). A
+ * break that may not end every holder's session ends none: DLOCK_EAUTH
+ * saying so. */
+TEST(an_advisory_break_needs_the_right_to_end_sessions)
+{
+    char u1[600], u2[600];
+
+    th_sql_query(&srv, NULL, 0,
+                 "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE "
+                 "rolname = 'advbrk1') THEN CREATE ROLE advbrk1 LOGIN "
+                 "PASSWORD 'p1'; CREATE ROLE advbrk2 LOGIN PASSWORD 'p2'; "
+                 "END IF; END $$");
+    dlock_client *su = client_at(adv); /* the tokens' sequence exists */
+    th_sql_query(&srv, NULL, 0,
+                 "GRANT USAGE ON dlock_locks_tokens TO advbrk1, advbrk2");
+    snprintf(u1, sizeof(u1),
+             "postgres://advbrk1:p1@127.0.0.1:%d/postgres?mode=advisory",
+             srv.port);
+    snprintf(u2, sizeof(u2),
+             "postgres://advbrk2:p2@127.0.0.1:%d/postgres?mode=advisory",
+             srv.port);
+    dlock_client *c1 = client_at(u1), *c2 = client_at(u2),
+                 *c1b = client_at(u1);
+    dlock *ls = handle(su, "advperm-su", 0, 0);
+    dlock *l2 = handle(c2, "advperm-2", 0, 0);
+    dlock *l1 = handle(c1, "advperm-1", 0, 0);
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire(ls, 0));
+    CHECK_OK(dlock_acquire(l2, 0));
+    CHECK_OK(dlock_acquire(l1, 0));
+    /* a superuser's session; another role's */
+    CHECK_RC(dlock_break(c1b, "advperm-su", &ev), DLOCK_EAUTH);
+    CHECK_CONTAINS(dlock_errmsg(), "pg_signal_backend");
+    CHECK_RC(dlock_break(c1b, "advperm-2", &ev), DLOCK_EAUTH);
+    CHECK_OK(dlock_extend(ls, 1000)); /* both still held */
+    CHECK_OK(dlock_extend(l2, 1000));
+    /* the same role's */
+    uint64_t t1 = dlock_token(l1);
+    CHECK_OK(dlock_break(c1b, "advperm-1", &ev));
+    CHECK_EQ(ev.token, t1);
+    dlock_info_clear(&ev);
+    CHECK_RC(dlock_release(l1), DLOCK_ELOST);
+    /* pg_signal_backend's member: any non-superuser's */
+    th_sql_query(&srv, NULL, 0, "GRANT pg_signal_backend TO advbrk1");
+    CHECK_OK(dlock_break(c1b, "advperm-2", NULL));
+    CHECK_RC(dlock_release(l2), DLOCK_ELOST);
+    CHECK_RC(dlock_break(c1b, "advperm-su", NULL), DLOCK_EAUTH);
+    th_sql_query(&srv, NULL, 0, "REVOKE pg_signal_backend FROM advbrk1");
+    CHECK_OK(dlock_release(ls));
+    dlock_close(ls);
+    dlock_close(l1);
+    dlock_close(l2);
+    dlock_client_close(su);
+    dlock_client_close(c1);
+    dlock_client_close(c2);
+    dlock_client_close(c1b);
+}
+
 static const th_test tests[] = {
     T(rows_stay_and_tokens_come_from_the_sequence),
     T(tokens_never_go_backwards_under_contention),
@@ -1257,6 +1862,14 @@ static const th_test tests[] = {
     T(advisory_locks_exclude_plain_sql_advisory_locks),
     T(advisory_waiters_queue_in_the_server_in_order),
     T(an_advisory_wait_ends_at_its_deadline_leaving_nothing),
+    T(list_pages_a_big_table_in_bounded_pages),
+    T(list_cursors_are_checked_and_resume_past_their_name),
+    T(a_listed_lock_is_described_as_inspect_describes_it),
+    T(a_break_on_a_table_of_an_earlier_version_adds_its_function),
+    T(a_break_racing_a_hand_over_evicts_exactly_one_holder),
+    T(an_evicted_holder_frozen_learns_it_when_thawed),
+    T(an_advisory_break_ends_only_the_holders_session),
+    T(an_advisory_break_needs_the_right_to_end_sessions),
     {NULL, NULL, 0},
 };
 

@@ -818,6 +818,144 @@ TEST(a_table_of_the_previous_version_is_migrated)
     dlock_client_close(b);
 }
 
+/* dlock_break() of a name that readers hold, with a writer queued and a
+ * reader behind it: every read hold goes at once; the grant step lets
+ * the writer in (a notification: at once, not at a lease's end) and
+ * the reader behind it keeps its place; the evicted readers' releases
+ * are ELOST. dlock_list() describes the row as dlock_inspect() does. */
+TEST(a_break_of_readers_lets_the_queued_writer_in)
+{
+    dlock_client *a = client(), *b = client(), *op = client(),
+                 *c = client(), *d = client();
+    dlock *ra = handle(a, "rwb", 30000, 0, 0);
+    dlock *rb = handle(b, "rwb", 30000, 0, 0);
+    volatile int go_w = 0;
+    waiter w[2];
+    pthread_t th[2];
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    for (int i = 0; i < 2; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].l = handle(i ? d : c, "rwb", 30000, 0, 0);
+        w[i].shared = i == 1; /* a writer, then a reader */
+        w[i].wait = 20000;
+        w[i].go = i == 0 ? &go_w : NULL;
+        pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        until_state(op, "rwb", i + 1, 2);
+    }
+    dlock_list_page p;
+    dlock_info in = info_of(op, "rwb");
+    CHECK_OK(dlock_list(op, "rwb", NULL, 10, 0, &p));
+    CHECK_EQ(p.n, 1);
+    if (p.n == 1) {
+        dlock_info *l = &p.locks[0].info;
+        CHECK_EQ(l->held, 1);
+        CHECK_EQ(l->shared, 1);
+        CHECK_EQ(l->holders, 2);
+        CHECK_STR(l->holder, in.holder);
+        CHECK_EQ(l->token, in.token);
+        CHECK_EQ(l->waiters, 2);
+        CHECK_EQ(l->queue_len, in.queue_len);
+        for (size_t i = 0; i < l->queue_len && i < in.queue_len; i++)
+            CHECK_STR(l->queue[i], in.queue[i]);
+        if (l->queue_len == 2) {
+            CHECK_CONTAINS(l->queue[0], "write: ");
+            CHECK_CONTAINS(l->queue[1], "read: ");
+        }
+    }
+    dlock_list_clear(&p);
+    dlock_info_clear(&in);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "rwb", &ev));
+    CHECK_EQ(ev.shared, 1);
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.waiters, 2);
+    uint64_t last = ev.token;
+    dlock_info_clear(&ev);
+    until_returned(&w[0]);
+    CHECK_OK(w[0].rc);
+    CHECK_OP(w[0].got - t0, <, 3000); /* one hand-off, busy machine */
+    CHECK_OP(w[0].token, >, last);
+    until_state(op, "rwb", 1, 1); /* the reader still waits */
+    CHECK_EQ(w[1].got, 0);
+    CHECK_RC(dlock_release(ra), DLOCK_ELOST);
+    CHECK_RC(dlock_release(rb), DLOCK_ELOST);
+    __atomic_store_n(&go_w, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    CHECK_OK(w[1].rc);
+    CHECK_OP(w[1].token, >, w[0].token);
+    for (int i = 0; i < 2; i++)
+        dlock_close(w[i].l);
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(d);
+    dlock_client_close(op);
+}
+
+/* dlock_break() of a semaphore: every permit goes; the grant step gives
+ * one permit to each waiter it can (two here), at once; the row keeps N. */
+TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
+{
+    dlock_client *a = client(), *b = client(), *op = client(),
+                 *c = client(), *d = client();
+    dlock *pa = handle(a, "rwsb", 30000, 0, 2);
+    dlock *pb = handle(b, "rwsb", 30000, 0, 2);
+    volatile int go = 0;
+    waiter w[2];
+    pthread_t th[2];
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_OK(dlock_acquire(pb, 0));
+    uint64_t most = dlock_token(pb) > dlock_token(pa) ? dlock_token(pb)
+                                                      : dlock_token(pa);
+    for (int i = 0; i < 2; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].l = handle(i ? d : c, "rwsb", 30000, 0, 2);
+        w[i].wait = 20000;
+        w[i].go = &go;
+        pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        until_state(op, "rwsb", i + 1, 2);
+    }
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "rwsb", &ev));
+    CHECK_EQ(ev.permits, 2);
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.waiters, 2);
+    dlock_info_clear(&ev);
+    for (int i = 0; i < 2; i++) {
+        until_returned(&w[i]);
+        CHECK_OK(w[i].rc);
+        CHECK_OP(w[i].got - t0, <, 3000); /* a hand-off, busy machine */
+        CHECK_OP(w[i].token, >, most);
+    }
+    dlock_info i = info_of(op, "rwsb");
+    CHECK_EQ(i.held, 1);
+    CHECK_EQ(i.holders, 2);
+    CHECK_EQ(i.permits, 2);
+    dlock_info_clear(&i);
+    CHECK_RC(dlock_release(pa), DLOCK_ELOST);
+    CHECK_RC(dlock_release(pb), DLOCK_ELOST);
+    __atomic_store_n(&go, 1, __ATOMIC_SEQ_CST);
+    for (int k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        dlock_close(w[k].l);
+    }
+    dlock_close(pa);
+    dlock_close(pb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(d);
+    dlock_client_close(op);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Advisory mode: semaphores                                                */
 /* ------------------------------------------------------------------------ */
@@ -1111,6 +1249,51 @@ TEST(advisory_semaphore_kinds_and_cap)
     dlock_client_close(d);
 }
 
+/* dlock_break() of an advisory semaphore: the permit holders' sessions
+ * end (their family key is held shared by each), the head of the queue,
+ * waiting on every slot, is not one of them and gets a permit at once;
+ * the holders' releases are ELOST. */
+TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
+{
+    dlock_client *c = client_at(adv), *d = client_at(adv),
+                 *e = client_at(adv), *op = client_at(adv);
+    dlock *pa = handle(c, "adv6", 0, 0, 2), *pb = handle(d, "adv6", 0, 0, 2);
+    waiter w = {handle(e, "adv6", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    pthread_t th;
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_OK(dlock_acquire(pb, 0));
+    uint64_t most = dlock_token(pb) > dlock_token(pa) ? dlock_token(pb)
+                                                      : dlock_token(pa);
+    pthread_create(&th, NULL, wait_thread, &w);
+    until_state(op, "adv6", 1, 2);
+    th_sleep_ms(300); /* the head asleep on both slots, most likely */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "adv6", &ev));
+    CHECK_EQ(ev.permits, 2);
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.waiters, 1);
+    if (ev.queue_len == 1)
+        CHECK_CONTAINS(ev.queue[0], "permit: ");
+    dlock_info_clear(&ev);
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    /* woken by the server as the sessions ended: 3 s for a busy machine */
+    CHECK_OP(w.got - t0, <, 3000);
+    CHECK_OP(w.token, >, most);
+    CHECK_RC(dlock_release(pa), DLOCK_ELOST);
+    CHECK_RC(dlock_release(pb), DLOCK_ELOST);
+    CHECK_RC(dlock_break(op, "adv6", NULL), DLOCK_ENOTHELD);
+    dlock_close(pa);
+    dlock_close(pb);
+    dlock_close(w.l);
+    dlock_client_close(c);
+    dlock_client_close(d);
+    dlock_client_close(e);
+    dlock_client_close(op);
+}
+
 static const th_test tests[] = {
     T(a_dead_readers_entry_ends_at_its_lease),
     T(the_last_readers_release_hands_over_to_the_writer),
@@ -1128,6 +1311,9 @@ static const th_test tests[] = {
     T(advisory_permit_waiters_are_served_in_order),
     T(advisory_permit_tries_never_hold_more_than_n),
     T(advisory_semaphore_kinds_and_cap),
+    T(a_break_of_readers_lets_the_queued_writer_in),
+    T(a_break_of_a_semaphore_gives_the_permits_to_its_waiters),
+    T(an_advisory_break_of_a_semaphore_wakes_the_head),
     {NULL, NULL, 0},
 };
 

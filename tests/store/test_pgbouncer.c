@@ -466,6 +466,107 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     th_pgb_kill(&own, SIGKILL);
 }
 
+/* dlock_break() in advisory mode behind session pooling: pg_locks and
+ * pg_stat_activity show the server's sessions, and pg_terminate_backend
+ * ends the holder's one; PgBouncer then closes the client connection
+ * linked to it (session pooling), so the holder's client sees its
+ * connection end and reports the hold lost at once; the waiter, whose
+ * server session waits on the lock, is granted it by the server. */
+TEST(session_pool_advisory_break_ends_the_holders_server_session)
+{
+    char u[400];
+    uri(u, sizeof(u), &sess, "?pooler=session&mode=advisory");
+    dlock_client *h = client_at(u), *c = client_at(u), *op = client_at(u);
+    dlock *lh = handle(h, "t-advbrk", 0, 0, on_lost);
+    waiter_arg w;
+    pthread_t t;
+    dlock_info ev;
+
+    memset(&w, 0, sizeof(w));
+    w.l = handle(c, "t-advbrk", 0, 0, NULL);
+    w.wait = 20000;
+    lost_calls = 0;
+    CHECK_OK(dlock_acquire(lh, 0));
+    uint64_t tok = dlock_token(lh);
+    pthread_create(&t, NULL, waiter, &w);
+    wait_waiters(op, "t-advbrk", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "t-advbrk", &ev));
+    CHECK_EQ(ev.token, tok);
+    CHECK_EQ(ev.waiters, 1);
+    dlock_info_clear(&ev);
+    /* woken by the server, lost by the socket: no lease, no timer; 3 s
+     * for a busy machine */
+    for (int i = 0; i < 300 && (!lost_calls || !done(&w)); i++)
+        th_sleep_ms(10);
+    CHECK_OP(th_now_ms() - t0, <, 3000);
+    CHECK_EQ(lost_calls, 1);
+    CHECK_EQ(lost_token, tok);
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.token, >, tok);
+    CHECK_RC(dlock_release(lh), DLOCK_ELOST);
+    printf("     the holder was told: %s\n", dlock_errmsg());
+    /* the client works on, on a new server session */
+    CHECK_OK(dlock_acquire(lh, 0));
+    CHECK_OP(dlock_token(lh), >, w.token);
+    CHECK_OK(dlock_release(lh));
+    dlock_close(lh);
+    dlock_close(w.l);
+    dlock_client_close(h);
+    dlock_client_close(c);
+    dlock_client_close(op);
+}
+
+/* Table mode behind transaction pooling: dlock_list() and dlock_break()
+ * are single statements (sent unnamed), so they work, at once; so does
+ * adding T_break to a table made without it (one implicit transaction). */
+TEST(transaction_pool_table_mode_lists_and_breaks)
+{
+    char u[400];
+    uri(u, sizeof(u), &trans, "?pooler=transaction&table=pgb_brk");
+    dlock_client *a = client_at(u), *op = client_at(u);
+    dlock *l1 = handle(a, "tb/1", 30000, 0, NULL);
+    dlock *l2 = handle(a, "tb/2", 30000, 0, NULL);
+    dlock_list_page p;
+    dlock_info ev;
+
+    th_sql_query(&srv, NULL, 0, "DROP FUNCTION pgb_brk_break");
+    CHECK_OK(dlock_acquire(l1, 0));
+    CHECK_OK(dlock_acquire(l2, 0));
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_list(op, "tb/", NULL, 1, 0, &p));
+    CHECK_EQ(p.n, 1);
+    CHECK(p.next != NULL);
+    if (p.n == 1) {
+        CHECK_STR(p.locks[0].name, "tb/1");
+        CHECK_EQ(p.locks[0].info.token, dlock_token(l1));
+    }
+    char *next = p.next ? strdup(p.next) : NULL;
+    dlock_list_clear(&p);
+    CHECK_OK(dlock_list(op, "tb/", next, 1, 0, &p));
+    free(next);
+    CHECK_EQ(p.n, 1);
+    if (p.n == 1)
+        CHECK_STR(p.locks[0].name, "tb/2");
+    dlock_list_clear(&p);
+    uint64_t tok = dlock_token(l1);
+    CHECK_OK(dlock_break(op, "tb/1", &ev));
+    CHECK_EQ(ev.token, tok);
+    dlock_info_clear(&ev);
+    CHECK_OP(th_now_ms() - t0, <, AT_ONCE_MS);
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT to_regproc('pgb_brk_break') IS NOT NULL"),
+             1);
+    CHECK_RC(dlock_release(l1), DLOCK_ELOST);
+    CHECK_OK(dlock_release(l2));
+    CHECK_RC(dlock_break(op, "tb/2", NULL), DLOCK_ENOTHELD);
+    dlock_close(l1);
+    dlock_close(l2);
+    dlock_client_close(a);
+    dlock_client_close(op);
+}
+
 /* --- where sessions cannot be trusted: at once, naming the mode --- */
 
 /* Table mode: single tries, release, extend, inspect and gc work;
@@ -621,6 +722,8 @@ static const th_test tests[] = {
     T(transaction_pool_undeclared_is_detected),
     T(transaction_pool_clients_share_server_sessions),
     T(the_pool_mode_option_is_checked),
+    T(session_pool_advisory_break_ends_the_holders_server_session),
+    T(transaction_pool_table_mode_lists_and_breaks),
     {NULL, NULL, 0},
 };
 

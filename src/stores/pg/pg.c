@@ -252,16 +252,7 @@ int dlock__pg_open(void **out, dlock_client *c, const dlock__uri *u,
                  : !strcmp(pooler, "session") ? POOLER_SESSION
                                               : POOLER_TRANSACTION;
     snprintf(ps->chan, sizeof(ps->chan), "dlock_%s", dlock__client_id(c));
-    dlock__pg_quote_ident(table, "", nm.t, sizeof(nm.t));
-    dlock__pg_quote_ident(table, "_waiters", nm.w, sizeof(nm.w));
-    dlock__pg_quote_ident(table, "_waiters_name", nm.wi, sizeof(nm.wi));
-    dlock__pg_quote_ident(table, "_release", nm.rel, sizeof(nm.rel));
-    dlock__pg_quote_ident(table, "_leave", nm.leave, sizeof(nm.leave));
-    dlock__pg_quote_ident(table, "_unlock", nm.unlock, sizeof(nm.unlock));
-    dlock__pg_quote_ident(table, "_ahead", nm.ahead, sizeof(nm.ahead));
-    dlock__pg_quote_ident(table, "_abandon", nm.abandon, sizeof(nm.abandon));
-    dlock__pg_quote_ident(table, "_earliest", nm.earliest,
-                          sizeof(nm.earliest));
+    dlock__pg_names_of(table, &nm);
     dlock__pg_quote_ident(table, "_tokens", ps->seq_ident,
                           sizeof(ps->seq_ident));
     dlock__pg_quote_literal(ps->seq_ident, ps->seq_lit, sizeof(ps->seq_lit));

@@ -62,6 +62,12 @@
 #define ADV_F(n) ADV_TAGKEY(n, "'f'")
 #define ADV_G(n) ADV_TAGKEY(n, "'g'")
 #define ADV_C(n) ADV_TAGKEY(n, "'c'")
+/* dlock_break() in advisory mode: the breaker holds it exclusively (a
+ * transaction lock) while it reads who holds the name and ends their
+ * sessions; every release takes it shared first, so that a release and a
+ * break of the same name take turns (pg_advisory.c, adv_evict;
+ * docs/monitoring.md, "postgres") */
+#define ADV_B(n) ADV_TAGKEY(n, "'b'")
 #define ADV_FN(n, N) ADV_TAGKEY(n, "'n' || " N)
 #define ADV_SLOT(n, N, i) ADV_TAGKEY(n, "'s' || " N " || ':' || " i)
 #define ADV_KEY_IS(k)                                                       \
@@ -114,6 +120,8 @@ enum {
     S_ADV_SEM_TRY,
     S_ADV_SEM_UNLOCK,
     S_ADV_SEM_CHECK,
+    S_LIST,
+    S_BREAK,
     S_COUNT
 };
 
@@ -133,6 +141,9 @@ typedef struct pg_conn {
     PGconn *pg;
     unsigned prepared; /* bit i: statement i prepared on this connection */
     int broken;        /* unusable: close instead of pooling */
+    int ended;         /* the server ended the session (SQLSTATE 57P01:
+                        * pg_terminate_backend, dlock_break() in advisory
+                        * mode, or a shutdown) */
     /* advisory holds */
     pthread_mutex_t mu; /* the hold's owner vs the client thread */
     int dead;           /* the client thread saw its session end */
@@ -149,6 +160,7 @@ typedef struct pg_store {
     int behind;    /* a pooler sits in front (detected) */
     int sessions;  /* LISTEN and session locks can be trusted */
     int unnamed;   /* no prepared statements (transaction pooling) */
+    int has_break; /* T_break is there (atomic; 0: look at first break) */
 
     /* libpq connection keywords and values (owned; password wiped) */
     const char *keys[24];
@@ -209,6 +221,7 @@ typedef struct pg_names {
     char ahead[2 * PG_TABLE_MAX + 24];  /* T_ahead */
     char abandon[2 * PG_TABLE_MAX + 24]; /* T_abandon */
     char earliest[2 * PG_TABLE_MAX + 24]; /* T_earliest */
+    char brk[2 * PG_TABLE_MAX + 24];      /* T_break */
 } pg_names;
 
 /* pg.c: the store, for both modes */
@@ -325,5 +338,12 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm,
  * and unnamed (pooler detection). */
 int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
                             int64_t deadline);
+
+/* Table mode: creates T_break when a table made by an earlier dlock lacks
+ * it (dlock_break()'s first call on this client); sets ps->has_break. */
+int dlock__pg_ensure_break(pg_store *ps, int64_t deadline);
+
+/* The names of the schema objects of table `table` (?table=). */
+void dlock__pg_names_of(const char *table, pg_names *nm);
 
 #endif /* DLOCK_PG_H */

@@ -84,13 +84,20 @@ void dlock__pg_hold_check(pg_store *ps, pg_conn *cn)
         return; /* released, or its owner is using it right now */
     if (!PQconsumeInput(cn->pg) || PQstatus(cn->pg) != CONNECTION_OK) {
         cn->dead = 1;
+        (void)PQisBusy(cn->pg); /* parses what came before the end: the
+                                 * server's reason (noticed(), pg_conn.c) */
         if (cn->watched)
             epoll_ctl(ps->epfd, EPOLL_CTL_DEL, PQsocket(cn->pg), NULL);
         cn->watched = 0;
         dlock__notify_lost(ps->client, match_conn, cn,
-                           "the session holding the advisory lock ended "
-                           "(connection to the server lost): the server "
-                           "has released it");
+                           cn->ended
+                               ? "the server ended the session holding the "
+                                 "advisory lock (pg_terminate_backend: "
+                                 "dlock break or an administrator, or a "
+                                 "shutdown): the server has released it"
+                               : "the session holding the advisory lock "
+                                 "ended (connection to the server lost): "
+                                 "the server has released it");
     }
     while (!cn->dead) {
         /* anything the server sent unasked (a notice) */
@@ -237,6 +244,18 @@ static int adv_release(void *st, dlock__lease *l, int64_t op_deadline)
                                                 : S_ADV_UNLOCK,
                        p.vals, p.lens, op_deadline, &r,
                        "releasing the advisory lock");
+    if (rc == DLOCK_ECONN && cn->broken && cn->ended) {
+        /* the server ended the session before the release (a break: the
+         * release waited for it, see adv_evict), which let go of the lock:
+         * it was not ours by then */
+        dlock__pg_conn_put(ps, cn);
+        return dlock__err(DLOCK_ENOTHELD,
+                          "postgres %s: the server ended the session holding "
+                          "the advisory lock (pg_terminate_backend: dlock "
+                          "break or an administrator, or a shutdown) before "
+                          "the release: it had released the lock",
+                          ps->redacted);
+    }
     if (rc == DLOCK_ECONN && cn->broken) {
         /* closing the session frees the lock on the server too */
         dlock__pg_conn_put(ps, cn);
@@ -321,19 +340,13 @@ static void who_of(const char *app, const char *pid, unsigned long long *token,
     }
 }
 
-static int adv_inspect(void *st, const char *name, size_t len,
-                       dlock_info *out, int64_t op_deadline)
+/* S_ADV_INSPECT's rows (granted, application_name, held for, pid,
+ * shared, key kind, from column 0), into *out; adv_evict's answer has
+ * the same columns first. */
+static int adv_fill(dlock_info *out, const PGresult *r)
 {
-    pg_store *ps = st;
-    PGresult *r;
-    int rc;
+    int rc = DLOCK_OK;
 
-    const char *vals[1] = {name};
-    int lens[1] = {(int)len};
-    rc = dlock__pg_run_pooled(ps, S_ADV_INSPECT, vals, lens, op_deadline, &r,
-                              "reading the advisory lock");
-    if (rc)
-        return rc;
     out->waiters = 0;
     /* k 0: the lock's holders and waiters; k 1: a semaphore's permit
      * holders; k 2: its gate (the head, granted, then the queue) */
@@ -371,8 +384,177 @@ static int adv_inspect(void *st, const char *name, size_t len,
         snprintf(out->holder, sizeof(out->holder), "%lld readers",
                  (long long)out->holders);
     out->waiters = (int64_t)out->queue_len;
+    return rc;
+}
+
+static int adv_inspect(void *st, const char *name, size_t len,
+                       dlock_info *out, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    PGresult *r;
+    int rc;
+
+    const char *vals[1] = {name};
+    int lens[1] = {(int)len};
+    rc = dlock__pg_run_pooled(ps, S_ADV_INSPECT, vals, lens, op_deadline, &r,
+                              "reading the advisory lock");
+    if (rc)
+        return rc;
+    rc = adv_fill(out, r);
     PQclear(r);
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operating: dlock_list() and dlock_break()                                */
+/* ------------------------------------------------------------------------ */
+
+static int adv_list(void *st, const char *prefix, size_t plen,
+                    const char *cursor, size_t limit, unsigned flags,
+                    dlock_list_page *out, int64_t op_deadline)
+{
+    pg_store *ps = st;
+
+    (void)prefix, (void)plen, (void)cursor, (void)limit, (void)flags;
+    (void)out, (void)op_deadline;
+    return dlock__err(DLOCK_ENOTSUP,
+                      "postgres %s: advisory mode cannot list its locks: "
+                      "the server knows each one only by a 64-bit hash of "
+                      "its name (pg_locks shows keys, not names), and a "
+                      "holder's session keeps no more than its token and "
+                      "description; inspect a lock by name, or use table "
+                      "mode (docs/monitoring.md)",
+                      ps->redacted);
+}
+
+/*
+ * dlock_break() in advisory mode. A hold is its session's lock, and only
+ * that session, or its end, lets go of it: the break ends the holders'
+ * sessions (pg_terminate_backend; one session per hold, so no other hold
+ * ends with it). In one transaction on a pooled session:
+ *  1. the name's break key B exclusively (a transaction lock): every
+ *     release takes it shared first, so a holder cannot release (and its
+ *     session go back to its pool, and on to another hold) between the
+ *     look and the end of its session: either the release came first and
+ *     the break finds nothing, or the release waits, and ends with its
+ *     session (DLOCK_ELOST);
+ *  2. the look of dlock_inspect() (the lock's key, a semaphore's family
+ *     key and gate), whose holders of the lock's key or of the family key
+ *     are the victims, but for dlock's own sessions that hold no lock
+ *     (application_name 'dlock', or 'dlock 0 ...': a look of a permit's
+ *     try, or a take in flight, which comes after the break);
+ *  3. if this role may end every victim's session (its role's member or
+ *     pg_signal_backend's; a superuser's only as a superuser), each is
+ *     signalled (pg_terminate_backend(pid)), then waited for
+ *     (pg_terminate_backend(pid, wait), PostgreSQL 14+: returns once the
+ *     session is gone, so its locks are free and its waiters granted; the
+ *     sessions end side by side, within one wait). Else nothing is ended:
+ *     DLOCK_EAUTH.
+ * The server grants the lock to its waiters as the sessions end (its own
+ * queue: no notification needed); the evicted holders' connections close
+ * and their clients report the holds lost (dlock__pg_hold_check). Tokens
+ * come from the sequence: the next hold's is greater.
+ */
+#define HEX "decode('%1$s', 'hex')"
+static const char adv_break_sql[] =
+    "SELECT pg_advisory_xact_lock(" ADV_B(HEX) "); "
+    "WITH s AS (SELECT l.granted, coalesce(a.application_name, '') AS app, "
+    "floor(extract(epoch FROM " NOW " - a.state_change) * 1000)::bigint AS "
+    "ms, l.pid, l.mode = 'ShareLock' AS sh, w.k, a.query_start AS qs, "
+    "a.usesysid AS role, l.granted AND w.k < 2 AND coalesce("
+    "a.application_name, '') !~ '^dlock( 0( .*)?)?$' AS victim FROM (VALUES "
+    "(" KEY(HEX) ", 0), (" ADV_F(HEX) ", 1), (" ADV_G(HEX) ", 2)) w(key, k) "
+    "JOIN pg_locks l ON " ADV_KEY_IS("w.key") " LEFT JOIN pg_stat_activity "
+    "a ON a.pid = l.pid), "
+    "v AS (SELECT DISTINCT pid, role FROM s WHERE victim), "
+    "ok AS (SELECT coalesce(bool_and(v.role IS NULL OR coalesce((NOT "
+    "r.rolsuper OR (SELECT rolsuper FROM pg_roles WHERE rolname = "
+    "current_user)) AND (pg_has_role(v.role, 'USAGE') OR pg_has_role("
+    "'pg_signal_backend', 'USAGE')), false)), true) AS ok FROM v LEFT JOIN "
+    "pg_roles r ON r.oid = v.role), "
+    "e AS (SELECT count(*) FILTER (WHERE pg_terminate_backend(v.pid)) AS n "
+    "FROM v WHERE (SELECT ok FROM ok)), "
+    "f AS (SELECT count(*) FILTER (WHERE %2$s) AS n FROM v WHERE (SELECT n "
+    "FROM e) > 0) "
+    "SELECT s.granted, s.app, s.ms, s.pid, s.sh, s.k, s.victim, (SELECT ok "
+    "FROM ok), (SELECT n FROM e), (SELECT n FROM f) FROM s ORDER BY s.k, "
+    "s.granted DESC, s.qs";
+#undef HEX
+
+/* How long the break waits for the evicted sessions to end, at most
+ * (their exits take milliseconds; a session stuck in the kernel may take
+ * longer, and ends later). */
+#define ADV_BREAK_WAIT_MS 5000
+
+static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
+                     int64_t op_deadline)
+{
+    pg_store *ps = st;
+    char wait[160] = "false";
+    char *hex = NULL, *sql = NULL;
+    pg_conn *cn;
+    PGresult *r;
+    int rc;
+
+    rc = dlock__pg_conn_get(ps, op_deadline, &cn);
+    if (rc)
+        return rc;
+    if (PQserverVersion(cn->pg) >= 140000) {
+        /* wait for the sessions to end (side by side: each is signalled
+         * already), all within the break's deadline */
+        int64_t left = op_deadline - dlock__now_ms() - 100;
+        if (left > ADV_BREAK_WAIT_MS)
+            left = ADV_BREAK_WAIT_MS;
+        snprintf(wait, sizeof(wait),
+                 "pg_terminate_backend(v.pid, greatest(1, %lld / (SELECT "
+                 "count(*) FROM v))::bigint)",
+                 (long long)(left > 1 ? left : 1));
+    }
+    hex = malloc(2 * len + 1);
+    if (hex) {
+        dlock__hex(name, len, hex);
+        size_t cap = (size_t)snprintf(NULL, 0, adv_break_sql, hex, wait) + 1;
+        if ((sql = malloc(cap)) != NULL)
+            snprintf(sql, cap, adv_break_sql, hex, wait);
+    }
+    rc = sql ? dlock__pg_run_text(ps, cn, sql, op_deadline, &r,
+                                  "breaking the advisory lock")
+             : dlock__pg_enomem();
+    free(sql);
+    free(hex);
+    dlock__pg_conn_put(ps, cn);
+    if (rc)
+        return rc;
+    if (PQnfields(r) != 10) {
+        PQclear(r);
+        return dlock__err(DLOCK_EPROTO, "postgres %s: breaking the advisory "
+                                        "lock: an answer of another shape",
+                          ps->redacted);
+    }
+    /* the look as dlock_inspect() reads it, then: a victim, whether this
+     * role may end every victim's session, how many were signalled, how
+     * many were gone within the wait */
+    int victims = 0, allowed = 1;
+    for (int i = 0; i < PQntuples(r); i++) {
+        victims += !strcmp(PQgetvalue(r, i, 6), "t");
+        allowed &= strcmp(PQgetvalue(r, i, 7), "f") != 0;
+    }
+    rc = adv_fill(out, r);
+    PQclear(r);
+    if (rc)
+        return rc;
+    if (!victims)
+        return DLOCK_ENOTHELD;
+    if (!allowed)
+        return dlock__err(DLOCK_EAUTH,
+                          "postgres %s: breaking lock '%.200s' ends its "
+                          "holders' sessions (pg_terminate_backend), which "
+                          "this role may not do: connect as the holders' "
+                          "role, a member of it, or a member of "
+                          "pg_signal_backend (a superuser's session only as "
+                          "a superuser); nothing was ended",
+                          ps->redacted, name);
+    return DLOCK_OK;
 }
 
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
@@ -395,9 +577,9 @@ static const dlock__backend backend_pg_advisory = {
     NULL,                   /* margin */
     NULL,                   /* abandon */
     NULL,                   /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    adv_list,               /* list */
+    adv_evict,              /* evict */
+    NULL,                   /* evict_unsupported */
 };
 
 const dlock__backend *dlock__pg_select(const dlock__uri *u)

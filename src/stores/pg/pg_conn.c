@@ -25,10 +25,22 @@
 #include <sys/epoll.h>
 #include <sys/timerfd.h>
 
-static void quiet(void *arg, const char *message)
+/* The server ended cn's session if r (an error, or a notice) says so:
+ * SQLSTATE 57P01, pg_terminate_backend (dlock_break() in advisory mode)
+ * or a shutdown. An idle session gets it as a notice just before the
+ * connection closes, a busy one as its statement's error. */
+static void ended_by_server(pg_conn *cn, const PGresult *r)
 {
-    (void)arg;
-    (void)message; /* the library never prints: notices are dropped */
+    const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+
+    if (state && !strcmp(state, "57P01"))
+        cn->ended = 1;
+}
+
+/* The library never prints: notices are dropped, once looked at. */
+static void noticed(void *arg, const PGresult *r)
+{
+    ended_by_server(arg, r);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -152,7 +164,7 @@ static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
         dlock__pg_conn_free(cn);
         return dlock__pg_enomem();
     }
-    PQsetNoticeProcessor(cn->pg, quiet, NULL);
+    PQsetNoticeReceiver(cn->pg, noticed, cn);
     if (PQstatus(cn->pg) == CONNECTION_BAD) {
         rc = conn_error(ps, cn, "connecting");
         dlock__pg_conn_free(cn);
@@ -397,6 +409,7 @@ static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
             PGresult *r = PQgetResult(cn->pg);
             if (!r)
                 break;
+            ended_by_server(cn, r);
             if (!keep || (!failed_result(keep) &&
                           (failed_result(r) ||
                            PQresultStatus(r) == PGRES_TUPLES_OK ||
@@ -426,6 +439,14 @@ static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
     return DLOCK_OK;
 broken:
     PQclear(keep);
+    /* what came before the end: the server's reason (SQLSTATE 57P01) */
+    for (int i = 0; i < 8; i++) {
+        PGresult *r = PQgetResult(cn->pg);
+        if (!r)
+            break;
+        ended_by_server(cn, r);
+        PQclear(r);
+    }
     return conn_error(ps, cn, what);
 }
 
@@ -471,7 +492,7 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         "dlock0",  "dlock1",  "dlock2",  "dlock3",  "dlock4",  "dlock5",
         "dlock6",  "dlock7",  "dlock8",  "dlock9",  "dlock10", "dlock11",
         "dlock12", "dlock13", "dlock14", "dlock15", "dlock16", "dlock17",
-        "dlock18", "dlock19", "dlock20"};
+        "dlock18", "dlock19", "dlock20", "dlock21", "dlock22"};
     static const Oid types[S_COUNT][PG_PARAMS_MAX] = {
         [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
                        T_INT4, T_TEXT},
@@ -497,6 +518,9 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         [S_ADV_SEM_TRY] = {T_BYTEA, T_TEXT, T_INT4, T_INT4, T_BOOL},
         [S_ADV_SEM_UNLOCK] = {T_BYTEA, T_INT4, T_INT4},
         [S_ADV_SEM_CHECK] = {T_BYTEA, T_INT4, T_INT4},
+        [S_LIST] = {T_BYTEA, T_BYTEA, T_BYTEA, T_INT8, T_INT8, T_BOOL,
+                    T_TEXT},
+        [S_BREAK] = {T_BYTEA, T_TEXT},
     };
     int fmts[PG_PARAMS_MAX] = {0};
     int n = ps->nparams[which];
@@ -506,8 +530,8 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
     *out = NULL;
     if (deadline > dlock__now_ms() + ps->timeout_ms)
         deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
-    if (n > 0 && types[which][0] == T_BYTEA)
-        fmts[0] = 1;
+    for (int i = 0; i < n; i++)
+        fmts[i] = types[which][i] == T_BYTEA; /* names: any bytes */
     if (ps->unnamed) {
         /* a pooler may run each transaction on another session: no
          * prepared statements (the text goes with every call) */

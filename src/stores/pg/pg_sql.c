@@ -51,11 +51,27 @@ void dlock__pg_quote_literal(const char *in, char *out, size_t cap)
 /* Statements and schema                                                    */
 /* ------------------------------------------------------------------------ */
 
+void dlock__pg_names_of(const char *table, pg_names *nm)
+{
+    dlock__pg_quote_ident(table, "", nm->t, sizeof(nm->t));
+    dlock__pg_quote_ident(table, "_waiters", nm->w, sizeof(nm->w));
+    dlock__pg_quote_ident(table, "_waiters_name", nm->wi, sizeof(nm->wi));
+    dlock__pg_quote_ident(table, "_release", nm->rel, sizeof(nm->rel));
+    dlock__pg_quote_ident(table, "_leave", nm->leave, sizeof(nm->leave));
+    dlock__pg_quote_ident(table, "_unlock", nm->unlock, sizeof(nm->unlock));
+    dlock__pg_quote_ident(table, "_ahead", nm->ahead, sizeof(nm->ahead));
+    dlock__pg_quote_ident(table, "_abandon", nm->abandon,
+                          sizeof(nm->abandon));
+    dlock__pg_quote_ident(table, "_earliest", nm->earliest,
+                          sizeof(nm->earliest));
+    dlock__pg_quote_ident(table, "_break", nm->brk, sizeof(nm->brk));
+}
+
 /* fmt with %1$s the table, %2$s the waiters table, %3$s the sequence
  * literal, %4$s the release function of older clients, %5$s the leaving
  * function of older clients, %6$s the release function, %7$s the
  * queue's fresh look, %8$s the leaving function, %9$s the earliest live
- * entry's end. */
+ * entry's end, %10$s the break function. */
 static char *sql_of(const char *fmt, const pg_names *nm, const char *s)
 {
     size_t cap = strlen(fmt) + 8 * (strlen(nm->t) + strlen(nm->w) +
@@ -64,12 +80,13 @@ static char *sql_of(const char *fmt, const pg_names *nm, const char *s)
                                     strlen(nm->unlock) +
                                     strlen(nm->ahead) +
                                     strlen(nm->abandon) +
-                                    strlen(nm->earliest)) + 64;
+                                    strlen(nm->earliest) +
+                                    strlen(nm->brk)) + 64;
     char *out = malloc(cap);
 
     if (out)
         snprintf(out, cap, fmt, nm->t, nm->w, s, nm->rel, nm->leave,
-                 nm->unlock, nm->ahead, nm->abandon, nm->earliest);
+                 nm->unlock, nm->ahead, nm->abandon, nm->earliest, nm->brk);
     return out;
 }
 
@@ -81,6 +98,24 @@ static int set_sql(pg_store *ps, int which, int nparams, const char *fmt,
     ps->nparams[which] = nparams;
     return DLOCK_OK;
 }
+
+/* What dlock_inspect() says of lock row t (a table alias or a record), as
+ * the columns i0..i8: held, holder, token, lease left, held for, shared
+ * form (owner '*'), permits, live entries, the earliest live entry's
+ * description. S_INSPECT, S_LIST and T_break share it, so that a listed
+ * lock and a broken one are described exactly as dlock_inspect() would. */
+#define PG_LIVE_OF(t)                                                       \
+    "FROM jsonb_each(CASE WHEN " t ".owner = '*' THEN " t ".holders END) "  \
+    "x WHERE (x.value ->> 'u')::bigint > " NOW_MS
+#define PG_INSPECT_COLS(t)                                                  \
+    t ".owner IS NOT NULL AND " t ".lock_until > " NOW " AS i0, " t         \
+    ".holder AS i1, " t ".token AS i2, " MS_LEFT(t ".lock_until") " AS i3, " \
+    "floor(extract(epoch FROM " NOW " - " t ".locked_at) * 1000)::bigint "  \
+    "AS i4, " t ".owner = '*' AS i5, CASE WHEN " t ".owner IS NULL OR " t   \
+    ".owner = '*' THEN " t ".permits ELSE 0 END AS i6, (SELECT count(*) "   \
+    PG_LIVE_OF(t) ") AS i7, (SELECT x.value ->> 'd' " PG_LIVE_OF(t)         \
+    " ORDER BY (x.value ->> 's')::bigint, (x.value ->> 't')::bigint LIMIT " \
+    "1) AS i8"
 
 int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
 {
@@ -321,26 +356,60 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                       "'t')::bigint = $3 AND (t.holders -> $2 ->> 'u')::bigint "
                       "> c.ms",
                       nm, s);
-    /* held, holder, token, ttl, held for, shared form, permits, live
-     * entries, the earliest live entry's description */
-#define LIVE_OF_ROW                                                         \
-    "FROM jsonb_each(CASE WHEN owner = '*' THEN holders END) x WHERE "      \
-    "(x.value ->> 'u')::bigint > " NOW_MS
+    /* What dlock_inspect() says of a row, in the columns i0..i8: held,
+     * holder, token, ttl, held for, shared form, permits, live entries,
+     * the earliest live entry's description. The same text in S_INSPECT,
+     * S_LIST (each lock of a page) and T_break (the view just before), t
+     * the row */
     rc = rc ? rc
             : set_sql(ps, S_INSPECT, 1,
-                      "SELECT owner IS NOT NULL AND lock_until > " NOW
-                      ", holder, token, " MS_LEFT("lock_until") ", floor("
-                      "extract(epoch FROM " NOW " - locked_at) * 1000)::"
-                      "bigint, owner = '*', CASE WHEN owner IS NULL OR owner "
-                      "= '*' THEN permits ELSE 0 END, (SELECT count(*) "
-                      LIVE_OF_ROW "), (SELECT x.value ->> 'd' " LIVE_OF_ROW
-                      " ORDER BY (x.value ->> 's')::bigint, (x.value ->> "
-                      "'t')::bigint LIMIT 1) FROM %1$s WHERE name = $1",
+                      "SELECT " PG_INSPECT_COLS("t") " FROM %1$s t WHERE "
+                      "t.name = $1",
                       nm, s);
+    /* the live queue: seq, the waiter's description, its kind */
     rc = rc ? rc
             : set_sql(ps, S_QUEUE, 2,
-                      "SELECT w.holder, w.kind FROM %2$s w WHERE w.name = $1 "
-                      "AND " ALIVE("w", "$2") " ORDER BY w.seq",
+                      "SELECT w.seq, w.holder, w.kind FROM %2$s w WHERE "
+                      "w.name = $1 AND " ALIVE("w", "$2") " ORDER BY w.seq",
+                      nm, s);
+    /* dlock_list(): $1 the last name of the previous page ('' none), $2
+     * and $3 the prefix's range [lo, hi), $4 the most rows looked at, $5
+     * the most locks listed, $6 free ones too, $7 our client id. One
+     * statement, one snapshot: the rows after $1 in the range, at most
+     * $4 of them by the index (c: the page's bounded work), of which at
+     * most $5 held or waited for (p), each with its S_INSPECT columns and
+     * its live queue (one row per waiter, in order). The first two
+     * columns tell where the look stopped: how many rows it saw (e.k:
+     * $4 when more may follow) and the last one's name */
+    rc = rc ? rc
+            : set_sql(ps, S_LIST, 7,
+                      "WITH c AS (SELECT t.* FROM %1$s t WHERE t.name > $1 "
+                      "AND t.name >= $2 AND t.name < $3 ORDER BY t.name "
+                      "LIMIT $4), "
+                      "e AS (SELECT count(*) AS k, (SELECT c2.name FROM c c2 "
+                      "ORDER BY c2.name DESC LIMIT 1) AS m FROM c), "
+                      "p AS (SELECT c.name, " PG_INSPECT_COLS("c") " FROM c "
+                      "WHERE $6 OR (c.owner IS NOT NULL AND c.lock_until > "
+                      NOW ") OR EXISTS (SELECT 1 FROM %2$s w WHERE w.name = "
+                      "c.name AND " ALIVE("w", "$7") ") ORDER BY c.name "
+                      "LIMIT $5) "
+                      "SELECT e.k, encode(e.m, 'hex'), encode(p.name, "
+                      "'hex'), p.i0, p.i1, p.i2, p.i3, p.i4, p.i5, p.i6, "
+                      "p.i7, p.i8, q.seq, q.holder, q.kind FROM e LEFT JOIN "
+                      "p ON true LEFT JOIN LATERAL (SELECT w.seq, w.holder, "
+                      "w.kind FROM %2$s w WHERE w.name = p.name AND "
+                      ALIVE("w", "$7") ") q ON true ORDER BY p.name, q.seq",
+                      nm, s);
+    /* dlock_break(): $1 name, $2 our client id. T_break's answer (the
+     * row's S_INSPECT columns just before, then the grants), with the
+     * live queue the statement's snapshot saw before it (a statement
+     * does not see what the functions it calls change) */
+    rc = rc ? rc
+            : set_sql(ps, S_BREAK, 2,
+                      "SELECT b.*, q.seq, q.holder, q.kind FROM %10$s($1, "
+                      "$2) b LEFT JOIN LATERAL (SELECT w.seq, w.holder, "
+                      "w.kind FROM %2$s w WHERE w.name = $1 AND "
+                      ALIVE("w", "$2") ") q ON true ORDER BY q.seq",
                       nm, s);
     /* $1 name, $2 owner, $3 client id, $4 waiter number, $5 ttl ms, $6
      * the kind (-1 write, 0 read, N a permit of N) */
@@ -364,9 +433,11 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
     "WHEN ok THEN nextval(%3$s) END AS t FROM l) SELECT t, CASE WHEN t IS " \
     "NOT NULL THEN set_config('application_name', 'dlock ' || t || ' ' || " \
     "$2, false) END FROM n"
+/* a release takes the name's break key shared first (pg.h, ADV_B) */
 #define ADV_UNLOCK(fn)                                                      \
-    "SELECT " fn "(" KEY("$1") "), set_config('application_name', "         \
-    "'dlock', false)"
+    "SELECT u, c FROM (SELECT pg_advisory_xact_lock_shared(" ADV_B("$1")    \
+    ") AS b, " fn "(" KEY("$1") ") AS u, set_config('application_name', "   \
+    "'dlock', false) AS c) x"
     rc = rc ? rc
             : set_sql(ps, S_ADV_TRY, 2, ADV_TRY("pg_try_advisory_lock"), nm,
                       s);
@@ -446,7 +517,9 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
      * the family key. Answers whether the slot was held (first column) */
     rc = rc ? rc
             : set_sql(ps, S_ADV_SEM_UNLOCK, 3,
-                      "SELECT u, c FROM (SELECT pg_advisory_unlock_shared("
+                      "SELECT u, c FROM (SELECT "
+                      "pg_advisory_xact_lock_shared(" ADV_B("$1") ") AS b, "
+                      "pg_advisory_unlock_shared("
                       ADV_F("$1") ") AS f, pg_advisory_unlock_shared("
                       ADV_FN("$1", "$2") ") AS n, pg_advisory_unlock("
                       ADV_SLOT("$1", "$2", "$3") ") AS u, set_config("
@@ -469,7 +542,8 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
  * row's lock is visible. %1$s T, %2$s T_waiters, %3$s the sequence
  * literal, %4$s T_release, %5$s T_leave, %6$s the sequence, %7$s the
  * queue's index, %8$s T_unlock, %9$s T_ahead, %10$s the look at open
- * (true: nothing to do), %11$s T_abandon, %12$s T_earliest. */
+ * (true: nothing to do), %11$s T_abandon, %12$s T_earliest, %13$s
+ * T_break. */
 #define PG_SCHEMA_LOCK_MS "200"
 
 /* The row's state in variables: own (NULL free, '*' readers or permits,
@@ -557,6 +631,33 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
 #define LOCK_ROW                                                            \
     " SELECT * INTO r FROM %1$s WHERE name = n FOR UPDATE;"                 \
     " ts := " NOW "; ms := floor(date_part('epoch', ts) * 1000)::bigint;"
+/* dlock_break(): the function fn (T_break; %13$s in schema_sql). With
+ * the row locked, the view just before (the S_INSPECT columns); then, if
+ * it is held, every hold taken away at once: the exclusive owner, every
+ * reader's or permit's entry (the row is free, a semaphore's N kept as a
+ * release keeps it), the last token kept (tokens come from the sequence:
+ * the next hold's is greater anyway); then the release's grant step, so
+ * that the head of the queue gets the lock now, with one notification to
+ * its client. `grants` as T_unlock's. c is the breaking client's id (its
+ * own session's entries are alive if they are its own); no entry is its
+ * owner's (o ''). */
+#define BREAK_FN(fn)                                                        \
+    "CREATE OR REPLACE FUNCTION " fn "(n bytea, c text, OUT i0 boolean, "    \
+    "OUT i1 text, OUT i2 bigint, OUT i3 bigint, OUT i4 bigint, OUT i5 "     \
+    "boolean, OUT i6 integer, OUT i7 bigint, OUT i8 text, OUT grants text) " \
+    "LANGUAGE plpgsql AS $f$ DECLARE " STATE_VARS "me text := c; o text := " \
+    "''; BEGIN"                                                             \
+    " grants := '';"                                                        \
+    LOCK_ROW                                                                \
+    " IF r.name IS NULL THEN i0 := false; RETURN; END IF;"                  \
+    " SELECT " PG_INSPECT_COLS("r") " INTO i0, i1, i2, i3, i4, i5, i6, i7, " \
+    "i8;"                                                                   \
+    " IF NOT i0 THEN RETURN; END IF;"                                       \
+    " own := NULL; perm := CASE WHEN r.owner = '*' THEN r.permits ELSE 0 "  \
+    "END; tk := r.token; lat := r.locked_at; lu := ts;"                     \
+    GRANT_STEP                                                              \
+    WRITE_ROW                                                               \
+    " END $f$; "
 static const char schema_sql[] =
     /* creators take turns; each looks again (%10$s: the look at open)
      * and changes nothing when another made it meanwhile. ALTER TABLE
@@ -715,6 +816,7 @@ static const char schema_sql[] =
     "ttl bigint) RETURNS bigint LANGUAGE plpgsql AS $f$ BEGIN"
     " RETURN %11$s(n, o, c, wt, ttl, -1);"
     " END $f$; "
+    BREAK_FN("%13$s")
     "END $do$";
 
 /* Creates what is missing, or adds what an earlier version's schema lacks
@@ -784,7 +886,7 @@ int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
                                ps->seq_lit, nm->rel, nm->leave,
                                ps->seq_ident, nm->wi, nm->unlock,
                                nm->ahead, present_sql, nm->abandon,
-                               nm->earliest) + 1;
+                               nm->earliest, nm->brk) + 1;
     char *sql = malloc(cap);
     if (!sql)
         return dlock__pg_enomem();
@@ -796,7 +898,7 @@ int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
     } else {
         snprintf(sql, cap, schema_sql, nm->t, nm->w, ps->seq_lit, nm->rel,
                  nm->leave, ps->seq_ident, nm->wi, nm->unlock, nm->ahead,
-                 present_sql, nm->abandon, nm->earliest);
+                 present_sql, nm->abandon, nm->earliest, nm->brk);
     }
     /* an upgrade that met running statements (lock_timeout: SQLSTATE
      * 55P03, DLOCK_EBUSY) tries again, within the open's deadline */
@@ -831,5 +933,65 @@ int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
                           ps->redacted, nm->t);
     if (rc == DLOCK_OK)
         PQclear(r);
+    return rc;
+}
+
+/* T_break alone, for a table of an earlier dlock: %1$s T, %2$s T_waiters,
+ * %3$s the sequence literal, %4$s T_break */
+static const char break_sql[] =
+    "SELECT pg_advisory_xact_lock(" KEY("'dlock schema'::bytea") "); "
+    BREAK_FN("%4$s");
+
+int dlock__pg_ensure_break(pg_store *ps, int64_t deadline)
+{
+    char look[256], lit[200];
+    pg_names nm;
+    pg_conn *cn;
+    PGresult *r;
+    int rc;
+
+    if (__atomic_load_n(&ps->has_break, __ATOMIC_ACQUIRE))
+        return DLOCK_OK;
+    dlock__pg_names_of(ps->table, &nm);
+    dlock__pg_quote_literal(nm.brk, lit, sizeof(lit));
+    snprintf(look, sizeof(look), "SELECT to_regproc(%s) IS NOT NULL", lit);
+    rc = dlock__pg_conn_get(ps, deadline, &cn);
+    if (rc)
+        return rc;
+    rc = dlock__pg_run_text(ps, cn, look, deadline, &r,
+                            "looking for the break function");
+    if (rc == DLOCK_OK) {
+        int there = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
+        PQclear(r);
+        if (!there) {
+            /* a table made by an earlier dlock: add the function (CREATE
+             * OR REPLACE: a creator racing us makes the same one) */
+            size_t cap = (size_t)snprintf(NULL, 0, break_sql, nm.t, nm.w,
+                                          ps->seq_lit, nm.brk) + 1;
+            char *sql = malloc(cap);
+            if (!sql) {
+                dlock__pg_conn_put(ps, cn);
+                return dlock__pg_enomem();
+            }
+            snprintf(sql, cap, break_sql, nm.t, nm.w, ps->seq_lit, nm.brk);
+            rc = dlock__pg_run_text(ps, cn, sql, deadline, &r,
+                                    "adding the break function");
+            free(sql);
+            if (rc == DLOCK_OK)
+                PQclear(r);
+            else if (rc == DLOCK_EAUTH)
+                rc = dlock__err(DLOCK_EAUTH,
+                                "postgres %s: the lock table %s was made by "
+                                "an earlier dlock and lacks the function %s "
+                                "that dlock_break() needs, and this user may "
+                                "not create it: break any lock once as the "
+                                "table's owner (that adds it), or see "
+                                "docs/monitoring.md (postgres)",
+                                ps->redacted, nm.t, nm.brk);
+        }
+    }
+    dlock__pg_conn_put(ps, cn);
+    if (rc == DLOCK_OK)
+        __atomic_store_n(&ps->has_break, 1, __ATOMIC_RELEASE);
     return rc;
 }

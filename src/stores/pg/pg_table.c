@@ -286,6 +286,69 @@ static int pg_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return changed ? DLOCK_OK : dlock__pg_not_ours(ps);
 }
 
+/* The S_INSPECT columns i0..i8 (pg_sql.c, PG_INSPECT_COLS) of row `row`,
+ * from column c, into *out; *kinds: readers or permits hold the name
+ * (each waiter then gets its kind in front). S_INSPECT, S_LIST and
+ * S_BREAK answer them. */
+static void fill_row(dlock_info *out, const PGresult *r, int row, int c,
+                     int *kinds)
+{
+    int held = !strcmp(PQgetvalue(r, row, c), "t");
+    int form = !strcmp(PQgetvalue(r, row, c + 5), "t");
+
+    out->token = (uint64_t)dlock__pg_col_ll(r, row, c + 2, 0);
+    out->permits = dlock__pg_col_ll(r, row, c + 6, 0);
+    if (form && held) {
+        out->held = 1;
+        out->holders = dlock__pg_col_ll(r, row, c + 7, 0);
+        out->shared = out->permits == 0;
+        *kinds = 1;
+        if (out->shared && out->holders > 1)
+            snprintf(out->holder, sizeof(out->holder), "%lld readers",
+                     (long long)out->holders);
+        else
+            snprintf(out->holder, sizeof(out->holder), "%s",
+                     PQgetvalue(r, row, c + 8));
+    } else if (held) {
+        out->held = 1;
+        out->holders = 1;
+        snprintf(out->holder, sizeof(out->holder), "%s",
+                 PQgetvalue(r, row, c + 1));
+    }
+    if (out->held) {
+        out->ttl_ms = dlock__pg_col_ll(r, row, c + 3, -1);
+        out->held_ms = dlock__pg_col_ll(r, row, c + 4, -1);
+    }
+}
+
+/* The queue of rows [from, to): from column c its seq (NULL: no waiter
+ * in this row), description and kind (S_QUEUE's columns), into
+ * out->queue, each waiter's kind in front once readers or permits use
+ * the name (kinds, or a waiter's kind). */
+static int fill_queue(dlock_info *out, const PGresult *r, int from, int to,
+                      int c, int kinds)
+{
+    int rc = DLOCK_OK;
+
+    for (int i = from; i < to; i++)
+        kinds |= !PQgetisnull(r, i, c) && dlock__pg_col_ll(r, i, c + 2, 0);
+    for (int i = from; i < to && rc == DLOCK_OK; i++) {
+        if (PQgetisnull(r, i, c))
+            continue;
+        long long k = dlock__pg_col_ll(r, i, c + 2, 0);
+        char line[sizeof(out->holder) + 16];
+        snprintf(line, sizeof(line), "%s%s",
+                 !kinds   ? ""
+                 : k == 0 ? "write: "
+                 : k == 1 ? "read: "
+                          : "permit: ",
+                 PQgetvalue(r, i, c + 1));
+        rc = dlock__info_add_waiter(out, line);
+    }
+    out->waiters = (int64_t)out->queue_len;
+    return rc;
+}
+
 static int pg_inspect(void *st, const char *name, size_t len,
                       dlock_info *out, int64_t op_deadline)
 {
@@ -302,60 +365,242 @@ static int pg_inspect(void *st, const char *name, size_t len,
     rc = dlock__pg_run(ps, cn, S_INSPECT, vals, lens, op_deadline, &r,
                        "reading the lock");
     if (rc == DLOCK_OK) {
-        /* held, holder, token, ttl, held for, shared form, permits, live
-         * entries, the earliest live entry's description */
-        if (PQntuples(r) == 1 && PQnfields(r) == 9) {
-            int held = !strcmp(PQgetvalue(r, 0, 0), "t");
-            int form = !strcmp(PQgetvalue(r, 0, 5), "t");
-            out->token = (uint64_t)dlock__pg_col_ll(r, 0, 2, 0);
-            out->permits = dlock__pg_col_ll(r, 0, 6, 0);
-            if (form && held) {
-                out->held = 1;
-                out->holders = dlock__pg_col_ll(r, 0, 7, 0);
-                out->shared = out->permits == 0;
-                kinds = 1;
-                if (out->shared && out->holders > 1)
-                    snprintf(out->holder, sizeof(out->holder),
-                             "%lld readers", (long long)out->holders);
-                else
-                    snprintf(out->holder, sizeof(out->holder), "%s",
-                             PQgetvalue(r, 0, 8));
-            } else if (held) {
-                out->held = 1;
-                out->holders = 1;
-                snprintf(out->holder, sizeof(out->holder), "%s",
-                         PQgetvalue(r, 0, 1));
-            }
-            if (out->held) {
-                out->ttl_ms = dlock__pg_col_ll(r, 0, 3, -1);
-                out->held_ms = dlock__pg_col_ll(r, 0, 4, -1);
-            }
-        }
+        if (PQntuples(r) == 1 && PQnfields(r) == 9)
+            fill_row(out, r, 0, 0, &kinds);
         PQclear(r);
         rc = dlock__pg_run(ps, cn, S_QUEUE, vals, lens, op_deadline, &r,
                            "reading the queue");
     }
     if (rc == DLOCK_OK) {
-        /* each waiter's kind in front once readers or permits use the
-         * name */
-        for (int i = 0; i < PQntuples(r); i++)
-            kinds |= dlock__pg_col_ll(r, i, 1, 0) != 0;
-        for (int i = 0; i < PQntuples(r) && rc == DLOCK_OK; i++) {
-            long long k = dlock__pg_col_ll(r, i, 1, 0);
-            char line[sizeof(out->holder) + 16];
-            snprintf(line, sizeof(line), "%s%s",
-                     !kinds   ? ""
-                     : k == 0 ? "write: "
-                     : k == 1 ? "read: "
-                              : "permit: ",
-                     PQgetvalue(r, i, 0));
-            rc = dlock__info_add_waiter(out, line);
-        }
-        out->waiters = (int64_t)out->queue_len;
+        if (PQnfields(r) == 3)
+            rc = fill_queue(out, r, 0, PQntuples(r), 0, kinds);
         PQclear(r);
     }
     dlock__pg_conn_put(ps, cn);
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Operating: dlock_list() and dlock_break()                                */
+/* ------------------------------------------------------------------------ */
+
+/* A cursor is "pg:" and the hex of the last name listed (the page after
+ * starts past it): names are bytes, and the index orders them as bytes. */
+#define CURSOR_TAG "pg:"
+#define CURSOR_MAX 2046 /* bytes of a name in a cursor: the core's 4096
+                         * characters, less the tag */
+
+static int hex_val(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                  : -1;
+}
+
+/* The name a cursor stands for, into out (CURSOR_MAX bytes): 0, or -1
+ * when the cursor is not one this store made. */
+static int cursor_read(const char *cursor, char *out, size_t *len)
+{
+    size_t tl = strlen(CURSOR_TAG), n;
+
+    if (strncmp(cursor, CURSOR_TAG, tl) != 0)
+        return -1;
+    cursor += tl;
+    n = strlen(cursor);
+    if (n == 0 || n % 2 || n / 2 > CURSOR_MAX)
+        return -1;
+    for (size_t i = 0; i < n; i += 2) {
+        int hi = hex_val(cursor[i]), lo = hex_val(cursor[i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        out[i / 2] = (char)(hi << 4 | lo);
+    }
+    *len = n / 2;
+    return 0;
+}
+
+/* The cursor past the name whose hex the statement answered: malloc'd,
+ * or NULL (out of memory; hex not a name's). */
+static char *cursor_make(const char *hex)
+{
+    size_t tl = strlen(CURSOR_TAG), n = strlen(hex);
+    char *c;
+
+    if (n == 0 || n % 2 || n / 2 > CURSOR_MAX)
+        return NULL;
+    if (!(c = malloc(tl + n + 1)))
+        return NULL;
+    memcpy(c, CURSOR_TAG, tl);
+    memcpy(c + tl, hex, n + 1);
+    return c;
+}
+
+/* [lo, hi): the names that start with prefix[0..plen). hi is the prefix
+ * with its last byte below 0xff raised by one and what follows dropped;
+ * with none (an empty prefix, or only 0xff), 0xff repeated past the
+ * longest name, above every name. */
+static size_t prefix_end(const char *prefix, size_t plen, char *hi,
+                         size_t cap)
+{
+    size_t n = plen;
+
+    while (n > 0 && (unsigned char)prefix[n - 1] == 0xff)
+        n--;
+    if (n == 0) {
+        memset(hi, 0xff, cap);
+        return cap;
+    }
+    memcpy(hi, prefix, n);
+    hi[n - 1] = (char)((unsigned char)hi[n - 1] + 1);
+    return n;
+}
+
+/* Rows looked at for a page of `limit` locks: enough that a store with
+ * many free rows among the held ones lists in few pages, bounded so that
+ * a page is a bounded amount of the server's work. */
+static size_t list_window(size_t limit, unsigned flags)
+{
+    size_t w = 8 * limit;
+
+    if (flags & DLOCK_LIST_FREE)
+        return limit; /* every row looked at is listed */
+    if (w < 1000)
+        w = 1000;
+    return w > 80000 ? 80000 : w;
+}
+
+/* One lock of S_LIST's answer: rows [from, to) (one a waiter), into the
+ * page. */
+static int list_one(dlock_list_page *out, const PGresult *r, int from,
+                    int to)
+{
+    const char *hex = PQgetvalue(r, from, 2);
+    size_t n = strlen(hex);
+    char name[CURSOR_MAX];
+    dlock_info info;
+    int kinds = 0, rc;
+
+    memset(&info, 0, sizeof(info));
+    info.ttl_ms = info.held_ms = info.waiters = -1;
+    if (n == 0 || n % 2 || n / 2 > sizeof(name))
+        return DLOCK_OK; /* not a name dlock could have made */
+    for (size_t i = 0; i < n; i += 2) {
+        int h = hex_val(hex[i]), l = hex_val(hex[i + 1]);
+        if (h < 0 || l < 0)
+            return dlock__err(DLOCK_EPROTO, "postgres: a listed name in "
+                                            "hex is not hex");
+        name[i / 2] = (char)(h << 4 | l);
+    }
+    fill_row(&info, r, from, 3, &kinds);
+    rc = fill_queue(&info, r, from, to, 12, kinds);
+    if (rc) {
+        dlock_info_clear(&info);
+        return rc;
+    }
+    return dlock__list_add(out, name, n / 2, &info);
+}
+
+static int pg_list(void *st, const char *prefix, size_t plen,
+                   const char *cursor, size_t limit, unsigned flags,
+                   dlock_list_page *out, int64_t op_deadline)
+{
+    pg_store *ps = st;
+    char after[CURSOR_MAX], hi[DLOCK_NAME_MAX + 1], win[24], lim[24];
+    size_t alen = 0, hlen;
+    PGresult *r;
+    int rc;
+
+    if (cursor[0] && cursor_read(cursor, after, &alen) != 0)
+        return dlock__err(DLOCK_EINVAL,
+                          "postgres %s: dlock_list: the cursor is not one "
+                          "this store made",
+                          ps->redacted);
+    hlen = prefix_end(prefix, plen, hi, sizeof(hi));
+    size_t window = list_window(limit, flags);
+    snprintf(win, sizeof(win), "%zu", window);
+    snprintf(lim, sizeof(lim), "%zu", limit);
+    const char *vals[7] = {alen ? after : "", prefix, hi, win, lim,
+                           flags & DLOCK_LIST_FREE ? "t" : "f",
+                           dlock__client_id(ps->client)};
+    int lens[7] = {(int)alen, (int)plen, (int)hlen, 0, 0, 0, 0};
+    rc = dlock__pg_run_pooled(ps, S_LIST, vals, lens, op_deadline, &r,
+                              "listing the locks");
+    if (rc)
+        return rc;
+    /* k, the last name looked at, then per row: the name, its nine
+     * S_INSPECT columns, a waiter's seq, description and kind */
+    int rows = PQntuples(r);
+    if (PQnfields(r) != 15 || rows < 1) {
+        PQclear(r);
+        return dlock__err(DLOCK_EPROTO, "postgres %s: listing the locks: "
+                                        "an answer of another shape",
+                          ps->redacted);
+    }
+    size_t locks = 0;
+    for (int i = 0; i < rows && rc == DLOCK_OK; locks++) {
+        int j = i + 1;
+        if (PQgetisnull(r, i, 2))
+            break; /* the look found no lock to list */
+        while (j < rows && !strcmp(PQgetvalue(r, j, 2), PQgetvalue(r, i, 2)))
+            j++;
+        rc = list_one(out, r, i, j);
+        i = j;
+    }
+    if (rc == DLOCK_OK) {
+        /* more may follow: the page is full (past its last lock), or the
+         * look stopped at its bound (past the last row it saw) */
+        const char *next = NULL;
+        if (locks >= limit)
+            next = PQgetvalue(r, rows - 1, 2);
+        else if ((size_t)dlock__pg_col_ll(r, 0, 0, 0) >= window)
+            next = PQgetvalue(r, 0, 1);
+        if (next && !(out->next = cursor_make(next)))
+            rc = strlen(next) / 2 > CURSOR_MAX
+                     ? dlock__err(DLOCK_EPROTO,
+                                  "postgres %s: a lock name longer than "
+                                  "%d bytes in the table: no cursor can "
+                                  "pass it",
+                                  ps->redacted, CURSOR_MAX)
+                     : dlock__pg_enomem();
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* dlock_break(): T_break, which takes every hold away and grants the
+ * head of the queue, in one statement; *out its view just before. */
+static int pg_evict(void *st, const char *name, size_t len, dlock_info *out,
+                    int64_t op_deadline)
+{
+    pg_store *ps = st;
+    PGresult *r;
+    int rc, kinds = 0;
+
+    rc = dlock__pg_ensure_break(ps, op_deadline);
+    if (rc)
+        return rc;
+    const char *vals[2] = {name, dlock__client_id(ps->client)};
+    int lens[2] = {(int)len, 0};
+    rc = dlock__pg_run_pooled(ps, S_BREAK, vals, lens, op_deadline, &r,
+                              "breaking the lock");
+    if (rc)
+        return rc;
+    /* the nine S_INSPECT columns, the grants, then a waiter's seq,
+     * description and kind per row */
+    if (PQnfields(r) != 13 || PQntuples(r) < 1) {
+        PQclear(r);
+        return dlock__err(DLOCK_EPROTO, "postgres %s: breaking the lock: "
+                                        "an answer of another shape",
+                          ps->redacted);
+    }
+    fill_row(out, r, 0, 0, &kinds);
+    rc = fill_queue(out, r, 0, PQntuples(r), 10, kinds);
+    if (out->held && !PQgetisnull(r, 0, 9))
+        own_grants(ps, PQgetvalue(r, 0, 9));
+    PQclear(r);
+    if (rc)
+        return rc;
+    return out->held ? DLOCK_OK : DLOCK_ENOTHELD;
 }
 
 static int pg_gc(void *st, int64_t idle_ms, uint64_t *removed,
@@ -402,7 +647,7 @@ const dlock__backend dlock__backend_pg = {
     NULL,               /* margin */
     pg_abandon,         /* abandon */
     NULL,               /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    pg_list,            /* list */
+    pg_evict,           /* evict */
+    NULL,               /* evict_unsupported */
 };
