@@ -591,7 +591,7 @@ int main(int argc, char **argv)
     } what[] = {
         {"file", 0, 0},
 
-        {"redis", 0, 0},
+        {"redis", 1, 1},
 
         {"redlock", 0, 0},
 
