@@ -593,7 +593,7 @@ int main(int argc, char **argv)
 
         {"redis", 1, 1},
 
-        {"redlock", 0, 0},
+        {"redlock", 1, 1},
 
         {"zk", 0, 0},
 
