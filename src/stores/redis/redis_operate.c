@@ -92,16 +92,17 @@ static int scan_reply(const redis_store *rs, const redisReply *r,
 }
 
 /* How many slots the next SCAN of a page asks for: as many as the
- * density of the keys found so far says will fill the page, more each
- * time nothing was found. */
+ * density of the keys found so far says will fill the page, but never
+ * more than twice the last SCAN's (a density guessed from a few keys can
+ * be far off, and a page must stay near its limit); twice as many when
+ * nothing was found. */
 static size_t next_count(size_t limit, size_t found, size_t visited,
                          size_t count)
 {
-    double want;
+    double want = (double)count * 2;
 
-    if (found == 0)
-        want = (double)count * 4;
-    else
+    if (found > 0 &&
+        (double)(limit - found) * (double)visited / (double)found < want)
         want = (double)(limit - found) * (double)visited / (double)found;
     if (want < LIST_COUNT_MIN)
         return LIST_COUNT_MIN;
