@@ -305,6 +305,37 @@ out:
 /* Break                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* The answer of the break script: *out from the value before, and
+ * DLOCK_OK (broken), DLOCK_ENOTHELD (nobody held it) or an error. */
+static int break_answer(const redis_store *rs, const char *name,
+                        const redisReply *r, dlock_info *out)
+{
+    int rc;
+
+    if (r->type == REDIS_REPLY_ERROR)
+        return server_error(rs, r->str, name);
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 ||
+        (r->elements - 4) % 4 != 0 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER ||
+        r->element[3]->type != REDIS_REPLY_INTEGER)
+        return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to break",
+                          rs->where);
+    /* what the store held just before */
+    rc = dlock__redis_inspect_value(
+        rs, name, r->element[0]->integer, r->element[1],
+        r->element[2]->type == REDIS_REPLY_INTEGER ? r->element[2]->integer
+                                                   : -1,
+        out);
+    if (rc == DLOCK_OK && r->element[3]->integer != 1)
+        rc = DLOCK_ENOTHELD; /* nobody held it: nothing done */
+    /* a waiter of this very client that the break let in hears it at
+     * once, as after a release */
+    for (size_t i = 4; rc == DLOCK_OK && i + 3 < r->elements; i += 4)
+        dlock__redis_own_grant(rs, r->element[i], r->element[i + 1],
+                               r->element[i + 2]);
+    return rc;
+}
+
 int dlock__redis_evict(void *st, const char *name, size_t len,
                        dlock_info *out, int64_t deadline)
 {
@@ -320,30 +351,7 @@ int dlock__redis_evict(void *st, const char *name, size_t len,
     rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
     if (rc)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR) {
-        rc = server_error(rs, r->str, name);
-    } else if (r->type != REDIS_REPLY_ARRAY || r->elements < 4 ||
-               (r->elements - 4) % 4 != 0 ||
-               r->element[0]->type != REDIS_REPLY_INTEGER ||
-               r->element[3]->type != REDIS_REPLY_INTEGER) {
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to break",
-                        rs->where);
-    } else {
-        /* what the store held just before */
-        rc = dlock__redis_inspect_value(
-            rs, name, r->element[0]->integer, r->element[1],
-            r->element[2]->type == REDIS_REPLY_INTEGER
-                ? r->element[2]->integer
-                : -1,
-            out);
-        if (rc == DLOCK_OK && r->element[3]->integer != 1)
-            rc = DLOCK_ENOTHELD; /* nobody held it: nothing done */
-        /* a waiter of this very client that the break let in hears it
-         * at once, as after a release */
-        for (size_t i = 4; rc == DLOCK_OK && i + 3 < r->elements; i += 4)
-            dlock__redis_own_grant(rs, r->element[i], r->element[i + 1],
-                                   r->element[i + 2]);
-    }
+    rc = break_answer(rs, name, r, out);
     freeReplyObject(r);
     return rc;
 }

@@ -212,6 +212,58 @@ int dlock__redis_scan_cursor(const char *s, size_t len, char out[21])
     return 0;
 }
 
+int dlock__redis_walk_cursor(const char *s, int n, char (*cur)[21],
+                             int *walk)
+{
+    int i = 0;
+
+    if (!*s) {
+        for (i = 0; i < n; i++) {
+            strcpy(cur[i], "0");
+            walk[i] = DLOCK__WALKING;
+        }
+        return 0;
+    }
+    for (const char *p = s;; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (i >= n)
+            return -1;
+        walk[i] = DLOCK__WALKING;
+        if (len == 1 && *p == '-')
+            walk[i] = DLOCK__WALKED;
+        else if (len == 1 && *p == 'x')
+            walk[i] = DLOCK__LEFT_OUT;
+        else if (len == 0 || dlock__redis_scan_cursor(p, len, cur[i]) != 0)
+            return -1;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return i + 1 == n ? 0 : -1;
+}
+
+int dlock__redis_walk_next(int n, char (*cur)[21], const int *walk,
+                           char **next)
+{
+    size_t cap = (size_t)n * 22 + 1, o = 0;
+    int more = 0;
+
+    *next = NULL;
+    for (int i = 0; i < n; i++)
+        more |= walk[i] == DLOCK__WALKING;
+    if (!more)
+        return DLOCK_OK;
+    if (!(*next = malloc(cap)))
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        o += (size_t)snprintf(*next + o, cap - o, "%s%s", i ? "," : "",
+                              walk[i] == DLOCK__WALKING  ? cur[i]
+                              : walk[i] == DLOCK__WALKED ? "-"
+                                                         : "x");
+    return DLOCK_OK;
+}
+
 size_t dlock__redis_wake_key(const dlock__redis_config *cfg, const char *name,
                              size_t len, char *out)
 {

@@ -164,6 +164,21 @@ int dlock__redis_key_name(const dlock__redis_config *cfg, const char *key,
  * its canonical form in out (no leading zeros), or -1. */
 int dlock__redis_scan_cursor(const char *s, size_t len, char out[21]);
 
+/* Redlock's dlock_list() cursor: one field per node, separated by
+ * commas: its SCAN cursor while its walk goes on (DLOCK__WALKING), "-"
+ * once walked to its end (DLOCK__WALKED), "x" once left out after it
+ * failed (DLOCK__LEFT_OUT). "" is every node from the start. Reads s into
+ * cur[0..n) and walk[0..n): 0, or -1 when s is not such a cursor of n
+ * fields. */
+enum { DLOCK__WALKING, DLOCK__WALKED, DLOCK__LEFT_OUT };
+int dlock__redis_walk_cursor(const char *s, int n, char (*cur)[21],
+                             int *walk);
+
+/* The cursor of the next page into *next (malloc'd), or NULL when no
+ * node's walk goes on. DLOCK_OK or DLOCK_ENOMEM. */
+int dlock__redis_walk_next(int n, char (*cur)[21], const int *walk,
+                           char **next);
+
 /* The release channel of a lock, PREFIX{NAME}:w:DB. */
 size_t dlock__redis_wake_key(const dlock__redis_config *cfg, const char *name,
                              size_t len, char *out);

@@ -238,64 +238,6 @@ done:
 /* List                                                                     */
 /* ------------------------------------------------------------------------ */
 
-enum { WALKING, WALKED, LEFT_OUT }; /* a node's walk */
-
-/* Reads a cursor: "" (every node from the start) or N fields "CURSOR",
- * "-" (walked) or "x" (left out), separated by commas. */
-static int read_cursor(const rl_store *rs, const char *s, char (*cur)[21],
-                       int *walk)
-{
-    int i = 0;
-
-    if (!*s) {
-        for (i = 0; i < rs->n; i++) {
-            strcpy(cur[i], "0");
-            walk[i] = WALKING;
-        }
-        return 0;
-    }
-    for (const char *p = s;; i++) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (i >= rs->n)
-            return -1;
-        walk[i] = WALKING;
-        if (len == 1 && *p == '-')
-            walk[i] = WALKED;
-        else if (len == 1 && *p == 'x')
-            walk[i] = LEFT_OUT;
-        else if (len == 0 || dlock__redis_scan_cursor(p, len, cur[i]) != 0)
-            return -1;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    return i + 1 == rs->n ? 0 : -1;
-}
-
-/* The cursor of the next page, or NULL (and DLOCK_OK) when every node's
- * walk is over. */
-static int write_cursor(const rl_store *rs, char (*cur)[21], const int *walk,
-                        char **next)
-{
-    size_t cap = (size_t)rs->n * 22 + 1, o = 0;
-    int more = 0;
-
-    *next = NULL;
-    for (int i = 0; i < rs->n; i++)
-        more |= walk[i] == WALKING;
-    if (!more)
-        return DLOCK_OK;
-    if (!(*next = malloc(cap)))
-        return dlock__err(DLOCK_ENOMEM, "out of memory");
-    for (int i = 0; i < rs->n; i++)
-        o += (size_t)snprintf(*next + o, cap - o, "%s%s", i ? "," : "",
-                              walk[i] == WALKING  ? cur[i]
-                              : walk[i] == WALKED ? "-"
-                                                  : "x");
-    return DLOCK_OK;
-}
-
 /* A name found by a node's SCAN: points into that node's reply. */
 typedef struct fname {
     const char *name;
@@ -328,7 +270,7 @@ static void scan_round(rl_store *rs, const char *pat, size_t pl,
     snprintf(cnt, sizeof(cnt), "%zu", count);
     dlock__redlock_round_begin(rs);
     for (int i = 0; i < rs->n; i++) {
-        if (walk[i] != WALKING)
+        if (walk[i] != DLOCK__WALKING)
             continue;
         rcmd c;
         rcmd_plain(&c);
@@ -346,7 +288,7 @@ static void scan_round(rl_store *rs, const char *pat, size_t pl,
                              NULL, NULL);
     for (int i = 0; i < rs->n; i++) {
         rnode *n = &rs->nodes[i];
-        if (walk[i] != WALKING)
+        if (walk[i] != DLOCK__WALKING)
             continue;
         const redisReply *r = n->rc || n->ngot < 1 ? NULL : n->got[0];
         int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
@@ -357,14 +299,14 @@ static void scan_round(rl_store *rs, const char *pat, size_t pl,
         for (size_t k = 0; ok && k < r->element[1]->elements; k++)
             ok = r->element[1]->element[k]->type == REDIS_REPLY_STRING;
         if (!ok) {
-            walk[i] = LEFT_OUT;
+            walk[i] = DLOCK__LEFT_OUT;
             continue;
         }
         scans[i] = n->got[0]; /* ours now: the round frees the rest */
         n->got[0] = NULL;
         n->ngot = 0;
         if (!strcmp(cur[i], "0"))
-            walk[i] = WALKED;
+            walk[i] = DLOCK__WALKED;
     }
     dlock__redlock_round_free(rs);
 }
@@ -467,7 +409,7 @@ static int describe_round(rl_store *rs, const fname *names, size_t m,
             w->waiters = numsub(n->got[1], j);
             /* a lower node whose walk covers the name lists it */
             const redisReply *key = flags & DLOCK_LIST_FREE ? w->f : w->v;
-            if (i < names[j].from && walk[i] != LEFT_OUT &&
+            if (i < names[j].from && walk[i] != DLOCK__LEFT_OUT &&
                 key->type != REDIS_REPLY_NIL)
                 skip = 1;
         }
@@ -508,7 +450,7 @@ int dlock__redlock_list(void *st, const char *prefix, size_t plen,
     fname *names = NULL;
     int rc = DLOCK_OK;
 
-    if (read_cursor(rs, cursor, cur, walk) != 0)
+    if (dlock__redis_walk_cursor(cursor, rs->n, cur, walk) != 0)
         return dlock__err(DLOCK_EINVAL,
                           "%s: the cursor is not one this store made (one "
                           "field per node)",
@@ -519,7 +461,7 @@ int dlock__redlock_list(void *st, const char *prefix, size_t plen,
     pthread_mutex_lock(&rs->mu);
     scan_round(rs, pat, pl, count, cur, walk, scans, op_deadline);
     for (int i = 0; i < rs->n; i++)
-        left += walk[i] == LEFT_OUT;
+        left += walk[i] == DLOCK__LEFT_OUT;
     if (left > rs->n - rs->quorum) {
         /* a quorum's walk can no longer be complete */
         int answered = 0;
@@ -568,7 +510,7 @@ int dlock__redlock_list(void *st, const char *prefix, size_t plen,
         if (rc)
             goto done;
     }
-    rc = write_cursor(rs, cur, walk, &out->next);
+    rc = dlock__redis_walk_next(rs->n, cur, walk, &out->next);
 done:
     pthread_mutex_unlock(&rs->mu);
     for (int i = 0; i < rs->n; i++)
