@@ -20,6 +20,10 @@
  *
  * Timing bounds are the contracts' (a wake-up, a renewal at a third of
  * the ttl) with room for a busy 2-core machine; each says which.
+ *
+ * Past 1,000 lines on purpose, like the other store files: a list of
+ * independent scenarios (one function each, run by name, any one alone
+ * with a filter).
  */
 #include "test.h"
 
