@@ -15,8 +15,18 @@
  * in any form, exclusive, shared or a semaphore's, with its holder and
  * queue lines, PTTL); every reply goes to the subscriber
  * connection's handler (hand-over messages on the client's channel).
+ * The same reply is read as the answer to the break script
+ * (redis_operate.c: the value before, its PTTL, whether it broke, the
+ * grants). Field 4 is also read as a dlock_list() cursor (one server's
+ * SCAN cursor, and Redlock's one field per node), and field 3 as a name
+ * prefix for listing.
  * Checks: keys are PREFIX{NAME}SUFFIX and the name comes back from a key
- * by its last '}' (one key per name and suffix); a queue line holds the
+ * by its last '}' (one key per name and suffix), and by
+ * dlock__redis_key_name(); the SCAN pattern of a name prefix matches the
+ * key of a name exactly when the name starts with it (a matcher of Redis'
+ * glob for what the pattern holds: escaped bytes and one '*'); a cursor
+ * is refused or read back to itself (written again, read again, the
+ * same); a queue line holds the
  * owner, waiter number, ttl and description and its id is its prefix;
  * inspect answers give DLOCK_OK or DLOCK_EPROTO, a terminated holder,
  * waiters >= -1 and as many as the queue entries, held_ms >= -1, holders
@@ -31,6 +41,7 @@
 #include "../src/stores/redis/redis_rw_scripts.c"
 #include "../src/stores/redis/redis_conn.c"
 #include "../src/stores/redis/redis_shared.c"
+#include "../src/stores/redis/redis_operate.c"
 
 static dlock_client *client;
 
@@ -67,6 +78,111 @@ static void check_key(const redis_store *rs, const char *name, size_t len,
         memcmp(k + pl + 1, name, len) != 0 || memcmp(end + 1, sfx, sl) != 0)
         fz_fail("the name does not come back from its key");
     free(k);
+}
+
+/* Redis' glob for the patterns list makes: a backslash takes the next
+ * byte literally, '*' any run of bytes (written for this check; the
+ * patterns hold no '?' or '['). */
+static int glob(const char *p, size_t pl, const char *s, size_t sl)
+{
+    while (pl) {
+        if (*p == '*') {
+            for (size_t k = 0; k <= sl; k++)
+                if (glob(p + 1, pl - 1, s + k, sl - k))
+                    return 1;
+            return 0;
+        }
+        if (*p == '\\' && pl > 1) {
+            p++;
+            pl--;
+        }
+        if (!sl || *p != *s)
+            return 0;
+        p++;
+        pl--;
+        s++;
+        sl--;
+    }
+    return sl == 0;
+}
+
+/* The name of a key, and the pattern of a name prefix. */
+static void check_listing(const redis_store *rs, const char *name,
+                          size_t len, const char *prefix, size_t plen)
+{
+    char *k = malloc(DLOCK__REDIS_KEY_MAX);
+    char *pat = malloc(DLOCK__REDIS_PATTERN_MAX);
+    const char *nm;
+    size_t nl;
+
+    if (plen > DLOCK_NAME_MAX)
+        plen = DLOCK_NAME_MAX;
+    size_t pn = dlock__redis_list_pattern(&rs->cfg, prefix, plen, "", pat);
+    if (pn > DLOCK__REDIS_PATTERN_MAX)
+        fz_fail("pattern past its buffer");
+    if (len >= 1 && len <= DLOCK_NAME_MAX && !memchr(name, 0, len)) {
+        size_t kl = dlock__redis_key(&rs->cfg, name, len, "", k);
+        if (dlock__redis_key_name(&rs->cfg, k, kl, "", &nm, &nl) != 0 ||
+            nl != len || memcmp(nm, name, len) != 0)
+            fz_fail("the name does not come back from its key");
+        if (dlock__redis_key_name(&rs->cfg, k, kl, ":f", &nm, &nl) == 0)
+            fz_fail("a lock key read as a counter key");
+        int starts = len >= plen && memcmp(name, prefix, plen) == 0;
+        if (glob(pat, pn, k, kl) != starts)
+            fz_fail("the pattern of a prefix %s the key of a name",
+                    starts ? "misses" : "matches");
+        kl = dlock__redis_key(&rs->cfg, name, len, ":f", k);
+        if (glob(pat, pn, k, kl))
+            fz_fail("a lock key pattern matches a counter key");
+    }
+    /* any key at all: a name within bounds, or refused */
+    if (dlock__redis_key_name(&rs->cfg, name, len, "", &nm, &nl) == 0 &&
+        (nl == 0 || nl > DLOCK_NAME_MAX || nm < name ||
+         nm + nl > name + len))
+        fz_fail("a name out of its key");
+    free(k);
+    free(pat);
+}
+
+/* A cursor is refused, or read back to itself. */
+static void check_cursor(const char *s, unsigned n)
+{
+    char out[21], again[21];
+    char(*cur)[21] = malloc(64 * sizeof(*cur));
+    char(*cur2)[21] = malloc(64 * sizeof(*cur2));
+    int walk[64], walk2[64];
+    size_t len = strlen(s);
+
+    if (dlock__redis_scan_cursor(s, len, out) == 0) {
+        if (strlen(out) > 20 || strspn(out, "0123456789") != strlen(out) ||
+            (out[0] == '0' && out[1]) ||
+            dlock__redis_scan_cursor(out, strlen(out), again) != 0 ||
+            strcmp(out, again) != 0)
+            fz_fail("a SCAN cursor not read back to itself");
+        if (strtoull(s, NULL, 10) != strtoull(out, NULL, 10))
+            fz_fail("a SCAN cursor read as another number");
+    }
+    if (dlock__redis_walk_cursor(s, (int)n, cur, walk) == 0) {
+        char *next = NULL;
+        if (dlock__redis_walk_next((int)n, cur, walk, &next) != DLOCK_OK)
+            fz_fail("walk_next failed");
+        int more = 0;
+        for (unsigned i = 0; i < n; i++)
+            more |= walk[i] == DLOCK__WALKING;
+        if (!next != !more)
+            fz_fail("a walk's next cursor");
+        if (next) {
+            if (dlock__redis_walk_cursor(next, (int)n, cur2, walk2) != 0)
+                fz_fail("a walk cursor we made is refused");
+            for (unsigned i = 0; i < n; i++)
+                if (walk[i] != walk2[i] ||
+                    (walk[i] == DLOCK__WALKING && strcmp(cur[i], cur2[i])))
+                    fz_fail("a walk cursor not read back to itself");
+        }
+        free(next);
+    }
+    free(cur);
+    free(cur2);
 }
 
 static void check_scrub(const char *password, const char *msg)
@@ -132,6 +248,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_key(rs, name, len, ":f");
     }
     check_scrub(password, msg);
+    check_listing(rs, name, len, password, plen);
+    check_cursor(msg, flags % 63 + 1);
 
     /* a queue line of a lease with this description (cut to fit) */
     {
@@ -198,6 +316,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              info.held != (info.holders > 0) ||
              (info.waiters >= 0 && (size_t)info.waiters != info.queue_len)))
             fz_fail("inspect answer out of range");
+        dlock_info_clear(&info);
+
+        /* the same reply as the break script's answer */
+        memset(&info, 0, sizeof(info));
+        info.ttl_ms = info.held_ms = info.waiters = -1;
+        rc = break_answer(rs, name, got[0], &info);
+        if (rc != DLOCK_OK && rc != DLOCK_ENOTHELD && rc != DLOCK_EPROTO &&
+            rc != DLOCK_EAUTH && rc != DLOCK_ECONN && rc != DLOCK_ENOMEM &&
+            rc != DLOCK_EINVAL)
+            fz_fail("break_answer returned %d", rc);
+        if ((rc == DLOCK_OK || rc == DLOCK_ENOTHELD) &&
+            (info.holders < 0 || info.held != (info.holders > 0) ||
+             (info.waiters >= 0 && (size_t)info.waiters != info.queue_len)))
+            fz_fail("break answer out of range");
         dlock_info_clear(&info);
     }
     for (int i = 0; i < n; i++) {

@@ -166,6 +166,30 @@ for uri, name, resp in [
     put("redis", fields(uri, name, "s3cret", "WRONGPASS s3cret invalid") +
         b"\0" + bytes([1]) + resp)
 
+# dlock_list() and dlock_break() (redis_operate.c): field 3 a name prefix,
+# field 4 a cursor (one server's, and Redlock's per node), the reply the
+# break script's answer: {server ms, value before, pttl, broke, grants}
+BREAK = [
+    arr(num(1700000001000), bulk(VAL + "\n" + OWNER + ":7 30000 w"),
+        num(29000), num(1), bulk("0123456789abcdef0123456789abcdef"),
+        bulk("7"), bulk("1700000000000002"), num(30000)),
+    arr(num(1700000001000), bulk(None), num(-2), num(0)),
+    arr(num(1), bulk("- 1700000000000009"), num(100), num(0)),
+    arr(num(1), bulk("hello"), num(-1), num(0)),
+    arr(num(1), bulk(VAL), num(1), num(1), bulk("x")),
+]
+for uri, name, prefix, cursor, flags, resp in [
+        ("redis://h", "a*b", "a*", "0", 0, BREAK[0]),
+        ("redis://h?prefix=p*[q]:", "op/odd/a[x]", "op/odd/a[", "123", 4,
+         BREAK[1]),
+        ("redis://h", "a\\b", "a\\", "18446744073709551615", 1, BREAK[2]),
+        ("redis://h", "n", "", "18446744073709551616", 2, BREAK[3]),
+        ("redis://h", "a{t}", "a{", "12,-,x,0,7", 4, BREAK[4]),
+        ("redis://h", "n", "n", ",,", 1, BREAK[0]),
+        ("redis://h", "n", "m", "-,-,-", 2, BREAK[1])]:
+    put("redis", fields(uri, name, prefix, cursor) + b"\0" + bytes([flags]) +
+        resp)
+
 
 # --- etcd: URI \0 NAME \0 JSON \0 WATCH-STREAM (fuzz_etcd.c) ---
 import base64

@@ -618,9 +618,9 @@ int main(int argc, char **argv)
     } what[] = {
         {"file", 1, 0},
 
-        {"redis", 0, 0},
+        {"redis", 1, 1},
 
-        {"redlock", 0, 0},
+        {"redlock", 1, 1},
 
         {"zk", 0, 0},
 

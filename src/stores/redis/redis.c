@@ -731,7 +731,7 @@ const dlock__backend dlock__backend_redis = {
     NULL,                       /* margin */
     redis_abandon,              /* abandon */
     redis_extend_many,          /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    dlock__redis_list,          /* list: redis_operate.c */
+    dlock__redis_evict,         /* evict */
+    NULL,                       /* evict_unsupported */
 };

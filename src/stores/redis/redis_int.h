@@ -138,4 +138,19 @@ int dlock__redis_rw_extend(redis_store *rs, dlock__lease *l, int64_t ttl_ms,
 int dlock__redis_rw_inspect(const redis_store *rs, const char *name,
                             const redisReply *s, dlock_info *out);
 
+/* The same from its parts: the server's clock in ms, the key's value (a
+ * string; nil: free, nothing kept) and its PTTL. What inspect, list and
+ * break share (each entry of a dlock_list() page is filled by this, as
+ * dlock_inspect() would fill it). */
+int dlock__redis_inspect_value(const redis_store *rs, const char *name,
+                               long long now, const redisReply *v,
+                               long long pttl, dlock_info *out);
+
+/* dlock_list() and dlock_break() (redis_operate.c). */
+int dlock__redis_list(void *st, const char *prefix, size_t plen,
+                      const char *cursor, size_t limit, unsigned flags,
+                      dlock_list_page *out, int64_t op_deadline);
+int dlock__redis_evict(void *st, const char *name, size_t len,
+                       dlock_info *out, int64_t op_deadline);
+
 #endif /* DLOCK_REDIS_INT_H */

@@ -266,11 +266,17 @@ int dlock__redis_rw_inspect(const redis_store *rs, const char *name,
         s->element[0]->type != REDIS_REPLY_INTEGER)
         return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
                           rs->where);
-    const redisReply *v = s->element[1];
-    long long now = s->element[0]->integer;
-    long long pttl = s->element[2]->type == REDIS_REPLY_INTEGER
-                         ? s->element[2]->integer
-                         : -1;
+    return dlock__redis_inspect_value(
+        rs, name, s->element[0]->integer, s->element[1],
+        s->element[2]->type == REDIS_REPLY_INTEGER ? s->element[2]->integer
+                                                   : -1,
+        out);
+}
+
+int dlock__redis_inspect_value(const redis_store *rs, const char *name,
+                               long long now, const redisReply *v,
+                               long long pttl, dlock_info *out)
+{
     unsigned long long t = 0, at = 0;
     int desc = 0, kinds = 0;
 

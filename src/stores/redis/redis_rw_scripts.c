@@ -439,3 +439,35 @@ const char dlock__redis_rw_extend_many_lua[] =
     "  end\n"
     "end\n"
     "return r\n";
+
+/* KEYS: lock. ARGV: the channel prefix. dlock_break(): takes every hold
+ * away in one step, whatever the key's form: the writer's record, every
+ * holder line (read holds, permits); keeps the last token (in the new
+ * holder's record or line, or in the tombstone "- TOKEN" of a release),
+ * so that the next hold's token is greater than every evicted one; then
+ * grants the head of the queue what can now proceed, exactly as a release
+ * does (a message to each waiter granted; the waiters keep their places).
+ * Returns {server ms, the value before, its PTTL, 0} when nobody held
+ * the lock (nothing changed), else the same with 1 and the grants
+ * {CLIENT, SEQ, TOKEN, TTL, ...}. */
+const char dlock__redis_break_lua[] =
+    RW_LIB
+    "local v = redis.call('GET', KEYS[1])\n"
+    "local p = redis.call('PTTL', KEYS[1])\n"
+    "local t0 = now()\n"
+    "if not v then return {t0, false, p, 0} end\n"
+    "local st = parse(v)\n"
+    /* not dlock's: left alone (the client says so) */
+    "if not st then return {t0, v, p, 0} end\n"
+    "local held = st.f == 'W'\n"
+    "if not held then\n"
+    "  drop(st, KEYS[1])\n"
+    "  held = #st.h > 0\n"
+    "end\n"
+    "if not held then return {t0, v, p, 0} end\n"
+    "st.f, st.o, st.rec, st.px, st.h = 'F', nil, nil, nil, {}\n"
+    "local out = grant(st, ARGV[1], '')\n"
+    "save(KEYS[1], st)\n"
+    "local r = {t0, v, p, 1}\n"
+    "for _, x in ipairs(out) do r[#r + 1] = x end\n"
+    "return r\n";

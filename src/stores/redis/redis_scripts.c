@@ -174,6 +174,21 @@ static const char inspect_lua[] =
     "return {tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000),\n"
     "        redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}\n";
 
+/* KEYS: locks (a page of dlock_list()). Returns {server ms, then for
+ * each key its value (nil: none; 0: a key of another type) and PTTL}: one
+ * script reads a whole batch at one moment, so each entry is one state of
+ * its lock. */
+static const char list_lua[] =
+    "local tm = redis.call('TIME')\n"
+    "local r = {tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)}\n"
+    "for i = 1, #KEYS do\n"
+    "  local v = redis.pcall('GET', KEYS[i])\n"
+    "  if type(v) == 'table' then v = 0 end\n"
+    "  r[2 * i] = v\n"
+    "  r[2 * i + 1] = redis.call('PTTL', KEYS[i])\n"
+    "end\n"
+    "return r\n";
+
 const char *const dlock__redis_script_text[NSCRIPTS] = {
     try_lua,
     release_lua,
@@ -185,5 +200,7 @@ const char *const dlock__redis_script_text[NSCRIPTS] = {
     dlock__redis_rw_release_lua,
     dlock__redis_rw_abandon_lua,
     dlock__redis_rw_extend_lua,
-    dlock__redis_rw_extend_many_lua};
+    dlock__redis_rw_extend_many_lua,
+    list_lua,
+    dlock__redis_break_lua};
 

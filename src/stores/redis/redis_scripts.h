@@ -19,6 +19,8 @@ enum {
     S_RW_ABANDON,
     S_RW_EXTEND,
     S_RW_EXTEND_MANY,
+    S_LIST,  /* the operator's: redis_operate.c */
+    S_BREAK, /* (its text: redis_rw_scripts.c) */
     NSCRIPTS
 };
 
@@ -31,5 +33,6 @@ extern const char dlock__redis_rw_release_lua[];
 extern const char dlock__redis_rw_abandon_lua[];
 extern const char dlock__redis_rw_extend_lua[];
 extern const char dlock__redis_rw_extend_many_lua[];
+extern const char dlock__redis_break_lua[];
 
 #endif /* DLOCK_REDIS_SCRIPTS_H */

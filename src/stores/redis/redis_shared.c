@@ -5,6 +5,7 @@
 #include "redis_shared.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,119 @@ size_t dlock__redis_key(const dlock__redis_config *cfg, const char *name,
     out[o++] = '}';
     memcpy(out + o, suffix, sl);
     return o + sl;
+}
+
+/* Copies s[0..n) to out with a backslash before each glob character. */
+static size_t glob_escape(const char *s, size_t n, char *out)
+{
+    size_t o = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (strchr("*?[]\\", s[i]) && s[i] != '\0')
+            out[o++] = '\\';
+        out[o++] = s[i];
+    }
+    return o;
+}
+
+size_t dlock__redis_list_pattern(const dlock__redis_config *cfg,
+                                 const char *prefix, size_t plen,
+                                 const char *suffix, char *out)
+{
+    size_t o = glob_escape(cfg->prefix, cfg->prefix_len, out);
+    size_t sl = strlen(suffix);
+
+    out[o++] = '{';
+    o += glob_escape(prefix, plen, out + o);
+    out[o++] = '*';
+    out[o++] = '}';
+    o += glob_escape(suffix, sl, out + o);
+    return o;
+}
+
+int dlock__redis_key_name(const dlock__redis_config *cfg, const char *key,
+                          size_t klen, const char *suffix, const char **name,
+                          size_t *len)
+{
+    size_t pl = cfg->prefix_len, sl = strlen(suffix);
+
+    if (klen < pl + 2 + sl || memcmp(key, cfg->prefix, pl) != 0 ||
+        key[pl] != '{' || key[klen - sl - 1] != '}' ||
+        memcmp(key + klen - sl, suffix, sl) != 0)
+        return -1;
+    *name = key + pl + 1;
+    *len = klen - pl - 2 - sl;
+    if (*len == 0 || *len > DLOCK_NAME_MAX || memchr(*name, '\0', *len))
+        return -1;
+    return 0;
+}
+
+int dlock__redis_scan_cursor(const char *s, size_t len, char out[21])
+{
+    unsigned long long v = 0;
+
+    if (len > 20)
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned d = (unsigned)(unsigned char)s[i] - '0';
+        if (d > 9 || v > (ULLONG_MAX - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    snprintf(out, 21, "%llu", v);
+    return 0;
+}
+
+int dlock__redis_walk_cursor(const char *s, int n, char (*cur)[21],
+                             int *walk)
+{
+    int i = 0;
+
+    if (!*s) {
+        for (i = 0; i < n; i++) {
+            strcpy(cur[i], "0");
+            walk[i] = DLOCK__WALKING;
+        }
+        return 0;
+    }
+    for (const char *p = s;; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (i >= n)
+            return -1;
+        walk[i] = DLOCK__WALKING;
+        if (len == 1 && *p == '-')
+            walk[i] = DLOCK__WALKED;
+        else if (len == 1 && *p == 'x')
+            walk[i] = DLOCK__LEFT_OUT;
+        else if (len == 0 || dlock__redis_scan_cursor(p, len, cur[i]) != 0)
+            return -1;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return i + 1 == n ? 0 : -1;
+}
+
+int dlock__redis_walk_next(int n, char (*cur)[21], const int *walk,
+                           char **next)
+{
+    size_t cap = (size_t)n * 22 + 1, o = 0;
+    int more = 0;
+
+    *next = NULL;
+    for (int i = 0; i < n; i++)
+        more |= walk[i] == DLOCK__WALKING;
+    if (!more)
+        return DLOCK_OK;
+    if (!(*next = malloc(cap)))
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        o += (size_t)snprintf(*next + o, cap - o, "%s%s", i ? "," : "",
+                              walk[i] == DLOCK__WALKING  ? cur[i]
+                              : walk[i] == DLOCK__WALKED ? "-"
+                                                         : "x");
+    return DLOCK_OK;
 }
 
 size_t dlock__redis_wake_key(const dlock__redis_config *cfg, const char *name,

@@ -140,6 +140,45 @@ typedef struct dlock__redis_config {
 size_t dlock__redis_key(const dlock__redis_config *cfg, const char *name,
                         size_t len, const char *suffix, char *out);
 
+/* dlock_list() on either store: the SCAN pattern of the keys
+ * PREFIX{NAME}SUFFIX of the names that start with the bytes
+ * prefix[0..plen): PREFIX{P*}SUFFIX with every character of Redis' glob
+ * (* ? [ ] \) in the store's prefix and in P escaped by a backslash, so
+ * that a name prefix is matched as bytes. `out` has room for
+ * DLOCK__REDIS_PATTERN_MAX bytes; returns the pattern's length. */
+#define DLOCK__REDIS_PATTERN_MAX                                              \
+    (2 * (DLOCK__REDIS_PREFIX_MAX + DLOCK_NAME_MAX) + 16)
+size_t dlock__redis_list_pattern(const dlock__redis_config *cfg,
+                                 const char *prefix, size_t plen,
+                                 const char *suffix, char *out);
+
+/* The lock name of a key PREFIX{NAME}SUFFIX: 0 with *name pointing into
+ * `key` and *len set, or -1 when the key has another layout, or a name
+ * that no lock can have (empty, longer than DLOCK_NAME_MAX, a NUL byte). */
+int dlock__redis_key_name(const dlock__redis_config *cfg, const char *key,
+                          size_t klen, const char *suffix, const char **name,
+                          size_t *len);
+
+/* A SCAN cursor of the caller's, s[0..len): the decimal digits of an
+ * unsigned 64-bit number ("" is the start, 0), at most 20 of them. 0 with
+ * its canonical form in out (no leading zeros), or -1. */
+int dlock__redis_scan_cursor(const char *s, size_t len, char out[21]);
+
+/* Redlock's dlock_list() cursor: one field per node, separated by
+ * commas: its SCAN cursor while its walk goes on (DLOCK__WALKING), "-"
+ * once walked to its end (DLOCK__WALKED), "x" once left out after it
+ * failed (DLOCK__LEFT_OUT). "" is every node from the start. Reads s into
+ * cur[0..n) and walk[0..n): 0, or -1 when s is not such a cursor of n
+ * fields. */
+enum { DLOCK__WALKING, DLOCK__WALKED, DLOCK__LEFT_OUT };
+int dlock__redis_walk_cursor(const char *s, int n, char (*cur)[21],
+                             int *walk);
+
+/* The cursor of the next page into *next (malloc'd), or NULL when no
+ * node's walk goes on. DLOCK_OK or DLOCK_ENOMEM. */
+int dlock__redis_walk_next(int n, char (*cur)[21], const int *walk,
+                           char **next);
+
 /* The release channel of a lock, PREFIX{NAME}:w:DB. */
 size_t dlock__redis_wake_key(const dlock__redis_config *cfg, const char *name,
                              size_t len, char *out);

@@ -144,8 +144,46 @@ static const char inspect_lua[] =
     "return {now, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), "
     "redis.call('GET', KEYS[2])}\n";
 
+/* KEYS: lock, fence of each name (a page of dlock_list()). {server ms,
+ * then for each name: value, pttl, counter} (a value or counter of
+ * another type: 0). */
+static const char list_lua[] =
+    "local tm = redis.call('TIME')\n"
+    "local r = {tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
+    "1000)}\n"
+    "for i = 1, #KEYS, 2 do\n"
+    "  local v = redis.pcall('GET', KEYS[i])\n"
+    "  if type(v) == 'table' then v = 0 end\n"
+    "  local f = redis.pcall('GET', KEYS[i + 1])\n"
+    "  if type(f) == 'table' then f = 0 end\n"
+    "  r[#r + 1] = v\n"
+    "  r[#r + 1] = redis.call('PTTL', KEYS[i])\n"
+    "  r[#r + 1] = f\n"
+    "end\n"
+    "return r\n";
+
+/* KEYS: lock, fence. ARGV: the release channel. dlock_break() on one
+ * node: deletes the holder's key (the counter stays) and publishes its
+ * release as the holder's own release would ("OWNER COUNTER"), so that
+ * waiters try at once. {server ms, value, pttl, counter, 1 if deleted}. */
+static const char break_lua[] =
+    "local tm = redis.call('TIME')\n"
+    "local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / "
+    "1000)\n"
+    "local v = redis.call('GET', KEYS[1])\n"
+    "local p = redis.call('PTTL', KEYS[1])\n"
+    "local f = redis.call('GET', KEYS[2])\n"
+    "local done = 0\n"
+    "if v and string.match(v, " DLOCK__REDIS_LUA_OURS_PATTERN ") then\n"
+    "  redis.call('DEL', KEYS[1])\n"
+    "  redis.call('PUBLISH', ARGV[1], string.match(v, '^(%S+ %d+)'))\n"
+    "  done = 1\n"
+    "end\n"
+    "return {now, v, p, f, done}\n";
+
 const char *const dlock__redlock_script_text[NSCRIPTS] = {
-    acquire_lua, release_lua, extend_lua, repair_lua, raise_lua, inspect_lua};
+    acquire_lua, release_lua, extend_lua, repair_lua,
+    raise_lua,   inspect_lua, list_lua,   break_lua};
 
 
 /* ------------------------------------------------------------------------ */
@@ -593,146 +631,6 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return rc;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Inspect                                                                  */
-/* ------------------------------------------------------------------------ */
-
-typedef struct seen {
-    const char *owner; /* points into a reply */
-    size_t owner_len;
-    uint64_t counter;
-    long long acquired, now, pttl;
-    const char *desc;
-    size_t desc_len;
-} seen;
-
-static int cmp_ll_desc(const void *a, const void *b)
-{
-    long long x = *(const long long *)a, y = *(const long long *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-static int rl_inspect(void *st, const char *name, size_t len,
-                      dlock_info *out, int64_t op_deadline)
-{
-    rl_store *rs = st;
-    char lock[DLOCK__REDIS_KEY_MAX], fence[DLOCK__REDIS_KEY_MAX];
-    char wake[DLOCK__REDIS_KEY_MAX];
-    size_t ll = dlock__redis_key(&rs->cfg, name, len, "", lock);
-    size_t fl = dlock__redis_key(&rs->cfg, name, len, ":f", fence);
-    size_t wl = dlock__redis_wake_key(&rs->cfg, name, len, wake);
-    seen sn[MAX_NODES];
-    int has[MAX_NODES];
-    int rc = DLOCK_OK, answered = 0;
-
-    rcmd c[2];
-    rcmd_evalsha(&c[0], S_INSPECT, 2);
-    rcmd_arg(&c[0], lock, ll);
-    rcmd_arg(&c[0], fence, fl);
-    rcmd_plain(&c[1]);
-    rcmd_str(&c[1], "PUBSUB");
-    rcmd_str(&c[1], "NUMSUB");
-    rcmd_arg(&c[1], wake, wl);
-    pthread_mutex_lock(&rs->mu);
-    dlock__redlock_ask_all(rs, c, 2, rs->node_timeout, op_deadline, NULL,
-                           NULL);
-
-    uint64_t last = 0;
-    out->waiters = 0;
-    for (int i = 0; i < rs->n; i++) {
-        rnode *n = &rs->nodes[i];
-        has[i] = 0;
-        if (n->rc || n->ngot < 2)
-            continue;
-        const redisReply *s = n->got[0], *ns = n->got[1];
-        if (s->type == REDIS_REPLY_ERROR) {
-            rc = dlock__redis_server_error(n->where, rs->cfg.password, s->str,
-                                           name);
-            goto done;
-        }
-        if (s->type != REDIS_REPLY_ARRAY || s->elements != 4 ||
-            s->element[0]->type != REDIS_REPLY_INTEGER) {
-            rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
-                            n->where);
-            goto done;
-        }
-        answered++;
-        uint64_t f;
-        /* the highest counter, from the lowest node that has it: the
-         * token rule of the acquire */
-        if (dlock__redis_reply_uint(s->element[3], &f) == 0 &&
-            (f << NODE_BITS) > (last & ~(uint64_t)((1 << NODE_BITS) - 1)))
-            last = f << NODE_BITS | (uint64_t)i;
-        if (ns->type == REDIS_REPLY_ARRAY && ns->elements == 2 &&
-            ns->element[1]->type == REDIS_REPLY_INTEGER &&
-            ns->element[1]->integer > out->waiters)
-            out->waiters = ns->element[1]->integer;
-        const redisReply *v = s->element[1];
-        if (v->type != REDIS_REPLY_STRING)
-            continue;
-        /* "OWNER COUNTER ACQUIRED_MS DESCRIPTION" */
-        unsigned long long cnt = 0, at = 0;
-        int o_end = 0, d = 0;
-        if (sscanf(v->str, "%*s%n %llu %llu %n", &o_end, &cnt, &at, &d) < 2 ||
-            d <= 0) {
-            rc = dlock__err(DLOCK_EPROTO,
-                            "%s: a key of lock '%.100s' holds a value of "
-                            "another type (not written by dlock)",
-                            n->where, name);
-            goto done;
-        }
-        has[i] = 1;
-        sn[i].owner = v->str;
-        sn[i].owner_len = (size_t)o_end;
-        sn[i].counter = cnt;
-        sn[i].acquired = (long long)at;
-        sn[i].now = s->element[0]->integer;
-        sn[i].pttl = s->element[2]->type == REDIS_REPLY_INTEGER
-                         ? s->element[2]->integer
-                         : -1;
-        sn[i].desc = v->str + d;
-        sn[i].desc_len = v->len - (size_t)d;
-    }
-    if (answered < rs->quorum) {
-        rc = dlock__redlock_quorum_failure(rs, answered, "inspect");
-        goto done;
-    }
-    out->token = last;
-    /* held when one owner's key is on a quorum */
-    for (int i = 0; i < rs->n && !out->held; i++) {
-        if (!has[i])
-            continue;
-        long long pttls[MAX_NODES];
-        int same = 0, top_idx = 0;
-        uint64_t top = 0;
-        for (int k = 0; k < rs->n; k++) {
-            if (!has[k] || sn[k].owner_len != sn[i].owner_len ||
-                memcmp(sn[k].owner, sn[i].owner, sn[i].owner_len) != 0)
-                continue;
-            pttls[same++] = sn[k].pttl;
-            if (sn[k].counter > top) { /* the lowest node with the most */
-                top = sn[k].counter;
-                top_idx = k;
-            }
-        }
-        uint64_t tok = top << NODE_BITS | (uint64_t)top_idx;
-        if (same < rs->quorum)
-            continue;
-        qsort(pttls, (size_t)same, sizeof(pttls[0]), cmp_ll_desc);
-        out->held = 1;
-        out->token = tok;
-        out->ttl_ms = pttls[rs->quorum - 1];
-        if (sn[i].now >= sn[i].acquired)
-            out->held_ms = sn[i].now - sn[i].acquired;
-        snprintf(out->holder, sizeof(out->holder), "%.*s",
-                 (int)sn[i].desc_len, sn[i].desc);
-    }
-done:
-    dlock__redlock_round_free(rs);
-    pthread_mutex_unlock(&rs->mu);
-    return rc;
-}
-
 static int64_t rl_margin(void *st, int64_t ttl_ms)
 {
     return margin(st, ttl_ms);
@@ -749,7 +647,7 @@ const dlock__backend dlock__backend_redlock = {
     dlock__redlock_disarm,   /* disarm */
     rl_release,              /* release */
     rl_extend,               /* extend */
-    rl_inspect,              /* inspect */
+    dlock__redlock_inspect,  /* inspect: redlock_operate.c */
     dlock__redlock_loop_fd,  /* loop_fd */
     dlock__redlock_loop_run, /* loop_run */
     NULL,                    /* gc */
@@ -757,7 +655,7 @@ const dlock__backend dlock__backend_redlock = {
     rl_margin,               /* margin */
     NULL,                    /* abandon */
     NULL,                    /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    dlock__redlock_list,     /* list */
+    dlock__redlock_evict,    /* evict */
+    NULL,                    /* evict_unsupported */
 };

@@ -32,7 +32,17 @@
 #define PARTIAL_RETRY_MS 250 /* one owner on the nodes up, not a quorum */
 
 /* The scripts (redlock.c), loaded on every new command connection. */
-enum { S_ACQUIRE, S_RELEASE, S_EXTEND, S_REPAIR, S_RAISE, S_INSPECT, NSCRIPTS };
+enum {
+    S_ACQUIRE,
+    S_RELEASE,
+    S_EXTEND,
+    S_REPAIR,
+    S_RAISE,
+    S_INSPECT,
+    S_LIST,
+    S_BREAK,
+    NSCRIPTS
+};
 
 /* What a command connection owes, reply by reply, in order. */
 enum { K_AUTH, K_SELECT, K_SKIP, K_ROUND, K_LOAD /* + script index */ };
@@ -185,6 +195,19 @@ int dlock__redlock_loop_fd(void *st);
 void dlock__redlock_loop_run(void *st, int readable);
 int dlock__redlock_arm(void *st, dlock__lease *l, int64_t op_deadline);
 void dlock__redlock_disarm(void *st, dlock__lease *l, int acquired);
+
+/* ------------------------------------------------------------------------ */
+/* redlock_operate.c: what the nodes say of a lock (inspect), of every lock */
+/* (list), and breaking one                                                 */
+/* ------------------------------------------------------------------------ */
+
+int dlock__redlock_inspect(void *st, const char *name, size_t len,
+                           dlock_info *out, int64_t op_deadline);
+int dlock__redlock_list(void *st, const char *prefix, size_t plen,
+                        const char *cursor, size_t limit, unsigned flags,
+                        dlock_list_page *out, int64_t op_deadline);
+int dlock__redlock_evict(void *st, const char *name, size_t len,
+                         dlock_info *out, int64_t op_deadline);
 
 /* ------------------------------------------------------------------------ */
 /* redlock_open.c: the backend's open and close slots                       */

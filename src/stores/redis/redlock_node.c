@@ -178,10 +178,13 @@ void dlock__redlock_node_send(rl_store *rs, rnode *n, rcmd *c, int kind,
     dlock__redlock_node_connect(rs, n, now);
     if (!n->ctx)
         return;
-    if (c->script >= 0)
-        c->argv[1] = rs->sha[c->script];
-    if (redisAppendCommandArgv(n->ctx, c->argc, c->argv, c->lens) !=
-            REDIS_OK ||
+    const char **argv = c->ext_argv ? c->ext_argv : c->argv;
+    size_t *lens = c->ext_lens ? c->ext_lens : c->lens;
+    if (c->script >= 0) {
+        argv[1] = rs->sha[c->script];
+        lens[1] = 40;
+    }
+    if (redisAppendCommandArgv(n->ctx, c->argc, argv, lens) != REDIS_OK ||
         owe(n, kind) != 0) {
         node_fail(n, DLOCK_ECONN, NULL);
         snprintf(n->msg, sizeof(n->msg), "%s: too many replies owed",
