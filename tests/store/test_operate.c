@@ -122,6 +122,20 @@ static long find(const found *f, const char *name)
     return -1;
 }
 
+/* A listed or evicted token against the holder's: exact, except on
+ * Redlock, where dlock_inspect() (and so each entry) reports the highest
+ * counter among the holder's nodes, those that answered after its quorum
+ * too (docs/redlock.md; test_contract.c's check_token says the same). */
+static void check_token(uint64_t seen, uint64_t tok)
+{
+    if (strcmp(S.kind, "redlock") != 0) {
+        CHECK_EQ(seen, tok);
+    } else {
+        CHECK_OP(seen >> 6, >=, tok >> 6);
+        CHECK_OP(seen >> 6, <, (tok >> 6) + 1000000);
+    }
+}
+
 #define NEED(what)                                                          \
     do {                                                                    \
         if (!can_##what) {                                                  \
@@ -197,8 +211,8 @@ TEST(list_shows_held_locks_under_a_prefix)
     long i1 = find(&f, "op/list/one"), i2 = find(&f, "op/list/two");
     CHECK(i1 >= 0 && i2 >= 0);
     CHECK_EQ(f.held[i1], 1);
-    CHECK_EQ(f.tokens[i1], dlock_token(l1));
-    CHECK_EQ(f.tokens[i2], dlock_token(l2));
+    check_token(f.tokens[i1], dlock_token(l1));
+    check_token(f.tokens[i2], dlock_token(l2));
     if (S.held_visible)
         CHECK_CONTAINS(f.holders[i1], "pid");
     found_free(&f);
@@ -247,7 +261,7 @@ TEST(list_pages_through_every_lock)
         snprintf(name, sizeof(name), "op/page/%03d", i);
         long k = find(&f, name);
         CHECK(k >= 0);
-        CHECK_EQ(f.tokens[k], dlock_token(ls[i]));
+        check_token(f.tokens[k], dlock_token(ls[i]));
     }
     found_free(&f);
     for (int i = 0; i < N; i++) {
@@ -320,7 +334,7 @@ TEST(list_shows_long_names_whole)
     found f = list_all(b, "op/long/", 100, 0);
     CHECK_EQ(f.n, 1);
     CHECK_STR(f.names[0], name);
-    CHECK_EQ(f.tokens[0], dlock_token(l));
+    check_token(f.tokens[0], dlock_token(l));
     found_free(&f);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -447,7 +461,7 @@ TEST(break_evicts_a_renewing_holder)
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "op/break", &ev));
     CHECK_EQ(ev.held, 1);
-    CHECK_EQ(ev.token, t1);
+    check_token(ev.token, t1);
     if (S.held_visible)
         CHECK_CONTAINS(ev.holder, "pid");
     dlock_info_clear(&ev);
