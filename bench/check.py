@@ -13,6 +13,9 @@ how fast anything was. It fails (exit 1, one line per problem) when
     no hand-off figure, or any run saw overlapping holds;
   - a store with shared holds has no "Shared holds and semaphores"
     figures (its uncontended shared cycle's ratio);
+  - the Redis section lacks the operator's figures: dlock_list()'s first
+    page and the exporter's scrape, each with its ratio to its target
+    (issue 20);
   - a chart named by the document was not drawn (with --charts DIR).
 """
 import os
@@ -59,6 +62,17 @@ def main():
                 r"\| shared beside exclusive: uncontended[^\n]*\*\*[0-9.]+x\*\*",
                 rw[1]):
             bad.append("no shared-hold figures for %s" % s)
+    redis = text.split("\n## Redis", 1)
+    redis = redis[1].split("\n## ", 1)[0] if len(redis) == 2 else ""
+    if not re.search(r"\n### Listing [0-9]+ locks[^\n]*\n(?:[^\n]*\n)*?\|"
+                     r" [0-9]+ \| [0-9.]+ / [0-9.]+ ms \| \*\*[0-9.]+x\*\*",
+                     redis):
+        bad.append("no dlock_list() first-page figure in the Redis section")
+    if len(re.findall(r"\| exporter scrape of [0-9]+ locks \([a-z]+,[^|]*\|"
+                      r" median [0-9.]+ ms \| max [0-9.]+ ms \| [0-9.]+ of "
+                      r"the 1 s target \|", redis)) < 2:
+        bad.append("no exporter scrape figures (Redis and file) in the "
+                   "Redis section")
     cyc = {c[0]: c for c in plot.cycles(sec)}
     hand = dict(plot.handoffs(sec))
     for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",

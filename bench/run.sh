@@ -148,6 +148,36 @@ if [ -x "$build/bench/dlock_bench_many" ]; then
     ' "$out" >"$out.new" && mv "$out.new" "$out"
 fi
 
+echo "bench: ${SECONDS}s: operating (list, exporter)" >&2
+# --- An operator's view of the same redis-server (issue 20's targets):
+# dlock_list()'s first page among 100,000 locks (--quick: 10,000), and
+# `dlock exporter` scrapes of 10,000 locks held on Redis and on the file
+# store; one subsection at the end of the Redis section
+opout=$tmp/results-operate.md
+scrapes=20
+[ -n "$quick" ] && scrapes=5
+mkdir -p "$tmp/exporter-locks"
+{
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_list" "redis://127.0.0.1:$port" $quick
+    echo
+    echo "### The exporter (\`dlock exporter\`)"
+    echo
+    echo "Whole scrapes of \`GET /metrics\` (connect, request, the answer's last byte), as Prometheus makes them, with 10,000 locks held by another process; every scrape checked (HTTP 200, the store up, 10,000 locks). The target: 1 s."
+    echo
+    echo "| scrape | median | slowest | ÷ target |"
+    echo "|---|---|---|---|"
+    "$build/bench/dlock_bench_exporter" "$build/dlock" "redis://127.0.0.1:$port" 10000 "$scrapes" 2>/dev/null
+    "$build/bench/dlock_bench_exporter" "$build/dlock" "file://$tmp/exporter-locks" 10000 "$scrapes" 2>/dev/null
+} >"$opout"
+awk -v f="$opout" '
+    function op(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+    /^## / && seen && !done { op() }
+    /^## Redis/ { seen = 1 }
+    { print }
+    END { if (!done) { print ""; op() } }
+' "$out" >"$out.new" && mv "$out.new" "$out"
+
 # --- Shared holds and semaphores (bench/bench_rw.c): one subsection at
 # the end of the Redis section and one at the end of the file store's
 rwout=$tmp/results-rw-redis.md
