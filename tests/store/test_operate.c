@@ -599,7 +599,7 @@ int main(int argc, char **argv)
 
         {"etcd", 0, 0},
 
-        {"sqlite", 0, 0},
+        {"sqlite", 1, 1},
 
         {"pg", 0, 0},
 
