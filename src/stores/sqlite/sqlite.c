@@ -834,10 +834,22 @@ static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
 static int sq_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                      int64_t op_deadline)
 {
+    sq_store *ss = st;
+    sq_lease *sl = l->priv;
+    int rc;
+
     (void)op_deadline;
     if (l->kind != DLOCK__WRITE)
         return dlock__sq_extend_entry(st, l, ttl_ms);
-    return guarded(st, S_EXTEND, l, ttl_ms, "extending the lease");
+    rc = guarded(st, S_EXTEND, l, ttl_ms, "extending the lease");
+    if (rc == DLOCK_ENOTHELD && sl->w.fd >= 0) {
+        /* lost (broken, or taken over after its lease): the ticket goes
+         * now, not at a release that a hung owner may never make (its
+         * successors would wait on it); they get end of file and look
+         * again. The release finds no ticket left. */
+        side_put(ss, dlock__sqw_drop(&sl->w, 0));
+    }
+    return rc;
 }
 
 void dlock__sq_info_row(sqlite3_stmt *s, dlock_info *out, int64_t *rowid,
