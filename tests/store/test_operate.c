@@ -605,7 +605,7 @@ int main(int argc, char **argv)
 
         {"pg-advisory", 0, 0},
 
-        {"mysql", 0, 0},
+        {"mysql", 1, 1},
     };
     for (size_t i = 0; i < sizeof(what) / sizeof(what[0]); i++) {
         if (!strcmp(S.kind, what[i].kind)) {
