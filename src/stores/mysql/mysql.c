@@ -52,6 +52,7 @@
  */
 #include "mysql_int.h"
 
+#include <errmsg.h>
 #include <mysqld_error.h>
 
 #include <pthread.h>
@@ -92,9 +93,7 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set,
     else
         rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL, &affected,
                                        NULL, what);
-    if (rc && pinned &&
-        (sl->cn->broken || dlock__mysql_errno(sl->cn) == ER_CONNECTION_KILLED)) {
-        sl->cn->broken = 1; /* closed when the hold lets go of it */
+    if (rc && pinned && dlock__mysql_killed(sl->cn)) {
         if (sl->cn->answered)
             rc = DLOCK_OK; /* the UPDATE answered: `affected` says */
         else
@@ -134,6 +133,17 @@ static int my_release(void *st, dlock__lease *l, int64_t op_deadline)
         sl->gated = 0;
     }
     return rc;
+}
+
+int dlock__mysql_killed(my_conn *cn)
+{
+    unsigned e = dlock__mysql_errno(cn);
+
+    if (e != ER_CONNECTION_KILLED && e != CR_SERVER_LOST &&
+        e != CR_SERVER_GONE_ERROR)
+        return 0; /* not our own deadline: that one stays an error */
+    cn->broken = 1;
+    return 1;
 }
 
 /* A hold found gone by its renewal (broken, or taken over after its

@@ -307,6 +307,12 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline);
 /* Is the hold's own connection alive (and so its gate held)? */
 int dlock__mysql_pinned_alive(my_lease *sl);
 
+/* mysql.c: did cn's session end under its last statement (killed: a
+ * break kills the sessions of the holds it takes; or the connection
+ * lost)? Then cn is broken (closed when given back), and the caller asks
+ * again on a pooled connection. Not for a statement past our deadline. */
+int dlock__mysql_killed(my_conn *cn);
+
 /* mysql.c: a hold its renewal found gone lets go of its user-level locks
  * (RELEASE_ALL_LOCKS() on its connection, or the connection closed) and
  * gives its connection back. */

@@ -70,15 +70,6 @@ static int matched(const my_store *ms, const dlock__lease *l, int rc,
                             l->kind == DLOCK__PERMIT ? "permit" : "read hold");
 }
 
-/* Was cn's session killed, or its connection lost, under its last
- * statement? (It is then broken: closed when given back.) */
-static int killed(my_conn *cn)
-{
-    if (dlock__mysql_errno(cn) == ER_CONNECTION_KILLED)
-        cn->broken = 1;
-    return cn->broken;
-}
-
 /* The hold's own guard: `form` SOLE, its sole hold ('*' and its owner id,
  * its token, a live lease); ANY, that or its entry (its token, its end
  * still ahead). */
@@ -137,7 +128,7 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set, int form,
     if (!rc && pinned) {
         rc = dlock__mysql_query(ms, sl->cn, sql, op_deadline, NULL, &affected,
                                 id, what);
-        if (rc && killed(sl->cn)) {
+        if (rc && dlock__mysql_killed(sl->cn)) {
             /* the session went under the statement (a break kills the
              * sessions of the holds it takes): the UPDATE's answer
              * decides if it came, else it runs again on a pooled
@@ -243,7 +234,7 @@ static int release_any(my_store *ms, dlock__lease *l, const my_vals *v,
     if (pinned)
         rc = dlock__mysql_ps_run(ms, sl->cn, MY_PS_RELEASE, v, op_deadline,
                                  &affected, id, "releasing the lock");
-    if (rc && rc != MY_PS_TEXT && pinned && killed(sl->cn)) {
+    if (rc && rc != MY_PS_TEXT && pinned && dlock__mysql_killed(sl->cn)) {
         pinned = 0; /* killed under it: again, on a pooled one */
         rc = MY_PS_TEXT;
     }
@@ -258,7 +249,7 @@ static int release_any(my_store *ms, dlock__lease *l, const my_vals *v,
             rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
                                            &affected, id,
                                            "releasing the lock");
-        if (rc && pinned && killed(sl->cn))
+        if (rc && pinned && dlock__mysql_killed(sl->cn))
             rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
                                            &affected, id,
                                            "releasing the lock");
