@@ -277,3 +277,21 @@ for uri, table, name, payloads in [
 for table, name in [("dlock_locks", "a"), ("`" * 48, "\xff" * 512),
                     ("a`b", "x'y\\z"), ("t" * 49, ""), ("", "n")]:
     put("mysql", fields(table, name))
+
+# --- mysql, list and break: TABLE \0 NAME \0 CURSOR \0 PREFIX \0 KILLS ---
+for name, cursor, prefix, kills in [
+        ("op/list/one", "6f702f6c697374", "op/list/", "12,13,12"),
+        ("op/\xff", "", "op/\xff\xff", "7"),
+        ("a", "6C", "", "18446744073709551615,18446744073709551616"),
+        ("ab", "61", "a\xff", "1,,2"), ("", "6", "\xff", "x,3"),
+        ("n" * 512, "ff" * 512, "n" * 512, "0,00,1"),
+        ("x", "61" * 513, "xy", "")]:
+    put("mysql", fields("dlock_locks", name, cursor, prefix, kills))
+
+# --- sqlite: CURSOR \0 PREFIX \0 NAME (fuzz_sqlite.c) ---
+for cursor, prefix, name in [
+        ("", "op/", "op/list/one"), ("6f70", "op/\xff", "op/\xff\x01"),
+        ("6F70", "\xff\xff", "\xff\xff\xff"), ("abc", "", "x"),
+        ("00", "a\xff", "b"), ("ff" * 2048, "a", "a"),
+        ("ff" * 2049, "\x01", "\x00"), ("g0", "zz", "z{")]:
+    put("sqlite", fields(cursor, prefix, name))

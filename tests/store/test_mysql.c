@@ -30,7 +30,14 @@
  *  - dlock_inspect(): holder and fair queue of other processes, in order;
  *  - through a relay in this process: an acquire that timed out and
  *    reaches the server late leaves the same owner's newer hold alone; a
- *    timed wait over a slow link ends busy, not unreachable.
+ *    timed wait over a slow link ends busy, not unreachable;
+ *  - dlock_inspect() counts the waiters not in the queue table (asleep at
+ *    the gate); dlock_list() pages over free, held and foreign rows, bad
+ *    cursors refused; dlock_break() (docs/design.md, "Breaking on MySQL /
+ *    MariaDB"): a frozen holder's session killed and the waiter in at
+ *    once, a waiter that holds the gate woken, a breaker without the
+ *    right to kill (the evicted holder's renewal lets go), breaks racing
+ *    renewals.
  *
  * What every store does (test_contract mysql) is not repeated here. The
  * superuser connection of the harness (th_sql_query) looks behind the
@@ -1534,6 +1541,302 @@ TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
     th_sql_kill(&s2, SIGKILL);
 }
 
+/* --- listing and breaking ------------------------------------------------ */
+
+/* A waiter in default mode is not in the queue table: dlock_inspect()
+ * counts it among the sessions asleep at the gate, a fair one once (it is
+ * listed, with its description). */
+TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri);
+    dlock *la = handle(a, "op-count", 0, 0);
+    timed_waiter wb = {handle(b, "op-count", 0, 0), 15000, 0, -99, 0, 0,
+                       NULL, 0, 0, 0};
+    timed_waiter wc = {handle(c, "op-count", 0, DLOCK_FAIR), 15000, 0, -99,
+                       0, 0, NULL, 0, 0, 0};
+    pthread_t tb, tc;
+    dlock_info in;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_EQ(pthread_create(&tb, NULL, timed_wait_thread, &wb), 0);
+    wait_waiters(a, "op-count", 1);
+    CHECK_OK(dlock_inspect(a, "op-count", &in));
+    CHECK_EQ(in.queue_len, 0); /* not listed: counted all the same */
+    dlock_info_clear(&in);
+    CHECK_EQ(pthread_create(&tc, NULL, timed_wait_thread, &wc), 0);
+    wait_waiters(a, "op-count", 2);
+    CHECK_OK(dlock_inspect(a, "op-count", &in));
+    CHECK_EQ(in.queue_len, 1);
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_release(la));
+    pthread_join(tb, NULL);
+    pthread_join(tc, NULL);
+    CHECK_OK(wb.rc);
+    CHECK_OK(wc.rc);
+    CHECK_EQ(waiters(a, "op-count"), 0);
+    dlock_close(la);
+    dlock_close(wb.l);
+    dlock_close(wc.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
+/* Pages of 4 rows over 30 names (3 held, 27 free) and a row no client
+ * made (a name with a NUL byte): the default listing finds the 3, with
+ * DLOCK_LIST_FREE the 30, never the foreign row; each page reads at most
+ * 4 rows, so pages of free rows only are empty and go on. Cursors it does
+ * not make are DLOCK_EINVAL. */
+TEST(list_pages_over_free_held_and_foreign_rows)
+{
+    dlock_client *c = client_at(srv.uri), *o = client_at(srv.uri);
+    dlock *l[30];
+    char name[64];
+    size_t held = 0, all = 0, empty = 0;
+
+    for (int i = 0; i < 30; i++) {
+        snprintf(name, sizeof(name), "ls/%02d", i);
+        l[i] = handle(c, name, 0, 0);
+        CHECK_OK(dlock_acquire(l[i], 0));
+        if (i % 10)
+            CHECK_OK(dlock_release(l[i]));
+    }
+    th_sql_query(&srv, NULL, 0, "INSERT INTO dlock_locks (name, owner, "
+                                "lock_until) VALUES (X'6c732f00', 'x', "
+                                "'2100-01-01')");
+    for (int pass = 0; pass < 2; pass++) {
+        char *cur = NULL;
+        size_t n = 0;
+        for (int k = 0; k < 100; k++) { /* bounded: 31 rows, pages of 4 */
+            dlock_list_page p;
+            CHECK_OK(dlock_list(o, "ls/", cur, 4,
+                                pass ? DLOCK_LIST_FREE : 0, &p));
+            free(cur);
+            cur = p.next ? strdup(p.next) : NULL;
+            empty += p.n == 0;
+            CHECK_OP(p.n, <=, 4);
+            for (size_t i = 0; i < p.n; i++) {
+                CHECK_EQ(strlen(p.locks[i].name), 5); /* ls/NN only */
+                int idx = atoi(p.locks[i].name + 3);
+                CHECK_EQ(p.locks[i].info.held, idx % 10 == 0);
+                if (p.locks[i].info.held)
+                    CHECK_EQ(p.locks[i].info.token, dlock_token(l[idx]));
+            }
+            n += p.n;
+            dlock_list_clear(&p);
+            if (!cur)
+                break;
+        }
+        CHECK(cur == NULL);
+        if (pass)
+            all = n;
+        else
+            held = n;
+    }
+    CHECK_EQ(held, 3);
+    CHECK_EQ(all, 30);
+    CHECK_OP(empty, >=, 1);
+    static const char *bad[] = {"abc", "zz", "6C73", "6c7g", "-1", " 6c"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        dlock_list_page p;
+        CHECK_RC(dlock_list(o, NULL, bad[i], 10, 0, &p), DLOCK_EINVAL);
+        CHECK_CONTAINS(dlock_errmsg(), "cursor");
+    }
+    for (int i = 0; i < 30; i++) {
+        if (i % 10 == 0)
+            CHECK_OK(dlock_release(l[i]));
+        dlock_close(l[i]);
+    }
+    th_sql_query(&srv, NULL, 0,
+                 "DELETE FROM dlock_locks WHERE name = X'6c732f00'");
+    dlock_client_close(c);
+    dlock_client_close(o);
+}
+
+typedef struct frozen_shared {
+    volatile int holding;
+    volatile uint64_t token;
+} frozen_shared;
+
+/* Holds "op-frozen" (9 s, renewed every 3 s) until its hold is lost, then
+ * expects its release to say so. */
+static int frozen_holder(void *arg)
+{
+    frozen_shared *s = arg;
+    dlock_client *c = NULL;
+    dlock *l;
+
+    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK)
+        return 1;
+    l = handle(c, "op-frozen", 9000, 0);
+    if (dlock_acquire(l, 0) != DLOCK_OK)
+        return 1;
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->holding, 1, __ATOMIC_SEQ_CST);
+    /* bounded: thawed, its renewal finds the hold gone */
+    for (int i = 0; i < 3000 && dlock_held(l) != DLOCK_ELOST; i++)
+        th_sleep_ms(10);
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_ELOST ? 0 : 2;
+}
+
+/* A holder frozen (SIGSTOP) with a waiter asleep at its gate: the break
+ * kills the frozen process's session (the server does it, whatever the
+ * process's state), the waiter is granted the gate and takes the row at
+ * once, not at the frozen lease's end (9 s); thawed, the holder finds its
+ * connection closed, its hold gone: lost. */
+TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
+{
+    frozen_shared *s = th_shared(sizeof(*s));
+    dlock_client *b = client_at(srv.uri), *op = client_at(srv.uri);
+    timed_waiter w = {handle(b, "op-frozen", 0, 0), 15000, 0, -99, 0, 0,
+                      NULL, 0, 0, 0};
+    pthread_t th;
+    dlock_info ev;
+
+    pid_t pid = th_fork(frozen_holder, s);
+    wait_flag(&s->holding, 10000);
+    CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+    wait_sleepers(1);
+    kill(pid, SIGSTOP);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "op-frozen", &ev));
+    CHECK_EQ(ev.token, s->token);
+    CHECK_EQ(ev.waiters, 1);
+    dlock_info_clear(&ev);
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    /* the frozen lease had 9 s to run; 3 s is a busy machine's wake */
+    CHECK_OP(w.at - t0, <, 3000);
+    CHECK_OP(w.token, >, s->token);
+    CHECK_OK(w.release_rc);
+    kill(pid, SIGCONT);
+    CHECK_EQ(th_wait(pid), 0);
+    dlock_close(w.l);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
+/* The holder's session died (killed) and it renews on a new connection:
+ * the waiter woken by the death holds the gate and sleeps (in the client)
+ * to the lease end, 30 s. The break kills the session that holds the
+ * gate, the waiter's: it wakes at once, tries again and takes the row. */
+TEST(a_break_wakes_the_waiter_that_holds_the_gate)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *op = client_at(srv.uri);
+    dlock *la = handle(a, "op-gated", 30000, 0);
+    timed_waiter w = {handle(b, "op-gated", 0, 0), 20000, 0, -99, 0, 0,
+                      NULL, 0, 0, 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+    wait_sleepers(1);
+    kill_gate_holder("op-gated");
+    wait_sleepers(0); /* granted the gate, asleep in the client */
+    th_sleep_ms(200);
+    CHECK_EQ(w.done, 0);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "op-gated", NULL));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.at - t0, <, 5000); /* 30 s without the kill */
+    CHECK_OP(w.token, >, ta);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    dlock_close(la);
+    dlock_close(w.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
+/* A breaker connected as another user without CONNECTION ADMIN: the row
+ * is cleared (DLOCK_OK) but its KILL is refused. The waiter then wakes
+ * when the evicted holder's renewal (every 3 s of its 9 s lease) finds
+ * the hold gone and lets go of its gate: not at once, not at the lease
+ * end. */
+TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
+{
+    char u[300];
+    int p = srv.port;
+
+    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'breaker'@'%%' "
+                                "IDENTIFIED BY 'brk-SECRET9'");
+    th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                                "dlocktest.dlock_locks TO 'breaker'@'%%'");
+    th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
+                                "dlocktest.dlock_locks_queue TO "
+                                "'breaker'@'%%'");
+    snprintf(u, sizeof(u),
+             "mysql://breaker:brk-SECRET9@127.0.0.1:%d/dlocktest", p);
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *op = client_at(u);
+    dlock *la = handle(a, "op-noright", 9000, 0);
+    timed_waiter w = {handle(b, "op-noright", 0, 0), 15000, 0, -99, 0, 0,
+                      NULL, 0, 0, 0};
+    pthread_t th;
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    int64_t took = th_now_ms();
+    CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+    wait_sleepers(1);
+    CHECK_OK(dlock_break(op, "op-noright", &ev));
+    CHECK_EQ(ev.held, 1);
+    dlock_info_clear(&ev);
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    /* the renewal comes 3 s after the take (the lease end, 9 s): woken
+     * by it, after 2.5 s at least, before 8 s even on a busy machine */
+    CHECK_OP(w.at - took, >, 2500);
+    CHECK_OP(w.at - took, <, 8000);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    dlock_close(la);
+    dlock_close(w.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
+/* Breaks racing a holder's renewals (ttl 600 ms: one every 200 ms): each
+ * either removes the hold (the holder's release is then DLOCK_ELOST) or
+ * finds none; the lock is free at once after it, every next token
+ * greater. */
+TEST(breaks_racing_renewals_remove_the_hold_once)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *op = client_at(srv.uri);
+    dlock *la = handle(a, "op-race-renew", 600, 0);
+    dlock *lb = handle(b, "op-race-renew", 0, 0);
+    uint64_t last = 0;
+
+    for (int i = 0; i < 15; i++) {
+        CHECK_OK(dlock_acquire(la, 2000));
+        uint64_t t = dlock_token(la);
+        CHECK_OP(t, >, last);
+        th_sleep_ms(180 + (i * 13) % 40); /* around a renewal */
+        CHECK_OK(dlock_break(op, "op-race-renew", NULL));
+        /* free at once: the gate let go with the killed session (2 s:
+         * a busy machine's wake) */
+        CHECK_OK(dlock_acquire(lb, 2000));
+        CHECK_OP(dlock_token(lb), >, t);
+        last = dlock_token(lb);
+        CHECK_RC(dlock_release(la), DLOCK_ELOST);
+        CHECK_OK(dlock_release(lb));
+    }
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
 static const th_test tests[] = {
     T(rows_stay_on_release_and_carry_the_token),
     T(gc_removes_only_unused_free_rows_and_tokens_still_grow),
@@ -1554,6 +1857,12 @@ static const th_test tests[] = {
     T(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable),
     T(the_uri_timeout_bounds_every_statement),
     T(tls_verifies_the_server_and_a_ssl_only_user_gets_in),
+    T(inspect_counts_the_waiters_the_queue_table_does_not_list),
+    T(list_pages_over_free_held_and_foreign_rows),
+    T(a_frozen_holder_is_broken_and_learns_it_when_thawed),
+    T(a_break_wakes_the_waiter_that_holds_the_gate),
+    T(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal),
+    T(breaks_racing_renewals_remove_the_hold_once),
     {NULL, NULL, 0},
 };
 

@@ -24,7 +24,11 @@
  *    queue entry and no connection behind;
  *  - a table made by the previous version: its columns added at open, a
  *    lock it held kept; a user who may not alter it keeps exclusive locks
- *    and gets DLOCK_ENOTSUP for the rest.
+ *    and gets DLOCK_ENOTSUP for the rest;
+ *  - dlock_break() of read holds and of a full semaphore (docs/design.md,
+ *    "Breaking on MySQL / MariaDB"): the holds' sessions killed, the
+ *    writer draining them and the semaphore's head (its helpers asleep on
+ *    the hold locks) woken at once.
  *
  * The contract every store with shared holds gives is
  * tests/store/test_shared.c; the exclusive lock's failure cases are in
@@ -1439,6 +1443,107 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     dlock_client_close(c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* dlock_break()                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* A writer drains two readers (30 s leases), asleep on their hold locks.
+ * The break clears both holds and kills their sessions: the hold locks
+ * go, the drain's GET_LOCKs return, and the same round trip takes the
+ * row, at once, not when the readers' renewals (10 s) find them gone. */
+TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri), *op = client_at(srv.uri);
+    dlock *ra = handle(a, "brk-drain", 30000, 0, 0),
+          *rb = handle(b, "brk-drain", 30000, 0, 0);
+    waiter w;
+    pthread_t th;
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    start(&w, &th, handle(c, "brk-drain", 30000, 0, 0), 0, 20000);
+    wait_sleepers("drain", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "brk-drain", &ev));
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.shared, 1);
+    CHECK_EQ(ev.waiters, 1); /* the writer, listed with its kind */
+    CHECK_EQ(ev.queue_len, 1);
+    CHECK_CONTAINS(ev.queue[0], "write: ");
+    dlock_info_clear(&ev);
+    wait_flag(&w.got_it, 10000);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.got - t0, <, 5000); /* a busy machine's wake, not 10 s */
+    CHECK_OP(w.token, >, dlock_token(ra) > dlock_token(rb) ? dlock_token(ra)
+                                                          : dlock_token(rb));
+    CHECK_RC(dlock_release(ra), DLOCK_ELOST);
+    CHECK_RC(dlock_release(rb), DLOCK_ELOST);
+    let_go(&w);
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    dlock_close(w.l);
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(op);
+}
+
+/* A full semaphore of 2 (30 s leases): its head waits on both hold locks
+ * through helper connections. The break takes both permits and kills
+ * the holders' sessions: a helper wakes, the head takes a permit and lets
+ * go of the gate, and the waiter behind it takes the other, both at once. */
+TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri), *d = client_at(srv.uri),
+                 *op = client_at(srv.uri);
+    dlock *pa = handle(a, "brk-sem", 30000, 0, 2),
+          *pb = handle(b, "brk-sem", 30000, 0, 2);
+    waiter w1, w2;
+    pthread_t t1, t2;
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_OK(dlock_acquire(pb, 0));
+    start(&w1, &t1, handle(c, "brk-sem", 30000, 0, 2), 0, 20000);
+    wait_sleepers("helper", 2);
+    start(&w2, &t2, handle(d, "brk-sem", 30000, 0, 2), 0, 20000);
+    wait_sleepers("gate", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "brk-sem", &ev));
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.permits, 2);
+    dlock_info_clear(&ev);
+    wait_flag(&w1.got_it, 10000);
+    wait_flag(&w2.got_it, 10000);
+    CHECK_OK(w1.rc);
+    CHECK_OK(w2.rc);
+    CHECK_OP(w1.got - t0, <, 5000);
+    CHECK_OP(w2.got - t0, <, 5000);
+    CHECK_RC(dlock_release(pa), DLOCK_ELOST);
+    CHECK_RC(dlock_release(pb), DLOCK_ELOST);
+    let_go(&w1);
+    let_go(&w2);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    CHECK_OK(w1.release_rc);
+    CHECK_OK(w2.release_rc);
+    wait_sleepers("helper", 0);
+    dlock_close(w1.l);
+    dlock_close(w2.l);
+    dlock_close(pa);
+    dlock_close(pb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(d);
+    dlock_client_close(op);
+}
+
 static const th_test tests[] = {
     T(the_last_readers_release_wakes_the_writer),
     T(a_second_reader_turns_the_sole_hold_into_an_entry),
@@ -1458,6 +1563,8 @@ static const th_test tests[] = {
     T(a_killed_permit_holder_wakes_the_head),
     T(a_head_that_gives_up_leaves_nothing_behind),
     T(a_table_of_the_previous_version_is_migrated_at_open),
+    T(a_break_of_readers_wakes_the_draining_writer_at_once),
+    T(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once),
     {NULL, NULL, 0},
 };
 

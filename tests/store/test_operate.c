@@ -640,14 +640,14 @@ int main(int argc, char **argv)
 
         {"etcd", 0, 0},
 
-        {"sqlite", 0, 0},
+        {"sqlite", 1, 1},
 
         {"pg", 1, 1},
 
         /* advisory mode cannot list: the server has keys, not names */
         {"pg-advisory", 0, 1},
 
-        {"mysql", 0, 0},
+        {"mysql", 1, 1},
     };
     for (size_t i = 0; i < sizeof(what) / sizeof(what[0]); i++) {
         if (!strcmp(S.kind, what[i].kind)) {

@@ -5,7 +5,9 @@
  * removing unused rows (tokens still growing), SQL injection
  * through lock names and the table option, the kernel queue in the
  * sidecar file (a waiter woken by the release, a dead waiter or holder,
- * a waiter that sleeps without CPU), bad URIs. A direct sqlite3
+ * a waiter that sleeps without CPU), bad URIs; dlock_list() over rows
+ * free, held and foreign, and dlock_break() of a frozen holder and racing
+ * renewals (the wake-ups of a break: test_sqlite_rw.c). A direct sqlite3
  * connection looks behind the store's back.
  */
 #include "test.h"
@@ -495,6 +497,242 @@ TEST(clients_opening_a_new_database_together)
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* dlock_list() and dlock_break()                                           */
+/* ------------------------------------------------------------------------ */
+
+static void exec_on(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    char *err = NULL;
+
+    CHECK_EQ(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
+        th_fail(__FILE__, __LINE__, "%s: %s", sql, err ? err : "?");
+    sqlite3_close(db);
+}
+
+/* Pages of 4 rows over 30 names (3 held, 27 free) and rows no dlock
+ * client made (a TEXT name, a name with a NUL byte, an empty one): the
+ * default listing finds the 10 held, DLOCK_LIST_FREE the 30, never a
+ * foreign row; every page reads at most 4 rows, so some pages hold no
+ * lock and still go on. Cursors the store did not make: DLOCK_EINVAL. */
+TEST(list_pages_over_free_held_and_foreign_rows)
+{
+    dlock_client *c = client(), *o = client();
+    dlock *l[30];
+    char name[64];
+    size_t held = 0, all = 0, pages = 0, empty = 0;
+
+    for (int i = 0; i < 30; i++) {
+        snprintf(name, sizeof(name), "ls/%02d", i);
+        l[i] = handle(c, name, 0);
+        CHECK_OK(dlock_acquire(l[i], 0));
+        if (i % 10)
+            CHECK_OK(dlock_release(l[i])); /* its row stays, free */
+    }
+    exec_on(db_path, "INSERT INTO dlock_locks (name, lock_until) VALUES "
+                     "('ls/text', 1e15), (X'6c732f00', 1e15), "
+                     "(X'', 1e15)");
+    for (int pass = 0; pass < 2; pass++) {
+        unsigned flags = pass ? DLOCK_LIST_FREE : 0;
+        char *cur = NULL;
+        size_t n = 0;
+        for (int k = 0; k < 100; k++) { /* bounded: 30 names, pages of 4 */
+            dlock_list_page p;
+            CHECK_OK(dlock_list(o, "ls/", cur, 4, flags, &p));
+            free(cur);
+            cur = p.next ? strdup(p.next) : NULL;
+            pages++;
+            empty += p.n == 0;
+            CHECK_OP(p.n, <=, 4);
+            for (size_t i = 0; i < p.n; i++) {
+                CHECK_EQ(strncmp(p.locks[i].name, "ls/", 3), 0);
+                CHECK_EQ(strlen(p.locks[i].name), 5); /* ls/NN only */
+                int idx = atoi(p.locks[i].name + 3);
+                CHECK_EQ(p.locks[i].info.held, idx % 10 == 0);
+                if (p.locks[i].info.held)
+                    CHECK_EQ(p.locks[i].info.token, dlock_token(l[idx]));
+                else
+                    CHECK_OP(p.locks[i].info.token, >, 0); /* kept */
+            }
+            n += p.n;
+            dlock_list_clear(&p);
+            if (!cur)
+                break;
+        }
+        CHECK(cur == NULL);
+        if (pass)
+            all = n;
+        else
+            held = n;
+    }
+    CHECK_EQ(held, 3);
+    CHECK_EQ(all, 30);
+    CHECK_OP(empty, >=, 1); /* default: pages of free rows only */
+    /* cursors it never makes */
+    static const char *bad[] = {"abc", "zz", "6C73", "6c7g", "-1", " 6c"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        dlock_list_page p;
+        CHECK_RC(dlock_list(o, NULL, bad[i], 10, 0, &p), DLOCK_EINVAL);
+        CHECK_EQ(p.n, 0);
+        CHECK_CONTAINS(dlock_errmsg(), "cursor");
+    }
+    /* a cursor past every name: the end */
+    dlock_list_page p;
+    CHECK_OK(dlock_list(o, NULL, "ffffffff", 10, DLOCK_LIST_FREE, &p));
+    CHECK_EQ(p.n, 0);
+    CHECK(p.next == NULL);
+    dlock_list_clear(&p);
+    /* a prefix of 0xff bytes: no upper bound, nothing above it here */
+    CHECK_OK(dlock_list(o, "\xff\xff", NULL, 10, DLOCK_LIST_FREE, &p));
+    CHECK_EQ(p.n, 0);
+    dlock_list_clear(&p);
+    for (int i = 0; i < 30; i++) {
+        if (i % 10 == 0)
+            CHECK_OK(dlock_release(l[i]));
+        dlock_close(l[i]);
+    }
+    exec_on(db_path, "DELETE FROM dlock_locks WHERE name = 'ls/text' OR "
+                     "name IN (X'6c732f00', X'')");
+    dlock_client_close(c);
+    dlock_client_close(o);
+}
+
+typedef struct {
+    volatile int holding;
+    volatile uint64_t token;
+} frozen_shared;
+
+/* Takes "frozen" through the queue (the parent holds it first), so it
+ * holds a ticket; holds (renewing) until its hold is lost, then expects
+ * its release to say so. */
+static int frozen_holder(void *arg)
+{
+    frozen_shared *s = arg;
+    dlock_client *c = client();
+    dlock_options o;
+    dlock *l = NULL;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 9000;
+    if (dlock_open(&l, c, "frozen", &o) != DLOCK_OK ||
+        dlock_acquire(l, 20000) != DLOCK_OK)
+        return 1;
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->holding, 1, __ATOMIC_SEQ_CST);
+    /* bounded: after the break and the thaw, the renewal (every 3 s)
+     * finds the hold gone */
+    for (int i = 0; i < 3000 && dlock_held(l) != DLOCK_ELOST; i++)
+        th_sleep_ms(10);
+    int rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return rc == DLOCK_ELOST ? 0 : 2;
+}
+
+typedef struct {
+    dlock *l;
+    int rc;
+    int64_t got;
+    uint64_t token;
+} frozen_waiter;
+
+static void *wait_frozen(void *arg)
+{
+    frozen_waiter *w = arg;
+
+    w->rc = dlock_acquire(w->l, 20000);
+    w->got = th_now_ms();
+    w->token = dlock_token(w->l);
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->l);
+    return NULL;
+}
+
+/* A holder with a ticket frozen (SIGSTOP) with a waiter behind it: the
+ * break rings the waiter, which passes the frozen ticket (the row's
+ * mark) and takes the lock at once; the frozen holder's lease (9 s) or
+ * its renewal never come into it. Thawed, the holder learns it lost the
+ * lock, and its release says so. */
+TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
+{
+    frozen_shared *s = th_shared(sizeof(*s));
+    dlock_client *c = client(), *op = client();
+    dlock *first = handle(c, "frozen", 0), *mine = handle(c, "frozen", 0);
+    frozen_waiter w = {mine, -1, 0, 0};
+    pthread_t t;
+
+    CHECK_OK(dlock_acquire(first, 0));
+    pid_t pid = th_fork(frozen_holder, s);
+    for (int i = 0; i < 2000 && waiters(op, "frozen") < 1; i++)
+        th_sleep_ms(5);
+    CHECK_OK(dlock_release(first)); /* to the child, with its ticket */
+    for (int i = 0; i < 2000 && !s->holding; i++)
+        th_sleep_ms(5);
+    CHECK_EQ(s->holding, 1);
+    CHECK_EQ(pthread_create(&t, NULL, wait_frozen, &w), 0);
+    for (int i = 0; i < 2000 && waiters(op, "frozen") < 1; i++)
+        th_sleep_ms(5);
+    CHECK_EQ(waiters(op, "frozen"), 1);
+    kill(pid, SIGSTOP);
+    th_sleep_ms(100); /* the waiter is asleep on the child's channel */
+    int64_t t0 = th_now_ms();
+    dlock_info ev;
+    CHECK_OK(dlock_break(op, "frozen", &ev));
+    CHECK_EQ(ev.token, s->token);
+    CHECK_CONTAINS(ev.holder, "pid");
+    dlock_info_clear(&ev);
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    /* the frozen lease had 9 s to run: 3 s is a wake-up on a busy
+     * machine, well short of it */
+    CHECK_OP(w.got - t0, <, 3000);
+    CHECK_OP(w.token, >, s->token);
+    kill(pid, SIGCONT);
+    CHECK_EQ(th_wait(pid), 0);
+    dlock_close(first);
+    dlock_close(mine);
+    dlock_client_close(c);
+    dlock_client_close(op);
+}
+
+/* Breaks racing a holder's renewals (ttl 300 ms: one every 100 ms): each
+ * break either finds the hold and removes it (the holder then learns it:
+ * its release is DLOCK_ELOST) or finds the lock free (its lease ran out:
+ * the release is lost anyway); never two holders, every next token
+ * greater. */
+TEST(breaks_racing_renewals_remove_the_hold_once)
+{
+    dlock_client *a = client(), *b = client(), *op = client();
+    dlock_options o;
+    dlock *la = NULL, *lb = handle(b, "race-renew", 0);
+    uint64_t last = 0;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 300;
+    CHECK_OK(dlock_open(&la, a, "race-renew", &o));
+    for (int i = 0; i < 20; i++) {
+        CHECK_OK(dlock_acquire(la, 2000));
+        uint64_t t = dlock_token(la);
+        CHECK_OP(t, >, last);
+        th_sleep_ms(90 + i * 7 % 40); /* around a renewal */
+        int rc = dlock_break(op, "race-renew", NULL);
+        CHECK(rc == DLOCK_OK || rc == DLOCK_ENOTHELD);
+        CHECK_OK(dlock_acquire(lb, 0)); /* free at once either way */
+        CHECK_OP(dlock_token(lb), >, t);
+        last = dlock_token(lb);
+        CHECK_RC(dlock_release(la), DLOCK_ELOST);
+        CHECK_OK(dlock_release(lb));
+    }
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
 TEST(bad_uris_are_rejected)
 {
     static const char *const bad[] = {
@@ -530,6 +768,9 @@ static const th_test tests[] = {
     T(default_mode_wakes_waiters_one_at_a_time_in_arrival_order),
     T(clients_opening_a_new_database_together),
     T(bad_uris_are_rejected),
+    T(list_pages_over_free_held_and_foreign_rows),
+    TK(a_frozen_holder_is_broken_and_learns_it_when_thawed),
+    TK(breaks_racing_renewals_remove_the_hold_once),
     {NULL, NULL, 0},
 };
 

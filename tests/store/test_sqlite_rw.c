@@ -12,8 +12,12 @@
  * semaphore keeping its N and letting in one waiter per permit freed;
  * kinds mixed on a live name refused; tries racing from several
  * processes; a database of the previous version migrated at open, alone
- * and by many processes at once. The contract every store with shared
- * holds gives is tests/store/test_shared.c.
+ * and by many processes at once. dlock_break() (docs/design.md,
+ * "Breaking on SQLite"): the successor of a broken holder with a ticket
+ * woken at once, a newcomer passing its ticket, a broken reader or
+ * permit's waiters let in. The contract every store with shared holds
+ * gives is tests/store/test_shared.c; every store's list and break,
+ * tests/store/test_operate.c.
  *
  * Statements are counted per thread: this binary defines sqlite3_step()
  * (it is linked with its symbols exported, so the store's module calls
@@ -219,6 +223,7 @@ typedef struct waiter {
     int64_t hold;     /* ms to hold before releasing (or until `go`) */
     volatile int go;  /* with hold < 0: release when set */
     int rc;
+    int rel;          /* its release's code */
     int64_t got;      /* monotonic ms when acquired */
     uint64_t token;
     long steps;       /* statements this thread ran */
@@ -250,7 +255,7 @@ static void *wait_thread(void *arg)
                  i++)
                 th_sleep_ms(5);
         }
-        dlock_release(w->l);
+        w->rel = dlock_release(w->l);
     }
     steps_here = NULL;
     return NULL;
@@ -849,6 +854,226 @@ TEST(tries_from_many_processes_never_take_more_than_n)
     CHECK_OP(r->got, >=, 1);
 }
 
+/* ------------------------------------------------------------------------ */
+/* dlock_break()                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The row's `ticket`: its exclusive holder's ticket number, 0 for none,
+ * a break's mark when negative. */
+static long long ticket_of(const char *name)
+{
+    return query_ll("SELECT ticket FROM dlock_locks WHERE name = ?1", name);
+}
+
+/* A holder that got the lock through the queue holds a ticket: its
+ * release would hand the lock to its successor over its channel, which a
+ * breaker cannot. The break rings the successor's doorbell instead, and
+ * its mark in the row lets the successor pass the evicted ticket: the
+ * successor gets the lock at once, not at the evicted lease's end (30 s),
+ * with a greater token; the evicted holder's release is lost. */
+TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
+{
+    dlock_client *a = client(), *b = client(), *c = client(), *op = client();
+    dlock *la = handle(a, "bk-ticket", 30000, 0, 0);
+    dlock *lb = handle(b, "bk-ticket", 30000, 0, 0);
+    dlock *lc = handle(c, "bk-ticket", 30000, 0, 0);
+    waiter wb, wc;
+    pthread_t tb, tc;
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire(la, 0)); /* nobody queued: no ticket */
+    CHECK_EQ(ticket_of("bk-ticket"), 0);
+    start(&wb, &tb, lb, 0, -1);
+    until_state(op, "bk-ticket", 1, 1);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(until_got(&wb)); /* handed over: b holds with its ticket */
+    long long t = ticket_of("bk-ticket");
+    CHECK_OP(t, >, 0);
+    start(&wc, &tc, lc, 0, 0);
+    until_state(op, "bk-ticket", 1, 1);
+    until_asleep(&wc); /* on b's channel (and its own doorbell) */
+    long before = steps_of(&wc.steps);
+
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "bk-ticket", &ev));
+    CHECK_EQ(ev.held, 1);
+    CHECK_EQ(ev.token, wb.token);
+    CHECK_EQ(ev.waiters, 1);
+    dlock_info_clear(&ev);
+    CHECK_OK(until_got(&wc));
+    /* woken by the break's ring: the evicted lease had 30 s to run; 5 s
+     * is a wake-up on a busy machine */
+    CHECK_OP(wc.got - t0, <, 5000);
+    CHECK_OP(wc.token, >, wb.token);
+    /* rung, it read the row once (the mark), then took the lock */
+    CHECK_OP(wc.steps_at_got - before, <=, 3);
+    pthread_join(tc, NULL);
+    CHECK_OK(wc.rel);
+    /* the evicted holder: lost, and its release says so */
+    __atomic_store_n(&wb.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(tb, NULL);
+    CHECK_EQ(wb.rel, DLOCK_ELOST);
+    CHECK_RC(dlock_break(op, "bk-ticket", NULL), DLOCK_ENOTHELD);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lc);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(op);
+}
+
+/* Nobody waits when a holder with a ticket is broken; its ticket stays
+ * locked until it notices. A newcomer then queues behind that ticket,
+ * and finds the row free with the break's mark: it takes the lock at
+ * once, instead of waiting for the ticket's owner until its own timer (a
+ * lease, 30 s). */
+TEST(a_newcomer_passes_the_ticket_of_a_broken_holder)
+{
+    dlock_client *a = client(), *b = client(), *c = client(), *op = client();
+    dlock *la = handle(a, "bk-new", 30000, 0, 0);
+    dlock *lb = handle(b, "bk-new", 30000, 0, 0);
+    dlock *lc = handle(c, "bk-new", 30000, 0, 0);
+    waiter wb, wc;
+    pthread_t tb, tc;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    start(&wb, &tb, lb, 0, -1);
+    until_state(op, "bk-new", 1, 1);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(until_got(&wb));
+    long long t = ticket_of("bk-new");
+    CHECK_OP(t, >, 0);
+    CHECK_OK(dlock_break(op, "bk-new", NULL));
+    CHECK_EQ(ticket_of("bk-new"), -t); /* the mark */
+    int64_t t0 = th_now_ms();
+    start(&wc, &tc, lc, 0, 0);
+    CHECK_OK(until_got(&wc));
+    /* a lease (30 s) without the mark; 5 s: a busy machine */
+    CHECK_OP(wc.got - t0, <, 5000);
+    CHECK_OP(wc.token, >, wb.token);
+    pthread_join(tc, NULL);
+    CHECK_EQ(ticket_of("bk-new"), 0); /* released: no holder, no mark */
+    __atomic_store_n(&wb.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(tb, NULL);
+    CHECK_EQ(wb.rel, DLOCK_ELOST);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lc);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(op);
+}
+
+/* The evicted holder's renewal finds its hold gone and drops its ticket
+ * there and then: a holder hung in its critical section never releases,
+ * and its ticket would hold up the queue. With a short lease (900 ms,
+ * renewed every 300 ms) the ticket is gone within a renewal. */
+TEST(an_evicted_holders_renewal_drops_its_ticket)
+{
+    dlock_client *a = client(), *b = client(), *op = client();
+    dlock *la = handle(a, "bk-drop", 900, 0, 0);
+    dlock *lb = handle(b, "bk-drop", 900, 0, 0);
+    waiter wb;
+    pthread_t tb;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    start(&wb, &tb, lb, 0, -1);
+    until_state(op, "bk-drop", 1, 1);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(until_got(&wb));
+    CHECK_OP(ticket_of("bk-drop"), >, 0);
+    CHECK_OK(dlock_break(op, "bk-drop", NULL));
+    /* b's thread does not release ("hung"): its watchdog notices. Its
+     * ticket, counted as a waiter by dlock_inspect() while the row is
+     * free, is gone once its renewal ran (300 ms; until_state's 10 s is
+     * a busy machine's bound) */
+    until_state(op, "bk-drop", 0, 0);
+    /* so an acquire finds nobody queued: no ticket, the plain take */
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_EQ(ticket_of("bk-drop"), 0);
+    CHECK_OK(dlock_release(la));
+    __atomic_store_n(&wb.go, 1, __ATOMIC_SEQ_CST);
+    pthread_join(tb, NULL);
+    CHECK_EQ(wb.rel, DLOCK_ELOST);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
+/* Readers and permits keep no ticket: a break of them rings the head of
+ * the queue, as the last reader's release would. The writer asleep on
+ * its doorbell gets the lock at once (not at the readers' lease end,
+ * 30 s); the semaphore's waiters get the freed permits one after the
+ * other (the head passes its role on), both of them at once. */
+TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
+{
+    dlock_client *a = client(), *b = client(), *c = client(), *d = client();
+    dlock_client *op = client();
+    dlock *ra = handle(a, "bk-rw", 30000, 0, 0);
+    dlock *rb = handle(b, "bk-rw", 30000, 0, 0);
+    dlock *lw = handle(c, "bk-rw", 30000, 0, 0);
+    waiter w, p[2];
+    pthread_t tw, tp[2];
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_acquire_shared(rb, 0));
+    start(&w, &tw, lw, 0, 0);
+    until_state(op, "bk-rw", 1, 2);
+    until_asleep(&w);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "bk-rw", &ev));
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.shared, 1);
+    dlock_info_clear(&ev);
+    CHECK_OK(until_got(&w));
+    CHECK_OP(w.got - t0, <, 5000); /* 30 s without the ring */
+    pthread_join(tw, NULL);
+    CHECK_RC(dlock_release(ra), DLOCK_ELOST);
+    CHECK_RC(dlock_release(rb), DLOCK_ELOST);
+
+    dlock *pa = handle(a, "bk-sem", 30000, 0, 2);
+    dlock *pb = handle(b, "bk-sem", 30000, 0, 2);
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_OK(dlock_acquire(pb, 0));
+    start(&p[0], &tp[0], handle(c, "bk-sem", 30000, 0, 2), 0, -1);
+    until_state(op, "bk-sem", 1, 2);
+    start(&p[1], &tp[1], handle(d, "bk-sem", 30000, 0, 2), 0, -1);
+    until_state(op, "bk-sem", 2, 2);
+    until_asleep(&p[1]);
+    t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "bk-sem", &ev));
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.permits, 2);
+    dlock_info_clear(&ev);
+    CHECK_OK(until_got(&p[0]));
+    CHECK_OK(until_got(&p[1]));
+    CHECK_OP(p[1].got - t0, <, 5000);
+    until_state(op, "bk-sem", 0, 2);
+    for (int i = 0; i < 2; i++) {
+        __atomic_store_n(&p[i].go, 1, __ATOMIC_SEQ_CST);
+        pthread_join(tp[i], NULL);
+        CHECK_OK(p[i].rel);
+        dlock_close(p[i].l);
+    }
+    CHECK_RC(dlock_release(pa), DLOCK_ELOST);
+    CHECK_RC(dlock_release(pb), DLOCK_ELOST);
+    dlock_close(pa);
+    dlock_close(pb);
+    dlock_close(ra);
+    dlock_close(rb);
+    dlock_close(lw);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    dlock_client_close(d);
+    dlock_client_close(op);
+}
+
 /* The lock table as the previous dlock made it (its DDL, before the
  * columns of shared holds). */
 static const char old_ddl[] =
@@ -875,7 +1100,7 @@ static int columns(const char *path)
     char v[32];
 
     query(path, "SELECT count(*) FROM pragma_table_info('dlock_locks') "
-                "WHERE name IN ('holders', 'permits')",
+                "WHERE name IN ('holders', 'permits', 'ticket')",
           NULL, v, sizeof(v));
     return atoi(v);
 }
@@ -892,7 +1117,7 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
     exec_sql(path, old_hold);
     CHECK_EQ(columns(path), 0);
     CHECK_OK(dlock_client_open(&c, u, NULL));
-    CHECK_EQ(columns(path), 2);
+    CHECK_EQ(columns(path), 3);
     /* the old hold is kept, and keeps its kind: exclusive */
     dlock_info i = info_of(c, "old-held");
     CHECK_EQ(i.held, 1);
@@ -914,12 +1139,26 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
     CHECK_OK(dlock_acquire_shared(held, 0));
     CHECK_OP(dlock_token(held), >, 1234567);
     CHECK_OK(dlock_release(held));
+    /* an old client's hold (no ticket written) can be broken: the token
+     * kept, the next above it */
+    exec_sql(path, "UPDATE dlock_locks SET owner = 'f00d:1', holder = 'old', "
+                   "holds = 1, token = 2345678, lock_until = CAST(("
+                   "julianday('now') - 2440587.5) * 86400000 AS INTEGER) + "
+                   "60000 WHERE name = CAST('old-held' AS BLOB)");
+    dlock_info ev;
+    CHECK_OK(dlock_break(c, "old-held", &ev));
+    CHECK_EQ(ev.token, 2345678);
+    CHECK_STR(ev.holder, "old");
+    dlock_info_clear(&ev);
+    CHECK_OK(dlock_acquire(held, 0));
+    CHECK_OP(dlock_token(held), >, 2345678);
+    CHECK_OK(dlock_release(held));
     dlock_close(held);
     dlock_close(other);
     dlock_client_close(c);
     /* opened again: nothing more to add */
     CHECK_OK(dlock_client_open(&c, u, NULL));
-    CHECK_EQ(columns(path), 2);
+    CHECK_EQ(columns(path), 3);
     dlock_client_close(c);
 }
 
@@ -965,7 +1204,7 @@ TEST(many_processes_opening_one_old_database_at_once)
         __atomic_store_n(go, 1, __ATOMIC_RELEASE);
         for (int i = 0; i < 8; i++)
             CHECK_EQ(th_wait(pid[i]), 0);
-        CHECK_EQ(columns(path), 2);
+        CHECK_EQ(columns(path), 3);
         char held[32]; /* the old client's hold is still there */
         query(path, "SELECT lock_until > 0 AND token = 1234567 FROM "
                     "dlock_locks WHERE name = CAST('old-held' AS BLOB)",
@@ -987,6 +1226,10 @@ static const th_test tests[] = {
     T(tries_from_many_processes_never_take_more_than_n),
     T(a_database_of_the_previous_version_is_migrated_with_its_lock_kept),
     T(many_processes_opening_one_old_database_at_once),
+    TK(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once),
+    TK(a_newcomer_passes_the_ticket_of_a_broken_holder),
+    TK(an_evicted_holders_renewal_drops_its_ticket),
+    TK(a_break_of_readers_or_permits_lets_the_waiters_in_at_once),
     {NULL, NULL, 0},
 };
 

@@ -2,8 +2,9 @@
 /*
  * mysql.c -- the MySQL/MariaDB store (MariaDB Connector/C, which also
  * speaks to MySQL): the seeds' lock table. This file holds the backend's
- * release, extend, inspect and gc, open and close, and the backend; the
- * acquire and its waiting are in mysql_wait.c, the connections and the
+ * release, extend and gc, open and close, and the backend; the
+ * acquire and its waiting are in mysql_wait.c, inspect, list and break
+ * in mysql_operate.c, the connections and the
  * statement runner in mysql_conn.c, the SQL texts and the schema in
  * mysql_sql.c (mysql_int.h).
  *
@@ -51,6 +52,9 @@
  */
 #include "mysql_int.h"
 
+#include <errmsg.h>
+#include <mysqld_error.h>
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +62,11 @@
 
 /* UPDATE guarded by owner and token, then `after` in the same round
  * trip: DLOCK_OK, ENOTHELD, or an error. On the hold's own connection
- * when it is alive, else on a pooled one. */
+ * when it is alive, else on a pooled one. A hold's connection killed
+ * under the statement (a break kills the sessions of the holds it takes:
+ * docs/design.md, "Breaking on MySQL / MariaDB") is no answer: the
+ * UPDATE's own answer decides if it came, else the statement runs again
+ * on a pooled connection (guarded, it matches only a hold still ours). */
 static int guarded(my_store *ms, dlock__lease *l, const char *set,
                    const char *after, int64_t op_deadline, const char *what)
 {
@@ -85,6 +93,13 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set,
     else
         rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL, &affected,
                                        NULL, what);
+    if (rc && pinned && dlock__mysql_killed(sl->cn)) {
+        if (sl->cn->answered)
+            rc = DLOCK_OK; /* the UPDATE answered: `affected` says */
+        else
+            rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
+                                           &affected, NULL, what);
+    }
     free(sql);
     free(name);
     free(owner);
@@ -120,99 +135,49 @@ static int my_release(void *st, dlock__lease *l, int64_t op_deadline)
     return rc;
 }
 
+int dlock__mysql_killed(my_conn *cn)
+{
+    unsigned e = dlock__mysql_errno(cn);
+
+    if (e != ER_CONNECTION_KILLED && e != CR_SERVER_LOST &&
+        e != CR_SERVER_GONE_ERROR)
+        return 0; /* not our own deadline: that one stays an error */
+    cn->broken = 1;
+    return 1;
+}
+
+/* A hold found gone by its renewal (broken, or taken over after its
+ * lease) lets go of its connection's user-level locks at once (its gate,
+ * or its hold lock), so that its waiters wake now, not at a release that
+ * a hung owner may never make; the connection goes back to the pool. */
+void dlock__mysql_let_go_lost(my_store *ms, my_lease *sl, int64_t deadline)
+{
+    if (!sl->cn)
+        return;
+    if (!dlock__mysql_pinned_alive(sl) ||
+        dlock__mysql_query(ms, sl->cn, "DO RELEASE_ALL_LOCKS()", deadline,
+                           NULL, NULL, NULL, "letting go of a lost lock") !=
+            DLOCK_OK)
+        sl->cn->broken = 1; /* closed: the server lets go */
+    dlock__mysql_conn_put(ms, sl->cn);
+    sl->cn = NULL;
+    sl->gated = sl->locks = 0;
+}
+
 static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                      int64_t op_deadline)
 {
     char set[96];
+    int rc;
 
     if (l->kind != DLOCK__WRITE)
         return dlock__mysql_extend_shared(st, l, ttl_ms, op_deadline);
     snprintf(set, sizeof(set),
              "lock_until = " NOW " + INTERVAL %lld MICROSECOND",
              (long long)ttl_ms * 1000);
-    return guarded(st, l, set, NULL, op_deadline, "extending the lease");
-}
-
-/* The waiters' kinds: once readers or permits use the name (or a waiter
- * says its kind), an entry without one is a writer's. */
-static int add_waiter(dlock_info *out, const char *desc, int kinds)
-{
-    char line[300];
-
-    if (kinds && strncmp(desc, "read: ", 6) && strncmp(desc, "write: ", 7) &&
-        strncmp(desc, "permit: ", 8)) {
-        snprintf(line, sizeof(line), "write: %s", desc);
-        desc = line;
-    }
-    return dlock__info_add_waiter(out, desc);
-}
-
-static int my_inspect(void *st, const char *name, size_t len,
-                      dlock_info *out, int64_t op_deadline)
-{
-    my_store *ms = st;
-    char *hn = dlock__mysql_hexlit(name, len), *sql;
-    MYSQL_RES *r = NULL;
-    MYSQL_ROW row;
-    int rc, kinds = 0;
-
-    if (!hn)
-        return dlock__mysql_enomem();
-    if (ms->rw) {
-        rc = dlock__mysql_inspect_row(ms, hn, out, &kinds, op_deadline);
-    } else {
-        sql = dlock__mysql_stmt(
-            "SELECT owner IS NOT NULL AND lock_until > " NOW ", holder, "
-            "token, TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV "
-            "1000, TIMESTAMPDIFF(MICROSECOND, locked_at, " NOW ") DIV "
-            "1000 FROM %s WHERE name = %s",
-            ms->t, hn);
-        rc = sql ? dlock__mysql_query_pooled(ms, sql, op_deadline, &r, NULL,
-                                             NULL, "reading the lock")
-                 : dlock__mysql_enomem();
-        free(sql);
-        if (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL) {
-            out->token = row[2] ? strtoull(row[2], NULL, 10) : 0;
-            if (row[0] && !strcmp(row[0], "1")) {
-                out->held = 1;
-                out->holders = 1;
-                snprintf(out->holder, sizeof(out->holder), "%s",
-                         row[1] ? row[1] : "");
-                out->ttl_ms = row[3] ? strtoll(row[3], NULL, 10) : -1;
-                out->held_ms = row[4] ? strtoll(row[4], NULL, 10) : -1;
-            }
-        }
-        if (r)
-            mysql_free_result(r);
-    }
-    r = NULL;
-    if (rc == DLOCK_OK) {
-        char *lock = dlock__mysql_entry_lock_of(ms, "seq");
-        sql =
-            lock
-                ? dlock__mysql_stmt("SELECT holder FROM %s WHERE name = %s AND "
-                                    "IS_USED_LOCK(%s) IS NOT NULL ORDER BY seq",
-                                    ms->q, hn, lock)
-                : NULL;
-        free(lock);
-        rc = sql ? dlock__mysql_query_pooled(ms, sql, op_deadline, &r, NULL,
-                                             NULL, "reading the queue")
-                 : dlock__mysql_enomem();
-        free(sql);
-        while (!kinds && rc == DLOCK_OK && r &&
-               (row = mysql_fetch_row(r)) != NULL)
-            kinds = row[0] && (!strncmp(row[0], "read: ", 6) ||
-                               !strncmp(row[0], "write: ", 7) ||
-                               !strncmp(row[0], "permit: ", 8));
-        if (r)
-            mysql_data_seek(r, 0);
-        while (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL)
-            rc = add_waiter(out, row[0] ? row[0] : "", kinds);
-        out->waiters = (int64_t)out->queue_len;
-        if (r)
-            mysql_free_result(r);
-    }
-    free(hn);
+    rc = guarded(st, l, set, NULL, op_deadline, "extending the lease");
+    if (rc == DLOCK_ENOTHELD)
+        dlock__mysql_let_go_lost(st, l->priv, op_deadline);
     return rc;
 }
 
@@ -412,7 +377,7 @@ const dlock__backend dlock__backend_mysql = {
     NULL,                                      /* disarm */
     my_release,                                /* release */
     my_extend,                                 /* extend */
-    my_inspect,                                /* inspect */
+    dlock__mysql_inspect,                      /* inspect */
     NULL,                                      /* loop_fd */
     NULL,                                      /* loop_run */
     my_gc,                                     /* gc */
@@ -420,7 +385,7 @@ const dlock__backend dlock__backend_mysql = {
     NULL,                                      /* margin */
     NULL,                                      /* abandon */
     NULL,                                      /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    dlock__mysql_list,                         /* list */
+    dlock__mysql_evict,                        /* evict */
+    NULL,                                      /* evict_unsupported */
 };

@@ -8,7 +8,8 @@
  * running statements, error codes); mysql_sql.c, its SQL (quoted
  * names, hex literals, the statements' texts, the schema); mysql_rw.c,
  * read holds' and permits' release, renewal and waiting; mysql_hash.c,
- * their lock names as literals.
+ * their lock names as literals; mysql_operate.c, what inspect, list and
+ * break say of a lock row, and the break.
  */
 #ifndef DLOCK_MYSQL_INT_H
 #define DLOCK_MYSQL_INT_H
@@ -287,6 +288,16 @@ char *dlock__mysql_gate_lit(const my_store *ms, const char *name, size_t len);
 char *dlock__mysql_hold_lit(const my_store *ms, const char *name, size_t len,
                             const char *owner);
 
+/* mysql_operate.c: the backend's inspect, list and evict slots (one
+ * reading of a lock row for the three) */
+int dlock__mysql_inspect(void *st, const char *name, size_t len,
+                         dlock_info *out, int64_t op_deadline);
+int dlock__mysql_list(void *st, const char *prefix, size_t plen,
+                      const char *cursor, size_t limit, unsigned flags,
+                      dlock_list_page *out, int64_t op_deadline);
+int dlock__mysql_evict(void *st, const char *name, size_t len,
+                       dlock_info *out, int64_t op_deadline);
+
 /* mysql_wait.c: acquire and waiting */
 
 /* The backend's acquire slot: tries and, while l->deadline allows, waits
@@ -295,6 +306,17 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline);
 
 /* Is the hold's own connection alive (and so its gate held)? */
 int dlock__mysql_pinned_alive(my_lease *sl);
+
+/* mysql.c: did cn's session end under its last statement (killed: a
+ * break kills the sessions of the holds it takes; or the connection
+ * lost)? Then cn is broken (closed when given back), and the caller asks
+ * again on a pooled connection. Not for a statement past our deadline. */
+int dlock__mysql_killed(my_conn *cn);
+
+/* mysql.c: a hold its renewal found gone lets go of its user-level locks
+ * (RELEASE_ALL_LOCKS() on its connection, or the connection closed) and
+ * gives its connection back. */
+void dlock__mysql_let_go_lost(my_store *ms, my_lease *sl, int64_t deadline);
 
 /* mysql_rw.c: read holds and permits */
 
@@ -309,12 +331,6 @@ int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,
 int dlock__mysql_extend_shared(my_store *ms, dlock__lease *l, int64_t ttl_ms,
                                int64_t op_deadline);
 
-/* The holders of row `name` (hex literal) for dlock_inspect(): fills
- * out->held, holder, holders, shared, permits, ttl_ms, held_ms, token.
- * *queue_kinds: the row is held by readers or permits (the waiters'
- * kinds are then shown). */
-int dlock__mysql_inspect_row(my_store *ms, const char *name, dlock_info *out,
-                             int *queue_kinds, int64_t op_deadline);
 
 /* The row's state as a waiter holding (or maybe holding) the gate sees it. */
 typedef struct my_state {

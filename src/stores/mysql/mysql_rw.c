@@ -14,8 +14,8 @@
  *  - each hold keeps its hold lock (a user-level lock of its own) on its
  *    connection, so that whoever waits for it sleeps in GET_LOCK on it;
  *  - their release and renewal (one UPDATE each, guarded by the hold's own
- *    token and live end, in either form), and dlock_inspect()'s view of
- *    them;
+ *    token and live end, in either form; dlock_inspect()'s view of them
+ *    is mysql_operate.c's);
  *  - what a waiter that holds the gate sees of the row (the state), a
  *    writer's drain of the readers, and a semaphore's head waiting on
  *    every holder's hold lock at once through pooled helper connections.
@@ -128,6 +128,16 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set, int form,
     if (!rc && pinned) {
         rc = dlock__mysql_query(ms, sl->cn, sql, op_deadline, NULL, &affected,
                                 id, what);
+        if (rc && dlock__mysql_killed(sl->cn)) {
+            /* the session went under the statement (a break kills the
+             * sessions of the holds it takes): the UPDATE's answer
+             * decides if it came, else it runs again on a pooled
+             * connection (guarded: it matches only a hold still ours) */
+            rc = sl->cn->answered
+                     ? DLOCK_OK
+                     : dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
+                                                 &affected, id, what);
+        }
     } else if (!rc && !repin) {
         rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL, &affected,
                                        id, what);
@@ -224,6 +234,10 @@ static int release_any(my_store *ms, dlock__lease *l, const my_vals *v,
     if (pinned)
         rc = dlock__mysql_ps_run(ms, sl->cn, MY_PS_RELEASE, v, op_deadline,
                                  &affected, id, "releasing the lock");
+    if (rc && rc != MY_PS_TEXT && pinned && dlock__mysql_killed(sl->cn)) {
+        pinned = 0; /* killed under it: again, on a pooled one */
+        rc = MY_PS_TEXT;
+    }
     if (rc == MY_PS_TEXT) {
         char *sql = dlock__mysql_fill(ms->tmpl[MY_PS_RELEASE], v);
         if (!sql)
@@ -232,6 +246,10 @@ static int release_any(my_store *ms, dlock__lease *l, const my_vals *v,
             rc = dlock__mysql_query(ms, sl->cn, sql, op_deadline, NULL,
                                     &affected, id, "releasing the lock");
         else
+            rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
+                                           &affected, id,
+                                           "releasing the lock");
+        if (rc && pinned && dlock__mysql_killed(sl->cn))
             rc = dlock__mysql_query_pooled(ms, sql, op_deadline, NULL,
                                            &affected, id,
                                            "releasing the lock");
@@ -308,77 +326,10 @@ int dlock__mysql_extend_shared(my_store *ms, dlock__lease *l, int64_t ttl_ms,
         rc = set ? guarded(ms, l, set, ANY, NULL, 1, op_deadline, NULL,
                            "extending the lease")
                  : dlock__mysql_enomem();
+    if (rc == DLOCK_ENOTHELD) /* its hold lock: a waiter may sleep on it */
+        dlock__mysql_let_go_lost(ms, l->priv, op_deadline);
     free(set);
     free(oj);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Inspection                                                               */
-/* ------------------------------------------------------------------------ */
-
-int dlock__mysql_inspect_row(my_store *ms, const char *name, dlock_info *out,
-                             int *queue_kinds, int64_t op_deadline)
-{
-    MYSQL_RES *r = NULL;
-    MYSQL_ROW row;
-    /* the holds of either form as one object (MY_HOLDS_OF) */
-    char *sql = dlock__mysql_stmt(
-        "SELECT owner IS NOT NULL AND lock_until > " NOW ", holder, token, "
-        "TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until) DIV 1000, "
-        "TIMESTAMPDIFF(MICROSECOND, locked_at, " NOW ") DIV 1000, "
-        MY_SHARED_ANY("owner") ", permits, (SELECT COUNT(*) FROM JSON_TABLE("
-        MY_HOLDS_OF("t.") ", " MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US
-        "), (SELECT MIN(j.d) FROM JSON_TABLE(" MY_HOLDS_OF("t.") ", "
-        MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US "), (SELECT (" NOW_US
-        " - MIN(j.s)) DIV 1000 FROM JSON_TABLE(" MY_HOLDS_OF("t.") ", "
-        MY_HOLDERS_COLS ") j WHERE j.e > " NOW_US ") FROM %s t WHERE name "
-        "= %s",
-        ms->t, name);
-    int rc = sql ? dlock__mysql_query_pooled(ms, sql, op_deadline, &r, NULL,
-                                             NULL, "reading the lock")
-                 : dlock__mysql_enomem();
-
-    free(sql);
-    *queue_kinds = 0;
-    if (rc == DLOCK_OK && r && (row = mysql_fetch_row(r)) != NULL) {
-        int held = row[0] && !strcmp(row[0], "1");
-        int shared = row[5] && !strcmp(row[5], "1");
-        long long permits = row[6] ? atoll(row[6]) : 0;
-        long long live = row[7] ? atoll(row[7]) : 0;
-
-        out->token = row[2] ? strtoull(row[2], NULL, 10) : 0;
-        out->permits = permits; /* a free semaphore's row keeps its N */
-        if (shared) {
-            *queue_kinds = 1;
-            held = held && live > 0;
-            out->holders = held ? live : 0;
-            out->shared = held && permits == 0;
-        } else {
-            out->holders = held;
-            if (held)
-                out->permits = 0;
-        }
-        if (held) {
-            out->held = 1;
-            out->ttl_ms = row[3] ? strtoll(row[3], NULL, 10) : -1;
-            out->held_ms = row[4] ? strtoll(row[4], NULL, 10) : -1;
-            if (!shared || live == 1)
-                snprintf(out->holder, sizeof(out->holder), "%s",
-                         shared ? (row[8] ? row[8] : "")
-                                : (row[1] ? row[1] : ""));
-            else if (permits)
-                snprintf(out->holder, sizeof(out->holder),
-                         "%lld of %lld permits", live, permits);
-            else
-                snprintf(out->holder, sizeof(out->holder), "%lld readers",
-                         live);
-            if (shared && live == 1 && row[9])
-                out->held_ms = strtoll(row[9], NULL, 10);
-        }
-    }
-    if (r)
-        mysql_free_result(r);
     return rc;
 }
 

@@ -51,14 +51,13 @@
 #include <unistd.h>
 
 #define SQ_DEFAULT_TABLE "dlock_locks"
-#define SQ_TABLE_MAX 128
 #define SQ_MOVES_MAX 16        /* region changes (gc, VACUUM) in one call */
 #define SQ_WAITERS_COUNTED 100000
 
 #define NOW_MS SQ_NOW_MS
 #define NOW_US SQ_NOW_US
 
-static int sq_error(sq_store *ss, const char *what)
+int dlock__sq_error(sq_store *ss, const char *what)
 {
     int ec = sqlite3_extended_errcode(ss->db);
     int code = (ec & 0xff) == SQLITE_BUSY || (ec & 0xff) == SQLITE_LOCKED
@@ -133,7 +132,7 @@ int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
                           ss->redacted);
     if (sqlite3_prepare_v3(ss->db, sql, -1, SQLITE_PREPARE_PERSISTENT,
                            &ss->st[which], NULL) != SQLITE_OK)
-        return sq_error(ss, "preparing a statement");
+        return dlock__sq_error(ss, "preparing a statement");
     return DLOCK_OK;
 }
 
@@ -143,7 +142,7 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     static const char *const params[] = {"table", "timeout", NULL};
     const char *table = dlock__uri_param(u, "table");
     const char *timeout = dlock__uri_param(u, "timeout");
-    char t[2 * SQ_TABLE_MAX + 8];
+    const char *t;
     char ddl[2048];
     struct stat dbst;
     sq_store *ss;
@@ -190,13 +189,14 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                             SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE,
                         NULL) != SQLITE_OK) {
-        rc = ss->db ? sq_error(ss, "opening the database")
+        rc = ss->db ? dlock__sq_error(ss, "opening the database")
                     : dlock__err(DLOCK_ENOMEM, "out of memory");
         sq_close(ss);
         return rc;
     }
     sqlite3_busy_timeout(ss->db, (int)timeout_ms);
-    quote_ident(table, t, sizeof(t));
+    quote_ident(table, ss->t, sizeof(ss->t));
+    t = ss->t;
     /* synchronous=NORMAL: in WAL mode a commit is not fsync'ed (a
      * checkpoint is); a process crash loses nothing, a system crash may
      * lose the last commits. Every holder and waiter is on this host and
@@ -215,7 +215,8 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
              " locked_at INTEGER NOT NULL DEFAULT 0,"
              " lock_until INTEGER NOT NULL DEFAULT 0,"
              " holders TEXT,"
-             " permits INTEGER NOT NULL DEFAULT 0);",
+             " permits INTEGER NOT NULL DEFAULT 0,"
+             " ticket INTEGER NOT NULL DEFAULT 0);",
              t);
     /* Clients opening a new database at the same moment: SQLite answers
      * SQLITE_BUSY at once, without its busy handler, to the connection
@@ -235,7 +236,8 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         sqlite3_sleep(1 + i % 8);
     }
     if (erc != SQLITE_OK) {
-        rc = sq_error(ss, "creating (or adding columns to) the lock table");
+        rc = dlock__sq_error(ss, "creating (or adding columns to) the "
+                                 "lock table");
         sq_close(ss);
         return rc;
     }
@@ -251,7 +253,9 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
             return rc;
         }
     }
-    /* ?1 name, ?2 owner, ?3 ttl, ?4 holder, ?5 the rowid we queued under */
+    /* ?1 name, ?2 owner, ?3 ttl, ?4 holder, ?5 the rowid we queued under,
+     * ?6 our ticket's number in the region (0: none; a break's mark is
+     * its negative: docs/design.md, "Breaking on SQLite") */
     if ((rc = dlock__sq_prepare(ss, S_ROWID,
                       "SELECT rowid FROM %1$s WHERE name = ?1", t)) ||
         (rc = dlock__sq_prepare(ss, S_MAKE,
@@ -262,13 +266,13 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                       "UPDATE %1$s SET owner = ?2, holder = ?4, holds = 1, "
                       "token = max(token + 1, " NOW_US "), locked_at = "
                       "%2$s, lock_until = %2$s + ?3, holders = NULL, "
-                      "permits = 0 WHERE name = ?1 AND rowid = ?5 AND "
-                      "lock_until <= %2$s RETURNING token",
+                      "permits = 0, ticket = ?6 WHERE name = ?1 AND rowid = "
+                      "?5 AND lock_until <= %2$s RETURNING token",
                       t)) ||
         (rc = dlock__sq_prepare(ss, S_RELEASE,
                       "UPDATE %1$s SET owner = NULL, holder = NULL, holds = "
-                      "0, lock_until = 0 WHERE name = ?1 AND owner = ?2 AND "
-                      "token = ?3 AND lock_until > %2$s",
+                      "0, lock_until = 0, ticket = 0 WHERE name = ?1 AND "
+                      "owner = ?2 AND token = ?3 AND lock_until > %2$s",
                       t)) ||
         (rc = dlock__sq_prepare(ss, S_EXTEND,
                       "UPDATE %1$s SET lock_until = %2$s + ?4 WHERE name = "
@@ -294,7 +298,7 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
  * sleep past a short lease on a busy machine). Bounded by the client's
  * timeout. Only dlock's clients take turns: another program's writer
  * still meets them in the busy handler. */
-static int writer_turn(sq_store *ss, const char *what)
+int dlock__sq_turn(sq_store *ss, const char *what)
 {
     int e;
 
@@ -320,10 +324,10 @@ static int writer_turn(sq_store *ss, const char *what)
 int dlock__sq_step(sq_store *ss, int which, int *row, const char *what)
 {
     int writes = which != S_ROWID && which != S_LEASE_LEFT &&
-                 which != S_INSPECT;
+                 which != S_INSPECT && which != S_LIST && which != S_LIST_UP;
     int r, rc;
 
-    if (writes && (rc = writer_turn(ss, what)) != DLOCK_OK)
+    if (writes && (rc = dlock__sq_turn(ss, what)) != DLOCK_OK)
         return rc;
     r = sqlite3_step(ss->st[which]);
     *row = r == SQLITE_ROW;
@@ -339,11 +343,17 @@ int dlock__sq_step(sq_store *ss, int which, int *row, const char *what)
         ss->returned = sqlite3_column_int64(ss->st[which], 0);
         r = sqlite3_step(ss->st[which]);
     }
-    if (writes && ss->sidefd >= 0)
-        lk(ss->sidefd, F_OFD_SETLK, F_UNLCK, SQW_WRITER, 1);
+    if (writes)
+        dlock__sq_turn_end(ss);
     if (r == SQLITE_ROW || r == SQLITE_DONE)
         return DLOCK_OK;
-    return sq_error(ss, what);
+    return dlock__sq_error(ss, what);
+}
+
+void dlock__sq_turn_end(sq_store *ss)
+{
+    if (ss->sidefd >= 0)
+        lk(ss->sidefd, F_OFD_SETLK, F_UNLCK, SQW_WRITER, 1);
 }
 
 void dlock__sq_done(sq_store *ss, int which)
@@ -396,11 +406,12 @@ enum { T_TAKEN, T_BUSY, T_MOVED };
 
 /* Reads the row after a take that got nothing (S_LEASE_LEFT): *left, ms
  * to its next end (<= 0 free or ended; a shared row's earliest live
- * entry's end); T_MOVED when the row is gone or has another rowid;
- * DLOCK_EINVAL when the live row is of another kind than l's. ss->mu
- * held. */
+ * entry's end); *mark (may be NULL), the number of the ticket whose hold
+ * a break took (0: none); T_MOVED when the row is gone or has another
+ * rowid; DLOCK_EINVAL when the live row is of another kind than l's.
+ * ss->mu held. */
 static int read_row(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
-                    int64_t *left)
+                    int64_t *left, int64_t *mark)
 {
     sqlite3_stmt *s = ss->st[S_LEASE_LEFT];
     int rc, row = 0;
@@ -408,21 +419,28 @@ static int read_row(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
     sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
     rc = dlock__sq_step(ss, S_LEASE_LEFT, &row, "reading the lease");
     *what = T_BUSY;
-    if (rc == DLOCK_OK && (!row || sqlite3_column_int64(s, 0) != rowid))
+    if (rc == DLOCK_OK && (!row || sqlite3_column_int64(s, 0) != rowid)) {
         *what = T_MOVED;
-    else if (rc == DLOCK_OK && (rc = dlock__sq_kind_check(ss, l, s)) == 0)
+    } else if (rc == DLOCK_OK && (rc = dlock__sq_kind_check(ss, l, s)) == 0) {
         *left = sqlite3_column_int64(s, 1);
+        if (mark) /* only of a free row: a take clears it */
+            *mark = *left <= 0 && sqlite3_column_int64(s, 5) < 0
+                        ? -sqlite3_column_int64(s, 5)
+                        : 0;
+    }
     dlock__sq_done(ss, S_LEASE_LEFT);
     return rc;
 }
 
 /* Runs the acquire statement for region `rowid` (a reader or a permit:
- * `join`, it may join a live shared row); on busy reads the row (*left:
- * ms, <= 0 free or ended, INT64_MAX unknown), unless `quick` (a caller
- * about to queue and try again). T_MOVED: the row is gone or has another
- * rowid (dlock gc, VACUUM): queue again. */
-static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int join,
-                    int quick, int *what, int64_t *left)
+ * `join`, it may join a live shared row; a writer: with its ticket `w`,
+ * NULL for none, which the row keeps for dlock_break()); on busy reads
+ * the row (*left: ms, <= 0 free or ended, INT64_MAX unknown), unless
+ * `quick` (a caller about to queue and try again). T_MOVED: the row is
+ * gone or has another rowid (dlock gc, VACUUM): queue again. */
+static int try_take(sq_store *ss, dlock__lease *l, const sq_wait *w,
+                    int64_t rowid, int join, int quick, int *what,
+                    int64_t *left)
 {
     int which = l->kind == DLOCK__WRITE ? S_TAKE : S_SH_TAKE;
     sqlite3_stmt *s = ss->st[which];
@@ -438,6 +456,9 @@ static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int join,
         sqlite3_bind_int64(s, 3, l->ttl_ms);
         sqlite3_bind_text(s, 4, l->desc, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 5, rowid);
+        sqlite3_bind_int64(s, 6, w && w->ticket >= 0
+                                     ? (int64_t)(w->ticket - w->base)
+                                     : 0);
     }
     rc = dlock__sq_step(ss, which, &row, "taking the lock");
     if (rc == DLOCK_OK && row)
@@ -445,7 +466,7 @@ static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int join,
     dlock__sq_done(ss, which);
     *what = row ? T_TAKEN : T_BUSY;
     if (rc == DLOCK_OK && !row && !quick)
-        rc = read_row(ss, l, rowid, what, left);
+        rc = read_row(ss, l, rowid, what, left, NULL);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
@@ -453,12 +474,12 @@ static int try_take(sq_store *ss, dlock__lease *l, int64_t rowid, int join,
 /* The lease left of the lock (the read a waiter makes once it is
  * connected to its predecessor): as try_take() without taking. */
 static int read_left(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
-                     int64_t *left)
+                     int64_t *left, int64_t *mark)
 {
     int rc;
 
     pthread_mutex_lock(&ss->mu);
-    rc = read_row(ss, l, rowid, what, left);
+    rc = read_row(ss, l, rowid, what, left, mark);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
@@ -483,7 +504,7 @@ static int64_t timer_from(const dlock__lease *l, int64_t left)
 static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
                       int *moved, int *as_head)
 {
-    int64_t timer = -1, left = INT64_MAX;
+    int64_t timer = -1, left = INT64_MAX, mark = 0;
     off_t conn_p = -1;
     int c = -1, handed = 0, rc = DLOCK_OK, what;
 
@@ -498,7 +519,7 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             conn_p = -1;
             handed = 0;
             *as_head = p < 0;
-            rc = try_take(ss, l, w->region, p < 0, 0, &what, &left);
+            rc = try_take(ss, l, w, w->region, p < 0, 0, &what, &left);
             if (rc || what == T_TAKEN)
                 break;
             if (what == T_MOVED) {
@@ -543,13 +564,18 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             }
         }
         if (timer < 0) {
-            /* connected first, so that no release is missed */
-            rc = read_left(ss, l, w->region, &what, &left);
+            /* connected first, so that no release is missed; a break
+             * that took p's hold marked the row: p holds nothing up */
+            rc = read_left(ss, l, w->region, &what, &left, &mark);
             if (rc)
                 break;
             if (what == T_MOVED) {
                 *moved = 1;
                 break;
+            }
+            if (mark > 0 && mark == (int64_t)(p - w->base)) {
+                handed = 1;
+                continue;
             }
             timer = timer_from(l, left);
         }
@@ -571,6 +597,22 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
             conn_p = -1;
             continue;
         }
+        if (ev == SQW_RUNG) {
+            /* a break rings the successor of the ticket it evicted: is
+             * that p? (a stale ring costs this read) */
+            rc = read_left(ss, l, w->region, &what, &left, &mark);
+            if (rc)
+                break;
+            if (what == T_MOVED) {
+                *moved = 1;
+                break;
+            }
+            if (mark > 0 && mark == (int64_t)(p - w->base))
+                handed = 1;
+            else
+                timer = timer_from(l, left);
+            continue;
+        }
         if (dlock__now_ms() >= l->deadline) {
             /* the deadline and a hand-over may come together: a head
              * that finds the lock free takes it */
@@ -584,7 +626,7 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
         /* the timer: the holder's lease may be over (frozen, dead); not
          * the head, so only a free or ended row */
         *as_head = 0;
-        rc = try_take(ss, l, w->region, 0, 0, &what, &left);
+        rc = try_take(ss, l, w, w->region, 0, 0, &what, &left);
         if (rc || what == T_TAKEN)
             break;
         if (what == T_MOVED) {
@@ -667,8 +709,9 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
              * kinds, and a writer may wait in it */
             int what;
             int64_t left = INT64_MAX;
-            rc = try_take(ss, l, rowid, !queued || l->kind == DLOCK__PERMIT,
-                          !once, &what, &left);
+            rc = try_take(ss, l, NULL, rowid,
+                          !queued || l->kind == DLOCK__PERMIT, !once, &what,
+                          &left);
             if (rc || what == T_TAKEN)
                 return rc;
             if (what == T_MOVED) {
@@ -791,10 +834,61 @@ static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
 static int sq_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                      int64_t op_deadline)
 {
+    sq_store *ss = st;
+    sq_lease *sl = l->priv;
+    int rc;
+
     (void)op_deadline;
     if (l->kind != DLOCK__WRITE)
         return dlock__sq_extend_entry(st, l, ttl_ms);
-    return guarded(st, S_EXTEND, l, ttl_ms, "extending the lease");
+    rc = guarded(st, S_EXTEND, l, ttl_ms, "extending the lease");
+    if (rc == DLOCK_ENOTHELD && sl->w.fd >= 0) {
+        /* lost (broken, or taken over after its lease): the ticket goes
+         * now, not at a release that a hung owner may never make (its
+         * successors would wait on it); they get end of file and look
+         * again. The release finds no ticket left. */
+        side_put(ss, dlock__sqw_drop(&sl->w, 0));
+    }
+    return rc;
+}
+
+void dlock__sq_info_row(sqlite3_stmt *s, dlock_info *out, int64_t *rowid,
+                        int *shared)
+{
+    out->token = (uint64_t)sqlite3_column_int64(s, SQ_COL_TOKEN);
+    *rowid = sqlite3_column_int64(s, SQ_COL_ROWID);
+    *shared = sqlite3_column_int(s, SQ_COL_SHARED);
+    if (sqlite3_column_int(s, SQ_COL_HELD) &&
+        (!*shared || sqlite3_column_int64(s, SQ_COL_LIVE) > 0)) {
+        const unsigned char *h = sqlite3_column_text(s, SQ_COL_HOLDER);
+        out->held = 1;
+        out->holders = 1;
+        snprintf(out->holder, sizeof(out->holder), "%s",
+                 h ? (const char *)h : "");
+        out->ttl_ms = sqlite3_column_int64(s, SQ_COL_TTL);
+        out->held_ms = sqlite3_column_int64(s, SQ_COL_FOR);
+        if (*shared) /* readers or permits: their live entries */
+            dlock__sq_inspect_shared(s, out);
+    } else {
+        *shared = 0;
+        /* kept when free */
+        out->permits = sqlite3_column_int64(s, SQ_COL_PERMITS);
+    }
+}
+
+void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
+                            dlock_info *out)
+{
+    /* the queue is in the kernel: every held ticket but the holder's,
+     * when the holder has one (not when it took the lock with nobody
+     * queued: then the head marks the region; readers and permits keep
+     * none). The kernel knows no kinds: the waiters have no
+     * descriptions. */
+    int64_t n = dlock__sqw_count(ss->sidefd, rowid, SQ_WAITERS_COUNTED);
+    int64_t mine = out->held && !shared &&
+                   !dlock__sqw_marked(ss->sidefd, rowid);
+
+    out->waiters = n > mine ? n - mine : 0;
 }
 
 static int sq_inspect(void *st, const char *name, size_t len,
@@ -811,39 +905,12 @@ static int sq_inspect(void *st, const char *name, size_t len,
     pthread_mutex_lock(&ss->mu);
     sqlite3_bind_blob(s, 1, name, (int)len, SQLITE_STATIC);
     rc = dlock__sq_step(ss, S_INSPECT, &row, "reading the lock");
-    if (rc == DLOCK_OK && row) {
-        out->token = (uint64_t)sqlite3_column_int64(s, 2);
-        rowid = sqlite3_column_int64(s, 5);
-        shared = sqlite3_column_int(s, 6);
-        if (sqlite3_column_int(s, 0) &&
-            (!shared || sqlite3_column_int64(s, 8) > 0)) {
-            const unsigned char *h = sqlite3_column_text(s, 1);
-            out->held = 1;
-            out->holders = 1;
-            snprintf(out->holder, sizeof(out->holder), "%s",
-                     h ? (const char *)h : "");
-            out->ttl_ms = sqlite3_column_int64(s, 3);
-            out->held_ms = sqlite3_column_int64(s, 4);
-            if (shared) /* readers or permits: their live entries */
-                dlock__sq_inspect_shared(s, out);
-        } else {
-            shared = 0;
-            out->permits = sqlite3_column_int64(s, 7); /* kept when free */
-        }
-    }
+    if (rc == DLOCK_OK && row)
+        dlock__sq_info_row(s, out, &rowid, &shared);
     dlock__sq_done(ss, S_INSPECT);
     pthread_mutex_unlock(&ss->mu);
-    if (rc == DLOCK_OK && rowid > 0) {
-        /* the queue is in the kernel: every held ticket but the
-         * holder's, when the holder has one (not when it took the lock
-         * with nobody queued: then the head marks the region; readers
-         * and permits keep none). The kernel knows no kinds: the
-         * waiters have no descriptions. */
-        int64_t n = dlock__sqw_count(ss->sidefd, rowid, SQ_WAITERS_COUNTED);
-        int64_t mine = out->held && !shared &&
-                       !dlock__sqw_marked(ss->sidefd, rowid);
-        out->waiters = n > mine ? n - mine : 0;
-    }
+    if (rc == DLOCK_OK && rowid > 0)
+        dlock__sq_info_waiters(ss, rowid, shared, out);
     return rc;
 }
 
@@ -883,7 +950,7 @@ const dlock__backend dlock__backend_sqlite = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    dlock__sq_list,  /* list */
+    dlock__sq_evict, /* evict */
+    NULL,            /* evict_unsupported */
 };

@@ -44,8 +44,9 @@ typedef struct sq_wait {
     off_t ticket;   /* ticket byte, or -1 */
 } sq_wait;
 
-/* What a wait on a predecessor ended with. */
-enum { SQW_TIMEOUT, SQW_HANDED, SQW_LEFT };
+/* What a wait on a predecessor ended with (SQW_RUNG: our doorbell rang:
+ * a break may have evicted the predecessor, look at the row). */
+enum { SQW_TIMEOUT, SQW_HANDED, SQW_LEFT, SQW_RUNG };
 
 /* Opens (creating it with `mode`) the sidecar at `path`: its descriptor,
  * or -1 with errno set. */
@@ -83,14 +84,21 @@ int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max);
 int dlock__sqw_connect(const sq_wait *w, off_t p);
 
 /* Sleeps until the predecessor p (on connection c, or in the kernel on
- * p's byte when c < 0) hands over or leaves, or until `until`. SQW_* or
- * a negative errno. */
+ * p's byte when c < 0) hands over or leaves, our doorbell rings (with c
+ * only), or until `until`. SQW_* or a negative errno. */
 int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until);
 
 /* A head whose holder has no ticket it can see: sleeps on w's doorbell
  * (the holder's release rings it) until `until`. SQW_LEFT (rung: try
  * again), SQW_TIMEOUT, or a negative errno. */
 int dlock__sqw_bell(const sq_wait *w, int64_t until);
+
+/* Rings the doorbell of the lowest ticket above ticket number `after`
+ * (0: the lowest of all) in the region of `rowid`, through fd (holding
+ * none): what a release of the hold with that ticket does when its
+ * successor is not connected, done by dlock_break(). */
+void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
+                           int64_t after);
 
 /* Is the mark of the region of `rowid` held (a head waits for a holder
  * without a ticket), as seen through fd? */
@@ -121,13 +129,36 @@ enum {
     S_SH_TAKE,    /* a reader's or a permit's take (sqlite_rw.c) */
     S_SH_RELEASE, /* its release */
     S_SH_EXTEND,  /* its renewal */
+    S_LIST,       /* dlock_list()'s page (sqlite_operate.c) */
+    S_LIST_UP,    /* the same below an upper bound */
+    S_EVICT,      /* dlock_break()'s clearing */
     S_COUNT
 };
 
+/* The columns of dlock_inspect()'s row (S_INSPECT, S_LIST*). */
+enum {
+    SQ_COL_HELD,    /* the lease runs */
+    SQ_COL_HOLDER,  /* the holder's description */
+    SQ_COL_TOKEN,
+    SQ_COL_TTL,     /* ms left */
+    SQ_COL_FOR,     /* ms held */
+    SQ_COL_ROWID,   /* the name's region of the sidecar */
+    SQ_COL_SHARED,  /* held by readers or permits, live */
+    SQ_COL_PERMITS, /* a semaphore's N */
+    SQ_COL_LIVE,    /* live read holds or permits */
+    SQ_COL_DESC,    /* a live one's description */
+    SQ_COL_TICKET,  /* the exclusive holder's ticket (0: none; < 0: the
+                     * mark of a broken holder's) */
+    SQ_COL_NAME
+};
+
 #define SQ_SPARE_MAX 8
+#define SQ_TABLE_MAX 128
 
 typedef struct sq_store {
     sqlite3 *db;
+    char t[2 * SQ_TABLE_MAX + 8]; /* the table, quoted */
+    int operate;       /* the statements of list and break are prepared */
     char *redacted;
     char *side;   /* the sidecar's path */
     mode_t mode;  /* the database file's permission bits, for the sidecar */
@@ -170,6 +201,33 @@ int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
 int dlock__sq_step(sq_store *ss, int which, int *row, const char *what);
 void dlock__sq_done(sq_store *ss, int which);
 
+/* The writers' turn (sqlite.c says why), taken and let go around a
+ * transaction of several statements (dlock_break()'s). */
+int dlock__sq_turn(sq_store *ss, const char *what);
+void dlock__sq_turn_end(sq_store *ss);
+
+/* An error of the connection, with its message: the DLOCK_* code. */
+int dlock__sq_error(sq_store *ss, const char *what);
+
+/* Fills *out (zeroed; ttl_ms and held_ms -1) from a row of inspect's
+ * columns in s, as dlock_inspect() does; *rowid its region (0: no row
+ * data), *shared held by readers or permits. */
+void dlock__sq_info_row(sqlite3_stmt *s, dlock_info *out, int64_t *rowid,
+                        int *shared);
+
+/* Counts the waiters of region `rowid` into out->waiters, as
+ * dlock_inspect() does (the tickets held, less the holder's). */
+void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
+                            dlock_info *out);
+
+/* --- dlock_list() and dlock_break() (sqlite_operate.c) -------------------- */
+
+int dlock__sq_list(void *st, const char *prefix, size_t plen,
+                   const char *cursor, size_t limit, unsigned flags,
+                   dlock_list_page *out, int64_t op_deadline);
+int dlock__sq_evict(void *st, const char *name, size_t len, dlock_info *out,
+                    int64_t op_deadline);
+
 /* --- shared holds and semaphores (sqlite_rw.c) --------------------------- */
 
 /* Adds the columns of shared holds (holders, permits) to table t when it
@@ -180,8 +238,12 @@ int dlock__sq_migrate(sqlite3 *db, const char *table, const char *t);
 /* Prepares, for the quoted table t, the statements that see the entries
  * of readers and permits: theirs (S_SH_*), the read after a take that got
  * nothing (S_LEASE_LEFT: rowid, ms to the row's next end, live, shared,
- * permits) and dlock_inspect()'s (S_INSPECT). */
+ * permits, ticket) and dlock_inspect()'s (S_INSPECT). */
 int dlock__sq_prepare_rw(sq_store *ss, const char *t);
+
+/* Prepares dlock_list()'s and dlock_break()'s statements (S_LIST,
+ * S_LIST_UP, S_EVICT), on their first use. */
+int dlock__sq_prepare_operate(sq_store *ss, const char *t);
 
 /* Binds a reader's or a permit's take (S_SH_TAKE): `join`: it may join
  * a live shared row (the head of the queue, or nobody queued). */

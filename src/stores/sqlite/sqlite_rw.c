@@ -125,7 +125,8 @@ static const char take_sql[] =
     MINE_TOKEN " IS NULL THEN max(token + 1, " SQ_NOW_US ") ELSE token END, "
     "locked_at = CASE WHEN lock_until > %2$s THEN locked_at ELSE %2$s END, "
     "lock_until = CASE WHEN NOT " JOINING " THEN %2$s + ?3 ELSE "
-    "max(lock_until, %2$s + ?3) END, permits = ?6 WHERE name = ?1 AND rowid "
+    "max(lock_until, %2$s + ?3) END, permits = ?6, ticket = 0 WHERE name = "
+    "?1 AND rowid "
     "= ?5 AND (lock_until <= %2$s OR " SOLE_MINE " OR (?7 AND " SHARED " AND "
     "permits = ?6 AND (?6 = 0 OR " MINE_TOKEN " IS NOT NULL OR (CASE WHEN "
     "NOT " ENTRIES_FORM " THEN 1 WHEN holds < ?6 THEN holds ELSE " OTHERS_N
@@ -160,23 +161,43 @@ static const char extend_sql[] =
 
 /* After a take that got nothing: rowid, ms to the row's next end (in the
  * '*' form the earliest live entry's end: the waiter's timer), live,
- * shared, permits. */
+ * shared, permits, ticket (a break's mark when negative). */
 static const char lease_left_sql[] =
     "SELECT rowid, CASE WHEN " ENTRIES_FORM " AND lock_until > %2$s THEN "
     "coalesce((SELECT min(e.value) FROM " ENTRIES "), "
     "lock_until) ELSE lock_until END - %2$s, lock_until > %2$s, " SHARED ", "
-    "permits FROM %1$s WHERE name = ?1";
+    "permits, ticket FROM %1$s WHERE name = ?1";
 
-/* dlock_inspect(): held, holder, token, ttl, held for, rowid, shared,
- * permits, live holds, a live holder's description. */
+/* dlock_inspect()'s columns (SQ_COL_*): held, holder, token, ttl, held
+ * for, rowid, shared, permits, live holds, a live holder's description,
+ * the holder's ticket (dlock_break()'s), the name (dlock_list()'s). */
+#define INSPECT_COLS                                                        \
+    "lock_until > %2$s, holder, token, lock_until - %2$s, %2$s - "         \
+    "locked_at, rowid, " SHARED_LIVE ", permits, CASE WHEN NOT " SHARED_LIVE \
+    " THEN 0 WHEN " ENTRIES_FORM " THEN (SELECT count(*) FROM " ENTRIES ") "\
+    "ELSE 1 END, CASE WHEN NOT " SHARED_LIVE " THEN NULL WHEN " ENTRIES_FORM \
+    " THEN (SELECT json_extract(holders, e.path || '[3]') FROM " ENTRIES     \
+    " LIMIT 1) ELSE holder END, ticket, name"
 static const char inspect_sql[] =
-    "SELECT lock_until > %2$s, holder, token, lock_until - %2$s, %2$s - "
-    "locked_at, rowid, " SHARED_LIVE ", permits, CASE WHEN NOT " SHARED_LIVE
-    " THEN 0 WHEN " ENTRIES_FORM " THEN (SELECT count(*) FROM " ENTRIES ") "
-    "ELSE 1 END, CASE WHEN NOT " SHARED_LIVE " THEN NULL WHEN " ENTRIES_FORM
-    " THEN (SELECT json_extract(holders, e.path || '[3]') FROM " ENTRIES
-    " LIMIT 1) "
-    "ELSE holder END FROM %1$s WHERE name = ?1";
+    "SELECT " INSPECT_COLS " FROM %1$s WHERE name = ?1";
+
+/* dlock_list()'s page: the rows after ?1 from ?2 on (the prefix), in the
+ * order of the primary key's index, at most ?3; `_UP`: below ?4 too (the
+ * first name above the prefix's range). Names are BLOBs, compared as
+ * bytes (memcmp): no collation, no LIKE. */
+#define LIST_SQL                                                            \
+    "SELECT " INSPECT_COLS " FROM %1$s WHERE name > ?1 AND name >= ?2"
+static const char list_sql[] = LIST_SQL " ORDER BY name LIMIT ?3";
+static const char list_up_sql[] =
+    LIST_SQL " AND name < ?4 ORDER BY name LIMIT ?3";
+
+/* dlock_break()'s clearing of every hold (sole, entries): the token and a
+ * semaphore's N stay; an exclusive holder's ticket becomes the mark that
+ * lets its successor pass it (its negative). */
+static const char evict_sql[] =
+    "UPDATE %1$s SET owner = NULL, holder = NULL, holds = 0, lock_until = "
+    "0, holders = NULL, ticket = CASE WHEN ticket > 0 THEN -ticket ELSE 0 "
+    "END WHERE name = ?1";
 
 /* Does table `table` have column `col`? 1, 0, or -1 with *rc set. */
 static int has_column(sqlite3 *db, const char *table, const char *col,
@@ -207,6 +228,7 @@ int dlock__sq_migrate(sqlite3 *db, const char *table, const char *t)
     static const char *const cols[][2] = {
         {"holders", "TEXT"},
         {"permits", "INTEGER NOT NULL DEFAULT 0"},
+        {"ticket", "INTEGER NOT NULL DEFAULT 0"},
     };
     char sql[512];
     int rc = SQLITE_OK;
@@ -243,6 +265,17 @@ int dlock__sq_prepare_rw(sq_store *ss, const char *t)
         (rc = dlock__sq_prepare(ss, S_SH_EXTEND, extend_sql, t)) ||
         (rc = dlock__sq_prepare(ss, S_LEASE_LEFT, lease_left_sql, t)) ||
         (rc = dlock__sq_prepare(ss, S_INSPECT, inspect_sql, t)))
+        return rc;
+    return DLOCK_OK;
+}
+
+int dlock__sq_prepare_operate(sq_store *ss, const char *t)
+{
+    int rc;
+
+    if ((rc = dlock__sq_prepare(ss, S_LIST, list_sql, t)) ||
+        (rc = dlock__sq_prepare(ss, S_LIST_UP, list_up_sql, t)) ||
+        (rc = dlock__sq_prepare(ss, S_EVICT, evict_sql, t)))
         return rc;
     return DLOCK_OK;
 }
@@ -377,11 +410,11 @@ int dlock__sq_extend_entry(sq_store *ss, const dlock__lease *l,
 
 void dlock__sq_inspect_shared(sqlite3_stmt *s, dlock_info *out)
 {
-    const unsigned char *d = sqlite3_column_text(s, 9);
+    const unsigned char *d = sqlite3_column_text(s, SQ_COL_DESC);
 
-    out->permits = sqlite3_column_int64(s, 7);
+    out->permits = sqlite3_column_int64(s, SQ_COL_PERMITS);
     out->shared = out->permits == 0;
-    out->holders = sqlite3_column_int64(s, 8);
+    out->holders = sqlite3_column_int64(s, SQ_COL_LIVE);
     if (out->holders == 1)
         snprintf(out->holder, sizeof(out->holder), "%s",
                  d ? (const char *)d : "");

@@ -271,11 +271,43 @@ static int bell_wait(const sq_wait *w, int64_t until)
     return SQW_LEFT;
 }
 
+/* Sleeps in poll() on connection c and on w's doorbell (when it has
+ * one) until either is readable or `until`: SQW_HANDED (a byte on c),
+ * SQW_LEFT (c's end of file), SQW_RUNG (the doorbell only, drained),
+ * SQW_TIMEOUT, or a negative errno. */
+static int chan_or_bell(const sq_wait *w, int c, int64_t until)
+{
+    for (;;) {
+        struct pollfd pf[2] = {{c, POLLIN, 0}, {w->bfd, POLLIN, 0}};
+        int ms = -1, n;
+        if (until != DLOCK__FOREVER) {
+            int64_t left = until - dlock__now_ms();
+            if (left <= 0)
+                return SQW_TIMEOUT;
+            ms = left > INT_MAX ? INT_MAX : (int)left;
+        }
+        n = poll(pf, w->bfd >= 0 ? 2 : 1, ms);
+        if (n < 0 && errno != EINTR)
+            return -errno;
+        if (n <= 0)
+            continue;
+        if (pf[0].revents) {
+            char b;
+            /* a byte with no end of file behind it: p released (a ring
+             * that came with it stays for the next wait: one read) */
+            if (pf[0].revents == POLLIN && recv(c, &b, 1, MSG_DONTWAIT) == 1)
+                return SQW_HANDED;
+            return SQW_LEFT;
+        }
+        char b[16];
+        while (recv(w->bfd, b, sizeof(b), MSG_DONTWAIT) >= 0)
+            ;
+        return SQW_RUNG;
+    }
+}
+
 int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
 {
-    short rev = 0;
-    int n;
-
     if (c < 0) {
         /* no channel we trust (squatted, or p dying: its socket closed
          * before its byte was unlocked): p's byte, in the kernel, which
@@ -289,14 +321,9 @@ int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
         lk(w->fd, F_OFD_SETLK, F_UNLCK, p, 1);
         return SQW_LEFT;
     }
-    n = poll_until(c, until, &rev);
-    if (n <= 0)
-        return n == 0 ? SQW_TIMEOUT : n;
-    char b;
-    /* a byte with no end of file behind it: p released */
-    if (rev == POLLIN && recv(c, &b, 1, MSG_DONTWAIT) == 1)
-        return SQW_HANDED;
-    return SQW_LEFT;
+    /* the doorbell too: a break that took p's hold rings it (p itself
+     * hands nothing over then) */
+    return chan_or_bell(w, c, until);
 }
 
 int dlock__sqw_bell(const sq_wait *w, int64_t until)
@@ -353,19 +380,27 @@ static int ring_successor(const sq_wait *w)
     return sent;
 }
 
-void dlock__sqw_ring_head(int fd, dev_t dev, ino_t ino, int64_t rowid)
+void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
+                           int64_t after)
 {
     sq_wait w;
 
+    if (after < 0 || after >= SQW_MARK)
+        return;
     memset(&w, 0, sizeof(w));
     w.fd = fd;
     w.dev = dev;
     w.ino = ino;
     w.region = rowid;
     w.base = region_base(rowid);
-    w.ticket = w.base; /* the lowest ticket above byte 0 */
+    w.ticket = w.base + (off_t)after; /* byte 0: the lowest ticket of all */
     if (ring_successor(&w))
-        sched_yield(); /* the lock is idle until the head runs */
+        sched_yield(); /* the lock is idle until the woken one runs */
+}
+
+void dlock__sqw_ring_head(int fd, dev_t dev, ino_t ino, int64_t rowid)
+{
+    dlock__sqw_ring_after(fd, dev, ino, rowid, 0);
 }
 
 int dlock__sqw_drop(sq_wait *w, int wake)
