@@ -181,9 +181,13 @@ TEST(the_store_says_what_it_can)
     CHECK_RC(dlock_break(NULL, "x", NULL), DLOCK_EINVAL);
     if (can_list) {
         /* a cursor the store did not make */
-        static const char *junk[] = {"zz", "-1", "\x01\x02", "99999999999999"
-                                     "999999999999999999",
-                                     "%", "g0", "/../x"};
+        static const char *junk[] = {"zz",
+                                     "-1",
+                                     "\x01\x02",
+                                     "99999999999999999999999999999999",
+                                     "%",
+                                     "g0",
+                                     "/../x"};
         for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++) {
             rc = dlock_list(c, NULL, junk[i], 10, 0, &p);
             /* either refused, or read as some position of the store */
