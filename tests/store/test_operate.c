@@ -595,7 +595,7 @@ int main(int argc, char **argv)
 
         {"redlock", 0, 0},
 
-        {"zk", 0, 0},
+        {"zk", 1, 1},
 
         {"etcd", 0, 0},
 

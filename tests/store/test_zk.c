@@ -302,7 +302,7 @@ TEST(first_come_first_served_across_processes)
     dlock_client_close(h);
 }
 
-/* --- a release fires exactly one watch --- */
+/* --- a release fires exactly one waiter's watch --- */
 
 #define NHERD 50
 
@@ -354,7 +354,9 @@ static int herd_got(herd *h)
 }
 
 /* The watched paths in a wchp answer ("/path\n\t0xsid\n..."): checks that
- * each has exactly one watcher and that they are exactly `want`. */
+ * they are exactly `want` (in queue order) and that each has two watchers,
+ * its own session's (every node watches itself, zk_operate.c) and its
+ * successor's, but the last one, which only its own session watches. */
 static void check_watched_paths(const char *ans, char want[][64], int n,
                                 const char *parent)
 {
@@ -371,19 +373,19 @@ static void check_watched_paths(const char *ans, char want[][64], int n,
                 const char *e = strchr(p, '\n');
                 p = e ? e + 1 : p + strlen(p);
             }
-            if (watchers != 1)
-                th_fail(__FILE__, __LINE__, "%.*s has %d watchers, not 1",
-                        (int)len, line, watchers);
-            int found = 0;
+            int found = -1;
             for (int k = 0; k < n; k++) {
                 char full[600];
                 snprintf(full, sizeof(full), "%.200s/%.63s", parent, want[k]);
                 if (strlen(full) == len && !strncmp(full, line, len))
-                    found = 1;
+                    found = k;
             }
-            if (!found)
+            if (found < 0)
                 th_fail(__FILE__, __LINE__, "unexpected watch on %.*s",
                         (int)len, line);
+            if (watchers != (found == n - 1 ? 1 : 2))
+                th_fail(__FILE__, __LINE__, "%.*s has %d watchers, not %d",
+                        (int)len, line, watchers, found == n - 1 ? 1 : 2);
             paths++;
             line = p;
             continue;
@@ -408,9 +410,10 @@ TEST(a_release_fires_exactly_one_watch)
     pthread_mutex_init(&h.mu, NULL);
     pthread_cond_init(&h.cv, NULL);
     CHECK_OK(dlock_acquire(lh, 0));
-    /* the server's watches before: none (the other tests left none) */
+    /* the server's watches before: the holder's on its own node (the
+     * other tests left none) */
     wchs(&srv, 0, &conns, &paths, &total);
-    CHECK_EQ(total, 0);
+    CHECK_EQ(total, 1);
     for (int i = 0; i < NHERD; i++) {
         w[i] = (herd_waiter){&h, i, client(), NULL, 0, 0};
         w[i].l = handle(w[i].c, "herd", 0, 0);
@@ -421,24 +424,27 @@ TEST(a_release_fires_exactly_one_watch)
     int64_t until = th_now_ms() + 10000;
     do {
         wchs(&srv, 0, &conns, &paths, &total);
-        if (total >= NHERD)
+        if (total >= 2 * NHERD + 1)
             break;
         th_sleep_ms(20);
     } while (th_now_ms() < until);
     th_sleep_ms(200); /* a herd would keep adding watches */
     wchs(&srv, 0, &conns, &paths, &total);
-    CHECK_EQ(conns, NHERD);   /* every waiter's session watches ... */
-    CHECK_EQ(paths, NHERD);   /* ... one path of its own ... */
-    CHECK_EQ(total, NHERD);   /* ... with one watch */
-    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), NHERD); /* + child watches */
-    /* each waiter watches its predecessor: every node but the last */
+    CHECK_EQ(conns, NHERD + 1);      /* every session watches ... */
+    CHECK_EQ(paths, NHERD + 1);      /* ... its own node, a waiter's ... */
+    CHECK_EQ(total, 2 * NHERD + 1);  /* ... and its predecessor's */
+    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), 2 * NHERD + 1); /* no child
+                                                               * watches */
+    /* each waiter watches its predecessor, each node itself */
     CHECK_EQ(sorted_children(zh, "/zktest/herd", kids, NHERD + 4),
              NHERD + 1);
     CHECK_OP(th_zk_4lw(&srv, 0, "wchp", big, sizeof(big)), >, 0);
-    check_watched_paths(big, kids, NHERD, "/zktest/herd");
+    check_watched_paths(big, kids, NHERD + 1, "/zktest/herd");
     CHECK_OP(th_zk_4lw(&srv, 0, "wchc", big, sizeof(big)), >, 0);
-    CHECK_EQ(count_of(big, "0x"), NHERD);   /* 50 sessions ... */
-    CHECK_EQ(count_of(big, "\t/"), NHERD);  /* ... one path each */
+    CHECK_EQ(count_of(big, "0x"), NHERD + 1);       /* 51 sessions ... */
+    CHECK_EQ(count_of(big, "\t/"), 2 * NHERD + 1);  /* ... 2 paths a
+                                                     * waiter, 1 the
+                                                     * holder */
 
     long long del0 = mntr(&srv, 0, "zk_sum_node_deleted_watch_count");
     long long cnt0 = mntr(&srv, 0, "zk_cnt_node_deleted_watch_count");
@@ -450,14 +456,15 @@ TEST(a_release_fires_exactly_one_watch)
     th_sleep_ms(300); /* time for any other waiter to wake up */
     CHECK_EQ(herd_got(&h), 1);
     CHECK_EQ(h.order[0], 0); /* the first in the queue */
-    /* the delete of the holder's node fired one watch, and no child
-     * watch fired at all */
-    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0, 1);
+    /* the delete of the holder's node fired two watches, the next one's
+     * and the releaser's own (which ignores it), and no child watch fired
+     * at all */
+    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0, 2);
     CHECK_EQ(mntr(&srv, 0, "zk_cnt_node_deleted_watch_count") - cnt0, 1);
     CHECK_EQ(mntr(&srv, 0, "zk_sum_node_children_watch_count") - kid0, 0);
     wchs(&srv, 0, &conns, &paths, &total);
-    CHECK_EQ(total, NHERD - 1);
-    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), NHERD - 1);
+    CHECK_EQ(total, 2 * NHERD - 1);
+    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), 2 * NHERD - 1);
 
     /* the rest, one hand-off at a time */
     pthread_mutex_lock(&h.mu);
@@ -470,12 +477,12 @@ TEST(a_release_fires_exactly_one_watch)
         CHECK_OK(w[i].release_rc);
         CHECK_EQ(h.order[i], i);
     }
-    /* 50 deletes with a watcher (the holder's and 49 waiters'), one
-     * watcher each */
+    /* 51 deletes (the holder's and 50 waiters'), each watched by its own
+     * session and the next node's but the last */
     CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0,
-             NHERD);
+             2 * NHERD + 1);
     CHECK_EQ(mntr(&srv, 0, "zk_cnt_node_deleted_watch_count") - cnt0,
-             NHERD);
+             NHERD + 1);
     CHECK_EQ(mntr(&srv, 0, "zk_sum_node_children_watch_count") - kid0, 0);
     CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), 0);
     for (int i = 0; i < NHERD; i++) {
