@@ -673,6 +673,11 @@ int dlock__zk_evict(void *st, const char *name, size_t len,
                 dlock__zk_op_put(op);
             if (zrc == ZNONODE && attempt + 1 < EVICT_TRIES)
                 rc = 1; /* one of them went meanwhile: look again */
+            else if (zrc == ZNONODE)
+                rc = dlock__err(DLOCK_ECONN,
+                                "zk %s: lock '%.200s': its holders changed "
+                                "during each of %d tries; try again",
+                                zs->redacted, name, EVICT_TRIES);
             else if (zrc != ZOK)
                 rc = dlock__zk_error(zs, "deleting the holders' nodes", zrc);
         }
