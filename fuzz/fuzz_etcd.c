@@ -20,6 +20,7 @@
 #include "../src/stores/etcd/etcd_gateway.c"
 #include "../src/stores/etcd/etcd_lease.c"
 #include "../src/stores/etcd/etcd_watch.c"
+#include "../src/stores/etcd/etcd_operate.c"
 
 static void free_config(etcd_store *es)
 {
@@ -154,7 +155,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *base = malloc(ETCD_KEY_MAX);
     size_t bl = 0;
     if (len >= 1 && len <= DLOCK_NAME_MAX) {
-        bl = lock_base(&es, name, len, base);
+        bl = dlock__etcd_lock_base(&es, name, len, base);
         check_base(&es, name, len, base, bl);
         check_b64(base, bl);
         char *eb = malloc(ETCD_B64_MAX);

@@ -597,7 +597,7 @@ int main(int argc, char **argv)
 
         {"zk", 1, 1},
 
-        {"etcd", 0, 0},
+        {"etcd", 1, 1},
 
         {"sqlite", 0, 0},
 
