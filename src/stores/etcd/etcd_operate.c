@@ -196,6 +196,29 @@ static int match_mine(const dlock__lease *l, void *arg)
     return 1;
 }
 
+/* The answer j of mine_check's transaction (one range of each key
+ * mids[i], which had create revision revs[i]) applied (es->mu held): a key
+ * not there (or not with that revision) is gone; one there is covered by
+ * stream generation gen. */
+static void check_answer(etcd_store *es, const cJSON *j,
+                         const uint64_t *mids, const int64_t *revs, int n,
+                         uint64_t gen)
+{
+    for (int i = 0; i < n; i++) {
+        const cJSON *kv = kvs_at(txn_resp(j, i, "response_range"), 0);
+        int there = kv && jint(kv, "create_revision") == revs[i];
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+            if (eh->mid != mids[i])
+                continue;
+            if (!there)
+                (void)mine_gone(eh);
+            else if (!eh->gone)
+                eh->mgen = gen; /* there after gen began: covered */
+            break;
+        }
+    }
+}
+
 /* The held keys the stream may have missed, checked by one read each
  * (MINE_BATCH to a transaction) at a revision after the stream of
  * generation `gen` began. 0, or -1: no answer (try again later). */
@@ -240,19 +263,7 @@ static int mine_check(etcd_store *es, uint64_t gen)
     if (r != DLOCK_OK)
         return -1;
     pthread_mutex_lock(&es->mu);
-    for (int i = 0; i < n; i++) {
-        const cJSON *kv = kvs_at(txn_resp(j, i, "response_range"), 0);
-        int there = kv && jint(kv, "create_revision") == revs[i];
-        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
-            if (eh->mid != mids[i])
-                continue;
-            if (!there)
-                (void)mine_gone(eh);
-            else if (!eh->gone)
-                eh->mgen = gen; /* there after gen began: covered */
-            break;
-        }
-    }
+    check_answer(es, j, mids, revs, n, gen);
     pthread_mutex_unlock(&es->mu);
     cJSON_Delete(j);
     return 0;
@@ -575,6 +586,38 @@ static long unescape(const char *comp, size_t n, char *out)
     return o ? (long)o : -1;
 }
 
+/* The escaped name of the lock whose key is key[0..n): a pointer into key
+ * (*cl its length; its name decoded into name, DLOCK_NAME_MAX + 1), or
+ * NULL when the key is no lock's of dlock's (outside the prefix, no '/'
+ * after the name, an escape dlock does not write). */
+static const char *lock_of_key(const etcd_store *es, const char *key,
+                               size_t n, size_t *cl, char *name)
+{
+    if (n <= es->prefix_len || memcmp(key, es->prefix, es->prefix_len) != 0)
+        return NULL;
+    const char *c = key + es->prefix_len;
+    const char *slash = memchr(c, '/', n - es->prefix_len);
+    if (!slash || slash == c)
+        return NULL;
+    *cl = (size_t)(slash - c);
+    return unescape(c, *cl, name) < 0 ? NULL : c;
+}
+
+/* The escaped lock name a cursor stands for (base64 of it) into comp
+ * (cap bytes): its length, or -1 when no page of ours ends there. */
+static long cursor_comp(const char *cursor, char *comp, size_t cap)
+{
+    char name[DLOCK_NAME_MAX + 1];
+    long n = strlen(cursor) <= ETCD_B64_MAX
+                 ? dlock__etcd_b64_decode(cursor, comp, cap)
+                 : -1;
+
+    if (n <= 0 || (size_t)n >= 3 * DLOCK_NAME_MAX + 1 ||
+        (size_t)n + 1 >= cap || unescape(comp, (size_t)n, name) < 0)
+        return -1;
+    return n;
+}
+
 typedef struct lease_ttl_cache {
     int64_t id[LIST_TXN];
     int64_t ttl[LIST_TXN];
@@ -616,11 +659,8 @@ int dlock__etcd_list(void *st, const char *prefix, size_t plen,
     }
     /* ... from past the cursor's lock */
     if (cursor[0]) {
-        long n = strlen(cursor) <= ETCD_B64_MAX
-                     ? dlock__etcd_b64_decode(cursor, comp, sizeof(comp))
-                     : -1;
-        if (n <= 0 || (size_t)n >= 3 * DLOCK_NAME_MAX + 1 ||
-            unescape(comp, (size_t)n, name) < 0)
+        long n = cursor_comp(cursor, comp, sizeof(comp));
+        if (n < 0)
             return dlock__err(DLOCK_EINVAL,
                               "etcd %s: the cursor is not one this store "
                               "made (base64 of an escaped lock name)",
@@ -680,18 +720,12 @@ int dlock__etcd_list(void *st, const char *prefix, size_t plen,
                 continue; /* longer than any key of ours */
             memcpy(last, comp, (size_t)n);
             last_len = (size_t)n;
-            if (n <= (long)es->prefix_len ||
-                memcmp(comp, es->prefix, es->prefix_len) != 0)
-                continue;
-            const char *c = comp + es->prefix_len;
-            const char *slash = memchr(c, '/', (size_t)n - es->prefix_len);
-            if (!slash || slash == c)
-                continue; /* not a lock's key */
-            size_t cl = (size_t)(slash - c);
+            size_t cl = 0;
+            const char *c = lock_of_key(es, comp, (size_t)n, &cl, name);
+            if (!c)
+                continue; /* a key dlock never writes */
             if (nn > 0 && lens[nn - 1] == cl && !memcmp(names[nn - 1], c, cl))
                 continue; /* the same lock's next key */
-            if (unescape(c, cl, name) < 0)
-                continue; /* a key dlock never writes */
             if (nn == limit) {
                 skipped = 1; /* another lock follows the page */
                 break;
