@@ -222,7 +222,7 @@ static void check_answer(etcd_store *es, const cJSON *j,
 /* The held keys the stream may have missed, checked by one read each
  * (MINE_BATCH to a transaction) at a revision after the stream of
  * generation `gen` began. 0, or -1: no answer (try again later). */
-static int mine_check(etcd_store *es, uint64_t gen)
+static int mine_check(etcd_store *es, uint64_t gen, int64_t deadline)
 {
     uint64_t mids[MINE_BATCH];
     int64_t revs[MINE_BATCH];
@@ -256,8 +256,7 @@ static int mine_check(etcd_store *es, uint64_t gen)
         return rc;
     }
     cJSON *j = NULL;
-    int r = dlock__etcd_request(es, "/v3/kv/txn", body.p,
-                                dlock__now_ms() + es->timeout_ms, &j,
+    int r = dlock__etcd_request(es, "/v3/kv/txn", body.p, deadline, &j,
                                 "checking the held keys");
     free(body.p);
     if (r != DLOCK_OK)
@@ -295,17 +294,25 @@ int64_t dlock__etcd_mine_run(etcd_store *es)
     for (etcd_hold *eh = es->mine; eh; eh = eh->mnext)
         if (eh->held && !eh->releasing && !eh->gone && !covered(es, eh))
             need = 1;
+    /* this thread keeps the leases alive and declares them lost: a
+     * stream that does not open, a read that does not answer (no quorum)
+     * never hold up a keepalive or a lease's end */
     int64_t limit = now + es->timeout_ms;
-    for (etcd_lease *el = es->leases; el; el = el->next)
-        if (!el->dead && el->next_ka < limit)
-            limit = el->next_ka; /* keepalives are not held up for it */
+    for (etcd_lease *el = es->leases; el; el = el->next) {
+        if (el->dead)
+            continue;
+        if (el->next_ka < limit)
+            limit = el->next_ka;
+        if (dlock__etcd_lease_limit(el) < limit)
+            limit = dlock__etcd_lease_limit(el);
+    }
     int due = need && now >= es->cover_at;
     pthread_mutex_unlock(&es->mu);
-    for (int round = 0; due && round < 16; round++) {
+    int64_t dl = limit > now + 200 ? limit : now + 200;
+    for (int round = 0; due && round < 16 && dlock__now_ms() < dl; round++) {
         uint64_t gen = 0;
-        int64_t dl = limit > now + 200 ? limit : now + 200;
         int ok = dlock__etcd_stream_up(es, dl, &gen) == DLOCK_OK &&
-                 mine_check(es, gen) == 0;
+                 mine_check(es, gen, dl) == 0;
         pthread_mutex_lock(&es->mu);
         if (ok) {
             es->cover_backoff = 0;
