@@ -13,6 +13,12 @@
  * decodes back to it; the JSON answer read as inspect's range answer, as
  * the key descriptions and int64 fields, whatever its types and numbers
  * (no UB); the watch stream's frames parsed, never past its buffer.
+ * dlock_list() and dlock_break() (etcd_operate.c): field 2 read as a
+ * cursor too (accepted only as the base64 of an escaped name); each key
+ * of the JSON answer read as a listed key (a lock's escaped name maps
+ * back to exactly that key range); the answer applied as the check of
+ * two held keys, and its watch events as deletions of them (a hold is
+ * told lost only for a deletion of its own key after its creation).
  */
 #include "fuzz.h"
 
@@ -20,6 +26,7 @@
 #include "../src/stores/etcd/etcd_gateway.c"
 #include "../src/stores/etcd/etcd_lease.c"
 #include "../src/stores/etcd/etcd_watch.c"
+#include "../src/stores/etcd/etcd_operate.c"
 
 static void free_config(etcd_store *es)
 {
@@ -119,6 +126,109 @@ static void read_json(const char *text, size_t n)
     cJSON_Delete(j);
 }
 
+
+static void check_operate(const etcd_store *conf, const char *cursor,
+                          const cJSON *j)
+{
+    char *comp = malloc(ETCD_KEY_MAX + 8), *name = malloc(DLOCK_NAME_MAX + 1);
+    char *key = malloc(ETCD_KEY_MAX + 8), *base = malloc(ETCD_KEY_MAX);
+
+    /* a cursor: base64 of an escaped name ('/' and '%' only as escapes) */
+    long n = cursor_comp(cursor, comp, ETCD_KEY_MAX + 8);
+    if (n >= 0) {
+        if (n == 0 || n > 3 * DLOCK_NAME_MAX || memchr(comp, '/', (size_t)n))
+            fz_fail("cursor_comp accepted a bad name");
+        for (long i = 0; i < n; i++)
+            if (comp[i] == '%' &&
+                (i + 2 >= n || comp[i + 1] != '2' ||
+                 (comp[i + 2] != 'F' && comp[i + 2] != '5')))
+                fz_fail("cursor_comp accepted a bad escape");
+    }
+    /* the keys of a listing: a lock's key maps back to its range */
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, jget(j, "kvs"))
+    {
+        const char *kb = jstr(kv, "key");
+        long kl = kb ? dlock__etcd_b64_decode(kb, key, ETCD_KEY_MAX + 8) : -1;
+        size_t cl = 0;
+        if (kl <= 0 || (size_t)kl >= ETCD_KEY_MAX + 7)
+            continue;
+        const char *c = lock_of_key(conf, key, (size_t)kl, &cl, name);
+        if (!c)
+            continue;
+        size_t nl = strlen(name);
+        if (nl == 0 || nl > DLOCK_NAME_MAX || cl == 0 ||
+            c != key + conf->prefix_len || c + cl >= key + kl ||
+            c[cl] != '/')
+            fz_fail("lock_of_key out of its key");
+        size_t bl = dlock__etcd_lock_base(conf, name, nl, base);
+        if (bl != conf->prefix_len + cl + 1 || memcmp(base, key, bl) != 0)
+            fz_fail("a listed lock's name is not its key range");
+    }
+    /* two held keys: the answer as their check, its events as deletions */
+    etcd_store es;
+    etcd_hold *h = calloc(2, sizeof(*h));
+    memset(&es, 0, sizeof(es));
+    memcpy(es.prefix, conf->prefix, conf->prefix_len);
+    es.prefix_len = conf->prefix_len;
+    for (int i = 0; i < 2; i++) {
+        h[i].key_len = (size_t)snprintf(h[i].key, sizeof(h[i].key),
+                                        "%sx/%d", es.prefix, i);
+        h[i].mid = (uint64_t)i + 1;
+        h[i].linked = h[i].held = 1;
+        h[i].mrev = i ? 0 : 5;
+        h[i].mnext = i ? NULL : &h[1];
+    }
+    es.mine = &h[0];
+    es.sgen = 3;
+    uint64_t mids[2] = {1, 2};
+    int64_t revs[2] = {5, 0};
+    check_answer(&es, j, mids, revs, 2, 3);
+    for (int i = 0; i < 2; i++)
+        if (h[i].gone ? !h[i].tell : (h[i].tell || (h[i].mgen != 0 &&
+                                                      h[i].mgen != 3)))
+            fz_fail("check_answer left a hold half done");
+    for (int i = 0; i < 2; i++)
+        h[i].gone = h[i].tell = 0;
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, jget(jget(j, "result"), "events"))
+    {
+        const char *kb = jstr(jget(ev, "kv"), "key");
+        int64_t rev = jint(jget(ev, "kv"), "mod_revision");
+        int64_t del1 = h[1].mdel;
+        if (!kb)
+            continue;
+        int gone0 = h[0].gone;
+        int tell = dlock__etcd_mine_deleted(&es, kb, rev);
+        long kl = dlock__etcd_b64_decode(kb, key, ETCD_KEY_MAX + 8);
+        int is0 = kl == (long)h[0].key_len &&
+                  !memcmp(key, h[0].key, h[0].key_len);
+        int is1 = kl == (long)h[1].key_len &&
+                  !memcmp(key, h[1].key, h[1].key_len);
+        if (h[0].gone != gone0 && !(is0 && rev > h[0].mrev))
+            fz_fail("a hold told lost for another key's deletion");
+        if (tell && !(h[0].gone && h[0].tell))
+            fz_fail("told without a hold gone");
+        if (h[1].gone || (h[1].mdel != del1 && !(is1 && rev > del1)))
+            fz_fail("a deletion before the put's revision was known");
+    }
+    free(h);
+    free(comp);
+    free(name);
+    free(key);
+    free(base);
+}
+
+static void read_operate(const etcd_store *conf, const char *cursor,
+                         const char *text, size_t n)
+{
+    cJSON *j = cJSON_ParseWithLength(text, n);
+
+    if (j)
+        check_operate(conf, cursor, j);
+    cJSON_Delete(j);
+}
+
 static int fuzz_msg(void *arg, const char *p, size_t n)
 {
     int64_t created = 0;
@@ -154,7 +264,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *base = malloc(ETCD_KEY_MAX);
     size_t bl = 0;
     if (len >= 1 && len <= DLOCK_NAME_MAX) {
-        bl = lock_base(&es, name, len, base);
+        bl = dlock__etcd_lock_base(&es, name, len, base);
         check_base(&es, name, len, base, bl);
         check_b64(base, bl);
         char *eb = malloc(ETCD_B64_MAX);
@@ -165,6 +275,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     check_b64(name, len);
     read_json(json, jl);
+    read_operate(&es, name, json, jl);
     char *dec = malloc(jl + 1);
     (void)dlock__etcd_b64_decode(json, dec, jl + 1);
     free(dec);

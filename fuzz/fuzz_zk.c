@@ -11,13 +11,17 @@
  * CHROOT/ + one component of [A-Za-z0-9_%-] only that unescapes to the
  * name (one node per name, never "." or "..", never "zookeeper" at the
  * root), within its buffer (exact size); sort_children keeps exactly the
- * names with a sequence number, in increasing order.
+ * names with a sequence number, in increasing order. The children read
+ * as the chroot's (dlock_list()'s lock names and cursors, zk_operate.c):
+ * a name accepted unescapes to one lock name whose node is exactly that
+ * child (one name per node, never the server's own "zookeeper").
  */
 #include "fuzz.h"
 
 #include "../src/stores/zk/zk.c"
 #include "../src/stores/zk/zk_queue.c"
 #include "../src/stores/zk/zk_session.c"
+#include "../src/stores/zk/zk_operate.c"
 
 static int hexdig(int c)
 {
@@ -100,6 +104,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     v.data = calloc(64, sizeof(char *));
     while (f.p && v.count < 64)
         v.data[v.count++] = fz_field(&f, NULL);
+    /* the same strings as the chroot's children, or as list cursors */
+    char *lname = malloc(DLOCK_NAME_MAX + 1), *again = malloc(ZK_PARENT_MAX);
+    for (int32_t i = 0; i < v.count; i++) {
+        long n = strlen(v.data[i]) <= 3 * DLOCK_NAME_MAX
+                     ? dlock__zk_unescape(zs, v.data[i], lname)
+                     : -1;
+        if (n < 0)
+            continue;
+        if (n == 0 || n > DLOCK_NAME_MAX || memchr(lname, '\0', (size_t)n))
+            fz_fail("unescape gave a name no lock has");
+        dlock__zk_lock_path(zs, lname, (size_t)n, again);
+        check_path(zs, lname, (size_t)n, again);
+        size_t cl = strcmp(zs->chroot, "/") ? strlen(zs->chroot) : 0;
+        if (strcmp(again + cl + 1, v.data[i]) != 0)
+            fz_fail("a listed name is not its node");
+    }
+    free(lname);
+    free(again);
     int32_t kept = dlock__zk_sort_children(&v), ours = 0;
     for (int32_t i = 0; i < v.count; i++) {
         ours += child_seq(v.data[i]) >= 0;

@@ -640,9 +640,9 @@ int main(int argc, char **argv)
 
         {"redlock", 1, 1},
 
-        {"zk", 0, 0},
+        {"zk", 1, 1},
 
-        {"etcd", 0, 0},
+        {"etcd", 1, 1},
 
         {"sqlite", 1, 1},
 

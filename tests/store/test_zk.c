@@ -20,8 +20,12 @@
 
 #include <zookeeper/zookeeper.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static th_zk srv;       /* standalone, shared */
@@ -302,7 +306,7 @@ TEST(first_come_first_served_across_processes)
     dlock_client_close(h);
 }
 
-/* --- a release fires exactly one watch --- */
+/* --- a release fires exactly one waiter's watch --- */
 
 #define NHERD 50
 
@@ -354,7 +358,9 @@ static int herd_got(herd *h)
 }
 
 /* The watched paths in a wchp answer ("/path\n\t0xsid\n..."): checks that
- * each has exactly one watcher and that they are exactly `want`. */
+ * they are exactly `want` (in queue order) and that each has two watchers,
+ * its own session's (every node watches itself, zk_operate.c) and its
+ * successor's, but the last one, which only its own session watches. */
 static void check_watched_paths(const char *ans, char want[][64], int n,
                                 const char *parent)
 {
@@ -371,19 +377,19 @@ static void check_watched_paths(const char *ans, char want[][64], int n,
                 const char *e = strchr(p, '\n');
                 p = e ? e + 1 : p + strlen(p);
             }
-            if (watchers != 1)
-                th_fail(__FILE__, __LINE__, "%.*s has %d watchers, not 1",
-                        (int)len, line, watchers);
-            int found = 0;
+            int found = -1;
             for (int k = 0; k < n; k++) {
                 char full[600];
                 snprintf(full, sizeof(full), "%.200s/%.63s", parent, want[k]);
                 if (strlen(full) == len && !strncmp(full, line, len))
-                    found = 1;
+                    found = k;
             }
-            if (!found)
+            if (found < 0)
                 th_fail(__FILE__, __LINE__, "unexpected watch on %.*s",
                         (int)len, line);
+            if (watchers != (found == n - 1 ? 1 : 2))
+                th_fail(__FILE__, __LINE__, "%.*s has %d watchers, not %d",
+                        (int)len, line, watchers, found == n - 1 ? 1 : 2);
             paths++;
             line = p;
             continue;
@@ -408,9 +414,10 @@ TEST(a_release_fires_exactly_one_watch)
     pthread_mutex_init(&h.mu, NULL);
     pthread_cond_init(&h.cv, NULL);
     CHECK_OK(dlock_acquire(lh, 0));
-    /* the server's watches before: none (the other tests left none) */
+    /* the server's watches before: the holder's on its own node (the
+     * other tests left none) */
     wchs(&srv, 0, &conns, &paths, &total);
-    CHECK_EQ(total, 0);
+    CHECK_EQ(total, 1);
     for (int i = 0; i < NHERD; i++) {
         w[i] = (herd_waiter){&h, i, client(), NULL, 0, 0};
         w[i].l = handle(w[i].c, "herd", 0, 0);
@@ -421,24 +428,27 @@ TEST(a_release_fires_exactly_one_watch)
     int64_t until = th_now_ms() + 10000;
     do {
         wchs(&srv, 0, &conns, &paths, &total);
-        if (total >= NHERD)
+        if (total >= 2 * NHERD + 1)
             break;
         th_sleep_ms(20);
     } while (th_now_ms() < until);
     th_sleep_ms(200); /* a herd would keep adding watches */
     wchs(&srv, 0, &conns, &paths, &total);
-    CHECK_EQ(conns, NHERD);   /* every waiter's session watches ... */
-    CHECK_EQ(paths, NHERD);   /* ... one path of its own ... */
-    CHECK_EQ(total, NHERD);   /* ... with one watch */
-    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), NHERD); /* + child watches */
-    /* each waiter watches its predecessor: every node but the last */
+    CHECK_EQ(conns, NHERD + 1);      /* every session watches ... */
+    CHECK_EQ(paths, NHERD + 1);      /* ... its own node, a waiter's ... */
+    CHECK_EQ(total, 2 * NHERD + 1);  /* ... and its predecessor's */
+    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), 2 * NHERD + 1); /* no child
+                                                               * watches */
+    /* each waiter watches its predecessor, each node itself */
     CHECK_EQ(sorted_children(zh, "/zktest/herd", kids, NHERD + 4),
              NHERD + 1);
     CHECK_OP(th_zk_4lw(&srv, 0, "wchp", big, sizeof(big)), >, 0);
-    check_watched_paths(big, kids, NHERD, "/zktest/herd");
+    check_watched_paths(big, kids, NHERD + 1, "/zktest/herd");
     CHECK_OP(th_zk_4lw(&srv, 0, "wchc", big, sizeof(big)), >, 0);
-    CHECK_EQ(count_of(big, "0x"), NHERD);   /* 50 sessions ... */
-    CHECK_EQ(count_of(big, "\t/"), NHERD);  /* ... one path each */
+    CHECK_EQ(count_of(big, "0x"), NHERD + 1);       /* 51 sessions ... */
+    CHECK_EQ(count_of(big, "\t/"), 2 * NHERD + 1);  /* ... 2 paths a
+                                                     * waiter, 1 the
+                                                     * holder */
 
     long long del0 = mntr(&srv, 0, "zk_sum_node_deleted_watch_count");
     long long cnt0 = mntr(&srv, 0, "zk_cnt_node_deleted_watch_count");
@@ -450,14 +460,15 @@ TEST(a_release_fires_exactly_one_watch)
     th_sleep_ms(300); /* time for any other waiter to wake up */
     CHECK_EQ(herd_got(&h), 1);
     CHECK_EQ(h.order[0], 0); /* the first in the queue */
-    /* the delete of the holder's node fired one watch, and no child
-     * watch fired at all */
-    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0, 1);
+    /* the delete of the holder's node fired two watches, the next one's
+     * and the releaser's own (which ignores it), and no child watch fired
+     * at all */
+    CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0, 2);
     CHECK_EQ(mntr(&srv, 0, "zk_cnt_node_deleted_watch_count") - cnt0, 1);
     CHECK_EQ(mntr(&srv, 0, "zk_sum_node_children_watch_count") - kid0, 0);
     wchs(&srv, 0, &conns, &paths, &total);
-    CHECK_EQ(total, NHERD - 1);
-    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), NHERD - 1);
+    CHECK_EQ(total, 2 * NHERD - 1);
+    CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), 2 * NHERD - 1);
 
     /* the rest, one hand-off at a time */
     pthread_mutex_lock(&h.mu);
@@ -470,12 +481,12 @@ TEST(a_release_fires_exactly_one_watch)
         CHECK_OK(w[i].release_rc);
         CHECK_EQ(h.order[i], i);
     }
-    /* 50 deletes with a watcher (the holder's and 49 waiters'), one
-     * watcher each */
+    /* 51 deletes (the holder's and 50 waiters'), each watched by its own
+     * session and the next node's but the last */
     CHECK_EQ(mntr(&srv, 0, "zk_sum_node_deleted_watch_count") - del0,
-             NHERD);
+             2 * NHERD + 1);
     CHECK_EQ(mntr(&srv, 0, "zk_cnt_node_deleted_watch_count") - cnt0,
-             NHERD);
+             NHERD + 1);
     CHECK_EQ(mntr(&srv, 0, "zk_sum_node_children_watch_count") - kid0, 0);
     CHECK_EQ(mntr(&srv, 0, "zk_watch_count"), 0);
     for (int i = 0; i < NHERD; i++) {
@@ -1440,6 +1451,657 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
         th_zk_kill(&e, i, SIGKILL);
 }
 
+/* --- an operator's list and break (zk_operate.c) --- */
+
+/* A relay in front of the shared server that the test can cut: every
+ * connection through it closed and new ones refused (its port closed),
+ * then open again on the same port. A client that connects through it
+ * loses its connection at the cut and gets it back at the restore, with
+ * its session, as long as that is within the session timeout. */
+#define GATE_MAX 16
+typedef struct gate {
+    int port, target, lfd, stop;
+    int fd[2 * GATE_MAX]; /* client, server pairs; -1 when free */
+    pthread_t th;
+    pthread_mutex_t mu;
+} gate;
+
+static int gate_listen(int port)
+{
+    struct sockaddr_in a;
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK_EQ(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    CHECK_EQ(listen(fd, 16), 0);
+    return fd;
+}
+
+static void *gate_run(void *arg)
+{
+    gate *g = arg;
+    struct pollfd p[1 + 2 * GATE_MAX];
+    char buf[16384];
+
+    /* bounded by the test: it stops the gate before it ends */
+    while (!__atomic_load_n(&g->stop, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&g->mu);
+        p[0] = (struct pollfd){g->lfd, POLLIN, 0};
+        for (int i = 0; i < 2 * GATE_MAX; i++)
+            p[1 + i] = (struct pollfd){g->fd[i], POLLIN, 0};
+        if (poll(p, 1 + 2 * GATE_MAX, 20) > 0) {
+            if (g->lfd >= 0 && (p[0].revents & POLLIN)) {
+                int c = accept(g->lfd, NULL, NULL), k = 0;
+                while (k < GATE_MAX && g->fd[2 * k] >= 0)
+                    k++;
+                struct sockaddr_in a;
+                memset(&a, 0, sizeof(a));
+                a.sin_family = AF_INET;
+                a.sin_port = htons((uint16_t)g->target);
+                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                int sfd = c >= 0 && k < GATE_MAX
+                              ? socket(AF_INET, SOCK_STREAM, 0)
+                              : -1;
+                if (sfd >= 0 &&
+                    connect(sfd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+                    g->fd[2 * k] = c;
+                    g->fd[2 * k + 1] = sfd;
+                } else {
+                    if (sfd >= 0)
+                        close(sfd);
+                    if (c >= 0)
+                        close(c);
+                }
+            }
+            for (int i = 0; i < 2 * GATE_MAX; i++) {
+                if (g->fd[i] < 0 || !p[1 + i].revents)
+                    continue;
+                ssize_t n = read(g->fd[i], buf, sizeof(buf));
+                int peer = i ^ 1;
+                if (n <= 0 || send(g->fd[peer], buf, (size_t)n,
+                                   MSG_NOSIGNAL) != n) {
+                    close(g->fd[i]);
+                    close(g->fd[peer]);
+                    g->fd[i] = g->fd[peer] = -1;
+                }
+            }
+        }
+        pthread_mutex_unlock(&g->mu);
+        th_sleep_ms(1);
+    }
+    return NULL;
+}
+
+static void gate_start(gate *g, int target)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof(a);
+
+    memset(g, 0, sizeof(*g));
+    for (int i = 0; i < 2 * GATE_MAX; i++)
+        g->fd[i] = -1;
+    g->target = target;
+    g->lfd = gate_listen(0);
+    CHECK_EQ(getsockname(g->lfd, (struct sockaddr *)&a, &len), 0);
+    g->port = ntohs(a.sin_port);
+    pthread_mutex_init(&g->mu, NULL);
+    CHECK_EQ(pthread_create(&g->th, NULL, gate_run, g), 0);
+}
+
+/* Closes every connection and the port (connecting is refused). */
+static void gate_cut(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < 2 * GATE_MAX; i++)
+        if (g->fd[i] >= 0) {
+            close(g->fd[i]);
+            g->fd[i] = -1;
+        }
+    close(g->lfd);
+    g->lfd = -1;
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_restore(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->lfd = gate_listen(g->port);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_stop(gate *g)
+{
+    __atomic_store_n(&g->stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(g->th, NULL);
+    gate_cut(g);
+    pthread_mutex_destroy(&g->mu);
+}
+
+typedef struct lost_count {
+    volatile int calls;
+    volatile uint64_t token;
+    volatile int64_t at;
+} lost_count;
+
+static void note_lost(dlock *l, uint64_t token, void *arg)
+{
+    lost_count *n = arg;
+
+    (void)l;
+    n->token = token;
+    n->at = th_now_ms();
+    __atomic_add_fetch(&n->calls, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Waits (at most ms) until n->calls reaches `want`; returns the calls. */
+static int wait_calls(lost_count *n, int want, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (__atomic_load_n(&n->calls, __ATOMIC_SEQ_CST) < want &&
+           th_now_ms() < until)
+        th_sleep_ms(5);
+    return __atomic_load_n(&n->calls, __ATOMIC_SEQ_CST);
+}
+
+/* The bound within which an evicted holder hears of its node's deletion:
+ * the server sends the watch event as it applies the delete, and the
+ * holder's client hands it from its completion thread to its background
+ * thread, which tells the core: a round trip and two thread hops. 5 s is
+ * that on a busy 2-core machine; without the watch it would be never (a
+ * ZooKeeper hold has nothing to renew). */
+#define TOLD_MS 5000
+
+TEST(a_broken_holder_is_told_by_its_nodes_watch)
+{
+    lost_count n = {0, 0, 0};
+    dlock_client *a = client(), *b = client(), *op = client();
+    dlock *la = handle_cb(a, "brk-told", 30000, 0, note_lost, &n);
+    dlock *lb = handle(b, "brk-told", 30000, 0);
+    dlock_info ev;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t1 = dlock_token(la);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "brk-told", &ev));
+    CHECK_EQ(ev.held, 1);
+    CHECK_EQ(ev.token, t1);
+    CHECK_CONTAINS(ev.holder, "pid");
+    dlock_info_clear(&ev);
+    CHECK_EQ(wait_calls(&n, 1, TOLD_MS), 1);
+    CHECK_OP(n.at - t0, <, TOLD_MS);
+    CHECK_EQ(n.token, t1);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    CHECK_EQ(dlock_token(la), 0);
+    /* the next hold's token is greater (a zxid of a later write) */
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OP(dlock_token(lb), >, t1);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    CHECK_CONTAINS(dlock_errmsg(), "node was deleted");
+    /* told once; the release's own delete told nothing more */
+    th_sleep_ms(100);
+    CHECK_EQ(n.calls, 1);
+    CHECK_EQ(dlock_held(lb), 1);
+    CHECK_OK(dlock_release(lb));
+    /* an evicted holder of the breaker's own client hears it too, and a
+     * release by a holder is never taken for a break */
+    dlock *lo = handle_cb(op, "brk-told", 30000, 0, note_lost, &n);
+    CHECK_OK(dlock_acquire(lo, 0));
+    CHECK_OK(dlock_release(lo));
+    CHECK_OK(dlock_acquire(lo, 0));
+    CHECK_OK(dlock_break(op, "brk-told", NULL));
+    CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
+    CHECK_RC(dlock_release(lo), DLOCK_ELOST);
+    dlock_close(lo);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+}
+
+typedef struct brk_waiter {
+    dlock *l;
+    int shared;
+    dlock_client *obs; /* a_break_racing_a_hand_off: looks at the store */
+    lost_count *n;
+    volatile int rc;
+    volatile int done;
+    volatile uint64_t token;
+    volatile int release;    /* set by the test: release now */
+    volatile int release_rc;
+    volatile int agreed;     /* its view and the store's agreed */
+    volatile int held;       /* ... holding (1) or lost (DLOCK_ELOST) */
+} brk_waiter;
+
+/* Waits for the lock (20 s), then until told to release (60 s at most);
+ * holds live on the thread that took them. */
+static void *brk_wait(void *arg)
+{
+    brk_waiter *w = arg;
+
+    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
+                      : dlock_acquire(w->l, 20000);
+    w->token = dlock_token(w->l);
+    if (w->rc == DLOCK_OK && w->obs) {
+        /* the waiter's view and the store's agree within TOLD_MS: it
+         * holds what the store says it holds, or it was told it lost */
+        int64_t until = th_now_ms() + TOLD_MS;
+        while (!w->agreed && th_now_ms() < until) {
+            dlock_info in;
+            memset(&in, 0, sizeof(in));
+            int rc = dlock_inspect(w->obs, "brk-handoff", &in);
+            int held = dlock_held(w->l);
+            w->agreed = rc == DLOCK_OK &&
+                        ((held == 1 && in.held && in.token == w->token) ||
+                         (held == DLOCK_ELOST &&
+                          __atomic_load_n(&w->n->calls, __ATOMIC_SEQ_CST) ==
+                              1));
+            w->held = held;
+            dlock_info_clear(&in);
+            if (!w->agreed)
+                th_sleep_ms(5);
+        }
+        w->release = 1;
+    }
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    if (w->rc != DLOCK_OK)
+        return NULL;
+    for (int i = 0; i < 6000 && !__atomic_load_n(&w->release,
+                                                 __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
+    w->release_rc = dlock_release(w->l);
+    return NULL;
+}
+
+TEST(a_break_takes_every_reader_and_every_permit)
+{
+    enum { NR = 3 };
+    lost_count n = {0, 0, 0};
+    dlock_client *c[NR], *wc = client(), *op = client();
+    dlock *r[NR];
+    dlock_info ev;
+    brk_waiter w;
+    pthread_t th;
+    uint64_t top = 0;
+
+    /* three readers in three clients, a writer waiting behind them */
+    for (int i = 0; i < NR; i++) {
+        c[i] = client();
+        r[i] = handle_cb(c[i], "brk-rw", 30000, 0, note_lost, &n);
+        CHECK_OK(dlock_acquire_shared(r[i], 0));
+        if (dlock_token(r[i]) > top)
+            top = dlock_token(r[i]);
+    }
+    dlock *lw = handle(wc, "brk-rw", 30000, 0);
+    memset(&w, 0, sizeof(w));
+    w.l = lw;
+    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
+    wait_waiters(op, "brk-rw", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "brk-rw", &ev));
+    CHECK_EQ(ev.held, 1);
+    CHECK_EQ(ev.shared, 1);
+    CHECK_EQ(ev.holders, NR);
+    CHECK_EQ(ev.token, top);
+    CHECK_EQ(ev.waiters, 1);
+    dlock_info_clear(&ev);
+    /* the writer's watch on the last reader fired: at once, as a release
+     * (bounded as the holders' loss, TOLD_MS) */
+    wait_flag(&w.done, TOLD_MS);
+    CHECK_OK(w.rc);
+    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
+    CHECK_OP(w.token, >, top);
+    CHECK_EQ(wait_calls(&n, NR, TOLD_MS), NR);
+    for (int i = 0; i < NR; i++) {
+        CHECK_EQ(dlock_held(r[i]), DLOCK_ELOST);
+        CHECK_RC(dlock_release(r[i]), DLOCK_ELOST);
+    }
+    w.release = 1;
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+
+    /* a semaphore of 2: both permits taken, the waiter gets one */
+    n.calls = 0;
+    dlock_options o;
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = 30000;
+    o.permits = 2;
+    o.on_lost = note_lost;
+    o.on_lost_arg = &n;
+    dlock *p[2], *pw;
+    top = 0;
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(dlock_open(&p[i], c[i], "brk-sem", &o));
+        CHECK_OK(dlock_acquire(p[i], 0));
+        if (dlock_token(p[i]) > top)
+            top = dlock_token(p[i]);
+    }
+    CHECK_OK(dlock_open(&pw, wc, "brk-sem", &o));
+    memset(&w, 0, sizeof(w));
+    w.l = pw;
+    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
+    wait_waiters(op, "brk-sem", 1);
+    t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "brk-sem", &ev));
+    CHECK_EQ(ev.permits, 2);
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.token, top);
+    dlock_info_clear(&ev);
+    wait_flag(&w.done, TOLD_MS);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.token, >, top);
+    CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
+    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
+    /* a permit is free again for anyone; the evicted ones say so */
+    dlock *p3;
+    CHECK_OK(dlock_open(&p3, op, "brk-sem", &o));
+    CHECK_OK(dlock_acquire(p3, 0));
+    for (int i = 0; i < 2; i++)
+        CHECK_RC(dlock_release(p[i]), DLOCK_ELOST);
+    CHECK_OK(dlock_release(p3));
+    w.release = 1;
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    for (int i = 0; i < 2; i++)
+        dlock_close(p[i]);
+    dlock_close(p3);
+    dlock_close(pw);
+    for (int i = 0; i < NR; i++) {
+        dlock_close(r[i]);
+        dlock_client_close(c[i]);
+    }
+    dlock_close(lw);
+    dlock_client_close(wc);
+    dlock_client_close(op);
+}
+
+typedef struct race_brk {
+    dlock_client *op;
+    volatile int rc;
+} race_brk;
+
+static void *race_breaker(void *arg)
+{
+    race_brk *r = arg;
+    r->rc = dlock_break(r->op, "brk-handoff", NULL);
+    return NULL;
+}
+
+TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
+{
+    /* The holder releases while a break runs, a waiter queued behind it:
+     * the break removes the holder's node, or the waiter's just after it
+     * got the lock (it is the holder then), or finds nobody. Whatever the
+     * order, the waiter ends up holding the lock in the store or told
+     * that it lost it: never a hold its client believes in that the
+     * store does not have. */
+    dlock_client *a = client(), *b = client(), *op = client(),
+                 *obs = client();
+    dlock *la = handle(a, "brk-handoff", 30000, 0);
+    lost_count n = {0, 0, 0};
+    int outcome[3] = {0, 0, 0};
+
+    for (int i = 0; i < 20; i++) {
+        brk_waiter w;
+        race_brk r = {op, 0};
+        pthread_t tw, tb;
+        memset(&w, 0, sizeof(w));
+        n.calls = 0;
+        w.l = handle_cb(b, "brk-handoff", 30000, 0, note_lost, &n);
+        w.obs = obs;
+        w.n = &n;
+        CHECK_OK(dlock_acquire(la, 0));
+        CHECK_EQ(pthread_create(&tw, NULL, brk_wait, &w), 0);
+        wait_waiters(obs, "brk-handoff", 1);
+        CHECK_EQ(pthread_create(&tb, NULL, race_breaker, &r), 0);
+        if (i % 2)
+            th_sleep_ms(i % 3);
+        int rel = dlock_release(la);
+        pthread_join(tb, NULL);
+        pthread_join(tw, NULL);
+        CHECK(rel == DLOCK_OK || rel == DLOCK_ELOST);
+        CHECK(r.rc == DLOCK_OK || r.rc == DLOCK_ENOTHELD);
+        CHECK_OK(w.rc); /* the lock was free for it in the end */
+        CHECK(w.agreed);
+        CHECK(w.release_rc == DLOCK_OK || w.release_rc == DLOCK_ELOST);
+        /* (the break may also come after the waiter looked: then its
+         * release says so) a release that worked was never told lost */
+        if (w.release_rc == DLOCK_OK)
+            CHECK_EQ(n.calls, 0);
+        outcome[rel == DLOCK_ELOST ? 0 : w.release_rc == DLOCK_OK ? 1 : 2]++;
+        dlock_close(w.l);
+    }
+    printf("     holder broken %d, waiter holds %d, waiter broken %d\n",
+           outcome[0], outcome[1], outcome[2]);
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(op);
+    dlock_client_close(obs);
+}
+
+TEST(a_frozen_holder_that_was_broken_learns_it_when_thawed)
+{
+    /* frozen 1 s, within its 30 s session: the server keeps the session
+     * and sends the deletion's event, which waits in the socket */
+    shared_holder *s = th_shared(sizeof(*s));
+    dlock_client *op = client();
+    dlock *l = handle(op, "brk-frozen", 30000, 0);
+
+    s->ttl = 30000;
+    snprintf(s->name, sizeof(s->name), "brk-frozen");
+    pid_t pid = th_fork(holder_child, s);
+    wait_ready(s);
+    kill(pid, SIGSTOP);
+    CHECK_OK(dlock_break(op, "brk-frozen", NULL));
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, s->token);
+    th_sleep_ms(1000);
+    kill(pid, SIGCONT);
+    __atomic_store_n(&s->go, 1, __ATOMIC_SEQ_CST);
+    CHECK_EQ(th_wait(pid), 0);
+    /* told after it thawed, within TOLD_MS (the child waits 5 s) */
+    CHECK_EQ(s->lost_calls, 1);
+    CHECK_EQ(s->lost_token, s->token);
+    CHECK_OP(s->lost_after_cont, <, TOLD_MS);
+    CHECK_EQ(s->held_before_release, DLOCK_ELOST);
+    CHECK_RC(s->release_rc, DLOCK_ELOST);
+    CHECK_EQ(dlock_held(l), 1); /* its release left ours alone */
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(op);
+}
+
+TEST(a_deletion_while_reconnecting_is_still_told)
+{
+    /* The holder's connection goes through a gate the test cuts; the
+     * node is deleted while the client is disconnected (no event can
+     * reach it), then the gate opens again. The session (60 s) lives on;
+     * the client reconnects, the server fires the watch the client sets
+     * again, and the store looks at its nodes anyway: the holder learns
+     * it. Its connection was down far less than the third of the session
+     * timeout (20 s) after which the store would declare the hold lost
+     * for the outage itself; the message says which it was. */
+    gate g;
+    char u[300];
+    lost_count n = {0, 0, 0};
+    void *zh = zk();
+
+    gate_start(&g, srv.port[0]);
+    snprintf(u, sizeof(u), "zk://127.0.0.1:%d/zktest", g.port);
+    dlock_client *a = client_at(u), *b = client();
+    dlock *la = handle_cb(a, "brk-reconnect", 60000, 0, note_lost, &n);
+    dlock *lb = handle(b, "brk-reconnect", 60000, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t1 = dlock_token(la);
+
+    gate_cut(&g);
+    th_sleep_ms(200); /* the client sees its connection go */
+    CHECK_EQ(th_zk_delete_children(zh, "/zktest/brk-reconnect"), 1);
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OP(dlock_token(lb), >, t1);
+    th_sleep_ms(300);
+    CHECK_EQ(n.calls, 0); /* it could not know yet */
+    int64_t t0 = th_now_ms();
+    gate_restore(&g);
+    /* the C client retries its server about every second; then the
+     * event or the look: TOLD_MS after it is back */
+    CHECK_EQ(wait_calls(&n, 1, 2000 + TOLD_MS), 1);
+    CHECK_OP(n.at - t0, <, 2000 + TOLD_MS);
+    CHECK_EQ(n.token, t1);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    CHECK_CONTAINS(dlock_errmsg(), "node was deleted");
+    /* and the client works again through the gate */
+    CHECK_OK(dlock_release(lb));
+    CHECK_OK(dlock_acquire(la, 5000));
+    CHECK_OK(dlock_release(la));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    gate_stop(&g);
+    th_zk_close(zh);
+}
+
+TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
+{
+    dlock_client *a = client(), *b = client();
+    void *zh = zk();
+    enum { N = 25 };
+    dlock *ls[N];
+    char name[64];
+    dlock_list_page p;
+
+    /* names that escape: '/' and bytes above 0x7f sort as bytes */
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof(name), "lst/%c%02d", i % 2 ? '\xe9' : 'a', i);
+        ls[i] = handle(a, name, 0, 0);
+        CHECK_OK(dlock_acquire(ls[i], 0));
+    }
+    /* a free lock the store keeps (an empty lock node), and a node that
+     * is no lock name of dlock's ("%41" escapes a byte that needs none) */
+    CHECK_EQ(zoo_create(zh, "/zktest/lst%2Ffree", NULL, -1,
+                        &ZOO_OPEN_ACL_UNSAFE, 0, NULL, 0), ZOK);
+    CHECK_EQ(zoo_create(zh, "/zktest/lst%2F%41", NULL, -1,
+                        &ZOO_OPEN_ACL_UNSAFE, 0, NULL, 0), ZOK);
+    char *cursor = NULL, last[64] = "";
+    int seen = 0, pages = 0;
+    for (; pages < 100; pages++) {
+        CHECK_OK(dlock_list(b, "lst/", cursor, 4, 0, &p));
+        CHECK_OP(p.n, <=, 4);
+        for (size_t i = 0; i < p.n; i++) {
+            /* in byte order, every one held */
+            CHECK_OP(strcmp(last, p.locks[i].name), <, 0);
+            snprintf(last, sizeof(last), "%s", p.locks[i].name);
+            CHECK_EQ(p.locks[i].info.held, 1);
+            seen++;
+        }
+        free(cursor);
+        cursor = p.next ? strdup(p.next) : NULL;
+        if (p.next) /* the cursor is the escaped name: safe text */
+            CHECK_EQ(strspn(p.next, "abcdefghijklmnopqrstuvwxyz"
+                                    "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                    "0123456789_-%"),
+                     strlen(p.next));
+        dlock_list_clear(&p);
+        if (!cursor)
+            break;
+    }
+    CHECK_EQ(seen, N);
+    CHECK_OP(pages, >=, N / 4);
+    /* with DLOCK_LIST_FREE the kept free lock too, never the foreign
+     * node */
+    CHECK_OK(dlock_list(b, "lst/", NULL, 100, DLOCK_LIST_FREE, &p));
+    CHECK_EQ(p.n, N + 1);
+    int freed = 0;
+    for (size_t i = 0; i < p.n; i++)
+        if (!strcmp(p.locks[i].name, "lst/free")) {
+            freed = 1;
+            CHECK_EQ(p.locks[i].info.held, 0);
+            CHECK_EQ(p.locks[i].info.waiters, 0);
+        }
+    CHECK(freed);
+    CHECK(p.next == NULL);
+    dlock_list_clear(&p);
+    /* cursors this store never makes */
+    static const char *bad[] = {"%zz", "a/b", "%41", "%", "a%2", "\xe9"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK_RC(dlock_list(b, NULL, bad[i], 10, 0, &p), DLOCK_EINVAL);
+        CHECK_CONTAINS(dlock_errmsg(), "cursor");
+        CHECK_EQ(p.n, 0);
+    }
+    /* past every name: an empty last page */
+    CHECK_OK(dlock_list(b, "lst/", "lst%2F%FF", 10, 0, &p));
+    CHECK_EQ(p.n, 0);
+    CHECK(p.next == NULL);
+    dlock_list_clear(&p);
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(dlock_release(ls[i]));
+        dlock_close(ls[i]);
+    }
+    CHECK_EQ(zoo_delete(zh, "/zktest/lst%2Ffree", -1), ZOK);
+    CHECK_EQ(zoo_delete(zh, "/zktest/lst%2F%41", -1), ZOK);
+
+    /* chroot "/": the server's own /zookeeper is no lock; a lock called
+     * "zookeeper" is */
+    char u[400];
+    dlock_client *r = NULL;
+    snprintf(u, sizeof(u), "%s/", base);
+    if (dlock_client_open(&r, u, NULL) == DLOCK_OK) {
+        dlock *l = handle(r, "zookeeper", 0, 0);
+        CHECK_OK(dlock_list(r, "zoo", NULL, 100, DLOCK_LIST_FREE, &p));
+        CHECK_EQ(p.n, 0);
+        dlock_list_clear(&p);
+        CHECK_OK(dlock_acquire(l, 0));
+        CHECK_OK(dlock_list(r, "zoo", NULL, 100, DLOCK_LIST_FREE, &p));
+        CHECK_EQ(p.n, 1);
+        CHECK_STR(p.locks[0].name, "zookeeper");
+        CHECK_EQ(p.locks[0].info.token, dlock_token(l));
+        dlock_list_clear(&p);
+        CHECK_OK(dlock_release(l));
+        dlock_close(l);
+        dlock_client_close(r);
+    }
+    free(cursor);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    th_zk_close(zh);
+}
+
+TEST(a_break_needs_the_right_to_delete)
+{
+    /* digest auth: the lock nodes belong to one identity; another may
+     * read (list, inspect) but not delete: EAUTH, the lock untouched */
+    char ua[400], ub[400];
+    snprintf(ua, sizeof(ua), "zk://alice:pw-a@%s/zkbrk-acl", srv.hosts);
+    snprintf(ub, sizeof(ub), "zk://bob:pw-b@%s/zkbrk-acl", srv.hosts);
+    dlock_client *a = client_at(ua), *b = client_at(ub),
+                 *a2 = client_at(ua);
+    dlock *la = handle(a, "acl", 30000, 0);
+    dlock_list_page p;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OK(dlock_list(b, NULL, NULL, 10, 0, &p));
+    CHECK_EQ(p.n, 1);
+    dlock_list_clear(&p);
+    CHECK_RC(dlock_break(b, "acl", NULL), DLOCK_EAUTH);
+    CHECK_EQ(dlock_held(la), 1);
+    /* the same identity may */
+    CHECK_OK(dlock_break(a2, "acl", NULL));
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(a2);
+    dlock_client_close(b);
+}
+
 static const th_test tests[] = {
     T(a_release_fires_exactly_one_watch), /* first: counts all watches */
     T(node_layout_and_czxid_token),
@@ -1457,6 +2119,13 @@ static const th_test tests[] = {
     T(server_killed_then_restarted),
     T(server_frozen_then_thawed),
     T(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority),
+    T(a_broken_holder_is_told_by_its_nodes_watch),
+    T(a_break_takes_every_reader_and_every_permit),
+    T(a_break_racing_a_hand_off_leaves_no_false_holder),
+    T(a_frozen_holder_that_was_broken_learns_it_when_thawed),
+    T(a_deletion_while_reconnecting_is_still_told),
+    T(list_pages_by_escaped_names_and_keeps_to_the_store),
+    T(a_break_needs_the_right_to_delete),
     {NULL, NULL, 0},
 };
 

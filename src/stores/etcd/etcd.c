@@ -56,8 +56,8 @@
 /* ------------------------------------------------------------------------ */
 
 /* The range of lock `name`: prefix + escaped name + "/". */
-static size_t lock_base(const etcd_store *es, const char *name, size_t len,
-                        char *out)
+size_t dlock__etcd_lock_base(const etcd_store *es, const char *name,
+                             size_t len, char *out)
 {
     static const char hex[] = "0123456789ABCDEF";
     size_t o = es->prefix_len;
@@ -147,7 +147,7 @@ void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len)
  * "-1", "-2"... when another owner of this client uses it. */
 static int pick_key(etcd_store *es, const dlock__lease *l, etcd_hold *eh)
 {
-    size_t n = lock_base(es, l->name, l->name_len, eh->key);
+    size_t n = dlock__etcd_lock_base(es, l->name, l->name_len, eh->key);
     /* a reader's key: "r" + lease hex; a permit's "s<N>-" + lease hex; a
      * writer's the lease hex (etcdctl lock's form) */
     char kind[16] = "";
@@ -234,7 +234,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     char base[ETCD_KEY_MAX], kb[ETCD_B64_MAX], bb[ETCD_B64_MAX];
     char eb[ETCD_B64_MAX], vb[4 * 300 / 3 + 8], val[300];
     char body[6 * ETCD_B64_MAX + 1024];
-    size_t base_len = lock_base(es, l->name, l->name_len, base);
+    size_t base_len = dlock__etcd_lock_base(es, l->name, l->name_len, base);
     etcd_waiter w;
     cJSON *j = NULL;
     int rc, vlen, need_look = 0;
@@ -257,7 +257,9 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     w.reader = l->kind == DLOCK__READ;
     w.permits = l->kind == DLOCK__PERMIT ? l->permits : 0;
     /* the stream is up: register first, so that no deletion after our
-     * transaction can be missed */
+     * transaction can be missed (the waiter's keys ahead, and our own
+     * key's: etcd_operate.c) */
+    dlock__etcd_mine_link(es, eh);
     pthread_mutex_lock(&es->mu);
     if (may_wait && es->sstate == ST_UP)
         dlock__etcd_waiter_add(es, &w, es->sgen);
@@ -293,6 +295,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         const cJSON *r = txn_resp(j, 1, "response_range");
         const cJSON *me = kvs_at(r, 0);
         eh->rev = me ? jint(me, "create_revision") : 0;
+        dlock__etcd_mine_rev(es, eh, eh->rev);
         if (!me || !jstr(me, "key") || strcmp(jstr(me, "key"), kb) != 0 ||
             eh->rev <= 0) {
             cJSON_Delete(j);
@@ -319,6 +322,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         /* our key is there already: an earlier try whose answer was lost */
         const cJSON *me = kvs_at(txn_resp(j, 0, "response_range"), 0);
         eh->rev = me ? jint(me, "create_revision") : 0;
+        dlock__etcd_mine_rev(es, eh, eh->rev);
         cJSON_Delete(j);
         if (eh->rev <= 0) {
             dlock__etcd_waiter_end(es, &w);
@@ -346,13 +350,12 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
                 int dead = eh->lease->dead;
                 dlock__etcd_waiter_end(es, &w);
                 give_up_key(es, eh);
-                if (dead)
-                    return 1;
-                return dlock__err(DLOCK_EPROTO, "etcd %s: our lock key "
-                                                "vanished (deleted by someone "
-                                                "else?)",
-                                  es->redacted);
+                /* else deleted by someone else: a break that saw it
+                 * holding just as the keys ahead went (start again) */
+                return dead ? 1 : 2;
             }
+            if (rc == DLOCK_OK)
+                dlock__etcd_mine_seen(es, eh, w.gen);
             if (rc != DLOCK_OK) {
                 dlock__etcd_waiter_end(es, &w);
                 give_up_key(es, eh);
@@ -405,6 +408,10 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         }
         if (holds && !need_look) {
             dlock__etcd_waiter_end(es, &w);
+            if (dlock__etcd_mine_hold(es, eh) != 0) {
+                give_up_key(es, eh); /* deleted already: start again */
+                return 2;
+            }
             l->token = (uint64_t)eh->rev;
             return DLOCK_OK;
         }
@@ -480,7 +487,7 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     etcd_store *es = st;
     etcd_hold *eh = l->priv;
     int64_t op_ms = op_deadline - dlock__now_ms();
-    int rc = DLOCK_ECONN;
+    int rc = DLOCK_ECONN, taken = 0;
 
     /* a waiter counts the keys ahead of its own, 64 at a time: a
      * semaphore of more permits could not tell 64 from more */
@@ -512,6 +519,26 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         }
         rc = acquire_on(es, l, eh, op_ms);
+        if (rc != DLOCK_OK)
+            dlock__etcd_mine_unlink(es, eh);
+        if (rc == 2 && taken < 8) {
+            /* our key was deleted before we could hold it (a break that
+             * saw it as the holder just as the keys ahead went): in the
+             * queue again, at its end, while the wait lasts */
+            taken++;
+            attempt--;
+            if (dlock__now_ms() < l->deadline)
+                continue;
+            l->retry_ms = -1;
+            return dlock__err(DLOCK_EBUSY,
+                              "etcd %s: lock '%.200s': our key was deleted "
+                              "(broken) as we were about to hold it",
+                              es->redacted, l->name);
+        }
+        if (rc == 2)
+            return dlock__err(DLOCK_ECONN, "etcd %s: lock '%.200s': our key "
+                                           "was deleted every time",
+                              es->redacted, l->name);
         if (rc == DLOCK_OK && eh->lease->own) {
             /* DLOCK_NO_RENEW: nobody keeps the lease alive from now on,
              * but once more at once when the wait took a while, so that
@@ -559,16 +586,20 @@ static int etcd_release(void *st, dlock__lease *l, int64_t op_deadline)
     cJSON *j = NULL;
     int rc;
 
-    if (!eh->lease)
+    if (!eh->lease) {
+        dlock__etcd_mine_unlink(es, eh);
         return dlock__err(DLOCK_ENOTHELD, "etcd %s: not held", es->redacted);
+    }
     dlock__etcd_b64_encode(eh->key, eh->key_len, kb);
     snprintf(body, sizeof(body),
              "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\","
              "\"create_revision\":\"%" PRId64 "\"}],"
              "\"success\":[{\"request_delete_range\":{\"key\":\"%s\"}}]}",
              kb, eh->rev, kb);
+    dlock__etcd_mine_releasing(es, eh); /* our delete's event is ours */
     rc = dlock__etcd_request(es, "/v3/kv/txn", body, op_deadline, &j,
                              "deleting the lock key");
+    dlock__etcd_mine_unlink(es, eh);
     if (rc != DLOCK_OK) {
         hold_done(es, eh, 0);
         return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
@@ -649,143 +680,6 @@ static int etcd_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     if (to) {
         eh->lease = to;
         dlock__etcd_lease_put(es, el);
-    }
-    return DLOCK_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Inspection                                                               */
-/* ------------------------------------------------------------------------ */
-
-/* A key's description: the value's second line (dlock), or who else. */
-static void describe(const cJSON *kv, char *out, size_t cap)
-{
-    const char *v = jstr(kv, "value");
-    char val[1024];
-
-    out[0] = '\0';
-    if (v && dlock__etcd_b64_decode(v, val, sizeof(val)) > 0) {
-        const char *nl = strchr(val, '\n'), *d = nl ? nl + 1 : val;
-        size_t n = strnlen(d, cap - 1); /* cut to fit, on purpose */
-        memcpy(out, d, n);
-        out[n] = '\0';
-    }
-    if (!out[0])
-        snprintf(out, cap, "etcd lease %" PRIx64 " (not dlock)",
-                 (uint64_t)jint(kv, "lease"));
-}
-
-/* Reads the range answer of inspect (the lock's keys in queue order) into
- * *out; *lease is the holder key's lease (0: none). */
-static int inspect_answer(const cJSON *j, dlock_info *out, int64_t *lease)
-{
-    const cJSON *kv = kvs_at(j, 0);
-    size_t n = 0;
-
-    out->ttl_ms = -1;
-    out->held_ms = -1;
-    out->waiters = 0;
-    *lease = 0;
-    if (!kv)
-        return DLOCK_OK;
-    out->held = 1;
-    out->token = (uint64_t)jint(kv, "create_revision");
-    describe(kv, out->holder, sizeof(out->holder));
-    int nk = cJSON_GetArraySize(jget(j, "kvs"));
-    int readers = 0, first = 1;
-    for (int i = 0; i < nk; i++)
-        readers |= dlock__etcd_key_is_reader(jstr(kvs_at(j, i), "key"));
-    /* the holders: the first key, and the readers right after a reader,
-     * or a semaphore's first N */
-    out->shared = dlock__etcd_key_is_reader(jstr(kv, "key"));
-    out->permits = dlock__etcd_key_permits(jstr(kv, "key"));
-    out->holders = 1;
-    while (out->permits && first < nk && first < out->permits) {
-        int64_t t = jint(kvs_at(j, first), "create_revision");
-        if ((uint64_t)t > out->token)
-            out->token = (uint64_t)t;
-        out->holders++;
-        first++;
-    }
-    if (out->permits)
-        snprintf(out->holder, sizeof(out->holder), "%lld of %lld permits",
-                 (long long)out->holders, (long long)out->permits);
-    while (out->shared && first < nk &&
-           dlock__etcd_key_is_reader(jstr(kvs_at(j, first), "key"))) {
-        int64_t t = jint(kvs_at(j, first), "create_revision");
-        if ((uint64_t)t > out->token)
-            out->token = (uint64_t)t;
-        out->holders++;
-        first++;
-    }
-    if (out->holders > 1)
-        snprintf(out->holder, sizeof(out->holder), "%lld readers",
-                 (long long)out->holders);
-    int64_t count = jint(j, "count");
-    out->waiters = count >= first ? count - first : -1; /* no count: cannot
-                                                         * tell */
-    if (nk > first) {
-        out->queue = calloc((size_t)(nk - first), sizeof(char *));
-        if (!out->queue)
-            return enomem();
-        for (int i = first; i < nk; i++) {
-            char d[256], line[272];
-            describe(kvs_at(j, i), d, sizeof(d));
-            if (readers)
-                snprintf(line, sizeof(line), "%s: %s",
-                         dlock__etcd_key_is_reader(jstr(kvs_at(j, i), "key"))
-                             ? "read"
-                             : "write",
-                         d);
-            else
-                snprintf(line, sizeof(line), "%s", d);
-            if (!(out->queue[n] = strdup(line))) {
-                out->queue_len = n;
-                return enomem();
-            }
-            n++;
-        }
-        out->queue_len = n;
-    }
-    *lease = jint(kv, "lease");
-    return DLOCK_OK;
-}
-
-static int etcd_inspect(void *st, const char *name, size_t len,
-                        dlock_info *out, int64_t op_deadline)
-{
-    etcd_store *es = st;
-    char base[ETCD_KEY_MAX], bb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
-    char body[2 * ETCD_B64_MAX + 256];
-    size_t base_len = lock_base(es, name, len, base);
-    cJSON *j = NULL;
-    int64_t lease;
-    int rc;
-
-    dlock__etcd_b64_encode(base, base_len, bb);
-    dlock__etcd_range_end_b64(base, base_len, eb);
-    snprintf(body, sizeof(body),
-             "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
-             "\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"10001\"}",
-             bb, eb);
-    rc = dlock__etcd_request(es, "/v3/kv/range", body, op_deadline, &j,
-                             "reading the lock queue");
-    if (rc != DLOCK_OK)
-        return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
-    rc = inspect_answer(j, out, &lease);
-    cJSON_Delete(j);
-    if (rc != DLOCK_OK)
-        return rc;
-    if (lease) {
-        char lb[64];
-        snprintf(lb, sizeof(lb), "{\"ID\":\"%" PRId64 "\"}", lease);
-        if (dlock__etcd_request(es, "/v3/lease/timetolive", lb, op_deadline,
-                                &j, "reading the holder's lease") ==
-            DLOCK_OK) {
-            int64_t ttl = jint(j, "TTL");
-            out->ttl_ms = ttl > 0 && ttl <= ETCD_TTL_MAX_S ? ttl * 1000 : -1;
-            cJSON_Delete(j);
-        }
     }
     return DLOCK_OK;
 }
@@ -953,7 +847,7 @@ const dlock__backend dlock__backend_etcd = {
     NULL,                   /* disarm */
     etcd_release,           /* release */
     etcd_extend,            /* extend */
-    etcd_inspect,           /* inspect */
+    dlock__etcd_inspect,    /* inspect */
     dlock__etcd_loop_fd,    /* loop_fd */
     dlock__etcd_loop_run,   /* loop_run */
     NULL,                   /* gc */
@@ -961,7 +855,7 @@ const dlock__backend dlock__backend_etcd = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    dlock__etcd_list,       /* list */
+    dlock__etcd_evict,      /* evict */
+    NULL,                   /* evict_unsupported */
 };

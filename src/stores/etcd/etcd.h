@@ -1,15 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * etcd.h -- what the etcd store's four files share: etcd.c, the lock
- * protocol (the keys of a lock, acquire, release, extend, inspect, open
- * and close: the backend's slots); etcd_gateway.c, the HTTP/JSON client
- * of etcd's v3 gateway over libcurl (requests with their retries across
- * the endpoints, TLS, auth, base64, the URI's options); etcd_watch.c, the
- * client's watch stream and the waiters it wakes; and etcd_lease.c, the
- * leases and the background thread that keeps them alive, deletes
- * left-over keys and revokes unused leases. The limits, the structs, the
- * small readers of cJSON answers, and each file's functions that the
- * others call.
+ * etcd.h -- what the etcd store's five files share: etcd.c, the lock
+ * protocol (the keys of a lock, acquire, release, extend, open and close:
+ * the backend's slots); etcd_operate.c, an operator's view (inspect, list,
+ * break) and the holds' keys watched for their deletion by the stream;
+ * etcd_gateway.c, the HTTP/JSON client of etcd's v3 gateway over libcurl
+ * (requests with their retries across the endpoints, TLS, auth, base64,
+ * the URI's options); etcd_watch.c, the client's watch stream and the
+ * waiters it wakes; and etcd_lease.c, the leases and the background
+ * thread that keeps them alive, deletes left-over keys and revokes unused
+ * leases. The limits, the structs, the small readers of cJSON answers,
+ * and each file's functions that the others call.
  */
 #ifndef DLOCK_ETCD_H
 #define DLOCK_ETCD_H
@@ -154,6 +155,11 @@ typedef struct etcd_store {
     int64_t s_idle;      /* no waiter since then */
     pthread_cond_t scv;  /* sstate changed */
     etcd_waiter *waiters;
+    struct etcd_hold *mine; /* our keys watched for their deletion */
+    uint64_t next_mid;
+    int64_t cover_at;    /* when the background thread tries again to
+                          * cover our holds by the stream (0: at once) */
+    int64_t cover_backoff;
 } etcd_store;
 
 /* The backend's part of one dlock__lease. */
@@ -163,6 +169,23 @@ typedef struct etcd_hold {
     int waited;        /* the acquisition waited in the queue */
     size_t key_len;
     char key[ETCD_KEY_MAX];
+    /* our key watched for its deletion by the stream (etcd_operate.c),
+     * all under es->mu */
+    struct etcd_hold *mnext, *mprev; /* in es->mine while linked */
+    uint64_t mid;       /* unique in the store: what notify_lost matches */
+    int linked;
+    int held;           /* acquire returned it: a deletion is a loss */
+    int releasing;      /* our own delete is on its way */
+    int gone;           /* our key's deletion was seen */
+    int tell;           /* gone while held: the core must hear it */
+    int lease_checked;  /* ... once we know whether its lease lives */
+    int64_t mrev;       /* our key's create revision, once known */
+    int64_t mdel;       /* the latest deletion of our key seen before */
+    uint64_t mgen;      /* the stream generation known to report our key's
+                         * deletion (0: none) */
+    int64_t tell_at;    /* the next try at telling the core (it may not
+                         * have registered the hold yet) ... */
+    int64_t tell_until; /* ... until then */
 } etcd_hold;
 
 /* Readers of the gateway's answers (cJSON trees, fields of any type) and
@@ -218,6 +241,11 @@ static inline int enomem(void)
 }
 
 /* etcd.c: the keys this client uses */
+
+/* The range of lock `name`: prefix + escaped name + "/" into out
+ * (ETCD_KEY_MAX); its length. */
+size_t dlock__etcd_lock_base(const etcd_store *es, const char *name,
+                             size_t len, char *out);
 
 /* Drops the reservation of `key`; es->mu held. */
 void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len);
@@ -302,7 +330,7 @@ void dlock__etcd_loop_run(void *st, int readable);
 int dlock__etcd_stream_up(etcd_store *es, int64_t deadline, uint64_t *gen);
 
 /* Reads the stream on the client thread; closes it after ETCD_IDLE_MS
- * without waiters. */
+ * without waiters or holds. */
 void dlock__etcd_stream_loop(etcd_store *es);
 
 /* etcd_watch.c: waiters */
@@ -339,5 +367,39 @@ int dlock__etcd_look(etcd_store *es, etcd_hold *eh, etcd_waiter *w,
 
 /* Ends a wait: unregisters w and frees what it holds. */
 void dlock__etcd_waiter_end(etcd_store *es, etcd_waiter *w);
+
+/* etcd_operate.c: our keys watched for their deletion */
+
+/* Links eh (before its key is put): a deletion of its key from now on
+ * is seen. */
+void dlock__etcd_mine_link(etcd_store *es, etcd_hold *eh);
+/* Our key's create revision is known: rev. */
+void dlock__etcd_mine_rev(etcd_store *es, etcd_hold *eh, int64_t rev);
+/* Our key was there at a revision after stream generation gen began: its
+ * deletion is reported while gen lasts. */
+void dlock__etcd_mine_seen(etcd_store *es, etcd_hold *eh, uint64_t gen);
+/* The hold is ours now, unless our key went meanwhile: 0, or -1. */
+int dlock__etcd_mine_hold(etcd_store *es, etcd_hold *eh);
+/* Our own delete is on its way (release). */
+void dlock__etcd_mine_releasing(etcd_store *es, etcd_hold *eh);
+/* Unlinks eh (the hold ended, the acquisition failed). */
+void dlock__etcd_mine_unlink(etcd_store *es, etcd_hold *eh);
+/* A deletion on the stream (es->mu held): key (base64) at rev. Returns 1
+ * when the background thread must tell the core. */
+int dlock__etcd_mine_deleted(etcd_store *es, const char *key_b64,
+                             int64_t rev);
+/* The background thread's part: keeps the stream up while we hold keys,
+ * checks keys the stream may have missed, tells the core of deleted
+ * holds. Returns when it wants to run again. */
+int64_t dlock__etcd_mine_run(etcd_store *es);
+
+/* etcd_operate.c: the inspect, list and evict slots */
+int dlock__etcd_inspect(void *st, const char *name, size_t len,
+                        dlock_info *out, int64_t op_deadline);
+int dlock__etcd_list(void *st, const char *prefix, size_t plen,
+                     const char *cursor, size_t limit, unsigned flags,
+                     dlock_list_page *out, int64_t op_deadline);
+int dlock__etcd_evict(void *st, const char *name, size_t len,
+                      dlock_info *out, int64_t op_deadline);
 
 #endif /* DLOCK_ETCD_H */

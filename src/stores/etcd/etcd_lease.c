@@ -6,7 +6,7 @@
  * the client's background thread, which keeps them alive every TTL/3,
  * tells the core of a lease lost, deletes the keys whose delete failed
  * and revokes leases no longer used. The watch stream it also reads is
- * etcd_watch.c's.
+ * etcd_watch.c's; what it does for the keys we hold, etcd_operate.c's.
  */
 #include "etcd.h"
 
@@ -250,7 +250,13 @@ void dlock__etcd_loop_run(void *st, int readable)
         }
     }
 
-    /* 2. keys to delete */
+    /* 2. our held keys: the stream up, every key covered, deleted holds
+     * told to the core (etcd_operate.c) */
+    int64_t mine_next = dlock__etcd_mine_run(es);
+    if (mine_next < next)
+        next = mine_next;
+
+    /* 3. keys to delete */
     now = dlock__now_ms();
     for (int k = 0; k < LOOP_BATCH; k++) {
         etcd_orphan *o = NULL;
@@ -285,7 +291,7 @@ void dlock__etcd_loop_run(void *st, int readable)
         pthread_mutex_unlock(&es->mu);
     }
 
-    /* 3. unused leases: dead ones and long idle ones are revoked */
+    /* 4. unused leases: dead ones and long idle ones are revoked */
     for (;;) {
         etcd_lease *gone = NULL;
         now = dlock__now_ms();
@@ -311,7 +317,7 @@ void dlock__etcd_loop_run(void *st, int readable)
         free(gone);
     }
 
-    /* 4. the next wake-up */
+    /* 5. the next wake-up */
     pthread_mutex_lock(&es->mu);
     for (etcd_lease *el = es->leases; el; el = el->next) {
         if (el->refs == 0 && el->idle_since + ETCD_IDLE_MS < next)
@@ -326,7 +332,7 @@ void dlock__etcd_loop_run(void *st, int readable)
     for (etcd_orphan *o = es->orphans; o; o = o->next)
         if (o->next_try < next)
             next = o->next_try;
-    if (es->sstate == ST_UP && !es->waiters &&
+    if (es->sstate == ST_UP && !es->waiters && !es->mine &&
         es->s_idle + ETCD_IDLE_MS < next)
         next = es->s_idle + ETCD_IDLE_MS;
     /* the timer may hold a later time than `next` from before: reset it.

@@ -261,6 +261,7 @@ static int stream_msg(etcd_store *es, const char *text, size_t n,
             *created = -1; /* no revision: of no use */
     }
     if (es) {
+        int tell = 0;
         pthread_mutex_lock(&es->mu);
         cJSON_ArrayForEach(ev, jget(r, "events"))
         {
@@ -271,8 +272,12 @@ static int stream_msg(etcd_store *es, const char *text, size_t n,
                 continue;
             for (etcd_waiter *w = es->waiters; w; w = w->next)
                 waiter_deleted(w, key, rev);
+            /* a key we hold (etcd_operate.c) */
+            tell |= dlock__etcd_mine_deleted(es, key, rev);
         }
         pthread_mutex_unlock(&es->mu);
+        if (tell)
+            dlock__loop_wake(es->client); /* it tells the core */
     }
     cJSON_Delete(j);
     return 0;
@@ -568,12 +573,12 @@ int dlock__etcd_stream_up(etcd_store *es, int64_t deadline, uint64_t *gen)
 }
 
 /* Reads the stream on the client thread; closes it after ETCD_IDLE_MS
- * without waiters. */
+ * without waiters or holds. */
 void dlock__etcd_stream_loop(etcd_store *es)
 {
     pthread_mutex_lock(&es->mu);
     int up = es->sstate == ST_UP;
-    int idle = up && !es->waiters &&
+    int idle = up && !es->waiters && !es->mine &&
                dlock__now_ms() - es->s_idle >= ETCD_IDLE_MS;
     pthread_mutex_unlock(&es->mu);
     if (!up)

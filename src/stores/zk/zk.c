@@ -33,9 +33,15 @@
  * arrive on the C client's completion thread; they only mark state and
  * signal the store's condition variable.
  *
+ *  - A holder has nothing to renew, so a node of ours deleted behind our
+ *    back (dlock_break(), or by hand) is told by a watch the node keeps on
+ *    itself from its creation: its deletion while held is a loss
+ *    (zk_operate.c).
+ *
  * Files: this one has the backend's slots, the background thread, open
  * and close; zk_session.c the calls and sessions; zk_queue.c the lock
- * nodes, the queue and its watches, and the orphans; zk.h what they
+ * nodes, the queue and its watches, and the orphans; zk_operate.c
+ * inspect, list, break and the watch on our own nodes; zk.h what they
  * share.
  */
 #include "zk.h"
@@ -44,7 +50,7 @@ static int zk_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     zk_store *zs = st;
     int64_t op_ms = op_deadline - dlock__now_ms();
-    int rc = DLOCK_ECONN;
+    int rc = DLOCK_ECONN, taken = 0;
 
     if (op_ms < 1)
         op_ms = 1;
@@ -59,6 +65,26 @@ static int zk_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         rc = dlock__zk_acquire_in(zs, s, l, op_ms);
         dlock__zk_session_put(zs, s);
+        if (rc != DLOCK_OK)
+            dlock__zk_mine_unlink(zs, l->priv);
+        if (rc == 2 && taken < 8) {
+            /* our node was deleted before we could hold it (a break that
+             * saw it as the holder just as its predecessor went): in
+             * the queue again, at its end, while the wait lasts */
+            taken++;
+            attempt--;
+            if (dlock__now_ms() < l->deadline)
+                continue;
+            l->retry_ms = -1;
+            return dlock__err(DLOCK_EBUSY,
+                              "zk %s: lock '%.200s': our node was deleted "
+                              "(broken) as we were about to hold it",
+                              zs->redacted, l->name);
+        }
+        if (rc == 2)
+            return dlock__err(DLOCK_ECONN, "zk %s: lock '%.200s': our node "
+                                           "was deleted every time",
+                              zs->redacted, l->name);
         if (rc != 1)
             return rc;
         rc = dlock__err(DLOCK_ECONN, "zk %s: the session expired while "
@@ -85,6 +111,7 @@ static int release_in(zk_store *zs, zk_session *s, zk_lease *zl,
 {
     int zrc;
 
+    dlock__zk_mine_releasing(zs, zl); /* our delete's event is ours */
     for (;;) {
         /* a lost connection may hide an expired session (a frozen
          * process learns it only now): wait for the answer, then retry
@@ -126,12 +153,14 @@ static int zk_release(void *st, dlock__lease *l, int64_t op_deadline)
     s = zl->path[0] ? lease_session(zs, zl) : NULL;
     pthread_mutex_unlock(&zs->mu);
     if (!s) {
+        dlock__zk_mine_unlink(zs, zl);
         zl->path[0] = '\0';
         return dlock__err(DLOCK_ENOTHELD,
                           "zk %s: the session of this hold ended",
                           zs->redacted);
     }
     rc = release_in(zs, s, zl, op_deadline);
+    dlock__zk_mine_unlink(zs, zl);
     dlock__zk_session_put(zs, s);
     return rc;
 }
@@ -190,148 +219,6 @@ static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                           "zk %s: the session of this hold ended",
                           zs->redacted);
     rc = extend_in(zs, s, zl, ttl_ms, op_deadline);
-    dlock__zk_session_put(zs, s);
-    return rc;
-}
-
-static int inspect_in(zk_store *zs, zk_session *s, const char *name,
-                      size_t len, dlock_info *out, int64_t op_deadline)
-{
-    char parent[ZK_PARENT_MAX], path[ZK_PATH_MAX];
-    zk_op *kids = NULL;
-    zk_op **ops = NULL;
-    int32_t n;
-    int rc = DLOCK_OK, zrc;
-
-    out->ttl_ms = -1;
-    out->held_ms = -1;
-    dlock__zk_lock_path(zs, name, len, parent);
-    zrc = dlock__zk_call(zs, s, C_CHILDREN, parent, NULL, 0, 0, op_deadline,
-                         &kids);
-    if (zrc == ZNONODE) {
-        out->waiters = 0;
-        return DLOCK_OK;
-    }
-    if (zrc != ZOK)
-        return dlock__zk_error(zs, "listing the lock queue", zrc);
-    n = dlock__zk_sort_children(&kids->kids);
-    out->waiters = n > 0 ? n - 1 : 0;
-    if (n == 0) {
-        dlock__zk_op_put(kids);
-        return DLOCK_OK;
-    }
-    /* fetch every node's data at once, then wait for all */
-    ops = calloc((size_t)n, sizeof(*ops));
-    if (!ops) {
-        dlock__zk_op_put(kids);
-        return dlock__err(DLOCK_ENOMEM, "out of memory");
-    }
-    int start_zrc = ZOK; /* the first read that could not be sent */
-    for (int32_t i = 0; i < n; i++) {
-        snprintf(path, sizeof(path), "%s/%.100s", parent,
-                 kids->kids.data[i]);
-        ops[i] = dlock__zk_call_start(zs, s, C_GET, path, NULL, 0, 0, &zrc);
-        if (!ops[i] && start_zrc == ZOK)
-            start_zrc = zrc;
-    }
-    if (n > 1) {
-        out->queue = calloc((size_t)n, sizeof(char *));
-        if (!out->queue)
-            rc = dlock__err(DLOCK_ENOMEM, "out of memory");
-    }
-    int readers = 0, queued = 0;
-    for (int32_t i = 0; i < n; i++)
-        readers |= dlock__zk_is_reader(kids->kids.data[i]);
-    out->permits = dlock__zk_permits_of(kids->kids.data[0]);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t nowwall = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    for (int32_t i = 0; i < n; i++) {
-        const char *desc = "?";
-        if (!ops[i]) {
-            /* not sent (the session between servers, say): an answer
-             * without that node would be wrong, not merely old */
-            if (rc == DLOCK_OK)
-                rc = dlock__zk_error(zs, "reading a lock node", start_zrc);
-            continue;
-        }
-        zrc = dlock__zk_op_wait(ops[i], op_deadline);
-        if (zrc == ZOK) {
-            const char *nl = strchr(ops[i]->data, '\n');
-            desc = nl ? nl + 1 : ops[i]->data;
-        } else if (zrc != ZNONODE && rc == DLOCK_OK) {
-            rc = dlock__zk_error(zs, "reading a lock node", zrc);
-        }
-        /* Nodes deleted since the listing are skipped: the first one still
-         * there holds the lock (every lower one is gone, every newer one
-         * is higher), the rest wait. So held, holder, waiters and queue
-         * always agree, even in the middle of a hand-off. */
-        int reader = dlock__zk_is_reader(kids->kids.data[i]);
-        if (zrc != ZOK) {
-            /* gone, or unreadable: not part of the answer */
-        } else if (!out->held || (out->shared && reader && !queued) ||
-                   (out->permits > 0 && out->holders < out->permits &&
-                    !queued)) {
-            /* the holders: the first node, and the readers right
-             * after a reader at the head */
-            if (!out->held) {
-                snprintf(out->holder, sizeof(out->holder), "%s", desc);
-                out->held_ms = nowwall - ops[i]->stat.ctime;
-                if (out->held_ms < 0)
-                    out->held_ms = 0;
-            }
-            out->held = 1;
-            out->shared = reader;
-            out->holders++;
-            if ((uint64_t)ops[i]->stat.czxid > out->token)
-                out->token = (uint64_t)ops[i]->stat.czxid;
-        } else if (out->queue) {
-            char line[320];
-            queued = 1;
-            if (readers)
-                snprintf(line, sizeof(line), "%s: %s",
-                         reader ? "read" : "write", desc);
-            else
-                snprintf(line, sizeof(line), "%s", desc);
-            char *d = strdup(line);
-            if (!d && rc == DLOCK_OK)
-                rc = dlock__err(DLOCK_ENOMEM, "out of memory");
-            if (d)
-                out->queue[out->queue_len++] = d;
-        }
-        dlock__zk_op_put(ops[i]);
-    }
-    out->waiters = (int64_t)out->queue_len;
-    if (n > 1 && !out->queue)
-        out->waiters = n - 1; /* out of memory: the count from the list */
-    if (out->permits > 0 && out->held)
-        snprintf(out->holder, sizeof(out->holder), "%lld of %lld permits",
-                 (long long)out->holders, (long long)out->permits);
-    free(ops);
-    dlock__zk_op_put(kids);
-    return rc;
-}
-
-static int zk_inspect(void *st, const char *name, size_t len,
-                      dlock_info *out, int64_t op_deadline)
-{
-    zk_store *zs = st;
-    zk_session *s;
-    int rc = DLOCK_OK;
-
-    pthread_mutex_lock(&zs->mu);
-    dlock__zk_sessions_retire(zs);
-    for (s = zs->sessions; s; s = s->next)
-        if (s->state == S_CONNECTED)
-            break;
-    if (s)
-        s->refs++;
-    else
-        s = dlock__zk_session_get(zs, 30000, op_deadline, &rc);
-    pthread_mutex_unlock(&zs->mu);
-    if (!s)
-        return rc;
-    rc = inspect_in(zs, s, name, len, out, op_deadline);
     dlock__zk_session_put(zs, s);
     return rc;
 }
@@ -453,6 +340,12 @@ static void zk_loop_run(void *st, int readable)
             free(o);
         }
     }
+
+    /* our nodes: looked at again after a reconnection; deleted holds
+     * told to the core */
+    int64_t mine_next = dlock__zk_mine_run(zs);
+    if (mine_next < next)
+        next = mine_next;
 
     /* expired sessions: close their handles here, never on the client's
      * completion thread */
@@ -637,7 +530,7 @@ const dlock__backend dlock__backend_zk = {
     NULL,                   /* disarm */
     zk_release,             /* release */
     zk_extend,              /* extend */
-    zk_inspect,             /* inspect */
+    dlock__zk_inspect,      /* inspect */
     zk_loop_fd,             /* loop_fd */
     zk_loop_run,            /* loop_run */
     NULL,                   /* gc */
@@ -645,7 +538,7 @@ const dlock__backend dlock__backend_zk = {
     NULL, /* margin */
     NULL, /* abandon */
     NULL, /* extend_many */
-    NULL, /* list */
-    NULL, /* evict */
-    NULL, /* evict_unsupported */
+    dlock__zk_list,         /* list */
+    dlock__zk_evict,        /* evict */
+    NULL,                   /* evict_unsupported */
 };

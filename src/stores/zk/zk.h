@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * zk.h -- what the ZooKeeper store's files share (zk.c has the recipe):
- * zk.c, the backend's slots (acquire, release, extend, inspect), the
- * background thread (declared losses, orphans, expired sessions), open
- * and close; zk_session.c, the asynchronous calls with a deadline and the
- * sessions (one per distinct ttl) with their events; zk_queue.c, the lock
- * nodes, the queue of sequential nodes with the watch on a waiter's
- * predecessor (one acquisition attempt), and the orphans.
+ * zk.c, the backend's slots (acquire, release, extend), the background
+ * thread (declared losses, orphans, expired sessions), open and close;
+ * zk_session.c, the asynchronous calls with a deadline and the sessions
+ * (one per distinct ttl) with their events; zk_queue.c, the lock nodes,
+ * the queue of sequential nodes with the watch on a waiter's predecessor
+ * (one acquisition attempt), and the orphans; zk_operate.c, an operator's
+ * view (inspect, list, break) and the watch each lock node keeps on
+ * itself, by which a holder learns that its node was deleted.
  */
 #ifndef DLOCK_ZK_H
 #define DLOCK_ZK_H
@@ -35,6 +37,7 @@
 enum { S_CONNECTING, S_CONNECTED, S_EXPIRED, S_AUTHFAIL };
 
 typedef struct zk_store zk_store;
+typedef struct zk_lease zk_lease;
 
 typedef struct zk_session {
     zk_store *zs;
@@ -86,15 +89,29 @@ struct zk_store {
     zk_session *dead;   /* expired; closed by the background thread */
     uint64_t next_sid;
     zk_watch *watches;
+    zk_lease *mine;     /* our nodes with a watch on themselves */
+    uint64_t next_mid;
     zk_orphan *orphans;
     int timer_fd;
     int closing;
 };
 
-typedef struct zk_lease {
+struct zk_lease {
     uint64_t sid;
     char path[ZK_PATH_MAX]; /* our node while we wait or hold */
-} zk_lease;
+    /* the watch on our own node (zk_operate.c), all under zs->mu */
+    struct zk_lease *mnext, *mprev; /* in zs->mine while linked */
+    uint64_t mid;       /* unique in the store: what notify_lost matches */
+    int linked;
+    int held;           /* acquire returned it: a deletion is a loss */
+    int releasing;      /* our own delete is on its way: its event is ours */
+    int gone;           /* the node's deletion was seen */
+    int recheck;        /* look at the node again (and re-arm its watch) */
+    int tell;           /* gone while held: the core must hear it */
+    int64_t tell_at;    /* the next try at telling it (the core may not
+                         * have registered the hold yet) */
+    int64_t tell_until; /* ... until then */
+};
 
 typedef struct zk_op {
     zk_store *zs;
@@ -106,6 +123,9 @@ typedef struct zk_op {
     struct String_vector kids; /* get_children */
     char *data;             /* get */
     int datalen;
+    zoo_op_result_t *results; /* multi: one per op, written by the
+                               * completion (so owned by the op) */
+    int nresults;
 } zk_op;
 
 enum { C_CREATE, C_CHILDREN, C_DELETE, C_EXISTS, C_WEXISTS, C_GET, C_SET };
@@ -147,6 +167,11 @@ void dlock__zk_session_put(zk_store *zs, zk_session *s);
 zk_op *dlock__zk_call_start(zk_store *zs, zk_session *s, int kind,
                             const char *path, const char *value, int vlen,
                             int mode, int *zrc);
+
+/* Starts one multi of n deletes (all or none), or NULL with *zrc set.
+ * The op's results say which delete failed. */
+zk_op *dlock__zk_multi_delete_start(zk_store *zs, zk_session *s,
+                                    char *const *paths, int n, int *zrc);
 
 /* One call, waited for. *out receives the op on ZOK (caller puts it). */
 int dlock__zk_call(zk_store *zs, zk_session *s, int kind,
@@ -193,6 +218,53 @@ int dlock__zk_delete_node(zk_store *zs, zk_session *s, const char *path,
  * or 1 = the session expired underneath (start again). */
 int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                          int64_t op_ms);
+
+/* ------------------------------------------------------------------------ */
+/* zk_operate.c: inspect, list, break; the watch on our own nodes           */
+/* ------------------------------------------------------------------------ */
+
+/* Starts the watch on our new node zl->path (created in session s) and
+ * links zl into zs->mine: a deletion from now on is seen. Returns the
+ * exists call (its answer comes before that of any later call of the
+ * session), or NULL with *zrc. */
+zk_op *dlock__zk_mine_start(zk_store *zs, zk_session *s, zk_lease *zl,
+                            int *zrc);
+
+/* A watch or session event for session s (zs->mu held): a lock node of
+ * ours deleted or changed, or the session connected again. Returns 1
+ * when zk_operate's work (dlock__zk_mine_run) must run soon. */
+int dlock__zk_mine_event(zk_store *zs, zk_session *s, int type,
+                         const char *path);
+
+/* The hold is ours now, unless our node was deleted meanwhile: 0 held
+ * (a deletion from now on is a loss the core hears of), -1 gone. */
+int dlock__zk_mine_hold(zk_store *zs, zk_lease *zl);
+
+/* Our own delete is on its way (release): its event is not a loss. */
+void dlock__zk_mine_releasing(zk_store *zs, zk_lease *zl);
+
+/* Unlinks zl (the hold ended, or the acquisition failed). */
+void dlock__zk_mine_unlink(zk_store *zs, zk_lease *zl);
+
+/* The background thread's part: re-checks our nodes after a reconnection
+ * (and re-arms their watches), tells the core of deleted holds. Returns
+ * when it wants to run again (DLOCK__FOREVER: no need). */
+int64_t dlock__zk_mine_run(zk_store *zs);
+
+/* The inspect, list and evict slots. */
+int dlock__zk_inspect(void *st, const char *name, size_t len,
+                      dlock_info *out, int64_t op_deadline);
+int dlock__zk_list(void *st, const char *prefix, size_t plen,
+                   const char *cursor, size_t limit, unsigned flags,
+                   dlock_list_page *out, int64_t op_deadline);
+int dlock__zk_evict(void *st, const char *name, size_t len,
+                    dlock_info *out, int64_t op_deadline);
+
+/* The name a lock node's escaped component stands for (into out,
+ * DLOCK_NAME_MAX + 1 bytes): its length, or -1 when `comp` is not the
+ * component of a lock name (bad escape, a byte that needs one, too
+ * long, the server's own "zookeeper" at the root). */
+long dlock__zk_unescape(const zk_store *zs, const char *comp, char *out);
 
 /* ------------------------------------------------------------------------ */
 /* zk.c: the background thread's timer                                      */

@@ -336,8 +336,19 @@ static int watch_holders(zk_store *zs, zk_session *s, const char *parent,
     return outcome;
 }
 
+/* The attempt ends with the lock: DLOCK_OK, or 2 when our node was
+ * deleted meanwhile (a break saw it holding before we knew). */
+static int hold_it(zk_store *zs, zk_lease *zl)
+{
+    if (dlock__zk_mine_hold(zs, zl) == 0)
+        return DLOCK_OK;
+    zl->path[0] = '\0';
+    return 2;
+}
+
 /* One acquisition attempt in session s; DLOCK_OK, DLOCK_EBUSY, an error,
- * or 1 = the session expired underneath (start again). */
+ * 1 = the session expired underneath (start again), or 2 = our node was
+ * deleted by someone else before we held it (start again). */
 int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                          int64_t op_ms)
 {
@@ -393,12 +404,35 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
     op = NULL;
     base = strrchr(zl->path, '/') + 1;
 
+    /* the watch on our own node (zk_operate.c): sent now, answered before
+     * the listing below */
+    zk_op *mop = dlock__zk_mine_start(zs, s, zl, &zrc);
+    if (!mop) {
+        pthread_mutex_lock(&zs->mu);
+        zl->recheck = 1; /* set it once the session answers */
+        pthread_mutex_unlock(&zs->mu);
+        dlock__loop_wake(zs->client);
+    }
+
     for (;;) {
         char pred[ZK_PATH_MAX];
         int32_t n, me;
 
         zrc = dlock__zk_call(zs, s, C_CHILDREN, parent, NULL, 0, 0,
                              dlock__now_ms() + op_ms, &op);
+        if (mop) {
+            int mrc = dlock__zk_op_wait(mop, dlock__now_ms() + op_ms);
+            dlock__zk_op_put(mop);
+            mop = NULL;
+            pthread_mutex_lock(&zs->mu);
+            if (mrc == ZNONODE)
+                zl->gone = 1; /* deleted already */
+            else if (mrc != ZOK)
+                zl->recheck = 1; /* set it once the session answers */
+            pthread_mutex_unlock(&zs->mu);
+            if (mrc != ZOK && mrc != ZNONODE)
+                dlock__loop_wake(zs->client);
+        }
         if (zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE)
             return 1;
         if (zrc != ZOK) {
@@ -413,12 +447,9 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
             int expired = s->state == S_EXPIRED;
             pthread_mutex_unlock(&zs->mu);
             zl->path[0] = '\0';
-            if (expired)
-                return 1;
-            return dlock__err(DLOCK_EPROTO,
-                              "zk %s: our lock node vanished while waiting "
-                              "(deleted by someone else?)",
-                              zs->redacted);
+            /* else deleted by someone else: a break that saw it holding
+             * just as its predecessor went (start again) */
+            return expired ? 1 : 2;
         }
         int rc = kind_clash(zs, l, &op->kids, n);
         if (rc) {
@@ -440,7 +471,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
             l->token = czxid;
             if (l->kind == DLOCK__PERMIT && waited)
                 permit_taken(zs, s, zl, op_ms);
-            return DLOCK_OK;
+            return hold_it(zs, zl);
         }
         if (l->kind == DLOCK__PERMIT && me == (int32_t)l->permits) {
             /* the head of the waiters: any holder's going lets it in */
@@ -525,7 +556,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
             dlock__now_ms() - t_watch <
                 session_ms - dlock__lease_margin(session_ms)) {
             l->token = czxid;
-            return DLOCK_OK;
+            return hold_it(zs, zl);
         }
         if (outcome != 0)
             return wait_ended(zs, s, zl, l, outcome, "waiting for the lock",

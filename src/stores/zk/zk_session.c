@@ -31,6 +31,7 @@ static void op_free(zk_op *op)
     free(op->data);
     if (op->kids.data)
         deallocate_String_vector(&op->kids);
+    free(op->results);
     free(op);
 }
 
@@ -194,6 +195,11 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
             s->down_since = 0;
             s->declared_lost = 0;
             wake_loop = zs->orphans != NULL;
+            /* connected again (not the first time): our nodes are
+             * looked at once more */
+            if (s->conn_gen > 1 &&
+                dlock__zk_mine_event(zs, s, ZOO_SESSION_EVENT, NULL))
+                wake_loop = 1;
         } else if (state == ZOO_EXPIRED_SESSION_STATE) {
             if (s->state != S_EXPIRED)
                 lost_sid = s->sid;
@@ -213,6 +219,9 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
                 w->fired = 1;
                 w->deleted = type == ZOO_DELETED_EVENT;
             }
+        /* one of our own nodes (zk_operate.c) */
+        if (dlock__zk_mine_event(zs, s, type, path))
+            wake_loop = 1;
     }
     pthread_cond_broadcast(&zs->cv);
     pthread_mutex_unlock(&zs->mu);
@@ -434,6 +443,42 @@ zk_op *dlock__zk_call_start(zk_store *zs, zk_session *s, int kind,
         rc = zoo_aget(s->zh, path, 0, on_data, op);
         break;
     }
+    if (rc != ZOK) {
+        op_submit_failed(op, rc);
+        dlock__zk_op_put(op);
+        *zrc = rc;
+        return NULL;
+    }
+    return op;
+}
+
+/* Starts one multi of n deletes (all or none), or NULL with *zrc set.
+ * The op's results say which delete failed. */
+zk_op *dlock__zk_multi_delete_start(zk_store *zs, zk_session *s,
+                                    char *const *paths, int n, int *zrc)
+{
+    zoo_op_t *ops = calloc((size_t)n, sizeof(*ops));
+    zk_op *op = op_new(zs);
+    int rc;
+
+    if (op)
+        op->results = calloc((size_t)n, sizeof(*op->results));
+    if (!ops || !op || !op->results) {
+        free(ops);
+        if (op) {
+            op_submit_failed(op, ZSYSTEMERROR);
+            dlock__zk_op_put(op);
+        }
+        *zrc = ZSYSTEMERROR;
+        return NULL;
+    }
+    op->nresults = n;
+    for (int i = 0; i < n; i++)
+        zoo_delete_op_init(&ops[i], paths[i], -1);
+    /* the request is written out here; only the results are filled in
+     * later, by the completion (they belong to the op) */
+    rc = zoo_amulti(s->zh, n, ops, op->results, on_void, op);
+    free(ops);
     if (rc != ZOK) {
         op_submit_failed(op, rc);
         dlock__zk_op_put(op);

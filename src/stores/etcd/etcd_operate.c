@@ -1,0 +1,955 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * etcd_operate.c -- the etcd store seen by an operator (etcd.c is the lock
+ * protocol, etcd.h what the files share): inspect, list and break, and
+ * our holds' keys watched for their deletion on the client's stream.
+ *
+ * Inspect: one range read of the lock's keys sorted by create revision
+ * (the queue), and the holder's lease's time to live.
+ *
+ * List: range reads over the keys under the prefix (keys only, sorted by
+ * key, with a limit), each lock's keys being the contiguous range
+ * PREFIX/NAME/...; after a lock is seen the next read starts past its
+ * keys (PREFIX/NAME0), so a page of `limit` locks is at most `limit` + 1
+ * reads of at most `limit` + 1 keys, however long their queues. The
+ * locks found are then described as inspect does, 32 ranges to a
+ * transaction (one revision each), each distinct lease's time to live
+ * read once. The cursor is the base64 of the last lock's escaped name:
+ * the next page starts past its keys. A lock nobody holds or waits for
+ * has no key: etcd keeps nothing of a free lock (DLOCK_LIST_FREE adds
+ * nothing).
+ *
+ * Break: a transaction that compares every holder key's create revision
+ * (as inspect found them) and deletes those keys, not the waiters'; if a
+ * holder released meanwhile the compare fails and it looks again, so the
+ * break takes whatever holds the lock when it is applied, never a key it
+ * did not see as a holder's. Waiters watch the deletions of the keys
+ * ahead of theirs on their streams: woken as by a release. Tokens are
+ * create revisions: the waiters' keys were created after the holders'
+ * (which head the queue by create revision), and every key put later has
+ * a greater one, so the next hold's token is greater than the evicted.
+ *
+ * The evicted holder: the client keeps one lease alive for all its holds
+ * (a keepalive knows nothing of keys), so the key's deletion is learned
+ * from the client's watch stream (its one watch on the prefix, deletions
+ * only): a DELETE of a held key, at a revision above its creation, that
+ * our release did not cause is a loss told to the core. A hold is linked
+ * before its key is put, so no deletion after the put is missed; a
+ * hold's key is "covered" by a stream generation that began before the
+ * key was put, or before a read that found the key. While the client
+ * holds keys the stream stays up (the background thread opens it again
+ * after a break, backing off while it cannot); a hold it cannot say is
+ * covered (taken while the stream was down, or the stream broke since)
+ * gets a read of its key once the stream is up: gone is a loss. And
+ * dlock_extend() compares its key's create revision (etcd.c): a hold
+ * whose key went is told there too.
+ */
+#include "etcd.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* Our holds' keys, watched for their deletion                              */
+/* ------------------------------------------------------------------------ */
+
+#define MINE_TELL_FOR_MS 10000 /* how long a loss is offered to the core */
+#define MINE_BATCH 64          /* keys checked in one transaction */
+#define COVER_BACKOFF_MIN 100  /* ms between tries at opening the stream */
+#define COVER_BACKOFF_MAX 2000
+
+void dlock__etcd_mine_link(etcd_store *es, etcd_hold *eh)
+{
+    pthread_mutex_lock(&es->mu);
+    eh->mid = ++es->next_mid;
+    eh->held = eh->releasing = eh->gone = eh->tell = 0;
+    eh->mrev = eh->mdel = 0;
+    /* a stream up now began before our key is put */
+    eh->mgen = es->sstate == ST_UP ? es->sgen : 0;
+    eh->mprev = NULL;
+    eh->mnext = es->mine;
+    if (es->mine)
+        es->mine->mprev = eh;
+    es->mine = eh;
+    eh->linked = 1;
+    pthread_mutex_unlock(&es->mu);
+}
+
+void dlock__etcd_mine_unlink(etcd_store *es, etcd_hold *eh)
+{
+    pthread_mutex_lock(&es->mu);
+    if (eh->linked) {
+        if (eh->mprev)
+            eh->mprev->mnext = eh->mnext;
+        else
+            es->mine = eh->mnext;
+        if (eh->mnext)
+            eh->mnext->mprev = eh->mprev;
+        eh->mnext = eh->mprev = NULL;
+        eh->linked = 0;
+        if (!es->mine && !es->waiters)
+            es->s_idle = dlock__now_ms();
+    }
+    pthread_mutex_unlock(&es->mu);
+}
+
+void dlock__etcd_mine_rev(etcd_store *es, etcd_hold *eh, int64_t rev)
+{
+    pthread_mutex_lock(&es->mu);
+    eh->mrev = rev;
+    if (rev > 0 && eh->mdel > rev)
+        eh->gone = 1; /* deleted after its put, before we knew its rev */
+    pthread_mutex_unlock(&es->mu);
+}
+
+void dlock__etcd_mine_seen(etcd_store *es, etcd_hold *eh, uint64_t gen)
+{
+    pthread_mutex_lock(&es->mu);
+    if (gen && !eh->gone)
+        eh->mgen = gen;
+    pthread_mutex_unlock(&es->mu);
+}
+
+/* Does the current stream report our key's deletion? es->mu held. */
+static int covered(const etcd_store *es, const etcd_hold *eh)
+{
+    return eh->mgen && eh->mgen == es->sgen && es->sstate == ST_UP;
+}
+
+int dlock__etcd_mine_hold(etcd_store *es, etcd_hold *eh)
+{
+    int gone, cover;
+
+    pthread_mutex_lock(&es->mu);
+    gone = eh->gone;
+    if (!gone)
+        eh->held = 1;
+    cover = !gone && !covered(es, eh);
+    pthread_mutex_unlock(&es->mu);
+    if (cover)
+        dlock__loop_wake(es->client); /* the stream up, our key checked */
+    return gone ? -1 : 0;
+}
+
+void dlock__etcd_mine_releasing(etcd_store *es, etcd_hold *eh)
+{
+    pthread_mutex_lock(&es->mu);
+    eh->releasing = 1;
+    pthread_mutex_unlock(&es->mu);
+}
+
+/* Our key went (es->mu held): a loss to tell when held. */
+static int mine_gone(etcd_hold *eh)
+{
+    eh->gone = 1;
+    if (!eh->held || eh->releasing || eh->tell)
+        return 0;
+    eh->tell = 1;
+    eh->lease_checked = 0;
+    eh->tell_at = dlock__now_ms();
+    eh->tell_until = eh->tell_at + MINE_TELL_FOR_MS;
+    return 1;
+}
+
+int dlock__etcd_mine_deleted(etcd_store *es, const char *key_b64,
+                             int64_t rev)
+{
+    char key[ETCD_KEY_MAX + 2];
+    long n;
+    int tell = 0;
+
+    if (!es->mine)
+        return 0;
+    n = dlock__etcd_b64_decode(key_b64, key, sizeof(key));
+    if (n <= 0 || (size_t)n > ETCD_KEY_MAX)
+        return 0;
+    for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+        if (eh->key_len != (size_t)n || memcmp(eh->key, key, (size_t)n))
+            continue;
+        if (eh->mrev <= 0) {
+            /* our put's revision is not known yet: an older key of
+             * the same name went before it, or ours after it */
+            if (rev > eh->mdel)
+                eh->mdel = rev;
+        } else if (rev > eh->mrev) {
+            tell |= mine_gone(eh);
+        }
+    }
+    return tell;
+}
+
+typedef struct mine_match {
+    uint64_t mid;
+    int matched;
+} mine_match;
+
+static int match_mine(const dlock__lease *l, void *arg)
+{
+    const etcd_hold *eh = l->priv;
+    mine_match *m = arg;
+
+    if (!eh || eh->mid != m->mid)
+        return 0;
+    m->matched = 1;
+    return 1;
+}
+
+/* The answer j of mine_check's transaction (one range of each key
+ * mids[i], which had create revision revs[i]) applied (es->mu held): a key
+ * not there (or not with that revision) is gone; one there is covered by
+ * stream generation gen. */
+static void check_answer(etcd_store *es, const cJSON *j,
+                         const uint64_t *mids, const int64_t *revs, int n,
+                         uint64_t gen)
+{
+    for (int i = 0; i < n; i++) {
+        const cJSON *kv = kvs_at(txn_resp(j, i, "response_range"), 0);
+        int there = kv && jint(kv, "create_revision") == revs[i];
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+            if (eh->mid != mids[i])
+                continue;
+            if (!there)
+                (void)mine_gone(eh);
+            else if (!eh->gone)
+                eh->mgen = gen; /* there after gen began: covered */
+            break;
+        }
+    }
+}
+
+/* The held keys the stream may have missed, checked by one read each
+ * (MINE_BATCH to a transaction) at a revision after the stream of
+ * generation `gen` began. 0, or -1: no answer (try again later). */
+static int mine_check(etcd_store *es, uint64_t gen, int64_t deadline)
+{
+    uint64_t mids[MINE_BATCH];
+    int64_t revs[MINE_BATCH];
+    buf body = {NULL, 0, 0};
+    int n = 0, rc = 0;
+
+    pthread_mutex_lock(&es->mu);
+    for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+        if (!eh->held || eh->releasing || eh->gone || covered(es, eh))
+            continue;
+        char kb[ETCD_B64_MAX], item[ETCD_B64_MAX + 96];
+        dlock__etcd_b64_encode(eh->key, eh->key_len, kb);
+        int len = snprintf(item, sizeof(item),
+                           "%s{\"request_range\":{\"key\":\"%s\","
+                           "\"keys_only\":true}}",
+                           n ? "," : "{\"success\":[", kb);
+        if (dlock__etcd_buf_add(&body, item, (size_t)len) != 0) {
+            rc = -1;
+            break;
+        }
+        mids[n] = eh->mid;
+        revs[n] = eh->mrev;
+        if (++n == MINE_BATCH)
+            break;
+    }
+    pthread_mutex_unlock(&es->mu);
+    if (rc == 0 && n > 0 && dlock__etcd_buf_add(&body, "]}", 2) != 0)
+        rc = -1;
+    if (rc != 0 || n == 0) {
+        free(body.p);
+        return rc;
+    }
+    cJSON *j = NULL;
+    int r = dlock__etcd_request(es, "/v3/kv/txn", body.p, deadline, &j,
+                                "checking the held keys");
+    free(body.p);
+    if (r != DLOCK_OK)
+        return -1;
+    pthread_mutex_lock(&es->mu);
+    check_answer(es, j, mids, revs, n, gen);
+    pthread_mutex_unlock(&es->mu);
+    cJSON_Delete(j);
+    return 0;
+}
+
+/* Is the lease gone from the cluster (its time to live asked)? A lease
+ * that did not answer is not taken for gone. */
+static int lease_gone(etcd_store *es, etcd_lease *el)
+{
+    char lb[64];
+    cJSON *j = NULL;
+
+    snprintf(lb, sizeof(lb), "{\"ID\":\"%" PRId64 "\"}", el->id);
+    int rc = dlock__etcd_request(es, "/v3/lease/timetolive", lb,
+                                 dlock__now_ms() + es->timeout_ms, &j,
+                                 "reading a lease");
+    int gone = rc == ETCD_NOLEASE || (rc == DLOCK_OK && jint(j, "TTL") <= 0);
+    cJSON_Delete(j);
+    return gone;
+}
+
+int64_t dlock__etcd_mine_run(etcd_store *es)
+{
+    int64_t next = INT64_MAX, now = dlock__now_ms();
+    int need = 0;
+
+    /* 1. the stream up while we hold keys, and every held key covered */
+    pthread_mutex_lock(&es->mu);
+    for (etcd_hold *eh = es->mine; eh; eh = eh->mnext)
+        if (eh->held && !eh->releasing && !eh->gone && !covered(es, eh))
+            need = 1;
+    /* this thread keeps the leases alive and declares them lost: a
+     * stream that does not open, a read that does not answer (no quorum)
+     * never hold up a keepalive or a lease's end */
+    int64_t limit = now + es->timeout_ms;
+    for (etcd_lease *el = es->leases; el; el = el->next) {
+        if (el->dead)
+            continue;
+        if (el->next_ka < limit)
+            limit = el->next_ka;
+        if (dlock__etcd_lease_limit(el) < limit)
+            limit = dlock__etcd_lease_limit(el);
+    }
+    int due = need && now >= es->cover_at;
+    pthread_mutex_unlock(&es->mu);
+    int64_t dl = limit > now + 200 ? limit : now + 200;
+    for (int round = 0; due && round < 16 && dlock__now_ms() < dl; round++) {
+        uint64_t gen = 0;
+        int ok = dlock__etcd_stream_up(es, dl, &gen) == DLOCK_OK &&
+                 mine_check(es, gen, dl) == 0;
+        pthread_mutex_lock(&es->mu);
+        if (ok) {
+            es->cover_backoff = 0;
+            es->cover_at = 0;
+        } else {
+            es->cover_backoff = es->cover_backoff
+                                    ? es->cover_backoff * 2
+                                    : COVER_BACKOFF_MIN;
+            if (es->cover_backoff > COVER_BACKOFF_MAX)
+                es->cover_backoff = COVER_BACKOFF_MAX;
+            es->cover_at = dlock__now_ms() + es->cover_backoff;
+        }
+        need = 0;
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext)
+            if (eh->held && !eh->releasing && !eh->gone && !covered(es, eh))
+                need = 1;
+        due = ok && need; /* more than a batch, or the stream broke */
+        pthread_mutex_unlock(&es->mu);
+    }
+
+    /* 2. tell the core, one hold at a time (notify_lost takes the
+     * client's mutex: never with ours held) */
+    for (int k = 0; k < 1024; k++) {
+        mine_match m = {0, 0};
+        etcd_lease *check = NULL;
+        now = dlock__now_ms();
+        pthread_mutex_lock(&es->mu);
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+            if (!eh->tell || eh->releasing || eh->tell_at > now)
+                continue;
+            if (eh->lease && eh->lease->dead) {
+                eh->tell = 0; /* the lease's loss told it already */
+                continue;
+            }
+            if (!eh->lease_checked && eh->lease) {
+                /* a revoked or expired lease deletes its keys too: find
+                 * out first, so that its next use is not the one that
+                 * learns it (then the lease's loss is told) */
+                eh->lease_checked = 1;
+                check = eh->lease;
+                break;
+            }
+            m.mid = eh->mid;
+            /* offered again soon if the core has not registered the hold
+             * yet (its acquire is returning it) */
+            eh->tell_at = now + 10 + (now - eh->tell_until +
+                                      MINE_TELL_FOR_MS) / 4;
+            break;
+        }
+        pthread_mutex_unlock(&es->mu);
+        if (check) {
+            /* (a lease this thread alone frees: valid until it returns) */
+            if (lease_gone(es, check))
+                dlock__etcd_lease_lost(es, check,
+                                       "etcd: the client's lease expired or "
+                                       "was revoked");
+            continue;
+        }
+        if (!m.mid)
+            break;
+        dlock__notify_lost(es->client, match_mine, &m,
+                           "its etcd key was deleted (dlock break, or by "
+                           "hand)");
+        pthread_mutex_lock(&es->mu);
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext)
+            if (eh->mid == m.mid && (m.matched || now >= eh->tell_until))
+                eh->tell = 0;
+        pthread_mutex_unlock(&es->mu);
+    }
+
+    /* 3. when to run again */
+    pthread_mutex_lock(&es->mu);
+    need = 0;
+    for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+        if (eh->tell && !eh->releasing && eh->tell_at < next)
+            next = eh->tell_at;
+        if (eh->held && !eh->releasing && !eh->gone && !covered(es, eh))
+            need = 1;
+    }
+    if (need) {
+        int64_t at = es->cover_at ? es->cover_at
+                                  : dlock__now_ms() + COVER_BACKOFF_MIN;
+        if (at < next)
+            next = at;
+    }
+    pthread_mutex_unlock(&es->mu);
+    return next;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Inspect                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* A key's description: the value's second line (dlock), or who else. */
+static void describe(const cJSON *kv, char *out, size_t cap)
+{
+    const char *v = jstr(kv, "value");
+    char val[1024];
+
+    out[0] = '\0';
+    if (v && dlock__etcd_b64_decode(v, val, sizeof(val)) > 0) {
+        const char *nl = strchr(val, '\n'), *d = nl ? nl + 1 : val;
+        size_t n = strnlen(d, cap - 1); /* cut to fit, on purpose */
+        memcpy(out, d, n);
+        out[n] = '\0';
+    }
+    if (!out[0])
+        snprintf(out, cap, "etcd lease %" PRIx64 " (not dlock)",
+                 (uint64_t)jint(kv, "lease"));
+}
+
+/* Reads the range answer of inspect (the lock's keys in queue order) into
+ * *out; *lease is the holder key's lease (0: none). */
+static int inspect_answer(const cJSON *j, dlock_info *out, int64_t *lease)
+{
+    const cJSON *kv = kvs_at(j, 0);
+    size_t n = 0;
+
+    out->ttl_ms = -1;
+    out->held_ms = -1;
+    out->waiters = 0;
+    *lease = 0;
+    if (!kv)
+        return DLOCK_OK;
+    out->held = 1;
+    out->token = (uint64_t)jint(kv, "create_revision");
+    describe(kv, out->holder, sizeof(out->holder));
+    int nk = cJSON_GetArraySize(jget(j, "kvs"));
+    int readers = 0, first = 1;
+    for (int i = 0; i < nk; i++)
+        readers |= dlock__etcd_key_is_reader(jstr(kvs_at(j, i), "key"));
+    /* the holders: the first key, and the readers right after a reader,
+     * or a semaphore's first N */
+    out->shared = dlock__etcd_key_is_reader(jstr(kv, "key"));
+    out->permits = dlock__etcd_key_permits(jstr(kv, "key"));
+    out->holders = 1;
+    while (out->permits && first < nk && first < out->permits) {
+        int64_t t = jint(kvs_at(j, first), "create_revision");
+        if ((uint64_t)t > out->token)
+            out->token = (uint64_t)t;
+        out->holders++;
+        first++;
+    }
+    if (out->permits)
+        snprintf(out->holder, sizeof(out->holder), "%lld of %lld permits",
+                 (long long)out->holders, (long long)out->permits);
+    while (out->shared && first < nk &&
+           dlock__etcd_key_is_reader(jstr(kvs_at(j, first), "key"))) {
+        int64_t t = jint(kvs_at(j, first), "create_revision");
+        if ((uint64_t)t > out->token)
+            out->token = (uint64_t)t;
+        out->holders++;
+        first++;
+    }
+    if (out->holders > 1)
+        snprintf(out->holder, sizeof(out->holder), "%lld readers",
+                 (long long)out->holders);
+    int64_t count = jint(j, "count");
+    out->waiters = count >= first ? count - first : -1; /* no count: cannot
+                                                         * tell */
+    if (nk > first) {
+        out->queue = calloc((size_t)(nk - first), sizeof(char *));
+        if (!out->queue)
+            return enomem();
+        for (int i = first; i < nk; i++) {
+            char d[256], line[272];
+            describe(kvs_at(j, i), d, sizeof(d));
+            if (readers)
+                snprintf(line, sizeof(line), "%s: %s",
+                         dlock__etcd_key_is_reader(jstr(kvs_at(j, i), "key"))
+                             ? "read"
+                             : "write",
+                         d);
+            else
+                snprintf(line, sizeof(line), "%s", d);
+            if (!(out->queue[n] = strdup(line))) {
+                out->queue_len = n;
+                return enomem();
+            }
+            n++;
+        }
+        out->queue_len = n;
+    }
+    *lease = jint(kv, "lease");
+    return DLOCK_OK;
+}
+
+/* A lease's time to live in ms, or -1 (unknown, no answer). */
+static int64_t lease_ttl(etcd_store *es, int64_t lease, int64_t op_deadline)
+{
+    char lb[64];
+    cJSON *j = NULL;
+    int64_t out = -1;
+
+    snprintf(lb, sizeof(lb), "{\"ID\":\"%" PRId64 "\"}", lease);
+    if (dlock__etcd_request(es, "/v3/lease/timetolive", lb, op_deadline, &j,
+                            "reading the holder's lease") == DLOCK_OK) {
+        int64_t ttl = jint(j, "TTL");
+        out = ttl > 0 && ttl <= ETCD_TTL_MAX_S ? ttl * 1000 : -1;
+    }
+    cJSON_Delete(j);
+    return out;
+}
+
+int dlock__etcd_inspect(void *st, const char *name, size_t len,
+                        dlock_info *out, int64_t op_deadline)
+{
+    etcd_store *es = st;
+    char base[ETCD_KEY_MAX], bb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
+    char body[2 * ETCD_B64_MAX + 256];
+    size_t base_len = dlock__etcd_lock_base(es, name, len, base);
+    cJSON *j = NULL;
+    int64_t lease;
+    int rc;
+
+    dlock__etcd_b64_encode(base, base_len, bb);
+    dlock__etcd_range_end_b64(base, base_len, eb);
+    snprintf(body, sizeof(body),
+             "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
+             "\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"10001\"}",
+             bb, eb);
+    rc = dlock__etcd_request(es, "/v3/kv/range", body, op_deadline, &j,
+                             "reading the lock queue");
+    if (rc != DLOCK_OK)
+        return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
+    rc = inspect_answer(j, out, &lease);
+    cJSON_Delete(j);
+    if (rc != DLOCK_OK)
+        return rc;
+    if (lease)
+        out->ttl_ms = lease_ttl(es, lease, op_deadline);
+    return DLOCK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* List                                                                     */
+/* ------------------------------------------------------------------------ */
+
+#define LIST_TXN 32 /* locks described by one transaction */
+
+/* The end of the range of keys that start with key[0..n): the key with
+ * its last byte below 0xff raised by one and what follows cut; n 0 (every
+ * byte 0xff) when no key is above them all ("\0": to the end). */
+static size_t prefix_end(const char *key, size_t n, char *out)
+{
+    memcpy(out, key, n);
+    while (n > 0 && (unsigned char)out[n - 1] == 0xff)
+        n--;
+    if (n > 0)
+        out[n - 1] = (char)((unsigned char)out[n - 1] + 1);
+    return n;
+}
+
+/* A lock's escaped name comp[0..n) decoded into out (DLOCK_NAME_MAX + 1):
+ * its length, or -1 when it is not how dlock escapes a name ('%' only in
+ * %2F or %25). */
+static long unescape(const char *comp, size_t n, char *out)
+{
+    size_t o = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        char ch = comp[i];
+        if (o >= DLOCK_NAME_MAX)
+            return -1;
+        if (ch == '%') {
+            if (i + 2 >= n || comp[i + 1] != '2' ||
+                (comp[i + 2] != 'F' && comp[i + 2] != '5'))
+                return -1;
+            out[o++] = comp[i + 2] == 'F' ? '/' : '%';
+            i += 2;
+            continue;
+        }
+        if (ch == '\0' || ch == '/')
+            return -1;
+        out[o++] = ch;
+    }
+    out[o] = '\0';
+    return o ? (long)o : -1;
+}
+
+/* The escaped name of the lock whose key is key[0..n): a pointer into key
+ * (*cl its length; its name decoded into name, DLOCK_NAME_MAX + 1), or
+ * NULL when the key is no lock's of dlock's (outside the prefix, no '/'
+ * after the name, an escape dlock does not write). */
+static const char *lock_of_key(const etcd_store *es, const char *key,
+                               size_t n, size_t *cl, char *name)
+{
+    if (n <= es->prefix_len || memcmp(key, es->prefix, es->prefix_len) != 0)
+        return NULL;
+    const char *c = key + es->prefix_len;
+    const char *slash = memchr(c, '/', n - es->prefix_len);
+    if (!slash || slash == c)
+        return NULL;
+    *cl = (size_t)(slash - c);
+    return unescape(c, *cl, name) < 0 ? NULL : c;
+}
+
+/* The escaped lock name a cursor stands for (base64 of it) into comp
+ * (cap bytes): its length, or -1 when no page of ours ends there. */
+static long cursor_comp(const char *cursor, char *comp, size_t cap)
+{
+    char name[DLOCK_NAME_MAX + 1];
+    long n = strlen(cursor) <= ETCD_B64_MAX
+                 ? dlock__etcd_b64_decode(cursor, comp, cap)
+                 : -1;
+
+    if (n <= 0 || (size_t)n >= 3 * DLOCK_NAME_MAX + 1 ||
+        (size_t)n + 1 >= cap || unescape(comp, (size_t)n, name) < 0)
+        return -1;
+    return n;
+}
+
+typedef struct lease_ttl_cache {
+    int64_t id[LIST_TXN];
+    int64_t ttl[LIST_TXN];
+    int n;
+} lease_ttl_cache;
+
+int dlock__etcd_list(void *st, const char *prefix, size_t plen,
+                     const char *cursor, size_t limit, unsigned flags,
+                     dlock_list_page *out, int64_t op_deadline)
+{
+    etcd_store *es = st;
+    char from[ETCD_KEY_MAX + 8], end[ETCD_KEY_MAX + 8];
+    char fb[ETCD_B64_MAX + 16], ebb[ETCD_B64_MAX + 16];
+    char comp[ETCD_KEY_MAX + 8], name[DLOCK_NAME_MAX + 1];
+    char last[ETCD_KEY_MAX + 8]; /* the last key read */
+    size_t from_len, end_len, last_len = 0;
+    char **names = NULL; /* the escaped names of the page */
+    size_t *lens = NULL, nn = 0;
+    int more = 0, rc = DLOCK_OK;
+
+    (void)flags; /* etcd keeps nothing of a free lock */
+    /* the range of the prefix: PREFIX/ + escaped prefix ... */
+    from_len = es->prefix_len;
+    memcpy(from, es->prefix, from_len);
+    for (size_t i = 0; i < plen; i++) {
+        unsigned char ch = (unsigned char)prefix[i];
+        if (ch == '/' || ch == '%') {
+            from[from_len++] = '%';
+            from[from_len++] = '2';
+            from[from_len++] = ch == '/' ? 'F' : '5';
+        } else {
+            from[from_len++] = (char)ch;
+        }
+    }
+    end_len = prefix_end(from, from_len, end);
+    if (from_len == 0) { /* no prefix at all: every key */
+        from[0] = '\0';
+        from_len = 1;
+    }
+    /* ... from past the cursor's lock */
+    if (cursor[0]) {
+        long n = cursor_comp(cursor, comp, sizeof(comp));
+        if (n < 0)
+            return dlock__err(DLOCK_EINVAL,
+                              "etcd %s: the cursor is not one this store "
+                              "made (base64 of an escaped lock name)",
+                              es->redacted);
+        char after[ETCD_KEY_MAX + 8];
+        size_t al = es->prefix_len;
+        memcpy(after, es->prefix, al);
+        memcpy(after + al, comp, (size_t)n);
+        al += (size_t)n;
+        after[al++] = '0'; /* past PREFIX/NAME/... */
+        size_t m = al < from_len ? al : from_len;
+        int c = memcmp(after, from, m);
+        if (c > 0 || (c == 0 && al > from_len)) {
+            memcpy(from, after, al);
+            from_len = al;
+        }
+        if (end_len > 0) {
+            m = from_len < end_len ? from_len : end_len;
+            c = memcmp(from, end, m);
+            if (c > 0 || (c == 0 && from_len >= end_len))
+                return DLOCK_OK; /* past the prefix: the end */
+        }
+    }
+    if (!(names = calloc(limit, sizeof(char *))) ||
+        !(lens = calloc(limit, sizeof(size_t)))) {
+        free(names);
+        return enomem();
+    }
+
+    /* 1. the page's locks: keys only, each lock's keys skipped at once */
+    for (size_t round = 0; rc == DLOCK_OK && nn < limit && round <= limit;
+         round++) {
+        char body[2 * ETCD_B64_MAX + 256];
+        cJSON *j = NULL;
+        dlock__etcd_b64_encode(from, from_len, fb);
+        if (end_len)
+            dlock__etcd_b64_encode(end, end_len, ebb);
+        else
+            dlock__etcd_b64_encode("", 1, ebb);
+        snprintf(body, sizeof(body),
+                 "{\"key\":\"%s\",\"range_end\":\"%s\",\"limit\":\"%zu\","
+                 "\"keys_only\":true}",
+                 fb, ebb, limit - nn + 1);
+        rc = dlock__etcd_request(es, "/v3/kv/range", body, op_deadline, &j,
+                                 "listing the locks");
+        if (rc != DLOCK_OK) {
+            rc = rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
+            break;
+        }
+        int nk = cJSON_GetArraySize(jget(j, "kvs")), skipped = 0;
+        more = cJSON_IsTrue(jget(j, "more"));
+        last_len = 0;
+        for (int i = 0; i < nk && rc == DLOCK_OK; i++) {
+            const char *kb = jstr(kvs_at(j, i), "key");
+            long n = kb ? dlock__etcd_b64_decode(kb, comp, sizeof(comp)) : -1;
+            if (n <= 0 || (size_t)n >= sizeof(comp) - 1)
+                continue; /* longer than any key of ours */
+            memcpy(last, comp, (size_t)n);
+            last_len = (size_t)n;
+            size_t cl = 0;
+            const char *c = lock_of_key(es, comp, (size_t)n, &cl, name);
+            if (!c)
+                continue; /* a key dlock never writes */
+            if (nn > 0 && lens[nn - 1] == cl && !memcmp(names[nn - 1], c, cl))
+                continue; /* the same lock's next key */
+            if (nn == limit) {
+                skipped = 1; /* another lock follows the page */
+                break;
+            }
+            if (!(names[nn] = malloc(cl + 1))) {
+                rc = enomem();
+                break;
+            }
+            memcpy(names[nn], c, cl);
+            names[nn][cl] = '\0';
+            lens[nn++] = cl;
+        }
+        cJSON_Delete(j);
+        if (rc != DLOCK_OK)
+            break;
+        if (skipped)
+            more = 1;
+        if (!more || (last_len == 0 && nn == 0))
+            break;
+        /* on past the last lock's keys (PREFIX/NAME0), or past the last
+         * key read when that is further (keys that are no lock's) */
+        if (nn > 0) {
+            from_len = es->prefix_len;
+            memcpy(from, es->prefix, from_len);
+            memcpy(from + from_len, names[nn - 1], lens[nn - 1]);
+            from_len += lens[nn - 1];
+            from[from_len++] = '0';
+        }
+        last[last_len++] = '\0'; /* the key right after the last one */
+        size_t m = last_len < from_len ? last_len : from_len;
+        int c = memcmp(last, from, m);
+        if (nn == 0 || c > 0 || (c == 0 && last_len > from_len)) {
+            memcpy(from, last, last_len);
+            from_len = last_len;
+        }
+    }
+
+    /* 2. each lock described as inspect does, LIST_TXN to a transaction */
+    lease_ttl_cache cache;
+    cache.n = 0;
+    for (size_t b0 = 0; rc == DLOCK_OK && b0 < nn; b0 += LIST_TXN) {
+        size_t bn = nn - b0 < LIST_TXN ? nn - b0 : LIST_TXN;
+        buf body = {NULL, 0, 0};
+        for (size_t i = 0; i < bn && rc == DLOCK_OK; i++) {
+            char base[ETCD_KEY_MAX + 8], bb[ETCD_B64_MAX + 16];
+            char eb[ETCD_B64_MAX + 16], item[2 * ETCD_B64_MAX + 256];
+            size_t bl = es->prefix_len;
+            memcpy(base, es->prefix, bl);
+            memcpy(base + bl, names[b0 + i], lens[b0 + i]);
+            bl += lens[b0 + i];
+            base[bl++] = '/';
+            dlock__etcd_b64_encode(base, bl, bb);
+            dlock__etcd_range_end_b64(base, bl, eb);
+            int len = snprintf(item, sizeof(item),
+                               "%s{\"request_range\":{\"key\":\"%s\","
+                               "\"range_end\":\"%s\",\"sort_order\":"
+                               "\"ASCEND\",\"sort_target\":\"CREATE\","
+                               "\"limit\":\"10001\"}}",
+                               i ? "," : "{\"success\":[", bb, eb);
+            if (dlock__etcd_buf_add(&body, item, (size_t)len) != 0)
+                rc = enomem();
+        }
+        if (rc == DLOCK_OK && dlock__etcd_buf_add(&body, "]}", 2) != 0)
+            rc = enomem();
+        cJSON *j = NULL;
+        if (rc == DLOCK_OK)
+            rc = dlock__etcd_request(es, "/v3/kv/txn", body.p, op_deadline,
+                                     &j, "reading the locks' queues");
+        free(body.p);
+        if (rc != DLOCK_OK) {
+            rc = rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
+            break;
+        }
+        for (size_t i = 0; i < bn && rc == DLOCK_OK; i++) {
+            dlock_info info;
+            int64_t lease = 0;
+            memset(&info, 0, sizeof(info));
+            rc = inspect_answer(txn_resp(j, (int)i, "response_range"), &info,
+                                &lease);
+            if (rc == DLOCK_OK && lease) {
+                int k = 0;
+                while (k < cache.n && cache.id[k] != lease)
+                    k++;
+                if (k == cache.n && cache.n < LIST_TXN) {
+                    cache.id[k] = lease;
+                    cache.ttl[k] = lease_ttl(es, lease, op_deadline);
+                    cache.n++;
+                }
+                info.ttl_ms = k < cache.n ? cache.ttl[k]
+                                          : lease_ttl(es, lease, op_deadline);
+            }
+            long nl = unescape(names[b0 + i], lens[b0 + i], name);
+            if (rc == DLOCK_OK && nl > 0 && (info.held || info.waiters > 0))
+                rc = dlock__list_add(out, name, (size_t)nl, &info);
+            else
+                dlock_info_clear(&info);
+        }
+        cJSON_Delete(j);
+    }
+    /* 3. the cursor: past the page's last lock */
+    if (rc == DLOCK_OK && more && nn > 0) {
+        char *nx = malloc(4 * ((lens[nn - 1] + 2) / 3) + 1);
+        if (!nx)
+            rc = enomem();
+        else {
+            dlock__etcd_b64_encode(names[nn - 1], lens[nn - 1], nx);
+            out->next = nx;
+        }
+    }
+    for (size_t i = 0; i < nn; i++)
+        free(names[i]);
+    free(names);
+    free(lens);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Break                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define EVICT_TRIES 16 /* a holder that releases meanwhile: look again */
+#define EVICT_BATCH 64 /* keys compared and deleted by one transaction (etcd
+                        * allows 128 operations a list by default) */
+
+int dlock__etcd_evict(void *st, const char *name, size_t len,
+                      dlock_info *out, int64_t op_deadline)
+{
+    etcd_store *es = st;
+    char base[ETCD_KEY_MAX], bb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
+    char body[2 * ETCD_B64_MAX + 256];
+    size_t base_len = dlock__etcd_lock_base(es, name, len, base);
+    int rc = DLOCK_OK;
+
+    dlock__etcd_b64_encode(base, base_len, bb);
+    dlock__etcd_range_end_b64(base, base_len, eb);
+    snprintf(body, sizeof(body),
+             "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
+             "\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"10001\"}",
+             bb, eb);
+    for (int attempt = 0;; attempt++) {
+        cJSON *j = NULL, *t = NULL;
+        int64_t lease = 0;
+        int again = 0;
+
+        dlock_info_clear(out);
+        memset(out, 0, sizeof(*out));
+        rc = dlock__etcd_request(es, "/v3/kv/range", body, op_deadline, &j,
+                                 "reading the lock queue");
+        if (rc != DLOCK_OK)
+            return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
+        rc = inspect_answer(j, out, &lease);
+        if (rc == DLOCK_OK && !out->held)
+            rc = DLOCK_ENOTHELD;
+        if (rc == DLOCK_OK && lease)
+            out->ttl_ms = lease_ttl(es, lease, op_deadline);
+        /* the holders' keys, compared and deleted: all or none (in
+         * batches past EVICT_BATCH readers; each batch all or none) */
+        for (int64_t b0 = 0; rc == DLOCK_OK && b0 < out->holders;
+             b0 += EVICT_BATCH) {
+            int64_t bn = out->holders - b0 < EVICT_BATCH ? out->holders - b0
+                                                         : EVICT_BATCH;
+            buf cmp = {NULL, 0, 0}, del = {NULL, 0, 0};
+            for (int64_t i = 0; i < bn && rc == DLOCK_OK; i++) {
+                const cJSON *kv = kvs_at(j, (int)(b0 + i));
+                const char *kb = jstr(kv, "key");
+                char item[ETCD_B64_MAX + 128];
+                int n;
+                if (!kb || strlen(kb) >= ETCD_B64_MAX) {
+                    rc = dlock__err(DLOCK_EPROTO, "etcd %s: a holder key "
+                                                  "without a usable name",
+                                    es->redacted);
+                    break;
+                }
+                n = snprintf(item, sizeof(item),
+                             "%s{\"target\":\"CREATE\",\"key\":\"%s\","
+                             "\"create_revision\":\"%" PRId64 "\"}",
+                             i ? "," : "{\"compare\":[", kb,
+                             jint(kv, "create_revision"));
+                if (dlock__etcd_buf_add(&cmp, item, (size_t)n) != 0)
+                    rc = enomem();
+                n = snprintf(item, sizeof(item),
+                             "%s{\"request_delete_range\":{\"key\":\"%s\"}}",
+                             i ? "," : "\"success\":[", kb);
+                if (rc == DLOCK_OK &&
+                    dlock__etcd_buf_add(&del, item, (size_t)n) != 0)
+                    rc = enomem();
+            }
+            if (rc == DLOCK_OK &&
+                (dlock__etcd_buf_add(&cmp, "],", 2) != 0 ||
+                 dlock__etcd_buf_add(&del, "]}", 2) != 0 ||
+                 dlock__etcd_buf_add(&cmp, del.p, del.n) != 0))
+                rc = enomem();
+            if (rc == DLOCK_OK) {
+                rc = dlock__etcd_request(es, "/v3/kv/txn", cmp.p, op_deadline,
+                                         &t, "deleting the holders' keys");
+                if (rc == ETCD_NOLEASE)
+                    rc = DLOCK_EPROTO;
+                if (rc == DLOCK_OK && !cJSON_IsTrue(jget(t, "succeeded")))
+                    again = 1; /* one of them went meanwhile */
+                cJSON_Delete(t);
+                t = NULL;
+            }
+            free(cmp.p);
+            free(del.p);
+            if (again)
+                break;
+        }
+        cJSON_Delete(j);
+        if (!again)
+            break;
+        if (attempt + 1 >= EVICT_TRIES) {
+            rc = dlock__err(DLOCK_ECONN,
+                            "etcd %s: lock '%.200s': its holders changed "
+                            "during each of %d tries; try again",
+                            es->redacted, name, EVICT_TRIES);
+            break;
+        }
+    }
+    return rc;
+}
