@@ -78,8 +78,9 @@ typedef struct dlock__lease {
     int64_t woken_us; /* on DLOCK_OK from a CAP_NATIVE_WAIT acquire that
                        * found the lock held and waited: dlock__now_us()
                        * when its wait ended (the store's wake-up, before
-                       * taking the lock); 0: it did not wait (for the
-                       * metrics: waits and hand-off times) */
+                       * taking the lock); 0: it did not wait, or cannot
+                       * tell (for the metrics: waits and hand-off times;
+                       * the core zeroes it before every call) */
     int64_t started;  /* on DLOCK_OK from a CAP_NATIVE_WAIT acquire that
                        * waited: dlock__now_ms() just before the command
                        * that took the lock (its lease starts no earlier);

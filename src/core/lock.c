@@ -683,13 +683,12 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
                 woken_us = w.woken_us;
         }
         if (!waits && wait_ms != 0 &&
-            (rc == DLOCK_EBUSY || h->lease.woken_us != 0 ||
-             h->lease.started != 0)) {
-            /* the store waited in its acquire (CAP_NATIVE_WAIT) */
+            (rc == DLOCK_EBUSY || h->lease.woken_us != 0)) {
+            /* the store waited in its acquire (CAP_NATIVE_WAIT), and says
+             * when the wait ended (a store that cannot tell, one waiting
+             * inside the server: only the waits that ran out count) */
             waited = 1;
-            woken_us = h->lease.woken_us     ? h->lease.woken_us
-                       : h->lease.started != 0 ? h->lease.started * 1000
-                                              : 0;
+            woken_us = h->lease.woken_us;
         }
         if (rc != DLOCK_OK) {
             acquire_failed(c, l, rc, waited, start_us);

@@ -4,7 +4,8 @@
  * dlock_metrics_text(), dlock_client_set_events(); docs/monitoring.md),
  * on a real store:
  *
- *   test_metrics file|redis|... [filter]
+ *   test_metrics file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql
+ *                [filter]
  *
  * The exposition-format checks parse what the library renders (every
  * line a comment or a sample, one HELP and TYPE per family, histograms
@@ -138,6 +139,14 @@ TEST(times_a_wait_and_its_hand_off)
 
     dlock_stats s = stats(b, "m/wait");
     CHECK_EQ(s.acquired, 1);
+    if (!strcmp(S.kind, "pg-advisory")) {
+        /* the server waits inside pg_advisory_lock() and does not say
+         * whether it did: only waits that run out are counted there
+         * (docs/monitoring.md) */
+        CHECK_EQ(s.waited, 0);
+        CHECK_EQ(s.handoff.count, 0);
+        goto out;
+    }
     CHECK_EQ(s.waited, 1);
     CHECK_EQ(s.wait.count, 1);
     /* it waited at least the 300 ms the holder kept it (a little less
@@ -148,6 +157,7 @@ TEST(times_a_wait_and_its_hand_off)
      * well under the wait itself */
     CHECK_EQ(s.handoff.count, 1);
     CHECK_OP(s.handoff.sum_us, <, s.wait.sum_us);
+out:
     dlock_close(la);
     dlock_close(lb);
     dlock_client_close(a);

@@ -461,6 +461,8 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             need_look = 1; /* a look says for sure (and ends the wait) */
             continue;
         }
+        if (emptied)
+            l->woken_us = dlock__now_us(); /* for the metrics */
         if (emptied && !partial)
             continue; /* holds (checked above) */
         if (emptied || broken) {

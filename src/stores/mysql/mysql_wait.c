@@ -343,6 +343,8 @@ static void lease_start(const acq *a, int waited, int64_t sent,
     char *rd = NULL, *sole = NULL;
 
     l->started = sent;
+    if (waited)
+        l->woken_us = dlock__now_us(); /* the answer: for the metrics */
     if (!waited || answered - sent <= l->ttl_ms / 3)
         return;
     if (!a->shared)

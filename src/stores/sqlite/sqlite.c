@@ -548,6 +548,7 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
                                     ss->redacted, ss->side, strerror(-ev));
                     break;
                 }
+                l->woken_us = dlock__now_us(); /* for the metrics */
                 continue;
             }
             timer = timer_from(l, left);
@@ -581,6 +582,8 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
         }
         int64_t until = timer < l->deadline ? timer : l->deadline;
         int ev = dlock__sqw_wait(w, c, p, until);
+        if (ev >= 0 && ev != SQW_TIMEOUT)
+            l->woken_us = dlock__now_us(); /* for the metrics */
         if (ev < 0) {
             rc = dlock__err(DLOCK_ECONN, "sqlite %s: waiting on the wake-up "
                                          "file %.300s: %s",

@@ -489,6 +489,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
             if (outcome != 0)
                 return wait_ended(zs, s, zl, l, outcome, "waiting for a permit",
                                   ZCONNECTIONLOSS);
+            l->woken_us = dlock__now_us(); /* for the metrics */
             continue;
         }
         waited = 1;
@@ -519,9 +520,10 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                    !(s->state == S_CONNECTING && s->declared_lost) &&
                    dlock__now_ms() < l->deadline)
                 dlock__cond_wait_until(&zs->cv, &zs->mu, l->deadline);
-            if (w.fired)
+            if (w.fired) {
                 outcome = 0;
-            else if (s->state == S_EXPIRED)
+                l->woken_us = dlock__now_us(); /* for the metrics */
+            } else if (s->state == S_EXPIRED)
                 outcome = 1;
             else if (s->state == S_CONNECTING)
                 outcome = 3;
