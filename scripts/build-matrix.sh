@@ -4,9 +4,10 @@
 # scratch in DIR (default build-matrix/), with the tests, and warnings as
 # errors when WERROR=ON (as CI sets it):
 #   Release, RelWithDebInfo, Debug and MinSizeRel with gcc; Release with
-#   clang; every store built in (-DDLOCK_MODULES=OFF); two stores left out
-#   (-DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF), whose summary and URIs
-#   must name what to install.
+#   clang; every store built in (-DDLOCK_MODULES=OFF); two stores and the
+#   exporter left out (-DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF
+#   -DDLOCK_EXPORTER=OFF), whose summary, URIs and command must name what
+#   to install.
 # Each build's `dlock --version` must answer and list the stores as that
 # build reaches them. Exits non-zero at the first build that fails.
 set -u
@@ -42,7 +43,8 @@ grep -q "^stores built in: file redis .*mysql" "$top/builtin.version" ||
     fail "builtin: not every store is built in: $(cat "$top/builtin.version")"
 ls "$top"/builtin/dlock-*/*.so >/dev/null 2>&1 && fail "builtin: modules were built"
 
-build left-out gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF
+build left-out gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF \
+    -DDLOCK_EXPORTER=OFF
 grep -q "stores left out of this build: postgres (needs libpq-dev); mysql (needs libmariadb-dev)" \
     "$top/left-out.configure.log" || fail "left-out: CMake's summary does not name the stores left out"
 grep -q "^stores missing: postgres postgresql mysql mariadb" "$top/left-out.version" ||
@@ -52,4 +54,10 @@ rc=$?
 [ $rc -eq 69 ] || fail "left-out: postgres:// exit $rc, not 69: $out"
 echo "$out" | grep -q "built without the postgres:// store.*libpq-dev" ||
     fail "left-out: the message does not name the package: $out"
+# the exporter left out (as without libmicrohttpd-dev): a clear refusal
+out=$("$top/left-out/dlock" exporter --listen 127.0.0.1:1 2>&1)
+rc=$?
+[ $rc -eq 69 ] || fail "left-out: dlock exporter exit $rc, not 69: $out"
+echo "$out" | grep -q "libmicrohttpd-dev" ||
+    fail "left-out: the exporter's refusal does not name the package: $out"
 echo "build-matrix: every build built ($top/)"
