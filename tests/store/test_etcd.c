@@ -1241,6 +1241,23 @@ TEST(auth_with_user_and_password)
 
 /* --- TLS --- */
 
+typedef struct tls_waiter {
+    dlock *l;
+    int rc;
+    int64_t got_at;
+} tls_waiter;
+
+static void *tls_wait(void *p)
+{
+    tls_waiter *w = p;
+
+    w->rc = dlock_acquire(w->l, 20000);
+    w->got_at = th_now_ms();
+    if (w->rc == DLOCK_OK)
+        (void)dlock_release(w->l);
+    return NULL;
+}
+
 TEST(tls_with_a_ca_and_a_client_certificate)
 {
     char dir[600], cert[700], key[700], u[2048];
@@ -1262,6 +1279,24 @@ TEST(tls_with_a_ca_and_a_client_certificate)
     dlock *l = handle(c, "tls", 0, NULL);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
+
+    /* a waiter over TLS is woken by its watch stream (a WebSocket over
+     * the TLS connection): the release wakes it at once, not at the
+     * holder's lease end (30 s); 5 s is a wake-up on a busy machine */
+    dlock_client *c2 = client_at(u);
+    dlock *l2 = handle(c2, "tls", 0, NULL);
+    tls_waiter w = {l2, 0, 0};
+    pthread_t t;
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_EQ(pthread_create(&t, NULL, tls_wait, &w), 0);
+    th_sleep_ms(500);
+    int64_t released = th_now_ms();
+    CHECK_OK(dlock_release(l));
+    pthread_join(t, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.got_at - released, <, 5000);
+    dlock_close(l2);
+    dlock_client_close(c2);
     dlock_close(l);
     dlock_client_close(c);
 
@@ -1641,6 +1676,42 @@ TEST(a_broken_holder_is_told_by_its_stream)
     dlock_client_close(a);
     dlock_client_close(b);
     dlock_client_close(op);
+}
+
+TEST(a_broken_holder_over_tls_is_told_by_its_stream)
+{
+    /* etcds://: the holder's watch stream is a WebSocket in the TLS
+     * connection (HTTP/1.1 only: an HTTP/2 connection cannot carry it);
+     * without the stream a broken holder is never told (its lease's
+     * keepalive knows nothing of its key) */
+    char dir[600], cert[700], key[700], u[2048];
+    lost_count n = {0, 0, 0};
+    th_etcd e;
+
+    snprintf(dir, sizeof(dir), "%s/tls-brk", th_tmpdir());
+    snprintf(u, sizeof(u), "mkdir -p '%s'", dir);
+    CHECK_EQ(system(u), 0);
+    th_make_cert(dir, "srv");
+    snprintf(cert, sizeof(cert), "%s/srv.pem", dir);
+    snprintf(key, sizeof(key), "%s/srv.key", dir);
+    th_etcd_start_tls(&e, cert, key);
+    snprintf(u, sizeof(u), "etcds://127.0.0.1:%d?cacert=%s/ca.pem",
+             e.tls_port, dir);
+    dlock_client *a = client_at(u), *op = client_at(u);
+    dlock *la = handle_n(a, "tls-brk", 30000, 0, 0, &n);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t1 = dlock_token(la);
+    th_sleep_ms(300); /* its stream is up */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "tls-brk", NULL));
+    CHECK_EQ(wait_calls(&n, 1, TOLD_MS), 1);
+    CHECK_OP(n.at - t0, <, TOLD_MS);
+    CHECK_EQ(n.token, t1);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(op);
+    th_etcd_kill(&e, 0, SIGKILL);
 }
 
 TEST(extend_after_a_break_finds_the_key_gone)
@@ -2111,6 +2182,7 @@ static const th_test tests[] = {
     T(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum),
     T(an_empty_prefix_puts_the_name_first),
     T(a_broken_holder_is_told_by_its_stream),
+    T(a_broken_holder_over_tls_is_told_by_its_stream),
     T(extend_after_a_break_finds_the_key_gone),
     T(a_break_takes_every_reader_and_every_permit),
     T(a_break_racing_a_hand_off_leaves_no_false_holder),
