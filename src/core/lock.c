@@ -733,8 +733,10 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
     pthread_mutex_lock(&c->mu);
     h->count = 1;
     h->acquired_us = now_us;
-    h->long_at = c->long_hold_ms > 0 ? now_us / 1000 + c->long_hold_ms
-                                     : DLOCK__FOREVER;
+    /* rounded up: the event never comes before the hold is that old */
+    h->long_at = c->long_hold_ms > 0
+                     ? (now_us + 999) / 1000 + c->long_hold_ms
+                     : DLOCK__FOREVER;
     if (h->long_at != DLOCK__FOREVER)
         dlock__schedule(c, h->long_at);
     if (c->be->caps & DLOCK__CAP_LEASE) {
