@@ -423,6 +423,22 @@ int th_zk_delete_children(void *zh, const char *path);
  *    1000 ms on etcd (leases are whole seconds; the private member's
  *    minimum is 1 s) and on Redlock (four of its 250 ms node timeouts: a
  *    renewal may take one). */
+/* A TCP relay on loopback a test can cut (every connection through it
+ * closed, its port closed) and restore (the same port open again):
+ * gate.c. th_gate_start() listens on a free port (g->port) and relays to
+ * `target`; th_gate_stop() ends it. */
+#define TH_GATE_MAX 16
+typedef struct th_gate {
+    int port, target, lfd, stop;
+    int fd[2 * TH_GATE_MAX]; /* client, server pairs; -1 when free */
+    pthread_t th;
+    pthread_mutex_t mu;
+} th_gate;
+void th_gate_start(th_gate *g, int target);
+void th_gate_cut(th_gate *g);
+void th_gate_restore(th_gate *g);
+void th_gate_stop(th_gate *g);
+
 typedef struct th_store {
     char uri[1200];
     const char *kind; /* pg-pgbouncer runs as "pg", and so on */

@@ -1436,134 +1436,6 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
 
 /* --- an operator's list and break (etcd_operate.c) --- */
 
-/* A relay in front of the shared member that the test can cut: every
- * connection through it closed and new ones refused (its port closed),
- * then open again on the same port. A client that connects through it
- * loses its connections (its requests' and its watch stream's) at the cut
- * and gets them back at the restore. */
-#define GATE_MAX 16
-typedef struct gate {
-    int port, target, lfd, stop;
-    int fd[2 * GATE_MAX]; /* client, server pairs; -1 when free */
-    pthread_t th;
-    pthread_mutex_t mu;
-} gate;
-
-static int gate_listen(int port)
-{
-    struct sockaddr_in a;
-    int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    CHECK(fd >= 0);
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK_EQ(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    CHECK_EQ(listen(fd, 16), 0);
-    return fd;
-}
-
-static void *gate_run(void *arg)
-{
-    gate *g = arg;
-    struct pollfd p[1 + 2 * GATE_MAX];
-    char buf[16384];
-
-    /* bounded by the test: it stops the gate before it ends */
-    while (!__atomic_load_n(&g->stop, __ATOMIC_SEQ_CST)) {
-        pthread_mutex_lock(&g->mu);
-        p[0] = (struct pollfd){g->lfd, POLLIN, 0};
-        for (int i = 0; i < 2 * GATE_MAX; i++)
-            p[1 + i] = (struct pollfd){g->fd[i], POLLIN, 0};
-        if (poll(p, 1 + 2 * GATE_MAX, 20) > 0) {
-            if (g->lfd >= 0 && (p[0].revents & POLLIN)) {
-                int c = accept(g->lfd, NULL, NULL), k = 0;
-                while (k < GATE_MAX && g->fd[2 * k] >= 0)
-                    k++;
-                struct sockaddr_in a;
-                memset(&a, 0, sizeof(a));
-                a.sin_family = AF_INET;
-                a.sin_port = htons((uint16_t)g->target);
-                a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-                int sfd = c >= 0 && k < GATE_MAX
-                              ? socket(AF_INET, SOCK_STREAM, 0)
-                              : -1;
-                if (sfd >= 0 &&
-                    connect(sfd, (struct sockaddr *)&a, sizeof(a)) == 0) {
-                    g->fd[2 * k] = c;
-                    g->fd[2 * k + 1] = sfd;
-                } else {
-                    if (sfd >= 0)
-                        close(sfd);
-                    if (c >= 0)
-                        close(c);
-                }
-            }
-            for (int i = 0; i < 2 * GATE_MAX; i++) {
-                if (g->fd[i] < 0 || !p[1 + i].revents)
-                    continue;
-                ssize_t n = read(g->fd[i], buf, sizeof(buf));
-                int peer = i ^ 1;
-                if (n <= 0 || send(g->fd[peer], buf, (size_t)n,
-                                   MSG_NOSIGNAL) != n) {
-                    close(g->fd[i]);
-                    close(g->fd[peer]);
-                    g->fd[i] = g->fd[peer] = -1;
-                }
-            }
-        }
-        pthread_mutex_unlock(&g->mu);
-        th_sleep_ms(1);
-    }
-    return NULL;
-}
-
-static void gate_start(gate *g, int target)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof(a);
-
-    memset(g, 0, sizeof(*g));
-    for (int i = 0; i < 2 * GATE_MAX; i++)
-        g->fd[i] = -1;
-    g->target = target;
-    g->lfd = gate_listen(0);
-    CHECK_EQ(getsockname(g->lfd, (struct sockaddr *)&a, &len), 0);
-    g->port = ntohs(a.sin_port);
-    pthread_mutex_init(&g->mu, NULL);
-    CHECK_EQ(pthread_create(&g->th, NULL, gate_run, g), 0);
-}
-
-/* Closes every connection and the port (connecting is refused). */
-static void gate_cut(gate *g)
-{
-    pthread_mutex_lock(&g->mu);
-    for (int i = 0; i < 2 * GATE_MAX; i++)
-        if (g->fd[i] >= 0) {
-            close(g->fd[i]);
-            g->fd[i] = -1;
-        }
-    close(g->lfd);
-    g->lfd = -1;
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_restore(gate *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->lfd = gate_listen(g->port);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_stop(gate *g)
-{
-    __atomic_store_n(&g->stop, 1, __ATOMIC_SEQ_CST);
-    pthread_join(g->th, NULL);
-    gate_cut(g);
-    pthread_mutex_destroy(&g->mu);
-}
 
 typedef struct lost_count {
     volatile int calls;
@@ -2047,11 +1919,11 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
      * opening; the lease (30 s, kept alive every 10 s, lost only after
      * 20 s without an answer) outlives the 1 s cut, and the message says
      * it was the key. */
-    gate g;
+    th_gate g;
     char u[300], out[4096];
     lost_count n = {0, 0, 0};
 
-    gate_start(&g, srv.port[0]);
+    th_gate_start(&g, srv.port[0]);
     snprintf(u, sizeof(u), "etcd://127.0.0.1:%d?prefix=etcdtest", g.port);
     dlock_client *a = client_at(u), *b = client();
     dlock *la = handle_n(a, "brk-reconnect", 30000, 0, 0, &n);
@@ -2060,7 +1932,7 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
     uint64_t t1 = dlock_token(la);
     th_sleep_ms(300); /* its stream is up */
 
-    gate_cut(&g);
+    th_gate_cut(&g);
     th_sleep_ms(200);
     CHECK_EQ(th_etcdctl(&srv, out, sizeof(out),
                         "del --prefix 'etcdtest/brk-reconnect/'"), 0);
@@ -2069,7 +1941,7 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
     th_sleep_ms(500);
     CHECK_EQ(n.calls, 0); /* it could not know yet */
     int64_t t0 = th_now_ms();
-    gate_restore(&g);
+    th_gate_restore(&g);
     CHECK_EQ(wait_calls(&n, 1, 2000 + TOLD_MS), 1);
     CHECK_OP(n.at - t0, <, 2000 + TOLD_MS);
     CHECK_EQ(n.token, t1);
@@ -2083,7 +1955,7 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
     dlock_close(lb);
     dlock_client_close(a);
     dlock_client_close(b);
-    gate_stop(&g);
+    th_gate_stop(&g);
 }
 
 TEST(list_reads_past_long_queues_and_foreign_keys)
