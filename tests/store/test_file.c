@@ -336,6 +336,10 @@ typedef struct fstate {
                                     * in `inside` */
     volatile int fork_waiting_ms[NW]; /* > 0: fork a child that lives 3 s,
                                        * this long after starting to wait */
+    volatile int gated[NW]; /* set before the start: the worker opens its
+                             * client, sets ready, and calls acquire only
+                             * once the test clears gated (see gated_start) */
+    volatile int ready[NW];
 } fstate;
 
 typedef struct fjob {
@@ -377,6 +381,9 @@ static int fworker(void *arg)
     if (s->fork_waiting_ms[j->me] > 0)
         pthread_create(&forker, NULL, fork_later,
                        (void *)&s->fork_waiting_ms[j->me]);
+    s->ready[j->me] = 1;
+    for (int i = 0; s->gated[j->me] && i < 30000; i++)
+        th_sleep_ms(1); /* the test's go (at most ~30 s) */
     s->t_call[j->me] = th_now_ms();
     rc = dlock_acquire(l, j->wait_ms);
     if (s->fork_waiting_ms[j->me] > 0)
@@ -439,6 +446,35 @@ static pid_t fstart(fstate *s, int me, const char *name, unsigned flags,
     return th_fork(fworker, &j);
 }
 
+/* Waits (at most ms) until *flag == v. */
+static int wait_for(volatile int *flag, int v, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (*flag != v && th_now_ms() < until)
+        th_sleep_ms(1);
+    return *flag == v;
+}
+
+/* Starts worker `me` forked and ready (client and handle open) but not yet
+ * acquiring: the test lets it go with gated_go(). For a worker that must
+ * queue behind one with a short deadline: forking and opening a client
+ * can take longer than that deadline (under AddressSanitizer th_fork alone
+ * waits 150 ms), calling acquire takes a moment. */
+static pid_t gated_start(fstate *s, int me, const char *name, unsigned flags,
+                         int64_t wait_ms, int64_t hold_ms)
+{
+    s->gated[me] = 1;
+    pid_t pid = fstart(s, me, name, flags, wait_ms, hold_ms);
+    CHECK(wait_for(&s->ready[me], 1, 10000));
+    return pid;
+}
+
+static void gated_go(fstate *s, int me)
+{
+    s->gated[me] = 0;
+}
+
 static int64_t waiters_of(dlock_client *c, const char *name)
 {
     dlock_info info;
@@ -460,15 +496,6 @@ static void wait_queued(dlock_client *c, const char *name, int64_t n)
     CHECK_EQ(waiters_of(c, name), n);
 }
 
-/* Waits (at most ms) until *flag == v. */
-static int wait_for(volatile int *flag, int v, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (*flag != v && th_now_ms() < until)
-        th_sleep_ms(1);
-    return *flag == v;
-}
 
 /* Threads of process pid: a waiter that sleeps on a channel has two (its
  * own and its client's background thread), one that waits in the kernel
@@ -621,11 +648,13 @@ TEST(deadline_meets_the_hand_over)
     for (int off = -4; off <= 4; off++) {
         fstate *s = fstate_new();
         pid_t h = ticketed_holder(c, s, 0, "fdead");
-        const int64_t wait = 150;
+        const int64_t wait = 300;
 
+        /* t queues behind w within w's short wait: ready before w starts */
+        pid_t t = gated_start(s, 2, "fdead", DLOCK_FAIR, 30000, 2);
         pid_t w = fstart(s, 1, "fdead", DLOCK_FAIR, wait, 2);
         wait_queued(c, "fdead", 1);
-        pid_t t = fstart(s, 2, "fdead", DLOCK_FAIR, 30000, 2);
+        gated_go(s, 2);
         wait_queued(c, "fdead", 2);
         s->release_at[0] = s->t_call[1] + wait + off;
         CHECK_EQ(th_wait(h), 0);
@@ -1206,9 +1235,10 @@ TEST(give_up_wakes_the_successor_despite_a_forked_child)
      * once, not when the child exits */
     s->fork_waiting_ms[0] = 150;
     CHECK_OK(dlock_acquire(l, 0));
+    pid_t w = gated_start(s, 1, "fforkgive", DLOCK_FAIR, 30000, 1);
     pid_t h = fstart(s, 0, "fforkgive", DLOCK_FAIR, 400, 1);
     wait_queued(c, "fforkgive", 1);
-    pid_t w = fstart(s, 1, "fforkgive", DLOCK_FAIR, 30000, 1);
+    gated_go(s, 1); /* queues well within h's 150 ms before its fork */
     wait_queued(c, "fforkgive", 2);
     CHECK_EQ(th_wait(h), 0);
     CHECK_RC(s->rc[0], DLOCK_EBUSY);
