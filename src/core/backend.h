@@ -244,8 +244,11 @@ DLOCK__HOST void dlock__notify_name(dlock_client *c, const char *name, size_t le
  * not see a waiter that was just joining). */
 void dlock__notify_fair(dlock_client *c, const char *name, size_t len);
 
-/* Wakes the waiter whose lease has l->waiter == waiter. */
-void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
+/* Wakes the waiter whose lease has l->waiter == waiter: it tries once
+ * more. (In the module ABI since 4: Redis with min_replicas turns a
+ * hand-over's message into this, so that the waiter's own try, followed
+ * by WAIT, confirms the lock on the replicas.) */
+DLOCK__HOST void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
 
 /* The store handed the lock to the waiter whose lease has l->waiter ==
  * waiter, with this fencing token (CAP_HANDOVER). A waiter that is gone
@@ -265,6 +268,13 @@ DLOCK__HOST void dlock__notify_error(dlock_client *c);
 DLOCK__HOST void dlock__notify_lost(dlock_client *c,
                         int (*match)(const dlock__lease *l, void *arg),
                         void *arg, const char *why);
+
+/* Makes every hold of this client that the watchdog renews due for
+ * renewal now, and wakes the background thread: the store changed under
+ * the holds (a Redis failover) and each renewal checks its hold there;
+ * one the store no longer has is declared lost. Any thread; takes the
+ * client's mutex. (Module ABI 4.) */
+DLOCK__HOST void dlock__renew_now(dlock_client *c);
 
 /* Appends a copy of s (a waiter's description) to out->queue, growing
  * it. DLOCK_OK or DLOCK_ENOMEM (with a message). */
@@ -303,7 +313,7 @@ extern const dlock__backend dlock__backend_mysql;
  * way a module would notice (a slot, a field, a host function's contract);
  * `abi` stays the first field of every version of the struct.
  */
-#define DLOCK__MODULE_ABI 3
+#define DLOCK__MODULE_ABI 4
 typedef struct dlock__module {
     unsigned abi;                          /* DLOCK__MODULE_ABI */
     const char *version;                   /* DLOCK_VERSION_STRING */

@@ -171,6 +171,16 @@ void dlock__notify_lost(dlock_client *c,
         dlock__loop_wake(c);
 }
 
+void dlock__renew_now(dlock_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    for (dlock__hold *h = c->holds; h; h = h->next)
+        if (!h->lost && h->count > 0)
+            h->renew_at = 0;
+    pthread_mutex_unlock(&c->mu);
+    dlock__loop_wake(c);
+}
+
 const char *dlock__client_id(const dlock_client *c)
 {
     return c->id;

@@ -109,6 +109,8 @@ static const store stores[] = {
     {"file", NULL, "file", "file", "", &dlock__backend_file, 1},
     {"redis", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
     {"unix", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
+    {"redis-sentinel", "redis", "redis", "Redis", LIBREDIS, IN_REDIS,
+     HAVE_REDIS},
     {"redlock", "redis", "redlock", "Redlock", LIBREDIS, IN_REDLOCK,
      HAVE_REDIS},
     {"zk", "zk", "zk", "ZooKeeper", LIBZK, IN_ZK, HAVE_ZK},

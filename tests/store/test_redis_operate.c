@@ -474,8 +474,8 @@ TEST(a_store_prefix_with_glob_characters_lists_only_its_own)
 TEST(break_hands_the_lock_to_the_head_and_the_others_keep_their_places)
 {
     /* A holds; B then C wait. The break gives the lock to B at once (a
-     * wake-up: 5 s on a busy machine, against the 30 s lease), with
-     * A's token + 1 (the hand-over's); C still waits, first in line */
+     * wake-up: 5 s on a busy machine, against the 30 s lease), with a
+     * token above A's (the hand-over's); C still waits, first in line */
     dlock_client *a = client(), *b = client(), *c = client(), *op = client();
     dlock *la = handle(a, "bh/x", 30000, 0, NULL);
     dlock *lb = handle(b, "bh/x", 30000, 0, NULL);
@@ -500,12 +500,12 @@ TEST(break_hands_the_lock_to_the_head_and_the_others_keep_their_places)
     waiter_returned(&wb);
     CHECK_OK(wb.rc);
     CHECK_OP(wb.done_at - t0, <, 5000);
-    CHECK_EQ(wb.token, ta + 1);
+    CHECK_OP(wb.token, >, ta);
 
     dlock_info in;
     CHECK_OK(dlock_inspect(op, "bh/x", &in));
     CHECK_EQ(in.held, 1);
-    CHECK_EQ(in.token, ta + 1);
+    CHECK_EQ(in.token, wb.token);
     CHECK_EQ(in.waiters, 1); /* C, still queued */
     dlock_info_clear(&in);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
@@ -515,7 +515,7 @@ TEST(break_hands_the_lock_to_the_head_and_the_others_keep_their_places)
     CHECK_OK(wb.release_rc);
     waiter_returned(&wc);
     CHECK_OK(wc.rc);
-    CHECK_EQ(wc.token, ta + 2);
+    CHECK_OP(wc.token, >, wb.token);
     waiter_finish(&wc, tc, 1);
     CHECK_OK(wc.release_rc);
     dlock_close(la);
@@ -576,7 +576,7 @@ TEST(break_racing_a_handover)
         CHECK_EQ(r.ev.held, 1);
         dlock_info_clear(&r.ev);
         CHECK_OK(wb.rc);
-        CHECK_EQ(wb.token, ta + 1); /* a hand-over: token + 1 */
+        CHECK_OP(wb.token, >, ta); /* a hand-over: a higher token */
         last = wb.token;
         if (rel == DLOCK_OK) {
             first_release++;
@@ -748,7 +748,7 @@ TEST(break_leaves_the_tombstone_of_the_evicted_token)
     CHECK_OP(pttl, <=, 3600000);
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
     CHECK_OK(dlock_acquire(l, 0));
-    CHECK_EQ(dlock_token(l), t + 1);
+    CHECK_OP(dlock_token(l), >, t);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
     dlock_client_close(a);
@@ -1019,7 +1019,11 @@ TEST(redlock_break_with_two_nodes_frozen)
     th_redis_kill(&node[2], SIGSTOP);
     CHECK_OK(dlock_break(op, "rb/x", &ev));
     CHECK_EQ(ev.held, 1);
-    CHECK_OP(ev.token >> 6, >=, t >> 6);
+    /* described by the keys of the three that answered: each holds the
+     * counter its node gave the acquire, the hold's token the highest of
+     * all five (make asan: it was on a frozen node, 3 below) */
+    CHECK(ev.token > 0);
+    CHECK_OP(ev.token >> 6, <=, t >> 6);
     dlock_info_clear(&ev);
     CHECK_EQ(until_lost(l, 10000), DLOCK_ELOST);
     th_redis_kill(&node[1], SIGCONT);

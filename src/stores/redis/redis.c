@@ -46,11 +46,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/epoll.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define DEFAULT_PORT 6379
 #define NO_TTL_RETRY_MS 1000 /* a held key without expiry: look again */
@@ -81,6 +83,8 @@ static int64_t wall_ms(void)
 static void sub_lost(redis_store *rs)
 {
     if (rs->sub) {
+        if (rs->epfd >= 0)
+            epoll_ctl(rs->epfd, EPOLL_CTL_DEL, rs->sub->fd, NULL);
         redisFree(rs->sub);
         rs->sub = NULL;
     }
@@ -106,11 +110,13 @@ static int sub_ensure(redis_store *rs, int64_t deadline)
         }
         if (!rs->sub) {
             redisContext *ctx;
+            uint64_t gen = 0;
             int rc;
 
             rs->sub_connecting = 1;
             pthread_mutex_unlock(&rs->sub_mu);
-            rc = dlock__rconn_connect(&rs->target, 0, NULL, deadline, &ctx);
+            rc = dlock__rconn_connect(&rs->target, 0, NULL, deadline, &ctx,
+                                      &gen);
             pthread_mutex_lock(&rs->sub_mu);
             rs->sub_connecting = 0;
             pthread_cond_broadcast(&rs->sub_cv);
@@ -127,7 +133,19 @@ static int sub_ensure(redis_store *rs, int64_t deadline)
                                   strerror(errno));
             }
             ctx->flags &= ~REDIS_BLOCK;
+            if (rs->epfd >= 0) {
+                struct epoll_event ev;
+                memset(&ev, 0, sizeof(ev));
+                ev.events = EPOLLIN;
+                if (epoll_ctl(rs->epfd, EPOLL_CTL_ADD, ctx->fd, &ev) < 0) {
+                    rc = dlock__err(DLOCK_ECONN, "%s: epoll: %s", rs->where,
+                                    strerror(errno));
+                    redisFree(ctx);
+                    return rc;
+                }
+            }
             rs->sub = ctx;
+            rs->sub_gen = gen;
             const char *argv[2] = {"SUBSCRIBE", rs->chan};
             size_t lens[2] = {9, rs->chan_len};
             redisAppendCommandArgv(rs->sub, 2, argv, lens);
@@ -163,8 +181,12 @@ static void sub_reply(redis_store *rs, const redisReply *r)
         char g, end;
         if (sscanf(r->element[2]->str, "%c %llu %llu%c", &g, &seq, &token,
                    &end) == 3 &&
-            g == 'g' && token > 0)
-            dlock__notify_grant(rs->client, seq, token);
+            g == 'g' && token > 0) {
+            if (rs->min_replicas > 0) /* its own try confirms it (WAIT) */
+                dlock__notify_waiter(rs->client, seq);
+            else
+                dlock__notify_grant(rs->client, seq, token);
+        }
     } else if (!strcmp(kind, "subscribe")) {
         rs->subscribed = 1;
         pthread_cond_broadcast(&rs->sub_cv);
@@ -176,16 +198,43 @@ static int redis_loop_fd(void *st)
     redis_store *rs = st;
     int fd;
 
+    if (rs->topo)
+        return rs->epfd;
     pthread_mutex_lock(&rs->sub_mu);
     fd = rs->sub ? rs->sub->fd : -1;
     pthread_mutex_unlock(&rs->sub_mu);
     return fd;
 }
 
+/* The primary moved (a new generation of the topology): leave the old
+ * one's connections (the waiters re-arm on the new one) and check every
+ * hold there now (docs/design.md, "Redis beyond one server: Sentinel"). */
+static void follow(redis_store *rs)
+{
+    uint64_t gen = dlock__rtopo_gen(rs->topo);
+
+    if (gen <= __atomic_load_n(&rs->acted_gen, __ATOMIC_SEQ_CST))
+        return;
+    __atomic_store_n(&rs->acted_gen, gen, __ATOMIC_SEQ_CST);
+    dlock__rconn_drop_older(rs->conn, gen);
+    pthread_mutex_lock(&rs->sub_mu);
+    if (rs->sub && rs->sub_gen < gen)
+        sub_lost(rs);
+    pthread_mutex_unlock(&rs->sub_mu);
+    dlock__renew_now(rs->client);
+}
+
 static void redis_loop_run(void *st, int readable)
 {
     redis_store *rs = st;
 
+    if (rs->topo) {
+        /* the epoll set: the watch and the subscriber, both
+         * non-blocking; a moved primary is followed even unread */
+        if (readable)
+            (void)dlock__rtopo_read(rs->topo);
+        follow(rs);
+    }
     if (!readable)
         return;
     pthread_mutex_lock(&rs->sub_mu);
@@ -224,9 +273,86 @@ static int listening(redis_store *rs)
     return yes;
 }
 
+static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline);
+static int redis_release(void *st, dlock__lease *l, int64_t deadline);
+
+/* ?min_replicas=N: WAIT until N replicas have the connection's writes
+ * (the acquire's own among them). DLOCK_OK, or DLOCK_ECONN saying how many
+ * acknowledged (replicas[0] = N of a pipeline's WAIT reply r). */
+static int replicas_answer(const redis_store *rs, const redisReply *r)
+{
+    if (r->type == REDIS_REPLY_INTEGER && r->integer >= rs->min_replicas)
+        return DLOCK_OK;
+    if (r->type == REDIS_REPLY_ERROR)
+        return server_error(rs, r->str, NULL);
+    return dlock__err(DLOCK_ECONN,
+                      "%s: only %lld of %ld replicas acknowledged within %lld "
+                      "ms (min_replicas)",
+                      rs->where,
+                      r->type == REDIS_REPLY_INTEGER ? (long long)r->integer
+                                                     : 0LL,
+                      rs->min_replicas, (long long)rs->replica_timeout_ms);
+}
+
+static void wait_cmd(const redis_store *rs, rcmd *c, char *n, char *ms)
+{
+    snprintf(n, 24, "%ld", rs->min_replicas);
+    snprintf(ms, 24, "%lld", (long long)rs->replica_timeout_ms);
+    rcmd_plain(c);
+    rcmd_str(c, "WAIT");
+    rcmd_str(c, n);
+    rcmd_str(c, ms);
+}
+
+static int wait_replicas(redis_store *rs)
+{
+    char n[24], ms[24];
+    int64_t deadline = dlock__now_ms() + rs->replica_timeout_ms +
+                       rs->cfg.timeout_ms;
+    redisReply *r;
+    rcmd c;
+    int rc;
+
+    wait_cmd(rs, &c, n, ms);
+    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    if (rc == DLOCK_OK) {
+        rc = replicas_answer(rs, r);
+        freeReplyObject(r);
+    }
+    return rc;
+}
+
+/* After an acquire: on enough replicas, or let go of it. */
+static int replicated(redis_store *rs, dlock__lease *l)
+{
+    int rc = wait_replicas(rs);
+
+    if (rc) {
+        /* not on enough replicas: let go of it (the guarded release),
+         * keeping the reason */
+        char why[512];
+        snprintf(why, sizeof(why), "%s", dlock_errmsg());
+        (void)redis_release(rs, l, dlock__now_ms() + rs->cfg.timeout_ms);
+        rc = dlock__err(rc, "lock '%.100s': %s", l->name, why);
+    }
+    return rc;
+}
+
 static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
 {
     redis_store *rs = st;
+    redis_lease *rl = l->priv;
+    int rc;
+
+    rl->gen = topo_gen(rs);
+    rc = try_acquire(rs, l, deadline);
+    if (rc == DLOCK_OK && rs->min_replicas > 0)
+        rc = replicated(rs, l);
+    return rc;
+}
+
+static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline)
+{
     redis_lease *rl = l->priv;
     char key[KEY_MAX], owner[80], ttl[24], line[LINE_MAX], rest[200];
     size_t kl = lock_key(rs, l->name, l->name_len, key);
@@ -342,8 +468,12 @@ void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
     if (c->type == REDIS_REPLY_STRING && c->len == 32 &&
         !memcmp(c->str, dlock__client_id(rs->client), 32) &&
         seq->type == REDIS_REPLY_STRING &&
-        dlock__redis_reply_uint(token, &t) == 0 && t)
-        dlock__notify_grant(rs->client, strtoull(seq->str, NULL, 10), t);
+        dlock__redis_reply_uint(token, &t) == 0 && t) {
+        if (rs->min_replicas > 0) /* its own try confirms it (WAIT) */
+            dlock__notify_waiter(rs->client, strtoull(seq->str, NULL, 10));
+        else
+            dlock__notify_grant(rs->client, strtoull(seq->str, NULL, 10), t);
+    }
 }
 
 static int redis_release(void *st, dlock__lease *l, int64_t deadline)
@@ -451,37 +581,84 @@ int dlock__redis_abandon_answer(const redis_store *rs, const redisReply *r,
                       rs->where);
 }
 
+/* The owner a renewal compares: "OWNER " -- with a topology "OWNER
+ * TOKEN ", so that after a failover a replicated record of an earlier hold
+ * of the same thread does not pass for this one. */
+static size_t extend_owner(const redis_store *rs, const dlock__lease *l,
+                           char *out, size_t cap)
+{
+    int n;
+
+    if (!rs->topo)
+        return owner_sp(l, out, cap);
+    n = snprintf(out, cap, "%s %" PRIu64 " ", l->owner, l->token);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* A shared hold or permit taken before the primary moved: its holder line
+ * is not checked on the new primary (design.md), it is lost. */
+static int stale_shared(const redis_store *rs, const dlock__lease *l)
+{
+    const redis_lease *rl = l->priv;
+
+    return rs->topo && l->kind != DLOCK__WRITE && rl->gen < topo_gen(rs);
+}
+
 static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                         int64_t deadline)
 {
     redis_store *rs = st;
-    char key[KEY_MAX], ttl[24], owner[80];
+    char key[KEY_MAX], ttl[24], owner[120], wn[24], wms[24];
     size_t kl = lock_key(rs, l->name, l->name_len, key);
-    size_t ol = owner_sp(l, owner, sizeof(owner));
-    redisReply *r;
-    rcmd c;
-    int rc;
+    size_t ol = extend_owner(rs, l, owner, sizeof(owner));
+    redisReply *r[2] = {NULL, NULL};
+    rcmd c[2];
+    int rc, n = rs->min_replicas > 0 ? 2 : 1;
 
-    if (l->kind != DLOCK__WRITE)
-        return dlock__redis_rw_extend(rs, l, ttl_ms, deadline);
+    if (stale_shared(rs, l))
+        return dlock__err(DLOCK_ENOTHELD, "lock '%.100s': a shared hold of "
+                                          "the primary before a failover",
+                          l->name);
+    if (l->kind != DLOCK__WRITE) {
+        rc = dlock__redis_rw_extend(rs, l, ttl_ms, deadline);
+        if (rc == DLOCK_OK && n == 2)
+            rc = wait_replicas(rs);
+        return rc;
+    }
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
-    rcmd_evalsha(&c, S_EXTEND, 1);
-    rcmd_arg(&c, key, kl);
-    rcmd_arg(&c, owner, ol);
-    rcmd_str(&c, ttl);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rcmd_evalsha(&c[0], S_EXTEND, 1);
+    rcmd_arg(&c[0], key, kl);
+    rcmd_arg(&c[0], owner, ol);
+    rcmd_str(&c[0], ttl);
+    if (n == 2) {
+        wait_cmd(rs, &c[1], wn, wms);
+        deadline += rs->replica_timeout_ms;
+    }
+    rc = dlock__rconn_run(rs->conn, c, n, r, deadline);
     if (rc)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = server_error(rs, r->str, l->name);
-    else if (r->type != REDIS_REPLY_INTEGER)
+    if (n == 2) {
+        int w = r[0]->type == REDIS_REPLY_INTEGER && r[0]->integer == 1
+                    ? replicas_answer(rs, r[1])
+                    : DLOCK_OK;
+        freeReplyObject(r[1]);
+        if (w) {
+            /* renewed on the primary only: a failure, retried until the
+             * lease's end declares the hold lost */
+            freeReplyObject(r[0]);
+            return w;
+        }
+    }
+    if (r[0]->type == REDIS_REPLY_ERROR)
+        rc = server_error(rs, r[0]->str, l->name);
+    else if (r[0]->type != REDIS_REPLY_INTEGER)
         rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to extend",
                         rs->where);
-    else if (r->integer != 1)
+    else if (r[0]->integer != 1)
         rc = dlock__err(DLOCK_ENOTHELD, "lock '%.100s' is not ours in the "
                                         "store",
                         l->name);
-    freeReplyObject(r);
+    freeReplyObject(r[0]);
     return rc;
 }
 
@@ -493,8 +670,10 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
 {
     redis_store *rs = st;
     size_t nb = (n + BATCH - 1) / BATCH;
-    rcmd *cmds = calloc(nb, sizeof(*cmds));
-    redisReply **replies = calloc(nb, sizeof(*replies));
+    int waits = rs->min_replicas > 0; /* WAIT after the scripts */
+    rcmd *cmds = calloc(nb + 1, sizeof(*cmds));
+    redisReply **replies = calloc(nb + 1, sizeof(*replies));
+    char wn[24], wms[24];
     const char **argv = malloc((n * 3 + nb * 4) * sizeof(*argv));
     size_t *lens = malloc((n * 3 + nb * 4) * sizeof(*lens));
     char *text = malloc(n * (KEY_MAX + 80 + 24)); /* key, owner, ttl */
@@ -530,7 +709,9 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
         for (size_t i = first; i < first + m; i++) {
             argv[a] = text + t;
             if (ls[i]->kind == DLOCK__WRITE)
-                lens[a] = owner_sp(ls[i], text + t, 80);
+                lens[a] = extend_owner(rs, ls[i], text + t, 80);
+            else if (stale_shared(rs, ls[i])) /* no holder line is "!" */
+                lens[a] = (size_t)snprintf(text + t, 80, "+!");
             else /* "+OWNER": a holder line's */
                 lens[a] = (size_t)snprintf(text + t, 80, "+%s",
                                            ls[i]->owner);
@@ -546,9 +727,24 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
             c->argc++;
         }
     }
-    rc = dlock__rconn_run(rs->conn, cmds, (int)nb, replies, deadline);
+    if (waits) {
+        wait_cmd(rs, &cmds[nb], wn, wms);
+        deadline += rs->replica_timeout_ms;
+    }
+    rc = dlock__rconn_run(rs->conn, cmds, (int)nb + waits, replies, deadline);
     if (rc)
         goto out;
+    if (waits) {
+        /* renewed on the primary only: a failure for all, retried until
+         * the leases' ends declare the holds lost */
+        rc = replicas_answer(rs, replies[nb]);
+        freeReplyObject(replies[nb]);
+        if (rc) {
+            for (size_t b = 0; b < nb; b++)
+                freeReplyObject(replies[b]);
+            goto out;
+        }
+    }
     for (size_t b = 0; b < nb; b++) {
         const redisReply *r = replies[b];
         size_t first = b * BATCH, m = n - first < BATCH ? n - first : BATCH;
@@ -620,6 +816,9 @@ static void redis_close(void *st)
     dlock__rconn_free(rs->conn);
     if (rs->sub)
         redisFree(rs->sub);
+    dlock__rtopo_free(rs->topo);
+    if (rs->epfd >= 0)
+        close(rs->epfd);
     pthread_mutex_destroy(&rs->sub_mu);
     pthread_cond_destroy(&rs->sub_cv);
     free(rs->host);
@@ -628,15 +827,56 @@ static void redis_close(void *st)
     free(rs);
 }
 
+/* ?min_replicas=N&replica_timeout=MS (after the timeout is known). */
+static int parse_replicas(redis_store *rs, const dlock__uri *u)
+{
+    const char *n = dlock__uri_param(u, "min_replicas");
+    const char *ms = dlock__uri_param(u, "replica_timeout");
+    long long v;
+
+    if (n) {
+        if (dlock__parse_int(n, 100, &v) != 0)
+            return dlock__err(DLOCK_EINVAL, "min_replicas must be 0 to 100");
+        rs->min_replicas = (long)v;
+    }
+    rs->replica_timeout_ms = rs->cfg.timeout_ms / 4;
+    if (ms) {
+        if (dlock__parse_int(ms, 3600000, &v) != 0 || v < 1)
+            return dlock__err(DLOCK_EINVAL,
+                              "replica_timeout must be 1 to 3600000 ms");
+        rs->replica_timeout_ms = v;
+    } else if (rs->replica_timeout_ms < 1) {
+        rs->replica_timeout_ms = 1;
+    }
+    /* WAIT holds the shared connection: it must answer well within the
+     * time after which an unanswered connection is given up */
+    if (rs->replica_timeout_ms >= rs->cfg.timeout_ms)
+        return dlock__err(DLOCK_EINVAL,
+                          "replica_timeout (%lld ms) must be shorter than "
+                          "timeout (%lld ms)",
+                          (long long)rs->replica_timeout_ms,
+                          (long long)rs->cfg.timeout_ms);
+    if (ms && !n)
+        return dlock__err(DLOCK_EINVAL,
+                          "replica_timeout without min_replicas does nothing");
+    return DLOCK_OK;
+}
+
 static int parse_config(redis_store *rs, const dlock__uri *u)
 {
-    static const char *const params[] = {"prefix", "timeout", "db", NULL};
+    static const char *const params[] = {"prefix", "timeout", "db",
+                                         "min_replicas", "replica_timeout",
+                                         NULL};
     const char *db = dlock__uri_param(u, "db");
     int rc = dlock__uri_check_params(u, params);
 
     if (rc)
         return rc;
-    if (strcmp(u->scheme, "unix") == 0) {
+    if (strcmp(u->scheme, "redis-sentinel") == 0) {
+        /* the sentinels and the master's name: redis_sentinel.c */
+        snprintf(rs->where, sizeof(rs->where), "redis-sentinel %.200s",
+                 u->path[0] ? u->path + 1 : "");
+    } else if (strcmp(u->scheme, "unix") == 0) {
         if (u->nhosts != 0 || u->path[0] != '/' || u->path[1] == '\0')
             return dlock__err(DLOCK_EINVAL,
                               "unix:// needs the socket's absolute path: "
@@ -666,7 +906,8 @@ static int parse_config(redis_store *rs, const dlock__uri *u)
             db = u->path + 1;
         }
     }
-    return dlock__redis_config_parse(&rs->cfg, u, "redis", db);
+    rc = dlock__redis_config_parse(&rs->cfg, u, "redis", db);
+    return rc ? rc : parse_replicas(rs, u);
 }
 
 static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
@@ -678,6 +919,7 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
     if (!rs)
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     rs->client = c;
+    rs->epfd = -1;
     pthread_mutex_init(&rs->sub_mu, NULL);
     rc = dlock__cond_init(&rs->sub_cv);
     if (rc) {
@@ -700,6 +942,19 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
         rs->target.where = rs->where;
         rs->target.scripts = dlock__redis_script_text;
         rs->target.nscripts = NSCRIPTS;
+        if (strcmp(u->scheme, "redis-sentinel") == 0) {
+            rs->epfd = epoll_create1(EPOLL_CLOEXEC);
+            rc = rs->epfd < 0
+                     ? dlock__err(DLOCK_ENOMEM, "epoll_create1: %s",
+                                  strerror(errno))
+                     : dlock__rtopo_open(&rs->topo, c, u, &rs->cfg, rs->epfd,
+                                         dlock__now_ms() +
+                                             rs->cfg.timeout_ms);
+            rs->target.topo = rs->topo;
+            rs->acted_gen = topo_gen(rs);
+        }
+    }
+    if (rc == DLOCK_OK) {
         rc = dlock__rconn_open(&rs->conn, &rs->target,
                                dlock__now_ms() + rs->cfg.timeout_ms);
     }

@@ -49,6 +49,7 @@ struct dlock__rconn {
     int dead;               /* broken while read: the reader frees it */
     int64_t used;           /* when a command was last written */
     int64_t rcvtimeo;       /* the socket's SO_RCVTIMEO now, ms */
+    uint64_t gen;           /* the topology's generation of ctx */
     char sha[MAX_SCRIPTS][41];
 };
 
@@ -76,20 +77,40 @@ static int64_t budget(const dlock__rconn_target *t, int64_t deadline)
 
 int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
                          char (*sha)[41], int64_t deadline,
-                         redisContext **out)
+                         redisContext **out, uint64_t *gen)
 {
     int64_t ms = budget(t, deadline);
     redisContext *ctx;
+    char phost[256];
+    int pport = 0, role = -1;
+    uint64_t pgen = 0;
     int n, rc = DLOCK_OK;
 
     *out = NULL;
-    ctx = t->path ? redisConnectUnixWithTimeout(t->path, tv_ms(ms))
-                  : redisConnectWithTimeout(t->host, t->port, tv_ms(ms));
+    if (t->topo) {
+        rc = dlock__rtopo_primary(t->topo, phost, &pport, &pgen, deadline);
+        if (rc)
+            return rc;
+        ms = budget(t, deadline);
+        ctx = redisConnectWithTimeout(phost, pport, tv_ms(ms));
+    } else {
+        ctx = t->path ? redisConnectUnixWithTimeout(t->path, tv_ms(ms))
+                      : redisConnectWithTimeout(t->host, t->port, tv_ms(ms));
+    }
+    if (gen)
+        *gen = pgen;
     if (!ctx)
         return dlock__err(DLOCK_ENOMEM, "%s: out of memory", t->where);
     if (ctx->err) {
-        rc = dlock__err(DLOCK_ECONN, "%s: cannot connect: %s", t->where,
-                        ctx->errstr);
+        if (t->topo) { /* the primary it named is gone: ask again */
+            dlock__rtopo_not_primary(t->topo, pgen);
+            rc = dlock__err(DLOCK_ECONN, "%s: cannot connect to the primary "
+                                         "%s:%d: %s",
+                            t->where, phost, pport, ctx->errstr);
+        } else {
+            rc = dlock__err(DLOCK_ECONN, "%s: cannot connect: %s", t->where,
+                            ctx->errstr);
+        }
         redisFree(ctx);
         return rc;
     }
@@ -98,6 +119,10 @@ int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
         redisEnableKeepAlive(ctx);
 
     n = dlock__redis_append_login(ctx, t->cfg);
+    if (t->topo) {
+        redisAppendCommand(ctx, "ROLE");
+        role = n++;
+    }
     if (load_scripts)
         for (int i = 0; i < t->nscripts; i++)
             redisAppendCommand(ctx, "SCRIPT LOAD %s", t->scripts[i]);
@@ -122,14 +147,30 @@ int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
                 rc = dlock__redis_io_failure(t->where, ctx, ms);
             break;
         }
-        if (rc == DLOCK_OK) {
+        if (rc == DLOCK_OK && i == role) {
+            if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+                r->element[0]->type != REDIS_REPLY_STRING ||
+                strcmp(r->element[0]->str, "master") != 0) {
+                dlock__rtopo_not_primary(t->topo, pgen);
+                rc = dlock__err(DLOCK_ECONN,
+                                "%s: %s:%d is not the primary (ROLE: %.40s)",
+                                t->where, phost, pport,
+                                r->type == REDIS_REPLY_ARRAY &&
+                                        r->elements > 0 &&
+                                        r->element[0]->type ==
+                                            REDIS_REPLY_STRING
+                                    ? r->element[0]->str
+                                : r->type == REDIS_REPLY_ERROR ? r->str
+                                                               : "?");
+            }
+        } else if (rc == DLOCK_OK) {
             if (r->type == REDIS_REPLY_ERROR) {
                 if (t->cfg->password && i == 0)
                     rc = dlock__err(DLOCK_EAUTH,
                                     "%s: authentication refused (wrong user "
                                     "name or password)",
                                     t->where);
-                else if (t->cfg->db != 0 && i == n - 1)
+                else if (t->cfg->db != 0 && i == n - 1 - (role >= 0))
                     rc = dlock__err(DLOCK_EINVAL,
                                     "%s: cannot select database %ld",
                                     t->where, t->cfg->db);
@@ -369,7 +410,8 @@ static int call(dlock__rconn *rc, const char *buf, size_t len, int n,
         rc->ctx = NULL;
     }
     if (!rc->ctx) {
-        code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx);
+        code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx,
+                                    &rc->gen);
         if (code) {
             pthread_mutex_unlock(&rc->mu);
             pend_free(p);
@@ -456,13 +498,37 @@ static char *format(dlock__rconn *rc, rcmd *cmds, int n, size_t *len)
     return all;
 }
 
+void dlock__rconn_drop_older(dlock__rconn *rc, uint64_t gen)
+{
+    pthread_mutex_lock(&rc->mu);
+    if (rc->ctx && !rc->dead && rc->gen < gen)
+        conn_fail(rc, DLOCK_ECONN, "%s: failover: the primary changed",
+                  rc->t.where);
+    pthread_mutex_unlock(&rc->mu);
+}
+
+/* A server of generation gen answered READONLY: it is a replica now.
+ * Leave its connection (if still that one) and ask for the primary. */
+static void demoted(dlock__rconn *rc, uint64_t gen)
+{
+    dlock__rtopo_not_primary(rc->t.topo, gen);
+    pthread_mutex_lock(&rc->mu);
+    if (rc->ctx && !rc->dead && rc->gen == gen)
+        conn_fail(rc, DLOCK_ECONN, "%s: the server became a replica",
+                  rc->t.where);
+    pthread_mutex_unlock(&rc->mu);
+}
+
 int dlock__rconn_run(dlock__rconn *rc, rcmd *cmds, int n,
                      redisReply **replies, int64_t deadline)
 {
+    int readonly_left = rc->t.topo ? 1 : 0;
+
     for (int attempt = 0; attempt < 2; attempt++) {
         size_t len = 0;
         char *buf = format(rc, cmds, n, &len);
-        int code, noscript = 0;
+        int code, noscript = 0, readonly = 0;
+        uint64_t gen;
 
         if (!buf)
             return dlock__err(DLOCK_ENOMEM, "out of memory");
@@ -470,10 +536,27 @@ int dlock__rconn_run(dlock__rconn *rc, rcmd *cmds, int n,
         free(buf);
         if (code)
             return code;
-        for (int i = 0; i < n; i++)
-            if (replies[i]->type == REDIS_REPLY_ERROR &&
-                !strncmp(replies[i]->str, "NOSCRIPT", 8))
+        /* the connection that answered, unless replaced meanwhile */
+        pthread_mutex_lock(&rc->mu);
+        gen = rc->gen;
+        pthread_mutex_unlock(&rc->mu);
+        for (int i = 0; i < n; i++) {
+            if (replies[i]->type != REDIS_REPLY_ERROR)
+                continue;
+            if (!strncmp(replies[i]->str, "NOSCRIPT", 8))
                 noscript = 1;
+            else if (!strncmp(replies[i]->str, "READONLY", 8))
+                readonly = 1;
+        }
+        if (readonly && readonly_left) {
+            /* nothing ran on a replica: send it all to the primary */
+            for (int i = 0; i < n; i++)
+                freeReplyObject(replies[i]);
+            demoted(rc, gen);
+            readonly_left = 0;
+            attempt--;
+            continue;
+        }
         if (!noscript)
             return DLOCK_OK;
         for (int i = 0; i < n; i++)
@@ -531,7 +614,8 @@ int dlock__rconn_open(dlock__rconn **out, const dlock__rconn_target *t,
     pthread_mutex_init(&rc->mu, NULL);
     code = dlock__cond_init(&rc->idle_cv);
     if (code == DLOCK_OK) {
-        code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx);
+        code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx,
+                                    &rc->gen);
         if (code)
             pthread_cond_destroy(&rc->idle_cv);
     }

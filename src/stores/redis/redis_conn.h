@@ -26,6 +26,7 @@
 #ifndef DLOCK_REDIS_CONN_H
 #define DLOCK_REDIS_CONN_H
 
+#include "redis_sentinel.h"
 #include "redis_shared.h"
 
 typedef struct dlock__rconn dlock__rconn;
@@ -40,15 +41,26 @@ typedef struct dlock__rconn_target {
     const char *where; /* "redis 127.0.0.1:6379", for messages */
     const char *const *scripts; /* loaded on every new connection */
     int nscripts;
+    /* Sentinel (NULL: host/port/path): the primary is asked of it, and
+     * each new connection must answer ROLE "master" (redis_sentinel.h) */
+    dlock__rtopo *topo;
 } dlock__rconn_target;
 
 /* Connects one socket to the target: AUTH and SELECT, then SCRIPT LOAD of
  * every script (their SHAs into sha[]) when load_scripts, else PING; one
  * pipelined round trip. The connection of the pipe below, and the
- * store's subscriber connection. */
+ * store's subscriber connection. With a topology, to the primary it
+ * knows, with ROLE in the same round trip: a server that is not the
+ * primary is left (DLOCK_ECONN) and the topology asks again next time;
+ * *gen (may be NULL) gets the generation the connection belongs to. */
 int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
                          char (*sha)[41], int64_t deadline,
-                         redisContext **out);
+                         redisContext **out, uint64_t *gen);
+
+/* Closes the command connection if it was made under a generation older
+ * than gen (its calls in flight fail with DLOCK_ECONN "failover"): the
+ * next call connects to the new primary. */
+void dlock__rconn_drop_older(dlock__rconn *rc, uint64_t gen);
 
 /* Connects (with the scripts loaded) and returns the connection in *out.
  * DLOCK_OK, or DLOCK_ECONN/EAUTH/EINVAL/EPROTO/ENOMEM with a message. */
@@ -64,7 +76,9 @@ void dlock__rconn_free(dlock__rconn *rc);
  * replies[i] is set (the caller frees them); an error reply is left for
  * the caller to judge. A NOSCRIPT answer (scripts flushed) loads the
  * scripts again and runs the pipeline once more. Commands whose argument
- * count exceeds rcmd's own arrays set ext_argv/ext_lens. */
+ * count exceeds rcmd's own arrays set ext_argv/ext_lens. With a topology,
+ * a READONLY answer (the server was demoted: nothing ran) leaves that
+ * connection and sends the pipeline once more, to the primary asked anew. */
 int dlock__rconn_run(dlock__rconn *rc, rcmd *cmds, int n,
                      redisReply **replies, int64_t deadline);
 

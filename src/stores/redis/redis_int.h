@@ -37,11 +37,30 @@ typedef struct redis_store {
     redisContext *sub; /* the subscriber connection (non-blocking) */
     int sub_connecting;
     int subscribed; /* SUBSCRIBE of our channel confirmed on sub */
+    uint64_t sub_gen; /* the topology's generation of sub */
+
+    /* redis-sentinel:// (NULL otherwise): the primary and its moves; the
+     * subscriber and the sentinel watch in one epoll set (epfd, the
+     * loop_fd); acted_gen: the generation the store has moved to */
+    dlock__rtopo *topo;
+    int epfd;
+    uint64_t acted_gen;
+    /* ?min_replicas=N&replica_timeout=MS: WAIT after an acquire and with
+     * every renewal (0: never) */
+    long min_replicas;
+    int64_t replica_timeout_ms;
 } redis_store;
 
 typedef struct redis_lease {
-    int queued; /* its line may sit in the lock's queue */
+    int queued;   /* its line may sit in the lock's queue */
+    uint64_t gen; /* the topology's generation when it was acquired */
 } redis_lease;
+
+/* The topology's generation now (0 without one). */
+static inline uint64_t topo_gen(const redis_store *rs)
+{
+    return rs->topo ? dlock__rtopo_gen(rs->topo) : 0;
+}
 
 /* The lease's hint[0]: until when (monotonic ms) this client believes
  * the lock held by someone else (0: it does not know). Set when a

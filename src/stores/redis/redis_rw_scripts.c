@@ -14,6 +14,7 @@
  * back (`save`). The exclusive scripts send a key in these forms here.
  */
 #include "redis_scripts.h"
+#include "redis_shared.h"
 
 /* The library. State `st`: f = 'F' (free; tok the tombstone's token or
  * nil), 'W' (a writer: o its owner, rec its record), 'S' (readers) or 'N'
@@ -99,11 +100,8 @@
     "  st.h = k\n"                                                          \
     "  if st.f ~= 'W' and #k == 0 then st.f = 'F' end\n"                    \
     "end\n"                                                                 \
-    "local function nexttok(st)\n"                                          \
-    "  if st.tok then return st.tok + 1 end\n"                              \
-    "  local tm = redis.call('TIME')\n"                                     \
-    "  return tonumber(tm[1] .. string.sub(tm[2] + 1000000, 2))\n"          \
-    "end\n"                                                                 \
+    DLOCK__REDIS_LUA_FLOOR                                                  \
+    "local function nexttok(st) return floor(st.tok) end\n"                 \
     "local function hold(st, o)\n"                                          \
     "  if st.f == 'W' then return st.o == o and st.tok or nil end\n"        \
     "  for _, h in ipairs(st.h) do\n"                                       \
@@ -235,6 +233,7 @@
  * is granted only when every waiter ahead of it is (FIFO across kinds: a
  * reader never passes a waiting writer). */
 const char dlock__redis_rw_try_lua[] =
+    DLOCK__REDIS_LUA_FLOOR
     /* the uncontended path first (the library is not even defined): a
      * read hold or a permit on a free key, nobody waiting; GET, SET
      * (TIME for a name not used in the last hour), as for a writer */
@@ -246,7 +245,7 @@ const char dlock__redis_rw_try_lua[] =
     "  local t = v and string.match(v, '^%- (%d+) ?%d*$')\n"
     "  if c and (t or not v) then\n"
     "    if t then\n"
-    "      t = string.format('%.0f', t + 1)\n"
+    "      t = string.format('%.0f', floor(t))\n"
     "    else\n"
     "      local tm = redis.call('TIME')\n"
     "      t = tm[1] .. string.sub(tm[2] + 1000000, 2)\n"
@@ -276,7 +275,7 @@ const char dlock__redis_rw_try_lua[] =
     "      if u ~= '?' and tonumber(u) <= now then ok = false end\n"
     "    end\n"
     "    if ok and cnt > 0 and (k == 'r' or cnt < tonumber(n)) then\n"
-    "      t = string.format('%.0f', t + 1)\n"
+    "      t = string.format('%.0f', floor(t))\n"
     "      local u = now + tonumber(ttl)\n"
     /* a sole holder's "?" is the key's expiry: written out now */
     "      local body = string.gsub(string.sub(v, nl), '^(\\n%+ %S+ %d+ )%? ',"

@@ -24,6 +24,7 @@
  * clock in µs. The uncontended path: GET, SET (TIME for a name not used
  * in the last hour). */
 static const char try_lua[] =
+    DLOCK__REDIS_LUA_FLOOR
     "local v = redis.call('GET', KEYS[1])\n"
     "local b = v and string.byte(v, 1)\n"
     "if not v or b == 45 or b == 10 then\n"
@@ -34,7 +35,7 @@ static const char try_lua[] =
     "      t = string.match(string.sub(v, 1, (nl or 0) - 1), "
     "'^%- (%d+) ?%d*$')\n"
     "      if not t then return " LUA_FOREIGN " end\n"
-    "      t = string.format('%.0f', t + 1)\n"
+    "      t = string.format('%.0f', floor(t))\n"
     "    end\n"
     "    if nl then\n"
     "      rest = string.sub(v, nl)\n"
@@ -87,6 +88,7 @@ static const char try_lua[] =
  * TOKEN, TTL} (handed to that waiter) or 2 (a reader or a permit waits
  * ahead of any writer: the client runs the shared release). Uncontended: GET, SET. */
 static const char release_lua[] =
+    DLOCK__REDIS_LUA_FLOOR
     "local v = redis.call('GET', KEYS[1])\n"
     "local o = ARGV[1]\n"
     "if not v or string.sub(v, 1, #o) ~= o then return 0 end\n"
@@ -105,7 +107,7 @@ static const char release_lua[] =
     /* a line of the releasing owner itself is left over from an earlier
      * wait of this thread: skip it */
     "    if c and c .. ':' .. tid .. ' ' ~= o then\n"
-    "      tok = tok + 1\n"
+    "      tok = floor(tok)\n"
     "      ts = string.format('%.0f', tok)\n"
     "      if redis.call('PUBLISH', ARGV[2] .. c, 'g ' .. seq .. ' ' .. ts)"
     " > 0 then\n"

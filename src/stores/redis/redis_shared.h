@@ -51,6 +51,19 @@
     "  return ns\n"                                                           \
     "end\n"
 
+/* Lua: `floor(last)`, the token after `last` (a number, or nil for none):
+ * last + 1, or the server's clock in µs if that is higher. Every token a
+ * redis:// script gives comes from it, so that tokens keep growing across
+ * a failover to a replica that missed the last ones (docs/design.md,
+ * "Redis beyond one server: Sentinel"). */
+#define DLOCK__REDIS_LUA_FLOOR                                                \
+    "local function floor(last)\n"                                           \
+    "  local tm = redis.call('TIME')\n"                                      \
+    "  local c = tonumber(tm[1] .. string.sub(tm[2] + 1000000, 2))\n"        \
+    "  if last and tonumber(last) + 1 > c then return tonumber(last) + 1 end\n" \
+    "  return c\n"                                                           \
+    "end\n"
+
 /* Lua: the test that a lock key's value was written by dlock (the owner
  * is CLIENT:THREAD, and on Redlock CLIENT:THREAD:ACQUISITION). */
 #define DLOCK__REDIS_LUA_OURS_PATTERN "'^%x+:%d+[:%d]* %d+ %d+ '"
