@@ -243,11 +243,16 @@ static int redis_launch(th_redis *r)
     f = fopen(conf, "w");
     if (!f)
         th_fail(__FILE__, __LINE__, "cannot write %s", conf);
-    fprintf(f,
-            "port %d\nbind 127.0.0.1\nunixsocket %s\nunixsocketperm 700\n"
-            "save \"\"\nappendonly no\ndir %s\nlogfile %s/redis.log\n"
-            "daemonize no\n%s\n",
-            r->port, r->sock, r->dir, r->dir, r->extra);
+    if (r->sentinel) /* a sentinel rewrites its file: no unix socket */
+        fprintf(f, "port %d\nbind 127.0.0.1\ndir %s\nlogfile %s/redis.log\n"
+                   "daemonize no\n%s\n",
+                r->port, r->dir, r->dir, r->extra);
+    else
+        fprintf(f,
+                "port %d\nbind 127.0.0.1\nunixsocket %s\nunixsocketperm "
+                "700\nsave \"\"\nappendonly no\ndir %s\nlogfile "
+                "%s/redis.log\ndaemonize no\n%s\n",
+                r->port, r->sock, r->dir, r->dir, r->extra);
     fclose(f);
     r->pid = fork();
     if (r->pid < 0)
@@ -257,7 +262,8 @@ static int redis_launch(th_redis *r)
         setsid();
         dup2(null, 0);
         dup2(null, 1);
-        execlp("redis-server", "redis-server", conf, (char *)NULL);
+        execlp("redis-server", "redis-server", conf,
+               r->sentinel ? "--sentinel" : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     th__track(r->pid, 1);
@@ -283,11 +289,12 @@ static int redis_launch(th_redis *r)
     return -1;
 }
 
-void th_redis_start(th_redis *r, const char *extra)
+static void redis_start(th_redis *r, const char *extra, int sentinel)
 {
     static int n;
 
     memset(r, 0, sizeof(*r));
+    r->sentinel = sentinel;
     if (snprintf(r->dir, sizeof(r->dir), "%s/redis%d", th_tmpdir(), n++) >=
         (int)sizeof(r->dir))
         th_fail(__FILE__, __LINE__, "temporary directory name too long");
@@ -304,6 +311,25 @@ void th_redis_start(th_redis *r, const char *extra)
     }
     th_fail(__FILE__, __LINE__, "redis-server did not start (see %s)",
             r->dir);
+}
+
+void th_redis_start(th_redis *r, const char *extra)
+{
+    redis_start(r, extra, 0);
+}
+
+void th_sentinel_start(th_redis *s, const th_redis *primary,
+                       const char *name, int down_ms)
+{
+    char conf[512];
+
+    snprintf(conf, sizeof(conf),
+             "sentinel monitor %s 127.0.0.1 %d 2\n"
+             "sentinel down-after-milliseconds %s %d\n"
+             "sentinel failover-timeout %s 10000\n"
+             "sentinel parallel-syncs %s 1\n",
+             name, primary->port, name, down_ms, name, name);
+    redis_start(s, conf, 1);
 }
 
 void th_redis_restart(th_redis *r)

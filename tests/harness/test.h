@@ -124,11 +124,16 @@ typedef struct th_redis {
     char sock[600];
     char uri[128];
     char extra[1024];
+    int sentinel; /* started as redis-server --sentinel */
 } th_redis;
 
 /* Starts redis-server (fails the test if it cannot). `extra` is appended
  * to its config (may be NULL). */
 void th_redis_start(th_redis *r, const char *extra);
+/* Starts a sentinel monitoring `primary` as master `name` (quorum 2),
+ * calling it down after down_ms without an answer. */
+void th_sentinel_start(th_redis *s, const th_redis *primary,
+                       const char *name, int down_ms);
 /* Starts it again on the same port (after a kill or stop). */
 void th_redis_restart(th_redis *r);
 void th_redis_kill(th_redis *r, int sig); /* and waits, unless SIGSTOP */
