@@ -30,10 +30,22 @@ cleanup() {
     # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for its clients)
     [ -n "$pgpid" ] && kill -INT "$pgpid" 2>/dev/null
     [ -n "$mypid" ] && kill "$mypid" 2>/dev/null
+    for p in $stpids; do kill "$p" 2>/dev/null; done
     wait 2>/dev/null
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+stpids=
+
+# free_port: a loopback port nothing listens on now (at random, 20000-59999)
+free_port() {
+    local p
+    for _ in $(seq 100); do
+        p=$((20000 + RANDOM % 40000))
+        (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo "$p"; return 0; }
+    done
+    return 1
+}
 
 for _ in $(seq 50); do
     port=$((20000 + RANDOM % 40000))
@@ -192,6 +204,56 @@ awk -v f="$rwout" '
 ' "$out" >"$out.new" && mv "$out.new" "$out"
 # shellcheck disable=SC2086 # $quick: nothing or --quick
 "$build/bench/dlock_bench_rw" "file://$tmp/locks" $quick >>"$out"
+
+# --- Sentinel (bench/bench_sentinel.c): a primary, two replicas and three
+# sentinels of our own; one subsection at the end of the Redis section
+stout=$tmp/results-sentinel.md
+sentinel_bench() {
+    local p r1 s i sp=() spids=() uri
+    p=$(free_port)
+    redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$tmp" --logfile "$tmp/sentinel-primary.log" &
+    spids+=($!)
+    for i in 1 2; do
+        r1=$(free_port)
+        redis-server --port "$r1" --bind 127.0.0.1 --save '' --appendonly no \
+            --dir "$tmp" --logfile "$tmp/sentinel-replica$i.log" \
+            --replicaof 127.0.0.1 "$p" &
+        spids+=($!)
+    done
+    for i in 1 2 3; do
+        s=$(free_port)
+        mkdir -p "$tmp/sentinel$i"
+        printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor benchm 127.0.0.1 %s 2\n' \
+            "$s" "$tmp/sentinel$i" "$p" >"$tmp/sentinel$i/sentinel.conf"
+        redis-server "$tmp/sentinel$i/sentinel.conf" --sentinel \
+            --logfile "$tmp/sentinel$i/log" &
+        spids+=($!)
+        sp+=("127.0.0.1:$s")
+    done
+    stpids="${spids[*]}"
+    uri="redis-sentinel://$(IFS=,; echo "${sp[*]}")/benchm"
+    # until both replicas are in sync and a sentinel names the primary
+    for i in $(seq 1 300); do
+        [ "$(redis-cli -p "$p" WAIT 2 100 2>/dev/null)" = 2 ] &&
+            redis-cli -p "${sp[0]##*:}" SENTINEL get-master-addr-by-name benchm 2>/dev/null | grep -qx "$p" &&
+            break
+        sleep 0.1
+    done
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "$build/bench/dlock_bench_sentinel" "$uri" "redis://127.0.0.1:$p" $quick ||
+        printf '### Redis Sentinel (redis-sentinel://)\n\nNot measured: dlock_bench_sentinel failed (see the bench output).\n\n'
+    kill "${spids[@]}" 2>/dev/null || true
+    wait "${spids[@]}" 2>/dev/null || true
+}
+sentinel_bench >"$stout"
+awk -v f="$stout" '
+    function st(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+    /^## / && seen && !done { st() }
+    /^## Redis/ { seen = 1 }
+    { print }
+    END { if (!done) { print ""; st() } }
+' "$out" >"$out.new" && mv "$out.new" "$out"
 
 ru=redis://127.0.0.1:$port
 contend "Redis|dlock|Redis" "redis $port" "$cbin" worker "$ru" contend-1

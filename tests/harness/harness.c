@@ -289,7 +289,7 @@ static int redis_launch(th_redis *r)
     return -1;
 }
 
-static void redis_start(th_redis *r, const char *extra, int sentinel)
+void th__redis_start(th_redis *r, const char *extra, int sentinel)
 {
     static int n;
 
@@ -315,22 +315,9 @@ static void redis_start(th_redis *r, const char *extra, int sentinel)
 
 void th_redis_start(th_redis *r, const char *extra)
 {
-    redis_start(r, extra, 0);
+    th__redis_start(r, extra, 0);
 }
 
-void th_sentinel_start(th_redis *s, const th_redis *primary,
-                       const char *name, int down_ms)
-{
-    char conf[512];
-
-    snprintf(conf, sizeof(conf),
-             "sentinel monitor %s 127.0.0.1 %d 2\n"
-             "sentinel down-after-milliseconds %s %d\n"
-             "sentinel failover-timeout %s 10000\n"
-             "sentinel parallel-syncs %s 1\n",
-             name, primary->port, name, down_ms, name, name);
-    redis_start(s, conf, 1);
-}
 
 void th_redis_restart(th_redis *r)
 {

@@ -130,12 +130,30 @@ typedef struct th_redis {
 /* Starts redis-server (fails the test if it cannot). `extra` is appended
  * to its config (may be NULL). */
 void th_redis_start(th_redis *r, const char *extra);
-/* Starts a sentinel monitoring `primary` as master `name` (quorum 2),
- * calling it down after down_ms without an answer. */
-void th_sentinel_start(th_redis *s, const th_redis *primary,
-                       const char *name, int down_ms);
 /* Starts it again on the same port (after a kill or stop). */
 void th_redis_restart(th_redis *r);
+
+/* --- Redis under Sentinel: a primary, two replicas, three sentinels --- */
+typedef struct th_sentinels {
+    th_redis data[3]; /* data[0] starts as the primary */
+    th_redis sent[3];
+    char name[64];    /* the master's name */
+    char uri[512];    /* redis-sentinel://S1,S2,S3/NAME */
+} th_sentinels;
+/* Starts the set, sentinels calling the primary down after down_ms and
+ * retrying a failover after 2 x failover_ms; returns once every sentinel
+ * knows both replicas and the other two and both replicas are in sync
+ * (fails the test after 30 s). */
+void th_sentinels_start(th_sentinels *t, const char *name, int down_ms,
+                        int failover_ms);
+void th_sentinels_stop(th_sentinels *t);
+/* The port the sentinels name as the primary; 0 when none answers. */
+int th_sentinels_primary(th_sentinels *t);
+/* The data node on `port` (fails the test if none). */
+th_redis *th_sentinels_node(th_sentinels *t, int port);
+/* Waits (at most ms) until the sentinels name a primary other than the
+ * one on port `old` and it says it is one; its port, or 0. */
+int th_sentinels_failed_over(th_sentinels *t, int old, int64_t ms);
 void th_redis_kill(th_redis *r, int sig); /* and waits, unless SIGSTOP */
 void th_redis_stop(th_redis *r);
 /* Runs one command (printf-style, hiredis syntax); returns the reply as an
@@ -384,6 +402,9 @@ long long th_relay_let_through(th_relay *px);
 /* The harness's own: records a server process to kill at exit (running
  * 1), or forgets it (0). */
 void th__track(pid_t pid, int running);
+/* Starts a redis-server (sentinel: with --sentinel) with `extra` in its
+ * configuration (th_redis_start, th_sentinels_start). */
+void th__redis_start(th_redis *r, const char *extra, int sentinel);
 
 #ifdef TH_ZK_CLIENT
 /* A direct ZooKeeper client (libzookeeper_mt) for looking behind the

@@ -48,18 +48,18 @@
 
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
-       SC_RESTART_NOW, SC_BREAK, SC_N };
+       SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_N };
 static const char *const sc_name[SC_N] = {
     "none",      "kill",        "stop",        "restart",
     "partition", "slow",        "clock",       "waiter-kill",
     "waiter-stop", "short-waits", "handover-restart", "conn-kill",
-    "restart-now", "break"};
+    "restart-now", "break",     "failover"};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
-       ST_PGADV, ST_MYSQL, ST_N };
+       ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_N };
 static const char *const st_name[ST_N] = {
     "file", "redis", "redlock", "zk", "etcd", "sqlite", "pg", "pg-advisory",
-    "mysql"};
+    "mysql", "sentinel"};
 
 /* The expected outcome of every cell (the worst acceptable one); -1: the
  * scenario does not apply to the store (why in na_why()). */
@@ -70,16 +70,19 @@ static const char *const st_name[ST_N] = {
 static const int expected[ST_N][SC_N] = {
     /*            none kill stop restart partition slow clock
      *            waiter-kill waiter-stop short-waits handover-restart
-     *            conn-kill restart-now break */
-    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA},
-    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F},
-    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F},
-    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F},
-    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F},
-    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F},
-    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F},
-    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F},
+     *            conn-kill restart-now break failover */
+    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA, NA},
+    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA},
+    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F, NA},
+    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA},
+    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA},
+    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F, NA},
+    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F, NA},
+    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F, NA},
+    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F, NA},
+    /* sentinel: restart = the primary SIGKILLed, a replica promoted;
+     * failover = SENTINEL FAILOVER (the old primary demoted) */
+    /* sentinel*/ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F},
 };
 #undef H
 #undef L
@@ -88,7 +91,7 @@ static const int expected[ST_N][SC_N] = {
 /* options */
 static int quick, mixed, nworkers = 8;
 /* stores with shared holds (docs/locks.md), for --mixed */
-static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1};
+static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1};
 static int want_store[ST_N], want_sc[SC_N];
 static const char *table_path, *doc_path;
 static char self_exe[1024];
@@ -116,6 +119,7 @@ typedef struct store {
     char part_uri[SF_URI_MAX];   /* worker 0 through the cut-able path */
     int part_netns;              /* that path is the namespace */
     th_redis redis, rl[5];
+    th_sentinels sen;
     th_zk zk;
     th_etcd etcd;
     th_sql sql;
@@ -144,6 +148,7 @@ static int store_available(int kind, char *why, size_t cap)
         return 0;
     case ST_REDIS:
     case ST_REDLOCK:
+    case ST_SENTINEL:
         if (!have_exe("redis-server")) {
             snprintf(why, cap, "no redis-server");
             return -1;
@@ -318,6 +323,12 @@ static void store_start(store *st, int kind)
         st->ttl_restart = 3000;
         break;
     }
+    case ST_SENTINEL:
+        /* down after 1 s; a failover may follow another after 4 s */
+        th_sentinels_start(&st->sen, "safety", 1000, 2000);
+        snprintf(st->uri, sizeof(st->uri), "%s", st->sen.uri);
+        st->ttl_restart = 2000;
+        break;
     case ST_SQLITE:
         snprintf(st->uri, sizeof(st->uri), "sqlite://%s/safety.db",
                  th_tmpdir());
@@ -364,6 +375,9 @@ static void store_stop(store *st)
         for (int i = 0; i < 5; i++)
             th_redis_kill(&st->rl[i], SIGKILL);
         break;
+    case ST_SENTINEL:
+        th_sentinels_stop(&st->sen);
+        break;
     case ST_ZK:
         for (int i = 0; i < 3; i++)
             if (st->zk.pid[i] > 0)
@@ -385,6 +399,14 @@ static void store_stop(store *st)
 /* Why a scenario does not apply to a store. */
 static const char *na_why(int kind, int sc)
 {
+    if (sc == SC_FAILOVER)
+        return "no replica to fail over to (Redis under Sentinel's case)";
+    if (kind == ST_SENTINEL && (sc == SC_PARTITION || sc == SC_SLOW))
+        return "the harness binds the set to loopback only; its network "
+               "faults are the other Redis columns'";
+    if (kind == ST_SENTINEL && sc == SC_HRESTART)
+        return "a restart across a hand-over is the one-server case; here "
+               "the restart column fails the primary over";
     if (sc == SC_BREAK)
         return "a file lock is its holder's own kernel lock: nothing can "
                "take it away (dlock_break: DLOCK_ENOTSUP)";
@@ -525,6 +547,19 @@ static int64_t restart_fault(run *r, char *note, size_t cap)
         th_redis_restart(&st->rl[0]);
         snprintf(note, cap, "node 0 of 5 SIGKILLed, restarted empty at once");
         return st->ttl_restart * 2;
+    case ST_SENTINEL: {
+        /* the primary dies; the sentinels promote a replica (down after
+         * 1 s, then an election): the holds it had not replicated are
+         * lost, the others kept */
+        int p = th_sentinels_primary(&st->sen);
+        if (!p)
+            th_fail(__FILE__, __LINE__, "no primary named by the sentinels");
+        th_redis_kill(th_sentinels_node(&st->sen, p), SIGKILL);
+        int np = th_sentinels_failed_over(&st->sen, p, 30000);
+        snprintf(note, cap, "the primary SIGKILLed, a replica promoted "
+                 "(%s)", np ? "in time" : "NOT within 30 s");
+        return 4000;
+    }
     case ST_ZK: {
         int lead = th_zk_wait_leader(&st->zk, 10000);
         if (lead < 0)
@@ -561,7 +596,12 @@ static void restart_heal(run *r)
 {
     store *st = r->st;
 
-    if (st->kind == ST_ZK) {
+    if (st->kind == ST_SENTINEL) {
+        /* the old primary back, empty: the sentinels make it a replica */
+        for (int i = 0; i < 3; i++)
+            if (st->sen.data[i].pid <= 0)
+                th_redis_restart(&st->sen.data[i]);
+    } else if (st->kind == ST_ZK) {
         for (int i = 0; i < 3; i++)
             if (st->zk.pid[i] <= 0)
                 th_zk_restart(&st->zk, i);
@@ -929,6 +969,23 @@ static void run_one(store *st, int sc, cell *out)
             dlock_info_clear(&ev);
             /* well within the lease (>= 2 s here): the break, not the
              * lease's end, is what lets the next holder in */
+            wait_accepted(&r, base, 1, lease_wait);
+            break;
+        }
+        case SC_FAILOVER: {
+            /* an operator's failover while the victim sits between its
+             * read and its write: the old primary is demoted (READONLY),
+             * a replica promoted */
+            int p = th_sentinels_primary(&st->sen);
+            int ok = p && th_redis_cmd(&st->sen.sent[round % 3], NULL, 0,
+                                       "SENTINEL FAILOVER %s",
+                                       st->sen.name) == 0;
+            int np = ok ? th_sentinels_failed_over(&st->sen, p, 30000) : 0;
+            snprintf(rnote, sizeof(rnote), "SENTINEL FAILOVER while the "
+                     "holder sat between read and write (%s)",
+                     np ? "done" : "NOT done within 30 s");
+            if (!np)
+                inconclusive = 1;
             wait_accepted(&r, base, 1, lease_wait);
             break;
         }

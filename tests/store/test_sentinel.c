@@ -7,11 +7,18 @@
  *   test_sentinel [filter]
  *
  * The client finds the primary through the sentinels; min_replicas waits
- * for the replicas (and gives up a lock they did not acknowledge);
- * a failover (SENTINEL FAILOVER) keeps a hold the new primary has and
- * moves waiters there; a failover that loses a hold (the primary killed
- * before it replicated it) is reported: the lost-lock callback, ELOST,
- * and the next owner's token is higher.
+ * for the replicas (and gives up a lock they did not acknowledge),
+ * confirms a hand-over with the waiter's own WAIT, and makes renewals
+ * that the replicas do not acknowledge fail (the hold is lost at its
+ * lease end while the primary still has it); a failover (SENTINEL
+ * FAILOVER) keeps a hold the new primary has, moves waiters there and
+ * reports a shared hold of the old primary lost; a failover that loses a
+ * hold (the primary killed before it replicated it) is reported: the
+ * lost-lock callback, ELOST, and the next owner's token is higher; a
+ * client that heard nothing (its subscriptions killed) asks the sentinels
+ * before its next command. Not tested: a READONLY answer (a demoted
+ * primary the sentinels did not announce) -- no way found to make one
+ * without the sentinels announcing it first.
  *
  * Timing bounds: a failover here takes the sentinels' down-after (1 s)
  * plus an election, a few seconds; the tests wait for it up to 30 s
@@ -22,7 +29,6 @@
  */
 #include "test.h"
 
-#include <hiredis.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,119 +37,6 @@
 #include <unistd.h>
 
 #define MASTER "dlockm"
-
-typedef struct topo {
-    th_redis data[3]; /* data[0] starts as the primary */
-    th_redis sent[3];
-    char uri[512];
-} topo;
-
-/* The port the sentinels name as the primary (0: none answered). */
-static int primary_port(topo *t)
-{
-    for (int i = 0; i < 3; i++) {
-        if (t->sent[i].pid <= 0)
-            continue;
-        struct timeval tv = {2, 0};
-        redisContext *c = redisConnectWithTimeout("127.0.0.1",
-                                                  t->sent[i].port, tv);
-        int port = 0;
-        if (c && !c->err) {
-            redisReply *r = redisCommand(c, "SENTINEL "
-                                            "get-master-addr-by-name %s",
-                                         MASTER);
-            if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2)
-                port = atoi(r->element[1]->str);
-            if (r)
-                freeReplyObject(r);
-        }
-        if (c)
-            redisFree(c);
-        if (port)
-            return port;
-    }
-    return 0;
-}
-
-static th_redis *data_at(topo *t, int port)
-{
-    for (int i = 0; i < 3; i++)
-        if (t->data[i].port == port)
-            return &t->data[i];
-    th_fail(__FILE__, __LINE__, "no data node on port %d", port);
-    return NULL;
-}
-
-/* How many of something a sentinel's SENTINEL subcommand lists. */
-static long long sentinel_count(th_redis *s, const char *what)
-{
-    return th_redis_cmd(s, NULL, 0, "SENTINEL %s %s", what, MASTER);
-}
-
-static void topo_start(topo *t)
-{
-    char extra[128];
-
-    memset(t, 0, sizeof(*t));
-    th_redis_start(&t->data[0], NULL);
-    snprintf(extra, sizeof(extra), "replicaof 127.0.0.1 %d",
-             t->data[0].port);
-    th_redis_start(&t->data[1], extra);
-    th_redis_start(&t->data[2], extra);
-    for (int i = 0; i < 3; i++)
-        th_sentinel_start(&t->sent[i], &t->data[0], MASTER, 1000);
-    snprintf(t->uri, sizeof(t->uri),
-             "redis-sentinel://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d/"
-             MASTER,
-             t->sent[0].port, t->sent[1].port, t->sent[2].port);
-    /* until every sentinel knows both replicas and the other two, and
-     * both replicas are in sync (30 s at most) */
-    int64_t until = th_now_ms() + 30000;
-    for (;;) {
-        int ready = th_redis_cmd(&t->data[0], NULL, 0, "WAIT 2 100") == 2;
-        for (int i = 0; i < 3 && ready; i++)
-            ready = sentinel_count(&t->sent[i], "replicas") == 2 &&
-                    sentinel_count(&t->sent[i], "sentinels") == 2;
-        if (ready)
-            return;
-        if (th_now_ms() > until)
-            th_fail(__FILE__, __LINE__, "the sentinels did not see the "
-                                        "replicas and each other in 30 s");
-        th_sleep_ms(100);
-    }
-}
-
-static void topo_stop(topo *t)
-{
-    for (int i = 0; i < 3; i++)
-        th_redis_stop(&t->sent[i]);
-    for (int i = 0; i < 3; i++)
-        th_redis_stop(&t->data[i]);
-}
-
-/* Waits (30 s at most) until the sentinels name another primary than
- * `old` and it says it is one; returns its port. */
-static int until_failed_over(topo *t, int old)
-{
-    int64_t until = th_now_ms() + 30000;
-
-    while (th_now_ms() < until) {
-        int p = primary_port(t);
-        if (p && p != old) {
-            char role[64];
-            th_redis_cmd(data_at(t, p), role, sizeof(role), "ROLE");
-            /* an array: th_redis_cmd copies nothing; INFO says it */
-            char info[4096];
-            th_redis_cmd(data_at(t, p), info, sizeof(info),
-                         "INFO replication");
-            if (strstr(info, "role:master"))
-                return p;
-        }
-        th_sleep_ms(50);
-    }
-    th_fail(__FILE__, __LINE__, "no failover within 30 s");
-    return 0;
-}
 
 typedef struct lost_box {
     pthread_mutex_t mu;
@@ -194,13 +87,13 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
 }
 
 /* One set shared by the tests that fail nothing over. */
-static topo shared;
+static th_sentinels shared;
 static int shared_up;
 
-static topo *steady(void)
+static th_sentinels *steady(void)
 {
     if (!shared_up) {
-        topo_start(&shared);
+        th_sentinels_start(&shared, MASTER, 1000, 10000);
         shared_up = 1;
     }
     return &shared;
@@ -208,7 +101,7 @@ static topo *steady(void)
 
 TEST(locks_through_the_sentinels)
 {
-    topo *t = steady();
+    th_sentinels *t = steady();
     dlock_client *c = client_at(t->uri);
     dlock *l = handle(c, "s/one", 0, NULL);
     char v[256];
@@ -230,7 +123,7 @@ TEST(locks_through_the_sentinels)
 
 TEST(bad_uris_say_what_is_wrong)
 {
-    topo *t = steady();
+    th_sentinels *t = steady();
     dlock_client *c = NULL;
     char u[600];
 
@@ -263,7 +156,7 @@ TEST(bad_uris_say_what_is_wrong)
 
 TEST(min_replicas_waits_for_the_replicas)
 {
-    topo *t = steady();
+    th_sentinels *t = steady();
     char u[600];
 
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=300", t->uri);
@@ -288,6 +181,49 @@ TEST(min_replicas_waits_for_the_replicas)
     dlock_client_close(c);
 }
 
+TEST(renewals_not_on_the_replicas_lose_the_hold)
+{
+    /* split brain's protection: a primary whose replicas do not
+     * acknowledge cannot keep a hold alive; the holder is told at its
+     * local lease end (900 ms), while the primary still has the key */
+    th_sentinels *t = steady();
+    lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    char u[600];
+
+    snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=100", t->uri);
+    dlock_client *a = client_at(u);
+    dlock *la = handle(a, "s/split", 900, &box);
+    th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
+    th_redis *rep[2];
+    int nr = 0;
+    for (int i = 0; i < 3; i++)
+        if (&t->data[i] != p)
+            rep[nr++] = &t->data[i];
+
+    CHECK_OK(dlock_acquire(la, 0));
+    int64_t t0 = th_now_ms();
+    th_redis_kill(rep[0], SIGSTOP);
+    th_redis_kill(rep[1], SIGSTOP);
+    while (lost_calls(&box) == 0 && th_now_ms() < t0 + 5000)
+        th_sleep_ms(10);
+    int64_t lost_after = th_now_ms() - t0;
+    char v[256];
+    th_redis_cmd(p, v, sizeof(v), "GET dlock:{s/split}");
+    th_redis_kill(rep[0], SIGCONT);
+    th_redis_kill(rep[1], SIGCONT);
+    CHECK_EQ(lost_calls(&box), 1);
+    CHECK_OP(lost_after, <, 5000); /* the lease end, with slack */
+    CHECK(strlen(v) > 0);          /* the primary never lost the key */
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    /* the replicas back in sync before the next test */
+    int64_t until = th_now_ms() + 30000;
+    while (th_redis_cmd(p, NULL, 0, "WAIT 2 100") != 2 &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    dlock_close(la);
+    dlock_client_close(a);
+}
+
 /* A waiting thread. */
 typedef struct waiter {
     dlock *l;
@@ -310,12 +246,46 @@ static void *wait_thread(void *arg)
     return NULL;
 }
 
+TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
+{
+    /* the release hands the lock to b; b's acquire returns only after
+     * its own WAIT (a hand-over on the releaser's connection is not
+     * covered by a WAIT on b's) */
+    th_sentinels *t = steady();
+    char u[600];
+
+    snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=300", t->uri);
+    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock *la = handle(a, "s/hand", 30000, NULL);
+    dlock *lb = handle(b, "s/hand", 30000, NULL);
+    th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
+    waiter w = {lb, -99, 0, 0, 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    pthread_create(&th, NULL, wait_thread, &w);
+    th_sleep_ms(300); /* b queues behind a */
+    long long waits0 = th_redis_calls(p, "wait");
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.done_at - t0, <, 5000); /* a wake-up, not a lease */
+    CHECK_OP(w.token, >, ta);
+    CHECK_OP(th_redis_calls(p, "wait") - waits0, >=, 1);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
 {
-    topo t;
+    th_sentinels t;
     lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
 
-    topo_start(&t);
+    th_sentinels_start(&t, MASTER, 1000, 10000);
     char u[600];
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=500", t.uri);
     dlock_client *a = client_at(u), *b = client_at(t.uri);
@@ -324,8 +294,12 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
+    lost_box sbox = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    dlock *ls = handle(a, "s/keep-shared", 30000, &sbox);
+
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
+    CHECK_OK(dlock_acquire_shared(ls, 0));
     pthread_create(&th, NULL, wait_thread, &w);
     th_sleep_ms(300); /* b queues behind a */
 
@@ -333,14 +307,19 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     CHECK_EQ(th_redis_cmd(&t.sent[0], NULL, 0, "SENTINEL FAILOVER %s",
                           MASTER),
              0);
-    int now = until_failed_over(&t, old);
+    int now = th_sentinels_failed_over(&t, old, 30000);
+    CHECK(now > 0);
     /* the client follows and checks its hold on the new primary: it is
      * there (acknowledged by both replicas), so it is kept */
     th_sleep_ms(3000);
     CHECK_EQ(lost_calls(&box), 0);
     CHECK_EQ(dlock_held(la), 1);
+    /* a shared hold of the old primary is not checked: reported lost */
+    CHECK_EQ(lost_calls(&sbox), 1);
+    CHECK_RC(dlock_release(ls), DLOCK_ELOST);
+    dlock_close(ls);
     char v[256];
-    th_redis_cmd(data_at(&t, now), v, sizeof(v), "GET dlock:{s/keep}");
+    th_redis_cmd(th_sentinels_node(&t, now), v, sizeof(v), "GET dlock:{s/keep}");
     CHECK(strncmp(v, "", 1) != 0);
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
@@ -355,15 +334,15 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     dlock_close(lb);
     dlock_client_close(a);
     dlock_client_close(b);
-    topo_stop(&t);
+    th_sentinels_stop(&t);
 }
 
 TEST(failover_that_loses_a_hold_reports_it)
 {
-    topo t;
+    th_sentinels t;
     lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
 
-    topo_start(&t);
+    th_sentinels_start(&t, MASTER, 1000, 10000);
     dlock_client *a = client_at(t.uri);
     dlock *la = handle(a, "s/lose", 30000, &box);
 
@@ -379,7 +358,8 @@ TEST(failover_that_loses_a_hold_reports_it)
     th_redis_kill(&t.data[1], SIGCONT);
     th_redis_kill(&t.data[2], SIGCONT);
 
-    int now = until_failed_over(&t, old);
+    int now = th_sentinels_failed_over(&t, old, 30000);
+    CHECK(now > 0);
     int64_t seen = th_now_ms();
     /* reported once the switch is heard: long before its 30 s lease */
     while (lost_calls(&box) == 0 && th_now_ms() < seen + 10000)
@@ -393,7 +373,7 @@ TEST(failover_that_loses_a_hold_reports_it)
     CHECK_OK(dlock_acquire(lb, 5000));
     CHECK_OP(dlock_token(lb), >, ta);
     char v[256];
-    th_redis_cmd(data_at(&t, now), v, sizeof(v), "GET dlock:{s/lose}");
+    th_redis_cmd(th_sentinels_node(&t, now), v, sizeof(v), "GET dlock:{s/lose}");
     CHECK(strlen(v) > 0);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     CHECK_OK(dlock_release(lb));
@@ -401,13 +381,61 @@ TEST(failover_that_loses_a_hold_reports_it)
     dlock_close(lb);
     dlock_client_close(a);
     dlock_client_close(b);
-    topo_stop(&t);
+    th_sentinels_stop(&t);
+}
+
+TEST(a_client_whose_subscriptions_broke_asks_before_its_next_command)
+{
+    /* the client's subscriptions are gone (killed at every sentinel)
+     * when the failover happens, so it hears nothing: its next command
+     * asks the sentinels first and goes to the new primary, not to the old
+     * one (which stays a writable primary for seconds after the sentinels
+     * named the new one: they demote it only once the replicas follow) */
+    th_sentinels t;
+
+    th_sentinels_start(&t, MASTER, 1000, 10000);
+    char u[600];
+    snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=500", t.uri);
+    dlock_client *a = client_at(u);
+    dlock *la = handle(a, "s/missed", 30000, NULL);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    for (int i = 0; i < 3; i++)
+        th_redis_cmd(&t.sent[i], NULL, 0, "CLIENT KILL TYPE pubsub");
+    int old = t.data[0].port;
+    CHECK_EQ(th_redis_cmd(&t.sent[1], NULL, 0, "SENTINEL FAILOVER %s",
+                          MASTER),
+             0);
+    int now = th_sentinels_failed_over(&t, old, 30000);
+    CHECK(now > 0);
+    /* the record was on both replicas: the release finds it */
+    CHECK_OK(dlock_release(la));
+    char v[256];
+    th_redis_cmd(th_sentinels_node(&t, now), v, sizeof(v),
+                 "GET dlock:{s/missed}");
+    CHECK(v[0] == '-'); /* the tombstone, on the new primary */
+    /* min_replicas=2 again once the demoted primary has resynced as the
+     * new one's replica (until then: "only 1 of 2 replicas") */
+    int64_t until = th_now_ms() + 30000;
+    while (th_redis_cmd(th_sentinels_node(&t, now), NULL, 0, "WAIT 2 100") !=
+               2 &&
+           th_now_ms() < until)
+        th_sleep_ms(50);
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OP(dlock_token(la), >, ta);
+    CHECK_OK(dlock_release(la));
+    dlock_close(la);
+    dlock_client_close(a);
+    th_sentinels_stop(&t);
 }
 
 static const th_test tests[] = {
     T(locks_through_the_sentinels),
     T(bad_uris_say_what_is_wrong),
     T(min_replicas_waits_for_the_replicas),
+    T(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait),
+    T(renewals_not_on_the_replicas_lose_the_hold),
+    T(a_client_whose_subscriptions_broke_asks_before_its_next_command),
     T(failover_keeps_a_replicated_hold_and_moves_the_waiters),
     T(failover_that_loses_a_hold_reports_it),
     {NULL, NULL, 0},
@@ -418,6 +446,6 @@ int main(int argc, char **argv)
     int rc = th_main(argc, argv, tests);
 
     if (shared_up)
-        topo_stop(&shared);
+        th_sentinels_stop(&shared);
     return rc;
 }

@@ -734,16 +734,16 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
     rc = dlock__rconn_run(rs->conn, cmds, (int)nb + waits, replies, deadline);
     if (rc)
         goto out;
+    int wrc = DLOCK_OK;
+    char wmsg[256] = "";
     if (waits) {
-        /* renewed on the primary only: a failure for all, retried until
-         * the leases' ends declare the holds lost */
-        rc = replicas_answer(rs, replies[nb]);
+        /* a lease renewed on the primary only is a failure (retried
+         * until its end declares the hold lost); one not ours stays
+         * not ours */
+        wrc = replicas_answer(rs, replies[nb]);
+        if (wrc)
+            snprintf(wmsg, sizeof(wmsg), "%s", dlock_errmsg());
         freeReplyObject(replies[nb]);
-        if (rc) {
-            for (size_t b = 0; b < nb; b++)
-                freeReplyObject(replies[b]);
-            goto out;
-        }
     }
     for (size_t b = 0; b < nb; b++) {
         const redisReply *r = replies[b];
@@ -757,11 +757,13 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
                                             "%s: unexpected answer to extend",
                                             rs->where);
             else
-                rcs[first + i] = r->element[i]->integer == 1 ? DLOCK_OK
+                rcs[first + i] = r->element[i]->integer == 1 ? wrc
                                                              : DLOCK_ENOTHELD;
         }
         freeReplyObject(replies[b]);
     }
+    if (wrc)
+        dlock__err(wrc, "%s", wmsg);
 out:
     free(cmds);
     free(replies);

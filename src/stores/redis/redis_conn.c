@@ -75,9 +75,11 @@ static int64_t budget(const dlock__rconn_target *t, int64_t deadline)
     return ms < MIN_IO_MS ? MIN_IO_MS : ms;
 }
 
-int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
-                         char (*sha)[41], int64_t deadline,
-                         redisContext **out, uint64_t *gen)
+/* One try of dlock__rconn_connect(); *asked_again set when the server it
+ * reached (or could not reach) was not the primary the topology named. */
+static int connect_once(const dlock__rconn_target *t, int load_scripts,
+                        char (*sha)[41], int64_t deadline,
+                        redisContext **out, uint64_t *gen, int *asked_again)
 {
     int64_t ms = budget(t, deadline);
     redisContext *ctx;
@@ -104,6 +106,7 @@ int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
     if (ctx->err) {
         if (t->topo) { /* the primary it named is gone: ask again */
             dlock__rtopo_not_primary(t->topo, pgen);
+            *asked_again = 1;
             rc = dlock__err(DLOCK_ECONN, "%s: cannot connect to the primary "
                                          "%s:%d: %s",
                             t->where, phost, pport, ctx->errstr);
@@ -152,6 +155,7 @@ int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
                 r->element[0]->type != REDIS_REPLY_STRING ||
                 strcmp(r->element[0]->str, "master") != 0) {
                 dlock__rtopo_not_primary(t->topo, pgen);
+                *asked_again = 1;
                 rc = dlock__err(DLOCK_ECONN,
                                 "%s: %s:%d is not the primary (ROLE: %.40s)",
                                 t->where, phost, pport,
@@ -194,6 +198,26 @@ int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
     }
     *out = ctx;
     return DLOCK_OK;
+}
+
+int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
+                         char (*sha)[41], int64_t deadline,
+                         redisContext **out, uint64_t *gen)
+{
+    int again = 0;
+    int rc = connect_once(t, load_scripts, sha, deadline, out, gen, &again);
+
+    /* the primary moved (a failover the client had not heard of): the
+     * sentinels are asked again, once, within the same deadline */
+    if (rc == DLOCK_ECONN && again && dlock__now_ms() < deadline) {
+        char first[256];
+        snprintf(first, sizeof(first), "%s", dlock_errmsg());
+        again = 0;
+        rc = connect_once(t, load_scripts, sha, deadline, out, gen, &again);
+        if (rc == DLOCK_ECONN)
+            rc = dlock__err(rc, "%s (before: %s)", dlock_errmsg(), first);
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -383,6 +407,21 @@ static int write_all(dlock__rconn *rc, const char *buf, size_t len)
     return 0;
 }
 
+/* Has the primary moved since ctx was connected? Asks the sentinels
+ * first when the topology forgot it (its watch broke, a server said it
+ * is not the primary): a command is never sent to a primary the client
+ * has stopped being sure of (mu held). */
+static int moved_on(dlock__rconn *rc, int64_t deadline)
+{
+    if (!dlock__rtopo_known(rc->t.topo)) {
+        char host[256];
+        int port;
+        uint64_t gen;
+        (void)dlock__rtopo_primary(rc->t.topo, host, &port, &gen, deadline);
+    }
+    return rc->gen < dlock__rtopo_gen(rc->t.topo);
+}
+
 /* Writes one call and waits for its replies (see redis_conn.h). */
 static int call(dlock__rconn *rc, const char *buf, size_t len, int n,
                 redisReply **replies, int64_t deadline)
@@ -401,8 +440,14 @@ static int call(dlock__rconn *rc, const char *buf, size_t len, int n,
     p->n = n;
 
     pthread_mutex_lock(&rc->mu);
-    while (rc->dead) /* a broken socket its reader has not freed yet */
-        pthread_cond_wait(&rc->idle_cv, &rc->mu);
+    for (;;) {
+        while (rc->dead) /* a broken socket its reader has not freed yet */
+            pthread_cond_wait(&rc->idle_cv, &rc->mu);
+        if (!rc->t.topo || !rc->ctx || !moved_on(rc, deadline))
+            break;
+        conn_fail(rc, DLOCK_ECONN, "%s: failover: the primary changed",
+                  rc->t.where);
+    }
     int64_t now = dlock__now_ms();
     if (rc->ctx && !rc->head && now - rc->used >= STALE_CHECK_MS &&
         stale(rc->ctx)) {

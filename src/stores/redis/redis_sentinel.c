@@ -34,7 +34,10 @@ struct dlock__rtopo {
     int known;
     int ever;      /* an address was ever known (the first is gen 1) */
     uint64_t gen;
-    redisContext *watch; /* subscribed to +switch-master (non-blocking) */
+    /* one per sentinel, subscribed to +switch-master and +promoted-slave
+     * (non-blocking; NULL: not connected) */
+    redisContext **watch;
+    size_t nwatch; /* how many are */
     size_t next; /* the sentinel to try first */
 };
 
@@ -59,6 +62,7 @@ static int64_t budget(const dlock__rtopo *t, int64_t deadline)
 /* The primary moved to host:port (mu held): a new generation. */
 static void moved(dlock__rtopo *t, const char *host, int port)
 {
+
     int same = t->ever && t->pport == port && !strcmp(t->phost, host);
 
     snprintf(t->phost, sizeof(t->phost), "%s", host);
@@ -74,31 +78,49 @@ static void moved(dlock__rtopo *t, const char *host, int port)
     }
 }
 
-static void watch_drop(dlock__rtopo *t)
+static void watch_drop(dlock__rtopo *t, size_t i)
 {
-    if (!t->watch)
+    if (!t->watch[i])
         return;
-    epoll_ctl(t->epfd, EPOLL_CTL_DEL, t->watch->fd, NULL);
-    redisFree(t->watch);
-    t->watch = NULL;
+    epoll_ctl(t->epfd, EPOLL_CTL_DEL, t->watch[i]->fd, NULL);
+    redisFree(t->watch[i]);
+    t->watch[i] = NULL;
+    t->nwatch--;
 }
 
-/* One message of the watch connection (mu held): "+switch-master MASTER
- * OLDIP OLDPORT NEWIP NEWPORT" of our master moves the primary. */
+/* One message of a watch connection (mu held). Either moves the primary
+ * of our master:
+ *   +switch-master MASTER OLDIP OLDPORT NEWIP NEWPORT  (every sentinel,
+ *       once the failover is over)
+ *   +promoted-slave slave IP:PORT IP PORT @ MASTER MIP MPORT  (the
+ *       sentinel that leads the failover, as soon as the replica it
+ *       promoted says it is a primary: earlier, often by seconds, since
+ *       the switch waits for the other replicas to follow) */
 static void watch_reply(dlock__rtopo *t, const redisReply *r)
 {
-    char master[MASTER_MAX + 1], oh[HOST_MAX], nh[HOST_MAX];
-    int op, np;
+    char master[MASTER_MAX + 1], a[HOST_MAX], b[HOST_MAX], kind[16];
+    int p1, p2;
 
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
         r->element[0]->type != REDIS_REPLY_STRING ||
         strcmp(r->element[0]->str, "message") != 0 ||
+        r->element[1]->type != REDIS_REPLY_STRING ||
         r->element[2]->type != REDIS_REPLY_STRING)
         return;
-    if (sscanf(r->element[2]->str, "%128s %255s %d %255s %d", master, oh, &op,
-               nh, &np) == 5 &&
-        !strcmp(master, t->master) && np > 0 && np < 65536)
-        moved(t, nh, np);
+    const char *ch = r->element[1]->str, *m = r->element[2]->str;
+    if (!strcmp(ch, "+switch-master")) {
+        if (sscanf(m, "%128s %255s %d %255s %d", master, a, &p1, b, &p2) ==
+                5 &&
+            !strcmp(master, t->master) && p2 > 0 && p2 < 65536)
+            moved(t, b, p2);
+    } else if (!strcmp(ch, "+promoted-slave")) {
+        char at[4];
+        if (sscanf(m, "%15s %*s %255s %d %3s %128s", kind, a, &p1, at,
+                   master) == 5 &&
+            !strcmp(kind, "slave") && !strcmp(at, "@") &&
+            !strcmp(master, t->master) && p1 > 0 && p1 < 65536)
+            moved(t, a, p1);
+    }
 }
 
 /* Connects to sentinel i within ms (blocking). */
@@ -121,43 +143,50 @@ static redisContext *sentinel_connect(const dlock__rtopo *t, size_t i,
     return ctx;
 }
 
-/* Subscribes a connection to sentinel i to +switch-master and waits for
- * the confirmation, so that a switch after this moment is heard (mu
- * held). 0, or -1 with err set. */
+/* Subscribes a connection to sentinel i to the moves of a primary and
+ * waits for the confirmation, so that a move after this moment is heard
+ * (mu held). 0, or -1 with err set. */
 static int watch_open(dlock__rtopo *t, size_t i, int64_t ms, char *err,
                       size_t cap)
 {
     redisContext *ctx = sentinel_connect(t, i, ms, err, cap);
     redisReply *r = NULL;
     struct epoll_event ev;
+    int ok = 1;
 
     if (!ctx)
         return -1;
-    r = redisCommand(ctx, "SUBSCRIBE +switch-master");
-    if (!r || r->type != REDIS_REPLY_ARRAY) {
-        snprintf(err, cap, "%s:%d: %s", t->host[i], t->port[i],
-                 r && r->type == REDIS_REPLY_ERROR ? r->str
-                 : ctx->err                        ? ctx->errstr
-                                                   : "SUBSCRIBE refused");
+    redisAppendCommand(ctx, "SUBSCRIBE +switch-master +promoted-slave");
+    for (int k = 0; k < 2 && ok; k++) {
+        if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r ||
+            r->type != REDIS_REPLY_ARRAY) {
+            snprintf(err, cap, "%s:%d: %s", t->host[i], t->port[i],
+                     r && r->type == REDIS_REPLY_ERROR ? r->str
+                     : ctx->err                        ? ctx->errstr
+                                                       : "SUBSCRIBE refused");
+            ok = 0;
+        }
         if (r)
             freeReplyObject(r);
-        redisFree(ctx);
-        return -1;
+        r = NULL;
     }
-    freeReplyObject(r);
-    int fl = fcntl(ctx->fd, F_GETFL);
+    int fl = ok ? fcntl(ctx->fd, F_GETFL) : -1;
     memset(&ev, 0, sizeof(ev));
     ev.events = EPOLLIN;
     ev.data.ptr = t;
-    if (fl < 0 || fcntl(ctx->fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
-        epoll_ctl(t->epfd, EPOLL_CTL_ADD, ctx->fd, &ev) < 0) {
+    if (ok && (fl < 0 || fcntl(ctx->fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+               epoll_ctl(t->epfd, EPOLL_CTL_ADD, ctx->fd, &ev) < 0)) {
         snprintf(err, cap, "%s:%d: %s", t->host[i], t->port[i],
                  strerror(errno));
+        ok = 0;
+    }
+    if (!ok) {
         redisFree(ctx);
         return -1;
     }
     ctx->flags &= ~REDIS_BLOCK;
-    t->watch = ctx;
+    t->watch[i] = ctx;
+    t->nwatch++;
     return 0;
 }
 
@@ -195,31 +224,51 @@ static int ask_one(const dlock__rtopo *t, size_t i, int64_t ms, char *host,
     return rc;
 }
 
-/* Subscribes (if not yet), then asks the sentinels in turn, starting
- * with the one that last answered (mu held). */
+/* Appends "; " and msg to errs[0..cap) at *o. */
+static void add_err(char *errs, size_t cap, size_t *o, const char *msg)
+{
+    int w = snprintf(errs + *o, cap - *o, "%s%s", *o ? "; " : "", msg);
+
+    if (w > 0 && *o + (size_t)w < cap)
+        *o += (size_t)w;
+}
+
+/* Subscribes to every sentinel when no subscription is left (a move is
+ * announced first by the one sentinel that leads the failover), then
+ * asks the sentinels in turn, starting with the one that last answered
+ * (mu held). */
 static int ask(dlock__rtopo *t, int64_t deadline)
 {
     char errs[1024] = "", err[256], host[HOST_MAX];
     size_t o = 0;
     int port;
 
+    if (t->nwatch == 0) {
+        for (size_t i = 0; i < t->n && budget(t, deadline) > 0; i++) {
+            err[0] = '\0';
+            if (!t->watch[i] &&
+                watch_open(t, i, budget(t, deadline), err, sizeof(err)) != 0)
+                add_err(errs, sizeof(errs), &o, err);
+        }
+        if (t->nwatch == 0)
+            return dlock__err(DLOCK_ECONN,
+                              "%s: no sentinel takes a subscription%s%s",
+                              t->where, o ? ": " : " in time", errs);
+        o = 0;
+        errs[0] = '\0';
+    }
     for (size_t k = 0; k < t->n; k++) {
         size_t i = (t->next + k) % t->n;
         int64_t ms = budget(t, deadline);
         if (ms <= 0)
             break;
         err[0] = '\0';
-        if ((t->watch || watch_open(t, i, ms, err, sizeof(err)) == 0) &&
-            ask_one(t, i, budget(t, deadline), host, &port, err,
-                    sizeof(err)) == 0) {
+        if (ask_one(t, i, ms, host, &port, err, sizeof(err)) == 0) {
             t->next = i;
             moved(t, host, port);
             return DLOCK_OK;
         }
-        int w = snprintf(errs + o, sizeof(errs) - o, "%s%s", o ? "; " : "",
-                         err);
-        if (w > 0 && o + (size_t)w < sizeof(errs))
-            o += (size_t)w;
+        add_err(errs, sizeof(errs), &o, err);
     }
     return dlock__err(DLOCK_ECONN, "%s: no sentinel named the primary%s%s",
                       t->where, o ? ": " : " in time", errs);
@@ -250,6 +299,14 @@ void dlock__rtopo_not_primary(dlock__rtopo *t, uint64_t gen)
     pthread_mutex_unlock(&t->mu);
 }
 
+int dlock__rtopo_known(dlock__rtopo *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int k = t->known;
+    pthread_mutex_unlock(&t->mu);
+    return k;
+}
+
 uint64_t dlock__rtopo_gen(dlock__rtopo *t)
 {
     return __atomic_load_n(&t->gen, __ATOMIC_SEQ_CST);
@@ -258,23 +315,25 @@ uint64_t dlock__rtopo_gen(dlock__rtopo *t)
 uint64_t dlock__rtopo_read(dlock__rtopo *t)
 {
     pthread_mutex_lock(&t->mu);
-    if (t->watch) {
-        if (redisBufferRead(t->watch) != REDIS_OK) {
-            watch_drop(t);
-        } else {
-            redisReply *r = NULL;
-            while (redisGetReplyFromReader(t->watch, (void **)&r) == REDIS_OK &&
-                   r) {
-                watch_reply(t, r);
-                freeReplyObject(r);
-                r = NULL;
-            }
-            if (t->watch->err)
-                watch_drop(t);
+    for (size_t i = 0; i < t->n; i++) {
+        redisContext *w = t->watch[i];
+        if (!w)
+            continue;
+        if (redisBufferRead(w) != REDIS_OK) {
+            watch_drop(t, i);
+            continue;
         }
-        if (!t->watch) /* the next ask subscribes again, and asks */
-            t->known = 0;
+        redisReply *r = NULL;
+        while (redisGetReplyFromReader(w, (void **)&r) == REDIS_OK && r) {
+            watch_reply(t, r);
+            freeReplyObject(r);
+            r = NULL;
+        }
+        if (w->err)
+            watch_drop(t, i);
     }
+    if (t->nwatch == 0) /* the next ask subscribes again, and asks */
+        t->known = 0;
     pthread_mutex_unlock(&t->mu);
     return dlock__rtopo_gen(t);
 }
@@ -288,9 +347,12 @@ void dlock__rtopo_free(dlock__rtopo *t)
 {
     if (!t)
         return;
-    watch_drop(t);
-    for (size_t i = 0; i < t->n; i++)
+    for (size_t i = 0; i < t->n; i++) {
+        if (t->watch)
+            watch_drop(t, i);
         free(t->host[i]);
+    }
+    free(t->watch);
     free(t->host);
     free(t->port);
     pthread_mutex_destroy(&t->mu);
@@ -328,7 +390,8 @@ int dlock__rtopo_open(dlock__rtopo **out, dlock_client *c,
     snprintf(t->where, sizeof(t->where), "redis-sentinel %s", t->master);
     t->host = calloc(u->nhosts, sizeof(*t->host));
     t->port = calloc(u->nhosts, sizeof(*t->port));
-    if (!t->host || !t->port) {
+    t->watch = calloc(u->nhosts, sizeof(*t->watch));
+    if (!t->host || !t->port || !t->watch) {
         dlock__rtopo_free(t);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }

@@ -46,6 +46,9 @@ int dlock__rtopo_primary(dlock__rtopo *t, char *host, int *port,
  * again. Does nothing when the generation has moved on since. */
 void dlock__rtopo_not_primary(dlock__rtopo *t, uint64_t gen);
 
+/* Whether the primary is known (no ask pending). */
+int dlock__rtopo_known(dlock__rtopo *t);
+
 /* The generation now (starts at 1). */
 uint64_t dlock__rtopo_gen(dlock__rtopo *t);
 
