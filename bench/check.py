@@ -16,6 +16,9 @@ how fast anything was. It fails (exit 1, one line per problem) when
   - the Redis section lacks the operator's figures: dlock_list()'s first
     page and the exporter's scrape, each with its ratio to its target
     (issue 20);
+  - the Redis section lacks the Sentinel figures: the cycle through the
+    sentinels beside the primary, and the cost of min_replicas' WAIT
+    (issue 21);
   - a chart named by the document was not drawn (with --charts DIR).
 """
 import os
@@ -73,6 +76,12 @@ def main():
                       r"the 1 s target \|", redis)) < 2:
         bad.append("no exporter scrape figures (Redis and file) in the "
                    "Redis section")
+    if not re.search(r"\| through the sentinels \| [0-9.]+ \| \*\*[0-9.]+x\*\*",
+                     redis):
+        bad.append("no Sentinel cycle figure in the Redis section")
+    if len(re.findall(r"\| with `min_replicas=[12]` \(WAIT\) \| [0-9.]+ \| "
+                      r"[0-9.]+x", redis)) < 2:
+        bad.append("no min_replicas (WAIT) figures in the Redis section")
     cyc = {c[0]: c for c in plot.cycles(sec)}
     hand = dict(plot.handoffs(sec))
     for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",

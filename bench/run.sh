@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # run.sh BUILD_DIR [--quick] -- runs the benchmarks against a private
 # redis-server (free loopback port, temporary directory, no persistence),
-# a temporary file store, five private redis-servers for Redlock (beside
+# a temporary file store, a Sentinel set (a primary, two replicas and three
+# sentinels, private redis-servers), five private redis-servers for Redlock (beside
 # node-redlock, which npm installs under BUILD_DIR/npm, never in the
 # tree), a private standalone ZooKeeper server (free
 # loopback port, temporary directory, no fsync) and a private etcd member
