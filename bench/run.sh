@@ -31,7 +31,7 @@ cleanup() {
     # SIGINT: PostgreSQL's fast shutdown (SIGTERM waits for its clients)
     [ -n "$pgpid" ] && kill -INT "$pgpid" 2>/dev/null
     [ -n "$mypid" ] && kill "$mypid" 2>/dev/null
-    for p in $stpids; do kill "$p" 2>/dev/null; done
+    for p in $stpids; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null
     rm -rf "$tmp"
 }

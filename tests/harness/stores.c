@@ -20,6 +20,15 @@ void th_store_start(th_store *s, const char *k)
         snprintf(s->uri, sizeof(s->uri), "%s", s->srv.uri);
         s->has_leases = s->lease_runs_out = s->ttl_visible = 1;
         s->short_ttl = 300;
+    } else if (!strcmp(k, "redis-sentinel")) {
+        /* the same store through the sentinels: every contract holds;
+         * looked at behind its back on the primary, as redis:// */
+        th_sentinels_start(&s->sen, "dlocktest", 1000, 10000);
+        s->srv = s->sen.data[0];
+        snprintf(s->uri, sizeof(s->uri), "%s", s->sen.uri);
+        s->kind = "redis";
+        s->has_leases = s->lease_runs_out = s->ttl_visible = 1;
+        s->short_ttl = 300;
     } else if (!strcmp(k, "redlock")) {
         /* five independent masters. The node timeout is the longest a
          * node's answer may take before the round counts it as failed

@@ -418,9 +418,9 @@ void th_zk_close(void *zh);
 int th_zk_delete_children(void *zh, const char *path);
 #endif
 
-/* A store for the store tests, started by kind: file, redis, redlock, zk,
- * etcd, sqlite, pg, pg-advisory, pg-pgbouncer, pg-advisory-pgbouncer,
- * mysql (th_skip() when this build or machine lacks it). What the store
+/* A store for the store tests, started by kind: file, redis,
+ * redis-sentinel (runs as "redis"), redlock, zk, etcd, sqlite, pg,
+ * pg-advisory, pg-pgbouncer, pg-advisory-pgbouncer, mysql (th_skip() when this build or machine lacks it). What the store
  * does:
  *  - has_leases: a lock outlives a dead or frozen holder only by its ttl
  *    (a Redis lease; a ZooKeeper session): a SIGKILLed holder is replaced
@@ -471,8 +471,9 @@ typedef struct th_store {
     int has_leases, lease_runs_out, ttl_visible, fixed_ttl, keeps_last_token,
         held_visible, has_fair;
     int64_t short_ttl;
-    th_redis srv;   /* redis */
+    th_redis srv;   /* redis (redis-sentinel: a copy of its primary's) */
     th_redis rl[5]; /* redlock's nodes */
+    th_sentinels sen; /* redis-sentinel */
     th_zk zsrv;
     th_etcd esrv;
     th_sql ssrv;
