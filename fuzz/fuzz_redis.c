@@ -17,7 +17,11 @@
  * connection's handler (hand-over messages on the client's channel).
  * The same reply is read as the answer to the break script
  * (redis_operate.c: the value before, its PTTL, whether it broke, the
- * grants). Field 4 is also read as a dlock_list() cursor (one server's
+ * grants). Every reply also goes to a Sentinel topology's watch handler
+ * (redis_sentinel.c: +switch-master and +promoted-slave messages of a
+ * master named by field 2): a move it accepts names a port in 1..65535
+ * and a host that fits, and the generation grows by at most one per
+ * message. Field 4 is also read as a dlock_list() cursor (one server's
  * SCAN cursor, and Redlock's one field per node), and field 3 as a name
  * prefix for listing.
  * Checks: keys are PREFIX{NAME}SUFFIX and the name comes back from a key
@@ -42,6 +46,7 @@
 #include "../src/stores/redis/redis_conn.c"
 #include "../src/stores/redis/redis_shared.c"
 #include "../src/stores/redis/redis_operate.c"
+#include "../src/stores/redis/redis_sentinel.c"
 
 static dlock_client *client;
 
@@ -332,10 +337,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_fail("break answer out of range");
         dlock_info_clear(&info);
     }
+    dlock__rtopo topo;
+    memset(&topo, 0, sizeof(topo));
+    topo.client = client;
+    topo.gen = 1;
+    topo.epfd = -1;
+    snprintf(topo.master, sizeof(topo.master), "%s", name);
     for (int i = 0; i < n; i++) {
-        uint64_t v;
+        uint64_t v, g0 = topo.gen;
         (void)dlock__redis_reply_uint(got[i], &v);
         sub_reply(rs, got[i]);
+        watch_reply(&topo, got[i]);
+        if (topo.gen > g0 + 1 ||
+            (topo.known && (topo.pport < 1 || topo.pport > 65535 ||
+                            strnlen(topo.phost, sizeof(topo.phost)) >=
+                                sizeof(topo.phost))))
+            fz_fail("a Sentinel move out of range");
         freeReplyObject(got[i]);
     }
 

@@ -166,6 +166,24 @@ for uri, name, resp in [
     put("redis", fields(uri, name, "s3cret", "WRONGPASS s3cret invalid") +
         b"\0" + bytes([1]) + resp)
 
+# a Sentinel's watch (redis_sentinel.c): moves of the master named by
+# field 2
+MOVES = [
+    arr(bulk("message"), bulk("+switch-master"),
+        bulk("m 127.0.0.1 6379 127.0.0.1 6380")),
+    arr(bulk("message"), bulk("+promoted-slave"),
+        bulk("slave 127.0.0.1:6381 127.0.0.1 6381 @ m 127.0.0.1 6380")),
+    arr(bulk("message"), bulk("+switch-master"), bulk("m a 1 b 70000")),
+    arr(bulk("message"), bulk("+promoted-slave"),
+        bulk("sentinel 1:2 1 2 @ m 1 2")),
+    arr(bulk("message"), bulk("+switch-master"), bulk("m " + "h" * 300 +
+        " 1 " + "h" * 300 + " 2")),
+]
+for name, resp in [("m", MOVES[0] + MOVES[1]), ("m", MOVES[2] + MOVES[3]),
+                   ("m", MOVES[4]), ("other", MOVES[0])]:
+    put("redis", fields("redis-sentinel://s:26379/m", name, "", "") + b"\0" +
+        bytes([0]) + resp)
+
 # dlock_list() and dlock_break() (redis_operate.c): field 3 a name prefix,
 # field 4 a cursor (one server's, and Redlock's per node), the reply the
 # break script's answer: {server ms, value before, pttl, broke, grants}

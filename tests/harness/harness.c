@@ -1507,3 +1507,23 @@ int th_main(int argc, char **argv, const th_test *tests)
     }
     return 0;
 }
+
+void th_lost_cb(dlock *l, uint64_t token, void *arg)
+{
+    th_lost *b = arg;
+
+    (void)l;
+    pthread_mutex_lock(&b->mu);
+    b->calls++;
+    b->token = token;
+    b->at = th_now_ms();
+    pthread_mutex_unlock(&b->mu);
+}
+
+int th_lost_calls(th_lost *b)
+{
+    pthread_mutex_lock(&b->mu);
+    int n = b->calls;
+    pthread_mutex_unlock(&b->mu);
+    return n;
+}

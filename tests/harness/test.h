@@ -418,6 +418,18 @@ void th_zk_close(void *zh);
 int th_zk_delete_children(void *zh, const char *path);
 #endif
 
+/* What a lost-lock callback saw: th_lost_cb as dlock_options.on_lost, a
+ * th_lost (TH_LOST_INIT) as its on_lost_arg. */
+typedef struct th_lost {
+    pthread_mutex_t mu;
+    int calls;
+    uint64_t token; /* the last call's */
+    int64_t at;     /* th_now_ms() of the last call */
+} th_lost;
+#define TH_LOST_INIT {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0}
+void th_lost_cb(dlock *l, uint64_t token, void *arg);
+int th_lost_calls(th_lost *b);
+
 /* A store for the store tests, started by kind: file, redis,
  * redis-sentinel (runs as "redis"), redlock, zk, etcd, sqlite, pg,
  * pg-advisory, pg-pgbouncer, pg-advisory-pgbouncer, mysql (th_skip() when this build or machine lacks it). What the store

@@ -415,33 +415,6 @@ TEST(list_shows_waiters)
     dlock_client_close(o);
 }
 
-typedef struct lost_box {
-    pthread_mutex_t mu;
-    int calls;
-    uint64_t token;
-    int64_t at;
-} lost_box;
-
-static void on_lost(dlock *l, uint64_t token, void *arg)
-{
-    lost_box *b = arg;
-
-    (void)l;
-    pthread_mutex_lock(&b->mu);
-    b->calls++;
-    b->token = token;
-    b->at = th_now_ms();
-    pthread_mutex_unlock(&b->mu);
-}
-
-static int lost_calls(lost_box *b)
-{
-    pthread_mutex_lock(&b->mu);
-    int n = b->calls;
-    pthread_mutex_unlock(&b->mu);
-    return n;
-}
-
 TEST(break_evicts_a_renewing_holder)
 {
     NEED(break);
@@ -450,9 +423,9 @@ TEST(break_evicts_a_renewing_holder)
      * at its next renewal, so within ttl/3 plus a round trip; 10 s is
      * that with room for a busy machine, and well short of what the
      * lease alone would have taken had it not been renewed: forever. */
-    lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+    th_lost box = TH_LOST_INIT;
     dlock_client *a = client(), *b = client(), *op = client();
-    dlock *la = handle(a, "op/break", 3000, on_lost, &box);
+    dlock *la = handle(a, "op/break", 3000, th_lost_cb, &box);
     dlock *lb = handle(b, "op/break", 3000, NULL, NULL);
     dlock_info ev;
     uint64_t t1;
@@ -476,9 +449,9 @@ TEST(break_evicts_a_renewing_holder)
 
     /* the evicted holder learns it: callback, then ELOST */
     int64_t until = t0 + 10000;
-    while (lost_calls(&box) == 0 && th_now_ms() < until)
+    while (th_lost_calls(&box) == 0 && th_now_ms() < until)
         th_sleep_ms(10);
-    CHECK_EQ(lost_calls(&box), 1);
+    CHECK_EQ(th_lost_calls(&box), 1);
     CHECK_EQ(box.token, t1);
     CHECK_EQ(dlock_held(la), DLOCK_ELOST);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);

@@ -52,26 +52,8 @@ static dlock_client *client(void)
     return client_at(uri);
 }
 
-typedef struct lost_box {
-    pthread_mutex_t mu;
-    int calls;
-    int64_t at;
-} lost_box;
-
-static void on_lost(dlock *l, uint64_t token, void *arg)
-{
-    lost_box *b = arg;
-
-    (void)l;
-    (void)token;
-    pthread_mutex_lock(&b->mu);
-    b->calls++;
-    b->at = th_now_ms();
-    pthread_mutex_unlock(&b->mu);
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned permits, lost_box *box)
+                     unsigned permits, th_lost *box)
 {
     dlock_options o;
     dlock *l = NULL;
@@ -79,7 +61,7 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
     memset(&o, 0, sizeof(o));
     o.ttl_ms = ttl;
     o.permits = permits;
-    o.on_lost = box ? on_lost : NULL;
+    o.on_lost = box ? th_lost_cb : NULL;
     o.on_lost_arg = box;
     CHECK_OK(dlock_open(&l, c, name, &o));
     return l;
@@ -611,7 +593,7 @@ typedef struct frozen {
 static int frozen_child(void *arg)
 {
     frozen *f = arg;
-    lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    th_lost box = TH_LOST_INIT;
     dlock_client *c = client_at(f->uri);
     dlock *l = handle(c, "bf/x", 2000, 0, &box);
 
@@ -799,7 +781,7 @@ TEST(break_while_the_holder_renews_often)
     dlock_client *a = client(), *op = client();
 
     for (int i = 0; i < 15; i++) {
-        lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+        th_lost box = TH_LOST_INIT;
         dlock *l = handle(a, "bn/x", 300, 0, &box);
         CHECK_OK(dlock_acquire(l, 5000));
         th_sleep_ms((i * 37) % 130);
@@ -1008,7 +990,7 @@ TEST(redlock_break_with_two_nodes_frozen)
      * holder keeps two at most, no quorum: its next renewal (ttl/3 of 1.5
      * s, each round at most a 250 ms node timeout) finds it lost: 10 s on
      * a busy machine */
-    lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    th_lost box = TH_LOST_INIT;
     dlock_client *a = client(), *op = client();
     dlock *l = handle(a, "rb/x", 1500, 0, &box);
     dlock_info ev;

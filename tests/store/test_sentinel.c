@@ -38,32 +38,6 @@
 
 #define MASTER "dlockm"
 
-typedef struct lost_box {
-    pthread_mutex_t mu;
-    int calls;
-    int64_t at;
-} lost_box;
-
-static void on_lost(dlock *l, uint64_t token, void *arg)
-{
-    lost_box *b = arg;
-
-    (void)l;
-    (void)token;
-    pthread_mutex_lock(&b->mu);
-    b->calls++;
-    b->at = th_now_ms();
-    pthread_mutex_unlock(&b->mu);
-}
-
-static int lost_calls(lost_box *b)
-{
-    pthread_mutex_lock(&b->mu);
-    int n = b->calls;
-    pthread_mutex_unlock(&b->mu);
-    return n;
-}
-
 static dlock_client *client_at(const char *u)
 {
     dlock_client *c = NULL;
@@ -73,14 +47,14 @@ static dlock_client *client_at(const char *u)
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     lost_box *box)
+                     th_lost *box)
 {
     dlock_options o;
     dlock *l = NULL;
 
     memset(&o, 0, sizeof(o));
     o.ttl_ms = ttl;
-    o.on_lost = box ? on_lost : NULL;
+    o.on_lost = box ? th_lost_cb : NULL;
     o.on_lost_arg = box;
     CHECK_OK(dlock_open(&l, c, name, &o));
     return l;
@@ -187,7 +161,7 @@ TEST(renewals_not_on_the_replicas_lose_the_hold)
      * acknowledge cannot keep a hold alive; the holder is told at its
      * local lease end (900 ms), while the primary still has the key */
     th_sentinels *t = steady();
-    lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    th_lost box = TH_LOST_INIT;
     char u[600];
 
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=100", t->uri);
@@ -204,14 +178,14 @@ TEST(renewals_not_on_the_replicas_lose_the_hold)
     int64_t t0 = th_now_ms();
     th_redis_kill(rep[0], SIGSTOP);
     th_redis_kill(rep[1], SIGSTOP);
-    while (lost_calls(&box) == 0 && th_now_ms() < t0 + 5000)
+    while (th_lost_calls(&box) == 0 && th_now_ms() < t0 + 5000)
         th_sleep_ms(10);
     int64_t lost_after = th_now_ms() - t0;
     char v[256];
     th_redis_cmd(p, v, sizeof(v), "GET dlock:{s/split}");
     th_redis_kill(rep[0], SIGCONT);
     th_redis_kill(rep[1], SIGCONT);
-    CHECK_EQ(lost_calls(&box), 1);
+    CHECK_EQ(th_lost_calls(&box), 1);
     CHECK_OP(lost_after, <, 5000); /* the lease end, with slack */
     CHECK(strlen(v) > 0);          /* the primary never lost the key */
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
@@ -283,7 +257,7 @@ TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
 TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
 {
     th_sentinels t;
-    lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    th_lost box = TH_LOST_INIT;
 
     th_sentinels_start(&t, MASTER, 1000, 10000);
     char u[600];
@@ -294,7 +268,7 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
-    lost_box sbox = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    th_lost sbox = TH_LOST_INIT;
     dlock *ls = handle(a, "s/keep-shared", 30000, &sbox);
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -312,10 +286,10 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     /* the client follows and checks its hold on the new primary: it is
      * there (acknowledged by both replicas), so it is kept */
     th_sleep_ms(3000);
-    CHECK_EQ(lost_calls(&box), 0);
+    CHECK_EQ(th_lost_calls(&box), 0);
     CHECK_EQ(dlock_held(la), 1);
     /* a shared hold of the old primary is not checked: reported lost */
-    CHECK_EQ(lost_calls(&sbox), 1);
+    CHECK_EQ(th_lost_calls(&sbox), 1);
     CHECK_RC(dlock_release(ls), DLOCK_ELOST);
     dlock_close(ls);
     char v[256];
@@ -340,7 +314,7 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
 TEST(failover_that_loses_a_hold_reports_it)
 {
     th_sentinels t;
-    lost_box box = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    th_lost box = TH_LOST_INIT;
 
     th_sentinels_start(&t, MASTER, 1000, 10000);
     dlock_client *a = client_at(t.uri);
@@ -362,9 +336,9 @@ TEST(failover_that_loses_a_hold_reports_it)
     CHECK(now > 0);
     int64_t seen = th_now_ms();
     /* reported once the switch is heard: long before its 30 s lease */
-    while (lost_calls(&box) == 0 && th_now_ms() < seen + 10000)
+    while (th_lost_calls(&box) == 0 && th_now_ms() < seen + 10000)
         th_sleep_ms(10);
-    CHECK_EQ(lost_calls(&box), 1);
+    CHECK_EQ(th_lost_calls(&box), 1);
     CHECK_RC(dlock_held(la), DLOCK_ELOST);
 
     /* someone else takes it on the new primary, with a higher token */
