@@ -23,15 +23,15 @@
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|redis-sentinel|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
+file | redis | redis-sentinel | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file', 'redis', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis', 'redis-sentinel', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -311,6 +311,46 @@ kill_redis_node() {
     fi
 }
 
+# start_sentinel_set: a replica of the node started by start_redis and
+# three sentinels watching it as master dlockcli (in BG_PIDS: the
+# cleanup kills them), their ports in SENT_PORTS; returns once the
+# sentinels name it and know the replica (30 s at most, else exits).
+start_sentinel_set() {
+    local i p dir cand
+    SENT_PORTS=()
+    for ((i = 0; i < 4; i++)); do
+        p=
+        while [ -z "$p" ]; do
+            cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+            (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null || p=$cand
+        done
+        dir=$TMP/sentinel$i
+        mkdir -p "$dir"
+        if ((i == 0)); then # the replica
+            redis-server --save '' --appendonly no --bind 127.0.0.1 \
+                --port "$p" --dir "$dir" --replicaof 127.0.0.1 "$REDIS_PORT" \
+                >"$dir/log" 2>&1 </dev/null &
+        else
+            printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor dlockcli 127.0.0.1 %s 2\n' \
+                "$p" "$dir" "$REDIS_PORT" >"$dir/sentinel.conf"
+            redis-server "$dir/sentinel.conf" --sentinel >"$dir/log" 2>&1 </dev/null &
+            SENT_PORTS+=("$p")
+        fi
+        BG_PIDS+=($!)
+    done
+    for ((i = 0; i < 300; i++)); do
+        if redis-cli -p "${SENT_PORTS[0]}" SENTINEL get-master-addr-by-name dlockcli 2>/dev/null |
+            grep -qx "$REDIS_PORT" &&
+            [ "$(redis-cli -p "${SENT_PORTS[2]}" SENTINEL replicas dlockcli 2>/dev/null | grep -c '^ip$')" = 1 ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "FAIL: the sentinels did not come up; their logs:" >&2
+    show "$TMP/sentinel1/log"
+    exit 1
+}
+
 # redis_all CMD...: runs redis-cli CMD on every node; prints the answers,
 # one a line, in node order.
 redis_all() {
@@ -531,6 +571,14 @@ case $KIND in
 redis)
     start_redis 1
     export DLOCK_STORE="redis://127.0.0.1:$REDIS_PORT"
+    ;;
+redis-sentinel)
+    # the Redis checks below, through three sentinels (the primary is
+    # REDIS_PORT, looked at behind dlock's back as on redis://)
+    start_redis 1
+    start_sentinel_set
+    export DLOCK_STORE="redis-sentinel://127.0.0.1:${SENT_PORTS[0]},127.0.0.1:${SENT_PORTS[1]},127.0.0.1:${SENT_PORTS[2]}/dlockcli"
+    KIND=redis
     ;;
 redlock)
     start_redis 3
