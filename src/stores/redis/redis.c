@@ -273,7 +273,8 @@ static int listening(redis_store *rs)
     return yes;
 }
 
-static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline);
+static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
+                       int *waited);
 static int redis_release(void *st, dlock__lease *l, int64_t deadline);
 
 /* ?min_replicas=N: WAIT until N replicas have the connection's writes
@@ -322,11 +323,10 @@ static int wait_replicas(redis_store *rs)
     return rc;
 }
 
-/* After an acquire: on enough replicas, or let go of it. */
-static int replicated(redis_store *rs, dlock__lease *l)
+/* After an acquire: on enough replicas (rc, the answer of its WAIT), or
+ * let go of it. */
+static int replicated(redis_store *rs, dlock__lease *l, int rc)
 {
-    int rc = wait_replicas(rs);
-
     if (rc) {
         /* not on enough replicas: let go of it (the guarded release),
          * keeping the reason */
@@ -344,14 +344,18 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     redis_lease *rl = l->priv;
     int rc;
 
+    /* the answer of a WAIT pipelined with the try (codes are <= 0) */
+    int waited = 1;
+
     rl->gen = topo_gen(rs);
-    rc = try_acquire(rs, l, deadline);
+    rc = try_acquire(rs, l, deadline, &waited);
     if (rc == DLOCK_OK && rs->min_replicas > 0)
-        rc = replicated(rs, l);
+        rc = replicated(rs, l, waited <= 0 ? waited : wait_replicas(rs));
     return rc;
 }
 
-static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline)
+static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
+                       int *waited)
 {
     redis_lease *rl = l->priv;
     char key[KEY_MAX], owner[80], ttl[24], line[LINE_MAX], rest[200];
@@ -363,8 +367,9 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline)
                           (long long)wall_ms(), l->desc);
     int queue = l->waiting || (l->may_wait && listening(rs));
     int blind = queue && !l->waiting && hint > now;
-    redisReply *r;
-    rcmd c;
+    redisReply *r, *wr[2];
+    rcmd c, wc[2];
+    char wn[24], wms[24];
     int rc;
 
     if (l->kind != DLOCK__WRITE)
@@ -416,14 +421,29 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline)
     rcmd_arg(&c, line, ll);
     rcmd_arg(&c, line, id_len);
 
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
-    if (rc)
-        return rc;
+    if (rs->min_replicas > 0) {
+        /* min_replicas: the WAIT in the same round trip (a try that
+         * does not take the lock ignores its answer) */
+        wc[0] = c;
+        wait_cmd(rs, &wc[1], wn, wms);
+        rc = dlock__rconn_run(rs->conn, wc, 2, wr,
+                              deadline + rs->replica_timeout_ms);
+        if (rc)
+            return rc;
+        r = wr[0];
+        *waited = replicas_answer(rs, wr[1]);
+        freeReplyObject(wr[1]);
+    } else {
+        rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+        if (rc)
+            return rc;
+    }
     if (r->type == REDIS_REPLY_ERROR) {
         rc = server_error(rs, r->str, l->name);
     } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
         /* the key holds readers or a semaphore: the shared scripts */
         freeReplyObject(r);
+        *waited = 1; /* that WAIT came before the shared try's write */
         return dlock__redis_rw_acquire(rs, l, queue, deadline);
     } else {
         rc = dlock__redis_try_answer(rs, l, r, now);
