@@ -14,7 +14,7 @@
 #include <sys/epoll.h>
 #include <sys/time.h>
 
-#define DEFAULT_PORT 26379
+#define SENTINEL_PORT 26379
 #define MASTER_MAX 128
 #define HOST_MAX 256
 
@@ -41,7 +41,7 @@ struct dlock__rtopo {
     size_t next; /* the sentinel to try first */
 };
 
-static struct timeval tv_ms(int64_t ms)
+static struct timeval topo_tv(int64_t ms)
 {
     struct timeval tv;
 
@@ -52,7 +52,7 @@ static struct timeval tv_ms(int64_t ms)
     return tv;
 }
 
-static int64_t budget(const dlock__rtopo *t, int64_t deadline)
+static int64_t topo_budget(const dlock__rtopo *t, int64_t deadline)
 {
     int64_t ms = deadline - dlock__now_ms();
 
@@ -128,7 +128,7 @@ static redisContext *sentinel_connect(const dlock__rtopo *t, size_t i,
                                       int64_t ms, char *err, size_t cap)
 {
     redisContext *ctx = redisConnectWithTimeout(t->host[i], t->port[i],
-                                                tv_ms(ms));
+                                                topo_tv(ms));
 
     if (!ctx) {
         snprintf(err, cap, "%s:%d: out of memory", t->host[i], t->port[i]);
@@ -139,7 +139,7 @@ static redisContext *sentinel_connect(const dlock__rtopo *t, size_t i,
         redisFree(ctx);
         return NULL;
     }
-    redisSetTimeout(ctx, tv_ms(ms));
+    redisSetTimeout(ctx, topo_tv(ms));
     return ctx;
 }
 
@@ -244,10 +244,10 @@ static int ask(dlock__rtopo *t, int64_t deadline)
     int port;
 
     if (t->nwatch == 0) {
-        for (size_t i = 0; i < t->n && budget(t, deadline) > 0; i++) {
+        for (size_t i = 0; i < t->n && topo_budget(t, deadline) > 0; i++) {
             err[0] = '\0';
             if (!t->watch[i] &&
-                watch_open(t, i, budget(t, deadline), err, sizeof(err)) != 0)
+                watch_open(t, i, topo_budget(t, deadline), err, sizeof(err)) != 0)
                 add_err(errs, sizeof(errs), &o, err);
         }
         if (t->nwatch == 0)
@@ -259,7 +259,7 @@ static int ask(dlock__rtopo *t, int64_t deadline)
     }
     for (size_t k = 0; k < t->n; k++) {
         size_t i = (t->next + k) % t->n;
-        int64_t ms = budget(t, deadline);
+        int64_t ms = topo_budget(t, deadline);
         if (ms <= 0)
             break;
         err[0] = '\0';
@@ -400,7 +400,7 @@ int dlock__rtopo_open(dlock__rtopo **out, dlock_client *c,
             dlock__rtopo_free(t);
             return dlock__err(DLOCK_ENOMEM, "out of memory");
         }
-        t->port[i] = u->hosts[i].port ? u->hosts[i].port : DEFAULT_PORT;
+        t->port[i] = u->hosts[i].port ? u->hosts[i].port : SENTINEL_PORT;
     }
     pthread_mutex_lock(&t->mu);
     rc = ask(t, deadline);
