@@ -38,12 +38,40 @@ cleanup() {
 trap cleanup EXIT
 stpids=
 
-# free_port: a loopback port nothing listens on now (at random, 20000-59999)
+# free_port: a loopback port nothing listens on now (at random, 20000 to
+# 32767: below the kernel's ephemeral range, where a client socket of the
+# bench may hold a port nobody listens on)
 free_port() {
     local p
     for _ in $(seq 100); do
-        p=$((20000 + RANDOM % 40000))
+        p=$((20000 + RANDOM % 12768))
         (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo "$p"; return 0; }
+    done
+    return 1
+}
+
+# spawn_redis NAME ARGS...: starts redis-server ARGS on a free port (its
+# --port added; a sentinel's config file among ARGS gets `port` from it)
+# and waits until it answers PING (2 s); another port if not, 10 tries.
+# Sets SPAWN_PORT and SPAWN_PID; returns 1 if none started.
+spawn_redis() {
+    local name=$1 p pid
+    shift
+    for _ in $(seq 10); do
+        p=$(free_port) || return 1
+        redis-server "$@" --port "$p" --logfile "$tmp/$name-$p.log" &
+        pid=$!
+        for _ in $(seq 40); do
+            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
+                SPAWN_PORT=$p
+                SPAWN_PID=$pid
+                return 0
+            fi
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.05
+        done
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
     done
     return 1
 }
@@ -210,27 +238,27 @@ awk -v f="$rwout" '
 # sentinels of our own; one subsection at the end of the Redis section
 stout=$tmp/results-sentinel.md
 sentinel_bench() {
-    local p r1 s i sp=() spids=() uri
-    p=$(free_port)
-    redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
-        --dir "$tmp" --logfile "$tmp/sentinel-primary.log" &
-    spids+=($!)
+    local p i sp=() spids=() uri
+    spawn_redis sentinel-primary --bind 127.0.0.1 --save '' \
+        --appendonly no --dir "$tmp" || return 1
+    p=$SPAWN_PORT
+    spids+=("$SPAWN_PID")
+    stpids="${spids[*]}"
     for i in 1 2; do
-        r1=$(free_port)
-        redis-server --port "$r1" --bind 127.0.0.1 --save '' --appendonly no \
-            --dir "$tmp" --logfile "$tmp/sentinel-replica$i.log" \
-            --replicaof 127.0.0.1 "$p" &
-        spids+=($!)
+        spawn_redis "sentinel-replica$i" --bind 127.0.0.1 --save '' \
+            --appendonly no --dir "$tmp" --replicaof 127.0.0.1 "$p" || return 1
+        spids+=("$SPAWN_PID")
+        stpids="${spids[*]}"
     done
     for i in 1 2 3; do
-        s=$(free_port)
         mkdir -p "$tmp/sentinel$i"
-        printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor benchm 127.0.0.1 %s 2\n' \
-            "$s" "$tmp/sentinel$i" "$p" >"$tmp/sentinel$i/sentinel.conf"
-        redis-server "$tmp/sentinel$i/sentinel.conf" --sentinel \
-            --logfile "$tmp/sentinel$i/log" &
-        spids+=($!)
-        sp+=("127.0.0.1:$s")
+        printf 'bind 127.0.0.1\ndir %s\nsentinel monitor benchm 127.0.0.1 %s 2\n' \
+            "$tmp/sentinel$i" "$p" >"$tmp/sentinel$i/sentinel.conf"
+        spawn_redis "sentinel$i" "$tmp/sentinel$i/sentinel.conf" --sentinel ||
+            return 1
+        spids+=("$SPAWN_PID")
+        stpids="${spids[*]}"
+        sp+=("127.0.0.1:$SPAWN_PORT")
     done
     stpids="${spids[*]}"
     uri="redis-sentinel://$(IFS=,; echo "${sp[*]}")/benchm"
@@ -247,7 +275,8 @@ sentinel_bench() {
     kill "${spids[@]}" 2>/dev/null || true
     wait "${spids[@]}" 2>/dev/null || true
 }
-sentinel_bench >"$stout"
+sentinel_bench >"$stout" ||
+    printf '### Redis Sentinel (redis-sentinel://)\n\nNot measured: its servers did not start (see the bench output).\n\n' >"$stout"
 awk -v f="$stout" '
     function st(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
     /^## / && seen && !done { st() }

@@ -214,8 +214,11 @@ int dlock__rconn_connect(const dlock__rconn_target *t, int load_scripts,
         snprintf(first, sizeof(first), "%s", dlock_errmsg());
         again = 0;
         rc = connect_once(t, load_scripts, sha, deadline, out, gen, &again);
-        if (rc == DLOCK_ECONN)
-            rc = dlock__err(rc, "%s (before: %s)", dlock_errmsg(), first);
+        if (rc == DLOCK_ECONN) {
+            char second[256]; /* (the message is rewritten in place) */
+            snprintf(second, sizeof(second), "%s", dlock_errmsg());
+            rc = dlock__err(rc, "%s (before: %s)", second, first);
+        }
     }
     return rc;
 }
