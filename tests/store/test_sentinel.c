@@ -60,6 +60,45 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
     return l;
 }
 
+/* Waits (at most ms) for the lost-lock callback; its calls then. */
+static int lost_within(th_lost *b, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (th_lost_calls(b) == 0 && th_now_ms() < until)
+        th_sleep_ms(10);
+    return th_lost_calls(b);
+}
+
+/* An operator's failover through sentinel `via`; waits (30 s at most)
+ * until it is done and returns the new primary's port. */
+static int fail_over(th_sentinels *t, int via)
+{
+    int old = th_sentinels_primary(t);
+
+    CHECK_EQ(th_redis_cmd(&t->sent[via], NULL, 0, "SENTINEL FAILOVER %s",
+                          MASTER),
+             0);
+    int now = th_sentinels_failed_over(t, old, 30000);
+    CHECK(now > 0);
+    return now;
+}
+
+/* A new client's hold of `name` (through the sentinels, no min_replicas)
+ * has a token above `above`. */
+static void next_token_above(th_sentinels *t, const char *name,
+                             uint64_t above)
+{
+    dlock_client *b = client_at(t->uri);
+    dlock *lb = handle(b, name, 30000, NULL);
+
+    CHECK_OK(dlock_acquire(lb, 5000));
+    CHECK_OP(dlock_token(lb), >, above);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(lb);
+    dlock_client_close(b);
+}
+
 /* One set shared by the tests that fail nothing over. */
 static th_sentinels shared;
 static int shared_up;
@@ -180,8 +219,7 @@ TEST(renewals_not_on_the_replicas_lose_the_hold)
     int64_t t0 = th_now_ms();
     th_redis_kill(rep[0], SIGSTOP);
     th_redis_kill(rep[1], SIGSTOP);
-    while (th_lost_calls(&box) == 0 && th_now_ms() < t0 + 5000)
-        th_sleep_ms(10);
+    (void)lost_within(&box, 5000);
     int64_t lost_after = th_now_ms() - t0;
     char v[256];
     th_redis_cmd(p, v, sizeof(v), "GET dlock:{s/split}");
@@ -283,20 +321,13 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     pthread_create(&th, NULL, wait_thread, &w);
     th_sleep_ms(300); /* b queues behind a */
 
-    int old = t.data[0].port;
-    CHECK_EQ(th_redis_cmd(&t.sent[0], NULL, 0, "SENTINEL FAILOVER %s",
-                          MASTER),
-             0);
-    int now = th_sentinels_failed_over(&t, old, 30000);
-    CHECK(now > 0);
+    int now = fail_over(&t, 0);
     /* the client follows and checks its hold on the new primary: it is
      * there (acknowledged by both replicas), so it is kept */
     int64_t seen = th_now_ms();
     /* a shared hold of the old primary is not checked: reported lost
      * (a renewal round: 10 s of slack) */
-    while (th_lost_calls(&sbox) == 0 && th_now_ms() < seen + 10000)
-        th_sleep_ms(10);
-    CHECK_EQ(th_lost_calls(&sbox), 1);
+    CHECK_EQ(lost_within(&sbox, 10000), 1);
     if (th_now_ms() < seen + 3000)
         th_sleep_ms(seen + 3000 - th_now_ms());
     CHECK_EQ(th_lost_calls(&box), 0);
@@ -345,27 +376,19 @@ TEST(failover_that_loses_a_hold_reports_it)
 
     int now = th_sentinels_failed_over(&t, old, 30000);
     CHECK(now > 0);
-    int64_t seen = th_now_ms();
     /* reported once the switch is heard: long before its 30 s lease */
-    while (th_lost_calls(&box) == 0 && th_now_ms() < seen + 10000)
-        th_sleep_ms(10);
-    CHECK_EQ(th_lost_calls(&box), 1);
+    CHECK_EQ(lost_within(&box, 10000), 1);
     CHECK_RC(dlock_held(la), DLOCK_ELOST);
 
-    /* someone else takes it on the new primary, with a higher token */
-    dlock_client *b = client_at(t.uri);
-    dlock *lb = handle(b, "s/lose", 30000, NULL);
-    CHECK_OK(dlock_acquire(lb, 5000));
-    CHECK_OP(dlock_token(lb), >, ta);
+    /* someone else takes it on the new primary (while a's lost hold is
+     * not yet released), with a higher token */
+    next_token_above(&t, "s/lose", ta);
     char v[256];
     th_redis_cmd(th_sentinels_node(&t, now), v, sizeof(v), "GET dlock:{s/lose}");
-    CHECK(strlen(v) > 0);
+    CHECK(strlen(v) > 0); /* its tombstone there */
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    CHECK_OK(dlock_release(lb));
     dlock_close(la);
-    dlock_close(lb);
     dlock_client_close(a);
-    dlock_client_close(b);
     th_sentinels_stop(&t);
 }
 
@@ -387,12 +410,7 @@ TEST(a_client_whose_subscriptions_broke_asks_before_its_next_command)
     uint64_t ta = dlock_token(la);
     for (int i = 0; i < 3; i++)
         th_redis_cmd(&t.sent[i], NULL, 0, "CLIENT KILL TYPE pubsub");
-    int old = t.data[0].port;
-    CHECK_EQ(th_redis_cmd(&t.sent[1], NULL, 0, "SENTINEL FAILOVER %s",
-                          MASTER),
-             0);
-    int now = th_sentinels_failed_over(&t, old, 30000);
-    CHECK(now > 0);
+    int now = fail_over(&t, 1);
     /* the record was on both replicas: the release finds it */
     CHECK_OK(dlock_release(la));
     char v[256];
@@ -402,13 +420,7 @@ TEST(a_client_whose_subscriptions_broke_asks_before_its_next_command)
     /* the next hold, through the new primary, has a higher token (a
      * client without min_replicas: the demoted primary resyncs as a
      * replica for a while, "only 1 of 2 replicas" meanwhile) */
-    dlock_client *b = client_at(t.uri);
-    dlock *lb = handle(b, "s/missed", 30000, NULL);
-    CHECK_OK(dlock_acquire(lb, 5000));
-    CHECK_OP(dlock_token(lb), >, ta);
-    CHECK_OK(dlock_release(lb));
-    dlock_close(lb);
-    dlock_client_close(b);
+    next_token_above(&t, "s/missed", ta);
     dlock_close(la);
     dlock_client_close(a);
     th_sentinels_stop(&t);
