@@ -21,7 +21,11 @@
  * (redis_sentinel.c: +switch-master and +promoted-slave messages of a
  * master named by field 2): a move it accepts names a port in 1..65535
  * and a host that fits, and the generation grows by at most one per
- * message. Field 4 is also read as a dlock_list() cursor (one server's
+ * message. Every reply is also read as a Redis Cluster's CLUSTER SLOTS
+ * answer (redis_cluster.c: a map names only nodes it added, in range)
+ * and fed to the cluster subscribers' handler (redis_sub.c); field 4 as
+ * a MOVED answer (a slot in range, a node added); the slot of a lock's
+ * keys is its name's (one slot per lock). Field 4 is also read as a dlock_list() cursor (one server's
  * SCAN cursor, and Redlock's one field per node), and field 3 as a name
  * prefix for listing.
  * Checks: keys are PREFIX{NAME}SUFFIX and the name comes back from a key
@@ -47,6 +51,8 @@
 #include "../src/stores/redis/redis_shared.c"
 #include "../src/stores/redis/redis_operate.c"
 #include "../src/stores/redis/redis_sentinel.c"
+#include "../src/stores/redis/redis_sub.c"
+#include "../src/stores/redis/redis_cluster.c"
 
 static dlock_client *client;
 
@@ -343,10 +349,60 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     topo.gen = 1;
     topo.epfd = -1;
     snprintf(topo.master, sizeof(topo.master), "%s", name);
+    /* a cluster's map (redis_cluster.c), from no network: one node */
+    dlock__rcluster *cl = calloc(1, sizeof(*cl));
+    uint16_t *fresh = malloc(sizeof(cl->owner));
+    pthread_mutex_init(&cl->mu, NULL);
+    cl->cfg = &rs->cfg;
+    cl->gen = 1;
+    for (unsigned s = 0; s < DLOCK__RCLUSTER_SLOTS; s++)
+        cl->owner[s] = NONE;
+    if (node_at(cl, "127.0.0.1", 9, 7000) != 0)
+        fz_fail("the first node");
+    if (len >= 1 && len <= DLOCK_NAME_MAX) {
+        /* every key of a lock in one slot: its name's, when the name
+         * holds no '}' (the hash tag ends at the first) */
+        char *k = malloc(KEY_MAX);
+        size_t kl = lock_key(rs, name, len, k);
+        unsigned sk = dlock__rcluster_slot(k, kl);
+        if (sk >= DLOCK__RCLUSTER_SLOTS)
+            fz_fail("a slot out of range");
+        if (!memchr(name, '}', len) && !memchr(rs->cfg.prefix, '{',
+                                               rs->cfg.prefix_len) &&
+            sk != dlock__rcluster_slot(name, len))
+            fz_fail("a lock key's slot is not its name's");
+        kl = dlock__redis_key(&rs->cfg, name, len, ":f", k);
+        if (!memchr(name, '}', len) && !memchr(rs->cfg.prefix, '{',
+                                               rs->cfg.prefix_len) &&
+            sk != dlock__rcluster_slot(k, kl))
+            fz_fail("a lock's keys in two slots");
+        free(k);
+    }
+    {
+        int ms = dlock__rcluster_moved(cl, msg);
+        if (ms >= DLOCK__RCLUSTER_SLOTS ||
+            (ms >= 0 && cl->owner[ms] >= (unsigned)cl->nnodes))
+            fz_fail("a MOVED answer read out of range");
+    }
+    rs->cluster = cl;
     for (int i = 0; i < n; i++) {
         uint64_t v, g0 = topo.gen;
         (void)dlock__redis_reply_uint(got[i], &v);
+        for (unsigned s = 0; s < DLOCK__RCLUSTER_SLOTS; s++)
+            fresh[s] = NONE;
+        if (parse_slots(cl, 0, got[i], fresh) == DLOCK_OK) {
+            for (unsigned s = 0; s < DLOCK__RCLUSTER_SLOTS; s++)
+                if (fresh[s] != NONE && fresh[s] >= cl->nnodes)
+                    fz_fail("a slot map names a node it did not add");
+            apply(cl, fresh);
+        }
+        {
+            cconn cc = {NULL, 0, NULL};
+            csub_reply(rs, &cc, got[i]);
+        }
+        rs->cluster = NULL;
         sub_reply(rs, got[i]);
+        rs->cluster = cl;
         watch_reply(&topo, got[i]);
         if (topo.gen > g0 + 1 ||
             (topo.known && (topo.pport < 1 || topo.pport > 65535 ||
@@ -355,6 +411,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_fail("a Sentinel move out of range");
         freeReplyObject(got[i]);
     }
+    rs->cluster = NULL;
+    dlock__rcluster_free(cl);
+    free(fresh);
 
     free(rs->host);
     free(rs->path);

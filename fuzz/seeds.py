@@ -184,6 +184,33 @@ for name, resp in [("m", MOVES[0] + MOVES[1]), ("m", MOVES[2] + MOVES[3]),
     put("redis", fields("redis-sentinel://s:26379/m", name, "", "") + b"\0" +
         bytes([0]) + resp)
 
+# a Redis Cluster (redis_cluster.c, redis_sub.c): CLUSTER SLOTS answers,
+# a MOVED answer in field 4, the subscribers' sharded replies
+SLOTS = [
+    arr(arr(num(0), num(5460), arr(bulk("127.0.0.1"), num(7000),
+                                   bulk("a" * 40)),
+            arr(bulk("127.0.0.1"), num(7003), bulk("d" * 40))),
+        arr(num(5461), num(16383), arr(bulk(""), num(7001), bulk("b" * 40)))),
+    arr(arr(num(16000), num(17000), arr(bulk("h"), num(1)))),
+    arr(arr(num(5), num(1), arr(bulk("h"), num(70000)))),
+    arr(arr(num(0), num(16383), arr(bulk("?"), num(7002)))),
+]
+SHARD = [
+    arr(bulk("ssubscribe"), bulk("dlock:{a}c:0123456789abcdef0123456789abcdef"),
+        num(1)),
+    arr(bulk("smessage"), bulk("dlock:{a}c:0123456789abcdef0123456789abcdef"),
+        bulk("g 7 1700000000000002")),
+    arr(bulk("sunsubscribe"), bulk("dlock:{a}c:x"), num(0)),
+    b"-MOVED 3999 127.0.0.1:7002\r\n",
+]
+for name, moved, resp in [
+        ("a", "MOVED 3999 127.0.0.1:7002", SLOTS[0] + SHARD[0] + SHARD[1]),
+        ("a{b}c", "MOVED 16384 h:1", SLOTS[1] + SHARD[2] + SHARD[3]),
+        ("}", "ASK 1 h:1", SLOTS[2] + SLOTS[3]),
+        ("x", "MOVED 1 :7", SLOTS[3])]:
+    put("redis", fields("redis-cluster://127.0.0.1:7000", name, "", moved) +
+        b"\0" + bytes([0]) + resp)
+
 # dlock_list() and dlock_break() (redis_operate.c): field 3 a name prefix,
 # field 4 a cursor (one server's, and Redlock's per node), the reply the
 # break script's answer: {server ms, value before, pttl, broke, grants}

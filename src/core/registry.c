@@ -111,6 +111,8 @@ static const store stores[] = {
     {"unix", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
     {"redis-sentinel", "redis", "redis", "Redis", LIBREDIS, IN_REDIS,
      HAVE_REDIS},
+    {"redis-cluster", "redis", "redis", "Redis", LIBREDIS, IN_REDIS,
+     HAVE_REDIS},
     {"redlock", "redis", "redlock", "Redlock", LIBREDIS, IN_REDLOCK,
      HAVE_REDIS},
     {"zk", "zk", "zk", "ZooKeeper", LIBZK, IN_ZK, HAVE_ZK},

@@ -289,7 +289,10 @@ static int redis_launch(th_redis *r)
     return -1;
 }
 
-void th__redis_start(th_redis *r, const char *extra, int sentinel)
+/* Fills r for a new server: a directory of its own (its config, log and
+ * any file the server writes there, a cluster's nodes.conf too), its
+ * socket and its extra config lines. */
+static void redis_init(th_redis *r, const char *extra, int sentinel)
 {
     static int n;
 
@@ -301,6 +304,11 @@ void th__redis_start(th_redis *r, const char *extra, int sentinel)
     mkdir(r->dir, 0700);
     snprintf(r->sock, sizeof(r->sock), "%s/redis.sock", r->dir);
     snprintf(r->extra, sizeof(r->extra), "%s", extra ? extra : "");
+}
+
+void th__redis_start(th_redis *r, const char *extra, int sentinel)
+{
+    redis_init(r, extra, sentinel);
     for (int attempt = 0; attempt < 5; attempt++) {
         r->port = th_free_port();
         if (redis_launch(r) == 0) {
@@ -311,6 +319,16 @@ void th__redis_start(th_redis *r, const char *extra, int sentinel)
     }
     th_fail(__FILE__, __LINE__, "redis-server did not start (see %s)",
             r->dir);
+}
+
+int th__redis_start_port(th_redis *r, const char *extra, int port)
+{
+    redis_init(r, extra, 0);
+    r->port = port;
+    if (redis_launch(r) != 0)
+        return -1;
+    snprintf(r->uri, sizeof(r->uri), "redis://127.0.0.1:%d", r->port);
+    return 0;
 }
 
 void th_redis_start(th_redis *r, const char *extra)

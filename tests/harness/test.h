@@ -168,6 +168,59 @@ long long th_redis_calls(th_redis *r, const char *cmd);
 /* The first free TCP port on 127.0.0.1. */
 int th_free_port(void);
 
+/* --- Redis Cluster: three primaries with one replica each --- */
+typedef struct th_cluster {
+    th_redis node[6]; /* node[0..2] start as the primaries, node[3+i] replicates node[i] */
+    char uri[512];    /* redis-cluster://127.0.0.1:P0,127.0.0.1:P1,127.0.0.1:P2 */
+} th_cluster;
+/* Starts six redis-servers with cluster-enabled yes (each in its own dir,
+ * its own nodes.conf, no persistence), on loopback ports p in
+ * 20000..22767 whose bus port p+10000 is free too (both below the
+ * kernel's ephemeral range, so no client socket holds them), and joins
+ * them by hand as redis-cli --cluster create would: a config epoch each,
+ * slots 0-5460, 5461-10922, 10923-16383 to node[0], [1], [2], CLUSTER
+ * MEET, then CLUSTER REPLICATE so that node[3+i] is the replica of
+ * node[i]. node_timeout_ms: the cluster-node-timeout (a failed primary is
+ * replaced after about that). Returns once every node reports
+ * cluster_state:ok, all agree on the slot map (CLUSTER SLOTS the same on
+ * the 6, replicas included) and each replica is in sync
+ * (master_link_status:up); fails the test after 30 s. */
+void th_cluster_start(th_cluster *t, int node_timeout_ms);
+void th_cluster_stop(th_cluster *t); /* SIGCONT then SIGKILL every node */
+/* The slot of a key (CLUSTER KEYSLOT asked of any live node). */
+int th_cluster_slot(th_cluster *t, const char *key);
+/* The index (0..5) of the node that is the primary of `slot` now, as the
+ * live nodes' CLUSTER SLOTS say (the first live node that answers); -1 if
+ * none. */
+int th_cluster_owner(th_cluster *t, int slot);
+/* CLUSTER FAILOVER on node[replica] (a replica); waits (at most ms) until
+ * it reports role:master and owns the slots its old primary had, as every
+ * live node's CLUSTER SLOTS says; returns 1, or 0 on timeout. `how`:
+ * NULL, "FORCE" or "TAKEOVER". Fails the test if the node refuses. A
+ * primary votes once per 2 x node timeout for the replicas of a given
+ * primary: a second failover of the same shard (but TAKEOVER, which needs
+ * no votes) within that time may not happen. */
+int th_cluster_failover(th_cluster *t, int replica, const char *how,
+                        int64_t ms);
+/* Waits (at most ms) until node[i] is a primary owning `slot` in the map
+ * of every live node; 1 or 0. Used after SIGKILL of a primary. */
+int th_cluster_owner_is(th_cluster *t, int slot, int i, int64_t ms);
+/* Moves one slot from its owner to primary node[to], as redis-cli
+ * --cluster reshard does for each slot, step by step: `stage` 1 stops
+ * after CLUSTER SETSLOT IMPORTING/MIGRATING on both (keys not moved: a
+ * command on a key of the slot that is missing from the source gets ASK);
+ * stage 2 also MIGRATEs every key of the slot (CLUSTER GETKEYSINSLOT +
+ * MIGRATE ... KEYS ..., keeping values and TTLs, REPLACE) but does not end
+ * it; stage 3 also runs CLUSTER SETSLOT slot NODE <to-id> on the target,
+ * the source, and the other primaries, and waits until every live node's
+ * map agrees. Returns the source node's index. A later call with a higher
+ * stage for the same slot and target continues from where the last one
+ * stopped (so the test can do stage 1, act, then stage 3): every step is
+ * one that may run twice, and the source stays the slot's owner until
+ * stage 3. Fails the test on an error (to already the owner, not a
+ * primary, a MIGRATE refused, no agreement in 30 s). */
+int th_cluster_move_slot(th_cluster *t, int slot, int to, int stage);
+
 /* --- private ZooKeeper servers (java, Debian's zookeeper package) ---
  * One standalone server or a 3-server ensemble, every port a free
  * loopback port, each server in its own directory under th_tmpdir() (its
@@ -405,6 +458,10 @@ void th__track(pid_t pid, int running);
 /* Starts a redis-server (sentinel: with --sentinel) with `extra` in its
  * configuration (th_redis_start, th_sentinels_start). */
 void th__redis_start(th_redis *r, const char *extra, int sentinel);
+/* The same (no sentinel) on `port`, tried once: 0 once it answers, -1 when
+ * it did not start (the port, or a cluster node's bus port, was taken;
+ * see r->dir/redis.log). The caller picks the next port (cluster.c). */
+int th__redis_start_port(th_redis *r, const char *extra, int port);
 
 #ifdef TH_ZK_CLIENT
 /* A direct ZooKeeper client (libzookeeper_mt) for looking behind the
@@ -431,8 +488,8 @@ void th_lost_cb(dlock *l, uint64_t token, void *arg);
 int th_lost_calls(th_lost *b);
 
 /* A store for the store tests, started by kind: file, redis,
- * redis-sentinel (runs as "redis"), redlock, zk, etcd, sqlite, pg,
- * pg-advisory, pg-pgbouncer, pg-advisory-pgbouncer, mysql (th_skip() when this build or machine lacks it). What the store
+ * redis-sentinel and redis-cluster (both run as "redis"), redlock, zk,
+ * etcd, sqlite, pg, pg-advisory, pg-pgbouncer, pg-advisory-pgbouncer, mysql (th_skip() when this build or machine lacks it). What the store
  * does:
  *  - has_leases: a lock outlives a dead or frozen holder only by its ttl
  *    (a Redis lease; a ZooKeeper session): a SIGKILLed holder is replaced
@@ -486,11 +543,18 @@ typedef struct th_store {
     th_redis srv;   /* redis (redis-sentinel: a copy of its primary's) */
     th_redis rl[5]; /* redlock's nodes */
     th_sentinels sen; /* redis-sentinel */
+    th_cluster cl;    /* redis-cluster (srv unset: see th_store_redis_for) */
     th_zk zsrv;
     th_etcd esrv;
     th_sql ssrv;
     th_pgb pgb;
 } th_store;
 void th_store_start(th_store *s, const char *kind);
+/* Kills (SIGKILL) every server th_store_start() started. */
+void th_store_stop(th_store *s);
+/* The Redis server that holds `key` ("dlock:{NAME}"), to look at a Redis
+ * store behind its back: s->srv, or on a cluster the primary of the key's
+ * slot now. */
+th_redis *th_store_redis_for(th_store *s, const char *key);
 
 #endif

@@ -852,7 +852,11 @@ static void delete_lock(const char *name)
                               name),
                  1);
     } else if (!strcmp(kind, "redis")) {
-        CHECK_EQ(th_redis_cmd(&S.srv, NULL, 0, "DEL dlock:{%s}", name), 1);
+        /* on the node that holds the key (a cluster's primary of its slot) */
+        snprintf(path, sizeof(path), "dlock:{%s}", name);
+        CHECK_EQ(th_redis_cmd(th_store_redis_for(&S, path), NULL, 0,
+                              "DEL %s", path),
+                 1);
     } else if (!strcmp(kind, "redlock")) {
         /* gone from every node (it was on at least a quorum) */
         int n = 0;

@@ -74,204 +74,6 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Subscriber connection                                                    */
-/* ------------------------------------------------------------------------ */
-
-/* The subscriber connection failed: forget it, and tell the waiters to
- * re-arm (their hand-overs may have been lost). sub_mu held. */
-static void sub_lost(redis_store *rs)
-{
-    if (rs->sub) {
-        if (rs->epfd >= 0)
-            epoll_ctl(rs->epfd, EPOLL_CTL_DEL, rs->sub->fd, NULL);
-        redisFree(rs->sub);
-        rs->sub = NULL;
-    }
-    rs->subscribed = 0;
-    pthread_cond_broadcast(&rs->sub_cv);
-    dlock__notify_error(rs->client);
-}
-
-/* Makes sure our channel is subscribed, connecting the subscriber if
- * needed. sub_mu held (dropped while connecting). */
-static int sub_ensure(redis_store *rs, int64_t deadline)
-{
-    for (;;) {
-        if (rs->sub && rs->subscribed)
-            return DLOCK_OK;
-        if (dlock__now_ms() >= deadline)
-            return dlock__err(DLOCK_ECONN,
-                              "%s: no confirmation of SUBSCRIBE in time",
-                              rs->where);
-        if (!rs->sub && rs->sub_connecting) {
-            dlock__cond_wait_until(&rs->sub_cv, &rs->sub_mu, deadline);
-            continue;
-        }
-        if (!rs->sub) {
-            redisContext *ctx;
-            uint64_t gen = 0;
-            int rc;
-
-            rs->sub_connecting = 1;
-            pthread_mutex_unlock(&rs->sub_mu);
-            rc = dlock__rconn_connect(&rs->target, 0, NULL, deadline, &ctx,
-                                      &gen);
-            pthread_mutex_lock(&rs->sub_mu);
-            rs->sub_connecting = 0;
-            pthread_cond_broadcast(&rs->sub_cv);
-            if (rc)
-                return rc;
-            /* non-blocking: the background thread and a waiting thread may
-             * both find it readable; one of them reads, the other gets
-             * EAGAIN, which hiredis takes as "nothing yet" once the
-             * context is not marked blocking */
-            int fl = fcntl(ctx->fd, F_GETFL);
-            if (fl < 0 || fcntl(ctx->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-                redisFree(ctx);
-                return dlock__err(DLOCK_ECONN, "%s: %s", rs->where,
-                                  strerror(errno));
-            }
-            ctx->flags &= ~REDIS_BLOCK;
-            if (rs->epfd >= 0) {
-                struct epoll_event ev;
-                memset(&ev, 0, sizeof(ev));
-                ev.events = EPOLLIN;
-                if (epoll_ctl(rs->epfd, EPOLL_CTL_ADD, ctx->fd, &ev) < 0) {
-                    rc = dlock__err(DLOCK_ECONN, "%s: epoll: %s", rs->where,
-                                    strerror(errno));
-                    redisFree(ctx);
-                    return rc;
-                }
-            }
-            rs->sub = ctx;
-            rs->sub_gen = gen;
-            const char *argv[2] = {"SUBSCRIBE", rs->chan};
-            size_t lens[2] = {9, rs->chan_len};
-            redisAppendCommandArgv(rs->sub, 2, argv, lens);
-            if (dlock__redis_send(rs->sub) != 1) {
-                rc = dlock__err(DLOCK_ECONN, "%s: cannot subscribe: %s",
-                                rs->where, strerror(errno));
-                sub_lost(rs);
-                return rc;
-            }
-        }
-        /* the confirmation comes on the fd: make sure it is read (the
-         * background thread polls it while no waiting thread does) */
-        dlock__loop_wake(rs->client);
-        dlock__cond_wait_until(&rs->sub_cv, &rs->sub_mu, deadline);
-    }
-}
-
-/* One reply on the subscriber connection; sub_mu held. A hand-over is a
- * message "g SEQ TOKEN" on our channel; the confirmation of SUBSCRIBE
- * makes waiting possible. Anything else is ignored. */
-static void sub_reply(redis_store *rs, const redisReply *r)
-{
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_STRING ||
-        r->element[1]->len != rs->chan_len ||
-        memcmp(r->element[1]->str, rs->chan, rs->chan_len) != 0)
-        return;
-    const char *kind = r->element[0]->str;
-
-    if (!strcmp(kind, "message") && r->element[2]->type == REDIS_REPLY_STRING) {
-        unsigned long long seq, token;
-        char g, end;
-        if (sscanf(r->element[2]->str, "%c %llu %llu%c", &g, &seq, &token,
-                   &end) == 3 &&
-            g == 'g' && token > 0) {
-            if (rs->min_replicas > 0) /* its own try confirms it (WAIT) */
-                dlock__notify_waiter(rs->client, seq);
-            else
-                dlock__notify_grant(rs->client, seq, token);
-        }
-    } else if (!strcmp(kind, "subscribe")) {
-        rs->subscribed = 1;
-        pthread_cond_broadcast(&rs->sub_cv);
-    }
-}
-
-static int redis_loop_fd(void *st)
-{
-    redis_store *rs = st;
-    int fd;
-
-    if (rs->topo)
-        return rs->epfd;
-    pthread_mutex_lock(&rs->sub_mu);
-    fd = rs->sub ? rs->sub->fd : -1;
-    pthread_mutex_unlock(&rs->sub_mu);
-    return fd;
-}
-
-/* The primary moved (a new generation of the topology): leave the old
- * one's connections (the waiters re-arm on the new one) and check every
- * hold there now (docs/design.md, "Redis beyond one server: Sentinel"). */
-static void follow(redis_store *rs)
-{
-    uint64_t gen = dlock__rtopo_gen(rs->topo);
-
-    if (gen <= __atomic_load_n(&rs->acted_gen, __ATOMIC_SEQ_CST))
-        return;
-    __atomic_store_n(&rs->acted_gen, gen, __ATOMIC_SEQ_CST);
-    dlock__rconn_drop_older(rs->conn, gen);
-    pthread_mutex_lock(&rs->sub_mu);
-    if (rs->sub && rs->sub_gen < gen)
-        sub_lost(rs);
-    pthread_mutex_unlock(&rs->sub_mu);
-    dlock__renew_now(rs->client);
-}
-
-static void redis_loop_run(void *st, int readable)
-{
-    redis_store *rs = st;
-
-    if (rs->topo) {
-        /* the epoll set: the watch and the subscriber, both
-         * non-blocking; a moved primary is followed even unread */
-        if (readable)
-            (void)dlock__rtopo_read(rs->topo);
-        follow(rs);
-    }
-    if (!readable)
-        return;
-    pthread_mutex_lock(&rs->sub_mu);
-    if (rs->sub) {
-        if (redisBufferRead(rs->sub) != REDIS_OK) {
-            sub_lost(rs);
-        } else {
-            redisReply *r = NULL;
-            while (rs->sub &&
-                   redisGetReplyFromReader(rs->sub, (void **)&r) == REDIS_OK &&
-                   r) {
-                sub_reply(rs, r);
-                freeReplyObject(r);
-                r = NULL;
-            }
-            if (rs->sub && rs->sub->err)
-                sub_lost(rs);
-        }
-    }
-    pthread_mutex_unlock(&rs->sub_mu);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Backend slots                                                            */
-/* ------------------------------------------------------------------------ */
-
-/* Can a waiter of this client be handed a lock right now? (Its channel
- * is subscribed: a hand-over's message would reach it.) */
-static int listening(redis_store *rs)
-{
-    int yes;
-
-    pthread_mutex_lock(&rs->sub_mu);
-    yes = rs->sub && rs->subscribed;
-    pthread_mutex_unlock(&rs->sub_mu);
-    return yes;
-}
 
 static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
                        int *waited);
@@ -305,7 +107,7 @@ static void wait_cmd(const redis_store *rs, rcmd *c, char *n, char *ms)
     rcmd_str(c, ms);
 }
 
-static int wait_replicas(redis_store *rs)
+static int wait_replicas(redis_store *rs, const char *key, size_t kl)
 {
     char n[24], ms[24];
     int64_t deadline = dlock__now_ms() + rs->replica_timeout_ms +
@@ -315,7 +117,7 @@ static int wait_replicas(redis_store *rs)
     int rc;
 
     wait_cmd(rs, &c, n, ms);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc == DLOCK_OK) {
         rc = replicas_answer(rs, r);
         freeReplyObject(r);
@@ -347,10 +149,16 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     /* the answer of a WAIT pipelined with the try (codes are <= 0) */
     int waited = 1;
 
-    rl->gen = topo_gen(rs);
+    char key[KEY_MAX];
+    size_t kl = lock_key(rs, l->name, l->name_len, key);
+
+    rl->gen = topo_gen(rs, key, kl);
     rc = try_acquire(rs, l, deadline, &waited);
+    if (rs->cluster && rc != DLOCK_EBUSY && !l->waiting)
+        dlock__redis_disarm(rs, l, rc == DLOCK_OK); /* no wait follows */
     if (rc == DLOCK_OK && rs->min_replicas > 0)
-        rc = replicated(rs, l, waited <= 0 ? waited : wait_replicas(rs));
+        rc = replicated(rs, l,
+                        waited <= 0 ? waited : wait_replicas(rs, key, kl));
     return rc;
 }
 
@@ -365,7 +173,7 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
     /* the record after its token: this client's clock, description */
     int rl_len = snprintf(rest, sizeof(rest), " %lld %s",
                           (long long)wall_ms(), l->desc);
-    int queue = l->waiting || (l->may_wait && listening(rs));
+    int queue = l->waiting || (l->may_wait && dlock__redis_listening(rs, l));
     int blind = queue && !l->waiting && hint > now;
     redisReply *r, *wr[2];
     rcmd c, wc[2];
@@ -393,7 +201,7 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
         rcmd_str(&c, "APPEND");
         rcmd_arg(&c, key, kl);
         rcmd_arg(&c, line, ll);
-        rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+        rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
         if (rc)
             return rc;
         if (r->type == REDIS_REPLY_ERROR) {
@@ -426,7 +234,7 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
          * does not take the lock ignores its answer) */
         wc[0] = c;
         wait_cmd(rs, &wc[1], wn, wms);
-        rc = dlock__rconn_run(rs->conn, wc, 2, wr,
+        rc = dlock__redis_run(rs, key, kl, wc, 2, wr,
                               deadline + rs->replica_timeout_ms);
         if (rc)
             return rc;
@@ -434,7 +242,7 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
         *waited = replicas_answer(rs, wr[1]);
         freeReplyObject(wr[1]);
     } else {
-        rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+        rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
         if (rc)
             return rc;
     }
@@ -499,7 +307,7 @@ void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
 static int redis_release(void *st, dlock__lease *l, int64_t deadline)
 {
     redis_store *rs = st;
-    char key[KEY_MAX], owner[80], now_ms[24];
+    char key[KEY_MAX], owner[80], now_ms[24], chan[KEY_MAX + 4];
     size_t kl = lock_key(rs, l->name, l->name_len, key);
     size_t ol = owner_sp(l, owner, sizeof(owner));
     redisReply *r;
@@ -512,9 +320,9 @@ static int redis_release(void *st, dlock__lease *l, int64_t deadline)
     rcmd_evalsha(&c, S_RELEASE, 1);
     rcmd_arg(&c, key, kl);
     rcmd_arg(&c, owner, ol);
-    rcmd_str(&c, rs->chan_prefix);
+    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
     rcmd_str(&c, now_ms);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -571,7 +379,7 @@ static int redis_abandon(void *st, dlock__lease *l, int64_t deadline)
     rcmd_arg(&c, owner, ol);
     rcmd_arg(&c, line, id_len);
     rcmd_str(&c, ttl);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -609,7 +417,7 @@ static size_t extend_owner(const redis_store *rs, const dlock__lease *l,
 {
     int n;
 
-    if (!rs->topo)
+    if (!rs->topo && !rs->cluster)
         return owner_sp(l, out, cap);
     n = snprintf(out, cap, "%s %" PRIu64 " ", l->owner, l->token);
     return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
@@ -620,8 +428,12 @@ static size_t extend_owner(const redis_store *rs, const dlock__lease *l,
 static int stale_shared(const redis_store *rs, const dlock__lease *l)
 {
     const redis_lease *rl = l->priv;
+    char key[KEY_MAX];
 
-    return rs->topo && l->kind != DLOCK__WRITE && rl->gen < topo_gen(rs);
+    if ((!rs->topo && !rs->cluster) || l->kind == DLOCK__WRITE)
+        return 0;
+    return rl->gen <
+           topo_gen(rs, key, lock_key(rs, l->name, l->name_len, key));
 }
 
 static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
@@ -642,7 +454,7 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     if (l->kind != DLOCK__WRITE) {
         rc = dlock__redis_rw_extend(rs, l, ttl_ms, deadline);
         if (rc == DLOCK_OK && n == 2)
-            rc = wait_replicas(rs);
+            rc = wait_replicas(rs, key, kl);
         return rc;
     }
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
@@ -654,7 +466,7 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
         wait_cmd(rs, &c[1], wn, wms);
         deadline += rs->replica_timeout_ms;
     }
-    rc = dlock__rconn_run(rs->conn, c, n, r, deadline);
+    rc = dlock__redis_run(rs, key, kl, c, n, r, deadline);
     if (rc)
         return rc;
     if (n == 2) {
@@ -699,6 +511,14 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
     char *text = malloc(n * (KEY_MAX + 80 + 24)); /* key, owner, ttl */
     char(*nk)[8] = malloc((nb ? nb : 1) * sizeof(*nk)); /* key counts */
     int rc = DLOCK_OK;
+
+    if (rs->cluster) {
+        /* a script's keys must share a slot, and each lock has its own
+         * channel: one renewal per lease (redis_extend, routed) */
+        for (size_t i = 0; i < n; i++)
+            rcs[i] = redis_extend(st, ls[i], ttls[i], deadline);
+        goto out;
+    }
 
     if (!cmds || !replies || !argv || !lens || !text || !nk) {
         rc = dlock__err(DLOCK_ENOMEM, "out of memory");
@@ -751,7 +571,8 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
         wait_cmd(rs, &cmds[nb], wn, wms);
         deadline += rs->replica_timeout_ms;
     }
-    rc = dlock__rconn_run(rs->conn, cmds, (int)nb + waits, replies, deadline);
+    rc = dlock__redis_run(rs, NULL, 0, cmds, (int)nb + waits, replies,
+                          deadline);
     if (rc)
         goto out;
     int wrc = DLOCK_OK;
@@ -794,17 +615,6 @@ out:
     return rc;
 }
 
-static int redis_arm(void *st, dlock__lease *l, int64_t deadline)
-{
-    redis_store *rs = st;
-    int rc;
-
-    (void)l;
-    pthread_mutex_lock(&rs->sub_mu);
-    rc = sub_ensure(rs, deadline);
-    pthread_mutex_unlock(&rs->sub_mu);
-    return rc;
-}
 
 static int redis_inspect(void *st, const char *name, size_t len,
                          dlock_info *out, int64_t deadline)
@@ -815,9 +625,11 @@ static int redis_inspect(void *st, const char *name, size_t len,
     rcmd c;
     int rc;
 
+    size_t kl = lock_key(rs, name, len, key);
+
     rcmd_evalsha(&c, S_INSPECT, 1);
-    rcmd_arg(&c, key, lock_key(rs, name, len, key));
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rcmd_arg(&c, key, kl);
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     rc = dlock__redis_rw_inspect(rs, name, r, out);
@@ -836,8 +648,10 @@ static void redis_close(void *st)
     if (!rs)
         return;
     dlock__rconn_free(rs->conn);
-    if (rs->sub)
-        redisFree(rs->sub);
+    dlock__redis_sub_close(rs);
+    dlock__rcluster_free(rs->cluster);
+    for (int i = 0; i < NSCRIPTS; i++)
+        free(rs->cscripts[i]);
     dlock__rtopo_free(rs->topo);
     if (rs->epfd >= 0)
         close(rs->epfd);
@@ -898,6 +712,14 @@ static int parse_config(redis_store *rs, const dlock__uri *u)
         /* the sentinels and the master's name: redis_sentinel.c */
         snprintf(rs->where, sizeof(rs->where), "redis-sentinel %.200s",
                  u->path[0] ? u->path + 1 : "");
+    } else if (strcmp(u->scheme, "redis-cluster") == 0) {
+        /* the seeds: redis_cluster.c; a cluster has database 0 only */
+        snprintf(rs->where, sizeof(rs->where), "redis-cluster");
+        if ((u->path[0] && strcmp(u->path, "/") != 0) ||
+            (db && strcmp(db, "0") != 0))
+            return dlock__err(DLOCK_EINVAL,
+                              "redis-cluster:// has no databases: a Redis "
+                              "Cluster has database 0 only");
     } else if (strcmp(u->scheme, "unix") == 0) {
         if (u->nhosts != 0 || u->path[0] != '/' || u->path[1] == '\0')
             return dlock__err(DLOCK_EINVAL,
@@ -932,6 +754,37 @@ static int parse_config(redis_store *rs, const dlock__uri *u)
     return rc ? rc : parse_replicas(rs, u);
 }
 
+/* redis-cluster://: the scripts with SPUBLISH (a hand-over stays in its
+ * slot's shard), the epoll set of the subscribers, and the slot map. */
+static int cluster_open(redis_store *rs, const dlock__uri *u)
+{
+    for (int i = 0; i < NSCRIPTS; i++) {
+        const char *t = dlock__redis_script_text[i];
+        size_t n = strlen(t), k = 0;
+        char *out = malloc(n * 2 + 1);
+        if (!out)
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        for (size_t j = 0; j < n;) {
+            if (!strncmp(t + j, "'PUBLISH'", 9))
+                out[k++] = '\'', out[k++] = 'S', j++;
+            else
+                out[k++] = t[j++];
+        }
+        out[k] = '\0';
+        rs->cscripts[i] = out;
+    }
+    rs->target.scripts = (const char *const *)rs->cscripts;
+    rs->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (rs->epfd < 0)
+        return dlock__err(DLOCK_ENOMEM, "epoll_create1: %s", strerror(errno));
+    int rc = dlock__rcluster_open(&rs->cluster, u, &rs->cfg,
+                                  rs->target.scripts, NSCRIPTS,
+                                  dlock__now_ms() + rs->cfg.timeout_ms);
+    if (rc == DLOCK_OK)
+        rs->acted_gen = dlock__rcluster_gen(rs->cluster);
+    return rc;
+}
+
 static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
                       int64_t timeout_ms)
 {
@@ -964,7 +817,9 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
         rs->target.where = rs->where;
         rs->target.scripts = dlock__redis_script_text;
         rs->target.nscripts = NSCRIPTS;
-        if (strcmp(u->scheme, "redis-sentinel") == 0) {
+        if (strcmp(u->scheme, "redis-cluster") == 0) {
+            rc = cluster_open(rs, u);
+        } else if (strcmp(u->scheme, "redis-sentinel") == 0) {
             rs->epfd = epoll_create1(EPOLL_CLOEXEC);
             rc = rs->epfd < 0
                      ? dlock__err(DLOCK_ENOMEM, "epoll_create1: %s",
@@ -973,10 +828,11 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
                                          dlock__now_ms() +
                                              rs->cfg.timeout_ms);
             rs->target.topo = rs->topo;
-            rs->acted_gen = topo_gen(rs);
+            if (rs->topo)
+                rs->acted_gen = dlock__rtopo_gen(rs->topo);
         }
     }
-    if (rc == DLOCK_OK) {
+    if (rc == DLOCK_OK && !rs->cluster) {
         rc = dlock__rconn_open(&rs->conn, &rs->target,
                                dlock__now_ms() + rs->cfg.timeout_ms);
     }
@@ -996,13 +852,13 @@ const dlock__backend dlock__backend_redis = {
     redis_open,                 /* open */
     redis_close,                /* close */
     redis_acquire,              /* acquire */
-    redis_arm,                  /* arm */
-    NULL,                       /* disarm: the client's channel stays */
+    dlock__redis_arm,           /* arm: redis_sub.c */
+    dlock__redis_disarm,        /* disarm */
     redis_release,              /* release */
     redis_extend,               /* extend */
     redis_inspect,              /* inspect */
-    redis_loop_fd,              /* loop_fd */
-    redis_loop_run,             /* loop_run */
+    dlock__redis_loop_fd,       /* loop_fd */
+    dlock__redis_loop_run,      /* loop_run */
     NULL,                       /* gc: nothing outlives its hour */
     NULL,                       /* select */
     NULL,                       /* margin */

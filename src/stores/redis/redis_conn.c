@@ -646,8 +646,7 @@ int dlock__rconn_run(dlock__rconn *rc, rcmd *cmds, int n,
 /* Open and free                                                            */
 /* ------------------------------------------------------------------------ */
 
-int dlock__rconn_open(dlock__rconn **out, const dlock__rconn_target *t,
-                      int64_t deadline)
+int dlock__rconn_new(dlock__rconn **out, const dlock__rconn_target *t)
 {
     dlock__rconn *rc;
     int code;
@@ -661,15 +660,27 @@ int dlock__rconn_open(dlock__rconn **out, const dlock__rconn_target *t,
     rc->t = *t;
     pthread_mutex_init(&rc->mu, NULL);
     code = dlock__cond_init(&rc->idle_cv);
-    if (code == DLOCK_OK) {
-        code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx,
-                                    &rc->gen);
-        if (code)
-            pthread_cond_destroy(&rc->idle_cv);
-    }
     if (code) {
         pthread_mutex_destroy(&rc->mu);
         free(rc);
+        return code;
+    }
+    *out = rc;
+    return DLOCK_OK;
+}
+
+int dlock__rconn_open(dlock__rconn **out, const dlock__rconn_target *t,
+                      int64_t deadline)
+{
+    dlock__rconn *rc;
+    int code = dlock__rconn_new(&rc, t);
+
+    if (code)
+        return code;
+    code = dlock__rconn_connect(&rc->t, 1, rc->sha, deadline, &rc->ctx,
+                                &rc->gen);
+    if (code) {
+        dlock__rconn_free(rc);
         return code;
     }
     rc->rcvtimeo = budget(t, deadline);

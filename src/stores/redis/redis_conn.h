@@ -67,6 +67,10 @@ void dlock__rconn_drop_older(dlock__rconn *rc, uint64_t gen);
 int dlock__rconn_open(dlock__rconn **out, const dlock__rconn_target *t,
                       int64_t deadline);
 
+/* The same without connecting: the first call connects (a cluster's
+ * node, redis_cluster.c). DLOCK_OK, or DLOCK_EINVAL/ENOMEM. */
+int dlock__rconn_new(dlock__rconn **out, const dlock__rconn_target *t);
+
 /* Closes and frees the connection. No call may be in progress. */
 void dlock__rconn_free(dlock__rconn *rc);
 

@@ -8,6 +8,7 @@
 #ifndef DLOCK_REDIS_INT_H
 #define DLOCK_REDIS_INT_H
 
+#include "redis_cluster.h"
 #include "redis_conn.h"
 #include "redis_scripts.h"
 
@@ -49,16 +50,32 @@ typedef struct redis_store {
      * every renewal (0: never) */
     long min_replicas;
     int64_t replica_timeout_ms;
+
+    /* redis-cluster:// (NULL otherwise): the slot map and a command
+     * connection per node (conn is NULL); the scripts with SPUBLISH;
+     * one subscriber connection per node (in epfd, the loop_fd), each
+     * lock's channel P{NAME}c:CLIENTID subscribed while this client's
+     * waiters wait for it (redis_sub.c) */
+    dlock__rcluster *cluster;
+    char *cscripts[NSCRIPTS];
+    struct csub *csubs;
+    struct cconn *cconns;
 } redis_store;
 
 typedef struct redis_lease {
     int queued;   /* its line may sit in the lock's queue */
-    uint64_t gen; /* the topology's generation when it was acquired */
+    uint64_t gen; /* the topology's (the slot's) generation when acquired */
+    int subbed;   /* cluster: counted in its channel's subscription */
 } redis_lease;
 
-/* The topology's generation now (0 without one). */
-static inline uint64_t topo_gen(const redis_store *rs)
+/* The topology's generation now (0 without one); on a cluster, the key's
+ * slot's. */
+static inline uint64_t topo_gen(const redis_store *rs, const char *key,
+                                size_t kl)
 {
+    if (rs->cluster)
+        return dlock__rcluster_slot_gen(rs->cluster,
+                                        dlock__rcluster_slot(key, kl));
     return rs->topo ? dlock__rtopo_gen(rs->topo) : 0;
 }
 
@@ -115,6 +132,41 @@ static inline size_t queue_line(const dlock__lease *l, char *out, size_t cap,
     }
     *id_len = (size_t)id;
     return (size_t)id + (size_t)n;
+}
+
+/* Runs cmds[0..n) on the server that holds `key`: the one server, or on
+ * a cluster the primary of the key's slot (redirections followed). As
+ * dlock__rconn_run(). A map that moved meanwhile is acted on (every hold
+ * checked at once, redis_sub.c). */
+int dlock__redis_run(redis_store *rs, const char *key, size_t kl,
+                     rcmd *cmds, int n, redisReply **replies,
+                     int64_t deadline);
+
+/* redis_sub.c: the client's loop, arm and disarm (backend slots), whether
+ * a waiter of this client can be handed lease l's lock now (the channel
+ * it would hear it on is subscribed), and the subscribers' end. */
+int dlock__redis_loop_fd(void *st);
+void dlock__redis_loop_run(void *st, int readable);
+int dlock__redis_arm(void *st, dlock__lease *l, int64_t deadline);
+void dlock__redis_disarm(void *st, dlock__lease *l, int acquired);
+int dlock__redis_listening(redis_store *rs, dlock__lease *l);
+void dlock__redis_sub_close(redis_store *rs);
+
+/* The channel prefix the scripts publish a hand-over on, for the lock
+ * whose key is key[0..kl): "Pc:" (CLIENTID follows), or on a cluster
+ * "P{NAME}c:", in the lock's own slot (SPUBLISH). Into out (KEY_MAX + 4
+ * bytes); returns its length. */
+static inline size_t chan_for(const redis_store *rs, const char *key,
+                              size_t kl, char *out)
+{
+    if (!rs->cluster) {
+        size_t n = strlen(rs->chan_prefix);
+        memcpy(out, rs->chan_prefix, n + 1);
+        return n;
+    }
+    memcpy(out, key, kl);
+    memcpy(out + kl, "c:", 3);
+    return kl + 2;
 }
 
 static inline int server_error(const redis_store *rs, const char *msg,

@@ -109,13 +109,25 @@ static size_t next_count(size_t limit, size_t found, size_t visited,
     return want > LIST_COUNT_MAX ? LIST_COUNT_MAX : (size_t)want;
 }
 
+/* Runs cmds on the one server, or on cluster node `node`. */
+static int run_on(redis_store *rs, int node, rcmd *cmds, int n,
+                  redisReply **rep, int64_t deadline)
+{
+    if (!rs->cluster)
+        return dlock__rconn_run(rs->conn, cmds, n, rep, deadline);
+    return dlock__rcluster_run_node(rs->cluster, node, cmds, n, rep,
+                                    deadline);
+}
+
 /* Adds the keys[0..n) (found in this order, without duplicates) to the
- * page: one script per LIST_BATCH of them, pipelined. */
-static int list_read(redis_store *rs, const lkey *keys, size_t n,
+ * page: one script per LIST_BATCH of them (on a cluster, per key: a
+ * script's keys share a slot), pipelined. */
+static int list_read(redis_store *rs, int node, const lkey *keys, size_t n,
                      const char *prefix, size_t plen, unsigned flags,
                      dlock_list_page *out, int64_t deadline)
 {
-    size_t nb = (n + LIST_BATCH - 1) / LIST_BATCH;
+    const size_t batch = rs->cluster ? 1 : LIST_BATCH;
+    size_t nb = (n + batch - 1) / batch;
     rcmd *cmds = calloc(nb, sizeof(*cmds));
     redisReply **rep = calloc(nb, sizeof(*rep));
     const char **argv = malloc((n + 3 * nb) * sizeof(*argv));
@@ -130,8 +142,8 @@ static int list_read(redis_store *rs, const lkey *keys, size_t n,
     }
     size_t a = 0;
     for (size_t b = 0; b < nb; b++) {
-        size_t first = b * LIST_BATCH;
-        size_t m = n - first < LIST_BATCH ? n - first : LIST_BATCH;
+        size_t first = b * batch;
+        size_t m = n - first < batch ? n - first : batch;
         rcmd *c = &cmds[b];
         c->script = S_LIST;
         c->ext_argv = argv + a;
@@ -149,7 +161,7 @@ static int list_read(redis_store *rs, const lkey *keys, size_t n,
             lens[a++] = keys[i].len;
         }
     }
-    rc = dlock__rconn_run(rs->conn, cmds, (int)nb, rep, deadline);
+    rc = run_on(rs, node, cmds, (int)nb, rep, deadline);
     if (rc) {
         free(rep);
         rep = NULL;
@@ -157,8 +169,11 @@ static int list_read(redis_store *rs, const lkey *keys, size_t n,
     }
     for (size_t b = 0; b < nb && rc == DLOCK_OK; b++) {
         const redisReply *r = rep[b];
-        size_t first = b * LIST_BATCH;
-        size_t m = n - first < LIST_BATCH ? n - first : LIST_BATCH;
+        size_t first = b * batch;
+        size_t m = n - first < batch ? n - first : batch;
+        if (r->type == REDIS_REPLY_ERROR && rs->cluster &&
+            (!strncmp(r->str, "MOVED ", 6) || !strncmp(r->str, "ASK ", 4)))
+            continue; /* its slot moved since the SCAN: listed there */
         if (r->type == REDIS_REPLY_ERROR) {
             rc = server_error(rs, r->str, NULL);
             break;
@@ -218,12 +233,14 @@ out:
     return rc;
 }
 
-int dlock__redis_list(void *st, const char *prefix, size_t plen,
-                      const char *cursor, size_t limit, unsigned flags,
-                      dlock_list_page *out, int64_t deadline)
+/* One page of the walk of one server (node: the cluster's node, or -1),
+ * from SCAN cursor cur; the next cursor of that walk into cur ("0": the
+ * walk ended). */
+static int list_node(redis_store *rs, int node, char cur[21],
+                     const char *prefix, size_t plen, size_t limit,
+                     unsigned flags, dlock_list_page *out, int64_t deadline)
 {
-    redis_store *rs = st;
-    char cur[21], count[24], pat[DLOCK__REDIS_PATTERN_MAX];
+    char count[24], pat[DLOCK__REDIS_PATTERN_MAX];
     redisReply *scans[LIST_SCANS_MAX];
     size_t nscans = 0, found = 0, visited = 0;
     size_t want = limit < LIST_COUNT_MIN ? LIST_COUNT_MIN : limit;
@@ -232,11 +249,6 @@ int dlock__redis_list(void *st, const char *prefix, size_t plen,
     lkey *keys = NULL;
     int rc = DLOCK_OK;
 
-    if (dlock__redis_scan_cursor(cursor, strlen(cursor), cur) != 0)
-        return dlock__err(DLOCK_EINVAL,
-                          "%s: the cursor is not one this store made (a "
-                          "Redis cursor is a decimal number)",
-                          rs->where);
     /* SCAN until the page has at least half its keys, the walk ends, or
      * LIST_SCANS_MAX calls */
     for (;;) {
@@ -250,7 +262,7 @@ int dlock__redis_list(void *st, const char *prefix, size_t plen,
         rcmd_str(&c, "COUNT");
         snprintf(count, sizeof(count), "%zu", cnt);
         rcmd_str(&c, count);
-        rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+        rc = run_on(rs, node, &c, 1, &r, deadline);
         if (rc)
             goto out;
         scans[nscans++] = r;
@@ -288,16 +300,86 @@ int dlock__redis_list(void *st, const char *prefix, size_t plen,
                 memcmp(keys[u - 1].key, keys[i].key, keys[i].len) != 0)
                 keys[u++] = keys[i];
         qsort(keys, u, sizeof(*keys), cmp_pos);
-        rc = list_read(rs, keys, u, prefix, plen, flags, out, deadline);
+        rc = list_read(rs, node, keys, u, prefix, plen, flags, out,
+                       deadline);
         if (rc)
             goto out;
     }
-    if (strcmp(cur, "0") != 0 && !(out->next = strdup(cur)))
-        rc = dlock__err(DLOCK_ENOMEM, "out of memory");
 out:
     for (size_t s = 0; s < nscans; s++)
         freeReplyObject(scans[s]);
     free(keys);
+    return rc;
+}
+
+#define PRIMARIES_MAX 1024
+
+/* A cluster's walk: its primaries in the order of their lowest slots, one
+ * after the other; the cursor is "K:CURSOR", the K-th primary's SCAN
+ * cursor ("" the start). A failover keeps the order (the replica takes
+ * the same slots); a reshard moves keys under the walk, which SCAN's
+ * promise does not cover: such a key may be listed twice or not at all. */
+static int list_cluster(redis_store *rs, const char *cursor,
+                        const char *prefix, size_t plen, size_t limit,
+                        unsigned flags, dlock_list_page *out,
+                        int64_t deadline)
+{
+    int *ids = malloc(PRIMARIES_MAX * sizeof(*ids)), n, k = 0, rc;
+    const char *colon = strchr(cursor, ':');
+    char cur[21] = "0", *end;
+
+    if (!ids)
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    if (cursor[0]) {
+        long v = strtol(cursor, &end, 10);
+        if (!colon || end != colon || v < 0 || v >= PRIMARIES_MAX ||
+            dlock__redis_scan_cursor(colon + 1, strlen(colon + 1), cur) != 0) {
+            free(ids);
+            return dlock__err(DLOCK_EINVAL,
+                              "%s: the cursor is not one this store made (a "
+                              "cluster's is NODE:CURSOR)",
+                              rs->where);
+        }
+        k = (int)v;
+    }
+    n = dlock__rcluster_primaries(rs->cluster, ids, PRIMARIES_MAX, deadline);
+    if (k >= n) { /* the cluster shrank under the walk: it is over */
+        free(ids);
+        return DLOCK_OK;
+    }
+    rc = list_node(rs, ids[k], cur, prefix, plen, limit, flags, out,
+                   deadline);
+    if (rc == DLOCK_OK && (strcmp(cur, "0") != 0 || k + 1 < n)) {
+        char next[48];
+        snprintf(next, sizeof(next), "%d:%s", strcmp(cur, "0") ? k : k + 1,
+                 cur);
+        if (!(out->next = strdup(next)))
+            rc = dlock__err(DLOCK_ENOMEM, "out of memory");
+    }
+    free(ids);
+    return rc;
+}
+
+int dlock__redis_list(void *st, const char *prefix, size_t plen,
+                      const char *cursor, size_t limit, unsigned flags,
+                      dlock_list_page *out, int64_t deadline)
+{
+    redis_store *rs = st;
+    char cur[21];
+    int rc;
+
+    if (rs->cluster)
+        return list_cluster(rs, cursor, prefix, plen, limit, flags, out,
+                            deadline);
+    if (dlock__redis_scan_cursor(cursor, strlen(cursor), cur) != 0)
+        return dlock__err(DLOCK_EINVAL,
+                          "%s: the cursor is not one this store made (a "
+                          "Redis cursor is a decimal number)",
+                          rs->where);
+    rc = list_node(rs, -1, cur, prefix, plen, limit, flags, out, deadline);
+    if (rc == DLOCK_OK && strcmp(cur, "0") != 0 &&
+        !(out->next = strdup(cur)))
+        rc = dlock__err(DLOCK_ENOMEM, "out of memory");
     return rc;
 }
 
@@ -340,15 +422,16 @@ int dlock__redis_evict(void *st, const char *name, size_t len,
                        dlock_info *out, int64_t deadline)
 {
     redis_store *rs = st;
-    char key[KEY_MAX];
+    char key[KEY_MAX], chan[KEY_MAX + 4];
+    size_t kl = lock_key(rs, name, len, key);
     redisReply *r;
     rcmd c;
     int rc;
 
     rcmd_evalsha(&c, S_BREAK, 1);
-    rcmd_arg(&c, key, lock_key(rs, name, len, key));
-    rcmd_str(&c, rs->chan_prefix);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rcmd_arg(&c, key, kl);
+    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     rc = break_answer(rs, name, r, out);

@@ -46,7 +46,7 @@ int dlock__redis_rw_acquire(redis_store *rs, dlock__lease *l, int queue,
                             int64_t deadline)
 {
     redis_lease *rl = l->priv;
-    char key[KEY_MAX], line[LINE_MAX];
+    char key[KEY_MAX], line[LINE_MAX], chan[KEY_MAX + 4];
     size_t kl = lock_key(rs, l->name, l->name_len, key), ll = 0, id_len = 0;
     int64_t now = dlock__now_ms();
     redisReply *r;
@@ -61,8 +61,8 @@ int dlock__redis_rw_acquire(redis_store *rs, dlock__lease *l, int queue,
     rcmd_arg(&c, key, kl);
     rcmd_arg(&c, line + 1, ll);
     rcmd_str(&c, queue ? "1" : "0");
-    rcmd_str(&c, rs->chan_prefix);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR)
@@ -76,7 +76,7 @@ int dlock__redis_rw_acquire(redis_store *rs, dlock__lease *l, int queue,
 int dlock__redis_rw_release(redis_store *rs, dlock__lease *l,
                             int64_t deadline)
 {
-    char key[KEY_MAX];
+    char key[KEY_MAX], chan[KEY_MAX + 4];
     size_t kl = lock_key(rs, l->name, l->name_len, key);
     redisReply *r;
     rcmd c;
@@ -85,8 +85,8 @@ int dlock__redis_rw_release(redis_store *rs, dlock__lease *l,
     rcmd_evalsha(&c, S_RW_RELEASE, 1);
     rcmd_arg(&c, key, kl);
     rcmd_str(&c, l->owner);
-    rcmd_str(&c, rs->chan_prefix);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -116,7 +116,7 @@ int dlock__redis_rw_abandon(redis_store *rs, dlock__lease *l,
                             int64_t deadline)
 {
     redis_lease *rl = l->priv;
-    char key[KEY_MAX], line[LINE_MAX], ttl[24];
+    char key[KEY_MAX], line[LINE_MAX], ttl[24], chan[KEY_MAX + 4];
     size_t kl = lock_key(rs, l->name, l->name_len, key), ll = 0, id_len = 0;
     redisReply *r;
     rcmd c;
@@ -131,8 +131,8 @@ int dlock__redis_rw_abandon(redis_store *rs, dlock__lease *l,
     rcmd_str(&c, l->owner);
     rcmd_arg(&c, line + 1, id_len);
     rcmd_str(&c, ttl);
-    rcmd_str(&c, rs->chan_prefix);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR) {
@@ -147,7 +147,7 @@ int dlock__redis_rw_abandon(redis_store *rs, dlock__lease *l,
 int dlock__redis_rw_extend(redis_store *rs, dlock__lease *l, int64_t ttl_ms,
                            int64_t deadline)
 {
-    char key[KEY_MAX], ttl[24];
+    char key[KEY_MAX], ttl[24], chan[KEY_MAX + 4];
     size_t kl = lock_key(rs, l->name, l->name_len, key);
     redisReply *r;
     rcmd c;
@@ -158,8 +158,8 @@ int dlock__redis_rw_extend(redis_store *rs, dlock__lease *l, int64_t ttl_ms,
     rcmd_arg(&c, key, kl);
     rcmd_str(&c, l->owner);
     rcmd_str(&c, ttl);
-    rcmd_str(&c, rs->chan_prefix);
-    rc = dlock__rconn_run(rs->conn, &c, 1, &r, deadline);
+    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
+    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR)
