@@ -23,15 +23,15 @@
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|redis-sentinel|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|redis-sentinel|redis-cluster|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis | redis-sentinel | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
+file | redis | redis-sentinel | redis-cluster | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file', 'redis', 'redis-sentinel', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis', 'redis-sentinel', 'redis-cluster', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -351,10 +351,66 @@ start_sentinel_set() {
     exit 1
 }
 
+# start_cluster_set: six cluster nodes (three primaries with a replica
+# each, joined by redis-cli --cluster create; in BG_PIDS: the cleanup
+# kills them), on ports below 22768 whose bus ports (+10000) stay below
+# the ephemeral range too; the primaries' ports in CL_PORTS; returns once
+# the cluster is ok and every primary has its replica (30 s at most, else
+# exits).
+start_cluster_set() {
+    local i p dir cand all=()
+    CL_PORTS=()
+    for ((i = 0; i < 6; i++)); do
+        p=
+        while [ -z "$p" ]; do
+            cand=$((20000 + (RANDOM * 32768 + RANDOM) % 2768))
+            (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null ||
+                (exec 3<>"/dev/tcp/127.0.0.1/$((cand + 10000))") 2>/dev/null ||
+                p=$cand
+            for x in "${all[@]}"; do [ "$x" = "$p" ] && p=; done
+        done
+        dir=$TMP/cluster$i
+        mkdir -p "$dir"
+        redis-server --save '' --appendonly no --bind 127.0.0.1 \
+            --port "$p" --dir "$dir" --cluster-enabled yes \
+            --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
+            --repl-diskless-sync-delay 0 >"$dir/log" 2>&1 </dev/null &
+        BG_PIDS+=($!)
+        all+=("$p")
+    done
+    for p in "${all[@]}"; do
+        for ((i = 0; i < 50; i++)); do
+            [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ] && break
+            sleep 0.1
+        done
+    done
+    if ! redis-cli --cluster create "${all[@]/#/127.0.0.1:}" \
+        --cluster-replicas 1 --cluster-yes >"$TMP/cluster-create" 2>&1; then
+        echo "FAIL: redis-cli --cluster create failed:" >&2
+        show "$TMP/cluster-create"
+        exit 1
+    fi
+    for ((i = 0; i < 300; i++)); do
+        if redis-cli -p "${all[0]}" cluster info 2>/dev/null | grep -q 'cluster_state:ok' &&
+            [ "$(redis-cli -p "${all[0]}" cluster nodes 2>/dev/null | grep -c ' slave ')" = 3 ]; then
+            CL_PORTS=("${all[@]:0:3}")
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "FAIL: the cluster did not come up; a node's log:" >&2
+    show "$TMP/cluster0/log"
+    exit 1
+}
+
 # redis_all CMD...: runs redis-cli CMD on every node; prints the answers,
-# one a line, in node order.
+# one a line, in node order (on a cluster: once, following redirections).
 redis_all() {
     local p
+    if [ -n "${CL_PORTS[*]:-}" ]; then
+        redis-cli -c -p "${CL_PORTS[0]}" "$@" 2>&1
+        return
+    fi
     for p in "${REDIS_PORTS[@]}"; do
         redis-cli -p "$p" "$@" 2>&1
     done
@@ -578,6 +634,13 @@ redis-sentinel)
     start_redis 1
     start_sentinel_set
     export DLOCK_STORE="redis-sentinel://127.0.0.1:${SENT_PORTS[0]},127.0.0.1:${SENT_PORTS[1]},127.0.0.1:${SENT_PORTS[2]}/dlockcli"
+    KIND=redis
+    ;;
+redis-cluster)
+    # the Redis checks below, on a cluster (keys looked at behind dlock's
+    # back with redis-cli -c, which follows the slot's redirections)
+    start_cluster_set
+    export DLOCK_STORE="redis-cluster://127.0.0.1:${CL_PORTS[0]},127.0.0.1:${CL_PORTS[1]},127.0.0.1:${CL_PORTS[2]}"
     KIND=redis
     ;;
 redlock)
