@@ -19,6 +19,9 @@ how fast anything was. It fails (exit 1, one line per problem) when
   - the Redis section lacks the Sentinel figures: the cycle through the
     sentinels beside the primary, and the cost of min_replicas' WAIT
     (issue 21);
+  - the Redis section lacks the Cluster figures: the cycle through the
+    cluster beside the primary that owns the lock's slot, and the cost of
+    min_replicas' WAIT;
   - a chart named by the document was not drawn (with --charts DIR).
 """
 import os
@@ -35,6 +38,12 @@ RW_STORES = ["Redis", "File store", "PostgreSQL", "ZooKeeper", "etcd",
              "SQLite", "MySQL / MariaDB"]
 CONTENTION = ["Redis", "File store", "Redlock, 5 nodes", "ZooKeeper",
               "etcd", "SQLite", "PostgreSQL", "MySQL / MariaDB"]
+
+
+def subsection(text, title):
+    """The body of the "### TITLE..." subsection of text ("" if none)."""
+    body = text.split("\n### " + title, 1)
+    return body[1].split("\n### ", 1)[0] if len(body) == 2 else ""
 
 
 def main():
@@ -76,12 +85,22 @@ def main():
                       r"the 1 s target \|", redis)) < 2:
         bad.append("no exporter scrape figures (Redis and file) in the "
                    "Redis section")
+    # each subsection's rows in its own text (both have a min_replicas row)
+    sentinel = subsection(redis, "Redis Sentinel (")
     if not re.search(r"\| through the sentinels \| [0-9.]+ \| \*\*[0-9.]+x\*\*",
-                     redis):
+                     sentinel):
         bad.append("no Sentinel cycle figure in the Redis section")
     if len(re.findall(r"\| with `min_replicas=[12]` \(WAIT\) \| [0-9.]+ \| "
-                      r"[0-9.]+x", redis)) < 2:
+                      r"[0-9.]+x", sentinel)) < 2:
         bad.append("no min_replicas (WAIT) figures in the Redis section")
+    cluster = subsection(redis, "Redis Cluster (")
+    if not re.search(r"\| through the cluster \| [0-9.]+ \| \*\*[0-9.]+x\*\*",
+                     cluster):
+        bad.append("no Cluster cycle figure in the Redis section")
+    if not re.search(r"\| with `min_replicas=1` \(WAIT\) \| [0-9.]+ \| "
+                     r"[0-9.]+x", cluster):
+        bad.append("no Cluster min_replicas (WAIT) figure in the Redis "
+                   "section")
     cyc = {c[0]: c for c in plot.cycles(sec)}
     hand = dict(plot.handoffs(sec))
     for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",

@@ -3,7 +3,8 @@
 # run.sh BUILD_DIR [--quick] -- runs the benchmarks against a private
 # redis-server (free loopback port, temporary directory, no persistence),
 # a temporary file store, a Sentinel set (a primary, two replicas and three
-# sentinels, private redis-servers), five private redis-servers for Redlock (beside
+# sentinels, private redis-servers), a Redis Cluster (three primaries and a
+# replica of each, private redis-servers), five private redis-servers for Redlock (beside
 # node-redlock, which npm installs under BUILD_DIR/npm, never in the
 # tree), a private standalone ZooKeeper server (free
 # loopback port, temporary directory, no fsync) and a private etcd member
@@ -38,14 +39,20 @@ cleanup() {
 trap cleanup EXIT
 stpids=
 
-# free_port: a loopback port nothing listens on now (at random, 20000 to
-# 32767: below the kernel's ephemeral range, where a client socket of the
-# bench may hold a port nobody listens on)
+# free_port [--bus]: a loopback port nothing listens on now (at random,
+# 20000 to 32767: below the kernel's ephemeral range, where a client socket
+# of the bench may hold a port nobody listens on); --bus: 20000 to 22767,
+# with port + 10000 free too (a cluster node's bus port)
 free_port() {
-    local p
+    local p span=12768 bus=${1:-}
+    [ -n "$bus" ] && span=2768
     for _ in $(seq 100); do
-        p=$((20000 + RANDOM % 12768))
-        (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo "$p"; return 0; }
+        p=$((20000 + RANDOM % span))
+        (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && continue
+        [ -n "$bus" ] && (exec 3<>/dev/tcp/127.0.0.1/$((p + 10000))) 2>/dev/null &&
+            continue
+        echo "$p"
+        return 0
     done
     return 1
 }
@@ -53,12 +60,14 @@ free_port() {
 # spawn_redis NAME ARGS...: starts redis-server ARGS on a free port (its
 # --port added; a sentinel's config file among ARGS gets `port` from it)
 # and waits until it answers PING (2 s); another port if not, 10 tries.
-# Sets SPAWN_PORT and SPAWN_PID; returns 1 if none started.
+# With spawn_bus set (a caller's local), the port's +10000 is free too (a
+# cluster node's bus port). Sets SPAWN_PORT and SPAWN_PID; returns 1 if
+# none started.
 spawn_redis() {
     local name=$1 p pid
     shift
     for _ in $(seq 10); do
-        p=$(free_port) || return 1
+        p=$(free_port ${spawn_bus:+--bus}) || return 1
         redis-server "$@" --port "$p" --logfile "$tmp/$name-$p.log" &
         pid=$!
         for _ in $(seq 40); do
@@ -283,6 +292,83 @@ awk -v f="$stout" '
     /^## Redis/ { seen = 1 }
     { print }
     END { if (!done) { print ""; st() } }
+' "$out" >"$out.new" && mv "$out.new" "$out"
+
+# --- Cluster (bench/bench_cluster.c): three primaries and a replica of
+# each, ours; one subsection at the end of the Redis section, after the
+# Sentinel one
+clout=$tmp/results-cluster.md
+cluster_bench() {
+    local i p spawn_bus=1 ports=() cpids=() prim=() uri ok=
+    for i in 1 2 3 4 5 6; do
+        mkdir -p "$tmp/cluster$i"
+        spawn_redis "cluster$i" --cluster-enabled yes \
+            --cluster-config-file "$tmp/cluster$i/nodes.conf" \
+            --cluster-node-timeout 5000 --save '' --appendonly no \
+            --bind 127.0.0.1 --dir "$tmp/cluster$i" \
+            --repl-diskless-sync-delay 0 --repl-ping-replica-period 1 || {
+            kill "${cpids[@]}" 2>/dev/null || true
+            wait "${cpids[@]}" 2>/dev/null || true
+            stpids=
+            return 1
+        }
+        cpids+=("$SPAWN_PID")
+        stpids="${cpids[*]}"
+        ports+=("$SPAWN_PORT")
+    done
+    # shellcheck disable=SC2046 # the six addresses, one word each
+    redis-cli --cluster create $(printf '127.0.0.1:%s ' "${ports[@]}") \
+        --cluster-replicas 1 --cluster-yes >"$tmp/cluster-create.log" 2>&1 || {
+        echo "bench: redis-cli --cluster create failed:" >&2
+        tail -5 "$tmp/cluster-create.log" >&2
+        ok=no
+    }
+    # until the cluster is ok, with three primaries each acknowledged by its
+    # replica (WAIT 1: the replica is in sync), 30 s at most
+    for i in $(seq 1 300); do
+        [ -n "$ok" ] && break
+        if redis-cli -p "${ports[0]}" cluster info 2>/dev/null | tr -d '\r' |
+            grep -qx cluster_state:ok; then
+            mapfile -t prim < <(redis-cli -p "${ports[0]}" cluster nodes 2>/dev/null |
+                awk '$3 ~ /master/ && $3 !~ /fail/ && $8 == "connected" {
+                    sub(/@.*/, "", $2); print $2 }' | sort -t: -k2n)
+            if [ "${#prim[@]}" = 3 ]; then
+                ok=1
+                for p in "${prim[@]}"; do
+                    [ "$(redis-cli -p "${p##*:}" WAIT 1 100 2>/dev/null)" = 1 ] || ok=
+                done
+                [ -n "$ok" ] && break
+            fi
+        fi
+        sleep 0.1
+    done
+    if [ "$ok" = no ]; then
+        printf '### Redis Cluster (redis-cluster://)\n\nNot measured: redis-cli --cluster create failed (see the bench output).\n\n'
+    elif [ -z "$ok" ]; then
+        echo "bench: the cluster was not ok with its replicas in sync within 30 s" >&2
+        printf '### Redis Cluster (redis-cluster://)\n\nNot measured: the cluster was not ready within 30 s (see the bench output).\n\n'
+    else
+        uri="redis-cluster://$(IFS=,; echo "${prim[*]}")"
+        # shellcheck disable=SC2086 # $quick: nothing or --quick
+        "$build/bench/dlock_bench_cluster" "$uri" "redis://${prim[0]}" $quick ||
+            printf '### Redis Cluster (redis-cluster://)\n\nNot measured: dlock_bench_cluster failed (see the bench output).\n\n'
+    fi
+    kill "${cpids[@]}" 2>/dev/null || true
+    wait "${cpids[@]}" 2>/dev/null || true
+    stpids=
+}
+if [ -x "$build/bench/dlock_bench_cluster" ]; then
+    cluster_bench >"$clout" ||
+        printf '### Redis Cluster (redis-cluster://)\n\nNot measured: its servers did not start (see the bench output).\n\n' >"$clout"
+else
+    printf '### Redis Cluster (redis-cluster://)\n\nNot measured: dlock_bench_cluster was not built (libhiredis-dev missing).\n\n' >"$clout"
+fi
+awk -v f="$clout" '
+    function cl(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+    /^## / && seen && !done { cl() }
+    /^## Redis/ { seen = 1 }
+    { print }
+    END { if (!done) { print ""; cl() } }
 ' "$out" >"$out.new" && mv "$out.new" "$out"
 
 ru=redis://127.0.0.1:$port

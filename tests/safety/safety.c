@@ -6,8 +6,9 @@
  *                [--workers N] [--table FILE] [--doc FILE]
  *
  * For every store (file, redis, redlock, zk, etcd, sqlite, pg,
- * pg-advisory, mysql) and scenario (none, kill, stop, restart, partition,
- * slow, clock), starts the store's private servers (tests/harness), runs N
+ * pg-advisory, mysql, sentinel, cluster) and scenario (none, kill, stop,
+ * restart, partition, slow, clock, the waiter ones, break, failover,
+ * reshard...), starts the store's private servers (tests/harness), runs N
  * worker processes fighting for one lock while each hold does a
  * read-modify-write on a fenced resource, injects the scenario's fault
  * while one holder (the victim) is between its read and its write,
@@ -48,18 +49,18 @@
 
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
-       SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_N };
+       SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_N };
 static const char *const sc_name[SC_N] = {
     "none",      "kill",        "stop",        "restart",
     "partition", "slow",        "clock",       "waiter-kill",
     "waiter-stop", "short-waits", "handover-restart", "conn-kill",
-    "restart-now", "break",     "failover"};
+    "restart-now", "break",     "failover",    "reshard"};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
-       ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_N };
+       ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_CLUSTER, ST_N };
 static const char *const st_name[ST_N] = {
     "file", "redis", "redlock", "zk", "etcd", "sqlite", "pg", "pg-advisory",
-    "mysql", "sentinel"};
+    "mysql", "sentinel", "cluster"};
 
 /* The expected outcome of every cell (the worst acceptable one); -1: the
  * scenario does not apply to the store (why in na_why()). */
@@ -70,19 +71,25 @@ static const char *const st_name[ST_N] = {
 static const int expected[ST_N][SC_N] = {
     /*            none kill stop restart partition slow clock
      *            waiter-kill waiter-stop short-waits handover-restart
-     *            conn-kill restart-now break failover */
-    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA, NA},
-    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA},
-    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F, NA},
-    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA},
-    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F, NA},
-    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F, NA},
-    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F, NA},
-    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F, NA},
+     *            conn-kill restart-now break failover reshard */
+    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA, NA, NA},
+    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA},
+    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F, NA, NA},
+    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA},
+    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA},
+    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F, NA, NA},
+    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F, NA, NA},
+    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F, NA, NA},
+    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F, NA, NA},
     /* sentinel: restart = the primary SIGKILLed, a replica promoted;
      * failover = SENTINEL FAILOVER (the old primary demoted) */
-    /* sentinel*/ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F},
+    /* sentinel*/ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F, NA},
+    /* cluster: the same Redis store, its lock's slot on one of three
+     * primaries (one replica each): restart = the slot's primary
+     * SIGKILLed, its replica takes over after cluster-node-timeout;
+     * failover = CLUSTER FAILOVER on that replica; reshard = the slot
+     * moved to another primary (MIGRATE), its record with it */
+    /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F, H},
 };
 #undef H
 #undef L
@@ -91,7 +98,7 @@ static const int expected[ST_N][SC_N] = {
 /* options */
 static int quick, mixed, nworkers = 8;
 /* stores with shared holds (docs/locks.md), for --mixed */
-static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1};
+static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1};
 static int want_store[ST_N], want_sc[SC_N];
 static const char *table_path, *doc_path;
 static char self_exe[1024];
@@ -120,6 +127,8 @@ typedef struct store {
     int part_netns;              /* that path is the namespace */
     th_redis redis, rl[5];
     th_sentinels sen;
+    th_cluster cl;
+    int cl_slot;                 /* the slot of the lock's key */
     th_zk zk;
     th_etcd etcd;
     th_sql sql;
@@ -149,6 +158,7 @@ static int store_available(int kind, char *why, size_t cap)
     case ST_REDIS:
     case ST_REDLOCK:
     case ST_SENTINEL:
+    case ST_CLUSTER:
         if (!have_exe("redis-server")) {
             snprintf(why, cap, "no redis-server");
             return -1;
@@ -329,6 +339,16 @@ static void store_start(store *st, int kind)
         snprintf(st->uri, sizeof(st->uri), "%s", st->sen.uri);
         st->ttl_restart = 2000;
         break;
+    case ST_CLUSTER:
+        /* cluster-node-timeout 2 s: a killed primary's replica takes over
+         * after about that. Every worker's lock is SF_LOCK_NAME, its key
+         * SF_LOCK_KEY (no prefix in the URI: the default "dlock:"): one
+         * slot, on one primary at a time */
+        th_cluster_start(&st->cl, 2000);
+        snprintf(st->uri, sizeof(st->uri), "%s", st->cl.uri);
+        st->cl_slot = th_cluster_slot(&st->cl, SF_LOCK_KEY);
+        st->ttl_restart = 2000;
+        break;
     case ST_SQLITE:
         snprintf(st->uri, sizeof(st->uri), "sqlite://%s/safety.db",
                  th_tmpdir());
@@ -378,6 +398,9 @@ static void store_stop(store *st)
     case ST_SENTINEL:
         th_sentinels_stop(&st->sen);
         break;
+    case ST_CLUSTER:
+        th_cluster_stop(&st->cl);
+        break;
     case ST_ZK:
         for (int i = 0; i < 3; i++)
             if (st->zk.pid[i] > 0)
@@ -399,12 +422,19 @@ static void store_stop(store *st)
 /* Why a scenario does not apply to a store. */
 static const char *na_why(int kind, int sc)
 {
+    if (sc == SC_RESHARD)
+        return "only a Redis Cluster moves a lock's slot to another server";
     if (sc == SC_FAILOVER)
-        return "no replica to fail over to (Redis under Sentinel's case)";
+        return "no replica to fail over to (the case of Redis under "
+               "Sentinel and of a Redis Cluster)";
     if (kind == ST_SENTINEL && (sc == SC_PARTITION || sc == SC_SLOW))
         return "the harness binds the set to loopback only; its network "
                "faults are the other Redis columns'";
-    if (kind == ST_SENTINEL && sc == SC_HRESTART)
+    if (kind == ST_CLUSTER && (sc == SC_PARTITION || sc == SC_SLOW))
+        return "the nodes are bound to loopback and the client goes to the "
+               "addresses the cluster announces (CLUSTER SLOTS), not through "
+               "a relay; the one-server Redis column has the network faults";
+    if ((kind == ST_SENTINEL || kind == ST_CLUSTER) && sc == SC_HRESTART)
         return "a restart across a hand-over is the one-server case; here "
                "the restart column fails the primary over";
     if (sc == SC_BREAK)
@@ -530,6 +560,56 @@ static void set_clock(const run *r, const char *spec)
         th_fail(__FILE__, __LINE__, "rename: %s", strerror(errno));
 }
 
+/* Redis Cluster: the node (0..5) that is the primary of the lock's slot
+ * now, or -1. */
+static int cl_owner(store *st)
+{
+    return th_cluster_owner(&st->cl, st->cl_slot);
+}
+
+/* 1 if node[i] of the cluster is up and its INFO replication has
+ * `needle`. */
+static int cl_info_has(store *st, int i, const char *needle)
+{
+    char info[4096];
+
+    if (st->cl.node[i].pid <= 0)
+        return 0;
+    th_redis_cmd(&st->cl.node[i], info, sizeof(info), "INFO replication");
+    return strstr(info, needle) != NULL;
+}
+
+/* The replica of primary node[p]: its shard's other node (node[p+3] for
+ * node[p], node[p-3] for node[p+3]: the harness keeps replicas from
+ * migrating, and a failed-over primary comes back as its replica's
+ * replica), once it says so; -1 if it is down or does not. */
+static int cl_replica_of(store *st, int p)
+{
+    char want[48];
+    int q = p < 3 ? p + 3 : p - 3;
+
+    snprintf(want, sizeof(want), "master_port:%d\r", st->cl.node[p].port);
+    return cl_info_has(st, q, "role:slave") && cl_info_has(st, q, want)
+               ? q
+               : -1;
+}
+
+/* A primary of another shard than node[p]'s, a different one each call:
+ * where a reshard moves the lock's slot; -1 if none. */
+static int cl_other_primary(store *st, int p)
+{
+    static int turn;
+
+    for (int k = 0; k < 6; k++) {
+        int j = (turn + k) % 6;
+        if (j % 3 != p % 3 && cl_info_has(st, j, "role:master")) {
+            turn = j + 1;
+            return j;
+        }
+    }
+    return -1;
+}
+
 /* Starts the store fault of SC_RESTART. Returns how long to let the
  * other workers try before the victim goes on (ms). */
 static int64_t restart_fault(run *r, char *note, size_t cap)
@@ -558,6 +638,22 @@ static int64_t restart_fault(run *r, char *note, size_t cap)
         int np = th_sentinels_failed_over(&st->sen, p, 30000);
         snprintf(note, cap, "the primary SIGKILLed, a replica promoted "
                  "(%s)", np ? "in time" : "NOT within 30 s");
+        return 4000;
+    }
+    case ST_CLUSTER: {
+        /* the primary of the lock's slot dies; its replica takes over
+         * once the other primaries have called it failed (the
+         * cluster-node-timeout, 2 s) and voted: the holds it had not
+         * replicated are lost, the others kept */
+        int p = cl_owner(st), q = p >= 0 ? cl_replica_of(st, p) : -1;
+        if (q < 0)
+            th_fail(__FILE__, __LINE__, "the slot's primary (node[%d]) has "
+                    "no replica in the cluster", p);
+        th_redis_kill(&st->cl.node[p], SIGKILL);
+        int ok = th_cluster_owner_is(&st->cl, st->cl_slot, q, 30000);
+        snprintf(note, cap, "the slot's primary node[%d] SIGKILLed, its "
+                 "replica node[%d] took over (%s)", p, q,
+                 ok ? "in time" : "NOT within 30 s");
         return 4000;
     }
     case ST_ZK: {
@@ -601,6 +697,24 @@ static void restart_heal(run *r)
         for (int i = 0; i < 3; i++)
             if (st->sen.data[i].pid <= 0)
                 th_redis_restart(&st->sen.data[i]);
+    } else if (st->kind == ST_CLUSTER) {
+        /* the old primary back, empty but with its nodes.conf: it learns
+         * that its replica has its slots now (a higher config epoch) and
+         * becomes that node's replica; waits (bounded) until it is in sync,
+         * so that the next round or scenario has a replica to fail over
+         * to */
+        for (int i = 0; i < 6; i++) {
+            if (st->cl.node[i].pid > 0)
+                continue;
+            th_redis_restart(&st->cl.node[i]);
+            int64_t until = th_now_ms() + 30000;
+            while (!cl_info_has(st, i, "master_link_status:up") &&
+                   th_now_ms() < until)
+                th_sleep_ms(50);
+            if (!cl_info_has(st, i, "master_link_status:up"))
+                log_line("cluster: node[%d] back but not in sync with a "
+                         "primary after 30 s", i);
+        }
     } else if (st->kind == ST_ZK) {
         for (int i = 0; i < 3; i++)
             if (st->zk.pid[i] <= 0)
@@ -633,7 +747,7 @@ static int pick_waiter(run *r, dlock_client *ctl, int not)
 
     while (th_now_ms() < until) {
         dlock_info info;
-        if (ctl && dlock_inspect(ctl, "safety", &info) == DLOCK_OK) {
+        if (ctl && dlock_inspect(ctl, SF_LOCK_NAME, &info) == DLOCK_OK) {
             const char *p = info.queue_len > 0
                                 ? strstr(info.queue[0], " pid ")
                                 : NULL;
@@ -954,7 +1068,7 @@ static void run_one(store *st, int sc, cell *out)
              * must get it at once, with a higher token, so that the
              * victim's write is refused; the victim learns of it */
             dlock_info ev;
-            int brc = ctl ? dlock_break(ctl, "safety", &ev) : DLOCK_ECONN;
+            int brc = ctl ? dlock_break(ctl, SF_LOCK_NAME, &ev) : DLOCK_ECONN;
             if (brc != DLOCK_OK) {
                 snprintf(rnote, sizeof(rnote), "INCONCLUSIVE: dlock_break: "
                          "%s: %.150s", dlock_errname(brc), dlock_errmsg());
@@ -976,6 +1090,23 @@ static void run_one(store *st, int sc, cell *out)
             /* an operator's failover while the victim sits between its
              * read and its write: the old primary is demoted (READONLY),
              * a replica promoted */
+            if (st->kind == ST_CLUSTER) {
+                /* CLUSTER FAILOVER on the replica of the slot's primary:
+                 * the primary pauses its clients until the replica has
+                 * caught up, then the replica takes the shard's slots
+                 * (the old primary answers MOVED from then on) */
+                int p = cl_owner(st), q = p >= 0 ? cl_replica_of(st, p) : -1;
+                int ok = q >= 0 &&
+                         th_cluster_failover(&st->cl, q, NULL, 30000);
+                snprintf(rnote, sizeof(rnote), "CLUSTER FAILOVER (node[%d] "
+                         "over node[%d], the slot's primary) while the "
+                         "holder sat between read and write (%s)", q, p,
+                         ok ? "done" : "NOT done within 30 s");
+                if (!ok)
+                    inconclusive = 1;
+                wait_accepted(&r, base, 1, lease_wait);
+                break;
+            }
             int p = th_sentinels_primary(&st->sen);
             int ok = p && th_redis_cmd(&st->sen.sent[round % 3], NULL, 0,
                                        "SENTINEL FAILOVER %s",
@@ -986,6 +1117,38 @@ static void run_one(store *st, int sc, cell *out)
                      np ? "done" : "NOT done within 30 s");
             if (!np)
                 inconclusive = 1;
+            wait_accepted(&r, base, 1, lease_wait);
+            break;
+        }
+        case SC_RESHARD: {
+            /* the lock's slot moved to another primary while the victim
+             * sits between its read and its write, as redis-cli --cluster
+             * reshard moves it, a stage at a time with a renewal (ttl/3)
+             * in between: MIGRATING/IMPORTING (the keys still at home),
+             * the keys MIGRATEd (a command on them meets ASK), the slot
+             * given to the target (MOVED). The hold's record moves with
+             * it: the victim keeps the lock */
+            int p = cl_owner(st), to = p >= 0 ? cl_other_primary(st, p) : -1;
+            if (to < 0) {
+                snprintf(rnote, sizeof(rnote), "INCONCLUSIVE: no primary to "
+                         "move the slot to");
+                inconclusive = 1;
+                break;
+            }
+            int64_t m0 = th_now_ms();
+            /* the commands sent on with ASK during the move (the
+             * holder's renewals among them) */
+            long long asking = th_redis_calls(&st->cl.node[to], "asking");
+            for (int stage = 1; stage <= 3; stage++) {
+                th_cluster_move_slot(&st->cl, st->cl_slot, to, stage);
+                if (stage < 3)
+                    th_sleep_ms(s->ttl_ms / 3 + 200);
+            }
+            asking = th_redis_calls(&st->cl.node[to], "asking") - asking;
+            snprintf(rnote, sizeof(rnote), "slot %d moved node[%d] -> "
+                     "node[%d] in 3 stages under the holder (%lld ms, "
+                     "%lld ASKING on the target)", st->cl_slot, p, to,
+                     (long long)(th_now_ms() - m0), asking);
             wait_accepted(&r, base, 1, lease_wait);
             break;
         }
@@ -1086,6 +1249,22 @@ static void run_one(store *st, int sc, cell *out)
                  v->killed ? "none (killed)" : dlock_errname(v->rel_rc),
                  v->lost_cb ? ", lost callback: " : "", v->lost_msg,
                  v->lost_cb ? "" : "");
+    }
+    if (getenv("SF_DUMP") && nvictims > 0) {
+        const sf_hold *v = &s->holds[victims[0]];
+        int64_t a = v->t_acq_ret - 1000000000LL, b = v->t_rel_ret + 1000000000LL;
+        for (uint32_t i = 0; i < s->nholds && i < SF_MAX_HOLDS; i++) {
+            const sf_hold *h = &s->holds[i];
+            if (h->t_rel_ret < a || h->t_acq_call > b) continue;
+            fprintf(stderr, "H%u w%d %s%s tok %llu acq [%.3f,%.3f] rel [%.3f,%.3f] rd_seen %llu rdop %llu wop %llu wres %d rel %s lostcb %d %.3f %s\n",
+                i, h->worker, h->shared ? "R" : "W", h->victim ? "*" : "",
+                (unsigned long long)h->token,
+                (h->t_acq_call - v->t_acq_ret) / 1e6, (h->t_acq_ret - v->t_acq_ret) / 1e6,
+                (h->t_rel_call - v->t_acq_ret) / 1e6, (h->t_rel_ret - v->t_acq_ret) / 1e6,
+                (unsigned long long)h->read_seen, (unsigned long long)h->read_op,
+                (unsigned long long)h->write_op, h->write_res, dlock_errname(h->rel_rc),
+                h->lost_cb, h->lost_cb ? (h->t_lost - v->t_acq_ret) / 1e6 : 0.0, h->lost_msg);
+        }
     }
     munmap(s, sizeof(*s));
     unlink(r.shm);

@@ -23,6 +23,12 @@
 #define SF_MAX_HOLDS 8192
 #define SF_URI_MAX 1200
 
+/* The one lock every worker fights for, and its Redis key (the store's
+ * default prefix "dlock:", the name as hash tag: on a cluster, the slot
+ * that key hashes to holds the lock). */
+#define SF_LOCK_NAME "safety"
+#define SF_LOCK_KEY "dlock:{" SF_LOCK_NAME "}"
+
 /* Outcomes, from best to worst. */
 enum sf_outcome {
     SF_HELD = 0,     /* no overlap, no loss */

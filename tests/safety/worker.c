@@ -159,7 +159,7 @@ int sf_worker_main(const char *path, int id)
     o.flags = s->flags | DLOCK_NOT_REENTRANT;
     o.on_lost = on_lost;
     o.on_lost_arg = &ws;
-    if (dlock_open(&l, c, "safety", &o) != DLOCK_OK) {
+    if (dlock_open(&l, c, SF_LOCK_NAME, &o) != DLOCK_OK) {
         snprintf(me->last_err, sizeof(me->last_err), "dlock_open: %s",
                  dlock_errmsg());
         dlock_client_close(c);

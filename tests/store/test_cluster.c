@@ -10,7 +10,7 @@
  * The client routes each lock to its slot's primary (every primary takes
  * some), lists every primary's locks, refuses what a cluster cannot do,
  * and hands a lock over through sharded pub/sub on the slot's primary
- * (SSUBSCRIBE while waiting, nothing afterwards); CLUSTER FAILOVER keeps
+ * (SSUBSCRIBE while waiting, kept idle afterwards, at most 64 idle); CLUSTER FAILOVER keeps
  * a replicated hold and the waiter; a primary killed before its replica
  * had a hold: the loss is reported and the next owner's token is higher;
  * a slot resharded under a held lock (MIGRATING/IMPORTING, the keys
@@ -243,15 +243,49 @@ TEST(a_hand_over_goes_through_the_slots_shard_channel)
     CHECK_OP(w.token, >, ta);
     /* woken by the hand-over, not by the 30 s lease's end */
     CHECK_OP(w.done_at - t0, <, 10000);
-    /* nobody waits: the channel is given up */
-    until = th_now_ms() + 10000;
-    while (shard_channels(t, 2, chan) != 0 && th_now_ms() < until)
-        th_sleep_ms(20);
-    CHECK_EQ(shard_channels(t, 2, chan), 0);
+    /* nobody waits: the channel stays, idle, for the next wait */
+    CHECK_EQ(shard_channels(t, 2, chan), 1);
     dlock_close(la);
     dlock_close(lb);
     dlock_client_close(a);
     dlock_client_close(b);
+}
+
+TEST(idle_subscriptions_are_bounded)
+{
+    /* a client that waited once for each of 80 locks keeps at most 64 of
+     * their channels subscribed (the oldest idle ones go) */
+    th_cluster *t = steady();
+    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    char name[64], pat[64];
+
+    for (int i = 0; i < 80; i++) {
+        snprintf(name, sizeof(name), "c/idle/%d", i);
+        dlock *la = handle(a, name, 30000, NULL);
+        dlock *lb = handle(b, name, 30000, NULL);
+        CHECK_OK(dlock_acquire(la, 0));
+        CHECK_RC(dlock_acquire(lb, 30), DLOCK_EBUSY); /* armed, gave up */
+        CHECK_OK(dlock_release(la));
+        dlock_close(la);
+        dlock_close(lb);
+    }
+    long long n = 0;
+    snprintf(pat, sizeof(pat), "dlock:{c/idle/*}c:*");
+    for (int i = 0; i < 3; i++)
+        n += shard_channels(t, i, pat);
+    CHECK_OP(n, >=, 1);
+    CHECK_OP(n, <=, 64);
+    dlock_client_close(b);
+    /* a closed client's are gone with its connections (as soon as the
+     * servers see them closed: 10 s of busy-machine slack) */
+    int64_t until = th_now_ms() + 10000;
+    do {
+        n = 0;
+        for (int i = 0; i < 3; i++)
+            n += shard_channels(t, i, pat);
+    } while (n != 0 && th_now_ms() < until && (th_sleep_ms(20), 1));
+    CHECK_EQ(n, 0);
+    dlock_client_close(a);
 }
 
 TEST(list_walks_every_primary)
@@ -436,6 +470,7 @@ static const th_test tests[] = {
     T(locks_go_to_their_slots_primary),
     T(bad_uris_say_what_is_wrong),
     T(a_hand_over_goes_through_the_slots_shard_channel),
+    T(idle_subscriptions_are_bounded),
     T(list_walks_every_primary),
     T(cluster_failover_keeps_a_replicated_hold_and_the_waiter),
     T(a_primary_killed_before_its_replica_had_the_hold_reports_it),

@@ -429,7 +429,7 @@ int dlock__rcluster_run(dlock__rcluster *cl, unsigned slot, rcmd *cmds,
     char last[160] = "";
 
     for (int hops = 0;; hops++) {
-        int id, rc, kind = 0, at = -1;
+        int id = 0, rc, kind = 0, at = -1;
 
         if (hops > DLOCK__RCLUSTER_REDIRECTS)
             return dlock__err(DLOCK_ECONN, "redis-cluster: slot %u: "
@@ -451,7 +451,7 @@ int dlock__rcluster_run(dlock__rcluster *cl, unsigned slot, rcmd *cmds,
             /* the node may be gone for good (its replica took over):
              * one look at the map, asked of the others */
             char why[512];
-            int o;
+            int o = -1;
             snprintf(why, sizeof(why), "%s", dlock_errmsg());
             looked = 1;
             if (refresh(cl, -1, id, deadline) == DLOCK_OK &&

@@ -60,6 +60,7 @@ typedef struct redis_store {
     char *cscripts[NSCRIPTS];
     struct csub *csubs;
     struct cconn *cconns;
+    uint64_t csub_clock; /* counts the channels that became idle */
 } redis_store;
 
 typedef struct redis_lease {

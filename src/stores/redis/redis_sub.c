@@ -17,7 +17,8 @@
  * waiters wait for a lock, that lock's channel is SSUBSCRIBEd (counted:
  * one subscription for every waiter of the client on that lock) on the
  * slot's primary, over one subscriber connection per node, all in one
- * epoll set (the loop_fd). A subscription the server ends (the slot left
+ * epoll set (the loop_fd). After its last waiter a channel stays
+ * subscribed, idle, for the next wait (the 64 most recent ones). A subscription the server ends (the slot left
  * the node: `sunsubscribe`), one answered MOVED, or a connection that
  * breaks makes its waiters re-arm on the slot's owner now and try again
  * (dlock__notify_error). docs/design.md, "Redis Cluster".
@@ -32,6 +33,12 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+/* Channels kept subscribed after their last waiter (a cluster): a lock
+ * waited for again soon needs no SSUBSCRIBE round trip, as the one
+ * server's client channel, which stays. The oldest idle one beyond this
+ * is unsubscribed. */
+#define CSUB_IDLE_MAX 64
+
 /* A lock's channel, subscribed for the waiters of this client (cluster). */
 typedef struct csub {
     struct csub *next;
@@ -41,6 +48,7 @@ typedef struct csub {
     int refs;      /* waiting leases counted in it */
     int node;      /* where SSUBSCRIBE went; -1: nowhere (yet) */
     int confirmed; /* the server confirmed it */
+    uint64_t idle; /* refs 0: when it became idle (a count); kept */
     char failed[200]; /* the server refused it: why */
 } csub;
 
@@ -333,7 +341,7 @@ static int csub_arm(redis_store *rs, dlock__lease *l, int64_t deadline)
         if (s->node < 0) {
             const dlock__rconn_target *t;
             cconn *cc;
-            int id, rc;
+            int id = -1, rc;
             pthread_mutex_unlock(&rs->sub_mu);
             rc = dlock__rcluster_owner(rs->cluster, s->slot, &id, &t,
                                        deadline);
@@ -355,29 +363,41 @@ static int csub_arm(redis_store *rs, dlock__lease *l, int64_t deadline)
 }
 
 /* disarm() on a cluster: the lease no longer counts in its channel's
- * subscription; the last one out unsubscribes. sub_mu held. */
+ * subscription. The last one out leaves it subscribed, idle; beyond
+ * CSUB_IDLE_MAX idle ones, the oldest is unsubscribed. sub_mu held. */
 static void csub_disarm(redis_store *rs, dlock__lease *l)
 {
     redis_lease *rl = l->priv;
     char chan[KEY_MAX + 40];
     size_t len = lease_chan(rs, l, chan, NULL);
-    csub *s = csub_find(rs, chan, len);
+    csub *s = csub_find(rs, chan, len), *oldest = NULL;
+    int idle = 0;
 
     if (!rl->subbed || !s)
         return;
     rl->subbed = 0;
     if (--s->refs > 0)
         return;
+    s->idle = ++rs->csub_clock;
+    for (csub *o = rs->csubs; o; o = o->next) {
+        if (o->refs > 0)
+            continue;
+        idle++;
+        if (!oldest || o->idle < oldest->idle)
+            oldest = o;
+    }
+    if (idle <= CSUB_IDLE_MAX)
+        return;
     for (csub **p = &rs->csubs; *p; p = &(*p)->next) {
-        if (*p == s) {
-            *p = s->next;
+        if (*p == oldest) {
+            *p = oldest->next;
             break;
         }
     }
-    cconn *cc = s->node >= 0 ? cconn_find(rs, s->node) : NULL;
+    cconn *cc = oldest->node >= 0 ? cconn_find(rs, oldest->node) : NULL;
     if (cc)
-        (void)csub_send(rs, cc, "SUNSUBSCRIBE", s);
-    free(s);
+        (void)csub_send(rs, cc, "SUNSUBSCRIBE", oldest);
+    free(oldest);
 }
 
 /* One reply on node cc's subscriber connection. sub_mu held. */
