@@ -15,7 +15,8 @@
  * had a hold: the loss is reported and the next owner's token is higher;
  * a slot resharded under a held lock (MIGRATING/IMPORTING, the keys
  * moved, the slot given away): the hold is kept through ASK and MOVED and
- * the waiter follows the slot to its new node.
+ * the waiter follows the slot to its new node; the same with
+ * `redis-cli --cluster reshard` itself moving 100 slots.
  *
  * Timing bounds: a manual failover or a slot's move is a few round trips;
  * a killed primary is replaced after cluster-node-timeout (2 s here, so
@@ -466,6 +467,65 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
     th_cluster_stop(&t);
 }
 
+TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
+{
+    /* `redis-cli --cluster reshard` itself, moving 100 slots (the lock's
+     * among them) from node[0] to node[2] while the hold renews every
+     * 500 ms and a waiter waits */
+    th_cluster t;
+    th_lost box = TH_LOST_INIT;
+    char name[64], key[128], v[256], from[64], to[64], cmd[512];
+    int slot = -1;
+
+    th_cluster_start(&t, NODE_TIMEOUT);
+    /* redis-cli takes a source's lowest slots first: a lock in 0..99 */
+    for (int n = 0; n < 20000 && (slot < 0 || slot >= 100); n++) {
+        snprintf(name, sizeof(name), "c/reshard/%d", n);
+        snprintf(key, sizeof(key), "dlock:{%s}", name);
+        slot = th_cluster_slot(&t, key);
+    }
+    CHECK(slot >= 0 && slot < 100);
+    CHECK_EQ(th_cluster_owner(&t, slot), 0);
+    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
+                                                           NULL);
+    waiter w = {lb, -99, 0, 0, 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    pthread_create(&th, NULL, wait_thread, &w);
+    th_sleep_ms(300);
+    th_redis_cmd(&t.node[0], from, sizeof(from), "CLUSTER MYID");
+    th_redis_cmd(&t.node[2], to, sizeof(to), "CLUSTER MYID");
+    snprintf(cmd, sizeof(cmd),
+             "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s "
+             "--cluster-to %s --cluster-slots 100 --cluster-yes "
+             ">/dev/null 2>&1 </dev/null",
+             t.node[0].port, from, to);
+    CHECK_EQ(system(cmd), 0);
+    /* the map agreed everywhere (10 s of slack), then a few renewals */
+    CHECK(th_cluster_owner_is(&t, slot, 2, 10000));
+    th_sleep_ms(1200);
+    CHECK_EQ(th_lost_calls(&box), 0);
+    CHECK_EQ(dlock_held(la), 1);
+    th_redis_cmd(&t.node[2], v, sizeof(v), "GET %s", key);
+    CHECK(a_record(v));
+    CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
+
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.token, >, ta);
+    CHECK_OP(w.done_at - t0, <, 10000);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    th_cluster_stop(&t);
+}
+
 static const th_test tests[] = {
     T(locks_go_to_their_slots_primary),
     T(bad_uris_say_what_is_wrong),
@@ -475,6 +535,7 @@ static const th_test tests[] = {
     T(cluster_failover_keeps_a_replicated_hold_and_the_waiter),
     T(a_primary_killed_before_its_replica_had_the_hold_reports_it),
     T(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot),
+    T(redis_cli_reshard_under_a_held_lock_keeps_it),
     {NULL, NULL, 0},
 };
 
