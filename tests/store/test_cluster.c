@@ -382,6 +382,7 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
 }
 
 TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
+/* (and its waiter is told at once) */
 {
     th_cluster t;
     th_lost box = TH_LOST_INIT;
@@ -402,7 +403,22 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
     th_redis_cmd(&t.node[1], NULL, 0, "CLIENT KILL TYPE replica");
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
+    dlock_client *b = client_at(t.uri);
+    dlock *lb = handle(b, name, 30000, NULL);
+    waiter w = {lb, -99, 0, 0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, wait_thread, &w);
+    th_sleep_ms(300); /* b waits, subscribed on node[1] */
+    int64_t killed = th_now_ms();
     th_redis_kill(&t.node[1], SIGKILL);
+    /* the waiter is told (its subscription broke, and the slot has no
+     * primary to re-arm on): DLOCK_ECONN, not a wait to its end (60 s);
+     * 10 s of busy-machine slack */
+    pthread_join(th, NULL);
+    CHECK_RC(w.rc, DLOCK_ECONN);
+    CHECK_OP(w.done_at - killed, <, 10000);
+    dlock_close(lb);
+    dlock_client_close(b);
     th_redis_kill(&t.node[4], SIGCONT);
     CHECK(th_cluster_failover(&t, 4, "TAKEOVER", 30000));
     /* reported at the next renewal (10 s, ttl/3) */
