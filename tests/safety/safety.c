@@ -88,8 +88,10 @@ static const int expected[ST_N][SC_N] = {
      * primaries (one replica each): restart = the slot's primary
      * SIGKILLed, its replica takes over after cluster-node-timeout;
      * failover = CLUSTER FAILOVER on that replica; reshard = the slot
-     * moved to another primary (MIGRATE), its record with it */
-    /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F, H},
+     * moved to another primary (MIGRATE), its record with it (under
+     * --mixed a read hold there is declared lost: expect()). A manual
+     * CLUSTER FAILOVER waits until the replica has caught up: held */
+    /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, H, H},
 };
 #undef H
 #undef L
@@ -102,6 +104,19 @@ static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1};
 static int want_store[ST_N], want_sc[SC_N];
 static const char *table_path, *doc_path;
 static char self_exe[1024];
+
+/* The expected outcome of a cell in this run: the table's, but for
+ * --mixed on a cluster's reshard or failover, where the victim is a read
+ * hold two times in three: a shared hold taken before its slot changed owners is
+ * declared lost at its next renewal without a check (docs/design.md,
+ * "Redis Cluster", failover of a shard: conservative, a reshard too),
+ * so it is lost-and-reported there; an exclusive one is kept. */
+static int expect(int k, int sc)
+{
+    if (mixed && k == ST_CLUSTER && (sc == SC_RESHARD || sc == SC_FAILOVER))
+        return SF_LOST;
+    return expected[k][sc];
+}
 
 /* results */
 typedef struct cell {
@@ -1250,22 +1265,6 @@ static void run_one(store *st, int sc, cell *out)
                  v->lost_cb ? ", lost callback: " : "", v->lost_msg,
                  v->lost_cb ? "" : "");
     }
-    if (getenv("SF_DUMP") && nvictims > 0) {
-        const sf_hold *v = &s->holds[victims[0]];
-        int64_t a = v->t_acq_ret - 1000000000LL, b = v->t_rel_ret + 1000000000LL;
-        for (uint32_t i = 0; i < s->nholds && i < SF_MAX_HOLDS; i++) {
-            const sf_hold *h = &s->holds[i];
-            if (h->t_rel_ret < a || h->t_acq_call > b) continue;
-            fprintf(stderr, "H%u w%d %s%s tok %llu acq [%.3f,%.3f] rel [%.3f,%.3f] rd_seen %llu rdop %llu wop %llu wres %d rel %s lostcb %d %.3f %s\n",
-                i, h->worker, h->shared ? "R" : "W", h->victim ? "*" : "",
-                (unsigned long long)h->token,
-                (h->t_acq_call - v->t_acq_ret) / 1e6, (h->t_acq_ret - v->t_acq_ret) / 1e6,
-                (h->t_rel_call - v->t_acq_ret) / 1e6, (h->t_rel_ret - v->t_acq_ret) / 1e6,
-                (unsigned long long)h->read_seen, (unsigned long long)h->read_op,
-                (unsigned long long)h->write_op, h->write_res, dlock_errname(h->rel_rc),
-                h->lost_cb, h->lost_cb ? (h->t_lost - v->t_acq_ret) / 1e6 : 0.0, h->lost_msg);
-        }
-    }
     munmap(s, sizeof(*s));
     unlink(r.shm);
 }
@@ -1309,7 +1308,7 @@ static void write_table(FILE *f, int64_t total_ms)
             if (!want_store[k])
                 continue;
             const cell *c = &cells[k][sc];
-            int exp = expected[k][sc];
+            int exp = expect(k, sc);
             if (exp < 0)
                 fprintf(f, " n/a |");
             else if (!c->ran || c->outcome == SF_SKIPPED)
@@ -1331,9 +1330,9 @@ static void write_table(FILE *f, int64_t total_ms)
         fprintf(f, "| %s |", sc_name[sc]);
         for (int k = 0; k < ST_N; k++)
             if (want_store[k])
-                fprintf(f, " %s |", expected[k][sc] < 0
+                fprintf(f, " %s |", expect(k, sc) < 0
                                          ? "n/a"
-                                         : sf_outcome_name(expected[k][sc]));
+                                         : sf_outcome_name(expect(k, sc)));
         fprintf(f, "\n");
     }
     fprintf(f, "\nSkipped or not applicable:\n\n");
@@ -1342,7 +1341,7 @@ static void write_table(FILE *f, int64_t total_ms)
             const cell *c = &cells[k][sc];
             if (!want_store[k] || !want_sc[sc])
                 continue;
-            if (expected[k][sc] < 0)
+            if (expect(k, sc) < 0)
                 fprintf(f, "- %s × %s: n/a, %s\n", sc_name[sc], st_name[k],
                         na_why(k, sc));
             else if (!c->ran || c->outcome == SF_SKIPPED)
@@ -1447,7 +1446,7 @@ static void suite(void)
         if (!want_store[k])
             continue;
         for (int sc = 0; sc < SC_N; sc++)
-            any |= want_sc[sc] && expected[k][sc] >= 0;
+            any |= want_sc[sc] && expect(k, sc) >= 0;
         if (!any)
             continue;
         if (mixed && !has_shared[k])
@@ -1469,7 +1468,7 @@ static void suite(void)
                  (long long)(th_now_ms() - ts), st.uri);
         for (int sc = 0; sc < SC_N; sc++) {
             cell *c = &cells[k][sc];
-            if (!want_sc[sc] || expected[k][sc] < 0)
+            if (!want_sc[sc] || expect(k, sc) < 0)
                 continue;
             if ((sc == SC_PARTITION || sc == SC_SLOW) && !st.part_uri[0]) {
                 c->outcome = SF_SKIPPED;
@@ -1488,11 +1487,11 @@ static void suite(void)
                 continue;
             }
             run_one(&st, sc, c);
-            if (worse(c, expected[k][sc])) {
+            if (worse(c, expect(k, sc))) {
                 failed = 1;
                 log_line("FAIL: %s × %s: %s, expected at worst %s", sc_name[sc],
                          st_name[k], sf_outcome_name(c->outcome),
-                         sf_outcome_name(expected[k][sc]));
+                         sf_outcome_name(expect(k, sc)));
             }
         }
         store_stop(&st);

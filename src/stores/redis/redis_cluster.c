@@ -345,6 +345,21 @@ int dlock__rcluster_owner(dlock__rcluster *cl, unsigned slot, int *id,
     return DLOCK_OK;
 }
 
+int dlock__rcluster_owner_now(dlock__rcluster *cl, unsigned slot)
+{
+    unsigned o;
+
+    pthread_mutex_lock(&cl->mu);
+    o = cl->owner[slot];
+    pthread_mutex_unlock(&cl->mu);
+    return o == NONE ? -1 : (int)o;
+}
+
+int dlock__rcluster_refresh(dlock__rcluster *cl, int64_t deadline)
+{
+    return refresh(cl, -1, -1, deadline);
+}
+
 int dlock__rcluster_moved(dlock__rcluster *cl, const char *err)
 {
     int slot = -1, id;

@@ -67,6 +67,14 @@ int dlock__rcluster_run_node(dlock__rcluster *cl, int id, rcmd *cmds, int n,
 int dlock__rcluster_owner(dlock__rcluster *cl, unsigned slot, int *id,
                           const dlock__rconn_target **t, int64_t deadline);
 
+/* The node that owns `slot` as the map says now, without asking: its
+ * index, or -1. */
+int dlock__rcluster_owner_now(dlock__rcluster *cl, unsigned slot);
+
+/* Asks for the map now (the primaries, then the seeds). DLOCK_OK or the
+ * last failure. */
+int dlock__rcluster_refresh(dlock__rcluster *cl, int64_t deadline);
+
 /* A MOVED answer seen elsewhere (the subscriber's SSUBSCRIBE): the slot it
  * names now belongs to the node it names. Returns the slot, or -1 when
  * `err` is not a MOVED answer. */

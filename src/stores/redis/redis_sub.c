@@ -48,6 +48,8 @@ typedef struct csub {
     int refs;      /* waiting leases counted in it */
     int node;      /* where SSUBSCRIBE went; -1: nowhere (yet) */
     int confirmed; /* the server confirmed it */
+    int ended;     /* the server ended it (the slot left the node, or the
+                    * node became a replica): ask for the map first */
     uint64_t idle; /* refs 0: when it became idle (a count); kept */
     char failed[200]; /* the server refused it: why */
 } csub;
@@ -59,7 +61,12 @@ typedef struct cconn {
     redisContext *ctx;
 } cconn;
 
-/* "g SEQ TOKEN" on one of our channels: the lock handed to waiter SEQ. */
+/* "g SEQ TOKEN" on one of our channels: the lock handed to waiter SEQ.
+ * On a cluster the message only wakes the waiter, whose own try adopts
+ * the lock if the release did hand it over: a subscription can sit on a
+ * replica for a moment after a failover (a replica accepts SSUBSCRIBE and
+ * relays its primary's SPUBLISH, which counted no subscriber of ours and
+ * so handed the lock to nobody: found by the safety suite). */
 static void grant_msg(redis_store *rs, const char *msg)
 {
     unsigned long long seq, token;
@@ -67,7 +74,7 @@ static void grant_msg(redis_store *rs, const char *msg)
 
     if (sscanf(msg, "%c %llu %llu%c", &g, &seq, &token, &end) == 3 &&
         g == 'g' && token > 0) {
-        if (rs->min_replicas > 0) /* its own try confirms it (WAIT) */
+        if (rs->min_replicas > 0 || rs->cluster)
             dlock__notify_waiter(rs->client, seq);
         else
             dlock__notify_grant(rs->client, seq, token);
@@ -341,8 +348,11 @@ static int csub_arm(redis_store *rs, dlock__lease *l, int64_t deadline)
         if (s->node < 0) {
             const dlock__rconn_target *t;
             cconn *cc;
-            int id = -1, rc;
+            int id = -1, rc, ended = s->ended;
+            s->ended = 0;
             pthread_mutex_unlock(&rs->sub_mu);
+            if (ended) /* the map is behind: where is the slot now? */
+                (void)dlock__rcluster_refresh(rs->cluster, deadline);
             rc = dlock__rcluster_owner(rs->cluster, s->slot, &id, &t,
                                        deadline);
             pthread_mutex_lock(&rs->sub_mu);
@@ -440,12 +450,54 @@ static void csub_reply(redis_store *rs, cconn *cc, const redisReply *r)
         pthread_cond_broadcast(&rs->sub_cv);
     } else if (!strcmp(kind, "sunsubscribe") && s && s->node == cc->node &&
                s->confirmed) {
-        /* ended by the server: the slot left the node (a reshard) */
+        /* ended by the server: the slot left the node (a reshard), or
+         * the node became a replica (a failover) */
         s->node = -1;
         s->confirmed = 0;
+        s->ended = 1;
         pthread_cond_broadcast(&rs->sub_cv);
         dlock__notify_error(rs->client);
     }
+}
+
+/* The map changed: a subscription on a node that no longer owns its
+ * slot is left (SUNSUBSCRIBE there) and its waiters re-arm on the owner;
+ * an idle one is dropped. */
+static void csub_follow(redis_store *rs)
+{
+    int moved = 0;
+
+    pthread_mutex_lock(&rs->sub_mu);
+    for (csub **p = &rs->csubs; *p;) {
+        csub *s = *p;
+        int owner = dlock__rcluster_owner_now(rs->cluster, s->slot);
+        if (s->node < 0 || owner == s->node) {
+            p = &s->next;
+            continue;
+        }
+        cconn *cc = cconn_find(rs, s->node);
+        if (s->refs == 0) {
+            *p = s->next;
+            if (cc)
+                (void)csub_send(rs, cc, "SUNSUBSCRIBE", s);
+            free(s);
+            continue;
+        }
+        if (cc && csub_send(rs, cc, "SUNSUBSCRIBE", s) != 0) {
+            p = &rs->csubs; /* forgotten with its connection: again */
+            moved = 1;
+            continue;
+        }
+        s->node = -1;
+        s->confirmed = 0;
+        moved = 1;
+        p = &s->next;
+    }
+    if (moved) {
+        pthread_cond_broadcast(&rs->sub_cv);
+        dlock__notify_error(rs->client);
+    }
+    pthread_mutex_unlock(&rs->sub_mu);
 }
 
 /* Reads every subscriber connection (non-blocking). sub_mu held. */
@@ -509,6 +561,8 @@ static void follow(redis_store *rs)
             sub_lost(rs);
         pthread_mutex_unlock(&rs->sub_mu);
     }
+    if (rs->cluster)
+        csub_follow(rs);
     dlock__renew_now(rs->client);
 }
 
