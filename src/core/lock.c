@@ -398,7 +398,13 @@ static void sleep_until(dlock_client *c, dlock__waiter *w, int64_t wake_at)
         /* Another sleeping waiter reads from now on. With none, the
          * background thread takes the fd back at its next wake-up: until
          * then nobody waits for what it brings (a thread that arms waits
-         * for an answer on it, and wakes the background thread first) */
+         * for an answer on it, and wakes the background thread first) --
+         * unless it woke it while this one still read: then the
+         * background thread left the fd alone, and a thread in arm()
+         * waited for its answer until its deadline (found on a cluster,
+         * where arms are frequent: readers 1.7 s late). So with no
+         * sleeping waiter to take over, the background thread is woken
+         * to take the fd back now. */
         __atomic_store_n(&c->reader, NULL, __ATOMIC_RELAXED);
         for (dlock__waiter *o = c->waiters; o; o = o->next) {
             if (o->sleeping) {
@@ -406,6 +412,7 @@ static void sleep_until(dlock_client *c, dlock__waiter *w, int64_t wake_at)
                 return;
             }
         }
+        dlock__loop_wake(c);
     }
 }
 

@@ -61,6 +61,7 @@ typedef struct redis_store {
     struct csub *csubs;
     struct cconn *cconns;
     uint64_t csub_clock; /* counts the channels that became idle */
+    int cconn_connecting; /* a subscriber connection is being made */
 } redis_store;
 
 typedef struct redis_lease {

@@ -62,19 +62,20 @@ typedef struct cconn {
 } cconn;
 
 /* "g SEQ TOKEN" on one of our channels: the lock handed to waiter SEQ.
- * On a cluster the message only wakes the waiter, whose own try adopts
- * the lock if the release did hand it over: a subscription can sit on a
- * replica for a moment after a failover (a replica accepts SSUBSCRIBE and
- * relays its primary's SPUBLISH, which counted no subscriber of ours and
- * so handed the lock to nobody: found by the safety suite). */
-static void grant_msg(redis_store *rs, const char *msg)
+ * `trusted` 0 (a cluster's message that came through a node the map does
+ * not name as its slot's primary): it only wakes the waiter, whose own
+ * try adopts the lock if the release did hand it over. A replica accepts
+ * SSUBSCRIBE and relays its primary's SPUBLISH, which counted no
+ * subscriber of ours and so handed the lock to nobody (found by the
+ * safety suite after CLUSTER FAILOVER). */
+static void grant_msg(redis_store *rs, const char *msg, int trusted)
 {
     unsigned long long seq, token;
     char g, end;
 
     if (sscanf(msg, "%c %llu %llu%c", &g, &seq, &token, &end) == 3 &&
         g == 'g' && token > 0) {
-        if (rs->min_replicas > 0 || rs->cluster)
+        if (rs->min_replicas > 0 || !trusted)
             dlock__notify_waiter(rs->client, seq);
         else
             dlock__notify_grant(rs->client, seq, token);
@@ -188,7 +189,7 @@ static void sub_reply(redis_store *rs, const redisReply *r)
     const char *kind = r->element[0]->str;
 
     if (!strcmp(kind, "message") && r->element[2]->type == REDIS_REPLY_STRING) {
-        grant_msg(rs, r->element[2]->str);
+        grant_msg(rs, r->element[2]->str, 1);
     } else if (!strcmp(kind, "subscribe")) {
         rs->subscribed = 1;
         pthread_cond_broadcast(&rs->sub_cv);
@@ -262,11 +263,24 @@ static int cconn_get(redis_store *rs, int id, const dlock__rconn_target *t,
     cconn *cc;
     int rc;
 
-    if ((*out = cconn_find(rs, id)))
+    /* one connect at a time per client: the client's other waiters wait
+     * for it (fourteen threads of a client arming at once made fourteen
+     * connections, and under load some logins took the whole timeout) */
+    while (!(*out = cconn_find(rs, id)) && rs->cconn_connecting) {
+        if (dlock__now_ms() >= deadline)
+            return dlock__err(DLOCK_ECONN, "%s: no subscriber connection in "
+                                           "time",
+                              rs->where);
+        dlock__cond_wait_until(&rs->sub_cv, &rs->sub_mu, deadline);
+    }
+    if (*out)
         return DLOCK_OK;
+    rs->cconn_connecting = 1;
     pthread_mutex_unlock(&rs->sub_mu);
     rc = dlock__rconn_connect(t, 0, NULL, deadline, &ctx, NULL);
     pthread_mutex_lock(&rs->sub_mu);
+    rs->cconn_connecting = 0;
+    pthread_cond_broadcast(&rs->sub_cv);
     if (rc)
         return rc;
     if ((*out = cconn_find(rs, id))) { /* another thread's, meanwhile */
@@ -365,6 +379,9 @@ static int csub_arm(redis_store *rs, dlock__lease *l, int64_t deadline)
                     continue; /* forgotten: connect again */
                 s->node = id;
             }
+            /* sub_mu was dropped: the confirmation may be in already (a
+             * wait now would miss its broadcast until the deadline) */
+            continue;
         }
         /* the confirmation comes on the fd: make sure it is read */
         dlock__loop_wake(rs->client);
@@ -443,8 +460,15 @@ static void csub_reply(redis_store *rs, cconn *cc, const redisReply *r)
          * core ignores a sequence number nobody waits with) */
         size_t cl = r->element[1]->len;
         if (cl > 32 && !memcmp(r->element[1]->str + cl - 32,
-                               dlock__client_id(rs->client), 32))
-            grant_msg(rs, r->element[2]->str);
+                               dlock__client_id(rs->client), 32)) {
+            /* a grant only from the node the map names for the slot, on
+             * a subscription it confirmed and has not ended */
+            unsigned slot = dlock__rcluster_slot(r->element[1]->str, cl);
+            int trusted = s && s->confirmed && s->node == cc->node &&
+                          dlock__rcluster_owner_now(rs->cluster, slot) ==
+                              cc->node;
+            grant_msg(rs, r->element[2]->str, trusted);
+        }
     } else if (!strcmp(kind, "ssubscribe") && s && s->node == cc->node) {
         s->confirmed = 1;
         pthread_cond_broadcast(&rs->sub_cv);
