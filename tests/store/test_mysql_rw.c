@@ -1302,8 +1302,12 @@ TEST(a_head_that_gives_up_leaves_nothing_behind)
     for (int i = 0; i < 2; i++) {
         int64_t t0 = th_now_ms();
         CHECK_RC(dlock_acquire(ph, 700), DLOCK_EBUSY);
-        /* within its deadline (+1 s for a busy machine) */
-        CHECK_OP(th_now_ms() - t0, <, 700 + 1000);
+        /* at its deadline, plus the giving up (its helpers interrupted,
+         * its entry deleted, the gate let go: round trips to a server on
+         * two cores that CI's stress-ng and a Redis Cluster's six servers
+         * keep busy, seen at 1724 ms): 5 s of slack; what this catches is
+         * a wait that outlives its deadline until the lease (30 s) */
+        CHECK_OP(th_now_ms() - t0, <, 700 + 5000);
         CHECK_EQ(sleepers("helper"), 0);
         CHECK_EQ(sleepers("gate"), 0);
         CHECK_OK(dlock_inspect(obs, "sem-give-up", &in));
