@@ -1545,3 +1545,25 @@ int th_lost_calls(th_lost *b)
     pthread_mutex_unlock(&b->mu);
     return n;
 }
+
+int th_lost_within(th_lost *b, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (th_lost_calls(b) == 0 && th_now_ms() < until)
+        th_sleep_ms(10);
+    return th_lost_calls(b);
+}
+
+void *th_wait_thread(void *arg)
+{
+    th_waiter *w = arg;
+
+    w->rc = dlock_acquire(w->l, 60000);
+    w->token = dlock_token(w->l);
+    w->done_at = th_now_ms();
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->l);
+    return NULL;
+}

@@ -486,6 +486,20 @@ typedef struct th_lost {
 #define TH_LOST_INIT {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0}
 void th_lost_cb(dlock *l, uint64_t token, void *arg);
 int th_lost_calls(th_lost *b);
+/* Waits (at most ms) for the first call; the calls then. */
+int th_lost_within(th_lost *b, int64_t ms);
+
+/* A thread that waits for a lock (th_wait_thread, a th_waiter as its
+ * argument): dlock_acquire(l, 60 s), then its result, token and time in
+ * the struct, `done` set (atomic), and the lock released if taken. */
+typedef struct th_waiter {
+    dlock *l;
+    int rc;
+    uint64_t token;
+    int64_t done_at;
+    int done;
+} th_waiter;
+void *th_wait_thread(void *arg);
 
 /* A store for the store tests, started by kind: file, redis,
  * redis-sentinel and redis-cluster (both run as "redis"), redlock, zk,

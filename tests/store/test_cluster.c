@@ -61,15 +61,6 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
     return l;
 }
 
-static int lost_within(th_lost *b, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (th_lost_calls(b) == 0 && th_now_ms() < until)
-        th_sleep_ms(10);
-    return th_lost_calls(b);
-}
-
 /* A lock name "PREFIX/N" whose slot primary node[i] owns now; its slot
  * into *slot. */
 static void name_on(th_cluster *t, int i, const char *prefix, char *out,
@@ -87,25 +78,18 @@ static void name_on(th_cluster *t, int i, const char *prefix, char *out,
     th_fail(__FILE__, __LINE__, "no name of node %d in 1000", i);
 }
 
-typedef struct waiter {
-    dlock *l;
-    int rc;
-    uint64_t token;
-    int64_t done_at;
-    int done; /* (atomic) */
-} waiter;
-
-static void *wait_thread(void *arg)
+/* The holder's release hands the lock to the waiting thread th: it
+ * gets it with a higher token than `ta`, woken by the hand-over and not
+ * by the 30 s lease's end (10 s of busy-machine slack). */
+static void release_wakes(dlock *la, pthread_t th, th_waiter *w, uint64_t ta)
 {
-    waiter *w = arg;
+    int64_t t0 = th_now_ms();
 
-    w->rc = dlock_acquire(w->l, 60000);
-    w->token = dlock_token(w->l);
-    w->done_at = th_now_ms();
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(w->rc);
+    CHECK_OP(w->token, >, ta);
+    CHECK_OP(w->done_at - t0, <, 10000);
 }
 
 /* A new client's hold of `name` has a token above `above`. */
@@ -226,12 +210,12 @@ TEST(a_hand_over_goes_through_the_slots_shard_channel)
     name_on(t, 2, "c/hand", name, sizeof(name), &slot);
     dlock *la = handle(a, name, 30000, NULL), *lb = handle(b, name, 30000,
                                                            NULL);
-    waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, wait_thread, &w);
+    pthread_create(&th, NULL, th_wait_thread, &w);
     /* b's client subscribes to the lock's channel on the slot's primary
      * (bounded: 10 s of busy-machine slack) */
     snprintf(chan, sizeof(chan), "dlock:{%s}c:*", name);
@@ -241,13 +225,7 @@ TEST(a_hand_over_goes_through_the_slots_shard_channel)
     CHECK_EQ(shard_channels(t, 2, chan), 1);
     th_sleep_ms(100);
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_release(la));
-    pthread_join(th, NULL);
-    CHECK_OK(w.rc);
-    CHECK_OP(w.token, >, ta);
-    /* woken by the hand-over, not by the 30 s lease's end */
-    CHECK_OP(w.done_at - t0, <, 10000);
+    release_wakes(la, th, &w, ta);
     /* nobody waits: the channel stays, idle, for the next wait */
     CHECK_EQ(shard_channels(t, 2, chan), 1);
     dlock_close(la);
@@ -353,12 +331,12 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
     dlock_client *a = client_at(u), *b = client_at(t.uri);
     dlock *la = handle(a, name, 3000, &box), *lb = handle(b, name, 30000,
                                                            NULL);
-    waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, wait_thread, &w);
+    pthread_create(&th, NULL, th_wait_thread, &w);
     th_sleep_ms(300); /* b queues behind a */
 
     CHECK(th_cluster_failover(&t, 3, NULL, 30000));
@@ -372,12 +350,7 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
     /* the release on the new primary wakes the waiter */
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_release(la));
-    pthread_join(th, NULL);
-    CHECK_OK(w.rc);
-    CHECK_OP(w.done_at - t0, <, 10000);
-    CHECK_OP(w.token, >, ta);
+    release_wakes(la, th, &w, ta);
     dlock_close(la);
     dlock_close(lb);
     dlock_client_close(a);
@@ -409,9 +382,9 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
     uint64_t ta = dlock_token(la);
     dlock_client *b = client_at(t.uri);
     dlock *lb = handle(b, name, 30000, NULL);
-    waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
-    pthread_create(&th, NULL, wait_thread, &w);
+    pthread_create(&th, NULL, th_wait_thread, &w);
     th_sleep_ms(300); /* b waits, subscribed on node[1] */
     int64_t killed = th_now_ms();
     th_redis_kill(&t.node[1], SIGKILL);
@@ -426,7 +399,7 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
     th_redis_kill(&t.node[4], SIGCONT);
     CHECK(th_cluster_failover(&t, 4, "TAKEOVER", 30000));
     /* reported at the next renewal (10 s, ttl/3) */
-    CHECK_EQ(lost_within(&box, 20000), 1);
+    CHECK_EQ(th_lost_within(&box, 20000), 1);
     CHECK_RC(dlock_held(la), DLOCK_ELOST);
     next_token_above(&t, name, ta);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
@@ -447,12 +420,12 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
     dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
-    waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, wait_thread, &w);
+    pthread_create(&th, NULL, th_wait_thread, &w);
     th_sleep_ms(300);
 
     /* migrating: renewals (every 500 ms) still find the key at home */
@@ -474,12 +447,7 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
     CHECK(a_record(v));
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_release(la));
-    pthread_join(th, NULL);
-    CHECK_OK(w.rc);
-    CHECK_OP(w.token, >, ta);
-    CHECK_OP(w.done_at - t0, <, 10000);
+    release_wakes(la, th, &w, ta);
     dlock_close(la);
     dlock_close(lb);
     dlock_client_close(a);
@@ -509,12 +477,12 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
     dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
-    waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, wait_thread, &w);
+    pthread_create(&th, NULL, th_wait_thread, &w);
     th_sleep_ms(300);
     th_redis_cmd(&t.node[0], from, sizeof(from), "CLUSTER MYID");
     th_redis_cmd(&t.node[2], to, sizeof(to), "CLUSTER MYID");
@@ -533,12 +501,7 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
     CHECK(a_record(v));
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_release(la));
-    pthread_join(th, NULL);
-    CHECK_OK(w.rc);
-    CHECK_OP(w.token, >, ta);
-    CHECK_OP(w.done_at - t0, <, 10000);
+    release_wakes(la, th, &w, ta);
     dlock_close(la);
     dlock_close(lb);
     dlock_client_close(a);

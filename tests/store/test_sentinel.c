@@ -60,16 +60,6 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
     return l;
 }
 
-/* Waits (at most ms) for the lost-lock callback; its calls then. */
-static int lost_within(th_lost *b, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (th_lost_calls(b) == 0 && th_now_ms() < until)
-        th_sleep_ms(10);
-    return th_lost_calls(b);
-}
-
 /* An operator's failover through sentinel `via`; waits (30 s at most)
  * until it is done and returns the new primary's port. */
 static int fail_over(th_sentinels *t, int via)
@@ -219,7 +209,7 @@ TEST(renewals_not_on_the_replicas_lose_the_hold)
     int64_t t0 = th_now_ms();
     th_redis_kill(rep[0], SIGSTOP);
     th_redis_kill(rep[1], SIGSTOP);
-    (void)lost_within(&box, 5000);
+    (void)th_lost_within(&box, 5000);
     int64_t lost_after = th_now_ms() - t0;
     char v[256];
     th_redis_cmd(p, v, sizeof(v), "GET dlock:{s/split}");
@@ -239,27 +229,6 @@ TEST(renewals_not_on_the_replicas_lose_the_hold)
 }
 
 /* A waiting thread. */
-typedef struct waiter {
-    dlock *l;
-    int rc;
-    uint64_t token;
-    int64_t done_at;
-    int done; /* (atomic) */
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-
-    w->rc = dlock_acquire(w->l, 60000);
-    w->token = dlock_token(w->l);
-    w->done_at = th_now_ms();
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
 {
     /* the release hands the lock to b; b's acquire returns only after
@@ -273,12 +242,12 @@ TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
     dlock *la = handle(a, "s/hand", 30000, NULL);
     dlock *lb = handle(b, "s/hand", 30000, NULL);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
-    waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, wait_thread, &w);
+    pthread_create(&th, NULL, th_wait_thread, &w);
     th_sleep_ms(300); /* b queues behind a */
     long long waits0 = th_redis_calls(p, "wait");
     int64_t t0 = th_now_ms();
@@ -309,7 +278,7 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     dlock_client *a = client_at(u), *b = client_at(t.uri);
     dlock *la = handle(a, "s/keep", 30000, &box);
     dlock *lb = handle(b, "s/keep", 30000, NULL);
-    waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
     th_lost sbox = TH_LOST_INIT;
@@ -318,7 +287,7 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
     CHECK_OK(dlock_acquire_shared(ls, 0));
-    pthread_create(&th, NULL, wait_thread, &w);
+    pthread_create(&th, NULL, th_wait_thread, &w);
     th_sleep_ms(300); /* b queues behind a */
 
     int now = fail_over(&t, 0);
@@ -327,7 +296,7 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     int64_t seen = th_now_ms();
     /* a shared hold of the old primary is not checked: reported lost
      * (a renewal round: 10 s of slack) */
-    CHECK_EQ(lost_within(&sbox, 10000), 1);
+    CHECK_EQ(th_lost_within(&sbox, 10000), 1);
     if (th_now_ms() < seen + 3000)
         th_sleep_ms(seen + 3000 - th_now_ms());
     CHECK_EQ(th_lost_calls(&box), 0);
@@ -377,7 +346,7 @@ TEST(failover_that_loses_a_hold_reports_it)
     int now = th_sentinels_failed_over(&t, old, 30000);
     CHECK(now > 0);
     /* reported once the switch is heard: long before its 30 s lease */
-    CHECK_EQ(lost_within(&box, 10000), 1);
+    CHECK_EQ(th_lost_within(&box, 10000), 1);
     CHECK_RC(dlock_held(la), DLOCK_ELOST);
 
     /* someone else takes it on the new primary (while a's lost hold is
