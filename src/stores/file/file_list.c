@@ -21,6 +21,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -151,7 +152,10 @@ static int scan(file_store *fs, const char *prefix, size_t plen,
                 const char *cursor, size_t limit, cand **h, size_t *n,
                 cand *spare)
 {
-    int fd = dup(fs->dirfd);
+    /* a description of its own: a dup() would share the directory's
+     * offset with every other listing of this client, and two threads
+     * listing at once would each skip what the other read */
+    int fd = openat(fs->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d;
     struct dirent *de;
 
@@ -164,7 +168,6 @@ static int scan(file_store *fs, const char *prefix, size_t plen,
         close(fd);
         return dlock__file_io_error("read", fs->dir, err);
     }
-    rewinddir(d); /* the dup shares the offset of an earlier pass */
     errno = 0;
     while ((de = readdir(d)) != NULL) {
         size_t len = strlen(de->d_name);
