@@ -77,40 +77,39 @@ static int stream_write(etcd_store *es, const char *p, size_t n,
     return 0;
 }
 
-/* One masked frame (a client's frames must be). es->sio held. */
+/* The largest message we send: the watch's create request (a pong's
+ * payload is at most 125 bytes). */
+#define WS_SEND_MAX (2 * ETCD_B64_MAX + 128)
+_Static_assert(WS_SEND_MAX < 65536, "a 16-bit frame length");
+
+/* One masked frame (a client's frames must be). es->sio held. The frame
+ * is built on the stack: nothing on the heap lives across the write (a
+ * fork() by another thread of the process while this one waits to write
+ * would leave such a block to the child, owned by no one). */
 static int ws_send(etcd_store *es, int op, const char *p, size_t n,
                    int64_t deadline)
 {
-    unsigned char hdr[14], mask[4];
+    unsigned char mask[4];
+    char f[4 + 4 + WS_SEND_MAX];
     size_t h = 0;
-    char *f;
-    int rc;
 
-    hdr[h++] = (unsigned char)(0x80 | op);
+    if (n > WS_SEND_MAX)
+        return -1;
+    f[h++] = (char)(0x80 | op);
     if (n < 126) {
-        hdr[h++] = (unsigned char)(0x80 | n);
-    } else if (n < 65536) {
-        hdr[h++] = 0x80 | 126;
-        hdr[h++] = (unsigned char)(n >> 8);
-        hdr[h++] = (unsigned char)n;
+        f[h++] = (char)(0x80 | n);
     } else {
-        hdr[h++] = 0x80 | 127;
-        for (int i = 7; i >= 0; i--)
-            hdr[h++] = (unsigned char)((uint64_t)n >> (8 * i));
+        f[h++] = (char)(0x80 | 126);
+        f[h++] = (char)(n >> 8);
+        f[h++] = (char)n;
     }
     if (dlock__random(mask, sizeof(mask)) != 0)
         memset(mask, 0x5a, sizeof(mask)); /* masking is not a secret */
-    memcpy(hdr + h, mask, 4);
+    memcpy(f + h, mask, 4);
     h += 4;
-    f = malloc(h + n);
-    if (!f)
-        return -1;
-    memcpy(f, hdr, h);
     for (size_t i = 0; i < n; i++)
         f[h + i] = (char)(p[i] ^ mask[i & 3]);
-    rc = stream_write(es, f, h + n, deadline);
-    free(f);
-    return rc;
+    return stream_write(es, f, h + n, deadline);
 }
 
 /*
@@ -355,7 +354,7 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
                           int64_t *since, char *why, size_t cap)
 {
     char url[512], req[1024], key[32], kb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
-    char body[2 * ETCD_B64_MAX + 128], errbuf[CURL_ERROR_SIZE] = "";
+    char body[WS_SEND_MAX], errbuf[CURL_ERROR_SIZE] = "";
     unsigned char nonce[16];
     curl_socket_t sock = CURL_SOCKET_BAD;
     int64_t left = deadline - dlock__now_ms();
