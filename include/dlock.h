@@ -206,6 +206,9 @@ DLOCK_EXTERN int dlock_client_open(dlock_client **out, const char *uri,
  * client (best effort), and closes the store connections. Handles opened on
  * the client stay valid until dlock_close(), but every call on them then
  * fails with DLOCK_EINVAL. NULL is a no-op.
+ * In a child forked after the client was opened it does nothing: the holds
+ * and connections are the parent's, and the child leaves them alone (the
+ * client's memory stays allocated in the child). Likewise dlock_close().
  * Thread-safety: no other call on this client or its handles may be in
  * progress; never call it from a lost-lock callback.
  */
@@ -341,7 +344,8 @@ DLOCK_EXTERN const char *dlock_name(const dlock *l);
 
 /*
  * Frees the handle. Any hold still made through it (by any thread) is
- * released first, best effort. NULL is a no-op.
+ * released first, best effort. NULL is a no-op. In a child forked after
+ * the client was opened it does nothing (see dlock_client_close()).
  * Thread-safety: no other call on this handle may be in progress; never
  * call it from the handle's own lost-lock callback.
  */

@@ -697,6 +697,10 @@ void dlock_client_close(dlock_client *c)
         return;
     if (c->thread_started && pthread_equal(pthread_self(), c->thread))
         return; /* from a callback: documented as not allowed */
+    if (c->pid != dlock__pid())
+        return; /* a forked child: no thread to stop, and the holds and
+                 * connections are the parent's (a release or a goodbye
+                 * sent from here would end them under the parent) */
 
     pthread_mutex_lock(&c->mu);
     if (c->closed) {

@@ -188,6 +188,9 @@ void dlock_close(dlock *l)
     if (!l)
         return;
     c = l->client;
+    if (c->pid != dlock__pid())
+        return; /* a forked child: the holds and connections are the
+                 * parent's (docs/design.md "fork()") */
     on_bg = c->thread_started && pthread_equal(pthread_self(), c->thread);
 
     pthread_mutex_lock(&c->mu);

@@ -1091,6 +1091,45 @@ TEST(a_forked_child_cannot_use_the_parents_client)
     dlock_client_close(c);
 }
 
+/* A child closing what it inherited (a garbage collector, an atexit
+ * handler) must leave the parent's holds and connections alone. */
+typedef struct inherited {
+    dlock_client *c;
+    dlock *l;
+} inherited;
+
+static int forked_close(void *arg)
+{
+    inherited *in = arg;
+
+    dlock_close(in->l);
+    dlock_client_close(in->c);
+    return 0;
+}
+
+TEST(a_forked_child_closing_the_parents_client_leaves_it_alone)
+{
+    dlock_client *c = client(), *other = client();
+    dlock *l = handle(c, "forked-close", 0, 0);
+    dlock *lo = handle(other, "forked-close", 0, 0);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    uint64_t tok = dlock_token(l);
+    inherited in = {c, l};
+    CHECK_EQ(th_wait(th_fork(forked_close, &in)), 0);
+    /* still held in the store, through a connection that still works */
+    CHECK_RC(dlock_acquire(lo, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_extend(l, 30000));
+    CHECK_EQ(dlock_token(l), tok);
+    CHECK_OK(dlock_release(l));
+    CHECK_OK(dlock_acquire(lo, 0));
+    CHECK_OK(dlock_release(lo));
+    dlock_close(lo);
+    dlock_close(l);
+    dlock_client_close(other);
+    dlock_client_close(c);
+}
+
 static const th_test tests[] = {
     T(basic_acquire_release),
     TK(try_busy_and_timed_wait),
@@ -1115,6 +1154,7 @@ static const th_test tests[] = {
     T(bad_input_is_rejected),
     T(close_releases_holds),
     T(a_forked_child_cannot_use_the_parents_client),
+    T(a_forked_child_closing_the_parents_client_leaves_it_alone),
     {NULL, NULL, 0},
 };
 
