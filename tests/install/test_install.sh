@@ -70,3 +70,28 @@ fi
 MANPATH=$p/share/man man -w dlock >/dev/null 2>&1 || [ -s "$p/share/man/man1/dlock.1" ] ||
     fail "man page"
 echo "ok   installed dlock runs"
+
+# the Python package, installed with pip from the source tree (a copy: pip
+# writes its build files beside the sources), over the installed library:
+# loaded by name, as on a user's machine (here LD_LIBRARY_PATH stands for
+# the linker cache of a system-wide install), with its modules beside it
+if /usr/bin/python3 -c "import cffi" 2>/dev/null && /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
+    cp -r "$src/python" "$tmp/pysrc"
+    rm -rf "$tmp/pysrc/build" "$tmp/pysrc/"*.egg-info
+    /usr/bin/python3 -m pip install --quiet --no-build-isolation --no-deps --no-index \
+        --target "$tmp/site" "$tmp/pysrc" >"$tmp/pip.log" 2>&1 ||
+        { cat "$tmp/pip.log"; fail "pip install ./python"; }
+    [ -f "$tmp/site/dlock/py.typed" ] || fail "the Python package lacks py.typed"
+    out=$(cd "$tmp" && env -u DLOCK_LIBRARY LD_LIBRARY_PATH="$p/lib" PYTHONPATH="$tmp/site" \
+        /usr/bin/python3 -c '
+import sys, dlock
+assert dlock.__file__.startswith(sys.argv[1]), dlock.__file__
+with dlock.Client("file://" + sys.argv[2]) as c, c.lock("py-installed") as l:
+    print("held, fencing token", l.token, "; stores:", " ".join(sorted(dlock.stores())))
+' "$tmp/site" "$tmp/locks") || fail "the pip-installed package failed: $out"
+    case $out in "held, fencing token "[1-9]*redis*) ;; *) fail "unexpected output: $out" ;; esac
+    echo "ok   pip install ./python: $out"
+else
+    echo "FAIL: python3-cffi or pip missing (scripts/install-deps.sh test installs them)" >&2
+    exit 1
+fi

@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: MIT
+"""dlock: distributed locks over the stores you already run.
+
+    import dlock
+    with dlock.Client("redis://127.0.0.1:6379") as client:
+        with client.lock("payments:42", ttl=30) as lock:
+            write_with_fence(lock.token)
+
+docs/python.md has the whole API.
+"""
+from typing import Dict, List
+
+from ._client import Client, Info, Lock, RWLock
+from ._errors import (AuthenticationFailed, Busy, ConnectionFailed, Deadlock,
+                      DlockError, ForkedClient, InvalidArgument, LockLost,
+                      NotHeld, NotSupported, OutOfMemory, ProtocolError)
+from ._native import ffi as _ffi
+from ._native import lib as _lib
+
+__all__ = [
+    "Client", "Lock", "RWLock", "Info", "DlockError", "Busy", "LockLost",
+    "NotHeld", "InvalidArgument", "ForkedClient", "ConnectionFailed",
+    "AuthenticationFailed", "ProtocolError", "OutOfMemory", "NotSupported",
+    "Deadlock", "library_version", "stores",
+]
+__version__ = "0.1.0"
+
+
+def library_version() -> str:
+    """The C library's version ("0.1.0")."""
+    return _ffi.string(_lib.dlock_version()).decode()
+
+
+def stores() -> Dict[str, str]:
+    """The URI schemes the library knows: "builtin", "module" (installed,
+    loaded on first use) or "missing"."""
+    out: Dict[str, str] = {}
+    how = _ffi.new("int *")
+    i = 0
+    while True:
+        s = _lib.dlock_store_scheme(i, how)
+        if s == _ffi.NULL:
+            return out
+        out[_ffi.string(s).decode()] = {1: "builtin", 2: "module"}.get(
+            how[0], "missing")
+        i += 1
