@@ -2,6 +2,7 @@
 # SPDX-License-Identifier: MIT
 """peer_py.py KIND ADDRESS FLOOR_US DLOCK_US DLOCK_HANDOFF_US [--quick]
    peer_py.py contend KIND ADDRESS NAME [SLEEP_S]
+   peer_py.py dlock-python URI REDIS_PORT [--quick]
 
 A Python lock library on the private server of one bench section, measured
 the way bench.c measures dlock (see peer_common.py), printed as a markdown
@@ -12,6 +13,12 @@ subsection beside dlock's figures of the same run:
   kazoo  ADDRESS = host:port  kazoo's Lock recipe (python3-kazoo)
   etcd3  ADDRESS = host:port  python-etcd3's Lock (python3-etcd3, gRPC)
 
+  dlock  ADDRESS = URI      dlock's own Python package (python/), over the
+                            libdlock of the build ($DLOCK_LIBRARY)
+
+`dlock-python`: dlock's Python package beside redis-py on the same Redis
+server, in one run (the targets of issue 22: its cycle at most 0.8x
+redis-py's), printed as a subsection.
 FLOOR_US, DLOCK_US: the section's cycle floor and dlock's cycle p50;
 DLOCK_HANDOFF_US: dlock's hand-off p50. `contend`: one worker of
 bench_contend.c on lock NAME (SLEEP_S: redis-py's sleep). Run with Debian's /usr/bin/python3,
@@ -60,6 +67,57 @@ def etcd3_lock(hostport, name):
     return new_lock
 
 
+def dlock_lock(uri, name):
+    import dlock
+
+    def new_lock():
+        client = dlock.Client(uri, timeout=10)
+        lock = client.lock(name, ttl=30)
+        lock._keep_client = client  # the client lives as long as the lock
+        return (lambda blocking, wait=30: lock.acquire(
+            wait if blocking else 0), lock.release)
+    return new_lock
+
+
+def dlock_python(uri, port, quick):
+    """dlock-python beside redis-py, on one Redis server, in one run."""
+    import redis
+    import dlock
+    n, hn = (2000, 60) if quick else (20000, 300)
+    d50, d99, dps = cycle(dlock_lock(uri, "py-cycle"), n)
+    r50, r99, rps = cycle(redis_lock(port, "py-cycle-redispy"), n)
+    print("### dlock from Python, beside redis-py\n")
+    print("dlock's Python package (python/, cffi over this build's libdlock) "
+          "and redis-py %s's `Lock` (Debian's python3-redis), both from "
+          "Debian's python3 %d.%d, on the same Redis server in the same "
+          "run: %d uncontended cycles each (one try to acquire, then "
+          "release). Hand-off as for dlock: two processes, the release "
+          "2 ms after the other one began to wait, %d hand-offs. Targets "
+          "(issue 22): the cycle at most 0.8x redis-py's; contention "
+          "below (the Redis rows)." % (redis.__version__,
+                                       sys.version_info[0],
+                                       sys.version_info[1], n, hn))
+    print()
+    print("| measure | dlock-python | redis-py | dlock-python ÷ redis-py "
+          "| target |")
+    print("|---|---|---|---|---|")
+    print("| uncontended acquire+release, p50 (us) | %.1f | %.1f | **%.2fx** "
+          "| ≤ 0.8x |" % (d50, r50, d50 / r50))
+    print("| the same, p99 (us) | %.1f | %.1f | %.2fx | |"
+          % (d99, r99, d99 / r99))
+    print("| cycles per second (one client) | %.0f | %.0f | %.2fx | |"
+          % (dps, rps, dps / rps))
+    h50, h99 = handoff(dlock_lock(uri, "py-handoff"), hn)
+    for label, fac in (("default sleep 0.1 s", redis_lock(port, "py-h")),
+                       ("sleep 1 ms", redis_lock(port, "py-h", 0.001))):
+        p50, p99 = handoff(fac, hn)
+        print("| hand-off p50 (p99), redis-py %s (us) | %.1f (%.1f) | "
+              "%.1f (%.1f) | %.3fx | |" % (label, h50, h99, p50, p99,
+                                          h50 / p50))
+    print()
+    return 0
+
+
 KINDS = {
     "redis": ("redis-py", "redis", "`redis.lock.Lock` (Debian's "
               "python3-redis): `SET NX PX` to acquire, a Lua "
@@ -76,8 +134,12 @@ KINDS = {
 
 
 def main():
+    if len(sys.argv) >= 4 and sys.argv[1] == "dlock-python":
+        return dlock_python(sys.argv[2], sys.argv[3], "--quick" in sys.argv)
     if len(sys.argv) >= 5 and sys.argv[1] == "contend":
         kind, addr, name = sys.argv[2:5]
+        if kind == "dlock":
+            return contend_worker(dlock_lock(addr, name))
         if kind == "redis":
             sleep = float(sys.argv[5]) if len(sys.argv) > 5 else 0.1
             return contend_worker(redis_lock(addr, name, sleep))

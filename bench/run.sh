@@ -170,6 +170,16 @@ cbin=$build/bench/dlock_bench_contend
 pyout=$tmp/results-redis-py.md
 py_peer redis "$port" "$out" python3-redis 'uncontended acquire+release, p50' \
     'hand-off, release → waiter' >"$pyout"
+# dlock's own Python package beside redis-py (python/, over this build)
+pyenv=(env "PYTHONPATH=$root/python" "DLOCK_LIBRARY=$build/libdlock.so.0")
+if /usr/bin/python3 -c "import redis, cffi" 2>/dev/null; then
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    "${pyenv[@]}" /usr/bin/python3 "$root/bench/peer_py.py" dlock-python \
+        "redis://127.0.0.1:$port" "$port" $quick >>"$pyout" ||
+        printf '### dlock from Python, beside redis-py\n\nNot measured: its script failed (see the bench output).\n\n' >>"$pyout"
+else
+    printf '### dlock from Python, beside redis-py\n\nNot measured: no python3-redis or python3-cffi on this machine.\n\n' >>"$pyout"
+fi
 awk -v f="$pyout" '
     function py(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
     /^## / && seen && !done { py() }
@@ -379,6 +389,10 @@ if /usr/bin/python3 -c "import redis" 2>/dev/null; then
         /usr/bin/python3 "$root/bench/peer_py.py" contend redis "$port" contend-3
     contend "Redis|redis-py, sleep 1 ms|Redis" "redis $port" \
         /usr/bin/python3 "$root/bench/peer_py.py" contend redis "$port" contend-4 0.001
+fi
+if /usr/bin/python3 -c "import cffi" 2>/dev/null; then
+    contend "Redis|dlock-python|Redis" "redis $port" "${pyenv[@]}" \
+        /usr/bin/python3 "$root/bench/peer_py.py" contend dlock "$ru" contend-5
 fi
 # the file store, on the kernel's lock alone and through dlock
 contend "File store|kernel OFD lock (floor: fcntl F_OFD_SETLKW)|" "" "$cbin" worker-ofd "$tmp/ofd-lock"
