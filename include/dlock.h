@@ -116,6 +116,17 @@ typedef struct dlock_client_options {
                                   * (on redis:// both modes are: a release
                                   * hands the lock to the oldest waiter) */
 #define DLOCK_NOT_REENTRANT 0x4u /* a second acquire by the holder fails */
+/* DLOCK_OWNER_HANDLE: holds made through this handle belong to the handle,
+ * not to the calling thread: any thread may release, extend, or read
+ * dlock_token()/dlock_held() of the handle's hold, and a thread pool or an
+ * event loop may acquire on one thread and release on another. Reentrancy
+ * is per handle. Two handles are two owners, even on one thread; a
+ * thread's own holds (through handles without the flag) are another
+ * owner. One acquire at a time per handle: an acquire while another
+ * thread's acquire through the same handle is in progress fails with
+ * DLOCK_EINVAL (open a handle per owner). The holder's description reads
+ * "host pid N handle N". */
+#define DLOCK_OWNER_HANDLE 0x8u
 
 /*
  * Called on the client's background thread when the client learns that a
@@ -139,7 +150,8 @@ typedef struct dlock_options {
      * holder's lock is freed by the kernel at once) and PostgreSQL's
      * ?mode=advisory (by the server when the holder's session ends). */
     int64_t ttl_ms;
-    /* DLOCK_NO_RENEW | DLOCK_FAIR | DLOCK_NOT_REENTRANT */
+    /* DLOCK_NO_RENEW | DLOCK_FAIR | DLOCK_NOT_REENTRANT |
+     * DLOCK_OWNER_HANDLE */
     unsigned flags;
     /* Optional lost-lock callback and its argument. */
     dlock_lost_cb on_lost;

@@ -3,6 +3,7 @@
 import math
 import os
 import threading
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
@@ -163,15 +164,19 @@ class Client:
     def lock(self, name: Name, ttl: Optional[float] = None, *,
              fair: bool = False, renew: bool = True, reentrant: bool = True,
              timeout: Optional[float] = None,
-             on_lost: Optional[LostCallback] = None) -> "Lock":
+             on_lost: Optional[LostCallback] = None,
+             owner: str = "thread") -> "Lock":
         """A lock called ``name`` (str, as UTF-8, or bytes). ``ttl``: the
         lease in seconds (default 30), renewed every ttl/3 while held
         unless ``renew=False``. ``fair``: first come, first served.
         ``timeout``: how long ``with lock:`` waits (None: as long as it
         takes). ``on_lost(lock, token)`` runs on the client's background
-        thread when a hold is found lost; it must return quickly."""
+        thread when a hold is found lost; it must return quickly.
+        ``owner``: "thread" (each thread its own hold, as in C) or "lock"
+        (the Lock object is the owner: any thread may release it)."""
         return Lock(self, name, ttl, fair=fair, renew=renew,
-                    reentrant=reentrant, timeout=timeout, on_lost=on_lost)
+                    reentrant=reentrant, timeout=timeout, on_lost=on_lost,
+                    owner=owner)
 
     def rwlock(self, name: Name, ttl: Optional[float] = None, *,
                renew: bool = True, timeout: Optional[float] = None,
@@ -240,16 +245,21 @@ class Client:
 
 
 class Lock:
-    """A named lock of one client. Each thread is its own owner (as in the
-    C library): a thread acquires and releases its own hold, and may
-    re-enter it. Works as ``with lock:``. Made by ``Client.lock()``."""
+    """A named lock of one client. By default each thread is its own owner
+    (as in the C library): a thread acquires and releases its own hold, and
+    may re-enter it. With ``owner="lock"`` the Lock object is the owner:
+    one hold, which any thread may release (one acquire at a time).
+    Works as ``with lock:``. Made by ``Client.lock()``."""
 
     def __init__(self, client: Client, name: Name, ttl: Optional[float],
                  *, fair: bool = False, renew: bool = True,
                  reentrant: bool = True, timeout: Optional[float] = None,
                  on_lost: Optional[LostCallback] = None,
-                 permits: int = 0) -> None:
+                 permits: int = 0, owner: str = "thread") -> None:
         self._l = ffi.NULL
+        if owner not in ("thread", "lock"):
+            raise InvalidArgument('owner must be "thread" or "lock", not %r'
+                                  % (owner,), N.EINVAL)
         self._client = client
         self._timeout = _ms(timeout, "timeout", True)
         self._on_lost = on_lost
@@ -259,9 +269,12 @@ class Lock:
             if opts.ttl_ms == 0:
                 raise InvalidArgument("ttl must be > 0 seconds", N.EINVAL)
         opts.flags = ((0 if renew else N.NO_RENEW) | (N.FAIR if fair else 0)
-                      | (0 if reentrant else N.NOT_REENTRANT))
+                      | (0 if reentrant else N.NOT_REENTRANT)
+                      | (N.OWNER_HANDLE if owner == "lock" else 0))
         opts.permits = permits
-        self._tls = threading.local()  # this thread's token, for LockLost
+        # the owner's token, for LockLost: per thread, or the lock's own
+        self._tls: Any = (threading.local() if owner == "thread"
+                          else types.SimpleNamespace(token=0))
         self._cb = None
         if on_lost is not None:
             if not callable(on_lost):

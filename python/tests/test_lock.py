@@ -284,3 +284,23 @@ def test_semaphore(store, client, other, name):
         s3.close()
     s1.release()
     s2.release()
+
+
+def test_a_lock_owned_by_the_object_is_released_by_any_thread(client, other,
+                                                              name):
+    a = client.lock(name, owner="lock")
+    got = []
+    th = threading.Thread(target=lambda: got.append((a.acquire(0), a.token)))
+    th.start()
+    th.join()
+    assert got[0][0] is True and got[0][1] > 0
+    assert a.held and a.token == got[0][1]  # seen from this thread too
+    assert other.lock(name).acquire(0) is False
+    assert "handle" in other.inspect(name).holder
+    a.release()  # by another thread than the one that acquired
+    assert not a.held
+    b = other.lock(name)
+    assert b.acquire(0)
+    b.release()
+    with pytest.raises(dlock.InvalidArgument):
+        client.lock(name, owner="task")

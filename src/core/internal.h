@@ -80,6 +80,8 @@ struct dlock {
     dlock__entry *entry;
     dlock_options opts;
     int callbacks; /* lost-lock callbacks running for this handle */
+    uint64_t seq;  /* the client's number for it (DLOCK_OWNER_HANDLE) */
+    int acquiring; /* DLOCK_OWNER_HANDLE: an acquire is in progress */
 };
 
 struct dlock_client {
@@ -103,6 +105,7 @@ struct dlock_client {
 
     dlock__waiter *waiters;
     uint64_t next_waiter;
+    uint64_t next_handle; /* dlock_open()'s numbers (dlock.seq) */
     /* CAP_WAITER_READS: the waiter that reads the backend's fd now (NULL:
      * the background thread does), and the eventfd that wakes it from
      * its poll() for wake-ups that do not come through that fd */

@@ -31,7 +31,13 @@
 #include <unistd.h>
 
 #define DEFAULT_TTL_MS 30000
-#define KNOWN_FLAGS (DLOCK_NO_RENEW | DLOCK_FAIR | DLOCK_NOT_REENTRANT)
+#define KNOWN_FLAGS                                                         \
+    (DLOCK_NO_RENEW | DLOCK_FAIR | DLOCK_NOT_REENTRANT | DLOCK_OWNER_HANDLE)
+
+/* An owner number of a DLOCK_OWNER_HANDLE handle, where a thread id goes
+ * in the owner string ("CLIENT:NUMBER"; stores read it as a number):
+ * above every thread id Linux gives (at most 2^22). */
+#define HANDLE_OWNER_BASE (1LL << 40)
 #define MIN_OP_MS 10
 #define MIN_TTL_MS DLOCK_TTL_MIN
 
@@ -59,11 +65,21 @@ static int64_t op_deadline(const dlock_client *c, int64_t deadline,
     return dl;
 }
 
-static dlock__hold *find_hold(dlock__entry *e, pthread_t self)
+static int by_handle(const dlock *l)
 {
-    for (dlock__hold *h = e->holds; h; h = h->next_in_entry)
-        if (pthread_equal(h->thread, self))
+    return (l->opts.flags & DLOCK_OWNER_HANDLE) != 0;
+}
+
+/* The caller's hold of l's name: a thread's own (made through any handle
+ * that is not DLOCK_OWNER_HANDLE), or the handle's (c->mu held). */
+static dlock__hold *find_hold(const dlock *l, pthread_t self)
+{
+    for (dlock__hold *h = l->entry->holds; h; h = h->next_in_entry) {
+        if (by_handle(l) ? h->handle == l
+                         : !by_handle(h->handle) &&
+                               pthread_equal(h->thread, self))
             return h;
+    }
     return NULL;
 }
 
@@ -175,6 +191,7 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
         return rc;
     }
     c->refs++;
+    l->seq = ++c->next_handle;
     pthread_mutex_unlock(&c->mu);
     *out = l;
     return DLOCK_OK;
@@ -593,16 +610,18 @@ static void acquire_failed(dlock_client *c, const dlock *l, int rc,
     }
 }
 
+static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
+                       int64_t wait_ms, int64_t start, int64_t start_us,
+                       int64_t deadline, uint64_t seq);
+
 static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
 {
     dlock_client *c;
     dlock__hold *h;
-    dlock__waiter w;
     pthread_t self = pthread_self();
-    int64_t start, start_us, deadline, t0 = 0, t_busy = 0, woken_us = 0;
-    int64_t try_end_us = 0;
+    int64_t start, start_us, deadline;
     uint64_t seq;
-    int rc, seen_busy = 0, waits, waited = 0;
+    int rc;
 
     if (wait_ms < -1)
         return dlock__err(DLOCK_EINVAL,
@@ -620,7 +639,7 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
-    h = find_hold(l->entry, self);
+    h = find_hold(l, self);
     if (h) {
         rc = reenter(c, l, h, kind);
         if (rc == DLOCK_OK) {
@@ -636,8 +655,40 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
+    if (by_handle(l)) {
+        /* one owner: two acquires at once would both be it in the store */
+        if (l->acquiring) {
+            pthread_mutex_unlock(&c->mu);
+            return dlock__err(DLOCK_EINVAL,
+                              "lock '%.200s': another thread is acquiring "
+                              "through this DLOCK_OWNER_HANDLE handle (its "
+                              "one owner); open a handle per owner",
+                              l->entry->name);
+        }
+        l->acquiring = 1;
+    }
     seq = ++c->next_waiter;
     pthread_mutex_unlock(&c->mu);
+    rc = acquire_new(c, l, kind, wait_ms, start, start_us, deadline, seq);
+    if (by_handle(l)) {
+        pthread_mutex_lock(&c->mu);
+        l->acquiring = 0;
+        pthread_mutex_unlock(&c->mu);
+    }
+    return rc;
+}
+
+/* An acquire that makes a new hold (acquire() checked it may). */
+static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
+                       int64_t wait_ms, int64_t start, int64_t start_us,
+                       int64_t deadline, uint64_t seq)
+{
+    dlock__hold *h;
+    dlock__waiter w;
+    pthread_t self = pthread_self();
+    int64_t t0 = 0, t_busy = 0, woken_us = 0;
+    int64_t try_end_us = 0;
+    int rc, seen_busy = 0, waits, waited = 0;
 
     h = calloc(1, sizeof(*h) + c->be->lease_size);
     if (!h)
@@ -645,10 +696,17 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
     h->handle = l;
     h->entry = l->entry;
     h->thread = self;
-    long tid = dlock__tid();
-    snprintf(h->owner, sizeof(h->owner), "%s:%ld", c->id, tid);
-    snprintf(h->desc, sizeof(h->desc), "%.64s pid %ld tid %ld", c->host,
-             c->pid, tid);
+    if (by_handle(l)) {
+        snprintf(h->owner, sizeof(h->owner), "%s:%lld", c->id,
+                 HANDLE_OWNER_BASE + (long long)l->seq);
+        snprintf(h->desc, sizeof(h->desc), "%.64s pid %ld handle %llu",
+                 c->host, c->pid, (unsigned long long)l->seq);
+    } else {
+        long tid = dlock__tid();
+        snprintf(h->owner, sizeof(h->owner), "%s:%ld", c->id, tid);
+        snprintf(h->desc, sizeof(h->desc), "%.64s pid %ld tid %ld", c->host,
+                 c->pid, tid);
+    }
     h->lease.name = l->entry->name;
     h->lease.name_len = l->entry->len;
     h->lease.owner = h->owner;
@@ -843,7 +901,7 @@ int dlock_release(dlock *l)
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
-    h = find_hold(l->entry, pthread_self());
+    h = find_hold(l, pthread_self());
     if (!h) {
         pthread_mutex_unlock(&c->mu);
         return dlock__err(DLOCK_ENOTHELD,
@@ -947,7 +1005,7 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
-    h = find_hold(l->entry, pthread_self());
+    h = find_hold(l, pthread_self());
     while (h && h->renewing)
         pthread_cond_wait(&c->cv, &c->mu);
     if (!h) {
@@ -1021,7 +1079,7 @@ uint64_t dlock_token(const dlock *l)
     if (!l)
         return 0;
     pthread_mutex_lock(&l->client->mu);
-    h = find_hold(l->entry, pthread_self());
+    h = find_hold(l, pthread_self());
     if (h && !h->lost && dlock__now_ms() < h->lease_end)
         token = h->lease.token;
     pthread_mutex_unlock(&l->client->mu);
@@ -1036,7 +1094,7 @@ int dlock_held(const dlock *l)
     if (!l)
         return 0;
     pthread_mutex_lock(&l->client->mu);
-    h = find_hold(l->entry, pthread_self());
+    h = find_hold(l, pthread_self());
     if (h)
         n = h->lost || dlock__now_ms() >= h->lease_end ? DLOCK_ELOST
                                                         : h->count;

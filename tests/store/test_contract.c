@@ -1130,6 +1130,123 @@ TEST(a_forked_child_closing_the_parents_client_leaves_it_alone)
     dlock_client_close(c);
 }
 
+/* --- DLOCK_OWNER_HANDLE: the handle is the owner --- */
+
+typedef struct on_thread {
+    dlock *l;
+    int64_t wait;
+    int rc;
+    uint64_t token;
+} on_thread;
+
+static void *acquire_thread(void *arg)
+{
+    on_thread *t = arg;
+
+    t->rc = dlock_acquire(t->l, t->wait);
+    t->token = dlock_token(t->l);
+    return NULL;
+}
+
+static void *release_thread(void *arg)
+{
+    on_thread *t = arg;
+
+    t->rc = dlock_extend(t->l, 30000);
+    if (t->rc == DLOCK_OK)
+        t->rc = dlock_release(t->l);
+    return NULL;
+}
+
+TEST(owner_handle_is_released_by_any_thread)
+{
+    dlock_client *c = client(), *o = client();
+    dlock *l = handle(c, "by-handle", 0, DLOCK_OWNER_HANDLE);
+    dlock *lo = handle(o, "by-handle", 0, 0);
+    on_thread t = {l, 0, -99, 0};
+    pthread_t th;
+    dlock_info in;
+
+    CHECK_EQ(pthread_create(&th, NULL, acquire_thread, &t), 0);
+    pthread_join(th, NULL);
+    CHECK_OK(t.rc);
+    CHECK(t.token > 0);
+    /* the acquiring thread is gone; the hold is the handle's */
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_EQ(dlock_token(l), t.token);
+    CHECK_RC(dlock_acquire(lo, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_inspect(o, "by-handle", &in));
+    CHECK_CONTAINS(in.holder, " handle ");
+    dlock_info_clear(&in);
+    CHECK_OK(dlock_acquire(l, 0)); /* reentrant, from another thread */
+    CHECK_EQ(dlock_held(l), 2);
+    CHECK_EQ(dlock_token(l), t.token);
+    CHECK_OK(dlock_release(l));
+    /* the last level released (and extended first) by a third thread */
+    on_thread r = {l, 0, -99, 0};
+    CHECK_EQ(pthread_create(&th, NULL, release_thread, &r), 0);
+    pthread_join(th, NULL);
+    CHECK_OK(r.rc);
+    CHECK_EQ(dlock_held(l), 0);
+    CHECK_RC(dlock_release(l), DLOCK_ENOTHELD);
+    CHECK_OK(dlock_acquire(lo, 0));
+    CHECK_OK(dlock_release(lo));
+    dlock_close(lo);
+    dlock_close(l);
+    dlock_client_close(o);
+    dlock_client_close(c);
+}
+
+TEST(owner_handles_are_owners_apart_from_threads)
+{
+    dlock_client *c = client();
+    dlock *l1 = handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE);
+    dlock *l2 = handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE);
+    dlock *lt = handle(c, "by-handle-2", 0, 0);
+
+    CHECK_OK(dlock_acquire(l1, 0));
+    CHECK_RC(dlock_acquire(l2, 0), DLOCK_EBUSY); /* another handle */
+    CHECK_RC(dlock_acquire(lt, 0), DLOCK_EBUSY); /* this thread's own */
+    CHECK_EQ(dlock_held(lt), 0);
+    CHECK_RC(dlock_release(lt), DLOCK_ENOTHELD);
+    CHECK_OK(dlock_release(l1));
+    CHECK_OK(dlock_acquire(lt, 0));
+    CHECK_RC(dlock_acquire(l1, 0), DLOCK_EBUSY);
+    CHECK_EQ(dlock_held(l1), 0);
+    CHECK_OK(dlock_release(lt));
+    dlock_close(l1);
+    dlock_close(l2);
+    dlock_close(lt);
+    dlock_client_close(c);
+}
+
+TEST(owner_handle_takes_one_acquire_at_a_time)
+{
+    dlock_client *c = client(), *o = client();
+    dlock *l = handle(c, "by-handle-3", 0, DLOCK_OWNER_HANDLE);
+    dlock *lo = handle(o, "by-handle-3", 0, 0);
+    on_thread t = {l, 60000, -99, 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(lo, 0));
+    CHECK_EQ(pthread_create(&th, NULL, acquire_thread, &t), 0);
+    /* until the thread is queued in the store (bounded) */
+    int64_t until = th_now_ms() + 20000;
+    while (waiters_of(o, "by-handle-3") < 1 && th_now_ms() < until)
+        th_sleep_ms(10);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "another thread is acquiring");
+    CHECK_OK(dlock_release(lo));
+    pthread_join(th, NULL);
+    CHECK_OK(t.rc);
+    CHECK_EQ(dlock_held(l), 1);
+    CHECK_OK(dlock_release(l));
+    dlock_close(lo);
+    dlock_close(l);
+    dlock_client_close(o);
+    dlock_client_close(c);
+}
+
 static const th_test tests[] = {
     T(basic_acquire_release),
     TK(try_busy_and_timed_wait),
@@ -1155,6 +1272,9 @@ static const th_test tests[] = {
     T(close_releases_holds),
     T(a_forked_child_cannot_use_the_parents_client),
     T(a_forked_child_closing_the_parents_client_leaves_it_alone),
+    T(owner_handle_is_released_by_any_thread),
+    T(owner_handles_are_owners_apart_from_threads),
+    TK(owner_handle_takes_one_acquire_at_a_time),
     {NULL, NULL, 0},
 };
 
