@@ -9,8 +9,8 @@
 #             (started by the tests themselves, never as system services),
 #             their command-line clients, faketime (clock-skew tests),
 #             prometheus and promtool (the exporter's and the alert rules'
-#             tests), curl; python3-cffi, python3-pytest, pip and setuptools
-#             (the Python package, python/, and its tests)
+#             tests), curl; python3-cffi, python3-pytest, pip, setuptools
+#             and mypy (the Python package, python/, its tests and types)
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
 #   busy      stress-ng (make test-busy: the suite on a busy machine)
@@ -24,7 +24,7 @@ pkgs=""
 for group in "$@"; do
     case $group in
     build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     busy) pkgs="$pkgs stress-ng" ;;

@@ -8,7 +8,7 @@
 
 docs/python.md has the whole API.
 """
-from typing import Dict, List
+from typing import Dict
 
 from ._client import Client, Info, Lock, RWLock
 from ._errors import (AuthenticationFailed, Busy, ConnectionFailed, Deadlock,
@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 def library_version() -> str:
     """The C library's version ("0.1.0")."""
-    return _ffi.string(_lib.dlock_version()).decode()
+    return str(_ffi.string(_lib.dlock_version()).decode())
 
 
 def stores() -> Dict[str, str]:

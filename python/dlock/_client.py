@@ -152,7 +152,7 @@ class Client:
     @property
     def store(self) -> str:
         """The store URI, with any password replaced by ***."""
-        return ffi.string(lib.dlock_client_store(self._check())).decode()
+        return str(ffi.string(lib.dlock_client_store(self._check())).decode())
 
     def __repr__(self) -> str:
         if self._c == ffi.NULL:
@@ -342,6 +342,7 @@ class Lock:
         rc = lib.dlock_release(self._h())
         if rc == N.ELOST:
             e = error(rc)
+            assert isinstance(e, LockLost)
             e.token = getattr(self._tls, "token", 0)
             self._tls.token = 0
             raise e
@@ -362,17 +363,17 @@ class Lock:
     @property
     def held(self) -> bool:
         """Whether the calling thread holds the lock (and has not lost it)."""
-        return lib.dlock_held(self._h()) > 0
+        return bool(lib.dlock_held(self._h()) > 0)
 
     @property
     def lost(self) -> bool:
         """Whether the calling thread's hold was lost and awaits release()."""
-        return lib.dlock_held(self._h()) == N.ELOST
+        return bool(lib.dlock_held(self._h()) == N.ELOST)
 
     @property
     def hold_count(self) -> int:
         """The calling thread's reentrant hold count (0: not held)."""
-        return max(0, lib.dlock_held(self._h()))
+        return max(0, int(lib.dlock_held(self._h())))
 
     def close(self) -> None:
         """Frees the handle; any hold still made through it is released

@@ -20,7 +20,7 @@ class DlockError(Exception):
 
     @property
     def name(self) -> str:
-        return ffi.string(lib.dlock_errname(self.code)).decode()
+        return str(ffi.string(lib.dlock_errname(self.code)).decode())
 
 
 class Busy(DlockError):

@@ -8,10 +8,11 @@ Its store modules are found beside it, as for any C program
 """
 import ctypes.util
 import os
+from typing import Any
 
-from cffi import FFI
+from cffi import FFI  # type: ignore[import]
 
-ffi = FFI()
+ffi: Any = FFI()
 ffi.cdef(
     """
 typedef struct dlock_client dlock_client;
@@ -74,7 +75,7 @@ const char *dlock_store_scheme(size_t index, int *how);
 )
 
 
-def _load():
+def _load() -> Any:
     path = os.environ.get("DLOCK_LIBRARY")
     if path:
         return ffi.dlopen(path)
@@ -88,7 +89,7 @@ def _load():
         ) from None
 
 
-lib = _load()
+lib: Any = _load()
 
 # flags and codes (include/dlock.h; never renumbered)
 NO_RENEW = 0x1
