@@ -100,7 +100,9 @@ class Client:
                  timeout: Optional[float] = None) -> None:
         self._c = ffi.NULL
         self._pid = os.getpid()
-        self._deferred: List[Any] = []
+        # handles dropped inside their own lost-lock callback, each with its
+        # cffi callback (kept alive until the handle is closed)
+        self._deferred: List[Tuple[Any, Any]] = []
         opts = ffi.new("dlock_client_options *")
         if timeout is not None:
             opts.timeout_ms = _ms(timeout, "timeout", False)
@@ -120,7 +122,7 @@ class Client:
         if self._c == ffi.NULL:
             raise InvalidArgument("the client is closed", N.EINVAL)
         while self._deferred:
-            lib.dlock_close(self._deferred.pop())
+            lib.dlock_close(self._deferred.pop()[0])
         return self._c
 
     def close(self) -> None:
@@ -134,7 +136,7 @@ class Client:
         if self._pid != os.getpid():
             return
         while self._deferred:
-            lib.dlock_close(self._deferred.pop())
+            lib.dlock_close(self._deferred.pop()[0])
         lib.dlock_client_close(c)
 
     def __enter__(self) -> "Client":
@@ -384,7 +386,7 @@ class Lock:
         if self._client._pid != os.getpid():
             return
         if getattr(_in_callback, "on", False):
-            self._client._deferred.append(l)
+            self._client._deferred.append((l, self._cb))
         else:
             lib.dlock_close(l)
 

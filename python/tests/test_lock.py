@@ -304,3 +304,37 @@ def test_a_lock_owned_by_the_object_is_released_by_any_thread(client, other,
     b.release()
     with pytest.raises(dlock.InvalidArgument):
         client.lock(name, owner="task")
+
+
+def test_a_lock_dropped_in_its_own_callback_is_closed_later(store, client,
+                                                            other, name):
+    import gc
+    import weakref
+    dropped = threading.Event()
+    box = {}
+
+    def on_lost(lock, token):
+        box.clear()  # the last reference but the callback's own
+        dropped.set()
+
+    box["lock"] = client.lock(name, ttl=1.5, on_lost=on_lost)
+    ref = weakref.ref(box["lock"])
+    assert box["lock"].acquire(0)
+    try:
+        other.break_lock(name)
+    except dlock.NotSupported:
+        box["lock"].release()
+        pytest.skip("%s cannot break locks" % store.kind)
+    assert dropped.wait(30)
+    deadline = time.monotonic() + 10
+    while ref() is not None and time.monotonic() < deadline:
+        gc.collect()  # the lock and its callback are a cycle
+        time.sleep(0.01)
+    assert ref() is None
+    # the client still works, and closes the deferred handle at its next
+    # call: the name is free
+    b = other.lock(name)
+    mine = client.lock(name)
+    assert mine.acquire(0)
+    assert b.acquire(0) is False
+    mine.release()
