@@ -72,6 +72,7 @@ extern "C" {
 #define DLOCK_ENOTSUP -9  /* store or operation not supported/built */
 #define DLOCK_EDEADLK -10 /* the request would wait for the caller itself
                            * (a read hold asking to become a write hold) */
+#define DLOCK_ECANCELED -11 /* dlock_cancel() ended the wait */
 
 /* Longest lock name, in bytes (not counting the terminating NUL). */
 #define DLOCK_NAME_MAX 512
@@ -266,7 +267,8 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  * the call fails at once with DLOCK_EBUSY.
  *
  * Errors: DLOCK_EBUSY (another owner held it for the whole wait; also a
- * re-acquire under DLOCK_NOT_REENTRANT), DLOCK_ELOST (the thread's hold was
+ * re-acquire under DLOCK_NOT_REENTRANT), DLOCK_ECANCELED (dlock_cancel()
+ * ended the wait), DLOCK_ELOST (the thread's hold was
  * lost and not yet released), DLOCK_EINVAL (wait_ms < -1, closed client;
  * on redlock://, a ttl_ms too short for its node timeout and drift),
  * DLOCK_ENOTSUP (DLOCK_FAIR on redlock://), DLOCK_ECONN (also: fewer than
@@ -308,6 +310,23 @@ DLOCK_EXTERN int dlock_acquire(dlock *l, int64_t wait_ms);
  * Thread-safety: any thread; each thread acts for itself.
  */
 DLOCK_EXTERN int dlock_acquire_shared(dlock *l, int64_t wait_ms);
+
+/*
+ * Cancels the acquires in progress through handle `l` (dlock_acquire(),
+ * dlock_acquire_shared()), from any thread: each returns DLOCK_ECANCELED
+ * as soon as its wait can end (at once for a wait woken by the store or
+ * the kernel; after one store round trip at most otherwise), having left
+ * the store's wait queue, so that nothing of it stays behind: no hold, no
+ * place in a fair queue. An acquire that got the lock before it could see
+ * the cancel returns DLOCK_OK as usual: the caller holds the lock and
+ * releases it. Acquires that start after the call are not affected (the
+ * cancel is not remembered), nor are other handles'. For an event loop or
+ * a thread pool that gives up a wait: with DLOCK_OWNER_HANDLE, one handle
+ * per waiting task.
+ * Errors: DLOCK_EINVAL (NULL handle, closed client). Never blocks.
+ * Thread-safety: any thread, while the handle is open.
+ */
+DLOCK_EXTERN int dlock_cancel(dlock *l);
 
 /*
  * Releases one level of the calling thread's hold; the last level frees the

@@ -68,6 +68,14 @@ typedef struct dlock__lease {
                         * (read and written with __atomic builtins only) */
     int64_t deadline;  /* when the caller's wait ends (CAP_NATIVE_WAIT
                         * only); DLOCK__FOREVER; <= now means try once */
+    int cancel_fd;     /* a waiting acquire (deadline > now): an eventfd
+                        * that dlock_cancel() makes readable; a store
+                        * that waits in poll() watches it too, and a wait
+                        * it ends returns as at the deadline (the core
+                        * tells the caller DLOCK_ECANCELED). -1: none.
+                        * Never read it: it stays readable (ABI 5) */
+    const int *cancelled; /* nonzero (read with dlock__lease_cancelled())
+                           * once dlock_cancel() asked; NULL: cannot be */
     /* outputs of acquire */
     uint64_t token;   /* fencing token of a successful acquire */
     int64_t retry_ms; /* on DLOCK_EBUSY: re-try after this long even without
@@ -220,7 +228,23 @@ typedef struct dlock__backend {
     /* Why this store has no evict slot, for the DLOCK_ENOTSUP message
      * ("its locks are the holders' kernel locks"). Optional. */
     const char *evict_unsupported;
+
+    /* dlock_cancel() asked a lease to stop waiting (its cancelled flag
+     * is set and its cancel_fd readable): wake every wait of this store
+     * that sleeps on something else than a poll() of cancel_fd (a
+     * condition variable), so that it sees dlock__lease_cancelled() and
+     * ends as at its deadline. Called without the client's mutex, maybe
+     * after the acquire already returned (then a harmless wake-up); must
+     * not block. Optional: stores whose waits all poll cancel_fd, or that
+     * do not wait (CAP_NATIVE_WAIT unset: the core's own wait). (ABI 5.) */
+    void (*cancel)(void *st);
 } dlock__backend;
+
+/* Whether dlock_cancel() asked lease l to stop waiting. */
+static inline int dlock__lease_cancelled(const dlock__lease *l)
+{
+    return l->cancelled && __atomic_load_n(l->cancelled, __ATOMIC_ACQUIRE);
+}
 
 /* --- services the core offers to backends ------------------------------ */
 
@@ -313,7 +337,7 @@ extern const dlock__backend dlock__backend_mysql;
  * way a module would notice (a slot, a field, a host function's contract);
  * `abi` stays the first field of every version of the struct.
  */
-#define DLOCK__MODULE_ABI 4
+#define DLOCK__MODULE_ABI 5
 typedef struct dlock__module {
     unsigned abi;                          /* DLOCK__MODULE_ABI */
     const char *version;                   /* DLOCK_VERSION_STRING */

@@ -59,7 +59,7 @@ void dlock__schedule(dlock_client *c, int64_t when)
 
 /* Wakes waiter w (c->mu held): through its condition variable, or, if it
  * is the thread reading the backend's fd, through the reader's eventfd. */
-static void wake_waiter(dlock_client *c, dlock__waiter *w)
+void dlock__wake_waiter(dlock_client *c, dlock__waiter *w)
 {
     /* the moment the store's word arrived, for dlock_handoff_seconds */
     if (!w->rearm && dlock__m_on(&c->m))
@@ -89,7 +89,7 @@ void dlock__notify_name(dlock_client *c, const char *name, size_t len)
         for (dlock__waiter *w = c->waiters; w; w = w->next) {
             if (w->entry == e && !w->fair && !w->notified) {
                 w->notified = 1;
-                wake_waiter(c, w);
+                dlock__wake_waiter(c, w);
                 break;
             }
         }
@@ -104,7 +104,7 @@ void dlock__notify_fair(dlock_client *c, const char *name, size_t len)
     for (dlock__waiter *w = c->waiters; e && w; w = w->next) {
         if (w->entry == e && w->fair) {
             w->notified = 1;
-            wake_waiter(c, w);
+            dlock__wake_waiter(c, w);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -116,7 +116,7 @@ void dlock__notify_waiter(dlock_client *c, uint64_t seq)
     for (dlock__waiter *w = c->waiters; w; w = w->next) {
         if (w->seq == seq) {
             w->notified = 1;
-            wake_waiter(c, w);
+            dlock__wake_waiter(c, w);
             break;
         }
     }
@@ -131,7 +131,7 @@ void dlock__notify_grant(dlock_client *c, uint64_t seq, uint64_t token)
             if (!w->granted) {
                 w->granted = 1;
                 w->token = token;
-                wake_waiter(c, w);
+                dlock__wake_waiter(c, w);
             }
             break;
         }
@@ -144,7 +144,7 @@ void dlock__notify_error(dlock_client *c)
     pthread_mutex_lock(&c->mu);
     for (dlock__waiter *w = c->waiters; w; w = w->next) {
         w->rearm = 1;
-        wake_waiter(c, w);
+        dlock__wake_waiter(c, w);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -562,6 +562,8 @@ static void client_free(dlock_client *c)
         close(c->wake_fd);
     if (c->reader_fd >= 0)
         close(c->reader_fd);
+    for (int i = 0; i < c->n_cfd_free; i++)
+        close(c->cfd_free[i]);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c->store);

@@ -25,7 +25,8 @@ static _Thread_local char errmsg[ERRMSG_MAX];
     X(DLOCK_EPROTO, "DLOCK_EPROTO", "unexpected answer from the store")     \
     X(DLOCK_ENOMEM, "DLOCK_ENOMEM", "out of memory")                        \
     X(DLOCK_ENOTSUP, "DLOCK_ENOTSUP", "not supported by this store or build") \
-    X(DLOCK_EDEADLK, "DLOCK_EDEADLK", "would wait for the caller's own hold")
+    X(DLOCK_EDEADLK, "DLOCK_EDEADLK", "would wait for the caller's own hold") \
+    X(DLOCK_ECANCELED, "DLOCK_ECANCELED", "the wait was cancelled")
 
 const char *dlock_strerror(int rc)
 {

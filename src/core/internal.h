@@ -47,6 +47,15 @@ struct dlock__hold {
     dlock__hold *prev, *next; /* the client's list of all holds */
 };
 
+/* An acquire in progress through a handle, for dlock_cancel(): on the
+ * acquiring thread's stack, in the handle's list while it runs. */
+typedef struct dlock__cancel dlock__cancel;
+struct dlock__cancel {
+    int fd;   /* eventfd made readable by the cancel; -1: none */
+    int flag; /* set (atomically) by the cancel */
+    dlock__cancel *next;
+};
+
 /* A thread waiting in dlock_acquire(). */
 struct dlock__waiter {
     uint64_t seq;
@@ -57,6 +66,7 @@ struct dlock__waiter {
     int rearm;    /* notifications may have been lost: arm again */
     int granted;  /* the store handed it the lock (CAP_HANDOVER) */
     int sleeping; /* blocked on cv (may be asked to read for all) */
+    const int *cancelled; /* its acquire's dlock__cancel flag */
     pthread_t thread; /* the waiting thread */
     uint64_t token; /* ... with this token */
     int64_t woken_us; /* when the first wake-up or hand-over arrived */
@@ -81,6 +91,7 @@ struct dlock {
     dlock_options opts;
     int callbacks; /* lost-lock callbacks running for this handle */
     uint64_t seq;  /* the client's number for it (DLOCK_OWNER_HANDLE) */
+    dlock__cancel *cancels; /* acquires in progress through it */
     int acquiring; /* DLOCK_OWNER_HANDLE: an acquire is in progress */
 };
 
@@ -111,6 +122,10 @@ struct dlock_client {
      * its poll() for wake-ups that do not come through that fd */
     dlock__waiter *reader;
     int reader_fd;
+    /* eventfds of finished waits, for the next ones (dlock_cancel()):
+     * a waiting acquire on a store that waits by itself takes one */
+    int cfd_free[16];
+    int n_cfd_free;
 
     pthread_t thread;
     int thread_started;
@@ -134,6 +149,9 @@ void dlock__err_clear(void);
 DLOCK__HOST void dlock__wipe(void *p, size_t n);
 DLOCK__HOST int dlock__random(void *buf, size_t n);
 long dlock__tid(void);
+/* Wakes waiter w: its condition variable, or the reader's eventfd when it
+ * reads for the client (c->mu held). */
+void dlock__wake_waiter(dlock_client *c, dlock__waiter *w);
 long dlock__pid(void); /* getpid(), cached per thread (fork-safe) */
 DLOCK__HOST uint64_t dlock__hash(const char *s, size_t n);
 DLOCK__HOST int dlock__cond_init(pthread_cond_t *cv);

@@ -24,10 +24,12 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #define DEFAULT_TTL_MS 30000
@@ -241,6 +243,19 @@ const char *dlock_name(const dlock *l)
 /* Acquire                                                                  */
 /* ------------------------------------------------------------------------ */
 
+static int is_cancelled(const int *flag)
+{
+    return flag && __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+}
+
+static int cancel_message(const dlock__hold *h, int64_t waited)
+{
+    return dlock__err(DLOCK_ECANCELED,
+                      "lock '%.200s': the wait was cancelled after %lld ms "
+                      "(dlock_cancel())",
+                      h->entry->name, (long long)waited);
+}
+
 static int busy_message(const dlock__hold *h, int64_t waited)
 {
     if (waited <= 0)
@@ -318,6 +333,7 @@ static int waiter_add(dlock_client *c, dlock__waiter *w, dlock__hold *h)
     if (rc)
         return rc;
     w->seq = h->lease.waiter;
+    w->cancelled = h->lease.cancelled;
     w->thread = pthread_self();
     w->entry = h->entry;
     w->fair = (h->lease.flags & DLOCK_FAIR) != 0;
@@ -402,7 +418,7 @@ static void sleep_until(dlock_client *c, dlock__waiter *w, int64_t wake_at)
     int reads = (c->be->caps & DLOCK__CAP_WAITER_READS) && c->be->loop_fd;
 
     while (!w->notified && !w->granted && !w->rearm && !c->closed &&
-           dlock__now_ms() < wake_at) {
+           !is_cancelled(w->cancelled) && dlock__now_ms() < wake_at) {
         if (reads && (!c->reader || c->reader == w)) {
             __atomic_store_n(&c->reader, w, __ATOMIC_RELAXED);
             pthread_mutex_unlock(&c->mu);
@@ -504,6 +520,8 @@ static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
         if (closed)
             return dlock__err(DLOCK_EINVAL, "the client was closed during "
                                             "the wait");
+        if (is_cancelled(h->lease.cancelled))
+            return cancel_message(h, dlock__now_ms() - start);
         if (dlock__now_ms() >= deadline)
             return busy_message(h, dlock__now_ms() - start);
         if (rearm && c->be->arm)
@@ -523,7 +541,7 @@ static int leave_queue(dlock_client *c, dlock__hold *h, int rc, int64_t *t0)
 
     if (!c->be->abandon)
         return rc;
-    if (rc == DLOCK_EBUSY) {
+    if (rc == DLOCK_EBUSY || rc == DLOCK_ECANCELED) {
         r = c->be->abandon(c->st, &h->lease, a0 + c->timeout_ms);
         if (r == DLOCK_OK)
             *t0 = a0;
@@ -678,10 +696,93 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
     return rc;
 }
 
-/* An acquire that makes a new hold (acquire() checked it may). */
+static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
+                       int64_t wait_ms, int64_t start, int64_t start_us,
+                       int64_t deadline, uint64_t seq, dlock__cancel *cx);
+
+/* Takes cx out of l's acquires in progress (c->mu held). */
+static void unlink_cancel(dlock *l, dlock__cancel *cx)
+{
+    for (dlock__cancel **pp = &l->cancels; *pp; pp = &(*pp)->next) {
+        if (*pp == cx) {
+            *pp = cx->next;
+            return;
+        }
+    }
+}
+
+/* An acquire that makes a new hold (acquire() checked it may): while it
+ * may wait, in the handle's list for dlock_cancel(). */
 static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
                        int64_t deadline, uint64_t seq)
+{
+    dlock__cancel cx = {-1, 0, NULL};
+    int rc;
+
+    if (wait_ms == 0)
+        return acquire_run(c, l, kind, wait_ms, start, start_us, deadline,
+                           seq, NULL);
+    /* a store that waits by itself may sleep in poll(): it watches an
+     * eventfd of the wait's own (the core's own wait needs none), reused
+     * from the client's finished waits: no system call on the way of an
+     * acquire that may wait and does not */
+    int native = (c->be->caps & DLOCK__CAP_NATIVE_WAIT) != 0;
+    pthread_mutex_lock(&c->mu);
+    if (native && c->n_cfd_free > 0)
+        cx.fd = c->cfd_free[--c->n_cfd_free];
+    cx.next = l->cancels;
+    l->cancels = &cx;
+    pthread_mutex_unlock(&c->mu);
+    if (native && cx.fd < 0) {
+        int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (fd < 0) {
+            int err = errno;
+            pthread_mutex_lock(&c->mu);
+            unlink_cancel(l, &cx);
+            pthread_mutex_unlock(&c->mu);
+            return dlock__err(DLOCK_ENOMEM, "lock '%.200s': eventfd: %s",
+                              l->entry->name, strerror(err));
+        }
+        pthread_mutex_lock(&c->mu);
+        cx.fd = fd;
+        if (cx.flag) { /* cancelled already */
+            uint64_t one = 1;
+            if (write(fd, &one, sizeof(one)) < 0) {
+                /* an eventfd this new cannot be full */
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    rc = acquire_run(c, l, kind, wait_ms, start, start_us, deadline, seq,
+                     &cx);
+    pthread_mutex_lock(&c->mu);
+    unlink_cancel(l, &cx);
+    pthread_mutex_unlock(&c->mu);
+    if (cx.fd >= 0) {
+        /* drained (a cancel made it readable), then kept for the next
+         * wait; no cancel can reach it once unlinked */
+        uint64_t v;
+        if (cx.flag && read(cx.fd, &v, sizeof(v)) < 0) {
+            /* not readable: nothing to drain */
+        }
+        pthread_mutex_lock(&c->mu);
+        if (c->n_cfd_free < (int)(sizeof(c->cfd_free) /
+                                  sizeof(c->cfd_free[0]))) {
+            c->cfd_free[c->n_cfd_free++] = cx.fd;
+            cx.fd = -1;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (cx.fd >= 0)
+            close(cx.fd);
+    }
+    return rc;
+}
+
+/* The acquire itself; cx: its cancel (NULL when it does not wait). */
+static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
+                       int64_t wait_ms, int64_t start, int64_t start_us,
+                       int64_t deadline, uint64_t seq, dlock__cancel *cx)
 {
     dlock__hold *h;
     dlock__waiter w;
@@ -718,6 +819,8 @@ static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
     h->lease.waiter = seq;
     h->lease.deadline = wait_ms == 0 ? start : deadline;
     h->lease.retry_ms = -1;
+    h->lease.cancel_fd = cx ? cx->fd : -1;
+    h->lease.cancelled = cx ? &cx->flag : NULL;
     h->lease.hint = l->entry->hint;
     h->lease.priv = c->be->lease_size ? (void *)(h + 1) : NULL;
 
@@ -741,7 +844,9 @@ static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
             if (rc != DLOCK_OK)
                 rc = leave_queue(c, h, rc, &t0);
         } else if (rc == DLOCK_EBUSY) {
-            rc = busy_message(h, dlock__now_ms() - start);
+            rc = is_cancelled(h->lease.cancelled)
+                     ? cancel_message(h, dlock__now_ms() - start)
+                     : busy_message(h, dlock__now_ms() - start);
         }
         if (waits) {
             if (c->be->disarm && h->lease.waiting)
@@ -776,7 +881,8 @@ static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
                                   dlock__client_margin(c, h->lease.ttl_ms))
             break;
         (void)c->be->release(c->st, &h->lease, op_deadline(c, deadline, 1));
-        if (stale >= 3 || (wait_ms != -1 && dlock__now_ms() >= deadline)) {
+        if (stale >= 3 || is_cancelled(h->lease.cancelled) ||
+            (wait_ms != -1 && dlock__now_ms() >= deadline)) {
             long long ttl = (long long)h->lease.ttl_ms;
             acquire_failed(c, l, DLOCK_EBUSY, waited, start_us);
             free(h);
@@ -794,6 +900,10 @@ static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
         h->lease.retry_ms = -1;
         seen_busy = 0;
     }
+
+    /* the cancel lives on acquire_new()'s stack: not the hold's */
+    h->lease.cancel_fd = -1;
+    h->lease.cancelled = NULL;
 
     /* the first try's end, when it took the lock and was timed (one clock
      * read fewer on the uncontended path) */
@@ -884,6 +994,43 @@ static int lost_message(const dlock__hold *h)
                       "lock '%.200s': the lease ran out before the release; "
                       "the critical section was not protected",
                       h->lease.name);
+}
+
+int dlock_cancel(dlock *l)
+{
+    dlock_client *c;
+    int rc, any = 0;
+
+    if (!l)
+        return dlock__err(DLOCK_EINVAL, "dlock_cancel: lock is NULL");
+    c = l->client;
+    pthread_mutex_lock(&c->mu);
+    rc = dlock__usable(c);
+    if (rc) {
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    for (dlock__cancel *cx = l->cancels; cx; cx = cx->next) {
+        __atomic_store_n(&cx->flag, 1, __ATOMIC_RELEASE);
+        if (cx->fd >= 0) {
+            uint64_t one = 1;
+            ssize_t n;
+            do
+                n = write(cx->fd, &one, sizeof(one));
+            while (n < 0 && errno == EINTR);
+        }
+        any = 1;
+    }
+    if (any)
+        for (dlock__waiter *w = c->waiters; w; w = w->next)
+            if (is_cancelled(w->cancelled))
+                dlock__wake_waiter(c, w);
+    pthread_mutex_unlock(&c->mu);
+    /* the store's own sleepers (condition variables): no client mutex
+     * held, as the store may take its own */
+    if (any && c->be->cancel)
+        c->be->cancel(c->st);
+    return DLOCK_OK;
 }
 
 int dlock_release(dlock *l)

@@ -1247,6 +1247,183 @@ TEST(owner_handle_takes_one_acquire_at_a_time)
     dlock_client_close(c);
 }
 
+/* --- dlock_cancel(): a wait given up from another thread --- */
+
+/* Until `name` has at least n waiters in the store (bounded); 0 when the
+ * store cannot tell (after a pause long enough to be queued). */
+static int wait_queued(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 20000;
+    for (;;) {
+        int64_t w = waiters_of(c, name);
+        if (w < 0) {
+            th_sleep_ms(300);
+            return 0;
+        }
+        if (w >= n)
+            return 1;
+        CHECK_OP(th_now_ms(), <, until);
+        th_sleep_ms(5);
+    }
+}
+
+typedef struct cwait {
+    dlock *l;
+    int64_t wait;
+    int rc;
+    int64_t ended;
+    char msg[256];
+    int released; /* got it (DLOCK_OK): released it on its thread */
+} cwait;
+
+static void *cancel_waiter(void *arg)
+{
+    cwait *t = arg;
+
+    t->rc = dlock_acquire(t->l, t->wait);
+    t->ended = th_now_ms();
+    snprintf(t->msg, sizeof(t->msg), "%s", dlock_errmsg());
+    if (t->rc == DLOCK_OK)
+        t->released = dlock_release(t->l) == DLOCK_OK;
+    return NULL;
+}
+
+TEST(cancel_ends_a_wait_and_leaves_nothing)
+{
+    dlock_client *c = client(), *o = client(), *x = client();
+    dlock *l = handle(c, "cancel", 0, 0);
+    dlock *lo = handle(o, "cancel", 0, 0);
+    dlock *lx = handle(x, "cancel", 0, 0);
+    cwait t = {l, -1, -99, 0, "", 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(lo, 0));
+    CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &t), 0);
+    int counted = wait_queued(o, "cancel", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_cancel(l));
+    pthread_join(th, NULL);
+    CHECK_RC(t.rc, DLOCK_ECANCELED);
+    CHECK_CONTAINS(t.msg, "cancelled");
+    /* a wait forever, ended by the cancel: woken by it, not by a timeout
+     * (the bound is for a busy machine; without the cancel it never
+     * returns) */
+    CHECK_OP(t.ended - t0, <, 5000);
+    if (counted) {
+        /* its place in the store's queue is gone (bounded: some stores
+         * remove it asynchronously) */
+        int64_t until = th_now_ms() + 10000;
+        while (waiters_of(o, "cancel") > 0 && th_now_ms() < until)
+            th_sleep_ms(10);
+        CHECK_EQ(waiters_of(o, "cancel"), 0);
+    }
+    /* the release hands the lock to nobody left over: a third owner's one
+     * try gets it */
+    CHECK_OK(dlock_release(lo));
+    CHECK_OK(dlock_acquire(lx, 5000));
+    CHECK_OK(dlock_release(lx));
+    /* the next wait through the handle (reusing the cancelled wait's
+     * eventfd, on a store that waits by itself) waits its whole time */
+    CHECK_OK(dlock_acquire(lo, 0));
+    int64_t w0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 300), DLOCK_EBUSY);
+    CHECK_OP(th_now_ms() - w0, >=, 299);
+    CHECK_OK(dlock_release(lo));
+    /* a cancel with no acquire in progress does nothing, and is not
+     * remembered */
+    CHECK_OK(dlock_cancel(l));
+    CHECK_OK(dlock_acquire(l, 1000));
+    CHECK_OK(dlock_release(l));
+    CHECK_RC(dlock_cancel(NULL), DLOCK_EINVAL);
+    dlock_close(lx);
+    dlock_close(lo);
+    dlock_close(l);
+    dlock_client_close(x);
+    dlock_client_close(o);
+    dlock_client_close(c);
+}
+
+TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
+{
+    if (!has_fair)
+        return; /* no fair queue (fair_mode_is_fifo checks ENOTSUP) */
+    dlock_client *a = client(), *b = client(), *o = client();
+    dlock *la = handle(a, "cancel-fair", 0, DLOCK_FAIR);
+    dlock *lb = handle(b, "cancel-fair", 0, DLOCK_FAIR);
+    dlock *lo = handle(o, "cancel-fair", 0, DLOCK_FAIR);
+    cwait ta = {la, -1, -99, 0, "", 0}, tb = {lb, 30000, -99, 0, "", 0};
+    pthread_t tha, thb;
+
+    CHECK_OK(dlock_acquire(lo, 0));
+    CHECK_EQ(pthread_create(&tha, NULL, cancel_waiter, &ta), 0);
+    wait_queued(o, "cancel-fair", 1);
+    CHECK_EQ(pthread_create(&thb, NULL, cancel_waiter, &tb), 0);
+    wait_queued(o, "cancel-fair", 2);
+    CHECK_OK(dlock_cancel(la)); /* the head of the queue gives up */
+    pthread_join(tha, NULL);
+    CHECK_RC(ta.rc, DLOCK_ECANCELED);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(lo));
+    pthread_join(thb, NULL);
+    /* the next in line gets it (the cancelled head waited forever: had
+     * it stayed in the queue, b would have waited its whole 30 s) */
+    CHECK_OK(tb.rc);
+    CHECK(tb.released);
+    CHECK_OP(tb.ended - t0, <, 10000);
+    dlock_close(lo);
+    dlock_close(lb);
+    dlock_close(la);
+    dlock_client_close(o);
+    dlock_client_close(b);
+    dlock_client_close(a);
+}
+
+TEST(cancel_racing_a_release_leaves_no_hold)
+{
+    dlock_client *c = client(), *o = client(), *x = client();
+    dlock *l = handle(c, "cancel-race", 0, 0);
+    dlock *lo = handle(o, "cancel-race", 0, 0);
+    dlock *lx = handle(x, "cancel-race", 0, 0);
+    int got = 0, cancelled = 0;
+
+    for (int i = 0; i < 12; i++) {
+        cwait t = {l, 30000, -99, 0, "", 0};
+        pthread_t th;
+        CHECK_OK(dlock_acquire(lo, 0));
+        CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &t), 0);
+        wait_queued(o, "cancel-race", 1);
+        /* the release and the cancel race, in both orders */
+        if (i % 2) {
+            CHECK_OK(dlock_release(lo));
+            CHECK_OK(dlock_cancel(l));
+        } else {
+            CHECK_OK(dlock_cancel(l));
+            CHECK_OK(dlock_release(lo));
+        }
+        pthread_join(th, NULL);
+        if (t.rc == DLOCK_OK) {
+            CHECK(t.released); /* it had the lock, and let it go */
+            got++;
+        } else {
+            CHECK_RC(t.rc, DLOCK_ECANCELED);
+            cancelled++;
+        }
+        /* either way nothing is left: a third owner's wait gets it */
+        CHECK_OK(dlock_acquire(lx, 5000));
+        CHECK_OK(dlock_release(lx));
+    }
+    /* either outcome is right (a store that hands the lock over may give
+     * it to the waiter before its leaving reaches the store): the count
+     * is for the reader */
+    printf("     (%d got the lock first, %d cancelled)\n", got, cancelled);
+    dlock_close(lx);
+    dlock_close(lo);
+    dlock_close(l);
+    dlock_client_close(x);
+    dlock_client_close(o);
+    dlock_client_close(c);
+}
+
 static const th_test tests[] = {
     T(basic_acquire_release),
     TK(try_busy_and_timed_wait),
@@ -1275,6 +1452,9 @@ static const th_test tests[] = {
     T(owner_handle_is_released_by_any_thread),
     T(owner_handles_are_owners_apart_from_threads),
     TK(owner_handle_takes_one_acquire_at_a_time),
+    TK(cancel_ends_a_wait_and_leaves_nothing),
+    TK(cancel_in_a_fair_queue_lets_the_next_one_go),
+    TK(cancel_racing_a_release_leaves_no_hold),
     {NULL, NULL, 0},
 };
 

@@ -815,6 +815,100 @@ TEST(a_semaphore_waiter_that_gives_up_leaves_nothing)
     dlock_client_close(b);
 }
 
+/* dlock_cancel() of a waiting reader, then of a waiting permit (and a
+ * writer waiting behind readers): each returns DLOCK_ECANCELED at once
+ * and leaves nothing in the queue. */
+typedef struct cw {
+    dlock *l;
+    int shared, rc;
+} cw;
+
+static void *cancelled_wait(void *arg)
+{
+    cw *t = arg;
+
+    t->rc = t->shared ? dlock_acquire_shared(t->l, -1)
+                      : dlock_acquire(t->l, -1);
+    return NULL;
+}
+
+static void cancel_one(dlock_client *watch, const char *name, dlock *l,
+                       int shared)
+{
+    cw t = {l, shared, -99};
+    pthread_t th;
+    dlock_info in;
+
+    CHECK_EQ(pthread_create(&th, NULL, cancelled_wait, &t), 0);
+    /* queued (bounded; a wait the store cannot count, a file-store
+     * reader's in the kernel, is given the pause) */
+    int64_t seen = th_now_ms() + 2000;
+    for (;;) {
+        in = info_of(watch, name);
+        int64_t w = in.waiters;
+        dlock_info_clear(&in);
+        if (w >= 1 || th_now_ms() >= seen)
+            break;
+        th_sleep_ms(5);
+    }
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_cancel(l));
+    pthread_join(th, NULL);
+    CHECK_RC(t.rc, DLOCK_ECANCELED);
+    /* a wait forever, ended by the cancel (bound: a busy machine) */
+    CHECK_OP(th_now_ms() - t0, <, 5000);
+    int64_t until = th_now_ms() + 10000;
+    for (;;) {
+        in = info_of(watch, name);
+        int64_t w = in.waiters;
+        dlock_info_clear(&in);
+        if (w == 0)
+            break;
+        CHECK_OP(th_now_ms(), <, until);
+        th_sleep_ms(10);
+    }
+}
+
+TEST(cancelled_reader_writer_and_permit_waits_leave_nothing)
+{
+    NEED_SHARED();
+    dlock_client *a = client(), *b = client(), *c = client();
+    dlock *la = handle(a, "cancel-rw", 0, 0);
+    dlock *lb = handle(b, "cancel-rw", 0, 0);
+    dlock *lc = handle(c, "cancel-rw", 0, 0);
+
+    CHECK_OK(dlock_acquire(la, 0));       /* a writer holds */
+    cancel_one(a, "cancel-rw", lb, 1);    /* a reader waits, cancelled */
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire_shared(la, 0)); /* a reader holds */
+    cancel_one(a, "cancel-rw", lb, 0);    /* a writer waits, cancelled */
+    /* nothing left: another reader is not queued behind a ghost writer */
+    CHECK_OK(dlock_acquire_shared(lc, 5000));
+    CHECK_OK(dlock_release(lc));
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lc, 5000));
+    CHECK_OK(dlock_release(lc));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_close(lc);
+    if (has_permits) {
+        dlock *sa = handle(a, "cancel-sem", 1, 0);
+        dlock *sb = handle(b, "cancel-sem", 1, 0);
+        dlock *sc = handle(c, "cancel-sem", 1, 0);
+        CHECK_OK(dlock_acquire(sa, 0));
+        cancel_one(a, "cancel-sem", sb, 0);
+        CHECK_OK(dlock_release(sa));
+        CHECK_OK(dlock_acquire(sc, 5000)); /* the permit went to no ghost */
+        CHECK_OK(dlock_release(sc));
+        dlock_close(sa);
+        dlock_close(sb);
+        dlock_close(sc);
+    }
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
 static const th_test tests[] = {
     T(the_store_says_what_it_has),
     T(readers_share_and_exclude_writers),
@@ -829,6 +923,7 @@ static const th_test tests[] = {
     TK(a_semaphore_never_lets_more_than_n_in),
     TK(a_killed_permit_holder_wakes_the_waiter),
     TK(a_semaphore_waiter_that_gives_up_leaves_nothing),
+    TK(cancelled_reader_writer_and_permit_waits_leave_nothing),
     {NULL, NULL, 0},
 };
 

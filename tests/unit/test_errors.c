@@ -26,6 +26,7 @@ static const struct {
     {DLOCK_ENOMEM, "DLOCK_ENOMEM"},
     {DLOCK_ENOTSUP, "DLOCK_ENOTSUP"},
     {DLOCK_EDEADLK, "DLOCK_EDEADLK"},
+    {DLOCK_ECANCELED, "DLOCK_ECANCELED"},
 };
 #define NCODES (sizeof(codes) / sizeof(codes[0]))
 
@@ -55,7 +56,8 @@ TEST(codes_fixed_numbers)
     CHECK_EQ(DLOCK_ENOMEM, -8);
     CHECK_EQ(DLOCK_ENOTSUP, -9);
     CHECK_EQ(DLOCK_EDEADLK, -10);
-    CHECK_EQ(NCODES, 11);
+    CHECK_EQ(DLOCK_ECANCELED, -11);
+    CHECK_EQ(NCODES, 12);
 }
 
 TEST(strerror_distinct)

@@ -78,6 +78,14 @@ size_t dlock__etcd_lock_base(const etcd_store *es, const char *name,
     return o;
 }
 
+
+/* The caller's wait is over: its deadline passed, or dlock_cancel() asked
+ * (etcd_cancel() wakes the waiters to see it). */
+static int wait_over(const dlock__lease *l)
+{
+    return dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l);
+}
+
 static int slots_grow(etcd_store *es)
 {
     size_t n = es->nbuckets ? es->nbuckets * 2 : 64;
@@ -342,7 +350,8 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
 
         if (may_wait && dl > l->deadline)
             dl = l->deadline; /* no call of a wait runs past its end */
-        if (need_look && (w.gen || !may_wait || now >= l->deadline)) {
+        if (need_look && (w.gen || !may_wait || now >= l->deadline ||
+                          dlock__lease_cancelled(l))) {
             rc = dlock__etcd_look(es, eh, &w, base, base_len,
                                   may_wait ? dl : now + op_ms);
             need_look = 0;
@@ -359,7 +368,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             if (rc != DLOCK_OK) {
                 dlock__etcd_waiter_end(es, &w);
                 give_up_key(es, eh);
-                if (may_wait && dlock__now_ms() >= l->deadline) {
+                if (may_wait && wait_over(l)) {
                     l->retry_ms = -1;
                     return DLOCK_EBUSY; /* it answered "held" before */
                 }
@@ -415,7 +424,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             l->token = (uint64_t)eh->rev;
             return DLOCK_OK;
         }
-        if (!may_wait || dlock__now_ms() >= l->deadline) {
+        if (!may_wait || wait_over(l)) {
             dlock__etcd_waiter_end(es, &w);
             give_up_key(es, eh);
             l->retry_ms = -1;
@@ -429,7 +438,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             if (rc != DLOCK_OK) {
                 dlock__etcd_waiter_end(es, &w);
                 give_up_key(es, eh);
-                if (dlock__now_ms() >= l->deadline) {
+                if (wait_over(l)) {
                     l->retry_ms = -1;
                     return DLOCK_EBUSY;
                 }
@@ -446,7 +455,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         pthread_mutex_lock(&es->mu);
         while (!w.broken && !w.mine_gone && !eh->lease->dead &&
                !(dlock__etcd_waiter_room(&w) && !w.pending) &&
-               dlock__now_ms() < l->deadline)
+               !wait_over(l))
             dlock__cond_wait_until(&w.cv, &es->mu, l->deadline);
         int broken = w.broken, gone = w.mine_gone;
         int emptied = dlock__etcd_waiter_room(&w) && !w.pending;
@@ -529,7 +538,7 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
              * queue again, at its end, while the wait lasts */
             taken++;
             attempt--;
-            if (dlock__now_ms() < l->deadline)
+            if (!wait_over(l))
                 continue;
             l->retry_ms = -1;
             return dlock__err(DLOCK_EBUSY,
@@ -560,7 +569,7 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         rc = dlock__err(DLOCK_ECONN, "etcd %s: the lease ended while "
                                      "acquiring", es->redacted);
-        if (dlock__now_ms() >= l->deadline && l->deadline != DLOCK__FOREVER)
+        if (wait_over(l) && l->deadline != DLOCK__FOREVER)
             break;
     }
     return rc;
@@ -838,6 +847,18 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
     return DLOCK_OK;
 }
 
+/* dlock_cancel(): every waiter sleeps on its own condition variable; each
+ * looks at its lease. */
+static void etcd_cancel(void *st)
+{
+    etcd_store *es = st;
+
+    pthread_mutex_lock(&es->mu);
+    for (etcd_waiter *w = es->waiters; w; w = w->next)
+        pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&es->mu);
+}
+
 const dlock__backend dlock__backend_etcd = {
     "etcd",                 /* name */
     DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
@@ -860,4 +881,5 @@ const dlock__backend dlock__backend_etcd = {
     dlock__etcd_list,       /* list */
     dlock__etcd_evict,      /* evict */
     NULL,                   /* evict_unsupported */
+    etcd_cancel, /* cancel */
 };

@@ -357,7 +357,8 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             fair && !reader && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
         if (reader || !fair) {
             e = dlock__file_take(fl->fd, reader ? F_RDLCK : F_WRLCK,
-                                 once ? 0 : l->deadline, &l->woken_us);
+                                 once ? 0 : l->deadline, l->cancel_fd,
+                                 &l->woken_us);
             if (e == EAGAIN) {
                 close(fl->fd);
                 l->retry_ms = -1;
@@ -383,7 +384,8 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
                 return dlock__file_io_error(what, fl->fname, e);
             }
             dlock__file_watch_add(fs, fl);
-            e = dlock__file_fair_wait(&f, ticket, l->deadline, &fl->cfd, 0);
+            e = dlock__file_fair_wait(&f, ticket, l->deadline, l->cancel_fd,
+                                      &fl->cfd, 0);
             if (e == 0)
                 l->woken_us = dlock__now_us();
         }
@@ -714,4 +716,5 @@ const dlock__backend dlock__backend_file = {
     NULL, /* evict */
     "its locks are the holders' own kernel locks (open file "
     "descriptions): only the holder, or its end, frees them", /* evict_unsupported */
+    NULL, /* cancel */
 };

@@ -148,9 +148,11 @@ int64_t dlock__file_wall_us(void);
 
 /* --- file_wait.c --------------------------------------------------------- */
 
-/* Blocks until open file `fd` holds a lock of `type` on `byte` or
- * `deadline` passes. 0: taken; ETIMEDOUT; or an errno. */
-DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline);
+/* Blocks until open file `fd` holds a lock of `type` on `byte`, or
+ * `deadline` passes, or `cfd` (a dlock_cancel() eventfd; -1: none) is
+ * readable. 0: taken; ETIMEDOUT (deadline or cancel); or an errno. */
+DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte,
+                                  int64_t deadline, int cfd);
 
 /* Takes MAIN for `type` (F_WRLCK: a writer; F_RDLCK: a reader) through
  * the gate that keeps writers from starving: a writer that must wait
@@ -158,7 +160,7 @@ DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadli
  * waits there. 0: taken; EAGAIN: busy and `deadline` has passed (a try);
  * ETIMEDOUT; or an errno. */
 DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline,
-                     int64_t *woken_us);
+                                 int cfd, int64_t *woken_us);
 
 /* Takes a fair-queue ticket and locks its byte, making its wake-up
  * channel first (*lfd; -1: none); sets f->salt. The ticket's byte, or -1
@@ -166,11 +168,11 @@ DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline,
 off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
                               int *err);
 
-/* Waits, as the owner of ticket byte `ticket`, until f->fd holds MAIN.
- * 0, ETIMEDOUT or an errno. *conn: a connection left open (or -1), for
+/* Waits, as the owner of ticket byte `ticket`, until f->fd holds MAIN
+ * (or the deadline, or a cancel through cfd). 0, ETIMEDOUT or an errno. *conn: a connection left open (or -1), for
  * the caller to close. */
 int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
-                          int *conn, int head_only);
+                          int cfd, int *conn, int head_only);
 
 /* A wake-up channel's listener for a fair ticket's byte or a permit's
  * byte (its descriptor; -1: the name is taken; -2: none can be made), and

@@ -124,9 +124,10 @@ out:
 /* The head of the queue found every permit held: sleeps until one of
  * their holders lets go (or dies), or the deadline. 0 (look again),
  * ETIMEDOUT, or an errno. */
-static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline)
+static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
+                            int cfd)
 {
-    struct pollfd pf[SEM_PERMITS_MAX];
+    struct pollfd pf[SEM_PERMITS_MAX + 1]; /* the holders', and cfd */
     off_t end = PERMIT_BASE + (off_t)n, untrusted = -1;
     int np = 0, e = 0, freed = 0;
 
@@ -154,7 +155,7 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline)
     if (!freed && np == 0 && untrusted >= 0) {
         /* no holder with a channel: the kernel tells when that one's
          * byte is free */
-        e = dlock__file_kwait(f->fd, F_RDLCK, untrusted, deadline);
+        e = dlock__file_kwait(f->fd, F_RDLCK, untrusted, deadline, cfd);
         if (e == 0)
             lk(f->fd, F_OFD_SETLK, F_UNLCK, untrusted, 1);
         return e;
@@ -169,7 +170,14 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline)
             }
             ms = left > INT_MAX ? INT_MAX : (int)left;
         }
-        r = poll(pf, (nfds_t)np, ms);
+        pf[np].fd = cfd; /* a negative fd is ignored by poll() */
+        pf[np].events = POLLIN;
+        pf[np].revents = 0;
+        r = poll(pf, (nfds_t)np + 1, ms);
+        if (r > 0 && pf[np].revents) {
+            e = ETIMEDOUT; /* cancelled: as at the deadline */
+            break;
+        }
         if (r > 0)
             break;
         if (r < 0 && errno != EINTR) {
@@ -217,7 +225,8 @@ int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
     if (ticket < 0)
         return dlock__file_io_error(what, fl->fname, e);
     for (int round = 0;; round++) {
-        e = dlock__file_fair_wait(f, ticket, l->deadline, &conn, 1);
+        e = dlock__file_fair_wait(f, ticket, l->deadline, l->cancel_fd,
+                                  &conn, 1);
         if (e == 0)
             l->woken_us = dlock__now_us();
         if (e)
@@ -225,7 +234,7 @@ int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
         rc = sem_try(f, l, fl->fname, 0, &byte);
         if (rc != DLOCK_EBUSY)
             break;
-        e = sem_wait_holders(f, l->permits, l->deadline);
+        e = sem_wait_holders(f, l->permits, l->deadline, l->cancel_fd);
         if (e == ETIMEDOUT) {
             /* the deadline and a release may have come together */
             rc = sem_try(f, l, fl->fname, 0, &byte);

@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -97,9 +98,8 @@ typedef struct kwait {
     short type;  /* F_WRLCK (MAIN) or F_RDLCK (a predecessor's ticket) */
     off_t byte;
     int rc;      /* errno of a failed call, 0 when the lock was taken */
-    int done;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    int done;    /* set (atomically) once rc is */
+    int done_fd; /* eventfd: the helper says it is done */
 } kwait;
 
 /* The blocking part: one F_OFD_SETLKW, a cancellation point. */
@@ -117,22 +117,59 @@ static void *kwait_thread(void *arg)
     kwait *k = arg;
     int rc = kwait_run(k);
     int old;
+    uint64_t one = 1;
+    ssize_t n;
 
     /* no cancellation point since the lock was taken: it is reported */
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-    pthread_mutex_lock(&k->mu);
     k->rc = rc;
-    k->done = 1;
-    pthread_cond_signal(&k->cv);
-    pthread_mutex_unlock(&k->mu);
+    __atomic_store_n(&k->done, 1, __ATOMIC_RELEASE);
+    do
+        n = write(k->done_fd, &one, sizeof(one));
+    while (n < 0 && errno == EINTR);
     return NULL;
 }
 
-/* Blocks until this open file holds a lock of `type` on `byte` or
- * `deadline` passes. 0: taken; ETIMEDOUT; or an errno. Without a deadline
- * the calling thread blocks itself; with one, a helper thread blocks and is
- * cancelled at the deadline (no signal handler needed). */
-int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline)
+/* Sleeps in poll() until fd (and cfd, when >= 0) is readable or the
+ * deadline: 1 when fd is, 0 at the deadline or when cfd is, -errno. */
+static int poll_until(int fd, int cfd, int64_t deadline, short *revents)
+{
+    struct pollfd p[2];
+
+    for (;;) {
+        int ms = -1, n;
+        if (deadline != DLOCK__FOREVER) {
+            int64_t left = deadline - dlock__now_ms();
+            if (left <= 0)
+                return 0;
+            ms = left > INT_MAX ? INT_MAX : (int)left;
+        }
+        p[0].fd = fd;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        p[1].fd = cfd;
+        p[1].events = POLLIN;
+        p[1].revents = 0;
+        n = poll(p, cfd >= 0 ? 2 : 1, ms);
+        if (n > 0 && p[0].revents) {
+            if (revents)
+                *revents = p[0].revents;
+            return 1;
+        }
+        if (n > 0)
+            return 0; /* cancelled */
+        if (n < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+/* Blocks until open file `fd` holds a lock of `type` on `byte`, the
+ * deadline passes or cfd (a cancel's eventfd, -1: none) becomes readable.
+ * 0: taken; ETIMEDOUT (the deadline or the cancel); or an errno. Without
+ * a deadline or a cancel the calling thread blocks itself; else a helper
+ * thread blocks, and is cancelled (no signal handler needed). */
+int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline,
+                      int cfd)
 {
     kwait k;
     pthread_t t;
@@ -144,36 +181,31 @@ int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline)
     k.fd = fd;
     k.type = type;
     k.byte = byte;
-    if (deadline == DLOCK__FOREVER)
+    if (deadline == DLOCK__FOREVER && cfd < 0)
         return kwait_run(&k);
     if (dlock__now_ms() >= deadline)
         return ETIMEDOUT;
 
-    pthread_mutex_init(&k.mu, NULL);
-    if (dlock__cond_init(&k.cv) != DLOCK_OK) {
-        pthread_mutex_destroy(&k.mu);
-        return ENOMEM;
-    }
+    k.done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (k.done_fd < 0)
+        return errno;
     dlock__block_signals(&old);
     rc = pthread_create(&t, NULL, kwait_thread, &k);
     dlock__restore_signals(&old);
     if (rc == 0) {
-        pthread_mutex_lock(&k.mu);
-        while (!k.done && dlock__now_ms() < deadline)
-            dlock__cond_wait_until(&k.cv, &k.mu, deadline);
-        int done = k.done;
-        pthread_mutex_unlock(&k.mu);
-        if (!done)
+        int r = poll_until(k.done_fd, cfd, deadline, NULL);
+        if (!__atomic_load_n(&k.done, __ATOMIC_ACQUIRE))
             pthread_cancel(t);
         pthread_join(t, &res);
-        rc = res == PTHREAD_CANCELED ? ETIMEDOUT : k.rc;
+        rc = res == PTHREAD_CANCELED ? ETIMEDOUT
+             : r < 0 && !k.done      ? -r
+                                     : k.rc;
     }
-    pthread_cond_destroy(&k.cv);
-    pthread_mutex_destroy(&k.mu);
+    close(k.done_fd);
     return rc;
 }
 
-int dlock__file_take(int fd, short type, int64_t deadline,
+int dlock__file_take(int fd, short type, int64_t deadline, int cfd,
                      int64_t *woken_us)
 {
     int e;
@@ -194,11 +226,11 @@ int dlock__file_take(int fd, short type, int64_t deadline,
     if (lk(fd, F_OFD_SETLK, type, GATE_BYTE, 1) != 0) {
         if (errno != EAGAIN && errno != EACCES)
             return errno;
-        e = dlock__file_kwait(fd, type, GATE_BYTE, deadline);
+        e = dlock__file_kwait(fd, type, GATE_BYTE, deadline, cfd);
         if (e)
             return e;
     }
-    e = dlock__file_kwait(fd, type, MAIN_BYTE, deadline);
+    e = dlock__file_kwait(fd, type, MAIN_BYTE, deadline, cfd);
     if (e == 0 && woken_us)
         *woken_us = dlock__now_us();
     lk(fd, F_OFD_SETLK, F_UNLCK, GATE_BYTE, 1);
@@ -333,30 +365,13 @@ int dlock__file_chan_connect(const lock_file *f, off_t byte)
  * 0, ETIMEDOUT or an errno. *handed is set when the predecessor released
  * the lock it held (it sent a byte: readable, no hang-up yet) rather than
  * gave up or died (end of file, reset). */
-static int chan_wait(int c, int64_t deadline, int *handed)
+static int chan_wait(int c, int64_t deadline, int cfd, int *handed)
 {
-    struct pollfd pf;
+    short rev = 0;
+    int r = poll_until(c, cfd, deadline, &rev);
 
-    *handed = 0;
-    for (;;) {
-        int ms = -1, n;
-        if (deadline != DLOCK__FOREVER) {
-            int64_t left = deadline - dlock__now_ms();
-            if (left <= 0)
-                return ETIMEDOUT;
-            ms = left > INT_MAX ? INT_MAX : (int)left;
-        }
-        pf.fd = c;
-        pf.events = POLLIN;
-        pf.revents = 0;
-        n = poll(&pf, 1, ms);
-        if (n > 0) {
-            *handed = pf.revents == POLLIN;
-            return 0;
-        }
-        if (n < 0 && errno != EINTR)
-            return errno;
-    }
+    *handed = r == 1 && rev == POLLIN;
+    return r == 1 ? 0 : r == 0 ? ETIMEDOUT : -r;
 }
 
 /* Accepting ahead. At N = 2 the successor (the previous holder, queueing
@@ -557,7 +572,7 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
  * last woke on, still open (closing it costs time the hand-off should not
  * wait for), or -1; the caller closes it in every case. */
 int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
-                          int *conn, int head_only)
+                          int cfd, int *conn, int head_only)
 {
     int handed = 0;
 
@@ -575,7 +590,7 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             /* the head: MAIN is free unless someone without a ticket
              * (default mode, or a fair acquirer that found no queue)
              * holds it; then only the kernel can tell us */
-            e = dlock__file_take(f->fd, F_WRLCK, deadline, NULL);
+            e = dlock__file_take(f->fd, F_WRLCK, deadline, cfd, NULL);
             return e == EAGAIN ? ETIMEDOUT : e;
         }
         if (*conn >= 0) {
@@ -585,7 +600,7 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
         c = dlock__file_chan_connect(f, b);
         if (c >= 0 && first_conflict(f->fd, b, b + 1) >= 0) {
             /* b was held after we connected: its owner's channel */
-            e = chan_wait(c, deadline, &handed);
+            e = chan_wait(c, deadline, cfd, &handed);
             *conn = c;
         } else {
             if (c >= 0)
@@ -593,7 +608,7 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             if (first_conflict(f->fd, b, b + 1) < 0)
                 continue; /* gone meanwhile: look again */
             /* no channel we can trust: wait for its byte in the kernel */
-            e = dlock__file_kwait(f->fd, F_RDLCK, b, deadline);
+            e = dlock__file_kwait(f->fd, F_RDLCK, b, deadline, cfd);
             if (e == 0)
                 lk(f->fd, F_OFD_SETLK, F_UNLCK, b, 1);
         }

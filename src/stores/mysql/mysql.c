@@ -388,4 +388,5 @@ const dlock__backend dlock__backend_mysql = {
     dlock__mysql_list,                         /* list */
     dlock__mysql_evict,                        /* evict */
     NULL,                                      /* evict_unsupported */
+    NULL, /* cancel */
 };

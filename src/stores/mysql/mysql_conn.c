@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -132,6 +133,68 @@ static int wait_io(MYSQL *m, int status, int64_t deadline)
     }
 }
 
+/* Ends the statement running on cn (a wait in GET_LOCK) from another
+ * connection: KILL QUERY. 0, or -1 when it could not be sent. */
+static int kill_query(my_store *ms, my_conn *cn)
+{
+    my_conn *k = NULL;
+    char sql[64];
+    int rc;
+
+    if (dlock__mysql_conn_get(ms, dlock__now_ms() + ms->timeout_ms, &k) !=
+        DLOCK_OK)
+        return -1;
+    snprintf(sql, sizeof(sql), "KILL QUERY %lu",
+             (unsigned long)mysql_thread_id(cn->m));
+    rc = dlock__mysql_query(ms, k, sql, dlock__now_ms() + ms->timeout_ms,
+                            NULL, NULL, NULL, "cancelling a wait");
+    dlock__mysql_conn_put(ms, k);
+    return rc == DLOCK_OK ? 0 : -1;
+}
+
+/* wait_io() for a statement on cn, which a dlock_cancel() ends: when
+ * cn->cfd becomes readable, KILL QUERY (once), and on to the answer (the
+ * interrupted statement's error). -1 also when the kill could not be
+ * sent: the connection is then given up, which ends the wait in the
+ * server as well. */
+static int wait_io_cn(my_store *ms, my_conn *cn, int status,
+                      int64_t deadline)
+{
+    while (cn->cfd >= 0 && !cn->killed) {
+        struct pollfd p[2];
+        int64_t left = deadline - dlock__now_ms();
+        if (left <= 0)
+            return -1;
+        p[0].fd = mysql_get_socket(cn->m);
+        p[0].events = (short)((status & MYSQL_WAIT_READ ? POLLIN : 0) |
+                              (status & MYSQL_WAIT_WRITE ? POLLOUT : 0) |
+                              (status & MYSQL_WAIT_EXCEPT ? POLLPRI : 0));
+        p[0].revents = 0;
+        p[1].fd = cn->cfd;
+        p[1].events = POLLIN;
+        p[1].revents = 0;
+        int ms_ = left > 60000 ? 60000 : (int)left;
+        if (status & MYSQL_WAIT_TIMEOUT) {
+            int lib = (int)mysql_get_timeout_value_ms(cn->m);
+            if (lib < ms_)
+                return wait_io(cn->m, status, deadline); /* a short one */
+        }
+        int r = poll(p, 2, ms_);
+        if (r > 0 && p[0].revents)
+            return ready_of(p[0].revents);
+        if (r > 0 && p[1].revents) {
+            cn->killed = 1;
+            if (kill_query(ms, cn) != 0) {
+                cn->broken = 1;
+                return -1;
+            }
+        }
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+    return wait_io(cn->m, status, deadline);
+}
+
 void dlock__mysql_conn_free(my_conn *cn)
 {
     if (!cn)
@@ -165,6 +228,7 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
         free(cn);
         return dlock__mysql_enomem();
     }
+    cn->cfd = -1;
     /* the library's own timeouts only back ours up */
     secs = (unsigned)((ms->timeout_ms + 999) / 1000) + 1;
     mysql_options(cn->m, MYSQL_OPT_NONBLOCK, 0);
@@ -308,7 +372,7 @@ int dlock__mysql_query_at(my_store *ms, my_conn *cn, const char *sql,
     cn->err = 0;
     status = mysql_real_query_start(&err, cn->m, sql, strlen(sql));
     while (status) {
-        if ((ready = wait_io(cn->m, status, deadline)) < 0)
+        if ((ready = wait_io_cn(ms, cn, status, deadline)) < 0)
             return timeout_error(ms, cn, what);
         status = mysql_real_query_cont(&err, cn->m, ready);
     }
@@ -326,7 +390,7 @@ int dlock__mysql_query_at(my_store *ms, my_conn *cn, const char *sql,
         n++;
         status = mysql_next_result_start(&err, cn->m);
         while (status) {
-            if ((ready = wait_io(cn->m, status, deadline)) < 0) {
+            if ((ready = wait_io_cn(ms, cn, status, deadline)) < 0) {
                 rc = timeout_error(ms, cn, what);
                 break;
             }

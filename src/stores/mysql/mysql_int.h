@@ -56,6 +56,9 @@ typedef struct my_conn {
     MYSQL_STMT *ps[MY_PS_N];         /* prepared, or NULL */
     char ps_order[MY_PS_N][MY_PS_PARAMS + 1]; /* their markers, in order */
     int ps_off;   /* the server refused a prepare: text statements */
+    int cfd;      /* while a wait's statement runs: its dlock_cancel()
+                   * eventfd, which ends the statement (KILL QUERY); -1 */
+    int killed;   /* that KILL QUERY was sent */
     struct my_conn *next;
 } my_conn;
 

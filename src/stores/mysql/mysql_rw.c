@@ -474,7 +474,7 @@ int dlock__mysql_head_wait(my_store *ms, dlock__lease *l, const char *name,
 {
     my_lease *sl = l->priv;
     my_async a[MY_PERMITS_MAX];
-    struct pollfd p[MY_PERMITS_MAX + 1];
+    struct pollfd p[MY_PERMITS_MAX + 2]; /* the gate's, helpers', the cancel */
     int n = st->nlk < MY_PERMITS_MAX ? st->nlk : MY_PERMITS_MAX;
     int64_t start = dlock__now_ms(), until = l->deadline;
     int rc = DLOCK_OK, main_dead = 0, started = 0;
@@ -533,9 +533,17 @@ int dlock__mysql_head_wait(my_store *ms, dlock__lease *l, const char *name,
         }
         if (woken)
             break;
-        int pr = poll(p, (nfds_t)started + 1, left > 1000 ? 1000 : (int)left);
+        /* a dlock_cancel() ends the sleep as a wake-up would */
+        p[started + 1].fd = l->cancel_fd;
+        p[started + 1].events = POLLIN;
+        p[started + 1].revents = 0;
+        int pr = poll(p, (nfds_t)started + 2, left > 1000 ? 1000 : (int)left);
         if (pr < 0)
             continue; /* EINTR: the deadline bounds the loop */
+        if (p[started + 1].revents) {
+            woken = 1;
+            break;
+        }
         if (p[0].revents) {
             main_dead = woken = 1;
             break;

@@ -392,13 +392,18 @@ static int sleep_gated(my_store *ms, dlock__lease *l, long long left)
 
     if (until > l->deadline)
         until = l->deadline;
-    struct pollfd p = {mysql_get_socket(sl->cn->m), POLLIN, 0};
+    struct pollfd p[2] = {{mysql_get_socket(sl->cn->m), POLLIN, 0},
+                          {l->cancel_fd, POLLIN, 0}};
     for (int64_t ms_left = until - dlock__now_ms(); ms_left > 0;
-         ms_left = until - dlock__now_ms())
-        if (poll(&p, 1, ms_left > 60000 ? 60000 : (int)ms_left) > 0) {
+         ms_left = until - dlock__now_ms()) {
+        if (poll(p, 2, ms_left > 60000 ? 60000 : (int)ms_left) <= 0)
+            continue;
+        if (p[0].revents) {
             drop_conn(ms, sl); /* the server closed it */
             return TRY_GATE;
         }
+        break; /* cancelled: the caller sees it */
+    }
     return TRY_HELD;
 }
 
@@ -429,7 +434,7 @@ static int after_gated_try(acq *a, int *kind, int *recheck)
     }
     if ((rc = wrong_kind(a, st.code)) != DLOCK_OK) {
         ;
-    } else if (dlock__now_ms() >= l->deadline) {
+    } else if (dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l)) {
         rc = DLOCK_EBUSY;
     } else if (!st.gated) {
         /* woken by nothing: the wait ran to the holder's lease end (or
@@ -466,8 +471,9 @@ static int after_gated_try(acq *a, int *kind, int *recheck)
         *kind = TRY_HELD;
     }
     dlock__mysql_state_free(&st);
-    /* slept: no try past the caller's deadline */
-    if (rc == DLOCK_OK && dlock__now_ms() >= l->deadline)
+    /* slept: no try past the caller's deadline (or its cancel) */
+    if (rc == DLOCK_OK &&
+        (dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l)))
         rc = DLOCK_EBUSY;
     return rc;
 }
@@ -539,7 +545,8 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     }
     for (int round = 0;; round++) {
         int64_t now = dlock__now_ms();
-        int once = l->deadline <= now;
+        /* cancelled: one last try, as at the deadline */
+        int once = l->deadline <= now || dlock__lease_cancelled(l);
         int waits = kind == TRY_WAIT || kind == TRY_DRAIN;
         int64_t wait_ms = once ? 0 : l->deadline - now;
         int64_t dl = now + ms->timeout_ms;
@@ -591,9 +598,14 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                     wdl = l->deadline + 10;
             }
             sent = dlock__now_ms();
+            /* a wait in GET_LOCK ends at a dlock_cancel() (KILL QUERY) */
+            sl->cn->cfd = waits ? l->cancel_fd : -1;
+            sl->cn->killed = 0;
             rc = dlock__mysql_query_at(
                 ms, sl->cn, sql, wdl, NULL, at, &affected, &token,
                 waits ? "waiting for the lock" : "taking the lock");
+            if (sl->cn)
+                sl->cn->cfd = -1;
             free(sql);
         }
         int64_t answered = dlock__now_ms();
@@ -723,7 +735,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         }
         /* nothing taken holding the gate (or maybe: a wait): the row
          * says what next */
-        if (dlock__now_ms() >= l->deadline) {
+        if (dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l)) {
             rc = DLOCK_EBUSY;
             break;
         }
@@ -751,8 +763,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         /* the server let go of our gate and entry with the connection */
         drop_conn(ms, sl);
     }
-    if (rc && rc != DLOCK_EBUSY && seen_busy && l->deadline != DLOCK__FOREVER &&
-        dlock__now_ms() >= l->deadline)
+    if (rc && rc != DLOCK_EBUSY && seen_busy &&
+        (dlock__lease_cancelled(l) ||
+         (l->deadline != DLOCK__FOREVER && dlock__now_ms() >= l->deadline)))
         rc = dlock__err(DLOCK_EBUSY,
                         "lock '%.200s' was held by another owner, and not "
                         "acquired within the wait (the last statement did "

@@ -148,6 +148,9 @@ typedef struct pg_conn {
     pthread_mutex_t mu; /* the hold's owner vs the client thread */
     int dead;           /* the client thread saw its session end */
     int watched;        /* in the epoll set */
+    /* while a wait's statement runs: its dlock_cancel() eventfd (-1:
+     * none), which sends the server a cancel request (once) */
+    int cfd, cancel_sent;
     struct pg_conn *next, *prev;
 } pg_conn;
 

@@ -124,11 +124,18 @@ static int gate_wait(pg_store *ps, pg_conn *cn, dlock__lease *l)
     int64_t limit = l->deadline == DLOCK__FOREVER
                         ? DLOCK__FOREVER
                         : l->deadline + ps->timeout_ms;
+    cn->cfd = l->cancel_fd; /* dlock_cancel() ends the wait */
+    cn->cancel_sent = 0;
     rc = dlock__pg_run_text(ps, cn, sql, limit, &r,
                             "waiting for a permit");
+    cn->cfd = -1;
     free(sql);
     if (rc == DLOCK_OK)
         PQclear(r);
+    else if (cn->cancel_sent)
+        cn->broken = 1; /* it may hold the gate: the session goes */
+    if (rc != DLOCK_OK && dlock__lease_cancelled(l))
+        rc = DLOCK_EBUSY; /* the core says DLOCK_ECANCELED */
     return rc;
 }
 
@@ -192,9 +199,9 @@ static int slot_read(pg_store *ps, slot_wait *w)
 /* Polls the running waits until one is granted, every one has ended, or
  * `until`. */
 static void slots_poll(pg_store *ps, slot_wait *w, int n, int64_t until,
-                       int stop_at_win)
+                       int stop_at_win, int cfd)
 {
-    struct pollfd p[PG_ADV_PERMITS_MAX];
+    struct pollfd p[PG_ADV_PERMITS_MAX + 1]; /* the waits, and cfd */
     int idx[PG_ADV_PERMITS_MAX];
 
     for (int round = 0; round < 1000000; round++) {
@@ -222,8 +229,13 @@ static void slots_poll(pg_store *ps, slot_wait *w, int n, int64_t until,
                                                : until - dlock__now_ms();
         if (left <= 0)
             return;
-        int rc = poll(p, (nfds_t)k, left > 60000 ? 60000 : (int)left);
+        p[k].fd = cfd; /* a dlock_cancel() ends it as the deadline */
+        p[k].events = POLLIN;
+        p[k].revents = 0;
+        int rc = poll(p, (nfds_t)k + 1, left > 60000 ? 60000 : (int)left);
         if (rc < 0 && errno != EINTR)
+            return;
+        if (rc > 0 && p[k].revents)
             return;
         for (int j = 0; j < k && rc > 0; j++) {
             slot_wait *x = &w[idx[j]];
@@ -287,7 +299,7 @@ static int slots_wait(pg_store *ps, pg_conn *cn, dlock__lease *l,
         free(sql);
     }
     if (rc == DLOCK_OK)
-        slots_poll(ps, w, n, limit, 1);
+        slots_poll(ps, w, n, limit, 1, l->cancel_fd);
     /* the first granted is the permit; the others are called off */
     int win = -1;
     for (int i = 0; i < n; i++)
@@ -303,7 +315,7 @@ static int slots_wait(pg_store *ps, pg_conn *cn, dlock__lease *l,
         if (cc)
             PQfreeCancel(cc);
     }
-    slots_poll(ps, w, n, dlock__now_ms() + ps->timeout_ms, 0);
+    slots_poll(ps, w, n, dlock__now_ms() + ps->timeout_ms, 0, -1);
     for (int i = 0; i < n; i++) {
         if (w[i].running) {
             w[i].cn->broken = 1; /* no answer: closing it ends its wait */
@@ -335,10 +347,11 @@ static int slots_wait(pg_store *ps, pg_conn *cn, dlock__lease *l,
         *slot = w[win].slot;
         return DLOCK_OK;
     }
-    /* every wait ended without its slot: the deadline (lock_timeout), or
-     * the first other error */
+    /* every wait ended without its slot: the deadline (lock_timeout) or
+     * a dlock_cancel() (then the waits were cancelled: no error), or the
+     * first other error */
     rc = DLOCK_EBUSY;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n && !dlock__lease_cancelled(l); i++)
         if (w[i].failed && w[i].code != DLOCK_EBUSY) {
             rc = w[i].code ? w[i].code : DLOCK_ECONN;
             break;

@@ -170,8 +170,19 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             int64_t limit = l->deadline == DLOCK__FOREVER
                                 ? DLOCK__FOREVER
                                 : l->deadline + ps->timeout_ms;
+            cn->cfd = l->cancel_fd; /* dlock_cancel() ends the wait */
+            cn->cancel_sent = 0;
             rc = dlock__pg_run_text(ps, cn, sql, limit, &r,
                                     "waiting for the advisory lock");
+            cn->cfd = -1;
+            if (rc != DLOCK_OK && cn->cancel_sent)
+                /* the cancel may have ended the statement after its
+                 * pg_advisory_lock() took the lock (a session lock: no
+                 * rollback frees it): the session goes, and the lock
+                 * with it */
+                cn->broken = 1;
+            if (rc != DLOCK_OK && dlock__lease_cancelled(l))
+                rc = DLOCK_EBUSY; /* the core says DLOCK_ECANCELED */
         } else {
             rc = dlock__pg_enomem();
         }
@@ -580,6 +591,7 @@ static const dlock__backend backend_pg_advisory = {
     adv_list,               /* list */
     adv_evict,              /* evict */
     NULL,                   /* evict_unsupported */
+    NULL, /* cancel */
 };
 
 const dlock__backend *dlock__pg_select(const dlock__uri *u)

@@ -118,23 +118,38 @@ int dlock__pg_enomem(void)
 /* Connections                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* Waits until fd is ready for `events` or `deadline`; 1 ready, 0 timeout,
- * -1 error. */
-static int wait_fd(int fd, short events, int64_t deadline)
+/* Waits until fd is ready for `events` or `deadline`, or cfd (-1: none)
+ * is readable; 1 ready, 2 cfd, 0 timeout, -1 error. */
+static int wait_fd(int fd, short events, int64_t deadline, int cfd)
 {
-    struct pollfd p = {fd, events, 0};
+    struct pollfd p[2] = {{fd, events, 0}, {cfd, POLLIN, 0}};
 
     for (;;) {
         int64_t left = deadline == DLOCK__FOREVER ? -1
                                                   : deadline - dlock__now_ms();
         if (deadline != DLOCK__FOREVER && left <= 0)
             return 0;
-        int r = poll(&p, 1, left > 60000 || left < 0 ? 60000 : (int)left);
-        if (r > 0)
+        int r = poll(p, 2, left > 60000 || left < 0 ? 60000 : (int)left);
+        if (r > 0 && p[0].revents)
             return 1;
+        if (r > 0)
+            return 2;
         if (r < 0 && errno != EINTR)
             return -1;
     }
+}
+
+/* Asks the server to end the statement running on cn (a wait: it fails
+ * with SQLSTATE 57014). 0, or -1 when the request could not be sent. */
+static int cancel_statement(pg_conn *cn)
+{
+    PGcancel *cc = PQgetCancel(cn->pg);
+    char buf[256];
+    int ok = cc && PQcancel(cc, buf, sizeof(buf));
+
+    if (cc)
+        PQfreeCancel(cc);
+    return ok ? 0 : -1;
 }
 
 void dlock__pg_conn_free(pg_conn *cn)
@@ -158,6 +173,7 @@ static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
     if (!cn)
         return dlock__pg_enomem();
     pthread_mutex_init(&cn->mu, NULL);
+    cn->cfd = -1;
     cn->pg = PQconnectStartParams(ps->keys, (const char *const *)ps->vals,
                                   0);
     if (!cn->pg) {
@@ -178,7 +194,7 @@ static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
         }
         int r = wait_fd(PQsocket(cn->pg),
                         st == PGRES_POLLING_READING ? POLLIN : POLLOUT,
-                        deadline);
+                        deadline, -1);
         if (r <= 0) {
             rc = dlock__err(DLOCK_ECONN, "postgres %s: connecting: no "
                                          "answer in time",
@@ -422,10 +438,21 @@ static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
             continue;
         }
         int r = wait_fd(PQsocket(cn->pg), f == 1 ? POLLIN | POLLOUT : POLLIN,
-                        deadline);
+                        deadline, cn->cancel_sent ? -1 : cn->cfd);
         if (r == 0) {
             PQclear(keep);
             return timeout_error(ps, cn, what);
+        }
+        if (r == 2) {
+            /* dlock_cancel(): the wait's statement is ended by the
+             * server (57014), whose answer follows; a request that could
+             * not be sent: the connection is given up, which ends it */
+            cn->cancel_sent = 1;
+            if (cancel_statement(cn) != 0) {
+                PQclear(keep);
+                return timeout_error(ps, cn, what);
+            }
+            continue;
         }
         if (r < 0 || !PQconsumeInput(cn->pg))
             goto broken;

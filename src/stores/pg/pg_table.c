@@ -650,4 +650,5 @@ const dlock__backend dlock__backend_pg = {
     pg_list,            /* list */
     pg_evict,           /* evict */
     NULL,               /* evict_unsupported */
+    NULL, /* cancel */
 };

@@ -867,4 +867,5 @@ const dlock__backend dlock__backend_redis = {
     dlock__redis_list,          /* list: redis_operate.c */
     dlock__redis_evict,         /* evict */
     NULL,                       /* evict_unsupported */
+    NULL, /* cancel */
 };

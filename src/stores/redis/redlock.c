@@ -658,4 +658,5 @@ const dlock__backend dlock__backend_redlock = {
     dlock__redlock_list,     /* list */
     dlock__redlock_evict,    /* evict */
     NULL,                    /* evict_unsupported */
+    NULL, /* cancel */
 };

@@ -308,7 +308,7 @@ int dlock__sq_turn(sq_store *ss, const char *what)
         e = errno;
     else
         e = dlock__file_kwait(ss->sidefd, F_WRLCK, SQW_WRITER,
-                              dlock__now_ms() + ss->timeout_ms);
+                              dlock__now_ms() + ss->timeout_ms, -1);
     if (e == 0)
         return DLOCK_OK;
     return dlock__err(DLOCK_ECONN,
@@ -527,7 +527,8 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
                 break;
             }
             l->retry_ms = left > 0 && left != INT64_MAX ? left : -1;
-            if (once || dlock__now_ms() >= l->deadline) {
+            if (once || dlock__now_ms() >= l->deadline ||
+                dlock__lease_cancelled(l)) {
                 rc = DLOCK_EBUSY;
                 break;
             }
@@ -616,7 +617,7 @@ static int queue_wait(sq_store *ss, dlock__lease *l, sq_wait *w, int once,
                 timer = timer_from(l, left);
             continue;
         }
-        if (dlock__now_ms() >= l->deadline) {
+        if (dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l)) {
             /* the deadline and a hand-over may come together: a head
              * that finds the lock free takes it */
             if (dlock__sqw_pred(w) < 0) {
@@ -701,6 +702,7 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         memset(w, 0, sizeof(*w));
         w->fd = w->lfd = w->bfd = -1;
+        w->cfd = l->cancel_fd;
         w->ticket = -1;
         w->region = rowid;
         queued = dlock__sqw_queued(ss->sidefd, rowid);
@@ -956,4 +958,5 @@ const dlock__backend dlock__backend_sqlite = {
     dlock__sq_list,  /* list */
     dlock__sq_evict, /* evict */
     NULL,            /* evict_unsupported */
+    NULL, /* cancel */
 };

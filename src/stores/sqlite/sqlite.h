@@ -42,6 +42,7 @@ typedef struct sq_wait {
     int64_t region; /* the name's rowid */
     off_t base;     /* region's first byte */
     off_t ticket;   /* ticket byte, or -1 */
+    int cfd;        /* the wait's dlock_cancel() eventfd, or -1 */
 } sq_wait;
 
 /* What a wait on a predecessor ended with (SQW_RUNG: our doorbell rang:
@@ -105,7 +106,7 @@ void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
 int dlock__sqw_marked(int fd, int64_t rowid);
 
 /* Sleeps until `until` (nothing to wait on). */
-void dlock__sqw_sleep(int64_t until);
+void dlock__sqw_sleep(int64_t until, int cfd);
 
 /* Drops w's ticket and channel and closes their descriptors; returns the
  * sidecar's, unlocked, for the caller to keep or close. `wake`: the

@@ -234,11 +234,12 @@ int dlock__sqw_connect(const sq_wait *w, off_t p)
 }
 
 /* Sleeps in poll() on fd until it is readable or `until`: 1 (its events
- * in *rev), 0 at `until`, or a negative errno. */
-static int poll_until(int fd, int64_t until, short *rev)
+ * in *rev), 0 at `until` or when cfd (a cancel's eventfd; -1: none) is
+ * readable, or a negative errno. */
+static int poll_until(int fd, int cfd, int64_t until, short *rev)
 {
     for (;;) {
-        struct pollfd pf = {fd, POLLIN, 0};
+        struct pollfd pf[2] = {{fd, POLLIN, 0}, {cfd, POLLIN, 0}};
         int ms = -1, n;
         if (until != DLOCK__FOREVER) {
             int64_t left = until - dlock__now_ms();
@@ -246,11 +247,13 @@ static int poll_until(int fd, int64_t until, short *rev)
                 return 0;
             ms = left > INT_MAX ? INT_MAX : (int)left;
         }
-        n = poll(&pf, 1, ms);
-        if (n > 0) {
-            *rev = pf.revents;
+        n = poll(pf, 2, ms);
+        if (n > 0 && pf[0].revents) {
+            *rev = pf[0].revents;
             return 1;
         }
+        if (n > 0)
+            return 0; /* cancelled */
         if (n < 0 && errno != EINTR)
             return -errno;
     }
@@ -262,7 +265,7 @@ static int bell_wait(const sq_wait *w, int64_t until)
 {
     char b[16];
     short rev = 0;
-    int n = poll_until(w->bfd, until, &rev);
+    int n = poll_until(w->bfd, w->cfd, until, &rev);
 
     if (n <= 0)
         return n == 0 ? SQW_TIMEOUT : n;
@@ -278,7 +281,9 @@ static int bell_wait(const sq_wait *w, int64_t until)
 static int chan_or_bell(const sq_wait *w, int c, int64_t until)
 {
     for (;;) {
-        struct pollfd pf[2] = {{c, POLLIN, 0}, {w->bfd, POLLIN, 0}};
+        /* a negative fd (no doorbell, no cancel) is ignored by poll() */
+        struct pollfd pf[3] = {
+            {c, POLLIN, 0}, {w->bfd, POLLIN, 0}, {w->cfd, POLLIN, 0}};
         int ms = -1, n;
         if (until != DLOCK__FOREVER) {
             int64_t left = until - dlock__now_ms();
@@ -286,11 +291,13 @@ static int chan_or_bell(const sq_wait *w, int c, int64_t until)
                 return SQW_TIMEOUT;
             ms = left > INT_MAX ? INT_MAX : (int)left;
         }
-        n = poll(pf, w->bfd >= 0 ? 2 : 1, ms);
+        n = poll(pf, 3, ms);
         if (n < 0 && errno != EINTR)
             return -errno;
         if (n <= 0)
             continue;
+        if (!pf[0].revents && !pf[1].revents)
+            return SQW_TIMEOUT; /* cancelled: as at the deadline */
         if (pf[0].revents) {
             char b;
             /* a byte with no end of file behind it: p released (a ring
@@ -313,7 +320,7 @@ int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
          * before its byte was unlocked): p's byte, in the kernel, which
          * tells a release and a death alike (a doorbell would hear only
          * the release) */
-        int e = dlock__file_kwait(w->fd, F_RDLCK, p, until);
+        int e = dlock__file_kwait(w->fd, F_RDLCK, p, until, w->cfd);
         if (e == ETIMEDOUT)
             return SQW_TIMEOUT;
         if (e)
@@ -334,7 +341,7 @@ int dlock__sqw_bell(const sq_wait *w, int64_t until)
     /* the mark says "the holder has no ticket here" to dlock_inspect() */
     lk(w->fd, F_OFD_SETLK, F_RDLCK, mark, 1);
     if (w->bfd < 0)
-        dlock__sqw_sleep(until);
+        dlock__sqw_sleep(until, w->cfd);
     else
         ev = bell_wait(w, until);
     lk(w->fd, F_OFD_SETLK, F_UNLCK, mark, 1);
@@ -348,16 +355,17 @@ int dlock__sqw_marked(int fd, int64_t rowid)
     return first_conflict(fd, mark, mark + 1) >= 0;
 }
 
-void dlock__sqw_sleep(int64_t until)
+void dlock__sqw_sleep(int64_t until, int cfd)
 {
+    struct pollfd pf = {cfd, POLLIN, 0}; /* cfd < 0: ignored */
+
     for (;;) {
         int64_t left = until == DLOCK__FOREVER ? INT_MAX
                                                : until - dlock__now_ms();
         if (left <= 0)
             return;
-        (void)poll(NULL, 0, left > INT_MAX ? INT_MAX : (int)left);
-        if (until == DLOCK__FOREVER)
-            continue;
+        if (poll(&pf, 1, left > INT_MAX ? INT_MAX : (int)left) > 0)
+            return; /* cancelled */
     }
 }
 
@@ -388,6 +396,7 @@ void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
     if (after < 0 || after >= SQW_MARK)
         return;
     memset(&w, 0, sizeof(w));
+    w.cfd = -1;
     w.fd = fd;
     w.dev = dev;
     w.ino = ino;

@@ -73,7 +73,7 @@ static int zk_acquire(void *st, dlock__lease *l, int64_t op_deadline)
              * the queue again, at its end, while the wait lasts */
             taken++;
             attempt--;
-            if (dlock__now_ms() < l->deadline)
+            if (dlock__now_ms() < l->deadline && !dlock__lease_cancelled(l))
                 continue;
             l->retry_ms = -1;
             return dlock__err(DLOCK_EBUSY,
@@ -89,7 +89,8 @@ static int zk_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         rc = dlock__err(DLOCK_ECONN, "zk %s: the session expired while "
                                      "waiting", zs->redacted);
-        if (dlock__now_ms() >= l->deadline && l->deadline != DLOCK__FOREVER)
+        if ((dlock__now_ms() >= l->deadline && l->deadline != DLOCK__FOREVER) ||
+            dlock__lease_cancelled(l))
             break;
     }
     return rc;
@@ -519,6 +520,16 @@ static int zk_open(void **out, dlock_client *c, const dlock__uri *u,
     return DLOCK_OK;
 }
 
+/* dlock_cancel(): the waits sleep on zs->cv; each looks at its lease. */
+static void zk_cancel(void *st)
+{
+    zk_store *zs = st;
+
+    pthread_mutex_lock(&zs->mu);
+    pthread_cond_broadcast(&zs->cv);
+    pthread_mutex_unlock(&zs->mu);
+}
+
 const dlock__backend dlock__backend_zk = {
     "zk",                   /* name */
     DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
@@ -541,4 +552,5 @@ const dlock__backend dlock__backend_zk = {
     dlock__zk_list,         /* list */
     dlock__zk_evict,        /* evict */
     NULL,                   /* evict_unsupported */
+    zk_cancel, /* cancel */
 };

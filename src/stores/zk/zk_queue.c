@@ -46,6 +46,14 @@ void dlock__zk_lock_path(const zk_store *zs, const char *name, size_t len,
 }
 
 /* The sequence number at the end of a child's name; -1 if not ours. */
+
+/* The caller's wait is over: its deadline passed, or dlock_cancel() asked
+ * (zk_cancel() wakes the sleepers on zs->cv to see it). */
+static int wait_ended_now(const dlock__lease *l)
+{
+    return dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l);
+}
+
 static long long child_seq(const char *name)
 {
     size_t n = strlen(name);
@@ -319,7 +327,7 @@ static int watch_holders(zk_store *zs, zk_session *s, const char *parent,
             outcome = 1;
         else if (s->state == S_CONNECTING && s->declared_lost)
             outcome = 3;
-        else if (dlock__now_ms() >= l->deadline)
+        else if (wait_ended_now(l))
             outcome = 2;
         else
             dlock__cond_wait_until(&zs->cv, &zs->mu, l->deadline);
@@ -475,7 +483,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
         }
         if (l->kind == DLOCK__PERMIT && me == (int32_t)l->permits) {
             /* the head of the waiters: any holder's going lets it in */
-            if (l->deadline <= dlock__now_ms()) {
+            if (wait_ended_now(l)) {
                 dlock__zk_op_put(op);
                 give_up_node(zs, s, zl);
                 l->retry_ms = -1;
@@ -497,7 +505,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                  op->kids.data[w_at]);
         dlock__zk_op_put(op);
         op = NULL;
-        if (l->deadline <= dlock__now_ms()) {
+        if (wait_ended_now(l)) {
             give_up_node(zs, s, zl);
             l->retry_ms = -1;
             return DLOCK_EBUSY;
@@ -518,7 +526,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
         if (zrc == ZOK) {
             while (!w.fired && s->state != S_EXPIRED &&
                    !(s->state == S_CONNECTING && s->declared_lost) &&
-                   dlock__now_ms() < l->deadline)
+                   !wait_ended_now(l))
                 dlock__cond_wait_until(&zs->cv, &zs->mu, l->deadline);
             if (w.fired) {
                 outcome = 0;
