@@ -11,7 +11,8 @@ docs/python.md has the whole API.
 from typing import Dict
 
 from ._client import Client, Info, Lock, RWLock
-from ._errors import (AuthenticationFailed, Busy, ConnectionFailed, Deadlock,
+from ._errors import (AuthenticationFailed, Busy, Cancelled, ConnectionFailed,
+                      Deadlock,
                       DlockError, ForkedClient, InvalidArgument, LockLost,
                       NotHeld, NotSupported, OutOfMemory, ProtocolError)
 from ._native import ffi as _ffi
@@ -21,7 +22,7 @@ __all__ = [
     "Client", "Lock", "RWLock", "Info", "DlockError", "Busy", "LockLost",
     "NotHeld", "InvalidArgument", "ForkedClient", "ConnectionFailed",
     "AuthenticationFailed", "ProtocolError", "OutOfMemory", "NotSupported",
-    "Deadlock", "library_version", "stores",
+    "Deadlock", "Cancelled", "library_version", "stores",
 ]
 __version__ = "0.1.0"
 

@@ -7,8 +7,10 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
+from . import _aio
 from . import _native as N
-from ._errors import ForkedClient, InvalidArgument, LockLost, check, error
+from ._errors import (Busy, ForkedClient, InvalidArgument, LockLost, check,
+                      error)
 from ._native import ffi, lib
 
 Name = Union[str, bytes]
@@ -44,6 +46,13 @@ def _name(name: Name) -> bytes:
         return bytes(name)
     raise InvalidArgument("a lock name is str or bytes, not %s"
                           % type(name).__name__, N.EINVAL)
+
+
+def _error_of(rc: int, msg: str) -> Exception:
+    """The exception of code rc with a message read elsewhere (a worker
+    thread's dlock_errmsg())."""
+    from ._errors import _BY_CODE, DlockError
+    return _BY_CODE.get(rc, DlockError)(msg, rc)
 
 
 def _text(b: bytes) -> Union[str, bytes]:
@@ -100,6 +109,7 @@ class Client:
                  timeout: Optional[float] = None) -> None:
         self._c = ffi.NULL
         self._pid = os.getpid()
+        self._workers: Optional[_aio.Workers] = None
         # handles dropped inside their own lost-lock callback, each with its
         # cffi callback (kept alive until the handle is closed)
         self._deferred: List[Tuple[Any, Any]] = []
@@ -161,6 +171,11 @@ class Client:
             return "<dlock.Client closed>"
         return "<dlock.Client %s>" % ffi.string(
             lib.dlock_client_store(self._c)).decode()
+
+    def _aio_workers(self) -> "_aio.Workers":
+        if self._workers is None:
+            self._workers = _aio.Workers()
+        return self._workers
 
     # -- locks --
     def lock(self, name: Name, ttl: Optional[float] = None, *,
@@ -288,6 +303,8 @@ class Lock:
         check(lib.dlock_open(out, client._check(), _name(name), opts))
         self._l = out[0]
         self._name = _name(name)
+        self._opts = opts  # for the handles of asyncio tasks
+        self._tasks = _aio.TaskHolds()
 
     def _lost(self, _l: Any, token: int, _arg: Any) -> None:
         # on the client's background thread
@@ -357,25 +374,126 @@ class Lock:
         makes it the lease the watchdog renews to)."""
         check(lib.dlock_extend(self._h(), _ms(ttl, "ttl", False)))
 
+    def _mine(self) -> Any:
+        """The handle of the caller's hold: its asyncio task's, inside a
+        task that holds through this lock, else the thread's."""
+        h = self._h()
+        t = self._tasks.current()
+        return t[0] if t is not None else h
+
     @property
     def token(self) -> int:
-        """The fencing token of the calling thread's hold (0: none)."""
-        return int(lib.dlock_token(self._h()))
+        """The fencing token of the caller's hold (0: none): the calling
+        thread's, or inside an asyncio task that holds it, the task's."""
+        return int(lib.dlock_token(self._mine()))
 
     @property
     def held(self) -> bool:
-        """Whether the calling thread holds the lock (and has not lost it)."""
-        return bool(lib.dlock_held(self._h()) > 0)
+        """Whether the caller (thread, or asyncio task) holds the lock and
+        has not lost it."""
+        return bool(lib.dlock_held(self._mine()) > 0)
 
     @property
     def lost(self) -> bool:
-        """Whether the calling thread's hold was lost and awaits release()."""
-        return bool(lib.dlock_held(self._h()) == N.ELOST)
+        """Whether the caller's hold was lost and awaits release()."""
+        return bool(lib.dlock_held(self._mine()) == N.ELOST)
 
     @property
     def hold_count(self) -> int:
-        """The calling thread's reentrant hold count (0: not held)."""
-        return max(0, int(lib.dlock_held(self._h())))
+        """The caller's reentrant hold count (0: not held)."""
+        return max(0, int(lib.dlock_held(self._mine())))
+
+    # -- asyncio: each task an owner (_aio.py) --
+    def _task_entry(self) -> List[Any]:
+        import asyncio
+        task = asyncio.current_task()
+        if task is None:
+            raise InvalidArgument("the async methods run inside an asyncio "
+                                  "task", N.EINVAL)
+        self._h()
+        e = self._tasks.by_task.get(task)
+        if e is None:
+            opts = ffi.new("dlock_options *", self._opts[0])
+            opts.flags |= N.OWNER_HANDLE
+            out = ffi.new("dlock **")
+            check(lib.dlock_open(out, self._client._check(), self._name,
+                                 opts))
+            e = [out[0], 0, 0]  # handle, hold count, token
+            self._tasks.by_task[task] = e
+        return e
+
+    def _task_done(self, e: List[Any]) -> None:
+        if e[1] == 0:
+            for t, v in list(self._tasks.by_task.items()):
+                if v is e:
+                    del self._tasks.by_task[t]
+            lib.dlock_close(e[0])
+
+    async def _acquire_async(self, what: str, timeout: Optional[float],
+                             blocking: bool) -> bool:
+        wait = 0 if not blocking else _ms(timeout, "timeout", True)
+        e = self._task_entry()
+        try:
+            rc, msg, tok = await _aio.run(self._client._aio_workers(), e[0],
+                                          what, wait)
+        except BaseException:
+            self._task_done(e)
+            raise
+        if rc == N.EBUSY:
+            self._task_done(e)
+            return False
+        if rc != 0:
+            self._task_done(e)
+            raise _error_of(rc, msg)
+        e[1] += 1
+        e[2] = tok
+        return True
+
+    async def acquire_async(self, timeout: Optional[float] = None, *,
+                            blocking: bool = True) -> bool:
+        """acquire() for asyncio: the calling task is the owner (its own
+        hold, reentrant), and the wait does not block the event loop. A
+        cancelled task leaves no hold and no place in the store's queue."""
+        return await self._acquire_async("acquire", timeout, blocking)
+
+    async def acquire_shared_async(self, timeout: Optional[float] = None, *,
+                                   blocking: bool = True) -> bool:
+        """acquire_shared() for asyncio, as acquire_async()."""
+        return await self._acquire_async("shared", timeout, blocking)
+
+    async def release_async(self) -> None:
+        """release() for asyncio: one level of the calling task's hold.
+        Raises LockLost when the hold had been lost (roll back)."""
+        import asyncio
+        task = asyncio.current_task()
+        e = self._tasks.by_task.get(task) if task is not None else None
+        if e is None or e[1] == 0:
+            raise _error_of(N.ENOTHELD, "lock %r is not held by this task"
+                            % (self.name,))
+        rc, msg, _ = await _aio.run(self._client._aio_workers(), e[0],
+                                    "release")
+        e[1] -= 1
+        tok = e[2]
+        if e[1] == 0:
+            e[2] = 0
+            self._task_done(e)
+        if rc == N.ELOST:
+            err = _error_of(rc, msg)
+            assert isinstance(err, LockLost)
+            err.token = tok
+            raise err
+        if rc != 0:
+            raise _error_of(rc, msg)
+
+    async def __aenter__(self) -> "Lock":
+        if not await self.acquire_async(None if self._timeout < 0
+                                        else self._timeout / 1000.0):
+            raise _error_of(N.EBUSY, "lock %r was held by another owner "
+                            "for the whole wait" % (self.name,))
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release_async()
 
     def close(self) -> None:
         """Frees the handle; any hold still made through it is released
@@ -385,6 +503,9 @@ class Lock:
         l, self._l = self._l, ffi.NULL
         if self._client._pid != os.getpid():
             return
+        for e in self._tasks.by_task.values():
+            lib.dlock_close(e[0])
+        self._tasks.by_task.clear()
         if getattr(_in_callback, "on", False):
             self._client._deferred.append((l, self._cb))
         else:
@@ -430,6 +551,24 @@ class _ReadView:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+    async def acquire_async(self, timeout: Optional[float] = None, *,
+                            blocking: bool = True) -> bool:
+        return await self._lock.acquire_shared_async(timeout,
+                                                     blocking=blocking)
+
+    async def release_async(self) -> None:
+        await self._lock.release_async()
+
+    async def __aenter__(self) -> "_ReadView":
+        t = self._lock._timeout
+        if not await self.acquire_async(None if t < 0 else t / 1000.0):
+            raise _error_of(N.EBUSY, "lock %r was held by a writer for "
+                            "the whole wait" % (self._lock.name,))
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release_async()
 
 
 class RWLock:

@@ -94,11 +94,18 @@ class Deadlock(DlockError):
     code = -10
 
 
+class Cancelled(DlockError):
+    """DLOCK_ECANCELED: dlock_cancel() ended the wait (the asyncio layer
+    turns it into the task's own CancelledError)."""
+
+    code = -11
+
+
 _BY_CODE: Dict[int, Type[DlockError]] = {
     c.code: c
     for c in (Busy, LockLost, NotHeld, InvalidArgument, ConnectionFailed,
               AuthenticationFailed, ProtocolError, OutOfMemory, NotSupported,
-              Deadlock)
+              Deadlock, Cancelled)
 }
 
 

@@ -55,6 +55,7 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
 int dlock_acquire(dlock *l, int64_t wait_ms);
 int dlock_acquire_shared(dlock *l, int64_t wait_ms);
 int dlock_release(dlock *l);
+int dlock_cancel(dlock *l);
 int dlock_extend(dlock *l, int64_t ttl_ms);
 uint64_t dlock_token(const dlock *l);
 int dlock_held(const dlock *l);
@@ -99,3 +100,4 @@ OWNER_HANDLE = 0x8
 LIST_FREE = 0x1
 EOK, EBUSY, ELOST, ENOTHELD, EINVAL, ECONN = 0, -1, -2, -3, -4, -5
 EAUTH, EPROTO, ENOMEM, ENOTSUP, EDEADLK = -6, -7, -8, -9, -10
+ECANCELED = -11
