@@ -49,12 +49,12 @@
 
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
-       SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_N };
+       SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_CANCELS, SC_N };
 static const char *const sc_name[SC_N] = {
     "none",      "kill",        "stop",        "restart",
     "partition", "slow",        "clock",       "waiter-kill",
     "waiter-stop", "short-waits", "handover-restart", "conn-kill",
-    "restart-now", "break",     "failover",    "reshard"};
+    "restart-now", "break",     "failover",    "reshard",     "cancels"};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
        ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_CLUSTER, ST_N };
@@ -71,19 +71,19 @@ static const char *const st_name[ST_N] = {
 static const int expected[ST_N][SC_N] = {
     /*            none kill stop restart partition slow clock
      *            waiter-kill waiter-stop short-waits handover-restart
-     *            conn-kill restart-now break failover reshard */
-    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA, NA, NA},
-    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA},
-    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F, NA, NA},
-    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA},
-    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F, NA, NA},
-    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F, NA, NA},
-    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F, NA, NA},
-    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F, NA, NA},
+     *            conn-kill restart-now break failover reshard cancels */
+    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA, NA, NA, H},
+    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA, H},
+    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F, NA, NA, H},
+    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA, H},
+    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA, H},
+    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F, NA, NA, H},
+    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F, NA, NA, H},
+    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F, NA, NA, H},
+    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F, NA, NA, H},
     /* sentinel: restart = the primary SIGKILLed, a replica promoted;
      * failover = SENTINEL FAILOVER (the old primary demoted) */
-    /* sentinel*/ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F, NA},
+    /* sentinel*/ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F, NA, H},
     /* cluster: the same Redis store, its lock's slot on one of three
      * primaries (one replica each): restart = the slot's primary
      * SIGKILLed, its replica takes over after cluster-node-timeout;
@@ -91,7 +91,7 @@ static const int expected[ST_N][SC_N] = {
      * moved to another primary (MIGRATE), its record with it (under
      * --mixed a read hold there is declared lost: expect()). A manual
      * CLUSTER FAILOVER waits until the replica has caught up: held */
-    /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, H, H},
+    /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, H, H, H},
 };
 #undef H
 #undef L
@@ -881,6 +881,7 @@ static void run_one(store *st, int sc, cell *out)
     s->flags = 0;
     s->wait_ms = 3000;
     s->short_waits = sc == SC_SHORT;
+    s->cancels = sc == SC_CANCELS;
     s->mixed = mixed;
     s->delay_us = 200;
     s->max_holds_per_worker = quick ? 400 : 1000;
@@ -904,19 +905,23 @@ static void run_one(store *st, int sc, cell *out)
             th_sleep_ms(10);
     wait_accepted(&r, 0, quick ? 10 : 30, 10000);
 
-    if (sc == SC_NONE || sc == SC_SHORT)
+    if (sc == SC_NONE || sc == SC_SHORT || sc == SC_CANCELS)
         wait_accepted(&r, accepted(&r), quick ? 100 : 400,
                       quick ? 3000 : 8000);
     if (sc == SC_SHORT)
         snprintf(note, sizeof(note), "waits of 1-10 ms, ending as the lock "
                                      "is handed over");
+    if (sc == SC_CANCELS)
+        snprintf(note, sizeof(note), "waits cancelled every 1-10 ms "
+                                     "(dlock_cancel), as releases hand over");
     /* a client of the controller's own, to find the queue's head */
     dlock_client *ctl = NULL;
     if (sc == SC_WKILL || sc == SC_WSTOP || sc == SC_HRESTART ||
         sc == SC_BREAK)
         if (dlock_client_open(&ctl, st->uri, NULL) != DLOCK_OK)
             ctl = NULL;
-    for (int round = 0; sc != SC_NONE && sc != SC_SHORT && round < rounds &&
+    for (int round = 0; sc != SC_NONE && sc != SC_SHORT && sc != SC_CANCELS &&
+                        round < rounds &&
                         !inconclusive;
          round++) {
         char rnote[256] = "";

@@ -103,6 +103,8 @@ typedef struct sf_shared {
     int64_t wait_ms;         /* acquire wait */
     int short_waits;         /* waits of 1..10 ms instead (they keep
                               * ending as the lock is handed over) */
+    int cancels;             /* each worker's waits are dlock_cancel()ed
+                              * every 1..10 ms by a thread of its own */
     int mixed;               /* two holds in three are read holds */
     int64_t delay_us;        /* between read and write */
     int max_holds_per_worker;

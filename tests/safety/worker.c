@@ -7,6 +7,7 @@
 #include "safety.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,29 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
         __atomic_store_n(&s->victim_done, 1, __ATOMIC_SEQ_CST);
 }
 
+/* The cancels scenario: a thread of the worker that cancels the worker's
+ * waits (its handle's) every 1..10 ms; a wait it ends returns
+ * DLOCK_ECANCELED, having left the queue, or DLOCK_OK if the lock came
+ * first. */
+typedef struct canceller {
+    sf_shared *s;
+    dlock *l;
+    int stop;
+} canceller;
+
+static void *cancel_thread(void *arg)
+{
+    canceller *cn = arg;
+    unsigned seed = (unsigned)getpid();
+
+    while (!__atomic_load_n(&cn->stop, __ATOMIC_SEQ_CST) &&
+           !stopping(cn->s)) {
+        sf_sleep_us(1000 + rand_r(&seed) % 9000);
+        dlock_cancel(cn->l);
+    }
+    return NULL;
+}
+
 int sf_worker_main(const char *path, int id)
 {
     int fd = open(path, O_RDWR);
@@ -167,6 +191,10 @@ int sf_worker_main(const char *path, int id)
         return 3;
     }
     __atomic_store_n(&me->opened, 1, __ATOMIC_SEQ_CST);
+    canceller cn = {s, l, 0};
+    pthread_t cth;
+    int cstarted = s->cancels &&
+                   pthread_create(&cth, NULL, cancel_thread, &cn) == 0;
 
     for (uint32_t seq = 0;
          (int)seq < s->max_holds_per_worker && !stopping(s); seq++) {
@@ -179,8 +207,8 @@ int sf_worker_main(const char *path, int id)
         __atomic_store_n(&me->in_acquire, 0, __ATOMIC_SEQ_CST);
         if (rc == DLOCK_OK) {
             one_hold(s, &ws, l, id, seq, t_call, shared);
-        } else if (rc == DLOCK_EBUSY) {
-            me->busy++;
+        } else if (rc == DLOCK_EBUSY || rc == DLOCK_ECANCELED) {
+            me->busy++; /* gave up (the cancels scenario: made to) */
         } else {
             me->errors++;
             snprintf(me->last_err, sizeof(me->last_err), "acquire: %s: %s",
@@ -190,6 +218,10 @@ int sf_worker_main(const char *path, int id)
             sf_sleep_us(20000); /* a store down: do not spin */
         }
         sf_sleep_us(rand() % 1000);
+    }
+    if (cstarted) {
+        __atomic_store_n(&cn.stop, 1, __ATOMIC_SEQ_CST);
+        pthread_join(cth, NULL);
     }
     dlock_close(l);
     dlock_client_close(c);
