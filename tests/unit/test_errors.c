@@ -90,7 +90,7 @@ TEST(errname_matches)
 
 TEST(unknown_codes)
 {
-    static const int unknown[] = {1, 2, 42, -11, -12, -100, INT_MAX, INT_MIN};
+    static const int unknown[] = {1, 2, 42, -12, -13, -100, INT_MAX, INT_MIN};
 
     for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
         CHECK_STR(dlock_strerror(unknown[i]), "unknown error code");
