@@ -334,7 +334,10 @@ static long long query_v(th_sql *s, int must, char *out, size_t cap,
         char conninfo[900];
         snprintf(conninfo, sizeof(conninfo),
                  "host=%s port=%d user=dlock dbname=postgres "
-                 "connect_timeout=3",
+                 /* the harness's own connection, checking nothing of
+                  * the library: 10 s (3 s ran out under CI's stress-ng,
+                  * beside the Python suites' servers) */
+                 "connect_timeout=10",
                  s->dir, s->port);
         PGconn *pg = PQconnectdb(conninfo);
         if (PQstatus(pg) != CONNECTION_OK) {
@@ -477,7 +480,7 @@ long long th_pgb_try(th_pgb *b, char *out, size_t cap, const char *fmt, ...)
     va_end(ap);
     snprintf(conninfo, sizeof(conninfo),
              "host=127.0.0.1 port=%d user=dlock password=dlock-secret "
-             "dbname=postgres connect_timeout=3",
+             "dbname=postgres connect_timeout=10",
              b->port);
     PGconn *pg = PQconnectdb(conninfo);
     if (PQstatus(pg) != CONNECTION_OK) {
