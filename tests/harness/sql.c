@@ -433,6 +433,68 @@ long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt, ...)
     return v;
 }
 
+#ifdef TH_MYSQL
+static MYSQL *kept_open(th_sql *s)
+{
+    char sock[700];
+    unsigned timeout = 10;
+    MYSQL *m = mysql_init(NULL);
+
+    snprintf(sock, sizeof(sock), "%s/mysql.sock", s->dir);
+    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
+    if (!mysql_real_connect(m, "localhost", "root", NULL, "dlocktest", 0,
+                            sock, 0))
+        th_fail(__FILE__, __LINE__, "mysql: %s", mysql_error(m));
+    return m;
+}
+#endif
+
+long long th_sql_read(th_sql *s, const char *fmt, ...)
+{
+    long long v = -1;
+    char sql[8192];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof(sql), fmt, ap);
+    va_end(ap);
+    if (strcmp(s->kind, "mysql") != 0)
+        th_fail(__FILE__, __LINE__, "th_sql_read: MariaDB only");
+#ifdef TH_MYSQL
+    if (s->kept && s->kept_pid != getpid())
+        s->kept = NULL; /* our parent's: left to it */
+    /* twice at most: a session the server closed (a restart) is opened
+     * again once */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!s->kept) {
+            s->kept = kept_open(s);
+            s->kept_pid = getpid();
+        }
+        MYSQL *m = s->kept;
+        if (mysql_query(m, sql) != 0) {
+            unsigned e = mysql_errno(m);
+            if (attempt == 0 && (e == 2006 || e == 2013)) {
+                mysql_close(m);
+                s->kept = NULL;
+                continue;
+            }
+            th_fail(__FILE__, __LINE__, "mysql: %s: %s", sql, mysql_error(m));
+        }
+        MYSQL_RES *res = mysql_store_result(m);
+        if (res) {
+            MYSQL_ROW row = mysql_fetch_row(res);
+            if (row && row[0])
+                v = strtoll(row[0], NULL, 10);
+            mysql_free_result(res);
+        } else {
+            v = (long long)mysql_affected_rows(m);
+        }
+        break;
+    }
+#endif
+    return v;
+}
+
 /* ------------------------------------------------------------------------ */
 /* PgBouncer                                                                */
 /* ------------------------------------------------------------------------ */

@@ -137,9 +137,9 @@ static long long sleepers(const char *what)
     const char *like = !strcmp(what, "gate")    ? "INSERT INTO%GET_LOCK(@dlock_g, @dlock_w)%"
                        : !strcmp(what, "drain") ? "SELECT COUNT(IF(GET_LOCK(%"
                                                 : "SELECT GET_LOCK(%RELEASE_LOCK(%";
-    return th_sql_query(&srv, NULL, 0,
-                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
-                        "WHERE STATE = 'User lock' AND INFO LIKE '%s'",
+    return th_sql_read(
+        &srv, "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+        "WHERE STATE = 'User lock' AND INFO LIKE '%s'",
                         like);
 }
 
@@ -269,12 +269,13 @@ static long long hold_locked(const char *name, const char *owner)
                         hex, ohex);
 }
 
-/* Statements the server has been sent (this reading one included). */
+/* Statements the server has been sent (this reading one included; one
+ * per reading, through the harness's kept session: th_sql_read). */
 static long long questions(void)
 {
-    return th_sql_query(&srv, NULL, 0,
-                        "SELECT VARIABLE_VALUE FROM information_schema."
-                        "GLOBAL_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
+    return th_sql_read(
+        &srv, "SELECT VARIABLE_VALUE FROM information_schema."
+        "GLOBAL_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
 }
 
 /* Kills the holder `pid` while a waiter sleeps on its hold lock (the
