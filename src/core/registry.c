@@ -60,6 +60,15 @@
 #define IN_MYSQL NULL
 #endif
 
+/* rediss:// is the Redis store's, when it was built with OpenSSL */
+#ifdef DLOCK_HAVE_REDIS_TLS
+#define IN_REDISS IN_REDIS
+#define HAVE_REDISS HAVE_REDIS
+#else
+#define IN_REDISS NULL
+#define HAVE_REDISS 0
+#endif
+
 /* the stores configured into this build (built in or as a module) */
 #ifdef DLOCK_HAVE_REDIS
 #define HAVE_REDIS 1
@@ -108,6 +117,8 @@ typedef struct {
 static const store stores[] = {
     {"file", NULL, "file", "file", "", &dlock__backend_file, 1},
     {"redis", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
+    {"rediss", "redis", "redis", "Redis over TLS", LIBREDIS " and libssl-dev",
+     IN_REDISS, HAVE_REDISS},
     {"unix", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
     {"redis-sentinel", "redis", "redis", "Redis", LIBREDIS, IN_REDIS,
      HAVE_REDIS},

@@ -700,9 +700,10 @@ static int parse_replicas(redis_store *rs, const dlock__uri *u)
 
 static int parse_config(redis_store *rs, const dlock__uri *u)
 {
-    static const char *const params[] = {"prefix", "timeout", "db",
-                                         "min_replicas", "replica_timeout",
-                                         NULL};
+    static const char *const params[] = {
+        "prefix", "timeout", "db", "min_replicas", "replica_timeout",
+        /* TLS: dlock__rtls_params (redis_io.h) */
+        "tls", "cacert", "cert", "key", "sni", "insecure", NULL};
     const char *db = dlock__uri_param(u, "db");
     int rc = dlock__uri_check_params(u, params);
 
@@ -730,18 +731,21 @@ static int parse_config(redis_store *rs, const dlock__uri *u)
         snprintf(rs->where, sizeof(rs->where), "redis unix:%.250s",
                  rs->path);
     } else {
+        if (u->nhosts > 1)
+            return dlock__err(DLOCK_EINVAL,
+                              "%s:// takes one host (for several, use "
+                              "redlock://)",
+                              u->scheme);
         if (u->nhosts != 1)
             return dlock__err(DLOCK_EINVAL,
-                              u->nhosts ? "redis:// takes one host (for "
-                                          "several, use redlock://)"
-                                        : "redis:// needs a host: "
-                                          "redis://host[:port]");
+                              "%s:// needs a host: %s://host[:port]",
+                              u->scheme, u->scheme);
         if (!(rs->host = strdup(u->hosts[0].host)))
             return dlock__err(DLOCK_ENOMEM, "out of memory");
         rs->port = u->hosts[0].port ? u->hosts[0].port : DEFAULT_PORT;
         snprintf(rs->where, sizeof(rs->where),
-                 strchr(rs->host, ':') ? "redis [%.200s]:%d" : "redis %.200s:%d",
-                 rs->host, rs->port);
+                 strchr(rs->host, ':') ? "%s [%.200s]:%d" : "%s %.200s:%d",
+                 u->scheme, rs->host, rs->port);
         if (u->path[0] && strcmp(u->path, "/") != 0) {
             if (db)
                 return dlock__err(DLOCK_EINVAL,

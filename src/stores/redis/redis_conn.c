@@ -83,7 +83,7 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
 {
     int64_t ms = budget(t, deadline);
     redisContext *ctx;
-    char phost[256];
+    char phost[256], why[256];
     int pport = 0, role = -1;
     uint64_t pgen = 0;
     int n, rc = DLOCK_OK;
@@ -94,30 +94,28 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
         if (rc)
             return rc;
         ms = budget(t, deadline);
-        ctx = redisConnectWithTimeout(phost, pport, tv_ms(ms));
-    } else {
-        ctx = t->path ? redisConnectUnixWithTimeout(t->path, tv_ms(ms))
-                      : redisConnectWithTimeout(t->host, t->port, tv_ms(ms));
     }
     if (gen)
         *gen = pgen;
-    if (!ctx)
+    rc = dlock__rio_connect(t->cfg->tls, t->topo ? phost : t->host,
+                            t->topo ? pport : t->port,
+                            t->topo ? NULL : t->path, ms, &ctx, why,
+                            sizeof(why));
+    if (rc == DLOCK_ENOMEM)
         return dlock__err(DLOCK_ENOMEM, "%s: out of memory", t->where);
-    if (ctx->err) {
+    if (rc) {
         if (t->topo) { /* the primary it named is gone: ask again */
             dlock__rtopo_not_primary(t->topo, pgen);
             *asked_again = 1;
             rc = dlock__err(DLOCK_ECONN, "%s: cannot connect to the primary "
                                          "%s:%d: %s",
-                            t->where, phost, pport, ctx->errstr);
+                            t->where, phost, pport, why);
         } else {
             rc = dlock__err(DLOCK_ECONN, "%s: cannot connect: %s", t->where,
-                            ctx->errstr);
+                            why);
         }
-        redisFree(ctx);
         return rc;
     }
-    redisSetTimeout(ctx, tv_ms(ms));
     if (!t->path)
         redisEnableKeepAlive(ctx);
 
@@ -138,16 +136,27 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
         rc = sent == 0 ? dlock__err(DLOCK_ECONN, "%s: no answer within %lld "
                                                  "ms",
                                     t->where, (long long)ms)
-                       : dlock__err(DLOCK_ECONN, "%s: %s", t->where,
-                                    strerror(errno));
-        redisFree(ctx);
+                       : dlock__err(DLOCK_ECONN, "%s: %s%s", t->where,
+                                    strerror(errno),
+                                    !t->cfg->tls && errno == ECONNRESET
+                                        ? " (a TLS port? use rediss://)"
+                                        : "");
+        dlock__rio_free(ctx);
         return rc;
     }
     for (int i = 0; i < total; i++) {
         redisReply *r = NULL;
-        if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
+        if (dlock__rio_get_reply(ctx, (void **)&r) != REDIS_OK || !r) {
             if (rc == DLOCK_OK)
                 rc = dlock__redis_io_failure(t->where, ctx, ms);
+            /* a TLS port answers plain text with an alert, or hangs up */
+            if (!t->cfg->tls && (ctx->err == REDIS_ERR_EOF ||
+                                 ctx->err == REDIS_ERR_PROTOCOL ||
+                                 strstr(ctx->errstr, "reset by peer"))) {
+                char m[256]; /* (the message is rewritten in place) */
+                snprintf(m, sizeof(m), "%s", dlock_errmsg());
+                rc = dlock__err(rc, "%s (a TLS port? use rediss://)", m);
+            }
             break;
         }
         if (rc == DLOCK_OK && i == role) {
@@ -193,7 +202,7 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
         freeReplyObject(r);
     }
     if (rc) {
-        redisFree(ctx);
+        dlock__rio_free(ctx);
         return rc;
     }
     *out = ctx;
@@ -277,10 +286,10 @@ static void conn_fail(dlock__rconn *rc, int code, const char *fmt, ...)
     if (!rc->ctx)
         return;
     if (rc->reading) {
-        shutdown(rc->ctx->fd, SHUT_RDWR); /* ends the reader's recv() */
+        shutdown(rc->ctx->fd, SHUT_RDWR); /* ends the reader's wait */
         rc->dead = 1;
     } else {
-        redisFree(rc->ctx);
+        dlock__rio_free(rc->ctx);
         rc->ctx = NULL;
     }
 }
@@ -313,37 +322,97 @@ static void dispatch(dlock__rconn *rc, redisReply *r)
     }
 }
 
+/* Hands the reader's whole replies to the calls in flight (mu held). */
+static void dispatch_all(dlock__rconn *rc, redisContext *ctx)
+{
+    for (;;) {
+        void *reply = NULL;
+        if (redisReaderGetReply(ctx->reader, &reply) != REDIS_OK) {
+            conn_fail(rc, DLOCK_EPROTO, "%s: protocol error: %s",
+                      rc->t.where, ctx->reader->errstr);
+            return;
+        }
+        if (!reply)
+            return;
+        dispatch(rc, reply);
+        if (!rc->ctx)
+            return;
+    }
+}
+
+/* Waits (mu dropped) until the socket is readable or ms pass: 1, 0 (no
+ * data in time), -1 (errno). A TLS connection's socket is non-blocking,
+ * read under mu once poll() says so; records OpenSSL holds already count
+ * as readable. */
+static int wait_readable(dlock__rconn *rc, redisContext *ctx, int64_t ms)
+{
+    struct pollfd p = {ctx->fd, POLLIN, 0};
+    int r;
+
+    if (dlock__rio_pending(ctx))
+        return 1;
+    pthread_mutex_unlock(&rc->mu);
+    do
+        r = poll(&p, 1, (int)ms);
+    while (r < 0 && errno == EINTR);
+    pthread_mutex_lock(&rc->mu);
+    return r;
+}
+
 /* Reads what the server sent, once, waiting at most until `until` or
  * until the oldest call in flight has waited the whole client timeout
- * (then the connection is declared dead). mu held; dropped in recv(). */
+ * (then the connection is declared dead). mu held; dropped in recv() (a
+ * plain socket) or in poll() (TLS: OpenSSL's calls all run under mu, so
+ * that no two threads use the SSL object at once). */
 static void read_once(dlock__rconn *rc, int64_t until)
 {
     int64_t oldest = rc->head->sent + rc->t.cfg->timeout_ms;
     int64_t now = dlock__now_ms();
     int64_t ms = (oldest < until ? oldest : until) - now;
     redisContext *ctx = rc->ctx;
+    int tls = dlock__rio_is_tls(ctx);
     char buf[READ_CHUNK];
-    ssize_t r;
-    int err;
+    ssize_t r = -1;
+    int err = EAGAIN;
 
     if (ms < 1)
         ms = 1;
-    if (rc->rcvtimeo < ms * 9 / 10 || rc->rcvtimeo > ms * 11 / 10) {
+    if (!tls &&
+        (rc->rcvtimeo < ms * 9 / 10 || rc->rcvtimeo > ms * 11 / 10)) {
         struct timeval tv = tv_ms(ms);
         setsockopt(ctx->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         rc->rcvtimeo = ms;
     }
     rc->reading = 1;
-    pthread_mutex_unlock(&rc->mu);
-    do
-        r = recv(ctx->fd, buf, sizeof(buf), 0);
-    while (r < 0 && errno == EINTR);
-    err = errno;
-    pthread_mutex_lock(&rc->mu);
+    if (tls) {
+        int w = wait_readable(rc, ctx, ms);
+        if (w < 0)
+            err = errno;
+        if (w > 0 && !rc->dead) {
+            rc->reading = 0;
+            if (dlock__rio_fill(ctx) == REDIS_OK) {
+                dispatch_all(rc, ctx);
+                return;
+            }
+            if (ctx->err == REDIS_ERR_EOF)
+                conn_fail(rc, DLOCK_ECONN,
+                          "%s: the server closed the connection",
+                          rc->t.where);
+            else
+                conn_fail(rc, DLOCK_ECONN, "%s: %s", rc->t.where,
+                          ctx->errstr);
+            return;
+        }
+    } else {
+        pthread_mutex_unlock(&rc->mu);
+        r = dlock__rio_read(ctx, buf, sizeof(buf));
+        err = errno;
+        pthread_mutex_lock(&rc->mu);
+    }
     rc->reading = 0;
 
     if (rc->dead) { /* failed by a writer meanwhile */
-        redisFree(rc->ctx);
+        dlock__rio_free(rc->ctx);
         rc->ctx = NULL;
         rc->dead = 0;
         pthread_cond_broadcast(&rc->idle_cv);
@@ -354,19 +423,7 @@ static void read_once(dlock__rconn *rc, int64_t until)
             conn_fail(rc, DLOCK_ENOMEM, "%s: out of memory", rc->t.where);
             return;
         }
-        for (;;) {
-            void *reply = NULL;
-            if (redisReaderGetReply(ctx->reader, &reply) != REDIS_OK) {
-                conn_fail(rc, DLOCK_EPROTO, "%s: protocol error: %s",
-                          rc->t.where, ctx->reader->errstr);
-                return;
-            }
-            if (!reply)
-                break;
-            dispatch(rc, reply);
-            if (!rc->ctx)
-                return;
-        }
+        dispatch_all(rc, ctx);
     } else if (r == 0) {
         conn_fail(rc, DLOCK_ECONN, "%s: the server closed the connection",
                   rc->t.where);
@@ -379,19 +436,41 @@ static void read_once(dlock__rconn *rc, int64_t until)
     }
 }
 
-/* Has the server closed this idle connection? One poll(), no wait. */
-static int stale(const redisContext *ctx)
-{
-    struct pollfd p = {ctx->fd, POLLIN, 0};
-
-    return poll(&p, 1, 0) != 0;
-}
-
-/* Writes buf[0..len) on the socket, without SIGPIPE (mu held). */
+/* Writes buf[0..len) on the socket, without SIGPIPE (mu held). A TLS
+ * socket is non-blocking: a full one is waited for (POLLOUT, or POLLIN
+ * when OpenSSL must read first), the client's timeout at most. */
 static int write_all(dlock__rconn *rc, const char *buf, size_t len)
 {
+    int64_t until = dlock__now_ms() + rc->t.cfg->timeout_ms;
+    redisContext *ctx = rc->ctx;
+
+    if (dlock__rio_is_tls(ctx)) {
+        /* through hiredis' output buffer, which dlock__rio_send drains */
+        sds grown = sdscatlen(ctx->obuf, buf, len);
+        int s;
+        if (!grown) {
+            conn_fail(rc, DLOCK_ENOMEM, "%s: out of memory", rc->t.where);
+            return -1;
+        }
+        ctx->obuf = grown;
+        while ((s = dlock__rio_send(ctx)) == 0) {
+            int64_t left = until - dlock__now_ms();
+            struct pollfd p = {ctx->fd, POLLIN | POLLOUT, 0};
+            if (left <= 0 || poll(&p, 1, (int)left) == 0) {
+                conn_fail(rc, DLOCK_ECONN, "%s: no answer within %lld ms",
+                          rc->t.where, (long long)rc->t.cfg->timeout_ms);
+                return -1;
+            }
+        }
+        if (s < 0) {
+            conn_fail(rc, DLOCK_ECONN, "%s: %s", rc->t.where,
+                      strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
     while (len > 0) {
-        ssize_t w = send(rc->ctx->fd, buf, len, MSG_NOSIGNAL);
+        ssize_t w = send(ctx->fd, buf, len, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0) {
@@ -453,8 +532,8 @@ static int call(dlock__rconn *rc, const char *buf, size_t len, int n,
     }
     int64_t now = dlock__now_ms();
     if (rc->ctx && !rc->head && now - rc->used >= STALE_CHECK_MS &&
-        stale(rc->ctx)) {
-        redisFree(rc->ctx);
+        dlock__rio_stale(rc->ctx)) {
+        dlock__rio_free(rc->ctx);
         rc->ctx = NULL;
     }
     if (!rc->ctx) {
@@ -465,6 +544,8 @@ static int call(dlock__rconn *rc, const char *buf, size_t len, int n,
             pend_free(p);
             return code;
         }
+        if (dlock__rio_is_tls(rc->ctx))
+            (void)dlock__rio_nonblocking(rc->ctx); /* see read_once() */
         rc->rcvtimeo = budget(&rc->t, deadline);
         now = dlock__now_ms();
     }
@@ -683,6 +764,8 @@ int dlock__rconn_open(dlock__rconn **out, const dlock__rconn_target *t,
         dlock__rconn_free(rc);
         return code;
     }
+    if (dlock__rio_is_tls(rc->ctx))
+        (void)dlock__rio_nonblocking(rc->ctx); /* see read_once() */
     rc->rcvtimeo = budget(t, deadline);
     rc->used = dlock__now_ms();
     *out = rc;
@@ -699,7 +782,7 @@ void dlock__rconn_free(dlock__rconn *rc)
         pend_free(p);
     }
     if (rc->ctx)
-        redisFree(rc->ctx);
+        dlock__rio_free(rc->ctx);
     pthread_cond_destroy(&rc->idle_cv);
     pthread_mutex_destroy(&rc->mu);
     free(rc);

@@ -41,17 +41,6 @@ struct dlock__rtopo {
     size_t next; /* the sentinel to try first */
 };
 
-static struct timeval topo_tv(int64_t ms)
-{
-    struct timeval tv;
-
-    if (ms < 10)
-        ms = 10;
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)((ms % 1000) * 1000);
-    return tv;
-}
-
 static int64_t topo_budget(const dlock__rtopo *t, int64_t deadline)
 {
     int64_t ms = deadline - dlock__now_ms();
@@ -83,7 +72,7 @@ static void watch_drop(dlock__rtopo *t, size_t i)
     if (!t->watch[i])
         return;
     epoll_ctl(t->epfd, EPOLL_CTL_DEL, t->watch[i]->fd, NULL);
-    redisFree(t->watch[i]);
+    dlock__rio_free(t->watch[i]);
     t->watch[i] = NULL;
     t->nwatch--;
 }
@@ -123,23 +112,23 @@ static void watch_reply(dlock__rtopo *t, const redisReply *r)
     }
 }
 
-/* Connects to sentinel i within ms (blocking). */
+/* Connects to sentinel i within ms (blocking; TLS as the store's). */
 static redisContext *sentinel_connect(const dlock__rtopo *t, size_t i,
                                       int64_t ms, char *err, size_t cap)
 {
-    redisContext *ctx = redisConnectWithTimeout(t->host[i], t->port[i],
-                                                topo_tv(ms));
+    redisContext *ctx;
+    char why[256];
+    int rc = dlock__rio_connect(t->cfg->tls, t->host[i], t->port[i], NULL,
+                                ms < 10 ? 10 : ms, &ctx, why, sizeof(why));
 
-    if (!ctx) {
+    if (rc == DLOCK_ENOMEM) {
         snprintf(err, cap, "%s:%d: out of memory", t->host[i], t->port[i]);
         return NULL;
     }
-    if (ctx->err) {
-        snprintf(err, cap, "%s:%d: %s", t->host[i], t->port[i], ctx->errstr);
-        redisFree(ctx);
+    if (rc) {
+        snprintf(err, cap, "%s:%d: %.200s", t->host[i], t->port[i], why);
         return NULL;
     }
-    redisSetTimeout(ctx, topo_tv(ms));
     return ctx;
 }
 
@@ -158,7 +147,7 @@ static int watch_open(dlock__rtopo *t, size_t i, int64_t ms, char *err,
         return -1;
     redisAppendCommand(ctx, "SUBSCRIBE +switch-master +promoted-slave");
     for (int k = 0; k < 2 && ok; k++) {
-        if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r ||
+        if (dlock__rio_get_reply(ctx, (void **)&r) != REDIS_OK || !r ||
             r->type != REDIS_REPLY_ARRAY) {
             snprintf(err, cap, "%s:%d: %s", t->host[i], t->port[i],
                      r && r->type == REDIS_REPLY_ERROR ? r->str
@@ -170,18 +159,17 @@ static int watch_open(dlock__rtopo *t, size_t i, int64_t ms, char *err,
             freeReplyObject(r);
         r = NULL;
     }
-    int fl = ok ? fcntl(ctx->fd, F_GETFL) : -1;
     memset(&ev, 0, sizeof(ev));
     ev.events = EPOLLIN;
     ev.data.ptr = t;
-    if (ok && (fl < 0 || fcntl(ctx->fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+    if (ok && (dlock__rio_nonblocking(ctx) != 0 ||
                epoll_ctl(t->epfd, EPOLL_CTL_ADD, ctx->fd, &ev) < 0)) {
         snprintf(err, cap, "%s:%d: %s", t->host[i], t->port[i],
                  strerror(errno));
         ok = 0;
     }
     if (!ok) {
-        redisFree(ctx);
+        dlock__rio_free(ctx);
         return -1;
     }
     ctx->flags &= ~REDIS_BLOCK;
@@ -200,7 +188,10 @@ static int ask_one(const dlock__rtopo *t, size_t i, int64_t ms, char *host,
 
     if (!ctx)
         return -1;
-    r = redisCommand(ctx, "SENTINEL get-master-addr-by-name %s", t->master);
+    redisAppendCommand(ctx, "SENTINEL get-master-addr-by-name %s",
+                       t->master);
+    if (dlock__rio_get_reply(ctx, (void **)&r) != REDIS_OK)
+        r = NULL;
     if (!r) {
         snprintf(err, cap, "%s:%d: %s", t->host[i], t->port[i],
                  ctx->err ? ctx->errstr : "no answer");
@@ -220,7 +211,7 @@ static int ask_one(const dlock__rtopo *t, size_t i, int64_t ms, char *host,
     }
     if (r)
         freeReplyObject(r);
-    redisFree(ctx);
+    dlock__rio_free(ctx);
     return rc;
 }
 
@@ -319,7 +310,7 @@ uint64_t dlock__rtopo_read(dlock__rtopo *t)
         redisContext *w = t->watch[i];
         if (!w)
             continue;
-        if (redisBufferRead(w) != REDIS_OK) {
+        if (dlock__rio_fill(w) != REDIS_OK) {
             watch_drop(t, i);
             continue;
         }

@@ -125,6 +125,11 @@ int dlock__redis_config_parse(dlock__redis_config *cfg, const dlock__uri *u,
                           what, DLOCK__REDIS_PREFIX_MAX);
     cfg->prefix_len = strlen(prefix);
     memcpy(cfg->prefix, prefix, cfg->prefix_len + 1);
+    if (!cfg->tls) {
+        int rc = dlock__rtls_open(u, what, &cfg->tls);
+        if (rc)
+            return rc;
+    }
     if (u->user && !u->password)
         return dlock__err(DLOCK_EINVAL,
                           "%s: a user name needs a password "
@@ -281,6 +286,8 @@ void dlock__redis_config_free(dlock__redis_config *cfg)
         free(cfg->password);
     }
     cfg->user = cfg->password = NULL;
+    dlock__rtls_free(cfg->tls);
+    cfg->tls = NULL;
 }
 
 int dlock__redis_append_login(redisContext *ctx,
@@ -310,17 +317,5 @@ int dlock__redis_append_login(redisContext *ctx,
 
 int dlock__redis_send(redisContext *ctx)
 {
-    size_t len = sdslen(ctx->obuf);
-
-    while (len > 0) {
-        ssize_t w = send(ctx->fd, ctx->obuf, len, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
-        }
-        sdsrange(ctx->obuf, (int)w, -1);
-        len = sdslen(ctx->obuf);
-    }
-    return 1;
+    return dlock__rio_send(ctx);
 }

@@ -15,6 +15,7 @@
 #define DLOCK_REDIS_SHARED_H
 
 #include "internal.h"
+#include "redis_io.h"
 
 #include <hiredis.h>
 #include <string.h>
@@ -129,14 +130,16 @@ int dlock__redis_io_failure(const char *where, const redisContext *ctx,
  * it is neither. */
 int dlock__redis_reply_uint(const redisReply *r, uint64_t *out);
 
-/* Sends what ctx has buffered with send(MSG_NOSIGNAL): a connection the
- * server reset never raises SIGPIPE (hiredis' own write() would, and the
- * library installs no signal handlers). 1: all sent; 0: the socket would
+/* Sends what ctx has buffered (dlock__rio_send: with send(MSG_NOSIGNAL),
+ * or through TLS): a connection the server reset never raises SIGPIPE
+ * (hiredis' own write() would, and the library installs no signal
+ * handlers). 1: all sent; 0: the socket would
  * block (a non-blocking one is full; a blocking one hit its send timeout);
  * -1: the connection failed (errno says why). */
 int dlock__redis_send(redisContext *ctx);
 
-/* The options both stores take: prefix, db, timeout, user and password.
+/* The options both stores take: prefix, db, timeout, user and password,
+ * and TLS (redis_io.h: dlock__rtls_params, which the stores accept too).
  * `what` names the store in messages. Fills what it finds; leaves the
  * rest. */
 typedef struct dlock__redis_config {
@@ -146,6 +149,7 @@ typedef struct dlock__redis_config {
     int64_t timeout_ms;
     char *user;     /* malloc'd or NULL */
     char *password; /* malloc'd or NULL; wiped by ..._config_free() */
+    dlock__rtls *tls; /* rediss:// or ?tls=1: every connection; else NULL */
 } dlock__redis_config;
 
 /* Writes PREFIX{NAME}SUFFIX to out (DLOCK__REDIS_KEY_MAX bytes); returns

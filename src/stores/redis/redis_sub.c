@@ -87,9 +87,7 @@ static void grant_msg(redis_store *rs, const char *msg, int trusted)
  * once the context is not marked blocking) and added to the epoll set. */
 static int nonblocking(redis_store *rs, redisContext *ctx)
 {
-    int fl = fcntl(ctx->fd, F_GETFL);
-
-    if (fl < 0 || fcntl(ctx->fd, F_SETFL, fl | O_NONBLOCK) < 0)
+    if (dlock__rio_nonblocking(ctx) != 0)
         return dlock__err(DLOCK_ECONN, "%s: %s", rs->where, strerror(errno));
     ctx->flags &= ~REDIS_BLOCK;
     if (rs->epfd >= 0) {
@@ -114,7 +112,7 @@ static void sub_lost(redis_store *rs)
     if (rs->sub) {
         if (rs->epfd >= 0)
             epoll_ctl(rs->epfd, EPOLL_CTL_DEL, rs->sub->fd, NULL);
-        redisFree(rs->sub);
+        dlock__rio_free(rs->sub);
         rs->sub = NULL;
     }
     rs->subscribed = 0;
@@ -153,7 +151,7 @@ static int sub_ensure(redis_store *rs, int64_t deadline)
                 return rc;
             rc = nonblocking(rs, ctx);
             if (rc) {
-                redisFree(ctx);
+                dlock__rio_free(ctx);
                 return rc;
             }
             rs->sub = ctx;
@@ -243,7 +241,7 @@ static void cconn_lost(redis_store *rs, cconn *cc)
     }
     if (rs->epfd >= 0)
         epoll_ctl(rs->epfd, EPOLL_CTL_DEL, cc->ctx->fd, NULL);
-    redisFree(cc->ctx);
+    dlock__rio_free(cc->ctx);
     for (csub *s = rs->csubs; s; s = s->next)
         if (s->node == cc->node) {
             s->node = -1;
@@ -284,16 +282,16 @@ static int cconn_get(redis_store *rs, int id, const dlock__rconn_target *t,
     if (rc)
         return rc;
     if ((*out = cconn_find(rs, id))) { /* another thread's, meanwhile */
-        redisFree(ctx);
+        dlock__rio_free(ctx);
         return DLOCK_OK;
     }
     if (!(cc = calloc(1, sizeof(*cc)))) {
-        redisFree(ctx);
+        dlock__rio_free(ctx);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
     rc = nonblocking(rs, ctx);
     if (rc) {
-        redisFree(ctx);
+        dlock__rio_free(ctx);
         free(cc);
         return rc;
     }
@@ -529,7 +527,7 @@ static void csub_read(redis_store *rs)
 {
     for (cconn *cc = rs->cconns, *next; cc; cc = next) {
         next = cc->next;
-        if (redisBufferRead(cc->ctx) != REDIS_OK) {
+        if (dlock__rio_fill(cc->ctx) != REDIS_OK) {
             cconn_lost(rs, cc);
             continue;
         }
@@ -607,7 +605,7 @@ void dlock__redis_loop_run(void *st, int readable)
     if (rs->cluster) {
         csub_read(rs);
     } else if (rs->sub) {
-        if (redisBufferRead(rs->sub) != REDIS_OK) {
+        if (dlock__rio_fill(rs->sub) != REDIS_OK) {
             sub_lost(rs);
         } else {
             redisReply *r = NULL;
@@ -691,12 +689,12 @@ int dlock__redis_run(redis_store *rs, const char *key, size_t kl,
 void dlock__redis_sub_close(redis_store *rs)
 {
     if (rs->sub)
-        redisFree(rs->sub);
+        dlock__rio_free(rs->sub);
     rs->sub = NULL;
     while (rs->cconns) {
         cconn *cc = rs->cconns;
         rs->cconns = cc->next;
-        redisFree(cc->ctx);
+        dlock__rio_free(cc->ctx);
         free(cc);
     }
     while (rs->csubs) {

@@ -125,12 +125,19 @@ extern const char *const dlock__redlock_script_text[NSCRIPTS];
 /* redlock_node.c: command connections and rounds (store mu held)           */
 /* ------------------------------------------------------------------------ */
 
-/* A non-blocking connect finished: 0, or its errno. */
-int dlock__redlock_connect_result(int fd);
-
-/* Starts a non-blocking connect to node n; NULL with the reason in `why`. */
-redisContext *dlock__redlock_start_connect(const rnode *n, char *why,
+/* Starts a non-blocking connect to node n (TLS as tls says); NULL with
+ * the reason in `why`. */
+redisContext *dlock__redlock_start_connect(const dlock__rtls *tls,
+                                           const rnode *n, char *why,
                                            size_t cap);
+
+/* Socket events on a connection still connecting: 1 up (connected, and
+ * TLS's handshake done), 0 not yet, -1 failed (why). */
+int dlock__redlock_connect_step(const rnode *n, redisContext *ctx,
+                                char *why, size_t cap);
+
+/* The poll() events of a connection (connecting: what it waits for). */
+short dlock__redlock_events(const redisContext *ctx, int connecting);
 
 /* Closes node n's command connection (the replies it owes are lost). */
 void dlock__redlock_node_drop(rnode *n);

@@ -22,32 +22,38 @@
 /* Sockets                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* A non-blocking connect finished: 0, or its errno. */
-int dlock__redlock_connect_result(int fd)
-{
-    int err = 0;
-    socklen_t len = sizeof(err);
-
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-        return errno;
-    return err;
-}
-
-redisContext *dlock__redlock_start_connect(const rnode *n, char *why,
+redisContext *dlock__redlock_start_connect(const dlock__rtls *tls,
+                                           const rnode *n, char *why,
                                            size_t cap)
 {
-    redisContext *ctx = redisConnectNonBlock(n->host, n->port);
+    redisContext *ctx;
+    char r[256];
+    int rc = dlock__rio_connect_nb(tls, n->host, n->port, &ctx, r,
+                                   sizeof(r));
 
-    if (!ctx) {
+    if (rc == DLOCK_ENOMEM)
         snprintf(why, cap, "%s: out of memory", n->where);
-        return NULL;
-    }
-    if (ctx->err) {
-        snprintf(why, cap, "%s: cannot connect: %s", n->where, ctx->errstr);
-        redisFree(ctx);
-        return NULL;
-    }
-    return ctx;
+    else if (rc)
+        snprintf(why, cap, "%s: cannot connect: %s", n->where, r);
+    return rc ? NULL : ctx;
+}
+
+int dlock__redlock_connect_step(const rnode *n, redisContext *ctx,
+                                char *why, size_t cap)
+{
+    char r[256];
+    int st = dlock__rio_step(ctx, r, sizeof(r));
+
+    if (st < 0)
+        snprintf(why, cap, "%s: cannot connect: %s", n->where, r);
+    return st;
+}
+
+short dlock__redlock_events(const redisContext *ctx, int connecting)
+{
+    if (connecting)
+        return (short)(dlock__rio_wants(ctx) | POLLIN);
+    return (short)(sdslen(ctx->obuf) > 0 ? POLLIN | POLLOUT : POLLIN);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -57,7 +63,7 @@ redisContext *dlock__redlock_start_connect(const rnode *n, char *why,
 void dlock__redlock_node_drop(rnode *n)
 {
     if (n->ctx)
-        redisFree(n->ctx);
+        dlock__rio_free(n->ctx);
     n->ctx = NULL;
     n->connecting = 0;
     n->owed_len = n->owed_head = 0;
@@ -84,13 +90,6 @@ static int owe(rnode *n, int kind)
     return 0;
 }
 
-static int stale(const redisContext *ctx)
-{
-    struct pollfd p = {ctx->fd, POLLIN, 0};
-
-    return poll(&p, 1, 0) != 0;
-}
-
 static void node_io(rl_store *rs, rnode *n, short revents);
 
 /* Makes sure node n has a command connection: a new one is connecting,
@@ -100,9 +99,8 @@ void dlock__redlock_node_connect(rl_store *rs, rnode *n, int64_t now)
     if (n->ctx && n->owed_len > 0) {
         /* read what arrived since the last round (the replies of nodes
          * that answered after its quorum) */
-        struct pollfd p = {n->ctx->fd, POLLIN, 0};
-        if (n->connecting || sdslen(n->ctx->obuf) > 0)
-            p.events |= POLLOUT;
+        struct pollfd p = {n->ctx->fd, 0, 0};
+        p.events = dlock__redlock_events(n->ctx, n->connecting);
         if (poll(&p, 1, 0) > 0)
             node_io(rs, n, p.revents);
         if (!n->ctx) { /* that failed: a new connection, this round */
@@ -112,14 +110,16 @@ void dlock__redlock_node_connect(rl_store *rs, rnode *n, int64_t now)
     }
     if (n->ctx && n->owed_since && now - n->owed_since > rs->node_timeout)
         dlock__redlock_node_drop(n); /* still silent: frozen, or gone */
-    if (n->ctx && !n->connecting && n->owed_len == 0 && stale(n->ctx))
+    if (n->ctx && !n->connecting && n->owed_len == 0 &&
+        dlock__rio_stale(n->ctx))
         /* closed by the server (a restart) since last used */
         dlock__redlock_node_drop(n);
     if (n->ctx)
         return;
 
     char why[512];
-    n->ctx = dlock__redlock_start_connect(n, why, sizeof(why));
+    n->ctx = dlock__redlock_start_connect(rs->cfg.tls, n, why,
+                                          sizeof(why));
     if (!n->ctx) {
         node_fail(n, DLOCK_ECONN, why);
         return;
@@ -266,15 +266,15 @@ static void node_io(rl_store *rs, rnode *n, short revents)
     char why[512];
 
     if (n->connecting) {
-        if (!(revents & (POLLOUT | POLLERR | POLLHUP)))
+        if (!revents)
             return;
-        int err = dlock__redlock_connect_result(n->ctx->fd);
-        if (err) {
-            snprintf(why, sizeof(why), "%s: cannot connect: %s", n->where,
-                     strerror(err));
+        int st = dlock__redlock_connect_step(n, n->ctx, why, sizeof(why));
+        if (st < 0) {
             node_fail(n, DLOCK_ECONN, why);
             return;
         }
+        if (st == 0)
+            return; /* TLS's handshake goes on */
         n->connecting = 0;
     }
     if (dlock__redis_send(n->ctx) < 0) {
@@ -284,7 +284,7 @@ static void node_io(rl_store *rs, rnode *n, short revents)
     }
     if (!(revents & (POLLIN | POLLERR | POLLHUP)))
         return;
-    if (redisBufferRead(n->ctx) != REDIS_OK) {
+    if (dlock__rio_fill(n->ctx) != REDIS_OK) {
         node_fail(n, dlock__redis_io_failure(n->where, n->ctx,
                                              rs->node_timeout),
                   NULL);
@@ -343,9 +343,7 @@ void dlock__redlock_round_run(rl_store *rs, int64_t deadline,
             if (!dlock__redlock_node_busy(n))
                 continue;
             pfd[np].fd = n->ctx->fd;
-            pfd[np].events = POLLIN;
-            if (n->connecting || sdslen(n->ctx->obuf) > 0)
-                pfd[np].events |= POLLOUT;
+            pfd[np].events = dlock__redlock_events(n->ctx, n->connecting);
             pfd[np].revents = 0;
             who[np++] = i;
         }

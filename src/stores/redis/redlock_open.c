@@ -29,7 +29,7 @@ void dlock__redlock_close(void *st)
         rnode *n = &rs->nodes[i];
         dlock__redlock_node_drop(n);
         if (n->sub)
-            redisFree(n->sub);
+            dlock__rio_free(n->sub);
         free(n->host);
     }
     while (rs->chans) {
@@ -54,6 +54,9 @@ static int parse_config(rl_store *rs, const dlock__uri *u)
     static const char *const params[] = {"prefix",       "timeout",
                                          "db",           "node_timeout",
                                          "drift_factor", "drift_ms",
+                                         "tls",          "cacert",
+                                         "cert",         "key",
+                                         "sni",          "insecure",
                                          NULL};
     const char *db = dlock__uri_param(u, "db");
     const char *nt = dlock__uri_param(u, "node_timeout");

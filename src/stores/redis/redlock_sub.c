@@ -9,6 +9,7 @@
  */
 #include "redlock.h"
 
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -65,7 +66,10 @@ static void sub_events(rl_store *rs, rnode *n)
     struct epoll_event ev;
 
     memset(&ev, 0, sizeof(ev));
-    ev.events = EPOLLIN | (n->sub_connecting || n->sub_wout ? EPOLLOUT : 0);
+    ev.events = EPOLLIN | (n->sub_wout ? EPOLLOUT : 0);
+    if (n->sub_connecting) /* what the connect (TLS's handshake) waits for */
+        ev.events = (dlock__rio_wants(n->sub) & POLLOUT ? EPOLLOUT : 0) |
+                    EPOLLIN;
     ev.data.u32 = (uint32_t)n->idx;
     epoll_ctl(rs->epfd, EPOLL_CTL_MOD, n->sub->fd, &ev);
 }
@@ -79,7 +83,7 @@ static void sub_drop(rl_store *rs, rnode *n)
     if (!n->sub)
         return;
     epoll_ctl(rs->epfd, EPOLL_CTL_DEL, n->sub->fd, NULL);
-    redisFree(n->sub);
+    dlock__rio_free(n->sub);
     n->sub = NULL;
     n->sub_connecting = n->sub_up = n->sub_login = n->sub_wout = 0;
     n->sub_retry_at = dlock__now_ms() + SUB_RETRY_MS;
@@ -114,7 +118,8 @@ static void sub_start(rl_store *rs, rnode *n)
     char why[512];
     struct epoll_event ev;
 
-    n->sub = dlock__redlock_start_connect(n, why, sizeof(why));
+    n->sub = dlock__redlock_start_connect(rs->cfg.tls, n, why,
+                                          sizeof(why));
     if (!n->sub) {
         n->sub_retry_at = dlock__now_ms() + SUB_RETRY_MS;
         return;
@@ -125,7 +130,7 @@ static void sub_start(rl_store *rs, rnode *n)
     ev.events = EPOLLIN | EPOLLOUT;
     ev.data.u32 = (uint32_t)n->idx;
     if (epoll_ctl(rs->epfd, EPOLL_CTL_ADD, n->sub->fd, &ev) != 0) {
-        redisFree(n->sub);
+        dlock__rio_free(n->sub);
         n->sub = NULL;
         n->sub_connecting = 0;
         n->sub_retry_at = dlock__now_ms() + SUB_RETRY_MS;
@@ -203,10 +208,16 @@ static void sub_io(rl_store *rs, rnode *n, uint32_t events)
     if (!n->sub)
         return;
     if (n->sub_connecting) {
-        if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+        char why[512];
+        if (!events)
             return;
-        if (dlock__redlock_connect_result(n->sub->fd) != 0) {
+        int st = dlock__redlock_connect_step(n, n->sub, why, sizeof(why));
+        if (st < 0) {
             sub_drop(rs, n);
+            return;
+        }
+        if (st == 0) { /* TLS's handshake goes on */
+            sub_events(rs, n);
             return;
         }
         n->sub_connecting = 0;
@@ -219,7 +230,7 @@ static void sub_io(rl_store *rs, rnode *n, uint32_t events)
     sub_flush(rs, n);
     if (!n->sub || !(events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
         return;
-    if (redisBufferRead(n->sub) != REDIS_OK) {
+    if (dlock__rio_fill(n->sub) != REDIS_OK) {
         sub_drop(rs, n);
         return;
     }
