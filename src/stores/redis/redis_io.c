@@ -819,6 +819,13 @@ void dlock__rio_free(redisContext *ctx)
     rio_tls *rt = TLS_OF(ctx);
     if (rt) {
         SSL_set_app_data(rt->ssl, NULL);
+        /* a connection that did not fail ends "cleanly" without a word
+         * on the wire (quiet): OpenSSL would otherwise spoil its session
+         * for resumption */
+        if (!ctx->err && rt->stage == STAGE_UP) {
+            SSL_set_quiet_shutdown(rt->ssl, 1);
+            (void)SSL_shutdown(rt->ssl);
+        }
         SSL_free(rt->ssl);
         free(rt);
         ctx->reader->privdata = NULL;

@@ -91,8 +91,8 @@ int dlock__rio_stale(redisContext *ctx);
 /* Sets the socket's O_NONBLOCK. 0, or -1 (errno). */
 int dlock__rio_nonblocking(redisContext *ctx);
 
-/* Frees the connection (and its TLS session, without a close_notify:
- * the peer may be gone, and it costs a round trip). NULL is fine. */
+/* Frees the connection, and its TLS state without a close_notify (the
+ * peer may be gone; nothing waits on it). NULL is fine. */
 void dlock__rio_free(redisContext *ctx);
 
 #endif /* DLOCK_REDIS_IO_H */
