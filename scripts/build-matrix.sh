@@ -6,8 +6,9 @@
 #   Release, RelWithDebInfo, Debug and MinSizeRel with gcc; Release with
 #   clang; every store built in (-DDLOCK_MODULES=OFF); two stores and the
 #   exporter left out (-DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF
-#   -DDLOCK_EXPORTER=OFF), whose summary, URIs and command must name what
-#   to install.
+#   -DDLOCK_EXPORTER=OFF), and Redis without TLS (-DDLOCK_WITH_REDIS_TLS=
+#   OFF, as without libssl-dev), whose summary, URIs and command must name
+#   what to install.
 # Each build's `dlock --version` must answer and list the stores as that
 # build reaches them. Exits non-zero at the first build that fails.
 set -u
@@ -44,11 +45,23 @@ grep -q "^stores built in: file redis .*mysql" "$top/builtin.version" ||
 ls "$top"/builtin/dlock-*/*.so >/dev/null 2>&1 && fail "builtin: modules were built"
 
 build left-out gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_WITH_PG=OFF -DDLOCK_WITH_MYSQL=OFF \
-    -DDLOCK_EXPORTER=OFF
-grep -q "stores left out of this build: postgres (needs libpq-dev); mysql (needs libmariadb-dev)" \
+    -DDLOCK_EXPORTER=OFF -DDLOCK_WITH_REDIS_TLS=OFF
+grep -q "stores left out of this build: postgres (needs libpq-dev); mysql (needs libmariadb-dev); rediss (needs libssl-dev)" \
     "$top/left-out.configure.log" || fail "left-out: CMake's summary does not name the stores left out"
-grep -q "^stores missing: postgres postgresql mysql mariadb" "$top/left-out.version" ||
+grep -q "^stores missing: rediss postgres postgresql mysql mariadb" "$top/left-out.version" ||
     fail "left-out: --version: $(cat "$top/left-out.version")"
+# Redis without TLS: rediss:// is refused naming the package, redis://
+# still there
+out=$("$top/left-out/dlock" run --store rediss://127.0.0.1:1 x -- true 2>&1)
+rc=$?
+[ $rc -eq 69 ] || fail "left-out: rediss:// exit $rc, not 69: $out"
+echo "$out" | grep -q "libssl-dev" ||
+    fail "left-out: rediss:// does not name the package: $out"
+out=$("$top/left-out/dlock" run --store "redis://127.0.0.1:1?tls=1" x -- true 2>&1)
+rc=$?
+[ $rc -eq 69 ] || fail "left-out: redis://?tls=1 exit $rc, not 69: $out"
+echo "$out" | grep -q "libssl-dev" ||
+    fail "left-out: redis://?tls=1 does not name the package: $out"
 out=$("$top/left-out/dlock" run --store postgres://u@127.0.0.1/db x -- true 2>&1)
 rc=$?
 [ $rc -eq 69 ] || fail "left-out: postgres:// exit $rc, not 69: $out"
