@@ -455,7 +455,7 @@ static int write_all(dlock__rconn *rc, const char *buf, size_t len)
         ctx->obuf = grown;
         while ((s = dlock__rio_send(ctx)) == 0) {
             int64_t left = until - dlock__now_ms();
-            struct pollfd p = {ctx->fd, POLLIN | POLLOUT, 0};
+            struct pollfd p = {ctx->fd, dlock__rio_wants(ctx), 0};
             if (left <= 0 || poll(&p, 1, (int)left) == 0) {
                 conn_fail(rc, DLOCK_ECONN, "%s: no answer within %lld ms",
                           rc->t.where, (long long)rc->t.cfg->timeout_ms);

@@ -145,9 +145,8 @@ struct dlock__rtls {
 typedef struct rio_tls {
     SSL *ssl;
     dlock__rtls *t;
-    int stage;    /* STAGE_* */
-    short wants;  /* the events the handshake waits for */
-    int nonblock; /* the socket is non-blocking: read until it is dry */
+    int stage;   /* STAGE_* */
+    short wants; /* the events the handshake, or a write, waits for */
     char addr[300];
 } rio_tls;
 
@@ -563,7 +562,6 @@ int dlock__rio_connect_nb(const dlock__rtls *tls, const char *host,
             return DLOCK_ENOMEM;
         }
         TLS_OF(ctx)->stage = STAGE_TCP;
-        TLS_OF(ctx)->nonblock = 1;
     }
 #else
     (void)tls;
@@ -603,8 +601,8 @@ short dlock__rio_wants(const redisContext *ctx)
 {
 #ifdef DLOCK_HAVE_REDIS_TLS
     const rio_tls *rt = TLS_OF(ctx);
-    if (rt && rt->stage == STAGE_HANDSHAKE)
-        return rt->wants ? rt->wants : POLLOUT;
+    if (rt && rt->stage != STAGE_TCP && rt->wants)
+        return rt->wants;
 #else
     (void)ctx;
 #endif
@@ -622,10 +620,7 @@ int dlock__rio_nonblocking(redisContext *ctx)
 
     if (fl < 0 || fcntl(ctx->fd, F_SETFL, fl | O_NONBLOCK) < 0)
         return -1;
-#ifdef DLOCK_HAVE_REDIS_TLS
-    if (TLS_OF(ctx))
-        TLS_OF(ctx)->nonblock = 1;
-#endif
+    ctx->flags &= ~REDIS_BLOCK; /* EAGAIN is "nothing yet", not a timeout */
     return 0;
 }
 
@@ -647,8 +642,10 @@ int dlock__rio_send(redisContext *ctx)
                               len > INT32_MAX ? INT32_MAX : (int)len);
             if (n <= 0) {
                 int e = SSL_get_error(rt->ssl, n);
-                if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ)
+                if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
+                    rt->wants = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
                     return 0;
+                }
                 char r[200];
                 ssl_reason(r, sizeof(r));
                 if (!errno)
@@ -726,19 +723,20 @@ int dlock__rio_fill(redisContext *ctx)
                          ctx->reader->errstr);
                 return REDIS_ERR;
             }
-#ifdef DLOCK_HAVE_REDIS_TLS
-            if (!rt->nonblock && !dlock__rio_pending(ctx))
+            if ((ctx->flags & REDIS_BLOCK) && !dlock__rio_pending(ctx))
                 return REDIS_OK;
-#endif
             continue;
         }
-        if (n < 0 && errno == EAGAIN)
+        if (n < 0 && errno == EAGAIN && !(ctx->flags & REDIS_BLOCK))
             return REDIS_OK;
+        if (n < 0 && errno == EAGAIN) /* a blocking socket's timeout */
+            snprintf(ctx->errstr, sizeof(ctx->errstr),
+                     "Resource temporarily unavailable");
         ctx->err = n == 0 ? REDIS_ERR_EOF : REDIS_ERR_IO;
         if (n == 0)
             snprintf(ctx->errstr, sizeof(ctx->errstr),
                      "Server closed the connection");
-        else if (errno != EPROTO)
+        else if (errno != EPROTO && errno != EAGAIN)
             snprintf(ctx->errstr, sizeof(ctx->errstr), "%s",
                      strerror(errno));
         return REDIS_ERR;
@@ -800,7 +798,7 @@ int dlock__rio_stale(redisContext *ctx)
         return 0;
 #ifdef DLOCK_HAVE_REDIS_TLS
     rio_tls *rt = TLS_OF(ctx);
-    if (rt && rt->nonblock) {
+    if (rt && !(ctx->flags & REDIS_BLOCK)) {
         /* a record that is not data (a session ticket, a key update) is
          * not the end */
         char b[64];

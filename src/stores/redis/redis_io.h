@@ -58,7 +58,9 @@ int dlock__rio_connect_nb(const dlock__rtls *tls, const char *host,
                           int port, redisContext **out, char *why,
                           size_t cap);
 int dlock__rio_step(redisContext *ctx, char *why, size_t cap);
-/* The poll() events a connection in progress waits for. */
+/* The poll() events a connection waits for: while connecting, what the
+ * connect or the handshake needs; after dlock__rio_send() answered 0,
+ * what the write needs (OpenSSL may have to read first). */
 short dlock__rio_wants(const redisContext *ctx);
 
 /* Is this connection TLS? */
@@ -88,7 +90,8 @@ int dlock__rio_pending(const redisContext *ctx);
 /* Has the server closed this idle connection? No wait. */
 int dlock__rio_stale(redisContext *ctx);
 
-/* Sets the socket's O_NONBLOCK. 0, or -1 (errno). */
+/* Sets the socket's O_NONBLOCK (and clears hiredis' REDIS_BLOCK: a read
+ * with nothing there is "nothing yet"). 0, or -1 (errno). */
 int dlock__rio_nonblocking(redisContext *ctx);
 
 /* Frees the connection, and its TLS state without a close_notify (the
