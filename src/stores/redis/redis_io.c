@@ -415,6 +415,7 @@ nomem:
 static void tls_why(rio_tls *rt, int ret, int err, char *why, size_t cap)
 {
     long vr = SSL_get_verify_result(rt->ssl);
+    int sys = errno;
     char r[200];
 
     ssl_reason(r, sizeof(r));
@@ -425,14 +426,14 @@ static void tls_why(rio_tls *rt, int ret, int err, char *why, size_t cap)
     else if (r[0])
         snprintf(why, cap, "TLS: %s", r);
     else if (err == SSL_ERROR_ZERO_RETURN ||
-             (err == SSL_ERROR_SYSCALL && (ret == 0 || errno == 0)))
+             (err == SSL_ERROR_SYSCALL && (ret == 0 || sys == 0)))
         snprintf(why, cap,
                  rt->stage == STAGE_HANDSHAKE
                      ? "TLS: the server closed the connection during the "
                        "handshake (is it a TLS port?)"
                      : "the server closed the connection");
     else
-        snprintf(why, cap, "TLS: %s", strerror(errno));
+        snprintf(why, cap, "TLS: %s", strerror(sys));
 }
 
 /* One step of the handshake: 1 done, 0 wants rt->wants, -1 failed. */
