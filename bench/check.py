@@ -22,6 +22,11 @@ how fast anything was. It fails (exit 1, one line per problem) when
   - the Redis section lacks the Cluster figures: the cycle through the
     cluster beside the primary that owns the lock's slot, and the cost of
     min_replicas' WAIT;
+  - the Redis section lacks the TLS figures (unless this build has no
+    TLS: dlock_bench_tls not built): the cycle over rediss:// beside the
+    bench's own TLS floor, `dlock run` beside `redis-cli --tls PING`,
+    redis-py's cycle over TLS, and the contention rows over TLS (dlock's
+    beside redis-py's, at 8 processes);
   - a chart named by the document was not drawn (with --charts DIR).
 """
 import os
@@ -101,6 +106,24 @@ def main():
                      r"[0-9.]+x", cluster):
         bad.append("no Cluster min_replicas (WAIT) figure in the Redis "
                    "section")
+    tls = subsection(redis, "Redis over TLS (")
+    contention = list(CONTENTION)
+    if not tls:
+        bad.append("no Redis over TLS subsection in the Redis section")
+    elif "Not measured: dlock_bench_tls was not built" not in tls:
+        for what, pat in [
+                ("cycle over TLS", r"\| over TLS \(`rediss://`\) \| [0-9.]+ \| "
+                 r"[0-9.]+ \| \*\*[0-9.]+x\*\*"),
+                ("dlock run over TLS", r"\| `dlock run --store 'rediss://[^|]*"
+                 r"\| [0-9.]+ \| [0-9.]+ \| \*\*[0-9.]+x\*\*"),
+                ("redis-py cycle over TLS", r"\| p50 \(µs\) \| [0-9.]+ \| "
+                 r"[0-9.]+ \| \*\*[0-9.]+x\*\*"),
+                ("contention summary over TLS", r"\| \*\*dlock ÷ the best "
+                 r"[^|]*\| \*\*[0-9.]+x\*\*[^|]*\| \*\*[0-9.]+x\*\*")]:
+            if not re.search(pat, tls):
+                bad.append("no %s figure in the Redis over TLS subsection"
+                           % what)
+        contention.insert(1, "Redis over TLS")
     cyc = {c[0]: c for c in plot.cycles(sec)}
     hand = dict(plot.handoffs(sec))
     for label in ["Redis", "Redlock, 5 nodes", "file", "ZooKeeper", "etcd",
@@ -124,7 +147,7 @@ def main():
                 [c.strip() for c in line.strip().strip("|").split("|")]
                 for line in rest.splitlines()
                 if line.startswith("|") and not line.startswith("|---")][1:]
-        for s in CONTENTION:
+        for s in contention:
             rows = [r for r in csec.get(s, []) if r and (
                 r[0] == "dlock" or r[0].startswith("dlock, table"))]
             if not rows:
@@ -148,7 +171,7 @@ def main():
         print("bench check: %s" % b)
     if not bad:
         print("bench check: %s parses: every store measured, %d contention "
-              "subsections, no overlaps" % (args[0], len(CONTENTION)))
+              "subsections, no overlaps" % (args[0], len(contention)))
     return 1 if bad else 0
 
 

@@ -7,6 +7,12 @@ with --plot, OUT_DIR/bench-contend.svg (gnuplot) instead, drawn from the
 contention tables of BENCHMARKS_MD (TSV is not read then): hand-off p50 by
 the number of contenders, one line per implementation, log scales.
 
+contend.py TSV --pick STORE N -- STORE's rows at N contenders, dlock's
+beside the peers' (critical sections/s and the longest wait: dlock's
+default mode against the best peer), as a paragraph and a table for that
+store's own subsection (bench/run.sh: Redis over TLS, dlock beside
+redis-py).
+
 A row's label is "STORE|IMPLEMENTATION|FLOOR": FLOOR names the cycle floor
 of BENCHMARKS_MD (bench/plot.py's labels: the bare client's uncontended
 acquire + release on that store, measured earlier in the same run) that
@@ -222,8 +228,51 @@ plot %s
     os.remove(data)
 
 
+def pick(rows, fails, store, n):
+    """STORE's rows at n contenders: dlock's beside the peers'."""
+    mine = [(split(r["label"])[1], r) for r in rows
+            if split(r["label"])[0] == store and int(r["n"]) == n]
+    failed = [(split(label)[1], why) for label, k, why in fails
+              if split(label)[0] == store and k == n]
+    names = sorted({impl.split(",")[0] for impl, _ in mine + failed
+                    if not impl.startswith("dlock")})
+    peer = " / ".join(names) or "peer"
+    out = ["**Contention, %d processes** (the Contention section's \"%s\" "
+           "rows: one lock, 1 ms holds%s): dlock's default mode beside the "
+           "best %s figure of its variants; the target: dlock ahead in "
+           "critical sections per second and in the longest wait.\n" % (
+               n, store, "; the median of three runs" if any(
+                   r["reps"] > 1 for _, r in mine) else "", peer)]
+    out.append("| implementation | critical sections/s | longest wait, ms "
+               "| hand-off p50, µs |")
+    out.append("|---|---|---|---|")
+    for impl, r in mine:
+        out.append("| %s | %s | %.1f | %s |" % (
+            impl, spread(r["cs"], r["cs_min"], r["cs_max"], int(r["reps"]),
+                         "%.0f"),
+            r["wait_max"] / 1e3, "%.0f" % r["p50"] if r["p50"] >= 0
+            else "none"))
+    for impl, why in failed:
+        out.append("| %s | not measured: %s | | |" % (impl, why))
+    dl = next((r for impl, r in mine if impl == "dlock"), None)
+    peers = [r for impl, r in mine if not impl.startswith("dlock")]
+    if dl and peers:
+        cs = max(r["cs"] for r in peers)
+        wait = min(r["wait_max"] for r in peers)
+        out.append("| **dlock ÷ the best %s** | **%.2fx** (target > "
+                   "1x) | **%.2fx** (target < 1x) | |" % (peer,
+                       dl["cs"] / cs if cs > 0 else 0,
+                       dl["wait_max"] / wait if wait > 0 else 0))
+    out.append("")
+    return "\n".join(out)
+
+
 def main():
     args = sys.argv[1:]
+    if len(args) == 4 and args[1] == "--pick":
+        rows, fails = read_rows(args[0])
+        print(pick(rows, fails, args[2], int(args[3])))
+        return 0
     outdir = None
     if "--plot" in args:
         i = args.index("--plot")

@@ -3,6 +3,7 @@
 """peer_py.py KIND ADDRESS FLOOR_US DLOCK_US DLOCK_HANDOFF_US [--quick]
    peer_py.py contend KIND ADDRESS NAME [SLEEP_S]
    peer_py.py dlock-python URI REDIS_PORT [--quick]
+   peer_py.py redis-tls PORT,CAFILE DLOCK_TLS_US [--quick]
 
 A Python lock library on the private server of one bench section, measured
 the way bench.c measures dlock (see peer_common.py), printed as a markdown
@@ -15,12 +16,18 @@ subsection beside dlock's figures of the same run:
 
   dlock  ADDRESS = URI      dlock's own Python package (python/), over the
                             libdlock of the build ($DLOCK_LIBRARY)
+  redis-tls  ADDRESS = PORT,CAFILE  redis-py's Lock over TLS: `localhost`,
+                            the server's TLS port, its certificate checked
+                            against CAFILE (chain and name)
 
 `dlock-python`: dlock's Python package beside redis-py on the same Redis
 server, in one run (the targets of issue 22: its cycle at most 0.8x
 redis-py's), printed as a subsection.
 FLOOR_US, DLOCK_US: the section's cycle floor and dlock's cycle p50;
-DLOCK_HANDOFF_US: dlock's hand-off p50. `contend`: one worker of
+DLOCK_HANDOFF_US: dlock's hand-off p50. `redis-tls`: redis-py's cycle
+over TLS beside dlock's over rediss:// (DLOCK_TLS_US, its p50 from
+bench_tls.c in the same run), printed as a table for the end of the
+"Redis over TLS" subsection. `contend`: one worker of
 bench_contend.c on lock NAME (SLEEP_S: redis-py's sleep). Run with Debian's /usr/bin/python3,
 the interpreter those packages are installed for.
 """
@@ -31,11 +38,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_common import contend_worker, cycle, handoff  # noqa: E402
 
 
-def redis_lock(port, name, sleep=0.1):
+def redis_lock(port, name, sleep=0.1, ca=None):
+    """redis-py's Lock; with ca, over TLS to `localhost` (the bench's
+    certificate's name), the chain and the name checked, as dlock's
+    rediss:// checks them."""
     import redis
 
     def new_lock():
-        r = redis.Redis(host="127.0.0.1", port=int(port))
+        if ca:
+            r = redis.Redis(host="localhost", port=int(port), ssl=True,
+                            ssl_ca_certs=ca, ssl_check_hostname=True)
+        else:
+            r = redis.Redis(host="127.0.0.1", port=int(port))
+        # connected before it counts as ready (bench_contend.c's protocol):
+        # redis-py connects at its first command, and over TLS that costs
+        # tens of ms in Python (the context, the CA file, the handshake)
+        r.ping()
         lock = r.lock(name, timeout=30, sleep=sleep)
         return (lambda blocking, wait=30: lock.acquire(
             blocking=blocking, blocking_timeout=wait), lock.release)
@@ -118,6 +136,33 @@ def dlock_python(uri, port, quick):
     return 0
 
 
+def redis_tls(addr, dlock_us, quick):
+    """redis-py's cycle over TLS beside dlock's (bench_tls.c's figure)."""
+    import redis
+    import ssl
+    port, ca = addr.split(",", 1)
+    n = 2000 if quick else 20000
+    p50, p99, per_s = cycle(redis_lock(port, "tls-cycle", ca=ca), n)
+    print("**Beside redis-py over TLS**: redis-py %s's `Lock` (Debian's "
+          "python3-redis, Debian's python3 %d.%d, %s) with `ssl=True`, "
+          "`ssl_ca_certs` the bench's CA and `ssl_check_hostname=True`, on "
+          "`localhost` and the same TLS port, in the same run: %d "
+          "uncontended cycles (one try to acquire, then release), its p50 "
+          "beside dlock's over `rediss://` above. Contention over TLS: the "
+          "Contention section's \"Redis over TLS\" rows.\n"
+          % (redis.__version__, sys.version_info[0], sys.version_info[1],
+             ssl.OPENSSL_VERSION, n))
+    print("| uncontended acquire+release over TLS | dlock (`rediss://`, "
+          "C) | redis-py (`ssl=True`) | dlock ÷ redis-py |")
+    print("|---|---|---|---|")
+    print("| p50 (µs) | %.1f | %.1f | **%.2fx** (target < 1x) |"
+          % (dlock_us, p50, dlock_us / p50))
+    print("| redis-py's p99 (µs), cycles per second | | %.1f, %.0f | |"
+          % (p99, per_s))
+    print()
+    return 0
+
+
 KINDS = {
     "redis": ("redis-py", "redis", "`redis.lock.Lock` (Debian's "
               "python3-redis): `SET NX PX` to acquire, a Lua "
@@ -136,13 +181,19 @@ KINDS = {
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "dlock-python":
         return dlock_python(sys.argv[2], sys.argv[3], "--quick" in sys.argv)
+    if len(sys.argv) >= 4 and sys.argv[1] == "redis-tls":
+        return redis_tls(sys.argv[2], float(sys.argv[3]),
+                         "--quick" in sys.argv[4:])
     if len(sys.argv) >= 5 and sys.argv[1] == "contend":
         kind, addr, name = sys.argv[2:5]
         if kind == "dlock":
             return contend_worker(dlock_lock(addr, name))
-        if kind == "redis":
+        if kind in ("redis", "redis-tls"):
             sleep = float(sys.argv[5]) if len(sys.argv) > 5 else 0.1
-            return contend_worker(redis_lock(addr, name, sleep))
+            ca = None
+            if kind == "redis-tls":
+                addr, ca = addr.split(",", 1)
+            return contend_worker(redis_lock(addr, name, sleep, ca))
         return contend_worker({"kazoo": kazoo_lock,
                                "etcd3": etcd3_lock}[kind](addr, name))
     if len(sys.argv) < 6 or sys.argv[1] not in KINDS:

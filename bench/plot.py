@@ -47,6 +47,8 @@ def cycles(sec):
     """(label, floor, dlock, peer or None) in microseconds."""
     want = [
         ("Redis", "Redis", "uncontended acquire+release, p50", None),
+        # bench_tls.c's row: the bench's own TLS client, dlock on rediss://
+        ("Redis", "Redis over TLS", "over TLS (`rediss://`)", None),
         ("Redlock", "Redlock, 5 nodes", "5 servers (`redlock://`", 3),
         ("File store", "file", "uncontended acquire+release, p50", None),
         ("ZooKeeper", "ZooKeeper", "uncontended acquire+release, p50", None),

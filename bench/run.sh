@@ -4,7 +4,9 @@
 # redis-server (free loopback port, temporary directory, no persistence),
 # a temporary file store, a Sentinel set (a primary, two replicas and three
 # sentinels, private redis-servers), a Redis Cluster (three primaries and a
-# replica of each, private redis-servers), five private redis-servers for Redlock (beside
+# replica of each, private redis-servers), a private redis-server with a TLS
+# port beside its plain one (certificates made for the run by the openssl
+# CLI), five private redis-servers for Redlock (beside
 # node-redlock, which npm installs under BUILD_DIR/npm, never in the
 # tree), a private standalone ZooKeeper server (free
 # loopback port, temporary directory, no fsync) and a private etcd member
@@ -24,8 +26,10 @@ zkpid=
 etcdpid=
 pgpid=
 mypid=
+tlspid=
 cleanup() {
     [ -n "$pid" ] && kill "$pid" 2>/dev/null
+    [ -n "$tlspid" ] && kill "$tlspid" 2>/dev/null
     for p in $rlpids; do kill "$p" 2>/dev/null; done
     [ -n "$zkpid" ] && kill "$zkpid" 2>/dev/null
     [ -n "$etcdpid" ] && kill "$etcdpid" 2>/dev/null
@@ -381,6 +385,82 @@ awk -v f="$clout" '
     END { if (!done) { print ""; cl() } }
 ' "$out" >"$out.new" && mv "$out.new" "$out"
 
+# --- Redis over TLS (bench/bench_tls.c): a redis-server of our own with a
+# TLS port beside its plain port, its certificates made here (a CA and a
+# server certificate for DNS:localhost, EC P-256); the cycles and whole
+# commands, then redis-py's cycle over TLS; its contention rows follow the
+# Redis ones below, then a summary of them ends the subsection, which goes
+# at the end of the Redis section, after the Cluster one
+tlsout=$tmp/results-tls.md
+tlsdir=$tmp/tls
+tlsca=$tlsdir/ca.crt
+tlsport=
+tlsplain=
+tls_certs() { # the CA and the server's certificate and key, in $tlsdir
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+    mkdir -p "$tlsdir"
+    openssl req -x509 -new "${ec[@]}" -keyout "$tlsdir/ca.key" -out "$tlsca" \
+        -days 2 -subj "/CN=dlock bench CA" &&
+        openssl req -new "${ec[@]}" -keyout "$tlsdir/server.key" \
+            -out "$tlsdir/server.csr" -subj "/CN=localhost" &&
+        printf '%s\n' subjectAltName=DNS:localhost basicConstraints=CA:FALSE \
+            keyUsage=digitalSignature extendedKeyUsage=serverAuth >"$tlsdir/ext.cnf" &&
+        openssl x509 -req -in "$tlsdir/server.csr" -CA "$tlsca" \
+            -CAkey "$tlsdir/ca.key" -CAcreateserial -out "$tlsdir/server.crt" \
+            -days 2 -extfile "$tlsdir/ext.cnf"
+}
+tls_start() { # the server: a free TLS port (another if it is taken)
+    local tp
+    for _ in $(seq 5); do
+        tp=$(free_port) || return 1
+        spawn_redis tls --bind 127.0.0.1 --save '' --appendonly no \
+            --dir "$tlsdir" --tls-port "$tp" \
+            --tls-cert-file "$tlsdir/server.crt" \
+            --tls-key-file "$tlsdir/server.key" \
+            --tls-ca-cert-file "$tlsca" --tls-auth-clients no || continue
+        tlspid=$SPAWN_PID
+        # its TLS port answers (not another process's)
+        if [ "$(redis-cli --tls --cacert "$tlsca" --sni localhost -p "$tp" \
+            ping 2>/dev/null)" = PONG ]; then
+            tlsport=$tp
+            tlsplain=$SPAWN_PORT
+            return 0
+        fi
+        kill "$tlspid" 2>/dev/null || true; wait "$tlspid" 2>/dev/null || true; tlspid=
+    done
+    return 1
+}
+# shellcheck disable=SC2016 # Markdown's backquotes, not a command
+tls_head='### Redis over TLS (`rediss://`)'
+if [ ! -x "$build/bench/dlock_bench_tls" ]; then
+    printf '%s\n\nNot measured: dlock_bench_tls was not built (a build without TLS: libssl-dev missing).\n\n' "$tls_head" >"$tlsout"
+elif ! command -v openssl >/dev/null 2>&1; then
+    printf '%s\n\nNot measured: no openssl CLI (Debian package openssl) to make its certificates.\n\n' "$tls_head" >"$tlsout"
+elif ! tls_certs >"$tmp/tls-certs.log" 2>&1; then
+    echo "bench: the TLS certificates were not made:" >&2
+    tail -5 "$tmp/tls-certs.log" >&2
+    printf '%s\n\nNot measured: the openssl CLI did not make its certificates (see the bench output).\n\n' "$tls_head" >"$tlsout"
+elif ! tls_start; then
+    echo "bench: the TLS redis-server did not start; its log:" >&2
+    tail -5 "$tmp"/tls-*.log >&2 || true
+    printf '%s\n\nNot measured: its redis-server did not start with TLS (see the bench output).\n\n' "$tls_head" >"$tlsout"
+else
+    echo "bench: ${SECONDS}s: Redis over TLS" >&2
+    # shellcheck disable=SC2086 # $quick: nothing or --quick
+    if ! "$build/bench/dlock_bench_tls" "$tlsport" "$tlsplain" "$tlsca" \
+        "$(cd "$build" && pwd)/dlock" $quick >"$tlsout"; then
+        printf '%s\n\nNot measured: dlock_bench_tls failed (see the bench output).\n\n' "$tls_head" >"$tlsout"
+    elif ! /usr/bin/python3 -c "import redis" 2>/dev/null; then
+        printf '**Beside redis-py over TLS**: not measured: no python3-redis on this machine.\n\n' >>"$tlsout"
+    else
+        tls_dlock_us=$(table_fig "$tlsout" 'over TLS (' 4)
+        # shellcheck disable=SC2086 # $quick: nothing or --quick
+        /usr/bin/python3 "$root/bench/peer_py.py" redis-tls "$tlsport,$tlsca" \
+            "$tls_dlock_us" $quick >>"$tlsout" ||
+            printf '**Beside redis-py over TLS**: not measured: its script failed (see the bench output).\n\n' >>"$tlsout"
+    fi
+fi
+
 ru=redis://127.0.0.1:$port
 contend "Redis|dlock|Redis" "redis $port" "$cbin" worker "$ru" contend-1
 contend "Redis|dlock, fair|Redis" "redis $port" "$cbin" worker "$ru" contend-2 fair
@@ -394,6 +474,36 @@ if /usr/bin/python3 -c "import cffi" 2>/dev/null; then
     contend "Redis|dlock-python|Redis" "redis $port" "${pyenv[@]}" \
         /usr/bin/python3 "$root/bench/peer_py.py" contend dlock "$ru" contend-5
 fi
+# over TLS, on the TLS server (its plain port counts the commands): at 8
+# processes in --quick too (the target's figures), then a summary of those
+# ends the TLS subsection, spliced at the end of the Redis section
+if [ -n "$tlspid" ]; then
+    tu="rediss://127.0.0.1:$tlsport?cacert=$tlsca&sni=localhost"
+    tls_ns="2 8 64"
+    [ -n "$quick" ] && tls_ns=8
+    contend_ns=$tls_ns contend "Redis over TLS|dlock|Redis over TLS" \
+        "redis $tlsplain" "$cbin" worker "$tu" contend-1
+    contend_ns=$tls_ns contend "Redis over TLS|dlock, fair|Redis over TLS" \
+        "redis $tlsplain" "$cbin" worker "$tu" contend-2 fair
+    if /usr/bin/python3 -c "import redis" 2>/dev/null; then
+        contend_ns=$tls_ns contend "Redis over TLS|redis-py, sleep 0.1 s (its default)|Redis over TLS" \
+            "redis $tlsplain" /usr/bin/python3 "$root/bench/peer_py.py" \
+            contend redis-tls "$tlsport,$tlsca" contend-3
+        contend_ns=$tls_ns contend "Redis over TLS|redis-py, sleep 1 ms|Redis over TLS" \
+            "redis $tlsplain" /usr/bin/python3 "$root/bench/peer_py.py" \
+            contend redis-tls "$tlsport,$tlsca" contend-4 0.001
+    fi
+    python3 "$root/bench/contend.py" "$ctsv" --pick "Redis over TLS" 8 >>"$tlsout" ||
+        printf '**Contention over TLS**: not summarised: bench/contend.py failed (see the bench output).\n\n' >>"$tlsout"
+    kill "$tlspid" 2>/dev/null || true; wait "$tlspid" 2>/dev/null || true; tlspid=
+fi
+awk -v f="$tlsout" '
+    function tl(l) { while ((getline l < f) > 0) print l; print ""; done = 1 }
+    /^## / && seen && !done { tl() }
+    /^## Redis/ { seen = 1 }
+    { print }
+    END { if (!done) { print ""; tl() } }
+' "$out" >"$out.new" && mv "$out.new" "$out"
 # the file store, on the kernel's lock alone and through dlock
 contend "File store|kernel OFD lock (floor: fcntl F_OFD_SETLKW)|" "" "$cbin" worker-ofd "$tmp/ofd-lock"
 contend "File store|dlock|row:kernel OFD lock (floor: fcntl F_OFD_SETLKW)" "" \
