@@ -53,6 +53,25 @@ URIS = [
     "redis://h/%", "redis://h/%0", "redis://h/%00", "redis://h?a=1&a=2",
     "x://", "1a://b", "redis:/h", "redis://h#f", "redis://h p",
     "redis://u:p:q@h", "redis://@h", "redis://:@h", "redis://a@b@c/d?e@f",
+    # Redis over TLS: rediss://, and redis:// with tls=1
+    "rediss://localhost:6380?cacert=/etc/ssl/ca.crt",
+    "rediss://u:p%40w@localhost:6380/2?cacert=/ca.pem&cert=/c.crt&key=/c.key"
+    "&sni=redis.example&prefix=app:&timeout=500",
+    "rediss://127.0.0.1:6380?cacert=%2Ftmp%2Fa%20b%2Fca.crt&sni=localhost",
+    "rediss://[::1]:6380?insecure=1",
+    "rediss://h?insecure=0&cacert=",
+    "rediss://h?cert=/c.crt",
+    "rediss://h?key=/c.key",
+    "rediss://h?sni=",
+    "rediss://h?tls=1&tls=0",
+    "redis://localhost:6380?tls=1&cacert=/ca.pem",
+    "redis://h?tls=0&cacert=/ca.pem",
+    "redis://h?tls=yes&insecure=1",
+    "unix:///run/redis.sock?tls=1&cacert=/ca.pem",
+    "unix:///run/redis.sock?sni=h&insecure=1",
+    "redis-sentinel://s1,s2/m?tls=1&cacert=/ca.pem&sni=redis.example",
+    "redis-cluster://a:7000,b:7001?tls=1&cert=/c.crt&key=/c.key&insecure=1",
+    "redlock://a:1,b:2,c:3?tls=1&cacert=/ca.pem&node_timeout=250",
 ]
 
 for u in URIS:
@@ -162,7 +181,13 @@ for uri, name, resp in [
         ("redis://h", "s", INSPECT[7]), ("redis://h", "p", INSPECT[8]),
         ("redis://h", "k", INSPECT[9]), ("redis://h", "z", INSPECT[10]),
         ("redis://h", "y", INSPECT[11]), ("redis://h", "t", INSPECT[12]),
-        ("redis://h", "u", INSPECT[13])]:
+        ("redis://h", "u", INSPECT[13]),
+        ("rediss://localhost:6380/1?cacert=/ca.pem&sni=h&prefix=t:", "a",
+         INSPECT[0] + SUB[0]),
+        ("redis://h?tls=1&cacert=/ca.pem&cert=/c.crt&key=/c.key", "a",
+         INSPECT[1] + SUB[1]),
+        ("rediss://u:s3cret@h?insecure=1&timeout=100", "n", SUB[3] + SUB[4]),
+        ("unix:///run/r.sock?tls=1", "n", INSPECT[2])]:
     put("redis", fields(uri, name, "s3cret", "WRONGPASS s3cret invalid") +
         b"\0" + bytes([1]) + resp)
 

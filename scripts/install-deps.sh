@@ -2,15 +2,17 @@
 # SPDX-License-Identifier: MIT
 # install-deps.sh GROUP... -- installs the Debian packages dlock needs for
 # the given groups, when they are missing (apt-get; as root, or with sudo).
-#   build     compiler, cmake, pkg-config, hiredis, the ZooKeeper C client,
-#             libcurl and cJSON (etcd), SQLite, libpq (PostgreSQL), MariaDB
-#             Connector/C, libmicrohttpd (the `dlock exporter` command)
+#   build     compiler, cmake, pkg-config, hiredis, OpenSSL (Redis over
+#             TLS), the ZooKeeper C client, libcurl and cJSON (etcd),
+#             SQLite, libpq (PostgreSQL), MariaDB Connector/C,
+#             libmicrohttpd (the `dlock exporter` command)
 #   test      redis-server, zookeeper, etcd, postgresql, pgbouncer and mariadb-server
 #             (started by the tests themselves, never as system services),
 #             their command-line clients, faketime (clock-skew tests),
 #             prometheus and promtool (the exporter's and the alert rules'
-#             tests), curl; python3-cffi, python3-pytest, pip, setuptools
-#             and mypy (the Python package, python/, its tests and types)
+#             tests), curl, openssl (the TLS tests' certificates);
+#             python3-cffi, python3-pytest, pip, setuptools and mypy (the
+#             Python package, python/, its tests and types)
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
 #   busy      stress-ng (make test-busy: the suite on a busy machine)
@@ -23,7 +25,7 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev" ;;
     test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;

@@ -6,8 +6,9 @@
 #
 # ops_lib.sh -- what the operator-command tests share (test_list_break.sh,
 # test_exporter.sh): pass/fail counting, a private store (file:// in a
-# temporary directory, or a private redis-server on a free loopback port),
-# holders started in the background with `dlock run`, bounded waits.
+# temporary directory, or a private redis-server on a free loopback port;
+# rediss: the same with a TLS port too, dlock on it), holders started in
+# the background with `dlock run`, bounded waits.
 #
 # Sourced after DLOCK and KIND are set. Every wait is bounded; each bound
 # says what it covers.
@@ -18,6 +19,8 @@ SKIPS=0
 BG_PIDS=()
 REDIS_PID=
 REDIS_PORT=
+REDIS_TLS_PORT= # rediss
+CERTS=          # rediss: tlscerts.sh's directory
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-ops-XXXXXX") || {
     echo "FAIL: mktemp -d failed" >&2
     exit 1
@@ -116,10 +119,14 @@ free_port() {
     return 1
 }
 
-# start_redis: a private redis-server (no persistence) on a free loopback
-# port in $TMP/redis; REDIS_PID and REDIS_PORT. Exits if it will not start.
+# start_redis [tls]: a private redis-server (no persistence) on a free
+# loopback port in $TMP/redis; REDIS_PID and REDIS_PORT. With "tls" also a
+# TLS port (REDIS_TLS_PORT, the port above; on 127.0.0.1 and ::1 where
+# there is one: localhost may be either) serving $CERTS/server.crt (for
+# localhost; certificates by tests/servers/tlscerts.sh), no client
+# certificate asked. Exits if it will not start.
 start_redis() {
-    local attempt p i dir=$TMP/redis
+    local attempt p i dir=$TMP/redis tls=(--bind 127.0.0.1)
     if ! command -v redis-server >/dev/null 2>&1 ||
         ! command -v redis-cli >/dev/null 2>&1; then
         echo "FAIL: redis-server or redis-cli is not in PATH: install" \
@@ -127,9 +134,26 @@ start_redis() {
         exit 1
     fi
     mkdir -p "$dir"
+    if [ "${1:-}" = tls ]; then
+        CERTS=$TMP/tls
+        if ! bash "$(dirname "${BASH_SOURCE[0]}")/../servers/tlscerts.sh" \
+            "$CERTS" >"$TMP/tlscerts.log" 2>&1; then
+            echo "FAIL: tests/servers/tlscerts.sh could not make the certificates:" >&2
+            show "$TMP/tlscerts.log"
+            exit 1
+        fi
+    fi
     for ((attempt = 0; attempt < 5; attempt++)); do
         p=$(free_port) || continue
-        redis-server --save '' --appendonly no --bind 127.0.0.1 \
+        if [ "${1:-}" = tls ]; then
+            # p + 1 may be taken: redis-server exits, and we try again
+            REDIS_TLS_PORT=$((p + 1))
+            tls=(--bind 127.0.0.1 -::1 --tls-port "$REDIS_TLS_PORT"
+                --tls-cert-file "$CERTS/server.crt"
+                --tls-key-file "$CERTS/server.key"
+                --tls-ca-cert-file "$CERTS/ca.crt" --tls-auth-clients no)
+        fi
+        redis-server --save '' --appendonly no "${tls[@]}" \
             --port "$p" --dir "$dir" --daemonize no \
             >"$dir/log" 2>&1 </dev/null &
         REDIS_PID=$!
@@ -163,6 +187,12 @@ use_store() {
     redis)
         start_redis
         export DLOCK_STORE="redis://127.0.0.1:$REDIS_PORT/0?prefix=opstest:"
+        ;;
+    rediss)
+        # the Redis checks over TLS (the plain port stays for redis-cli)
+        start_redis tls
+        export DLOCK_STORE="rediss://localhost:$REDIS_TLS_PORT/0?prefix=opstest:&cacert=$CERTS/ca.crt"
+        KIND=redis
         ;;
     esac
 }

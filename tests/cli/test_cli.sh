@@ -6,10 +6,13 @@
 #
 # test_cli.sh -- the dlock command-line tool, through its real binary.
 #
-#   bash test_cli.sh /path/to/dlock file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql
+#   bash test_cli.sh /path/to/dlock file|redis|rediss|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql
 #
 # "redis" starts a private redis-server (from PATH) on a free loopback port
-# in a temporary directory and stops it on exit; "redlock" three of them
+# in a temporary directory and stops it on exit; "rediss" the same with a
+# TLS port too (certificates made by tests/servers/tlscerts.sh), dlock on
+# the TLS port (rediss://localhost, the test CA) and redis-cli on the plain
+# one, plus the TLS failures (exit 69); "redlock" three of them
 # (redlock://, quorum 2; at the end it freezes one, then kills two); "zk"
 # likewise a private standalone ZooKeeper server (java from PATH,
 # /usr/share/java/zookeeper.jar: Debian's zookeeper package); "etcd" a
@@ -23,15 +26,15 @@
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|redis-sentinel|redis-cluster|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|rediss|redis-sentinel|redis-cluster|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis | redis-sentinel | redis-cluster | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
+file | redis | rediss | redis-sentinel | redis-cluster | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
 *)
-    echo "test_cli.sh: store kind must be 'file', 'redis', 'redis-sentinel', 'redis-cluster', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
+    echo "test_cli.sh: store kind must be 'file', 'redis', 'rediss', 'redis-sentinel', 'redis-cluster', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
     exit 2
     ;;
 esac
@@ -46,6 +49,10 @@ BG_PIDS=()
 REDIS_PIDS=()  # one redis-server per node (redis: 1, redlock: 3)
 REDIS_PORTS=()
 REDIS_PORT=    # the first node's port
+REDIS_TLS=     # rediss: 1 (the node gets a TLS port too)
+REDIS_TLS_PORT=
+CERTS=         # rediss: tlscerts.sh's directory
+TLS_STORE=     # rediss: the store URI over TLS
 PW_STORE=      # redlock: DLOCK_STORE with user dlu and its password
 ZK_PID=
 ZK_PORT=
@@ -55,6 +62,7 @@ SQL_PID=
 SQL_PORT=
 SQL_DIR=
 SQLSERVER=$(cd "$(dirname "$0")/../servers" && pwd)/sqlserver.sh
+TLSCERTS=$(cd "$(dirname "$0")/../servers" && pwd)/tlscerts.sh
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-cli-XXXXXX") || {
     echo "FAIL: mktemp -d failed" >&2
     exit 1
@@ -261,8 +269,11 @@ start_redis() {
 
 # start_redis_node I: starts node I (REDIS_PIDS[I], REDIS_PORTS[I]). The
 # nodes started before it listen already, so it never picks their ports.
+# With REDIS_TLS=1 it also gets a TLS port (REDIS_TLS_PORT; on 127.0.0.1,
+# and ::1 where there is one: localhost may be either) serving
+# $CERTS/server.crt (for localhost), no client certificate asked.
 start_redis_node() {
-    local node=$1 attempt p i pid dir=$TMP/redis$1
+    local node=$1 attempt p i pid dir=$TMP/redis$1 tls=()
     mkdir -p "$dir"
     for ((attempt = 0; attempt < 5; attempt++)); do
         # a free loopback port: nothing answers on it
@@ -277,7 +288,16 @@ start_redis_node() {
         if [ -z "$p" ]; then
             continue
         fi
-        redis-server --save '' --appendonly no --bind 127.0.0.1 \
+        tls=(--bind 127.0.0.1)
+        if [ -n "$REDIS_TLS" ]; then
+            # the port above p (as free as p: retried like it if taken)
+            REDIS_TLS_PORT=$((p + 1))
+            tls=(--bind 127.0.0.1 -::1 --tls-port "$REDIS_TLS_PORT"
+                --tls-cert-file "$CERTS/server.crt"
+                --tls-key-file "$CERTS/server.key"
+                --tls-ca-cert-file "$CERTS/ca.crt" --tls-auth-clients no)
+        fi
+        redis-server --save '' --appendonly no "${tls[@]}" \
             --port "$p" --dir "$dir" --daemonize no \
             >"$dir/log" 2>&1 </dev/null &
         pid=$!
@@ -628,6 +648,22 @@ redis)
     start_redis 1
     export DLOCK_STORE="redis://127.0.0.1:$REDIS_PORT"
     ;;
+rediss)
+    # the Redis checks below over TLS: dlock on the TLS port as localhost
+    # (server.crt names localhost only), checked against the test CA;
+    # redis-cli behind dlock's back on the plain port of the same server
+    CERTS=$TMP/tls
+    if ! bash "$TLSCERTS" "$CERTS" >"$TMP/tlscerts.log" 2>&1; then
+        echo "FAIL: tests/servers/tlscerts.sh could not make the certificates:" >&2
+        show "$TMP/tlscerts.log"
+        exit 1
+    fi
+    REDIS_TLS=1
+    start_redis 1
+    TLS_STORE="rediss://localhost:$REDIS_TLS_PORT?cacert=$CERTS/ca.crt"
+    export DLOCK_STORE=$TLS_STORE
+    KIND=redis
+    ;;
 redis-sentinel)
     # the Redis checks below, through three sentinels (the primary is
     # REDIS_PORT, looked at behind dlock's back as on redis://)
@@ -877,6 +913,49 @@ if [ "$KIND" = redlock ]; then
     else
         fail "redlock: unreachable nodes with a password: exit $RC: $(cat "$TMP/out" "$TMP/err")"
     fi
+fi
+if [ -n "$TLS_STORE" ]; then
+    # Redis over TLS: a run through the TLS port, and each way it fails:
+    # a store error (exit 69) within the 2 s connect timeout, the command
+    # not run, the cause in words, no password. BOUND (20 s) is the limit.
+    expect_rc 0 "run over TLS (rediss://, the test CA)" -- \
+        run --store "$TLS_STORE" tlsL -- true
+    dl run --store "redis://localhost:$REDIS_TLS_PORT?tls=1&cacert=$CERTS/ca.crt" \
+        tlsL -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+    if [ "$RC" -eq 0 ] && grep -q '^[1-9][0-9]*$' "$TMP/out"; then
+        pass "run over TLS (redis://...?tls=1), token $(cat "$TMP/out")"
+    else
+        fail "run over redis://...?tls=1: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    # tls_refused DESCRIPTION WORD URI: `dlock run` on URI exits 69
+    # without running its command, the message saying WORD (a regular
+    # expression, case ignored) and no password
+    tls_refused() {
+        local what=$1 word=$2 uri=$3
+        rm -f "$TMP/tls.ran"
+        dl run --store "$uri" tlsL -- sh -c ': > "$0"' "$TMP/tls.ran"
+        if [ "$RC" -eq 69 ] && [ ! -e "$TMP/tls.ran" ] &&
+            grep -qiE "$word" "$TMP/err" && ! grep -q Pw9Secret "$TMP/out" "$TMP/err"; then
+            pass "rediss: $what: exit 69, '$(head -c 120 "$TMP/err")'"
+        else
+            fail "rediss: $what: exit $RC (expected 69, /$word/, command" \
+                "not run, no password): $(cat "$TMP/out" "$TMP/err")"
+        fi
+    }
+    tls_refused "a CA that did not sign the server's certificate" certificate \
+        "rediss://localhost:$REDIS_TLS_PORT?cacert=$CERTS/other-ca.crt"
+    tls_refused "a cacert file that does not exist" "no such file|nope\.crt" \
+        "rediss://localhost:$REDIS_TLS_PORT?cacert=$CERTS/nope.crt"
+    tls_refused "a certificate for localhost reached as 127.0.0.1" mismatch \
+        "rediss://127.0.0.1:$REDIS_TLS_PORT?cacert=$CERTS/ca.crt"
+    tls_refused "the password with a CA that did not sign" certificate \
+        "rediss://u:Pw9Secret@localhost:$REDIS_TLS_PORT?cacert=$CERTS/other-ca.crt"
+    expect_rc 69 "rediss:// on the plain port" -- \
+        run --store "rediss://localhost:$REDIS_PORT?cacert=$CERTS/ca.crt&timeout=500" tlsL -- true
+    expect_rc 69 "redis:// (no TLS) on the TLS port" -- \
+        run --store "redis://127.0.0.1:$REDIS_TLS_PORT" tlsL -- true
+    expect_rc 0 "run over TLS with insecure=1 and a CA that did not sign" -- \
+        run --store "rediss://localhost:$REDIS_TLS_PORT?cacert=$CERTS/other-ca.crt&insecure=1" tlsL -- true
 fi
 # --store wins over DLOCK_STORE
 dl status --store "file://$TMP/other" storeL

@@ -6,7 +6,7 @@
 # test_exporter.sh -- `dlock exporter` through the real binary, read by
 # curl, promtool and a real Prometheus server.
 #
-#   bash test_exporter.sh /path/to/dlock file|redis
+#   bash test_exporter.sh /path/to/dlock file|redis|rediss
 #
 # Holds a few locks with `dlock run` (one name with a double quote, a
 # backslash and a newline; one that is not UTF-8; a read-held one), starts
@@ -29,15 +29,15 @@
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|rediss" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis) ;;
+file | redis | rediss) ;;
 *)
-    echo "test_exporter.sh: store kind must be 'file' or 'redis', not '$KIND'" >&2
+    echo "test_exporter.sh: store kind must be 'file', 'redis' or 'rediss', not '$KIND'" >&2
     exit 2
     ;;
 esac

@@ -6,7 +6,7 @@
 # test_list_break.sh -- `dlock list` and `dlock break` through the real
 # binary, on a real store.
 #
-#   bash test_list_break.sh /path/to/dlock file|redis
+#   bash test_list_break.sh /path/to/dlock file|redis|rediss
 #
 # Holds a few locks with `dlock run` (odd names among them: a quote, a
 # backslash, a newline and a tab; bytes that are not UTF-8; UTF-8), then
@@ -22,15 +22,15 @@
 set -u
 
 if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis" >&2
+    echo "usage: bash $0 /path/to/dlock file|redis|rediss" >&2
     exit 2
 fi
 DLOCK=$1
 KIND=$2
 case $KIND in
-file | redis) ;;
+file | redis | rediss) ;;
 *)
-    echo "test_list_break.sh: store kind must be 'file' or 'redis', not '$KIND'" >&2
+    echo "test_list_break.sh: store kind must be 'file', 'redis' or 'rediss', not '$KIND'" >&2
     exit 2
     ;;
 esac

@@ -234,6 +234,24 @@ static int redis_ping(th_redis *r)
     return ok;
 }
 
+/* The TLS lines of a th_redis_start_tls() server's config (nothing for
+ * the others), on its TLS port and certificate, so that a restart has
+ * them too. */
+static void redis_tls_conf(FILE *f, const th_redis *r)
+{
+    const char *d;
+
+    if (!r->tls_port)
+        return;
+    d = th_tls_certs();
+    fprintf(f,
+            "tls-port %d\ntls-cert-file \"%s/%s.crt\"\n"
+            "tls-key-file \"%s/%s.key\"\ntls-ca-cert-file \"%s/ca.crt\"\n"
+            "tls-auth-clients %s\n",
+            r->tls_port, d, r->tls_cert, d, r->tls_cert, d,
+            r->tls_auth_clients ? "yes" : "no");
+}
+
 static int redis_launch(th_redis *r)
 {
     char conf[700];
@@ -249,10 +267,12 @@ static int redis_launch(th_redis *r)
                 r->port, r->dir, r->dir, r->extra);
     else
         fprintf(f,
-                "port %d\nbind 127.0.0.1\nunixsocket %s\nunixsocketperm "
+                "port %d\nbind 127.0.0.1%s\nunixsocket %s\nunixsocketperm "
                 "700\nsave \"\"\nappendonly no\ndir %s\nlogfile "
                 "%s/redis.log\ndaemonize no\n%s\n",
-                r->port, r->sock, r->dir, r->dir, r->extra);
+                r->port, r->tls_port ? " -::1" : "", r->sock, r->dir, r->dir,
+                r->extra);
+    redis_tls_conf(f, r);
     fclose(f);
     r->pid = fork();
     if (r->pid < 0)
@@ -334,6 +354,44 @@ int th__redis_start_port(th_redis *r, const char *extra, int port)
 void th_redis_start(th_redis *r, const char *extra)
 {
     th__redis_start(r, extra, 0);
+}
+
+void th_redis_start_tls(th_redis *r, const char *cert, int auth_clients,
+                        const char *extra)
+{
+    char ca[900], ccert[900], ckey[900];
+
+    th_tls_certs(); /* made before the server needs them */
+    redis_init(r, extra, 0);
+    snprintf(r->tls_cert, sizeof(r->tls_cert), "%s", cert);
+    r->tls_auth_clients = auth_clients;
+    for (int attempt = 0; attempt < 5; attempt++) {
+        r->port = th_free_port();
+        /* another free port (bounded: the kernel hands out ports in
+         * turn, the same one twice in a row is rare) */
+        r->tls_port = th_free_port();
+        for (int i = 0; i < 100 && r->tls_port == r->port; i++)
+            r->tls_port = th_free_port();
+        if (r->tls_port == r->port)
+            continue;
+        if (redis_launch(r) == 0) {
+            snprintf(r->uri, sizeof(r->uri), "redis://127.0.0.1:%d",
+                     r->port);
+            th_tls_param(ca, sizeof(ca), "ca.crt");
+            if (auth_clients)
+                snprintf(r->tls_uri, sizeof(r->tls_uri),
+                         "rediss://localhost:%d?cacert=%s&cert=%s&key=%s",
+                         r->tls_port, ca,
+                         th_tls_param(ccert, sizeof(ccert), "client.crt"),
+                         th_tls_param(ckey, sizeof(ckey), "client.key"));
+            else
+                snprintf(r->tls_uri, sizeof(r->tls_uri),
+                         "rediss://localhost:%d?cacert=%s", r->tls_port, ca);
+            return;
+        }
+    }
+    th_fail(__FILE__, __LINE__,
+            "redis-server with a TLS port did not start (see %s)", r->dir);
 }
 
 

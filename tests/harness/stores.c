@@ -21,6 +21,20 @@ void th_store_start(th_store *s, const char *k)
         snprintf(s->uri, sizeof(s->uri), "%s", s->srv.uri);
         s->has_leases = s->lease_runs_out = s->ttl_visible = 1;
         s->short_ttl = 300;
+    } else if (!strcmp(k, "rediss")) {
+        /* the Redis store over TLS: a server with a plain and a TLS port,
+         * the client on the TLS port (certificate for localhost, checked
+         * against the test CA; no client certificate). Every Redis
+         * contract is to hold; looked at behind its back on the plain
+         * port (s->srv.port), as redis:// */
+#ifndef TH_REDIS_TLS
+        th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
+#endif
+        th_redis_start_tls(&s->srv, "server", 0, NULL);
+        snprintf(s->uri, sizeof(s->uri), "%s", s->srv.tls_uri);
+        s->kind = "redis";
+        s->has_leases = s->lease_runs_out = s->ttl_visible = 1;
+        s->short_ttl = 300;
     } else if (!strcmp(k, "redis-sentinel")) {
         /* the same store through the sentinels: every contract holds;
          * looked at behind its back on the primary, as redis:// */

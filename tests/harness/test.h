@@ -125,13 +125,55 @@ typedef struct th_redis {
     char uri[128];
     char extra[1024];
     int sentinel; /* started as redis-server --sentinel */
+    /* th_redis_start_tls() only (tls_port 0: no TLS port) */
+    int tls_port;
+    int tls_auth_clients; /* tls-auth-clients yes: a client certificate */
+    char tls_cert[32];    /* "server", "server-ip", "expired" */
+    char tls_uri[1200];   /* rediss://localhost:TLS_PORT?cacert=... */
 } th_redis;
 
 /* Starts redis-server (fails the test if it cannot). `extra` is appended
  * to its config (may be NULL). */
 void th_redis_start(th_redis *r, const char *extra);
-/* Starts it again on the same port (after a kill or stop). */
+/* Starts it again on the same port (after a kill or stop); a server
+ * started with th_redis_start_tls() gets its TLS port and certificate
+ * back too. */
 void th_redis_restart(th_redis *r);
+
+/* --- Redis over TLS (tls.c) ---
+ * The test certificates, made once per process by
+ * tests/servers/tlscerts.sh in a directory under th_tmpdir(): ca.crt (the
+ * test CA), server.crt/.key (SAN DNS:localhost only), server-ip.crt/.key
+ * (SAN IP:127.0.0.1 and DNS:localhost), expired.crt/.key (DNS:localhost,
+ * valid 2020-2021 only), client.crt/.key (a client certificate),
+ * other-ca.crt/.key (a CA that signed nothing used here), mismatch.key (a
+ * key of no certificate). Returns the directory; fails the test when
+ * openssl cannot make them. */
+const char *th_tls_certs(void);
+/* The path of `file` in th_tls_certs(), percent-escaped for a URI
+ * parameter (every byte but [A-Za-z0-9._~/-] as %XX), in out; returns
+ * out. */
+char *th_tls_param(char *out, size_t cap, const char *file);
+/* Starts redis-server with a plain port (r->port, r->uri, r->sock as
+ * th_redis_start) and a TLS port (r->tls_port) on 127.0.0.1 (and ::1 when
+ * the machine has it: "localhost" may resolve to either), serving
+ * th_tls_certs()' CERT.crt and CERT.key (cert: "server", "server-ip" or
+ * "expired"), trusting ca.crt for client certificates, which it demands
+ * when auth_clients is 1 (tls-auth-clients yes; else no). `extra` is
+ * appended to its config. r->tls_uri is
+ * rediss://localhost:TLS_PORT?cacert=CERTS/ca.crt, with
+ * &cert=CERTS/client.crt&key=CERTS/client.key when auth_clients is 1.
+ * Fails the test if it cannot start. */
+void th_redis_start_tls(th_redis *r, const char *cert, int auth_clients,
+                        const char *extra);
+/* Runs redis-cli --tls against r's TLS port as host localhost (the test
+ * CA; the client certificate when the server demands one) with ARGS
+ * (printf-style, given to the shell), 10 s at most; copies its output
+ * (stdout and stderr, the last newline dropped) into out; returns its
+ * exit status. A check of the server behind the library's back, that
+ * needs no TLS of the library's. */
+int th_redis_tls_cli(th_redis *r, char *out, size_t cap, const char *fmt,
+                     ...) __attribute__((format(printf, 4, 5)));
 
 /* --- Redis under Sentinel: a primary, two replicas, three sentinels --- */
 typedef struct th_sentinels {
@@ -512,8 +554,10 @@ typedef struct th_waiter {
 } th_waiter;
 void *th_wait_thread(void *arg);
 
-/* A store for the store tests, started by kind: file, redis,
- * redis-sentinel and redis-cluster (both run as "redis"), redlock, zk,
+/* A store for the store tests, started by kind: file, redis, rediss
+ * (Redis over TLS: th_redis_start_tls() with the server certificate for
+ * localhost, no client certificate; the store URI is its tls_uri),
+ * redis-sentinel and redis-cluster (these three run as "redis"), redlock, zk,
  * etcd, sqlite, pg, pg-advisory, pg-pgbouncer, pg-advisory-pgbouncer, mysql (th_skip() when this build or machine lacks it). What the store
  * does:
  *  - has_leases: a lock outlives a dead or frozen holder only by its ttl

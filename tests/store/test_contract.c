@@ -1465,7 +1465,8 @@ int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr,
-                "usage: %s file|redis|redlock|zk|etcd|sqlite|pg|pg-advisory|"
+                "usage: %s file|redis|rediss|redis-sentinel|redis-cluster|"
+                "redlock|zk|etcd|sqlite|pg|pg-advisory|"
                 "pg-pgbouncer|pg-advisory-pgbouncer|mysql "
                 "[filter]\n",
                 argv[0]);
