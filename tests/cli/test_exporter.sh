@@ -512,14 +512,14 @@ fi
     wait "$REDIS_PID"
 } 2>/dev/null
 REDIS_PID=
-FAILED_RE='^dlock_exporter_up{store="redis://[^"]*"} 0$'
-ERRS_RE='^dlock_exporter_scrape_errors_total{store="redis://[^"]*"} [1-9]'
+FAILED_RE='^dlock_exporter_up{store="rediss\{0,1\}://[^"]*"} 0$'
+ERRS_RE='^dlock_exporter_scrape_errors_total{store="rediss\{0,1\}://[^"]*"} [1-9]'
 # one scrape: a dead Redis refuses the connection at once; the library
 # gives up after its store timeout (2 s) at worst
 scrape "$TMP/m2"
 if [ "$CODE" = 200 ] && grep -q "$FAILED_RE" "$TMP/m2" &&
     grep -q "$ERRS_RE" "$TMP/m2" &&
-    ! grep -q '^dlock_lock_[a-z_]*{store="redis://' "$TMP/m2" &&
+    ! grep -q '^dlock_lock_[a-z_]*{store="rediss\{0,1\}://' "$TMP/m2" &&
     promtool check metrics <"$TMP/m2" >/dev/null 2>&1; then
     pass "a failing store: dlock_exporter_up 0, its error counted, no partial listing, still valid metrics"
 else

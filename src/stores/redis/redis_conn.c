@@ -75,6 +75,26 @@ static int64_t budget(const dlock__rconn_target *t, int64_t deadline)
     return ms < MIN_IO_MS ? MIN_IO_MS : ms;
 }
 
+/* What a connection that failed at its first round trip may mean: a
+ * TLS port spoken to in plain text answers with an alert or hangs up; a
+ * server that demands a client certificate (TLS 1.3) hangs up after the
+ * handshake, its alert often lost to the reset. "" when nothing fits. */
+static const char *connect_hint(const dlock__rconn_target *t,
+                                const redisContext *ctx, int err)
+{
+    int hung_up = err == ECONNRESET || err == EPIPE ||
+                  ctx->err == REDIS_ERR_EOF ||
+                  strstr(ctx->errstr, "reset by peer") ||
+                  strstr(ctx->errstr, "Broken pipe");
+
+    if (!t->cfg->tls && (hung_up || ctx->err == REDIS_ERR_PROTOCOL))
+        return " (a TLS port? use rediss://)";
+    if (t->cfg->tls && hung_up && !dlock__rtls_has_cert(t->cfg->tls))
+        return " (does the server demand a client certificate? give "
+               "cert= and key=)";
+    return "";
+}
+
 /* One try of dlock__rconn_connect(); *asked_again set when the server it
  * reached (or could not reach) was not the primary the topology named. */
 static int connect_once(const dlock__rconn_target *t, int load_scripts,
@@ -137,10 +157,9 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
                                                  "ms",
                                     t->where, (long long)ms)
                        : dlock__err(DLOCK_ECONN, "%s: %s%s", t->where,
-                                    strerror(errno),
-                                    !t->cfg->tls && errno == ECONNRESET
-                                        ? " (a TLS port? use rediss://)"
-                                        : "");
+                                    t->cfg->tls ? ctx->errstr
+                                                : strerror(errno),
+                                    connect_hint(t, ctx, errno));
         dlock__rio_free(ctx);
         return rc;
     }
@@ -149,13 +168,10 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
         if (dlock__rio_get_reply(ctx, (void **)&r) != REDIS_OK || !r) {
             if (rc == DLOCK_OK)
                 rc = dlock__redis_io_failure(t->where, ctx, ms);
-            /* a TLS port answers plain text with an alert, or hangs up */
-            if (!t->cfg->tls && (ctx->err == REDIS_ERR_EOF ||
-                                 ctx->err == REDIS_ERR_PROTOCOL ||
-                                 strstr(ctx->errstr, "reset by peer"))) {
+            if (*connect_hint(t, ctx, 0)) {
                 char m[256]; /* (the message is rewritten in place) */
                 snprintf(m, sizeof(m), "%s", dlock_errmsg());
-                rc = dlock__err(rc, "%s (a TLS port? use rediss://)", m);
+                rc = dlock__err(rc, "%s%s", m, connect_hint(t, ctx, 0));
             }
             break;
         }

@@ -610,6 +610,16 @@ short dlock__rio_wants(const redisContext *ctx)
     return POLLOUT;
 }
 
+int dlock__rtls_has_cert(const dlock__rtls *t)
+{
+#ifdef DLOCK_HAVE_REDIS_TLS
+    return t && SSL_CTX_get0_certificate(t->ctx) != NULL;
+#else
+    (void)t;
+    return 0;
+#endif
+}
+
 int dlock__rio_is_tls(const redisContext *ctx)
 {
     return TLS_OF(ctx) != NULL;
@@ -629,6 +639,32 @@ int dlock__rio_nonblocking(redisContext *ctx)
 /* Bytes                                                                    */
 /* ------------------------------------------------------------------------ */
 
+#ifdef DLOCK_HAVE_REDIS_TLS
+/* A TLS write failed: the peer went. It may have said why first (an
+ * alert, such as TLS 1.3's "certificate required", which comes after
+ * the handshake): one read takes it, if it is still there. ctx->errstr
+ * gets the reason; errno the system's (EPROTO for an alert). */
+static void write_failed(redisContext *ctx, rio_tls *rt)
+{
+    int sys = errno ? errno : EPIPE;
+    char b[64], r[200];
+
+    ssl_reason(r, sizeof(r));
+    ERR_clear_error();
+    errno = 0;
+    (void)SSL_read(rt->ssl, b, sizeof(b));
+    ssl_reason(r, sizeof(r));
+    ctx->err = REDIS_ERR_IO;
+    if (r[0]) {
+        snprintf(ctx->errstr, sizeof(ctx->errstr), "TLS: %.120s", r);
+        errno = EPROTO;
+    } else {
+        snprintf(ctx->errstr, sizeof(ctx->errstr), "%s", strerror(sys));
+        errno = sys;
+    }
+}
+#endif
+
 int dlock__rio_send(redisContext *ctx)
 {
     size_t len = sdslen(ctx->obuf);
@@ -647,10 +683,7 @@ int dlock__rio_send(redisContext *ctx)
                     rt->wants = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
                     return 0;
                 }
-                char r[200];
-                ssl_reason(r, sizeof(r));
-                if (!errno)
-                    errno = EPIPE;
+                write_failed(ctx, rt);
                 return -1;
             }
             w = n;

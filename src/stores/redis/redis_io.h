@@ -38,6 +38,9 @@ int dlock__rtls_open(const dlock__uri *u, const char *what,
                      dlock__rtls **out);
 void dlock__rtls_free(dlock__rtls *t);
 
+/* Does the store give a client certificate? */
+int dlock__rtls_has_cert(const dlock__rtls *t);
+
 /* The URI parameters dlock__rtls_open reads, NULL-terminated, for the
  * stores' lists of what they accept. */
 extern const char *const dlock__rtls_params[];
@@ -66,7 +69,8 @@ short dlock__rio_wants(const redisContext *ctx);
 /* Is this connection TLS? */
 int dlock__rio_is_tls(const redisContext *ctx);
 
-/* Sends what ctx has buffered (see dlock__redis_send). */
+/* Sends what ctx has buffered (see dlock__redis_send). On -1 (failed)
+ * ctx->errstr says why: for TLS the server's alert when it sent one. */
 int dlock__rio_send(redisContext *ctx);
 
 /* Reads what the socket has into the reply reader: once for a plain
