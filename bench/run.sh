@@ -16,6 +16,9 @@
 # loopback port, temporary directory, log flushed once a second), and writes
 # docs/benchmarks.md (--quick: BUILD_DIR/benchmarks-quick.md).
 set -euo pipefail
+# the tree the build was made from: read now, not when the document is
+# written (a commit made during a 14-minute run would be named instead)
+rev=$(git -C "$(dirname "$0")/.." describe --always --dirty 2>/dev/null || echo '?')
 build=${1:-build-bench}
 quick=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -958,8 +961,6 @@ else
 fi
 
 cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
-# before the document is rewritten (that alone would make the tree dirty)
-rev=$(git -C "$root" describe --always --dirty 2>/dev/null || echo '?')
 doc=$root/docs/benchmarks.md
 [ -n "$quick" ] && doc=$build/benchmarks-quick.md
 {
