@@ -294,6 +294,9 @@ int dlock__rtls_open(const dlock__uri *u, const char *what,
         SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION);
         SSL_CTX_set_mode(t->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
                                      SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+        /* one read(2) takes what the socket has (a record's header and
+         * body, several records), not five bytes and then the rest */
+        SSL_CTX_set_read_ahead(t->ctx, 1);
         SSL_CTX_set_verify(t->ctx,
                            t->insecure ? SSL_VERIFY_NONE : SSL_VERIFY_PEER,
                            NULL);
@@ -745,9 +748,8 @@ int dlock__rio_fill(redisContext *ctx)
 
     if (!rt)
         return redisBufferRead(ctx);
-    /* TLS: read until the socket is dry (non-blocking), or once and then
-     * what OpenSSL holds (blocking): no record is left where no poll()
-     * would see it */
+    /* TLS: read until OpenSSL holds nothing more (with read-ahead, one
+     * read(2) usually): no record is left where no poll() would see it */
     for (int i = 0; i < 1024; i++) {
         ssize_t n = dlock__rio_read(ctx, buf, sizeof(buf));
         if (n > 0) {
@@ -757,7 +759,10 @@ int dlock__rio_fill(redisContext *ctx)
                          ctx->reader->errstr);
                 return REDIS_ERR;
             }
-            if ((ctx->flags & REDIS_BLOCK) && !dlock__rio_pending(ctx))
+            /* nothing kept by OpenSSL: the rest, if any, is still in
+             * the socket, where poll() sees it (no read just to hear
+             * EAGAIN) */
+            if (!dlock__rio_pending(ctx))
                 return REDIS_OK;
             continue;
         }
