@@ -3,7 +3,8 @@
  * bench_tls.c -- Redis over TLS (rediss://) beside the least a TLS client
  * does for the same work, on one redis-server with a TLS port and a plain
  * port, in one run. The target: "uncontended cycle over TLS <= 1.1x the
- * TLS floor".
+ * TLS floor: the same acquire and release commands sent over one TLS
+ * connection by the bench itself, in the same run".
  *
  *   dlock_bench_tls TLS_PORT PLAIN_PORT CACERT DLOCK [--quick]
  *
@@ -13,18 +14,40 @@
  * Everything connects to 127.0.0.1 and checks the certificate for the
  * name `localhost` (sent as SNI too); DLOCK is the CLI's path.
  *
- * Cycles: an uncontended acquire + release, four kinds alternating in
+ * The floors are dlock's own commands, captured and replayed. Capture
+ * (before any timing, once per dlock kind, on that kind's own client and
+ * lock, after one warm-up cycle): a hiredis connection to the plain port
+ * sends MONITOR, then one dlock_acquire + dlock_release runs, bracketed
+ * by ECHO markers sent on another plain connection (the server runs
+ * commands in order: what comes between the first two markers is the
+ * acquire's, between the last two the release's). Each MONITOR line
+ * (`TIME [DB ADDR] "ARG" ...`, C-style escapes inside the quotes) is split
+ * by hiredis' sdssplitargs; kept are the EVALSHA calls that name the
+ * lock's key (not the scripts' own calls, `[0 lua]`, nor anything else:
+ * they are listed on stderr for the record). The MONITOR connection has
+ * a read timeout and is closed before the timing; fewer than one command
+ * on either side is fatal. The release script takes the key, the owner,
+ * the channel and a time, no token: a replayed acquire + release is a
+ * whole cycle on the same key, with the same owner, as dlock's (never at
+ * the same time as dlock's: the kinds take turns, and each cycle ends
+ * released). A replayed cycle checks its replies: the acquire's a token
+ * (a string), the release's 1; anything else is fatal.
+ *
+ * Cycles: an uncontended acquire + release, five kinds alternating in
  * chunks (chunked_ops), each on one connection or client throughout:
  *   TLS floor     the bench's own TLS client: a TCP connection, OpenSSL's
  *                 SSL_connect with the CA and the host name checked, then
- *                 bench.c's floor cycle (SET NX PX, then EVALSHA of the
- *                 compare-and-delete script), each command formatted by
- *                 hiredis' redisFormatCommand, written with one SSL_write
- *                 and its reply parsed by hiredis' redisReader from
- *                 SSL_read: what hiredis does over a socket, over TLS
+ *                 the commands captured from "dlock, TLS", each formatted
+ *                 by hiredis' redisFormatCommandArgv, written with one
+ *                 SSL_write and its reply parsed by hiredis' redisReader
+ *                 from SSL_read: what hiredis does over a socket, over TLS
  *   dlock, TLS    dlock_acquire + dlock_release on rediss://
- *   plain floor   bench.c's floor through hiredis on the plain port
+ *   plain floor   the commands captured from "dlock, plain", through
+ *                 hiredis' redisCommandArgv on the plain port
  *   dlock, plain  the same on redis:// (the plain port)
+ *   bench.c's floor over TLS   context only: bench.c's floor cycle (SET
+ *                 NX PX, then EVALSHA of a compare-and-delete script) on
+ *                 the TLS floor's connection
  * A chunk's figure is its p50; a ratio is the median of the chunks'
  * ratios, with their range.
  *
