@@ -60,6 +60,7 @@
  */
 #include <dlock.h>
 #include <hiredis.h>
+#include <sds.h> /* hiredis' sdssplitargs */
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -76,6 +77,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,6 +97,239 @@ extern char **environ;
     "return redis.call('DEL', KEYS[1]) end return 0"
 
 /* ------------------------------------------------------------------------ */
+/* dlock's commands, captured with MONITOR                                  */
+/* ------------------------------------------------------------------------ */
+
+#define CAP_MAX 8           /* commands kept on either side */
+#define CAP_LINES 100000    /* MONITOR lines read at most */
+#define CAP_TIMEOUT_S 2     /* the longest wait for one MONITOR line */
+
+typedef struct rcmd_cap {
+    int argc;
+    sds *argv;    /* sdssplitargs' */
+    size_t *lens; /* argv[i]'s lengths */
+} rcmd_cap;
+
+/* One cycle's commands: acq[0..nacq) then rel[0..nrel). */
+typedef struct capture {
+    const char *label;
+    rcmd_cap acq[CAP_MAX], rel[CAP_MAX];
+    int nacq, nrel;
+} capture;
+
+static void print_args(FILE *f, int argc, sds *argv, int max)
+{
+    for (int i = 0; i < argc && i < max; i++) {
+        sds r = sdscatrepr(sdsempty(), argv[i], sdslen(argv[i]));
+        fprintf(f, " %s", r ? r : "?");
+        sdsfree(r);
+    }
+    if (argc > max)
+        fprintf(f, " ...");
+}
+
+/* A lock's command: EVALSHA (or EVAL) with a key that holds `name`. */
+static int lock_command(int argc, sds *argv, const char *name)
+{
+    if (argc < 3 || (strcasecmp(argv[0], "EVALSHA") &&
+                     strcasecmp(argv[0], "EVAL")))
+        return 0;
+    long nk = strtol(argv[2], NULL, 10);
+    for (long i = 3; i < 3 + nk && i < argc; i++)
+        if (strstr(argv[i], name))
+            return 1;
+    return 0;
+}
+
+static void echo(redisContext *c, const char *mark)
+{
+    redisReply *r = redisCommand(c, "ECHO %s", mark);
+    if (!r || r->type == REDIS_REPLY_ERROR)
+        die("capture: ECHO", r ? r->str : c->errstr);
+    freeReplyObject(r);
+}
+
+/*
+ * dlock's commands for one uncontended cycle of lock l (named name),
+ * seen by MONITOR on the plain port pport: the EVALSHA calls on its key
+ * between ECHO markers sent on `mark` (a plain connection) before the
+ * acquire, between it and the release, and after the release.
+ */
+static void capture_cycle(capture *cap, const char *label, int pport,
+                          redisContext *mark, dlock *l, const char *name)
+{
+    struct timeval tv = {CAP_TIMEOUT_S, 0};
+    char marks[3][64];
+    redisContext *mon = redisConnectWithTimeout(HOST, pport, tv);
+    redisReply *r;
+
+    memset(cap, 0, sizeof(*cap));
+    cap->label = label;
+    h_dlock_once(l); /* warm: its connection opened, its scripts loaded */
+    if (!mon || mon->err)
+        die("capture: connect", mon ? mon->errstr : "out of memory");
+    if (redisSetTimeout(mon, tv) != REDIS_OK)
+        die("capture", "cannot set the MONITOR connection's read timeout");
+    r = redisCommand(mon, "MONITOR");
+    if (!r || r->type == REDIS_REPLY_ERROR)
+        die("capture: MONITOR", r ? r->str : mon->errstr);
+    freeReplyObject(r);
+    for (int i = 0; i < 3; i++)
+        snprintf(marks[i], sizeof(marks[i]), "dlock-bench-capture-%ld-%d",
+                 (long)getpid(), i);
+
+    echo(mark, marks[0]);
+    if (dlock_acquire(l, 0) != DLOCK_OK)
+        die("capture: acquire", dlock_errmsg());
+    echo(mark, marks[1]);
+    if (dlock_release(l) != DLOCK_OK)
+        die("capture: release", dlock_errmsg());
+    echo(mark, marks[2]);
+
+    int side = -1; /* -1 before the first mark, 0 acquire, 1 release */
+    fprintf(stderr, "bench_tls: %s: MONITOR saw:\n", label);
+    for (int lines = 0; side < 2; lines++) {
+        void *v = NULL;
+        if (lines >= CAP_LINES)
+            die("capture", "too many MONITOR lines before the last mark");
+        if (redisGetReply(mon, &v) != REDIS_OK || !v) {
+            char msg[300];
+            snprintf(msg, sizeof(msg),
+                     "MONITOR: no line within %d s (%d read; %s)",
+                     CAP_TIMEOUT_S, lines, mon->errstr);
+            die("capture", msg);
+        }
+        r = v;
+        if (r->type != REDIS_REPLY_STATUS && r->type != REDIS_REPLY_STRING) {
+            freeReplyObject(r);
+            die("capture", "MONITOR: not a line of text");
+        }
+        /* "TIME [DB ADDR] ARGS": the arguments after "] " */
+        const char *b = strchr(r->str, '[');
+        const char *e = b ? strstr(b, "] ") : NULL;
+        if (!e) {
+            fprintf(stderr, "bench_tls: capture: not a MONITOR line: %s\n",
+                    r->str);
+            die("capture", "MONITOR: a line of an unknown format");
+        }
+        /* "[0 lua]": a call made by a script, not by a client */
+        int lua = e - b >= 4 && !strncmp(e - 4, " lua", 4);
+        int argc = 0;
+        sds *argv = sdssplitargs(e + 2, &argc);
+        if (!argv) {
+            fprintf(stderr, "bench_tls: capture: unbalanced quotes: %s\n",
+                    r->str);
+            die("capture", "MONITOR: a line sdssplitargs cannot split");
+        }
+        freeReplyObject(r);
+        if (argc == 2 && !strcasecmp(argv[0], "ECHO") &&
+            !strcmp(argv[1], marks[side + 1])) {
+            side++;
+            sdsfreesplitres(argv, argc);
+            continue;
+        }
+        if (side < 0 || lua) {
+            sdsfreesplitres(argv, argc);
+            continue;
+        }
+        int keep = lock_command(argc, argv, name);
+        fprintf(stderr, "  %s, %s: %s, %d arguments:",
+                keep ? "kept" : "ignored", side ? "release" : "acquire",
+                argc ? argv[0] : "(none)", argc ? argc - 1 : 0);
+        print_args(stderr, argc, argv, 12);
+        fprintf(stderr, "\n");
+        if (!keep) {
+            sdsfreesplitres(argv, argc);
+            continue;
+        }
+        int *n = side ? &cap->nrel : &cap->nacq;
+        rcmd_cap *c = side ? &cap->rel[*n] : &cap->acq[*n];
+        if (*n >= CAP_MAX)
+            die("capture", "too many commands in one acquire or release");
+        c->argc = argc;
+        c->argv = argv;
+        c->lens = malloc(sizeof(size_t) * (size_t)argc);
+        if (!c->lens)
+            die("capture", "out of memory");
+        for (int i = 0; i < argc; i++)
+            c->lens[i] = sdslen(argv[i]);
+        (*n)++;
+    }
+    redisFree(mon); /* MONITOR would cost the server every command */
+    if (cap->nacq < 1 || cap->nrel < 1) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "%s: %d acquire and %d release commands captured (at "
+                 "least one of each needed)",
+                 label, cap->nacq, cap->nrel);
+        die("capture", msg);
+    }
+    fprintf(stderr, "bench_tls: %s: the floor replays %d acquire + %d "
+                    "release command(s):",
+            label, cap->nacq, cap->nrel);
+    for (int i = 0; i < cap->nacq + cap->nrel; i++) {
+        const rcmd_cap *c = i < cap->nacq ? &cap->acq[i]
+                                          : &cap->rel[i - cap->nacq];
+        fprintf(stderr, "%s %s (%d arguments)", i ? "," : "", c->argv[0],
+                c->argc - 1);
+    }
+    fprintf(stderr, "\n");
+}
+
+static void capture_free(capture *cap)
+{
+    for (int i = 0; i < cap->nacq; i++) {
+        sdsfreesplitres(cap->acq[i].argv, cap->acq[i].argc);
+        free(cap->acq[i].lens);
+    }
+    for (int i = 0; i < cap->nrel; i++) {
+        sdsfreesplitres(cap->rel[i].argv, cap->rel[i].argc);
+        free(cap->rel[i].lens);
+    }
+}
+
+static void describe_reply(char *buf, size_t cap, const redisReply *r)
+{
+    if (!r)
+        snprintf(buf, cap, "no reply");
+    else if (r->type == REDIS_REPLY_INTEGER)
+        snprintf(buf, cap, "(integer) %lld", r->integer);
+    else if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
+             r->type == REDIS_REPLY_ERROR)
+        snprintf(buf, cap, "(%s) %.200s",
+                 r->type == REDIS_REPLY_STRING   ? "string"
+                 : r->type == REDIS_REPLY_STATUS ? "status"
+                                                 : "error",
+                 r->str);
+    else if (r->type == REDIS_REPLY_ARRAY)
+        snprintf(buf, cap, "(array of %zu)", r->elements);
+    else
+        snprintf(buf, cap, "(nil)");
+}
+
+/* A replayed command's reply: any reply but an error; the acquire's last
+ * a token (a string, or a status), the release's last the integer 1. Dies
+ * otherwise, naming the reply. Frees it. */
+static void replay_check(const capture *cap, redisReply *r, int release,
+                         int last)
+{
+    int ok = r && r->type != REDIS_REPLY_ERROR;
+
+    if (ok && last && !release)
+        ok = r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS;
+    if (ok && last && release)
+        ok = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    if (!ok) {
+        char d[300], msg[400];
+        describe_reply(d, sizeof(d), r);
+        snprintf(msg, sizeof(msg), "the replayed %s answered %s",
+                 release ? "release" : "acquire", d);
+        die(cap->label, msg);
+    }
+    freeReplyObject(r);
+}
+
+/* ------------------------------------------------------------------------ */
 /* The TLS floor: the bench's own minimal client                            */
 /* ------------------------------------------------------------------------ */
 
@@ -103,7 +338,8 @@ typedef struct tls_floor {
     SSL_CTX *ctx;
     SSL *ssl;
     redisReader *rd;
-    char sha[41];
+    const capture *cap; /* what the floor cycle replays */
+    char sha[41];       /* bench.c's compare-and-delete script */
 } tls_floor;
 
 static void ssl_die(const char *what)
@@ -153,27 +389,19 @@ static void tls_connect(tls_floor *t, int port, const char *cacert)
         die("TLS floor", "out of memory");
 }
 
-/* One command: formatted by hiredis, one SSL_write, its reply parsed by
- * hiredis' reader from SSL_read (dies on an error reply). */
-static redisReply *tls_command(tls_floor *t, const char *what,
-                               const char *fmt, ...)
+/* One formatted command: one SSL_write, its reply parsed by hiredis'
+ * reader from SSL_read (an error reply returned as any other). */
+static redisReply *tls_roundtrip(tls_floor *t, const char *what,
+                                 const char *cmd, int len)
 {
-    char *cmd;
-    va_list ap;
     void *reply = NULL;
 
-    va_start(ap, fmt);
-    int len = redisvFormatCommand(&cmd, fmt, ap);
-    va_end(ap);
-    if (len < 0)
-        die(what, "cannot format");
     for (int off = 0; off < len;) {
         int w = SSL_write(t->ssl, cmd + off, len - off);
         if (w <= 0)
             ssl_die(what);
         off += w;
     }
-    redisFreeCommand(cmd);
     for (;;) {
         if (redisReaderGetReply(t->rd, &reply) != REDIS_OK)
             die(what, t->rd->errstr);
@@ -185,19 +413,65 @@ static redisReply *tls_command(tls_floor *t, const char *what,
             ssl_die(what);
         redisReaderFeed(t->rd, buf, (size_t)r);
     }
-    redisReply *rp = reply;
+    return reply;
+}
+
+/* One command formatted by hiredis' redisvFormatCommand (dies on an
+ * error reply). */
+static redisReply *tls_command(tls_floor *t, const char *what,
+                               const char *fmt, ...)
+{
+    char *cmd;
+    va_list ap;
+
+    va_start(ap, fmt);
+    int len = redisvFormatCommand(&cmd, fmt, ap);
+    va_end(ap);
+    if (len < 0)
+        die(what, "cannot format");
+    redisReply *rp = tls_roundtrip(t, what, cmd, len);
+    redisFreeCommand(cmd);
     if (rp->type == REDIS_REPLY_ERROR)
         die(what, rp->str);
     return rp;
 }
 
+/* A captured command, formatted by redisFormatCommandArgv (as hiredis'
+ * redisCommandArgv does), then sent and its reply checked. */
+static void tls_replay(tls_floor *t, const rcmd_cap *c, int release,
+                       int last)
+{
+    char *cmd;
+    int len = redisFormatCommandArgv(&cmd, c->argc, (const char **)c->argv,
+                                     c->lens);
+
+    if (len < 0)
+        die("TLS floor", "cannot format");
+    redisReply *r = tls_roundtrip(t, "TLS floor", cmd, len);
+    redisFreeCommand(cmd);
+    replay_check(t->cap, r, release, last);
+}
+
+/* The floor: dlock's acquire and release, replayed. */
 static void tls_floor_once(void *arg)
 {
     tls_floor *t = arg;
+    const capture *cap = t->cap;
 
-    freeReplyObject(tls_command(t, "TLS floor: SET",
+    for (int i = 0; i < cap->nacq; i++)
+        tls_replay(t, &cap->acq[i], 0, i == cap->nacq - 1);
+    for (int i = 0; i < cap->nrel; i++)
+        tls_replay(t, &cap->rel[i], 1, i == cap->nrel - 1);
+}
+
+/* Context: bench.c's floor cycle, on the same connection. */
+static void tls_benchc_once(void *arg)
+{
+    tls_floor *t = arg;
+
+    freeReplyObject(tls_command(t, "TLS bench.c floor: SET",
                                 "SET floor-tls:{k} " OWNER " NX PX 30000"));
-    freeReplyObject(tls_command(t, "TLS floor: EVALSHA",
+    freeReplyObject(tls_command(t, "TLS bench.c floor: EVALSHA",
                                 "EVALSHA %s 1 floor-tls:{k} " OWNER, t->sha));
 }
 
@@ -211,30 +485,33 @@ static void tls_close(tls_floor *t)
 }
 
 /* ------------------------------------------------------------------------ */
-/* The plain floor: hiredis, as bench.c                                     */
+/* The plain floor: hiredis                                                 */
 /* ------------------------------------------------------------------------ */
 
 typedef struct plain_floor {
     redisContext *c;
-    char sha[41];
+    const capture *cap;
 } plain_floor;
 
-static void reply_ok(redisReply *r, const char *what)
+static void plain_replay(plain_floor *f, const rcmd_cap *c, int release,
+                         int last)
 {
-    if (!r || r->type == REDIS_REPLY_ERROR)
-        die(what, r ? r->str : "no reply");
-    freeReplyObject(r);
+    redisReply *r = redisCommandArgv(f->c, c->argc, (const char **)c->argv,
+                                     c->lens);
+    if (!r)
+        die("plain floor", f->c->errstr);
+    replay_check(f->cap, r, release, last);
 }
 
 static void plain_floor_once(void *arg)
 {
     plain_floor *f = arg;
+    const capture *cap = f->cap;
 
-    reply_ok(redisCommand(f->c, "SET floor-plain:{k} " OWNER " NX PX 30000"),
-             "plain floor: SET");
-    reply_ok(redisCommand(f->c, "EVALSHA %s 1 floor-plain:{k} " OWNER,
-                          f->sha),
-             "plain floor: EVALSHA");
+    for (int i = 0; i < cap->nacq; i++)
+        plain_replay(f, &cap->acq[i], 0, i == cap->nacq - 1);
+    for (int i = 0; i < cap->nrel; i++)
+        plain_replay(f, &cap->rel[i], 1, i == cap->nrel - 1);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -345,22 +622,31 @@ int main(int argc, char **argv)
              SSL_get_cipher_name(tf.ssl));
 
     struct timeval tv = {2, 0};
-    plain_floor pf = {redisConnectWithTimeout(HOST, pport, tv), ""};
+    plain_floor pf = {redisConnectWithTimeout(HOST, pport, tv), NULL};
     if (!pf.c || pf.c->err)
         die("plain floor: connect", pf.c ? pf.c->errstr : "out of memory");
-    snprintf(pf.sha, sizeof(pf.sha), "%s", tf.sha); /* the server's cache */
 
     dlock_client *ct = h_open_client(tls_uri, NULL);
     dlock_client *cp = h_open_client(plain_uri, NULL);
     dlock *lt = h_open_lock(ct, "bench-tls-cycle", 0, 0);
     dlock *lp = h_open_lock(cp, "bench-tls-plain-cycle", 0, 0);
 
-    enum { K_TFLOOR, K_TDLOCK, K_PFLOOR, K_PDLOCK, NK };
+    /* each floor replays the commands of the dlock kind it is compared
+     * with: its client's owner, its lock's key */
+    capture cap_t, cap_p;
+    capture_cycle(&cap_t, "dlock, TLS", pport, pf.c, lt, "bench-tls-cycle");
+    capture_cycle(&cap_p, "dlock, plain", pport, pf.c, lp,
+                  "bench-tls-plain-cycle");
+    tf.cap = &cap_t;
+    pf.cap = &cap_p;
+
+    enum { K_TFLOOR, K_TDLOCK, K_PFLOOR, K_PDLOCK, K_TBENCHC, NK };
     kind_op kinds[NK] = {
         [K_TFLOOR] = {tls_floor_once, &tf},
         [K_TDLOCK] = {h_dlock_once, lt},
         [K_PFLOOR] = {plain_floor_once, &pf},
         [K_PDLOCK] = {h_dlock_once, lp},
+        [K_TBENCHC] = {tls_benchc_once, &tf},
     };
     for (int k = 0; k < NK; k++) /* warm-up: connections, scripts */
         time_ops(kinds[k].op, kinds[k].arg, NULL, n / 20, 0);
@@ -370,11 +656,25 @@ int main(int argc, char **argv)
     chunked_ops(kinds, NK, n, CHUNKS, p50, NULL);
 
     double *tfl = p50 + K_TFLOOR * CHUNKS, *tdl = p50 + K_TDLOCK * CHUNKS,
-           *pfl = p50 + K_PFLOOR * CHUNKS, *pdl = p50 + K_PDLOCK * CHUNKS;
+           *pfl = p50 + K_PFLOOR * CHUNKS, *pdl = p50 + K_PDLOCK * CHUNKS,
+           *tbc = p50 + K_TBENCHC * CHUNKS;
     double dt[CHUNKS], df[CHUNKS]; /* TLS - plain, per chunk */
     for (int c = 0; c < CHUNKS; c++) {
         dt[c] = tdl[c] - pdl[c];
         df[c] = tfl[c] - pfl[c];
+    }
+
+    /* what was replayed, for the text: "`EVALSHA` (9 arguments)" each */
+    char replayed[2][256];
+    for (int s = 0; s < 2; s++) {
+        const rcmd_cap *cs = s ? cap_t.rel : cap_t.acq;
+        int nc = s ? cap_t.nrel : cap_t.nacq;
+        size_t o = 0;
+        replayed[s][0] = '\0';
+        for (int i = 0; i < nc && o < sizeof(replayed[s]); i++)
+            o += (size_t)snprintf(replayed[s] + o, sizeof(replayed[s]) - o,
+                                  "%s`%s` (%d arguments)", i ? ", " : "",
+                                  cs[i].argv[0], cs[i].argc - 1);
     }
 
     printf("### Redis over TLS (`rediss://`)\n\n");
@@ -385,20 +685,27 @@ int main(int argc, char **argv)
            "the certificate's chain and the name `localhost` (sent as SNI: "
            "dlock's `?cacert=...&sni=localhost`). Negotiated: %s. "
            "**Cycles**: an uncontended acquire + release, %d of each kind "
-           "in %d chunks in which the four kinds take turns, each on one "
+           "in %d chunks in which the five kinds take turns, each on one "
            "connection or client throughout; a figure is the median of the "
            "chunks' p50s, a ratio the median of the chunks' ratios (their "
-           "range in brackets). The TLS floor is the bench's own client: "
-           "OpenSSL's `SSL_connect` over a TCP connection, then the Redis "
-           "floor's commands (`SET NX PX`, then `EVALSHA` of the "
-           "compare-and-delete script), each formatted by hiredis' "
-           "`redisFormatCommand`, sent with one `SSL_write`, its reply "
-           "parsed by hiredis' `redisReader` from `SSL_read`; the plain "
-           "floor is the same commands through hiredis on the plain "
-           "port.\n\n",
-           proto, n, CHUNKS);
-    printf("| uncontended acquire+release, p50 (µs) | floor (the same "
-           "commands, bare client) | dlock | dlock ÷ floor |\n"
+           "range in brackets). The floor: dlock's own acquire and release "
+           "commands, captured with `MONITOR` (one cycle of the dlock "
+           "client it is compared with, before the timing: its owner, its "
+           "lock's key; acquire: %s; release: %s) and replayed by the "
+           "bench over one TLS connection: OpenSSL's `SSL_connect` over a "
+           "TCP connection (the chain and the name checked), each command "
+           "formatted by hiredis' `redisFormatCommandArgv`, sent with one "
+           "`SSL_write`, its reply parsed by hiredis' `redisReader` from "
+           "`SSL_read` and checked (the acquire's a token, the release's "
+           "1: a whole cycle, the release script needs no token). The "
+           "plain floor replays the plain dlock client's commands through "
+           "hiredis' `redisCommandArgv` on the plain port. The last row, "
+           "for context: bench.c's floor cycle (`SET NX PX`, then "
+           "`EVALSHA` of a compare-and-delete script) sent the same way "
+           "on the TLS floor's connection.\n\n",
+           proto, n, CHUNKS, replayed[0], replayed[1]);
+    printf("| uncontended acquire+release, p50 (µs) | floor (dlock's "
+           "commands, replayed by the bench) | dlock | dlock ÷ floor |\n"
            "|---|---|---|---|\n");
     printf("| over TLS (`rediss://`) | %.1f | %.1f | ",
            medrange(tfl, CHUNKS).med, medrange(tdl, CHUNKS).med);
@@ -414,9 +721,14 @@ int main(int argc, char **argv)
     printf(" | |\n");
     spread sdf = medrange(df, CHUNKS), sdt = medrange(dt, CHUNKS);
     printf("| what TLS adds per cycle (TLS − plain, µs) | %.1f (%.1f–%.1f) "
-           "| %.1f (%.1f–%.1f) | %.2fx |\n\n",
+           "| %.1f (%.1f–%.1f) | %.2fx |\n",
            sdf.med, sdf.min, sdf.max, sdt.med, sdt.min, sdt.max,
            sdf.med > 0 ? sdt.med / sdf.med : 0);
+    printf("| context: bench.c's floor cycle over TLS (`SET NX PX` + "
+           "`EVALSHA` compare-and-delete, the same client) | %.1f | %.1f | ",
+           medrange(tbc, CHUNKS).med, medrange(tdl, CHUNKS).med);
+    print_ratio(tdl, tbc, 0, NULL);
+    printf(" |\n\n");
     free(p50);
     dlock_close(lt);
     dlock_close(lp);
@@ -424,6 +736,8 @@ int main(int argc, char **argv)
     dlock_client_close(cp);
     redisFree(pf.c);
     tls_close(&tf);
+    capture_free(&cap_t);
+    capture_free(&cap_p);
 
     /* --- whole commands --- */
     env = env_without_store();

@@ -24,7 +24,8 @@ how fast anything was. It fails (exit 1, one line per problem) when
     min_replicas' WAIT;
   - the Redis section lacks the TLS figures (unless this build has no
     TLS: dlock_bench_tls not built): the cycle over rediss:// beside the
-    bench's own TLS floor, `dlock run` beside `redis-cli --tls PING`,
+    TLS floor (dlock's own commands, replayed by the bench over one TLS
+    connection), `dlock run` beside `redis-cli --tls PING`,
     redis-py's cycle over TLS, and the contention rows over TLS (dlock's
     beside redis-py's, at 8 processes);
   - a chart named by the document was not drawn (with --charts DIR).
