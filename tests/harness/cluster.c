@@ -77,12 +77,35 @@ static int free_pair(void)
 }
 
 /* Starts one node; another port pair if another process took this one
- * between the check and the server's bind. */
-static void start_node(th_redis *r, const char *extra)
+ * between the check and the server's bind. Over TLS (th_cluster_start_tls)
+ * a TLS port beside, and the bus (TLS) on the plain port + 10000, as
+ * without TLS (Redis would put it at the TLS port + 10000). */
+static void start_node(th_redis *r, const char *extra, int tls)
 {
-    for (int attempt = 0; attempt < 5; attempt++)
-        if (th__redis_start_port(r, extra, free_pair()) == 0)
+    for (int attempt = 0; attempt < 5; attempt++) {
+        int p = free_pair();
+        if (!tls) {
+            if (th__redis_start_port(r, extra, p) == 0)
+                return;
+            continue;
+        }
+        /* the bus demands a client certificate whatever
+         * tls-auth-clients says, and server-ip.crt is for servers only
+         * (extendedKeyUsage serverAuth): a node would refuse its peers'
+         * bus connections ("certificate verify failed"). Each node
+         * connects with client.crt (clientAuth, the same CA) */
+        const char *d = th_tls_certs();
+        char conf[2048];
+        if (snprintf(conf, sizeof(conf),
+                     "%scluster-port %d\ntls-cluster yes\n"
+                     "tls-replication yes\n"
+                     "tls-client-cert-file \"%s/client.crt\"\n"
+                     "tls-client-key-file \"%s/client.key\"\n",
+                     extra, p + BUS_OFFSET, d, d) >= (int)sizeof(conf))
+            th_fail(__FILE__, __LINE__, "cluster node config too long");
+        if (th__redis_start_port_tls(r, conf, 0, p, "server-ip") == 0)
             return;
+    }
     th_fail(__FILE__, __LINE__, "a cluster node did not start (see %s)",
             r->dir);
 }
@@ -145,7 +168,8 @@ static int is_primary(th_redis *n)
 static int index_of(th_cluster *t, int port)
 {
     for (int i = 0; i < NODES; i++)
-        if (port > 0 && t->node[i].port == port)
+        if (port > 0 && (t->node[i].port == port ||
+                         (t->node[i].tls_port && t->node[i].tls_port == port)))
             return i;
     return -1;
 }
@@ -312,8 +336,11 @@ static void join(th_cluster *t, int64_t until)
                     first_slot[i], last_slot[i]),
                 &t->node[i], "CLUSTER ADDSLOTSRANGE");
     for (int i = 1; i < NODES; i++)
-        must_ok(ask(&t->node[0], "CLUSTER MEET 127.0.0.1 %d",
-                    t->node[i].port),
+        must_ok(t->tls ? ask(&t->node[0], "CLUSTER MEET 127.0.0.1 %d %d",
+                             t->node[i].tls_port,
+                             t->node[i].port + BUS_OFFSET)
+                       : ask(&t->node[0], "CLUSTER MEET 127.0.0.1 %d",
+                             t->node[i].port),
                 &t->node[0], "CLUSTER MEET");
     /* a node replicates only a primary it knows */
     wait_met(t, until);
@@ -340,7 +367,7 @@ static const char *lacks(th_cluster *t, int i, const char *want)
     return NULL;
 }
 
-void th_cluster_start(th_cluster *t, int node_timeout_ms)
+static void start(th_cluster *t, int node_timeout_ms, int tls)
 {
     int64_t until = th_now_ms() + 30000;
     char extra[512], want[256];
@@ -348,6 +375,7 @@ void th_cluster_start(th_cluster *t, int node_timeout_ms)
     int i;
 
     memset(t, 0, sizeof(*t));
+    t->tls = tls;
     snprintf(extra, sizeof(extra),
              "cluster-enabled yes\n"
              "cluster-config-file nodes.conf\n"
@@ -367,11 +395,23 @@ void th_cluster_start(th_cluster *t, int node_timeout_ms)
              "repl-ping-replica-period 1\n",
              node_timeout_ms);
     for (int k = 0; k < NODES; k++)
-        start_node(&t->node[k], extra);
+        start_node(&t->node[k], extra, tls);
     join(t, until);
-    snprintf(t->uri, sizeof(t->uri),
-             "redis-cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
-             t->node[0].port, t->node[1].port, t->node[2].port);
+    if (tls) {
+        char ca[900];
+        if (snprintf(t->uri, sizeof(t->uri),
+                 "redis-cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d"
+                 "?tls=1&cacert=%s",
+                 t->node[0].tls_port, t->node[1].tls_port,
+                 t->node[2].tls_port,
+                 th_tls_param(ca, sizeof(ca), "ca.crt")) >=
+            (int)sizeof(t->uri))
+            th_fail(__FILE__, __LINE__, "the URI is too long");
+    } else {
+        snprintf(t->uri, sizeof(t->uri),
+                 "redis-cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
+                 t->node[0].port, t->node[1].port, t->node[2].port);
+    }
     snprintf(want, sizeof(want), "0-5460:%d/%d;5461-10922:%d/%d;"
              "10923-16383:%d/%d;", t->node[0].port, t->node[3].port,
              t->node[1].port, t->node[4].port, t->node[2].port,
@@ -388,6 +428,16 @@ void th_cluster_start(th_cluster *t, int node_timeout_ms)
                     t->node[i].dir);
         th_sleep_ms(50);
     }
+}
+
+void th_cluster_start(th_cluster *t, int node_timeout_ms)
+{
+    start(t, node_timeout_ms, 0);
+}
+
+void th_cluster_start_tls(th_cluster *t, int node_timeout_ms)
+{
+    start(t, node_timeout_ms, 1);
 }
 
 void th_cluster_stop(th_cluster *t)

@@ -351,6 +351,26 @@ int th__redis_start_port(th_redis *r, const char *extra, int port)
     return 0;
 }
 
+int th__redis_start_port_tls(th_redis *r, const char *extra, int sentinel,
+                             int port, const char *cert)
+{
+    th_tls_certs(); /* made before the server needs them */
+    if (extra && strlen(extra) >= sizeof(r->extra))
+        th_fail(__FILE__, __LINE__, "redis config lines too long");
+    redis_init(r, extra, sentinel);
+    snprintf(r->tls_cert, sizeof(r->tls_cert), "%s", cert);
+    r->port = port ? port : th_free_port();
+    /* another free port (bounded: the kernel hands out ports in turn, the
+     * same one twice in a row is rare) */
+    r->tls_port = th_free_port();
+    for (int i = 0; i < 100 && r->tls_port == r->port; i++)
+        r->tls_port = th_free_port();
+    if (r->tls_port == r->port || redis_launch(r) != 0)
+        return -1;
+    snprintf(r->uri, sizeof(r->uri), "redis://127.0.0.1:%d", r->port);
+    return 0;
+}
+
 void th_redis_start(th_redis *r, const char *extra)
 {
     th__redis_start(r, extra, 0);

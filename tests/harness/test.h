@@ -181,6 +181,7 @@ typedef struct th_sentinels {
     th_redis sent[3];
     char name[64];    /* the master's name */
     char uri[512];    /* redis-sentinel://S1,S2,S3/NAME */
+    int tls;          /* th_sentinels_start_tls() */
 } th_sentinels;
 /* Starts the set, sentinels calling the primary down after down_ms and
  * retrying a failover after 2 x failover_ms; returns once every sentinel
@@ -188,6 +189,19 @@ typedef struct th_sentinels {
  * (fails the test after 30 s). */
 void th_sentinels_start(th_sentinels *t, const char *name, int down_ms,
                         int failover_ms);
+/* The same over TLS, as Redis' own TLS setups run it: every node (data
+ * nodes and sentinels) has a TLS port (tls_port) beside its plain one,
+ * serving server-ip.crt (IP:127.0.0.1, DNS:localhost), no client
+ * certificates; tls-replication yes everywhere, so the replicas replicate
+ * over TLS from the primary's TLS port, the sentinels monitor the data
+ * nodes and greet each other over TLS, and every address the sentinels
+ * name is a TLS port. uri is redis-sentinel://127.0.0.1:S1TLS,.../NAME
+ * ?tls=1&cacert=CA. The plain ports are the harness's (th_redis_cmd),
+ * which the library never learns of: a TLS client sent to one fails its
+ * handshake. th_sentinels_primary() returns a TLS port then;
+ * th_sentinels_node() takes either. */
+void th_sentinels_start_tls(th_sentinels *t, const char *name, int down_ms,
+                            int failover_ms);
 void th_sentinels_stop(th_sentinels *t);
 /* The port the sentinels name as the primary; 0 when none answers. */
 int th_sentinels_primary(th_sentinels *t);
@@ -214,6 +228,7 @@ int th_free_port(void);
 typedef struct th_cluster {
     th_redis node[6]; /* node[0..2] start as the primaries, node[3+i] replicates node[i] */
     char uri[512];    /* redis-cluster://127.0.0.1:P0,127.0.0.1:P1,127.0.0.1:P2 */
+    int tls;          /* th_cluster_start_tls() */
 } th_cluster;
 /* Starts six redis-servers with cluster-enabled yes (each in its own dir,
  * its own nodes.conf, no persistence), on loopback ports p in
@@ -228,6 +243,16 @@ typedef struct th_cluster {
  * the 6, replicas included) and each replica is in sync
  * (master_link_status:up); fails the test after 30 s. */
 void th_cluster_start(th_cluster *t, int node_timeout_ms);
+/* The same over TLS: each node has a TLS port (tls_port, a free port)
+ * beside its plain one, serving server-ip.crt (IP:127.0.0.1,
+ * DNS:localhost), no client certificates; tls-cluster yes (the bus is
+ * TLS, on cluster-port = plain port + 10000) and tls-replication yes.
+ * Redis names a node's TLS port to a TLS client (CLUSTER SLOTS, MOVED,
+ * ASK) and its plain port to a plain one, so the harness's own looks
+ * (plain, by port) are unchanged and the library, a TLS client, is only
+ * ever sent to TLS ports. uri is redis-cluster://127.0.0.1:T0,...?tls=1
+ * &cacert=CA over node[0..2]'s TLS ports. */
+void th_cluster_start_tls(th_cluster *t, int node_timeout_ms);
 void th_cluster_stop(th_cluster *t); /* SIGCONT then SIGKILL every node */
 /* The slot of a key (CLUSTER KEYSLOT asked of any live node). */
 int th_cluster_slot(th_cluster *t, const char *key);
@@ -515,6 +540,12 @@ void th__redis_start(th_redis *r, const char *extra, int sentinel);
  * it did not start (the port, or a cluster node's bus port, was taken;
  * see r->dir/redis.log). The caller picks the next port (cluster.c). */
 int th__redis_start_port(th_redis *r, const char *extra, int port);
+/* The same with a TLS port beside the plain one (r->tls_port, a free
+ * port; certificate th_tls_certs()' CERT.crt, no client certificates):
+ * port 0 is a free port; a sentinel too. 0 once it answers on its plain
+ * port, -1 when it did not start. The TLS sentinels and cluster. */
+int th__redis_start_port_tls(th_redis *r, const char *extra, int sentinel,
+                             int port, const char *cert);
 
 #ifdef TH_ZK_CLIENT
 /* A direct ZooKeeper client (libzookeeper_mt) for looking behind the
