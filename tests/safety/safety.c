@@ -57,10 +57,10 @@ static const char *const sc_name[SC_N] = {
     "restart-now", "break",     "failover",    "reshard",     "cancels"};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
-       ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_CLUSTER, ST_N };
+       ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_CLUSTER, ST_REDISS, ST_N };
 static const char *const st_name[ST_N] = {
     "file", "redis", "redlock", "zk", "etcd", "sqlite", "pg", "pg-advisory",
-    "mysql", "sentinel", "cluster"};
+    "mysql", "sentinel", "cluster", "rediss"};
 
 /* The expected outcome of every cell (the worst acceptable one); -1: the
  * scenario does not apply to the store (why in na_why()). */
@@ -92,6 +92,9 @@ static const int expected[ST_N][SC_N] = {
      * --mixed a read hold there is declared lost: expect()). A manual
      * CLUSTER FAILOVER waits until the replica has caught up: held */
     /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, H, H, H},
+    /* rediss: the redis column over TLS (rediss://, the server's TLS
+     * port): every scenario and outcome the same */
+    /* rediss  */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA, H},
 };
 #undef H
 #undef L
@@ -100,7 +103,7 @@ static const int expected[ST_N][SC_N] = {
 /* options */
 static int quick, mixed, nworkers = 8;
 /* stores with shared holds (docs/locks.md), for --mixed */
-static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 static int want_store[ST_N], want_sc[SC_N];
 static const char *table_path, *doc_path;
 static char self_exe[1024];
@@ -170,6 +173,12 @@ static int store_available(int kind, char *why, size_t cap)
     switch (kind) {
     case ST_FILE:
         return 0;
+    case ST_REDISS:
+#ifndef TH_REDIS_TLS
+        snprintf(why, cap, "this build has no Redis over TLS");
+        return -1;
+#endif
+        /* fall through */
     case ST_REDIS:
     case ST_REDLOCK:
     case ST_SENTINEL:
@@ -285,6 +294,29 @@ static void store_start(store *st, int kind)
             st->part_netns = 1;
         }
         break;
+    case ST_REDISS: {
+        /* the same server with a TLS port (server-ip.crt: IP:127.0.0.1
+         * and DNS:localhost); every worker on the TLS port. The
+         * partitioned worker reaches it at the namespace's address,
+         * which the certificate does not name: sni=localhost */
+        char ca[900];
+        th_redis_start_tls(&st->redis, "server-ip", 0,
+                           netns_ok ? bind : NULL);
+        th_tls_param(ca, sizeof(ca), "ca.crt");
+        if (snprintf(st->uri, sizeof(st->uri), "rediss://127.0.0.1:%d"
+                     "?cacert=%s", st->redis.tls_port, ca) >=
+            (int)sizeof(st->uri))
+            th_fail(__FILE__, __LINE__, "URI too long");
+        if (netns_ok) {
+            if (snprintf(st->part_uri, sizeof(st->part_uri),
+                         "rediss://%s:%d?cacert=%s&sni=localhost",
+                         netns.host_ip, st->redis.tls_port, ca) >=
+                (int)sizeof(st->part_uri))
+                th_fail(__FILE__, __LINE__, "URI too long");
+            st->part_netns = 1;
+        }
+        break;
+    }
     case ST_REDLOCK: {
         size_t o = (size_t)snprintf(st->uri, sizeof(st->uri), "redlock://");
         size_t q = (size_t)snprintf(st->part_uri, sizeof(st->part_uri),
@@ -404,6 +436,7 @@ static void store_stop(store *st)
         sf_relay_stop(st->relay[i]);
     switch (st->kind) {
     case ST_REDIS:
+    case ST_REDISS:
         th_redis_kill(&st->redis, SIGKILL);
         break;
     case ST_REDLOCK:
@@ -633,6 +666,7 @@ static int64_t restart_fault(run *r, char *note, size_t cap)
 
     switch (st->kind) {
     case ST_REDIS:
+    case ST_REDISS: /* restarted with its TLS port */
         th_redis_kill(&st->redis, SIGKILL);
         th_redis_restart(&st->redis);
         snprintf(note, cap, "redis-server SIGKILLed, restarted empty");
