@@ -441,14 +441,23 @@ static void sleep_until(dlock_client *c, dlock__waiter *w, int64_t wake_at)
          * where arms are frequent: readers 1.7 s late). So with no
          * sleeping waiter to take over, the background thread is woken
          * to take the fd back now. */
-        __atomic_store_n(&c->reader, NULL, __ATOMIC_RELAXED);
-        for (dlock__waiter *o = c->waiters; o; o = o->next) {
-            if (o->sleeping) {
-                pthread_cond_signal(&o->cv);
-                return;
-            }
-        }
-        dlock__loop_wake(c);
+        /* The next reader is named here, and it must be one that will
+         * read: a sleeping waiter this very read woke (granted, told to
+         * re-arm) would leave without reading, and the others would
+         * sleep with their wake-ups unread until the background thread's
+         * next wake-up (seen: waiters 10 s late after a burst of
+         * hand-overs to one client). Named, it reads when it wakes, or
+         * passes the reading on in turn if its own wait ends first. */
+        dlock__waiter *next = NULL;
+        for (dlock__waiter *o = c->waiters; o && !next; o = o->next)
+            if (o != w && o->sleeping && !o->notified && !o->granted &&
+                !o->rearm && !is_cancelled(o->cancelled))
+                next = o;
+        __atomic_store_n(&c->reader, next, __ATOMIC_RELAXED);
+        if (next)
+            pthread_cond_signal(&next->cv);
+        else
+            dlock__loop_wake(c);
     }
 }
 
