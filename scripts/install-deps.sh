@@ -30,7 +30,7 @@ for group in "$@"; do
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     busy) pkgs="$pkgs stress-ng" ;;
-    bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3 python3-cffi" ;;
+    bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3 python3-cffi openssl" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac
 done
