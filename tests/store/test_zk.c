@@ -1323,7 +1323,12 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
 {
     th_zk e;
     char u[400];
-    const int64_t ttl = 9000; /* T/3 = 3 s: a loaded 2-core machine may take 2 s to elect */
+    /* T/3 = 5 s: a waiter whose session stays disconnected T/3 gives up
+     * (DLOCK_ECONN, the contract of a store failure during a wait), and
+     * under make test-busy a waiter of the killed leader once took longer
+     * than 9 s / 3 to be back, the election itself taking 0.6 s: its
+     * node went, and the queue was one short */
+    const int64_t ttl = 15000;
     dlock_client *a, *obs, *wc[2], *late;
     ens_waiter w[2];
     pthread_t th[2];
