@@ -77,6 +77,17 @@ void th_sleep_ms(int64_t ms)
         ;
 }
 
+int th_wait_flag(volatile int *flag, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+    int v;
+
+    while (!(v = __atomic_load_n(flag, __ATOMIC_SEQ_CST)) &&
+           th_now_ms() < until)
+        th_sleep_ms(2);
+    return v;
+}
+
 static int rm_entry(const char *path, const struct stat *sb, int flag,
                     struct FTW *ftw)
 {

@@ -105,6 +105,12 @@ const dlock_client_options *th_patient(void);
 int64_t th_now_ms(void);
 void th_sleep_ms(int64_t ms);
 
+/* Waits (ms at most) until *flag, set by another thread or by a forked
+ * child in th_shared() memory, is nonzero; returns its value (0: timed
+ * out). For a child's "my call has returned": a store shows a hold a
+ * moment before the holder's call returns. Use as CHECK(th_wait_flag()). */
+int th_wait_flag(volatile int *flag, int64_t ms);
+
 /* A fresh directory under $TMPDIR (or /tmp), removed at exit. */
 const char *th_tmpdir(void);
 

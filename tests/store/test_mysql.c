@@ -135,15 +135,6 @@ static void wait_waiters(dlock_client *c, const char *name, int64_t n)
     CHECK_EQ(w, n);
 }
 
-static void wait_flag(volatile int *flag, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK(*flag);
-}
-
 /* A fair waiter in a thread of this process, for the queue table. */
 typedef struct waiter {
     dlock *l;
@@ -660,7 +651,7 @@ TEST(a_waiter_in_another_process_sleeps_in_the_server_until_the_release)
     CHECK_OK(dlock_acquire(l, 0));
     long long before = inserts();
     pid_t pid = th_fork(poll_waiter, s);
-    wait_flag(&s->waiting, 10000);
+    CHECK(th_wait_flag(&s->waiting, 10000));
     /* the waiter's session sleeps inside its second upsert */
     wait_sleepers(1);
     /* nothing is sent while it sleeps: over 2 s the server's Questions
@@ -870,7 +861,7 @@ TEST(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers)
 
     CHECK_OK(dlock_acquire(la, 0));
     pid_t pid = th_fork(frozen_waiter, s);
-    wait_flag(&s->waiting, 10000);
+    CHECK(th_wait_flag(&s->waiting, 10000));
     wait_sleepers(1);
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_release(la)); /* its session takes the row */
@@ -1326,7 +1317,7 @@ TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
 
     /* the head takes over; the queue moves up */
     CHECK_OK(dlock_release(la));
-    wait_flag(&qs->got[0], 10000);
+    CHECK(th_wait_flag(&qs->got[0], 10000));
     CHECK_OK(dlock_inspect(obs, "inspect-queue", &info));
     CHECK_EQ(info.held, 1);
     snprintf(want, sizeof(want), " pid %d tid %d", (int)pid[0], (int)pid[0]);
@@ -1699,7 +1690,7 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
     dlock_info ev;
 
     pid_t pid = th_fork(frozen_holder, s);
-    wait_flag(&s->holding, 10000);
+    CHECK(th_wait_flag(&s->holding, 10000));
     CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
     wait_sleepers(1);
     kill(pid, SIGSTOP);

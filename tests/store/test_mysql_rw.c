@@ -156,15 +156,6 @@ static void wait_sleepers(const char *what, long long n)
                 what, n);
 }
 
-static void wait_flag(volatile int *flag, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK(*flag);
-}
-
 /* The bytes of s as hex digits, for X'...' literals in our own queries. */
 static void to_hex(const char *s, char *out, size_t cap)
 {
@@ -298,7 +289,7 @@ static void kill_holder_and_check(pid_t pid, const char *sleeper,
     CHECK_OP(th_now_ms() - k0, <, 1500);
     long long end = entry_of(name, 0, 2, NULL, 0);
     CHECK_OP(end, >, 0);
-    wait_flag(&w->got_it, 10000);
+    CHECK(th_wait_flag(&w->got_it, 10000));
     CHECK_OK(w->rc);
     CHECK_OP((long long)w->token, >, end);
     CHECK_OP(w->got - k0, <, 4000 + 3000);
@@ -333,7 +324,7 @@ TEST(the_last_readers_release_wakes_the_writer)
     wait_sleepers("drain", 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(rb));
-    wait_flag(&w.got_it, 10000);
+    CHECK(th_wait_flag(&w.got_it, 10000));
     CHECK_OK(w.rc);
     /* the release's wake: one wake and the upsert, not the readers' 30 s
      * leases; 1 s of slack for a busy machine */
@@ -389,7 +380,7 @@ static pid_t fork_reader(const char *name, int64_t ttl, child_reader **out)
     snprintf(s->name, sizeof(s->name), "%s", name);
     s->ttl = ttl;
     pid_t pid = th_fork(reader_child, s);
-    wait_flag(&s->ready, 10000);
+    CHECK(th_wait_flag(&s->ready, 10000));
     CHECK_OK(s->rc);
     *out = s;
     return pid;
@@ -436,13 +427,13 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
     long long end = entry_of("drain-frozen", 0, 2, NULL, 0);
     int64_t t0 = th_now_ms();
     start(&w, &th, handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
-    wait_flag(&w.got_it, 15000);
+    CHECK(th_wait_flag(&w.got_it, 15000));
     CHECK_OK(w.rc);
     CHECK_OP((long long)w.token, >, end); /* not before its lease end */
     /* at its end: 1.5 s at most, and 3 s of slack */
     CHECK_OP(w.got - t0, <, 1500 + 3000);
     kill(pid, SIGCONT);
-    wait_flag(&s->released, 15000);
+    CHECK(th_wait_flag(&s->released, 15000));
     CHECK_RC(s->release_rc, DLOCK_ELOST);
     CHECK_EQ(th_wait(pid), 0);
     /* its late release took nothing from the writer */
@@ -499,7 +490,7 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
     wait_sleepers("drain", 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(ra));
-    wait_flag(&w.got_it, 10000);
+    CHECK(th_wait_flag(&w.got_it, 10000));
     CHECK_OK(w.rc);
     CHECK_OP(w.got - rel, <, 1000); /* woken by the release */
     let_go(&w);
@@ -570,7 +561,7 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
     wait_sleepers("drain", 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(rb));
-    wait_flag(&w.got_it, 10000);
+    CHECK(th_wait_flag(&w.got_it, 10000));
     CHECK_OK(w.rc);
     /* the release's wake, not the 30 s leases; 1 s of slack for a busy
      * machine */
@@ -872,8 +863,8 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     }
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    wait_flag(&w[0].got_it, 10000);
-    wait_flag(&w[1].got_it, 10000);
+    CHECK(th_wait_flag(&w[0].got_it, 10000));
+    CHECK(th_wait_flag(&w[1].got_it, 10000));
     CHECK_OK(w[0].rc);
     CHECK_OK(w[1].rc);
     /* a chain of server-side wakes, no lease: 1 s for a busy machine */
@@ -899,7 +890,7 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     CHECK_EQ(w[2].got_it, 0);
     int64_t rel2 = th_now_ms();
     let_go(&w[1]);
-    wait_flag(&w[2].got_it, 10000);
+    CHECK(th_wait_flag(&w[2].got_it, 10000));
     CHECK_OK(w[2].rc);
     CHECK_OP(w[2].got - rel2, <, 1000);
     CHECK_OP(w[2].token, >, w[0].token);
@@ -907,7 +898,7 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     th_sleep_ms(100);
     CHECK_EQ(w[3].got_it, 0);
     let_go(&w[2]);
-    wait_flag(&w[3].got_it, 10000);
+    CHECK(th_wait_flag(&w[3].got_it, 10000));
     CHECK_OK(w[3].rc);
     CHECK_OP(w[3].token, >, w[2].token);
     let_go(&w[3]);
@@ -1061,14 +1052,14 @@ TEST(no_statement_while_waiters_sleep)
     CHECK_EQ(ww.got_it + wr.got_it + wp.got_it, 0);
     /* and each is woken by its release */
     CHECK_OK(dlock_release(ra));
-    wait_flag(&ww.got_it, 10000);
+    CHECK(th_wait_flag(&ww.got_it, 10000));
     CHECK_OK(ww.rc);
     let_go(&ww);
-    wait_flag(&wr.got_it, 10000);
+    CHECK(th_wait_flag(&wr.got_it, 10000));
     CHECK_OK(wr.rc);
     let_go(&wr);
     CHECK_OK(dlock_release(pa));
-    wait_flag(&wp.got_it, 10000);
+    CHECK(th_wait_flag(&wp.got_it, 10000));
     CHECK_OK(wp.rc);
     let_go(&wp);
     pthread_join(tw, NULL);
@@ -1143,7 +1134,7 @@ TEST(a_semaphores_n_is_kept)
     CHECK_RC(dlock_acquire_shared(lq, 5000), DLOCK_EINVAL);
     CHECK_OP(th_now_ms() - t0, <, 1000);
     CHECK_OK(dlock_release(q1));
-    wait_flag(&w.got_it, 10000);
+    CHECK(th_wait_flag(&w.got_it, 10000));
     CHECK_OK(w.rc);
     let_go(&w);
     pthread_join(th, NULL);
@@ -1261,7 +1252,7 @@ TEST(a_killed_permit_holder_wakes_the_head)
     pthread_t th;
 
     pid_t pid = th_fork(permit_child, s);
-    wait_flag(&s->ready, 10000);
+    CHECK(th_wait_flag(&s->ready, 10000));
     CHECK_OK(s->rc);
     start(&w, &th, handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
@@ -1491,7 +1482,7 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
     CHECK_EQ(ev.queue_len, 1);
     CHECK_CONTAINS(ev.queue[0], "write: ");
     dlock_info_clear(&ev);
-    wait_flag(&w.got_it, 10000);
+    CHECK(th_wait_flag(&w.got_it, 10000));
     CHECK_OK(w.rc);
     CHECK_OP(w.got - t0, <, 5000); /* a busy machine's wake, not 10 s */
     CHECK_OP(w.token, >, dlock_token(ra) > dlock_token(rb) ? dlock_token(ra)
@@ -1536,8 +1527,8 @@ TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
     CHECK_EQ(ev.holders, 2);
     CHECK_EQ(ev.permits, 2);
     dlock_info_clear(&ev);
-    wait_flag(&w1.got_it, 10000);
-    wait_flag(&w2.got_it, 10000);
+    CHECK(th_wait_flag(&w1.got_it, 10000));
+    CHECK(th_wait_flag(&w2.got_it, 10000));
     CHECK_OK(w1.rc);
     CHECK_OK(w2.rc);
     CHECK_OP(w1.got - t0, <, 5000);

@@ -236,6 +236,7 @@ TEST(one_release_lets_in_every_reader_at_the_head)
 typedef struct dead {
     int64_t before; /* monotonic ms before the child's acquire */
     int rc;
+    volatile int ready; /* rc is set: the child's acquire has returned */
 } dead;
 
 static int dead_reader_child(void *arg)
@@ -252,6 +253,7 @@ static int dead_reader_child(void *arg)
         return 1;
     d->before = th_now_ms();
     d->rc = dlock_acquire_shared(l, 0);
+    __atomic_store_n(&d->ready, 1, __ATOMIC_SEQ_CST);
     for (;;)
         pause(); /* killed holding */
 }
@@ -263,8 +265,9 @@ TEST(a_dead_reader_is_dropped_at_its_lease_end)
     waiter w = {handle(c, "rw3", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
     pthread_t th;
 
-    d->rc = -1000;
     pid_t child = th_fork(dead_reader_child, d);
+    /* its acquire has returned (the key shows the hold a moment before) */
+    CHECK(th_wait_flag(&d->ready, 10000));
     until_state(c, "rw3", 0, 1);
     kill(child, SIGKILL);
     th_wait(child);
@@ -526,6 +529,7 @@ static int dead_permit_child(void *arg)
         return 1;
     d->before = th_now_ms();
     d->rc = dlock_acquire(l, 0);
+    __atomic_store_n(&d->ready, 1, __ATOMIC_SEQ_CST);
     for (;;)
         pause(); /* killed holding */
 }
@@ -548,8 +552,9 @@ TEST(an_expired_holder_line_is_dropped_by_the_next_try)
     dlock *pa = handle(a, "rw10", 30000, 0, 2);
     dlock *pb = handle(b, "rw10", 30000, 0, 2);
 
-    d->rc = -1000;
     pid_t child = th_fork(dead_permit_child, d);
+    /* its acquire has returned (the key shows the hold a moment before) */
+    CHECK(th_wait_flag(&d->ready, 10000));
     until_state(a, "rw10", 0, 1);
     kill(child, SIGKILL);
     th_wait(child);

@@ -963,24 +963,15 @@ static int bare_contender(void *arg)
     return 0;
 }
 
-static void wait_flag(volatile int *flag, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
-        th_sleep_ms(1);
-    CHECK(*flag);
-}
-
 TEST(delayed_restart_keeps_a_bare_quorum_exclusive)
 {
     bare *s = th_shared(sizeof(*s));
 
     s->ttl = slow ? 6000 : 3000;
     pid_t contender = th_fork(bare_contender, s);
-    wait_flag(&s->contender_ready, 30000);
+    CHECK(th_wait_flag(&s->contender_ready, 30000));
     pid_t holder = th_fork(bare_holder, s);
-    wait_flag(&s->holder_ready, 30000);
+    CHECK(th_wait_flag(&s->holder_ready, 30000));
     wait_keys_everywhere("bare-quorum", 2000);
 
     /* node 0 crashes; 3 and 4 lose the key: the holder's key is left on

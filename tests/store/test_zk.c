@@ -528,15 +528,6 @@ static void *gate_thread(void *arg)
     return NULL;
 }
 
-static void wait_flag(volatile int *flag, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK(*flag);
-}
-
 TEST(inspect_shows_holder_and_queue_in_order)
 {
     dlock_client *a = client(), *obs = client(), *wc[3];
@@ -584,7 +575,7 @@ TEST(inspect_shows_holder_and_queue_in_order)
 
     /* the head takes over; the queue moves up */
     CHECK_OK(dlock_release(la));
-    wait_flag(&w[0].done, 10000);
+    CHECK(th_wait_flag(&w[0].done, 10000));
     CHECK_OK(w[0].rc);
     CHECK_OK(dlock_inspect(obs, "inspect", &info));
     CHECK_EQ(info.held, 1);
@@ -1032,7 +1023,7 @@ static int holder_child(void *arg)
 
 static void wait_ready(shared_holder *s)
 {
-    wait_flag(&s->ready, 10000);
+    CHECK(th_wait_flag(&s->ready, 10000));
 }
 
 TEST(a_frozen_holder_is_told_its_session_expired)
@@ -1087,7 +1078,7 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
     kill(pid, SIGKILL);
     int64_t t0 = th_now_ms();
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
-    wait_flag(&w.done, s->ttl + 5000);
+    CHECK(th_wait_flag(&w.done, s->ttl + 5000));
     CHECK_OK(w.rc);
     /* the killed holder's 1 s session expires (the server checks every
      * 200 ms tick), its node goes and the watch wakes the waiter: 2 s of
@@ -1220,7 +1211,7 @@ static void server_trouble(int sig)
     int64_t t0 = th_now_ms();
     th_zk_kill(&own, 0, sig);
     /* the waiter: DLOCK_ECONN, long before its 30 s */
-    wait_flag(&w.done, ttl + 3000);
+    CHECK(th_wait_flag(&w.done, ttl + 3000));
     pthread_join(th, NULL);
     CHECK_RC(w.rc, DLOCK_ECONN);
     CHECK_OP(th_now_ms() - t0, <, ttl + 3000);
@@ -1631,7 +1622,7 @@ TEST(a_break_takes_every_reader_and_every_permit)
     dlock_info_clear(&ev);
     /* the writer's watch on the last reader fired: at once, as a release
      * (bounded as the holders' loss, TOLD_MS) */
-    wait_flag(&w.done, TOLD_MS);
+    CHECK(th_wait_flag(&w.done, TOLD_MS));
     CHECK_OK(w.rc);
     CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
     CHECK_OP(w.token, >, top);
@@ -1671,7 +1662,7 @@ TEST(a_break_takes_every_reader_and_every_permit)
     CHECK_EQ(ev.holders, 2);
     CHECK_EQ(ev.token, top);
     dlock_info_clear(&ev);
-    wait_flag(&w.done, TOLD_MS);
+    CHECK(th_wait_flag(&w.done, TOLD_MS));
     CHECK_OK(w.rc);
     CHECK_OP(w.token, >, top);
     CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
