@@ -56,11 +56,17 @@ static void check_token(uint64_t seen, uint64_t tok)
     }
 }
 
+/* A client for the contract's tests, which are about exclusion, order and
+ * hand-over, not about how long one round trip may take: th_patient()'s
+ * 10 s per round trip, not the default 2 s, so that a store slowed by a
+ * busy machine (etcd syncing to disk under stress-ng) does not turn a
+ * release into DLOCK_ECONN. Timed waits are bounded by their own
+ * timeouts, which the tests pass. */
 static dlock_client *client(void)
 {
     dlock_client *c = NULL;
 
-    CHECK_OK(dlock_client_open(&c, uri, NULL));
+    CHECK_OK(dlock_client_open(&c, uri, th_patient()));
     return c;
 }
 
