@@ -267,6 +267,22 @@ start_redis() {
     REDIS_PORT=${REDIS_PORTS[0]}
 }
 
+# free_port: sets FREE_PORT to a loopback port nothing answers on (100
+# tries), or to "" if it found none. Another test may still take it before
+# the server binds it: every caller starts its server, checks that it
+# answers, and picks again if it does not.
+free_port() {
+    local i cand
+    FREE_PORT=
+    for ((i = 0; i < 100; i++)); do
+        cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null; then
+            FREE_PORT=$cand
+            return 0
+        fi
+    done
+}
+
 # start_redis_node I: starts node I (REDIS_PIDS[I], REDIS_PORTS[I]). The
 # nodes started before it listen already, so it never picks their ports.
 # With REDIS_TLS=1 it also gets a TLS port (REDIS_TLS_PORT; on 127.0.0.1,
@@ -276,15 +292,8 @@ start_redis_node() {
     local node=$1 attempt p i pid dir=$TMP/redis$1 tls=()
     mkdir -p "$dir"
     for ((attempt = 0; attempt < 5; attempt++)); do
-        # a free loopback port: nothing answers on it
-        p=
-        for ((i = 0; i < 100; i++)); do
-            local cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
-            if ! (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null; then
-                p=$cand
-                break
-            fi
-        done
+        free_port
+        p=$FREE_PORT
         if [ -z "$p" ]; then
             continue
         fi
@@ -336,27 +345,12 @@ kill_redis_node() {
 # cleanup kills them), their ports in SENT_PORTS; returns once the
 # sentinels name it and know the replica (30 s at most, else exits).
 start_sentinel_set() {
-    local i p dir cand
+    local i
     SENT_PORTS=()
-    for ((i = 0; i < 4; i++)); do
-        p=
-        while [ -z "$p" ]; do
-            cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
-            (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null || p=$cand
-        done
-        dir=$TMP/sentinel$i
-        mkdir -p "$dir"
-        if ((i == 0)); then # the replica
-            redis-server --save '' --appendonly no --bind 127.0.0.1 \
-                --port "$p" --dir "$dir" --replicaof 127.0.0.1 "$REDIS_PORT" \
-                >"$dir/log" 2>&1 </dev/null &
-        else
-            printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor dlockcli 127.0.0.1 %s 2\n' \
-                "$p" "$dir" "$REDIS_PORT" >"$dir/sentinel.conf"
-            redis-server "$dir/sentinel.conf" --sentinel >"$dir/log" 2>&1 </dev/null &
-            SENT_PORTS+=("$p")
-        fi
-        BG_PIDS+=($!)
+    start_sentinel_member replica "$TMP/sentinel0"
+    for ((i = 1; i < 4; i++)); do
+        start_sentinel_member sentinel "$TMP/sentinel$i"
+        SENT_PORTS+=("$MEMBER_PORT")
     done
     for ((i = 0; i < 300; i++)); do
         if redis-cli -p "${SENT_PORTS[0]}" SENTINEL get-master-addr-by-name dlockcli 2>/dev/null |
@@ -367,7 +361,50 @@ start_sentinel_set() {
         sleep 0.1
     done
     echo "FAIL: the sentinels did not come up; their logs:" >&2
-    show "$TMP/sentinel1/log"
+    show "$TMP/sentinel0/log" "$TMP/sentinel1/log" "$TMP/sentinel3/log"
+    exit 1
+}
+
+# start_sentinel_member KIND DIR: starts the set's replica (KIND replica)
+# or one sentinel (KIND sentinel) in DIR on a free port, and sets
+# MEMBER_PORT once it answers PING. A port another test took between
+# free_port and the bind makes the server exit: it is started again on
+# another port (5 tries, 5 s each, else exits).
+start_sentinel_member() {
+    local kind=$1 dir=$2 attempt i p pid
+    mkdir -p "$dir"
+    for ((attempt = 0; attempt < 5; attempt++)); do
+        free_port
+        p=$FREE_PORT
+        if [ -z "$p" ]; then
+            continue
+        fi
+        if [ "$kind" = replica ]; then
+            redis-server --save '' --appendonly no --bind 127.0.0.1 \
+                --port "$p" --dir "$dir" --replicaof 127.0.0.1 "$REDIS_PORT" \
+                >"$dir/log" 2>&1 </dev/null &
+        else
+            printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor dlockcli 127.0.0.1 %s 2\n' \
+                "$p" "$dir" "$REDIS_PORT" >"$dir/sentinel.conf"
+            redis-server "$dir/sentinel.conf" --sentinel >"$dir/log" 2>&1 </dev/null &
+        fi
+        pid=$!
+        for ((i = 0; i < 50; i++)); do
+            if ! kill -0 "$pid" 2>/dev/null; then
+                break # exited: the port was taken after all?
+            fi
+            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
+                BG_PIDS+=("$pid")
+                MEMBER_PORT=$p
+                return 0
+            fi
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+    echo "FAIL: the sentinel set's $kind did not start; its log:" >&2
+    show "$dir/log"
     exit 1
 }
 
@@ -475,15 +512,8 @@ start_zk() {
         cp=$cp:$ZK_LOG_JARS
     fi
     for ((attempt = 0; attempt < 3; attempt++)); do
-        # a free loopback port: nothing answers on it
-        p=
-        for ((i = 0; i < 100; i++)); do
-            local cand=$((20000 + (RANDOM * 32768 + RANDOM) % 40001))
-            if ! (exec 3<>"/dev/tcp/127.0.0.1/$cand") 2>/dev/null; then
-                p=$cand
-                break
-            fi
-        done
+        free_port
+        p=$FREE_PORT
         if [ -z "$p" ]; then
             continue
         fi
