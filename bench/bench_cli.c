@@ -53,30 +53,10 @@ typedef struct kind {
     double chunk_mean[CHUNKS];
 } kind;
 
-static posix_spawn_file_actions_t to_null;
 
-/* Runs one command to its end; its wall time in ns. */
 static int64_t run_once(const kind *k)
 {
-    pid_t pid;
-    int st, rc;
-    int64_t t0 = now_ns();
-
-    rc = k->pathsearch
-             ? posix_spawnp(&pid, k->argv[0], &to_null, NULL, k->argv, k->envp)
-             : posix_spawn(&pid, k->argv[0], &to_null, NULL, k->argv, k->envp);
-    if (rc != 0)
-        die(k->argv[0], strerror(rc));
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            die("waitpid", strerror(errno));
-    int64_t t = now_ns() - t0;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        char msg[64];
-        snprintf(msg, sizeof(msg), "failed (wait status %d)", st);
-        die(k->label, msg);
-    }
-    return t;
+    return run_command(k->label, k->argv, k->envp, k->pathsearch);
 }
 
 /* envp: environ without DLOCK_STORE (and XDG_RUNTIME_DIR when xdg is
@@ -177,12 +157,6 @@ int main(int argc, char **argv)
     if (mkdir(xdg, 0700) != 0 && errno != EEXIST)
         die(xdg, strerror(errno));
     signal(SIGPIPE, SIG_IGN);
-    if (posix_spawn_file_actions_init(&to_null) != 0 ||
-        posix_spawn_file_actions_addopen(&to_null, 1, "/dev/null", O_WRONLY,
-                                         0) != 0 ||
-        posix_spawn_file_actions_addopen(&to_null, 2, "/dev/null", O_WRONLY,
-                                         0) != 0)
-        die("posix_spawn_file_actions", "failed");
 
     char **env = make_env(NULL), **env_xdg = make_env(xdg);
     /* the order of the table; FLOCK first: the ratios' base (FLOCK_VERSION

@@ -527,30 +527,11 @@ typedef struct cmd_kind {
     double chunk_p50[CHUNKS];
 } cmd_kind;
 
-static posix_spawn_file_actions_t to_null;
 static char **env; /* environ without DLOCK_STORE */
 
 static int64_t run_once(const cmd_kind *k)
 {
-    pid_t pid;
-    int st, rc;
-    int64_t t0 = now_ns();
-
-    rc = k->pathsearch
-             ? posix_spawnp(&pid, k->argv[0], &to_null, NULL, k->argv, env)
-             : posix_spawn(&pid, k->argv[0], &to_null, NULL, k->argv, env);
-    if (rc != 0)
-        die(k->argv[0], strerror(rc));
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            die("waitpid", strerror(errno));
-    int64_t t = now_ns() - t0;
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        char msg[64];
-        snprintf(msg, sizeof(msg), "failed (wait status %d)", st);
-        die(k->label, msg);
-    }
-    return t;
+    return run_command(k->label, k->argv, env, k->pathsearch);
 }
 
 static char **env_without_store(void)
@@ -741,12 +722,6 @@ int main(int argc, char **argv)
 
     /* --- whole commands --- */
     env = env_without_store();
-    if (posix_spawn_file_actions_init(&to_null) != 0 ||
-        posix_spawn_file_actions_addopen(&to_null, 1, "/dev/null", O_WRONLY,
-                                         0) != 0 ||
-        posix_spawn_file_actions_addopen(&to_null, 2, "/dev/null", O_WRONLY,
-                                         0) != 0)
-        die("posix_spawn_file_actions", "failed");
     char cafile[4200];
     snprintf(cafile, sizeof(cafile), "%s", ca);
     enum { C_CLI_TLS, C_DLOCK_TLS, C_CLI, C_DLOCK, C_TRUE, NC };

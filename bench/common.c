@@ -4,8 +4,13 @@
  */
 #include "common.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 
 int64_t now_ns(void)
@@ -55,4 +60,35 @@ stats summarize(int64_t *ns, int n)
     s.p99_us = (double)ns[(int)(n * 0.99)] / 1000;
     s.per_s = 1e9 / (sum / n);
     return s;
+}
+
+int64_t run_command(const char *label, char *const argv[],
+                    char *const envp[], int pathsearch)
+{
+    posix_spawn_file_actions_t to_null;
+    pid_t pid;
+    int st, rc;
+
+    if (posix_spawn_file_actions_init(&to_null) != 0 ||
+        posix_spawn_file_actions_addopen(&to_null, 1, "/dev/null", O_WRONLY,
+                                         0) != 0 ||
+        posix_spawn_file_actions_addopen(&to_null, 2, "/dev/null", O_WRONLY,
+                                         0) != 0)
+        die("posix_spawn_file_actions", "failed");
+    int64_t t0 = now_ns();
+    rc = pathsearch ? posix_spawnp(&pid, argv[0], &to_null, NULL, argv, envp)
+                    : posix_spawn(&pid, argv[0], &to_null, NULL, argv, envp);
+    if (rc != 0)
+        die(argv[0], strerror(rc));
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            die("waitpid", strerror(errno));
+    int64_t t = now_ns() - t0;
+    posix_spawn_file_actions_destroy(&to_null);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "failed (wait status %d)", st);
+        die(label, msg);
+    }
+    return t;
 }

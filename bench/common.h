@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * common.h -- what every benchmark program needs: the clock, sorting and
- * percentiles, a fatal error. Each program defines `bench_prog` (its name,
+ * percentiles, a fatal error, a whole command timed as a process. Each program defines `bench_prog` (its name,
  * for messages) and links common.c.
  */
 #ifndef DLOCK_BENCH_COMMON_H
@@ -30,5 +30,13 @@ typedef struct stats {
 
 /* Sorts ns[0..n) (latencies in ns) and summarises them. */
 stats summarize(int64_t *ns, int n);
+
+/* Runs argv[0] (looked up on PATH when `pathsearch`, as a shell would)
+ * with the environment envp and its standard output and error sent to
+ * /dev/null, to its end. Returns its wall time in ns, from posix_spawn()
+ * to waitpid() returning. A command that cannot start, or does not exit
+ * 0, dies naming `label`. */
+int64_t run_command(const char *label, char *const argv[],
+                    char *const envp[], int pathsearch);
 
 #endif
