@@ -113,9 +113,15 @@ mysql)
     export PATH=$PATH:/usr/sbin
     asroot=()
     [ "$(id -u)" = 0 ] && asroot=(--user=root)
+    # a temporary directory of its own: a MariaDB server deletes every
+    # "#sql*" file in its tmpdir when it starts, so servers sharing /tmp
+    # delete each other's on-disk temporary tables (a running query then
+    # fails: "Error on delete of '/tmp/#sql-temptable-...'")
+    mkdir -p "$dir/tmp"
     if [ ! -d "$dir/data/mysql" ]; then
         mkdir -p "$dir/data"
         mariadb-install-db --no-defaults --datadir="$dir/data" \
+            --tmpdir="$dir/tmp" \
             --auth-root-authentication-method=normal --skip-test-db \
             "${asroot[@]}" >"$dir/install.log" 2>&1 || {
             cat "$dir/install.log" >&2
@@ -134,8 +140,8 @@ EOF
         tls=("--ssl-cert=$cert" "--ssl-key=$key")
     fi
     exec setpriv --pdeathsig SIGKILL -- mariadbd --no-defaults "${asroot[@]}" \
-        --datadir="$dir/data" --port="$port" --bind-address=127.0.0.1 \
-        --socket="$dir/mysql.sock" --pid-file="$dir/mysql.pid" \
+        --datadir="$dir/data" --tmpdir="$dir/tmp" --port="$port" \
+        --bind-address=127.0.0.1 --socket="$dir/mysql.sock" --pid-file="$dir/mysql.pid" \
         --init-file="$dir/init.sql" --skip-log-bin --skip-name-resolve \
         --innodb-buffer-pool-size=32M --innodb-log-file-size=32M \
         --innodb-flush-log-at-trx-commit=$flush \
