@@ -283,6 +283,27 @@ free_port() {
     done
 }
 
+# redis_up PID PORT: waits (5 s at most: a redis-server answers within
+# milliseconds) until the redis-server PID answers PING on PORT; returns
+# 0 then. If it exits first (a port taken after free_port after all) or
+# stays silent, kills and reaps it and returns 1: the caller picks
+# another port.
+redis_up() {
+    local pid=$1 port=$2 i
+    for ((i = 0; i < 50; i++)); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            break
+        fi
+        if [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 1
+}
+
 # start_redis_node I: starts node I (REDIS_PIDS[I], REDIS_PORTS[I]). The
 # nodes started before it listen already, so it never picks their ports.
 # With REDIS_TLS=1 it also gets a TLS port (REDIS_TLS_PORT; on 127.0.0.1,
@@ -311,18 +332,10 @@ start_redis_node() {
             >"$dir/log" 2>&1 </dev/null &
         pid=$!
         REDIS_PIDS[node]=$pid
-        for ((i = 0; i < 50; i++)); do
-            if ! kill -0 "$pid" 2>/dev/null; then
-                break # exited: the port was taken after all?
-            fi
-            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
-                REDIS_PORTS[node]=$p
-                return 0
-            fi
-            sleep 0.1
-        done
-        kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
+        if redis_up "$pid" "$p"; then
+            REDIS_PORTS[node]=$p
+            return 0
+        fi
         REDIS_PIDS[node]=
     done
     echo "FAIL: redis-server (node $node) did not start; its log:" >&2
@@ -371,7 +384,7 @@ start_sentinel_set() {
 # free_port and the bind makes the server exit: it is started again on
 # another port (5 tries, 5 s each, else exits).
 start_sentinel_member() {
-    local kind=$1 dir=$2 attempt i p pid
+    local kind=$1 dir=$2 attempt p pid
     mkdir -p "$dir"
     for ((attempt = 0; attempt < 5; attempt++)); do
         free_port
@@ -389,19 +402,11 @@ start_sentinel_member() {
             redis-server "$dir/sentinel.conf" --sentinel >"$dir/log" 2>&1 </dev/null &
         fi
         pid=$!
-        for ((i = 0; i < 50; i++)); do
-            if ! kill -0 "$pid" 2>/dev/null; then
-                break # exited: the port was taken after all?
-            fi
-            if [ "$(redis-cli -p "$p" ping 2>/dev/null)" = PONG ]; then
-                BG_PIDS+=("$pid")
-                MEMBER_PORT=$p
-                return 0
-            fi
-            sleep 0.1
-        done
-        kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
+        if redis_up "$pid" "$p"; then
+            BG_PIDS+=("$pid")
+            MEMBER_PORT=$p
+            return 0
+        fi
     done
     echo "FAIL: the sentinel set's $kind did not start; its log:" >&2
     show "$dir/log"
