@@ -233,6 +233,28 @@ static void give_up_key(etcd_store *es, etcd_hold *eh)
     eh->lease = NULL;
 }
 
+/* A waiter that relied on the stream found no answer when it re-armed
+ * (no member up, no leader yet): it keeps its key, hence its place, and
+ * sleeps until a keepalive of the client is answered after `ka_seen`, its
+ * lease dies, its wait ends or a cancel; then it re-arms. Unregistered
+ * from the stream meanwhile. 1 when its lease died meanwhile (the wait
+ * ended: it starts again on a new lease), else 0: re-arm. See
+ * docs/design.md, "etcd: one watch stream per client". */
+static int park(etcd_store *es, dlock__lease *l, etcd_hold *eh,
+                etcd_waiter *w, uint64_t ka_seen)
+{
+    pthread_mutex_lock(&es->mu);
+    dlock__etcd_waiter_del(es, w);
+    while (es->ka_gen == ka_seen && !eh->lease->dead && !wait_over(l))
+        dlock__cond_wait_until(&es->acv, &es->mu, l->deadline);
+    pthread_mutex_unlock(&es->mu);
+    if (!eh->lease->dead)
+        return 0;
+    dlock__etcd_waiter_end(es, w);
+    give_up_key(es, eh);
+    return 1;
+}
+
 /* One acquisition on lease eh->lease. DLOCK_OK, DLOCK_EBUSY, an error,
  * or 1 = the lease died underneath (start again on a new one). On any
  * result but DLOCK_OK the key and the lease reference are given up. */
@@ -245,7 +267,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     size_t base_len = dlock__etcd_lock_base(es, l->name, l->name_len, base);
     etcd_waiter w;
     cJSON *j = NULL;
-    int rc, vlen, need_look = 0;
+    int rc, vlen, need_look = 0, relied = 0;
     int may_wait = l->deadline > dlock__now_ms();
 
     memset(&w, 0, sizeof(w));
@@ -350,6 +372,11 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
 
         if (may_wait && dl > l->deadline)
             dl = l->deadline; /* no call of a wait runs past its end */
+        pthread_mutex_lock(&es->mu);
+        uint64_t ka_seen = es->ka_gen; /* before this turn's calls */
+        pthread_mutex_unlock(&es->mu);
+        if (w.gen)
+            relied = 1;
         if (need_look && (w.gen || !may_wait || now >= l->deadline ||
                           dlock__lease_cancelled(l))) {
             rc = dlock__etcd_look(es, eh, &w, base, base_len,
@@ -365,6 +392,12 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             }
             if (rc == DLOCK_OK)
                 dlock__etcd_mine_seen(es, eh, w.gen);
+            if (rc == DLOCK_ECONN && relied && may_wait && !wait_over(l)) {
+                if (park(es, l, eh, &w, ka_seen)) /* keeps our place */
+                    return 1;
+                need_look = 1;
+                continue;
+            }
             if (rc != DLOCK_OK) {
                 dlock__etcd_waiter_end(es, &w);
                 give_up_key(es, eh);
@@ -435,6 +468,12 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             /* arm: the stream first, then look (no missed deletion) */
             uint64_t gen = 0;
             rc = dlock__etcd_stream_up(es, dl, &gen);
+            if (rc == DLOCK_ECONN && relied && !wait_over(l)) {
+                if (park(es, l, eh, &w, ka_seen)) /* keeps our place */
+                    return 1;
+                need_look = 1;
+                continue;
+            }
             if (rc != DLOCK_OK) {
                 dlock__etcd_waiter_end(es, &w);
                 give_up_key(es, eh);
@@ -767,6 +806,7 @@ static void etcd_close(void *st)
     if (es->timer_fd >= 0)
         close(es->timer_fd);
     pthread_cond_destroy(&es->scv);
+    pthread_cond_destroy(&es->acv);
     pthread_mutex_destroy(&es->sio);
     pthread_mutex_destroy(&es->mu);
     free(es);
@@ -787,6 +827,12 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
         return enomem();
     }
     if (dlock__cond_init(&es->scv) != DLOCK_OK) {
+        free(es);
+        curl_global_cleanup();
+        return enomem();
+    }
+    if (dlock__cond_init(&es->acv) != DLOCK_OK) {
+        pthread_cond_destroy(&es->scv);
         free(es);
         curl_global_cleanup();
         return enomem();
@@ -856,6 +902,7 @@ static void etcd_cancel(void *st)
     pthread_mutex_lock(&es->mu);
     for (etcd_waiter *w = es->waiters; w; w = w->next)
         pthread_cond_signal(&w->cv);
+    pthread_cond_broadcast(&es->acv); /* and those asleep in park() */
     pthread_mutex_unlock(&es->mu);
 }
 

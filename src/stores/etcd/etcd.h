@@ -154,6 +154,11 @@ typedef struct etcd_store {
                           * revision */
     int64_t s_idle;      /* no waiter since then */
     pthread_cond_t scv;  /* sstate changed */
+    /* waiters whose re-arm found no answer sleep on acv until ka_gen
+     * moves (a keepalive was answered), their lease dies, their wait
+     * ends or a cancel (etcd.c, park) */
+    pthread_cond_t acv;
+    uint64_t ka_gen;
     etcd_waiter *waiters;
     struct etcd_hold *mine; /* our keys watched for their deletion */
     uint64_t next_mid;

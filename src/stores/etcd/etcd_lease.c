@@ -48,6 +48,7 @@ void dlock__etcd_lease_lost(etcd_store *es, etcd_lease *el, const char *why)
     el->dead = 1;
     for (etcd_waiter *w = es->waiters; w; w = w->next)
         pthread_cond_signal(&w->cv); /* those on this lease start again */
+    pthread_cond_broadcast(&es->acv); /* and those asleep in park() */
     pthread_mutex_unlock(&es->mu);
     if (!was)
         dlock__notify_lost(es->client, match_lease, el, why);
@@ -238,10 +239,16 @@ void dlock__etcd_loop_run(void *st, int readable)
         if (dl > limit)
             dl = limit;
         int rc = dlock__etcd_keepalive(es, el, dl);
-        if (rc == ETCD_NOLEASE) {
+        if (rc == DLOCK_OK) {
+            /* the store answers: waiters asleep in park() re-arm */
+            pthread_mutex_lock(&es->mu);
+            es->ka_gen++;
+            pthread_cond_broadcast(&es->acv);
+            pthread_mutex_unlock(&es->mu);
+        } else if (rc == ETCD_NOLEASE) {
             dlock__etcd_lease_lost(es, el, "etcd: the client's lease "
                                            "expired or was revoked");
-        } else if (rc != DLOCK_OK) {
+        } else {
             /* an own lease's one keepalive after its acquisition, too:
              * tried again until it works or the lease ends */
             pthread_mutex_lock(&es->mu);
