@@ -1214,16 +1214,26 @@ void th_etcd_kill(th_etcd *e, int i, int sig)
 
 void th_etcd_restart(th_etcd *e, int i)
 {
-    if (e->pid[i] > 0)
-        th_fail(__FILE__, __LINE__, "etcd member %d is running", i);
+    th_etcd_restart_set(e, 1u << i);
+}
+
+void th_etcd_restart_set(th_etcd *e, unsigned mask)
+{
+    for (int i = 0; i < e->n; i++)
+        if ((mask & (1u << i)) && e->pid[i] > 0)
+            th_fail(__FILE__, __LINE__, "etcd member %d is running", i);
     for (int attempt = 0; attempt < 20; attempt++) {
-        etcd_spawn(e, i, 0);
-        if (etcd_wait_healthy(e, 1u << i, 60000) == 0)
+        /* all of them before waiting: a cluster member serves only once
+         * a quorum is back */
+        for (int i = 0; i < e->n; i++)
+            if ((mask & (1u << i)) && e->pid[i] <= 0)
+                etcd_spawn(e, i, 0);
+        if (etcd_wait_healthy(e, mask, 60000) == 0)
             return;
         th_sleep_ms(250);
     }
-    th_fail(__FILE__, __LINE__, "etcd member %d did not restart (see "
-            "%s/etcd.log)", i, e->dir[i]);
+    th_fail(__FILE__, __LINE__, "etcd members 0x%x did not restart (see "
+            "%s/etcd.log)", mask, e->dir[0]);
 }
 
 /* A decimal string field "name":"123" of a JSON text, or 0. Unsigned:

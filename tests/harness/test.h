@@ -375,6 +375,9 @@ void th_etcd_kill(th_etcd *e, int i, int sig);
 /* Starts member i again (same ports and data); waits until it serves,
  * which in a cluster needs a quorum. */
 void th_etcd_restart(th_etcd *e, int i);
+/* The same for every member in `mask` (bit i: member i), all started
+ * before the wait: a whole cluster restarted at once. */
+void th_etcd_restart_set(th_etcd *e, unsigned mask);
 /* Index of the member that is leader, or -1 (none answers or no leader). */
 int th_etcd_leader(th_etcd *e);
 int th_etcd_wait_leader(th_etcd *e, int64_t timeout_ms);
