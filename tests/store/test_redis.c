@@ -986,6 +986,51 @@ TEST(a_handover_racing_a_timed_out_wait)
     dlock_client_close(h);
 }
 
+/* A try whose answer comes after its wait ended (DLOCK_ECONN "no
+ * answer") still runs on the server, later: on a free lock it takes it.
+ * Nobody would know of that hold, and it would keep everyone out for its
+ * whole lease; the store sends the leaving (abandon, then the guarded
+ * release) right behind the try, so the lock ends up free. Made certain
+ * here by pausing the server past the wait (CLIENT PAUSE); a busy machine
+ * did it to a_handover_racing_a_timed_out_wait in a CI rehearsal. */
+TEST(a_try_answered_after_its_wait_leaves_no_hold)
+{
+    dlock_client *c = client_at(srv.uri), *obs = client_at(srv.uri);
+    dlock *l = handle(c, "late-try", 30000, 0);
+    dlock_info info;
+
+    CHECK_OK(dlock_acquire(l, 0)); /* the connection and scripts ready */
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(th_redis_cmd(&srv, NULL, 0, "CLIENT PAUSE 1500 ALL"), 0);
+    int64_t t0 = th_now_ms();
+    /* the call ends at its 50 ms wait (its try unanswered), well inside
+     * the pause, even under valgrind */
+    CHECK_RC(dlock_acquire(l, 50), DLOCK_ECONN);
+    CHECK_CONTAINS(dlock_errmsg(), "no answer");
+    CHECK_OP(th_now_ms() - t0, <, 1500);
+    /* past the pause: the try ran, then the leaving behind it (bounded:
+     * 5 s; the server runs them as soon as the pause ends) */
+    for (int k = 0; k < 250; k++) {
+        if (th_now_ms() - t0 > 1600) {
+            CHECK_OK(dlock_inspect(obs, "late-try", &info));
+            int held = info.held, waiters = (int)info.waiters;
+            dlock_info_clear(&info);
+            if (!held && !waiters)
+                break;
+        }
+        th_sleep_ms(20);
+    }
+    CHECK_OK(dlock_inspect(obs, "late-try", &info));
+    CHECK_EQ(info.held, 0);
+    CHECK_EQ(info.waiters, 0);
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(obs);
+    dlock_client_close(c);
+}
+
 /* A waiter whose client knew the lock held appends its line blindly; if
  * the lock was free after all and the client died before its next step,
  * the key holds only that line (no record, no expiry). The next acquire
@@ -1074,6 +1119,7 @@ static const th_test tests[] = {
     T(a_handover_found_when_leaving_is_kept),
     T(a_lost_handover_message_is_found_when_the_channel_breaks),
     T(a_handover_racing_a_timed_out_wait),
+    T(a_try_answered_after_its_wait_leaves_no_hold),
     T(a_key_with_only_queue_lines_is_free),
     T(tokens_stay_above_a_tombstone_ahead_of_the_clock),
     T(client_timeout_option),

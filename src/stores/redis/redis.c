@@ -162,6 +162,30 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     return rc;
 }
 
+static int redis_abandon(void *st, dlock__lease *l, int64_t deadline);
+
+/* A try whose answer was lost (DLOCK_ECONN: no answer in time, or the
+ * connection failed) may still run on the server, and take the lock or
+ * queue our line there; nobody would know of that hold until its lease
+ * ran out. So the leaving goes right behind it on the same connection,
+ * without waiting for answers: abandon (our line out; a hold of ours
+ * kept), then the guarded release (a hold of ours let go or handed over).
+ * The server runs them in that order, after the try (a try on a new
+ * connection after a broken one is not ordered with it: left to the
+ * lease). Returns rc with its message kept. Shared tries too
+ * (redis_rw.c): abandon and release go to the shared scripts. */
+int dlock__redis_undo_lost_try(redis_store *rs, dlock__lease *l, int rc)
+{
+    char keep[512];
+
+    if (rc != DLOCK_ECONN)
+        return rc;
+    snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
+    (void)redis_abandon(rs, l, dlock__now_ms());
+    (void)redis_release(rs, l, dlock__now_ms());
+    return dlock__err(rc, "%s", keep);
+}
+
 static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
                        int *waited)
 {
@@ -203,7 +227,7 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
         rcmd_arg(&c, line, ll);
         rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
         if (rc)
-            return rc;
+            return dlock__redis_undo_lost_try(rs, l, rc);
         if (r->type == REDIS_REPLY_ERROR) {
             rc = server_error(rs, r->str, l->name);
             freeReplyObject(r);
@@ -237,14 +261,14 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
         rc = dlock__redis_run(rs, key, kl, wc, 2, wr,
                               deadline + rs->replica_timeout_ms);
         if (rc)
-            return rc;
+            return dlock__redis_undo_lost_try(rs, l, rc);
         r = wr[0];
         *waited = replicas_answer(rs, wr[1]);
         freeReplyObject(wr[1]);
     } else {
         rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
         if (rc)
-            return rc;
+            return dlock__redis_undo_lost_try(rs, l, rc);
     }
     if (r->type == REDIS_REPLY_ERROR) {
         rc = server_error(rs, r->str, l->name);

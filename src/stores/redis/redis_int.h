@@ -177,6 +177,9 @@ static inline int server_error(const redis_store *rs, const char *msg,
     return dlock__redis_server_error(rs->where, rs->cfg.password, msg, lock);
 }
 
+/* After a try whose answer was lost (rc DLOCK_ECONN): its undoing sent
+ * behind it (redis.c). Returns rc, its message kept. */
+int dlock__redis_undo_lost_try(redis_store *rs, dlock__lease *l, int rc);
 /* The answer to a try (either kind's script, redis.c): the token taken,
  * or busy with the lease left and whether it queued. */
 int dlock__redis_try_answer(const redis_store *rs, dlock__lease *l,

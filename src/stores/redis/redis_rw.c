@@ -64,7 +64,7 @@ int dlock__redis_rw_acquire(redis_store *rs, dlock__lease *l, int queue,
     rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
     rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
-        return rc;
+        return dlock__redis_undo_lost_try(rs, l, rc);
     if (r->type == REDIS_REPLY_ERROR)
         rc = server_error(rs, r->str, l->name);
     else
