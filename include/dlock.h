@@ -273,9 +273,17 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  * on redlock://, a ttl_ms too short for its node timeout and drift),
  * DLOCK_ENOTSUP (DLOCK_FAIR on redlock://), DLOCK_ECONN (also: fewer than
  * a quorum of Redlock nodes reachable), DLOCK_EAUTH, DLOCK_EPROTO,
- * DLOCK_ENOMEM. A store failure
- * during the wait returns at once with its code, never after the deadline
- * plus more than one store timeout (on redis://, DLOCK_ECONN also when the
+ * DLOCK_ENOMEM. An unreachable store (DLOCK_ECONN: down, restarting, a
+ * broken connection, a Sentinel or Cluster failover in progress) does not
+ * end a wait: the call keeps trying within its wait, woken by the store
+ * where it can tell (a Sentinel switch) and otherwise on a backoff capped
+ * at 1 s, and fails at its deadline with DLOCK_ECONN and the last
+ * failure's message ("... unreachable for N ms, until the wait's
+ * deadline"); dlock_cancel() ends it at once. A one-try acquire
+ * (wait_ms 0) fails at once. Any other store error ends the wait at once
+ * with its code. A wait that saw the lock held and whose last try was cut
+ * short by its deadline ends DLOCK_EBUSY. Never later than the deadline
+ * plus one store timeout (on redis://, DLOCK_ECONN also when the
  * wait ran out and the store could not be told that it left the queue:
  * the lock may be in the caller's name until its lease ends).
  * Thread-safety: any thread; each thread acts for itself.

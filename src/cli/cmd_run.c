@@ -107,8 +107,12 @@ static void *progress_main(void *arg)
 
     pthread_mutex_lock(&p->mu);
     for (;;) {
+        /* the condition variable is on the default clock (realtime):
+         * a monotonic time here lay decades in the past, and the line
+         * was redrawn, with a dlock_inspect() round trip (or, with the
+         * store down, a connect), as fast as they came back */
         struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
+        clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 1;
         while (!p->stop &&
                pthread_cond_timedwait(&p->cv, &p->mu, &until) != ETIMEDOUT)
@@ -120,7 +124,19 @@ static void *progress_main(void *arg)
         dlock_info info;
         char waited[32], held[32], left[32], line[512];
         cli_format_duration(since_ms(&p->start), waited, sizeof(waited));
-        if (dlock_inspect(p->c, p->name, &info) == DLOCK_OK) {
+        int irc = dlock_inspect(p->c, p->name, &info);
+        if (irc == DLOCK_ECONN) {
+            /* the wait rides it out (docs/design.md, "Waiting through
+             * failovers and restarts"): say what it waits for; a
+             * message that names a failover says so itself */
+            const char *why = dlock_errmsg();
+            snprintf(line, sizeof(line), "waiting %s for '%.60s': %s%.300s",
+                     waited, p->name,
+                     strstr(why, "failover in progress") ? ""
+                                                         : "store "
+                                                           "unreachable: ",
+                     why);
+        } else if (irc == DLOCK_OK) {
             if (info.held) {
                 cli_format_duration(info.held_ms, held, sizeof(held));
                 cli_format_duration(info.ttl_ms, left, sizeof(left));

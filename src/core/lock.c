@@ -41,6 +41,12 @@
  * above every thread id Linux gives (at most 2^22). */
 #define HANDLE_OWNER_BASE (1LL << 40)
 #define MIN_OP_MS 10
+/* The backoff of a wait whose store is unreachable (docs/design.md,
+ * "Waiting through failovers and restarts"): a timed retry, since a
+ * server that is down sends nothing and the kernel has no event for a
+ * port that listens again. */
+#define BACKOFF_MIN_MS 25
+#define BACKOFF_MAX_MS 1000
 #define MIN_TTL_MS DLOCK_TTL_MIN
 
 int64_t dlock__lease_margin(int64_t ttl_ms)
@@ -289,6 +295,38 @@ static int ran_out(const dlock__hold *h)
                       h->lease.name);
 }
 
+/* A failure a waiting acquire rides out: the store unreachable, no
+ * answer, a broken connection, a failover in progress. Anything else
+ * ends the wait at once. */
+static int transient(int rc)
+{
+    return rc == DLOCK_ECONN;
+}
+
+/* A wait whose store failed on every call since `since` ran out: the
+ * last cause (the message of the last failed call), and for how long. */
+static int unreachable(int rc, int64_t since)
+{
+    char keep[512];
+
+    snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
+    return dlock__err(rc, "%s (unreachable for %lld ms, until the wait's "
+                          "deadline)",
+                      keep, (long long)(dlock__now_ms() - since));
+}
+
+/* The next backoff step after `*step` (0: the first), and when the
+ * sleep ends: never past the deadline. */
+static int64_t backoff(int64_t *step, int64_t deadline)
+{
+    int64_t now = dlock__now_ms();
+
+    *step = *step == 0                    ? BACKOFF_MIN_MS
+            : *step * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                          : *step * 2;
+    return deadline - now > *step ? now + *step : deadline;
+}
+
 /* One try; records when it started, for the lease's local end, and
  * whether the store answered "held". */
 static int try_once(dlock_client *c, dlock__hold *h, int64_t *t0,
@@ -473,36 +511,73 @@ static int armed(dlock_client *c, dlock__hold *h, int64_t deadline,
     return rc;
 }
 
-/* The wait, once the first try found the lock busy (stores without
+/* The wait, once the first try found the lock busy or the store
+ * unreachable (`rc`: DLOCK_EBUSY or a transient error; stores without
  * CAP_NATIVE_WAIT). *t0 gets the start of the try or call whose answer
  * started the lease; *t_busy is the start of the last try answered
- * "held": a lock the store hands over was handed after that. */
+ * "held": a lock the store hands over was handed after that. While the
+ * store fails, the waiter sleeps on a capped backoff (or until the store
+ * wakes it) and then re-arms and tries again; *failing says whether it
+ * still did when the wait ended. */
 static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
                      int64_t start, int64_t deadline, int64_t *t0,
-                     int64_t *t_busy, int *seen_busy)
+                     int64_t *t_busy, int *seen_busy, int rc, int *failing)
 {
-    int rc = DLOCK_OK, need_try = 0;
+    int need_try = 0, need_arm = 0;
+    /* began: the start of the last store call (the first try's, first) */
+    int64_t step = 0, since = 0, began = *t0;
 
-    if (!h->lease.armed) {
-        if (c->be->arm)
-            rc = armed(c, h, deadline, *seen_busy);
-        need_try = 1;
+    *failing = 0;
+    if (rc == DLOCK_EBUSY) {
+        rc = DLOCK_OK;
+        if (!h->lease.armed) {
+            if (c->be->arm)
+                rc = armed(c, h, deadline, *seen_busy);
+            need_try = 1;
+        }
     }
     h->lease.waiting = 1;
-    while (rc == DLOCK_OK) {
-        if (need_try) {
+    for (;;) {
+        int64_t now, wake_at = deadline;
+
+        if (rc == DLOCK_OK && need_try) {
             int64_t t_end;
-            rc = try_once(c, h, t0, deadline, 0, seen_busy, &t_end);
-            if (rc != DLOCK_EBUSY)
-                break;
-            *t_busy = *t0;
-            need_try = 0;
-            rc = DLOCK_OK;
+            began = dlock__now_ms();
+            if (need_arm && c->be->arm)
+                rc = armed(c, h, deadline, *seen_busy);
+            need_arm = 0;
+            if (rc == DLOCK_OK) {
+                rc = try_once(c, h, t0, deadline, 0, seen_busy, &t_end);
+                if (rc == DLOCK_OK)
+                    return rc;
+            }
+            if (rc == DLOCK_EBUSY) {
+                *t_busy = *t0;
+                need_try = 0;
+                rc = DLOCK_OK;
+                /* answered: the store is back */
+                *failing = 0;
+                step = 0;
+            }
         }
-        int64_t now = dlock__now_ms();
-        int64_t wake_at = deadline;
-        if (h->lease.retry_ms >= 0 && now + h->lease.retry_ms + 1 < wake_at)
-            wake_at = now + h->lease.retry_ms + 1;
+        if (rc != DLOCK_OK) {
+            if (!transient(rc))
+                return rc;
+            /* the store failed: sleep, then re-arm and try again */
+            if (!*failing)
+                since = began;
+            *failing = 1;
+            if (dlock__now_ms() >= deadline)
+                return unreachable(rc, since);
+            wake_at = backoff(&step, deadline);
+            need_arm = need_try = 1;
+            rc = DLOCK_OK;
+        } else {
+            now = dlock__now_ms();
+            if (h->lease.retry_ms >= 0 &&
+                now + h->lease.retry_ms + 1 < wake_at)
+                wake_at = now + h->lease.retry_ms + 1;
+        }
 
         pthread_mutex_lock(&c->mu);
         sleep_until(c, w, wake_at);
@@ -521,6 +596,7 @@ static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
                     dlock__client_margin(c, h->lease.ttl_ms) > now) {
                 h->lease.token = token;
                 *t0 = *t_busy;
+                *failing = 0;
                 return DLOCK_OK;
             }
             need_try = 1; /* too late to trust: a try adopts it if ours */
@@ -531,11 +607,44 @@ static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
                                             "the wait");
         if (is_cancelled(h->lease.cancelled))
             return cancel_message(h, dlock__now_ms() - start);
-        if (dlock__now_ms() >= deadline)
+        if (dlock__now_ms() >= deadline) {
+            if (*failing) /* the last call's message is still ours */
+                return unreachable(DLOCK_ECONN, since);
             return busy_message(h, dlock__now_ms() - start);
-        if (rearm && c->be->arm)
-            rc = armed(c, h, deadline, *seen_busy);
+        }
+        if (rearm)
+            need_arm = 1;
         need_try = 1;
+    }
+}
+
+/* A store that waits by itself (CAP_NATIVE_WAIT) failed transiently
+ * during a wait: call it again after a backoff (a sleep in poll() on the
+ * wait's cancel eventfd), until it answers otherwise, the deadline or a
+ * cancel. */
+static int ride_out(dlock_client *c, dlock__hold *h, int64_t *t0,
+                    int64_t start, int64_t deadline, int *seen_busy,
+                    int64_t *t_end_us, int rc)
+{
+    int64_t step = 0, since = *t0; /* the failed try's start */
+
+    while (transient(rc)) {
+        if (dlock__now_ms() >= deadline)
+            return unreachable(rc, since);
+        int64_t wake_at = backoff(&step, deadline);
+        for (;;) {
+            int64_t now = dlock__now_ms();
+            if (is_cancelled(h->lease.cancelled))
+                return cancel_message(h, now - start);
+            if (now >= wake_at)
+                break;
+            struct pollfd p = {h->lease.cancel_fd, POLLIN, 0};
+            /* no cancel fd: a plain sleep, still checked above */
+            (void)poll(&p, p.fd >= 0 ? 1 : 0, (int)(wake_at - now));
+        }
+        if (dlock__now_ms() >= deadline)
+            return unreachable(rc, since);
+        rc = try_once(c, h, t0, deadline, 0, seen_busy, t_end_us);
     }
     return rc;
 }
@@ -543,20 +652,22 @@ static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
 /* A wait ends without the lock: leave the store's queue. A store that
  * hands locks over may have handed this one to us meanwhile; then it is
  * ours (DLOCK_OK, its lease restarted at *t0). */
-static int leave_queue(dlock_client *c, dlock__hold *h, int rc, int64_t *t0)
+static int leave_queue(dlock_client *c, dlock__hold *h, int rc, int64_t *t0,
+                       int failing)
 {
     int64_t a0 = dlock__now_ms();
     int r;
 
     if (!c->be->abandon)
         return rc;
-    if (rc == DLOCK_EBUSY || rc == DLOCK_ECANCELED) {
+    if ((rc == DLOCK_EBUSY || rc == DLOCK_ECANCELED) && !failing) {
         r = c->be->abandon(c->st, &h->lease, a0 + c->timeout_ms);
         if (r == DLOCK_OK)
             *t0 = a0;
         return r == DLOCK_EBUSY ? rc : r;
     }
-    /* the store failed: send the leaving on its way, keep the error */
+    /* the store failed (or failed until the wait was cancelled): send
+     * the leaving on its way, keep the error */
     char keep[512];
     snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
     (void)c->be->abandon(c->st, &h->lease, a0 + MIN_OP_MS);
@@ -798,7 +909,7 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
     pthread_t self = pthread_self();
     int64_t t0 = 0, t_busy = 0, woken_us = 0;
     int64_t try_end_us = 0;
-    int rc, seen_busy = 0, waits, waited = 0;
+    int rc, seen_busy = 0, waits, waited = 0, failing = 0;
 
     h = calloc(1, sizeof(*h) + c->be->lease_size);
     if (!h)
@@ -845,13 +956,17 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
         h->lease.may_wait = waits;
         rc = try_once(c, h, &t0, deadline, wait_ms == 0, &seen_busy,
                       &try_end_us);
-        if (rc == DLOCK_EBUSY && waits) {
-            t_busy = t0;
+        if (!waits && wait_ms != 0 && transient(rc))
+            rc = ride_out(c, h, &t0, start, deadline, &seen_busy,
+                          &try_end_us, rc);
+        if (waits && (rc == DLOCK_EBUSY || transient(rc))) {
+            if (rc == DLOCK_EBUSY)
+                t_busy = t0;
             waited = 1;
             rc = wait_loop(c, h, &w, start, deadline, &t0, &t_busy,
-                           &seen_busy);
+                           &seen_busy, rc, &failing);
             if (rc != DLOCK_OK)
-                rc = leave_queue(c, h, rc, &t0);
+                rc = leave_queue(c, h, rc, &t0, failing);
         } else if (rc == DLOCK_EBUSY) {
             rc = is_cancelled(h->lease.cancelled)
                      ? cancel_message(h, dlock__now_ms() - start)

@@ -395,6 +395,65 @@ TEST(a_client_whose_subscriptions_broke_asks_before_its_next_command)
     th_sentinels_stop(&t);
 }
 
+/* The primary SIGKILLed while a client waits, and a new client opened
+ * and waiting right after the kill, before the sentinels noticed: both
+ * waits ride the failover out and get the lock, with a higher token,
+ * within their wait (docs/design.md, "Waiting through failovers and
+ * restarts"). Before, the open failed ("cannot connect to the
+ * primary") and the sleeping waiter ended DLOCK_ECONN at once. A try
+ * during the failover fails at once and says what is going on. */
+TEST(waits_ride_out_a_killed_primary)
+{
+    th_sentinels t;
+    th_waiter w1, w2;
+    pthread_t th1, th2;
+
+    th_sentinels_start(&t, MASTER, 1000, 10000);
+    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock *la = handle(a, "s/ride", 30000, NULL);
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    memset(&w1, 0, sizeof(w1));
+    w1.l = handle(b, "s/ride", 30000, NULL);
+    CHECK_EQ(pthread_create(&th1, NULL, th_wait_thread, &w1), 0);
+    th_sleep_ms(300);
+
+    int old = th_sentinels_primary(&t);
+    CHECK(old > 0);
+    th_redis_kill(th_sentinels_node(&t, old), SIGKILL);
+    /* a newcomer: the sentinels answer, the primary they name does not */
+    dlock_client *c = client_at(t.uri);
+    dlock *lt = handle(c, "s/ride-try", 30000, NULL);
+    int64_t t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(lt, 0), DLOCK_ECONN);
+    CHECK_CONTAINS(dlock_errmsg(), "failover in progress?");
+    CHECK_OP(th_now_ms() - t0, <, 3000); /* a refused connect: at once */
+    dlock_close(lt);
+    memset(&w2, 0, sizeof(w2));
+    w2.l = handle(c, "s/ride", 30000, NULL);
+    CHECK_EQ(pthread_create(&th2, NULL, th_wait_thread, &w2), 0);
+
+    CHECK(th_sentinels_failed_over(&t, old, 30000) > 0);
+    /* the holder lets go (its hold kept if it was replicated, else lost
+     * and reported: either way the lock is free for the waiters next) */
+    int rc = dlock_release(la);
+    CHECK(rc == DLOCK_OK || rc == DLOCK_ELOST);
+    pthread_join(th1, NULL);
+    pthread_join(th2, NULL);
+    CHECK_RC(w1.rc, DLOCK_OK);
+    CHECK_RC(w2.rc, DLOCK_OK);
+    CHECK_OP(w1.token, >, ta);
+    CHECK_OP(w2.token, >, ta);
+    CHECK(w1.token != w2.token);
+    dlock_close(w1.l);
+    dlock_close(w2.l);
+    dlock_close(la);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+    th_sentinels_stop(&t);
+}
+
 static const th_test tests[] = {
     T(locks_through_the_sentinels),
     T(bad_uris_say_what_is_wrong),
@@ -404,6 +463,7 @@ static const th_test tests[] = {
     T(a_client_whose_subscriptions_broke_asks_before_its_next_command),
     T(failover_keeps_a_replicated_hold_and_moves_the_waiters),
     T(failover_that_loses_a_hold_reports_it),
+    T(waits_ride_out_a_killed_primary),
     {NULL, NULL, 0},
 };
 

@@ -863,6 +863,13 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
     if (rc == DLOCK_OK && !rs->cluster) {
         rc = dlock__rconn_open(&rs->conn, &rs->target,
                                dlock__now_ms() + rs->cfg.timeout_ms);
+        /* The sentinels answered and named a primary that does not (or
+         * that says it is a replica): a failover in progress, not a
+         * wrong address. Open on their word; the first call connects,
+         * and a wait rides the failover out (docs/design.md, "Waiting
+         * through failovers and restarts"). */
+        if (rc == DLOCK_ECONN && rs->topo)
+            rc = dlock__rconn_new(&rs->conn, &rs->target);
     }
     if (rc) {
         redis_close(rs);

@@ -127,8 +127,9 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
         if (t->topo) { /* the primary it named is gone: ask again */
             dlock__rtopo_not_primary(t->topo, pgen);
             *asked_again = 1;
-            rc = dlock__err(DLOCK_ECONN, "%s: cannot connect to the primary "
-                                         "%s:%d: %s",
+            rc = dlock__err(DLOCK_ECONN, "%s: primary unreachable, "
+                                         "failover in progress? (cannot "
+                                         "connect to %s:%d: %s)",
                             t->where, phost, pport, why);
         } else {
             rc = dlock__err(DLOCK_ECONN, "%s: cannot connect: %s", t->where,
@@ -182,7 +183,8 @@ static int connect_once(const dlock__rconn_target *t, int load_scripts,
                 dlock__rtopo_not_primary(t->topo, pgen);
                 *asked_again = 1;
                 rc = dlock__err(DLOCK_ECONN,
-                                "%s: %s:%d is not the primary (ROLE: %.40s)",
+                                "%s: %s:%d is not the primary (ROLE: "
+                                "%.40s): failover in progress?",
                                 t->where, phost, pport,
                                 r->type == REDIS_REPLY_ARRAY &&
                                         r->elements > 0 &&

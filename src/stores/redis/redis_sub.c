@@ -370,6 +370,11 @@ static int csub_arm(redis_store *rs, dlock__lease *l, int64_t deadline)
             pthread_mutex_lock(&rs->sub_mu);
             if (rc == DLOCK_OK)
                 rc = cconn_get(rs, id, t, deadline, &cc);
+            /* the slot's primary unreachable: it may have been failed
+             * over, and a waiter that retries (docs/design.md, "Waiting
+             * through failovers and restarts") asks for the map first */
+            if (rc == DLOCK_ECONN)
+                s->ended = 1;
             if (rc)
                 return rc;
             if (s->node < 0 && !s->confirmed) {
@@ -579,9 +584,14 @@ static void follow(redis_store *rs)
     if (rs->topo) {
         dlock__rconn_drop_older(rs->conn, gen);
         pthread_mutex_lock(&rs->sub_mu);
-        if (rs->sub && rs->sub_gen < gen)
+        int woke = rs->sub && rs->sub_gen < gen;
+        if (woke)
             sub_lost(rs);
         pthread_mutex_unlock(&rs->sub_mu);
+        /* a waiter with no subscriber (the primary was down when it
+         * armed) sleeps on its backoff: the switch is its wake-up */
+        if (!woke)
+            dlock__notify_error(rs->client);
     }
     if (rs->cluster)
         csub_follow(rs);
