@@ -26,6 +26,8 @@
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
+#include <linux/fuse.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -90,8 +92,8 @@ TEST(default_store_is_a_private_directory)
     dlock_client_close(c);
     unsetenv("DLOCK_STORE");
 
-    /* a private directory open to others is closed (it is ours) */
-    chmod(expect, 0777);
+    /* a private directory others may read is closed (it is ours) */
+    chmod(expect, 0755);
     CHECK_OK(dlock_client_open(&c, NULL, NULL));
     CHECK_EQ(stat(expect, &st), 0);
     CHECK_EQ(st.st_mode & 0777, 0700);
@@ -131,6 +133,307 @@ TEST(bad_file_uris)
     snprintf(deep, sizeof(deep), "file://%s/a/b/c", th_tmpdir());
     CHECK_OK(dlock_client_open(&c, deep, NULL));
     dlock_client_close(c);
+}
+
+/* --- ?private=1: the walk from / (docs/stores.md, "The default store") */
+
+/* file://base/rel?private=1 */
+static void private_uri(char *out, size_t cap, const char *base,
+                        const char *rel)
+{
+    snprintf(out, cap, "file://%s/%s?private=1", base, rel);
+}
+
+/* Opening `rel` under base privately fails with `code`, and the message
+ * names the path, says `why` and the way out. */
+static void private_refused(const char *base, const char *rel, int code,
+                            const char *why)
+{
+    char u[1200], path[1100];
+    dlock_client *c = NULL;
+
+    private_uri(u, sizeof(u), base, rel);
+    CHECK_RC(dlock_client_open(&c, u, NULL), code);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), why);
+    CHECK_CONTAINS(dlock_errmsg(), "--store file:///DIR");
+    /* the first component that fails is named: some prefix of the path */
+    snprintf(path, sizeof(path), "%s/", base);
+    CHECK_CONTAINS(dlock_errmsg(), path);
+}
+
+static mode_t mode_of(const char *base, const char *rel)
+{
+    char path[1100];
+    struct stat st;
+
+    snprintf(path, sizeof(path), "%s/%s", base, rel);
+    CHECK_EQ(lstat(path, &st), 0);
+    return st.st_mode & 07777;
+}
+
+static void mkdir_mode(const char *base, const char *rel, mode_t mode)
+{
+    char path[1100];
+
+    snprintf(path, sizeof(path), "%s/%s", base, rel);
+    CHECK_EQ(mkdir(path, 0700), 0);
+    CHECK_EQ(chmod(path, mode), 0);
+}
+
+TEST(private_directory_is_made_and_closed)
+{
+    char base[900], u[1200], lockf[1100];
+    struct stat st;
+    dlock_client *c;
+    dlock *l;
+
+    snprintf(base, sizeof(base), "%s/priv-made", th_tmpdir());
+    CHECK_EQ(mkdir(base, 0755), 0);
+    /* every missing component is made 0700 and ours, whatever the umask
+     * lets mkdir(2) make (main made the parents 0777 & ~umask) */
+    mode_t old = umask(0);
+    private_uri(u, sizeof(u), base, "a/b/c");
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    umask(old);
+    CHECK_STR(dlock_client_store(c), u);
+    CHECK_EQ(mode_of(base, "a"), 0700);
+    CHECK_EQ(mode_of(base, "a/b"), 0700);
+    CHECK_EQ(mode_of(base, "a/b/c"), 0700);
+    /* lock files in it: the caller's alone */
+    l = handle(c, "privfile", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    snprintf(lockf, sizeof(lockf), "%s/a/b/c/privfile.lock", base);
+    CHECK_EQ(stat(lockf, &st), 0);
+    CHECK_EQ(st.st_mode & 0777, 0600);
+    CHECK_EQ(st.st_uid, geteuid());
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+
+    /* a last directory others may only read or enter is closed: only we
+     * could have written it */
+    CHECK_EQ(chmod(lockf, 0600), 0);
+    snprintf(lockf, sizeof(lockf), "%s/a/b/c", base);
+    CHECK_EQ(chmod(lockf, 0755), 0);
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    CHECK_EQ(mode_of(base, "a/b/c"), 0700);
+    dlock_client_close(c);
+
+    /* ... but one others may write is refused, and left as it is: files
+     * of theirs may be in it */
+    CHECK_EQ(chmod(lockf, 0777), 0);
+    private_refused(base, "a/b/c", DLOCK_EAUTH,
+                    "may be written by group or others");
+    CHECK_CONTAINS(dlock_errmsg(), "a/b/c");
+    CHECK_EQ(mode_of(base, "a/b/c"), 0777);
+    CHECK_EQ(chmod(lockf, 0770), 0);
+    private_refused(base, "a/b/c", DLOCK_EAUTH, "(mode 0770)");
+    CHECK_EQ(chmod(lockf, 0700), 0);
+
+    /* parents of ours that others may read are fine (a home is 0755) */
+    snprintf(lockf, sizeof(lockf), "%s/a", base);
+    CHECK_EQ(chmod(lockf, 0755), 0);
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    dlock_client_close(c);
+}
+
+TEST(private_directory_walk_refusals)
+{
+    char base[900], path[1100], target[1100];
+    dlock_client *c;
+
+    snprintf(base, sizeof(base), "%s/priv-walk", th_tmpdir());
+    CHECK_EQ(mkdir(base, 0700), 0);
+    mkdir_mode(base, "real", 0700);
+
+    /* a symbolic link anywhere on the way is refused, never followed */
+    snprintf(path, sizeof(path), "%s/link", base);
+    snprintf(target, sizeof(target), "%s/real", base);
+    CHECK_EQ(symlink(target, path), 0);
+    private_refused(base, "link/x", DLOCK_EPROTO, "is a symbolic link");
+    CHECK_CONTAINS(dlock_errmsg(), "/link");
+    private_refused(base, "link", DLOCK_EPROTO, "is a symbolic link");
+    CHECK_EQ(mode_of(base, "real") & 0777, 0700); /* untouched */
+    snprintf(path, sizeof(path), "%s/real/x", base);
+    CHECK_EQ(access(path, F_OK), -1);           /* nothing made there */
+
+    /* a file where a directory belongs */
+    snprintf(path, sizeof(path), "%s/plain", base);
+    int fd = open(path, O_CREAT | O_WRONLY, 0600);
+    CHECK(fd >= 0);
+    close(fd);
+    private_refused(base, "plain/x", DLOCK_EPROTO, "is not a directory");
+
+    /* a parent that group or others may write: they could swap what is
+     * in it (the earlier check looked at the last directory alone) */
+    mkdir_mode(base, "open", 0777);
+    private_refused(base, "open/x", DLOCK_EAUTH,
+                    "may be written by group or others");
+    CHECK_CONTAINS(dlock_errmsg(), "/open");
+    mkdir_mode(base, "group", 0770);
+    private_refused(base, "group/x", DLOCK_EAUTH, "(mode 0770)");
+
+    /* ... unless it is sticky, like /tmp: others can neither rename nor
+     * delete what is ours in it */
+    mkdir_mode(base, "sticky", 01777);
+    char u[1200];
+    private_uri(u, sizeof(u), base, "sticky/x");
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    dlock_client_close(c);
+
+    if (geteuid() != 0) {
+        printf("  (not root: no other user's directories)\n");
+        return;
+    }
+    /* a name in a sticky directory taken first by another user */
+    mkdir_mode(base, "sticky/theirs", 0700);
+    snprintf(path, sizeof(path), "%s/sticky/theirs", base);
+    CHECK_EQ(chown(path, 12345, 12345), 0);
+    private_refused(base, "sticky/theirs", DLOCK_EAUTH, "belongs to uid 12345");
+    private_refused(base, "sticky/theirs/x", DLOCK_EAUTH,
+                    "belongs to uid 12345");
+    /* a parent that belongs to another user (not root): its owner could
+     * replace what is in it */
+    mkdir_mode(base, "other", 0755);
+    snprintf(path, sizeof(path), "%s/other", base);
+    CHECK_EQ(chown(path, 12345, 12345), 0);
+    private_refused(base, "other/x", DLOCK_EAUTH, "neither you");
+    snprintf(path, sizeof(path), "%s/other/x", base);
+    CHECK_EQ(access(path, F_OK), -1);
+}
+
+/* A file system in user space that the test serves itself: enough of the
+ * FUSE protocol (linux/fuse.h) for its root directory to be opened,
+ * stat'ed (ours, 0700) and statfs'ed; anything else gets ENOSYS. Its
+ * f_type is FUSE's, as sshfs's is: a network file system as the check
+ * sees one, without a server. Runs until the file system goes away. */
+static int fuse_serve(void *arg)
+{
+    static unsigned char buf[(1 << 17) + 4096]; /* FUSE_MIN_READ_BUFFER+ */
+    int fd = *(int *)arg;
+
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < (ssize_t)sizeof(struct fuse_in_header))
+            return 0; /* ENODEV: unmounted */
+        const struct fuse_in_header *in = (const void *)buf;
+        struct {
+            struct fuse_out_header h;
+            union {
+                struct fuse_init_out init;
+                struct fuse_attr_out attr;
+                struct fuse_open_out open;
+                struct fuse_statfs_out statfs;
+            } u;
+        } out;
+        size_t len = 0;
+
+        memset(&out, 0, sizeof(out));
+        out.h.unique = in->unique;
+        switch (in->opcode) {
+        case FUSE_INIT:
+            out.u.init.major = FUSE_KERNEL_VERSION;
+            out.u.init.minor = FUSE_KERNEL_MINOR_VERSION;
+            out.u.init.max_write = 4096;
+            len = sizeof(out.u.init);
+            break;
+        case FUSE_GETATTR:
+            out.u.attr.attr.ino = FUSE_ROOT_ID;
+            out.u.attr.attr.mode = S_IFDIR | 0700;
+            out.u.attr.attr.nlink = 2;
+            out.u.attr.attr.uid = geteuid();
+            out.u.attr.attr.gid = getegid();
+            out.u.attr.attr.blksize = 4096;
+            len = sizeof(out.u.attr);
+            break;
+        case FUSE_OPENDIR:
+            len = sizeof(out.u.open);
+            break;
+        case FUSE_RELEASEDIR:
+            break;
+        case FUSE_STATFS:
+            out.u.statfs.st.bsize = out.u.statfs.st.frsize = 4096;
+            out.u.statfs.st.namelen = 255;
+            len = sizeof(out.u.statfs);
+            break;
+        case FUSE_FORGET:
+        case FUSE_BATCH_FORGET:
+        case FUSE_INTERRUPT:
+            continue; /* no answer */
+        default:
+            out.h.error = -ENOSYS;
+            break;
+        }
+        out.h.len = (uint32_t)(sizeof(out.h) + len);
+        if (write(fd, &out, out.h.len) < 0 && errno == ENODEV)
+            return 0;
+    }
+}
+
+/* In a mount namespace of its own (nothing seen outside, nothing to undo
+ * if the test dies): a tmpfs, then a FUSE file system served by a child,
+ * each at the place of a private directory. 77: no namespace (not
+ * root); 78: no FUSE here. */
+static int network_fs_child(void *arg)
+{
+    const char *base = arg;
+    char mnt[1000], opts[200], u[1200];
+    dlock_client *c = NULL;
+
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) != 0)
+        return 77;
+    /* a local file system in memory: accepted */
+    snprintf(mnt, sizeof(mnt), "%s/tmpfs", base);
+    CHECK_EQ(mkdir(mnt, 0700), 0);
+    CHECK_EQ(mount("dlocktest", mnt, "tmpfs", MS_NOSUID | MS_NODEV,
+                   "mode=0700"),
+             0);
+    private_uri(u, sizeof(u), base, "tmpfs");
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    dlock_client_close(c);
+
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return 78;
+    snprintf(mnt, sizeof(mnt), "%s/fuse", base);
+    CHECK_EQ(mkdir(mnt, 0700), 0);
+    snprintf(opts, sizeof(opts), "fd=%d,rootmode=40000,user_id=%u,group_id=%u",
+             fd, (unsigned)geteuid(), (unsigned)getegid());
+    if (mount("dlocktest", mnt, "fuse", MS_NOSUID | MS_NODEV, opts) != 0)
+        return 78;
+    /* the server dies with this process (th_fork), whatever happens */
+    pid_t server = th_fork(fuse_serve, &fd);
+    private_uri(u, sizeof(u), base, "fuse");
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ENOTSUP);
+    CHECK_CONTAINS(dlock_errmsg(), "network file system (FUSE)");
+    CHECK_CONTAINS(dlock_errmsg(), mnt);
+    CHECK_CONTAINS(dlock_errmsg(), "--store file:///DIR");
+    kill(server, SIGKILL);
+    th_wait(server);
+    return 0;
+}
+
+TEST(private_directory_on_a_network_file_system_is_refused)
+{
+    char base[900];
+
+    snprintf(base, sizeof(base), "%s/priv-netfs", th_tmpdir());
+    CHECK_EQ(mkdir(base, 0700), 0);
+    int st = th_wait(th_fork(network_fs_child, base));
+    if (st == 77) {
+        printf("  (no mount namespace (not root): skipped)\n");
+        return;
+    }
+    if (st == 78) {
+        printf("  (no FUSE here: only a tmpfs tried, the network case "
+               "untested)\n");
+        return;
+    }
+    CHECK_EQ(st, 0);
 }
 
 TEST(symlinked_lock_file_is_refused)
@@ -1332,6 +1635,9 @@ TEST(a_release_wakes_only_the_next)
 static const th_test tests[] = {
     T(default_store_is_a_private_directory),
     T(bad_file_uris),
+    T(private_directory_is_made_and_closed),
+    T(private_directory_walk_refusals),
+    T(private_directory_on_a_network_file_system_is_refused),
     T(symlinked_lock_file_is_refused),
     T(foreign_file_is_refused),
     T(ttl_has_no_effect_here),
