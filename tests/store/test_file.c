@@ -22,7 +22,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
@@ -66,53 +69,413 @@ static void path_of(const char *file, char *out, size_t cap)
 
 /* ------------------------------------------------------------------------ */
 
-TEST(default_store_is_a_private_directory)
+/* --- the default store (docs/stores.md, "The default store") -----------
+ *
+ * It is HOME/.local/state/dlock, HOME from the passwd entry, and no
+ * variable moves it (on purpose: that is what kept one user's sessions
+ * apart). So each of these tests runs in a child process in a mount
+ * namespace of its own, in which our home directory is a fresh empty
+ * directory (and /tmp a fresh tmpfs, and /etc/passwd a copy with test
+ * users of our own): the library takes the path it takes in production,
+ * nothing outside the namespace sees a thing, and nothing is left to
+ * undo if the test dies. They need root (a mount namespace); otherwise
+ * they are skipped. */
+
+typedef struct home_job {
+    int (*fn)(const char *home);
+    int fresh_tmp; /* a fresh tmpfs on /tmp too */
+} home_job;
+
+static int home_child(void *arg)
 {
-    char xdg[900], expect[1000];
-    struct stat st;
-    dlock_client *c;
+    const home_job *j = arg;
+    struct passwd *pw = getpwuid(geteuid());
+    char home[PATH_MAX], fresh[1000];
 
-    snprintf(xdg, sizeof(xdg), "%s/xdg", th_tmpdir());
-    mkdir(xdg, 0700);
-    setenv("XDG_RUNTIME_DIR", xdg, 1);
+    if (!pw || !realpath(pw->pw_dir, home) || !strcmp(home, "/"))
+        return 78;
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) != 0)
+        return 77;
+    snprintf(fresh, sizeof(fresh), "%s/home-%ld", th_tmpdir(),
+             (long)getpid());
+    CHECK_EQ(mkdir(fresh, 0700), 0);
+    CHECK_EQ(mount(fresh, home, "none", MS_BIND, NULL), 0);
+    if (j->fresh_tmp)
+        CHECK_EQ(mount("dlocktest", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+                       "mode=1777"),
+                 0);
     unsetenv("DLOCK_STORE");
-    CHECK_OK(dlock_client_open(&c, NULL, NULL));
-    snprintf(expect, sizeof(expect), "file://%s/dlock?private=1", xdg);
-    CHECK_STR(dlock_client_store(c), expect);
-    snprintf(expect, sizeof(expect), "%s/dlock", xdg);
-    CHECK_EQ(stat(expect, &st), 0);
-    CHECK(S_ISDIR(st.st_mode));
-    CHECK_EQ(st.st_mode & 0777, 0700);
-    dlock_client_close(c);
+    return j->fn(home);
+}
 
-    /* DLOCK_STORE wins over the default */
+static void in_fresh_home(int (*fn)(const char *), int fresh_tmp)
+{
+    home_job j = {fn, fresh_tmp};
+    int st = th_wait(th_fork(home_child, &j));
+
+    if (st == 77) {
+        printf("  (no mount namespace (not root): skipped)\n");
+        return;
+    }
+    if (st == 78) {
+        printf("  (our passwd entry has no home directory: skipped)\n");
+        return;
+    }
+    CHECK_EQ(st, 0);
+}
+
+/* file://DIR/.local/state/dlock?private=1, DIR %-escaped as the library
+ * escapes it */
+static void default_uri_of(const char *home, char *out, size_t cap)
+{
+    size_t o = (size_t)snprintf(out, cap, "file://");
+
+    for (const char *p = home; *p && o + 4 < cap; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (strchr("/._-", ch) || (ch >= 'a' && ch <= 'z') ||
+            (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
+            out[o++] = (char)ch;
+        else
+            o += (size_t)snprintf(out + o, cap - o, "%%%02X", ch);
+    }
+    snprintf(out + o, cap - o, "/.local/state/dlock?private=1");
+}
+
+static mode_t mode_at(const char *path, uid_t *uid)
+{
+    struct stat st;
+
+    CHECK_EQ(lstat(path, &st), 0);
+    if (uid)
+        *uid = st.st_uid;
+    return st.st_mode & 07777;
+}
+
+/* Every environment finds the same directory: one with XDG_RUNTIME_DIR,
+ * HOME and XDG_STATE_HOME pointing elsewhere (a login session, sudo),
+ * one with no variable at all (cron, env -i). A lock held through the
+ * first is busy through the second. */
+static int same_store_whatever_the_environment(const char *home)
+{
+    char expect[PATH_MAX + 100], path[PATH_MAX + 100];
+    dlock_client *a, *b, *c;
+    dlock *la, *lb;
+    uid_t owner;
+
+    default_uri_of(home, expect, sizeof(expect));
+    setenv("XDG_RUNTIME_DIR", th_tmpdir(), 1);
+    setenv("XDG_STATE_HOME", th_tmpdir(), 1);
+    setenv("HOME", "/", 1);
+    CHECK_OK(dlock_client_open(&a, NULL, NULL));
+    CHECK_STR(dlock_client_store(a), expect);
+    /* every part made by us, 0700 */
+    snprintf(path, sizeof(path), "%s/.local", home);
+    CHECK_EQ(mode_at(path, &owner), 0700);
+    CHECK_EQ(owner, geteuid());
+    snprintf(path, sizeof(path), "%s/.local/state", home);
+    CHECK_EQ(mode_at(path, &owner), 0700);
+    snprintf(path, sizeof(path), "%s/.local/state/dlock", home);
+    CHECK_EQ(mode_at(path, &owner), 0700);
+    CHECK_EQ(owner, geteuid());
+    la = handle(a, "nightly", 0, 0);
+    CHECK_OK(dlock_acquire(la, 0));
+
+    clearenv(); /* a cron job, env -i */
+    CHECK_OK(dlock_client_open(&b, "", NULL));
+    CHECK_STR(dlock_client_store(b), expect);
+    lb = handle(b, "nightly", 0, 0);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OK(dlock_release(lb));
+
+    /* DLOCK_STORE still wins over the default */
     setenv("DLOCK_STORE", uri, 1);
     CHECK_OK(dlock_client_open(&c, "", NULL));
     CHECK_STR(dlock_client_store(c), uri);
     dlock_client_close(c);
-    unsetenv("DLOCK_STORE");
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    return 0;
+}
 
-    /* a private directory others may read is closed (it is ours) */
-    chmod(expect, 0755);
-    CHECK_OK(dlock_client_open(&c, NULL, NULL));
-    CHECK_EQ(stat(expect, &st), 0);
-    CHECK_EQ(st.st_mode & 0777, 0700);
-    dlock_client_close(c);
+TEST(default_store_is_in_the_home_of_the_passwd_entry)
+{
+    in_fresh_home(same_store_whatever_the_environment, 0);
+}
 
-    /* ... but one that is not ours, or a symlink, is refused */
-    rmdir(expect);
-    CHECK_EQ(symlink(dir, expect), 0);
-    CHECK_RC(dlock_client_open(&c, NULL, NULL), DLOCK_EPROTO);
-    CHECK_CONTAINS(dlock_errmsg(), "symbolic link");
-    unlink(expect);
-    if (geteuid() == 0) {
-        mkdir(expect, 0700);
-        CHECK_EQ(chown(expect, 12345, 12345), 0);
-        CHECK_RC(dlock_client_open(&c, NULL, NULL), DLOCK_EAUTH);
-        CHECK_CONTAINS(dlock_errmsg(), "uid 12345");
-        rmdir(expect);
-    }
+/* The earlier default's places, made first by another user: the
+ * $XDG_RUNTIME_DIR/dlock of a session and /tmp/dlock-$UID. They neither
+ * block the default store (on main: DLOCK_EAUTH, exit 69 for every cron
+ * job) nor split it. /tmp is the namespace's own here. */
+static int old_locations_taken_first(const char *home)
+{
+    char old[64], expect[PATH_MAX + 100];
+    dlock_client *a, *b;
+    dlock *la, *lb;
+
+    default_uri_of(home, expect, sizeof(expect));
+    snprintf(old, sizeof(old), "/tmp/dlock-%lu", (unsigned long)getuid());
+    CHECK_EQ(mkdir(old, 0700), 0);
+    CHECK_EQ(chown(old, 12345, 12345), 0);
+    CHECK_EQ(mkdir("/tmp/xdg", 0700), 0);
+    CHECK_EQ(mkdir("/tmp/xdg/dlock", 0700), 0);
+    CHECK_EQ(chown("/tmp/xdg/dlock", 12345, 12345), 0);
+
+    setenv("XDG_RUNTIME_DIR", "/tmp/xdg", 1);
+    CHECK_OK(dlock_client_open(&a, NULL, NULL));
+    CHECK_STR(dlock_client_store(a), expect);
+    la = handle(a, "nightly", 0, 0);
+    CHECK_OK(dlock_acquire(la, 0));
     unsetenv("XDG_RUNTIME_DIR");
+    CHECK_OK(dlock_client_open(&b, NULL, NULL));
+    CHECK_STR(dlock_client_store(b), expect);
+    lb = handle(b, "nightly", 0, 0);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(la));
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    return 0;
+}
+
+TEST(default_store_ignores_the_old_locations)
+{
+    in_fresh_home(old_locations_taken_first, 1);
+}
+
+/* Opening the default store fails with `code`, naming `path` (and `why`)
+ * and the way out. */
+static void default_refused(int code, const char *path, const char *why)
+{
+    dlock_client *c = NULL;
+
+    CHECK_RC(dlock_client_open(&c, NULL, NULL), code);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(dlock_errmsg(), path);
+    CHECK_CONTAINS(dlock_errmsg(), why);
+    CHECK_CONTAINS(dlock_errmsg(), "--store file:///DIR");
+}
+
+static int refusals_in_the_home(const char *home)
+{
+    char local[PATH_MAX + 50], last[PATH_MAX + 50];
+    dlock_client *c;
+    uid_t me = geteuid();
+    gid_t mygid = getegid();
+
+    snprintf(local, sizeof(local), "%s/.local", home);
+    snprintf(last, sizeof(last), "%s/.local/state/dlock", home);
+    /* a home that group or others may write: they could swap .local */
+    CHECK_EQ(chmod(home, 0777), 0);
+    default_refused(DLOCK_EAUTH, home, "may be written by group or others");
+    CHECK_EQ(chmod(home, 0770), 0);
+    default_refused(DLOCK_EAUTH, home, "(mode 0770)");
+    CHECK_EQ(access(local, F_OK), -1); /* nothing made in it */
+    CHECK_EQ(chmod(home, 0700), 0);
+    /* a home of another user's (neither ours nor root's) */
+    CHECK_EQ(chown(home, 12345, 12345), 0);
+    default_refused(DLOCK_EAUTH, home, "belongs to uid 12345");
+    CHECK_EQ(chown(home, me, mygid), 0);
+
+    /* a symbolic link planted where the library makes a directory: not
+     * followed (the target stays empty) */
+    char target[900];
+    snprintf(target, sizeof(target), "%s/planted", th_tmpdir());
+    CHECK_EQ(mkdir(target, 0700), 0);
+    CHECK_EQ(symlink(target, local), 0);
+    default_refused(DLOCK_EPROTO, local, "is a symbolic link");
+    CHECK_EQ(unlink(local), 0);
+    CHECK_OK(dlock_client_open(&c, NULL, NULL));
+    dlock_client_close(c);
+    CHECK_EQ(rmdir(last), 0);
+    CHECK_EQ(symlink(target, last), 0);
+    default_refused(DLOCK_EPROTO, last, "is a symbolic link");
+    CHECK_EQ(unlink(last), 0);
+    CHECK_EQ(rmdir(target), 0); /* still empty */
+
+    /* the directory itself: closed if others may read it, refused if
+     * they may write it or if it is not ours */
+    CHECK_EQ(mkdir(last, 0700), 0);
+    CHECK_EQ(chmod(last, 0777), 0);
+    default_refused(DLOCK_EAUTH, last, "may be written by group or others");
+    CHECK_EQ(mode_at(last, NULL), 0777);
+    CHECK_EQ(chmod(last, 0755), 0);
+    CHECK_OK(dlock_client_open(&c, NULL, NULL));
+    dlock_client_close(c);
+    CHECK_EQ(mode_at(last, NULL), 0700);
+    CHECK_EQ(chown(last, 12345, 12345), 0);
+    default_refused(DLOCK_EAUTH, last, "belongs to uid 12345");
+    return 0;
+}
+
+TEST(default_store_refusals_in_the_home)
+{
+    in_fresh_home(refusals_in_the_home, 0);
+}
+
+/* --- as other users: test users of our own, in a copy of /etc/passwd
+ * mounted over it in the namespace ------------------------------------ */
+
+typedef struct user_job {
+    uid_t uid;
+    int (*fn)(const void *arg);
+    const void *arg;
+} user_job;
+
+static int as_user_child(void *arg)
+{
+    const user_job *j = arg;
+
+    if (setgroups(0, NULL) != 0 || setresgid(j->uid, j->uid, j->uid) != 0 ||
+        setresuid(j->uid, j->uid, j->uid) != 0)
+        return 2;
+    return j->fn(j->arg);
+}
+
+/* Runs fn(arg) in a child as uid (its gid the same number); its status. */
+static int as_user(uid_t uid, int (*fn)(const void *), const void *arg)
+{
+    user_job j = {uid, fn, arg};
+
+    return th_wait(th_fork(as_user_child, &j));
+}
+
+/* as the user: the default store opens at `arg` (its directory), ours,
+ * 0700, and a lock can be taken in it */
+static int default_opens_at(const void *arg)
+{
+    char expect[1100];
+    dlock_client *c;
+    dlock *l;
+    uid_t owner;
+
+    snprintf(expect, sizeof(expect), "file://%s?private=1",
+             (const char *)arg);
+    CHECK_OK(dlock_client_open(&c, NULL, NULL));
+    CHECK_STR(dlock_client_store(c), expect);
+    CHECK_EQ(mode_at(arg, &owner), 0700);
+    CHECK_EQ(owner, geteuid());
+    l = handle(c, "nightly", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+/* as another user: the directory `arg` can be neither listed nor used */
+static int cannot_enter(const void *arg)
+{
+    char u[1100];
+    dlock_client *c = NULL;
+
+    CHECK(opendir(arg) == NULL && errno == EACCES);
+    snprintf(u, sizeof(u), "file://%s", (const char *)arg);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    snprintf(u, sizeof(u), "file://%s?private=1", (const char *)arg);
+    CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+    return 0;
+}
+
+typedef struct refusal {
+    int code;
+    const char *text, *text2;
+} refusal;
+
+/* as the user: the default store is refused with r->code, the message
+ * saying r->text and r->text2 */
+static int default_is_refused(const void *arg)
+{
+    const refusal *r = arg;
+
+    default_refused(r->code, r->text, r->text2);
+    return 0;
+}
+
+static int users_without_a_usable_home(const char *home)
+{
+    static const char *const dirs[][3] = {
+        /* path, owner uid, mode: /tmp is the namespace's tmpfs */
+        {"/tmp/dlt", "0", "755"},
+        {"/tmp/dlt/a", "4242", "755"},
+        {"/tmp/dlt/b", "4243", "755"},
+        {"/tmp/dlt/www", "0", "755"},
+        {"/tmp/dlt/prov", "0", "755"},
+        {"/tmp/dlt/prov/.local", "0", "755"},
+        {"/tmp/dlt/prov/.local/state", "0", "755"},
+        {"/tmp/dlt/prov/.local/state/dlock", "4247", "700"},
+    };
+    char line[2048];
+    FILE *in, *out;
+
+    (void)home;
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+        uid_t u = (uid_t)atoi(dirs[i][1]);
+        CHECK_EQ(mkdir(dirs[i][0], 0700), 0);
+        CHECK_EQ(chown(dirs[i][0], u, u), 0);
+        CHECK_EQ(chmod(dirs[i][0], (mode_t)strtol(dirs[i][2], NULL, 8)), 0);
+    }
+    in = fopen("/etc/passwd", "r");
+    out = fopen("/tmp/dlt/passwd", "w");
+    CHECK(in && out);
+    while (fgets(line, sizeof(line), in)) {
+        /* name:password:uid:...; our test users' uids are ours alone */
+        const char *f = strchr(line, ':');
+        long id = f && (f = strchr(f + 1, ':')) ? atol(f + 1) : -1;
+        if (id < 4242 || id > 4248)
+            fputs(line, out);
+    }
+    fclose(in);
+    fputs("dlt-a:x:4242:4242::/tmp/dlt/a:/bin/sh\n"
+          "dlt-b:x:4243:4243::/tmp/dlt/b:/bin/sh\n"
+          "dlt-none:x:4244:4244::/nonexistent-dlock-test:/bin/sh\n"
+          "dlt-www:x:4245:4245::/tmp/dlt/www:/bin/sh\n"
+          "dlt-rel:x:4246:4246::relative/home:/bin/sh\n"
+          "dlt-prov:x:4247:4247::/tmp/dlt/prov:/bin/sh\n",
+          out);
+    CHECK_EQ(fclose(out), 0);
+    CHECK_EQ(mount("/tmp/dlt/passwd", "/etc/passwd", "none", MS_BIND, NULL),
+             0);
+    struct passwd *pw = getpwuid(4242);
+    if (!pw || strcmp(pw->pw_dir, "/tmp/dlt/a") != 0) {
+        /* passwd entries come from elsewhere (nscd, a directory) */
+        printf("  (a test user in /etc/passwd is not seen: skipped)\n");
+        return 0;
+    }
+
+    /* a user whose home works, and another one who cannot look in */
+    CHECK_EQ(as_user(4242, default_opens_at, "/tmp/dlt/a/.local/state/dlock"),
+             0);
+    CHECK_EQ(as_user(4243, cannot_enter, "/tmp/dlt/a/.local/state/dlock"), 0);
+    /* nobody's /nonexistent */
+    refusal none = {DLOCK_ENOTSUP, "/nonexistent-dlock-test",
+                    "No such file or directory"};
+    CHECK_EQ(as_user(4244, default_is_refused, &none), 0);
+    /* www-data's home, root's: nothing can be made in it */
+    refusal www = {DLOCK_EAUTH, "/tmp/dlt/www/.local", "cannot create"};
+    CHECK_EQ(as_user(4245, default_is_refused, &www), 0);
+    /* a home that is no absolute path */
+    refusal rel = {DLOCK_ENOTSUP, "relative/home", "uid 4246"};
+    CHECK_EQ(as_user(4246, default_is_refused, &rel), 0);
+    /* ... the same kind of home, with the directory made by root for the
+     * user: fine (root's parents are trusted) */
+    CHECK_EQ(as_user(4247, default_opens_at,
+                     "/tmp/dlt/prov/.local/state/dlock"),
+             0);
+    /* no passwd entry at all */
+    refusal nouser = {DLOCK_ENOTSUP, "uid 4248", "no passwd entry"};
+    CHECK_EQ(as_user(4248, default_is_refused, &nouser), 0);
+    return 0;
+}
+
+TEST(default_store_of_other_users)
+{
+    in_fresh_home(users_without_a_usable_home, 1);
 }
 
 TEST(bad_file_uris)
@@ -1633,7 +1996,10 @@ TEST(a_release_wakes_only_the_next)
  * stalls only itself. TK: the test process itself waits in the kernel with
  * a deadline (harness/test.h). */
 static const th_test tests[] = {
-    T(default_store_is_a_private_directory),
+    T(default_store_is_in_the_home_of_the_passwd_entry),
+    T(default_store_ignores_the_old_locations),
+    T(default_store_refusals_in_the_home),
+    T(default_store_of_other_users),
     T(bad_file_uris),
     T(private_directory_is_made_and_closed),
     T(private_directory_walk_refusals),
