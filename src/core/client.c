@@ -584,7 +584,8 @@ static int default_uri(char *buf, size_t cap)
                             "the default store lives in your home "
                             "directory, but the passwd entry of uid %lu "
                             "(%.64s) gives none (\"%.200s\")" DEFAULT_FIX,
-                            (unsigned long)uid, pw.pw_name,
+                            (unsigned long)uid,
+                            pw.pw_name ? pw.pw_name : "",
                             pw.pw_dir ? pw.pw_dir : "");
         free(pwbuf);
         return rc;
@@ -596,8 +597,8 @@ static int default_uri(char *buf, size_t cap)
                             "the default store lives in your home "
                             "directory, %.200s (the passwd entry of uid %lu, "
                             "%.64s), which cannot be used: %s" DEFAULT_FIX,
-                            pw.pw_dir, (unsigned long)uid, pw.pw_name,
-                            strerror(e));
+                            pw.pw_dir, (unsigned long)uid,
+                            pw.pw_name ? pw.pw_name : "", strerror(e));
         free(pwbuf);
         return rc;
     }

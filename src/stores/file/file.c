@@ -804,8 +804,7 @@ static int open_private(const char *path, int *out)
                 if (e == EACCES || e == EPERM || e == EROFS)
                     rc = dlock__err(DLOCK_EAUTH,
                                     "file store: cannot create %.200s: %s "
-                                    "(a private directory is created by "
-                                    "you; or have it made for you, yours, "
+                                    "(or have it made for you: yours, "
                                     "mode 0700)" PRIVATE_FIX,
                                     shown, strerror(e));
                 else
