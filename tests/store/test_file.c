@@ -273,8 +273,12 @@ static int refusals_in_the_home(const char *home)
     /* a home that group or others may write: they could swap .local */
     CHECK_EQ(chmod(home, 0777), 0);
     default_refused(DLOCK_EAUTH, home, "may be written by group or others");
+    /* ... or a group may write, one that is not ours alone (no group
+     * 12345 exists) */
+    CHECK_EQ(chown(home, me, 12345), 0);
     CHECK_EQ(chmod(home, 0770), 0);
     default_refused(DLOCK_EAUTH, home, "(mode 0770)");
+    CHECK_EQ(chown(home, me, mygid), 0);
     CHECK_EQ(access(local, F_OK), -1); /* nothing made in it */
     CHECK_EQ(chmod(home, 0700), 0);
     /* a home of another user's (neither ours nor root's) */
@@ -397,6 +401,24 @@ static int default_is_refused(const void *arg)
     return 0;
 }
 
+/* Copies a passwd or group file, but the entries of our test ids (4242 to
+ * 4250, the third field): they are ours alone in the namespace. */
+static void copy_but_ours(const char *from, const char *to)
+{
+    char line[4096];
+    FILE *in = fopen(from, "r"), *out = fopen(to, "w");
+
+    CHECK(in && out);
+    while (fgets(line, sizeof(line), in)) {
+        const char *f = strchr(line, ':');
+        long id = f && (f = strchr(f + 1, ':')) ? atol(f + 1) : -1;
+        if (id < 4242 || id > 4250)
+            fputs(line, out);
+    }
+    fclose(in);
+    CHECK_EQ(fclose(out), 0);
+}
+
 static int users_without_a_usable_home(const char *home)
 {
     static const char *const dirs[][3] = {
@@ -409,9 +431,9 @@ static int users_without_a_usable_home(const char *home)
         {"/tmp/dlt/prov/.local", "0", "755"},
         {"/tmp/dlt/prov/.local/state", "0", "755"},
         {"/tmp/dlt/prov/.local/state/dlock", "4247", "700"},
+        {"/tmp/dlt/c", "4249", "755"},
     };
-    char line[2048];
-    FILE *in, *out;
+    FILE *out;
 
     (void)home;
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
@@ -420,26 +442,32 @@ static int users_without_a_usable_home(const char *home)
         CHECK_EQ(chown(dirs[i][0], u, u), 0);
         CHECK_EQ(chmod(dirs[i][0], (mode_t)strtol(dirs[i][2], NULL, 8)), 0);
     }
-    in = fopen("/etc/passwd", "r");
-    out = fopen("/tmp/dlt/passwd", "w");
-    CHECK(in && out);
-    while (fgets(line, sizeof(line), in)) {
-        /* name:password:uid:...; our test users' uids are ours alone */
-        const char *f = strchr(line, ':');
-        long id = f && (f = strchr(f + 1, ':')) ? atol(f + 1) : -1;
-        if (id < 4242 || id > 4248)
-            fputs(line, out);
-    }
-    fclose(in);
+    copy_but_ours("/etc/passwd", "/tmp/dlt/passwd");
+    copy_but_ours("/etc/group", "/tmp/dlt/group");
+    out = fopen("/tmp/dlt/passwd", "a");
+    CHECK(out != NULL);
     fputs("dlt-a:x:4242:4242::/tmp/dlt/a:/bin/sh\n"
           "dlt-b:x:4243:4243::/tmp/dlt/b:/bin/sh\n"
           "dlt-none:x:4244:4244::/nonexistent-dlock-test:/bin/sh\n"
           "dlt-www:x:4245:4245::/tmp/dlt/www:/bin/sh\n"
           "dlt-rel:x:4246:4246::relative/home:/bin/sh\n"
-          "dlt-prov:x:4247:4247::/tmp/dlt/prov:/bin/sh\n",
+          "dlt-prov:x:4247:4247::/tmp/dlt/prov:/bin/sh\n"
+          "dlt-c:x:4249:4249::/tmp/dlt/c:/bin/sh\n",
+          out);
+    CHECK_EQ(fclose(out), 0);
+    /* private groups (named as their user, no other member), one that
+     * is named as its user but has another member, and a shared one */
+    out = fopen("/tmp/dlt/group", "a");
+    CHECK(out != NULL);
+    fputs("dlt-a:x:4242:\n"
+          "dlt-b:x:4243:\n"
+          "dlt-c:x:4249:dlt-b\n"
+          "dlt-shared:x:4250:dlt-a,dlt-b\n",
           out);
     CHECK_EQ(fclose(out), 0);
     CHECK_EQ(mount("/tmp/dlt/passwd", "/etc/passwd", "none", MS_BIND, NULL),
+             0);
+    CHECK_EQ(mount("/tmp/dlt/group", "/etc/group", "none", MS_BIND, NULL),
              0);
     struct passwd *pw = getpwuid(4242);
     if (!pw || strcmp(pw->pw_dir, "/tmp/dlt/a") != 0) {
@@ -452,6 +480,22 @@ static int users_without_a_usable_home(const char *home)
     CHECK_EQ(as_user(4242, default_opens_at, "/tmp/dlt/a/.local/state/dlock"),
              0);
     CHECK_EQ(as_user(4243, cannot_enter, "/tmp/dlt/a/.local/state/dlock"), 0);
+    /* ~/.local made with umask 002 (Debian's and Ubuntu's pam_umask for
+     * users with a private group): fine when the group is the user's
+     * alone; refused for a shared group, or a private-looking one with
+     * another member */
+    CHECK_EQ(chmod("/tmp/dlt/a/.local", 0775), 0);
+    CHECK_EQ(as_user(4242, default_opens_at, "/tmp/dlt/a/.local/state/dlock"),
+             0);
+    CHECK_EQ(chown("/tmp/dlt/a/.local", 4242, 4250), 0);
+    refusal shared = {DLOCK_EAUTH, "/tmp/dlt/a/.local", "(mode 0775)"};
+    CHECK_EQ(as_user(4242, default_is_refused, &shared), 0);
+    CHECK_EQ(chown("/tmp/dlt/a/.local", 4242, 4242), 0);
+    CHECK_EQ(as_user(4249, default_opens_at, "/tmp/dlt/c/.local/state/dlock"),
+             0);
+    CHECK_EQ(chmod("/tmp/dlt/c/.local", 0775), 0);
+    refusal member = {DLOCK_EAUTH, "/tmp/dlt/c/.local", "(mode 0775)"};
+    CHECK_EQ(as_user(4249, default_is_refused, &member), 0);
     /* nobody's /nonexistent */
     refusal none = {DLOCK_ENOTSUP, "/nonexistent-dlock-test",
                     "No such file or directory"};
@@ -590,8 +634,12 @@ TEST(private_directory_is_made_and_closed)
                     "may be written by group or others");
     CHECK_CONTAINS(dlock_errmsg(), "a/b/c");
     CHECK_EQ(mode_of(base, "a/b/c"), 0777);
-    CHECK_EQ(chmod(lockf, 0770), 0);
-    private_refused(base, "a/b/c", DLOCK_EAUTH, "(mode 0770)");
+    if (geteuid() == 0) { /* a group not ours alone: none has gid 12345 */
+        CHECK_EQ(chown(lockf, 0, 12345), 0);
+        CHECK_EQ(chmod(lockf, 0770), 0);
+        private_refused(base, "a/b/c", DLOCK_EAUTH, "(mode 0770)");
+        CHECK_EQ(chown(lockf, 0, 0), 0);
+    }
     CHECK_EQ(chmod(lockf, 0700), 0);
 
     /* parents of ours that others may read are fine (a home is 0755) */
@@ -634,8 +682,12 @@ TEST(private_directory_walk_refusals)
     private_refused(base, "open/x", DLOCK_EAUTH,
                     "may be written by group or others");
     CHECK_CONTAINS(dlock_errmsg(), "/open");
-    mkdir_mode(base, "group", 0770);
-    private_refused(base, "group/x", DLOCK_EAUTH, "(mode 0770)");
+    if (geteuid() == 0) { /* a group not ours alone: none has gid 12345 */
+        mkdir_mode(base, "group", 0770);
+        snprintf(path, sizeof(path), "%s/group", base);
+        CHECK_EQ(chown(path, 0, 12345), 0);
+        private_refused(base, "group/x", DLOCK_EAUTH, "(mode 0770)");
+    }
 
     /* ... unless it is sticky, like /tmp: others can neither rename nor
      * delete what is ours in it */

@@ -66,7 +66,9 @@
 #include "file.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <limits.h>
+#include <pwd.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -678,6 +680,47 @@ static int private_open_error(int dirfd, const char *name, const char *shown,
     return dlock__file_io_error("open", shown, err);
 }
 
+/* Is `gid` our own private group? Debian and Ubuntu give each user a
+ * group of the same name (USERGROUPS_ENAB) and log users in with umask
+ * 002 (pam_umask), so the directories users make (~/.local,
+ * ~/.local/state) are often group-writable: harmless when the group is
+ * the user's alone, the rule Debian's OpenSSH applies to a home. Ours
+ * alone: our primary group, named as we are, with no other member
+ * listed. An account whose primary group is another user's private group
+ * would get in; no distribution makes one, and ruling it out would cost
+ * every client a scan of the whole user database. */
+static int own_private_group(gid_t gid)
+{
+    struct passwd pw, *pwr = NULL;
+    struct group gr, *grr = NULL;
+    size_t cap = 4096;
+    char *buf = NULL;
+    int ok = 0;
+
+    for (;;) { /* buffers big enough for both entries (1 MiB at most) */
+        char *nb = realloc(buf, 2 * cap);
+        int e1, e2 = 0;
+        if (!nb)
+            break;
+        buf = nb;
+        e1 = getpwuid_r(geteuid(), &pw, buf, cap, &pwr);
+        if (pwr)
+            e2 = getgrgid_r(gid, &gr, buf + cap, cap, &grr);
+        if ((e1 != ERANGE && e2 != ERANGE) || cap >= (size_t)1 << 20)
+            break;
+        cap *= 2;
+    }
+    if (pwr && grr && pw.pw_gid == gid && pw.pw_name && gr.gr_name &&
+        strcmp(gr.gr_name, pw.pw_name) == 0) {
+        ok = 1;
+        for (char **m = gr.gr_mem; m && *m; m++)
+            if (strcmp(*m, pw.pw_name) != 0)
+                ok = 0;
+    }
+    free(buf);
+    return ok;
+}
+
 /* Checks one directory of a private path, opened as fd (st: its fstat):
  * see open_private(). */
 static int private_check(int fd, const struct stat *st, const char *shown,
@@ -685,6 +728,10 @@ static int private_check(int fd, const struct stat *st, const char *shown,
 {
     uid_t me = geteuid();
     const char *remote;
+    /* writable by someone else: others, or a group that is not ours
+     * alone */
+    int others_write = (st->st_mode & 002) ||
+                       ((st->st_mode & 020) && !own_private_group(st->st_gid));
 
     if (!S_ISDIR(st->st_mode))
         return dlock__err(DLOCK_EPROTO,
@@ -703,7 +750,7 @@ static int private_check(int fd, const struct stat *st, const char *shown,
                           "what is in it" PRIVATE_FIX,
                           shown, (unsigned long)st->st_uid,
                           (unsigned long)me);
-    if (last && (st->st_mode & 022))
+    if (last && others_write)
         return dlock__err(DLOCK_EAUTH,
                           "file store: %.200s may be written by group or "
                           "others (mode %04o): files of theirs may be in it; "
@@ -712,7 +759,7 @@ static int private_check(int fd, const struct stat *st, const char *shown,
                           shown, (unsigned)(st->st_mode & 07777));
     /* a sticky directory (/tmp): others cannot rename or delete what
      * belongs to root or to us, and the next component must */
-    if (!last && (st->st_mode & 022) && !(st->st_mode & S_ISVTX))
+    if (!last && others_write && !(st->st_mode & S_ISVTX))
         return dlock__err(DLOCK_EAUTH,
                           "file store: %.200s may be written by group or "
                           "others (mode %04o): they could replace what is "
