@@ -6,8 +6,15 @@
  *   dlock_bench_cli DLOCK FLOCK DIR [--quick]
  *
  * DLOCK and FLOCK are the programs' paths; DIR an empty directory for the
- * lock files (the default store goes to DIR/xdg/dlock: XDG_RUNTIME_DIR is
- * set to DIR/xdg and DLOCK_STORE removed for that command). Prints Markdown.
+ * lock files. The default store is HOME/.local/state/dlock, HOME from the
+ * passwd entry, and no variable moves it (docs/stores.md, "The default
+ * store"): as root, this program runs in a mount namespace of its own in
+ * which DIR/home is mounted on that home, so the default store's files
+ * go to DIR/home/.local/state/dlock, on DIR's file system like the
+ * --store file://DIR command's, and nothing outside the namespace sees
+ * them; otherwise it uses the real home, under a lock name of its own
+ * whose file it removes at the end. DLOCK_STORE is removed for every
+ * command. Prints Markdown.
  *
  * One command's time is its wall time from posix_spawn() to waitpid()
  * returning, on CLOCK_MONOTONIC, in this process: no shell, no `date`
@@ -28,6 +35,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <pwd.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -59,33 +70,43 @@ static int64_t run_once(const kind *k)
     return run_command(k->label, k->argv, k->envp, k->pathsearch);
 }
 
-/* envp: environ without DLOCK_STORE (and XDG_RUNTIME_DIR when xdg is
- * given), plus XDG_RUNTIME_DIR=xdg */
-static char **make_env(const char *xdg)
+/* envp: environ without DLOCK_STORE */
+static char **make_env(void)
 {
     size_t n = 0, o = 0;
 
     while (environ[n])
         n++;
-    char **e = calloc(n + 2, sizeof(*e));
+    char **e = calloc(n + 1, sizeof(*e));
     if (!e)
         die("env", "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        if (!strncmp(environ[i], "DLOCK_STORE=", 12))
-            continue;
-        if (xdg && !strncmp(environ[i], "XDG_RUNTIME_DIR=", 16))
-            continue;
-        e[o++] = environ[i];
-    }
-    if (xdg) {
-        size_t len = strlen(xdg) + 17;
-        e[o] = malloc(len);
-        if (!e[o])
-            die("env", "out of memory");
-        snprintf(e[o++], len, "XDG_RUNTIME_DIR=%s", xdg);
-    }
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "DLOCK_STORE=", 12) != 0)
+            e[o++] = environ[i];
     e[o] = NULL;
     return e;
+}
+
+/* As root: this process (and the commands it starts) in a mount namespace
+ * of its own, with `fresh` mounted on the home directory of our passwd
+ * entry, which is copied into home (cap bytes). 1 if so; 0 if not (not
+ * root, no namespace, no home): the default store is then the real one. */
+static int private_home(const char *fresh, char *home, size_t cap)
+{
+    struct passwd *pw = getpwuid(geteuid());
+    char real[PATH_MAX];
+
+    if (geteuid() != 0 || !pw || !realpath(pw->pw_dir, real) ||
+        !strcmp(real, "/") || strlen(real) >= cap)
+        return 0;
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount("none", "/", "none", MS_REC | MS_PRIVATE, NULL) != 0)
+        return 0;
+    if (mkdir(fresh, 0700) != 0 ||
+        mount(fresh, real, "none", MS_BIND, NULL) != 0)
+        die(fresh, strerror(errno));
+    memcpy(home, real, strlen(real) + 1);
+    return 1;
 }
 
 static double mean_ms(const int64_t *ns, int n)
@@ -149,16 +170,31 @@ int main(int argc, char **argv)
     char *dlock = argv[1], *flock = argv[2], *dir = argv[3];
     int quick = argc > 4 && !strcmp(argv[4], "--quick");
     int per_chunk = quick ? 4 : 10;
-    char uri[4200], lockfile[4200], xdg[4200];
+    char uri[4200], lockfile[4200], fresh[4200], home[PATH_MAX];
+    char defname[64], deflabel[200];
 
     snprintf(uri, sizeof(uri), "file://%s", dir);
     snprintf(lockfile, sizeof(lockfile), "%s/%s.flock", dir, NAME);
-    snprintf(xdg, sizeof(xdg), "%s/xdg", dir);
-    if (mkdir(xdg, 0700) != 0 && errno != EEXIST)
-        die(xdg, strerror(errno));
+    snprintf(fresh, sizeof(fresh), "%s/home", dir);
     signal(SIGPIPE, SIG_IGN);
 
-    char **env = make_env(NULL), **env_xdg = make_env(xdg);
+    /* the default store in a fresh home on DIR's file system, or in the
+     * real one under a name of its own */
+    int own_home = private_home(fresh, home, sizeof(home));
+    if (own_home) {
+        snprintf(defname, sizeof(defname), "%s", NAME);
+        snprintf(deflabel, sizeof(deflabel),
+                 "`dlock run NAME true` (default store, "
+                 "`~/.local/state/dlock`)");
+    } else {
+        snprintf(defname, sizeof(defname), "%s-default-%ld", NAME,
+                 (long)getpid());
+        snprintf(deflabel, sizeof(deflabel),
+                 "`dlock run NAME true` (default store, "
+                 "`~/.local/state/dlock` in the real home: not root)");
+    }
+
+    char **env = make_env();
     /* the order of the table; FLOCK first: the ratios' base (FLOCK_VERSION
      * for `dlock --version`: start-up against start-up) */
     enum { K_FLOCK, K_DLOCK, K_DEFAULT, K_FLOCK_VERSION, K_VERSION, K_TRUE,
@@ -169,10 +205,8 @@ int main(int argc, char **argv)
         [K_DLOCK] = {"`dlock run --store file://DIR NAME true`",
                      {dlock, "run", "--store", uri, NAME, "--", "true", NULL},
                      env, 0, NULL, 0, {0}},
-        [K_DEFAULT] = {"`dlock run NAME true` (default store, "
-                       "`$XDG_RUNTIME_DIR/dlock`)",
-                       {dlock, "run", NAME, "--", "true", NULL},
-                       env_xdg, 0, NULL, 0, {0}},
+        [K_DEFAULT] = {deflabel, {dlock, "run", defname, "--", "true", NULL},
+                       env, 0, NULL, 0, {0}},
         [K_FLOCK_VERSION] = {"`flock --version` (start-up and exit)",
                              {flock, "--version", NULL}, env, 0, NULL, 0,
                              {0}},
@@ -265,6 +299,17 @@ int main(int argc, char **argv)
                "(%.2f–%.2f) | **%.2fx** (%.2f–%.2f) |\n",
                np[j], t[1], t[0], t[2], f[1], f[0], f[2], d[1], d[0], d[2],
                r[1], r[0], r[2]);
+    }
+    if (!own_home) {
+        /* the real default store: our name's file (nobody else uses the
+         * name; lock files are never deleted by dlock itself) */
+        struct passwd *pw = getpwuid(geteuid());
+        char real[PATH_MAX], f[PATH_MAX + 128];
+        if (pw && realpath(pw->pw_dir, real)) {
+            snprintf(f, sizeof(f), "%s/.local/state/dlock/%s.lock",
+                     strcmp(real, "/") ? real : "", defname);
+            unlink(f);
+        }
     }
     return 0;
 }

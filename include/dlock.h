@@ -196,7 +196,11 @@ typedef struct dlock_options {
  *       &timeout=MS]               (mariadb:// too)
  * (docs/stores.md has every option.)
  * `uri` NULL or "" means the environment variable DLOCK_STORE if set, else
- * the file store under $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-$UID.
+ * the default store: file://HOME/.local/state/dlock?private=1, HOME being
+ * the home directory of the passwd entry of the effective uid (never $HOME
+ * or $XDG_*: every session of a user, cron and sudo included, finds the
+ * same directory; docs/stores.md, "The default store"). dlock_client_store()
+ * shows it.
  * Percent-escapes (%40 for '@', ...) are decoded in user and password.
  *
  * Connects (network stores) and starts the client's background thread.
@@ -209,6 +213,15 @@ typedef struct dlock_options {
  * build does not include, or whose module is not installed or is refused:
  * the message says which), DLOCK_ECONN (store unreachable), DLOCK_EAUTH
  * (credentials refused), DLOCK_EPROTO, DLOCK_ENOMEM.
+ * The default store (and any ?private=1 directory) fails, the message
+ * naming the directory and the way out (a URI, or DLOCK_STORE), with:
+ * DLOCK_ENOTSUP when this user can have none: no passwd entry, a home
+ * directory that is not an absolute path or does not exist, or one on a
+ * network file system; DLOCK_EAUTH when a directory on the way belongs to
+ * another user (not root) or others may write it, or the caller cannot
+ * create or enter it; DLOCK_EPROTO for a symbolic link or a file where a
+ * directory belongs. Not DLOCK_EINVAL: nothing the caller passed is wrong,
+ * and the CLI exits 69 (store error) for these, 64 (usage) for EINVAL.
  * Thread-safety: may be called from any thread.
  */
 DLOCK_EXTERN int dlock_client_open(dlock_client **out, const char *uri,

@@ -21,7 +21,9 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -520,13 +522,30 @@ static void append_escaped(char *buf, size_t cap, const char *s)
     buf[o] = '\0';
 }
 
+/* The way out that every error about the default store names. */
+#define DEFAULT_FIX \
+    "; give dlock a directory with --store file:///DIR or DLOCK_STORE"
+
+/* The directory of the default store, below the home directory. */
+#define DEFAULT_SUBDIR "/.local/state/dlock"
+
 /* The URI used when none is given: $DLOCK_STORE, else the private file
- * store under $XDG_RUNTIME_DIR/dlock or /tmp/dlock-$UID. */
+ * store HOME/.local/state/dlock, HOME being the home directory of the
+ * effective uid's passwd entry, its symbolic links resolved. Never $HOME
+ * or an $XDG_ variable: they differ between cron, sudo, services and
+ * logins, and every session of a user must find one directory
+ * (docs/stores.md, "The default store"). The file store's ?private=1
+ * checks the directories; the symbolic links of the home's own path are
+ * resolved here because they are the administrator's, like the passwd
+ * entry itself. */
 static int default_uri(char *buf, size_t cap)
 {
     const char *env = getenv("DLOCK_STORE");
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    char dir[4096];
+    uid_t uid = geteuid();
+    struct passwd pw, *found = NULL;
+    char *pwbuf = NULL, *home;
+    size_t pwcap = 1024, need;
+    int e;
 
     if (env && *env) {
         if (strlen(env) >= cap)
@@ -534,14 +553,77 @@ static int default_uri(char *buf, size_t cap)
         memcpy(buf, env, strlen(env) + 1);
         return DLOCK_OK;
     }
-    if (xdg && xdg[0] == '/' && strlen(xdg) < 3000)
-        snprintf(dir, sizeof(dir), "%s/dlock", xdg);
-    else
-        snprintf(dir, sizeof(dir), "/tmp/dlock-%lu",
-                 (unsigned long)getuid());
+    for (;;) { /* a buffer big enough for the entry (1 MiB at most) */
+        char *nb = realloc(pwbuf, pwcap);
+        if (!nb) {
+            free(pwbuf);
+            return dlock__err(DLOCK_ENOMEM, "out of memory");
+        }
+        pwbuf = nb;
+        e = getpwuid_r(uid, &pw, pwbuf, pwcap, &found);
+        if (e != ERANGE || pwcap >= (size_t)1 << 20)
+            break;
+        pwcap *= 2;
+    }
+    if (!found) {
+        free(pwbuf);
+        if (e == 0 || e == ENOENT || e == ESRCH)
+            return dlock__err(DLOCK_ENOTSUP,
+                              "the default store lives in your home "
+                              "directory, but uid %lu has no passwd "
+                              "entry" DEFAULT_FIX,
+                              (unsigned long)uid);
+        return dlock__err(DLOCK_ENOTSUP,
+                          "the default store lives in your home directory, "
+                          "but the passwd entry of uid %lu cannot be read: "
+                          "%s" DEFAULT_FIX,
+                          (unsigned long)uid, strerror(e));
+    }
+    if (!pw.pw_dir || pw.pw_dir[0] != '/') {
+        int rc = dlock__err(DLOCK_ENOTSUP,
+                            "the default store lives in your home "
+                            "directory, but the passwd entry of uid %lu "
+                            "(%.64s) gives none (\"%.200s\")" DEFAULT_FIX,
+                            (unsigned long)uid,
+                            pw.pw_name ? pw.pw_name : "",
+                            pw.pw_dir ? pw.pw_dir : "");
+        free(pwbuf);
+        return rc;
+    }
+    home = realpath(pw.pw_dir, NULL);
+    if (!home) {
+        e = errno;
+        int rc = dlock__err(e == ENOMEM ? DLOCK_ENOMEM : DLOCK_ENOTSUP,
+                            "the default store lives in your home "
+                            "directory, %.200s (the passwd entry of uid %lu, "
+                            "%.64s), which cannot be used: %s" DEFAULT_FIX,
+                            pw.pw_dir, (unsigned long)uid,
+                            pw.pw_name ? pw.pw_name : "", strerror(e));
+        free(pwbuf);
+        return rc;
+    }
+    free(pwbuf);
+    /* "file://" + the escaped home ("/" adds nothing) + the rest */
+    need = strlen("file://") + strlen(DEFAULT_SUBDIR "?private=1") + 1;
+    for (const char *p = home; *p; p++)
+        need += strchr("/._-", *p) || (*p >= 'a' && *p <= 'z') ||
+                        (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')
+                    ? 1
+                    : 3;
+    if (need > cap) {
+        int rc = dlock__err(DLOCK_ENOTSUP,
+                            "the default store lives in your home "
+                            "directory, whose path is too long (%zu bytes "
+                            "escaped)" DEFAULT_FIX,
+                            need);
+        free(home);
+        return rc;
+    }
     snprintf(buf, cap, "file://");
-    append_escaped(buf, cap - 16, dir);
-    strcat(buf, "?private=1");
+    if (strcmp(home, "/") != 0)
+        append_escaped(buf, cap, home);
+    strcat(buf, DEFAULT_SUBDIR "?private=1");
+    free(home);
     return DLOCK_OK;
 }
 

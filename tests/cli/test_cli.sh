@@ -33,6 +33,20 @@ DLOCK=$1
 KIND=$2
 case $KIND in
 file | redis | rediss | redis-sentinel | redis-cluster | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
+file-home)
+    # The default store's part of "file", which runs it so, as root, in a
+    # mount namespace of its own (unshare -m): a fresh tmpfs on /tmp here,
+    # and (home_tests) a fresh directory on the home directory and copies
+    # of /etc/passwd and /etc/shadow. Never in the machine's namespace.
+    if [ "$(readlink /proc/self/ns/mnt)" = "$(readlink /proc/$PPID/ns/mnt)" ]; then
+        echo "test_cli.sh: file-home runs only from 'test_cli.sh DLOCK file'" >&2
+        exit 2
+    fi
+    if ! mount -t tmpfs -o mode=1777,nosuid,nodev dlocktest /tmp; then
+        echo "FAIL: cannot mount a tmpfs on /tmp in the namespace" >&2
+        exit 1
+    fi
+    ;;
 *)
     echo "test_cli.sh: store kind must be 'file', 'redis', 'rediss', 'redis-sentinel', 'redis-cluster', 'redlock', 'zk', 'etcd', 'sqlite', 'pg', 'pg-advisory' or 'mysql', not '$KIND'" >&2
     exit 2
@@ -241,7 +255,227 @@ tok_close() {
     fi
 }
 
+# --------------------------------------------------------------------------
+# The default store: one directory per user, whatever the environment
+# (docs/stores.md, "The default store"): HOME/.local/state/dlock, HOME
+# from the passwd entry. No variable moves it, so this part runs in a
+# mount namespace of its own (see file-home above) with a fresh directory
+# on the home of our passwd entry and a test user (uid 4242) in copies of
+# /etc/passwd and /etc/shadow: what the library does in production, and
+# nothing outside the namespace sees it.
+# --------------------------------------------------------------------------
+
+# dl_env ENV-ARGS... -- ARGS...: dl, with `env ENV-ARGS...` in front
+dl_env() {
+    local e=()
+    while [ "$1" != -- ]; do
+        e+=("$1")
+        shift
+    done
+    shift
+    "${BOUND[@]}" env "${e[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+}
+
+# check_rc WANT DESCRIPTION: the last dl's (or dl_env's) status is WANT
+check_rc() {
+    if [ "$RC" -eq "$1" ]; then
+        pass "$2 (exit $RC)"
+    else
+        fail "$2: exit $RC, expected $1"
+        show "$TMP/out" "$TMP/err"
+    fi
+}
+
+# held_by WHO NAME: NAME is held in WHO's default store (WHO: "" for us,
+# else a user for runuser)
+held_by() {
+    local who=$1 name=$2
+    if [ -n "$who" ]; then
+        "${BOUND[@]}" runuser -u "$who" -- "$DLOCK" status --json "$name" </dev/null 2>/dev/null
+    else
+        "${BOUND[@]}" "$DLOCK" status --json "$name" </dev/null 2>/dev/null
+    fi | grep -q '"held":true'
+}
+
+# wait_held_by WHO NAME PID: waits (10 s at most) until NAME is held in
+# WHO's store; fails early if PID exits first
+wait_held_by() {
+    local i
+    for ((i = 0; i < 100; i++)); do
+        held_by "$1" "$2" && return 0
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+# release_holder PID: the holder's command (reading the fifo $TMP/go)
+# ends; the holder must exit 0 within 10 s
+release_holder() {
+    timeout 5 sh -c 'echo go > "$0"' "$TMP/go"
+    if wait_exit "$1" 10 && [ "$WRC" = 0 ]; then
+        return 0
+    fi
+    fail "the holder did not end cleanly: $WRC"
+    return 1
+}
+
+home_tests() {
+    local home store ustore uhome h w how
+    DLOCK=$(realpath "$DLOCK") # for su - (another directory) and dlt
+    home=$(realpath "$(getent passwd "$(id -u)" | cut -d: -f6)")
+    if ! mkdir -m 700 "$TMP/home" || ! mount --bind "$TMP/home" "$home"; then
+        fail "cannot mount a fresh directory on $home"
+        return
+    fi
+    unset DLOCK_STORE XDG_RUNTIME_DIR XDG_STATE_HOME
+    store="file://$home/.local/state/dlock?private=1"
+    mkfifo -m 666 "$TMP/go"
+
+    # dlock status says where it is
+    dl status nightly
+    if [ "$RC" -eq 0 ] && grep -qxF "store:    $store" "$TMP/out"; then
+        pass "default store: status shows $store"
+    else
+        fail "default store: status: exit $RC, expected 'store:    $store'"
+        show "$TMP/out" "$TMP/err"
+    fi
+    dl status --json nightly
+    if [ "$RC" -eq 0 ] && grep -qF "\"store\":\"$store\"" "$TMP/out"; then
+        pass "default store: status --json shows it"
+    else
+        fail "default store: status --json: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+
+    # A holder started from a login session (XDG_RUNTIME_DIR set, HOME
+    # elsewhere); then a cron job's run (no XDG_RUNTIME_DIR), one under
+    # env -i, one with other HOME and XDG_STATE_HOME (sudo's kind), and
+    # su - root's: each finds the lock held (exit 75 with --wait 0).
+    mkdir -m 700 "$TMP/xdg"
+    env XDG_RUNTIME_DIR="$TMP/xdg" HOME=/ "$DLOCK" run nightly -- \
+        sh -c 'read -r x < "$0"' "$TMP/go" >"$TMP/bg.hold.out" 2>"$TMP/bg.hold.err" </dev/null &
+    h=$!
+    BG_PIDS+=("$h")
+    if wait_held_by "" nightly "$h"; then
+        dl_env -u XDG_RUNTIME_DIR -- run --wait 0 nightly -- true
+        check_rc 75 "default store: held from a session, busy for a cron-like run"
+        dl_env -i -- run --wait 0 nightly -- true
+        check_rc 75 "default store: busy under env -i"
+        dl_env HOME=/tmp XDG_RUNTIME_DIR=/tmp XDG_STATE_HOME=/tmp -- run --wait 0 nightly -- true
+        check_rc 75 "default store: busy with another HOME and XDG_STATE_HOME"
+        "${BOUND[@]}" su - root -c "$(printf '%q' "$DLOCK") run --wait 0 nightly -- true" >"$TMP/out" 2>"$TMP/err" </dev/null
+        RC=$?
+        check_rc 75 "default store: busy through su - root"
+        # a waiter with no XDG_RUNTIME_DIR waits for that holder, and
+        # gets the lock when it ends
+        env -u XDG_RUNTIME_DIR "$DLOCK" run --wait 20s nightly -- true \
+            >"$TMP/bg.wait.out" 2>"$TMP/bg.wait.err" </dev/null &
+        w=$!
+        BG_PIDS+=("$w")
+        # not a bound: a waiter that has not started yet also waits
+        sleep 0.5
+        if kill -0 "$w" 2>/dev/null && release_holder "$h" &&
+            wait_exit "$w" 10 && [ "$WRC" = 0 ]; then
+            pass "default store: a cron-like waiter waited for the session's holder"
+        else
+            fail "default store: the waiter: exit ${WRC:-none} (expected to wait, then 0)"
+            show "$TMP/bg.wait.err"
+        fi
+    else
+        fail "default store: the session's holder never held (in the store a run without XDG_RUNTIME_DIR sees)"
+        show "$TMP/bg.hold.err"
+    fi
+
+    # the earlier default's places, made first by another user, neither
+    # block nor split it (this /tmp is the namespace's own)
+    mkdir -m 700 "/tmp/dlock-$(id -u)" "$TMP/xdg2" "$TMP/xdg2/dlock"
+    chown 12345:12345 "/tmp/dlock-$(id -u)" "$TMP/xdg2/dlock"
+    dl_env XDG_RUNTIME_DIR="$TMP/xdg2" -- run oldL -- true
+    check_rc 0 "default store: another user's \$XDG_RUNTIME_DIR/dlock blocks nothing"
+    dl run oldL -- true
+    check_rc 0 "default store: another user's /tmp/dlock-\$UID blocks nothing"
+
+    # a home others may write: refused, the message naming it and the
+    # way out, the command not run
+    chmod 777 "$home"
+    rm -f "$TMP/ran"
+    dl run refL -- sh -c ': > "$0"' "$TMP/ran"
+    if [ "$RC" -eq 69 ] && [ ! -e "$TMP/ran" ] && grep -qF "$home" "$TMP/err" &&
+        grep -qF -- "--store file:///DIR" "$TMP/err"; then
+        pass "default store: a home others may write: exit 69, '$(head -c 100 "$TMP/err")...'"
+    else
+        fail "default store: a home others may write: exit $RC (expected 69, $home named): $(cat "$TMP/err")"
+    fi
+    dl status refL
+    if [ "$RC" -eq 69 ] && grep -qF "$home" "$TMP/err"; then
+        pass "default store: status names the refused directory (exit 69)"
+    else
+        fail "default store: status with a home others may write: exit $RC: $(cat "$TMP/err")"
+    fi
+    chmod 700 "$home"
+
+    # Another user, 4242 (dlt): its own directory, the same for a
+    # session's holder (setpriv with XDG_RUNTIME_DIR), su dlt (the
+    # caller's environment), su - dlt (a login's), runuser -u dlt (as
+    # sudo -u runs) and env -i (cron's).
+    chmod 755 "$TMP"
+    uhome=$TMP/u
+    mkdir -m 755 "$uhome"
+    chown 4242:4242 "$uhome"
+    { grep -v '^[^:]*:[^:]*:424[2-8]:' /etc/passwd; echo "dlt:x:4242:4242::$uhome:/bin/sh"; } >"$TMP/passwd"
+    { grep -v '^dlt:' /etc/shadow; echo 'dlt:*:19000:0:99999:7:::'; } >"$TMP/shadow"
+    chmod 644 "$TMP/passwd"
+    chmod 640 "$TMP/shadow"
+    if ! mount --bind "$TMP/passwd" /etc/passwd || ! mount --bind "$TMP/shadow" /etc/shadow ||
+        [ "$(getent passwd 4242 | cut -d: -f6)" != "$uhome" ]; then
+        echo "skip default store of another user (a test user in /etc/passwd is not seen)"
+        return
+    fi
+    if ! "${BOUND[@]}" runuser -u dlt -- "$DLOCK" --version >/dev/null 2>&1 </dev/null; then
+        echo "skip default store of another user (it cannot run $DLOCK: a build in a private directory)"
+        return
+    fi
+    ustore="file://$uhome/.local/state/dlock?private=1"
+    setpriv --reuid=4242 --regid=4242 --clear-groups \
+        env XDG_RUNTIME_DIR=/run/user/4242 "$DLOCK" run nightly -- \
+        sh -c 'read -r x < "$0"' "$TMP/go" >"$TMP/bg.uhold.out" 2>"$TMP/bg.uhold.err" </dev/null &
+    h=$!
+    BG_PIDS+=("$h")
+    if ! wait_held_by dlt nightly "$h"; then
+        fail "default store: dlt's holder never held"
+        show "$TMP/bg.uhold.err"
+        return
+    fi
+    for how in "su dlt -c" "su - dlt -c" "runuser -u dlt -- sh -c" \
+        "setpriv --reuid=4242 --regid=4242 --clear-groups env -i sh -c"; do
+        # shellcheck disable=SC2086 # split on purpose
+        "${BOUND[@]}" $how "$(printf '%q' "$DLOCK") run --wait 0 nightly -- true" \
+            >"$TMP/out" 2>"$TMP/err" </dev/null
+        RC=$?
+        check_rc 75 "default store: dlt's lock busy through '$how'"
+    done
+    "${BOUND[@]}" runuser -u dlt -- "$DLOCK" status nightly >"$TMP/out" 2>"$TMP/err" </dev/null
+    if grep -qxF "store:    $ustore" "$TMP/out" &&
+        [ "$(stat -c '%u %a' "$uhome/.local/state/dlock")" = "4242 700" ]; then
+        pass "default store: dlt's is $ustore, dlt's own, 0700"
+    else
+        fail "default store: dlt's status: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    # each user has their own: root's nightly is free meanwhile
+    dl run --wait 0 nightly -- true
+    check_rc 0 "default store: root's lock of the same name is another one"
+    release_holder "$h" && pass "default store: dlt's holder ended"
+}
+
 START_MS=$(now_ms)
+
+if [ "$KIND" = file-home ]; then
+    home_tests
+    echo "# $KIND: $PASSES passed, $FAILS failed, $(($(now_ms) - START_MS)) ms"
+    [ "$FAILS" -eq 0 ]
+    exit
+fi
 
 # --------------------------------------------------------------------------
 # The store
@@ -999,6 +1233,24 @@ if [ "$RC" -eq 0 ] && grep -q "store: *file://$TMP/other" "$TMP/out"; then
 else
     fail "--store file://$TMP/other: exit $RC, output: $(cat "$TMP/out")"
     show "$TMP/err"
+fi
+
+# the default store (as root, in a mount namespace of its own; see
+# home_tests)
+if [ "$KIND" = file ]; then
+    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null 2>&1; then
+        echo "skip the default store's directory (needs root: a mount namespace)"
+    else
+        unshare -m --propagation private bash "$0" "$DLOCK" file-home >"$TMP/home.log" 2>&1
+        rc=$?
+        grep -v '^# ' "$TMP/home.log"
+        PASSES=$((PASSES + $(grep -c '^ok ' "$TMP/home.log")))
+        n=$(grep -c '^FAIL:' "$TMP/home.log")
+        FAILS=$((FAILS + n))
+        if [ "$rc" -ne 0 ] && [ "$n" -eq 0 ]; then
+            fail "the default store's part exited $rc: $(tail -n 5 "$TMP/home.log")"
+        fi
+    fi
 fi
 
 # --------------------------------------------------------------------------

@@ -66,13 +66,16 @@
 #include "file.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <limits.h>
+#include <pwd.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -184,7 +187,8 @@ static int open_lock_file(file_store *fs, const char *fname, int flags,
                           int *out, file_id *id, int *missing)
 {
     int fd = openat(fs->dirfd, fname,
-                    flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
+                    flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+                    fs->private_dir ? 0600 : 0666);
     int rc, regular = 0;
 
     *missing = 0;
@@ -602,27 +606,278 @@ static int make_dirs(const char *path, mode_t mode)
     return DLOCK_OK;
 }
 
-/* The private default directory must be ours and closed to others: in a
- * shared /tmp, anyone could otherwise prepare it and steer our locks. */
-static int check_private(const char *dir)
+/* ------------------------------------------------------------------------ */
+/* Private directories (?private=1: the default store)                      */
+/* ------------------------------------------------------------------------ */
+
+/* The way out that every refusal of a private directory names. */
+#define PRIVATE_FIX \
+    "; give dlock another directory with --store file:///DIR or DLOCK_STORE"
+
+/* File systems whose locks are not this kernel's alone (statfs f_type):
+ * network and cluster file systems, FUSE (sshfs, glusterfs, virtiofs...:
+ * dlock cannot tell a local one from a remote one) and virtual machines'
+ * shared folders. Their OFD locks are the file server's, or each host's
+ * own when the file system does not forward them; a holder cut off from
+ * the server may lose its lock to the server's lease while it runs; a
+ * kernel wait polls the server; the fair queue's wake-up channels do not
+ * cross hosts (docs/stores.md, "The default store"). */
+static const struct {
+    uint32_t magic;
+    const char *name;
+} remote_fs[] = {
+    {0x6969, "NFS"},           {0x517B, "SMB"},
+    {0xFF534D42, "CIFS"},      {0xFE534D42, "SMB2"},
+    {0x564C, "NCP"},           {0x73757245, "Coda"},
+    {0x5346414F, "AFS"},       {0x6B414653, "AFS"},
+    {0x01021997, "9p"},        {0x00C36400, "Ceph"},
+    {0x65735546, "FUSE"},      {0x0BD00BD0, "Lustre"},
+    {0x01161970, "GFS2"},      {0x7461636F, "OCFS2"},
+    {0x47504653, "GPFS"},      {0x19830326, "BeeGFS"},
+    {0x20030528, "OrangeFS"},  {0xAAD7AAEA, "PanFS"},
+    {0x786F4256, "VirtualBox shared folder"},
+    {0xBACBACBC, "VMware shared folder"},
+    {0x7C7C6673, "Parallels shared folder"},
+};
+
+/* The name of the network file system open directory `fd` is on, or
+ * NULL (a local one, or statfs failed: then nothing can be told). */
+static const char *remote_fs_of(int fd)
+{
+    struct statfs sf;
+
+    if (fstatfs(fd, &sf) != 0)
+        return NULL;
+    for (size_t i = 0; i < sizeof(remote_fs) / sizeof(remote_fs[0]); i++)
+        if ((uint32_t)sf.f_type == remote_fs[i].magic)
+            return remote_fs[i].name;
+    return NULL;
+}
+
+/* Why `name` (in dirfd; `shown` is its path) could not be opened as a
+ * directory without following a link: errno `err`. */
+static int private_open_error(int dirfd, const char *name, const char *shown,
+                              int err)
 {
     struct stat st;
 
-    if (lstat(dir, &st) != 0)
-        return dlock__file_io_error("stat", dir, errno);
-    if (!S_ISDIR(st.st_mode))
+    if ((err == ELOOP || err == ENOTDIR) &&
+        fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        if (S_ISLNK(st.st_mode))
+            return dlock__err(DLOCK_EPROTO,
+                              "file store: %.200s is a symbolic link; a "
+                              "private directory is never reached through "
+                              "one" PRIVATE_FIX,
+                              shown);
         return dlock__err(DLOCK_EPROTO,
-                          "file store: %.200s is not a directory (or is a "
-                          "symbolic link)",
-                          dir);
-    if (st.st_uid != geteuid())
+                          "file store: %.200s is not a directory" PRIVATE_FIX,
+                          shown);
+    }
+    if (err == EACCES || err == EPERM)
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: cannot enter %.200s: %s" PRIVATE_FIX,
+                          shown, strerror(err));
+    return dlock__file_io_error("open", shown, err);
+}
+
+/* Is `gid` our own private group? Debian and Ubuntu give each user a
+ * group of the same name (USERGROUPS_ENAB) and log users in with umask
+ * 002 (pam_umask), so the directories users make (~/.local,
+ * ~/.local/state) are often group-writable: harmless when the group is
+ * the user's alone, the rule Debian's OpenSSH applies to a home. Ours
+ * alone: our primary group, named as we are, with no other member
+ * listed. An account whose primary group is another user's private group
+ * would get in; no distribution makes one, and ruling it out would cost
+ * every client a scan of the whole user database. */
+static int own_private_group(gid_t gid)
+{
+    struct passwd pw, *pwr = NULL;
+    struct group gr, *grr = NULL;
+    size_t cap = 4096;
+    char *buf = NULL;
+    int ok = 0;
+
+    for (;;) { /* buffers big enough for both entries (1 MiB at most) */
+        char *nb = realloc(buf, 2 * cap);
+        int e1, e2 = 0;
+        if (!nb)
+            break;
+        buf = nb;
+        e1 = getpwuid_r(geteuid(), &pw, buf, cap, &pwr);
+        if (pwr)
+            e2 = getgrgid_r(gid, &gr, buf + cap, cap, &grr);
+        if ((e1 != ERANGE && e2 != ERANGE) || cap >= (size_t)1 << 20)
+            break;
+        cap *= 2;
+    }
+    if (pwr && grr && pw.pw_gid == gid && pw.pw_name && gr.gr_name &&
+        strcmp(gr.gr_name, pw.pw_name) == 0) {
+        ok = 1;
+        for (char **m = gr.gr_mem; m && *m; m++)
+            if (strcmp(*m, pw.pw_name) != 0)
+                ok = 0;
+    }
+    free(buf);
+    return ok;
+}
+
+/* Checks one directory of a private path, opened as fd (st: its fstat):
+ * see open_private(). */
+static int private_check(int fd, const struct stat *st, const char *shown,
+                         int last)
+{
+    uid_t me = geteuid();
+    const char *remote;
+    /* writable by someone else: others, or a group that is not ours
+     * alone */
+    int others_write = (st->st_mode & 002) ||
+                       ((st->st_mode & 020) && !own_private_group(st->st_gid));
+
+    if (!S_ISDIR(st->st_mode))
+        return dlock__err(DLOCK_EPROTO,
+                          "file store: %.200s is not a directory" PRIVATE_FIX,
+                          shown);
+    if (last && st->st_uid != me)
         return dlock__err(DLOCK_EAUTH,
                           "file store: %.200s belongs to uid %lu, not to "
-                          "you; refusing to use it",
-                          dir, (unsigned long)st.st_uid);
-    if ((st.st_mode & 077) && chmod(dir, 0700) != 0)
-        return dlock__file_io_error("chmod", dir, errno);
+                          "you (uid %lu); refusing to use it" PRIVATE_FIX,
+                          shown, (unsigned long)st->st_uid,
+                          (unsigned long)me);
+    if (!last && st->st_uid != me && st->st_uid != 0)
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s belongs to uid %lu, neither "
+                          "you (uid %lu) nor root: its owner could replace "
+                          "what is in it" PRIVATE_FIX,
+                          shown, (unsigned long)st->st_uid,
+                          (unsigned long)me);
+    if (last && others_write)
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s may be written by group or "
+                          "others (mode %04o): files of theirs may be in it; "
+                          "if every file in it is yours, chmod 700 it"
+                          PRIVATE_FIX,
+                          shown, (unsigned)(st->st_mode & 07777));
+    /* a sticky directory (/tmp): others cannot rename or delete what
+     * belongs to root or to us, and the next component must */
+    if (!last && others_write && !(st->st_mode & S_ISVTX))
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s may be written by group or "
+                          "others (mode %04o): they could replace what is "
+                          "in it" PRIVATE_FIX,
+                          shown, (unsigned)(st->st_mode & 07777));
+    if (!last)
+        return DLOCK_OK;
+    /* Ours, and only we could write it: nothing in it can be someone
+     * else's. Close it to their eyes. */
+    if ((st->st_mode & 077) && fchmod(fd, 0700) != 0)
+        return dlock__file_io_error("chmod", shown, errno);
+    remote = remote_fs_of(fd);
+    if (remote)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "file store: %.200s is on a network file system "
+                          "(%s): its locks would not be this host's alone, "
+                          "and waiters would poll the server; pass a local "
+                          "directory with --store file:///DIR or DLOCK_STORE",
+                          shown, remote);
     return DLOCK_OK;
+}
+
+/* Opens the private directory `path` (absolute): *out gets a descriptor
+ * of it. The path is walked from / one component at a time, each opened
+ * with O_NOFOLLOW | O_DIRECTORY (a symbolic link is refused, never
+ * followed) and checked through fstat() of what was opened, so no check
+ * is about a different file than the one used: every directory on the
+ * way must belong to root or to us and may be written by no one else
+ * unless it is sticky; a missing one is created, mode 0700 (mkdirat: the
+ * umask can only narrow it); the last must be ours, written by no one
+ * else, on a local file system, and is closed to others
+ * (docs/stores.md, "The default store"). */
+static int open_private(const char *path, int *out)
+{
+    char shown[PATH_MAX], name[NAME_MAX + 1];
+    const char *p = path;
+    struct stat st;
+    size_t used = 0;
+    int dirfd, rc;
+
+    if (strlen(path) >= sizeof(shown))
+        return dlock__err(DLOCK_EINVAL,
+                          "file store: directory path too long");
+    dirfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0)
+        return dlock__file_io_error("open", "/", errno);
+    if (fstat(dirfd, &st) != 0) {
+        rc = dlock__file_io_error("stat", "/", errno);
+        close(dirfd);
+        return rc;
+    }
+    rc = private_check(dirfd, &st, "/", 0);
+    while (rc == DLOCK_OK) {
+        size_t len;
+        int fd, last;
+
+        while (*p == '/')
+            p++;
+        len = strcspn(p, "/");
+        if (len == 0) {
+            rc = dlock__err(DLOCK_EINVAL,
+                            "file store: a private directory cannot be /");
+            break;
+        }
+        if (len > NAME_MAX) {
+            rc = dlock__err(DLOCK_EINVAL,
+                            "file store: a name in %.200s is too long", path);
+            break;
+        }
+        memcpy(name, p, len);
+        name[len] = '\0';
+        p += len;
+        while (*p == '/')
+            p++;
+        last = *p == '\0';
+        shown[used++] = '/';
+        memcpy(shown + used, name, len + 1);
+        used += len;
+
+        /* the last one is opened to be read (the store's directory);
+         * the others only to walk through (search permission is all
+         * they need) */
+        int flags = (last ? O_RDONLY : O_PATH) | O_DIRECTORY | O_NOFOLLOW |
+                    O_CLOEXEC;
+        fd = openat(dirfd, name, flags);
+        if (fd < 0 && errno == ENOENT) {
+            if (mkdirat(dirfd, name, 0700) != 0 && errno != EEXIST) {
+                int e = errno;
+                if (e == EACCES || e == EPERM || e == EROFS)
+                    rc = dlock__err(DLOCK_EAUTH,
+                                    "file store: cannot create %.200s: %s "
+                                    "(or have it made for you: yours, "
+                                    "mode 0700)" PRIVATE_FIX,
+                                    shown, strerror(e));
+                else
+                    rc = dlock__file_io_error("mkdir", shown, e);
+                break;
+            }
+            fd = openat(dirfd, name, flags);
+        }
+        if (fd < 0) {
+            rc = private_open_error(dirfd, name, shown, errno);
+            break;
+        }
+        close(dirfd);
+        dirfd = fd;
+        if (fstat(fd, &st) != 0) {
+            rc = dlock__file_io_error("stat", shown, errno);
+            break;
+        }
+        rc = private_check(fd, &st, shown, last);
+        if (rc == DLOCK_OK && last) {
+            *out = fd;
+            return DLOCK_OK;
+        }
+    }
+    close(dirfd);
+    return rc;
 }
 
 static int file_open(void **out, dlock_client *c, const dlock__uri *u,
@@ -631,7 +886,7 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
     static const char *const params[] = {"private", NULL};
     const char *priv;
     file_store *fs;
-    int private_dir = 0, rc;
+    int private_dir = 0, dirfd = -1, rc;
 
     (void)c;
     (void)timeout_ms;
@@ -657,25 +912,28 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
                               "file:// parameter private must be 0 or 1");
         private_dir = priv[0] == '1';
     }
-    rc = make_dirs(u->path, private_dir ? 0700 : 0777);
-    if (rc == DLOCK_OK && private_dir)
-        rc = check_private(u->path);
+    if (private_dir) {
+        rc = open_private(u->path, &dirfd);
+    } else {
+        rc = make_dirs(u->path, 0777);
+        if (rc == DLOCK_OK) {
+            dirfd = open(u->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (dirfd < 0)
+                rc = dlock__file_io_error("open", u->path, errno);
+        }
+    }
     if (rc)
         return rc;
 
     fs = calloc(1, sizeof(*fs));
     if (!fs || !(fs->dir = strdup(u->path))) {
         free(fs);
+        close(dirfd);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
     fs->pid = (int64_t)getpid();
-    fs->dirfd = open(fs->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fs->dirfd < 0) {
-        rc = dlock__file_io_error("open", fs->dir, errno);
-        free(fs->dir);
-        free(fs);
-        return rc;
-    }
+    fs->dirfd = dirfd;
+    fs->private_dir = private_dir;
     dlock__file_watch_open(fs);
     *out = fs;
     return DLOCK_OK;

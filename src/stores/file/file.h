@@ -43,6 +43,7 @@ typedef struct file_lease file_lease;
 typedef struct file_store {
     char *dir;
     int dirfd;
+    int private_dir; /* ?private=1: lock files mode 0600 */
     int64_t pid; /* for holder records (a client is not used after fork) */
     /* The client's background thread accepts successors' connections to
      * our fair channels ahead of the release (dlock__file_loop_run()): epfd
