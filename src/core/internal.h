@@ -20,6 +20,8 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
 
 typedef struct dlock__entry dlock__entry;
 typedef struct dlock__hold dlock__hold;
@@ -162,6 +164,33 @@ DLOCK__HOST void dlock__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
  * *old, so that threads it creates inherit a blocked mask. */
 DLOCK__HOST void dlock__block_signals(sigset_t *old);
 DLOCK__HOST void dlock__restore_signals(const sigset_t *old);
+
+/* fds.c: close-on-exec for descriptors a client library makes without it
+ * (docs/design.md, "Descriptors"); host functions, for the stores whose
+ * client libraries do (ZooKeeper, etcd's libcurl, MySQL's Connector/C). */
+typedef struct dlock__fd_id {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+} dlock__fd_id;
+typedef struct dlock__fd_note {
+    dlock__fd_id *ids; /* the pipes and sockets a started program inherits */
+    size_t n, cap;
+    int ok;            /* complete (/proc/self/fd read, memory had) */
+} dlock__fd_note;
+/* Sets FD_CLOEXEC on fd (if fd >= 0 and it is not set). */
+DLOCK__HOST void dlock__cloexec(int fd);
+/* Notes the pipes and sockets a started program would inherit now, before
+ * a call that may make some without the flag. */
+DLOCK__HOST void dlock__fds_note(dlock__fd_note *n);
+/* After that call: marks close-on-exec every pipe and socket a started
+ * program would inherit that was not in the note (by number, device and
+ * inode: the call's, or another thread's made meanwhile); frees it. */
+DLOCK__HOST void dlock__fds_mark_new(dlock__fd_note *n);
+/* Marks close-on-exec every socket a started program would inherit that
+ * is connected to `peer` (as getpeername() gives it). */
+DLOCK__HOST void dlock__fds_mark_peer(const struct sockaddr *peer,
+                                      socklen_t len);
 
 /* client.c */
 void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */

@@ -17,17 +17,26 @@
  * help (expiry, a frozen holder) run only on stores that have that; the
  * flags below say what each store does, test by test.
  *
+ * `test_contract --list-fds LIMIT` is the test's own child: the program
+ * no_descriptor_reaches_a_started_program starts, which lists the
+ * descriptors it inherited.
+ *
  * Past 1,000 lines on purpose: a list of independent scenarios (one
  * function each, run by name through the harness, any one alone with a
  * filter); the tests are split by store, not by size.
  */
 #include "test.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #ifdef TH_SQLITE
 #include <sqlite3.h>
@@ -1433,6 +1442,279 @@ TEST(cancel_racing_a_release_leaves_no_hold)
     dlock_client_close(c);
 }
 
+
+/* --- no descriptor of the library reaches a program the process starts ---
+ *
+ * A program started by a process that uses dlock (dlock run's command,
+ * say) must not inherit the library's store connections: it could speak
+ * on an authenticated connection with its rights, or keep alive a socket
+ * whose end tells the store a session is dead. Every descriptor the
+ * library or a client library opens for it is close-on-exec. */
+
+#define MAX_FD_SEEN 4096
+
+/* The child: the test binary run again as `--list-fds LIMIT`. One line
+ * "FD TARGET" per descriptor it has, on stdout (the test's pipe), but the
+ * directory it reads them from and descriptors at LIMIT or above: LIMIT is
+ * the soft RLIMIT_NOFILE the parent saw, above which it cannot have
+ * opened one. valgrind keeps its own there, above the limit it shows the
+ * program (close-on-exec in 3.19, checked; a tool that leaks them is not
+ * the library). */
+static int list_fds(int limit)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+
+    if (!d)
+        return 2;
+    while ((e = readdir(d))) {
+        char path[64], target[256];
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] == '.' || fd == dirfd(d) || fd >= limit)
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        target[n > 0 ? n : 0] = '\0';
+        printf("%d %s\n", fd, target);
+    }
+    closedir(d);
+    return fflush(stdout) == 0 ? 0 : 3;
+}
+
+/* The descriptors this process has now that a started program would
+ * inherit (no FD_CLOEXEC): inheritable[fd] = 1. */
+static void inheritable_now(unsigned char *inheritable)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+
+    CHECK(d != NULL);
+    memset(inheritable, 0, MAX_FD_SEEN);
+    while ((e = readdir(d))) {
+        int fd = atoi(e->d_name), fl;
+        if (e->d_name[0] == '.' || fd == dirfd(d) || fd >= MAX_FD_SEEN)
+            continue;
+        fl = fcntl(fd, F_GETFD);
+        inheritable[fd] = fl >= 0 && !(fl & FD_CLOEXEC);
+    }
+    closedir(d);
+}
+
+/* Was descriptor fd, `target` when the started program listed it, in the
+ * window of a client library that makes its descriptors without
+ * close-on-exec and lets dlock mark them only when its call is over
+ * (docs/design.md, "Descriptors": libcurl's wake-up pair in a handle's
+ * first request, the ZooKeeper client's socket until its session is
+ * connected)? Then this process sees it marked, or closed, by now. */
+static int window_closed(int fd, const char *target)
+{
+    char path[64], now[256];
+    ssize_t n;
+    int fl;
+
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    n = readlink(path, now, sizeof(now) - 1);
+    now[n > 0 ? n : 0] = '\0';
+    fl = fcntl(fd, F_GETFD);
+    return n <= 0 || strcmp(now, target) != 0 || fl < 0 || (fl & FD_CLOEXEC);
+}
+
+/* Starts this binary (fork + exec, as dlock run starts its command) and
+ * fails the test with every descriptor it inherited beyond stdin, stdout
+ * (the pipe it answers on), stderr and those in `before` (the test's own,
+ * inheritable before it opened any client). */
+static void started_program_inherits_nothing(const char *when,
+                                             const unsigned char *before)
+{
+    char self[1024], lim[32], out[16384], leaks[4096] = "";
+    struct rlimit rl;
+    size_t got = 0;
+    int p[2], status;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    pid_t pid, parent = getpid();
+
+    CHECK(n > 0);
+    self[n] = '\0';
+    CHECK_EQ(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    snprintf(lim, sizeof(lim), "%llu",
+             (unsigned long long)(rl.rlim_cur < MAX_FD_SEEN ? rl.rlim_cur
+                                                            : MAX_FD_SEEN));
+    char *argv[] = {self, "--list-fds", lim, NULL};
+    CHECK_EQ(pipe2(p, O_CLOEXEC), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        /* only async-signal-safe calls: other threads of the parent held
+         * locks at the fork. dup2 leaves the copy inheritable. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent || dup2(p[1], 1) != 1)
+            _exit(126);
+        execv(self, argv);
+        _exit(127);
+    }
+    close(p[1]);
+    /* the child lists a handful of descriptors and exits: 20 s only
+     * catches a child that hangs (a busy machine, valgrind's parent) */
+    int64_t until = th_now_ms() + 20000;
+    for (;;) {
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int64_t left = until - th_now_ms();
+        CHECK_OP(left, >, 0);
+        if (poll(&pf, 1, (int)left) < 0) {
+            CHECK_EQ(errno, EINTR);
+            continue;
+        }
+        ssize_t r = read(p[0], out + got, sizeof(out) - 1 - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        CHECK_OP(r, >=, 0);
+        if (r == 0)
+            break;
+        got += (size_t)r;
+        CHECK_OP(got, <, sizeof(out) - 1);
+    }
+    out[got] = '\0';
+    close(p[0]);
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WEXITSTATUS(status), 0);
+    int seen_stdout = 0, nfound = 0, left;
+    char *save = NULL, *found[64];
+    for (char *line = strtok_r(out, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        int fd = atoi(line);
+        seen_stdout |= fd == 1;
+        if (fd <= 2 || (fd < MAX_FD_SEEN && before[fd]))
+            continue;
+        if (nfound < 64) {
+            found[nfound++] = line;
+        } else { /* too many to wait for: a leak whatever the window */
+            size_t len = strlen(leaks);
+            snprintf(leaks + len, sizeof(leaks) - len, " [%s]", line);
+        }
+    }
+    CHECK(seen_stdout); /* the listing works: it saw its own pipe */
+    /* what the program inherited beyond the test's own must have been in
+     * a client library's window, and be marked or closed once the call
+     * ends. 15 s: a call's bound is the client's timeout (th_patient():
+     * 10 s); what the library leaves inheritable stays so for ever */
+    int64_t t0 = th_now_ms();
+    do {
+        left = 0;
+        for (int i = 0; i < nfound; i++) {
+            if (!found[i])
+                continue;
+            const char *target = strchr(found[i], ' ');
+            if (!window_closed(atoi(found[i]), target ? target + 1 : "")) {
+                left++;
+                continue;
+            }
+            printf("     (%s: %s was in a client library's window; marked "
+                   "or closed after %lld ms)\n",
+                   when, found[i], (long long)(th_now_ms() - t0));
+            found[i] = NULL;
+        }
+        if (left)
+            th_sleep_ms(10);
+    } while (left && th_now_ms() - t0 < 15000);
+    for (int i = 0; i < nfound; i++) {
+        size_t len = strlen(leaks);
+        if (found[i])
+            snprintf(leaks + len, sizeof(leaks) - len, " [%s]", found[i]);
+    }
+    if (leaks[0])
+        th_fail(__FILE__, __LINE__, "%s: a started program inherited%s",
+                when, leaks);
+}
+
+typedef struct inherit_waiter {
+    dlock *l;
+    int rc;
+    volatile int got; /* its acquire returned */
+    volatile int go;  /* the test lets it release */
+} inherit_waiter;
+
+/* Waits for w->l (60 s: the test's releases end the wait within seconds;
+ * the bound only ends a lost wake-up), then holds it until w->go. */
+static void *inherit_wait(void *arg)
+{
+    inherit_waiter *w = arg;
+
+    w->rc = dlock_acquire(w->l, 60000);
+    __atomic_store_n(&w->got, 1, __ATOMIC_SEQ_CST);
+    th_wait_flag(&w->go, 60000);
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->l);
+    return NULL;
+}
+
+TEST(no_descriptor_reaches_a_started_program)
+{
+    static unsigned char before[MAX_FD_SEEN];
+    inheritable_now(before);
+
+    /* a holds both locks; b waits for both (its subscriber connection,
+     * listener, watch stream, epoll set, sidecar file, fair wake-up
+     * channel exist), c waits behind b in the fair queue */
+    dlock_client *a = client(), *b = client(), *c = client();
+    dlock *la = handle(a, "inherit", 0, 0);
+    dlock *lfa = handle(a, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0);
+    inherit_waiter w[3] = {
+        {handle(b, "inherit", 0, 0), -99, 0, 0},
+        {handle(b, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0), -99, 0, 0},
+        {handle(c, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0), -99, 0, 0},
+    };
+    pthread_t th[3];
+
+    CHECK_OK(dlock_acquire(la, 0));
+    CHECK_OK(dlock_acquire(lfa, 0));
+    CHECK_EQ(pthread_create(&th[0], NULL, inherit_wait, &w[0]), 0);
+    wait_queued(a, "inherit", 1);
+    CHECK_EQ(pthread_create(&th[1], NULL, inherit_wait, &w[1]), 0);
+    wait_queued(a, "inherit-fair", 1);
+    CHECK_EQ(pthread_create(&th[2], NULL, inherit_wait, &w[2]), 0);
+    wait_queued(a, "inherit-fair", 2);
+    started_program_inherits_nothing("held, three waiting", before);
+
+    /* the hand-over: b holds "inherit", b or c "inherit-fair" (b in fair
+     * mode, and c waits on it: on the file store, connected to b's wake-up
+     * channel) and the other one waits */
+    CHECK_OK(dlock_release(la));
+    CHECK_OK(dlock_release(lfa));
+    /* 30 s: a release wakes its waiter at once (release_wakes_the_waiter
+     * checks how fast); the bound only catches one that never comes */
+    CHECK(th_wait_flag(&w[0].got, 30000));
+    CHECK_OK(w[0].rc);
+    int64_t until = th_now_ms() + 30000;
+    while (!w[1].got && !w[2].got && th_now_ms() < until)
+        th_sleep_ms(2);
+    int first = w[1].got ? 1 : 2;
+    CHECK(w[first].got);
+    CHECK_OK(w[first].rc);
+    if (has_fair)
+        CHECK_EQ(first, 1);
+    CHECK_EQ(w[3 - first].got, 0);
+    started_program_inherits_nothing("handed over, one waiting", before);
+
+    int order[3] = {0, first, 3 - first};
+    for (int k = 0; k < 3; k++) {
+        inherit_waiter *x = &w[order[k]];
+        CHECK(th_wait_flag(&x->got, 30000));
+        CHECK_OK(x->rc);
+        __atomic_store_n(&x->go, 1, __ATOMIC_SEQ_CST);
+        pthread_join(th[order[k]], NULL);
+    }
+    for (int i = 0; i < 3; i++)
+        dlock_close(w[i].l);
+    dlock_close(lfa);
+    dlock_close(la);
+    dlock_client_close(c);
+    dlock_client_close(b);
+    dlock_client_close(a);
+}
+
 static const th_test tests[] = {
     T(basic_acquire_release),
     TK(try_busy_and_timed_wait),
@@ -1464,11 +1746,14 @@ static const th_test tests[] = {
     TK(cancel_ends_a_wait_and_leaves_nothing),
     TK(cancel_in_a_fair_queue_lets_the_next_one_go),
     TK(cancel_racing_a_release_leaves_no_hold),
+    TK(no_descriptor_reaches_a_started_program),
     {NULL, NULL, 0},
 };
 
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--list-fds") == 0)
+        return list_fds(atoi(argv[2]));
     if (argc < 2) {
         fprintf(stderr,
                 "usage: %s file|redis|rediss|redis-sentinel|redis-cluster|"

@@ -76,12 +76,21 @@ typedef struct etcd_waiter {
 /* stream states */
 enum { ST_DOWN, ST_OPENING, ST_UP };
 
+/* A handle's descriptors that libcurl makes without close-on-exec
+ * (dlock__etcd_perform). */
+typedef struct etcd_newfds {
+    int fresh;          /* no request made on the handle yet */
+    int noting;         /* its first request runs: note taken */
+    dlock__fd_note note;
+} etcd_newfds;
+
 typedef struct etcd_conn {
     CURL *h;
     buf resp;
     struct curl_slist *hdrs;
     uint64_t hdr_gen; /* the auth token generation hdrs carry */
     char errbuf[CURL_ERROR_SIZE];
+    etcd_newfds nf;
     struct etcd_conn *next;
 } etcd_conn;
 
@@ -278,6 +287,15 @@ etcd_conn *dlock__etcd_conn_get(etcd_store *es);
 
 /* Gives cn back to the pool. */
 void dlock__etcd_conn_put(etcd_store *es, etcd_conn *cn);
+
+/* Makes libcurl create h's sockets close-on-exec, and readies nf (which
+ * must live as long as h makes connections) for h's first request
+ * (docs/design.md, "Descriptors"). */
+void dlock__etcd_no_inherit(CURL *h, etcd_newfds *nf);
+
+/* curl_easy_perform(h). The first on a handle also marks close-on-exec
+ * the wake-up socket pair libcurl makes then. */
+CURLcode dlock__etcd_perform(CURL *h, etcd_newfds *nf);
 
 /* Frees cn and its handle. */
 void dlock__etcd_conn_free(etcd_conn *cn);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 /* gRPC codes in the gateway's error answers */
@@ -131,6 +132,53 @@ static size_t on_write(char *p, size_t size, size_t n, void *arg)
     return size * n;
 }
 
+/* libcurl's CURLOPT_OPENSOCKETFUNCTION: its connections' sockets,
+ * close-on-exec from their creation (libcurl 7.88 makes them without).
+ * In a handle's first request it comes after libcurl made the handle's
+ * wake-up socket pair: marked here, before the connect's wait. */
+static curl_socket_t open_socket(void *arg, curlsocktype purpose,
+                                 struct curl_sockaddr *a)
+{
+    etcd_newfds *nf = arg;
+
+    (void)purpose;
+    if (nf && nf->noting) {
+        dlock__fds_mark_new(&nf->note);
+        nf->noting = 0;
+    }
+    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
+void dlock__etcd_no_inherit(CURL *h, etcd_newfds *nf)
+{
+    memset(nf, 0, sizeof(*nf));
+    nf->fresh = 1;
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, nf);
+}
+
+/* The first curl_easy_perform() on a handle makes the multi handle it
+ * runs in, and libcurl 7.88's multi handle a wake-up socket pair
+ * (socketpair() without close-on-exec, numbers kept inside): noted
+ * before that call, marked when it opens its connection (open_socket) or
+ * else after it (src/core/fds.c). */
+CURLcode dlock__etcd_perform(CURL *h, etcd_newfds *nf)
+{
+    CURLcode cc;
+
+    if (nf->fresh) {
+        dlock__fds_note(&nf->note);
+        nf->noting = 1;
+        nf->fresh = 0;
+    }
+    cc = curl_easy_perform(h);
+    if (nf->noting) {
+        dlock__fds_mark_new(&nf->note);
+        nf->noting = 0;
+    }
+    return cc;
+}
+
 etcd_conn *dlock__etcd_conn_get(etcd_store *es)
 {
     etcd_conn *cn;
@@ -148,6 +196,7 @@ etcd_conn *dlock__etcd_conn_get(etcd_store *es)
         return NULL;
     }
     CURL *h = cn->h;
+    dlock__etcd_no_inherit(h, &cn->nf);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
@@ -253,7 +302,7 @@ static CURLcode post_once(etcd_store *es, etcd_conn *cn, size_t ep,
                          (long)(left < es->timeout_ms ? left
                                                       : es->timeout_ms));
     }
-    cc = curl_easy_perform(cn->h);
+    cc = dlock__etcd_perform(cn->h, &cn->nf);
     if (cc == CURLE_OK)
         curl_easy_getinfo(cn->h, CURLINFO_RESPONSE_CODE, status);
     return cc;

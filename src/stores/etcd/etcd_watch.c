@@ -356,6 +356,7 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
     char url[512], req[1024], key[32], kb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
     char body[WS_SEND_MAX], errbuf[CURL_ERROR_SIZE] = "";
     unsigned char nonce[16];
+    etcd_newfds nf;
     curl_socket_t sock = CURL_SOCKET_BAD;
     int64_t left = deadline - dlock__now_ms();
     CURLcode cc;
@@ -368,6 +369,7 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
     }
     snprintf(url, sizeof(url), "%s/v3/watch", es->ep[ep]);
     curl_easy_setopt(es->sh, CURLOPT_URL, url);
+    dlock__etcd_no_inherit(es->sh, &nf);
     curl_easy_setopt(es->sh, CURLOPT_CONNECT_ONLY, 1L);
     /* HTTP/1.1 only, also in TLS's ALPN: the WebSocket upgrade below is
      * HTTP/1.1 written on the raw connection, and a connection libcurl
@@ -389,7 +391,9 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
         curl_easy_setopt(es->sh, CURLOPT_SSLCERT, es->cert);
     if (es->key)
         curl_easy_setopt(es->sh, CURLOPT_SSLKEY, es->key);
-    cc = curl_easy_perform(es->sh);
+    cc = dlock__etcd_perform(es->sh, &nf);
+    /* nf is this call's: the handle makes no connection after it */
+    curl_easy_setopt(es->sh, CURLOPT_OPENSOCKETDATA, NULL);
     if (cc == CURLE_OK)
         cc = curl_easy_getinfo(es->sh, CURLINFO_ACTIVESOCKET, &sock);
     curl_easy_setopt(es->sh, CURLOPT_ERRORBUFFER, NULL);

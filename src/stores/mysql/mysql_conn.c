@@ -253,6 +253,10 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
     status = mysql_real_connect_start(&ret, cn->m, ms->host, ms->user,
                                       ms->password, ms->db, ms->port, NULL,
                                       CLIENT_MULTI_STATEMENTS);
+    /* Connector/C makes its socket without close-on-exec: set it at once,
+     * after each step (its first: the connect under way, before any
+     * byte; a next address of the host is a new socket) */
+    dlock__cloexec(mysql_get_socket(cn->m));
     while (status) {
         int ready = wait_io(cn->m, status, deadline);
         if (ready < 0) {
@@ -261,6 +265,7 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
             return rc;
         }
         status = mysql_real_connect_cont(&ret, cn->m, ready);
+        dlock__cloexec(mysql_get_socket(cn->m));
     }
     if (!ret) {
         rc = my_error(ms, cn, "connecting");

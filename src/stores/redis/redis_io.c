@@ -16,6 +16,9 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,6 +26,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #ifdef DLOCK_HAVE_REDIS_TLS
@@ -509,16 +513,139 @@ static int handshake(rio_tls *rt, int fd, int64_t deadline, char *why,
 /* Connecting                                                               */
 /* ------------------------------------------------------------------------ */
 
+static int set_blocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+}
+
+/* A socket of `family` connected to a (or, nb, its connect under way),
+ * by `deadline`: the descriptor, or -1 with errno and why set. */
+static int connect_to(int family, const struct sockaddr *a, socklen_t len,
+                      int nb, int64_t deadline, char *why, size_t cap)
+{
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1, err = 0, e;
+    socklen_t elen = sizeof(err);
+
+    if (fd < 0)
+        goto fail;
+    if (family != AF_UNIX)
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, a, len) != 0) {
+        if (errno != EINPROGRESS) /* a Unix socket's EAGAIN: backlog full */
+            goto fail;
+        while (!nb) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            int64_t left = deadline - dlock__now_ms();
+            int r = poll(&p, 1, left > 0 ? (int)left : 0);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0)
+                goto fail;
+            if (r == 0) {
+                errno = ETIMEDOUT;
+                goto fail;
+            }
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0)
+                goto fail;
+            if (err) {
+                errno = err;
+                goto fail;
+            }
+            break;
+        }
+    }
+    if (!nb && set_blocking(fd) != 0)
+        goto fail;
+    return fd;
+fail:
+    e = errno;
+    snprintf(why, cap, "%s", strerror(e));
+    if (fd >= 0)
+        close(fd);
+    errno = e;
+    return -1;
+}
+
+/* A socket connected to host:port or to the Unix socket path within ms
+ * (nb: its connect only started), made here and not by hiredis, so that
+ * it is close-on-exec from its creation: hiredis 0.14 makes its sockets
+ * without the flag, and a program another thread starts meanwhile would
+ * inherit a store connection (docs/design.md, "Descriptors"). As
+ * hiredis' redisConnect*(): IPv4 addresses, IPv6 ones when the name has
+ * none; TCP_NODELAY; the next address only past an unreachable one (a
+ * refused connect fails at once); blocking once connected (unless nb);
+ * the system's and getaddrinfo's words in why. The descriptor, or -1. */
+static int open_socket(const char *host, int port, const char *path,
+                       int nb, int64_t ms, char *why, size_t cap)
+{
+    int64_t deadline = dlock__now_ms() + ms;
+    struct addrinfo hints, *ai = NULL;
+    char svc[16];
+    int fd = -1, rv;
+
+    if (path) {
+        struct sockaddr_un sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sun_family = AF_UNIX;
+        if (strlen(path) >= sizeof(sa.sun_path)) {
+            snprintf(why, cap, "%s", strerror(ENAMETOOLONG));
+            return -1;
+        }
+        memcpy(sa.sun_path, path, strlen(path));
+        return connect_to(AF_UNIX, (struct sockaddr *)&sa, sizeof(sa), nb,
+                          deadline, why, cap);
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(svc, sizeof(svc), "%d", port);
+    if ((rv = getaddrinfo(host, svc, &hints, &ai)) != 0) {
+        hints.ai_family = AF_INET6;
+        rv = getaddrinfo(host, svc, &hints, &ai);
+    }
+    if (rv != 0) {
+        snprintf(why, cap, "%s", gai_strerror(rv));
+        return -1;
+    }
+    for (struct addrinfo *p = ai; p; p = p->ai_next) {
+        fd = connect_to(p->ai_family, p->ai_addr, p->ai_addrlen, nb,
+                        deadline, why, cap);
+        if (fd >= 0 || (errno != EHOSTUNREACH && errno != ENETUNREACH))
+            break;
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
+/* A hiredis context on our socket fd (closed if none can be made). */
+static redisContext *context_of(int fd, int nb)
+{
+    redisContext *ctx = redisConnectFd(fd);
+
+    if (!ctx) {
+        close(fd);
+        return NULL;
+    }
+    if (nb)
+        ctx->flags &= ~REDIS_BLOCK; /* EAGAIN: "nothing yet" */
+    return ctx;
+}
+
 int dlock__rio_connect(const dlock__rtls *tls, const char *host, int port,
                        const char *path, int64_t ms, redisContext **out,
                        char *why, size_t cap)
 {
     int64_t deadline = dlock__now_ms() + ms;
-    redisContext *ctx = path ? redisConnectUnixWithTimeout(path, tv_ms(ms))
-                             : redisConnectWithTimeout(host, port, tv_ms(ms));
+    int fd = open_socket(host, port, path, 0, ms, why, cap);
+    redisContext *ctx;
 
     *out = NULL;
-    if (!ctx)
+    if (fd < 0)
+        return DLOCK_ECONN;
+    if (!(ctx = context_of(fd, 0)))
         return DLOCK_ENOMEM;
     if (ctx->err) {
         snprintf(why, cap, "%s", ctx->errstr);
@@ -549,10 +676,13 @@ int dlock__rio_connect_nb(const dlock__rtls *tls, const char *host,
                           int port, redisContext **out, char *why,
                           size_t cap)
 {
-    redisContext *ctx = redisConnectNonBlock(host, port);
+    int fd = open_socket(host, port, NULL, 1, 0, why, cap);
+    redisContext *ctx;
 
     *out = NULL;
-    if (!ctx)
+    if (fd < 0)
+        return DLOCK_ECONN;
+    if (!(ctx = context_of(fd, 1)))
         return DLOCK_ENOMEM;
     if (ctx->err) {
         snprintf(why, cap, "%s", ctx->errstr);

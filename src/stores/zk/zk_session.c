@@ -176,6 +176,20 @@ int dlock__zk_match_session(const dlock__lease *l, void *arg)
     return zl && zl->sid == *(const uint64_t *)arg;
 }
 
+/* The C client makes its socket without close-on-exec (unless built with
+ * SOCK_CLOEXEC_ENABLED, which Debian's 3.8 is not), on its I/O thread, at
+ * every connect, and never says which it is: at each connected event, the
+ * sockets connected to the server the session is connected to get the
+ * flag (docs/design.md, "Descriptors"). */
+static void mark_socket(zhandle_t *zh)
+{
+    struct sockaddr_storage a;
+    socklen_t len = sizeof(a);
+
+    if (zookeeper_get_connected_host(zh, (struct sockaddr *)&a, &len))
+        dlock__fds_mark_peer((struct sockaddr *)&a, len);
+}
+
 /* Session events (and, at expiry, every watch's copy of it). */
 static void on_event(zhandle_t *zh, int type, int state, const char *path,
                      void *ctx)
@@ -185,6 +199,8 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
     uint64_t lost_sid = 0;
     int wake_loop = 0;
 
+    if (type == ZOO_SESSION_EVENT && state == ZOO_CONNECTED_STATE)
+        mark_socket(zh);
     pthread_mutex_lock(&zs->mu);
     if (type == ZOO_SESSION_EVENT) {
         if (state == ZOO_CONNECTED_STATE) {
@@ -289,11 +305,18 @@ static zk_session *session_get_once(zk_store *zs, int64_t ttl,
         s->state = S_CONNECTING;
         {
             sigset_t old;
+            dlock__fd_note note;
+            /* its self-pipe (pipe(), without close-on-exec) and perhaps
+             * its first socket are made in this call: marked after it */
+            dlock__fds_note(&note);
             dlock__block_signals(&old); /* the client's threads inherit it */
             s->zh = zookeeper_init2(zs->hosts, on_event,
                                     ttl > INT32_MAX ? INT32_MAX : (int)ttl,
                                     NULL, s, 0, zk_log_sink);
+            int init_errno = errno;
             dlock__restore_signals(&old);
+            dlock__fds_mark_new(&note);
+            errno = init_errno; /* why zookeeper_init2 failed, below */
         }
         if (!s->zh) {
             int e = errno;
