@@ -1477,13 +1477,15 @@ else
 fi
 
 # --------------------------------------------------------------------------
-# A forged hand-over (redis, rediss): a user who may only read and PUBLISH
-# reads the waiter's line from the key and sends "g SEQ TOKEN" on its
-# client's channel; the waiting `dlock run` does not start its command on
-# it, and once the holder ends it runs with the key's token
+# A forged hand-over (redis, rediss, redis-sentinel: one server's channel;
+# the cluster's shard channels are checked by redis.cluster): a user who
+# may only read and PUBLISH reads the waiter's line from the key and sends
+# "g SEQ TOKEN" on its client's channel; the waiting `dlock run` does not
+# start its command on it, and once the holder ends it runs with the
+# key's token
 # --------------------------------------------------------------------------
 
-if [ "$KIND" = redis ]; then
+if [ "$KIND" = redis ] && [ -z "${CL_PORTS[*]:-}" ]; then
     FORGED=9223372036854775000
     forger=(redis-cli --no-auth-warning --user forger --pass forger-pw -p "$REDIS_PORT")
     redis-cli -p "$REDIS_PORT" ACL SETUSER forger on '>forger-pw' '+@read' \
