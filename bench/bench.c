@@ -510,12 +510,27 @@ int main(int argc, char **argv)
            "floor, %.2f hot RTT) |\n",
            cp[R / 2], hfa[R / 2], hfa[0], hfa[R - 1], r_f[R / 2], r_f[0], r_f[R - 1], r_fh[R / 2],
            hfa[R / 2] / p_med);
+    printf("\nThe hand-off includes the woken waiter's read of the key "
+           "(`GET`, `PTTL`, one round trip on its command connection), "
+           "which the floor leaves out: anyone allowed to `PUBLISH` on "
+           "the waiter's channel can send the message, so it only wakes "
+           "the waiter, which returns when the key names it the holder "
+           "(docs/design.md, \"A message is a wake-up\"). What would get "
+           "past that round trip: a grant delivered as the answer to a "
+           "command of the waiter's own, a blocking pop (`BLPOP`) on a "
+           "list the release script pushes to (only a writer of dlock's "
+           "keys can), at the price of a connection blocked in it per "
+           "waiting client, a list write per hand-over, and another way "
+           "for a release to skip a dead waiter than `PUBLISH`'s count of "
+           "subscribers.\n");
     printf("\n### Redis commands per hand-off\n\n");
     printf("N waiters plus the holder contend for %d s (each process: "
            "acquire, release, repeat; a wait gives up after 300 ms and "
            "starts again). Per hand-off between two different processes: "
            "*requests* = commands the clients sent (EVALSHA, APPEND, "
-           "SUBSCRIBE); *server* = every command the server ran, "
+           "SUBSCRIBE; not a woken waiter's GET and PTTL, which the "
+           "server counts with its scripts' own); *server* = every "
+           "command the server ran, "
            "including those inside the scripts (INFO commandstats). Both "
            "modes hand the lock to the oldest waiter on Redis.\n\n",
            quick ? 1 : 3);

@@ -893,6 +893,19 @@ int main(int argc, char **argv)
     handoff_row("advisory (the server wakes `pg_advisory_lock`)", hs[H_ADV],
                 hk[H_ADV], hs[H_FLOOR_ADV], rv[2], ri[H_ADV],
                 ri[H_FLOOR_ADV], idle_rtt.med, rtt, "");
+    printf("\nIn table mode dlock's hand-off includes the woken waiter's "
+           "read of the row (one read-only statement: no transaction id, "
+           "no WAL), which the floor leaves out: `NOTIFY` checks no "
+           "privilege, so any role that can connect can send the "
+           "notification, which only wakes the waiter; it returns when "
+           "the row names it the holder (docs/design.md, \"PostgreSQL "
+           "table mode: hand-over\"). What would get past that round "
+           "trip: trusting a notification by its sender, the backend pid "
+           "PostgreSQL gives it, once a look found that backend's role "
+           "may write the lock table (it could break the lock anyway); "
+           "but a pid is reused by later sessions of any role, so such a "
+           "trust would need a way to see that the backend it was given "
+           "to has not ended.\n");
     for (int m = 0; m < H_KINDS; m++)
         free(hs[m]);
     free(idle);

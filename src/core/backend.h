@@ -89,10 +89,15 @@ typedef struct dlock__lease {
                        * taking the lock); 0: it did not wait, or cannot
                        * tell (for the metrics: waits and hand-off times;
                        * the core zeroes it before every call) */
-    int64_t started;  /* on DLOCK_OK from a CAP_NATIVE_WAIT acquire that
-                       * waited: dlock__now_ms() just before the command
-                       * that took the lock (its lease starts no earlier);
-                       * 0: the call's start */
+    int64_t started;  /* on DLOCK_OK: dlock__now_ms() just before the
+                       * command after which the lease started, when
+                       * that is not this call's start: a CAP_NATIVE_WAIT
+                       * acquire that waited (the command that took the
+                       * lock: later), or a hold this call confirmed by
+                       * a read, which does not restart its lease (the
+                       * moment before the read, plus the lease left it
+                       * read, less ttl_ms: earlier); 0: the call's
+                       * start */
     void *priv;       /* backend state, lease_size bytes */
 } dlock__lease;
 
@@ -105,8 +110,10 @@ typedef struct dlock__lease {
 #define DLOCK__CAP_LEASE 0x1u       /* locks expire unless renewed */
 #define DLOCK__CAP_NATIVE_WAIT 0x2u /* acquire() itself waits until deadline */
 #define DLOCK__CAP_HANDOVER 0x4u    /* release() hands the lock to a waiter
-                                     * itself (dlock__notify_grant()); the
-                                     * core wakes no one on release */
+                                     * itself and the store tells that
+                                     * waiter (a message is only a
+                                     * wake-up: dlock__notify_waiter());
+                                     * the core wakes no one on release */
 #define DLOCK__CAP_WAITER_READS 0x8u /* loop_run() may run on a waiting
                                       * application thread: it only reads
                                       * notifications (never blocks) and
@@ -269,14 +276,24 @@ DLOCK__HOST void dlock__notify_name(dlock_client *c, const char *name, size_t le
 void dlock__notify_fair(dlock_client *c, const char *name, size_t len);
 
 /* Wakes the waiter whose lease has l->waiter == waiter: it tries once
- * more. (In the module ABI since 4: Redis with min_replicas turns a
- * hand-over's message into this, so that the waiter's own try, followed
- * by WAIT, confirms the lock on the replicas.) */
+ * more (acquire() with l->waiting set), and the store's answer to that
+ * try decides. What a store does with a hand-over's message (Redis'
+ * PUBLISH, PostgreSQL's NOTIFY): anyone who may send on the channel can
+ * send one, so it is a wake-up and nothing more; the try confirms it
+ * (docs/design.md, "A message is a wake-up"). Wake-ups coalesce: any
+ * number of them before the waiter looks cost one try. A waiter that is
+ * gone is not an error: nothing happens. (In the module ABI since 4.) */
 DLOCK__HOST void dlock__notify_waiter(dlock_client *c, uint64_t waiter);
 
 /* The store handed the lock to the waiter whose lease has l->waiter ==
- * waiter, with this fencing token (CAP_HANDOVER). A waiter that is gone
- * is not an error: the message is dropped. */
+ * waiter, with this fencing token (CAP_HANDOVER): the waiter returns
+ * DLOCK_OK with it, without asking the store again. Only for a grant
+ * that the store itself answered on this client's own connection (the
+ * reply of a release this client sent, naming a waiter of this client):
+ * never for a pushed message (a pub/sub message, a notification) or
+ * anything else that a reader, a publisher or another role could send
+ * (docs/design.md, "Pushed messages"). A waiter that is gone is not an
+ * error: the grant is dropped. */
 DLOCK__HOST void dlock__notify_grant(dlock_client *c, uint64_t waiter, uint64_t token);
 
 /* Wakes every waiter of the client: its notifications may have been lost

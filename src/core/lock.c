@@ -351,8 +351,10 @@ static int try_once(dlock_client *c, dlock__hold *h, int64_t *t0,
     } else {
         *t_end_us = 0;
     }
-    if (rc == DLOCK_OK && h->lease.started > *t0)
-        *t0 = h->lease.started; /* a native wait: the lease began later */
+    if (rc == DLOCK_OK && h->lease.started)
+        *t0 = h->lease.started; /* a native wait: the lease began later;
+                                 * a hand-over confirmed by a read: it
+                                 * began after that earlier command */
     if (rc == DLOCK_EBUSY)
         *seen_busy = 1;
     else if (!once && cut_short(c, rc, *seen_busy, *t0, dl, deadline))
@@ -589,7 +591,9 @@ static int wait_loop(dlock_client *c, dlock__hold *h, dlock__waiter *w,
         pthread_mutex_unlock(&c->mu);
 
         if (granted) {
-            /* handed over after the last "held": the lease started
+            /* the store's own answer handed it over (the reply of a
+             * release of this client: dlock__notify_grant(), never a
+             * pushed message), after the last "held": the lease started
              * then at the latest, from where this thread stands */
             now = dlock__now_ms();
             if (*t_busy + h->lease.ttl_ms -

@@ -1729,6 +1729,75 @@ else
 fi
 
 # --------------------------------------------------------------------------
+# A forged hand-over (redis, rediss, redis-sentinel: one server's channel;
+# the cluster's shard channels are checked by redis.cluster): a user who
+# may only read and PUBLISH reads the waiter's line from the key and sends
+# "g SEQ TOKEN" on its client's channel; the waiting `dlock run` does not
+# start its command on it, and once the holder ends it runs with the
+# key's token
+# --------------------------------------------------------------------------
+
+if [ "$KIND" = redis ] && [ -z "${CL_PORTS[*]:-}" ]; then
+    FORGED=9223372036854775000
+    forger=(redis-cli --no-auth-warning --user forger --pass forger-pw -p "$REDIS_PORT")
+    redis-cli -p "$REDIS_PORT" ACL SETUSER forger on '>forger-pw' '+@read' \
+        '+publish' allchannels '~*' >/dev/null
+    REL=$TMP/forged.rel
+    # the holder keeps the lock until $REL appears (at most 30 s)
+    hold_cmd='i=0
+while [ ! -e "$REL" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done'
+    REL=$REL bg_dlock fh run forgedL -- sh -c "$hold_cmd"
+    fholder=$BG
+    if wait_held forgedL "$fholder"; then
+        rm -f "$TMP/forged.tok"
+        TOKF=$TMP/forged.tok bg_dlock fw run --wait 20s forgedL -- \
+            sh -c 'echo "$DLOCK_TOKEN" > "$TOKF"'
+        fwaiter=$BG
+        # the waiter's line in the key: CLIENTID:TID:SEQ TTL DESC (10 s)
+        line=
+        for ((i = 0; i < 100; i++)); do
+            line=$("${forger[@]}" GET 'dlock:{forgedL}' 2>/dev/null | sed -n 2p)
+            [ -n "$line" ] && break
+            sleep 0.1
+        done
+        id=${line%% *}
+        client=${id%%:*}
+        seq=${id##*:}
+        n=$("${forger[@]}" PUBLISH "dlock:c:$client" "g $seq $FORGED" 2>&1)
+        # a waiter that took the message for its grant would start its
+        # command within a few ms of reading it; 1 s is hundreds of those
+        # on a busy machine (slower, a wrong dlock could pass, never fail
+        # a right one)
+        sleep 1
+        if [ "$n" != 1 ]; then
+            fail "forged hand-over: PUBLISH reached $n subscribers, expected 1 (line '$line')"
+        elif [ -e "$TMP/forged.tok" ]; then
+            fail "forged hand-over: the waiter ran its command beside the holder (DLOCK_TOKEN=$(cat "$TMP/forged.tok"))"
+        elif ! kill -0 "$fwaiter" 2>/dev/null; then
+            fail "forged hand-over: the waiter exited"
+            show "$TMP/bg.fw.err"
+        else
+            pass "forged hand-over: the waiter keeps waiting"
+        fi
+        # the holder ends: the real hand-over (10 s with slack)
+        : >"$REL"
+        wait_exit "$fwaiter" 10
+        tok=$(cat "$TMP/forged.tok" 2>/dev/null)
+        if [ "$WRC" = 0 ] && [[ $tok =~ ^[0-9]{1,18}$ ]] && ((10#$tok < FORGED)); then
+            pass "forged hand-over: the real one runs the command with the store's token ($tok)"
+        else
+            fail "forged hand-over: exit $WRC, DLOCK_TOKEN '$tok'"
+            show "$TMP/bg.fw.err"
+        fi
+        wait_exit "$fholder" 10
+    else
+        fail "forgedL never held"
+        show "$TMP/bg.fh.err"
+        kill -KILL "$fholder" 2>/dev/null
+    fi
+fi
+
+# --------------------------------------------------------------------------
 # Lock loss (every store but the file store, which has no lease to lose)
 # --------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@
  */
 #include "test.h"
 
+#include <hiredis.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -513,11 +514,97 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
     th_cluster_stop(&t);
 }
 
+/* A client allowed to read and SPUBLISH, nothing else, on the slot's
+ * primary, reads the lock's key (the waiter's client id and number) and
+ * sends "g SEQ TOKEN" on the waiter's shard channel, then a flood of
+ * them: the waiter keeps waiting, reading the key at most once per
+ * message; the release then gives it the lock with a token from the key,
+ * not the forged one. (Before, the message came through the slot's
+ * primary on a confirmed subscription and was taken as the grant.) */
+TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
+{
+    const unsigned long long forged = 9223372036854775000ULL;
+    enum { FLOOD = 200 };
+    th_cluster *t = steady();
+    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    char name[64], chan[256], msg[64];
+    int slot;
+
+    name_on(t, 1, "c/forged", name, sizeof(name), &slot);
+    dlock *la = handle(a, name, 30000, NULL), *lb = handle(b, name, 30000,
+                                                           NULL);
+    th_waiter w = {lb, -99, 0, 0, 0};
+    pthread_t th;
+
+    th_redis_cmd(&t->node[1], NULL, 0,
+                 "ACL SETUSER forger on >forger-pw +@read +spublish "
+                 "allchannels ~*");
+    struct timeval tv = {5, 0};
+    redisContext *f = redisConnectWithTimeout("127.0.0.1", t->node[1].port,
+                                              tv);
+    CHECK(f && !f->err);
+    redisReply *r = redisCommand(f, "AUTH forger forger-pw");
+    CHECK(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    pthread_create(&th, NULL, th_wait_thread, &w);
+    /* queued: its line in the key (bounded: 10 s of busy-machine slack) */
+    char client[33];
+    unsigned long long seq = 0;
+    int64_t until = th_now_ms() + 10000;
+    for (;;) {
+        r = redisCommand(f, "GET dlock:{%s}", name);
+        CHECK(r && r->type == REDIS_REPLY_STRING);
+        const char *line = strchr(r->str, '\n');
+        int got = line && sscanf(line + 1, "%32[0-9a-f]:%*u:%llu ", client,
+                                 &seq) == 2;
+        freeReplyObject(r);
+        if (got)
+            break;
+        CHECK(th_now_ms() < until);
+        th_sleep_ms(20);
+    }
+    snprintf(chan, sizeof(chan), "dlock:{%s}c:%s", name, client);
+    long long gets = th_redis_calls(&t->node[1], "get");
+    snprintf(msg, sizeof(msg), "g %llu %llu", seq, forged);
+    r = redisCommand(f, "SPUBLISH %s %s", chan, msg);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER);
+    CHECK_EQ(r->integer, 1); /* the waiter's client heard it */
+    freeReplyObject(r);
+    for (int i = 0; i < FLOOD; i++)
+        redisAppendCommand(f, "SPUBLISH %s %s", chan, msg);
+    for (int i = 0; i < FLOOD; i++) {
+        CHECK_EQ(redisGetReply(f, (void **)&r), REDIS_OK);
+        freeReplyObject(r);
+    }
+    /* a waiter that takes a message for its grant returns within a round
+     * trip of reading it; 500 ms is hundreds of those on a busy machine
+     * (slower, a wrong client could pass, a right one never fails) */
+    th_sleep_ms(500);
+    gets = th_redis_calls(&t->node[1], "get") - gets;
+    CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
+    CHECK_OP(gets, >=, 1);
+    CHECK_OP(gets, <=, FLOOD + 1);
+    release_wakes(la, th, &w, ta);
+    CHECK_OP(w.token, <, forged);
+    fprintf(stderr, "forged on the shard channel: %lld reads for %d "
+                    "messages\n",
+            gets, FLOOD + 1);
+    redisFree(f);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 static const th_test tests[] = {
     T(locks_go_to_their_slots_primary),
     T(bad_uris_say_what_is_wrong),
     T(a_hand_over_goes_through_the_slots_shard_channel),
     T(idle_subscriptions_are_bounded),
+    T(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter),
     T(list_walks_every_primary),
     T(cluster_failover_keeps_a_replicated_hold_and_the_waiter),
     T(a_primary_killed_before_its_replica_had_the_hold_reports_it),

@@ -28,6 +28,7 @@
 #include "test.h"
 
 #include <fcntl.h>
+#include <libpq-fe.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -1584,12 +1585,16 @@ static void *break_thread(void *arg)
  * the break evicts exactly one of them: the holder (its release is
  * ELOST, the break grants the waiter), or the waiter it was handed to
  * (the release is OK, the waiter's own release ELOST). Never both, never
- * neither. */
+ * neither. A hand-over is the waiter's only once its read of the row
+ * confirmed it (the notification alone decides nothing): one evicted
+ * before that finds the waiter still waiting, and the waiter then takes
+ * the freed row anew, a hold of its own with a higher token that
+ * stands. */
 TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
 {
     dlock_client *a = client(), *b = client(), *op = client();
     dlock *la = handle(a, "handbrk", 30000, 0);
-    int first = 0, second = 0;
+    int first = 0, second = 0, retaken = 0;
 
     for (int i = 0; i < 12; i++) {
         handed w = {handle(b, "handbrk", 30000, 0), 20000, 0, 0, 0, 0, 0};
@@ -1616,6 +1621,10 @@ TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
             first++;
             CHECK_RC(rel, DLOCK_ELOST);
             CHECK_OK(w.rel);
+        } else if (w.token > k.ev.token) {
+            retaken++; /* evicted before the waiter confirmed it */
+            CHECK_OK(rel);
+            CHECK_OK(w.rel);
         } else {
             second++;
             CHECK_EQ(k.ev.token, w.token);
@@ -1625,8 +1634,10 @@ TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
         dlock_info_clear(&k.ev);
         dlock_close(w.l);
     }
-    printf("     the holder evicted %d times, the waiter handed it %d\n",
-           first, second);
+    printf("     the holder evicted %d times, the waiter handed it %d, the "
+           "hand-over evicted before the waiter confirmed it (and the row "
+           "retaken) %d\n",
+           first, second, retaken);
     dlock_close(la);
     dlock_client_close(a);
     dlock_client_close(b);
@@ -1862,6 +1873,203 @@ TEST(an_advisory_break_needs_the_right_to_end_sessions)
     dlock_client_close(c1b);
 }
 
+/* --- forged grants: a notification is a wake-up, never a grant --- */
+
+typedef struct forged_waiter {
+    dlock *l;
+    int shared; /* a read hold (else dlock_acquire: a lock or a permit) */
+    int rc;
+    uint64_t token;
+    int done;   /* its acquire returned (atomic) */
+    int let_go; /* the test is done looking: release (atomic) */
+} forged_waiter;
+
+static void *forged_wait_thread(void *arg)
+{
+    forged_waiter *w = arg;
+
+    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
+                      : dlock_acquire(w->l, 20000);
+    w->token = dlock_token(w->l);
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 20000 && !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(1);
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->l);
+    return NULL;
+}
+
+/* The server log's size now, and the statements (each "execute" of a
+ * prepared one and each simple query) that `role` ran since `from`
+ * (log_statement = 'all' for that role, log_line_prefix '[%u] '). */
+static long long log_size(void)
+{
+    char path[600];
+    struct stat st;
+
+    snprintf(path, sizeof(path), "%s/server.log", srv.dir);
+    return stat(path, &st) == 0 ? (long long)st.st_size : -1;
+}
+
+static int statements_since(long long from, const char *role)
+{
+    char path[600], line[8192], tag[80];
+    FILE *f;
+    int n = 0;
+
+    th_sleep_ms(200); /* the server writes its log as it runs them */
+    snprintf(path, sizeof(path), "%s/server.log", srv.dir);
+    snprintf(tag, sizeof(tag), "[%s] LOG:  ", role);
+    f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return -1;
+    fseek(f, from, SEEK_SET);
+    while (fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, tag);
+        if (p && (!strncmp(p + strlen(tag), "execute ", 8) ||
+                  !strncmp(p + strlen(tag), "statement: ", 11)))
+            n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* A role with nothing but LOGIN sends "g WAITER TOKEN" on a table-mode
+ * waiter's channel (NOTIFY checks no privilege; the channel and waiter
+ * number, which it may not read from dlock_locks_waiters here, are given
+ * to it), then a flood of them: the waiter keeps waiting, reading the row
+ * at most once per notification; the holder's release then gives it the
+ * lock with the row's token, not the forged one. For a lock, a read hold
+ * behind a writer, and a permit. (Before, the waiter returned DLOCK_OK on
+ * the first notification, with the forged token, while the holder
+ * held.) */
+TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
+{
+    static const char *const kinds[] = {"lock", "read", "permit"};
+    const unsigned long long forged = 9223372036854775000ULL;
+    enum { FLOOD = 200 };
+    char conninfo[300], uri[300], row[200];
+    static char flood[FLOOD * 120 + 64];
+
+    th_sql_query(&srv, NULL, 0,
+                 "DO $$ BEGIN CREATE ROLE forger LOGIN PASSWORD "
+                 "'forger-pw'; EXCEPTION WHEN duplicate_object THEN NULL; "
+                 "END $$");
+    /* the waiters' role: its statements counted in the server's log */
+    th_sql_query(&srv, NULL, 0,
+                 "DO $$ BEGIN CREATE ROLE fwaiter LOGIN SUPERUSER PASSWORD "
+                 "'fwaiter-pw'; EXCEPTION WHEN duplicate_object THEN NULL; "
+                 "END $$");
+    th_sql_query(&srv, NULL, 0,
+                 "ALTER ROLE fwaiter SET log_statement = 'all'");
+    th_sql_query(&srv, NULL, 0,
+                 "ALTER SYSTEM SET log_line_prefix = '[%%u] '");
+    th_sql_query(&srv, NULL, 0, "SELECT pg_reload_conf()");
+    th_sleep_ms(300); /* the postmaster reads its configuration again */
+    snprintf(conninfo, sizeof(conninfo),
+             "host=127.0.0.1 port=%d dbname=postgres user=forger "
+             "password=forger-pw connect_timeout=5",
+             srv.port);
+    PGconn *f = PQconnectdb(conninfo);
+    CHECK(PQstatus(f) == CONNECTION_OK);
+    PGresult *r = PQexec(f, "SELECT count(*) FROM dlock_locks_waiters");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR); /* no right to read it */
+    PQclear(r);
+    snprintf(uri, sizeof(uri),
+             "postgres://fwaiter:fwaiter-pw@127.0.0.1:%d/postgres", srv.port);
+
+    for (int k = 0; k < 3; k++) {
+        char name[32], chan_id[40];
+        unsigned long long seq = 0;
+        dlock_options o;
+        dlock *lh = NULL;
+        dlock_client *h = client(), *c = client_at(uri);
+        forged_waiter w;
+        pthread_t th;
+
+        snprintf(name, sizeof(name), "forged-%s", kinds[k]);
+        memset(&o, 0, sizeof(o));
+        o.ttl_ms = 60000;
+        o.permits = k == 2 ? 1 : 0;
+        CHECK_OK(dlock_open(&lh, h, name, &o));
+        memset(&w, 0, sizeof(w));
+        CHECK_OK(dlock_open(&w.l, c, name, &o));
+        w.shared = k == 1;
+        CHECK_OK(dlock_acquire(lh, 0)); /* a reader waits behind a writer */
+        uint64_t held = dlock_token(lh);
+        pthread_create(&th, NULL, forged_wait_thread, &w);
+        /* its entry: the channel's client id and the waiter number
+         * (bounded: 10 s of busy-machine slack) */
+        int64_t until = th_now_ms() + 10000;
+        do {
+            row[0] = '\0';
+            th_sql_query(&srv, row, sizeof(row),
+                         "SELECT client || ' ' || waiter FROM "
+                         "dlock_locks_waiters WHERE name = convert_to('%s', "
+                         "'UTF8')",
+                         name);
+        } while (!row[0] && th_now_ms() < until && (th_sleep_ms(20), 1));
+        CHECK_EQ(sscanf(row, "%39s %llu", chan_id, &seq), 2);
+
+        long long from = log_size();
+        char one[200];
+        snprintf(one, sizeof(one), "NOTIFY dlock_%s, 'g %llu %llu'", chan_id,
+                 seq, forged);
+        r = PQexec(f, one);
+        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK);
+        PQclear(r);
+        /* the flood: distinct payloads (identical ones in a transaction
+         * are sent once), delivered at one commit */
+        size_t n = (size_t)snprintf(flood, sizeof(flood), "BEGIN;");
+        for (int i = 0; i < FLOOD; i++)
+            n += (size_t)snprintf(flood + n, sizeof(flood) - n,
+                                  " NOTIFY dlock_%s, 'g %llu %llu';", chan_id,
+                                  seq, forged + (unsigned)i);
+        snprintf(flood + n, sizeof(flood) - n, " COMMIT");
+        r = PQexec(f, flood);
+        CHECK(PQresultStatus(r) == PGRES_COMMAND_OK);
+        PQclear(r);
+        /* A waiter that takes a notification for its grant returns
+         * within a round trip of reading it (about a millisecond); 500 ms
+         * is hundreds of those even on a busy machine. A machine slower
+         * than that could only let a wrong client pass, never fail a
+         * right one. */
+        th_sleep_ms(500);
+        int reads = statements_since(from, "fwaiter");
+        CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
+        /* woken, it read the row; at most once per notification */
+        CHECK_OP(reads, >=, 1);
+        CHECK_OP(reads, <=, FLOOD + 1);
+        CHECK_EQ(waiters_of(h, name), 1);
+        CHECK_EQ(dlock_held(lh), 1);
+
+        /* the real hand-over: the row's token, above the holder's */
+        CHECK_OK(dlock_release(lh));
+        CHECK(th_wait_flag(&w.done, 10000));
+        CHECK_OK(w.rc);
+        dlock_info info;
+        CHECK_OK(dlock_inspect(h, name, &info));
+        CHECK_EQ(info.held, 1);
+        CHECK_EQ(w.token, info.token);
+        dlock_info_clear(&info);
+        CHECK_OP(w.token, >, held);
+        CHECK_OP(w.token, <, forged);
+        __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
+        pthread_join(th, NULL);
+        fprintf(stderr, "forged %s: %d statements for %d notifications\n",
+                kinds[k], reads, FLOOD + 1);
+        dlock_close(w.l);
+        dlock_close(lh);
+        dlock_client_close(c);
+        dlock_client_close(h);
+    }
+    PQfinish(f);
+    th_sql_query(&srv, NULL, 0, "ALTER SYSTEM RESET log_line_prefix");
+    th_sql_query(&srv, NULL, 0, "SELECT pg_reload_conf()");
+}
+
 static const th_test tests[] = {
     T(rows_stay_and_tokens_come_from_the_sequence),
     T(tokens_never_go_backwards_under_contention),
@@ -1895,6 +2103,7 @@ static const th_test tests[] = {
     T(an_evicted_holder_frozen_learns_it_when_thawed),
     T(an_advisory_break_ends_only_the_holders_session),
     T(an_advisory_break_needs_the_right_to_end_sessions),
+    T(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter),
     {NULL, NULL, 0},
 };
 

@@ -12,6 +12,7 @@
  */
 #include "test.h"
 
+#include <hiredis.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -729,12 +730,13 @@ static void *pingpong_thread(void *arg)
     return NULL;
 }
 
-/* The contended steady state costs at most six commands per critical
+/* The contended steady state costs at most eight commands per critical
  * section, every command the server runs counted (those inside scripts
  * too): the release that hands over (EVALSHA, GET, TIME for the token's
- * floor, PUBLISH, SET) and the releaser's next acquire, which appends its
- * line without reading (a plain APPEND). */
-TEST(a_handover_costs_six_commands)
+ * floor, PUBLISH, SET), the woken waiter's read that confirms it (GET,
+ * PTTL: the message alone decides nothing) and the releaser's next
+ * acquire, which appends its line without reading (a plain APPEND). */
+TEST(a_handover_costs_eight_commands)
 {
     pingpong p[2];
     pthread_t th[2];
@@ -767,13 +769,13 @@ TEST(a_handover_costs_six_commands)
         }
         /* the first waits cost more (a try, SUBSCRIBE, a try that
          * queues) */
-        if (used <= 6 * 2 * n + 40)
+        if (used <= 8 * 2 * n + 40)
             break;
-        fprintf(stderr, "a_handover_costs_six_commands: run %d used %lld "
+        fprintf(stderr, "a_handover_costs_eight_commands: run %d used %lld "
                         "commands (a busy machine?); again\n",
                 run + 1, used);
     }
-    CHECK_OP(used, <=, 6 * 2 * n + 40);
+    CHECK_OP(used, <=, 8 * 2 * n + 40);
 }
 
 /* The chosen waiter's process died: its client no longer listens, so the
@@ -1123,6 +1125,158 @@ TEST(tokens_stay_above_a_tombstone_ahead_of_the_clock)
     dlock_client_close(c);
 }
 
+/* --- forged hand-overs: a message is a wake-up, never a grant --- */
+
+/* What a forger sends: a token far above any real one, which a resource
+ * fencing on "the highest token seen" would keep for good. */
+#define FORGED_TOKEN 9223372036854775000ULL
+#define FLOOD 200
+
+typedef struct forged_waiter {
+    dlock *l;
+    int shared; /* a read hold (else dlock_acquire: a lock or a permit) */
+    int rc;
+    uint64_t token;
+    int done;   /* its acquire returned (atomic) */
+    int let_go; /* the test is done looking: release (atomic) */
+} forged_waiter;
+
+static void *forged_wait_thread(void *arg)
+{
+    forged_waiter *w = arg;
+
+    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
+                      : dlock_acquire(w->l, 20000);
+    w->token = dlock_token(w->l);
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 20000 && !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(1);
+    if (w->rc == DLOCK_OK)
+        dlock_release(w->l);
+    return NULL;
+}
+
+/* A connection to r logged in as `user`. */
+static redisContext *connect_as(th_redis *r, const char *user, const char *pw)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    redisReply *rep;
+
+    CHECK(c && !c->err);
+    rep = redisCommand(c, "AUTH %s %s", user, pw);
+    CHECK(rep && rep->type == REDIS_REPLY_STATUS);
+    freeReplyObject(rep);
+    return c;
+}
+
+/* A user who may only read and PUBLISH reads the lock's key (the waiter's
+ * client id and number are in its line) and publishes "g SEQ TOKEN" on
+ * the waiter's client channel, then a flood of them: the waiter keeps
+ * waiting, reading the key at most once per message; the holder's
+ * release then gives it the lock with the key's token, not the forged
+ * one. For a lock, a read hold behind a writer, and a permit. (Before,
+ * the waiter returned DLOCK_OK on the first message, with the forged
+ * token, while the holder held.) */
+TEST(a_forged_handover_only_wakes_the_waiter)
+{
+    static const char *const kinds[] = {"lock", "read", "permit"};
+    char val[4096];
+
+    th_redis_cmd(&srv, val, sizeof(val),
+                 "ACL SETUSER forger on >forger-pw +@read +publish "
+                 "allchannels ~*");
+    redisContext *f = connect_as(&srv, "forger", "forger-pw");
+
+    for (int k = 0; k < 3; k++) {
+        char name[32];
+        dlock_options o;
+        dlock *lh = NULL;
+        dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+        forged_waiter w;
+        pthread_t th;
+
+        snprintf(name, sizeof(name), "forged-%s", kinds[k]);
+        memset(&o, 0, sizeof(o));
+        o.ttl_ms = 30000;
+        o.permits = k == 2 ? 1 : 0;
+        CHECK_OK(dlock_open(&lh, h, name, &o));
+        memset(&w, 0, sizeof(w));
+        CHECK_OK(dlock_open(&w.l, c, name, &o));
+        w.shared = k == 1;
+        CHECK_OK(dlock_acquire(lh, 0)); /* a reader waits behind a writer */
+        uint64_t held = dlock_token(lh);
+        pthread_create(&th, NULL, forged_wait_thread, &w);
+        until_waiters(h, name, 1);
+
+        /* what the forger learns from the key: the waiter's line, the
+         * first one after the head that is not a holder's ("+ ...") */
+        redisReply *v = redisCommand(f, "GET dlock:{%s}", name);
+        CHECK(v && v->type == REDIS_REPLY_STRING);
+        const char *line = v->str;
+        do {
+            line = strchr(line, '\n');
+            CHECK(line != NULL);
+            line++;
+        } while (line[0] == '+');
+        char client[33];
+        unsigned long long seq = 0;
+        CHECK_EQ(sscanf(line, "%32[0-9a-f]:%*u:%llu ", client, &seq), 2);
+        freeReplyObject(v);
+
+        long long gets = th_redis_calls(&srv, "get");
+        redisReply *p = redisCommand(f, "PUBLISH dlock:c:%s %s", client,
+                                     strf("g %llu %llu", seq, FORGED_TOKEN));
+        CHECK(p && p->type == REDIS_REPLY_INTEGER);
+        CHECK_EQ(p->integer, 1); /* the waiter's client heard it */
+        freeReplyObject(p);
+        for (int i = 0; i < FLOOD; i++)
+            redisAppendCommand(f, "PUBLISH dlock:c:%s %s", client,
+                               strf("g %llu %llu", seq,
+                                    FORGED_TOKEN + (unsigned)i));
+        for (int i = 0; i < FLOOD; i++) {
+            CHECK_EQ(redisGetReply(f, (void **)&p), REDIS_OK);
+            freeReplyObject(p);
+        }
+        /* A waiter that takes a message for its grant returns within a
+         * round trip of reading it (about a millisecond); 500 ms is
+         * hundreds of those even on a busy machine. A machine slower
+         * than that could only let a wrong client pass, never fail a
+         * right one. */
+        th_sleep_ms(500);
+        gets = th_redis_calls(&srv, "get") - gets;
+        CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
+        /* woken, it read the key; at most once per message (the flood
+         * coalesced), and never more than the messages it was sent */
+        CHECK_OP(gets, >=, 1);
+        CHECK_OP(gets, <=, FLOOD + 1);
+        CHECK_EQ(waiters_of(h, name), 1);
+        CHECK_EQ(dlock_held(lh), 1);
+
+        /* the real hand-over: the key's token, above the holder's */
+        CHECK_OK(dlock_release(lh));
+        CHECK(th_wait_flag(&w.done, 10000));
+        CHECK_OK(w.rc);
+        dlock_info info;
+        CHECK_OK(dlock_inspect(h, name, &info));
+        CHECK_EQ(info.held, 1);
+        CHECK_EQ(w.token, info.token);
+        dlock_info_clear(&info);
+        CHECK_OP(w.token, >, held);
+        CHECK_OP(w.token, <, FORGED_TOKEN);
+        __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
+        pthread_join(th, NULL);
+        fprintf(stderr, "forged %s: %lld reads for %d messages\n", kinds[k],
+                gets, FLOOD + 1);
+        dlock_close(w.l);
+        dlock_close(lh);
+        dlock_client_close(c);
+        dlock_client_close(h);
+    }
+    redisFree(f);
+}
+
 static const th_test tests[] = {
     T(acl_user_and_password),
     T(refused_credentials_give_eauth_without_the_password),
@@ -1139,7 +1293,7 @@ static const th_test tests[] = {
     T(waiters_send_no_commands_between_notifications),
     T(handoff_wakes_only_the_head_in_order),
     T(one_subscriber_connection_per_client),
-    T(a_handover_costs_six_commands),
+    T(a_handover_costs_eight_commands),
     T(handover_skips_a_dead_waiter),
     T(a_frozen_waiter_loses_its_handover_by_its_lease),
     T(giving_up_leaves_the_queue),
@@ -1150,6 +1304,7 @@ static const th_test tests[] = {
     T(a_key_with_only_queue_lines_is_free),
     T(tokens_stay_above_a_tombstone_ahead_of_the_clock),
     T(client_timeout_option),
+    T(a_forged_handover_only_wakes_the_waiter),
     {NULL, NULL, 0},
 };
 

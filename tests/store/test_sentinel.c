@@ -16,7 +16,8 @@
  * hold (the primary killed before it replicated it) is reported: the
  * lost-lock callback, ELOST, and the next owner's token is higher; a
  * client that heard nothing (its subscriptions killed) asks the sentinels
- * before its next command. Not tested: a READONLY answer (a demoted
+ * before its next command; a forged hand-over message only wakes the
+ * waiter. Not tested: a READONLY answer (a demoted
  * primary the sentinels did not announce) -- no way found to make one
  * without the sentinels announcing it first.
  *
@@ -29,6 +30,7 @@
  */
 #include "test.h"
 
+#include <hiredis.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -454,12 +456,82 @@ TEST(waits_ride_out_a_killed_primary)
     th_sentinels_stop(&t);
 }
 
+/* A user allowed only to read and PUBLISH on the primary reads the
+ * waiter's line from the key and publishes "g SEQ TOKEN" on its client's
+ * channel: the waiter keeps waiting (the message reaches it through the
+ * subscriber connection in the client's epoll set with the sentinels'
+ * watch, as every wake-up here), and the release then gives it the key's
+ * token. (Before, the waiter returned DLOCK_OK on the message.) */
+TEST(a_forged_handover_only_wakes_the_waiter)
+{
+    const unsigned long long forged = 9223372036854775000ULL;
+    th_sentinels *t = steady();
+    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock *la = handle(a, "s/forged", 30000, NULL);
+    dlock *lb = handle(b, "s/forged", 30000, NULL);
+    th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
+    th_waiter w = {lb, -99, 0, 0, 0};
+    pthread_t th;
+    char msg[64];
+
+    th_redis_cmd(p, NULL, 0,
+                 "ACL SETUSER forger on >forger-pw +@read +publish "
+                 "allchannels ~*");
+    struct timeval tv = {5, 0};
+    redisContext *f = redisConnectWithTimeout("127.0.0.1", p->port, tv);
+    CHECK(f && !f->err);
+    redisReply *r = redisCommand(f, "AUTH forger forger-pw");
+    CHECK(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    pthread_create(&th, NULL, th_wait_thread, &w);
+    /* queued: its line in the key (bounded: 10 s of busy-machine slack) */
+    char client[33];
+    unsigned long long seq = 0;
+    int64_t until = th_now_ms() + 10000;
+    for (;;) {
+        r = redisCommand(f, "GET dlock:{s/forged}");
+        CHECK(r && r->type == REDIS_REPLY_STRING);
+        const char *line = strchr(r->str, '\n');
+        int got = line && sscanf(line + 1, "%32[0-9a-f]:%*u:%llu ", client,
+                                 &seq) == 2;
+        freeReplyObject(r);
+        if (got)
+            break;
+        CHECK(th_now_ms() < until);
+        th_sleep_ms(20);
+    }
+    snprintf(msg, sizeof(msg), "g %llu %llu", seq, forged);
+    r = redisCommand(f, "PUBLISH dlock:c:%s %s", client, msg);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER);
+    CHECK_EQ(r->integer, 1); /* the waiter's client heard it */
+    freeReplyObject(r);
+    /* a waiter that takes a message for its grant returns within a round
+     * trip of reading it; 500 ms is hundreds of those on a busy machine
+     * (slower, a wrong client could pass, a right one never fails) */
+    th_sleep_ms(500);
+    CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.token, >, ta);
+    CHECK_OP(w.token, <, forged);
+    redisFree(f);
+    dlock_close(la);
+    dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 static const th_test tests[] = {
     T(locks_through_the_sentinels),
     T(bad_uris_say_what_is_wrong),
     T(min_replicas_waits_for_the_replicas),
     T(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait),
     T(renewals_not_on_the_replicas_lose_the_hold),
+    T(a_forged_handover_only_wakes_the_waiter),
     T(a_client_whose_subscriptions_broke_asks_before_its_next_command),
     T(failover_keeps_a_replicated_hold_and_moves_the_waiters),
     T(failover_that_loses_a_hold_reports_it),

@@ -122,6 +122,7 @@ enum {
     S_ADV_SEM_CHECK,
     S_LIST,
     S_BREAK,
+    S_CONFIRM,
     S_COUNT
 };
 

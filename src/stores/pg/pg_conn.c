@@ -519,7 +519,7 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         "dlock0",  "dlock1",  "dlock2",  "dlock3",  "dlock4",  "dlock5",
         "dlock6",  "dlock7",  "dlock8",  "dlock9",  "dlock10", "dlock11",
         "dlock12", "dlock13", "dlock14", "dlock15", "dlock16", "dlock17",
-        "dlock18", "dlock19", "dlock20", "dlock21", "dlock22"};
+        "dlock18", "dlock19", "dlock20", "dlock21", "dlock22", "dlock23"};
     static const Oid types[S_COUNT][PG_PARAMS_MAX] = {
         [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
                        T_INT4, T_TEXT},
@@ -548,6 +548,7 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         [S_LIST] = {T_BYTEA, T_BYTEA, T_BYTEA, T_INT8, T_INT8, T_BOOL,
                     T_TEXT},
         [S_BREAK] = {T_BYTEA, T_TEXT},
+        [S_CONFIRM] = {T_BYTEA, T_TEXT, T_TEXT, T_INT8, T_INT4, T_INT4},
     };
     int fmts[PG_PARAMS_MAX] = {0};
     int n = ps->nparams[which];
@@ -639,8 +640,13 @@ int dlock__pg_run_text(pg_store *ps, pg_conn *cn, const char *sql,
 /* connection                                                               */
 /* ------------------------------------------------------------------------ */
 
-/* A notification on our channel: "g WAITER TOKEN", the lock handed to one
- * of our waiters. */
+/* A notification on our channel: "g WAITER TOKEN", a release says it
+ * handed the lock to one of our waiters. Only a wake-up of that waiter,
+ * whose next try reads the row (S_CONFIRM, pg_table.c): NOTIFY checks no
+ * privilege, so any role that can connect to the database can send this
+ * (the channel and waiter number are in T_waiters, or guessed). The
+ * token is never used. Any number of notifications before the waiter
+ * looks cost it one read. */
 static void dispatch(pg_store *ps, const PGnotify *nt)
 {
     unsigned long long waiter, token;
@@ -650,7 +656,7 @@ static void dispatch(pg_store *ps, const PGnotify *nt)
         return;
     if (sscanf(nt->extra, "g %llu %llu%n", &waiter, &token, &end) == 2 &&
         nt->extra[end] == '\0' && token > 0)
-        dlock__notify_grant(ps->client, waiter, token);
+        dlock__notify_waiter(ps->client, waiter);
 }
 
 /* Hands every notification libpq has read on cn to its waiter (whoever

@@ -411,6 +411,33 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                       "w.kind FROM %2$s w WHERE w.name = $1 AND "
                       ALIVE("w", "$2") ") q ON true ORDER BY q.seq",
                       nm, s);
+    /* A woken waiter's look (docs/design.md, "PostgreSQL table mode:
+     * hand-over", Confirmation), read only: no transaction id, no WAL.
+     * $1 name, $2 owner, $3 client id, $4 waiter number, $5 the pid of
+     * the client's listening session, $6 the kind (-1 write, 0 read, N a
+     * permit of N). The token of a live hold of the owner's of that kind
+     * (what the upsert would adopt) and its lease left (rounded down:
+     * the local end it gives is never late); the lease left of
+     * what holds the row (the try's timer); 1 when the waiter's entry of
+     * that session is still queued. One row, even with no lock row */
+    rc = rc ? rc
+            : set_sql(ps, S_CONFIRM, 6,
+                      "SELECT CASE WHEN $6 < 0 THEN CASE WHEN t.owner = $2 "
+                      "AND t.lock_until > " NOW " THEN t.token END WHEN "
+                      "t.owner = '*' AND t.permits = $6 AND (t.holders -> "
+                      "$2 ->> 'u')::bigint > " NOW_MS " THEN (t.holders -> "
+                      "$2 ->> 't')::bigint END, CASE WHEN $6 < 0 THEN "
+                      "floor(extract(epoch FROM t.lock_until - " NOW ") * "
+                      "1000)::bigint ELSE (t.holders -> $2 ->> 'u')::bigint "
+                      "- ceil(extract(epoch FROM " NOW ") * 1000)::bigint "
+                      "END, CASE WHEN t.owner = "
+                      "'*' THEN %9$s(t.holders, " NOW_MS ") - " NOW_MS
+                      " WHEN t.owner IS NOT NULL THEN " MS_LEFT("t.lock_until")
+                      " END, EXISTS (SELECT 1 FROM %2$s w WHERE w.name = $1 "
+                      "AND w.client = $3 AND w.waiter = $4 AND w.pid = $5)"
+                      "::int FROM (SELECT 1) o LEFT JOIN %1$s t ON t.name = "
+                      "$1",
+                      nm, s);
     /* $1 name, $2 owner, $3 client id, $4 waiter number, $5 ttl ms, $6
      * the kind (-1 write, 0 read, N a permit of N) */
     rc = rc ? rc

@@ -63,6 +63,54 @@ static int wrong_kind(const dlock__lease *l, long long kind)
                       l->name);
 }
 
+/* A woken waiter's look at the row, read only (S_CONFIRM; docs/design.md,
+ * "PostgreSQL table mode: hand-over", Confirmation): the lock is ours when
+ * the row names our owner a live holder of this kind (what the upsert
+ * would adopt, and what only a writer of the table can make it say); its
+ * lease is then what the row says is left, counted from before the send
+ * (the core takes it from l->started), and a hold with less than two
+ * thirds of its ttl left goes to the upsert, which lengthens it. Another's
+ * while our entry of this session still waits behind a holder: asleep
+ * again, the timer the holder's lease left. UNDECIDED otherwise: the
+ * upsert decides. `client` and `pid`: the listening session's. */
+#define UNDECIDED 1
+static int pg_confirm(pg_store *ps, dlock__lease *l, const char *client,
+                      const char *pid, int64_t op_deadline)
+{
+    char waiter[24], kind[16];
+    PGresult *r;
+    int rc;
+
+    snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);
+    snprintf(kind, sizeof(kind), "%d",
+             l->kind == DLOCK__WRITE  ? -1
+             : l->kind == DLOCK__READ ? 0
+                                      : (int)l->permits);
+    const char *vals[6] = {l->name, l->owner, client, waiter, pid, kind};
+    int lens[6] = {(int)l->name_len, 0, 0, 0, 0, 0};
+    int64_t sent = dlock__now_ms();
+    rc = dlock__pg_run_pooled(ps, S_CONFIRM, vals, lens, op_deadline, &r,
+                              "looking at the lock");
+    if (rc)
+        return rc;
+    long long token = dlock__pg_col_ll(r, 0, 0, -1);
+    long long mine = dlock__pg_col_ll(r, 0, 1, -1);
+    long long left = dlock__pg_col_ll(r, 0, 2, -1);
+    int queued = dlock__pg_col_ll(r, 0, 3, 0) > 0;
+    PQclear(r);
+    if (token > 0) {
+        if (queued || mine < l->ttl_ms - l->ttl_ms / 3)
+            return UNDECIDED;
+        l->token = (uint64_t)token;
+        l->started = sent + mine - l->ttl_ms;
+        return DLOCK_OK;
+    }
+    if (!queued || left <= 0)
+        return UNDECIDED;
+    l->retry_ms = left;
+    return DLOCK_EBUSY;
+}
+
 static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {
     pg_store *ps = st;
@@ -85,6 +133,13 @@ static int pg_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             snprintf(since, sizeof(since), "%s", ps->lsince);
         }
         pthread_mutex_unlock(&ps->mu);
+    }
+    /* woken while it waits, queued on this session: a read may settle it
+     * (a notification decides nothing) */
+    if (l->waiting && pl->queued && client) {
+        rc = pg_confirm(ps, l, client, pid, op_deadline);
+        if (rc != UNDECIDED)
+            return rc;
     }
     snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
     snprintf(waiter, sizeof(waiter), "%llu", (unsigned long long)l->waiter);

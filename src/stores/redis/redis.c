@@ -153,7 +153,11 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
     size_t kl = lock_key(rs, l->name, l->name_len, key);
 
     rl->gen = topo_gen(rs, key, kl);
-    rc = try_acquire(rs, l, deadline, &waited);
+    /* woken while it waits: a read may confirm a hand-over (a message
+     * decides nothing, redis_confirm.c), else the try */
+    rc = dlock__redis_confirm(rs, l, deadline);
+    if (rc == DLOCK__REDIS_UNDECIDED)
+        rc = try_acquire(rs, l, deadline, &waited);
     if (rs->cluster && rc != DLOCK_EBUSY && !l->waiting)
         dlock__redis_disarm(rs, l, rc == DLOCK_OK); /* no wait follows */
     if (rc == DLOCK_OK && rs->min_replicas > 0)

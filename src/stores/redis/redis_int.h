@@ -185,8 +185,19 @@ int dlock__redis_undo_lost_try(redis_store *rs, dlock__lease *l, int rc);
 int dlock__redis_try_answer(const redis_store *rs, dlock__lease *l,
                             const redisReply *r, int64_t now);
 
+/* A waiter's look after a wake-up (redis_confirm.c): when a read can
+ * decide, GET and PTTL (and TIME for a read hold or permit) of its
+ * lock's key: DLOCK_OK with l->token and l->started from the key when it
+ * names the waiter's owner a live holder; DLOCK_EBUSY (l->retry_ms set)
+ * while its line still waits behind a holder; DLOCK_ECONN (its leaving
+ * sent behind it) when the read's answer was lost;
+ * DLOCK__REDIS_UNDECIDED otherwise: the try's script decides. */
+#define DLOCK__REDIS_UNDECIDED 1
+int dlock__redis_confirm(redis_store *rs, dlock__lease *l, int64_t deadline);
+
 /* A release handed the lock to waiter SEQ of client C with TOKEN: if C
- * is this client, that waiter hears it at once (redis.c). */
+ * is this client, that waiter is handed the lock at once (the release's
+ * own reply says so: a grant, unlike a message; redis.c). */
 void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
                             const redisReply *seq, const redisReply *token);
 

@@ -61,25 +61,23 @@ typedef struct cconn {
     redisContext *ctx;
 } cconn;
 
-/* "g SEQ TOKEN" on one of our channels: the lock handed to waiter SEQ.
- * `trusted` 0 (a cluster's message that came through a node the map does
- * not name as its slot's primary): it only wakes the waiter, whose own
- * try adopts the lock if the release did hand it over. A replica accepts
- * SSUBSCRIBE and relays its primary's SPUBLISH, which counted no
- * subscriber of ours and so handed the lock to nobody (found by the
- * safety suite after CLUSTER FAILOVER). */
-static void grant_msg(redis_store *rs, const char *msg, int trusted)
+/* "g SEQ TOKEN" on one of our channels: a release says it handed the
+ * lock to waiter SEQ. Only a wake-up of that waiter, whose next try asks
+ * the store (a read, redis_confirm.c): anyone allowed to PUBLISH (a
+ * cluster: SPUBLISH) on the channel can send this, and may read the key
+ * to learn whom to send it to; a replica, or a primary demoted without
+ * ending its subscriptions, relays its primary's SPUBLISH, which counted
+ * no subscriber of ours and handed the lock to nobody (found by the
+ * safety suite after CLUSTER FAILOVER). The token is never used. Any
+ * number of messages before the waiter looks cost it one read. */
+static void grant_msg(redis_store *rs, const char *msg)
 {
     unsigned long long seq, token;
     char g, end;
 
     if (sscanf(msg, "%c %llu %llu%c", &g, &seq, &token, &end) == 3 &&
-        g == 'g' && token > 0) {
-        if (rs->min_replicas > 0 || !trusted)
-            dlock__notify_waiter(rs->client, seq);
-        else
-            dlock__notify_grant(rs->client, seq, token);
-    }
+        g == 'g' && token > 0)
+        dlock__notify_waiter(rs->client, seq);
 }
 
 /* A connected socket made non-blocking (both a waiting thread and the
@@ -173,9 +171,9 @@ static int sub_ensure(redis_store *rs, int64_t deadline)
     }
 }
 
-/* One reply on the subscriber connection; sub_mu held. A hand-over is a
- * message "g SEQ TOKEN" on our channel; the confirmation of SUBSCRIBE
- * makes waiting possible. Anything else is ignored. */
+/* One reply on the subscriber connection; sub_mu held. A hand-over's
+ * wake-up is a message "g SEQ TOKEN" on our channel; the confirmation of
+ * SUBSCRIBE makes waiting possible. Anything else is ignored. */
 static void sub_reply(redis_store *rs, const redisReply *r)
 {
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
@@ -187,7 +185,7 @@ static void sub_reply(redis_store *rs, const redisReply *r)
     const char *kind = r->element[0]->str;
 
     if (!strcmp(kind, "message") && r->element[2]->type == REDIS_REPLY_STRING) {
-        grant_msg(rs, r->element[2]->str, 1);
+        grant_msg(rs, r->element[2]->str);
     } else if (!strcmp(kind, "subscribe")) {
         rs->subscribed = 1;
         pthread_cond_broadcast(&rs->sub_cv);
@@ -460,18 +458,13 @@ static void csub_reply(redis_store *rs, cconn *cc, const redisReply *r)
     if (!strcmp(kind, "smessage") &&
         r->element[2]->type == REDIS_REPLY_STRING) {
         /* ours even if no longer counted (a waiter that gave up: the
-         * core ignores a sequence number nobody waits with) */
+         * core ignores a sequence number nobody waits with); whichever
+         * node relays it, a wake-up only: the read goes to the slot's
+         * primary */
         size_t cl = r->element[1]->len;
         if (cl > 32 && !memcmp(r->element[1]->str + cl - 32,
-                               dlock__client_id(rs->client), 32)) {
-            /* a grant only from the node the map names for the slot, on
-             * a subscription it confirmed and has not ended */
-            unsigned slot = dlock__rcluster_slot(r->element[1]->str, cl);
-            int trusted = s && s->confirmed && s->node == cc->node &&
-                          dlock__rcluster_owner_now(rs->cluster, slot) ==
-                              cc->node;
-            grant_msg(rs, r->element[2]->str, trusted);
-        }
+                               dlock__client_id(rs->client), 32))
+            grant_msg(rs, r->element[2]->str);
     } else if (!strcmp(kind, "ssubscribe") && s && s->node == cc->node) {
         s->confirmed = 1;
         pthread_cond_broadcast(&rs->sub_cv);
