@@ -47,14 +47,33 @@
 
 #define FAKETIME_LIB "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
+/* The scenarios. A new one needs a number here, its name, its row of
+ * expected outcomes below, the reason for each "n/a" of that row in
+ * na_why(), and what it does in run_one() (a fault per round aimed at a
+ * victim, or, like forged-grant, something beside the workers for a
+ * while: no_victim()). */
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
        SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_CANCELS, SC_N };
 static const char *const sc_name[SC_N] = {
-    "none",      "kill",        "stop",        "restart",
-    "partition", "slow",        "clock",       "waiter-kill",
-    "waiter-stop", "short-waits", "handover-restart", "conn-kill",
-    "restart-now", "break",     "failover",    "reshard",     "cancels"};
+    [SC_NONE] = "none",
+    [SC_KILL] = "kill",
+    [SC_STOP] = "stop",
+    [SC_RESTART] = "restart",
+    [SC_PARTITION] = "partition",
+    [SC_SLOW] = "slow",
+    [SC_CLOCK] = "clock",
+    [SC_WKILL] = "waiter-kill",
+    [SC_WSTOP] = "waiter-stop",
+    [SC_SHORT] = "short-waits",
+    [SC_HRESTART] = "handover-restart",
+    [SC_CONNKILL] = "conn-kill",
+    [SC_RESTART_NOW] = "restart-now",
+    [SC_BREAK] = "break",
+    [SC_FAILOVER] = "failover",
+    [SC_RESHARD] = "reshard",
+    [SC_CANCELS] = "cancels",
+};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
        ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_CLUSTER, ST_REDISS, ST_N };
@@ -62,42 +81,47 @@ static const char *const st_name[ST_N] = {
     "file", "redis", "redlock", "zk", "etcd", "sqlite", "pg", "pg-advisory",
     "mysql", "sentinel", "cluster", "rediss"};
 
-/* The expected outcome of every cell (the worst acceptable one); -1: the
- * scenario does not apply to the store (why in na_why()). */
+/* The expected outcome of every cell (the worst acceptable one), a row
+ * per scenario, a column per store; NA: the scenario does not apply to
+ * the store (why in na_why()). The stores' columns:
+ *   sentinel: restart = the primary SIGKILLed, a replica promoted;
+ *     failover = SENTINEL FAILOVER (the old primary demoted).
+ *   cluster: the same Redis store, its lock's slot on one of three
+ *     primaries (one replica each): restart = the slot's primary
+ *     SIGKILLed, its replica takes over after cluster-node-timeout;
+ *     failover = CLUSTER FAILOVER on that replica; reshard = the slot
+ *     moved to another primary (MIGRATE), its record with it (under
+ *     --mixed a read hold there is declared lost: expect()). A manual
+ *     CLUSTER FAILOVER waits until the replica has caught up: held.
+ *   etcd: restart-now = every member SIGKILLed and the cluster started
+ *     again at once, waiters keeping their places while their leases
+ *     live (or reported lost when the restart outlasts them).
+ *   rediss: the redis column over TLS (rediss://, the server's TLS
+ *     port): every scenario and outcome the same. */
 #define H SF_HELD
 #define L SF_LOST
 #define F SF_FENCED
 #define NA (-1)
-static const int expected[ST_N][SC_N] = {
-    /*            none kill stop restart partition slow clock
-     *            waiter-kill waiter-stop short-waits handover-restart
-     *            conn-kill restart-now break failover reshard cancels */
-    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA, NA, NA, H},
-    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA, H},
-    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F, NA, NA, H},
-    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA, H},
-    /* etcd: restart-now = every member SIGKILLed and the cluster
-     * started again at once, waiters keeping their places while their
-     * leases live (or reported lost when the restart outlasts them) */
-    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, L, F, NA, NA, H},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F, NA, NA, H},
-    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F, NA, NA, H},
-    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F, NA, NA, H},
-    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F, NA, NA, H},
-    /* sentinel: restart = the primary SIGKILLed, a replica promoted;
-     * failover = SENTINEL FAILOVER (the old primary demoted) */
-    /* sentinel*/ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F, NA, H},
-    /* cluster: the same Redis store, its lock's slot on one of three
-     * primaries (one replica each): restart = the slot's primary
-     * SIGKILLed, its replica takes over after cluster-node-timeout;
-     * failover = CLUSTER FAILOVER on that replica; reshard = the slot
-     * moved to another primary (MIGRATE), its record with it (under
-     * --mixed a read hold there is declared lost: expect()). A manual
-     * CLUSTER FAILOVER waits until the replica has caught up: held */
-    /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, H, H, H},
-    /* rediss: the redis column over TLS (rediss://, the server's TLS
-     * port): every scenario and outcome the same */
-    /* rediss  */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA, H},
+static const int expected[SC_N][ST_N] = {
+    /*                  file redis redlock zk etcd sqlite pg pg-adv mysql
+     *                  sentinel cluster rediss */
+    [SC_NONE] =        {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_KILL] =        {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_STOP] =        {F, F, F, F, F, F, F, F, F, F, F, F},
+    [SC_RESTART] =     {NA, F, F, L, L, NA, F, F, F, F, F, F},
+    [SC_PARTITION] =   {NA, F, F, F, F, NA, F, F, F, NA, NA, F},
+    [SC_SLOW] =        {NA, F, F, NA, NA, NA, F, F, NA, NA, NA, F},
+    [SC_CLOCK] =       {H, H, H, H, H, F, H, H, H, H, H, H},
+    [SC_WKILL] =       {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_WSTOP] =       {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_SHORT] =       {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_HRESTART] =    {NA, F, NA, NA, NA, NA, NA, NA, NA, NA, NA, F},
+    [SC_CONNKILL] =    {NA, NA, NA, NA, NA, NA, H, F, H, NA, NA, NA},
+    [SC_RESTART_NOW] = {NA, NA, NA, NA, L, NA, F, F, F, NA, NA, NA},
+    [SC_BREAK] =       {NA, F, F, F, F, F, F, F, F, F, F, F},
+    [SC_FAILOVER] =    {NA, NA, NA, NA, NA, NA, NA, NA, NA, F, H, NA},
+    [SC_RESHARD] =     {NA, NA, NA, NA, NA, NA, NA, NA, NA, NA, H, NA},
+    [SC_CANCELS] =     {H, H, H, H, H, H, H, H, H, H, H, H},
 };
 #undef H
 #undef L
@@ -121,7 +145,7 @@ static int expect(int k, int sc)
 {
     if (mixed && k == ST_CLUSTER && (sc == SC_RESHARD || sc == SC_FAILOVER))
         return SF_LOST;
-    return expected[k][sc];
+    return expected[sc][k];
 }
 
 /* results */
@@ -898,6 +922,14 @@ static long long kill_connections(store *st)
                         "pg_backend_pid()");
 }
 
+/* A scenario without victims: the workers fight and it watches, or acts
+ * beside them for a while; the others inject a fault per round while a
+ * victim sits between its read and its write. */
+static int no_victim(int sc)
+{
+    return sc == SC_NONE || sc == SC_SHORT || sc == SC_CANCELS;
+}
+
 static void run_one(store *st, int sc, cell *out)
 {
     run r;
@@ -978,9 +1010,7 @@ static void run_one(store *st, int sc, cell *out)
         sc == SC_BREAK)
         if (dlock_client_open(&ctl, st->uri, NULL) != DLOCK_OK)
             ctl = NULL;
-    for (int round = 0; sc != SC_NONE && sc != SC_SHORT && sc != SC_CANCELS &&
-                        round < rounds &&
-                        !inconclusive;
+    for (int round = 0; !no_victim(sc) && round < rounds && !inconclusive;
          round++) {
         char rnote[256] = "";
         /* the victim: the next holder (worker 0 for network faults) */
