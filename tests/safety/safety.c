@@ -1540,6 +1540,12 @@ static void run_one(store *st, int sc, cell *out)
         }
     }
     sf_check(s, &out->rep);
+    if (out->rep.holds == 0 && !inconclusive) {
+        /* nothing was tried: no history says held (seen when a store's
+         * module was not built: every worker failed to open) */
+        snprintf(note, sizeof(note), "INCONCLUSIVE: no hold was made");
+        inconclusive = 1;
+    }
     out->ran = 1;
     out->outcome = inconclusive && out->rep.outcome < SF_VIOLATED
                        ? SF_INCONCLUSIVE : out->rep.outcome;
