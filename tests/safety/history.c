@@ -204,6 +204,23 @@ void sf_check(const sf_shared *s, sf_report *rep)
     qsort_r(ord, (size_t)m, sizeof(int), by_acq_ret, (void *)s->holds);
     qsort_r(ord2, (size_t)m, sizeof(int), by_acq_call, (void *)s->holds);
 
+    /* forged tokens, first (the plainest account of what happened): a
+     * hold whose token the forger sent (no store issues one that high),
+     * that is, a message's token reached dlock_token(). The other checks
+     * show it too, less plainly: a forged grant overlaps the real
+     * holder, the next real hold's token goes back, and the resource
+     * refuses every real token after it */
+    for (int j = 0; s->forged_floor && j < m; j++) {
+        const sf_hold *b = &s->holds[ord2[j]];
+        if (b->token < s->forged_floor)
+            continue;
+        rep->forged_tokens++;
+        note(rep, "hold %llx (worker %d) got token %llu: a forged one, "
+                  "which no store issues",
+             (unsigned long long)b->acq_id, b->worker,
+             (unsigned long long)b->token);
+    }
+
     /* overlapping holds: [acquire returned, release called] of two workers
      * (a SIGKILLed holder's ends at the kill) */
     for (int i = 0; i < m; i++) {
@@ -294,7 +311,7 @@ void sf_check(const sf_shared *s, sf_report *rep)
              (long long)s->res.value, (long long)s->res.accepted);
 
     if (rep->stale_accepted || rep->lost_updates || rep->overlaps_silent ||
-        rep->token_backwards)
+        rep->token_backwards || rep->forged_tokens)
         rep->outcome = SF_VIOLATED;
     else if (rep->stale_rejected)
         rep->outcome = SF_FENCED;

@@ -26,8 +26,9 @@
  *
  * Past 1,000 lines on purpose: the scenarios' table and the driver that
  * runs each against every store and writes the table; the history
- * checker, the workers and the network faults are in history.c, worker.c
- * and netfault.c.
+ * checker, the workers, the network faults and the forged-grant
+ * scenario's forger are in history.c, worker.c, netfault.c and
+ * forger.c.
  */
 #include "safety.h"
 #include "test.h"
@@ -47,14 +48,35 @@
 
 #define FAKETIME_LIB "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
+/* The scenarios. A new one needs a number here, its name, its row of
+ * expected outcomes below, the reason for each "n/a" of that row in
+ * na_why(), and what it does in run_one() (a fault per round aimed at a
+ * victim, or, like forged-grant, something beside the workers for a
+ * while: no_victim()). */
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
-       SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_CANCELS, SC_N };
+       SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_CANCELS,
+       SC_FORGED, SC_N };
 static const char *const sc_name[SC_N] = {
-    "none",      "kill",        "stop",        "restart",
-    "partition", "slow",        "clock",       "waiter-kill",
-    "waiter-stop", "short-waits", "handover-restart", "conn-kill",
-    "restart-now", "break",     "failover",    "reshard",     "cancels"};
+    [SC_NONE] = "none",
+    [SC_KILL] = "kill",
+    [SC_STOP] = "stop",
+    [SC_RESTART] = "restart",
+    [SC_PARTITION] = "partition",
+    [SC_SLOW] = "slow",
+    [SC_CLOCK] = "clock",
+    [SC_WKILL] = "waiter-kill",
+    [SC_WSTOP] = "waiter-stop",
+    [SC_SHORT] = "short-waits",
+    [SC_HRESTART] = "handover-restart",
+    [SC_CONNKILL] = "conn-kill",
+    [SC_RESTART_NOW] = "restart-now",
+    [SC_BREAK] = "break",
+    [SC_FAILOVER] = "failover",
+    [SC_RESHARD] = "reshard",
+    [SC_CANCELS] = "cancels",
+    [SC_FORGED] = "forged-grant",
+};
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
        ST_PGADV, ST_MYSQL, ST_SENTINEL, ST_CLUSTER, ST_REDISS, ST_N };
@@ -62,42 +84,51 @@ static const char *const st_name[ST_N] = {
     "file", "redis", "redlock", "zk", "etcd", "sqlite", "pg", "pg-advisory",
     "mysql", "sentinel", "cluster", "rediss"};
 
-/* The expected outcome of every cell (the worst acceptable one); -1: the
- * scenario does not apply to the store (why in na_why()). */
+/* The expected outcome of every cell (the worst acceptable one), a row
+ * per scenario, a column per store; NA: the scenario does not apply to
+ * the store (why in na_why()). The stores' columns:
+ *   sentinel: restart = the primary SIGKILLed, a replica promoted;
+ *     failover = SENTINEL FAILOVER (the old primary demoted).
+ *   cluster: the same Redis store, its lock's slot on one of three
+ *     primaries (one replica each): restart = the slot's primary
+ *     SIGKILLed, its replica takes over after cluster-node-timeout;
+ *     failover = CLUSTER FAILOVER on that replica; reshard = the slot
+ *     moved to another primary (MIGRATE), its record with it (under
+ *     --mixed a read hold there is declared lost: expect()). A manual
+ *     CLUSTER FAILOVER waits until the replica has caught up: held.
+ *   etcd: restart-now = every member SIGKILLed and the cluster started
+ *     again at once, waiters keeping their places while their leases
+ *     live (or reported lost when the restart outlasts them).
+ *   rediss: the redis column over TLS (rediss://, the server's TLS
+ *     port): every scenario and outcome the same. */
 #define H SF_HELD
 #define L SF_LOST
 #define F SF_FENCED
 #define NA (-1)
-static const int expected[ST_N][SC_N] = {
-    /*            none kill stop restart partition slow clock
-     *            waiter-kill waiter-stop short-waits handover-restart
-     *            conn-kill restart-now break failover reshard cancels */
-    /* file    */ {H, H, F, NA, NA, NA, H, H, H, H, NA, NA, NA, NA, NA, NA, H},
-    /* redis   */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA, H},
-    /* redlock */ {H, H, F, F, F, F, H, H, H, H, NA, NA, NA, F, NA, NA, H},
-    /* zk      */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, NA, F, NA, NA, H},
-    /* etcd: restart-now = every member SIGKILLed and the cluster
-     * started again at once, waiters keeping their places while their
-     * leases live (or reported lost when the restart outlasts them) */
-    /* etcd    */ {H, H, F, L, F, NA, H, H, H, H, NA, NA, L, F, NA, NA, H},
-    /* sqlite  */ {H, H, F, NA, NA, NA, F, H, H, H, NA, NA, NA, F, NA, NA, H},
-    /* pg      */ {H, H, F, F, F, F, H, H, H, H, NA, H, F, F, NA, NA, H},
-    /* pg-adv  */ {H, H, F, F, F, F, H, H, H, H, NA, F, F, F, NA, NA, H},
-    /* mysql   */ {H, H, F, F, F, NA, H, H, H, H, NA, H, F, F, NA, NA, H},
-    /* sentinel: restart = the primary SIGKILLed, a replica promoted;
-     * failover = SENTINEL FAILOVER (the old primary demoted) */
-    /* sentinel*/ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, F, NA, H},
-    /* cluster: the same Redis store, its lock's slot on one of three
-     * primaries (one replica each): restart = the slot's primary
-     * SIGKILLed, its replica takes over after cluster-node-timeout;
-     * failover = CLUSTER FAILOVER on that replica; reshard = the slot
-     * moved to another primary (MIGRATE), its record with it (under
-     * --mixed a read hold there is declared lost: expect()). A manual
-     * CLUSTER FAILOVER waits until the replica has caught up: held */
-    /* cluster */ {H, H, F, F, NA, NA, H, H, H, H, NA, NA, NA, F, H, H, H},
-    /* rediss: the redis column over TLS (rediss://, the server's TLS
-     * port): every scenario and outcome the same */
-    /* rediss  */ {H, H, F, F, F, F, H, H, H, H, F, NA, NA, F, NA, NA, H},
+static const int expected[SC_N][ST_N] = {
+    /*                  file redis redlock zk etcd sqlite pg pg-adv mysql
+     *                  sentinel cluster rediss */
+    [SC_NONE] =        {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_KILL] =        {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_STOP] =        {F, F, F, F, F, F, F, F, F, F, F, F},
+    [SC_RESTART] =     {NA, F, F, L, L, NA, F, F, F, F, F, F},
+    [SC_PARTITION] =   {NA, F, F, F, F, NA, F, F, F, NA, NA, F},
+    [SC_SLOW] =        {NA, F, F, NA, NA, NA, F, F, NA, NA, NA, F},
+    [SC_CLOCK] =       {H, H, H, H, H, F, H, H, H, H, H, H},
+    [SC_WKILL] =       {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_WSTOP] =       {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_SHORT] =       {H, H, H, H, H, H, H, H, H, H, H, H},
+    [SC_HRESTART] =    {NA, F, NA, NA, NA, NA, NA, NA, NA, NA, NA, F},
+    [SC_CONNKILL] =    {NA, NA, NA, NA, NA, NA, H, F, H, NA, NA, NA},
+    [SC_RESTART_NOW] = {NA, NA, NA, NA, L, NA, F, F, F, NA, NA, NA},
+    [SC_BREAK] =       {NA, F, F, F, F, F, F, F, F, F, F, F},
+    [SC_FAILOVER] =    {NA, NA, NA, NA, NA, NA, NA, NA, NA, F, H, NA},
+    [SC_RESHARD] =     {NA, NA, NA, NA, NA, NA, NA, NA, NA, NA, H, NA},
+    [SC_CANCELS] =     {H, H, H, H, H, H, H, H, H, H, H, H},
+    /* a forger sends hand-overs to the waiters: where a message carries
+     * a grant (Redis, Cluster, PostgreSQL table mode), or wakes anyone
+     * local (SQLite's wake-up channels) */
+    [SC_FORGED] =      {NA, H, NA, NA, NA, H, H, NA, NA, H, H, H},
 };
 #undef H
 #undef L
@@ -121,7 +152,7 @@ static int expect(int k, int sc)
 {
     if (mixed && k == ST_CLUSTER && (sc == SC_RESHARD || sc == SC_FAILOVER))
         return SF_LOST;
-    return expected[k][sc];
+    return expected[sc][k];
 }
 
 /* results */
@@ -475,6 +506,25 @@ static const char *na_why(int kind, int sc)
 {
     if (sc == SC_RESHARD)
         return "only a Redis Cluster moves a lock's slot to another server";
+    if (sc == SC_FORGED)
+        switch (kind) {
+        case ST_FILE:
+            return "no message wakes a waiter: the kernel's OFD lock decides; "
+                   "the wake-up channels serve DLOCK_FAIR writers only (the "
+                   "workers are not), and a byte sent to one reaches its "
+                   "listener's owner, not a waiter";
+        case ST_REDLOCK:
+            return "its release's message was only ever a wake-up: a quorum "
+                   "of keys decides (design.md, \"Pushed messages\")";
+        case ST_PGADV:
+        case ST_MYSQL:
+            return "nothing is pushed: the waiter's own statement returns "
+                   "(design.md, \"Pushed messages\")";
+        default:
+            return "events come on the client's own session or stream, of "
+                   "changes that only writers of the lock's nodes or keys "
+                   "make (design.md, \"Pushed messages\")";
+        }
     if (sc == SC_FAILOVER)
         return "no replica to fail over to (the case of Redis under "
                "Sentinel and of a Redis Cluster)";
@@ -898,6 +948,203 @@ static long long kill_connections(store *st)
                         "pg_backend_pid()");
 }
 
+/* A scenario without victims: the workers fight and it watches, or acts
+ * beside them for a while; the others inject a fault per round while a
+ * victim sits between its read and its write. */
+static int no_victim(int sc)
+{
+    return sc == SC_NONE || sc == SC_SHORT || sc == SC_CANCELS ||
+           sc == SC_FORGED;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The forged-grant scenario                                                */
+/* ------------------------------------------------------------------------ */
+
+#define FORGER_USER "dlsafe_forger"
+#define FORGER_PW "forger-pw"
+
+/* Makes an ACL user on r that may only read and publish (`pub`:
+ * "+publish" or "+spublish") on every channel. */
+static void acl_forger(th_redis *r, const char *pub)
+{
+    if (r->pid > 0)
+        th_redis_cmd(r, NULL, 0, "ACL SETUSER %s on >%s resetchannels "
+                     "allchannels ~* -@all +@read %s", FORGER_USER,
+                     FORGER_PW, pub);
+}
+
+/* Sets up what the forger may do on the store (an ACL user, a role) and
+ * where it finds the waiters; 0, or -1 and why. */
+static int forge_setup(store *st, sf_forger *f, char *why, size_t cap)
+{
+    memset(f, 0, sizeof(*f));
+    f->rate = SF_FORGE_RATE;
+    snprintf(f->user, sizeof(f->user), "%s", FORGER_USER);
+    snprintf(f->password, sizeof(f->password), "%s", FORGER_PW);
+    snprintf(f->key, sizeof(f->key), "%s", SF_LOCK_KEY);
+    /* the store's default prefix "dlock:" (the workers' URIs set none) */
+    snprintf(f->chan_prefix, sizeof(f->chan_prefix), "dlock:c:");
+    switch (st->kind) {
+    case ST_REDIS:
+    case ST_REDISS:
+        /* rediss: the same server's plain port; the message reaches the
+         * waiters' TLS subscriptions all the same (a publisher's
+         * transport is nothing to a subscriber) */
+        f->kind = SF_FORGE_REDIS;
+        acl_forger(&st->redis, "+publish");
+        f->port = st->redis.port;
+        return 0;
+    case ST_SENTINEL: {
+        int p = th_sentinels_primary(&st->sen);
+        if (!p) {
+            snprintf(why, cap, "no primary named by the sentinels");
+            return -1;
+        }
+        for (int i = 0; i < 3; i++) /* ACLs are a node's own */
+            acl_forger(&st->sen.data[i], "+publish");
+        f->kind = SF_FORGE_REDIS;
+        f->port = th_sentinels_node(&st->sen, p)->port;
+        return 0;
+    }
+    case ST_CLUSTER: {
+        int p = cl_owner(st);
+        if (p < 0) {
+            snprintf(why, cap, "no node owns slot %d", st->cl_slot);
+            return -1;
+        }
+        for (int i = 0; i < 6; i++)
+            acl_forger(&st->cl.node[i], "+spublish");
+        f->kind = SF_FORGE_CLUSTER;
+        f->port = st->cl.node[p].port;
+        snprintf(f->chan_prefix, sizeof(f->chan_prefix), "dlock:{%s}c:",
+                 SF_LOCK_NAME);
+        return 0;
+    }
+    case ST_PG:
+        /* NOTIFY needs no privilege: LOGIN is all the role has */
+        th_sql_query(&st->sql, NULL, 0,
+                     "DO $$ BEGIN CREATE ROLE " FORGER_USER " LOGIN "
+                     "PASSWORD '" FORGER_PW "'; EXCEPTION WHEN "
+                     "duplicate_object THEN NULL; END $$");
+        f->kind = SF_FORGE_PG;
+        snprintf(f->conninfo, sizeof(f->conninfo),
+                 "host=127.0.0.1 port=%d dbname=postgres user=" FORGER_USER
+                 " password=" FORGER_PW " connect_timeout=10",
+                 st->sql.port);
+        /* the harness's superuser session, as th_sql_query() opens it */
+        snprintf(f->reader, sizeof(f->reader),
+                 "host=%s port=%d user=dlock dbname=postgres "
+                 "connect_timeout=10", st->sql.dir, st->sql.port);
+        return 0;
+    case ST_SQLITE: {
+        /* the channels' names carry the sidecar's device and inode */
+        char side[700];
+        struct stat sb;
+        snprintf(side, sizeof(side), "%s/safety.db-dlock", th_tmpdir());
+        if (stat(side, &sb) != 0) {
+            snprintf(why, cap, "%.120s: %s", side, strerror(errno));
+            return -1;
+        }
+        f->kind = SF_FORGE_LOCAL;
+        f->dev = (unsigned long long)sb.st_dev;
+        f->ino = (unsigned long long)sb.st_ino;
+        return 0;
+    }
+    }
+    snprintf(why, cap, "no forger for this store");
+    return -1;
+}
+
+typedef struct forger_arg {
+    sf_shared *s;
+    sf_forger f;
+} forger_arg;
+
+static int forger_child(void *arg)
+{
+    forger_arg *a = arg;
+
+    return sf_forger_main(a->s, &a->f);
+}
+
+/* A forger beside the workers for 3 s (quick) or 10 s: no victim, no
+ * rounds. The run is inconclusive when the forger could not start, had
+ * more rights than a publisher, or reached no waiter. */
+static void forged_grant(run *r, char *note, size_t cap, int *inconclusive)
+{
+    sf_shared *s = r->s;
+    forger_arg a;
+    char why[200] = "";
+    int64_t ms = quick ? 3000 : 10000;
+
+    if (forge_setup(r->st, &a.f, why, sizeof(why)) != 0) {
+        snprintf(note, cap, "INCONCLUSIVE: no forger: %s", why);
+        *inconclusive = 1;
+        return;
+    }
+    a.s = s;
+    /* its own bound, should the controller not stop it */
+    a.f.until_ns = sf_now_ns() + (ms + 5000) * 1000000;
+    s->forged_floor = SF_FORGED_TOKEN;
+    int64_t w0 = accepted(r), t0 = th_now_ms();
+    pid_t pid = th_fork(forger_child, &a);
+    th_sleep_ms(ms);
+    __atomic_store_n(&s->forge_stop, 1, __ATOMIC_SEQ_CST);
+    /* a round is a read and a burst of messages: ms; 10 s is slack for a
+     * busy machine, then it is killed */
+    int st_ = 0, rc = -1;
+    int64_t until = th_now_ms() + 10000;
+    while (waitpid(pid, &st_, WNOHANG) == 0 && th_now_ms() < until)
+        th_sleep_ms(10);
+    if (th_now_ms() >= until) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st_, 0);
+        log_line("the forger did not stop: killed");
+    } else if (WIFEXITED(st_)) {
+        rc = WEXITSTATUS(st_);
+    }
+    int64_t took = th_now_ms() - t0, writes = accepted(r) - w0;
+    int kind = r->st->kind, fighting = 0;
+    for (int i = 0; i < s->nworkers; i++)
+        fighting += !__atomic_load_n(&s->w[i].exited, __ATOMIC_SEQ_CST);
+    double per = s->forge_rounds ? (double)s->forge_targets /
+                                       (double)s->forge_rounds : 0;
+    if (kind == ST_PG)
+        snprintf(note, cap, "forged %lld NOTIFYs, %.1f waiters a read, "
+                 "%lld reads in %.1f s; %lld writes meanwhile",
+                 (long long)s->forge_sent, per, (long long)s->forge_rounds,
+                 (double)took / 1000.0, (long long)writes);
+    else
+        snprintf(note, cap, "forged %lld %s (%lld heard), %.1f %s a read, "
+                 "%lld reads in %.1f s; %lld writes meanwhile",
+                 (long long)s->forge_sent,
+                 kind == ST_SQLITE ? "bytes" : "grants",
+                 (long long)s->forge_heard, per,
+                 kind == ST_SQLITE ? "sockets" : "waiters",
+                 (long long)s->forge_rounds, (double)took / 1000.0,
+                 (long long)writes);
+    log_line("forger (exit %d, %lld errors; %d of %d workers still "
+             "fighting at its end): %s", rc, (long long)s->forge_errors,
+             fighting, s->nworkers, s->forge_note);
+    if (fighting < 2) {
+        /* the flood's end found no waiters to forge to */
+        snprintf(note, cap, "INCONCLUSIVE: %d workers left at the flood's "
+                 "end", fighting);
+        *inconclusive = 1;
+    } else if (rc != 0 || s->forge_sent == 0 ||
+               (kind != ST_PG && s->forge_heard == 0)) {
+        char was[300];
+        snprintf(was, sizeof(was), "%s", note);
+        snprintf(note, cap, "INCONCLUSIVE: %s: %.200s",
+                 rc == 2 ? "the forger had more rights than a publisher"
+                 : rc != 0 ? "the forger failed"
+                           : "no forged message reached a waiter",
+                 rc != 0 ? s->forge_note : was);
+        *inconclusive = 1;
+    }
+}
+
 static void run_one(store *st, int sc, cell *out)
 {
     run r;
@@ -943,6 +1190,13 @@ static void run_one(store *st, int sc, cell *out)
     s->mixed = mixed;
     s->delay_us = 200;
     s->max_holds_per_worker = quick ? 400 : 1000;
+    if (sc == SC_FORGED) {
+        /* a critical section of 1 ms: waits of several ms, into which
+         * the forged messages fall; and holds enough for the workers to
+         * fight through the whole flood (about 500 a second here) */
+        s->delay_us = 1000;
+        s->max_holds_per_worker = SF_MAX_HOLDS / workers;
+    }
     s->deadline_ns = sf_now_ns() + (int64_t)(quick ? 40 : 60) * 1000000000;
     s->victim_worker = -1;
     s->victim_hold = -1;
@@ -966,6 +1220,8 @@ static void run_one(store *st, int sc, cell *out)
     if (sc == SC_NONE || sc == SC_SHORT || sc == SC_CANCELS)
         wait_accepted(&r, accepted(&r), quick ? 100 : 400,
                       quick ? 3000 : 8000);
+    if (sc == SC_FORGED)
+        forged_grant(&r, note, sizeof(note), &inconclusive);
     if (sc == SC_SHORT)
         snprintf(note, sizeof(note), "waits of 1-10 ms, ending as the lock "
                                      "is handed over");
@@ -978,9 +1234,7 @@ static void run_one(store *st, int sc, cell *out)
         sc == SC_BREAK)
         if (dlock_client_open(&ctl, st->uri, NULL) != DLOCK_OK)
             ctl = NULL;
-    for (int round = 0; sc != SC_NONE && sc != SC_SHORT && sc != SC_CANCELS &&
-                        round < rounds &&
-                        !inconclusive;
+    for (int round = 0; !no_victim(sc) && round < rounds && !inconclusive;
          round++) {
         char rnote[256] = "";
         /* the victim: the next holder (worker 0 for network faults) */
@@ -1286,6 +1540,12 @@ static void run_one(store *st, int sc, cell *out)
         }
     }
     sf_check(s, &out->rep);
+    if (out->rep.holds == 0 && !inconclusive) {
+        /* nothing was tried: no history says held (seen when a store's
+         * module was not built: every worker failed to open) */
+        snprintf(note, sizeof(note), "INCONCLUSIVE: no hold was made");
+        inconclusive = 1;
+    }
     out->ran = 1;
     out->outcome = inconclusive && out->rep.outcome < SF_VIOLATED
                        ? SF_INCONCLUSIVE : out->rep.outcome;
@@ -1305,12 +1565,14 @@ static void run_one(store *st, int sc, cell *out)
         }
         log_line("%-11s %-9s %-17s %5lld ms  holds %d  writes %lld  "
                  "overlaps %d (reported %d, silent %d)  refused %d  lost "
-                 "%d  errors %lld  busy %lld  %s%s%s",
+                 "%d  tokens back %d  forged %d  errors %lld  busy %lld  "
+                 "%s%s%s",
                  st_name[st->kind], sc_name[sc], sf_outcome_name(out->outcome),
                  (long long)out->ms, out->rep.holds,
                  (long long)out->accepted, out->rep.overlaps,
                  out->rep.overlaps_reported, out->rep.overlaps_silent,
                  out->rep.stale_rejected, out->rep.lost_reported,
+                 out->rep.token_backwards, out->rep.forged_tokens,
                  (long long)errs, (long long)busy, out->why,
                  last[0] ? "; last error: " : "", last);
     }

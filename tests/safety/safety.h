@@ -20,7 +20,7 @@
 #include <sys/types.h>
 
 #define SF_MAX_WORKERS 16
-#define SF_MAX_HOLDS 8192
+#define SF_MAX_HOLDS 16384 /* forged-grant's 10 s flood takes ~7000 */
 #define SF_URI_MAX 1200
 
 /* The one lock every worker fights for, and its Redis key (the store's
@@ -117,6 +117,21 @@ typedef struct sf_shared {
     volatile int victim_in_window; /* it has read and waits for go */
     volatile int victim_go;
     volatile int victim_done;    /* it wrote and released */
+    /* the forged-grant scenario (forger.c): tokens from forged_floor up
+     * are sent by the forger and issued by no store (0: no forger in
+     * this run); what the forger did, written by it, read once it
+     * exited */
+    uint64_t forged_floor;
+    volatile int forge_stop;     /* the controller says stop */
+    int64_t forge_rounds;        /* reads of the waiters (one per round) */
+    int64_t forge_targets;       /* waiters found, summed over rounds */
+    int64_t forge_sent;          /* forged messages sent */
+    int64_t forge_heard;         /* ... that reached a waiter's client
+                                  * (Redis: PUBLISH counted a subscriber;
+                                  * SQLite: a connection or datagram
+                                  * went through; PostgreSQL: unknown) */
+    int64_t forge_errors;
+    char forge_note[240];        /* its rights check, its first error */
     /* the history */
     volatile uint32_t nholds;
     sf_worker w[SF_MAX_WORKERS];
@@ -158,6 +173,8 @@ typedef struct sf_report {
     int lost_reported;    /* holds whose release said DLOCK_ELOST or got a
                            * lost-lock callback */
     int token_backwards;  /* tokens not above an earlier hold's */
+    int forged_tokens;    /* holds whose token came from a forger (at or
+                           * above sf_shared.forged_floor) */
     int release_errors;   /* releases that failed otherwise (ECONN ...) */
     char detail[512];     /* the first problem, in words */
 } sf_report;
@@ -166,6 +183,36 @@ void sf_check(const sf_shared *s, sf_report *rep);
 
 /* The worker (worker.c): runs worker `id` of the mapping in `path`. */
 int sf_worker_main(const char *path, int id);
+
+/* The forged-grant scenario's forger (forger.c): a process of the
+ * controller's that forges hand-overs to the waiters it finds, bounded in
+ * rate and time; what it did goes to s->forge_*. */
+#define SF_FORGED_TOKEN 9223372036854775000ULL /* no store issues it */
+#define SF_FORGE_RATE 5000 /* forged messages a second, at most */
+enum { SF_FORGE_REDIS,   /* PUBLISH on dlock:c:CLIENTID */
+       SF_FORGE_CLUSTER, /* SPUBLISH on dlock:{NAME}c:CLIENTID */
+       SF_FORGE_PG,      /* NOTIFY dlock_CLIENTID (table mode) */
+       SF_FORGE_LOCAL }; /* bytes to SQLite's wake-up channels */
+typedef struct sf_forger {
+    int kind;
+    int rate;                 /* messages a second, at most */
+    int64_t until_ns;         /* it stops by then (CLOCK_MONOTONIC) */
+    /* Redis: the node that has the lock's key (127.0.0.1), the ACL user
+     * it logs in as, the key, the channel's prefix (the client id
+     * follows) */
+    int port;
+    char user[32], password[32];
+    char key[128], chan_prefix[128];
+    /* PostgreSQL: the controller's superuser connection (reads the
+     * waiters' table) and the forger role's */
+    char reader[700], conninfo[300];
+    /* SQLite: the sidecar's device and inode, in its channels' names */
+    unsigned long long dev, ino;
+} sf_forger;
+/* Runs the forger (in a child of the controller) until s->forge_stop or
+ * f->until_ns; 0, 1 when it could not start, 2 when it has more rights
+ * than it should (it then forges nothing); why in s->forge_note. */
+int sf_forger_main(sf_shared *s, const sf_forger *f);
 
 /* Network faults (netfault.c). */
 typedef struct sf_netns {
