@@ -428,7 +428,8 @@ char *dlock__mysql_settle(const my_store *ms, const char *name)
 }
 
 char *dlock__mysql_drain(const my_store *ms, const char *name,
-                         int64_t wait_ms, const char *upsert)
+                         int64_t wait_ms, const char *mid,
+                         const char *upsert)
 {
     char *hold = dlock__mysql_hold_lock_of(ms, name, "j.o");
     /* each wait's length from the server's clock when it starts: the
@@ -436,12 +437,13 @@ char *dlock__mysql_drain(const my_store *ms, const char *name,
     char *sql =
         hold ? dlock__mysql_stmt(
                    "SET time_zone = '+00:00', @dlock_t0 = " NOW ", @dlock_dl "
-                   "= " NOW_US " + %lld; SELECT COUNT(IF(GET_LOCK(%s, "
+                   "= " NOW_US " + %lld; %sSELECT COUNT(IF(GET_LOCK(%s, "
                    "GREATEST(0, LEAST(j.e, @dlock_dl) - " MY_US("SYSDATE(6)")
                    ") / 1000000 + 0.001) = 1, RELEASE_LOCK(%s), NULL)) FROM "
                    "%s t, JSON_TABLE(" MY_HOLDS_OF("t.") ", " MY_HOLDERS_COLS
                    ") j WHERE t.name = %s AND j.e > " NOW_US "; %s",
-                   (long long)wait_ms * 1000, hold, hold, ms->t, name, upsert)
+                   (long long)wait_ms * 1000, mid, hold, hold, ms->t, name,
+                   upsert)
              : NULL;
 
     free(hold);
