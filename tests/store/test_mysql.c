@@ -19,7 +19,7 @@
  *    and come soon after a release;
  *  - a try takes what a wait would take: a holder frozen (SIGSTOP, its
  *    session open, its gate kept) past its lease loses the lock to a try
- *    (default, fair), and a fair try never takes it before
+ *    (default, fair, a reader's), and a fair try never takes it before
  *    the fair waiter queued behind it; a session of another account
  *    (no right on the database) holding the name's gate and the next
  *    queue entries' locks keeps no try from a free lock, and a waiter
@@ -1007,9 +1007,9 @@ static void frozen_holder_end(pid_t pid)
 
 /*
  * A holder frozen past its 1 s lease, its session open (so it keeps the
- * name's gate): a try takes the lock, as a wait does, in either mode
- * (issue 33: a try said busy for as long as the process stayed frozen,
- * while a wait took the lock at once). A fair try does not
+ * name's gate): a try takes the lock, as a wait does, in either mode and
+ * for a read hold (issue 33: a try said busy for as long as the process
+ * stayed frozen, while a wait took the lock at once). A fair try does not
  * take it before a fair waiter that queued behind the frozen holder: that
  * waiter's entry counts.
  */
@@ -1030,6 +1030,16 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
         dlock_close(l);
         frozen_holder_end(pid);
     }
+    /* a reader's try: the frozen writer's gate decides nothing */
+    pid_t pid = frozen_holder_of("frozen-try-read", 0, s);
+    wait_lease_ended("frozen-try-read");
+    dlock *lr = handle(c, "frozen-try-read", 0, 0);
+    CHECK_OK(dlock_acquire_shared(lr, 0));
+    CHECK_OP(dlock_token(lr), >, s->token);
+    CHECK_OK(dlock_release(lr));
+    dlock_close(lr);
+    frozen_holder_end(pid);
+
     /* a fair waiter queued behind a frozen fair holder gets the lock at
      * its lease end; fair tries from then on are busy until it has it */
     timed_waiter w = {handle(d, "frozen-try-queue", 0, DLOCK_FAIR), 15000,
@@ -1039,7 +1049,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     frozen_name = "frozen-try-queue";
     frozen_flags = DLOCK_FAIR;
     memset((void *)s, 0, sizeof(*s));
-    pid_t pid = th_fork(frozen_try_holder, s);
+    pid = th_fork(frozen_try_holder, s);
     CHECK(th_wait_flag(&s->holding, 10000));
     CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
     wait_waiters(c, "frozen-try-queue", 1);

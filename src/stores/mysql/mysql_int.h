@@ -270,10 +270,11 @@ char *dlock__mysql_upsert_light(const my_store *ms, const dlock__lease *l,
  * a permit's (N a marker) or a reader's; `join`, may it join the live
  * holds (0: only start on a free row); `prune`, drop the ended holds and
  * count only the live ones (a subquery: not on the uncontended path);
- * `gate` (NULL: none), the gate it lets go of once taken. */
+ * `gate` (NULL: none), the gate it lets go of once taken; `bare`, a try
+ * that does not hold the gate (a row being handed over is not free). */
 char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
                                  const char *where, int woke, int join,
-                                 int prune, const char *gate);
+                                 int prune, const char *gate, int bare);
 
 /* A reader's or permit's join, as a template (mysql_sql.c says more):
  * `permit`, a permit's (N a marker) or a reader's. */
@@ -289,7 +290,8 @@ int dlock__mysql_templates(my_store *ms);
 
 /* What a full take's first assignment decided (its LAST_INSERT_ID until
  * the token's assignment; a busy one's is a MY_CODE_*). */
-enum { MY_TOOK_FREE = 1001, MY_TOOK_SOLE = 1002, MY_TOOK_ENTRIES = 1003 };
+enum { MY_TOOK_FREE = 1001, MY_TOOK_SOLE = 1002, MY_TOOK_ENTRIES = 1003,
+       MY_TOOK_MINE = 1004, MY_TOOK_MINE_ENTRY = 1005 };
 
 /* The sole holder's owner column: '*' and the owner id, as a hex literal
  * (fresh; NULL: out of memory). */

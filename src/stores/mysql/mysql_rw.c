@@ -12,7 +12,9 @@
  *    description], `lock_until` the latest end); `permits` a semaphore's
  *    N (0: readers). Every change is one statement on that row;
  *  - each hold keeps its hold lock (a user-level lock of its own) on its
- *    connection, so that whoever waits for it sleeps in GET_LOCK on it;
+ *    connection when it could take it, so that whoever waits for it
+ *    sleeps in GET_LOCK on it (a hold lock only wakes: another session
+ *    may hold it, and then the waiter sleeps to the hold's lease end);
  *  - their release and renewal (one UPDATE each, guarded by the hold's own
  *    token and live end, in either form; dlock_inspect()'s view of them
  *    is mysql_operate.c's);
@@ -356,7 +358,7 @@ int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
     char *hold = dlock__mysql_hold_lock_of(ms, name, "j.o");
     char *ow = dlock__mysql_hexlit(l->owner, strlen(l->owner));
     /* our own entry, if any (a try whose answer was lost), does not
-     * count: our next try replaces it */
+     * count: our next try adopts it */
     char *sql =
         hold && ow ? dlock__mysql_stmt(
                    "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID(), "

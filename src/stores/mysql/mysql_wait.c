@@ -241,7 +241,8 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     /* the queue entries that count keep an ordered try out (a fair
      * writer's; a reader's and a permit's: a writer waiting for the
      * readers, a semaphore's head) */
-    if (bare && a->ordered && !a->shared &&
+    if (bare && a->ordered &&
+        !(a->shared && kind == TRY_GATE && a->first == FIRST_LIGHT) &&
         !(count = dlock__mysql_counting(ms, a->name, older)))
         return NULL;
     /* every guard first clears LAST_INSERT_ID: a guard that fails leaves
@@ -265,16 +266,23 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
         else
             where = dlock__mysql_stmt(" WHERE %sGET_LOCK(%s, 0) IS NOT NULL",
                                       rich ? CLEAR_ID : "", a->gate);
-    } else if (kind == TRY_GATE) {
-        /* a free gate: nobody waits, nobody is being woken */
+    } else if (kind == TRY_GATE && a->first == FIRST_LIGHT) {
+        /* the light take: a free gate (nobody waits, nobody is being
+         * woken) and its own hold lock; else the full take decides */
         where = dlock__mysql_stmt(" WHERE " CLEAR_ID "IS_FREE_LOCK(%s) = 1 "
                                   "AND GET_LOCK(%s, 0) = 1",
                                   a->gate, a->hold);
+    } else if (bare) {
+        /* the full take: busy while an entry counts (a free gate: nobody
+         * is queued); the hold lock taken when free, a condition of
+         * nothing (any session may hold it) */
+        where = dlock__mysql_stmt(" WHERE " CLEAR_ID "(IS_FREE_LOCK(%s) = 1 "
+                                  "OR NOT %s) AND GET_LOCK(%s, 0) IS NOT NULL",
+                                  a->gate, count, a->hold);
     } else {
         where = dlock__mysql_stmt(
-            " WHERE " CLEAR_ID "%sGET_LOCK(%s, %d) = 1",
-            waits ? "GET_LOCK(@dlock_g, @dlock_w) = 1 AND " : "", a->hold,
-            kind == TRY_TAKEOVER ? 0 : 1);
+            " WHERE " CLEAR_ID "%sGET_LOCK(%s, 0) IS NOT NULL",
+            waits ? "GET_LOCK(@dlock_g, @dlock_w) = 1 AND " : "", a->hold);
     }
     free(count);
     /* a read hold or permit taken holding the gate lets go of it in its
@@ -282,11 +290,12 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     int lets_go = a->shared && (kind == TRY_WAIT || kind == TRY_HELD);
     char *tmpl = NULL;
     int light = kind == TRY_GATE && a->first == FIRST_LIGHT;
+    /* a try (and a waiter holding the gate) drops ended holds and counts
+     * the live ones: a permit whose holder's lease ran out is free */
     if (where && a->shared && !light)
-        tmpl = dlock__mysql_upsert_shared(
-            ms, l->kind == DLOCK__PERMIT, where, waits, kind != TRY_TAKEOVER,
-            kind == TRY_HELD || kind == TRY_TAKEOVER,
-            lets_go ? a->gate : NULL);
+        tmpl = dlock__mysql_upsert_shared(ms, l->kind == DLOCK__PERMIT, where,
+                                          waits, 1, kind == TRY_HELD || bare,
+                                          lets_go ? a->gate : NULL, bare);
     up = !where ? NULL
          : a->shared && light
              ? dlock__mysql_upsert_light(ms, l, a->name, a->holder, where)
@@ -628,7 +637,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     int fair = (l->flags & DLOCK_FAIR) != 0;
     acq a = {.ms = ms, .l = l, .sl = sl, .shared = l->kind != DLOCK__WRITE,
              .rich = shared_seen(l),
-             .ordered = fair && l->kind == DLOCK__WRITE,
+             .ordered = fair || l->kind != DLOCK__WRITE,
              .first = others_seen(l) ? FIRST_JOIN : FIRST_LIGHT};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
     int recheck = 0, held_tries = 0, last = 0, waited = 0;
@@ -754,9 +763,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         if (a.shared ? kind == TRY_WAIT
                      : kind != TRY_HELD && kind != TRY_DRAIN)
             sl->gated = 1;
-        /* a busy answer of 0: its guard failed before its GET_LOCK(hold)
-         * (or that failed); any other: it holds the hold lock */
-        if (a.shared && (rc || token != 0))
+        /* a read hold's or permit's try may hold its hold lock now (taken
+         * when free, whatever the answer) */
+        if (a.shared)
             sl->locks = 1;
         if (rc && dlock__mysql_errno(sl->cn) == ER_LOCK_DEADLOCK &&
             round < MY_DEADLOCK_RETRIES) {
