@@ -97,6 +97,9 @@ typedef struct my_store {
  * a live semaphore of N permits). */
 enum { MY_CODE_NONE = 0, MY_CODE_WRITER = 1, MY_CODE_READERS = 2,
        MY_CODE_SEM = 3 };
+/* Added to a writer's busy try's code when the try holds the gate (it
+ * took it: a writer meeting readers then drains them at once). */
+#define MY_CODE_GATED 64
 
 /* A value of a statement's text, as a marker (the byte 1 and a letter):
  * a literal in a text statement (dlock__mysql_fill()), a parameter in a

@@ -181,8 +181,21 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
     /* a try: its condition (TAKE_TRY) evaluated once, in the first
      * assignment, and carried in LAST_INSERT_ID() (1 taken, 0 not) by
      * the others; the token's comes last and sets the answer (measured:
-     * the condition in each assignment cost the try 25 µs, once 5) */
+     * the condition in each assignment cost the try 25 µs, once 5). A
+     * busy answer that says who holds also says whether the try holds the
+     * gate (MY_CODE_GATED) */
     take = dlock__mysql_stmt(TAKE_TRY("%s"), gate);
+    char *gated = rich && ms->rw
+                      ? dlock__mysql_stmt(
+                            "token + 0 * LAST_INSERT_ID(IF(holds = 0 OR "
+                            "lock_until <= " NOW ", 0, IF(" MY_SHARED_ANY(
+                                "owner") ", IF(permits > 0, 3 + permits, 2), "
+                            "1)) + IF(IS_USED_LOCK(%s) <=> CONNECTION_ID(), "
+                            "%d, 0))",
+                            gate, MY_CODE_GATED)
+                      : NULL;
+    if (gated)
+        busy = gated;
     out = take ? dlock__mysql_stmt(
                      "INSERT INTO %s (name, owner, holder, holds, token, "
                      "locked_at, lock_until) SELECT %s, %s, %s, 1, "
@@ -205,6 +218,7 @@ char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                      where, take, busy)
                : NULL;
     free(take);
+    free(gated);
     return out;
 }
 

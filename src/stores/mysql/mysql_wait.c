@@ -56,6 +56,7 @@ typedef struct acq {
     int rich;   /* a writer whose every try says who holds */
     int ordered; /* its tries respect the queue entries that count (fair
                   * writers, readers, permits) */
+    int waits;   /* the call may wait (its deadline was ahead) */
     int first;  /* a read hold's or permit's next try of kind TRY_GATE */
     char *name, *owner, *holder, *gate, *hold; /* a read hold's or permit's
                                                 * gate and hold: literals */
@@ -242,7 +243,8 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
      * writer's; a reader's and a permit's: a writer waiting for the
      * readers, a semaphore's head) */
     if (bare && a->ordered &&
-        !(a->shared && kind == TRY_GATE && a->first == FIRST_LIGHT) &&
+        !(a->shared && kind == TRY_GATE &&
+          (a->first == FIRST_LIGHT || a->waits)) &&
         !(count = dlock__mysql_counting(ms, a->name, older)))
         return NULL;
     /* every guard first clears LAST_INSERT_ID: a guard that fails leaves
@@ -275,10 +277,21 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     } else if (bare) {
         /* the full take: busy while an entry counts (a free gate: nobody
          * is queued); the hold lock taken when free, a condition of
-         * nothing (any session may hold it) */
-        where = dlock__mysql_stmt(" WHERE " CLEAR_ID "(IS_FREE_LOCK(%s) = 1 "
-                                  "OR NOT %s) AND GET_LOCK(%s, 0) IS NOT NULL",
-                                  a->gate, count, a->hold);
+         * nothing (any session may hold it). The first try of a call that
+         * will wait is busy whenever the gate is taken, as before: a
+         * writer that took the gate lists itself in its next round trip,
+         * and readers that came in meanwhile would hold up its drain
+         * (measured: a writer under a flood of readers waited 1.5x as
+         * long); it then waits at the gate, and its takeovers and last
+         * try decide by the entries (a foreign session on the gate costs
+         * it the lease end it read, never its deadline) */
+        where = count ? dlock__mysql_stmt(" WHERE " CLEAR_ID "(IS_FREE_LOCK("
+                                          "%s) = 1 OR NOT %s) AND GET_LOCK(%s, "
+                                          "0) IS NOT NULL",
+                                          a->gate, count, a->hold)
+                      : dlock__mysql_stmt(" WHERE " CLEAR_ID "IS_FREE_LOCK(%s) "
+                                          "= 1 AND GET_LOCK(%s, 0) IS NOT NULL",
+                                          a->gate, a->hold);
     } else {
         where = dlock__mysql_stmt(
             " WHERE " CLEAR_ID "%sGET_LOCK(%s, 0) IS NOT NULL",
@@ -638,6 +651,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     acq a = {.ms = ms, .l = l, .sl = sl, .shared = l->kind != DLOCK__WRITE,
              .rich = shared_seen(l),
              .ordered = fair || l->kind != DLOCK__WRITE,
+             .waits = l->deadline > dlock__now_ms(),
              .first = others_seen(l) ? FIRST_JOIN : FIRST_LIGHT};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
     int recheck = 0, held_tries = 0, last = 0, waited = 0;
@@ -830,8 +844,16 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             continue;
         }
         /* busy: who holds (LAST_INSERT_ID of the busy branch; a writer's
-         * try and take-over do not say: 0) */
+         * try and take-over do not say: 0), and whether a writer's try
+         * that says holds the gate */
         long long code = (long long)token;
+        int gate_ours = 0;
+        if (!a.shared && (kind == TRY_GATE || kind == TRY_TAKEOVER ||
+                          kind == TRY_LAST) &&
+            code >= MY_CODE_GATED && code < 2 * MY_CODE_GATED) {
+            gate_ours = 1;
+            code -= MY_CODE_GATED;
+        }
         if ((!a.shared && !a.rich &&
              (kind == TRY_GATE || kind == TRY_TAKEOVER)) ||
             code > MY_CODE_SEM + MY_PERMITS_MAX)
@@ -843,9 +865,11 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             break;
         seen_busy = 1;
 
-        if (!a.shared && kind == TRY_WAIT && code == MY_CODE_READERS) {
-            /* a writer granted the gate while readers hold keeps it and
-             * drains them (listed, with its kind); a try only answers */
+        if (!a.shared && code == MY_CODE_READERS &&
+            (kind == TRY_WAIT || (gate_ours && kind != TRY_LAST))) {
+            /* a writer granted the gate while readers hold (or whose try
+             * took it) keeps it and drains them (listed, with its kind); a
+             * try only answers */
             if (once)
                 break;
             a.listed = a.kinds = 1;
