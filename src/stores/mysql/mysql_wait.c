@@ -40,6 +40,12 @@ enum { FIRST_FULL, FIRST_LIGHT, FIRST_JOIN };
 
 #define CLEAR_ID "LAST_INSERT_ID(0) = 0 AND "
 
+/* A wait's last slice at the gate ends this long before the caller's
+ * deadline (a quarter of what is left, if less): its last try runs then,
+ * and a busy one waits at the gate for the rest, so that a slow client
+ * still makes it within the wait. Milliseconds. */
+#define MY_LAST_MARGIN_MS 50
+
 /* Tries in a row that hold the gate, find the row free and take nothing
  * (a read hold's own hold lock held by another session): then an error */
 #define MY_HELD_TRIES 3
@@ -57,6 +63,7 @@ typedef struct acq {
     int ordered; /* its tries respect the queue entries that count (fair
                   * writers, readers, permits) */
     int waits;   /* the call may wait (its deadline was ahead) */
+    int last;    /* its last try is made (or coming: no more of them) */
     int first;  /* a read hold's or permit's next try of kind TRY_GATE */
     char *name, *owner, *holder, *gate, *hold; /* a read hold's or permit's
                                                 * gate and hold: literals */
@@ -533,8 +540,19 @@ static int sleep_gated(my_store *ms, dlock__lease *l, long long left)
  * sleeps (its end written first). */
 static int sleep_listed(acq *a, long long left)
 {
-    int64_t until = dlock__now_ms() + (left > 0 ? left : 1);
+    int64_t now = dlock__now_ms(), until = now + (left > 0 ? left : 1);
 
+    /* a sleep to the deadline ends a little before it (as a wait's last
+     * slice): the try that follows, holding the gate, is the last one */
+    if (until >= a->l->deadline && !a->last &&
+        a->l->deadline != DLOCK__FOREVER) {
+        int64_t margin = (a->l->deadline - now) / 4;
+        if (margin > MY_LAST_MARGIN_MS)
+            margin = MY_LAST_MARGIN_MS;
+        until = a->l->deadline - margin;
+        left = until - now;
+        a->last = margin > 0;
+    }
     if (until > a->l->deadline)
         until = a->l->deadline;
     alive_for(a, until - dlock__now_ms() > 0 ? until - dlock__now_ms() : 0);
@@ -654,7 +672,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
              .waits = l->deadline > dlock__now_ms(),
              .first = others_seen(l) ? FIRST_JOIN : FIRST_LIGHT};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
-    int recheck = 0, held_tries = 0, last = 0, waited = 0;
+    int recheck = 0, held_tries = 0, waited = 0;
 
     (void)op_deadline;
     if (a.shared && !ms->rw)
@@ -714,8 +732,19 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         if ((!once || waited) && l->deadline != DLOCK__FOREVER &&
             dl > l->deadline + 10)
             dl = l->deadline + 10;
-        if (wait_ms > MY_WAIT_SLICE_MS)
+        int shortened = 0;
+        if (wait_ms > MY_WAIT_SLICE_MS) {
             wait_ms = MY_WAIT_SLICE_MS;
+        } else if (kind == TRY_WAIT && !a.last &&
+                   l->deadline != DLOCK__FOREVER) {
+            /* the slice that ends at the deadline ends a little before
+             * it: the last try follows (below) */
+            int64_t margin = wait_ms / 4 < MY_LAST_MARGIN_MS
+                                 ? wait_ms / 4
+                                 : MY_LAST_MARGIN_MS;
+            wait_ms -= margin;
+            shortened = margin > 0;
+        }
         if (!sl->cn) {
             rc = dlock__mysql_conn_get(ms, dl, &sl->cn);
             if (rc)
@@ -889,7 +918,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                  * the gate */
                 if (!a.shared && ms->rw && kind != TRY_LAST) {
                     kind = TRY_LAST;
-                    last = 1;
+                    a.last = 1;
                     continue;
                 }
                 break;
@@ -902,16 +931,24 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             continue;
         }
         /* nothing taken holding the gate (or maybe: a wait): the row
-         * says what next */
+         * says what next. A wait's last slice that ended without the gate
+         * (its GET_LOCK answered 0: a foreign session or a frozen holder
+         * kept it, so a release woke nobody) makes one last try, as a try
+         * would, taking a lock freed meanwhile; a busy one waits at the
+         * gate for the rest of the wait */
+        if (kind == TRY_WAIT && code == MY_CODE_NONE && shortened &&
+            !a.last && !dlock__lease_cancelled(l)) {
+            a.last = 1;
+            kind = !a.shared && ms->rw ? TRY_LAST : TRY_TAKEOVER;
+            continue;
+        }
         if (dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l)) {
-            /* a wait that ended at the deadline without the gate (its
-             * GET_LOCK answered 0: a foreign session or a frozen holder
-             * kept it, so a release woke nobody) makes one last try, as
-             * a try would: it takes a lock freed meanwhile */
-            if (kind == TRY_WAIT && code == MY_CODE_NONE && !last &&
+            /* the same at the deadline (a slice too short to end before
+             * it), within 10 ms of it */
+            if (kind == TRY_WAIT && code == MY_CODE_NONE && !a.last &&
                 !dlock__lease_cancelled(l) &&
                 dlock__now_ms() < l->deadline + 10) {
-                last = 1;
+                a.last = 1;
                 kind = !a.shared && ms->rw ? TRY_LAST : TRY_TAKEOVER;
                 continue;
             }
@@ -935,13 +972,13 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             rc = DLOCK_OK;
             kind = TRY_GATE;
         }
-        if (rc == DLOCK_EBUSY && !last && !dlock__lease_cancelled(l) &&
+        if (rc == DLOCK_EBUSY && !a.last && !dlock__lease_cancelled(l) &&
             l->deadline != DLOCK__FOREVER &&
             dlock__now_ms() < l->deadline + 10) {
             /* the deadline came while it slept or looked at the row (a
              * holder without the gate, whose release woke nobody): one
              * last try, holding the gate as it does, else as a try */
-            last = 1;
+            a.last = 1;
             rc = DLOCK_OK;
             kind = sl->cn && sl->gated ? TRY_HELD
                    : !a.shared && ms->rw ? TRY_LAST
