@@ -16,10 +16,13 @@
  *   round trip   SELECT 1
  *   cycle floor  the store's uncontended statements, as my_acquire()
  *                and my_release() in mysql.c build them for a lock that
- *                is not fair: the try, its upsert guarded by the name's
- *                gate (INSERT ... SELECT ... FROM DUAL WHERE
- *                GET_LOCK(gate, 0) = 1 ON DUPLICATE KEY UPDATE ..., the
- *                token from mysql_insert_id()), and the release, its
+ *                is not fair: the try, its upsert taking the name's gate
+ *                when free (INSERT ... SELECT ... FROM DUAL WHERE
+ *                GET_LOCK(gate, 0) IS NOT NULL ON DUPLICATE KEY UPDATE
+ *                ..., each condition the try's: the lease ended and the
+ *                gate ours, the lease run out or the release older than
+ *                the grace; the gate a literal; the token from
+ *                mysql_insert_id()), and the release, its
  *                UPDATE guarded by owner and token then DO
  *                RELEASE_ALL_LOCKS() in one round trip (guarded()), as
  *                text with hex literals, on a table and queue table of
@@ -121,27 +124,67 @@ static void fits(int n, size_t cap)
         die("statement", "too long");
 }
 
-/* gate_of(): the name's gate, a user-level lock named from the database,
- * the table (tl: its name as a hex literal) and the lock name. */
-static void gate_sql(char *out, size_t cap, const char *tl, const char *name)
+static void query_str(MYSQL *m, const char *sql, int col, char *out,
+                      size_t cap);
+
+/* The name's gate, a user-level lock named from the database, the table
+ * and the lock name (hex literal), as a quoted literal (the store's
+ * mysql_hash.c computes it; here the server does). */
+static void gate_lit(MYSQL *m, const char *table, const char *name,
+                     char *out, size_t cap)
 {
-    fits(snprintf(out, cap,
-                  "CONCAT('dlock:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), "
-                  "X'00', %s, X'00', %s), 224))",
+    char tl[2 * 64 + 4], sql[512], g[128];
+
+    hexlit(table, tl, sizeof(tl));
+    fits(snprintf(sql, sizeof(sql),
+                  "SELECT CONCAT('dlock:', SHA2(CONCAT(CAST(DATABASE() AS "
+                  "BINARY), X'00', %s, X'00', %s), 224))",
                   tl, name),
-         cap);
+         sizeof(sql));
+    query_str(m, sql, 0, g, sizeof(g));
+    fits(snprintf(out, cap, "'%s'", g), cap);
 }
 
 /* upsert(): my_acquire()'s upsert for a lock that is not fair (the
  * take-over condition six times), `where` after FROM DUAL (the gate);
- * `woke`: a waiter's, whose times are its wake's. Values are literals. */
+ * `woke`: a waiter's, whose times are its wake's; `gate` (a try's: NULL
+ * for a waiter's): the try's, which evaluates its condition (mysql_sql.c's
+ * TAKE_TRY) once and carries it in LAST_INSERT_ID(). Values are
+ * literals. */
 static void acquire_sql(char *out, size_t cap, const char *table,
                         const char *name, const char *owner,
-                        const char *holder, const char *where, int woke)
+                        const char *holder, const char *where, int woke,
+                        const char *gate)
 {
     const char *now = woke ? WOKE : NOW;
     const char *cond = woke ? ENDED_WOKE : ENDED;
 
+    if (gate) {
+        fits(snprintf(out, cap,
+                      "INSERT INTO `%s` (name, owner, holder, holds, token, "
+                      "locked_at, lock_until) SELECT %s, %s, %s, 1, "
+                      "LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, "
+                      "'1970-01-01', " NOW ")), " NOW ", " NOW " + INTERVAL "
+                      "%lld MICROSECOND FROM DUAL%s ON DUPLICATE KEY UPDATE "
+                      "holder = IF(LAST_INSERT_ID((lock_until <= " NOW
+                      " AND (holds > 0 OR lock_until <= " NOW " - INTERVAL "
+                      "500000 MICROSECOND OR IS_USED_LOCK(%s) <=> "
+                      "CONNECTION_ID()))), VALUES(holder), holder), "
+                      "holds = IF(LAST_INSERT_ID(), 1, holds), "
+                      "locked_at = IF(LAST_INSERT_ID(), VALUES(locked_at), "
+                      "locked_at), "
+                      "owner = IF(LAST_INSERT_ID(), VALUES(owner), owner), "
+                      "lock_until = IF(LAST_INSERT_ID(), VALUES(lock_until), "
+                      "IF(" MINE ", GREATEST(lock_until, VALUES(lock_until)), "
+                      "lock_until)), "
+                      "token = IF(LAST_INSERT_ID(), LAST_INSERT_ID(GREATEST("
+                      "token + 1, VALUES(token))), IF(" MINE
+                      ", LAST_INSERT_ID(token), token))",
+                      table, name, owner, holder, (long long)TTL_MS * 1000,
+                      where, gate),
+             cap);
+        return;
+    }
     fits(snprintf(out, cap,
                   "INSERT INTO `%s` (name, owner, holder, holds, token, "
                   "locked_at, lock_until) SELECT %s, %s, %s, 1, "
@@ -163,18 +206,18 @@ static void acquire_sql(char *out, size_t cap, const char *table,
          cap);
 }
 
-/* The cycle's try: the upsert guarded by GET_LOCK(gate, 0) (TRY_GATE),
- * the gate that of `table`. */
-static void try_sql(char *out, size_t cap, const char *table,
+/* The cycle's try (TRY_GATE): the upsert taking the gate of `table`
+ * (`m` computes its name) when free, and deciding by the row. */
+static void try_sql(MYSQL *m, char *out, size_t cap, const char *table,
                     const char *name, const char *owner, const char *holder)
 {
-    char tl[2 * 64 + 4], gate[512], where[600];
+    char gate[128], where[600];
 
-    hexlit(table, tl, sizeof(tl));
-    gate_sql(gate, sizeof(gate), tl, name);
-    fits(snprintf(where, sizeof(where), " WHERE GET_LOCK(%s, 0) = 1", gate),
+    gate_lit(m, table, name, gate, sizeof(gate));
+    fits(snprintf(where, sizeof(where), " WHERE GET_LOCK(%s, 0) IS NOT NULL",
+                  gate),
          sizeof(where));
-    acquire_sql(out, cap, table, name, owner, holder, where, 0);
+    acquire_sql(out, cap, table, name, owner, holder, where, 0, gate);
 }
 
 /* guarded() with my_release()'s SET, then the gate's release in the same
@@ -318,7 +361,8 @@ static void *floor_connect(void *arg)
     hexlit(CYCLE_LOCK, f->name, sizeof(f->name));
     hexlit(owner, f->owner, sizeof(f->owner));
     hexlit(holder, hh, sizeof(hh));
-    try_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh);
+    try_sql(f->m, f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner,
+            hh);
     f->acq_len = strlen(f->acq);
     return f;
 }
@@ -554,7 +598,7 @@ static int same_statements(MYSQL *m, const char **why)
             fprintf(stderr, "bench_mysql: no owner in the store's upsert\n");
             snprintf(owner, sizeof(owner), "?");
         }
-        try_sql(want, sizeof(want), store_table, name, owner, hh);
+        try_sql(m, want, sizeof(want), store_table, name, owner, hh);
         same = same_text("acquire", row[0][1], len[0], want);
         release_sql(want, sizeof(want), store_table, name, owner, token);
         same &= same_text("release", row[1][1], len[1], want);
@@ -605,7 +649,7 @@ static void *floor_side_open(void *arg, int me)
     hexlit(owner, f->owner, sizeof(f->owner));
     hexlit(holder, hh, sizeof(hh));
     acquire_sql(f->acq, sizeof(f->acq), FLOOR_TABLE, f->name, f->owner, hh,
-                FLOOR_GATE, 1);
+                FLOOR_GATE, 1, NULL);
     return f;
 }
 
@@ -862,9 +906,10 @@ int main(int argc, char **argv)
            "libmariadb connection (READ COMMITTED and utf8mb4, as the "
            "store's sessions) sending the store's own two round trips of an "
            "uncontended cycle as text: the try, the `INSERT ... SELECT ... "
-           "FROM DUAL WHERE GET_LOCK(gate, 0) = 1 ON DUPLICATE KEY UPDATE` "
-           "upsert (the gate: the name's user-level lock, which a hold "
-           "keeps; the token from `mysql_insert_id()`), and the release, "
+           "FROM DUAL WHERE GET_LOCK(gate, 0) IS NOT NULL ON DUPLICATE KEY "
+           "UPDATE` upsert (the gate: the name's user-level lock, which a "
+           "hold keeps, taken when free; the row taken as it decides; the "
+           "token from `mysql_insert_id()`), and the release, "
            "the `UPDATE` guarded by owner and token then `DO "
            "RELEASE_ALL_LOCKS()`, on a table and queue table of the "
            "floor's own made with the store's DDL "
@@ -986,8 +1031,8 @@ int main(int argc, char **argv)
            "own and less the count for the same processes only opening and "
            "closing their clients; per hand-off (a change of the holding "
            "process), and per second. A waiter sends nothing while it "
-           "waits: after its try (the upsert guarded by `GET_LOCK(gate, "
-           "0)`, busy) it sends one round trip, a `SET` of the wait's "
+           "waits: after its try (the upsert that takes the gate when "
+           "free, busy) it sends one round trip, a `SET` of the wait's "
            "length and the upsert guarded by a blocking `GET_LOCK`, and "
            "sleeps in the server inside it; the release (the guarded "
            "`UPDATE`, then `DO RELEASE_ALL_LOCKS()`) hands the gate to the "
@@ -995,13 +1040,16 @@ int main(int argc, char **argv)
            "acquisition that waited costs 5 statements with its release (2 "
            "of them upserts), one that found the lock free 3 (1 upsert); a "
            "fair waiter also writes the queue entry that `dlock_inspect()` "
-           "lists (an `INSERT`, a `SET` of its number and a `DO GET_LOCK` "
-           "in its first wait's round trip, a `DELETE` with its winning "
-           "upsert): 9 (2 upserts). A release "
+           "lists (an `INSERT`, a `SET` of its number and an `UPDATE` of "
+           "its wait's end that takes the entry's lock in its first wait's "
+           "round trip, a `DELETE` with its winning upsert): 9 (2 "
+           "upserts). A release "
            "wakes only the oldest waiter, so the count per hand-off does "
            "not grow with the number of waiting processes; a releaser's "
            "next try cannot take the lock past a woken waiter (the gate "
-           "went to it), so *acquisitions* per hand-off exceed 1 only when "
+           "went to it, and a try leaves a row released less than 500 ms "
+           "ago to the gate's holder), so *acquisitions* per hand-off "
+           "exceed 1 only when "
            "nobody waited at the release and the releaser tried again "
            "first.%s%s\n\n",
            cyc[0], cyc[1],

@@ -17,6 +17,14 @@
  *  - waiters in other processes sleep in the server inside their try
  *    (no statement while they wait, counted with the server's Questions)
  *    and come soon after a release;
+ *  - a try takes what a wait would take: a holder frozen (SIGSTOP, its
+ *    session open, its gate kept) past its lease loses the lock to a try
+ *    (default, fair, a reader's), and a fair try never takes it before
+ *    the fair waiter queued behind it; a session of another account
+ *    (no right on the database) holding the name's gate and the next
+ *    queue entries' locks keeps no try from a free lock, and a waiter
+ *    that no release can wake (the foreign session has the gate) takes a
+ *    freed lock by its deadline, in its last try;
  *  - the waiting protocol's failure cases: the holder's connection killed
  *    (the waiter follows at the lease end, never two owners), a sleeping
  *    waiter's connection killed (ECONN at once, the next one woken), a
@@ -48,6 +56,8 @@
  * filter); the tests are split by store, not by size.
  */
 #include "test.h"
+
+#include <mysql.h>
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -764,6 +774,45 @@ TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
     dlock_client_close(b);
 }
 
+/* The same with the waiter's deadline (1.5 s) before the holder's lease
+ * end (5 s): the holder releases at 0.3 s, which wakes nobody (its gate
+ * went with its killed session; the waiter holds it, asleep in the client
+ * to the lease end it read); at its deadline (less 50 ms at most) the
+ * waiter tries once more, holding the gate, and takes the lock freed
+ * within its wait (before: it gave up busy at its deadline). */
+TEST(a_waiter_no_release_wakes_takes_a_freed_lock_by_its_deadline)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock *la = handle(a, "killholder-dl", 5000, 0);
+    timed_waiter w = {handle(b, "killholder-dl", 0, 0), 1500, 0, -99, 0,
+                      0, NULL, 0, 0, 0};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t ta = dlock_token(la);
+    int64_t t0 = th_now_ms();
+    CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+    wait_sleepers(1);
+    kill_gate_holder("killholder-dl");
+    wait_sleepers(0); /* granted the gate, asleep in the client */
+    th_sleep_ms(300);
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    if (w.rc != DLOCK_OK)
+        th_fail(__FILE__, __LINE__, "waiter: %s", dlock_errname(w.rc));
+    CHECK_OP(w.token, >, ta);
+    /* lower bound: nothing woke it, it slept to the end of its wait
+     * less 50 ms at most (its last try runs then); upper: its deadline
+     * and 2 s of slack for a busy machine, below the 5 s lease */
+    CHECK_OP(w.at - t0, >=, 1500 - 50);
+    CHECK_OP(w.at - t0, <, 3500);
+    CHECK_OK(w.release_rc);
+    dlock_close(la);
+    dlock_close(w.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
 TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
@@ -882,6 +931,281 @@ TEST(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers)
     CHECK_OP(got - t_rel, <, 2000 + 3000); /* a lease, and a busy machine */
     dlock_close(la);
     dlock_close(lb);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* --- a try takes what a wait would take ---------------------------------- */
+
+typedef struct frozen_try {
+    volatile int holding;
+    volatile uint64_t token;
+} frozen_try;
+
+/* The name and flags the forked holder uses (set before the fork). */
+static const char *frozen_name;
+static unsigned frozen_flags;
+
+/* Holds frozen_name exclusively (1 s lease, renewed) until it is stopped
+ * and killed (bounded: 30 s). */
+static int frozen_try_holder(void *arg)
+{
+    frozen_try *s = arg;
+    dlock_client *c = NULL;
+
+    if (dlock_client_open(&c, srv.uri, th_patient()) != DLOCK_OK)
+        return 1;
+    dlock *l = handle(c, frozen_name, 1000, frozen_flags);
+    if (dlock_acquire(l, 0) != DLOCK_OK)
+        return 2;
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->holding, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 3000; i++)
+        th_sleep_ms(10);
+    return 0;
+}
+
+/* Waits (at most 10 s) until name's lease has ended on the server's
+ * clock. */
+static void wait_lease_ended(const char *name)
+{
+    char hex[128];
+    long long ended = 0;
+
+    to_hex(name, hex, sizeof(hex));
+    for (int i = 0; i < 1000 && ended != 1; i++) {
+        ended = th_sql_query(&srv, NULL, 0,
+                             "SELECT lock_until <= UTC_TIMESTAMP(6) FROM "
+                             "dlock_locks WHERE name = X'%s'",
+                             hex);
+        if (ended != 1)
+            th_sleep_ms(10);
+    }
+    CHECK_EQ(ended, 1);
+}
+
+/* A holder forked with `flags`, then stopped (SIGSTOP: its session stays
+ * open and keeps the gate). */
+static pid_t frozen_holder_of(const char *name, unsigned flags,
+                              frozen_try *s)
+{
+    frozen_name = name;
+    frozen_flags = flags;
+    memset((void *)s, 0, sizeof(*s));
+    pid_t pid = th_fork(frozen_try_holder, s);
+    CHECK(th_wait_flag(&s->holding, 10000));
+    kill(pid, SIGSTOP);
+    return pid;
+}
+
+static void frozen_holder_end(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    kill(pid, SIGCONT);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+}
+
+/*
+ * A holder frozen past its 1 s lease, its session open (so it keeps the
+ * name's gate): a try takes the lock, as a wait does, in either mode and
+ * for a read hold (issue 33: a try said busy for as long as the process
+ * stayed frozen, while a wait took the lock at once). A fair try does not
+ * take it before a fair waiter that queued behind the frozen holder: that
+ * waiter's entry counts.
+ */
+TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
+{
+    static const unsigned modes[] = {0, DLOCK_FAIR};
+    frozen_try *s = th_shared(sizeof(*s));
+    dlock_client *c = client_at(srv.uri), *d = client_at(srv.uri);
+
+    for (int m = 0; m < 2; m++) {
+        const char *name = m ? "frozen-try-fair" : "frozen-try";
+        pid_t pid = frozen_holder_of(name, modes[m], s);
+        wait_lease_ended(name);
+        dlock *l = handle(c, name, 0, modes[m]);
+        CHECK_OK(dlock_acquire(l, 0));
+        CHECK_OP(dlock_token(l), >, s->token);
+        CHECK_OK(dlock_release(l));
+        dlock_close(l);
+        frozen_holder_end(pid);
+    }
+    /* a reader's try: the frozen writer's gate decides nothing */
+    pid_t pid = frozen_holder_of("frozen-try-read", 0, s);
+    wait_lease_ended("frozen-try-read");
+    dlock *lr = handle(c, "frozen-try-read", 0, 0);
+    CHECK_OK(dlock_acquire_shared(lr, 0));
+    CHECK_OP(dlock_token(lr), >, s->token);
+    CHECK_OK(dlock_release(lr));
+    dlock_close(lr);
+    frozen_holder_end(pid);
+
+    /* a fair waiter queued behind a frozen fair holder gets the lock at
+     * its lease end; fair tries from then on are busy until it has it */
+    timed_waiter w = {handle(d, "frozen-try-queue", 0, DLOCK_FAIR), 15000,
+                      0, -99, 0, 0, NULL, 0, 0, 0};
+    dlock *lf = handle(c, "frozen-try-queue", 0, DLOCK_FAIR);
+    pthread_t th;
+    frozen_name = "frozen-try-queue";
+    frozen_flags = DLOCK_FAIR;
+    memset((void *)s, 0, sizeof(*s));
+    pid = th_fork(frozen_try_holder, s);
+    CHECK(th_wait_flag(&s->holding, 10000));
+    CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+    wait_waiters(c, "frozen-try-queue", 1);
+    kill(pid, SIGSTOP);
+    wait_lease_ended("frozen-try-queue");
+    int took = 0;
+    for (int i = 0; i < 1000 && !__atomic_load_n(&w.done, __ATOMIC_SEQ_CST);
+         i++) {
+        int rc = dlock_acquire(lf, 0);
+        if (rc == DLOCK_OK) {
+            /* only once the waiter had it (and let go) */
+            CHECK_OP(__atomic_load_n(&w.at, __ATOMIC_SEQ_CST), >, 0);
+            took++;
+            CHECK_OK(dlock_release(lf));
+        } else {
+            CHECK_RC(rc, DLOCK_EBUSY);
+        }
+        th_sleep_ms(2);
+    }
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_OP(w.token, >, s->token);
+    CHECK_OK(w.release_rc);
+    frozen_holder_end(pid);
+    dlock_close(lf);
+    dlock_close(w.l);
+    dlock_client_close(c);
+    dlock_client_close(d);
+}
+
+/* A session of another account that has no right on dlock's database
+ * (USAGE only): GET_LOCK needs none, so it may take any lock name. */
+static MYSQL *foreign_open(void)
+{
+    MYSQL *m = mysql_init(NULL);
+    unsigned timeout = 10;
+
+    CHECK(m != NULL);
+    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'squatter'@'%%' "
+                                "IDENTIFIED BY 'sq-SECRET4'");
+    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
+    if (!mysql_real_connect(m, "127.0.0.1", "squatter", "sq-SECRET4", NULL,
+                            (unsigned)srv.port, NULL, 0))
+        th_fail(__FILE__, __LINE__, "squatter: %s", mysql_error(m));
+    /* it may not read dlock's tables */
+    CHECK(mysql_query(m, "SELECT COUNT(*) FROM dlocktest.dlock_locks") != 0);
+    return m;
+}
+
+/* The foreign session takes the user-level lock `lock` (a name). */
+static void foreign_take(MYSQL *m, const char *lock)
+{
+    char sql[256];
+    MYSQL_RES *r;
+    MYSQL_ROW row;
+
+    snprintf(sql, sizeof(sql), "SELECT GET_LOCK('%s', 0)", lock);
+    CHECK_EQ(mysql_query(m, sql), 0);
+    r = mysql_store_result(m);
+    row = r ? mysql_fetch_row(r) : NULL;
+    CHECK(row && row[0] && !strcmp(row[0], "1"));
+    mysql_free_result(r);
+}
+
+/* A lock name dlock uses: prefix + SHA-224 of the database, the table and
+ * `tail` (its bytes as hex: a name, a queue entry's number, a name and an
+ * owner), computed by the server as anyone may. */
+static void dlock_lock_name(const char *prefix, const char *tail, char *out,
+                            size_t cap)
+{
+    th_sql_query(&srv, out, cap,
+                 "SELECT CONCAT('%s', SHA2(CONCAT(CAST(DATABASE() AS "
+                 "BINARY), X'00', 'dlock_locks', X'00', X'%s'), 224))",
+                 prefix, tail);
+}
+
+/* The foreign session takes the next n queue entries' locks (their
+ * numbers count up). */
+static void foreign_take_entries(MYSQL *m, int n)
+{
+    long long next = th_sql_query(
+        &srv, NULL, 0,
+        "SELECT AUTO_INCREMENT FROM information_schema.tables WHERE "
+        "table_schema = 'dlocktest' AND table_name = 'dlock_locks_queue'");
+    for (int i = 0; i < n; i++) {
+        char dec[32], hex[80], lock[128];
+        snprintf(dec, sizeof(dec), "%lld", next + i);
+        to_hex(dec, hex, sizeof(hex));
+        dlock_lock_name("dlock-q:", hex, lock, sizeof(lock));
+        foreign_take(m, lock);
+    }
+}
+
+/*
+ * A session of another account with no right on dlock's database holds
+ * the name's gate and the next queue entries' locks (issue 33: every try
+ * of the name then answered busy, for good). Tries take the free lock, in
+ * either mode. A holder takes it without the gate, so its release wakes
+ * nobody; a waiter (either mode) whose deadline (1.5 s) comes before the
+ * holder's lease end (5 s) sleeps to its deadline (less 50 ms at most), and
+ * its last try there takes the lock freed at 0.3 s: never past its
+ * deadline, and within its wait.
+ */
+TEST(a_foreign_session_on_the_names_locks_keeps_no_try_out)
+{
+    static const unsigned modes[] = {0, DLOCK_FAIR};
+    MYSQL *f = foreign_open();
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    char hex[64], gate[128];
+
+    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    to_hex("squat", hex, sizeof(hex));
+    dlock_lock_name("dlock:", hex, gate, sizeof(gate));
+    foreign_take(f, gate);
+    foreign_take_entries(f, 10);
+    for (int m = 0; m < 2; m++) {
+        dlock *lt = handle(b, "squat", 0, modes[m]);
+        /* the grace after the previous release (below) */
+        if (m)
+            th_sleep_ms(600);
+        CHECK_OK(dlock_acquire(lt, 0));
+        CHECK_OK(dlock_release(lt));
+        dlock_close(lt);
+    }
+    for (int m = 0; m < 2; m++) {
+        dlock *la = handle(a, "squat", 5000, 0);
+        timed_waiter w = {handle(b, "squat", 0, modes[m]), 1500, 0, -99, 0,
+                          0, NULL, 0, 0, 0};
+        pthread_t th;
+        /* a try is busy for the grace (500 ms) after a release while
+         * another session holds the gate (a hand-over, maybe): past it */
+        th_sleep_ms(600);
+        CHECK_OK(dlock_acquire(la, 0));
+        uint64_t ta = dlock_token(la);
+        int64_t t0 = th_now_ms();
+        CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
+        wait_sleepers(1);
+        th_sleep_ms(300);
+        CHECK_OK(dlock_release(la));
+        pthread_join(th, NULL);
+        if (w.rc != DLOCK_OK)
+            th_fail(__FILE__, __LINE__, "%s waiter: %s (%s)",
+                    modes[m] ? "fair" : "default", dlock_errname(w.rc),
+                    dlock_errmsg());
+        CHECK_OP(w.token, >, ta);
+        /* lower bound: nothing woke it, it ran to its last slice's end
+         * (its deadline less 50 ms at most: its last try runs then);
+         * upper: the deadline and 2 s of slack for a busy machine, far
+         * below the holder's 5 s lease */
+        CHECK_OP(w.at - t0, >=, 1500 - 50);
+        CHECK_OP(w.at - t0, <, 3500);
+        CHECK_OK(w.release_rc);
+        dlock_close(la);
+        dlock_close(w.l);
+    }
+    mysql_close(f);
     dlock_client_close(a);
     dlock_client_close(b);
 }
@@ -1863,8 +2187,11 @@ static const th_test tests[] = {
     T(a_dead_fair_waiter_drops_out_of_the_queue),
     T(a_waiter_in_another_process_sleeps_in_the_server_until_the_release),
     T(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows),
+    T(a_waiter_no_release_wakes_takes_a_freed_lock_by_its_deadline),
     T(a_waiter_whose_connection_is_killed_waits_on_behind_the_next),
     T(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers),
+    T(a_frozen_holders_ended_lease_is_taken_by_a_try),
+    T(a_foreign_session_on_the_names_locks_keeps_no_try_out),
     T(a_release_at_the_waiters_deadline_gives_one_owner_or_none),
     T(a_killed_server_gives_econn_then_the_pool_reconnects),
     T(sleeping_waiters_return_within_their_deadline_when_the_server_dies),

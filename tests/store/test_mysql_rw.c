@@ -22,6 +22,13 @@
  *    tries racing never take more than N, a killed permit holder wakes
  *    the head at once, a head that gives up leaves no session asleep, no
  *    queue entry and no connection behind;
+ *  - a try takes what a wait would take: a permit whose holder froze
+ *    past its lease beside a live one is free for a try; a writer's try
+ *    settles a readers' row whose only hold left ended (frozen), its end
+ *    the bound a release kept; a session of another account (no right on
+ *    the database) holding the name's gate and a reader's (a permit's)
+ *    hold lock keeps no try out, while a writer waiting behind readers
+ *    still keeps new readers out;
  *  - a table made by the previous version: its columns added at open, a
  *    lock it held kept; a user who may not alter it keeps exclusive locks
  *    and gets DLOCK_ENOTSUP for the rest;
@@ -36,6 +43,8 @@
  * looks behind the store's back.
  */
 #include "test.h"
+
+#include <mysql.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -1264,6 +1273,259 @@ TEST(a_killed_permit_holder_wakes_the_head)
     dlock_client_close(c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* A try takes what a wait would take                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct child_hold {
+    char name[32];
+    int64_t ttl;
+    unsigned permits; /* 0: a read hold */
+    volatile int ready;
+    int rc;
+    uint64_t token;
+} child_hold;
+
+/* Holds a read hold or a permit until killed. */
+static int hold_child(void *arg)
+{
+    child_hold *s = arg;
+    dlock_client *c;
+    dlock *l;
+
+    if (child_open(s->name, s->ttl, s->permits, &c, &l))
+        return 2;
+    s->rc = s->permits ? dlock_acquire(l, 10000)
+                       : dlock_acquire_shared(l, 10000);
+    s->token = dlock_token(l);
+    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 3000; i++)
+        th_sleep_ms(10); /* killed before */
+    return 0;
+}
+
+/* A read hold (permits 0) or a permit held by a child process, stopped
+ * (SIGSTOP: its session open, its hold lock kept) at once. */
+static pid_t frozen_hold(const char *name, int64_t ttl, unsigned permits,
+                         child_hold **out)
+{
+    child_hold *s = th_shared(sizeof(*s));
+
+    snprintf(s->name, sizeof(s->name), "%s", name);
+    s->ttl = ttl;
+    s->permits = permits;
+    pid_t pid = th_fork(hold_child, s);
+    CHECK(th_wait_flag(&s->ready, 10000));
+    CHECK_OK(s->rc);
+    kill(pid, SIGSTOP);
+    *out = s;
+    return pid;
+}
+
+static void frozen_end(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    kill(pid, SIGCONT);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+}
+
+/* Waits (at most 10 s) until the hold of `owner` in name's row has
+ * ended on the server's clock. */
+static void wait_hold_ended(const char *name, const char *owner)
+{
+    long long left = 1;
+
+    for (int i = 0; i < 1000 && left > 0; i++) {
+        long long end = entry_by(name, owner, 2);
+        left = end - th_sql_query(&srv, NULL, 0,
+                                  "SELECT TIMESTAMPDIFF(MICROSECOND, "
+                                  "'1970-01-01', UTC_TIMESTAMP(6))");
+        if (left > 0)
+            th_sleep_ms(10);
+    }
+    CHECK_OP(left, <=, 0);
+}
+
+/*
+ * Holds that ended beside live ones (issue 33: a try said busy where a
+ * wait took the lock). A permit holder frozen past its 1 s lease beside a
+ * live one (N = 2: the row's entries count both): a permit's try takes
+ * the permit it left, as a semaphore's head does. A reader frozen past
+ * its 1 s lease after another reader (5 s lease) joined it and released:
+ * the row's end is still the bound that release kept (5 s), yet no hold
+ * is live; a writer's try settles the row and takes it, as a waiting
+ * writer does (before: busy until the bound).
+ */
+TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
+{
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    child_hold *s;
+    char owner[128];
+
+    pid_t pid = frozen_hold("ended-permit", 1000, 2, &s);
+    dlock *p2 = handle(a, "ended-permit", 30000, 0, 2),
+          *p3 = handle(b, "ended-permit", 30000, 0, 2);
+    CHECK_OK(dlock_acquire(p2, 0));
+    CHECK_EQ(form_of("ended-permit"), 2);
+    entry_of("ended-permit", 0, 1, owner, sizeof(owner));
+    if (entry_by("ended-permit", owner, 1) != (long long)s->token)
+        entry_of("ended-permit", 1, 1, owner, sizeof(owner));
+    CHECK_EQ(entry_by("ended-permit", owner, 1), (long long)s->token);
+    wait_hold_ended("ended-permit", owner);
+    CHECK_OK(dlock_acquire(p3, 0));
+    CHECK_OP(dlock_token(p3), >, dlock_token(p2));
+    CHECK_OK(dlock_release(p3));
+    CHECK_OK(dlock_release(p2));
+    frozen_end(pid);
+
+    pid = frozen_hold("ended-readers", 1000, 0, &s);
+    dlock *r2 = handle(a, "ended-readers", 5000, 0, 0),
+          *w = handle(b, "ended-readers", 30000, 0, 0);
+    CHECK_OK(dlock_acquire_shared(r2, 0));
+    CHECK_EQ(form_of("ended-readers"), 2);
+    CHECK_OK(dlock_release(r2));
+    entry_of("ended-readers", 0, 1, owner, sizeof(owner));
+    CHECK_EQ(entry_by("ended-readers", owner, 1), (long long)s->token);
+    wait_hold_ended("ended-readers", owner);
+    /* the row's end is still ahead (the bound of the release) */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0,
+                          "SELECT lock_until > UTC_TIMESTAMP(6) FROM "
+                          "dlock_locks WHERE name = 'ended-readers'"),
+             1);
+    CHECK_OK(dlock_acquire(w, 0));
+    CHECK_OP(dlock_token(w), >, s->token);
+    CHECK_OK(dlock_release(w));
+    frozen_end(pid);
+    dlock_close(p2);
+    dlock_close(p3);
+    dlock_close(r2);
+    dlock_close(w);
+    dlock_client_close(a);
+    dlock_client_close(b);
+}
+
+/* A session of another account that has no right on dlock's database
+ * (USAGE only): GET_LOCK needs none, so it may take any lock name. */
+static MYSQL *foreign_open(void)
+{
+    MYSQL *m = mysql_init(NULL);
+    unsigned timeout = 10;
+
+    CHECK(m != NULL);
+    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'squatter'@'%%' "
+                                "IDENTIFIED BY 'sq-SECRET5'");
+    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
+    if (!mysql_real_connect(m, "127.0.0.1", "squatter", "sq-SECRET5", NULL,
+                            (unsigned)srv.port, NULL, 0))
+        th_fail(__FILE__, __LINE__, "squatter: %s", mysql_error(m));
+    CHECK(mysql_query(m, "SELECT COUNT(*) FROM dlocktest.dlock_locks") != 0);
+    return m;
+}
+
+/* The foreign session takes user-level lock `prefix` + SHA-224 of the
+ * database, the table and the bytes `tail` (hex), as anyone may compute
+ * it: the gate (a name), a hold lock (a name, a NUL, an owner id). */
+static void foreign_take(MYSQL *m, const char *prefix, const char *tail)
+{
+    char lock[128], sql[256];
+    MYSQL_RES *r;
+    MYSQL_ROW row;
+
+    th_sql_query(&srv, lock, sizeof(lock),
+                 "SELECT CONCAT('%s', SHA2(CONCAT(CAST(DATABASE() AS "
+                 "BINARY), X'00', 'dlock_locks', X'00', X'%s'), 224))",
+                 prefix, tail);
+    snprintf(sql, sizeof(sql), "SELECT GET_LOCK('%s', 0)", lock);
+    CHECK_EQ(mysql_query(m, sql), 0);
+    r = mysql_store_result(m);
+    row = r ? mysql_fetch_row(r) : NULL;
+    CHECK(row && row[0] && !strcmp(row[0], "1"));
+    mysql_free_result(r);
+}
+
+/* The foreign session takes the gate of `name` and the hold lock of the
+ * owner that held it last (a sole holder: the row shows its owner id). */
+static void foreign_take_gate_and_hold(MYSQL *m, const char *name)
+{
+    char hex[128], owner[128], ohex[300], tail[600];
+
+    to_hex(name, hex, sizeof(hex));
+    th_sql_query(&srv, owner, sizeof(owner),
+                 "SELECT SUBSTR(owner, 2) FROM dlock_locks WHERE name = "
+                 "X'%s'",
+                 hex);
+    foreign_take(m, "dlock:", hex);
+    to_hex(owner, ohex, sizeof(ohex));
+    snprintf(tail, sizeof(tail), "%s00%s", hex, ohex);
+    foreign_take(m, "dlock-h:", tail);
+}
+
+/*
+ * A session of another account with no right on dlock's database holds a
+ * name's gate and a reader's (a permit's) hold lock (issue 33: the
+ * reader's tries then answered busy for good). The reader's try takes its
+ * hold again, a permit's too. A writer that waits behind a reader still
+ * keeps new readers out (its queue entry counts; the gate cannot say so),
+ * and it gets the lock within its wait after the reader lets go (no
+ * release can wake it: it takes the row at the lease end it read).
+ */
+TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
+{
+    MYSQL *f = foreign_open();
+    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
+                 *c = client_at(srv.uri);
+    dlock *ra = handle(a, "squat-rw", 1000, 0, 0),
+          *rc = handle(c, "squat-rw", 30000, 0, 0),
+          *pa = handle(a, "squat-sem", 30000, 0, 2);
+    waiter w;
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+    CHECK_OK(dlock_release(ra));
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_OK(dlock_release(pa));
+    foreign_take_gate_and_hold(f, "squat-rw");
+    foreign_take_gate_and_hold(f, "squat-sem");
+    th_sleep_ms(600); /* the grace after a release, while another session
+                       * holds the gate (a hand-over, maybe) */
+    CHECK_OK(dlock_acquire(pa, 0));
+    CHECK_OK(dlock_release(pa));
+    CHECK_OK(dlock_acquire_shared(ra, 0));
+
+    /* a writer waits behind the reader, listed; a new reader's try is
+     * busy (writer preference) */
+    start(&w, &th, handle(b, "squat-rw", 30000, 0, 0), 0, 10000);
+    dlock_info in;
+    int listed = 0;
+    for (int i = 0; i < 1000 && !listed; i++) {
+        CHECK_OK(dlock_inspect(c, "squat-rw", &in));
+        listed = in.queue_len == 1;
+        dlock_info_clear(&in);
+        if (!listed)
+            th_sleep_ms(5);
+    }
+    CHECK(listed);
+    CHECK_RC(dlock_acquire_shared(rc, 0), DLOCK_EBUSY);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(ra));
+    CHECK(th_wait_flag(&w.got_it, 10000));
+    CHECK_OK(w.rc);
+    /* at the reader's lease end at the latest (1 s lease, renewed), 2 s
+     * of slack for a busy machine, far below its 10 s wait */
+    CHECK_OP(w.got - t0, <, 1000 + 2000);
+    let_go(&w);
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    mysql_close(f);
+    dlock_close(ra);
+    dlock_close(rc);
+    dlock_close(pa);
+    dlock_close(w.l);
+    dlock_client_close(a);
+    dlock_client_close(b);
+    dlock_client_close(c);
+}
+
 /* The number of sessions of the user dlock. */
 static long long sessions(void)
 {
@@ -1571,6 +1833,8 @@ static const th_test tests[] = {
     T(tries_racing_never_take_more_than_n),
     T(a_killed_permit_holder_wakes_the_head),
     T(a_head_that_gives_up_leaves_nothing_behind),
+    T(holds_that_ended_beside_live_ones_are_free_for_a_try),
+    T(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out),
     T(a_table_of_the_previous_version_is_migrated_at_open),
     T(a_break_of_readers_wakes_the_draining_writer_at_once),
     T(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once),

@@ -31,15 +31,20 @@
  *    GET_LOCK on its own connection, and the holder's release (one round
  *    trip: the UPDATE, then RELEASE_ALL_LOCKS) hands the gate to the
  *    oldest waiter, whom the server wakes (its lock queue is FIFO). The
- *    try that wins also takes the gate; one that finds the gate taken
- *    does not take a free row (no barging past a woken waiter). The row
- *    stays the truth for owner, lease and token: the gate only decides
- *    who is woken. A waiter never sleeps past the holder's lease end (a
- *    frozen holder keeps its gate; the lease decides). Protocol and
- *    failure cases: docs/design.md, "Waiting in the server (MySQL)".
+ *    row stays the truth for owner, lease and token: the gate only
+ *    orders and wakes, and no take depends on holding it (any session of
+ *    any account may take a user-level lock). A try takes the gate when
+ *    it is free and the row when its lease ended, except a row released
+ *    less than MY_GRACE_MS ago whose gate another session holds: the
+ *    waiter the release woke is taking it. A waiter never sleeps past the
+ *    holder's lease end (a frozen holder, or a foreign session, keeps the
+ *    gate; the lease decides) nor its deadline, and ends with a try.
+ *    Protocol and failure cases: docs/design.md, "Waiting in the server
+ *    (MySQL)".
  *  - Fair mode: waiters are already served in order; a waiter also
  *    writes a T_queue entry for dlock_inspect(), alive while its
- *    connection holds the entry's own user lock (no heartbeats).
+ *    connection holds the entry's own user lock (no heartbeats), which
+ *    counts (keeps a fair try out) until its last wait's end + the grace.
  *  - Read holds and permits (mysql_rw.c): entries of a JSON column of
  *    the row, each with a user-level lock of its own that whoever waits
  *    for it sleeps on; docs/design.md, "Shared holds and permits".
@@ -175,7 +180,20 @@ static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     snprintf(set, sizeof(set),
              "lock_until = " NOW " + INTERVAL %lld MICROSECOND",
              (long long)ttl_ms * 1000);
-    rc = guarded(st, l, set, NULL, op_deadline, "extending the lease");
+    /* a hold taken while another session kept the gate (a frozen holder,
+     * a foreign session: docs/design.md, "Waiting in the server") takes it
+     * when it is free, so that its release wakes waiters again */
+    char *gate = dlock__mysql_gate_lit(st, l->name, l->name_len);
+    char *after = gate ? dlock__mysql_stmt("DO IF(ROW_COUNT() > 0 AND "
+                                           "IS_FREE_LOCK(%s) = 1, "
+                                           "GET_LOCK(%s, 0), 0)",
+                                           gate, gate)
+                       : NULL;
+    free(gate);
+    if (!after)
+        return dlock__mysql_enomem();
+    rc = guarded(st, l, set, after, op_deadline, "extending the lease");
+    free(after);
     if (rc == DLOCK_ENOTHELD)
         dlock__mysql_let_go_lost(st, l->priv, op_deadline);
     return rc;
@@ -198,12 +216,13 @@ static int my_gc(void *st, int64_t idle_ms, uint64_t *removed,
     if (rc == DLOCK_OK) {
         /* an entry is alive while its waiter's connection holds its
          * lock; one written in the last second may not hold it yet (the
-         * same round trip takes it) */
+         * same round trip takes it, in the statement that writes the end
+         * of its wait, later than now, into alive_until) */
         char *lock = dlock__mysql_entry_lock_of(ms, "seq");
         sql = lock ? dlock__mysql_stmt(
-                         "DELETE FROM %s WHERE alive_until <= " NOW
-                         " - INTERVAL 1 SECOND AND IS_USED_LOCK(%s) IS "
-                         "NULL",
+                         "DELETE FROM %s WHERE (alive_until <= " NOW
+                         " - INTERVAL 1 SECOND OR alive_until > " NOW ") "
+                         "AND IS_USED_LOCK(%s) IS NULL",
                          ms->q, lock)
                    : NULL;
         free(lock);

@@ -30,6 +30,13 @@
 #define MY_WAIT_RECONNECTS 3 /* a waiting session killed: wait on anew */
 #define MY_PERMITS_MAX 32 /* a full semaphore's head waits with one
                            * connection per holder (docs/locks.md) */
+/* The hand-over grace, ms: a row released (or a lease ended) less than
+ * this long ago whose gate another session holds is being handed to a
+ * woken waiter, and a queue entry counts until this long after its
+ * waiter's last wait end (docs/design.md, "Waiting in the server"). Far
+ * above a woken statement's time on a busy server, far below a lease. */
+#define MY_GRACE_MS 500
+#define MY_GRACE_US "500000"
 #define NOW "UTC_TIMESTAMP(6)"
 /* The owner of a row whose readers or permits are entries of `holders`
  * (an owner id has a ':'); a sole reader's or permit's row has '*' and its
@@ -90,6 +97,9 @@ typedef struct my_store {
  * a live semaphore of N permits). */
 enum { MY_CODE_NONE = 0, MY_CODE_WRITER = 1, MY_CODE_READERS = 2,
        MY_CODE_SEM = 3 };
+/* Added to a writer's busy try's code when the try holds the gate (it
+ * took it: a writer meeting readers then drains them at once). */
+#define MY_CODE_GATED 64
 
 /* A value of a statement's text, as a marker (the byte 1 and a letter):
  * a literal in a text statement (dlock__mysql_fill()), a parameter in a
@@ -236,11 +246,20 @@ char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
     "PATH '$[4]')"
 
 /* The acquire's upsert, guarded by `where`; `woke`: a waiter's, whose
- * times are its wake's; `rich`: a busy answer says who holds. */
+ * times are its wake's; `rich`: a busy answer says who holds; `gate`
+ * (a quoted literal, or NULL for a statement that holds the gate): a
+ * try's, which takes an ended row only as the row decides (mysql_sql.c
+ * says how). */
 char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *name, const char *owner,
                           const char *holder, const char *where, int woke,
-                          int rich);
+                          int rich, const char *gate);
+
+/* "EXISTS (...)": a queue entry of the name (name_lit) counts: its
+ * waiter's session holds the entry's lock and its last wait ended less
+ * than the grace ago. `older`: only entries older than ours (@dlock_q). */
+char *dlock__mysql_counting(const my_store *ms, const char *name_lit,
+                            int older);
 
 /* A read hold's or permit's light take (mysql_sql.c says more): the
  * exclusive upsert's shape with the sole holder's values, guarded by
@@ -254,10 +273,11 @@ char *dlock__mysql_upsert_light(const my_store *ms, const dlock__lease *l,
  * a permit's (N a marker) or a reader's; `join`, may it join the live
  * holds (0: only start on a free row); `prune`, drop the ended holds and
  * count only the live ones (a subquery: not on the uncontended path);
- * `gate` (NULL: none), the gate it lets go of once taken. */
+ * `gate` (NULL: none), the gate it lets go of once taken; `bare`, a try
+ * that does not hold the gate (a row being handed over is not free). */
 char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
                                  const char *where, int woke, int join,
-                                 int prune, const char *gate);
+                                 int prune, const char *gate, int bare);
 
 /* A reader's or permit's join, as a template (mysql_sql.c says more):
  * `permit`, a permit's (N a marker) or a reader's. */
@@ -273,7 +293,8 @@ int dlock__mysql_templates(my_store *ms);
 
 /* What a full take's first assignment decided (its LAST_INSERT_ID until
  * the token's assignment; a busy one's is a MY_CODE_*). */
-enum { MY_TOOK_FREE = 1001, MY_TOOK_SOLE = 1002, MY_TOOK_ENTRIES = 1003 };
+enum { MY_TOOK_FREE = 1001, MY_TOOK_SOLE = 1002, MY_TOOK_ENTRIES = 1003,
+       MY_TOOK_MINE = 1004, MY_TOOK_MINE_ENTRY = 1005 };
 
 /* The sole holder's owner column: '*' and the owner id, as a hex literal
  * (fresh; NULL: out of memory). */
@@ -360,10 +381,12 @@ char *dlock__mysql_settle(const my_store *ms, const char *name);
 
 /* The drain round trip of a writer that holds the gate while readers
  * hold: a SELECT waiting on each live reader's hold lock in turn (until
- * the deadline `wait_ms` from now at most), then `upsert` (its answer is
- * statement 2). */
+ * the deadline `wait_ms` from now at most, @dlock_dl in µs), then
+ * `upsert` (its answer is statement 2, 3 with `mid`: statements and "; "
+ * after the SET of @dlock_dl, or ""). */
 char *dlock__mysql_drain(const my_store *ms, const char *name,
-                         int64_t wait_ms, const char *upsert);
+                         int64_t wait_ms, const char *mid,
+                         const char *upsert);
 
 /* A semaphore's head, holding the gate with every permit held: waits on
  * the hold locks of st's locked holders at once (one pooled connection

@@ -12,7 +12,9 @@
  *    description], `lock_until` the latest end); `permits` a semaphore's
  *    N (0: readers). Every change is one statement on that row;
  *  - each hold keeps its hold lock (a user-level lock of its own) on its
- *    connection, so that whoever waits for it sleeps in GET_LOCK on it;
+ *    connection when it could take it, so that whoever waits for it
+ *    sleeps in GET_LOCK on it (a hold lock only wakes: another session
+ *    may hold it, and then the waiter sleeps to the hold's lease end);
  *  - their release and renewal (one UPDATE each, guarded by the hold's own
  *    token and live end, in either form; dlock_inspect()'s view of them
  *    is mysql_operate.c's);
@@ -356,7 +358,7 @@ int dlock__mysql_state(my_store *ms, dlock__lease *l, const char *name,
     char *hold = dlock__mysql_hold_lock_of(ms, name, "j.o");
     char *ow = dlock__mysql_hexlit(l->owner, strlen(l->owner));
     /* our own entry, if any (a try whose answer was lost), does not
-     * count: our next try replaces it */
+     * count: our next try adopts it */
     char *sql =
         hold && ow ? dlock__mysql_stmt(
                    "SELECT IS_USED_LOCK(%s) <=> CONNECTION_ID(), "
@@ -428,7 +430,8 @@ char *dlock__mysql_settle(const my_store *ms, const char *name)
 }
 
 char *dlock__mysql_drain(const my_store *ms, const char *name,
-                         int64_t wait_ms, const char *upsert)
+                         int64_t wait_ms, const char *mid,
+                         const char *upsert)
 {
     char *hold = dlock__mysql_hold_lock_of(ms, name, "j.o");
     /* each wait's length from the server's clock when it starts: the
@@ -436,12 +439,13 @@ char *dlock__mysql_drain(const my_store *ms, const char *name,
     char *sql =
         hold ? dlock__mysql_stmt(
                    "SET time_zone = '+00:00', @dlock_t0 = " NOW ", @dlock_dl "
-                   "= " NOW_US " + %lld; SELECT COUNT(IF(GET_LOCK(%s, "
+                   "= " NOW_US " + %lld; %sSELECT COUNT(IF(GET_LOCK(%s, "
                    "GREATEST(0, LEAST(j.e, @dlock_dl) - " MY_US("SYSDATE(6)")
                    ") / 1000000 + 0.001) = 1, RELEASE_LOCK(%s), NULL)) FROM "
                    "%s t, JSON_TABLE(" MY_HOLDS_OF("t.") ", " MY_HOLDERS_COLS
                    ") j WHERE t.name = %s AND j.e > " NOW_US "; %s",
-                   (long long)wait_ms * 1000, hold, hold, ms->t, name, upsert)
+                   (long long)wait_ms * 1000, mid, hold, hold, ms->t, name,
+                   upsert)
              : NULL;
 
     free(hold);

@@ -89,6 +89,17 @@ char *dlock__mysql_stmt(const char *fmt, ...)
  * writer's try then answers busy, and waits (as before read holds); a
  * reader's joins. */
 #define FREE_WOKE "(holds = 0 OR lock_until <= VALUES(locked_at))"
+/* A try's (it may not hold the gate): an ended row is ours when the try
+ * holds the gate now, or its lease ran out (the row still names its
+ * holder: holds > 0; a frozen or dead holder's), or it was released more
+ * than the grace ago. A row released less than the grace ago whose gate
+ * another session holds is being handed to the waiter the release woke,
+ * whose statement takes it as it wakes (docs/design.md, "Waiting in the
+ * server"). The try evaluates it once (dlock__mysql_upsert()). */
+#define TAKE_TRY(gate)                                                      \
+    "(lock_until <= " NOW " AND (holds > 0 OR lock_until <= " NOW            \
+    " - INTERVAL " MY_GRACE_US " MICROSECOND OR IS_USED_LOCK(" gate          \
+    ") <=> CONNECTION_ID()))"
 
 /* The name's gate: a user-level lock named from the database, the table
  * and the lock name (64 bytes at most, the server's limit). */
@@ -141,31 +152,90 @@ char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
 char *dlock__mysql_upsert(const my_store *ms, const dlock__lease *l,
                           const char *name, const char *owner,
                           const char *holder, const char *where, int woke,
-                          int rich)
+                          int rich, const char *gate)
 {
     const char *now = woke ? WOKE : NOW;
     const char *e = woke ? ENDED_WOKE : ENDED;
+    const char *busy = !rich    ? "token"
+                       : ms->rw ? BUSY_CODE("VALUES(locked_at)")
+                                : "token + 0 * LAST_INSERT_ID(1)";
+    char *take, *out;
 
-    return dlock__mysql_stmt(
-        "INSERT INTO %s (name, owner, holder, holds, token, "
-        "locked_at, lock_until) SELECT %s, %s, %s, 1, "
-        "LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
-        "%s)), %s, %s + INTERVAL %lld MICROSECOND FROM DUAL%s "
-        "ON DUPLICATE KEY UPDATE "
-        "holder = IF(%s, VALUES(holder), holder), "
-        "holds = IF(%s, 1, holds), "
-        "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
-        "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), %s)), "
-        "locked_at = IF(%s, VALUES(locked_at), locked_at), "
-        "owner = IF(%s, VALUES(owner), owner), "
-        "lock_until = IF(%s, VALUES(lock_until), IF(" MINE
-        ", GREATEST(lock_until, VALUES(lock_until)), lock_until))",
-        ms->t, name, owner, holder, now, now, now, (long long)l->ttl_ms * 1000,
-        where, e, e, e,
-        !rich     ? "token"
-        : ms->rw  ? BUSY_CODE("VALUES(locked_at)")
-                  : "token + 0 * LAST_INSERT_ID(1)",
-        e, e, e);
+    if (!gate || woke)
+        return dlock__mysql_stmt(
+            "INSERT INTO %s (name, owner, holder, holds, token, "
+            "locked_at, lock_until) SELECT %s, %s, %s, 1, "
+            "LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', "
+            "%s)), %s, %s + INTERVAL %lld MICROSECOND FROM DUAL%s "
+            "ON DUPLICATE KEY UPDATE "
+            "holder = IF(%s, VALUES(holder), holder), "
+            "holds = IF(%s, 1, holds), "
+            "token = IF(%s, LAST_INSERT_ID(GREATEST(token + 1, "
+            "VALUES(token))), IF(" MINE ", LAST_INSERT_ID(token), %s)), "
+            "locked_at = IF(%s, VALUES(locked_at), locked_at), "
+            "owner = IF(%s, VALUES(owner), owner), "
+            "lock_until = IF(%s, VALUES(lock_until), IF(" MINE
+            ", GREATEST(lock_until, VALUES(lock_until)), lock_until))",
+            ms->t, name, owner, holder, now, now, now,
+            (long long)l->ttl_ms * 1000, where, e, e, e, busy, e, e, e);
+    /* a try: its condition (TAKE_TRY) evaluated once, in the first
+     * assignment, and carried in LAST_INSERT_ID() (1 taken, 0 not) by
+     * the others; the token's comes last and sets the answer (measured:
+     * the condition in each assignment cost the try 25 µs, once 5). A
+     * busy answer that says who holds also says whether the try holds the
+     * gate (MY_CODE_GATED) */
+    take = dlock__mysql_stmt(TAKE_TRY("%s"), gate);
+    char *gated = rich && ms->rw
+                      ? dlock__mysql_stmt(
+                            "token + 0 * LAST_INSERT_ID(IF(holds = 0 OR "
+                            "lock_until <= " NOW ", 0, IF(" MY_SHARED_ANY(
+                                "owner") ", IF(permits > 0, 3 + permits, 2), "
+                            "1)) + IF(IS_USED_LOCK(%s) <=> CONNECTION_ID(), "
+                            "%d, 0))",
+                            gate, MY_CODE_GATED)
+                      : NULL;
+    if (gated)
+        busy = gated;
+    out = take ? dlock__mysql_stmt(
+                     "INSERT INTO %s (name, owner, holder, holds, token, "
+                     "locked_at, lock_until) SELECT %s, %s, %s, 1, "
+                     "LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, "
+                     "'1970-01-01', " NOW ")), " NOW ", " NOW " + INTERVAL "
+                     "%lld MICROSECOND FROM DUAL%s ON DUPLICATE KEY UPDATE "
+                     "holder = IF(LAST_INSERT_ID(%s), VALUES(holder), "
+                     "holder), "
+                     "holds = IF(LAST_INSERT_ID(), 1, holds), "
+                     "locked_at = IF(LAST_INSERT_ID(), VALUES(locked_at), "
+                     "locked_at), "
+                     "owner = IF(LAST_INSERT_ID(), VALUES(owner), owner), "
+                     "lock_until = IF(LAST_INSERT_ID(), VALUES(lock_until), "
+                     "IF(" MINE ", GREATEST(lock_until, VALUES(lock_until)), "
+                     "lock_until)), "
+                     "token = IF(LAST_INSERT_ID(), LAST_INSERT_ID(GREATEST("
+                     "token + 1, VALUES(token))), IF(" MINE
+                     ", LAST_INSERT_ID(token), %s))",
+                     ms->t, name, owner, holder, (long long)l->ttl_ms * 1000,
+                     where, take, busy)
+               : NULL;
+    free(take);
+    free(gated);
+    return out;
+}
+
+char *dlock__mysql_counting(const my_store *ms, const char *name_lit,
+                            int older)
+{
+    char *lock = dlock__mysql_entry_lock_of(ms, "q.seq");
+    char *out = lock ? dlock__mysql_stmt(
+                           "EXISTS (SELECT 1 FROM %s q WHERE q.name = %s AND "
+                           "q.seq %s AND q.alive_until > " NOW " - INTERVAL "
+                           MY_GRACE_US " MICROSECOND AND IS_USED_LOCK(%s) IS "
+                           "NOT NULL)",
+                           ms->q, name_lit, older ? "< @dlock_q" : "> 0", lock)
+                     : NULL;
+
+    free(lock);
+    return out;
 }
 
 char *dlock__mysql_sole_owner(const char *owner)
@@ -225,42 +295,51 @@ char *dlock__mysql_upsert_light(const my_store *ms, const dlock__lease *l,
  * the outcome in LAST_INSERT_ID() for the others (which see the columns
  * assigned before them, not the row as it was):
  *
- *  - MY_TOOK_FREE: the row is free (released, or its lease ended) or our
- *    own sole hold (an earlier try whose answer was lost): ours as its
- *    sole holder ('*' and our owner id, our values in the row's columns);
+ *  - MY_TOOK_MINE: our own live sole hold of this kind (an earlier try
+ *    whose answer was lost, or this statement is a late try of ours and
+ *    the owner holds again): adopted as the exclusive lock adopts it, its
+ *    token kept (the answer), its end only lengthened;
+ *  - MY_TOOK_MINE_ENTRY: our own live entry of this kind: the same, in
+ *    the entry. So a late try cannot end a newer hold of ours (the hold
+ *    lock, a user-level lock any session may take, is no condition);
+ *  - MY_TOOK_FREE: the row is free (released, or its lease ended; a try
+ *    not holding the gate: not a row released less than the grace ago
+ *    whose gate another session holds, a hand-over to the waiter it
+ *    woke), or our own live sole hold of another kind (replaced): ours as
+ *    its sole holder ('*' and our owner id, our values in the row's
+ *    columns);
  *  - MY_TOOK_SOLE: `join` allows it and a live sole holder of the same
  *    kind holds it (a reader; a permit of the same N, N >= 2): its hold
  *    becomes an entry of `holders` (its token, end, start and
  *    description), ours another, `owner` '*';
  *  - MY_TOOK_ENTRIES: `join` allows it and the row's entries are of the
  *    same kind (readers; or permits of the same N with fewer than N other
- *    entries): our entry is added, or replaces our own (an earlier try
- *    whose answer was lost: a try that is late behind a newer hold of
- *    ours cannot get here, as that hold keeps our hold lock, which the
- *    try's guard takes);
- *  - else busy: a MY_CODE_* (who holds).
+ *    entries): our entry is added (an ended one of ours replaced);
+ *  - else busy: a MY_CODE_* (who holds; MY_CODE_NONE for a free row that
+ *    a try may not take: one being handed over).
  *
  * The token's assignment comes last and sets LAST_INSERT_ID() to the new
- * token (the client's answer); the entries read the old token (a sole
- * holder's) and compute the new one. The times are one, the SELECT
- * part's (VALUES()): now in µs is VALUES(token), the condition's now
- * VALUES(locked_at).
+ * token (the client's answer; an adopted hold's own); the entries read
+ * the old token (a sole holder's) and compute the new one. The times are
+ * one, the SELECT part's (VALUES()): now in µs is VALUES(token), the
+ * condition's now VALUES(locked_at).
  *
  * With `gate` (a waiter holding the name's gate), the take lets go of the
  * gate in the statement itself, once taken: the next waiter wakes while
  * this statement commits, and its own upsert waits for the row's lock
- * (a writer woken so then sees this hold and waits for it).
+ * (a writer woken so then sees this hold and waits for it). `bare`: a
+ * try that does not hold the gate (the hand-over window above).
  *
  * Without `prune` the statement has no subquery (each costs the server
  * tens of µs to prepare, evaluated or not): holds whose lease ended stay
  * in `holders`, and a permit counts them as taken (it may find a
  * semaphore full that is not: the waiter holding the gate then reads the
  * live ones and tries again with `prune`, which drops them and counts the
- * live ones only).
+ * live ones only; a try prunes at once).
  */
 char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
                                  const char *where, int woke, int join,
-                                 int prune, const char *gate)
+                                 int prune, const char *gate, int bare)
 {
     const char *now = woke ? WOKE : NOW;
     const char *b = "LAST_INSERT_ID()";
@@ -286,7 +365,17 @@ char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
                 ") j WHERE j.e > " MY_US(NOW) " AND j.o <> " MY_V_OWNER
                 "), '{}')"
               : "IFNULL(holders, '{}')";
-    char s1[160], s2[400], sum[96];
+    /* our own live entry's end, µs (NULL: none) */
+    const char *mine_end =
+        "CAST(JSON_EXTRACT(holders, " MY_V_PATH_END ") AS SIGNED)";
+    /* free for this statement (a try: not while being handed over) */
+    const char *free_ =
+        bare ? "(" FREE_WOKE " AND NOT (holds = 0 AND lock_until > VALUES("
+               "locked_at) - INTERVAL " MY_GRACE_US " MICROSECOND AND "
+               "IS_FREE_LOCK(" MY_V_GATE ") = 0))"
+             : FREE_WOKE;
+    const char *kind = permit ? "permits = " MY_V_PERMITS : "permits = 0";
+    char s1[160], s2[400], sum[96], mine[200], mine_e[300];
 
     if (!join) {
         snprintf(s1, sizeof(s1), "0");
@@ -302,6 +391,14 @@ char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
         snprintf(s1, sizeof(s1), MY_SOLE("owner") " AND permits = 0");
         snprintf(s2, sizeof(s2), "owner <=> " MY_SHARED " AND permits = 0");
     }
+    snprintf(mine, sizeof(mine),
+             "owner = VALUES(owner) AND %s AND lock_until > VALUES("
+             "locked_at) AND holds > 0",
+             kind);
+    snprintf(mine_e, sizeof(mine_e),
+             "owner <=> " MY_SHARED " AND %s AND IFNULL(%s > VALUES(token), "
+             "0)",
+             kind, mine_end);
     snprintf(sum, sizeof(sum), "%s",
              permit ? "CONCAT(holds, ' of ', " MY_V_PERMITS ", ' permits')"
                     : "CONCAT(holds, ' readers')");
@@ -310,38 +407,46 @@ char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
         "lock_until, permits) SELECT " MY_V_NAME ", " MY_V_SOLE ", "
         MY_V_DESC ", 1, LAST_INSERT_ID(" MY_US("%s") "), %s, %s + INTERVAL "
         MY_V_TTL " MICROSECOND, %s FROM DUAL%s ON DUPLICATE KEY UPDATE "
-        "permits = IF(LAST_INSERT_ID(IF(" FREE_WOKE " OR owner = "
-        "VALUES(owner), %d, IF(%s, %d, IF(%s, %d, IF(" MY_SHARED_ANY(
-            "owner") ", IF(permits > 0, 3 + permits, 2), 1))))) > 1000, "
+        /* the decision */
+        "permits = IF(LAST_INSERT_ID(IF(%s, %d, IF(%s, %d, IF(%s OR owner = "
+        "VALUES(owner), %d, IF(%s, %d, IF(%s, %d, IF(" FREE_WOKE ", 0, IF("
+        MY_SHARED_ANY("owner") ", IF(permits > 0, 3 + permits, 2), 1)))))))) > "
+        "1000, "
         "VALUES(permits), permits), "
         "holders = CASE %s WHEN %d THEN JSON_OBJECT(CONVERT(SUBSTR("
         "owner, 2) USING utf8mb4), JSON_ARRAY(CONVERT(SUBSTR(owner, 2) "
         "USING utf8mb4), token, " MY_US("lock_until") ", "
         MY_US("locked_at") ", CONVERT(holder USING utf8mb4)), " MY_V_OWNER
-        ", %s) WHEN %d THEN JSON_SET(%s, " MY_V_PATH ", %s) ELSE holders "
-        "END, "
+        ", %s) WHEN %d THEN JSON_SET(%s, " MY_V_PATH ", %s) WHEN %d THEN "
+        "JSON_SET(holders, " MY_V_PATH_END ", GREATEST(%s, VALUES(token) + "
+        MY_V_TTL ")) ELSE holders END, "
         "holds = IF(%s > 1000, CASE %s WHEN %d THEN 1 WHEN %d THEN 2 "
-        "ELSE JSON_LENGTH(holders) END%s%s%s, holds), "
-        "holder = IF(%s = %d, VALUES(holder), IF(%s > 1000, %s, holder)), "
+        "WHEN %d THEN JSON_LENGTH(holders) ELSE holds END%s%s%s, holds), "
+        "holder = IF(%s = %d, VALUES(holder), IF(%s IN (%d, %d), %s, "
+        "holder)), "
         "locked_at = IF(%s = %d, VALUES(locked_at), locked_at), "
         "lock_until = IF(%s = %d, VALUES(lock_until), IF(%s > 1000, "
         "GREATEST(lock_until, VALUES(lock_until)), lock_until)), "
-        "owner = IF(%s = %d, VALUES(owner), IF(%s > 1000, " MY_SHARED
+        "owner = IF(%s = %d, VALUES(owner), IF(%s IN (%d, %d), " MY_SHARED
         ", owner)), "
-        "token = IF(%s > 1000, LAST_INSERT_ID(GREATEST(token + 1, "
-        "VALUES(token))), token)",
+        "token = CASE %s WHEN %d THEN LAST_INSERT_ID(token) WHEN %d THEN "
+        "token + 0 * LAST_INSERT_ID(CAST(JSON_EXTRACT(holders, "
+        MY_V_PATH_TOK ") AS UNSIGNED)) ELSE IF(%s > 1000, LAST_INSERT_ID("
+        "GREATEST(token + 1, VALUES(token))), token) END",
         ms->t, now, now, now, permit ? MY_V_PERMITS : "0", where,
-        /* permits: the decision */ MY_TOOK_FREE, s1, MY_TOOK_SOLE, s2,
+        /* permits: the decision */ mine, MY_TOOK_MINE, mine_e,
+        MY_TOOK_MINE_ENTRY, free_, MY_TOOK_FREE, s1, MY_TOOK_SOLE, s2,
         MY_TOOK_ENTRIES,
         /* holders */ b, MY_TOOK_SOLE, entry, MY_TOOK_ENTRIES, base, entry,
-        /* holds */ b, b, MY_TOOK_FREE, MY_TOOK_SOLE,
+        MY_TOOK_MINE_ENTRY, mine_end,
+        /* holds */ b, b, MY_TOOK_FREE, MY_TOOK_SOLE, MY_TOOK_ENTRIES,
         gate ? " + 0 * IFNULL(RELEASE_LOCK(" : "", gate ? gate : "",
         gate ? "), 0)" : "",
-        /* holder */ b, MY_TOOK_FREE, b, sum,
+        /* holder */ b, MY_TOOK_FREE, b, MY_TOOK_SOLE, MY_TOOK_ENTRIES, sum,
         /* locked_at */ b, MY_TOOK_FREE,
         /* lock_until */ b, MY_TOOK_FREE, b,
-        /* owner */ b, MY_TOOK_FREE, b,
-        /* token */ b);
+        /* owner */ b, MY_TOOK_FREE, b, MY_TOOK_SOLE, MY_TOOK_ENTRIES,
+        /* token */ b, MY_TOOK_MINE, MY_TOOK_MINE_ENTRY, b);
 }
 
 /*

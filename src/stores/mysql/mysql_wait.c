@@ -4,9 +4,11 @@
  * try, and the waiting in the server: a waiter sleeps in GET_LOCK on the
  * name's gate inside its try, and the holder's release wakes it (the
  * protocol is in mysql.c's header comment; its failure cases in
- * docs/design.md, "Waiting in the server (MySQL)"). A waiter's queue
- * entry, a session killed while it waits, a holder that lost its gate, a
- * frozen holder whose lease ends. Read holds and permits take the same
+ * docs/design.md, "Waiting in the server (MySQL)"). A try decides by the
+ * row, never by a user-level lock it could not take (a foreign session,
+ * a frozen holder may hold any of them); a wait ends with a try. A
+ * waiter's queue entry, a session killed while it waits, a holder that
+ * lost its gate, a frozen holder whose lease ends. Read holds and permits take the same
  * path with their own upsert (mysql_sql.c) and, holding the gate, what
  * mysql_rw.c adds: a writer drains the readers, a semaphore's head waits
  * on every holder (docs/design.md, "Shared holds and permits").
@@ -20,9 +22,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* How a try treats the gate. TRY_DRAIN: a writer holding the gate while
- * readers hold waits for each of them, then tries. */
-enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER, TRY_WAIT, TRY_DRAIN };
+/* How a try treats the gate. TRY_GATE and TRY_TAKEOVER (after a wait
+ * that ended without the gate) do not hold it: the row decides (they take
+ * the gate when it is free); TRY_HELD holds it; TRY_WAIT sleeps for it;
+ * TRY_DRAIN: a writer holding the gate while readers hold waits for each
+ * of them, then tries; TRY_LAST: a writer's try with no wait left after a
+ * busy one: settles a readers' row, tries again and lets go of the gate
+ * if it took nothing (docs/design.md: "A writer's try on a readers'
+ * row"). */
+enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER, TRY_WAIT, TRY_DRAIN, TRY_LAST };
 
 /* A read hold's or permit's try of kind TRY_GATE: the light take (the
  * client last held the name alone), the join (others held), or the full
@@ -31,6 +39,12 @@ enum { TRY_GATE, TRY_HELD, TRY_TAKEOVER, TRY_WAIT, TRY_DRAIN };
 enum { FIRST_FULL, FIRST_LIGHT, FIRST_JOIN };
 
 #define CLEAR_ID "LAST_INSERT_ID(0) = 0 AND "
+
+/* A wait's last slice at the gate ends this long before the caller's
+ * deadline (a quarter of what is left, if less): its last try runs then,
+ * and a busy one waits at the gate for the rest, so that a slow client
+ * still makes it within the wait. Milliseconds. */
+#define MY_LAST_MARGIN_MS 50
 
 /* Tries in a row that hold the gate, find the row free and take nothing
  * (a read hold's own hold lock held by another session): then an error */
@@ -46,6 +60,10 @@ typedef struct acq {
     int listed; /* it waits listed in the queue table */
     int kinds;  /* with its kind (readers or permits use the name) */
     int rich;   /* a writer whose every try says who holds */
+    int ordered; /* its tries respect the queue entries that count (fair
+                  * writers, readers, permits) */
+    int waits;   /* the call may wait (its deadline was ahead) */
+    int last;    /* its last try is made (or coming: no more of them) */
     int first;  /* a read hold's or permit's next try of kind TRY_GATE */
     char *name, *owner, *holder, *gate, *hold; /* a read hold's or permit's
                                                 * gate and hold: literals */
@@ -148,9 +166,10 @@ static void others_busy(dlock__lease *l)
 /* ------------------------------------------------------------------------ */
 
 /* A waiter's entry in T_queue for dlock_inspect(): alive while this
- * connection holds the entry's own lock; its seq in @dlock_q. Its
- * description says its kind when readers or permits use the name. Three
- * statements and "; ". */
+ * connection holds the entry's own lock (taken by alive_sql(), which
+ * follows in the same round trip); its seq in @dlock_q. Its description
+ * says its kind when readers or permits use the name. Two statements and
+ * "; ". */
 static char *join_sql(const acq *a)
 {
     const dlock__lease *l = a->l;
@@ -162,17 +181,53 @@ static char *join_sql(const acq *a)
 
     snprintf(desc, sizeof(desc), "%s%s", kind, l->desc);
     char *holder = dlock__mysql_hexlit(desc, strlen(desc));
-    char *lock = dlock__mysql_entry_lock_of(a->ms, "@dlock_q");
-    char *join = holder && lock
-                     ? dlock__mysql_stmt("INSERT INTO %s (name, holder, "
-                                         "alive_until) VALUES (%s, %s, " NOW
-                                         "); SET @dlock_q = LAST_INSERT_ID(); "
-                                         "DO GET_LOCK(%s, 0); ",
-                                         a->ms->q, a->name, holder, lock)
-                     : NULL;
-    free(lock);
+    char *join = holder ? dlock__mysql_stmt("INSERT INTO %s (name, holder, "
+                                            "alive_until) VALUES (%s, %s, "
+                                            NOW "); SET @dlock_q = "
+                                            "LAST_INSERT_ID(); ",
+                                            a->ms->q, a->name, holder)
+                        : NULL;
     free(holder);
     return join;
+}
+
+/* A listed waiter's entry counts while its session holds the entry's
+ * lock and its last wait has not ended (+ the grace): each wait writes
+ * its end into the entry (here an expression of seconds from now), in
+ * the statement that takes the entry's lock when free (the first one
+ * takes it: an entry whose end lies ahead holds it, or held it; gc reads
+ * it so). A statement and "; ". */
+static char *alive_sql(const acq *a, const char *secs)
+{
+    char *lock = dlock__mysql_entry_lock_of(a->ms, "@dlock_q");
+    char *sql = lock ? dlock__mysql_stmt(
+                           "UPDATE %s SET alive_until = " NOW " + INTERVAL "
+                           "ROUND((%s) * 1000000) MICROSECOND WHERE seq = "
+                           "@dlock_q AND GET_LOCK(%s, 0) IS NOT NULL; ",
+                           a->ms->q, secs, lock)
+                     : NULL;
+
+    free(lock);
+    return sql;
+}
+
+/* The same, in a round trip of its own, before a sleep in the client
+ * (holding the gate) of `ms_left`. */
+static void alive_for(const acq *a, int64_t ms_left)
+{
+    char secs[48];
+    char *sql;
+
+    if (!a->sl->seq || !a->sl->cn)
+        return;
+    snprintf(secs, sizeof(secs), "%lld.%03lld", (long long)(ms_left / 1000),
+             (long long)(ms_left % 1000));
+    sql = alive_sql(a, secs);
+    if (!sql || dlock__mysql_query(a->ms, a->sl->cn, sql,
+                                   dlock__now_ms() + a->ms->timeout_ms, NULL,
+                                   NULL, NULL, "waiting for the lock"))
+        a->sl->cn->broken = !sql ? a->sl->cn->broken : 1;
+    free(sql);
 }
 
 /* The try of kind `kind` (wait_ms: how long a waiting one may wait), and
@@ -182,54 +237,91 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
     const my_store *ms = a->ms;
     const dlock__lease *l = a->l;
     int waits = kind == TRY_WAIT;
-    char *where, *up, *del, *sql = NULL;
+    /* a try that does not hold the gate: the row decides */
+    int bare = kind == TRY_GATE || kind == TRY_TAKEOVER || kind == TRY_LAST;
+    /* listed already (or in this round trip): only older entries count */
+    int older = a->sl->seq != 0;
+    /* a busy answer says who holds: a writer's, unless its try is the
+     * exclusive lock's cheaper statement (mysql_sql.c) */
+    int rich = a->rich || (kind != TRY_GATE && kind != TRY_TAKEOVER);
+    char *where, *up, *del, *sql = NULL, *count = NULL;
 
+    /* the queue entries that count keep an ordered try out (a fair
+     * writer's; a reader's and a permit's: a writer waiting for the
+     * readers, a semaphore's head) */
+    if (bare && a->ordered &&
+        !(a->shared && kind == TRY_GATE &&
+          (a->first == FIRST_LIGHT || a->waits)) &&
+        !(count = dlock__mysql_counting(ms, a->name, older)))
+        return NULL;
     /* every guard first clears LAST_INSERT_ID: a guard that fails leaves
      * the statement's answer 0, not the session's last id (a queue
      * entry's), which a busy answer would read as who holds */
     if (!a->shared) {
-        /* a writer's try and take-over are the statements of exclusive
-         * locks as they were (no answer of who holds: code 0), unless
-         * this client saw readers or permits on the name */
+        /* a writer's try takes the gate when it is free, and decides by
+         * the row (dlock__mysql_upsert() with the gate); its try says who
+         * holds only if this client saw readers or permits on the name;
+         * a fair one takes nothing while an entry counts, unless it got
+         * the gate (nobody is queued at it) */
         if (waits)
             where = dlock__mysql_stmt(" WHERE " CLEAR_ID
                                       "GET_LOCK(@dlock_g, @dlock_w) = 1");
         else if (kind == TRY_HELD || kind == TRY_DRAIN)
             where = dlock__mysql_stmt("%s", "");
+        else if (count)
+            where = dlock__mysql_stmt(" WHERE %s(GET_LOCK(%s, 0) = 1 OR NOT "
+                                      "%s)",
+                                      rich ? CLEAR_ID : "", a->gate, count);
         else
-            where = dlock__mysql_stmt(" WHERE %sGET_LOCK(%s, 0) %s",
-                                      a->rich ? CLEAR_ID : "", a->gate,
-                                      kind == TRY_GATE ? "= 1"
-                                                       : "IS NOT NULL");
-    } else if (kind == TRY_GATE) {
-        /* a free gate: nobody waits, nobody is being woken */
+            where = dlock__mysql_stmt(" WHERE %sGET_LOCK(%s, 0) IS NOT NULL",
+                                      rich ? CLEAR_ID : "", a->gate);
+    } else if (kind == TRY_GATE && a->first == FIRST_LIGHT) {
+        /* the light take: a free gate (nobody waits, nobody is being
+         * woken) and its own hold lock; else the full take decides */
         where = dlock__mysql_stmt(" WHERE " CLEAR_ID "IS_FREE_LOCK(%s) = 1 "
                                   "AND GET_LOCK(%s, 0) = 1",
                                   a->gate, a->hold);
+    } else if (bare) {
+        /* the full take: busy while an entry counts (a free gate: nobody
+         * is queued); the hold lock taken when free, a condition of
+         * nothing (any session may hold it). The first try of a call that
+         * will wait is busy whenever the gate is taken, as before: a
+         * writer that took the gate lists itself in its next round trip,
+         * and readers that came in meanwhile would hold up its drain
+         * (measured: a writer under a flood of readers waited 1.5x as
+         * long); it then waits at the gate, and its takeovers and last
+         * try decide by the entries (a foreign session on the gate costs
+         * it the lease end it read, never its deadline) */
+        where = count ? dlock__mysql_stmt(" WHERE " CLEAR_ID "(IS_FREE_LOCK("
+                                          "%s) = 1 OR NOT %s) AND GET_LOCK(%s, "
+                                          "0) IS NOT NULL",
+                                          a->gate, count, a->hold)
+                      : dlock__mysql_stmt(" WHERE " CLEAR_ID "IS_FREE_LOCK(%s) "
+                                          "= 1 AND GET_LOCK(%s, 0) IS NOT NULL",
+                                          a->gate, a->hold);
     } else {
         where = dlock__mysql_stmt(
-            " WHERE " CLEAR_ID "%sGET_LOCK(%s, %d) = 1",
-            waits ? "GET_LOCK(@dlock_g, @dlock_w) = 1 AND " : "", a->hold,
-            kind == TRY_TAKEOVER ? 0 : 1);
+            " WHERE " CLEAR_ID "%sGET_LOCK(%s, 0) IS NOT NULL",
+            waits ? "GET_LOCK(@dlock_g, @dlock_w) = 1 AND " : "", a->hold);
     }
+    free(count);
     /* a read hold or permit taken holding the gate lets go of it in its
      * upsert: that wakes the next waiter */
     int lets_go = a->shared && (kind == TRY_WAIT || kind == TRY_HELD);
     char *tmpl = NULL;
     int light = kind == TRY_GATE && a->first == FIRST_LIGHT;
+    /* a try (and a waiter holding the gate) drops ended holds and counts
+     * the live ones: a permit whose holder's lease ran out is free */
     if (where && a->shared && !light)
-        tmpl = dlock__mysql_upsert_shared(
-            ms, l->kind == DLOCK__PERMIT, where, waits, kind != TRY_TAKEOVER,
-            kind == TRY_HELD || kind == TRY_TAKEOVER,
-            lets_go ? a->gate : NULL);
+        tmpl = dlock__mysql_upsert_shared(ms, l->kind == DLOCK__PERMIT, where,
+                                          waits, 1, kind == TRY_HELD || bare,
+                                          lets_go ? a->gate : NULL, bare);
     up = !where ? NULL
          : a->shared && light
              ? dlock__mysql_upsert_light(ms, l, a->name, a->holder, where)
          : a->shared ? (tmpl ? dlock__mysql_fill(tmpl, a->v) : NULL)
              : dlock__mysql_upsert(ms, l, a->name, a->owner, a->holder, where,
-                                   waits,
-                                   a->rich || (kind != TRY_GATE &&
-                                               kind != TRY_TAKEOVER));
+                                   waits, rich, bare ? a->gate : NULL);
     free(tmpl);
     /* a waiter listed for dlock_inspect() joins the queue in its first
      * wait's round trip (its entry's seq kept in @dlock_q), and the entry
@@ -240,56 +332,93 @@ static char *try_sql(const acq *a, int kind, int64_t wait_ms, int *at)
               ? dlock__mysql_stmt("; DELETE FROM %s WHERE seq = @dlock_q AND "
                                   "ROW_COUNT() > 0",
                                   ms->q)
+              : kind == TRY_LAST
+              /* a busy last try lets go of the gate it may have taken */
+              ? dlock__mysql_stmt("; DO IF(ROW_COUNT() > 0, 0, "
+                                  "RELEASE_ALL_LOCKS())")
               : dlock__mysql_stmt("%s", "");
     /* a writer holding the gate first settles a readers' row: its end
      * the latest live hold's (a release keeps an upper bound), free when
-     * none is live */
-    char *settle = !a->shared && ms->rw && kind == TRY_HELD
+     * none is live; so does its last try */
+    char *settle = !a->shared && ms->rw &&
+                           (kind == TRY_HELD || kind == TRY_LAST)
                        ? dlock__mysql_settle(ms, a->name)
                        : dlock__mysql_stmt("%s", "");
-    *at = joins ? 3 : 0;
-    if (!up || !del || !settle || !join) {
+    /* a listed waiter's entry: the end of the wait it starts */
+    char *alive = a->listed && (waits || kind == TRY_DRAIN)
+                      ? alive_sql(a, waits ? "@dlock_w"
+                                           : "(@dlock_dl - " MY_US(NOW)
+                                             ") / 1000000")
+                      : dlock__mysql_stmt("%s", "");
+    *at = joins ? 2 : 0;
+    if (!up || !del || !settle || !join || !alive) {
         sql = NULL;
     } else if (kind == TRY_DRAIN) {
-        char *d = dlock__mysql_drain(ms, a->name, wait_ms, up);
+        char *d = dlock__mysql_drain(ms, a->name, wait_ms, alive, up);
         sql = d ? dlock__mysql_stmt("%s%s%s", join, d, del) : NULL;
         free(d);
-        *at += 2;
+        *at += 2 + (alive[0] != '\0');
     } else if (!waits) {
         sql = dlock__mysql_stmt("%s%s%s", settle, up, del);
         *at = settle[0] ? 1 : 0;
     } else {
         /* a waiting try first sets its gate and the wait's length (the
-         * holder's lease left + 1 ms; a whole lease when the row is free
-         * but its gate taken: a woken waiter is about to take it, and one
-         * that does not within a lease, frozen in between, is passed by),
-         * and sleeps in the upsert's GET_LOCK */
-        sql = dlock__mysql_stmt(
-            "%sSET time_zone = '+00:00', @dlock_t0 = " NOW ", "
-            "@dlock_g = %s, @dlock_w = LEAST(%lld.%03lld, "
-            "IFNULL((SELECT IF(owner IS NOT NULL, %sGREATEST("
-            "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
-            "lock_until) / 1000000 + 0.001)%s, %lld.%03lld) FROM "
-            "%s WHERE name = %s), %lld.%03lld)); %s%s",
-            join, a->gate, (long long)(wait_ms / 1000),
-            (long long)(wait_ms % 1000),
-            /* a lock's waiter does not sleep behind a live semaphore
-             * (its answer, and the look after it, say so) */
-            ms->rw && l->kind != DLOCK__PERMIT
-                ? "IF(" MY_SHARED_ANY("owner") " AND permits > 0 AND "
-                  "lock_until > " NOW ", 0, "
-                : "(",
-            ")",
-            (long long)(l->ttl_ms / 1000), (long long)(l->ttl_ms % 1000),
-            ms->t, a->name, (long long)(l->ttl_ms / 1000),
-            (long long)(l->ttl_ms % 1000), up, del);
-        *at += 1;
+         * holder's lease left + 1 ms; a row that ended, whose gate
+         * another session holds: the rest of the grace after its end, in
+         * which the waiter the release woke takes it, and for a waiter
+         * that keeps the queue's order, until the older entries that
+         * count stop counting), and sleeps in the upsert's GET_LOCK */
+        char *wait_older = NULL;
+        if (a->ordered) {
+            char *lock = dlock__mysql_entry_lock_of(ms, "q.seq");
+            wait_older =
+                lock ? dlock__mysql_stmt(
+                           ", IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, " NOW
+                           ", MAX(q.alive_until) + INTERVAL " MY_GRACE_US
+                           " MICROSECOND) / 1000000 + 0.001 FROM %s q WHERE "
+                           "q.name = %s AND q.seq < @dlock_q AND "
+                           "q.alive_until > " NOW " - INTERVAL " MY_GRACE_US
+                           " MICROSECOND AND IS_USED_LOCK(%s) IS NOT NULL), "
+                           "0)",
+                           ms->q, a->name, lock)
+                     : NULL;
+            free(lock);
+        } else {
+            wait_older = dlock__mysql_stmt("%s", "");
+        }
+        sql = !wait_older
+                  ? NULL
+                  : dlock__mysql_stmt(
+                        "%sSET time_zone = '+00:00', @dlock_t0 = " NOW ", "
+                        "@dlock_g = %s, @dlock_w = LEAST(%lld.%03lld, "
+                        "IFNULL((SELECT IF(lock_until > " NOW ", %sGREATEST("
+                        "0.001, TIMESTAMPDIFF(MICROSECOND, " NOW ", "
+                        "lock_until) / 1000000 + 0.001)%s, GREATEST(0.001, "
+                        "TIMESTAMPDIFF(MICROSECOND, " NOW ", lock_until + "
+                        "INTERVAL " MY_GRACE_US " MICROSECOND) / 1000000 + "
+                        "0.001%s)) FROM %s WHERE name = %s), %lld.%03lld)); "
+                        "%s%s%s",
+                        join, a->gate, (long long)(wait_ms / 1000),
+                        (long long)(wait_ms % 1000),
+                        /* a lock's waiter does not sleep behind a live
+                         * semaphore (its answer, and the look after it,
+                         * say so) */
+                        ms->rw && l->kind != DLOCK__PERMIT
+                            ? "IF(" MY_SHARED_ANY("owner") " AND permits > 0, "
+                              "0, "
+                            : "(",
+                        ")", wait_older, ms->t, a->name,
+                        (long long)(l->ttl_ms / 1000),
+                        (long long)(l->ttl_ms % 1000), alive, up, del);
+        free(wait_older);
+        *at += 1 + (alive[0] != '\0');
     }
     free(where);
     free(up);
     free(del);
     free(settle);
     free(join);
+    free(alive);
     return sql;
 }
 
@@ -407,6 +536,34 @@ static int sleep_gated(my_store *ms, dlock__lease *l, long long left)
     return TRY_HELD;
 }
 
+/* sleep_gated() for a waiter that may be listed: its entry counts while it
+ * sleeps (its end written first). */
+static int sleep_listed(acq *a, long long left)
+{
+    int64_t now = dlock__now_ms(), until = now + (left > 0 ? left : 1);
+
+    /* a sleep to the deadline ends a little before it (as a wait's last
+     * slice): the try that follows, holding the gate, is the last one */
+    if (until >= a->l->deadline && !a->last &&
+        a->l->deadline != DLOCK__FOREVER) {
+        int64_t margin = (a->l->deadline - now) / 4;
+        if (margin > MY_LAST_MARGIN_MS)
+            margin = MY_LAST_MARGIN_MS;
+        until = a->l->deadline - margin;
+        left = until - now;
+        a->last = margin > 0;
+    }
+    if (until > a->l->deadline)
+        until = a->l->deadline;
+    alive_for(a, until - dlock__now_ms() > 0 ? until - dlock__now_ms() : 0);
+    if (!a->sl->cn || a->sl->cn->broken) {
+        if (a->sl->cn)
+            drop_conn(a->ms, a->sl);
+        return TRY_GATE;
+    }
+    return sleep_gated(a->ms, a->l, left);
+}
+
 /* A try that held the gate (or may have) took nothing: what the row says
  * decides the next step, in *kind (or an error). *recheck: live holds
  * without a session were seen once (a release in the moment between the
@@ -445,7 +602,7 @@ static int after_gated_try(acq *a, int *kind, int *recheck)
         /* its holder lost its gate (its connection died) and keeps the
          * lease */
         *recheck = 0;
-        *kind = sleep_gated(ms, l, st.left_ms);
+        *kind = sleep_listed(a, st.left_ms);
     } else if (st.code == MY_CODE_NONE ||
                (l->kind == DLOCK__READ && st.code == MY_CODE_READERS) ||
                (l->kind == DLOCK__PERMIT && st.live < (int)l->permits) ||
@@ -454,21 +611,35 @@ static int after_gated_try(acq *a, int *kind, int *recheck)
          * bound that its next try settles); a second time in a row that
          * took nothing, the lease end is the timer */
         *kind = (*recheck)++ < 2 ? TRY_HELD
-                                 : sleep_gated(ms, l, st.left_ms);
+                                 : sleep_listed(a, st.left_ms);
     } else if (st.live > st.locked && !*recheck) {
         *recheck = 1;
         *kind = TRY_HELD;
     } else if (l->kind == DLOCK__WRITE) {
         *recheck = 0;
         *kind = st.locked ? TRY_DRAIN
-                          : sleep_gated(ms, l, st.unlocked_last_ms);
+                          : sleep_listed(a, st.unlocked_last_ms);
     } else {
         /* a semaphore's head: woken by any holder's release, death or
          * lease end */
         *recheck = 0;
-        rc = dlock__mysql_head_wait(ms, l, a->name, &st,
-                                    st.unlocked_first_ms);
-        *kind = TRY_HELD;
+        int64_t head_ms = l->deadline - dlock__now_ms();
+        if (head_ms > MY_WAIT_SLICE_MS)
+            head_ms = MY_WAIT_SLICE_MS;
+        if (st.unlocked_first_ms >= 0 && st.unlocked_first_ms < head_ms)
+            head_ms = st.unlocked_first_ms;
+        for (int i = 0; i < st.nlk; i++)
+            if (st.lk_ms[i] < head_ms)
+                head_ms = st.lk_ms[i];
+        alive_for(a, head_ms > 0 ? head_ms : 0);
+        if (sl->cn->broken) {
+            drop_conn(ms, sl); /* the server let go of the gate: again */
+            *kind = TRY_GATE;
+        } else {
+            rc = dlock__mysql_head_wait(ms, l, a->name, &st,
+                                        st.unlocked_first_ms);
+            *kind = TRY_HELD;
+        }
     }
     dlock__mysql_state_free(&st);
     /* slept: no try past the caller's deadline (or its cancel) */
@@ -497,9 +668,11 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     int fair = (l->flags & DLOCK_FAIR) != 0;
     acq a = {.ms = ms, .l = l, .sl = sl, .shared = l->kind != DLOCK__WRITE,
              .rich = shared_seen(l),
+             .ordered = fair || l->kind != DLOCK__WRITE,
+             .waits = l->deadline > dlock__now_ms(),
              .first = others_seen(l) ? FIRST_JOIN : FIRST_LIGHT};
     int kind = TRY_GATE, seen_busy = 0, rc = DLOCK_OK, lost = 0;
-    int recheck = 0, held_tries = 0;
+    int recheck = 0, held_tries = 0, waited = 0;
 
     (void)op_deadline;
     if (a.shared && !ms->rw)
@@ -520,10 +693,11 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
     a.name = dlock__mysql_hexlit(l->name, l->name_len);
     a.owner = dlock__mysql_hexlit(l->owner, strlen(l->owner));
     a.holder = dlock__mysql_hexlit(l->desc, strlen(l->desc));
-    /* a reader's or permit's own statements name its locks as literals
-     * (computed once, with its other values, kept with the lease: the
-     * server's SHA2 costs each statement ~10 µs a name); a writer's keep
-     * the exclusive lock's expressions */
+    /* the statements name the gate (and a reader's or permit's own hold
+     * lock) as literals the client computes (a reader's or permit's once,
+     * with its other values, kept with the lease): the server's SHA2
+     * costs each statement ~10 µs a name, and a writer's try reads its
+     * gate more than once */
     if (a.shared) {
         if (!sl->has_v) {
             if ((rc = dlock__mysql_vals(ms, l, &sl->v)) != DLOCK_OK)
@@ -534,7 +708,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         a.gate = dlock__mysql_stmt("'%s'", sl->v.gate);
         a.hold = dlock__mysql_stmt("'%s'", sl->v.hold);
     } else {
-        a.gate = a.name ? dlock__mysql_gate_of(ms, a.name) : NULL;
+        a.gate = dlock__mysql_gate_lit(ms, l->name, l->name_len);
         a.hold = a.name && a.owner
                      ? dlock__mysql_hold_lock_of(ms, a.name, a.owner)
                      : NULL;
@@ -553,11 +727,24 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         uint64_t affected = 0, token = 0;
         int at = 0;
 
-        /* during a wait no statement runs past the caller's deadline */
-        if (!once && l->deadline != DLOCK__FOREVER && dl > l->deadline + 10)
+        /* during a wait no statement runs past the caller's deadline (its
+         * last try: 10 ms past it) */
+        if ((!once || waited) && l->deadline != DLOCK__FOREVER &&
+            dl > l->deadline + 10)
             dl = l->deadline + 10;
-        if (wait_ms > MY_WAIT_SLICE_MS)
+        int shortened = 0;
+        if (wait_ms > MY_WAIT_SLICE_MS) {
             wait_ms = MY_WAIT_SLICE_MS;
+        } else if (kind == TRY_WAIT && !a.last &&
+                   l->deadline != DLOCK__FOREVER) {
+            /* the slice that ends at the deadline ends a little before
+             * it: the last try follows (below) */
+            int64_t margin = wait_ms / 4 < MY_LAST_MARGIN_MS
+                                 ? wait_ms / 4
+                                 : MY_LAST_MARGIN_MS;
+            wait_ms -= margin;
+            shortened = margin > 0;
+        }
         if (!sl->cn) {
             rc = dlock__mysql_conn_get(ms, dl, &sl->cn);
             if (rc)
@@ -569,6 +756,7 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
          * (the contended path) is prepared on the connection (MY_PS_TEXT:
          * refused, the text instead) */
         int64_t sent = dlock__now_ms(), wdl = dl;
+        waited |= waits;
         int join = a.shared && kind == TRY_GATE && a.first == FIRST_JOIN;
         rc = MY_PS_TEXT;
         if (join) {
@@ -618,9 +806,9 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         if (a.shared ? kind == TRY_WAIT
                      : kind != TRY_HELD && kind != TRY_DRAIN)
             sl->gated = 1;
-        /* a busy answer of 0: its guard failed before its GET_LOCK(hold)
-         * (or that failed); any other: it holds the hold lock */
-        if (a.shared && (rc || token != 0))
+        /* a read hold's or permit's try may hold its hold lock now (taken
+         * when free, whatever the answer) */
+        if (a.shared)
             sl->locks = 1;
         if (rc && dlock__mysql_errno(sl->cn) == ER_LOCK_DEADLOCK &&
             round < MY_DEADLOCK_RETRIES) {
@@ -663,28 +851,17 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             lease_start(&a, waits, sent, answered);
             sl->seq = 0;
             sl->locks = 0;
-            /* the gate is ours unless a stale holder kept it (takeover);
-             * a read hold or permit let go of it in the same round trip */
-            sl->gated = !a.shared && kind != TRY_TAKEOVER;
-            if (!a.shared && kind == TRY_TAKEOVER) {
-                MYSQL_RES *r = NULL;
-                char *chk = dlock__mysql_stmt("SELECT IS_USED_LOCK(%s) <=> "
-                                              "CONNECTION_ID()",
-                                              a.gate);
-                if (chk &&
-                    dlock__mysql_query(ms, sl->cn, chk,
-                                       dlock__now_ms() + ms->timeout_ms, &r,
-                                       NULL, NULL,
-                                       "taking the lock") == DLOCK_OK)
-                    sl->gated = dlock__mysql_col_ll(r, 0, 0) == 1;
-                if (r)
-                    mysql_free_result(r);
-                free(chk);
-            }
+            /* a writer's connection holds the gate unless another
+             * session kept it (a try decides by the row: its release then
+             * wakes nobody, and its renewals take the gate when free); a
+             * read hold or permit let go of it in the same round trip */
+            sl->gated = !a.shared;
             goto out; /* keeps sl->cn: the gate's (the hold lock's) */
         }
         if (rc)
             break;
+        if (kind == TRY_LAST && !sl->seq)
+            sl->gated = 0; /* its last statement let go of the gate */
         if (a.shared && kind == TRY_GATE && a.first != FIRST_FULL) {
             /* a light take or a join that took nothing says nothing (its
              * guard may have taken the hold lock): the full take at once.
@@ -696,8 +873,16 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             continue;
         }
         /* busy: who holds (LAST_INSERT_ID of the busy branch; a writer's
-         * try and take-over do not say: 0) */
+         * try and take-over do not say: 0), and whether a writer's try
+         * that says holds the gate */
         long long code = (long long)token;
+        int gate_ours = 0;
+        if (!a.shared && (kind == TRY_GATE || kind == TRY_TAKEOVER ||
+                          kind == TRY_LAST) &&
+            code >= MY_CODE_GATED && code < 2 * MY_CODE_GATED) {
+            gate_ours = 1;
+            code -= MY_CODE_GATED;
+        }
         if ((!a.shared && !a.rich &&
              (kind == TRY_GATE || kind == TRY_TAKEOVER)) ||
             code > MY_CODE_SEM + MY_PERMITS_MAX)
@@ -709,24 +894,36 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             break;
         seen_busy = 1;
 
-        if (!a.shared && (kind == TRY_WAIT || kind == TRY_GATE) &&
-            code == MY_CODE_READERS) {
-            /* a writer granted the gate while readers hold keeps it and
-             * drains them (listed, with its kind); a try only answers */
+        if (!a.shared && code == MY_CODE_READERS &&
+            (kind == TRY_WAIT || (gate_ours && kind != TRY_LAST))) {
+            /* a writer granted the gate while readers hold (or whose try
+             * took it) keeps it and drains them (listed, with its kind); a
+             * try only answers */
             if (once)
                 break;
             a.listed = a.kinds = 1;
             kind = TRY_DRAIN;
             continue;
         }
-        if (kind == TRY_GATE || kind == TRY_TAKEOVER) {
+        if (kind == TRY_GATE || kind == TRY_TAKEOVER || kind == TRY_LAST) {
             /* held: wait in the server. Readers, permits, fair waiters
              * and writers that met readers or permits join the queue
              * inspect() lists (in their first wait's round trip): an
-             * entry alive while this connection holds its own lock */
-            if (once)
+             * entry alive while this connection holds its own lock. A
+             * writer that met readers waits at the gate too (granted at
+             * once when its try took it), and drains them from there */
+            if (once) {
+                /* no wait left: a writer's busy try settles a readers'
+                 * row and tries again, in the round trip that lets go of
+                 * the gate */
+                if (!a.shared && ms->rw && kind != TRY_LAST) {
+                    kind = TRY_LAST;
+                    a.last = 1;
+                    continue;
+                }
                 break;
-            if (fair || a.shared) {
+            }
+            if (fair || a.shared || code >= MY_CODE_READERS) {
                 a.listed = 1;
                 a.kinds |= code >= MY_CODE_READERS;
             }
@@ -734,8 +931,27 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             continue;
         }
         /* nothing taken holding the gate (or maybe: a wait): the row
-         * says what next */
+         * says what next. A wait's last slice that ended without the gate
+         * (its GET_LOCK answered 0: a foreign session or a frozen holder
+         * kept it, so a release woke nobody) makes one last try, as a try
+         * would, taking a lock freed meanwhile; a busy one waits at the
+         * gate for the rest of the wait */
+        if (kind == TRY_WAIT && code == MY_CODE_NONE && shortened &&
+            !a.last && !dlock__lease_cancelled(l)) {
+            a.last = 1;
+            kind = !a.shared && ms->rw ? TRY_LAST : TRY_TAKEOVER;
+            continue;
+        }
         if (dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l)) {
+            /* the same at the deadline (a slice too short to end before
+             * it), within 10 ms of it */
+            if (kind == TRY_WAIT && code == MY_CODE_NONE && !a.last &&
+                !dlock__lease_cancelled(l) &&
+                dlock__now_ms() < l->deadline + 10) {
+                a.last = 1;
+                kind = !a.shared && ms->rw ? TRY_LAST : TRY_TAKEOVER;
+                continue;
+            }
             rc = DLOCK_EBUSY;
             break;
         }
@@ -755,6 +971,18 @@ int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             drop_conn(ms, sl);
             rc = DLOCK_OK;
             kind = TRY_GATE;
+        }
+        if (rc == DLOCK_EBUSY && !a.last && !dlock__lease_cancelled(l) &&
+            l->deadline != DLOCK__FOREVER &&
+            dlock__now_ms() < l->deadline + 10) {
+            /* the deadline came while it slept or looked at the row (a
+             * holder without the gate, whose release woke nobody): one
+             * last try, holding the gate as it does, else as a try */
+            a.last = 1;
+            rc = DLOCK_OK;
+            kind = sl->cn && sl->gated ? TRY_HELD
+                   : !a.shared && ms->rw ? TRY_LAST
+                                         : TRY_TAKEOVER;
         }
         if (rc)
             break;
