@@ -345,6 +345,24 @@ static void run_cmd(const cli_spawn *sp, pid_t sup, int errfd)
     _exit(CLI_EX_NOTFOUND);
 }
 
+/* Starts CMD with vfork(): the supervisor waits, its memory shared,
+ * until CMD's exec (or _exit), and no page table is copied. The child
+ * only makes system calls and never returns from here. */
+static __attribute__((noinline)) pid_t start_cmd(const cli_spawn *sp,
+                                                 pid_t self, const int *errp,
+                                                 int ctl, int rep)
+{
+    pid_t pid = vfork();
+
+    if (pid == 0) {
+        close(errp[0]);
+        close(ctl);
+        close(rep);
+        run_cmd(sp, self, errp[1]);
+    }
+    return pid;
+}
+
 /* The supervisor: never returns (async-signal-safe only). */
 static void supervise_tree(const cli_spawn *sp, pid_t dlock_pid, int ctl,
                            int rep)
@@ -375,16 +393,10 @@ static void supervise_tree(const cli_spawn *sp, pid_t dlock_pid, int ctl,
         say(rep, CLI_SUP_EXECFAIL, errno, 0);
         _exit(0);
     }
-    cmd = fork();
+    cmd = start_cmd(sp, self, errp, ctl, rep);
     if (cmd < 0) {
         say(rep, CLI_SUP_EXECFAIL, errno, 0);
         _exit(0);
-    }
-    if (cmd == 0) {
-        close(errp[0]);
-        close(ctl);
-        close(rep);
-        run_cmd(sp, self, errp[1]);
     }
     close(errp[1]);
     ssize_t got;
