@@ -228,24 +228,24 @@ int cli_tree_signal(pid_t root, int sig)
     /* every process's parent, then the descendants of root: a process
      * is one when its parent is root or one already found (repeated until
      * nothing is added: as many passes as the tree is deep) */
-    static const int cap = SCAN_MAX;
     int pid[SCAN_MAX], ppid[SCAN_MAX], tree[SCAN_MAX + 1];
     unsigned char in[SCAN_MAX];
     int n = 0, nt, fd, count = 0;
-    char buf[8192];
+    long long aligned[1024]; /* the records' own alignment */
+    char *buf = (char *)aligned;
 
     fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return -1;
     for (;;) {
-        long got = syscall(SYS_getdents64, fd, buf, sizeof(buf));
+        long got = syscall(SYS_getdents64, fd, buf, sizeof(aligned));
         if (got <= 0)
             break;
         for (long off = 0; off < got;) {
             struct linux_dirent64_ *e = (struct linux_dirent64_ *)(buf + off);
             off += e->d_reclen;
             long p = parse_pid(e->d_name);
-            if (p <= 0 || p == root || n >= cap)
+            if (p <= 0 || p == root || n >= SCAN_MAX)
                 continue;
             long pp = parent_of(p);
             if (pp < 0)
