@@ -635,6 +635,13 @@ DLOCK_EXTERN void dlock_free(void *p);
 #define DLOCK_EVENT_RELEASED 2  /* ... was released (rc: the result) */
 #define DLOCK_EVENT_LOST 3      /* ... was found lost (why: the cause) */
 #define DLOCK_EVENT_LONG_HOLD 4 /* ... passed the long-hold threshold */
+#define DLOCK_EVENT_AT_RISK 5   /* ... its lease ends within the client's
+                                 * at-risk margin and no renewal has
+                                 * extended it (renewals failed or went
+                                 * unanswered; DLOCK_NO_RENEW: its natural
+                                 * end is near). why: the last renewal
+                                 * failure; left_ms: the lease left */
+#define DLOCK_EVENT_SAFE 6      /* ... a renewal succeeded after AT_RISK */
 
 /* What happened, for a dlock_event_cb. Valid during the call only. */
 typedef struct dlock_event {
@@ -646,7 +653,15 @@ typedef struct dlock_event {
     int64_t waited_ms; /* ACQUIRED: time spent in the acquire call */
     int64_t held_ms;   /* RELEASED, LOST, LONG_HOLD: the hold's age */
     int rc;            /* RELEASED: what dlock_release() returns */
-    const char *why;   /* LOST: why (as in dlock_errmsg()); else "" */
+    const char *why;   /* LOST: why (as in dlock_errmsg()); AT_RISK: the
+                        * last renewal failure, or why nothing renews
+                        * it; else "" */
+    int64_t left_ms;   /* AT_RISK, SAFE: the local lease left at the event
+                        * (AT_RISK: the time left to stop the work; <= 0
+                        * when the event comes late, e.g. after the
+                        * process was frozen; SAFE: INT64_MAX where the
+                        * lease has no end while the store is reachable,
+                        * a ZooKeeper session's); else 0 */
 } dlock_event;
 
 typedef void (*dlock_event_cb)(const dlock_event *ev, void *arg);
@@ -659,7 +674,8 @@ typedef void (*dlock_event_cb)(const dlock_event *ev, void *arg);
  * for reentrant levels); LOST and LONG_HOLD on the client's background
  * thread, once per hold (LOST on the owner's thread when its own
  * dlock_extend() finds the hold gone; a loss that dlock_release() finds
- * is its RELEASED event with rc DLOCK_ELOST). The callback must return
+ * is its RELEASED event with rc DLOCK_ELOST); AT_RISK and SAFE on the
+ * background thread too (dlock_client_set_at_risk()). The callback must return
  * quickly (it delays the caller, or the client's renewals) and must not
  * call dlock_close() or dlock_client_close(); it may call any other
  * function. Replacing the callback while holds exist is allowed: a call
@@ -670,6 +686,41 @@ typedef void (*dlock_event_cb)(const dlock_event *ev, void *arg);
  */
 DLOCK_EXTERN int dlock_client_set_events(dlock_client *c, dlock_event_cb cb,
                                          void *arg, int64_t long_hold_ms);
+
+/*
+ * Sets the client's at-risk margin (0: off, the default). A hold whose
+ * local lease end (the moment until which the library is sure it holds
+ * the lock, and at which it declares it lost) comes within margin_ms
+ * without a renewal having moved it gets one DLOCK_EVENT_AT_RISK on the
+ * event callback (background thread), on time even while the store
+ * leaves a renewal unanswered; a renewal that succeeds afterwards gives
+ * DLOCK_EVENT_SAFE. Time enough to stop the work under the lock before
+ * anyone else can take it. With a margin set, the watchdog renews every
+ * min(ttl/3, (ttl - drift - margin)/2) (at least ttl/10), so that a
+ * renewal and its retry come first. Holds without a lease (file://,
+ * postgres advisory locks) never get these events. The margin applies at
+ * once to every hold. See dlock_client_at_risk_max() for what fits.
+ * Errors: DLOCK_EINVAL (NULL or closed client, margin_ms < 0).
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_client_set_at_risk(dlock_client *c, int64_t margin_ms);
+
+/*
+ * The largest at-risk margin under which a renewal of a hold of ttl_ms on
+ * this client's store still has a fair chance (at least a sixth of the
+ * lease) before the hold is at risk, in *max_ms: 2/3 of the ttl less the
+ * drift margin where the watchdog renews leases (Redis, Redlock, the lock
+ * tables); a sixth of the granted lease on etcd and a third of the
+ * session timeout less the drift margin on ZooKeeper (these two ask the
+ * store: a lease is granted, a session opened, as the next acquire of
+ * that ttl would); INT64_MAX where holds have no lease (file://,
+ * postgres advisory locks: no at-risk event comes). May be 0 for a very
+ * short ttl. Errors: DLOCK_EINVAL (NULL client or max_ms, ttl_ms below
+ * DLOCK_TTL_MIN), and the store's errors for etcd and ZooKeeper
+ * (DLOCK_ECONN, DLOCK_EAUTH, ...). Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_client_at_risk_max(dlock_client *c, int64_t ttl_ms,
+                                          int64_t *max_ms);
 
 /* ------------------------------------------------------------------------ */
 /* Errors and version                                                       */

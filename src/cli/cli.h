@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <signal.h>
+#include <sys/types.h>
 
 struct dlock_info;
 
@@ -23,6 +25,71 @@ struct dlock_info;
 #define CLI_EX_LOST 76        /* the lock was lost while CMD ran */
 #define CLI_EX_NOEXEC 126     /* CMD found but not executable */
 #define CLI_EX_NOTFOUND 127   /* CMD not found */
+
+/* --- dlock run's command tree (tree.c) ---------------------------------- */
+
+/* The descriptors above 2 a process had at its start, sorted. */
+typedef struct cli_fdset {
+    int *fd;
+    int n;
+} cli_fdset;
+
+/* Records this process's descriptors above 2 (/proc/self/fd; without
+ * /proc, fcntl on each up to the limit). 0, or -1 out of memory. */
+int cli_fds_record(cli_fdset *set);
+void cli_fds_free(cli_fdset *set);
+
+/* What the supervisor needs to start CMD, prepared before the fork. */
+typedef struct cli_spawn {
+    char **argv, **envp;
+    char **paths;   /* CMD's candidates as execvp tries them, NULL-ended */
+    char **sh_argv; /* "/bin/sh", (a candidate), argv[1..]: ENOEXEC */
+    const cli_fdset *inherited; /* all CMD keeps beside 0, 1, 2 */
+    const struct sigaction *pipe_act; /* CMD's SIGPIPE disposition */
+} cli_spawn;
+
+/* Fills *sp (PATH searched now). 0, or -1 out of memory (cli_spawn_free
+ * either way). */
+int cli_spawn_prepare(cli_spawn *sp, char **argv, char **envp,
+                      const cli_fdset *inherited,
+                      const struct sigaction *pipe_act);
+void cli_spawn_free(cli_spawn *sp);
+
+/* The supervisor process and its two pipes (dlock's ends). */
+typedef struct cli_sup {
+    pid_t pid;
+    int ctl; /* dlock -> supervisor: cli_sup_cmd */
+    int rep; /* supervisor -> dlock: cli_sup_msg */
+} cli_sup;
+
+/* dlock -> supervisor */
+#define CLI_SUP_SIGNAL 1 /* pass signal `sig` to CMD (not yet reaped) */
+#define CLI_SUP_TERM 2   /* SIGTERM (and SIGCONT) every process of the tree */
+#define CLI_SUP_KILL 3   /* SIGKILL the tree, again until it is empty */
+typedef struct cli_sup_cmd {
+    int op, sig;
+} cli_sup_cmd;
+
+/* supervisor -> dlock */
+#define CLI_SUP_STARTED 1  /* a: CMD's pid */
+#define CLI_SUP_EXECFAIL 2 /* a: the exec's errno (the supervisor exits) */
+#define CLI_SUP_EXITED 3   /* a: CMD's wait status; b: 1 if processes of
+                            * its tree are left */
+#define CLI_SUP_EMPTY 4    /* the tree is empty; the supervisor exits */
+typedef struct cli_sup_msg {
+    int type, a, b;
+} cli_sup_msg;
+
+/* Forks the supervisor, which starts CMD (sp). Call with dlock a child
+ * subreaper. 0, or -1 with errno. */
+int cli_sup_start(const cli_spawn *sp, cli_sup *s);
+/* Sends the supervisor op (CLI_SUP_*) and, for CLI_SUP_SIGNAL, sig. */
+int cli_sup_send(const cli_sup *s, int op, int sig);
+
+/* Sends sig to every descendant of root (found through /proc/PID/stat:
+ * at most 65536 processes are looked at), SIGTERM followed by SIGCONT;
+ * returns how many got it, -1 without /proc. Async-signal-safe. */
+int cli_tree_signal(pid_t root, int sig);
 
 int cmd_run(int argc, char **argv);
 int cmd_status(int argc, char **argv);

@@ -3,18 +3,27 @@
  * cmd_run.c -- `dlock run [options] NAME [--] CMD [ARG...]`
  *
  * Acquire NAME, run CMD with DLOCK_NAME and DLOCK_TOKEN in its environment
- * while the client's watchdog keeps the lease renewed, release when CMD
- * exits, and exit with CMD's status.
+ * while the client's watchdog keeps the lease renewed, release when every
+ * process of CMD is gone, and exit with CMD's status.
+ *
+ * CMD runs under a supervisor process (tree.c): dlock and the supervisor
+ * are child subreapers, so every process CMD starts stays in the tree that
+ * dlock stops; if dlock dies, the supervisor SIGKILLs the tree. CMD gets
+ * no descriptor dlock did not inherit, and DLOCK_STORE without its
+ * password.
  *
  * Signals: after the lock is taken, dlock blocks INT/TERM/HUP/QUIT/CHLD and
  * reads them from a signalfd. Signals sent by a process (kill) are passed
  * on to CMD; those the terminal sends to the foreground process group
- * already reached CMD, so they are not sent twice. CMD gets SIGTERM if dlock
- * itself dies (PR_SET_PDEATHSIG).
+ * already reached CMD, so they are not sent twice.
  *
- * Loss: the lost-lock callback (on the client's thread) writes to a pipe;
- * the main loop then sends CMD SIGTERM, and SIGKILL after --kill-after, and
- * dlock exits 76.
+ * Losing the lock (docs/design.md, "Stopping the work before the lease
+ * ends"): the client's at-risk margin is --kill-after + STOP_ALLOWANCE_MS.
+ * The events (on the client's thread) go through a pipe to the main loop:
+ * at AT_RISK every process of CMD gets SIGTERM, and SIGKILL comes by the
+ * local lease end less STOP_ALLOWANCE_MS; SAFE calls the SIGKILL off; at
+ * LOST (without AT_RISK first: the lock is gone already) SIGTERM, SIGKILL
+ * after --kill-after, and dlock exits 76.
  */
 #include "cli.h"
 
@@ -22,6 +31,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -47,27 +57,40 @@ static const char run_usage[] =
     "                     in ~/.local/state/dlock, ~ being your home in the\n"
     "                     passwd entry whatever $HOME says)\n"
     "  --wait DUR         give up after DUR (default: forever; 0: one try)\n"
-    "  --ttl DUR          lease length (default 10s; renewed every DUR/3)\n"
+    "  --ttl DUR          lease length (default 10s; renewed every DUR/3,\n"
+    "                     or more often to fit --kill-after)\n"
     "  --fair             first come, first served\n"
     "  --shared           a shared (read) hold: other --shared runs of NAME\n"
     "                     run alongside; a plain run waits for them all\n"
     "  --permits N        NAME is a semaphore of N permits: at most N runs\n"
     "                     at once (every run of NAME must say the same N)\n"
-    "  --kill-after DUR   after losing the lock, SIGKILL CMD this long after\n"
-    "                     SIGTERM (default 5s)\n"
+    "  --kill-after DUR   when the lock is at risk or lost, SIGKILL CMD this\n"
+    "                     long after SIGTERM; the SIGKILL lands before the\n"
+    "                     lease ends (default: 5s, or what fits in --ttl)\n"
     "  --warn-after DUR   say on stderr, once, when the lock has been held\n"
     "                     for DUR (CMD keeps running)\n"
     "  --quiet            no progress line while waiting\n"
     "\n"
     "DUR: 500ms, 30s, 2m, 1h, 1.5s; a bare number is seconds.\n"
     "\n"
+    "Every process CMD starts (children, grandchildren, setsid ones) is\n"
+    "stopped with it: when the lock is at risk (renewals fail), when it is\n"
+    "lost, when dlock dies (SIGKILL), and when CMD exits leaving some\n"
+    "behind (SIGTERM, then SIGKILL after --kill-after); the lock is\n"
+    "released once they are all gone.\n"
+    "\n"
     "Exit status: CMD's own, or 128+N if it died of signal N;\n"
-    "  64 usage, 69 store error, 75 not acquired within --wait,\n"
-    "  76 lock lost while CMD ran (CMD was terminated), 126/127 CMD could\n"
-    "  not be run.\n";
+    "  64 usage, 69 store error, 70 internal error, 75 not acquired within\n"
+    "  --wait, 76 lock lost while CMD ran (CMD was terminated), 126/127 CMD\n"
+    "  could not be run.\n";
 
 #define DEFAULT_TTL_MS 10000
 #define DEFAULT_KILL_AFTER_MS 5000
+/* R: how long before the local lease end the SIGKILL is sent, for it to
+ * take effect on a busy machine: this process's timer wake-up, the
+ * message to the supervisor, its scan of /proc and the kernel delivering
+ * SIGKILL (tens of milliseconds under load). docs/design.md. */
+#define STOP_ALLOWANCE_MS 100
 
 /* ------------------------------------------------------------------------ */
 /* While waiting: one updating line on a terminal; Ctrl-C exits at once.    */
@@ -178,27 +201,96 @@ static void *progress_main(void *arg)
 /* While CMD runs                                                           */
 /* ------------------------------------------------------------------------ */
 
-/* What the lost-lock callback (client thread) tells the main loop. The
- * message is written before the pipe byte, so reading the byte orders it. */
-typedef struct lost_note {
-    int fd;
-    char why[256];
-} lost_note;
+/* What the event callback (the client's thread) tells the main loop: one
+ * write each, smaller than PIPE_BUF, so never torn. */
+typedef struct run_note {
+    int type;        /* DLOCK_EVENT_AT_RISK, SAFE or LOST */
+    int64_t at_ms;   /* CLOCK_MONOTONIC when it came */
+    int64_t left_ms; /* AT_RISK: the lease left */
+    char why[400];
+} run_note;
 
-static void on_lost(dlock *l, uint64_t token, void *arg)
+typedef struct ev_ctx {
+    int fd; /* the pipe to the main loop (non-blocking) */
+} ev_ctx;
+
+static int64_t now_ms(void)
 {
-    lost_note *n = arg;
-    char b = 1;
+    struct timespec t;
 
-    (void)l;
-    (void)token;
-    snprintf(n->why, sizeof(n->why), "%s", dlock_errmsg());
-    if (write(n->fd, &b, 1) < 0) {
-        /* the pipe is non-blocking and one byte is enough */
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* The client's events (on its background thread): --warn-after's
+ * long-hold line said here; the at-risk, safe and lost events passed to
+ * the main loop. */
+static void on_event(const dlock_event *e, void *arg)
+{
+    const ev_ctx *x = arg;
+
+    if (e->type == DLOCK_EVENT_LONG_HOLD) {
+        char held[32], line[700];
+        cli_format_duration(e->held_ms, held, sizeof(held));
+        int n = snprintf(line, sizeof(line),
+                         "dlock: lock '%.200s' held for %s (--warn-after), "
+                         "token %llu; the command still runs\n",
+                         e->name, held, (unsigned long long)e->token);
+        /* one write: whole, even beside the command's own output */
+        if (n > 0 && write(STDERR_FILENO, line,
+                           (size_t)n < sizeof(line) ? (size_t)n
+                                                    : sizeof(line) - 1) < 0) {
+            /* stderr is gone: nothing to tell */
+        }
+        return;
+    }
+    if (e->type != DLOCK_EVENT_AT_RISK && e->type != DLOCK_EVENT_SAFE &&
+        e->type != DLOCK_EVENT_LOST)
+        return;
+    run_note n;
+    memset(&n, 0, sizeof(n));
+    n.type = e->type;
+    n.at_ms = now_ms();
+    n.left_ms = e->left_ms;
+    snprintf(n.why, sizeof(n.why), "%s", e->why ? e->why : "");
+    if (write(x->fd, &n, sizeof(n)) < 0) {
+        /* the pipe is full (the main loop has 100 notes to read): the
+         * release still says what happened */
     }
 }
 
-/* environ plus DLOCK_NAME and DLOCK_TOKEN (replacing any earlier ones). */
+/* v without the password of its URI's user information
+ * ("redis://u:secret@h" -> "redis://u@h", ":secret@h" -> "h"): the only
+ * secret a store URI holds. Malloc'd; NULL out of memory. */
+static char *without_password(const char *v)
+{
+    const char *auth = strstr(v, "://");
+    char *r = strdup(v);
+
+    if (!r || !auth)
+        return r;
+    auth += 3;
+    size_t al = strcspn(auth, "/?");
+    const char *at = NULL;
+    for (size_t i = 0; i < al; i++)
+        if (auth[i] == '@')
+            at = auth + i;
+    if (!at)
+        return r;
+    const char *colon = memchr(auth, ':', (size_t)(at - auth));
+    size_t o = (size_t)(auth - v);
+    if (colon && colon == auth) {
+        /* no user: no user information at all */
+        memmove(r + o, r + o + (size_t)(at + 1 - auth), strlen(at + 1) + 1);
+    } else if (colon) {
+        o += (size_t)(colon - auth);
+        memmove(r + o, r + o + (size_t)(at - colon), strlen(at) + 1);
+    }
+    return r;
+}
+
+/* environ plus DLOCK_NAME and DLOCK_TOKEN (replacing any earlier ones),
+ * DLOCK_STORE without its password. */
 static char **child_env(const char *name, uint64_t token)
 {
     size_t n = 0, o = 0;
@@ -206,29 +298,40 @@ static char **child_env(const char *name, uint64_t token)
 
     while (environ[n])
         n++;
-    env = calloc(n + 3, sizeof(*env));
+    env = calloc(n + 4, sizeof(*env));
     if (!env)
         return NULL;
     for (size_t i = 0; i < n; i++)
         if (strncmp(environ[i], "DLOCK_NAME=", 11) &&
-            strncmp(environ[i], "DLOCK_TOKEN=", 12))
+            strncmp(environ[i], "DLOCK_TOKEN=", 12) &&
+            strncmp(environ[i], "DLOCK_STORE=", 12))
             env[o++] = environ[i];
     size_t nl = strlen(name) + 12;
+    const char *store = getenv("DLOCK_STORE");
     env[o] = malloc(nl);
     env[o + 1] = malloc(40);
-    if (!env[o] || !env[o + 1]) {
+    env[o + 2] = NULL;
+    if (store) {
+        char *clean = without_password(store);
+        env[o + 2] = clean ? malloc(strlen(clean) + 13) : NULL;
+        if (env[o + 2])
+            sprintf(env[o + 2], "DLOCK_STORE=%s", clean);
+        free(clean);
+    }
+    if (!env[o] || !env[o + 1] || (store && !env[o + 2])) {
         free(env[o]);
         free(env[o + 1]);
+        free(env[o + 2]);
         free(env);
         return NULL;
     }
     snprintf(env[o], nl, "DLOCK_NAME=%s", name);
     snprintf(env[o + 1], 40, "DLOCK_TOKEN=%llu", (unsigned long long)token);
-    env[o + 2] = NULL;
+    env[o + 3] = NULL;
     return env;
 }
 
-static void free_env(char **env)
+static void free_env(char **env, size_t ours)
 {
     size_t n = 0;
 
@@ -236,82 +339,10 @@ static void free_env(char **env)
         return;
     while (env[n])
         n++;
-    /* the last two entries are ours */
-    if (n >= 2) {
-        free(env[n - 1]);
-        free(env[n - 2]);
-    }
+    /* the last entries are ours */
+    for (size_t i = 0; i < ours && i < n; i++)
+        free(env[n - 1 - i]);
     free(env);
-}
-
-/* Starts CMD; returns its pid, or -1 with *exec_errno set. */
-static pid_t spawn(char **cmd, char **env, int *exec_errno)
-{
-    int errpipe[2];
-    pid_t parent = getpid(), pid;
-    int err = 0;
-
-    if (pipe2(errpipe, O_CLOEXEC) != 0) {
-        *exec_errno = errno;
-        return -1;
-    }
-    pid = fork();
-    if (pid < 0) {
-        *exec_errno = errno;
-        close(errpipe[0]);
-        close(errpipe[1]);
-        return -1;
-    }
-    if (pid == 0) {
-        sigset_t none;
-        close(errpipe[0]);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(CLI_EX_LOST);
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        execvpe(cmd[0], cmd, env);
-        err = errno;
-        if (write(errpipe[1], &err, sizeof(err)) < 0)
-            _exit(CLI_EX_NOTFOUND);
-        _exit(CLI_EX_NOTFOUND);
-    }
-    close(errpipe[1]);
-    ssize_t got;
-    do
-        got = read(errpipe[0], &err, sizeof(err));
-    while (got < 0 && errno == EINTR);
-    close(errpipe[0]);
-    if (got == (ssize_t)sizeof(err)) {
-        waitpid(pid, NULL, 0);
-        *exec_errno = err;
-        return -1;
-    }
-    return pid;
-}
-
-/* --warn-after: the client's long-hold event (on its background thread),
- * said once on stderr. */
-static void on_event(const dlock_event *e, void *arg)
-{
-    char held[32], line[700];
-    const char *name = e->name;
-    int n;
-
-    (void)arg;
-    if (e->type != DLOCK_EVENT_LONG_HOLD)
-        return;
-    cli_format_duration(e->held_ms, held, sizeof(held));
-    n = snprintf(line, sizeof(line),
-                 "dlock: lock '%.200s' held for %s (--warn-after), token "
-                 "%llu; the command still runs\n",
-                 name, held, (unsigned long long)e->token);
-    /* one write: whole, even beside the command's own output */
-    if (n > 0 && write(STDERR_FILENO, line,
-                       (size_t)n < sizeof(line) ? (size_t)n
-                                                : sizeof(line) - 1) < 0) {
-        /* stderr is gone: nothing to tell */
-    }
 }
 
 typedef struct run_opts {
@@ -319,7 +350,7 @@ typedef struct run_opts {
     const char *name;
     char **cmd;
     int64_t ttl_ms, wait_ms, kill_after_ms, warn_after_ms;
-    int fair, quiet, shared;
+    int fair, quiet, shared, kill_after_set;
     unsigned permits;
 } run_opts;
 
@@ -409,6 +440,7 @@ static int parse(int argc, char **argv, run_opts *o)
                             v);
                 return CLI_EX_USAGE;
             }
+            o->kill_after_set = 1;
             continue;
         }
         if (!strcmp(a, "--")) { /* end of options: NAME may start with - */
@@ -447,68 +479,238 @@ static int take(dlock *l, const run_opts *o, int64_t wait_ms)
                      : dlock_acquire(l, wait_ms);
 }
 
-/* Waits for CMD, forwarding signals and reacting to loss. Returns the exit
- * code dlock should use, and whether the lock was lost in *lost. */
-static int supervise(pid_t child, int sfd, int lost_fd, const lost_note *n,
-                     run_opts *o, int *lost)
-{
-    struct timespec kill_at = {0, 0};
-    int killed = 0;
+/* The run: the supervisor and its tree, the events, the kill timer. */
+typedef struct run_state {
+    const run_opts *o;
+    cli_sup sup;
+    int sfd, evfd;
+    pid_t cmd;          /* CMD's pid, once started */
+    int exec_errno;     /* the supervisor could not start CMD */
+    int cmd_status;     /* its wait status, once cmd_done */
+    int cmd_done, empty, sup_gone, sup_died, rep_eof;
+    int lost, at_risk, term_sent, kill_sent;
+    int64_t lease_end;  /* while at risk: the local lease end (ms) */
+    int64_t kill_at;    /* when SIGKILL goes to the tree; 0: not armed */
+} run_state;
 
+static void arm_kill(run_state *r, int64_t at)
+{
+    if (!r->kill_sent && (r->kill_at == 0 || at < r->kill_at))
+        r->kill_at = at;
+}
+
+/* SIGTERM to every process of CMD now, SIGKILL at the latest at
+ * `kill_by` (the kill timer). */
+static void stop_tree(run_state *r, int64_t kill_by)
+{
+    if (r->empty)
+        return; /* nothing runs any more */
+    if (!r->term_sent && !r->kill_sent) {
+        cli_sup_send(&r->sup, CLI_SUP_TERM, 0);
+        r->term_sent = 1;
+    }
+    arm_kill(r, kill_by);
+}
+
+static void on_note(run_state *r, const run_note *n)
+{
+    char left[32], k[32];
+    int64_t now = now_ms();
+    int64_t ka = r->o->kill_after_ms;
+
+    if (n->type == DLOCK_EVENT_AT_RISK && !r->lost) {
+        r->at_risk = 1;
+        r->lease_end = n->at_ms + n->left_ms;
+        if (r->empty)
+            return; /* nothing runs any more */
+        /* SIGKILL by the lease end less R, and --kill-after after the
+         * SIGTERM at the latest */
+        int64_t by = r->lease_end - STOP_ALLOWANCE_MS;
+        if (now + ka < by)
+            by = now + ka;
+        if (by < now)
+            by = now;
+        cli_format_duration(n->left_ms > 0 ? n->left_ms : 0, left,
+                            sizeof(left));
+        cli_format_duration(by - now, k, sizeof(k));
+        if (r->kill_sent)
+            cli_err("lock at risk: %s; lease left %s (the command's "
+                    "processes were sent SIGKILL already)",
+                    n->why, left);
+        else
+            cli_err("lock at risk: %s; lease left %s; stopping the "
+                    "command (SIGTERM, SIGKILL in %s)",
+                    n->why, left, k);
+        stop_tree(r, by);
+    } else if (n->type == DLOCK_EVENT_SAFE && r->at_risk && !r->lost) {
+        r->at_risk = 0;
+        if (!r->kill_sent && r->kill_at) {
+            /* leftovers of a CMD that exited keep their own timer */
+            r->kill_at = 0;
+            if (r->cmd_done)
+                r->kill_at = now + ka;
+            cli_err("lock '%s' is safe again (a renewal got through): no "
+                    "SIGKILL; the command, sent SIGTERM, ends as it will",
+                    r->o->name);
+        }
+    } else if (n->type == DLOCK_EVENT_LOST && !r->lost) {
+        r->lost = 1;
+        if (r->empty)
+            return; /* nothing runs any more */
+        /* at risk before: the SIGKILL is due by the lease end already */
+        int64_t by = r->at_risk && r->lease_end - STOP_ALLOWANCE_MS < now + ka
+                         ? r->lease_end - STOP_ALLOWANCE_MS
+                         : now + ka;
+        if (by < now)
+            by = now;
+        cli_format_duration(by - now, k, sizeof(k));
+        if (r->kill_sent)
+            cli_err("lost the lock: %s (the command's processes were sent "
+                    "SIGKILL already)",
+                    n->why[0] ? n->why : "lease gone");
+        else
+            cli_err("lost the lock: %s; stopping the command (SIGTERM, "
+                    "SIGKILL in %s)",
+                    n->why[0] ? n->why : "lease gone", k);
+        stop_tree(r, by);
+    }
+}
+
+static void on_sup(run_state *r, const cli_sup_msg *m)
+{
+    char k[32];
+
+    switch (m->type) {
+    case CLI_SUP_STARTED:
+        r->cmd = (pid_t)m->a;
+        break;
+    case CLI_SUP_EXECFAIL:
+        r->exec_errno = m->a ? m->a : ENOENT;
+        break;
+    case CLI_SUP_EXITED:
+        r->cmd_done = 1;
+        r->cmd_status = m->a;
+        if (m->b && !r->kill_sent) {
+            /* its processes would run on without the lock */
+            cli_format_duration(r->o->kill_after_ms, k, sizeof(k));
+            if (!r->term_sent)
+                cli_err("the command exited and left processes running; "
+                        "stopping them (SIGTERM, SIGKILL in %s) before "
+                        "the release",
+                        k);
+            stop_tree(r, now_ms() + r->o->kill_after_ms);
+        }
+        break;
+    case CLI_SUP_EMPTY:
+        r->empty = 1;
+        break;
+    }
+}
+
+/* dlock's own descendants, the supervisor gone (a subreaper gets its
+ * orphans): SIGKILLed, again until none is left. */
+static void kill_own_tree(void)
+{
     for (;;) {
-        struct pollfd fds[2] = {{sfd, POLLIN, 0}, {lost_fd, POLLIN, 0}};
+        while (waitpid(-1, NULL, WNOHANG) > 0)
+            ;
+        if (waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD)
+            return;
+        cli_tree_signal(getpid(), SIGKILL);
+        /* a death here, or the next round in 20 ms (design.md) */
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Runs until every process of the tree is gone: signals passed on, the
+ * supervisor's reports, the lock's events, the kill timer. Returns dlock's
+ * exit code (the lock not yet released). */
+static int run_tree(run_state *r)
+{
+    while (!r->sup_gone) {
+        struct pollfd fds[3] = {{r->sfd, POLLIN, 0},
+                                {r->rep_eof ? -1 : r->sup.rep, POLLIN, 0},
+                                {r->evfd, POLLIN, 0}};
         int timeout = -1;
 
-        if (*lost && !killed) {
-            int64_t left = -since_ms(&kill_at);
-            timeout = left > 0 ? (int)left : 0;
+        if (r->kill_at) {
+            int64_t left = r->kill_at - now_ms();
+            timeout = left > 0 ? (left > INT_MAX ? INT_MAX : (int)left) : 0;
         }
-        if (poll(fds, 2, timeout) < 0 && errno != EINTR)
+        if (poll(fds, 3, timeout) < 0 && errno != EINTR)
             return CLI_EX_SOFTWARE;
 
-        if (fds[1].revents & POLLIN) {
-            char b[16];
-            if (read(lost_fd, b, sizeof(b)) > 0 && !*lost) {
-                *lost = 1;
-                cli_err("lost the lock: %s; stopping the command "
-                        "(SIGTERM)",
-                        n->why[0] ? n->why : "lease gone");
-                kill(child, SIGTERM);
-                clock_gettime(CLOCK_MONOTONIC, &kill_at);
-                kill_at.tv_sec += o->kill_after_ms / 1000;
-                kill_at.tv_nsec += (o->kill_after_ms % 1000) * 1000000;
-                if (kill_at.tv_nsec >= 1000000000) {
-                    kill_at.tv_sec++;
-                    kill_at.tv_nsec -= 1000000000;
-                }
-            }
+        if (fds[2].revents & POLLIN) {
+            run_note n;
+            while (read(r->evfd, &n, sizeof(n)) == (ssize_t)sizeof(n))
+                on_note(r, &n);
         }
-        if (*lost && !killed && since_ms(&kill_at) >= 0) {
-            cli_err("the command did not stop; sending SIGKILL");
-            kill(child, SIGKILL);
-            killed = 1;
+        if (fds[1].revents & (POLLIN | POLLHUP)) {
+            cli_sup_msg m;
+            ssize_t got;
+            while ((got = read(r->sup.rep, &m, sizeof(m))) ==
+                   (ssize_t)sizeof(m))
+                on_sup(r, &m);
+            if (got == 0) /* it exited: SIGCHLD comes */
+                r->rep_eof = 1;
+        }
+        if (r->kill_at && !r->kill_sent && now_ms() >= r->kill_at) {
+            if (!r->empty)
+                cli_err("the command's processes did not stop; sending "
+                        "SIGKILL");
+            cli_sup_send(&r->sup, CLI_SUP_KILL, 0);
+            r->kill_sent = 1;
+            r->kill_at = 0;
         }
         if (fds[0].revents & POLLIN) {
             struct signalfd_siginfo si;
-            while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+            while (read(r->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
                 if (si.ssi_signo == SIGCHLD)
                     continue;
                 /* the terminal's signals reached CMD's process group
                  * already; pass on those sent by a process */
-                if (si.ssi_code != SI_KERNEL)
-                    kill(child, (int)si.ssi_signo);
+                if (si.ssi_code != SI_KERNEL && !r->cmd_done)
+                    cli_sup_send(&r->sup, CLI_SUP_SIGNAL, (int)si.ssi_signo);
             }
         }
         int status;
-        pid_t w = waitpid(child, &status, WNOHANG);
-        if (w == child) {
-            if (WIFEXITED(status))
-                return WEXITSTATUS(status);
-            if (WIFSIGNALED(status))
-                return 128 + WTERMSIG(status);
-            return CLI_EX_SOFTWARE;
+        pid_t w = waitpid(r->sup.pid, &status, WNOHANG);
+        if (w == r->sup.pid) {
+            r->sup_gone = 1;
+            /* its last words are in the pipe still */
+            cli_sup_msg m;
+            while (read(r->sup.rep, &m, sizeof(m)) == (ssize_t)sizeof(m))
+                on_sup(r, &m);
+            if (!r->empty && !r->exec_errno) {
+                /* killed (by someone): its tree is ours now (a subreaper
+                 * gets the orphans) */
+                r->sup_died = 1;
+                if (WIFSIGNALED(status))
+                    cli_err("the supervisor of the command died of signal "
+                            "%d; killing every process of the command "
+                            "(SIGKILL)",
+                            WTERMSIG(status));
+                else
+                    cli_err("the supervisor of the command ended early; "
+                            "killing every process of the command "
+                            "(SIGKILL)");
+                kill_own_tree();
+            }
         }
     }
+    if (r->exec_errno) {
+        cli_err("cannot run '%s': %s", r->o->cmd[0],
+                strerror(r->exec_errno));
+        return r->exec_errno == ENOENT ? CLI_EX_NOTFOUND : CLI_EX_NOEXEC;
+    }
+    if (r->sup_died && !r->cmd_done)
+        return CLI_EX_SOFTWARE;
+    if (WIFEXITED(r->cmd_status))
+        return WEXITSTATUS(r->cmd_status);
+    if (WIFSIGNALED(r->cmd_status))
+        return 128 + WTERMSIG(r->cmd_status);
+    return CLI_EX_SOFTWARE;
 }
 
 int cmd_run(int argc, char **argv)
@@ -517,16 +719,25 @@ int cmd_run(int argc, char **argv)
     dlock_client *c = NULL;
     dlock *l = NULL;
     dlock_options lo;
-    int lost_pipe[2] = {-1, -1};
-    lost_note note;
+    int ev_pipe[2] = {-1, -1};
+    ev_ctx evx;
+    cli_fdset inherited;
     int rc, code, lost = 0;
 
+    /* before anything of ours is open: what CMD may inherit */
+    if (cli_fds_record(&inherited) != 0) {
+        cli_err("out of memory");
+        return CLI_EX_SOFTWARE;
+    }
     code = parse(argc, argv, &o);
-    if (code >= 0)
+    if (code >= 0) {
+        cli_fds_free(&inherited);
         return code;
+    }
 
-    if (pipe2(lost_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    if (pipe2(ev_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         cli_err("pipe: %s", strerror(errno));
+        cli_fds_free(&inherited);
         return CLI_EX_SOFTWARE;
     }
     rc = dlock_client_open(&c, o.store, NULL);
@@ -535,21 +746,54 @@ int cmd_run(int argc, char **argv)
         code = cli_exit_for(rc);
         goto out;
     }
-    memset(&lo, 0, sizeof(lo));
-    lo.ttl_ms = o.ttl_ms;
-    lo.flags = o.fair ? DLOCK_FAIR : 0;
-    lo.permits = o.permits;
-    lo.on_lost = on_lost;
-    if (o.warn_after_ms > 0 &&
-        (rc = dlock_client_set_events(c, on_event, NULL, o.warn_after_ms)) !=
-            DLOCK_OK) {
+
+    /* --kill-after must fit in the lease: SIGKILL by the local lease end
+     * less R, after a renewal had its chance (the store's at-risk limit) */
+    int64_t max = 0;
+    rc = dlock_client_at_risk_max(c, o.ttl_ms, &max);
+    if (rc != DLOCK_OK) {
         cli_err("%s", dlock_errmsg());
         code = cli_exit_for(rc);
         goto out;
     }
-    memset(&note, 0, sizeof(note));
-    note.fd = lost_pipe[1];
-    lo.on_lost_arg = &note;
+    if (max != INT64_MAX) {
+        /* (exact milliseconds: a rounded limit would refuse itself) */
+        int64_t limit = max - STOP_ALLOWANCE_MS;
+        if (limit < 0) {
+            cli_err("run: --ttl %lld ms is too short to stop the command "
+                    "before its lease ends on this store: a renewal that "
+                    "fails is known %lld ms before, and the command needs "
+                    "%d ms to be gone (use a longer --ttl)",
+                    (long long)o.ttl_ms, (long long)max, STOP_ALLOWANCE_MS);
+            code = CLI_EX_USAGE;
+            goto out;
+        }
+        if (o.kill_after_set && o.kill_after_ms > limit) {
+            cli_err("run: --kill-after %lld ms does not fit in --ttl %lld "
+                    "ms on this store: at most %lld ms (the SIGKILL must "
+                    "land %d ms before the lease ends, and a renewal needs "
+                    "its chance first; see dlock help run)",
+                    (long long)o.kill_after_ms, (long long)o.ttl_ms,
+                    (long long)limit, STOP_ALLOWANCE_MS);
+            code = CLI_EX_USAGE;
+            goto out;
+        }
+        if (o.kill_after_ms > limit)
+            o.kill_after_ms = limit;
+    }
+    evx.fd = ev_pipe[1];
+    if ((rc = dlock_client_set_events(c, on_event, &evx,
+                                      o.warn_after_ms)) != DLOCK_OK ||
+        (rc = dlock_client_set_at_risk(
+             c, o.kill_after_ms + STOP_ALLOWANCE_MS)) != DLOCK_OK) {
+        cli_err("%s", dlock_errmsg());
+        code = cli_exit_for(rc);
+        goto out;
+    }
+    memset(&lo, 0, sizeof(lo));
+    lo.ttl_ms = o.ttl_ms;
+    lo.flags = o.fair ? DLOCK_FAIR : 0;
+    lo.permits = o.permits;
     rc = dlock_open(&l, c, o.name, &lo);
     if (rc != DLOCK_OK) {
         cli_err("%s", dlock_errmsg());
@@ -616,24 +860,48 @@ int cmd_run(int argc, char **argv)
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     sigaction(SIGHUP, &old_hup, NULL);
+    /* a message to a supervisor that has just exited must not kill us:
+     * SIGPIPE ignored while CMD runs (CMD gets the caller's disposition
+     * back before its exec) */
+    struct sigaction ign, old_pipe;
+    memset(&ign, 0, sizeof(ign));
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, &old_pipe);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     char **env = child_env(o.name, dlock_token(l));
-    int exec_errno = 0;
-    pid_t child = -1;
+    size_t env_ours = getenv("DLOCK_STORE") ? 3 : 2;
+    cli_spawn sp;
+    run_state r;
+    int started = 0;
 
-    if (sfd < 0 || !env) {
+    memset(&sp, 0, sizeof(sp));
+    memset(&r, 0, sizeof(r));
+    r.o = &o;
+    r.sfd = sfd;
+    r.evfd = ev_pipe[0];
+    r.sup.ctl = r.sup.rep = -1;
+    /* orphans of the tree come to us, never to init, should the
+     * supervisor die */
+    if (sfd < 0 || !env ||
+        cli_spawn_prepare(&sp, o.cmd, env, &inherited, &old_pipe) != 0 ||
+        prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
         cli_err("cannot prepare the command: %s", strerror(errno));
         code = CLI_EX_SOFTWARE;
+    } else if (cli_sup_start(&sp, &r.sup) != 0) {
+        cli_err("cannot start the command's supervisor: %s",
+                strerror(errno));
+        code = CLI_EX_SOFTWARE;
     } else {
-        child = spawn(o.cmd, env, &exec_errno);
-        if (child < 0) {
-            cli_err("cannot run '%s': %s", o.cmd[0], strerror(exec_errno));
-            code = exec_errno == ENOENT ? CLI_EX_NOTFOUND : CLI_EX_NOEXEC;
-        } else {
-            code = supervise(child, sfd, lost_pipe[0], &note, &o, &lost);
-        }
+        started = 1;
+        code = run_tree(&r);
+        lost = r.lost;
     }
-    free_env(env);
+    if (r.sup.ctl >= 0)
+        close(r.sup.ctl);
+    if (r.sup.rep >= 0)
+        close(r.sup.rep);
+    cli_spawn_free(&sp);
+    free_env(env, env_ours);
     if (sfd >= 0)
         close(sfd);
 
@@ -646,14 +914,24 @@ int cmd_run(int argc, char **argv)
         cli_err("release: %s (the lease will expire by itself)",
                 dlock_errmsg());
     }
-    if (lost && child > 0)
+    /* stopped because of the lock: lost, or at risk and never safe again
+     * and the release could not tell (the store did not answer) */
+    if (!lost && r.at_risk && rc != DLOCK_OK && started) {
+        cli_err("lock '%s' was at risk and its release got no answer: "
+                "taken as lost",
+                o.name);
+        lost = 1;
+    }
+    if (lost && started && !r.exec_errno)
         code = CLI_EX_LOST;
+    sigaction(SIGPIPE, &old_pipe, NULL);
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
 
 out:
     dlock_close(l);
     dlock_client_close(c);
-    close(lost_pipe[0]);
-    close(lost_pipe[1]);
+    close(ev_pipe[0]);
+    close(ev_pipe[1]);
+    cli_fds_free(&inherited);
     return code;
 }

@@ -245,6 +245,17 @@ typedef struct dlock__backend {
      * not block. Optional: stores whose waits all poll cancel_fd, or that
      * do not wait (CAP_NATIVE_WAIT unset: the core's own wait). (ABI 5.) */
     void (*cancel)(void *st);
+
+    /* dlock_client_at_risk_max() for a store whose holds' lease ends the
+     * core does not compute (no CAP_LEASE) but the store pushes
+     * (dlock__notify_lease_end()): in *out, the largest at-risk margin
+     * under which its keepalive has a fair chance (at least a sixth of
+     * the lease) before a hold of ttl_ms is at risk. May talk to the
+     * store (to learn the lease it grants). Optional: NULL means the
+     * core's rule for CAP_LEASE stores, and INT64_MAX (no lease) for the
+     * others. (ABI 6.) */
+    int (*at_risk_max)(void *st, int64_t ttl_ms, int64_t *out,
+                       int64_t op_deadline);
 } dlock__backend;
 
 /* Whether dlock_cancel() asked lease l to stop waiting. */
@@ -310,6 +321,30 @@ DLOCK__HOST void dlock__notify_lost(dlock_client *c,
                         int (*match)(const dlock__lease *l, void *arg),
                         void *arg, const char *why);
 
+/* For a store whose holds' leases the core does not renew (no
+ * CAP_LEASE: ZooKeeper, etcd): the holds for which match(lease, arg)
+ * returns nonzero are certain only until `end_ms` (monotonic ms;
+ * DLOCK__FOREVER: as long as the store says nothing else), and `why`
+ * says what keeps them from being extended ("" when nothing does). The
+ * core sends their at-risk and safe events from it (design.md, "Stopping
+ * the work before the lease ends"); the store still declares the loss
+ * itself (dlock__notify_lost()). A store calls it whenever the end
+ * changes and on every pass of its loop_run() (holds taken since are
+ * covered then: the core wakes the loop after such an acquire while an
+ * at-risk margin is set); a call that changes nothing costs a walk of
+ * the client's holds. Returns at once while the client has no at-risk
+ * margin. `match` runs with the client's mutex held, as for
+ * dlock__notify_lost(). Any thread. (Module ABI 6.) */
+DLOCK__HOST void dlock__notify_lease_end(dlock_client *c,
+                              int (*match)(const dlock__lease *l, void *arg),
+                              void *arg, int64_t end_ms, const char *why);
+
+/* The deadline for a store call the store makes on the client's
+ * background thread (in loop_run()): `deadline`, or earlier the moment
+ * some hold of the client needs that thread (its at-risk moment, or the
+ * local lease end of a hold at risk). Any thread. (Module ABI 6.) */
+DLOCK__HOST int64_t dlock__loop_deadline(dlock_client *c, int64_t deadline);
+
 /* Makes every hold of this client that the watchdog renews due for
  * renewal now, and wakes the background thread: the store changed under
  * the holds (a Redis failover) and each renewal checks its hold there;
@@ -354,7 +389,7 @@ extern const dlock__backend dlock__backend_mysql;
  * way a module would notice (a slot, a field, a host function's contract);
  * `abi` stays the first field of every version of the struct.
  */
-#define DLOCK__MODULE_ABI 5
+#define DLOCK__MODULE_ABI 6
 typedef struct dlock__module {
     unsigned abi;                          /* DLOCK__MODULE_ABI */
     const char *version;                   /* DLOCK_VERSION_STRING */

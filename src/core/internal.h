@@ -45,6 +45,10 @@ struct dlock__hold {
     int64_t acquired_us;  /* when the store said "taken" (monotonic) */
     int64_t long_at;      /* when it becomes a long hold (ms), FOREVER */
     int lost_cause;       /* DLOCK__M_LOST_*, once lost */
+    int at_risk;          /* AT_RISK told, SAFE not yet (background) */
+    int64_t store_end;    /* no CAP_LEASE: the store's word on its local
+                           * lease end (dlock__notify_lease_end), FOREVER */
+    char risk_why[256];   /* what keeps it from being renewed, "" */
     dlock__hold *next_in_entry;
     dlock__hold *prev, *next; /* the client's list of all holds */
 };
@@ -142,6 +146,8 @@ struct dlock_client {
     dlock_event_cb ev_cb;  /* events (c->mu) */
     void *ev_arg;
     int64_t long_hold_ms;  /* 0: no long-hold events */
+    int64_t at_risk_ms;    /* at-risk margin, 0: off (c->mu; read
+                            * without it with __atomic) */
 };
 
 /* error.c */
@@ -197,6 +203,11 @@ void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */
 /* Tells the background thread a hold needs attention at `when` (wakes
  * it only if that is earlier than its next wake-up). c->mu held. */
 void dlock__schedule(dlock_client *c, int64_t when);
+/* A hold's lease was set from t0 (the send time of the command that set
+ * it) for h->lease.ttl_ms: its local lease end and next renewal, and the
+ * background thread told when to look at it next (c->mu held; for an
+ * acquire, after the hold is linked). */
+void dlock__hold_leased(dlock_client *c, dlock__hold *h, int64_t t0);
 
 /* names.c (c->mu held for all) */
 dlock__entry *dlock__entry_ref(dlock_client *c, const char *name, size_t len);

@@ -1045,13 +1045,6 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
                      : DLOCK__FOREVER;
     if (h->long_at != DLOCK__FOREVER)
         dlock__schedule(c, h->long_at);
-    if (c->be->caps & DLOCK__CAP_LEASE) {
-        h->lease_end = t0 + h->lease.ttl_ms -
-                       dlock__client_margin(c, h->lease.ttl_ms);
-        h->renew_at = t0 + h->lease.ttl_ms / 3;
-    } else {
-        h->lease_end = h->renew_at = DLOCK__FOREVER;
-    }
     h->next_in_entry = l->entry->holds;
     l->entry->holds = h;
     h->next = c->holds;
@@ -1059,9 +1052,7 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
         c->holds->prev = h;
     c->holds = h;
     c->nholds++;
-    if (c->be->caps & DLOCK__CAP_LEASE)
-        dlock__schedule(c, (l->opts.flags & DLOCK_NO_RENEW) ? h->lease_end
-                                                             : h->renew_at);
+    dlock__hold_leased(c, h, t0);
     dlock_event_cb ev = c->ev_cb;
     void *ev_arg = c->ev_arg;
     pthread_mutex_unlock(&c->mu);
@@ -1307,13 +1298,8 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
     h->renewing = 0;
     if (rc == DLOCK_OK) {
         h->lease.ttl_ms = ttl_ms;
-        if (c->be->caps & DLOCK__CAP_LEASE) {
-            h->lease_end = t0 + ttl_ms - dlock__client_margin(c, ttl_ms);
-            h->renew_at = t0 + ttl_ms / 3;
-            dlock__schedule(c, (h->handle->opts.flags & DLOCK_NO_RENEW)
-                                   ? h->lease_end
-                                   : h->renew_at);
-        }
+        if (c->be->caps & DLOCK__CAP_LEASE)
+            dlock__hold_leased(c, h, t0);
     } else if (rc == DLOCK_ENOTHELD) {
         h->lost = 1;
         h->lost_cause = DLOCK__M_LOST_TAKEN;

@@ -1819,7 +1819,7 @@ if [ "$KIND" = redis ] || [ "$KIND" = redlock ]; then
     # the key deleted behind dlock's back (redlock: on every node; a
     # renewal between two DELs may put one back, so count at least a
     # quorum of them, and the next renewal finds the key on one node at most)
-    bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
+    bg_dlock lost run --ttl 1s --kill-after 500ms lostL -- sleep 20
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
         n=$(redis_all DEL 'dlock:{lostL}')
@@ -1834,9 +1834,9 @@ if [ "$KIND" = redis ] || [ "$KIND" = redlock ]; then
         else
             fail "redis-cli DEL 'dlock:{lostL}' answered '${n//$'\n'/ }' (key layout?)"
         fi
-        # the next renewal (ttl/3 = 333 ms) finds the key gone; SIGTERM,
-        # and `sleep` ends at once (2 s --kill-after at most): 2.4 s, 6 s
-        # with slack
+        # the next renewal (ttl/6 = 167 ms with the at-risk margin of
+        # the 500 ms --kill-after) finds the key gone; SIGTERM, and `sleep`
+        # ends at once (500 ms --kill-after at most): 0.7 s, 6 s with slack
         t0=$(now_ms)
         wait_exit "$lostpid" 6
         dt=$(($(now_ms) - t0))
@@ -1883,17 +1883,17 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
         kill -KILL "$stubpid" 2>/dev/null
     fi
 elif [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
-    # The server frozen: the holder's connection stays down, and once it has
-    # been down for a third of the session timeout (--ttl) the hold is
-    # declared lost (etcd: no keepalive answered for 2/3 of the lease). The
-    # server stays frozen until dlock exits (at most 20 s).
-    bg_dlock lost run --ttl 3s --kill-after 2s lostL -- sleep 30
+    # The server frozen: the holder's connection stays down, the hold is at
+    # risk (zk: the connection seen down, 2/3 of the session timeout after
+    # the last answer; etcd: no keepalive answered by a sixth of the lease
+    # before its end), `sleep` stops at SIGTERM, and the release fails:
+    # exit 76. The server stays frozen until dlock exits (at most 20 s).
+    bg_dlock lost run --ttl 3s --kill-after 300ms lostL -- sleep 30
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
-        # lost a third of the 3 s session after the last answer (etcd:
-        # 2/3 of the lease, 2 s), then SIGTERM (2 s --kill-after at most):
-        # under 5 s, 20 s with slack (a frozen server can hold a request
-        # for a whole timeout first)
+        # at risk 2/3 of the 3 s session after the last answer (etcd:
+        # half the lease, 1.5 s), SIGTERM, then a release that waits out
+        # the client's 2 s timeout: under 5 s, 20 s with slack
         t0=$(now_ms)
         kill -STOP "$(store_pid)"
         wait_exit "$lostpid" 20
@@ -1930,7 +1930,7 @@ elif [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
     # The holder frozen for longer than its ttl: the server expires its
     # session and frees the lock; another process takes it; the holder,
     # thawed, learns its session expired: exit 76.
-    bg_dlock froze run --ttl 1s --kill-after 2s frozeL -- sleep 30
+    bg_dlock froze run --ttl 1s --kill-after 50ms frozeL -- sleep 30
     frozepid=$BG
     if wait_held frozeL "$frozepid"; then
         t0=$(now_ms)
@@ -1943,8 +1943,8 @@ elif [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
         expect_rc 0 "another process takes the lock of the frozen holder" -- \
             run --wait 10s frozeL -- true
         kill -CONT "$frozepid"
-        # thawed: its session's expiry is learnt at the reconnect, then
-        # SIGTERM (2 s --kill-after at most): 10 s with slack
+        # thawed: at risk with no lease left (SIGTERM and SIGKILL at once),
+        # its session's expiry learnt at the reconnect: 10 s with slack
         wait_exit "$frozepid" 10
         if [ "$WRC" = 76 ] && grep -qi lost "$TMP/bg.froze.err"; then
             pass "holder thawed: lost lock, exit 76"
@@ -1962,7 +1962,7 @@ elif [ "$KIND" = zk ] || [ "$KIND" = etcd ]; then
     stubborn='trap "" TERM; : > "$READY"; i=0
 while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
     rm -f "$TMP/ready"
-    READY=$TMP/ready bg_dlock stub run --ttl 1s --kill-after 500ms stubL -- \
+    READY=$TMP/ready bg_dlock stub run --ttl 1s --kill-after 50ms stubL -- \
         sh -c "$stubborn"
     stubpid=$BG
     if wait_held stubL "$stubpid" && wait_file "$TMP/ready"; then
@@ -2014,7 +2014,7 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
 elif [ "$KIND" = sqlite ]; then
     # another owner takes the row over behind dlock's back: the watchdog's
     # next extend (every ttl/3) finds it, dlock stops the command: 76
-    bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
+    bg_dlock lost run --ttl 1s --kill-after 500ms lostL -- sleep 20
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
         n=$(python3 -c 'import sqlite3, sys
@@ -2027,8 +2027,9 @@ print(n)' "$TMP/locks.db" 2>&1)
         else
             fail "UPDATE of the lostL row answered '$n'"
         fi
-        # the next extend (ttl/3 = 333 ms), SIGTERM (2 s --kill-after at
-        # most): 2.4 s, 6 s with slack
+        # the next extend (ttl/6 = 167 ms with the at-risk margin of the
+        # 500 ms --kill-after), SIGTERM (500 ms --kill-after at most):
+        # 0.7 s, 6 s with slack
         t0=$(now_ms)
         wait_exit "$lostpid" 6
         dt=$(($(now_ms) - t0))
@@ -2047,7 +2048,7 @@ elif [ "$KIND" = pg ] || [ "$KIND" = mysql ] || [ "$KIND" = pg-advisory ]; then
     # table mode: another owner takes the row over behind dlock's back and
     # the watchdog's next extend finds it; advisory mode: an administrator
     # ends the holder's session and the client thread sees it at once
-    bg_dlock lost run --ttl 1s --kill-after 2s lostL -- sleep 20
+    bg_dlock lost run --ttl 1s --kill-after 500ms lostL -- sleep 20
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
         case $KIND in
@@ -2060,8 +2061,8 @@ elif [ "$KIND" = pg ] || [ "$KIND" = mysql ] || [ "$KIND" = pg-advisory ]; then
         else
             fail "$KIND: taking lostL away answered '$n'"
         fi
-        # the next extend (333 ms) or the session's end (at once), SIGTERM
-        # (2 s --kill-after at most): 2.4 s, 6 s with slack
+        # the next extend (167 ms) or the session's end (at once),
+        # SIGTERM (500 ms --kill-after at most): 0.7 s, 6 s with slack
         t0=$(now_ms)
         wait_exit "$lostpid" 6
         dt=$(($(now_ms) - t0))
@@ -2304,7 +2305,7 @@ if [ "$KIND" = redlock ]; then
 
     # a second node killed under a holder: below the quorum, its renewal
     # fails and the hold is lost at the end of its validity (ttl 1s): 76
-    bg_dlock k2 run --ttl 1s --kill-after 1s k2L -- sleep 20
+    bg_dlock k2 run --ttl 1s --kill-after 500ms k2L -- sleep 20
     k2pid=$BG
     if wait_held k2L "$k2pid"; then
         kill_redis_node 1

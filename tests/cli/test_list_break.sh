@@ -262,8 +262,9 @@ if [ "$BREAK_OK" = 1 ]; then
         show "$TMP/out"
     fi
     # the evicted `dlock run` learns it at its next renewal (ttl 10 s:
-    # every 3.3 s), then stops sleep and exits 76 (kill-after 5 s, but
-    # sleep ends at SIGTERM): 20 s covers both with room for a busy machine
+    # every 2.4 s with its at-risk margin of 5.1 s), then stops sleep and
+    # exits 76 (kill-after 5 s, but sleep ends at SIGTERM): 20 s covers
+    # both with room for a busy machine
     if wait_exit "${BG_PIDS[0]}" 20 && [ "$WRC" = 76 ]; then
         pass "the evicted dlock run exits 76 (lock lost)"
     else

@@ -929,4 +929,5 @@ const dlock__backend dlock__backend_etcd = {
     dlock__etcd_evict,      /* evict */
     NULL,                   /* evict_unsupported */
     etcd_cancel, /* cancel */
+    dlock__etcd_at_risk_max, /* at_risk_max */
 };

@@ -106,6 +106,8 @@ typedef struct etcd_lease {
     int held;           /* own, and its lock acquired: no more keepalives
                          * once next_ka (INT64_MAX: done) has passed */
     atomic_int dead;    /* lost: no new users; revoked once unused */
+    char err[200];      /* why the last keepalive failed; "" after one
+                         * that worked (the at-risk event's why) */
     struct etcd_lease *next;
 } etcd_lease;
 
@@ -345,6 +347,10 @@ void dlock__etcd_arm_timer(etcd_store *es, int64_t at);
 /* The backend's loop_fd and loop_run slots. */
 int dlock__etcd_loop_fd(void *st);
 void dlock__etcd_loop_run(void *st, int readable);
+/* dlock_client_at_risk_max(): a sixth of the lease the server grants for
+ * ttl_ms (granted now if the client has none of that length). */
+int dlock__etcd_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
+                            int64_t op_deadline);
 
 /* etcd_watch.c: the watch stream */
 

@@ -146,6 +146,7 @@ int dlock__etcd_keepalive(etcd_store *es, etcd_lease *el, int64_t deadline)
     if (ttl <= 0)
         return ETCD_NOLEASE;
     pthread_mutex_lock(&es->mu);
+    el->err[0] = '\0';
     if (sent > el->last_ok)
         el->last_ok = sent;
     el->next_ka = el->held ? INT64_MAX : sent + el->ttl_ms / 3;
@@ -195,6 +196,63 @@ int dlock__etcd_loop_fd(void *st)
 
 #define LOOP_BATCH 64
 
+/* Tells the core each live lease's limit, its holds' local lease end, for
+ * their at-risk events (design.md, "Stopping the work before the lease
+ * ends"); a no-op while nobody listens. es->mu not held (the core's
+ * mutex is taken). */
+static void push_ends(etcd_store *es)
+{
+    etcd_lease *ls[LOOP_BATCH];
+    int64_t ends[LOOP_BATCH];
+    char whys[LOOP_BATCH][sizeof(((etcd_lease *)0)->err) + 40];
+    size_t n = 0;
+
+    pthread_mutex_lock(&es->mu);
+    for (etcd_lease *el = es->leases; el && n < LOOP_BATCH; el = el->next) {
+        if (el->dead || el->refs == 0)
+            continue;
+        ls[n] = el;
+        ends[n] = dlock__etcd_lease_limit(el);
+        if (el->held && el->next_ka == INT64_MAX)
+            snprintf(whys[n], sizeof(whys[n]),
+                     "etcd: its own lease is not renewed (DLOCK_NO_RENEW)");
+        else if (el->err[0])
+            snprintf(whys[n], sizeof(whys[n]), "keepalive failed: %s",
+                     el->err);
+        else
+            snprintf(whys[n], sizeof(whys[n]),
+                     "etcd: no keepalive answered in time");
+        n++;
+    }
+    pthread_mutex_unlock(&es->mu);
+    /* (a lease with holds is freed only by this thread) */
+    for (size_t i = 0; i < n; i++)
+        dlock__notify_lease_end(es->client, match_lease, ls[i], ends[i],
+                                whys[i]);
+}
+
+int dlock__etcd_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
+                            int64_t op_deadline)
+{
+    etcd_store *es = st;
+    int64_t want_s = (ttl_ms + 999) / 1000; /* as an acquire asks */
+    int rc = DLOCK_OK;
+    etcd_lease *el = dlock__etcd_lease_get(es, want_s < 1 ? 1 : want_s, 0,
+                                           op_deadline, &rc);
+
+    if (!el)
+        return rc;
+    pthread_mutex_lock(&es->mu);
+    int64_t ttl = el->ttl_ms;
+    pthread_mutex_unlock(&es->mu);
+    dlock__etcd_lease_put(es, el);
+    /* holds are certain until 2/3 of the lease after a keepalive, and
+     * keepalives go every third: a sixth is left for one and its
+     * retries (every twelfth) before the at-risk moment */
+    *out = ttl / 6;
+    return DLOCK_OK;
+}
+
 void dlock__etcd_loop_run(void *st, int readable)
 {
     etcd_store *es = st;
@@ -206,6 +264,9 @@ void dlock__etcd_loop_run(void *st, int readable)
     (void)readable; /* both fds are non-blocking: look at each */
     if (read(es->timer_fd, &ticks, sizeof(ticks)) < 0)
         (void)errno;
+    /* the holds' lease ends first: every store call below ends by the
+     * next at-risk moment (dlock__loop_deadline) */
+    push_ends(es);
     dlock__etcd_stream_loop(es);
 
     /* 1. leases past their safe life are lost; due ones get a keepalive */
@@ -235,7 +296,8 @@ void dlock__etcd_loop_run(void *st, int readable)
         pthread_mutex_lock(&es->mu);
         int64_t limit = dlock__etcd_lease_limit(el);
         pthread_mutex_unlock(&es->mu);
-        int64_t dl = dlock__now_ms() + es->timeout_ms;
+        int64_t dl = dlock__loop_deadline(es->client,
+                                          dlock__now_ms() + es->timeout_ms);
         if (dl > limit)
             dl = limit;
         int rc = dlock__etcd_keepalive(es, el, dl);
@@ -253,9 +315,13 @@ void dlock__etcd_loop_run(void *st, int readable)
              * tried again until it works or the lease ends */
             pthread_mutex_lock(&es->mu);
             el->next_ka = dlock__now_ms() + el->ttl_ms / 12 + 10;
+            snprintf(el->err, sizeof(el->err), "%s", dlock_errmsg());
             pthread_mutex_unlock(&es->mu);
         }
     }
+
+    if (nd > 0)
+        push_ends(es); /* a keepalive moved a limit, or failed */
 
     /* 2. our held keys: the stream up, every key covered, deleted holds
      * told to the core (etcd_operate.c) */
@@ -282,9 +348,11 @@ void dlock__etcd_loop_run(void *st, int readable)
         cJSON *j = NULL;
         dlock__etcd_b64_encode(o->key, o->len, kb);
         snprintf(body, sizeof(body), "{\"key\":\"%s\"}", kb);
-        int rc = dlock__etcd_request(es, "/v3/kv/deleterange", body,
-                                     dlock__now_ms() + es->timeout_ms, &j,
-                                     "deleting a left-over key");
+        int rc = dlock__etcd_request(
+            es, "/v3/kv/deleterange", body,
+            dlock__loop_deadline(es->client,
+                                 dlock__now_ms() + es->timeout_ms),
+            &j, "deleting a left-over key");
         cJSON_Delete(j);
         pthread_mutex_lock(&es->mu);
         if (rc == DLOCK_OK || rc == DLOCK_EAUTH) {
@@ -319,8 +387,10 @@ void dlock__etcd_loop_run(void *st, int readable)
         /* unreachable: it expires by itself; do not hold up the client
          * thread (and a closing client) for a timeout */
         if (!down)
-            dlock__etcd_lease_revoke(es, gone->id,
-                                     dlock__now_ms() + es->timeout_ms);
+            dlock__etcd_lease_revoke(
+                es, gone->id,
+                dlock__loop_deadline(es->client,
+                                     dlock__now_ms() + es->timeout_ms));
         free(gone);
     }
 

@@ -276,9 +276,10 @@ static int lease_gone(etcd_store *es, etcd_lease *el)
     cJSON *j = NULL;
 
     snprintf(lb, sizeof(lb), "{\"ID\":\"%" PRId64 "\"}", el->id);
-    int rc = dlock__etcd_request(es, "/v3/lease/timetolive", lb,
-                                 dlock__now_ms() + es->timeout_ms, &j,
-                                 "reading a lease");
+    int rc = dlock__etcd_request(
+        es, "/v3/lease/timetolive", lb,
+        dlock__loop_deadline(es->client, dlock__now_ms() + es->timeout_ms),
+        &j, "reading a lease");
     int gone = rc == ETCD_NOLEASE || (rc == DLOCK_OK && jint(j, "TTL") <= 0);
     cJSON_Delete(j);
     return gone;
@@ -308,6 +309,8 @@ int64_t dlock__etcd_mine_run(etcd_store *es)
     }
     int due = need && now >= es->cover_at;
     pthread_mutex_unlock(&es->mu);
+    /* and by the moment a hold of the client needs this thread */
+    limit = dlock__loop_deadline(es->client, limit);
     int64_t dl = limit > now + 200 ? limit : now + 200;
     for (int round = 0; due && round < 16 && dlock__now_ms() < dl; round++) {
         uint64_t gen = 0;

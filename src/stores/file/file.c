@@ -975,4 +975,5 @@ const dlock__backend dlock__backend_file = {
     "its locks are the holders' own kernel locks (open file "
     "descriptions): only the holder, or its end, frees them", /* evict_unsupported */
     NULL, /* cancel */
+    NULL, /* at_risk_max */
 };

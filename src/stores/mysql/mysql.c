@@ -408,4 +408,5 @@ const dlock__backend dlock__backend_mysql = {
     dlock__mysql_evict,                        /* evict */
     NULL,                                      /* evict_unsupported */
     NULL, /* cancel */
+    NULL, /* at_risk_max */
 };

@@ -592,6 +592,7 @@ static const dlock__backend backend_pg_advisory = {
     adv_evict,              /* evict */
     NULL,                   /* evict_unsupported */
     NULL, /* cancel */
+    NULL, /* at_risk_max */
 };
 
 const dlock__backend *dlock__pg_select(const dlock__uri *u)

@@ -706,4 +706,5 @@ const dlock__backend dlock__backend_pg = {
     pg_evict,           /* evict */
     NULL,               /* evict_unsupported */
     NULL, /* cancel */
+    NULL, /* at_risk_max */
 };

@@ -907,4 +907,5 @@ const dlock__backend dlock__backend_redis = {
     dlock__redis_evict,         /* evict */
     NULL,                       /* evict_unsupported */
     NULL, /* cancel */
+    NULL, /* at_risk_max */
 };

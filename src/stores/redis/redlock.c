@@ -659,4 +659,5 @@ const dlock__backend dlock__backend_redlock = {
     dlock__redlock_evict,    /* evict */
     NULL,                    /* evict_unsupported */
     NULL, /* cancel */
+    NULL, /* at_risk_max */
 };

@@ -304,11 +304,13 @@ int dlock__sq_turn(sq_store *ss, const char *what)
 
     if (ss->sidefd < 0 || lk(ss->sidefd, F_OFD_SETLK, F_WRLCK, SQW_WRITER, 1) == 0)
         return DLOCK_OK;
+    int64_t until = dlock__now_ms() + ss->timeout_ms;
+    if (ss->deadline && ss->deadline < until)
+        until = ss->deadline;
     if (errno != EAGAIN && errno != EACCES)
         e = errno;
     else
-        e = dlock__file_kwait(ss->sidefd, F_WRLCK, SQW_WRITER,
-                              dlock__now_ms() + ss->timeout_ms, -1);
+        e = dlock__file_kwait(ss->sidefd, F_WRLCK, SQW_WRITER, until, -1);
     if (e == 0)
         return DLOCK_OK;
     return dlock__err(DLOCK_ECONN,
@@ -348,6 +350,21 @@ int dlock__sq_step(sq_store *ss, int which, int *row, const char *what)
     if (r == SQLITE_ROW || r == SQLITE_DONE)
         return DLOCK_OK;
     return dlock__sq_error(ss, what);
+}
+
+void dlock__sq_bound(sq_store *ss, int64_t deadline)
+{
+    int64_t ms = ss->timeout_ms;
+
+    if (deadline) {
+        int64_t left = deadline - dlock__now_ms();
+        if (left < ms)
+            ms = left > 1 ? left : 1;
+    }
+    if (ms > INT32_MAX)
+        ms = INT32_MAX;
+    ss->deadline = deadline;
+    sqlite3_busy_timeout(ss->db, (int)ms);
 }
 
 void dlock__sq_turn_end(sq_store *ss)
@@ -763,12 +780,14 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 
 /* UPDATE guarded by owner and token: DLOCK_OK, ENOTHELD, or an error. */
 static int guarded(sq_store *ss, int which, const dlock__lease *l,
-                   int64_t ttl_ms, const char *what)
+                   int64_t ttl_ms, int64_t deadline, const char *what)
 {
     sqlite3_stmt *s = ss->st[which];
     int rc, row;
 
     pthread_mutex_lock(&ss->mu);
+    if (deadline)
+        dlock__sq_bound(ss, deadline);
     sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, l->owner, -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 3, (int64_t)l->token);
@@ -777,6 +796,8 @@ static int guarded(sq_store *ss, int which, const dlock__lease *l,
     rc = dlock__sq_step(ss, which, &row, what);
     int changed = sqlite3_changes(ss->db);
     dlock__sq_done(ss, which);
+    if (deadline)
+        dlock__sq_bound(ss, 0);
     pthread_mutex_unlock(&ss->mu);
     if (rc)
         return rc;
@@ -826,7 +847,7 @@ static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
                                  sl->w.region);
         return rc;
     }
-    rc = guarded(st, S_RELEASE, l, 0, "releasing the lock");
+    rc = guarded(st, S_RELEASE, l, 0, 0, "releasing the lock");
     /* the row is free (or was not ours): the successor's turn */
     if (sl->w.ticket < 0) {
         dlock__sqw_ring_head(ss->sidefd, ss->side_dev, ss->side_ino,
@@ -843,10 +864,9 @@ static int sq_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     sq_lease *sl = l->priv;
     int rc;
 
-    (void)op_deadline;
     if (l->kind != DLOCK__WRITE)
-        return dlock__sq_extend_entry(st, l, ttl_ms);
-    rc = guarded(st, S_EXTEND, l, ttl_ms, "extending the lease");
+        return dlock__sq_extend_entry(st, l, ttl_ms, op_deadline);
+    rc = guarded(st, S_EXTEND, l, ttl_ms, op_deadline, "extending the lease");
     if (rc == DLOCK_ENOTHELD && sl->w.fd >= 0) {
         /* lost (broken, or taken over after its lease): the ticket goes
          * now, not at a release that a hung owner may never make (its
@@ -959,4 +979,5 @@ const dlock__backend dlock__backend_sqlite = {
     dlock__sq_evict, /* evict */
     NULL,            /* evict_unsupported */
     NULL, /* cancel */
+    NULL, /* at_risk_max */
 };

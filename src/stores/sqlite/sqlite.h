@@ -174,6 +174,8 @@ typedef struct sq_store {
     pthread_mutex_t spare_mu; /* spare, nspare (not mu: a statement may
                                * hold that one for a while) */
     int64_t timeout_ms;
+    int64_t deadline; /* the running statement's end, if before the
+                       * client's timeout; 0: none (mu) */
     pthread_mutex_t mu;
     sqlite3_stmt *st[S_COUNT];
     int64_t returned; /* the one value a writing statement returned (mu) */
@@ -262,9 +264,15 @@ int dlock__sq_kind_check(const sq_store *ss, const dlock__lease *l,
  * (its lease ended). */
 int dlock__sq_release_entry(sq_store *ss, const dlock__lease *l);
 
-/* Renews a reader's or a permit's entry to ttl_ms from now. */
+/* Bounds the statements run next by `deadline` too (SQLite's busy
+ * handler and the writers' turn), besides the client's timeout; 0 lifts
+ * it. ss->mu held. (A renewal ends by its at-risk moment: design.md.) */
+void dlock__sq_bound(sq_store *ss, int64_t deadline);
+
+/* Renews a reader's or a permit's entry to ttl_ms from now, by
+ * `deadline`. */
 int dlock__sq_extend_entry(sq_store *ss, const dlock__lease *l,
-                           int64_t ttl_ms);
+                           int64_t ttl_ms, int64_t deadline);
 
 /* Fills the shared part of *out from dlock_inspect()'s row in s (the
  * row is live and shared). */

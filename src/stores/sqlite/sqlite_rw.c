@@ -391,17 +391,19 @@ int dlock__sq_release_entry(sq_store *ss, const dlock__lease *l)
 }
 
 int dlock__sq_extend_entry(sq_store *ss, const dlock__lease *l,
-                           int64_t ttl_ms)
+                           int64_t ttl_ms, int64_t deadline)
 {
     sqlite3_stmt *s;
     int rc, row = 0, changed;
 
     pthread_mutex_lock(&ss->mu);
+    dlock__sq_bound(ss, deadline);
     s = bind_mine(ss, S_SH_EXTEND, l);
     sqlite3_bind_int64(s, 4, ttl_ms);
     rc = dlock__sq_step(ss, S_SH_EXTEND, &row, "extending the lease");
     changed = sqlite3_changes(ss->db);
     dlock__sq_done(ss, S_SH_EXTEND);
+    dlock__sq_bound(ss, 0);
     pthread_mutex_unlock(&ss->mu);
     if (rc)
         return rc;

@@ -269,7 +269,24 @@ static void zk_loop_run(void *st, int readable)
             /* not expired yet */
         }
     }
+    /* each session's word on its holds' lease end, for their at-risk
+     * events (design.md, "Stopping the work before the lease ends"): the
+     * moment they are declared lost below while its connection is down,
+     * no end while it is up */
+    uint64_t ends_sid[16];
+    int64_t ends[16];
+    size_t nends = 0;
+
     pthread_mutex_lock(&zs->mu);
+    for (zk_session *s = zs->sessions; s && nends < 16; s = s->next) {
+        if (s->state != S_CONNECTED && s->state != S_CONNECTING)
+            continue;
+        ends_sid[nends] = s->sid;
+        ends[nends++] = s->state == S_CONNECTING && s->down_since
+                            ? s->down_since + s->timeout / 3 -
+                                  dlock__lease_margin(s->timeout)
+                            : DLOCK__FOREVER;
+    }
     for (zk_session *s = zs->sessions; s; s = s->next) {
         if (s->state != S_CONNECTING || !s->down_since || s->declared_lost)
             continue;
@@ -301,6 +318,13 @@ static void zk_loop_run(void *st, int readable)
     zs->orphans = NULL;
     pthread_mutex_unlock(&zs->mu);
 
+    for (size_t i = 0; i < nends; i++)
+        dlock__notify_lease_end(zs->client, dlock__zk_match_session,
+                                &ends_sid[i], ends[i],
+                                ends[i] == DLOCK__FOREVER
+                                    ? ""
+                                    : "the connection to ZooKeeper is down; "
+                                      "the session may expire");
     for (size_t i = 0; i < nlost; i++)
         dlock__notify_lost(zs->client, dlock__zk_match_session, &lost[i],
                            "the connection to ZooKeeper stayed down for a "
@@ -323,8 +347,11 @@ static void zk_loop_run(void *st, int readable)
             s->refs++;
         pthread_mutex_unlock(&zs->mu);
         if (up) {
-            int zrc = dlock__zk_delete_node(zs, s, o->path, o->prefix,
-                                            dlock__now_ms() + zs->timeout_ms);
+            /* on the client's thread: by the moment a hold needs it */
+            int zrc = dlock__zk_delete_node(
+                zs, s, o->path, o->prefix,
+                dlock__loop_deadline(zs->client,
+                                     dlock__now_ms() + zs->timeout_ms));
             keep = zrc != ZOK && zrc != ZSESSIONEXPIRED &&
                    zrc != ZINVALIDSTATE && zrc != ZNOAUTH;
             dlock__zk_session_put(zs, s);
@@ -520,6 +547,31 @@ static int zk_open(void **out, dlock_client *c, const dlock__uri *u,
     return DLOCK_OK;
 }
 
+/* dlock_client_at_risk_max(): the holds of a session are certain until a
+ * third of its timeout after its connection is seen down (less the
+ * drift margin), and nothing tells before that: the session of that ttl
+ * is opened (as its first acquire would) to learn the timeout the server
+ * granted. */
+static int zk_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
+                          int64_t op_deadline)
+{
+    zk_store *zs = st;
+    int rc = DLOCK_OK;
+
+    pthread_mutex_lock(&zs->mu);
+    dlock__zk_sessions_retire(zs);
+    zk_session *s = dlock__zk_session_get(zs, ttl_ms, op_deadline, &rc);
+    int64_t t = s ? s->timeout : 0;
+    if (s)
+        s->refs--;
+    pthread_mutex_unlock(&zs->mu);
+    if (!s)
+        return rc;
+    int64_t m = t / 3 - dlock__lease_margin(t);
+    *out = m > 0 ? m : 0;
+    return DLOCK_OK;
+}
+
 /* dlock_cancel(): the waits sleep on zs->cv; each looks at its lease. */
 static void zk_cancel(void *st)
 {
@@ -553,4 +605,5 @@ const dlock__backend dlock__backend_zk = {
     dlock__zk_evict,        /* evict */
     NULL,                   /* evict_unsupported */
     zk_cancel, /* cancel */
+    zk_at_risk_max, /* at_risk_max */
 };

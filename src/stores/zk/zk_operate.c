@@ -193,7 +193,9 @@ static void mine_recheck(zk_store *zs)
                                       paths + (size_t)i * ZK_PATH_MAX, NULL,
                                       0, 0, &zrc);
     }
-    int64_t deadline = dlock__now_ms() + zs->timeout_ms;
+    /* on the client's thread: by the moment a hold needs it */
+    int64_t deadline =
+        dlock__loop_deadline(zs->client, dlock__now_ms() + zs->timeout_ms);
     for (int i = 0; i < n; i++) {
         int zrc = ops[i] ? dlock__zk_op_wait(ops[i], deadline)
                          : ZCONNECTIONLOSS;

@@ -210,7 +210,8 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
             s->ever_connected = 1;
             s->down_since = 0;
             s->declared_lost = 0;
-            wake_loop = zs->orphans != NULL;
+            /* the loop tells the core its holds are safe again */
+            wake_loop = 1;
             /* connected again (not the first time): our nodes are
              * looked at once more */
             if (s->conn_gen > 1 &&
@@ -228,6 +229,8 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
             s->down_since = dlock__now_ms();
             dlock__zk_arm_timer(zs, s->down_since + s->timeout / 3 -
                               dlock__lease_margin(s->timeout));
+            /* the loop tells the core when its holds are lost now */
+            wake_loop = 1;
         }
     } else if (path) {
         for (zk_watch *w = zs->watches; w; w = w->next)
