@@ -809,8 +809,16 @@ int cmd_run(int argc, char **argv)
     sigaction(SIGTERM, &sa, &old_term);
     sigaction(SIGHUP, &sa, &old_hup);
 
+    struct timespec tried;
+    clock_gettime(CLOCK_MONOTONIC, &tried);
     rc = take(l, &o, 0);
-    if (rc == DLOCK_EBUSY && o.wait_ms != 0) {
+    /* the wait follows a try that found the lock held, and one that found
+     * the store unreachable too (a failover, a restart: the wait rides it
+     * out, docs/design.md "Waiting through failovers and restarts"); the
+     * try's time counts against --wait */
+    int64_t left = o.wait_ms < 0 ? -1 : o.wait_ms - since_ms(&tried);
+    if ((rc == DLOCK_EBUSY || (rc == DLOCK_ECONN && left > 0)) &&
+        o.wait_ms != 0) {
         progress p;
         pthread_t t;
         int shown = 0;
@@ -824,7 +832,7 @@ int cmd_run(int argc, char **argv)
         if (!o.quiet && isatty(STDERR_FILENO) &&
             pthread_create(&t, NULL, progress_main, &p) == 0)
             shown = 1;
-        rc = take(l, &o, o.wait_ms);
+        rc = take(l, &o, left < 0 ? -1 : left > 0 ? left : 1);
         if (shown) {
             pthread_mutex_lock(&p.mu);
             p.stop = 1;

@@ -2349,6 +2349,40 @@ if [ "$KIND" = redlock ]; then
 fi
 
 # --------------------------------------------------------------------------
+# redis-sentinel: a run started as the primary dies rides out the failover
+# within its --wait (last: the old primary does not come back)
+# --------------------------------------------------------------------------
+
+if [ -n "${SENT_PORTS[*]:-}" ]; then
+    # the sentinels call a silent primary down after 1 s here (their
+    # default, 30 s, would outlast the wait below); then a vote and a
+    # promotion, a few seconds on a busy machine
+    for p in "${SENT_PORTS[@]}"; do
+        redis-cli -p "$p" SENTINEL SET dlockcli down-after-milliseconds 1000 >/dev/null
+    done
+    dl run failoverL -- sh -c 'printf "%s" "$DLOCK_TOKEN"'
+    before=$(cat "$TMP/out")
+    kill_redis_node 0
+    rm -f "$TMP/fo.tok"
+    t0=$(now_ms)
+    # started at once: the sentinels still name the dead primary. Before
+    # (issue 33), this exited 69 in a few ms, "cannot connect to the
+    # primary"; it must wait for the new primary instead, within 20 s
+    bg_dlock fo run --wait 20s failoverL -- sh -c 'printf "%s" "$DLOCK_TOKEN" > "$0"' "$TMP/fo.tok"
+    # 20 s of --wait, plus slack for the process to end
+    wait_exit "$BG" 30
+    dt=$(($(now_ms) - t0))
+    after=$(cat "$TMP/fo.tok" 2>/dev/null)
+    if [ "$WRC" = 0 ] && [ -n "$before" ] && [ -n "$after" ] && ((after > before)); then
+        pass "redis-sentinel: run --wait 20s started as the primary died: exit 0 after ${dt} ms, token $after > $before"
+    else
+        fail "redis-sentinel: run --wait 20s started as the primary died: exit $WRC after ${dt} ms," \
+            "tokens '$before' then '$after' (expected 0 and a higher token)"
+        show "$TMP/bg.fo.err"
+    fi
+fi
+
+# --------------------------------------------------------------------------
 
 ELAPSED=$(($(now_ms) - START_MS))
 echo "# $KIND: $PASSES passed, $FAILS failed, ${ELAPSED} ms"
