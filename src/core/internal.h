@@ -203,6 +203,10 @@ void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */
 /* Tells the background thread a hold needs attention at `when` (wakes
  * it only if that is earlier than its next wake-up). c->mu held. */
 void dlock__schedule(dlock_client *c, int64_t when);
+
+/* watchdog.c */
+/* The client's background thread (arg: the client). */
+void *dlock__background(void *arg);
 /* A hold's lease was set from t0 (the send time of the command that set
  * it) for h->lease.ttl_ms: its local lease end and next renewal, and the
  * background thread told when to look at it next (c->mu held; for an
