@@ -33,9 +33,10 @@ test-busy: build
 	@scripts/install-deps.sh test busy
 	cd $(BUILD) && $(CURDIR)/scripts/busy.sh ctest --output-on-failure -j$(JOBS)
 
-# the builds users and packagers make, from scratch, with the tests: every
-# build type with gcc, Release with clang, every store built in, stores left
-# out (scripts/build-matrix.sh; CI runs it with WERROR=ON)
+# the builds users and packagers make, from scratch: the build types with
+# gcc, Release with clang (the two Release builds with the tests), every
+# store built in, stores left out (scripts/build-matrix.sh; CI runs it with
+# WERROR=ON)
 build-matrix:
 	@scripts/install-deps.sh build asan
 	WERROR=$(WERROR) scripts/build-matrix.sh
