@@ -21,34 +21,47 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* Calls fn(fd, st, arg) for each pipe and socket of the process that a
  * started program would inherit (no FD_CLOEXEC); -1 without
- * /proc/self/fd. */
+ * /proc/self/fd. No allocation (getdents64 into a buffer on the stack,
+ * not opendir()): a child forked meanwhile by another thread must not
+ * inherit a heap block this thread was using. */
 static int each_inheritable(void (*fn)(int, const struct stat *, void *),
                             void *arg)
 {
-    DIR *d = opendir("/proc/self/fd"); /* close-on-exec itself (glibc) */
-    struct dirent *e;
+    int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* aligned for the records getdents64 writes into it */
+    union {
+        struct dirent64 d;
+        char b[4096];
+    } buf;
+    long got;
 
-    if (!d)
+    if (dfd < 0)
         return -1;
-    while ((e = readdir(d))) {
-        struct stat st;
-        char *end;
-        long fd = strtol(e->d_name, &end, 10);
-        int fl;
-        if (e->d_name[0] == '.' || *end || fd < 0 || fd == dirfd(d))
-            continue;
-        fl = fcntl((int)fd, F_GETFD);
-        if (fl < 0 || (fl & FD_CLOEXEC) || fstat((int)fd, &st) != 0 ||
-            !(S_ISSOCK(st.st_mode) || S_ISFIFO(st.st_mode)))
-            continue;
-        fn((int)fd, &st, arg);
+    while ((got = syscall(SYS_getdents64, dfd, buf.b, sizeof(buf.b))) > 0) {
+        for (long off = 0; off < got;) {
+            const struct dirent64 *e = (const void *)(buf.b + off);
+            struct stat st;
+            char *end;
+            long fd = strtol(e->d_name, &end, 10);
+            int fl;
+            off += e->d_reclen;
+            if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end ||
+                fd == dfd)
+                continue;
+            fl = fcntl((int)fd, F_GETFD);
+            if (fl < 0 || (fl & FD_CLOEXEC) || fstat((int)fd, &st) != 0 ||
+                !(S_ISSOCK(st.st_mode) || S_ISFIFO(st.st_mode)))
+                continue;
+            fn((int)fd, &st, arg);
+        }
     }
-    closedir(d);
-    return 0;
+    close(dfd);
+    return got < 0 ? -1 : 0;
 }
 
 void dlock__cloexec(int fd)
@@ -63,15 +76,9 @@ static void note_one(int fd, const struct stat *st, void *arg)
 {
     dlock__fd_note *n = arg;
 
-    if (n->n == n->cap) {
-        size_t cap = n->cap ? 2 * n->cap : 16;
-        dlock__fd_id *ids = realloc(n->ids, cap * sizeof(*ids));
-        if (!ids) {
-            n->ok = 0; /* an incomplete note would mark others' */
-            return;
-        }
-        n->ids = ids;
-        n->cap = cap;
+    if (n->n == DLOCK__FD_NOTE_MAX) {
+        n->ok = 0; /* an incomplete note would mark others' */
+        return;
     }
     n->ids[n->n].fd = fd;
     n->ids[n->n].dev = st->st_dev;
@@ -81,7 +88,7 @@ static void note_one(int fd, const struct stat *st, void *arg)
 
 void dlock__fds_note(dlock__fd_note *n)
 {
-    memset(n, 0, sizeof(*n));
+    n->n = 0;
     n->ok = 1;
     if (each_inheritable(note_one, n) != 0)
         n->ok = 0;
@@ -102,8 +109,8 @@ void dlock__fds_mark_new(dlock__fd_note *n)
 {
     if (n->ok)
         (void)each_inheritable(mark_new, n);
-    free(n->ids);
-    memset(n, 0, sizeof(*n));
+    n->n = 0;
+    n->ok = 0;
 }
 
 typedef struct peer_arg {

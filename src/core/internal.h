@@ -179,10 +179,18 @@ typedef struct dlock__fd_id {
     dev_t dev;
     ino_t ino;
 } dlock__fd_id;
+/* The most pipes and sockets a note remembers: a process with more that a
+ * started program would inherit gets an incomplete note (ok 0), and the
+ * call's own descriptors are then left unmarked rather than another's
+ * marked. */
+#define DLOCK__FD_NOTE_MAX 256
 typedef struct dlock__fd_note {
-    dlock__fd_id *ids; /* the pipes and sockets a started program inherits */
-    size_t n, cap;
-    int ok;            /* complete (/proc/self/fd read, memory had) */
+    /* the pipes and sockets a started program inherits; fixed, not
+     * allocated: a child forked while a thread notes must find no heap
+     * block in flight (valgrind counts one as lost there) */
+    dlock__fd_id ids[DLOCK__FD_NOTE_MAX];
+    size_t n;
+    int ok; /* complete (/proc/self/fd read, every descriptor noted) */
 } dlock__fd_note;
 /* Sets FD_CLOEXEC on fd (if fd >= 0 and it is not set). */
 DLOCK__HOST void dlock__cloexec(int fd);
