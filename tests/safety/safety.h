@@ -240,6 +240,12 @@ int sf_netns_enter(const sf_netns *n);
  * for the stores the namespace does not reach). */
 typedef struct sf_relay sf_relay;
 sf_relay *sf_relay_start(int target_port);
+/* The same, listening inside namespace n on 127.0.0.1:port, the very
+ * address a server here listens on (and announces: a Redis Cluster's
+ * CLUSTER SLOTS, Sentinel's primary), and relaying to it: a client in n
+ * reaches that server, and every server it learns of, only through such
+ * relays. NULL on failure (errno). */
+sf_relay *sf_relay_start_in(const sf_netns *n, int port);
 int sf_relay_port(const sf_relay *r);
 void sf_relay_cut(sf_relay *r, int cut);
 void sf_relay_stop(sf_relay *r);
