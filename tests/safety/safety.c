@@ -1036,11 +1036,12 @@ static void cutoff_heal(run *r, pid_t locker)
     }
 }
 
-/* What the round showed: how long before the next holder's acquire
- * returned the victim's tree did its last read or write (negative: after
- * it), and how dlock run ended. */
-static void cutoff_note(const run *r, int vh, int64_t t_cut, char *note,
-                        size_t cap)
+/* What the round showed, appended to its note: how long before the next
+ * holder's acquire returned the victim's tree did its last read or write
+ * (returned, in ns; negative: after it; INT64_MIN: nobody came next),
+ * and how dlock run ended. */
+static int64_t cutoff_note(const run *r, int vh, int64_t t_cut, char *note,
+                           size_t cap)
 {
     const sf_shared *s = r->s;
     const sf_hold *v = &s->holds[vh];
@@ -1069,6 +1070,57 @@ static void cutoff_note(const run *r, int vh, int64_t t_cut, char *note,
                  (double)(last - t_cut) / 1e6);
     o = strlen(note);
     snprintf(note + o, cap - o, "; exit %d", v->run_rc);
+    return next ? next - last : INT64_MIN;
+}
+
+/* The rounds of a cutoff-run, for the table: the cut, the shortest and
+ * longest time from the tree's last operation to the next acquire, the
+ * exit statuses of the victims' dlock runs. */
+typedef struct cutoff_sum {
+    int n, nexit, exits[8], alone;
+    int64_t min, max;
+} cutoff_sum;
+
+static void cutoff_add(cutoff_sum *c, int64_t gap, int exit_status)
+{
+    if (gap == INT64_MIN) {
+        c->alone++;
+    } else {
+        if (!c->n || gap < c->min)
+            c->min = gap;
+        if (!c->n || gap > c->max)
+            c->max = gap;
+        c->n++;
+    }
+    if (c->nexit < 8)
+        c->exits[c->nexit++] = exit_status;
+}
+
+static void cutoff_summary(const cutoff_sum *c, const char *cut_note,
+                           char *note, size_t cap)
+{
+    char *semi;
+    size_t o;
+
+    snprintf(note, cap, "%s", cut_note);
+    if ((semi = strchr(note, ';')) != NULL)
+        *semi = '\0'; /* the cut only: the rest was the first round's */
+#define APPEND(...)                                                        \
+    (o = strlen(note), snprintf(note + o, cap - o, __VA_ARGS__))
+    if (c->nexit > 1)
+        APPEND(" (each round)");
+    if (c->n && c->min > 0)
+        APPEND("; tree's last op %.0f-%.0f ms before the next acquire",
+               (double)c->min / 1e6, (double)c->max / 1e6);
+    else if (c->n)
+        APPEND("; tree's last op up to %.0f ms AFTER the next acquire",
+               (double)-c->min / 1e6);
+    if (c->alone)
+        APPEND("; %d round%s with no other holder", c->alone,
+               c->alone > 1 ? "s" : "");
+    for (int i = 0; i < c->nexit; i++)
+        APPEND("%s%d", i ? ", " : "; exit ", c->exits[i]);
+#undef APPEND
 }
 
 /* The worker a release would hand the lock to next: the head of the
@@ -1371,6 +1423,7 @@ static void run_one(store *st, int sc, cell *out)
                        sc == SC_CUTOFF;
     static int seq;
     int inconclusive = 0, nvictims = 0, victims[8];
+    cutoff_sum cosum = {0};
     int rounds = quick ? 1 : 3;
 
     memset(&r, 0, sizeof(r));
@@ -1504,6 +1557,7 @@ static void run_one(store *st, int sc, cell *out)
         int vw = s->victim_worker, vh = s->victim_hold;
         pid_t vpid = r.pid[vw];
         int64_t t_cut = 0;
+        char cut_note[256] = "";
         int64_t base = accepted(&r);
         int64_t lease_wait = st->has_lease ? s->ttl_ms * 3 + 4000 : 1500;
         switch (sc) {
@@ -1754,6 +1808,7 @@ static void run_one(store *st, int sc, cell *out)
             pid_t locker = 0;
             uint64_t vtok = s->holds[vh].token;
             t_cut = cutoff_cut(&r, &locker, rnote, sizeof(rnote));
+            snprintf(cut_note, sizeof(cut_note), "%s", rnote);
             if (!t_cut) {
                 inconclusive = 1;
                 break;
@@ -1789,11 +1844,17 @@ static void run_one(store *st, int sc, cell *out)
                 th_sleep_ms(5);
         __atomic_store_n(&s->victim_want, 0, __ATOMIC_SEQ_CST);
         if (sc == SC_CUTOFF && t_cut) {
-            cutoff_note(&r, vh, t_cut, rnote, sizeof(rnote));
+            cutoff_add(&cosum, cutoff_note(&r, vh, t_cut, rnote,
+                                           sizeof(rnote)),
+                       s->holds[vh].run_rc);
             log_line("%s %s round %d: %s", st_name[st->kind], sc_name[sc],
                      round + 1, rnote);
+            if (!inconclusive)
+                cutoff_summary(&cosum, cut_note, rnote, sizeof(rnote));
         }
-        if (round == 0)
+        if (sc == SC_CUTOFF && (t_cut || inconclusive))
+            snprintf(note, sizeof(note), "%s", rnote); /* the rounds' sum */
+        else if (round == 0)
             snprintf(note, sizeof(note), "%s%s", rnote,
                      rounds > 1 ? " (each round)" : "");
         if (vh >= 0 && nvictims < 8)
