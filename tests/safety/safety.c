@@ -1009,7 +1009,7 @@ static int64_t cutoff_cut(run *r, pid_t *locker, char *note, size_t cap)
                  "taken within 10 s");
         return 0;
     }
-    snprintf(note, cap, "write lock held %.1f s by another connection",
+    snprintf(note, cap, "the db's write lock held %.1f s",
              (double)a.ms / 1000.0);
     return r->s->locker_at;
 #else
