@@ -993,10 +993,9 @@ static int64_t cutoff_cut(run *r, pid_t *locker, char *note, size_t cap)
         return sf_now_ns();
     }
 #ifdef TH_SQLITE
-    static locker_arg a;
-    a.s = r->s;
-    a.path = st->uri + strlen("sqlite://");
-    a.ms = r->s->run_ttl_ms + 1000;
+    /* (the child runs sqlite_locker() on its copy of `a`) */
+    locker_arg a = {r->s, st->uri + strlen("sqlite://"),
+                    r->s->run_ttl_ms + 1000};
     r->s->locker_at = 0;
     *locker = th_fork(sqlite_locker, &a);
     /* it waits its turn behind the workers' statements: ms */
