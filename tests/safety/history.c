@@ -49,31 +49,43 @@ void sf_sleep_us(int64_t us)
 /* The resource                                                             */
 /* ------------------------------------------------------------------------ */
 
-void sf_resource_init(sf_resource *r)
+void sf_mutex_init(pthread_mutex_t *mu)
 {
     pthread_mutexattr_t a;
 
-    memset(r, 0, sizeof(*r));
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
     /* a worker SIGKILLed inside would leave it locked for good */
     pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&r->mu, &a);
+    pthread_mutex_init(mu, &a);
     pthread_mutexattr_destroy(&a);
 }
 
-static void res_lock(sf_resource *r)
+void sf_mutex_lock(pthread_mutex_t *mu)
 {
-    if (pthread_mutex_lock(&r->mu) == EOWNERDEAD)
-        pthread_mutex_consistent(&r->mu);
+    if (pthread_mutex_lock(mu) == EOWNERDEAD)
+        pthread_mutex_consistent(mu);
+}
+
+void sf_resource_init(sf_resource *r)
+{
+    memset(r, 0, sizeof(*r));
+    sf_mutex_init(&r->mu);
+}
+
+static void res_lock(sf_resource *r, int64_t *t)
+{
+    sf_mutex_lock(&r->mu);
+    if (t)
+        *t = sf_now_ns();
 }
 
 int sf_resource_read(sf_resource *r, uint64_t token, int64_t *value,
-                     uint64_t *seen, uint64_t *op)
+                     uint64_t *seen, uint64_t *op, int64_t *t)
 {
     int res = SF_W_NONE;
 
-    res_lock(r);
+    res_lock(r, t);
     *op = ++r->ops;
     *seen = r->max_token;
     if (token < r->max_token) {
@@ -88,11 +100,11 @@ int sf_resource_read(sf_resource *r, uint64_t token, int64_t *value,
 }
 
 int sf_resource_read_shared(sf_resource *r, uint64_t token, int64_t *value,
-                            uint64_t *seen, uint64_t *op)
+                            uint64_t *seen, uint64_t *op, int64_t *t)
 {
     int res = SF_W_NONE;
 
-    res_lock(r);
+    res_lock(r, t);
     *op = ++r->ops;
     *seen = r->max_token;
     if (token <= r->last_write_token && r->accepted > 0) {
@@ -108,11 +120,11 @@ int sf_resource_read_shared(sf_resource *r, uint64_t token, int64_t *value,
 }
 
 int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
-                      uint64_t read_op, uint64_t *op)
+                      uint64_t read_op, uint64_t *op, int64_t *t)
 {
     int res;
 
-    res_lock(r);
+    res_lock(r, t);
     *op = ++r->ops;
     if (token < r->max_token) {
         r->rejected++;
@@ -173,6 +185,30 @@ static int told(const sf_hold *h)
     return (h->done && !h->killed && h->rel_rc != DLOCK_OK) || h->lost_cb;
 }
 
+/* The end of a hold's interval: its release call, or the moment it was
+ * SIGKILLed; a `dlock run` hold's, the last read or write of any process
+ * of its tree (one may have outlived dlock run) */
+static int64_t hold_end(const sf_hold *h)
+{
+    int64_t e = h->t_rel_call;
+
+    for (int p = 0; h->run && p < 3; p++)
+        if (h->t_proc[p] > e)
+            e = h->t_proc[p];
+    return e;
+}
+
+/* The process of a `dlock run` hold's tree whose read or write came last. */
+static int last_proc(const sf_hold *h)
+{
+    int last = 0;
+
+    for (int p = 1; p < 3; p++)
+        if (h->t_proc[p] > h->t_proc[last])
+            last = p;
+    return last;
+}
+
 void sf_check(const sf_shared *s, sf_report *rep)
 {
     uint32_t n = s->nholds > SF_MAX_HOLDS ? SF_MAX_HOLDS : s->nholds;
@@ -189,8 +225,11 @@ void sf_check(const sf_shared *s, sf_report *rep)
     }
     for (uint32_t i = 0; i < n; i++) {
         const sf_hold *h = &s->holds[i];
-        if (!h->done && !h->killed)
-            continue; /* cannot happen: workers finish their hold */
+        /* cannot happen: workers finish their hold; a dlock run hold's
+         * runner may not have (killed at the end): its tree's record
+         * counts all the same */
+        if (!h->done && !h->killed && !h->run)
+            continue;
         ord[m] = (int)i;
         ord2[m] = (int)i;
         m++;
@@ -222,16 +261,51 @@ void sf_check(const sf_shared *s, sf_report *rep)
     }
 
     /* overlapping holds: [acquire returned, release called] of two workers
-     * (a SIGKILLed holder's ends at the kill) */
+     * (a SIGKILLed holder's ends at the kill, a dlock run hold's at its
+     * tree's last operation: hold_end()); one worker's holds follow each
+     * other, but a runner's trees need not */
     for (int i = 0; i < m; i++) {
         const sf_hold *a = &s->holds[ord[i]];
+        int64_t a_end = hold_end(a);
         for (int j = i + 1; j < m; j++) {
             const sf_hold *b = &s->holds[ord[j]];
-            if (b->t_acq_ret >= a->t_rel_call)
+            if (b->t_acq_ret >= a_end)
                 break;
-            if (b->worker == a->worker || (a->shared && b->shared))
+            if ((b->worker == a->worker && !a->run && !b->run) ||
+                (a->shared && b->shared))
                 continue;
             rep->overlaps++;
+            if (s->no_overlap) {
+                /* none may be, reported or not (cutoff-run: the old
+                 * tree must be dead before the next holder starts) */
+                const sf_hold *t = a->run ? a : b->run ? b : NULL;
+                rep->overlaps_forbidden++;
+                if (t) {
+                    const sf_hold *o = t == a ? b : a;
+                    int lp = last_proc(t);
+                    note(rep, "dlock run hold %llx (token %llu, exit %d) "
+                              "overlapped hold %llx (worker %d, token %llu) "
+                              "by %.1f ms: its %s (pid %d) read or wrote "
+                              "last (%d of its requests refused); no "
+                              "overlap may be here",
+                         (unsigned long long)t->acq_id,
+                         (unsigned long long)t->token, t->run_rc,
+                         (unsigned long long)o->acq_id, o->worker,
+                         (unsigned long long)o->token,
+                         (double)(a_end - b->t_acq_ret) / 1e6,
+                         lp == 0   ? "command"
+                         : lp == 1 ? "child"
+                                   : "setsid grandchild",
+                         t->proc_pid[lp], t->proc_refused[lp]);
+                } else {
+                    note(rep, "holds %llx (worker %d) and %llx (worker %d) "
+                              "overlapped by %.1f ms: no overlap may be "
+                              "here",
+                         (unsigned long long)a->acq_id, a->worker,
+                         (unsigned long long)b->acq_id, b->worker,
+                         (double)(a_end - b->t_acq_ret) / 1e6);
+                }
+            }
             /* the earlier owner in the store lost the lock to the other:
              * the one with the lower token (the store issues them in its
              * own order), not always the one whose acquire returned
@@ -254,7 +328,7 @@ void sf_check(const sf_shared *s, sf_report *rep)
                      x->lost_cb ? ", lost callback" : "",
                      (unsigned long long)y->acq_id, y->worker,
                      (unsigned long long)y->token,
-                     (double)(a->t_rel_call - b->t_acq_ret) / 1e6);
+                     (double)(a_end - b->t_acq_ret) / 1e6);
             }
         }
     }
@@ -311,7 +385,8 @@ void sf_check(const sf_shared *s, sf_report *rep)
              (long long)s->res.value, (long long)s->res.accepted);
 
     if (rep->stale_accepted || rep->lost_updates || rep->overlaps_silent ||
-        rep->token_backwards || rep->forged_tokens)
+        rep->token_backwards || rep->forged_tokens ||
+        rep->overlaps_forbidden)
         rep->outcome = SF_VIOLATED;
     else if (rep->stale_rejected)
         rep->outcome = SF_FENCED;

@@ -6,7 +6,10 @@
  *    down (a partition) or slow and lossy (netem where the kernel has it,
  *    else a token bucket too small for the traffic);
  *  - a TCP relay that can cut every connection, new ones included (for
- *    the servers the harness binds to loopback only).
+ *    the servers the harness binds to loopback only), listening here on
+ *    a port of its own, or inside a namespace on the server's own
+ *    address (for the servers whose clients go to the addresses they
+ *    announce).
  * Every namespace is removed at exit, on SIGINT/SIGTERM/SIGHUP, and by the
  * next run if this one was SIGKILLed.
  */
@@ -388,21 +391,31 @@ static void *relay_main(void *arg)
     return NULL;
 }
 
-sf_relay *sf_relay_start(int target_port)
+/* A relay to target_port listening on lfd (bound to 127.0.0.1:port, 0:
+ * any); its thread connects in this thread's namespace. NULL (lfd closed)
+ * on failure. */
+static sf_relay *relay_start(int lfd, int port, int target_port)
 {
     sf_relay *r = calloc(1, sizeof(*r));
     struct sockaddr_in a;
     socklen_t len = sizeof(a);
+    int one = 1;
 
-    if (!r)
+    if (!r) {
+        if (lfd >= 0)
+            close(lfd);
         return NULL;
+    }
     for (int i = 0; i < RELAY_PAIRS; i++)
         r->cfd[i] = r->sfd[i] = -1;
     r->target = target_port;
-    r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    r->lfd = lfd;
     memset(&a, 0, sizeof(a));
     a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (port && r->lfd >= 0)
+        setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (r->lfd < 0 || bind(r->lfd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
         listen(r->lfd, 64) != 0 ||
         getsockname(r->lfd, (struct sockaddr *)&a, &len) != 0 ||
@@ -414,6 +427,46 @@ sf_relay *sf_relay_start(int target_port)
     }
     r->port = ntohs(a.sin_port);
     return r;
+}
+
+sf_relay *sf_relay_start(int target_port)
+{
+    return relay_start(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), 0,
+                       target_port);
+}
+
+sf_relay *sf_relay_start_in(const sf_netns *n, int port)
+{
+    char path[128];
+    int here = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    int there, lfd = -1, err = 0;
+
+    snprintf(path, sizeof(path), "/var/run/netns/%s", n->name);
+    there = open(path, O_RDONLY | O_CLOEXEC);
+    /* a socket stays in the namespace it was made in: this thread goes
+     * there for the listening socket only, and comes back before the
+     * relay's thread (which connects) is started */
+    if (here >= 0 && there >= 0 && setns(there, CLONE_NEWNET) == 0) {
+        lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        err = errno;
+        if (setns(here, CLONE_NEWNET) != 0) {
+            /* stuck in the other namespace: nothing here would work */
+            fprintf(stderr, "netfault: cannot return from %s: %s\n",
+                    n->name, strerror(errno));
+            abort();
+        }
+    } else {
+        err = errno;
+    }
+    if (here >= 0)
+        close(here);
+    if (there >= 0)
+        close(there);
+    if (lfd < 0) {
+        errno = err;
+        return NULL;
+    }
+    return relay_start(lfd, port, port);
 }
 
 int sf_relay_port(const sf_relay *r)

@@ -3,7 +3,7 @@
  * safety.c -- the safety suite's driver.
  *
  *   dlock_safety [--quick] [--mixed] [--stores a,b] [--scenarios x,y]
- *                [--workers N] [--table FILE] [--doc FILE]
+ *                [--workers N] [--table FILE] [--doc FILE] [--dlock PATH]
  *
  * For every store (file, redis, redlock, zk, etcd, sqlite, pg,
  * pg-advisory, mysql, sentinel, cluster) and scenario (none, kill, stop,
@@ -22,13 +22,14 @@
  * reader only reads the resource), on the stores that have them; the
  * checker then flags a write overlapping any other hold and a read
  * overlapping a write; its table goes between the safety-mixed-table
- * markers.
+ * markers. --dlock: the dlock binary the cutoff-run scenario's holder
+ * runs (default: this build's).
  *
  * Past 1,000 lines on purpose: the scenarios' table and the driver that
  * runs each against every store and writes the table; the history
- * checker, the workers, the network faults and the forged-grant
- * scenario's forger are in history.c, worker.c, netfault.c and
- * forger.c.
+ * checker, the workers, the network faults, the forged-grant
+ * scenario's forger and the cutoff-run scenario's `dlock run` holder are
+ * in history.c, worker.c, netfault.c, forger.c and runner.c.
  */
 #include "safety.h"
 #include "test.h"
@@ -45,6 +46,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef TH_SQLITE
+#include <sqlite3.h>
+#endif
 
 #define FAKETIME_LIB "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
@@ -56,7 +60,7 @@
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
        SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_CANCELS,
-       SC_FORGED, SC_N };
+       SC_FORGED, SC_CUTOFF, SC_N };
 static const char *const sc_name[SC_N] = {
     [SC_NONE] = "none",
     [SC_KILL] = "kill",
@@ -76,6 +80,7 @@ static const char *const sc_name[SC_N] = {
     [SC_RESHARD] = "reshard",
     [SC_CANCELS] = "cancels",
     [SC_FORGED] = "forged-grant",
+    [SC_CUTOFF] = "cutoff-run",
 };
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
@@ -129,6 +134,11 @@ static const int expected[SC_N][ST_N] = {
      * a grant (Redis, Cluster, PostgreSQL table mode), or wakes anyone
      * local (SQLite's wake-up channels) */
     [SC_FORGED] =      {NA, H, NA, NA, NA, H, H, NA, NA, H, H, H},
+    /* a `dlock run` holder cut off from its store, its command's tree
+     * ignoring SIGTERM: killed before the store's lease ends, and told
+     * (every overlap is a violation here: run_one() sets no_overlap);
+     * no lease on PostgreSQL advisory locks: the holder keeps it */
+    [SC_CUTOFF] =      {NA, L, L, L, L, L, L, H, L, L, L, L},
 };
 #undef H
 #undef L
@@ -141,6 +151,11 @@ static const int has_shared[ST_N] = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 static int want_store[ST_N], want_sc[SC_N];
 static const char *table_path, *doc_path;
 static char self_exe[1024];
+/* the dlock binary the cutoff-run scenario runs */
+#ifndef SF_DLOCK_BIN
+#define SF_DLOCK_BIN "dlock"
+#endif
+static const char *dlock_bin = SF_DLOCK_BIN;
 
 /* The expected outcome of a cell in this run: the table's, but for
  * --mixed on a cluster's reshard or failover, where the victim is a read
@@ -506,6 +521,11 @@ static const char *na_why(int kind, int sc)
 {
     if (sc == SC_RESHARD)
         return "only a Redis Cluster moves a lock's slot to another server";
+    if (sc == SC_CUTOFF)
+        return "a file lock lives with its holder's open file: no path to "
+               "cut, no lease to end (tests/cli/test_stop.sh checks that "
+               "dlock run stops the whole tree when it dies or its command "
+               "exits)";
     if (sc == SC_FORGED)
         switch (kind) {
         case ST_FILE:
@@ -575,6 +595,10 @@ typedef struct run {
     char shm[700];
     char clockfile[700];
     pid_t pid[SF_MAX_WORKERS];
+    /* cutoff-run on Sentinel and the Cluster: relays inside the
+     * namespace on every server's own address (worker 0 is in there) */
+    sf_relay *mirror[6];
+    int nmirror;
 } run;
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -851,10 +875,251 @@ static void cut(run *r, int on)
 {
     store *st = r->st;
 
+    if (r->nmirror) { /* the path is those relays alone */
+        for (int i = 0; i < r->nmirror; i++)
+            sf_relay_cut(r->mirror[i], on);
+        return;
+    }
     if (st->part_netns)
         sf_netns_link(&netns, on ? "down" : "up");
     for (int i = 0; i < st->nrelay; i++)
         sf_relay_cut(st->relay[i], on);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The cutoff-run scenario                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Sentinel and the Cluster: a relay inside the namespace on the address
+ * of every server the victim's client may go to (the sentinels and the
+ * data nodes; the cluster's six nodes, as CLUSTER SLOTS announces them);
+ * 0, or -1 and why. */
+static int mirror_start(run *r, char *why, size_t cap)
+{
+    store *st = r->st;
+    int ports[6], n = 0;
+
+    if (st->kind == ST_SENTINEL)
+        for (int i = 0; i < 3; i++) {
+            ports[n++] = st->sen.sent[i].port;
+            ports[n++] = st->sen.data[i].port;
+        }
+    else
+        for (int i = 0; i < 6; i++)
+            ports[n++] = st->cl.node[i].port;
+    for (int i = 0; i < n; i++) {
+        r->mirror[i] = sf_relay_start_in(&netns, ports[i]);
+        if (!r->mirror[i]) {
+            snprintf(why, cap, "a relay inside the namespace on port %d: "
+                     "%s", ports[i], strerror(errno));
+            return -1;
+        }
+        r->nmirror = i + 1;
+    }
+    return 0;
+}
+
+static void mirror_stop(run *r)
+{
+    for (int i = 0; i < r->nmirror; i++)
+        sf_relay_stop(r->mirror[i]);
+    r->nmirror = 0;
+}
+
+/* Waits (bounded) until a write with a token above `token` was accepted:
+ * another holder's (the victim's tree writes too, with its own). */
+static int wait_write_above(const run *r, uint64_t token, int64_t timeout_ms)
+{
+    int64_t until = th_now_ms() + timeout_ms;
+
+    while (th_now_ms() < until) {
+        if (__atomic_load_n(&r->s->res.last_write_token, __ATOMIC_SEQ_CST) >
+            token)
+            return 1;
+        th_sleep_ms(5);
+    }
+    return 0;
+}
+
+#ifdef TH_SQLITE
+typedef struct locker_arg {
+    sf_shared *s;
+    const char *path;
+    int64_t ms;
+} locker_arg;
+
+/* SQLite has no network to cut: another connection takes the database's
+ * write lock (every acquire and renewal waits for it) for `ms`, past the
+ * victim's lease, then lets go (tests/cli/test_stop.sh does the same). */
+static int sqlite_locker(void *arg)
+{
+    locker_arg *a = arg;
+    sqlite3 *db = NULL;
+    int rc = 1;
+
+    if (sqlite3_open_v2(a->path, &db, SQLITE_OPEN_READWRITE, NULL) ==
+        SQLITE_OK) {
+        /* the workers hold it for a statement at a time */
+        sqlite3_busy_timeout(db, 10000);
+        if (sqlite3_exec(db, "BEGIN EXCLUSIVE", NULL, NULL, NULL) ==
+            SQLITE_OK) {
+            __atomic_store_n(&a->s->locker_at, sf_now_ns(),
+                             __ATOMIC_SEQ_CST);
+            sf_sleep_us(a->ms * 1000);
+            sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+            rc = 0;
+        }
+    }
+    sqlite3_close(db);
+    return rc;
+}
+#endif
+
+/* Cuts the victim's path to the store (SQLite: the write lock taken by
+ * another connection for the lease + 1 s); the moment it took effect
+ * (CLOCK_MONOTONIC ns), or 0 and why in note. *locker: the SQLite
+ * locker's pid, waited for by cutoff_heal(). */
+static int64_t cutoff_cut(run *r, pid_t *locker, char *note, size_t cap)
+{
+    store *st = r->st;
+
+    *locker = 0;
+    if (st->kind != ST_SQLITE) {
+        cut(r, 1);
+        snprintf(note, cap, "%s", r->nmirror ? "relays inside the namespace "
+                                               "cut"
+                                  : st->part_netns ? "veth link down"
+                                                   : "relay cut");
+        return sf_now_ns();
+    }
+#ifdef TH_SQLITE
+    /* (the child runs sqlite_locker() on its copy of `a`) */
+    locker_arg a = {r->s, st->uri + strlen("sqlite://"),
+                    r->s->run_ttl_ms + 1000};
+    r->s->locker_at = 0;
+    *locker = th_fork(sqlite_locker, &a);
+    /* it waits its turn behind the workers' statements: ms */
+    int64_t until = th_now_ms() + 10000;
+    while (!__atomic_load_n(&r->s->locker_at, __ATOMIC_SEQ_CST) &&
+           th_now_ms() < until && waitpid(*locker, NULL, WNOHANG) == 0)
+        th_sleep_ms(1);
+    if (!r->s->locker_at) {
+        snprintf(note, cap, "INCONCLUSIVE: the database's write lock not "
+                 "taken within 10 s");
+        return 0;
+    }
+    snprintf(note, cap, "the db's write lock held %.1f s",
+             (double)a.ms / 1000.0);
+    return r->s->locker_at;
+#else
+    snprintf(note, cap, "INCONCLUSIVE: no sqlite in this build");
+    return 0;
+#endif
+}
+
+static void cutoff_heal(run *r, pid_t locker)
+{
+    if (r->st->kind != ST_SQLITE) {
+        cut(r, 0);
+        return;
+    }
+    if (locker <= 0)
+        return;
+    /* it lets go by itself (lease + 1 s after it took the lock) */
+    int64_t until = th_now_ms() + 15000;
+    while (waitpid(locker, NULL, WNOHANG) == 0 && th_now_ms() < until)
+        th_sleep_ms(5);
+    if (th_now_ms() >= until) {
+        kill(locker, SIGKILL);
+        waitpid(locker, NULL, 0);
+    }
+}
+
+/* What the round showed, appended to its note: how long before the next
+ * holder's acquire returned the victim's tree did its last read or write
+ * (returned, in ns; negative: after it; INT64_MIN: nobody came next),
+ * and how dlock run ended. */
+static int64_t cutoff_note(const run *r, int vh, int64_t t_cut, char *note,
+                           size_t cap)
+{
+    const sf_shared *s = r->s;
+    const sf_hold *v = &s->holds[vh];
+    int64_t last = 0, next = 0;
+    uint32_t n = s->nholds > SF_MAX_HOLDS ? SF_MAX_HOLDS : s->nholds;
+
+    for (int p = 0; p < 3; p++)
+        if (v->t_proc[p] > last)
+            last = v->t_proc[p];
+    for (uint32_t i = 0; i < n; i++) {
+        const sf_hold *h = &s->holds[i];
+        if ((int)i != vh && h->t_acq_ret > t_cut &&
+            (!next || h->t_acq_ret < next) && !(h->shared && v->shared))
+            next = h->t_acq_ret;
+    }
+    size_t o = strlen(note);
+    if (next)
+        snprintf(note + o, cap - o, "; tree's last op %.0f ms %s the next "
+                 "acquire (%.0f ms after the cut)",
+                 (double)llabs(next - last) / 1e6,
+                 last < next ? "before" : "AFTER",
+                 (double)(next - t_cut) / 1e6);
+    else
+        snprintf(note + o, cap - o, "; no other holder (tree's last op "
+                 "%.0f ms after the cut)",
+                 (double)(last - t_cut) / 1e6);
+    o = strlen(note);
+    snprintf(note + o, cap - o, "; exit %d", v->run_rc);
+    return next ? next - last : INT64_MIN;
+}
+
+/* The rounds of a cutoff-run, for the table: the cut, the shortest and
+ * longest time from the tree's last operation to the next acquire, the
+ * exit statuses of the victims' dlock runs. */
+typedef struct cutoff_sum {
+    int n, nexit, exits[8], alone;
+    int64_t min, max;
+} cutoff_sum;
+
+static void cutoff_add(cutoff_sum *c, int64_t gap, int exit_status)
+{
+    if (gap == INT64_MIN) {
+        c->alone++;
+    } else {
+        if (!c->n || gap < c->min)
+            c->min = gap;
+        if (!c->n || gap > c->max)
+            c->max = gap;
+        c->n++;
+    }
+    if (c->nexit < 8)
+        c->exits[c->nexit++] = exit_status;
+}
+
+static void cutoff_summary(const cutoff_sum *c, const char *cut_note,
+                           char *note, size_t cap)
+{
+    char *semi;
+    size_t o;
+
+    snprintf(note, cap, "%s", cut_note);
+    if ((semi = strchr(note, ';')) != NULL)
+        *semi = '\0'; /* the cut only: the rest was the first round's */
+#define APPEND(...)                                                        \
+    (o = strlen(note), snprintf(note + o, cap - o, __VA_ARGS__))
+    if (c->nexit > 1)
+        APPEND(" (each round)");
+    if (c->n && c->min > 0)
+        APPEND("; tree's last op %.0f-%.0f ms before the next acquire",
+               (double)c->min / 1e6, (double)c->max / 1e6);
+    else if (c->n)
+        APPEND("; tree's last op up to %.0f ms AFTER the next acquire",
+               (double)-c->min / 1e6);
+    if (c->alone)
+        APPEND("; %d round%s with no other holder", c->alone,
+               c->alone > 1 ? "s" : "");
+    for (int i = 0; i < c->nexit; i++)
+        APPEND("%s%d", i ? ", " : "; exit ", c->exits[i]);
+#undef APPEND
 }
 
 /* The worker a release would hand the lock to next: the head of the
@@ -1153,9 +1418,11 @@ static void run_one(store *st, int sc, cell *out)
     int workers = nworkers;
     char note[300] = ""; /* a round's note (256) and " (each round)" */
     int use_faketime = sc == SC_CLOCK;
-    int victim_only0 = sc == SC_PARTITION || sc == SC_SLOW;
+    int victim_only0 = sc == SC_PARTITION || sc == SC_SLOW ||
+                       sc == SC_CUTOFF;
     static int seq;
     int inconclusive = 0, nvictims = 0, victims[8];
+    cutoff_sum cosum = {0};
     int rounds = quick ? 1 : 3;
 
     memset(&r, 0, sizeof(r));
@@ -1200,14 +1467,45 @@ static void run_one(store *st, int sc, cell *out)
     s->deadline_ns = sf_now_ns() + (int64_t)(quick ? 40 : 60) * 1000000000;
     s->victim_worker = -1;
     s->victim_hold = -1;
+    const char *vuri = victim_only0 ? st->part_uri : st->uri;
+    int vnetns = victim_only0 && st->part_netns;
+    if (sc == SC_CUTOFF) {
+        /* worker 0 runs `dlock run` (runner.c), 1 s leases (SQLite: its
+         * 2 s), through the path that is cut: the partition's, relays
+         * inside the namespace on Sentinel and the Cluster, the
+         * store's own on SQLite (its write lock is what is taken) */
+        s->runner = 1;
+        s->no_overlap = 1;
+        s->run_ttl_ms = st->ttl > 1000 ? st->ttl : 1000;
+        snprintf(s->dlock_bin, sizeof(s->dlock_bin), "%s", dlock_bin);
+        snprintf(s->self_exe, sizeof(s->self_exe), "%s", self_exe);
+        sf_mutex_init(&s->tree_mu);
+        if (st->kind == ST_SENTINEL || st->kind == ST_CLUSTER) {
+            if (mirror_start(&r, note, sizeof(note)) != 0) {
+                mirror_stop(&r);
+                out->ran = 1;
+                out->outcome = SF_INCONCLUSIVE;
+                snprintf(out->why, sizeof(out->why), "INCONCLUSIVE: %s",
+                         note);
+                log_line("%-11s %-9s INCONCLUSIVE: %s", st_name[st->kind],
+                         sc_name[sc], note);
+                munmap(s, sizeof(*s));
+                unlink(r.shm);
+                return;
+            }
+            vuri = st->uri; /* the very addresses, through the relays */
+            vnetns = 1;
+        } else if (st->kind == ST_SQLITE) {
+            vuri = st->uri;
+        }
+    }
     if (use_faketime)
         set_clock(&r, "+0");
     for (int i = 0; i < workers; i++)
         snprintf(s->w[i].uri, sizeof(s->w[i].uri), "%s",
-                 i == 0 && victim_only0 ? st->part_uri : st->uri);
+                 i == 0 ? vuri : st->uri);
     for (int i = 0; i < workers; i++)
-        r.pid[i] = spawn_worker(&r, i, i == 0 && victim_only0 &&
-                                           st->part_netns, use_faketime);
+        r.pid[i] = spawn_worker(&r, i, i == 0 && vnetns, use_faketime);
 
     /* warm up: every worker has a client, some writes went through */
     int64_t until = th_now_ms() + 30000;
@@ -1257,6 +1555,8 @@ static void run_one(store *st, int sc, cell *out)
         }
         int vw = s->victim_worker, vh = s->victim_hold;
         pid_t vpid = r.pid[vw];
+        int64_t t_cut = 0;
+        char cut_note[256] = "";
         int64_t base = accepted(&r);
         int64_t lease_wait = st->has_lease ? s->ttl_ms * 3 + 4000 : 1500;
         switch (sc) {
@@ -1498,6 +1798,34 @@ static void run_one(store *st, int sc, cell *out)
             wait_accepted(&r, base, 1, lease_wait);
             break;
         }
+        case SC_CUTOFF: {
+            /* the victim's dlock run cut off from its store while its
+             * command's three processes work: dlock run must have them
+             * all dead before the store's lease ends (every overlap
+             * fails the cell); the controller waits for another holder's
+             * write (3 of the run's leases + 4 s at most), then heals */
+            pid_t locker = 0;
+            uint64_t vtok = s->holds[vh].token;
+            t_cut = cutoff_cut(&r, &locker, rnote, sizeof(rnote));
+            snprintf(cut_note, sizeof(cut_note), "%s", rnote);
+            if (!t_cut) {
+                inconclusive = 1;
+                break;
+            }
+            int took = wait_write_above(&r, vtok, st->has_lease
+                                                      ? s->run_ttl_ms * 3 +
+                                                            4000
+                                                      : 1500);
+            th_sleep_ms(100);
+            cutoff_heal(&r, locker);
+            if (!took && st->has_lease) {
+                size_t o = strlen(rnote);
+                snprintf(rnote + o, sizeof(rnote) - o, "; INCONCLUSIVE: "
+                         "no other holder wrote within 3 leases + 4 s");
+                inconclusive = 1;
+            }
+            break;
+        }
         case SC_CLOCK:
             /* forward, then back: every worker's wall clock */
             set_clock(&r, round % 2 ? "+0" : "+2h");
@@ -1514,7 +1842,18 @@ static void run_one(store *st, int sc, cell *out)
                    th_now_ms() < until)
                 th_sleep_ms(5);
         __atomic_store_n(&s->victim_want, 0, __ATOMIC_SEQ_CST);
-        if (round == 0)
+        if (sc == SC_CUTOFF && t_cut) {
+            cutoff_add(&cosum, cutoff_note(&r, vh, t_cut, rnote,
+                                           sizeof(rnote)),
+                       s->holds[vh].run_rc);
+            log_line("%s %s round %d: %s", st_name[st->kind], sc_name[sc],
+                     round + 1, rnote);
+            if (!inconclusive)
+                cutoff_summary(&cosum, cut_note, rnote, sizeof(rnote));
+        }
+        if (sc == SC_CUTOFF && (t_cut || inconclusive))
+            snprintf(note, sizeof(note), "%s", rnote); /* the rounds' sum */
+        else if (round == 0)
             snprintf(note, sizeof(note), "%s%s", rnote,
                      rounds > 1 ? " (each round)" : "");
         if (vh >= 0 && nvictims < 8)
@@ -1539,6 +1878,7 @@ static void run_one(store *st, int sc, cell *out)
             log_line("worker %d did not stop: killed", i);
         }
     }
+    mirror_stop(&r);
     sf_check(s, &out->rep);
     if (out->rep.holds == 0 && !inconclusive) {
         /* nothing was tried: no history says held (seen when a store's
@@ -1576,6 +1916,8 @@ static void run_one(store *st, int sc, cell *out)
                  (long long)errs, (long long)busy, out->why,
                  last[0] ? "; last error: " : "", last);
     }
+    if (strlen(out->rep.detail) > 120) /* cut in the line above */
+        log_line("    the checker: %s", out->rep.detail);
     for (uint32_t i = 0, shown = 0; i < s->nholds && i < SF_MAX_HOLDS &&
                                     shown < 3; i++) {
         const sf_hold *h = &s->holds[i];
@@ -1593,6 +1935,23 @@ static void run_one(store *st, int sc, cell *out)
     }
     for (int k = 0; k < nvictims; k++) {
         const sf_hold *v = &s->holds[victims[k]];
+        if (v->run) {
+            static const char *const who[3] = {"command", "child",
+                                               "setsid grandchild"};
+            log_line("    victim: dlock run%s exit %d, token %llu%s%s",
+                     v->shared ? " --shared" : "", v->run_rc,
+                     (unsigned long long)v->token,
+                     v->lost_cb ? "; it said: " : "", v->lost_msg);
+            for (int p = 0; p < 3; p++)
+                log_line("      %s pid %d: %d reads and writes (%d "
+                         "refused), the last %.0f ms after the start",
+                         who[p], v->proc_pid[p], v->proc_ops[p],
+                         v->proc_refused[p],
+                         v->t_proc[p] ? (double)(v->t_proc[p] -
+                                                 v->t_acq_ret) / 1e6
+                                      : 0.0);
+            continue;
+        }
         log_line("    victim: worker %d token %llu, held %.0f ms, write %s, "
                  "release %s%s%s%s", v->worker, (unsigned long long)v->token,
                  (double)((v->t_rel_call ? v->t_rel_call : sf_now_ns()) -
@@ -1820,6 +2179,20 @@ static void suite(void)
                 snprintf(c->why, sizeof(c->why), "needs the namespace");
                 continue;
             }
+            if (sc == SC_CUTOFF && access(dlock_bin, X_OK) != 0) {
+                c->outcome = SF_SKIPPED;
+                snprintf(c->why, sizeof(c->why), "no dlock binary at %.200s",
+                         dlock_bin);
+                continue;
+            }
+            if (sc == SC_CUTOFF &&
+                (k == ST_SENTINEL || k == ST_CLUSTER ? !netns_ok
+                 : k != ST_SQLITE && !st.part_uri[0])) {
+                c->outcome = SF_SKIPPED;
+                snprintf(c->why, sizeof(c->why), "no namespace: %s",
+                         netns_why);
+                continue;
+            }
             if (sc == SC_CLOCK && !th_faketime_available()) {
                 c->outcome = SF_SKIPPED;
                 snprintf(c->why, sizeof(c->why), "libfaketime not installed");
@@ -1869,6 +2242,8 @@ int main(int argc, char **argv)
 
     if (argc == 4 && !strcmp(argv[1], "--worker"))
         return sf_worker_main(argv[2], atoi(argv[3]));
+    if (argc == 4 && !strcmp(argv[1], "--tree"))
+        return sf_tree_main(argv[2], atoi(argv[3]));
     n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
     if (n <= 0)
         return 2;
@@ -1897,11 +2272,13 @@ int main(int argc, char **argv)
             table_path = argv[++i];
         else if (!strcmp(argv[i], "--doc") && i + 1 < argc)
             doc_path = argv[++i];
+        else if (!strcmp(argv[i], "--dlock") && i + 1 < argc)
+            dlock_bin = argv[++i];
         else {
             fprintf(stderr,
                     "usage: %s [--quick] [--mixed] [--stores a,b] "
                     "[--scenarios x,y] [--workers N] [--table FILE] "
-                    "[--doc FILE]\n",
+                    "[--doc FILE] [--dlock PATH]\n",
                     argv[0]);
             return 2;
         }

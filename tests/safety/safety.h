@@ -67,6 +67,19 @@ typedef struct sf_hold {
     volatile int lost_cb; /* the lost-lock callback ran for this hold */
     int64_t t_lost;       /* when it ran */
     char lost_msg[160];   /* dlock_errmsg() inside it */
+    /* a `dlock run` hold (cutoff-run, runner.c): its command's tree, the
+     * command [0], its child [1] and its setsid grandchild [2]. The hold
+     * lasts from the command's start (t_acq_ret) to the last read or
+     * write of any of the three (t_proc[], taken inside the resource's
+     * lock), whenever that came; rel_rc says what dlock run's exit status
+     * says (76: DLOCK_ELOST), lost_cb that its stderr told of a risk or
+     * a loss (lost_msg: that line) */
+    int run;
+    volatile int run_rc;         /* dlock run's exit status, -1 before */
+    volatile int32_t proc_pid[3];
+    volatile int32_t proc_ops[3];     /* its reads and writes */
+    volatile int32_t proc_refused[3]; /* ... the resource refused */
+    volatile int64_t t_proc[3];       /* its last one; 0: none */
 } sf_hold;
 
 /* The fenced resource: a storage service that remembers the highest
@@ -92,6 +105,12 @@ typedef struct sf_worker {
     volatile int in_acquire; /* inside dlock_acquire() (waiting) */
     int64_t acquires, busy, errors, open_errors;
     char last_err[256];
+    /* a runner (cutoff-run): the run it has started, for its command's
+     * tree to record its hold with */
+    int64_t run_t_call;      /* when it started dlock run */
+    uint32_t run_seq;
+    int run_shared;          /* dlock run --shared */
+    volatile int run_hold;   /* the tree's hold, -1 until it records it */
 } sf_worker;
 
 typedef struct sf_shared {
@@ -107,6 +126,17 @@ typedef struct sf_shared {
                               * every 1..10 ms by a thread of its own */
     int mixed;               /* two holds in three are read holds */
     int64_t delay_us;        /* between read and write */
+    /* the cutoff-run scenario: worker 0 is a runner of `dlock run`
+     * (runner.c), whose command is this binary (`--tree`), and every
+     * overlap is a violation (the checker) */
+    int runner;
+    int no_overlap;
+    int64_t run_ttl_ms;      /* dlock run --ttl */
+    char dlock_bin[1024];    /* the dlock binary */
+    char self_exe[1024];     /* this one */
+    pthread_mutex_t tree_mu; /* a tree's processes take turns */
+    volatile int64_t locker_at; /* SQLite: when the controller took the
+                                 * database's write lock (0: not yet) */
     int max_holds_per_worker;
     int64_t deadline_ns;     /* workers stop at this monotonic time */
     volatile int stop;
@@ -145,19 +175,20 @@ void sf_sleep_us(int64_t us);
 /* The resource (resource.c). */
 void sf_resource_init(sf_resource *r);
 /* Reads the value with `token`; returns SF_W_NONE when served, else
- * SF_W_READ_REJECTED. */
+ * SF_W_READ_REJECTED. Each of these three sets *t (if not NULL) to the
+ * time of the operation, taken inside the resource's lock. */
 int sf_resource_read(sf_resource *r, uint64_t token, int64_t *value,
-                     uint64_t *seen, uint64_t *op);
+                     uint64_t *seen, uint64_t *op, int64_t *t);
 /* A reader's read (a read hold's token): served when the token is above
  * the last accepted write's (else SF_W_READ_REJECTED: a stale reader);
  * raises the highest token seen, so that no earlier writer writes after
  * it. */
 int sf_resource_read_shared(sf_resource *r, uint64_t token, int64_t *value,
-                            uint64_t *seen, uint64_t *op);
+                            uint64_t *seen, uint64_t *op, int64_t *t);
 /* Writes `value` with `token` (the read was operation read_op); returns
  * SF_W_ACCEPTED or SF_W_REJECTED. */
 int sf_resource_write(sf_resource *r, uint64_t token, int64_t value,
-                      uint64_t read_op, uint64_t *op);
+                      uint64_t read_op, uint64_t *op, int64_t *t);
 
 /* The checker (checker.c). */
 typedef struct sf_report {
@@ -175,6 +206,7 @@ typedef struct sf_report {
     int token_backwards;  /* tokens not above an earlier hold's */
     int forged_tokens;    /* holds whose token came from a forger (at or
                            * above sf_shared.forged_floor) */
+    int overlaps_forbidden; /* overlaps where none may be (no_overlap) */
     int release_errors;   /* releases that failed otherwise (ECONN ...) */
     char detail[512];     /* the first problem, in words */
 } sf_report;
@@ -183,6 +215,17 @@ void sf_check(const sf_shared *s, sf_report *rep);
 
 /* The worker (worker.c): runs worker `id` of the mapping in `path`. */
 int sf_worker_main(const char *path, int id);
+/* The cutoff-run scenario (runner.c): worker `id` as a runner of `dlock
+ * run` (sf_worker_main() calls it), and the command it runs, a tree of
+ * three processes that ignore SIGTERM (`--tree FILE ID`). */
+int sf_runner_main(sf_shared *s, const char *path, int id);
+int sf_tree_main(const char *path, int id);
+/* Takes the victim's role if the controller asks for one and worker `id`
+ * fits (worker.c); 1 if it did. */
+int sf_claim_victim(sf_shared *s, int id);
+/* A process-shared robust mutex (history.c). */
+void sf_mutex_init(pthread_mutex_t *mu);
+void sf_mutex_lock(pthread_mutex_t *mu);
 
 /* The forged-grant scenario's forger (forger.c): a process of the
  * controller's that forges hand-overs to the waiters it finds, bounded in
@@ -240,6 +283,12 @@ int sf_netns_enter(const sf_netns *n);
  * for the stores the namespace does not reach). */
 typedef struct sf_relay sf_relay;
 sf_relay *sf_relay_start(int target_port);
+/* The same, listening inside namespace n on 127.0.0.1:port, the very
+ * address a server here listens on (and announces: a Redis Cluster's
+ * CLUSTER SLOTS, Sentinel's primary), and relaying to it: a client in n
+ * reaches that server, and every server it learns of, only through such
+ * relays. NULL on failure (errno). */
+sf_relay *sf_relay_start_in(const sf_netns *n, int port);
 int sf_relay_port(const sf_relay *r);
 void sf_relay_cut(sf_relay *r, int cut);
 void sf_relay_stop(sf_relay *r);

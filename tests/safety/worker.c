@@ -41,8 +41,7 @@ static int stopping(const sf_shared *s)
            sf_now_ns() >= s->deadline_ns;
 }
 
-/* Takes the victim's role if the controller asks for one and it fits. */
-static int claim_victim(sf_shared *s, int id)
+int sf_claim_victim(sf_shared *s, int id)
 {
     int want = __atomic_load_n(&s->victim_want, __ATOMIC_SEQ_CST);
     int none = -1;
@@ -77,7 +76,7 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
         h->lost_cb = 1;
     me->acquires++;
 
-    int victim = claim_victim(s, id);
+    int victim = sf_claim_victim(s, id);
     if (victim) {
         h->victim = 1;
         __atomic_store_n(&s->victim_hold, (int)idx, __ATOMIC_SEQ_CST);
@@ -85,8 +84,9 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
     int64_t v = 0;
     uint64_t seen = 0, rop = 0, wop = 0;
     int r = shared ? sf_resource_read_shared(&s->res, h->token, &v, &seen,
-                                             &rop)
-                   : sf_resource_read(&s->res, h->token, &v, &seen, &rop);
+                                             &rop, NULL)
+                   : sf_resource_read(&s->res, h->token, &v, &seen, &rop,
+                                      NULL);
     h->read_value = v;
     h->read_seen = seen;
     h->read_op = rop;
@@ -101,7 +101,7 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
         sf_sleep_us(s->delay_us);
     }
     if (r == SF_W_NONE && !shared)
-        r = sf_resource_write(&s->res, h->token, v + 1, rop, &wop);
+        r = sf_resource_write(&s->res, h->token, v + 1, rop, &wop, NULL);
     h->write_res = r;
     h->write_op = wop;
     h->t_rel_call = sf_now_ns();
@@ -160,6 +160,12 @@ int sf_worker_main(const char *path, int id)
     sf_worker *me = &s->w[id];
     me->pid = getpid();
     srand((unsigned)getpid());
+    if (s->runner && id == 0) { /* cutoff-run: a runner of dlock run */
+        int rc = sf_runner_main(s, path, id);
+        __atomic_store_n(&me->exited, 1, __ATOMIC_SEQ_CST);
+        munmap(s, sizeof(*s));
+        return rc;
+    }
     memset(&ws, 0, sizeof(ws));
     ws.s = s;
     ws.cur = -1;
