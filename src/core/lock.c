@@ -671,10 +671,16 @@ static int leave_queue(dlock_client *c, dlock__hold *h, int rc, int64_t *t0,
         return r == DLOCK_EBUSY ? rc : r;
     }
     /* the store failed (or failed until the wait was cancelled): send
-     * the leaving on its way, keep the error */
+     * the leaving on its way, keep the error -- unless the store answers
+     * that the lock is ours (a try whose answer the deadline cut short
+     * took it): then it is held, as above, not left to its lease's end */
     char keep[512];
     snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
-    (void)c->be->abandon(c->st, &h->lease, a0 + MIN_OP_MS);
+    r = c->be->abandon(c->st, &h->lease, a0 + MIN_OP_MS);
+    if (r == DLOCK_OK) {
+        *t0 = a0;
+        return DLOCK_OK;
+    }
     return dlock__err(rc, "%s", keep);
 }
 

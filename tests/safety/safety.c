@@ -1485,7 +1485,7 @@ static void run_one(store *st, int sc, cell *out)
                 mirror_stop(&r);
                 out->ran = 1;
                 out->outcome = SF_INCONCLUSIVE;
-                snprintf(out->why, sizeof(out->why), "INCONCLUSIVE: %s",
+                snprintf(out->why, sizeof(out->why), "INCONCLUSIVE: %.200s",
                          note);
                 log_line("%-11s %-9s INCONCLUSIVE: %s", st_name[st->kind],
                          sc_name[sc], note);

@@ -95,6 +95,7 @@ void dlock__pg_close(void *st)
             dlock__pg_conn_free(cn);
     }
     dlock__pg_conn_free(ps->main);
+    dlock__pg_conn_free(ps->half);
     if (ps->epfd >= 0)
         close(ps->epfd);
     if (ps->idle_fd >= 0)

@@ -152,6 +152,14 @@ typedef struct pg_conn {
     /* while a wait's statement runs: its dlock_cancel() eventfd (-1:
      * none), which sends the server a cancel request (once) */
     int cfd, cancel_sent;
+    /* while it is being opened: where PQconnectPoll() stands, and when
+     * the opening began (a half-open connection, see pg_store.half) */
+    PostgresPollingStatusType polling;
+    int64_t opening_since;
+    /* a statement sent at orphan_since runs on, its answer unread (a
+     * caller's deadline cut it short: pg_conn.c, orphaned()) */
+    int orphan;
+    int64_t orphan_since;
     struct pg_conn *next, *prev;
 } pg_conn;
 
@@ -192,6 +200,11 @@ typedef struct pg_store {
     int nwait;          /* leases counted as waiting (listening refs) */
     pg_conn *idle;      /* extra connections */
     int nidle;
+    /* a connection whose opening a caller's deadline cut short (a wait of
+     * a few ms cannot hold a whole log-in): the next opener goes on with
+     * it rather than start over, so that short waits still get connected
+     * (dropped once older than ?timeout=) */
+    pg_conn *half;
 
     int epfd;    /* the client thread's fd: main, idle timer, holds */
     int idle_fd; /* one-shot: close extras; nobody waits: UNLISTEN */

@@ -162,47 +162,88 @@ void dlock__pg_conn_free(pg_conn *cn)
     free(cn);
 }
 
-/* Opens a connection within `deadline`. */
+/* A half-open connection to go on with (ps->half), or NULL: none, or
+ * one older than ?timeout= (the server did not finish in that time:
+ * closed, and a new one started). */
+static pg_conn *half_take(pg_store *ps)
+{
+    pthread_mutex_lock(&ps->mu);
+    pg_conn *cn = ps->half;
+    ps->half = NULL;
+    pthread_mutex_unlock(&ps->mu);
+    if (cn && dlock__now_ms() - cn->opening_since > ps->timeout_ms) {
+        dlock__pg_conn_free(cn);
+        cn = NULL;
+    }
+    return cn;
+}
+
+/* The caller's deadline came before the log-in ended: keep cn for the
+ * next opener (one at most; a second one is closed). */
+static void half_keep(pg_store *ps, pg_conn *cn)
+{
+    pthread_mutex_lock(&ps->mu);
+    if (!ps->half) {
+        ps->half = cn;
+        cn = NULL;
+    }
+    pthread_mutex_unlock(&ps->mu);
+    dlock__pg_conn_free(cn);
+}
+
+/* Opens a connection within `deadline`, or goes on with the one a
+ * caller before left half-open (ps->half). */
 static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
 {
-    pg_conn *cn = calloc(1, sizeof(*cn));
-    PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+    pg_conn *cn = half_take(ps);
     int rc;
 
     *out = NULL;
-    if (!cn)
-        return dlock__pg_enomem();
-    pthread_mutex_init(&cn->mu, NULL);
-    cn->cfd = -1;
-    cn->pg = PQconnectStartParams(ps->keys, (const char *const *)ps->vals,
-                                  0);
-    if (!cn->pg) {
-        dlock__pg_conn_free(cn);
-        return dlock__pg_enomem();
+    if (!cn) {
+        cn = calloc(1, sizeof(*cn));
+        if (!cn)
+            return dlock__pg_enomem();
+        pthread_mutex_init(&cn->mu, NULL);
+        cn->cfd = -1;
+        cn->polling = PGRES_POLLING_WRITING;
+        cn->opening_since = dlock__now_ms();
+        cn->pg = PQconnectStartParams(ps->keys,
+                                      (const char *const *)ps->vals, 0);
+        if (!cn->pg) {
+            dlock__pg_conn_free(cn);
+            return dlock__pg_enomem();
+        }
+        PQsetNoticeReceiver(cn->pg, noticed, cn);
+        if (PQstatus(cn->pg) == CONNECTION_BAD) {
+            rc = conn_error(ps, cn, "connecting");
+            dlock__pg_conn_free(cn);
+            return rc;
+        }
     }
-    PQsetNoticeReceiver(cn->pg, noticed, cn);
-    if (PQstatus(cn->pg) == CONNECTION_BAD) {
-        rc = conn_error(ps, cn, "connecting");
-        dlock__pg_conn_free(cn);
-        return rc;
-    }
-    while (st != PGRES_POLLING_OK) {
-        if (st == PGRES_POLLING_FAILED) {
+    while (cn->polling != PGRES_POLLING_OK) {
+        if (cn->polling == PGRES_POLLING_FAILED) {
             rc = conn_error(ps, cn, "connecting");
             dlock__pg_conn_free(cn);
             return rc;
         }
         int r = wait_fd(PQsocket(cn->pg),
-                        st == PGRES_POLLING_READING ? POLLIN : POLLOUT,
+                        cn->polling == PGRES_POLLING_READING ? POLLIN
+                                                             : POLLOUT,
                         deadline, -1);
-        if (r <= 0) {
-            rc = dlock__err(DLOCK_ECONN, "postgres %s: connecting: no "
-                                         "answer in time",
-                            ps->redacted);
+        if (r < 0) {
             dlock__pg_conn_free(cn);
-            return rc;
+            return dlock__err(DLOCK_ECONN, "postgres %s: connecting: "
+                                           "no answer in time",
+                              ps->redacted);
         }
-        st = PQconnectPoll(cn->pg);
+        if (r == 0) {
+            /* cut short by this caller's deadline: the next goes on */
+            half_keep(ps, cn);
+            return dlock__err(DLOCK_ECONN, "postgres %s: connecting: "
+                                           "no answer in time",
+                              ps->redacted);
+        }
+        cn->polling = PQconnectPoll(cn->pg);
     }
     if (PQsetnonblocking(cn->pg, 1) != 0) {
         rc = conn_error(ps, cn, "connecting");
@@ -215,6 +256,10 @@ static int conn_open(pg_store *ps, int64_t deadline, pg_conn **out)
 
 static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
                    PGresult **out, const char *what);
+static int collect_ex(pg_store *ps, pg_conn *cn, int64_t deadline,
+                      PGresult **out, const char *what, int64_t since);
+static int settle(pg_store *ps, pg_conn *cn, int64_t deadline);
+static int failed_result(const PGresult *r);
 static void drain_notifies(pg_store *ps, pg_conn *cn);
 
 /* (Re)arms the one-shot epoll entry of the command connection: the
@@ -277,6 +322,38 @@ static int conn_alive(pg_store *ps, pg_conn *cn)
     return 1;
 }
 
+/* cn carries a statement a caller before left running (orphaned()):
+ * reads and drops its answer, until `deadline`. DLOCK_OK: cn is free
+ * again; else DLOCK_ECONN, cn still busy (or broken, once the statement
+ * ran past ?timeout= from when it was sent). */
+static int settle(pg_store *ps, pg_conn *cn, int64_t deadline)
+{
+    PGresult *r;
+    int64_t since = cn->orphan_since;
+    int rc;
+
+    if (!cn->orphan)
+        return DLOCK_OK;
+    cn->orphan = 0;
+    if (deadline > since + ps->timeout_ms)
+        deadline = since + ps->timeout_ms;
+    rc = collect_ex(ps, cn, deadline, &r, "a statement cut short before",
+                    since);
+    if (rc == DLOCK_OK && failed_result(r)) {
+        /* it failed (a statement prepared, say): what the connection
+         * holds is not known any more */
+        cn->broken = 1;
+        rc = dlock__err(DLOCK_ECONN, "postgres %s: a statement cut short "
+                                     "before failed: the connection is "
+                                     "closed",
+                        ps->redacted);
+    }
+    PQclear(r);
+    if (rc == DLOCK_EPROTO && !cn->broken) /* no result: read already */
+        rc = DLOCK_OK;
+    return rc;
+}
+
 /*
  * A connection for one statement: the command connection when it is free
  * (`need_main`: wait until it is, until `deadline`), else an idle extra
@@ -309,6 +386,13 @@ static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
             if (rc == DLOCK_OK)
                 ps->listening = 0;
         }
+        if (!cn->broken && cn->orphan) {
+            rc = settle(ps, cn, deadline);
+            if (rc && !cn->broken) {
+                dlock__pg_conn_put(ps, cn); /* still running */
+                return rc;
+            }
+        }
         if (!cn->broken && conn_alive(ps, cn)) {
             *out = cn;
             return DLOCK_OK;
@@ -337,7 +421,12 @@ static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
     }
     pthread_mutex_unlock(&ps->mu);
     while (cn) {
-        if (conn_alive(ps, cn)) {
+        if (cn->orphan && (rc = settle(ps, cn, deadline)) != DLOCK_OK &&
+            !cn->broken) {
+            dlock__pg_conn_put(ps, cn); /* still running */
+            return rc;
+        }
+        if (!cn->broken && conn_alive(ps, cn)) {
             *out = cn;
             return DLOCK_OK;
         }
@@ -370,10 +459,13 @@ void dlock__pg_conn_put(pg_store *ps, pg_conn *cn)
 {
     if (!cn)
         return;
+    /* an orphaned statement (orphaned()) keeps it busy: kept, settled
+     * by its next user */
     int usable = !cn->broken && !cn->dead &&
                  PQstatus(cn->pg) == CONNECTION_OK &&
-                 PQtransactionStatus(cn->pg) == PQTRANS_IDLE;
-    if (usable)
+                 (cn->orphan ||
+                  PQtransactionStatus(cn->pg) == PQTRANS_IDLE);
+    if (usable && !cn->orphan)
         drain_notifies(ps, cn);
     pthread_mutex_lock(&ps->mu);
     if (cn == ps->main) {
@@ -414,6 +506,32 @@ static int failed_result(const PGresult *r)
 static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
                    PGresult **out, const char *what)
 {
+    return collect_ex(ps, cn, deadline, out, what, -1);
+}
+
+/* A statement sent at `since` found no answer before the caller's
+ * deadline, which came before ?timeout= did (a short wait): in table
+ * mode the connection is kept, the statement left to run (one function
+ * call, autocommitted), and its answer read and dropped by the
+ * connection's next user (settle()). Closing it would cost a new log-in
+ * (tens of ms, more than a short wait has: a client making such waits
+ * on a busy server then never got a statement through). What such a
+ * statement did is the store's to tell: a hold it took is found by the
+ * owner's next call, as one whose answer was lost. */
+static int orphaned(pg_store *ps, pg_conn *cn, int64_t since,
+                    const char *what)
+{
+    cn->orphan = 1;
+    cn->orphan_since = since;
+    return dlock__err(DLOCK_ECONN, "postgres %s: %s: no answer in time",
+                      ps->redacted, what);
+}
+
+/* collect(); since >= 0: the statement may be left running (orphaned())
+ * when the caller's deadline cuts it short before ?timeout= from since */
+static int collect_ex(pg_store *ps, pg_conn *cn, int64_t deadline,
+                      PGresult **out, const char *what, int64_t since)
+{
     PGresult *keep = NULL;
 
     *out = NULL;
@@ -441,6 +559,9 @@ static int collect(pg_store *ps, pg_conn *cn, int64_t deadline,
                         deadline, cn->cancel_sent ? -1 : cn->cfd);
         if (r == 0) {
             PQclear(keep);
+            if (since >= 0 && !ps->advisory && !cn->cancel_sent &&
+                dlock__now_ms() < since + ps->timeout_ms)
+                return orphaned(ps, cn, since, what);
             return timeout_error(ps, cn, what);
         }
         if (r == 2) {
@@ -500,7 +621,9 @@ static int answered(pg_store *ps, pg_conn *cn, int sent, int64_t deadline,
 
     if (!sent)
         return conn_error(ps, cn, what);
-    rc = collect(ps, cn, deadline, &r, what);
+    /* left running when the deadline comes first (orphaned()): the
+     * statements of dlock__pg_run(), which alone call this */
+    rc = collect_ex(ps, cn, deadline, &r, what, dlock__now_ms());
     if (!rc)
         rc = result_ok(ps, &r, what);
     PQclear(r);
@@ -584,18 +707,22 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
             return rc;
     }
     if (!(cn->prepared & (1u << which))) {
-        rc = answered(ps, cn,
-                      PQsendPrepare(cn->pg, names[which], ps->sql[which], n,
-                                    types[which]),
-                      deadline, what);
+        /* counted as prepared as soon as it is sent: one left running
+         * (orphaned()) is not sent again, and one that fails there
+         * closes the connection (settle()) */
+        int sent = PQsendPrepare(cn->pg, names[which], ps->sql[which], n,
+                                 types[which]);
+        cn->prepared |= 1u << which;
+        rc = answered(ps, cn, sent, deadline, what);
+        if (rc && !cn->orphan)
+            cn->prepared &= ~(1u << which);
         if (rc)
             return rc;
-        cn->prepared |= 1u << which;
     }
     if (!PQsendQueryPrepared(cn->pg, names[which], n, vals, lens, fmts, 0))
         return conn_error(ps, cn, what);
 answer:
-    rc = collect(ps, cn, deadline, &r, what);
+    rc = collect_ex(ps, cn, deadline, &r, what, dlock__now_ms());
     if (rc)
         return rc;
     rc = result_ok(ps, &r, what);
@@ -779,7 +906,8 @@ void dlock__pg_idle_run(pg_store *ps)
     extra = ps->idle;
     ps->idle = NULL;
     ps->nidle = 0;
-    if (ps->nwait == 0 && ps->listening && ps->main && !ps->main_busy) {
+    if (ps->nwait == 0 && ps->listening && ps->main && !ps->main_busy &&
+        !ps->main->orphan) {
         cn = ps->main;
         ps->main_busy = 1;
     } else if (ps->nwait == 0 && ps->listening) {
@@ -832,8 +960,10 @@ void dlock__pg_main_read(pg_store *ps)
         PGresult *r;
         while (!PQisBusy(cn->pg) && (r = PQgetResult(cn->pg)) != NULL)
             PQclear(r);
-        if (!PQisBusy(cn->pg))
+        if (!PQisBusy(cn->pg)) {
             ps->main_pending = 0;
+            cn->orphan = 0; /* its answer read (and dropped) */
+        }
     }
     pthread_mutex_lock(&ps->mu);
     if (!ok) {
