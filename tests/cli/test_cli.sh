@@ -42,9 +42,29 @@ file-home)
         echo "test_cli.sh: file-home runs only from 'test_cli.sh DLOCK file'" >&2
         exit 2
     fi
+    # a dlock built under /tmp (a checkout there) stays where it is: its
+    # build directory is bound back into the fresh /tmp, same path
+    keep=
+    case $(readlink -f "$DLOCK") in
+    /tmp/*) keep=$(dirname "$(readlink -f "$DLOCK")") ;;
+    esac
+    if [ -n "$keep" ]; then
+        aside=$(mktemp -d /run/dlock-cli-keep.XXXXXX) &&
+            mount --bind "$keep" "$aside" || {
+            echo "FAIL: cannot keep $keep aside in the namespace" >&2
+            exit 1
+        }
+    fi
     if ! mount -t tmpfs -o mode=1777,nosuid,nodev dlocktest /tmp; then
         echo "FAIL: cannot mount a tmpfs on /tmp in the namespace" >&2
         exit 1
+    fi
+    if [ -n "$keep" ]; then
+        mkdir -p "$keep" && mount --bind "$aside" "$keep" || {
+            echo "FAIL: cannot bind $keep back in the namespace" >&2
+            exit 1
+        }
+        umount "$aside" && rmdir "$aside"
     fi
     ;;
 *)

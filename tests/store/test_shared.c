@@ -789,12 +789,15 @@ TEST(a_semaphore_waiter_that_gives_up_leaves_nothing)
     CHECK_OK(dlock_acquire(la, 0));
     /* waits that end without the permit (Curator CURATOR-315: a node
      * left behind made the semaphore look full for good) */
-    /* 500 ms each: long enough for a busy machine's store to answer the
-     * try at all (a wait of 50 ms cut etcd's first PUT short under make
-     * test-busy: DLOCK_ECONN, the open core defect of a timed wait's
-     * first try cut by its deadline) */
+    /* 2 s each, the client's request timeout: a try the store has not
+     * answered by then is a store failure (DLOCK_ECONN) whatever the
+     * wait; a shorter wait is cut short by a busy machine (a wait of
+     * 50 ms cut etcd's first PUT short under make test-busy, one of
+     * 500 ms PostgreSQL's first S_TAKE under CI's busy make test:
+     * DLOCK_ECONN, the open core defect of a timed wait's first try cut
+     * by its deadline) */
     for (int i = 0; i < 3; i++)
-        CHECK_RC(dlock_acquire(lb, 500), DLOCK_EBUSY);
+        CHECK_RC(dlock_acquire(lb, 2000), DLOCK_EBUSY);
     in = info_of(a, "sem-give-up");
     CHECK_EQ(in.waiters, 0);
     CHECK_EQ(in.holders, 1);
