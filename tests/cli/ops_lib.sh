@@ -49,36 +49,8 @@ ops_cleanup() {
 }
 trap ops_cleanup EXIT
 
-fail() {
-    echo "FAIL: $*" >&2
-    FAILS=$((FAILS + 1))
-}
-
-pass() {
-    echo "ok   $*"
-    PASSES=$((PASSES + 1))
-}
-
-skip() {
-    echo "SKIP: $*"
-    SKIPS=$((SKIPS + 1))
-}
-
-# Shows files (indented) after a failure, for diagnosis.
-show() {
-    local f
-    for f in "$@"; do
-        if [ -s "$f" ]; then
-            echo "  --- ${f#"$TMP"/}:" >&2
-            sed 's/^/  | /' "$f" | head -n 30 >&2
-        fi
-    done
-}
-
-now_ms() {
-    local t=${EPOCHREALTIME/[.,]/}
-    echo $((10#$t / 1000))
-}
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/report_lib.sh"
 
 # Every foreground dlock call is bounded, so a hang fails (exit 124)
 # instead of stalling the suite: 20 s is ten times a store round trip's

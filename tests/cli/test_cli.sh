@@ -31,6 +31,8 @@ if [ $# -ne 2 ]; then
 fi
 DLOCK=$1
 KIND=$2
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "$0")/report_lib.sh"
 case $KIND in
 file | redis | rediss | redis-sentinel | redis-cluster | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
 file-home)
@@ -134,35 +136,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-    echo "FAIL: $*" >&2
-    FAILS=$((FAILS + 1))
-}
-
-pass() {
-    echo "ok   $*"
-    PASSES=$((PASSES + 1))
-}
-
-# Shows a file's contents (indented) after a failure, for diagnosis.
-show() {
-    local f
-    for f in "$@"; do
-        if [ -s "$f" ]; then
-            echo "  --- ${f#"$TMP"/}:" >&2
-            sed 's/^/  | /' "$f" | head -n 20 >&2
-        fi
-    done
-}
-
-now_ms() {
-    if [ -n "${EPOCHREALTIME:-}" ]; then
-        local t=${EPOCHREALTIME/[.,]/}
-        echo $((10#$t / 1000))
-    else
-        date +%s%3N
-    fi
-}
 
 # Every foreground dlock call is bounded, so a hang fails instead of
 # stalling the suite (exit 124 then).

@@ -78,30 +78,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-    echo "FAIL: $*" >&2
-    FAILS=$((FAILS + 1))
-}
-
-pass() {
-    echo "ok   $*"
-    PASSES=$((PASSES + 1))
-}
-
-show() {
-    local f
-    for f in "$@"; do
-        if [ -s "$f" ]; then
-            echo "  --- ${f#"$TMP"/}:" >&2
-            sed 's/^/  | /' "$f" | head -n 30 >&2
-        fi
-    done
-}
-
-now_ms() {
-    local t=${EPOCHREALTIME/[.,]/}
-    echo $((10#$t / 1000))
-}
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/report_lib.sh"
 
 # wait_exit PID SECONDS: as in test_cli.sh: WRC = its status, or timeout
 # (PID killed then).
