@@ -10,9 +10,9 @@ docs/python.md has the whole API.
 """
 from typing import Dict
 
-from ._client import Client, Info, Lock, RWLock
-from ._errors import (AuthenticationFailed, Busy, Cancelled, ConnectionFailed,
-                      Deadlock,
+from ._client import TTL_MAX, WAIT_MAX, Client, Info, Lock, RWLock
+from ._errors import (AuthenticationFailed, Busy, Cancelled, Closed,
+                      ConnectionFailed, Deadlock,
                       DlockError, ForkedClient, InvalidArgument, LockLost,
                       NotHeld, NotSupported, OutOfMemory, ProtocolError)
 from ._native import ffi as _ffi
@@ -22,7 +22,8 @@ __all__ = [
     "Client", "Lock", "RWLock", "Info", "DlockError", "Busy", "LockLost",
     "NotHeld", "InvalidArgument", "ForkedClient", "ConnectionFailed",
     "AuthenticationFailed", "ProtocolError", "OutOfMemory", "NotSupported",
-    "Deadlock", "Cancelled", "library_version", "stores",
+    "Deadlock", "Cancelled", "Closed", "library_version", "stores",
+    "TTL_MAX", "WAIT_MAX",
 ]
 __version__ = "0.1.0"
 

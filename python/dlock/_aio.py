@@ -17,6 +17,8 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _native as N
+from ._errors import Closed
+from ._guard import Guard
 from ._native import ffi, lib
 
 Result = Tuple[int, str, int]  # rc, the library's message, the token
@@ -69,6 +71,10 @@ class Workers:
                     self._idle.append(w)
 
 
+def _cancel(h: Any) -> None:
+    lib.dlock_cancel(h)
+
+
 def _call(h: Any, what: str, wait: int) -> Result:
     """One library call on a worker thread (its message is thread-local:
     read there)."""
@@ -83,9 +89,11 @@ def _call(h: Any, what: str, wait: int) -> Result:
     return rc, msg, int(lib.dlock_token(h))
 
 
-async def run(workers: Workers, h: Any, what: str, wait: int = 0) -> Result:
-    """Runs _call on a worker and awaits it. If the awaiting task is
-    cancelled meanwhile, a waiting acquire is cancelled in the library
+async def run(guard: Guard, workers: Workers, h: Any, what: str,
+              wait: int = 0) -> Result:
+    """Runs _call on a worker and awaits it, counted in flight in the
+    lock's guard (Closed once the lock is closing). If the awaiting task
+    is cancelled meanwhile, a waiting acquire is cancelled in the library
     (dlock_cancel()), its result awaited all the same, a lock it got
     released; then CancelledError goes on."""
     loop = asyncio.get_running_loop()
@@ -96,26 +104,44 @@ async def run(workers: Workers, h: Any, what: str, wait: int = 0) -> Result:
             done.set_result(res)
 
     def work() -> None:
-        res = _call(h, what, wait)
+        try:
+            res = _call(h, what, wait)
+        finally:
+            guard.leave()  # from here close() may free h
         try:
             loop.call_soon_threadsafe(finish, res)
         except RuntimeError:
             pass  # the loop is closed: nobody awaits it any more
 
-    workers.submit(work)
+    guard.enter()
+    try:
+        workers.submit(work)
+    except BaseException:
+        guard.leave()
+        raise
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
         if what != "release":
-            lib.dlock_cancel(h)
+            guard.cancel_if_open(lambda: _cancel(h))
         res = await _settle(done)
-        if what != "release" and res[0] == 0:
+        if what != "release" and res[0] == 0 and not guard.closing:
             # granted before the cancel could end the wait: let it go
-            await _settle(_spawn(workers, loop, h))
+            # (a close() that began meanwhile releases it itself)
+            try:
+                await _settle(_spawn(guard, workers, loop, h))
+            except Closed:
+                pass
+        raise
+    except BaseException:
+        # GeneratorExit: a pending task destroyed. The call may still run
+        # on h: end its wait; close() waits for it before freeing h
+        if what != "release":
+            guard.cancel_if_open(lambda: _cancel(h))
         raise
 
 
-def _spawn(workers: Workers, loop: asyncio.AbstractEventLoop,
+def _spawn(guard: Guard, workers: Workers, loop: asyncio.AbstractEventLoop,
            h: Any) -> "asyncio.Future[Result]":
     fut: "asyncio.Future[Result]" = loop.create_future()
 
@@ -124,13 +150,21 @@ def _spawn(workers: Workers, loop: asyncio.AbstractEventLoop,
             fut.set_result(res)
 
     def work() -> None:
-        res = _call(h, "release", 0)
+        try:
+            res = _call(h, "release", 0)
+        finally:
+            guard.leave()
         try:
             loop.call_soon_threadsafe(finish, res)
         except RuntimeError:
             pass
 
-    workers.submit(work)
+    guard.enter()
+    try:
+        workers.submit(work)
+    except BaseException:
+        guard.leave()
+        raise
     return fut
 
 

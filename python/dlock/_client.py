@@ -4,13 +4,15 @@ import math
 import os
 import threading
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _aio
 from . import _native as N
-from ._errors import (Busy, ForkedClient, InvalidArgument, LockLost, check,
-                      error)
+from ._errors import (Busy, Closed, DlockError, ForkedClient, InvalidArgument,
+                      LockLost, check, error)
+from ._guard import Guard
 from ._native import ffi, lib
 
 Name = Union[str, bytes]
@@ -21,8 +23,15 @@ LostCallback = Callable[["Lock", int], Any]
 _in_callback = threading.local()
 
 
-def _ms(seconds: Optional[float], what: str, forever: bool) -> int:
-    """Seconds (None: forever, when allowed) to the C library's ms."""
+# the longest lease and wait, in seconds (DLOCK_TTL_MAX, DLOCK_WAIT_MAX)
+TTL_MAX = N.TTL_MAX_MS / 1000.0
+WAIT_MAX = N.WAIT_MAX_MS / 1000.0
+
+
+def _ms(seconds: Optional[float], what: str, forever: bool,
+        most_ms: int = N.WAIT_MAX_MS) -> int:
+    """Seconds (None: forever, when allowed) to the C library's ms, at
+    most most_ms (checked before anything is converted: no overflow)."""
     if seconds is None:
         if forever:
             return -1
@@ -32,11 +41,24 @@ def _ms(seconds: Optional[float], what: str, forever: bool) -> int:
                               % (what, seconds), N.EINVAL)
     if forever and seconds == -1:
         return -1
-    if seconds < 0 or math.isnan(seconds) or math.isinf(seconds):
+    if (isinstance(seconds, float) and math.isnan(seconds)) or seconds < 0:
         raise InvalidArgument("%s must be >= 0 seconds%s, not %r"
                               % (what, " (or None: forever)" if forever else "",
                                  seconds), N.EINVAL)
-    return int(math.ceil(seconds * 1000))
+    # no product that could overflow: exact for ints of any size, and
+    # inf is beyond the limit
+    if seconds > most_ms // 1000 + 1:
+        ms = most_ms + 1
+    else:
+        ms = int(math.ceil(seconds * 1000))
+    if ms > most_ms:
+        raise InvalidArgument("%s of %r seconds is beyond the limit of %d "
+                              "seconds (%d days)%s"
+                              % (what, seconds, most_ms // 1000,
+                                 most_ms // 86400000,
+                                 "; None waits forever" if forever else ""),
+                              N.EINVAL)
+    return ms
 
 
 def _name(name: Name) -> bytes:
@@ -109,10 +131,12 @@ class Client:
                  timeout: Optional[float] = None) -> None:
         self._c = ffi.NULL
         self._pid = os.getpid()
+        self._guard = Guard("the client")
         self._workers: Optional[_aio.Workers] = None
-        # handles dropped inside their own lost-lock callback, each with its
-        # cffi callback (kept alive until the handle is closed)
-        self._deferred: List[Tuple[Any, Any]] = []
+        # the open locks made through it (closed by close()), and locks
+        # closed inside a lost-lock callback, to be freed on another thread
+        self._locks: "weakref.WeakSet[Lock]" = weakref.WeakSet()
+        self._deferred: List["Lock"] = []
         opts = ffi.new("dlock_client_options *")
         if timeout is not None:
             opts.timeout_ms = _ms(timeout, "timeout", False)
@@ -124,30 +148,68 @@ class Client:
         self._c = out[0]
 
     # -- life --
-    def _check(self) -> Any:
+    def _forked(self) -> None:
         if self._pid != os.getpid():
             raise ForkedClient(
                 "this client was opened in process %d, before a fork(): a "
                 "child must open its own client" % self._pid, N.EINVAL)
-        if self._c == ffi.NULL:
-            raise InvalidArgument("the client is closed", N.EINVAL)
-        while self._deferred:
-            lib.dlock_close(self._deferred.pop()[0])
+
+    def _enter(self) -> Any:
+        """Lets one call on the client in (leave with _guard.leave()), or
+        raises ForkedClient or Closed. Frees the locks closed in lost-lock
+        callbacks meanwhile."""
+        self._forked()
+        self._free_deferred()
+        self._guard.enter()
         return self._c
 
-    def close(self) -> None:
-        """Stops the background thread, releases every hold still made
-        through this client (best effort) and closes its connections. Locks
-        made through it then raise InvalidArgument. In a forked child it
-        touches nothing of the parent's."""
-        if self._c == ffi.NULL:
-            return
-        c, self._c = self._c, ffi.NULL
-        if self._pid != os.getpid():
+    def _free_deferred(self) -> None:
+        if getattr(_in_callback, "on", False):
             return
         while self._deferred:
-            lib.dlock_close(self._deferred.pop()[0])
-        lib.dlock_client_close(c)
+            try:
+                lk = self._deferred.pop()
+            except IndexError:
+                return
+            lk._finish_close()
+
+    def close(self) -> None:
+        """Closes every lock still open through this client (as
+        Lock.close(): their waits end with Closed, their holds are
+        released, best effort), waits for the client's calls in progress
+        to end, stops the background thread and closes the connections.
+        Any later call on the client or its locks raises Closed; a second
+        close() returns once the first is done. Never from a lost-lock
+        callback (InvalidArgument). In a forked child it touches nothing
+        of the parent's."""
+        g = self._guard
+        if self._pid != os.getpid():
+            g.mark_closed()
+            return
+        if getattr(_in_callback, "on", False) and not g.closing:
+            raise InvalidArgument("Client.close() in a lost-lock callback: "
+                                  "the callback runs on the client's own "
+                                  "thread; close it elsewhere", N.EINVAL)
+        g.begin(lambda: None)
+        # the client's own calls (open, inspect, list, break) end within
+        # a store round trip each; nothing to cancel
+        g.finish(lambda: None, self._free)
+
+    def _free(self) -> None:
+        # no client call is in flight now, and none can start
+        while True:
+            with self._guard.cv:
+                locks = list(self._locks)
+                self._locks.clear()
+            if not locks:
+                break
+            for lk in locks:
+                lk.close()
+        while self._deferred:
+            self._deferred.pop()._finish_close()
+        c, self._c = self._c, ffi.NULL
+        if c != ffi.NULL:
+            lib.dlock_client_close(c)
 
     def __enter__(self) -> "Client":
         return self
@@ -156,21 +218,28 @@ class Client:
         self.close()
 
     def __del__(self) -> None:
+        # no Lock refers to it (each keeps its client alive), and no call
+        # is in flight (its frame would refer to it)
         try:
-            self.close()
+            if getattr(self, "_guard", None) is not None:
+                self.close()
         except Exception:
             pass
 
     @property
     def store(self) -> str:
         """The store URI, with any password replaced by ***."""
-        return str(ffi.string(lib.dlock_client_store(self._check())).decode())
+        c = self._enter()
+        try:
+            return str(ffi.string(lib.dlock_client_store(c)).decode())
+        finally:
+            self._guard.leave()
 
     def __repr__(self) -> str:
-        if self._c == ffi.NULL:
+        try:
+            return "<dlock.Client %s>" % self.store
+        except DlockError:
             return "<dlock.Client closed>"
-        return "<dlock.Client %s>" % ffi.string(
-            lib.dlock_client_store(self._c)).decode()
 
     def _aio_workers(self) -> "_aio.Workers":
         if self._workers is None:
@@ -220,7 +289,12 @@ class Client:
     def inspect(self, name: Name) -> Info:
         """What the store knows about lock ``name`` (one round trip)."""
         ci = ffi.new("dlock_info *")
-        check(lib.dlock_inspect(self._check(), _name(name), ci))
+        n = _name(name)
+        c = self._enter()
+        try:
+            check(lib.dlock_inspect(c, n, ci))
+        finally:
+            self._guard.leave()
         try:
             return Info._from(ci)
         finally:
@@ -235,8 +309,12 @@ class Client:
         keep = None
         while True:
             p = ffi.new("dlock_list_page *")
-            check(lib.dlock_list(self._check(), _name(prefix), cursor, page,
-                                 N.LIST_FREE if free else 0, p))
+            c = self._enter()
+            try:
+                check(lib.dlock_list(c, _name(prefix), cursor, page,
+                                     N.LIST_FREE if free else 0, p))
+            finally:
+                self._guard.leave()
             try:
                 got = [(_text(ffi.string(p.locks[i].name)),
                         Info._from(p.locks[i].info)) for i in range(p.n)]
@@ -254,7 +332,12 @@ class Client:
         of it and wakes its waiters; the evicted holders learn at their
         next renewal. Returns what was evicted."""
         ci = ffi.new("dlock_info *")
-        check(lib.dlock_break(self._check(), _name(name), ci))
+        n = _name(name)
+        c = self._enter()
+        try:
+            check(lib.dlock_break(c, n, ci))
+        finally:
+            self._guard.leave()
         try:
             return Info._from(ci)
         finally:
@@ -274,15 +357,17 @@ class Lock:
                  on_lost: Optional[LostCallback] = None,
                  permits: int = 0, owner: str = "thread") -> None:
         self._l = ffi.NULL
+        self._client = client  # kept alive as long as the lock
+        self._guard = Guard("lock %r" % (name,))
+        self._tasks = _aio.TaskHolds()
         if owner not in ("thread", "lock"):
             raise InvalidArgument('owner must be "thread" or "lock", not %r'
                                   % (owner,), N.EINVAL)
-        self._client = client
         self._timeout = _ms(timeout, "timeout", True)
         self._on_lost = on_lost
         opts = ffi.new("dlock_options *")
         if ttl is not None:
-            opts.ttl_ms = _ms(ttl, "ttl", False)
+            opts.ttl_ms = _ms(ttl, "ttl", False, N.TTL_MAX_MS)
             if opts.ttl_ms == 0:
                 raise InvalidArgument("ttl must be > 0 seconds", N.EINVAL)
         opts.flags = ((0 if renew else N.NO_RENEW) | (N.FAIR if fair else 0)
@@ -299,12 +384,17 @@ class Lock:
             self._cb = ffi.callback("void(dlock *, uint64_t, void *)",
                                     self._lost)
             opts.on_lost = self._cb
-        out = ffi.new("dlock **")
-        check(lib.dlock_open(out, client._check(), _name(name), opts))
-        self._l = out[0]
         self._name = _name(name)
         self._opts = opts  # for the handles of asyncio tasks
-        self._tasks = _aio.TaskHolds()
+        out = ffi.new("dlock **")
+        c = client._enter()
+        try:
+            check(lib.dlock_open(out, c, self._name, opts))
+            self._l = out[0]
+            with client._guard.cv:
+                client._locks.add(self)
+        finally:
+            client._guard.leave()
 
     def _lost(self, _l: Any, token: int, _arg: Any) -> None:
         # on the client's background thread
@@ -315,15 +405,42 @@ class Lock:
         finally:
             _in_callback.on = False
 
-    def _h(self) -> Any:
-        self._client._check()
-        if self._l == ffi.NULL:
-            raise InvalidArgument("the lock is closed", N.EINVAL)
-        return self._l
+    def _enter(self) -> Guard:
+        """Lets one call on the lock's handles in, or raises ForkedClient
+        or Closed (the lock's, or its client's). Leave with .leave()."""
+        self._client._forked()
+        self._client._free_deferred()
+        if self._client._guard.closing:
+            raise self._client._guard.closed_error()
+        self._guard.enter()
+        return self._guard
+
+    def _closed_while(self) -> Closed:
+        if self._guard.closing:
+            return self._guard.closed_error(waited=True)
+        return self._client._guard.closed_error(waited=True)
 
     @property
     def name(self) -> Union[str, bytes]:
         return _text(self._name)
+
+    def _acquire(self, fn: Any, timeout: Optional[float],
+                 blocking: bool) -> bool:
+        wait = 0 if not blocking else _ms(timeout, "timeout", True)
+        g = self._enter()
+        try:
+            rc = fn(self._l, wait)
+            if g.closing:
+                # close() cancelled the wait (or a lock got just before
+                # the cancel, which the close releases)
+                raise self._closed_while()
+            if rc == N.EBUSY:
+                return False
+            check(rc)
+            self._tls.token = int(lib.dlock_token(self._l))
+            return True
+        finally:
+            g.leave()
 
     def acquire(self, timeout: Optional[float] = None, *,
                 blocking: bool = True) -> bool:
@@ -332,76 +449,77 @@ class Lock:
         None waits as long as it takes, 0 tries once, else at most that
         many seconds (``blocking=False`` is ``timeout=0``). Waiting is
         woken by the store and releases the GIL. Raises LockLost when the
-        thread's earlier hold was lost and not yet released, and the
-        store's errors (ConnectionFailed, ...)."""
-        wait = 0 if not blocking else _ms(timeout, "timeout", True)
-        rc = lib.dlock_acquire(self._h(), wait)
-        if rc == N.EBUSY:
-            return False
-        check(rc)
-        self._tls.token = int(lib.dlock_token(self._l))
-        return True
+        thread's earlier hold was lost and not yet released, Closed when
+        the lock or its client is closed (also while the call waits), and
+        the store's errors (ConnectionFailed, ...)."""
+        return self._acquire(lib.dlock_acquire, timeout, blocking)
 
     def acquire_shared(self, timeout: Optional[float] = None, *,
                        blocking: bool = True) -> bool:
         """A shared (read) hold for the calling thread, as acquire()."""
-        wait = 0 if not blocking else _ms(timeout, "timeout", True)
-        rc = lib.dlock_acquire_shared(self._h(), wait)
-        if rc == N.EBUSY:
-            return False
-        check(rc)
-        self._tls.token = int(lib.dlock_token(self._l))
-        return True
+        return self._acquire(lib.dlock_acquire_shared, timeout, blocking)
 
     def release(self) -> None:
         """Releases one level of the calling thread's hold. Raises LockLost
         when the hold had been lost: the critical section was not
         protected (roll back). NotHeld when the thread holds no such
         lock."""
-        rc = lib.dlock_release(self._h())
-        if rc == N.ELOST:
-            e = error(rc)
-            assert isinstance(e, LockLost)
-            e.token = getattr(self._tls, "token", 0)
-            self._tls.token = 0
-            raise e
-        check(rc)
-        if lib.dlock_held(self._l) == 0:
-            self._tls.token = 0
+        g = self._enter()
+        try:
+            rc = lib.dlock_release(self._l)
+            if rc == N.ELOST:
+                e = error(rc)
+                assert isinstance(e, LockLost)
+                e.token = getattr(self._tls, "token", 0)
+                self._tls.token = 0
+                raise e
+            check(rc)
+            if lib.dlock_held(self._l) == 0:
+                self._tls.token = 0
+        finally:
+            g.leave()
 
     def extend(self, ttl: float) -> None:
         """Sets the calling thread's lease to ``ttl`` seconds from now (and
         makes it the lease the watchdog renews to)."""
-        check(lib.dlock_extend(self._h(), _ms(ttl, "ttl", False)))
+        ms = _ms(ttl, "ttl", False, N.TTL_MAX_MS)
+        g = self._enter()
+        try:
+            check(lib.dlock_extend(self._l, ms))
+        finally:
+            g.leave()
 
-    def _mine(self) -> Any:
-        """The handle of the caller's hold: its asyncio task's, inside a
-        task that holds through this lock, else the thread's."""
-        h = self._h()
-        t = self._tasks.current()
-        return t[0] if t is not None else h
+    def _local(self, fn: Any) -> int:
+        """fn on the handle of the caller's hold: its asyncio task's,
+        inside a task that holds through this lock, else the thread's."""
+        g = self._enter()
+        try:
+            t = self._tasks.current()
+            return int(fn(t[0] if t is not None else self._l))
+        finally:
+            g.leave()
 
     @property
     def token(self) -> int:
         """The fencing token of the caller's hold (0: none): the calling
         thread's, or inside an asyncio task that holds it, the task's."""
-        return int(lib.dlock_token(self._mine()))
+        return self._local(lib.dlock_token)
 
     @property
     def held(self) -> bool:
         """Whether the caller (thread, or asyncio task) holds the lock and
         has not lost it."""
-        return bool(lib.dlock_held(self._mine()) > 0)
+        return self._local(lib.dlock_held) > 0
 
     @property
     def lost(self) -> bool:
         """Whether the caller's hold was lost and awaits release()."""
-        return bool(lib.dlock_held(self._mine()) == N.ELOST)
+        return self._local(lib.dlock_held) == N.ELOST
 
     @property
     def hold_count(self) -> int:
         """The caller's reentrant hold count (0: not held)."""
-        return max(0, int(lib.dlock_held(self._mine())))
+        return max(0, self._local(lib.dlock_held))
 
     # -- asyncio: each task an owner (_aio.py) --
     def _task_entry(self) -> List[Any]:
@@ -410,35 +528,60 @@ class Lock:
         if task is None:
             raise InvalidArgument("the async methods run inside an asyncio "
                                   "task", N.EINVAL)
-        self._h()
-        e = self._tasks.by_task.get(task)
-        if e is None:
-            opts = ffi.new("dlock_options *", self._opts[0])
-            opts.flags |= N.OWNER_HANDLE
-            out = ffi.new("dlock **")
-            check(lib.dlock_open(out, self._client._check(), self._name,
-                                 opts))
-            e = [out[0], 0, 0]  # handle, hold count, token
-            self._tasks.by_task[task] = e
-        return e
+        g = self._enter()
+        try:
+            e = self._tasks.by_task.get(task)
+            if e is None:
+                opts = ffi.new("dlock_options *", self._opts[0])
+                opts.flags |= N.OWNER_HANDLE
+                out = ffi.new("dlock **")
+                check(lib.dlock_open(out, self._client._c, self._name, opts))
+                e = [out[0], 0, 0]  # handle, hold count, token
+                with g.cv:
+                    self._tasks.by_task[task] = e
+            return e
+        finally:
+            g.leave()
 
     def _task_done(self, e: List[Any]) -> None:
-        if e[1] == 0:
-            for t, v in list(self._tasks.by_task.items()):
-                if v is e:
-                    del self._tasks.by_task[t]
-            lib.dlock_close(e[0])
+        """Frees a task's handle that holds nothing any more; once the
+        lock is closing, close() frees it."""
+        if e[1] != 0:
+            return
+        try:
+            g = self._enter()
+        except DlockError:
+            return
+        try:
+            with g.cv:
+                mine = False
+                for t, v in list(self._tasks.by_task.items()):
+                    if v is e:
+                        del self._tasks.by_task[t]
+                        mine = True
+            if mine:
+                lib.dlock_close(e[0])
+        finally:
+            g.leave()
 
     async def _acquire_async(self, what: str, timeout: Optional[float],
                              blocking: bool) -> bool:
+        import asyncio
         wait = 0 if not blocking else _ms(timeout, "timeout", True)
         e = self._task_entry()
         try:
-            rc, msg, tok = await _aio.run(self._client._aio_workers(), e[0],
+            rc, msg, tok = await _aio.run(self._guard,
+                                          self._client._aio_workers(), e[0],
                                           what, wait)
-        except BaseException:
+        except (Exception, asyncio.CancelledError):
+            # the call is over (run() saw it end): nothing runs on e
             self._task_done(e)
             raise
+        # (any other BaseException, such as GeneratorExit when a pending
+        # task is destroyed: the call may still run on e, which stays for
+        # close() to free)
+        if self._guard.closing or self._client._guard.closing:
+            raise self._closed_while()
         if rc == N.EBUSY:
             self._task_done(e)
             return False
@@ -453,7 +596,9 @@ class Lock:
                             blocking: bool = True) -> bool:
         """acquire() for asyncio: the calling task is the owner (its own
         hold, reentrant), and the wait does not block the event loop. A
-        cancelled task leaves no hold and no place in the store's queue."""
+        cancelled task leaves no hold and no place in the store's queue.
+        Closed when the lock or its client is closed, also while the task
+        waits."""
         return await self._acquire_async("acquire", timeout, blocking)
 
     async def acquire_shared_async(self, timeout: Optional[float] = None, *,
@@ -468,10 +613,12 @@ class Lock:
         task = asyncio.current_task()
         e = self._tasks.by_task.get(task) if task is not None else None
         if e is None or e[1] == 0:
+            if self._guard.closing or self._client._guard.closing:
+                raise self._closed_while()
             raise _error_of(N.ENOTHELD, "lock %r is not held by this task"
                             % (self.name,))
-        rc, msg, _ = await _aio.run(self._client._aio_workers(), e[0],
-                                    "release")
+        rc, msg, _ = await _aio.run(self._guard, self._client._aio_workers(),
+                                    e[0], "release")
         e[1] -= 1
         tok = e[2]
         if e[1] == 0:
@@ -495,23 +642,54 @@ class Lock:
     async def __aexit__(self, *exc: Any) -> None:
         await self.release_async()
 
-    def close(self) -> None:
-        """Frees the handle; any hold still made through it is released
-        first (best effort)."""
-        if self._l == ffi.NULL:
-            return
-        l, self._l = self._l, ffi.NULL
-        if self._client._pid != os.getpid():
-            return
+    def _cancel_all(self) -> None:
+        # under the guard's mutex, with the handles still allocated
+        if self._l != ffi.NULL:
+            lib.dlock_cancel(self._l)
         for e in self._tasks.by_task.values():
-            lib.dlock_close(e[0])
+            lib.dlock_cancel(e[0])
+
+    def _free(self) -> None:
+        # nothing is in flight on the handles now, and nothing can start
+        tasks = list(self._tasks.by_task.values())
         self._tasks.by_task.clear()
-        if getattr(_in_callback, "on", False):
-            self._client._deferred.append((l, self._cb))
-        else:
+        for e in tasks:
+            lib.dlock_close(e[0])
+        l, self._l = self._l, ffi.NULL
+        if l != ffi.NULL:
             lib.dlock_close(l)
 
+    def _finish_close(self) -> None:
+        self._guard.finish(self._cancel_all, self._free)
+
+    def close(self) -> None:
+        """Frees the handle. Calls waiting in acquire() (threads, and
+        asyncio tasks) end at once with Closed; calls in progress are
+        waited for (a store round trip at most); then any hold still made
+        through the lock is released (best effort). Later calls raise
+        Closed; a second close() returns once the first is done. Inside
+        the lock's own lost-lock callback the handle is freed later, on
+        another thread."""
+        g = getattr(self, "_guard", None)
+        if g is None:
+            return  # __init__ failed early
+        if self._client._pid != os.getpid():
+            g.mark_closed()  # a forked child: nothing here is ours
+            return
+        began = g.begin(self._cancel_all)
+        if getattr(_in_callback, "on", False):
+            # never wait or free on the client's own thread: the client's
+            # next call (on another thread), or its close(), frees it
+            if began:
+                self._client._deferred.append(self)
+            return
+        g.finish(self._cancel_all, self._free)
+
     def __del__(self) -> None:
+        # no call is in flight on it: a thread's frame refers to it, and
+        # a worker thread's call to its task (through the future it will
+        # complete), whose coroutine refers to it. close() would cancel
+        # and wait for one all the same
         try:
             self.close()
         except Exception:

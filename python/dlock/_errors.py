@@ -57,6 +57,13 @@ class ForkedClient(InvalidArgument):
     must open its own."""
 
 
+class Closed(InvalidArgument):
+    """The Client or Lock is closed: by an earlier close(), or by a close()
+    (of the lock, or of its client) while this call waited, which ends the
+    wait at once, as a cancel does. DLOCK_EINVAL, as the C library's calls
+    on a closed client; a ValueError, as I/O on a closed file."""
+
+
 class ConnectionFailed(DlockError, ConnectionError):
     """DLOCK_ECONN: the store is unreachable or the link broke."""
 

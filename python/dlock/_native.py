@@ -101,3 +101,8 @@ LIST_FREE = 0x1
 EOK, EBUSY, ELOST, ENOTHELD, EINVAL, ECONN = 0, -1, -2, -3, -4, -5
 EAUTH, EPROTO, ENOMEM, ENOTSUP, EDEADLK = -6, -7, -8, -9, -10
 ECANCELED = -11
+# the longest lease and wait, in ms: include/dlock.h's DLOCK_TTL_MAX and
+# DLOCK_WAIT_MAX (365 days). cffi's ABI mode reads no header, so they are
+# repeated here; tests/test_limits.py checks them against the header.
+TTL_MAX_MS = 31536000000
+WAIT_MAX_MS = 31536000000
