@@ -802,10 +802,14 @@ int cmd_run(int argc, char **argv)
             o.kill_after_ms = limit;
     }
     evx.fd = ev_pipe[1];
+    /* within the library's limit: a --kill-after of 365d on a store
+     * without leases (no at-risk event there) would pass it by R */
+    int64_t margin = o.kill_after_ms + STOP_ALLOWANCE_MS;
+    if (margin > DLOCK_TTL_MAX)
+        margin = DLOCK_TTL_MAX;
     if ((rc = dlock_client_set_events(c, on_event, &evx,
                                       o.warn_after_ms)) != DLOCK_OK ||
-        (rc = dlock_client_set_at_risk(
-             c, o.kill_after_ms + STOP_ALLOWANCE_MS)) != DLOCK_OK) {
+        (rc = dlock_client_set_at_risk(c, margin)) != DLOCK_OK) {
         cli_err("%s", dlock_errmsg());
         code = cli_exit_for(rc);
         goto out;

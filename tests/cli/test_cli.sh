@@ -1108,6 +1108,11 @@ fi
 expect_rc 64 "--ttl 999999999999ms" -- run --ttl 999999999999ms limitL -- true
 expect_rc 64 "--wait 31536000001ms" -- run --wait 31536000001ms limitL -- true
 expect_rc 0 "--ttl 365d --wait 365d (the maxima)" -- run --ttl 365d --wait 365d limitL -- true
+expect_rc 0 "--warn-after 365d (the maximum)" -- run --warn-after 365d limitL -- true
+if [ "$KIND" = file ]; then
+    # no lease, no at-risk event: any --kill-after up to 365d is taken
+    expect_rc 0 "--kill-after 365d on the file store" -- run --kill-after 365d limitL -- true
+fi
 # a wait of 365 days on a held lock ends with the holder's release
 bg_dlock limh run --ttl 365d limitL -- sleep 1
 LIMH=$BG
