@@ -14,6 +14,7 @@
 #include "fuzz.h"
 
 #include "cli.h"
+#include <dlock.h>
 
 #include <stdio.h>
 
@@ -29,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             continue;
         if (ms == -1 && !forever)
             fz_fail("-1 without allow_forever");
-        if (ms < -1 || ms > 1000000000000000LL)
+        if (ms < -1 || ms > DLOCK_WAIT_MAX)
             fz_fail("duration %lld out of range", (long long)ms);
         if (ms >= 0) {
             char buf[32];

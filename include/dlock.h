@@ -80,6 +80,20 @@ extern "C" {
 /* Shortest lease, in milliseconds. */
 #define DLOCK_TTL_MIN 20
 
+/*
+ * Longest lease (dlock_options.ttl_ms, dlock_extend()) and longest wait
+ * (wait_ms of dlock_acquire() and dlock_acquire_shared(); -1, "forever",
+ * is not limited), in milliseconds: 365 days each. A larger value fails
+ * with DLOCK_EINVAL and a message naming the limit, never wraps: every
+ * store computes lease ends and deadlines (in microseconds on MySQL) far
+ * inside 64 bits from these. The other durations the library takes are
+ * bounded too: long_hold_ms and dlock_gc()'s idle_ms by DLOCK_WAIT_MAX,
+ * the at-risk margin by DLOCK_TTL_MAX, dlock_client_options.timeout_ms by
+ * one hour (as a URI's ?timeout=). docs/locks.md, "Limits".
+ */
+#define DLOCK_TTL_MAX 31536000000LL
+#define DLOCK_WAIT_MAX 31536000000LL
+
 /* ------------------------------------------------------------------------ */
 /* Handles and options                                                      */
 /* ------------------------------------------------------------------------ */
@@ -96,7 +110,8 @@ typedef struct dlock dlock;
  */
 typedef struct dlock_client_options {
     /* Longest time one store round trip (connect, command) may take before
-     * it fails with DLOCK_ECONN. 0 = 2000. */
+     * it fails with DLOCK_ECONN. 0 = 2000; at most 3600000 (one hour,
+     * as a URI's ?timeout=): more is DLOCK_EINVAL. */
     int64_t timeout_ms;
 } dlock_client_options;
 
@@ -144,8 +159,8 @@ typedef void (*dlock_lost_cb)(dlock *lock, uint64_t token, void *arg);
  * means all defaults. The struct is copied: it need not outlive the call.
  */
 typedef struct dlock_options {
-    /* Lease length. 0 = 30000; otherwise at least DLOCK_TTL_MIN. The
-     * watchdog renews
+    /* Lease length. 0 = 30000; otherwise at least DLOCK_TTL_MIN and at
+     * most DLOCK_TTL_MAX (365 days). The watchdog renews
      * the lease every ttl_ms/3 while the lock is held (unless
      * DLOCK_NO_RENEW). Stores without leases ignore it: file:// (a dead
      * holder's lock is freed by the kernel at once) and PostgreSQL's
@@ -258,7 +273,8 @@ DLOCK_EXTERN const char *dlock_client_store(const dlock_client *c);
  * On success *out is a new handle, to be freed with dlock_close().
  *
  * Errors: DLOCK_EINVAL (NULL or empty name, name too long, ttl_ms < 0 or
- * below DLOCK_TTL_MIN, unknown flags, closed client), DLOCK_ENOMEM.
+ * below DLOCK_TTL_MIN or above DLOCK_TTL_MAX, unknown flags, closed
+ * client), DLOCK_ENOMEM.
  * Thread-safety: any thread.
  */
 DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
@@ -267,7 +283,8 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
 /*
  * Acquires the lock for the calling thread.
  *   wait_ms == 0   one try;
- *   wait_ms  > 0   wait at most that long;
+ *   wait_ms  > 0   wait at most that long (at most DLOCK_WAIT_MAX,
+ *                  365 days);
  *   wait_ms == -1  wait for as long as it takes;
  * Waiting is woken by the store's notifications (never busy polling).
  * On stores that hand the lock over (redis://), a release gives it to the
@@ -282,7 +299,8 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  * Errors: DLOCK_EBUSY (another owner held it for the whole wait; also a
  * re-acquire under DLOCK_NOT_REENTRANT), DLOCK_ECANCELED (dlock_cancel()
  * ended the wait), DLOCK_ELOST (the thread's hold was
- * lost and not yet released), DLOCK_EINVAL (wait_ms < -1, closed client;
+ * lost and not yet released), DLOCK_EINVAL (wait_ms < -1 or above
+ * DLOCK_WAIT_MAX, closed client;
  * on redlock://, a ttl_ms too short for its node timeout and drift),
  * DLOCK_ENOTSUP (DLOCK_FAIR on redlock://), DLOCK_ECONN (also: fewer than
  * a quorum of Redlock nodes reachable), DLOCK_EAUTH, DLOCK_EPROTO,
@@ -368,7 +386,8 @@ DLOCK_EXTERN int dlock_release(dlock *l);
  * Sets the calling thread's lease to ttl_ms from now, and makes ttl_ms the
  * lease length the watchdog renews to from then on.
  *
- * Errors: DLOCK_EINVAL (ttl_ms < DLOCK_TTL_MIN), DLOCK_ENOTHELD (not held),
+ * Errors: DLOCK_EINVAL (ttl_ms < DLOCK_TTL_MIN or > DLOCK_TTL_MAX),
+ * DLOCK_ENOTHELD (not held),
  * DLOCK_ELOST (the hold is gone; release it), DLOCK_ECONN, DLOCK_EPROTO.
  * Thread-safety: any thread; acts on the calling thread's hold.
  */
@@ -453,7 +472,8 @@ DLOCK_EXTERN void dlock_info_clear(dlock_info *info);
  * starts again above every token it ever had (unless the store's clock
  * went back by more than idle_ms).
  * *removed (may be NULL) gets the number of locks removed.
- * Errors: DLOCK_EINVAL (idle_ms < 0, closed client), DLOCK_ENOTSUP (a store
+ * Errors: DLOCK_EINVAL (idle_ms < 0 or > DLOCK_WAIT_MAX, closed client),
+ * DLOCK_ENOTSUP (a store
  * that keeps nothing to remove, or removes it by itself: file, Redis,
  * ZooKeeper, etcd, PostgreSQL advisory locks), DLOCK_ECONN, DLOCK_EAUTH,
  * DLOCK_EPROTO.
@@ -681,7 +701,8 @@ typedef void (*dlock_event_cb)(const dlock_event *ev, void *arg);
  * function. Replacing the callback while holds exist is allowed: a call
  * already started may still reach the old one. A new long_hold_ms
  * applies to holds taken from then on.
- * Errors: DLOCK_EINVAL (NULL or closed client, long_hold_ms < 0).
+ * Errors: DLOCK_EINVAL (NULL or closed client, long_hold_ms < 0 or
+ * > DLOCK_WAIT_MAX).
  * Thread-safety: any thread.
  */
 DLOCK_EXTERN int dlock_client_set_events(dlock_client *c, dlock_event_cb cb,
@@ -700,7 +721,8 @@ DLOCK_EXTERN int dlock_client_set_events(dlock_client *c, dlock_event_cb cb,
  * renewal and its retry come first. Holds without a lease (file://,
  * postgres advisory locks) never get these events. The margin applies at
  * once to every hold. See dlock_client_at_risk_max() for what fits.
- * Errors: DLOCK_EINVAL (NULL or closed client, margin_ms < 0).
+ * Errors: DLOCK_EINVAL (NULL or closed client, margin_ms < 0 or
+ * > DLOCK_TTL_MAX).
  * Thread-safety: any thread.
  */
 DLOCK_EXTERN int dlock_client_set_at_risk(dlock_client *c, int64_t margin_ms);
@@ -716,7 +738,7 @@ DLOCK_EXTERN int dlock_client_set_at_risk(dlock_client *c, int64_t margin_ms);
  * that ttl would); INT64_MAX where holds have no lease (file://,
  * postgres advisory locks: no at-risk event comes). May be 0 for a very
  * short ttl. Errors: DLOCK_EINVAL (NULL client or max_ms, ttl_ms below
- * DLOCK_TTL_MIN), and the store's errors for etcd and ZooKeeper
+ * DLOCK_TTL_MIN or above DLOCK_TTL_MAX), and the store's errors for etcd and ZooKeeper
  * (DLOCK_ECONN, DLOCK_EAUTH, ...). Thread-safety: any thread.
  */
 DLOCK_EXTERN int dlock_client_at_risk_max(dlock_client *c, int64_t ttl_ms,

@@ -98,15 +98,19 @@ int cmd_list(int argc, char **argv);
 int cmd_break(int argc, char **argv);
 int cmd_exporter(int argc, char **argv);
 
-/* "dlock: <message>\n" on stderr. */
+/* "dlock: <message>\n" on stderr, the message escaped for the terminal
+ * (cli_escape: it may quote a store's or a server's words). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The exit code for a failed dlock call. */
 int cli_exit_for(int rc);
 
-/* Parses a duration: "500ms", "30s", "2m", "1h", "1.5s"; a bare number is
- * seconds. With allow_forever, "forever", "inf" and "-1" give -1.
- * Returns 0, or -1 for anything else (negative, junk, overflow). */
+/* Parses a duration: "500ms", "30s", "2m", "1h", "1.5s", "7d"; a bare
+ * number is seconds. With allow_forever, "forever", "inf" and "-1" give
+ * -1. Returns 0; -2 for a duration longer than 365 days (the library's
+ * DLOCK_TTL_MAX and DLOCK_WAIT_MAX: CLI_DURATION_MAX_TEXT in messages);
+ * -1 for anything else (negative, junk). */
+#define CLI_DURATION_MAX_TEXT "365d"
 int cli_parse_duration(const char *s, int64_t *ms, int allow_forever);
 
 /* "850ms", "12.3s", "4m05s", "2h10m". */
@@ -135,9 +139,23 @@ void cli_json_str(FILE *f, const char *s);
  * hex>": the exact bytes (docs/dlock.1, JSON OUTPUT). */
 void cli_json_name(FILE *f, const char *key, const char *s);
 
-/* s for people: backslash as \\, control characters, DEL and bytes that
- * are not UTF-8 as \xNN; well-formed UTF-8 as is. Unambiguous. */
+/* s for people: backslash as \\, control characters, DEL, bytes that
+ * are not UTF-8, C1 controls and bidirectional overrides as \xNN (each
+ * byte); other well-formed UTF-8 as is. Unambiguous. */
 void cli_human_str(FILE *f, const char *s);
+
+/* s for a terminal into dst (cap bytes, always NUL-terminated, cut
+ * before a unit that does not fit): control bytes, DEL, bytes that are
+ * not UTF-8 and the characters a terminal acts on (C1 controls,
+ * bidirectional overrides) as \xNN; with CLI_ESC_BACKSLASH a backslash as
+ * \\ too (cli_human_str's form). For every string that came from a store
+ * or a server. Returns the length. */
+#define CLI_ESC_BACKSLASH 0x1u
+size_t cli_escape(char *dst, size_t cap, const char *s, unsigned flags);
+
+/* s escaped as cli_escape() without flags, onto f (prose: a store's URI,
+ * a message). */
+void cli_term_str(FILE *f, const char *s);
 
 /* The columns cli_human_str() takes (a character counts one). */
 size_t cli_human_width(const char *s);

@@ -44,7 +44,9 @@ static void print_human(dlock_client *c, const char *name,
 
     fputs("broke:    ", stdout);
     cli_human_str(stdout, name);
-    printf("\nstore:    %s\n", dlock_client_store(c));
+    fputs("\nstore:    ", stdout);
+    cli_term_str(stdout, dlock_client_store(c));
+    fputc('\n', stdout);
     if (in->permits > 0)
         printf("evicted:  %lld of %lld permits", (long long)in->holders,
                (long long)in->permits);

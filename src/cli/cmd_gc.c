@@ -48,7 +48,8 @@ int cmd_gc(int argc, char **argv)
         return CLI_EX_USAGE;
     }
     if (idle && cli_parse_duration(idle, &idle_ms, 0) != 0) {
-        cli_err("gc: --idle wants a duration such as 30m or 24h, not '%s'",
+        cli_err("gc: --idle wants a duration such as 30m or 24h, at most "
+                CLI_DURATION_MAX_TEXT ", not '%s'",
                 idle);
         return CLI_EX_USAGE;
     }

@@ -71,7 +71,8 @@ static const char run_usage[] =
     "                     for DUR (CMD keeps running)\n"
     "  --quiet            no progress line while waiting\n"
     "\n"
-    "DUR: 500ms, 30s, 2m, 1h, 1.5s; a bare number is seconds.\n"
+    "DUR: 500ms, 30s, 2m, 1h, 7d, 1.5s; a bare number is seconds; at\n"
+    "most 365d.\n"
     "\n"
     "Every process CMD starts (children, grandchildren, setsid ones) is\n"
     "stopped with it: when the lock is at risk (renewals fail), when it is\n"
@@ -146,16 +147,20 @@ static void *progress_main(void *arg)
         pthread_mutex_unlock(&p->mu);
 
         dlock_info info;
-        char waited[32], held[32], left[32], line[512];
+        char waited[32], held[32], left[32], line[700];
+        /* what a store or a server said, and the name, escaped: this line
+         * goes to a terminal (out.c) */
+        char name[64], holder[84], why[304];
+        cli_escape(name, sizeof(name), p->name, CLI_ESC_BACKSLASH);
         cli_format_duration(since_ms(&p->start), waited, sizeof(waited));
         int irc = dlock_inspect(p->c, p->name, &info);
         if (irc == DLOCK_ECONN) {
             /* the wait rides it out (docs/design.md, "Waiting through
              * failovers and restarts"): say what it waits for; a
              * message that names a failover says so itself */
-            const char *why = dlock_errmsg();
-            snprintf(line, sizeof(line), "waiting %s for '%.60s': %s%.300s",
-                     waited, p->name,
+            cli_escape(why, sizeof(why), dlock_errmsg(), 0);
+            snprintf(line, sizeof(line), "waiting %s for '%s': %s%s", waited,
+                     name,
                      strstr(why, "failover in progress") ? ""
                                                          : "store "
                                                            "unreachable: ",
@@ -164,22 +169,22 @@ static void *progress_main(void *arg)
             if (info.held) {
                 cli_format_duration(info.held_ms, held, sizeof(held));
                 cli_format_duration(info.ttl_ms, left, sizeof(left));
+                cli_escape(holder, sizeof(holder), info.holder,
+                           CLI_ESC_BACKSLASH);
                 snprintf(line, sizeof(line),
-                         "waiting %s for '%.60s': held by %.80s for %s%s%s, "
+                         "waiting %s for '%s': held by %s for %s%s%s, "
                          "token %llu",
-                         waited, p->name, info.holder, held,
+                         waited, name, holder, held,
                          info.ttl_ms >= 0 ? ", lease left " : "",
                          info.ttl_ms >= 0 ? left : "",
                          (unsigned long long)info.token);
             } else {
-                snprintf(line, sizeof(line),
-                         "waiting %s for '%.60s': just freed", waited,
-                         p->name);
+                snprintf(line, sizeof(line), "waiting %s for '%s': just freed",
+                         waited, name);
             }
             dlock_info_clear(&info);
         } else {
-            snprintf(line, sizeof(line), "waiting %s for '%.60s'", waited,
-                     p->name);
+            snprintf(line, sizeof(line), "waiting %s for '%s'", waited, name);
         }
         pthread_mutex_lock(&p->mu);
         if (p->stop)
@@ -230,12 +235,13 @@ static void on_event(const dlock_event *e, void *arg)
     const ev_ctx *x = arg;
 
     if (e->type == DLOCK_EVENT_LONG_HOLD) {
-        char held[32], line[700];
+        char held[32], line[1100], name[804];
         cli_format_duration(e->held_ms, held, sizeof(held));
+        cli_escape(name, sizeof(name), e->name, CLI_ESC_BACKSLASH);
         int n = snprintf(line, sizeof(line),
-                         "dlock: lock '%.200s' held for %s (--warn-after), "
+                         "dlock: lock '%.800s' held for %s (--warn-after), "
                          "token %llu; the command still runs\n",
-                         e->name, held, (unsigned long long)e->token);
+                         name, held, (unsigned long long)e->token);
         /* one write: whole, even beside the command's own output */
         if (n > 0 && write(STDERR_FILENO, line,
                            (size_t)n < sizeof(line) ? (size_t)n
@@ -401,8 +407,14 @@ static int parse(int argc, char **argv, run_opts *o)
             continue;
         }
         if ((r = cli_opt_value(argc, argv, &i, "--ttl", &v)) != 0) {
-            if (r < 0 || cli_parse_duration(v, &o->ttl_ms, 0) != 0 ||
-                o->ttl_ms <= 0) {
+            int pr = r < 0 ? 0 : cli_parse_duration(v, &o->ttl_ms, 0);
+            if (pr == -2) {
+                cli_err("run: --ttl must be at most " CLI_DURATION_MAX_TEXT
+                        " (the longest lease), not '%s'",
+                        v);
+                return CLI_EX_USAGE;
+            }
+            if (r < 0 || pr != 0 || o->ttl_ms <= 0) {
                 if (r > 0)
                     cli_err("run: --ttl must be a positive duration like "
                             "10s or 500ms, not '%s'",
@@ -412,7 +424,14 @@ static int parse(int argc, char **argv, run_opts *o)
             continue;
         }
         if ((r = cli_opt_value(argc, argv, &i, "--wait", &v)) != 0) {
-            if (r < 0 || cli_parse_duration(v, &o->wait_ms, 1) != 0) {
+            int pr = r < 0 ? 0 : cli_parse_duration(v, &o->wait_ms, 1);
+            if (pr == -2) {
+                cli_err("run: --wait must be at most " CLI_DURATION_MAX_TEXT
+                        " (the longest wait), or 'forever', not '%s'",
+                        v);
+                return CLI_EX_USAGE;
+            }
+            if (r < 0 || pr != 0) {
                 if (r > 0)
                     cli_err("run: --wait must be a duration like 30s, 0 "
                             "(one try) or 'forever', not '%s'",
@@ -426,7 +445,8 @@ static int parse(int argc, char **argv, run_opts *o)
                 o->warn_after_ms <= 0) {
                 if (r > 0)
                     cli_err("run: --warn-after must be a positive duration "
-                            "like 10m or 30s, not '%s'",
+                            "like 10m or 30s, at most "
+                            CLI_DURATION_MAX_TEXT ", not '%s'",
                             v);
                 return CLI_EX_USAGE;
             }
@@ -435,8 +455,8 @@ static int parse(int argc, char **argv, run_opts *o)
         if ((r = cli_opt_value(argc, argv, &i, "--kill-after", &v)) != 0) {
             if (r < 0 || cli_parse_duration(v, &o->kill_after_ms, 0) != 0) {
                 if (r > 0)
-                    cli_err("run: --kill-after must be a duration, not "
-                            "'%s'",
+                    cli_err("run: --kill-after must be a duration, at "
+                            "most " CLI_DURATION_MAX_TEXT ", not '%s'",
                             v);
                 return CLI_EX_USAGE;
             }
@@ -782,10 +802,14 @@ int cmd_run(int argc, char **argv)
             o.kill_after_ms = limit;
     }
     evx.fd = ev_pipe[1];
+    /* within the library's limit: a --kill-after of 365d on a store
+     * without leases (no at-risk event there) would pass it by R */
+    int64_t margin = o.kill_after_ms + STOP_ALLOWANCE_MS;
+    if (margin > DLOCK_TTL_MAX)
+        margin = DLOCK_TTL_MAX;
     if ((rc = dlock_client_set_events(c, on_event, &evx,
                                       o.warn_after_ms)) != DLOCK_OK ||
-        (rc = dlock_client_set_at_risk(
-             c, o.kill_after_ms + STOP_ALLOWANCE_MS)) != DLOCK_OK) {
+        (rc = dlock_client_set_at_risk(c, margin)) != DLOCK_OK) {
         cli_err("%s", dlock_errmsg());
         code = cli_exit_for(rc);
         goto out;

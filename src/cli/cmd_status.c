@@ -88,7 +88,9 @@ int cmd_status(int argc, char **argv)
     } else {
         fputs("lock:     ", stdout);
         cli_human_str(stdout, name);
-        printf("\nstore:    %s\n", dlock_client_store(c));
+        fputs("\nstore:    ", stdout);
+        cli_term_str(stdout, dlock_client_store(c));
+        fputc('\n', stdout);
         if (info.permits > 0)
             printf("state:    %lld of %lld permits taken\n",
                    (long long)info.holders, (long long)info.permits);

@@ -13,13 +13,16 @@
 
 void cli_err(const char *fmt, ...)
 {
+    char raw[2048], safe[4096];
     va_list ap;
 
-    fputs("dlock: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(raw, sizeof(raw), fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    /* names, holders and a server's error text reach the terminal only
+     * escaped (out.c) */
+    cli_escape(safe, sizeof(safe), raw, 0);
+    fprintf(stderr, "dlock: %s\n", safe);
 }
 
 int cli_exit_for(int rc)
@@ -43,8 +46,8 @@ int cli_parse_duration(const char *s, int64_t *ms, int allow_forever)
     static const struct {
         const char *unit;
         double ms;
-    } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000},
-                 {"", 1000}};
+    } units[] = {{"ms", 1},      {"s", 1000},     {"m", 60000},
+                 {"h", 3600000}, {"d", 86400000}, {"", 1000}};
     double v = 0, scale = 0;
     int digits = 0;
     const char *p = s;
@@ -63,17 +66,20 @@ int cli_parse_duration(const char *s, int64_t *ms, int allow_forever)
         for (p++; *p >= '0' && *p <= '9'; p++, digits++, f /= 10)
             v += (*p - '0') * f;
     }
-    if (digits == 0 || digits > 12)
+    if (digits == 0)
         return -1;
     for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
         if (!strcmp(p, units[i].unit))
             scale = units[i].ms;
     if (scale == 0)
         return -1;
-    v *= scale;
-    if (v > 1e15)
-        return -1;
-    *ms = (int64_t)(v + 0.5);
+    /* the library's limits (DLOCK_TTL_MAX and DLOCK_WAIT_MAX: the same
+     * 365 days); a double holds any count of digits (as infinity at
+     * worst) and compares right */
+    v = v * scale + 0.5;
+    if (v >= (double)DLOCK_WAIT_MAX + 1)
+        return -2;
+    *ms = (int64_t)v;
     return 0;
 }
 

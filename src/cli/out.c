@@ -7,6 +7,14 @@
  * A lock name is any bytes but NUL (dlock.h). Printed raw, a name with a
  * newline breaks a table and a name with a byte that is not UTF-8 breaks
  * a JSON parser, so every command prints names through these.
+ *
+ * The same goes for every other string that came from a store or a
+ * server (holder descriptions, error text, the wait queue): whoever can
+ * write the store chooses those bytes, and printed raw, an escape
+ * sequence in them retitles or clears the operator's terminal, or writes
+ * a fake line. So nothing such reaches a terminal unescaped: esc_next()
+ * below decides, for people (cli_human_str, cli_escape, cli_err) and for
+ * JSON (cli_json_str) alike, what is printed as is.
  */
 #include "cli.h"
 
@@ -51,6 +59,85 @@ size_t cli_utf8_len(const unsigned char *p)
     return n;
 }
 
+/* The code point of the well-formed UTF-8 sequence of n bytes at p. */
+static unsigned utf8_cp(const unsigned char *p, size_t n)
+{
+    unsigned cp = n == 2 ? p[0] & 0x1fu : n == 3 ? p[0] & 0x0fu : p[0] & 0x07u;
+
+    for (size_t i = 1; i < n; i++)
+        cp = cp << 6 | (p[i] & 0x3fu);
+    return cp;
+}
+
+/* A character a terminal acts on rather than shows: the C1 controls
+ * (U+0080..U+009F, which some terminals obey when UTF-8 encoded: U+009B is
+ * CSI) and the bidirectional overrides and isolates, which reorder what
+ * follows on the line. */
+static int invisible_cp(unsigned cp)
+{
+    return (cp >= 0x80 && cp <= 0x9f) || (cp >= 0x202a && cp <= 0x202e) ||
+           (cp >= 0x2066 && cp <= 0x2069);
+}
+
+/* The next unit of s at p for people: *len bytes of p consumed; returns 1
+ * when they are printed as they are, else 0 with their escaped form in
+ * esc (NUL-terminated): a control byte, DEL, a byte that starts no
+ * well-formed UTF-8 sequence, and the invisible characters above as \xNN
+ * (each byte), a backslash as \\ when `backslash`. */
+static int esc_next(const unsigned char *p, int backslash, size_t *len,
+                    char esc[16])
+{
+    size_t n = cli_utf8_len(p);
+
+    if (n > 1) {
+        *len = n;
+        if (!invisible_cp(utf8_cp(p, n)))
+            return 1;
+        char *o = esc;
+        for (size_t i = 0; i < n; i++, o += 4)
+            snprintf(o, 5, "\\x%02x", p[i]);
+        return 0;
+    }
+    *len = 1;
+    if (*p == '\\' && backslash) {
+        strcpy(esc, "\\\\");
+        return 0;
+    }
+    if (*p < 0x20 || *p >= 0x7f) {
+        snprintf(esc, 16, "\\x%02x", *p);
+        return 0;
+    }
+    return 1;
+}
+
+size_t cli_escape(char *dst, size_t cap, const char *s, unsigned flags)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    int backslash = (flags & CLI_ESC_BACKSLASH) != 0;
+    size_t at = 0;
+
+    if (cap == 0)
+        return 0;
+    while (*p) {
+        char esc[16];
+        size_t n, olen;
+        const char *out = esc;
+        if (esc_next(p, backslash, &n, esc)) {
+            out = (const char *)p;
+            olen = n;
+        } else {
+            olen = strlen(esc);
+        }
+        if (at + olen >= cap)
+            break; /* whole units only */
+        memcpy(dst + at, out, olen);
+        at += olen;
+        p += n;
+    }
+    dst[at] = '\0';
+    return at;
+}
+
 int cli_utf8_valid(const char *s)
 {
     const unsigned char *p = (const unsigned char *)s;
@@ -74,7 +161,11 @@ void cli_json_str(FILE *f, const char *s)
         size_t n = cli_utf8_len(p);
 
         if (n > 1) {
-            fwrite(p, 1, n, f);
+            unsigned cp = utf8_cp(p, n);
+            if (invisible_cp(cp))
+                fprintf(f, "\\u%04x", cp); /* the same character */
+            else
+                fwrite(p, 1, n, f);
             p += n;
             continue;
         }
@@ -126,20 +217,28 @@ void cli_human_str(FILE *f, const char *s)
     const unsigned char *p = (const unsigned char *)s;
 
     while (*p) {
-        size_t n = cli_utf8_len(p);
-
-        if (n > 1) {
+        char esc[16];
+        size_t n;
+        if (esc_next(p, 1, &n, esc))
             fwrite(p, 1, n, f);
-            p += n;
-            continue;
-        }
-        if (*p == '\\')
-            fputs("\\\\", f);
-        else if (*p < 0x20 || *p >= 0x7f)
-            fprintf(f, "\\x%02x", *p);
         else
-            fputc(*p, f);
-        p++;
+            fputs(esc, f);
+        p += n;
+    }
+}
+
+void cli_term_str(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+
+    while (*p) {
+        char esc[16];
+        size_t n;
+        if (esc_next(p, 0, &n, esc))
+            fwrite(p, 1, n, f);
+        else
+            fputs(esc, f);
+        p += n;
     }
 }
 
@@ -149,15 +248,11 @@ size_t cli_human_width(const char *s)
     size_t w = 0;
 
     while (*p) {
-        size_t n = cli_utf8_len(p);
-
-        if (n > 1) {
-            w++; /* one column for most characters; close enough here */
-            p += n;
-            continue;
-        }
-        w += *p == '\\' ? 2 : (*p < 0x20 || *p >= 0x7f) ? 4 : 1;
-        p++;
+        char esc[16];
+        size_t n;
+        /* one column for most characters; close enough here */
+        w += esc_next(p, 1, &n, esc) ? 1 : strlen(esc);
+        p += n;
     }
     return w;
 }

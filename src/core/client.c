@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #define DEFAULT_TIMEOUT_MS 2000
+/* the longest round trip a client may be given: as a URI's ?timeout= */
+#define MAX_TIMEOUT_MS 3600000
 
 /* ------------------------------------------------------------------------ */
 /* Wake-ups (called by backends, any thread)                                */
@@ -313,6 +315,11 @@ int dlock_client_open(dlock_client **out, const char *uri,
     if (opts && opts->timeout_ms < 0)
         return dlock__err(DLOCK_EINVAL,
                           "client option timeout_ms must not be negative");
+    if (opts && opts->timeout_ms > MAX_TIMEOUT_MS)
+        return dlock__err(DLOCK_EINVAL,
+                          "client option timeout_ms must be at most %d (one "
+                          "hour), not %lld",
+                          MAX_TIMEOUT_MS, (long long)opts->timeout_ms);
     if (!uri || !*uri) {
         rc = default_uri(defuri, sizeof(defuri));
         if (rc)
@@ -476,6 +483,11 @@ int dlock_client_set_events(dlock_client *c, dlock_event_cb cb, void *arg,
                           "dlock_client_set_events: long_hold_ms must not be "
                           "negative, not %lld",
                           (long long)long_hold_ms);
+    if (long_hold_ms > DLOCK_WAIT_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "dlock_client_set_events: long_hold_ms must be at "
+                          "most %lld (DLOCK_WAIT_MAX, 365 days), not %lld",
+                          DLOCK_WAIT_MAX, (long long)long_hold_ms);
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
     if (rc == DLOCK_OK) {
@@ -499,6 +511,11 @@ int dlock_client_set_at_risk(dlock_client *c, int64_t margin_ms)
                           "dlock_client_set_at_risk: margin_ms must not be "
                           "negative, not %lld",
                           (long long)margin_ms);
+    if (margin_ms > DLOCK_TTL_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "dlock_client_set_at_risk: margin_ms must be at "
+                          "most %lld (DLOCK_TTL_MAX, 365 days), not %lld",
+                          DLOCK_TTL_MAX, (long long)margin_ms);
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
     if (rc == DLOCK_OK)
@@ -526,6 +543,11 @@ int dlock_client_at_risk_max(dlock_client *c, int64_t ttl_ms,
                           "dlock_client_at_risk_max: ttl_ms must be at "
                           "least %d, not %lld",
                           DLOCK_TTL_MIN, (long long)ttl_ms);
+    if (ttl_ms > DLOCK_TTL_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "dlock_client_at_risk_max: ttl_ms must be at most "
+                          "%lld (DLOCK_TTL_MAX, 365 days), not %lld",
+                          DLOCK_TTL_MAX, (long long)ttl_ms);
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
     pthread_mutex_unlock(&c->mu);

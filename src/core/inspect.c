@@ -78,6 +78,11 @@ int dlock_gc(dlock_client *c, int64_t idle_ms, uint64_t *removed)
         return dlock__err(DLOCK_EINVAL,
                           "dlock_gc: idle_ms must not be negative, not %lld",
                           (long long)idle_ms);
+    if (idle_ms > DLOCK_WAIT_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "dlock_gc: idle_ms must be at most %lld "
+                          "(DLOCK_WAIT_MAX, 365 days), not %lld",
+                          DLOCK_WAIT_MAX, (long long)idle_ms);
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
     pthread_mutex_unlock(&c->mu);

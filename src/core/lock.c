@@ -169,6 +169,11 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
                           "the default, %d ms), not %lld",
                           name, MIN_TTL_MS, DEFAULT_TTL_MS,
                           (long long)opts->ttl_ms);
+    if (opts && opts->ttl_ms > DLOCK_TTL_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.100s': ttl_ms must be at most %lld "
+                          "(DLOCK_TTL_MAX, 365 days), not %lld",
+                          name, DLOCK_TTL_MAX, (long long)opts->ttl_ms);
     if (opts && (opts->flags & ~KNOWN_FLAGS))
         return dlock__err(DLOCK_EINVAL, "lock '%.100s': unknown flags 0x%x",
                           name, opts->flags & ~KNOWN_FLAGS);
@@ -776,6 +781,12 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
                           "lock '%.200s': wait_ms must be -1 (forever), 0 "
                           "(one try) or positive, not %lld",
                           l->entry->name, (long long)wait_ms);
+    if (wait_ms > DLOCK_WAIT_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s': wait_ms must be at most %lld "
+                          "(DLOCK_WAIT_MAX, 365 days; -1 waits forever), "
+                          "not %lld",
+                          l->entry->name, DLOCK_WAIT_MAX, (long long)wait_ms);
     c = l->client;
     start_us = dlock__now_us();
     start = start_us / 1000;
@@ -1270,6 +1281,11 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
                           "lock '%.200s': ttl_ms must be at least %d, not "
                           "%lld",
                           l->entry->name, MIN_TTL_MS, (long long)ttl_ms);
+    if (ttl_ms > DLOCK_TTL_MAX)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.200s': ttl_ms must be at most %lld "
+                          "(DLOCK_TTL_MAX, 365 days), not %lld",
+                          l->entry->name, DLOCK_TTL_MAX, (long long)ttl_ms);
     c = l->client;
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);

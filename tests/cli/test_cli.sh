@@ -1090,6 +1090,108 @@ else
     fail "bad --ttl: message does not quote 'abc': $(cat "$TMP/err")"
 fi
 
+# --- limits: --ttl and --wait up to 365 days, the library's DLOCK_TTL_MAX
+# and DLOCK_WAIT_MAX; beyond: usage (64), the limit named ---
+expect_rc 64 "--ttl 366d" -- run --ttl 366d limitL -- true
+if grep -q "at most 365d" "$TMP/err"; then
+    pass "--ttl beyond 365d: the message names the limit"
+else
+    fail "--ttl 366d: no 'at most 365d' in: $(cat "$TMP/err")"
+fi
+expect_rc 64 "--wait 366d" -- run --wait 366d limitL -- true
+if grep -q "at most 365d" "$TMP/err"; then
+    pass "--wait beyond 365d: the message names the limit"
+else
+    fail "--wait 366d: no 'at most 365d' in: $(cat "$TMP/err")"
+fi
+# 31.7 years: taken (and handed to the library) before the limits
+expect_rc 64 "--ttl 999999999999ms" -- run --ttl 999999999999ms limitL -- true
+expect_rc 64 "--wait 31536000001ms" -- run --wait 31536000001ms limitL -- true
+expect_rc 0 "--ttl 365d --wait 365d (the maxima)" -- run --ttl 365d --wait 365d limitL -- true
+expect_rc 0 "--warn-after 365d (the maximum)" -- run --warn-after 365d limitL -- true
+if [ "$KIND" = file ]; then
+    # no lease, no at-risk event: any --kill-after up to 365d is taken
+    expect_rc 0 "--kill-after 365d on the file store" -- run --kill-after 365d limitL -- true
+fi
+# a wait of 365 days on a held lock ends with the holder's release
+bg_dlock limh run --ttl 365d limitL -- sleep 1
+LIMH=$BG
+if wait_held limitL "$LIMH"; then
+    t0=$(now_ms)
+    dl run --wait 365d --quiet limitL -- true
+    took=$(($(now_ms) - t0))
+    # the holder sleeps 1 s; 15 s only catches a wait that is not woken
+    if [ "$RC" -eq 0 ] && [ "$took" -lt 15000 ]; then
+        pass "--wait 365d on a held lock: acquired at the release ($took ms)"
+    else
+        fail "--wait 365d on a held lock: exit $RC after $took ms: $(cat "$TMP/err")"
+    fi
+else
+    fail "--wait 365d: the holder never held limitL: $(cat "$TMP/bg.limh.err")"
+fi
+wait_exit "$LIMH" 10
+
+# --- terminal output: whatever a store or a server says (a holder's
+# description, its error text, a lock name) reaches the terminal escaped.
+# The holder here runs in a UTS namespace whose host name carries escape
+# sequences (a title change, a screen clear, a bell): its description
+# "HOST pid N tid N" goes into the store as any writer of the store could
+# put it there. The name has control bytes too. ---
+ENAME=$'esc\033[2Jname\001'
+# evil_raw FILE: FILE has a byte of the holder's or the name's sequences
+evil_raw() {
+    grep -qF -e $'\033]0;pwned' -e $'\033[2J' -e $'\007' -e $'\001' "$1"
+}
+if unshare -u true 2>/dev/null && command -v python3 >/dev/null 2>&1; then
+    mkfifo "$TMP/escgo"
+    unshare -u python3 -c 'import os, socket, sys
+socket.sethostname(b"h\x1b]0;pwned\x07\x1b[2J")
+os.execv(sys.argv[1], sys.argv[1:])' "$DLOCK" run --ttl 10s "$ENAME" -- \
+        sh -c 'read x < "$0"' "$TMP/escgo" >"$TMP/bg.esc.out" 2>"$TMP/bg.esc.err" </dev/null &
+    ESCH=$!
+    BG_PIDS+=("$ESCH")
+    if wait_held "$ENAME" "$ESCH"; then
+        dl status "$ENAME"
+        if [ "$RC" -eq 0 ] && grep -q "pwned" "$TMP/out" && ! evil_raw "$TMP/out"; then
+            pass "status: the holder and the name are printed escaped"
+        else
+            fail "status of a holder with escape sequences: exit $RC: $(od -c "$TMP/out" | head -20)"
+        fi
+        dl list
+        if [ "$RC" -eq 69 ] && grep -q "cannot list\|not supported\|ENOTSUP\|does not list" "$TMP/err"; then
+            : # a store that cannot list its locks
+        elif [ "$RC" -eq 0 ] && grep -q "pwned" "$TMP/out" && ! evil_raw "$TMP/out" && ! evil_raw "$TMP/err"; then
+            pass "list: the holder and the name are printed escaped"
+        else
+            fail "list with a holder with escape sequences: exit $RC: $(od -c "$TMP/out" | head -20) $(cat "$TMP/err")"
+        fi
+        dl run --wait 0 "$ENAME" -- true
+        if [ "$RC" -eq 75 ] && grep -qF 'esc\x1b[2Jname\x01' "$TMP/err" && ! evil_raw "$TMP/err"; then
+            pass "errors: the lock name is printed escaped"
+        else
+            fail "run --wait 0 of a held name with control bytes: exit $RC: $(od -c "$TMP/err" | head -20)"
+        fi
+        # the progress line, on a terminal (script(1) gives dlock one)
+        if command -v script >/dev/null 2>&1; then
+            env D="$DLOCK" N="$ENAME" timeout -k 2 20 script -qec \
+                '"$D" run --wait 2500ms "$N" -- true' /dev/null >"$TMP/pty" 2>&1 </dev/null
+            if grep -q "held by" "$TMP/pty" && grep -q "pwned" "$TMP/pty" && ! evil_raw "$TMP/pty"; then
+                pass "the progress line prints the holder and the name escaped"
+            else
+                fail "progress line with a holder with escape sequences: $(od -c "$TMP/pty" | head -30)"
+            fi
+        else
+            skip "the progress line: no script(1)"
+        fi
+    else
+        fail "the holder in a UTS namespace never held the lock: $(cat "$TMP/bg.esc.err")"
+    fi
+    timeout 5 sh -c 'echo go > "$0"' "$TMP/escgo"
+    wait_exit "$ESCH" 10
+else
+    skip "escaped holders: no UTS namespace (unshare -u needs root) or no python3"
+fi
+
 # bad stores
 expect_rc 64 "unknown store scheme" -- run --store foo://x usageL -- true
 if grep -q "foo" "$TMP/err"; then

@@ -1443,6 +1443,190 @@ TEST(cancel_racing_a_release_leaves_no_hold)
 }
 
 
+/* --- limits: the longest lease and wait (DLOCK_TTL_MAX, DLOCK_WAIT_MAX) ---
+ *
+ * At the maxima every store keeps the lock: nothing wraps on the way to
+ * the store (MySQL counts in microseconds, PostgreSQL's lock_timeout is a
+ * 32-bit number of milliseconds, ZooKeeper's session timeout too). Beyond
+ * them every entry point says DLOCK_EINVAL with the limit in its message,
+ * before any store sees the value (today's main took a ttl of 2^63 ms, and
+ * MySQL wrote that row already expired: a second holder got in). */
+
+TEST(ttl_and_wait_at_and_beyond_the_maxima)
+{
+    dlock_client *a = client(), *b = client(), *x = client();
+    dlock *la = handle(a, "limits", DLOCK_TTL_MAX, DLOCK_NO_RENEW);
+    dlock *lb = handle(b, "limits", 0, 0);
+    dlock *lx = handle(x, "limits", 0, 0);
+    dlock *bad = NULL;
+    dlock_options o;
+    dlock_info info;
+    int64_t m = -1;
+
+    /* a hold at the longest lease, unrenewed, keeps everyone out */
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    CHECK_OP(tok, >, 0);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_inspect(b, "limits", &info));
+    CHECK_EQ(info.held, 1);
+    /* the store wrote the lease's end a year ahead, not in the past (a
+     * day's slack for the stores' rounding) */
+    if (ttl_visible)
+        CHECK_OP(info.ttl_ms, >, DLOCK_TTL_MAX - 86400000LL);
+    dlock_info_clear(&info);
+    CHECK_EQ(dlock_held(la), 1);
+
+    /* the longest wait: ended by the release, then by a cancel */
+    cwait t = {lb, DLOCK_WAIT_MAX, -99, 0, "", 0};
+    pthread_t th;
+    CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &t), 0);
+    wait_queued(a, "limits", 1);
+    CHECK_EQ(t.rc, -99); /* still waiting */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(la));
+    pthread_join(th, NULL);
+    CHECK_OK(t.rc);
+    CHECK(t.released);
+    /* woken by the release (release_wakes_the_waiter's bound): a year's
+     * wait that ended any other way would not have returned at all */
+    CHECK_OP(t.ended - t0, <, 9000);
+
+    CHECK_OK(dlock_acquire(la, 0));
+    cwait tc = {lx, DLOCK_WAIT_MAX, -99, 0, "", 0};
+    CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &tc), 0);
+    wait_queued(a, "limits", 1);
+    t0 = th_now_ms();
+    CHECK_OK(dlock_cancel(lx));
+    pthread_join(th, NULL);
+    CHECK_RC(tc.rc, DLOCK_ECANCELED);
+    CHECK_OP(tc.ended - t0, <, 5000); /* cancel_ends_a_wait's bound */
+
+    /* extend to the longest lease: held, still nobody else's */
+    if (!fixed_ttl) {
+        CHECK_OK(dlock_extend(la, DLOCK_TTL_MAX));
+        CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    }
+    /* beyond the maxima: refused with the limit named, the hold kept */
+    CHECK_RC(dlock_extend(la, DLOCK_TTL_MAX + 1), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "at most 31536000000");
+    CHECK_RC(dlock_extend(la, INT64_MAX), DLOCK_EINVAL);
+    CHECK_EQ(dlock_held(la), 1);
+    CHECK_RC(dlock_acquire(lb, DLOCK_WAIT_MAX + 1), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "at most 31536000000");
+    CHECK_RC(dlock_acquire_shared(lb, INT64_MAX), DLOCK_EINVAL);
+    CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_release(la));
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = DLOCK_TTL_MAX + 1;
+    CHECK_RC(dlock_open(&bad, a, "limits", &o), DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "at most 31536000000");
+    CHECK(bad == NULL);
+    o.ttl_ms = INT64_MAX; /* Python's ttl=1e13 s and more */
+    CHECK_RC(dlock_open(&bad, a, "limits", &o), DLOCK_EINVAL);
+    CHECK(bad == NULL);
+
+    /* the other durations */
+    CHECK_OK(dlock_client_at_risk_max(a, DLOCK_TTL_MAX, &m));
+    CHECK_OP(m, >, 0);
+    CHECK_RC(dlock_client_at_risk_max(a, DLOCK_TTL_MAX + 1, &m),
+             DLOCK_EINVAL);
+    CHECK_RC(dlock_client_set_at_risk(a, DLOCK_TTL_MAX + 1), DLOCK_EINVAL);
+    CHECK_RC(dlock_client_set_at_risk(a, INT64_MAX), DLOCK_EINVAL);
+    CHECK_RC(dlock_client_set_events(a, NULL, NULL, INT64_MAX),
+             DLOCK_EINVAL);
+    CHECK_RC(dlock_gc(a, INT64_MAX, NULL), DLOCK_EINVAL);
+    dlock_client_options co = {3600001};
+    dlock_client *big = NULL;
+    CHECK_RC(dlock_client_open(&big, uri, &co), DLOCK_EINVAL);
+    CHECK(big == NULL);
+
+    dlock_close(lx);
+    dlock_close(lb);
+    dlock_close(la);
+    dlock_client_close(x);
+    dlock_client_close(b);
+    dlock_client_close(a);
+}
+
+
+typedef struct maxwait {
+    dlock *l;
+    int shared;
+    int rc;
+    int64_t ended;
+} maxwait;
+
+static void *max_waiter(void *arg)
+{
+    maxwait *t = arg;
+
+    t->rc = t->shared ? dlock_acquire_shared(t->l, DLOCK_WAIT_MAX)
+                      : dlock_acquire(t->l, DLOCK_WAIT_MAX);
+    t->ended = th_now_ms();
+    if (t->rc == DLOCK_OK)
+        dlock_release(t->l);
+    return NULL;
+}
+
+/* The longest wait for a read hold and for a semaphore's permit (the
+ * stores wait for these their own ways: PostgreSQL's advisory mode one
+ * server wait per permit), behind the longest lease. */
+TEST(shared_and_permit_waits_at_the_maxima)
+{
+    dlock_client *a = client(), *b = client();
+
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "limits-sem" : "limits-rw";
+        dlock_options o;
+        dlock *la = NULL, *lb = NULL;
+
+        memset(&o, 0, sizeof(o));
+        o.ttl_ms = DLOCK_TTL_MAX;
+        o.flags = DLOCK_NO_RENEW;
+        o.permits = k ? 1 : 0;
+        CHECK_OK(dlock_open(&la, a, name, &o));
+        CHECK_OK(dlock_open(&lb, b, name, &o));
+        int rc = dlock_acquire(la, 0);
+        if (rc == DLOCK_ENOTSUP) { /* redlock: neither (test_shared.c) */
+            dlock_close(la);
+            dlock_close(lb);
+            continue;
+        }
+        CHECK_OK(rc);
+        rc = k ? dlock_acquire(lb, 0) : dlock_acquire_shared(lb, 0);
+        if (rc == DLOCK_ENOTSUP) { /* redlock: no read holds */
+            CHECK_OK(dlock_release(la));
+            dlock_close(la);
+            dlock_close(lb);
+            continue;
+        }
+        CHECK_RC(rc, DLOCK_EBUSY);
+        maxwait t = {lb, !k, -99, 0};
+        pthread_t th;
+        CHECK_EQ(pthread_create(&th, NULL, max_waiter, &t), 0);
+        if (k)
+            wait_queued(a, name, 1);
+        else
+            th_sleep_ms(300); /* the file store counts no read waiters */
+        CHECK_EQ(t.rc, -99); /* waiting, not refused */
+        int64_t t0 = th_now_ms();
+        CHECK_OK(dlock_release(la));
+        pthread_join(th, NULL);
+        CHECK_OK(t.rc);
+        CHECK_OP(t.ended - t0, <, 9000); /* woken by the release */
+        CHECK_RC(k ? dlock_acquire(lb, DLOCK_WAIT_MAX + 1)
+                   : dlock_acquire_shared(lb, DLOCK_WAIT_MAX + 1),
+                 DLOCK_EINVAL);
+        dlock_close(la);
+        dlock_close(lb);
+    }
+    dlock_client_close(b);
+    dlock_client_close(a);
+}
+
+
 /* --- no descriptor of the library reaches a program the process starts ---
  *
  * A program started by a process that uses dlock (dlock run's command,
@@ -1746,6 +1930,8 @@ static const th_test tests[] = {
     TK(cancel_ends_a_wait_and_leaves_nothing),
     TK(cancel_in_a_fair_queue_lets_the_next_one_go),
     TK(cancel_racing_a_release_leaves_no_hold),
+    TK(ttl_and_wait_at_and_beyond_the_maxima),
+    TK(shared_and_permit_waits_at_the_maxima),
     TK(no_descriptor_reaches_a_started_program),
     {NULL, NULL, 0},
 };

@@ -35,8 +35,25 @@ static void dur_bad_at(const char *file, int line, const char *s,
                 s ? s : "(null)", allow_forever, rc, (long long)ms);
 }
 
+/* `s` must be refused as longer than the library's limits (-2). */
+static void dur_long_at(const char *file, int line, const char *s,
+                        int allow_forever)
+{
+    int64_t ms = 12345678;
+    int rc = cli_parse_duration(s, &ms, allow_forever);
+
+    if (rc != -2)
+        th_fail(file, line, "cli_parse_duration(\"%s\", %d) returned %d "
+                "(ms %lld), expected -2 (beyond 365 days)",
+                s, allow_forever, rc, (long long)ms);
+    if (ms != 12345678)
+        th_fail(file, line, "cli_parse_duration(\"%s\") wrote %lld", s,
+                (long long)ms);
+}
+
 #define dur_ok(s, f, want) dur_ok_at(__FILE__, __LINE__, s, f, want)
 #define dur_bad(s, f) dur_bad_at(__FILE__, __LINE__, s, f)
+#define dur_long(s, f) dur_long_at(__FILE__, __LINE__, s, f)
 
 TEST(duration_units)
 {
@@ -58,7 +75,36 @@ TEST(duration_units)
         dur_ok("10", f, 10000);
         dur_ok("0", f, 0);
         dur_ok("007s", f, 7000);
-        dur_ok("999999999999ms", f, 999999999999LL);
+        dur_ok("7d", f, 7 * 86400000LL);
+        dur_ok("0.5d", f, 43200000);
+    }
+}
+
+/* The library's maxima (DLOCK_TTL_MAX, DLOCK_WAIT_MAX: 365 days) are the
+ * command line's: a longer --ttl or --wait is refused as too long (the
+ * caller says "at most 365d"), never wrapped nor handed to the library. */
+TEST(duration_limits)
+{
+    CHECK_EQ(DLOCK_TTL_MAX, 31536000000LL);
+    CHECK_EQ(DLOCK_WAIT_MAX, 31536000000LL);
+    for (int f = 0; f <= 1; f++) {
+        dur_ok("365d", f, DLOCK_WAIT_MAX);
+        dur_ok("8760h", f, DLOCK_WAIT_MAX);
+        dur_ok("31536000s", f, DLOCK_WAIT_MAX);
+        dur_ok("31536000000ms", f, DLOCK_WAIT_MAX);
+        dur_ok("31536000", f, DLOCK_WAIT_MAX);
+        dur_long("31536000001ms", f);
+        dur_long("31536000000.6ms", f); /* rounds past it */
+        dur_long("365.0001d", f);
+        dur_long("366d", f);
+        dur_long("8761h", f);
+        dur_long("999999999999ms", f);
+        dur_long("9999999999999", f);
+        dur_long("99999999999999999999", f);
+        dur_long("999999999999h", f);
+        dur_long("999999999999m", f);
+        dur_long("1000000000000000000000000ms", f);
+        dur_long("123456789012.5s", f);
     }
 }
 
@@ -101,13 +147,9 @@ TEST(duration_bad)
         dur_bad("5ms5", f);
         dur_bad("5sms", f);
         dur_bad("abc", f);
-        /* huge values */
-        dur_bad("9999999999999", f);
-        dur_bad("99999999999999999999", f);
-        dur_bad("999999999999h", f);
-        dur_bad("999999999999m", f);
-        dur_bad("1000000000000000000000000ms", f);
-        dur_bad("123456789012.5s", f);
+        dur_bad("5dd", f);
+        dur_bad("d", f);
+        /* huge values: duration_limits */
     }
 }
 
@@ -163,6 +205,60 @@ TEST(duration_format)
     cli_format_duration(12300, b, sizeof(b));
     CHECK_EQ(cli_parse_duration(b, &ms, 0), 0);
     CHECK_EQ(ms, 12300);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Escaping for the terminal (out.c)                                        */
+/* ------------------------------------------------------------------------ */
+
+/* What a store's writer may put in a holder string or a name: a title
+ * change, a screen clear, a bell, CSI as a C1 control, a bidi override. */
+#define EVIL "\033]0;pwned\007\033[2J"
+
+TEST(escape_for_the_terminal)
+{
+    char b[256];
+
+    CHECK_EQ(cli_escape(b, sizeof(b), "host " EVIL " pid 1", 0),
+             strlen("host \\x1b]0;pwned\\x07\\x1b[2J pid 1"));
+    CHECK_STR(b, "host \\x1b]0;pwned\\x07\\x1b[2J pid 1");
+    cli_escape(b, sizeof(b), "del\177 nl\n cr\r tab\t ff\377", 0);
+    CHECK_STR(b, "del\\x7f nl\\x0a cr\\x0d tab\\x09 ff\\xff");
+    /* C1 controls and bidi overrides are valid UTF-8, and acted on */
+    cli_escape(b, sizeof(b), "csi\302\233 rlo\342\200\256 iso\342\201\246", 0);
+    CHECK_STR(b, "csi\\xc2\\x9b rlo\\xe2\\x80\\xae iso\\xe2\\x81\\xa6");
+    /* other UTF-8 as is; a backslash only with the flag */
+    cli_escape(b, sizeof(b), "caf\303\251 \342\202\254 a\\b", 0);
+    CHECK_STR(b, "caf\303\251 \342\202\254 a\\b");
+    cli_escape(b, sizeof(b), "a\\b\033", CLI_ESC_BACKSLASH);
+    CHECK_STR(b, "a\\\\b\\x1b");
+    /* cut before a unit that does not fit, terminated */
+    char small[6];
+    CHECK_EQ(cli_escape(small, sizeof(small), "ab\033cd", 0), 2);
+    CHECK_STR(small, "ab");
+    CHECK_EQ(cli_escape(small, sizeof(small), "abcdefgh", 0), 5);
+    CHECK_STR(small, "abcde");
+    CHECK_EQ(cli_escape(small, 1, "abc", 0), 0);
+    CHECK_STR(small, "");
+
+    /* the stream forms agree; nothing below 0x20 or DEL gets through */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    CHECK(f != NULL);
+    cli_human_str(f, "n\\" EVIL "\302\233");
+    fputc('|', f);
+    cli_term_str(f, "u\\" EVIL);
+    fputc('|', f);
+    cli_json_str(f, EVIL "\302\233\342\200\256\177");
+    fclose(f);
+    CHECK_STR(buf, "n\\\\\\x1b]0;pwned\\x07\\x1b[2J\\xc2\\x9b|"
+                   "u\\\\x1b]0;pwned\\x07\\x1b[2J|"
+                   "\"\\u001b]0;pwned\\u0007\\u001b[2J\\u009b\\u202e\\u007f\"");
+    for (size_t i = 0; i < len; i++)
+        CHECK(buf[i] >= 0x20 && buf[i] != 0x7f);
+    free(buf);
+    CHECK_EQ(cli_human_width("a\033\302\233\303\251"), 1 + 4 + 8 + 1);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -259,6 +355,8 @@ TEST(exit_codes)
 
 static const th_test tests[] = {
     T(duration_units),
+    T(duration_limits),
+    T(escape_for_the_terminal),
     T(duration_forever),
     T(duration_bad),
     T(duration_format),

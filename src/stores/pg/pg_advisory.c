@@ -568,6 +568,31 @@ static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
     return DLOCK_OK;
 }
 
+/* PostgreSQL's lock_timeout, which ends a wait in the server, is an int
+ * of milliseconds (24.8 days at most; more is an error): a longer wait
+ * (up to DLOCK_WAIT_MAX) runs as waits of a day in turn, until one gets
+ * the lock, fails otherwise, or is cancelled, or the deadline comes. */
+#define ADV_TURN_MS 86400000
+
+static int adv_acquire_turns(void *st, dlock__lease *l, int64_t op_deadline)
+{
+    const pg_store *ps = st;
+    int64_t deadline = l->deadline;
+
+    for (int turn = 0;; turn++) {
+        int64_t now = dlock__now_ms();
+        int cut = deadline != DLOCK__FOREVER && deadline - now > ADV_TURN_MS;
+        if (turn > 0)
+            op_deadline = now + ps->timeout_ms;
+        if (cut)
+            l->deadline = now + ADV_TURN_MS;
+        int rc = adv_acquire(st, l, op_deadline);
+        l->deadline = deadline;
+        if (!cut || rc != DLOCK_EBUSY || dlock__lease_cancelled(l))
+            return rc;
+    }
+}
+
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
 static const dlock__backend backend_pg_advisory = {
     "postgres advisory",    /* name */
@@ -575,7 +600,7 @@ static const dlock__backend backend_pg_advisory = {
     sizeof(pg_lease),       /* lease_size */
     dlock__pg_open,         /* open */
     dlock__pg_close,        /* close */
-    adv_acquire,            /* acquire */
+    adv_acquire_turns,      /* acquire */
     NULL,                   /* arm */
     NULL,                   /* disarm */
     adv_release,            /* release */

@@ -285,6 +285,9 @@ int dlock__zk_error(zk_store *zs, const char *what, int zrc)
     }
 }
 
+/* The longest session timeout asked for (ms): a day. */
+#define ZK_TIMEOUT_MAX 86400000
+
 /* Returns a connected session for `ttl` (zs->mu held; may drop it while
  * waiting), or NULL with an error code in *rc. */
 static zk_session *session_get_once(zk_store *zs, int64_t ttl,
@@ -313,8 +316,12 @@ static zk_session *session_get_once(zk_store *zs, int64_t ttl,
              * its first socket are made in this call: marked after it */
             dlock__fds_note(&note);
             dlock__block_signals(&old); /* the client's threads inherit it */
+            /* at most a day: the C client computes with 2/3 of the
+             * timeout in an int (INT32_MAX there never connected), and
+             * the server grants at most its maxSessionTimeout anyway */
             s->zh = zookeeper_init2(zs->hosts, on_event,
-                                    ttl > INT32_MAX ? INT32_MAX : (int)ttl,
+                                    ttl > ZK_TIMEOUT_MAX ? ZK_TIMEOUT_MAX
+                                                         : (int)ttl,
                                     NULL, s, 0, zk_log_sink);
             int init_errno = errno;
             dlock__restore_signals(&old);
