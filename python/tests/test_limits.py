@@ -123,34 +123,13 @@ def wait_at_the_limit_waits(client, other, name):
     b.release()
 
 
-# C store bugs at the limits, found by these tests (issue 34, item 7: the
-# C side's fix lands separately); each case still runs, and only its
-# known failure is reported as expected
-KNOWN = {
-    ("ttl", "zk"): "zk: a session timeout of 365 days never connects "
-                   "(10 days does, 12.4 days does not)",
-    ("wait", "pg-advisory"): "pg advisory: SET LOCAL lock_timeout beyond "
-                             "INT_MAX ms is refused by the server",
-}
-
-
-def at_limit(kind, what, fn, *args):
-    try:
-        fn(*args)
-    except (AssertionError, dlock.DlockError) as e:
-        if (what, kind) in KNOWN:
-            pytest.xfail("%s: %s" % (KNOWN[(what, kind)], e))
-        raise
-
-
 def test_a_ttl_at_the_limit_holds_and_beyond_is_refused(store, client,
                                                         other, name):
     ttl_beyond_the_limit_is_refused(client, name)
-    at_limit(store.kind, "ttl", ttl_at_the_limit_holds, client, other, name)
+    ttl_at_the_limit_holds(client, other, name)
 
 
 def test_a_wait_at_the_limit_waits_and_beyond_is_refused(store, client,
                                                          other, name):
     wait_beyond_the_limit_is_refused(client, name)
-    at_limit(store.kind, "wait", wait_at_the_limit_waits, client, other,
-             name)
+    wait_at_the_limit_waits(client, other, name)
