@@ -247,6 +247,32 @@ DLOCK_EXTERN void dlock_client_close(dlock_client *c);
  */
 DLOCK_EXTERN const char *dlock_client_store(const dlock_client *c);
 
+/* Ways of dlock_uri_redact() (0: each secret becomes "***"). */
+#define DLOCK_REDACT_STARS 0x1u /* each secret byte becomes '*': same
+                                 * length (to overwrite argv in place) */
+#define DLOCK_REDACT_DROP 0x2u  /* the password and its ':' (and an empty
+                                 * user's '@') are left out, and so is a
+                                 * secret query parameter: a URI to hand on
+                                 * without its secrets */
+
+/*
+ * Writes the store URI `uri` with its secrets hidden into `out` (`cap`
+ * bytes, NUL-terminated when cap > 0, truncated to fit); returns the length
+ * of the whole result, like snprintf() (call with cap 0 to size a buffer).
+ * Works on any string, well-formed or not: the secret is everything the URI
+ * parser could take for a password -- from the first ':' after "://" up to
+ * the LAST '@' (dlock_client_open() refuses a URI with an '@' past the host
+ * part and a ':' before it, so for a URI it accepts this is the password
+ * exactly) -- and the value, up to the end, of any query parameter named
+ * like a secret (password, token, ...; the URI parser refuses those).
+ * `how`: 0, DLOCK_REDACT_STARS or DLOCK_REDACT_DROP. With
+ * DLOCK_REDACT_STARS `out` may be `uri` itself; otherwise they must not
+ * overlap. `uri` NULL counts as "". Allocates nothing.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN size_t dlock_uri_redact(const char *uri, unsigned how,
+                                     char *out, size_t cap);
+
 /* ------------------------------------------------------------------------ */
 /* Locks                                                                    */
 /* ------------------------------------------------------------------------ */
