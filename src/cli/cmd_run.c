@@ -9,8 +9,9 @@
  * CMD runs under a supervisor process (tree.c): dlock and the supervisor
  * are child subreapers, so every process CMD starts stays in the tree that
  * dlock stops; if dlock dies, the supervisor SIGKILLs the tree. CMD gets
- * no descriptor dlock did not inherit, and DLOCK_STORE without its
- * password.
+ * no descriptor dlock did not inherit, DLOCK_STORE without its
+ * password, and none of the variables the store's password may come from
+ * (docs/stores.md, "Passwords").
  *
  * Signals: after the lock is taken, dlock blocks INT/TERM/HUP/QUIT/CHLD and
  * reads them from a signalfd. Signals sent by a process (kill) are passed
@@ -51,7 +52,9 @@ static const char run_usage[] =
     "\n"
     "Runs CMD while holding lock NAME; the lease is renewed while CMD runs,\n"
     "and the lock released when it exits. CMD sees DLOCK_NAME and\n"
-    "DLOCK_TOKEN (the fencing token) in its environment.\n"
+    "DLOCK_TOKEN (the fencing token) in its environment, DLOCK_STORE\n"
+    "without its password, and not DLOCK_PASSWORD (nor REDISCLI_AUTH,\n"
+    "PGPASSWORD, MYSQL_PWD for a store of that kind).\n"
     "\n"
     "  --store URI        the store (default: $DLOCK_STORE, else lock files\n"
     "                     in ~/.local/state/dlock, ~ being your home in the\n"
