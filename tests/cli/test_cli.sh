@@ -1228,6 +1228,32 @@ else
     show "$TMP/err"
 fi
 
+# the command's environment holds no store password: DLOCK_STORE without
+# it, and neither DLOCK_PASSWORD nor the client library's variable (both
+# set, the URI's password winning over them; docs/stores.md, "Passwords";
+# tests/cli/test_secrets.sh does the same on Redis)
+case $KIND in
+pg | pg-advisory | mysql)
+    libvar=PGPASSWORD
+    [ "$KIND" = mysql ] && libvar=MYSQL_PWD
+    rm -f "$TMP/child.env"
+    env DLOCK_PASSWORD=Pw9EnvSecret "$libvar=Pw9LibSecret" "${BOUND[@]}" \
+        "$DLOCK" run envL -- sh -c 'tr "\0" "\n" </proc/self/environ >"$0"' \
+        "$TMP/child.env" >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+    if [ "$RC" -ne 0 ] || [ ! -s "$TMP/child.env" ]; then
+        fail "run for the environment: exit $RC"
+        show "$TMP/err"
+    elif grep -q -e Pw9EnvSecret -e Pw9LibSecret -e dlock-secret \
+        "$TMP/child.env"; then
+        fail "the command's environment holds a store password:" \
+            "$(grep -e DLOCK_ -e "$libvar" "$TMP/child.env")"
+    else
+        pass "the command gets no DLOCK_PASSWORD, $libvar or store password"
+    fi
+    ;;
+esac
+
 # the default store (as root, in a mount namespace of its own; see
 # home_tests)
 if [ "$KIND" = file ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# shellcheck disable=SC2317
-# (SC2317: stop_servers runs from ops_lib.sh's EXIT trap.)
+# shellcheck disable=SC2016,SC2317
+# (SC2016: single-quoted "$0" is for the command's own shell; SC2317:
+# stop_servers runs from ops_lib.sh's EXIT trap.)
 #
 # test_secrets.sh -- store passwords stay secret (issue 34), through the
 # real binary and a private redis-server whose password holds '/', '?',
@@ -63,6 +64,28 @@ chmod 755 "$TMP" # nobody reads nothing there, but may enter
 PW='Zq7/S3cr?et@%:Wv9'
 PWE='Zq7%2FS3cr%3Fet%40%25%3AWv9'
 PIECES=(Zq7 S3cr Wv9)
+
+# expect WHAT CMD...: passes when CMD succeeds
+expect() {
+    local what=$1
+    shift
+    if "$@"; then
+        pass "$what"
+    else
+        fail "$what"
+    fi
+}
+
+# expect_not WHAT CMD...: passes when CMD fails
+expect_not() {
+    local what=$1
+    shift
+    if "$@"; then
+        fail "$what"
+    else
+        pass "$what"
+    fi
+}
 
 # leaks WHAT FILE...: passes when no file holds a piece of the password
 leaks() {
@@ -144,8 +167,7 @@ unset DLOCK_STORE DLOCK_PASSWORD REDISCLI_AUTH
 
 expect_rc 0 "status with the escaped password" -- status --store "$URI" s1
 leaks "status" "$TMP/out" "$TMP/err"
-grep -q ':\*\*\*@' "$TMP/out" && pass "status shows the password as ***" ||
-    fail "status does not show ***: $(cat "$TMP/out")"
+expect "status shows the password as ***" grep -q ':\*\*\*@' "$TMP/out"
 expect_rc 0 "status --json with the escaped password" -- status --json --store "$URI" s1
 leaks "status --json" "$TMP/out" "$TMP/err"
 expect_rc 0 "list with the escaped password" -- list --all --json --store "$URI"
@@ -253,18 +275,15 @@ else
     fail "the command's DLOCK_STORE: $(grep DLOCK_STORE "$TMP/child.env")"
 fi
 DLOCK_PASSWORD=$PW env_of "DLOCK_PASSWORD" --store "$PLAIN"
-grep -q '^DLOCK_PASSWORD=' "$TMP/child.env" &&
-    fail "the command got DLOCK_PASSWORD" ||
-    pass "DLOCK_PASSWORD gives the password, and the command lacks it"
+expect_not "DLOCK_PASSWORD gives the password, and the command lacks it" \
+    grep -q '^DLOCK_PASSWORD=' "$TMP/child.env"
 REDISCLI_AUTH=$PW DLOCK_STORE=$PLAIN env_of "REDISCLI_AUTH"
-grep -q '^REDISCLI_AUTH=' "$TMP/child.env" &&
-    fail "the command got REDISCLI_AUTH" ||
-    pass "REDISCLI_AUTH gives the password, and the command lacks it"
+expect_not "REDISCLI_AUTH gives the password, and the command lacks it" \
+    grep -q '^REDISCLI_AUTH=' "$TMP/child.env"
 # a variable dlock does not take its password from reaches the command
 PGPASSWORD=kept env_of "PGPASSWORD on a Redis store" --store "$URI"
-grep -q '^PGPASSWORD=kept$' "$TMP/child.env" &&
-    pass "PGPASSWORD, not the store's, still reaches the command" ||
-    fail "PGPASSWORD was taken from the command of a Redis store"
+expect "PGPASSWORD, not the store's, still reaches the command" \
+    grep -q '^PGPASSWORD=kept$' "$TMP/child.env"
 
 # --------------------------------------------------------------------------
 # password_file
@@ -285,7 +304,7 @@ fi
 leaks "the refused password_file's error" "$TMP/out" "$TMP/err"
 chmod 600 "$TMP/pw"
 dl status --store "redis://:x@127.0.0.1:$REDIS_PORT/0?password_file=$TMP/pw" s1
-[ "$RC" -eq 64 ] && pass "a password and a password_file: refused (64)" ||
-    fail "a password and a password_file: exit $RC, expected 64"
+expect "a password and a password_file: refused (exit $RC, want 64)" \
+    [ "$RC" -eq 64 ]
 
 finish
