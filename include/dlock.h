@@ -201,7 +201,15 @@ typedef struct dlock_options {
  * or $XDG_*: every session of a user, cron and sudo included, finds the
  * same directory; docs/stores.md, "The default store"). dlock_client_store()
  * shows it.
- * Percent-escapes (%40 for '@', ...) are decoded in user and password.
+ * Percent-escapes (%40 for '@', ...) are decoded in user and password; a
+ * URI with an '@' after the host part and a ':' before it (a password with
+ * an unescaped '/' or '?') is refused, and so is a query parameter named
+ * like a secret (password=, token=, ...). The password, where the URI has
+ * none: ?password_file=FILE (its one line; a regular file others cannot
+ * read nor its group write, else DLOCK_EAUTH), else $DLOCK_PASSWORD, else
+ * for the Redis schemes $REDISCLI_AUTH, else what the client library reads
+ * (libpq: PGPASSWORD, PGPASSFILE; libmariadb: MYSQL_PWD). docs/stores.md,
+ * "Passwords".
  *
  * Connects (network stores) and starts the client's background thread.
  * The first client of a store other than file:// loads that store's module
