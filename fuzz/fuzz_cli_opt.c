@@ -16,6 +16,8 @@
 #include "cli.h"
 #include <dlock.h>
 
+#include <dlock.h>
+
 #include <stdio.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -62,10 +64,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(out);
 
     /* argv from the remaining fields: each argument in its own buffer */
-    char *argv[16];
+    char *argv[16], *orig[16], *shown[16];
     int argc = 0;
-    while (argc < 16 && f.p)
-        argv[argc++] = fz_field(&f, NULL);
+    while (argc < 16 && f.p) {
+        orig[argc] = argv[argc] = fz_field(&f, NULL);
+        shown[argc] = fz_dup(orig[argc], strlen(orig[argc]));
+        argc++;
+    }
     static const char *const names[] = {"--store", "--wait", "--ttl", "-w"};
     for (int i = 0; i < argc; i++) {
         const char *value = NULL;
@@ -76,7 +81,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (r == 0 && k != i)
             fz_fail("cli_opt_value moved without a match");
     }
-    for (int i = 0; i < argc; i++)
-        free(argv[i]);
+    for (int i = 0; i < argc; i++) {
+        /* a --store value: argv[i] became a copy of the argument as it
+         * was, and the original shows no password, at the same length */
+        if (argv[i] != orig[i]) {
+            if (strcmp(argv[i], shown[i]) != 0 ||
+                strlen(orig[i]) != strlen(shown[i]))
+                fz_fail("cli_opt_value: a --store copy differs");
+            char *want = fz_dup(shown[i], strlen(shown[i]));
+            char *want2 = fz_dup(shown[i], strlen(shown[i]));
+            dlock_uri_redact(want, DLOCK_REDACT_STARS, want,
+                             strlen(want) + 1);
+            if (!strncmp(want2, "--store=", 8))
+                dlock_uri_redact(want2 + 8, DLOCK_REDACT_STARS, want2 + 8,
+                                 strlen(want2 + 8) + 1);
+            if (strcmp(orig[i], want) != 0 && strcmp(orig[i], want2) != 0)
+                fz_fail("cli_opt_value: argv shows %s", orig[i]);
+            free(want);
+            free(want2);
+            free(argv[i]);
+        }
+        free(orig[i]);
+        free(shown[i]);
+    }
     return 0;
 }

@@ -76,6 +76,20 @@ URIS = [
 
 for u in URIS:
     put("uri", u)
+for u in ["postgres://127.0.0.1:1/S3cret@db/appdb", "redis://u:p%2Fw@h?password=x&y",
+          "file:///tmp/a@b", "redis://h:6379/0?prefix=a@b", "redis://h?Pass%77ord=1"]:
+    put("uri", u)
+
+# fuzz_redact: scheme index, layout bits, then password, user, hosts, path,
+# query (fuzz_redact.c)
+for sch, lay, pw, user, hosts, path, query in [
+    (9, 0x2F, "S3c/r?t@%:", "alice", "db:5432", "appdb", "sslmode=require"),
+    (5, 0x6E, "p@ss&w=1", "u", "r1:1,r2:2", "", "node_timeout=5"),
+    (2, 0x0A, "a/b?c", "", "", "run/redis.sock", ""),
+    (15, 0x03, "//x@y", "w", "h", "", ""),
+    (7, 0x96, "tok?en&x", "root", "e1:2379", "", "prefix=p@q:r"),
+]:
+    put("redact", bytes([sch, lay]) + fields(pw, user, hosts, path, query))
 
 def i64(v):
     return (v & 0xffffffffffffffff).to_bytes(8, "big")

@@ -216,7 +216,15 @@ typedef struct dlock_options {
  * or $XDG_*: every session of a user, cron and sudo included, finds the
  * same directory; docs/stores.md, "The default store"). dlock_client_store()
  * shows it.
- * Percent-escapes (%40 for '@', ...) are decoded in user and password.
+ * Percent-escapes (%40 for '@', ...) are decoded in user and password; a
+ * URI with an '@' after the host part and a ':' before it (a password with
+ * an unescaped '/' or '?') is refused, and so is a query parameter named
+ * like a secret (password=, token=, ...). The password, where the URI has
+ * none: ?password_file=FILE (its one line; a regular file others cannot
+ * read nor its group write, else DLOCK_EAUTH), else $DLOCK_PASSWORD, else
+ * for the Redis schemes $REDISCLI_AUTH, else what the client library reads
+ * (libpq: PGPASSWORD, PGPASSFILE; libmariadb: MYSQL_PWD). docs/stores.md,
+ * "Passwords".
  *
  * Connects (network stores) and starts the client's background thread.
  * The first client of a store other than file:// loads that store's module
@@ -261,6 +269,32 @@ DLOCK_EXTERN void dlock_client_close(dlock_client *c);
  * Thread-safety: any thread.
  */
 DLOCK_EXTERN const char *dlock_client_store(const dlock_client *c);
+
+/* Ways of dlock_uri_redact() (0: each secret becomes "***"). */
+#define DLOCK_REDACT_STARS 0x1u /* each secret byte becomes '*': same
+                                 * length (to overwrite argv in place) */
+#define DLOCK_REDACT_DROP 0x2u  /* the password and its ':' (and an empty
+                                 * user's '@') are left out, and so is a
+                                 * secret query parameter: a URI to hand on
+                                 * without its secrets */
+
+/*
+ * Writes the store URI `uri` with its secrets hidden into `out` (`cap`
+ * bytes, NUL-terminated when cap > 0, truncated to fit); returns the length
+ * of the whole result, like snprintf() (call with cap 0 to size a buffer).
+ * Works on any string, well-formed or not: the secret is everything the URI
+ * parser could take for a password -- from the first ':' after "://" up to
+ * the LAST '@' (dlock_client_open() refuses a URI with an '@' past the host
+ * part and a ':' before it, so for a URI it accepts this is the password
+ * exactly) -- and the value, up to the end, of any query parameter named
+ * like a secret (password, token, ...; the URI parser refuses those).
+ * `how`: 0, DLOCK_REDACT_STARS or DLOCK_REDACT_DROP. With
+ * DLOCK_REDACT_STARS `out` may be `uri` itself; otherwise they must not
+ * overlap. `uri` NULL counts as "". Allocates nothing.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN size_t dlock_uri_redact(const char *uri, unsigned how,
+                                     char *out, size_t cap);
 
 /* ------------------------------------------------------------------------ */
 /* Locks                                                                    */

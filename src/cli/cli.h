@@ -118,7 +118,10 @@ void cli_format_duration(int64_t ms, char *buf, size_t cap);
 
 /* Option parsing: if argv[*i] is --name or --name=value, takes the value
  * (from the same or the next argument) and returns 1; 0 if not this
- * option; -1 (after a message) if the value is missing. */
+ * option; -1 (after a message) if the value is missing. For --store, whose
+ * URI may hold a password, the argument becomes a malloc'd copy in argv[]
+ * (never freed) and the password in the original bytes, the ones
+ * /proc/PID/cmdline shows, is overwritten with '*'. */
 int cli_opt_value(int argc, char **argv, int *i, const char *name,
                   const char **value);
 

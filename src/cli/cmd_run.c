@@ -9,8 +9,9 @@
  * CMD runs under a supervisor process (tree.c): dlock and the supervisor
  * are child subreapers, so every process CMD starts stays in the tree that
  * dlock stops; if dlock dies, the supervisor SIGKILLs the tree. CMD gets
- * no descriptor dlock did not inherit, and DLOCK_STORE without its
- * password.
+ * no descriptor dlock did not inherit, DLOCK_STORE without its
+ * password, and none of the variables the store's password may come from
+ * (docs/stores.md, "Passwords").
  *
  * Signals: after the lock is taken, dlock blocks INT/TERM/HUP/QUIT/CHLD and
  * reads them from a signalfd. Signals sent by a process (kill) are passed
@@ -51,7 +52,9 @@ static const char run_usage[] =
     "\n"
     "Runs CMD while holding lock NAME; the lease is renewed while CMD runs,\n"
     "and the lock released when it exits. CMD sees DLOCK_NAME and\n"
-    "DLOCK_TOKEN (the fencing token) in its environment.\n"
+    "DLOCK_TOKEN (the fencing token) in its environment, DLOCK_STORE\n"
+    "without its password, and not DLOCK_PASSWORD (nor REDISCLI_AUTH,\n"
+    "PGPASSWORD, MYSQL_PWD for a store of that kind).\n"
     "\n"
     "  --store URI        the store (default: $DLOCK_STORE, else lock files\n"
     "                     in ~/.local/state/dlock, ~ being your home in the\n"
@@ -265,39 +268,62 @@ static void on_event(const dlock_event *e, void *arg)
     }
 }
 
-/* v without the password of its URI's user information
- * ("redis://u:secret@h" -> "redis://u@h", ":secret@h" -> "h"): the only
- * secret a store URI holds. Malloc'd; NULL out of memory. */
+/* v without its secrets (dlock_uri_redact(): "redis://u:secret@h" ->
+ * "redis://u@h", ":secret@h" -> "h", a secret query parameter left out).
+ * Malloc'd; NULL out of memory. */
 static char *without_password(const char *v)
 {
-    const char *auth = strstr(v, "://");
-    char *r = strdup(v);
+    size_t n = dlock_uri_redact(v, DLOCK_REDACT_DROP, NULL, 0);
+    char *r = malloc(n + 1);
 
-    if (!r || !auth)
-        return r;
-    auth += 3;
-    size_t al = strcspn(auth, "/?");
-    const char *at = NULL;
-    for (size_t i = 0; i < al; i++)
-        if (auth[i] == '@')
-            at = auth + i;
-    if (!at)
-        return r;
-    const char *colon = memchr(auth, ':', (size_t)(at - auth));
-    size_t o = (size_t)(auth - v);
-    if (colon && colon == auth) {
-        /* no user: no user information at all */
-        memmove(r + o, r + o + (size_t)(at + 1 - auth), strlen(at + 1) + 1);
-    } else if (colon) {
-        o += (size_t)(colon - auth);
-        memmove(r + o, r + o + (size_t)(at - colon), strlen(at) + 1);
-    }
+    if (r)
+        dlock_uri_redact(v, DLOCK_REDACT_DROP, r, n + 1);
     return r;
 }
 
+/* Is environ entry e NAME=...? */
+static int env_is(const char *e, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(e, name, n) == 0 && e[n] == '=';
+}
+
+/* Variables the store's password may have come from (docs/stores.md,
+ * "Passwords"), kept from CMD: dlock's own always, the ones of a store's
+ * client library when `store` (dlock_client_store()) is of that kind. */
+static int credential_var(const char *e, const char *store)
+{
+    static const struct {
+        const char *var, *schemes; /* ' '-separated "scheme:" prefixes */
+    } vars[] = {
+        {"DLOCK_PASSWORD", ""},
+        {"REDISCLI_AUTH", "redis: rediss: unix: redis-sentinel: "
+                          "redis-cluster: redlock:"},
+        {"PGPASSWORD", "postgres: postgresql:"},
+        {"MYSQL_PWD", "mysql: mariadb:"},
+    };
+    size_t sl = strcspn(store, ":");
+
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        if (!env_is(e, vars[i].var))
+            continue;
+        if (!vars[i].schemes[0])
+            return 1;
+        for (const char *p = vars[i].schemes; *p;) {
+            size_t l = strcspn(p, " ");
+            if (l == sl + 1 && !strncmp(p, store, sl + 1))
+                return 1;
+            p += l;
+            p += strspn(p, " ");
+        }
+    }
+    return 0;
+}
+
 /* environ plus DLOCK_NAME and DLOCK_TOKEN (replacing any earlier ones),
- * DLOCK_STORE without its password. */
-static char **child_env(const char *name, uint64_t token)
+ * DLOCK_STORE without its password, and none of the variables a password
+ * of `store` may have come from. */
+static char **child_env(const char *name, uint64_t token, const char *store)
 {
     size_t n = 0, o = 0;
     char **env;
@@ -308,23 +334,24 @@ static char **child_env(const char *name, uint64_t token)
     if (!env)
         return NULL;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "DLOCK_NAME=", 11) &&
-            strncmp(environ[i], "DLOCK_TOKEN=", 12) &&
-            strncmp(environ[i], "DLOCK_STORE=", 12))
+        if (!env_is(environ[i], "DLOCK_NAME") &&
+            !env_is(environ[i], "DLOCK_TOKEN") &&
+            !env_is(environ[i], "DLOCK_STORE") &&
+            !credential_var(environ[i], store))
             env[o++] = environ[i];
     size_t nl = strlen(name) + 12;
-    const char *store = getenv("DLOCK_STORE");
+    const char *dstore = getenv("DLOCK_STORE");
     env[o] = malloc(nl);
     env[o + 1] = malloc(40);
     env[o + 2] = NULL;
-    if (store) {
-        char *clean = without_password(store);
+    if (dstore) {
+        char *clean = without_password(dstore);
         env[o + 2] = clean ? malloc(strlen(clean) + 13) : NULL;
         if (env[o + 2])
             sprintf(env[o + 2], "DLOCK_STORE=%s", clean);
         free(clean);
     }
-    if (!env[o] || !env[o + 1] || (store && !env[o + 2])) {
+    if (!env[o] || !env[o + 1] || (dstore && !env[o + 2])) {
         free(env[o]);
         free(env[o + 1]);
         free(env[o + 2]);
@@ -900,7 +927,7 @@ int cmd_run(int argc, char **argv)
     ign.sa_handler = SIG_IGN;
     sigaction(SIGPIPE, &ign, &old_pipe);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    char **env = child_env(o.name, dlock_token(l));
+    char **env = child_env(o.name, dlock_token(l), dlock_client_store(c));
     size_t env_ours = getenv("DLOCK_STORE") ? 3 : 2;
     cli_spawn sp;
     run_state r;

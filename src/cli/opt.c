@@ -100,6 +100,39 @@ void cli_format_duration(int64_t ms, char *buf, size_t cap)
                  (long long)(ms / 60000 % 60));
 }
 
+/* Options whose value may hold a password: a store URI. */
+static int secret_option(const char *name)
+{
+    return strcmp(name, "--store") == 0;
+}
+
+/* argv[k] holds a store URI from byte `off` on: argv[k] becomes a
+ * malloc'd copy (it lives as long as the process, reachable from argv),
+ * and the password in the original bytes -- the ones /proc/PID/cmdline
+ * and ps(1) show every user -- is overwritten with '*', as mysql(1) does.
+ * The bytes keep their length and the rest of the URI stays readable. */
+static const char *hide_secret(char **argv, int k, size_t off)
+{
+    char *orig = argv[k];
+    size_t n = strlen(orig);
+    char *copy = strdup(orig);
+
+    if (!copy) /* the URI is used all the same; the password stays */
+        return orig + off;
+    dlock_uri_redact(orig + off, DLOCK_REDACT_STARS, copy + off, n - off + 1);
+    if (strcmp(copy, orig) == 0) { /* nothing secret: argv as it was */
+        free(copy);
+        return orig + off;
+    }
+    for (size_t i = off; i < n; i++) { /* the stars to argv, the URI kept */
+        char t = orig[i];
+        orig[i] = copy[i];
+        copy[i] = t;
+    }
+    argv[k] = copy;
+    return copy + off;
+}
+
 int cli_opt_value(int argc, char **argv, int *i, const char *name,
                   const char **value)
 {
@@ -109,7 +142,8 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name,
     if (strncmp(a, name, n) != 0)
         return 0;
     if (a[n] == '=') {
-        *value = a + n + 1;
+        *value = secret_option(name) ? hide_secret(argv, *i, n + 1)
+                                     : a + n + 1;
         return 1;
     }
     if (a[n] != '\0')
@@ -118,6 +152,7 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name,
         cli_err("%s needs a value", name);
         return -1;
     }
-    *value = argv[++*i];
+    ++*i;
+    *value = secret_option(name) ? hide_secret(argv, *i, 0) : argv[*i];
     return 1;
 }

@@ -327,6 +327,8 @@ int dlock_client_open(dlock_client **out, const char *uri,
         uri = defuri;
     }
     rc = dlock__uri_parse(uri, &u);
+    if (!rc && (rc = dlock__uri_take_password(&u)) != DLOCK_OK)
+        dlock__uri_free(&u);
     if (rc)
         return rc;
     rc = dlock__store_open(u.scheme, &be, &module);

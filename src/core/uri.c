@@ -11,8 +11,12 @@
 #include "internal.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static int hexval(int ch)
 {
@@ -169,6 +173,54 @@ static int parse_hosts(const char *s, size_t len, dlock__uri *u)
     return DLOCK_OK;
 }
 
+/* Query parameter names that name a secret (decoded, any case): a password
+ * goes in the user information or in password_file=, never in the query,
+ * and the redactor hides the value of any such parameter. password_file
+ * names a file, not a secret. */
+static int secret_key(const char *k, size_t n)
+{
+    static const char *const words[] = {"pass", "pwd", "secret", "token",
+                                        "auth", "credential", NULL};
+    char low[129];
+
+    if (n >= sizeof(low))
+        return 1; /* too long to tell: hide it */
+    for (size_t i = 0; i < n; i++)
+        low[i] = (char)tolower((unsigned char)k[i]);
+    low[n] = '\0';
+    if (strcmp(low, "password_file") == 0)
+        return 0;
+    for (int i = 0; words[i]; i++)
+        if (strstr(low, words[i]))
+            return 1;
+    return 0;
+}
+
+/* The raw key s[0..n) decoded into buf (cap bytes); its decoded length, or
+ * cap when it does not fit. A bad escape stays as it is. */
+static size_t decode_key(const char *s, size_t n, char *buf, size_t cap)
+{
+    size_t o = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (o + 1 >= cap)
+            return cap;
+        int a = -1, b = -1;
+        if (s[i] == '%' && i + 2 < n) {
+            a = hexval((unsigned char)s[i + 1]);
+            b = hexval((unsigned char)s[i + 2]);
+        }
+        if (a >= 0 && b >= 0 && (a || b)) {
+            buf[o++] = (char)(a * 16 + b);
+            i += 2;
+        } else {
+            buf[o++] = s[i];
+        }
+    }
+    buf[o] = '\0';
+    return o;
+}
+
 static int parse_query(const char *s, size_t len, dlock__uri *u)
 {
     size_t count = 1;
@@ -219,33 +271,150 @@ static int parse_query(const char *s, size_t len, dlock__uri *u)
     return DLOCK_OK;
 }
 
-static int build_redacted(const char *s, const char *auth, const char *at,
-                          dlock__uri *u)
+/* Where the secrets of s lie, by the parser's own rules taken
+ * conservatively so that they hold for any string, well-formed or not:
+ * - the password: after the first ':' that follows "scheme://" (or the
+ *   start of s without one), up to the LAST '@' of s. The parser takes the user
+ *   information up to the last '@' of the host part, and refuses a URI
+ *   with an '@' past the host part and a ':' before it (a password with an
+ *   unescaped '/' or '?'), so for every URI it accepts both agree; for
+ *   anything else everything that may be a password is hidden.
+ * - the value of a query parameter that names a secret (secret_key()),
+ *   up to the end of s: an unescaped '&' in it ends nothing.
+ * *pw_colon is the ':' (or -1), *pw_end the '@' (the password is
+ * (pw_colon, pw_end)); *q_start the '?' or '&' before a secret query
+ * parameter and *q_val the start of its value (or -1 both). *auth is
+ * where the user information would start. */
+typedef struct secrets {
+    long auth, pw_colon, pw_end, q_start, q_val;
+} secrets;
+
+static void find_secrets(const char *s, secrets *f)
 {
-    size_t n = strlen(s) + 8;
-    char *r = malloc(n);
+    const char *sep = strstr(s, "://");
+    size_t a = 0;
+    const char *at = NULL, *q;
+
+    /* "scheme://" counts only when a scheme comes before it: then nothing
+     * before it can be secret (it holds no ':'); else everything counts */
+    if (sep && sep > s && isalpha((unsigned char)s[0])) {
+        a = (size_t)(sep - s) + 3;
+        for (const char *p = s; p < sep; p++)
+            if (!isalnum((unsigned char)*p) && !strchr("+-.", *p))
+                a = 0;
+    }
+
+    f->auth = (long)a;
+    f->pw_colon = f->pw_end = f->q_start = f->q_val = -1;
+    for (const char *p = s + a; *p; p++)
+        if (*p == '@')
+            at = p;
+    if (at) {
+        const char *colon = memchr(s + a, ':', (size_t)(at - (s + a)));
+        if (colon) {
+            f->pw_colon = (long)(colon - s);
+            f->pw_end = (long)(at - s);
+        }
+    }
+    /* a secret query parameter: any name that follows a '?' or an '&'
+     * once a '?' came (inside a malformed password too) */
+    q = strchr(s + a, '?');
+    if (!q)
+        return;
+    for (const char *p = q + 1;; p++) {
+        if (p[-1] == '?' || p[-1] == '&') {
+            size_t kl = strcspn(p, "=&");
+            char key[130];
+            if (kl && secret_key(key, decode_key(p, kl, key, sizeof(key)))) {
+                f->q_start = (long)(p - s) - 1;
+                f->q_val = (long)(p - s + (long)kl) + (p[kl] == '=');
+                return;
+            }
+        }
+        if (!*p)
+            return;
+    }
+}
+
+size_t dlock_uri_redact(const char *uri, unsigned how, char *out, size_t cap)
+{
+    secrets f;
+    size_t n, o = 0;
+
+    if (!uri)
+        uri = "";
+    n = strlen(uri);
+    find_secrets(uri, &f);
+    /* [0, a1) r1 [b1, a2) r2: the password [a1, b1) and a secret query
+     * value [a2, n), merged when they overlap (a malformed string) */
+    int drop = (how & DLOCK_REDACT_DROP) != 0;
+    size_t a1 = n, b1 = n, a2 = n;
+    const char *r1 = NULL, *r2 = NULL;
+    if (f.pw_colon >= 0) {
+        a1 = (size_t)f.pw_colon + !drop;
+        b1 = (size_t)f.pw_end;
+        if (drop && (long)a1 == f.auth) /* no user: no user information */
+            b1++;
+        r1 = drop ? "" : "***";
+    }
+    if (f.q_val >= 0) {
+        a2 = (size_t)(drop ? f.q_start : f.q_val);
+        r2 = drop ? "" : "***";
+    }
+    if (r1 && r2 && a2 <= b1) {
+        a1 = a2 < a1 ? a2 : a1;
+        b1 = n;
+        r2 = NULL;
+    } else if (!r1 && r2) {
+        a1 = a2;
+        b1 = n;
+        r1 = r2;
+        r2 = NULL;
+    }
+    if (how & DLOCK_REDACT_STARS) { /* same length, in place allowed */
+        if (cap == 0)
+            return n;
+        size_t m = n < cap - 1 ? n : cap - 1;
+        if (out != uri)
+            memmove(out, uri, m);
+        for (size_t i = 0; i < m; i++)
+            if ((f.pw_colon >= 0 && (long)i > f.pw_colon &&
+                 (long)i < f.pw_end) ||
+                (f.q_val >= 0 && (long)i >= f.q_val))
+                out[i] = '*';
+        out[m] = '\0';
+        return n;
+    }
+#define EMIT(src, len)                                                        \
+    do {                                                                      \
+        size_t l_ = (len);                                                    \
+        if (o < cap) {                                                        \
+            size_t c_ = o + l_ < cap ? l_ : cap - 1 - o;                      \
+            memcpy(out + o, (src), c_);                                       \
+        }                                                                     \
+        o += l_;                                                              \
+    } while (0)
+    EMIT(uri, a1);
+    if (r1) {
+        EMIT(r1, strlen(r1));
+        EMIT(uri + b1, (r2 ? a2 : n) - b1);
+        if (r2)
+            EMIT(r2, strlen(r2));
+    }
+#undef EMIT
+    if (cap)
+        out[o < cap ? o : cap - 1] = '\0';
+    return o;
+}
+
+static int build_redacted(const char *s, dlock__uri *u)
+{
+    size_t n = dlock_uri_redact(s, 0, NULL, 0);
+    char *r = malloc(n + 1);
 
     if (!r)
         return dlock__err(DLOCK_ENOMEM, "out of memory");
-    if (!at) {
-        memcpy(r, s, strlen(s) + 1);
-    } else {
-        size_t pre = (size_t)(auth - s); /* "scheme://" */
-        const char *colon = memchr(auth, ':', (size_t)(at - auth));
-        size_t ul = colon ? (size_t)(colon - auth) : (size_t)(at - auth);
-        size_t o;
-
-        memcpy(r, s, pre);
-        o = pre;
-        memcpy(r + o, auth, ul);
-        o += ul;
-        if (colon) {
-            memcpy(r + o, ":***", 4);
-            o += 4;
-        }
-        size_t rest = strlen(at);
-        memcpy(r + o, at, rest + 1);
-    }
+    dlock_uri_redact(s, 0, r, n + 1);
     u->redacted = r;
     return DLOCK_OK;
 }
@@ -300,7 +469,34 @@ int dlock__uri_parse(const char *s, dlock__uri *out)
         if (auth[i] == '@')
             at = auth + i;
 
-    rc = build_redacted(s, auth, at, &u);
+    /* An '@' past the host part with a ':' before it may end a password
+     * holding an unescaped '/' or '?': refused, so that what the redactor
+     * hides (up to the last '@') is always the whole password. */
+    const char *last_at = strrchr(auth, '@');
+    if (last_at && last_at >= auth + al &&
+        memchr(auth, ':', (size_t)(last_at - auth))) {
+        rc = dlock__err(DLOCK_EINVAL,
+                        "store URI has an '@' after the host part and a ':' "
+                        "before it: escape '/', '?' and '@' in a password "
+                        "(and '@' in a path or a query) as %%2F, %%3F and "
+                        "%%40");
+        goto fail;
+    }
+
+    /* before any message names a parameter: a parameter named like a
+     * secret (found as the redactor finds it: its value, up to the end,
+     * may hold an '&') */
+    secrets f;
+    find_secrets(s, &f);
+    if (f.q_val >= 0) {
+        rc = dlock__err(DLOCK_EINVAL,
+                        "store URI: a password goes in the user information "
+                        "(user:password@) or in a file named by "
+                        "password_file=, never in a query parameter");
+        goto fail;
+    }
+
+    rc = build_redacted(s, &u);
     if (rc)
         goto fail;
 
@@ -386,5 +582,144 @@ int dlock__uri_check_params(const dlock__uri *u, const char *const *allowed)
                               "store URI: unknown parameter '%s' for %s://",
                               u->params[i].key, u->scheme);
     }
+    return DLOCK_OK;
+}
+
+/* The longest password a password_file may hold. */
+#define PASSWORD_FILE_MAX 4096
+
+/* The password held by the file at `path`: its first line, which must be
+ * the only one (a final "\n" or "\r\n" is not part of it). The file
+ * must be a regular file that other users cannot read or write and its
+ * group cannot write (like ~/.pgpass: 0600, 0400, or 0640/0440 for a
+ * service's group). Malloc'd into *out. */
+static int read_password_file(const char *path, char **out)
+{
+    char *buf = NULL;
+    struct stat st;
+    ssize_t got = 0;
+    int fd, rc = DLOCK_OK;
+
+    *out = NULL;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return dlock__err(DLOCK_EAUTH, "store URI: password_file %.200s: %s",
+                          path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = dlock__err(DLOCK_EAUTH, "store URI: password_file %.200s is "
+                                     "not a regular file",
+                        path);
+        goto out;
+    }
+    if (st.st_mode & (S_IRWXO | S_IWGRP)) {
+        rc = dlock__err(DLOCK_EAUTH,
+                        "store URI: password_file %.200s may be read or "
+                        "written by other users (mode %04o): chmod it "
+                        "0600 (or 0640 for a group)",
+                        path, (unsigned)(st.st_mode & 07777));
+        goto out;
+    }
+    buf = malloc(PASSWORD_FILE_MAX + 2);
+    if (!buf) {
+        rc = dlock__err(DLOCK_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (;;) { /* to the end, or one byte past the limit */
+        ssize_t r = read(fd, buf + got, (size_t)(PASSWORD_FILE_MAX + 2 - got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = dlock__err(DLOCK_EAUTH, "store URI: password_file %.200s: "
+                                         "%s",
+                            path, strerror(errno));
+            goto out;
+        }
+        if (r == 0 || (got += r) >= PASSWORD_FILE_MAX + 2)
+            break;
+    }
+    size_t n = (size_t)got;
+    if (n && buf[n - 1] == '\n') {
+        n--;
+        if (n && buf[n - 1] == '\r')
+            n--;
+    }
+    if (n > PASSWORD_FILE_MAX || memchr(buf, '\n', n) || memchr(buf, 0, n) ||
+        n == 0) {
+        rc = dlock__err(DLOCK_EINVAL,
+                        "store URI: password_file %.200s must hold one line "
+                        "of 1 to %d bytes (no NUL): the password",
+                        path, PASSWORD_FILE_MAX);
+        goto out;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    buf = NULL;
+out:
+    if (buf) {
+        dlock__wipe(buf, PASSWORD_FILE_MAX + 2);
+        free(buf);
+    }
+    close(fd);
+    return rc;
+}
+
+/* Stores whose URIs take no password. */
+static int takes_password(const char *scheme)
+{
+    return strcmp(scheme, "file") != 0 && strcmp(scheme, "sqlite") != 0;
+}
+
+static int is_redis(const char *scheme)
+{
+    return !strcmp(scheme, "redis") || !strcmp(scheme, "rediss") ||
+           !strcmp(scheme, "unix") || !strcmp(scheme, "redis-sentinel") ||
+           !strcmp(scheme, "redis-cluster") || !strcmp(scheme, "redlock");
+}
+
+int dlock__uri_take_password(dlock__uri *u)
+{
+    const char *file = dlock__uri_param(u, "password_file");
+    const char *env = NULL;
+
+    if (file) {
+        char *pw;
+        int rc;
+        if (u->password)
+            return dlock__err(DLOCK_EINVAL,
+                              "store URI: a password and a password_file: "
+                              "give one of them");
+        if (!takes_password(u->scheme))
+            return dlock__err(DLOCK_EINVAL,
+                              "store URI: %s:// takes no password_file",
+                              u->scheme);
+        if (!file[0])
+            return dlock__err(DLOCK_EINVAL,
+                              "store URI: password_file is empty");
+        rc = read_password_file(file, &pw);
+        if (rc)
+            return rc;
+        u->password = pw;
+        /* the store sees the password, not the parameter */
+        for (size_t i = 0; i < u->nparams; i++) {
+            if (strcmp(u->params[i].key, "password_file") != 0)
+                continue;
+            free(u->params[i].key);
+            free(u->params[i].value);
+            memmove(&u->params[i], &u->params[i + 1],
+                    (u->nparams - i - 1) * sizeof(u->params[0]));
+            u->nparams--;
+            break;
+        }
+        return DLOCK_OK;
+    }
+    if (u->password || !takes_password(u->scheme))
+        return DLOCK_OK;
+    env = getenv("DLOCK_PASSWORD");
+    if ((!env || !*env) && is_redis(u->scheme))
+        env = getenv("REDISCLI_AUTH");
+    if (!env || !*env)
+        return DLOCK_OK;
+    if (!(u->password = strdup(env)))
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
     return DLOCK_OK;
 }

@@ -40,6 +40,14 @@ typedef struct dlock__uri {
  * failure *out is left empty (safe to free). */
 int dlock__uri_parse(const char *s, dlock__uri *out);
 
+/* Completes the password of a parsed URI (docs/stores.md, "Passwords"):
+ * from the file named by ?password_file= (then removed from the
+ * parameters; with a password in the URI too: DLOCK_EINVAL), else, when
+ * the URI has none and its store takes one, from $DLOCK_PASSWORD, else
+ * for the Redis schemes $REDISCLI_AUTH. DLOCK_OK, or an error with a
+ * message that never holds the password. */
+int dlock__uri_take_password(dlock__uri *u);
+
 /* Frees everything in *u and wipes the password. */
 void dlock__uri_free(dlock__uri *u);
 

@@ -6,6 +6,8 @@
 #include "cli.h"
 #include "test.h"
 
+#include <stdlib.h>
+
 /* Parses `s`; fails the test unless it gives `want` ms. */
 static void dur_ok_at(const char *file, int line, const char *s,
                       int allow_forever, int64_t want)
@@ -353,6 +355,43 @@ TEST(exit_codes)
     CHECK_EQ(CLI_EX_NOTFOUND, 127);
 }
 
+/* A --store URI with a password: the caller gets it whole, while argv's
+ * own bytes -- what /proc/PID/cmdline shows every user -- show stars in
+ * its place, at the same length (issue 34). */
+TEST(opt_value_store_password_hidden)
+{
+    char a1[] = "--store=redis://u:S3cr/t?x@h:6379/0";
+    char a2[] = "postgres://127.0.0.1:1/S3cret@db/app";
+    char a3[] = "--store";
+    char a4[] = "redis://h";
+    char run[] = "run";
+    char *argv1[] = {run, a1, NULL};
+    char *argv2[] = {run, a3, a2, NULL};
+    char *argv3[] = {run, a3, a4, NULL};
+    const char *v;
+    int i;
+
+    i = 1;
+    CHECK_EQ(cli_opt_value(2, argv1, &i, "--store", &v), 1);
+    CHECK_STR(v, "redis://u:S3cr/t?x@h:6379/0");
+    CHECK_STR(a1, "--store=redis://u:********@h:6379/0");
+    CHECK(argv1[1] != a1);
+    free(argv1[1]);
+
+    i = 1;
+    CHECK_EQ(cli_opt_value(3, argv2, &i, "--store", &v), 1);
+    CHECK_EQ(i, 2);
+    CHECK_STR(v, "postgres://127.0.0.1:1/S3cret@db/app");
+    CHECK_STR(a2, "postgres://127.0.0.1:********@db/app");
+    free(argv2[2]);
+
+    /* nothing secret: argv untouched, no copy */
+    i = 1;
+    CHECK_EQ(cli_opt_value(3, argv3, &i, "--store", &v), 1);
+    CHECK(v == a4);
+    CHECK_STR(a4, "redis://h");
+}
+
 static const th_test tests[] = {
     T(duration_units),
     T(duration_limits),
@@ -361,6 +400,7 @@ static const th_test tests[] = {
     T(duration_bad),
     T(duration_format),
     T(opt_value_forms),
+    T(opt_value_store_password_hidden),
     T(exit_codes),
     {NULL, NULL, 0},
 };

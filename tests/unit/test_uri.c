@@ -10,6 +10,10 @@
 #include "uri.h"
 
 #include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The password must not leak: not in the thread's last error message, not
  * in u->redacted (when the parse succeeded). Each secret is checked both as
@@ -568,6 +572,273 @@ TEST(uri_password_unescaped_delimiter_not_in_error)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Redaction of any password byte (issue 34)                                */
+/* ------------------------------------------------------------------------ */
+
+/* Every URI kind, with a password holding '/', '?', '@', '%' and ':'
+ * unescaped: the parser refuses it without a piece of the password in its
+ * message, and dlock_uri_redact() hides all of it in every form. */
+static const char *const every_kind[] = {
+    "redis://u:%s@h:6379/0",
+    "rediss://u:%s@h:6380?cacert=/c.pem",
+    "unix://u:%s@/run/redis.sock?db=1",
+    "redis-sentinel://u:%s@s1:26379,s2:26379/mymaster",
+    "redis-cluster://u:%s@c1:7000,c2:7001",
+    "redlock://u:%s@r1:6379,r2:6380,r3:6381/0?node_timeout=50",
+    "zk://u:%s@z1:2181,z2:2181/dlock",
+    "etcd://u:%s@e1:2379,e2:2379?prefix=p",
+    "etcds://u:%s@e1:2379?cacert=/c.pem",
+    "postgres://u:%s@db:5432/appdb?sslmode=require",
+    "postgresql://u:%s@db1,db2:5433/appdb",
+    "mysql://u:%s@db:3306/appdb",
+    "mariadb://u:%s@db/appdb?table=t",
+    "sqlite://u:%s@/var/lib/x.db",
+    "file://u:%s@/var/lock/dlock",
+    NULL};
+
+static void check_hidden(const char *uri, const char *const *pieces)
+{
+    static const unsigned hows[] = {0, DLOCK_REDACT_STARS, DLOCK_REDACT_DROP};
+    char buf[512];
+
+    for (size_t h = 0; h < 3; h++) {
+        size_t n = dlock_uri_redact(uri, hows[h], buf, sizeof(buf));
+        CHECK(n < sizeof(buf));
+        CHECK_EQ(strlen(buf), n);
+        for (size_t i = 0; pieces[i]; i++)
+            if (strstr(buf, pieces[i]))
+                th_fail(__FILE__, __LINE__, "redact(%u) of %s: %s shows %s",
+                        hows[h], uri, buf, pieces[i]);
+        if (hows[h] == DLOCK_REDACT_STARS)
+            CHECK_EQ(n, strlen(uri));
+    }
+}
+
+TEST(uri_redact_every_kind_any_byte)
+{
+    static const char *const pws[] = {"S3cret/x?y@z%41:w", "ab/S3cret",
+                                      "S3cret?q=1@x", "p@ss:S3cret/",
+                                      "%zz:S3cret?password=1&x@", NULL};
+    static const char *const pieces[] = {"S3cret", NULL};
+
+    for (size_t k = 0; every_kind[k]; k++)
+        for (size_t p = 0; pws[p]; p++) {
+            char uri[256];
+            snprintf(uri, sizeof(uri), every_kind[k], pws[p]);
+            check_hidden(uri, pieces);
+            parse_bad(uri, pieces, NULL);
+        }
+}
+
+/* The issue's URI: a password with an unescaped '/' was printed in clear;
+ * the user information is everything up to the last '@'. */
+TEST(uri_redact_issue_example)
+{
+    static const char *const pieces[] = {"S3cret", NULL};
+    char buf[128];
+
+    parse_bad("postgres://127.0.0.1:1/S3cret@db/appdb", pieces,
+              "escape '/', '?' and '@'");
+    dlock_uri_redact("postgres://127.0.0.1:1/S3cret@db/appdb", 0, buf,
+                     sizeof(buf));
+    CHECK_STR(buf, "postgres://127.0.0.1:***@db/appdb");
+    dlock_uri_redact("postgres://127.0.0.1:1/S3cret@db/appdb",
+                     DLOCK_REDACT_STARS, buf, sizeof(buf));
+    CHECK_STR(buf, "postgres://127.0.0.1:********@db/appdb");
+    dlock_uri_redact("postgres://127.0.0.1:1/S3cret@db/appdb",
+                     DLOCK_REDACT_DROP, buf, sizeof(buf));
+    CHECK_STR(buf, "postgres://127.0.0.1@db/appdb");
+    /* escaped, it parses, and redacted and dlock_uri_redact() agree */
+    dlock__uri u;
+    parse_good("postgres://u:1%2FS3cret%3F%40%25%3A@db/appdb", &u, pieces);
+    CHECK_STR(u.password, "1/S3cret?@%:");
+    CHECK_STR(u.redacted, "postgres://u:***@db/appdb");
+    dlock_uri_redact("postgres://u:1%2FS3cret%3F%40%25%3A@db/appdb", 0, buf,
+                     sizeof(buf));
+    CHECK_STR(buf, u.redacted);
+    dlock__uri_free(&u);
+    /* an '@' in a path is fine without a ':' before it ... */
+    parse_good("file:///tmp/a@b", &u, NULL);
+    CHECK_STR(u.path, "/tmp/a@b");
+    dlock__uri_free(&u);
+    /* ... and refused with one: it could end a password */
+    parse_bad("redis://h:6379/0?prefix=a@b", NULL, "%40");
+}
+
+/* A password as a query parameter is refused (before any message names a
+ * parameter) and hidden up to the end of the URI. */
+TEST(uri_redact_query_secrets)
+{
+    static const char *const pieces[] = {"S3cret", NULL};
+    char buf[128];
+
+    parse_bad("postgres://db/app?password=S3cret", pieces, "password_file");
+    parse_bad("postgres://db/app?sslpassword=S3cret&S3cret=1&S3cret=2",
+              pieces, "password_file");
+    parse_bad("redis://h?x=1&Pass%77ord=S3cret", pieces, "password_file");
+    parse_bad("etcd://h:2379?token=S3cret", pieces, NULL);
+    check_hidden("postgres://db/app?password=S3cret&sslmode=require", pieces);
+    check_hidden("postgres://db/app?sslmode=require&PASSWORD=a&S3cret",
+                 pieces);
+    check_hidden("redis://h?a:b&auth=x@S3cret", pieces);
+    dlock_uri_redact("postgres://db/app?sslmode=require&password=S3cret", 0,
+                     buf, sizeof(buf));
+    CHECK_STR(buf, "postgres://db/app?sslmode=require&password=***");
+    dlock_uri_redact("postgres://db/app?password=S3cret&sslmode=require",
+                     DLOCK_REDACT_DROP, buf, sizeof(buf));
+    CHECK_STR(buf, "postgres://db/app");
+    /* password_file names a file: not a secret */
+    dlock_uri_redact("redis://h?password_file=/run/pw", 0, buf, sizeof(buf));
+    CHECK_STR(buf, "redis://h?password_file=/run/pw");
+}
+
+TEST(uri_redact_forms)
+{
+    char buf[64], small[8];
+
+    dlock_uri_redact("redis://u:pw@h", DLOCK_REDACT_DROP, buf, sizeof(buf));
+    CHECK_STR(buf, "redis://u@h");
+    dlock_uri_redact("redis://:pw@h/1", DLOCK_REDACT_DROP, buf, sizeof(buf));
+    CHECK_STR(buf, "redis://h/1");
+    dlock_uri_redact("redis://u@h", 0, buf, sizeof(buf));
+    CHECK_STR(buf, "redis://u@h");
+    dlock_uri_redact("redis://:@h", 0, buf, sizeof(buf));
+    CHECK_STR(buf, "redis://:***@h");
+    /* no scheme: everything counts */
+    dlock_uri_redact("u:S3cret@h", 0, buf, sizeof(buf));
+    CHECK_STR(buf, "u:***@h");
+    dlock_uri_redact(":S3cret@h/x://y", 0, buf, sizeof(buf));
+    CHECK_STR(buf, ":***@h/x://y");
+    dlock_uri_redact(NULL, 0, buf, sizeof(buf));
+    CHECK_STR(buf, "");
+    /* snprintf-like: the length needed, truncated output terminated */
+    CHECK_EQ(dlock_uri_redact("redis://u:pw@host", 0, NULL, 0), 18);
+    CHECK_EQ(dlock_uri_redact("redis://u:pw@host", 0, small, sizeof(small)),
+             18);
+    CHECK_STR(small, "redis:/");
+    /* in place, same length */
+    char arg[] = "redis://u:p/w?@h:1/0";
+    CHECK_EQ(dlock_uri_redact(arg, DLOCK_REDACT_STARS, arg, sizeof(arg)),
+             strlen(arg));
+    CHECK_STR(arg, "redis://u:****@h:1/0");
+}
+
+/* password_file=: one line, from a file others cannot read */
+TEST(uri_password_file)
+{
+    char path[512], uri[700];
+    dlock__uri u;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/pw-%d", th_tmpdir(), (int)getpid());
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    fputs("S3cret/x?y@z%:\n", f);
+    fclose(f);
+    CHECK_EQ(chmod(path, 0600), 0);
+    snprintf(uri, sizeof(uri), "postgres://u@db/app?password_file=%s&"
+                               "sslmode=require", path);
+    parse_good(uri, &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK_STR(u.password, "S3cret/x?y@z%:");
+    CHECK(dlock__uri_param(&u, "password_file") == NULL);
+    CHECK_STR(dlock__uri_param(&u, "sslmode"), "require");
+    CHECK(strstr(u.redacted, "S3cret") == NULL);
+    dlock__uri_free(&u);
+
+    /* 0640 is fine (a service's group), 0604, 0660 and 0644 are not */
+    CHECK_EQ(chmod(path, 0640), 0);
+    parse_good(uri, &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    dlock__uri_free(&u);
+    static const mode_t bad[] = {0604, 0660, 0644};
+    for (size_t i = 0; i < 3; i++) {
+        CHECK_EQ(chmod(path, bad[i]), 0);
+        parse_good(uri, &u, NULL);
+        CHECK_EQ(dlock__uri_take_password(&u), DLOCK_EAUTH);
+        CHECK(strstr(dlock_errmsg(), "other users") != NULL);
+        CHECK(strstr(dlock_errmsg(), "S3cret") == NULL);
+        dlock__uri_free(&u);
+    }
+    CHECK_EQ(chmod(path, 0600), 0);
+
+    /* a password in the URI too; a store without passwords; no file */
+    snprintf(uri, sizeof(uri), "redis://:x@h?password_file=%s", path);
+    parse_good(uri, &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_EINVAL);
+    dlock__uri_free(&u);
+    snprintf(uri, sizeof(uri), "file:///d?password_file=%s", path);
+    parse_good(uri, &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_EINVAL);
+    dlock__uri_free(&u);
+    parse_good("redis://h?password_file=/nonexistent/pw", &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_EAUTH);
+    dlock__uri_free(&u);
+
+    /* two lines, or empty: refused without showing them */
+    f = fopen(path, "w");
+    fputs("S3cret\nmore\n", f);
+    fclose(f);
+    snprintf(uri, sizeof(uri), "redis://h?password_file=%s", path);
+    parse_good(uri, &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_EINVAL);
+    CHECK(strstr(dlock_errmsg(), "S3cret") == NULL);
+    dlock__uri_free(&u);
+    f = fopen(path, "w");
+    fclose(f);
+    parse_good(uri, &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_EINVAL);
+    dlock__uri_free(&u);
+    /* "\r\n" ends the line too */
+    f = fopen(path, "w");
+    fputs("S3cret\r\n", f);
+    fclose(f);
+    parse_good(uri, &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK_STR(u.password, "S3cret");
+    dlock__uri_free(&u);
+    unlink(path);
+}
+
+/* DLOCK_PASSWORD, then REDISCLI_AUTH for the Redis schemes, when the URI
+ * gives none; never for file:// and sqlite:// */
+TEST(uri_password_env)
+{
+    dlock__uri u;
+
+    setenv("DLOCK_PASSWORD", "fromdlock", 1);
+    setenv("REDISCLI_AUTH", "fromredis", 1);
+    parse_good("redis://h", &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK_STR(u.password, "fromdlock");
+    dlock__uri_free(&u);
+    parse_good("redis://:inuri@h", &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK_STR(u.password, "inuri");
+    dlock__uri_free(&u);
+    unsetenv("DLOCK_PASSWORD");
+    parse_good("redlock://a:1,b:2", &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK_STR(u.password, "fromredis");
+    dlock__uri_free(&u);
+    parse_good("postgres://u@db/app", &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK(u.password == NULL); /* libpq: PGPASSWORD, ~/.pgpass */
+    dlock__uri_free(&u);
+    setenv("DLOCK_PASSWORD", "fromdlock", 1);
+    parse_good("file:///d", &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK(u.password == NULL);
+    dlock__uri_free(&u);
+    parse_good("sqlite:///d.db", &u, NULL);
+    CHECK_EQ(dlock__uri_take_password(&u), DLOCK_OK);
+    CHECK(u.password == NULL);
+    dlock__uri_free(&u);
+    unsetenv("DLOCK_PASSWORD");
+    unsetenv("REDISCLI_AUTH");
+}
+
+/* ------------------------------------------------------------------------ */
 /* dlock__parse_int                                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -644,6 +915,12 @@ static const th_test tests[] = {
     /* these two fail on known parser bugs (see their comments) */
     T(parse_int_small_max),
     T(uri_password_unescaped_delimiter_not_in_error),
+    T(uri_redact_every_kind_any_byte),
+    T(uri_redact_issue_example),
+    T(uri_redact_query_secrets),
+    T(uri_redact_forms),
+    T(uri_password_file),
+    T(uri_password_env),
     {NULL, NULL, 0},
 };
 
