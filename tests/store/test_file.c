@@ -67,6 +67,24 @@ static void path_of(const char *file, char *out, size_t cap)
     snprintf(out, cap, "%s/%s", dir, file);
 }
 
+/* The store `d`'s directory of wake-up channels (ours: not a group's),
+ * which the store makes when a client opens it. */
+static void wake_dir_of(const char *d, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/.dlock-wake-u%lu", d, (unsigned long)geteuid());
+}
+
+/* rmdir of store directory `d`, and of the wake-up channels' directory
+ * that the store made in it */
+static int rmdir_store(const char *d)
+{
+    char w[PATH_MAX + 8192];
+
+    wake_dir_of(d, w, sizeof(w));
+    rmdir(w);
+    return rmdir(d);
+}
+
 /* ------------------------------------------------------------------------ */
 
 /* --- the default store (docs/stores.md, "The default store") -----------
@@ -296,7 +314,7 @@ static int refusals_in_the_home(const char *home)
     CHECK_EQ(unlink(local), 0);
     CHECK_OK(dlock_client_open(&c, NULL, NULL));
     dlock_client_close(c);
-    CHECK_EQ(rmdir(last), 0);
+    CHECK_EQ(rmdir_store(last), 0);
     CHECK_EQ(symlink(target, last), 0);
     default_refused(DLOCK_EPROTO, last, "is a symbolic link");
     CHECK_EQ(unlink(last), 0);
@@ -1413,19 +1431,27 @@ static int count_fds(void)
 }
 
 /* Sockets (listeners and their accepted connections) named after the
- * channels of `name`'s lock file, in the whole system. */
+ * fair channels of `name`'s lock file, in the whole system (the salt and
+ * inode in each name: file_wait.c's chan_base()). */
 static int count_channels(const char *name)
 {
-    char line[512], prefix[128], path[1000], fname[64];
+    char line[512], prefix[128], path[1000], fname[64], hex[33];
+    unsigned char salt[16];
     struct stat st;
     FILE *f;
-    int n = 0;
+    int n = 0, fd;
 
     snprintf(fname, sizeof(fname), "%.50s.lock", name);
     path_of(fname, path, sizeof(path));
-    CHECK_EQ(stat(path, &st), 0);
-    snprintf(prefix, sizeof(prefix), "@dlock-fair/%llx/%llx/",
-             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    CHECK_EQ(fstat(fd, &st), 0);
+    CHECK_EQ(pread(fd, salt, 16, 16), 16);
+    close(fd);
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", salt[i]);
+    snprintf(prefix, sizeof(prefix), "/%s-%llx-f", hex,
+             (unsigned long long)st.st_ino);
     f = fopen("/proc/net/unix", "r");
     if (!f)
         return -1;
@@ -1435,18 +1461,27 @@ static int count_channels(const char *name)
     return n;
 }
 
-static int count_files(void)
+static int count_in(const char *d)
 {
     struct dirent *e;
-    DIR *d = opendir(dir);
+    DIR *dd = opendir(d);
     int n = 0;
 
-    if (!d)
+    if (!dd)
         return -1;
-    while ((e = readdir(d)))
+    while ((e = readdir(dd)))
         n += e->d_name[0] != '.';
-    closedir(d);
+    closedir(dd);
     return n;
+}
+
+/* The store's files, and the channels' socket files */
+static int count_files(void)
+{
+    char w[PATH_MAX + 8192];
+
+    wake_dir_of(dir, w, sizeof(w));
+    return count_in(dir) + count_in(w);
 }
 
 TEST(timed_waits_leave_nothing_behind)
@@ -1593,24 +1628,25 @@ static void header_of(const char *name, uint64_t *next, unsigned char *salt,
     close(fd);
 }
 
-/* The abstract address of a ticket's channel (file.c's chan_name()). */
+/* The address of a ticket's channel (file_wait.c's chan_base()): its
+ * socket file in the store's wake-up directory (ours), by its path. */
 static socklen_t chan_addr(struct sockaddr_un *sa, const struct stat *st,
                            const unsigned char *salt, uint64_t ticket)
 {
-    char hex[33];
+    char hex[33], w[PATH_MAX + 8192];
     int n;
 
     for (int i = 0; i < 16; i++)
         snprintf(hex + 2 * i, 3, "%02x", salt[i]);
+    wake_dir_of(dir, w, sizeof(w));
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
-    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                 "dlock-fair/%llx/%llx/%s/%llx",
-                 (unsigned long long)st->st_dev,
-                 (unsigned long long)st->st_ino, hex,
-                 (unsigned long long)ticket);
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                       (size_t)n);
+    n = snprintf(sa->sun_path, sizeof(sa->sun_path), "%s/%s-%llx-f%llx", w,
+                 hex, (unsigned long long)st->st_ino,
+                 (unsigned long long)(ticket % 4096));
+    CHECK_OP(n, <, (int)sizeof(sa->sun_path)); /* a short test directory */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)n +
+                       1);
 }
 
 /* Takes the next ticket and MAIN by hand, the way a dlock without
@@ -1703,12 +1739,14 @@ TEST(refused_channel_ends_in_the_kernel)
     dlock_client_close(c);
 }
 
-/* A process of another user listens on the name of a ticket's channel:
- * the successor does not trust it (uid), and waits in the kernel. */
+/* A process of another user tries to listen on the name of a ticket's
+ * channel: the store's wake-up directory keeps it out (bind fails with
+ * EACCES); the successor waits in the kernel as before. */
 typedef struct squatter {
     struct sockaddr_un sa;
     socklen_t len;
     volatile int ready;
+    volatile int err; /* bind's errno */
 } squatter;
 
 static int squat(void *arg)
@@ -1721,9 +1759,15 @@ static int squat(void *arg)
     /* a change of uid clears the parent-death signal: die with the test */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     l = socket(AF_UNIX, SOCK_STREAM, 0);
-    if (l < 0 || bind(l, (struct sockaddr *)&q->sa, q->len) != 0 ||
-        listen(l, 16) != 0)
+    if (l < 0)
+        return 4;
+    if (bind(l, (struct sockaddr *)&q->sa, q->len) != 0) {
+        q->err = errno;
+        q->ready = 1;
         return 3;
+    }
+    if (listen(l, 16) != 0)
+        return 4;
     q->ready = 1;
     pause();
     return 0;
@@ -1751,13 +1795,13 @@ TEST(foreign_listener_on_a_channel_name)
     pid_t sq = th_fork(squat, q);
     th__track(sq, 1); /* killed at exit, even if the test fails */
     CHECK(wait_for(&q->ready, 1, 10000));
-    /* the successor reaches the squatter's listener, sees another uid,
-     * and waits for the ticket's byte in the kernel */
+    CHECK_EQ(q->err, EACCES);
+    CHECK_EQ(th_wait(sq), 3);
+    th__track(sq, 0);
+    /* the successor finds no channel, and waits for the ticket's byte in
+     * the kernel */
     pid_t w = fstart(s, 1, "fsquat", DLOCK_FAIR, 30000, 1);
     kernel_path_then_release(s, c, "fsquat", fd, w);
-    kill(sq, SIGKILL);
-    th_wait(sq);
-    th__track(sq, 0);
     dlock_client_close(c);
 }
 
@@ -1799,8 +1843,8 @@ TEST(squatted_ticket_number_is_skipped)
     dlock_client_close(c);
 }
 
-/* A predecessor in another network namespace: its channel's name is not
- * in ours. */
+/* A predecessor in another network namespace: its channel is a file, so
+ * the namespace does not matter (the abstract names of old did). */
 static int netns_worker(void *arg)
 {
     if (unshare(CLONE_NEWNET) != 0)
@@ -1837,7 +1881,8 @@ TEST(predecessor_in_another_network_namespace)
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "fnetns", DLOCK_FAIR, 30000, 1);
     wait_queued(c, "fnetns", 1);
-    CHECK_EQ(wait_threads(w, 3), 3); /* refused: waits in the kernel */
+    th_sleep_ms(20);
+    CHECK_EQ(threads_of(w), 2); /* on the predecessor's channel */
     int64_t t0 = th_now_ms();
     s->release[0] = 1;
     CHECK_EQ(th_wait(h), 0);
