@@ -610,8 +610,14 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
             out->holders++;
             at = b + 1;
         }
-        snprintf(out->holder, sizeof(out->holder), "%lld reader%s",
-                 (long long)out->holders, out->holders == 1 ? "" : "s");
+        /* every dlock reader keeps a slot (but for the moment between
+         * its lock and its slot, or when eight slots in a row were
+         * taken): a read lock with none is someone else's */
+        if (out->holders == 0)
+            snprintf(out->holder, sizeof(out->holder), "%s", FOREIGN_READ);
+        else
+            snprintf(out->holder, sizeof(out->holder), "%lld reader%s",
+                     (long long)out->holders, out->holders == 1 ? "" : "s");
     } else if (out->held) {
         out->holders = 1;
         /* the record is whatever the file holds: no arithmetic on its
@@ -627,6 +633,15 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
     }
     if (!out->held)
         dlock__file_sem_inspect(fd, out);
+    /* dlock only ever write-locks META, for a few system calls: a read
+     * lock there is someone else's, and every fair waiter and semaphore
+     * acquirer waits for it (until its deadline) */
+    type = F_UNLCK;
+    if (conflict_of(fd, F_WRLCK, META_BYTE, META_BYTE + 1, &type) >= 0 &&
+        type == F_RDLCK && !out->held) {
+        out->held = 1;
+        snprintf(out->holder, sizeof(out->holder), "%s", FOREIGN_READ);
+    }
     for (off_t at = QUEUE_BASE; out->waiters < MAX_WAITERS_COUNTED;) {
         off_t b = lowest_held(fd, at, QUEUE_END);
         if (b < 0)

@@ -44,6 +44,10 @@
  * because another acquirer was deciding; a process outside dlock that
  * keeps META delays it that long at most */
 #define META_GRACE_MS 20
+/* dlock_inspect()'s holder when a lock on the file is not a dlock
+ * holder's (F_OFD_GETLK tells no pid of an OFD lock; what the store keeps
+ * of its holders tells) */
+#define FOREIGN_READ "a process outside dlock holds a read lock on this file"
 /* Successors' connections the background thread accepts ahead of the
  * release, per channel (more wait in the backlog for the release). */
 #define READY_MAX 4

@@ -270,15 +270,25 @@ void dlock__file_sem_inspect(int fd, dlock_info *out)
         return;
     out->permits = n;
     out->holders = 0;
+    int foreign = 0;
     for (off_t at = PERMIT_BASE; at < PERMIT_BASE + (off_t)n;) {
         off_t b = lowest_held(fd, at, PERMIT_BASE + (off_t)n);
+        short type = F_UNLCK;
         if (b < 0)
             break;
-        out->holders++;
+        /* a permit's holder write-locks its byte: a read lock is not
+         * one of ours */
+        if (conflict_of(fd, F_WRLCK, b, b + 1, &type) >= 0 &&
+            type == F_RDLCK)
+            foreign = 1;
+        else
+            out->holders++;
         at = b + 1;
     }
-    out->held = out->holders > 0;
-    if (out->held)
+    out->held = out->holders > 0 || foreign;
+    if (foreign)
+        snprintf(out->holder, sizeof(out->holder), "%s", FOREIGN_READ);
+    else if (out->held)
         snprintf(out->holder, sizeof(out->holder), "%lld of %u permits",
                  (long long)out->holders, n);
 }
