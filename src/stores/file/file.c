@@ -36,13 +36,20 @@
  *
  * Fair wake-up channels (docs/design.md, "File store: fair hand-over";
  * file_wait.c): the owner of ticket t listens, from before it locks its
- * ticket byte until after it unlocks it, on the abstract Unix socket
- * "dlock-fair/<dev>/<ino>/<salt>/<t>"; its successor connects and sleeps
- * in poll(). The release sends that connection a byte and yields the CPU
+ * ticket byte until after it unlocks it, on the Unix socket file
+ * "<salt>-<ino>-f<t mod 4096>" in the store's WAKE_DIR (only the store's
+ * user, or group, may write it); its successor connects and sleeps in
+ * poll(). The release sends that connection a byte and yields the CPU
  * to the woken successor; a give-up ends the connection; the kernel resets
  * it when the owner dies. A connection is trusted only if the listener has
- * our uid and ticket t is still held after connecting. The channels only
- * make waking faster; they never decide anything.
+ * our uid (any, in a group store) and ticket t is still held after
+ * connecting. The channels only make waking faster; they never decide
+ * anything.
+ *
+ * Who may open what (docs/stores.md, "Who can open a lock file"): lock
+ * files 0600 and directories 0700, or 0660 and 02770 with ?group=NAME;
+ * anyone who can open a file can lock its bytes, so every wait on a byte
+ * (META too) ends by its deadline or a cancel.
  *
  * Forks: a child forked while a lock is held (or waited for) shares the
  * open file and the channel; release (and give-up) unlocks the description

@@ -14,16 +14,17 @@
  *
  * The fair queue's wake-up channels (docs/design.md, "File store: fair
  * hand-over"): the owner of ticket t listens, from before it locks its
- * ticket byte until after it unlocks it, on the abstract Unix socket
- * "dlock-fair/<dev>/<ino>/<salt>/<t>". Its successor connects and sleeps
+ * ticket byte until after it unlocks it, on the Unix socket file
+ * "<salt>-<ino>-f<t mod 4096>" in the store's WAKE_DIR, a directory only
+ * the store's user (or group) may write. Its successor connects and sleeps
  * in poll(), itself, until the connection reports anything: the release
  * sends it a byte ("you are the head"), a give-up ends the connection, the
  * owner's death resets it. The client's background thread accepts the
  * successor's connection as soon as it comes (watch_add(), loop_run()), so
  * that the release does not allocate a socket on the hand-off's path. A
- * connection is trusted only if the listener has our uid and ticket t is
- * still held after connecting; otherwise (refused, squatted, another
- * network namespace, another uid, an older dlock) the successor waits for
+ * connection is trusted only if the listener has our uid (any, in a group
+ * store) and ticket t is still held after connecting; otherwise (refused,
+ * no /proc, another uid, an older dlock) the successor waits for
  * byte t in the kernel. The channels only make waking faster: the ticket
  * bytes and MAIN decide everything.
  */
