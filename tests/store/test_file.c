@@ -32,6 +32,7 @@
 #include <linux/fuse.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1761,15 +1762,12 @@ static int squat(void *arg)
     l = socket(AF_UNIX, SOCK_STREAM, 0);
     if (l < 0)
         return 4;
-    if (bind(l, (struct sockaddr *)&q->sa, q->len) != 0) {
+    if (bind(l, (struct sockaddr *)&q->sa, q->len) != 0)
         q->err = errno;
-        q->ready = 1;
-        return 3;
-    }
-    if (listen(l, 16) != 0)
+    else if (listen(l, 16) != 0)
         return 4;
     q->ready = 1;
-    pause();
+    pause(); /* until killed */
     return 0;
 }
 
@@ -1777,21 +1775,20 @@ TEST(foreign_listener_on_a_channel_name)
 {
     fstate *s = fstate_new();
     squatter *q = th_shared(sizeof(*q));
-    dlock_client *c = client();
+    dlock_client *c;
     unsigned char salt[16];
     struct stat st;
     uint64_t t, next;
 
     if (geteuid() != 0) {
         printf("  (not root: no other user to squat with)\n");
-        dlock_client_close(c);
         return;
     }
+    salt_file("fsquat");
     /* the test's directories open to nobody: only the store's wake-up
      * directory keeps it out */
     CHECK_EQ(chmod(th_tmpdir(), 0755), 0);
     CHECK_EQ(chmod(dir, 01777), 0);
-    salt_file("fsquat");
     int fd = raw_ticket_holder("fsquat", &t);
     header_of("fsquat", &next, salt, &st);
     CHECK_EQ(next, t + 1);
@@ -1800,11 +1797,13 @@ TEST(foreign_listener_on_a_channel_name)
     th__track(sq, 1); /* killed at exit, even if the test fails */
     CHECK(wait_for(&q->ready, 1, 10000));
     CHECK_EQ(q->err, EACCES);
-    CHECK_EQ(th_wait(sq), 3);
+    kill(sq, SIGKILL);
+    th_wait(sq);
     th__track(sq, 0);
     /* the successor finds no channel, and waits for the ticket's byte in
      * the kernel */
     pid_t w = fstart(s, 1, "fsquat", DLOCK_FAIR, 30000, 1);
+    c = client(); /* after the forks: no child inherits it */
     kernel_path_then_release(s, c, "fsquat", fd, w);
     dlock_client_close(c);
 }
@@ -2287,6 +2286,51 @@ TEST(foreign_read_locks_bound_every_wait)
     dlock_client_close(c);
 }
 
+static int64_t cpu_ms(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (int64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+}
+
+/* A read lock from outside dlock on a fair ticket's byte (a "waiter" that
+ * has no channel): a fair waiter behind it waits for it in the kernel,
+ * until its deadline, without spinning (a read lock of its own would
+ * pass at once: the old code looped on it, ~480 ms of CPU a second on an
+ * idle machine). Bound: a kernel wait costs a thread and a few system
+ * calls, well under 10 ms; 100 ms leaves room for a sanitizer. */
+TEST(foreign_read_lock_on_a_ticket_does_not_spin)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "fspin", 0, DLOCK_FAIR);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    /* the lock on ticket 0, and the counter past it (as a waiter that
+     * took it would leave it) */
+    char path[1000];
+    uint64_t next = 1;
+    path_of("fspin.lock", path, sizeof(path));
+    int wfd = open(path, O_RDWR);
+    CHECK(wfd >= 0);
+    CHECK_EQ(pwrite(wfd, &next, 8, 8), 8);
+    close(wfd);
+    int fd = foreign_read_lock("fspin", (off_t)1 << 32);
+    int64_t cpu0 = cpu_ms(), t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 1000), DLOCK_EBUSY);
+    int64_t took = th_now_ms() - t0, cpu = cpu_ms() - cpu0;
+    CHECK_OP(took, >=, 990);
+    CHECK_OP(took, <, 1000 + SLACK_MS);
+    CHECK_OP(cpu, <, 100);
+    close(fd);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 /* --- squatters -------------------------------------------------------- */
 
 typedef struct sem_squat {
@@ -2651,6 +2695,7 @@ static const th_test tests[] = {
     T(lock_files_are_closed_to_other_users),
     T(group_store_is_shared_with_its_group_only),
     TK(foreign_read_locks_bound_every_wait),
+    TK(foreign_read_lock_on_a_ticket_does_not_spin),
     T(squatters_cannot_slow_a_semaphore_wait),
     T(release_wakes_the_successor_despite_a_forked_child),
     T(dead_holder_with_a_forked_child_keeps_the_lock),

@@ -810,8 +810,8 @@ static int parse_group(const char *v, gid_t *gid)
 {
     struct group gr, *grr = NULL;
     char buf[16384], *end;
-    gid_t groups[NGROUPS_MAX + 1];
-    int n;
+    gid_t *groups;
+    int n, member = 0;
 
     if (!*v)
         return dlock__err(DLOCK_EINVAL,
@@ -830,10 +830,15 @@ static int parse_group(const char *v, gid_t *gid)
     }
     if (geteuid() == 0 || getegid() == *gid)
         return DLOCK_OK;
-    n = getgroups(NGROUPS_MAX + 1, groups);
-    for (int i = 0; i < n; i++)
-        if (groups[i] == *gid)
-            return DLOCK_OK;
+    n = getgroups(0, NULL);
+    groups = n > 0 ? calloc((size_t)n, sizeof(*groups)) : NULL;
+    if (groups)
+        n = getgroups(n, groups);
+    for (int i = 0; groups && i < n; i++)
+        member |= groups[i] == *gid;
+    free(groups);
+    if (member)
+        return DLOCK_OK;
     return dlock__err(DLOCK_EINVAL,
                       "file:// parameter group: you are not a member of "
                       "group '%.64s' (gid %lu), so you could not give it "

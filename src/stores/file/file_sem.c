@@ -153,7 +153,7 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
     if (!freed && np == 0 && untrusted >= 0) {
         /* no holder with a channel: the kernel tells when that one's
          * byte is free */
-        e = dlock__file_kwait(f->fd, F_RDLCK, untrusted, deadline, cfd);
+        e = dlock__file_kwait(f->fd, F_WRLCK, untrusted, deadline, cfd);
         if (e == 0)
             lk(f->fd, F_OFD_SETLK, F_UNLCK, untrusted, 1);
         return e;

@@ -97,7 +97,7 @@ static off_t highest_below(int fd, off_t mine)
 
 typedef struct kwait {
     int fd;
-    short type;  /* F_WRLCK (MAIN) or F_RDLCK (a predecessor's ticket) */
+    short type;  /* F_WRLCK (MAIN, a predecessor's ticket) or F_RDLCK */
     off_t byte;
     int rc;      /* errno of a failed call, 0 when the lock was taken */
     int done;    /* set (atomically) once rc is */
@@ -703,8 +703,11 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
                 close(c);
             if (first_conflict(f->fd, b, b + 1) < 0)
                 continue; /* gone meanwhile: look again */
-            /* no channel we can trust: wait for its byte in the kernel */
-            e = dlock__file_kwait(f->fd, F_RDLCK, b, deadline, cfd);
+            /* no channel we can trust: wait for its byte in the kernel,
+             * as a writer: a read lock that a process outside dlock put
+             * on the byte would let a read lock through at once, and
+             * this loop would spin until the deadline */
+            e = dlock__file_kwait(f->fd, F_WRLCK, b, deadline, cfd);
             if (e == 0)
                 lk(f->fd, F_OFD_SETLK, F_UNLCK, b, 1);
         }
