@@ -2502,6 +2502,72 @@ TEST(squatters_cannot_slow_a_semaphore_wait)
     dlock_client_close(c2);
 }
 
+/* Holders of a semaphore's permits without wake-up channels (an older
+ * dlock, one out of descriptors, one without /proc): the head waits for
+ * each of their bytes in the kernel, so the first to let go wakes it,
+ * not only the one it happened to wait for (the old code waited for the
+ * highest). */
+static int raw_permit_holder(const char *name, int i)
+{
+    char path[1000], fname[64];
+    struct flock fl;
+    int fd;
+
+    snprintf(fname, sizeof(fname), "%.50s.lock", name);
+    path_of(fname, path, sizeof(path));
+    fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = ((off_t)1 << 16) + i;
+    fl.l_len = 1;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    return fd;
+}
+
+static void raw_unlock(int fd)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    close(fd);
+}
+
+TEST(holders_without_channels_wake_the_head)
+{
+    const char *name = "fnochan";
+    dlock_client *c = client();
+    dlock_options o;
+    dlock *l;
+    fstate *s = fstate_new();
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    CHECK_OK(dlock_acquire(l, 0)); /* N and the salt in the file */
+    CHECK_OK(dlock_release(l));
+    int h0 = raw_permit_holder(name, 0), h1 = raw_permit_holder(name, 1);
+    fjob j = {s, 0, name, 0, 30000, -1};
+    pid_t wt = th_fork(sem_waiter, &j);
+    wait_queued(c, name, 1);
+    th_sleep_ms(200); /* asleep on the holders (else it only wakes later) */
+    /* unlocked, not only closed: the waiter inherited the descriptors */
+    int64_t t0 = th_now_ms();
+    raw_unlock(h0);
+    for (int i = 0; i < 5000 && s->rc[0] == -99; i++)
+        th_sleep_ms(1);
+    raw_unlock(h1);
+    CHECK_EQ(th_wait(wt), 0);
+    CHECK_OK(s->rc[0]);
+    CHECK_OP(s->t_acq[0] - t0, <, 2000); /* at once, not 5 s later */
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 /* --- forks --------------------------------------------------------------- */
 
 TEST(release_wakes_the_successor_despite_a_forked_child)
@@ -2697,6 +2763,7 @@ static const th_test tests[] = {
     TK(foreign_read_locks_bound_every_wait),
     TK(foreign_read_lock_on_a_ticket_does_not_spin),
     T(squatters_cannot_slow_a_semaphore_wait),
+    T(holders_without_channels_wake_the_head),
     T(release_wakes_the_successor_despite_a_forked_child),
     T(dead_holder_with_a_forked_child_keeps_the_lock),
     TK(give_up_wakes_the_successor_despite_a_forked_child),

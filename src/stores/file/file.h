@@ -24,6 +24,9 @@
 #define READER_BASE ((off_t)1 << 62) /* a reader's slot (counted) */
 #define READER_SLOTS ((off_t)1 << 32)
 #define SEM_OFFSET 48 /* a semaphore's N (uint32_t), under META */
+/* A semaphore's head waits in the kernel (a helper thread each) for at
+ * most that many holders without a channel at once */
+#define SEM_KWAIT_MAX 32
 #define SEM_PERMITS_MAX 256 /* file store: a waiter keeps one connection
                              * per permit held */
 #define REC_OFFSET 64 /* the holder record; its first field the fence */
@@ -183,6 +186,15 @@ int64_t dlock__file_wall_us(void);
  * readable. 0: taken; ETIMEDOUT (deadline or cancel); or an errno. */
 DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte,
                                   int64_t deadline, int cfd);
+
+/* Blocks until any byte of `bytes` (nb of them, none locked through fd)
+ * is free of every lock (each waited for with a write lock in a helper
+ * thread, then unlocked), or one of `fds` is readable, or the deadline,
+ * or a cancel through cfd. 0: something happened (look again);
+ * ETIMEDOUT (the deadline or the cancel); or an errno. */
+int dlock__file_kwait_any(int fd, const off_t *bytes, int nb,
+                          const int *fds, int nfds, int64_t deadline,
+                          int cfd);
 
 /* Takes MAIN for `type` (F_WRLCK: a writer; F_RDLCK: a reader) through
  * the gate that keeps writers from starving: a writer that must wait

@@ -126,8 +126,9 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
                             int cfd)
 {
     struct pollfd pf[SEM_PERMITS_MAX + 1]; /* the holders', and cfd */
-    off_t end = PERMIT_BASE + (off_t)n, untrusted = -1;
-    int np = 0, e = 0, freed = 0;
+    off_t end = PERMIT_BASE + (off_t)n;
+    off_t untrusted[SEM_KWAIT_MAX]; /* holders without a channel */
+    int np = 0, nu = 0, e = 0, freed = 0;
 
     for (off_t at = PERMIT_BASE; at < end && np < (int)n;) {
         off_t b = lowest_held(f->fd, at, end);
@@ -145,17 +146,22 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
             pf[np].events = POLLIN;
             pf[np].revents = 0;
             np++;
-        } else {
-            untrusted = b;
+        } else if (nu < SEM_KWAIT_MAX) {
+            untrusted[nu++] = b;
         }
         at = b + 1;
     }
-    if (!freed && np == 0 && untrusted >= 0) {
-        /* no holder with a channel: the kernel tells when that one's
-         * byte is free */
-        e = dlock__file_kwait(f->fd, F_WRLCK, untrusted, deadline, cfd);
-        if (e == 0)
-            lk(f->fd, F_OFD_SETLK, F_UNLCK, untrusted, 1);
+    if (!freed && nu > 0) {
+        /* holders without a channel (an older dlock, out of
+         * descriptors, no /proc): the kernel tells when one of their
+         * bytes is free, while the others' channels are watched too */
+        int fds[SEM_PERMITS_MAX];
+        for (int i = 0; i < np; i++)
+            fds[i] = pf[i].fd;
+        e = dlock__file_kwait_any(f->fd, untrusted, nu, fds, np, deadline,
+                                  cfd);
+        for (int i = 0; i < np; i++)
+            close(pf[i].fd);
         return e;
     }
     while (!freed && np > 0) {

@@ -36,6 +36,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -204,6 +205,80 @@ int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline,
                                      : k.rc;
     }
     close(k.done_fd);
+    return rc;
+}
+
+int dlock__file_kwait_any(int fd, const off_t *bytes, int nb,
+                          const int *fds, int nfds, int64_t deadline, int cfd)
+{
+    kwait *k = calloc((size_t)(nb > 0 ? nb : 1), sizeof(*k));
+    pthread_t *t = calloc((size_t)(nb > 0 ? nb : 1), sizeof(*t));
+    char *started = calloc((size_t)(nb > 0 ? nb : 1), 1);
+    struct pollfd *p = calloc((size_t)nfds + 2, sizeof(*p));
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), rc = ETIMEDOUT;
+    sigset_t old;
+
+    if (!k || !t || !started || !p || efd < 0) {
+        rc = efd < 0 ? errno : ENOMEM;
+        goto out;
+    }
+    dlock__block_signals(&old);
+    for (int i = 0; i < nb; i++) {
+        k[i].fd = fd;
+        k[i].type = F_WRLCK;
+        k[i].byte = bytes[i];
+        k[i].done_fd = efd;
+        started[i] = pthread_create(&t[i], NULL, kwait_thread, &k[i]) == 0;
+    }
+    dlock__restore_signals(&old);
+    for (;;) {
+        int ms = -1, n;
+        if (deadline != DLOCK__FOREVER) {
+            int64_t left = deadline - dlock__now_ms();
+            if (left <= 0)
+                break;
+            ms = left > INT_MAX ? INT_MAX : (int)left;
+        }
+        p[0].fd = efd;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        for (int i = 0; i < nfds; i++) {
+            p[1 + i].fd = fds[i];
+            p[1 + i].events = POLLIN;
+            p[1 + i].revents = 0;
+        }
+        p[1 + nfds].fd = cfd; /* a negative fd is ignored */
+        p[1 + nfds].events = POLLIN;
+        p[1 + nfds].revents = 0;
+        n = poll(p, (nfds_t)nfds + 2, ms);
+        if (n > 0) {
+            rc = p[1 + nfds].revents ? ETIMEDOUT : 0;
+            break;
+        }
+        if (n < 0 && errno != EINTR) {
+            rc = errno;
+            break;
+        }
+    }
+    for (int i = 0; i < nb; i++) {
+        if (!started[i])
+            continue;
+        if (!__atomic_load_n(&k[i].done, __ATOMIC_ACQUIRE))
+            pthread_cancel(t[i]);
+        pthread_join(t[i], NULL);
+        if (k[i].done && k[i].rc != 0 && rc == 0)
+            rc = k[i].rc; /* a failed wait: not a byte freed */
+        /* what a helper took is only a sign: give it back (no byte in
+         * `bytes` is one of ours) */
+        lk(fd, F_OFD_SETLK, F_UNLCK, bytes[i], 1);
+    }
+out:
+    if (efd >= 0)
+        close(efd);
+    free(k);
+    free(t);
+    free(started);
+    free(p);
     return rc;
 }
 
