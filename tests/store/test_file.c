@@ -2568,6 +2568,69 @@ TEST(holders_without_channels_wake_the_head)
     dlock_client_close(c);
 }
 
+/* A permit holder killed while holding leaves its channel's socket file;
+ * the next holder of that permit replaces it (nobody answers on it), the
+ * head sleeps on the new channel, and once everything is released the
+ * directory is empty again. */
+static int stale_holder(void *arg)
+{
+    fstate *s = arg;
+    dlock_client *c;
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "fstale", &o) != DLOCK_OK ||
+        dlock_acquire(l, 0) != DLOCK_OK)
+        return 2;
+    s->held[0] = 1;
+    pause(); /* until killed */
+    return 0;
+}
+
+TEST(stale_channel_file_is_replaced)
+{
+    fstate *s = fstate_new();
+    char w[PATH_MAX + 8192];
+    dlock_client *c1 = client(), *c2 = client();
+    dlock_options o;
+    dlock *h1, *h2;
+
+    wake_dir_of(dir, w, sizeof(w));
+    int before = count_in(w);
+    pid_t a = th_fork(stale_holder, s);
+    CHECK(wait_for(&s->held[0], 1, 10000));
+    CHECK_EQ(count_in(w), before + 1);
+    kill(a, SIGKILL);
+    th_wait(a);
+    CHECK_EQ(count_in(w), before + 1); /* left behind */
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    CHECK_OK(dlock_open(&h1, c1, "fstale", &o));
+    CHECK_OK(dlock_open(&h2, c2, "fstale", &o));
+    CHECK_OK(dlock_acquire(h1, 0));
+    CHECK_OK(dlock_acquire(h2, 0));
+    CHECK_EQ(count_in(w), before + 2); /* ours, one in the dead one's place */
+    fjob j = {s, 1, "fstale", 0, 30000, -1};
+    pid_t wt = th_fork(sem_waiter, &j);
+    wait_queued(c1, "fstale", 1);
+    th_sleep_ms(100);
+    CHECK_EQ(threads_of(wt), 2); /* on the holders' channels */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(h1));
+    CHECK_EQ(th_wait(wt), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000); /* at once */
+    CHECK_OK(dlock_release(h2));
+    CHECK_EQ(count_in(w), before);
+    dlock_close(h1);
+    dlock_close(h2);
+    dlock_client_close(c1);
+    dlock_client_close(c2);
+}
+
 /* --- forks --------------------------------------------------------------- */
 
 TEST(release_wakes_the_successor_despite_a_forked_child)
@@ -2764,6 +2827,7 @@ static const th_test tests[] = {
     TK(foreign_read_lock_on_a_ticket_does_not_spin),
     T(squatters_cannot_slow_a_semaphore_wait),
     TK(holders_without_channels_wake_the_head),
+    T(stale_channel_file_is_replaced),
     T(release_wakes_the_successor_despite_a_forked_child),
     T(dead_holder_with_a_forked_child_keeps_the_lock),
     TK(give_up_wakes_the_successor_despite_a_forked_child),
