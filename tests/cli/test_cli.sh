@@ -1421,6 +1421,70 @@ if [ "$KIND" = file ]; then
     fi
 fi
 
+# Read locks that no dlock holder took (issue 34): a process outside dlock
+# holds OFD read locks on byte 0 and the META byte (1) of a lock's file and
+# on the META byte of a semaphore's. Every wait still ends by its deadline,
+# and status says who holds them. Bounds: --wait 0 in < 2 s (a try waits
+# for META 20 ms at most; the rest is the process's start and exit, up to
+# ~0.5 s measured under ASan on a loaded 2-core machine: 4 times that);
+# --wait 500ms in [500, 3000) ms (the same slack); a wait that ignored its
+# deadline runs into timeout's 10 s. test_file.c's
+# foreign_read_locks_bound_every_wait times the calls themselves, closer.
+if [ "$KIND" = file ]; then
+    dl run jamL -- true
+    dl run --permits 2 jamS -- true
+    rm -f "$TMP/jam.ready"
+    mkfifo "$TMP/jam.fifo"
+    python3 -c 'import fcntl, os, struct, sys
+F_OFD_SETLK = 37
+def rdlock(path, byte):
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.fcntl(fd, F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, byte, 1, 0))
+    return fd
+d = sys.argv[1]
+fds = [rdlock(d + "/jamL.lock", 0), rdlock(d + "/jamL.lock", 1), rdlock(d + "/jamS.lock", 1)]
+open(sys.argv[2], "w").close()
+open(sys.argv[3]).read()' "$TMP/locks" "$TMP/jam.ready" "$TMP/jam.fifo" 2>"$TMP/jam.err" &
+    jam=$!
+    BG_PIDS+=("$jam")
+    for ((i = 0; i < 200; i++)); do
+        [ -e "$TMP/jam.ready" ] && break
+        sleep 0.05
+    done
+    if [ ! -e "$TMP/jam.ready" ]; then
+        fail "foreign read locks: the helper never held them: $(cat "$TMP/jam.err")"
+    else
+        for args in "jamL" "--fair jamL" "--permits 2 jamS" "--fair --permits 2 jamS"; do
+            # shellcheck disable=SC2086 # split on purpose
+            for w in 0 500ms; do
+                t0=$(now_ms)
+                timeout -k 2 10 "$DLOCK" run --wait $w $args -- true >"$TMP/out" 2>"$TMP/err" </dev/null
+                RC=$?
+                dt=$(($(now_ms) - t0))
+                if [ "$w" = 0 ]; then lo=0 hi=2000; else lo=500 hi=3000; fi
+                if [ "$RC" -eq 75 ] && ((dt >= lo && dt < hi)); then
+                    pass "foreign read locks: run --wait $w $args: busy after $dt ms"
+                else
+                    fail "foreign read locks: run --wait $w $args: exit $RC after $dt ms (expected 75 in [$lo, $hi) ms)"
+                    show "$TMP/err"
+                fi
+            done
+        done
+        for n in jamL jamS; do
+            dl status "$n"
+            if grep -qF "holder:   a process outside dlock holds a read lock on this file" "$TMP/out"; then
+                pass "foreign read locks: status $n names them"
+            else
+                fail "foreign read locks: status $n: $(cat "$TMP/out" "$TMP/err")"
+            fi
+        done
+    fi
+    echo >"$TMP/jam.fifo"
+    wait "$jam" 2>/dev/null
+    rm -f "$TMP/jam.fifo"
+    expect_rc 0 "foreign read locks gone: the semaphore is free" -- run --permits 2 --wait 0 jamS -- true
+fi
+
 # --------------------------------------------------------------------------
 # The command's exit status
 # --------------------------------------------------------------------------

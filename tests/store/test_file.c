@@ -32,6 +32,7 @@
 #include <linux/fuse.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -65,6 +66,24 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
 static void path_of(const char *file, char *out, size_t cap)
 {
     snprintf(out, cap, "%s/%s", dir, file);
+}
+
+/* The store `d`'s directory of wake-up channels (ours: not a group's),
+ * which the store makes when a client opens it. */
+static void wake_dir_of(const char *d, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/.dlock-wake-u%lu", d, (unsigned long)geteuid());
+}
+
+/* rmdir of store directory `d`, and of the wake-up channels' directory
+ * that the store made in it */
+static int rmdir_store(const char *d)
+{
+    char w[PATH_MAX + 8192];
+
+    wake_dir_of(d, w, sizeof(w));
+    rmdir(w);
+    return rmdir(d);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -296,7 +315,7 @@ static int refusals_in_the_home(const char *home)
     CHECK_EQ(unlink(local), 0);
     CHECK_OK(dlock_client_open(&c, NULL, NULL));
     dlock_client_close(c);
-    CHECK_EQ(rmdir(last), 0);
+    CHECK_EQ(rmdir_store(last), 0);
     CHECK_EQ(symlink(target, last), 0);
     default_refused(DLOCK_EPROTO, last, "is a symbolic link");
     CHECK_EQ(unlink(last), 0);
@@ -1413,19 +1432,27 @@ static int count_fds(void)
 }
 
 /* Sockets (listeners and their accepted connections) named after the
- * channels of `name`'s lock file, in the whole system. */
+ * fair channels of `name`'s lock file, in the whole system (the salt and
+ * inode in each name: file_wait.c's chan_base()). */
 static int count_channels(const char *name)
 {
-    char line[512], prefix[128], path[1000], fname[64];
+    char line[512], prefix[128], path[1000], fname[64], hex[33];
+    unsigned char salt[16];
     struct stat st;
     FILE *f;
-    int n = 0;
+    int n = 0, fd;
 
     snprintf(fname, sizeof(fname), "%.50s.lock", name);
     path_of(fname, path, sizeof(path));
-    CHECK_EQ(stat(path, &st), 0);
-    snprintf(prefix, sizeof(prefix), "@dlock-fair/%llx/%llx/",
-             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    CHECK_EQ(fstat(fd, &st), 0);
+    CHECK_EQ(pread(fd, salt, 16, 16), 16);
+    close(fd);
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", salt[i]);
+    snprintf(prefix, sizeof(prefix), "/%s-%llx-f", hex,
+             (unsigned long long)st.st_ino);
     f = fopen("/proc/net/unix", "r");
     if (!f)
         return -1;
@@ -1435,18 +1462,27 @@ static int count_channels(const char *name)
     return n;
 }
 
-static int count_files(void)
+static int count_in(const char *d)
 {
     struct dirent *e;
-    DIR *d = opendir(dir);
+    DIR *dd = opendir(d);
     int n = 0;
 
-    if (!d)
+    if (!dd)
         return -1;
-    while ((e = readdir(d)))
+    while ((e = readdir(dd)))
         n += e->d_name[0] != '.';
-    closedir(d);
+    closedir(dd);
     return n;
+}
+
+/* The store's files, and the channels' socket files */
+static int count_files(void)
+{
+    char w[PATH_MAX + 8192];
+
+    wake_dir_of(dir, w, sizeof(w));
+    return count_in(dir) + count_in(w);
 }
 
 TEST(timed_waits_leave_nothing_behind)
@@ -1593,24 +1629,25 @@ static void header_of(const char *name, uint64_t *next, unsigned char *salt,
     close(fd);
 }
 
-/* The abstract address of a ticket's channel (file.c's chan_name()). */
+/* The address of a ticket's channel (file_wait.c's chan_base()): its
+ * socket file in the store's wake-up directory (ours), by its path. */
 static socklen_t chan_addr(struct sockaddr_un *sa, const struct stat *st,
                            const unsigned char *salt, uint64_t ticket)
 {
-    char hex[33];
+    char hex[33], w[PATH_MAX + 8192];
     int n;
 
     for (int i = 0; i < 16; i++)
         snprintf(hex + 2 * i, 3, "%02x", salt[i]);
+    wake_dir_of(dir, w, sizeof(w));
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
-    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                 "dlock-fair/%llx/%llx/%s/%llx",
-                 (unsigned long long)st->st_dev,
-                 (unsigned long long)st->st_ino, hex,
-                 (unsigned long long)ticket);
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                       (size_t)n);
+    n = snprintf(sa->sun_path, sizeof(sa->sun_path), "%s/%s-%llx-f%llx", w,
+                 hex, (unsigned long long)st->st_ino,
+                 (unsigned long long)(ticket % 4096));
+    CHECK_OP(n, <, (int)sizeof(sa->sun_path)); /* a short test directory */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)n +
+                       1);
 }
 
 /* Takes the next ticket and MAIN by hand, the way a dlock without
@@ -1703,12 +1740,14 @@ TEST(refused_channel_ends_in_the_kernel)
     dlock_client_close(c);
 }
 
-/* A process of another user listens on the name of a ticket's channel:
- * the successor does not trust it (uid), and waits in the kernel. */
+/* A process of another user tries to listen on the name of a ticket's
+ * channel: the store's wake-up directory keeps it out (bind fails with
+ * EACCES); the successor waits in the kernel as before. */
 typedef struct squatter {
     struct sockaddr_un sa;
     socklen_t len;
     volatile int ready;
+    volatile int err; /* bind's errno */
 } squatter;
 
 static int squat(void *arg)
@@ -1721,11 +1760,14 @@ static int squat(void *arg)
     /* a change of uid clears the parent-death signal: die with the test */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     l = socket(AF_UNIX, SOCK_STREAM, 0);
-    if (l < 0 || bind(l, (struct sockaddr *)&q->sa, q->len) != 0 ||
-        listen(l, 16) != 0)
-        return 3;
+    if (l < 0)
+        return 4;
+    if (bind(l, (struct sockaddr *)&q->sa, q->len) != 0)
+        q->err = errno;
+    else if (listen(l, 16) != 0)
+        return 4;
     q->ready = 1;
-    pause();
+    pause(); /* until killed */
     return 0;
 }
 
@@ -1733,17 +1775,20 @@ TEST(foreign_listener_on_a_channel_name)
 {
     fstate *s = fstate_new();
     squatter *q = th_shared(sizeof(*q));
-    dlock_client *c = client();
+    dlock_client *c;
     unsigned char salt[16];
     struct stat st;
     uint64_t t, next;
 
     if (geteuid() != 0) {
         printf("  (not root: no other user to squat with)\n");
-        dlock_client_close(c);
         return;
     }
     salt_file("fsquat");
+    /* the test's directories open to nobody: only the store's wake-up
+     * directory keeps it out */
+    CHECK_EQ(chmod(th_tmpdir(), 0755), 0);
+    CHECK_EQ(chmod(dir, 01777), 0);
     int fd = raw_ticket_holder("fsquat", &t);
     header_of("fsquat", &next, salt, &st);
     CHECK_EQ(next, t + 1);
@@ -1751,13 +1796,15 @@ TEST(foreign_listener_on_a_channel_name)
     pid_t sq = th_fork(squat, q);
     th__track(sq, 1); /* killed at exit, even if the test fails */
     CHECK(wait_for(&q->ready, 1, 10000));
-    /* the successor reaches the squatter's listener, sees another uid,
-     * and waits for the ticket's byte in the kernel */
-    pid_t w = fstart(s, 1, "fsquat", DLOCK_FAIR, 30000, 1);
-    kernel_path_then_release(s, c, "fsquat", fd, w);
+    CHECK_EQ(q->err, EACCES);
     kill(sq, SIGKILL);
     th_wait(sq);
     th__track(sq, 0);
+    /* the successor finds no channel, and waits for the ticket's byte in
+     * the kernel */
+    pid_t w = fstart(s, 1, "fsquat", DLOCK_FAIR, 30000, 1);
+    c = client(); /* after the forks: no child inherits it */
+    kernel_path_then_release(s, c, "fsquat", fd, w);
     dlock_client_close(c);
 }
 
@@ -1799,8 +1846,8 @@ TEST(squatted_ticket_number_is_skipped)
     dlock_client_close(c);
 }
 
-/* A predecessor in another network namespace: its channel's name is not
- * in ours. */
+/* A predecessor in another network namespace: its channel is a file, so
+ * the namespace does not matter (the abstract names of old did). */
 static int netns_worker(void *arg)
 {
     if (unshare(CLONE_NEWNET) != 0)
@@ -1837,7 +1884,8 @@ TEST(predecessor_in_another_network_namespace)
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "fnetns", DLOCK_FAIR, 30000, 1);
     wait_queued(c, "fnetns", 1);
-    CHECK_EQ(wait_threads(w, 3), 3); /* refused: waits in the kernel */
+    th_sleep_ms(20);
+    CHECK_EQ(threads_of(w), 2); /* on the predecessor's channel */
     int64_t t0 = th_now_ms();
     s->release[0] = 1;
     CHECK_EQ(th_wait(h), 0);
@@ -1882,6 +1930,705 @@ TEST(foreign_connection_to_a_channel)
     for (int i = 0; i < 8; i++)
         close(conns[i]);
     dlock_client_close(c);
+}
+
+/* --- other users and processes outside dlock (issue 34) ------------------ */
+
+/* The store of these tests: a directory anyone may write (mode 1777, as
+ * /tmp), reached through a path others may search. */
+static void world_dir(char *out, size_t cap, const char *leaf)
+{
+    CHECK_EQ(chmod(th_tmpdir(), 0755), 0);
+    snprintf(out, cap, "%s/%s", th_tmpdir(), leaf);
+    CHECK_EQ(mkdir(out, 0700), 0);
+    CHECK_EQ(chmod(out, 01777), 0);
+}
+
+static dlock_client *client_at(const char *u)
+{
+    dlock_client *c = NULL;
+
+    CHECK_OK(dlock_client_open(&c, u, NULL));
+    return c;
+}
+
+/* What a child of another uid (and gid, and groups) does */
+typedef struct as_other {
+    uid_t uid;
+    gid_t gid;
+    gid_t group; /* a supplementary group, or 0: none */
+    const char *path; /* a lock file to open */
+    const char *uri;  /* a store to open, and acquire `name` in */
+    const char *name;
+    int open_err;  /* open(path, O_RDONLY)'s errno, 0: opened */
+    int rc;        /* dlock_client_open(), then dlock_acquire(name, 0) */
+    char msg[512]; /* dlock_errmsg() */
+} as_other;
+
+static int as_other_child(void *arg)
+{
+    as_other *a = arg;
+    dlock_client *c = NULL;
+    dlock *l = NULL;
+    int fd;
+
+    if ((a->group ? setgroups(1, &a->group) : setgroups(0, NULL)) != 0 ||
+        setgid(a->gid) != 0 || setuid(a->uid) != 0)
+        return 2;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (a->path) {
+        fd = open(a->path, O_RDONLY);
+        a->open_err = fd < 0 ? errno : 0;
+        if (fd >= 0)
+            close(fd);
+    }
+    if (a->uri) {
+        a->rc = dlock_client_open(&c, a->uri, NULL);
+        if (a->rc == DLOCK_OK && (a->rc = dlock_open(&l, c, a->name,
+                                                     NULL)) == DLOCK_OK) {
+            a->rc = dlock_acquire(l, 0);
+            if (a->rc == DLOCK_OK)
+                dlock_release(l);
+            dlock_close(l);
+        }
+        snprintf(a->msg, sizeof(a->msg), "%s", dlock_errmsg());
+        dlock_client_close(c);
+    }
+    return 0;
+}
+
+static as_other *as_other_run(uid_t uid, gid_t gid, gid_t group,
+                              const char *path, const char *u,
+                              const char *name)
+{
+    as_other *a = th_shared(sizeof(*a));
+
+    a->uid = uid;
+    a->gid = gid;
+    a->group = group;
+    a->path = path;
+    a->uri = u;
+    a->name = name;
+    a->rc = -99;
+    CHECK_EQ(th_wait(th_fork(as_other_child, a)), 0);
+    return a;
+}
+
+TEST(lock_files_are_closed_to_other_users)
+{
+    char d[1000], u[1100], f[1100], w[1100];
+    struct stat st;
+    dlock_client *c;
+    dlock *l;
+
+    if (geteuid() != 0) {
+        printf("  (not root: no other user)\n");
+        return;
+    }
+    world_dir(d, sizeof(d), "world");
+    snprintf(u, sizeof(u), "file://%s", d);
+    mode_t old = umask(022);
+    c = client_at(u);
+    l = handle(c, "fopen", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    umask(old);
+    snprintf(f, sizeof(f), "%s/fopen.lock", d);
+    CHECK_EQ(stat(f, &st), 0);
+    CHECK_EQ(st.st_mode & 07777, 0600);
+    snprintf(w, sizeof(w), "%s/.dlock-wake-u0", d);
+    CHECK_EQ(stat(w, &st), 0);
+    CHECK_EQ(st.st_mode & 07777, 0700);
+    /* nobody cannot open it, not even to read (an OFD read lock would
+     * jam it), nor take it through dlock; its own names work */
+    as_other *a = as_other_run(65534, 65534, 0, f, u, "fopen");
+    CHECK_EQ(a->open_err, EACCES);
+    CHECK(a->rc != DLOCK_OK);
+    a = as_other_run(65534, 65534, 0, NULL, u, "fnobody");
+    CHECK_OK(a->rc);
+    snprintf(f, sizeof(f), "%s/fnobody.lock", d);
+    CHECK_EQ(stat(f, &st), 0);
+    CHECK_EQ(st.st_uid, 65534);
+    CHECK_EQ(st.st_mode & 07777, 0600);
+    /* ours, made wider (by an older dlock): closed at the next use;
+     * another user's: refused */
+    snprintf(f, sizeof(f), "%s/fopen.lock", d);
+    CHECK_EQ(chmod(f, 0644), 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    CHECK_EQ(stat(f, &st), 0);
+    CHECK_EQ(st.st_mode & 07777, 0600);
+    dlock_close(l);
+    l = handle(c, "fnobody", 0, 0);
+    CHECK_RC(dlock_acquire(l, 0), DLOCK_EAUTH);
+    CHECK(strstr(dlock_errmsg(), "belongs to uid 65534") != NULL);
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+TEST(group_store_is_shared_with_its_group_only)
+{
+    char d[1000], u[1100], f[1100], w[1100], bad[1200];
+    struct stat st;
+    dlock_client *c = NULL;
+    dlock *l;
+
+    if (geteuid() != 0) {
+        printf("  (not root: no other user)\n");
+        return;
+    }
+    CHECK_EQ(chmod(th_tmpdir(), 0755), 0);
+    snprintf(d, sizeof(d), "%s/group/store", th_tmpdir());
+    snprintf(u, sizeof(u), "file://%s?group=65534", d);
+    mode_t old = umask(022);
+    c = client_at(u);
+    umask(old);
+    /* the directories it made: the group's, setgid, closed to others */
+    CHECK_EQ(stat(d, &st), 0);
+    CHECK_EQ(st.st_mode & 07777, 02770);
+    CHECK_EQ(st.st_gid, 65534);
+    snprintf(w, sizeof(w), "%s/.dlock-wake-g65534", d);
+    CHECK_EQ(stat(w, &st), 0);
+    CHECK_EQ(st.st_mode & 07777, 02770);
+    CHECK_EQ(st.st_gid, 65534);
+    l = handle(c, "fgroup", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    snprintf(f, sizeof(f), "%s/fgroup.lock", d);
+    CHECK_EQ(stat(f, &st), 0);
+    CHECK_EQ(st.st_mode & 07777, 0660);
+    CHECK_EQ(st.st_gid, 65534);
+    /* a member (another uid) sees it busy, then takes it */
+    as_other *a = as_other_run(12345, 12345, 65534, f, u, "fgroup");
+    CHECK_EQ(a->open_err, 0);
+    CHECK_RC(a->rc, DLOCK_EBUSY);
+    CHECK_OK(dlock_release(l));
+    a = as_other_run(12345, 12345, 65534, f, u, "fgroup");
+    CHECK_OK(a->rc);
+    /* someone outside the group cannot open it, nor name the group */
+    a = as_other_run(12346, 12346, 0, f, NULL, NULL);
+    CHECK_EQ(a->open_err, EACCES);
+    a = as_other_run(12346, 12346, 0, NULL, u, "fgroup");
+    CHECK_RC(a->rc, DLOCK_EINVAL);
+    CHECK(strstr(a->msg, "not a member of group") != NULL);
+    /* bad values */
+    const char *bads[] = {"?group=", "?group=no-such-group-dlock",
+                          "?group=65534&private=1"};
+    for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+        dlock_client *b = NULL;
+        snprintf(bad, sizeof(bad), "file://%s%s", d, bads[i]);
+        CHECK_RC(dlock_client_open(&b, bad, NULL), DLOCK_EINVAL);
+        CHECK(strstr(dlock_errmsg(), "group") != NULL);
+    }
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- read locks that no dlock holder took ------------------------------ */
+
+/* dlock_acquire() in a thread; the test waits for it at most 10 s, so
+ * that a wait that never ends fails the test instead of hanging it */
+typedef struct timed_acq {
+    dlock *l;
+    int64_t wait;
+    volatile int rc;
+    volatile int done;
+    volatile int64_t took;
+} timed_acq;
+
+static void *timed_acq_thread(void *arg)
+{
+    timed_acq *t = arg;
+    int64_t t0 = th_now_ms();
+    int rc = dlock_acquire(t->l, t->wait);
+
+    if (rc == DLOCK_OK)
+        dlock_release(t->l);
+    t->took = th_now_ms() - t0;
+    t->rc = rc;
+    __atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static pthread_t timed_start(timed_acq *t, dlock *l, int64_t wait)
+{
+    pthread_t th;
+
+    t->l = l;
+    t->wait = wait;
+    t->done = 0;
+    t->rc = -99;
+    CHECK_EQ(pthread_create(&th, NULL, timed_acq_thread, t), 0);
+    return th;
+}
+
+static int64_t timed_end(timed_acq *t, pthread_t th)
+{
+    for (int i = 0; i < 10000 && !__atomic_load_n(&t->done, __ATOMIC_ACQUIRE);
+         i++)
+        th_sleep_ms(1);
+    CHECK(t->done); /* else it would never have ended */
+    pthread_join(th, NULL);
+    return t->took;
+}
+
+/* one acquire through l with `wait`: DLOCK_EBUSY, and how long it took */
+static int64_t busy_for(dlock *l, int64_t wait)
+{
+    timed_acq t;
+    pthread_t th = timed_start(&t, l, wait);
+    int64_t took = timed_end(&t, th);
+
+    CHECK_RC(t.rc, DLOCK_EBUSY);
+    return took;
+}
+
+/* Opens `name`'s lock file the way any process could, and takes an OFD
+ * read lock on `byte`. */
+static int foreign_read_lock(const char *name, off_t byte)
+{
+    char path[1000], fname[64];
+    struct flock fl;
+    int fd;
+
+    snprintf(fname, sizeof(fname), "%.50s.lock", name);
+    path_of(fname, path, sizeof(path));
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_RDLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = byte;
+    fl.l_len = 1;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    return fd;
+}
+
+/*
+ * Bounds: a try (wait 0) may wait for META (held for a few system calls by
+ * dlock) META_GRACE_MS, 20 ms; 500 ms allows a busy 2-core machine to
+ * schedule the thread, against a wait that never ended before (the 10 s
+ * of timed_end()). A 500 ms wait never ends before its deadline (10 ms
+ * for whole-ms rounding) and ends within 1 s of scheduling slack after.
+ */
+#define TRY_MS 500
+#define SLACK_MS 1000
+
+TEST(foreign_read_locks_bound_every_wait)
+{
+    dlock_client *c = client();
+    dlock_options o;
+    dlock *lk_plain = handle(c, "fjam", 0, 0);
+    dlock *lk_fair = handle(c, "fjam", 0, DLOCK_FAIR);
+    dlock *sem, *sem_fair;
+    dlock_info info;
+    int64_t took;
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    CHECK_OK(dlock_open(&sem, c, "fjamsem", &o));
+    o.flags = DLOCK_FAIR;
+    CHECK_OK(dlock_open(&sem_fair, c, "fjamsem", &o));
+    /* the files exist, salted, as dlock left them */
+    CHECK_OK(dlock_acquire(lk_plain, 0));
+    CHECK_OK(dlock_release(lk_plain));
+    CHECK_OK(dlock_acquire(sem, 0));
+    CHECK_OK(dlock_release(sem));
+
+    /* read locks on MAIN and META of the lock, META of the semaphore */
+    int f1 = foreign_read_lock("fjam", 0);
+    int f2 = foreign_read_lock("fjam", 1);
+    int f3 = foreign_read_lock("fjamsem", 1);
+
+    dlock *all[] = {lk_plain, lk_fair, sem, sem_fair};
+    for (int i = 0; i < 4; i++) {
+        CHECK_OP(busy_for(all[i], 0), <, TRY_MS);
+        took = busy_for(all[i], 500);
+        CHECK_OP(took, >=, 490);
+        CHECK_OP(took, <, 500 + SLACK_MS);
+    }
+    /* dlock_cancel() ends a wait for META (semaphore) at once */
+    for (int i = 2; i < 4; i++) {
+        timed_acq t;
+        pthread_t th = timed_start(&t, all[i], 30000);
+        th_sleep_ms(100);
+        int64_t t0 = th_now_ms();
+        CHECK_OK(dlock_cancel(all[i]));
+        timed_end(&t, th);
+        CHECK_RC(t.rc, DLOCK_ECANCELED);
+        CHECK_OP(th_now_ms() - t0, <, SLACK_MS);
+    }
+    /* status tells them from dlock's holders */
+    CHECK_OK(dlock_inspect(c, "fjam", &info));
+    CHECK(info.held);
+    CHECK_EQ(info.holders, 0);
+    CHECK_STR(info.holder,
+              "a process outside dlock holds a read lock on this file");
+    dlock_info_clear(&info);
+    CHECK_OK(dlock_inspect(c, "fjamsem", &info));
+    CHECK(info.held);
+    CHECK_EQ(info.holders, 0);
+    CHECK_STR(info.holder,
+              "a process outside dlock holds a read lock on this file");
+    dlock_info_clear(&info);
+    close(f1);
+    close(f2);
+    close(f3);
+    /* once they let go, everything works */
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(dlock_acquire(all[i], 0));
+        CHECK_OK(dlock_release(all[i]));
+    }
+    CHECK_OK(dlock_inspect(c, "fjamsem", &info));
+    CHECK(!info.held);
+    dlock_info_clear(&info);
+    for (int i = 0; i < 4; i++)
+        dlock_close(all[i]);
+    dlock_client_close(c);
+}
+
+static int64_t cpu_ms(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (int64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+}
+
+/* A read lock from outside dlock on a fair ticket's byte (a "waiter" that
+ * has no channel): a fair waiter behind it waits for it in the kernel,
+ * until its deadline, without spinning (a read lock of its own would
+ * pass at once: the old code looped on it, ~480 ms of CPU a second on an
+ * idle machine). Bound: a kernel wait costs a thread and a few system
+ * calls, well under 10 ms; 100 ms leaves room for a sanitizer. */
+TEST(foreign_read_lock_on_a_ticket_does_not_spin)
+{
+    dlock_client *c = client();
+    dlock *l = handle(c, "fspin", 0, DLOCK_FAIR);
+
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    /* the lock on ticket 0, and the counter past it (as a waiter that
+     * took it would leave it) */
+    char path[1000];
+    uint64_t next = 1;
+    path_of("fspin.lock", path, sizeof(path));
+    int wfd = open(path, O_RDWR);
+    CHECK(wfd >= 0);
+    CHECK_EQ(pwrite(wfd, &next, 8, 8), 8);
+    close(wfd);
+    int fd = foreign_read_lock("fspin", (off_t)1 << 32);
+    int64_t cpu0 = cpu_ms(), t0 = th_now_ms();
+    CHECK_RC(dlock_acquire(l, 1000), DLOCK_EBUSY);
+    int64_t took = th_now_ms() - t0, cpu = cpu_ms() - cpu0;
+    CHECK_OP(took, >=, 990);
+    CHECK_OP(took, <, 1000 + SLACK_MS);
+    CHECK_OP(cpu, <, 100);
+    close(fd);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* --- squatters -------------------------------------------------------- */
+
+typedef struct sem_squat {
+    struct sockaddr_un sa[4]; /* names to take: old abstract, new paths */
+    socklen_t len[4];
+    int n;
+    volatile int bound[4]; /* 1: bound; else -errno */
+    volatile int ready;
+} sem_squat;
+
+static int sem_squat_child(void *arg)
+{
+    sem_squat *q = arg;
+
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)
+        return 2;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (int i = 0; i < q->n; i++) {
+        int l = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (l >= 0 && bind(l, (struct sockaddr *)&q->sa[i], q->len[i]) == 0 &&
+            listen(l, 16) == 0)
+            q->bound[i] = 1;
+        else
+            q->bound[i] = -errno;
+    }
+    q->ready = 1;
+    pause();
+    return 0;
+}
+
+/* A semaphore's waiter in a child: acquires `name` (2 permits) with a
+ * 30 s wait; s->t_acq[me] is when it got a permit. */
+static int sem_waiter(void *arg)
+{
+    fjob *j = arg;
+    dlock_client *c;
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, j->name, &o) != DLOCK_OK)
+        return 2;
+    j->s->rc[j->me] = dlock_acquire(l, j->wait_ms);
+    j->s->t_acq[j->me] = th_now_ms();
+    if (j->s->rc[j->me] == DLOCK_OK)
+        dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+/* Which permit byte (its index) `fd`'s file has locked in [from, 2) */
+static int permit_held(const char *name, int from)
+{
+    char path[1000], fname[64];
+    struct flock fl;
+    int fd, at = -1;
+
+    snprintf(fname, sizeof(fname), "%.50s.lock", name);
+    path_of(fname, path, sizeof(path));
+    fd = open(path, O_RDONLY);
+    CHECK(fd >= 0);
+    for (int i = from; i < 2 && at < 0; i++) {
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = ((off_t)1 << 16) + i;
+        fl.l_len = 1;
+        CHECK_EQ(fcntl(fd, F_OFD_GETLK, &fl), 0);
+        if (fl.l_type != F_UNLCK)
+            at = i;
+    }
+    close(fd);
+    return at;
+}
+
+/* Another user takes the names of a semaphore's wake-up channels before
+ * its holders come (the abstract names of old, from the salt that
+ * /proc/net/unix showed; the socket files of now, in the store's
+ * directory): a waiter still gets the permit when the first holder lets
+ * go, not when the last does. */
+TEST(squatters_cannot_slow_a_semaphore_wait)
+{
+    const char *name = "fsqsem";
+    char hex[33], w[PATH_MAX + 8192];
+    unsigned char salt[16];
+    struct stat st;
+    uint64_t next;
+    dlock_client *c1, *c2;
+    dlock_options o;
+    dlock *h1, *h2;
+    fstate *s = fstate_new();
+    sem_squat *q = th_shared(sizeof(*q));
+
+    if (geteuid() != 0) {
+        printf("  (not root: no other user to squat with)\n");
+        return;
+    }
+    c1 = client();
+    c2 = client();
+    /* the test's directories open to nobody (but the store's own
+     * wake-up directory) */
+    CHECK_EQ(chmod(th_tmpdir(), 0755), 0);
+    CHECK_EQ(chmod(dir, 01777), 0);
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    CHECK_OK(dlock_open(&h1, c1, name, &o));
+    CHECK_OK(dlock_open(&h2, c2, name, &o));
+    CHECK_OK(dlock_acquire(h1, 0)); /* salts the file */
+    CHECK_OK(dlock_release(h1));
+    header_of(name, &next, salt, &st);
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", salt[i]);
+    wake_dir_of(dir, w, sizeof(w));
+    for (int i = 0; i < 2; i++) {
+        struct sockaddr_un *sa = &q->sa[q->n];
+        int n;
+        memset(sa, 0, sizeof(*sa));
+        sa->sun_family = AF_UNIX;
+        n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+                     "dlock-semh/%llx/%llx/%s/%x",
+                     (unsigned long long)st.st_dev,
+                     (unsigned long long)st.st_ino, hex, i);
+        q->len[q->n++] = (socklen_t)(offsetof(struct sockaddr_un, sun_path) +
+                                     1 + (size_t)n);
+        sa = &q->sa[q->n];
+        memset(sa, 0, sizeof(*sa));
+        sa->sun_family = AF_UNIX;
+        n = snprintf(sa->sun_path, sizeof(sa->sun_path), "%s/%s-%llx-s%x", w,
+                     hex, (unsigned long long)st.st_ino, i);
+        CHECK_OP(n, <, (int)sizeof(sa->sun_path));
+        q->len[q->n++] = (socklen_t)sizeof(*sa);
+    }
+    pid_t sq = th_fork(sem_squat_child, q);
+    th__track(sq, 1);
+    CHECK(wait_for(&q->ready, 1, 10000));
+    /* the store's directory kept nobody out of the socket files */
+    CHECK_EQ(q->bound[1], -EACCES);
+    CHECK_EQ(q->bound[3], -EACCES);
+
+    CHECK_OK(dlock_acquire(h1, 0));
+    int b1 = permit_held(name, 0);
+    CHECK_OK(dlock_acquire(h2, 0));
+    int b2 = permit_held(name, b1 == 0 ? 1 : 0);
+    CHECK(b1 >= 0 && b2 >= 0 && b1 != b2);
+    fjob j = {s, 0, name, 0, 30000, -1};
+    pid_t wt = th_fork(sem_waiter, &j);
+    wait_queued(c1, name, 1);
+    th_sleep_ms(200); /* asleep on the holders (else it only wakes later) */
+    /* the holder of the lower byte first: the old code slept on the
+     * higher one's byte alone when neither had a channel */
+    dlock *first = b1 < b2 ? h1 : h2, *last = b1 < b2 ? h2 : h1;
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(first));
+    for (int i = 0; i < 5000 && s->rc[0] == -99; i++)
+        th_sleep_ms(1);
+    CHECK_OK(dlock_release(last));
+    CHECK_EQ(th_wait(wt), 0);
+    CHECK_OK(s->rc[0]);
+    CHECK_OP(s->t_acq[0] - t0, <, 2000); /* at once, not 5 s later */
+    kill(sq, SIGKILL);
+    th_wait(sq);
+    th__track(sq, 0);
+    dlock_close(h1);
+    dlock_close(h2);
+    dlock_client_close(c1);
+    dlock_client_close(c2);
+}
+
+/* Holders of a semaphore's permits without wake-up channels (an older
+ * dlock, one out of descriptors, one without /proc): the head waits for
+ * each of their bytes in the kernel, so the first to let go wakes it,
+ * not only the one it happened to wait for (the old code waited for the
+ * highest). */
+static int raw_permit_holder(const char *name, int i)
+{
+    char path[1000], fname[64];
+    struct flock fl;
+    int fd;
+
+    snprintf(fname, sizeof(fname), "%.50s.lock", name);
+    path_of(fname, path, sizeof(path));
+    fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = ((off_t)1 << 16) + i;
+    fl.l_len = 1;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    return fd;
+}
+
+static void raw_unlock(int fd)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    CHECK_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+    close(fd);
+}
+
+TEST(holders_without_channels_wake_the_head)
+{
+    const char *name = "fnochan";
+    dlock_client *c = client();
+    dlock_options o;
+    dlock *l;
+    fstate *s = fstate_new();
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    CHECK_OK(dlock_open(&l, c, name, &o));
+    CHECK_OK(dlock_acquire(l, 0)); /* N and the salt in the file */
+    CHECK_OK(dlock_release(l));
+    int h0 = raw_permit_holder(name, 0), h1 = raw_permit_holder(name, 1);
+    fjob j = {s, 0, name, 0, 30000, -1};
+    pid_t wt = th_fork(sem_waiter, &j);
+    wait_queued(c, name, 1);
+    th_sleep_ms(200); /* asleep on the holders (else it only wakes later) */
+    /* unlocked, not only closed: the waiter inherited the descriptors */
+    int64_t t0 = th_now_ms();
+    raw_unlock(h0);
+    for (int i = 0; i < 5000 && s->rc[0] == -99; i++)
+        th_sleep_ms(1);
+    raw_unlock(h1);
+    CHECK_EQ(th_wait(wt), 0);
+    CHECK_OK(s->rc[0]);
+    CHECK_OP(s->t_acq[0] - t0, <, 2000); /* at once, not 5 s later */
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
+/* A permit holder killed while holding leaves its channel's socket file;
+ * the next holder of that permit replaces it (nobody answers on it), the
+ * head sleeps on the new channel, and once everything is released the
+ * directory is empty again. */
+static int stale_holder(void *arg)
+{
+    fstate *s = arg;
+    dlock_client *c;
+    dlock_options o;
+    dlock *l;
+
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
+        dlock_open(&l, c, "fstale", &o) != DLOCK_OK ||
+        dlock_acquire(l, 0) != DLOCK_OK)
+        return 2;
+    s->held[0] = 1;
+    pause(); /* until killed */
+    return 0;
+}
+
+TEST(stale_channel_file_is_replaced)
+{
+    fstate *s = fstate_new();
+    char w[PATH_MAX + 8192];
+    dlock_client *c1 = client(), *c2 = client();
+    dlock_options o;
+    dlock *h1, *h2;
+
+    wake_dir_of(dir, w, sizeof(w));
+    int before = count_in(w);
+    pid_t a = th_fork(stale_holder, s);
+    CHECK(wait_for(&s->held[0], 1, 10000));
+    CHECK_EQ(count_in(w), before + 1);
+    kill(a, SIGKILL);
+    th_wait(a);
+    CHECK_EQ(count_in(w), before + 1); /* left behind */
+    memset(&o, 0, sizeof(o));
+    o.permits = 2;
+    CHECK_OK(dlock_open(&h1, c1, "fstale", &o));
+    CHECK_OK(dlock_open(&h2, c2, "fstale", &o));
+    CHECK_OK(dlock_acquire(h1, 0));
+    CHECK_OK(dlock_acquire(h2, 0));
+    CHECK_EQ(count_in(w), before + 2); /* ours, one in the dead one's place */
+    fjob j = {s, 1, "fstale", 0, 30000, -1};
+    pid_t wt = th_fork(sem_waiter, &j);
+    wait_queued(c1, "fstale", 1);
+    th_sleep_ms(100);
+    CHECK_EQ(threads_of(wt), 2); /* on the holders' channels */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_release(h1));
+    CHECK_EQ(th_wait(wt), 0);
+    CHECK_OK(s->rc[1]);
+    CHECK_OP(s->t_acq[1] - t0, <, 2000); /* at once */
+    CHECK_OK(dlock_release(h2));
+    CHECK_EQ(count_in(w), before);
+    dlock_close(h1);
+    dlock_close(h2);
+    dlock_client_close(c1);
+    dlock_client_close(c2);
 }
 
 /* --- forks --------------------------------------------------------------- */
@@ -2074,6 +2821,13 @@ static const th_test tests[] = {
     T(squatted_ticket_number_is_skipped),
     T(predecessor_in_another_network_namespace),
     T(foreign_connection_to_a_channel),
+    T(lock_files_are_closed_to_other_users),
+    T(group_store_is_shared_with_its_group_only),
+    TK(foreign_read_locks_bound_every_wait),
+    TK(foreign_read_lock_on_a_ticket_does_not_spin),
+    T(squatters_cannot_slow_a_semaphore_wait),
+    TK(holders_without_channels_wake_the_head),
+    T(stale_channel_file_is_replaced),
     T(release_wakes_the_successor_despite_a_forked_child),
     T(dead_holder_with_a_forked_child_keeps_the_lock),
     TK(give_up_wakes_the_successor_despite_a_forked_child),

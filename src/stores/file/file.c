@@ -36,13 +36,20 @@
  *
  * Fair wake-up channels (docs/design.md, "File store: fair hand-over";
  * file_wait.c): the owner of ticket t listens, from before it locks its
- * ticket byte until after it unlocks it, on the abstract Unix socket
- * "dlock-fair/<dev>/<ino>/<salt>/<t>"; its successor connects and sleeps
- * in poll(). The release sends that connection a byte and yields the CPU
+ * ticket byte until after it unlocks it, on the Unix socket file
+ * "<salt>-<ino>-f<t mod 4096>" in the store's WAKE_DIR (only the store's
+ * user, or group, may write it); its successor connects and sleeps in
+ * poll(). The release sends that connection a byte and yields the CPU
  * to the woken successor; a give-up ends the connection; the kernel resets
  * it when the owner dies. A connection is trusted only if the listener has
- * our uid and ticket t is still held after connecting. The channels only
- * make waking faster; they never decide anything.
+ * our uid (any, in a group store) and ticket t is still held after
+ * connecting. The channels only make waking faster; they never decide
+ * anything.
+ *
+ * Who may open what (docs/stores.md, "Who can open a lock file"): lock
+ * files 0600 and directories 0700, or 0660 and 02770 with ?group=NAME;
+ * anyone who can open a file can lock its bytes, so every wait on a byte
+ * (META too) ends by its deadline or a cancel.
  *
  * Forks: a child forked while a lock is held (or waited for) shares the
  * open file and the channel; release (and give-up) unlocks the description
@@ -163,6 +170,9 @@ typedef struct file_id {
     dev_t dev;
     ino_t ino;
     uint64_t size;
+    mode_t mode;
+    uid_t uid;
+    gid_t gid;
 } file_id;
 
 static int file_stat(int dirfd, const char *path, int flags, file_id *id,
@@ -170,28 +180,85 @@ static int file_stat(int dirfd, const char *path, int flags, file_id *id,
 {
     struct statx sx;
 
-    if (statx(dirfd, path, flags, STATX_TYPE | STATX_INO | STATX_SIZE,
+    if (statx(dirfd, path, flags,
+              STATX_TYPE | STATX_MODE | STATX_UID | STATX_GID | STATX_INO |
+                  STATX_SIZE,
               &sx) != 0)
         return -1;
     id->dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
     id->ino = (ino_t)sx.stx_ino;
     id->size = sx.stx_size;
+    id->mode = sx.stx_mode;
+    id->uid = sx.stx_uid;
+    id->gid = sx.stx_gid;
     *regular = S_ISREG(sx.stx_mode);
     return 0;
 }
 
+/* A lock file an acquirer opened (fd; id: its statx; `created`: by this
+ * call): who may open it. Ours: given the store's mode (and group) if it
+ * has another, so that files made by an older dlock (0666 & ~umask) or
+ * under a narrower umask are closed to others at their owner's next use.
+ * Another user's: refused, unless the store is a group's and the file is
+ * that group's and closed to others (docs/stores.md, "Who can open a
+ * lock file"). */
+static int own_file(file_store *fs, int fd, const char *fname,
+                    const file_id *id, int created)
+{
+    uid_t me = geteuid();
+
+    if (created || id->uid == me) {
+        if (fs->group && id->gid != fs->gid && fchown(fd, (uid_t)-1, fs->gid) != 0)
+            return dlock__file_io_error("chgrp", fname, errno);
+        if ((id->mode & 07777) != fs->fmode && fchmod(fd, fs->fmode) != 0)
+            return dlock__file_io_error("chmod", fname, errno);
+        return DLOCK_OK;
+    }
+    if (!fs->group)
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s belongs to uid %lu, not to you "
+                          "(uid %lu): its owner decides who may open it; a "
+                          "store users share takes ?group=NAME",
+                          fname, (unsigned long)id->uid, (unsigned long)me);
+    if (id->gid != fs->gid)
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s belongs to group %lu, not to the "
+                          "store's (%lu); its owner (uid %lu) can chgrp it",
+                          fname, (unsigned long)id->gid,
+                          (unsigned long)fs->gid, (unsigned long)id->uid);
+    if (id->mode & 007)
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s may be opened by others (mode "
+                          "%04o), who could then keep it locked; its owner "
+                          "(uid %lu) can chmod o-rwx it",
+                          fname, (unsigned)(id->mode & 07777),
+                          (unsigned long)id->uid);
+    return DLOCK_OK;
+}
+
 /* Opens (creating with O_CREAT) the lock file; *id is its identity.
  * *missing is set when it does not exist (only possible without
- * O_CREAT). */
+ * O_CREAT). With O_CREAT (an acquirer), a new file is made 0600 (never
+ * wider, whatever the umask, until own_file() gives it the store's mode
+ * and group) and own_file() decides. */
 static int open_lock_file(file_store *fs, const char *fname, int flags,
                           int *out, file_id *id, int *missing)
 {
-    int fd = openat(fs->dirfd, fname,
-                    flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
-                    fs->private_dir ? 0600 : 0666);
-    int rc, regular = 0;
+    int fd = -1, rc, regular = 0, created = 0;
 
     *missing = 0;
+    for (int i = 0; fd < 0 && i < 8; i++) {
+        fd = openat(fs->dirfd, fname,
+                    (flags & ~O_CREAT) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd >= 0 || errno != ENOENT || !(flags & O_CREAT))
+            break;
+        fd = openat(fs->dirfd, fname,
+                    flags | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK,
+                    0600);
+        created = fd >= 0;
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
     if (fd < 0) {
         *missing = errno == ENOENT;
         return dlock__file_io_error("open", fname, errno);
@@ -200,6 +267,11 @@ static int open_lock_file(file_store *fs, const char *fname, int flags,
         close(fd);
         return dlock__err(DLOCK_EPROTO,
                           "file store: %.200s is not a regular file", fname);
+    }
+    if ((flags & O_CREAT) &&
+        (rc = own_file(fs, fd, fname, id, created)) != DLOCK_OK) {
+        close(fd);
+        return rc;
     }
     rc = check_magic(fd, fname);
     if (rc) {
@@ -229,6 +301,8 @@ static void drop_file(file_store *fs, file_lease *fl)
 {
     int ready[READY_MAX], n;
 
+    if (fl->lfd >= 0 && fl->lsem)
+        dlock__file_chan_unlink(fs->wdir, fl->lfd);
     lk(fl->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
     n = dlock__file_watch_end(fs, fl, ready);
     for (int i = 0; i < n; i++) {
@@ -238,7 +312,7 @@ static void drop_file(file_store *fs, file_lease *fl)
     }
     dlock__file_watch_forget(fs, fl);
     if (fl->lfd >= 0)
-        dlock__file_chan_close(fl->lfd, -1);
+        dlock__file_chan_end(fs->wdir, fl->lfd, -1, fl->lsem);
     if (fl->cfd >= 0)
         close(fl->cfd);
     close(fl->fd);
@@ -331,7 +405,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
         int e;
 
         fl->fd = fl->lfd = fl->cfd = -1;
-        fl->watching = fl->listed = 0;
+        fl->watching = fl->listed = fl->lsem = 0;
         rc = open_lock_file(fs, fl->fname, O_RDWR | O_CREAT, &fl->fd, &st,
                             &e);
         if (rc)
@@ -343,6 +417,8 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             f.fd = fl->fd;
             f.dev = st.dev;
             f.ino = st.ino;
+            f.wdir = fs->wdir;
+            f.anyuid = fs->group;
             rc = dlock__file_sem_acquire(fs, fl, &f, l, once);
             if (rc == DLOCK_OK && !same_file(fs, fl)) {
                 drop_file(fs, fl); /* replaced meanwhile: the new one */
@@ -381,10 +457,18 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             f.fd = fl->fd;
             f.dev = st.dev;
             f.ino = st.ino;
+            f.wdir = fs->wdir;
+            f.anyuid = fs->group;
             const char *what = "lock";
-            ticket = dlock__file_take_ticket(&f, &fl->lfd, &what, &e);
+            ticket = dlock__file_take_ticket(&f, l->deadline, l->cancel_fd,
+                                             &fl->lfd, &what, &e);
             if (ticket < 0) {
                 close(fl->fd);
+                fl->fd = -1;
+                if (e == ETIMEDOUT) {
+                    l->retry_ms = -1;
+                    return DLOCK_EBUSY;
+                }
                 return dlock__file_io_error(what, fl->fname, e);
             }
             dlock__file_watch_add(fs, fl);
@@ -434,6 +518,10 @@ static int file_release(void *vst, dlock__lease *l, int64_t op_deadline)
      * stays replaced). */
     if (fl->lfd < 0)
         ours = same_file(fs, fl);
+    /* A permit's channel goes before its byte: the next holder of the
+     * byte makes one of the same name (file_wait.c) */
+    if (fl->lfd >= 0 && fl->lsem)
+        dlock__file_chan_unlink(fs->wdir, fl->lfd);
     /* Unlock the open file description itself (every byte: the lock and
      * any ticket) before closing: a child forked while we held it shares
      * the description, and close() alone would leave the lock held for as
@@ -457,7 +545,7 @@ static int file_release(void *vst, dlock__lease *l, int64_t op_deadline)
     for (int i = 0; i < n; i++)
         close(ready[i]);
     if (fl->lfd >= 0)
-        dlock__file_chan_close(fl->lfd, woken);
+        dlock__file_chan_end(fs->wdir, fl->lfd, woken, fl->lsem);
     if (ours < 0)
         ours = same_file(fs, fl);
     if (fl->cfd >= 0)
@@ -529,8 +617,14 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
             out->holders++;
             at = b + 1;
         }
-        snprintf(out->holder, sizeof(out->holder), "%lld reader%s",
-                 (long long)out->holders, out->holders == 1 ? "" : "s");
+        /* every dlock reader keeps a slot (but for the moment between
+         * its lock and its slot, or when eight slots in a row were
+         * taken): a read lock with none is someone else's */
+        if (out->holders == 0)
+            snprintf(out->holder, sizeof(out->holder), "%s", FOREIGN_READ);
+        else
+            snprintf(out->holder, sizeof(out->holder), "%lld reader%s",
+                     (long long)out->holders, out->holders == 1 ? "" : "s");
     } else if (out->held) {
         out->holders = 1;
         /* the record is whatever the file holds: no arithmetic on its
@@ -546,6 +640,15 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
     }
     if (!out->held)
         dlock__file_sem_inspect(fd, out);
+    /* dlock only ever write-locks META, for a few system calls: a read
+     * lock there is someone else's, and every fair waiter and semaphore
+     * acquirer waits for it (until its deadline) */
+    type = F_UNLCK;
+    if (conflict_of(fd, F_WRLCK, META_BYTE, META_BYTE + 1, &type) >= 0 &&
+        type == F_RDLCK && !out->held) {
+        out->held = 1;
+        snprintf(out->holder, sizeof(out->holder), "%s", FOREIGN_READ);
+    }
     for (off_t at = QUEUE_BASE; out->waiters < MAX_WAITERS_COUNTED;) {
         off_t b = lowest_held(fd, at, QUEUE_END);
         if (b < 0)
@@ -585,8 +688,36 @@ int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
     return DLOCK_OK;
 }
 
-/* mkdir -p; the last component gets `mode`. */
-static int make_dirs(const char *path, mode_t mode)
+/* A directory we just made (dirfd, name; `shown` its path): the store's
+ * directory mode and group, which mkdir's umask may have narrowed and
+ * which the setgid bit needs. Opened without following a link, and only
+ * changed if it is ours. */
+static int give_dir_mode(file_store *fs, int dirfd, const char *name,
+                         const char *shown)
+{
+    struct stat st;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+                                     O_CLOEXEC);
+    int rc = DLOCK_OK;
+
+    if (fd < 0)
+        return dlock__file_io_error("open", shown, errno);
+    if (fstat(fd, &st) == 0 && st.st_uid == geteuid()) {
+        if (fs->group && st.st_gid != fs->gid &&
+            fchown(fd, (uid_t)-1, fs->gid) != 0)
+            rc = dlock__file_io_error("chgrp", shown, errno);
+        else if ((st.st_mode & 07777) != fs->dmode &&
+                 fchmod(fd, fs->dmode) != 0)
+            rc = dlock__file_io_error("chmod", shown, errno);
+    }
+    close(fd);
+    return rc;
+}
+
+/* mkdir -p: every directory made gets the store's directory mode (0700:
+ * nobody else can enter; 02770 and the group in a group store). Those
+ * that exist are left as they are. */
+static int make_dirs(file_store *fs, const char *path)
 {
     char buf[PATH_MAX];
     size_t n = strlen(path);
@@ -599,11 +730,120 @@ static int make_dirs(const char *path, mode_t mode)
             continue;
         char keep = buf[i];
         buf[i] = '\0';
-        if (mkdir(buf, keep ? 0777 : mode) != 0 && errno != EEXIST)
+        if (mkdir(buf, 0700) == 0) {
+            int rc = give_dir_mode(fs, AT_FDCWD, buf, buf);
+            if (rc)
+                return rc;
+        } else if (errno != EEXIST) {
             return dlock__file_io_error("mkdir", buf, errno);
+        }
         buf[i] = keep;
     }
     return DLOCK_OK;
+}
+
+/* Opens (making it if missing) WAKE_DIR, where the wake-up channels'
+ * sockets live: fs->wdir. Only the store's users may write it (a socket
+ * in it is trusted as theirs): made with the directory mode, and if it
+ * exists, ours (given that mode) or, in a group store, the group's and
+ * closed to others; else refused. None can be made (a store we may only
+ * read, say): fs->wdir is -1 and waits are the kernel's. */
+static int open_wake_dir(file_store *fs)
+{
+    char shown[PATH_MAX + 64], name[64];
+    struct stat st;
+    int fd;
+
+    /* a user's own (the store's other users cannot open our files, and
+     * could make a directory of this name first in a directory they may
+     * write), or the group's */
+    snprintf(name, sizeof(name), WAKE_DIR "%c%lu", fs->group ? 'g' : 'u',
+             fs->group ? (unsigned long)fs->gid : (unsigned long)geteuid());
+    snprintf(shown, sizeof(shown), "%s/%s", fs->dir, name);
+    fs->wdir = -1;
+    if (mkdirat(fs->dirfd, name, 0700) == 0) {
+        int rc = give_dir_mode(fs, fs->dirfd, name, shown);
+        if (rc)
+            return rc;
+    } else if (errno != EEXIST) {
+        return DLOCK_OK; /* none: kernel waits */
+    }
+    fd = openat(fs->dirfd, name,
+                O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && (errno == ENOTDIR || errno == ELOOP))
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s is not a directory; remove it",
+                          shown);
+    if (fd < 0)
+        return DLOCK_OK;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return DLOCK_OK;
+    }
+    if (st.st_uid == geteuid()) {
+        if ((fs->group && st.st_gid != fs->gid &&
+             fchown(fd, (uid_t)-1, fs->gid) != 0) ||
+            ((st.st_mode & 07777) != fs->dmode &&
+             fchmod(fd, fs->dmode) != 0)) {
+            int rc = dlock__file_io_error("chmod", shown, errno);
+            close(fd);
+            return rc;
+        }
+    } else if (!fs->group || st.st_gid != fs->gid || (st.st_mode & 007)) {
+        close(fd);
+        return dlock__err(DLOCK_EAUTH,
+                          "file store: %.200s belongs to uid %lu, group %lu, "
+                          "mode %04o: others could wake or delay our "
+                          "waiters; remove it (dlock makes it again)%s",
+                          shown, (unsigned long)st.st_uid,
+                          (unsigned long)st.st_gid,
+                          (unsigned)(st.st_mode & 07777),
+                          fs->group ? "" : ", or share the store with "
+                                           "?group=NAME");
+    }
+    fs->wdir = fd;
+    return DLOCK_OK;
+}
+
+/* ?group=NAME (a name or a number): *gid, if we are a member (or root). */
+static int parse_group(const char *v, gid_t *gid)
+{
+    struct group gr, *grr = NULL;
+    char buf[16384], *end;
+    gid_t *groups;
+    int n, member = 0;
+
+    if (!*v)
+        return dlock__err(DLOCK_EINVAL,
+                          "file:// parameter group needs a group name");
+    errno = 0;
+    unsigned long num = strtoul(v, &end, 10);
+    if (*end == '\0' && errno == 0 && num < (unsigned long)(gid_t)-1) {
+        *gid = (gid_t)num;
+    } else if (getgrnam_r(v, &gr, buf, sizeof(buf), &grr) == 0 && grr) {
+        *gid = gr.gr_gid;
+    } else {
+        return dlock__err(DLOCK_EINVAL,
+                          "file:// parameter group: no group '%.64s' on this "
+                          "host",
+                          v);
+    }
+    if (geteuid() == 0 || getegid() == *gid)
+        return DLOCK_OK;
+    n = getgroups(0, NULL);
+    groups = n > 0 ? calloc((size_t)n, sizeof(*groups)) : NULL;
+    if (groups)
+        n = getgroups(n, groups);
+    for (int i = 0; groups && i < n; i++)
+        member |= groups[i] == *gid;
+    free(groups);
+    if (member)
+        return DLOCK_OK;
+    return dlock__err(DLOCK_EINVAL,
+                      "file:// parameter group: you are not a member of "
+                      "group '%.64s' (gid %lu), so you could not give it "
+                      "the store's files",
+                      v, (unsigned long)*gid);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -883,10 +1123,11 @@ static int open_private(const char *path, int *out)
 static int file_open(void **out, dlock_client *c, const dlock__uri *u,
                      int64_t timeout_ms)
 {
-    static const char *const params[] = {"private", NULL};
-    const char *priv;
+    static const char *const params[] = {"private", "group", NULL};
+    const char *priv, *grp;
     file_store *fs;
     int private_dir = 0, dirfd = -1, rc;
+    gid_t gid = 0;
 
     (void)c;
     (void)timeout_ms;
@@ -912,27 +1153,45 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
                               "file:// parameter private must be 0 or 1");
         private_dir = priv[0] == '1';
     }
+    grp = dlock__uri_param(u, "group");
+    if (grp && private_dir)
+        return dlock__err(DLOCK_EINVAL,
+                          "file:// parameters private=1 and group exclude "
+                          "each other: a private store is its user's alone");
+    if (grp && (rc = parse_group(grp, &gid)) != DLOCK_OK)
+        return rc;
+
+    fs = calloc(1, sizeof(*fs));
+    if (!fs || !(fs->dir = strdup(u->path))) {
+        free(fs);
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    }
+    fs->group = grp != NULL;
+    fs->gid = gid;
+    fs->fmode = fs->group ? 0660 : 0600;
+    fs->dmode = fs->group ? 02770 : 0700;
+    fs->wdir = -1;
     if (private_dir) {
         rc = open_private(u->path, &dirfd);
     } else {
-        rc = make_dirs(u->path, 0777);
+        rc = make_dirs(fs, u->path);
         if (rc == DLOCK_OK) {
             dirfd = open(u->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
             if (dirfd < 0)
                 rc = dlock__file_io_error("open", u->path, errno);
         }
     }
-    if (rc)
-        return rc;
-
-    fs = calloc(1, sizeof(*fs));
-    if (!fs || !(fs->dir = strdup(u->path))) {
+    fs->dirfd = dirfd;
+    if (rc == DLOCK_OK)
+        rc = open_wake_dir(fs);
+    if (rc) {
+        if (dirfd >= 0)
+            close(dirfd);
+        free(fs->dir);
         free(fs);
-        close(dirfd);
-        return dlock__err(DLOCK_ENOMEM, "out of memory");
+        return rc;
     }
     fs->pid = (int64_t)getpid();
-    fs->dirfd = dirfd;
     fs->private_dir = private_dir;
     dlock__file_watch_open(fs);
     *out = fs;
@@ -946,6 +1205,8 @@ static void file_close(void *vst)
     if (!fs)
         return;
     dlock__file_watch_close(fs);
+    if (fs->wdir >= 0)
+        close(fs->wdir);
     close(fs->dirfd);
     free(fs->dir);
     free(fs);

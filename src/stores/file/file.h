@@ -24,6 +24,9 @@
 #define READER_BASE ((off_t)1 << 62) /* a reader's slot (counted) */
 #define READER_SLOTS ((off_t)1 << 32)
 #define SEM_OFFSET 48 /* a semaphore's N (uint32_t), under META */
+/* A semaphore's head waits in the kernel (a helper thread each) for at
+ * most that many holders without a channel at once */
+#define SEM_KWAIT_MAX 32
 #define SEM_PERMITS_MAX 256 /* file store: a waiter keeps one connection
                              * per permit held */
 #define REC_OFFSET 64 /* the holder record; its first field the fence */
@@ -32,6 +35,22 @@
 #define SALT_OFFSET 16
 #define SALT_LEN 16
 #define FNAME_MAX 240 /* a lock file's name, at most */
+/* The wake-up channels' directory in the store's (a lock file's name
+ * never starts with '.'), made with the store's directory mode: WAKE_DIR
+ * "u<uid>" (a store of one user's files) or "g<gid>" (a group store) */
+#define WAKE_DIR ".dlock-wake-"
+/* A fair ticket's channel is named after its number modulo this: a
+ * crashed waiter leaves at most that many socket files per lock file */
+#define CHAN_TICKET_NAMES 4096
+/* A wait for the META byte (held by others for a few system calls) lasts
+ * at least this long, so that a try (--wait 0) does not report busy
+ * because another acquirer was deciding; a process outside dlock that
+ * keeps META delays it that long at most */
+#define META_GRACE_MS 20
+/* dlock_inspect()'s holder when a lock on the file is not a dlock
+ * holder's (F_OFD_GETLK tells no pid of an OFD lock; what the store keeps
+ * of its holders tells) */
+#define FOREIGN_READ "a process outside dlock holds a read lock on this file"
 /* Successors' connections the background thread accepts ahead of the
  * release, per channel (more wait in the backlog for the release). */
 #define READY_MAX 4
@@ -43,7 +62,16 @@ typedef struct file_lease file_lease;
 typedef struct file_store {
     char *dir;
     int dirfd;
-    int private_dir; /* ?private=1: lock files mode 0600 */
+    int private_dir; /* ?private=1: the default store's checks */
+    /* Who may open what dlock creates (docs/stores.md, "Who can open a
+     * lock file"): by default only us (files 0600, directories 0700);
+     * with ?group=NAME that group too (0660 and 02770, gid NAME). */
+    int group;
+    gid_t gid;
+    mode_t fmode, dmode;
+    /* WAKE_DIR, where the wake-up channels' sockets live (O_PATH; -1:
+     * none, every wait is in the kernel) */
+    int wdir;
     int64_t pid; /* for holder records (a client is not used after fork) */
     /* The client's background thread accepts successors' connections to
      * our fair channels ahead of the release (dlock__file_loop_run()): epfd
@@ -63,6 +91,7 @@ struct file_lease {
     /* successors' connections accepted ahead (under file_store.mu) */
     int ready[READY_MAX];
     int nready;
+    int lsem;     /* lfd is a permit's: unlinked before the byte is freed */
     int watching; /* lfd is in file_store.epfd */
     int listed;   /* in file_store.watched (under file_store.mu) */
     file_lease *wnext, *wprev;
@@ -75,6 +104,9 @@ typedef struct lock_file {
     dev_t dev;
     ino_t ino;
     unsigned char salt[SALT_LEN]; /* all zero: no channels */
+    int wdir;   /* file_store.wdir */
+    int anyuid; /* a group store: a listener of any uid is trusted (only
+                 * the group can write WAKE_DIR) */
 } lock_file;
 
 /* An F_OFD_SETLK(W) (or GETLK) on [start, start + len). */
@@ -155,6 +187,15 @@ int64_t dlock__file_wall_us(void);
 DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte,
                                   int64_t deadline, int cfd);
 
+/* Blocks until any byte of `bytes` (nb of them, none locked through fd)
+ * is free of every lock (each waited for with a write lock in a helper
+ * thread, then unlocked), or one of `fds` is readable, or the deadline,
+ * or a cancel through cfd. 0: something happened (look again);
+ * ETIMEDOUT (the deadline or the cancel); or an errno. */
+int dlock__file_kwait_any(int fd, const off_t *bytes, int nb,
+                          const int *fds, int nfds, int64_t deadline,
+                          int cfd);
+
 /* Takes MAIN for `type` (F_WRLCK: a writer; F_RDLCK: a reader) through
  * the gate that keeps writers from starving: a writer that must wait
  * holds GATE while it waits for MAIN, and a reader that finds GATE held
@@ -163,11 +204,17 @@ DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte,
 DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline,
                                  int cfd, int64_t *woken_us);
 
+/* Takes the META byte's write lock: at once, or waiting (in the kernel,
+ * never polling) until `deadline` (but META_GRACE_MS at least) or a cancel
+ * through cfd. 0, ETIMEDOUT (the deadline or the cancel) or an errno. */
+int dlock__file_meta_lock(int fd, int64_t deadline, int cfd);
+
 /* Takes a fair-queue ticket and locks its byte, making its wake-up
  * channel first (*lfd; -1: none); sets f->salt. The ticket's byte, or -1
- * with *what ("lock", "write") and *err (an errno). */
-off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
-                              int *err);
+ * with *what ("lock", "write") and *err (an errno; ETIMEDOUT: META stayed
+ * held past the deadline, or a cancel). */
+off_t dlock__file_take_ticket(lock_file *f, int64_t deadline, int cfd,
+                              int *lfd, const char **what, int *err);
 
 /* Waits, as the owner of ticket byte `ticket`, until f->fd holds MAIN
  * (or the deadline, or a cancel through cfd). 0, ETIMEDOUT or an errno. *conn: a connection left open (or -1), for
@@ -176,9 +223,10 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
                           int cfd, int *conn, int head_only);
 
 /* A wake-up channel's listener for a fair ticket's byte or a permit's
- * byte (its descriptor; -1: the name is taken; -2: none can be made), and
- * a connection to one (our uid only; -1: none; the caller checks that the
- * byte is still held after connecting). */
+ * byte (its descriptor; -1: the name is taken by a live listener; -2:
+ * none can be made), and a connection to one (our uid only, but any in a
+ * group store; -1: none; the caller checks that the byte is still held
+ * after connecting). A stale socket file (a crashed owner's) is replaced. */
 int dlock__file_chan_listen(const lock_file *f, off_t byte);
 int dlock__file_chan_connect(const lock_file *f, off_t byte);
 
@@ -206,9 +254,14 @@ int dlock__file_watch_end(file_store *fs, file_lease *fl, int *out);
 void dlock__file_watch_forget(file_store *fs, file_lease *fl);
 
 /* Wakes the successor waiting in a channel's backlog (its connection, or
- * -1), and closes a channel after waking every successor still there. */
+ * -1), and closes a channel after waking every successor still there
+ * (chan_close; chan_end also removes the file store's socket file, from
+ * WAKE_DIR wdir, first unless `unlinked`: dlock__file_chan_unlink()
+ * did). */
 DLOCK__HOST int dlock__file_chan_wake(int lfd);
 DLOCK__HOST void dlock__file_chan_close(int lfd, int woken);
+void dlock__file_chan_end(int wdir, int lfd, int woken, int unlinked);
+void dlock__file_chan_unlink(int wdir, int lfd);
 
 /* The backend's loop_fd and loop_run slots (the background thread). */
 int dlock__file_loop_fd(void *st);

@@ -20,14 +20,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static void meta_lock(int fd)
-{
-    /* held by others for a few system calls only: a blocking wait is a
-     * wait for those, not for a lock holder */
-    while (lk(fd, F_OFD_SETLKW, F_WRLCK, META_BYTE, 1) != 0 && errno == EINTR)
-        ;
-}
-
 static void meta_unlock(int fd)
 {
     lk(fd, F_OFD_SETLK, F_UNLCK, META_BYTE, 1);
@@ -45,7 +37,9 @@ typedef struct sem_head {
 /* One try, under META: DLOCK_OK with the permit's byte locked and
  * l->token set (*byte: which), DLOCK_EBUSY, or an error. With
  * `queue_first`, a queue of waiters makes it busy (DLOCK_FAIR). Sets
- * f->salt, making it when the file has none: holders' channels need it. */
+ * f->salt, making it when the file has none: holders' channels need it.
+ * META held by others past the deadline (META_GRACE_MS at least) or a
+ * cancel: DLOCK_EBUSY. */
 static int sem_try(lock_file *f, dlock__lease *l, const char *fname,
                    int queue_first, off_t *byte)
 {
@@ -53,8 +47,12 @@ static int sem_try(lock_file *f, dlock__lease *l, const char *fname,
     sem_head h;
     int fd = f->fd, rc = DLOCK_EBUSY;
     ssize_t got;
+    int e = dlock__file_meta_lock(fd, l->deadline, l->cancel_fd);
 
-    meta_lock(fd);
+    if (e == ETIMEDOUT)
+        return DLOCK_EBUSY;
+    if (e)
+        return dlock__file_io_error("lock", fname, e);
     memset(&h, 0, sizeof(h));
     got = pread(fd, &h, sizeof(h), 0);
     if (got < 0) {
@@ -128,8 +126,9 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
                             int cfd)
 {
     struct pollfd pf[SEM_PERMITS_MAX + 1]; /* the holders', and cfd */
-    off_t end = PERMIT_BASE + (off_t)n, untrusted = -1;
-    int np = 0, e = 0, freed = 0;
+    off_t end = PERMIT_BASE + (off_t)n;
+    off_t untrusted[SEM_KWAIT_MAX]; /* holders without a channel */
+    int np = 0, nu = 0, e = 0, freed = 0;
 
     for (off_t at = PERMIT_BASE; at < end && np < (int)n;) {
         off_t b = lowest_held(f->fd, at, end);
@@ -147,17 +146,22 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
             pf[np].events = POLLIN;
             pf[np].revents = 0;
             np++;
-        } else {
-            untrusted = b;
+        } else if (nu < SEM_KWAIT_MAX) {
+            untrusted[nu++] = b;
         }
         at = b + 1;
     }
-    if (!freed && np == 0 && untrusted >= 0) {
-        /* no holder with a channel: the kernel tells when that one's
-         * byte is free */
-        e = dlock__file_kwait(f->fd, F_RDLCK, untrusted, deadline, cfd);
-        if (e == 0)
-            lk(f->fd, F_OFD_SETLK, F_UNLCK, untrusted, 1);
+    if (!freed && nu > 0) {
+        /* holders without a channel (an older dlock, out of
+         * descriptors, no /proc): the kernel tells when one of their
+         * bytes is free, while the others' channels are watched too */
+        int fds[SEM_PERMITS_MAX];
+        for (int i = 0; i < np; i++)
+            fds[i] = pf[i].fd;
+        e = dlock__file_kwait_any(f->fd, untrusted, nu, fds, np, deadline,
+                                  cfd);
+        for (int i = 0; i < np; i++)
+            close(pf[i].fd);
         return e;
     }
     while (!freed && np > 0) {
@@ -198,6 +202,7 @@ static void sem_listen(file_lease *fl, const lock_file *f, off_t b)
     int s = dlock__file_chan_listen(f, b);
 
     fl->lfd = s >= 0 ? s : -1;
+    fl->lsem = 1;
 }
 
 int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
@@ -221,7 +226,10 @@ int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
         return rc;
     }
     /* wait: in the fair queue, then as its head on the holders */
-    ticket = dlock__file_take_ticket(f, &tlfd, &what, &e);
+    ticket = dlock__file_take_ticket(f, l->deadline, l->cancel_fd, &tlfd,
+                                     &what, &e);
+    if (ticket < 0 && e == ETIMEDOUT)
+        return DLOCK_EBUSY;
     if (ticket < 0)
         return dlock__file_io_error(what, fl->fname, e);
     for (int round = 0;; round++) {
@@ -247,7 +255,7 @@ int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
     /* leave the queue: the successor wakes and becomes the head */
     lk(f->fd, F_OFD_SETLK, F_UNLCK, ticket, 1);
     if (tlfd >= 0)
-        dlock__file_chan_close(tlfd, -1);
+        dlock__file_chan_end(f->wdir, tlfd, -1, 0);
     if (conn >= 0)
         close(conn);
     if (e == ETIMEDOUT)
@@ -268,15 +276,25 @@ void dlock__file_sem_inspect(int fd, dlock_info *out)
         return;
     out->permits = n;
     out->holders = 0;
+    int foreign = 0;
     for (off_t at = PERMIT_BASE; at < PERMIT_BASE + (off_t)n;) {
         off_t b = lowest_held(fd, at, PERMIT_BASE + (off_t)n);
+        short type = F_UNLCK;
         if (b < 0)
             break;
-        out->holders++;
+        /* a permit's holder write-locks its byte: a read lock is not
+         * one of ours */
+        if (conflict_of(fd, F_WRLCK, b, b + 1, &type) >= 0 &&
+            type == F_RDLCK)
+            foreign = 1;
+        else
+            out->holders++;
         at = b + 1;
     }
-    out->held = out->holders > 0;
-    if (out->held)
+    out->held = out->holders > 0 || foreign;
+    if (foreign)
+        snprintf(out->holder, sizeof(out->holder), "%s", FOREIGN_READ);
+    else if (out->held)
         snprintf(out->holder, sizeof(out->holder), "%lld of %u permits",
                  (long long)out->holders, n);
 }

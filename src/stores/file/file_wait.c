@@ -14,16 +14,17 @@
  *
  * The fair queue's wake-up channels (docs/design.md, "File store: fair
  * hand-over"): the owner of ticket t listens, from before it locks its
- * ticket byte until after it unlocks it, on the abstract Unix socket
- * "dlock-fair/<dev>/<ino>/<salt>/<t>". Its successor connects and sleeps
+ * ticket byte until after it unlocks it, on the Unix socket file
+ * "<salt>-<ino>-f<t mod 4096>" in the store's WAKE_DIR, a directory only
+ * the store's user (or group) may write. Its successor connects and sleeps
  * in poll(), itself, until the connection reports anything: the release
  * sends it a byte ("you are the head"), a give-up ends the connection, the
  * owner's death resets it. The client's background thread accepts the
  * successor's connection as soon as it comes (watch_add(), loop_run()), so
  * that the release does not allocate a socket on the hand-off's path. A
- * connection is trusted only if the listener has our uid and ticket t is
- * still held after connecting; otherwise (refused, squatted, another
- * network namespace, another uid, an older dlock) the successor waits for
+ * connection is trusted only if the listener has our uid (any, in a group
+ * store) and ticket t is still held after connecting; otherwise (refused,
+ * no /proc, another uid, an older dlock) the successor waits for
  * byte t in the kernel. The channels only make waking faster: the ticket
  * bytes and MAIN decide everything.
  */
@@ -35,9 +36,11 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -95,7 +98,7 @@ static off_t highest_below(int fd, off_t mine)
 
 typedef struct kwait {
     int fd;
-    short type;  /* F_WRLCK (MAIN) or F_RDLCK (a predecessor's ticket) */
+    short type;  /* F_WRLCK (MAIN, a predecessor's ticket) or F_RDLCK */
     off_t byte;
     int rc;      /* errno of a failed call, 0 when the lock was taken */
     int done;    /* set (atomically) once rc is */
@@ -205,6 +208,80 @@ int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline,
     return rc;
 }
 
+int dlock__file_kwait_any(int fd, const off_t *bytes, int nb,
+                          const int *fds, int nfds, int64_t deadline, int cfd)
+{
+    kwait *k = calloc((size_t)(nb > 0 ? nb : 1), sizeof(*k));
+    pthread_t *t = calloc((size_t)(nb > 0 ? nb : 1), sizeof(*t));
+    char *started = calloc((size_t)(nb > 0 ? nb : 1), 1);
+    struct pollfd *p = calloc((size_t)nfds + 2, sizeof(*p));
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), rc = ETIMEDOUT;
+    sigset_t old;
+
+    if (!k || !t || !started || !p || efd < 0) {
+        rc = efd < 0 ? errno : ENOMEM;
+        goto out;
+    }
+    dlock__block_signals(&old);
+    for (int i = 0; i < nb; i++) {
+        k[i].fd = fd;
+        k[i].type = F_WRLCK;
+        k[i].byte = bytes[i];
+        k[i].done_fd = efd;
+        started[i] = pthread_create(&t[i], NULL, kwait_thread, &k[i]) == 0;
+    }
+    dlock__restore_signals(&old);
+    for (;;) {
+        int ms = -1, n;
+        if (deadline != DLOCK__FOREVER) {
+            int64_t left = deadline - dlock__now_ms();
+            if (left <= 0)
+                break;
+            ms = left > INT_MAX ? INT_MAX : (int)left;
+        }
+        p[0].fd = efd;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        for (int i = 0; i < nfds; i++) {
+            p[1 + i].fd = fds[i];
+            p[1 + i].events = POLLIN;
+            p[1 + i].revents = 0;
+        }
+        p[1 + nfds].fd = cfd; /* a negative fd is ignored */
+        p[1 + nfds].events = POLLIN;
+        p[1 + nfds].revents = 0;
+        n = poll(p, (nfds_t)nfds + 2, ms);
+        if (n > 0) {
+            rc = p[1 + nfds].revents ? ETIMEDOUT : 0;
+            break;
+        }
+        if (n < 0 && errno != EINTR) {
+            rc = errno;
+            break;
+        }
+    }
+    for (int i = 0; i < nb; i++) {
+        if (!started[i])
+            continue;
+        if (!__atomic_load_n(&k[i].done, __ATOMIC_ACQUIRE))
+            pthread_cancel(t[i]);
+        pthread_join(t[i], NULL);
+        if (k[i].done && k[i].rc != 0 && rc == 0)
+            rc = k[i].rc; /* a failed wait: not a byte freed */
+        /* what a helper took is only a sign: give it back (no byte in
+         * `bytes` is one of ours) */
+        lk(fd, F_OFD_SETLK, F_UNLCK, bytes[i], 1);
+    }
+out:
+    if (efd >= 0)
+        close(efd);
+    free(k);
+    free(t);
+    free(started);
+    free(p);
+    return rc;
+}
+
 int dlock__file_take(int fd, short type, int64_t deadline, int cfd,
                      int64_t *woken_us)
 {
@@ -237,6 +314,25 @@ int dlock__file_take(int fd, short type, int64_t deadline, int cfd,
     return e;
 }
 
+/* META is held by dlock for a few system calls only, never while anyone
+ * waits; a process outside dlock may keep it (a read lock is enough), so
+ * its wait, like every other, ends at the deadline or a cancel: a try,
+ * then the kernel wait of dlock__file_kwait() (a helper thread cancelled
+ * at the deadline), which only runs when META is busy. */
+int dlock__file_meta_lock(int fd, int64_t deadline, int cfd)
+{
+    int64_t floor;
+
+    if (lk(fd, F_OFD_SETLK, F_WRLCK, META_BYTE, 1) == 0)
+        return 0;
+    if (errno != EAGAIN && errno != EACCES)
+        return errno;
+    floor = dlock__now_ms() + META_GRACE_MS;
+    if (deadline != DLOCK__FOREVER && deadline < floor)
+        deadline = floor;
+    return dlock__file_kwait(fd, F_WRLCK, META_BYTE, deadline, cfd);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Fair queue: tickets and wake-up channels                                 */
 /* ------------------------------------------------------------------------ */
@@ -249,53 +345,117 @@ static int salt_set(const unsigned char *salt)
     return 0;
 }
 
-/* The abstract socket address of the channel of ticket byte `byte`
- * (tag "fair"; base QUEUE_BASE), or of a semaphore's permit byte (tag
- * "semh"; base PERMIT_BASE). */
-static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
-                           off_t byte)
+/* The name, in WAKE_DIR, of the channel of ticket byte `byte` (kind 'f';
+ * named after its number modulo CHAN_TICKET_NAMES) or of a semaphore's
+ * permit byte (kind 's'): "<salt>-<inode>-<kind><number>", all hex. The
+ * salt is the file's (random, written once); the inode tells a copy of
+ * the file apart. Into name[64]. */
+static void chan_base(char *name, const lock_file *f, off_t byte)
 {
     int sem = byte >= PERMIT_BASE && byte < QUEUE_BASE;
     char salt[2 * SALT_LEN + 1];
+    unsigned long long num =
+        sem ? (unsigned long long)(byte - PERMIT_BASE)
+            : (unsigned long long)(byte - QUEUE_BASE) % CHAN_TICKET_NAMES;
+
+    dlock__hex(f->salt, SALT_LEN, salt);
+    snprintf(name, 64, "%s-%llx-%c%llx", salt, (unsigned long long)f->ino,
+             sem ? 's' : 'f', num);
+}
+
+/* The socket address of a channel: its file in WAKE_DIR reached through
+ * /proc/self/fd/<wdir>, so that it fits sun_path (108 bytes) however
+ * long the store's path is, and names the directory we opened and
+ * checked, whatever its path names now. */
+static socklen_t chan_name(struct sockaddr_un *sa, const lock_file *f,
+                           off_t byte, char *base)
+{
     int n;
 
+    chan_base(base, f, byte);
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
-    dlock__hex(f->salt, SALT_LEN, salt);
-    /* sun_path[0] stays NUL: the abstract namespace, no file */
-    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                 "dlock-%s/%llx/%llx/%s/%llx", sem ? "semh" : "fair",
-                 (unsigned long long)f->dev, (unsigned long long)f->ino, salt,
-                 (unsigned long long)(byte - (sem ? PERMIT_BASE : QUEUE_BASE)));
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                       (size_t)n);
+    n = snprintf(sa->sun_path, sizeof(sa->sun_path), "/proc/self/fd/%d/%s",
+                 f->wdir, base);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)n +
+                       1);
 }
 
 /* A listening channel for ticket byte `byte`: its descriptor; -1 when the
- * name is taken (someone squats it: skip this ticket number); -2 when no
- * channel can be made (no descriptors, no salt). */
+ * name is taken by a live listener (skip this ticket number); -2 when no
+ * channel can be made (no descriptors, no salt, no WAKE_DIR, no /proc).
+ * A socket file that nobody listens on is a crashed owner's: it is
+ * replaced. Only the store's users can write WAKE_DIR, and a ticket's
+ * channel is made under META, a permit's while its byte is held: nobody
+ * binds the same name meanwhile but whoever has the number modulo
+ * CHAN_TICKET_NAMES, alive (then the probe connects) or dead. */
 int dlock__file_chan_listen(const lock_file *f, off_t byte)
 {
     struct sockaddr_un sa;
+    char base[64];
     socklen_t len;
-    int s, e;
+    int s, e = 0;
 
-    if (!salt_set(f->salt))
+    if (!salt_set(f->salt) || f->wdir < 0)
         return -2;
-    len = chan_name(&sa, f, byte);
+    len = chan_name(&sa, f, byte, base);
     s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         return -2;
-    if (bind(s, (struct sockaddr *)&sa, len) != 0) {
+    for (int i = 0; i < 2; i++) {
+        int p;
+        if (bind(s, (struct sockaddr *)&sa, len) == 0) {
+            e = 0;
+            break;
+        }
         e = errno;
+        if (e != EADDRINUSE || i > 0)
+            break;
+        /* a live listener, or a crashed one's file? */
+        p = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (p < 0)
+            break;
+        if (connect(p, (struct sockaddr *)&sa, len) == 0 ||
+            (errno != ECONNREFUSED && errno != ENOENT)) {
+            close(p); /* live (or its backlog full): taken */
+            break;
+        }
+        close(p);
+        if (unlinkat(f->wdir, base, 0) != 0 && errno != ENOENT)
+            break;
+    }
+    if (e) {
         close(s);
         return e == EADDRINUSE ? -1 : -2;
     }
-    if (listen(s, CHAN_BACKLOG) != 0) {
+    /* group stores: the socket's mode is the umask's; members must be
+     * able to connect (the directory keeps everyone else out) */
+    if ((f->anyuid && fchmodat(f->wdir, base, 0660, 0) != 0) ||
+        listen(s, CHAN_BACKLOG) != 0) {
+        unlinkat(f->wdir, base, 0);
         close(s);
         return -2;
     }
     return s;
+}
+
+/* Removes a listener's socket file (its name from getsockname()), so that
+ * no one connects any more; the listener itself stays open. */
+void dlock__file_chan_unlink(int wdir, int lfd)
+{
+    struct sockaddr_un sa;
+    socklen_t len = sizeof(sa);
+    const char *base;
+
+    memset(&sa, 0, sizeof(sa));
+    if (wdir < 0 || getsockname(lfd, (struct sockaddr *)&sa, &len) != 0 ||
+        len <= offsetof(struct sockaddr_un, sun_path) ||
+        sa.sun_path[0] == '\0')
+        return;
+    sa.sun_path[sizeof(sa.sun_path) - 1] = '\0';
+    base = strrchr(sa.sun_path, '/');
+    if (base && base[1])
+        unlinkat(wdir, base + 1, 0);
 }
 
 /* Wakes the successor connected to a channel, if one is: accepts one
@@ -323,6 +483,11 @@ int dlock__file_chan_wake(int lfd)
  * after the ticket byte is unlocked. */
 void dlock__file_chan_close(int lfd, int woken)
 {
+    dlock__file_chan_end(-1, lfd, woken, 1);
+}
+
+void dlock__file_chan_end(int wdir, int lfd, int woken, int unlinked)
+{
     if (woken >= 0)
         close(woken);
     for (int i = 0; i < CHAN_ACCEPT_MAX; i++) {
@@ -332,29 +497,37 @@ void dlock__file_chan_close(int lfd, int woken)
         else if (errno != EINTR && errno != ECONNABORTED)
             break;
     }
+    /* the file before the listener: while the file is there, a waiter
+     * whose ticket has our name modulo CHAN_TICKET_NAMES finds us alive
+     * and does not take it (and we never remove its file) */
+    if (!unlinked)
+        dlock__file_chan_unlink(wdir, lfd);
     close(lfd);
 }
 
 /* Connects to the channel of ticket byte `byte`: a connected descriptor
- * whose listener has our effective uid, or -1. The caller must still check
- * that `byte` is held after this returns. */
+ * whose listener has our effective uid (in a group store, any: only the
+ * group can bind in WAKE_DIR), or -1. The caller must still check that
+ * `byte` is held after this returns (a ticket's name is shared by numbers
+ * CHAN_TICKET_NAMES apart). */
 int dlock__file_chan_connect(const lock_file *f, off_t byte)
 {
     struct sockaddr_un sa;
     struct ucred cr;
     socklen_t crlen = sizeof(cr);
     socklen_t len;
+    char base[64];
     int s;
 
-    if (!salt_set(f->salt))
+    if (!salt_set(f->salt) || f->wdir < 0)
         return -1;
-    len = chan_name(&sa, f, byte);
+    len = chan_name(&sa, f, byte, base);
     s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         return -1;
     if (connect(s, (struct sockaddr *)&sa, len) != 0 ||
         getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 ||
-        cr.uid != geteuid()) {
+        (cr.uid != geteuid() && !f->anyuid)) {
         close(s);
         return -1;
     }
@@ -514,8 +687,8 @@ void dlock__file_loop_run(void *vst, int readable)
  * (*what, *err set). Its channel, made before the byte is locked, goes to
  * *lfd (-1: none); f->salt is set from the file (made if the file has
  * none). */
-off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
-                              int *err)
+off_t dlock__file_take_ticket(lock_file *f, int64_t deadline, int cfd,
+                              int *lfd, const char **what, int *err)
 {
     unsigned char hdr[SALT_OFFSET + SALT_LEN];
     uint64_t next;
@@ -523,12 +696,10 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
     ssize_t n;
 
     *lfd = -1;
-    while (lk(f->fd, F_OFD_SETLKW, F_WRLCK, META_BYTE, 1) != 0) {
-        if (errno != EINTR) {
-            *what = "lock";
-            *err = errno;
-            return -1;
-        }
+    *err = dlock__file_meta_lock(f->fd, deadline, cfd);
+    if (*err) {
+        *what = "lock";
+        return -1;
     }
     n = pread(f->fd, hdr, sizeof(hdr), 0);
     if (n < (ssize_t)sizeof(hdr))
@@ -558,7 +729,7 @@ off_t dlock__file_take_ticket(lock_file *f, int *lfd, const char **what,
         *what = "write";
         *err = errno;
         if (*lfd >= 0)
-            close(*lfd);
+            dlock__file_chan_end(f->wdir, *lfd, -1, 0);
         *lfd = -1;
         byte = -1;
     }
@@ -607,8 +778,11 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
                 close(c);
             if (first_conflict(f->fd, b, b + 1) < 0)
                 continue; /* gone meanwhile: look again */
-            /* no channel we can trust: wait for its byte in the kernel */
-            e = dlock__file_kwait(f->fd, F_RDLCK, b, deadline, cfd);
+            /* no channel we can trust: wait for its byte in the kernel,
+             * as a writer: a read lock that a process outside dlock put
+             * on the byte would let a read lock through at once, and
+             * this loop would spin until the deadline */
+            e = dlock__file_kwait(f->fd, F_WRLCK, b, deadline, cfd);
             if (e == 0)
                 lk(f->fd, F_OFD_SETLK, F_UNLCK, b, 1);
         }
