@@ -488,7 +488,8 @@ static void run_timed(timed *t, dlock *l, int64_t wait, int64_t limit)
  * wait forever when cancelled. The cases: a read lock over every byte of
  * the sidecar; over the writers' turn (byte 1); over the lock's region
  * (its byte 0, where tickets are taken); SQLite's write lock on the
- * database. Before, the first three blocked in F_OFD_SETLKW with no
+ * database. dlock_inspect() (dlock status) names the sidecar's as held
+ * outside dlock, and counts none of them as waiters. Before, the first three blocked in F_OFD_SETLKW with no
  * deadline or cancel (the try and the waits never returned), the turn
  * and the database held them to the client's timeout (2 s). */
 TEST(locks_held_outside_dlock_keep_no_wait_past_its_deadline)
@@ -523,8 +524,23 @@ TEST(locks_held_outside_dlock_keep_no_wait_past_its_deadline)
         j->how = cases[k].how;
         j->start = cases[k].start;
         j->len = cases[k].len;
+        dlock_info in;
+        memset(&in, 0, sizeof(in));
+        CHECK_OK(dlock_inspect(h, "jam", &in));
+        CHECK_STR(in.foreign, "");
+        dlock_info_clear(&in);
         pid_t pid = th_fork(jammer, j);
         CHECK(th_wait_flag(&j->ready, 10000));
+        /* dlock status tells it from dlock's holders and waiters */
+        CHECK_OK(dlock_inspect(h, "jam", &in));
+        if (cases[k].how == JAM_FILE) {
+            CHECK_CONTAINS(in.foreign, "a process outside dlock holds a "
+                                       "read lock on");
+            CHECK_CONTAINS(in.foreign, "-dlock");
+        }
+        CHECK_EQ(in.waiters, 0); /* not counted as waiters */
+        CHECK_EQ(in.held, 1);
+        dlock_info_clear(&in);
 
         /* the wait: EBUSY at its deadline (not before: the holder may
          * still release), and not past it by more than a busy machine's
@@ -560,6 +576,9 @@ TEST(locks_held_outside_dlock_keep_no_wait_past_its_deadline)
 
         j->done = 1;
         CHECK_EQ(th_wait(pid), 0);
+        CHECK_OK(dlock_inspect(h, "jam", &in));
+        CHECK_STR(in.foreign, "");
+        dlock_info_clear(&in);
         /* and nothing is left stuck: the queue works again */
         CHECK_OK(dlock_release(lh));
         CHECK_OK(dlock_acquire(lw, 5000));

@@ -1168,6 +1168,8 @@ void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
                    !dlock__sqw_marked(ss->sidefd, rowid);
 
     out->waiters = n > mine ? n - mine : 0;
+    dlock__sqw_foreign(ss->sidefd, rowid, ss->side, out->foreign,
+                       sizeof(out->foreign));
 }
 
 static int sq_inspect(void *st, const char *name, size_t len,

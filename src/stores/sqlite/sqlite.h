@@ -106,6 +106,14 @@ int dlock__sqw_held(const sq_wait *w, off_t p);
  * (which holds none), at most `max`. */
 int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max);
 
+/* A lock that a process outside dlock holds on the writers' turn or on
+ * the region of `rowid` (a read lock, or one over several bytes: dlock
+ * takes write locks on single bytes there), as seen through fd: its
+ * description into out (cap bytes), naming the sidecar `side`; out is
+ * left alone when there is none. */
+void dlock__sqw_foreign(int fd, int64_t rowid, const char *side, char *out,
+                        size_t cap);
+
 /* A trusted connection to the channel of ticket byte p (its listener has
  * our uid and p is still held after connecting), or -1. */
 int dlock__sqw_connect(const sq_wait *w, off_t p);

@@ -231,7 +231,7 @@ int dlock__sqw_take(sq_wait *w, int64_t until)
             return errno;
         e = dlock__file_kwait(w->fd, F_WRLCK, meta, until, w->cfd);
         if (e)
-            return e;
+            return e == EAGAIN ? ENOMEM : e; /* EAGAIN: no helper thread */
     }
     t = highest_held(w->fd, meta + 1, top);
     t = t < 0 || t + 1 >= top ? meta + 1 : t + 1; /* 2^32: start again */
@@ -291,19 +291,79 @@ int dlock__sqw_held(const sq_wait *w, off_t p)
     return first_conflict(w->fd, p, p + 1) >= 0;
 }
 
+/* Walks the locks other open files hold in [lo, hi), as F_OFD_GETLK
+ * reports them (one at a time, from `lo` up, each skipped to its end):
+ * counts in *tickets those dlock holds (a write lock on one byte, at most
+ * `max`), and returns the start of the first other one (a read lock, or a
+ * lock over several bytes: a process outside dlock's) in *odd, with its
+ * type, or -1. max 0: stops at the first other one. At most max + 1024
+ * calls. */
+static void walk_locks(int fd, off_t lo, off_t hi, int64_t max,
+                       int64_t *tickets, off_t *odd, short *odd_type)
+{
+    off_t at = lo;
+
+    *odd = -1;
+    for (int64_t i = 0; i < max + 1024 && at < hi; i++) {
+        if (max > 0 ? *tickets >= max : *odd >= 0)
+            break; /* counted enough; or (max 0) found the odd one */
+        struct flock fl;
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = at;
+        fl.l_len = hi - at;
+        if (fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type == F_UNLCK)
+            break;
+        off_t s = fl.l_start < at ? at : fl.l_start;
+        off_t e = fl.l_len == 0 || fl.l_start + fl.l_len > hi
+                      ? hi
+                      : fl.l_start + fl.l_len;
+        if (fl.l_type == F_WRLCK && fl.l_len == 1) {
+            (*tickets)++;
+        } else if (*odd < 0) {
+            *odd = s;
+            *odd_type = fl.l_type;
+        }
+        at = e > s ? e : s + 1;
+    }
+}
+
 int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max)
 {
-    off_t base = region_base(rowid), at = base + 1, end = base + SQW_MARK;
+    off_t base = region_base(rowid), odd;
     int64_t n = 0;
+    short type;
 
-    while (n < max) {
-        off_t b = first_conflict(fd, at, end);
-        if (b < 0)
-            break;
-        n++;
-        at = b + 1;
-    }
+    walk_locks(fd, base + 1, base + SQW_MARK, max, &n, &odd, &type);
     return n;
+}
+
+void dlock__sqw_foreign(int fd, int64_t rowid, const char *side, char *out,
+                        size_t cap)
+{
+    off_t base = region_base(rowid), odd = -1;
+    int64_t n = 0;
+    short type = F_RDLCK;
+    const char *what = "this lock's bytes";
+
+    /* region 0: dlock's only lock there is the writers' turn (byte 1, a
+     * write lock); a lock's region: tickets (write locks on one byte)
+     * and byte 0 (the same, for a moment); the mark (a read lock) is
+     * not looked at */
+    walk_locks(fd, 0, (off_t)1 << SQW_REGION_SHIFT, 0, &n, &odd, &type);
+    if (odd >= 0) {
+        what = "the writers' turn (every statement's)";
+    } else {
+        walk_locks(fd, base, base + SQW_MARK, 0, &n, &odd, &type);
+    }
+    if (odd < 0)
+        return;
+    snprintf(out, cap, "a process outside dlock holds a %s lock on %s in "
+                       "the wake-up file %.150s: waits end at their "
+                       "deadline, and the lock may not be taken until it "
+                       "lets go",
+             type == F_RDLCK ? "read" : "write", what, side);
 }
 
 int dlock__sqw_connect(const sq_wait *w, off_t p)
