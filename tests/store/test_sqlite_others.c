@@ -15,8 +15,10 @@
 
 #include <sqlite3.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <ftw.h>
 #include <grp.h>
 #include <pthread.h>
@@ -415,6 +417,93 @@ TEST(squatting_wake_up_names_as_another_user_does_not_slow_a_waiter)
     rm_tree(dir);
 }
 
+typedef struct crashing {
+    char uri[700];
+} crashing;
+
+static int crashing_waiter(void *arg)
+{
+    crashing *cr = arg;
+    dlock_client *c = NULL;
+    dlock *l;
+
+    if (dlock_client_open(&c, cr->uri, NULL) != DLOCK_OK)
+        return 2;
+    l = handle(c, "stale", 10000);
+    (void)dlock_acquire(l, 30000); /* killed in the queue */
+    return 3;
+}
+
+static int entries_of(const char *dir)
+{
+    int n = 0;
+    struct dirent *e;
+    DIR *d = opendir(dir);
+
+    if (!d)
+        th_fail(__FILE__, __LINE__, "%s: %s", dir, strerror(errno));
+    while ((e = readdir(d)) != NULL)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+/* A waiter killed in the queue leaves its socket files behind (the kernel
+ * only drops its ticket); the next owner of its ticket number removes
+ * them and makes its own, which wake it at the release (not 10 s later,
+ * at the lease end), and nothing is left once every waiter is gone. */
+TEST(a_crashed_waiters_socket_files_are_replaced)
+{
+    crashing *cr = th_shared(sizeof(*cr));
+    char db[600], chans[620];
+    dlock_client *h = NULL, *w = NULL;
+    timed t;
+    pthread_t th;
+
+    snprintf(db, sizeof(db), "%s/stale.db", th_tmpdir());
+    snprintf(chans, sizeof(chans), "%s-dlock.d", db);
+    snprintf(cr->uri, sizeof(cr->uri), "sqlite://%s", db);
+    CHECK_OK(dlock_client_open(&h, cr->uri, NULL));
+    CHECK_OK(dlock_client_open(&w, cr->uri, NULL));
+    dlock *lh = handle(h, "stale", 10000), *lw = handle(w, "stale", 10000);
+    CHECK_OK(dlock_acquire(lh, 0));
+    pid_t pid = th_fork(crashing_waiter, cr);
+    for (int i = 0; i < 4000 && entries_of(chans) < 2; i++)
+        th_sleep_ms(5);
+    CHECK_EQ(entries_of(chans), 2); /* its channel and doorbell */
+    th_sleep_ms(50);
+    kill(pid, SIGKILL);
+    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
+    CHECK_EQ(entries_of(chans), 2); /* left behind */
+
+    memset(&t, 0, sizeof(t));
+    t.l = lw;
+    t.wait = 8000;
+    CHECK_EQ(pthread_create(&th, NULL, timed_acquire, &t), 0);
+    for (int i = 0; i < 4000; i++) {
+        dlock_info in;
+        memset(&in, 0, sizeof(in));
+        CHECK_OK(dlock_inspect(h, "stale", &in));
+        int64_t n = in.waiters;
+        dlock_info_clear(&in);
+        if (n >= 1)
+            break;
+        th_sleep_ms(5);
+    }
+    th_sleep_ms(100);
+    CHECK_EQ(entries_of(chans), 2); /* the same number's: replaced */
+    int64_t released = th_now_ms();
+    CHECK_OK(dlock_release(lh));
+    pthread_join(th, NULL);
+    CHECK_OK(t.rc);
+    CHECK_OP(t.ended - released, <, slack_ms() + 1000);
+    CHECK_EQ(entries_of(chans), 0);
+    dlock_close(lh);
+    dlock_close(lw);
+    dlock_client_close(h);
+    dlock_client_close(w);
+}
+
 /* --- locks a process outside dlock holds ----------------------------------- */
 
 enum { JAM_FILE, JAM_DB };
@@ -595,7 +684,8 @@ static const th_test tests[] = {
     T(a_wider_sidecar_is_tightened_and_another_users_refused),
     T(group_shares_with_members_of_the_group_only),
     T(squatting_wake_up_names_as_another_user_does_not_slow_a_waiter),
-    T(locks_held_outside_dlock_keep_no_wait_past_its_deadline),
+    T(a_crashed_waiters_socket_files_are_replaced),
+    TK(locks_held_outside_dlock_keep_no_wait_past_its_deadline),
     {NULL, NULL, 0},
 };
 

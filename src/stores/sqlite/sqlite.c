@@ -117,8 +117,8 @@ static int group_of(const dlock__uri *u, const char *name, gid_t *gid)
 {
     struct group gr, *res = NULL;
     char buf[4096];
-    gid_t mine[NGROUPS_MAX + 1];
-    int n, r;
+    gid_t *mine;
+    int n, r, member = 0;
 
     if (!name[0])
         return dlock__err(DLOCK_EINVAL, "sqlite URI %s: group= needs a "
@@ -132,10 +132,16 @@ static int group_of(const dlock__uri *u, const char *name, gid_t *gid)
     *gid = gr.gr_gid;
     if (*gid == getegid())
         return DLOCK_OK;
-    n = getgroups(NGROUPS_MAX + 1, mine);
-    for (int i = 0; i < n; i++)
-        if (mine[i] == *gid)
-            return DLOCK_OK;
+    n = getgroups(0, NULL);
+    mine = n > 0 ? calloc((size_t)n, sizeof(*mine)) : NULL;
+    if (mine) {
+        n = getgroups(n, mine);
+        for (int i = 0; i < n && !member; i++)
+            member = mine[i] == *gid;
+        free(mine);
+    }
+    if (member)
+        return DLOCK_OK;
     return dlock__err(DLOCK_EINVAL, "sqlite URI %s: this process is not a "
                                     "member of group '%.100s' (a shared "
                                     "store's files are made for its members)",
