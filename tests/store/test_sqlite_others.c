@@ -407,6 +407,8 @@ TEST(squatting_wake_up_names_as_another_user_does_not_slow_a_waiter)
     pthread_join(th, NULL);
     CHECK_OK(t.rc);
     /* woken by the release: the lease end is 9.9 s away */
+    fprintf(stderr, "  woken %lld ms after the release\n",
+            (long long)(t.ended - released));
     CHECK_OP(t.ended - released, <, slack_ms() + 1000);
     s->done = 1;
     CHECK_EQ(th_wait(pid), 0);
@@ -635,6 +637,7 @@ TEST(locks_held_outside_dlock_keep_no_wait_past_its_deadline)
          * still release), and not past it by more than a busy machine's
          * scheduling */
         run_timed(&t, lw, 500, 500 + slack_ms() + 5000);
+        int64_t waited = t.ended - t.start;
         CHECK_RC(t.rc, DLOCK_EBUSY);
         CHECK_OP(t.ended - t.start, >=, 490);
         CHECK_OP(t.ended - t.start, <, 500 + slack_ms());
@@ -644,6 +647,7 @@ TEST(locks_held_outside_dlock_keep_no_wait_past_its_deadline)
         run_timed(&t, lw, 0, slack_ms() + 5000);
         CHECK_RC(t.rc, DLOCK_EBUSY);
         CHECK_OP(t.ended - t.start, <, 100 + slack_ms() / 2);
+        int64_t tried = t.ended - t.start;
 
         /* a wait forever, ended by dlock_cancel() (not by a timeout: the
          * client's is 2 s) */
@@ -662,6 +666,10 @@ TEST(locks_held_outside_dlock_keep_no_wait_past_its_deadline)
         pthread_join(th, NULL);
         CHECK_RC(t.rc, DLOCK_ECANCELED);
         CHECK_OP(t.ended - cancelled, <, slack_ms());
+        fprintf(stderr, "    wait 500 ms: %lld ms; try: %lld ms; cancel: "
+                        "%lld ms\n",
+                (long long)waited, (long long)tried,
+                (long long)(t.ended - cancelled));
 
         j->done = 1;
         CHECK_EQ(th_wait(pid), 0);
