@@ -71,6 +71,23 @@ static int rm_one(const char *p, const struct stat *st, int flag,
     return 0;
 }
 
+static void rm_tree(const char *dir)
+{
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* the directories made below, removed at exit too (a failed check exits
+ * before its test's rm_tree()) */
+static char made[8][64];
+static int nmade;
+static pid_t made_by;
+
+static void rm_made(void)
+{
+    for (int i = 0; i < nmade && getpid() == made_by; i++)
+        rm_tree(made[i]);
+}
+
 /* A fresh directory under /tmp, mode 1777 (as /tmp itself: another user
  * can reach it), for the other-user cases; removed by rm_tree(). */
 static void sticky_dir(char *dir, size_t cap)
@@ -79,11 +96,12 @@ static void sticky_dir(char *dir, size_t cap)
     if (!mkdtemp(dir))
         th_fail(__FILE__, __LINE__, "mkdtemp: %s", strerror(errno));
     CHECK_EQ(chmod(dir, 01777), 0);
-}
-
-static void rm_tree(const char *dir)
-{
-    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    if (nmade == 0) {
+        made_by = getpid(); /* not a forked child's exit (a failed check) */
+        atexit(rm_made);
+    }
+    if (nmade < 8)
+        snprintf(made[nmade++], sizeof(made[0]), "%s", dir);
 }
 
 static unsigned mode_of(const char *path)
