@@ -481,6 +481,12 @@ typedef struct dlock_info {
                         * the number of read holds or permits taken */
     int shared;        /* 1: those holds are read holds */
     int64_t permits;   /* a semaphore's permits; 0: a lock */
+    char foreign[256]; /* what a process outside dlock holds on the
+                        * store's files for this lock ("a process outside
+                        * dlock holds a read lock on ..."): it may hold
+                        * waiters up to their deadlines, or keep the lock
+                        * from being taken; "" when none is seen (the
+                        * sqlite:// store tells; others leave it "") */
 } dlock_info;
 
 /*

@@ -38,6 +38,7 @@ typedef struct dlock_info {
     int64_t holders;
     int shared;
     int64_t permits;
+    char foreign[256];
 } dlock_info;
 typedef struct dlock_listed { char *name; dlock_info info; } dlock_listed;
 typedef struct dlock_list_page {

@@ -119,6 +119,11 @@ int cmd_status(int argc, char **argv)
         }
         if (info.waiters >= 0)
             printf("waiters:  %lld\n", (long long)info.waiters);
+        if (info.foreign[0]) {
+            fputs("warning:  ", stdout);
+            cli_human_str(stdout, info.foreign);
+            fputc('\n', stdout);
+        }
         for (size_t i = 0; i < info.queue_len; i++) {
             printf("  %zu. ", i + 1);
             cli_human_str(stdout, info.queue[i]);

@@ -287,4 +287,8 @@ void cli_json_info(FILE *f, const dlock_info *info)
         cli_json_str(f, info->queue[i]);
     }
     fputc(']', f);
+    if (info->foreign[0]) {
+        fputs(",\"foreign\":", f);
+        cli_json_str(f, info->foreign);
+    }
 }

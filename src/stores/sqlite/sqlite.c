@@ -43,11 +43,16 @@
 #include "../file/file.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define SQ_DEFAULT_TABLE "dlock_locks"
@@ -85,6 +90,184 @@ static int side_error(sq_store *ss, const char *what, int e)
                           : "");
 }
 
+/* Another user's sidecar or channels' directory that we do not use
+ * (dlock__sqw_open()'s EPERM): whose it is and why. */
+static int side_refused(sq_store *ss, const char *path, const struct stat *st)
+{
+    return dlock__err(DLOCK_EAUTH,
+                      "sqlite %s: %.300s belongs to uid %u (group %u, mode "
+                      "%04o): %s; its owner should remove it (dlock makes it "
+                      "again) or give the same ?group= to every client",
+                      ss->redacted, path, (unsigned)st->st_uid,
+                      (unsigned)st->st_gid, (unsigned)(st->st_mode & 07777),
+                      ss->gid == (gid_t)-1
+                          ? "another user's file can hold this store's "
+                            "waiters up (a store shared between users needs "
+                            "?group=)"
+                      : st->st_mode & 0007
+                          ? "it is open to every user, and any process that "
+                            "can open it can hold waiters up"
+                          : "it is not of the group this URI names, or not "
+                            "sticky");
+}
+
+/* ?group=NAME: its gid, when the calling process is a member (its
+ * effective or a supplementary group), else DLOCK_EINVAL. */
+static int group_of(const dlock__uri *u, const char *name, gid_t *gid)
+{
+    struct group gr, *res = NULL;
+    char buf[4096];
+    gid_t *mine;
+    int n, r, member = 0;
+
+    if (!name[0])
+        return dlock__err(DLOCK_EINVAL, "sqlite URI %s: group= needs a "
+                                        "group's name",
+                          u->redacted);
+    r = getgrnam_r(name, &gr, buf, sizeof(buf), &res);
+    if (r != 0 || !res)
+        return dlock__err(DLOCK_EINVAL, "sqlite URI %s: no group '%.100s'%s",
+                          u->redacted, name,
+                          r == ERANGE ? " (its entry is too long)" : "");
+    *gid = gr.gr_gid;
+    if (*gid == getegid())
+        return DLOCK_OK;
+    n = getgroups(0, NULL);
+    mine = n > 0 ? calloc((size_t)n, sizeof(*mine)) : NULL;
+    if (mine) {
+        n = getgroups(n, mine);
+        for (int i = 0; i < n && !member; i++)
+            member = mine[i] == *gid;
+        free(mine);
+    }
+    if (member)
+        return DLOCK_OK;
+    return dlock__err(DLOCK_EINVAL, "sqlite URI %s: this process is not a "
+                                    "member of group '%.100s' (a shared "
+                                    "store's files are made for its members)",
+                      u->redacted, name);
+}
+
+/* Makes the database file when missing, with the store's mode and group
+ * (SQLite would make it 0644, and its -wal and -shm take its mode: a
+ * reader of -shm can hold SQLite's locks). An existing one is left as it
+ * is (docs/stores.md says what a shared one needs). */
+static int db_make(sq_store *ss, const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                  ss->mode);
+
+    if (fd < 0)
+        return DLOCK_OK; /* there (or not makeable: SQLite says why) */
+    if ((ss->gid != (gid_t)-1 && fchown(fd, (uid_t)-1, ss->gid) != 0) ||
+        fchmod(fd, ss->mode) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(path);
+        return dlock__err(DLOCK_EAUTH, "sqlite %s: giving the new database "
+                                       "its group and mode: %s",
+                          ss->redacted, strerror(e));
+    }
+    close(fd);
+    return DLOCK_OK;
+}
+
+/* The wake-up channels' directory `<db>-dlock.d`: made 0700 (or 03770
+ * and the group: sticky, so that no member can swap another's socket),
+ * opened without following a symbolic link, and reached through
+ * /proc/self/fd (the 108-byte limit of a socket's path then never
+ * bites). Ours is given that mode; another user's is used only by a
+ * ?group= store, when it is of that group, sticky and closed to other
+ * users (its owner could bind any name there). No usable path (no /proc, a long path): no
+ * channels, waits go to the kernel's byte locks and lease ends. */
+static int chans_open(sq_store *ss, const char *db)
+{
+    mode_t want = ss->gid != (gid_t)-1 ? 03770 : 0700;
+    size_t dl = strlen(db) + 16;
+    char *dir = malloc(dl);
+    struct stat st;
+    int fd, rc = DLOCK_OK;
+
+    ss->ch.dirfd = -1;
+    ss->ch.group = ss->gid != (gid_t)-1;
+    ss->ch.prefix[0] = '\0';
+    if (!dir)
+        return dlock__err(DLOCK_ENOMEM, "out of memory");
+    snprintf(dir, dl, "%s-dlock.d", db);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        rc = side_error(ss, "making the channels' directory of", errno);
+        goto out;
+    }
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        rc = side_error(ss, "opening the channels' directory of",
+                        errno == ENOTDIR ? ELOOP : errno);
+        if (fd >= 0)
+            close(fd);
+        goto out;
+    }
+    if (st.st_uid == geteuid()) {
+        if ((ss->gid != (gid_t)-1 && st.st_gid != ss->gid &&
+             fchown(fd, (uid_t)-1, ss->gid) != 0) ||
+            ((st.st_mode & 07777) != want && fchmod(fd, want) != 0)) {
+            rc = side_error(ss, "giving its mode to the channels' directory "
+                                "of",
+                            errno);
+            close(fd);
+            goto out;
+        }
+    } else if (ss->gid == (gid_t)-1 || st.st_gid != ss->gid ||
+               (st.st_mode & 0007) || !(st.st_mode & S_ISVTX)) {
+        rc = side_refused(ss, dir, &st);
+        close(fd);
+        goto out;
+    }
+    ss->ch.dirfd = fd;
+    /* "<prefix>/<ino>.<rowid>.<t>.r": 16 + 8 + 8 + 5 bytes after it */
+    snprintf(ss->ch.prefix, sizeof(ss->ch.prefix), "/proc/self/fd/%d", fd);
+    if (access(ss->ch.prefix, X_OK) != 0) {
+        if (strlen(dir) < sizeof(ss->ch.prefix) &&
+            strlen(dir) + 40 < sizeof(((struct sockaddr_un *)0)->sun_path))
+            snprintf(ss->ch.prefix, sizeof(ss->ch.prefix), "%s", dir);
+        else
+            ss->ch.prefix[0] = '\0';
+    }
+out:
+    free(dir);
+    return rc;
+}
+
+/* SQLite's busy handler (another program holding the database: dlock's
+ * clients meet in the writers' turn first): it sleeps 1, 2, 5 ... 100 ms
+ * and lets SQLite try again, as SQLite's own, but ends at the client's
+ * timeout, the running acquisition's bound, or its cancel (whose eventfd
+ * it sleeps on). */
+static int sq_busy(void *arg, int count)
+{
+    static const int delays[] = {1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50};
+    sq_store *ss = arg;
+    int64_t now = dlock__now_ms(), until, d;
+    struct pollfd pf;
+
+    if (count == 0)
+        ss->busy_since = now;
+    until = ss->busy_since + ss->timeout_ms;
+    if (ss->deadline && ss->deadline < until)
+        until = ss->deadline;
+    if (now >= until)
+        return 0;
+    d = count < (int)(sizeof(delays) / sizeof(delays[0])) ? delays[count]
+                                                          : 100;
+    if (d > until - now)
+        d = until - now;
+    pf.fd = ss->cfd;
+    pf.events = POLLIN;
+    pf.revents = 0;
+    if (poll(&pf, 1, (int)d) > 0)
+        return 0; /* cancelled */
+    return 1;
+}
+
 /* "name" with embedded quotes doubled: any table name is one identifier. */
 static void quote_ident(const char *in, char *out, size_t cap)
 {
@@ -111,6 +294,8 @@ static void sq_close(void *st)
     sqlite3_close(ss->db);
     if (ss->sidefd >= 0)
         close(ss->sidefd);
+    if (ss->ch.dirfd >= 0)
+        close(ss->ch.dirfd);
     for (int i = 0; i < ss->nspare; i++)
         close(ss->spare[i]);
     pthread_mutex_destroy(&ss->spare_mu);
@@ -139,12 +324,14 @@ int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
 static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                    int64_t timeout_ms)
 {
-    static const char *const params[] = {"table", "timeout", NULL};
+    static const char *const params[] = {"table", "timeout", "group", NULL};
     const char *table = dlock__uri_param(u, "table");
+    const char *group = dlock__uri_param(u, "group");
+    gid_t gid = (gid_t)-1;
     const char *timeout = dlock__uri_param(u, "timeout");
     const char *t;
     char ddl[2048];
-    struct stat dbst;
+    struct stat sst;
     sq_store *ss;
     int rc;
 
@@ -172,6 +359,8 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                               u->redacted, timeout);
         timeout_ms = v;
     }
+    if (group && (rc = group_of(u, group, &gid)) != DLOCK_OK)
+        return rc;
     ss = calloc(1, sizeof(*ss));
     if (!ss || !(ss->redacted = strdup(u->redacted)) ||
         !(ss->side = malloc(strlen(u->path) + 8))) {
@@ -182,9 +371,19 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     }
     sprintf(ss->side, "%s-dlock", u->path);
     ss->sidefd = -1;
+    ss->ch.dirfd = -1;
+    ss->cfd = -1;
+    ss->gid = gid;
+    /* what dlock makes gives other users nothing; ?group= shares it with
+     * the group's members */
+    ss->mode = gid != (gid_t)-1 ? 0660 : 0600;
     pthread_mutex_init(&ss->mu, NULL);
     pthread_mutex_init(&ss->spare_mu, NULL);
     ss->timeout_ms = timeout_ms;
+    if ((rc = db_make(ss, u->path)) != DLOCK_OK) {
+        sq_close(ss);
+        return rc;
+    }
     if (sqlite3_open_v2(u->path, &ss->db,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                             SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE,
@@ -194,7 +393,7 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         sq_close(ss);
         return rc;
     }
-    sqlite3_busy_timeout(ss->db, (int)timeout_ms);
+    sqlite3_busy_handler(ss->db, sq_busy, ss);
     quote_ident(table, ss->t, sizeof(ss->t));
     t = ss->t;
     /* synchronous=NORMAL: in WAL mode a commit is not fsync'ed (a
@@ -241,17 +440,19 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         sq_close(ss);
         return rc;
     }
-    /* the sidecar gets the database file's permission bits: whoever may
-     * use the table may wait for it */
-    ss->mode = stat(u->path, &dbst) == 0 ? (dbst.st_mode & 0777) : 0644;
-    {
-        ss->sidefd = dlock__sqw_open(ss->side, ss->mode, &ss->side_dev,
-                                     &ss->side_ino);
-        if (ss->sidefd < 0) {
-            rc = side_error(ss, "opening", errno);
-            sq_close(ss);
-            return rc;
-        }
+    /* the sidecar: 0600, or 0660 and the group (an older dlock gave it
+     * the database's mode: ours is tightened); then the channels */
+    ss->sidefd = dlock__sqw_open(ss->side, ss->mode, ss->gid, &ss->side_dev,
+                                 &ss->side_ino, &sst);
+    if (ss->sidefd < 0) {
+        rc = errno == EPERM ? side_refused(ss, ss->side, &sst)
+                            : side_error(ss, "opening", errno);
+        sq_close(ss);
+        return rc;
+    }
+    if ((rc = chans_open(ss, u->path)) != DLOCK_OK) {
+        sq_close(ss);
+        return rc;
     }
     /* ?1 name, ?2 owner, ?3 ttl, ?4 holder, ?5 the rowid we queued under,
      * ?6 our ticket's number in the region (0: none; a break's mark is
@@ -309,10 +510,17 @@ int dlock__sq_turn(sq_store *ss, const char *what)
         until = ss->deadline;
     if (errno != EAGAIN && errno != EACCES)
         e = errno;
-    else
-        e = dlock__file_kwait(ss->sidefd, F_WRLCK, SQW_WRITER, until, -1);
+    else /* in the kernel, ended by `until` or the acquisition's cancel */
+        e = dlock__file_kwait(ss->sidefd, F_WRLCK, SQW_WRITER, until,
+                              ss->cfd);
     if (e == 0)
         return DLOCK_OK;
+    if (e == ETIMEDOUT && ss->acq)
+        return dlock__err(DLOCK_EBUSY,
+                          "sqlite %s: %s: the writers' turn of the wake-up "
+                          "file %.300s stayed held until the deadline "
+                          "(dlock status names a holder outside dlock)",
+                          ss->redacted, what, ss->side);
     return dlock__err(DLOCK_ECONN,
                       "sqlite %s: %s: %s", ss->redacted, what,
                       e == ETIMEDOUT ? "another client's statement held the "
@@ -349,22 +557,40 @@ int dlock__sq_step(sq_store *ss, int which, int *row, const char *what)
         dlock__sq_turn_end(ss);
     if (r == SQLITE_ROW || r == SQLITE_DONE)
         return DLOCK_OK;
+    if ((r & 0xff) == SQLITE_BUSY && ss->acq) {
+        /* the busy handler ended at the acquisition's bound or cancel:
+         * the wait is over, not the connection */
+        return dlock__err(DLOCK_EBUSY, "sqlite %s: %s: the database stayed "
+                                       "locked by another program until "
+                                       "the deadline",
+                          ss->redacted, what);
+    }
     return dlock__sq_error(ss, what);
 }
 
 void dlock__sq_bound(sq_store *ss, int64_t deadline)
 {
-    int64_t ms = ss->timeout_ms;
-
-    if (deadline) {
-        int64_t left = deadline - dlock__now_ms();
-        if (left < ms)
-            ms = left > 1 ? left : 1;
-    }
-    if (ms > INT32_MAX)
-        ms = INT32_MAX;
+    /* the busy handler (sq_busy) and the writers' turn read it */
     ss->deadline = deadline;
-    sqlite3_busy_timeout(ss->db, (int)ms);
+}
+
+/* The statements of acquisition l, from here to acq_end(): ended by its
+ * bound (sl->bound: its deadline, at least SQ_TRY_MS after its start) or
+ * its cancel, with DLOCK_EBUSY. ss->mu held. */
+static void acq_begin(sq_store *ss, const dlock__lease *l)
+{
+    const sq_lease *sl = l->priv;
+
+    ss->deadline = sl->bound;
+    ss->cfd = l->cancel_fd;
+    ss->acq = 1;
+}
+
+static void acq_end(sq_store *ss)
+{
+    ss->deadline = 0;
+    ss->cfd = -1;
+    ss->acq = 0;
 }
 
 void dlock__sq_turn_end(sq_store *ss)
@@ -391,6 +617,7 @@ static int region_of(sq_store *ss, dlock__lease *l, int64_t *rowid)
         return DLOCK_OK;
     }
     pthread_mutex_lock(&ss->mu);
+    acq_begin(ss, l);
     for (int i = 0; i < 2 && rc == DLOCK_OK && !row; i++) {
         if (i == 1) {
             sqlite3_bind_blob(ss->st[S_MAKE], 1, l->name, (int)l->name_len,
@@ -408,6 +635,7 @@ static int region_of(sq_store *ss, dlock__lease *l, int64_t *rowid)
             *rowid = sqlite3_column_int64(ss->st[S_ROWID], 0);
         dlock__sq_done(ss, S_ROWID);
     }
+    acq_end(ss);
     pthread_mutex_unlock(&ss->mu);
     if (rc == DLOCK_OK && !row)
         rc = dlock__err(DLOCK_EPROTO, "sqlite %s: the lock's row vanished "
@@ -464,6 +692,7 @@ static int try_take(sq_store *ss, dlock__lease *l, const sq_wait *w,
     int rc, row = 0;
 
     pthread_mutex_lock(&ss->mu);
+    acq_begin(ss, l);
     l->started = dlock__now_ms();
     if (which == S_SH_TAKE) {
         dlock__sq_bind_take(ss, l, rowid, join);
@@ -484,6 +713,7 @@ static int try_take(sq_store *ss, dlock__lease *l, const sq_wait *w,
     *what = row ? T_TAKEN : T_BUSY;
     if (rc == DLOCK_OK && !row && !quick)
         rc = read_row(ss, l, rowid, what, left, NULL);
+    acq_end(ss);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
@@ -496,7 +726,9 @@ static int read_left(sq_store *ss, dlock__lease *l, int64_t rowid, int *what,
     int rc;
 
     pthread_mutex_lock(&ss->mu);
+    acq_begin(ss, l);
     rc = read_row(ss, l, rowid, what, left, mark);
+    acq_end(ss);
     pthread_mutex_unlock(&ss->mu);
     return rc;
 }
@@ -681,7 +913,10 @@ static int side_get(sq_store *ss, dev_t *dev, ino_t *ino)
         }
         close(fd);
     }
-    return dlock__sqw_open(ss->side, ss->mode, dev, ino);
+    fd = dlock__sqw_open(ss->side, ss->mode, ss->gid, dev, ino, &st);
+    if (fd < 0 && errno == EPERM)
+        errno = EACCES; /* replaced by another user's since the open */
+    return fd;
 }
 
 /* Back to the spares (it holds no lock any more), or closed. */
@@ -710,6 +945,15 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 
     (void)op_deadline;
     l->retry_ms = -1;
+    /* every statement and kernel wait of this acquisition ends by its
+     * deadline or cancel, whatever another process holds; a try gives
+     * another client's statement or ticket taking SQ_TRY_MS */
+    if (l->deadline == DLOCK__FOREVER) {
+        sl->bound = 0;
+    } else {
+        int64_t t = dlock__now_ms() + SQ_TRY_MS;
+        sl->bound = l->deadline > t ? l->deadline : t;
+    }
     for (int i = 0; i < SQ_MOVES_MAX; i++) {
         int64_t rowid = 0;
         int moved = 0, as_head = 0, queued, e;
@@ -719,6 +963,7 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             return rc;
         memset(w, 0, sizeof(*w));
         w->fd = w->lfd = w->bfd = -1;
+        w->ch = &ss->ch;
         w->cfd = l->cancel_fd;
         w->ticket = -1;
         w->region = rowid;
@@ -752,10 +997,25 @@ static int sq_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         w->fd = side_get(ss, &w->dev, &w->ino);
         if (w->fd < 0)
             return side_error(ss, "opening", errno);
-        e = dlock__sqw_take(w);
+        e = dlock__sqw_take(w, sl->bound ? sl->bound : DLOCK__FOREVER);
         if (e) {
             close(w->fd);
             w->fd = -1;
+            if (e == ETIMEDOUT) /* the deadline or a cancel */
+                return dlock__err(DLOCK_EBUSY, "sqlite %s: a process "
+                                               "outside dlock holds the "
+                                               "wake-up file %.300s",
+                                  ss->redacted, ss->side);
+            if (e == EAGAIN)
+                return dlock__err(DLOCK_ECONN,
+                                  "sqlite %s: a process outside dlock holds "
+                                  "a lock on the bytes of lock '%.*s' in the "
+                                  "wake-up file %.300s (dlock status shows "
+                                  "it)",
+                                  ss->redacted,
+                                  (int)(l->name_len > 200 ? 200
+                                                          : l->name_len),
+                                  l->name, ss->side);
             return side_error(ss, "locking", e);
         }
         rc = queue_wait(ss, l, w, once, &moved, &as_head);
@@ -843,15 +1103,15 @@ static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
             (l->kind == DLOCK__PERMIT ||
              (dlock__sqw_queued(ss->sidefd, sl->w.region) &&
               !still_held(ss, l))))
-            dlock__sqw_ring_head(ss->sidefd, ss->side_dev, ss->side_ino,
-                                 sl->w.region);
+            dlock__sqw_ring_head(ss->sidefd, &ss->ch, ss->side_dev,
+                                 ss->side_ino, sl->w.region);
         return rc;
     }
     rc = guarded(st, S_RELEASE, l, 0, 0, "releasing the lock");
     /* the row is free (or was not ours): the successor's turn */
     if (sl->w.ticket < 0) {
-        dlock__sqw_ring_head(ss->sidefd, ss->side_dev, ss->side_ino,
-                             sl->w.region);
+        dlock__sqw_ring_head(ss->sidefd, &ss->ch, ss->side_dev,
+                             ss->side_ino, sl->w.region);
     }
     side_put(st, dlock__sqw_drop(&sl->w, 1));
     return rc;
@@ -914,6 +1174,8 @@ void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
                    !dlock__sqw_marked(ss->sidefd, rowid);
 
     out->waiters = n > mine ? n - mine : 0;
+    dlock__sqw_foreign(ss->sidefd, rowid, ss->side, out->foreign,
+                       sizeof(out->foreign));
 }
 
 static int sq_inspect(void *st, const char *name, size_t len,

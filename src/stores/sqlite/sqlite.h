@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 /* A lock name's region of the sidecar: byte 0 guards ticket taking,
@@ -35,6 +36,7 @@
  * sidecar (OFD locks belong to it), its ticket and wake-up channel. */
 typedef struct sq_wait {
     int fd;         /* the sidecar, or -1 */
+    const struct sq_chans *ch; /* where its channels are made */
     int lfd;        /* the ticket's channel (listener), or -1 */
     int bfd;        /* the ticket's doorbell (datagrams), or -1 */
     dev_t dev;      /* the sidecar's identity, for channel names */
@@ -45,19 +47,42 @@ typedef struct sq_wait {
     int cfd;        /* the wait's dlock_cancel() eventfd, or -1 */
 } sq_wait;
 
+/* Where the wake-up channels live: path-named sockets in the directory
+ * `<db>-dlock.d` (0700, or 03770 with ?group=), reached through
+ * /proc/self/fd/<dirfd>/ (no path-length limit, no symbolic link
+ * followed after the open), or through the directory's path when /proc
+ * is missing and it is short enough. prefix "" (dirfd -1): no channels
+ * (every wait goes to the kernel on bytes, a head to lease ends). */
+typedef struct sq_chans {
+    int dirfd;
+    int group;        /* ?group=: sockets are made 0660 (the directory is
+                       * sticky: nobody else can swap them) */
+    char prefix[64];  /* "/proc/self/fd/N" or the directory's path */
+} sq_chans;
+
 /* What a wait on a predecessor ended with (SQW_RUNG: our doorbell rang:
  * a break may have evicted the predecessor, look at the row). */
 enum { SQW_TIMEOUT, SQW_HANDED, SQW_LEFT, SQW_RUNG };
 
-/* Opens (creating it with `mode`) the sidecar at `path`: its descriptor,
- * or -1 with errno set. */
-int dlock__sqw_open(const char *path, mode_t mode, dev_t *dev, ino_t *ino);
+/* Opens the sidecar at `path` (no symbolic link; a regular file),
+ * creating it with `mode` (0600, or 0660 and group `gid`; gid -1: none).
+ * One of ours is given exactly that mode and group (tightened when an
+ * older dlock made it wider). Another user's is used only with a gid,
+ * when it has that group and gives nothing to other users: else -1 with
+ * errno EPERM and its owner and mode in *st. Its descriptor, or -1 with
+ * errno set. */
+int dlock__sqw_open(const char *path, mode_t mode, gid_t gid, dev_t *dev,
+                    ino_t *ino, struct stat *st);
 
 /* Takes a ticket in w->region on w->fd and locks its byte, making its
  * channel (for its successors) and doorbell (for a predecessor without a
- * channel to ring) first. 0 or an errno. Only acquisitions that find a
- * queue or the lock busy take one. */
-int dlock__sqw_take(sq_wait *w);
+ * channel to ring) first. 0 or an errno: ETIMEDOUT when byte 0 (held by
+ * a taker for a few system calls) stays held until `until` or a cancel
+ * through w->cfd (a process outside dlock holding it); EAGAIN when
+ * another process holds the ticket's byte (outside dlock: dlock's
+ * takers take tickets under byte 0). Only acquisitions that find a queue
+ * or the lock busy take one. */
+int dlock__sqw_take(sq_wait *w, int64_t until);
 
 /* Does anyone hold (or take) a ticket in the region of `rowid`, as seen
  * through fd (which holds none)? One system call: the uncontended
@@ -67,7 +92,8 @@ int dlock__sqw_queued(int fd, int64_t rowid);
 /* Rings the doorbell of the lowest ticket in the region of `rowid` (the
  * release of a hold taken without a ticket), through fd (holding none),
  * the sidecar `dev`/`ino`. */
-void dlock__sqw_ring_head(int fd, dev_t dev, ino_t ino, int64_t rowid);
+void dlock__sqw_ring_head(int fd, const sq_chans *ch, dev_t dev, ino_t ino,
+                          int64_t rowid);
 
 
 /* The highest ticket below w's still held, or -1 (w is the head). */
@@ -79,6 +105,14 @@ int dlock__sqw_held(const sq_wait *w, off_t p);
 /* Number of tickets held in the region of `rowid`, as seen through fd
  * (which holds none), at most `max`. */
 int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max);
+
+/* A lock that a process outside dlock holds on the writers' turn or on
+ * the region of `rowid` (a read lock, or one over several bytes: dlock
+ * takes write locks on single bytes there), as seen through fd: its
+ * description into out (cap bytes), naming the sidecar `side`; out is
+ * left alone when there is none. */
+void dlock__sqw_foreign(int fd, int64_t rowid, const char *side, char *out,
+                        size_t cap);
 
 /* A trusted connection to the channel of ticket byte p (its listener has
  * our uid and p is still held after connecting), or -1. */
@@ -98,8 +132,8 @@ int dlock__sqw_bell(const sq_wait *w, int64_t until);
  * (0: the lowest of all) in the region of `rowid`, through fd (holding
  * none): what a release of the hold with that ticket does when its
  * successor is not connected, done by dlock_break(). */
-void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
-                           int64_t after);
+void dlock__sqw_ring_after(int fd, const sq_chans *ch, dev_t dev,
+                           ino_t ino, int64_t rowid, int64_t after);
 
 /* Is the mark of the region of `rowid` held (a head waits for a holder
  * without a ticket), as seen through fd? */
@@ -154,6 +188,10 @@ enum {
 };
 
 #define SQ_SPARE_MAX 8
+/* How long a try (wait 0) waits at most for what another client holds for
+ * a moment (the writers' turn, a region's byte 0, the database): dlock's
+ * clients hold them for one statement or a few system calls. */
+#define SQ_TRY_MS 100
 #define SQ_TABLE_MAX 128
 
 typedef struct sq_store {
@@ -162,7 +200,9 @@ typedef struct sq_store {
     int operate;       /* the statements of list and break are prepared */
     char *redacted;
     char *side;   /* the sidecar's path */
-    mode_t mode;  /* the database file's permission bits, for the sidecar */
+    mode_t mode;  /* what dlock makes: 0600, or 0660 with ?group= */
+    gid_t gid;    /* ?group='s, or -1 */
+    sq_chans ch;  /* the wake-up channels' directory */
     int sidefd;   /* the sidecar, for dlock_inspect() and the looks of
                    * acquisitions without a ticket (holds no lock) */
     dev_t side_dev; /* its identity, for channel names */
@@ -176,6 +216,11 @@ typedef struct sq_store {
     int64_t timeout_ms;
     int64_t deadline; /* the running statement's end, if before the
                        * client's timeout; 0: none (mu) */
+    int cfd;          /* the running acquisition's dlock_cancel() eventfd,
+                       * or -1 (mu) */
+    int acq;          /* the running statement is an acquisition's: its
+                       * deadline or cancel ends it with DLOCK_EBUSY (mu) */
+    int64_t busy_since; /* SQLite's busy handler's first call (mu) */
     pthread_mutex_t mu;
     sqlite3_stmt *st[S_COUNT];
     int64_t returned; /* the one value a writing statement returned (mu) */
@@ -183,6 +228,9 @@ typedef struct sq_store {
 
 typedef struct sq_lease {
     sq_wait w;
+    int64_t bound; /* the acquisition's statements and kernel waits end by
+                    * then (its deadline, at least SQ_TRY_MS after its
+                    * start); 0: the client's timeout only */
     /* a reader's or a permit's: '*' and its owner (a sole holder's
      * owner column), the JSON paths of its entry, its token and its end
      * (sqlite_rw.c) */

@@ -260,7 +260,8 @@ int dlock__sq_evict(void *st, const char *name, size_t len, dlock_info *out,
     /* wake as the release would have: the successor of the evicted
      * ticket (which its mark now lets pass it), or the head (a holder
      * without a ticket, readers, permits keep none) */
-    dlock__sqw_ring_after(ss->sidefd, ss->side_dev, ss->side_ino, rowid,
+    dlock__sqw_ring_after(ss->sidefd, &ss->ch, ss->side_dev, ss->side_ino,
+                          rowid,
                           !shared && ticket > 0 ? ticket : 0);
     return DLOCK_OK;
 }

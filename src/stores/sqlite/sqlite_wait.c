@@ -12,10 +12,14 @@
  * lock name a region of 2^32 bytes at rowid << 32; its byte 0 guards
  * ticket taking, byte t is held by the owner of ticket t from before its
  * first statement until it releases or gives up (the kernel drops it with
- * the process). Ticket t's wake-up channel is the abstract Unix socket
- * "dlock-sq/<dev>/<ino>/<rowid>/<t>", listening from before byte t is
- * locked until after it is unlocked, as the file store's fair channels
- * (file_wait.c), whose kernel wait this file reuses.
+ * the process). Ticket t's wake-up channel is the Unix socket
+ * "<ino>.<rowid>.<t>" in the directory `<db>-dlock.d` (0700, or 03770
+ * with ?group=: no other user can bind, connect or ring there), and its
+ * doorbell the datagram socket "<ino>.<rowid>.<t>.r"; both listen from
+ * before byte t is locked until their files are removed, before it is
+ * unlocked, as the file store's fair channels (file_wait.c), whose kernel
+ * wait this file reuses. Every wait here ends by its deadline or a
+ * cancel, whatever another process holds on the sidecar.
  */
 #include "sqlite.h"
 #include "../file/file.h"
@@ -42,20 +46,52 @@ static off_t region_base(int64_t rowid)
     return (off_t)r << SQW_REGION_SHIFT;
 }
 
-int dlock__sqw_open(const char *path, mode_t mode, dev_t *dev, ino_t *ino)
+int dlock__sqw_open(const char *path, mode_t mode, gid_t gid, dev_t *dev,
+                    ino_t *ino, struct stat *st)
 {
-    struct stat st;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
+    int fd = -1, made = 0;
 
+    /* made by us (O_EXCL: this call created it), or opened as it is;
+     * never through a symbolic link */
+    for (int i = 0; i < 4 && fd < 0; i++) {
+        fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 || errno != ENOENT)
+            break;
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                  mode);
+        made = fd >= 0;
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
     if (fd < 0)
         return -1;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
         close(fd);
         errno = EINVAL;
         return -1;
     }
-    *dev = st.st_dev;
-    *ino = st.st_ino;
+    if (made || st->st_uid == geteuid()) {
+        /* ours: exactly the mode and group asked for (the umask may have
+         * taken bits; an older dlock gave the database's, 0644) */
+        if ((gid != (gid_t)-1 && st->st_gid != gid &&
+             fchown(fd, (uid_t)-1, gid) != 0) ||
+            ((st->st_mode & 07777) != mode && fchmod(fd, mode) != 0)) {
+            int e = errno;
+            close(fd);
+            errno = e;
+            return -1;
+        }
+    } else if (gid == (gid_t)-1 || st->st_gid != gid ||
+               (st->st_mode & 0007)) {
+        /* another user's: only a ?group= store's, of that group and
+         * closed to others (its owner, or anyone it lets in, could hold
+         * waiters up): else not used (sqlite.c says whose) */
+        close(fd);
+        errno = EPERM;
+        return -1;
+    }
+    *dev = st->st_dev;
+    *ino = st->st_ino;
     return fd;
 }
 
@@ -91,50 +127,93 @@ static off_t highest_held(int fd, off_t lo, off_t hi)
     return best;
 }
 
-/* The abstract socket name of ticket `ticket`'s channel (`bell` 0: the
- * stream its successors connect to) or doorbell (`bell` 1: the datagram
- * socket a releaser without a channel rings). */
-static socklen_t chan_name(struct sockaddr_un *sa, const sq_wait *w,
-                           off_t ticket, int bell)
+/* The path of ticket `ticket`'s channel (`bell` 0: the stream its
+ * successors connect to) or doorbell (`bell` 1: the datagram socket a
+ * releaser without a channel rings), in the channels' directory:
+ * "<prefix>/<ino>.<rowid>.<t>[.r]" in *sa (its length; 0: no channels), its
+ * last part in *leaf (NULL: not needed). */
+static socklen_t chan_name(struct sockaddr_un *sa, const sq_chans *ch,
+                           ino_t ino, int64_t region, off_t t, int bell,
+                           const char **leaf)
 {
+    size_t pl;
     int n;
 
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
-    /* sun_path[0] stays NUL: the abstract namespace, no file */
-    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                 "dlock-sq%s/%llx/%llx/%llx/%llx", bell ? "b" : "",
-                 (unsigned long long)w->dev,
-                 (unsigned long long)w->ino, (unsigned long long)w->region,
-                 (unsigned long long)(ticket - w->base));
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                       (size_t)n);
+    if (!ch || !ch->prefix[0])
+        return 0;
+    pl = strlen(ch->prefix);
+    n = snprintf(sa->sun_path, sizeof(sa->sun_path), "%s/%llx.%llx.%llx%s",
+                 ch->prefix, (unsigned long long)ino,
+                 (unsigned long long)region, (unsigned long long)t,
+                 bell ? ".r" : "");
+    if (n < 0 || (size_t)n >= sizeof(sa->sun_path))
+        return 0; /* sq_open() keeps the prefix short enough */
+    if (leaf)
+        *leaf = sa->sun_path + pl + 1;
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)n +
+                       1);
 }
 
-/* A listener for ticket byte t: its descriptor, -1 when the name is taken
- * (skip this number), -2 when none can be made. */
+static socklen_t wchan_name(struct sockaddr_un *sa, const sq_wait *w,
+                            off_t ticket, int bell, const char **leaf)
+{
+    return chan_name(sa, w->ch, w->ino, w->region, ticket - w->base, bell,
+                     leaf);
+}
+
 /* Binds ticket t's channel (`bell` 0: a listening stream) or doorbell
- * (`bell` 1: a datagram socket): its descriptor, or -1 (the name is taken,
- * or no socket). */
+ * (`bell` 1: a datagram socket): its descriptor, or -1. Called under the
+ * region's byte 0 for a ticket nobody holds: a socket file already there
+ * is stale (a crashed owner's; a live owner removes its own before it
+ * unlocks its byte), and is removed. */
 static int chan_bind(const sq_wait *w, off_t t, int bell)
 {
     struct sockaddr_un sa;
-    socklen_t len = chan_name(&sa, w, t, bell);
-    int s = socket(AF_UNIX, (bell ? SOCK_DGRAM : SOCK_STREAM) | SOCK_CLOEXEC |
-                                SOCK_NONBLOCK,
-                   0);
+    const char *leaf = NULL;
+    socklen_t len = wchan_name(&sa, w, t, bell, &leaf);
+    int s;
 
+    if (!len)
+        return -1;
+    s = socket(AF_UNIX, (bell ? SOCK_DGRAM : SOCK_STREAM) | SOCK_CLOEXEC |
+                            SOCK_NONBLOCK,
+               0);
     if (s < 0)
         return -1;
-    if (bind(s, (struct sockaddr *)&sa, len) != 0 ||
+    int r = bind(s, (struct sockaddr *)&sa, len);
+    if (r != 0 && errno == EADDRINUSE &&
+        first_conflict(w->fd, t, t + 1) < 0 &&
+        unlinkat(w->ch->dirfd, leaf, 0) == 0)
+        r = bind(s, (struct sockaddr *)&sa, len);
+    if (r != 0) {
+        close(s);
+        return -1;
+    }
+    /* group-shared: the group's members connect and ring (write on the
+     * socket file); the directory is sticky, so the name is still ours */
+    if ((w->ch->group && fchmodat(w->ch->dirfd, leaf, 0660, 0) != 0) ||
         (!bell && listen(s, CHAN_BACKLOG) != 0)) {
+        unlinkat(w->ch->dirfd, leaf, 0);
         close(s);
         return -1;
     }
     return s;
 }
 
-int dlock__sqw_take(sq_wait *w)
+/* Removes ticket t's socket files (before its byte is unlocked: the next
+ * owner of the number makes its own). */
+static void chan_unlink(const sq_wait *w, off_t t, int bell)
+{
+    struct sockaddr_un sa;
+    const char *leaf = NULL;
+
+    if (wchan_name(&sa, w, t, bell, &leaf))
+        unlinkat(w->ch->dirfd, leaf, 0);
+}
+
+int dlock__sqw_take(sq_wait *w, int64_t until)
 {
     off_t meta, top, t;
     int e = 0;
@@ -144,15 +223,21 @@ int dlock__sqw_take(sq_wait *w)
     w->ticket = -1;
     meta = w->base;
     top = w->base + SQW_MARK; /* tickets end below the mark */
-    while (lk(w->fd, F_OFD_SETLKW, F_WRLCK, meta, 1) != 0) {
-        if (errno != EINTR)
+    /* byte 0: dlock's takers hold it for a few system calls; anyone else
+     * holding it (a process outside dlock) holds us up to `until` or a
+     * cancel, never longer (a helper thread waits in the kernel) */
+    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, meta, 1) != 0) {
+        if (errno != EAGAIN && errno != EACCES)
             return errno;
+        e = dlock__file_kwait(w->fd, F_WRLCK, meta, until, w->cfd);
+        if (e)
+            return e == EAGAIN ? ENOMEM : e; /* EAGAIN: no helper thread */
     }
     t = highest_held(w->fd, meta + 1, top);
     t = t < 0 || t + 1 >= top ? meta + 1 : t + 1; /* 2^32: start again */
     /* channel and doorbell before the byte: a successor that sees the
-     * ticket finds them (a name still bound by its previous owner, or
-     * squatted, makes us skip that number) */
+     * ticket finds them (a stale socket file of a crashed owner is
+     * removed; a number whose files cannot be made is skipped) */
     for (int i = 0; i < CHAN_BIND_TRIES; i++, t++) {
         if (t >= top)
             t = meta + 1;
@@ -160,20 +245,28 @@ int dlock__sqw_take(sq_wait *w)
         w->bfd = w->lfd >= 0 ? chan_bind(w, t, 1) : -1;
         if (w->bfd >= 0)
             break;
-        if (w->lfd >= 0)
+        if (w->lfd >= 0) {
+            chan_unlink(w, t, 0);
             close(w->lfd);
+        }
         w->lfd = -1; /* none at all after the last try: kernel waits */
+        if (!w->ch || !w->ch->prefix[0])
+            break; /* no channels at all: no other number does better */
     }
     if (t >= top)
         t = meta + 1;
     if (lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0) {
         w->ticket = t;
     } else {
-        e = errno;
-        if (w->lfd >= 0)
+        e = errno == EACCES ? EAGAIN : errno;
+        if (w->lfd >= 0) {
+            chan_unlink(w, t, 0);
             close(w->lfd);
-        if (w->bfd >= 0)
+        }
+        if (w->bfd >= 0) {
+            chan_unlink(w, t, 1);
             close(w->bfd);
+        }
         w->lfd = w->bfd = -1;
     }
     lk(w->fd, F_OFD_SETLK, F_UNLCK, meta, 1);
@@ -198,19 +291,79 @@ int dlock__sqw_held(const sq_wait *w, off_t p)
     return first_conflict(w->fd, p, p + 1) >= 0;
 }
 
+/* Walks the locks other open files hold in [lo, hi), as F_OFD_GETLK
+ * reports them (one at a time, from `lo` up, each skipped to its end):
+ * counts in *tickets those dlock holds (a write lock on one byte, at most
+ * `max`), and returns the start of the first other one (a read lock, or a
+ * lock over several bytes: a process outside dlock's) in *odd, with its
+ * type, or -1. max 0: stops at the first other one. At most max + 1024
+ * calls. */
+static void walk_locks(int fd, off_t lo, off_t hi, int64_t max,
+                       int64_t *tickets, off_t *odd, short *odd_type)
+{
+    off_t at = lo;
+
+    *odd = -1;
+    for (int64_t i = 0; i < max + 1024 && at < hi; i++) {
+        if (max > 0 ? *tickets >= max : *odd >= 0)
+            break; /* counted enough; or (max 0) found the odd one */
+        struct flock fl;
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = at;
+        fl.l_len = hi - at;
+        if (fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type == F_UNLCK)
+            break;
+        off_t s = fl.l_start < at ? at : fl.l_start;
+        off_t e = fl.l_len == 0 || fl.l_start + fl.l_len > hi
+                      ? hi
+                      : fl.l_start + fl.l_len;
+        if (fl.l_type == F_WRLCK && fl.l_len == 1) {
+            (*tickets)++;
+        } else if (*odd < 0) {
+            *odd = s;
+            *odd_type = fl.l_type;
+        }
+        at = e > s ? e : s + 1;
+    }
+}
+
 int64_t dlock__sqw_count(int fd, int64_t rowid, int64_t max)
 {
-    off_t base = region_base(rowid), at = base + 1, end = base + SQW_MARK;
+    off_t base = region_base(rowid), odd;
     int64_t n = 0;
+    short type;
 
-    while (n < max) {
-        off_t b = first_conflict(fd, at, end);
-        if (b < 0)
-            break;
-        n++;
-        at = b + 1;
-    }
+    walk_locks(fd, base + 1, base + SQW_MARK, max, &n, &odd, &type);
     return n;
+}
+
+void dlock__sqw_foreign(int fd, int64_t rowid, const char *side, char *out,
+                        size_t cap)
+{
+    off_t base = region_base(rowid), odd = -1;
+    int64_t n = 0;
+    short type = F_RDLCK;
+    const char *what = "this lock's bytes";
+
+    /* region 0: dlock's only lock there is the writers' turn (byte 1, a
+     * write lock); a lock's region: tickets (write locks on one byte)
+     * and byte 0 (the same, for a moment); the mark (a read lock) is
+     * not looked at */
+    walk_locks(fd, 0, (off_t)1 << SQW_REGION_SHIFT, 0, &n, &odd, &type);
+    if (odd >= 0) {
+        what = "the writers' turn (every statement's)";
+    } else {
+        walk_locks(fd, base, base + SQW_MARK, 0, &n, &odd, &type);
+    }
+    if (odd < 0)
+        return;
+    snprintf(out, cap, "a process outside dlock holds a %s lock on %s in "
+                       "the wake-up file %.150s: waits end at their "
+                       "deadline, and the lock may not be taken until it "
+                       "lets go",
+             type == F_RDLCK ? "read" : "write", what, side);
 }
 
 int dlock__sqw_connect(const sq_wait *w, off_t p)
@@ -218,9 +371,12 @@ int dlock__sqw_connect(const sq_wait *w, off_t p)
     struct sockaddr_un sa;
     struct ucred cr;
     socklen_t crlen = sizeof(cr);
-    socklen_t len = chan_name(&sa, w, p, 0);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    socklen_t len = wchan_name(&sa, w, p, 0, NULL);
+    int s;
 
+    if (!len)
+        return -1;
+    s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         return -1;
     if (connect(s, (struct sockaddr *)&sa, len) != 0 ||
@@ -320,7 +476,10 @@ int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
          * before its byte was unlocked): p's byte, in the kernel, which
          * tells a release and a death alike (a doorbell would hear only
          * the release) */
-        int e = dlock__file_kwait(w->fd, F_RDLCK, p, until, w->cfd);
+        /* a write lock: it waits for every lock on p, a read lock that
+         * a process outside dlock holds there too (with a read lock it
+         * would get in at once, and look again: a spin) */
+        int e = dlock__file_kwait(w->fd, F_WRLCK, p, until, w->cfd);
         if (e == ETIMEDOUT)
             return SQW_TIMEOUT;
         if (e)
@@ -379,17 +538,19 @@ static int ring_successor(const sq_wait *w)
 
     if (s < 0)
         return 0; /* nobody queued: the uncontended case costs this */
+    socklen_t len = wchan_name(&sa, w, s, 1, NULL);
+    if (!len)
+        return 0;
     fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return 0;
-    socklen_t len = chan_name(&sa, w, s, 1);
     sent = sendto(fd, "", 1, MSG_NOSIGNAL, (struct sockaddr *)&sa, len) == 1;
     close(fd);
     return sent;
 }
 
-void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
-                           int64_t after)
+void dlock__sqw_ring_after(int fd, const sq_chans *ch, dev_t dev,
+                           ino_t ino, int64_t rowid, int64_t after)
 {
     sq_wait w;
 
@@ -398,6 +559,7 @@ void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
     memset(&w, 0, sizeof(w));
     w.cfd = -1;
     w.fd = fd;
+    w.ch = ch;
     w.dev = dev;
     w.ino = ino;
     w.region = rowid;
@@ -407,9 +569,10 @@ void dlock__sqw_ring_after(int fd, dev_t dev, ino_t ino, int64_t rowid,
         sched_yield(); /* the lock is idle until the woken one runs */
 }
 
-void dlock__sqw_ring_head(int fd, dev_t dev, ino_t ino, int64_t rowid)
+void dlock__sqw_ring_head(int fd, const sq_chans *ch, dev_t dev, ino_t ino,
+                          int64_t rowid)
 {
-    dlock__sqw_ring_after(fd, dev, ino, rowid, 0);
+    dlock__sqw_ring_after(fd, ch, dev, ino, rowid, 0);
 }
 
 int dlock__sqw_drop(sq_wait *w, int wake)
@@ -421,9 +584,15 @@ int dlock__sqw_drop(sq_wait *w, int wake)
     /* the doorbell before the ticket: the next owner of this ticket
      * number must be able to bind it (a head without one could only
      * sleep to the lease end) */
-    if (w->bfd >= 0)
+    if (w->bfd >= 0) {
+        chan_unlink(w, w->ticket, 1);
         close(w->bfd);
+    }
     w->bfd = -1;
+    /* the channel's file too (its listener stays: successors connected
+     * or pending keep their connections) */
+    if (w->lfd >= 0)
+        chan_unlink(w, w->ticket, 0);
     /* the ticket next: a successor that connects or arms from now on
      * finds it free and does not wait on us */
     lk(w->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
