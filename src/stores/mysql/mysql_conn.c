@@ -337,7 +337,17 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
          * verifies it before the login: any plugin may run */
         mysql_options(cn->m, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &yes);
     } else if (ms->ssl_enforce) {
-        /* TLS without verification: the gate first (above) */
+        /* TLS without verification: the gate first (above), which must
+         * be this process's (registered at the store's first open) */
+        if (!mysql_client_find_plugin(cn->m, MY_GATE_AUTH, 2)) {
+            dlock__mysql_conn_free(cn);
+            return dlock__err(DLOCK_ECONN,
+                              "mysql %s: connecting: TLS is required "
+                              "(ssl_mode) but dlock's TLS gate could not "
+                              "be installed in Connector/C: nothing was "
+                              "sent",
+                              ms->redacted);
+        }
         mysql_optionsv(cn->m, MYSQL_DEFAULT_AUTH, MY_GATE_AUTH);
         mysql_optionsv(cn->m, MARIADB_OPT_RESTRICTED_AUTH, MY_GATE_AUTH);
     } else {
