@@ -588,7 +588,9 @@ DLOCK_EXTERN void dlock_list_clear(dlock_list_page *page);
  * DLOCK_ENOTSUP (a store whose holds cannot be taken from outside the
  * holder: file://, whose locks are the holder's kernel locks, and the
  * others docs/monitoring.md lists, with the reason), DLOCK_ECONN,
- * DLOCK_EAUTH, DLOCK_EPROTO, DLOCK_ENOMEM.
+ * DLOCK_EAUTH (this role may not take the holds away; PostgreSQL advisory
+ * mode: also a holder it cannot prove is dlock's, named in the message,
+ * and then nothing is done), DLOCK_EPROTO, DLOCK_ENOMEM.
  * Thread-safety: any thread.
  */
 DLOCK_EXTERN int dlock_break(dlock_client *c, const char *name,

@@ -1859,6 +1859,20 @@ TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
     dlock_close(l);
     dlock_client_close(c);
     c = NULL;
+    /* ssl_mode=required (TLS, the server not verified): the login waits
+     * for TLS (dlock's gate plugin first, then the user's plugin, which
+     * the server switches to inside TLS) */
+    snprintf(u, sizeof(u),
+             "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
+             "required%s",
+             s2.port, tmo);
+    c = client_at(u);
+    l = handle(c, "tls", 0, 0);
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+    c = NULL;
     /* without TLS the same user is refused */
     snprintf(u, sizeof(u),
              "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
@@ -1881,6 +1895,193 @@ TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
     CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
     CHECK_CONTAINS(dlock_errmsg(), "TLS is required");
     th_sql_kill(&s2, SIGKILL);
+}
+
+/* --- a fake server without TLS (an on-path attacker) --------------------- */
+
+/* Answers one connection as a MariaDB server would, with a handshake that
+ * offers no TLS (no CLIENT_SSL): an attacker on the path that strips it.
+ * Records every byte the client sends (until it closes, at most 10 s); in
+ * `ask_clear` mode, once the login arrives, asks for mysql_clear_password
+ * (an auth switch), which hands it the password of a client that agrees. */
+typedef struct fake_my {
+    int lfd, port;
+    int plugin_auth; /* CLIENT_PLUGIN_AUTH in the handshake */
+    int ask_clear;
+    unsigned char got[65536];
+    size_t n;
+    pthread_t th;
+} fake_my;
+
+static void put_packet(int fd, unsigned seq, const unsigned char *p,
+                       size_t len)
+{
+    unsigned char h[4] = {(unsigned char)(len & 255),
+                          (unsigned char)((len >> 8) & 255),
+                          (unsigned char)(len >> 16), (unsigned char)seq};
+    CHECK(write(fd, h, 4) == 4);
+    CHECK(write(fd, p, len) == (ssize_t)len);
+}
+
+static void *fake_my_run(void *arg)
+{
+    fake_my *f = arg;
+    struct pollfd p = {f->lfd, POLLIN, 0};
+    unsigned char g[128];
+    size_t n = 0;
+    int fd, switched = 0;
+    /* CLIENT_LONG_PASSWORD, LONG_FLAG, CONNECT_WITH_DB, PROTOCOL_41,
+     * TRANSACTIONS, SECURE_CONNECTION; MULTI_STATEMENTS, MULTI_RESULTS,
+     * PLUGIN_AUTH (upper half). No CLIENT_SSL (0x800). */
+    unsigned lo = 0xA20D, hi = f->plugin_auth ? 0x000B : 0x0003;
+    int64_t end = th_now_ms() + 10000;
+
+    if (poll(&p, 1, 10000) != 1 || (fd = accept(f->lfd, NULL, NULL)) < 0)
+        return NULL;
+    g[n++] = 10;
+    memcpy(g + n, "5.5.5-10.11.0-MariaDB", 22);
+    n += 22;
+    memcpy(g + n, "\x07\0\0\0", 4); /* thread id */
+    n += 4;
+    memcpy(g + n, "abcdefgh", 8); /* scramble, first part */
+    n += 8;
+    g[n++] = 0;
+    g[n++] = lo & 255;
+    g[n++] = lo >> 8;
+    g[n++] = 45; /* utf8mb4 */
+    g[n++] = 2;  /* SERVER_STATUS_AUTOCOMMIT */
+    g[n++] = 0;
+    g[n++] = hi & 255;
+    g[n++] = hi >> 8;
+    g[n++] = 21; /* auth data length */
+    memset(g + n, 0, 10); /* reserved, MariaDB's extended capabilities */
+    n += 10;
+    memcpy(g + n, "ijklmnopqrst", 13); /* scramble, second part, NUL */
+    n += 13;
+    if (f->plugin_auth) {
+        memcpy(g + n, "mysql_native_password", 22);
+        n += 22;
+    }
+    put_packet(fd, 0, g, n);
+    while (f->n < sizeof(f->got)) {
+        int64_t left = end - th_now_ms();
+        struct pollfd q = {fd, POLLIN, 0};
+        if (left <= 0 || poll(&q, 1, (int)left) != 1)
+            break;
+        ssize_t r = read(fd, f->got + f->n, sizeof(f->got) - f->n);
+        if (r <= 0)
+            break;
+        f->n += (size_t)r;
+        if (f->ask_clear && !switched && f->n >= 4 &&
+            f->n >= 4 + (size_t)(f->got[0] | f->got[1] << 8 | f->got[2] << 16)) {
+            /* the login (seq 1) is in: switch to the cleartext plugin */
+            static const unsigned char sw[] = "\xfemysql_clear_password";
+            put_packet(fd, 2, sw, sizeof(sw));
+            switched = 1;
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+static void fake_my_start(fake_my *f, int plugin_auth, int ask_clear)
+{
+    struct sockaddr_in a;
+    socklen_t al = sizeof(a);
+
+    memset(f, 0, sizeof(*f));
+    f->plugin_auth = plugin_auth;
+    f->ask_clear = ask_clear;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK((f->lfd = socket(AF_INET, SOCK_STREAM, 0)) >= 0);
+    CHECK(bind(f->lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    CHECK(listen(f->lfd, 4) == 0);
+    CHECK(getsockname(f->lfd, (struct sockaddr *)&a, &al) == 0);
+    f->port = ntohs(a.sin_port);
+    CHECK(pthread_create(&f->th, NULL, fake_my_run, f) == 0);
+}
+
+static void fake_my_stop(fake_my *f)
+{
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+}
+
+static int has_bytes(const unsigned char *h, size_t n, const char *needle)
+{
+    size_t k = strlen(needle);
+
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(h + i, needle, k))
+            return 1;
+    return 0;
+}
+
+/* ssl_mode=required: a server whose handshake offers no TLS (an attacker
+ * that strips it) gets nothing: not the login, not the user name, not the
+ * auth answer, not the password, even when it would switch to the
+ * cleartext plugin. DLOCK_ECONN (the transport is not what was asked). */
+TEST(tls_required_sends_nothing_to_a_server_without_tls)
+{
+    /* CLIENT_PLUGIN_AUTH or not, a switch to cleartext asked or not;
+     * verify_identity last (Connector/C's own check) */
+    static const int cases[][3] = {{1, 0, 0}, {1, 1, 0}, {0, 0, 0},
+                                   {0, 1, 0}, {1, 1, 1}};
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        static fake_my f; /* 64 KiB: not on the stack (valgrind) */
+        dlock_client *c = NULL;
+        char u[256];
+
+        fake_my_start(&f, cases[i][0], cases[i][1]);
+        snprintf(u, sizeof(u),
+                 "mysql://lockuser:Pw-6c1e-secret@127.0.0.1:%d/dlocktest"
+                 "?ssl_mode=%s&timeout=%s",
+                 f.port, cases[i][2] ? "verify_identity" : "required",
+                 getenv("DLOCK_UNDER_VALGRIND") ? "20000" : "5000");
+        CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_ECONN);
+        CHECK_CONTAINS(dlock_errmsg(),
+                       cases[i][2] ? "SSL is required" : "TLS is required");
+        CHECK(strstr(dlock_errmsg(), "Pw-6c1e-secret") == NULL);
+        fake_my_stop(&f);
+        /* not a byte: the client closes the connection without a word */
+        if (f.n)
+            fprintf(stderr, "case %zu: the client sent %zu bytes\n", i, f.n);
+        CHECK_EQ(f.n, 0);
+        CHECK(!has_bytes(f.got, f.n, "lockuser"));
+        CHECK(!has_bytes(f.got, f.n, "Pw-6c1e-secret"));
+    }
+}
+
+/* Without TLS (no ssl_mode, or disabled) the cleartext plugin is refused:
+ * a server (or an attacker in the path) that asks for it gets no password.
+ * DLOCK_EAUTH (the login could not be done as the server wants). */
+TEST(the_cleartext_plugin_is_refused_without_tls)
+{
+    static const char *const modes[] = {"?", "?ssl_mode=disabled&"};
+    /* a few round trips with a local peer: 20 s under valgrind, where
+     * Connector/C's plugin loading is slow */
+    const char *tmo = getenv("DLOCK_UNDER_VALGRIND") ? "20000" : "5000";
+
+    for (size_t i = 0; i < 2; i++) {
+        static fake_my f; /* 64 KiB: not on the stack (valgrind) */
+        dlock_client *c = NULL;
+        char u[256];
+
+        fake_my_start(&f, 1, 1);
+        snprintf(u, sizeof(u),
+                 "mysql://lockuser:Pw-6c1e-secret@127.0.0.1:%d/dlocktest"
+                 "%stimeout=%s",
+                 f.port, modes[i], tmo);
+        CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EAUTH);
+        CHECK_CONTAINS(dlock_errmsg(), "mysql_clear_password");
+        CHECK(strstr(dlock_errmsg(), "Pw-6c1e-secret") == NULL);
+        fake_my_stop(&f);
+        CHECK_OP(f.n, >, 0); /* the login (user, native answer) went */
+        CHECK(!has_bytes(f.got, f.n, "Pw-6c1e-secret"));
+    }
 }
 
 /* --- listing and breaking ------------------------------------------------ */
@@ -2202,6 +2403,8 @@ static const th_test tests[] = {
     T(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable),
     T(the_uri_timeout_bounds_every_statement),
     T(tls_verifies_the_server_and_a_ssl_only_user_gets_in),
+    T(tls_required_sends_nothing_to_a_server_without_tls),
+    T(the_cleartext_plugin_is_refused_without_tls),
     T(inspect_counts_the_waiters_the_queue_table_does_not_list),
     T(list_pages_over_free_held_and_foreign_rows),
     T(a_frozen_holder_is_broken_and_learns_it_when_thawed),

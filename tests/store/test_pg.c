@@ -1873,6 +1873,166 @@ TEST(an_advisory_break_needs_the_right_to_end_sessions)
     dlock_client_close(c1b);
 }
 
+/* --- advisory mode: a break ends only proven dlock holders --- */
+
+/* A libpq session of `user` (password pw) on the test server. */
+static PGconn *pg_session(const char *user, const char *pw)
+{
+    char conninfo[300];
+
+    snprintf(conninfo, sizeof(conninfo),
+             "host=127.0.0.1 port=%d dbname=postgres user=%s password=%s "
+             "connect_timeout=5",
+             srv.port, user, pw);
+    PGconn *p = PQconnectdb(conninfo);
+    CHECK(PQstatus(p) == CONNECTION_OK);
+    return p;
+}
+
+/* Runs sql on p; the first column of the first row ("" when none). */
+static void pg_do(PGconn *p, const char *sql, char *out, size_t cap)
+{
+    PGresult *r = PQexec(p, sql);
+
+    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK ||
+          PQresultStatus(r) == PGRES_COMMAND_OK);
+    if (out)
+        snprintf(out, cap, "%s",
+                 PQntuples(r) > 0 && PQnfields(r) > 0 ? PQgetvalue(r, 0, 0)
+                                                      : "");
+    PQclear(r);
+}
+
+/* The session p still answers and holds the advisory key of `name`
+ * (granted: a session of its own, not ended). */
+static int still_holds(PGconn *p, const char *name)
+{
+    char sql[400], v[16];
+
+    snprintf(sql, sizeof(sql),
+             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = "
+             "pg_backend_pid() AND locktype = 'advisory' AND granted AND "
+             "objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = "
+             "('x' || substr(md5('%s'::bytea), 1, 16))::bit(64)::bigint)",
+             name);
+    PGresult *r = PQexec(p, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+        PQclear(r);
+        return 0;
+    }
+    snprintf(v, sizeof(v), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return !strcmp(v, "t");
+}
+
+/* The witness key of name on p's own session, as dlock takes it. */
+#define WITNESS_SQL(name)                                                   \
+    "('x' || substr(md5('" name "'::bytea || '\\x00'::bytea || ('w' || "    \
+    "pg_backend_pid())::bytea), 1, 16))::bit(64)::bigint"
+
+static void make_intruder(void)
+{
+    th_sql_query(&srv, NULL, 0,
+                 "DO $$ BEGIN CREATE ROLE advintruder LOGIN PASSWORD "
+                 "'intruder-pw'; EXCEPTION WHEN duplicate_object THEN NULL; "
+                 "END $$");
+}
+
+/* Advisory keys have no permissions: any role may take dlock's key of a
+ * name. A break ends only the sessions it can prove are dlock holders of
+ * the name (the name's witness key held on the session, an
+ * application_name of dlock's, a role that may draw tokens); any other
+ * holder makes it end nothing: DLOCK_EAUTH naming the session (pid, role,
+ * application). On main the break ended the foreign session
+ * (pg_terminate_backend of any holder of the key). A real dlock holder is
+ * still broken, alone. */
+TEST(an_advisory_break_ends_no_foreign_session)
+{
+    char pid[32], want[80];
+    dlock_info ev;
+
+    make_intruder();
+    dlock_client *op = client_at(adv); /* the tokens' sequence exists */
+    dlock_client *a = client_at(adv);
+
+    /* another role's session holds the key of the name */
+    PGconn *in = pg_session("advintruder", "intruder-pw");
+    pg_do(in, "SELECT pg_backend_pid()", pid, sizeof(pid));
+    pg_do(in, "SELECT pg_advisory_lock(" KEY_SQL("advx-1") ")", NULL, 0);
+    CHECK_RC(dlock_break(op, "advx-1", &ev), DLOCK_EAUTH);
+    CHECK_CONTAINS(dlock_errmsg(), "cannot prove");
+    snprintf(want, sizeof(want), "pid %s, role advintruder", pid);
+    CHECK_CONTAINS(dlock_errmsg(), want);
+    CHECK(still_holds(in, "advx-1"));
+    /* ... faking all a holder shows (a token in its name, the witness key
+     * of its pid): its role has no right on dlock's state */
+    pg_do(in, "SET application_name = 'dlock 12345 host x pid 1 tid 1'",
+          NULL, 0);
+    pg_do(in, "SELECT pg_advisory_lock(" WITNESS_SQL("advx-1") ")", NULL, 0);
+    CHECK_RC(dlock_break(op, "advx-1", &ev), DLOCK_EAUTH);
+    CHECK_CONTAINS(dlock_errmsg(), "cannot prove");
+    CHECK(still_holds(in, "advx-1"));
+    pg_do(in, "SELECT pg_advisory_unlock_all()", NULL, 0);
+
+    /* a dlock reader beside a foreign one: neither is ended */
+    dlock *r = handle(a, "advx-3", 0, 0);
+    CHECK_OK(dlock_acquire_shared(r, 0));
+    pg_do(in, "SELECT pg_advisory_lock_shared(" KEY_SQL("advx-3") ")", NULL,
+          0);
+    CHECK_RC(dlock_break(op, "advx-3", &ev), DLOCK_EAUTH);
+    CHECK(still_holds(in, "advx-3"));
+    CHECK_OK(dlock_extend(r, 1000)); /* its session still holds it */
+    pg_do(in, "SELECT pg_advisory_unlock_all()", NULL, 0);
+    /* alone, the dlock reader is broken; then a dlock writer */
+    CHECK_OK(dlock_break(op, "advx-3", &ev));
+    CHECK_EQ(ev.holders, 1);
+    dlock_info_clear(&ev);
+    CHECK_RC(dlock_release(r), DLOCK_ELOST);
+    dlock *w = handle(a, "advx-1", 0, 0);
+    CHECK_OK(dlock_acquire(w, 0));
+    uint64_t t = dlock_token(w);
+    CHECK_OK(dlock_break(op, "advx-1", &ev));
+    CHECK_EQ(ev.token, t);
+    dlock_info_clear(&ev);
+    CHECK_RC(dlock_release(w), DLOCK_ELOST);
+    CHECK(PQstatus(in) == CONNECTION_OK); /* never ended */
+    PQfinish(in);
+    dlock_close(r);
+    dlock_close(w);
+    dlock_client_close(a);
+    dlock_client_close(op);
+}
+
+/* A session that calls itself 'dlock' (what a dlock session holding
+ * nothing shows) while it holds the name's key is not hidden from a
+ * break: reported (DLOCK_EAUTH naming its pid and application), and not
+ * ended; another role's, or dlock's own role's by hand. On main the break
+ * did not see it (DLOCK_ENOTHELD: "not held"). */
+TEST(an_advisory_break_reports_a_session_calling_itself_dlock)
+{
+    static const char *const who[][2] = {{"advintruder", "intruder-pw"},
+                                         {"dlock", "dlock-secret"}};
+    dlock_info ev;
+
+    make_intruder();
+    dlock_client *op = client_at(adv);
+    for (int i = 0; i < 2; i++) {
+        char pid[32], want[80];
+        PGconn *p = pg_session(who[i][0], who[i][1]);
+        pg_do(p, "SELECT pg_backend_pid()", pid, sizeof(pid));
+        pg_do(p, "SET application_name = 'dlock'", NULL, 0);
+        pg_do(p, "SELECT pg_advisory_lock(" KEY_SQL("advx-2") ")", NULL, 0);
+        CHECK_RC(dlock_break(op, "advx-2", &ev), DLOCK_EAUTH);
+        CHECK_CONTAINS(dlock_errmsg(), "cannot prove");
+        snprintf(want, sizeof(want), "pid %s, role %s, application 'dlock'",
+                 pid, who[i][0]);
+        CHECK_CONTAINS(dlock_errmsg(), want);
+        CHECK(still_holds(p, "advx-2"));
+        PQfinish(p);
+    }
+    dlock_client_close(op);
+}
+
 /* --- forged grants: a notification is a wake-up, never a grant --- */
 
 typedef struct forged_waiter {
@@ -2103,6 +2263,8 @@ static const th_test tests[] = {
     T(an_evicted_holder_frozen_learns_it_when_thawed),
     T(an_advisory_break_ends_only_the_holders_session),
     T(an_advisory_break_needs_the_right_to_end_sessions),
+    T(an_advisory_break_ends_no_foreign_session),
+    T(an_advisory_break_reports_a_session_calling_itself_dlock),
     T(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter),
     {NULL, NULL, 0},
 };

@@ -405,10 +405,12 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     lost_calls = 0;
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t first = dlock_token(lh);
+    /* the name's key and its witness (docs/design.md, "PostgreSQL
+     * advisory mode: what a break ends") */
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_locks WHERE locktype = "
                           "'advisory' AND granted"),
-             1);
+             2);
     pthread_create(&t, NULL, waiter, &w);
     for (int i = 0; i < 1000 && waiters_of(h, "t-adv") < 1; i++)
         th_sleep_ms(10);

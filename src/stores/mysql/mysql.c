@@ -281,6 +281,7 @@ static void library_init(void)
     /* not thread-safe in Connector/C: once per process, before any
      * connection (mysql_init would otherwise do it on first use) */
     mysql_library_init(0, NULL, NULL);
+    dlock__mysql_gate_register();
 }
 
 static char *dup_or_null(const char *s, int *oom)

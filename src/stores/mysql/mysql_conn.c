@@ -10,6 +10,7 @@
 #include "mysql_int.h"
 
 #include <errmsg.h>
+#include <mysql/plugin_auth.h>
 #include <mysqld_error.h>
 
 #include <errno.h>
@@ -35,6 +36,7 @@ static int code_of(unsigned e)
     case ER_COLUMNACCESS_DENIED_ERROR:
     case ER_SPECIFIC_ACCESS_DENIED_ERROR:
     case ER_BAD_DB_ERROR:
+    case CR_PLUGIN_NOT_ALLOWED: /* an auth plugin refused: see MY_PLAIN_AUTH */
         return DLOCK_EAUTH;
     case ER_LOCK_DEADLOCK:
     case ER_LOCK_WAIT_TIMEOUT:
@@ -195,6 +197,90 @@ static int wait_io_cn(my_store *ms, my_conn *cn, int status,
     return wait_io(cn->m, status, deadline);
 }
 
+/* ------------------------------------------------------------------------ */
+/* TLS before credentials                                                   */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Connector/C 3.3 with MYSQL_OPT_SSL_ENFORCE but no certificate
+ * verification goes on in plain text when the server's handshake has no
+ * CLIENT_SSL, and sends the login (the user and the auth plugin's answer)
+ * before anything can look at the session. Its one check that runs
+ * before that packet needs MYSQL_OPT_SSL_VERIFY_SERVER_CERT, which
+ * ssl_mode=required does not ask for. So with ssl_mode=required the first
+ * authentication plugin is this one ("dlock_tls_gate", the only one
+ * MARIADB_OPT_RESTRICTED_AUTH allows at first): it runs after the
+ * server's handshake is read and before any byte is written. Without
+ * CLIENT_SSL in the handshake it fails and nothing is sent. Otherwise
+ * its first packet makes the library start TLS, then sends the user with
+ * no auth data; once TLS is up it lifts the restriction, and the server
+ * switches to the user's plugin (one more round trip per connection),
+ * which now runs inside TLS. A server that does not know plugin
+ * authentication (no CLIENT_PLUGIN_AUTH: nothing since MySQL 5.5) is
+ * refused too: the library would use mysql_native_password directly,
+ * which the restriction refuses before it writes.
+ */
+static int gate_auth(MYSQL_PLUGIN_VIO *vio, MYSQL *m)
+{
+    static const unsigned char none[1] = {0};
+
+    if (!(m->server_capabilities & CLIENT_SSL)) {
+        m->methods->set_error(m, CR_SSL_CONNECTION_ERROR, "HY000",
+                              "TLS is required (ssl_mode) but the server "
+                              "does not offer it: nothing was sent");
+        return CR_ERROR;
+    }
+    if (vio->write_packet(vio, none, 0))
+        return CR_ERROR; /* the library's error (TLS, connection) */
+    if (!mysql_get_ssl_cipher(m)) {
+        m->methods->set_error(m, CR_SSL_CONNECTION_ERROR, "HY000",
+                              "TLS is required (ssl_mode) but the session "
+                              "is not encrypted");
+        return CR_ERROR;
+    }
+    /* inside TLS every plugin the library has may run */
+    if (mysql_optionsv(m, MARIADB_OPT_RESTRICTED_AUTH, (char *)NULL))
+        return CR_ERROR;
+    return CR_OK;
+}
+
+/* An authentication plugin: <mysql/client_plugin.h>'s
+ * st_mysql_client_plugin_AUTHENTICATION, which Debian's header cannot be
+ * included for (it wants ma_compress.h, not installed); the layout is the
+ * plugin ABI, MYSQL_CLIENT_AUTHENTICATION_PLUGIN_INTERFACE_VERSION 0x0100. */
+struct gate_plugin_t {
+    MYSQL_CLIENT_PLUGIN_HEADER
+    int (*authenticate_user)(MYSQL_PLUGIN_VIO *vio, MYSQL *m);
+};
+
+static struct gate_plugin_t gate_plugin = {
+    2,      /* MYSQL_CLIENT_AUTHENTICATION_PLUGIN */
+    0x0100, /* its interface version */
+    MY_GATE_AUTH,
+    "dlock",
+    "refuses a server without TLS before the login is sent",
+    {1, 0, 0},
+    "MIT",
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    gate_auth,
+};
+
+void dlock__mysql_gate_register(void)
+{
+    MYSQL *m = mysql_init(NULL);
+
+    /* the library's plugin list is per process; the plugin has no state.
+     * When it cannot be registered, every ssl_mode=required connection
+     * fails (the restriction names it), never one in plain text. */
+    if (!m)
+        return;
+    mysql_client_register_plugin(m, (struct st_mysql_client_plugin *)&gate_plugin);
+    mysql_close(m);
+}
+
 void dlock__mysql_conn_free(my_conn *cn)
 {
     if (!cn)
@@ -246,8 +332,30 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
         mysql_options(cn->m, MYSQL_OPT_SSL_KEY, ms->ssl_key);
     if (ms->ssl_enforce)
         mysql_options(cn->m, MYSQL_OPT_SSL_ENFORCE, &yes);
-    if (ms->ssl_verify)
+    if (ms->ssl_verify) {
+        /* the library refuses a server without TLS before the login, and
+         * verifies it before the login: any plugin may run */
         mysql_options(cn->m, MYSQL_OPT_SSL_VERIFY_SERVER_CERT, &yes);
+    } else if (ms->ssl_enforce) {
+        /* TLS without verification: the gate first (above), which must
+         * be this process's (registered at the store's first open) */
+        if (!mysql_client_find_plugin(cn->m, MY_GATE_AUTH, 2)) {
+            dlock__mysql_conn_free(cn);
+            return dlock__err(DLOCK_ECONN,
+                              "mysql %s: connecting: TLS is required "
+                              "(ssl_mode) but dlock's TLS gate could not "
+                              "be installed in Connector/C: nothing was "
+                              "sent",
+                              ms->redacted);
+        }
+        mysql_optionsv(cn->m, MYSQL_DEFAULT_AUTH, MY_GATE_AUTH);
+        mysql_optionsv(cn->m, MARIADB_OPT_RESTRICTED_AUTH, MY_GATE_AUTH);
+    } else {
+        /* no TLS asked: no plugin that shows the password to the network
+         * (cleartext, PAM's dialog) or to a server key it sent itself
+         * (sha256, caching_sha2's full exchange) */
+        mysql_optionsv(cn->m, MARIADB_OPT_RESTRICTED_AUTH, MY_PLAIN_AUTH);
+    }
     /* several statements in one round trip: a try and its wait, a
      * release and the gate's */
     status = mysql_real_connect_start(&ret, cn->m, ms->host, ms->user,
@@ -267,6 +375,25 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
         status = mysql_real_connect_cont(&ret, cn->m, ready);
         dlock__cloexec(mysql_get_socket(cn->m));
     }
+    if (!ret && mysql_errno(cn->m) == CR_PLUGIN_NOT_ALLOWED) {
+        /* the library names the first plugin, not the one refused */
+        cn->broken = 1;
+        dlock__mysql_conn_free(cn);
+        if (ms->ssl_enforce)
+            return dlock__err(DLOCK_ECONN,
+                              "mysql %s: connecting: TLS is required "
+                              "(ssl_mode) but the server's handshake has "
+                              "no plugin authentication: nothing was sent",
+                              ms->redacted);
+        return dlock__err(DLOCK_EAUTH,
+                          "mysql %s: connecting: the server asks for an "
+                          "authentication plugin that shows the password "
+                          "to the network (mysql_clear_password, dialog, "
+                          "sha256_password or caching_sha2_password), "
+                          "refused without TLS: use ssl_mode=required or "
+                          "verify_identity",
+                          ms->redacted);
+    }
     if (!ret) {
         rc = my_error(ms, cn, "connecting");
         cn->broken = 1;
@@ -274,8 +401,8 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
         return rc;
     }
     if (ms->ssl_enforce && !mysql_get_ssl_cipher(cn->m)) {
-        /* Connector/C 3.3 goes on in plain text when the server offers no
-         * TLS, even when told to require it: refuse such a session */
+        /* cannot happen (the gate, or the library's verification, fail
+         * first): a last check */
         cn->broken = 1;
         dlock__mysql_conn_free(cn);
         return dlock__err(DLOCK_ECONN,

@@ -158,6 +158,14 @@ int dlock__mysql_enomem(void);
 
 /* Opens a connection within `deadline`. */
 int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out);
+/* The authentication plugins a connection without TLS may run (none that
+ * sends the password where the network or a fake server reads it), and
+ * the gate that runs first with ssl_mode=required (mysql_conn.c). */
+#define MY_PLAIN_AUTH "mysql_native_password,client_ed25519,auth_gssapi_client"
+#define MY_GATE_AUTH "dlock_tls_gate"
+/* Registers the gate with Connector/C; once per process, before any
+ * connection (the store's library_init). */
+void dlock__mysql_gate_register(void);
 
 /* Closes and frees a connection (NULL: nothing). */
 void dlock__mysql_conn_free(my_conn *cn);

@@ -68,6 +68,13 @@
  * break of the same name take turns (pg_advisory.c, adv_evict;
  * docs/monitoring.md, "postgres") */
 #define ADV_B(n) ADV_TAGKEY(n, "'b'")
+/* The witness key of name n on the session of backend pid: every dlock
+ * hold (a lock, a read hold, a permit) holds it on its session with the
+ * name's key, and lets go of it with the key. dlock_break() ends only the
+ * sessions that hold it (with more: docs/design.md, "PostgreSQL advisory
+ * mode: what a break ends") */
+#define ADV_W(n, pid) ADV_TAGKEY(n, "'w' || " pid)
+#define ADV_W_OWN(n) ADV_W(n, "pg_backend_pid()")
 #define ADV_FN(n, N) ADV_TAGKEY(n, "'n' || " N)
 #define ADV_SLOT(n, N, i) ADV_TAGKEY(n, "'s' || " N " || ':' || " i)
 #define ADV_KEY_IS(k)                                                       \

@@ -149,22 +149,26 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
         char *sql = NULL;
         if (hex && lit) {
             dlock__hex(l->name, l->name_len, hex);
-            size_t cap = strlen(hex) + 2 * strlen(lit) + 640;
+            size_t cap = 2 * strlen(hex) + 2 * strlen(lit) + 1024;
             sql = malloc(cap);
             if (sql)
                 /* the session says who waits ("dlock 0 DESC": no token
-                 * yet); a wait that times out rolls the name back */
+                 * yet); a wait that times out rolls the name back. The
+                 * witness key (pg.h, ADV_W) once the lock is granted: a
+                 * wait that times out leaves none behind */
                 snprintf(sql, cap,
                          "SET LOCAL lock_timeout = %lld; "
                          "SELECT set_config('application_name', 'dlock 0 ' "
                          "|| %s, false); "
                          "WITH l AS (SELECT pg_advisory_lock%s(" KEY(
                              "decode('%s', 'hex')") ")), "
-                         "n AS (SELECT nextval(%s) AS t FROM l) "
+                         "w AS (SELECT pg_try_advisory_lock(" ADV_W_OWN(
+                             "decode('%s', 'hex')") ") FROM l), "
+                         "n AS (SELECT nextval(%s) AS t FROM w) "
                          "SELECT t, set_config('application_name', 'dlock ' "
                          "|| t || ' ' || %s, false) FROM n",
                          (long long)wait, lit, shared ? "_shared" : "", hex,
-                         ps->seq_lit, lit);
+                         hex, ps->seq_lit, lit);
         }
         if (sql) {
             int64_t limit = l->deadline == DLOCK__FOREVER
@@ -442,7 +446,9 @@ static int adv_list(void *st, const char *prefix, size_t plen,
  * dlock_break() in advisory mode. A hold is its session's lock, and only
  * that session, or its end, lets go of it: the break ends the holders'
  * sessions (pg_terminate_backend; one session per hold, so no other hold
- * ends with it). In one transaction on a pooled session:
+ * ends with it), and only those it can prove are dlock's holders of this
+ * name (docs/design.md, "PostgreSQL advisory mode: what a break ends"). In
+ * one transaction on a pooled session:
  *  1. the name's break key B exclusively (a transaction lock): every
  *     release takes it shared first, so a holder cannot release (and its
  *     session go back to its pool, and on to another hold) between the
@@ -450,10 +456,13 @@ static int adv_list(void *st, const char *prefix, size_t plen,
  *     the break finds nothing, or the release waits, and ends with its
  *     session (DLOCK_ELOST);
  *  2. the look of dlock_inspect() (the lock's key, a semaphore's family
- *     key and gate), whose holders of the lock's key or of the family key
- *     are the victims, but for dlock's own sessions that hold no lock
- *     (application_name 'dlock', or 'dlock 0 ...': a look of a permit's
- *     try, or a take in flight, which comes after the break);
+ *     key and gate); the holders of the lock's key or of the family key
+ *     are the victims if each is proven a dlock holder of the name: its
+ *     session holds the name's witness key for its own pid (pg.h,
+ *     ADV_W), its application_name is dlock's, and its role may draw
+ *     tokens from the sequence (so may write dlock's state, and could
+ *     break the lock anyway). A holder that is not proven ends nothing:
+ *     DLOCK_EAUTH naming it (pid, role, application_name);
  *  3. if this role may end every victim's session (its role's member or
  *     pg_signal_backend's; a superuser's only as a superuser), each is
  *     signalled (pg_terminate_backend(pid)), then waited for
@@ -469,28 +478,44 @@ static int adv_list(void *st, const char *prefix, size_t plen,
 #define HEX "decode('%1$s', 'hex')"
 static const char adv_break_sql[] =
     "SELECT pg_advisory_xact_lock(" ADV_B(HEX) "); "
-    "WITH s AS (SELECT l.granted, coalesce(a.application_name, '') AS app, "
+    "WITH s0 AS (SELECT l.granted, coalesce(a.application_name, '') AS app, "
     "floor(extract(epoch FROM " NOW " - a.state_change) * 1000)::bigint AS "
     "ms, l.pid, l.mode = 'ShareLock' AS sh, w.k, a.query_start AS qs, "
-    "a.usesysid AS role, l.granted AND w.k < 2 AND coalesce("
-    "a.application_name, '') !~ '^dlock( 0( .*)?)?$' AS victim FROM (VALUES "
-    "(" KEY(HEX) ", 0), (" ADV_F(HEX) ", 1), (" ADV_G(HEX) ", 2)) w(key, k) "
-    "JOIN pg_locks l ON " ADV_KEY_IS("w.key") " LEFT JOIN pg_stat_activity "
-    "a ON a.pid = l.pid), "
+    "a.usesysid AS role, coalesce(r.rolname, '') AS rolname, l.granted AND "
+    "w.k < 2 AS holder FROM (VALUES (" KEY(HEX) ", 0), (" ADV_F(HEX) ", 1), "
+    "(" ADV_G(HEX) ", 2)) w(key, k) JOIN pg_locks l ON " ADV_KEY_IS("w.key")
+    " LEFT JOIN pg_stat_activity a ON a.pid = l.pid LEFT JOIN pg_roles r ON "
+    "r.oid = a.usesysid), "
+    "s AS (SELECT s0.*, holder AND coalesce(app ~ '^dlock( |$)' AND "
+    "has_sequence_privilege(role, %3$s, 'USAGE, UPDATE') AND EXISTS (SELECT "
+    "1 FROM pg_locks l WHERE l.pid = s0.pid AND l.granted AND "
+    ADV_KEY_IS(ADV_W(HEX, "s0.pid")) "), false) AS victim FROM s0), "
     "v AS (SELECT DISTINCT pid, role FROM s WHERE victim), "
+    "un AS (SELECT count(*) AS n FROM s WHERE holder AND NOT victim), "
     "ok AS (SELECT coalesce(bool_and(v.role IS NULL OR coalesce((NOT "
     "r.rolsuper OR (SELECT rolsuper FROM pg_roles WHERE rolname = "
     "current_user)) AND (pg_has_role(v.role, 'USAGE') OR pg_has_role("
     "'pg_signal_backend', 'USAGE')), false)), true) AS ok FROM v LEFT JOIN "
     "pg_roles r ON r.oid = v.role), "
     "e AS (SELECT count(*) FILTER (WHERE pg_terminate_backend(v.pid)) AS n "
-    "FROM v WHERE (SELECT ok FROM ok)), "
+    "FROM v WHERE (SELECT ok FROM ok) AND (SELECT n FROM un) = 0), "
     "f AS (SELECT count(*) FILTER (WHERE %2$s) AS n FROM v WHERE (SELECT n "
     "FROM e) > 0) "
     "SELECT s.granted, s.app, s.ms, s.pid, s.sh, s.k, s.victim, (SELECT ok "
-    "FROM ok), (SELECT n FROM e), (SELECT n FROM f) FROM s ORDER BY s.k, "
-    "s.granted DESC, s.qs";
+    "FROM ok), (SELECT n FROM e), (SELECT n FROM f), s.holder AND NOT "
+    "s.victim, s.rolname FROM s ORDER BY s.k, s.granted DESC, s.qs";
 #undef HEX
+
+/* s (a server's string) with each byte outside printable ASCII as '?',
+ * cut to cap - 1 bytes: for a message. */
+static void printable(const char *s, char *out, size_t cap)
+{
+    size_t i = 0;
+
+    for (; s[i] && i + 1 < cap; i++)
+        out[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+    out[i] = '\0';
+}
 
 /* How long the break waits for the evicted sessions to end, at most
  * (their exits take milliseconds; a session stuck in the kernel may take
@@ -524,9 +549,11 @@ static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
     hex = malloc(2 * len + 1);
     if (hex) {
         dlock__hex(name, len, hex);
-        size_t cap = (size_t)snprintf(NULL, 0, adv_break_sql, hex, wait) + 1;
+        size_t cap = (size_t)snprintf(NULL, 0, adv_break_sql, hex, wait,
+                                      ps->seq_lit) +
+                     1;
         if ((sql = malloc(cap)) != NULL)
-            snprintf(sql, cap, adv_break_sql, hex, wait);
+            snprintf(sql, cap, adv_break_sql, hex, wait, ps->seq_lit);
     }
     rc = sql ? dlock__pg_run_text(ps, cn, sql, op_deadline, &r,
                                   "breaking the advisory lock")
@@ -536,7 +563,7 @@ static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
     dlock__pg_conn_put(ps, cn);
     if (rc)
         return rc;
-    if (PQnfields(r) != 10) {
+    if (PQnfields(r) != 12) {
         PQclear(r);
         return dlock__err(DLOCK_EPROTO, "postgres %s: breaking the advisory "
                                         "lock: an answer of another shape",
@@ -544,11 +571,30 @@ static int adv_evict(void *st, const char *name, size_t len, dlock_info *out,
     }
     /* the look as dlock_inspect() reads it, then: a victim, whether this
      * role may end every victim's session, how many were signalled, how
-     * many were gone within the wait */
-    int victims = 0, allowed = 1;
+     * many were gone within the wait, a holder not proven dlock's, its
+     * role */
+    int victims = 0, allowed = 1, unproven = -1;
     for (int i = 0; i < PQntuples(r); i++) {
         victims += !strcmp(PQgetvalue(r, i, 6), "t");
         allowed &= strcmp(PQgetvalue(r, i, 7), "f") != 0;
+        if (unproven < 0 && !strcmp(PQgetvalue(r, i, 10), "t"))
+            unproven = i;
+    }
+    if (unproven >= 0) {
+        char app[PG_APPNAME_MAX + 1], role[PG_APPNAME_MAX + 1];
+        printable(PQgetvalue(r, unproven, 1), app, sizeof(app));
+        printable(PQgetvalue(r, unproven, 11), role, sizeof(role));
+        rc = dlock__err(DLOCK_EAUTH,
+                        "postgres %s: lock '%.200s' is held by a session "
+                        "dlock cannot prove is a dlock holder (pid %s, role "
+                        "%s, application '%s'): not terminated, and no "
+                        "other session either (a dlock holder holds the "
+                        "name's witness key, and its role may use the "
+                        "tokens' sequence: docs/monitoring.md)",
+                        ps->redacted, name, PQgetvalue(r, unproven, 3),
+                        role[0] ? role : "unknown", app);
+        PQclear(r);
+        return rc;
     }
     rc = adv_fill(out, r);
     PQclear(r);

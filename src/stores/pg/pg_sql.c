@@ -455,16 +455,23 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
     /* advisory: $1 name [, $2 holder]; exclusive and shared (read). A
      * name that a semaphore holds (its family key held) is not taken: the
      * third column is that semaphore's N (0: not known) */
+/* the witness key first (pg.h, ADV_W: a break that looks at this moment
+ * sees the name's key only with it), let go of when the try fails */
 #define ADV_TRY(fn)                                                         \
-    "WITH l AS (SELECT " fn "(" KEY("$1") ") AS ok), n AS (SELECT CASE "    \
-    "WHEN ok THEN nextval(%3$s) END AS t FROM l) SELECT t, CASE WHEN t IS " \
-    "NOT NULL THEN set_config('application_name', 'dlock ' || t || ' ' || " \
-    "$2, false) END FROM n"
-/* a release takes the name's break key shared first (pg.h, ADV_B) */
+    "WITH w AS (SELECT pg_try_advisory_lock(" ADV_W_OWN("$1") ") AS w), "   \
+    "l AS (SELECT " fn "(" KEY("$1") ") AS ok, w FROM w), n AS (SELECT "    \
+    "CASE WHEN ok THEN nextval(%3$s) END AS t, CASE WHEN w AND NOT ok THEN " \
+    "pg_advisory_unlock(" ADV_W_OWN("$1") ") END AS u FROM l) SELECT t, "   \
+    "CASE WHEN t IS NOT NULL THEN set_config('application_name', 'dlock ' " \
+    "|| t || ' ' || $2, false) END FROM n"
+/* a release takes the name's break key shared first (pg.h, ADV_B), lets
+ * go of the name's key, then of the witness (pg.h, ADV_W; held unless an
+ * intruder held it first, which the unlock then only warns about) */
 #define ADV_UNLOCK(fn)                                                      \
     "SELECT u, c FROM (SELECT pg_advisory_xact_lock_shared(" ADV_B("$1")    \
-    ") AS b, " fn "(" KEY("$1") ") AS u, set_config('application_name', "   \
-    "'dlock', false) AS c) x"
+    ") AS b, " fn "(" KEY("$1") ") AS u, pg_advisory_unlock("               \
+    ADV_W_OWN("$1") ") AS w, set_config('application_name', 'dlock', "      \
+    "false) AS c) x"
     rc = rc ? rc
             : set_sql(ps, S_ADV_TRY, 2, ADV_TRY("pg_try_advisory_lock"), nm,
                       s);
@@ -525,7 +532,8 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   "pg_try_advisory_lock(" ADV_SLOT("$1", "$3", "i") ") LIMIT "
                   "1)) END AS slot FROM e), "
                   "t AS (SELECT s.*, CASE WHEN slot IS NOT NULL THEN (SELECT "
-                  "nextval(%3$s) FROM (SELECT pg_advisory_lock_shared("
+                  "nextval(%3$s) FROM (SELECT pg_try_advisory_lock("
+                  ADV_W_OWN("$1") "), pg_advisory_lock_shared("
                   ADV_F("$1") "), pg_advisory_lock_shared(" ADV_FN("$1", "$3")
                   ")) y) END AS tok FROM s) "
                   "SELECT slot, tok, locked, other, CASE WHEN tok IS NOT NULL "
@@ -539,7 +547,7 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                   ADV_G("$1") ") END FROM t",
                   nm, s);
     /* $1 name, $2 N, $3 slot: the family key, then N's, then the slot
-     * (a holder takes them the other way round): a session holds the
+     * (a holder takes them the other way round), then the witness: a session holds the
      * family key only while it holds a slot, and N's only while it holds
      * the family key. Answers whether the slot was held (first column) */
     rc = rc ? rc
@@ -549,8 +557,10 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
                       "pg_advisory_unlock_shared("
                       ADV_F("$1") ") AS f, pg_advisory_unlock_shared("
                       ADV_FN("$1", "$2") ") AS n, pg_advisory_unlock("
-                      ADV_SLOT("$1", "$2", "$3") ") AS u, set_config("
-                      "'application_name', 'dlock', false) AS c) x",
+                      ADV_SLOT("$1", "$2", "$3") ") AS u, "
+                      "pg_advisory_unlock(" ADV_W_OWN("$1") ") AS w, "
+                      "set_config('application_name', 'dlock', false) AS c) "
+                      "x",
                       nm, s);
     rc = rc ? rc
             : set_sql(ps, S_ADV_SEM_CHECK, 3,
