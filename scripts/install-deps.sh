@@ -5,7 +5,8 @@
 #   build     compiler, cmake, pkg-config, hiredis, OpenSSL (Redis over
 #             TLS), the ZooKeeper C client, libcurl and cJSON (etcd),
 #             SQLite, libpq (PostgreSQL), MariaDB Connector/C,
-#             libmicrohttpd (the `dlock exporter` command)
+#             libmicrohttpd (the `dlock exporter` command), libyaml,
+#             libxcrypt and GnuTLS (its --web.config.file: TLS, basic auth)
 #   test      redis-server, zookeeper, etcd, postgresql, pgbouncer and mariadb-server
 #             (started by the tests themselves, never as system services),
 #             their command-line clients, faketime (clock-skew tests),
@@ -25,7 +26,7 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev libyaml-dev libcrypt-dev libgnutls28-dev" ;;
     test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
