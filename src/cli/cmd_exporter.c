@@ -35,6 +35,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 static const char exporter_usage[] =
     "usage: dlock exporter --listen ADDR:PORT [--store URI]... [--prefix P]\n"
@@ -595,7 +596,8 @@ static const char *const label_params[] = {"prefix", "table", "db",
  * The label a store's series carry: its URI (already without password)
  * without the user name, and without the query parameters that are not
  * in label_params. Text before the last '@' of a network store's path (a
- * password that was not percent-escaped, taken for a path) becomes "***".
+ * password that was not percent-escaped, taken for a path) becomes "***"
+ * (not in file://, unix:// and sqlite:// paths, which are file names).
  * NULL: out of memory.
  */
 static char *store_label(const char *uri)
@@ -610,7 +612,11 @@ static char *store_label(const char *uri)
     if (sep && sep < end) {
         const char *auth = sep + 3, *at = NULL, *path, *pat = NULL;
         size_t al = strcspn(auth, "/?");
-        int file = (size_t)(sep - uri) == 4 && !strncmp(uri, "file", 4);
+        size_t sl = (size_t)(sep - uri);
+        /* stores whose path is a file's: no password can hide there */
+        int file = (sl == 4 && (!strncasecmp(uri, "file", 4) ||
+                                !strncasecmp(uri, "unix", 4))) ||
+                   (sl == 6 && !strncasecmp(uri, "sqlite", 6));
 
         for (size_t i = 0; i < al; i++)
             if (auth[i] == '@')
