@@ -11,7 +11,9 @@
 #             (started by the tests themselves, never as system services),
 #             their command-line clients, faketime (clock-skew tests),
 #             prometheus and promtool (the exporter's and the alert rules'
-#             tests), curl, openssl (the TLS tests' certificates);
+#             tests), curl, openssl (the TLS tests' certificates),
+#             apache2-utils (htpasswd: the exporter test's bcrypt hashes
+#             once Python's crypt module is gone);
 #             python3-cffi, python3-pytest, pip, setuptools and mypy (the
 #             Python package, python/, its tests and types)
 #   asan      clang and its sanitizer runtime
@@ -27,7 +29,7 @@ pkgs=""
 for group in "$@"; do
     case $group in
     build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev libyaml-dev libcrypt-dev libgnutls28-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl apache2-utils" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     busy) pkgs="$pkgs stress-ng" ;;
