@@ -63,12 +63,13 @@ static int start_exporter(const char *cli, const char *uri, const char *page)
         dup2(fds[1], STDOUT_FILENO);
         close(fds[0]);
         close(fds[1]);
+        /* --cache-ttl 0: each scrape measures a listing, not the cache */
         if (page)
             execl(cli, cli, "exporter", "--listen", "127.0.0.1:0", "--store",
-                  uri, "--page", page, (char *)NULL);
+                  uri, "--cache-ttl", "0", "--page", page, (char *)NULL);
         else
             execl(cli, cli, "exporter", "--listen", "127.0.0.1:0", "--store",
-                  uri, (char *)NULL);
+                  uri, "--cache-ttl", "0", (char *)NULL);
         perror("exec dlock");
         _exit(127);
     }

@@ -5,12 +5,15 @@
 #   build     compiler, cmake, pkg-config, hiredis, OpenSSL (Redis over
 #             TLS), the ZooKeeper C client, libcurl and cJSON (etcd),
 #             SQLite, libpq (PostgreSQL), MariaDB Connector/C,
-#             libmicrohttpd (the `dlock exporter` command)
+#             libmicrohttpd (the `dlock exporter` command), libyaml,
+#             libxcrypt and GnuTLS (its --web.config.file: TLS, basic auth)
 #   test      redis-server, zookeeper, etcd, postgresql, pgbouncer and mariadb-server
 #             (started by the tests themselves, never as system services),
 #             their command-line clients, faketime (clock-skew tests),
 #             prometheus and promtool (the exporter's and the alert rules'
-#             tests), curl, openssl (the TLS tests' certificates);
+#             tests), curl, openssl (the TLS tests' certificates),
+#             apache2-utils (htpasswd: the exporter test's bcrypt hashes
+#             once Python's crypt module is gone);
 #             python3-cffi, python3-pytest, pip, setuptools and mypy (the
 #             Python package, python/, its tests and types)
 #   asan      clang and its sanitizer runtime
@@ -25,8 +28,8 @@ set -eu
 pkgs=""
 for group in "$@"; do
     case $group in
-    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl" ;;
+    build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev libyaml-dev libcrypt-dev libgnutls28-dev" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl apache2-utils" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     busy) pkgs="$pkgs stress-ng" ;;

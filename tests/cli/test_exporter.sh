@@ -151,7 +151,26 @@ if [ "$KIND" = file ]; then
     EXTRA=(--store "redis://127.0.0.1:$REDIS_PORT/0?prefix=other:")
 fi
 
-if ! start_exporter --store "$DLOCK_STORE" "${EXTRA[@]}"; then
+# label_of URI: the store label the exporter gives URI: no user or
+# password, and of the query only prefix, table, db, mode, private, host
+label_of() {
+    python3 -c '
+import sys
+u = sys.argv[1]
+base, _, q = u.partition("?")
+scheme, sep, rest = base.partition("://")
+if sep:
+    auth, slash, path = rest.partition("/")
+    base = scheme + sep + auth.rpartition("@")[2] + slash + path
+keep = [p for p in q.split("&") if p and p.split("=")[0] in
+        ("prefix", "table", "db", "mode", "private", "host")]
+print(base + ("?" + "&".join(keep) if keep else ""))' "$1"
+}
+DLOCK_LABEL=$(label_of "$DLOCK_STORE")
+
+# --cache-ttl 0: every scrape after a listing ended gets a new one (the
+# cases below change the store between scrapes)
+if ! start_exporter --store "$DLOCK_STORE" "${EXTRA[@]}" --cache-ttl 0; then
     fail "the exporter did not start (exit $WRC)"
     show "$TMP/exp.out" "$TMP/exp.err"
     finish
@@ -165,8 +184,8 @@ if [ "$RC" -eq 69 ] && grep -q "cannot list its locks" "$TMP/err"; then
     LIST_OK=0
     scrape "$TMP/m0"
     if [ "$CODE" = 200 ] &&
-        grep -qF "dlock_exporter_up{store=\"$DLOCK_STORE\"} 0" "$TMP/m0" &&
-        grep -qF "dlock_exporter_scrape_errors_total{store=\"$DLOCK_STORE\"} 1" "$TMP/m0" &&
+        grep -qF "dlock_exporter_up{store=\"$DLOCK_LABEL\"} 0" "$TMP/m0" &&
+        grep -qF "dlock_exporter_scrape_errors_total{store=\"$DLOCK_LABEL\"} 1" "$TMP/m0" &&
         promtool check metrics <"$TMP/m0" >/dev/null 2>&1; then
         pass "a store that cannot list: dlock_exporter_up 0, one error counted, still valid metrics"
     else
@@ -190,7 +209,7 @@ if [ "$LIST_OK" = 1 ]; then
         fi
     done
     TOKEN_A=$("$DLOCK" status --json "$N_A" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
-    STORE_LABEL=$("$DLOCK" list --json --prefix "$N_A" | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["store"])')
+    STORE_LABEL=$(label_of "$("$DLOCK" list --json --prefix "$N_A" | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["store"])')")
 fi
 
 # --------------------------------------------------------------------------
@@ -527,8 +546,8 @@ else
     show "$TMP/m2"
 fi
 if [ "$KIND" = file ] && [ "$LIST_OK" = 1 ]; then
-    if grep -qF "dlock_exporter_up{store=\"$DLOCK_STORE\"} 1" "$TMP/m2" &&
-        grep -qF "dlock_lock_held{store=\"$DLOCK_STORE\"" "$TMP/m2"; then
+    if grep -qF "dlock_exporter_up{store=\"$DLOCK_LABEL\"} 1" "$TMP/m2" &&
+        grep -qF "dlock_lock_held{store=\"$DLOCK_LABEL\"" "$TMP/m2"; then
         pass "the other store is still up and listed"
     else
         fail "the healthy store is not up beside the failed one"
