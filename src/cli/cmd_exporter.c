@@ -511,9 +511,12 @@ static void note_state(xstore *s, int up, const char *why)
     if (up)
         fprintf(stderr, "dlock exporter: %s: listing works%s\n", s->uri,
                 was == 0 ? " again" : "");
-    else
-        fprintf(stderr, "dlock exporter: %s: listing failed: %s\n",
-                s->uri, why);
+    else {
+        /* why quotes the store's or a server's words: escaped */
+        fprintf(stderr, "dlock exporter: %s: listing failed: ", s->uri);
+        cli_term_str(stderr, why);
+        fputc('\n', stderr);
+    }
 }
 
 /* The whole answer to GET /metrics, in *out (malloc'ed); 0, or -1 when
@@ -790,7 +793,10 @@ static void http_log(void *cls, const char *fmt, va_list ap)
         len = strlen(line);
         while (len && (line[len - 1] == '\n' || line[len - 1] == ' '))
             line[--len] = '\0';
-        fprintf(stderr, "dlock exporter: http: %s\n", line);
+        /* libmicrohttpd's messages may quote what a client sent */
+        fputs("dlock exporter: http: ", stderr);
+        cli_term_str(stderr, line);
+        fputc('\n', stderr);
     }
 }
 
