@@ -23,8 +23,9 @@
  *     table or guesses the numbers.
  *   - SQLite (local): as another local user, connect to every wake-up
  *     channel of the suite's database listed in /proc/net/unix and send
- *     a byte, and send a datagram to every doorbell (abstract names: no
- *     permissions). The bytes carry no token; they only wake.
+ *     a byte, and send a datagram to every doorbell. They are socket
+ *     files in a 0700 directory, so the kernel refuses (counted); had it
+ *     not, the bytes carry no token: they only wake.
  * The rate is bounded (at most f->rate messages a second, a round at
  * most every millisecond) and so is the time (until the controller says
  * stop, or f->until_ns). What it did goes to the shared mapping.
@@ -336,41 +337,55 @@ static int forge_pg(sf_shared *s, const sf_forger *f)
 /* Local wake-up channels (SQLite)                                          */
 /* ------------------------------------------------------------------------ */
 
-/* Sends one byte to the abstract Unix socket `name` (without the leading
- * NUL): a connection to a listening stream, or a datagram. 1 if the
- * byte went. Never blocks: a full backlog refuses at once. */
-static int poke(const char *name, int dgram)
+/* Sends one byte to the Unix socket at `path`: a connection to a
+ * listening stream, or a datagram. 1 if the byte went; -1 when the
+ * kernel refused for permissions (EACCES, EPERM: the channels'
+ * directory kept us out); 0 otherwise. Never blocks: a full backlog
+ * refuses at once. */
+static int poke(const char *path, int dgram)
 {
     struct sockaddr_un sa;
-    size_t n = strlen(name);
-    int fd, ok = 0;
+    size_t n = strlen(path);
+    int fd, ok = 0, err = 0;
 
     if (n + 1 > sizeof(sa.sun_path))
         return 0;
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
-    memcpy(sa.sun_path + 1, name, n);
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    memcpy(sa.sun_path, path, n);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
     fd = socket(AF_UNIX, (dgram ? SOCK_DGRAM : SOCK_STREAM) | SOCK_NONBLOCK |
                              SOCK_CLOEXEC, 0);
     if (fd < 0)
         return 0;
-    if (dgram)
+    if (dgram) {
         ok = sendto(fd, "g", 1, MSG_NOSIGNAL, (struct sockaddr *)&sa, len) ==
              1;
-    else
-        ok = connect(fd, (struct sockaddr *)&sa, len) == 0 &&
-             send(fd, "g", 1, MSG_NOSIGNAL) == 1;
+    } else {
+        ok = connect(fd, (struct sockaddr *)&sa, len) == 0;
+        if (!ok)
+            err = errno;
+        ok = ok && send(fd, "g", 1, MSG_NOSIGNAL) == 1;
+    }
+    if (!ok && dgram)
+        err = errno;
     close(fd);
-    return ok;
+    return ok ? 1 : (err == EACCES || err == EPERM) ? -1 : 0;
 }
 
+/* Another local user forging wake-ups to a SQLite store's waiters: the
+ * channels are socket files "<ino>.<rowid>.<t>[.r]" in `<db>-dlock.d`
+ * (0700), listed (by the path they were bound at) in /proc/net/unix,
+ * which every user reads. The forger takes each listed name that starts
+ * with the sidecar's inode and sends a byte to it in the channels'
+ * directory: the directory's permissions refuse it (counted as refused),
+ * and had they not, the byte only wakes (the acquire statement
+ * decides). */
 static int forge_local(sf_shared *s, const sf_forger *f)
 {
     int64_t t0, sent = 0;
-    char chan[96], bell[96];
+    char mine[40];
 
-    /* another local user: abstract names have no permissions */
     if (getuid() == 0) {
         if (setgroups(0, NULL) != 0 || setgid(65534) != 0 ||
             setuid(65534) != 0) {
@@ -382,12 +397,9 @@ static int forge_local(sf_shared *s, const sf_forger *f)
         remark(s, "as the workers' own uid %d (not root: no other user)",
                (int)getuid());
     }
-    /* the channels and doorbells of this database's sidecar only: other
-     * programs' (other tests on the machine) are none of ours */
-    snprintf(chan, sizeof(chan), "@dlock-sq/%llx/%llx/",
-             (unsigned long long)f->dev, (unsigned long long)f->ino);
-    snprintf(bell, sizeof(bell), "@dlock-sqb/%llx/%llx/",
-             (unsigned long long)f->dev, (unsigned long long)f->ino);
+    /* this database's channels only: other programs' (other tests on
+     * the machine) are none of ours */
+    snprintf(mine, sizeof(mine), "%llx.", (unsigned long long)f->ino);
 
     t0 = sf_now_ns();
     while (!stopping(s, f)) {
@@ -406,19 +418,29 @@ static int forge_local(sf_shared *s, const sf_forger *f)
          * doorbell is Type 0002 */
         while (fgets(line, sizeof(line), u) && n < FORGE_WAITERS_MAX * 2) {
             unsigned flags = 0, type = 0;
-            char path[200];
+            char path[200], target[1000];
             if (sscanf(line, "%*s %*s %*s %x %x %*s %*s %199s", &flags, &type,
                        path) != 3)
                 continue;
-            int is_chan = type == 1 && (flags & 0x10000) &&
-                          !strncmp(path, chan, strlen(chan));
-            int is_bell = type == 2 && !strncmp(path, bell, strlen(bell));
+            const char *leaf = strrchr(path, '/');
+            leaf = leaf ? leaf + 1 : path;
+            if (strncmp(leaf, mine, strlen(mine)) != 0)
+                continue;
+            size_t ll = strlen(leaf);
+            int is_bell = type == 2 && ll > 2 && !strcmp(leaf + ll - 2, ".r");
+            int is_chan = type == 1 && (flags & 0x10000) && !is_bell;
             if (!is_chan && !is_bell)
+                continue;
+            if ((size_t)snprintf(target, sizeof(target), "%s/%s", f->chandir,
+                                 leaf) >= sizeof(target))
                 continue;
             n++;
             sent++;
-            if (poke(path + 1, is_bell))
+            int r = poke(target, is_bell);
+            if (r > 0)
                 s->forge_heard++;
+            else if (r < 0)
+                s->forge_refused++;
         }
         fclose(u);
         s->forge_rounds++;

@@ -1312,6 +1312,8 @@ static int forge_setup(store *st, sf_forger *f, char *why, size_t cap)
             return -1;
         }
         f->kind = SF_FORGE_LOCAL;
+        snprintf(f->chandir, sizeof(f->chandir), "%s/safety.db-dlock.d",
+                 th_tmpdir());
         f->dev = (unsigned long long)sb.st_dev;
         f->ino = (unsigned long long)sb.st_ino;
         return 0;
@@ -1381,11 +1383,12 @@ static void forged_grant(run *r, char *note, size_t cap, int *inconclusive)
                  (long long)s->forge_sent, per, (long long)s->forge_rounds,
                  (double)took / 1000.0, (long long)writes);
     else
-        snprintf(note, cap, "forged %lld %s (%lld heard), %.1f %s a read, "
-                 "%lld reads in %.1f s; %lld writes meanwhile",
+        snprintf(note, cap, "forged %lld %s (%lld heard, %lld refused), "
+                 "%.1f %s a read, %lld reads in %.1f s; %lld writes "
+                 "meanwhile",
                  (long long)s->forge_sent,
                  kind == ST_SQLITE ? "bytes" : "grants",
-                 (long long)s->forge_heard, per,
+                 (long long)s->forge_heard, (long long)s->forge_refused, per,
                  kind == ST_SQLITE ? "sockets" : "waiters",
                  (long long)s->forge_rounds, (double)took / 1000.0,
                  (long long)writes);
@@ -1398,7 +1401,9 @@ static void forged_grant(run *r, char *note, size_t cap, int *inconclusive)
                  "end", fighting);
         *inconclusive = 1;
     } else if (rc != 0 || s->forge_sent == 0 ||
-               (kind != ST_PG && s->forge_heard == 0)) {
+               (kind != ST_PG && s->forge_heard == 0 &&
+                !(kind == ST_SQLITE &&
+                  s->forge_refused == s->forge_sent))) {
         char was[300];
         snprintf(was, sizeof(was), "%s", note);
         snprintf(note, cap, "INCONCLUSIVE: %s: %.200s",

@@ -154,6 +154,8 @@ typedef struct sf_shared {
     uint64_t forged_floor;
     volatile int forge_stop;     /* the controller says stop */
     int64_t forge_rounds;        /* reads of the waiters (one per round) */
+    int64_t forge_refused;       /* SQLite: pokes the channels' directory
+                                  * refused (EACCES: its permissions) */
     int64_t forge_targets;       /* waiters found, summed over rounds */
     int64_t forge_sent;          /* forged messages sent */
     int64_t forge_heard;         /* ... that reached a waiter's client
@@ -249,8 +251,10 @@ typedef struct sf_forger {
     /* PostgreSQL: the controller's superuser connection (reads the
      * waiters' table) and the forger role's */
     char reader[700], conninfo[300];
-    /* SQLite: the sidecar's device and inode, in its channels' names */
+    /* SQLite: the sidecar's device and inode (its inode starts its
+     * channels' names) and the channels' directory `<db>-dlock.d` */
     unsigned long long dev, ino;
+    char chandir[700];
 } sf_forger;
 /* Runs the forger (in a child of the controller) until s->forge_stop or
  * f->until_ns; 0, 1 when it could not start, 2 when it has more rights
