@@ -2048,13 +2048,17 @@ wait_free() {
 }
 
 if [ "$KIND" = redis ] || [ "$KIND" = redlock ]; then
-    # the key deleted behind dlock's back (redlock: on every node; a
-    # renewal between two DELs may put one back, so count at least a
-    # quorum of them, and the next renewal finds the key on one node at most)
+    # the key deleted behind dlock's back (redlock: on every node, with
+    # dlock stopped meanwhile: a renewal that still finds a quorum puts
+    # the keys a node lost back, so one between two DELs, every 167 ms,
+    # would undo them on a busy machine; stopped longer than its lease,
+    # dlock finds it run out instead, lost too)
     bg_dlock lost run --ttl 1s --kill-after 500ms lostL -- sleep 20
     lostpid=$BG
     if wait_held lostL "$lostpid"; then
+        [ "$KIND" = redlock ] && kill -STOP "$lostpid"
         n=$(redis_all DEL 'dlock:{lostL}')
+        [ "$KIND" = redlock ] && kill -CONT "$lostpid"
         ndel=0
         for x in $n; do
             [[ $x =~ ^[0-9]+$ ]] && ndel=$((ndel + x))
@@ -2099,7 +2103,10 @@ while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done'
         sh -c "$stubborn"
     stubpid=$BG
     if wait_held stubL "$stubpid" && wait_file "$TMP/ready"; then
+        # (redlock: dlock stopped meanwhile, as for lostL above)
+        [ "$KIND" = redlock ] && kill -STOP "$stubpid"
         redis_all DEL 'dlock:{stubL}' >/dev/null
+        [ "$KIND" = redlock ] && kill -CONT "$stubpid"
         # the next renewal (333 ms), then SIGKILL 500 ms after SIGTERM;
         # 8 s with slack
         wait_exit "$stubpid" 8
