@@ -1,8 +1,5 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# shellcheck disable=SC2317
-# (SC2317: stop_servers runs from ops_lib.sh's EXIT trap.)
-#
 # test_exporter.sh -- `dlock exporter` through the real binary, read by
 # curl, promtool and a real Prometheus server.
 #
@@ -55,27 +52,8 @@ done
 
 # shellcheck source-path=SCRIPTDIR source=ops_lib.sh
 . "$(dirname "$0")/ops_lib.sh"
-
-# DLOCK_TEST_PREFIX: a command line to run the exporter under (valgrind)
-read -r -a PREFIX <<<"${DLOCK_TEST_PREFIX:-}"
-# waits scale with it: valgrind runs the exporter 20-50 times slower
-SLOW=1
-if [ ${#PREFIX[@]} -gt 0 ]; then
-    SLOW=6
-fi
-EXP_PID=
-PROM_PID=
-stop_servers() {
-    if [ -n "$EXP_PID" ]; then
-        kill -KILL "$EXP_PID" 2>/dev/null
-        wait "$EXP_PID" 2>/dev/null
-    fi
-    if [ -n "$PROM_PID" ]; then
-        kill -KILL "$PROM_PID" 2>/dev/null
-        wait "$PROM_PID" 2>/dev/null
-    fi
-}
-OPS_CLEANUP=stop_servers
+# shellcheck source-path=SCRIPTDIR source=exporter_lib.sh
+. "$(dirname "$0")/exporter_lib.sh"
 
 # --------------------------------------------------------------------------
 # Usage errors
@@ -106,43 +84,6 @@ N_W=$'exp/we"ird\\na\nme'   # quote, backslash, newline
 N_X=$'exp/bin\xff\xfe'      # not UTF-8
 N_S=exp/shared              # two read holds
 
-# start_exporter ARGS...: starts the exporter (under PREFIX) on a free
-# port; EXP_PID and EXP_PORT. Returns 1 if it exited instead (status in
-# WRC).
-start_exporter() {
-    local i
-    "${PREFIX[@]}" "$DLOCK" exporter --listen 127.0.0.1:0 "$@" \
-        >"$TMP/exp.out" 2>"$TMP/exp.err" </dev/null &
-    EXP_PID=$!
-    # the exporter opens its clients and listens in milliseconds; 10 s on
-    # a busy machine (times SLOW under valgrind)
-    for ((i = 0; i < 100 * SLOW; i++)); do
-        EXP_PORT=$(sed -n 's|^dlock exporter: listening on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$TMP/exp.out" 2>/dev/null)
-        if [ -n "$EXP_PORT" ]; then
-            return 0
-        fi
-        if ! kill -0 "$EXP_PID" 2>/dev/null; then
-            wait "$EXP_PID"
-            WRC=$?
-            EXP_PID=
-            return 1
-        fi
-        sleep 0.1
-    done
-    WRC=timeout
-    return 1
-}
-
-# scrape FILE [CURL ARGS...]: GET /metrics into FILE (headers in FILE.h);
-# CODE gets the HTTP status. One scrape of a few locks takes milliseconds:
-# 10 s (times SLOW) is for a busy machine.
-scrape() {
-    local f=$1
-    shift
-    CODE=$(curl -sS --max-time $((10 * SLOW)) -o "$f" -D "$f.h" \
-        -w '%{http_code}' "$@" "http://127.0.0.1:$EXP_PORT/metrics" 2>"$f.err")
-}
-
 EXTRA=()
 if [ "$KIND" = file ]; then
     # a second store, to fail while the exporter runs: a private Redis,
@@ -170,7 +111,7 @@ DLOCK_LABEL=$(label_of "$DLOCK_STORE")
 
 # --cache-ttl 0: every scrape after a listing ended gets a new one (the
 # cases below change the store between scrapes)
-if ! start_exporter --store "$DLOCK_STORE" "${EXTRA[@]}" --cache-ttl 0; then
+if ! start_exporter "$TMP/exp" --store "$DLOCK_STORE" "${EXTRA[@]}" --cache-ttl 0; then
     fail "the exporter did not start (exit $WRC)"
     show "$TMP/exp.out" "$TMP/exp.err"
     finish
@@ -371,45 +312,37 @@ if [ "$LIST_OK" = 1 ]; then
 fi
 
 # the other paths
-code=$(curl -sS --max-time $((10 * SLOW)) -o "$TMP/index" -w '%{http_code}' "http://127.0.0.1:$EXP_PORT/")
-if [ "$code" = 200 ] && grep -q 'href="/metrics"' "$TMP/index"; then
+get "$TMP/index" "http://127.0.0.1:$EXP_PORT/"
+if [ "$CODE" = 200 ] && grep -q 'href="/metrics"' "$TMP/index"; then
     pass "GET /: a page pointing at /metrics"
 else
-    fail "GET /: HTTP $code"
+    fail "GET /: HTTP $CODE"
 fi
-code=$(curl -sS --max-time $((10 * SLOW)) -o /dev/null -w '%{http_code}' "http://127.0.0.1:$EXP_PORT/metricsx")
-if [ "$code" = 404 ]; then
+get "$TMP/notfound" "http://127.0.0.1:$EXP_PORT/metricsx"
+if [ "$CODE" = 404 ]; then
     pass "GET /metricsx: 404"
 else
-    fail "GET /metricsx: HTTP $code, expected 404"
+    fail "GET /metricsx: HTTP $CODE, expected 404"
 fi
-code=$(curl -sS --max-time $((10 * SLOW)) -o /dev/null -w '%{http_code}' -X POST -d x=1 "http://127.0.0.1:$EXP_PORT/metrics")
-if [ "$code" = 405 ]; then
+scrape "$TMP/post" -X POST -d x=1
+if [ "$CODE" = 405 ]; then
     pass "POST /metrics: 405"
 else
-    fail "POST /metrics: HTTP $code, expected 405"
+    fail "POST /metrics: HTTP $CODE, expected 405"
 fi
-code=$(curl -sS --max-time $((10 * SLOW)) -o /dev/null -w '%{http_code}' -I "http://127.0.0.1:$EXP_PORT/metrics")
-if [ "$code" = 200 ]; then
+scrape "$TMP/head" -I
+if [ "$CODE" = 200 ]; then
     pass "HEAD /metrics: 200"
 else
-    fail "HEAD /metrics: HTTP $code"
+    fail "HEAD /metrics: HTTP $CODE"
 fi
 
 # --------------------------------------------------------------------------
 # A real Prometheus
 # --------------------------------------------------------------------------
 
-prom() { # prom QUERY: the API's answer to an instant query, on stdout
-    curl -sS --max-time 10 "http://127.0.0.1:$PROM_PORT/api/v1/query" \
-        --data-urlencode "query=$1" 2>/dev/null
-}
-
-start_prometheus() {
-    local attempt i dir=$TMP/prom
-    mkdir -p "$dir"
-    # every second: the test waits for a few scrapes, not for minutes
-    cat >"$dir/prometheus.yml" <<EOF
+# every second: the test waits for a few scrapes, not for minutes
+if [ "$LIST_OK" = 1 ] && start_prometheus <<EOF; then
 global:
   scrape_interval: 1s
   scrape_timeout: 1s
@@ -418,45 +351,10 @@ scrape_configs:
     static_configs:
       - targets: ['127.0.0.1:$EXP_PORT']
 EOF
-    for ((attempt = 0; attempt < 3; attempt++)); do
-        PROM_PORT=$(free_port) || continue
-        prometheus --config.file="$dir/prometheus.yml" \
-            --storage.tsdb.path="$dir/data" \
-            --web.listen-address="127.0.0.1:$PROM_PORT" \
-            --log.level=warn >"$dir/log" 2>&1 </dev/null &
-        PROM_PID=$!
-        # Prometheus is ready in a second or two; 30 s on a busy machine
-        for ((i = 0; i < 300; i++)); do
-            if ! kill -0 "$PROM_PID" 2>/dev/null; then
-                break # the port was taken after all?
-            fi
-            if curl -sf --max-time 2 "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1; then
-                return 0
-            fi
-            sleep 0.1
-        done
-        kill -KILL "$PROM_PID" 2>/dev/null
-        wait "$PROM_PID" 2>/dev/null
-        PROM_PID=
-    done
-    fail "prometheus did not start; its log:"
-    show "$dir/log"
-    return 1
-}
-
-if [ "$LIST_OK" = 1 ] && start_prometheus; then
     pass "prometheus ready on 127.0.0.1:$PROM_PORT, scraping every second"
     # the first scrape comes within one interval of the start (1 s) and
     # the query sees it at once; 30 s (times SLOW) for a busy machine
-    got=
-    for ((i = 0; i < 300 * SLOW; i++)); do
-        if prom 'count(dlock_lock_held)' | grep -q '"value":\[[0-9.]*,"4"\]'; then
-            got=1
-            break
-        fi
-        sleep 0.1
-    done
-    if [ -n "$got" ]; then
+    if wait_prom 'count(dlock_lock_held)' 4; then
         pass "prometheus has the 4 locks' dlock_lock_held series"
     else
         fail "prometheus did not get the 4 dlock_lock_held series within 30 s"
@@ -503,22 +401,12 @@ EOF
     # a lock released: its series leaves the exporter at the next scrape
     kill -TERM "${BG_PIDS[0]}" 2>/dev/null
     wait_exit "${BG_PIDS[0]}" 10
-    got=
-    for ((i = 0; i < 300 * SLOW; i++)); do
-        if prom 'count(dlock_lock_held)' | grep -q '"value":\[[0-9.]*,"3"\]'; then
-            got=1
-            break
-        fi
-        sleep 0.1
-    done
-    if [ -n "$got" ]; then
+    if wait_prom 'count(dlock_lock_held)' 3; then
         pass "a released lock's series goes stale in prometheus"
     else
         fail "the released lock's series stayed within 30 s"
     fi
-    kill -TERM "$PROM_PID" 2>/dev/null
-    wait_exit "$PROM_PID" 30
-    PROM_PID=
+    stop_prometheus
 fi
 
 # --------------------------------------------------------------------------
@@ -565,14 +453,8 @@ fi
 # SIGTERM: a clean stop (under valgrind: no leak, no error)
 # --------------------------------------------------------------------------
 
-kill -TERM "$EXP_PID"
-# it stops in milliseconds; 10 s (times SLOW) for a busy machine
-if wait_exit "$EXP_PID" $((10 * SLOW)) && [ "$WRC" = 0 ]; then
+if stop_exporter "the exporter" "$TMP/exp"; then
     pass "SIGTERM: the exporter exits 0${PREFIX:+ (under ${PREFIX[0]}: no leak, no error)}"
-else
-    fail "SIGTERM: the exporter exited $WRC"
-    show "$TMP/exp.err"
 fi
-EXP_PID=
 
 finish

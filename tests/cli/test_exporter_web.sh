@@ -72,21 +72,16 @@ esac
 
 # shellcheck source-path=SCRIPTDIR source=ops_lib.sh
 . "$(dirname "$0")/ops_lib.sh"
+# shellcheck source-path=SCRIPTDIR source=exporter_lib.sh
+. "$(dirname "$0")/exporter_lib.sh"
 
-read -r -a PREFIX <<<"${DLOCK_TEST_PREFIX:-}"
-SLOW=1
-if [ ${#PREFIX[@]} -gt 0 ]; then
-    SLOW=6
-fi
-EXP_PIDS=()
-PROM_PID=
 IDLE_PID=
 stop_servers() {
-    local p
-    for p in "${EXP_PIDS[@]}" $PROM_PID $IDLE_PID; do
-        kill -KILL "$p" 2>/dev/null
-        wait "$p" 2>/dev/null
-    done
+    exporter_cleanup
+    if [ -n "$IDLE_PID" ]; then
+        kill -KILL "$IDLE_PID" 2>/dev/null
+        wait "$IDLE_PID" 2>/dev/null
+    fi
 }
 OPS_CLEANUP=stop_servers
 
@@ -212,36 +207,6 @@ fi
 # The exporter over TLS with basic auth
 # --------------------------------------------------------------------------
 
-# start_exporter OUT ARGS...: an exporter (under PREFIX) on a free port;
-# its port in EXP_PORT, its pid appended to EXP_PIDS. 1 if it exited.
-start_exporter() {
-    local i out=$1
-    shift
-    "${PREFIX[@]}" "$DLOCK" exporter --listen 127.0.0.1:0 "$@" \
-        >"$out.out" 2>"$out.err" </dev/null &
-    EXP_PIDS+=($!)
-    # it listens in milliseconds; 10 s on a busy machine (times SLOW)
-    for ((i = 0; i < 100 * SLOW; i++)); do
-        EXP_PORT=$(sed -n 's|^dlock exporter: listening on https\{0,1\}://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$out.out" 2>/dev/null)
-        if [ -n "$EXP_PORT" ]; then
-            return 0
-        fi
-        if ! kill -0 "${EXP_PIDS[-1]}" 2>/dev/null; then
-            return 1
-        fi
-        sleep 0.1
-    done
-    return 1
-}
-
-# get FILE URL [CURL ARGS...]: CODE gets the HTTP status (000: no answer)
-get() {
-    local f=$1 url=$2
-    shift 2
-    CODE=$(curl -sS --max-time $((10 * SLOW)) -o "$f" -D "$f.h" \
-        -w '%{http_code}' "$@" "$url" 2>"$f.err")
-}
-
 if ! start_exporter "$TMP/e1" --store "$STORE" --cache-ttl 0 \
     --web.config.file "$WEB/web.yml"; then
     fail "the TLS exporter did not start"
@@ -322,17 +287,6 @@ fi
 # A real Prometheus over TLS with basic auth
 # --------------------------------------------------------------------------
 
-prom() { # prom QUERY: the API's answer to an instant query
-    curl -sS --max-time 10 "http://127.0.0.1:$PROM_PORT/api/v1/query" \
-        --data-urlencode "query=$1" 2>/dev/null
-}
-# prom_value QUERY: the first result's value ("" when none)
-prom_value() {
-    prom "$1" | python3 -c 'import json,sys
-r = json.load(sys.stdin)["data"]["result"]
-print(r[0]["value"][1] if r else "")' 2>/dev/null
-}
-
 # every 2 s (5 under valgrind), each scrape's timeout the same: a TLS
 # handshake, a bcrypt of cost 4 and one listing of two locks take tens of
 # ms, and 2 s leaves room for a busy machine (CI runs under stress-ng);
@@ -340,10 +294,7 @@ print(r[0]["value"][1] if r else "")' 2>/dev/null
 IV=$((SLOW == 1 ? 2 : 5))
 printf '%s' "pr0m-pw" >"$TMP/prom.pw"
 printf '%s' "wrong" >"$TMP/prom.badpw"
-start_prometheus() {
-    local attempt i dir=$TMP/prom
-    mkdir -p "$dir"
-    cat >"$dir/prometheus.yml" <<EOF
+if start_prometheus <<EOF; then
 global:
   scrape_interval: ${IV}s
   scrape_timeout: ${IV}s
@@ -373,46 +324,6 @@ scrape_configs:
     static_configs:
       - targets: ['127.0.0.1:$E1']
 EOF
-    for ((attempt = 0; attempt < 3; attempt++)); do
-        PROM_PORT=$(free_port) || continue
-        prometheus --config.file="$dir/prometheus.yml" \
-            --storage.tsdb.path="$dir/data" \
-            --web.listen-address="127.0.0.1:$PROM_PORT" \
-            --log.level=warn >"$dir/log" 2>&1 </dev/null &
-        PROM_PID=$!
-        # ready in a second or two; 30 s on a busy machine
-        for ((i = 0; i < 300; i++)); do
-            if ! kill -0 "$PROM_PID" 2>/dev/null; then
-                break
-            fi
-            if curl -sf --max-time 2 "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1; then
-                return 0
-            fi
-            sleep 0.1
-        done
-        kill -KILL "$PROM_PID" 2>/dev/null
-        wait "$PROM_PID" 2>/dev/null
-        PROM_PID=
-    done
-    fail "prometheus did not start; its log:"
-    show "$dir/log"
-    return 1
-}
-
-# wait_prom QUERY VALUE: until QUERY's first value is VALUE (30 s times
-# SLOW: the first scrapes come within one interval of the start)
-wait_prom() {
-    local i
-    for ((i = 0; i < 300 * SLOW; i++)); do
-        if [ "$(prom_value "$1")" = "$2" ]; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    return 1
-}
-
-if start_prometheus; then
     pass "prometheus ready, scraping over TLS every ${IV}s"
     if wait_prom 'up{job="dlock_tls"}' 1; then
         pass "prometheus over TLS with basic auth: up 1"
@@ -511,18 +422,11 @@ EOF
     touch "$TMP/idle.stop"
     wait_exit "$IDLE_PID" 10
     IDLE_PID=
-    # its data is not needed: no clean shutdown (seconds of TSDB work)
-    kill -KILL "$PROM_PID" 2>/dev/null
-    wait "$PROM_PID" 2>/dev/null
-    PROM_PID=
+    stop_prometheus
 fi
 
-kill -TERM "${EXP_PIDS[0]}"
-if wait_exit "${EXP_PIDS[0]}" $((10 * SLOW)) && [ "$WRC" = 0 ]; then
+if stop_exporter "the TLS exporter" "$TMP/e1"; then
     pass "SIGTERM: the TLS exporter exits 0${PREFIX:+ (under ${PREFIX[0]}: no leak, no error)}"
-else
-    fail "SIGTERM: the TLS exporter exited $WRC"
-    show "$TMP/e1.err"
 fi
 
 # --------------------------------------------------------------------------
@@ -555,11 +459,7 @@ if start_exporter "$TMP/e2" --store "$STORE" --web.config.file "$WEB/mtls.yml"; 
         fail "RequireAndVerifyClientCert: no certificate $c0, another CA's $c1, the client CA's $c2"
         show "$TMP/e2.err"
     fi
-    kill -TERM "${EXP_PIDS[-1]}"
-    if ! wait_exit "${EXP_PIDS[-1]}" $((10 * SLOW)) || [ "$WRC" != 0 ]; then
-        fail "SIGTERM: the client-certificate exporter exited $WRC"
-        show "$TMP/e2.err"
-    fi
+    stop_exporter "the client-certificate exporter" "$TMP/e2"
 else
     fail "the client-certificate exporter did not start"
     show "$TMP/e2.out" "$TMP/e2.err"
@@ -580,11 +480,10 @@ if [ "$RC" != 0 ] || [ -z "$ONE" ] || [ "$ONE" -lt 1 ]; then
     fail "setup: dlock list made no SCAN (exit $RC, '$ONE')"
     show "$TMP/err"
 elif start_exporter "$TMP/e3" --store "$STORE" --cache-ttl 60s; then
-    URL3=http://127.0.0.1:$EXP_PORT/metrics
     rcli CONFIG RESETSTAT >/dev/null
     pids=()
     for i in $(seq 20); do
-        get "$TMP/p$i" "$URL3" &
+        scrape "$TMP/p$i" &
         pids+=($!)
     done
     # each curl is bounded by --max-time
@@ -599,7 +498,7 @@ elif start_exporter "$TMP/e3" --store "$STORE" --cache-ttl 60s; then
             ok=0
         fi
     done
-    get "$TMP/p21" "$URL3"
+    scrape "$TMP/p21"
     listed=$(sed -n 's/^dlock_exporter_listings_total{store="[^"]*"} //p' "$TMP/p21")
     got=$(scans)
     if [ "$ok" = 1 ] && [ "$listed" = 1 ] && [ "$got" = "$ONE" ]; then
@@ -608,11 +507,7 @@ elif start_exporter "$TMP/e3" --store "$STORE" --cache-ttl 60s; then
         fail "21 scrapes: all answered $ok, dlock_exporter_listings_total '$listed', Redis SCAN calls $got (one listing: $ONE)"
         show "$TMP/e3.err"
     fi
-    kill -TERM "${EXP_PIDS[-1]}"
-    if ! wait_exit "${EXP_PIDS[-1]}" $((10 * SLOW)) || [ "$WRC" != 0 ]; then
-        fail "SIGTERM: the caching exporter exited $WRC"
-        show "$TMP/e3.err"
-    fi
+    stop_exporter "the caching exporter" "$TMP/e3"
 else
     fail "the caching exporter did not start"
     show "$TMP/e3.out" "$TMP/e3.err"
@@ -660,11 +555,7 @@ if start_exporter "$TMP/e4" --store "$STORE" --cache-ttl 1s; then
         fail "the exporter with --cache-ttl 1s never showed the store up"
         show "$TMP/u" "$TMP/e4.err"
     fi
-    kill -TERM "${EXP_PIDS[-1]}"
-    if ! wait_exit "${EXP_PIDS[-1]}" $((10 * SLOW)) || [ "$WRC" != 0 ]; then
-        fail "SIGTERM: the exporter with --cache-ttl 1s exited $WRC"
-        show "$TMP/e4.err"
-    fi
+    stop_exporter "the exporter with --cache-ttl 1s" "$TMP/e4"
 else
     fail "the exporter with --cache-ttl 1s did not start"
     show "$TMP/e4.out" "$TMP/e4.err"

@@ -14,7 +14,7 @@
 #     and every PromQL expression in it parses (promtool, as recording
 #     rules, with Grafana's variables replaced);
 #   - the alerts and the dashboard name only metric families that exist:
-#     the exporter's (src/cli/cmd_exporter.c) and the library's
+#     the exporter's (src/cli/exporter_metrics.c) and the library's
 #     (dlock_metrics_text(), docs/monitoring.md).
 # Exit: 0 passed, 1 a failure, 77 promtool or python3 missing.
 
