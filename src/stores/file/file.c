@@ -669,7 +669,8 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
         return dlock__err(DLOCK_EINVAL,
                           "file:// parameters private=1 and group exclude "
                           "each other: a private store is its user's alone");
-    if (grp && (rc = dlock__file_group(grp, &gid)) != DLOCK_OK)
+    if (grp && (rc = dlock__file_group("file:// parameter group", grp, 1,
+                                       &gid)) != DLOCK_OK)
         return rc;
 
     fs = calloc(1, sizeof(*fs));

@@ -308,9 +308,39 @@ int dlock__file_make_dirs(file_store *fs, const char *path);
  * made, waits are the kernel's); DLOCK_EAUTH when one there may be
  * written by others. */
 int dlock__file_open_wake_dir(file_store *fs);
-/* ?group=NAME (a name or a number): *gid, if we are a member (or root);
- * else DLOCK_EINVAL. */
-int dlock__file_group(const char *v, gid_t *gid);
+/* ?group=NAME (a name or a number): *gid, when the calling process is a
+ * member (its effective or a supplementary group), or root and
+ * `root_any` (the file store's rule; the SQLite store asks root to be a
+ * member too); else DLOCK_EINVAL, the message starting with `what` (the
+ * store's words for the parameter). The SQLite store's ?group= too (a
+ * host function). */
+DLOCK__HOST int dlock__file_group(const char *what, const char *v,
+                                  int root_any, gid_t *gid);
+
+/* What dlock__file_adopt() found. */
+enum {
+    DLOCK__ADOPT_OK,       /* ours, given the mode; or another's we may use */
+    DLOCK__ADOPT_CHGRP,    /* ours: fchown() failed (errno) */
+    DLOCK__ADOPT_CHMOD,    /* ours: fchmod() failed (errno) */
+    DLOCK__ADOPT_UNSHARED, /* another user's, and the store is no group's */
+    DLOCK__ADOPT_GROUP,    /* another user's, of another group */
+    DLOCK__ADOPT_OTHERS,   /* another user's, open to others */
+    DLOCK__ADOPT_STICKY    /* another user's, not sticky (`mode` is) */
+};
+
+/* Who may open a file or directory that dlock opened as fd (uid, fgid,
+ * fmode: its owner, group and mode; `made`: this process created it), in
+ * a store whose files get `mode` and group `gid` ((gid_t)-1: none, its
+ * user's alone). Ours is given exactly that mode and group (the umask, an
+ * older dlock or another ?group= may have left others); another user's
+ * is used as it is only in a group store, when it has that group, gives
+ * others nothing and, when `mode` is sticky, is sticky too (its owner
+ * could otherwise let others in). Sets no message. The file store's lock
+ * files and directories, and the SQLite store's database, sidecar and
+ * channels' directory (a host function). */
+DLOCK__HOST int dlock__file_adopt(int fd, uid_t uid, gid_t fgid,
+                                  mode_t fmode, int made, gid_t gid,
+                                  mode_t mode);
 /* ?private=1: opens the directory `path` (absolute), walked from / and
  * checked on the way, made if missing (docs/stores.md, "The default
  * store"); *out its descriptor. */

@@ -9,7 +9,9 @@
  * used only in a group store, when it is of that group and closed to
  * others (docs/stores.md, "Who can open a lock file"). A private store
  * (?private=1, the default store) is reached through a path that nobody
- * else could have changed (docs/stores.md, "The default store").
+ * else could have changed (docs/stores.md, "The default store"). The
+ * SQLite store's files follow the same rules through the first section's
+ * two functions (host functions: sqlite.so calls them).
  */
 #include "file.h"
 
@@ -24,6 +26,74 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+/* ------------------------------------------------------------------------ */
+/* Modes and groups (shared with the SQLite store's sidecar files)           */
+/* ------------------------------------------------------------------------ */
+
+int dlock__file_group(const char *what, const char *v, int root_any,
+                      gid_t *gid)
+{
+    struct group gr, *grr = NULL;
+    char buf[16384], *end;
+    gid_t *groups;
+    int n, r = 0, member = 0;
+
+    if (!*v)
+        return dlock__err(DLOCK_EINVAL, "%s needs a group name", what);
+    errno = 0;
+    unsigned long num = strtoul(v, &end, 10);
+    if (*end == '\0' && errno == 0 && num < (unsigned long)(gid_t)-1) {
+        *gid = (gid_t)num;
+    } else if ((r = getgrnam_r(v, &gr, buf, sizeof(buf), &grr)) == 0 &&
+               grr) {
+        *gid = gr.gr_gid;
+    } else {
+        return dlock__err(DLOCK_EINVAL, "%s: no group '%.64s' on this host%s",
+                          what, v,
+                          r == ERANGE ? " (its entry is too long)" : "");
+    }
+    if ((root_any && geteuid() == 0) || getegid() == *gid)
+        return DLOCK_OK;
+    n = getgroups(0, NULL);
+    groups = n > 0 ? calloc((size_t)n, sizeof(*groups)) : NULL;
+    if (groups)
+        n = getgroups(n, groups);
+    for (int i = 0; groups && i < n; i++)
+        member |= groups[i] == *gid;
+    free(groups);
+    if (member)
+        return DLOCK_OK;
+    return dlock__err(DLOCK_EINVAL,
+                      "%s: you are not a member of group '%.64s' (gid %lu), "
+                      "so you could not give it the store's files",
+                      what, v, (unsigned long)*gid);
+}
+
+int dlock__file_adopt(int fd, uid_t uid, gid_t fgid, mode_t fmode, int made,
+                      gid_t gid, mode_t mode)
+{
+    if (made || uid == geteuid()) {
+        if (gid != (gid_t)-1 && fgid != gid && fchown(fd, (uid_t)-1, gid) != 0)
+            return DLOCK__ADOPT_CHGRP;
+        if ((fmode & 07777) != mode && fchmod(fd, mode) != 0)
+            return DLOCK__ADOPT_CHMOD;
+        return DLOCK__ADOPT_OK;
+    }
+    if (gid == (gid_t)-1)
+        return DLOCK__ADOPT_UNSHARED;
+    if (fgid != gid)
+        return DLOCK__ADOPT_GROUP;
+    if (fmode & 007)
+        return DLOCK__ADOPT_OTHERS;
+    if ((mode & S_ISVTX) && !(fmode & S_ISVTX))
+        return DLOCK__ADOPT_STICKY;
+    return DLOCK__ADOPT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The file store's files and directories                                   */
+/* ------------------------------------------------------------------------ */
+
 /* A lock file an acquirer opened (fd; id: its statx; `created`: by this
  * call): who may open it. Ours: given the store's mode (and group) if it
  * has another, so that files made by an older dlock (0666 & ~umask) or
@@ -34,35 +104,51 @@
 int dlock__file_own(file_store *fs, int fd, const char *fname,
                     const file_id *id, int created)
 {
-    uid_t me = geteuid();
-
-    if (created || id->uid == me) {
-        if (fs->group && id->gid != fs->gid && fchown(fd, (uid_t)-1, fs->gid) != 0)
-            return dlock__file_io_error("chgrp", fname, errno);
-        if ((id->mode & 07777) != fs->fmode && fchmod(fd, fs->fmode) != 0)
-            return dlock__file_io_error("chmod", fname, errno);
+    switch (dlock__file_adopt(fd, id->uid, id->gid, id->mode, created,
+                              fs->group ? fs->gid : (gid_t)-1, fs->fmode)) {
+    case DLOCK__ADOPT_OK:
         return DLOCK_OK;
-    }
-    if (!fs->group)
+    case DLOCK__ADOPT_CHGRP:
+        return dlock__file_io_error("chgrp", fname, errno);
+    case DLOCK__ADOPT_CHMOD:
+        return dlock__file_io_error("chmod", fname, errno);
+    case DLOCK__ADOPT_UNSHARED:
         return dlock__err(DLOCK_EAUTH,
                           "file store: %.200s belongs to uid %lu, not to you "
                           "(uid %lu): its owner decides who may open it; a "
                           "store users share takes ?group=NAME",
-                          fname, (unsigned long)id->uid, (unsigned long)me);
-    if (id->gid != fs->gid)
+                          fname, (unsigned long)id->uid,
+                          (unsigned long)geteuid());
+    case DLOCK__ADOPT_GROUP:
         return dlock__err(DLOCK_EAUTH,
                           "file store: %.200s belongs to group %lu, not to the "
                           "store's (%lu); its owner (uid %lu) can chgrp it",
                           fname, (unsigned long)id->gid,
                           (unsigned long)fs->gid, (unsigned long)id->uid);
-    if (id->mode & 007)
+    default: /* DLOCK__ADOPT_OTHERS (fmode has no sticky bit) */
         return dlock__err(DLOCK_EAUTH,
                           "file store: %.200s may be opened by others (mode "
                           "%04o), who could then keep it locked; its owner "
                           "(uid %lu) can chmod o-rwx it",
                           fname, (unsigned)(id->mode & 07777),
                           (unsigned long)id->uid);
-    return DLOCK_OK;
+    }
+}
+
+/* dlock__file_adopt() of a directory (fd; st: its fstat; `shown` its
+ * path) with the store's directory mode and group: its answer, and *rc
+ * the error of a failed chgrp or chmod (else left alone). */
+static int adopt_dir(file_store *fs, int fd, const struct stat *st,
+                     const char *shown, int *rc)
+{
+    int a = dlock__file_adopt(fd, st->st_uid, st->st_gid, st->st_mode, 0,
+                              fs->group ? fs->gid : (gid_t)-1, fs->dmode);
+
+    if (a == DLOCK__ADOPT_CHGRP || a == DLOCK__ADOPT_CHMOD)
+        *rc = dlock__file_io_error(a == DLOCK__ADOPT_CHGRP ? "chgrp"
+                                                           : "chmod",
+                                   shown, errno);
+    return a;
 }
 
 /* A directory we just made (dirfd, name; `shown` its path): the store's
@@ -79,14 +165,9 @@ static int give_dir_mode(file_store *fs, int dirfd, const char *name,
 
     if (fd < 0)
         return dlock__file_io_error("open", shown, errno);
-    if (fstat(fd, &st) == 0 && st.st_uid == geteuid()) {
-        if (fs->group && st.st_gid != fs->gid &&
-            fchown(fd, (uid_t)-1, fs->gid) != 0)
-            rc = dlock__file_io_error("chgrp", shown, errno);
-        else if ((st.st_mode & 07777) != fs->dmode &&
-                 fchmod(fd, fs->dmode) != 0)
-            rc = dlock__file_io_error("chmod", shown, errno);
-    }
+    /* another user's (made meanwhile) is left as it is */
+    if (fstat(fd, &st) == 0)
+        adopt_dir(fs, fd, &st, shown, &rc);
     close(fd);
     return rc;
 }
@@ -157,16 +238,12 @@ int dlock__file_open_wake_dir(file_store *fs)
         close(fd);
         return DLOCK_OK;
     }
-    if (st.st_uid == geteuid()) {
-        if ((fs->group && st.st_gid != fs->gid &&
-             fchown(fd, (uid_t)-1, fs->gid) != 0) ||
-            ((st.st_mode & 07777) != fs->dmode &&
-             fchmod(fd, fs->dmode) != 0)) {
-            int rc = dlock__file_io_error("chmod", shown, errno);
-            close(fd);
-            return rc;
-        }
-    } else if (!fs->group || st.st_gid != fs->gid || (st.st_mode & 007)) {
+    int rc = DLOCK_OK, a = adopt_dir(fs, fd, &st, shown, &rc);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    if (a != DLOCK__ADOPT_OK) {
         close(fd);
         return dlock__err(DLOCK_EAUTH,
                           "file store: %.200s belongs to uid %lu, group %lu, "
@@ -180,47 +257,6 @@ int dlock__file_open_wake_dir(file_store *fs)
     }
     fs->wdir = fd;
     return DLOCK_OK;
-}
-
-/* ?group=NAME (a name or a number): *gid, if we are a member (or root). */
-int dlock__file_group(const char *v, gid_t *gid)
-{
-    struct group gr, *grr = NULL;
-    char buf[16384], *end;
-    gid_t *groups;
-    int n, member = 0;
-
-    if (!*v)
-        return dlock__err(DLOCK_EINVAL,
-                          "file:// parameter group needs a group name");
-    errno = 0;
-    unsigned long num = strtoul(v, &end, 10);
-    if (*end == '\0' && errno == 0 && num < (unsigned long)(gid_t)-1) {
-        *gid = (gid_t)num;
-    } else if (getgrnam_r(v, &gr, buf, sizeof(buf), &grr) == 0 && grr) {
-        *gid = gr.gr_gid;
-    } else {
-        return dlock__err(DLOCK_EINVAL,
-                          "file:// parameter group: no group '%.64s' on this "
-                          "host",
-                          v);
-    }
-    if (geteuid() == 0 || getegid() == *gid)
-        return DLOCK_OK;
-    n = getgroups(0, NULL);
-    groups = n > 0 ? calloc((size_t)n, sizeof(*groups)) : NULL;
-    if (groups)
-        n = getgroups(n, groups);
-    for (int i = 0; groups && i < n; i++)
-        member |= groups[i] == *gid;
-    free(groups);
-    if (member)
-        return DLOCK_OK;
-    return dlock__err(DLOCK_EINVAL,
-                      "file:// parameter group: you are not a member of "
-                      "group '%.64s' (gid %lu), so you could not give it "
-                      "the store's files",
-                      v, (unsigned long)*gid);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -194,8 +194,13 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                               u->redacted, timeout);
         timeout_ms = v;
     }
-    if (group && (rc = dlock__sq_group_of(u, group, &gid)) != DLOCK_OK)
-        return rc;
+    if (group) { /* the file store's ?group= (file_perm.c) */
+        char what[400];
+        snprintf(what, sizeof(what), "sqlite URI %.300s: parameter group",
+                 u->redacted);
+        if ((rc = dlock__file_group(what, group, 0, &gid)) != DLOCK_OK)
+            return rc;
+    }
     ss = calloc(1, sizeof(*ss));
     if (!ss || !(ss->redacted = strdup(u->redacted)) ||
         !(ss->side = malloc(strlen(u->path) + 8))) {

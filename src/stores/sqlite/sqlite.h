@@ -286,10 +286,6 @@ int dlock__sq_acquire(void *st, dlock__lease *l, int64_t op_deadline);
  * DLOCK_* code, with its message. */
 int dlock__sq_side_error(sq_store *ss, const char *what, int e);
 
-/* ?group=NAME: its gid, when the calling process is a member, else
- * DLOCK_EINVAL (u: for the message). */
-int dlock__sq_group_of(const dlock__uri *u, const char *name, gid_t *gid);
-
 /* Makes the database file `path` when missing, with ss->mode and ss->gid
  * (before SQLite opens it). */
 int dlock__sq_db_make(sq_store *ss, const char *path);

@@ -12,10 +12,10 @@
  * acquisition (sqlite.c says why).
  */
 #include "sqlite.h"
+#include "../file/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,56 +58,21 @@ static int side_refused(sq_store *ss, const char *path, const struct stat *st)
                             "sticky");
 }
 
-/* ?group=NAME: its gid, when the calling process is a member (its
- * effective or a supplementary group), else DLOCK_EINVAL. */
-int dlock__sq_group_of(const dlock__uri *u, const char *name, gid_t *gid)
-{
-    struct group gr, *res = NULL;
-    char buf[4096];
-    gid_t *mine;
-    int n, r, member = 0;
-
-    if (!name[0])
-        return dlock__err(DLOCK_EINVAL, "sqlite URI %s: group= needs a "
-                                        "group's name",
-                          u->redacted);
-    r = getgrnam_r(name, &gr, buf, sizeof(buf), &res);
-    if (r != 0 || !res)
-        return dlock__err(DLOCK_EINVAL, "sqlite URI %s: no group '%.100s'%s",
-                          u->redacted, name,
-                          r == ERANGE ? " (its entry is too long)" : "");
-    *gid = gr.gr_gid;
-    if (*gid == getegid())
-        return DLOCK_OK;
-    n = getgroups(0, NULL);
-    mine = n > 0 ? calloc((size_t)n, sizeof(*mine)) : NULL;
-    if (mine) {
-        n = getgroups(n, mine);
-        for (int i = 0; i < n && !member; i++)
-            member = mine[i] == *gid;
-        free(mine);
-    }
-    if (member)
-        return DLOCK_OK;
-    return dlock__err(DLOCK_EINVAL, "sqlite URI %s: this process is not a "
-                                    "member of group '%.100s' (a shared "
-                                    "store's files are made for its members)",
-                      u->redacted, name);
-}
-
 /* Makes the database file when missing, with the store's mode and group
  * (SQLite would make it 0644, and its -wal and -shm take its mode: a
  * reader of -shm can hold SQLite's locks). An existing one is left as it
  * is (docs/stores.md says what a shared one needs). */
 int dlock__sq_db_make(sq_store *ss, const char *path)
 {
+    struct stat st;
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
                   ss->mode);
 
     if (fd < 0)
         return DLOCK_OK; /* there (or not makeable: SQLite says why) */
-    if ((ss->gid != (gid_t)-1 && fchown(fd, (uid_t)-1, ss->gid) != 0) ||
-        fchmod(fd, ss->mode) != 0) {
+    if (fstat(fd, &st) != 0 ||
+        dlock__file_adopt(fd, st.st_uid, st.st_gid, st.st_mode, 1, ss->gid,
+                          ss->mode) != DLOCK__ADOPT_OK) {
         int e = errno;
         close(fd);
         unlink(path);
@@ -143,24 +108,18 @@ int dlock__sqw_open(const char *path, mode_t mode, gid_t gid, dev_t *dev,
         errno = EINVAL;
         return -1;
     }
-    if (made || st->st_uid == geteuid()) {
-        /* ours: exactly the mode and group asked for (the umask may have
-         * taken bits; an older dlock gave the database's, 0644) */
-        if ((gid != (gid_t)-1 && st->st_gid != gid &&
-             fchown(fd, (uid_t)-1, gid) != 0) ||
-            ((st->st_mode & 07777) != mode && fchmod(fd, mode) != 0)) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-    } else if (gid == (gid_t)-1 || st->st_gid != gid ||
-               (st->st_mode & 0007)) {
-        /* another user's: only a ?group= store's, of that group and
-         * closed to others (its owner, or anyone it lets in, could hold
-         * waiters up): else not used (sqlite.c says whose) */
+    /* ours: exactly the mode and group asked for (the umask may have
+     * taken bits; an older dlock gave the database's, 0644); another
+     * user's: only a ?group= store's, of that group and closed to others
+     * (its owner, or anyone it lets in, could hold waiters up): else not
+     * used (side_refused() says whose) */
+    int a = dlock__file_adopt(fd, st->st_uid, st->st_gid, st->st_mode, made,
+                              gid, mode);
+    if (a != DLOCK__ADOPT_OK) {
+        int e = a == DLOCK__ADOPT_CHGRP || a == DLOCK__ADOPT_CHMOD ? errno
+                                                                   : EPERM;
         close(fd);
-        errno = EPERM;
+        errno = e;
         return -1;
     }
     *dev = st->st_dev;
@@ -182,7 +141,7 @@ static int chans_open(sq_store *ss, const char *db)
     size_t dl = strlen(db) + 16;
     char *dir = malloc(dl);
     struct stat st;
-    int fd, rc = DLOCK_OK;
+    int fd, a, rc = DLOCK_OK;
 
     ss->ch.dirfd = -1;
     ss->ch.group = ss->gid != (gid_t)-1;
@@ -203,18 +162,18 @@ static int chans_open(sq_store *ss, const char *db)
             close(fd);
         goto out;
     }
-    if (st.st_uid == geteuid()) {
-        if ((ss->gid != (gid_t)-1 && st.st_gid != ss->gid &&
-             fchown(fd, (uid_t)-1, ss->gid) != 0) ||
-            ((st.st_mode & 07777) != want && fchmod(fd, want) != 0)) {
-            rc = dlock__sq_side_error(ss, "giving its mode to the channels' "
-                                          "directory of",
-                                      errno);
-            close(fd);
-            goto out;
-        }
-    } else if (ss->gid == (gid_t)-1 || st.st_gid != ss->gid ||
-               (st.st_mode & 0007) || !(st.st_mode & S_ISVTX)) {
+    /* another user's: only a ?group= store's, of that group, sticky and
+     * closed to others (its owner could bind any name there) */
+    a = dlock__file_adopt(fd, st.st_uid, st.st_gid, st.st_mode, 0, ss->gid,
+                          want);
+    if (a == DLOCK__ADOPT_CHGRP || a == DLOCK__ADOPT_CHMOD) {
+        rc = dlock__sq_side_error(ss, "giving its mode to the channels' "
+                                      "directory of",
+                                  errno);
+        close(fd);
+        goto out;
+    }
+    if (a != DLOCK__ADOPT_OK) {
         rc = side_refused(ss, dir, &st);
         close(fd);
         goto out;
