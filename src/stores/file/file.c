@@ -46,10 +46,10 @@
  * connecting. The channels only make waking faster; they never decide
  * anything.
  *
- * Who may open what (docs/stores.md, "Who can open a lock file"): lock
- * files 0600 and directories 0700, or 0660 and 02770 with ?group=NAME;
- * anyone who can open a file can lock its bytes, so every wait on a byte
- * (META too) ends by its deadline or a cancel.
+ * Who may open what (file_perm.c; docs/stores.md, "Who can open a lock
+ * file"): lock files 0600 and directories 0700, or 0660 and 02770 with
+ * ?group=NAME; anyone who can open a file can lock its bytes, so every
+ * wait on a byte (META too) ends by its deadline or a cancel.
  *
  * Forks: a child forked while a lock is held (or waited for) shares the
  * open file and the channel; release (and give-up) unlocks the description
@@ -73,16 +73,13 @@
 #include "file.h"
 
 #include <errno.h>
-#include <grp.h>
 #include <limits.h>
-#include <pwd.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -162,19 +159,6 @@ static int check_magic(int fd, const char *fname)
     return DLOCK_OK;
 }
 
-/* What the store asks of a file: statx() without the timestamps. Asking
- * for them (stat(), fstat()) makes the next write to the file stamp it
- * with a fine-grained time (Linux 6.13's multigrain timestamps), which
- * doubles the cost of the holder's record write on the hand-off path. */
-typedef struct file_id {
-    dev_t dev;
-    ino_t ino;
-    uint64_t size;
-    mode_t mode;
-    uid_t uid;
-    gid_t gid;
-} file_id;
-
 static int file_stat(int dirfd, const char *path, int flags, file_id *id,
                      int *regular)
 {
@@ -195,52 +179,11 @@ static int file_stat(int dirfd, const char *path, int flags, file_id *id,
     return 0;
 }
 
-/* A lock file an acquirer opened (fd; id: its statx; `created`: by this
- * call): who may open it. Ours: given the store's mode (and group) if it
- * has another, so that files made by an older dlock (0666 & ~umask) or
- * under a narrower umask are closed to others at their owner's next use.
- * Another user's: refused, unless the store is a group's and the file is
- * that group's and closed to others (docs/stores.md, "Who can open a
- * lock file"). */
-static int own_file(file_store *fs, int fd, const char *fname,
-                    const file_id *id, int created)
-{
-    uid_t me = geteuid();
-
-    if (created || id->uid == me) {
-        if (fs->group && id->gid != fs->gid && fchown(fd, (uid_t)-1, fs->gid) != 0)
-            return dlock__file_io_error("chgrp", fname, errno);
-        if ((id->mode & 07777) != fs->fmode && fchmod(fd, fs->fmode) != 0)
-            return dlock__file_io_error("chmod", fname, errno);
-        return DLOCK_OK;
-    }
-    if (!fs->group)
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s belongs to uid %lu, not to you "
-                          "(uid %lu): its owner decides who may open it; a "
-                          "store users share takes ?group=NAME",
-                          fname, (unsigned long)id->uid, (unsigned long)me);
-    if (id->gid != fs->gid)
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s belongs to group %lu, not to the "
-                          "store's (%lu); its owner (uid %lu) can chgrp it",
-                          fname, (unsigned long)id->gid,
-                          (unsigned long)fs->gid, (unsigned long)id->uid);
-    if (id->mode & 007)
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s may be opened by others (mode "
-                          "%04o), who could then keep it locked; its owner "
-                          "(uid %lu) can chmod o-rwx it",
-                          fname, (unsigned)(id->mode & 07777),
-                          (unsigned long)id->uid);
-    return DLOCK_OK;
-}
-
 /* Opens (creating with O_CREAT) the lock file; *id is its identity.
  * *missing is set when it does not exist (only possible without
  * O_CREAT). With O_CREAT (an acquirer), a new file is made 0600 (never
- * wider, whatever the umask, until own_file() gives it the store's mode
- * and group) and own_file() decides. */
+ * wider, whatever the umask, until dlock__file_own() gives it the store's mode
+ * and group) and dlock__file_own() decides. */
 static int open_lock_file(file_store *fs, const char *fname, int flags,
                           int *out, file_id *id, int *missing)
 {
@@ -269,7 +212,7 @@ static int open_lock_file(file_store *fs, const char *fname, int flags,
                           "file store: %.200s is not a regular file", fname);
     }
     if ((flags & O_CREAT) &&
-        (rc = own_file(fs, fd, fname, id, created)) != DLOCK_OK) {
+        (rc = dlock__file_own(fs, fd, fname, id, created)) != DLOCK_OK) {
         close(fd);
         return rc;
     }
@@ -688,438 +631,6 @@ int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
     return DLOCK_OK;
 }
 
-/* A directory we just made (dirfd, name; `shown` its path): the store's
- * directory mode and group, which mkdir's umask may have narrowed and
- * which the setgid bit needs. Opened without following a link, and only
- * changed if it is ours. */
-static int give_dir_mode(file_store *fs, int dirfd, const char *name,
-                         const char *shown)
-{
-    struct stat st;
-    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-                                     O_CLOEXEC);
-    int rc = DLOCK_OK;
-
-    if (fd < 0)
-        return dlock__file_io_error("open", shown, errno);
-    if (fstat(fd, &st) == 0 && st.st_uid == geteuid()) {
-        if (fs->group && st.st_gid != fs->gid &&
-            fchown(fd, (uid_t)-1, fs->gid) != 0)
-            rc = dlock__file_io_error("chgrp", shown, errno);
-        else if ((st.st_mode & 07777) != fs->dmode &&
-                 fchmod(fd, fs->dmode) != 0)
-            rc = dlock__file_io_error("chmod", shown, errno);
-    }
-    close(fd);
-    return rc;
-}
-
-/* mkdir -p: every directory made gets the store's directory mode (0700:
- * nobody else can enter; 02770 and the group in a group store). Those
- * that exist are left as they are. */
-static int make_dirs(file_store *fs, const char *path)
-{
-    char buf[PATH_MAX];
-    size_t n = strlen(path);
-
-    if (n >= sizeof(buf))
-        return dlock__err(DLOCK_EINVAL, "file store: directory path too long");
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char keep = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0700) == 0) {
-            int rc = give_dir_mode(fs, AT_FDCWD, buf, buf);
-            if (rc)
-                return rc;
-        } else if (errno != EEXIST) {
-            return dlock__file_io_error("mkdir", buf, errno);
-        }
-        buf[i] = keep;
-    }
-    return DLOCK_OK;
-}
-
-/* Opens (making it if missing) WAKE_DIR, where the wake-up channels'
- * sockets live: fs->wdir. Only the store's users may write it (a socket
- * in it is trusted as theirs): made with the directory mode, and if it
- * exists, ours (given that mode) or, in a group store, the group's and
- * closed to others; else refused. None can be made (a store we may only
- * read, say): fs->wdir is -1 and waits are the kernel's. */
-static int open_wake_dir(file_store *fs)
-{
-    char shown[PATH_MAX + 64], name[64];
-    struct stat st;
-    int fd;
-
-    /* a user's own (the store's other users cannot open our files, and
-     * could make a directory of this name first in a directory they may
-     * write), or the group's */
-    snprintf(name, sizeof(name), WAKE_DIR "%c%lu", fs->group ? 'g' : 'u',
-             fs->group ? (unsigned long)fs->gid : (unsigned long)geteuid());
-    snprintf(shown, sizeof(shown), "%s/%s", fs->dir, name);
-    fs->wdir = -1;
-    if (mkdirat(fs->dirfd, name, 0700) == 0) {
-        int rc = give_dir_mode(fs, fs->dirfd, name, shown);
-        if (rc)
-            return rc;
-    } else if (errno != EEXIST) {
-        return DLOCK_OK; /* none: kernel waits */
-    }
-    fd = openat(fs->dirfd, name,
-                O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0 && (errno == ENOTDIR || errno == ELOOP))
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s is not a directory; remove it",
-                          shown);
-    if (fd < 0)
-        return DLOCK_OK;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return DLOCK_OK;
-    }
-    if (st.st_uid == geteuid()) {
-        if ((fs->group && st.st_gid != fs->gid &&
-             fchown(fd, (uid_t)-1, fs->gid) != 0) ||
-            ((st.st_mode & 07777) != fs->dmode &&
-             fchmod(fd, fs->dmode) != 0)) {
-            int rc = dlock__file_io_error("chmod", shown, errno);
-            close(fd);
-            return rc;
-        }
-    } else if (!fs->group || st.st_gid != fs->gid || (st.st_mode & 007)) {
-        close(fd);
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s belongs to uid %lu, group %lu, "
-                          "mode %04o: others could wake or delay our "
-                          "waiters; remove it (dlock makes it again)%s",
-                          shown, (unsigned long)st.st_uid,
-                          (unsigned long)st.st_gid,
-                          (unsigned)(st.st_mode & 07777),
-                          fs->group ? "" : ", or share the store with "
-                                           "?group=NAME");
-    }
-    fs->wdir = fd;
-    return DLOCK_OK;
-}
-
-/* ?group=NAME (a name or a number): *gid, if we are a member (or root). */
-static int parse_group(const char *v, gid_t *gid)
-{
-    struct group gr, *grr = NULL;
-    char buf[16384], *end;
-    gid_t *groups;
-    int n, member = 0;
-
-    if (!*v)
-        return dlock__err(DLOCK_EINVAL,
-                          "file:// parameter group needs a group name");
-    errno = 0;
-    unsigned long num = strtoul(v, &end, 10);
-    if (*end == '\0' && errno == 0 && num < (unsigned long)(gid_t)-1) {
-        *gid = (gid_t)num;
-    } else if (getgrnam_r(v, &gr, buf, sizeof(buf), &grr) == 0 && grr) {
-        *gid = gr.gr_gid;
-    } else {
-        return dlock__err(DLOCK_EINVAL,
-                          "file:// parameter group: no group '%.64s' on this "
-                          "host",
-                          v);
-    }
-    if (geteuid() == 0 || getegid() == *gid)
-        return DLOCK_OK;
-    n = getgroups(0, NULL);
-    groups = n > 0 ? calloc((size_t)n, sizeof(*groups)) : NULL;
-    if (groups)
-        n = getgroups(n, groups);
-    for (int i = 0; groups && i < n; i++)
-        member |= groups[i] == *gid;
-    free(groups);
-    if (member)
-        return DLOCK_OK;
-    return dlock__err(DLOCK_EINVAL,
-                      "file:// parameter group: you are not a member of "
-                      "group '%.64s' (gid %lu), so you could not give it "
-                      "the store's files",
-                      v, (unsigned long)*gid);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Private directories (?private=1: the default store)                      */
-/* ------------------------------------------------------------------------ */
-
-/* The way out that every refusal of a private directory names. */
-#define PRIVATE_FIX \
-    "; give dlock another directory with --store file:///DIR or DLOCK_STORE"
-
-/* File systems whose locks are not this kernel's alone (statfs f_type):
- * network and cluster file systems, FUSE (sshfs, glusterfs, virtiofs...:
- * dlock cannot tell a local one from a remote one) and virtual machines'
- * shared folders. Their OFD locks are the file server's, or each host's
- * own when the file system does not forward them; a holder cut off from
- * the server may lose its lock to the server's lease while it runs; a
- * kernel wait polls the server; the fair queue's wake-up channels do not
- * cross hosts (docs/stores.md, "The default store"). */
-static const struct {
-    uint32_t magic;
-    const char *name;
-} remote_fs[] = {
-    {0x6969, "NFS"},           {0x517B, "SMB"},
-    {0xFF534D42, "CIFS"},      {0xFE534D42, "SMB2"},
-    {0x564C, "NCP"},           {0x73757245, "Coda"},
-    {0x5346414F, "AFS"},       {0x6B414653, "AFS"},
-    {0x01021997, "9p"},        {0x00C36400, "Ceph"},
-    {0x65735546, "FUSE"},      {0x0BD00BD0, "Lustre"},
-    {0x01161970, "GFS2"},      {0x7461636F, "OCFS2"},
-    {0x47504653, "GPFS"},      {0x19830326, "BeeGFS"},
-    {0x20030528, "OrangeFS"},  {0xAAD7AAEA, "PanFS"},
-    {0x786F4256, "VirtualBox shared folder"},
-    {0xBACBACBC, "VMware shared folder"},
-    {0x7C7C6673, "Parallels shared folder"},
-};
-
-/* The name of the network file system open directory `fd` is on, or
- * NULL (a local one, or statfs failed: then nothing can be told). */
-static const char *remote_fs_of(int fd)
-{
-    struct statfs sf;
-
-    if (fstatfs(fd, &sf) != 0)
-        return NULL;
-    for (size_t i = 0; i < sizeof(remote_fs) / sizeof(remote_fs[0]); i++)
-        if ((uint32_t)sf.f_type == remote_fs[i].magic)
-            return remote_fs[i].name;
-    return NULL;
-}
-
-/* Why `name` (in dirfd; `shown` is its path) could not be opened as a
- * directory without following a link: errno `err`. */
-static int private_open_error(int dirfd, const char *name, const char *shown,
-                              int err)
-{
-    struct stat st;
-
-    if ((err == ELOOP || err == ENOTDIR) &&
-        fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-        if (S_ISLNK(st.st_mode))
-            return dlock__err(DLOCK_EPROTO,
-                              "file store: %.200s is a symbolic link; a "
-                              "private directory is never reached through "
-                              "one" PRIVATE_FIX,
-                              shown);
-        return dlock__err(DLOCK_EPROTO,
-                          "file store: %.200s is not a directory" PRIVATE_FIX,
-                          shown);
-    }
-    if (err == EACCES || err == EPERM)
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: cannot enter %.200s: %s" PRIVATE_FIX,
-                          shown, strerror(err));
-    return dlock__file_io_error("open", shown, err);
-}
-
-/* Is `gid` our own private group? Debian and Ubuntu give each user a
- * group of the same name (USERGROUPS_ENAB) and log users in with umask
- * 002 (pam_umask), so the directories users make (~/.local,
- * ~/.local/state) are often group-writable: harmless when the group is
- * the user's alone, the rule Debian's OpenSSH applies to a home. Ours
- * alone: our primary group, named as we are, with no other member
- * listed. An account whose primary group is another user's private group
- * would get in; no distribution makes one, and ruling it out would cost
- * every client a scan of the whole user database. */
-static int own_private_group(gid_t gid)
-{
-    struct passwd pw, *pwr = NULL;
-    struct group gr, *grr = NULL;
-    size_t cap = 4096;
-    char *buf = NULL;
-    int ok = 0;
-
-    for (;;) { /* buffers big enough for both entries (1 MiB at most) */
-        char *nb = realloc(buf, 2 * cap);
-        int e1, e2 = 0;
-        if (!nb)
-            break;
-        buf = nb;
-        e1 = getpwuid_r(geteuid(), &pw, buf, cap, &pwr);
-        if (pwr)
-            e2 = getgrgid_r(gid, &gr, buf + cap, cap, &grr);
-        if ((e1 != ERANGE && e2 != ERANGE) || cap >= (size_t)1 << 20)
-            break;
-        cap *= 2;
-    }
-    if (pwr && grr && pw.pw_gid == gid && pw.pw_name && gr.gr_name &&
-        strcmp(gr.gr_name, pw.pw_name) == 0) {
-        ok = 1;
-        for (char **m = gr.gr_mem; m && *m; m++)
-            if (strcmp(*m, pw.pw_name) != 0)
-                ok = 0;
-    }
-    free(buf);
-    return ok;
-}
-
-/* Checks one directory of a private path, opened as fd (st: its fstat):
- * see open_private(). */
-static int private_check(int fd, const struct stat *st, const char *shown,
-                         int last)
-{
-    uid_t me = geteuid();
-    const char *remote;
-    /* writable by someone else: others, or a group that is not ours
-     * alone */
-    int others_write = (st->st_mode & 002) ||
-                       ((st->st_mode & 020) && !own_private_group(st->st_gid));
-
-    if (!S_ISDIR(st->st_mode))
-        return dlock__err(DLOCK_EPROTO,
-                          "file store: %.200s is not a directory" PRIVATE_FIX,
-                          shown);
-    if (last && st->st_uid != me)
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s belongs to uid %lu, not to "
-                          "you (uid %lu); refusing to use it" PRIVATE_FIX,
-                          shown, (unsigned long)st->st_uid,
-                          (unsigned long)me);
-    if (!last && st->st_uid != me && st->st_uid != 0)
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s belongs to uid %lu, neither "
-                          "you (uid %lu) nor root: its owner could replace "
-                          "what is in it" PRIVATE_FIX,
-                          shown, (unsigned long)st->st_uid,
-                          (unsigned long)me);
-    if (last && others_write)
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s may be written by group or "
-                          "others (mode %04o): files of theirs may be in it; "
-                          "if every file in it is yours, chmod 700 it"
-                          PRIVATE_FIX,
-                          shown, (unsigned)(st->st_mode & 07777));
-    /* a sticky directory (/tmp): others cannot rename or delete what
-     * belongs to root or to us, and the next component must */
-    if (!last && others_write && !(st->st_mode & S_ISVTX))
-        return dlock__err(DLOCK_EAUTH,
-                          "file store: %.200s may be written by group or "
-                          "others (mode %04o): they could replace what is "
-                          "in it" PRIVATE_FIX,
-                          shown, (unsigned)(st->st_mode & 07777));
-    if (!last)
-        return DLOCK_OK;
-    /* Ours, and only we could write it: nothing in it can be someone
-     * else's. Close it to their eyes. */
-    if ((st->st_mode & 077) && fchmod(fd, 0700) != 0)
-        return dlock__file_io_error("chmod", shown, errno);
-    remote = remote_fs_of(fd);
-    if (remote)
-        return dlock__err(DLOCK_ENOTSUP,
-                          "file store: %.200s is on a network file system "
-                          "(%s): its locks would not be this host's alone, "
-                          "and waiters would poll the server; pass a local "
-                          "directory with --store file:///DIR or DLOCK_STORE",
-                          shown, remote);
-    return DLOCK_OK;
-}
-
-/* Opens the private directory `path` (absolute): *out gets a descriptor
- * of it. The path is walked from / one component at a time, each opened
- * with O_NOFOLLOW | O_DIRECTORY (a symbolic link is refused, never
- * followed) and checked through fstat() of what was opened, so no check
- * is about a different file than the one used: every directory on the
- * way must belong to root or to us and may be written by no one else
- * unless it is sticky; a missing one is created, mode 0700 (mkdirat: the
- * umask can only narrow it); the last must be ours, written by no one
- * else, on a local file system, and is closed to others
- * (docs/stores.md, "The default store"). */
-static int open_private(const char *path, int *out)
-{
-    char shown[PATH_MAX], name[NAME_MAX + 1];
-    const char *p = path;
-    struct stat st;
-    size_t used = 0;
-    int dirfd, rc;
-
-    if (strlen(path) >= sizeof(shown))
-        return dlock__err(DLOCK_EINVAL,
-                          "file store: directory path too long");
-    dirfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (dirfd < 0)
-        return dlock__file_io_error("open", "/", errno);
-    if (fstat(dirfd, &st) != 0) {
-        rc = dlock__file_io_error("stat", "/", errno);
-        close(dirfd);
-        return rc;
-    }
-    rc = private_check(dirfd, &st, "/", 0);
-    while (rc == DLOCK_OK) {
-        size_t len;
-        int fd, last;
-
-        while (*p == '/')
-            p++;
-        len = strcspn(p, "/");
-        if (len == 0) {
-            rc = dlock__err(DLOCK_EINVAL,
-                            "file store: a private directory cannot be /");
-            break;
-        }
-        if (len > NAME_MAX) {
-            rc = dlock__err(DLOCK_EINVAL,
-                            "file store: a name in %.200s is too long", path);
-            break;
-        }
-        memcpy(name, p, len);
-        name[len] = '\0';
-        p += len;
-        while (*p == '/')
-            p++;
-        last = *p == '\0';
-        shown[used++] = '/';
-        memcpy(shown + used, name, len + 1);
-        used += len;
-
-        /* the last one is opened to be read (the store's directory);
-         * the others only to walk through (search permission is all
-         * they need) */
-        int flags = (last ? O_RDONLY : O_PATH) | O_DIRECTORY | O_NOFOLLOW |
-                    O_CLOEXEC;
-        fd = openat(dirfd, name, flags);
-        if (fd < 0 && errno == ENOENT) {
-            if (mkdirat(dirfd, name, 0700) != 0 && errno != EEXIST) {
-                int e = errno;
-                if (e == EACCES || e == EPERM || e == EROFS)
-                    rc = dlock__err(DLOCK_EAUTH,
-                                    "file store: cannot create %.200s: %s "
-                                    "(or have it made for you: yours, "
-                                    "mode 0700)" PRIVATE_FIX,
-                                    shown, strerror(e));
-                else
-                    rc = dlock__file_io_error("mkdir", shown, e);
-                break;
-            }
-            fd = openat(dirfd, name, flags);
-        }
-        if (fd < 0) {
-            rc = private_open_error(dirfd, name, shown, errno);
-            break;
-        }
-        close(dirfd);
-        dirfd = fd;
-        if (fstat(fd, &st) != 0) {
-            rc = dlock__file_io_error("stat", shown, errno);
-            break;
-        }
-        rc = private_check(fd, &st, shown, last);
-        if (rc == DLOCK_OK && last) {
-            *out = fd;
-            return DLOCK_OK;
-        }
-    }
-    close(dirfd);
-    return rc;
-}
-
 static int file_open(void **out, dlock_client *c, const dlock__uri *u,
                      int64_t timeout_ms)
 {
@@ -1158,7 +669,8 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
         return dlock__err(DLOCK_EINVAL,
                           "file:// parameters private=1 and group exclude "
                           "each other: a private store is its user's alone");
-    if (grp && (rc = parse_group(grp, &gid)) != DLOCK_OK)
+    if (grp && (rc = dlock__file_group("file:// parameter group", grp, 1,
+                                       &gid)) != DLOCK_OK)
         return rc;
 
     fs = calloc(1, sizeof(*fs));
@@ -1172,9 +684,9 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
     fs->dmode = fs->group ? 02770 : 0700;
     fs->wdir = -1;
     if (private_dir) {
-        rc = open_private(u->path, &dirfd);
+        rc = dlock__file_open_private(u->path, &dirfd);
     } else {
-        rc = make_dirs(fs, u->path);
+        rc = dlock__file_make_dirs(fs, u->path);
         if (rc == DLOCK_OK) {
             dirfd = open(u->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
             if (dirfd < 0)
@@ -1183,7 +695,7 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
     }
     fs->dirfd = dirfd;
     if (rc == DLOCK_OK)
-        rc = open_wake_dir(fs);
+        rc = dlock__file_open_wake_dir(fs);
     if (rc) {
         if (dirfd >= 0)
             close(dirfd);

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * file.h -- what the file store's two halves share: file.c, the store
- * (names, files, holder records, the backend's slots), and file_wait.c,
- * its waits (in the kernel, and the fair queue's wake-up channels). The
- * file's layout and the locks on it are described in file.c.
+ * file.h -- what the file store's parts share: file.c, the store (names,
+ * files, holder records, the backend's slots); file_wait.c, its waits (in
+ * the kernel, and the fair queue's wake-up channels); file_sem.c, its
+ * semaphores and the background thread; file_list.c, dlock_list(); and
+ * file_perm.c, who may open the store's files. The file's layout and the
+ * locks on it are described in file.c.
  */
 #ifndef DLOCK_FILE_H
 #define DLOCK_FILE_H
@@ -97,6 +99,19 @@ struct file_lease {
     file_lease *wnext, *wprev;
     char fname[FNAME_MAX + 8];
 };
+
+/* What the store asks of a file: statx() without the timestamps. Asking
+ * for them (stat(), fstat()) makes the next write to the file stamp it
+ * with a fine-grained time (Linux 6.13's multigrain timestamps), which
+ * doubles the cost of the holder's record write on the hand-off path. */
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    uint64_t size;
+    mode_t mode;
+    uid_t uid;
+    gid_t gid;
+} file_id;
 
 /* One open lock file, as a fair waiter sees it. */
 typedef struct lock_file {
@@ -277,6 +292,59 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
                               dlock_info *out);
 int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
                          size_t *len);
+
+/* --- file_perm.c --------------------------------------------------------- */
+
+/* A lock file an acquirer opened (fd; id: its statx; `created`: by this
+ * call): ours is given the store's mode and group; another user's is
+ * refused unless the store is a group's and the file is that group's and
+ * closed to others. DLOCK_OK or an error (message set). */
+int dlock__file_own(file_store *fs, int fd, const char *fname,
+                    const file_id *id, int created);
+/* mkdir -p of the store's directory: what it makes gets fs->dmode (and
+ * the group). */
+int dlock__file_make_dirs(file_store *fs, const char *path);
+/* Opens (making it if missing) WAKE_DIR into fs->wdir (-1: none can be
+ * made, waits are the kernel's); DLOCK_EAUTH when one there may be
+ * written by others. */
+int dlock__file_open_wake_dir(file_store *fs);
+/* ?group=NAME (a name or a number): *gid, when the calling process is a
+ * member (its effective or a supplementary group), or root and
+ * `root_any` (the file store's rule; the SQLite store asks root to be a
+ * member too); else DLOCK_EINVAL, the message starting with `what` (the
+ * store's words for the parameter). The SQLite store's ?group= too (a
+ * host function). */
+DLOCK__HOST int dlock__file_group(const char *what, const char *v,
+                                  int root_any, gid_t *gid);
+
+/* What dlock__file_adopt() found. */
+enum {
+    DLOCK__ADOPT_OK,       /* ours, given the mode; or another's we may use */
+    DLOCK__ADOPT_CHGRP,    /* ours: fchown() failed (errno) */
+    DLOCK__ADOPT_CHMOD,    /* ours: fchmod() failed (errno) */
+    DLOCK__ADOPT_UNSHARED, /* another user's, and the store is no group's */
+    DLOCK__ADOPT_GROUP,    /* another user's, of another group */
+    DLOCK__ADOPT_OTHERS,   /* another user's, open to others */
+    DLOCK__ADOPT_STICKY    /* another user's, not sticky (`mode` is) */
+};
+
+/* Who may open a file or directory that dlock opened as fd (uid, fgid,
+ * fmode: its owner, group and mode; `made`: this process created it), in
+ * a store whose files get `mode` and group `gid` ((gid_t)-1: none, its
+ * user's alone). Ours is given exactly that mode and group (the umask, an
+ * older dlock or another ?group= may have left others); another user's
+ * is used as it is only in a group store, when it has that group, gives
+ * others nothing and, when `mode` is sticky, is sticky too (its owner
+ * could otherwise let others in). Sets no message. The file store's lock
+ * files and directories, and the SQLite store's database, sidecar and
+ * channels' directory (a host function). */
+DLOCK__HOST int dlock__file_adopt(int fd, uid_t uid, gid_t fgid,
+                                  mode_t fmode, int made, gid_t gid,
+                                  mode_t mode);
+/* ?private=1: opens the directory `path` (absolute), walked from / and
+ * checked on the way, made if missing (docs/stores.md, "The default
+ * store"); *out its descriptor. */
+int dlock__file_open_private(const char *path, int *out);
 
 /* file_list.c: the list slot */
 int dlock__file_list(void *st, const char *prefix, size_t plen,

@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sqlite.h -- what the SQLite store's parts share: sqlite.c, the store
- * (the lock table, its statements, the backend's slots), sqlite_rw.c,
- * its shared holds and semaphores (their statements, the table's columns
- * for them), and sqlite_wait.c, its waits in the kernel through the
- * sidecar file `<db>-dlock` (docs/design.md, "SQLite: waking waiters" and
- * "Shared holds and permits").
+ * (the lock table, its statements, the backend's slots); sqlite_acquire.c,
+ * an acquisition's statements and queue; sqlite_files.c, the sidecar and
+ * the channels' directory (creation, modes, ?group=); sqlite_rw.c, its
+ * shared holds and semaphores (their statements, the table's columns for
+ * them); sqlite_operate.c, dlock_list() and dlock_break(); and
+ * sqlite_wait.c, its waits in the kernel through the sidecar file
+ * `<db>-dlock` (docs/design.md, "SQLite: waking waiters" and "Shared
+ * holds and permits").
  */
 #ifndef DLOCK_SQLITE_H
 #define DLOCK_SQLITE_H
@@ -64,8 +67,9 @@ typedef struct sq_chans {
  * a break may have evicted the predecessor, look at the row). */
 enum { SQW_TIMEOUT, SQW_HANDED, SQW_LEFT, SQW_RUNG };
 
-/* Opens the sidecar at `path` (no symbolic link; a regular file),
- * creating it with `mode` (0600, or 0660 and group `gid`; gid -1: none).
+/* Opens the sidecar at `path` (sqlite_files.c; no symbolic link; a
+ * regular file), creating it with `mode` (0600, or 0660 and group `gid`;
+ * gid -1: none).
  * One of ours is given exactly that mode and group (tightened when an
  * older dlock made it wider). Another user's is used only with a gid,
  * when it has that group and gives nothing to other users: else -1 with
@@ -270,6 +274,30 @@ void dlock__sq_info_row(sqlite3_stmt *s, dlock_info *out, int64_t *rowid,
  * dlock_inspect() does (the tickets held, less the holder's). */
 void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
                             dlock_info *out);
+
+/* --- an acquisition (sqlite_acquire.c) ----------------------------------- */
+
+/* The backend's acquire slot. */
+int dlock__sq_acquire(void *st, dlock__lease *l, int64_t op_deadline);
+
+/* --- the files beside the database (sqlite_files.c) ----------------------- */
+
+/* A failed system call on the sidecar (or its channels' directory): the
+ * DLOCK_* code, with its message. */
+int dlock__sq_side_error(sq_store *ss, const char *what, int e);
+
+/* Makes the database file `path` when missing, with ss->mode and ss->gid
+ * (before SQLite opens it). */
+int dlock__sq_db_make(sq_store *ss, const char *path);
+
+/* Opens the sidecar (ss->side) and the channels' directory of database
+ * `db`: ss->sidefd, ss->side_dev/side_ino and ss->ch. */
+int dlock__sq_side_open(sq_store *ss, const char *db);
+
+/* A sidecar descriptor for one acquisition (a spare one, or a new one;
+ * -1 with errno), and back to the spares once it holds no lock. */
+int dlock__sq_side_get(sq_store *ss, dev_t *dev, ino_t *ino);
+void dlock__sq_side_put(sq_store *ss, int fd);
 
 /* --- dlock_list() and dlock_break() (sqlite_operate.c) -------------------- */
 

@@ -46,55 +46,6 @@ static off_t region_base(int64_t rowid)
     return (off_t)r << SQW_REGION_SHIFT;
 }
 
-int dlock__sqw_open(const char *path, mode_t mode, gid_t gid, dev_t *dev,
-                    ino_t *ino, struct stat *st)
-{
-    int fd = -1, made = 0;
-
-    /* made by us (O_EXCL: this call created it), or opened as it is;
-     * never through a symbolic link */
-    for (int i = 0; i < 4 && fd < 0; i++) {
-        fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-        if (fd >= 0 || errno != ENOENT)
-            break;
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                  mode);
-        made = fd >= 0;
-        if (fd < 0 && errno != EEXIST)
-            break;
-    }
-    if (fd < 0)
-        return -1;
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
-        close(fd);
-        errno = EINVAL;
-        return -1;
-    }
-    if (made || st->st_uid == geteuid()) {
-        /* ours: exactly the mode and group asked for (the umask may have
-         * taken bits; an older dlock gave the database's, 0644) */
-        if ((gid != (gid_t)-1 && st->st_gid != gid &&
-             fchown(fd, (uid_t)-1, gid) != 0) ||
-            ((st->st_mode & 07777) != mode && fchmod(fd, mode) != 0)) {
-            int e = errno;
-            close(fd);
-            errno = e;
-            return -1;
-        }
-    } else if (gid == (gid_t)-1 || st->st_gid != gid ||
-               (st->st_mode & 0007)) {
-        /* another user's: only a ?group= store's, of that group and
-         * closed to others (its owner, or anyone it lets in, could hold
-         * waiters up): else not used (sqlite.c says whose) */
-        close(fd);
-        errno = EPERM;
-        return -1;
-    }
-    *dev = st->st_dev;
-    *ino = st->st_ino;
-    return fd;
-}
-
 /* The highest byte in [lo, hi) that another open file holds, or -1. It
  * gallops up from the one F_OFD_GETLK reports (tickets are consecutive:
  * a few calls), then halves. Bytes dropped meanwhile may give one no
