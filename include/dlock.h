@@ -72,7 +72,8 @@ extern "C" {
 #define DLOCK_ENOTSUP -9  /* store or operation not supported/built */
 #define DLOCK_EDEADLK -10 /* the request would wait for the caller itself
                            * (a read hold asking to become a write hold) */
-#define DLOCK_ECANCELED -11 /* dlock_cancel() ended the wait */
+#define DLOCK_ECANCELED -11 /* dlock_cancel() ended the wait, or the
+                             * handle was shut (dlock_shutdown()) */
 
 /* Longest lock name, in bytes (not counting the terminating NUL). */
 #define DLOCK_NAME_MAX 512
@@ -332,7 +333,7 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  *
  * Errors: DLOCK_EBUSY (another owner held it for the whole wait; also a
  * re-acquire under DLOCK_NOT_REENTRANT), DLOCK_ECANCELED (dlock_cancel()
- * ended the wait), DLOCK_ELOST (the thread's hold was
+ * ended the wait; the handle was shut by dlock_shutdown()), DLOCK_ELOST (the thread's hold was
  * lost and not yet released), DLOCK_EINVAL (wait_ms < -1 or above
  * DLOCK_WAIT_MAX, closed client;
  * on redlock://, a ttl_ms too short for its node timeout and drift),
@@ -393,13 +394,38 @@ DLOCK_EXTERN int dlock_acquire_shared(dlock *l, int64_t wait_ms);
  * place in a fair queue. An acquire that got the lock before it could see
  * the cancel returns DLOCK_OK as usual: the caller holds the lock and
  * releases it. Acquires that start after the call are not affected (the
- * cancel is not remembered), nor are other handles'. For an event loop or
- * a thread pool that gives up a wait: with DLOCK_OWNER_HANDLE, one handle
- * per waiting task.
+ * cancel is not remembered; dlock_shutdown()'s is), nor are other
+ * handles'. For an event loop or a thread pool that gives up a wait:
+ * with DLOCK_OWNER_HANDLE, one handle per waiting task.
  * Errors: DLOCK_EINVAL (NULL handle, closed client). Never blocks.
  * Thread-safety: any thread, while the handle is open.
  */
 DLOCK_EXTERN int dlock_cancel(dlock *l);
+
+/*
+ * Shuts handle `l` for acquiring, for good: cancels the acquires in
+ * progress through it as dlock_cancel() does (each returns
+ * DLOCK_ECANCELED, having left the store's queue, or DLOCK_OK when it got
+ * the lock first), and every dlock_acquire() or dlock_acquire_shared()
+ * through `l` that starts after the call returns DLOCK_ECANCELED at once
+ * ("lock 'NAME': shut down (dlock_shutdown())"), without a store trip:
+ * a re-entrant one by a thread that holds the name through `l` too (no
+ * exception: the handle is going away). Unlike dlock_cancel() it cannot
+ * be missed: an acquire that had begun but not yet started to wait when
+ * the call came is either cancelled or refused. (A try, wait_ms 0, that
+ * had begun ends after its one store call, as at a dlock_cancel().)
+ * Holds taken before stay held: dlock_release(), dlock_extend(),
+ * dlock_token(), dlock_held() and dlock_close() work as before, and so
+ * do the client's calls (dlock_inspect()). Irreversible: open a new
+ * handle to acquire again. For a wrapper that frees a handle other
+ * threads may be about to acquire through (Python's Lock.close()): shut
+ * it, wait for the calls in progress to return, then dlock_close().
+ * Calling it again does nothing more; the handle still belongs to the
+ * caller (dlock_close() frees it).
+ * Errors: DLOCK_EINVAL (NULL handle, closed client). Never blocks.
+ * Thread-safety: any thread, while the handle is open.
+ */
+DLOCK_EXTERN int dlock_shutdown(dlock *l);
 
 /*
  * Releases one level of the calling thread's hold; the last level frees the

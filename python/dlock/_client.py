@@ -193,7 +193,7 @@ class Client:
         g.begin(lambda: None)
         # the client's own calls (open, inspect, list, break) end within
         # a store round trip each; nothing to cancel
-        g.finish(lambda: None, self._free)
+        g.finish(self._free)
 
     def _free(self) -> None:
         # no client call is in flight now, and none can start
@@ -642,12 +642,15 @@ class Lock:
     async def __aexit__(self, *exc: Any) -> None:
         await self.release_async()
 
-    def _cancel_all(self) -> None:
-        # under the guard's mutex, with the handles still allocated
+    def _shut_all(self) -> None:
+        # under the guard's mutex, with the handles still allocated: ends
+        # their waits, and refuses an acquire let in before close() began
+        # that reaches the library only now (a task's handle opened after
+        # this is never acquired through: its call is refused Closed)
         if self._l != ffi.NULL:
-            lib.dlock_cancel(self._l)
+            lib.dlock_shutdown(self._l)
         for e in self._tasks.by_task.values():
-            lib.dlock_cancel(e[0])
+            lib.dlock_shutdown(e[0])
 
     def _free(self) -> None:
         # nothing is in flight on the handles now, and nothing can start
@@ -660,7 +663,7 @@ class Lock:
             lib.dlock_close(l)
 
     def _finish_close(self) -> None:
-        self._guard.finish(self._cancel_all, self._free)
+        self._guard.finish(self._free)
 
     def close(self) -> None:
         """Frees the handle. Calls waiting in acquire() (threads, and
@@ -676,14 +679,14 @@ class Lock:
         if self._client._pid != os.getpid():
             g.mark_closed()  # a forked child: nothing here is ours
             return
-        began = g.begin(self._cancel_all)
+        began = g.begin(self._shut_all)
         if getattr(_in_callback, "on", False):
             # never wait or free on the client's own thread: the client's
             # next call (on another thread), or its close(), frees it
             if began:
                 self._client._deferred.append(self)
             return
-        g.finish(self._cancel_all, self._free)
+        g.finish(self._free)
 
     def __del__(self) -> None:
         # no call is in flight on it: a thread's frame refers to it, and

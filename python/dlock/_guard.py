@@ -5,13 +5,10 @@ that ends them before it frees anything (docs/python.md, "Closing").
 The C library forbids dlock_close() and dlock_client_close() while another
 call on the handle or client is in progress (include/dlock.h). A Guard
 counts the calls in flight; close() refuses new calls from then on,
-cancels the waits in progress (dlock_cancel(): each ends at once, or after
-one store round trip), waits for the count to reach zero, and only then
-frees. A call that was let in just before close() began may not have
-reached the library's wait when the cancel was sent (the library does
-not remember a cancel for acquires that start later): close() sends it
-again when the calls have not left within 10 ms, then at growing
-intervals up to 0.5 s, until they have.
+shuts the handles (dlock_shutdown(): the waits in progress end at once,
+or after one store round trip, and an acquire that was let in just
+before close() began but reaches the library later is refused there at
+once), waits for the count to reach zero, and only then frees.
 """
 import threading
 from typing import Callable
@@ -54,21 +51,24 @@ class Guard:
             if self.inflight == 0 and self.state != OPEN:
                 self.cv.notify_all()
 
-    def begin(self, cancel: Callable[[], None]) -> bool:
-        """Refuses new calls and cancels the waits in progress (cancel runs
-        under the mutex: it must not block). False when another close()
-        began first."""
+    def begin(self, shut: Callable[[], None]) -> bool:
+        """Refuses new calls and shuts the handles (shut, a
+        dlock_shutdown() of each, runs under the mutex: it must not block;
+        it ends the waits in progress and refuses the acquires still on
+        their way into the library). False when another close() began
+        first."""
         with self.cv:
             if self.state != OPEN:
                 return False
             self.state = CLOSING
-            cancel()
+            shut()
             return True
 
-    def finish(self, cancel: Callable[[], None],
-               free: Callable[[], None]) -> None:
-        """After begin(): waits until no call is in flight, then frees
-        (once, whoever calls). A second caller waits until it is done."""
+    def finish(self, free: Callable[[], None]) -> None:
+        """After begin(): waits until no call is in flight (each ends at
+        once, or after a store round trip: begin() shut the handles), then
+        frees (once, whoever calls). A second caller waits until it is
+        done."""
         with self.cv:
             if self.state == OPEN:
                 raise AssertionError("finish() before begin()")
@@ -76,13 +76,8 @@ class Guard:
                 while self.state != CLOSED:
                     self.cv.wait()
                 return
-            delay = 0.01
             while self.inflight:
-                if not self.cv.wait(delay):
-                    # a call let in just before the cancel may have
-                    # missed it: cancel again
-                    cancel()
-                    delay = min(delay * 2, 0.5)
+                self.cv.wait()  # leave() notifies at zero
             self.state = FREEING
         try:
             free()
@@ -99,7 +94,7 @@ class Guard:
 
     def cancel_if_open(self, cancel: Callable[[], None]) -> None:
         """Runs cancel (a dlock_cancel()) while nothing can free the
-        handle: not once close() began (close() cancels by itself)."""
+        handle: not once close() began (close() shuts it by itself)."""
         with self.cv:
             if self.state == OPEN:
                 cancel()

@@ -57,6 +57,7 @@ int dlock_acquire(dlock *l, int64_t wait_ms);
 int dlock_acquire_shared(dlock *l, int64_t wait_ms);
 int dlock_release(dlock *l);
 int dlock_cancel(dlock *l);
+int dlock_shutdown(dlock *l);
 int dlock_extend(dlock *l, int64_t ttl_ms);
 uint64_t dlock_token(const dlock *l);
 int dlock_held(const dlock *l);

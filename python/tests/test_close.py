@@ -13,8 +13,9 @@ import dlock
 
 WAITERS = 4
 ROUNDS = 3
-# close() cancels the waits (dlock_cancel(): at once for a wait woken by
-# the store or the kernel, after one store round trip otherwise) and
+# close() shuts the handle (dlock_shutdown(): a wait ends at once where
+# the store or the kernel wakes it, after one store round trip otherwise;
+# an acquire still on its way into the library is refused there) and
 # waits for them to leave: one client timeout (TIMEOUT) at most, plus
 # scheduling slack on a loaded machine
 TIMEOUT = 5
@@ -105,6 +106,64 @@ def test_closing_while_threads_wait_ends_their_waits(store, other, name,
     # served at once
     b = other.lock(name)
     assert b.acquire(5)
+    b.release()
+
+
+def test_close_racing_acquires_on_their_way_misses_none(store, other, name):
+    """Threads let in by the lock just before close() began, still on
+    their way to the library's wait when the close shuts the handle (a
+    barrier starts them and the close together): each is refused or its
+    wait ended, and close() returns, without a cancel sent again on a
+    timer. (With a cancel the library does not remember, an acquire that
+    joins the handle after it waits forever, and so does close().)"""
+    held = other.lock(name)
+    assert held.acquire(0)
+    rounds = 100
+    try:
+        for r in range(rounds):
+            c = dlock.Client(store.uri, timeout=TIMEOUT)
+            lk = c.lock(name)
+            go = threading.Barrier(WAITERS + 1)
+            results = []
+
+            def wait():
+                go.wait(30)
+                try:
+                    results.append(("returned", lk.acquire(None)))
+                except BaseException as e:  # noqa: B902 - checked below
+                    results.append(("raised", e))
+
+            ths = [threading.Thread(target=wait, daemon=True)
+                   for _ in range(WAITERS)]
+            for t in ths:
+                t.start()
+            closer = threading.Thread(target=lk.close, daemon=True)
+            go.wait(30)
+            t0 = time.monotonic()
+            closer.start()
+            # CLOSE_BOUND: the shutdown ends each wait at once or after
+            # one store round trip (a client timeout at most)
+            closer.join(CLOSE_BOUND)
+            took = time.monotonic() - t0
+            if closer.is_alive():
+                held.release()  # let the stuck waiters (and close) end
+                closer.join(60)
+                raise AssertionError(
+                    "round %d: close() still waited %.1f s for an acquire "
+                    "that missed the cancel" % (r, took))
+            for t in ths:
+                t.join(CLOSE_BOUND)
+                assert not t.is_alive()
+            assert len(results) == WAITERS
+            for how, what in results:
+                assert how == "raised" and isinstance(what, dlock.Closed), \
+                    (how, what)
+            c.close()
+    finally:
+        if held.held:
+            held.release()
+    b = other.lock(name)
+    assert b.acquire(5)  # nothing of the waits is left in the store
     b.release()
 
 

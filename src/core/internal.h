@@ -99,6 +99,8 @@ struct dlock {
     uint64_t seq;  /* the client's number for it (DLOCK_OWNER_HANDLE) */
     dlock__cancel *cancels; /* acquires in progress through it */
     int acquiring; /* DLOCK_OWNER_HANDLE: an acquire is in progress */
+    int shut;      /* dlock_shutdown(): every later acquire is refused
+                    * (c->mu) */
 };
 
 struct dlock_client {

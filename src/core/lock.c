@@ -261,10 +261,22 @@ static int is_cancelled(const int *flag)
 
 static int cancel_message(const dlock__hold *h, int64_t waited)
 {
+    /* shut: only for the words (set before the cancel flag it follows) */
+    int shut = __atomic_load_n(&h->handle->shut, __ATOMIC_RELAXED);
+
     return dlock__err(DLOCK_ECANCELED,
                       "lock '%.200s': the wait was cancelled after %lld ms "
-                      "(dlock_cancel())",
-                      h->entry->name, (long long)waited);
+                      "(%s())",
+                      h->entry->name, (long long)waited,
+                      shut ? "dlock_shutdown" : "dlock_cancel");
+}
+
+/* An acquire through a handle that dlock_shutdown() shut. */
+static int shut_message(const dlock *l)
+{
+    return dlock__err(DLOCK_ECANCELED,
+                      "lock '%.200s': shut down (dlock_shutdown())",
+                      l->entry->name);
 }
 
 static int busy_message(const dlock__hold *h, int64_t waited)
@@ -794,6 +806,8 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
 
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
+    if (!rc && l->shut)
+        rc = shut_message(l); /* every acquire, a re-entrant one too */
     if (rc) {
         pthread_mutex_unlock(&c->mu);
         return rc;
@@ -853,7 +867,13 @@ static void unlink_cancel(dlock *l, dlock__cancel *cx)
 }
 
 /* An acquire that makes a new hold (acquire() checked it may): while it
- * may wait, in the handle's list for dlock_cancel(). */
+ * may wait, in the handle's list for dlock_cancel(). A dlock_shutdown()
+ * between acquire()'s check and the registration here refuses it here,
+ * under the same mutex, before it reaches the store: every wait either
+ * is in the list when the handle is shut, or sees the handle shut. (A
+ * try, wait_ms 0, is not registered: one that passed acquire()'s check
+ * was in progress when the shutdown came, and ends after its one store
+ * call as a try in progress at a dlock_cancel() does.) */
 static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
                        int64_t deadline, uint64_t seq)
@@ -870,6 +890,10 @@ static int acquire_new(dlock_client *c, dlock *l, unsigned kind,
      * acquire that may wait and does not */
     int native = (c->be->caps & DLOCK__CAP_NATIVE_WAIT) != 0;
     pthread_mutex_lock(&c->mu);
+    if (l->shut) {
+        pthread_mutex_unlock(&c->mu);
+        return shut_message(l);
+    }
     if (native && c->n_cfd_free > 0)
         cx.fd = c->cfd_free[--c->n_cfd_free];
     cx.next = l->cancels;
@@ -1132,13 +1156,16 @@ static int lost_message(const dlock__hold *h)
                       h->lease.name);
 }
 
-int dlock_cancel(dlock *l)
+/* dlock_cancel(), and dlock_shutdown() when shut: the flag is set under
+ * the same mutex as the walk of the acquires in progress, which
+ * acquire_new() joins under it too. */
+static int cancel(dlock *l, int shut, const char *fn)
 {
     dlock_client *c;
     int rc, any = 0;
 
     if (!l)
-        return dlock__err(DLOCK_EINVAL, "dlock_cancel: lock is NULL");
+        return dlock__err(DLOCK_EINVAL, "%s: lock is NULL", fn);
     c = l->client;
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
@@ -1146,6 +1173,8 @@ int dlock_cancel(dlock *l)
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
+    if (shut) /* atomic for cancel_message(), which reads it without */
+        __atomic_store_n(&l->shut, 1, __ATOMIC_RELAXED);
     for (dlock__cancel *cx = l->cancels; cx; cx = cx->next) {
         __atomic_store_n(&cx->flag, 1, __ATOMIC_RELEASE);
         if (cx->fd >= 0) {
@@ -1167,6 +1196,16 @@ int dlock_cancel(dlock *l)
     if (any && c->be->cancel)
         c->be->cancel(c->st);
     return DLOCK_OK;
+}
+
+int dlock_cancel(dlock *l)
+{
+    return cancel(l, 0, "dlock_cancel");
+}
+
+int dlock_shutdown(dlock *l)
+{
+    return cancel(l, 1, "dlock_shutdown");
 }
 
 int dlock_release(dlock *l)
