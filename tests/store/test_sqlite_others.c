@@ -328,12 +328,22 @@ static int group_holder(void *arg)
     pair *p = arg;
     dlock_client *c = NULL;
 
-    if (become("daemon", p->gid) != 0 ||
-        dlock_client_open(&c, p->uri, NULL) != DLOCK_OK)
+    if (become("daemon", p->gid) != 0) {
+        snprintf(p->msg, sizeof(p->msg), "cannot become daemon: %s",
+                 strerror(errno));
         return 2;
+    }
+    if (dlock_client_open(&c, p->uri, NULL) != DLOCK_OK) {
+        snprintf(p->msg, sizeof(p->msg), "daemon's open: %s",
+                 dlock_errmsg());
+        return 2;
+    }
     dlock *l = handle(c, "g", 10000);
-    if (dlock_acquire(l, 0) != DLOCK_OK)
+    if (dlock_acquire(l, 0) != DLOCK_OK) {
+        snprintf(p->msg, sizeof(p->msg), "daemon's acquire: %s",
+                 dlock_errmsg());
         return 3;
+    }
     p->holding = 1;
     for (int i = 0; i < 4000 && !p->release; i++)
         th_sleep_ms(5);
@@ -394,7 +404,9 @@ TEST(a_group_store_is_shared_by_two_users_of_the_group)
     snprintf(p->uri, sizeof(p->uri), "sqlite://%s/shared.db?group=nogroup",
              dir);
     pid_t hp = th_fork(group_holder, p);
-    CHECK(th_wait_flag(&p->holding, 10000));
+    if (!th_wait_flag(&p->holding, 10000))
+        th_fail(__FILE__, __LINE__, "the group's first user never held: %s",
+                p->msg[0] ? p->msg : "(no word from it)");
     pid_t wp = th_fork(group_waiter, p);
     CHECK(th_wait_flag(&p->queued_wait, 10000));
     th_sleep_ms(300); /* queued: it has no other way to be woken soon */
