@@ -17,6 +17,7 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #ifdef DLOCK_MODULES
@@ -188,7 +189,10 @@ static int module_open(const store *s, const dlock__backend **be,
 {
     char path[PATH_MAX + 16];
     module_path(s, path, sizeof(path));
-    if (!path[0] || access(path, F_OK) != 0)
+    /* not there: "not installed"; any other reason (a directory this
+     * user may not search) is dlopen()'s to tell, and a module this
+     * process has mapped already is found without reading the file */
+    if (!path[0] || (access(path, F_OK) != 0 && errno == ENOENT))
         return dlock__err(DLOCK_ENOTSUP,
                           "the %s:// store is a module of dlock that is not "
                           "installed: %s.so not found in the module directory "
