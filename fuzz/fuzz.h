@@ -33,6 +33,28 @@ typedef struct fz {
     size_t n;
 } fz;
 
+/* A growing NUL-terminated buffer for the targets that build inputs
+ * (fuzz_uri, fuzz_redact): fz_put() appends n bytes, aborting when memory
+ * runs out (a fuzzer's finding, not a case to handle). */
+typedef struct fz_buf {
+    char *p;
+    size_t n, cap;
+} fz_buf;
+
+static inline void fz_put(fz_buf *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p)
+            abort();
+    }
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
 static inline fz fz_init(const uint8_t *data, size_t size)
 {
     fz f = {data, size};

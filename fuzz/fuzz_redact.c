@@ -37,40 +37,22 @@ static const char *const keys[] = {"password", "sslpassword", "Pass%77ord",
                                    "token",    "auth",        "x_secret"};
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
 
-static void put(sbuf *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p)
-            abort();
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
+static void puts_(fz_buf *b, const char *s) { fz_put(b, s, strlen(s)); }
 
 /* a user: no ':' or '@' of its own (escaped), so that the first ':'
  * after "://" is the password's */
-static void put_user(sbuf *b, const char *u)
+static void put_user(fz_buf *b, const char *u)
 {
     for (; *u; u++) {
         unsigned char ch = (unsigned char)*u;
         if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
             ch == '.' || ch == '-') {
-            put(b, u, 1);
+            fz_put(b, u, 1);
         } else {
             char e[4];
             snprintf(e, sizeof(e), "%%%02X", ch);
-            put(b, e, 3);
+            fz_put(b, e, 3);
         }
     }
 }
@@ -79,7 +61,7 @@ static char *build(unsigned sch, unsigned lay, const char *pw,
                    const char *user, const char *hosts, const char *path,
                    const char *query)
 {
-    sbuf b = {NULL, 0, 0};
+    fz_buf b = {NULL, 0, 0};
 
     puts_(&b, schemes[sch]);
     if (schemes[sch][0] || (lay & 0x40))

@@ -19,36 +19,19 @@
 
 #include <ctype.h>
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void put(sbuf *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        b->cap = (b->n + n + 1) * 2;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p)
-            abort();
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
 
 /* s, percent-encoded except [A-Za-z0-9._-] and the bytes in `keep`. */
-static void put_esc(sbuf *b, const char *s, const char *keep)
+static void put_esc(fz_buf *b, const char *s, const char *keep)
 {
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
         if (isalnum(ch) || ch == '.' || ch == '_' || ch == '-' ||
             (keep && strchr(keep, ch))) {
-            put(b, s, 1);
+            fz_put(b, s, 1);
         } else {
             char e[4];
             snprintf(e, sizeof(e), "%%%02X", ch);
-            put(b, e, 3);
+            fz_put(b, e, 3);
         }
     }
 }
@@ -109,34 +92,34 @@ static void check_parsed(const char *s, const dlock__uri *u)
         fz_fail("redacted URI longer than expected");
 }
 
-static void reencode(const dlock__uri *u, sbuf *b)
+static void reencode(const dlock__uri *u, fz_buf *b)
 {
-    put(b, u->scheme, strlen(u->scheme));
-    put(b, "://", 3);
+    fz_put(b, u->scheme, strlen(u->scheme));
+    fz_put(b, "://", 3);
     if (u->user || u->password) {
         if (u->user)
             put_esc(b, u->user, NULL);
         if (u->password) {
-            put(b, ":", 1);
+            fz_put(b, ":", 1);
             put_esc(b, u->password, NULL);
         }
-        put(b, "@", 1);
+        fz_put(b, "@", 1);
     }
     for (size_t i = 0; i < u->nhosts; i++) {
         if (i)
-            put(b, ",", 1);
+            fz_put(b, ",", 1);
         put_esc(b, u->hosts[i].host, NULL);
         if (u->hosts[i].port) {
             char pb[16];
             int n = snprintf(pb, sizeof(pb), ":%d", u->hosts[i].port);
-            put(b, pb, (size_t)n);
+            fz_put(b, pb, (size_t)n);
         }
     }
     put_esc(b, u->path, "/");
     for (size_t i = 0; i < u->nparams; i++) {
-        put(b, i ? "&" : "?", 1);
+        fz_put(b, i ? "&" : "?", 1);
         put_esc(b, u->params[i].key, NULL);
-        put(b, "=", 1);
+        fz_put(b, "=", 1);
         put_esc(b, u->params[i].value, NULL);
     }
 }
@@ -179,7 +162,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dlock__store_close(module);
 
     /* write it back, escaped, and parse again: the same parts */
-    sbuf b = {0};
+    fz_buf b = {0};
     reencode(&u, &b);
     rc = dlock__uri_parse(b.p, &v);
     if (rc != DLOCK_OK)
