@@ -449,7 +449,8 @@ static MYSQL *kept_open(th_sql *s)
 }
 #endif
 
-long long th_sql_read(th_sql *s, const char *fmt, ...)
+long long th_sql_read(th_sql *s, char *out, size_t cap, const char *fmt,
+                      ...)
 {
     long long v = -1;
     char sql[8192];
@@ -483,8 +484,11 @@ long long th_sql_read(th_sql *s, const char *fmt, ...)
         MYSQL_RES *res = mysql_store_result(m);
         if (res) {
             MYSQL_ROW row = mysql_fetch_row(res);
-            if (row && row[0])
+            if (row && row[0]) {
                 v = strtoll(row[0], NULL, 10);
+                if (out && cap)
+                    snprintf(out, cap, "%s", row[0]);
+            }
             mysql_free_result(res);
         } else {
             v = (long long)mysql_affected_rows(m);

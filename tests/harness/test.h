@@ -439,15 +439,16 @@ long long th_sql_query(th_sql *s, char *out, size_t cap, const char *fmt,
                        ...) __attribute__((format(printf, 4, 5)));
 long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt,
                      ...) __attribute__((format(printf, 4, 5)));
-/* The same as th_sql_query, through one session the harness keeps open
+/* The same as th_sql_query (out: the first column's text, may be NULL),
+ * through one session the harness keeps open
  * (per server and process; opened at the first call, again after the
  * server went): the server counts exactly the one statement per call,
  * before it answers. For readings of MariaDB's own counters (Questions):
  * th_sql_query's connection of its own ends with a COM_QUIT, which the
  * server counts whenever it gets to it, under load inside the next
  * window measured. MariaDB only; main thread only. */
-long long th_sql_read(th_sql *s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+long long th_sql_read(th_sql *s, char *out, size_t cap, const char *fmt,
+                      ...) __attribute__((format(printf, 4, 5)));
 
 /* --- a private PgBouncer in front of a private PostgreSQL ---
  * Started by tests/servers/pgbouncer.sh (Debian's pgbouncer, never a

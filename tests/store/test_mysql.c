@@ -613,7 +613,7 @@ static int poll_waiter(void *arg)
 static long long inserts(void)
 {
     return th_sql_read(
-        &srv, "SELECT SUM(VARIABLE_VALUE) FROM information_schema."
+        &srv, NULL, 0, "SELECT SUM(VARIABLE_VALUE) FROM information_schema."
         "GLOBAL_STATUS WHERE VARIABLE_NAME IN ('COM_INSERT',"
                         " 'COM_INSERT_SELECT')");
 }
@@ -623,7 +623,7 @@ static long long inserts(void)
 static long long questions(void)
 {
     return th_sql_read(
-        &srv, "SELECT VARIABLE_VALUE FROM information_schema."
+        &srv, NULL, 0, "SELECT VARIABLE_VALUE FROM information_schema."
         "GLOBAL_STATUS WHERE VARIABLE_NAME = 'QUESTIONS'");
 }
 
@@ -631,7 +631,7 @@ static long long questions(void)
 static long long sleepers_on(th_sql *sv)
 {
     return th_sql_read(
-        sv, "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+        sv, NULL, 0, "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
         "WHERE STATE = 'User lock' AND INFO LIKE "
                         "'INSERT INTO%%GET_LOCK(@dlock_g, @dlock_w)%%'");
 }
