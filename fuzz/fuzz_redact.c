@@ -21,7 +21,7 @@
  */
 #include "fuzz.h"
 
-#include "backend.h"
+#include "store.h"
 #include "uri.h"
 
 #include <dlock.h>

@@ -14,7 +14,7 @@
  */
 #include "fuzz.h"
 
-#include "backend.h"
+#include "store.h"
 #include "uri.h"
 
 #include <ctype.h>

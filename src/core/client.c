@@ -336,8 +336,17 @@ int dlock_client_open(dlock_client **out, const char *uri,
         dlock__uri_free(&u);
         return rc;
     }
-    if (be->select && be->select(&u))
-        be = be->select(&u);
+    if (be->select) {
+        /* a mode of the same store: its table is checked as the store's */
+        const dlock__backend *mode = be->select(&u);
+        if (mode && (rc = dlock__backend_check(mode, u.scheme)) != DLOCK_OK) {
+            dlock__uri_free(&u);
+            dlock__store_close(module);
+            return rc;
+        }
+        if (mode)
+            be = mode;
+    }
 
     c = calloc(1, sizeof(*c));
     if (!c) {

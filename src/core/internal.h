@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * internal.h -- the core's structures. Never installed; backends see only
- * backend.h.
+ * internal.h -- the core's structures. Never installed; stores see only
+ * store.h (the module ABI).
  *
  * Locking: one mutex per client (c->mu) guards everything in the client,
  * its entries, holds, waiters and handles' counters. The core never holds
@@ -10,11 +10,11 @@
 #ifndef DLOCK_INTERNAL_H
 #define DLOCK_INTERNAL_H
 
-#include "host.h"
+#include "store.h"
 
-#include "backend.h"
 #include "dlock.h"
 #include "metrics.h"
+#include "uri.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -156,57 +156,13 @@ struct dlock_client {
 void dlock__err_clear(void);
 
 /* util.c */
-DLOCK__HOST void dlock__wipe(void *p, size_t n);
-DLOCK__HOST int dlock__random(void *buf, size_t n);
 long dlock__tid(void);
 /* Wakes waiter w: its condition variable, or the reader's eventfd when it
  * reads for the client (c->mu held). */
 void dlock__wake_waiter(dlock_client *c, dlock__waiter *w);
 long dlock__pid(void); /* getpid(), cached per thread (fork-safe) */
-DLOCK__HOST uint64_t dlock__hash(const char *s, size_t n);
-DLOCK__HOST int dlock__cond_init(pthread_cond_t *cv);
-/* Waits on cv until signalled or `deadline` (monotonic ms) passes. */
-DLOCK__HOST void dlock__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu,
-                            int64_t deadline);
-/* Blocks every signal in the calling thread and returns the old mask in
- * *old, so that threads it creates inherit a blocked mask. */
-DLOCK__HOST void dlock__block_signals(sigset_t *old);
-DLOCK__HOST void dlock__restore_signals(const sigset_t *old);
 
-/* fds.c: close-on-exec for descriptors a client library makes without it
- * (docs/design.md, "Descriptors"); host functions, for the stores whose
- * client libraries do (ZooKeeper, etcd's libcurl, MySQL's Connector/C). */
-typedef struct dlock__fd_id {
-    int fd;
-    dev_t dev;
-    ino_t ino;
-} dlock__fd_id;
-/* The most pipes and sockets a note remembers: a process with more that a
- * started program would inherit gets an incomplete note (ok 0), and the
- * call's own descriptors are then left unmarked rather than another's
- * marked. */
-#define DLOCK__FD_NOTE_MAX 256
-typedef struct dlock__fd_note {
-    /* the pipes and sockets a started program inherits; fixed, not
-     * allocated: a child forked while a thread notes must find no heap
-     * block in flight (valgrind counts one as lost there) */
-    dlock__fd_id ids[DLOCK__FD_NOTE_MAX];
-    size_t n;
-    int ok; /* complete (/proc/self/fd read, every descriptor noted) */
-} dlock__fd_note;
-/* Sets FD_CLOEXEC on fd (if fd >= 0 and it is not set). */
-DLOCK__HOST void dlock__cloexec(int fd);
-/* Notes the pipes and sockets a started program would inherit now, before
- * a call that may make some without the flag. */
-DLOCK__HOST void dlock__fds_note(dlock__fd_note *n);
-/* After that call: marks close-on-exec every pipe and socket a started
- * program would inherit that was not in the note (by number, device and
- * inode: the call's, or another thread's made meanwhile); frees it. */
-DLOCK__HOST void dlock__fds_mark_new(dlock__fd_note *n);
-/* Marks close-on-exec every socket a started program would inherit that
- * is connected to `peer` (as getpeername() gives it). */
-DLOCK__HOST void dlock__fds_mark_peer(const struct sockaddr *peer,
-                                      socklen_t len);
+/* fds.c: the host functions of store.h ("Close-on-exec") */
 
 /* client.c */
 void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */
@@ -236,14 +192,41 @@ void dlock__hold_unlink(dlock_client *c, dlock__hold *h);
 /* Releases a hold in the store, best effort, and frees it (c->mu NOT
  * held; the hold must already be unlinked). */
 void dlock__hold_drop(dlock_client *c, dlock__hold *h);
-/* Lease margin: how early before the store's expiry a lease is declared
- * lost locally (clock-rate drift between client and store). */
-DLOCK__HOST int64_t dlock__lease_margin(int64_t ttl_ms);
 /* The margin of this client's store (its margin slot, or the default). */
 int64_t dlock__client_margin(const dlock_client *c, int64_t ttl_ms);
 /* A lock name's checks (DLOCK_EINVAL with a message); *len its length. */
 int dlock__check_name(const char *name, size_t *len);
 /* The client is open and of this process (c->mu held). */
 int dlock__usable(const dlock_client *c);
+
+/* The file store: always in libdlock. */
+extern const dlock__backend dlock__backend_file;
+
+/* Every other store, built in (the static library, or a build with
+ * DLOCK_MODULES=OFF) or in its module (src/stores/<store>/). */
+extern const dlock__backend dlock__backend_redis;
+extern const dlock__backend dlock__backend_redlock;
+extern const dlock__backend dlock__backend_zk;
+extern const dlock__backend dlock__backend_etcd;
+extern const dlock__backend dlock__backend_sqlite;
+extern const dlock__backend dlock__backend_pg;
+extern const dlock__backend dlock__backend_mysql;
+
+/* registry.c */
+/*
+ * The backend of a URI scheme, built in or from its module (loaded here on
+ * first use; *handle then keeps it, to give back with dlock__store_close;
+ * NULL for a store built in). Errors (message set): DLOCK_EINVAL (unknown
+ * scheme), DLOCK_ENOTSUP (a store left out of this build, a module not
+ * installed or of another dlock).
+ */
+int dlock__store_open(const char *scheme, const dlock__backend **be,
+                      void **handle);
+void dlock__store_close(void *handle);
+
+/* Whether table be keeps the module ABI's rules (store.h): DLOCK_OK, or
+ * DLOCK_ENOTSUP with a message naming the capability and the slot it
+ * lacks (`where`: the module's path, or "built in"). */
+int dlock__backend_check(const dlock__backend *be, const char *where);
 
 #endif /* DLOCK_INTERNAL_H */

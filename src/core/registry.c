@@ -204,37 +204,37 @@ static int module_open(const store *s, const dlock__backend **be,
     if (!h) {
         const char *why = dlerror();
         return dlock__err(DLOCK_ENOTSUP,
-                          "the %s:// store's module %s cannot be loaded: %s%s",
-                          s->scheme, path, why ? why : "unknown reason",
-                          why && strstr(why, "DLOCK_PRIVATE_")
-                              ? " (a module of another dlock version: install "
-                                "the one of dlock " DLOCK_VERSION_STRING ")"
-                              : "");
+                          "the %s:// store's module %s cannot be loaded: %s",
+                          s->scheme, path, why ? why : "unknown reason");
     }
     const dlock__module *m = (const dlock__module *)dlsym(h, "dlock__module_entry");
     int rc = 0;
     if (!m) {
         rc = dlock__err(DLOCK_ENOTSUP, "%s is not a dlock store module (it "
                         "has no dlock__module_entry)", path);
-    } else if (m->abi != DLOCK__MODULE_ABI) {
-        rc = dlock__err(DLOCK_ENOTSUP, "%s speaks module ABI %u, this "
-                        "libdlock %s speaks %u: install the %s module of "
-                        "dlock %s", path, m->abi, DLOCK_VERSION_STRING,
-                        DLOCK__MODULE_ABI, s->what, DLOCK_VERSION_STRING);
-    } else if (!m->version || strcmp(m->version, DLOCK_VERSION_STRING) != 0) {
-        rc = dlock__err(DLOCK_ENOTSUP, "%s is the %s module of dlock %.32s, "
-                        "this libdlock is %s: install the module of the same "
-                        "version", path, s->what,
+    } else if (m->abi < DLOCK__STORE_ABI_OLDEST || m->abi > DLOCK__STORE_ABI) {
+        char abis[32];
+        if (DLOCK__STORE_ABI_OLDEST < DLOCK__STORE_ABI)
+            snprintf(abis, sizeof(abis), "%u to %u", DLOCK__STORE_ABI_OLDEST,
+                     DLOCK__STORE_ABI);
+        else
+            snprintf(abis, sizeof(abis), "%u only", DLOCK__STORE_ABI);
+        rc = dlock__err(DLOCK_ENOTSUP, "%s is built for store module ABI %u "
+                        "(dlock %.32s); this libdlock %s loads ABI %s: "
+                        "install the %s module of this dlock", path, m->abi,
                         m->version ? m->version : "(unknown)",
-                        DLOCK_VERSION_STRING);
+                        DLOCK_VERSION_STRING, abis, s->what);
     } else {
         *be = NULL;
         for (size_t i = 0; m->backends && m->backends[i]; i++)
-            if (strcmp(m->backends[i]->name, s->backend) == 0)
+            if (m->backends[i]->name &&
+                strcmp(m->backends[i]->name, s->backend) == 0)
                 *be = m->backends[i];
         if (!*be)
             rc = dlock__err(DLOCK_ENOTSUP, "%s has no %s store", path,
                             s->backend);
+        else
+            rc = dlock__backend_check(*be, path);
     }
     if (rc) {
         dlclose(h);
@@ -244,6 +244,96 @@ static int module_open(const store *s, const dlock__backend **be,
     return 0;
 }
 #endif
+
+/* The capabilities store.h knows, by name for messages. */
+typedef struct cap_name {
+    unsigned cap;
+    const char *name; /* for messages: the flag without DLOCK__CAP_ */
+} cap_name;
+
+static const cap_name cap_names[] = {
+    {DLOCK__CAP_LEASE, "LEASE"},
+    {DLOCK__CAP_NATIVE_WAIT, "NATIVE_WAIT"},
+    {DLOCK__CAP_HANDOVER, "HANDOVER"},
+    {DLOCK__CAP_WAITER_READS, "WAITER_READS"},
+    {DLOCK__CAP_SHARED, "SHARED"},
+    {DLOCK__CAP_PERMITS, "PERMITS"},
+};
+
+static int refuse(const dlock__backend *be, const char *where,
+                  const char *what)
+{
+    return dlock__err(DLOCK_ENOTSUP, "%s: the %s store's table %s: refused "
+                      "(a store module of dlock that does not keep the "
+                      "module ABI's rules; docs/design.md, \"The house\")",
+                      where, be->name ? be->name : "(unnamed)", what);
+}
+
+int dlock__backend_check(const dlock__backend *be, const char *where)
+{
+    unsigned known = 0, caps = be->caps;
+    char what[160];
+
+    for (size_t i = 0; i < sizeof(cap_names) / sizeof(cap_names[0]); i++)
+        known |= cap_names[i].cap;
+    if (be->abi != DLOCK__STORE_ABI || be->size != sizeof(*be)) {
+        snprintf(what, sizeof(what), "is of module ABI %u (%zu bytes), not "
+                 "ABI %u (%zu bytes) as its module says", be->abi, be->size,
+                 DLOCK__STORE_ABI, sizeof(*be));
+        return refuse(be, where, what);
+    }
+    if (!be->name || !*be->name)
+        return refuse(be, where, "has no name");
+    if (caps & ~known) {
+        snprintf(what, sizeof(what), "claims unknown capabilities 0x%x",
+                 caps & ~known);
+        return refuse(be, where, what);
+    }
+    /* the slots every store fills */
+    const struct {
+        int has;
+        const char *slot;
+    } required[] = {
+        {be->open != NULL, "open"},       {be->close != NULL, "close"},
+        {be->acquire != NULL, "acquire"}, {be->release != NULL, "release"},
+        {be->extend != NULL, "extend"},   {be->inspect != NULL, "inspect"},
+    };
+    for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++)
+        if (!required[i].has) {
+            snprintf(what, sizeof(what), "has no %s slot", required[i].slot);
+            return refuse(be, where, what);
+        }
+    /* a capability and the slot it needs, or the one it excludes */
+    const struct {
+        int bad;
+        const char *what;
+    } ties[] = {
+        {(caps & DLOCK__CAP_HANDOVER) && !be->abandon,
+         "claims capability HANDOVER without an abandon slot"},
+        {(caps & DLOCK__CAP_WAITER_READS) && (!be->loop_fd || !be->loop_run),
+         "claims capability WAITER_READS without loop_fd and loop_run slots"},
+        {(caps & DLOCK__CAP_NATIVE_WAIT) &&
+             (caps & (DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS)),
+         "claims capability NATIVE_WAIT with HANDOVER or WAITER_READS (the "
+         "core's wait loop's, which a store that waits itself does not "
+         "use)"},
+        {!(caps & DLOCK__CAP_NATIVE_WAIT) && be->cancel,
+         "has a cancel slot without capability NATIVE_WAIT (the core's own "
+         "wait ends at a cancel)"},
+        {(caps & DLOCK__CAP_LEASE) && be->at_risk_max,
+         "has an at_risk_max slot with capability LEASE (the core computes "
+         "a leased store's ends itself)"},
+        {!be->loop_fd != !be->loop_run,
+         "has only one of the loop_fd and loop_run slots"},
+        {be->arm && !be->disarm, "has an arm slot without a disarm slot"},
+        {be->evict && be->evict_unsupported,
+         "has both an evict slot and evict_unsupported"},
+    };
+    for (size_t i = 0; i < sizeof(ties) / sizeof(ties[0]); i++)
+        if (ties[i].bad)
+            return refuse(be, where, ties[i].what);
+    return DLOCK_OK;
+}
 
 int dlock__store_open(const char *scheme, const dlock__backend **be,
                       void **handle)
@@ -262,7 +352,7 @@ int dlock__store_open(const char *scheme, const dlock__backend **be,
     }
     if (s->in) {
         *be = s->in;
-        return 0;
+        return dlock__backend_check(*be, "built in");
     }
     if (!s->configured)
         return dlock__err(DLOCK_ENOTSUP,

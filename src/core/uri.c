@@ -7,7 +7,6 @@
  */
 #include "uri.h"
 
-#include "backend.h"
 #include "internal.h"
 
 #include <ctype.h>

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * uri.h -- store URIs: scheme://[user[:password]@]hosts[/path][?k=v&...]
+ * (the core's side: the parsed form and what stores may ask of it are in
+ * store.h)
  *
  * One parser for every store, so that every store rejects the same mistakes
  * with the same words. Percent-escapes are decoded in user, password, path
@@ -10,31 +12,9 @@
 #ifndef DLOCK_URI_H
 #define DLOCK_URI_H
 
-#include "host.h"
+#include "store.h"
 
 #include <stddef.h>
-
-typedef struct dlock__host {
-    char *host; /* name or address; IPv6 without brackets */
-    int port;   /* 0 when absent */
-} dlock__host;
-
-typedef struct dlock__param {
-    char *key;
-    char *value;
-} dlock__param;
-
-typedef struct dlock__uri {
-    char *scheme;     /* lowercase */
-    char *user;       /* NULL when absent */
-    char *password;   /* NULL when absent ("" when given empty) */
-    dlock__host *hosts;
-    size_t nhosts;    /* 0 for file:// and unix:// */
-    char *path;       /* "" when absent; "/..." otherwise */
-    dlock__param *params;
-    size_t nparams;
-    char *redacted;   /* the URI as given, password replaced by "***" */
-} dlock__uri;
 
 /* Parses `s`. DLOCK_OK, or DLOCK_EINVAL / DLOCK_ENOMEM with a message. On
  * failure *out is left empty (safe to free). */
@@ -50,16 +30,5 @@ int dlock__uri_take_password(dlock__uri *u);
 
 /* Frees everything in *u and wipes the password. */
 void dlock__uri_free(dlock__uri *u);
-
-/* The value of query parameter `key`, or NULL. */
-DLOCK__HOST const char *dlock__uri_param(const dlock__uri *u, const char *key);
-
-/* DLOCK_EINVAL naming the first parameter not in the NULL-terminated
- * `allowed` list. */
-DLOCK__HOST int dlock__uri_check_params(const dlock__uri *u, const char *const *allowed);
-
-/* Parses a non-negative decimal integer no larger than `max` into *out.
- * Returns 0 on success, -1 otherwise. */
-DLOCK__HOST int dlock__parse_int(const char *s, long long max, long long *out);
 
 #endif /* DLOCK_URI_H */

@@ -3,8 +3,9 @@
 # test_modules.sh BUILD -- the stores as modules (docs/development.md
 # "Modules"): a program that uses one store maps that store's module and
 # client library and no other; one that uses the file store maps none; a
-# module missing, of another version or not a dlock module is refused
-# with DLOCK_ENOTSUP and a message that says which and why; `dlock
+# module missing, of another module ABI, breaking the ABI's rules or not a
+# dlock module is refused with DLOCK_ENOTSUP and a message that says which
+# and why (another release's module of this ABI loads); `dlock
 # --version` says what is there. Starts a private redis-server.
 set -u
 build=$1
@@ -63,7 +64,8 @@ echo "$v" | grep -q "^stores missing: .*redis" || fail "--version with no module
 echo "$v" | grep -q "as modules" && fail "--version lists modules that are not there: $v"
 echo "ok   dlock --version lists the stores built in, as modules and missing"
 
-# refused: not installed, another version, another ABI, not a module
+# refused: not installed, another ABI, a capability without its slot,
+# not a module
 expect_refused() { # DIR WHAT PATTERN
     local out
     out=$(DLOCK_MODULE_DIR=$1 "$maps" "redis://127.0.0.1:$port")
@@ -73,13 +75,22 @@ expect_refused() { # DIR WHAT PATTERN
     echo "ok   $2 refused: ${out#ERR }"
 }
 expect_refused "$tmp/empty" "a module not installed" "not installed.*redis\.so.*libhiredis-dev"
-for kind in version abi noentry; do
+for kind in release older newer caps noentry; do
     mkdir "$tmp/$kind"
     cp "$build/tests/fake_module_$kind.so" "$tmp/$kind/redis.so"
 done
-expect_refused "$tmp/version" "a module of another version" "of dlock 0\.0\.0-other.*same version"
-expect_refused "$tmp/abi" "a module of another ABI" "module ABI 999"
+abi=$(sed -n 's/^#define DLOCK__STORE_ABI \([0-9]*\).*/\1/p' "$(dirname "$0")/../../src/core/store.h")
+[ -n "$abi" ] || fail "no DLOCK__STORE_ABI in src/core/store.h"
+expect_refused "$tmp/older" "a module of an older ABI" "module ABI $((abi - 1)) \(dlock 0\.0\.0-old\).*loads ABI $abi"
+expect_refused "$tmp/newer" "a module of a newer ABI" "module ABI 999 .*loads ABI $abi"
+expect_refused "$tmp/caps" "a module that claims a capability without its slot" "claims capability HANDOVER without an abandon slot"
 expect_refused "$tmp/noentry" "a shared object that is not a module" "not a dlock store module"
+# the module ABI decides, not the release: another release's module of
+# this ABI loads (the fake one then answers every open itself)
+out=$(DLOCK_MODULE_DIR=$tmp/release "$maps" "redis://127.0.0.1:$port")
+echo "$out" | grep -q "^ERR DLOCK_ECONN: the fake store of dlock 0\.0\.0-other was loaded" ||
+    fail "a module of this ABI from another release: $out"
+echo "ok   another release's module of this ABI loads"
 DLOCK_MODULE_DIR=$tmp/empty "$build/dlock" run --store "redis://127.0.0.1:$port" m -- true \
     2>"$tmp/err"
 rc=$?

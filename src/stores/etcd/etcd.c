@@ -907,27 +907,20 @@ static void etcd_cancel(void *st)
 }
 
 const dlock__backend dlock__backend_etcd = {
-    "etcd",                 /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
-    sizeof(etcd_hold),      /* lease_size */
-    etcd_open,              /* open */
-    etcd_close,             /* close */
-    etcd_acquire,           /* acquire */
-    NULL,                   /* arm */
-    NULL,                   /* disarm */
-    etcd_release,           /* release */
-    etcd_extend,            /* extend */
-    dlock__etcd_inspect,    /* inspect */
-    dlock__etcd_loop_fd,    /* loop_fd */
-    dlock__etcd_loop_run,   /* loop_run */
-    NULL,                   /* gc */
-    NULL, /* select */
-    NULL, /* margin */
-    NULL, /* abandon */
-    NULL, /* extend_many */
-    dlock__etcd_list,       /* list */
-    dlock__etcd_evict,      /* evict */
-    NULL,                   /* evict_unsupported */
-    etcd_cancel, /* cancel */
-    dlock__etcd_at_risk_max, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "etcd",
+    .caps = DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(etcd_hold),
+    .open = etcd_open,
+    .close = etcd_close,
+    .acquire = etcd_acquire,
+    .release = etcd_release,
+    .extend = etcd_extend,
+    .inspect = dlock__etcd_inspect,
+    .loop_fd = dlock__etcd_loop_fd,
+    .loop_run = dlock__etcd_loop_run,
+    .list = dlock__etcd_list,
+    .evict = dlock__etcd_evict,
+    .cancel = etcd_cancel,
+    .at_risk_max = dlock__etcd_at_risk_max,
 };

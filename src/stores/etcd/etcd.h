@@ -15,7 +15,7 @@
 #ifndef DLOCK_ETCD_H
 #define DLOCK_ETCD_H
 
-#include "internal.h"
+#include "store.h"
 
 #include <cJSON.h>
 #include <curl/curl.h>
@@ -430,5 +430,10 @@ int dlock__etcd_list(void *st, const char *prefix, size_t plen,
                      dlock_list_page *out, int64_t op_deadline);
 int dlock__etcd_evict(void *st, const char *name, size_t len,
                       dlock_info *out, int64_t op_deadline);
+
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_etcd;
 
 #endif /* DLOCK_ETCD_H */

@@ -725,28 +725,20 @@ static void file_close(void *vst)
 }
 
 const dlock__backend dlock__backend_file = {
-    "file",                  /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
-    sizeof(file_lease),      /* lease_size */
-    file_open,               /* open */
-    file_close,              /* close */
-    file_acquire,            /* acquire */
-    NULL,                    /* arm */
-    NULL,                    /* disarm */
-    file_release,            /* release */
-    file_extend,             /* extend */
-    dlock__file_inspect,     /* inspect */
-    dlock__file_loop_fd,     /* loop_fd */
-    dlock__file_loop_run,    /* loop_run */
-    NULL,                    /* gc */
-    NULL, /* select */
-    NULL, /* margin */
-    NULL, /* abandon */
-    NULL, /* extend_many */
-    dlock__file_list, /* list */
-    NULL, /* evict */
-    "its locks are the holders' own kernel locks (open file "
-    "descriptions): only the holder, or its end, frees them", /* evict_unsupported */
-    NULL, /* cancel */
-    NULL, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "file",
+    .caps = DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(file_lease),
+    .open = file_open,
+    .close = file_close,
+    .acquire = file_acquire,
+    .release = file_release,
+    .extend = file_extend,
+    .inspect = dlock__file_inspect,
+    .loop_fd = dlock__file_loop_fd,
+    .loop_run = dlock__file_loop_run,
+    .list = dlock__file_list,
+    .evict_unsupported = "its locks are the holders' own kernel locks (open "
+                         "file descriptions): only the holder, or its end, "
+                         "frees them",
 };

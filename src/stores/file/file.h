@@ -10,7 +10,7 @@
 #ifndef DLOCK_FILE_H
 #define DLOCK_FILE_H
 
-#include "internal.h"
+#include "store.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -350,5 +350,10 @@ int dlock__file_open_private(const char *path, int *out);
 int dlock__file_list(void *st, const char *prefix, size_t plen,
                      const char *cursor, size_t limit, unsigned flags,
                      dlock_list_page *out, int64_t op_deadline);
+
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_file;
 
 #endif /* DLOCK_FILE_H */

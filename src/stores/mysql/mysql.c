@@ -386,28 +386,18 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
 }
 
 const dlock__backend dlock__backend_mysql = {
-    "mysql", /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED |
-        DLOCK__CAP_PERMITS, /* caps */
-    sizeof(my_lease),                          /* lease_size */
-    my_open,                                   /* open */
-    my_close,                                  /* close */
-    dlock__mysql_acquire,                      /* acquire */
-    NULL,                                      /* arm */
-    NULL,                                      /* disarm */
-    my_release,                                /* release */
-    my_extend,                                 /* extend */
-    dlock__mysql_inspect,                      /* inspect */
-    NULL,                                      /* loop_fd */
-    NULL,                                      /* loop_run */
-    my_gc,                                     /* gc */
-    NULL,                                      /* select */
-    NULL,                                      /* margin */
-    NULL,                                      /* abandon */
-    NULL,                                      /* extend_many */
-    dlock__mysql_list,                         /* list */
-    dlock__mysql_evict,                        /* evict */
-    NULL,                                      /* evict_unsupported */
-    NULL, /* cancel */
-    NULL, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "mysql",
+    .caps = DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED |
+            DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(my_lease),
+    .open = my_open,
+    .close = my_close,
+    .acquire = dlock__mysql_acquire,
+    .release = my_release,
+    .extend = my_extend,
+    .inspect = dlock__mysql_inspect,
+    .gc = my_gc,
+    .list = dlock__mysql_list,
+    .evict = dlock__mysql_evict,
 };

@@ -14,7 +14,7 @@
 #ifndef DLOCK_MYSQL_INT_H
 #define DLOCK_MYSQL_INT_H
 
-#include "internal.h"
+#include "store.h"
 
 #include <mysql.h>
 
@@ -422,5 +422,10 @@ void dlock__mysql_async_step(my_async *a, short revents);
 
 /* The poll() events the library waits for; -1 when done. */
 short dlock__mysql_async_events(const my_async *a);
+
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_mysql;
 
 #endif /* DLOCK_MYSQL_INT_H */

@@ -18,7 +18,7 @@
 #ifndef DLOCK_PG_H
 #define DLOCK_PG_H
 
-#include "internal.h"
+#include "store.h"
 
 #include <libpq-fe.h>
 
@@ -369,5 +369,10 @@ int dlock__pg_ensure_break(pg_store *ps, int64_t deadline);
 
 /* The names of the schema objects of table `table` (?table=). */
 void dlock__pg_names_of(const char *table, pg_names *nm);
+
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_pg;
 
 #endif /* DLOCK_PG_H */

@@ -641,29 +641,21 @@ static int adv_acquire_turns(void *st, dlock__lease *l, int64_t op_deadline)
 
 /* ?mode=advisory: no lease, the server waits, the session is the hold */
 static const dlock__backend backend_pg_advisory = {
-    "postgres advisory",    /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
-    sizeof(pg_lease),       /* lease_size */
-    dlock__pg_open,         /* open */
-    dlock__pg_close,        /* close */
-    adv_acquire_turns,      /* acquire */
-    NULL,                   /* arm */
-    NULL,                   /* disarm */
-    adv_release,            /* release */
-    adv_extend,             /* extend */
-    adv_inspect,            /* inspect */
-    dlock__pg_loop_fd,      /* loop_fd */
-    dlock__pg_loop_run,     /* loop_run */
-    NULL,                   /* gc: nothing is kept per name */
-    NULL,                   /* select */
-    NULL,                   /* margin */
-    NULL,                   /* abandon */
-    NULL,                   /* extend_many */
-    adv_list,               /* list */
-    adv_evict,              /* evict */
-    NULL,                   /* evict_unsupported */
-    NULL, /* cancel */
-    NULL, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "postgres advisory",
+    .caps = DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(pg_lease),
+    .open = dlock__pg_open,
+    .close = dlock__pg_close,
+    .acquire = adv_acquire_turns,
+    .release = adv_release,
+    .extend = adv_extend,
+    .inspect = adv_inspect,
+    .loop_fd = dlock__pg_loop_fd,
+    .loop_run = dlock__pg_loop_run,
+    .gc = NULL, /* nothing is kept per name */
+    .list = adv_list,
+    .evict = adv_evict,
 };
 
 const dlock__backend *dlock__pg_select(const dlock__uri *u)

@@ -683,28 +683,24 @@ static int pg_gc(void *st, int64_t idle_ms, uint64_t *removed,
 }
 
 const dlock__backend dlock__backend_pg = {
-    "postgres",         /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS |
-        DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
-    sizeof(pg_lease),   /* lease_size */
-    dlock__pg_open,     /* open */
-    dlock__pg_close,    /* close */
-    pg_acquire,         /* acquire */
-    pg_arm,             /* arm */
-    pg_disarm,          /* disarm */
-    pg_release,         /* release */
-    pg_extend,          /* extend */
-    pg_inspect,         /* inspect */
-    dlock__pg_loop_fd,  /* loop_fd */
-    dlock__pg_loop_run, /* loop_run */
-    pg_gc,              /* gc */
-    dlock__pg_select,   /* select */
-    NULL,               /* margin */
-    pg_abandon,         /* abandon */
-    NULL,               /* extend_many */
-    pg_list,            /* list */
-    pg_evict,           /* evict */
-    NULL,               /* evict_unsupported */
-    NULL, /* cancel */
-    NULL, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "postgres",
+    .caps = DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS |
+            DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(pg_lease),
+    .open = dlock__pg_open,
+    .close = dlock__pg_close,
+    .acquire = pg_acquire,
+    .arm = pg_arm,
+    .disarm = pg_disarm,
+    .release = pg_release,
+    .extend = pg_extend,
+    .inspect = pg_inspect,
+    .loop_fd = dlock__pg_loop_fd,
+    .loop_run = dlock__pg_loop_run,
+    .gc = pg_gc,
+    .select = dlock__pg_select,
+    .abandon = pg_abandon,
+    .list = pg_list,
+    .evict = pg_evict,
 };

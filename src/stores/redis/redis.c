@@ -884,28 +884,24 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
 }
 
 const dlock__backend dlock__backend_redis = {
-    "redis",                    /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS |
-        DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
-    sizeof(redis_lease),        /* lease_size */
-    redis_open,                 /* open */
-    redis_close,                /* close */
-    redis_acquire,              /* acquire */
-    dlock__redis_arm,           /* arm: redis_sub.c */
-    dlock__redis_disarm,        /* disarm */
-    redis_release,              /* release */
-    redis_extend,               /* extend */
-    redis_inspect,              /* inspect */
-    dlock__redis_loop_fd,       /* loop_fd */
-    dlock__redis_loop_run,      /* loop_run */
-    NULL,                       /* gc: nothing outlives its hour */
-    NULL,                       /* select */
-    NULL,                       /* margin */
-    redis_abandon,              /* abandon */
-    redis_extend_many,          /* extend_many */
-    dlock__redis_list,          /* list: redis_operate.c */
-    dlock__redis_evict,         /* evict */
-    NULL,                       /* evict_unsupported */
-    NULL, /* cancel */
-    NULL, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "redis",
+    .caps = DLOCK__CAP_LEASE | DLOCK__CAP_HANDOVER | DLOCK__CAP_WAITER_READS |
+            DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(redis_lease),
+    .open = redis_open,
+    .close = redis_close,
+    .acquire = redis_acquire,
+    .arm = dlock__redis_arm, /* redis_sub.c */
+    .disarm = dlock__redis_disarm,
+    .release = redis_release,
+    .extend = redis_extend,
+    .inspect = redis_inspect,
+    .loop_fd = dlock__redis_loop_fd,
+    .loop_run = dlock__redis_loop_run,
+    .gc = NULL, /* nothing outlives its hour */
+    .abandon = redis_abandon,
+    .extend_many = redis_extend_many,
+    .list = dlock__redis_list, /* redis_operate.c */
+    .evict = dlock__redis_evict,
 };

@@ -240,4 +240,9 @@ int dlock__redis_list(void *st, const char *prefix, size_t plen,
 int dlock__redis_evict(void *st, const char *name, size_t len,
                        dlock_info *out, int64_t op_deadline);
 
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_redis;
+
 #endif /* DLOCK_REDIS_INT_H */

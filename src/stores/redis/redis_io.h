@@ -21,7 +21,7 @@
 #ifndef DLOCK_REDIS_IO_H
 #define DLOCK_REDIS_IO_H
 
-#include "internal.h"
+#include "store.h"
 
 #include <hiredis.h>
 

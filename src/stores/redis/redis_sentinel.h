@@ -18,7 +18,7 @@
 #define DLOCK_REDIS_SENTINEL_H
 
 #include "redis_shared.h"
-#include "uri.h"
+#include "store.h"
 
 typedef struct dlock__rtopo dlock__rtopo;
 

@@ -14,7 +14,7 @@
 #ifndef DLOCK_REDIS_SHARED_H
 #define DLOCK_REDIS_SHARED_H
 
-#include "internal.h"
+#include "store.h"
 #include "redis_io.h"
 
 #include <hiredis.h>

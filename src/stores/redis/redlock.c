@@ -637,27 +637,21 @@ static int64_t rl_margin(void *st, int64_t ttl_ms)
 }
 
 const dlock__backend dlock__backend_redlock = {
-    "redlock",               /* name */
-    DLOCK__CAP_LEASE,        /* caps */
-    sizeof(rl_lease),        /* lease_size */
-    dlock__redlock_open,     /* open */
-    dlock__redlock_close,    /* close */
-    rl_acquire,              /* acquire */
-    dlock__redlock_arm,      /* arm */
-    dlock__redlock_disarm,   /* disarm */
-    rl_release,              /* release */
-    rl_extend,               /* extend */
-    dlock__redlock_inspect,  /* inspect: redlock_operate.c */
-    dlock__redlock_loop_fd,  /* loop_fd */
-    dlock__redlock_loop_run, /* loop_run */
-    NULL,                    /* gc */
-    NULL,                    /* select */
-    rl_margin,               /* margin */
-    NULL,                    /* abandon */
-    NULL,                    /* extend_many */
-    dlock__redlock_list,     /* list */
-    dlock__redlock_evict,    /* evict */
-    NULL,                    /* evict_unsupported */
-    NULL, /* cancel */
-    NULL, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "redlock",
+    .caps = DLOCK__CAP_LEASE,
+    .lease_size = sizeof(rl_lease),
+    .open = dlock__redlock_open,
+    .close = dlock__redlock_close,
+    .acquire = rl_acquire,
+    .arm = dlock__redlock_arm,
+    .disarm = dlock__redlock_disarm,
+    .release = rl_release,
+    .extend = rl_extend,
+    .inspect = dlock__redlock_inspect, /* redlock_operate.c */
+    .loop_fd = dlock__redlock_loop_fd,
+    .loop_run = dlock__redlock_loop_run,
+    .margin = rl_margin,
+    .list = dlock__redlock_list,
+    .evict = dlock__redlock_evict,
 };

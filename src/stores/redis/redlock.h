@@ -224,4 +224,9 @@ int dlock__redlock_open(void **out, dlock_client *c, const dlock__uri *u,
                         int64_t timeout_ms);
 void dlock__redlock_close(void *st);
 
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_redlock;
+
 #endif /* DLOCK_REDLOCK_H */

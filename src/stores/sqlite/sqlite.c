@@ -597,28 +597,18 @@ static int sq_gc(void *st, int64_t idle_ms, uint64_t *removed,
 }
 
 const dlock__backend dlock__backend_sqlite = {
-    "sqlite",                                   /* name */
-    DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED |
-        DLOCK__CAP_PERMITS,                     /* caps */
-    sizeof(sq_lease),                           /* lease_size */
-    sq_open,                                    /* open */
-    sq_close,                                   /* close */
-    dlock__sq_acquire,                          /* acquire */
-    NULL,                                       /* arm */
-    NULL,                                       /* disarm */
-    sq_release,                                 /* release */
-    sq_extend,                                  /* extend */
-    sq_inspect,                                 /* inspect */
-    NULL,                                       /* loop_fd */
-    NULL,                                       /* loop_run */
-    sq_gc,                                      /* gc */
-    NULL, /* select */
-    NULL, /* margin */
-    NULL, /* abandon */
-    NULL, /* extend_many */
-    dlock__sq_list,  /* list */
-    dlock__sq_evict, /* evict */
-    NULL,            /* evict_unsupported */
-    NULL, /* cancel */
-    NULL, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "sqlite",
+    .caps = DLOCK__CAP_LEASE | DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED |
+            DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(sq_lease),
+    .open = sq_open,
+    .close = sq_close,
+    .acquire = dlock__sq_acquire,
+    .release = sq_release,
+    .extend = sq_extend,
+    .inspect = sq_inspect,
+    .gc = sq_gc,
+    .list = dlock__sq_list,
+    .evict = dlock__sq_evict,
 };

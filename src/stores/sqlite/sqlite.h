@@ -13,7 +13,7 @@
 #ifndef DLOCK_SQLITE_H
 #define DLOCK_SQLITE_H
 
-#include "internal.h"
+#include "store.h"
 
 #include <pthread.h>
 #include <sqlite3.h>
@@ -353,5 +353,10 @@ int dlock__sq_extend_entry(sq_store *ss, const dlock__lease *l,
 /* Fills the shared part of *out from dlock_inspect()'s row in s (the
  * row is live and shared). */
 void dlock__sq_inspect_shared(sqlite3_stmt *s, dlock_info *out);
+
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_sqlite;
 
 #endif /* DLOCK_SQLITE_H */

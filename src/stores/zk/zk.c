@@ -583,27 +583,20 @@ static void zk_cancel(void *st)
 }
 
 const dlock__backend dlock__backend_zk = {
-    "zk",                   /* name */
-    DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS, /* caps */
-    sizeof(zk_lease),       /* lease_size */
-    zk_open,                /* open */
-    zk_close,               /* close */
-    zk_acquire,             /* acquire */
-    NULL,                   /* arm */
-    NULL,                   /* disarm */
-    zk_release,             /* release */
-    zk_extend,              /* extend */
-    dlock__zk_inspect,      /* inspect */
-    zk_loop_fd,             /* loop_fd */
-    zk_loop_run,            /* loop_run */
-    NULL,                   /* gc */
-    NULL, /* select */
-    NULL, /* margin */
-    NULL, /* abandon */
-    NULL, /* extend_many */
-    dlock__zk_list,         /* list */
-    dlock__zk_evict,        /* evict */
-    NULL,                   /* evict_unsupported */
-    zk_cancel, /* cancel */
-    zk_at_risk_max, /* at_risk_max */
+    DLOCK__STORE_HEAD,
+    .name = "zk",
+    .caps = DLOCK__CAP_NATIVE_WAIT | DLOCK__CAP_SHARED | DLOCK__CAP_PERMITS,
+    .lease_size = sizeof(zk_lease),
+    .open = zk_open,
+    .close = zk_close,
+    .acquire = zk_acquire,
+    .release = zk_release,
+    .extend = zk_extend,
+    .inspect = dlock__zk_inspect,
+    .loop_fd = zk_loop_fd,
+    .loop_run = zk_loop_run,
+    .list = dlock__zk_list,
+    .evict = dlock__zk_evict,
+    .cancel = zk_cancel,
+    .at_risk_max = zk_at_risk_max,
 };

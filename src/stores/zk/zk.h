@@ -13,7 +13,7 @@
 #ifndef DLOCK_ZK_H
 #define DLOCK_ZK_H
 
-#include "internal.h"
+#include "store.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -273,5 +273,10 @@ long dlock__zk_unescape(const zk_store *zs, const char *comp, char *out);
 /* Makes the background thread run at `at` (or at an earlier time it was
  * already armed for). */
 void dlock__zk_arm_timer(zk_store *zs, int64_t at);
+
+
+/* The store's table (store.h), named by module.c and, in a build with
+ * the store built in, by the core's registry. */
+extern const dlock__backend dlock__backend_zk;
 
 #endif /* DLOCK_ZK_H */

@@ -1,12 +1,33 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * backend.h -- the interface between the core and one store.
+ * store.h -- the module ABI: everything between the core and one store.
  *
- * A store is one source file in src/lib/backends/ that exports a single
- * `const dlock__backend dlock__backend_<x>` and is listed in registry.c.
- * The core knows nothing about any store: it owns reentrancy, the wait
- * loop, the watchdog, loss detection and the public API; the backend owns
- * the bytes on the wire (or in the file).
+ * A store is a folder src/stores/<store>/ that includes this header (and
+ * the shared machinery's, src/common/) and nothing of the core's or of
+ * another store's. It fills one `const dlock__backend` per kind of store
+ * it serves (designated initialisers, DLOCK__STORE_HEAD first) and names
+ * them in its module.c with DLOCK__MODULE(). The core knows nothing about
+ * any store: it owns reentrancy, the wait loop, the watchdog, loss
+ * detection and the public API; the store owns the bytes on the wire (or
+ * in the file). docs/design.md, "The house", walks through adding one.
+ *
+ * Versions. DLOCK__STORE_ABI numbers this header: it changes whenever a
+ * module would notice (a slot, a field, a host function's contract). The
+ * core loads modules of DLOCK__STORE_ABI_OLDEST to DLOCK__STORE_ABI and
+ * refuses any other with a message naming both versions; a module's
+ * dlock release does not matter. Every table says which version it was
+ * built for and its size (DLOCK__STORE_HEAD). A later version that only
+ * appends slots at the end of the table may keep DLOCK__STORE_ABI_OLDEST,
+ * registry.c then copying an older table into a zeroed one of its own
+ * (the slots it lacks NULL: "not provided"); any other change raises
+ * DLOCK__STORE_ABI_OLDEST to the new version. The host functions below
+ * are exported under the one symbol version DLOCK_STORE
+ * (cmake/dlock.map.in): removing one, or changing its contract, raises
+ * it too.
+ *
+ * Capabilities are checked against slots when a store is loaded
+ * (dlock__backend_check(), registry.c): a table that claims one without
+ * the slot it needs, or names an unknown one, is refused.
  *
  * Threading contract:
  *  - Every slot may be called from several threads at once (application
@@ -23,16 +44,64 @@
  * dlock__now_ms(). `op_deadline` bounds one store operation: a backend must
  * give up with DLOCK_ECONN once it passes (it may round it up to a few ms).
  */
-#ifndef DLOCK_BACKEND_H
-#define DLOCK_BACKEND_H
-
-#include "host.h"
+#ifndef DLOCK_STORE_H
+#define DLOCK_STORE_H
 
 #include "dlock.h"
-#include "uri.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+/* A function libdlock lends to store modules (exported under DLOCK_STORE;
+ * everything else in the core stays hidden). Adding one adds to the
+ * module ABI: say why where it is declared. */
+#define DLOCK__HOST __attribute__((visibility("default")))
+
+/* This header's version, and the oldest whose modules still load. */
+#define DLOCK__STORE_ABI 7
+#define DLOCK__STORE_ABI_OLDEST 7
+
+/* --- store URIs (parsed by the core: uri.c) ----------------------------- */
+
+typedef struct dlock__host {
+    char *host; /* name or address; IPv6 without brackets */
+    int port;   /* 0 when absent */
+} dlock__host;
+
+typedef struct dlock__param {
+    char *key;
+    char *value;
+} dlock__param;
+
+typedef struct dlock__uri {
+    char *scheme;     /* lowercase */
+    char *user;       /* NULL when absent */
+    char *password;   /* NULL when absent ("" when given empty) */
+    dlock__host *hosts;
+    size_t nhosts;    /* 0 for file:// and unix:// */
+    char *path;       /* "" when absent; "/..." otherwise */
+    dlock__param *params;
+    size_t nparams;
+    char *redacted;   /* the URI as given, password replaced by "***" */
+} dlock__uri;
+
+/* The value of query parameter `key`, or NULL. */
+DLOCK__HOST const char *dlock__uri_param(const dlock__uri *u, const char *key);
+
+/* DLOCK_EINVAL naming the first parameter not in the NULL-terminated
+ * `allowed` list. */
+DLOCK__HOST int dlock__uri_check_params(const dlock__uri *u,
+                                        const char *const *allowed);
+
+/* Parses a non-negative decimal integer no larger than `max` into *out.
+ * Returns 0 on success, -1 otherwise. */
+DLOCK__HOST int dlock__parse_int(const char *s, long long max, long long *out);
+
+/* --- the store's table -------------------------------------------------- */
 
 #define DLOCK__FOREVER INT64_MAX
 
@@ -131,6 +200,11 @@ typedef struct dlock__lease {
                                   * refuses another N with DLOCK_EINVAL */
 
 typedef struct dlock__backend {
+    /* The module ABI this table was built for (DLOCK__STORE_ABI) and its
+     * size: the first two fields of every version. DLOCK__STORE_HEAD
+     * fills both. */
+    unsigned abi;
+    size_t size;
     const char *name; /* "redis", "file" */
     unsigned caps;
     size_t lease_size;
@@ -368,33 +442,84 @@ DLOCK__HOST void dlock__hex(const void *in, size_t n, char *out);
 /* Makes the background thread call loop_fd()/loop_run() soon. */
 DLOCK__HOST void dlock__loop_wake(dlock_client *c);
 
-/* The file store: always in libdlock. */
-extern const dlock__backend dlock__backend_file;
 
-/* Every other store, built in (the static library, or a build with
- * DLOCK_MODULES=OFF) or in its module (src/stores/<store>/). */
-extern const dlock__backend dlock__backend_redis;
-extern const dlock__backend dlock__backend_redlock;
-extern const dlock__backend dlock__backend_zk;
-extern const dlock__backend dlock__backend_etcd;
-extern const dlock__backend dlock__backend_sqlite;
-extern const dlock__backend dlock__backend_pg;
-extern const dlock__backend dlock__backend_mysql;
+/* --- host services: memory, randomness, threads, descriptors ------------ */
+
+/* Zeroes n bytes at p in a way the compiler keeps (secrets). */
+DLOCK__HOST void dlock__wipe(void *p, size_t n);
+/* n bytes from the kernel's random source: 0, or -1 (errno set). */
+DLOCK__HOST int dlock__random(void *buf, size_t n);
+/* A 64-bit hash of s[0..n) (not cryptographic). */
+DLOCK__HOST uint64_t dlock__hash(const char *s, size_t n);
+/* A condition variable on CLOCK_MONOTONIC (0, or an errno). */
+DLOCK__HOST int dlock__cond_init(pthread_cond_t *cv);
+/* Waits on cv until signalled or `deadline` (monotonic ms) passes. */
+DLOCK__HOST void dlock__cond_wait_until(pthread_cond_t *cv,
+                                        pthread_mutex_t *mu,
+                                        int64_t deadline);
+/* Blocks every signal in the calling thread and returns the old mask in
+ * *old, so that threads it creates inherit a blocked mask. */
+DLOCK__HOST void dlock__block_signals(sigset_t *old);
+DLOCK__HOST void dlock__restore_signals(const sigset_t *old);
+/* Lease margin: how early before the store's expiry a lease is declared
+ * lost locally (clock-rate drift between client and store), the default
+ * of the margin slot. */
+DLOCK__HOST int64_t dlock__lease_margin(int64_t ttl_ms);
+
+/* Close-on-exec for descriptors a client library makes without it
+ * (docs/design.md, "Descriptors"; fds.c): for the stores whose client
+ * libraries do (ZooKeeper, etcd's libcurl, MySQL's Connector/C). */
+typedef struct dlock__fd_id {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+} dlock__fd_id;
+/* The most pipes and sockets a note remembers: a process with more that a
+ * started program would inherit gets an incomplete note (ok 0), and the
+ * call's own descriptors are then left unmarked rather than another's
+ * marked. */
+#define DLOCK__FD_NOTE_MAX 256
+typedef struct dlock__fd_note {
+    /* the pipes and sockets a started program inherits; fixed, not
+     * allocated: a child forked while a thread notes must find no heap
+     * block in flight (valgrind counts one as lost there) */
+    dlock__fd_id ids[DLOCK__FD_NOTE_MAX];
+    size_t n;
+    int ok; /* complete (/proc/self/fd read, every descriptor noted) */
+} dlock__fd_note;
+/* Sets FD_CLOEXEC on fd (if fd >= 0 and it is not set). */
+DLOCK__HOST void dlock__cloexec(int fd);
+/* Notes the pipes and sockets a started program would inherit now, before
+ * a call that may make some without the flag. */
+DLOCK__HOST void dlock__fds_note(dlock__fd_note *n);
+/* After that call: marks close-on-exec every pipe and socket a started
+ * program would inherit that was not in the note (by number, device and
+ * inode: the call's, or another thread's made meanwhile); frees it. */
+DLOCK__HOST void dlock__fds_mark_new(dlock__fd_note *n);
+/* Marks close-on-exec every socket a started program would inherit that
+ * is connected to `peer` (as getpeername() gives it). */
+DLOCK__HOST void dlock__fds_mark_peer(const struct sockaddr *peer,
+                                      socklen_t len);
+
+/* --- a module ------------------------------------------------------------ */
 
 /*
  * A store module: a shared object <store>.so in the module directory
  * (docs/development.md "Modules") exporting one `dlock__module_entry`.
- * The core refuses a module whose abi or version differs from its own.
- * DLOCK__MODULE_ABI changes whenever this header or host.h changes in a
- * way a module would notice (a slot, a field, a host function's contract);
- * `abi` stays the first field of every version of the struct.
+ * `abi` is the first field of every version of the struct; the core
+ * loads a module whose abi is from DLOCK__STORE_ABI_OLDEST to its own
+ * DLOCK__STORE_ABI, and refuses any other, naming both versions.
+ * `version` (the dlock release it was built with) is for messages only.
  */
-#define DLOCK__MODULE_ABI 6
 typedef struct dlock__module {
-    unsigned abi;                          /* DLOCK__MODULE_ABI */
+    unsigned abi;                          /* DLOCK__STORE_ABI */
     const char *version;                   /* DLOCK_VERSION_STRING */
     const dlock__backend *const *backends; /* NULL-terminated */
 } dlock__module;
+
+/* A table's first fields: `static const dlock__backend x = {
+ * DLOCK__STORE_HEAD, .name = "redis", .caps = ..., .open = ... };` */
+#define DLOCK__STORE_HEAD .abi = DLOCK__STORE_ABI, .size = sizeof(dlock__backend)
 
 /* The module's entry, in src/stores/<store>/module.c:
  * DLOCK__MODULE(&dlock__backend_redis, &dlock__backend_redlock); */
@@ -403,17 +528,6 @@ typedef struct dlock__module {
         __VA_ARGS__, NULL};                                                 \
     DLOCK__HOST extern const dlock__module dlock__module_entry;             \
     const dlock__module dlock__module_entry = {                             \
-        DLOCK__MODULE_ABI, DLOCK_VERSION_STRING, dlock__module_backends}
+        DLOCK__STORE_ABI, DLOCK_VERSION_STRING, dlock__module_backends}
 
-/*
- * The backend of a URI scheme, built in or from its module (loaded here on
- * first use; *handle then keeps it, to give back with dlock__store_close;
- * NULL for a store built in). Errors (message set): DLOCK_EINVAL (unknown
- * scheme), DLOCK_ENOTSUP (a store left out of this build, a module not
- * installed or of another dlock).
- */
-int dlock__store_open(const char *scheme, const dlock__backend **be,
-                      void **handle);
-void dlock__store_close(void *handle);
-
-#endif /* DLOCK_BACKEND_H */
+#endif /* DLOCK_STORE_H */
