@@ -245,8 +245,8 @@ static void drop_file(file_store *fs, file_lease *fl)
     int ready[READY_MAX], n;
 
     if (fl->lfd >= 0 && fl->lsem)
-        dlock__file_chan_unlink(fs->wdir, fl->lfd);
-    lk(fl->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
+        dlock__chan_unlink(fs->wdir, fl->lfd);
+    dlock__ofd_lk(fl->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
     n = dlock__file_watch_end(fs, fl, ready);
     for (int i = 0; i < n; i++) {
         /* end of file even if a forked child has a copy of it */
@@ -255,7 +255,7 @@ static void drop_file(file_store *fs, file_lease *fl)
     }
     dlock__file_watch_forget(fs, fl);
     if (fl->lfd >= 0)
-        dlock__file_chan_end(fs->wdir, fl->lfd, -1, fl->lsem);
+        dlock__chan_end(fs->wdir, fl->lfd, -1, fl->lsem);
     if (fl->cfd >= 0)
         close(fl->cfd);
     close(fl->fd);
@@ -317,7 +317,7 @@ static int read_token(int fd, const char *fname, dlock__lease *l,
     uint64_t slot = dlock__hash(l->owner, strlen(l->owner));
 
     for (int i = 0; i < 8; i++, slot++) {
-        if (lk(fd, F_OFD_SETLK, F_WRLCK,
+        if (dlock__ofd_lk(fd, F_OFD_SETLK, F_WRLCK,
                READER_BASE + (off_t)(slot % (uint64_t)READER_SLOTS), 1) == 0)
             break;
     }
@@ -376,8 +376,8 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
         /* A fair acquirer never jumps the queue: with waiters queued it
          * queues too, even if the lock is free for a moment. Readers and
          * default-mode writers go through the gate (dlock__file_take). */
-        int queued =
-            fair && !reader && first_conflict(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
+        int queued = fair && !reader &&
+                     dlock__ofd_first(fl->fd, QUEUE_BASE, QUEUE_END) >= 0;
         if (reader || !fair) {
             e = dlock__file_take(fl->fd, reader ? F_RDLCK : F_WRLCK,
                                  once ? 0 : l->deadline, l->cancel_fd,
@@ -387,7 +387,8 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
                 l->retry_ms = -1;
                 return DLOCK_EBUSY;
             }
-        } else if (!queued && lk(fl->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0) {
+        } else if (!queued && dlock__ofd_lk(fl->fd, F_OFD_SETLK, F_WRLCK,
+                                            MAIN_BYTE, 1) == 0) {
             e = 0;
         } else if (!queued && errno != EAGAIN && errno != EACCES) {
             e = errno;
@@ -464,12 +465,12 @@ static int file_release(void *vst, dlock__lease *l, int64_t op_deadline)
     /* A permit's channel goes before its byte: the next holder of the
      * byte makes one of the same name (file_wait.c) */
     if (fl->lfd >= 0 && fl->lsem)
-        dlock__file_chan_unlink(fs->wdir, fl->lfd);
+        dlock__chan_unlink(fs->wdir, fl->lfd);
     /* Unlock the open file description itself (every byte: the lock and
      * any ticket) before closing: a child forked while we held it shares
      * the description, and close() alone would leave the lock held for as
      * long as that child keeps its copy. */
-    lk(fl->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
+    dlock__ofd_lk(fl->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
     /* Hand over: a byte to each fair successor whose connection was
      * accepted ahead, else to the one waiting in the listener's backlog;
      * then let it run before anything else: the lock is idle until it
@@ -480,7 +481,7 @@ static int file_release(void *vst, dlock__lease *l, int64_t op_deadline)
     for (int i = 0; i < n; i++)
         woke |= send(ready[i], "", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1;
     if (!woke && fl->lfd >= 0 &&
-        (woken = dlock__file_chan_wake(fl->lfd)) >= 0)
+        (woken = dlock__chan_wake(fl->lfd)) >= 0)
         woke = 1;
     if (woke)
         sched_yield();
@@ -488,7 +489,7 @@ static int file_release(void *vst, dlock__lease *l, int64_t op_deadline)
     for (int i = 0; i < n; i++)
         close(ready[i]);
     if (fl->lfd >= 0)
-        dlock__file_chan_end(fs->wdir, fl->lfd, woken, fl->lsem);
+        dlock__chan_end(fs->wdir, fl->lfd, woken, fl->lsem);
     if (ours < 0)
         ours = same_file(fs, fl);
     if (fl->cfd >= 0)
@@ -550,7 +551,8 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
     r.desc[sizeof(r.desc) - 1] = '\0';
     out->token = r.fence;
     short type = F_UNLCK;
-    out->held = conflict_of(fd, F_WRLCK, MAIN_BYTE, MAIN_BYTE + 1, &type) >= 0;
+    out->held = dlock__ofd_conflict(fd, F_WRLCK, MAIN_BYTE, MAIN_BYTE + 1,
+                                    &type) >= 0;
     if (out->held && type == F_RDLCK) {
         out->shared = 1;
         for (off_t at = READER_BASE; out->holders < MAX_WAITERS_COUNTED;) {
@@ -587,7 +589,8 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
      * lock there is someone else's, and every fair waiter and semaphore
      * acquirer waits for it (until its deadline) */
     type = F_UNLCK;
-    if (conflict_of(fd, F_WRLCK, META_BYTE, META_BYTE + 1, &type) >= 0 &&
+    if (dlock__ofd_conflict(fd, F_WRLCK, META_BYTE, META_BYTE + 1, &type) >=
+            0 &&
         type == F_RDLCK && !out->held) {
         out->held = 1;
         snprintf(out->holder, sizeof(out->holder), "%s", FOREIGN_READ);
@@ -603,7 +606,7 @@ int dlock__file_inspect_fname(file_store *fs, const char *fname,
     /* no fair queue: a writer waiting at the gate (default mode; the
      * others wait in the kernel behind it, uncounted) */
     if (out->waiters == 0 &&
-        conflict_of(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1, NULL) >= 0)
+        dlock__ofd_conflict(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1, NULL) >= 0)
         out->waiters = 1;
     close(fd);
     return DLOCK_OK;
@@ -669,7 +672,7 @@ static int file_open(void **out, dlock_client *c, const dlock__uri *u,
         return dlock__err(DLOCK_EINVAL,
                           "file:// parameters private=1 and group exclude "
                           "each other: a private store is its user's alone");
-    if (grp && (rc = dlock__file_group("file:// parameter group", grp, 1,
+    if (grp && (rc = dlock__perm_group("file:// parameter group", grp, 1,
                                        &gid)) != DLOCK_OK)
         return rc;
 

@@ -10,6 +10,9 @@
 #ifndef DLOCK_FILE_H
 #define DLOCK_FILE_H
 
+#include "chan.h"
+#include "kwait.h"
+#include "perm.h"
 #include "store.h"
 
 #include <fcntl.h>
@@ -124,62 +127,22 @@ typedef struct lock_file {
                  * the group can write WAKE_DIR) */
 } lock_file;
 
-/* An F_OFD_SETLK(W) (or GETLK) on [start, start + len). */
-static inline int lk(int fd, int cmd, short type, off_t start, off_t len)
-{
-    struct flock fl;
-
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = type;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = start;
-    fl.l_len = len;
-    return fcntl(fd, cmd, &fl);
-}
-
-/* Start of a lock held by another open file in [start, end) that would
- * conflict with a lock of `type` (F_WRLCK: any lock; F_RDLCK: a write
- * lock), or -1; *held (may be NULL) gets its type. */
-static inline off_t conflict_of(int fd, short type, off_t start, off_t end,
-                                short *held)
-{
-    struct flock fl;
-
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = type;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = start;
-    fl.l_len = end - start;
-    if (end <= start || fcntl(fd, F_OFD_GETLK, &fl) != 0 ||
-        fl.l_type == F_UNLCK)
-        return -1;
-    if (held)
-        *held = fl.l_type;
-    return fl.l_start < start ? start : fl.l_start;
-}
-
-/* Start of a lock held by another open file in [start, end), or -1. */
-static inline off_t first_conflict(int fd, off_t start, off_t end)
-{
-    return conflict_of(fd, F_WRLCK, start, end, NULL);
-}
-
 /* The lowest byte in [lo, hi) locked by another open file, or -1.
  * F_OFD_GETLK reports *a* conflicting lock, not the lowest, so the range
  * below the one reported is halved until none is below: O(log(hi - lo))
  * calls. Walking [lo, hi) from it (next from b + 1) visits every lock. */
 static inline off_t lowest_held(int fd, off_t lo, off_t hi)
 {
-    off_t b = first_conflict(fd, lo, hi);
+    off_t b = dlock__ofd_first(fd, lo, hi);
 
     while (b > lo) {
         off_t mid = lo + (b - lo) / 2, c;
-        if (mid > lo && (c = first_conflict(fd, lo, mid)) >= 0) {
+        if (mid > lo && (c = dlock__ofd_first(fd, lo, mid)) >= 0) {
             b = c;
             continue;
         }
         lo = mid;
-        c = first_conflict(fd, lo, b);
+        c = dlock__ofd_first(fd, lo, b);
         if (c < 0)
             break;
         b = c;
@@ -196,27 +159,12 @@ int64_t dlock__file_wall_us(void);
 
 /* --- file_wait.c --------------------------------------------------------- */
 
-/* Blocks until open file `fd` holds a lock of `type` on `byte`, or
- * `deadline` passes, or `cfd` (a dlock_cancel() eventfd; -1: none) is
- * readable. 0: taken; ETIMEDOUT (deadline or cancel); or an errno. */
-DLOCK__HOST int dlock__file_kwait(int fd, short type, off_t byte,
-                                  int64_t deadline, int cfd);
-
-/* Blocks until any byte of `bytes` (nb of them, none locked through fd)
- * is free of every lock (each waited for with a write lock in a helper
- * thread, then unlocked), or one of `fds` is readable, or the deadline,
- * or a cancel through cfd. 0: something happened (look again);
- * ETIMEDOUT (the deadline or the cancel); or an errno. */
-int dlock__file_kwait_any(int fd, const off_t *bytes, int nb,
-                          const int *fds, int nfds, int64_t deadline,
-                          int cfd);
-
 /* Takes MAIN for `type` (F_WRLCK: a writer; F_RDLCK: a reader) through
  * the gate that keeps writers from starving: a writer that must wait
  * holds GATE while it waits for MAIN, and a reader that finds GATE held
  * waits there. 0: taken; EAGAIN: busy and `deadline` has passed (a try);
  * ETIMEDOUT; or an errno. */
-DLOCK__HOST int dlock__file_take(int fd, short type, int64_t deadline,
+int dlock__file_take(int fd, short type, int64_t deadline,
                                  int cfd, int64_t *woken_us);
 
 /* Takes the META byte's write lock: at once, or waiting (in the kernel,
@@ -268,16 +216,6 @@ void dlock__file_watch_add(file_store *fs, file_lease *fl);
 int dlock__file_watch_end(file_store *fs, file_lease *fl, int *out);
 void dlock__file_watch_forget(file_store *fs, file_lease *fl);
 
-/* Wakes the successor waiting in a channel's backlog (its connection, or
- * -1), and closes a channel after waking every successor still there
- * (chan_close; chan_end also removes the file store's socket file, from
- * WAKE_DIR wdir, first unless `unlinked`: dlock__file_chan_unlink()
- * did). */
-DLOCK__HOST int dlock__file_chan_wake(int lfd);
-DLOCK__HOST void dlock__file_chan_close(int lfd, int woken);
-void dlock__file_chan_end(int wdir, int lfd, int woken, int unlinked);
-void dlock__file_chan_unlink(int wdir, int lfd);
-
 /* The backend's loop_fd and loop_run slots (the background thread). */
 int dlock__file_loop_fd(void *st);
 void dlock__file_loop_run(void *st, int readable);
@@ -308,39 +246,6 @@ int dlock__file_make_dirs(file_store *fs, const char *path);
  * made, waits are the kernel's); DLOCK_EAUTH when one there may be
  * written by others. */
 int dlock__file_open_wake_dir(file_store *fs);
-/* ?group=NAME (a name or a number): *gid, when the calling process is a
- * member (its effective or a supplementary group), or root and
- * `root_any` (the file store's rule; the SQLite store asks root to be a
- * member too); else DLOCK_EINVAL, the message starting with `what` (the
- * store's words for the parameter). The SQLite store's ?group= too (a
- * host function). */
-DLOCK__HOST int dlock__file_group(const char *what, const char *v,
-                                  int root_any, gid_t *gid);
-
-/* What dlock__file_adopt() found. */
-enum {
-    DLOCK__ADOPT_OK,       /* ours, given the mode; or another's we may use */
-    DLOCK__ADOPT_CHGRP,    /* ours: fchown() failed (errno) */
-    DLOCK__ADOPT_CHMOD,    /* ours: fchmod() failed (errno) */
-    DLOCK__ADOPT_UNSHARED, /* another user's, and the store is no group's */
-    DLOCK__ADOPT_GROUP,    /* another user's, of another group */
-    DLOCK__ADOPT_OTHERS,   /* another user's, open to others */
-    DLOCK__ADOPT_STICKY    /* another user's, not sticky (`mode` is) */
-};
-
-/* Who may open a file or directory that dlock opened as fd (uid, fgid,
- * fmode: its owner, group and mode; `made`: this process created it), in
- * a store whose files get `mode` and group `gid` ((gid_t)-1: none, its
- * user's alone). Ours is given exactly that mode and group (the umask, an
- * older dlock or another ?group= may have left others); another user's
- * is used as it is only in a group store, when it has that group, gives
- * others nothing and, when `mode` is sticky, is sticky too (its owner
- * could otherwise let others in). Sets no message. The file store's lock
- * files and directories, and the SQLite store's database, sidecar and
- * channels' directory (a host function). */
-DLOCK__HOST int dlock__file_adopt(int fd, uid_t uid, gid_t fgid,
-                                  mode_t fmode, int made, gid_t gid,
-                                  mode_t mode);
 /* ?private=1: opens the directory `path` (absolute), walked from / and
  * checked on the way, made if missing (docs/stores.md, "The default
  * store"); *out its descriptor. */

@@ -27,70 +27,6 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
-/* Modes and groups (shared with the SQLite store's sidecar files)           */
-/* ------------------------------------------------------------------------ */
-
-int dlock__file_group(const char *what, const char *v, int root_any,
-                      gid_t *gid)
-{
-    struct group gr, *grr = NULL;
-    char buf[16384], *end;
-    gid_t *groups;
-    int n, r = 0, member = 0;
-
-    if (!*v)
-        return dlock__err(DLOCK_EINVAL, "%s needs a group name", what);
-    errno = 0;
-    unsigned long num = strtoul(v, &end, 10);
-    if (*end == '\0' && errno == 0 && num < (unsigned long)(gid_t)-1) {
-        *gid = (gid_t)num;
-    } else if ((r = getgrnam_r(v, &gr, buf, sizeof(buf), &grr)) == 0 &&
-               grr) {
-        *gid = gr.gr_gid;
-    } else {
-        return dlock__err(DLOCK_EINVAL, "%s: no group '%.64s' on this host%s",
-                          what, v,
-                          r == ERANGE ? " (its entry is too long)" : "");
-    }
-    if ((root_any && geteuid() == 0) || getegid() == *gid)
-        return DLOCK_OK;
-    n = getgroups(0, NULL);
-    groups = n > 0 ? calloc((size_t)n, sizeof(*groups)) : NULL;
-    if (groups)
-        n = getgroups(n, groups);
-    for (int i = 0; groups && i < n; i++)
-        member |= groups[i] == *gid;
-    free(groups);
-    if (member)
-        return DLOCK_OK;
-    return dlock__err(DLOCK_EINVAL,
-                      "%s: you are not a member of group '%.64s' (gid %lu), "
-                      "so you could not give it the store's files",
-                      what, v, (unsigned long)*gid);
-}
-
-int dlock__file_adopt(int fd, uid_t uid, gid_t fgid, mode_t fmode, int made,
-                      gid_t gid, mode_t mode)
-{
-    if (made || uid == geteuid()) {
-        if (gid != (gid_t)-1 && fgid != gid && fchown(fd, (uid_t)-1, gid) != 0)
-            return DLOCK__ADOPT_CHGRP;
-        if ((fmode & 07777) != mode && fchmod(fd, mode) != 0)
-            return DLOCK__ADOPT_CHMOD;
-        return DLOCK__ADOPT_OK;
-    }
-    if (gid == (gid_t)-1)
-        return DLOCK__ADOPT_UNSHARED;
-    if (fgid != gid)
-        return DLOCK__ADOPT_GROUP;
-    if (fmode & 007)
-        return DLOCK__ADOPT_OTHERS;
-    if ((mode & S_ISVTX) && !(fmode & S_ISVTX))
-        return DLOCK__ADOPT_STICKY;
-    return DLOCK__ADOPT_OK;
-}
-
-/* ------------------------------------------------------------------------ */
 /* The file store's files and directories                                   */
 /* ------------------------------------------------------------------------ */
 
@@ -104,7 +40,7 @@ int dlock__file_adopt(int fd, uid_t uid, gid_t fgid, mode_t fmode, int made,
 int dlock__file_own(file_store *fs, int fd, const char *fname,
                     const file_id *id, int created)
 {
-    switch (dlock__file_adopt(fd, id->uid, id->gid, id->mode, created,
+    switch (dlock__perm_adopt(fd, id->uid, id->gid, id->mode, created,
                               fs->group ? fs->gid : (gid_t)-1, fs->fmode)) {
     case DLOCK__ADOPT_OK:
         return DLOCK_OK;
@@ -135,13 +71,13 @@ int dlock__file_own(file_store *fs, int fd, const char *fname,
     }
 }
 
-/* dlock__file_adopt() of a directory (fd; st: its fstat; `shown` its
+/* dlock__perm_adopt() of a directory (fd; st: its fstat; `shown` its
  * path) with the store's directory mode and group: its answer, and *rc
  * the error of a failed chgrp or chmod (else left alone). */
 static int adopt_dir(file_store *fs, int fd, const struct stat *st,
                      const char *shown, int *rc)
 {
-    int a = dlock__file_adopt(fd, st->st_uid, st->st_gid, st->st_mode, 0,
+    int a = dlock__perm_adopt(fd, st->st_uid, st->st_gid, st->st_mode, 0,
                               fs->group ? fs->gid : (gid_t)-1, fs->dmode);
 
     if (a == DLOCK__ADOPT_CHGRP || a == DLOCK__ADOPT_CHMOD)

@@ -22,7 +22,7 @@
 
 static void meta_unlock(int fd)
 {
-    lk(fd, F_OFD_SETLK, F_UNLCK, META_BYTE, 1);
+    dlock__ofd_lk(fd, F_OFD_SETLK, F_UNLCK, META_BYTE, 1);
 }
 
 /* The file's first bytes, as a semaphore's try reads them at once. */
@@ -60,14 +60,15 @@ static int sem_try(lock_file *f, dlock__lease *l, const char *fname,
         goto out;
     }
     if (h.n != l->permits &&
-        first_conflict(fd, PERMIT_BASE, PERMIT_BASE + SEM_PERMITS_MAX) >= 0) {
+        dlock__ofd_first(fd, PERMIT_BASE, PERMIT_BASE + SEM_PERMITS_MAX) >=
+            0) {
         rc = dlock__err(DLOCK_EINVAL,
                         "lock '%.200s' is a semaphore of %u permits, not "
                         "%u (every handle of a name must say the same)",
                         l->name, h.n, l->permits);
         goto out;
     }
-    if (first_conflict(fd, MAIN_BYTE, MAIN_BYTE + 1) >= 0) {
+    if (dlock__ofd_first(fd, MAIN_BYTE, MAIN_BYTE + 1) >= 0) {
         rc = dlock__err(DLOCK_EINVAL,
                         "lock '%.200s' is held as a lock, not as a "
                         "semaphore",
@@ -91,14 +92,14 @@ static int sem_try(lock_file *f, dlock__lease *l, const char *fname,
             goto out;
         }
     }
-    if (queue_first && first_conflict(fd, QUEUE_BASE, QUEUE_END) >= 0)
+    if (queue_first && dlock__ofd_first(fd, QUEUE_BASE, QUEUE_END) >= 0)
         goto out;
     /* from a start that differs between owners, so tries spread */
     uint64_t start = dlock__hash(l->owner, strlen(l->owner)) +
                      (uint64_t)dlock__now_ms();
     for (uint32_t i = 0; i < h.n; i++) {
         off_t b = PERMIT_BASE + (off_t)((start + i) % h.n);
-        if (lk(fd, F_OFD_SETLK, F_WRLCK, b, 1) != 0)
+        if (dlock__ofd_lk(fd, F_OFD_SETLK, F_WRLCK, b, 1) != 0)
             continue;
         uint64_t now = (uint64_t)dlock__file_wall_us();
         uint64_t fence = (size_t)got >= sizeof(h) ? h.fence : 0;
@@ -106,7 +107,7 @@ static int sem_try(lock_file *f, dlock__lease *l, const char *fname,
         if (pwrite(fd, &fence, sizeof(fence), REC_OFFSET) !=
             (ssize_t)sizeof(fence)) {
             rc = dlock__file_io_error("write", fname, errno);
-            lk(fd, F_OFD_SETLK, F_UNLCK, b, 1);
+            dlock__ofd_lk(fd, F_OFD_SETLK, F_UNLCK, b, 1);
             break;
         }
         l->token = fence;
@@ -135,7 +136,7 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
         if (b < 0)
             break;
         int c = dlock__file_chan_connect(f, b);
-        if (first_conflict(f->fd, b, b + 1) < 0) {
+        if (dlock__ofd_first(f->fd, b, b + 1) < 0) {
             if (c >= 0)
                 close(c);
             freed = 1; /* freed meanwhile: look again at once */
@@ -158,7 +159,7 @@ static int sem_wait_holders(const lock_file *f, uint32_t n, int64_t deadline,
         int fds[SEM_PERMITS_MAX];
         for (int i = 0; i < np; i++)
             fds[i] = pf[i].fd;
-        e = dlock__file_kwait_any(f->fd, untrusted, nu, fds, np, deadline,
+        e = dlock__kwait_any(f->fd, untrusted, nu, fds, np, deadline,
                                   cfd);
         for (int i = 0; i < np; i++)
             close(pf[i].fd);
@@ -253,9 +254,9 @@ int dlock__file_sem_acquire(file_store *fs, file_lease *fl, lock_file *f,
             break;
     }
     /* leave the queue: the successor wakes and becomes the head */
-    lk(f->fd, F_OFD_SETLK, F_UNLCK, ticket, 1);
+    dlock__ofd_lk(f->fd, F_OFD_SETLK, F_UNLCK, ticket, 1);
     if (tlfd >= 0)
-        dlock__file_chan_end(f->wdir, tlfd, -1, 0);
+        dlock__chan_end(f->wdir, tlfd, -1, 0);
     if (conn >= 0)
         close(conn);
     if (e == ETIMEDOUT)
@@ -284,7 +285,7 @@ void dlock__file_sem_inspect(int fd, dlock_info *out)
             break;
         /* a permit's holder write-locks its byte: a read lock is not
          * one of ours */
-        if (conflict_of(fd, F_WRLCK, b, b + 1, &type) >= 0 &&
+        if (dlock__ofd_conflict(fd, F_WRLCK, b, b + 1, &type) >= 0 &&
             type == F_RDLCK)
             foreign = 1;
         else

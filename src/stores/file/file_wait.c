@@ -47,11 +47,9 @@
 /* A waiter whose channel name is taken skips that many ticket numbers at
  * most, then queues without a channel. */
 #define CHAN_BIND_TRIES 8
-/* Pending connections a channel keeps (the kernel caps it at somaxconn),
- * and how many a release accepts and closes at most (only a foreign
- * process connects more than one or two). */
+/* Pending connections a channel keeps (the kernel caps it at somaxconn;
+ * a release accepts and closes DLOCK__CHAN_ACCEPT_MAX at most, chan.h). */
 #define CHAN_BACKLOG 4096
-#define CHAN_ACCEPT_MAX 4096
 
 /* The highest fair ticket below `mine` still held by someone, or -1 (then
  * none was held at the moment of one F_OFD_GETLK over the whole range).
@@ -64,14 +62,14 @@
 static off_t highest_below(int fd, off_t mine)
 {
     for (int round = 0; round < 64; round++) {
-        off_t lo = first_conflict(fd, QUEUE_BASE, mine), hi = mine, step = 1;
+        off_t lo = dlock__ofd_first(fd, QUEUE_BASE, mine), hi = mine, step = 1;
 
         if (lo < 0)
             return -1;
         /* some ticket in [lo, mine) is held: find the highest */
         while (hi > lo) {
             off_t from = hi - lo > step ? hi - step : lo;
-            if (first_conflict(fd, from, hi) >= 0) {
+            if (dlock__ofd_first(fd, from, hi) >= 0) {
                 lo = from;
                 break;
             }
@@ -82,205 +80,19 @@ static off_t highest_below(int fd, off_t mine)
             continue; /* what we saw was dropped meanwhile: look again */
         while (hi - lo > 1) {
             off_t mid = lo + (hi - lo) / 2;
-            if (first_conflict(fd, mid, hi) >= 0)
+            if (dlock__ofd_first(fd, mid, hi) >= 0)
                 lo = mid;
             else
                 hi = mid;
         }
         return lo;
     }
-    return first_conflict(fd, QUEUE_BASE, mine);
+    return dlock__ofd_first(fd, QUEUE_BASE, mine);
 }
 
 /* ------------------------------------------------------------------------ */
-/* Waiting in the kernel                                                    */
+/* The gate, META and the fair queue                                        */
 /* ------------------------------------------------------------------------ */
-
-typedef struct kwait {
-    int fd;
-    short type;  /* F_WRLCK (MAIN, a predecessor's ticket) or F_RDLCK */
-    off_t byte;
-    int rc;      /* errno of a failed call, 0 when the lock was taken */
-    int done;    /* set (atomically) once rc is */
-    int done_fd; /* eventfd: the helper says it is done */
-} kwait;
-
-/* The blocking part: one F_OFD_SETLKW, a cancellation point. */
-static int kwait_run(kwait *k)
-{
-    while (lk(k->fd, F_OFD_SETLKW, k->type, k->byte, 1) != 0) {
-        if (errno != EINTR)
-            return errno;
-    }
-    return 0;
-}
-
-static void *kwait_thread(void *arg)
-{
-    kwait *k = arg;
-    int rc = kwait_run(k);
-    int old;
-    uint64_t one = 1;
-    ssize_t n;
-
-    /* no cancellation point since the lock was taken: it is reported */
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
-    k->rc = rc;
-    __atomic_store_n(&k->done, 1, __ATOMIC_RELEASE);
-    do
-        n = write(k->done_fd, &one, sizeof(one));
-    while (n < 0 && errno == EINTR);
-    return NULL;
-}
-
-/* Sleeps in poll() until fd (and cfd, when >= 0) is readable or the
- * deadline: 1 when fd is, 0 at the deadline or when cfd is, -errno. */
-static int poll_until(int fd, int cfd, int64_t deadline, short *revents)
-{
-    struct pollfd p[2];
-
-    for (;;) {
-        int ms = -1, n;
-        if (deadline != DLOCK__FOREVER) {
-            int64_t left = deadline - dlock__now_ms();
-            if (left <= 0)
-                return 0;
-            ms = left > INT_MAX ? INT_MAX : (int)left;
-        }
-        p[0].fd = fd;
-        p[0].events = POLLIN;
-        p[0].revents = 0;
-        p[1].fd = cfd;
-        p[1].events = POLLIN;
-        p[1].revents = 0;
-        n = poll(p, cfd >= 0 ? 2 : 1, ms);
-        if (n > 0 && p[0].revents) {
-            if (revents)
-                *revents = p[0].revents;
-            return 1;
-        }
-        if (n > 0)
-            return 0; /* cancelled */
-        if (n < 0 && errno != EINTR)
-            return -errno;
-    }
-}
-
-/* Blocks until open file `fd` holds a lock of `type` on `byte`, the
- * deadline passes or cfd (a cancel's eventfd, -1: none) becomes readable.
- * 0: taken; ETIMEDOUT (the deadline or the cancel); or an errno. Without
- * a deadline or a cancel the calling thread blocks itself; else a helper
- * thread blocks, and is cancelled (no signal handler needed). */
-int dlock__file_kwait(int fd, short type, off_t byte, int64_t deadline,
-                      int cfd)
-{
-    kwait k;
-    pthread_t t;
-    sigset_t old;
-    void *res = NULL;
-    int rc;
-
-    memset(&k, 0, sizeof(k));
-    k.fd = fd;
-    k.type = type;
-    k.byte = byte;
-    if (deadline == DLOCK__FOREVER && cfd < 0)
-        return kwait_run(&k);
-    if (dlock__now_ms() >= deadline)
-        return ETIMEDOUT;
-
-    k.done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (k.done_fd < 0)
-        return errno;
-    dlock__block_signals(&old);
-    rc = pthread_create(&t, NULL, kwait_thread, &k);
-    dlock__restore_signals(&old);
-    if (rc == 0) {
-        int r = poll_until(k.done_fd, cfd, deadline, NULL);
-        if (!__atomic_load_n(&k.done, __ATOMIC_ACQUIRE))
-            pthread_cancel(t);
-        pthread_join(t, &res);
-        rc = res == PTHREAD_CANCELED ? ETIMEDOUT
-             : r < 0 && !k.done      ? -r
-                                     : k.rc;
-    }
-    close(k.done_fd);
-    return rc;
-}
-
-int dlock__file_kwait_any(int fd, const off_t *bytes, int nb,
-                          const int *fds, int nfds, int64_t deadline, int cfd)
-{
-    kwait *k = calloc((size_t)(nb > 0 ? nb : 1), sizeof(*k));
-    pthread_t *t = calloc((size_t)(nb > 0 ? nb : 1), sizeof(*t));
-    char *started = calloc((size_t)(nb > 0 ? nb : 1), 1);
-    struct pollfd *p = calloc((size_t)nfds + 2, sizeof(*p));
-    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), rc = ETIMEDOUT;
-    sigset_t old;
-
-    if (!k || !t || !started || !p || efd < 0) {
-        rc = efd < 0 ? errno : ENOMEM;
-        goto out;
-    }
-    dlock__block_signals(&old);
-    for (int i = 0; i < nb; i++) {
-        k[i].fd = fd;
-        k[i].type = F_WRLCK;
-        k[i].byte = bytes[i];
-        k[i].done_fd = efd;
-        started[i] = pthread_create(&t[i], NULL, kwait_thread, &k[i]) == 0;
-    }
-    dlock__restore_signals(&old);
-    for (;;) {
-        int ms = -1, n;
-        if (deadline != DLOCK__FOREVER) {
-            int64_t left = deadline - dlock__now_ms();
-            if (left <= 0)
-                break;
-            ms = left > INT_MAX ? INT_MAX : (int)left;
-        }
-        p[0].fd = efd;
-        p[0].events = POLLIN;
-        p[0].revents = 0;
-        for (int i = 0; i < nfds; i++) {
-            p[1 + i].fd = fds[i];
-            p[1 + i].events = POLLIN;
-            p[1 + i].revents = 0;
-        }
-        p[1 + nfds].fd = cfd; /* a negative fd is ignored */
-        p[1 + nfds].events = POLLIN;
-        p[1 + nfds].revents = 0;
-        n = poll(p, (nfds_t)nfds + 2, ms);
-        if (n > 0) {
-            rc = p[1 + nfds].revents ? ETIMEDOUT : 0;
-            break;
-        }
-        if (n < 0 && errno != EINTR) {
-            rc = errno;
-            break;
-        }
-    }
-    for (int i = 0; i < nb; i++) {
-        if (!started[i])
-            continue;
-        if (!__atomic_load_n(&k[i].done, __ATOMIC_ACQUIRE))
-            pthread_cancel(t[i]);
-        pthread_join(t[i], NULL);
-        if (k[i].done && k[i].rc != 0 && rc == 0)
-            rc = k[i].rc; /* a failed wait: not a byte freed */
-        /* what a helper took is only a sign: give it back (no byte in
-         * `bytes` is one of ours) */
-        lk(fd, F_OFD_SETLK, F_UNLCK, bytes[i], 1);
-    }
-out:
-    if (efd >= 0)
-        close(efd);
-    free(k);
-    free(t);
-    free(started);
-    free(p);
-    return rc;
-}
 
 int dlock__file_take(int fd, short type, int64_t deadline, int cfd,
                      int64_t *woken_us)
@@ -289,9 +101,9 @@ int dlock__file_take(int fd, short type, int64_t deadline, int cfd,
 
     /* the try: a reader first looks at the gate (a writer waits there),
      * with a read lock's eyes (other readers waiting there do not count) */
-    if (type == F_WRLCK || conflict_of(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1,
-                                       NULL) < 0) {
-        if (lk(fd, F_OFD_SETLK, type, MAIN_BYTE, 1) == 0)
+    if (type == F_WRLCK ||
+        dlock__ofd_conflict(fd, F_RDLCK, GATE_BYTE, GATE_BYTE + 1, NULL) < 0) {
+        if (dlock__ofd_lk(fd, F_OFD_SETLK, type, MAIN_BYTE, 1) == 0)
             return 0;
         if (errno != EAGAIN && errno != EACCES)
             return errno;
@@ -300,37 +112,37 @@ int dlock__file_take(int fd, short type, int64_t deadline, int cfd,
         return EAGAIN;
     /* the wait: the gate (a writer keeps it while it waits for MAIN; a
      * reader only passes it), then MAIN, then the gate opens again */
-    if (lk(fd, F_OFD_SETLK, type, GATE_BYTE, 1) != 0) {
+    if (dlock__ofd_lk(fd, F_OFD_SETLK, type, GATE_BYTE, 1) != 0) {
         if (errno != EAGAIN && errno != EACCES)
             return errno;
-        e = dlock__file_kwait(fd, type, GATE_BYTE, deadline, cfd);
+        e = dlock__kwait(fd, type, GATE_BYTE, deadline, cfd);
         if (e)
             return e;
     }
-    e = dlock__file_kwait(fd, type, MAIN_BYTE, deadline, cfd);
+    e = dlock__kwait(fd, type, MAIN_BYTE, deadline, cfd);
     if (e == 0 && woken_us)
         *woken_us = dlock__now_us();
-    lk(fd, F_OFD_SETLK, F_UNLCK, GATE_BYTE, 1);
+    dlock__ofd_lk(fd, F_OFD_SETLK, F_UNLCK, GATE_BYTE, 1);
     return e;
 }
 
 /* META is held by dlock for a few system calls only, never while anyone
  * waits; a process outside dlock may keep it (a read lock is enough), so
  * its wait, like every other, ends at the deadline or a cancel: a try,
- * then the kernel wait of dlock__file_kwait() (a helper thread cancelled
+ * then the kernel wait of dlock__kwait() (a helper thread cancelled
  * at the deadline), which only runs when META is busy. */
 int dlock__file_meta_lock(int fd, int64_t deadline, int cfd)
 {
     int64_t floor;
 
-    if (lk(fd, F_OFD_SETLK, F_WRLCK, META_BYTE, 1) == 0)
+    if (dlock__ofd_lk(fd, F_OFD_SETLK, F_WRLCK, META_BYTE, 1) == 0)
         return 0;
     if (errno != EAGAIN && errno != EACCES)
         return errno;
     floor = dlock__now_ms() + META_GRACE_MS;
     if (deadline != DLOCK__FOREVER && deadline < floor)
         deadline = floor;
-    return dlock__file_kwait(fd, F_WRLCK, META_BYTE, deadline, cfd);
+    return dlock__kwait(fd, F_WRLCK, META_BYTE, deadline, cfd);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -439,72 +251,6 @@ int dlock__file_chan_listen(const lock_file *f, off_t byte)
     return s;
 }
 
-/* Removes a listener's socket file (its name from getsockname()), so that
- * no one connects any more; the listener itself stays open. */
-void dlock__file_chan_unlink(int wdir, int lfd)
-{
-    struct sockaddr_un sa;
-    socklen_t len = sizeof(sa);
-    const char *base;
-
-    memset(&sa, 0, sizeof(sa));
-    if (wdir < 0 || getsockname(lfd, (struct sockaddr *)&sa, &len) != 0 ||
-        len <= offsetof(struct sockaddr_un, sun_path) ||
-        sa.sun_path[0] == '\0')
-        return;
-    sa.sun_path[sizeof(sa.sun_path) - 1] = '\0';
-    base = strrchr(sa.sun_path, '/');
-    if (base && base[1])
-        unlinkat(wdir, base + 1, 0);
-}
-
-/* Wakes the successor connected to a channel, if one is: accepts one
- * pending connection and sends it a byte (its poll() returns). Returns the
- * accepted descriptor, for dlock__file_chan_close() to close, or -1. Call
- * it after the ticket byte is unlocked. */
-int dlock__file_chan_wake(int lfd)
-{
-    for (;;) {
-        int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (c >= 0) {
-            (void)send(c, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-            return c;
-        }
-        if (errno != EINTR && errno != ECONNABORTED)
-            return -1;
-    }
-}
-
-/* Wakes every successor still connected to a channel and closes it: each
- * pending connection is accepted and closed (its owner sees end of file),
- * which works even when a forked child keeps a copy of the listener; the
- * listener's close then resets any connection that came after the last
- * accept. `woken` is dlock__file_chan_wake()'s connection, or -1. Call it
- * after the ticket byte is unlocked. */
-void dlock__file_chan_close(int lfd, int woken)
-{
-    dlock__file_chan_end(-1, lfd, woken, 1);
-}
-
-void dlock__file_chan_end(int wdir, int lfd, int woken, int unlinked)
-{
-    if (woken >= 0)
-        close(woken);
-    for (int i = 0; i < CHAN_ACCEPT_MAX; i++) {
-        int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (c >= 0)
-            close(c);
-        else if (errno != EINTR && errno != ECONNABORTED)
-            break;
-    }
-    /* the file before the listener: while the file is there, a waiter
-     * whose ticket has our name modulo CHAN_TICKET_NAMES finds us alive
-     * and does not take it (and we never remove its file) */
-    if (!unlinked)
-        dlock__file_chan_unlink(wdir, lfd);
-    close(lfd);
-}
-
 /* Connects to the channel of ticket byte `byte`: a connected descriptor
  * whose listener has our effective uid (in a group store, any: only the
  * group can bind in WAKE_DIR), or -1. The caller must still check that
@@ -541,7 +287,7 @@ int dlock__file_chan_connect(const lock_file *f, off_t byte)
 static int chan_wait(int c, int64_t deadline, int cfd, int *handed)
 {
     short rev = 0;
-    int r = poll_until(c, cfd, deadline, &rev);
+    int r = dlock__poll_until(c, cfd, deadline, &rev);
 
     *handed = r == 1 && rev == POLLIN;
     return r == 1 ? 0 : r == 0 ? ETIMEDOUT : -r;
@@ -725,15 +471,15 @@ off_t dlock__file_take_ticket(lock_file *f, int64_t deadline, int cfd,
     memcpy(hdr + 8, &next, sizeof(next));
     memcpy(hdr + SALT_OFFSET, f->salt, SALT_LEN);
     if (pwrite(f->fd, hdr, sizeof(hdr), 0) != (ssize_t)sizeof(hdr) ||
-        lk(f->fd, F_OFD_SETLK, F_WRLCK, byte, 1) != 0) {
+        dlock__ofd_lk(f->fd, F_OFD_SETLK, F_WRLCK, byte, 1) != 0) {
         *what = "write";
         *err = errno;
         if (*lfd >= 0)
-            dlock__file_chan_end(f->wdir, *lfd, -1, 0);
+            dlock__chan_end(f->wdir, *lfd, -1, 0);
         *lfd = -1;
         byte = -1;
     }
-    lk(f->fd, F_OFD_SETLK, F_UNLCK, META_BYTE, 1);
+    dlock__ofd_lk(f->fd, F_OFD_SETLK, F_UNLCK, META_BYTE, 1);
     return byte;
 }
 
@@ -769,29 +515,30 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
             *conn = -1;
         }
         c = dlock__file_chan_connect(f, b);
-        if (c >= 0 && first_conflict(f->fd, b, b + 1) >= 0) {
+        if (c >= 0 && dlock__ofd_first(f->fd, b, b + 1) >= 0) {
             /* b was held after we connected: its owner's channel */
             e = chan_wait(c, deadline, cfd, &handed);
             *conn = c;
         } else {
             if (c >= 0)
                 close(c);
-            if (first_conflict(f->fd, b, b + 1) < 0)
+            if (dlock__ofd_first(f->fd, b, b + 1) < 0)
                 continue; /* gone meanwhile: look again */
             /* no channel we can trust: wait for its byte in the kernel,
              * as a writer: a read lock that a process outside dlock put
              * on the byte would let a read lock through at once, and
              * this loop would spin until the deadline */
-            e = dlock__file_kwait(f->fd, F_WRLCK, b, deadline, cfd);
+            e = dlock__kwait(f->fd, F_WRLCK, b, deadline, cfd);
             if (e == 0)
-                lk(f->fd, F_OFD_SETLK, F_UNLCK, b, 1);
+                dlock__ofd_lk(f->fd, F_OFD_SETLK, F_UNLCK, b, 1);
         }
         if (e == ETIMEDOUT) {
             /* the deadline and the hand-off may have come together: a
              * head that finds MAIN free takes it */
             if (highest_below(f->fd, ticket) < 0 &&
                 (head_only ||
-                 lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) == 0))
+                 dlock__ofd_lk(f->fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1) ==
+                     0))
                 return 0;
             return ETIMEDOUT;
         }

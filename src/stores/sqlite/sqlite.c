@@ -40,7 +40,8 @@
  *    file, so that two threads of one process exclude each other.
  */
 #include "sqlite.h"
-#include "../file/file.h"
+#include "kwait.h"
+#include "perm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -198,7 +199,7 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         char what[400];
         snprintf(what, sizeof(what), "sqlite URI %.300s: parameter group",
                  u->redacted);
-        if ((rc = dlock__file_group(what, group, 0, &gid)) != DLOCK_OK)
+        if ((rc = dlock__perm_group(what, group, 0, &gid)) != DLOCK_OK)
             return rc;
     }
     ss = calloc(1, sizeof(*ss));
@@ -334,7 +335,8 @@ int dlock__sq_turn(sq_store *ss, const char *what)
 {
     int e;
 
-    if (ss->sidefd < 0 || lk(ss->sidefd, F_OFD_SETLK, F_WRLCK, SQW_WRITER, 1) == 0)
+    if (ss->sidefd < 0 ||
+        dlock__ofd_lk(ss->sidefd, F_OFD_SETLK, F_WRLCK, SQW_WRITER, 1) == 0)
         return DLOCK_OK;
     int64_t until = dlock__now_ms() + ss->timeout_ms;
     if (ss->deadline && ss->deadline < until)
@@ -342,7 +344,7 @@ int dlock__sq_turn(sq_store *ss, const char *what)
     if (errno != EAGAIN && errno != EACCES)
         e = errno;
     else /* in the kernel, ended by `until` or the acquisition's cancel */
-        e = dlock__file_kwait(ss->sidefd, F_WRLCK, SQW_WRITER, until,
+        e = dlock__kwait(ss->sidefd, F_WRLCK, SQW_WRITER, until,
                               ss->cfd);
     if (e == 0)
         return DLOCK_OK;
@@ -408,7 +410,7 @@ void dlock__sq_bound(sq_store *ss, int64_t deadline)
 void dlock__sq_turn_end(sq_store *ss)
 {
     if (ss->sidefd >= 0)
-        lk(ss->sidefd, F_OFD_SETLK, F_UNLCK, SQW_WRITER, 1);
+        dlock__ofd_lk(ss->sidefd, F_OFD_SETLK, F_UNLCK, SQW_WRITER, 1);
 }
 
 void dlock__sq_done(sq_store *ss, int which)

@@ -12,7 +12,7 @@
  * acquisition (sqlite.c says why).
  */
 #include "sqlite.h"
-#include "../file/file.h"
+#include "perm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -71,7 +71,7 @@ int dlock__sq_db_make(sq_store *ss, const char *path)
     if (fd < 0)
         return DLOCK_OK; /* there (or not makeable: SQLite says why) */
     if (fstat(fd, &st) != 0 ||
-        dlock__file_adopt(fd, st.st_uid, st.st_gid, st.st_mode, 1, ss->gid,
+        dlock__perm_adopt(fd, st.st_uid, st.st_gid, st.st_mode, 1, ss->gid,
                           ss->mode) != DLOCK__ADOPT_OK) {
         int e = errno;
         close(fd);
@@ -113,7 +113,7 @@ int dlock__sqw_open(const char *path, mode_t mode, gid_t gid, dev_t *dev,
      * user's: only a ?group= store's, of that group and closed to others
      * (its owner, or anyone it lets in, could hold waiters up): else not
      * used (side_refused() says whose) */
-    int a = dlock__file_adopt(fd, st->st_uid, st->st_gid, st->st_mode, made,
+    int a = dlock__perm_adopt(fd, st->st_uid, st->st_gid, st->st_mode, made,
                               gid, mode);
     if (a != DLOCK__ADOPT_OK) {
         int e = a == DLOCK__ADOPT_CHGRP || a == DLOCK__ADOPT_CHMOD ? errno
@@ -164,7 +164,7 @@ static int chans_open(sq_store *ss, const char *db)
     }
     /* another user's: only a ?group= store's, of that group, sticky and
      * closed to others (its owner could bind any name there) */
-    a = dlock__file_adopt(fd, st.st_uid, st.st_gid, st.st_mode, 0, ss->gid,
+    a = dlock__perm_adopt(fd, st.st_uid, st.st_gid, st.st_mode, 0, ss->gid,
                           want);
     if (a == DLOCK__ADOPT_CHGRP || a == DLOCK__ADOPT_CHMOD) {
         rc = dlock__sq_side_error(ss, "giving its mode to the channels' "

@@ -22,7 +22,8 @@
  * cancel, whatever another process holds on the sidecar.
  */
 #include "sqlite.h"
-#include "../file/file.h"
+#include "chan.h"
+#include "kwait.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -52,13 +53,13 @@ static off_t region_base(int64_t rowid)
  * longer held: callers check. */
 static off_t highest_held(int fd, off_t lo, off_t hi)
 {
-    off_t best = first_conflict(fd, lo, hi), step = 1, top;
+    off_t best = dlock__ofd_first(fd, lo, hi), step = 1, top;
 
     if (best < 0)
         return -1;
     for (;;) {
         off_t from = best + step;
-        off_t above = from < hi ? first_conflict(fd, from, hi) : -1;
+        off_t above = from < hi ? dlock__ofd_first(fd, from, hi) : -1;
         if (above < 0) {
             top = from < hi ? from : hi;
             break;
@@ -69,7 +70,7 @@ static off_t highest_held(int fd, off_t lo, off_t hi)
     /* nothing held in [top, hi); best was: look between */
     while (top - best > 1) {
         off_t mid = best + (top - best) / 2;
-        off_t c = first_conflict(fd, mid, top);
+        off_t c = dlock__ofd_first(fd, mid, top);
         if (c >= 0)
             best = c;
         else
@@ -135,7 +136,7 @@ static int chan_bind(const sq_wait *w, off_t t, int bell)
         return -1;
     int r = bind(s, (struct sockaddr *)&sa, len);
     if (r != 0 && errno == EADDRINUSE &&
-        first_conflict(w->fd, t, t + 1) < 0 &&
+        dlock__ofd_first(w->fd, t, t + 1) < 0 &&
         unlinkat(w->ch->dirfd, leaf, 0) == 0)
         r = bind(s, (struct sockaddr *)&sa, len);
     if (r != 0) {
@@ -177,10 +178,10 @@ int dlock__sqw_take(sq_wait *w, int64_t until)
     /* byte 0: dlock's takers hold it for a few system calls; anyone else
      * holding it (a process outside dlock) holds us up to `until` or a
      * cancel, never longer (a helper thread waits in the kernel) */
-    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, meta, 1) != 0) {
+    if (dlock__ofd_lk(w->fd, F_OFD_SETLK, F_WRLCK, meta, 1) != 0) {
         if (errno != EAGAIN && errno != EACCES)
             return errno;
-        e = dlock__file_kwait(w->fd, F_WRLCK, meta, until, w->cfd);
+        e = dlock__kwait(w->fd, F_WRLCK, meta, until, w->cfd);
         if (e)
             return e == EAGAIN ? ENOMEM : e; /* EAGAIN: no helper thread */
     }
@@ -206,7 +207,7 @@ int dlock__sqw_take(sq_wait *w, int64_t until)
     }
     if (t >= top)
         t = meta + 1;
-    if (lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0) {
+    if (dlock__ofd_lk(w->fd, F_OFD_SETLK, F_WRLCK, t, 1) == 0) {
         w->ticket = t;
     } else {
         e = errno == EACCES ? EAGAIN : errno;
@@ -220,7 +221,7 @@ int dlock__sqw_take(sq_wait *w, int64_t until)
         }
         w->lfd = w->bfd = -1;
     }
-    lk(w->fd, F_OFD_SETLK, F_UNLCK, meta, 1);
+    dlock__ofd_lk(w->fd, F_OFD_SETLK, F_UNLCK, meta, 1);
     return e;
 }
 
@@ -229,7 +230,7 @@ int dlock__sqw_queued(int fd, int64_t rowid)
     off_t base = region_base(rowid);
 
     /* byte 0 too: someone taking a ticket right now */
-    return first_conflict(fd, base, base + SQW_TICKETS) >= 0;
+    return dlock__ofd_first(fd, base, base + SQW_TICKETS) >= 0;
 }
 
 off_t dlock__sqw_pred(const sq_wait *w)
@@ -239,7 +240,7 @@ off_t dlock__sqw_pred(const sq_wait *w)
 
 int dlock__sqw_held(const sq_wait *w, off_t p)
 {
-    return first_conflict(w->fd, p, p + 1) >= 0;
+    return dlock__ofd_first(w->fd, p, p + 1) >= 0;
 }
 
 /* Walks the locks other open files hold in [lo, hi), as F_OFD_GETLK
@@ -332,38 +333,12 @@ int dlock__sqw_connect(const sq_wait *w, off_t p)
         return -1;
     if (connect(s, (struct sockaddr *)&sa, len) != 0 ||
         getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 ||
-        cr.uid != geteuid() || first_conflict(w->fd, p, p + 1) < 0) {
+        cr.uid != geteuid() || dlock__ofd_first(w->fd, p, p + 1) < 0) {
         /* refused, another uid's, or p left: its name may be anyone's */
         close(s);
         return -1;
     }
     return s;
-}
-
-/* Sleeps in poll() on fd until it is readable or `until`: 1 (its events
- * in *rev), 0 at `until` or when cfd (a cancel's eventfd; -1: none) is
- * readable, or a negative errno. */
-static int poll_until(int fd, int cfd, int64_t until, short *rev)
-{
-    for (;;) {
-        struct pollfd pf[2] = {{fd, POLLIN, 0}, {cfd, POLLIN, 0}};
-        int ms = -1, n;
-        if (until != DLOCK__FOREVER) {
-            int64_t left = until - dlock__now_ms();
-            if (left <= 0)
-                return 0;
-            ms = left > INT_MAX ? INT_MAX : (int)left;
-        }
-        n = poll(pf, 2, ms);
-        if (n > 0 && pf[0].revents) {
-            *rev = pf[0].revents;
-            return 1;
-        }
-        if (n > 0)
-            return 0; /* cancelled */
-        if (n < 0 && errno != EINTR)
-            return -errno;
-    }
 }
 
 /* Sleeps on w's doorbell until a ring (SQW_LEFT; drained: a ring says
@@ -372,7 +347,7 @@ static int bell_wait(const sq_wait *w, int64_t until)
 {
     char b[16];
     short rev = 0;
-    int n = poll_until(w->bfd, w->cfd, until, &rev);
+    int n = dlock__poll_until(w->bfd, w->cfd, until, &rev);
 
     if (n <= 0)
         return n == 0 ? SQW_TIMEOUT : n;
@@ -430,12 +405,12 @@ int dlock__sqw_wait(const sq_wait *w, int c, off_t p, int64_t until)
         /* a write lock: it waits for every lock on p, a read lock that
          * a process outside dlock holds there too (with a read lock it
          * would get in at once, and look again: a spin) */
-        int e = dlock__file_kwait(w->fd, F_WRLCK, p, until, w->cfd);
+        int e = dlock__kwait(w->fd, F_WRLCK, p, until, w->cfd);
         if (e == ETIMEDOUT)
             return SQW_TIMEOUT;
         if (e)
             return -e;
-        lk(w->fd, F_OFD_SETLK, F_UNLCK, p, 1);
+        dlock__ofd_lk(w->fd, F_OFD_SETLK, F_UNLCK, p, 1);
         return SQW_LEFT;
     }
     /* the doorbell too: a break that took p's hold rings it (p itself
@@ -449,12 +424,12 @@ int dlock__sqw_bell(const sq_wait *w, int64_t until)
     int ev = SQW_TIMEOUT;
 
     /* the mark says "the holder has no ticket here" to dlock_inspect() */
-    lk(w->fd, F_OFD_SETLK, F_RDLCK, mark, 1);
+    dlock__ofd_lk(w->fd, F_OFD_SETLK, F_RDLCK, mark, 1);
     if (w->bfd < 0)
         dlock__sqw_sleep(until, w->cfd);
     else
         ev = bell_wait(w, until);
-    lk(w->fd, F_OFD_SETLK, F_UNLCK, mark, 1);
+    dlock__ofd_lk(w->fd, F_OFD_SETLK, F_UNLCK, mark, 1);
     return ev;
 }
 
@@ -462,7 +437,7 @@ int dlock__sqw_marked(int fd, int64_t rowid)
 {
     off_t mark = region_base(rowid) + SQW_MARK;
 
-    return first_conflict(fd, mark, mark + 1) >= 0;
+    return dlock__ofd_first(fd, mark, mark + 1) >= 0;
 }
 
 void dlock__sqw_sleep(int64_t until, int cfd)
@@ -484,7 +459,7 @@ void dlock__sqw_sleep(int64_t until, int cfd)
 static int ring_successor(const sq_wait *w)
 {
     struct sockaddr_un sa;
-    off_t s = first_conflict(w->fd, w->ticket + 1, w->base + SQW_MARK);
+    off_t s = dlock__ofd_first(w->fd, w->ticket + 1, w->base + SQW_MARK);
     int fd, sent;
 
     if (s < 0)
@@ -546,9 +521,9 @@ int dlock__sqw_drop(sq_wait *w, int wake)
         chan_unlink(w, w->ticket, 0);
     /* the ticket next: a successor that connects or arms from now on
      * finds it free and does not wait on us */
-    lk(w->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
+    dlock__ofd_lk(w->fd, F_OFD_SETLK, F_UNLCK, 0, 0);
     if (w->lfd >= 0 && wake)
-        woken = dlock__file_chan_wake(w->lfd);
+        woken = dlock__chan_wake(w->lfd);
     /* no successor on our channel (we had none, or it could not connect
      * before we made it): the next ticket may wait on its doorbell */
     if (woken < 0 && w->ticket >= 0 && ring_successor(w))
@@ -556,7 +531,7 @@ int dlock__sqw_drop(sq_wait *w, int wake)
     if (woken != -1)
         sched_yield(); /* the lock is idle until the successor runs */
     if (w->lfd >= 0) /* other pending connections get end of file */
-        dlock__file_chan_close(w->lfd, woken >= 0 ? woken : -1);
+        dlock__chan_close(w->lfd, woken >= 0 ? woken : -1);
     w->fd = w->lfd = -1;
     w->ticket = -1;
     return fd;
