@@ -187,6 +187,14 @@ dlock__entry *dlock__entry_find(dlock_client *c, const char *name,
 void dlock__entry_maybe_free(dlock_client *c, dlock__entry *e);
 
 /* lock.c */
+/* The shortest store operation a wait's deadline leaves (ms). */
+#define DLOCK__MIN_OP_MS 10
+/* The end of one store operation made while the caller waits until
+ * `deadline` (a try when try_once: the client's timeout at least). */
+int64_t dlock__op_deadline(const dlock_client *c, int64_t deadline,
+                           int try_once);
+/* Whether l is a DLOCK_OWNER_HANDLE handle (one owner per handle). */
+int dlock__by_handle(const dlock *l);
 /* Removes a hold from every list (c->mu held). */
 void dlock__hold_unlink(dlock_client *c, dlock__hold *h);
 /* Releases a hold in the store, best effort, and frees it (c->mu NOT
@@ -223,6 +231,22 @@ extern const dlock__backend dlock__backend_mysql;
 int dlock__store_open(const char *scheme, const dlock__backend **be,
                       void **handle);
 void dlock__store_close(void *handle);
+
+/* acquire.c */
+/* A new hold of l's name for the calling thread (lock.c's acquire()
+ * checked that it may: no hold of its own, the kind supported), waiting
+ * until `deadline` (monotonic ms; DLOCK__FOREVER) when wait_ms is not 0;
+ * `seq` its waiter number. */
+int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
+                       int64_t wait_ms, int64_t start, int64_t start_us,
+                       int64_t deadline, uint64_t seq);
+/* Whether a cancel flag (NULL: none) is set. */
+int dlock__is_cancelled(const int *flag);
+/* DLOCK_ECANCELED for an acquire of hold h that dlock_cancel() ended
+ * after `waited` ms, and DLOCK_ECANCELED for one through a handle that
+ * dlock_shutdown() shut (messages set). */
+int dlock__cancel_message(const dlock__hold *h, int64_t waited);
+int dlock__shut_message(const dlock *l);
 
 /* Whether table be keeps the module ABI's rules (store.h): DLOCK_OK, or
  * DLOCK_ENOTSUP with a message naming the capability and the slot it
