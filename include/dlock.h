@@ -59,21 +59,66 @@ extern "C" {
  * Every code has a fixed number; new codes are only ever appended.
  * DLOCK_EBUSY ("never got it") and DLOCK_ELOST ("had it, then lost it") are
  * kept apart everywhere: callers must be able to tell them apart.
+ * docs/errors.md says, for each code, when it comes and what to do.
+ *
+ * DLOCK_ERRNO_MAP(X) is the one list of the codes: X(NAME, value, text)
+ * for each, where DLOCK_<NAME> is the code, value its number and text what
+ * dlock_strerror() says of it (dlock_errname() gives "DLOCK_<NAME>"). The
+ * codes below are made from it, and so are dlock_strerror() and
+ * dlock_errname(); a program may expand it too, to handle every code,
+ * using NAME only pasted (DLOCK_##NAME) or made a string (#NAME), as
+ * libuv's UV_ERRNO_MAP: alone it would become <errno.h>'s EBUSY, EINVAL...
+ *
+ * The codes are enum constants (int), each also #defined to itself, so
+ * that `#ifdef DLOCK_ECANCELED` tells whether this dlock has the code, as
+ * when the codes were plain #defines; their values are C's, not the
+ * preprocessor's: compare them in code, not in `#if`.
+ *
+ * Adding a code: append its row to the map, with the next number down,
+ * then its #define below. tests/docs/check_errors.py (ctest -R
+ * errors.lists, in `make test`) then names what else must list it, and
+ * fails until they do: its row in docs/errors.md's table, its exception
+ * class in python/dlock/_errors.py and its constant in
+ * python/dlock/_native.py. tests/unit/test_errors.c pins every number.
  */
-#define DLOCK_OK 0        /* success */
-#define DLOCK_EBUSY -1    /* another owner held the lock for the whole wait */
-#define DLOCK_ELOST -2    /* the hold expired or was taken over */
-#define DLOCK_ENOTHELD -3 /* the calling thread does not hold this lock */
-#define DLOCK_EINVAL -4   /* invalid argument (name, URI, duration, ...) */
-#define DLOCK_ECONN -5    /* the store is unreachable or the link broke */
-#define DLOCK_EAUTH -6    /* the store refused our credentials */
-#define DLOCK_EPROTO -7   /* the store answered something unexpected */
-#define DLOCK_ENOMEM -8   /* out of memory */
-#define DLOCK_ENOTSUP -9  /* store or operation not supported/built */
-#define DLOCK_EDEADLK -10 /* the request would wait for the caller itself
-                           * (a read hold asking to become a write hold) */
-#define DLOCK_ECANCELED -11 /* dlock_cancel() ended the wait, or the
-                             * handle was shut (dlock_shutdown()) */
+#define DLOCK_ERRNO_MAP(X)                                                  \
+    X(OK, 0, "success")                                                     \
+    X(EBUSY, -1, "held by another owner for the whole wait")                \
+    X(ELOST, -2, "the hold expired or was taken over")                      \
+    /* the calling thread does not hold this lock */                        \
+    X(ENOTHELD, -3, "not held by this owner")                               \
+    /* invalid argument (name, URI, duration, ...) */                       \
+    X(EINVAL, -4, "invalid argument")                                       \
+    /* the store is unreachable or the link broke */                        \
+    X(ECONN, -5, "store unreachable or connection lost")                    \
+    X(EAUTH, -6, "the store refused the credentials")                       \
+    X(EPROTO, -7, "unexpected answer from the store")                       \
+    X(ENOMEM, -8, "out of memory")                                          \
+    /* store or operation not supported/built */                            \
+    X(ENOTSUP, -9, "not supported by this store or build")                  \
+    /* a read hold asking to become a write hold */                         \
+    X(EDEADLK, -10, "would wait for the caller's own hold")                 \
+    /* dlock_cancel() ended the wait, or the handle was shut */             \
+    X(ECANCELED, -11, "the wait was cancelled")
+
+enum {
+#define DLOCK__CODE(name, value, text) DLOCK_##name = (value),
+    DLOCK_ERRNO_MAP(DLOCK__CODE)
+#undef DLOCK__CODE
+};
+
+#define DLOCK_OK DLOCK_OK
+#define DLOCK_EBUSY DLOCK_EBUSY
+#define DLOCK_ELOST DLOCK_ELOST
+#define DLOCK_ENOTHELD DLOCK_ENOTHELD
+#define DLOCK_EINVAL DLOCK_EINVAL
+#define DLOCK_ECONN DLOCK_ECONN
+#define DLOCK_EAUTH DLOCK_EAUTH
+#define DLOCK_EPROTO DLOCK_EPROTO
+#define DLOCK_ENOMEM DLOCK_ENOMEM
+#define DLOCK_ENOTSUP DLOCK_ENOTSUP
+#define DLOCK_EDEADLK DLOCK_EDEADLK
+#define DLOCK_ECANCELED DLOCK_ECANCELED
 
 /* Longest lock name, in bytes (not counting the terminating NUL). */
 #define DLOCK_NAME_MAX 512

@@ -108,11 +108,14 @@ class Cancelled(DlockError):
     code = -11
 
 
+# every class above that names a code of its own (its subclasses, such as
+# Closed, share their parent's); tests/docs/check_errors.py checks that
+# each code of include/dlock.h's DLOCK_ERRNO_MAP has one
 _BY_CODE: Dict[int, Type[DlockError]] = {
     c.code: c
-    for c in (Busy, LockLost, NotHeld, InvalidArgument, ConnectionFailed,
-              AuthenticationFailed, ProtocolError, OutOfMemory, NotSupported,
-              Deadlock, Cancelled)
+    for c in list(globals().values())
+    if isinstance(c, type) and issubclass(c, DlockError)
+    and c is not DlockError and "code" in vars(c)
 }
 
 

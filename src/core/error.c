@@ -14,27 +14,15 @@
 
 static _Thread_local char errmsg[ERRMSG_MAX];
 
-#define DLOCK_ERROR_MAP(X)                                                  \
-    X(DLOCK_OK, "DLOCK_OK", "success")                                      \
-    X(DLOCK_EBUSY, "DLOCK_EBUSY", "held by another owner for the whole wait") \
-    X(DLOCK_ELOST, "DLOCK_ELOST", "the hold expired or was taken over")     \
-    X(DLOCK_ENOTHELD, "DLOCK_ENOTHELD", "not held by this owner")           \
-    X(DLOCK_EINVAL, "DLOCK_EINVAL", "invalid argument")                     \
-    X(DLOCK_ECONN, "DLOCK_ECONN", "store unreachable or connection lost")   \
-    X(DLOCK_EAUTH, "DLOCK_EAUTH", "the store refused the credentials")      \
-    X(DLOCK_EPROTO, "DLOCK_EPROTO", "unexpected answer from the store")     \
-    X(DLOCK_ENOMEM, "DLOCK_ENOMEM", "out of memory")                        \
-    X(DLOCK_ENOTSUP, "DLOCK_ENOTSUP", "not supported by this store or build") \
-    X(DLOCK_EDEADLK, "DLOCK_EDEADLK", "would wait for the caller's own hold") \
-    X(DLOCK_ECANCELED, "DLOCK_ECANCELED", "the wait was cancelled")
-
+/* Both made from the header's list, DLOCK_ERRNO_MAP: a code added there is
+ * described here with nothing more to write. */
 const char *dlock_strerror(int rc)
 {
     switch (rc) {
-#define X(code, name, text)                                                 \
-    case code:                                                              \
+#define X(name, value, text)                                                \
+    case DLOCK_##name:                                                      \
         return text;
-        DLOCK_ERROR_MAP(X)
+        DLOCK_ERRNO_MAP(X)
 #undef X
     default:
         return "unknown error code";
@@ -44,10 +32,10 @@ const char *dlock_strerror(int rc)
 const char *dlock_errname(int rc)
 {
     switch (rc) {
-#define X(code, name, text)                                                 \
-    case code:                                                              \
-        return name;
-        DLOCK_ERROR_MAP(X)
+#define X(name, value, text)                                                \
+    case DLOCK_##name:                                                      \
+        return "DLOCK_" #name;
+        DLOCK_ERRNO_MAP(X)
 #undef X
     default:
         return "DLOCK_E?";
