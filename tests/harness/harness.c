@@ -61,6 +61,35 @@ const dlock_client_options *th_patient(void)
     return &patient;
 }
 
+dlock_client *th_client(const char *uri, const dlock_client_options *o)
+{
+    dlock_client *c = NULL;
+    int rc = dlock_client_open(&c, uri, o);
+
+    if (rc != DLOCK_OK)
+        th_fail(__FILE__, __LINE__, "dlock_client_open returned %s: %s",
+                dlock_errname(rc), dlock_errmsg());
+    return c;
+}
+
+dlock *th_handle(dlock_client *c, const char *name, int64_t ttl,
+                 unsigned flags, unsigned permits)
+{
+    dlock_options o;
+    dlock *l = NULL;
+    int rc;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    o.permits = permits;
+    rc = dlock_open(&l, c, name, &o);
+    if (rc != DLOCK_OK)
+        th_fail(__FILE__, __LINE__, "dlock_open(%s) returned %s: %s", name,
+                dlock_errname(rc), dlock_errmsg());
+    return l;
+}
+
 int64_t th_now_ms(void)
 {
     struct timespec ts;

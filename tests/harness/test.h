@@ -101,6 +101,15 @@ void th_child(int argc, char **argv);
  * PostgreSQL SCRAM login is thousands of hashes) can pass the default 2 s. */
 const dlock_client_options *th_patient(void);
 
+/* A client of `uri` (`o`: NULL for the defaults, or th_patient()), and a
+ * handle on `name` with ttl_ms `ttl`, `flags` and `permits` (0: the
+ * defaults); each fails the test, naming the call, when it cannot be
+ * opened. The suites' own client()/handle() are these with their store's
+ * URI. */
+dlock_client *th_client(const char *uri, const dlock_client_options *o);
+dlock *th_handle(dlock_client *c, const char *name, int64_t ttl,
+                 unsigned flags, unsigned permits);
+
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);
 void th_sleep_ms(int64_t ms);

@@ -82,14 +82,7 @@ static dlock_client *client(void)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -40,10 +40,7 @@ static char uri[400];
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, NULL));
-    return c;
+    return th_client(u, NULL);
 }
 
 static dlock_client *client(void)

@@ -44,23 +44,13 @@ static char uri[900];
 
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, uri, NULL));
-    return c;
+    return th_client(uri, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 static void path_of(const char *file, char *out, size_t cap)
@@ -1946,10 +1936,7 @@ static void world_dir(char *out, size_t cap, const char *leaf)
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, NULL));
-    return c;
+    return th_client(u, NULL);
 }
 
 /* What a child of another uid (and gid, and groups) does */

@@ -75,10 +75,7 @@ static th_sql own; /* killed, frozen and restarted: started on first use */
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, NULL));
-    return c;
+    return th_client(u, NULL);
 }
 
 static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,

@@ -54,24 +54,13 @@ static th_sql srv;
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, NULL));
-    return c;
+    return th_client(u, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags, unsigned permits)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.permits = permits;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, permits);
 }
 
 /* A forked child's client and handle (patient: several log in at once);

@@ -40,10 +40,7 @@ static char adv[400]; /* srv.uri + ?mode=advisory */
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, NULL));
-    return c;
+    return th_client(u, NULL);
 }
 
 static dlock_client *client(void)
@@ -54,14 +51,7 @@ static dlock_client *client(void)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 static int64_t waiters_of(dlock_client *c, const char *name)

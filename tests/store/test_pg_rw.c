@@ -33,10 +33,7 @@ static th_sql srv;
 
 static dlock_client *client_at(const char *uri)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, uri, NULL));
-    return c;
+    return th_client(uri, NULL);
 }
 
 static dlock_client *client(void)
@@ -47,15 +44,7 @@ static dlock_client *client(void)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags, unsigned permits)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.permits = permits;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, permits);
 }
 
 typedef struct waiter {

@@ -39,10 +39,7 @@ static th_pgb sess, trans; /* pool_mode session, transaction */
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, NULL));
-    return c;
+    return th_client(u, NULL);
 }
 
 static void uri(char *out, size_t cap, const th_pgb *b, const char *query)

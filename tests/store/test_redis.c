@@ -23,23 +23,13 @@ static th_redis auth; /* with passwords */
 
 static dlock_client *client_at(const char *uri)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, uri, NULL));
-    return c;
+    return th_client(uri, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 static void cycle(dlock_client *c, const char *name)

@@ -108,10 +108,7 @@ static const char *cert(const char *file)
 
 static dlock_client *client_at(const char *uri)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, uri, NULL));
-    return c;
+    return th_client(uri, NULL);
 }
 
 static dlock *handle_flags(dlock_client *c, const char *name, int64_t ttl,

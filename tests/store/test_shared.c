@@ -23,10 +23,7 @@ static int has_shared, has_permits;
 
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, S.uri, NULL));
-    return c;
+    return th_client(S.uri, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, unsigned permits,

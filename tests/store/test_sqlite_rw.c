@@ -77,24 +77,13 @@ static long steps_of(long *counter)
 
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, uri, NULL));
-    return c;
+    return th_client(uri, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags, unsigned permits)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.permits = permits;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, permits);
 }
 
 static dlock_info info_of(dlock_client *c, const char *name)
