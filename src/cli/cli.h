@@ -91,13 +91,6 @@ int cli_sup_send(const cli_sup *s, int op, int sig);
  * returns how many got it, -1 without /proc. Async-signal-safe. */
 int cli_tree_signal(pid_t root, int sig);
 
-int cmd_run(int argc, char **argv);
-int cmd_status(int argc, char **argv);
-int cmd_gc(int argc, char **argv);
-int cmd_list(int argc, char **argv);
-int cmd_break(int argc, char **argv);
-int cmd_exporter(int argc, char **argv);
-
 /* "dlock: <message>\n" on stderr, the message escaped for the terminal
  * (cli_escape: it may quote a store's or a server's words). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

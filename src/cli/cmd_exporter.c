@@ -33,6 +33,7 @@
  * are then not built.
  */
 #include "cli.h"
+#include "cmd.h"
 
 #include <dlock.h>
 
