@@ -91,6 +91,9 @@ int cli_sup_send(const cli_sup *s, int op, int sig);
  * returns how many got it, -1 without /proc. Async-signal-safe. */
 int cli_tree_signal(pid_t root, int sig);
 
+/* The usage of `dlock exporter` (exporter_usage.c). */
+extern const char cli_exporter_usage[];
+
 /* "dlock: <message>\n" on stderr, the message escaped for the terminal
  * (cli_escape: it may quote a store's or a server's words). */
 void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
