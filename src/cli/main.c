@@ -8,6 +8,7 @@
 #include <dlock.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef DLOCK_CLI_VERSION
@@ -87,8 +88,9 @@ int cmd_help(int argc, char **argv)
 }
 
 /* the version, and the stores this build reaches: in the library, as an
- * installed module, or missing (left out, or its module not installed) */
-static void print_version(void)
+ * installed module, or missing (left out, or its module not installed).
+ * Each store is asked once: for a module, that looks for its file. */
+static int print_version(void)
 {
     static const struct {
         int how;
@@ -96,21 +98,32 @@ static void print_version(void)
     } kinds[] = {{DLOCK_STORE_BUILTIN, "built in"},
                  {DLOCK_STORE_MODULE, "as modules"},
                  {DLOCK_STORE_MISSING, "missing"}};
+    size_t n = 0;
+    int *how;
+
     printf("dlock %s (library %s)\n", DLOCK_CLI_VERSION, dlock_version());
+    while (dlock_store_scheme(n, NULL)) /* the library's table: finite */
+        n++;
+    if (!(how = calloc(n + 1, sizeof(*how)))) {
+        cli_err("out of memory");
+        return CLI_EX_SOFTWARE;
+    }
+    for (size_t i = 0; i < n; i++)
+        dlock_store_scheme(i, &how[i]);
     for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
-        int any = 0, how;
-        const char *scheme;
-        for (size_t i = 0; (scheme = dlock_store_scheme(i, &how)) != NULL;
-             i++) {
-            if (how != kinds[k].how)
+        int any = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (how[i] != kinds[k].how)
                 continue;
             printf("%s%s", any ? " " : "stores ", any ? "" : kinds[k].label);
-            printf("%s%s", any ? "" : ": ", scheme);
+            printf("%s%s", any ? "" : ": ", dlock_store_scheme(i, NULL));
             any = 1;
         }
         if (any)
             putchar('\n');
     }
+    free(how);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -121,10 +134,8 @@ int main(int argc, char **argv)
         print_usage(stderr);
         return CLI_EX_USAGE;
     }
-    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
-        print_version();
-        return 0;
-    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version"))
+        return print_version();
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         print_usage(stdout);
         return 0;
