@@ -23,6 +23,14 @@
  * the machine's drift hits them alike; the ratio to flock is the median of
  * the chunks' ratios of their means.
  *
+ * A command's peak RSS is wait4()'s ru_maxrss: the largest resident set
+ * of its processes (dlock, its supervisor and CMD; flock and CMD), the
+ * median of RSS_RUNS runs. Started by fork(), not posix_spawn(): a child
+ * that shares this process's memory until its exec counts this process's
+ * resident set as its own, a forked one only its few anonymous pages.
+ *
+ * The issue 35 targets are printed beside the figures (TARGET_*).
+ *
  * Contended: N processes start together, each running one kind of command
  * M times in a row under the same lock name; the wall time until the last
  * has finished, divided by N*M, is the time per command.
@@ -39,6 +47,7 @@
 #include <pwd.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -52,6 +61,13 @@ extern char **environ;
 
 #define CHUNKS 15
 #define NAME "benchcli"
+#define RSS_RUNS 7
+
+/* issue 35: dlock run and dlock --version beside flock(1), in time, and
+ * dlock run's peak RSS beside flock's */
+#define TARGET_RUN 1.3
+#define TARGET_VERSION 1.5
+#define TARGET_RSS 2.0
 
 typedef struct kind {
     const char *label; /* Markdown */
@@ -68,6 +84,42 @@ typedef struct kind {
 static int64_t run_once(const kind *k)
 {
     return run_command(k->label, k->argv, k->envp, k->pathsearch);
+}
+
+/* The peak RSS in kB of one run of k: the largest of its processes'
+ * (ru_maxrss counts the children each process waited for). */
+static long peak_rss_kb(const kind *k)
+{
+    struct rusage ru;
+    pid_t pid;
+    int st;
+
+    fflush(stdout); /* not written twice by the child */
+    if ((pid = fork()) < 0)
+        die("fork", strerror(errno));
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+            _exit(126);
+        if (k->pathsearch)
+            execvpe(k->argv[0], k->argv, k->envp);
+        else
+            execve(k->argv[0], k->argv, k->envp);
+        _exit(127);
+    }
+    while (wait4(pid, &st, 0, &ru) < 0)
+        if (errno != EINTR)
+            die("wait4", strerror(errno));
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        die(k->label, "failed (peak RSS run)");
+    return ru.ru_maxrss;
+}
+
+static int cmplong(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+
+    return x < y ? -1 : x > y;
 }
 
 /* envp: environ without DLOCK_STORE */
@@ -234,17 +286,28 @@ int main(int argc, char **argv)
             k->chunk_mean[c] = mean_ms(start, per_chunk);
         }
 
+    /* peak RSS: the kinds in turns again, RSS_RUNS times; the median */
+    long rss[NK][RSS_RUNS], rss_kb[NK];
+    for (int r = 0; r < RSS_RUNS; r++)
+        for (int i = 0; i < NK; i++)
+            rss[i][r] = peak_rss_kb(&ks[i]);
+    for (int i = 0; i < NK; i++) {
+        qsort(rss[i], RSS_RUNS, sizeof(long), cmplong);
+        rss_kb[i] = rss[i][RSS_RUNS / 2];
+    }
+
     printf("\n### The CLI: one whole command under a file lock\n\n");
     printf("Wall time of one whole command, in ms, from `posix_spawn()` to "
            "`waitpid()` returning, timed by a C loop on CLOCK_MONOTONIC: "
            "process start, lock, run `true`, unlock, exit. %d runs of each, "
            "in %d chunks in which every command takes its turn; the ratio is "
            "the median of the chunks' ratios of the means (with their "
-           "range).\n\n",
-           total, CHUNKS);
+           "range). Peak RSS: the largest resident set of the command's "
+           "processes (`wait4()`'s `ru_maxrss`), the median of %d runs.\n\n",
+           total, CHUNKS, RSS_RUNS);
     printf("| command | mean | p50 | p99 | above `true` | ratio to flock "
-           "|\n|---|---|---|---|---|---|\n");
-    double true_mean = mean_ms(ks[K_TRUE].ns, total);
+           "| peak RSS (kB) |\n|---|---|---|---|---|---|---|\n");
+    double true_mean = mean_ms(ks[K_TRUE].ns, total), ratio[NK][3];
     for (int i = 0; i < NK; i++) {
         kind *k = &ks[i];
         double mean = mean_ms(k->ns, total), rv[CHUNKS];
@@ -253,21 +316,46 @@ int main(int argc, char **argv)
                (double)k->ns[total / 2] / 1e6,
                (double)k->ns[(int)(total * 0.99)] / 1e6);
         if (i == K_TRUE)
-            printf("| |\n");
+            printf("| | %ld |\n", rss_kb[i]);
         else
             printf("%.2f | ", mean - true_mean);
         if (i == K_FLOCK || i == K_FLOCK_VERSION) {
-            printf("1.00x |\n");
+            printf("1.00x | %ld |\n", rss_kb[i]);
         } else if (i != K_TRUE) {
             int base = i == K_VERSION ? K_FLOCK_VERSION : K_FLOCK;
             int bold = i == K_DLOCK || i == K_VERSION;
             for (int c = 0; c < CHUNKS; c++)
                 rv[c] = k->chunk_mean[c] / ks[base].chunk_mean[c];
             qsort(rv, CHUNKS, sizeof(double), cmpd);
-            printf("%s%.2fx%s (%.2f–%.2f) |\n", bold ? "**" : "",
-                   rv[CHUNKS / 2], bold ? "**" : "", rv[0], rv[CHUNKS - 1]);
+            ratio[i][0] = rv[CHUNKS / 2];
+            ratio[i][1] = rv[0];
+            ratio[i][2] = rv[CHUNKS - 1];
+            printf("%s%.2fx%s (%.2f–%.2f) | %ld |\n", bold ? "**" : "",
+                   rv[CHUNKS / 2], bold ? "**" : "", rv[0], rv[CHUNKS - 1],
+                   rss_kb[i]);
         }
     }
+
+    /* the targets, beside this run's figures */
+    double rss_ratio = (double)rss_kb[K_DLOCK] / (double)rss_kb[K_FLOCK];
+    printf("\n### The CLI's targets: start-up and memory beside flock\n\n");
+    printf("Issue 35's targets, against flock(1) in this run (the ratios of "
+           "the table above).\n\n");
+    printf("| figure | this run | target | |\n|---|---|---|---|\n");
+    printf("| start-up: `dlock run --store file://DIR NAME true` ÷ `flock "
+           "DIR/NAME.flock true` | **%.2fx** (%.2f–%.2f) | ≤ %.1fx | %s |\n",
+           ratio[K_DLOCK][0], ratio[K_DLOCK][1], ratio[K_DLOCK][2],
+           TARGET_RUN, ratio[K_DLOCK][0] <= TARGET_RUN ? "met" : "over");
+    printf("| `dlock --version` ÷ `flock --version` | **%.2fx** (%.2f–%.2f) "
+           "| ≤ %.1fx | %s |\n",
+           ratio[K_VERSION][0], ratio[K_VERSION][1], ratio[K_VERSION][2],
+           TARGET_VERSION,
+           ratio[K_VERSION][0] <= TARGET_VERSION ? "met" : "over");
+    printf("| peak RSS: `dlock run --store file://DIR NAME true` ÷ `flock "
+           "DIR/NAME.flock true` | **%.2fx** (%ld ÷ %ld kB) | ≤ %.1fx | %s "
+           "|\n",
+           rss_ratio, rss_kb[K_DLOCK], rss_kb[K_FLOCK], TARGET_RSS,
+           rss_ratio <= TARGET_RSS ? "met" : "over");
 
     /* contended: the same lock name for every process */
     int np[] = {2, 8};

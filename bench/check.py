@@ -28,6 +28,9 @@ how fast anything was. It fails (exit 1, one line per problem) when
     connection), `dlock run` beside `redis-cli --tls PING`,
     redis-py's cycle over TLS, and the contention rows over TLS (dlock's
     beside redis-py's, at 8 processes);
+  - the file store's CLI section lacks its targets' figures beside
+    flock(1): `dlock run`'s start-up, `dlock --version` and the peak RSS,
+    each a ratio with its target (issue 35);
   - a chart named by the document was not drawn (with --charts DIR).
 """
 import os
@@ -136,6 +139,18 @@ def main():
                   "SQLite", "PostgreSQL", "PostgreSQL advisory", "MariaDB"]:
         if not hand.get(label, 0) > 0:
             bad.append("no hand-off figure for %s" % label)
+
+    clit = subsection(text, "The CLI's targets")
+    for what, pat in [
+            ("start-up", r"\| start-up: `dlock run [^|]*\| \*\*[0-9.]+x\*\* "
+             r"\([0-9.]+–[0-9.]+\) \| ≤ [0-9.]+x \| (met|over) \|"),
+            ("--version", r"\| `dlock --version` [^|]*\| \*\*[0-9.]+x\*\* "
+             r"\([0-9.]+–[0-9.]+\) \| ≤ [0-9.]+x \| (met|over) \|"),
+            ("peak RSS", r"\| peak RSS: [^|]*\| \*\*[0-9.]+x\*\* \([0-9]+ ÷ "
+             r"[0-9]+ kB\) \| ≤ [0-9.]+x \| (met|over) \|")]:
+        if not re.search(pat, clit):
+            bad.append("no CLI %s figure beside its target (file store, "
+                       "The CLI's targets)" % what)
 
     cont = text.split("\n## Contention", 1)
     if len(cont) < 2:

@@ -518,8 +518,11 @@ kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
 
 echo "bench: ${SECONDS}s: the CLI" >&2
 # --- File store: the CLI, whole `dlock run` commands beside util-linux
-# flock(1) and `true` alone, timed by a C fork/exec/wait loop; appended to
-# the file store's section (the last of $out)
+# flock(1) and `true` alone, timed by a C fork/exec/wait loop, their peak
+# RSS, and the start-up and memory targets beside the figures; appended to
+# the file store's section (the last of $out). Alone: build-bench/bench/
+# dlock_bench_cli "$PWD/build-bench/dlock" "$(command -v flock)" EMPTY_DIR
+# [--quick]
 flock_bin=$(command -v flock 2>/dev/null || true)
 flockver=
 if [ -z "$flock_bin" ]; then

@@ -91,12 +91,8 @@ int cli_sup_send(const cli_sup *s, int op, int sig);
  * returns how many got it, -1 without /proc. Async-signal-safe. */
 int cli_tree_signal(pid_t root, int sig);
 
-int cmd_run(int argc, char **argv);
-int cmd_status(int argc, char **argv);
-int cmd_gc(int argc, char **argv);
-int cmd_list(int argc, char **argv);
-int cmd_break(int argc, char **argv);
-int cmd_exporter(int argc, char **argv);
+/* The usage of `dlock exporter` (exporter_usage.c). */
+extern const char cli_exporter_usage[];
 
 /* "dlock: <message>\n" on stderr, the message escaped for the terminal
  * (cli_escape: it may quote a store's or a server's words). */

@@ -10,6 +10,7 @@
  * renewal or release; the next holder's token is above theirs.
  */
 #include "cli.h"
+#include "cmd.h"
 
 #include <dlock.h>
 

@@ -1,425 +1,101 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cmd_exporter.c -- `dlock exporter --listen ADDR:PORT [--store URI]...
- * [--prefix P] [--all] [--timeout DUR]`: the locks of one or more stores
- * as Prometheus metrics, over HTTP (GET /metrics). The command: options,
- * start, stop.
+ * cmd_exporter.c -- `dlock exporter ARGS`: runs the exporter program,
+ * dlock-exporter (exporter_main.c), in this process (execv) with ARGS as
+ * given, so that its options, output, pid and exit status are those of
+ * `dlock exporter`. The exporter is a program of its own because it needs
+ * libmicrohttpd, libyaml, libcrypt and GnuTLS, which no other command
+ * should map (docs/cli.md, "The exporter program").
  *
- * What a listing does (exporter_metrics.c): for each store, in the order
- * given, it walks dlock_list() page by page on the client opened for that
- * store at start (the library reconnects it after an outage), and writes
- * one series per lock and family, then the exporter's own health per
- * store.
+ * Where the program is: only where this dlock's build or install put it,
+ * found from the directory of this dlock's file as the kernel names it
+ * (/proc/self/exe: no symbolic link, not argv[0]), the way dlock finds
+ * the libdlock.so it runs on ($ORIGIN in its run path):
+ *   - in the build tree (this dlock's directory is the one it was built
+ *     in, DLOCK_CLI_BUILD_DIR: same device and inode), beside dlock;
+ *   - installed, at DLOCK_CLI_EXEC_REL from dlock's directory (libexecdir/
+ *     dlock from bindir: any prefix, also one given to cmake --install);
+ *   - without /proc, in DLOCK_CLI_EXEC_DIR, the install prefix's.
+ * Never by PATH, never from an environment variable: whoever can put a
+ * program at one of these paths can already replace dlock itself or the
+ * libdlock.so it loads from there.
  *
- * One listing serves every scraper (exporter_cache.c): the answer is kept
- * --cache-ttl (5 s) from the listing's start, and the scrapes that arrive
- * while a listing runs wait for that one (their connections suspended, no
- * thread held) and get its answer. Listings run on a thread of their own,
- * so that no libmicrohttpd thread ever waits on a store; the answer is one
- * reference-counted buffer that every connection reads from.
+ * Passwords: dlock reads none of ARGS, so a password in a --store URI is
+ * still in argv's bytes, and only there, when the exporter overwrites it
+ * (cli_opt_value); execv passes the strings as they are, adding none.
  *
- * HTTP is libmicrohttpd's (exporter_http.c): a few of its threads each
- * poll their share of the connections with epoll, so idle or slow
- * connections cost a descriptor and a bounded memory pool each, never a
- * thread. Connections are bounded in number (total and per client
- * address), in memory, and in time (closed after --http-timeout without
- * progress, an answer cut after 60 s). --web.config.file adds TLS, client
- * certificates and basic auth (web_config.c). The main thread only waits
- * for SIGTERM or SIGINT (sigwait), then stops the listing thread and the
- * daemon, and closes the clients.
- *
- * Without libmicrohttpd at build time (DLOCK_CLI_HAVE_MHD undefined) the
- * command exists and says which package it needs; the exporter_*.c files
- * are then not built.
+ * Without the program (a dlock built without libmicrohttpd, or its
+ * exporter not installed), --help prints the usage and anything else says
+ * what is missing, exit 69.
  */
 #include "cli.h"
-
-#include <dlock.h>
-
-#include <stdio.h>
-#include <string.h>
-
-static const char exporter_usage[] =
-    "usage: dlock exporter --listen ADDR:PORT [--store URI]... [--prefix P]\n"
-    "                      [--all] [--timeout DUR] [--page N]\n"
-    "                      [--web.config.file FILE] [--cache-ttl DUR]\n"
-    "                      [--http-timeout DUR] [--max-connections N]\n"
-    "                      [--max-connections-per-ip N]\n"
-    "\n"
-    "Serves the locks of the stores as Prometheus metrics on\n"
-    "http://ADDR:PORT/metrics (text format 0.0.4). A listing of every lock\n"
-    "of every store (dlock list) answers every scrape for --cache-ttl;\n"
-    "per lock: dlock_lock_held, dlock_lock_lease_seconds,\n"
-    "dlock_lock_hold_age_seconds, dlock_lock_waiters, dlock_lock_holders,\n"
-    "dlock_lock_token (labels store, lock); per store: dlock_exporter_up,\n"
-    "dlock_exporter_scrape_duration_seconds, dlock_exporter_locks,\n"
-    "dlock_exporter_scrape_errors_total, dlock_exporter_listings_total.\n"
-    "The store label is the URI without user, password or query parameters\n"
-    "other than prefix, table, db, mode, private and host.\n"
-    "\n"
-    "  --listen ADDR:PORT  where to listen: 127.0.0.1:9464, [::1]:9464,\n"
-    "                      :9464 (every address); port 0 picks a free one\n"
-    "                      (printed at start). Also --web.listen-address\n"
-    "  --store URI         a store to list (repeat for several; default:\n"
-    "                      $DLOCK_STORE, else the file store)\n"
-    "  --prefix P          only lock names that start with the bytes P\n"
-    "  --all               also free locks the store still keeps\n"
-    "  --timeout DUR       longest store round trip (default 2s)\n"
-    "  --page N            locks per store round trip (1..10000, default\n"
-    "                      1000): larger walks big stores in fewer, longer\n"
-    "                      store operations\n"
-    "  --web.config.file FILE  TLS, client certificates and basic auth, in\n"
-    "                      the Prometheus exporter-toolkit's format\n"
-    "                      (tls_server_config, basic_auth_users,\n"
-    "                      http_server_config.headers)\n"
-    "  --cache-ttl DUR     how long one listing answers scrapes (default\n"
-    "                      5s; 0: each scrape after a listing ended gets a\n"
-    "                      new one, scrapes during a listing share it)\n"
-    "  --http-timeout DUR  a connection without progress for this long is\n"
-    "                      closed (default 10s)\n"
-    "  --max-connections N  open connections at most (default 512), and\n"
-    "  --max-connections-per-ip N  from one client address (default 128)\n"
-    "\n"
-    "A scrape stops listing a store when Prometheus' scrape timeout (its\n"
-    "X-Prometheus-Scrape-Timeout-Seconds header) is near, and reports it\n"
-    "down for that scrape. SIGTERM or SIGINT stops the exporter.\n"
-    "\n"
-    "Exit status: 0 stopped by a signal, 64 usage, 69 a store could not be\n"
-    "opened at start, the address could not be bound, or this dlock was\n"
-    "built without libmicrohttpd.\n";
-
-#ifndef DLOCK_CLI_HAVE_MHD
-
-int cmd_exporter(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(exporter_usage, stdout);
-            return 0;
-        }
-    }
-    cli_err("exporter: this dlock was built without libmicrohttpd; install "
-            "it (Debian: libmicrohttpd-dev) and build dlock again");
-    return CLI_EX_UNAVAILABLE;
-}
-
-#else /* DLOCK_CLI_HAVE_MHD */
-
-#include "exporter.h"
+#include "cmd.h"
 
 #include <errno.h>
-#include <microhttpd.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdlib.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-/* Splits "host:port", "[v6]:port" or ":port" into host (may be "") and
- * port, in buf. Returns 0, or -1 after a message. */
-static int split_listen(const char *s, char *buf, size_t cap,
-                        const char **host, const char **port)
+#ifdef DLOCK_CLI_EXPORTER
+
+/* The exporter program's path into buf; 0, or -1 if it does not fit. */
+static int exporter_path(char *buf, size_t cap)
 {
-    char *colon, *end;
-    unsigned long p;
+    char dir[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir));
+    char *slash = NULL;
+    struct stat here, built;
+    int w;
 
-    if (strlen(s) >= cap) {
-        cli_err("exporter: --listen '%s' is too long", s);
-        return -1;
+    if (n > 0 && (size_t)n < sizeof(dir)) { /* else: cut, or no /proc */
+        dir[n] = '\0';
+        slash = strrchr(dir, '/');
     }
-    strcpy(buf, s);
-    if (buf[0] == '[') {
-        char *close = strchr(buf, ']');
-        if (!close || close[1] != ':') {
-            cli_err("exporter: --listen wants [ADDRESS]:PORT for IPv6, "
-                    "not '%s'",
-                    s);
-            return -1;
-        }
-        *close = '\0';
-        *host = buf + 1;
-        colon = close + 1;
-    } else {
-        colon = strrchr(buf, ':');
-        if (!colon || strchr(buf, ':') != colon) {
-            cli_err("exporter: --listen wants ADDRESS:PORT (e.g. "
-                    "127.0.0.1:9464, [::1]:9464, :9464), not '%s'",
-                    s);
-            return -1;
-        }
-        *colon = '\0';
-        *host = buf;
+    if (!slash) /* no /proc: where the install prefix puts it */
+        w = snprintf(buf, cap, "%s/%s", DLOCK_CLI_EXEC_DIR,
+                     DLOCK_CLI_EXPORTER);
+    else {
+        *slash = '\0'; /* the directory ("" for "/") */
+        if (stat(dir[0] ? dir : "/", &here) == 0 &&
+            stat(DLOCK_CLI_BUILD_DIR, &built) == 0 &&
+            here.st_dev == built.st_dev && here.st_ino == built.st_ino)
+            w = snprintf(buf, cap, "%s/%s", dir, DLOCK_CLI_EXPORTER);
+        else
+            w = snprintf(buf, cap, "%s/%s/%s", dir, DLOCK_CLI_EXEC_REL,
+                         DLOCK_CLI_EXPORTER);
     }
-    *port = colon + 1;
-    errno = 0;
-    p = strtoul(*port, &end, 10);
-    if (**port < '0' || **port > '9' || *end || errno || p > 65535) {
-        cli_err("exporter: --listen: the port must be a number from 0 to "
-                "65535, not '%s'",
-                *port);
-        return -1;
-    }
-    return 0;
+    return w > 0 && (size_t)w < cap ? 0 : -1;
 }
 
-static void close_stores(exporter *ex)
-{
-    for (size_t i = 0; i < ex->n; i++) {
-        dlock_client_close(ex->stores[i].c);
-        free(ex->stores[i].label);
-    }
-    free(ex->stores);
-}
-
-/* A count option from lo to hi; 0, or -1 after a message. */
-static int count_opt(const char *name, const char *v, unsigned long lo,
-                     unsigned long hi, unsigned *out)
-{
-    char *end;
-    unsigned long n;
-
-    errno = 0;
-    n = strtoul(v, &end, 10);
-    if (v[0] < '0' || v[0] > '9' || *end || errno || n < lo || n > hi) {
-        cli_err("exporter: %s wants a number from %lu to %lu, not '%s'",
-                name, lo, hi, v);
-        return -1;
-    }
-    *out = (unsigned)n;
-    return 0;
-}
+#endif
 
 int cmd_exporter(int argc, char **argv)
 {
-    const char *listen = NULL, *timeout = NULL, *page = NULL, *v, *host,
-               *port, *webcfg = NULL, *ttl = NULL, *idle = NULL,
-               *cmax = NULL, *cip = NULL;
-    const char **uris;
-    size_t nuris = 0;
-    dlock_client_options copts = {0};
-    exporter ex = {0};
-    struct MHD_Daemon *d;
-    const union MHD_DaemonInfo *info;
-    char lbuf[300];
-    sigset_t stop;
-    pthread_t lister_tid;
-    int64_t ms;
-    int r, sig = 0, dual = 0, rc = CLI_EX_USAGE;
+#ifdef DLOCK_CLI_EXPORTER
+    char path[PATH_MAX + 64];
+    int err = ENAMETOOLONG;
 
-    /* every --store, in order (at most argc of them) */
-    uris = calloc((size_t)argc, sizeof(*uris));
-    if (!uris) {
-        cli_err("out of memory");
-        return CLI_EX_SOFTWARE;
+    if (exporter_path(path, sizeof(path)) == 0) {
+        argv[0] = path; /* argv[1..]: as given */
+        execv(path, argv);
+        err = errno;
     }
+#endif
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(exporter_usage, stdout);
-            free(uris);
+            fputs(cli_exporter_usage, stdout);
             return 0;
         }
-        if (!strcmp(argv[i], "--all")) {
-            ex.flags |= DLOCK_LIST_FREE;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--store", &v)) != 0) {
-            if (r < 0)
-                goto usage;
-            uris[nuris++] = v;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--listen", &listen)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--web.listen-address",
-                               &listen)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--prefix", &ex.prefix)) !=
-                0 ||
-            (r = cli_opt_value(argc, argv, &i, "--timeout", &timeout)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--page", &page)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--web.config.file",
-                               &webcfg)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--cache-ttl", &ttl)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--http-timeout", &idle)) !=
-                0 ||
-            (r = cli_opt_value(argc, argv, &i, "--max-connections-per-ip",
-                               &cip)) != 0 ||
-            (r = cli_opt_value(argc, argv, &i, "--max-connections",
-                               &cmax)) != 0) {
-            if (r < 0)
-                goto usage;
-            continue;
-        }
-        cli_err("exporter: unknown argument '%s' (try dlock help exporter)",
-                argv[i]);
-        goto usage;
     }
-    if (!listen) {
-        cli_err("exporter: --listen ADDR:PORT is required (e.g. "
-                "--listen 127.0.0.1:9464)");
-        goto usage;
-    }
-    if (split_listen(listen, lbuf, sizeof(lbuf), &host, &port) != 0)
-        goto usage;
-    if (timeout && (cli_parse_duration(timeout, &copts.timeout_ms, 0) != 0 ||
-                    copts.timeout_ms <= 0)) {
-        cli_err("exporter: --timeout wants a duration such as 500ms or 2s, "
-                "not '%s'",
-                timeout);
-        goto usage;
-    }
-    ex.ttl_us = (int64_t)CACHE_TTL_MS * 1000;
-    if (ttl) {
-        if (cli_parse_duration(ttl, &ms, 0) != 0 || ms < 0 ||
-            ms > 86400000) {
-            cli_err("exporter: --cache-ttl wants a duration from 0 to 24h "
-                    "such as 5s, not '%s'",
-                    ttl);
-            goto usage;
-        }
-        ex.ttl_us = ms * 1000;
-    }
-    ex.idle_s = HTTP_IDLE_S;
-    if (idle) {
-        if (cli_parse_duration(idle, &ms, 0) != 0 || ms < 1000 ||
-            ms > 3600000 || ms % 1000) {
-            cli_err("exporter: --http-timeout wants whole seconds from 1s "
-                    "to 1h, not '%s'",
-                    idle);
-            goto usage;
-        }
-        ex.idle_s = (unsigned)(ms / 1000);
-    }
-    ex.conn_max = HTTP_CONN_MAX;
-    ex.conn_per_ip = HTTP_CONN_PER_IP;
-    if ((cmax && count_opt("--max-connections", cmax, HTTP_THREADS, 65536,
-                           &ex.conn_max) != 0) ||
-        (cip && count_opt("--max-connections-per-ip", cip, 1, 65536,
-                          &ex.conn_per_ip) != 0))
-        goto usage;
-    if (ex.conn_per_ip > ex.conn_max)
-        ex.conn_per_ip = ex.conn_max;
-    ex.page = PAGE_LIMIT;
-    if (page) {
-        unsigned pv;
-
-        if (count_opt("--page", page, 1, 10000, &pv) != 0)
-            goto usage;
-        ex.page = pv;
-    }
-    if (ex.prefix && strlen(ex.prefix) > DLOCK_NAME_MAX) {
-        cli_err("exporter: the prefix is longer than a lock name may be "
-                "(%d bytes)",
-                DLOCK_NAME_MAX);
-        goto usage;
-    }
-    if (webcfg && web_config_load(webcfg, &ex.web) != 0)
-        goto usage;
-    if (nuris == 0)
-        uris[nuris++] = NULL; /* $DLOCK_STORE, else the file store */
-
-    /* SIGTERM and SIGINT are blocked in every thread (the clients', the
-     * lister's and libmicrohttpd's inherit the mask), so only sigwait()
-     * below takes them; a write to a scraper that went away must not kill
-     * us */
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    ex.stores = calloc(nuris, sizeof(*ex.stores));
-    if (!ex.stores) {
-        cli_err("out of memory");
-        rc = CLI_EX_SOFTWARE;
-        goto usage;
-    }
-    for (size_t i = 0; i < nuris; i++) {
-        xstore *s = &ex.stores[i];
-        int orc = dlock_client_open(&s->c, uris[i], &copts);
-
-        if (orc != DLOCK_OK) {
-            cli_err("%s", dlock_errmsg());
-            rc = cli_exit_for(orc) == CLI_EX_USAGE ? CLI_EX_USAGE
-                                                   : CLI_EX_UNAVAILABLE;
-            goto out_stores;
-        }
-        ex.n = i + 1;
-        s->uri = dlock_client_store(s->c);
-        if (!(s->label = exporter_store_label(s->uri))) {
-            cli_err("out of memory");
-            rc = CLI_EX_SOFTWARE;
-            goto out_stores;
-        }
-        atomic_init(&s->errors, 0);
-        atomic_init(&s->listings, 0);
-        atomic_init(&s->up, -1);
-        for (size_t j = 0; j < i; j++) {
-            if (!strcmp(ex.stores[j].uri, s->uri)) {
-                cli_err("exporter: store %s is given twice", s->uri);
-                goto out_stores;
-            }
-            if (!strcmp(ex.stores[j].label, s->label)) {
-                cli_err("exporter: stores %s and %s would share the label "
-                        "store=\"%s\" (it keeps only the parameters "
-                        "prefix, table, db, mode, private and host)",
-                        ex.stores[j].uri, s->uri, s->label);
-                goto out_stores;
-            }
-        }
-    }
-    free(uris);
-    uris = NULL;
-
-    pthread_mutex_init(&ex.mu, NULL);
-    pthread_mutex_init(&ex.logmu, NULL);
-    pthread_cond_init(&ex.cv, NULL);
-    if (pthread_create(&lister_tid, NULL, exporter_lister, &ex) != 0) {
-        cli_err("exporter: cannot start a thread");
-        rc = CLI_EX_SOFTWARE;
-        goto out_sync;
-    }
-    d = exporter_http_start(&ex, host, port, &dual);
-    if (!d) {
-        rc = CLI_EX_UNAVAILABLE;
-        goto out_lister;
-    }
-    info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    if (!*host) /* every address: IPv6 and IPv4, or IPv4 alone */
-        host = dual ? "::" : "0.0.0.0";
-    printf("dlock exporter: listening on %s://%s%s%s:%u/metrics\n",
-           ex.web.cert_pem ? "https" : "http", strchr(host, ':') ? "[" : "",
-           host, strchr(host, ':') ? "]" : "",
-           info ? (unsigned)info->port : 0u);
-    for (size_t i = 0; i < ex.n; i++)
-        printf("dlock exporter: store %s\n", ex.stores[i].uri);
-    fflush(stdout);
-
-    if (sigwait(&stop, &sig) != 0) /* only EINVAL: a bad set, not here */
-        cli_err("exporter: sigwait failed; stopping");
-    fprintf(stderr, "dlock exporter: %s: stopping\n",
-            sig == SIGINT ? "SIGINT" : "SIGTERM");
-    rc = 0;
-    /* the lister first: it ends its listing (bounded by its deadline) and
-     * resumes every waiting scrape, so that none is left suspended when
-     * libmicrohttpd stops (running requests finish first) */
-out_lister:
-    pthread_mutex_lock(&ex.mu);
-    ex.stopping = 1;
-    pthread_cond_signal(&ex.cv);
-    pthread_mutex_unlock(&ex.mu);
-    pthread_join(lister_tid, NULL);
-    if (d)
-        MHD_stop_daemon(d);
-out_sync:
-    exporter_body_unref(ex.cur);
-    pthread_cond_destroy(&ex.cv);
-    pthread_mutex_destroy(&ex.mu);
-    pthread_mutex_destroy(&ex.logmu);
-out_stores:
-    close_stores(&ex);
-usage:
-    free(uris);
-    web_config_free(&ex.web);
-    return rc;
+#ifdef DLOCK_CLI_EXPORTER
+    cli_err("exporter: cannot run the exporter program %s: %s (it comes "
+            "with dlock: install it, or build dlock again)",
+            err == ENAMETOOLONG ? "(path too long)" : path, strerror(err));
+#else
+    cli_err("exporter: this dlock was built without libmicrohttpd; install "
+            "it (Debian: libmicrohttpd-dev) and build dlock again");
+#endif
+    return CLI_EX_UNAVAILABLE;
 }
-
-#endif /* DLOCK_CLI_HAVE_MHD */

@@ -3,6 +3,7 @@
  * cmd_gc.c -- `dlock gc [--store URI] [--idle DURATION]`
  */
 #include "cli.h"
+#include "cmd.h"
 
 #include <dlock.h>
 

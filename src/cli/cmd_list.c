@@ -11,6 +11,7 @@
  * line is the store's view of that lock at one moment.
  */
 #include "cli.h"
+#include "cmd.h"
 
 #include <dlock.h>
 

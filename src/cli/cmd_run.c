@@ -27,6 +27,7 @@
  * after --kill-after, and dlock exits 76.
  */
 #include "cli.h"
+#include "cmd.h"
 
 #include <dlock.h>
 

@@ -3,6 +3,7 @@
  * cmd_status.c -- `dlock status [--store URI] [--json] NAME`
  */
 #include "cli.h"
+#include "cmd.h"
 
 #include <dlock.h>
 

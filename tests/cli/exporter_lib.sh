@@ -14,6 +14,11 @@
 
 # DLOCK_TEST_PREFIX: a command line to run the exporters under (valgrind)
 read -r -a PREFIX <<<"${DLOCK_TEST_PREFIX:-}"
+# `dlock exporter` becomes the exporter program by exec: valgrind follows
+# it there only when told to (else the exporter would run unchecked)
+case ${PREFIX[0]:-} in
+valgrind | */valgrind) PREFIX+=(--trace-children=yes) ;;
+esac
 # waits scale with it: valgrind runs the exporter 20-50 times slower
 SLOW=1
 if [ ${#PREFIX[@]} -gt 0 ]; then

@@ -74,6 +74,84 @@ expect_rc 64 "exporter --timeout junk" -- exporter --listen 127.0.0.1:0 --timeou
 expect_rc 64 "exporter with an unknown option" -- exporter --listen 127.0.0.1:0 --frob
 
 # --------------------------------------------------------------------------
+# The exporter program: `dlock exporter` runs it by exec, from where
+# dlock's build or install put it, never from PATH (docs/cli.md, "The
+# exporter program"); once, on the file store
+# --------------------------------------------------------------------------
+
+# fake_exporter PATH: a program at PATH that writes its arguments, one a
+# line, to PATH.args and exits 7
+fake_exporter() {
+    mkdir -p "$(dirname "$1")"
+    cat >"$1" <<'EOF'
+#!/bin/sh
+printf '%s\n' "$@" >"$0.args"
+exit 7
+EOF
+    chmod 755 "$1"
+}
+
+if [ "$KIND" = file ]; then
+    fake_exporter "$TMP/path/dlock-exporter"
+    PATH="$TMP/path:$PATH" "${BOUND[@]}" "$DLOCK" exporter --help \
+        >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+    if [ "$RC" = 0 ] && [ ! -e "$TMP/path/dlock-exporter.args" ] &&
+        grep -q -- "--listen ADDR:PORT" "$TMP/out"; then
+        pass "a dlock-exporter first on PATH is not the one run"
+    else
+        fail "dlock exporter --help with a dlock-exporter on PATH: exit $RC"
+        show "$TMP/out" "$TMP/err"
+    fi
+
+    # a copy of dlock outside its build tree looks where an install puts
+    # the program (libexecdir/dlock from bindir), not beside itself
+    mkdir -p "$TMP/inst/bin"
+    cp "$DLOCK" "$TMP/inst/bin/dlock"
+    fake_exporter "$TMP/inst/bin/dlock-exporter"
+    "${BOUND[@]}" "$TMP/inst/bin/dlock" exporter --listen 127.0.0.1:0 \
+        >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+    want=$(sed -n 's/^dlock: exporter: cannot run the exporter program \(.*\): No such file or directory .*/\1/p' "$TMP/err")
+    if [ "$RC" = 69 ] && [ -n "$want" ] && [ ! -e "$TMP/inst/bin/dlock-exporter.args" ]; then
+        pass "without its exporter program dlock says where it looked (exit 69)"
+    else
+        fail "a dlock without its exporter program: exit $RC"
+        show "$TMP/out" "$TMP/err"
+    fi
+    "${BOUND[@]}" "$TMP/inst/bin/dlock" exporter --help >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+    if [ "$RC" = 0 ] && grep -q -- "--listen ADDR:PORT" "$TMP/out"; then
+        pass "without its exporter program, exporter --help prints the usage"
+    else
+        fail "without its exporter program, exporter --help: exit $RC"
+        show "$TMP/out" "$TMP/err"
+    fi
+    want=$(realpath -m "$want")
+    case $want in
+    "$TMP"/inst/*)
+        # the program there gets the arguments as given: a password in
+        # --store too, which it hides itself (cli_opt_value)
+        fake_exporter "$want"
+        uri='redis://u:Pw0rd@127.0.0.1:1/0'
+        "${BOUND[@]}" "$TMP/inst/bin/dlock" exporter --listen 127.0.0.1:0 \
+            --store "$uri" 'two words' >"$TMP/out" 2>"$TMP/err" </dev/null
+        RC=$?
+        printf '%s\n' --listen 127.0.0.1:0 --store "$uri" 'two words' >"$TMP/args.want"
+        if [ "$RC" = 7 ] && cmp -s "$TMP/args.want" "$want.args"; then
+            pass "dlock runs ${want#"$TMP"/inst/} with the arguments as given, its exit status passed on"
+        else
+            fail "the installed layout's exporter program: exit $RC"
+            show "$TMP/out" "$TMP/err" "$want.args"
+        fi
+        ;;
+    *)
+        skip "the exporter program's installed path leaves the prefix: $want"
+        ;;
+    esac
+fi
+
+# --------------------------------------------------------------------------
 # The store, the locks, the exporter
 # --------------------------------------------------------------------------
 
