@@ -436,9 +436,6 @@ DLOCK__HOST int dlock__info_add_waiter(dlock_info *out, const char *s);
 DLOCK__HOST int dlock__list_add(dlock_list_page *out, const char *name,
                                 size_t len, dlock_info *info);
 
-/* Writes the 2n lowercase hex digits of in[0..n) and a NUL to out. */
-DLOCK__HOST void dlock__hex(const void *in, size_t n, char *out);
-
 /* Makes the background thread call loop_fd()/loop_run() soon. */
 DLOCK__HOST void dlock__loop_wake(dlock_client *c);
 

@@ -8,6 +8,7 @@
 #include "uri.h"
 
 #include "internal.h"
+#include "hex.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -16,17 +17,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int hexval(int ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
 
 /* Decodes s[0..len) with %XX escapes into a new string; NULL on error with
  * the error already set. `what` names the part for the message. */
@@ -49,8 +39,8 @@ static char *decode(const char *s, size_t len, const char *what, int *rc)
                                  what);
                 return NULL;
             }
-            int a = hexval((unsigned char)s[i + 1]);
-            int b = hexval((unsigned char)s[i + 2]);
+            int a = dlock__hexval((unsigned char)s[i + 1]);
+            int b = dlock__hexval((unsigned char)s[i + 2]);
             if (a < 0 || b < 0 || (a == 0 && b == 0)) {
                 dlock__wipe(out, len + 1);
                 free(out);
@@ -206,8 +196,8 @@ static size_t decode_key(const char *s, size_t n, char *buf, size_t cap)
             return cap;
         int a = -1, b = -1;
         if (s[i] == '%' && i + 2 < n) {
-            a = hexval((unsigned char)s[i + 1]);
-            b = hexval((unsigned char)s[i + 2]);
+            a = dlock__hexval((unsigned char)s[i + 1]);
+            b = dlock__hexval((unsigned char)s[i + 2]);
         }
         if (a >= 0 && b >= 0 && (a || b)) {
             buf[o++] = (char)(a * 16 + b);

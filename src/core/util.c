@@ -92,18 +92,6 @@ uint64_t dlock__hash(const char *s, size_t n)
     return h;
 }
 
-void dlock__hex(const void *in, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    const unsigned char *b = in;
-
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[b[i] >> 4];
-        out[2 * i + 1] = digits[b[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
 int dlock__cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t a;

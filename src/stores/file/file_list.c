@@ -19,6 +19,8 @@
  */
 #include "file.h"
 
+#include "hex.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -51,17 +53,6 @@ static int is_lock_fname(const char *s, size_t n)
     return 1;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* The lock name of file `fname` into c->name; 0, or -1 for a file the
  * store did not make (skipped). */
 static int name_of(file_store *fs, const char *fname, size_t n, cand *c)
@@ -76,8 +67,8 @@ static int name_of(file_store *fs, const char *fname, size_t n, cand *c)
             break;
         }
         if (fname[i] == '%') {
-            int hi = i + 2 < end ? hexval(fname[i + 1]) : -1;
-            int lo = i + 2 < end ? hexval(fname[i + 2]) : -1;
+            int hi = i + 2 < end ? dlock__hexval(fname[i + 1]) : -1;
+            int lo = i + 2 < end ? dlock__hexval(fname[i + 2]) : -1;
             if (hi < 0 || lo < 0)
                 return -1;
             c->name[o++] = (char)(hi * 16 + lo);

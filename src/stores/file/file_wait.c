@@ -30,6 +30,8 @@
  */
 #include "file.h"
 
+#include "hex.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>

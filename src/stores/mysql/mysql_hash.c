@@ -12,6 +12,8 @@
  */
 #include "mysql_int.h"
 
+#include "hex.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,9 +101,8 @@ static void update(sha224 *s, const void *data, size_t n)
 /* The digest as 56 lowercase hex digits (SHA2()'s answer) and a NUL. */
 static void final_hex(sha224 *s, char out[57])
 {
-    static const char hex[] = "0123456789abcdef";
     uint64_t bits = s->len * 8;
-    uint8_t pad = 0x80, zero = 0, len[8];
+    uint8_t pad = 0x80, zero = 0, len[8], digest[28];
 
     update(s, &pad, 1);
     while (s->used != 56)
@@ -109,12 +110,9 @@ static void final_hex(sha224 *s, char out[57])
     for (int i = 0; i < 8; i++)
         len[i] = (uint8_t)(bits >> (56 - 8 * i));
     update(s, len, 8);
-    for (int i = 0; i < 28; i++) {
-        uint8_t b = (uint8_t)(s->h[i / 4] >> (24 - 8 * (i % 4)));
-        out[2 * i] = hex[b >> 4];
-        out[2 * i + 1] = hex[b & 15];
-    }
-    out[56] = '\0';
+    for (int i = 0; i < 28; i++)
+        digest[i] = (uint8_t)(s->h[i / 4] >> (24 - 8 * (i % 4)));
+    dlock__hex(digest, sizeof(digest), out);
 }
 
 /* 'PREFIX<hex>' of SHA-224(database 0 table 0 name [0 owner]), quoted. */

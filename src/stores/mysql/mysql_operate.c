@@ -26,6 +26,8 @@
  */
 #include "mysql_int.h"
 
+#include "hex.h"
+
 #include <mysqld_error.h>
 
 #include <limits.h>

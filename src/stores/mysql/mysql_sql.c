@@ -8,6 +8,8 @@
  */
 #include "mysql_int.h"
 
+#include "hex.h"
+
 #include <mysqld_error.h>
 
 #include <stdarg.h>

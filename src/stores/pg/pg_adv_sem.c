@@ -17,6 +17,8 @@
  */
 #include "pg.h"
 
+#include "hex.h"
+
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>

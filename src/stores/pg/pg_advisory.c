@@ -21,6 +21,8 @@
  */
 #include "pg.h"
 
+#include "hex.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -22,6 +22,8 @@
  */
 #include "sqlite.h"
 
+#include "hex.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -39,6 +39,8 @@
  */
 #include "zk.h"
 
+#include "hex.h"
+
 /* ------------------------------------------------------------------------ */
 /* The watch on our own nodes                                               */
 /* ------------------------------------------------------------------------ */
@@ -280,13 +282,6 @@ int64_t dlock__zk_mine_run(zk_store *zs)
 /* Names                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static int hexval(int c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 long dlock__zk_unescape(const zk_store *zs, const char *comp, char *out)
 {
     char again[ZK_PARENT_MAX];
@@ -297,7 +292,8 @@ long dlock__zk_unescape(const zk_store *zs, const char *comp, char *out)
         if (n >= DLOCK_NAME_MAX)
             return -1;
         if (ch == '%') {
-            int hi = hexval(comp[i + 1]), lo = hi < 0 ? -1 : hexval(comp[i + 2]);
+            int hi = dlock__hexval(comp[i + 1]);
+            int lo = hi < 0 ? -1 : dlock__hexval(comp[i + 2]);
             if (lo < 0)
                 return -1;
             out[n++] = (char)(hi * 16 + lo);
