@@ -3,8 +3,8 @@
  * fuzz_mysql.c -- how the MySQL/MariaDB store (src/stores/mysql/mysql*.c)
  * writes table names and lock names into SQL.
  *
- * And what its dlock_list() and dlock_break() (mysql_operate.c) read:
- * a cursor, a prefix's range, a kill list.
+ * And what its dlock_list() and dlock_break() (mysql_operate.c, with
+ * src/common/cursor.c) read: a cursor, a prefix's range, a kill list.
  *
  * Input: field 1 a table name (?table=, 1 to 48 bytes); field 2 a lock
  * name; field 3 a cursor; field 4 a prefix; field 5 a kill list (as
@@ -50,7 +50,7 @@ static void check_operate(const char *name, size_t len, const char *cur,
         abort();
     int is_hex = cl % 2 == 0 && cl / 2 <= DLOCK_NAME_MAX &&
                  strspn(cur, "0123456789abcdef") == cl;
-    int rc = cursor_decode(cur, out, &n);
+    int rc = dlock__cursor_decode(cur, DLOCK_NAME_MAX, out, &n);
     if (is_hex != (rc == 0))
         fz_fail("cursor %s %s", cur, is_hex ? "refused" : "accepted");
     if (rc == 0) {
@@ -63,7 +63,7 @@ static void check_operate(const char *name, size_t len, const char *cur,
         free(back);
     }
     if (pl <= DLOCK_NAME_MAX) {
-        size_t ul = prefix_upper(prefix, pl, up);
+        size_t ul = dlock__prefix_upper(prefix, pl, up);
         const unsigned char *nm = (const unsigned char *)name;
         int starts = len >= pl && memcmp(name, prefix, pl) == 0;
         int in = bin_cmp(nm, len, (const unsigned char *)prefix, pl) >= 0 &&

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_sqlite.c -- what the SQLite store's dlock_list()
- * (src/stores/sqlite/sqlite_operate.c) does with a cursor and a prefix.
+ * (src/stores/sqlite/sqlite_operate.c, with src/common/cursor.c) does
+ * with a cursor and a prefix.
  *
  * Input: field 1 a cursor (as a caller may pass any string back); field 2
  * a prefix; field 3 a lock name.
@@ -43,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* cursors */
     int is_hex = cl % 2 == 0 && cl / 2 <= CURSOR_MAX &&
                  strspn(cur, "0123456789abcdef") == cl;
-    int rc = cursor_decode(cur, out, &n);
+    int rc = dlock__cursor_decode(cur, CURSOR_MAX, out, &n);
     if (is_hex && rc != 0)
         fz_fail("a cursor of hex digits refused: %s", cur);
     if (!is_hex && rc == 0)
@@ -59,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* the prefix's range */
     if (pl <= DLOCK_NAME_MAX) {
-        size_t ul = prefix_upper(prefix, pl, up);
+        size_t ul = dlock__prefix_upper(prefix, pl, up);
         const unsigned char *nm = (const unsigned char *)name;
         const unsigned char *pp = (const unsigned char *)prefix;
         int starts = nl >= pl && memcmp(name, prefix, pl) == 0;

@@ -26,6 +26,7 @@
  */
 #include "mysql_int.h"
 
+#include "cursor.h"
 #include "hex.h"
 
 #include <mysqld_error.h>
@@ -42,52 +43,8 @@
 #define NOW_US MY_US(NOW)
 
 /* ------------------------------------------------------------------------ */
-/* Cursors and ranges (fuzz/fuzz_mysql.c)                                   */
+/* Kill lists (fuzz/fuzz_mysql.c)                                           */
 /* ------------------------------------------------------------------------ */
-
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
-/* A cursor as the row name it stands for: "" is the start (*n 0); else
- * the 2n lowercase hex digits of n bytes (1..DLOCK_NAME_MAX: the name
- * column's width), as my_list() makes them, into out (DLOCK_NAME_MAX
- * bytes). 0, or -1: not a cursor of this store. */
-static int cursor_decode(const char *cur, unsigned char *out, size_t *n)
-{
-    size_t len = strlen(cur);
-
-    *n = 0;
-    if (len % 2 || len / 2 > DLOCK_NAME_MAX)
-        return -1;
-    for (size_t i = 0; i < len / 2; i++) {
-        int hi = hex_val(cur[2 * i]), lo = hex_val(cur[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return -1;
-        out[i] = (unsigned char)(hi << 4 | lo);
-    }
-    *n = len / 2;
-    return 0;
-}
-
-/* The least byte string above every name that starts with prefix[0..n)
- * (the prefix without its trailing 0xff bytes, its last byte plus one),
- * into out (n bytes): its length, or 0 when there is none. */
-static size_t prefix_upper(const char *prefix, size_t n, unsigned char *out)
-{
-    while (n > 0 && (unsigned char)prefix[n - 1] == 0xff)
-        n--;
-    if (n == 0)
-        return 0;
-    memcpy(out, prefix, n);
-    out[n - 1]++;
-    return n;
-}
 
 /* The session ids of a break's kill list (a number, or numbers separated
  * by commas: GROUP_CONCAT's), into ids[]: how many (at most max), each
@@ -425,7 +382,7 @@ int dlock__mysql_list(void *st, const char *prefix, size_t plen,
 {
     my_store *ms = st;
     unsigned char after[DLOCK_NAME_MAX], up[DLOCK_NAME_MAX];
-    size_t alen, ulen = prefix_upper(prefix, plen, up);
+    size_t alen, ulen = dlock__prefix_upper(prefix, plen, up);
     char *hafter = NULL, *hpre = dlock__mysql_hexlit(prefix, plen);
     char *hup = NULL, *cols = info_cols(ms), *sql = NULL;
     char *first = NULL, *last = NULL;
@@ -438,7 +395,9 @@ int dlock__mysql_list(void *st, const char *prefix, size_t plen,
 
     memset(&w, 0, sizeof(w));
 
-    if (cursor_decode(cursor, after, &alen) != 0) {
+    /* the cursor: the hex of the last row's name (my_list() makes it),
+     * 1..DLOCK_NAME_MAX bytes (the name column's width) */
+    if (dlock__cursor_decode(cursor, DLOCK_NAME_MAX, after, &alen) != 0) {
         rc = dlock__err(DLOCK_EINVAL,
                         "mysql %s: the cursor is not one this store made "
                         "(the hex digits of a lock name)",

@@ -42,6 +42,9 @@
  */
 #include "pg.h"
 
+#include "cursor.h"
+#include "hex.h"
+
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -445,33 +448,15 @@ static int pg_inspect(void *st, const char *name, size_t len,
 #define CURSOR_MAX 2046 /* bytes of a name in a cursor: the core's 4096
                          * characters, less the tag */
 
-static int hex_val(char c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                  : -1;
-}
-
 /* The name a cursor stands for, into out (CURSOR_MAX bytes): 0, or -1
  * when the cursor is not one this store made. */
 static int cursor_read(const char *cursor, char *out, size_t *len)
 {
-    size_t tl = strlen(CURSOR_TAG), n;
+    size_t tl = strlen(CURSOR_TAG);
 
-    if (strncmp(cursor, CURSOR_TAG, tl) != 0)
+    if (strncmp(cursor, CURSOR_TAG, tl) != 0 || cursor[tl] == '\0')
         return -1;
-    cursor += tl;
-    n = strlen(cursor);
-    if (n == 0 || n % 2 || n / 2 > CURSOR_MAX)
-        return -1;
-    for (size_t i = 0; i < n; i += 2) {
-        int hi = hex_val(cursor[i]), lo = hex_val(cursor[i + 1]);
-        if (hi < 0 || lo < 0)
-            return -1;
-        out[i / 2] = (char)(hi << 4 | lo);
-    }
-    *len = n / 2;
-    return 0;
+    return dlock__cursor_decode(cursor + tl, CURSOR_MAX, out, len);
 }
 
 /* The cursor past the name whose hex the statement answered: malloc'd,
@@ -497,16 +482,12 @@ static char *cursor_make(const char *hex)
 static size_t prefix_end(const char *prefix, size_t plen, char *hi,
                          size_t cap)
 {
-    size_t n = plen;
+    size_t n = dlock__prefix_upper(prefix, plen, hi);
 
-    while (n > 0 && (unsigned char)prefix[n - 1] == 0xff)
-        n--;
     if (n == 0) {
         memset(hi, 0xff, cap);
         return cap;
     }
-    memcpy(hi, prefix, n);
-    hi[n - 1] = (char)((unsigned char)hi[n - 1] + 1);
     return n;
 }
 
@@ -539,13 +520,9 @@ static int list_one(dlock_list_page *out, const PGresult *r, int from,
     info.ttl_ms = info.held_ms = info.waiters = -1;
     if (n == 0 || n % 2 || n / 2 > sizeof(name))
         return DLOCK_OK; /* not a name dlock could have made */
-    for (size_t i = 0; i < n; i += 2) {
-        int h = hex_val(hex[i]), l = hex_val(hex[i + 1]);
-        if (h < 0 || l < 0)
-            return dlock__err(DLOCK_EPROTO, "postgres: a listed name in "
-                                            "hex is not hex");
-        name[i / 2] = (char)(h << 4 | l);
-    }
+    if (dlock__unhex(hex, n / 2, name) != 0)
+        return dlock__err(DLOCK_EPROTO, "postgres: a listed name in hex is "
+                                        "not hex");
     fill_row(&info, r, from, 3, &kinds);
     rc = fill_queue(&info, r, from, to, 12, kinds);
     if (rc) {

@@ -22,6 +22,7 @@
  */
 #include "sqlite.h"
 
+#include "cursor.h"
 #include "hex.h"
 
 #include <stdio.h>
@@ -29,58 +30,13 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
-/* Cursors and ranges (fuzz/fuzz_sqlite.c)                                  */
+/* Cursors (cursor.h; fuzz/fuzz_sqlite.c)                                   */
 /* ------------------------------------------------------------------------ */
-
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
 
 /* The longest row name a cursor can stand for: the core passes cursors
  * of at most 4096 characters. Rows of dlock's have names of at most
  * DLOCK_NAME_MAX bytes; a longer one is another program's. */
 #define CURSOR_MAX 2048
-
-/* A cursor as the row name it stands for: "" is the start (*n 0); else
- * the 2n lowercase hex digits of n bytes (1..CURSOR_MAX), as sq_list()
- * makes them, into out (CURSOR_MAX bytes). 0, or -1: not a cursor of
- * this store. */
-static int cursor_decode(const char *cur, unsigned char *out, size_t *n)
-{
-    size_t len = strlen(cur);
-
-    *n = 0;
-    if (len % 2 || len / 2 > CURSOR_MAX)
-        return -1;
-    for (size_t i = 0; i < len / 2; i++) {
-        int hi = hex_val(cur[2 * i]), lo = hex_val(cur[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return -1;
-        out[i] = (unsigned char)(hi << 4 | lo);
-    }
-    *n = len / 2;
-    return 0;
-}
-
-/* The least byte string above every name that starts with prefix[0..n)
- * (the prefix without its trailing 0xff bytes, its last byte plus one),
- * into out (n bytes): its length, or 0 when there is none (an empty
- * prefix, or one of 0xff bytes only: every name above it matches). */
-static size_t prefix_upper(const char *prefix, size_t n, unsigned char *out)
-{
-    while (n > 0 && (unsigned char)prefix[n - 1] == 0xff)
-        n--;
-    if (n == 0)
-        return 0;
-    memcpy(out, prefix, n);
-    out[n - 1]++;
-    return n;
-}
 
 /* ------------------------------------------------------------------------ */
 /* dlock_list()                                                             */
@@ -107,7 +63,7 @@ int dlock__sq_list(void *st, const char *prefix, size_t plen,
 {
     sq_store *ss = st;
     unsigned char after[CURSOR_MAX], up[DLOCK_NAME_MAX];
-    size_t alen, ulen = prefix_upper(prefix, plen, up), seen = 0;
+    size_t alen, ulen = dlock__prefix_upper(prefix, plen, up), seen = 0;
     char *last = malloc(2 * CURSOR_MAX + 1);
     sqlite3_stmt *s;
     int rc, which = ulen ? S_LIST_UP : S_LIST;
@@ -116,7 +72,7 @@ int dlock__sq_list(void *st, const char *prefix, size_t plen,
     if (!last)
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     last[0] = '\0';
-    if (cursor_decode(cursor, after, &alen) != 0) {
+    if (dlock__cursor_decode(cursor, CURSOR_MAX, after, &alen) != 0) {
         free(last);
         return dlock__err(DLOCK_EINVAL,
                           "sqlite %s: the cursor is not one this store made "
