@@ -28,6 +28,8 @@
 #include "../src/stores/etcd/etcd_watch.c"
 #include "../src/stores/etcd/etcd_operate.c"
 
+#include "uri.h" /* the core's parser: the fuzz target parses URIs */
+
 static void free_config(etcd_store *es)
 {
     for (size_t i = 0; i < es->nep; i++)

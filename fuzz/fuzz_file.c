@@ -108,9 +108,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (clen && pwrite(fd, content, clen, flags & 4 ? 8 : 0) != (ssize_t)clen)
         abort();
     if (flags & 1)
-        lk(fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1);
+        dlock__ofd_lk(fd, F_OFD_SETLK, F_WRLCK, MAIN_BYTE, 1);
     if (flags & 2)
-        lk(fd, F_OFD_SETLK, F_WRLCK, QUEUE_BASE + (off_t)(flags >> 3), 1);
+        dlock__ofd_lk(fd, F_OFD_SETLK, F_WRLCK,
+                      QUEUE_BASE + (off_t)(flags >> 3), 1);
 
     dlock_info info;
     memset(&info, 0, sizeof(info));

@@ -32,6 +32,8 @@
 #include "../src/stores/pg/pg_conn.c"
 #include "../src/stores/pg/pg_sql.c"
 
+#include "uri.h" /* the core's parser: the fuzz target parses URIs */
+
 static dlock_client *client;
 
 static void setup(void)

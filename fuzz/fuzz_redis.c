@@ -54,6 +54,8 @@
 #include "../src/stores/redis/redis_sub.c"
 #include "../src/stores/redis/redis_cluster.c"
 
+#include "uri.h" /* the core's parser: the fuzz target parses URIs */
+
 static dlock_client *client;
 
 static void setup(void)

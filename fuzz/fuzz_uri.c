@@ -14,6 +14,7 @@
  */
 #include "fuzz.h"
 
+#include "internal.h"
 #include "store.h"
 #include "uri.h"
 
