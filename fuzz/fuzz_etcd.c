@@ -285,14 +285,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the watch stream: WebSocket frames carrying watch answers */
     size_t wl;
     const uint8_t *w = fz_rest(&f, &wl);
-    buf in = {NULL, 0, 0}, msg = {NULL, 0, 0};
-    if (dlock__etcd_buf_add(&in, (const char *)w, wl) == 0) {
+    dlock__buf in = ETCD_BUF_INIT, msg = ETCD_BUF_INIT;
+    if (dlock__buf_add(&in, w, wl) == 0) {
         (void)ws_frames(&in, &msg, fuzz_msg, NULL, NULL);
-        if (in.n > wl)
+        if (in.len > wl)
             fz_fail("frame parser grew its input");
     }
-    free(in.p);
-    free(msg.p);
+    dlock__buf_free(&in);
+    dlock__buf_free(&msg);
     free(base);
     free_config(&es);
     free(uri);

@@ -6,8 +6,9 @@
  * says how the table stays bounded).
  */
 #include "internal.h"
+#include "buf.h"
+#include "hex.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -322,56 +323,6 @@ int dlock_stats_get(dlock_client *c, const char *name, dlock_stats *out,
 /* The Prometheus text exposition format                                    */
 /* ------------------------------------------------------------------------ */
 
-typedef struct buf {
-    char *p;
-    size_t len, cap;
-    int failed;
-} buf;
-
-static void put(buf *b, const char *s, size_t n)
-{
-    if (b->failed)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 4096;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->failed = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void puts_(buf *b, const char *s)
-{
-    put(b, s, strlen(s));
-}
-
-static void putf(buf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void putf(buf *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->failed = 1;
-        return;
-    }
-    put(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
-}
-
 /* The length of the well-formed UTF-8 sequence at s[0..n) (1 to 4), or 0
  * when none starts there (Unicode 3.9, table 3-7: no overlong forms, no
  * surrogates, nothing past U+10FFFF). */
@@ -412,7 +363,7 @@ static int utf8_valid(const char *s, size_t n)
  * written as the four characters \xNN (escaped: \\xNN), as `dlock list`
  * and the exporter write it; labels() then adds lock_hex, the name's
  * exact bytes. */
-static void put_label(buf *b, const char *s, size_t n)
+static void put_label(dlock__buf *b, const char *s, size_t n)
 {
     size_t run = 0;
 
@@ -424,29 +375,29 @@ static void put_label(buf *b, const char *s, size_t n)
             i += k;
             continue;
         }
-        put(b, s + run, i - run);
+        dlock__buf_add(b, s + run, i - run);
         if (k == 0)
             snprintf(esc, sizeof(esc), "\\\\x%02x", (unsigned char)s[i]);
         else
             snprintf(esc, sizeof(esc), "\\%c", s[i] == '\n' ? 'n' : s[i]);
-        puts_(b, esc);
+        dlock__buf_str(b, esc);
         run = ++i;
     }
-    put(b, s + run, n - run);
+    dlock__buf_add(b, s + run, n - run);
 }
 
 /* lock_hex="<the name's bytes in hex>", for a name that is not UTF-8. */
-static void put_hex_label(buf *b, const char *s, size_t n)
+static void put_hex_label(dlock__buf *b, const char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
+    char hex[2 * 64 + 1];
 
-    puts_(b, ",lock_hex=\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        char two[2] = {hex[ch >> 4], hex[ch & 15]};
-        put(b, two, 2);
+    dlock__buf_str(b, ",lock_hex=\"");
+    for (size_t i = 0, k; i < n; i += k) {
+        k = n - i < 64 ? n - i : 64;
+        dlock__hex(s + i, k, hex);
+        dlock__buf_add(b, hex, 2 * k);
     }
-    puts_(b, "\"");
+    dlock__buf_str(b, "\"");
 }
 
 typedef struct csnap {
@@ -458,26 +409,27 @@ typedef struct csnap {
     int64_t holds, waiters;
 } csnap;
 
-static void labels(buf *b, const csnap *cs, const snap *s, const char *extra)
+static void labels(dlock__buf *b, const csnap *cs, const snap *s,
+                   const char *extra)
 {
-    puts_(b, "{store=\"");
+    dlock__buf_str(b, "{store=\"");
     put_label(b, cs->store, strlen(cs->store));
-    puts_(b, "\"");
+    dlock__buf_str(b, "\"");
     if (s) {
-        puts_(b, ",lock=\"");
+        dlock__buf_str(b, ",lock=\"");
         if (s->name)
             put_label(b, s->name, s->len);
-        puts_(b, "\"");
+        dlock__buf_str(b, "\"");
         if (s->name && !utf8_valid(s->name, s->len))
             put_hex_label(b, s->name, s->len);
     }
     if (extra) {
-        puts_(b, ",");
-        put(b, extra, strlen(extra));
+        dlock__buf_str(b, ",");
+        dlock__buf_add(b, extra, strlen(extra));
     }
 }
 
-static void put_hist(buf *b, const char *fam, const csnap *cs,
+static void put_hist(dlock__buf *b, const char *fam, const csnap *cs,
                      const snap *s, const dlock__hist *h)
 {
     uint64_t acc = 0;
@@ -489,16 +441,16 @@ static void put_hist(buf *b, const char *fam, const csnap *cs,
             snprintf(le, sizeof(le), "le=\"%g\"", (double)bounds[i] / 1e6);
         else
             snprintf(le, sizeof(le), "le=\"+Inf\"");
-        putf(b, "%s_bucket", fam);
+        dlock__buf_printf(b, "%s_bucket", fam);
         labels(b, cs, s, le);
-        putf(b, "} %llu\n", (unsigned long long)acc);
+        dlock__buf_printf(b, "} %llu\n", (unsigned long long)acc);
     }
-    putf(b, "%s_sum", fam);
+    dlock__buf_printf(b, "%s_sum", fam);
     labels(b, cs, s, NULL);
-    putf(b, "} %.6f\n", (double)h->sum_us / 1e6);
-    putf(b, "%s_count", fam);
+    dlock__buf_printf(b, "} %.6f\n", (double)h->sum_us / 1e6);
+    dlock__buf_printf(b, "%s_count", fam);
     labels(b, cs, s, NULL);
-    putf(b, "} %llu\n", (unsigned long long)acc);
+    dlock__buf_printf(b, "} %llu\n", (unsigned long long)acc);
 }
 
 static const struct {
@@ -537,7 +489,7 @@ static const struct {
      DLOCK__H_HANDOFF},
 };
 
-static void render(buf *b, const csnap *cs, size_t n)
+static void render(dlock__buf *b, const csnap *cs, size_t n)
 {
     static const struct {
         const char *cause;
@@ -547,44 +499,49 @@ static void render(buf *b, const csnap *cs, size_t n)
                   {"store", DLOCK__M_LOST_STORE}};
 
     for (size_t f = 0; f < sizeof(counters) / sizeof(counters[0]); f++) {
-        putf(b, "# HELP %s %s\n# TYPE %s counter\n", counters[f].name,
-             counters[f].help, counters[f].name);
+        dlock__buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n",
+                          counters[f].name, counters[f].help,
+                          counters[f].name);
         for (size_t k = 0; k < n; k++)
             for (size_t i = 0; i < cs[k].n; i++) {
-                put(b, counters[f].name, strlen(counters[f].name));
+                dlock__buf_str(b, counters[f].name);
                 labels(b, &cs[k], &cs[k].names[i], NULL);
-                putf(b, "} %llu\n", (unsigned long long)cs[k]
-                                        .names[i]
-                                        .c[counters[f].which]);
+                dlock__buf_printf(b, "} %llu\n",
+                                  (unsigned long long)cs[k]
+                                      .names[i]
+                                      .c[counters[f].which]);
             }
     }
-    puts_(b, "# HELP dlock_lost_total Holds found lost, by cause.\n"
-           "# TYPE dlock_lost_total counter\n");
+    dlock__buf_str(b, "# HELP dlock_lost_total Holds found lost, by cause.\n"
+                      "# TYPE dlock_lost_total counter\n");
     for (size_t k = 0; k < n; k++)
         for (size_t i = 0; i < cs[k].n; i++)
             for (size_t j = 0; j < 3; j++) {
                 char extra[32];
                 snprintf(extra, sizeof(extra), "cause=\"%s\"",
                          causes[j].cause);
-                puts_(b, "dlock_lost_total");
+                dlock__buf_str(b, "dlock_lost_total");
                 labels(b, &cs[k], &cs[k].names[i], extra);
-                putf(b, "} %llu\n",
-                     (unsigned long long)cs[k].names[i].c[causes[j].which]);
+                dlock__buf_printf(
+                    b, "} %llu\n",
+                    (unsigned long long)cs[k].names[i].c[causes[j].which]);
             }
     for (size_t f = 0; f < sizeof(hists) / sizeof(hists[0]); f++) {
-        putf(b, "# HELP %s %s\n# TYPE %s histogram\n", hists[f].name,
-             hists[f].help, hists[f].name);
+        dlock__buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n",
+                          hists[f].name, hists[f].help, hists[f].name);
         for (size_t k = 0; k < n; k++)
             for (size_t i = 0; i < cs[k].n; i++)
                 put_hist(b, hists[f].name, &cs[k], &cs[k].names[i],
                          &cs[k].names[i].h[hists[f].which]);
     }
-    puts_(b, "# HELP dlock_store_op_seconds One store operation's time.\n"
-           "# TYPE dlock_store_op_seconds histogram\n");
+    dlock__buf_str(b, "# HELP dlock_store_op_seconds One store operation's "
+                      "time.\n"
+                      "# TYPE dlock_store_op_seconds histogram\n");
     for (size_t k = 0; k < n; k++)
         put_hist(b, "dlock_store_op_seconds", &cs[k], NULL, &cs[k].store_op);
-    puts_(b, "# HELP dlock_store_errors_total Store errors, by code.\n"
-           "# TYPE dlock_store_errors_total counter\n");
+    dlock__buf_str(b, "# HELP dlock_store_errors_total Store errors, by "
+                      "code.\n"
+                      "# TYPE dlock_store_errors_total counter\n");
     for (size_t k = 0; k < n; k++)
         for (int code = 1; code < 16; code++) {
             /* the store failures always, others once they happened */
@@ -595,23 +552,25 @@ static void render(buf *b, const csnap *cs, size_t n)
             char extra[64];
             snprintf(extra, sizeof(extra), "code=\"%s\"",
                      dlock_errname(-code));
-            puts_(b, "dlock_store_errors_total");
+            dlock__buf_str(b, "dlock_store_errors_total");
             labels(b, &cs[k], NULL, extra);
-            putf(b, "} %llu\n", (unsigned long long)cs[k].errors[code]);
+            dlock__buf_printf(b, "} %llu\n",
+                              (unsigned long long)cs[k].errors[code]);
         }
-    puts_(b, "# HELP dlock_holds Holds the client has now.\n"
-           "# TYPE dlock_holds gauge\n");
+    dlock__buf_str(b, "# HELP dlock_holds Holds the client has now.\n"
+                      "# TYPE dlock_holds gauge\n");
     for (size_t k = 0; k < n; k++) {
-        puts_(b, "dlock_holds");
+        dlock__buf_str(b, "dlock_holds");
         labels(b, &cs[k], NULL, NULL);
-        putf(b, "} %lld\n", (long long)cs[k].holds);
+        dlock__buf_printf(b, "} %lld\n", (long long)cs[k].holds);
     }
-    puts_(b, "# HELP dlock_waiters Threads of the client waiting now.\n"
-           "# TYPE dlock_waiters gauge\n");
+    dlock__buf_str(b, "# HELP dlock_waiters Threads of the client waiting "
+                      "now.\n"
+                      "# TYPE dlock_waiters gauge\n");
     for (size_t k = 0; k < n; k++) {
-        puts_(b, "dlock_waiters");
+        dlock__buf_str(b, "dlock_waiters");
         labels(b, &cs[k], NULL, NULL);
-        putf(b, "} %lld\n", (long long)cs[k].waiters);
+        dlock__buf_printf(b, "} %lld\n", (long long)cs[k].waiters);
     }
 }
 
@@ -704,7 +663,7 @@ int dlock_metrics_text(dlock_client *const *clients, size_t n, char **out,
                        size_t *len)
 {
     csnap *cs;
-    buf b = {NULL, 0, 0, 0};
+    dlock__buf b = DLOCK__BUF_INIT;
 
     if (out)
         *out = NULL;
@@ -749,11 +708,11 @@ int dlock_metrics_text(dlock_client *const *clients, size_t n, char **out,
         }
         m++;
     }
-    put(&b, "", 0);
+    dlock__buf_add(&b, "", 0);
     render(&b, cs, m);
     csnap_free(cs, n);
     if (b.failed) {
-        free(b.p);
+        dlock__buf_free(&b);
         return dlock__err(DLOCK_ENOMEM, "out of memory");
     }
     *out = b.p;

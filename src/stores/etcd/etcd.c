@@ -799,8 +799,8 @@ static void etcd_close(void *st)
     free(es->redacted);
     if (es->sh)
         curl_easy_cleanup(es->sh);
-    free(es->sin.p);
-    free(es->smsg.p);
+    dlock__buf_free(&es->sin);
+    dlock__buf_free(&es->smsg);
     if (es->ep_fd >= 0)
         close(es->ep_fd);
     if (es->timer_fd >= 0)
@@ -826,6 +826,7 @@ static int etcd_open(void **out, dlock_client *c, const dlock__uri *u,
         curl_global_cleanup();
         return enomem();
     }
+    es->sin.max = es->smsg.max = ETCD_RESP_MAX;
     if (dlock__cond_init(&es->scv) != DLOCK_OK) {
         free(es);
         curl_global_cleanup();

@@ -15,6 +15,7 @@
 #ifndef DLOCK_ETCD_H
 #define DLOCK_ETCD_H
 
+#include "buf.h"
 #include "store.h"
 
 #include <cJSON.h>
@@ -39,10 +40,9 @@
 /* private results of dlock__etcd_request() besides the DLOCK_E* codes */
 #define ETCD_NOLEASE 1 /* the server does not know the lease */
 
-typedef struct buf {
-    char *p;
-    size_t n, cap;
-} buf;
+/* Every buffer of the store (request bodies, answers, the watch stream)
+ * holds at most ETCD_RESP_MAX bytes: an append past it fails. */
+#define ETCD_BUF_INIT {.max = ETCD_RESP_MAX}
 
 struct etcd_store;
 
@@ -86,7 +86,7 @@ typedef struct etcd_newfds {
 
 typedef struct etcd_conn {
     CURL *h;
-    buf resp;
+    dlock__buf resp;
     struct curl_slist *hdrs;
     uint64_t hdr_gen; /* the auth token generation hdrs carry */
     char errbuf[CURL_ERROR_SIZE];
@@ -146,8 +146,8 @@ typedef struct etcd_store {
     pthread_mutex_t sio;
     CURL *sh;
     curl_socket_t sfd;
-    buf sin;  /* bytes read, not parsed yet */
-    buf smsg; /* the message being reassembled from its frames */
+    dlock__buf sin;  /* bytes read, not parsed yet */
+    dlock__buf smsg; /* the message being reassembled from its frames */
 
     pthread_mutex_t mu; /* everything below */
     size_t cur;         /* the endpoint tried first */
@@ -277,10 +277,6 @@ long dlock__etcd_b64_decode(const char *in, char *out, size_t cap);
 
 /* The range end of a base that ends with '/': the same with '0'. */
 void dlock__etcd_range_end_b64(const char *base, size_t len, char *out);
-
-/* Appends n bytes (kept NUL-terminated); -1 out of memory or past
- * ETCD_RESP_MAX. */
-int dlock__etcd_buf_add(buf *b, const char *p, size_t n);
 
 /* etcd_gateway.c: requests */
 

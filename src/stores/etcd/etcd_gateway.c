@@ -2,11 +2,11 @@
 /*
  * etcd_gateway.c -- the etcd store's HTTP/JSON client of etcd's v3
  * gateway (etcd.c is the lock protocol, etcd.h what the files share):
- * base64 of keys and values, answer buffers, the pool of libcurl easy
- * handles, one POST with its deadline, a request that goes round the
- * endpoints (TLS failures, "unavailable", a new auth token when the old
- * one is refused), authentication, and the URI's options (endpoints,
- * prefix, timeout, TLS files, user).
+ * base64 of keys and values, the pool of libcurl easy handles (each
+ * with its answer's buffer), one POST with its deadline, a request that
+ * goes round the endpoints (TLS failures, "unavailable", a new auth token
+ * when the old one is refused), authentication, and the URI's options
+ * (endpoints, prefix, timeout, TLS files, user).
  *
  * Every request is an HTTP/1.1 POST with a deadline, on an easy handle
  * from the store's pool (each keeps its connection alive). A request that
@@ -27,7 +27,7 @@ enum { G_INVALID = 3, G_NOTFOUND = 5, G_PERMISSION = 7,
        G_FAILED_PRECONDITION = 9, G_UNAVAILABLE = 14, G_UNAUTHENTICATED = 16 };
 
 /* ------------------------------------------------------------------------ */
-/* Base64 and answers                                                       */
+/* Base64                                                                   */
 /* ------------------------------------------------------------------------ */
 
 static const char b64_chars[] =
@@ -99,26 +99,6 @@ void dlock__etcd_range_end_b64(const char *base, size_t len, char *out)
     dlock__etcd_b64_encode(end, len, out);
 }
 
-int dlock__etcd_buf_add(buf *b, const char *p, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        if (cap > ETCD_RESP_MAX)
-            return -1;
-        char *q = realloc(b->p, cap);
-        if (!q)
-            return -1;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return 0;
-}
-
 /* ------------------------------------------------------------------------ */
 /* HTTP                                                                     */
 /* ------------------------------------------------------------------------ */
@@ -127,7 +107,7 @@ static size_t on_write(char *p, size_t size, size_t n, void *arg)
 {
     etcd_conn *cn = arg;
 
-    if (dlock__etcd_buf_add(&cn->resp, p, size * n) != 0)
+    if (dlock__buf_add(&cn->resp, p, size * n) != 0)
         return 0;
     return size * n;
 }
@@ -195,6 +175,7 @@ etcd_conn *dlock__etcd_conn_get(etcd_store *es)
         free(cn);
         return NULL;
     }
+    cn->resp.max = ETCD_RESP_MAX;
     CURL *h = cn->h;
     dlock__etcd_no_inherit(h, &cn->nf);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -218,16 +199,14 @@ void dlock__etcd_conn_free(etcd_conn *cn)
 {
     curl_easy_cleanup(cn->h);
     curl_slist_free_all(cn->hdrs);
-    free(cn->resp.p);
+    dlock__buf_free(&cn->resp);
     free(cn);
 }
 
 void dlock__etcd_conn_put(etcd_store *es, etcd_conn *cn)
 {
-    if (cn->resp.cap > 65536) { /* do not keep a huge answer's memory */
-        free(cn->resp.p);
-        memset(&cn->resp, 0, sizeof(cn->resp));
-    }
+    if (cn->resp.cap > 65536) /* do not keep a huge answer's memory */
+        dlock__buf_free(&cn->resp);
     pthread_mutex_lock(&es->mu);
     cn->next = es->pool;
     es->pool = cn;
@@ -280,9 +259,7 @@ static CURLcode post_once(etcd_store *es, etcd_conn *cn, size_t ep,
     CURLcode cc;
 
     snprintf(url, sizeof(url), "%s%s", es->ep[ep], path);
-    cn->resp.n = 0;
-    if (cn->resp.p)
-        cn->resp.p[0] = '\0';
+    dlock__buf_reset(&cn->resp);
     cn->errbuf[0] = '\0';
     *status = 0;
     curl_easy_setopt(cn->h, CURLOPT_URL, url);
@@ -358,7 +335,7 @@ int dlock__etcd_request(etcd_store *es, const char *path, const char *body,
             }
         } else {
             cJSON *j = cJSON_ParseWithLength(cn->resp.p ? cn->resp.p : "",
-                                             cn->resp.n);
+                                             cn->resp.len);
             if (status == 200 && j && !jget(j, "error")) {
                 *out = j;
                 rc = DLOCK_OK;
@@ -367,8 +344,8 @@ int dlock__etcd_request(etcd_store *es, const char *path, const char *body,
             const char *msg = j ? jstr(j, "error") : NULL;
             int64_t code = j ? jint(j, "code") : 0;
             snprintf(why, sizeof(why), "%s",
-                     msg ? msg : (cn->resp.n ? "an answer that is not JSON"
-                                             : "an empty answer"));
+                     msg ? msg : (cn->resp.len ? "an answer that is not JSON"
+                                               : "an empty answer"));
             if (!j && status != 200)
                 snprintf(why, sizeof(why), "HTTP status %ld", status);
             cJSON_Delete(j);
@@ -457,7 +434,7 @@ int dlock__etcd_authenticate(etcd_store *es, etcd_conn *cn, int64_t deadline)
                                 deadline, &status);
         if (cc == CURLE_OK) {
             cJSON *j = cJSON_ParseWithLength(cn->resp.p ? cn->resp.p : "",
-                                             cn->resp.n);
+                                             cn->resp.len);
             const char *tok = j ? jstr(j, "token") : NULL;
             const char *msg = j ? jstr(j, "error") : NULL;
             int64_t code = j ? jint(j, "code") : 0;

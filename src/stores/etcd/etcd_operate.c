@@ -226,7 +226,7 @@ static int mine_check(etcd_store *es, uint64_t gen, int64_t deadline)
 {
     uint64_t mids[MINE_BATCH];
     int64_t revs[MINE_BATCH];
-    buf body = {NULL, 0, 0};
+    dlock__buf body = ETCD_BUF_INIT;
     int n = 0, rc = 0;
 
     pthread_mutex_lock(&es->mu);
@@ -239,7 +239,7 @@ static int mine_check(etcd_store *es, uint64_t gen, int64_t deadline)
                            "%s{\"request_range\":{\"key\":\"%s\","
                            "\"keys_only\":true}}",
                            n ? "," : "{\"success\":[", kb);
-        if (dlock__etcd_buf_add(&body, item, (size_t)len) != 0) {
+        if (dlock__buf_add(&body, item, (size_t)len) != 0) {
             rc = -1;
             break;
         }
@@ -249,16 +249,16 @@ static int mine_check(etcd_store *es, uint64_t gen, int64_t deadline)
             break;
     }
     pthread_mutex_unlock(&es->mu);
-    if (rc == 0 && n > 0 && dlock__etcd_buf_add(&body, "]}", 2) != 0)
+    if (rc == 0 && n > 0 && dlock__buf_add(&body, "]}", 2) != 0)
         rc = -1;
     if (rc != 0 || n == 0) {
-        free(body.p);
+        dlock__buf_free(&body);
         return rc;
     }
     cJSON *j = NULL;
     int r = dlock__etcd_request(es, "/v3/kv/txn", body.p, deadline, &j,
                                 "checking the held keys");
-    free(body.p);
+    dlock__buf_free(&body);
     if (r != DLOCK_OK)
         return -1;
     pthread_mutex_lock(&es->mu);
@@ -778,7 +778,7 @@ int dlock__etcd_list(void *st, const char *prefix, size_t plen,
     cache.n = 0;
     for (size_t b0 = 0; rc == DLOCK_OK && b0 < nn; b0 += LIST_TXN) {
         size_t bn = nn - b0 < LIST_TXN ? nn - b0 : LIST_TXN;
-        buf body = {NULL, 0, 0};
+        dlock__buf body = ETCD_BUF_INIT;
         for (size_t i = 0; i < bn && rc == DLOCK_OK; i++) {
             char base[ETCD_KEY_MAX + 8], bb[ETCD_B64_MAX + 16];
             char eb[ETCD_B64_MAX + 16], item[2 * ETCD_B64_MAX + 256];
@@ -795,16 +795,16 @@ int dlock__etcd_list(void *st, const char *prefix, size_t plen,
                                "\"ASCEND\",\"sort_target\":\"CREATE\","
                                "\"limit\":\"10001\"}}",
                                i ? "," : "{\"success\":[", bb, eb);
-            if (dlock__etcd_buf_add(&body, item, (size_t)len) != 0)
+            if (dlock__buf_add(&body, item, (size_t)len) != 0)
                 rc = enomem();
         }
-        if (rc == DLOCK_OK && dlock__etcd_buf_add(&body, "]}", 2) != 0)
+        if (rc == DLOCK_OK && dlock__buf_add(&body, "]}", 2) != 0)
             rc = enomem();
         cJSON *j = NULL;
         if (rc == DLOCK_OK)
             rc = dlock__etcd_request(es, "/v3/kv/txn", body.p, op_deadline,
                                      &j, "reading the locks' queues");
-        free(body.p);
+        dlock__buf_free(&body);
         if (rc != DLOCK_OK) {
             rc = rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
             break;
@@ -897,7 +897,7 @@ int dlock__etcd_evict(void *st, const char *name, size_t len,
              b0 += EVICT_BATCH) {
             int64_t bn = out->holders - b0 < EVICT_BATCH ? out->holders - b0
                                                          : EVICT_BATCH;
-            buf cmp = {NULL, 0, 0}, del = {NULL, 0, 0};
+            dlock__buf cmp = ETCD_BUF_INIT, del = ETCD_BUF_INIT;
             for (int64_t i = 0; i < bn && rc == DLOCK_OK; i++) {
                 const cJSON *kv = kvs_at(j, (int)(b0 + i));
                 const char *kb = jstr(kv, "key");
@@ -914,19 +914,19 @@ int dlock__etcd_evict(void *st, const char *name, size_t len,
                              "\"create_revision\":\"%" PRId64 "\"}",
                              i ? "," : "{\"compare\":[", kb,
                              jint(kv, "create_revision"));
-                if (dlock__etcd_buf_add(&cmp, item, (size_t)n) != 0)
+                if (dlock__buf_add(&cmp, item, (size_t)n) != 0)
                     rc = enomem();
                 n = snprintf(item, sizeof(item),
                              "%s{\"request_delete_range\":{\"key\":\"%s\"}}",
                              i ? "," : "\"success\":[", kb);
                 if (rc == DLOCK_OK &&
-                    dlock__etcd_buf_add(&del, item, (size_t)n) != 0)
+                    dlock__buf_add(&del, item, (size_t)n) != 0)
                     rc = enomem();
             }
             if (rc == DLOCK_OK &&
-                (dlock__etcd_buf_add(&cmp, "],", 2) != 0 ||
-                 dlock__etcd_buf_add(&del, "]}", 2) != 0 ||
-                 dlock__etcd_buf_add(&cmp, del.p, del.n) != 0))
+                (dlock__buf_add(&cmp, "],", 2) != 0 ||
+                 dlock__buf_add(&del, "]}", 2) != 0 ||
+                 dlock__buf_add(&cmp, del.p, del.len) != 0))
                 rc = enomem();
             if (rc == DLOCK_OK) {
                 rc = dlock__etcd_request(es, "/v3/kv/txn", cmp.p, op_deadline,
@@ -938,8 +938,8 @@ int dlock__etcd_evict(void *st, const char *name, size_t len,
                 cJSON_Delete(t);
                 t = NULL;
             }
-            free(cmp.p);
-            free(del.p);
+            dlock__buf_free(&cmp);
+            dlock__buf_free(&del);
             if (again)
                 break;
         }

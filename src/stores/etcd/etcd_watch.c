@@ -120,7 +120,7 @@ static int ws_send(etcd_store *es, int op, const char *p, size_t n,
  * a close frame, a protocol error, or on_msg said stop. No socket: the
  * fuzz target runs it on any bytes.
  */
-static int ws_frames(buf *in, buf *msg,
+static int ws_frames(dlock__buf *in, dlock__buf *msg,
                      int (*on_msg)(void *arg, const char *p, size_t n),
                      int (*pong)(void *arg, const char *p, size_t n),
                      void *arg)
@@ -130,7 +130,7 @@ static int ws_frames(buf *in, buf *msg,
 
     for (;;) {
         const unsigned char *b = (const unsigned char *)in->p + off;
-        size_t have = in->n - off, h = 2;
+        size_t have = in->len - off, h = 2;
         uint64_t len;
 
         if (have < 2)
@@ -179,23 +179,19 @@ static int ws_frames(buf *in, buf *msg,
             rc = -1;
             break;
         }
-        if (dlock__etcd_buf_add(msg, p, (size_t)len) != 0) {
+        if (dlock__buf_add(msg, p, (size_t)len) != 0) {
             rc = -1;
             break;
         }
         if (!fin)
             continue;
-        rc = on_msg(arg, msg->p, msg->n);
-        msg->n = 0;
+        rc = on_msg(arg, msg->p, msg->len);
+        dlock__buf_reset(msg);
         if (rc != 0)
             break;
     }
     /* keep what is left (an incomplete frame) at the start */
-    if (off > 0) {
-        memmove(in->p, in->p + off, in->n - off);
-        in->n -= off;
-        in->p[in->n] = '\0';
-    }
+    dlock__buf_drop(in, off);
     return rc;
 }
 
@@ -313,7 +309,7 @@ static int stream_read(etcd_store *es, stream_ctx *sc)
             return 0;
         if (cc != CURLE_OK || got == 0)
             return -1;
-        if (dlock__etcd_buf_add(&es->sin, tmp, got) != 0)
+        if (dlock__buf_add(&es->sin, tmp, got) != 0)
             return -1;
         if (ws_frames(&es->sin, &es->smsg, stream_on_msg, stream_pong, sc) !=
             0)
@@ -328,7 +324,8 @@ static void stream_drop(etcd_store *es)
         curl_easy_cleanup(es->sh);
     es->sh = NULL;
     es->sfd = CURL_SOCKET_BAD;
-    es->sin.n = es->smsg.n = 0;
+    dlock__buf_reset(&es->sin);
+    dlock__buf_reset(&es->smsg);
 }
 
 /* The stream broke (or closes): every waiter that relies on it looks
@@ -428,7 +425,8 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
         return -1;
     }
     /* the answer's head: "HTTP/1.1 101 ..." up to the blank line */
-    es->sin.n = es->smsg.n = 0;
+    dlock__buf_reset(&es->sin);
+    dlock__buf_reset(&es->smsg);
     char *end = NULL;
     while (!end) {
         char tmp[4096];
@@ -439,8 +437,8 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
                 continue;
             snprintf(why, cap, "no answer to the WebSocket upgrade");
         } else if (cc != CURLE_OK || got == 0 ||
-                   dlock__etcd_buf_add(&es->sin, tmp, got) != 0 ||
-                   es->sin.n > 65536) {
+                   dlock__buf_add(&es->sin, tmp, got) != 0 ||
+                   es->sin.len > 65536) {
             snprintf(why, cap, "the WebSocket upgrade failed");
         } else {
             end = strstr(es->sin.p, "\r\n\r\n");
@@ -458,8 +456,7 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
         return -1;
     }
     size_t head = (size_t)(end - es->sin.p) + 4;
-    memmove(es->sin.p, es->sin.p + head, es->sin.n - head);
-    es->sin.n -= head;
+    dlock__buf_drop(&es->sin, head);
 
     /* the watch: the whole prefix ("P/" up to "P0"; no prefix: every key
      * from "\0"), deletions only, from the current revision */
@@ -501,7 +498,7 @@ static int stream_connect(etcd_store *es, size_t ep, int64_t deadline,
         if (cc == CURLE_AGAIN)
             continue;
         if (cc != CURLE_OK || got == 0 ||
-            dlock__etcd_buf_add(&es->sin, tmp, got) != 0) {
+            dlock__buf_add(&es->sin, tmp, got) != 0) {
             snprintf(why, cap, "the watch stream closed");
             break;
         }

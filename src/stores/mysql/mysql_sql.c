@@ -8,6 +8,7 @@
  */
 #include "mysql_int.h"
 
+#include "buf.h"
 #include "hex.h"
 
 #include <mysqld_error.h>
@@ -549,38 +550,19 @@ int dlock__mysql_vals(const my_store *ms, const dlock__lease *l, my_vals *v)
     return v->gate[0] && v->hold[0] ? DLOCK_OK : dlock__mysql_enomem();
 }
 
-/* Appends n bytes of s to the buffer (*out, *len, *cap): 0, or -1. */
-static int put(char **out, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t c = (*len + n + 1) * 2;
-        char *o = realloc(*out, c);
-        if (!o)
-            return -1;
-        *out = o;
-        *cap = c;
-    }
-    memcpy(*out + *len, s, n);
-    *len += n;
-    (*out)[*len] = '\0';
-    return 0;
-}
-
 char *dlock__mysql_fill(const char *tmpl, const my_vals *v)
 {
-    size_t len = 0, cap = strlen(tmpl) + 512;
-    char *out = malloc(cap), num[32];
-    int bad = !out;
+    dlock__buf out = DLOCK__BUF_INIT;
+    char num[32];
+    int bad = dlock__buf_add(&out, "", 0) != 0;
 
-    if (out)
-        out[0] = '\0';
     for (const char *p = tmpl; *p && !bad; p++) {
         const char *lit = NULL;
         char *hex = NULL;
         if (*p != '\001') {
             const char *q = strchr(p, '\001');
             size_t n = q ? (size_t)(q - p) : strlen(p);
-            bad = put(&out, &len, &cap, p, n) != 0;
+            bad = dlock__buf_add(&out, p, n) != 0;
             p += n - 1;
             continue;
         }
@@ -604,19 +586,17 @@ char *dlock__mysql_fill(const char *tmpl, const my_vals *v)
         if (!lit) {
             bad = 1;
         } else if (hex || (*p == 'T' || *p == 'P' || *p == 'K')) {
-            bad = put(&out, &len, &cap, lit, strlen(lit)) != 0;
+            bad = dlock__buf_str(&out, lit) != 0;
         } else {
-            bad = put(&out, &len, &cap, "'", 1) ||
-                  put(&out, &len, &cap, lit, strlen(lit)) ||
-                  put(&out, &len, &cap, "'", 1);
+            bad = dlock__buf_printf(&out, "'%s'", lit) != 0;
         }
         free(hex);
     }
     if (bad) {
-        free(out);
+        dlock__buf_free(&out);
         return NULL;
     }
-    return out;
+    return out.p;
 }
 
 /* The read holds' and permits' columns (docs/stores.md shows the DDL). */

@@ -12,6 +12,8 @@
  */
 #include "redis_conn.h"
 
+#include "buf.h"
+
 #include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -609,8 +611,7 @@ static int call(dlock__rconn *rc, const char *buf, size_t len, int n,
 /* The RESP bytes of cmds[0..n), SHAs filled in; malloc'd. */
 static char *format(dlock__rconn *rc, rcmd *cmds, int n, size_t *len)
 {
-    char *all = NULL;
-    size_t total = 0;
+    dlock__buf all = DLOCK__BUF_INIT;
 
     for (int i = 0; i < n; i++) {
         const char **argv = cmds[i].ext_argv ? cmds[i].ext_argv
@@ -623,26 +624,22 @@ static char *format(dlock__rconn *rc, rcmd *cmds, int n, size_t *len)
         }
         int l = redisFormatCommandArgv(&one, cmds[i].argc, argv, lens);
         if (l < 0 || !one) {
-            free(all);
+            dlock__buf_free(&all);
             return NULL;
         }
         if (n == 1) {
             *len = (size_t)l;
             return one;
         }
-        char *grown = realloc(all, total + (size_t)l);
-        if (!grown) {
-            free(one);
-            free(all);
+        int bad = dlock__buf_add(&all, one, (size_t)l) != 0;
+        free(one);
+        if (bad) {
+            dlock__buf_free(&all);
             return NULL;
         }
-        all = grown;
-        memcpy(all + total, one, (size_t)l);
-        total += (size_t)l;
-        free(one);
     }
-    *len = total;
-    return all;
+    *len = all.len;
+    return all.p;
 }
 
 void dlock__rconn_drop_older(dlock__rconn *rc, uint64_t gen)
