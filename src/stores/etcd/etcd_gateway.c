@@ -16,6 +16,8 @@
  */
 #include "etcd.h"
 
+#include "opt.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -509,7 +511,6 @@ int dlock__etcd_parse_config(etcd_store *es, const dlock__uri *u)
                                       "key", NULL};
     int is_tls = !strcmp(u->scheme, "etcds");
     const char *prefix = dlock__uri_param(u, "prefix");
-    const char *timeout = dlock__uri_param(u, "timeout");
     int rc;
 
     rc = dlock__uri_check_params(u, is_tls ? tls : plain);
@@ -537,15 +538,8 @@ int dlock__etcd_parse_config(etcd_store *es, const dlock__uri *u)
                           u->redacted, ETCD_PREFIX_MAX);
     es->prefix_len = (size_t)snprintf(es->prefix, sizeof(es->prefix), "%s%s",
                                       prefix, prefix[0] ? "/" : "");
-    if (timeout) {
-        long long v;
-        if (dlock__parse_int(timeout, 3600000, &v) != 0 || v == 0)
-            return dlock__err(DLOCK_EINVAL, "etcd URI %s: timeout must be "
-                                            "milliseconds (1..3600000), not "
-                                            "'%s'",
-                              u->redacted, timeout);
-        es->timeout_ms = v;
-    }
+    if ((rc = dlock__opt_timeout("etcd", u, &es->timeout_ms)) != DLOCK_OK)
+        return rc;
     if (is_tls && ((rc = dup_param(u, "cacert", &es->cacert)) ||
                    (rc = dup_param(u, "cert", &es->cert)) ||
                    (rc = dup_param(u, "key", &es->key))))

@@ -57,6 +57,8 @@
  */
 #include "mysql_int.h"
 
+#include "opt.h"
+
 #include <errmsg.h>
 #include <mysqld_error.h>
 
@@ -299,8 +301,7 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
     static const char *const params[] = {"table",    "timeout", "ssl_mode",
                                          "ssl_ca",   "ssl_cert", "ssl_key",
                                          NULL};
-    const char *table = dlock__uri_param(u, "table");
-    const char *timeout = dlock__uri_param(u, "timeout");
+    const char *table;
     const char *mode = dlock__uri_param(u, "ssl_mode");
     my_store *ms;
     my_conn *cn;
@@ -316,27 +317,18 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
                                         "mysql://[user:password@]host[:port]"
                                         "/database (one host)",
                           u->redacted);
-    if (!table)
-        table = MY_DEFAULT_TABLE;
-    if (!table[0] || strlen(table) > MY_TABLE_MAX)
-        return dlock__err(DLOCK_EINVAL, "mysql URI %s: the table name must "
-                                        "be 1 to %d bytes",
-                          u->redacted, MY_TABLE_MAX);
+    rc = dlock__opt_table("mysql", u, MY_DEFAULT_TABLE, MY_TABLE_MAX, &table);
+    if (rc)
+        return rc;
     if (mode && strcmp(mode, "disabled") && strcmp(mode, "required") &&
         strcmp(mode, "verify_identity"))
         return dlock__err(DLOCK_EINVAL, "mysql URI %s: ssl_mode must be "
                                         "disabled, required or "
                                         "verify_identity, not '%s'",
                           u->redacted, mode);
-    if (timeout) {
-        long long v;
-        if (dlock__parse_int(timeout, 3600000, &v) != 0 || v == 0)
-            return dlock__err(DLOCK_EINVAL, "mysql URI %s: timeout must be "
-                                            "milliseconds (1..3600000), not "
-                                            "'%s'",
-                              u->redacted, timeout);
-        timeout_ms = v;
-    }
+    rc = dlock__opt_timeout("mysql", u, &timeout_ms);
+    if (rc)
+        return rc;
     pthread_once(&library_once, library_init);
     ms = calloc(1, sizeof(*ms));
     if (!ms || !(ms->redacted = strdup(u->redacted))) {

@@ -14,6 +14,8 @@
  */
 #include "pg.h"
 
+#include "opt.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -192,9 +194,8 @@ int dlock__pg_open(void **out, dlock_client *c, const dlock__uri *u,
     static const char *const params[] = {
         "table", "mode",   "timeout", "pooler", "sslmode", "sslrootcert",
         "sslcert", "sslkey", "sslcrl", "target_session_attrs", "host", NULL};
-    const char *table = dlock__uri_param(u, "table");
+    const char *table;
     const char *mode = dlock__uri_param(u, "mode");
-    const char *timeout = dlock__uri_param(u, "timeout");
     const char *pooler = dlock__uri_param(u, "pooler");
     pg_names nm;
     pg_store *ps;
@@ -215,21 +216,10 @@ int dlock__pg_open(void **out, dlock_client *c, const dlock__uri *u,
                                         "pool mode of the PgBouncer in "
                                         "front), not '%s'",
                           u->redacted, pooler);
-    if (!table)
-        table = PG_DEFAULT_TABLE;
-    if (!table[0] || strlen(table) > PG_TABLE_MAX)
-        return dlock__err(DLOCK_EINVAL, "postgres URI %s: the table name "
-                                        "must be 1 to %d bytes",
-                          u->redacted, PG_TABLE_MAX);
-    if (timeout) {
-        long long v;
-        if (dlock__parse_int(timeout, 3600000, &v) != 0 || v == 0)
-            return dlock__err(DLOCK_EINVAL, "postgres URI %s: timeout must "
-                                            "be milliseconds (1..3600000), "
-                                            "not '%s'",
-                              u->redacted, timeout);
-        timeout_ms = v;
-    }
+    if ((rc = dlock__opt_table("postgres", u, PG_DEFAULT_TABLE,
+                               PG_TABLE_MAX, &table)) ||
+        (rc = dlock__opt_timeout("postgres", u, &timeout_ms)))
+        return rc;
     if (!u->nhosts && !dlock__uri_param(u, "host") && u->path[0] == '\0')
         return dlock__err(DLOCK_EINVAL, "postgres URI %s: expected "
                                         "postgres://[user:password@]host"

@@ -42,6 +42,7 @@
 #include "sqlite.h"
 #include "kwait.h"
 #include "perm.h"
+#include "opt.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -162,10 +163,9 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                    int64_t timeout_ms)
 {
     static const char *const params[] = {"table", "timeout", "group", NULL};
-    const char *table = dlock__uri_param(u, "table");
+    const char *table;
     const char *group = dlock__uri_param(u, "group");
     gid_t gid = (gid_t)-1;
-    const char *timeout = dlock__uri_param(u, "timeout");
     const char *t;
     char ddl[2048];
     sq_store *ss;
@@ -180,21 +180,10 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                                         "sqlite:///path/to/file.db "
                                         "(three slashes, no host)",
                           u->redacted);
-    if (!table)
-        table = SQ_DEFAULT_TABLE;
-    if (!table[0] || strlen(table) > SQ_TABLE_MAX)
-        return dlock__err(DLOCK_EINVAL, "sqlite URI %s: the table name must "
-                                        "be 1 to %d bytes",
-                          u->redacted, SQ_TABLE_MAX);
-    if (timeout) {
-        long long v;
-        if (dlock__parse_int(timeout, 3600000, &v) != 0 || v == 0)
-            return dlock__err(DLOCK_EINVAL, "sqlite URI %s: timeout must be "
-                                            "milliseconds (1..3600000), not "
-                                            "'%s'",
-                              u->redacted, timeout);
-        timeout_ms = v;
-    }
+    if ((rc = dlock__opt_table("sqlite", u, SQ_DEFAULT_TABLE, SQ_TABLE_MAX,
+                               &table)) ||
+        (rc = dlock__opt_timeout("sqlite", u, &timeout_ms)))
+        return rc;
     if (group) { /* the file store's ?group= (file_perm.c) */
         char what[400];
         snprintf(what, sizeof(what), "sqlite URI %.300s: parameter group",
