@@ -260,12 +260,7 @@ static void walk_locks(int fd, off_t lo, off_t hi, int64_t max,
         if (max > 0 ? *tickets >= max : *odd >= 0)
             break; /* counted enough; or (max 0) found the odd one */
         struct flock fl;
-        memset(&fl, 0, sizeof(fl));
-        fl.l_type = F_WRLCK;
-        fl.l_whence = SEEK_SET;
-        fl.l_start = at;
-        fl.l_len = hi - at;
-        if (fcntl(fd, F_OFD_GETLK, &fl) != 0 || fl.l_type == F_UNLCK)
+        if (dlock__ofd_getlk(fd, F_WRLCK, at, hi, &fl) != 0)
             break;
         off_t s = fl.l_start < at ? at : fl.l_start;
         off_t e = fl.l_len == 0 || fl.l_start + fl.l_len > hi
