@@ -489,6 +489,20 @@ static const struct {
      DLOCK__H_HANDOFF},
 };
 
+/* A gauge of the clients', one series per store: their holds, or
+ * (waiters) their waiting threads. */
+static void put_gauge(dlock__buf *b, const char *fam, const char *help,
+                      const csnap *cs, size_t n, int waiters)
+{
+    dlock__buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", fam, help, fam);
+    for (size_t k = 0; k < n; k++) {
+        dlock__buf_str(b, fam);
+        labels(b, &cs[k], NULL, NULL);
+        dlock__buf_printf(b, "} %lld\n",
+                          (long long)(waiters ? cs[k].waiters : cs[k].holds));
+    }
+}
+
 static void render(dlock__buf *b, const csnap *cs, size_t n)
 {
     static const struct {
@@ -557,21 +571,9 @@ static void render(dlock__buf *b, const csnap *cs, size_t n)
             dlock__buf_printf(b, "} %llu\n",
                               (unsigned long long)cs[k].errors[code]);
         }
-    dlock__buf_str(b, "# HELP dlock_holds Holds the client has now.\n"
-                      "# TYPE dlock_holds gauge\n");
-    for (size_t k = 0; k < n; k++) {
-        dlock__buf_str(b, "dlock_holds");
-        labels(b, &cs[k], NULL, NULL);
-        dlock__buf_printf(b, "} %lld\n", (long long)cs[k].holds);
-    }
-    dlock__buf_str(b, "# HELP dlock_waiters Threads of the client waiting "
-                      "now.\n"
-                      "# TYPE dlock_waiters gauge\n");
-    for (size_t k = 0; k < n; k++) {
-        dlock__buf_str(b, "dlock_waiters");
-        labels(b, &cs[k], NULL, NULL);
-        dlock__buf_printf(b, "} %lld\n", (long long)cs[k].waiters);
-    }
+    put_gauge(b, "dlock_holds", "Holds the client has now.", cs, n, 0);
+    put_gauge(b, "dlock_waiters", "Threads of the client waiting now.", cs,
+              n, 1);
 }
 
 static void snap_add(snap *to, const snap *from)
