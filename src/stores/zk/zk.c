@@ -107,28 +107,47 @@ static zk_session *lease_session(zk_store *zs, const zk_lease *zl)
     return s;
 }
 
+/* Call `kind` (C_DELETE, C_EXISTS) on a hold's node until it is
+ * answered: a lost connection may hide an expired session (a frozen
+ * process learns it only now), so after one it waits for the session's
+ * answer, then retries or reports the loss (ZSESSIONEXPIRED). Its
+ * ZooKeeper code, and *op as dlock__zk_call() gives it. */
+static int call_settled(zk_store *zs, zk_session *s, int kind,
+                        const char *path, int64_t op_deadline, zk_op **op)
+{
+    for (;;) {
+        uint64_t gen = dlock__zk_conn_gen(zs, s);
+        int zrc = dlock__zk_call(zs, s, kind, path, NULL, 0, 0, op_deadline,
+                                 op);
+        if ((zrc != ZCONNECTIONLOSS && zrc != ZOPERATIONTIMEOUT) ||
+            dlock__now_ms() >= op_deadline)
+            return zrc;
+        int how = dlock__zk_settle(zs, s, gen, op_deadline);
+        if (how == 1)
+            return ZSESSIONEXPIRED;
+        if (how != 0)
+            return zrc;
+    }
+}
+
+/* The session of a hold, with a reference; NULL when it ended. */
+static zk_session *hold_session(zk_store *zs, const zk_lease *zl)
+{
+    zk_session *s;
+
+    pthread_mutex_lock(&zs->mu);
+    s = zl->path[0] ? lease_session(zs, zl) : NULL;
+    pthread_mutex_unlock(&zs->mu);
+    return s;
+}
+
 static int release_in(zk_store *zs, zk_session *s, zk_lease *zl,
                       int64_t op_deadline)
 {
     int zrc;
 
     dlock__zk_mine_releasing(zs, zl); /* our delete's event is ours */
-    for (;;) {
-        /* a lost connection may hide an expired session (a frozen
-         * process learns it only now): wait for the answer, then retry
-         * or report the loss */
-        uint64_t gen = dlock__zk_conn_gen(zs, s);
-        zrc = dlock__zk_call(zs, s, C_DELETE, zl->path, NULL, 0, 0,
-                             op_deadline, NULL);
-        if ((zrc != ZCONNECTIONLOSS && zrc != ZOPERATIONTIMEOUT) ||
-            dlock__now_ms() >= op_deadline)
-            break;
-        int how = dlock__zk_settle(zs, s, gen, op_deadline);
-        if (how == 1)
-            zrc = ZSESSIONEXPIRED;
-        if (how != 0)
-            break;
-    }
+    zrc = call_settled(zs, s, C_DELETE, zl->path, op_deadline, NULL);
     if (zrc == ZOK || zrc == ZNONODE || zrc == ZSESSIONEXPIRED ||
         zrc == ZINVALIDSTATE) {
         zl->path[0] = '\0';
@@ -150,9 +169,7 @@ static int zk_release(void *st, dlock__lease *l, int64_t op_deadline)
     zk_session *s;
     int rc;
 
-    pthread_mutex_lock(&zs->mu);
-    s = zl->path[0] ? lease_session(zs, zl) : NULL;
-    pthread_mutex_unlock(&zs->mu);
+    s = hold_session(zs, zl);
     if (!s) {
         dlock__zk_mine_unlink(zs, zl);
         zl->path[0] = '\0';
@@ -177,19 +194,7 @@ static int extend_in(zk_store *zs, zk_session *s, zk_lease *zl,
                           "zk: a hold lives as long as its session (ttl "
                           "%lld ms); it cannot change to %lld ms",
                           (long long)s->ttl, (long long)ttl_ms);
-    for (;;) {
-        uint64_t gen = dlock__zk_conn_gen(zs, s);
-        zrc = dlock__zk_call(zs, s, C_EXISTS, zl->path, NULL, 0, 0,
-                             op_deadline, &op);
-        if ((zrc != ZCONNECTIONLOSS && zrc != ZOPERATIONTIMEOUT) ||
-            dlock__now_ms() >= op_deadline)
-            break;
-        int how = dlock__zk_settle(zs, s, gen, op_deadline);
-        if (how == 1)
-            zrc = ZSESSIONEXPIRED;
-        if (how != 0)
-            break;
-    }
+    zrc = call_settled(zs, s, C_EXISTS, zl->path, op_deadline, &op);
     if (zrc == ZNONODE || zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE)
         return dlock__err(DLOCK_ENOTHELD, "zk %s: the lock node is gone",
                           zs->redacted);
@@ -212,9 +217,7 @@ static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     zk_session *s;
     int rc;
 
-    pthread_mutex_lock(&zs->mu);
-    s = zl->path[0] ? lease_session(zs, zl) : NULL;
-    pthread_mutex_unlock(&zs->mu);
+    s = hold_session(zs, zl);
     if (!s)
         return dlock__err(DLOCK_ENOTHELD,
                           "zk %s: the session of this hold ended",
