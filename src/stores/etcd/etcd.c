@@ -210,19 +210,10 @@ static void orphan_add(etcd_store *es, const char *key, size_t len)
 /* Acquire, release, extend                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* Deletes our key (waiter giving up, or a failed acquisition); on failure
- * the background thread retries. Drops the reservation and the lease. */
-static void give_up_key(etcd_store *es, etcd_hold *eh)
+/* Ends a hold's reservation and lease reference. */
+static void hold_done(etcd_store *es, etcd_hold *eh, int deleted)
 {
-    char kb[ETCD_B64_MAX], body[ETCD_B64_MAX + 32];
-    cJSON *j = NULL;
-
-    dlock__etcd_b64_encode(eh->key, eh->key_len, kb);
-    snprintf(body, sizeof(body), "{\"key\":\"%s\"}", kb);
-    if (dlock__etcd_request(es, "/v3/kv/deleterange", body,
-                            dlock__now_ms() + es->timeout_ms, &j,
-                            "deleting a waiter's key") == DLOCK_OK) {
-        cJSON_Delete(j);
+    if (deleted) {
         pthread_mutex_lock(&es->mu);
         dlock__etcd_slot_drop(es, eh->key, eh->key_len);
         pthread_mutex_unlock(&es->mu);
@@ -231,6 +222,24 @@ static void give_up_key(etcd_store *es, etcd_hold *eh)
     }
     dlock__etcd_lease_put(es, eh->lease);
     eh->lease = NULL;
+}
+
+/* Deletes our key (waiter giving up, or a failed acquisition); on failure
+ * the background thread retries. Drops the reservation and the lease. */
+static void give_up_key(etcd_store *es, etcd_hold *eh)
+{
+    char kb[ETCD_B64_MAX], body[ETCD_B64_MAX + 32];
+    cJSON *j = NULL;
+    int deleted;
+
+    dlock__etcd_b64_encode(eh->key, eh->key_len, kb);
+    snprintf(body, sizeof(body), "{\"key\":\"%s\"}", kb);
+    deleted = dlock__etcd_request(es, "/v3/kv/deleterange", body,
+                                  dlock__now_ms() + es->timeout_ms, &j,
+                                  "deleting a waiter's key") == DLOCK_OK;
+    if (deleted)
+        cJSON_Delete(j);
+    hold_done(es, eh, deleted);
 }
 
 /* A waiter that relied on the stream found no answer when it re-armed
@@ -612,20 +621,6 @@ static int etcd_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             break;
     }
     return rc;
-}
-
-/* Ends a hold's reservation and lease reference. */
-static void hold_done(etcd_store *es, etcd_hold *eh, int deleted)
-{
-    if (deleted) {
-        pthread_mutex_lock(&es->mu);
-        dlock__etcd_slot_drop(es, eh->key, eh->key_len);
-        pthread_mutex_unlock(&es->mu);
-    } else {
-        orphan_add(es, eh->key, eh->key_len);
-    }
-    dlock__etcd_lease_put(es, eh->lease);
-    eh->lease = NULL;
 }
 
 static int etcd_release(void *st, dlock__lease *l, int64_t op_deadline)
