@@ -283,6 +283,13 @@ void dlock__pg_hold_keep(pg_store *ps, dlock__lease *l, pg_conn *cn,
  * bytes. */
 void dlock__pg_appname(const dlock__lease *l, char *out, size_t cap);
 
+/* Runs sql, which waits in the server for an advisory lock, on cn until
+ * the caller's deadline (and the store's timeout past it), dlock_cancel()
+ * ending it: DLOCK_OK with *r, or the code (DLOCK_EBUSY when cancelled:
+ * the core says DLOCK_ECANCELED). */
+int dlock__pg_adv_wait(pg_store *ps, pg_conn *cn, const dlock__lease *l,
+                       const char *sql, PGresult **r, const char *what);
+
 /* pg_adv_sem.c: advisory mode's semaphores */
 
 /* A permit (l->kind DLOCK__PERMIT): a try, or a wait until l->deadline

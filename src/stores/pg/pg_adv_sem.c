@@ -123,21 +123,12 @@ static int gate_wait(pg_store *ps, pg_conn *cn, dlock__lease *l)
                                  ")", 0, 0);
     if (!sql)
         return dlock__pg_enomem();
-    int64_t limit = l->deadline == DLOCK__FOREVER
-                        ? DLOCK__FOREVER
-                        : l->deadline + ps->timeout_ms;
-    cn->cfd = l->cancel_fd; /* dlock_cancel() ends the wait */
-    cn->cancel_sent = 0;
-    rc = dlock__pg_run_text(ps, cn, sql, limit, &r,
-                            "waiting for a permit");
-    cn->cfd = -1;
+    /* a cancel that ends it may leave it holding the gate: the session
+     * goes */
+    rc = dlock__pg_adv_wait(ps, cn, l, sql, &r, "waiting for a permit");
     free(sql);
     if (rc == DLOCK_OK)
         PQclear(r);
-    else if (cn->cancel_sent)
-        cn->broken = 1; /* it may hold the gate: the session goes */
-    if (rc != DLOCK_OK && dlock__lease_cancelled(l))
-        rc = DLOCK_EBUSY; /* the core says DLOCK_ECANCELED */
     return rc;
 }
 

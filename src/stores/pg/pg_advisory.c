@@ -29,6 +29,28 @@
 #include <string.h>
 #include <sys/epoll.h>
 
+int dlock__pg_adv_wait(pg_store *ps, pg_conn *cn, const dlock__lease *l,
+                       const char *sql, PGresult **r, const char *what)
+{
+    int64_t limit = l->deadline == DLOCK__FOREVER
+                        ? DLOCK__FOREVER
+                        : l->deadline + ps->timeout_ms;
+    int rc;
+
+    cn->cfd = l->cancel_fd; /* dlock_cancel() ends the wait */
+    cn->cancel_sent = 0;
+    rc = dlock__pg_run_text(ps, cn, sql, limit, r, what);
+    cn->cfd = -1;
+    if (rc != DLOCK_OK && cn->cancel_sent)
+        /* the cancel may have ended the statement after its
+         * pg_advisory_lock() took the lock (a session lock: no rollback
+         * frees it): the session goes, and the lock with it */
+        cn->broken = 1;
+    if (rc != DLOCK_OK && dlock__lease_cancelled(l))
+        rc = DLOCK_EBUSY; /* the core says DLOCK_ECANCELED */
+    return rc;
+}
+
 void dlock__pg_appname(const dlock__lease *l, char *out, size_t cap)
 {
     snprintf(out, cap < PG_APPNAME_MAX + 1 ? cap : PG_APPNAME_MAX + 1,
@@ -172,26 +194,11 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
                          (long long)wait, lit, shared ? "_shared" : "", hex,
                          hex, ps->seq_lit, lit);
         }
-        if (sql) {
-            int64_t limit = l->deadline == DLOCK__FOREVER
-                                ? DLOCK__FOREVER
-                                : l->deadline + ps->timeout_ms;
-            cn->cfd = l->cancel_fd; /* dlock_cancel() ends the wait */
-            cn->cancel_sent = 0;
-            rc = dlock__pg_run_text(ps, cn, sql, limit, &r,
+        if (sql)
+            rc = dlock__pg_adv_wait(ps, cn, l, sql, &r,
                                     "waiting for the advisory lock");
-            cn->cfd = -1;
-            if (rc != DLOCK_OK && cn->cancel_sent)
-                /* the cancel may have ended the statement after its
-                 * pg_advisory_lock() took the lock (a session lock: no
-                 * rollback frees it): the session goes, and the lock
-                 * with it */
-                cn->broken = 1;
-            if (rc != DLOCK_OK && dlock__lease_cancelled(l))
-                rc = DLOCK_EBUSY; /* the core says DLOCK_ECANCELED */
-        } else {
+        else
             rc = dlock__pg_enomem();
-        }
         free(sql);
         free(hex);
         PQfreemem(lit);
