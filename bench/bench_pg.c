@@ -9,9 +9,10 @@
  * prepared once:
  *   round trip        a prepared SELECT 1 (hot, and after 2 ms idle)
  *   table floor       the store's acquire upsert and its release function
- *                     (dlock__pg_build_statements() and schema_sql in
- *                     pg_sql.c), on a table, queue table and sequence of
- *                     the floor's own; the function is the store's
+ *                     (dlock__pg_build_statements() in pg_sql.c and
+ *                     schema_sql in pg_schema.c), on a table, queue
+ *                     table and sequence of the floor's own; the
+ *                     function is the store's
  *                     T_unlock, copied from the database under the
  *                     floor's names
  *   advisory floor    the store's pg_try_advisory_lock + nextval and its

@@ -24,6 +24,7 @@
 #include "../src/stores/mysql/mysql.c"
 #include "../src/stores/mysql/mysql_conn.c"
 #include "../src/stores/mysql/mysql_sql.c"
+#include "../src/stores/mysql/mysql_try.c"
 #include "../src/stores/mysql/mysql_wait.c"
 #include "../src/stores/mysql/mysql_operate.c"
 

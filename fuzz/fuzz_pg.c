@@ -31,6 +31,7 @@
 #include "../src/stores/pg/pg_adv_sem.c"
 #include "../src/stores/pg/pg_conn.c"
 #include "../src/stores/pg/pg_sql.c"
+#include "../src/stores/pg/pg_schema.c"
 
 #include "uri.h" /* the core's parser: the fuzz target parses URIs */
 

@@ -50,9 +50,9 @@
 #include "../src/stores/redis/redis_conn.c"
 #include "../src/stores/redis/redis_shared.c"
 #include "../src/stores/redis/redis_operate.c"
-#include "../src/stores/redis/redis_sentinel.c"
+#include "../src/stores/redis/sentinel/redis_sentinel.c"
 #include "../src/stores/redis/redis_sub.c"
-#include "../src/stores/redis/redis_cluster.c"
+#include "../src/stores/redis/cluster/redis_cluster.c"
 
 #include "uri.h" /* the core's parser: the fuzz target parses URIs */
 

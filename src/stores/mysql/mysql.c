@@ -3,7 +3,8 @@
  * mysql.c -- the MySQL/MariaDB store (MariaDB Connector/C, which also
  * speaks to MySQL): the seeds' lock table. This file holds the backend's
  * release, extend and gc, open and close, and the backend; the
- * acquire and its waiting are in mysql_wait.c, inspect, list and break
+ * acquire and its waiting are in mysql_wait.c (the statements of one try
+ * in mysql_try.c), inspect, list and break
  * in mysql_operate.c, the connections and the
  * statement runner in mysql_conn.c, the SQL texts and the schema in
  * mysql_sql.c (mysql_int.h).

@@ -3,7 +3,8 @@
  * mysql_int.h -- what the MySQL/MariaDB store's files share: mysql.c,
  * the store (release, extend, inspect, gc, open and close, the backend
  * struct); mysql_wait.c, acquire and the waiting in the server (the
- * gate, the fair queue's entry); mysql_conn.c, its connections (the pool,
+ * gate, the fair queue's entry), with mysql_try.c, the statements of one
+ * try (mysql_try.h); mysql_conn.c, its connections (the pool,
  * the non-blocking Connector/C I/O that keeps the caller's deadline,
  * running statements, error codes); mysql_sql.c, its SQL (quoted
  * names, hex literals, the statements' texts, the schema); mysql_rw.c,

@@ -23,7 +23,7 @@
  *    every holder's hold lock at once through pooled helper connections.
  *
  * The upserts that take them are in mysql_sql.c, the acquire loop that
- * uses all this in mysql_wait.c.
+ * uses all this in mysql_wait.c (its tries' statements in mysql_try.c).
  */
 #include "mysql_int.h"
 

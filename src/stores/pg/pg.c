@@ -9,8 +9,8 @@
  * This file holds what both modes share: the URI's options and libpq's
  * keywords, open and close, the client thread's loop, and two helpers
  * of the modes' slots. The connections, their statements and the
- * notifications are in pg_conn.c, the SQL texts and the schema in
- * pg_sql.c (pg.h).
+ * notifications are in pg_conn.c, the SQL texts in pg_sql.c and the
+ * schema in pg_schema.c (pg.h).
  */
 #include "pg.h"
 

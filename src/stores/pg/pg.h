@@ -10,10 +10,10 @@
  * pg_conn.c, its connections (the command connection and the pool of
  * extra ones, non-blocking libpq I/O with the caller's deadline, running
  * statements, error codes, LISTEN and the notifications read on the
- * command connection); and pg_sql.c, its SQL (quoted names, the
- * statements' texts, the table mode's schema with its release, leave and
- * queue functions, and the look at open that creates or upgrades what is
- * missing and tells whether a pooler sits in front).
+ * command connection); pg_sql.c, its SQL (quoted names, the statements'
+ * texts); and pg_schema.c, the table mode's schema with its release,
+ * leave and queue functions, and the look at open that creates or
+ * upgrades what is missing and tells whether a pooler sits in front.
  */
 #ifndef DLOCK_PG_H
 #define DLOCK_PG_H
@@ -101,6 +101,23 @@
     "pg_stat_activity a ON a.pid = l.pid WHERE l.granted AND "              \
     ADV_KEY_IS(ADV_F(n)) " AND a.application_name ~ '^dlock [0-9]+ "        \
     "s[0-9]{1,5} ') x WHERE x.m IS DISTINCT FROM " not " LIMIT 1)"
+/* What dlock_inspect() says of lock row t (a table alias or a record), as
+ * the columns i0..i8: held, holder, token, lease left, held for, shared
+ * form (owner '*'), permits, live entries, the earliest live entry's
+ * description. S_INSPECT, S_LIST and T_break share it, so that a listed
+ * lock and a broken one are described exactly as dlock_inspect() would. */
+#define PG_LIVE_OF(t)                                                       \
+    "FROM jsonb_each(CASE WHEN " t ".owner = '*' THEN " t ".holders END) "  \
+    "x WHERE (x.value ->> 'u')::bigint > " NOW_MS
+#define PG_INSPECT_COLS(t)                                                  \
+    t ".owner IS NOT NULL AND " t ".lock_until > " NOW " AS i0, " t         \
+    ".holder AS i1, " t ".token AS i2, " MS_LEFT(t ".lock_until") " AS i3, " \
+    "floor(extract(epoch FROM " NOW " - " t ".locked_at) * 1000)::bigint "  \
+    "AS i4, " t ".owner = '*' AS i5, CASE WHEN " t ".owner IS NULL OR " t   \
+    ".owner = '*' THEN " t ".permits ELSE 0 END AS i6, (SELECT count(*) "   \
+    PG_LIVE_OF(t) ") AS i7, (SELECT x.value ->> 'd' " PG_LIVE_OF(t)         \
+    " ORDER BY (x.value ->> 's')::bigint, (x.value ->> 't')::bigint LIMIT " \
+    "1) AS i8"
 /* The most permits of a semaphore in advisory mode: its head waits with
  * one session per permit (docs/locks.md). */
 #define PG_ADV_PERMITS_MAX 32
@@ -365,6 +382,11 @@ void dlock__pg_quote_literal(const char *in, char *out, size_t cap);
 int dlock__pg_build_statements(pg_store *ps, const pg_names *nm,
                                const char *s);
 
+/* The names of the schema objects of table `table` (?table=). */
+void dlock__pg_names_of(const char *table, pg_names *nm);
+
+/* pg_schema.c */
+
 /* Creates the schema objects that are missing; sets ps->behind, sessions
  * and unnamed (pooler detection). */
 int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
@@ -373,9 +395,6 @@ int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
 /* Table mode: creates T_break when a table made by an earlier dlock lacks
  * it (dlock_break()'s first call on this client); sets ps->has_break. */
 int dlock__pg_ensure_break(pg_store *ps, int64_t deadline);
-
-/* The names of the schema objects of table `table` (?table=). */
-void dlock__pg_names_of(const char *table, pg_names *nm);
 
 
 /* The store's table (store.h), named by module.c and, in a build with
