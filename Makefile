@@ -13,6 +13,9 @@ TEST_JOBS ?= $(JOBS)
 WERROR ?= OFF
 
 .PHONY: all build demo test test-busy build-matrix asan valgrind valgrind-all bench bench-quick install clean fuzz
+# the trees alone, without their runs (CI builds every tree first, then
+# runs the suites with no compiler beside them)
+.PHONY: asan-build valgrind-build bench-build fuzz-build
 
 all: build
 
@@ -46,57 +49,57 @@ build-matrix:
 
 # the suite again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (clang: gcc's ASan misreports the thread cancellation used by file waits)
-asan:
-	@scripts/install-deps.sh build test asan
+asan: asan-build
+	@scripts/install-deps.sh test
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(TEST_JOBS)
+asan-build:
+	@scripts/install-deps.sh build asan
 	CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug \
 	    -DDLOCK_SANITIZER=address,undefined -DDLOCK_BENCH=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-asan -j$(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j$(TEST_JOBS)
 
 # the tests labelled memcheck under valgrind memcheck (uninitialised
 # reads, leaks and invalid accesses): the unit tests, the generic suites
 # on every store and the exporter; the store-specific suites run under
 # ASan (docs/development.md, "Which suites run under which tool")
-valgrind:
-	@scripts/install-deps.sh build test valgrind
-	cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug -DDLOCK_VALGRIND=ON \
-	    -DDLOCK_BENCH=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
-	cmake --build build-valgrind -j$(JOBS)
+valgrind: valgrind-build
+	@scripts/install-deps.sh test
 	cd build-valgrind && ctest --output-on-failure -L memcheck -j$(TEST_JOBS)
 # and the store-specific suites too (but ZooKeeper's: they fork beside
 # its client's threads), as every CI ran them before: for a change to a
 # store's failure paths
-valgrind-all:
-	@scripts/install-deps.sh build test valgrind
+valgrind-all: valgrind-build
+	@scripts/install-deps.sh test
+	cd build-valgrind && ctest --output-on-failure -L 'memcheck|store' -LE zk -j$(TEST_JOBS)
+valgrind-build:
+	@scripts/install-deps.sh build valgrind
 	cmake -S . -B build-valgrind -DCMAKE_BUILD_TYPE=Debug -DDLOCK_VALGRIND=ON \
 	    -DDLOCK_BENCH=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-valgrind -j$(JOBS)
-	cd build-valgrind && ctest --output-on-failure -L 'memcheck|store' -LE zk -j$(TEST_JOBS)
 
-bench:
-	@scripts/install-deps.sh build bench
-	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
-	cmake --build build-bench -j$(JOBS)
+bench: bench-build
 	bench/run.sh build-bench
 
 # the short bench CI runs: every section, fewer samples (build-bench/
 # benchmarks-quick.md and charts); checks that its output parses
-bench-quick:
+bench-quick: bench-build
+	bench/run.sh build-bench --quick
+	python3 bench/check.py build-bench/benchmarks-quick.md --charts build-bench
+bench-build:
 	@scripts/install-deps.sh build bench
 	cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-bench -j$(JOBS)
-	bench/run.sh build-bench --quick
-	python3 bench/check.py build-bench/benchmarks-quick.md --charts build-bench
 
 # libFuzzer targets (fuzz/), FUZZ_SECONDS each on their corpus; fails on
 # any crash, leak, UB or broken invariant. Long runs: make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 10
-fuzz:
+fuzz: fuzz-build
+	fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
+fuzz-build:
 	@scripts/install-deps.sh build asan
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_FUZZ=ON \
 	    -DDLOCK_TESTS=OFF -DDLOCK_BENCH=OFF -DDLOCK_WERROR=$(WERROR) >/dev/null
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_all
-	fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
 # the safety suite (docs/safety.md): worker processes, a fenced resource and
 # faults on every store; fails when an outcome is worse than expected. The
