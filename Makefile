@@ -128,4 +128,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) build-asan build-valgrind build-bench build-fuzz
+	rm -rf $(BUILD) build-asan build-valgrind build-bench build-fuzz build-ci
