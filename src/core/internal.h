@@ -37,6 +37,11 @@ struct dlock__hold {
     int lost;             /* the hold is known to be gone */
     int announce;         /* lost, callback not called yet (background) */
     int renewing;         /* the watchdog is renewing it right now */
+    int leaving;          /* threads waiting for `renewing` to clear to
+                           * release, extend or close it: the watchdog
+                           * starts no renewal of it meanwhile */
+    int retrying;         /* its last renewal failed: renew_at is the
+                           * retry's time, not to be moved earlier */
     int64_t lease_end;    /* local, conservative end of the lease */
     int64_t renew_at;     /* when the watchdog renews it next */
     char owner[64];       /* lease.owner points here */

@@ -62,6 +62,19 @@ int dlock__by_handle(const dlock *l)
 
 /* The caller's hold of l's name: a thread's own (made through any handle
  * that is not DLOCK_OWNER_HANDLE), or the handle's (c->mu held). */
+/* Waits until the watchdog's renewal of the caller's own hold h is over
+ * (c->mu held), keeping it from starting another one meanwhile: a release
+ * or an extend is not starved by renewals that keep failing (each may
+ * take the store's whole answer time). Only the owner thread frees h, so
+ * h outlives the wait. */
+static void wait_renewal(dlock_client *c, dlock__hold *h)
+{
+    h->leaving++;
+    while (h->renewing)
+        pthread_cond_wait(&c->cv, &c->mu);
+    h->leaving--;
+}
+
 static dlock__hold *find_hold(const dlock *l, pthread_t self)
 {
     for (dlock__hold *h = l->entry->holds; h; h = h->next_in_entry) {
@@ -480,8 +493,7 @@ int dlock_release(dlock *l)
         pthread_mutex_unlock(&c->mu);
         return rc;
     }
-    while (h->renewing)
-        pthread_cond_wait(&c->cv, &c->mu);
+    wait_renewal(c, h);
     announced = h->lost;
     lost = dlock__now_ms() >= h->lease_end;
     dlock__hold_unlink(c, h);
@@ -576,8 +588,8 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
         return rc;
     }
     h = find_hold(l, pthread_self());
-    while (h && h->renewing)
-        pthread_cond_wait(&c->cv, &c->mu);
+    if (h)
+        wait_renewal(c, h);
     if (!h) {
         pthread_mutex_unlock(&c->mu);
         return dlock__err(DLOCK_ENOTHELD,

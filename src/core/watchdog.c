@@ -125,6 +125,7 @@ void dlock__hold_leased(dlock_client *c, dlock__hold *h, int64_t t0)
     }
     h->lease_end = t0 + ttl - dlock__client_margin(c, ttl);
     h->renew_at = t0 + renew_in(c, ttl);
+    h->retrying = 0;
     h->risk_why[0] = '\0';
     /* a hold at risk that dlock_extend() renewed: SAFE at once */
     dlock__schedule(c, h->at_risk ? dlock__now_ms() : hold_next(c, h));
@@ -283,6 +284,7 @@ static void renewed(dlock_client *c, dlock__hold *h, int rc, const char *err,
     if (dlock__m_on(&c->m) && rc != DLOCK_ENOTHELD)
         dlock__m_inc(h->entry->ms, rc == DLOCK_OK ? DLOCK__M_RENEWED
                                                   : DLOCK__M_RENEW_FAILED);
+    h->retrying = rc != DLOCK_OK && rc != DLOCK_ENOTHELD;
     if (rc == DLOCK_OK) {
         h->lease_end = t0 + ttl - dlock__client_margin(c, ttl);
         h->renew_at = t0 + renew_in(c, ttl);
@@ -421,7 +423,7 @@ static int64_t watchdog(dlock_client *c)
     /* 2. renewals */
     now = dlock__now_ms();
     for (dlock__hold *h = c->holds; h; h = h->next) {
-        if (h->lost || h->renewing || h->count == 0 ||
+        if (h->lost || h->renewing || h->leaving || h->count == 0 ||
             (h->handle->opts.flags & DLOCK_NO_RENEW))
             continue;
         if (now >= h->lease_end) { /* ran out during the callbacks */
@@ -429,8 +431,10 @@ static int64_t watchdog(dlock_client *c)
             continue;
         }
         /* Renew a little early when a wake-up is happening anyway, so
-         * that many holds share wake-ups. */
-        if (h->renew_at > now + h->lease.ttl_ms / 10)
+         * that many holds share wake-ups; a retry after a failed renewal
+         * waits for its time (else failures that take the store's whole
+         * answer time follow each other back to back) */
+        if (h->renew_at > now + (h->retrying ? 0 : h->lease.ttl_ms / 10))
             continue;
         if (ndue == capdue) {
             size_t nc = capdue ? capdue * 2 : 8;

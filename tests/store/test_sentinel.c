@@ -313,6 +313,10 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     /* the release on the new primary wakes the waiter there */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(la));
+    /* the renewals fail meanwhile (2 s each): the release waits for the
+     * one in flight, not for the retries after it (they came back to
+     * back and kept it waiting 2-10 s on a busy machine) */
+    CHECK_OP(th_now_ms() - t0, <, 2000 + 3000);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     CHECK_OP(w.done_at - t0, <, 10000);
