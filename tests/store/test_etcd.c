@@ -1066,6 +1066,8 @@ TEST(a_no_renew_hold_that_waited_lasts_its_ttl_from_its_acquisition)
      * acquisition. A busy machine can only delay the release past the
      * waiter's second queue keepalive (at 3.33 s), which makes this pass
      * without that keepalive too (weaker), never fail */
+    if (left < 9)
+        fprintf(stderr, "lease %s: %s\n", hex, out);
     CHECK_OP(left, >=, 9);
     __atomic_store_n(&release_now, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
