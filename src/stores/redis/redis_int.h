@@ -234,11 +234,8 @@ int dlock__redis_inspect_value(const redis_store *rs, const char *name,
                                long long pttl, dlock_info *out);
 
 /* dlock_list() and dlock_break() (redis_operate.c). */
-int dlock__redis_list(void *st, const char *prefix, size_t plen,
-                      const char *cursor, size_t limit, unsigned flags,
-                      dlock_list_page *out, int64_t op_deadline);
-int dlock__redis_evict(void *st, const char *name, size_t len,
-                       dlock_info *out, int64_t op_deadline);
+dlock__list_slot dlock__redis_list;
+dlock__evict_slot dlock__redis_evict;
 
 
 /* The store's table (store.h), named by module.c and, in a build with
