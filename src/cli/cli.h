@@ -121,6 +121,15 @@ void cli_format_duration(int64_t ms, char *buf, size_t cap);
 int cli_opt_value(int argc, char **argv, int *i, const char *name,
                   const char **value);
 
+/* The command line of a command that takes one lock name and --store,
+ * --json and --help (dlock status, dlock break; `cmd` its name): -1 with
+ * *name, *store and *json set; 0 after --help (`usage` printed); or
+ * CLI_EX_USAGE, after a message (an unknown option's ends with `hint`),
+ * or with no name the usage on stderr. */
+int cli_name_args(int argc, char **argv, const char *cmd, const char *usage,
+                  const char *hint, const char **name, const char **store,
+                  int *json);
+
 /* Printing names and holders (out.c). A lock name is any bytes but NUL. */
 
 /* The length (1..4) of the well-formed UTF-8 sequence at p, 0 if none. */

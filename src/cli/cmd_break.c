@@ -15,7 +15,6 @@
 #include <dlock.h>
 
 #include <stdio.h>
-#include <string.h>
 
 static const char break_usage[] =
     "usage: dlock break [--store URI] [--json] NAME\n"
@@ -96,44 +95,14 @@ static void print_json(dlock_client *c, const char *name, int broken,
 int cmd_break(int argc, char **argv)
 {
     const char *store = NULL, *name = NULL;
-    int json = 0, options = 1, rc, r, ex;
+    int json = 0, rc, ex;
     dlock_client *c;
     dlock_info info;
 
-    for (int i = 1; i < argc; i++) {
-        if (!options || argv[i][0] != '-' || argv[i][1] == '\0') {
-            if (name) {
-                cli_err("break: give one lock name");
-                return CLI_EX_USAGE;
-            }
-            name = argv[i];
-            continue;
-        }
-        if (!strcmp(argv[i], "--")) {
-            options = 0;
-            continue;
-        }
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(break_usage, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--store", &store)) != 0) {
-            if (r < 0)
-                return CLI_EX_USAGE;
-            continue;
-        }
-        cli_err("break: unknown option '%s' (try dlock help break)",
-                argv[i]);
-        return CLI_EX_USAGE;
-    }
-    if (!name) {
-        fputs(break_usage, stderr);
-        return CLI_EX_USAGE;
-    }
+    ex = cli_name_args(argc, argv, "break", break_usage,
+                       " (try dlock help break)", &name, &store, &json);
+    if (ex >= 0)
+        return ex;
 
     rc = dlock_client_open(&c, store, NULL);
     if (rc != DLOCK_OK) {

@@ -8,7 +8,6 @@
 #include <dlock.h>
 
 #include <stdio.h>
-#include <string.h>
 
 static const char status_usage[] =
     "usage: dlock status [--store URI] [--json] NAME\n"
@@ -25,46 +24,15 @@ static const char status_usage[] =
 int cmd_status(int argc, char **argv)
 {
     const char *store = NULL, *name = NULL;
-    int json = 0, rc, r;
+    int json = 0, rc;
     dlock_client *c;
     dlock_info info;
     char d1[32];
 
-    int options = 1;
-
-    for (int i = 1; i < argc; i++) {
-        if (!options || (argv[i][0] != '-' || argv[i][1] == '\0')) {
-            if (name) {
-                cli_err("status: give one lock name");
-                return CLI_EX_USAGE;
-            }
-            name = argv[i];
-            continue;
-        }
-        if (!strcmp(argv[i], "--")) {
-            options = 0;
-            continue;
-        }
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(status_usage, stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            json = 1;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--store", &store)) != 0) {
-            if (r < 0)
-                return CLI_EX_USAGE;
-            continue;
-        }
-        cli_err("status: unknown option '%s'", argv[i]);
-        return CLI_EX_USAGE;
-    }
-    if (!name) {
-        fputs(status_usage, stderr);
-        return CLI_EX_USAGE;
-    }
+    rc = cli_name_args(argc, argv, "status", status_usage, "", &name, &store,
+                       &json);
+    if (rc >= 0)
+        return rc;
 
     rc = dlock_client_open(&c, store, NULL);
     if (rc != DLOCK_OK) {

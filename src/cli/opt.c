@@ -156,3 +156,45 @@ int cli_opt_value(int argc, char **argv, int *i, const char *name,
     *value = secret_option(name) ? hide_secret(argv, *i, 0) : argv[*i];
     return 1;
 }
+
+int cli_name_args(int argc, char **argv, const char *cmd, const char *usage,
+                  const char *hint, const char **name, const char **store,
+                  int *json)
+{
+    int options = 1, r;
+
+    for (int i = 1; i < argc; i++) {
+        if (!options || argv[i][0] != '-' || argv[i][1] == '\0') {
+            if (*name) {
+                cli_err("%s: give one lock name", cmd);
+                return CLI_EX_USAGE;
+            }
+            *name = argv[i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--")) {
+            options = 0;
+            continue;
+        }
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--json")) {
+            *json = 1;
+            continue;
+        }
+        if ((r = cli_opt_value(argc, argv, &i, "--store", store)) != 0) {
+            if (r < 0)
+                return CLI_EX_USAGE;
+            continue;
+        }
+        cli_err("%s: unknown option '%s'%s", cmd, argv[i], hint);
+        return CLI_EX_USAGE;
+    }
+    if (!*name) {
+        fputs(usage, stderr);
+        return CLI_EX_USAGE;
+    }
+    return -1;
+}

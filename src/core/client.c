@@ -481,24 +481,35 @@ const char *dlock_client_store(const dlock_client *c)
     return c ? c->store : "";
 }
 
+/* The checks of a client setting (function `fn`, argument `arg`): a
+ * client, and 0 <= ms <= max (`max_name`: which bound). DLOCK_OK, or
+ * DLOCK_EINVAL. */
+static int check_setting(const dlock_client *c, const char *fn,
+                         const char *arg, int64_t ms, int64_t max,
+                         const char *max_name)
+{
+    if (!c)
+        return dlock__err(DLOCK_EINVAL, "%s: client is NULL", fn);
+    if (ms < 0)
+        return dlock__err(DLOCK_EINVAL,
+                          "%s: %s must not be negative, not %lld", fn, arg,
+                          (long long)ms);
+    if (ms > max)
+        return dlock__err(DLOCK_EINVAL,
+                          "%s: %s must be at most %lld (%s, 365 days), not "
+                          "%lld",
+                          fn, arg, (long long)max, max_name, (long long)ms);
+    return DLOCK_OK;
+}
+
 int dlock_client_set_events(dlock_client *c, dlock_event_cb cb, void *arg,
                             int64_t long_hold_ms)
 {
-    int rc;
+    int rc = check_setting(c, "dlock_client_set_events", "long_hold_ms",
+                           long_hold_ms, DLOCK_WAIT_MAX, "DLOCK_WAIT_MAX");
 
-    if (!c)
-        return dlock__err(DLOCK_EINVAL,
-                          "dlock_client_set_events: client is NULL");
-    if (long_hold_ms < 0)
-        return dlock__err(DLOCK_EINVAL,
-                          "dlock_client_set_events: long_hold_ms must not be "
-                          "negative, not %lld",
-                          (long long)long_hold_ms);
-    if (long_hold_ms > DLOCK_WAIT_MAX)
-        return dlock__err(DLOCK_EINVAL,
-                          "dlock_client_set_events: long_hold_ms must be at "
-                          "most %lld (DLOCK_WAIT_MAX, 365 days), not %lld",
-                          DLOCK_WAIT_MAX, (long long)long_hold_ms);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
     if (rc == DLOCK_OK) {
@@ -512,21 +523,11 @@ int dlock_client_set_events(dlock_client *c, dlock_event_cb cb, void *arg,
 
 int dlock_client_set_at_risk(dlock_client *c, int64_t margin_ms)
 {
-    int rc;
+    int rc = check_setting(c, "dlock_client_set_at_risk", "margin_ms",
+                           margin_ms, DLOCK_TTL_MAX, "DLOCK_TTL_MAX");
 
-    if (!c)
-        return dlock__err(DLOCK_EINVAL,
-                          "dlock_client_set_at_risk: client is NULL");
-    if (margin_ms < 0)
-        return dlock__err(DLOCK_EINVAL,
-                          "dlock_client_set_at_risk: margin_ms must not be "
-                          "negative, not %lld",
-                          (long long)margin_ms);
-    if (margin_ms > DLOCK_TTL_MAX)
-        return dlock__err(DLOCK_EINVAL,
-                          "dlock_client_set_at_risk: margin_ms must be at "
-                          "most %lld (DLOCK_TTL_MAX, 365 days), not %lld",
-                          DLOCK_TTL_MAX, (long long)margin_ms);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&c->mu);
     rc = dlock__usable(c);
     if (rc == DLOCK_OK)

@@ -18,6 +18,31 @@ void dlock_info_clear(dlock_info *info)
     memset(info, 0, sizeof(*info));
 }
 
+/* Whether client c may still be used (dlock__usable(), under its mutex):
+ * DLOCK_OK, or why not. */
+static int usable(dlock_client *c)
+{
+    int rc;
+
+    pthread_mutex_lock(&c->mu);
+    rc = dlock__usable(c);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* The checks of an operator's call (function `fn`) on lock `name`: a
+ * client, a valid name (its length into *len), still usable. */
+static int name_call(dlock_client *c, const char *fn, const char *name,
+                     size_t *len)
+{
+    int rc;
+
+    if (!c)
+        return dlock__err(DLOCK_EINVAL, "%s: client is NULL", fn);
+    rc = dlock__check_name(name, len);
+    return rc ? rc : usable(c);
+}
+
 int dlock__info_add_waiter(dlock_info *out, const char *s)
 {
     size_t n = out->queue_len;
@@ -43,14 +68,7 @@ int dlock_inspect(dlock_client *c, const char *name, dlock_info *out)
     if (!out)
         return dlock__err(DLOCK_EINVAL, "dlock_inspect: out is NULL");
     memset(out, 0, sizeof(*out));
-    if (!c)
-        return dlock__err(DLOCK_EINVAL, "dlock_inspect: client is NULL");
-    rc = dlock__check_name(name, &len);
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&c->mu);
-    rc = dlock__usable(c);
-    pthread_mutex_unlock(&c->mu);
+    rc = name_call(c, "dlock_inspect", name, &len);
     if (rc)
         return rc;
     out->ttl_ms = -1;
@@ -83,9 +101,7 @@ int dlock_gc(dlock_client *c, int64_t idle_ms, uint64_t *removed)
                           "dlock_gc: idle_ms must be at most %lld "
                           "(DLOCK_WAIT_MAX, 365 days), not %lld",
                           DLOCK_WAIT_MAX, (long long)idle_ms);
-    pthread_mutex_lock(&c->mu);
-    rc = dlock__usable(c);
-    pthread_mutex_unlock(&c->mu);
+    rc = usable(c);
     if (rc)
         return rc;
     if (!c->be->gc)
@@ -175,9 +191,7 @@ int dlock_list(dlock_client *c, const char *prefix, const char *cursor,
         return dlock__err(DLOCK_EINVAL,
                           "dlock_list: the cursor is not one this store "
                           "made (too long)");
-    pthread_mutex_lock(&c->mu);
-    rc = dlock__usable(c);
-    pthread_mutex_unlock(&c->mu);
+    rc = usable(c);
     if (rc)
         return rc;
     if (!c->be->list)
@@ -201,14 +215,7 @@ int dlock_break(dlock_client *c, const char *name, dlock_info *evicted)
     int rc;
 
     memset(out, 0, sizeof(*out));
-    if (!c)
-        return dlock__err(DLOCK_EINVAL, "dlock_break: client is NULL");
-    rc = dlock__check_name(name, &len);
-    if (rc)
-        return rc;
-    pthread_mutex_lock(&c->mu);
-    rc = dlock__usable(c);
-    pthread_mutex_unlock(&c->mu);
+    rc = name_call(c, "dlock_break", name, &len);
     if (rc)
         return rc;
     if (!c->be->evict)

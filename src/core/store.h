@@ -199,6 +199,18 @@ typedef struct dlock__lease {
                                   * the store keeps N with the name and
                                   * refuses another N with DLOCK_EINVAL */
 
+/* The types of the operator's slots (inspect, list, evict), which a store
+ * often writes in a file of their own: its header declares them
+ * `dlock__list_slot dlock__foo_list;`. Their contracts: at the slots. */
+typedef int dlock__inspect_slot(void *st, const char *name, size_t name_len,
+                                dlock_info *out, int64_t op_deadline);
+typedef int dlock__list_slot(void *st, const char *prefix, size_t plen,
+                             const char *cursor, size_t limit,
+                             unsigned flags, dlock_list_page *out,
+                             int64_t op_deadline);
+typedef int dlock__evict_slot(void *st, const char *name, size_t len,
+                              dlock_info *out, int64_t op_deadline);
+
 typedef struct dlock__backend {
     /* The module ABI this table was built for (DLOCK__STORE_ABI) and its
      * size: the first two fields of every version. DLOCK__STORE_HEAD
@@ -243,8 +255,7 @@ typedef struct dlock__backend {
                   int64_t op_deadline);
 
     /* Fills *out (zeroed by the core) for dlock_inspect(). Required. */
-    int (*inspect)(void *st, const char *name, size_t name_len,
-                   dlock_info *out, int64_t op_deadline);
+    dlock__inspect_slot *inspect;
 
     /* The background thread polls this fd for reading (-1: none) and calls
      * loop_run() after every wake-up (readable or not). Both optional; both
@@ -293,9 +304,7 @@ typedef struct dlock__backend {
      * only those held or waited for. A cursor this slot did not make is
      * DLOCK_EINVAL, never a crash. The core clears `out` on failure.
      * Optional: NULL means DLOCK_ENOTSUP. */
-    int (*list)(void *st, const char *prefix, size_t plen,
-                const char *cursor, size_t limit, unsigned flags,
-                dlock_list_page *out, int64_t op_deadline);
+    dlock__list_slot *list;
 
     /* dlock_break(): removes every hold of `name` in one atomic step
      * (the token counter kept, waiters woken as by a release) and fills
@@ -303,8 +312,7 @@ typedef struct dlock__backend {
      * DLOCK_OK; DLOCK_ENOTHELD when nobody held it (nothing done); or an
      * error. Optional: NULL means DLOCK_ENOTSUP, with evict_unsupported
      * as the reason. */
-    int (*evict)(void *st, const char *name, size_t len, dlock_info *out,
-                 int64_t op_deadline);
+    dlock__evict_slot *evict;
 
     /* Why this store has no evict slot, for the DLOCK_ENOTSUP message
      * ("its locks are the holders' kernel locks"). Optional. */

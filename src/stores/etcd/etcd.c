@@ -242,6 +242,13 @@ static void give_up_key(etcd_store *es, etcd_hold *eh)
     hold_done(es, eh, deleted);
 }
 
+/* Waiter w leaves: unregistered from the stream, its key given up. */
+static void leave(etcd_store *es, etcd_hold *eh, etcd_waiter *w)
+{
+    dlock__etcd_waiter_end(es, w);
+    give_up_key(es, eh);
+}
+
 /* A waiter that relied on the stream found no answer when it re-armed
  * (no member up, no leader yet): it keeps its key, hence its place, and
  * sleeps until a keepalive of the client is answered after `ka_seen`, its
@@ -259,9 +266,27 @@ static int park(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     pthread_mutex_unlock(&es->mu);
     if (!eh->lease->dead)
         return 0;
-    dlock__etcd_waiter_end(es, w);
-    give_up_key(es, eh);
+    leave(es, eh, w);
     return 1;
+}
+
+/* A call of waiter w's wait (a look, the stream's re-arm) failed with rc.
+ * One that relied on the stream and may still wait parks (park()): 1
+ * when its lease died meanwhile, else 0 (look again). Any other leaves:
+ * DLOCK_EBUSY when its wait is over (it answered "held" before), else
+ * rc. */
+static int call_failed(etcd_store *es, dlock__lease *l, etcd_hold *eh,
+                       etcd_waiter *w, uint64_t ka_seen, int relied,
+                       int may_wait, int rc)
+{
+    if (rc == DLOCK_ECONN && relied && may_wait && !wait_over(l))
+        return park(es, l, eh, w, ka_seen); /* keeps our place */
+    leave(es, eh, w);
+    if (may_wait && wait_over(l)) {
+        l->retry_ms = -1;
+        return DLOCK_EBUSY;
+    }
+    return rc;
 }
 
 /* One acquisition on lease eh->lease. DLOCK_OK, DLOCK_EBUSY, an error,
@@ -326,8 +351,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         return 1;
     }
     if (rc != DLOCK_OK) {
-        dlock__etcd_waiter_end(es, &w);
-        give_up_key(es, eh); /* the put may have happened */
+        leave(es, eh, &w); /* the put may have happened */
         return rc;
     }
     if (cJSON_IsTrue(jget(j, "succeeded"))) {
@@ -338,8 +362,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         if (!me || !jstr(me, "key") || strcmp(jstr(me, "key"), kb) != 0 ||
             eh->rev <= 0) {
             cJSON_Delete(j);
-            dlock__etcd_waiter_end(es, &w);
-            give_up_key(es, eh);
+            leave(es, eh, &w);
             return dlock__err(DLOCK_EPROTO, "etcd %s: the lock transaction's "
                                             "answer lacks our key",
                               es->redacted);
@@ -350,8 +373,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         pthread_mutex_unlock(&es->mu);
         cJSON_Delete(j);
         if (rc != 0) {
-            dlock__etcd_waiter_end(es, &w);
-            give_up_key(es, eh);
+            leave(es, eh, &w);
             return enomem();
         }
         /* no stream yet: what happened since our answer is unknown */
@@ -364,8 +386,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         dlock__etcd_mine_rev(es, eh, eh->rev);
         cJSON_Delete(j);
         if (eh->rev <= 0) {
-            dlock__etcd_waiter_end(es, &w);
-            give_up_key(es, eh);
+            leave(es, eh, &w);
             return dlock__err(DLOCK_EPROTO, "etcd %s: the lock transaction "
                                             "failed but found no key",
                               es->redacted);
@@ -393,37 +414,27 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             need_look = 0;
             if (rc == 1) {
                 int dead = eh->lease->dead;
-                dlock__etcd_waiter_end(es, &w);
-                give_up_key(es, eh);
+                leave(es, eh, &w);
                 /* else deleted by someone else: a break that saw it
                  * holding just as the keys ahead went (start again) */
                 return dead ? 1 : 2;
             }
-            if (rc == DLOCK_OK)
-                dlock__etcd_mine_seen(es, eh, w.gen);
-            if (rc == DLOCK_ECONN && relied && may_wait && !wait_over(l)) {
-                if (park(es, l, eh, &w, ka_seen)) /* keeps our place */
-                    return 1;
+            if (rc != DLOCK_OK) {
+                rc = call_failed(es, l, eh, &w, ka_seen, relied, may_wait,
+                                 rc);
+                if (rc)
+                    return rc;
                 need_look = 1;
                 continue;
             }
-            if (rc != DLOCK_OK) {
-                dlock__etcd_waiter_end(es, &w);
-                give_up_key(es, eh);
-                if (may_wait && wait_over(l)) {
-                    l->retry_ms = -1;
-                    return DLOCK_EBUSY; /* it answered "held" before */
-                }
-                return rc;
-            }
+            dlock__etcd_mine_seen(es, eh, w.gen);
         }
         pthread_mutex_lock(&es->mu);
         long clash = w.clash;
         int holds = !w.pending && dlock__etcd_waiter_room(&w) && !w.partial;
         pthread_mutex_unlock(&es->mu);
         if (clash) {
-            dlock__etcd_waiter_end(es, &w);
-            give_up_key(es, eh);
+            leave(es, eh, &w);
             if (clash < 0) /* a permit's waiter saw a lock's key */
                 return dlock__err(DLOCK_EINVAL,
                                   "etcd %s: lock '%.200s' is held or "
@@ -453,8 +464,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
                                    "etcd: the client's lease could not be "
                                    "kept alive (the process did not run "
                                    "for its safe life)");
-            dlock__etcd_waiter_end(es, &w);
-            give_up_key(es, eh);
+            leave(es, eh, &w);
             return 1;
         }
         if (holds && !need_look) {
@@ -467,8 +477,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             return DLOCK_OK;
         }
         if (!may_wait || wait_over(l)) {
-            dlock__etcd_waiter_end(es, &w);
-            give_up_key(es, eh);
+            leave(es, eh, &w);
             l->retry_ms = -1;
             return DLOCK_EBUSY;
         }
@@ -477,25 +486,15 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
             /* arm: the stream first, then look (no missed deletion) */
             uint64_t gen = 0;
             rc = dlock__etcd_stream_up(es, dl, &gen);
-            if (rc == DLOCK_ECONN && relied && !wait_over(l)) {
-                if (park(es, l, eh, &w, ka_seen)) /* keeps our place */
-                    return 1;
-                need_look = 1;
-                continue;
-            }
-            if (rc != DLOCK_OK) {
-                dlock__etcd_waiter_end(es, &w);
-                give_up_key(es, eh);
-                if (wait_over(l)) {
-                    l->retry_ms = -1;
-                    return DLOCK_EBUSY;
-                }
+            if (rc == DLOCK_OK) {
+                pthread_mutex_lock(&es->mu);
+                dlock__etcd_waiter_del(es, &w);
+                dlock__etcd_waiter_add(es, &w, gen);
+                pthread_mutex_unlock(&es->mu);
+            } else if ((rc = call_failed(es, l, eh, &w, ka_seen, relied,
+                                         may_wait, rc)) != 0) {
                 return rc;
             }
-            pthread_mutex_lock(&es->mu);
-            dlock__etcd_waiter_del(es, &w);
-            dlock__etcd_waiter_add(es, &w, gen);
-            pthread_mutex_unlock(&es->mu);
             need_look = 1;
             continue;
         }
@@ -510,8 +509,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
         int partial = w.partial;
         pthread_mutex_unlock(&es->mu);
         if (eh->lease->dead) {
-            dlock__etcd_waiter_end(es, &w);
-            give_up_key(es, eh);
+            leave(es, eh, &w);
             return 1;
         }
         if (gone) {

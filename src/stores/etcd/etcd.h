@@ -419,13 +419,9 @@ int dlock__etcd_mine_deleted(etcd_store *es, const char *key_b64,
 int64_t dlock__etcd_mine_run(etcd_store *es);
 
 /* etcd_operate.c: the inspect, list and evict slots */
-int dlock__etcd_inspect(void *st, const char *name, size_t len,
-                        dlock_info *out, int64_t op_deadline);
-int dlock__etcd_list(void *st, const char *prefix, size_t plen,
-                     const char *cursor, size_t limit, unsigned flags,
-                     dlock_list_page *out, int64_t op_deadline);
-int dlock__etcd_evict(void *st, const char *name, size_t len,
-                      dlock_info *out, int64_t op_deadline);
+dlock__inspect_slot dlock__etcd_inspect;
+dlock__list_slot dlock__etcd_list;
+dlock__evict_slot dlock__etcd_evict;
 
 
 /* The store's table (store.h), named by module.c and, in a build with

@@ -520,15 +520,16 @@ static int64_t lease_ttl(etcd_store *es, int64_t lease, int64_t op_deadline)
     return out;
 }
 
-int dlock__etcd_inspect(void *st, const char *name, size_t len,
-                        dlock_info *out, int64_t op_deadline)
+/* Reads the queue of lock `name` (its keys in creation order) into *j,
+ * and describes the lock from it into *out (inspect_answer()).
+ * DLOCK_OK, *j then to be freed; or an error (*j NULL). */
+static int read_queue(etcd_store *es, const char *name, size_t len,
+                      dlock_info *out, cJSON **j, int64_t *lease,
+                      int64_t op_deadline)
 {
-    etcd_store *es = st;
     char base[ETCD_KEY_MAX], bb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
     char body[2 * ETCD_B64_MAX + 256];
     size_t base_len = dlock__etcd_lock_base(es, name, len, base);
-    cJSON *j = NULL;
-    int64_t lease;
     int rc;
 
     dlock__etcd_b64_encode(base, base_len, bb);
@@ -537,14 +538,30 @@ int dlock__etcd_inspect(void *st, const char *name, size_t len,
              "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
              "\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"10001\"}",
              bb, eb);
-    rc = dlock__etcd_request(es, "/v3/kv/range", body, op_deadline, &j,
+    *j = NULL;
+    rc = dlock__etcd_request(es, "/v3/kv/range", body, op_deadline, j,
                              "reading the lock queue");
     if (rc != DLOCK_OK)
         return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
-    rc = inspect_answer(j, out, &lease);
-    cJSON_Delete(j);
+    rc = inspect_answer(*j, out, lease);
+    if (rc != DLOCK_OK) {
+        cJSON_Delete(*j);
+        *j = NULL;
+    }
+    return rc;
+}
+
+int dlock__etcd_inspect(void *st, const char *name, size_t len,
+                        dlock_info *out, int64_t op_deadline)
+{
+    etcd_store *es = st;
+    cJSON *j;
+    int64_t lease;
+    int rc = read_queue(es, name, len, out, &j, &lease, op_deadline);
+
     if (rc != DLOCK_OK)
         return rc;
+    cJSON_Delete(j);
     if (lease)
         out->ttl_ms = lease_ttl(es, lease, op_deadline);
     return DLOCK_OK;
@@ -864,17 +881,8 @@ int dlock__etcd_evict(void *st, const char *name, size_t len,
                       dlock_info *out, int64_t op_deadline)
 {
     etcd_store *es = st;
-    char base[ETCD_KEY_MAX], bb[ETCD_B64_MAX], eb[ETCD_B64_MAX];
-    char body[2 * ETCD_B64_MAX + 256];
-    size_t base_len = dlock__etcd_lock_base(es, name, len, base);
     int rc = DLOCK_OK;
 
-    dlock__etcd_b64_encode(base, base_len, bb);
-    dlock__etcd_range_end_b64(base, base_len, eb);
-    snprintf(body, sizeof(body),
-             "{\"key\":\"%s\",\"range_end\":\"%s\",\"sort_order\":"
-             "\"ASCEND\",\"sort_target\":\"CREATE\",\"limit\":\"10001\"}",
-             bb, eb);
     for (int attempt = 0;; attempt++) {
         cJSON *j = NULL, *t = NULL;
         int64_t lease = 0;
@@ -882,12 +890,10 @@ int dlock__etcd_evict(void *st, const char *name, size_t len,
 
         dlock_info_clear(out);
         memset(out, 0, sizeof(*out));
-        rc = dlock__etcd_request(es, "/v3/kv/range", body, op_deadline, &j,
-                                 "reading the lock queue");
+        rc = read_queue(es, name, len, out, &j, &lease, op_deadline);
         if (rc != DLOCK_OK)
-            return rc == ETCD_NOLEASE ? DLOCK_EPROTO : rc;
-        rc = inspect_answer(j, out, &lease);
-        if (rc == DLOCK_OK && !out->held)
+            return rc;
+        if (!out->held)
             rc = DLOCK_ENOTHELD;
         if (rc == DLOCK_OK && lease)
             out->ttl_ms = lease_ttl(es, lease, op_deadline);

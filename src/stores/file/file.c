@@ -330,6 +330,19 @@ static int read_token(int fd, const char *fname, dlock__lease *l,
     return DLOCK_OK;
 }
 
+/* The lock file that lease fl opened (st: its identity), as the waits
+ * and the semaphores take it. */
+static void lock_file_of(lock_file *f, const file_store *fs,
+                         const file_lease *fl, const file_id *st)
+{
+    memset(f, 0, sizeof(*f));
+    f->fd = fl->fd;
+    f->dev = st->dev;
+    f->ino = st->ino;
+    f->wdir = fs->wdir;
+    f->anyuid = fs->group;
+}
+
 static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
 {
     file_store *fs = vst;
@@ -356,12 +369,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
         fl->dev = st.dev;
         fl->ino = st.ino;
         if (l->kind == DLOCK__PERMIT) {
-            memset(&f, 0, sizeof(f));
-            f.fd = fl->fd;
-            f.dev = st.dev;
-            f.ino = st.ino;
-            f.wdir = fs->wdir;
-            f.anyuid = fs->group;
+            lock_file_of(&f, fs, fl, &st);
             rc = dlock__file_sem_acquire(fs, fl, &f, l, once);
             if (rc == DLOCK_OK && !same_file(fs, fl)) {
                 drop_file(fs, fl); /* replaced meanwhile: the new one */
@@ -397,12 +405,7 @@ static int file_acquire(void *vst, dlock__lease *l, int64_t op_deadline)
             l->retry_ms = -1;
             return DLOCK_EBUSY;
         } else {
-            memset(&f, 0, sizeof(f));
-            f.fd = fl->fd;
-            f.dev = st.dev;
-            f.ino = st.ino;
-            f.wdir = fs->wdir;
-            f.anyuid = fs->group;
+            lock_file_of(&f, fs, fl, &st);
             const char *what = "lock";
             ticket = dlock__file_take_ticket(&f, l->deadline, l->cancel_fd,
                                              &fl->lfd, &what, &e);

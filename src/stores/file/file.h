@@ -224,8 +224,7 @@ void dlock__file_loop_run(void *st, int readable);
  * the store's view of one lock (the inspect slot); the lock name kept in
  * a file's holder record (DLOCK_NAME_MAX bytes; DLOCK_ENOTHELD: none) */
 void dlock__file_name(const char *name, size_t len, char *out);
-int dlock__file_inspect(void *vst, const char *name, size_t len,
-                        dlock_info *out, int64_t op_deadline);
+dlock__inspect_slot dlock__file_inspect;
 int dlock__file_inspect_fname(file_store *fs, const char *fname,
                               dlock_info *out);
 int dlock__file_rec_name(file_store *fs, const char *fname, char *name,
@@ -252,9 +251,7 @@ int dlock__file_open_wake_dir(file_store *fs);
 int dlock__file_open_private(const char *path, int *out);
 
 /* file_list.c: the list slot */
-int dlock__file_list(void *st, const char *prefix, size_t plen,
-                     const char *cursor, size_t limit, unsigned flags,
-                     dlock_list_page *out, int64_t op_deadline);
+dlock__list_slot dlock__file_list;
 
 
 /* The store's table (store.h), named by module.c and, in a build with

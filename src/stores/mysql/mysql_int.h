@@ -323,13 +323,9 @@ char *dlock__mysql_hold_lit(const my_store *ms, const char *name, size_t len,
 
 /* mysql_operate.c: the backend's inspect, list and evict slots (one
  * reading of a lock row for the three) */
-int dlock__mysql_inspect(void *st, const char *name, size_t len,
-                         dlock_info *out, int64_t op_deadline);
-int dlock__mysql_list(void *st, const char *prefix, size_t plen,
-                      const char *cursor, size_t limit, unsigned flags,
-                      dlock_list_page *out, int64_t op_deadline);
-int dlock__mysql_evict(void *st, const char *name, size_t len,
-                       dlock_info *out, int64_t op_deadline);
+dlock__inspect_slot dlock__mysql_inspect;
+dlock__list_slot dlock__mysql_list;
+dlock__evict_slot dlock__mysql_evict;
 
 /* mysql_wait.c: acquire and waiting */
 

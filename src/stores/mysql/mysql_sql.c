@@ -104,26 +104,25 @@ char *dlock__mysql_stmt(const char *fmt, ...)
     " - INTERVAL " MY_GRACE_US " MICROSECOND OR IS_USED_LOCK(" gate          \
     ") <=> CONNECTION_ID()))"
 
+/* The name of a user-level lock of ours (64 bytes at most, the server's
+ * limit): `tag` and a hash of the database, the table (the first %s) and
+ * `parts` (%s each, NUL-separated). */
+#define USER_LOCK(tag, parts)                                               \
+    "CONCAT('" tag "', SHA2(CONCAT(CAST(DATABASE() AS BINARY), X'00', %s, " \
+    "X'00', " parts "), 224))"
+
 /* The name's gate: a user-level lock named from the database, the table
- * and the lock name (64 bytes at most, the server's limit). */
+ * and the lock name. */
 char *dlock__mysql_gate_of(const my_store *ms, const char *name_lit)
 {
-    return dlock__mysql_stmt(
-        "CONCAT('dlock:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), "
-        "X'00', %s, X'00', "
-        "%s), 224))",
-        ms->tl, name_lit);
+    return dlock__mysql_stmt(USER_LOCK("dlock:", "%s"), ms->tl, name_lit);
 }
 
 /* A fair queue entry's own user lock: held by its waiter's connection,
  * so the entry dies with it. `seq` is an SQL expression. */
 char *dlock__mysql_entry_lock_of(const my_store *ms, const char *seq)
 {
-    return dlock__mysql_stmt(
-        "CONCAT('dlock-q:', SHA2(CONCAT(CAST(DATABASE() AS "
-        "BINARY), X'00', %s, X'00', "
-        "%s), 224))",
-        ms->tl, seq);
+    return dlock__mysql_stmt(USER_LOCK("dlock-q:", "%s"), ms->tl, seq);
 }
 
 /* A read hold's (permit's) own user lock: held by its connection for the
@@ -132,10 +131,8 @@ char *dlock__mysql_entry_lock_of(const my_store *ms, const char *seq)
 char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
                                 const char *owner)
 {
-    return dlock__mysql_stmt(
-        "CONCAT('dlock-h:', SHA2(CONCAT(CAST(DATABASE() AS BINARY), X'00', "
-        "%s, X'00', %s, X'00', %s), 224))",
-        ms->tl, name_lit, owner);
+    return dlock__mysql_stmt(USER_LOCK("dlock-h:", "%s, X'00', %s"), ms->tl,
+                             name_lit, owner);
 }
 
 /* What a busy upsert tells its caller through LAST_INSERT_ID (the row's

@@ -275,6 +275,22 @@ static void main_watch(pg_store *ps, pg_conn *cn, int op)
     epoll_ctl(ps->epfd, op, PQsocket(cn->pg), &ev);
 }
 
+static void main_lost(pg_store *ps);
+
+/* Its user gives the command connection cn back (mu held): forgotten
+ * when it is not `usable` (main_lost()), else free for the next user,
+ * its watch re-armed. */
+static void main_back(pg_store *ps, pg_conn *cn, int usable)
+{
+    if (!usable) {
+        main_lost(ps);
+        return;
+    }
+    ps->main_busy = 0;
+    pthread_cond_signal(&ps->cv);
+    main_watch(ps, cn, EPOLL_CTL_MOD);
+}
+
 static void idle_timer(pg_store *ps)
 {
     struct itimerspec its;
@@ -469,13 +485,7 @@ void dlock__pg_conn_put(pg_store *ps, pg_conn *cn)
         drain_notifies(ps, cn);
     pthread_mutex_lock(&ps->mu);
     if (cn == ps->main) {
-        if (!usable) {
-            main_lost(ps);
-        } else {
-            ps->main_busy = 0;
-            pthread_cond_signal(&ps->cv);
-            main_watch(ps, cn, EPOLL_CTL_MOD);
-        }
+        main_back(ps, cn, usable);
         pthread_mutex_unlock(&ps->mu);
         return;
     }
@@ -928,14 +938,11 @@ void dlock__pg_idle_run(pg_store *ps)
     pthread_mutex_lock(&ps->mu);
     if (!ok) {
         cn->broken = 1;
-        main_lost(ps);
     } else {
         ps->main_pending = 1;
         ps->listening = 0; /* a new wait LISTENs again */
-        ps->main_busy = 0;
-        pthread_cond_signal(&ps->cv);
-        main_watch(ps, cn, EPOLL_CTL_MOD);
     }
+    main_back(ps, cn, ok);
     pthread_mutex_unlock(&ps->mu);
 }
 
@@ -966,12 +973,6 @@ void dlock__pg_main_read(pg_store *ps)
         }
     }
     pthread_mutex_lock(&ps->mu);
-    if (!ok) {
-        main_lost(ps);
-    } else {
-        ps->main_busy = 0;
-        pthread_cond_signal(&ps->cv);
-        main_watch(ps, cn, EPOLL_CTL_MOD);
-    }
+    main_back(ps, cn, ok);
     pthread_mutex_unlock(&ps->mu);
 }

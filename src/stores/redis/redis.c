@@ -350,12 +350,10 @@ static int redis_release(void *st, dlock__lease *l, int64_t deadline)
     rcmd_arg(&c, owner, ol);
     rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
     rcmd_str(&c, now_ms);
-    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
+    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
     if (rc)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR) {
-        rc = server_error(rs, r->str, l->name);
-    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
         /* readers or permits wait: the shared script releases */
         freeReplyObject(r);
         return dlock__redis_rw_release(rs, l, deadline);
@@ -407,12 +405,10 @@ static int redis_abandon(void *st, dlock__lease *l, int64_t deadline)
     rcmd_arg(&c, owner, ol);
     rcmd_arg(&c, line, id_len);
     rcmd_str(&c, ttl);
-    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
+    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
     if (rc)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR) {
-        rc = server_error(rs, r->str, l->name);
-    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
         /* readers or permits hold: leaving may let them in */
         rl->queued = 1;
         freeReplyObject(r);
@@ -559,16 +555,8 @@ static int redis_extend_many(void *st, dlock__lease *const *ls,
         int shared = 0; /* holder lines to renew: the shared script */
         for (size_t i = first; i < first + m; i++)
             shared |= ls[i]->kind != DLOCK__WRITE;
-        c->script = shared ? S_RW_EXTEND_MANY : S_EXTEND_MANY;
-        c->ext_argv = argv + a;
-        c->ext_lens = lens + a;
-        snprintf(nk[b], sizeof(nk[b]), "%zu", m);
-        argv[a] = "EVALSHA";
-        lens[a++] = 7;
-        argv[a] = ""; /* the SHA */
-        lens[a++] = 40;
-        argv[a] = nk[b];
-        lens[a++] = strlen(nk[b]);
+        a += rcmd_evalsha_ext(c, shared ? S_RW_EXTEND_MANY : S_EXTEND_MANY,
+                              argv + a, lens + a, nk[b], sizeof(nk[b]), m);
         for (size_t i = first; i < first + m; i++) {
             argv[a] = text + t;
             lens[a] = lock_key(rs, ls[i]->name, ls[i]->name_len, text + t);
@@ -643,27 +631,6 @@ out:
     return rc;
 }
 
-
-static int redis_inspect(void *st, const char *name, size_t len,
-                         dlock_info *out, int64_t deadline)
-{
-    redis_store *rs = st;
-    char key[KEY_MAX];
-    redisReply *r;
-    rcmd c;
-    int rc;
-
-    size_t kl = lock_key(rs, name, len, key);
-
-    rcmd_evalsha(&c, S_INSPECT, 1);
-    rcmd_arg(&c, key, kl);
-    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
-    if (rc)
-        return rc;
-    rc = dlock__redis_rw_inspect(rs, name, r, out);
-    freeReplyObject(r);
-    return rc;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Open and close                                                           */
@@ -896,12 +863,12 @@ const dlock__backend dlock__backend_redis = {
     .disarm = dlock__redis_disarm,
     .release = redis_release,
     .extend = redis_extend,
-    .inspect = redis_inspect,
+    .inspect = dlock__redis_inspect, /* redis_operate.c */
     .loop_fd = dlock__redis_loop_fd,
     .loop_run = dlock__redis_loop_run,
     .gc = NULL, /* nothing outlives its hour */
     .abandon = redis_abandon,
     .extend_many = redis_extend_many,
-    .list = dlock__redis_list, /* redis_operate.c */
+    .list = dlock__redis_list,
     .evict = dlock__redis_evict,
 };

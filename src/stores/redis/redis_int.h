@@ -144,6 +144,12 @@ int dlock__redis_run(redis_store *rs, const char *key, size_t kl,
                      rcmd *cmds, int n, redisReply **replies,
                      int64_t deadline);
 
+/* One script c for the lock `name` whose key is key[0..kl), run as by
+ * dlock__redis_run(): DLOCK_OK with its answer in *r (the caller frees
+ * it), or an error, a server's error reply mapped (and freed). */
+int dlock__redis_ask(redis_store *rs, const char *key, size_t kl, rcmd *c,
+                     const char *name, redisReply **r, int64_t deadline);
+
 /* redis_sub.c: the client's loop, arm and disarm (backend slots), whether
  * a waiter of this client can be handed lease l's lock now (the channel
  * it would hear it on is subscribed), and the subscribers' end. */
@@ -233,12 +239,10 @@ int dlock__redis_inspect_value(const redis_store *rs, const char *name,
                                long long now, const redisReply *v,
                                long long pttl, dlock_info *out);
 
-/* dlock_list() and dlock_break() (redis_operate.c). */
-int dlock__redis_list(void *st, const char *prefix, size_t plen,
-                      const char *cursor, size_t limit, unsigned flags,
-                      dlock_list_page *out, int64_t op_deadline);
-int dlock__redis_evict(void *st, const char *name, size_t len,
-                       dlock_info *out, int64_t op_deadline);
+/* dlock_inspect(), dlock_list() and dlock_break() (redis_operate.c). */
+dlock__inspect_slot dlock__redis_inspect;
+dlock__list_slot dlock__redis_list;
+dlock__evict_slot dlock__redis_evict;
 
 
 /* The store's table (store.h), named by module.c and, in a build with

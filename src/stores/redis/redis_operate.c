@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redis_operate.c -- dlock_list() and dlock_break() on the Redis store
- * (redis:// and unix://): an operator's view of every lock, and the way
- * to free a stuck one. The protocol and its failure cases: docs/design.md
- * "Operating: listing and breaking locks"; what an operator should know:
- * docs/monitoring.md, "redis".
+ * redis_operate.c -- dlock_inspect(), dlock_list() and dlock_break() on
+ * the Redis store (redis:// and unix://): an operator's view of a lock
+ * and of every lock, and the way to free a stuck one. The protocol and
+ * its failure cases: docs/design.md "Operating: listing and breaking
+ * locks"; what an operator should know: docs/monitoring.md, "redis".
  *
  * Listing. A lock is one key, PREFIX{NAME} (redis.c), whatever its form
  * (exclusive, readers, a semaphore, a tombstone), so a name is listed
@@ -145,17 +145,9 @@ static int list_read(redis_store *rs, int node, const lkey *keys, size_t n,
         size_t first = b * batch;
         size_t m = n - first < batch ? n - first : batch;
         rcmd *c = &cmds[b];
-        c->script = S_LIST;
-        c->ext_argv = argv + a;
-        c->ext_lens = lens + a;
+        a += rcmd_evalsha_ext(c, S_LIST, argv + a, lens + a, nk[b],
+                              sizeof(nk[b]), m);
         c->argc = (int)(3 + m);
-        snprintf(nk[b], sizeof(nk[b]), "%zu", m);
-        argv[a] = "EVALSHA";
-        lens[a++] = 7;
-        argv[a] = ""; /* the SHA */
-        lens[a++] = 40;
-        argv[a] = nk[b];
-        lens[a++] = strlen(nk[b]);
         for (size_t i = first; i < first + m; i++) {
             argv[a] = keys[i].key;
             lens[a++] = keys[i].len;
@@ -384,7 +376,7 @@ int dlock__redis_list(void *st, const char *prefix, size_t plen,
 }
 
 /* ------------------------------------------------------------------------ */
-/* Break                                                                    */
+/* Inspect and break                                                        */
 /* ------------------------------------------------------------------------ */
 
 /* The answer of the break script: *out from the value before, and
@@ -418,23 +410,38 @@ static int break_answer(const redis_store *rs, const char *name,
     return rc;
 }
 
-int dlock__redis_evict(void *st, const char *name, size_t len,
-                       dlock_info *out, int64_t deadline)
+/* The inspect (S_INSPECT) or break script (S_BREAK: with the channel
+ * prefix a release publishes on) on one lock, and its answer: *out. */
+static int one_lock(redis_store *rs, int script, const char *name,
+                    size_t len, dlock_info *out, int64_t deadline)
 {
-    redis_store *rs = st;
     char key[KEY_MAX], chan[KEY_MAX + 4];
     size_t kl = lock_key(rs, name, len, key);
     redisReply *r;
     rcmd c;
     int rc;
 
-    rcmd_evalsha(&c, S_BREAK, 1);
+    rcmd_evalsha(&c, script, 1);
     rcmd_arg(&c, key, kl);
-    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
+    if (script == S_BREAK)
+        rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
     rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
     if (rc)
         return rc;
-    rc = break_answer(rs, name, r, out);
+    rc = script == S_BREAK ? break_answer(rs, name, r, out)
+                           : dlock__redis_rw_inspect(rs, name, r, out);
     freeReplyObject(r);
     return rc;
+}
+
+int dlock__redis_inspect(void *st, const char *name, size_t len,
+                         dlock_info *out, int64_t deadline)
+{
+    return one_lock(st, S_INSPECT, name, len, out, deadline);
+}
+
+int dlock__redis_evict(void *st, const char *name, size_t len,
+                       dlock_info *out, int64_t deadline)
+{
+    return one_lock(st, S_BREAK, name, len, out, deadline);
 }

@@ -86,12 +86,10 @@ int dlock__redis_rw_release(redis_store *rs, dlock__lease *l,
     rcmd_arg(&c, key, kl);
     rcmd_str(&c, l->owner);
     rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
-    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
+    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
     if (rc)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR) {
-        rc = server_error(rs, r->str, l->name);
-    } else if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 0) {
         rc = dlock__err(DLOCK_ENOTHELD,
                         "lock '%.100s' is not ours in the store (%s)",
                         l->name,
@@ -132,14 +130,10 @@ int dlock__redis_rw_abandon(redis_store *rs, dlock__lease *l,
     rcmd_arg(&c, line + 1, id_len);
     rcmd_str(&c, ttl);
     rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
-    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
+    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
     if (rc)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR) {
-        rc = server_error(rs, r->str, l->name);
-    } else {
-        rc = dlock__redis_abandon_answer(rs, r, l);
-    }
+    rc = dlock__redis_abandon_answer(rs, r, l);
     freeReplyObject(r);
     return rc;
 }
@@ -159,12 +153,10 @@ int dlock__redis_rw_extend(redis_store *rs, dlock__lease *l, int64_t ttl_ms,
     rcmd_str(&c, l->owner);
     rcmd_str(&c, ttl);
     rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
-    rc = dlock__redis_run(rs, key, kl, &c, 1, &r, deadline);
+    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
     if (rc)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = server_error(rs, r->str, l->name);
-    else if (r->type != REDIS_REPLY_INTEGER)
+    if (r->type != REDIS_REPLY_INTEGER)
         rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to extend",
                         rs->where);
     else if (r->integer != 1)

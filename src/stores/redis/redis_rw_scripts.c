@@ -226,6 +226,13 @@
     "redis.error_reply('DLOCKFOREIGN the lock key holds a value not "         \
     "written by dlock')"
 
+/* The library, then the lock's value v (read by the script's fast path)
+ * as a state `st`: a value not dlock's is an error. */
+#define RW_PARSED                                                             \
+    RW_LIB                                                                    \
+    "local st = parse(v)\n"                                                   \
+    "if not st then return " RW_FOREIGN " end\n"
+
 /* KEYS: lock. ARGV: my line ("CLIENT:TID:SEQ [r|pN ]TTL DESC"), 1 to
  * stay queued if not granted (else 0: one try), the channel prefix.
  * Returns my token (taken, or adopted: a reply never seen, a grant that
@@ -289,9 +296,7 @@ const char dlock__redis_rw_try_lua[] =
     "    end\n"
     "  end\n"
     "end\n"
-    RW_LIB
-    "local st = parse(v)\n"
-    "if not st then return " RW_FOREIGN " end\n"
+    RW_PARSED
     "local me = line(ARGV[1])\n"
     "drop(st, KEYS[1])\n"
     "local t, h = hold(st, me.o)\n"
@@ -364,9 +369,7 @@ const char dlock__redis_rw_release_lua[] =
     "    end\n"
     "  end\n"
     "end\n"
-    RW_LIB
-    "local st = parse(v)\n"
-    "if not st then return " RW_FOREIGN " end\n"
+    RW_PARSED
     "if not v then return 0 end\n"
     /* the owner's hold goes first: a sole holder's release reads no clock */
     "local o, found = ARGV[1], false\n"
@@ -429,12 +432,7 @@ const char dlock__redis_rw_extend_many_lua[] =
     "                  ARGV[#ARGV])\n"
     "  else\n"
     "    local v = redis.call('GET', KEYS[i])\n"
-    "    if v and string.sub(v, 1, #o) == o then\n"
-    "      redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])\n"
-    "      r[i] = 1\n"
-    "    else\n"
-    "      r[i] = 0\n"
-    "    end\n"
+    REDIS_LUA_RENEW_I
     "  end\n"
     "end\n"
     "return r\n";

@@ -161,12 +161,7 @@ static const char extend_many_lua[] =
     "for i = 1, #KEYS do\n"
     "  local v = redis.call('GET', KEYS[i])\n"
     "  local o = ARGV[2 * i - 1]\n"
-    "  if v and string.sub(v, 1, #o) == o then\n"
-    "    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])\n"
-    "    r[i] = 1\n"
-    "  else\n"
-    "    r[i] = 0\n"
-    "  end\n"
+    REDIS_LUA_RENEW_I
     "end\n"
     "return r\n";
 

@@ -24,6 +24,17 @@ enum {
     NSCRIPTS
 };
 
+/* Lua, in a loop over the keys of a batch renewal: renews KEYS[i] (whose
+ * value is v) for ARGV[2 * i] ms if it is still the writer o's ("owner
+ * "): r[i] = 1, else 0. */
+#define REDIS_LUA_RENEW_I                                                     \
+    "if v and string.sub(v, 1, #o) == o then\n"                               \
+    "  redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])\n"                         \
+    "  r[i] = 1\n"                                                            \
+    "else\n"                                                                  \
+    "  r[i] = 0\n"                                                            \
+    "end\n"
+
 /* Their texts, loaded by the command connection (redis_conn.c). */
 extern const char *const dlock__redis_script_text[NSCRIPTS];
 

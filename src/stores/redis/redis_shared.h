@@ -18,6 +18,7 @@
 #include "redis_io.h"
 
 #include <hiredis.h>
+#include <stdio.h>
 #include <string.h>
 
 #define DLOCK__REDIS_PREFIX_MAX 128
@@ -109,12 +110,47 @@ static inline void rcmd_evalsha(rcmd *c, int s, int nkeys)
     rcmd_str(c, nk[nkeys]);
 }
 
+/* Starts a longer command whose arguments are kept in argv/lens (its
+ * ext_argv/ext_lens): EVALSHA of script `s` with nkeys keys, argv[1]
+ * left for the SHA, the count's digits written to nk (nk_size bytes,
+ * kept until the command is sent). The caller appends the keys and
+ * arguments at argv + 3 and sets c->argc. Returns 3, the entries used. */
+static inline size_t rcmd_evalsha_ext(rcmd *c, int s, const char **argv,
+                                      size_t *lens, char *nk,
+                                      size_t nk_size, size_t nkeys)
+{
+    c->script = s;
+    c->ext_argv = argv;
+    c->ext_lens = lens;
+    snprintf(nk, nk_size, "%zu", nkeys);
+    argv[0] = "EVALSHA";
+    lens[0] = 7;
+    argv[1] = ""; /* the SHA */
+    lens[1] = 40;
+    argv[2] = nk;
+    lens[2] = strlen(nk);
+    c->argc = 3;
+    return 3;
+}
+
 static inline void rcmd_plain(rcmd *c)
 {
     c->script = -1;
     c->argc = 0;
     c->ext_argv = NULL;
     c->ext_lens = NULL;
+}
+
+/* The kind of a reply r on a subscriber connection ("message",
+ * "subscribe", "smessage", ...) when it is an array of at least three
+ * whose first two (the kind, the channel) are strings; else NULL. */
+static inline const char *rpush_kind(const redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
+        r->element[0]->type != REDIS_REPLY_STRING ||
+        r->element[1]->type != REDIS_REPLY_STRING)
+        return NULL;
+    return r->element[0]->str;
 }
 
 /* Maps an error reply of a server to a code and message ("where: ...");

@@ -176,14 +176,11 @@ static int sub_ensure(redis_store *rs, int64_t deadline)
  * SUBSCRIBE makes waiting possible. Anything else is ignored. */
 static void sub_reply(redis_store *rs, const redisReply *r)
 {
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_STRING ||
-        r->element[1]->len != rs->chan_len ||
+    const char *kind = rpush_kind(r);
+
+    if (!kind || r->element[1]->len != rs->chan_len ||
         memcmp(r->element[1]->str, rs->chan, rs->chan_len) != 0)
         return;
-    const char *kind = r->element[0]->str;
-
     if (!strcmp(kind, "message") && r->element[2]->type == REDIS_REPLY_STRING) {
         grant_msg(rs, r->element[2]->str);
     } else if (!strcmp(kind, "subscribe")) {
@@ -448,11 +445,9 @@ static void csub_reply(redis_store *rs, cconn *cc, const redisReply *r)
         dlock__notify_error(rs->client);
         return;
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_STRING)
+    const char *kind = rpush_kind(r);
+    if (!kind)
         return;
-    const char *kind = r->element[0]->str;
     csub *s = csub_find(rs, r->element[1]->str, r->element[1]->len);
 
     if (!strcmp(kind, "smessage") &&
@@ -686,6 +681,19 @@ int dlock__redis_run(redis_store *rs, const char *key, size_t kl,
     rc = dlock__rcluster_run(rs->cluster, dlock__rcluster_slot(key, kl), cmds,
                              n, replies, deadline);
     follow(rs);
+    return rc;
+}
+
+int dlock__redis_ask(redis_store *rs, const char *key, size_t kl, rcmd *c,
+                     const char *name, redisReply **r, int64_t deadline)
+{
+    int rc = dlock__redis_run(rs, key, kl, c, 1, r, deadline);
+
+    if (rc == DLOCK_OK && (*r)->type == REDIS_REPLY_ERROR) {
+        rc = server_error(rs, (*r)->str, name);
+        freeReplyObject(*r);
+        *r = NULL;
+    }
     return rc;
 }
 

@@ -301,11 +301,8 @@ void dlock__sq_side_put(sq_store *ss, int fd);
 
 /* --- dlock_list() and dlock_break() (sqlite_operate.c) -------------------- */
 
-int dlock__sq_list(void *st, const char *prefix, size_t plen,
-                   const char *cursor, size_t limit, unsigned flags,
-                   dlock_list_page *out, int64_t op_deadline);
-int dlock__sq_evict(void *st, const char *name, size_t len, dlock_info *out,
-                    int64_t op_deadline);
+dlock__list_slot dlock__sq_list;
+dlock__evict_slot dlock__sq_evict;
 
 /* --- shared holds and semaphores (sqlite_rw.c) --------------------------- */
 

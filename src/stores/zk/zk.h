@@ -252,13 +252,9 @@ void dlock__zk_mine_unlink(zk_store *zs, zk_lease *zl);
 int64_t dlock__zk_mine_run(zk_store *zs);
 
 /* The inspect, list and evict slots. */
-int dlock__zk_inspect(void *st, const char *name, size_t len,
-                      dlock_info *out, int64_t op_deadline);
-int dlock__zk_list(void *st, const char *prefix, size_t plen,
-                   const char *cursor, size_t limit, unsigned flags,
-                   dlock_list_page *out, int64_t op_deadline);
-int dlock__zk_evict(void *st, const char *name, size_t len,
-                    dlock_info *out, int64_t op_deadline);
+dlock__inspect_slot dlock__zk_inspect;
+dlock__list_slot dlock__zk_list;
+dlock__evict_slot dlock__zk_evict;
 
 /* The name a lock node's escaped component stands for (into out,
  * DLOCK_NAME_MAX + 1 bytes): its length, or -1 when `comp` is not the

@@ -316,21 +316,27 @@ static int refresh(dlock__rcluster *cl, int first, int skip, int64_t deadline)
     return rc;
 }
 
-int dlock__rcluster_owner(dlock__rcluster *cl, unsigned slot, int *id,
-                          const dlock__rconn_target **t, int64_t deadline)
+/* The node that owns `slot` in the map now, or NONE. */
+static unsigned owner_of(dlock__rcluster *cl, unsigned slot)
 {
     unsigned o;
 
     pthread_mutex_lock(&cl->mu);
     o = cl->owner[slot];
     pthread_mutex_unlock(&cl->mu);
+    return o;
+}
+
+int dlock__rcluster_owner(dlock__rcluster *cl, unsigned slot, int *id,
+                          const dlock__rconn_target **t, int64_t deadline)
+{
+    unsigned o = owner_of(cl, slot);
+
     if (o == NONE) {
         int rc = refresh(cl, -1, -1, deadline);
         if (rc)
             return rc;
-        pthread_mutex_lock(&cl->mu);
-        o = cl->owner[slot];
-        pthread_mutex_unlock(&cl->mu);
+        o = owner_of(cl, slot);
         if (o == NONE)
             return dlock__err(DLOCK_ECONN, "redis-cluster: no node serves "
                                            "slot %u",
@@ -347,11 +353,8 @@ int dlock__rcluster_owner(dlock__rcluster *cl, unsigned slot, int *id,
 
 int dlock__rcluster_owner_now(dlock__rcluster *cl, unsigned slot)
 {
-    unsigned o;
+    unsigned o = owner_of(cl, slot);
 
-    pthread_mutex_lock(&cl->mu);
-    o = cl->owner[slot];
-    pthread_mutex_unlock(&cl->mu);
     return o == NONE ? -1 : (int)o;
 }
 

@@ -519,6 +519,20 @@ static int rl_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 /* Release, extend                                                          */
 /* ------------------------------------------------------------------------ */
 
+/* A release or an extend (`what`) that no quorum of nodes agreed to:
+ * DLOCK_ENOTHELD when more than N - Q of them said the lock is not ours,
+ * else the failure of too few answers. */
+static int no_quorum(rl_store *rs, const dlock__lease *l, int answered,
+                     int notours, const char *what)
+{
+    if (notours > rs->n - rs->quorum)
+        return dlock__err(DLOCK_ENOTHELD,
+                          "lock '%.100s' is not ours on a quorum of the "
+                          "nodes (%d of %d said so)",
+                          l->name, notours, rs->n);
+    return dlock__redlock_quorum_failure(rs, answered, what);
+}
+
 static int rl_release(void *st, dlock__lease *l, int64_t op_deadline)
 {
     rl_store *rs = st;
@@ -554,13 +568,7 @@ static int rl_release(void *st, dlock__lease *l, int64_t op_deadline)
     if (t.yes < rs->quorum) {
         int answered, notours;
         dlock__redlock_count_ints(rs, &answered, &notours, NULL);
-        if (notours > rs->n - rs->quorum)
-            rc = dlock__err(DLOCK_ENOTHELD,
-                            "lock '%.100s' is not ours on a quorum of the "
-                            "nodes (%d of %d said so)",
-                            l->name, notours, rs->n);
-        else
-            rc = dlock__redlock_quorum_failure(rs, answered, "release");
+        rc = no_quorum(rs, l, answered, notours, "release");
     }
     dlock__redlock_round_free(rs);
     pthread_mutex_unlock(&rs->mu);
@@ -619,13 +627,8 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
                         "of the %lld ms lease",
                         rs->where, (long long)(now - start),
                         (long long)ttl_ms);
-    else if (notours > rs->n - rs->quorum)
-        rc = dlock__err(DLOCK_ENOTHELD,
-                        "lock '%.100s' is not ours on a quorum of the nodes "
-                        "(%d of %d said so)",
-                        l->name, notours, rs->n);
     else
-        rc = dlock__redlock_quorum_failure(rs, answered, "extend");
+        rc = no_quorum(rs, l, answered, notours, "extend");
     dlock__redlock_round_free(rs);
     pthread_mutex_unlock(&rs->mu);
     return rc;

@@ -208,13 +208,9 @@ void dlock__redlock_disarm(void *st, dlock__lease *l, int acquired);
 /* (list), and breaking one                                                 */
 /* ------------------------------------------------------------------------ */
 
-int dlock__redlock_inspect(void *st, const char *name, size_t len,
-                           dlock_info *out, int64_t op_deadline);
-int dlock__redlock_list(void *st, const char *prefix, size_t plen,
-                        const char *cursor, size_t limit, unsigned flags,
-                        dlock_list_page *out, int64_t op_deadline);
-int dlock__redlock_evict(void *st, const char *name, size_t len,
-                         dlock_info *out, int64_t op_deadline);
+dlock__inspect_slot dlock__redlock_inspect;
+dlock__list_slot dlock__redlock_list;
+dlock__evict_slot dlock__redlock_evict;
 
 /* ------------------------------------------------------------------------ */
 /* redlock_open.c: the backend's open and close slots                       */

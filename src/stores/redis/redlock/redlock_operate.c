@@ -174,47 +174,57 @@ static long long numsub(const redisReply *ns, size_t k)
 /* Inspect                                                                  */
 /* ------------------------------------------------------------------------ */
 
-int dlock__redlock_inspect(void *st, const char *name, size_t len,
-                           dlock_info *out, int64_t op_deadline)
+/* One round for inspect (`deleted` NULL: S_INSPECT) or break (S_BREAK,
+ * whose script also takes the wake channel and publishes on it): the script on the lock's keys and PUBSUB NUMSUB on its channel,
+ * on every node (all of them, not a quorum: for a break, each one that
+ * keeps the holder's key could lend it a quorum again), each node's view
+ * into vw (MAX_NODES). A script answers now, the key, its PTTL, the
+ * counter and, for a break, whether the node deleted the key (counted in
+ * *deleted).
+ * Call with rs->mu held; dlock__redlock_round_free() after. DLOCK_OK with
+ * *answered set, or an error. */
+static int ask_views(rl_store *rs, const char *name, size_t len,
+                     rl_view *vw, int *answered, int *deleted,
+                     int64_t op_deadline)
 {
-    rl_store *rs = st;
+    const char *what = deleted ? "break" : "inspect";
+    size_t elems = deleted ? 5 : 4;
     char lock[DLOCK__REDIS_KEY_MAX], fence[DLOCK__REDIS_KEY_MAX];
     char wake[DLOCK__REDIS_KEY_MAX];
     size_t ll = dlock__redis_key(&rs->cfg, name, len, "", lock);
     size_t fl = dlock__redis_key(&rs->cfg, name, len, ":f", fence);
     size_t wl = dlock__redis_wake_key(&rs->cfg, name, len, wake);
-    rl_view vw[MAX_NODES];
-    int rc = DLOCK_OK, answered = 0;
 
     rcmd c[2];
-    rcmd_evalsha(&c[0], S_INSPECT, 2);
+    rcmd_evalsha(&c[0], deleted ? S_BREAK : S_INSPECT, 2);
     rcmd_arg(&c[0], lock, ll);
     rcmd_arg(&c[0], fence, fl);
+    if (deleted)
+        rcmd_arg(&c[0], wake, wl);
     rcmd_plain(&c[1]);
     rcmd_str(&c[1], "PUBSUB");
     rcmd_str(&c[1], "NUMSUB");
     rcmd_arg(&c[1], wake, wl);
-    pthread_mutex_lock(&rs->mu);
     dlock__redlock_ask_all(rs, c, 2, rs->node_timeout, op_deadline, NULL,
                            NULL);
-    memset(vw, 0, sizeof(vw));
+    memset(vw, 0, MAX_NODES * sizeof(*vw));
+    *answered = 0;
     for (int i = 0; i < rs->n; i++) {
         rnode *n = &rs->nodes[i];
         if (n->rc || n->ngot < 2)
             continue;
         const redisReply *s = n->got[0];
-        if (s->type == REDIS_REPLY_ERROR) {
-            rc = dlock__redis_server_error(n->where, rs->cfg.password, s->str,
-                                           name);
-            goto done;
-        }
-        if (s->type != REDIS_REPLY_ARRAY || s->elements != 4 ||
-            s->element[0]->type != REDIS_REPLY_INTEGER) {
-            rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to inspect",
-                            n->where);
-            goto done;
-        }
-        answered++;
+        if (s->type == REDIS_REPLY_ERROR)
+            return dlock__redis_server_error(n->where, rs->cfg.password,
+                                             s->str, name);
+        if (s->type != REDIS_REPLY_ARRAY || s->elements != elems ||
+            s->element[0]->type != REDIS_REPLY_INTEGER ||
+            (deleted && s->element[4]->type != REDIS_REPLY_INTEGER))
+            return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to %s",
+                              n->where, what);
+        ++*answered;
+        if (deleted)
+            *deleted += s->element[4]->integer == 1;
         vw[i].answered = 1;
         vw[i].now = s->element[0]->integer;
         vw[i].v = s->element[1];
@@ -224,11 +234,22 @@ int dlock__redlock_inspect(void *st, const char *name, size_t len,
         vw[i].f = s->element[3];
         vw[i].waiters = numsub(n->got[1], 0);
     }
-    if (answered < rs->quorum)
+    return DLOCK_OK;
+}
+
+int dlock__redlock_inspect(void *st, const char *name, size_t len,
+                           dlock_info *out, int64_t op_deadline)
+{
+    rl_store *rs = st;
+    rl_view vw[MAX_NODES];
+    int rc, answered;
+
+    pthread_mutex_lock(&rs->mu);
+    rc = ask_views(rs, name, len, vw, &answered, NULL, op_deadline);
+    if (rc == DLOCK_OK && answered < rs->quorum)
         rc = dlock__redlock_quorum_failure(rs, answered, "inspect");
-    else
+    else if (rc == DLOCK_OK)
         rc = describe(rs, name, vw, out);
-done:
     dlock__redlock_round_free(rs);
     pthread_mutex_unlock(&rs->mu);
     return rc;
@@ -337,16 +358,7 @@ static int describe_round(rl_store *rs, const fname *names, size_t m,
     rcmd c[2];
     size_t a = 0, t = 0;
     memset(c, 0, sizeof(c));
-    c[0].script = S_LIST;
-    c[0].ext_argv = argv;
-    c[0].ext_lens = lens;
-    snprintf(nk, sizeof(nk), "%zu", 2 * m);
-    argv[a] = "EVALSHA";
-    lens[a++] = 7;
-    argv[a] = "";
-    lens[a++] = 40;
-    argv[a] = nk;
-    lens[a++] = strlen(nk);
+    a += rcmd_evalsha_ext(&c[0], S_LIST, argv, lens, nk, sizeof(nk), 2 * m);
     for (size_t j = 0; j < m; j++) {
         argv[a] = text + t;
         t += lens[a++] = dlock__redis_key(&rs->cfg, names[j].name,
@@ -528,67 +540,20 @@ int dlock__redlock_evict(void *st, const char *name, size_t len,
                          dlock_info *out, int64_t op_deadline)
 {
     rl_store *rs = st;
-    char lock[DLOCK__REDIS_KEY_MAX], fence[DLOCK__REDIS_KEY_MAX];
-    char wake[DLOCK__REDIS_KEY_MAX];
-    size_t ll = dlock__redis_key(&rs->cfg, name, len, "", lock);
-    size_t fl = dlock__redis_key(&rs->cfg, name, len, ":f", fence);
-    size_t wl = dlock__redis_wake_key(&rs->cfg, name, len, wake);
     rl_view vw[MAX_NODES];
-    int rc = DLOCK_OK, answered = 0, deleted = 0;
+    int rc, answered, deleted = 0;
 
-    rcmd c[2];
-    rcmd_evalsha(&c[0], S_BREAK, 2);
-    rcmd_arg(&c[0], lock, ll);
-    rcmd_arg(&c[0], fence, fl);
-    rcmd_arg(&c[0], wake, wl);
-    rcmd_plain(&c[1]);
-    rcmd_str(&c[1], "PUBSUB");
-    rcmd_str(&c[1], "NUMSUB");
-    rcmd_arg(&c[1], wake, wl);
     pthread_mutex_lock(&rs->mu);
-    /* every node, not a quorum: each one that keeps the holder's key
-     * could lend it a quorum again */
-    dlock__redlock_ask_all(rs, c, 2, rs->node_timeout, op_deadline, NULL,
-                           NULL);
-    memset(vw, 0, sizeof(vw));
-    for (int i = 0; i < rs->n; i++) {
-        rnode *n = &rs->nodes[i];
-        if (n->rc || n->ngot < 2)
-            continue;
-        const redisReply *s = n->got[0];
-        if (s->type == REDIS_REPLY_ERROR) {
-            rc = dlock__redis_server_error(n->where, rs->cfg.password, s->str,
-                                           name);
-            goto done;
-        }
-        if (s->type != REDIS_REPLY_ARRAY || s->elements != 5 ||
-            s->element[0]->type != REDIS_REPLY_INTEGER ||
-            s->element[4]->type != REDIS_REPLY_INTEGER) {
-            rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to break",
-                            n->where);
-            goto done;
-        }
-        answered++;
-        deleted += s->element[4]->integer == 1;
-        vw[i].answered = 1;
-        vw[i].now = s->element[0]->integer;
-        vw[i].v = s->element[1];
-        vw[i].pttl = s->element[2]->type == REDIS_REPLY_INTEGER
-                         ? s->element[2]->integer
-                         : -1;
-        vw[i].f = s->element[3];
-        vw[i].waiters = numsub(n->got[1], 0);
-    }
-    if (answered < rs->quorum) {
+    rc = ask_views(rs, name, len, vw, &answered, &deleted, op_deadline);
+    if (rc == DLOCK_OK && answered < rs->quorum)
         rc = dlock__redlock_quorum_failure(rs, answered, "break");
-        goto done;
+    else if (rc == DLOCK_OK) {
+        /* what the nodes held just before */
+        rc = describe(rs, name, vw, out);
+        /* more than N - Q keys gone: no quorum of them is left to anybody */
+        if (rc == DLOCK_OK && deleted <= rs->n - rs->quorum)
+            rc = DLOCK_ENOTHELD;
     }
-    /* what the nodes held just before */
-    rc = describe(rs, name, vw, out);
-    /* more than N - Q keys gone: no quorum of them is left to anybody */
-    if (rc == DLOCK_OK && deleted <= rs->n - rs->quorum)
-        rc = DLOCK_ENOTHELD;
-done:
     dlock__redlock_round_free(rs);
     pthread_mutex_unlock(&rs->mu);
     return rc;

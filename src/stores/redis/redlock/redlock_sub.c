@@ -166,11 +166,9 @@ static void sub_reply(rl_store *rs, rnode *n, redisReply *r)
         }
         return;
     }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
-        r->element[0]->type != REDIS_REPLY_STRING ||
-        r->element[1]->type != REDIS_REPLY_STRING)
+    const char *kind = rpush_kind(r);
+    if (!kind)
         return;
-    const char *kind = r->element[0]->str;
     const char *name = r->element[1]->str;
     size_t len = r->element[1]->len;
     rchan *ch = NULL;
