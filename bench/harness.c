@@ -413,6 +413,56 @@ void chunked_ops(const kind_op *kinds, int nk, int n, int chunks,
     free(ns);
 }
 
+int h_primary_args(int argc, char **argv, const char *what)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: dlock_%s %s PRIMARY_URI [--quick]\n",
+                bench_prog, what);
+        exit(2);
+    }
+    return argc > 3 && !strcmp(argv[3], "--quick") ? 1500 : 15000;
+}
+
+void h_beside_primary(const char *const *uris, char names[][32],
+                      const char *const *what, int nk, int n, int chunks)
+{
+    dlock_client **c = calloc((size_t)nk, sizeof(*c));
+    dlock **l = calloc((size_t)nk, sizeof(*l));
+    kind_op *kinds = calloc((size_t)nk, sizeof(*kinds));
+    double *p50 = calloc((size_t)(nk * chunks), sizeof(*p50));
+
+    if (!c || !l || !kinds || !p50)
+        die("kinds", "out of memory");
+    for (int k = 0; k < nk; k++) {
+        c[k] = h_open_client(uris[k], NULL);
+        l[k] = h_open_lock(c[k], names[k], 0, 0);
+        kinds[k].op = h_dlock_once;
+        kinds[k].arg = l[k];
+    }
+    chunked_ops(kinds, nk, n, chunks, p50, NULL);
+
+    printf("| uncontended acquire+release | p50 (µs) | ÷ on the primary "
+           "(target) |\n|---|---|---|\n");
+    printf("| dlock on the primary (`redis://`, the floor) | %.1f | 1 |\n",
+           medrange(p50, chunks).med);
+    for (int k = 1; k < nk; k++) {
+        spread s = medrange(p50 + k * chunks, chunks);
+        spread r = ratios(p50 + k * chunks, p50, chunks);
+        printf("| %s | %.1f | %s%.2fx%s (%.2f–%.2f%s) |\n", what[k], s.med,
+               k == 1 ? "**" : "", r.med, k == 1 ? "**" : "", r.min, r.max,
+               k == 1 ? "; target ≤ 1.1x" : "; the cost of WAIT");
+    }
+    printf("\n");
+    for (int k = 0; k < nk; k++) {
+        dlock_close(l[k]);
+        dlock_client_close(c[k]);
+    }
+    free(p50);
+    free(kinds);
+    free(l);
+    free(c);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Hand-off between two processes                                           */
 /* ------------------------------------------------------------------------ */

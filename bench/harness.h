@@ -179,6 +179,23 @@ typedef struct kind_op {
 void chunked_ops(const kind_op *kinds, int nk, int n, int chunks,
                  double *p50, int64_t **all);
 
+/*
+ * The Sentinel and Cluster benches: nk kinds, kind k an uncontended
+ * acquire + release of lock names[k] on its own client of uris[k], n
+ * cycles in `chunks` alternating chunks (chunked_ops); kind 0 is dlock on
+ * the primary itself (redis://, the floor). Prints the Markdown table:
+ * each kind's p50 (median over the chunks) and the median and range of
+ * its chunks' ratios to the floor; what[k] names kind k (kind 1 the
+ * headline, against its target of 1.1x; the others the cost of WAIT).
+ * argv[1] is URI, argv[2] PRIMARY_URI (h_primary_args).
+ */
+void h_beside_primary(const char *const *uris, char names[][32],
+                      const char *const *what, int nk, int n, int chunks);
+/* Their command line, "dlock_<bench_prog> URI PRIMARY_URI [--quick]" (URI
+ * named `what` in the usage message): the cycles per kind, 15000 (--quick:
+ * 1500); exits 2 saying so when an URI is missing. */
+int h_primary_args(int argc, char **argv, const char *what);
+
 /* ------------------------------------------------------------------------ */
 /* Hand-off between two processes                                           */
 /* ------------------------------------------------------------------------ */
