@@ -330,21 +330,10 @@ static void redis_commands(long long *all, long long *req)
                                        "unsubscribe", "eval", "script",
                                        "auth", "select", "ping", NULL};
 
-    *all = *req = 0;
     if (!r || r->type != REDIS_REPLY_STRING)
         die("INFO", "failed");
-    for (const char *p = r->str; (p = strstr(p, "cmdstat_")); p++) {
-        const char *calls = strstr(p, "calls=");
-        if (strncmp(p, "cmdstat_info:", 13) == 0 || !calls)
-            continue;
-        long long n = atoll(calls + 6);
-        *all += n;
-        for (int i = 0; sent[i]; i++) {
-            size_t l = strlen(sent[i]);
-            if (!strncmp(p + 8, sent[i], l) && p[8 + l] == ':')
-                *req += n;
-        }
-    }
+    *all = r_calls(r->str, NULL);
+    *req = r_calls(r->str, sent);
     freeReplyObject(r);
     redisFree(c);
 }

@@ -425,20 +425,9 @@ static counts server_counts(redisContext **ic)
         redisReply *r = redisCommand(ic[i], "INFO commandstats");
         if (!r || r->type != REDIS_REPLY_STRING)
             die("INFO", "failed");
-        for (const char *p = r->str; (p = strstr(p, "cmdstat_")); p++) {
-            const char *calls = strstr(p, "calls=");
-            if (strncmp(p, "cmdstat_info:", 13) == 0 || !calls)
-                continue;
-            long long n = atoll(calls + 6);
-            t.all += n;
-            if (!strncmp(p, "cmdstat_set:", 12))
-                t.set += n;
-            for (int k = 0; sent[k]; k++) {
-                size_t l = strlen(sent[k]);
-                if (!strncmp(p + 8, sent[k], l) && p[8 + l] == ':')
-                    t.req += n;
-            }
-        }
+        t.all += r_calls(r->str, NULL);
+        t.set += r_calls(r->str, (const char *const[]){"set", NULL});
+        t.req += r_calls(r->str, sent);
         freeReplyObject(r);
         r = redisCommand(ic[i], "INFO stats");
         if (!r || r->type != REDIS_REPLY_STRING)

@@ -46,6 +46,23 @@ void r_ok(redisReply *r, const char *what)
     freeReplyObject(r);
 }
 
+long long r_calls(const char *info, const char *const *names)
+{
+    long long sum = 0;
+
+    for (const char *p = info; (p = strstr(p, "cmdstat_")); p++) {
+        const char *calls = strstr(p, "calls=");
+        int counted = !names && strncmp(p, "cmdstat_info:", 13) != 0;
+        for (int i = 0; names && names[i] && !counted; i++) {
+            size_t l = strlen(names[i]);
+            counted = !strncmp(p + 8, names[i], l) && p[8 + l] == ':';
+        }
+        if (counted && calls)
+            sum += atoll(calls + 6);
+    }
+    return sum;
+}
+
 redisReply *r_command(redisContext *c, const char *fmt, ...)
 {
     va_list ap;

@@ -30,4 +30,9 @@ void r_ok(redisReply *r, const char *what);
  * the format on an error reply or a broken connection. */
 redisReply *r_command(redisContext *c, const char *fmt, ...);
 
+/* The calls counted in `info`, an INFO commandstats answer, of the
+ * commands in `names` (NULL-terminated, lower case), or of every command
+ * but INFO when names is NULL (the commands scripts ran included). */
+long long r_calls(const char *info, const char *const *names);
+
 #endif
