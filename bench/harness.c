@@ -393,6 +393,22 @@ cycles run_cycles(const floor_ops *fl, const char *uri,
     return c;
 }
 
+void h_cycle_rows(const char *mode, const char *floor, const cycles *c,
+                  const char *goal, double rtt_us)
+{
+    printf("| %suncontended acquire+release, p50 (floor: %s) | %.1f | %.1f | "
+           "**%.2fx** (chunks: %.2f–%.2f%s%s) |\n",
+           mode, floor, c->floor.med, c->dlock.med, c->ratio.med,
+           c->ratio.min, c->ratio.max, goal ? "; goal ≤ " : "",
+           goal ? goal : "");
+    printf("| %sthe same, p99 | %.1f | %.1f | %.2fx |\n", mode,
+           c->floor_all.p99_us, c->dlock_all.p99_us,
+           c->dlock_all.p99_us / c->floor_all.p99_us);
+    if (rtt_us > 0)
+        printf("| %sthe same p50 in round trips | %.2f | %.2f | |\n", mode,
+               c->floor.med / rtt_us, c->dlock.med / rtt_us);
+}
+
 void chunked_ops(const kind_op *kinds, int nk, int n, int chunks,
                  double *p50, int64_t **all)
 {

@@ -162,6 +162,14 @@ cycles run_cycles(const floor_ops *fl, const char *uri,
                   const dlock_client_options *o, int n, int chunks,
                   int with_rtt);
 
+/* A cycles table's rows ("| measure | floor | dlock | ratio |"), each
+ * label after `mode` ("" or e.g. "table mode: "): the uncontended
+ * cycle's p50 (the floor's cycle named `floor`; the ratio in bold with
+ * the chunks' range, and "goal ≤ GOAL" when goal is not NULL), its p99,
+ * and when rtt_us > 0 the p50s in round trips of rtt_us. */
+void h_cycle_rows(const char *mode, const char *floor, const cycles *c,
+                  const char *goal, double rtt_us);
+
 /* One kind of timed call: op(arg). */
 typedef struct kind_op {
     void (*op)(void *);
