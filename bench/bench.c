@@ -426,10 +426,7 @@ int main(int argc, char **argv)
     printf("| uncontended acquire+release, p50 | %.1f | %.1f | **%.2fx** "
            "(per cycle: quartiles %.2f–%.2f) |\n",
            fs.p50_us, ds.p50_us, rq[1], rq[0], rq[2]);
-    printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx |\n",
-           fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
-    printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
-           fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    h_tail_rows(&fs, &ds);
     metrics_row(redis_uri, n);
     double su_f = server_us_per_cycle(0, n / 4);
     double su_d = server_us_per_cycle(1, n / 4);

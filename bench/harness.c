@@ -103,6 +103,19 @@ dlock_client *h_store_client(const char *uri, const dlock_client_options *o,
     return rc == DLOCK_OK ? c : NULL;
 }
 
+dlock_client *h_section_client(const char *uri,
+                               const dlock_client_options *o)
+{
+    char why[256];
+    dlock_client *c = h_store_client(uri, o, why, sizeof(why));
+
+    if (!c) {
+        printf("Not measured: %s.\n", why);
+        exit(0);
+    }
+    return c;
+}
+
 dlock *h_open_lock(dlock_client *c, const char *name, unsigned flags,
                    int64_t ttl_ms)
 {
@@ -407,6 +420,31 @@ void h_cycle_rows(const char *mode, const char *floor, const cycles *c,
     if (rtt_us > 0)
         printf("| %sthe same p50 in round trips | %.2f | %.2f | |\n", mode,
                c->floor.med / rtt_us, c->dlock.med / rtt_us);
+}
+
+void h_summaries(int64_t *fns, int64_t *dns, int n, int have_dlock,
+                 stats *fs, stats *ds)
+{
+    *fs = summarize(fns, n);
+    *ds = have_dlock ? summarize(dns, n) : *fs;
+    free(fns);
+    free(dns);
+}
+
+void h_tail_rows(const stats *fs, const stats *ds)
+{
+    printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx |\n",
+           fs->p99_us, ds->p99_us, ds->p99_us / fs->p99_us);
+    printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
+           fs->per_s, ds->per_s, ds->per_s / fs->per_s);
+}
+
+void h_close(int have, dlock *l, dlock_client *c)
+{
+    if (have) {
+        dlock_close(l);
+        dlock_client_close(c);
+    }
 }
 
 void chunked_ops(const kind_op *kinds, int nk, int n, int chunks,

@@ -66,6 +66,12 @@ dlock_client *h_open_client(const char *uri, const dlock_client_options *o);
 dlock_client *h_store_client(const char *uri, const dlock_client_options *o,
                              char *why, size_t cap);
 
+/* The same for a program whose section (or subsection) heading is printed:
+ * when the store is not in this build, prints "Not measured: WHY." and
+ * exits 0, the section saying why. */
+dlock_client *h_section_client(const char *uri,
+                               const dlock_client_options *o);
+
 /* Lock `name` on c with flags and ttl_ms (0: the default lease). */
 dlock *h_open_lock(dlock_client *c, const char *name, unsigned flags,
                    int64_t ttl_ms);
@@ -169,6 +175,19 @@ cycles run_cycles(const floor_ops *fl, const char *uri,
  * and when rtt_us > 0 the p50s in round trips of rtt_us. */
 void h_cycle_rows(const char *mode, const char *floor, const cycles *c,
                   const char *goal, double rtt_us);
+
+/* The summaries of every timed call of a floor (fns) and of dlock (dns),
+ * n each, into *fs and *ds (dlock's: the floor's when !have_dlock, its
+ * store not in this build); frees both arrays. */
+void h_summaries(int64_t *fns, int64_t *dns, int n, int have_dlock,
+                 stats *fs, stats *ds);
+
+/* The p99 and cycles-per-second rows of an uncontended cycle's table, the
+ * floor's fs beside dlock's ds. */
+void h_tail_rows(const stats *fs, const stats *ds);
+
+/* Closes lock l and its client c, when have (they were opened). */
+void h_close(int have, dlock *l, dlock_client *c);
 
 /* One kind of timed call: op(arg). */
 typedef struct kind_op {
