@@ -201,6 +201,14 @@ contend_dlock() {
     contend "$1|$name|$floor" "$2" "$cbin" worker "$3" contend-1
     contend "$1|$name, fair|$floor" "$2" "$cbin" worker "$3" contend-2 fair
 }
+# contend_py STORE LOAD URI MODULE NAME ADDRESS: dlock's row on URI, then
+# the Python peer's (MODULE on ADDRESS, its row NAME)
+contend_py() {
+    contend "$1|dlock|$1" "$2" "$cbin" worker "$3" contend-1
+    if has_py "$4"; then
+        contend "$1|$5|$1" "$2" "${peer[@]}" contend "$4" "$6" contend-2
+    fi
+}
 pyout=$tmp/results-redis-py.md
 py_peer redis "$port" "$out" python3-redis >"$pyout"
 # dlock's own Python package beside redis-py (python/, over this build)
@@ -451,11 +459,7 @@ if measurable "$zkout" ZooKeeper dlock_bench_zk libzookeeper-mt-dev \
     { echo; py_peer kazoo "127.0.0.1:$zkport" "$zkout" python3-kazoo; } >"$zkout.peer"
     cat "$zkout.peer" >>"$zkout"
     "$bin/dlock_bench_rw" "$zku" "${q[@]}" >>"$zkout"
-    contend "ZooKeeper|dlock|ZooKeeper" "zk $zkport" "$cbin" worker "$zku" contend-1
-    if has_py kazoo; then
-        contend "ZooKeeper|kazoo|ZooKeeper" "zk $zkport" \
-            "${peer[@]}" contend kazoo "127.0.0.1:$zkport" contend-2
-    fi
+    contend_py ZooKeeper "zk $zkport" "$zku" kazoo kazoo "127.0.0.1:$zkport"
     unserve zk
 fi
 
@@ -510,11 +514,7 @@ if measurable "$etcdout" etcd dlock_bench_etcd libcurl4-openssl-dev \
     } >>"$etcdout"
     py_peer etcd3 "$ep" "$etcdout" python3-etcd3 >"$etcdout.peer"
     { echo; cat "$etcdout.peer"; cat "$etcdout.rw"; } >>"$etcdout"
-    contend "etcd|dlock|etcd" "etcd ${SERVE_PORTS[0]}" "$cbin" worker "$eu" contend-1
-    if has_py etcd3; then
-        contend "etcd|python-etcd3|etcd" "etcd ${SERVE_PORTS[0]}" \
-            "${peer[@]}" contend etcd3 "$ep" contend-2
-    fi
+    contend_py etcd "etcd ${SERVE_PORTS[0]}" "$eu" etcd3 python-etcd3 "$ep"
     unserve etcd
 fi
 
