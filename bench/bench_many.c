@@ -186,6 +186,20 @@ typedef struct shared {
     char first_error[512];
 } shared;
 
+/* One phase of the workers (every name acquired, or released): starts
+ * them at the barrier and waits for them all at the next; its seconds.
+ * Dies (naming `what`) when a worker failed. */
+static double phase(shared *s, const char *what)
+{
+    pthread_barrier_wait(&s->bar);
+    int64_t t0 = now_ns();
+    pthread_barrier_wait(&s->bar);
+    int64_t t1 = now_ns();
+    if (s->failures)
+        die(what, s->first_error);
+    return (double)(t1 - t0) / 1e9;
+}
+
 typedef struct worker {
     shared *s;
     pthread_t thread;
@@ -369,12 +383,7 @@ static run_result run(const run_cfg *cfg)
     if (cfg->measure)
         res.mem_base = used_memory(admin);
 
-    pthread_barrier_wait(&s.bar);
-    int64_t t0 = now_ns();
-    pthread_barrier_wait(&s.bar);
-    int64_t t1 = now_ns();
-    if (s.failures)
-        die("acquire", s.first_error);
+    double acq_s = phase(&s, "acquire");
     res.acq_server_us = server_us(admin) / nnames;
     res.keys_held = dbsize(admin);
     if (cfg->measure) {
@@ -384,18 +393,13 @@ static run_result run(const run_cfg *cfg)
             value_lengths(admin, &res);
     }
     reset_stats(admin);
-    pthread_barrier_wait(&s.bar);
-    int64_t t2 = now_ns();
-    pthread_barrier_wait(&s.bar);
-    int64_t t3 = now_ns();
-    if (s.failures)
-        die("release", s.first_error);
+    double rel_s = phase(&s, "release");
     res.rel_server_us = server_us(admin) / nnames;
     res.keys_released = dbsize(admin);
     if (cfg->measure)
         res.mem_released = used_memory(admin);
-    res.acq_per_s = nnames / ((double)(t1 - t0) / 1e9);
-    res.rel_per_s = nnames / ((double)(t3 - t2) / 1e9);
+    res.acq_per_s = nnames / acq_s;
+    res.rel_per_s = nnames / rel_s;
 
     for (int t = 0; t < cfg->threads; t++) {
         pthread_join(w[t].thread, NULL);
