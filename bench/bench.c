@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "redis.h"
 
 const char bench_prog[] = "bench";
 
@@ -41,8 +42,8 @@ const char bench_prog[] = "bench";
 static int quick;
 static const char *redis_uri, *file_dir;
 static char file_uri[1024];
-static char redis_host[256] = "127.0.0.1";
-static int redis_port = 6379;
+static char redis_host[256];
+static int redis_port;
 
 /* ------------------------------------------------------------------------ */
 /* Floors                                                                   */
@@ -50,24 +51,12 @@ static int redis_port = 6379;
 
 static redisContext *hiredis_connect(void)
 {
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout(redis_host, redis_port, tv);
-
-    if (!c || c->err)
-        die("connect", c ? c->errstr : "out of memory");
-    return c;
-}
-
-static void reply_ok(redisReply *r, const char *what)
-{
-    if (!r || r->type == REDIS_REPLY_ERROR)
-        die(what, r ? r->str : "no reply");
-    freeReplyObject(r);
+    return r_connect(redis_host, redis_port, 2, 0);
 }
 
 static void ping_once(void *c)
 {
-    reply_ok(redisCommand(c, "PING"), "PING");
+    r_ok(redisCommand(c, "PING"), "PING");
 }
 
 /* A round trip after the same 2 ms of idleness that precedes every
@@ -106,10 +95,10 @@ static void floor_once(void *arg)
 {
     floor_redis *f = arg;
 
-    reply_ok(redisCommand(f->c, "SET floor:{k} owner-0123456789abcdef NX "
+    r_ok(redisCommand(f->c, "SET floor:{k} owner-0123456789abcdef NX "
                                 "PX 30000"),
              "SET");
-    reply_ok(redisCommand(f->c, "EVALSHA %s 1 floor:{k} "
+    r_ok(redisCommand(f->c, "EVALSHA %s 1 floor:{k} "
                                 "owner-0123456789abcdef",
                           f->sha),
              "EVALSHA");
@@ -146,7 +135,7 @@ static stats floor_redis_handoff(int n)
     pid = fork();
     if (pid == 0) {
         redisContext *c = hiredis_connect();
-        reply_ok(redisCommand(c, "SUBSCRIBE floor-handoff"), "SUBSCRIBE");
+        r_ok(redisCommand(c, "SUBSCRIBE floor-handoff"), "SUBSCRIBE");
         for (int i = 0; i < n; i++) {
             __atomic_store_n(&s->ready, i + 1, __ATOMIC_RELEASE);
             struct pollfd p = {c->fd, POLLIN, 0};
@@ -178,7 +167,7 @@ static stats floor_redis_handoff(int n)
         spin_until((volatile int *)&s->ready, i + 1);
         sleep_us(2000); /* let it start waiting */
         __atomic_store_n(&s->sent, now_ns(), __ATOMIC_RELEASE);
-        reply_ok(redisCommand(c, "EVALSHA %s 1 floor:{handoff}", sha),
+        r_ok(redisCommand(c, "EVALSHA %s 1 floor:{handoff}", sha),
                  "EVALSHA");
         spin_until((volatile int *)&s->got, i + 1);
     }
@@ -304,7 +293,7 @@ static double server_us_per_cycle(int use_dlock, int n)
     redisReply *r;
     double us;
 
-    reply_ok(redisCommand(c, "CONFIG RESETSTAT"), "CONFIG RESETSTAT");
+    r_ok(redisCommand(c, "CONFIG RESETSTAT"), "CONFIG RESETSTAT");
     if (use_dlock)
         (void)dlock_cycle(redis_uri, n);
     else
@@ -341,21 +330,10 @@ static void redis_commands(long long *all, long long *req)
                                        "unsubscribe", "eval", "script",
                                        "auth", "select", "ping", NULL};
 
-    *all = *req = 0;
     if (!r || r->type != REDIS_REPLY_STRING)
         die("INFO", "failed");
-    for (const char *p = r->str; (p = strstr(p, "cmdstat_")); p++) {
-        const char *calls = strstr(p, "calls=");
-        if (strncmp(p, "cmdstat_info:", 13) == 0 || !calls)
-            continue;
-        long long n = atoll(calls + 6);
-        *all += n;
-        for (int i = 0; sent[i]; i++) {
-            size_t l = strlen(sent[i]);
-            if (!strncmp(p + 8, sent[i], l) && p[8 + l] == ':')
-                *req += n;
-        }
-    }
+    *all = r_calls(r->str, NULL);
+    *req = r_calls(r->str, sent);
     freeReplyObject(r);
     redisFree(c);
 }
@@ -408,21 +386,6 @@ static void metrics_row(const char *uri, int n)
            off_us, on_us, r.med, r.min, r.max);
 }
 
-static void parse_redis_uri(void)
-{
-    const char *p = strstr(redis_uri, "://");
-    if (!p)
-        die("uri", "expected redis://host:port");
-    p += 3;
-    const char *colon = strchr(p, ':');
-    if (colon) {
-        snprintf(redis_host, sizeof(redis_host), "%.*s", (int)(colon - p), p);
-        redis_port = atoi(colon + 1);
-    } else {
-        snprintf(redis_host, sizeof(redis_host), "%s", p);
-    }
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -433,7 +396,7 @@ int main(int argc, char **argv)
     file_dir = argv[2];
     quick = argc > 3 && !strcmp(argv[3], "--quick");
     snprintf(file_uri, sizeof(file_uri), "file://%s", file_dir);
-    parse_redis_uri();
+    r_address(redis_uri, redis_host, sizeof(redis_host), &redis_port);
     signal(SIGPIPE, SIG_IGN);
 
     int n = quick ? 2000 : 20000;
@@ -463,10 +426,7 @@ int main(int argc, char **argv)
     printf("| uncontended acquire+release, p50 | %.1f | %.1f | **%.2fx** "
            "(per cycle: quartiles %.2f–%.2f) |\n",
            fs.p50_us, ds.p50_us, rq[1], rq[0], rq[2]);
-    printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx |\n",
-           fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
-    printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
-           fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+    h_tail_rows(&fs, &ds);
     metrics_row(redis_uri, n);
     double su_f = server_us_per_cycle(0, n / 4);
     double su_d = server_us_per_cycle(1, n / 4);

@@ -57,8 +57,6 @@
 
 const char bench_prog[] = "bench_cli";
 
-extern char **environ;
-
 #define CHUNKS 15
 #define NAME "benchcli"
 #define RSS_RUNS 7
@@ -122,22 +120,6 @@ static int cmplong(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* envp: environ without DLOCK_STORE */
-static char **make_env(void)
-{
-    size_t n = 0, o = 0;
-
-    while (environ[n])
-        n++;
-    char **e = calloc(n + 1, sizeof(*e));
-    if (!e)
-        die("env", "out of memory");
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "DLOCK_STORE=", 12) != 0)
-            e[o++] = environ[i];
-    e[o] = NULL;
-    return e;
-}
 
 /* As root: this process (and the commands it starts) in a mount namespace
  * of its own, with `fresh` mounted on the home directory of our passwd
@@ -246,7 +228,7 @@ int main(int argc, char **argv)
                  "`~/.local/state/dlock` in the real home: not root)");
     }
 
-    char **env = make_env();
+    char **env = env_without_store();
     /* the order of the table; FLOCK first: the ratios' base (FLOCK_VERSION
      * for `dlock --version`: start-up against start-up) */
     enum { K_FLOCK, K_DLOCK, K_DEFAULT, K_FLOCK_VERSION, K_VERSION, K_TRUE,

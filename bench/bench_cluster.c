@@ -8,12 +8,13 @@
  *
  *   dlock_bench_cluster CLUSTER_URI PRIMARY_URI [--quick]
  *
- * bench/run.sh starts the cluster: three primaries, each with a replica
- * (private redis-servers on free loopback ports whose bus ports, +10000,
- * are free too). PRIMARY_URI is redis://HOST:PORT of one primary P. Each
- * kind's lock name is one whose key (dlock:{NAME}) hashes to a slot P
- * owns (asked of P: CLUSTER MYID, CLUSTER SLOTS, CLUSTER KEYSLOT), so
- * the cluster's client routes every kind to P. Kinds, each an uncontended
+ * bench/run.sh has th_serve (tests/harness/serve.c) start the cluster:
+ * three primaries, each with a replica (private redis-servers on free
+ * loopback ports whose bus ports, +10000, are free too). PRIMARY_URI is
+ * redis://HOST:PORT of one primary P. Each kind's lock name is one whose
+ * key (dlock:{NAME}) hashes to a slot P owns (asked of P: CLUSTER MYID,
+ * CLUSTER SLOTS, CLUSTER KEYSLOT), so the cluster's client routes every
+ * kind to P. Kinds, each an uncontended
  * acquire + release on its own client and name, timed in alternating
  * chunks (chunked_ops): dlock on P (redis://, the floor), through the
  * cluster, and through the cluster with min_replicas=1 (a WAIT in the
@@ -25,12 +26,12 @@
 #include <dlock.h>
 #include <hiredis.h>
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+#include "redis.h"
 
 const char bench_prog[] = "bench_cluster";
 
@@ -41,41 +42,12 @@ const char bench_prog[] = "bench_cluster";
 /* The primary P, asked directly (hiredis). */
 static redisContext *primary;
 
-static redisReply *ask(const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(primary, fmt, ap);
-    va_end(ap);
-    if (!r || r->type == REDIS_REPLY_ERROR)
-        die(fmt, r ? r->str : primary->errstr);
-    return r;
-}
-
-static void connect_primary(const char *uri)
-{
-    char host[256];
-    const char *p = strncmp(uri, "redis://", 8) ? NULL : uri + 8;
-    const char *colon = p ? strchr(p, ':') : NULL;
-    struct timeval tv = {10, 0};
-
-    if (!colon || colon == p || (size_t)(colon - p) >= sizeof(host))
-        die("primary", "expected redis://HOST:PORT");
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - p), p);
-    primary = redisConnectWithTimeout(host, atoi(colon + 1), tv);
-    if (!primary || primary->err)
-        die("connect to the primary",
-            primary ? primary->errstr : "out of memory");
-    redisSetTimeout(primary, tv);
-}
-
 /* P's slot ranges (from CLUSTER SLOTS, the entries whose primary's node
  * id is P's own) into lo[]/hi[]; their count. */
 static int own_ranges(long long *lo, long long *hi, int cap)
 {
-    redisReply *id = ask("CLUSTER MYID");
-    redisReply *slots = ask("CLUSTER SLOTS");
+    redisReply *id = r_command(primary, "CLUSTER MYID");
+    redisReply *slots = r_command(primary, "CLUSTER SLOTS");
     int n = 0;
 
     if (id->type != REDIS_REPLY_STRING && id->type != REDIS_REPLY_STATUS)
@@ -115,7 +87,7 @@ static void pick_names(char names[][32], int count)
     for (int i = 0; i < MAX_TRIES && found < count; i++) {
         char name[32];
         snprintf(name, sizeof(name), "bench/c/%d", i);
-        redisReply *r = ask("CLUSTER KEYSLOT dlock:{%s}", name);
+        redisReply *r = r_command(primary, "CLUSTER KEYSLOT dlock:{%s}", name);
         if (r->type != REDIS_REPLY_INTEGER)
             die("CLUSTER KEYSLOT", "not an integer");
         for (int k = 0; k < nr; k++) {
@@ -132,21 +104,16 @@ static void pick_names(char names[][32], int count)
 
 int main(int argc, char **argv)
 {
-    int quick = argc > 3 && !strcmp(argv[3], "--quick");
-    int n = quick ? 1500 : 15000;
+    int n = h_primary_args(argc, argv, "CLUSTER_URI");
     char uris[KINDS][1200];
     char names[KINDS][32];
-    dlock_client *c[KINDS];
-    dlock *l[KINDS];
-    kind_op kinds[KINDS];
-    double *p50;
+    static const char *const what[KINDS] = {
+        NULL, "through the cluster", "with `min_replicas=1` (WAIT)"};
+    char host[256];
+    int port;
 
-    if (argc < 3) {
-        fprintf(stderr, "usage: dlock_bench_cluster CLUSTER_URI "
-                        "PRIMARY_URI [--quick]\n");
-        return 2;
-    }
-    connect_primary(argv[2]);
+    r_address(argv[2], host, sizeof(host), &port);
+    primary = r_connect(host, port, 10, 10);
     pick_names(names, KINDS);
     redisFree(primary);
     primary = NULL;
@@ -157,18 +124,7 @@ int main(int argc, char **argv)
      * quarter of the 2 s timeout, is short on a loaded machine) */
     snprintf(uris[2], sizeof(uris[2]), "%s%cmin_replicas=1&replica_timeout=1500",
              argv[1], strchr(argv[1], '?') ? '&' : '?');
-    for (int k = 0; k < KINDS; k++) {
-        c[k] = h_open_client(uris[k], NULL);
-        l[k] = h_open_lock(c[k], names[k], 0, 0);
-        kinds[k].op = h_dlock_once;
-        kinds[k].arg = l[k];
-    }
-    p50 = calloc(KINDS * CHUNKS, sizeof(*p50));
-    if (!p50)
-        return 1;
-    chunked_ops(kinds, KINDS, n, CHUNKS, p50, NULL);
 
-    spread fl = medrange(p50, CHUNKS);
     printf("### Redis Cluster (`redis-cluster://`)\n\n");
     printf("Three primaries, each with a replica, on this machine; every "
            "lock's slot is owned by the same primary, so the cluster's "
@@ -177,24 +133,7 @@ int main(int argc, char **argv)
            "the ratio is the median of the chunks' ratios to dlock on that "
            "primary itself (`redis://`), with their range.\n\n",
            n, CHUNKS);
-    printf("| uncontended acquire+release | p50 (µs) | ÷ on the primary "
-           "(target) |\n|---|---|---|\n");
-    printf("| dlock on the primary (`redis://`, the floor) | %.1f | 1 |\n",
-           fl.med);
-    static const char *const what[KINDS] = {
-        NULL, "through the cluster", "with `min_replicas=1` (WAIT)"};
-    for (int k = 1; k < KINDS; k++) {
-        spread s = medrange(p50 + k * CHUNKS, CHUNKS);
-        spread r = ratios(p50 + k * CHUNKS, p50, CHUNKS);
-        printf("| %s | %.1f | %s%.2fx%s (%.2f–%.2f%s) |\n", what[k], s.med,
-               k == 1 ? "**" : "", r.med, k == 1 ? "**" : "", r.min, r.max,
-               k == 1 ? "; target ≤ 1.1x" : "; the cost of WAIT");
-    }
-    printf("\n");
-    free(p50);
-    for (int k = 0; k < KINDS; k++) {
-        dlock_close(l[k]);
-        dlock_client_close(c[k]);
-    }
+    h_beside_primary((const char *const[]){uris[0], uris[1], uris[2]}, names,
+                     what, KINDS, n, CHUNKS);
     return 0;
 }

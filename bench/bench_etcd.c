@@ -323,17 +323,12 @@ int main(int argc, char **argv)
     chunked_ops(kinds, have_store ? 3 : 2, n, CHUNKS, p50, all);
     free(sns);
     http_free(c);
-    if (have_store) {
-        dlock_close(dl);
-        dlock_client_close(dc);
-    }
+    h_close(have_store, dl, dc);
     double s_med = medrange(sv, CHUNKS).med, f_med = medrange(fv, CHUNKS).med,
            d_med = medrange(dv, CHUNKS).med;
     spread sr = ratios(dv, sv, CHUNKS), rs = ratios(dv, fv, CHUNKS);
-    stats fs = summarize(fns, per * CHUNKS);
-    stats ds = have_store ? summarize(dns, per * CHUNKS) : fs;
-    free(fns);
-    free(dns);
+    stats fs, ds;
+    h_summaries(fns, dns, per * CHUNKS, have_store, &fs, &ds);
     if (have_store) {
         printf("| uncontended acquire+release, p50 (floor: txn put + "
                "delete) | %.1f | %.1f | **%.2fx** (chunks: %.2f–%.2f) |\n",
@@ -343,11 +338,7 @@ int main(int argc, char **argv)
                "compare-revision + delete) | %.1f | %.1f | %.2fx (chunks: "
                "%.2f–%.2f) |\n",
                s_med, d_med, sr.med, sr.min, sr.max);
-        printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx "
-               "|\n",
-               fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
-        printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
-               fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+        h_tail_rows(&fs, &ds);
     } else {
         printf("| uncontended acquire+release, p50 | %.1f | | |\n", f_med);
         return 0;

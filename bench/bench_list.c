@@ -4,12 +4,12 @@
  * target is "100,000 locks: first page <= 50 ms, never blocking the
  * server (SCAN), memory bounded".
  *
- *   bench_list REDIS_URI|start [--quick] [--locks N]
+ *   bench_list REDIS_URI [--quick] [--locks N]
  *
- * REDIS_URI (redis://host:port) is a server to use: the bench writes its
- * locks under the store prefix "benchlist:" and removes them at the end
- * (nothing else is touched). `start` starts a private redis-server
- * (PATH) on a free loopback port instead, and stops it at the end.
+ * REDIS_URI (redis://host:port) is a server to use (bench/run.sh's, or
+ * one that `th_serve redis` started): the bench writes its locks under
+ * the store prefix "benchlist:" and removes them at the end (nothing else
+ * is touched).
  * N = 100000 locks (--quick: 10000).
  *
  * The locks: N held locks written straight in the store's own format,
@@ -58,6 +58,7 @@
 
 #include "common.h"
 #include "harness.h"
+#include "redis.h"
 
 const char bench_prog[] = "bench_list";
 
@@ -70,114 +71,13 @@ const char bench_prog[] = "bench_list";
 #define PING_EVERY_US 1000
 #define PINGS_MAX 200000
 
-static char host[256] = "127.0.0.1";
+static char host[256];
 static int port;
-static pid_t server_pid;
 static int nlocks;
-
-/* ------------------------------------------------------------------------ */
-/* The server                                                               */
-/* ------------------------------------------------------------------------ */
-
-static void stop_server(void)
-{
-    if (server_pid > 0) {
-        kill(server_pid, SIGTERM);
-        waitpid(server_pid, NULL, 0);
-        server_pid = 0;
-    }
-}
 
 static redisContext *connect_redis(void)
 {
-    struct timeval tv = {10, 0};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-
-    if (!c || c->err)
-        die("connect", c ? c->errstr : "out of memory");
-    redisSetTimeout(c, tv);
-    return c;
-}
-
-static redisReply *command(redisContext *c, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    redisReply *r = redisvCommand(c, fmt, ap);
-    va_end(ap);
-    if (!r || r->type == REDIS_REPLY_ERROR)
-        die(fmt, r ? r->str : c->errstr);
-    return r;
-}
-
-static int free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        die("free port", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-/* A private redis-server, no persistence; waits (10 s at most) for it. */
-static void start_server(void)
-{
-    char p[16];
-
-    port = free_port();
-    snprintf(p, sizeof(p), "%d", port);
-    server_pid = fork();
-    if (server_pid < 0)
-        die("fork", strerror(errno));
-    if (server_pid == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) { /* its log is not the bench's output */
-            dup2(null, 1);
-            dup2(null, 2);
-        }
-        execlp("redis-server", "redis-server", "--port", p, "--bind",
-               "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--loglevel", "warning", (char *)NULL);
-        _exit(127);
-    }
-    atexit(stop_server);
-    for (int i = 0; i < 1000; i++) {
-        struct timeval tv = {1, 0};
-        redisContext *c = redisConnectWithTimeout(host, port, tv);
-        if (c && !c->err) {
-            redisReply *r = redisCommand(c, "PING");
-            int ok = r && r->type == REDIS_REPLY_STATUS;
-            freeReplyObject(r);
-            redisFree(c);
-            if (ok)
-                return;
-        } else if (c) {
-            redisFree(c);
-        }
-        sleep_us(10000);
-    }
-    die("redis-server", "did not answer within 10 s");
-}
-
-static void parse_uri(const char *uri)
-{
-    const char *p = strstr(uri, "://");
-
-    if (!p || strncmp(uri, "redis://", 8) != 0)
-        die("uri", "expected redis://host:port or start");
-    p += 3;
-    const char *colon = strchr(p, ':');
-    size_t hl = colon ? (size_t)(colon - p) : strcspn(p, "/?");
-    snprintf(host, sizeof(host), "%.*s", (int)hl, p);
-    port = colon ? atoi(colon + 1) : 6379;
+    return r_connect(host, port, 10, 10);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -392,7 +292,7 @@ static void ping_stop(pinger *p, double *med, double *max)
 static void cmdstat(redisContext *c, const char *cmd, long long *calls,
                     long long *usec)
 {
-    redisReply *r = command(c, "INFO commandstats");
+    redisReply *r = r_command(c, "INFO commandstats");
     char key[64];
 
     snprintf(key, sizeof(key), "cmdstat_%s:calls=", cmd);
@@ -417,8 +317,7 @@ int main(int argc, char **argv)
     if (argc == 4 && !strcmp(argv[1], "--walk"))
         return walk_main(argv[2], atoi(argv[3]));
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_list REDIS_URI|start [--quick] "
-                        "[--locks N]\n");
+        fprintf(stderr, "usage: bench_list REDIS_URI [--quick] [--locks N]\n");
         return 2;
     }
     nlocks = 100000;
@@ -433,10 +332,7 @@ int main(int argc, char **argv)
     if (nlocks < 1000)
         die("--locks", "at least 1000");
     signal(SIGPIPE, SIG_IGN);
-    if (!strcmp(argv[1], "start"))
-        start_server();
-    else
-        parse_uri(argv[1]);
+    r_address(argv[1], host, sizeof(host), &port);
     int runs = nlocks >= 100000 ? 21 : 11;
     char uri[512];
     snprintf(uri, sizeof(uri), "redis://%s:%d?prefix=" PREFIX, host, port);

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "redis.h"
 
 const char bench_prog[] = "bench_many";
 
@@ -54,8 +55,8 @@ const char bench_prog[] = "bench_many";
 #define KEEP_THREADS 16
 
 static const char *redis_uri;
-static char redis_host[256] = "127.0.0.1";
-static int redis_port = 6379;
+static char redis_host[256];
+static int redis_port;
 static int nnames;
 
 static const char release_script[] =
@@ -69,50 +70,14 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static void parse_redis_uri(void)
-{
-    const char *p = strstr(redis_uri, "://");
-
-    if (!p || strncmp(redis_uri, "redis://", 8) != 0)
-        die("uri", "expected redis://host:port");
-    p += 3;
-    const char *colon = strchr(p, ':');
-    if (colon) {
-        snprintf(redis_host, sizeof(redis_host), "%.*s", (int)(colon - p), p);
-        redis_port = atoi(colon + 1);
-    } else {
-        snprintf(redis_host, sizeof(redis_host), "%.*s", (int)strcspn(p, "/?"),
-                 p);
-    }
-}
-
-/* ------------------------------------------------------------------------ */
-/* The server                                                               */
-/* ------------------------------------------------------------------------ */
-
 static redisContext *hiredis_connect(void)
 {
-    struct timeval tv = {10, 0};
-    redisContext *c = redisConnectWithTimeout(redis_host, redis_port, tv);
-
-    if (!c || c->err)
-        die("connect", c ? c->errstr : "out of memory");
-    redisSetTimeout(c, tv);
-    return c;
-}
-
-static redisReply *command(redisContext *c, const char *cmd)
-{
-    redisReply *r = redisCommand(c, cmd);
-
-    if (!r || r->type == REDIS_REPLY_ERROR)
-        die(cmd, r ? r->str : c->errstr);
-    return r;
+    return r_connect(redis_host, redis_port, 10, 10);
 }
 
 static long long dbsize(redisContext *c)
 {
-    redisReply *r = command(c, "DBSIZE");
+    redisReply *r = r_command(c, "DBSIZE");
     long long n = r->integer;
 
     freeReplyObject(r);
@@ -123,7 +88,7 @@ static long long dbsize(redisContext *c)
  * reply buffers, which grow and shrink with pipelining, not with keys). */
 static long long keyspace_memory(redisContext *c)
 {
-    redisReply *r = command(c, "INFO memory");
+    redisReply *r = r_command(c, "INFO memory");
     const char *u = strstr(r->str, "\nused_memory:");
     const char *m = strstr(r->str, "\nmem_clients_normal:");
 
@@ -155,7 +120,7 @@ static long long used_memory(redisContext *c)
  * script runs are counted apart, and inside its time), else SET. */
 static double server_us(redisContext *c)
 {
-    redisReply *r = command(c, "INFO commandstats");
+    redisReply *r = r_command(c, "INFO commandstats");
     const char *which[] = {"\ncmdstat_evalsha:", "\ncmdstat_set:"};
     double us = 0;
 
@@ -171,7 +136,7 @@ static double server_us(redisContext *c)
 
 static void reset_stats(redisContext *c)
 {
-    freeReplyObject(command(c, "CONFIG RESETSTAT"));
+    freeReplyObject(r_command(c, "CONFIG RESETSTAT"));
 }
 
 static long rss_bytes(void)
@@ -220,6 +185,20 @@ typedef struct shared {
     int failures;
     char first_error[512];
 } shared;
+
+/* One phase of the workers (every name acquired, or released): starts
+ * them at the barrier and waits for them all at the next; its seconds.
+ * Dies (naming `what`) when a worker failed. */
+static double phase(shared *s, const char *what)
+{
+    pthread_barrier_wait(&s->bar);
+    int64_t t0 = now_ns();
+    pthread_barrier_wait(&s->bar);
+    int64_t t1 = now_ns();
+    if (s->failures)
+        die(what, s->first_error);
+    return (double)(t1 - t0) / 1e9;
+}
 
 typedef struct worker {
     shared *s;
@@ -358,7 +337,7 @@ static run_result run(const run_cfg *cfg)
     s.cfg = cfg;
     pthread_mutex_init(&s.mu, NULL);
     pthread_barrier_init(&s.bar, NULL, (unsigned)cfg->threads + 1);
-    freeReplyObject(command(admin, "FLUSHALL"));
+    freeReplyObject(r_command(admin, "FLUSHALL"));
     {
         redisReply *r = redisCommand(admin, "SCRIPT LOAD %s", release_script);
         if (!r || r->type != REDIS_REPLY_STRING)
@@ -404,12 +383,7 @@ static run_result run(const run_cfg *cfg)
     if (cfg->measure)
         res.mem_base = used_memory(admin);
 
-    pthread_barrier_wait(&s.bar);
-    int64_t t0 = now_ns();
-    pthread_barrier_wait(&s.bar);
-    int64_t t1 = now_ns();
-    if (s.failures)
-        die("acquire", s.first_error);
+    double acq_s = phase(&s, "acquire");
     res.acq_server_us = server_us(admin) / nnames;
     res.keys_held = dbsize(admin);
     if (cfg->measure) {
@@ -419,18 +393,13 @@ static run_result run(const run_cfg *cfg)
             value_lengths(admin, &res);
     }
     reset_stats(admin);
-    pthread_barrier_wait(&s.bar);
-    int64_t t2 = now_ns();
-    pthread_barrier_wait(&s.bar);
-    int64_t t3 = now_ns();
-    if (s.failures)
-        die("release", s.first_error);
+    double rel_s = phase(&s, "release");
     res.rel_server_us = server_us(admin) / nnames;
     res.keys_released = dbsize(admin);
     if (cfg->measure)
         res.mem_released = used_memory(admin);
-    res.acq_per_s = nnames / ((double)(t1 - t0) / 1e9);
-    res.rel_per_s = nnames / ((double)(t3 - t2) / 1e9);
+    res.acq_per_s = nnames / acq_s;
+    res.rel_per_s = nnames / rel_s;
 
     for (int t = 0; t < cfg->threads; t++) {
         pthread_join(w[t].thread, NULL);
@@ -442,7 +411,7 @@ static run_result run(const run_cfg *cfg)
             dlock_close(locks[i]);
     for (int i = 0; i < nclients; i++)
         dlock_client_close(clients[i]);
-    freeReplyObject(command(admin, "FLUSHALL"));
+    freeReplyObject(r_command(admin, "FLUSHALL"));
     redisFree(admin);
     pthread_barrier_destroy(&s.bar);
     pthread_mutex_destroy(&s.mu);
@@ -513,7 +482,7 @@ static keep_result keepalive(int64_t hold_ms)
         die("keep-alive", "out of memory");
     memset(&res, 0, sizeof(res));
     memset(k, 0, sizeof(k));
-    freeReplyObject(command(admin, "FLUSHALL"));
+    freeReplyObject(r_command(admin, "FLUSHALL"));
     dlock_client *c = open_client();
     memset(&o, 0, sizeof(o));
     o.ttl_ms = KEEP_TTL_MS;
@@ -544,7 +513,7 @@ static keep_result keepalive(int64_t hold_ms)
     sleep_ms((int)hold_ms);
     double held_s = (double)(now_ns() - h0) / 1e9;
     {
-        redisReply *r = command(admin, "INFO commandstats");
+        redisReply *r = r_command(admin, "INFO commandstats");
         const char *e = strstr(r->str, "\ncmdstat_evalsha:");
         const char *g = strstr(r->str, "\ncmdstat_pexpire:");
         if (e) {
@@ -568,7 +537,7 @@ static keep_result keepalive(int64_t hold_ms)
     for (int i = 0; i < nnames; i++)
         dlock_close(locks[i]);
     dlock_client_close(c);
-    freeReplyObject(command(admin, "FLUSHALL"));
+    freeReplyObject(r_command(admin, "FLUSHALL"));
     redisFree(admin);
     pthread_barrier_destroy(&bar);
     free(locks);
@@ -613,7 +582,7 @@ int main(int argc, char **argv)
     if (nnames < 16)
         die("--names", "at least 16");
     int64_t keep_ms = nnames >= 100000 ? 10000 : 4000;
-    parse_redis_uri();
+    r_address(redis_uri, redis_host, sizeof(redis_host), &redis_port);
     signal(SIGPIPE, SIG_IGN);
     int64_t start = now_ns();
 
@@ -629,7 +598,7 @@ int main(int argc, char **argv)
         snprintf(tracking, sizeof(tracking), "%s", r->element[1]->str);
     freeReplyObject(r);
     if (tracking[0])
-        freeReplyObject(command(cfgc, "CONFIG SET latency-tracking no"));
+        freeReplyObject(r_command(cfgc, "CONFIG SET latency-tracking no"));
 
     /* Every run: ttl 600 s, no renewal. Run 0 (dlock, 4 threads) and run
      * 1 (the pipelined floor) also measure memory; run 0 first, for the

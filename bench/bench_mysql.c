@@ -929,16 +929,10 @@ int main(int argc, char **argv)
     printf("| round trip (`SELECT 1`), p50 | %.1f (chunks: %.1f–%.1f) | "
            "| |\n",
            rtt, tc.rtt.min, tc.rtt.max);
-    printf("| uncontended acquire+release, p50 (floor: the gated upsert + "
-           "the guarded update and the gate's release) | %.1f | %.1f | "
-           "**%.2fx** (chunks: %.2f–%.2f; "
-           "goal ≤ 1.2x) |\n",
-           tc.floor.med, tc.dlock.med, tc.ratio.med, tc.ratio.min,
-           tc.ratio.max);
-    printf("| the same, p99 | %.1f | %.1f | %.2fx |\n", tc.floor_all.p99_us,
-           tc.dlock_all.p99_us, tc.dlock_all.p99_us / tc.floor_all.p99_us);
-    printf("| the same p50 in round trips | %.2f | %.2f | |\n",
-           tc.floor.med / rtt, tc.dlock.med / rtt);
+    h_cycle_rows("",
+                 "the gated upsert + the guarded update and the gate's "
+                 "release",
+                 &tc, "1.2x", rtt);
     fflush(stdout);
 
     /* no dlock client may be open across fork (its threads). Chunks of

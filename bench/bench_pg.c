@@ -326,6 +326,18 @@ static PGresult *floor_run(floor_pg *f, const char *name, int n,
     return r;
 }
 
+/* floor_run(), then dies (what: why) unless its one value is true. */
+static void floor_run_true(floor_pg *f, const char *name, int n,
+                           const char *const *vals, const char *what,
+                           const char *why)
+{
+    PGresult *r = floor_run(f, name, n, vals);
+
+    if (strcmp(PQgetvalue(r, 0, 0), "t") != 0)
+        die(what, why);
+    PQclear(r);
+}
+
 static void floor_rtt(void *arg)
 {
     floor_pg *f = arg;
@@ -357,11 +369,9 @@ static int floor_table_try(floor_pg *f, int wait)
 static void floor_table_release(floor_pg *f)
 {
     const char *rel[2] = {f->owner, f->token};
-    PGresult *r = floor_run(f, "rel", 3, rel);
 
-    if (strcmp(PQgetvalue(r, 0, 0), "t") != 0)
-        die("floor release", "the lock was not the floor's");
-    PQclear(r);
+    floor_run_true(f, "rel", 3, rel, "floor release",
+                   "the lock was not the floor's");
 }
 
 static void floor_table_cycle(void *arg)
@@ -376,11 +386,8 @@ static void floor_table_cycle(void *arg)
 
 static void floor_adv_release(floor_pg *f)
 {
-    PGresult *r = floor_run(f, "aunl", 1, NULL);
-
-    if (strcmp(PQgetvalue(r, 0, 0), "t") != 0)
-        die("floor advisory", "unlock found no lock");
-    PQclear(r);
+    floor_run_true(f, "aunl", 1, NULL, "floor advisory",
+                   "unlock found no lock");
 }
 
 static void floor_adv_cycle(void *arg)
@@ -756,14 +763,9 @@ int main(int argc, char **argv)
     long target = quick ? 150 : 400; /* hand-offs per contention run */
 
     printf("## PostgreSQL (%s)\n\n", shown);
-    char why[256];
     /* the store's client first: it makes the store's schema, whose
      * release function the floor copies */
-    dlock_client *c = h_store_client(uri, &copts, why, sizeof(why));
-    if (!c) {
-        printf("Not measured: %s.\n", why);
-        return 0;
-    }
+    dlock_client *c = h_section_client(uri, &copts);
     floor_pg f;
     floor_open(&f);
     snprintf(dbname, sizeof(dbname), "%s", PQdb(f.pg));
@@ -809,24 +811,11 @@ int main(int argc, char **argv)
     printf("| round trip (prepared `SELECT 1`), p50 | %.1f (chunks: "
            "%.1f–%.1f) | | |\n",
            rtt, tc.rtt.min, tc.rtt.max);
-    printf("| table mode: uncontended acquire+release, p50 (floor: the "
-           "upsert + the release function) | %.1f | %.1f | "
-           "**%.2fx** (chunks: %.2f–%.2f; goal ≤ 1.2x) |\n",
-           tc.floor.med, tc.dlock.med, tc.ratio.med, tc.ratio.min,
-           tc.ratio.max);
-    printf("| table mode: the same, p99 | %.1f | %.1f | %.2fx |\n",
-           tc.floor_all.p99_us, tc.dlock_all.p99_us,
-           tc.dlock_all.p99_us / tc.floor_all.p99_us);
-    printf("| table mode: the same p50 in round trips | %.2f | %.2f | |\n",
-           tc.floor.med / rtt, tc.dlock.med / rtt);
-    printf("| advisory mode: uncontended acquire+release, p50 (floor: "
-           "`pg_try_advisory_lock` + `nextval`, `pg_advisory_unlock`) | "
-           "%.1f | %.1f | **%.2fx** (chunks: %.2f–%.2f) |\n",
-           acyc.floor.med, acyc.dlock.med, acyc.ratio.med, acyc.ratio.min,
-           acyc.ratio.max);
-    printf("| advisory mode: the same, p99 | %.1f | %.1f | %.2fx |\n",
-           acyc.floor_all.p99_us, acyc.dlock_all.p99_us,
-           acyc.dlock_all.p99_us / acyc.floor_all.p99_us);
+    h_cycle_rows("table mode: ", "the upsert + the release function", &tc,
+                 "1.2x", rtt);
+    h_cycle_rows("advisory mode: ",
+                 "`pg_try_advisory_lock` + `nextval`, `pg_advisory_unlock`",
+                 &acyc, NULL, 0);
     fflush(stdout);
 
     /* hand-offs: runs of each kind, the floors' too, alternate */

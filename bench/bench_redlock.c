@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "redis.h"
 
 const char bench_prog[] = "bench_redlock";
 
@@ -75,19 +76,7 @@ static char sha[MAX_NODES][41];
 
 static redisContext *connect_blocking(int i)
 {
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout(host[i], port[i], tv);
-
-    if (!c || c->err)
-        die("connect", c ? c->errstr : "out of memory");
-    return c;
-}
-
-static void reply_ok(redisReply *r, const char *what)
-{
-    if (!r || r->type == REDIS_REPLY_ERROR)
-        die(what, r ? r->str : "no reply");
-    freeReplyObject(r);
+    return r_connect(host[i], port[i], 2, 0);
 }
 
 static void load_scripts(void)
@@ -110,7 +99,7 @@ static void floor1_cycles(redisContext *c, int64_t *ns, int n)
 {
     for (int i = 0; i < n; i++) {
         int64_t t0 = now_ns();
-        reply_ok(redisCommand(c, "SET bench-floor owner-0123456789abcdef NX "
+        r_ok(redisCommand(c, "SET bench-floor owner-0123456789abcdef NX "
                                  "PX " TTL),
                  "SET");
         redisReply *r = redisCommand(c, "EVALSHA %s 1 bench-floor "
@@ -133,7 +122,7 @@ static void ping_cycles(redisContext *c, int64_t *ns, int n, int idle)
         if (idle)
             sleep_us(2000);
         int64_t t0 = now_ns();
-        reply_ok(redisCommand(c, "PING"), "PING");
+        r_ok(redisCommand(c, "PING"), "PING");
         if (ns)
             ns[i] = now_ns() - t0;
     }
@@ -436,20 +425,9 @@ static counts server_counts(redisContext **ic)
         redisReply *r = redisCommand(ic[i], "INFO commandstats");
         if (!r || r->type != REDIS_REPLY_STRING)
             die("INFO", "failed");
-        for (const char *p = r->str; (p = strstr(p, "cmdstat_")); p++) {
-            const char *calls = strstr(p, "calls=");
-            if (strncmp(p, "cmdstat_info:", 13) == 0 || !calls)
-                continue;
-            long long n = atoll(calls + 6);
-            t.all += n;
-            if (!strncmp(p, "cmdstat_set:", 12))
-                t.set += n;
-            for (int k = 0; sent[k]; k++) {
-                size_t l = strlen(sent[k]);
-                if (!strncmp(p + 8, sent[k], l) && p[8 + l] == ':')
-                    t.req += n;
-            }
-        }
+        t.all += r_calls(r->str, NULL);
+        t.set += r_calls(r->str, (const char *const[]){"set", NULL});
+        t.req += r_calls(r->str, sent);
         freeReplyObject(r);
         r = redisCommand(ic[i], "INFO stats");
         if (!r || r->type != REDIS_REPLY_STRING)

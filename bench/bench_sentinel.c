@@ -7,8 +7,9 @@
  *
  *   dlock_bench_sentinel SENTINEL_URI PRIMARY_URI [--quick]
  *
- * bench/run.sh starts the set: a primary, two replicas, three sentinels
- * (private redis-servers on free loopback ports). Kinds, each an
+ * bench/run.sh has th_serve (tests/harness/serve.c) start the set: a
+ * primary, two replicas, three sentinels (private redis-servers on free
+ * loopback ports). Kinds, each an
  * uncontended acquire + release on its own client and name, timed in
  * alternating chunks (chunked_ops): dlock on the primary (redis://, the
  * floor), through the sentinels, and through the sentinels with
@@ -20,7 +21,6 @@
 #include <dlock.h>
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -32,19 +32,13 @@ const char bench_prog[] = "bench_sentinel";
 
 int main(int argc, char **argv)
 {
-    int quick = argc > 3 && !strcmp(argv[3], "--quick");
-    int n = quick ? 1500 : 15000;
+    int n = h_primary_args(argc, argv, "SENTINEL_URI");
     char uris[KINDS][1200];
-    dlock_client *c[KINDS];
-    dlock *l[KINDS];
-    kind_op kinds[KINDS];
-    double *p50;
+    char names[KINDS][32];
+    static const char *const what[KINDS] = {
+        NULL, "through the sentinels", "with `min_replicas=1` (WAIT)",
+        "with `min_replicas=2` (WAIT)"};
 
-    if (argc < 3) {
-        fprintf(stderr, "usage: dlock_bench_sentinel SENTINEL_URI "
-                        "PRIMARY_URI [--quick]\n");
-        return 2;
-    }
     snprintf(uris[0], sizeof(uris[0]), "%s", argv[2]);
     snprintf(uris[1], sizeof(uris[1]), "%s", argv[1]);
     /* 1.5 s for an acknowledgement (the default, a quarter of the 2 s
@@ -53,20 +47,9 @@ int main(int argc, char **argv)
              argv[1]);
     snprintf(uris[3], sizeof(uris[3]), "%s?min_replicas=2&replica_timeout=1500",
              argv[1]);
-    for (int k = 0; k < KINDS; k++) {
-        char name[32];
-        snprintf(name, sizeof(name), "bench-sentinel-%d", k);
-        c[k] = h_open_client(uris[k], NULL);
-        l[k] = h_open_lock(c[k], name, 0, 0);
-        kinds[k].op = h_dlock_once;
-        kinds[k].arg = l[k];
-    }
-    p50 = calloc(KINDS * CHUNKS, sizeof(*p50));
-    if (!p50)
-        return 1;
-    chunked_ops(kinds, KINDS, n, CHUNKS, p50, NULL);
+    for (int k = 0; k < KINDS; k++)
+        snprintf(names[k], sizeof(names[k]), "bench-sentinel-%d", k);
 
-    spread fl = medrange(p50, CHUNKS);
     printf("### Redis Sentinel (`redis-sentinel://`)\n\n");
     printf("A primary, two replicas and three sentinels on this machine. "
            "Each kind: an uncontended acquire + release on its own client, "
@@ -74,25 +57,7 @@ int main(int argc, char **argv)
            "the chunks' ratios to dlock on the primary itself (`redis://`), "
            "with their range.\n\n",
            n, CHUNKS);
-    printf("| uncontended acquire+release | p50 (µs) | ÷ on the primary "
-           "(target) |\n|---|---|---|\n");
-    printf("| dlock on the primary (`redis://`, the floor) | %.1f | 1 |\n",
-           fl.med);
-    static const char *const what[KINDS] = {
-        NULL, "through the sentinels", "with `min_replicas=1` (WAIT)",
-        "with `min_replicas=2` (WAIT)"};
-    for (int k = 1; k < KINDS; k++) {
-        spread s = medrange(p50 + k * CHUNKS, CHUNKS);
-        spread r = ratios(p50 + k * CHUNKS, p50, CHUNKS);
-        printf("| %s | %.1f | %s%.2fx%s (%.2f–%.2f%s) |\n", what[k], s.med,
-               k == 1 ? "**" : "", r.med, k == 1 ? "**" : "", r.min, r.max,
-               k == 1 ? "; target ≤ 1.1x" : "; the cost of WAIT");
-    }
-    printf("\n");
-    free(p50);
-    for (int k = 0; k < KINDS; k++) {
-        dlock_close(l[k]);
-        dlock_client_close(c[k]);
-    }
+    h_beside_primary((const char *const[]){uris[0], uris[1], uris[2], uris[3]},
+                     names, what, KINDS, n, CHUNKS);
     return 0;
 }

@@ -86,8 +86,6 @@
 
 const char bench_prog[] = "bench_tls";
 
-extern char **environ;
-
 #define CHUNKS 15
 #define HOST "127.0.0.1"
 #define NAME "localhost" /* the certificate's name, checked; the SNI */
@@ -534,21 +532,6 @@ static int64_t run_once(const cmd_kind *k)
     return run_command(k->label, k->argv, env, k->pathsearch);
 }
 
-static char **env_without_store(void)
-{
-    size_t n = 0, o = 0;
-
-    while (environ[n])
-        n++;
-    char **e = calloc(n + 1, sizeof(*e));
-    if (!e)
-        die("env", "out of memory");
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "DLOCK_STORE=", 12))
-            e[o++] = environ[i];
-    e[o] = NULL;
-    return e;
-}
 
 static double pct_ms(const int64_t *sorted, int n, double p)
 {

@@ -383,25 +383,16 @@ int main(int argc, char **argv)
     double p50[2 * CHUNKS] = {0}, *fv = p50, *dv = p50 + CHUNKS;
     chunked_ops(kinds, have_store ? 2 : 1, n, CHUNKS, p50, all);
     zookeeper_close(zh);
-    if (have_store) {
-        dlock_close(dl);
-        dlock_client_close(dc);
-    }
+    h_close(have_store, dl, dc);
     spread fm = medrange(fv, CHUNKS), dm = medrange(dv, CHUNKS);
     spread rm = have_store ? ratios(dv, fv, CHUNKS) : dm;
-    stats fs = summarize(fns, per * CHUNKS);
-    stats ds = have_store ? summarize(dns, per * CHUNKS) : fs;
-    free(fns);
-    free(dns);
+    stats fs, ds;
+    h_summaries(fns, dns, per * CHUNKS, have_store, &fs, &ds);
     if (have_store) {
         printf("| uncontended acquire+release, p50 | %.1f | %.1f | "
                "**%.2fx** (chunks: %.2f–%.2f) |\n",
                fm.med, dm.med, rm.med, rm.min, rm.max);
-        printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx "
-               "|\n",
-               fs.p99_us, ds.p99_us, ds.p99_us / fs.p99_us);
-        printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
-               fs.per_s, ds.per_s, ds.per_s / fs.per_s);
+        h_tail_rows(&fs, &ds);
     } else {
         printf("| uncontended acquire+release, p50 | %.1f | | |\n",
                fm.med);

@@ -56,17 +56,10 @@ def subsection(text, title):
 
 
 def main():
-    args = sys.argv[1:]
-    charts = None
-    if "--charts" in args:
-        i = args.index("--charts")
-        charts = args[i + 1]
-        del args[i:i + 2]
-    if len(args) != 1:
-        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+    line = plot.command_line(__doc__, "--charts", 1)
+    if line is None:
         return 2
-    with open(args[0], encoding="utf-8") as f:
-        text = f.read()
+    args, charts, text = line
     bad = []
     sec = plot.sections(text)
     for s in STORES:

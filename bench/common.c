@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <time.h>
 
+extern char **environ;
+
 int64_t now_ns(void)
 {
     struct timespec ts;
@@ -91,4 +93,20 @@ int64_t run_command(const char *label, char *const argv[],
         die(label, msg);
     }
     return t;
+}
+
+char **env_without_store(void)
+{
+    size_t n = 0, o = 0;
+
+    while (environ[n])
+        n++;
+    char **e = calloc(n + 1, sizeof(*e));
+    if (!e)
+        die("env", "out of memory");
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "DLOCK_STORE=", 12) != 0)
+            e[o++] = environ[i];
+    e[o] = NULL;
+    return e;
 }

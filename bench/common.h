@@ -39,4 +39,8 @@ stats summarize(int64_t *ns, int n);
 int64_t run_command(const char *label, char *const argv[],
                     char *const envp[], int pathsearch);
 
+/* A copy of environ without DLOCK_STORE (the strings shared), so that a
+ * command run with it takes its store from its arguments alone. */
+char **env_without_store(void);
+
 #endif

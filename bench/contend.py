@@ -273,16 +273,10 @@ def main():
         rows, fails = read_rows(args[0])
         print(pick(rows, fails, args[2], int(args[3])))
         return 0
-    outdir = None
-    if "--plot" in args:
-        i = args.index("--plot")
-        outdir = args[i + 1]
-        del args[i:i + 2]
-    if len(args) != 2:
-        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+    line = plot.command_line(__doc__, "--plot", 2)
+    if line is None:
         return 2
-    with open(args[1], encoding="utf-8") as f:
-        text = f.read()
+    args, outdir, text = line
     if outdir:  # from the document's own tables
         rows = doc_rows(text)
         if not any(r[3] is not None for r in rows):

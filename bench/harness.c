@@ -103,6 +103,19 @@ dlock_client *h_store_client(const char *uri, const dlock_client_options *o,
     return rc == DLOCK_OK ? c : NULL;
 }
 
+dlock_client *h_section_client(const char *uri,
+                               const dlock_client_options *o)
+{
+    char why[256];
+    dlock_client *c = h_store_client(uri, o, why, sizeof(why));
+
+    if (!c) {
+        printf("Not measured: %s.\n", why);
+        exit(0);
+    }
+    return c;
+}
+
 dlock *h_open_lock(dlock_client *c, const char *name, unsigned flags,
                    int64_t ttl_ms)
 {
@@ -393,6 +406,47 @@ cycles run_cycles(const floor_ops *fl, const char *uri,
     return c;
 }
 
+void h_cycle_rows(const char *mode, const char *floor, const cycles *c,
+                  const char *goal, double rtt_us)
+{
+    printf("| %suncontended acquire+release, p50 (floor: %s) | %.1f | %.1f | "
+           "**%.2fx** (chunks: %.2f–%.2f%s%s) |\n",
+           mode, floor, c->floor.med, c->dlock.med, c->ratio.med,
+           c->ratio.min, c->ratio.max, goal ? "; goal ≤ " : "",
+           goal ? goal : "");
+    printf("| %sthe same, p99 | %.1f | %.1f | %.2fx |\n", mode,
+           c->floor_all.p99_us, c->dlock_all.p99_us,
+           c->dlock_all.p99_us / c->floor_all.p99_us);
+    if (rtt_us > 0)
+        printf("| %sthe same p50 in round trips | %.2f | %.2f | |\n", mode,
+               c->floor.med / rtt_us, c->dlock.med / rtt_us);
+}
+
+void h_summaries(int64_t *fns, int64_t *dns, int n, int have_dlock,
+                 stats *fs, stats *ds)
+{
+    *fs = summarize(fns, n);
+    *ds = have_dlock ? summarize(dns, n) : *fs;
+    free(fns);
+    free(dns);
+}
+
+void h_tail_rows(const stats *fs, const stats *ds)
+{
+    printf("| uncontended acquire+release, p99 | %.1f | %.1f | %.2fx |\n",
+           fs->p99_us, ds->p99_us, ds->p99_us / fs->p99_us);
+    printf("| cycles per second (one client) | %.0f | %.0f | %.2fx |\n",
+           fs->per_s, ds->per_s, ds->per_s / fs->per_s);
+}
+
+void h_close(int have, dlock *l, dlock_client *c)
+{
+    if (have) {
+        dlock_close(l);
+        dlock_client_close(c);
+    }
+}
+
 void chunked_ops(const kind_op *kinds, int nk, int n, int chunks,
                  double *p50, int64_t **all)
 {
@@ -411,6 +465,56 @@ void chunked_ops(const kind_op *kinds, int nk, int n, int chunks,
         }
     }
     free(ns);
+}
+
+int h_primary_args(int argc, char **argv, const char *what)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: dlock_%s %s PRIMARY_URI [--quick]\n",
+                bench_prog, what);
+        exit(2);
+    }
+    return argc > 3 && !strcmp(argv[3], "--quick") ? 1500 : 15000;
+}
+
+void h_beside_primary(const char *const *uris, char names[][32],
+                      const char *const *what, int nk, int n, int chunks)
+{
+    dlock_client **c = calloc((size_t)nk, sizeof(*c));
+    dlock **l = calloc((size_t)nk, sizeof(*l));
+    kind_op *kinds = calloc((size_t)nk, sizeof(*kinds));
+    double *p50 = calloc((size_t)(nk * chunks), sizeof(*p50));
+
+    if (!c || !l || !kinds || !p50)
+        die("kinds", "out of memory");
+    for (int k = 0; k < nk; k++) {
+        c[k] = h_open_client(uris[k], NULL);
+        l[k] = h_open_lock(c[k], names[k], 0, 0);
+        kinds[k].op = h_dlock_once;
+        kinds[k].arg = l[k];
+    }
+    chunked_ops(kinds, nk, n, chunks, p50, NULL);
+
+    printf("| uncontended acquire+release | p50 (µs) | ÷ on the primary "
+           "(target) |\n|---|---|---|\n");
+    printf("| dlock on the primary (`redis://`, the floor) | %.1f | 1 |\n",
+           medrange(p50, chunks).med);
+    for (int k = 1; k < nk; k++) {
+        spread s = medrange(p50 + k * chunks, chunks);
+        spread r = ratios(p50 + k * chunks, p50, chunks);
+        printf("| %s | %.1f | %s%.2fx%s (%.2f–%.2f%s) |\n", what[k], s.med,
+               k == 1 ? "**" : "", r.med, k == 1 ? "**" : "", r.min, r.max,
+               k == 1 ? "; target ≤ 1.1x" : "; the cost of WAIT");
+    }
+    printf("\n");
+    for (int k = 0; k < nk; k++) {
+        dlock_close(l[k]);
+        dlock_client_close(c[k]);
+    }
+    free(p50);
+    free(kinds);
+    free(l);
+    free(c);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -66,6 +66,12 @@ dlock_client *h_open_client(const char *uri, const dlock_client_options *o);
 dlock_client *h_store_client(const char *uri, const dlock_client_options *o,
                              char *why, size_t cap);
 
+/* The same for a program whose section (or subsection) heading is printed:
+ * when the store is not in this build, prints "Not measured: WHY." and
+ * exits 0, the section saying why. */
+dlock_client *h_section_client(const char *uri,
+                               const dlock_client_options *o);
+
 /* Lock `name` on c with flags and ttl_ms (0: the default lease). */
 dlock *h_open_lock(dlock_client *c, const char *name, unsigned flags,
                    int64_t ttl_ms);
@@ -162,6 +168,27 @@ cycles run_cycles(const floor_ops *fl, const char *uri,
                   const dlock_client_options *o, int n, int chunks,
                   int with_rtt);
 
+/* A cycles table's rows ("| measure | floor | dlock | ratio |"), each
+ * label after `mode` ("" or e.g. "table mode: "): the uncontended
+ * cycle's p50 (the floor's cycle named `floor`; the ratio in bold with
+ * the chunks' range, and "goal ≤ GOAL" when goal is not NULL), its p99,
+ * and when rtt_us > 0 the p50s in round trips of rtt_us. */
+void h_cycle_rows(const char *mode, const char *floor, const cycles *c,
+                  const char *goal, double rtt_us);
+
+/* The summaries of every timed call of a floor (fns) and of dlock (dns),
+ * n each, into *fs and *ds (dlock's: the floor's when !have_dlock, its
+ * store not in this build); frees both arrays. */
+void h_summaries(int64_t *fns, int64_t *dns, int n, int have_dlock,
+                 stats *fs, stats *ds);
+
+/* The p99 and cycles-per-second rows of an uncontended cycle's table, the
+ * floor's fs beside dlock's ds. */
+void h_tail_rows(const stats *fs, const stats *ds);
+
+/* Closes lock l and its client c, when have (they were opened). */
+void h_close(int have, dlock *l, dlock_client *c);
+
 /* One kind of timed call: op(arg). */
 typedef struct kind_op {
     void (*op)(void *);
@@ -178,6 +205,23 @@ typedef struct kind_op {
  */
 void chunked_ops(const kind_op *kinds, int nk, int n, int chunks,
                  double *p50, int64_t **all);
+
+/*
+ * The Sentinel and Cluster benches: nk kinds, kind k an uncontended
+ * acquire + release of lock names[k] on its own client of uris[k], n
+ * cycles in `chunks` alternating chunks (chunked_ops); kind 0 is dlock on
+ * the primary itself (redis://, the floor). Prints the Markdown table:
+ * each kind's p50 (median over the chunks) and the median and range of
+ * its chunks' ratios to the floor; what[k] names kind k (kind 1 the
+ * headline, against its target of 1.1x; the others the cost of WAIT).
+ * argv[1] is URI, argv[2] PRIMARY_URI (h_primary_args).
+ */
+void h_beside_primary(const char *const *uris, char names[][32],
+                      const char *const *what, int nk, int n, int chunks);
+/* Their command line, "dlock_<bench_prog> URI PRIMARY_URI [--quick]" (URI
+ * named `what` in the usage message): the cycles per kind, 15000 (--quick:
+ * 1500); exits 2 saying so when an URI is missing. */
+int h_primary_args(int argc, char **argv, const char *what);
 
 /* ------------------------------------------------------------------------ */
 /* Hand-off between two processes                                           */

@@ -95,6 +95,23 @@ def handoffs(sec):
     return out
 
 
+def command_line(doc, option, nargs):
+    """sys.argv's arguments but `option VALUE`, and VALUE (None without
+    it), then the text of the document the first argument names; None,
+    after doc's usage line on stderr, unless nargs arguments remain."""
+    args = sys.argv[1:]
+    value = None
+    if option in args:
+        i = args.index(option)
+        value = args[i + 1]
+        del args[i:i + 2]
+    if len(args) != nargs:
+        print(doc.strip().splitlines()[0], file=sys.stderr)
+        return None
+    with open(args[nargs - 1], encoding="utf-8") as f:
+        return args, value, f.read()
+
+
 def gnuplot(script):
     subprocess.run(["gnuplot"], input=script, text=True, check=True)
 
