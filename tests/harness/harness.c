@@ -72,22 +72,81 @@ dlock_client *th_client(const char *uri, const dlock_client_options *o)
     return c;
 }
 
+dlock *th_open(dlock_client *c, const char *name, const dlock_options *o)
+{
+    dlock *l = NULL;
+    int rc = dlock_open(&l, c, name, o);
+
+    if (rc != DLOCK_OK)
+        th_fail(__FILE__, __LINE__, "dlock_open(%s) returned %s: %s", name,
+                dlock_errname(rc), dlock_errmsg());
+    return l;
+}
+
 dlock *th_handle(dlock_client *c, const char *name, int64_t ttl,
                  unsigned flags, unsigned permits)
 {
     dlock_options o;
-    dlock *l = NULL;
-    int rc;
 
     memset(&o, 0, sizeof(o));
     o.ttl_ms = ttl;
     o.flags = flags;
     o.permits = permits;
-    rc = dlock_open(&l, c, name, &o);
+    return th_open(c, name, &o);
+}
+
+dlock *th_handle_lost(dlock_client *c, const char *name, int64_t ttl,
+                      unsigned flags, dlock_lost_cb cb, void *arg)
+{
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    o.on_lost = cb;
+    o.on_lost_arg = arg;
+    return th_open(c, name, &o);
+}
+
+int64_t th_waiters(dlock_client *c, const char *name)
+{
+    dlock_info info;
+    int64_t n;
+    int rc = dlock_inspect(c, name, &info);
+
     if (rc != DLOCK_OK)
-        th_fail(__FILE__, __LINE__, "dlock_open(%s) returned %s: %s", name,
-                dlock_errname(rc), dlock_errmsg());
-    return l;
+        th_fail(__FILE__, __LINE__, "dlock_inspect(%s) returned %s: %s",
+                name, dlock_errname(rc), dlock_errmsg());
+    n = info.waiters;
+    dlock_info_clear(&info);
+    return n;
+}
+
+void th_wait_waiters(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 10000, w;
+
+    while ((w = th_waiters(c, name)) != n && th_now_ms() < until)
+        th_sleep_ms(5);
+    if (w != n)
+        th_fail(__FILE__, __LINE__, "%lld waiters of %s after 10 s, not %lld",
+                (long long)w, name, (long long)n);
+}
+
+int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms, w;
+
+    while ((w = th_waiters(c, name)) < n) {
+        if (w < 0)
+            return 0;
+        if (th_now_ms() >= until)
+            th_fail(__FILE__, __LINE__,
+                    "%lld waiters of %s after %lld ms, not %lld", (long long)w,
+                    name, (long long)ms, (long long)n);
+        th_sleep_ms(5);
+    }
+    return 1;
 }
 
 int64_t th_now_ms(void)

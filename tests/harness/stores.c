@@ -170,3 +170,16 @@ void th_store_stop(th_store *s)
     th_pgb_kill(&s->pgb, SIGKILL); /* before the server behind it */
     th_sql_kill(&s->ssrv, SIGKILL);
 }
+
+int th_store_main(int argc, char **argv, th_store *s, const th_test *tests,
+                  void (*started)(void))
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
+        return 2;
+    }
+    th_store_start(s, argv[1]);
+    if (started)
+        started();
+    return th_main(argc - 1, argv + 1, tests);
+}

@@ -109,6 +109,23 @@ const dlock_client_options *th_patient(void);
 dlock_client *th_client(const char *uri, const dlock_client_options *o);
 dlock *th_handle(dlock_client *c, const char *name, int64_t ttl,
                  unsigned flags, unsigned permits);
+/* A handle on `name` with options o (e.g. a compound literal), failing
+ * the test, naming the call, when it cannot be opened. */
+dlock *th_open(dlock_client *c, const char *name, const dlock_options *o);
+/* th_handle() with `cb` as its on_lost callback and `arg` as its
+ * on_lost_arg (permits 0). */
+dlock *th_handle_lost(dlock_client *c, const char *name, int64_t ttl,
+                      unsigned flags, dlock_lost_cb cb, void *arg);
+/* How many wait for `name`: dlock_inspect()'s waiters (fails the test
+ * when inspect does). */
+int64_t th_waiters(dlock_client *c, const char *name);
+/* Waits (at most 10 s, a busy machine) until `name` has n waiters, and
+ * fails the test when it has not. The test's own look at the store, to
+ * order its steps. */
+void th_wait_waiters(dlock_client *c, const char *name, int64_t n);
+/* Waits (at most ms) until `name` has at least n waiters: 1; 0 at once
+ * when the store cannot tell (waiters -1); fails the test when ms pass. */
+int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms);
 
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);
@@ -669,6 +686,11 @@ typedef struct th_store {
     th_pgb pgb;
 } th_store;
 void th_store_start(th_store *s, const char *kind);
+/* main() of a suite run for every store kind: `binary STORE-KIND
+ * [filter]`; starts the store in s, calls started() (when not NULL: the
+ * suite reads what the store can do), then runs the tests. */
+int th_store_main(int argc, char **argv, th_store *s, const th_test *tests,
+                  void (*started)(void));
 /* Kills (SIGKILL) every server th_store_start() started. */
 void th_store_stop(th_store *s);
 /* The Redis server that holds `key` ("dlock:{NAME}"), to look at a Redis

@@ -48,12 +48,7 @@ static int64_t ttl_of(void)
 
 static dlock_client *client(void)
 {
-    static dlock_client_options o; /* 10 s a store call (header) */
-    dlock_client *c = NULL;
-
-    o.timeout_ms = 10000;
-    CHECK_OK(dlock_client_open(&c, S.uri, &o));
-    return c;
+    return th_client(S.uri, th_patient()); /* 10 s a store call (header) */
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
@@ -408,10 +403,5 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
-    return th_main(argc - 1, argv + 1, tests);
+    return th_store_main(argc, argv, &S, tests, NULL);
 }

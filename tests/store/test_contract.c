@@ -73,10 +73,7 @@ static void check_token(uint64_t seen, uint64_t tok)
  * timeouts, which the tests pass. */
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, uri, th_patient()));
-    return c;
+    return th_client(uri, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
@@ -516,17 +513,6 @@ static int fair_child(void *arg)
     return 0;
 }
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
 TEST(fair_mode_is_fifo)
 {
     shared_fair *s = th_shared(sizeof(*s));
@@ -549,9 +535,9 @@ TEST(fair_mode_is_fifo)
         pids[i] = th_fork(fair_child, s);
         /* wait until it is queued, so the arrival order is known */
         int64_t until = th_now_ms() + 10000;
-        while (waiters_of(h, "fifo") < i + 1 && th_now_ms() < until)
+        while (th_waiters(h, "fifo") < i + 1 && th_now_ms() < until)
             th_sleep_ms(10);
-        CHECK_EQ(waiters_of(h, "fifo"), i + 1);
+        CHECK_EQ(th_waiters(h, "fifo"), i + 1);
     }
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < NFAIR; i++)
@@ -1240,7 +1226,7 @@ TEST(owner_handle_takes_one_acquire_at_a_time)
     CHECK_EQ(pthread_create(&th, NULL, acquire_thread, &t), 0);
     /* until the thread is queued in the store (bounded) */
     int64_t until = th_now_ms() + 20000;
-    while (waiters_of(o, "by-handle-3") < 1 && th_now_ms() < until)
+    while (th_waiters(o, "by-handle-3") < 1 && th_now_ms() < until)
         th_sleep_ms(10);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "another thread is acquiring");
@@ -1261,18 +1247,10 @@ TEST(owner_handle_takes_one_acquire_at_a_time)
  * store cannot tell (after a pause long enough to be queued). */
 static int wait_queued(dlock_client *c, const char *name, int64_t n)
 {
-    int64_t until = th_now_ms() + 20000;
-    for (;;) {
-        int64_t w = waiters_of(c, name);
-        if (w < 0) {
-            th_sleep_ms(300);
-            return 0;
-        }
-        if (w >= n)
-            return 1;
-        CHECK_OP(th_now_ms(), <, until);
-        th_sleep_ms(5);
-    }
+    if (th_wait_queued(c, name, n, 20000))
+        return 1;
+    th_sleep_ms(300);
+    return 0;
 }
 
 typedef struct cwait {
@@ -1321,9 +1299,9 @@ TEST(cancel_ends_a_wait_and_leaves_nothing)
         /* its place in the store's queue is gone (bounded: some stores
          * remove it asynchronously) */
         int64_t until = th_now_ms() + 10000;
-        while (waiters_of(o, "cancel") > 0 && th_now_ms() < until)
+        while (th_waiters(o, "cancel") > 0 && th_now_ms() < until)
             th_sleep_ms(10);
-        CHECK_EQ(waiters_of(o, "cancel"), 0);
+        CHECK_EQ(th_waiters(o, "cancel"), 0);
     }
     /* the release hands the lock to nobody left over: a third owner's one
      * try gets it */
@@ -1449,7 +1427,7 @@ static int64_t queued_up_to(dlock_client *c, const char *name, int64_t n)
     if (!wait_queued(c, name, 1))
         return -1;
     until = th_now_ms() + 1000;
-    while ((w = waiters_of(c, name)) >= 0 && w < n && th_now_ms() < until)
+    while ((w = th_waiters(c, name)) >= 0 && w < n && th_now_ms() < until)
         th_sleep_ms(5);
     return w;
 }
@@ -1460,9 +1438,9 @@ static void no_waiter_left(dlock_client *c, const char *name)
 {
     int64_t until = th_now_ms() + 10000;
 
-    while (waiters_of(c, name) > 0 && th_now_ms() < until)
+    while (th_waiters(c, name) > 0 && th_now_ms() < until)
         th_sleep_ms(10);
-    CHECK_OP(waiters_of(c, name), <=, 0);
+    CHECK_OP(th_waiters(c, name), <=, 0);
 }
 
 typedef struct shutlate {

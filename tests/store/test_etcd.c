@@ -62,14 +62,7 @@ static void on_lost(dlock *l, uint64_t token, void *arg)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      dlock_lost_cb cb)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.on_lost = cb;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, 0, cb, NULL);
 }
 
 /* The keys under `prefix` (etcdctl get --prefix --keys-only), one per
@@ -114,8 +107,6 @@ static long long metric(th_etcd *e, int member, const char *name)
             return (long long)strtod(line + n + 1, NULL);
     th_fail(__FILE__, __LINE__, "no metric %s", name);
 }
-
-static int64_t waiters_of(dlock_client *c, const char *name);
 
 /* --- keys, tokens, interoperation --- */
 
@@ -278,7 +269,7 @@ TEST(the_default_prefix_is_etcdctls_lock_dlock_NAME)
     CHECK_OP(i, <, 100);
     th_sleep_ms(500);
     CHECK(access(o->file, F_OK) != 0); /* etcdctl still waits */
-    CHECK_EQ(waiters_of(c, "plain"), 1);
+    CHECK_EQ(th_waiters(c, "plain"), 1);
     CHECK_OK(dlock_release(l));
     CHECK_EQ(th_wait(pid), 0);
     CHECK(access(o->file, F_OK) == 0);
@@ -353,15 +344,6 @@ static int fifo_child(void *arg)
     return rc == DLOCK_OK ? 0 : 2;
 }
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    CHECK_OK(dlock_inspect(c, name, &info));
-    int64_t w = info.waiters;
-    dlock_info_clear(&info);
-    return w;
-}
-
 TEST(first_come_first_served_across_processes)
 {
     enum { N = 5 };
@@ -376,10 +358,7 @@ TEST(first_come_first_served_across_processes)
         args[i].s = s;
         args[i].me = i;
         pids[i] = th_fork(fifo_child, &args[i]);
-        int k;
-        for (k = 0; k < 200 && waiters_of(c, "fifo") < i + 1; k++)
-            th_sleep_ms(20);
-        CHECK_EQ(waiters_of(c, "fifo"), i + 1);
+        th_wait_waiters(c, "fifo", i + 1);
     }
     /* dlock_inspect: the holder (us), and the waiters in their order */
     dlock_info info;
@@ -446,10 +425,8 @@ TEST(a_release_wakes_one_waiter_no_herd)
     watchers0++;
     for (int i = 0; i < N; i++)
         pids[i] = th_fork(herd_child, NULL);
+    th_wait_waiters(c, "herd", N);
     int k;
-    for (k = 0; k < 300 && waiters_of(c, "herd") < N; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(c, "herd"), N);
     /* each waiter watches one key (the one before its own): N watchers,
      * however a watch is set up (a waiter whose watch is not yet in place
      * is given a moment) */
@@ -577,9 +554,7 @@ TEST(a_dead_waiter_does_not_let_the_next_one_jump_the_holder)
         args[i].me = i;
         args[i].ttl = i == 0 ? 1000 : 5000;
         pids[i] = th_fork(mid_waiter, &args[i]);
-        for (k = 0; k < 200 && waiters_of(c, "middle") < i + 1; k++)
-            th_sleep_ms(20);
-        CHECK_EQ(waiters_of(c, "middle"), i + 1);
+        th_wait_waiters(c, "middle", i + 1);
     }
     kill(pids[0], SIGKILL);
     CHECK_EQ(th_wait(pids[0]), 128 + SIGKILL);
@@ -655,9 +630,7 @@ TEST(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers)
 
     CHECK_OK(dlock_acquire(l, 0));
     pid_t pid = th_fork(stopped_waiter, s);
-    for (k = 0; k < 200 && waiters_of(c, "stopped") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(c, "stopped"), 1);
+    th_wait_waiters(c, "stopped", 1);
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_release(l));
     /* the stopped waiter's 1 s lease runs out in etcd: its key goes */
@@ -715,7 +688,7 @@ TEST(two_threads_of_one_client_queue_with_two_keys)
     CHECK_OK(dlock_acquire(l, 0));
     CHECK(pthread_create(&th, NULL, second_owner, &t) == 0);
     int k;
-    for (k = 0; k < 100 && waiters_of(c, "threads") < 1; k++)
+    for (k = 0; k < 100 && th_waiters(c, "threads") < 1; k++)
         th_sleep_ms(20);
     CHECK_EQ(keys_under(&srv, "etcdtest/threads/", out, sizeof(out)), 2);
     CHECK_CONTAINS(out, "-1\n"); /* <lease hex> and <lease hex>-1 */
@@ -745,7 +718,7 @@ TEST(names_with_slash_and_percent_are_distinct_locks)
     CHECK_EQ(keys_under(&srv, "etcdtest/dir/", out, sizeof(out)), 1);
     CHECK_EQ(keys_under(&srv, "etcdtest/dir%2Fsub/", out, sizeof(out)), 1);
     CHECK_EQ(keys_under(&srv, "etcdtest/50%25/", out, sizeof(out)), 1);
-    CHECK_EQ(waiters_of(b, "dir"), 0);
+    CHECK_EQ(th_waiters(b, "dir"), 0);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_release(lab));
     CHECK_OK(dlock_release(lp));
@@ -955,15 +928,7 @@ static int64_t gone_after(const char *prefix, int64_t t0, int64_t limit)
 static dlock *handle_flags(dlock_client *c, const char *name, int64_t ttl,
                            unsigned flags, dlock_lost_cb cb)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, flags, cb, NULL);
 }
 
 /* DLOCK_NO_RENEW: a lease-only hold. Its key goes at its ttl (2 s) while
@@ -1042,10 +1007,8 @@ TEST(a_no_renew_hold_that_waited_lasts_its_ttl_from_its_acquisition)
     CHECK_OK(dlock_acquire(la, 0));
     int64_t t0 = th_now_ms();
     CHECK(pthread_create(&th, NULL, timed_waiter_holds, &t) == 0);
+    th_wait_waiters(a, "norenew-wait", 1);
     int k;
-    for (k = 0; k < 200 && waiters_of(a, "norenew-wait") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "norenew-wait"), 1);
     th_sleep_ms(3200 - (th_now_ms() - t0));
     CHECK_OK(dlock_release(la));
     for (k = 0; k < 500 && !__atomic_load_n(&t.end, __ATOMIC_SEQ_CST); k++)
@@ -1146,10 +1109,7 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
      * (before, it ended with DLOCK_ECONN at once) */
     timed_wait t = {lb, 30000, 100, 0};
     CHECK(pthread_create(&th, NULL, timed_waiter, &t) == 0);
-    int k;
-    for (k = 0; k < 200 && waiters_of(a, "back") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "back"), 1);
+    th_wait_waiters(a, "back", 1);
     th_sleep_ms(100);
     int64_t t0 = th_now_ms();
     th_etcd_kill(&e, 0, SIGKILL);
@@ -1165,23 +1125,21 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
     CHECK_OK(dlock_extend(la, 15000));
     CHECK_EQ(dlock_token(la), tok);
     CHECK_EQ(__atomic_load_n(&t.rc, __ATOMIC_SEQ_CST), 100);
-    CHECK_EQ(waiters_of(a, "back"), 1); /* its key is still there */
+    CHECK_EQ(th_waiters(a, "back"), 1); /* its key is still there */
     /* the release wakes it once it is armed again (woken by its client's
      * first keepalive answered after the restart); its 30 s wait bounds
      * this: a waiter that never re-armed would end DLOCK_EBUSY */
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(t.rc);
-    CHECK_EQ(waiters_of(a, "back"), 0);
+    CHECK_EQ(th_waiters(a, "back"), 0);
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_OP(dlock_token(la), >, tok);
 
     /* frozen: a timed wait ends within its wait plus one request timeout */
     timed_wait f = {lb, 1500, 100, 0};
     CHECK(pthread_create(&th, NULL, timed_waiter, &f) == 0);
-    for (k = 0; k < 200 && waiters_of(a, "back") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "back"), 1);
+    th_wait_waiters(a, "back", 1);
     t0 = th_now_ms();
     th_etcd_kill(&e, 0, SIGSTOP);
     pthread_join(th, NULL);
@@ -1214,9 +1172,7 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
     timed_wait cw = {lb, 30000, 100, 0}; /* cancelled while it sleeps */
     CHECK(pthread_create(&th, NULL, timed_waiter, &d) == 0);
     CHECK(pthread_create(&th2, NULL, timed_waiter, &cw) == 0);
-    for (k = 0; k < 200 && waiters_of(a, "back") < 2; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "back"), 2);
+    th_wait_waiters(a, "back", 2);
     t0 = th_now_ms();
     th_etcd_kill(&e, 0, SIGKILL);
     th_sleep_ms(1000);
@@ -1440,10 +1396,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
         args[i].s = s;
         args[i].me = i;
         pids[i] = th_fork(cluster_waiter, &args[i]);
-        int k;
-        for (k = 0; k < 200 && waiters_of(c, "ha") < i + 1; k++)
-            th_sleep_ms(20);
-        CHECK_EQ(waiters_of(c, "ha"), i + 1);
+        th_wait_waiters(c, "ha", i + 1);
     }
 
     /* the leader dies: a new one is elected, the lease (renewed by the
@@ -1458,7 +1411,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
     CHECK_OK(dlock_extend(l, HA_TTL));
     CHECK_EQ(dlock_token(l), tok);
     CHECK_EQ(s->n, 0); /* nobody else got it meanwhile */
-    CHECK_EQ(waiters_of(c, "ha"), 2);
+    CHECK_EQ(th_waiters(c, "ha"), 2);
     CHECK_OK(dlock_release(l));
     for (int i = 0; i < 2; i++) {
         int st = th_wait(pids[i]);
@@ -1518,17 +1471,12 @@ static void note_lost(dlock *l, uint64_t token, void *arg)
 static dlock *handle_n(dlock_client *c, const char *name, int64_t ttl,
                        unsigned flags, unsigned permits, lost_count *n)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.permits = permits;
-    o.on_lost = n ? note_lost : NULL;
-    o.on_lost_arg = n;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_open(c, name,
+                   &(dlock_options){.ttl_ms = ttl,
+                                    .flags = flags,
+                                    .permits = permits,
+                                    .on_lost = n ? note_lost : NULL,
+                                    .on_lost_arg = n});
 }
 
 /* Waits (at most ms) until n->calls reaches `want`; returns the calls. */
@@ -1755,9 +1703,7 @@ TEST(a_break_takes_every_reader_and_every_permit)
     memset(&w, 0, sizeof(w));
     w.l = lw;
     CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    for (int k = 0; k < 500 && waiters_of(op, "brk-rw") < 1; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(op, "brk-rw"), 1);
+    th_wait_waiters(op, "brk-rw", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-rw", &ev));
     CHECK_EQ(ev.held, 1);
@@ -1794,7 +1740,7 @@ TEST(a_break_takes_every_reader_and_every_permit)
     memset(&w, 0, sizeof(w));
     w.l = pw;
     CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    for (int k = 0; k < 500 && waiters_of(op, "brk-sem") < 1; k++)
+    for (int k = 0; k < 500 && th_waiters(op, "brk-sem") < 1; k++)
         th_sleep_ms(10);
     t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-sem", &ev));
@@ -1864,7 +1810,7 @@ TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
         w.n = &n;
         CHECK_OK(dlock_acquire(la, 0));
         CHECK_EQ(pthread_create(&tw, NULL, brk_wait, &w), 0);
-        for (int k = 0; k < 500 && waiters_of(obs, "brk-handoff") < 1; k++)
+        for (int k = 0; k < 500 && th_waiters(obs, "brk-handoff") < 1; k++)
             th_sleep_ms(2);
         CHECK_EQ(pthread_create(&tb, NULL, race_breaker, &r), 0);
         if (i % 2)

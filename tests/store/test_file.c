@@ -968,8 +968,6 @@ TEST(replaced_file_is_detected)
     dlock_client_close(b);
 }
 
-static void wait_queued(dlock_client *c, const char *name, int64_t n);
-
 TEST(cancelled_waits_leave_nothing_behind)
 {
     dlock_client *a = client(), *b = client(), *c = client();
@@ -983,7 +981,7 @@ TEST(cancelled_waits_leave_nothing_behind)
     /* c queues first, b behind it and gives up; c must not wait for b's
      * ticket (queued, not slept for: a busy machine may start c late) */
     pthread_create(&th, NULL, wait_thread, &w);
-    wait_queued(a, "cancel", 1);
+    th_wait_waiters(a, "cancel", 1);
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
     /* lower bound: a wait never ends before its deadline (10 ms for the
@@ -1202,28 +1200,6 @@ static void gated_go(fstate *s, int me)
     s->gated[me] = 0;
 }
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
-/* Waits (at most 10 s) until `name` has n queued fair waiters. */
-static void wait_queued(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (waiters_of(c, name) != n && th_now_ms() < until)
-        th_sleep_ms(2);
-    CHECK_EQ(waiters_of(c, name), n);
-}
-
-
 /* Threads of process pid: a waiter that sleeps on a channel has two (its
  * own and its client's background thread), one that waits in the kernel
  * for a timed wait has a third, the helper. */
@@ -1268,7 +1244,7 @@ static pid_t ticketed_holder(dlock_client *c, fstate *s, int me,
 
     CHECK_OK(dlock_acquire(l, 0)); /* free, no queue: no ticket */
     pid = fstart(s, me, name, DLOCK_FAIR, 30000, -1);
-    wait_queued(c, name, 1);
+    th_wait_waiters(c, name, 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[me], 1, 10000));
     dlock_close(l);
@@ -1286,7 +1262,7 @@ TEST(fair_fifo_across_processes_with_deadlines)
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < n; i++) {
         pids[i] = fstart(s, i, "ffifo", DLOCK_FAIR, 30000, 3);
-        wait_queued(c, "ffifo", i + 1);
+        th_wait_waiters(c, "ffifo", i + 1);
         /* all but the first wait on their predecessor's channel in their
          * own thread: no helper thread (the first waits for our ticketless
          * hold in the kernel) */
@@ -1302,7 +1278,7 @@ TEST(fair_fifo_across_processes_with_deadlines)
         CHECK_EQ(s->order[i], i);
         CHECK_OK(s->rc[i]);
     }
-    CHECK_EQ(waiters_of(c, "ffifo"), 0);
+    CHECK_EQ(th_waiters(c, "ffifo"), 0);
     dlock_close(l);
     dlock_client_close(c);
 }
@@ -1316,9 +1292,9 @@ TEST(killed_fair_holder_hands_over_at_once)
     pid_t w1 = fstart(s, 1, "fkill", DLOCK_FAIR, 30000, 5);
 
     /* (inspect does not count the holder's own ticket) */
-    wait_queued(c, "fkill", 1);
+    th_wait_waiters(c, "fkill", 1);
     pid_t w2 = fstart(s, 2, "fkill", DLOCK_FAIR, 30000, 5);
-    wait_queued(c, "fkill", 2);
+    th_wait_waiters(c, "fkill", 2);
     CHECK_EQ(threads_of(w1), 2); /* on the holder's channel */
     int64_t t0 = th_now_ms();
     kill(h, SIGKILL);
@@ -1331,7 +1307,7 @@ TEST(killed_fair_holder_hands_over_at_once)
     CHECK_EQ(s->order[1], 1);
     CHECK_EQ(s->order[2], 2);
     CHECK_EQ(s->overlaps, 0);
-    CHECK_EQ(waiters_of(c, "fkill"), 0);
+    CHECK_EQ(th_waiters(c, "fkill"), 0);
     dlock_client_close(c);
 }
 
@@ -1344,12 +1320,12 @@ TEST(killed_fair_waiter_does_not_block_the_queue)
 
     for (int i = 1; i <= 3; i++) {
         w[i] = fstart(s, i, "fmid", DLOCK_FAIR, 30000, 5);
-        wait_queued(c, "fmid", i);
+        th_wait_waiters(c, "fmid", i);
     }
     /* the middle one dies; the one behind it now waits for the first */
     kill(w[2], SIGKILL);
     CHECK_EQ(th_wait(w[2]), 128 + SIGKILL);
-    wait_queued(c, "fmid", 2);
+    th_wait_waiters(c, "fmid", 2);
     int64_t t0 = th_now_ms();
     s->release[0] = 1;
     CHECK_EQ(th_wait(h), 0);
@@ -1360,7 +1336,7 @@ TEST(killed_fair_waiter_does_not_block_the_queue)
     CHECK_EQ(s->order[2], 3);
     CHECK_OP(s->t_acq[3] - t0, <, 2000); /* at once */
     CHECK_EQ(s->overlaps, 0);
-    CHECK_EQ(waiters_of(c, "fmid"), 0);
+    CHECK_EQ(th_waiters(c, "fmid"), 0);
     dlock_client_close(c);
 }
 
@@ -1380,9 +1356,9 @@ TEST(deadline_meets_the_hand_over)
         /* t queues behind w within w's short wait: ready before w starts */
         pid_t t = gated_start(s, 2, "fdead", DLOCK_FAIR, 30000, 2);
         pid_t w = fstart(s, 1, "fdead", DLOCK_FAIR, wait, 2);
-        wait_queued(c, "fdead", 1);
+        th_wait_waiters(c, "fdead", 1);
         gated_go(s, 2);
-        wait_queued(c, "fdead", 2);
+        th_wait_waiters(c, "fdead", 2);
         s->release_at[0] = s->t_call[1] + wait + off;
         CHECK_EQ(th_wait(h), 0);
         CHECK_EQ(th_wait(w), 0);
@@ -1402,7 +1378,7 @@ TEST(deadline_meets_the_hand_over)
             CHECK_OP(s->t_call[1] + wait, <=, th_now_ms());
         }
         CHECK_EQ(s->overlaps, 0);
-        CHECK_EQ(waiters_of(c, "fdead"), 0);
+        CHECK_EQ(th_waiters(c, "fdead"), 0);
     }
     dlock_client_close(c);
 }
@@ -1499,7 +1475,7 @@ TEST(timed_waits_leave_nothing_behind)
          * scheduling slack */
         CHECK_OP(th_now_ms() - t0, >=, 20 + i);
         CHECK_OP(th_now_ms() - t0, <, 20 + i + 1000);
-        CHECK_EQ(waiters_of(c, "fnothing"), 0); /* the holder's only */
+        CHECK_EQ(th_waiters(c, "fnothing"), 0); /* the holder's only */
         CHECK_EQ(count_fds(), fds);
         CHECK_EQ(threads_of(getpid()), threads);
         CHECK_EQ(count_files(), files);
@@ -1512,7 +1488,7 @@ TEST(timed_waits_leave_nothing_behind)
     CHECK_OK(dlock_acquire(fair, 0));
     CHECK_OK(dlock_release(fair));
     CHECK_EQ(count_channels("fnothing"), 0);
-    CHECK_EQ(waiters_of(c, "fnothing"), 0);
+    CHECK_EQ(th_waiters(c, "fnothing"), 0);
     dlock_close(fair);
     dlock_close(plain);
     dlock_client_close(me);
@@ -1530,7 +1506,7 @@ TEST(fair_and_default_acquirers_mixed)
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < 3; i++) {
         pids[i] = fstart(s, i, "fmix", DLOCK_FAIR, 30000, 3);
-        wait_queued(c, "fmix", i + 1);
+        th_wait_waiters(c, "fmix", i + 1);
         pids[3 + i] = fstart(s, 3 + i, "fmix", 0, 30000, 3);
     }
     th_sleep_ms(50); /* the default ones wait in the kernel */
@@ -1687,7 +1663,7 @@ static void salt_file(const char *name)
 
     CHECK_OK(dlock_acquire(a, 0));
     pid_t w = fstart(s, 0, name, DLOCK_FAIR, 30000, 0);
-    wait_queued(c, name, 1); /* its ticket, taken with the salt */
+    th_wait_waiters(c, name, 1); /* its ticket, taken with the salt */
     header_of(name, &next, salt, &st);
     CHECK(memcmp(salt, zero, 16) != 0);
     CHECK_OK(dlock_release(a));
@@ -1702,7 +1678,7 @@ static void salt_file(const char *name)
 static void kernel_path_then_release(fstate *s, dlock_client *c,
                                      const char *name, int fd, pid_t w)
 {
-    wait_queued(c, name, 2);
+    th_wait_waiters(c, name, 2);
     CHECK_EQ(wait_threads(w, 3), 3); /* main, client, kernel-wait helper */
     int64_t t0 = th_now_ms();
     struct flock fl;
@@ -1714,7 +1690,7 @@ static void kernel_path_then_release(fstate *s, dlock_client *c,
     CHECK_EQ(th_wait(w), 0);
     CHECK_OK(s->rc[1]);
     CHECK_OP(s->t_acq[1] - t0, <, 2000); /* at once */
-    CHECK_EQ(waiters_of(c, name), 0);
+    CHECK_EQ(th_waiters(c, name), 0);
 }
 
 TEST(refused_channel_ends_in_the_kernel)
@@ -1819,11 +1795,11 @@ TEST(squatted_ticket_number_is_skipped)
 
     CHECK_OK(dlock_acquire(l, 0));
     pid_t w1 = fstart(s, 1, "fskip", DLOCK_FAIR, 30000, 3);
-    wait_queued(c, "fskip", 1);
+    th_wait_waiters(c, "fskip", 1);
     header_of("fskip", &after, NULL, &st);
     CHECK_EQ(after, next + 2); /* one number skipped */
     pid_t w2 = fstart(s, 2, "fskip", DLOCK_FAIR, 30000, 3);
-    wait_queued(c, "fskip", 2);
+    th_wait_waiters(c, "fskip", 2);
     CHECK_EQ(threads_of(w2), 2); /* on w1's (real) channel */
     CHECK_OK(dlock_release(l));
     CHECK_EQ(th_wait(w1), 0);
@@ -1855,7 +1831,7 @@ TEST(predecessor_in_another_network_namespace)
     CHECK_OK(dlock_acquire(l, 0));
     pid_t h = th_fork(netns_worker, &j);
     int64_t until = th_now_ms() + 10000;
-    while (waiters_of(c, "fnetns") < 1 && th_now_ms() < until &&
+    while (th_waiters(c, "fnetns") < 1 && th_now_ms() < until &&
            !s->done[0] && kill(h, 0) == 0 && s->rc[0] == -99) {
         int st;
         if (waitpid(h, &st, WNOHANG) == h) {
@@ -1869,11 +1845,11 @@ TEST(predecessor_in_another_network_namespace)
         }
         th_sleep_ms(2);
     }
-    wait_queued(c, "fnetns", 1);
+    th_wait_waiters(c, "fnetns", 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "fnetns", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "fnetns", 1);
+    th_wait_waiters(c, "fnetns", 1);
     th_sleep_ms(20);
     CHECK_EQ(threads_of(w), 2); /* on the predecessor's channel */
     int64_t t0 = th_now_ms();
@@ -1906,7 +1882,7 @@ TEST(foreign_connection_to_a_channel)
         CHECK_EQ(connect(conns[i], (struct sockaddr *)&sa, len), 0);
     }
     pid_t w = fstart(s, 1, "fconn", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "fconn", 1);
+    th_wait_waiters(c, "fconn", 1);
     /* no kernel-wait helper: a helper started late (a busy machine) would
      * be missed here, so load can make this check weaker, never fail */
     th_sleep_ms(20);
@@ -2467,7 +2443,7 @@ TEST(squatters_cannot_slow_a_semaphore_wait)
     CHECK(b1 >= 0 && b2 >= 0 && b1 != b2);
     fjob j = {s, 0, name, 0, 30000, -1};
     pid_t wt = th_fork(sem_waiter, &j);
-    wait_queued(c1, name, 1);
+    th_wait_waiters(c1, name, 1);
     th_sleep_ms(200); /* asleep on the holders (else it only wakes later) */
     /* the holder of the lower byte first: the old code slept on the
      * higher one's byte alone when neither had a channel */
@@ -2540,7 +2516,7 @@ TEST(holders_without_channels_wake_the_head)
     int h0 = raw_permit_holder(name, 0), h1 = raw_permit_holder(name, 1);
     fjob j = {s, 0, name, 0, 30000, -1};
     pid_t wt = th_fork(sem_waiter, &j);
-    wait_queued(c, name, 1);
+    th_wait_waiters(c, name, 1);
     th_sleep_ms(200); /* asleep on the holders (else it only wakes later) */
     /* unlocked, not only closed: the waiter inherited the descriptors */
     int64_t t0 = th_now_ms();
@@ -2602,7 +2578,7 @@ TEST(stale_channel_file_is_replaced)
     CHECK_EQ(count_in(w), before + 2); /* ours, one in the dead one's place */
     fjob j = {s, 1, "fstale", 0, 30000, -1};
     pid_t wt = th_fork(sem_waiter, &j);
-    wait_queued(c1, "fstale", 1);
+    th_wait_waiters(c1, "fstale", 1);
     th_sleep_ms(100);
     CHECK_EQ(threads_of(wt), 2); /* on the holders' channels */
     int64_t t0 = th_now_ms();
@@ -2631,11 +2607,11 @@ TEST(release_wakes_the_successor_despite_a_forked_child)
     s->fork_ms[0] = 3000;
     CHECK_OK(dlock_acquire(l, 0));
     pid_t h = fstart(s, 0, "ffork", DLOCK_FAIR, 30000, -1);
-    wait_queued(c, "ffork", 1);
+    th_wait_waiters(c, "ffork", 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "ffork", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "ffork", 1);
+    th_wait_waiters(c, "ffork", 1);
     int64_t t0 = th_now_ms();
     s->release[0] = 1;
     CHECK_EQ(th_wait(h), 0);
@@ -2658,11 +2634,11 @@ TEST(dead_holder_with_a_forked_child_keeps_the_lock)
     s->killed[0] = 1;
     CHECK_OK(dlock_acquire(l, 0));
     pid_t h = fstart(s, 0, "fforkdie", DLOCK_FAIR, 30000, -1);
-    wait_queued(c, "fforkdie", 1);
+    th_wait_waiters(c, "fforkdie", 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "fforkdie", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "fforkdie", 1);
+    th_wait_waiters(c, "fforkdie", 1);
     kill(h, SIGKILL);
     CHECK_EQ(th_wait(h), 128 + SIGKILL);
     CHECK_EQ(th_wait(w), 0);
@@ -2693,12 +2669,12 @@ TEST(give_up_wakes_the_successor_despite_a_forked_child)
     CHECK_OK(dlock_acquire(l, 0));
     pid_t w = gated_start(s, 1, "fforkgive", DLOCK_FAIR, 30000, 1);
     pid_t h = fstart(s, 0, "fforkgive", DLOCK_FAIR, 400, 1);
-    wait_queued(c, "fforkgive", 1);
+    th_wait_waiters(c, "fforkgive", 1);
     gated_go(s, 1); /* queues well within h's 150 ms before its fork */
-    wait_queued(c, "fforkgive", 2);
+    th_wait_waiters(c, "fforkgive", 2);
     CHECK_EQ(th_wait(h), 0);
     CHECK_RC(s->rc[0], DLOCK_EBUSY);
-    wait_queued(c, "fforkgive", 1); /* w only */
+    th_wait_waiters(c, "fforkgive", 1); /* w only */
     th_sleep_ms(50);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(l));
@@ -2741,7 +2717,7 @@ TEST(a_release_wakes_only_the_next)
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < n; i++) {
         pids[i] = fstart(s, i, "fmany", DLOCK_FAIR, 30000, -1);
-        wait_queued(c, "fmany", i + 1);
+        th_wait_waiters(c, "fmany", i + 1);
     }
     /* the last waiter is asleep once its count stops moving (20 ms
      * sufficed on an idle machine; a busy one may still be running it

@@ -24,10 +24,7 @@ static th_store S;
 
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, S.uri, th_patient()));
-    return c;
+    return th_client(S.uri, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
@@ -584,10 +581,5 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
-    return th_main(argc - 1, argv + 1, tests);
+    return th_store_main(argc, argv, &S, tests, NULL);
 }

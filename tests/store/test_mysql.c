@@ -81,15 +81,7 @@ static dlock_client *client_at(const char *u)
 static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
                         unsigned flags, dlock_lost_cb cb)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, flags, cb, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
@@ -121,27 +113,6 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The number of waiters dlock_inspect() reports. */
-static int64_t waiters(dlock_client *c, const char *name)
-{
-    dlock_info info;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    int64_t w = info.waiters;
-    dlock_info_clear(&info);
-    return w;
-}
-
-/* Waits (at most 10 s) until the store reports n waiters on name. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000, w = -1;
-
-    while (th_now_ms() < until && (w = waiters(c, name)) != n)
-        th_sleep_ms(10);
-    CHECK_EQ(w, n);
-}
-
 /* A fair waiter in a thread of this process, for the queue table. */
 typedef struct waiter {
     dlock *l;
@@ -166,11 +137,11 @@ static void hand_over_through_the_queue(dlock_client *obs, dlock *la,
     pthread_t th;
 
     CHECK_EQ(pthread_create(&th, NULL, wait_thread, &w), 0);
-    wait_waiters(obs, dlock_name(la), 1);
+    th_wait_waiters(obs, dlock_name(la), 1);
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
-    CHECK_EQ(waiters(obs, dlock_name(la)), 0);
+    CHECK_EQ(th_waiters(obs, dlock_name(la)), 0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -547,14 +518,14 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
 
     CHECK_OK(dlock_acquire(la, 0));
     pid_t pid = th_fork(fair_waiter, NULL);
-    wait_waiters(a, "fairdead", 1);
+    th_wait_waiters(a, "fairdead", 1);
     kill(pid, SIGKILL);
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
     /* its entry dies with its connection, as soon as the server sees it
      * closed (it looks about twice a second during a wait): no heartbeat
      * to wait out */
     int64_t k0 = th_now_ms();
-    wait_waiters(a, "fairdead", 0);
+    th_wait_waiters(a, "fairdead", 0);
     CHECK_OP(th_now_ms() - k0, <, 3000);
     CHECK_OK(dlock_release(la));
     /* the dead waiter was first in line: the server dropped it from the
@@ -563,7 +534,7 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_acquire(lb, 10000));
     CHECK_OP(th_now_ms() - t0, <, 2000);
-    CHECK_EQ(waiters(a, "fairdead"), 0);
+    CHECK_EQ(th_waiters(a, "fairdead"), 0);
     CHECK_OK(dlock_release(lb));
     /* the dead entry's row stays until gc */
     CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM "
@@ -1049,7 +1020,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     pid = th_fork(frozen_try_holder, s);
     CHECK(th_wait_flag(&s->holding, 10000));
     CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
-    wait_waiters(c, "frozen-try-queue", 1);
+    th_wait_waiters(c, "frozen-try-queue", 1);
     kill(pid, SIGSTOP);
     wait_lease_ended("frozen-try-queue");
     int took = 0;
@@ -1635,7 +1606,7 @@ TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
     CHECK_OK(dlock_acquire(la, 0));
     for (int i = 0; i < 3; i++) {
         pid[i] = th_fork(queue_waiter, (void *)(intptr_t)i);
-        wait_waiters(obs, "inspect-queue", i + 1);
+        th_wait_waiters(obs, "inspect-queue", i + 1);
     }
     CHECK_OK(dlock_inspect(obs, "inspect-queue", &info));
     CHECK_EQ(info.held, 1);
@@ -2100,12 +2071,12 @@ TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
 
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_EQ(pthread_create(&tb, NULL, timed_wait_thread, &wb), 0);
-    wait_waiters(a, "op-count", 1);
+    th_wait_waiters(a, "op-count", 1);
     CHECK_OK(dlock_inspect(a, "op-count", &in));
     CHECK_EQ(in.queue_len, 0); /* not listed: counted all the same */
     dlock_info_clear(&in);
     CHECK_EQ(pthread_create(&tc, NULL, timed_wait_thread, &wc), 0);
-    wait_waiters(a, "op-count", 2);
+    th_wait_waiters(a, "op-count", 2);
     CHECK_OK(dlock_inspect(a, "op-count", &in));
     CHECK_EQ(in.queue_len, 1);
     dlock_info_clear(&in);
@@ -2114,7 +2085,7 @@ TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
     pthread_join(tc, NULL);
     CHECK_OK(wb.rc);
     CHECK_OK(wc.rc);
-    CHECK_EQ(waiters(a, "op-count"), 0);
+    CHECK_EQ(th_waiters(a, "op-count"), 0);
     dlock_close(la);
     dlock_close(wb.l);
     dlock_close(wc.l);

@@ -23,24 +23,13 @@ static int can_list, can_break;
 
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, S.uri, th_patient()));
-    return c;
+    return th_client(S.uri, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      dlock_lost_cb cb, void *arg)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.on_lost = cb;
-    o.on_lost_arg = arg;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, 0, cb, arg);
 }
 
 /* Every lock under `prefix`, through every page of `limit`: the names
@@ -425,28 +414,6 @@ static void *wait_for(void *p)
     return NULL;
 }
 
-/* Bounded: the store reports n waiters of name (the test's own look at
- * the store, to order its steps). */
-static int wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (th_now_ms() < until) {
-        dlock_info in;
-        CHECK_OK(dlock_inspect(c, name, &in));
-        int64_t w = in.waiters;
-        dlock_info_clear(&in);
-        if (w < 0)
-            return 0; /* the store cannot tell */
-        if (w >= n)
-            return 1;
-        th_sleep_ms(5);
-    }
-    th_fail(__FILE__, __LINE__, "fewer than %lld waiters of %s after 10 s",
-            (long long)n, name);
-    return 0;
-}
-
 TEST(list_shows_waiters)
 {
     NEED(list);
@@ -458,7 +425,7 @@ TEST(list_shows_waiters)
 
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_EQ(pthread_create(&t, NULL, wait_for, &w), 0);
-    if (wait_waiters(o, "op/wait", 1)) {
+    if (th_wait_queued(o, "op/wait", 1, 10000)) {
         found f = list_all(o, "op/wait", 100, 0);
         CHECK_EQ(f.n, 1);
         CHECK_OP(f.waiters[0], >=, 1);
@@ -542,7 +509,7 @@ TEST(break_wakes_a_waiter_at_once)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
     CHECK_EQ(pthread_create(&t, NULL, wait_for, &w), 0);
-    (void)wait_waiters(op, "op/break-wake", 1);
+    (void)th_wait_queued(op, "op/break-wake", 1, 10000);
     th_sleep_ms(100); /* the waiter is asleep */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "op/break-wake", NULL));
@@ -656,13 +623,9 @@ static const th_test tests[] = {
     {NULL, NULL, 0},
 };
 
-int main(int argc, char **argv)
+/* What the store started can do. */
+static void started(void)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
     /* what each store can do (docs/monitoring.md): the first test checks
      * that the others answer DLOCK_ENOTSUP, clearly. Each store's flag is
      * turned on by the change that gives the store the slot. */
@@ -695,5 +658,9 @@ int main(int argc, char **argv)
             can_break = what[i].brk;
         }
     }
-    return th_main(argc - 1, argv + 1, tests);
+}
+
+int main(int argc, char **argv)
+{
+    return th_store_main(argc, argv, &S, tests, started);
 }

@@ -54,17 +54,6 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
     return th_handle(c, name, ttl, flags, 0);
 }
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
 /* The advisory key of a name, as the store computes it. */
 #define KEY_SQL(name)                                                       \
     "('x' || substr(md5('" name "'::bytea), 1, 16))::bit(64)::bigint"
@@ -353,11 +342,11 @@ TEST(a_listener_killed_mid_wait_listens_again)
          i < 2000 && (th_sql_query(&srv, NULL, 0,
                                    "SELECT max(pid) FROM dlock_locks_waiters "
                                    "WHERE name = 'relisten'::bytea") == old ||
-                      waiters_of(h, "relisten") != 1);
+                      th_waiters(h, "relisten") != 1);
          i++)
         th_sleep_ms(5);
     CHECK_EQ(w.done, 0);
-    CHECK_EQ(waiters_of(h, "relisten"), 1);
+    CHECK_EQ(th_waiters(h, "relisten"), 1);
     CHECK_OP(th_sql_query(&srv, NULL, 0,
                           "SELECT max(pid) FROM dlock_locks_waiters WHERE "
                           "name = 'relisten'::bytea"),
@@ -480,14 +469,12 @@ TEST(fair_waiters_stay_queued_without_refreshing)
     for (int i = 0; i < 3; i++) {
         s->index = i;
         pids[i] = th_fork(fair_child, s);
-        for (int k = 0; k < 500 && waiters_of(h, "fair") < i + 1; k++)
-            th_sleep_ms(10);
-        CHECK_EQ(waiters_of(h, "fair"), i + 1);
+        th_wait_waiters(h, "fair", i + 1);
     }
     /* nothing refreshes an entry: it lives as long as its waiter's
      * session, so after 5 s all three are still queued, in order */
     th_sleep_ms(5000);
-    CHECK_EQ(waiters_of(h, "fair"), 3);
+    CHECK_EQ(th_waiters(h, "fair"), 3);
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < 3; i++)
         CHECK_EQ(th_wait(pids[i]), 0);
@@ -508,21 +495,17 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     CHECK_OK(dlock_acquire(lh, 0));
     s->index = 0;
     dead = th_fork(fair_child, s);
-    for (int k = 0; k < 500 && waiters_of(h, "fair") < 1; k++)
+    for (int k = 0; k < 500 && th_waiters(h, "fair") < 1; k++)
         th_sleep_ms(10);
     s->index = 1;
     next = th_fork(fair_child, s);
-    for (int k = 0; k < 500 && waiters_of(h, "fair") < 2; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "fair"), 2);
+    th_wait_waiters(h, "fair", 2);
     kill(dead, SIGKILL);
     CHECK_EQ(th_wait(dead), 128 + SIGKILL);
     /* its backend ends when it reads the closed socket: at once on an
      * idle machine, later on a loaded one (until then the session, and
      * so the waiter, is alive, and a release would hand it the lock) */
-    for (int k = 0; k < 1000 && waiters_of(h, "fair") != 1; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "fair"), 1);
+    th_wait_waiters(h, "fair", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     /* the head is dead: its session ended with it, so the release skips
@@ -589,7 +572,7 @@ TEST(a_release_hands_the_lock_over_in_default_mode)
     uint64_t first = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
     wait_queued(&w);
-    CHECK_EQ(waiters_of(h, "handover"), 1);
+    CHECK_EQ(th_waiters(h, "handover"), 1);
     /* the release gives the lock to the waiter in the same statement: the
      * releaser cannot barge back in, even at once */
     CHECK_OK(dlock_release(lh));
@@ -620,7 +603,7 @@ TEST(a_waiter_that_gave_up_is_not_handed_the_lock)
 
     CHECK_OK(dlock_acquire(lh, 0));
     CHECK_RC(dlock_acquire(lc, 300), DLOCK_EBUSY);
-    CHECK_EQ(waiters_of(h, "gave-up"), 0);
+    CHECK_EQ(th_waiters(h, "gave-up"), 0);
     /* its client is alive and listening no more than a second: a grant
      * to its finished wait would leave the lock held by nobody */
     CHECK_OK(dlock_release(lh));
@@ -1186,9 +1169,7 @@ TEST(advisory_waiters_queue_in_the_server_in_order)
     for (int i = 0; i < 4; i++) {
         s->index = i;
         pids[i] = th_fork(adv_child, s);
-        for (int k = 0; k < 500 && waiters_of(h, "adv-queue") < i + 1; k++)
-            th_sleep_ms(10);
-        CHECK_EQ(waiters_of(h, "adv-queue"), i + 1);
+        th_wait_waiters(h, "adv-queue", i + 1);
     }
     /* each waiter's session waits on the lock in the server: no polling */
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
@@ -1231,7 +1212,7 @@ TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
      * slack for a busy machine */
     CHECK_OP(took, >=, 380);
     CHECK_OP(took, <, 2000);
-    CHECK_EQ(waiters_of(h, "adv-timeout"), 0);
+    CHECK_EQ(th_waiters(h, "adv-timeout"), 0);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_locks WHERE locktype = "
                           "'advisory' AND NOT granted"),
@@ -1398,14 +1379,6 @@ TEST(list_cursors_are_checked_and_resume_past_their_name)
     dlock_client_close(b);
 }
 
-/* Waits (10 s at most, a busy machine) until `name` has n waiters. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    for (int i = 0; i < 2000 && waiters_of(c, name) != n; i++)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
-}
-
 /* A listed lock is what dlock_inspect() says of it: holder, token,
  * holders, the queue in order with each waiter's description (one
  * statement for the page: the queue comes with its lock). */
@@ -1422,9 +1395,9 @@ TEST(a_listed_lock_is_described_as_inspect_describes_it)
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&ta, NULL, waiter, &a);
-    until_waiters(op, "desc/x", 1);
+    th_wait_waiters(op, "desc/x", 1);
     pthread_create(&tb, NULL, waiter, &b);
-    until_waiters(op, "desc/x", 2);
+    th_wait_waiters(op, "desc/x", 2);
     CHECK_OK(dlock_list(op, "desc/", NULL, 10, 0, &p));
     CHECK_OK(dlock_inspect(op, "desc/x", &in));
     CHECK_EQ(p.n, 1);
@@ -1593,7 +1566,7 @@ TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
         CHECK_OK(dlock_acquire(la, 5000));
         uint64_t ta = dlock_token(la);
         pthread_create(&tw, NULL, handed_thread, &w);
-        until_waiters(op, "handbrk", 1);
+        th_wait_waiters(op, "handbrk", 1);
         pthread_create(&tk, NULL, break_thread, &k);
         if (i % 2)
             th_sleep_ms(i % 4);
@@ -1755,7 +1728,7 @@ TEST(an_advisory_break_ends_only_the_holders_session)
     CHECK_OK(dlock_acquire(l2, 0));
     uint64_t t1 = dlock_token(l1);
     pthread_create(&t, NULL, waiter, &wa);
-    until_waiters(op, "advb-1", 1);
+    th_wait_waiters(op, "advb-1", 1);
     long long before = th_sql_query(&srv, NULL, 0,
                                     "SELECT count(*) FROM pg_stat_activity "
                                     "WHERE application_name LIKE 'dlock%%'");
@@ -2192,7 +2165,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
         /* woken, it read the row; at most once per notification */
         CHECK_OP(reads, >=, 1);
         CHECK_OP(reads, <=, FLOOD + 1);
-        CHECK_EQ(waiters_of(h, name), 1);
+        CHECK_EQ(th_waiters(h, name), 1);
         CHECK_EQ(dlock_held(lh), 1);
 
         /* the real hand-over: the row's token, above the holder's */

@@ -50,26 +50,7 @@ static void uri(char *out, size_t cap, const th_pgb *b, const char *query)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags, dlock_lost_cb lost)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = lost;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
+    return th_handle_lost(c, name, ttl, flags, lost, NULL);
 }
 
 /* Sessions of the server that PgBouncer opened (the superuser's own
@@ -122,14 +103,6 @@ static void *waiter(void *arg)
 static int done(waiter_arg *w)
 {
     return __atomic_load_n(&w->done, __ATOMIC_SEQ_CST);
-}
-
-/* Waits (at most 10 s) until `name` has n waiters in the store. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    for (int i = 0; i < 1000 && waiters_of(c, name) < n; i++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(c, name), n);
 }
 
 /* --- session pooling, ?pooler=session: everything works --- */
@@ -188,7 +161,7 @@ TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t first = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
-    wait_waiters(h, "t-wake", 1);
+    th_wait_waiters(h, "t-wake", 1);
     th_sleep_ms(500);
     CHECK_EQ(done(&w), 0); /* it waits (a 60 s lease: nothing ends) */
     int64_t t0 = th_now_ms();
@@ -238,7 +211,7 @@ TEST(session_pool_fair_waiters_get_the_lock_in_order)
         w[i].l = handle(c[i], "t-fair", 60000, DLOCK_FAIR, NULL);
         w[i].wait = 30000;
         pthread_create(&t[i], NULL, waiter, &w[i]);
-        wait_waiters(h, "t-fair", i + 1);
+        th_wait_waiters(h, "t-fair", i + 1);
     }
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < 3; i++) {
@@ -248,7 +221,7 @@ TEST(session_pool_fair_waiters_get_the_lock_in_order)
     /* each was handed the lock by the one before: tokens in arrival order */
     CHECK_OP(w[0].token, <, w[1].token);
     CHECK_OP(w[1].token, <, w[2].token);
-    CHECK_EQ(waiters_of(h, "t-fair"), 0);
+    CHECK_EQ(th_waiters(h, "t-fair"), 0);
     for (int i = 0; i < 3; i++) {
         dlock_close(w[i].l);
         dlock_client_close(c[i]);
@@ -315,7 +288,6 @@ TEST(session_pool_a_dead_waiter_is_skipped)
     dlock_client *h;
     dlock *lh;
     pid_t dead, next;
-    int k;
 
     uri(s->uri, sizeof(s->uri), &sess, "?pooler=session");
     h = client_at(s->uri);
@@ -323,16 +295,14 @@ TEST(session_pool_a_dead_waiter_is_skipped)
     CHECK_OK(dlock_acquire(lh, 0));
     s->index = 0;
     dead = th_fork(fair_child, s);
-    wait_waiters(h, "t-dead", 1);
+    th_wait_waiters(h, "t-dead", 1);
     s->index = 1;
     next = th_fork(fair_child, s);
-    wait_waiters(h, "t-dead", 2);
+    th_wait_waiters(h, "t-dead", 2);
     kill(dead, SIGKILL);
     CHECK_EQ(th_wait(dead), 128 + SIGKILL);
     /* PgBouncer sees its client go and resets the server session */
-    for (k = 0; k < 500 && waiters_of(h, "t-dead") != 1; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "t-dead"), 1);
+    th_wait_waiters(h, "t-dead", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     /* handed to the live waiter, not to the dead one (whose lease would
@@ -409,9 +379,9 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
                           "'advisory' AND granted"),
              2);
     pthread_create(&t, NULL, waiter, &w);
-    for (int i = 0; i < 1000 && waiters_of(h, "t-adv") < 1; i++)
+    for (int i = 0; i < 1000 && th_waiters(h, "t-adv") < 1; i++)
         th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "t-adv"), 1);
+    CHECK_EQ(th_waiters(h, "t-adv"), 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < 500 && !done(&w); i++)
@@ -490,7 +460,7 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t tok = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
-    wait_waiters(op, "t-advbrk", 1);
+    th_wait_waiters(op, "t-advbrk", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "t-advbrk", &ev));
     CHECK_EQ(ev.token, tok);
@@ -616,7 +586,7 @@ static void sessions_not_trusted(const th_pgb *b, const char *query,
     CHECK_OP(th_now_ms() - t0, <, AT_ONCE_MS);
     CHECK_CONTAINS(dlock_errmsg(), names);
     /* and it left no waiter behind to be handed the lock */
-    CHECK_EQ(waiters_of(a, "t-once"), 0);
+    CHECK_EQ(th_waiters(a, "t-once"), 0);
 
     /* the holder's release frees it; the other client takes it */
     CHECK_OK(dlock_release(la));

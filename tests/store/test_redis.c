@@ -67,17 +67,6 @@ static void *wait_thread(void *arg)
 
 #define NWAIT 5
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
 static void start_auth(void)
 {
     if (auth.pid > 0)
@@ -234,9 +223,9 @@ TEST(database_prefix_and_one_key_per_lock)
     pthread_t th;
     pthread_create(&th, NULL, wait_thread, &w);
     int64_t until = th_now_ms() + 5000;
-    while (waiters_of(c, "ab{c}d") < 1 && th_now_ms() < until)
+    while (th_waiters(c, "ab{c}d") < 1 && th_now_ms() < until)
         th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, "ab{c}d"), 1);
+    CHECK_EQ(th_waiters(c, "ab{c}d"), 1);
     CHECK_EQ(in_db3(keys, sizeof(keys),
                     "local k = redis.call('KEYS', '*') table.sort(k) "
                     "return table.concat(k, '|')"),
@@ -552,10 +541,10 @@ TEST(handoff_wakes_only_the_head_in_order)
             o[i] = (ordered){handle(cl[i], name, 0, flags), 0, &next, -1};
             pthread_create(&th[i], NULL, ordered_thread, &o[i]);
             int64_t until = th_now_ms() + 5000;
-            while (waiters_of(h, name) < i + 1 && th_now_ms() < until)
+            while (th_waiters(h, name) < i + 1 && th_now_ms() < until)
                 th_sleep_ms(5);
         }
-        CHECK_EQ(waiters_of(h, name), NWAIT);
+        CHECK_EQ(th_waiters(h, name), NWAIT);
         dlock_info info;
         CHECK_OK(dlock_inspect(h, name, &info));
         CHECK_EQ(info.queue_len, NWAIT);
@@ -659,16 +648,6 @@ static const char *strf(const char *fmt, ...)
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     return buf;
-}
-
-/* Waits (5 s at most) until lock `name` has n waiters in its queue. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 5000;
-
-    while (waiters_of(c, name) != n && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
 }
 
 /* Makes the first waiter of lock `name` its holder by hand, with
@@ -794,9 +773,9 @@ TEST(handover_skips_a_dead_waiter)
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(dead_waiter_child, NULL);
-    until_waiters(h, "deadwaiter", 1);
+    th_wait_waiters(h, "deadwaiter", 1);
     pthread_create(&th, NULL, wait_thread, &w);
-    until_waiters(h, "deadwaiter", 2);
+    th_wait_waiters(h, "deadwaiter", 2);
     kill(child, SIGKILL);
     th_wait(child);
     /* (Redis has noticed the dead connection: one subscriber left) */
@@ -858,7 +837,7 @@ TEST(a_frozen_waiter_loses_its_handover_by_its_lease)
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(frozen_waiter_child, f);
-    until_waiters(h, "frozenwaiter", 1);
+    th_wait_waiters(h, "frozenwaiter", 1);
     th_sleep_ms(50); /* the child's try was answered: it is waiting */
     kill(child, SIGSTOP);
     int64_t t0 = th_now_ms();
@@ -894,7 +873,7 @@ TEST(giving_up_leaves_the_queue)
 
     CHECK_OK(dlock_acquire(lh, 0));
     CHECK_RC(dlock_acquire(l, 300), DLOCK_EBUSY);
-    CHECK_EQ(waiters_of(h, "giveup"), 0);
+    CHECK_EQ(th_waiters(h, "giveup"), 0);
     th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{giveup}");
     CHECK(strchr(val, '\n') == NULL);
     CHECK_OK(dlock_release(lh));
@@ -920,7 +899,7 @@ TEST(a_handover_found_when_leaving_is_kept)
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_waiters(h, "kept", 1);
+    th_wait_waiters(h, "kept", 1);
     hand_over_by_hand("kept", 4242);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
@@ -944,7 +923,7 @@ TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_waiters(h, "lostmsg", 1);
+    th_wait_waiters(h, "lostmsg", 1);
     hand_over_by_hand("lostmsg", 4343);
     th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE pubsub");
     pthread_join(th, NULL);
@@ -1198,7 +1177,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         CHECK_OK(dlock_acquire(lh, 0)); /* a reader waits behind a writer */
         uint64_t held = dlock_token(lh);
         pthread_create(&th, NULL, forged_wait_thread, &w);
-        until_waiters(h, name, 1);
+        th_wait_waiters(h, name, 1);
 
         /* what the forger learns from the key: the waiter's line, the
          * first one after the head that is not a holder's ("+ ...") */
@@ -1241,7 +1220,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
          * coalesced), and never more than the messages it was sent */
         CHECK_OP(gets, >=, 1);
         CHECK_OP(gets, <=, FLOOD + 1);
-        CHECK_EQ(waiters_of(h, name), 1);
+        CHECK_EQ(th_waiters(h, name), 1);
         CHECK_EQ(dlock_held(lh), 1);
 
         /* the real hand-over: the key's token, above the holder's */

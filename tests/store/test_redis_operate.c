@@ -41,10 +41,7 @@ static const char *kind;
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, th_patient()));
-    return c;
+    return th_client(u, th_patient());
 }
 
 static dlock_client *client(void)
@@ -55,34 +52,11 @@ static dlock_client *client(void)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned permits, th_lost *box)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.permits = permits;
-    o.on_lost = box ? th_lost_cb : NULL;
-    o.on_lost_arg = box;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-/* Waits (bounded) until the store reports n waiters of name. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (th_now_ms() < until) {
-        dlock_info in;
-        CHECK_OK(dlock_inspect(c, name, &in));
-        int64_t w = in.waiters;
-        dlock_info_clear(&in);
-        if (w >= n)
-            return;
-        th_sleep_ms(5);
-    }
-    th_fail(__FILE__, __LINE__, "fewer than %lld waiters of %s after 10 s",
-            (long long)n, name);
+    return th_open(c, name,
+                   &(dlock_options){.ttl_ms = ttl,
+                                    .permits = permits,
+                                    .on_lost = box ? th_lost_cb : NULL,
+                                    .on_lost_arg = box});
 }
 
 /* A waiting thread: holds are a thread's, so the thread that acquired
@@ -332,7 +306,7 @@ TEST(every_form_of_a_key_is_listed_as_inspect_reads_it)
 
     CHECK_OK(dlock_acquire(x, 0));
     waiter_start(&w, xw, &th);
-    until_waiters(c, "lf/x", 1);
+    CHECK(th_wait_queued(c, "lf/x", 1, 10000));
     CHECK_OK(dlock_acquire_shared(r1, 0));
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK_OK(dlock_acquire(s1, 0));
@@ -469,9 +443,9 @@ TEST(break_hands_the_lock_to_the_head_and_the_others_keep_their_places)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
     waiter_start(&wb, lb, &tb);
-    until_waiters(op, "bh/x", 1);
+    CHECK(th_wait_queued(op, "bh/x", 1, 10000));
     waiter_start(&wc, lc, &tc);
-    until_waiters(op, "bh/x", 2);
+    CHECK(th_wait_queued(op, "bh/x", 2, 10000));
 
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bh/x", &ev));
@@ -551,7 +525,7 @@ TEST(break_racing_a_handover)
         uint64_t ta = dlock_token(la);
         CHECK_OP(ta, >, last);
         waiter_start(&wb, lb, &tb);
-        until_waiters(op, "br/x", 1);
+        CHECK(th_wait_queued(op, "br/x", 1, 10000));
         CHECK_EQ(pthread_create(&tr, NULL, break_thread, &r), 0);
         if (i % 2)
             th_sleep_ms(i % 4);
@@ -696,7 +670,7 @@ TEST(break_of_a_semaphore_lets_its_waiters_in)
                                                      : dlock_token(h2);
     waiter_start(&ww1, w1, &t1);
     waiter_start(&ww2, w2, &t2);
-    until_waiters(op, "bs/x", 2);
+    CHECK(th_wait_queued(op, "bs/x", 2, 10000));
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bs/x", &ev));
     CHECK_EQ(ev.holders, 2);
@@ -836,7 +810,7 @@ TEST(a_waiter_of_the_breaking_client_is_let_in_at_once)
 
     CHECK_OK(dlock_acquire(la, 0));
     waiter_start(&w, lw, &t);
-    until_waiters(op, "bo/x", 1);
+    CHECK(th_wait_queued(op, "bo/x", 1, 10000));
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bo/x", NULL));
     waiter_returned(&w);

@@ -114,14 +114,7 @@ static dlock_client *client_at(const char *uri)
 static dlock *handle_flags(dlock_client *c, const char *name, int64_t ttl,
                           unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
@@ -198,28 +191,6 @@ static int64_t refused_as(int line, const char *uri, int code,
 /* URI errors: refused before any connection (the bound is the same) */
 #define INVALID(uri, causes) \
     refused_as(__LINE__, (uri), DLOCK_EINVAL, (causes), DEFAULT_TIMEOUT)
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
-/* Waits (10 s at most: a waiter queues in one round trip, a busy machine
- * may take far longer than that) until lock `name` has n waiters. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (waiters_of(c, name) != n && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
-}
 
 /* ------------------------------------------------------------------------ */
 /* A server that is no TLS server: answers anything with a Redis error    */
@@ -356,7 +327,7 @@ static void woken_across(dlock_client *holder_c, dlock_client *waiter_c,
     CHECK_OK(dlock_acquire(h, 0));
     uint64_t tok = dlock_token(h);
     CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
-    until_waiters(holder_c, name, 1);
+    th_wait_waiters(holder_c, name, 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(h));
     pthread_join(th, NULL);
@@ -681,7 +652,7 @@ static void burst(const char *uri)
         }
         for (int i = 0; i < BURST; i++) {
             snprintf(name, sizeof(name), "tls-burst-%d-%d", round, i);
-            until_waiters(p, name, 1);
+            th_wait_waiters(p, name, 1);
         }
         for (int i = 0; i < BURST; i++) {
             r[i].l = h[i];
@@ -755,7 +726,7 @@ TEST(a_tls_client_comes_back_after_a_restart)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
-    until_waiters(a, "tls-restart", 1);
+    th_wait_waiters(a, "tls-restart", 1);
     th_redis_kill(&s, SIGKILL);
     /* a try while it is down fails at once (another thread's handle) */
     dlock *lt = handle(b, "tls-restart-try", 0);

@@ -48,32 +48,12 @@
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, th_patient()));
-    return c;
+    return th_client(u, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
+    return th_handle(c, name, ttl, 0, 0);
 }
 
 /* Waits (10 s at most: a waiter subscribes and queues in a round trip or
@@ -84,9 +64,9 @@ static void until_waiting(dlock_client *c, const char *name)
 {
     int64_t until = th_now_ms() + 10000;
 
-    while (waiters_of(c, name) < 1 && th_now_ms() < until)
+    while (th_waiters(c, name) < 1 && th_now_ms() < until)
         th_sleep_ms(5);
-    CHECK_OP(waiters_of(c, name), >=, 1);
+    CHECK_OP(th_waiters(c, name), >=, 1);
 }
 
 /* What every form must do over TLS, on store URI u, with lock `name`:

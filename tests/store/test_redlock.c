@@ -80,16 +80,7 @@ static dlock_client *client(void)
 static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
                         unsigned flags, dlock_lost_cb cb, void *arg)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    o.on_lost_arg = arg;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, flags, cb, arg);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,

@@ -42,24 +42,13 @@
 
 static dlock_client *client_at(const char *u)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, th_patient()));
-    return c;
+    return th_client(u, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      th_lost *box)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.on_lost = box ? th_lost_cb : NULL;
-    o.on_lost_arg = box;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, 0, box ? th_lost_cb : NULL, box);
 }
 
 /* An operator's failover through sentinel `via`; waits (30 s at most)

@@ -29,14 +29,7 @@ static dlock_client *client(void)
 static dlock *handle(dlock_client *c, const char *name, unsigned permits,
                      unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.permits = permits;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, 0, flags, permits);
 }
 
 static dlock_info info_of(dlock_client *c, const char *name)
@@ -45,27 +38,6 @@ static dlock_info info_of(dlock_client *c, const char *name)
 
     CHECK_OK(dlock_inspect(c, name, &in));
     return in;
-}
-
-/* Waits (bounded) until the store reports at least n waiters of `name`:
- * the test's own poll of the store, to order its steps. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-    dlock_info in;
-
-    for (;;) {
-        in = info_of(c, name);
-        int64_t w = in.waiters;
-        dlock_info_clear(&in);
-        if (w >= n)
-            return;
-        if (th_now_ms() >= until)
-            th_fail(__FILE__, __LINE__, "%lld waiters of %s after 10 s, "
-                                        "not %lld",
-                    (long long)w, name, (long long)n);
-        th_sleep_ms(5);
-    }
 }
 
 /* A test of what the store does not have yet passes with a note (its
@@ -290,7 +262,7 @@ TEST(a_waiting_writer_stops_new_readers)
     wa.l = lw;
     wa.wait_ms = 30000;
     pthread_create(&wt, NULL, waiter, &wa);
-    wait_waiters(a, "rw-starve", 1);
+    CHECK(th_wait_queued(a, "rw-starve", 1, 10000));
     /* the writer waits: a new reader queues behind it, even though only
      * readers hold, and does not get in while the writer waits */
     CHECK_RC(dlock_acquire_shared(lr, 0), DLOCK_EBUSY);
@@ -301,7 +273,7 @@ TEST(a_waiting_writer_stops_new_readers)
     ra.wait_ms = 30000;
     ra.release = 1;
     pthread_create(&rt, NULL, waiter, &ra);
-    wait_waiters(a, "rw-starve", 1);
+    CHECK(th_wait_queued(a, "rw-starve", 1, 10000));
     int64_t released = th_now_ms();
     CHECK_OK(dlock_release(la));
     /* the writer, then the reader behind it */
@@ -628,7 +600,7 @@ TEST(semaphore_counts_permits)
     wc.wait_ms = 30000;
     wc.release = 1;
     pthread_create(&th, NULL, waiter, &wc);
-    wait_waiters(a, "sem", 1);
+    CHECK(th_wait_queued(a, "sem", 1, 10000));
     int64_t released = th_now_ms();
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
@@ -762,7 +734,7 @@ TEST(a_killed_permit_holder_wakes_the_waiter)
     w.wait_ms = 20000;
     w.release = 1;
     pthread_create(&th, NULL, waiter, &w);
-    wait_waiters(c, "sem-killed", 1);
+    CHECK(th_wait_queued(c, "sem-killed", 1, 10000));
     th_sleep_ms(50); /* asleep on the holder, most likely */
     int64_t t0 = th_now_ms();
     kill(pid, SIGKILL);
@@ -927,13 +899,9 @@ static const th_test tests[] = {
     {NULL, NULL, 0},
 };
 
-int main(int argc, char **argv)
+/* What the store started can do. */
+static void started(void)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
     /* what each store has (docs/locks.md): the first test checks that
      * the others answer DLOCK_ENOTSUP, clearly */
     has_shared = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
@@ -944,5 +912,9 @@ int main(int argc, char **argv)
                   !strcmp(S.kind, "zk") || !strcmp(S.kind, "etcd") ||
                   !strcmp(S.kind, "sqlite") || !strcmp(S.kind, "mysql") ||
                   !strcmp(S.kind, "pg") || !strcmp(S.kind, "pg-advisory");
-    return th_main(argc - 1, argv + 1, tests);
+}
+
+int main(int argc, char **argv)
+{
+    return th_store_main(argc, argv, &S, tests, started);
 }

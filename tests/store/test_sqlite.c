@@ -34,13 +34,7 @@ static dlock_client *client(void)
 
 static dlock *handle(dlock_client *c, const char *name, unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, 0, flags, 0);
 }
 
 /* One integer from a query on the database (-1 when no row). */
@@ -344,15 +338,6 @@ static int queued_waiter(void *arg)
     return 0;
 }
 
-static int64_t waiters(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    CHECK_OK(dlock_inspect(c, name, &info));
-    int64_t n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
 /* A waiter killed in the middle of the queue: the one behind it moves up
  * to the dead one's predecessor and is woken by its release. */
 TEST(a_waiter_killed_in_the_queue_is_skipped)
@@ -365,17 +350,15 @@ TEST(a_waiter_killed_in_the_queue_is_skipped)
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < 2; i++) {
         pid[i] = th_fork(queued_waiter, s);
-        for (int k = 0; k < 500 && waiters(c, "queue") < i + 1; k++)
-            th_sleep_ms(5);
-        CHECK_EQ(waiters(c, "queue"), i + 1);
+        th_wait_waiters(c, "queue", i + 1);
     }
     kill(pid[0], SIGKILL);
     CHECK_EQ(th_wait(pid[0]), 128 + SIGKILL);
     /* the one behind moves up: for a moment (until it marks the region
      * as the head of a holder without a ticket) the count is short */
-    for (int k = 0; k < 2000 && waiters(c, "queue") != 1; k++)
+    for (int k = 0; k < 2000 && th_waiters(c, "queue") != 1; k++)
         th_sleep_ms(5); /* ms on an idle machine; 10 s for a loaded one */
-    CHECK_EQ(waiters(c, "queue"), 1);
+    CHECK_EQ(th_waiters(c, "queue"), 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(l));
     CHECK_EQ(th_wait(pid[1]), 0);
@@ -431,9 +414,7 @@ TEST(default_mode_wakes_waiters_one_at_a_time_in_arrival_order)
         args[i].s = s;
         args[i].me = i;
         pid[i] = th_fork(ordered_waiter, &args[i]);
-        for (int k = 0; k < 500 && waiters(c, "order") < i + 1; k++)
-            th_sleep_ms(5);
-        CHECK_EQ(waiters(c, "order"), i + 1);
+        th_wait_waiters(c, "order", i + 1);
     }
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(l));
@@ -663,16 +644,16 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
 
     CHECK_OK(dlock_acquire(first, 0));
     pid_t pid = th_fork(frozen_holder, s);
-    for (int i = 0; i < 2000 && waiters(op, "frozen") < 1; i++)
+    for (int i = 0; i < 2000 && th_waiters(op, "frozen") < 1; i++)
         th_sleep_ms(5);
     CHECK_OK(dlock_release(first)); /* to the child, with its ticket */
     for (int i = 0; i < 2000 && !s->holding; i++)
         th_sleep_ms(5);
     CHECK_EQ(s->holding, 1);
     CHECK_EQ(pthread_create(&t, NULL, wait_frozen, &w), 0);
-    for (int i = 0; i < 2000 && waiters(op, "frozen") < 1; i++)
+    for (int i = 0; i < 2000 && th_waiters(op, "frozen") < 1; i++)
         th_sleep_ms(5);
-    CHECK_EQ(waiters(op, "frozen"), 1);
+    CHECK_EQ(th_waiters(op, "frozen"), 1);
     kill(pid, SIGSTOP);
     th_sleep_ms(100); /* the waiter is asleep on the child's channel */
     int64_t t0 = th_now_ms();

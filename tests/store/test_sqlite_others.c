@@ -115,13 +115,7 @@ static unsigned mode_of(const char *path)
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, 0, 0);
 }
 
 /* --- what dlock makes ---------------------------------------------------- */

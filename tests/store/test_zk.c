@@ -45,43 +45,13 @@ static dlock_client *client(void)
 static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
                         unsigned flags, dlock_lost_cb cb, void *arg)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    o.on_lost_arg = arg;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, flags, cb, arg);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags)
 {
     return handle_cb(c, name, ttl, flags, NULL, NULL);
-}
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
-/* Polls until `name` has n waiters (at most 10 s), then checks it. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (waiters_of(c, name) < n && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -284,7 +254,7 @@ TEST(first_come_first_served_across_processes)
         s->index = i;
         pids[i] = th_fork(order_child, s);
         /* the next one starts only when this one is queued */
-        wait_waiters(h, "order", i + 1);
+        th_wait_waiters(h, "order", i + 1);
         CHECK_OK(dlock_inspect(h, "order", &info));
         CHECK_EQ(info.queue_len, i + 1);
         snprintf(pid, sizeof(pid), " pid %d ", (int)pids[i]);
@@ -419,7 +389,7 @@ TEST(a_release_fires_exactly_one_watch)
         w[i] = (herd_waiter){&h, i, client(), NULL, 0, 0};
         w[i].l = handle(w[i].c, "herd", 0, 0);
         pthread_create(&th[i], NULL, herd_thread, &w[i]);
-        wait_waiters(hc, "herd", i + 1); /* arrival order is known */
+        th_wait_waiters(hc, "herd", i + 1); /* arrival order is known */
     }
     /* a waiter is listed before it sets its watch: wait for the 50th */
     int64_t until = th_now_ms() + 10000;
@@ -552,7 +522,7 @@ TEST(inspect_shows_holder_and_queue_in_order)
         w[i].l = handle(wc[i], "inspect", 0, 0);
         w[i].wait = 30000;
         pthread_create(&th[i], NULL, gate_thread, &w[i]);
-        wait_waiters(obs, "inspect", i + 1);
+        th_wait_waiters(obs, "inspect", i + 1);
     }
     CHECK_OK(dlock_inspect(obs, "inspect", &info));
     CHECK_EQ(info.held, 1);
@@ -617,7 +587,7 @@ TEST(a_waiter_that_gives_up_leaves_the_queue)
     CHECK_EQ(sorted_children(zh, "/zktest/giveup", kids, 4), 1);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_EQ(sorted_children(zh, "/zktest/giveup", kids, 4), 1);
-    CHECK_EQ(waiters_of(b, "giveup"), 0);
+    CHECK_EQ(th_waiters(b, "giveup"), 0);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0)); /* nobody left ahead of it */
     CHECK_OK(dlock_release(lb));
@@ -1073,7 +1043,7 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
     w.wait = 20000;
     w.release = 1;
     pthread_create(&th, NULL, gate_thread, &w);
-    wait_waiters(c, "killed", 1);
+    th_wait_waiters(c, "killed", 1);
     kill(pid, SIGKILL);
     int64_t t0 = th_now_ms();
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
@@ -1205,7 +1175,7 @@ static void server_trouble(int sig)
     w.wait = 30000;
     w.release = 0; /* held until the test has looked */
     pthread_create(&th, NULL, gate_thread, &w);
-    wait_waiters(b, "trouble", 1);
+    th_wait_waiters(b, "trouble", 1);
 
     int64_t t0 = th_now_ms();
     th_zk_kill(&own, 0, sig);
@@ -1346,7 +1316,7 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
         w[i] = (ens_waiter){handle(wc[i], "ens", ttl, 0), i, order, &pos,
                             &mu, 0, 0};
         pthread_create(&th[i], NULL, ens_thread, &w[i]);
-        wait_waiters(obs, "ens", i + 1);
+        th_wait_waiters(obs, "ens", i + 1);
     }
     /* both waiters asleep on their watches (each watches one node) before
      * the leader goes: a waiter still between its node's creation and its
@@ -1606,7 +1576,7 @@ TEST(a_break_takes_every_reader_and_every_permit)
     memset(&w, 0, sizeof(w));
     w.l = lw;
     CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    wait_waiters(op, "brk-rw", 1);
+    th_wait_waiters(op, "brk-rw", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-rw", &ev));
     CHECK_EQ(ev.held, 1);
@@ -1650,7 +1620,7 @@ TEST(a_break_takes_every_reader_and_every_permit)
     memset(&w, 0, sizeof(w));
     w.l = pw;
     CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    wait_waiters(op, "brk-sem", 1);
+    th_wait_waiters(op, "brk-sem", 1);
     t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-sem", &ev));
     CHECK_EQ(ev.permits, 2);
@@ -1722,7 +1692,7 @@ TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
         w.n = &n;
         CHECK_OK(dlock_acquire(la, 0));
         CHECK_EQ(pthread_create(&tw, NULL, brk_wait, &w), 0);
-        wait_waiters(obs, "brk-handoff", 1);
+        th_wait_waiters(obs, "brk-handoff", 1);
         CHECK_EQ(pthread_create(&tb, NULL, race_breaker, &r), 0);
         if (i % 2)
             th_sleep_ms(i % 3);
