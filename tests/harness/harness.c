@@ -108,6 +108,18 @@ dlock *th_handle_lost(dlock_client *c, const char *name, int64_t ttl,
     return th_open(c, name, &o);
 }
 
+void th_close_n(dlock **l, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dlock_close(l[i]);
+}
+
+void th_client_close_n(dlock_client **c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dlock_client_close(c[i]);
+}
+
 int64_t th_waiters(dlock_client *c, const char *name)
 {
     dlock_info info;

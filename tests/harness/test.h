@@ -127,6 +127,18 @@ void th_wait_waiters(dlock_client *c, const char *name, int64_t n);
  * when the store cannot tell (waiters -1); fails the test when ms pass. */
 int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms);
 
+/* Closes handles (TH_CLOSE(la, lb)) or clients (TH_CLIENT_CLOSE(a, b)),
+ * in the order given: dlock_close() or dlock_client_close() each. */
+void th_close_n(dlock **l, size_t n);
+void th_client_close_n(dlock_client **c, size_t n);
+#define TH_CLOSE(...)                                                        \
+    th_close_n((dlock *[]){__VA_ARGS__},                                     \
+               sizeof((dlock *[]){__VA_ARGS__}) / sizeof(dlock *))
+#define TH_CLIENT_CLOSE(...)                                                 \
+    th_client_close_n((dlock_client *[]){__VA_ARGS__},                       \
+                      sizeof((dlock_client *[]){__VA_ARGS__}) /              \
+                          sizeof(dlock_client *))
+
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);
 void th_sleep_ms(int64_t ms);

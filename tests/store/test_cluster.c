@@ -218,10 +218,8 @@ TEST(a_hand_over_goes_through_the_slots_shard_channel)
     release_wakes(la, th, &w, ta);
     /* nobody waits: the channel stays, idle, for the next wait */
     CHECK_EQ(shard_channels(t, 2, chan), 1);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(idle_subscriptions_are_bounded)
@@ -239,8 +237,7 @@ TEST(idle_subscriptions_are_bounded)
         CHECK_OK(dlock_acquire(la, 0));
         CHECK_RC(dlock_acquire(lb, 30), DLOCK_EBUSY); /* armed, gave up */
         CHECK_OK(dlock_release(la));
-        dlock_close(la);
-        dlock_close(lb);
+        TH_CLOSE(la, lb);
     }
     long long n = 0;
     snprintf(pat, sizeof(pat), "dlock:{c/idle/*}c:*");
@@ -341,10 +338,8 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
 
     /* the release on the new primary wakes the waiter */
     release_wakes(la, th, &w, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_cluster_stop(&t);
 }
 
@@ -442,10 +437,8 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
     release_wakes(la, th, &w, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_cluster_stop(&t);
 }
 
@@ -496,10 +489,8 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
     release_wakes(la, th, &w, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_cluster_stop(&t);
 }
 
@@ -582,10 +573,8 @@ TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
                     "messages\n",
             gets, FLOOD + 1);
     redisFree(f);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

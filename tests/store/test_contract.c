@@ -126,10 +126,8 @@ TEST(try_busy_and_timed_wait)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(reentrant_hold_count)
@@ -154,10 +152,8 @@ TEST(reentrant_hold_count)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, tok);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(not_reentrant_fails_at_once)
@@ -194,11 +190,8 @@ TEST(reentrant_across_handles)
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l1, l2, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct thread_arg {
@@ -277,10 +270,8 @@ TEST(tokens_strictly_increase)
         last = dlock_token(l);
         CHECK_OK(dlock_release(l));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- mutual exclusion across processes, checked by the processes --- */
@@ -449,8 +440,7 @@ TEST(release_wakes_the_waiter)
     CHECK_OP(t.step, <, 9000);
     dlock_close(la);
     dlock_close(t.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(wait_forever)
@@ -473,8 +463,7 @@ TEST(wait_forever)
     CHECK_OK(t.rc);
     dlock_close(la);
     dlock_close(t.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- fair mode: first come, first served --- */
@@ -708,10 +697,8 @@ TEST(watchdog_keeps_a_short_lease)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(no_renew_lease_runs_out)
@@ -742,10 +729,8 @@ TEST(no_renew_lease_runs_out)
     CHECK_EQ(dlock_held(la), 0);
     CHECK_EQ(dlock_held(lb), 1); /* la's release did not free lb's hold */
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(extend)
@@ -951,8 +936,7 @@ TEST(inspect_reports_the_holder)
     CHECK_EQ(info.waiters, 0);
     dlock_info_clear(&info);
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- names and bad input --- */
@@ -984,8 +968,7 @@ TEST(names_with_any_bytes)
             dlock_close(x);
         }
         CHECK_OK(dlock_release(l));
-        dlock_close(l);
-        dlock_close(o);
+        TH_CLOSE(l, o);
     }
     memset(longname, 'n', DLOCK_NAME_MAX);
     longname[DLOCK_NAME_MAX] = '\0';
@@ -996,10 +979,8 @@ TEST(names_with_any_bytes)
     CHECK_OK(dlock_acquire(m, 0)); /* differs in the last byte only */
     CHECK_OK(dlock_release(l));
     CHECK_OK(dlock_release(m));
-    dlock_close(l);
-    dlock_close(m);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l, m);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(bad_input_is_rejected)
@@ -1118,10 +1099,8 @@ TEST(a_forked_child_closing_the_parents_client_leaves_it_alone)
     CHECK_OK(dlock_release(l));
     CHECK_OK(dlock_acquire(lo, 0));
     CHECK_OK(dlock_release(lo));
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(other);
-    dlock_client_close(c);
+    TH_CLOSE(lo, l);
+    TH_CLIENT_CLOSE(other, c);
 }
 
 /* --- DLOCK_OWNER_HANDLE: the handle is the owner --- */
@@ -1185,10 +1164,8 @@ TEST(owner_handle_is_released_by_any_thread)
     CHECK_RC(dlock_release(l), DLOCK_ENOTHELD);
     CHECK_OK(dlock_acquire(lo, 0));
     CHECK_OK(dlock_release(lo));
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lo, l);
+    TH_CLIENT_CLOSE(o, c);
 }
 
 TEST(owner_handles_are_owners_apart_from_threads)
@@ -1208,9 +1185,7 @@ TEST(owner_handles_are_owners_apart_from_threads)
     CHECK_RC(dlock_acquire(l1, 0), DLOCK_EBUSY);
     CHECK_EQ(dlock_held(l1), 0);
     CHECK_OK(dlock_release(lt));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(lt);
+    TH_CLOSE(l1, l2, lt);
     dlock_client_close(c);
 }
 
@@ -1235,10 +1210,8 @@ TEST(owner_handle_takes_one_acquire_at_a_time)
     CHECK_OK(t.rc);
     CHECK_EQ(dlock_held(l), 1);
     CHECK_OK(dlock_release(l));
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lo, l);
+    TH_CLIENT_CLOSE(o, c);
 }
 
 /* --- dlock_cancel(): a wait given up from another thread --- */
@@ -1324,12 +1297,8 @@ TEST(cancel_ends_a_wait_and_leaves_nothing)
     CHECK_OK(dlock_acquire(l, 1000));
     CHECK_OK(dlock_release(l));
     CHECK_RC(dlock_cancel(NULL), DLOCK_EINVAL);
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lx, lo, l);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
@@ -1359,12 +1328,8 @@ TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
     CHECK_OK(tb.rc);
     CHECK(tb.released);
     CHECK_OP(tb.ended - t0, <, 10000);
-    dlock_close(lo);
-    dlock_close(lb);
-    dlock_close(la);
-    dlock_client_close(o);
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLOSE(lo, lb, la);
+    TH_CLIENT_CLOSE(o, b, a);
 }
 
 TEST(cancel_racing_a_release_leaves_no_hold)
@@ -1405,12 +1370,8 @@ TEST(cancel_racing_a_release_leaves_no_hold)
      * it to the waiter before its leaving reaches the store): the count
      * is for the reader */
     printf("     (%d got the lock first, %d cancelled)\n", got, cancelled);
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lx, lo, l);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 /* --- dlock_shutdown(): the cancel that is remembered --- */
@@ -1568,15 +1529,8 @@ TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
         CHECK_OK(dlock_acquire(sb, 0)); /* the one permit was free */
         CHECK_OK(dlock_release(sb));
     }
-    dlock_close(sb);
-    dlock_close(sa);
-    dlock_close(s);
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(sb, sa, s, lx, lo, l);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 TEST(shutdown_keeps_the_holds_taken_before)
@@ -1640,12 +1594,8 @@ TEST(shutdown_keeps_the_holds_taken_before)
         dlock_close(sy);
         CHECK_OK(dlock_release(sx));
     }
-    dlock_close(sx);
-    dlock_close(s);
-    dlock_close(lx);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(c);
+    TH_CLOSE(sx, s, lx, l);
+    TH_CLIENT_CLOSE(x, c);
 }
 
 /* Threads that start an endless acquire at the moment the handle is shut
@@ -1693,11 +1643,8 @@ TEST(shutdown_racing_new_acquires_misses_none)
          * dlock_cancel() has the same window. */
         printf("     (skipped on %s: a cancel that overtakes the wait's "
                "statement is lost: a known store defect)\n", kind);
-        dlock_close(lx);
-        dlock_close(lo);
-        dlock_client_close(x);
-        dlock_client_close(o);
-        dlock_client_close(c);
+        TH_CLOSE(lx, lo);
+        TH_CLIENT_CLOSE(x, o, c);
         return;
     }
     CHECK_OK(dlock_acquire(lo, 0)); /* every acquire below would wait */
@@ -1755,11 +1702,8 @@ TEST(shutdown_racing_new_acquires_misses_none)
     CHECK_OK(dlock_release(lo));
     CHECK_OK(dlock_acquire(lx, 0));
     CHECK_OK(dlock_release(lx));
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lx, lo);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 
@@ -1862,12 +1806,8 @@ TEST(ttl_and_wait_at_and_beyond_the_maxima)
     CHECK_RC(dlock_client_open(&big, uri, &co), DLOCK_EINVAL);
     CHECK(big == NULL);
 
-    dlock_close(lx);
-    dlock_close(lb);
-    dlock_close(la);
-    dlock_client_close(x);
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLOSE(lx, lb, la);
+    TH_CLIENT_CLOSE(x, b, a);
 }
 
 
@@ -1910,16 +1850,14 @@ TEST(shared_and_permit_waits_at_the_maxima)
         CHECK_OK(dlock_open(&lb, b, name, &o));
         int rc = dlock_acquire(la, 0);
         if (rc == DLOCK_ENOTSUP) { /* redlock: neither (test_shared.c) */
-            dlock_close(la);
-            dlock_close(lb);
+            TH_CLOSE(la, lb);
             continue;
         }
         CHECK_OK(rc);
         rc = k ? dlock_acquire(lb, 0) : dlock_acquire_shared(lb, 0);
         if (rc == DLOCK_ENOTSUP) { /* redlock: no read holds */
             CHECK_OK(dlock_release(la));
-            dlock_close(la);
-            dlock_close(lb);
+            TH_CLOSE(la, lb);
             continue;
         }
         CHECK_RC(rc, DLOCK_EBUSY);
@@ -1939,11 +1877,9 @@ TEST(shared_and_permit_waits_at_the_maxima)
         CHECK_RC(k ? dlock_acquire(lb, DLOCK_WAIT_MAX + 1)
                    : dlock_acquire_shared(lb, DLOCK_WAIT_MAX + 1),
                  DLOCK_EINVAL);
-        dlock_close(la);
-        dlock_close(lb);
+        TH_CLOSE(la, lb);
     }
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLIENT_CLOSE(b, a);
 }
 
 
@@ -2212,11 +2148,8 @@ TEST(no_descriptor_reaches_a_started_program)
     }
     for (int i = 0; i < 3; i++)
         dlock_close(w[i].l);
-    dlock_close(lfa);
-    dlock_close(la);
-    dlock_client_close(c);
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLOSE(lfa, la);
+    TH_CLIENT_CLOSE(c, b, a);
 }
 
 static const th_test tests[] = {

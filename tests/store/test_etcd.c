@@ -301,10 +301,8 @@ TEST(an_empty_prefix_puts_the_name_first)
     CHECK_OK(dlock_release(lc));
     CHECK_OK(dlock_release(le));
     CHECK_EQ(keys_under(&srv, "noprefix/", out, sizeof(out)), 0);
-    dlock_close(lc);
-    dlock_close(le);
-    dlock_client_close(e);
-    dlock_client_close(c);
+    TH_CLOSE(lc, le);
+    TH_CLIENT_CLOSE(e, c);
 }
 
 /* --- queue --- */
@@ -501,10 +499,8 @@ TEST(a_waiter_that_gives_up_leaves_no_key)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
     CHECK_EQ(keys_under(&srv, "etcdtest/giveup/", out, sizeof(out)), 0);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct {
@@ -655,10 +651,8 @@ TEST(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers)
     CHECK_EQ(s->rc, DLOCK_OK);
     /* ordering, not speed: it returned after l2's release began */
     CHECK_OP(__atomic_load_n(&s->t_ret, __ATOMIC_SEQ_CST), >=, t_rel);
-    dlock_close(l);
-    dlock_close(l2);
-    dlock_client_close(c);
-    dlock_client_close(c2);
+    TH_CLOSE(l, l2);
+    TH_CLIENT_CLOSE(c, c2);
 }
 
 /* --- threads of one client --- */
@@ -722,11 +716,8 @@ TEST(names_with_slash_and_percent_are_distinct_locks)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_release(lab));
     CHECK_OK(dlock_release(lp));
-    dlock_close(la);
-    dlock_close(lab);
-    dlock_close(lp);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lab, lp);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- the lease --- */
@@ -808,10 +799,8 @@ TEST(a_revoked_lease_is_a_lost_lock)
     lease_of("etcdtest/revoked/", hex2, sizeof(hex2));
     CHECK(strcmp(hex, hex2) != 0);
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(extend_to_another_ttl_moves_the_key_to_another_lease)
@@ -904,10 +893,7 @@ TEST(one_lease_per_ttl_rounded_up_to_seconds)
     CHECK_OK(dlock_release(d));
     CHECK_OK(dlock_release(b));
     CHECK_OK(dlock_release(a));
-    dlock_close(m);
-    dlock_close(d);
-    dlock_close(b);
-    dlock_close(a);
+    TH_CLOSE(m, d, b, a);
     dlock_client_close(c);
 }
 
@@ -981,8 +967,7 @@ TEST(a_no_renew_hold_runs_out_at_its_ttl_while_the_client_lives)
         th_sleep_ms(20);
     }
     CHECK_CONTAINS(out, "already expired");
-    dlock_close(once);
-    dlock_close(kept);
+    TH_CLOSE(once, kept);
     dlock_client_close(c);
 }
 
@@ -1033,10 +1018,8 @@ TEST(a_no_renew_hold_that_waited_lasts_its_ttl_from_its_acquisition)
     __atomic_store_n(&release_now, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
     CHECK_OK(release_rc);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- URIs, endpoints, auth --- */
@@ -1193,11 +1176,8 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
     /* upper bound: its 9 s wait (begun before the kill), one 2 s
      * request timeout at most, plus 1.5 s of scheduling slack */
     CHECK_OP(d.end - t0, <, 9000 + 2000 + 1500);
-    dlock_close(l6);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l6, la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(auth_with_user_and_password)
@@ -1442,8 +1422,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
      * keepalive timeout (2 s) and 1.5 s of slack */
     CHECK_OP(th_now_ms() - t0, <, HA_TTL * 2 / 3 + 2000 + 1500);
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
-    dlock_close(other);
-    dlock_close(l);
+    TH_CLOSE(other, l);
     dlock_client_close(c);
     for (int i = 0; i < e.n; i++)
         th_etcd_kill(&e, i, SIGKILL);
@@ -1553,11 +1532,8 @@ TEST(a_broken_holder_is_told_by_its_stream)
     CHECK_OK(dlock_release(la));
     th_sleep_ms(200);
     CHECK_EQ(n.calls, 2);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 TEST(a_broken_holder_over_tls_is_told_by_its_stream)
@@ -1591,8 +1567,7 @@ TEST(a_broken_holder_over_tls_is_told_by_its_stream)
     CHECK_EQ(n.token, t1);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
     th_etcd_kill(&e, 0, SIGKILL);
 }
 
@@ -1623,8 +1598,7 @@ TEST(extend_after_a_break_finds_the_key_gone)
         CHECK_OP(n.calls, <=, 1);
         dlock_close(l);
     }
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 typedef struct brk_waiter {
@@ -1763,15 +1737,13 @@ TEST(a_break_takes_every_reader_and_every_permit)
     CHECK_OK(w.release_rc);
     for (int i = 0; i < 2; i++)
         dlock_close(p[i]);
-    dlock_close(p3);
-    dlock_close(pw);
+    TH_CLOSE(p3, pw);
     for (int i = 0; i < NR; i++) {
         dlock_close(r[i]);
         dlock_client_close(c[i]);
     }
     dlock_close(lw);
-    dlock_client_close(wc);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(wc, op);
 }
 
 typedef struct race_brk {
@@ -1833,10 +1805,7 @@ TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
     printf("     holder broken %d, waiter holds %d, waiter broken %d\n",
            outcome[0], outcome[1], outcome[2]);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, b, op, obs);
 }
 
 typedef struct frozen_holder {
@@ -1959,10 +1928,8 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_acquire(la, 5000));
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_gate_stop(&g);
 }
 
@@ -2032,8 +1999,7 @@ TEST(list_reads_past_long_queues_and_foreign_keys)
         CHECK_RC(dlock_release(ls[i]), DLOCK_ELOST); /* deleted above */
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

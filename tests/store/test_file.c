@@ -204,10 +204,8 @@ static int same_store_whatever_the_environment(const char *home)
     CHECK_OK(dlock_client_open(&c, "", NULL));
     CHECK_STR(dlock_client_store(c), uri);
     dlock_client_close(c);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     return 0;
 }
 
@@ -245,10 +243,8 @@ static int old_locations_taken_first(const char *home)
     lb = handle(b, "nightly", 0, 0);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     return 0;
 }
 
@@ -917,10 +913,8 @@ TEST(ttl_has_no_effect_here)
     CHECK_EQ(dlock_held(la), 1);
     CHECK_OK(dlock_extend(la, 100));
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct waiter {
@@ -964,8 +958,7 @@ TEST(replaced_file_is_detected)
     CHECK_OK(w.rc);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(cancelled_waits_leave_nothing_behind)
@@ -1007,12 +1000,9 @@ TEST(cancelled_waits_leave_nothing_behind)
     }
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
+    TH_CLOSE(la, lb);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 TEST(long_names_fit_a_file_name)
@@ -1489,10 +1479,8 @@ TEST(timed_waits_leave_nothing_behind)
     CHECK_OK(dlock_release(fair));
     CHECK_EQ(count_channels("fnothing"), 0);
     CHECK_EQ(th_waiters(c, "fnothing"), 0);
-    dlock_close(fair);
-    dlock_close(plain);
-    dlock_client_close(me);
-    dlock_client_close(c);
+    TH_CLOSE(fair, plain);
+    TH_CLIENT_CLOSE(me, c);
 }
 
 TEST(fair_and_default_acquirers_mixed)
@@ -2459,10 +2447,8 @@ TEST(squatters_cannot_slow_a_semaphore_wait)
     kill(sq, SIGKILL);
     th_wait(sq);
     th__track(sq, 0);
-    dlock_close(h1);
-    dlock_close(h2);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLOSE(h1, h2);
+    TH_CLIENT_CLOSE(c1, c2);
 }
 
 /* Holders of a semaphore's permits without wake-up channels (an older
@@ -2588,10 +2574,8 @@ TEST(stale_channel_file_is_replaced)
     CHECK_OP(s->t_acq[1] - t0, <, 2000); /* at once */
     CHECK_OK(dlock_release(h2));
     CHECK_EQ(count_in(w), before);
-    dlock_close(h1);
-    dlock_close(h2);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLOSE(h1, h2);
+    TH_CLIENT_CLOSE(c1, c2);
 }
 
 /* --- forks --------------------------------------------------------------- */

@@ -92,10 +92,8 @@ TEST(counts_what_happens)
         for (size_t i = part; i < sizeof(raw); i++)
             CHECK_EQ(raw[i], 0xAB);
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct waiter {
@@ -148,10 +146,8 @@ TEST(times_a_wait_and_its_hand_off)
     CHECK_EQ(s.handoff.count, 1);
     CHECK_OP(s.handoff.sum_us, <, s.wait.sum_us);
 out:
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(names_are_bounded_and_totals_kept)
@@ -564,8 +560,7 @@ TEST(exposition_escapes_any_name)
 
     for (int i = 0; i < 5; i++)
         dlock_close(ls[i]);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

@@ -213,10 +213,8 @@ TEST(rows_stay_on_release_and_carry_the_token)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_EQ(dlock_token(lb), ahead + 2);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(gc_removes_only_unused_free_rows_and_tokens_still_grow)
@@ -270,9 +268,7 @@ TEST(gc_removes_only_unused_free_rows_and_tokens_still_grow)
     /* idle 0: every free row goes; removed may be NULL */
     CHECK_OK(dlock_gc(c, 0, NULL));
     CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM gc_t"), 0);
-    dlock_close(old);
-    dlock_close(recent);
-    dlock_close(held);
+    TH_CLOSE(old, recent, held);
     dlock_client_close(c);
 }
 
@@ -305,8 +301,7 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
             dlock_close(x);
         }
         CHECK_OK(dlock_release(l));
-        dlock_close(l);
-        dlock_close(o);
+        TH_CLOSE(l, o);
     }
     /* one row per name, byte for byte; the table is still there */
     for (int i = 0; names[i]; i++) {
@@ -327,8 +322,7 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
     CHECK_OP(rows, >=, count);
     long long maxtok = th_sql_query(&srv, NULL, 0,
                                     "SELECT MAX(token) FROM dlock_locks");
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 
     /* the table option is one quoted identifier, whatever it holds:
      * t`; DROP TABLE dlock_locks; --' */
@@ -343,10 +337,8 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     hand_over_through_the_queue(a, la, lb); /* the queue table too */
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT COUNT(*) FROM information_schema.tables "
                           "WHERE table_schema = 'dlocktest' AND table_name "
@@ -547,10 +539,8 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
                                          "dlock_locks_queue WHERE name = "
                                          "'fairdead'"),
              0);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct poll_shared {
@@ -738,8 +728,7 @@ TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
     CHECK_OK(w.release_rc);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The same with the waiter's deadline (1.5 s) before the holder's lease
@@ -777,8 +766,7 @@ TEST(a_waiter_no_release_wakes_takes_a_freed_lock_by_its_deadline)
     CHECK_OK(w.release_rc);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
@@ -839,9 +827,7 @@ TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
     dlock_close(la);
     dlock_close(wb.l);
     dlock_close(wc.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A waiter SIGSTOPped while it sleeps in the server: the release wakes
@@ -897,10 +883,8 @@ TEST(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers)
      * plus 3 s of slack */
     CHECK_OP(got, >=, t_rel);
     CHECK_OP(got - t_rel, <, 2000 + 3000); /* a lease, and a busy machine */
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- a try takes what a wait would take ---------------------------------- */
@@ -1044,8 +1028,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     frozen_holder_end(pid);
     dlock_close(lf);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* A session of another account that has no right on dlock's database
@@ -1174,8 +1157,7 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_try_out)
         dlock_close(w.l);
     }
     mysql_close(f);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
@@ -1251,11 +1233,8 @@ TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
         CHECK_OK(dlock_release(lo));
         dlock_close(w.l);
     }
-    dlock_close(la);
-    dlock_close(lo);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(obs);
+    TH_CLOSE(la, lo);
+    TH_CLIENT_CLOSE(a, b, obs);
 }
 
 /* --- the server in trouble ----------------------------------------------- */
@@ -1342,11 +1321,8 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     CHECK_OK(dlock_release(li));
     CHECK_OK(dlock_release(held));
     CHECK_EQ(lost_calls, 1);
-    dlock_close(held);
-    dlock_close(other);
-    dlock_close(li);
-    dlock_client_close(a);
-    dlock_client_close(idle);
+    TH_CLOSE(held, other, li);
+    TH_CLIENT_CLOSE(a, idle);
 }
 
 TEST(sleeping_waiters_return_within_their_deadline_when_the_server_dies)
@@ -1388,8 +1364,7 @@ TEST(sleeping_waiters_return_within_their_deadline_when_the_server_dies)
     dlock_close(la);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
@@ -1443,13 +1418,8 @@ TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
     CHECK_OK(dlock_release(lq2));
     CHECK_OK(dlock_extend(kept, 30000));
     CHECK_OK(dlock_release(kept));
-    dlock_close(l);
-    dlock_close(l2);
-    dlock_close(kept);
-    dlock_close(lq);
-    dlock_close(lq2);
-    dlock_client_close(c);
-    dlock_client_close(q);
+    TH_CLOSE(l, l2, kept, lq, lq2);
+    TH_CLIENT_CLOSE(c, q);
 }
 
 /* --- credentials and URIs ------------------------------------------------ */
@@ -1541,10 +1511,8 @@ TEST(credentials_and_bad_uris)
     dlock_info_clear(&info);
     hand_over_through_the_queue(b, la, lb); /* queue: in and out */
     CHECK_OK(dlock_gc(a, 3600 * 1000, NULL));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     /* the same user cannot create a table: told what to do */
     snprintf(u, sizeof(u),
              "mysql://limited:lim-SECRET8@127.0.0.1:%d/dlocktest?table=nope",
@@ -1658,8 +1626,7 @@ TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
     CHECK(info.queue == NULL);
     dlock_info_clear(&info);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, obs);
 }
 
 /* --- a late statement ---------------------------------------------------- */
@@ -1708,11 +1675,8 @@ TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
     CHECK_OK(dlock_acquire(other, 0));
     CHECK_OP(dlock_token(other), >, tok);
     CHECK_OK(dlock_release(other));
-    dlock_close(slow);
-    dlock_close(fast);
-    dlock_close(other);
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLOSE(slow, fast, other);
+    TH_CLIENT_CLOSE(c, o);
     th_relay_stop(&px);
 }
 
@@ -1757,8 +1721,7 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
     dlock_close(l[0]);
     dlock_close(l[1]);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
     th_relay_stop(&px);
 }
 
@@ -1784,8 +1747,7 @@ TEST(the_uri_timeout_bounds_every_statement)
     dlock *l2 = handle(c, "uri-timeout-thawed", 0, 0);
     CHECK_OK(dlock_acquire(l2, 2000));
     CHECK_OK(dlock_release(l2));
-    dlock_close(l);
-    dlock_close(l2);
+    TH_CLOSE(l, l2);
     dlock_client_close(c);
     /* ?timeout=500 bounds one try as dlock_client_options.timeout_ms does
      * (the Redis store's ?timeout= too), not the default 2 s */
@@ -2089,9 +2051,7 @@ TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
     dlock_close(la);
     dlock_close(wb.l);
     dlock_close(wc.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* Pages of 4 rows over 30 names (3 held, 27 free) and a row no client
@@ -2161,8 +2121,7 @@ TEST(list_pages_over_free_held_and_foreign_rows)
     }
     th_sql_query(&srv, NULL, 0,
                  "DELETE FROM dlock_locks WHERE name = X'6c732f00'");
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLIENT_CLOSE(c, o);
 }
 
 typedef struct frozen_shared {
@@ -2227,8 +2186,7 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
     kill(pid, SIGCONT);
     CHECK_EQ(th_wait(pid), 0);
     dlock_close(w.l);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(b, op);
 }
 
 /* The holder's session died (killed) and it renews on a new connection:
@@ -2261,9 +2219,7 @@ TEST(a_break_wakes_the_waiter_that_holds_the_gate)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* A breaker connected as another user without CONNECTION ADMIN: the row
@@ -2310,9 +2266,7 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* Breaks racing a holder's renewals (ttl 600 ms: one every 200 ms): each
@@ -2341,11 +2295,8 @@ TEST(breaks_racing_renewals_remove_the_hold_once)
         CHECK_RC(dlock_release(la), DLOCK_ELOST);
         CHECK_OK(dlock_release(lb));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 static const th_test tests[] = {

@@ -333,11 +333,8 @@ TEST(the_last_readers_release_wakes_the_writer)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 typedef struct child_reader {
@@ -495,8 +492,7 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
     pthread_join(th, NULL);
     dlock_close(w.l);
     dlock_close(ra);
-    dlock_client_close(a);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -568,11 +564,8 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A sole reader whose lease ended (not renewed: DLOCK_NO_RENEW; a frozen
@@ -616,12 +609,8 @@ TEST(an_ended_sole_hold_is_taken_by_a_writers_try)
     CHECK_EQ(in.token, dlock_token(pb));
     dlock_info_clear(&in);
     CHECK_OK(dlock_release(pb));
-    dlock_close(ra);
-    dlock_close(wb);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, wb, pa, pb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The server's Questions once every statement sent so far is counted (a
@@ -709,10 +698,8 @@ TEST(a_readers_tries_follow_its_note_of_others)
     CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
     CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
     CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A client that saw others hold a name tries the join first there: one
@@ -830,12 +817,8 @@ TEST(a_refused_prepare_runs_the_text_statements)
              >, 0);
     CHECK_OK(dlock_release(rc));
     CHECK_OK(dlock_release(ra));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_close(rc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(ra, rb, rc);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -959,10 +942,8 @@ TEST(a_readers_renewal_moves_only_its_own_hold)
     CHECK_EQ(entry_by("renew", ob, 2), eb);
     CHECK_OK(dlock_release(ra));
     CHECK_OK(dlock_release(rb));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A reader whose lease ended (no renewal) is not in the row any more as
@@ -1001,10 +982,8 @@ TEST(a_release_whose_hold_is_gone_is_lost)
     CHECK_OK(dlock_release(rb));
     CHECK_OK(dlock_acquire(ra, 0)); /* free: the writer gets it */
     CHECK_OK(dlock_release(ra));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1069,13 +1048,8 @@ TEST(no_statement_while_waiters_sleep)
     dlock_close(ww.l);
     dlock_close(wr.l);
     dlock_close(wp.l);
-    dlock_close(ra);
-    dlock_close(pa);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(e);
+    TH_CLOSE(ra, pa);
+    TH_CLIENT_CLOSE(a, b, c, d, e);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1140,14 +1114,10 @@ TEST(a_semaphores_n_is_kept)
     let_go(&w);
     pthread_join(th, NULL);
     dlock_close(w.l);
-    dlock_close(q1);
-    dlock_close(lq);
+    TH_CLOSE(q1, lq);
     dlock_client_close(h);
-    dlock_close(p2);
-    dlock_close(p3);
-    dlock_close(lk);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(p2, p3, lk);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct racers {
@@ -1388,12 +1358,8 @@ TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
     CHECK_OP(dlock_token(w), >, s->token);
     CHECK_OK(dlock_release(w));
     frozen_end(pid);
-    dlock_close(p2);
-    dlock_close(p3);
-    dlock_close(r2);
-    dlock_close(w);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(p2, p3, r2, w);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A session of another account that has no right on dlock's database
@@ -1509,13 +1475,9 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     mysql_close(f);
-    dlock_close(ra);
-    dlock_close(rc);
-    dlock_close(pa);
+    TH_CLOSE(ra, rc, pa);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* The number of sessions of the user dlock. */
@@ -1577,12 +1539,9 @@ TEST(a_head_that_gives_up_leaves_nothing_behind)
     CHECK_OK(dlock_release(pt));
     CHECK_OK(dlock_release(p2));
     dlock_close(pt);
-    dlock_client_close(t);
-    dlock_client_close(obs);
-    dlock_close(p1);
-    dlock_close(p2);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(t, obs);
+    TH_CLOSE(p1, p2);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1674,8 +1633,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     CHECK_OK(dlock_release(r));
     CHECK_OK(dlock_acquire(w, 0));
     CHECK_OK(dlock_release(w));
-    dlock_close(w);
-    dlock_close(r);
+    TH_CLOSE(w, r);
     dlock_client_close(c);
 
     /* a user who may use the tables but not alter them: exclusive locks as
@@ -1700,9 +1658,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     CHECK_CONTAINS(dlock_errmsg(), "docs/stores.md");
     CHECK_RC(dlock_acquire(s, 0), DLOCK_ENOTSUP);
     CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY); /* its old holder's */
-    dlock_close(x);
-    dlock_close(s);
-    dlock_close(o);
+    TH_CLOSE(x, s, o);
     dlock_client_close(c);
 }
 
@@ -1747,12 +1703,8 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 /* A full semaphore of 2 (30 s leases): its head waits on both hold locks
@@ -1798,13 +1750,8 @@ TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
     wait_sleepers("helper", 0);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(pa, pb);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 static const th_test tests[] = {

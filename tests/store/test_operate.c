@@ -227,11 +227,8 @@ TEST(list_shows_held_locks_under_a_prefix)
 
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_release(l3));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(l3);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l1, l2, l3);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(list_pages_through_every_lock)
@@ -261,8 +258,7 @@ TEST(list_pages_through_every_lock)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Threads listing through one client at once (an exporter serving
@@ -320,8 +316,7 @@ TEST(threads_listing_through_one_client_each_see_every_lock)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(list_matches_names_as_bytes)
@@ -364,8 +359,7 @@ TEST(list_matches_names_as_bytes)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(list_shows_long_names_whole)
@@ -390,8 +384,7 @@ TEST(list_shows_long_names_whole)
     found_free(&f);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct waiter_arg {
@@ -434,11 +427,8 @@ TEST(list_shows_waiters)
     CHECK_OK(dlock_release(la));
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(o);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, o);
 }
 
 TEST(break_evicts_a_renewing_holder)
@@ -487,11 +477,8 @@ TEST(break_evicts_a_renewing_holder)
     CHECK_OK(dlock_release(lb));
     /* breaking it again: nothing held */
     CHECK_RC(dlock_break(op, "op/break", NULL), DLOCK_ENOTHELD);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 TEST(break_wakes_a_waiter_at_once)
@@ -518,11 +505,8 @@ TEST(break_wakes_a_waiter_at_once)
     CHECK_OP(w.token, >, t1);
     CHECK_OP(th_now_ms() - t0, <, 5000);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 typedef struct race_arg {
@@ -568,11 +552,8 @@ TEST(break_racing_a_release_removes_the_hold_once)
         CHECK_OK(dlock_release(lc));
     }
     printf("     release first %d, break first %d\n", rel_ok, brk_ok);
-    dlock_close(la);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(op);
-    dlock_client_close(c);
+    TH_CLOSE(la, lc);
+    TH_CLIENT_CLOSE(a, op, c);
 }
 
 TEST(break_takes_every_read_hold)
@@ -599,13 +580,8 @@ TEST(break_takes_every_read_hold)
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
 out:
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(w);
-    dlock_client_close(op);
+    TH_CLOSE(ra, rb, lw);
+    TH_CLIENT_CLOSE(a, b, w, op);
 }
 
 static const th_test tests[] = {

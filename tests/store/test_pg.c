@@ -107,10 +107,8 @@ TEST(rows_stay_and_tokens_come_from_the_sequence)
     CHECK_OK(dlock_extend(la, 30000));
     CHECK_OK(dlock_release(la));
     CHECK_RC(dlock_gc(a, -1, &n), DLOCK_EINVAL);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Six processes fight for one name; under the lock each checks that its
@@ -307,13 +305,10 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
     CHECK_OK(b.rc);
     /* woken by its release, not the 60 s lease: any time far below it */
     CHECK_OP(b.took, <, 10000);
-    dlock_close(la);
-    dlock_close(lb);
+    TH_CLOSE(la, lb);
     dlock_close(a.l);
     dlock_close(b.l);
-    dlock_client_close(h);
-    dlock_client_close(wa);
-    dlock_client_close(wb);
+    TH_CLIENT_CLOSE(h, wa, wb);
 }
 
 TEST(a_listener_killed_mid_wait_listens_again)
@@ -358,8 +353,7 @@ TEST(a_listener_killed_mid_wait_listens_again)
     CHECK_OP(th_now_ms() - t0, <, 2000); /* woken, not by the 60 s lease */
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 TEST(a_client_that_waited_goes_quiet_and_stops_listening)
@@ -419,8 +413,7 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     CHECK_OP(w.took, <, 5000);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- fair mode --- */
@@ -553,8 +546,7 @@ TEST(an_entry_whose_session_does_not_listen_is_skipped)
              0);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- hand-over (both modes) --- */
@@ -590,8 +582,7 @@ TEST(a_release_hands_the_lock_over_in_default_mode)
     dlock_info_clear(&info);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 TEST(a_waiter_that_gave_up_is_not_handed_the_lock)
@@ -612,10 +603,8 @@ TEST(a_waiter_that_gave_up_is_not_handed_the_lock)
     dlock_info_clear(&info);
     CHECK_OK(dlock_acquire(lc, 0));
     CHECK_OK(dlock_release(lc));
-    dlock_close(lh);
-    dlock_close(lc);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLOSE(lh, lc);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 static long long dlock_sessions(void)
@@ -649,8 +638,7 @@ TEST(a_client_keeps_one_connection_while_it_holds_or_waits)
     CHECK_EQ(dlock_sessions(), base + 2);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- clocks --- */
@@ -796,8 +784,7 @@ static void down_and_back(const char *query)
     CHECK_OK(dlock_acquire(l, 5000)); /* the same client, new connections */
     CHECK_OP(dlock_token(l), >, tok);
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(other);
+    TH_CLOSE(l, other);
     dlock_client_close(c);
     th_sql_kill(&s2, SIGKILL);
 }
@@ -847,10 +834,8 @@ TEST(a_frozen_server_keeps_the_callers_deadline)
     CHECK_OP(took, <, 1500);
     CHECK_OK(dlock_acquire(l, 5000));
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(lq);
-    dlock_client_close(c);
-    dlock_client_close(q);
+    TH_CLOSE(l, lq);
+    TH_CLIENT_CLOSE(c, q);
     th_sql_kill(&s2, SIGKILL);
 }
 
@@ -896,11 +881,8 @@ TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
     CHECK_OK(dlock_acquire(other, 0));
     CHECK_OP(dlock_token(other), >, tok);
     CHECK_OK(dlock_release(other));
-    dlock_close(slow);
-    dlock_close(fast);
-    dlock_close(other);
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLOSE(slow, fast, other);
+    TH_CLIENT_CLOSE(c, o);
     th_relay_stop(&px);
 }
 
@@ -943,8 +925,7 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
         }
         CHECK_OK(dlock_release(lh));
         dlock_close(lh);
-        dlock_client_close(c);
-        dlock_client_close(h);
+        TH_CLIENT_CLOSE(c, h);
     }
     th_relay_stop(&px);
 }
@@ -1223,10 +1204,8 @@ TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
     /* gc: an advisory store keeps nothing per name */
     uint64_t n = 7;
     CHECK_RC(dlock_gc(c, 0, &n), DLOCK_ENOTSUP);
-    dlock_close(lh);
-    dlock_close(l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLOSE(lh, l);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- operating: dlock_list() and dlock_break() (docs/monitoring.md) --- */
@@ -1321,8 +1300,7 @@ TEST(list_pages_a_big_table_in_bounded_pages)
     CHECK_EQ(list_count(b, "big/", 100, 0, &pages, &empty), 0);
     th_sql_query(&srv, NULL, 0,
                  "DELETE FROM dlock_locks WHERE name LIKE 'big/%%'");
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A cursor is "pg:" and the hex of the last name listed: anything else is
@@ -1372,11 +1350,8 @@ TEST(list_cursors_are_checked_and_resume_past_their_name)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_release(lc));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A listed lock is what dlock_inspect() says of it: holder, token,
@@ -1431,10 +1406,7 @@ TEST(a_listed_lock_is_described_as_inspect_describes_it)
     dlock_close(lh);
     dlock_close(a.l);
     dlock_close(b.l);
-    dlock_client_close(h);
-    dlock_client_close(w1);
-    dlock_client_close(w2);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(h, w1, w2, op);
 }
 
 /* A table made by the version before dlock_break() has no T_break: the
@@ -1496,8 +1468,7 @@ TEST(a_break_on_a_table_of_an_earlier_version_adds_its_function)
     CHECK_OK(dlock_break(c, "y", NULL));
     CHECK_RC(dlock_release(ly), DLOCK_ELOST);
     dlock_client_close(c);
-    dlock_close(la);
-    dlock_close(ly);
+    TH_CLOSE(la, ly);
     dlock_client_close(a);
 }
 
@@ -1602,9 +1573,7 @@ TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
            "retaken) %d\n",
            first, second, retaken);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 typedef struct frozen {
@@ -1686,8 +1655,7 @@ TEST(an_evicted_holder_frozen_learns_it_when_thawed)
     dlock_info_clear(&ev);
     CHECK_OK(dlock_release(lb));
     dlock_close(lb);
-    dlock_client_close(op);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(op, b);
 }
 
 typedef struct lost_at {
@@ -1768,12 +1736,9 @@ TEST(an_advisory_break_ends_only_the_holders_session)
     CHECK_OK(dlock_extend(l2, 1000)); /* its session still holds it */
     CHECK_OK(dlock_release(l2));
     CHECK_RC(dlock_break(op, "advb-1", NULL), DLOCK_ENOTHELD);
-    dlock_close(l1);
-    dlock_close(l2);
+    TH_CLOSE(l1, l2);
     dlock_close(wa.l);
-    dlock_client_close(a);
-    dlock_client_close(w);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, w, op);
 }
 
 /* Advisory mode: ending another's session needs its role (or a member
@@ -1827,13 +1792,8 @@ TEST(an_advisory_break_needs_the_right_to_end_sessions)
     CHECK_RC(dlock_break(c1b, "advperm-su", NULL), DLOCK_EAUTH);
     th_sql_query(&srv, NULL, 0, "REVOKE pg_signal_backend FROM advbrk1");
     CHECK_OK(dlock_release(ls));
-    dlock_close(ls);
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_client_close(su);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
-    dlock_client_close(c1b);
+    TH_CLOSE(ls, l1, l2);
+    TH_CLIENT_CLOSE(su, c1, c2, c1b);
 }
 
 /* --- advisory mode: a break ends only proven dlock holders --- */
@@ -1960,10 +1920,8 @@ TEST(an_advisory_break_ends_no_foreign_session)
     CHECK_RC(dlock_release(w), DLOCK_ELOST);
     CHECK(PQstatus(in) == CONNECTION_OK); /* never ended */
     PQfinish(in);
-    dlock_close(r);
-    dlock_close(w);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(r, w);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 /* A session that calls itself 'dlock' (what a dlock session holding
@@ -2185,8 +2143,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
                 kinds[k], reads, FLOOD + 1);
         dlock_close(w.l);
         dlock_close(lh);
-        dlock_client_close(c);
-        dlock_client_close(h);
+        TH_CLIENT_CLOSE(c, h);
     }
     PQfinish(f);
     th_sql_query(&srv, NULL, 0, "ALTER SYSTEM RESET log_line_prefix");

@@ -204,8 +204,7 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
     CHECK_OP(w.got, <, d->before + 2000 + 3000);
     dlock_close(w.l);
     dlock_close(live);
-    dlock_client_close(a);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, c);
 }
 
 /* Readers share; a writer queues behind them, a reader that comes after
@@ -247,9 +246,7 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     CHECK_OP(w.token, >, dlock_token(r1) > dlock_token(r2) ? dlock_token(r1)
                                                            : dlock_token(r2));
     dlock_close(w.l);
-    dlock_close(r1);
-    dlock_close(r2);
-    dlock_close(r3);
+    TH_CLOSE(r1, r2, r3);
     for (int k = 0; k < 4; k++)
         dlock_client_close(c[k]);
 }
@@ -352,9 +349,7 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
     dlock_close(r1);
     dlock_close(w.l);
     dlock_close(r2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A reader's renewal (the watchdog's, and dlock_extend()) moves its own
@@ -385,10 +380,8 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
              eb0);
     CHECK_OK(dlock_release(ra));
     CHECK_OK(dlock_release(rb));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A release by a reader whose entry is gone (its lease ended and a
@@ -421,10 +414,8 @@ TEST(a_release_whose_entry_is_gone_is_lost)
     CHECK_EQ(i.held, 0);
     CHECK_EQ(i.holders, 0);
     dlock_info_clear(&i);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A waiter at the head of the queue dies (its process killed: its
@@ -472,8 +463,7 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
     CHECK_EQ(entries("dlock_locks", "rw7"), 0);
     dlock_close(lh);
     dlock_close(r.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* A semaphore of 2: its N is kept (another N, a read or a write hold is
@@ -536,16 +526,10 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_RC(dlock_acquire(pa, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "is a lock, not a semaphore");
     CHECK_OK(dlock_release(lk));
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_close(p3);
-    dlock_close(lk);
+    TH_CLOSE(pa, pb, p3, lk);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLIENT_CLOSE(a, b, c, d);
 }
 
 /* A wait that ends takes only a hold of its own kind: a read hold of the
@@ -582,10 +566,8 @@ TEST(a_wait_never_takes_the_owners_hold_of_another_kind)
     CHECK_OP(th_now_ms() - t0, >=, 300);
     CHECK_EQ(dlock_held(l), 0);
     CHECK_OK(dlock_release(other));
-    dlock_close(l);
-    dlock_close(other);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l, other);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Statements a role ran, counted in the server's log (log_statement =
@@ -678,9 +660,7 @@ TEST(the_uncontended_shared_cycle_is_one_statement_each_way)
     CHECK_EQ(sw, 2 * n);
     CHECK_EQ(sr, 2 * n);
     CHECK_EQ(sp, 2 * n);
-    dlock_close(lw);
-    dlock_close(lr);
-    dlock_close(lp);
+    TH_CLOSE(lw, lr, lp);
     dlock_client_close(c);
     th_sql_query(&srv, NULL, 0, "ALTER SYSTEM RESET log_line_prefix");
     th_sql_query(&srv, NULL, 0, "SELECT pg_reload_conf()");
@@ -799,12 +779,10 @@ TEST(a_table_of_the_previous_version_is_migrated)
     CHECK_OP(r2.token, >, r1.token);
     CHECK_OK(dlock_acquire(w, 0));
     CHECK_OK(dlock_release(w));
-    dlock_close(w);
-    dlock_close(r);
+    TH_CLOSE(w, r);
     dlock_close(r1.l);
     dlock_close(r2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* dlock_break() of a name that readers hold, with a writer queued and a
@@ -878,13 +856,8 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
     CHECK_OP(w[1].token, >, w[0].token);
     for (int i = 0; i < 2; i++)
         dlock_close(w[i].l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 /* dlock_break() of a semaphore: every permit goes; the grant step gives
@@ -936,13 +909,8 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
         pthread_join(th[k], NULL);
         dlock_close(w[k].l);
     }
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(pa, pb);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1036,8 +1004,7 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
     CHECK_OK(dlock_release(p));
     dlock_close(p);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* The head of the queue gives up at its deadline: every wait of it (the
@@ -1076,14 +1043,8 @@ TEST(an_advisory_head_that_gives_up_leaves_nothing)
     CHECK_OK(dlock_release(ph));
     CHECK_OK(dlock_release(pb));
     CHECK_OK(dlock_release(pc));
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_close(pc);
-    dlock_close(ph);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLOSE(pa, pb, pc, ph);
+    TH_CLIENT_CLOSE(a, b, c, h);
 }
 
 /* Waiters of a semaphore are served in arrival order, one per permit
@@ -1119,9 +1080,7 @@ TEST(advisory_permit_waiters_are_served_in_order)
     dlock_close(ph);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_client_close(h);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLIENT_CLOSE(h, c1, c2);
 }
 
 /* Tries racing from several processes (kazoo #213): never more than N
@@ -1231,12 +1190,8 @@ TEST(advisory_semaphore_kinds_and_cap)
     CHECK_OK(dlock_release(lk));
     CHECK_RC(dlock_acquire(big, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "at most 32 permits");
-    dlock_close(p2);
-    dlock_close(p3);
-    dlock_close(lk);
-    dlock_close(big);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLOSE(p2, p3, lk, big);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* dlock_break() of an advisory semaphore: the permit holders' sessions
@@ -1275,13 +1230,9 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
     CHECK_RC(dlock_release(pa), DLOCK_ELOST);
     CHECK_RC(dlock_release(pb), DLOCK_ELOST);
     CHECK_RC(dlock_break(op, "adv6", NULL), DLOCK_ENOTHELD);
-    dlock_close(pa);
-    dlock_close(pb);
+    TH_CLOSE(pa, pb);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(e);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(c, d, e, op);
 }
 
 static const th_test tests[] = {

@@ -139,10 +139,8 @@ TEST(session_pool_table_mode_try_release_extend_inspect_gc)
     th_sleep_ms(30);
     CHECK_OK(dlock_gc(a, 10, &n));
     CHECK_OP(n, >=, 1);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
@@ -191,8 +189,7 @@ TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
     CHECK_OK(w.rc);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 TEST(session_pool_fair_waiters_get_the_lock_in_order)
@@ -347,10 +344,8 @@ TEST(session_pool_the_watchdog_keeps_a_short_lease)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, tok);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
@@ -432,8 +427,7 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     CHECK_OK(dlock_release(lh));
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
     th_pgb_kill(&own, SIGKILL);
 }
 
@@ -484,9 +478,7 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     CHECK_OK(dlock_release(lh));
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(h, c, op);
 }
 
 /* Table mode behind transaction pooling: dlock_list() and dlock_break()
@@ -532,10 +524,8 @@ TEST(transaction_pool_table_mode_lists_and_breaks)
     CHECK_RC(dlock_release(l1), DLOCK_ELOST);
     CHECK_OK(dlock_release(l2));
     CHECK_RC(dlock_break(op, "tb/2", NULL), DLOCK_ENOTHELD);
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(l1, l2);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 /* --- where sessions cannot be trusted: at once, naming the mode --- */
@@ -605,11 +595,8 @@ static void sessions_not_trusted(const th_pgb *b, const char *query,
     CHECK_CONTAINS(dlock_errmsg(), "?pooler=session");
     CHECK(!strstr(dlock_errmsg(), "dlock-secret"));
 
-    dlock_close(la);
-    dlock_close(lc);
-    dlock_close(lf);
-    dlock_client_close(a);
-    dlock_client_close(c);
+    TH_CLOSE(la, lc, lf);
+    TH_CLIENT_CLOSE(a, c);
 }
 
 TEST(session_pool_undeclared_is_detected_and_not_trusted)

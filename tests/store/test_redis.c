@@ -183,10 +183,8 @@ TEST(unix_socket)
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_RC(dlock_acquire(lt, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(lt);
-    dlock_client_close(c);
-    dlock_client_close(t);
+    TH_CLOSE(l, lt);
+    TH_CLIENT_CLOSE(c, t);
 
     snprintf(uri, sizeof(uri), "unix://%s.missing", srv.sock);
     CHECK_RC(dlock_client_open(&c, uri, NULL), DLOCK_ECONN);
@@ -248,12 +246,9 @@ TEST(database_prefix_and_one_key_per_lock)
                                      "'app:{ab{c}d}')");
     CHECK_OP(pttl, >, 3500000);
     CHECK_OP(pttl, <=, 3600000);
-    dlock_close(l);
-    dlock_close(o);
+    TH_CLOSE(l, o);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(c2);
-    dlock_client_close(d0);
+    TH_CLIENT_CLOSE(c, c2, d0);
 
     dlock_client *bad = NULL;
     snprintf(uri, sizeof(uri), "%s/99999", srv.uri);
@@ -302,13 +297,11 @@ TEST(keys_of_the_wrong_type)
     CHECK_OP(th_now_ms() - t0, <, 1000); /* told at once, not at 2 s */
     th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{blindfoe}");
     CHECK_STR(val, "foo");
-    dlock_close(l);
-    dlock_close(lh);
+    TH_CLOSE(l, lh);
 
     /* the client is still fine for other locks */
     cycle(c, "fine");
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 TEST(server_down_gives_econn)
@@ -380,8 +373,7 @@ TEST(killed_mid_wait_then_recovers)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_redis_stop(&s);
 }
 
@@ -497,11 +489,9 @@ TEST(waiters_send_no_commands_between_notifications)
     CHECK_OP(used, <=, 4); /* the same, plus leaving the queue */
     CHECK_OK(dlock_release(lf));
     CHECK_OK(dlock_release(la));
-    dlock_close(lf);
-    dlock_close(la);
+    TH_CLOSE(lf, la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct ordered {
@@ -611,8 +601,7 @@ TEST(one_subscriber_connection_per_client)
         CHECK_OK(dlock_release(held[i]));
         dlock_close(held[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(client_timeout_option)
@@ -791,8 +780,7 @@ TEST(handover_skips_a_dead_waiter)
     CHECK_OP(th_now_ms() - t0, <, 3000); /* not the dead one's 30 s */
     dlock_close(w.l);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* The chosen waiter is frozen: the lock is held in its name until its
@@ -856,10 +844,8 @@ TEST(a_frozen_waiter_loses_its_handover_by_its_lease)
     CHECK_EQ(th_wait(child), 0);
     CHECK_OK(f->rc);
     CHECK_OP(f->acq, >=, rel); /* never while c held it */
-    dlock_close(lc);
-    dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLOSE(lc, lh);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* A waiter that gives up leaves the queue: the next release does not
@@ -880,10 +866,8 @@ TEST(giving_up_leaves_the_queue)
     CHECK_OK(dlock_inspect(h, "giveup", &info));
     CHECK_EQ(info.held, 0);
     dlock_info_clear(&info);
-    dlock_close(l);
-    dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLOSE(l, lh);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* The store handed the lock to a waiter whose message never arrived: the
@@ -908,8 +892,7 @@ TEST(a_handover_found_when_leaving_is_kept)
     CHECK_RC(dlock_release(lh), DLOCK_ELOST);
     dlock_close(w.l);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* The same, but the subscriber connection breaks: the waiter re-arms and
@@ -935,8 +918,7 @@ TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
     CHECK_RC(dlock_release(lh), DLOCK_ELOST);
     dlock_close(w.l);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* A release racing the waiter's deadline, many times, with the release
@@ -980,8 +962,7 @@ TEST(a_handover_racing_a_timed_out_wait)
     CHECK_OP(ok, >, 0);
     CHECK_OP(busy, >, 0);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* A try whose answer comes after its wait ended (DLOCK_ECONN "no
@@ -1025,8 +1006,7 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
-    dlock_client_close(obs);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(obs, c);
 }
 
 /* A waiter whose client knew the lock held appends its line blindly; if
@@ -1240,8 +1220,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
                 gets, FLOOD + 1);
         dlock_close(w.l);
         dlock_close(lh);
-        dlock_client_close(c);
-        dlock_client_close(h);
+        TH_CLIENT_CLOSE(c, h);
     }
     redisFree(f);
 }

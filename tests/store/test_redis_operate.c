@@ -263,8 +263,7 @@ TEST(many_locks_in_small_pages_by_scan_never_keys)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The entry of `name` in w against what dlock_inspect() says now. */
@@ -361,16 +360,8 @@ TEST(every_form_of_a_key_is_listed_as_inspect_reads_it)
     CHECK_OK(dlock_release(r2));
     CHECK_OK(dlock_release(s1));
     CHECK_OK(dlock_release(s2));
-    dlock_close(x);
-    dlock_close(xw);
-    dlock_close(r1);
-    dlock_close(r2);
-    dlock_close(s1);
-    dlock_close(s2);
-    dlock_close(t);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(x, xw, r1, r2, s1, s2, t);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 TEST(cursors_it_did_not_make_are_refused)
@@ -417,10 +408,8 @@ TEST(a_store_prefix_with_glob_characters_lists_only_its_own)
     walk_free(&w);
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_release(l2));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLOSE(l1, l2);
+    TH_CLIENT_CLOSE(c1, c2);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -474,13 +463,8 @@ TEST(break_hands_the_lock_to_the_head_and_the_others_keep_their_places)
     CHECK_OP(wc.token, >, wb.token);
     waiter_finish(&wc, tc, 1);
     CHECK_OK(wc.release_rc);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 typedef struct race {
@@ -561,16 +545,13 @@ TEST(break_racing_a_handover)
             CHECK_EQ(wb.held_after, 1);
             CHECK_OK(wb.release_rc);
         }
-        dlock_close(la);
-        dlock_close(lb);
+        TH_CLOSE(la, lb);
     }
     printf("     release first %d (B evicted %d, B's hand-over evicted "
            "before B confirmed it and the lock retaken %d), break first "
            "%d\n",
            first_release + retaken, first_release, retaken, first_break);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* The frozen holder's side, in a child process. */
@@ -691,15 +672,8 @@ TEST(break_of_a_semaphore_lets_its_waiters_in)
     waiter_finish(&ww2, t2, 1);
     CHECK_OK(ww1.release_rc);
     CHECK_OK(ww2.release_rc);
-    dlock_close(h1);
-    dlock_close(h2);
-    dlock_close(w1);
-    dlock_close(w2);
-    dlock_client_close(a);
-    dlock_client_close(a2);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(h1, h2, w1, w2);
+    TH_CLIENT_CLOSE(a, a2, b, c, op);
 }
 
 TEST(break_leaves_the_tombstone_of_the_evicted_token)
@@ -723,8 +697,7 @@ TEST(break_leaves_the_tombstone_of_the_evicted_token)
     CHECK_OP(dlock_token(l), >, t);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 TEST(break_of_keys_free_or_not_dlocks_changes_nothing)
@@ -793,8 +766,7 @@ TEST(break_while_the_holder_renews_often)
         CHECK_RC(dlock_release(l), DLOCK_ELOST);
         dlock_close(l);
     }
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 TEST(a_waiter_of_the_breaking_client_is_let_in_at_once)
@@ -820,10 +792,8 @@ TEST(a_waiter_of_the_breaking_client_is_let_in_at_once)
     waiter_finish(&w, t, 1);
     CHECK_OK(w.release_rc);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(la, lw);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -873,8 +843,7 @@ TEST(redlock_walk_with_two_nodes_down_then_three)
         (void)dlock_release(ls[i]); /* lost or not: the nodes restarted */
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(redlock_walk_with_a_node_failing_midway)
@@ -917,8 +886,7 @@ TEST(redlock_walk_with_a_node_failing_midway)
         (void)dlock_release(ls[i]);
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(redlock_a_key_on_a_minority_is_not_a_held_lock)
@@ -970,8 +938,7 @@ TEST(redlock_free_names_are_listed_by_their_counters)
     CHECK_OP(w.infos[0].token >> 6, >=, t >> 6);
     walk_free(&w);
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(redlock_break_with_two_nodes_frozen)
@@ -1006,10 +973,8 @@ TEST(redlock_break_with_two_nodes_frozen)
     CHECK_OP(dlock_token(l2), >, t);
     CHECK_OK(dlock_release(l2));
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
-    dlock_close(l);
-    dlock_close(l2);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(l, l2);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 TEST(redlock_break_with_three_nodes_down_fails)
@@ -1028,8 +993,7 @@ TEST(redlock_break_with_three_nodes_down_fails)
     restart_all();
     (void)dlock_release(l);
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 static const th_test redis_tests[] = {

@@ -157,10 +157,7 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
                              ? dlock_token(r1)
                              : dlock_token(r2));
     dlock_close(w.l);
-    dlock_close(w0);
-    dlock_close(r1);
-    dlock_close(r2);
-    dlock_close(r3);
+    TH_CLOSE(w0, r1, r2, r3);
     for (int i2 = 0; i2 < 4; i2++)
         dlock_client_close(c[i2]);
 }
@@ -302,10 +299,8 @@ TEST(a_readers_renewal_moves_only_its_own_line)
     CHECK_STR(eb1, eb0);
     CHECK_OK(dlock_release(ra));
     CHECK_OK(dlock_release(rb));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A release by a reader whose line is gone (its lease ended and a script
@@ -337,10 +332,8 @@ TEST(a_release_whose_line_is_gone_is_lost)
     i = info_of(a, "rw5");
     CHECK_EQ(i.holders, 0);
     dlock_info_clear(&i);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The uncontended shared cycle (acquire + release of a name free in the
@@ -381,9 +374,7 @@ TEST(the_shared_cycle_costs_the_exclusive_ones_commands)
     long long b3 = th_redis_calls(&srv, NULL);
     CHECK_EQ(b2 - b1, b1 - b0);
     CHECK_EQ(b3 - b2, b1 - b0);
-    dlock_close(lw);
-    dlock_close(lr);
-    dlock_close(lp);
+    TH_CLOSE(lw, lr, lp);
     dlock_client_close(c);
 }
 
@@ -418,11 +409,8 @@ TEST(a_semaphore_keeps_its_permits)
     CHECK_RC(dlock_acquire(p3, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "not a semaphore");
     CHECK_OK(dlock_release(lk));
-    dlock_close(p3);
-    dlock_close(p2);
-    dlock_close(lk);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLOSE(p3, p2, lk);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* A writer that gives up waiting behind readers leaves the queue in one
@@ -454,9 +442,7 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
     dlock_close(r1);
     dlock_close(w.l);
     dlock_close(r2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* unix:// is the same store: its readers and permits share the key with
@@ -490,13 +476,10 @@ TEST(shared_holds_over_a_unix_socket)
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(pt));
     CHECK_OK(dlock_release(pu));
-    dlock_close(ru);
-    dlock_close(rt);
+    TH_CLOSE(ru, rt);
     dlock_close(w.l);
-    dlock_close(pu);
-    dlock_close(pt);
-    dlock_client_close(u);
-    dlock_client_close(t);
+    TH_CLOSE(pu, pt);
+    TH_CLIENT_CLOSE(u, t);
 }
 
 /* A permit holder killed holding: its line stays in the key until a
@@ -562,10 +545,8 @@ TEST(an_expired_holder_line_is_dropped_by_the_next_try)
     CHECK_EQ(holder_lines("rw10"), 2); /* pa's and pb's */
     CHECK_OK(dlock_release(pa));
     CHECK_OK(dlock_release(pb));
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(pa, pb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

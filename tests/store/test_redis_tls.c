@@ -307,10 +307,8 @@ TEST(tls_and_plain_clients_exclude_each_other)
     CHECK_OK(dlock_acquire(lt, 0));
     CHECK_OK(dlock_release(lt));
 
-    dlock_close(lt);
-    dlock_close(lp);
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLOSE(lt, lp);
+    TH_CLIENT_CLOSE(t, p);
 }
 
 /* A waiter is woken by the release's message, whichever ports the waiter
@@ -350,9 +348,7 @@ TEST(a_tls_waiter_is_woken_by_a_plain_release)
     /* both over TLS */
     dlock_client *t2 = client_at(srv.tls_uri);
     woken_across(t2, t, "tls-wake-3");
-    dlock_client_close(t2);
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLIENT_CLOSE(t2, t, p);
 }
 
 /* redis://...?tls=1 is rediss://: the same lock as the plain port's. */
@@ -367,10 +363,8 @@ TEST(tls_parameter_on_redis_scheme)
     CHECK_OK(dlock_acquire(lt, 0));
     CHECK_RC(dlock_acquire(lp, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(lt));
-    dlock_close(lt);
-    dlock_close(lp);
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLOSE(lt, lp);
+    TH_CLIENT_CLOSE(t, p);
     /* and its failures are the same as rediss:// */
     REFUSED(strf("redis://localhost:%d?tls=1&cacert=%s", srv.tls_port,
                  cert("other-ca.crt")),
@@ -687,8 +681,7 @@ static void burst(const char *uri)
             dlock_close(h[i]);
         }
     }
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLIENT_CLOSE(t, p);
 }
 
 TEST(a_burst_of_wakeups_over_tls)
@@ -750,8 +743,7 @@ TEST(a_tls_client_comes_back_after_a_restart)
     dlock_client_close(p);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_redis_kill(&s, SIGKILL);
 }
 

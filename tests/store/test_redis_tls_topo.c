@@ -109,10 +109,8 @@ static void basics(const char *u, const char *name)
     CHECK_OP(dlock_token(lb), >, w.token);
     CHECK_OK(dlock_release(lb));
 
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -386,11 +386,8 @@ TEST(two_of_five_killed_still_serve)
     CHECK_OK(dlock_acquire(lw, 0));
     CHECK_OK(dlock_release(lw));
 
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb, lw);
+    TH_CLIENT_CLOSE(a, b);
     heal();
 }
 
@@ -479,11 +476,8 @@ TEST(three_of_five_killed_fail_and_the_hold_is_lost)
     CHECK_OP(dlock_token(lb), >, tok);
     CHECK_OK(dlock_release(lb));
     hold_once(lo, 0, 0);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lo);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb, lo);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(three_of_five_frozen_fail_within_the_node_timeout)
@@ -642,14 +636,8 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
     CHECK_OP(info.token >> 6, >=, last >> 6);
     dlock_info_clear(&info);
 
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(ll);
-    dlock_close(lw);
-    dlock_close(lx);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(lc);
+    TH_CLOSE(la, lb, ll, lw, lx);
+    TH_CLIENT_CLOSE(a, b, lc);
 }
 
 TEST(late_answers_do_no_harm)
@@ -702,12 +690,8 @@ TEST(late_answers_do_no_harm)
     CHECK_RC(dlock_acquire(lc, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     hold_once(lc, 0, tb);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -832,10 +816,8 @@ TEST(restarted_node_gets_the_key_back)
     CHECK_OP(th_now_ms() - released, <, 3000);
     hold_once(lb, 0, w.token);
     dlock_close(w.l);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /*
@@ -1133,10 +1115,8 @@ TEST(fencing_tokens_grow_across_faults_and_split_counters)
     CHECK_OP(info.token >> 6, >=, last >> 6);
     CHECK_OP(info.token >> 6, <, (last >> 6) + 1000);
     dlock_info_clear(&info);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1483,10 +1463,8 @@ TEST(waiters_do_not_poll_with_two_nodes_down)
     }
     CHECK_OP(worst, <=, 6); /* polling every 1..50 ms: 20 to 40 */
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     heal();
 }
 

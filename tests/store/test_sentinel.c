@@ -248,10 +248,8 @@ TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
     CHECK_OP(w.done_at - t0, <, 5000); /* a wake-up, not a lease */
     CHECK_OP(w.token, >, ta);
     CHECK_OP(th_redis_calls(p, "wait") - waits0, >=, 1);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
@@ -310,10 +308,8 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     CHECK_OK(w.rc);
     CHECK_OP(w.done_at - t0, <, 10000);
     CHECK_OP(w.token, >, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_sentinels_stop(&t);
 }
 
@@ -443,9 +439,7 @@ TEST(waits_ride_out_a_killed_primary)
     dlock_close(w1.l);
     dlock_close(w2.l);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
     th_sentinels_stop(&t);
 }
 
@@ -512,10 +506,8 @@ TEST(a_forged_handover_only_wakes_the_waiter)
     CHECK_OP(w.token, >, ta);
     CHECK_OP(w.token, <, forged);
     redisFree(f);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

@@ -91,8 +91,7 @@ TEST(the_store_says_what_it_has)
     o.permits = DLOCK_PERMITS_MAX + 1;
     CHECK_RC(dlock_open(&bad, c, "too-many", &o), DLOCK_EINVAL);
     CHECK(bad == NULL);
-    dlock_close(r);
-    dlock_close(p);
+    TH_CLOSE(r, p);
     dlock_client_close(c);
 }
 
@@ -136,12 +135,8 @@ TEST(readers_share_and_exclude_writers)
     CHECK_EQ(in.held, 0);
     CHECK_EQ(in.holders, 0);
     dlock_info_clear(&in);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(w);
+    TH_CLOSE(la, lb, lw);
+    TH_CLIENT_CLOSE(a, b, w);
 }
 
 TEST(read_tokens_order_after_writes)
@@ -169,10 +164,8 @@ TEST(read_tokens_order_after_writes)
         CHECK_OK(dlock_release(la));
         CHECK_OK(dlock_release(lb));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(reentry_rules)
@@ -212,11 +205,8 @@ TEST(reentry_rules)
     CHECK_OK(dlock_release(l));
     CHECK_OK(dlock_acquire_shared(other, 0));
     CHECK_OK(dlock_release(other));
-    dlock_close(l);
-    dlock_close(nr);
-    dlock_close(other);
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLOSE(l, nr, other);
+    TH_CLIENT_CLOSE(c, o);
 }
 
 typedef struct waiter_arg {
@@ -286,12 +276,8 @@ TEST(a_waiting_writer_stops_new_readers)
     CHECK_OP(wa.got_at, >=, released);
     CHECK_OP(ra.got_at, >=, wa.got_at);
     CHECK_OP(ra.token, >, wa.token);
-    dlock_close(la);
-    dlock_close(lw);
-    dlock_close(lr);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(r);
+    TH_CLOSE(la, lw, lr);
+    TH_CLIENT_CLOSE(a, b, r);
 }
 
 #define NREADERS 3
@@ -495,10 +481,8 @@ TEST(a_killed_reader_frees_its_hold)
     CHECK_OP(th_now_ms() - t0, <, S.has_leases ? 800 + 3000 : 1000);
     CHECK_OP(dlock_token(l), >, s->token);
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(lr);
-    dlock_client_close(c);
-    dlock_client_close(r);
+    TH_CLOSE(l, lr);
+    TH_CLIENT_CLOSE(c, r);
 }
 
 /* Several threads of several clients take read and write holds of one
@@ -608,13 +592,8 @@ TEST(semaphore_counts_permits)
     CHECK_OP(wc.got_at, >=, released);
     CHECK_OP(wc.token, >, dlock_token(lb));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_close(other);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(la, lb, lc, other);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 typedef struct sem_user {
@@ -781,10 +760,8 @@ TEST(a_semaphore_waiter_that_gives_up_leaves_nothing)
      * forget it (ZooKeeper: no node left) or keep it (the file) */
     CHECK(in.permits == 0 || in.permits == 1);
     dlock_info_clear(&in);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* dlock_cancel() of a waiting reader, then of a waiting permit (and a
@@ -860,9 +837,7 @@ TEST(cancelled_reader_writer_and_permit_waits_leave_nothing)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lc, 5000));
     CHECK_OK(dlock_release(lc));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
+    TH_CLOSE(la, lb, lc);
     if (has_permits) {
         dlock *sa = handle(a, "cancel-sem", 1, 0);
         dlock *sb = handle(b, "cancel-sem", 1, 0);
@@ -872,13 +847,9 @@ TEST(cancelled_reader_writer_and_permit_waits_leave_nothing)
         CHECK_OK(dlock_release(sa));
         CHECK_OK(dlock_acquire(sc, 5000)); /* the permit went to no ghost */
         CHECK_OK(dlock_release(sc));
-        dlock_close(sa);
-        dlock_close(sb);
-        dlock_close(sc);
+        TH_CLOSE(sa, sb, sc);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 static const th_test tests[] = {

@@ -121,8 +121,7 @@ TEST(gc_removes_unused_locks_and_tokens_still_grow)
     CHECK_OP(dlock_token(old), >, t_old);
     CHECK_OK(dlock_release(old));
     CHECK_OK(dlock_release(held));
-    dlock_close(held);
-    dlock_close(old);
+    TH_CLOSE(held, old);
     dlock_client_close(c);
 
     /* a store with nothing to collect says so */
@@ -217,10 +216,8 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     CHECK_OK(dlock_acquire(lb, 10000));
     CHECK_OP(th_now_ms() - t0, <, 1000);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct {
@@ -574,8 +571,7 @@ TEST(list_pages_over_free_held_and_foreign_rows)
     }
     exec_on(db_path, "DELETE FROM dlock_locks WHERE name = 'ls/text' OR "
                      "name IN (X'6c732f00', X'')");
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLIENT_CLOSE(c, o);
 }
 
 typedef struct {
@@ -670,10 +666,8 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
     CHECK_OP(w.token, >, s->token);
     kill(pid, SIGCONT);
     CHECK_EQ(th_wait(pid), 0);
-    dlock_close(first);
-    dlock_close(mine);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(first, mine);
+    TH_CLIENT_CLOSE(c, op);
 }
 
 /* Breaks racing a holder's renewals (ttl 300 ms: one every 100 ms): each
@@ -704,11 +698,8 @@ TEST(breaks_racing_renewals_remove_the_hold_once)
         CHECK_RC(dlock_release(la), DLOCK_ELOST);
         CHECK_OK(dlock_release(lb));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 TEST(bad_uris_are_rejected)

@@ -358,11 +358,8 @@ TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
     CHECK_OP(w.token, >, dlock_token(ra));
     CHECK_OP(w.token, >, dlock_token(rb));
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(cw);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, cw);
 }
 
 /* A writer's release lets in the readers at the head of the queue, one
@@ -538,8 +535,7 @@ TEST(a_dead_readers_entry_ends_at_its_lease_and_the_writer_gets_in_then)
     CHECK_OP(w.got, <, d->after + 800 + 3000);
     dlock_close(w.l);
     dlock_close(live);
-    dlock_client_close(a);
-    dlock_client_close(cw);
+    TH_CLIENT_CLOSE(a, cw);
 }
 
 /* The same for a permit: its holder killed, the head of the waiters gets
@@ -603,10 +599,8 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
     CHECK_EQ(query_ll("SELECT lock_until FROM dlock_locks WHERE name = ?1",
                       "rw-renew"),
              0);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A release whose entry is gone (its lease ended; then dropped by another
@@ -647,12 +641,8 @@ TEST(a_release_whose_entry_is_gone_is_lost_and_touches_no_other)
     CHECK_OK(dlock_extend(longr, 30000));
     CHECK_OK(dlock_release(longr));
     (void)dlock_release(short2);
-    dlock_close(short1);
-    dlock_close(short2);
-    dlock_close(longr);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(short1, short2, longr);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A semaphore of 2: three waiters queue; each release lets in exactly
@@ -723,11 +713,8 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
         dlock_close(w[k].l);
         dlock_client_close(c[k]);
     }
-    dlock_close(other);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(other, pa, pb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A live name binds its kind: a writer or a reader on a semaphore, a
@@ -770,12 +757,8 @@ TEST(kinds_mixed_on_a_live_name_are_refused)
     CHECK_EQ(i.permits, 0);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(lk));
-    dlock_close(sem);
-    dlock_close(lk);
-    dlock_close(sem3);
-    dlock_close(sem2);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(sem, lk, sem3, sem2);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Tries (wait 0) from several processes at once never hand out more
@@ -903,13 +886,8 @@ TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
     pthread_join(tb, NULL);
     CHECK_EQ(wb.rel, DLOCK_ELOST);
     CHECK_RC(dlock_break(op, "bk-ticket", NULL), DLOCK_ENOTHELD);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 /* Nobody waits when a holder with a ticket is broken; its ticket stays
@@ -946,13 +924,8 @@ TEST(a_newcomer_passes_the_ticket_of_a_broken_holder)
     __atomic_store_n(&wb.go, 1, __ATOMIC_SEQ_CST);
     pthread_join(tb, NULL);
     CHECK_EQ(wb.rel, DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 /* The evicted holder's renewal finds its hold gone and drops its ticket
@@ -986,11 +959,8 @@ TEST(an_evicted_holders_renewal_drops_its_ticket)
     __atomic_store_n(&wb.go, 1, __ATOMIC_SEQ_CST);
     pthread_join(tb, NULL);
     CHECK_EQ(wb.rel, DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* Readers and permits keep no ticket: a break of them rings the head of
@@ -1051,16 +1021,8 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     }
     CHECK_RC(dlock_release(pa), DLOCK_ELOST);
     CHECK_RC(dlock_release(pb), DLOCK_ELOST);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(pa, pb, ra, rb, lw);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 /* The lock table as the previous dlock made it (its DDL, before the
@@ -1142,8 +1104,7 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
     CHECK_OK(dlock_acquire(held, 0));
     CHECK_OP(dlock_token(held), >, 2345678);
     CHECK_OK(dlock_release(held));
-    dlock_close(held);
-    dlock_close(other);
+    TH_CLOSE(held, other);
     dlock_client_close(c);
     /* opened again: nothing more to add */
     CHECK_OK(dlock_client_open(&c, u, NULL));

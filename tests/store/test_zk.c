@@ -565,8 +565,7 @@ TEST(inspect_shows_holder_and_queue_in_order)
         dlock_client_close(wc[i]);
     }
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, obs);
 }
 
 TEST(a_waiter_that_gives_up_leaves_the_queue)
@@ -591,10 +590,8 @@ TEST(a_waiter_that_gives_up_leaves_the_queue)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0)); /* nobody left ahead of it */
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_zk_close(zh);
 }
 
@@ -752,8 +749,7 @@ TEST(names_with_any_bytes_do_not_collide)
         dlock_close(la[i]);
         dlock_close(lb[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 
     /* chroot "/": then a lock called "zookeeper" must not put its nodes
      * into the server's own /zookeeper (refusing it is fine too) */
@@ -919,10 +915,7 @@ TEST(one_session_per_ttl)
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_release(l2));
     CHECK_OK(dlock_release(l3));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(l3);
-    dlock_close(l5);
+    TH_CLOSE(l1, l2, l3, l5);
     dlock_client_close(c); /* closes its sessions */
     wait_sessions(1234, 1);
     wait_sessions(2345, 0);
@@ -1093,8 +1086,7 @@ TEST(waiting_sends_nothing)
     CHECK_OK(dlock_release(la));
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- servers that are down, frozen, restarted --- */
@@ -1220,8 +1212,7 @@ static void server_trouble(int sig)
     CHECK_EQ(lost_calls, 1);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_zk_kill(&own, 0, SIGKILL);
 }
 
@@ -1401,8 +1392,7 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
     dlock_close(ll);
     dlock_client_close(late);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, obs);
     for (int i = 0; i < 2; i++) {
         dlock_close(w[i].l);
         dlock_client_close(wc[i]);
@@ -1490,12 +1480,8 @@ TEST(a_broken_holder_is_told_by_its_nodes_watch)
     CHECK_OK(dlock_break(op, "brk-told", NULL));
     CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
     CHECK_RC(dlock_release(lo), DLOCK_ELOST);
-    dlock_close(lo);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(lo, la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 typedef struct brk_waiter {
@@ -1644,15 +1630,13 @@ TEST(a_break_takes_every_reader_and_every_permit)
     CHECK_OK(w.release_rc);
     for (int i = 0; i < 2; i++)
         dlock_close(p[i]);
-    dlock_close(p3);
-    dlock_close(pw);
+    TH_CLOSE(p3, pw);
     for (int i = 0; i < NR; i++) {
         dlock_close(r[i]);
         dlock_client_close(c[i]);
     }
     dlock_close(lw);
-    dlock_client_close(wc);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(wc, op);
 }
 
 typedef struct race_brk {
@@ -1714,10 +1698,7 @@ TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
     printf("     holder broken %d, waiter holds %d, waiter broken %d\n",
            outcome[0], outcome[1], outcome[2]);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, b, op, obs);
 }
 
 TEST(a_frozen_holder_that_was_broken_learns_it_when_thawed)
@@ -1795,10 +1776,8 @@ TEST(a_deletion_while_reconnecting_is_still_told)
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_acquire(la, 5000));
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_gate_stop(&g);
     th_zk_close(zh);
 }
@@ -1903,8 +1882,7 @@ TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
         dlock_client_close(r);
     }
     free(cursor);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_zk_close(zh);
 }
 
@@ -1930,9 +1908,7 @@ TEST(a_break_needs_the_right_to_delete)
     CHECK_OK(dlock_break(a2, "acl", NULL));
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(a2);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, a2, b);
 }
 
 static const th_test tests[] = {
