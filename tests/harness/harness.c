@@ -120,18 +120,47 @@ void th_client_close_n(dlock_client **c, size_t n)
         dlock_client_close(c[i]);
 }
 
-int64_t th_waiters(dlock_client *c, const char *name)
+
+dlock_info th_info(dlock_client *c, const char *name)
 {
-    dlock_info info;
-    int64_t n;
-    int rc = dlock_inspect(c, name, &info);
+    dlock_info i;
+    int rc = dlock_inspect(c, name, &i);
 
     if (rc != DLOCK_OK)
         th_fail(__FILE__, __LINE__, "dlock_inspect(%s) returned %s: %s",
                 name, dlock_errname(rc), dlock_errmsg());
-    n = info.waiters;
-    dlock_info_clear(&info);
+    return i;
+}
+
+int64_t th_waiters(dlock_client *c, const char *name)
+{
+    dlock_info i = th_info(c, name);
+    int64_t n = i.waiters;
+
+    dlock_info_clear(&i);
     return n;
+}
+
+void th_wait_state(dlock_client *c, const char *name, int64_t n, int64_t h)
+{
+    int64_t until = th_now_ms() + 10000;
+    dlock_info i;
+
+    for (;;) {
+        i = th_info(c, name);
+        if ((i.waiters == n && (h < 0 || i.holders == h)) ||
+            th_now_ms() >= until)
+            break;
+        dlock_info_clear(&i);
+        th_sleep_ms(5);
+    }
+    if (i.waiters != n || (h >= 0 && i.holders != h))
+        th_fail(__FILE__, __LINE__,
+                "%s has %lld waiters and %lld holders after 10 s, not %lld "
+                "and %lld",
+                name, (long long)i.waiters, (long long)i.holders,
+                (long long)n, (long long)h);
+    dlock_info_clear(&i);
 }
 
 void th_wait_waiters(dlock_client *c, const char *name, int64_t n)
@@ -1745,6 +1774,15 @@ int th_lost_calls(th_lost *b)
     return n;
 }
 
+int th_lost_wait(th_lost *b, int want, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (th_lost_calls(b) < want && th_now_ms() < until)
+        th_sleep_ms(5);
+    return th_lost_calls(b);
+}
+
 int th_lost_within(th_lost *b, int64_t ms)
 {
     int64_t until = th_now_ms() + ms;
@@ -1752,6 +1790,53 @@ int th_lost_within(th_lost *b, int64_t ms)
     while (th_lost_calls(b) == 0 && th_now_ms() < until)
         th_sleep_ms(10);
     return th_lost_calls(b);
+}
+
+void th_lost_reset(th_lost *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->calls = 0;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void holder_lost(dlock *l, uint64_t token, void *arg)
+{
+    th_holder *h = arg;
+
+    (void)l;
+    h->lost_token = token;
+    __atomic_add_fetch(&h->lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+int th_holder_child(void *arg)
+{
+    th_holder *h = arg;
+    dlock_client *c = th_client(h->uri, h->patient ? th_patient() : NULL);
+    dlock *l = th_handle_lost(c, h->name, h->ttl, 0, holder_lost, h);
+
+    if (dlock_acquire(l, 5000) != DLOCK_OK) {
+        fprintf(stderr, "holder child: %s\n", dlock_errmsg());
+        return 2;
+    }
+    h->token = dlock_token(l);
+    if (h->settle_ms)
+        th_sleep_ms(h->settle_ms);
+    __atomic_store_n(&h->ready, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 3000 && !__atomic_load_n(&h->go, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(10);
+    /* told to go after a freeze: give the client a moment to learn it
+     * lost, then release */
+    int64_t t0 = th_now_ms();
+    while (!__atomic_load_n(&h->lost_calls, __ATOMIC_SEQ_CST) &&
+           th_now_ms() - t0 < h->lost_ms)
+        th_sleep_ms(10);
+    h->lost_after_cont = th_now_ms() - t0;
+    h->held_before_release = dlock_held(l);
+    h->release_rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
 }
 
 void *th_wait_thread(void *arg)

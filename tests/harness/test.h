@@ -119,6 +119,12 @@ dlock *th_handle_lost(dlock_client *c, const char *name, int64_t ttl,
 /* How many wait for `name`: dlock_inspect()'s waiters (fails the test
  * when inspect does). */
 int64_t th_waiters(dlock_client *c, const char *name);
+/* dlock_inspect() of `name` (fails the test when it fails); the caller
+ * clears it. */
+dlock_info th_info(dlock_client *c, const char *name);
+/* Waits (at most 10 s) until `name` has n waiters and h holders (h < 0:
+ * any number), and fails the test when it has not. */
+void th_wait_state(dlock_client *c, const char *name, int64_t n, int64_t h);
 /* Waits (at most 10 s, a busy machine) until `name` has n waiters, and
  * fails the test when it has not. The test's own look at the store, to
  * order its steps. */
@@ -620,6 +626,31 @@ void th_lost_cb(dlock *l, uint64_t token, void *arg);
 int th_lost_calls(th_lost *b);
 /* Waits (at most ms) for the first call; the calls then. */
 int th_lost_within(th_lost *b, int64_t ms);
+/* Waits (at most ms) until `want` calls; the calls then. */
+int th_lost_wait(th_lost *b, int want, int64_t ms);
+/* Counts from 0 again. */
+void th_lost_reset(th_lost *b);
+
+/* A holder in a forked child: th_fork(th_holder_child, h), h in
+ * th_shared() memory with uri, name and ttl set. The child opens a client
+ * of h->uri (th_patient() if h->patient) and a handle on h->name (ttl_ms
+ * h->ttl; its on_lost counts into h), acquires it (5 s), sleeps settle_ms,
+ * sets ready and waits (30 s at most) for go; then waits (lost_ms at most)
+ * to be told it lost the lock, and releases it. Exits 2 when it could not
+ * acquire. */
+typedef struct th_holder {
+    char uri[1200];
+    char name[64];
+    int64_t ttl, settle_ms, lost_ms;
+    int patient;
+    volatile int ready, go;
+    volatile uint64_t token;
+    volatile int lost_calls;
+    volatile uint64_t lost_token;
+    volatile int held_before_release, release_rc;
+    volatile int64_t lost_after_cont; /* ms from go to the callback */
+} th_holder;
+int th_holder_child(void *arg);
 
 /* A thread that waits for a lock (th_wait_thread, a th_waiter as its
  * argument): dlock_acquire(l, 60 s), then its result, token and time in

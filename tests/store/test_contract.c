@@ -540,71 +540,18 @@ TEST(fair_mode_is_fifo)
 
 /* --- crashed and frozen holders --- */
 
-typedef struct shared_holder {
-    volatile int ready;
-    volatile int go;
-    volatile uint64_t token;
-    volatile int release_rc;
-    volatile int lost_calls;
-    int64_t ttl;
-} shared_holder;
-
-static void count_lost(dlock *l, uint64_t token, void *arg)
-{
-    shared_holder *s = arg;
-
-    (void)l;
-    (void)token;
-    __atomic_add_fetch(&s->lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
-static int holder_child(void *arg)
-{
-    shared_holder *s = arg;
-    dlock_client *c;
-    dlock *l;
-    dlock_options o;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = s->ttl;
-    o.on_lost = count_lost;
-    o.on_lost_arg = s;
-    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
-        dlock_open(&l, c, "frozen", &o) != DLOCK_OK ||
-        dlock_acquire(l, 5000) != DLOCK_OK) {
-        fprintf(stderr, "holder child: %s\n", dlock_errmsg());
-        return 2;
-    }
-    s->token = dlock_token(l);
-    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 3000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    s->release_rc = dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-    return 0;
-}
-
-static void wait_ready(shared_holder *s)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (!__atomic_load_n(&s->ready, __ATOMIC_SEQ_CST) &&
-           th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK(s->ready);
-}
-
 TEST(killed_holder_is_replaced)
 {
-    shared_holder *s = th_shared(sizeof(*s));
+    th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
     dlock *l = handle(c, "frozen", 0, 0);
 
     s->ttl = 800;
-    pid_t pid = th_fork(holder_child, s);
-    wait_ready(s);
+    s->patient = 1;
+    snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    snprintf(s->name, sizeof(s->name), "frozen");
+    pid_t pid = th_fork(th_holder_child, s);
+    CHECK(th_wait_flag(&s->ready, 10000));
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
     kill(pid, SIGKILL);
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
@@ -630,13 +577,16 @@ TEST(frozen_holder_learns_it_lost)
 {
     if (!has_leases)
         return; /* no lease: a frozen holder keeps the lock, by design */
-    shared_holder *s = th_shared(sizeof(*s));
+    th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
     dlock *l = handle(c, "frozen", 0, 0);
 
     s->ttl = 400;
-    pid_t pid = th_fork(holder_child, s);
-    wait_ready(s);
+    s->patient = 1;
+    snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    snprintf(s->name, sizeof(s->name), "frozen");
+    pid_t pid = th_fork(th_holder_child, s);
+    CHECK(th_wait_flag(&s->ready, 10000));
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_acquire(l, 5000)); /* after the frozen one's lease */
     uint64_t mine = dlock_token(l);

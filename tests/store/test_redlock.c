@@ -865,17 +865,10 @@ static void bare_lost(dlock *l, uint64_t token, void *arg)
 static int bare_holder(void *arg)
 {
     bare *s = arg;
-    dlock_client *c;
-    dlock *l;
-    dlock_options o;
+    dlock_client *c = th_client(uri, th_patient());
+    dlock *l = th_handle_lost(c, "bare-quorum", s->ttl, 0, bare_lost, s);
 
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = s->ttl;
-    o.on_lost = bare_lost;
-    o.on_lost_arg = s;
-    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
-        dlock_open(&l, c, "bare-quorum", &o) != DLOCK_OK ||
-        dlock_acquire(l, 5000) != DLOCK_OK) {
+    if (dlock_acquire(l, 5000) != DLOCK_OK) {
         fprintf(stderr, "holder: %s\n", dlock_errmsg());
         return 2;
     }
