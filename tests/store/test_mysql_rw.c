@@ -57,12 +57,6 @@ static dlock_client *client_at(const char *u)
     return th_client(u, NULL);
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags, unsigned permits)
-{
-    return th_handle(c, name, ttl, flags, permits);
-}
-
 /* A forked child's client and handle (patient: several log in at once);
  * 0, or -1 when it could not open them. */
 static int child_open(const char *name, int64_t ttl, unsigned permits,
@@ -305,14 +299,14 @@ TEST(the_last_readers_release_wakes_the_writer)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
                  *c = client_at(srv.uri);
-    dlock *ra = handle(a, "drain-last", 30000, 0, 0),
-          *rb = handle(b, "drain-last", 30000, 0, 0);
+    dlock *ra = th_handle(a, "drain-last", 30000, 0, 0),
+          *rb = th_handle(b, "drain-last", 30000, 0, 0);
     waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
-    start(&w, &th, handle(c, "drain-last", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-last", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     CHECK_OK(dlock_release(ra));
     /* still asleep on the other reader (200 ms: far more than a wake and
@@ -394,7 +388,7 @@ TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
     waiter w;
     pthread_t th;
 
-    start(&w, &th, handle(c, "drain-killed", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-killed", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     kill_holder_and_check(pid, "drain", "drain-killed", &w);
     CHECK_OP(w.token, >, s->token);
@@ -421,7 +415,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
     CHECK_EQ(form_of("drain-frozen"), 1); /* a sole reader's row */
     long long end = entry_of("drain-frozen", 0, 2, NULL, 0);
     int64_t t0 = th_now_ms();
-    start(&w, &th, handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
     CHECK(th_wait_flag(&w.got_it, 15000));
     CHECK_OK(w.rc);
     CHECK_OP((long long)w.token, >, end); /* not before its lease end */
@@ -452,7 +446,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
 TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
 {
     dlock_client *a = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *ra = handle(a, "drain-session", 1500, 0, 0);
+    dlock *ra = th_handle(a, "drain-session", 1500, 0, 0);
     char owner[100], hex[64];
     waiter w;
     pthread_t th;
@@ -470,7 +464,7 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
                                 lock);
     CHECK_OP(id, >, 0);
     th_sql_query(&srv, NULL, 0, "KILL CONNECTION %lld", id);
-    start(&w, &th, handle(c, "drain-session", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-session", 30000, 0, 0), 0, 20000);
     /* more than two leases: renewed through a new connection, it holds */
     th_sleep_ms(3500);
     CHECK_EQ(w.got_it, 0);
@@ -510,8 +504,8 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
                  *c = client_at(srv.uri);
-    dlock *ra = handle(a, "sole-join", 30000, 0, 0),
-          *rb = handle(b, "sole-join", 30000, 0, 0);
+    dlock *ra = th_handle(a, "sole-join", 30000, 0, 0),
+          *rb = th_handle(b, "sole-join", 30000, 0, 0);
     char oa[100], ob[100];
     waiter w;
     pthread_t th;
@@ -541,7 +535,7 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
     CHECK_EQ(in.shared, 1);
     dlock_info_clear(&in);
 
-    start(&w, &th, handle(c, "sole-join", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "sole-join", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     CHECK_OK(dlock_release(ra));
     CHECK_EQ(entry_by("sole-join", oa, 1), -1);
@@ -576,10 +570,10 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
 TEST(an_ended_sole_hold_is_taken_by_a_writers_try)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "sole-ended", 300, DLOCK_NO_RENEW, 0),
-          *wb = handle(b, "sole-ended", 30000, 0, 0),
-          *pa = handle(a, "sole-ended-sem", 300, DLOCK_NO_RENEW, 2),
-          *pb = handle(b, "sole-ended-sem", 30000, 0, 2);
+    dlock *ra = th_handle(a, "sole-ended", 300, DLOCK_NO_RENEW, 0),
+          *wb = th_handle(b, "sole-ended", 30000, 0, 0),
+          *pa = th_handle(a, "sole-ended-sem", 300, DLOCK_NO_RENEW, 2),
+          *pb = th_handle(b, "sole-ended-sem", 30000, 0, 2);
     dlock_info in;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -672,8 +666,8 @@ static int dlock_acquire_now(dlock *l)
 TEST(a_readers_tries_follow_its_note_of_others)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "note", 30000, 0, 0),
-          *rb = handle(b, "note", 30000, 0, 0);
+    dlock *ra = th_handle(a, "note", 30000, 0, 0),
+          *rb = th_handle(b, "note", 30000, 0, 0);
 
     /* alone: one statement each */
     CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
@@ -715,9 +709,9 @@ TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
     for (int i = 0; i < 4; i++)
         c[i] = client_at(srv.uri);
     for (int i = 0; i < 2; i++)
-        r[i] = handle(c[i], "join", 30000, 0, 0);
+        r[i] = th_handle(c[i], "join", 30000, 0, 0);
     for (int i = 0; i < 4; i++)
-        p[i] = handle(c[i], "join-sem", 30000, 0, 3);
+        p[i] = th_handle(c[i], "join-sem", 30000, 0, 3);
     /* each learns that the other held (their notes: the join first) */
     CHECK_OK(dlock_acquire_shared(r[0], 0));
     CHECK_OK(dlock_acquire_shared(r[1], 0));
@@ -778,8 +772,8 @@ TEST(a_refused_prepare_runs_the_text_statements)
 {
     th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = 0");
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "no-prepare", 30000, 0, 0),
-          *rb = handle(b, "no-prepare", 30000, 0, 0);
+    dlock *ra = th_handle(a, "no-prepare", 30000, 0, 0),
+          *rb = th_handle(b, "no-prepare", 30000, 0, 0);
     dlock_info in;
 
     /* b learns that a holds, then joins and leaves twice */
@@ -805,7 +799,7 @@ TEST(a_refused_prepare_runs_the_text_statements)
     th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = DEFAULT");
     /* allowed again: a new client's connections prepare them */
     dlock_client *c = client_at(srv.uri);
-    dlock *rc = handle(c, "no-prepare", 30000, 0, 0);
+    dlock *rc = th_handle(c, "no-prepare", 30000, 0, 0);
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rc, 0)); /* light, then the full take */
     CHECK_OK(dlock_release(rc));
@@ -832,7 +826,7 @@ TEST(a_refused_prepare_runs_the_text_statements)
 TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
 {
     dlock_client *h = client_at(srv.uri), *c[4];
-    dlock *lh = handle(h, "chain", 30000, 0, 0);
+    dlock *lh = th_handle(h, "chain", 30000, 0, 0);
     waiter w[4];
     pthread_t th[4];
     const int shared[4] = {1, 1, 0, 1};
@@ -841,7 +835,7 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     uint64_t t0 = dlock_token(lh);
     for (int i = 0; i < 4; i++) {
         c[i] = client_at(srv.uri);
-        start(&w[i], &th[i], handle(c[i], "chain", 30000, 0, 0), shared[i],
+        start(&w[i], &th[i], th_handle(c[i], "chain", 30000, 0, 0), shared[i],
               20000);
         wait_sleepers("gate", i + 1); /* queued in this order */
     }
@@ -905,8 +899,8 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
 TEST(a_readers_renewal_moves_only_its_own_hold)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "renew", 10000, DLOCK_NO_RENEW, 0),
-          *rb = handle(b, "renew", 10000, DLOCK_NO_RENEW, 0);
+    dlock *ra = th_handle(a, "renew", 10000, DLOCK_NO_RENEW, 0),
+          *rb = th_handle(b, "renew", 10000, DLOCK_NO_RENEW, 0);
     char oa[100], ob[100];
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -952,8 +946,8 @@ TEST(a_readers_renewal_moves_only_its_own_hold)
 TEST(a_release_whose_hold_is_gone_is_lost)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "gone", 1000, DLOCK_NO_RENEW, 0),
-          *rb = handle(b, "gone", 30000, 0, 0);
+    dlock *ra = th_handle(a, "gone", 1000, DLOCK_NO_RENEW, 0),
+          *rb = th_handle(b, "gone", 30000, 0, 0);
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
@@ -1000,18 +994,18 @@ TEST(no_statement_while_waiters_sleep)
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
                  *c = client_at(srv.uri), *d = client_at(srv.uri),
                  *e = client_at(srv.uri);
-    dlock *ra = handle(a, "quiet", 30000, 0, 0),
-          *pa = handle(d, "quiet-sem", 30000, 0, 1);
+    dlock *ra = th_handle(a, "quiet", 30000, 0, 0),
+          *pa = th_handle(d, "quiet-sem", 30000, 0, 1);
     waiter ww, wr, wp;
     pthread_t tw, tr, tp;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
-    start(&ww, &tw, handle(b, "quiet", 30000, 0, 0), 0, 20000);
+    start(&ww, &tw, th_handle(b, "quiet", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
-    start(&wr, &tr, handle(c, "quiet", 30000, 0, 0), 1, 20000);
+    start(&wr, &tr, th_handle(c, "quiet", 30000, 0, 0), 1, 20000);
     wait_sleepers("gate", 1);
     CHECK_OK(dlock_acquire(pa, 0));
-    start(&wp, &tp, handle(e, "quiet-sem", 30000, 0, 1), 0, 20000);
+    start(&wp, &tp, th_handle(e, "quiet-sem", 30000, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
     /* the setup's last statements may still be on their way on a busy
      * machine (make test-busy saw 2 land in the window): first a quiet
@@ -1062,8 +1056,8 @@ TEST(no_statement_while_waiters_sleep)
 TEST(a_semaphores_n_is_kept)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *p2 = handle(a, "sem-n", 0, 0, 2), *p3 = handle(b, "sem-n", 0, 0, 3),
-          *lk = handle(b, "sem-n", 0, 0, 0);
+    dlock *p2 = th_handle(a, "sem-n", 0, 0, 2), *p3 = th_handle(b, "sem-n", 0, 0, 3),
+          *lk = th_handle(b, "sem-n", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(p2, 0));
     int64_t t0 = th_now_ms();
@@ -1096,12 +1090,12 @@ TEST(a_semaphores_n_is_kept)
 
     /* full, with a head waiting at the gate: a lock's waiter does not
      * queue behind it to learn that much */
-    dlock *q1 = handle(a, "sem-n1", 0, 0, 1), *lq = handle(b, "sem-n1", 0, 0, 0);
+    dlock *q1 = th_handle(a, "sem-n1", 0, 0, 1), *lq = th_handle(b, "sem-n1", 0, 0, 0);
     dlock_client *h = client_at(srv.uri);
     waiter w;
     pthread_t th;
     CHECK_OK(dlock_acquire(q1, 0));
-    start(&w, &th, handle(h, "sem-n1", 0, 0, 1), 0, 20000);
+    start(&w, &th, th_handle(h, "sem-n1", 0, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
     t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lq, 5000), DLOCK_EINVAL);
@@ -1225,7 +1219,7 @@ TEST(a_killed_permit_holder_wakes_the_head)
     pid_t pid = th_fork(permit_child, s);
     CHECK(th_wait_flag(&s->ready, 10000));
     CHECK_OK(s->rc);
-    start(&w, &th, handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
+    start(&w, &th, th_handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
     kill_holder_and_check(pid, "helper", "sem-killed", &w);
     let_go(&w);
@@ -1325,8 +1319,8 @@ TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
     char owner[128];
 
     pid_t pid = frozen_hold("ended-permit", 1000, 2, &s);
-    dlock *p2 = handle(a, "ended-permit", 30000, 0, 2),
-          *p3 = handle(b, "ended-permit", 30000, 0, 2);
+    dlock *p2 = th_handle(a, "ended-permit", 30000, 0, 2),
+          *p3 = th_handle(b, "ended-permit", 30000, 0, 2);
     CHECK_OK(dlock_acquire(p2, 0));
     CHECK_EQ(form_of("ended-permit"), 2);
     entry_of("ended-permit", 0, 1, owner, sizeof(owner));
@@ -1341,8 +1335,8 @@ TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
     frozen_end(pid);
 
     pid = frozen_hold("ended-readers", 1000, 0, &s);
-    dlock *r2 = handle(a, "ended-readers", 5000, 0, 0),
-          *w = handle(b, "ended-readers", 30000, 0, 0);
+    dlock *r2 = th_handle(a, "ended-readers", 5000, 0, 0),
+          *w = th_handle(b, "ended-readers", 30000, 0, 0);
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK_EQ(form_of("ended-readers"), 2);
     CHECK_OK(dlock_release(r2));
@@ -1432,9 +1426,9 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
     MYSQL *f = foreign_open();
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
                  *c = client_at(srv.uri);
-    dlock *ra = handle(a, "squat-rw", 1000, 0, 0),
-          *rc = handle(c, "squat-rw", 30000, 0, 0),
-          *pa = handle(a, "squat-sem", 30000, 0, 2);
+    dlock *ra = th_handle(a, "squat-rw", 1000, 0, 0),
+          *rc = th_handle(c, "squat-rw", 30000, 0, 0),
+          *pa = th_handle(a, "squat-sem", 30000, 0, 2);
     waiter w;
     pthread_t th;
 
@@ -1452,7 +1446,7 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
 
     /* a writer waits behind the reader, listed; a new reader's try is
      * busy (writer preference) */
-    start(&w, &th, handle(b, "squat-rw", 30000, 0, 0), 0, 10000);
+    start(&w, &th, th_handle(b, "squat-rw", 30000, 0, 0), 0, 10000);
     dlock_info in;
     int listed = 0;
     for (int i = 0; i < 1000 && !listed; i++) {
@@ -1495,8 +1489,8 @@ static long long sessions(void)
 TEST(a_head_that_gives_up_leaves_nothing_behind)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *p1 = handle(a, "sem-give-up", 30000, 0, 2),
-          *p2 = handle(b, "sem-give-up", 30000, 0, 2);
+    dlock *p1 = th_handle(a, "sem-give-up", 30000, 0, 2),
+          *p2 = th_handle(b, "sem-give-up", 30000, 0, 2);
 
     CHECK_OK(dlock_acquire(p1, 0));
     CHECK_OK(dlock_acquire(p2, 0));
@@ -1506,7 +1500,7 @@ TEST(a_head_that_gives_up_leaves_nothing_behind)
     dlock_info_clear(&in);
     long long before = sessions();
     dlock_client *h = client_at(srv.uri);
-    dlock *ph = handle(h, "sem-give-up", 30000, 0, 2);
+    dlock *ph = th_handle(h, "sem-give-up", 30000, 0, 2);
     for (int i = 0; i < 2; i++) {
         int64_t t0 = th_now_ms();
         CHECK_RC(dlock_acquire(ph, 700), DLOCK_EBUSY);
@@ -1534,7 +1528,7 @@ TEST(a_head_that_gives_up_leaves_nothing_behind)
     /* the gate is free: a try gets the permit freed at once */
     CHECK_OK(dlock_release(p1));
     dlock_client *t = client_at(srv.uri);
-    dlock *pt = handle(t, "sem-give-up", 30000, 0, 2);
+    dlock *pt = th_handle(t, "sem-give-up", 30000, 0, 2);
     CHECK_OK(dlock_acquire(pt, 0));
     CHECK_OK(dlock_release(pt));
     CHECK_OK(dlock_release(p2));
@@ -1608,7 +1602,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
                           "column_name = 'holders'"),
              1);
     /* the held lock is as it was: held, by its owner, its token */
-    dlock *w = handle(c, "old-held", 0, 0, 0), *r = handle(c, "old-held", 0, 0, 0);
+    dlock *w = th_handle(c, "old-held", 0, 0, 0), *r = th_handle(c, "old-held", 0, 0, 0);
     dlock_info in;
     CHECK_OK(dlock_inspect(c, "old-held", &in));
     CHECK_EQ(in.held, 1);
@@ -1649,8 +1643,8 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
              "mysql://noalter:noalter-pw@127.0.0.1:%d/dlocktest?table=old_ro",
              srv.port);
     c = client_at(u);
-    dlock *x = handle(c, "plain", 0, 0, 0), *s = handle(c, "plain", 0, 0, 2),
-          *o = handle(c, "old-held", 0, 0, 0);
+    dlock *x = th_handle(c, "plain", 0, 0, 0), *s = th_handle(c, "plain", 0, 0, 2),
+          *o = th_handle(c, "old-held", 0, 0, 0);
     CHECK_OK(dlock_acquire(x, 0));
     CHECK_OK(dlock_release(x));
     CHECK_RC(dlock_acquire_shared(x, 0), DLOCK_ENOTSUP);
@@ -1674,15 +1668,15 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
 {
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
                  *c = client_at(srv.uri), *op = client_at(srv.uri);
-    dlock *ra = handle(a, "brk-drain", 30000, 0, 0),
-          *rb = handle(b, "brk-drain", 30000, 0, 0);
+    dlock *ra = th_handle(a, "brk-drain", 30000, 0, 0),
+          *rb = th_handle(b, "brk-drain", 30000, 0, 0);
     waiter w;
     pthread_t th;
     dlock_info ev;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
-    start(&w, &th, handle(c, "brk-drain", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "brk-drain", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-drain", &ev));
@@ -1716,17 +1710,17 @@ TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
     dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
                  *c = client_at(srv.uri), *d = client_at(srv.uri),
                  *op = client_at(srv.uri);
-    dlock *pa = handle(a, "brk-sem", 30000, 0, 2),
-          *pb = handle(b, "brk-sem", 30000, 0, 2);
+    dlock *pa = th_handle(a, "brk-sem", 30000, 0, 2),
+          *pb = th_handle(b, "brk-sem", 30000, 0, 2);
     waiter w1, w2;
     pthread_t t1, t2;
     dlock_info ev;
 
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
-    start(&w1, &t1, handle(c, "brk-sem", 30000, 0, 2), 0, 20000);
+    start(&w1, &t1, th_handle(c, "brk-sem", 30000, 0, 2), 0, 20000);
     wait_sleepers("helper", 2);
-    start(&w2, &t2, handle(d, "brk-sem", 30000, 0, 2), 0, 20000);
+    start(&w2, &t2, th_handle(d, "brk-sem", 30000, 0, 2), 0, 20000);
     wait_sleepers("gate", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-sem", &ev));

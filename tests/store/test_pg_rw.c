@@ -41,12 +41,6 @@ static dlock_client *client(void)
     return client_at(srv.uri);
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags, unsigned permits)
-{
-    return th_handle(c, name, ttl, flags, permits);
-}
-
 typedef struct waiter {
     dlock *l;
     int shared;
@@ -87,36 +81,6 @@ static void until_returned(waiter *w)
          i++)
         th_sleep_ms(5);
     CHECK(w->got != 0);
-}
-
-static dlock_info info_of(dlock_client *c, const char *name)
-{
-    dlock_info i;
-
-    CHECK_OK(dlock_inspect(c, name, &i));
-    return i;
-}
-
-/* Waits (10 s at most: a busy machine) until lock `name` has n live
- * waiters and h holders (h < 0: any number). */
-static void until_state(dlock_client *c, const char *name, int64_t n,
-                        int64_t h)
-{
-    int64_t until = th_now_ms() + 10000;
-    dlock_info i;
-
-    for (;;) {
-        i = info_of(c, name);
-        if ((i.waiters == n && (h < 0 || i.holders == h)) ||
-            th_now_ms() >= until)
-            break;
-        dlock_info_clear(&i);
-        th_sleep_ms(5);
-    }
-    CHECK_EQ(i.waiters, n);
-    if (h >= 0)
-        CHECK_EQ(i.holders, h);
-    dlock_info_clear(&i);
 }
 
 /* The lease end (server ms) of the entry with token `tok` in the row of
@@ -175,8 +139,8 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
 {
     dead *d = th_shared(sizeof(*d));
     dlock_client *a = client(), *c = client();
-    dlock *live = handle(a, "rw1", 30000, 0, 0);
-    waiter w = {handle(c, "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *live = th_handle(a, "rw1", 30000, 0, 0);
+    waiter w = {th_handle(c, "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     d->rc = -1000;
@@ -186,13 +150,13 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
                                    -1000;
          i++)
         th_sleep_ms(5);
-    until_state(c, "rw1", 0, 1);
+    th_wait_state(c, "rw1", 0, 1);
     kill(child, SIGKILL);
     th_wait(child);
     CHECK_OK(d->rc);
     CHECK_OK(dlock_acquire_shared(live, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(c, "rw1", 1, -1);
+    th_wait_state(c, "rw1", 1, -1);
     CHECK_OK(dlock_release(live));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
@@ -215,18 +179,18 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     dlock_client *c[4];
     for (int i = 0; i < 4; i++)
         c[i] = client();
-    dlock *r1 = handle(c[1], "rw2", 30000, 0, 0);
-    dlock *r2 = handle(c[2], "rw2", 30000, 0, 0);
-    dlock *r3 = handle(c[3], "rw2", 30000, 0, 0);
-    waiter w = {handle(c[0], "rw2", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *r1 = th_handle(c[1], "rw2", 30000, 0, 0);
+    dlock *r2 = th_handle(c[2], "rw2", 30000, 0, 0);
+    dlock *r3 = th_handle(c[3], "rw2", 30000, 0, 0);
+    waiter w = {th_handle(c[0], "rw2", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK(dlock_token(r1) != dlock_token(r2));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(c[3], "rw2", 1, 2);
-    dlock_info i = info_of(c[3], "rw2");
+    th_wait_state(c[3], "rw2", 1, 2);
+    dlock_info i = th_info(c[3], "rw2");
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.queue_len, 1);
     if (i.queue_len == 1)
@@ -235,7 +199,7 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     dlock_info_clear(&i);
     CHECK_RC(dlock_acquire_shared(r3, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(r1));
-    until_state(c[3], "rw2", 1, 1); /* the writer still waits */
+    th_wait_state(c[3], "rw2", 1, 1); /* the writer still waits */
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(r2));
     pthread_join(th, NULL);
@@ -259,7 +223,7 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
 {
     enum { N = 4 };
     dlock_client *h = client(), *c[N];
-    dlock *lh = handle(h, "rw3", 30000, 0, 0);
+    dlock *lh = th_handle(h, "rw3", 30000, 0, 0);
     waiter w[N];
     pthread_t th[N];
     volatile int go_r = 0, go_w = 0;
@@ -268,14 +232,14 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
     for (int i = 0; i < N; i++) {
         c[i] = client();
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(c[i], "rw3", 30000, 0, 0);
+        w[i].l = th_handle(c[i], "rw3", 30000, 0, 0);
         w[i].shared = i != 2; /* R R W R */
         w[i].wait = 20000;
         w[i].go = i < 2 ? &go_r : i == 2 ? &go_w : NULL;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        until_state(h, "rw3", i + 1, 1); /* queued in this order */
+        th_wait_state(h, "rw3", i + 1, 1); /* queued in this order */
     }
-    dlock_info q = info_of(h, "rw3");
+    dlock_info q = th_info(h, "rw3");
     CHECK_EQ(q.queue_len, 4);
     if (q.queue_len == 4) {
         CHECK_CONTAINS(q.queue[0], "read: ");
@@ -284,8 +248,8 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
     dlock_info_clear(&q);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    until_state(h, "rw3", 2, 2); /* two readers in, two still wait */
-    dlock_info i = info_of(h, "rw3");
+    th_wait_state(h, "rw3", 2, 2); /* two readers in, two still wait */
+    dlock_info i = th_info(h, "rw3");
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.queue_len, 2);
     if (i.queue_len == 2) {
@@ -326,16 +290,16 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
 TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 {
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *r1 = handle(a, "rw4", 30000, 0, 0);
-    waiter w = {handle(b, "rw4", 30000, 0, 0), 0, 3000, 0, 0, 0, 0, 0, NULL};
-    waiter r2 = {handle(c, "rw4", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *r1 = th_handle(a, "rw4", 30000, 0, 0);
+    waiter w = {th_handle(b, "rw4", 30000, 0, 0), 0, 3000, 0, 0, 0, 0, 0, NULL};
+    waiter r2 = {th_handle(c, "rw4", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t tw, tr;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
     pthread_create(&tw, NULL, wait_thread, &w);
-    until_state(a, "rw4", 1, 1);
+    th_wait_state(a, "rw4", 1, 1);
     pthread_create(&tr, NULL, wait_thread, &r2);
-    until_state(a, "rw4", 2, 1);
+    th_wait_state(a, "rw4", 2, 1);
     pthread_join(tw, NULL);
     CHECK_RC(w.rc, DLOCK_EBUSY);
     pthread_join(tr, NULL);
@@ -357,8 +321,8 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 TEST(a_readers_renewal_moves_only_its_own_entry)
 {
     dlock_client *a = client(), *b = client();
-    dlock *ra = handle(a, "rw5", 600, 0, 0); /* renewed every 200 ms */
-    dlock *rb = handle(b, "rw5", 20000, DLOCK_NO_RENEW, 0);
+    dlock *ra = th_handle(a, "rw5", 600, 0, 0); /* renewed every 200 ms */
+    dlock *rb = th_handle(b, "rw5", 20000, DLOCK_NO_RENEW, 0);
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
@@ -390,8 +354,8 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
 TEST(a_release_whose_entry_is_gone_is_lost)
 {
     dlock_client *a = client(), *b = client();
-    dlock *ra = handle(a, "rw6", 30000, DLOCK_NO_RENEW, 0);
-    dlock *rb = handle(b, "rw6", 30000, DLOCK_NO_RENEW, 0);
+    dlock *ra = th_handle(a, "rw6", 30000, DLOCK_NO_RENEW, 0);
+    dlock *rb = th_handle(b, "rw6", 30000, DLOCK_NO_RENEW, 0);
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
@@ -406,11 +370,11 @@ TEST(a_release_whose_entry_is_gone_is_lost)
              1);
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_EQ(entry_end("dlock_locks", "rw6", tb), eb);
-    dlock_info i = info_of(a, "rw6");
+    dlock_info i = th_info(a, "rw6");
     CHECK_EQ(i.holders, 1);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(rb));
-    i = info_of(a, "rw6");
+    i = th_info(a, "rw6");
     CHECK_EQ(i.held, 0);
     CHECK_EQ(i.holders, 0);
     dlock_info_clear(&i);
@@ -439,20 +403,20 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
 {
     int *ready = th_shared(sizeof(*ready));
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "rw7", 30000, 0, 0);
-    waiter r = {handle(c, "rw7", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *lh = th_handle(h, "rw7", 30000, 0, 0);
+    waiter r = {th_handle(c, "rw7", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(queued_child, ready);
-    until_state(h, "rw7", 1, 1);
+    th_wait_state(h, "rw7", 1, 1);
     kill(child, SIGKILL);
     th_wait(child);
     /* its entry stays in the table, but is dead: not a waiter any more */
-    until_state(h, "rw7", 0, 1);
+    th_wait_state(h, "rw7", 0, 1);
     CHECK_EQ(entries("dlock_locks", "rw7"), 1);
     pthread_create(&th, NULL, wait_thread, &r);
-    until_state(h, "rw7", 1, 1);
+    th_wait_state(h, "rw7", 1, 1);
     CHECK_EQ(entries("dlock_locks", "rw7"), 2);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
@@ -473,13 +437,13 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
 {
     dlock_client *a = client(), *b = client(), *c = client(),
                  *d = client();
-    dlock *pa = handle(a, "rw8", 30000, 0, 2);
-    dlock *pb = handle(b, "rw8", 30000, 0, 2);
-    dlock *p3 = handle(c, "rw8", 30000, 0, 3);
-    dlock *lk = handle(c, "rw8", 30000, 0, 0);
+    dlock *pa = th_handle(a, "rw8", 30000, 0, 2);
+    dlock *pb = th_handle(b, "rw8", 30000, 0, 2);
+    dlock *p3 = th_handle(c, "rw8", 30000, 0, 3);
+    dlock *lk = th_handle(c, "rw8", 30000, 0, 0);
     volatile int go1 = 0;
-    waiter w1 = {handle(c, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter w2 = {handle(d, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w1 = {th_handle(c, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w2 = {th_handle(d, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
 
     w1.go = &go1;
@@ -493,10 +457,10 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_RC(dlock_acquire_shared(lk, 1000), DLOCK_EINVAL);
     CHECK_EQ(entries("dlock_locks", "rw8"), 0);
     pthread_create(&t1, NULL, wait_thread, &w1);
-    until_state(a, "rw8", 1, 2);
+    th_wait_state(a, "rw8", 1, 2);
     pthread_create(&t2, NULL, wait_thread, &w2);
-    until_state(a, "rw8", 2, 2);
-    dlock_info i = info_of(a, "rw8");
+    th_wait_state(a, "rw8", 2, 2);
+    dlock_info i = th_info(a, "rw8");
     CHECK_EQ(i.permits, 2);
     if (i.queue_len == 2)
         CHECK_CONTAINS(i.queue[0], "permit: ");
@@ -504,7 +468,7 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(pa));
     /* one permit freed: the first waiter alone */
-    until_state(a, "rw8", 1, 2);
+    th_wait_state(a, "rw8", 1, 2);
     until_returned(&w1);
     CHECK_EQ(w2.got, 0); /* one permit freed: one waiter in */
     CHECK_OP(w1.got - rel, <, 3000); /* a hand-off, busy machine */
@@ -518,7 +482,7 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_OP(w1.token, >, dlock_token(pb));
     /* free: the row keeps N for dlock status only; the name binds
      * nothing, so a lock may take it now */
-    i = info_of(a, "rw8");
+    i = th_info(a, "rw8");
     CHECK_EQ(i.held, 0);
     CHECK_EQ(i.permits, 2);
     dlock_info_clear(&i);
@@ -540,8 +504,8 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
 TEST(a_wait_never_takes_the_owners_hold_of_another_kind)
 {
     dlock_client *a = client(), *b = client();
-    dlock *l = handle(a, "rw11", 30000, 0, 0);
-    dlock *other = handle(b, "rw11", 30000, 0, 0);
+    dlock *l = th_handle(a, "rw11", 30000, 0, 0);
+    dlock *other = th_handle(b, "rw11", 30000, 0, 0);
     char owner[128];
 
     /* the owner string of this thread in client a, from its read hold */
@@ -628,9 +592,9 @@ TEST(the_uncontended_shared_cycle_is_one_statement_each_way)
              "postgres://counted:counted-secret@127.0.0.1:%d/postgres",
              srv.port);
     dlock_client *c = client_at(uri);
-    dlock *lw = handle(c, "rw9w", 30000, 0, 0);
-    dlock *lr = handle(c, "rw9r", 30000, 0, 0);
-    dlock *lp = handle(c, "rw9p", 30000, 0, 3);
+    dlock *lw = th_handle(c, "rw9w", 30000, 0, 0);
+    dlock *lr = th_handle(c, "rw9r", 30000, 0, 0);
+    dlock *lp = th_handle(c, "rw9p", 30000, 0, 3);
 
     /* the first cycle of each prepares its statements */
     CHECK_OK(dlock_acquire(lw, 0));
@@ -748,22 +712,22 @@ TEST(a_table_of_the_previous_version_is_migrated)
                           "'old_locks_waiters'::regclass) AND attname IN "
                           "('holders', 'permits', 'kind')"),
              4);
-    dlock *w = handle(a, "rw10", 30000, 0, 0);
-    dlock *r = handle(a, "rw10", 30000, 0, 0);
+    dlock *w = th_handle(a, "rw10", 30000, 0, 0);
+    dlock *r = th_handle(a, "rw10", 30000, 0, 0);
     CHECK_RC(dlock_acquire(w, 0), DLOCK_EBUSY);
     CHECK_RC(dlock_acquire_shared(r, 0), DLOCK_EBUSY);
-    dlock_info i = info_of(a, "rw10");
+    dlock_info i = th_info(a, "rw10");
     CHECK_EQ(i.held, 1);
     CHECK_STR(i.holder, "an older client");
     CHECK_EQ(i.token, tok);
     dlock_info_clear(&i);
-    waiter r1 = {handle(a, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter r2 = {handle(b, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter r1 = {th_handle(a, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter r2 = {th_handle(b, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
     pthread_create(&t1, NULL, wait_thread, &r1);
-    until_state(b, "rw10", 1, 1);
+    th_wait_state(b, "rw10", 1, 1);
     pthread_create(&t2, NULL, wait_thread, &r2);
-    until_state(b, "rw10", 2, 1);
+    th_wait_state(b, "rw10", 2, 1);
     /* the older client releases as it always did */
     char granted[200];
     CHECK_EQ(th_sql_query(&srv, granted, sizeof(granted),
@@ -794,8 +758,8 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
 {
     dlock_client *a = client(), *b = client(), *op = client(),
                  *c = client(), *d = client();
-    dlock *ra = handle(a, "rwb", 30000, 0, 0);
-    dlock *rb = handle(b, "rwb", 30000, 0, 0);
+    dlock *ra = th_handle(a, "rwb", 30000, 0, 0);
+    dlock *rb = th_handle(b, "rwb", 30000, 0, 0);
     volatile int go_w = 0;
     waiter w[2];
     pthread_t th[2];
@@ -805,15 +769,15 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
     CHECK_OK(dlock_acquire_shared(rb, 0));
     for (int i = 0; i < 2; i++) {
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(i ? d : c, "rwb", 30000, 0, 0);
+        w[i].l = th_handle(i ? d : c, "rwb", 30000, 0, 0);
         w[i].shared = i == 1; /* a writer, then a reader */
         w[i].wait = 20000;
         w[i].go = i == 0 ? &go_w : NULL;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        until_state(op, "rwb", i + 1, 2);
+        th_wait_state(op, "rwb", i + 1, 2);
     }
     dlock_list_page p;
-    dlock_info in = info_of(op, "rwb");
+    dlock_info in = th_info(op, "rwb");
     CHECK_OK(dlock_list(op, "rwb", NULL, 10, 0, &p));
     CHECK_EQ(p.n, 1);
     if (p.n == 1) {
@@ -845,7 +809,7 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
     CHECK_OK(w[0].rc);
     CHECK_OP(w[0].got - t0, <, 3000); /* one hand-off, busy machine */
     CHECK_OP(w[0].token, >, last);
-    until_state(op, "rwb", 1, 1); /* the reader still waits */
+    th_wait_state(op, "rwb", 1, 1); /* the reader still waits */
     CHECK_EQ(w[1].got, 0);
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
@@ -866,8 +830,8 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
 {
     dlock_client *a = client(), *b = client(), *op = client(),
                  *c = client(), *d = client();
-    dlock *pa = handle(a, "rwsb", 30000, 0, 2);
-    dlock *pb = handle(b, "rwsb", 30000, 0, 2);
+    dlock *pa = th_handle(a, "rwsb", 30000, 0, 2);
+    dlock *pb = th_handle(b, "rwsb", 30000, 0, 2);
     volatile int go = 0;
     waiter w[2];
     pthread_t th[2];
@@ -879,11 +843,11 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
                                                       : dlock_token(pa);
     for (int i = 0; i < 2; i++) {
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(i ? d : c, "rwsb", 30000, 0, 2);
+        w[i].l = th_handle(i ? d : c, "rwsb", 30000, 0, 2);
         w[i].wait = 20000;
         w[i].go = &go;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        until_state(op, "rwsb", i + 1, 2);
+        th_wait_state(op, "rwsb", i + 1, 2);
     }
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "rwsb", &ev));
@@ -897,7 +861,7 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
         CHECK_OP(w[i].got - t0, <, 3000); /* a hand-off, busy machine */
         CHECK_OP(w[i].token, >, most);
     }
-    dlock_info i = info_of(op, "rwsb");
+    dlock_info i = th_info(op, "rwsb");
     CHECK_EQ(i.held, 1);
     CHECK_EQ(i.holders, 2);
     CHECK_EQ(i.permits, 2);
@@ -974,8 +938,8 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
 {
     sem_child_arg *a = th_shared(sizeof(*a));
     dlock_client *c = client_at(adv), *d = client_at(adv);
-    dlock *p = handle(c, "adv1", 0, 0, 2);
-    waiter w = {handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *p = th_handle(c, "adv1", 0, 0, 2);
+    waiter w = {th_handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     pid_t child = th_fork(permit_child, a);
@@ -985,8 +949,8 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
     CHECK(a->ready);
     CHECK_OK(dlock_acquire(p, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(c, "adv1", 1, 2);
-    dlock_info i = info_of(c, "adv1");
+    th_wait_state(c, "adv1", 1, 2);
+    dlock_info i = th_info(c, "adv1");
     CHECK_EQ(i.permits, 2);
     CHECK_EQ(i.held, 1);
     if (i.queue_len == 1)
@@ -1015,10 +979,10 @@ TEST(an_advisory_head_that_gives_up_leaves_nothing)
 {
     dlock_client *a = client_at(adv), *b = client_at(adv),
                  *c = client_at(adv);
-    dlock *pa = handle(a, "adv2", 0, 0, 3), *pb = handle(b, "adv2", 0, 0, 3),
-          *pc = handle(c, "adv2", 0, 0, 3);
+    dlock *pa = th_handle(a, "adv2", 0, 0, 3), *pb = th_handle(b, "adv2", 0, 0, 3),
+          *pc = th_handle(c, "adv2", 0, 0, 3);
     dlock_client *h = client_at(adv);
-    dlock *ph = handle(h, "adv2", 0, 0, 3);
+    dlock *ph = th_handle(h, "adv2", 0, 0, 3);
 
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
@@ -1053,18 +1017,18 @@ TEST(advisory_permit_waiters_are_served_in_order)
 {
     dlock_client *h = client_at(adv), *c1 = client_at(adv),
                  *c2 = client_at(adv);
-    dlock *ph = handle(h, "adv3", 0, 0, 1);
+    dlock *ph = th_handle(h, "adv3", 0, 0, 1);
     volatile int go1 = 0;
-    waiter w1 = {handle(c1, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter w2 = {handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w1 = {th_handle(c1, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w2 = {th_handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
 
     w1.go = &go1;
     CHECK_OK(dlock_acquire(ph, 0));
     pthread_create(&t1, NULL, wait_thread, &w1);
-    until_state(h, "adv3", 1, 1);
+    th_wait_state(h, "adv3", 1, 1);
     pthread_create(&t2, NULL, wait_thread, &w2);
-    until_state(h, "adv3", 2, 1);
+    th_wait_state(h, "adv3", 2, 1);
     CHECK_OK(dlock_release(ph));
     until_returned(&w1);
     CHECK_OK(w1.rc);
@@ -1169,16 +1133,16 @@ TEST(advisory_permit_tries_never_hold_more_than_n)
 TEST(advisory_semaphore_kinds_and_cap)
 {
     dlock_client *c = client_at(adv), *d = client_at(adv);
-    dlock *p2 = handle(c, "adv5", 0, 0, 2), *p3 = handle(d, "adv5", 0, 0, 3);
-    dlock *lk = handle(d, "adv5", 0, 0, 0);
-    dlock *big = handle(d, "adv5-big", 0, 0, 33);
+    dlock *p2 = th_handle(c, "adv5", 0, 0, 2), *p3 = th_handle(d, "adv5", 0, 0, 3);
+    dlock *lk = th_handle(d, "adv5", 0, 0, 0);
+    dlock *big = th_handle(d, "adv5-big", 0, 0, 33);
 
     CHECK_OK(dlock_acquire(p2, 0));
     CHECK_RC(dlock_acquire(p3, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "is a semaphore of 2 permits");
     CHECK_RC(dlock_acquire(p3, 500), DLOCK_EINVAL);
     CHECK_EQ(adv_waiting(), 0);
-    dlock_info i = info_of(c, "adv5");
+    dlock_info i = th_info(c, "adv5");
     CHECK_EQ(i.permits, 2);
     CHECK_EQ(i.holders, 1);
     dlock_info_clear(&i);
@@ -1202,8 +1166,8 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
 {
     dlock_client *c = client_at(adv), *d = client_at(adv),
                  *e = client_at(adv), *op = client_at(adv);
-    dlock *pa = handle(c, "adv6", 0, 0, 2), *pb = handle(d, "adv6", 0, 0, 2);
-    waiter w = {handle(e, "adv6", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *pa = th_handle(c, "adv6", 0, 0, 2), *pb = th_handle(d, "adv6", 0, 0, 2);
+    waiter w = {th_handle(e, "adv6", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
     dlock_info ev;
 
@@ -1212,7 +1176,7 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
     uint64_t most = dlock_token(pb) > dlock_token(pa) ? dlock_token(pb)
                                                       : dlock_token(pa);
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(op, "adv6", 1, 2);
+    th_wait_state(op, "adv6", 1, 2);
     th_sleep_ms(300); /* the head asleep on both slots, most likely */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "adv6", &ev));

@@ -32,14 +32,6 @@ static dlock *handle(dlock_client *c, const char *name, unsigned permits,
     return th_handle(c, name, 0, flags, permits);
 }
 
-static dlock_info info_of(dlock_client *c, const char *name)
-{
-    dlock_info in;
-
-    CHECK_OK(dlock_inspect(c, name, &in));
-    return in;
-}
-
 /* A test of what the store does not have yet passes with a note (its
  * DLOCK_ENOTSUP is checked by the first test). */
 #define NEED_SHARED()                                                       \
@@ -108,7 +100,7 @@ TEST(readers_share_and_exclude_writers)
     CHECK_OP(dlock_token(la), >, 0);
     CHECK_OP(dlock_token(lb), >, 0);
     CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
-    in = info_of(w, "rw");
+    in = th_info(w, "rw");
     CHECK_EQ(in.held, 1);
     CHECK_EQ(in.shared, 1);
     CHECK_EQ(in.holders, 2);
@@ -118,20 +110,20 @@ TEST(readers_share_and_exclude_writers)
     CHECK_OK(dlock_release(la));
     CHECK_EQ(dlock_held(lb), 1);
     CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
-    in = info_of(w, "rw");
+    in = th_info(w, "rw");
     CHECK_EQ(in.holders, 1);
     dlock_info_clear(&in);
 
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_acquire(lw, 0));
     CHECK_RC(dlock_acquire_shared(la, 0), DLOCK_EBUSY);
-    in = info_of(a, "rw");
+    in = th_info(a, "rw");
     CHECK_EQ(in.held, 1);
     CHECK_EQ(in.shared, 0);
     CHECK_EQ(in.holders, 1);
     dlock_info_clear(&in);
     CHECK_OK(dlock_release(lw));
-    in = info_of(a, "rw");
+    in = th_info(a, "rw");
     CHECK_EQ(in.held, 0);
     CHECK_EQ(in.holders, 0);
     dlock_info_clear(&in);
@@ -574,7 +566,7 @@ TEST(semaphore_counts_permits)
     /* every handle of a semaphore says the same N */
     CHECK_RC(dlock_acquire(other, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "2 permits");
-    in = info_of(c, "sem");
+    in = th_info(c, "sem");
     CHECK_EQ(in.held, 1);
     CHECK_EQ(in.permits, 2);
     CHECK_EQ(in.holders, 2);
@@ -746,14 +738,14 @@ TEST(a_semaphore_waiter_that_gives_up_leaves_nothing)
      * by its deadline) */
     for (int i = 0; i < 3; i++)
         CHECK_RC(dlock_acquire(lb, 2000), DLOCK_EBUSY);
-    in = info_of(a, "sem-give-up");
+    in = th_info(a, "sem-give-up");
     CHECK_EQ(in.waiters, 0);
     CHECK_EQ(in.holders, 1);
     dlock_info_clear(&in);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    in = info_of(a, "sem-give-up");
+    in = th_info(a, "sem-give-up");
     CHECK_EQ(in.held, 0);
     CHECK_EQ(in.holders, 0);
     /* N is kept while any permit is held or awaited; after, a store may
@@ -793,7 +785,7 @@ static void cancel_one(dlock_client *watch, const char *name, dlock *l,
      * reader's in the kernel, is given the pause) */
     int64_t seen = th_now_ms() + 2000;
     for (;;) {
-        in = info_of(watch, name);
+        in = th_info(watch, name);
         int64_t w = in.waiters;
         dlock_info_clear(&in);
         if (w >= 1 || th_now_ms() >= seen)
@@ -808,7 +800,7 @@ static void cancel_one(dlock_client *watch, const char *name, dlock *l,
     CHECK_OP(th_now_ms() - t0, <, 5000);
     int64_t until = th_now_ms() + 10000;
     for (;;) {
-        in = info_of(watch, name);
+        in = th_info(watch, name);
         int64_t w = in.waiters;
         dlock_info_clear(&in);
         if (w == 0)

@@ -80,39 +80,6 @@ static dlock_client *client(void)
     return th_client(uri, NULL);
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags, unsigned permits)
-{
-    return th_handle(c, name, ttl, flags, permits);
-}
-
-static dlock_info info_of(dlock_client *c, const char *name)
-{
-    dlock_info i;
-
-    CHECK_OK(dlock_inspect(c, name, &i));
-    return i;
-}
-
-/* Waits (10 s at most) until lock `name` has n waiters and h holders. */
-static void until_state(dlock_client *c, const char *name, int64_t n,
-                        int64_t h)
-{
-    int64_t until = th_now_ms() + 10000;
-    dlock_info i;
-
-    for (;;) {
-        i = info_of(c, name);
-        if ((i.waiters == n && i.holders == h) || th_now_ms() >= until)
-            break;
-        dlock_info_clear(&i);
-        th_sleep_ms(5);
-    }
-    CHECK_EQ(i.waiters, n);
-    CHECK_EQ(i.holders, h);
-    dlock_info_clear(&i);
-}
-
 /* A query on the database through a connection of our own, its first
  * column as text into out ("" for NULL or no row); `name` bound as ?1
  * (a BLOB, as the store binds it). */
@@ -325,8 +292,8 @@ static void until_asleep(waiter *w)
 TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
 {
     dlock_client *a = client(), *b = client(), *cw = client();
-    dlock *ra = handle(a, "rw-last", 30000, 0, 0);
-    dlock *rb = handle(b, "rw-last", 30000, 0, 0);
+    dlock *ra = th_handle(a, "rw-last", 30000, 0, 0);
+    dlock *rb = th_handle(b, "rw-last", 30000, 0, 0);
     waiter w;
     pthread_t th;
     long mine = 0;
@@ -337,8 +304,8 @@ TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
     steps_here = NULL;
     CHECK_OP(mine, >=, 1);
     CHECK_OK(dlock_acquire_shared(rb, 0));
-    start(&w, &th, handle(cw, "rw-last", 30000, 0, 0), 0, 0);
-    until_state(a, "rw-last", 1, 2);
+    start(&w, &th, th_handle(cw, "rw-last", 30000, 0, 0), 0, 0);
+    th_wait_state(a, "rw-last", 1, 2);
     until_asleep(&w);
     CHECK_EQ(marked("rw-last"), 1); /* the head, on its doorbell */
     long s0 = steps_of(&w.steps);
@@ -346,7 +313,7 @@ TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
     /* 300 ms: far more than a wake-up and a statement take */
     th_sleep_ms(300);
     CHECK_EQ(steps_of(&w.steps), s0);
-    until_state(a, "rw-last", 1, 1);
+    th_wait_state(a, "rw-last", 1, 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(rb));
     pthread_join(th, NULL);
@@ -370,7 +337,7 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_and_no_further)
 {
     enum { NW = 4 };
     dlock_client *h = client(), *c[NW];
-    dlock *lh = handle(h, "rw-head", 30000, 0, 0);
+    dlock *lh = th_handle(h, "rw-head", 30000, 0, 0);
     waiter w[NW];
     pthread_t th[NW];
     static const int shared[NW] = {1, 1, 0, 1};
@@ -378,14 +345,14 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_and_no_further)
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < NW; i++) {
         c[i] = client();
-        start(&w[i], &th[i], handle(c[i], "rw-head", 30000, 0, 0), shared[i],
+        start(&w[i], &th[i], th_handle(c[i], "rw-head", 30000, 0, 0), shared[i],
               400);
-        until_state(h, "rw-head", i + 1, 1); /* queued in this order */
+        th_wait_state(h, "rw-head", i + 1, 1); /* queued in this order */
     }
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    until_state(h, "rw-head", 2, 2); /* two readers hold, two wait */
-    dlock_info i = info_of(h, "rw-head");
+    th_wait_state(h, "rw-head", 2, 2); /* two readers hold, two wait */
+    dlock_info i = th_info(h, "rw-head");
     CHECK_EQ(i.shared, 1);
     CHECK_CONTAINS(i.holder, "2 readers");
     dlock_info_clear(&i);
@@ -417,15 +384,15 @@ TEST(readers_behind_a_writer_get_in_as_a_chain)
 {
     enum { NR = 8 };
     dlock_client *h = client(), *c[NR];
-    dlock *lh = handle(h, "rw-chain", 30000, 0, 0);
+    dlock *lh = th_handle(h, "rw-chain", 30000, 0, 0);
     waiter w[NR];
     pthread_t th[NR];
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < NR; i++) {
         c[i] = client();
-        start(&w[i], &th[i], handle(c[i], "rw-chain", 30000, 0, 0), 1, -1);
-        until_state(h, "rw-chain", i + 1, 1);
+        start(&w[i], &th[i], th_handle(c[i], "rw-chain", 30000, 0, 0), 1, -1);
+        th_wait_state(h, "rw-chain", i + 1, 1);
     }
     for (int i = 0; i < NR; i++)
         until_asleep(&w[i]);
@@ -434,7 +401,7 @@ TEST(readers_behind_a_writer_get_in_as_a_chain)
         s0[i] = steps_of(&w[i].steps);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    until_state(h, "rw-chain", 0, NR);
+    th_wait_state(h, "rw-chain", 0, NR);
     int64_t last = 0;
     for (int i = 0; i < NR; i++) {
         CHECK_OK(until_got(&w[i]));
@@ -517,14 +484,14 @@ TEST(a_dead_readers_entry_ends_at_its_lease_and_the_writer_gets_in_then)
 {
     dead *d = th_shared(sizeof(*d));
     dlock_client *a = client(), *cw = client();
-    dlock *live = handle(a, "rw-dead", 30000, 0, 0);
+    dlock *live = th_handle(a, "rw-dead", 30000, 0, 0);
     waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(live, 0));
     dead_holder(d, "rw-dead", 0);
-    start(&w, &th, handle(cw, "rw-dead", 30000, 0, 0), 0, 0);
-    until_state(a, "rw-dead", 1, 2);
+    start(&w, &th, th_handle(cw, "rw-dead", 30000, 0, 0), 0, 0);
+    th_wait_state(a, "rw-dead", 1, 2);
     CHECK_OK(dlock_release(live)); /* one entry left: the dead one's */
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
@@ -548,7 +515,7 @@ TEST(a_killed_permit_holder_wakes_the_head_by_its_lease_end)
     pthread_t th;
 
     dead_holder(d, "sem-dead", 1);
-    start(&w, &th, handle(cw, "sem-dead", 30000, 0, 1), 0, 0);
+    start(&w, &th, th_handle(cw, "sem-dead", 30000, 0, 1), 0, 0);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     CHECK_OP(w.got, >=, d->before + 800 - 20);
@@ -562,8 +529,8 @@ TEST(a_killed_permit_holder_wakes_the_head_by_its_lease_end)
 TEST(a_readers_renewal_moves_only_its_own_entry)
 {
     dlock_client *a = client(), *b = client();
-    dlock *ra = handle(a, "rw-renew", 5000, 0, 0);
-    dlock *rb = handle(b, "rw-renew", 5000, 0, 0);
+    dlock *ra = th_handle(a, "rw-renew", 5000, 0, 0);
+    dlock *rb = th_handle(b, "rw-renew", 5000, 0, 0);
     char oa[128], ob[128], sql[300];
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -610,9 +577,9 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
 TEST(a_release_whose_entry_is_gone_is_lost_and_touches_no_other)
 {
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *short1 = handle(a, "rw-gone", 100, DLOCK_NO_RENEW, 0);
-    dlock *short2 = handle(c, "rw-gone", 100, DLOCK_NO_RENEW, 0);
-    dlock *longr = handle(b, "rw-gone", 30000, 0, 0);
+    dlock *short1 = th_handle(a, "rw-gone", 100, DLOCK_NO_RENEW, 0);
+    dlock *short2 = th_handle(c, "rw-gone", 100, DLOCK_NO_RENEW, 0);
+    dlock *longr = th_handle(b, "rw-gone", 30000, 0, 0);
     static const char row_sql[] =
         "SELECT quote(owner) || '|' || quote(holders) || '|' || holds || '|' "
         "|| token || '|' || lock_until || '|' || quote(holder) FROM "
@@ -630,7 +597,7 @@ TEST(a_release_whose_entry_is_gone_is_lost_and_touches_no_other)
     CHECK_OK(dlock_acquire_shared(short1, 0));
     th_sleep_ms(250);
     CHECK_OK(dlock_acquire_shared(short2, 0)); /* drops short1's entry */
-    dlock_info i = info_of(b, "rw-gone");
+    dlock_info i = th_info(b, "rw-gone");
     CHECK_EQ(i.holders, 2);
     dlock_info_clear(&i);
     query(db_path, row_sql, "rw-gone", before, sizeof(before));
@@ -653,7 +620,7 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
 {
     enum { NW = 3 };
     dlock_client *a = client(), *b = client(), *c[NW];
-    dlock *pa = handle(a, "sem-one", 30000, 0, 2), *pb = handle(b, "sem-one", 30000, 0, 2);
+    dlock *pa = th_handle(a, "sem-one", 30000, 0, 2), *pb = th_handle(b, "sem-one", 30000, 0, 2);
     waiter w[NW];
     pthread_t th[NW];
 
@@ -661,34 +628,34 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
     CHECK_OK(dlock_acquire(pb, 0));
     for (int i = 0; i < NW; i++) {
         c[i] = client();
-        start(&w[i], &th[i], handle(c[i], "sem-one", 30000, 0, 2), 0, -1);
-        until_state(a, "sem-one", i + 1, 2);
+        start(&w[i], &th[i], th_handle(c[i], "sem-one", 30000, 0, 2), 0, -1);
+        th_wait_state(a, "sem-one", i + 1, 2);
     }
     for (int i = 0; i < NW; i++)
         until_asleep(&w[i]);
     CHECK_EQ(marked("sem-one"), 1);
     long last0 = steps_of(&w[NW - 1].steps);
-    dlock_info in = info_of(a, "sem-one");
+    dlock_info in = th_info(a, "sem-one");
     CHECK_EQ(in.permits, 2);
     CHECK_CONTAINS(in.holder, "2 of 2 permits");
     dlock_info_clear(&in);
     /* one permit freed: the head gets it, and nobody else */
     CHECK_OK(dlock_release(pa));
-    until_state(a, "sem-one", 2, 2);
+    th_wait_state(a, "sem-one", 2, 2);
     th_sleep_ms(300); /* nobody else gets in meanwhile */
-    until_state(a, "sem-one", 2, 2);
+    th_wait_state(a, "sem-one", 2, 2);
     CHECK_OK(until_got(&w[0]));
     CHECK_EQ(w[1].got, 0);
     CHECK_EQ(w[2].got, 0);
     /* the last waiter slept behind its predecessor meanwhile */
     CHECK_EQ(steps_of(&w[NW - 1].steps), last0);
     /* N is kept while held */
-    dlock *other = handle(a, "sem-one", 30000, 0, 3);
+    dlock *other = th_handle(a, "sem-one", 30000, 0, 3);
     CHECK_RC(dlock_acquire(other, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "2 permits");
     /* the next: freed by another holder */
     CHECK_OK(dlock_release(pb));
-    until_state(a, "sem-one", 1, 2);
+    th_wait_state(a, "sem-one", 1, 2);
     CHECK_OK(until_got(&w[1]));
     CHECK_EQ(w[2].got, 0);
     CHECK_OP(w[1].token, >, w[0].token);
@@ -705,7 +672,7 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
     CHECK_OP(w[2].token, >, w[1].token);
     __atomic_store_n(&w[1].go, 1, __ATOMIC_SEQ_CST);
     pthread_join(th[1], NULL);
-    in = info_of(a, "sem-one");
+    in = th_info(a, "sem-one");
     CHECK_EQ(in.held, 0);
     CHECK_EQ(in.permits, 2); /* kept for status once free */
     dlock_info_clear(&in);
@@ -724,10 +691,10 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
 TEST(kinds_mixed_on_a_live_name_are_refused)
 {
     dlock_client *a = client(), *b = client();
-    dlock *sem = handle(a, "mix", 30000, 0, 2);
-    dlock *lk = handle(b, "mix", 30000, 0, 0);
-    dlock *sem3 = handle(b, "mix", 30000, 0, 3);
-    dlock *sem2 = handle(a, "mix", 30000, 0, 2);
+    dlock *sem = th_handle(a, "mix", 30000, 0, 2);
+    dlock *lk = th_handle(b, "mix", 30000, 0, 0);
+    dlock *sem3 = th_handle(b, "mix", 30000, 0, 3);
+    dlock *sem2 = th_handle(a, "mix", 30000, 0, 2);
 
     CHECK_OK(dlock_acquire(sem, 0));
     CHECK_RC(dlock_acquire(lk, 5000), DLOCK_EINVAL);
@@ -736,7 +703,7 @@ TEST(kinds_mixed_on_a_live_name_are_refused)
     CHECK_CONTAINS(dlock_errmsg(), "semaphore of 2 permits");
     CHECK_RC(dlock_acquire(sem3, 5000), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "not 3");
-    dlock_info i = info_of(a, "mix");
+    dlock_info i = th_info(a, "mix");
     CHECK_EQ(i.waiters, 0);
     CHECK_EQ(i.holders, 1);
     CHECK_EQ(i.permits, 2);
@@ -751,7 +718,7 @@ TEST(kinds_mixed_on_a_live_name_are_refused)
     CHECK_OK(dlock_acquire_shared(lk, 0));
     CHECK_RC(dlock_acquire(sem, 5000), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "held shared");
-    i = info_of(a, "mix");
+    i = th_info(a, "mix");
     CHECK_EQ(i.waiters, 0);
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.permits, 0);
@@ -846,9 +813,9 @@ static long long ticket_of(const char *name)
 TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
 {
     dlock_client *a = client(), *b = client(), *c = client(), *op = client();
-    dlock *la = handle(a, "bk-ticket", 30000, 0, 0);
-    dlock *lb = handle(b, "bk-ticket", 30000, 0, 0);
-    dlock *lc = handle(c, "bk-ticket", 30000, 0, 0);
+    dlock *la = th_handle(a, "bk-ticket", 30000, 0, 0);
+    dlock *lb = th_handle(b, "bk-ticket", 30000, 0, 0);
+    dlock *lc = th_handle(c, "bk-ticket", 30000, 0, 0);
     waiter wb, wc;
     pthread_t tb, tc;
     dlock_info ev;
@@ -856,13 +823,13 @@ TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
     CHECK_OK(dlock_acquire(la, 0)); /* nobody queued: no ticket */
     CHECK_EQ(ticket_of("bk-ticket"), 0);
     start(&wb, &tb, lb, 0, -1);
-    until_state(op, "bk-ticket", 1, 1);
+    th_wait_state(op, "bk-ticket", 1, 1);
     CHECK_OK(dlock_release(la));
     CHECK_OK(until_got(&wb)); /* handed over: b holds with its ticket */
     long long t = ticket_of("bk-ticket");
     CHECK_OP(t, >, 0);
     start(&wc, &tc, lc, 0, 0);
-    until_state(op, "bk-ticket", 1, 1);
+    th_wait_state(op, "bk-ticket", 1, 1);
     until_asleep(&wc); /* on b's channel (and its own doorbell) */
     long before = steps_of(&wc.steps);
 
@@ -898,15 +865,15 @@ TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
 TEST(a_newcomer_passes_the_ticket_of_a_broken_holder)
 {
     dlock_client *a = client(), *b = client(), *c = client(), *op = client();
-    dlock *la = handle(a, "bk-new", 30000, 0, 0);
-    dlock *lb = handle(b, "bk-new", 30000, 0, 0);
-    dlock *lc = handle(c, "bk-new", 30000, 0, 0);
+    dlock *la = th_handle(a, "bk-new", 30000, 0, 0);
+    dlock *lb = th_handle(b, "bk-new", 30000, 0, 0);
+    dlock *lc = th_handle(c, "bk-new", 30000, 0, 0);
     waiter wb, wc;
     pthread_t tb, tc;
 
     CHECK_OK(dlock_acquire(la, 0));
     start(&wb, &tb, lb, 0, -1);
-    until_state(op, "bk-new", 1, 1);
+    th_wait_state(op, "bk-new", 1, 1);
     CHECK_OK(dlock_release(la));
     CHECK_OK(until_got(&wb));
     long long t = ticket_of("bk-new");
@@ -935,14 +902,14 @@ TEST(a_newcomer_passes_the_ticket_of_a_broken_holder)
 TEST(an_evicted_holders_renewal_drops_its_ticket)
 {
     dlock_client *a = client(), *b = client(), *op = client();
-    dlock *la = handle(a, "bk-drop", 900, 0, 0);
-    dlock *lb = handle(b, "bk-drop", 900, 0, 0);
+    dlock *la = th_handle(a, "bk-drop", 900, 0, 0);
+    dlock *lb = th_handle(b, "bk-drop", 900, 0, 0);
     waiter wb;
     pthread_t tb;
 
     CHECK_OK(dlock_acquire(la, 0));
     start(&wb, &tb, lb, 0, -1);
-    until_state(op, "bk-drop", 1, 1);
+    th_wait_state(op, "bk-drop", 1, 1);
     CHECK_OK(dlock_release(la));
     CHECK_OK(until_got(&wb));
     CHECK_OP(ticket_of("bk-drop"), >, 0);
@@ -951,7 +918,7 @@ TEST(an_evicted_holders_renewal_drops_its_ticket)
      * ticket, counted as a waiter by dlock_inspect() while the row is
      * free, is gone once its renewal ran (300 ms; until_state's 10 s is
      * a busy machine's bound) */
-    until_state(op, "bk-drop", 0, 0);
+    th_wait_state(op, "bk-drop", 0, 0);
     /* so an acquire finds nobody queued: no ticket, the plain take */
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_EQ(ticket_of("bk-drop"), 0);
@@ -972,9 +939,9 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
 {
     dlock_client *a = client(), *b = client(), *c = client(), *d = client();
     dlock_client *op = client();
-    dlock *ra = handle(a, "bk-rw", 30000, 0, 0);
-    dlock *rb = handle(b, "bk-rw", 30000, 0, 0);
-    dlock *lw = handle(c, "bk-rw", 30000, 0, 0);
+    dlock *ra = th_handle(a, "bk-rw", 30000, 0, 0);
+    dlock *rb = th_handle(b, "bk-rw", 30000, 0, 0);
+    dlock *lw = th_handle(c, "bk-rw", 30000, 0, 0);
     waiter w, p[2];
     pthread_t tw, tp[2];
     dlock_info ev;
@@ -982,7 +949,7 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
     start(&w, &tw, lw, 0, 0);
-    until_state(op, "bk-rw", 1, 2);
+    th_wait_state(op, "bk-rw", 1, 2);
     until_asleep(&w);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bk-rw", &ev));
@@ -995,14 +962,14 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
 
-    dlock *pa = handle(a, "bk-sem", 30000, 0, 2);
-    dlock *pb = handle(b, "bk-sem", 30000, 0, 2);
+    dlock *pa = th_handle(a, "bk-sem", 30000, 0, 2);
+    dlock *pb = th_handle(b, "bk-sem", 30000, 0, 2);
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
-    start(&p[0], &tp[0], handle(c, "bk-sem", 30000, 0, 2), 0, -1);
-    until_state(op, "bk-sem", 1, 2);
-    start(&p[1], &tp[1], handle(d, "bk-sem", 30000, 0, 2), 0, -1);
-    until_state(op, "bk-sem", 2, 2);
+    start(&p[0], &tp[0], th_handle(c, "bk-sem", 30000, 0, 2), 0, -1);
+    th_wait_state(op, "bk-sem", 1, 2);
+    start(&p[1], &tp[1], th_handle(d, "bk-sem", 30000, 0, 2), 0, -1);
+    th_wait_state(op, "bk-sem", 2, 2);
     until_asleep(&p[1]);
     t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bk-sem", &ev));
@@ -1012,7 +979,7 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     CHECK_OK(until_got(&p[0]));
     CHECK_OK(until_got(&p[1]));
     CHECK_OP(p[1].got - t0, <, 5000);
-    until_state(op, "bk-sem", 0, 2);
+    th_wait_state(op, "bk-sem", 0, 2);
     for (int i = 0; i < 2; i++) {
         __atomic_store_n(&p[i].go, 1, __ATOMIC_SEQ_CST);
         pthread_join(tp[i], NULL);
@@ -1070,17 +1037,17 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
     CHECK_OK(dlock_client_open(&c, u, NULL));
     CHECK_EQ(columns(path), 3);
     /* the old hold is kept, and keeps its kind: exclusive */
-    dlock_info i = info_of(c, "old-held");
+    dlock_info i = th_info(c, "old-held");
     CHECK_EQ(i.held, 1);
     CHECK_EQ(i.shared, 0);
     CHECK_EQ(i.holders, 1);
     CHECK_STR(i.holder, "old host pid 1 tid 1");
     CHECK_EQ(i.token, 1234567);
     dlock_info_clear(&i);
-    held = handle(c, "old-held", 30000, 0, 0);
+    held = th_handle(c, "old-held", 30000, 0, 0);
     CHECK_RC(dlock_acquire(held, 0), DLOCK_EBUSY);
     CHECK_RC(dlock_acquire_shared(held, 0), DLOCK_EBUSY);
-    other = handle(c, "new", 30000, 0, 0);
+    other = th_handle(c, "new", 30000, 0, 0);
     CHECK_OK(dlock_acquire_shared(other, 0));
     CHECK_OK(dlock_release(other));
     /* the old client's release: the row is free, tokens go on */
