@@ -201,28 +201,6 @@ wait_holders() {
     return 1
 }
 
-# wait_exit PID SECONDS: waits until PID exits (at most SECONDS, counted in
-# 0.1 s sleeps, so under load it waits longer, never shorter), then sets
-# WRC to its status; WRC=timeout (and PID is killed) if it did not.
-wait_exit() {
-    local pid=$1 limit=$(($2 * 10)) i
-    for ((i = 0; i < limit; i++)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            break
-        fi
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
-        WRC=timeout
-        return 1
-    fi
-    wait "$pid"
-    WRC=$?
-    return 0
-}
-
 # finish: the summary line and the exit status (77: everything skipped).
 finish() {
     echo "$PASSES passed, $FAILS failed, $SKIPS skipped"
