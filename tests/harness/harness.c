@@ -190,6 +190,16 @@ int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms)
     return 1;
 }
 
+FILE *th_fopen_w(const char *path)
+{
+    FILE *f = fopen(path, "w");
+
+    if (!f)
+        th_fail(__FILE__, __LINE__, "cannot write %s: %s", path,
+                strerror(errno));
+    return f;
+}
+
 int64_t th_now_ms(void)
 {
     struct timespec ts;
@@ -398,9 +408,7 @@ static int redis_launch(th_redis *r)
     FILE *f;
 
     snprintf(conf, sizeof(conf), "%s/redis.conf", r->dir);
-    f = fopen(conf, "w");
-    if (!f)
-        th_fail(__FILE__, __LINE__, "cannot write %s", conf);
+    f = th_fopen_w(conf);
     if (r->sentinel) /* a sentinel rewrites its file: no unix socket */
         fprintf(f, "port %d\nbind 127.0.0.1\ndir %s\nlogfile %s/redis.log\n"
                    "daemonize no\n%s\n",
@@ -659,9 +667,7 @@ static void zk_write_config(th_zk *z, int i)
     mkdir(z->dir[i], 0700);
     mkdir(path, 0700);
     snprintf(path, sizeof(path), "%s/zoo.cfg", z->dir[i]);
-    f = fopen(path, "w");
-    if (!f)
-        th_fail(__FILE__, __LINE__, "cannot write %s", path);
+    f = th_fopen_w(path);
     /* tickTime 200: sessions of 400 ms to 60 s, expiry checked every tick */
     fprintf(f,
             "tickTime=200\ndataDir=%s/data\nclientPort=%d\n"
@@ -678,9 +684,7 @@ static void zk_write_config(th_zk *z, int i)
     fclose(f);
     if (z->n > 1) {
         snprintf(path, sizeof(path), "%s/data/myid", z->dir[i]);
-        f = fopen(path, "w");
-        if (!f)
-            th_fail(__FILE__, __LINE__, "cannot write %s", path);
+        f = th_fopen_w(path);
         fprintf(f, "%d\n", i + 1);
         fclose(f);
     }

@@ -155,6 +155,9 @@ void th_sleep_ms(int64_t ms);
  * moment before the holder's call returns. Use as CHECK(th_wait_flag()). */
 int th_wait_flag(volatile int *flag, int64_t ms);
 
+/* fopen(path, "w"), failing the test when it cannot. */
+FILE *th_fopen_w(const char *path);
+
 /* A fresh directory under $TMPDIR (or /tmp), removed at exit. */
 const char *th_tmpdir(void);
 
