@@ -1826,9 +1826,7 @@ int th_holder_child(void *arg)
     if (h->settle_ms)
         th_sleep_ms(h->settle_ms);
     __atomic_store_n(&h->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 3000 && !__atomic_load_n(&h->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&h->go, 30000);
     /* told to go after a freeze: give the client a moment to learn it
      * lost, then release */
     int64_t t0 = th_now_ms();

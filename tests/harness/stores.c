@@ -10,6 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+void th_need_redis_tls(void)
+{
+#ifndef TH_REDIS_TLS
+    th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
+#endif
+}
+
 void th_store_start(th_store *s, const char *k)
 {
     memset(s, 0, sizeof(*s));
@@ -27,9 +34,7 @@ void th_store_start(th_store *s, const char *k)
          * against the test CA; no client certificate). Every Redis
          * contract is to hold; looked at behind its back on the plain
          * port (s->srv.port), as redis:// */
-#ifndef TH_REDIS_TLS
-        th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
-#endif
+        th_need_redis_tls();
         th_redis_start_tls(&s->srv, "server", 0, NULL);
         snprintf(s->uri, sizeof(s->uri), "%s", s->srv.tls_uri);
         s->kind = "redis";

@@ -217,6 +217,8 @@ char *th_tls_param(char *out, size_t cap, const char *file);
  * rediss://localhost:TLS_PORT?cacert=CERTS/ca.crt, with
  * &cert=CERTS/client.crt&key=CERTS/client.key when auth_clients is 1.
  * Fails the test if it cannot start. */
+/* Skips the test binary when this build has no Redis over TLS. */
+void th_need_redis_tls(void);
 void th_redis_start_tls(th_redis *r, const char *cert, int auth_clients,
                         const char *extra);
 /* Runs redis-cli --tls against r's TLS port as host localhost (the test

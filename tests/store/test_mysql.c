@@ -1239,22 +1239,12 @@ TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
 
 /* --- the server in trouble ----------------------------------------------- */
 
-static volatile int lost_calls;
-static volatile uint64_t lost_token;
-
-static void on_lost(dlock *l, uint64_t token, void *arg)
-{
-    (void)l;
-    (void)arg;
-    lost_token = token;
-    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
 TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
 {
     start_own();
     dlock_client *a = client_at(own.uri), *idle = client_at(own.uri);
-    dlock *held = handle_cb(a, "crash-held", 1500, 0, on_lost);
+    th_lost lost = TH_LOST_INIT;
+    dlock *held = th_handle_lost(a, "crash-held", 1500, 0, th_lost_cb, &lost);
     dlock *other = handle(a, "crash-other", 0, 0);
     dlock *li = handle(idle, "crash-idle", 0, 0);
     dlock_info info;
@@ -1262,7 +1252,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     /* a connection in idle's pool, unused until after the restart */
     CHECK_OK(dlock_acquire(li, 0));
     CHECK_OK(dlock_release(li));
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(held, 0));
     uint64_t tok = dlock_token(held);
 
@@ -1295,11 +1285,11 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     CHECK_CONTAINS(dlock_errmsg(), "until the wait's deadline");
     CHECK_RC(dlock_inspect(a, "crash-held", &info), DLOCK_ECONN);
     /* the lease cannot be renewed: the hold is lost, and said so */
-    while (!__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST) &&
+    while (!th_lost_calls(&lost) &&
            th_now_ms() - t0 < 1500 + 3000)
         th_sleep_ms(10);
-    CHECK_EQ(lost_calls, 1);
-    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(th_lost_calls(&lost), 1);
+    CHECK_EQ(lost.token, tok);
     CHECK_EQ(dlock_held(held), DLOCK_ELOST);
     CHECK_RC(dlock_release(held), DLOCK_ELOST);
 
@@ -1320,7 +1310,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     CHECK_OK(dlock_acquire(li, 0));
     CHECK_OK(dlock_release(li));
     CHECK_OK(dlock_release(held));
-    CHECK_EQ(lost_calls, 1);
+    CHECK_EQ(th_lost_calls(&lost), 1);
     TH_CLOSE(held, other, li);
     TH_CLIENT_CLOSE(a, idle);
 }
@@ -1544,10 +1534,7 @@ static int queue_waiter(void *arg)
     if (dlock_acquire(l, 30000) != DLOCK_OK)
         return 1;
     __atomic_store_n(&qs->got[i], 1, __ATOMIC_SEQ_CST);
-    for (int k = 0; k < 3000 && !__atomic_load_n(&qs->release[i],
-                                                 __ATOMIC_SEQ_CST);
-         k++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&qs->release[i], 30000);
     int rc = dlock_release(l);
     dlock_close(l);
     dlock_client_close(c);

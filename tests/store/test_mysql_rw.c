@@ -97,9 +97,7 @@ static void *wait_thread(void *arg)
     w->token = dlock_token(w->l);
     __atomic_store_n(&w->got_it, 1, __ATOMIC_SEQ_CST);
     if (w->rc == DLOCK_OK) {
-        for (int i = 0; i < 4000 && !__atomic_load_n(&w->go, __ATOMIC_SEQ_CST);
-             i++)
-            th_sleep_ms(5);
+        (void)th_wait_flag(&w->go, 20000);
         w->release_rc = dlock_release(w->l);
     }
     return NULL;

@@ -660,10 +660,7 @@ static void *brk_wait(void *arg)
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
     if (w->rc != DLOCK_OK)
         return NULL;
-    for (int i = 0; i < 6000 && !__atomic_load_n(&w->release,
-                                                 __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&w->release, 60000);
     w->release_rc = dlock_release(w->l);
     return NULL;
 }

@@ -286,9 +286,7 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
      * on another channel: it stays asleep and sends nothing */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(la));
-    for (int i = 0; i < 500 && !__atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(2);
+    (void)th_wait_flag(&a.done, 1000);
     CHECK_EQ(a.done, 1);
     CHECK_OK(a.rc);
     /* woken by the NOTIFY (one wake-up and one statement), not by the
@@ -1543,9 +1541,7 @@ TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
             th_sleep_ms(i % 4);
         int rel = dlock_release(la);
         pthread_join(tk, NULL);
-        for (int j = 0; j < 2000 && !__atomic_load_n(&w.got, __ATOMIC_SEQ_CST);
-             j++)
-            th_sleep_ms(5);
+        (void)th_wait_flag(&w.got, 10000);
         __atomic_store_n(&w.go, 1, __ATOMIC_SEQ_CST);
         pthread_join(tw, NULL);
         CHECK_OK(k.rc); /* someone held it all along */
@@ -1610,9 +1606,7 @@ static int frozen_child(void *arg)
         return 2;
     f->token = dlock_token(l);
     __atomic_store_n(&f->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 2000 && !__atomic_load_n(&f->lost, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&f->lost, 20000);
     f->rc = dlock_release(l);
     dlock_close(l);
     dlock_client_close(c);
@@ -1631,9 +1625,7 @@ TEST(an_evicted_holder_frozen_learns_it_when_thawed)
     dlock_info ev;
 
     pid_t child = th_fork(frozen_child, f);
-    for (int i = 0; i < 2000 && !__atomic_load_n(&f->ready, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(5);
+    (void)th_wait_flag(&f->ready, 10000);
     CHECK(f->ready);
     kill(child, SIGSTOP);
     CHECK_OK(dlock_break(op, "frozen-holder", &ev));
@@ -1716,9 +1708,7 @@ TEST(an_advisory_break_ends_only_the_holders_session)
              before - 1);
     /* the waiter is woken by the server, the holder's client by its
      * socket: no lease, no timer; 3 s for a busy machine */
-    for (int i = 0; i < 600 && !__atomic_load_n(&wa.done, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(5);
+    (void)th_wait_flag(&wa.done, 3000);
     CHECK(wa.done);
     CHECK_OP(th_now_ms() - t0, <, 3000);
     pthread_join(t, NULL);
@@ -1973,9 +1963,7 @@ static void *forged_wait_thread(void *arg)
                       : dlock_acquire(w->l, 20000);
     w->token = dlock_token(w->l);
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 20000 && !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&w->let_go, 20000);
     if (w->rc == DLOCK_OK)
         dlock_release(w->l);
     return NULL;

@@ -943,9 +943,7 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
     pthread_t th;
 
     pid_t child = th_fork(permit_child, a);
-    for (int i = 0; i < 2000 && !__atomic_load_n(&a->ready, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(5);
+    (void)th_wait_flag(&a->ready, 10000);
     CHECK(a->ready);
     CHECK_OK(dlock_acquire(p, 0));
     pthread_create(&th, NULL, wait_thread, &w);

@@ -313,31 +313,21 @@ TEST(session_pool_a_dead_waiter_is_skipped)
     dlock_client_close(h);
 }
 
-static volatile int lost_calls;
-static volatile uint64_t lost_token;
-
-static void on_lost(dlock *l, uint64_t token, void *arg)
-{
-    (void)l;
-    (void)arg;
-    lost_token = token;
-    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
 TEST(session_pool_the_watchdog_keeps_a_short_lease)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
     dlock_client *a = client_at(u), *b = client_at(u);
-    dlock *la = handle(a, "t-watchdog", 600, 0, on_lost);
+    th_lost lost = TH_LOST_INIT;
+    dlock *la = th_handle_lost(a, "t-watchdog", 600, 0, th_lost_cb, &lost);
     dlock *lb = handle(b, "t-watchdog", 600, 0, NULL);
 
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     /* five leases long: renewed through the pooler every 200 ms */
     th_sleep_ms(3000);
-    CHECK_EQ(lost_calls, 0);
+    CHECK_EQ(th_lost_calls(&lost), 0);
     CHECK_EQ(dlock_held(la), 1);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
@@ -356,7 +346,8 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     th_pgb_start(&own, &srv, "session");
     uri(u, sizeof(u), &own, "?pooler=session&mode=advisory");
     dlock_client *h = client_at(u), *c = client_at(u);
-    dlock *lh = handle(h, "t-adv", 0, 0, on_lost);
+    th_lost lost = TH_LOST_INIT;
+    dlock *lh = th_handle_lost(h, "t-adv", 0, 0, th_lost_cb, &lost);
     waiter_arg w;
     pthread_t t;
 
@@ -364,7 +355,7 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     memset(&w, 0, sizeof(w));
     w.l = handle(c, "t-adv", 0, 0, NULL);
     w.wait = 20000;
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t first = dlock_token(lh);
     /* the name's key and its witness (docs/design.md, "PostgreSQL
@@ -394,10 +385,10 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     uint64_t tok = dlock_token(lh);
     th_pgb_kill(&own, SIGKILL);
     t0 = th_now_ms();
-    for (int i = 0; i < 300 && !lost_calls; i++)
+    for (int i = 0; i < 300 && !th_lost_calls(&lost); i++)
         th_sleep_ms(10);
-    CHECK_EQ(lost_calls, 1);
-    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(th_lost_calls(&lost), 1);
+    CHECK_EQ(lost.token, tok);
     /* lost when the client sees its connection end (at once, no lease):
      * the client thread's next wake-up, 3 s of slack for a busy machine */
     CHECK_OP(th_now_ms() - t0, <, 3000);
@@ -442,7 +433,8 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session&mode=advisory");
     dlock_client *h = client_at(u), *c = client_at(u), *op = client_at(u);
-    dlock *lh = handle(h, "t-advbrk", 0, 0, on_lost);
+    th_lost lost = TH_LOST_INIT;
+    dlock *lh = th_handle_lost(h, "t-advbrk", 0, 0, th_lost_cb, &lost);
     waiter_arg w;
     pthread_t t;
     dlock_info ev;
@@ -450,7 +442,7 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     memset(&w, 0, sizeof(w));
     w.l = handle(c, "t-advbrk", 0, 0, NULL);
     w.wait = 20000;
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t tok = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
@@ -462,11 +454,11 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     dlock_info_clear(&ev);
     /* woken by the server, lost by the socket: no lease, no timer; 3 s
      * for a busy machine */
-    for (int i = 0; i < 300 && (!lost_calls || !done(&w)); i++)
+    for (int i = 0; i < 300 && (!th_lost_calls(&lost) || !done(&w)); i++)
         th_sleep_ms(10);
     CHECK_OP(th_now_ms() - t0, <, 3000);
-    CHECK_EQ(lost_calls, 1);
-    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(th_lost_calls(&lost), 1);
+    CHECK_EQ(lost.token, tok);
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
     CHECK_OP(w.token, >, tok);

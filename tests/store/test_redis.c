@@ -1098,9 +1098,7 @@ static void *forged_wait_thread(void *arg)
                       : dlock_acquire(w->l, 20000);
     w->token = dlock_token(w->l);
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 20000 && !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&w->let_go, 20000);
     if (w->rc == DLOCK_OK)
         dlock_release(w->l);
     return NULL;

@@ -801,9 +801,7 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-#ifndef TH_REDIS_TLS
-    th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
-#endif
+    th_need_redis_tls();
     th_redis_start_tls(&srv, "server", 0, NULL);
     return th_main(argc, argv, tests);
 }

@@ -56,19 +56,6 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
     return th_handle(c, name, ttl, 0, 0);
 }
 
-/* Waits (10 s at most: a waiter subscribes and queues in a round trip or
- * two, a busy machine may take far longer) until lock `name` has a
- * waiter the store knows of (Redlock: the most subscribers any node
- * reports). */
-static void until_waiting(dlock_client *c, const char *name)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (th_waiters(c, name) < 1 && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_OP(th_waiters(c, name), >=, 1);
-}
-
 /* What every form must do over TLS, on store URI u, with lock `name`:
  * acquire/release, two clients exclude each other, tokens grow, and a
  * waiter on a second client is woken by the release's message. */
@@ -95,7 +82,10 @@ static void basics(const char *u, const char *name)
     memset(&w, 0, sizeof(w));
     w.l = la;
     CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
-    until_waiting(b, name);
+    /* 10 s at most: a waiter subscribes and queues in a round trip or
+     * two, a busy machine may take far longer (Redlock: the most
+     * subscribers any node reports) */
+    CHECK(th_wait_queued(b, name, 1, 10000));
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lb));
     pthread_join(th, NULL);
@@ -393,8 +383,6 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-#ifndef TH_REDIS_TLS
-    th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
-#endif
+    th_need_redis_tls();
     return th_main(argc, argv, tests);
 }

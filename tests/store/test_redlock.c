@@ -77,16 +77,10 @@ static dlock_client *client(void)
     return client_at(uri);
 }
 
-static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
-                        unsigned flags, dlock_lost_cb cb, void *arg)
-{
-    return th_handle_lost(c, name, ttl, flags, cb, arg);
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags)
 {
-    return handle_cb(c, name, ttl, flags, NULL, NULL);
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 static void kill_node(int i)
@@ -370,7 +364,7 @@ TEST(two_of_five_killed_still_serve)
 
     /* the watchdog keeps a short lease alive for many ttls */
     lost_rec lost = {0, 0, 0};
-    la = handle_cb(a, "two-down-wd", short_ttl, 0, record_lost, &lost);
+    la = th_handle_lost(a, "two-down-wd", short_ttl, 0, record_lost, &lost);
     dlock *lw = handle(b, "two-down-wd", 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     tok = dlock_token(la);
@@ -409,7 +403,7 @@ TEST(three_of_five_killed_fail_and_the_hold_is_lost)
     int64_t ttl = slow ? 2500 : 1000;
     lost_rec lost = {0, 0, 0};
     dlock_client *a = client(), *b = client();
-    dlock *la = handle_cb(a, "three-down", ttl, 0, record_lost, &lost);
+    dlock *la = th_handle_lost(a, "three-down", ttl, 0, record_lost, &lost);
     dlock *lb = handle(b, "three-down", 0, 0);
     dlock *lo = handle(b, "three-down-other", 0, 0);
 
@@ -592,7 +586,7 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
 
     /* the watchdog keeps a short lease with a node frozen */
     lost_rec lost = {0, 0, 0};
-    dlock *lw = handle_cb(a, "frozen-node-wd", short_ttl, 0, record_lost,
+    dlock *lw = th_handle_lost(a, "frozen-node-wd", short_ttl, 0, record_lost,
                           &lost);
     dlock *lx = handle(b, "frozen-node-wd", 0, 0);
     CHECK_OK(dlock_acquire(lw, 0));
@@ -907,9 +901,7 @@ static int bare_contender(void *arg)
         return 2;
     }
     __atomic_store_n(&s->contender_ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 60000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&s->go, 60000);
     int64_t until = th_now_ms() + 4 * s->ttl + 10000;
     int rc = DLOCK_EBUSY;
     while (th_now_ms() < until) {
@@ -1145,9 +1137,7 @@ static int fight_child(void *arg)
         dlock_open(&l, c, "fight", &o) != DLOCK_OK)
         return 2;
     __atomic_add_fetch(&s->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 60000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&s->go, 60000);
     for (int i = 0; i < s->cycles; i++) {
         int rc = dlock_acquire(l, slow ? 120000 : 60000);
         if (rc != DLOCK_OK) {

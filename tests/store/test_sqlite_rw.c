@@ -206,10 +206,7 @@ static void *wait_thread(void *arg)
         if (w->hold >= 0) {
             th_sleep_ms(w->hold);
         } else {
-            for (int i = 0; i < 4000 && !__atomic_load_n(&w->go,
-                                                         __ATOMIC_SEQ_CST);
-                 i++)
-                th_sleep_ms(5);
+            (void)th_wait_flag(&w->go, 20000);
         }
         w->rel = dlock_release(w->l);
     }

@@ -42,16 +42,10 @@ static dlock_client *client(void)
     return client_at(uri);
 }
 
-static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
-                        unsigned flags, dlock_lost_cb cb, void *arg)
-{
-    return th_handle_lost(c, name, ttl, flags, cb, arg);
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags)
 {
-    return handle_cb(c, name, ttl, flags, NULL, NULL);
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -488,10 +482,7 @@ static void *gate_thread(void *arg)
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
     if (w->rc != DLOCK_OK)
         return NULL;
-    for (int i = 0; i < 6000 && !__atomic_load_n(&w->release,
-                                                 __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&w->release, 60000);
     dlock_release(w->l);
     __atomic_store_n(&w->released, 1, __ATOMIC_SEQ_CST);
     return NULL;
@@ -1097,7 +1088,7 @@ static void server_trouble(int sig)
     th_zk_start(&own, 1);
     snprintf(u, sizeof(u), "zk://%s/trouble", own.hosts);
     dlock_client *a = client_at(u), *b = client_at(u);
-    dlock *la = handle_cb(a, "trouble", ttl, 0, on_lost, NULL);
+    dlock *la = th_handle_lost(a, "trouble", ttl, 0, on_lost, NULL);
     gate_waiter w;
     pthread_t th;
 
@@ -1230,7 +1221,7 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
     a = client_at(u);
     obs = client_at(u);
     lost_calls = 0;
-    dlock *la = handle_cb(a, "ens", ttl, 0, on_lost, NULL);
+    dlock *la = th_handle_lost(a, "ens", ttl, 0, on_lost, NULL);
     /* the ensemble's first request: three JVMs just started, on a busy
      * 2-core machine, answered it after the client's 2 s op timeout
      * once (make test-busy). What this test checks is a hold kept
@@ -1359,7 +1350,7 @@ TEST(a_broken_holder_is_told_by_its_nodes_watch)
 {
     th_lost n = TH_LOST_INIT;
     dlock_client *a = client(), *b = client(), *op = client();
-    dlock *la = handle_cb(a, "brk-told", 30000, 0, th_lost_cb, &n);
+    dlock *la = th_handle_lost(a, "brk-told", 30000, 0, th_lost_cb, &n);
     dlock *lb = handle(b, "brk-told", 30000, 0);
     dlock_info ev;
 
@@ -1388,7 +1379,7 @@ TEST(a_broken_holder_is_told_by_its_nodes_watch)
     CHECK_OK(dlock_release(lb));
     /* an evicted holder of the breaker's own client hears it too, and a
      * release by a holder is never taken for a break */
-    dlock *lo = handle_cb(op, "brk-told", 30000, 0, th_lost_cb, &n);
+    dlock *lo = th_handle_lost(op, "brk-told", 30000, 0, th_lost_cb, &n);
     CHECK_OK(dlock_acquire(lo, 0));
     CHECK_OK(dlock_release(lo));
     CHECK_OK(dlock_acquire(lo, 0));
@@ -1417,7 +1408,7 @@ TEST(a_deletion_while_reconnecting_is_still_told)
     th_gate_start(&g, srv.port[0]);
     snprintf(u, sizeof(u), "zk://127.0.0.1:%d/zktest", g.port);
     dlock_client *a = client_at(u), *b = client();
-    dlock *la = handle_cb(a, "brk-reconnect", 60000, 0, th_lost_cb, &n);
+    dlock *la = th_handle_lost(a, "brk-reconnect", 60000, 0, th_lost_cb, &n);
     dlock *lb = handle(b, "brk-reconnect", 60000, 0);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
