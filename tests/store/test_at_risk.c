@@ -51,12 +51,6 @@ static dlock_client *client(void)
     return th_client(S.uri, th_patient()); /* 10 s a store call (header) */
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
 static void freeze(void)
 {
     if (!strcmp(S.kind, "redis")) {
@@ -246,7 +240,7 @@ TEST(at_risk_then_lost_on_time_while_the_store_is_frozen)
     int64_t ttl = ttl_of(), margin = 0;
     seen_init(&s);
     dlock_client *c = risk_client(&s, ttl, &margin);
-    dlock *l = handle(c, "risk/frozen", ttl, 0);
+    dlock *l = th_handle(c, "risk/frozen", ttl, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     /* a renewal or two first: the lease is the watchdog's from here */
@@ -307,7 +301,7 @@ TEST(safe_when_a_renewal_gets_through_in_time)
     int64_t ttl = ttl_of(), margin = 0;
     seen_init(&s);
     dlock_client *c = risk_client(&s, ttl, &margin);
-    dlock *l = handle(c, "risk/safe", ttl, 0);
+    dlock *l = th_handle(c, "risk/safe", ttl, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     th_sleep_ms(ttl / 2);
@@ -343,7 +337,7 @@ TEST(a_hold_not_renewed_is_at_risk_before_its_end)
     int64_t ttl = ttl_of(), margin = 0;
     seen_init(&s);
     dlock_client *c = risk_client(&s, ttl, &margin);
-    dlock *l = handle(c, "risk/norenew", ttl, DLOCK_NO_RENEW);
+    dlock *l = th_handle(c, "risk/norenew", ttl, DLOCK_NO_RENEW, 0);
 
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_acquire(l, 0));
@@ -377,7 +371,7 @@ TEST(a_margin_makes_renewals_more_frequent)
     int64_t ttl = 600, margin = 0;
     CHECK_OK(dlock_client_at_risk_max(c, ttl, &margin));
     CHECK_OK(dlock_client_set_at_risk(c, margin));
-    dlock *l = handle(c, "risk/cadence", ttl, 0);
+    dlock *l = th_handle(c, "risk/cadence", ttl, 0, 0);
     dlock_stats st;
 
     CHECK_OK(dlock_acquire(l, 0));

@@ -40,11 +40,6 @@
  * killed primary is replaced with CLUSTER FAILOVER TAKEOVER) */
 #define NODE_TIMEOUT 15000
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, th_patient());
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      th_lost *box)
 {
@@ -85,7 +80,7 @@ static void release_wakes(dlock *la, pthread_t th, th_waiter *w, uint64_t ta)
 /* A new client's hold of `name` has a token above `above`. */
 static void next_token_above(th_cluster *t, const char *name, uint64_t above)
 {
-    dlock_client *b = client_at(t->uri);
+    dlock_client *b = th_client(t->uri, th_patient());
     dlock *lb = handle(b, name, 30000, NULL);
 
     CHECK_OK(dlock_acquire(lb, 5000));
@@ -125,7 +120,7 @@ static th_cluster *steady(void)
 TEST(locks_go_to_their_slots_primary)
 {
     th_cluster *t = steady();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     int on[3] = {0, 0, 0};
 
     for (int i = 0; i < 3; i++) {
@@ -193,7 +188,8 @@ TEST(bad_uris_say_what_is_wrong)
 TEST(a_hand_over_goes_through_the_slots_shard_channel)
 {
     th_cluster *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     char name[64], chan[256];
     int slot;
 
@@ -227,7 +223,8 @@ TEST(idle_subscriptions_are_bounded)
     /* a client that waited once for each of 80 locks keeps at most 64 of
      * their channels subscribed (the oldest idle ones go) */
     th_cluster *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     char name[64], pat[64];
 
     for (int i = 0; i < 80; i++) {
@@ -261,7 +258,7 @@ TEST(idle_subscriptions_are_bounded)
 TEST(list_walks_every_primary)
 {
     th_cluster *t = steady();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l[30];
     char name[64];
     int seen[30];
@@ -315,7 +312,8 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
     name_on(&t, 0, "c/keep", name, sizeof(name), &slot);
     /* min_replicas=1: the hold is on node[3] before acquire returns */
     snprintf(u, sizeof(u), "%s?min_replicas=1&replica_timeout=2000", t.uri);
-    dlock_client *a = client_at(u), *b = client_at(t.uri);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 3000, &box), *lb = handle(b, name, 30000,
                                                            NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -354,7 +352,7 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
 
     th_cluster_start(&t, NODE_TIMEOUT);
     name_on(&t, 1, "c/lose", name, sizeof(name), &slot);
-    dlock_client *a = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 30000, &box);
 
     /* the replica frozen: the acquire reaches the primary only, which
@@ -366,7 +364,7 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
     th_redis_cmd(&t.node[1], NULL, 0, "CLIENT KILL TYPE replica");
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    dlock_client *b = client_at(t.uri);
+    dlock_client *b = th_client(t.uri, th_patient());
     dlock *lb = handle(b, name, 30000, NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
@@ -406,7 +404,8 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
 
     th_cluster_start(&t, NODE_TIMEOUT);
     name_on(&t, 0, "c/move", name, sizeof(name), &slot);
-    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -461,7 +460,8 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
     }
     CHECK(slot >= 0 && slot < 100);
     CHECK_EQ(th_cluster_owner(&t, slot), 0);
-    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -506,7 +506,8 @@ TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
     const unsigned long long forged = 9223372036854775000ULL;
     enum { FLOOD = 200 };
     th_cluster *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     char name[64], chan[256], msg[64];
     int slot;
 

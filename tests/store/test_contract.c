@@ -76,18 +76,12 @@ static dlock_client *client(void)
     return th_client(uri, th_patient());
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
 /* ------------------------------------------------------------------------ */
 
 TEST(basic_acquire_release)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "basic", 0, 0);
+    dlock *l = th_handle(c, "basic", 0, 0, 0);
 
     CHECK_EQ(dlock_token(l), 0);
     CHECK_EQ(dlock_held(l), 0);
@@ -106,7 +100,8 @@ TEST(basic_acquire_release)
 TEST(try_busy_and_timed_wait)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "busy", 0, 0), *lb = handle(b, "busy", 0, 0);
+    dlock *la = th_handle(a, "busy", 0, 0, 0),
+          *lb = th_handle(b, "busy", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
@@ -133,7 +128,8 @@ TEST(try_busy_and_timed_wait)
 TEST(reentrant_hold_count)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "reent", 0, 0), *lb = handle(b, "reent", 0, 0);
+    dlock *la = th_handle(a, "reent", 0, 0, 0),
+          *lb = th_handle(b, "reent", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
@@ -159,7 +155,7 @@ TEST(reentrant_hold_count)
 TEST(not_reentrant_fails_at_once)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "nonreent", 0, DLOCK_NOT_REENTRANT);
+    dlock *l = th_handle(c, "nonreent", 0, DLOCK_NOT_REENTRANT, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     int64_t t0 = th_now_ms();
@@ -177,9 +173,9 @@ TEST(not_reentrant_fails_at_once)
 TEST(reentrant_across_handles)
 {
     dlock_client *a = client(), *b = client();
-    dlock *l1 = handle(a, "twohandles", 0, 0);
-    dlock *l2 = handle(a, "twohandles", 0, 0);
-    dlock *lb = handle(b, "twohandles", 0, 0);
+    dlock *l1 = th_handle(a, "twohandles", 0, 0, 0);
+    dlock *l2 = th_handle(a, "twohandles", 0, 0, 0);
+    dlock *lb = th_handle(b, "twohandles", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l1, 0));
     CHECK_OK(dlock_acquire(l2, 0));
@@ -239,7 +235,7 @@ TEST(threads_are_different_owners)
     memset(&t, 0, sizeof(t));
     pthread_mutex_init(&t.mu, NULL);
     pthread_cond_init(&t.cv, NULL);
-    t.l = handle(c, "threads", 0, 0);
+    t.l = th_handle(c, "threads", 0, 0, 0);
     pthread_create(&th, NULL, holder_thread, &t);
     wait_step(&t, 1);
     CHECK_OK(t.rc);
@@ -260,7 +256,8 @@ TEST(threads_are_different_owners)
 TEST(tokens_strictly_increase)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "tokens", 0, 0), *lb = handle(b, "tokens", 0, 0);
+    dlock *la = th_handle(a, "tokens", 0, 0, 0),
+          *lb = th_handle(b, "tokens", 0, 0, 0);
     uint64_t last = 0;
 
     for (int i = 0; i < 20; i++) {
@@ -379,7 +376,7 @@ static void *counter_thread(void *arg)
 TEST(threads_sharing_one_client)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "threadmx", 0, 0);
+    dlock *l = th_handle(c, "threadmx", 0, 0, 0);
     long counter = 0;
     void *a[2] = {l, &counter};
     pthread_t th[6];
@@ -416,14 +413,14 @@ TEST(release_wakes_the_waiter)
     /* The lease is 60 s: a waiter that only re-tried at lease end would
      * time out (10 s wait). Succeeding proves the release woke it. */
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "wake", 60000, 0);
+    dlock *la = th_handle(a, "wake", 60000, 0, 0);
     thread_arg t;
     pthread_t th;
 
     memset(&t, 0, sizeof(t));
     pthread_mutex_init(&t.mu, NULL);
     pthread_cond_init(&t.cv, NULL);
-    t.l = handle(b, "wake", 60000, 0);
+    t.l = th_handle(b, "wake", 60000, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     pthread_create(&th, NULL, waiter_thread, &t);
     wait_step(&t, 1);
@@ -446,14 +443,14 @@ TEST(release_wakes_the_waiter)
 TEST(wait_forever)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "forever", 0, 0);
+    dlock *la = th_handle(a, "forever", 0, 0, 0);
     thread_arg t;
     pthread_t th;
 
     memset(&t, 0, sizeof(t));
     pthread_mutex_init(&t.mu, NULL);
     pthread_cond_init(&t.cv, NULL);
-    t.l = handle(b, "forever", 0, 0);
+    t.l = th_handle(b, "forever", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     pthread_create(&th, NULL, waiter_thread, &t);
     wait_step(&t, 1);
@@ -506,7 +503,7 @@ TEST(fair_mode_is_fifo)
 {
     shared_fair *s = th_shared(sizeof(*s));
     dlock_client *h = client();
-    dlock *lh = handle(h, "fifo", 0, DLOCK_FAIR);
+    dlock *lh = th_handle(h, "fifo", 0, DLOCK_FAIR, 0);
     pid_t pids[NFAIR];
 
     if (!has_fair) {
@@ -544,7 +541,7 @@ TEST(killed_holder_is_replaced)
 {
     th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
-    dlock *l = handle(c, "frozen", 0, 0);
+    dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
     s->ttl = 800;
     s->patient = 1;
@@ -579,7 +576,7 @@ TEST(frozen_holder_learns_it_lost)
         return; /* no lease: a frozen holder keeps the lock, by design */
     th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
-    dlock *l = handle(c, "frozen", 0, 0);
+    dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
     s->ttl = 400;
     s->patient = 1;
@@ -629,7 +626,7 @@ TEST(watchdog_keeps_a_short_lease)
     }
     dlock_client *a = client(), *b = client();
     dlock_options o;
-    dlock *la, *lb = handle(b, "watchdog", 0, 0);
+    dlock *la, *lb = th_handle(b, "watchdog", 0, 0, 0);
 
     memset(&o, 0, sizeof(o));
     o.ttl_ms = short_ttl;
@@ -657,7 +654,7 @@ TEST(no_renew_lease_runs_out)
         return; /* no lease, or one that lives as long as its holder */
     dlock_client *a = client(), *b = client();
     dlock_options o;
-    dlock *la, *lb = handle(b, "norenew", 0, 0);
+    dlock *la, *lb = th_handle(b, "norenew", 0, 0, 0);
 
     memset(&o, 0, sizeof(o));
     o.ttl_ms = 300;
@@ -686,7 +683,7 @@ TEST(no_renew_lease_runs_out)
 TEST(extend)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "extend", 1000, DLOCK_NO_RENEW);
+    dlock *l = th_handle(c, "extend", 1000, DLOCK_NO_RENEW, 0);
     dlock_info info;
 
     CHECK_RC(dlock_extend(l, 5000), DLOCK_ENOTHELD);
@@ -842,7 +839,7 @@ TEST(loss_is_reported)
 TEST(inspect_reports_the_holder)
 {
     dlock_client *a = client(), *b = client();
-    dlock *l = handle(a, "inspect", 5000, 0);
+    dlock *l = th_handle(a, "inspect", 5000, 0, 0);
     dlock_info info;
     char pid[32];
 
@@ -901,7 +898,8 @@ TEST(names_with_any_bytes)
     char longname[DLOCK_NAME_MAX + 1];
 
     for (int i = 0; names[i]; i++) {
-        dlock *l = handle(a, names[i], 0, 0), *o = handle(b, names[i], 0, 0);
+        dlock *l = th_handle(a, names[i], 0, 0, 0),
+              *o = th_handle(b, names[i], 0, 0, 0);
         CHECK_OK(dlock_acquire(l, 0));
         CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
         dlock_info info;
@@ -912,7 +910,7 @@ TEST(names_with_any_bytes)
         for (int k = 0; names[k]; k++) {
             if (k == i)
                 continue;
-            dlock *x = handle(b, names[k], 0, 0);
+            dlock *x = th_handle(b, names[k], 0, 0, 0);
             CHECK_OK(dlock_acquire(x, 0));
             CHECK_OK(dlock_release(x));
             dlock_close(x);
@@ -922,9 +920,9 @@ TEST(names_with_any_bytes)
     }
     memset(longname, 'n', DLOCK_NAME_MAX);
     longname[DLOCK_NAME_MAX] = '\0';
-    dlock *l = handle(a, longname, 0, 0);
+    dlock *l = th_handle(a, longname, 0, 0, 0);
     longname[DLOCK_NAME_MAX - 1] = 'm';
-    dlock *m = handle(b, longname, 0, 0);
+    dlock *m = th_handle(b, longname, 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_acquire(m, 0)); /* differs in the last byte only */
     CHECK_OK(dlock_release(l));
@@ -959,7 +957,7 @@ TEST(bad_input_is_rejected)
     CHECK_CONTAINS(dlock_errmsg(), "flags");
     CHECK_RC(dlock_inspect(c, "", &(dlock_info){0}), DLOCK_EINVAL);
 
-    l = handle(c, "bad", 0, 0);
+    l = th_handle(c, "bad", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, -2), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "wait_ms");
     CHECK_RC(dlock_acquire(l, INT64_MIN), DLOCK_EINVAL);
@@ -978,14 +976,15 @@ TEST(bad_input_is_rejected)
 TEST(close_releases_holds)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "closing", 0, 0), *lb = handle(b, "closing", 0, 0);
+    dlock *la = th_handle(a, "closing", 0, 0, 0),
+          *lb = th_handle(b, "closing", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     dlock_close(la);
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
 
-    la = handle(a, "closing", 0, 0);
+    la = th_handle(a, "closing", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     dlock_client_close(a); /* releases the hold; la stays valid */
     CHECK_RC(dlock_acquire(la, 0), DLOCK_EINVAL);
@@ -1007,7 +1006,7 @@ static int forked_use(void *arg)
 TEST(a_forked_child_cannot_use_the_parents_client)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "forked", 0, 0);
+    dlock *l = th_handle(c, "forked", 0, 0, 0);
 
     CHECK_EQ(th_wait(th_fork(forked_use, l)), 0);
     CHECK_OK(dlock_acquire(l, 0));
@@ -1035,8 +1034,8 @@ static int forked_close(void *arg)
 TEST(a_forked_child_closing_the_parents_client_leaves_it_alone)
 {
     dlock_client *c = client(), *other = client();
-    dlock *l = handle(c, "forked-close", 0, 0);
-    dlock *lo = handle(other, "forked-close", 0, 0);
+    dlock *l = th_handle(c, "forked-close", 0, 0, 0);
+    dlock *lo = th_handle(other, "forked-close", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t tok = dlock_token(l);
@@ -1084,8 +1083,8 @@ static void *release_thread(void *arg)
 TEST(owner_handle_is_released_by_any_thread)
 {
     dlock_client *c = client(), *o = client();
-    dlock *l = handle(c, "by-handle", 0, DLOCK_OWNER_HANDLE);
-    dlock *lo = handle(o, "by-handle", 0, 0);
+    dlock *l = th_handle(c, "by-handle", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *lo = th_handle(o, "by-handle", 0, 0, 0);
     on_thread t = {l, 0, -99, 0};
     pthread_t th;
     dlock_info in;
@@ -1121,9 +1120,9 @@ TEST(owner_handle_is_released_by_any_thread)
 TEST(owner_handles_are_owners_apart_from_threads)
 {
     dlock_client *c = client();
-    dlock *l1 = handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE);
-    dlock *l2 = handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE);
-    dlock *lt = handle(c, "by-handle-2", 0, 0);
+    dlock *l1 = th_handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *l2 = th_handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *lt = th_handle(c, "by-handle-2", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l1, 0));
     CHECK_RC(dlock_acquire(l2, 0), DLOCK_EBUSY); /* another handle */
@@ -1142,8 +1141,8 @@ TEST(owner_handles_are_owners_apart_from_threads)
 TEST(owner_handle_takes_one_acquire_at_a_time)
 {
     dlock_client *c = client(), *o = client();
-    dlock *l = handle(c, "by-handle-3", 0, DLOCK_OWNER_HANDLE);
-    dlock *lo = handle(o, "by-handle-3", 0, 0);
+    dlock *l = th_handle(c, "by-handle-3", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *lo = th_handle(o, "by-handle-3", 0, 0, 0);
     on_thread t = {l, 60000, -99, 0};
     pthread_t th;
 
@@ -1200,9 +1199,9 @@ static void *cancel_waiter(void *arg)
 TEST(cancel_ends_a_wait_and_leaves_nothing)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *l = handle(c, "cancel", 0, 0);
-    dlock *lo = handle(o, "cancel", 0, 0);
-    dlock *lx = handle(x, "cancel", 0, 0);
+    dlock *l = th_handle(c, "cancel", 0, 0, 0);
+    dlock *lo = th_handle(o, "cancel", 0, 0, 0);
+    dlock *lx = th_handle(x, "cancel", 0, 0, 0);
     cwait t = {l, -1, -99, 0, "", 0};
     pthread_t th;
 
@@ -1256,9 +1255,9 @@ TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
     if (!has_fair)
         return; /* no fair queue (fair_mode_is_fifo checks ENOTSUP) */
     dlock_client *a = client(), *b = client(), *o = client();
-    dlock *la = handle(a, "cancel-fair", 0, DLOCK_FAIR);
-    dlock *lb = handle(b, "cancel-fair", 0, DLOCK_FAIR);
-    dlock *lo = handle(o, "cancel-fair", 0, DLOCK_FAIR);
+    dlock *la = th_handle(a, "cancel-fair", 0, DLOCK_FAIR, 0);
+    dlock *lb = th_handle(b, "cancel-fair", 0, DLOCK_FAIR, 0);
+    dlock *lo = th_handle(o, "cancel-fair", 0, DLOCK_FAIR, 0);
     cwait ta = {la, -1, -99, 0, "", 0}, tb = {lb, 30000, -99, 0, "", 0};
     pthread_t tha, thb;
 
@@ -1285,9 +1284,9 @@ TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
 TEST(cancel_racing_a_release_leaves_no_hold)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *l = handle(c, "cancel-race", 0, 0);
-    dlock *lo = handle(o, "cancel-race", 0, 0);
-    dlock *lx = handle(x, "cancel-race", 0, 0);
+    dlock *l = th_handle(c, "cancel-race", 0, 0, 0);
+    dlock *lo = th_handle(o, "cancel-race", 0, 0, 0);
+    dlock *lx = th_handle(x, "cancel-race", 0, 0, 0);
     int got = 0, cancelled = 0;
 
     for (int i = 0; i < 12; i++) {
@@ -1402,9 +1401,9 @@ static int late_acquire(dlock *l, int shared, dlock *holder, char *msg,
 TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *l = handle(c, "shutdown", 0, 0);
-    dlock *lo = handle(o, "shutdown", 0, 0);
-    dlock *lx = handle(x, "shutdown", 0, 0);
+    dlock *l = th_handle(c, "shutdown", 0, 0, 0);
+    dlock *lo = th_handle(o, "shutdown", 0, 0, 0);
+    dlock *lx = th_handle(x, "shutdown", 0, 0, 0);
     cwait t[SHUT_WAITERS];
     pthread_t th[SHUT_WAITERS];
     dlock_info info;
@@ -1486,8 +1485,8 @@ TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
 TEST(shutdown_keeps_the_holds_taken_before)
 {
     dlock_client *c = client(), *x = client();
-    dlock *l = handle(c, "shutdown-held", 0, 0);
-    dlock *lx = handle(x, "shutdown-held", 0, 0);
+    dlock *l = th_handle(c, "shutdown-held", 0, 0, 0);
+    dlock *lx = th_handle(x, "shutdown-held", 0, 0, 0);
     dlock_info info;
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -1578,8 +1577,8 @@ static void *shut_racer(void *arg)
 TEST(shutdown_racing_new_acquires_misses_none)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *lo = handle(o, "shutdown-race", 0, 0);
-    dlock *lx = handle(x, "shutdown-race", 0, 0);
+    dlock *lo = th_handle(o, "shutdown-race", 0, 0, 0);
+    dlock *lx = th_handle(x, "shutdown-race", 0, 0, 0);
     int refused = 0, cancelled = 0;
 
     if (!strcmp(kind, "mysql") || !strncmp(kind, "pg-advisory", 11)) {
@@ -1599,7 +1598,7 @@ TEST(shutdown_racing_new_acquires_misses_none)
     }
     CHECK_OK(dlock_acquire(lo, 0)); /* every acquire below would wait */
     for (int round = 0; round < 20; round++) {
-        dlock *l = handle(c, "shutdown-race", 0, 0);
+        dlock *l = th_handle(c, "shutdown-race", 0, 0, 0);
         pthread_barrier_t go;
         shutrace t[SHUT_WAITERS];
         pthread_t th[SHUT_WAITERS];
@@ -1669,9 +1668,9 @@ TEST(shutdown_racing_new_acquires_misses_none)
 TEST(ttl_and_wait_at_and_beyond_the_maxima)
 {
     dlock_client *a = client(), *b = client(), *x = client();
-    dlock *la = handle(a, "limits", DLOCK_TTL_MAX, DLOCK_NO_RENEW);
-    dlock *lb = handle(b, "limits", 0, 0);
-    dlock *lx = handle(x, "limits", 0, 0);
+    dlock *la = th_handle(a, "limits", DLOCK_TTL_MAX, DLOCK_NO_RENEW, 0);
+    dlock *lb = th_handle(b, "limits", 0, 0, 0);
+    dlock *lx = th_handle(x, "limits", 0, 0, 0);
     dlock *bad = NULL;
     dlock_options o;
     dlock_info info;
@@ -2049,12 +2048,14 @@ TEST(no_descriptor_reaches_a_started_program)
      * listener, watch stream, epoll set, sidecar file, fair wake-up
      * channel exist), c waits behind b in the fair queue */
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *la = handle(a, "inherit", 0, 0);
-    dlock *lfa = handle(a, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0);
+    dlock *la = th_handle(a, "inherit", 0, 0, 0);
+    dlock *lfa = th_handle(a, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0);
     inherit_waiter w[3] = {
-        {handle(b, "inherit", 0, 0), -99, 0, 0},
-        {handle(b, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0), -99, 0, 0},
-        {handle(c, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0), -99, 0, 0},
+        {th_handle(b, "inherit", 0, 0, 0), -99, 0, 0},
+        {th_handle(b, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0), -99, 0,
+         0},
+        {th_handle(c, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0), -99, 0,
+         0},
     };
     pthread_t th[3];
 

@@ -38,14 +38,9 @@
 static th_etcd srv;
 static char uri[400];
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
+    return th_client(uri, NULL);
 }
 
 static volatile int lost_seen;
@@ -255,7 +250,7 @@ TEST(the_default_prefix_is_etcdctls_lock_dlock_NAME)
 
     /* no ?prefix=: lock NAME is etcdctl's lock dlock/NAME */
     snprintf(u, sizeof(u), "etcd://%s", srv.hosts);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     dlock *l = handle(c, "plain", 0, NULL);
     snprintf(o->file, sizeof(o->file), "%s/etcdctl-plain", th_tmpdir());
     CHECK_OK(dlock_acquire(l, 0));
@@ -284,9 +279,9 @@ TEST(an_empty_prefix_puts_the_name_first)
 
     /* ?prefix= (empty): the key is NAME/<lease hex>, nothing before it */
     snprintf(u, sizeof(u), "etcd://%s", srv.hosts);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     snprintf(u, sizeof(u), "etcd://%s?prefix=", srv.hosts);
-    dlock_client *e = client_at(u);
+    dlock_client *e = th_client(u, NULL);
     dlock *le = handle(e, "noprefix", 0, NULL);
     dlock *lc = handle(c, "noprefix", 0, NULL);
     CHECK_OK(dlock_acquire(le, 0));
@@ -1061,7 +1056,7 @@ TEST(a_dead_endpoint_is_skipped)
 
     snprintf(u, sizeof(u), "etcd://127.0.0.1:1,%s?prefix=etcdtest",
              srv.hosts);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock *l = handle(c, "failover", 0, NULL);
     for (int i = 0; i < 5; i++) {
         CHECK_OK(dlock_acquire(l, 0));
@@ -1079,7 +1074,7 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
 
     th_etcd_start(&e, 1);
     snprintf(u, sizeof(u), "etcd://%s?prefix=back", e.hosts);
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     dlock *la = handle(a, "back", 15000, on_lost);
     dlock *lb = handle(b, "back", 15000, NULL);
     lost_seen = 0;
@@ -1191,7 +1186,7 @@ TEST(auth_with_user_and_password)
     CHECK_EQ(th_etcdctl(&e, out, sizeof(out), "auth enable"), 0);
 
     snprintf(u, sizeof(u), "etcd://root:Pw9Secret@%s", e.hosts);
-    c = client_at(u);
+    c = th_client(u, NULL);
     CHECK(strstr(dlock_client_store(c), "Pw9Secret") == NULL);
     dlock *l = handle(c, "authed", 0, NULL);
     CHECK_OK(dlock_acquire(l, 0));
@@ -1247,7 +1242,7 @@ TEST(tls_with_a_ca_and_a_client_certificate)
 
     snprintf(u, sizeof(u), "etcds://127.0.0.1:%d?cacert=%s/ca.pem",
              e.tls_port, dir);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock *l = handle(c, "tls", 0, NULL);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -1255,7 +1250,7 @@ TEST(tls_with_a_ca_and_a_client_certificate)
     /* a waiter over TLS is woken by its watch stream (a WebSocket over
      * the TLS connection): the release wakes it at once, not at the
      * holder's lease end (30 s); 5 s is a wake-up on a busy machine */
-    dlock_client *c2 = client_at(u);
+    dlock_client *c2 = th_client(u, NULL);
     dlock *l2 = handle(c2, "tls", 0, NULL);
     tls_waiter w = {l2, 0, 0};
     pthread_t t;
@@ -1276,7 +1271,7 @@ TEST(tls_with_a_ca_and_a_client_certificate)
              "etcds://127.0.0.1:%d?cacert=%s/ca.pem&cert=%s/cli.pem&key=%s/"
              "cli.key",
              e.tls_port, dir, dir, dir);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock_client_close(c);
 
     /* the server's certificate is not trusted without our CA */
@@ -1362,7 +1357,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
              "etcd://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d?prefix=ha",
              e.port[leader], e.port[(leader + 1) % 3],
              e.port[(leader + 2) % 3]);
-    dlock_client *c = client_at(s->uri);
+    dlock_client *c = th_client(s->uri, NULL);
     dlock_options o;
     dlock *l;
     memset(&o, 0, sizeof(o));
@@ -1519,7 +1514,7 @@ TEST(a_broken_holder_over_tls_is_told_by_its_stream)
     th_etcd_start_tls(&e, cert, key);
     snprintf(u, sizeof(u), "etcds://127.0.0.1:%d?cacert=%s/ca.pem",
              e.tls_port, dir);
-    dlock_client *a = client_at(u), *op = client_at(u);
+    dlock_client *a = th_client(u, NULL), *op = th_client(u, NULL);
     dlock *la = handle_n(a, "tls-brk", 30000, 0, 0, &n);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
@@ -1582,7 +1577,7 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
 
     th_gate_start(&g, srv.port[0]);
     snprintf(u, sizeof(u), "etcd://127.0.0.1:%d?prefix=etcdtest", g.port);
-    dlock_client *a = client_at(u), *b = client();
+    dlock_client *a = th_client(u, NULL), *b = client();
     dlock *la = handle_n(a, "brk-reconnect", 30000, 0, 0, &n);
     dlock *lb = handle_n(b, "brk-reconnect", 30000, 0, 0, NULL);
     CHECK_OK(dlock_acquire(la, 0));

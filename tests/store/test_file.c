@@ -47,12 +47,6 @@ static dlock_client *client(void)
     return th_client(uri, NULL);
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
 static void path_of(const char *file, char *out, size_t cap)
 {
     snprintf(out, cap, "%s/%s", dir, file);
@@ -187,13 +181,13 @@ static int same_store_whatever_the_environment(const char *home)
     snprintf(path, sizeof(path), "%s/.local/state/dlock", home);
     CHECK_EQ(mode_at(path, &owner), 0700);
     CHECK_EQ(owner, geteuid());
-    la = handle(a, "nightly", 0, 0);
+    la = th_handle(a, "nightly", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
 
     clearenv(); /* a cron job, env -i */
     CHECK_OK(dlock_client_open(&b, "", NULL));
     CHECK_STR(dlock_client_store(b), expect);
-    lb = handle(b, "nightly", 0, 0);
+    lb = th_handle(b, "nightly", 0, 0, 0);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
@@ -235,12 +229,12 @@ static int old_locations_taken_first(const char *home)
     setenv("XDG_RUNTIME_DIR", "/tmp/xdg", 1);
     CHECK_OK(dlock_client_open(&a, NULL, NULL));
     CHECK_STR(dlock_client_store(a), expect);
-    la = handle(a, "nightly", 0, 0);
+    la = th_handle(a, "nightly", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     unsetenv("XDG_RUNTIME_DIR");
     CHECK_OK(dlock_client_open(&b, NULL, NULL));
     CHECK_STR(dlock_client_store(b), expect);
-    lb = handle(b, "nightly", 0, 0);
+    lb = th_handle(b, "nightly", 0, 0, 0);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     TH_CLOSE(la, lb);
@@ -369,7 +363,7 @@ static int default_opens_at(const void *arg)
     CHECK_STR(dlock_client_store(c), expect);
     CHECK_EQ(mode_at(arg, &owner), 0700);
     CHECK_EQ(owner, geteuid());
-    l = handle(c, "nightly", 0, 0);
+    l = th_handle(c, "nightly", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -613,7 +607,7 @@ TEST(private_directory_is_made_and_closed)
     CHECK_EQ(mode_of(base, "a/b"), 0700);
     CHECK_EQ(mode_of(base, "a/b/c"), 0700);
     /* lock files in it: the caller's alone */
-    l = handle(c, "privfile", 0, 0);
+    l = th_handle(c, "privfile", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     snprintf(lockf, sizeof(lockf), "%s/a/b/c/privfile.lock", base);
     CHECK_EQ(stat(lockf, &st), 0);
@@ -860,7 +854,7 @@ TEST(symlinked_lock_file_is_refused)
 {
     char target[1000], link[1000];
     dlock_client *c = client();
-    dlock *l = handle(c, "linked", 0, 0);
+    dlock *l = th_handle(c, "linked", 0, 0, 0);
     struct stat st;
 
     snprintf(target, sizeof(target), "%s/precious", th_tmpdir());
@@ -881,7 +875,7 @@ TEST(foreign_file_is_refused)
 {
     char path[1000];
     dlock_client *c = client();
-    dlock *l = handle(c, "foreign", 0, 0);
+    dlock *l = th_handle(c, "foreign", 0, 0, 0);
     dlock_info info;
 
     path_of("foreign.lock", path, sizeof(path));
@@ -895,7 +889,7 @@ TEST(foreign_file_is_refused)
 
     path_of("adir.lock", path, sizeof(path));
     mkdir(path, 0700);
-    l = handle(c, "adir", 0, 0);
+    l = th_handle(c, "adir", 0, 0, 0);
     CHECK(dlock_acquire(l, 0) != DLOCK_OK);
     dlock_close(l);
     dlock_client_close(c);
@@ -904,8 +898,8 @@ TEST(foreign_file_is_refused)
 TEST(ttl_has_no_effect_here)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "nolease", 50, DLOCK_NO_RENEW);
-    dlock *lb = handle(b, "nolease", 0, 0);
+    dlock *la = th_handle(a, "nolease", 50, DLOCK_NO_RENEW, 0);
+    dlock *lb = th_handle(b, "nolease", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     th_sleep_ms(300); /* six "leases" */
@@ -937,8 +931,8 @@ TEST(replaced_file_is_detected)
 {
     char path[1000], tmp[1000];
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "replaced", 0, 0);
-    waiter w = {handle(b, "replaced", 0, 0), 5000, -99};
+    dlock *la = th_handle(a, "replaced", 0, 0, 0);
+    waiter w = {th_handle(b, "replaced", 0, 0, 0), 5000, -99};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -964,9 +958,9 @@ TEST(replaced_file_is_detected)
 TEST(cancelled_waits_leave_nothing_behind)
 {
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *la = handle(a, "cancel", 0, DLOCK_FAIR);
-    dlock *lb = handle(b, "cancel", 0, DLOCK_FAIR);
-    waiter w = {handle(c, "cancel", 0, DLOCK_FAIR), 10000, -99};
+    dlock *la = th_handle(a, "cancel", 0, DLOCK_FAIR, 0);
+    dlock *lb = th_handle(b, "cancel", 0, DLOCK_FAIR, 0);
+    waiter w = {th_handle(c, "cancel", 0, DLOCK_FAIR, 0), 10000, -99};
     dlock_info info;
     pthread_t th;
 
@@ -1012,7 +1006,7 @@ TEST(long_names_fit_a_file_name)
 
     memset(name, '%', DLOCK_NAME_MAX); /* worst case: 3 bytes each */
     name[DLOCK_NAME_MAX] = '\0';
-    dlock *l = handle(c, name, 0, 0);
+    dlock *l = th_handle(c, name, 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -1229,7 +1223,7 @@ static int wait_threads(pid_t pid, int n)
 static pid_t ticketed_holder(dlock_client *c, fstate *s, int me,
                              const char *name)
 {
-    dlock *l = handle(c, name, 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, name, 0, DLOCK_FAIR, 0);
     pid_t pid;
 
     CHECK_OK(dlock_acquire(l, 0)); /* free, no queue: no ticket */
@@ -1245,7 +1239,7 @@ TEST(fair_fifo_across_processes_with_deadlines)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "ffifo", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "ffifo", 0, DLOCK_FAIR, 0);
     pid_t pids[8];
     const int n = 8;
 
@@ -1446,8 +1440,8 @@ TEST(timed_waits_leave_nothing_behind)
     fstate *s = fstate_new();
     dlock_client *c = client(), *me = client();
     pid_t h = ticketed_holder(c, s, 0, "fnothing");
-    dlock *fair = handle(me, "fnothing", 0, DLOCK_FAIR);
-    dlock *plain = handle(me, "fnothing", 0, 0);
+    dlock *fair = th_handle(me, "fnothing", 0, DLOCK_FAIR, 0);
+    dlock *plain = th_handle(me, "fnothing", 0, 0, 0);
     /* one wait first: the client keeps its finished waits' cancel
      * eventfds for the next ones (dlock_cancel()); every later wait
      * reuses that one, so the count must not grow */
@@ -1487,7 +1481,7 @@ TEST(fair_and_default_acquirers_mixed)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fmix", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fmix", 0, DLOCK_FAIR, 0);
     pid_t pids[7];
 
     /* FIFO among the fair ones, whatever the default ones do */
@@ -1644,7 +1638,7 @@ static void salt_file(const char *name)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *a = handle(c, name, 0, DLOCK_FAIR);
+    dlock *a = th_handle(c, name, 0, DLOCK_FAIR, 0);
     unsigned char salt[16], zero[16] = {0};
     struct stat st;
     uint64_t next;
@@ -1768,7 +1762,7 @@ TEST(squatted_ticket_number_is_skipped)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fskip", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fskip", 0, DLOCK_FAIR, 0);
     struct sockaddr_un sa;
     unsigned char salt[16];
     struct stat st;
@@ -1813,7 +1807,7 @@ TEST(predecessor_in_another_network_namespace)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fnetns", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fnetns", 0, DLOCK_FAIR, 0);
     fjob j = {s, 0, "fnetns", DLOCK_FAIR, 30000, -1};
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -1898,11 +1892,6 @@ static void world_dir(char *out, size_t cap, const char *leaf)
     CHECK_EQ(chmod(out, 01777), 0);
 }
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 /* What a child of another uid (and gid, and groups) does */
 typedef struct as_other {
     uid_t uid;
@@ -1979,8 +1968,8 @@ TEST(lock_files_are_closed_to_other_users)
     world_dir(d, sizeof(d), "world");
     snprintf(u, sizeof(u), "file://%s", d);
     mode_t old = umask(022);
-    c = client_at(u);
-    l = handle(c, "fopen", 0, 0);
+    c = th_client(u, NULL);
+    l = th_handle(c, "fopen", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     umask(old);
@@ -2010,7 +1999,7 @@ TEST(lock_files_are_closed_to_other_users)
     CHECK_EQ(stat(f, &st), 0);
     CHECK_EQ(st.st_mode & 07777, 0600);
     dlock_close(l);
-    l = handle(c, "fnobody", 0, 0);
+    l = th_handle(c, "fnobody", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EAUTH);
     CHECK(strstr(dlock_errmsg(), "belongs to uid 65534") != NULL);
     dlock_close(l);
@@ -2032,7 +2021,7 @@ TEST(group_store_is_shared_with_its_group_only)
     snprintf(d, sizeof(d), "%s/group/store", th_tmpdir());
     snprintf(u, sizeof(u), "file://%s?group=65534", d);
     mode_t old = umask(022);
-    c = client_at(u);
+    c = th_client(u, NULL);
     umask(old);
     /* the directories it made: the group's, setgid, closed to others */
     CHECK_EQ(stat(d, &st), 0);
@@ -2042,7 +2031,7 @@ TEST(group_store_is_shared_with_its_group_only)
     CHECK_EQ(stat(w, &st), 0);
     CHECK_EQ(st.st_mode & 07777, 02770);
     CHECK_EQ(st.st_gid, 65534);
-    l = handle(c, "fgroup", 0, 0);
+    l = th_handle(c, "fgroup", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     snprintf(f, sizeof(f), "%s/fgroup.lock", d);
     CHECK_EQ(stat(f, &st), 0);
@@ -2168,8 +2157,8 @@ TEST(foreign_read_locks_bound_every_wait)
 {
     dlock_client *c = client();
     dlock_options o;
-    dlock *lk_plain = handle(c, "fjam", 0, 0);
-    dlock *lk_fair = handle(c, "fjam", 0, DLOCK_FAIR);
+    dlock *lk_plain = th_handle(c, "fjam", 0, 0, 0);
+    dlock *lk_fair = th_handle(c, "fjam", 0, DLOCK_FAIR, 0);
     dlock *sem, *sem_fair;
     dlock_info info;
     int64_t took;
@@ -2255,7 +2244,7 @@ static int64_t cpu_ms(void)
 TEST(foreign_read_lock_on_a_ticket_does_not_spin)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "fspin", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fspin", 0, DLOCK_FAIR, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -2584,7 +2573,7 @@ TEST(release_wakes_the_successor_despite_a_forked_child)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "ffork", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "ffork", 0, DLOCK_FAIR, 0);
 
     /* the holder forks a child that keeps its open file and channel for
      * 3 s; its release must not wait for that child */
@@ -2610,7 +2599,7 @@ TEST(dead_holder_with_a_forked_child_keeps_the_lock)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fforkdie", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fforkdie", 0, DLOCK_FAIR, 0);
 
     /* as before the channels: the lock lives as long as a child forked
      * while it was held keeps the open file (file.c, "Forks") */
@@ -2644,7 +2633,7 @@ TEST(give_up_wakes_the_successor_despite_a_forked_child)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fforkgive", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fforkgive", 0, DLOCK_FAIR, 0);
 
     /* w queues behind h; h forks (its successor's connection, accepted
      * ahead, goes to the child too), then gives up: w must move on at
@@ -2694,7 +2683,7 @@ TEST(a_release_wakes_only_the_next)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fmany", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fmany", 0, DLOCK_FAIR, 0);
     const int n = 10;
     pid_t pids[NW];
 

@@ -27,12 +27,6 @@ static dlock_client *client(void)
     return th_client(S.uri, th_patient());
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
 static dlock_stats stats(dlock_client *c, const char *name)
 {
     dlock_stats s;
@@ -44,7 +38,8 @@ static dlock_stats stats(dlock_client *c, const char *name)
 TEST(counts_what_happens)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "m/count", 0, 0), *lb = handle(b, "m/count", 0, 0);
+    dlock *la = th_handle(a, "m/count", 0, 0, 0),
+          *lb = th_handle(b, "m/count", 0, 0, 0);
     dlock_stats s;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -114,7 +109,8 @@ static void *wait_for(void *p)
 TEST(times_a_wait_and_its_hand_off)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "m/wait", 0, 0), *lb = handle(b, "m/wait", 0, 0);
+    dlock *la = th_handle(a, "m/wait", 0, 0, 0),
+          *lb = th_handle(b, "m/wait", 0, 0, 0);
     waiter w = {lb, 0};
     pthread_t t;
 
@@ -160,7 +156,7 @@ TEST(names_are_bounded_and_totals_kept)
     /* 10 names, each opened, taken twice (busier first), closed */
     for (int i = 0; i < 10; i++) {
         snprintf(name, sizeof(name), "m/card/%d", i);
-        dlock *l = handle(a, name, 0, 0);
+        dlock *l = th_handle(a, name, 0, 0, 0);
         for (int k = 0; k < (i < 2 ? 5 : 1); k++) {
             CHECK_OK(dlock_acquire(l, 0));
             CHECK_OK(dlock_release(l));
@@ -186,12 +182,12 @@ TEST(names_are_bounded_and_totals_kept)
     CHECK_EQ(stats(a, "m/card/1").tracked, 1);
 
     /* a name with an open handle keeps its slot against newcomers */
-    dlock *keep = handle(a, "m/card/kept", 0, 0);
+    dlock *keep = th_handle(a, "m/card/kept", 0, 0, 0);
     CHECK_OK(dlock_acquire(keep, 0));
     CHECK_OK(dlock_release(keep));
     for (int i = 10; i < 20; i++) {
         snprintf(name, sizeof(name), "m/card/%d", i);
-        dlock *l = handle(a, name, 0, 0);
+        dlock *l = th_handle(a, name, 0, 0, 0);
         for (int k = 0; k < 10; k++) {
             CHECK_OK(dlock_acquire(l, 0));
             CHECK_OK(dlock_release(l));
@@ -211,7 +207,7 @@ TEST(names_are_bounded_and_totals_kept)
 TEST(metrics_off_counts_nothing)
 {
     dlock_client *a = client();
-    dlock *l = handle(a, "m/off", 0, 0);
+    dlock *l = th_handle(a, "m/off", 0, 0, 0);
 
     CHECK_OK(dlock_metrics_config(a, 0, 0));
     CHECK_OK(dlock_acquire(l, 0));
@@ -280,7 +276,7 @@ TEST(events_acquired_released_long_hold)
     static seen s = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, {0}, {0},
                      {{0}}};
     dlock_client *a = client();
-    dlock *l = handle(a, "m/events", 0, 0);
+    dlock *l = th_handle(a, "m/events", 0, 0, 0);
 
     CHECK_OK(dlock_client_set_events(a, on_event, &s, 200));
     CHECK_RC(dlock_client_set_events(a, on_event, &s, -1), DLOCK_EINVAL);
@@ -329,7 +325,7 @@ TEST(a_lost_hold_is_counted_and_told)
     static seen s = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, {0}, {0},
                      {{0}}};
     dlock_client *a = client();
-    dlock *l = handle(a, "m/lost", S.short_ttl, DLOCK_NO_RENEW);
+    dlock *l = th_handle(a, "m/lost", S.short_ttl, DLOCK_NO_RENEW, 0);
 
     CHECK_OK(dlock_client_set_events(a, on_event, &s, 0));
     CHECK_OK(dlock_acquire(l, 0));
@@ -501,7 +497,7 @@ TEST(exposition_escapes_any_name)
     size_t len = 0;
 
     for (int i = 0; i < 5; i++) {
-        ls[i] = handle(a, names[i], 0, 0);
+        ls[i] = th_handle(a, names[i], 0, 0, 0);
         CHECK_OK(dlock_acquire(ls[i], 0));
         CHECK_OK(dlock_release(ls[i]));
     }

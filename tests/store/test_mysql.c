@@ -73,11 +73,6 @@
 static th_sql srv; /* shared by most tests */
 static th_sql own; /* killed, frozen and restarted: started on first use */
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
                         unsigned flags, dlock_lost_cb cb)
 {
@@ -148,7 +143,7 @@ static void hand_over_through_the_queue(dlock_client *obs, dlock *la,
 
 TEST(rows_stay_on_release_and_carry_the_token)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "row", 0, 0), *lb = handle(b, "row", 0, 0);
     char holder[300], want[64];
     dlock_info info;
@@ -224,7 +219,7 @@ TEST(gc_removes_only_unused_free_rows_and_tokens_still_grow)
 
     /* a table of its own: the counts below are exact */
     snprintf(u, sizeof(u), "%s?table=gc_t", srv.uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     dlock *old = handle(c, "gc-old", 0, 0), *recent = handle(c, "gc-recent",
                                                               0, 0);
     dlock *held = handle(c, "gc-held", 0, 0);
@@ -279,7 +274,7 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
         "x'; DROP TABLE dlock_locks; --", "x` OR 1=1 --", "\xff\xfe",
         "x' OR '1'='1", "\\' OR 1=1 #", "%", "_", "X'41'", "A", "case",
         "CASE", "pad", "pad ", NULL};
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     char hex[2 * DLOCK_NAME_MAX + 1], u[600];
     int count = 0;
 
@@ -330,8 +325,8 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
              "%s?table=t%%60%%3B%%20DROP%%20TABLE%%20dlock_locks%%3B%%20--"
              "%%27",
              srv.uri);
-    a = client_at(u);
-    b = client_at(u);
+    a = th_client(u, NULL);
+    b = th_client(u, NULL);
     dlock *la = handle(a, "weird-table", 0, DLOCK_FAIR);
     dlock *lb = handle(b, "weird-table", 0, DLOCK_FAIR);
     CHECK_OK(dlock_acquire(la, 0));
@@ -397,7 +392,7 @@ static void skewed_holder_keeps_a_true_lease(const char *shift,
 {
     const int64_t ttl = 2000;
     char name[32], line[128], want[48];
-    dlock_client *b = client_at(srv.uri);
+    dlock_client *b = th_client(srv.uri, NULL);
     dlock_info info;
     uint64_t tok;
     long long wall;
@@ -444,7 +439,7 @@ static void skewed_taker_cannot_take_a_live_lock(const char *shift,
                                                  long long shift_s)
 {
     char name[32], line[128], holder[300], want[48];
-    dlock_client *a = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL);
     uint64_t tok2;
     long long wall;
     int fd;
@@ -496,7 +491,7 @@ TEST(leases_are_on_the_servers_clock_not_the_holders)
 static int fair_waiter(void *arg)
 {
     (void)arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "fairdead", 0, DLOCK_FAIR);
     int rc = dlock_acquire(l, 30000);
     return rc == DLOCK_OK ? 0 : 1;
@@ -504,7 +499,7 @@ static int fair_waiter(void *arg)
 
 TEST(a_dead_fair_waiter_drops_out_of_the_queue)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "fairdead", 0, DLOCK_FAIR);
     dlock *lb = handle(b, "fairdead", 0, DLOCK_FAIR);
 
@@ -552,7 +547,7 @@ typedef struct poll_shared {
 static int poll_waiter(void *arg)
 {
     poll_shared *s = arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "poll", 0, 0);
 
     __atomic_store_n(&s->waiting, 1, __ATOMIC_SEQ_CST);
@@ -613,7 +608,7 @@ static void wait_sleepers(long long n)
 TEST(a_waiter_in_another_process_sleeps_in_the_server_until_the_release)
 {
     poll_shared *s = th_shared(sizeof(*s));
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "poll", 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -697,7 +692,7 @@ static void kill_gate_holder(const char *name)
 
 TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "killholder", 1500, 0);
     timed_waiter w = {handle(b, "killholder", 0, 0), 15000, 0, -99, 0,
                         0, NULL, 0, 0, 0};
@@ -739,7 +734,7 @@ TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
  * within its wait (before: it gave up busy at its deadline). */
 TEST(a_waiter_no_release_wakes_takes_a_freed_lock_by_its_deadline)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "killholder-dl", 5000, 0);
     timed_waiter w = {handle(b, "killholder-dl", 0, 0), 1500, 0, -99, 0,
                       0, NULL, 0, 0, 0};
@@ -771,8 +766,8 @@ TEST(a_waiter_no_release_wakes_takes_a_freed_lock_by_its_deadline)
 
 TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
     dlock *la = handle(a, "killwaiter", 0, 0);
     timed_waiter wb = {handle(b, "killwaiter", 0, 0), 15000, 0, -99, 0,
                         0, NULL, 0, 0, 0};
@@ -840,7 +835,7 @@ TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
 static int frozen_waiter(void *arg)
 {
     poll_shared *s = arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "frozen", 1000, 0);
 
     __atomic_store_n(&s->waiting, 1, __ATOMIC_SEQ_CST);
@@ -856,7 +851,7 @@ static int frozen_waiter(void *arg)
 TEST(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers)
 {
     poll_shared *s = th_shared(sizeof(*s));
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     /* b's lease 2 s: b takes the row without the gate (the frozen
      * session keeps it), so the thawed waiter, holding the gate next, is
      * woken by nothing and tries at b's lease ends (design.md) */
@@ -969,7 +964,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
 {
     static const unsigned modes[] = {0, DLOCK_FAIR};
     frozen_try *s = th_shared(sizeof(*s));
-    dlock_client *c = client_at(srv.uri), *d = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL);
 
     for (int m = 0; m < 2; m++) {
         const char *name = m ? "frozen-try-fair" : "frozen-try";
@@ -1108,10 +1103,10 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_try_out)
 {
     static const unsigned modes[] = {0, DLOCK_FAIR};
     MYSQL *f = foreign_open();
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     char hex[64], gate[128];
 
-    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    dlock_client_close(th_client(srv.uri, NULL)); /* the tables exist */
     to_hex("squat", hex, sizeof(hex));
     dlock_lock_name("dlock:", hex, gate, sizeof(gate));
     foreign_take(f, gate);
@@ -1162,8 +1157,8 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_try_out)
 
 TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *obs = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *obs = th_client(srv.uri, NULL);
     dlock *la = handle(a, "deadlinewake", 0, 0);
     dlock *lo = handle(obs, "deadlinewake", 0, 0);
 
@@ -1242,7 +1237,8 @@ TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
 TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
 {
     start_own();
-    dlock_client *a = client_at(own.uri), *idle = client_at(own.uri);
+    dlock_client *a = th_client(own.uri, NULL),
+                 *idle = th_client(own.uri, NULL);
     th_lost lost = TH_LOST_INIT;
     dlock *held = th_handle_lost(a, "crash-held", 1500, 0, th_lost_cb, &lost);
     dlock *other = handle(a, "crash-other", 0, 0);
@@ -1260,7 +1256,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
      * it rides the restart out within its wait (60 s) and gets the lock
      * with a higher token (docs/design.md, "Waiting through failovers
      * and restarts"; before, it ended DLOCK_ECONN at once) */
-    dlock_client *wc = client_at(own.uri);
+    dlock_client *wc = th_client(own.uri, NULL);
     th_waiter w;
     pthread_t th;
     memset(&w, 0, sizeof(w));
@@ -1318,7 +1314,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
 TEST(sleeping_waiters_return_within_their_deadline_when_the_server_dies)
 {
     start_own();
-    dlock_client *a = client_at(own.uri), *b = client_at(own.uri);
+    dlock_client *a = th_client(own.uri, NULL), *b = th_client(own.uri, NULL);
     dlock *la = handle(a, "restart-held", 0, 0);
     timed_waiter w1 = {handle(b, "restart-held", 0, 0), 8000, 0, -99, 0,
                         0, NULL, 0, 0, 0};
@@ -1362,7 +1358,7 @@ TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
     start_own();
     char u[400];
     dlock_client_options quick = {500};
-    dlock_client *c = client_at(own.uri), *q = NULL, *x = NULL;
+    dlock_client *c = th_client(own.uri, NULL), *q = NULL, *x = NULL;
     dlock *l = handle(c, "frozen", 0, 0), *kept = handle(c, "frozen-kept",
                                                          30000, 0);
 
@@ -1467,7 +1463,7 @@ TEST(credentials_and_bad_uris)
     open_fails(u, DLOCK_EINVAL, "dlock-secret");
     longtable[48] = '\0'; /* 48 bytes: the longest that fits */
     snprintf(u, sizeof(u), "%s?table=%s", srv.uri, longtable);
-    dlock_client_close(client_at(u));
+    dlock_client_close(th_client(u, NULL));
 
     /* nothing listening */
     snprintf(u, sizeof(u), "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest",
@@ -1479,7 +1475,7 @@ TEST(credentials_and_bad_uris)
     CHECK_OP(th_now_ms() - t0, <, 3000);
 
     /* a user with only SELECT, INSERT, UPDATE, DELETE on the tables */
-    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    dlock_client_close(th_client(srv.uri, NULL)); /* the tables exist */
     th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'limited'@'%%' "
                                 "IDENTIFIED BY 'lim-SECRET8'");
     th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
@@ -1489,7 +1485,7 @@ TEST(credentials_and_bad_uris)
                                 "'limited'@'%%'");
     snprintf(u, sizeof(u),
              "mysql://limited:lim-SECRET8@127.0.0.1:%d/dlocktest", p);
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     dlock *la = handle(a, "limited", 0, DLOCK_FAIR);
     dlock *lb = handle(b, "limited", 0, DLOCK_FAIR);
     CHECK_OK(dlock_acquire(la, 0));
@@ -1528,7 +1524,7 @@ static queue_shared *qs;
 static int queue_waiter(void *arg)
 {
     int i = (int)(intptr_t)arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "inspect-queue", 0, DLOCK_FAIR);
 
     if (dlock_acquire(l, 30000) != DLOCK_OK)
@@ -1551,7 +1547,8 @@ static void host_of(const char *desc, char *out, size_t cap)
 
 TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
 {
-    dlock_client *a = client_at(srv.uri), *obs = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL),
+                 *obs = th_client(srv.uri, NULL);
     dlock *la = handle(a, "inspect-queue", 30000, DLOCK_FAIR);
     char want[64], host[300], qhost[300];
     dlock_info info;
@@ -1636,7 +1633,7 @@ TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
              "&timeout=300",
              px.port);
     snprintf(direct, sizeof(direct), "%s?table=late_t", srv.uri);
-    dlock_client *c = client_at(u), *o = client_at(direct);
+    dlock_client *c = th_client(u, NULL), *o = th_client(direct, NULL);
     dlock *slow = handle(c, "late", 0, 0), *fast = handle(c, "late", 20000,
                                                           0);
     dlock *other = handle(o, "late", 0, 0);
@@ -1683,7 +1680,7 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
     __atomic_store_n(&px.delay_ms, 15, __ATOMIC_SEQ_CST);
     snprintf(u, sizeof(u),
              "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest", px.port);
-    dlock_client *c = client_at(u), *h = client_at(srv.uri);
+    dlock_client *c = th_client(u, NULL), *h = th_client(srv.uri, NULL);
     dlock *lh = handle(h, "slow-link", 0, 0), *l[2];
 
     for (int m = 0; m < 2; m++)
@@ -1720,7 +1717,7 @@ TEST(the_uri_timeout_bounds_every_statement)
     char u[400];
 
     snprintf(u, sizeof(u), "%s?timeout=500", own.uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     dlock *l = handle(c, "uri-timeout", 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0)); /* a pooled connection */
@@ -1769,7 +1766,7 @@ TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
              "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
              "verify_identity&ssl_ca=%s/ca.pem%s",
              s2.port, dir, tmo);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock *l = handle(c, "tls", 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -1783,7 +1780,7 @@ TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
              "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
              "required%s",
              s2.port, tmo);
-    c = client_at(u);
+    c = th_client(u, NULL);
     l = handle(c, "tls", 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -2008,8 +2005,8 @@ TEST(the_cleartext_plugin_is_refused_without_tls)
  * listed, with its description). */
 TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
     dlock *la = handle(a, "op-count", 0, 0);
     timed_waiter wb = {handle(b, "op-count", 0, 0), 15000, 0, -99, 0, 0,
                        NULL, 0, 0, 0};
@@ -2048,7 +2045,7 @@ TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
  * not make are DLOCK_EINVAL. */
 TEST(list_pages_over_free_held_and_foreign_rows)
 {
-    dlock_client *c = client_at(srv.uri), *o = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL), *o = th_client(srv.uri, NULL);
     dlock *l[30];
     char name[64];
     size_t held = 0, all = 0, empty = 0;
@@ -2148,7 +2145,7 @@ static int frozen_holder(void *arg)
 TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
 {
     frozen_shared *s = th_shared(sizeof(*s));
-    dlock_client *b = client_at(srv.uri), *op = client_at(srv.uri);
+    dlock_client *b = th_client(srv.uri, NULL), *op = th_client(srv.uri, NULL);
     timed_waiter w = {handle(b, "op-frozen", 0, 0), 15000, 0, -99, 0, 0,
                       NULL, 0, 0, 0};
     pthread_t th;
@@ -2182,8 +2179,8 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
  * gate, the waiter's: it wakes at once, tries again and takes the row. */
 TEST(a_break_wakes_the_waiter_that_holds_the_gate)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *op = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *op = th_client(srv.uri, NULL);
     dlock *la = handle(a, "op-gated", 30000, 0);
     timed_waiter w = {handle(b, "op-gated", 0, 0), 20000, 0, -99, 0, 0,
                       NULL, 0, 0, 0};
@@ -2219,7 +2216,7 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
     char u[300];
     int p = srv.port;
 
-    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    dlock_client_close(th_client(srv.uri, NULL)); /* the tables exist */
     th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'breaker'@'%%' "
                                 "IDENTIFIED BY 'brk-SECRET9'");
     th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
@@ -2229,8 +2226,8 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
                                 "'breaker'@'%%'");
     snprintf(u, sizeof(u),
              "mysql://breaker:brk-SECRET9@127.0.0.1:%d/dlocktest", p);
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *op = client_at(u);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *op = th_client(u, NULL);
     dlock *la = handle(a, "op-noright", 9000, 0);
     timed_waiter w = {handle(b, "op-noright", 0, 0), 15000, 0, -99, 0, 0,
                       NULL, 0, 0, 0};
@@ -2262,8 +2259,8 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
  * greater. */
 TEST(breaks_racing_renewals_remove_the_hold_once)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *op = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *op = th_client(srv.uri, NULL);
     dlock *la = handle(a, "op-race-renew", 600, 0);
     dlock *lb = handle(b, "op-race-renew", 0, 0);
     uint64_t last = 0;

@@ -52,11 +52,6 @@
 
 static th_sql srv;
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 /* A forked child's client and handle (patient: several log in at once);
  * 0, or -1 when it could not open them. */
 static int child_open(const char *name, int64_t ttl, unsigned permits,
@@ -295,8 +290,8 @@ static void kill_holder_and_check(pid_t pid, const char *sleeper,
  * row: a hand-off, not a lease. */
 TEST(the_last_readers_release_wakes_the_writer)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "drain-last", 30000, 0, 0),
           *rb = th_handle(b, "drain-last", 30000, 0, 0);
     waiter w;
@@ -382,7 +377,7 @@ TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
 {
     child_reader *s;
     pid_t pid = fork_reader("drain-killed", 4000, &s);
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
 
@@ -405,7 +400,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
 {
     child_reader *s;
     pid_t pid = fork_reader("drain-frozen", 1500, &s);
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
 
@@ -443,7 +438,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
  * its lease ends. */
 TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
 {
-    dlock_client *a = client_at(srv.uri), *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "drain-session", 1500, 0, 0);
     char owner[100], hex[64];
     waiter w;
@@ -500,8 +495,8 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
  * in. */
 TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "sole-join", 30000, 0, 0),
           *rb = th_handle(b, "sole-join", 30000, 0, 0);
     char oa[100], ob[100];
@@ -567,7 +562,7 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
  * row as it is. A semaphore's sole permit the same. */
 TEST(an_ended_sole_hold_is_taken_by_a_writers_try)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "sole-ended", 300, DLOCK_NO_RENEW, 0),
           *wb = th_handle(b, "sole-ended", 30000, 0, 0),
           *pa = th_handle(a, "sole-ended-sem", 300, DLOCK_NO_RENEW, 2),
@@ -663,7 +658,7 @@ static int dlock_acquire_now(dlock *l)
  * a release that finds its hold sole makes the light take first again. */
 TEST(a_readers_tries_follow_its_note_of_others)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "note", 30000, 0, 0),
           *rb = th_handle(b, "note", 30000, 0, 0);
 
@@ -705,7 +700,7 @@ TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
     char oa[100];
 
     for (int i = 0; i < 4; i++)
-        c[i] = client_at(srv.uri);
+        c[i] = th_client(srv.uri, NULL);
     for (int i = 0; i < 2; i++)
         r[i] = th_handle(c[i], "join", 30000, 0, 0);
     for (int i = 0; i < 4; i++)
@@ -769,7 +764,7 @@ TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
 TEST(a_refused_prepare_runs_the_text_statements)
 {
     th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = 0");
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "no-prepare", 30000, 0, 0),
           *rb = th_handle(b, "no-prepare", 30000, 0, 0);
     dlock_info in;
@@ -796,7 +791,7 @@ TEST(a_refused_prepare_runs_the_text_statements)
              0);
     th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = DEFAULT");
     /* allowed again: a new client's connections prepare them */
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *rc = th_handle(c, "no-prepare", 30000, 0, 0);
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rc, 0)); /* light, then the full take */
@@ -823,7 +818,7 @@ TEST(a_refused_prepare_runs_the_text_statements)
  * waits for them (draining), the last reader waits behind the writer. */
 TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
 {
-    dlock_client *h = client_at(srv.uri), *c[4];
+    dlock_client *h = th_client(srv.uri, NULL), *c[4];
     dlock *lh = th_handle(h, "chain", 30000, 0, 0);
     waiter w[4];
     pthread_t th[4];
@@ -832,7 +827,7 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t t0 = dlock_token(lh);
     for (int i = 0; i < 4; i++) {
-        c[i] = client_at(srv.uri);
+        c[i] = th_client(srv.uri, NULL);
         start(&w[i], &th[i], th_handle(c[i], "chain", 30000, 0, 0), shared[i],
               20000);
         wait_sleepers("gate", i + 1); /* queued in this order */
@@ -896,7 +891,7 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
  * never another reader's; a shorter renewal lowers the lock's end. */
 TEST(a_readers_renewal_moves_only_its_own_hold)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "renew", 10000, DLOCK_NO_RENEW, 0),
           *rb = th_handle(b, "renew", 10000, DLOCK_NO_RENEW, 0);
     char oa[100], ob[100];
@@ -943,7 +938,7 @@ TEST(a_readers_renewal_moves_only_its_own_hold)
  * untouched (its entry, the row's end, its renewal and release). */
 TEST(a_release_whose_hold_is_gone_is_lost)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "gone", 1000, DLOCK_NO_RENEW, 0),
           *rb = th_handle(b, "gone", 30000, 0, 0);
 
@@ -989,9 +984,9 @@ TEST(a_release_whose_hold_is_gone_is_lost)
  * renew at 10 s, far off). */
 TEST(no_statement_while_waiters_sleep)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri), *d = client_at(srv.uri),
-                 *e = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL),
+                 *e = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "quiet", 30000, 0, 0),
           *pa = th_handle(d, "quiet-sem", 30000, 0, 1);
     waiter ww, wr, wp;
@@ -1053,7 +1048,7 @@ TEST(no_statement_while_waiters_sleep)
  * free semaphore's row keeps its N for dlock status, and binds nothing. */
 TEST(a_semaphores_n_is_kept)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *p2 = th_handle(a, "sem-n", 0, 0, 2), *p3 = th_handle(b, "sem-n", 0, 0, 3),
           *lk = th_handle(b, "sem-n", 0, 0, 0);
 
@@ -1089,7 +1084,7 @@ TEST(a_semaphores_n_is_kept)
     /* full, with a head waiting at the gate: a lock's waiter does not
      * queue behind it to learn that much */
     dlock *q1 = th_handle(a, "sem-n1", 0, 0, 1), *lq = th_handle(b, "sem-n1", 0, 0, 0);
-    dlock_client *h = client_at(srv.uri);
+    dlock_client *h = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
     CHECK_OK(dlock_acquire(q1, 0));
@@ -1175,7 +1170,7 @@ TEST(tries_racing_never_take_more_than_n)
     CHECK_OP(r->taken, >, 10);
     CHECK_OP(r->most, <=, 3);
     /* and the row never counted more than 3 live */
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock_info in;
     CHECK_OK(dlock_inspect(c, "sem-race", &in));
     CHECK_EQ(in.held, 0);
@@ -1210,7 +1205,7 @@ static int permit_child(void *arg)
 TEST(a_killed_permit_holder_wakes_the_head)
 {
     child_permit *s = th_shared(sizeof(*s));
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
 
@@ -1312,7 +1307,7 @@ static void wait_hold_ended(const char *name, const char *owner)
  */
 TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     child_hold *s;
     char owner[128];
 
@@ -1422,8 +1417,8 @@ static void foreign_take_gate_and_hold(MYSQL *m, const char *name)
 TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
 {
     MYSQL *f = foreign_open();
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "squat-rw", 1000, 0, 0),
           *rc = th_handle(c, "squat-rw", 30000, 0, 0),
           *pa = th_handle(a, "squat-sem", 30000, 0, 2);
@@ -1486,18 +1481,19 @@ static long long sessions(void)
  * goes at once to a try. */
 TEST(a_head_that_gives_up_leaves_nothing_behind)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *p1 = th_handle(a, "sem-give-up", 30000, 0, 2),
           *p2 = th_handle(b, "sem-give-up", 30000, 0, 2);
 
     CHECK_OK(dlock_acquire(p1, 0));
     CHECK_OK(dlock_acquire(p2, 0));
-    dlock_client *obs = client_at(srv.uri); /* its pool: one connection */
+    dlock_client *obs =
+        th_client(srv.uri, NULL); /* its pool: one connection */
     dlock_info in;
     CHECK_OK(dlock_inspect(obs, "sem-give-up", &in));
     dlock_info_clear(&in);
     long long before = sessions();
-    dlock_client *h = client_at(srv.uri);
+    dlock_client *h = th_client(srv.uri, NULL);
     dlock *ph = th_handle(h, "sem-give-up", 30000, 0, 2);
     for (int i = 0; i < 2; i++) {
         int64_t t0 = th_now_ms();
@@ -1525,7 +1521,7 @@ TEST(a_head_that_gives_up_leaves_nothing_behind)
     CHECK_EQ(sessions(), before);
     /* the gate is free: a try gets the permit freed at once */
     CHECK_OK(dlock_release(p1));
-    dlock_client *t = client_at(srv.uri);
+    dlock_client *t = th_client(srv.uri, NULL);
     dlock *pt = th_handle(t, "sem-give-up", 30000, 0, 2);
     CHECK_OK(dlock_acquire(pt, 0));
     CHECK_OK(dlock_release(pt));
@@ -1585,7 +1581,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     long long tok = th_sql_query(&srv, NULL, 0, "SELECT token FROM "
                                                 "dlocktest.old_t");
     snprintf(u, sizeof(u), "%s?table=old_t", srv.uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT COUNT(*) FROM information_schema.columns "
                           "WHERE table_schema = 'dlocktest' AND table_name = "
@@ -1640,7 +1636,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     snprintf(u, sizeof(u),
              "mysql://noalter:noalter-pw@127.0.0.1:%d/dlocktest?table=old_ro",
              srv.port);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock *x = th_handle(c, "plain", 0, 0, 0), *s = th_handle(c, "plain", 0, 0, 2),
           *o = th_handle(c, "old-held", 0, 0, 0);
     CHECK_OK(dlock_acquire(x, 0));
@@ -1664,8 +1660,8 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
  * row, at once, not when the readers' renewals (10 s) find them gone. */
 TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri), *op = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL), *op = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "brk-drain", 30000, 0, 0),
           *rb = th_handle(b, "brk-drain", 30000, 0, 0);
     waiter w;
@@ -1705,9 +1701,9 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
  * go of the gate, and the waiter behind it takes the other, both at once. */
 TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri), *d = client_at(srv.uri),
-                 *op = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL),
+                 *op = th_client(srv.uri, NULL);
     dlock *pa = th_handle(a, "brk-sem", 30000, 0, 2),
           *pb = th_handle(b, "brk-sem", 30000, 0, 2);
     waiter w1, w2;

@@ -31,14 +31,9 @@
 
 static th_sql srv;
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(srv.uri);
+    return th_client(srv.uri, NULL);
 }
 
 typedef struct waiter {
@@ -591,7 +586,7 @@ TEST(the_uncontended_shared_cycle_is_one_statement_each_way)
     snprintf(uri, sizeof(uri),
              "postgres://counted:counted-secret@127.0.0.1:%d/postgres",
              srv.port);
-    dlock_client *c = client_at(uri);
+    dlock_client *c = th_client(uri, NULL);
     dlock *lw = th_handle(c, "rw9w", 30000, 0, 0);
     dlock *lr = th_handle(c, "rw9r", 30000, 0, 0);
     dlock *lp = th_handle(c, "rw9p", 30000, 0, 3);
@@ -705,7 +700,7 @@ TEST(a_table_of_the_previous_version_is_migrated)
     CHECK_OP(tok, >, 0);
 
     snprintf(uri, sizeof(uri), "%s?table=old_locks", srv.uri);
-    dlock_client *a = client_at(uri), *b = client_at(uri);
+    dlock_client *a = th_client(uri, NULL), *b = th_client(uri, NULL);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_attribute WHERE attrelid "
                           "IN ('old_locks'::regclass, "
@@ -937,7 +932,7 @@ static int permit_child(void *arg)
 TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
 {
     sem_child_arg *a = th_shared(sizeof(*a));
-    dlock_client *c = client_at(adv), *d = client_at(adv);
+    dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL);
     dlock *p = th_handle(c, "adv1", 0, 0, 2);
     waiter w = {th_handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
@@ -975,11 +970,11 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
  * gone a moment later (the pool closes them after a second). */
 TEST(an_advisory_head_that_gives_up_leaves_nothing)
 {
-    dlock_client *a = client_at(adv), *b = client_at(adv),
-                 *c = client_at(adv);
+    dlock_client *a = th_client(adv, NULL), *b = th_client(adv, NULL),
+                 *c = th_client(adv, NULL);
     dlock *pa = th_handle(a, "adv2", 0, 0, 3), *pb = th_handle(b, "adv2", 0, 0, 3),
           *pc = th_handle(c, "adv2", 0, 0, 3);
-    dlock_client *h = client_at(adv);
+    dlock_client *h = th_client(adv, NULL);
     dlock *ph = th_handle(h, "adv2", 0, 0, 3);
 
     CHECK_OK(dlock_acquire(pa, 0));
@@ -1013,8 +1008,8 @@ TEST(an_advisory_head_that_gives_up_leaves_nothing)
  * freed: a release lets in the first only. */
 TEST(advisory_permit_waiters_are_served_in_order)
 {
-    dlock_client *h = client_at(adv), *c1 = client_at(adv),
-                 *c2 = client_at(adv);
+    dlock_client *h = th_client(adv, NULL), *c1 = th_client(adv, NULL),
+                 *c2 = th_client(adv, NULL);
     dlock *ph = th_handle(h, "adv3", 0, 0, 1);
     volatile int go1 = 0;
     waiter w1 = {th_handle(c1, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
@@ -1130,7 +1125,7 @@ TEST(advisory_permit_tries_never_hold_more_than_n)
  * design.md, "PostgreSQL advisory mode semaphores".) */
 TEST(advisory_semaphore_kinds_and_cap)
 {
-    dlock_client *c = client_at(adv), *d = client_at(adv);
+    dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL);
     dlock *p2 = th_handle(c, "adv5", 0, 0, 2), *p3 = th_handle(d, "adv5", 0, 0, 3);
     dlock *lk = th_handle(d, "adv5", 0, 0, 0);
     dlock *big = th_handle(d, "adv5-big", 0, 0, 33);
@@ -1162,8 +1157,8 @@ TEST(advisory_semaphore_kinds_and_cap)
  * the holders' releases are ELOST. */
 TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
 {
-    dlock_client *c = client_at(adv), *d = client_at(adv),
-                 *e = client_at(adv), *op = client_at(adv);
+    dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL),
+                 *e = th_client(adv, NULL), *op = th_client(adv, NULL);
     dlock *pa = th_handle(c, "adv6", 0, 0, 2), *pb = th_handle(d, "adv6", 0, 0, 2);
     waiter w = {th_handle(e, "adv6", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;

@@ -37,11 +37,6 @@ static th_pgb sess, trans; /* pool_mode session, transaction */
  * the calls are given, so a call that waited or hung is caught. */
 #define AT_ONCE_MS 5000
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static void uri(char *out, size_t cap, const th_pgb *b, const char *query)
 {
     snprintf(out, cap, "%s%s", b->uri, query);
@@ -111,7 +106,7 @@ TEST(session_pool_table_mode_try_release_extend_inspect_gc)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     dlock *la = handle(a, "t-basic", 5000, 0, NULL);
     dlock *lb = handle(b, "t-basic", 5000, 0, NULL);
     dlock_info info;
@@ -147,7 +142,7 @@ TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *h = client_at(u), *c = client_at(u);
+    dlock_client *h = th_client(u, NULL), *c = th_client(u, NULL);
     dlock *lh = handle(h, "t-wake", 60000, 0, NULL);
     waiter_arg w;
     pthread_t t;
@@ -196,14 +191,14 @@ TEST(session_pool_fair_waiters_get_the_lock_in_order)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *h = client_at(u), *c[3];
+    dlock_client *h = th_client(u, NULL), *c[3];
     dlock *lh = handle(h, "t-fair", 60000, DLOCK_FAIR, NULL);
     waiter_arg w[3];
     pthread_t t[3];
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < 3; i++) {
-        c[i] = client_at(u);
+        c[i] = th_client(u, NULL);
         memset(&w[i], 0, sizeof(w[i]));
         w[i].l = handle(c[i], "t-fair", 60000, DLOCK_FAIR, NULL);
         w[i].wait = 30000;
@@ -287,7 +282,7 @@ TEST(session_pool_a_dead_waiter_is_skipped)
     pid_t dead, next;
 
     uri(s->uri, sizeof(s->uri), &sess, "?pooler=session");
-    h = client_at(s->uri);
+    h = th_client(s->uri, NULL);
     lh = handle(h, "t-dead", DEAD_TTL, DLOCK_FAIR, NULL);
     CHECK_OK(dlock_acquire(lh, 0));
     s->index = 0;
@@ -317,7 +312,7 @@ TEST(session_pool_the_watchdog_keeps_a_short_lease)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     th_lost lost = TH_LOST_INIT;
     dlock *la = th_handle_lost(a, "t-watchdog", 600, 0, th_lost_cb, &lost);
     dlock *lb = handle(b, "t-watchdog", 600, 0, NULL);
@@ -345,7 +340,7 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     char u[400];
     th_pgb_start(&own, &srv, "session");
     uri(u, sizeof(u), &own, "?pooler=session&mode=advisory");
-    dlock_client *h = client_at(u), *c = client_at(u);
+    dlock_client *h = th_client(u, NULL), *c = th_client(u, NULL);
     th_lost lost = TH_LOST_INIT;
     dlock *lh = th_handle_lost(h, "t-adv", 0, 0, th_lost_cb, &lost);
     waiter_arg w;
@@ -432,7 +427,8 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session&mode=advisory");
-    dlock_client *h = client_at(u), *c = client_at(u), *op = client_at(u);
+    dlock_client *h = th_client(u, NULL), *c = th_client(u, NULL),
+                 *op = th_client(u, NULL);
     th_lost lost = TH_LOST_INIT;
     dlock *lh = th_handle_lost(h, "t-advbrk", 0, 0, th_lost_cb, &lost);
     waiter_arg w;
@@ -480,7 +476,7 @@ TEST(transaction_pool_table_mode_lists_and_breaks)
 {
     char u[400];
     uri(u, sizeof(u), &trans, "?pooler=transaction&table=pgb_brk");
-    dlock_client *a = client_at(u), *op = client_at(u);
+    dlock_client *a = th_client(u, NULL), *op = th_client(u, NULL);
     dlock *l1 = handle(a, "tb/1", 30000, 0, NULL);
     dlock *l2 = handle(a, "tb/2", 30000, 0, NULL);
     dlock_list_page p;
@@ -532,7 +528,7 @@ static void sessions_not_trusted(const th_pgb *b, const char *query,
     uri(u, sizeof(u), b, query);
     snprintf(ua, sizeof(ua), "%s%s%s", u, query[0] ? "&" : "?",
              "mode=advisory");
-    dlock_client *a = client_at(u), *c = client_at(u);
+    dlock_client *a = th_client(u, NULL), *c = th_client(u, NULL);
     dlock *la = handle(a, "t-once", 30000, 0, NULL);
     dlock *lc = handle(c, "t-once", 30000, 0, NULL);
     dlock *lf = handle(c, "t-once", 30000, DLOCK_FAIR, NULL);
@@ -624,7 +620,7 @@ TEST(transaction_pool_clients_share_server_sessions)
     uint64_t last = 0;
 
     for (int i = 0; i < 4; i++) {
-        c[i] = client_at(u);
+        c[i] = th_client(u, NULL);
         l[i] = handle(c[i], "t-shared", 30000, 0, NULL);
     }
     for (int round = 0; round < 25; round++) {

@@ -21,20 +21,9 @@
 static th_redis srv;  /* plain, shared by most tests */
 static th_redis auth; /* with passwords */
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
 static void cycle(dlock_client *c, const char *name)
 {
-    dlock *l = handle(c, name, 0, 0);
+    dlock *l = th_handle(c, name, 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 1000));
     CHECK_OP(dlock_token(l), >, 0);
@@ -87,21 +76,21 @@ TEST(acl_user_and_password)
     start_auth();
     snprintf(uri, sizeof(uri), "redis://alice:s3cr3t-pw@127.0.0.1:%d",
              auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "auth");
     CHECK(strstr(dlock_client_store(c), "s3cr3t-pw") == NULL);
     CHECK_CONTAINS(dlock_client_store(c), "alice:***@");
     dlock_client_close(c);
 
     snprintf(uri, sizeof(uri), "redis://:topsecret@127.0.0.1:%d", auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "auth");
     dlock_client_close(c);
 
     /* a password with characters that need escaping */
     snprintf(uri, sizeof(uri), "redis://alice:s3cr3t%%2Dpw@127.0.0.1:%d",
              auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     dlock_client_close(c);
 }
 
@@ -127,8 +116,8 @@ TEST(refused_credentials_give_eauth_without_the_password)
 
     /* bob may not touch dlock:* keys: the first acquire is refused */
     snprintf(uri, sizeof(uri), "redis://bob:b0b-pw@127.0.0.1:%d", auth.port);
-    c = client_at(uri);
-    dlock *l = handle(c, "forbidden", 0, 0);
+    c = th_client(uri, NULL);
+    dlock *l = th_handle(c, "forbidden", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EAUTH);
     CHECK(strstr(dlock_errmsg(), "b0b-pw") == NULL);
     dlock_close(l);
@@ -137,7 +126,7 @@ TEST(refused_credentials_give_eauth_without_the_password)
     /* ... unless its prefix is one bob may use */
     snprintf(uri, sizeof(uri), "redis://bob:b0b-pw@127.0.0.1:%d?prefix=other:",
              auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "allowed");
     dlock_client_close(c);
 }
@@ -174,12 +163,12 @@ TEST(unix_socket)
     dlock_client *c;
 
     snprintf(uri, sizeof(uri), "unix://%s", srv.sock);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "unix");
     /* the same lock as over TCP */
-    dlock *l = handle(c, "shared", 0, 0);
-    dlock_client *t = client_at(srv.uri);
-    dlock *lt = handle(t, "shared", 0, 0);
+    dlock *l = th_handle(c, "shared", 0, 0, 0);
+    dlock_client *t = th_client(srv.uri, NULL);
+    dlock *lt = th_handle(t, "shared", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_RC(dlock_acquire(lt, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(l));
@@ -205,11 +194,11 @@ TEST(database_prefix_and_one_key_per_lock)
     dlock_client *c, *c2, *d0;
 
     snprintf(uri, sizeof(uri), "%s/3?prefix=app:", srv.uri);
-    c = client_at(uri);
-    c2 = client_at(uri);
-    d0 = client_at(srv.uri);
-    dlock *l = handle(c, "ab{c}d", 0, DLOCK_FAIR);
-    dlock *o = handle(c, "ab{c}d", 0, DLOCK_FAIR);
+    c = th_client(uri, NULL);
+    c2 = th_client(uri, NULL);
+    d0 = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "ab{c}d", 0, DLOCK_FAIR, 0);
+    dlock *o = th_handle(c, "ab{c}d", 0, DLOCK_FAIR, 0);
     CHECK_OK(dlock_acquire(l, 0));
     dlock_info info;
     CHECK_OK(dlock_inspect(d0, "ab{c}d", &info)); /* db 0, other prefix */
@@ -217,7 +206,7 @@ TEST(database_prefix_and_one_key_per_lock)
     dlock_info_clear(&info);
 
     /* a waiter queues inside the lock's one key: nothing else is kept */
-    waiter w = {handle(c2, "ab{c}d", 0, DLOCK_FAIR), 5000, 0, 0, "", 0};
+    waiter w = {th_handle(c2, "ab{c}d", 0, DLOCK_FAIR, 0), 5000, 0, 0, "", 0};
     pthread_t th;
     pthread_create(&th, NULL, wait_thread, &w);
     int64_t until = th_now_ms() + 5000;
@@ -258,12 +247,12 @@ TEST(database_prefix_and_one_key_per_lock)
 
 TEST(keys_of_the_wrong_type)
 {
-    dlock_client *c = client_at(srv.uri), *h = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL), *h = th_client(srv.uri, NULL);
     dlock *l;
     char val[64];
 
     th_redis_cmd(&srv, NULL, 0, "SET dlock:{plain} hello");
-    l = handle(c, "plain", 0, 0);
+    l = th_handle(c, "plain", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     CHECK_CONTAINS(dlock_errmsg(), "another type");
     CHECK_RC(dlock_acquire(l, 500), DLOCK_EPROTO); /* at once, no hang */
@@ -272,13 +261,13 @@ TEST(keys_of_the_wrong_type)
     dlock_close(l);
 
     th_redis_cmd(&srv, NULL, 0, "HSET dlock:{hash} a b");
-    l = handle(c, "hash", 0, 0);
+    l = th_handle(c, "hash", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     dlock_close(l);
 
     /* something that looks like a tombstone but is not one */
     th_redis_cmd(&srv, NULL, 0, "SET dlock:{tombtext} %s", "- abc");
-    l = handle(c, "tombtext", 0, 0);
+    l = th_handle(c, "tombtext", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     CHECK_RC(dlock_inspect(c, "tombtext", &info), DLOCK_EPROTO);
     dlock_close(l);
@@ -286,8 +275,8 @@ TEST(keys_of_the_wrong_type)
     /* a waiter whose client believes the lock held appends its line
      * without reading the key first; a short foreign value found that
      * way is put back as it was, and the call fails at once */
-    dlock *lh = handle(h, "blindfoe", 60000, 0);
-    l = handle(c, "blindfoe", 0, 0);
+    dlock *lh = th_handle(h, "blindfoe", 60000, 0, 0);
+    l = th_handle(c, "blindfoe", 0, 0, 0);
     CHECK_OK(dlock_acquire(lh, 0));
     CHECK_RC(dlock_acquire(l, 50), DLOCK_EBUSY); /* c: held, for 60 s */
     CHECK_OK(dlock_release(lh));
@@ -329,9 +318,9 @@ TEST(killed_mid_wait_then_recovers)
 {
     th_redis s;
     th_redis_start(&s, NULL);
-    dlock_client *a = client_at(s.uri), *b = client_at(s.uri);
-    dlock *la = handle(a, "midwait", 30000, 0);
-    waiter w = {handle(b, "midwait", 0, 0), 20000, 0, 0, "", 0};
+    dlock_client *a = th_client(s.uri, NULL), *b = th_client(s.uri, NULL);
+    dlock *la = th_handle(a, "midwait", 30000, 0, 0);
+    waiter w = {th_handle(b, "midwait", 0, 0, 0), 20000, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -342,7 +331,7 @@ TEST(killed_mid_wait_then_recovers)
 
     /* while it is down: a try fails at once (refused by the kernel:
      * well below the 2 s timeout) */
-    dlock *lt = handle(b, "midwait-try", 0, 0);
+    dlock *lt = th_handle(b, "midwait-try", 0, 0, 0);
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lt, 0), DLOCK_ECONN);
     CHECK_OP(th_now_ms() - t0, <, 1500);
@@ -381,8 +370,8 @@ TEST(frozen_server_never_hangs_past_the_wait)
 {
     th_redis s;
     th_redis_start(&s, NULL);
-    dlock_client *c = client_at(s.uri);
-    dlock *l = handle(c, "frozen-server", 0, 0);
+    dlock_client *c = th_client(s.uri, NULL);
+    dlock *l = th_handle(c, "frozen-server", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -404,8 +393,8 @@ TEST(frozen_server_never_hangs_past_the_wait)
 
 TEST(dropped_connection_reconnects)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "dropped", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "dropped", 0, 0, 0);
     int failures = 0;
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -430,8 +419,8 @@ TEST(dropped_connection_reconnects)
  * and releases, instead of failing with DLOCK_ECONN on the dead one. */
 TEST(release_after_the_server_closed_the_connection)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "closed-then-release", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "closed-then-release", 0, 0, 0);
 
     /* (a hold of 5 ms: the probe is skipped between commands sent within
      * 2 ms of each other, as in a tight loop) */
@@ -452,7 +441,7 @@ TEST(release_after_the_server_closed_the_connection)
 
 TEST(scripts_flushed_are_reloaded)
 {
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
 
     cycle(c, "flush");
     th_redis_cmd(&srv, NULL, 0, "SCRIPT FLUSH");
@@ -462,9 +451,9 @@ TEST(scripts_flushed_are_reloaded)
 
 TEST(waiters_send_no_commands_between_notifications)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *la = handle(a, "quiet", 60000, 0);
-    waiter w = {handle(b, "quiet", 0, 0), 2500, 0, 0, "", 0};
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *la = th_handle(a, "quiet", 60000, 0, 0);
+    waiter w = {th_handle(b, "quiet", 0, 0, 0), 2500, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -478,8 +467,8 @@ TEST(waiters_send_no_commands_between_notifications)
     CHECK_OP(used, <=, 3);
     dlock_close(w.l);
 
-    w.l = handle(b, "quiet-fair", 0, DLOCK_FAIR);
-    dlock *lf = handle(a, "quiet-fair", 60000, DLOCK_FAIR);
+    w.l = th_handle(b, "quiet-fair", 0, DLOCK_FAIR, 0);
+    dlock *lf = th_handle(a, "quiet-fair", 60000, DLOCK_FAIR, 0);
     CHECK_OK(dlock_acquire(lf, 0));
     before = th_redis_calls(&srv, "evalsha");
     pthread_create(&th, NULL, wait_thread, &w);
@@ -519,16 +508,17 @@ TEST(handoff_wakes_only_the_head_in_order)
     for (int mode = 0; mode < 2; mode++) {
         unsigned flags = mode ? DLOCK_FAIR : 0;
         const char *name = mode ? "herd-fair" : "herd";
-        dlock_client *h = client_at(srv.uri), *cl[NWAIT];
-        dlock *lh = handle(h, name, 0, flags);
+        dlock_client *h = th_client(srv.uri, NULL), *cl[NWAIT];
+        dlock *lh = th_handle(h, name, 0, flags, 0);
         ordered o[NWAIT];
         pthread_t th[NWAIT];
         int next = 0;
 
         CHECK_OK(dlock_acquire(lh, 0));
         for (int i = 0; i < NWAIT; i++) {
-            cl[i] = client_at(srv.uri);
-            o[i] = (ordered){handle(cl[i], name, 0, flags), 0, &next, -1};
+            cl[i] = th_client(srv.uri, NULL);
+            o[i] =
+                (ordered){th_handle(cl[i], name, 0, flags, 0), 0, &next, -1};
             pthread_create(&th[i], NULL, ordered_thread, &o[i]);
             int64_t until = th_now_ms() + 5000;
             while (th_waiters(h, name) < i + 1 && th_now_ms() < until)
@@ -575,7 +565,7 @@ static int count_lines_with(const char *text, const char *needle)
 TEST(one_subscriber_connection_per_client)
 {
     static char list[65536];
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *held[4];
     waiter w[4];
     pthread_t th[4];
@@ -583,9 +573,9 @@ TEST(one_subscriber_connection_per_client)
 
     for (int i = 0; i < 4; i++) {
         snprintf(name, sizeof(name), "sub%d", i);
-        held[i] = handle(a, name, 60000, 0);
+        held[i] = th_handle(a, name, 60000, 0, 0);
         CHECK_OK(dlock_acquire(held[i], 0));
-        w[i] = (waiter){handle(b, name, 0, 0), 1500, 0, 0, "", 0};
+        w[i] = (waiter){th_handle(b, name, 0, 0, 0), 1500, 0, 0, "", 0};
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
     }
     th_sleep_ms(500);
@@ -615,7 +605,7 @@ TEST(client_timeout_option)
     snprintf(uri, sizeof(uri), "%s?timeout=0", srv.uri);
     CHECK_RC(dlock_client_open(&c, uri, NULL), DLOCK_EINVAL);
     snprintf(uri, sizeof(uri), "%s?timeout=250&prefix=t:", srv.uri);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "timeout");
     dlock_client_close(c);
 }
@@ -709,8 +699,8 @@ TEST(a_handover_costs_eight_commands)
      * state; one more command per hand-off (+300) fails every run. */
     for (int run = 0; run < 3; run++) {
         for (int i = 0; i < 2; i++) {
-            p[i].c = client_at(srv.uri);
-            p[i].l = handle(p[i].c, "six", 0, 0);
+            p[i].c = th_client(srv.uri, NULL);
+            p[i].l = th_handle(p[i].c, "six", 0, 0, 0);
             p[i].n = n;
             p[i].rc = DLOCK_OK;
         }
@@ -755,9 +745,9 @@ static int dead_waiter_child(void *arg)
 TEST(handover_skips_a_dead_waiter)
 {
     static char list[65536];
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "deadwaiter", 30000, 0);
-    waiter w = {handle(c, "deadwaiter", 30000, 0), 20000, 0, 0, "", 0};
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "deadwaiter", 30000, 0, 0);
+    waiter w = {th_handle(c, "deadwaiter", 30000, 0, 0), 20000, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -819,9 +809,9 @@ static int frozen_waiter_child(void *arg)
 TEST(a_frozen_waiter_loses_its_handover_by_its_lease)
 {
     frozen *f = th_shared(sizeof(*f));
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "frozenwaiter", 1000, 0);
-    dlock *lc = handle(c, "frozenwaiter", 30000, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "frozenwaiter", 1000, 0, 0);
+    dlock *lc = th_handle(c, "frozenwaiter", 30000, 0, 0);
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(frozen_waiter_child, f);
@@ -852,8 +842,9 @@ TEST(a_frozen_waiter_loses_its_handover_by_its_lease)
  * hand the lock to it. */
 TEST(giving_up_leaves_the_queue)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "giveup", 0, 0), *l = handle(c, "giveup", 0, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "giveup", 0, 0, 0),
+          *l = th_handle(c, "giveup", 0, 0, 0);
     char val[4096];
     dlock_info info;
 
@@ -876,9 +867,9 @@ TEST(giving_up_leaves_the_queue)
  * here by hand, without the message. */
 TEST(a_handover_found_when_leaving_is_kept)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "kept", 30000, 0);
-    waiter w = {handle(c, "kept", 30000, 0), 1500, 0, 0, "", 0};
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "kept", 30000, 0, 0);
+    waiter w = {th_handle(c, "kept", 30000, 0, 0), 1500, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -899,9 +890,9 @@ TEST(a_handover_found_when_leaving_is_kept)
  * tries, finds the lock its own and takes it, long before its deadline. */
 TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "lostmsg", 30000, 0);
-    waiter w = {handle(c, "lostmsg", 30000, 0), 15000, 0, 0, "", 0};
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "lostmsg", 30000, 0, 0);
+    waiter w = {th_handle(c, "lostmsg", 30000, 0, 0), 15000, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -928,12 +919,12 @@ TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
  * name, for its 30 s lease). */
 TEST(a_handover_racing_a_timed_out_wait)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "race", 30000, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "race", 30000, 0, 0);
     int ok = 0, busy = 0;
 
     for (int i = 0; i < 60; i++) {
-        waiter w = {handle(c, "race", 30000, 0), 40, 0, 0, "", 0};
+        waiter w = {th_handle(c, "race", 30000, 0, 0), 40, 0, 0, "", 0};
         pthread_t th;
         dlock_info info;
 
@@ -974,8 +965,9 @@ TEST(a_handover_racing_a_timed_out_wait)
  * did it to a_handover_racing_a_timed_out_wait in a CI rehearsal. */
 TEST(a_try_answered_after_its_wait_leaves_no_hold)
 {
-    dlock_client *c = client_at(srv.uri), *obs = client_at(srv.uri);
-    dlock *l = handle(c, "late-try", 30000, 0);
+    dlock_client *c = th_client(srv.uri, NULL),
+                 *obs = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "late-try", 30000, 0, 0);
     dlock_info info;
 
     CHECK_OK(dlock_acquire(l, 0)); /* the connection and scripts ready */
@@ -1016,8 +1008,8 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
  * client is gone); dlock_inspect() sees a free lock with one waiter. */
 TEST(a_key_with_only_queue_lines_is_free)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "onlylines", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "onlylines", 0, 0, 0);
     const char *line = "\n00000000000000000000000000000000:1:1 30000 gone";
     char val[1024];
     dlock_info info;
@@ -1049,8 +1041,8 @@ TEST(a_key_with_only_queue_lines_is_free)
  * keeps the tombstone until the clock has passed that token by an hour. */
 TEST(tokens_stay_above_a_tombstone_ahead_of_the_clock)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "ahead", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "ahead", 0, 0, 0);
     char val[128];
     long long secs = th_redis_cmd(&srv, NULL, 0, "EVAL %s 0",
                                   "return tonumber(redis.call('TIME')[1])");
@@ -1140,7 +1132,8 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         char name[32];
         dlock_options o;
         dlock *lh = NULL;
-        dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+        dlock_client *h = th_client(srv.uri, NULL),
+                     *c = th_client(srv.uri, NULL);
         forged_waiter w;
         pthread_t th;
 

@@ -39,14 +39,9 @@ static th_redis node[5];  /* redlock://'s nodes */
 static char uri[1024];    /* the store under test */
 static const char *kind;
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, th_patient());
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
+    return th_client(uri, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
@@ -391,7 +386,8 @@ TEST(a_store_prefix_with_glob_characters_lists_only_its_own)
     char u1[256], u2[256];
     snprintf(u1, sizeof(u1), "%s?prefix=p*[q]:", srv.uri);
     snprintf(u2, sizeof(u2), "%s?prefix=pX[q]:", srv.uri);
-    dlock_client *c1 = client_at(u1), *c2 = client_at(u2);
+    dlock_client *c1 = th_client(u1, th_patient()),
+                 *c2 = th_client(u2, th_patient());
     dlock *l1 = handle(c1, "gp/one", 0, 0, NULL);
     dlock *l2 = handle(c2, "gp/two", 0, 0, NULL);
 
@@ -565,7 +561,7 @@ static int frozen_child(void *arg)
 {
     frozen *f = arg;
     th_lost box = TH_LOST_INIT;
-    dlock_client *c = client_at(f->uri);
+    dlock_client *c = th_client(f->uri, th_patient());
     dlock *l = handle(c, "bf/x", 2000, 0, &box);
 
     if (dlock_acquire(l, 5000) != DLOCK_OK)

@@ -19,11 +19,6 @@
 
 static th_redis srv;
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
 typedef struct waiter {
     dlock *l;
     int shared;
@@ -81,7 +76,7 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
 {
     dlock_client *c[4];
     for (int i = 0; i < 4; i++)
-        c[i] = client_at(srv.uri);
+        c[i] = th_client(srv.uri, NULL);
     dlock *w0 = th_handle(c[0], "rw1", 30000, 0, 0);
     dlock *r1 = th_handle(c[1], "rw1", 30000, 0, 0);
     dlock *r2 = th_handle(c[2], "rw1", 30000, 0, 0);
@@ -135,14 +130,14 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
 TEST(one_release_lets_in_every_reader_at_the_head)
 {
     enum { NR = 3 };
-    dlock_client *h = client_at(srv.uri), *c[NR + 2];
+    dlock_client *h = th_client(srv.uri, NULL), *c[NR + 2];
     dlock *lh = th_handle(h, "rw2", 30000, 0, 0);
     waiter w[NR + 2];
     pthread_t th[NR + 2];
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < NR + 2; i++) {
-        c[i] = client_at(srv.uri);
+        c[i] = th_client(srv.uri, NULL);
         memset(&w[i], 0, sizeof(w[i]));
         w[i].l = th_handle(c[i], "rw2", 30000, 0, 0);
         w[i].shared = i != NR; /* readers, a writer, a reader */
@@ -214,7 +209,7 @@ static int dead_reader_child(void *arg)
 TEST(a_dead_reader_is_dropped_at_its_lease_end)
 {
     dead *d = th_shared(sizeof(*d));
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     waiter w = {th_handle(c, "rw3", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
     pthread_t th;
 
@@ -242,7 +237,7 @@ TEST(a_dead_reader_is_dropped_at_its_lease_end)
  * line's end only: another reader's end stays what it was. */
 TEST(a_readers_renewal_moves_only_its_own_line)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "rw4", 600, 0, 0); /* renewed every 200 ms */
     dlock *rb = th_handle(b, "rw4", 20000, DLOCK_NO_RENEW, 0);
     char oa[80], ob[80], o[80], ea0[32], ea1[32], eb0[32], eb1[32];
@@ -275,7 +270,7 @@ TEST(a_readers_renewal_moves_only_its_own_line)
  * other reader's hold. */
 TEST(a_release_whose_line_is_gone_is_lost)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "rw5", 30000, 0, 0);
     dlock *rb = th_handle(b, "rw5", 30000, 0, 0);
     char val[4096], keep[4096];
@@ -310,7 +305,7 @@ TEST(a_release_whose_line_is_gone_is_lost)
  * and leaves the tombstone. */
 TEST(the_shared_cycle_costs_the_exclusive_ones_commands)
 {
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *lw = th_handle(c, "rw6w", 30000, 0, 0);
     dlock *lr = th_handle(c, "rw6r", 30000, 0, 0);
     dlock *lp = th_handle(c, "rw6p", 30000, 0, 3);
@@ -349,7 +344,7 @@ TEST(the_shared_cycle_costs_the_exclusive_ones_commands)
  * another N, or the other kind, is DLOCK_EINVAL naming what it is. */
 TEST(a_semaphore_keeps_its_permits)
 {
-    dlock_client *c = client_at(srv.uri), *d = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL);
     dlock *p3 = th_handle(c, "rw7", 30000, 0, 3);
     dlock *p2 = th_handle(d, "rw7", 30000, 0, 2);
     dlock *lk = th_handle(d, "rw7", 30000, 0, 0);
@@ -385,8 +380,8 @@ TEST(a_semaphore_keeps_its_permits)
  * held back only by the writer): they share with the readers holding. */
 TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *r1 = th_handle(a, "rw8", 30000, 0, 0);
     waiter w = {th_handle(b, "rw8", 30000, 0, 0), 0, 600, 0, 0, 0, 0, ""};
     waiter r2 = {th_handle(c, "rw8", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, ""};
@@ -419,7 +414,7 @@ TEST(shared_holds_over_a_unix_socket)
     char uri[800];
 
     snprintf(uri, sizeof(uri), "unix://%s", srv.sock);
-    dlock_client *u = client_at(uri), *t = client_at(srv.uri);
+    dlock_client *u = th_client(uri, NULL), *t = th_client(srv.uri, NULL);
     dlock *ru = th_handle(u, "rw9", 30000, 0, 0);
     dlock *rt = th_handle(t, "rw9", 30000, 0, 0);
     waiter w = {th_handle(u, "rw9", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
@@ -487,7 +482,7 @@ static int holder_lines(const char *name)
 TEST(an_expired_holder_line_is_dropped_by_the_next_try)
 {
     dead *d = th_shared(sizeof(*d));
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *pa = th_handle(a, "rw10", 30000, 0, 2);
     dlock *pb = th_handle(b, "rw10", 30000, 0, 2);
 

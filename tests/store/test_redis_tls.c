@@ -106,11 +106,6 @@ static const char *cert(const char *file)
     return th_tls_param(buf[next++ % 8], sizeof(buf[0]), file);
 }
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
 static dlock *handle_flags(dlock_client *c, const char *name, int64_t ttl,
                           unsigned flags)
 {
@@ -290,7 +285,8 @@ TEST(the_servers_speak_tls_to_redis_cli)
  * plain port of the same server, and the reverse. */
 TEST(tls_and_plain_clients_exclude_each_other)
 {
-    dlock_client *t = client_at(srv.tls_uri), *p = client_at(srv.uri);
+    dlock_client *t = th_client(srv.tls_uri, NULL),
+                 *p = th_client(srv.uri, NULL);
     dlock *lt = handle(t, "tls-both", 0), *lp = handle(p, "tls-both", 0);
 
     CHECK_OK(dlock_acquire(lt, 0));
@@ -340,13 +336,14 @@ static void woken_across(dlock_client *holder_c, dlock_client *waiter_c,
 
 TEST(a_tls_waiter_is_woken_by_a_plain_release)
 {
-    dlock_client *t = client_at(srv.tls_uri), *p = client_at(srv.uri);
+    dlock_client *t = th_client(srv.tls_uri, NULL),
+                 *p = th_client(srv.uri, NULL);
 
     woken_across(p, t, "tls-wake-1");
     /* and the other way round */
     woken_across(t, p, "tls-wake-2");
     /* both over TLS */
-    dlock_client *t2 = client_at(srv.tls_uri);
+    dlock_client *t2 = th_client(srv.tls_uri, NULL);
     woken_across(t2, t, "tls-wake-3");
     TH_CLIENT_CLOSE(t2, t, p);
 }
@@ -357,7 +354,7 @@ TEST(tls_parameter_on_redis_scheme)
     const char *uri =
         strf("redis://localhost:%d?tls=1&cacert=%s", srv.tls_port,
              cert("ca.crt"));
-    dlock_client *t = client_at(uri), *p = client_at(srv.uri);
+    dlock_client *t = th_client(uri, NULL), *p = th_client(srv.uri, NULL);
     dlock *lt = handle(t, "tls-param", 0), *lp = handle(p, "tls-param", 0);
 
     CHECK_OK(dlock_acquire(lt, 0));
@@ -621,7 +618,7 @@ static void *release_thread(void *arg)
 /* The burst, the waiters' client on `uri`. */
 static void burst(const char *uri)
 {
-    dlock_client *t = client_at(uri), *p = NULL;
+    dlock_client *t = th_client(uri, NULL), *p = NULL;
     char name[64], ok[64];
 
     /* the holders' client waits out the pause: 10 s round trips */
@@ -711,7 +708,8 @@ TEST(a_tls_client_comes_back_after_a_restart)
     pthread_t th;
 
     th_redis_start_tls(&s, "server", 0, NULL);
-    dlock_client *a = client_at(s.tls_uri), *b = client_at(s.tls_uri);
+    dlock_client *a = th_client(s.tls_uri, NULL),
+                 *b = th_client(s.tls_uri, NULL);
     dlock *la = handle(a, "tls-restart", 30000);
 
     memset(&w, 0, sizeof(w));
@@ -737,7 +735,7 @@ TEST(a_tls_client_comes_back_after_a_restart)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
 
     /* b's waits are woken again, by a release on the plain port */
-    dlock_client *p = client_at(s.uri);
+    dlock_client *p = th_client(s.uri, NULL);
     woken_across(p, b, "tls-restart-2");
     woken_across(a, b, "tls-restart-3");
     dlock_client_close(p);

@@ -46,11 +46,6 @@
 /* a wake-up by message: see above */
 #define WAKE_MS 5000
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, th_patient());
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
 {
     return th_handle(c, name, ttl, 0, 0);
@@ -61,7 +56,8 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
  * waiter on a second client is woken by the release's message. */
 static void basics(const char *u, const char *name)
 {
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(u, th_patient());
     dlock *la = handle(a, name, 30000), *lb = handle(b, name, 30000);
     th_waiter w;
     pthread_t th;
@@ -171,7 +167,7 @@ TEST(redlock_over_tls_writes_every_node)
 
     redlock_nodes();
     redlock_uri(u, sizeof(u), "127.0.0.1", "");
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, th_patient());
     dlock *l = handle(c, "tls-rl/keys", 30000);
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < 3; i++) {
@@ -222,7 +218,7 @@ TEST(sentinel_over_tls)
 
     basics(t->uri, "tls-s/one");
     /* the primary (data[0], as no failover ran yet) got it */
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l = handle(c, "tls-s/where", 30000);
     CHECK_OK(dlock_acquire(l, 0));
     th_redis_cmd(&t->data[0], v, sizeof(v), "GET dlock:{tls-s/where}");
@@ -238,7 +234,7 @@ TEST(sentinel_over_tls)
 TEST(sentinel_over_tls_follows_a_failover)
 {
     th_sentinels *t = sentinels();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l = handle(c, "tls-s/before", 30000);
     char out[256], v[256];
 
@@ -334,7 +330,7 @@ TEST(cluster_over_tls)
     for (int i = 0; i < 3; i++) {
         basics(t->uri, names[i]);
         /* held: on the slot's primary */
-        dlock_client *c = client_at(t->uri);
+        dlock_client *c = th_client(t->uri, th_patient());
         dlock *l = handle(c, names[i], 30000);
         CHECK_OK(dlock_acquire(l, 0));
         snprintf(key, sizeof(key), "dlock:{%s}", names[i]);
@@ -351,7 +347,7 @@ TEST(cluster_over_tls)
 TEST(cluster_over_tls_one_client_three_shards)
 {
     th_cluster *t = cluster();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l[8];
     char name[32];
 

@@ -40,11 +40,6 @@
 
 #define MASTER "dlockm"
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, th_patient());
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      th_lost *box)
 {
@@ -70,7 +65,7 @@ static int fail_over(th_sentinels *t, int via)
 static void next_token_above(th_sentinels *t, const char *name,
                              uint64_t above)
 {
-    dlock_client *b = client_at(t->uri);
+    dlock_client *b = th_client(t->uri, th_patient());
     dlock *lb = handle(b, name, 30000, NULL);
 
     CHECK_OK(dlock_acquire(lb, 5000));
@@ -96,7 +91,7 @@ static th_sentinels *steady(void)
 TEST(locks_through_the_sentinels)
 {
     th_sentinels *t = steady();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l = handle(c, "s/one", 0, NULL);
     char v[256];
     dlock_info in;
@@ -156,7 +151,7 @@ TEST(min_replicas_waits_for_the_replicas)
     /* 5 s for a healthy replica's acknowledgement on a busy machine (a
      * 500 ms stall was seen under the whole suite's load) */
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=5000", t->uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, th_patient());
     dlock *l = handle(c, "s/wait", 0, NULL);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -165,7 +160,7 @@ TEST(min_replicas_waits_for_the_replicas)
 
     /* three asked of two replicas: refused, and the lock let go */
     snprintf(u, sizeof(u), "%s?min_replicas=3&replica_timeout=300", t->uri);
-    c = client_at(u);
+    c = th_client(u, th_patient());
     l = handle(c, "s/wait", 0, NULL);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_ECONN);
     CHECK(strstr(dlock_errmsg(), "only 2 of 3 replicas") != NULL);
@@ -187,7 +182,7 @@ TEST(renewals_not_on_the_replicas_lose_the_hold)
     char u[600];
 
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=100", t->uri);
-    dlock_client *a = client_at(u);
+    dlock_client *a = th_client(u, th_patient());
     dlock *la = handle(a, "s/split", 900, &box);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
     th_redis *rep[2];
@@ -229,7 +224,8 @@ TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
     char u[600];
 
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=5000", t->uri);
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(u, th_patient());
     dlock *la = handle(a, "s/hand", 30000, NULL);
     dlock *lb = handle(b, "s/hand", 30000, NULL);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
@@ -264,7 +260,8 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
      * that long and fails, its answers (the shared hold not ours) still
      * count */
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=2000", t.uri);
-    dlock_client *a = client_at(u), *b = client_at(t.uri);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, "s/keep", 30000, &box);
     dlock *lb = handle(b, "s/keep", 30000, NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -319,7 +316,7 @@ TEST(failover_that_loses_a_hold_reports_it)
     th_lost box = TH_LOST_INIT;
 
     th_sentinels_start(&t, MASTER, 1000, 10000);
-    dlock_client *a = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient());
     dlock *la = handle(a, "s/lose", 30000, &box);
 
     /* the replicas frozen and cut off: the acquire reaches the primary
@@ -364,7 +361,7 @@ TEST(a_client_whose_subscriptions_broke_asks_before_its_next_command)
     th_sentinels_start(&t, MASTER, 1000, 10000);
     char u[600];
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=2000", t.uri);
-    dlock_client *a = client_at(u);
+    dlock_client *a = th_client(u, th_patient());
     dlock *la = handle(a, "s/missed", 30000, NULL);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
@@ -400,7 +397,8 @@ TEST(waits_ride_out_a_killed_primary)
     pthread_t th1, th2;
 
     th_sentinels_start(&t, MASTER, 1000, 10000);
-    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, "s/ride", 30000, NULL);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
@@ -413,7 +411,7 @@ TEST(waits_ride_out_a_killed_primary)
     CHECK(old > 0);
     th_redis_kill(th_sentinels_node(&t, old), SIGKILL);
     /* a newcomer: the sentinels answer, the primary they name does not */
-    dlock_client *c = client_at(t.uri);
+    dlock_client *c = th_client(t.uri, th_patient());
     dlock *lt = handle(c, "s/ride-try", 30000, NULL);
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lt, 0), DLOCK_ECONN);
@@ -453,7 +451,8 @@ TEST(a_forged_handover_only_wakes_the_waiter)
 {
     const unsigned long long forged = 9223372036854775000ULL;
     th_sentinels *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     dlock *la = handle(a, "s/forged", 30000, NULL);
     dlock *lb = handle(b, "s/forged", 30000, NULL);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));

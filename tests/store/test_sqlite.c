@@ -22,14 +22,9 @@
 static char db_path[600];
 static char uri[700];
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
+    return th_client(uri, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, unsigned flags)
@@ -127,7 +122,7 @@ TEST(gc_removes_unused_locks_and_tokens_still_grow)
     /* a store with nothing to collect says so */
     char u[700];
     snprintf(u, sizeof(u), "file://%s/files", th_tmpdir());
-    c = client_at(u);
+    c = th_client(u, NULL);
     CHECK_RC(dlock_gc(c, 0, &n), DLOCK_ENOTSUP);
     CHECK_EQ(n, 0);
     dlock_client_close(c);
@@ -164,7 +159,7 @@ TEST(sql_injection_locks_a_strangely_named_lock)
     snprintf(path, sizeof(path), "%s/inject.db", th_tmpdir());
     snprintf(u, sizeof(u),
              "sqlite://%s?table=t%%22%%3B%%20DROP%%20TABLE%%20x%%3B--", path);
-    c = client_at(u);
+    c = th_client(u, NULL);
     l[0] = handle(c, "a", 0);
     CHECK_OK(dlock_acquire(l[0], 0));
     CHECK_OK(dlock_release(l[0]));

@@ -32,20 +32,9 @@ static th_zk srv;       /* standalone, shared */
 static char base[300];  /* zk://127.0.0.1:PORT */
 static char uri[400];   /* base + /zktest */
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
+    return th_client(uri, NULL);
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -123,7 +112,7 @@ static void wchs(th_zk *z, int i, long long *conns, long long *paths,
 TEST(node_layout_and_czxid_token)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "lay out/1", 2000, 0);
+    dlock *l = th_handle(c, "lay out/1", 2000, 0, 0);
     void *zh = zk();
     char kids[4][64], path[512], data[512], sid[64];
     struct Stat st;
@@ -182,8 +171,8 @@ TEST(node_layout_and_czxid_token)
     dlock_client_close(c);
 
     /* no chroot in the URI: /dlock */
-    c = client_at(base);
-    l = handle(c, "plain", 0, 0);
+    c = th_client(base, NULL);
+    l = th_handle(c, "plain", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_EQ(sorted_children(zh, "/dlock/plain", kids, 4), 1);
     CHECK_OK(dlock_release(l));
@@ -237,7 +226,7 @@ TEST(first_come_first_served_across_processes)
 {
     shared_order *s = th_shared(sizeof(*s));
     dlock_client *h = client();
-    dlock *lh = handle(h, "order", 0, 0);
+    dlock *lh = th_handle(h, "order", 0, 0, 0);
     pid_t pids[NORDER];
     dlock_info info;
     char pid[32];
@@ -367,7 +356,7 @@ TEST(a_release_fires_exactly_one_watch)
     herd h;
     pthread_t th[NHERD];
     dlock_client *hc = client();
-    dlock *lh = handle(hc, "herd", 0, 0);
+    dlock *lh = th_handle(hc, "herd", 0, 0, 0);
     void *zh = zk();
     long long conns, paths, total;
 
@@ -381,7 +370,7 @@ TEST(a_release_fires_exactly_one_watch)
     CHECK_EQ(total, 1);
     for (int i = 0; i < NHERD; i++) {
         w[i] = (herd_waiter){&h, i, client(), NULL, 0, 0};
-        w[i].l = handle(w[i].c, "herd", 0, 0);
+        w[i].l = th_handle(w[i].c, "herd", 0, 0, 0);
         pthread_create(&th[i], NULL, herd_thread, &w[i]);
         th_wait_waiters(hc, "herd", i + 1); /* arrival order is known */
     }
@@ -491,7 +480,7 @@ static void *gate_thread(void *arg)
 TEST(inspect_shows_holder_and_queue_in_order)
 {
     dlock_client *a = client(), *obs = client(), *wc[3];
-    dlock *la = handle(a, "inspect", 5000, 0);
+    dlock *la = th_handle(a, "inspect", 5000, 0, 0);
     gate_waiter w[3];
     pthread_t th[3];
     dlock_info info;
@@ -510,7 +499,7 @@ TEST(inspect_shows_holder_and_queue_in_order)
     for (int i = 0; i < 3; i++) {
         wc[i] = client();
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(wc[i], "inspect", 0, 0);
+        w[i].l = th_handle(wc[i], "inspect", 0, 0, 0);
         w[i].wait = 30000;
         pthread_create(&th[i], NULL, gate_thread, &w[i]);
         th_wait_waiters(obs, "inspect", i + 1);
@@ -562,7 +551,8 @@ TEST(inspect_shows_holder_and_queue_in_order)
 TEST(a_waiter_that_gives_up_leaves_the_queue)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "giveup", 0, 0), *lb = handle(b, "giveup", 0, 0);
+    dlock *la = th_handle(a, "giveup", 0, 0, 0),
+          *lb = th_handle(b, "giveup", 0, 0, 0);
     void *zh = zk();
     char kids[4][64];
 
@@ -633,8 +623,8 @@ TEST(bad_uris_are_rejected)
     CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EINVAL);
     longroot[200] = '\0';
     snprintf(u, sizeof(u), "%s/%s", base, longroot);
-    c = client_at(u);
-    dlock *l = handle(c, "x", 0, 0);
+    c = th_client(u, NULL);
+    dlock *l = th_handle(c, "x", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -642,12 +632,12 @@ TEST(bad_uris_are_rejected)
 
     /* good: nested chroot, and a host list whose first host is down */
     snprintf(u, sizeof(u), "%s/a/b-c_d", base);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock_client_close(c);
     snprintf(u, sizeof(u), "zk://127.0.0.1:%d,127.0.0.1:%d/multi",
              th_free_port(), srv.port[0]);
-    c = client_at(u);
-    l = handle(c, "x", 0, 0);
+    c = th_client(u, NULL);
+    l = th_handle(c, "x", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 3000));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -695,7 +685,7 @@ TEST(names_with_any_bytes_do_not_collide)
     dlock *la[N], *lb[N];
     void *zh = zk();
     char root0[2048], root1[2048], zk0[2048], zk1[2048];
-    dlock *warm = handle(a, "warm-up", 0, 0);
+    dlock *warm = th_handle(a, "warm-up", 0, 0, 0);
 
     /* the chroot exists before the root is listed (this test may run
      * alone) */
@@ -712,8 +702,8 @@ TEST(names_with_any_bytes_do_not_collide)
     /* one thread holds all of them at once: two names sharing a node
      * would queue behind each other (EBUSY) */
     for (int i = 0; i < N; i++) {
-        la[i] = handle(a, names[i], 0, 0);
-        lb[i] = handle(b, names[i], 0, 0);
+        la[i] = th_handle(a, names[i], 0, 0, 0);
+        lb[i] = th_handle(b, names[i], 0, 0, 0);
         int rc = dlock_acquire(la[i], 0);
         if (rc != DLOCK_OK)
             th_fail(__FILE__, __LINE__, "name #%d: %s: %s", i,
@@ -749,7 +739,7 @@ TEST(names_with_any_bytes_do_not_collide)
     snprintf(u, sizeof(u), "%s/", base);
     int rc = dlock_client_open(&r, u, NULL);
     if (rc == DLOCK_OK) {
-        dlock *l = handle(r, "zookeeper", 0, 0);
+        dlock *l = th_handle(r, "zookeeper", 0, 0, 0);
         rc = dlock_acquire(l, 0);
         root_listing(zh, "/zookeeper", zk1, sizeof(zk1));
         CHECK_STR(zk1, zk0);
@@ -782,10 +772,10 @@ TEST(digest_auth_guards_the_nodes)
     snprintf(un, sizeof(un), "zk://127.0.0.1:%d/authtest", srv.port[0]);
     snprintf(uw, sizeof(uw), "zk://alice:wrong-C3@127.0.0.1:%d/authtest",
              srv.port[0]);
-    alice = client_at(ua);
+    alice = th_client(ua, NULL);
     CHECK(strstr(dlock_client_store(alice), "secret-A1") == NULL);
     CHECK_CONTAINS(dlock_client_store(alice), "alice:***@");
-    dlock *la = handle(alice, "guarded", 4000, 0);
+    dlock *la = th_handle(alice, "guarded", 4000, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
 
@@ -818,8 +808,8 @@ TEST(digest_auth_guards_the_nodes)
     const char *others[] = {ub, un, uw, NULL};
     const char *secrets[] = {"other-B2", "nothing", "wrong-C3", NULL};
     for (int i = 0; others[i]; i++) {
-        dlock_client *o = client_at(others[i]);
-        dlock *lo = handle(o, "guarded", 4000, 0);
+        dlock_client *o = th_client(others[i], NULL);
+        dlock *lo = th_handle(o, "guarded", 4000, 0, 0);
         int64_t t0 = th_now_ms();
         CHECK_RC(dlock_acquire(lo, 0), DLOCK_EAUTH);
         CHECK_RC(dlock_acquire(lo, 3000), DLOCK_EAUTH);
@@ -843,8 +833,8 @@ TEST(digest_auth_guards_the_nodes)
     CHECK_EQ(sorted_children(zh, "/authtest/guarded", kids, 4), 1);
 
     /* the same identity in another client just queues */
-    alice2 = client_at(ua);
-    dlock *la2 = handle(alice2, "guarded", 4000, 0);
+    alice2 = th_client(ua, NULL);
+    dlock *la2 = th_handle(alice2, "guarded", 4000, 0, 0);
     CHECK_RC(dlock_acquire(la2, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(la2, 0));
@@ -881,9 +871,11 @@ static void wait_sessions(int to, int n)
 TEST(one_session_per_ttl)
 {
     dlock_client *c = client(), *d = client();
-    dlock *l1 = handle(c, "sess-a", 1234, 0), *l2 = handle(c, "sess-b", 1234, 0);
-    dlock *l3 = handle(c, "sess-c", 2345, 0), *l4 = handle(d, "sess-d", 1234, 0);
-    dlock *l5 = handle(c, "sess-e", 300, 0);
+    dlock *l1 = th_handle(c, "sess-a", 1234, 0, 0),
+          *l2 = th_handle(c, "sess-b", 1234, 0, 0);
+    dlock *l3 = th_handle(c, "sess-c", 2345, 0, 0),
+          *l4 = th_handle(d, "sess-d", 1234, 0, 0);
+    dlock *l5 = th_handle(c, "sess-e", 300, 0, 0);
 
     CHECK_EQ(sessions_with_timeout(&srv, 0, 1234), 0);
     CHECK_OK(dlock_acquire(l1, 0));
@@ -921,7 +913,7 @@ TEST(a_frozen_holder_is_told_its_session_expired)
 {
     th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
-    dlock *l = handle(c, "frozen", 0, 0);
+    dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
     s->ttl = 600;
     snprintf(s->uri, sizeof(s->uri), "%s", uri);
@@ -965,7 +957,7 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
     pid_t pid = th_fork(th_holder_child, s);
     CHECK(th_wait_flag(&s->ready, 10000));
     memset(&w, 0, sizeof(w));
-    w.l = handle(c, "killed", 0, 0);
+    w.l = th_handle(c, "killed", 0, 0, 0);
     w.wait = 20000;
     w.release = 1;
     pthread_create(&th, NULL, gate_thread, &w);
@@ -985,7 +977,7 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
     CHECK_EQ(info.held, 0);
     dlock_info_clear(&info);
     /* its token was greater: the next hold's is greater still */
-    dlock *l = handle(c, "killed", 0, 0);
+    dlock *l = th_handle(c, "killed", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OP(dlock_token(l), >, s->token);
     CHECK_OK(dlock_release(l));
@@ -997,13 +989,13 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
 TEST(waiting_sends_nothing)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "quiet", 60000, 0);
+    dlock *la = th_handle(a, "quiet", 60000, 0, 0);
     gate_waiter w;
     pthread_t th;
     char buf[2048];
 
     memset(&w, 0, sizeof(w));
-    w.l = handle(b, "quiet", 60000, 0);
+    w.l = th_handle(b, "quiet", 60000, 0, 0);
     w.wait = 2500;
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_OP(th_zk_4lw(&srv, 0, "srvr", buf, sizeof(buf)), >, 0);
@@ -1043,7 +1035,7 @@ TEST(server_down_gives_econn_in_time)
         CHECK(dlock_errmsg()[0] != '\0');
         return;
     }
-    dlock *l = handle(c, "x", 0, 0);
+    dlock *l = th_handle(c, "x", 0, 0, 0);
     t0 = th_now_ms();
     /* a try: one 1 s timeout; a 2 s wait: its deadline, then one more
      * timeout at most; each with 1.5 s of slack for a busy machine */
@@ -1087,7 +1079,7 @@ static void server_trouble(int sig)
 
     th_zk_start(&own, 1);
     snprintf(u, sizeof(u), "zk://%s/trouble", own.hosts);
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     dlock *la = th_handle_lost(a, "trouble", ttl, 0, on_lost, NULL);
     gate_waiter w;
     pthread_t th;
@@ -1096,7 +1088,7 @@ static void server_trouble(int sig)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     memset(&w, 0, sizeof(w));
-    w.l = handle(b, "trouble", ttl, 0);
+    w.l = th_handle(b, "trouble", ttl, 0, 0);
     w.wait = 30000;
     w.release = 0; /* held until the test has looked */
     pthread_create(&th, NULL, gate_thread, &w);
@@ -1218,8 +1210,8 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
 
     th_zk_start(&e, 3);
     snprintf(u, sizeof(u), "zk://%s/ens", e.hosts);
-    a = client_at(u);
-    obs = client_at(u);
+    a = th_client(u, NULL);
+    obs = th_client(u, NULL);
     lost_calls = 0;
     dlock *la = th_handle_lost(a, "ens", ttl, 0, on_lost, NULL);
     /* the ensemble's first request: three JVMs just started, on a busy
@@ -1236,9 +1228,9 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     for (int i = 0; i < 2; i++) {
-        wc[i] = client_at(u);
-        w[i] = (ens_waiter){handle(wc[i], "ens", ttl, 0), i, order, &pos,
-                            &mu, 0, 0};
+        wc[i] = th_client(u, NULL);
+        w[i] = (ens_waiter){
+            th_handle(wc[i], "ens", ttl, 0, 0), i, order, &pos, &mu, 0, 0};
         pthread_create(&th[i], NULL, ens_thread, &w[i]);
         th_wait_waiters(obs, "ens", i + 1);
     }
@@ -1301,8 +1293,8 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
 
     /* a majority dies: no new hold anywhere, and the holder is told */
     CHECK_OK(dlock_acquire(la, 10000));
-    late = client_at(u);
-    dlock *ll = handle(late, "ens", ttl, 0);
+    late = th_client(u, NULL);
+    dlock *ll = th_handle(late, "ens", ttl, 0, 0);
     CHECK_RC(dlock_acquire(ll, 0), DLOCK_EBUSY); /* its session is up */
     int k1 = th_zk_leader(&e);
     CHECK(k1 >= 0);
@@ -1351,7 +1343,7 @@ TEST(a_broken_holder_is_told_by_its_nodes_watch)
     th_lost n = TH_LOST_INIT;
     dlock_client *a = client(), *b = client(), *op = client();
     dlock *la = th_handle_lost(a, "brk-told", 30000, 0, th_lost_cb, &n);
-    dlock *lb = handle(b, "brk-told", 30000, 0);
+    dlock *lb = th_handle(b, "brk-told", 30000, 0, 0);
     dlock_info ev;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -1407,9 +1399,9 @@ TEST(a_deletion_while_reconnecting_is_still_told)
 
     th_gate_start(&g, srv.port[0]);
     snprintf(u, sizeof(u), "zk://127.0.0.1:%d/zktest", g.port);
-    dlock_client *a = client_at(u), *b = client();
+    dlock_client *a = th_client(u, NULL), *b = client();
     dlock *la = th_handle_lost(a, "brk-reconnect", 60000, 0, th_lost_cb, &n);
-    dlock *lb = handle(b, "brk-reconnect", 60000, 0);
+    dlock *lb = th_handle(b, "brk-reconnect", 60000, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
 
@@ -1451,7 +1443,7 @@ TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
     /* names that escape: '/' and bytes above 0x7f sort as bytes */
     for (int i = 0; i < N; i++) {
         snprintf(name, sizeof(name), "lst/%c%02d", i % 2 ? '\xe9' : 'a', i);
-        ls[i] = handle(a, name, 0, 0);
+        ls[i] = th_handle(a, name, 0, 0, 0);
         CHECK_OK(dlock_acquire(ls[i], 0));
     }
     /* a free lock the store keeps (an empty lock node), and a node that
@@ -1524,7 +1516,7 @@ TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
     dlock_client *r = NULL;
     snprintf(u, sizeof(u), "%s/", base);
     if (dlock_client_open(&r, u, NULL) == DLOCK_OK) {
-        dlock *l = handle(r, "zookeeper", 0, 0);
+        dlock *l = th_handle(r, "zookeeper", 0, 0, 0);
         CHECK_OK(dlock_list(r, "zoo", NULL, 100, DLOCK_LIST_FREE, &p));
         CHECK_EQ(p.n, 0);
         dlock_list_clear(&p);
@@ -1550,9 +1542,9 @@ TEST(a_break_needs_the_right_to_delete)
     char ua[400], ub[400];
     snprintf(ua, sizeof(ua), "zk://alice:pw-a@%s/zkbrk-acl", srv.hosts);
     snprintf(ub, sizeof(ub), "zk://bob:pw-b@%s/zkbrk-acl", srv.hosts);
-    dlock_client *a = client_at(ua), *b = client_at(ub),
-                 *a2 = client_at(ua);
-    dlock *la = handle(a, "acl", 30000, 0);
+    dlock_client *a = th_client(ua, NULL), *b = th_client(ub, NULL),
+                 *a2 = th_client(ua, NULL);
+    dlock *la = th_handle(a, "acl", 30000, 0, 0);
     dlock_list_page p;
 
     CHECK_OK(dlock_acquire(la, 0));
