@@ -1841,6 +1841,62 @@ int th_holder_child(void *arg)
     return 0;
 }
 
+void th_events_init(th_events *s)
+{
+    memset(s, 0, sizeof(*s));
+    pthread_mutex_init(&s->mu, NULL);
+}
+
+void th_events_cb(const dlock_event *e, void *arg)
+{
+    th_events *s = arg;
+
+    pthread_mutex_lock(&s->mu);
+    if (s->n < TH_EVENTS_MAX) {
+        s->type[s->n] = e->type;
+        s->at[s->n] = th_now_ms();
+        s->left[s->n] = e->left_ms;
+        s->token[s->n] = e->token;
+        s->held_ms[s->n] = e->held_ms;
+        s->rc[s->n] = e->rc;
+        s->thread[s->n] = pthread_self();
+        snprintf(s->why[s->n], sizeof(s->why[0]), "%s", e->why);
+        s->n++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+int th_events_count(th_events *s, int type)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n; i++)
+        n += s->type[i] == type;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int th_events_first(const th_events *s, int type)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->type[i] == type)
+            return i;
+    return -1;
+}
+
+int th_events_wait(th_events *s, int type, int64_t ms)
+{
+    for (int64_t until = th_now_ms() + ms;;) {
+        pthread_mutex_lock(&s->mu);
+        int i = th_events_first(s, type);
+        pthread_mutex_unlock(&s->mu);
+        if (i >= 0 || th_now_ms() >= until)
+            return i;
+        th_sleep_ms(5);
+    }
+}
+
 void *th_wait_thread(void *arg)
 {
     th_waiter *w = arg;

@@ -657,6 +657,30 @@ typedef struct th_holder {
 } th_holder;
 int th_holder_child(void *arg);
 
+/* The events a client sends (dlock_client_set_events() with th_events_cb
+ * and a th_events, th_events_init()ed, as its argument): the first
+ * TH_EVENTS_MAX, each with the monotonic time it came and the thread that
+ * sent it. Lock mu to read them while events may still come. */
+#define TH_EVENTS_MAX 64
+typedef struct th_events {
+    pthread_mutex_t mu;
+    int n;
+    int type[TH_EVENTS_MAX], rc[TH_EVENTS_MAX];
+    uint64_t token[TH_EVENTS_MAX];
+    int64_t at[TH_EVENTS_MAX], left[TH_EVENTS_MAX], held_ms[TH_EVENTS_MAX];
+    pthread_t thread[TH_EVENTS_MAX];
+    char why[TH_EVENTS_MAX][300];
+} th_events;
+void th_events_init(th_events *s);
+void th_events_cb(const dlock_event *e, void *arg);
+/* How many events of `type` came. */
+int th_events_count(th_events *s, int type);
+/* The index of the first event of `type`, or -1 (mu held by the caller,
+ * or no more events to come). */
+int th_events_first(const th_events *s, int type);
+/* th_events_first(), waiting (at most ms) for one to come. */
+int th_events_wait(th_events *s, int type, int64_t ms);
+
 /* A thread that waits for a lock (th_wait_thread, a th_waiter as its
  * argument): dlock_acquire(l, 60 s), then its result, token and time in
  * the struct, `done` set (atomic), and the lock released if taken. */

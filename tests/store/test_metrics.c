@@ -223,70 +223,23 @@ TEST(metrics_off_counts_nothing)
     dlock_client_close(a);
 }
 
-/* Events, as the callback saw them. */
-typedef struct seen {
-    pthread_mutex_t mu;
-    int n;
-    int type[32];
-    uint64_t token[32];
-    int64_t held_ms[32];
-    int rc[32];
-    pthread_t thread[32];
-    char why[32][128];
-} seen;
-
-static void on_event(const dlock_event *e, void *arg)
-{
-    seen *s = arg;
-
-    pthread_mutex_lock(&s->mu);
-    if (s->n < 32) {
-        s->type[s->n] = e->type;
-        s->token[s->n] = e->token;
-        s->held_ms[s->n] = e->held_ms;
-        s->rc[s->n] = e->rc;
-        s->thread[s->n] = pthread_self();
-        snprintf(s->why[s->n], sizeof(s->why[0]), "%s", e->why);
-        s->n++;
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static int count_type(seen *s, int type)
-{
-    int n = 0;
-
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n; i++)
-        n += s->type[i] == type;
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
-
-static int first_of(seen *s, int type)
-{
-    for (int i = 0; i < s->n; i++)
-        if (s->type[i] == type)
-            return i;
-    return -1;
-}
-
 TEST(events_acquired_released_long_hold)
 {
-    static seen s = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, {0}, {0},
-                     {{0}}};
+    static th_events s;
     dlock_client *a = client();
     dlock *l = th_handle(a, "m/events", 0, 0, 0);
 
-    CHECK_OK(dlock_client_set_events(a, on_event, &s, 200));
-    CHECK_RC(dlock_client_set_events(a, on_event, &s, -1), DLOCK_EINVAL);
+    th_events_init(&s);
+    CHECK_OK(dlock_client_set_events(a, th_events_cb, &s, 200));
+    CHECK_RC(dlock_client_set_events(a, th_events_cb, &s, -1), DLOCK_EINVAL);
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t token = dlock_token(l);
     CHECK_OK(dlock_acquire(l, 0)); /* reentrant: no event */
     /* the long hold: reported once, by the background thread, after
      * 200 ms; 10 s is that on the busiest machine */
     int64_t until = th_now_ms() + 10000;
-    while (count_type(&s, DLOCK_EVENT_LONG_HOLD) == 0 && th_now_ms() < until)
+    while (th_events_count(&s, DLOCK_EVENT_LONG_HOLD) == 0 &&
+           th_now_ms() < until)
         th_sleep_ms(10);
     th_sleep_ms(300); /* and only once */
     CHECK_OK(dlock_release(l));
@@ -297,7 +250,7 @@ TEST(events_acquired_released_long_hold)
     CHECK_EQ(s.type[0], DLOCK_EVENT_ACQUIRED);
     CHECK_EQ(s.token[0], token);
     CHECK(pthread_equal(s.thread[0], pthread_self()));
-    int lh = first_of(&s, DLOCK_EVENT_LONG_HOLD);
+    int lh = th_events_first(&s, DLOCK_EVENT_LONG_HOLD);
     CHECK_EQ(lh, 1);
     CHECK_OP(s.held_ms[lh], >=, 200);
     CHECK(!pthread_equal(s.thread[lh], pthread_self()));
@@ -322,21 +275,21 @@ TEST(a_lost_hold_is_counted_and_told)
         printf("     (no lease runs out on this store)\n");
         return;
     }
-    static seen s = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, {0}, {0},
-                     {{0}}};
+    static th_events s;
     dlock_client *a = client();
     dlock *l = th_handle(a, "m/lost", S.short_ttl, DLOCK_NO_RENEW, 0);
 
-    CHECK_OK(dlock_client_set_events(a, on_event, &s, 0));
+    th_events_init(&s);
+    CHECK_OK(dlock_client_set_events(a, th_events_cb, &s, 0));
     CHECK_OK(dlock_acquire(l, 0));
     /* the lease runs out: the background thread says so within the
      * lease plus a scheduling delay; 10 s covers a busy machine */
     int64_t until = th_now_ms() + S.short_ttl + 10000;
-    while (count_type(&s, DLOCK_EVENT_LOST) == 0 && th_now_ms() < until)
+    while (th_events_count(&s, DLOCK_EVENT_LOST) == 0 && th_now_ms() < until)
         th_sleep_ms(10);
-    CHECK_EQ(count_type(&s, DLOCK_EVENT_LOST), 1);
+    CHECK_EQ(th_events_count(&s, DLOCK_EVENT_LOST), 1);
     pthread_mutex_lock(&s.mu);
-    int i = first_of(&s, DLOCK_EVENT_LOST);
+    int i = th_events_first(&s, DLOCK_EVENT_LOST);
     CHECK_CONTAINS(s.why[i], "lease ran out");
     pthread_mutex_unlock(&s.mu);
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
