@@ -57,26 +57,6 @@ trap ops_cleanup EXIT
 # default timeout, for one command on a busy machine.
 BOUND=(timeout -k 2 20)
 
-# dl ARGS... : runs dlock, stdout in $TMP/out, stderr in $TMP/err, status
-# in RC.
-dl() {
-    "${BOUND[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
-    RC=$?
-}
-
-# expect_rc WANT DESCRIPTION -- ARGS... : runs dlock ARGS, checks the status.
-expect_rc() {
-    local want=$1 what=$2
-    shift 3
-    dl "$@"
-    if [ "$RC" -eq "$want" ]; then
-        pass "$what (exit $RC)"
-    else
-        fail "$what: dlock $* exited $RC, expected $want"
-        show "$TMP/out" "$TMP/err"
-    fi
-}
-
 # free_port: prints a loopback port nothing answers on (another process
 # may still take it before we bind: callers retry).
 free_port() {

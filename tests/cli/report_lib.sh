@@ -8,7 +8,8 @@
 # SKIPS, show FILE... (a file's first lines, indented, after a failure;
 # paths shown relative to $TMP), now_ms (the monotonic-enough wall clock
 # in milliseconds, from bash's EPOCHREALTIME), wait_exit and wait_file
-# (bounded waits), store_args (the operator tests' arguments).
+# (bounded waits), dl and expect_rc (a dlock run, bounded by the caller's
+# BOUND), need_args and store_args (the tests' arguments).
 
 fail() {
     echo "FAIL: $*" >&2
@@ -38,6 +39,27 @@ show() {
 now_ms() {
     local t=${EPOCHREALTIME/[.,]/}
     echo $((10#$t / 1000))
+}
+
+# dl ARGS... : runs dlock ($DLOCK, under the caller's BOUND, a command
+# prefix such as timeout) with stdout in $TMP/out and stderr in $TMP/err;
+# its exit status in RC.
+dl() {
+    "${BOUND[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+}
+
+# expect_rc WANT DESCRIPTION -- ARGS... : runs dlock ARGS, checks the status.
+expect_rc() {
+    local want=$1 what=$2
+    shift 3
+    dl "$@"
+    if [ "$RC" -eq "$want" ]; then
+        pass "$what (exit $RC)"
+    else
+        fail "$what: dlock $* exited $RC, expected $want"
+        show "$TMP/out" "$TMP/err"
+    fi
 }
 
 # wait_exit PID SECONDS: waits until PID exits (at most SECONDS), then sets

@@ -142,26 +142,6 @@ else
     BOUND=()
 fi
 
-# dl ARGS... : runs dlock with stdout in $TMP/out and stderr in $TMP/err;
-# its exit status in RC.
-dl() {
-    "${BOUND[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
-    RC=$?
-}
-
-# expect_rc WANT DESCRIPTION -- ARGS... : runs dlock ARGS, checks the status.
-expect_rc() {
-    local want=$1 what=$2
-    shift 3
-    dl "$@"
-    if [ "$RC" -eq "$want" ]; then
-        pass "$what (exit $RC)"
-    else
-        fail "$what: dlock $* exited $RC, expected $want"
-        show "$TMP/out" "$TMP/err"
-    fi
-}
-
 # Starts dlock in the background (output in $TMP/bg.<tag>.out/.err); its pid
 # in BG.
 bg_dlock() {
