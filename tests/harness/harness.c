@@ -333,6 +333,18 @@ int th_wait(pid_t pid)
     return 128 + WTERMSIG(st);
 }
 
+void th_kill_stopped(pid_t pid)
+{
+    int st;
+
+    kill(pid, SIGKILL);
+    kill(pid, SIGCONT);
+    st = th_wait(pid);
+    if (st != 128 + SIGKILL)
+        th_fail(__FILE__, __LINE__, "child %d ended %d, not by SIGKILL",
+                (int)pid, st);
+}
+
 int th_free_port(void)
 {
     struct sockaddr_in a;

@@ -168,6 +168,9 @@ void *th_shared(size_t size);
 pid_t th_fork(int (*fn)(void *), void *arg);
 /* Waits for pid; returns its exit status, or 128+signal. */
 int th_wait(pid_t pid);
+/* SIGKILLs child pid, stopped (SIGSTOP) or not, and reaps it; fails the
+ * test unless it died of that SIGKILL. */
+void th_kill_stopped(pid_t pid);
 
 /* --- a private redis-server on a free loopback port --- */
 typedef struct th_redis {
@@ -498,6 +501,14 @@ long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt,
  * window measured. MariaDB only; main thread only. */
 long long th_sql_read(th_sql *s, char *out, size_t cap, const char *fmt,
                       ...) __attribute__((format(printf, 4, 5)));
+/* A MySQL session (a MYSQL *) over TCP of the account 'squatter', made
+ * with `password` and USAGE only: no right on dlock's database (checked:
+ * it may not read dlock_locks). GET_LOCK needs none, so it may take any
+ * lock name. MySQL/MariaDB builds only (TH_MYSQL). */
+void *th_sql_squatter(th_sql *s, const char *password);
+/* The squatter's session m takes the user-level lock `lock` (GET_LOCK,
+ * no wait); fails the test unless it got it. */
+void th_sql_squatter_take(void *m, const char *lock);
 
 /* --- a private PgBouncer in front of a private PostgreSQL ---
  * Started by tests/servers/pgbouncer.sh (Debian's pgbouncer, never a

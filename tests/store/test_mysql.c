@@ -945,13 +945,6 @@ static pid_t frozen_holder_of(const char *name, unsigned flags,
     return pid;
 }
 
-static void frozen_holder_end(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    kill(pid, SIGCONT);
-    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
-}
-
 /*
  * A holder frozen past its 1 s lease, its session open (so it keeps the
  * name's gate): a try takes the lock, as a wait does, in either mode and
@@ -975,7 +968,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
         CHECK_OP(dlock_token(l), >, s->token);
         CHECK_OK(dlock_release(l));
         dlock_close(l);
-        frozen_holder_end(pid);
+        th_kill_stopped(pid);
     }
     /* a reader's try: the frozen writer's gate decides nothing */
     pid_t pid = frozen_holder_of("frozen-try-read", 0, s);
@@ -985,7 +978,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     CHECK_OP(dlock_token(lr), >, s->token);
     CHECK_OK(dlock_release(lr));
     dlock_close(lr);
-    frozen_holder_end(pid);
+    th_kill_stopped(pid);
 
     /* a fair waiter queued behind a frozen fair holder gets the lock at
      * its lease end; fair tries from then on are busy until it has it */
@@ -1020,44 +1013,10 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     CHECK_OK(w.rc);
     CHECK_OP(w.token, >, s->token);
     CHECK_OK(w.release_rc);
-    frozen_holder_end(pid);
+    th_kill_stopped(pid);
     dlock_close(lf);
     dlock_close(w.l);
     TH_CLIENT_CLOSE(c, d);
-}
-
-/* A session of another account that has no right on dlock's database
- * (USAGE only): GET_LOCK needs none, so it may take any lock name. */
-static MYSQL *foreign_open(void)
-{
-    MYSQL *m = mysql_init(NULL);
-    unsigned timeout = 10;
-
-    CHECK(m != NULL);
-    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'squatter'@'%%' "
-                                "IDENTIFIED BY 'sq-SECRET4'");
-    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
-    if (!mysql_real_connect(m, "127.0.0.1", "squatter", "sq-SECRET4", NULL,
-                            (unsigned)srv.port, NULL, 0))
-        th_fail(__FILE__, __LINE__, "squatter: %s", mysql_error(m));
-    /* it may not read dlock's tables */
-    CHECK(mysql_query(m, "SELECT COUNT(*) FROM dlocktest.dlock_locks") != 0);
-    return m;
-}
-
-/* The foreign session takes the user-level lock `lock` (a name). */
-static void foreign_take(MYSQL *m, const char *lock)
-{
-    char sql[256];
-    MYSQL_RES *r;
-    MYSQL_ROW row;
-
-    snprintf(sql, sizeof(sql), "SELECT GET_LOCK('%s', 0)", lock);
-    CHECK_EQ(mysql_query(m, sql), 0);
-    r = mysql_store_result(m);
-    row = r ? mysql_fetch_row(r) : NULL;
-    CHECK(row && row[0] && !strcmp(row[0], "1"));
-    mysql_free_result(r);
 }
 
 /* A lock name dlock uses: prefix + SHA-224 of the database, the table and
@@ -1085,7 +1044,7 @@ static void foreign_take_entries(MYSQL *m, int n)
         snprintf(dec, sizeof(dec), "%lld", next + i);
         to_hex(dec, hex, sizeof(hex));
         dlock_lock_name("dlock-q:", hex, lock, sizeof(lock));
-        foreign_take(m, lock);
+        th_sql_squatter_take(m, lock);
     }
 }
 
@@ -1102,14 +1061,14 @@ static void foreign_take_entries(MYSQL *m, int n)
 TEST(a_foreign_session_on_the_names_locks_keeps_no_try_out)
 {
     static const unsigned modes[] = {0, DLOCK_FAIR};
-    MYSQL *f = foreign_open();
+    MYSQL *f = th_sql_squatter(&srv, "sq-SECRET4");
     dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     char hex[64], gate[128];
 
     dlock_client_close(th_client(srv.uri, NULL)); /* the tables exist */
     to_hex("squat", hex, sizeof(hex));
     dlock_lock_name("dlock:", hex, gate, sizeof(gate));
-    foreign_take(f, gate);
+    th_sql_squatter_take(f, gate);
     foreign_take_entries(f, 10);
     for (int m = 0; m < 2; m++) {
         dlock *lt = handle(b, "squat", 0, modes[m]);

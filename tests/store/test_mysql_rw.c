@@ -1271,13 +1271,6 @@ static pid_t frozen_hold(const char *name, int64_t ttl, unsigned permits,
     return pid;
 }
 
-static void frozen_end(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    kill(pid, SIGCONT);
-    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
-}
-
 /* Waits (at most 10 s) until the hold of `owner` in name's row has
  * ended on the server's clock. */
 static void wait_hold_ended(const char *name, const char *owner)
@@ -1325,7 +1318,7 @@ TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
     CHECK_OP(dlock_token(p3), >, dlock_token(p2));
     CHECK_OK(dlock_release(p3));
     CHECK_OK(dlock_release(p2));
-    frozen_end(pid);
+    th_kill_stopped(pid);
 
     pid = frozen_hold("ended-readers", 1000, 0, &s);
     dlock *r2 = th_handle(a, "ended-readers", 5000, 0, 0),
@@ -1344,27 +1337,9 @@ TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
     CHECK_OK(dlock_acquire(w, 0));
     CHECK_OP(dlock_token(w), >, s->token);
     CHECK_OK(dlock_release(w));
-    frozen_end(pid);
+    th_kill_stopped(pid);
     TH_CLOSE(p2, p3, r2, w);
     TH_CLIENT_CLOSE(a, b);
-}
-
-/* A session of another account that has no right on dlock's database
- * (USAGE only): GET_LOCK needs none, so it may take any lock name. */
-static MYSQL *foreign_open(void)
-{
-    MYSQL *m = mysql_init(NULL);
-    unsigned timeout = 10;
-
-    CHECK(m != NULL);
-    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'squatter'@'%%' "
-                                "IDENTIFIED BY 'sq-SECRET5'");
-    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
-    if (!mysql_real_connect(m, "127.0.0.1", "squatter", "sq-SECRET5", NULL,
-                            (unsigned)srv.port, NULL, 0))
-        th_fail(__FILE__, __LINE__, "squatter: %s", mysql_error(m));
-    CHECK(mysql_query(m, "SELECT COUNT(*) FROM dlocktest.dlock_locks") != 0);
-    return m;
 }
 
 /* The foreign session takes user-level lock `prefix` + SHA-224 of the
@@ -1372,20 +1347,13 @@ static MYSQL *foreign_open(void)
  * it: the gate (a name), a hold lock (a name, a NUL, an owner id). */
 static void foreign_take(MYSQL *m, const char *prefix, const char *tail)
 {
-    char lock[128], sql[256];
-    MYSQL_RES *r;
-    MYSQL_ROW row;
+    char lock[128];
 
     th_sql_query(&srv, lock, sizeof(lock),
                  "SELECT CONCAT('%s', SHA2(CONCAT(CAST(DATABASE() AS "
                  "BINARY), X'00', 'dlock_locks', X'00', X'%s'), 224))",
                  prefix, tail);
-    snprintf(sql, sizeof(sql), "SELECT GET_LOCK('%s', 0)", lock);
-    CHECK_EQ(mysql_query(m, sql), 0);
-    r = mysql_store_result(m);
-    row = r ? mysql_fetch_row(r) : NULL;
-    CHECK(row && row[0] && !strcmp(row[0], "1"));
-    mysql_free_result(r);
+    th_sql_squatter_take(m, lock);
 }
 
 /* The foreign session takes the gate of `name` and the hold lock of the
@@ -1416,7 +1384,7 @@ static void foreign_take_gate_and_hold(MYSQL *m, const char *name)
  */
 TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
 {
-    MYSQL *f = foreign_open();
+    MYSQL *f = th_sql_squatter(&srv, "sq-SECRET5");
     dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
                  *c = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "squat-rw", 1000, 0, 0),
