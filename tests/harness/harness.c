@@ -345,6 +345,51 @@ void th_kill_stopped(pid_t pid)
                 (int)pid, st);
 }
 
+void *th_redis_forger(th_redis *r, const char *publish)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c;
+    redisReply *rep;
+
+    th_redis_cmd(r, NULL, 0,
+                 "ACL SETUSER forger on >forger-pw +@read +%s allchannels ~*",
+                 publish);
+    c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    if (!c || c->err)
+        th_fail(__FILE__, __LINE__, "connect to %d: %s", r->port,
+                c ? c->errstr : "no memory");
+    rep = redisCommand(c, "AUTH forger forger-pw");
+    if (!rep || rep->type != REDIS_REPLY_STATUS)
+        th_fail(__FILE__, __LINE__, "AUTH forger: %s",
+                rep && rep->str ? rep->str : "no answer");
+    freeReplyObject(rep);
+    return c;
+}
+
+void th_redis_waiter_line(void *f, const char *name, char client[33],
+                          unsigned long long *seq)
+{
+    int64_t until = th_now_ms() + 10000;
+
+    for (;;) {
+        redisReply *v = redisCommand(f, "GET dlock:{%s}", name);
+        const char *line = v && v->type == REDIS_REPLY_STRING ? v->str : "";
+        int got = 0;
+
+        while ((line = strchr(line, '\n')) && *++line == '+')
+            ;
+        if (line)
+            got = sscanf(line, "%32[0-9a-f]:%*u:%llu ", client, seq) == 2;
+        freeReplyObject(v);
+        if (got)
+            return;
+        if (th_now_ms() >= until)
+            th_fail(__FILE__, __LINE__, "no waiter's line in %s after 10 s",
+                    name);
+        th_sleep_ms(20);
+    }
+}
+
 int th_free_port(void)
 {
     struct sockaddr_in a;

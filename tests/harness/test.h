@@ -281,6 +281,16 @@ long long th_redis_calls(th_redis *r, const char *cmd);
 
 /* The first free TCP port on 127.0.0.1. */
 int th_free_port(void);
+/* A hiredis connection (a redisContext *) to r as the user "forger", who
+ * may only read and run `publish` ("publish" or "spublish") on every key
+ * and channel: what a user with those rights can do to the store. */
+void *th_redis_forger(th_redis *r, const char *publish);
+/* Through f (th_redis_forger()), waits (10 s at most) until the key of
+ * lock `name` has a waiter's line (the first after the head that is not a
+ * holder's, "+ ..."), and reads its client id (32 hex digits) and number,
+ * as anyone who may read the key can. */
+void th_redis_waiter_line(void *f, const char *name, char client[33],
+                          unsigned long long *seq);
 
 /* --- Redis Cluster: three primaries with one replica each --- */
 typedef struct th_cluster {

@@ -1096,20 +1096,6 @@ static void *forged_wait_thread(void *arg)
     return NULL;
 }
 
-/* A connection to r logged in as `user`. */
-static redisContext *connect_as(th_redis *r, const char *user, const char *pw)
-{
-    struct timeval tv = {5, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
-    redisReply *rep;
-
-    CHECK(c && !c->err);
-    rep = redisCommand(c, "AUTH %s %s", user, pw);
-    CHECK(rep && rep->type == REDIS_REPLY_STATUS);
-    freeReplyObject(rep);
-    return c;
-}
-
 /* A user who may only read and PUBLISH reads the lock's key (the waiter's
  * client id and number are in its line) and publishes "g SEQ TOKEN" on
  * the waiter's client channel, then a flood of them: the waiter keeps
@@ -1121,12 +1107,8 @@ static redisContext *connect_as(th_redis *r, const char *user, const char *pw)
 TEST(a_forged_handover_only_wakes_the_waiter)
 {
     static const char *const kinds[] = {"lock", "read", "permit"};
-    char val[4096];
 
-    th_redis_cmd(&srv, val, sizeof(val),
-                 "ACL SETUSER forger on >forger-pw +@read +publish "
-                 "allchannels ~*");
-    redisContext *f = connect_as(&srv, "forger", "forger-pw");
+    redisContext *f = th_redis_forger(&srv, "publish");
 
     for (int k = 0; k < 3; k++) {
         char name[32];
@@ -1152,18 +1134,9 @@ TEST(a_forged_handover_only_wakes_the_waiter)
 
         /* what the forger learns from the key: the waiter's line, the
          * first one after the head that is not a holder's ("+ ...") */
-        redisReply *v = redisCommand(f, "GET dlock:{%s}", name);
-        CHECK(v && v->type == REDIS_REPLY_STRING);
-        const char *line = v->str;
-        do {
-            line = strchr(line, '\n');
-            CHECK(line != NULL);
-            line++;
-        } while (line[0] == '+');
         char client[33];
         unsigned long long seq = 0;
-        CHECK_EQ(sscanf(line, "%32[0-9a-f]:%*u:%llu ", client, &seq), 2);
-        freeReplyObject(v);
+        th_redis_waiter_line(f, name, client, &seq);
 
         long long gets = th_redis_calls(&srv, "get");
         redisReply *p = redisCommand(f, "PUBLISH dlock:c:%s %s", client,

@@ -460,35 +460,16 @@ TEST(a_forged_handover_only_wakes_the_waiter)
     pthread_t th;
     char msg[64];
 
-    th_redis_cmd(p, NULL, 0,
-                 "ACL SETUSER forger on >forger-pw +@read +publish "
-                 "allchannels ~*");
-    struct timeval tv = {5, 0};
-    redisContext *f = redisConnectWithTimeout("127.0.0.1", p->port, tv);
-    CHECK(f && !f->err);
-    redisReply *r = redisCommand(f, "AUTH forger forger-pw");
-    CHECK(r && r->type == REDIS_REPLY_STATUS);
-    freeReplyObject(r);
+    redisContext *f = th_redis_forger(p, "publish");
+    redisReply *r;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
     pthread_create(&th, NULL, th_wait_thread, &w);
-    /* queued: its line in the key (bounded: 10 s of busy-machine slack) */
+    /* queued: its line in the key */
     char client[33];
     unsigned long long seq = 0;
-    int64_t until = th_now_ms() + 10000;
-    for (;;) {
-        r = redisCommand(f, "GET dlock:{s/forged}");
-        CHECK(r && r->type == REDIS_REPLY_STRING);
-        const char *line = strchr(r->str, '\n');
-        int got = line && sscanf(line + 1, "%32[0-9a-f]:%*u:%llu ", client,
-                                 &seq) == 2;
-        freeReplyObject(r);
-        if (got)
-            break;
-        CHECK(th_now_ms() < until);
-        th_sleep_ms(20);
-    }
+    th_redis_waiter_line(f, "s/forged", client, &seq);
     snprintf(msg, sizeof(msg), "g %llu %llu", seq, forged);
     r = redisCommand(f, "PUBLISH dlock:c:%s %s", client, msg);
     CHECK(r && r->type == REDIS_REPLY_INTEGER);
