@@ -57,26 +57,6 @@ trap ops_cleanup EXIT
 # default timeout, for one command on a busy machine.
 BOUND=(timeout -k 2 20)
 
-# dl ARGS... : runs dlock, stdout in $TMP/out, stderr in $TMP/err, status
-# in RC.
-dl() {
-    "${BOUND[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
-    RC=$?
-}
-
-# expect_rc WANT DESCRIPTION -- ARGS... : runs dlock ARGS, checks the status.
-expect_rc() {
-    local want=$1 what=$2
-    shift 3
-    dl "$@"
-    if [ "$RC" -eq "$want" ]; then
-        pass "$what (exit $RC)"
-    else
-        fail "$what: dlock $* exited $RC, expected $want"
-        show "$TMP/out" "$TMP/err"
-    fi
-}
-
 # free_port: prints a loopback port nothing answers on (another process
 # may still take it before we bind: callers retry).
 free_port() {
@@ -199,28 +179,6 @@ wait_holders() {
         sleep 0.1
     done
     return 1
-}
-
-# wait_exit PID SECONDS: waits until PID exits (at most SECONDS, counted in
-# 0.1 s sleeps, so under load it waits longer, never shorter), then sets
-# WRC to its status; WRC=timeout (and PID is killed) if it did not.
-wait_exit() {
-    local pid=$1 limit=$(($2 * 10)) i
-    for ((i = 0; i < limit; i++)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            break
-        fi
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
-        WRC=timeout
-        return 1
-    fi
-    wait "$pid"
-    WRC=$?
-    return 0
 }
 
 # finish: the summary line and the exit status (77: everything skipped).

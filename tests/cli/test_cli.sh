@@ -25,14 +25,11 @@
 
 set -u
 
-if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|rediss|redis-sentinel|redis-cluster|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" >&2
-    exit 2
-fi
-DLOCK=$1
-KIND=$2
 # shellcheck source-path=SCRIPTDIR source=report_lib.sh
 . "$(dirname "$0")/report_lib.sh"
+need_args 2 "/path/to/dlock file|redis|rediss|redis-sentinel|redis-cluster|redlock|zk|etcd|sqlite|pg|pg-advisory|mysql" "$@"
+DLOCK=$1
+KIND=$2
 case $KIND in
 file | redis | rediss | redis-sentinel | redis-cluster | redlock | zk | etcd | sqlite | pg | pg-advisory | mysql) ;;
 file-home)
@@ -145,26 +142,6 @@ else
     BOUND=()
 fi
 
-# dl ARGS... : runs dlock with stdout in $TMP/out and stderr in $TMP/err;
-# its exit status in RC.
-dl() {
-    "${BOUND[@]}" "$DLOCK" "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
-    RC=$?
-}
-
-# expect_rc WANT DESCRIPTION -- ARGS... : runs dlock ARGS, checks the status.
-expect_rc() {
-    local want=$1 what=$2
-    shift 3
-    dl "$@"
-    if [ "$RC" -eq "$want" ]; then
-        pass "$what (exit $RC)"
-    else
-        fail "$what: dlock $* exited $RC, expected $want"
-        show "$TMP/out" "$TMP/err"
-    fi
-}
-
 # Starts dlock in the background (output in $TMP/bg.<tag>.out/.err); its pid
 # in BG.
 bg_dlock() {
@@ -192,40 +169,6 @@ wait_held() {
         if ! kill -0 "$pid" 2>/dev/null; then
             return 1
         fi
-        sleep 0.1
-    done
-    return 1
-}
-
-# wait_exit PID SECONDS: waits until PID exits (at most SECONDS), then sets
-# WRC to its exit status; WRC=timeout (and PID is killed) if it did not.
-# SECONDS is an upper bound: each use names what dlock needs (detection +
-# --kill-after) and leaves slack for a busy machine; the loop counts 0.1 s
-# sleeps, so under load it waits longer than SECONDS, never shorter.
-wait_exit() {
-    local pid=$1 limit=$(($2 * 10)) i
-    for ((i = 0; i < limit; i++)); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            break
-        fi
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
-        WRC=timeout
-        return 1
-    fi
-    wait "$pid"
-    WRC=$?
-    return 0
-}
-
-# wait_file FILE: waits (at most 10 s) until FILE exists.
-wait_file() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        [ -e "$1" ] && return 0
         sleep 0.1
     done
     return 1

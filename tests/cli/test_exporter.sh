@@ -25,23 +25,9 @@
 
 set -u
 
-if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|rediss" >&2
-    exit 2
-fi
-DLOCK=$1
-KIND=$2
-case $KIND in
-file | redis | rediss) ;;
-*)
-    echo "test_exporter.sh: store kind must be 'file', 'redis' or 'rediss', not '$KIND'" >&2
-    exit 2
-    ;;
-esac
-if [ ! -x "$DLOCK" ]; then
-    echo "FAIL: $DLOCK is not an executable file" >&2
-    exit 1
-fi
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "$0")/report_lib.sh"
+store_args test_exporter.sh "file|redis|rediss" "$@"
 for tool in curl promtool prometheus python3; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "SKIP: $tool is not in PATH (scripts/install-deps.sh test: the" \
@@ -54,6 +40,22 @@ done
 . "$(dirname "$0")/ops_lib.sh"
 # shellcheck source-path=SCRIPTDIR source=exporter_lib.sh
 . "$(dirname "$0")/exporter_lib.sh"
+
+# lock_label(b), for the checks in python below (PYTHONPATH=$TMP): the
+# label the exporter gives a name, UTF-8 as is, stray bytes as \xNN
+cat >"$TMP/exporter_labels.py" <<'EOF'
+def lock_label(b):
+    out = ""
+    while b:
+        for n in (4, 3, 2, 1):
+            try:
+                out += b[:n].decode("utf-8"); b = b[n:]; break
+            except UnicodeDecodeError:
+                pass
+        else:
+            out += "\\x%02x" % b[0]; b = b[1:]
+    return out
+EOF
 
 # --------------------------------------------------------------------------
 # Usage errors
@@ -239,8 +241,8 @@ fi
 # lock's series and labels as held (names byte-exact). Prints nothing when
 # right, else why.
 check_metrics() {
-    python3 - "$1" "$STORE_LABEL" "$TOKEN_A" "$KIND" "$N_A" "$N_W" "$N_X" \
-        "$N_S" <<'EOF'
+    PYTHONPATH=$TMP python3 - "$1" "$STORE_LABEL" "$TOKEN_A" "$KIND" "$N_A" \
+        "$N_W" "$N_X" "$N_S" <<'EOF'
 import os, re, sys
 path, store, token_a, kind = sys.argv[1:5]
 n_a, n_w, n_x, n_s = (os.fsencode(a) for a in sys.argv[5:9])
@@ -273,18 +275,7 @@ for line in text.split("\n"):
     series[key] = (labels, float(value))
 # the store under test (another store may be listed beside it)
 series = {k[:2]: v for k, v in series.items() if k[2] == store}
-def lock_label(b):
-    # the label the exporter gives a name: UTF-8 as is, stray bytes as \xNN
-    out = ""
-    while b:
-        for n in (4, 3, 2, 1):
-            try:
-                out += b[:n].decode("utf-8"); b = b[n:]; break
-            except UnicodeDecodeError:
-                pass
-        else:
-            out += "\\x%02x" % b[0]; b = b[1:]
-    return out
+from exporter_labels import lock_label
 want = {n_a: 1, n_w: 1, n_x: 1, n_s: 2}
 for nb, holders in want.items():
     lk = lock_label(nb)
@@ -442,23 +433,13 @@ EOF
     prom 'dlock_lock_held' >"$TMP/prom.held"
     prom 'dlock_lock_holders' >"$TMP/prom.holders"
     prom 'dlock_exporter_up' >"$TMP/prom.up"
-    if python3 - "$TMP/prom.held" "$TMP/prom.holders" "$TMP/prom.up" \
+    if PYTHONPATH=$TMP python3 - "$TMP/prom.held" "$TMP/prom.holders" "$TMP/prom.up" \
         "$STORE_LABEL" "$N_A" "$N_W" "$N_X" "$N_S" 2>"$TMP/py.err" <<'EOF'; then
 import json, os, sys
 held, holders, up = (json.load(open(p))["data"]["result"] for p in sys.argv[1:4])
 store = sys.argv[4]
 names = [os.fsencode(a) for a in sys.argv[5:9]]
-def lock_label(b):
-    out = ""
-    while b:
-        for n in (4, 3, 2, 1):
-            try:
-                out += b[:n].decode("utf-8"); b = b[n:]; break
-            except UnicodeDecodeError:
-                pass
-        else:
-            out += "\\x%02x" % b[0]; b = b[1:]
-    return out
+from exporter_labels import lock_label
 got = {r["metric"]["lock"]: r for r in held}
 assert sorted(got) == sorted(lock_label(n) for n in names), sorted(got)
 assert got['exp/we"ird\\na\nme']["value"][1] == "1"     # intact

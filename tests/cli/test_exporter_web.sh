@@ -37,19 +37,9 @@
 
 set -u
 
-if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock redis|rediss" >&2
-    exit 2
-fi
-DLOCK=$1
-KIND=$2
-case $KIND in
-redis | rediss) ;;
-*)
-    echo "test_exporter_web.sh: store kind must be 'redis' or 'rediss', not '$KIND'" >&2
-    exit 2
-    ;;
-esac
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "$0")/report_lib.sh"
+store_args test_exporter_web.sh "redis|rediss" "$@"
 for tool in curl prometheus python3 openssl redis-cli; do
     if ! command -v "$tool" >/dev/null 2>&1; then
         echo "SKIP: $tool is not in PATH (scripts/install-deps.sh test)"
@@ -294,29 +284,27 @@ fi
 IV=$((SLOW == 1 ? 2 : 5))
 printf '%s' "pr0m-pw" >"$TMP/prom.pw"
 printf '%s' "wrong" >"$TMP/prom.badpw"
+# https_job NAME PASSWORD_FILE: a scrape job of the TLS exporter
+https_job() {
+    cat <<EOF
+  - job_name: $1
+    scheme: https
+    tls_config:
+      ca_file: $CERTS/ca.crt
+    basic_auth:
+      username: prom
+      password_file: $2
+    static_configs:
+      - targets: ['127.0.0.1:$E1']
+EOF
+}
 if start_prometheus <<EOF; then
 global:
   scrape_interval: ${IV}s
   scrape_timeout: ${IV}s
 scrape_configs:
-  - job_name: dlock_tls
-    scheme: https
-    tls_config:
-      ca_file: $CERTS/ca.crt
-    basic_auth:
-      username: prom
-      password_file: $TMP/prom.pw
-    static_configs:
-      - targets: ['127.0.0.1:$E1']
-  - job_name: dlock_badpw
-    scheme: https
-    tls_config:
-      ca_file: $CERTS/ca.crt
-    basic_auth:
-      username: prom
-      password_file: $TMP/prom.badpw
-    static_configs:
-      - targets: ['127.0.0.1:$E1']
+$(https_job dlock_tls "$TMP/prom.pw")
+$(https_job dlock_badpw "$TMP/prom.badpw")
   - job_name: dlock_plain
     basic_auth:
       username: prom

@@ -21,23 +21,9 @@
 
 set -u
 
-if [ $# -ne 2 ]; then
-    echo "usage: bash $0 /path/to/dlock file|redis|rediss" >&2
-    exit 2
-fi
-DLOCK=$1
-KIND=$2
-case $KIND in
-file | redis | rediss) ;;
-*)
-    echo "test_list_break.sh: store kind must be 'file', 'redis' or 'rediss', not '$KIND'" >&2
-    exit 2
-    ;;
-esac
-if [ ! -x "$DLOCK" ]; then
-    echo "FAIL: $DLOCK is not an executable file" >&2
-    exit 1
-fi
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "$0")/report_lib.sh"
+store_args test_list_break.sh "file|redis|rediss" "$@"
 if ! command -v python3 >/dev/null 2>&1; then
     echo "SKIP: python3 is not in PATH (it reads the JSON back)"
     exit 77

@@ -38,15 +38,8 @@ PASSES=0
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/dlock-mondocs-XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT
 
-fail() {
-    echo "FAIL: $*" >&2
-    FAILS=$((FAILS + 1))
-}
-
-pass() {
-    echo "ok   $*"
-    PASSES=$((PASSES + 1))
-}
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "$0")/report_lib.sh"
 
 # promtool reads files relative to the rule test file: run from docs/
 # (each promtool call is bounded: it evaluates a few hundred samples)

@@ -29,10 +29,9 @@
 
 set -u
 
-if [ $# -ne 4 ]; then
-    echo "usage: bash $0 DLOCK TH_SERVE TH_RELAYD KIND" >&2
-    exit 2
-fi
+# shellcheck source-path=SCRIPTDIR source=report_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/report_lib.sh"
+need_args 4 "DLOCK TH_SERVE TH_RELAYD KIND" "$@"
 DLOCK=$1
 TH_SERVE=$2
 TH_RELAYD=$3
@@ -77,38 +76,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-# shellcheck source-path=SCRIPTDIR source=report_lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/report_lib.sh"
-
-# wait_exit PID SECONDS: as in test_cli.sh: WRC = its status, or timeout
-# (PID killed then).
-wait_exit() {
-    local pid=$1 limit=$(($2 * 10)) i
-    for ((i = 0; i < limit; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
-        WRC=timeout
-        return 1
-    fi
-    wait "$pid"
-    WRC=$?
-    return 0
-}
-
-# wait_file FILE: at most 10 s (a command starts in milliseconds).
-wait_file() {
-    local i
-    for ((i = 0; i < 100; i++)); do
-        [ -e "$1" ] && return 0
-        sleep 0.1
-    done
-    return 1
-}
 
 # alive PID...: prints the pids that still run (a zombie counts as gone).
 alive() {

@@ -72,22 +72,132 @@ dlock_client *th_client(const char *uri, const dlock_client_options *o)
     return c;
 }
 
+dlock *th_open(dlock_client *c, const char *name, const dlock_options *o)
+{
+    dlock *l = NULL;
+    int rc = dlock_open(&l, c, name, o);
+
+    if (rc != DLOCK_OK)
+        th_fail(__FILE__, __LINE__, "dlock_open(%s) returned %s: %s", name,
+                dlock_errname(rc), dlock_errmsg());
+    return l;
+}
+
 dlock *th_handle(dlock_client *c, const char *name, int64_t ttl,
                  unsigned flags, unsigned permits)
 {
     dlock_options o;
-    dlock *l = NULL;
-    int rc;
 
     memset(&o, 0, sizeof(o));
     o.ttl_ms = ttl;
     o.flags = flags;
     o.permits = permits;
-    rc = dlock_open(&l, c, name, &o);
+    return th_open(c, name, &o);
+}
+
+dlock *th_handle_lost(dlock_client *c, const char *name, int64_t ttl,
+                      unsigned flags, dlock_lost_cb cb, void *arg)
+{
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.flags = flags;
+    o.on_lost = cb;
+    o.on_lost_arg = arg;
+    return th_open(c, name, &o);
+}
+
+void th_close_n(dlock **l, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dlock_close(l[i]);
+}
+
+void th_client_close_n(dlock_client **c, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dlock_client_close(c[i]);
+}
+
+
+dlock_info th_info(dlock_client *c, const char *name)
+{
+    dlock_info i;
+    int rc = dlock_inspect(c, name, &i);
+
     if (rc != DLOCK_OK)
-        th_fail(__FILE__, __LINE__, "dlock_open(%s) returned %s: %s", name,
-                dlock_errname(rc), dlock_errmsg());
-    return l;
+        th_fail(__FILE__, __LINE__, "dlock_inspect(%s) returned %s: %s",
+                name, dlock_errname(rc), dlock_errmsg());
+    return i;
+}
+
+int64_t th_waiters(dlock_client *c, const char *name)
+{
+    dlock_info i = th_info(c, name);
+    int64_t n = i.waiters;
+
+    dlock_info_clear(&i);
+    return n;
+}
+
+void th_wait_state(dlock_client *c, const char *name, int64_t n, int64_t h)
+{
+    int64_t until = th_now_ms() + 10000;
+    dlock_info i;
+
+    for (;;) {
+        i = th_info(c, name);
+        if ((i.waiters == n && (h < 0 || i.holders == h)) ||
+            th_now_ms() >= until)
+            break;
+        dlock_info_clear(&i);
+        th_sleep_ms(5);
+    }
+    if (i.waiters != n || (h >= 0 && i.holders != h))
+        th_fail(__FILE__, __LINE__,
+                "%s has %lld waiters and %lld holders after 10 s, not %lld "
+                "and %lld",
+                name, (long long)i.waiters, (long long)i.holders,
+                (long long)n, (long long)h);
+    dlock_info_clear(&i);
+}
+
+void th_wait_waiters(dlock_client *c, const char *name, int64_t n)
+{
+    int64_t until = th_now_ms() + 10000, w;
+
+    while ((w = th_waiters(c, name)) != n && th_now_ms() < until)
+        th_sleep_ms(5);
+    if (w != n)
+        th_fail(__FILE__, __LINE__, "%lld waiters of %s after 10 s, not %lld",
+                (long long)w, name, (long long)n);
+}
+
+int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms, w;
+
+    while ((w = th_waiters(c, name)) < n) {
+        if (w < 0)
+            return 0;
+        if (th_now_ms() >= until)
+            th_fail(__FILE__, __LINE__,
+                    "%lld waiters of %s after %lld ms, not %lld", (long long)w,
+                    name, (long long)ms, (long long)n);
+        th_sleep_ms(5);
+    }
+    return 1;
+}
+
+FILE *th_fopen_w(const char *path)
+{
+    FILE *f = fopen(path, "w");
+
+    if (!f)
+        th_fail(__FILE__, __LINE__, "cannot write %s: %s", path,
+                strerror(errno));
+    return f;
 }
 
 int64_t th_now_ms(void)
@@ -223,6 +333,63 @@ int th_wait(pid_t pid)
     return 128 + WTERMSIG(st);
 }
 
+void th_kill_stopped(pid_t pid)
+{
+    int st;
+
+    kill(pid, SIGKILL);
+    kill(pid, SIGCONT);
+    st = th_wait(pid);
+    if (st != 128 + SIGKILL)
+        th_fail(__FILE__, __LINE__, "child %d ended %d, not by SIGKILL",
+                (int)pid, st);
+}
+
+void *th_redis_forger(th_redis *r, const char *publish)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c;
+    redisReply *rep;
+
+    th_redis_cmd(r, NULL, 0,
+                 "ACL SETUSER forger on >forger-pw +@read +%s allchannels ~*",
+                 publish);
+    c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    if (!c || c->err)
+        th_fail(__FILE__, __LINE__, "connect to %d: %s", r->port,
+                c ? c->errstr : "no memory");
+    rep = redisCommand(c, "AUTH forger forger-pw");
+    if (!rep || rep->type != REDIS_REPLY_STATUS)
+        th_fail(__FILE__, __LINE__, "AUTH forger: %s",
+                rep && rep->str ? rep->str : "no answer");
+    freeReplyObject(rep);
+    return c;
+}
+
+void th_redis_waiter_line(void *f, const char *name, char client[33],
+                          unsigned long long *seq)
+{
+    int64_t until = th_now_ms() + 10000;
+
+    for (;;) {
+        redisReply *v = redisCommand(f, "GET dlock:{%s}", name);
+        const char *line = v && v->type == REDIS_REPLY_STRING ? v->str : "";
+        int got = 0;
+
+        while ((line = strchr(line, '\n')) && *++line == '+')
+            ;
+        if (line)
+            got = sscanf(line, "%32[0-9a-f]:%*u:%llu ", client, seq) == 2;
+        freeReplyObject(v);
+        if (got)
+            return;
+        if (th_now_ms() >= until)
+            th_fail(__FILE__, __LINE__, "no waiter's line in %s after 10 s",
+                    name);
+        th_sleep_ms(20);
+    }
+}
+
 int th_free_port(void)
 {
     struct sockaddr_in a;
@@ -298,9 +465,7 @@ static int redis_launch(th_redis *r)
     FILE *f;
 
     snprintf(conf, sizeof(conf), "%s/redis.conf", r->dir);
-    f = fopen(conf, "w");
-    if (!f)
-        th_fail(__FILE__, __LINE__, "cannot write %s", conf);
+    f = th_fopen_w(conf);
     if (r->sentinel) /* a sentinel rewrites its file: no unix socket */
         fprintf(f, "port %d\nbind 127.0.0.1\ndir %s\nlogfile %s/redis.log\n"
                    "daemonize no\n%s\n",
@@ -559,9 +724,7 @@ static void zk_write_config(th_zk *z, int i)
     mkdir(z->dir[i], 0700);
     mkdir(path, 0700);
     snprintf(path, sizeof(path), "%s/zoo.cfg", z->dir[i]);
-    f = fopen(path, "w");
-    if (!f)
-        th_fail(__FILE__, __LINE__, "cannot write %s", path);
+    f = th_fopen_w(path);
     /* tickTime 200: sessions of 400 ms to 60 s, expiry checked every tick */
     fprintf(f,
             "tickTime=200\ndataDir=%s/data\nclientPort=%d\n"
@@ -578,9 +741,7 @@ static void zk_write_config(th_zk *z, int i)
     fclose(f);
     if (z->n > 1) {
         snprintf(path, sizeof(path), "%s/data/myid", z->dir[i]);
-        f = fopen(path, "w");
-        if (!f)
-            th_fail(__FILE__, __LINE__, "cannot write %s", path);
+        f = th_fopen_w(path);
         fprintf(f, "%d\n", i + 1);
         fclose(f);
     }
@@ -1674,6 +1835,15 @@ int th_lost_calls(th_lost *b)
     return n;
 }
 
+int th_lost_wait(th_lost *b, int want, int64_t ms)
+{
+    int64_t until = th_now_ms() + ms;
+
+    while (th_lost_calls(b) < want && th_now_ms() < until)
+        th_sleep_ms(5);
+    return th_lost_calls(b);
+}
+
 int th_lost_within(th_lost *b, int64_t ms)
 {
     int64_t until = th_now_ms() + ms;
@@ -1681,6 +1851,107 @@ int th_lost_within(th_lost *b, int64_t ms)
     while (th_lost_calls(b) == 0 && th_now_ms() < until)
         th_sleep_ms(10);
     return th_lost_calls(b);
+}
+
+void th_lost_reset(th_lost *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->calls = 0;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void holder_lost(dlock *l, uint64_t token, void *arg)
+{
+    th_holder *h = arg;
+
+    (void)l;
+    h->lost_token = token;
+    __atomic_add_fetch(&h->lost_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+int th_holder_child(void *arg)
+{
+    th_holder *h = arg;
+    dlock_client *c = th_client(h->uri, h->patient ? th_patient() : NULL);
+    dlock *l = th_handle_lost(c, h->name, h->ttl, 0, holder_lost, h);
+
+    if (dlock_acquire(l, 5000) != DLOCK_OK) {
+        fprintf(stderr, "holder child: %s\n", dlock_errmsg());
+        return 2;
+    }
+    h->token = dlock_token(l);
+    if (h->settle_ms)
+        th_sleep_ms(h->settle_ms);
+    __atomic_store_n(&h->ready, 1, __ATOMIC_SEQ_CST);
+    (void)th_wait_flag(&h->go, 30000);
+    /* told to go after a freeze: give the client a moment to learn it
+     * lost, then release */
+    int64_t t0 = th_now_ms();
+    while (!__atomic_load_n(&h->lost_calls, __ATOMIC_SEQ_CST) &&
+           th_now_ms() - t0 < h->lost_ms)
+        th_sleep_ms(10);
+    h->lost_after_cont = th_now_ms() - t0;
+    h->held_before_release = dlock_held(l);
+    h->release_rc = dlock_release(l);
+    dlock_close(l);
+    dlock_client_close(c);
+    return 0;
+}
+
+void th_events_init(th_events *s)
+{
+    memset(s, 0, sizeof(*s));
+    pthread_mutex_init(&s->mu, NULL);
+}
+
+void th_events_cb(const dlock_event *e, void *arg)
+{
+    th_events *s = arg;
+
+    pthread_mutex_lock(&s->mu);
+    if (s->n < TH_EVENTS_MAX) {
+        s->type[s->n] = e->type;
+        s->at[s->n] = th_now_ms();
+        s->left[s->n] = e->left_ms;
+        s->token[s->n] = e->token;
+        s->held_ms[s->n] = e->held_ms;
+        s->rc[s->n] = e->rc;
+        s->thread[s->n] = pthread_self();
+        snprintf(s->why[s->n], sizeof(s->why[0]), "%s", e->why);
+        s->n++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+int th_events_count(th_events *s, int type)
+{
+    int n = 0;
+
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n; i++)
+        n += s->type[i] == type;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+int th_events_first(const th_events *s, int type)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->type[i] == type)
+            return i;
+    return -1;
+}
+
+int th_events_wait(th_events *s, int type, int64_t ms)
+{
+    for (int64_t until = th_now_ms() + ms;;) {
+        pthread_mutex_lock(&s->mu);
+        int i = th_events_first(s, type);
+        pthread_mutex_unlock(&s->mu);
+        if (i >= 0 || th_now_ms() >= until)
+            return i;
+        th_sleep_ms(5);
+    }
 }
 
 void *th_wait_thread(void *arg)

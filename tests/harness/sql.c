@@ -652,3 +652,41 @@ void th_pgb_restart(th_pgb *b)
     th_fail(__FILE__, __LINE__, "pgbouncer did not restart (see %s/"
             "pgbouncer.log)", b->dir);
 }
+
+#ifdef TH_MYSQL
+void *th_sql_squatter(th_sql *s, const char *password)
+{
+    MYSQL *m = mysql_init(NULL);
+    unsigned timeout = 10;
+
+    if (!m)
+        th_fail(__FILE__, __LINE__, "mysql_init failed");
+    th_sql_query(s, NULL, 0,
+                 "CREATE USER IF NOT EXISTS 'squatter'@'%%' IDENTIFIED BY "
+                 "'%s'",
+                 password);
+    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
+    if (!mysql_real_connect(m, "127.0.0.1", "squatter", password, NULL,
+                            (unsigned)s->port, NULL, 0))
+        th_fail(__FILE__, __LINE__, "squatter: %s", mysql_error(m));
+    if (mysql_query(m, "SELECT COUNT(*) FROM dlocktest.dlock_locks") == 0)
+        th_fail(__FILE__, __LINE__, "squatter may read dlock_locks");
+    return m;
+}
+
+void th_sql_squatter_take(void *m, const char *lock)
+{
+    char sql[256];
+    MYSQL_RES *r;
+    MYSQL_ROW row;
+
+    snprintf(sql, sizeof(sql), "SELECT GET_LOCK('%s', 0)", lock);
+    if (mysql_query(m, sql) != 0)
+        th_fail(__FILE__, __LINE__, "%s: %s", sql, mysql_error(m));
+    r = mysql_store_result(m);
+    row = r ? mysql_fetch_row(r) : NULL;
+    if (!row || !row[0] || strcmp(row[0], "1") != 0)
+        th_fail(__FILE__, __LINE__, "%s: not 1", sql);
+    mysql_free_result(r);
+}
+#endif

@@ -10,6 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+void th_need_redis_tls(void)
+{
+#ifndef TH_REDIS_TLS
+    th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
+#endif
+}
+
 void th_store_start(th_store *s, const char *k)
 {
     memset(s, 0, sizeof(*s));
@@ -27,9 +34,7 @@ void th_store_start(th_store *s, const char *k)
          * against the test CA; no client certificate). Every Redis
          * contract is to hold; looked at behind its back on the plain
          * port (s->srv.port), as redis:// */
-#ifndef TH_REDIS_TLS
-        th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
-#endif
+        th_need_redis_tls();
         th_redis_start_tls(&s->srv, "server", 0, NULL);
         snprintf(s->uri, sizeof(s->uri), "%s", s->srv.tls_uri);
         s->kind = "redis";
@@ -169,4 +174,17 @@ void th_store_stop(th_store *s)
         th_etcd_kill(&s->esrv, i, SIGKILL);
     th_pgb_kill(&s->pgb, SIGKILL); /* before the server behind it */
     th_sql_kill(&s->ssrv, SIGKILL);
+}
+
+int th_store_main(int argc, char **argv, th_store *s, const th_test *tests,
+                  void (*started)(void))
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
+        return 2;
+    }
+    th_store_start(s, argv[1]);
+    if (started)
+        started();
+    return th_main(argc - 1, argv + 1, tests);
 }

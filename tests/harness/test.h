@@ -109,6 +109,41 @@ const dlock_client_options *th_patient(void);
 dlock_client *th_client(const char *uri, const dlock_client_options *o);
 dlock *th_handle(dlock_client *c, const char *name, int64_t ttl,
                  unsigned flags, unsigned permits);
+/* A handle on `name` with options o (e.g. a compound literal), failing
+ * the test, naming the call, when it cannot be opened. */
+dlock *th_open(dlock_client *c, const char *name, const dlock_options *o);
+/* th_handle() with `cb` as its on_lost callback and `arg` as its
+ * on_lost_arg (permits 0). */
+dlock *th_handle_lost(dlock_client *c, const char *name, int64_t ttl,
+                      unsigned flags, dlock_lost_cb cb, void *arg);
+/* How many wait for `name`: dlock_inspect()'s waiters (fails the test
+ * when inspect does). */
+int64_t th_waiters(dlock_client *c, const char *name);
+/* dlock_inspect() of `name` (fails the test when it fails); the caller
+ * clears it. */
+dlock_info th_info(dlock_client *c, const char *name);
+/* Waits (at most 10 s) until `name` has n waiters and h holders (h < 0:
+ * any number), and fails the test when it has not. */
+void th_wait_state(dlock_client *c, const char *name, int64_t n, int64_t h);
+/* Waits (at most 10 s, a busy machine) until `name` has n waiters, and
+ * fails the test when it has not. The test's own look at the store, to
+ * order its steps. */
+void th_wait_waiters(dlock_client *c, const char *name, int64_t n);
+/* Waits (at most ms) until `name` has at least n waiters: 1; 0 at once
+ * when the store cannot tell (waiters -1); fails the test when ms pass. */
+int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms);
+
+/* Closes handles (TH_CLOSE(la, lb)) or clients (TH_CLIENT_CLOSE(a, b)),
+ * in the order given: dlock_close() or dlock_client_close() each. */
+void th_close_n(dlock **l, size_t n);
+void th_client_close_n(dlock_client **c, size_t n);
+#define TH_CLOSE(...)                                                        \
+    th_close_n((dlock *[]){__VA_ARGS__},                                     \
+               sizeof((dlock *[]){__VA_ARGS__}) / sizeof(dlock *))
+#define TH_CLIENT_CLOSE(...)                                                 \
+    th_client_close_n((dlock_client *[]){__VA_ARGS__},                       \
+                      sizeof((dlock_client *[]){__VA_ARGS__}) /              \
+                          sizeof(dlock_client *))
 
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);
@@ -120,6 +155,9 @@ void th_sleep_ms(int64_t ms);
  * moment before the holder's call returns. Use as CHECK(th_wait_flag()). */
 int th_wait_flag(volatile int *flag, int64_t ms);
 
+/* fopen(path, "w"), failing the test when it cannot. */
+FILE *th_fopen_w(const char *path);
+
 /* A fresh directory under $TMPDIR (or /tmp), removed at exit. */
 const char *th_tmpdir(void);
 
@@ -130,6 +168,9 @@ void *th_shared(size_t size);
 pid_t th_fork(int (*fn)(void *), void *arg);
 /* Waits for pid; returns its exit status, or 128+signal. */
 int th_wait(pid_t pid);
+/* SIGKILLs child pid, stopped (SIGSTOP) or not, and reaps it; fails the
+ * test unless it died of that SIGKILL. */
+void th_kill_stopped(pid_t pid);
 
 /* --- a private redis-server on a free loopback port --- */
 typedef struct th_redis {
@@ -179,6 +220,8 @@ char *th_tls_param(char *out, size_t cap, const char *file);
  * rediss://localhost:TLS_PORT?cacert=CERTS/ca.crt, with
  * &cert=CERTS/client.crt&key=CERTS/client.key when auth_clients is 1.
  * Fails the test if it cannot start. */
+/* Skips the test binary when this build has no Redis over TLS. */
+void th_need_redis_tls(void);
 void th_redis_start_tls(th_redis *r, const char *cert, int auth_clients,
                         const char *extra);
 /* Runs redis-cli --tls against r's TLS port as host localhost (the test
@@ -238,6 +281,16 @@ long long th_redis_calls(th_redis *r, const char *cmd);
 
 /* The first free TCP port on 127.0.0.1. */
 int th_free_port(void);
+/* A hiredis connection (a redisContext *) to r as the user "forger", who
+ * may only read and run `publish` ("publish" or "spublish") on every key
+ * and channel: what a user with those rights can do to the store. */
+void *th_redis_forger(th_redis *r, const char *publish);
+/* Through f (th_redis_forger()), waits (10 s at most) until the key of
+ * lock `name` has a waiter's line (the first after the head that is not a
+ * holder's, "+ ..."), and reads its client id (32 hex digits) and number,
+ * as anyone who may read the key can. */
+void th_redis_waiter_line(void *f, const char *name, char client[33],
+                          unsigned long long *seq);
 
 /* --- Redis Cluster: three primaries with one replica each --- */
 typedef struct th_cluster {
@@ -458,6 +511,14 @@ long long th_sql_try(th_sql *s, char *out, size_t cap, const char *fmt,
  * window measured. MariaDB only; main thread only. */
 long long th_sql_read(th_sql *s, char *out, size_t cap, const char *fmt,
                       ...) __attribute__((format(printf, 4, 5)));
+/* A MySQL session (a MYSQL *) over TCP of the account 'squatter', made
+ * with `password` and USAGE only: no right on dlock's database (checked:
+ * it may not read dlock_locks). GET_LOCK needs none, so it may take any
+ * lock name. MySQL/MariaDB builds only (TH_MYSQL). */
+void *th_sql_squatter(th_sql *s, const char *password);
+/* The squatter's session m takes the user-level lock `lock` (GET_LOCK,
+ * no wait); fails the test unless it got it. */
+void th_sql_squatter_take(void *m, const char *lock);
 
 /* --- a private PgBouncer in front of a private PostgreSQL ---
  * Started by tests/servers/pgbouncer.sh (Debian's pgbouncer, never a
@@ -591,6 +652,55 @@ void th_lost_cb(dlock *l, uint64_t token, void *arg);
 int th_lost_calls(th_lost *b);
 /* Waits (at most ms) for the first call; the calls then. */
 int th_lost_within(th_lost *b, int64_t ms);
+/* Waits (at most ms) until `want` calls; the calls then. */
+int th_lost_wait(th_lost *b, int want, int64_t ms);
+/* Counts from 0 again. */
+void th_lost_reset(th_lost *b);
+
+/* A holder in a forked child: th_fork(th_holder_child, h), h in
+ * th_shared() memory with uri, name and ttl set. The child opens a client
+ * of h->uri (th_patient() if h->patient) and a handle on h->name (ttl_ms
+ * h->ttl; its on_lost counts into h), acquires it (5 s), sleeps settle_ms,
+ * sets ready and waits (30 s at most) for go; then waits (lost_ms at most)
+ * to be told it lost the lock, and releases it. Exits 2 when it could not
+ * acquire. */
+typedef struct th_holder {
+    char uri[1200];
+    char name[64];
+    int64_t ttl, settle_ms, lost_ms;
+    int patient;
+    volatile int ready, go;
+    volatile uint64_t token;
+    volatile int lost_calls;
+    volatile uint64_t lost_token;
+    volatile int held_before_release, release_rc;
+    volatile int64_t lost_after_cont; /* ms from go to the callback */
+} th_holder;
+int th_holder_child(void *arg);
+
+/* The events a client sends (dlock_client_set_events() with th_events_cb
+ * and a th_events, th_events_init()ed, as its argument): the first
+ * TH_EVENTS_MAX, each with the monotonic time it came and the thread that
+ * sent it. Lock mu to read them while events may still come. */
+#define TH_EVENTS_MAX 64
+typedef struct th_events {
+    pthread_mutex_t mu;
+    int n;
+    int type[TH_EVENTS_MAX], rc[TH_EVENTS_MAX];
+    uint64_t token[TH_EVENTS_MAX];
+    int64_t at[TH_EVENTS_MAX], left[TH_EVENTS_MAX], held_ms[TH_EVENTS_MAX];
+    pthread_t thread[TH_EVENTS_MAX];
+    char why[TH_EVENTS_MAX][300];
+} th_events;
+void th_events_init(th_events *s);
+void th_events_cb(const dlock_event *e, void *arg);
+/* How many events of `type` came. */
+int th_events_count(th_events *s, int type);
+/* The index of the first event of `type`, or -1 (mu held by the caller,
+ * or no more events to come). */
+int th_events_first(const th_events *s, int type);
+/* th_events_first(), waiting (at most ms) for one to come. */
+int th_events_wait(th_events *s, int type, int64_t ms);
 
 /* A thread that waits for a lock (th_wait_thread, a th_waiter as its
  * argument): dlock_acquire(l, 60 s), then its result, token and time in
@@ -669,6 +779,11 @@ typedef struct th_store {
     th_pgb pgb;
 } th_store;
 void th_store_start(th_store *s, const char *kind);
+/* main() of a suite run for every store kind: `binary STORE-KIND
+ * [filter]`; starts the store in s, calls started() (when not NULL: the
+ * suite reads what the store can do), then runs the tests. */
+int th_store_main(int argc, char **argv, th_store *s, const th_test *tests,
+                  void (*started)(void));
 /* Kills (SIGKILL) every server th_store_start() started. */
 void th_store_stop(th_store *s);
 /* The Redis server that holds `key` ("dlock:{NAME}"), to look at a Redis

@@ -121,11 +121,7 @@ int sf_tree_main(const char *path, int id)
     memset(&ign, 0, sizeof(ign));
     ign.sa_handler = SIG_IGN;
     sigaction(SIGTERM, &ign, NULL);
-    if (fd < 0 || !tok)
-        return 2;
-    s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (s == MAP_FAILED || id < 0 || id >= s->nworkers)
+    if (fd < 0 || !tok || !(s = sf_attach(fd, id)))
         return 2;
     sf_worker *me = &s->w[id];
     uint32_t idx = __atomic_fetch_add(&s->nholds, 1, __ATOMIC_SEQ_CST);

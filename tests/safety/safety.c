@@ -676,9 +676,7 @@ static void set_clock(const run *r, const char *spec)
     FILE *f;
 
     snprintf(tmp, sizeof(tmp), "%s.tmp", r->clockfile);
-    f = fopen(tmp, "w");
-    if (!f)
-        th_fail(__FILE__, __LINE__, "cannot write %s", tmp);
+    f = th_fopen_w(tmp);
     fprintf(f, "%s\n", spec);
     fclose(f);
     if (rename(tmp, r->clockfile) != 0)

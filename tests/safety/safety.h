@@ -217,6 +217,9 @@ void sf_check(const sf_shared *s, sf_report *rep);
 
 /* The worker (worker.c): runs worker `id` of the mapping in `path`. */
 int sf_worker_main(const char *path, int id);
+/* Maps the shared state of the file open as fd (and closes fd) for worker
+ * id: NULL when it cannot, or when id is not a worker's. */
+sf_shared *sf_attach(int fd, int id);
 /* The cutoff-run scenario (runner.c): worker `id` as a runner of `dlock
  * run` (sf_worker_main() calls it), and the command it runs, a tree of
  * three processes that ignore SIGTERM (`--tree FILE ID`). */

@@ -141,6 +141,21 @@ static void *cancel_thread(void *arg)
     return NULL;
 }
 
+sf_shared *sf_attach(int fd, int id)
+{
+    sf_shared *s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED,
+                        fd, 0);
+
+    close(fd);
+    if (s == MAP_FAILED)
+        return NULL;
+    if (id < 0 || id >= s->nworkers) {
+        munmap(s, sizeof(*s));
+        return NULL;
+    }
+    return s;
+}
+
 int sf_worker_main(const char *path, int id)
 {
     int fd = open(path, O_RDWR);
@@ -151,11 +166,7 @@ int sf_worker_main(const char *path, int id)
     dlock_client_options co = {3000};
     wstate ws;
 
-    if (fd < 0)
-        return 2;
-    s = mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (s == MAP_FAILED || id < 0 || id >= s->nworkers)
+    if (fd < 0 || !(s = sf_attach(fd, id)))
         return 2;
     sf_worker *me = &s->w[id];
     me->pid = getpid();

@@ -38,6 +38,15 @@ static int no_lease(void)
     return !strcmp(S.kind, "file") || !strcmp(S.kind, "pg-advisory");
 }
 
+/* A test of the at-risk event passes with a note where no lease runs. */
+#define NEED_LEASE()                                                        \
+    do {                                                                    \
+        if (no_lease()) {                                                   \
+            printf("     (no lease on this store: no at-risk event)\n");    \
+            return;                                                         \
+        }                                                                   \
+    } while (0)
+
 /* A ttl for the freezing tests: long enough for a busy machine to renew
  * it many times over (ZooKeeper and etcd: 3 s, their sessions and leases
  * are coarser, and etcd's are whole seconds). */
@@ -48,18 +57,7 @@ static int64_t ttl_of(void)
 
 static dlock_client *client(void)
 {
-    static dlock_client_options o; /* 10 s a store call (header) */
-    dlock_client *c = NULL;
-
-    o.timeout_ms = 10000;
-    CHECK_OK(dlock_client_open(&c, S.uri, &o));
-    return c;
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
+    return th_client(S.uri, th_patient()); /* 10 s a store call (header) */
 }
 
 static void freeze(void)
@@ -132,71 +130,13 @@ static void thaw(void)
     }
 }
 
-/* The events a client sends, with the monotonic time each came. */
-typedef struct seen {
-    pthread_mutex_t mu;
-    int n;
-    int type[64];
-    int64_t at[64], left[64];
-    char why[64][300];
-} seen;
-
-static void on_event(const dlock_event *e, void *arg)
-{
-    seen *s = arg;
-
-    pthread_mutex_lock(&s->mu);
-    if (s->n < 64) {
-        s->type[s->n] = e->type;
-        s->at[s->n] = th_now_ms();
-        s->left[s->n] = e->left_ms;
-        snprintf(s->why[s->n], sizeof(s->why[0]), "%s", e->why);
-        s->n++;
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static void seen_init(seen *s)
-{
-    memset(s, 0, sizeof(*s));
-    pthread_mutex_init(&s->mu, NULL);
-}
-
-/* The index of the first event of `type`, waiting up to ms for it; -1. */
-static int wait_event(seen *s, int type, int64_t ms)
-{
-    for (int64_t until = th_now_ms() + ms;;) {
-        pthread_mutex_lock(&s->mu);
-        for (int i = 0; i < s->n; i++) {
-            if (s->type[i] == type) {
-                pthread_mutex_unlock(&s->mu);
-                return i;
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (th_now_ms() >= until)
-            return -1;
-        th_sleep_ms(5);
-    }
-}
-
-static int count_type(seen *s, int type)
-{
-    int n = 0;
-
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n; i++)
-        n += s->type[i] == type;
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
-
 /* A client with events and the largest margin its store allows for ttl. */
-static dlock_client *risk_client(seen *s, int64_t ttl, int64_t *margin)
+static dlock_client *risk_client(th_events *s, int64_t ttl, int64_t *margin)
 {
     dlock_client *c = client();
 
-    CHECK_OK(dlock_client_set_events(c, on_event, s, 0));
+    th_events_init(s);
+    CHECK_OK(dlock_client_set_events(c, th_events_cb, s, 0));
     CHECK_OK(dlock_client_at_risk_max(c, ttl, margin));
     CHECK_OP(*margin, >, 0);
     CHECK_OK(dlock_client_set_at_risk(c, *margin));
@@ -243,26 +183,22 @@ TEST(bad_margins_and_what_fits)
  * given 10 s. */
 TEST(at_risk_then_lost_on_time_while_the_store_is_frozen)
 {
-    if (no_lease()) {
-        printf("     (no lease on this store: no at-risk event)\n");
-        return;
-    }
-    seen s;
+    NEED_LEASE();
+    th_events s;
     int64_t ttl = ttl_of(), margin = 0;
-    seen_init(&s);
     dlock_client *c = risk_client(&s, ttl, &margin);
-    dlock *l = handle(c, "risk/frozen", ttl, 0);
+    dlock *l = th_handle(c, "risk/frozen", ttl, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     /* a renewal or two first: the lease is the watchdog's from here */
     th_sleep_ms(ttl / 2);
-    CHECK_EQ(count_type(&s, DLOCK_EVENT_AT_RISK), 0);
+    CHECK_EQ(th_events_count(&s, DLOCK_EVENT_AT_RISK), 0);
     freeze();
     /* (SQLite: once another process holds the write lock; no renewal
      * gets through after this) */
     int64_t frozen_at = th_now_ms();
-    int risk = wait_event(&s, DLOCK_EVENT_AT_RISK, ttl + 10000);
-    int lost = wait_event(&s, DLOCK_EVENT_LOST, ttl + 10000);
+    int risk = th_events_wait(&s, DLOCK_EVENT_AT_RISK, ttl + 10000);
+    int lost = th_events_wait(&s, DLOCK_EVENT_LOST, ttl + 10000);
     thaw();
     CHECK_OP(risk, >=, 0);
     CHECK_OP(lost, >, risk);
@@ -294,7 +230,7 @@ TEST(at_risk_then_lost_on_time_while_the_store_is_frozen)
         CHECK_CONTAINS(s.why[risk], "renewal failed");
     CHECK_CONTAINS(s.why[risk], "risk/frozen");
     pthread_mutex_unlock(&s.mu);
-    CHECK_EQ(count_type(&s, DLOCK_EVENT_SAFE), 0);
+    CHECK_EQ(th_events_count(&s, DLOCK_EVENT_SAFE), 0);
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
     dlock_close(l);
     dlock_client_close(c);
@@ -304,35 +240,31 @@ TEST(at_risk_then_lost_on_time_while_the_store_is_frozen)
  * still ours. */
 TEST(safe_when_a_renewal_gets_through_in_time)
 {
-    if (no_lease()) {
-        printf("     (no lease on this store: no at-risk event)\n");
-        return;
-    }
-    seen s;
+    NEED_LEASE();
+    th_events s;
     int64_t ttl = ttl_of(), margin = 0;
-    seen_init(&s);
     dlock_client *c = risk_client(&s, ttl, &margin);
-    dlock *l = handle(c, "risk/safe", ttl, 0);
+    dlock *l = th_handle(c, "risk/safe", ttl, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     th_sleep_ms(ttl / 2);
     freeze();
-    int risk = wait_event(&s, DLOCK_EVENT_AT_RISK, ttl + 10000);
+    int risk = th_events_wait(&s, DLOCK_EVENT_AT_RISK, ttl + 10000);
     thaw(); /* at once: the margin is the time a renewal still has */
     CHECK_OP(risk, >=, 0);
     /* the renewal's next try (a tenth of the ttl later; etcd: a
      * twelfth; ZooKeeper: the reconnection) gets through before the
      * lease ends, a margin (hundreds of ms) after the event; 10 s covers
      * a busy machine, and then LOST would have come first */
-    int safe = wait_event(&s, DLOCK_EVENT_SAFE, 10000);
+    int safe = th_events_wait(&s, DLOCK_EVENT_SAFE, 10000);
     CHECK_OP(safe, >, risk);
-    CHECK_EQ(count_type(&s, DLOCK_EVENT_LOST), 0);
+    CHECK_EQ(th_events_count(&s, DLOCK_EVENT_LOST), 0);
     pthread_mutex_lock(&s.mu);
     CHECK_OP(s.left[safe], >, margin); /* past the margin again */
     pthread_mutex_unlock(&s.mu);
     CHECK_OP(dlock_token(l), >, 0);
     CHECK_OK(dlock_release(l));
-    CHECK_EQ(count_type(&s, DLOCK_EVENT_AT_RISK), 1);
+    CHECK_EQ(th_events_count(&s, DLOCK_EVENT_AT_RISK), 1);
     dlock_close(l);
     dlock_client_close(c);
 }
@@ -344,16 +276,15 @@ TEST(a_hold_not_renewed_is_at_risk_before_its_end)
         printf("     (no lease runs out on this store)\n");
         return;
     }
-    seen s;
+    th_events s;
     int64_t ttl = ttl_of(), margin = 0;
-    seen_init(&s);
     dlock_client *c = risk_client(&s, ttl, &margin);
-    dlock *l = handle(c, "risk/norenew", ttl, DLOCK_NO_RENEW);
+    dlock *l = th_handle(c, "risk/norenew", ttl, DLOCK_NO_RENEW, 0);
 
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_acquire(l, 0));
-    int risk = wait_event(&s, DLOCK_EVENT_AT_RISK, ttl + 10000);
-    int lost = wait_event(&s, DLOCK_EVENT_LOST, ttl + 10000);
+    int risk = th_events_wait(&s, DLOCK_EVENT_AT_RISK, ttl + 10000);
+    int lost = th_events_wait(&s, DLOCK_EVENT_LOST, ttl + 10000);
     CHECK_OP(risk, >=, 0);
     CHECK_OP(lost, >, risk);
     pthread_mutex_lock(&s.mu);
@@ -382,7 +313,7 @@ TEST(a_margin_makes_renewals_more_frequent)
     int64_t ttl = 600, margin = 0;
     CHECK_OK(dlock_client_at_risk_max(c, ttl, &margin));
     CHECK_OK(dlock_client_set_at_risk(c, margin));
-    dlock *l = handle(c, "risk/cadence", ttl, 0);
+    dlock *l = th_handle(c, "risk/cadence", ttl, 0, 0);
     dlock_stats st;
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -408,10 +339,5 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
-    return th_main(argc - 1, argv + 1, tests);
+    return th_store_main(argc, argv, &S, tests, NULL);
 }

@@ -40,26 +40,10 @@
  * killed primary is replaced with CLUSTER FAILOVER TAKEOVER) */
 #define NODE_TIMEOUT 15000
 
-static dlock_client *client_at(const char *u)
-{
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, th_patient()));
-    return c;
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      th_lost *box)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.on_lost = box ? th_lost_cb : NULL;
-    o.on_lost_arg = box;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, 0, box ? th_lost_cb : NULL, box);
 }
 
 /* A lock name "PREFIX/N" whose slot primary node[i] owns now; its slot
@@ -96,7 +80,7 @@ static void release_wakes(dlock *la, pthread_t th, th_waiter *w, uint64_t ta)
 /* A new client's hold of `name` has a token above `above`. */
 static void next_token_above(th_cluster *t, const char *name, uint64_t above)
 {
-    dlock_client *b = client_at(t->uri);
+    dlock_client *b = th_client(t->uri, th_patient());
     dlock *lb = handle(b, name, 30000, NULL);
 
     CHECK_OK(dlock_acquire(lb, 5000));
@@ -136,7 +120,7 @@ static th_cluster *steady(void)
 TEST(locks_go_to_their_slots_primary)
 {
     th_cluster *t = steady();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     int on[3] = {0, 0, 0};
 
     for (int i = 0; i < 3; i++) {
@@ -204,7 +188,8 @@ TEST(bad_uris_say_what_is_wrong)
 TEST(a_hand_over_goes_through_the_slots_shard_channel)
 {
     th_cluster *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     char name[64], chan[256];
     int slot;
 
@@ -229,10 +214,8 @@ TEST(a_hand_over_goes_through_the_slots_shard_channel)
     release_wakes(la, th, &w, ta);
     /* nobody waits: the channel stays, idle, for the next wait */
     CHECK_EQ(shard_channels(t, 2, chan), 1);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(idle_subscriptions_are_bounded)
@@ -240,7 +223,8 @@ TEST(idle_subscriptions_are_bounded)
     /* a client that waited once for each of 80 locks keeps at most 64 of
      * their channels subscribed (the oldest idle ones go) */
     th_cluster *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     char name[64], pat[64];
 
     for (int i = 0; i < 80; i++) {
@@ -250,8 +234,7 @@ TEST(idle_subscriptions_are_bounded)
         CHECK_OK(dlock_acquire(la, 0));
         CHECK_RC(dlock_acquire(lb, 30), DLOCK_EBUSY); /* armed, gave up */
         CHECK_OK(dlock_release(la));
-        dlock_close(la);
-        dlock_close(lb);
+        TH_CLOSE(la, lb);
     }
     long long n = 0;
     snprintf(pat, sizeof(pat), "dlock:{c/idle/*}c:*");
@@ -275,7 +258,7 @@ TEST(idle_subscriptions_are_bounded)
 TEST(list_walks_every_primary)
 {
     th_cluster *t = steady();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l[30];
     char name[64];
     int seen[30];
@@ -329,7 +312,8 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
     name_on(&t, 0, "c/keep", name, sizeof(name), &slot);
     /* min_replicas=1: the hold is on node[3] before acquire returns */
     snprintf(u, sizeof(u), "%s?min_replicas=1&replica_timeout=2000", t.uri);
-    dlock_client *a = client_at(u), *b = client_at(t.uri);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 3000, &box), *lb = handle(b, name, 30000,
                                                            NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -352,10 +336,8 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
 
     /* the release on the new primary wakes the waiter */
     release_wakes(la, th, &w, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_cluster_stop(&t);
 }
 
@@ -370,7 +352,7 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
 
     th_cluster_start(&t, NODE_TIMEOUT);
     name_on(&t, 1, "c/lose", name, sizeof(name), &slot);
-    dlock_client *a = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 30000, &box);
 
     /* the replica frozen: the acquire reaches the primary only, which
@@ -382,7 +364,7 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
     th_redis_cmd(&t.node[1], NULL, 0, "CLIENT KILL TYPE replica");
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    dlock_client *b = client_at(t.uri);
+    dlock_client *b = th_client(t.uri, th_patient());
     dlock *lb = handle(b, name, 30000, NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
@@ -422,7 +404,8 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
 
     th_cluster_start(&t, NODE_TIMEOUT);
     name_on(&t, 0, "c/move", name, sizeof(name), &slot);
-    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -453,10 +436,8 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
     release_wakes(la, th, &w, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_cluster_stop(&t);
 }
 
@@ -479,7 +460,8 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
     }
     CHECK(slot >= 0 && slot < 100);
     CHECK_EQ(th_cluster_owner(&t, slot), 0);
-    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -507,10 +489,8 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
     CHECK_EQ(__atomic_load_n(&w.done, __ATOMIC_SEQ_CST), 0);
 
     release_wakes(la, th, &w, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_cluster_stop(&t);
 }
 
@@ -526,7 +506,8 @@ TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
     const unsigned long long forged = 9223372036854775000ULL;
     enum { FLOOD = 200 };
     th_cluster *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     char name[64], chan[256], msg[64];
     int slot;
 
@@ -536,36 +517,16 @@ TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
     th_waiter w = {lb, -99, 0, 0, 0};
     pthread_t th;
 
-    th_redis_cmd(&t->node[1], NULL, 0,
-                 "ACL SETUSER forger on >forger-pw +@read +spublish "
-                 "allchannels ~*");
-    struct timeval tv = {5, 0};
-    redisContext *f = redisConnectWithTimeout("127.0.0.1", t->node[1].port,
-                                              tv);
-    CHECK(f && !f->err);
-    redisReply *r = redisCommand(f, "AUTH forger forger-pw");
-    CHECK(r && r->type == REDIS_REPLY_STATUS);
-    freeReplyObject(r);
+    redisContext *f = th_redis_forger(&t->node[1], "spublish");
+    redisReply *r;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
     pthread_create(&th, NULL, th_wait_thread, &w);
-    /* queued: its line in the key (bounded: 10 s of busy-machine slack) */
+    /* queued: its line in the key */
     char client[33];
     unsigned long long seq = 0;
-    int64_t until = th_now_ms() + 10000;
-    for (;;) {
-        r = redisCommand(f, "GET dlock:{%s}", name);
-        CHECK(r && r->type == REDIS_REPLY_STRING);
-        const char *line = strchr(r->str, '\n');
-        int got = line && sscanf(line + 1, "%32[0-9a-f]:%*u:%llu ", client,
-                                 &seq) == 2;
-        freeReplyObject(r);
-        if (got)
-            break;
-        CHECK(th_now_ms() < until);
-        th_sleep_ms(20);
-    }
+    th_redis_waiter_line(f, name, client, &seq);
     snprintf(chan, sizeof(chan), "dlock:{%s}c:%s", name, client);
     long long gets = th_redis_calls(&t->node[1], "get");
     snprintf(msg, sizeof(msg), "g %llu %llu", seq, forged);
@@ -593,10 +554,8 @@ TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
                     "messages\n",
             gets, FLOOD + 1);
     redisFree(f);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

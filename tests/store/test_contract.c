@@ -73,16 +73,7 @@ static void check_token(uint64_t seen, uint64_t tok)
  * timeouts, which the tests pass. */
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, uri, th_patient()));
-    return c;
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
+    return th_client(uri, th_patient());
 }
 
 /* ------------------------------------------------------------------------ */
@@ -90,7 +81,7 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
 TEST(basic_acquire_release)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "basic", 0, 0);
+    dlock *l = th_handle(c, "basic", 0, 0, 0);
 
     CHECK_EQ(dlock_token(l), 0);
     CHECK_EQ(dlock_held(l), 0);
@@ -109,7 +100,8 @@ TEST(basic_acquire_release)
 TEST(try_busy_and_timed_wait)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "busy", 0, 0), *lb = handle(b, "busy", 0, 0);
+    dlock *la = th_handle(a, "busy", 0, 0, 0),
+          *lb = th_handle(b, "busy", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
@@ -129,16 +121,15 @@ TEST(try_busy_and_timed_wait)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(reentrant_hold_count)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "reent", 0, 0), *lb = handle(b, "reent", 0, 0);
+    dlock *la = th_handle(a, "reent", 0, 0, 0),
+          *lb = th_handle(b, "reent", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
@@ -157,16 +148,14 @@ TEST(reentrant_hold_count)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, tok);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(not_reentrant_fails_at_once)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "nonreent", 0, DLOCK_NOT_REENTRANT);
+    dlock *l = th_handle(c, "nonreent", 0, DLOCK_NOT_REENTRANT, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     int64_t t0 = th_now_ms();
@@ -184,9 +173,9 @@ TEST(not_reentrant_fails_at_once)
 TEST(reentrant_across_handles)
 {
     dlock_client *a = client(), *b = client();
-    dlock *l1 = handle(a, "twohandles", 0, 0);
-    dlock *l2 = handle(a, "twohandles", 0, 0);
-    dlock *lb = handle(b, "twohandles", 0, 0);
+    dlock *l1 = th_handle(a, "twohandles", 0, 0, 0);
+    dlock *l2 = th_handle(a, "twohandles", 0, 0, 0);
+    dlock *lb = th_handle(b, "twohandles", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l1, 0));
     CHECK_OK(dlock_acquire(l2, 0));
@@ -197,11 +186,8 @@ TEST(reentrant_across_handles)
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l1, l2, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct thread_arg {
@@ -249,7 +235,7 @@ TEST(threads_are_different_owners)
     memset(&t, 0, sizeof(t));
     pthread_mutex_init(&t.mu, NULL);
     pthread_cond_init(&t.cv, NULL);
-    t.l = handle(c, "threads", 0, 0);
+    t.l = th_handle(c, "threads", 0, 0, 0);
     pthread_create(&th, NULL, holder_thread, &t);
     wait_step(&t, 1);
     CHECK_OK(t.rc);
@@ -270,7 +256,8 @@ TEST(threads_are_different_owners)
 TEST(tokens_strictly_increase)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "tokens", 0, 0), *lb = handle(b, "tokens", 0, 0);
+    dlock *la = th_handle(a, "tokens", 0, 0, 0),
+          *lb = th_handle(b, "tokens", 0, 0, 0);
     uint64_t last = 0;
 
     for (int i = 0; i < 20; i++) {
@@ -280,10 +267,8 @@ TEST(tokens_strictly_increase)
         last = dlock_token(l);
         CHECK_OK(dlock_release(l));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- mutual exclusion across processes, checked by the processes --- */
@@ -391,7 +376,7 @@ static void *counter_thread(void *arg)
 TEST(threads_sharing_one_client)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "threadmx", 0, 0);
+    dlock *l = th_handle(c, "threadmx", 0, 0, 0);
     long counter = 0;
     void *a[2] = {l, &counter};
     pthread_t th[6];
@@ -428,14 +413,14 @@ TEST(release_wakes_the_waiter)
     /* The lease is 60 s: a waiter that only re-tried at lease end would
      * time out (10 s wait). Succeeding proves the release woke it. */
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "wake", 60000, 0);
+    dlock *la = th_handle(a, "wake", 60000, 0, 0);
     thread_arg t;
     pthread_t th;
 
     memset(&t, 0, sizeof(t));
     pthread_mutex_init(&t.mu, NULL);
     pthread_cond_init(&t.cv, NULL);
-    t.l = handle(b, "wake", 60000, 0);
+    t.l = th_handle(b, "wake", 60000, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     pthread_create(&th, NULL, waiter_thread, &t);
     wait_step(&t, 1);
@@ -452,21 +437,20 @@ TEST(release_wakes_the_waiter)
     CHECK_OP(t.step, <, 9000);
     dlock_close(la);
     dlock_close(t.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(wait_forever)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "forever", 0, 0);
+    dlock *la = th_handle(a, "forever", 0, 0, 0);
     thread_arg t;
     pthread_t th;
 
     memset(&t, 0, sizeof(t));
     pthread_mutex_init(&t.mu, NULL);
     pthread_cond_init(&t.cv, NULL);
-    t.l = handle(b, "forever", 0, 0);
+    t.l = th_handle(b, "forever", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     pthread_create(&th, NULL, waiter_thread, &t);
     wait_step(&t, 1);
@@ -476,8 +460,7 @@ TEST(wait_forever)
     CHECK_OK(t.rc);
     dlock_close(la);
     dlock_close(t.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- fair mode: first come, first served --- */
@@ -516,22 +499,11 @@ static int fair_child(void *arg)
     return 0;
 }
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
 TEST(fair_mode_is_fifo)
 {
     shared_fair *s = th_shared(sizeof(*s));
     dlock_client *h = client();
-    dlock *lh = handle(h, "fifo", 0, DLOCK_FAIR);
+    dlock *lh = th_handle(h, "fifo", 0, DLOCK_FAIR, 0);
     pid_t pids[NFAIR];
 
     if (!has_fair) {
@@ -549,9 +521,9 @@ TEST(fair_mode_is_fifo)
         pids[i] = th_fork(fair_child, s);
         /* wait until it is queued, so the arrival order is known */
         int64_t until = th_now_ms() + 10000;
-        while (waiters_of(h, "fifo") < i + 1 && th_now_ms() < until)
+        while (th_waiters(h, "fifo") < i + 1 && th_now_ms() < until)
             th_sleep_ms(10);
-        CHECK_EQ(waiters_of(h, "fifo"), i + 1);
+        CHECK_EQ(th_waiters(h, "fifo"), i + 1);
     }
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < NFAIR; i++)
@@ -565,71 +537,18 @@ TEST(fair_mode_is_fifo)
 
 /* --- crashed and frozen holders --- */
 
-typedef struct shared_holder {
-    volatile int ready;
-    volatile int go;
-    volatile uint64_t token;
-    volatile int release_rc;
-    volatile int lost_calls;
-    int64_t ttl;
-} shared_holder;
-
-static void count_lost(dlock *l, uint64_t token, void *arg)
-{
-    shared_holder *s = arg;
-
-    (void)l;
-    (void)token;
-    __atomic_add_fetch(&s->lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
-static int holder_child(void *arg)
-{
-    shared_holder *s = arg;
-    dlock_client *c;
-    dlock *l;
-    dlock_options o;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = s->ttl;
-    o.on_lost = count_lost;
-    o.on_lost_arg = s;
-    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
-        dlock_open(&l, c, "frozen", &o) != DLOCK_OK ||
-        dlock_acquire(l, 5000) != DLOCK_OK) {
-        fprintf(stderr, "holder child: %s\n", dlock_errmsg());
-        return 2;
-    }
-    s->token = dlock_token(l);
-    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 3000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    s->release_rc = dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-    return 0;
-}
-
-static void wait_ready(shared_holder *s)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (!__atomic_load_n(&s->ready, __ATOMIC_SEQ_CST) &&
-           th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK(s->ready);
-}
-
 TEST(killed_holder_is_replaced)
 {
-    shared_holder *s = th_shared(sizeof(*s));
+    th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
-    dlock *l = handle(c, "frozen", 0, 0);
+    dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
     s->ttl = 800;
-    pid_t pid = th_fork(holder_child, s);
-    wait_ready(s);
+    s->patient = 1;
+    snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    snprintf(s->name, sizeof(s->name), "frozen");
+    pid_t pid = th_fork(th_holder_child, s);
+    CHECK(th_wait_flag(&s->ready, 10000));
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
     kill(pid, SIGKILL);
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
@@ -655,13 +574,16 @@ TEST(frozen_holder_learns_it_lost)
 {
     if (!has_leases)
         return; /* no lease: a frozen holder keeps the lock, by design */
-    shared_holder *s = th_shared(sizeof(*s));
+    th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
-    dlock *l = handle(c, "frozen", 0, 0);
+    dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
     s->ttl = 400;
-    pid_t pid = th_fork(holder_child, s);
-    wait_ready(s);
+    s->patient = 1;
+    snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    snprintf(s->name, sizeof(s->name), "frozen");
+    pid_t pid = th_fork(th_holder_child, s);
+    CHECK(th_wait_flag(&s->ready, 10000));
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_acquire(l, 5000)); /* after the frozen one's lease */
     uint64_t mine = dlock_token(l);
@@ -704,7 +626,7 @@ TEST(watchdog_keeps_a_short_lease)
     }
     dlock_client *a = client(), *b = client();
     dlock_options o;
-    dlock *la, *lb = handle(b, "watchdog", 0, 0);
+    dlock *la, *lb = th_handle(b, "watchdog", 0, 0, 0);
 
     memset(&o, 0, sizeof(o));
     o.ttl_ms = short_ttl;
@@ -722,10 +644,8 @@ TEST(watchdog_keeps_a_short_lease)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(no_renew_lease_runs_out)
@@ -734,7 +654,7 @@ TEST(no_renew_lease_runs_out)
         return; /* no lease, or one that lives as long as its holder */
     dlock_client *a = client(), *b = client();
     dlock_options o;
-    dlock *la, *lb = handle(b, "norenew", 0, 0);
+    dlock *la, *lb = th_handle(b, "norenew", 0, 0, 0);
 
     memset(&o, 0, sizeof(o));
     o.ttl_ms = 300;
@@ -756,16 +676,14 @@ TEST(no_renew_lease_runs_out)
     CHECK_EQ(dlock_held(la), 0);
     CHECK_EQ(dlock_held(lb), 1); /* la's release did not free lb's hold */
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(extend)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "extend", 1000, DLOCK_NO_RENEW);
+    dlock *l = th_handle(c, "extend", 1000, DLOCK_NO_RENEW, 0);
     dlock_info info;
 
     CHECK_RC(dlock_extend(l, 5000), DLOCK_ENOTHELD);
@@ -921,7 +839,7 @@ TEST(loss_is_reported)
 TEST(inspect_reports_the_holder)
 {
     dlock_client *a = client(), *b = client();
-    dlock *l = handle(a, "inspect", 5000, 0);
+    dlock *l = th_handle(a, "inspect", 5000, 0, 0);
     dlock_info info;
     char pid[32];
 
@@ -965,8 +883,7 @@ TEST(inspect_reports_the_holder)
     CHECK_EQ(info.waiters, 0);
     dlock_info_clear(&info);
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- names and bad input --- */
@@ -981,7 +898,8 @@ TEST(names_with_any_bytes)
     char longname[DLOCK_NAME_MAX + 1];
 
     for (int i = 0; names[i]; i++) {
-        dlock *l = handle(a, names[i], 0, 0), *o = handle(b, names[i], 0, 0);
+        dlock *l = th_handle(a, names[i], 0, 0, 0),
+              *o = th_handle(b, names[i], 0, 0, 0);
         CHECK_OK(dlock_acquire(l, 0));
         CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
         dlock_info info;
@@ -992,28 +910,25 @@ TEST(names_with_any_bytes)
         for (int k = 0; names[k]; k++) {
             if (k == i)
                 continue;
-            dlock *x = handle(b, names[k], 0, 0);
+            dlock *x = th_handle(b, names[k], 0, 0, 0);
             CHECK_OK(dlock_acquire(x, 0));
             CHECK_OK(dlock_release(x));
             dlock_close(x);
         }
         CHECK_OK(dlock_release(l));
-        dlock_close(l);
-        dlock_close(o);
+        TH_CLOSE(l, o);
     }
     memset(longname, 'n', DLOCK_NAME_MAX);
     longname[DLOCK_NAME_MAX] = '\0';
-    dlock *l = handle(a, longname, 0, 0);
+    dlock *l = th_handle(a, longname, 0, 0, 0);
     longname[DLOCK_NAME_MAX - 1] = 'm';
-    dlock *m = handle(b, longname, 0, 0);
+    dlock *m = th_handle(b, longname, 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_acquire(m, 0)); /* differs in the last byte only */
     CHECK_OK(dlock_release(l));
     CHECK_OK(dlock_release(m));
-    dlock_close(l);
-    dlock_close(m);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l, m);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(bad_input_is_rejected)
@@ -1042,7 +957,7 @@ TEST(bad_input_is_rejected)
     CHECK_CONTAINS(dlock_errmsg(), "flags");
     CHECK_RC(dlock_inspect(c, "", &(dlock_info){0}), DLOCK_EINVAL);
 
-    l = handle(c, "bad", 0, 0);
+    l = th_handle(c, "bad", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, -2), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "wait_ms");
     CHECK_RC(dlock_acquire(l, INT64_MIN), DLOCK_EINVAL);
@@ -1061,14 +976,15 @@ TEST(bad_input_is_rejected)
 TEST(close_releases_holds)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "closing", 0, 0), *lb = handle(b, "closing", 0, 0);
+    dlock *la = th_handle(a, "closing", 0, 0, 0),
+          *lb = th_handle(b, "closing", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     dlock_close(la);
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
 
-    la = handle(a, "closing", 0, 0);
+    la = th_handle(a, "closing", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     dlock_client_close(a); /* releases the hold; la stays valid */
     CHECK_RC(dlock_acquire(la, 0), DLOCK_EINVAL);
@@ -1090,7 +1006,7 @@ static int forked_use(void *arg)
 TEST(a_forked_child_cannot_use_the_parents_client)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "forked", 0, 0);
+    dlock *l = th_handle(c, "forked", 0, 0, 0);
 
     CHECK_EQ(th_wait(th_fork(forked_use, l)), 0);
     CHECK_OK(dlock_acquire(l, 0));
@@ -1118,8 +1034,8 @@ static int forked_close(void *arg)
 TEST(a_forked_child_closing_the_parents_client_leaves_it_alone)
 {
     dlock_client *c = client(), *other = client();
-    dlock *l = handle(c, "forked-close", 0, 0);
-    dlock *lo = handle(other, "forked-close", 0, 0);
+    dlock *l = th_handle(c, "forked-close", 0, 0, 0);
+    dlock *lo = th_handle(other, "forked-close", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t tok = dlock_token(l);
@@ -1132,10 +1048,8 @@ TEST(a_forked_child_closing_the_parents_client_leaves_it_alone)
     CHECK_OK(dlock_release(l));
     CHECK_OK(dlock_acquire(lo, 0));
     CHECK_OK(dlock_release(lo));
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(other);
-    dlock_client_close(c);
+    TH_CLOSE(lo, l);
+    TH_CLIENT_CLOSE(other, c);
 }
 
 /* --- DLOCK_OWNER_HANDLE: the handle is the owner --- */
@@ -1169,8 +1083,8 @@ static void *release_thread(void *arg)
 TEST(owner_handle_is_released_by_any_thread)
 {
     dlock_client *c = client(), *o = client();
-    dlock *l = handle(c, "by-handle", 0, DLOCK_OWNER_HANDLE);
-    dlock *lo = handle(o, "by-handle", 0, 0);
+    dlock *l = th_handle(c, "by-handle", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *lo = th_handle(o, "by-handle", 0, 0, 0);
     on_thread t = {l, 0, -99, 0};
     pthread_t th;
     dlock_info in;
@@ -1199,18 +1113,16 @@ TEST(owner_handle_is_released_by_any_thread)
     CHECK_RC(dlock_release(l), DLOCK_ENOTHELD);
     CHECK_OK(dlock_acquire(lo, 0));
     CHECK_OK(dlock_release(lo));
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lo, l);
+    TH_CLIENT_CLOSE(o, c);
 }
 
 TEST(owner_handles_are_owners_apart_from_threads)
 {
     dlock_client *c = client();
-    dlock *l1 = handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE);
-    dlock *l2 = handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE);
-    dlock *lt = handle(c, "by-handle-2", 0, 0);
+    dlock *l1 = th_handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *l2 = th_handle(c, "by-handle-2", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *lt = th_handle(c, "by-handle-2", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l1, 0));
     CHECK_RC(dlock_acquire(l2, 0), DLOCK_EBUSY); /* another handle */
@@ -1222,17 +1134,15 @@ TEST(owner_handles_are_owners_apart_from_threads)
     CHECK_RC(dlock_acquire(l1, 0), DLOCK_EBUSY);
     CHECK_EQ(dlock_held(l1), 0);
     CHECK_OK(dlock_release(lt));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(lt);
+    TH_CLOSE(l1, l2, lt);
     dlock_client_close(c);
 }
 
 TEST(owner_handle_takes_one_acquire_at_a_time)
 {
     dlock_client *c = client(), *o = client();
-    dlock *l = handle(c, "by-handle-3", 0, DLOCK_OWNER_HANDLE);
-    dlock *lo = handle(o, "by-handle-3", 0, 0);
+    dlock *l = th_handle(c, "by-handle-3", 0, DLOCK_OWNER_HANDLE, 0);
+    dlock *lo = th_handle(o, "by-handle-3", 0, 0, 0);
     on_thread t = {l, 60000, -99, 0};
     pthread_t th;
 
@@ -1240,7 +1150,7 @@ TEST(owner_handle_takes_one_acquire_at_a_time)
     CHECK_EQ(pthread_create(&th, NULL, acquire_thread, &t), 0);
     /* until the thread is queued in the store (bounded) */
     int64_t until = th_now_ms() + 20000;
-    while (waiters_of(o, "by-handle-3") < 1 && th_now_ms() < until)
+    while (th_waiters(o, "by-handle-3") < 1 && th_now_ms() < until)
         th_sleep_ms(10);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "another thread is acquiring");
@@ -1249,10 +1159,8 @@ TEST(owner_handle_takes_one_acquire_at_a_time)
     CHECK_OK(t.rc);
     CHECK_EQ(dlock_held(l), 1);
     CHECK_OK(dlock_release(l));
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lo, l);
+    TH_CLIENT_CLOSE(o, c);
 }
 
 /* --- dlock_cancel(): a wait given up from another thread --- */
@@ -1261,18 +1169,10 @@ TEST(owner_handle_takes_one_acquire_at_a_time)
  * store cannot tell (after a pause long enough to be queued). */
 static int wait_queued(dlock_client *c, const char *name, int64_t n)
 {
-    int64_t until = th_now_ms() + 20000;
-    for (;;) {
-        int64_t w = waiters_of(c, name);
-        if (w < 0) {
-            th_sleep_ms(300);
-            return 0;
-        }
-        if (w >= n)
-            return 1;
-        CHECK_OP(th_now_ms(), <, until);
-        th_sleep_ms(5);
-    }
+    if (th_wait_queued(c, name, n, 20000))
+        return 1;
+    th_sleep_ms(300);
+    return 0;
 }
 
 typedef struct cwait {
@@ -1299,9 +1199,9 @@ static void *cancel_waiter(void *arg)
 TEST(cancel_ends_a_wait_and_leaves_nothing)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *l = handle(c, "cancel", 0, 0);
-    dlock *lo = handle(o, "cancel", 0, 0);
-    dlock *lx = handle(x, "cancel", 0, 0);
+    dlock *l = th_handle(c, "cancel", 0, 0, 0);
+    dlock *lo = th_handle(o, "cancel", 0, 0, 0);
+    dlock *lx = th_handle(x, "cancel", 0, 0, 0);
     cwait t = {l, -1, -99, 0, "", 0};
     pthread_t th;
 
@@ -1321,9 +1221,9 @@ TEST(cancel_ends_a_wait_and_leaves_nothing)
         /* its place in the store's queue is gone (bounded: some stores
          * remove it asynchronously) */
         int64_t until = th_now_ms() + 10000;
-        while (waiters_of(o, "cancel") > 0 && th_now_ms() < until)
+        while (th_waiters(o, "cancel") > 0 && th_now_ms() < until)
             th_sleep_ms(10);
-        CHECK_EQ(waiters_of(o, "cancel"), 0);
+        CHECK_EQ(th_waiters(o, "cancel"), 0);
     }
     /* the release hands the lock to nobody left over: a third owner's one
      * try gets it */
@@ -1346,12 +1246,8 @@ TEST(cancel_ends_a_wait_and_leaves_nothing)
     CHECK_OK(dlock_acquire(l, 1000));
     CHECK_OK(dlock_release(l));
     CHECK_RC(dlock_cancel(NULL), DLOCK_EINVAL);
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lx, lo, l);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
@@ -1359,9 +1255,9 @@ TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
     if (!has_fair)
         return; /* no fair queue (fair_mode_is_fifo checks ENOTSUP) */
     dlock_client *a = client(), *b = client(), *o = client();
-    dlock *la = handle(a, "cancel-fair", 0, DLOCK_FAIR);
-    dlock *lb = handle(b, "cancel-fair", 0, DLOCK_FAIR);
-    dlock *lo = handle(o, "cancel-fair", 0, DLOCK_FAIR);
+    dlock *la = th_handle(a, "cancel-fair", 0, DLOCK_FAIR, 0);
+    dlock *lb = th_handle(b, "cancel-fair", 0, DLOCK_FAIR, 0);
+    dlock *lo = th_handle(o, "cancel-fair", 0, DLOCK_FAIR, 0);
     cwait ta = {la, -1, -99, 0, "", 0}, tb = {lb, 30000, -99, 0, "", 0};
     pthread_t tha, thb;
 
@@ -1381,20 +1277,16 @@ TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
     CHECK_OK(tb.rc);
     CHECK(tb.released);
     CHECK_OP(tb.ended - t0, <, 10000);
-    dlock_close(lo);
-    dlock_close(lb);
-    dlock_close(la);
-    dlock_client_close(o);
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLOSE(lo, lb, la);
+    TH_CLIENT_CLOSE(o, b, a);
 }
 
 TEST(cancel_racing_a_release_leaves_no_hold)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *l = handle(c, "cancel-race", 0, 0);
-    dlock *lo = handle(o, "cancel-race", 0, 0);
-    dlock *lx = handle(x, "cancel-race", 0, 0);
+    dlock *l = th_handle(c, "cancel-race", 0, 0, 0);
+    dlock *lo = th_handle(o, "cancel-race", 0, 0, 0);
+    dlock *lx = th_handle(x, "cancel-race", 0, 0, 0);
     int got = 0, cancelled = 0;
 
     for (int i = 0; i < 12; i++) {
@@ -1427,12 +1319,8 @@ TEST(cancel_racing_a_release_leaves_no_hold)
      * it to the waiter before its leaving reaches the store): the count
      * is for the reader */
     printf("     (%d got the lock first, %d cancelled)\n", got, cancelled);
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lx, lo, l);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 /* --- dlock_shutdown(): the cancel that is remembered --- */
@@ -1449,7 +1337,7 @@ static int64_t queued_up_to(dlock_client *c, const char *name, int64_t n)
     if (!wait_queued(c, name, 1))
         return -1;
     until = th_now_ms() + 1000;
-    while ((w = waiters_of(c, name)) >= 0 && w < n && th_now_ms() < until)
+    while ((w = th_waiters(c, name)) >= 0 && w < n && th_now_ms() < until)
         th_sleep_ms(5);
     return w;
 }
@@ -1460,9 +1348,9 @@ static void no_waiter_left(dlock_client *c, const char *name)
 {
     int64_t until = th_now_ms() + 10000;
 
-    while (waiters_of(c, name) > 0 && th_now_ms() < until)
+    while (th_waiters(c, name) > 0 && th_now_ms() < until)
         th_sleep_ms(10);
-    CHECK_OP(waiters_of(c, name), <=, 0);
+    CHECK_OP(th_waiters(c, name), <=, 0);
 }
 
 typedef struct shutlate {
@@ -1513,9 +1401,9 @@ static int late_acquire(dlock *l, int shared, dlock *holder, char *msg,
 TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *l = handle(c, "shutdown", 0, 0);
-    dlock *lo = handle(o, "shutdown", 0, 0);
-    dlock *lx = handle(x, "shutdown", 0, 0);
+    dlock *l = th_handle(c, "shutdown", 0, 0, 0);
+    dlock *lo = th_handle(o, "shutdown", 0, 0, 0);
+    dlock *lx = th_handle(x, "shutdown", 0, 0, 0);
     cwait t[SHUT_WAITERS];
     pthread_t th[SHUT_WAITERS];
     dlock_info info;
@@ -1590,22 +1478,15 @@ TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
         CHECK_OK(dlock_acquire(sb, 0)); /* the one permit was free */
         CHECK_OK(dlock_release(sb));
     }
-    dlock_close(sb);
-    dlock_close(sa);
-    dlock_close(s);
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(sb, sa, s, lx, lo, l);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 TEST(shutdown_keeps_the_holds_taken_before)
 {
     dlock_client *c = client(), *x = client();
-    dlock *l = handle(c, "shutdown-held", 0, 0);
-    dlock *lx = handle(x, "shutdown-held", 0, 0);
+    dlock *l = th_handle(c, "shutdown-held", 0, 0, 0);
+    dlock *lx = th_handle(x, "shutdown-held", 0, 0, 0);
     dlock_info info;
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -1662,12 +1543,8 @@ TEST(shutdown_keeps_the_holds_taken_before)
         dlock_close(sy);
         CHECK_OK(dlock_release(sx));
     }
-    dlock_close(sx);
-    dlock_close(s);
-    dlock_close(lx);
-    dlock_close(l);
-    dlock_client_close(x);
-    dlock_client_close(c);
+    TH_CLOSE(sx, s, lx, l);
+    TH_CLIENT_CLOSE(x, c);
 }
 
 /* Threads that start an endless acquire at the moment the handle is shut
@@ -1700,8 +1577,8 @@ static void *shut_racer(void *arg)
 TEST(shutdown_racing_new_acquires_misses_none)
 {
     dlock_client *c = client(), *o = client(), *x = client();
-    dlock *lo = handle(o, "shutdown-race", 0, 0);
-    dlock *lx = handle(x, "shutdown-race", 0, 0);
+    dlock *lo = th_handle(o, "shutdown-race", 0, 0, 0);
+    dlock *lx = th_handle(x, "shutdown-race", 0, 0, 0);
     int refused = 0, cancelled = 0;
 
     if (!strcmp(kind, "mysql") || !strncmp(kind, "pg-advisory", 11)) {
@@ -1715,16 +1592,13 @@ TEST(shutdown_racing_new_acquires_misses_none)
          * dlock_cancel() has the same window. */
         printf("     (skipped on %s: a cancel that overtakes the wait's "
                "statement is lost: a known store defect)\n", kind);
-        dlock_close(lx);
-        dlock_close(lo);
-        dlock_client_close(x);
-        dlock_client_close(o);
-        dlock_client_close(c);
+        TH_CLOSE(lx, lo);
+        TH_CLIENT_CLOSE(x, o, c);
         return;
     }
     CHECK_OK(dlock_acquire(lo, 0)); /* every acquire below would wait */
     for (int round = 0; round < 20; round++) {
-        dlock *l = handle(c, "shutdown-race", 0, 0);
+        dlock *l = th_handle(c, "shutdown-race", 0, 0, 0);
         pthread_barrier_t go;
         shutrace t[SHUT_WAITERS];
         pthread_t th[SHUT_WAITERS];
@@ -1777,11 +1651,8 @@ TEST(shutdown_racing_new_acquires_misses_none)
     CHECK_OK(dlock_release(lo));
     CHECK_OK(dlock_acquire(lx, 0));
     CHECK_OK(dlock_release(lx));
-    dlock_close(lx);
-    dlock_close(lo);
-    dlock_client_close(x);
-    dlock_client_close(o);
-    dlock_client_close(c);
+    TH_CLOSE(lx, lo);
+    TH_CLIENT_CLOSE(x, o, c);
 }
 
 
@@ -1797,9 +1668,9 @@ TEST(shutdown_racing_new_acquires_misses_none)
 TEST(ttl_and_wait_at_and_beyond_the_maxima)
 {
     dlock_client *a = client(), *b = client(), *x = client();
-    dlock *la = handle(a, "limits", DLOCK_TTL_MAX, DLOCK_NO_RENEW);
-    dlock *lb = handle(b, "limits", 0, 0);
-    dlock *lx = handle(x, "limits", 0, 0);
+    dlock *la = th_handle(a, "limits", DLOCK_TTL_MAX, DLOCK_NO_RENEW, 0);
+    dlock *lb = th_handle(b, "limits", 0, 0, 0);
+    dlock *lx = th_handle(x, "limits", 0, 0, 0);
     dlock *bad = NULL;
     dlock_options o;
     dlock_info info;
@@ -1884,12 +1755,8 @@ TEST(ttl_and_wait_at_and_beyond_the_maxima)
     CHECK_RC(dlock_client_open(&big, uri, &co), DLOCK_EINVAL);
     CHECK(big == NULL);
 
-    dlock_close(lx);
-    dlock_close(lb);
-    dlock_close(la);
-    dlock_client_close(x);
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLOSE(lx, lb, la);
+    TH_CLIENT_CLOSE(x, b, a);
 }
 
 
@@ -1932,16 +1799,14 @@ TEST(shared_and_permit_waits_at_the_maxima)
         CHECK_OK(dlock_open(&lb, b, name, &o));
         int rc = dlock_acquire(la, 0);
         if (rc == DLOCK_ENOTSUP) { /* redlock: neither (test_shared.c) */
-            dlock_close(la);
-            dlock_close(lb);
+            TH_CLOSE(la, lb);
             continue;
         }
         CHECK_OK(rc);
         rc = k ? dlock_acquire(lb, 0) : dlock_acquire_shared(lb, 0);
         if (rc == DLOCK_ENOTSUP) { /* redlock: no read holds */
             CHECK_OK(dlock_release(la));
-            dlock_close(la);
-            dlock_close(lb);
+            TH_CLOSE(la, lb);
             continue;
         }
         CHECK_RC(rc, DLOCK_EBUSY);
@@ -1961,11 +1826,9 @@ TEST(shared_and_permit_waits_at_the_maxima)
         CHECK_RC(k ? dlock_acquire(lb, DLOCK_WAIT_MAX + 1)
                    : dlock_acquire_shared(lb, DLOCK_WAIT_MAX + 1),
                  DLOCK_EINVAL);
-        dlock_close(la);
-        dlock_close(lb);
+        TH_CLOSE(la, lb);
     }
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLIENT_CLOSE(b, a);
 }
 
 
@@ -2185,12 +2048,14 @@ TEST(no_descriptor_reaches_a_started_program)
      * listener, watch stream, epoll set, sidecar file, fair wake-up
      * channel exist), c waits behind b in the fair queue */
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *la = handle(a, "inherit", 0, 0);
-    dlock *lfa = handle(a, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0);
+    dlock *la = th_handle(a, "inherit", 0, 0, 0);
+    dlock *lfa = th_handle(a, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0);
     inherit_waiter w[3] = {
-        {handle(b, "inherit", 0, 0), -99, 0, 0},
-        {handle(b, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0), -99, 0, 0},
-        {handle(c, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0), -99, 0, 0},
+        {th_handle(b, "inherit", 0, 0, 0), -99, 0, 0},
+        {th_handle(b, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0), -99, 0,
+         0},
+        {th_handle(c, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0), -99, 0,
+         0},
     };
     pthread_t th[3];
 
@@ -2234,11 +2099,8 @@ TEST(no_descriptor_reaches_a_started_program)
     }
     for (int i = 0; i < 3; i++)
         dlock_close(w[i].l);
-    dlock_close(lfa);
-    dlock_close(la);
-    dlock_client_close(c);
-    dlock_client_close(b);
-    dlock_client_close(a);
+    TH_CLOSE(lfa, la);
+    TH_CLIENT_CLOSE(c, b, a);
 }
 
 static const th_test tests[] = {

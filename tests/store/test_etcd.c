@@ -38,14 +38,9 @@
 static th_etcd srv;
 static char uri[400];
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
+    return th_client(uri, NULL);
 }
 
 static volatile int lost_seen;
@@ -62,14 +57,7 @@ static void on_lost(dlock *l, uint64_t token, void *arg)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      dlock_lost_cb cb)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.on_lost = cb;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, 0, cb, NULL);
 }
 
 /* The keys under `prefix` (etcdctl get --prefix --keys-only), one per
@@ -114,8 +102,6 @@ static long long metric(th_etcd *e, int member, const char *name)
             return (long long)strtod(line + n + 1, NULL);
     th_fail(__FILE__, __LINE__, "no metric %s", name);
 }
-
-static int64_t waiters_of(dlock_client *c, const char *name);
 
 /* --- keys, tokens, interoperation --- */
 
@@ -264,7 +250,7 @@ TEST(the_default_prefix_is_etcdctls_lock_dlock_NAME)
 
     /* no ?prefix=: lock NAME is etcdctl's lock dlock/NAME */
     snprintf(u, sizeof(u), "etcd://%s", srv.hosts);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     dlock *l = handle(c, "plain", 0, NULL);
     snprintf(o->file, sizeof(o->file), "%s/etcdctl-plain", th_tmpdir());
     CHECK_OK(dlock_acquire(l, 0));
@@ -278,7 +264,7 @@ TEST(the_default_prefix_is_etcdctls_lock_dlock_NAME)
     CHECK_OP(i, <, 100);
     th_sleep_ms(500);
     CHECK(access(o->file, F_OK) != 0); /* etcdctl still waits */
-    CHECK_EQ(waiters_of(c, "plain"), 1);
+    CHECK_EQ(th_waiters(c, "plain"), 1);
     CHECK_OK(dlock_release(l));
     CHECK_EQ(th_wait(pid), 0);
     CHECK(access(o->file, F_OK) == 0);
@@ -293,9 +279,9 @@ TEST(an_empty_prefix_puts_the_name_first)
 
     /* ?prefix= (empty): the key is NAME/<lease hex>, nothing before it */
     snprintf(u, sizeof(u), "etcd://%s", srv.hosts);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     snprintf(u, sizeof(u), "etcd://%s?prefix=", srv.hosts);
-    dlock_client *e = client_at(u);
+    dlock_client *e = th_client(u, NULL);
     dlock *le = handle(e, "noprefix", 0, NULL);
     dlock *lc = handle(c, "noprefix", 0, NULL);
     CHECK_OK(dlock_acquire(le, 0));
@@ -310,10 +296,8 @@ TEST(an_empty_prefix_puts_the_name_first)
     CHECK_OK(dlock_release(lc));
     CHECK_OK(dlock_release(le));
     CHECK_EQ(keys_under(&srv, "noprefix/", out, sizeof(out)), 0);
-    dlock_close(lc);
-    dlock_close(le);
-    dlock_client_close(e);
-    dlock_client_close(c);
+    TH_CLOSE(lc, le);
+    TH_CLIENT_CLOSE(e, c);
 }
 
 /* --- queue --- */
@@ -353,15 +337,6 @@ static int fifo_child(void *arg)
     return rc == DLOCK_OK ? 0 : 2;
 }
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    CHECK_OK(dlock_inspect(c, name, &info));
-    int64_t w = info.waiters;
-    dlock_info_clear(&info);
-    return w;
-}
-
 TEST(first_come_first_served_across_processes)
 {
     enum { N = 5 };
@@ -376,10 +351,7 @@ TEST(first_come_first_served_across_processes)
         args[i].s = s;
         args[i].me = i;
         pids[i] = th_fork(fifo_child, &args[i]);
-        int k;
-        for (k = 0; k < 200 && waiters_of(c, "fifo") < i + 1; k++)
-            th_sleep_ms(20);
-        CHECK_EQ(waiters_of(c, "fifo"), i + 1);
+        th_wait_waiters(c, "fifo", i + 1);
     }
     /* dlock_inspect: the holder (us), and the waiters in their order */
     dlock_info info;
@@ -446,10 +418,8 @@ TEST(a_release_wakes_one_waiter_no_herd)
     watchers0++;
     for (int i = 0; i < N; i++)
         pids[i] = th_fork(herd_child, NULL);
+    th_wait_waiters(c, "herd", N);
     int k;
-    for (k = 0; k < 300 && waiters_of(c, "herd") < N; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(c, "herd"), N);
     /* each waiter watches one key (the one before its own): N watchers,
      * however a watch is set up (a waiter whose watch is not yet in place
      * is given a moment) */
@@ -524,10 +494,8 @@ TEST(a_waiter_that_gives_up_leaves_no_key)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
     CHECK_EQ(keys_under(&srv, "etcdtest/giveup/", out, sizeof(out)), 0);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct {
@@ -577,9 +545,7 @@ TEST(a_dead_waiter_does_not_let_the_next_one_jump_the_holder)
         args[i].me = i;
         args[i].ttl = i == 0 ? 1000 : 5000;
         pids[i] = th_fork(mid_waiter, &args[i]);
-        for (k = 0; k < 200 && waiters_of(c, "middle") < i + 1; k++)
-            th_sleep_ms(20);
-        CHECK_EQ(waiters_of(c, "middle"), i + 1);
+        th_wait_waiters(c, "middle", i + 1);
     }
     kill(pids[0], SIGKILL);
     CHECK_EQ(th_wait(pids[0]), 128 + SIGKILL);
@@ -655,9 +621,7 @@ TEST(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers)
 
     CHECK_OK(dlock_acquire(l, 0));
     pid_t pid = th_fork(stopped_waiter, s);
-    for (k = 0; k < 200 && waiters_of(c, "stopped") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(c, "stopped"), 1);
+    th_wait_waiters(c, "stopped", 1);
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_release(l));
     /* the stopped waiter's 1 s lease runs out in etcd: its key goes */
@@ -682,10 +646,8 @@ TEST(a_waiter_stopped_past_its_lease_does_not_win_a_lock_now_anothers)
     CHECK_EQ(s->rc, DLOCK_OK);
     /* ordering, not speed: it returned after l2's release began */
     CHECK_OP(__atomic_load_n(&s->t_ret, __ATOMIC_SEQ_CST), >=, t_rel);
-    dlock_close(l);
-    dlock_close(l2);
-    dlock_client_close(c);
-    dlock_client_close(c2);
+    TH_CLOSE(l, l2);
+    TH_CLIENT_CLOSE(c, c2);
 }
 
 /* --- threads of one client --- */
@@ -715,7 +677,7 @@ TEST(two_threads_of_one_client_queue_with_two_keys)
     CHECK_OK(dlock_acquire(l, 0));
     CHECK(pthread_create(&th, NULL, second_owner, &t) == 0);
     int k;
-    for (k = 0; k < 100 && waiters_of(c, "threads") < 1; k++)
+    for (k = 0; k < 100 && th_waiters(c, "threads") < 1; k++)
         th_sleep_ms(20);
     CHECK_EQ(keys_under(&srv, "etcdtest/threads/", out, sizeof(out)), 2);
     CHECK_CONTAINS(out, "-1\n"); /* <lease hex> and <lease hex>-1 */
@@ -745,15 +707,12 @@ TEST(names_with_slash_and_percent_are_distinct_locks)
     CHECK_EQ(keys_under(&srv, "etcdtest/dir/", out, sizeof(out)), 1);
     CHECK_EQ(keys_under(&srv, "etcdtest/dir%2Fsub/", out, sizeof(out)), 1);
     CHECK_EQ(keys_under(&srv, "etcdtest/50%25/", out, sizeof(out)), 1);
-    CHECK_EQ(waiters_of(b, "dir"), 0);
+    CHECK_EQ(th_waiters(b, "dir"), 0);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_release(lab));
     CHECK_OK(dlock_release(lp));
-    dlock_close(la);
-    dlock_close(lab);
-    dlock_close(lp);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lab, lp);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- the lease --- */
@@ -835,10 +794,8 @@ TEST(a_revoked_lease_is_a_lost_lock)
     lease_of("etcdtest/revoked/", hex2, sizeof(hex2));
     CHECK(strcmp(hex, hex2) != 0);
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(extend_to_another_ttl_moves_the_key_to_another_lease)
@@ -931,10 +888,7 @@ TEST(one_lease_per_ttl_rounded_up_to_seconds)
     CHECK_OK(dlock_release(d));
     CHECK_OK(dlock_release(b));
     CHECK_OK(dlock_release(a));
-    dlock_close(m);
-    dlock_close(d);
-    dlock_close(b);
-    dlock_close(a);
+    TH_CLOSE(m, d, b, a);
     dlock_client_close(c);
 }
 
@@ -955,15 +909,7 @@ static int64_t gone_after(const char *prefix, int64_t t0, int64_t limit)
 static dlock *handle_flags(dlock_client *c, const char *name, int64_t ttl,
                            unsigned flags, dlock_lost_cb cb)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, flags, cb, NULL);
 }
 
 /* DLOCK_NO_RENEW: a lease-only hold. Its key goes at its ttl (2 s) while
@@ -1016,8 +962,7 @@ TEST(a_no_renew_hold_runs_out_at_its_ttl_while_the_client_lives)
         th_sleep_ms(20);
     }
     CHECK_CONTAINS(out, "already expired");
-    dlock_close(once);
-    dlock_close(kept);
+    TH_CLOSE(once, kept);
     dlock_client_close(c);
 }
 
@@ -1042,10 +987,8 @@ TEST(a_no_renew_hold_that_waited_lasts_its_ttl_from_its_acquisition)
     CHECK_OK(dlock_acquire(la, 0));
     int64_t t0 = th_now_ms();
     CHECK(pthread_create(&th, NULL, timed_waiter_holds, &t) == 0);
+    th_wait_waiters(a, "norenew-wait", 1);
     int k;
-    for (k = 0; k < 200 && waiters_of(a, "norenew-wait") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "norenew-wait"), 1);
     th_sleep_ms(3200 - (th_now_ms() - t0));
     CHECK_OK(dlock_release(la));
     for (k = 0; k < 500 && !__atomic_load_n(&t.end, __ATOMIC_SEQ_CST); k++)
@@ -1072,10 +1015,8 @@ TEST(a_no_renew_hold_that_waited_lasts_its_ttl_from_its_acquisition)
     __atomic_store_n(&release_now, 1, __ATOMIC_SEQ_CST);
     pthread_join(th, NULL);
     CHECK_OK(release_rc);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- URIs, endpoints, auth --- */
@@ -1117,7 +1058,7 @@ TEST(a_dead_endpoint_is_skipped)
 
     snprintf(u, sizeof(u), "etcd://127.0.0.1:1,%s?prefix=etcdtest",
              srv.hosts);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock *l = handle(c, "failover", 0, NULL);
     for (int i = 0; i < 5; i++) {
         CHECK_OK(dlock_acquire(l, 0));
@@ -1135,7 +1076,7 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
 
     th_etcd_start(&e, 1);
     snprintf(u, sizeof(u), "etcd://%s?prefix=back", e.hosts);
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     dlock *la = handle(a, "back", 15000, on_lost);
     dlock *lb = handle(b, "back", 15000, NULL);
     lost_seen = 0;
@@ -1148,10 +1089,7 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
      * (before, it ended with DLOCK_ECONN at once) */
     timed_wait t = {lb, 30000, 100, 0};
     CHECK(pthread_create(&th, NULL, timed_waiter, &t) == 0);
-    int k;
-    for (k = 0; k < 200 && waiters_of(a, "back") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "back"), 1);
+    th_wait_waiters(a, "back", 1);
     th_sleep_ms(100);
     int64_t t0 = th_now_ms();
     th_etcd_kill(&e, 0, SIGKILL);
@@ -1167,23 +1105,21 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
     CHECK_OK(dlock_extend(la, 15000));
     CHECK_EQ(dlock_token(la), tok);
     CHECK_EQ(__atomic_load_n(&t.rc, __ATOMIC_SEQ_CST), 100);
-    CHECK_EQ(waiters_of(a, "back"), 1); /* its key is still there */
+    CHECK_EQ(th_waiters(a, "back"), 1); /* its key is still there */
     /* the release wakes it once it is armed again (woken by its client's
      * first keepalive answered after the restart); its 30 s wait bounds
      * this: a waiter that never re-armed would end DLOCK_EBUSY */
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(t.rc);
-    CHECK_EQ(waiters_of(a, "back"), 0);
+    CHECK_EQ(th_waiters(a, "back"), 0);
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_OP(dlock_token(la), >, tok);
 
     /* frozen: a timed wait ends within its wait plus one request timeout */
     timed_wait f = {lb, 1500, 100, 0};
     CHECK(pthread_create(&th, NULL, timed_waiter, &f) == 0);
-    for (k = 0; k < 200 && waiters_of(a, "back") < 1; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "back"), 1);
+    th_wait_waiters(a, "back", 1);
     t0 = th_now_ms();
     th_etcd_kill(&e, 0, SIGSTOP);
     pthread_join(th, NULL);
@@ -1216,9 +1152,7 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
     timed_wait cw = {lb, 30000, 100, 0}; /* cancelled while it sleeps */
     CHECK(pthread_create(&th, NULL, timed_waiter, &d) == 0);
     CHECK(pthread_create(&th2, NULL, timed_waiter, &cw) == 0);
-    for (k = 0; k < 200 && waiters_of(a, "back") < 2; k++)
-        th_sleep_ms(20);
-    CHECK_EQ(waiters_of(a, "back"), 2);
+    th_wait_waiters(a, "back", 2);
     t0 = th_now_ms();
     th_etcd_kill(&e, 0, SIGKILL);
     th_sleep_ms(1000);
@@ -1239,11 +1173,8 @@ TEST(a_member_down_keeps_a_wait_while_its_lease_lives_and_the_hold)
     /* upper bound: its 9 s wait (begun before the kill), one 2 s
      * request timeout at most, plus 1.5 s of scheduling slack */
     CHECK_OP(d.end - t0, <, 9000 + 2000 + 1500);
-    dlock_close(l6);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l6, la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(auth_with_user_and_password)
@@ -1257,7 +1188,7 @@ TEST(auth_with_user_and_password)
     CHECK_EQ(th_etcdctl(&e, out, sizeof(out), "auth enable"), 0);
 
     snprintf(u, sizeof(u), "etcd://root:Pw9Secret@%s", e.hosts);
-    c = client_at(u);
+    c = th_client(u, NULL);
     CHECK(strstr(dlock_client_store(c), "Pw9Secret") == NULL);
     dlock *l = handle(c, "authed", 0, NULL);
     CHECK_OK(dlock_acquire(l, 0));
@@ -1313,7 +1244,7 @@ TEST(tls_with_a_ca_and_a_client_certificate)
 
     snprintf(u, sizeof(u), "etcds://127.0.0.1:%d?cacert=%s/ca.pem",
              e.tls_port, dir);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock *l = handle(c, "tls", 0, NULL);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -1321,7 +1252,7 @@ TEST(tls_with_a_ca_and_a_client_certificate)
     /* a waiter over TLS is woken by its watch stream (a WebSocket over
      * the TLS connection): the release wakes it at once, not at the
      * holder's lease end (30 s); 5 s is a wake-up on a busy machine */
-    dlock_client *c2 = client_at(u);
+    dlock_client *c2 = th_client(u, NULL);
     dlock *l2 = handle(c2, "tls", 0, NULL);
     tls_waiter w = {l2, 0, 0};
     pthread_t t;
@@ -1342,7 +1273,7 @@ TEST(tls_with_a_ca_and_a_client_certificate)
              "etcds://127.0.0.1:%d?cacert=%s/ca.pem&cert=%s/cli.pem&key=%s/"
              "cli.key",
              e.tls_port, dir, dir, dir);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock_client_close(c);
 
     /* the server's certificate is not trusted without our CA */
@@ -1428,7 +1359,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
              "etcd://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d?prefix=ha",
              e.port[leader], e.port[(leader + 1) % 3],
              e.port[(leader + 2) % 3]);
-    dlock_client *c = client_at(s->uri);
+    dlock_client *c = th_client(s->uri, NULL);
     dlock_options o;
     dlock *l;
     memset(&o, 0, sizeof(o));
@@ -1442,10 +1373,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
         args[i].s = s;
         args[i].me = i;
         pids[i] = th_fork(cluster_waiter, &args[i]);
-        int k;
-        for (k = 0; k < 200 && waiters_of(c, "ha") < i + 1; k++)
-            th_sleep_ms(20);
-        CHECK_EQ(waiters_of(c, "ha"), i + 1);
+        th_wait_waiters(c, "ha", i + 1);
     }
 
     /* the leader dies: a new one is elected, the lease (renewed by the
@@ -1460,7 +1388,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
     CHECK_OK(dlock_extend(l, HA_TTL));
     CHECK_EQ(dlock_token(l), tok);
     CHECK_EQ(s->n, 0); /* nobody else got it meanwhile */
-    CHECK_EQ(waiters_of(c, "ha"), 2);
+    CHECK_EQ(th_waiters(c, "ha"), 2);
     CHECK_OK(dlock_release(l));
     for (int i = 0; i < 2; i++) {
         int st = th_wait(pids[i]);
@@ -1491,8 +1419,7 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
      * keepalive timeout (2 s) and 1.5 s of slack */
     CHECK_OP(th_now_ms() - t0, <, HA_TTL * 2 / 3 + 2000 + 1500);
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
-    dlock_close(other);
-    dlock_close(l);
+    TH_CLOSE(other, l);
     dlock_client_close(c);
     for (int i = 0; i < e.n; i++)
         th_etcd_kill(&e, i, SIGKILL);
@@ -1501,56 +1428,15 @@ TEST(cluster_keeps_the_hold_when_the_leader_dies_then_fails_without_quorum)
 /* --- an operator's list and break (etcd_operate.c) --- */
 
 
-typedef struct lost_count {
-    volatile int calls;
-    volatile uint64_t token;
-    volatile int64_t at;
-} lost_count;
-
-static void note_lost(dlock *l, uint64_t token, void *arg)
-{
-    lost_count *n = arg;
-
-    (void)l;
-    n->token = token;
-    n->at = th_now_ms();
-    __atomic_add_fetch(&n->calls, 1, __ATOMIC_SEQ_CST);
-}
-
 static dlock *handle_n(dlock_client *c, const char *name, int64_t ttl,
-                       unsigned flags, unsigned permits, lost_count *n)
+                       unsigned flags, unsigned permits, th_lost *n)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.permits = permits;
-    o.on_lost = n ? note_lost : NULL;
-    o.on_lost_arg = n;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-/* Waits (at most ms) until n->calls reaches `want`; returns the calls. */
-static int wait_calls(lost_count *n, int want, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (__atomic_load_n(&n->calls, __ATOMIC_SEQ_CST) < want &&
-           th_now_ms() < until)
-        th_sleep_ms(5);
-    return __atomic_load_n(&n->calls, __ATOMIC_SEQ_CST);
-}
-
-static void wait_set(volatile int *flag, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST) && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK(*flag);
+    return th_open(c, name,
+                   &(dlock_options){.ttl_ms = ttl,
+                                    .flags = flags,
+                                    .permits = permits,
+                                    .on_lost = n ? th_lost_cb : NULL,
+                                    .on_lost_arg = n});
 }
 
 /* The bound within which an evicted holder hears of its key's deletion
@@ -1565,7 +1451,7 @@ static void wait_set(volatile int *flag, int64_t ms)
 
 TEST(a_broken_holder_is_told_by_its_stream)
 {
-    lost_count n = {0, 0, 0};
+    th_lost n = TH_LOST_INIT;
     dlock_client *a = client(), *b = client(), *op = client();
     dlock *la = handle_n(a, "brk-told", 30000, 0, 0, &n);
     dlock *lb = handle_n(b, "brk-told", 30000, 0, 0, NULL);
@@ -1582,7 +1468,7 @@ TEST(a_broken_holder_is_told_by_its_stream)
     CHECK_CONTAINS(ev.holder, "pid");
     CHECK_OP(ev.ttl_ms, >, 0);
     dlock_info_clear(&ev);
-    CHECK_EQ(wait_calls(&n, 1, TOLD_MS), 1);
+    CHECK_EQ(th_lost_wait(&n, 1, TOLD_MS), 1);
     CHECK_OP(n.at - t0, <, TOLD_MS);
     CHECK_EQ(n.token, t1);
     CHECK_EQ(dlock_held(la), DLOCK_ELOST);
@@ -1598,7 +1484,7 @@ TEST(a_broken_holder_is_told_by_its_stream)
     th_sleep_ms(200);
     t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-told", NULL));
-    CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
+    CHECK_EQ(th_lost_wait(&n, 2, TOLD_MS), 2);
     CHECK_OP(n.at - t0, <, TOLD_MS);
     CHECK_EQ(n.token, t1);
     /* its own release is never taken for a break; the lease lives on */
@@ -1606,12 +1492,9 @@ TEST(a_broken_holder_is_told_by_its_stream)
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_OK(dlock_release(la));
     th_sleep_ms(200);
-    CHECK_EQ(n.calls, 2);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    CHECK_EQ(th_lost_calls(&n), 2);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 TEST(a_broken_holder_over_tls_is_told_by_its_stream)
@@ -1621,7 +1504,7 @@ TEST(a_broken_holder_over_tls_is_told_by_its_stream)
      * without the stream a broken holder is never told (its lease's
      * keepalive knows nothing of its key) */
     char dir[600], cert[700], key[700], u[2048];
-    lost_count n = {0, 0, 0};
+    th_lost n = TH_LOST_INIT;
     th_etcd e;
 
     snprintf(dir, sizeof(dir), "%s/tls-brk", th_tmpdir());
@@ -1633,20 +1516,19 @@ TEST(a_broken_holder_over_tls_is_told_by_its_stream)
     th_etcd_start_tls(&e, cert, key);
     snprintf(u, sizeof(u), "etcds://127.0.0.1:%d?cacert=%s/ca.pem",
              e.tls_port, dir);
-    dlock_client *a = client_at(u), *op = client_at(u);
+    dlock_client *a = th_client(u, NULL), *op = th_client(u, NULL);
     dlock *la = handle_n(a, "tls-brk", 30000, 0, 0, &n);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
     th_sleep_ms(300); /* its stream is up */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "tls-brk", NULL));
-    CHECK_EQ(wait_calls(&n, 1, TOLD_MS), 1);
+    CHECK_EQ(th_lost_wait(&n, 1, TOLD_MS), 1);
     CHECK_OP(n.at - t0, <, TOLD_MS);
     CHECK_EQ(n.token, t1);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
     th_etcd_kill(&e, 0, SIGKILL);
 }
 
@@ -1664,7 +1546,7 @@ TEST(extend_after_a_break_finds_the_key_gone)
     dlock_client *a = client(), *op = client();
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        lost_count n = {0, 0, 0};
+        th_lost n = TH_LOST_INIT;
         dlock *l = handle_n(a, "brk-extend", 30000, cases[i].flags, 0, &n);
         CHECK_OK(dlock_acquire(l, 0));
         CHECK_OK(dlock_extend(l, cases[i].ttl));
@@ -1674,302 +1556,10 @@ TEST(extend_after_a_break_finds_the_key_gone)
         CHECK_RC(dlock_release(l), DLOCK_ELOST);
         /* told once at most (the stream may have told it first) */
         th_sleep_ms(100);
-        CHECK_OP(n.calls, <=, 1);
+        CHECK_OP(th_lost_calls(&n), <=, 1);
         dlock_close(l);
     }
-    dlock_client_close(a);
-    dlock_client_close(op);
-}
-
-typedef struct brk_waiter {
-    dlock *l;
-    int shared;
-    dlock_client *obs; /* the hand-off race: looks at the store */
-    lost_count *n;
-    volatile int rc;
-    volatile int done;
-    volatile uint64_t token;
-    volatile int release;    /* set by the test: release now */
-    volatile int release_rc;
-    volatile int agreed;     /* its view and the store's agreed */
-} brk_waiter;
-
-/* Waits for the lock (20 s), then until told to release (60 s at most);
- * holds live on the thread that took them. */
-static void *brk_wait(void *arg)
-{
-    brk_waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
-                      : dlock_acquire(w->l, 20000);
-    w->token = dlock_token(w->l);
-    if (w->rc == DLOCK_OK && w->obs) {
-        /* the waiter's view and the store's agree within TOLD_MS: it
-         * holds what the store says it holds, or it was told it lost */
-        int64_t until = th_now_ms() + TOLD_MS;
-        while (!w->agreed && th_now_ms() < until) {
-            dlock_info in;
-            memset(&in, 0, sizeof(in));
-            int rc = dlock_inspect(w->obs, "brk-handoff", &in);
-            int held = dlock_held(w->l);
-            w->agreed = rc == DLOCK_OK &&
-                        ((held == 1 && in.held && in.token == w->token) ||
-                         (held == DLOCK_ELOST &&
-                          __atomic_load_n(&w->n->calls, __ATOMIC_SEQ_CST) ==
-                              1));
-            dlock_info_clear(&in);
-            if (!w->agreed)
-                th_sleep_ms(5);
-        }
-        w->release = 1;
-    }
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    if (w->rc != DLOCK_OK)
-        return NULL;
-    for (int i = 0; i < 6000 && !__atomic_load_n(&w->release,
-                                                 __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    w->release_rc = dlock_release(w->l);
-    return NULL;
-}
-
-TEST(a_break_takes_every_reader_and_every_permit)
-{
-    enum { NR = 3 };
-    lost_count n = {0, 0, 0};
-    dlock_client *c[NR], *wc = client(), *op = client();
-    dlock *r[NR];
-    dlock_info ev;
-    brk_waiter w;
-    pthread_t th;
-    uint64_t top = 0;
-
-    /* three readers in three clients, a writer waiting behind them */
-    for (int i = 0; i < NR; i++) {
-        c[i] = client();
-        r[i] = handle_n(c[i], "brk-rw", 30000, 0, 0, &n);
-        CHECK_OK(dlock_acquire_shared(r[i], 0));
-        if (dlock_token(r[i]) > top)
-            top = dlock_token(r[i]);
-    }
-    dlock *lw = handle_n(wc, "brk-rw", 30000, 0, 0, NULL);
-    memset(&w, 0, sizeof(w));
-    w.l = lw;
-    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    for (int k = 0; k < 500 && waiters_of(op, "brk-rw") < 1; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(op, "brk-rw"), 1);
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "brk-rw", &ev));
-    CHECK_EQ(ev.held, 1);
-    CHECK_EQ(ev.shared, 1);
-    CHECK_EQ(ev.holders, NR);
-    CHECK_EQ(ev.token, top);
-    CHECK_EQ(ev.waiters, 1);
-    dlock_info_clear(&ev);
-    /* the writer's stream told it the keys ahead went: at once, as a
-     * release (bounded as the holders' loss, TOLD_MS) */
-    wait_set(&w.done, TOLD_MS);
-    CHECK_OK(w.rc);
-    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
-    CHECK_OP(w.token, >, top);
-    CHECK_EQ(wait_calls(&n, NR, TOLD_MS), NR);
-    for (int i = 0; i < NR; i++) {
-        CHECK_EQ(dlock_held(r[i]), DLOCK_ELOST);
-        CHECK_RC(dlock_release(r[i]), DLOCK_ELOST);
-    }
-    w.release = 1;
-    pthread_join(th, NULL);
-    CHECK_OK(w.release_rc);
-
-    /* a semaphore of 2: both permits taken, the waiter gets one */
-    n.calls = 0;
-    dlock *p[2], *pw = handle_n(wc, "brk-sem", 30000, 0, 2, &n);
-    top = 0;
-    for (int i = 0; i < 2; i++) {
-        p[i] = handle_n(c[i], "brk-sem", 30000, 0, 2, &n);
-        CHECK_OK(dlock_acquire(p[i], 0));
-        if (dlock_token(p[i]) > top)
-            top = dlock_token(p[i]);
-    }
-    memset(&w, 0, sizeof(w));
-    w.l = pw;
-    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    for (int k = 0; k < 500 && waiters_of(op, "brk-sem") < 1; k++)
-        th_sleep_ms(10);
-    t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "brk-sem", &ev));
-    CHECK_EQ(ev.permits, 2);
-    CHECK_EQ(ev.holders, 2);
-    CHECK_EQ(ev.token, top);
-    dlock_info_clear(&ev);
-    wait_set(&w.done, TOLD_MS);
-    CHECK_OK(w.rc);
-    CHECK_OP(w.token, >, top);
-    CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
-    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
-    dlock *p3 = handle_n(op, "brk-sem", 30000, 0, 2, NULL);
-    CHECK_OK(dlock_acquire(p3, 0)); /* the other permit is free */
-    for (int i = 0; i < 2; i++)
-        CHECK_RC(dlock_release(p[i]), DLOCK_ELOST);
-    CHECK_OK(dlock_release(p3));
-    w.release = 1;
-    pthread_join(th, NULL);
-    CHECK_OK(w.release_rc);
-    for (int i = 0; i < 2; i++)
-        dlock_close(p[i]);
-    dlock_close(p3);
-    dlock_close(pw);
-    for (int i = 0; i < NR; i++) {
-        dlock_close(r[i]);
-        dlock_client_close(c[i]);
-    }
-    dlock_close(lw);
-    dlock_client_close(wc);
-    dlock_client_close(op);
-}
-
-typedef struct race_brk {
-    dlock_client *op;
-    volatile int rc;
-} race_brk;
-
-static void *race_breaker(void *arg)
-{
-    race_brk *r = arg;
-    r->rc = dlock_break(r->op, "brk-handoff", NULL);
-    return NULL;
-}
-
-TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
-{
-    /* The holder releases while a break runs, a waiter queued behind it:
-     * the break removes the holder's key, or the waiter's just after it
-     * became the holder, or finds nobody. Whatever the order, the waiter
-     * ends up holding the lock in the store or told that it lost it:
-     * never a hold its client believes in that the store does not have. */
-    dlock_client *a = client(), *b = client(), *op = client(),
-                 *obs = client();
-    dlock *la = handle_n(a, "brk-handoff", 30000, 0, 0, NULL);
-    lost_count n = {0, 0, 0};
-    int outcome[3] = {0, 0, 0};
-
-    for (int i = 0; i < 20; i++) {
-        brk_waiter w;
-        race_brk r = {op, 0};
-        pthread_t tw, tb;
-        memset(&w, 0, sizeof(w));
-        n.calls = 0;
-        w.l = handle_n(b, "brk-handoff", 30000, 0, 0, &n);
-        w.obs = obs;
-        w.n = &n;
-        CHECK_OK(dlock_acquire(la, 0));
-        CHECK_EQ(pthread_create(&tw, NULL, brk_wait, &w), 0);
-        for (int k = 0; k < 500 && waiters_of(obs, "brk-handoff") < 1; k++)
-            th_sleep_ms(2);
-        CHECK_EQ(pthread_create(&tb, NULL, race_breaker, &r), 0);
-        if (i % 2)
-            th_sleep_ms(i % 3);
-        int rel = dlock_release(la);
-        pthread_join(tb, NULL);
-        pthread_join(tw, NULL);
-        CHECK(rel == DLOCK_OK || rel == DLOCK_ELOST);
-        CHECK(r.rc == DLOCK_OK || r.rc == DLOCK_ENOTHELD);
-        CHECK_OK(w.rc); /* the lock was free for it in the end */
-        CHECK(w.agreed);
-        CHECK(w.release_rc == DLOCK_OK || w.release_rc == DLOCK_ELOST);
-        /* (the break may also come after the waiter looked: then its
-         * release says so) a release that worked was never told lost */
-        if (w.release_rc == DLOCK_OK)
-            CHECK_EQ(n.calls, 0);
-        outcome[rel == DLOCK_ELOST ? 0 : w.release_rc == DLOCK_OK ? 1 : 2]++;
-        dlock_close(w.l);
-    }
-    printf("     holder broken %d, waiter holds %d, waiter broken %d\n",
-           outcome[0], outcome[1], outcome[2]);
-    dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
-    dlock_client_close(obs);
-}
-
-typedef struct frozen_holder {
-    volatile int ready, go, lost_calls, release_rc, held_before;
-    volatile uint64_t token;
-    volatile int64_t lost_after_cont;
-} frozen_holder;
-
-static void count_frozen(dlock *l, uint64_t token, void *arg)
-{
-    frozen_holder *f = arg;
-
-    (void)l;
-    (void)token;
-    __atomic_add_fetch(&f->lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
-static int frozen_child(void *arg)
-{
-    frozen_holder *f = arg;
-    dlock_client *c;
-    dlock *l;
-    dlock_options o;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = 30000;
-    o.on_lost = count_frozen;
-    o.on_lost_arg = f;
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
-        dlock_open(&l, c, "brk-frozen", &o) != DLOCK_OK ||
-        dlock_acquire(l, 5000) != DLOCK_OK)
-        return 2;
-    f->token = dlock_token(l);
-    th_sleep_ms(300); /* its stream is up */
-    __atomic_store_n(&f->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 3000 && !__atomic_load_n(&f->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    int64_t t0 = th_now_ms();
-    for (int i = 0; i < 1000 && !__atomic_load_n(&f->lost_calls,
-                                                 __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    f->lost_after_cont = th_now_ms() - t0;
-    f->held_before = dlock_held(l);
-    f->release_rc = dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-    return 0;
-}
-
-TEST(a_frozen_holder_that_was_broken_learns_it_when_thawed)
-{
-    /* frozen 1 s, within its 30 s lease (kept alive every 10 s): the
-     * DELETE waits in its stream's socket */
-    frozen_holder *f = th_shared(sizeof(*f));
-    dlock_client *op = client();
-    dlock *l = handle_n(op, "brk-frozen", 30000, 0, 0, NULL);
-
-    pid_t pid = th_fork(frozen_child, f);
-    wait_set(&f->ready, 10000);
-    kill(pid, SIGSTOP);
-    CHECK_OK(dlock_break(op, "brk-frozen", NULL));
-    CHECK_OK(dlock_acquire(l, 0));
-    CHECK_OP(dlock_token(l), >, f->token);
-    th_sleep_ms(1000);
-    kill(pid, SIGCONT);
-    __atomic_store_n(&f->go, 1, __ATOMIC_SEQ_CST);
-    CHECK_EQ(th_wait(pid), 0);
-    CHECK_EQ(f->lost_calls, 1);
-    CHECK_OP(f->lost_after_cont, <, TOLD_MS);
-    CHECK_EQ(f->held_before, DLOCK_ELOST);
-    CHECK_RC(f->release_rc, DLOCK_ELOST);
-    CHECK_EQ(dlock_held(l), 1); /* its release left ours alone */
-    CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 TEST(a_deletion_while_the_stream_reconnects_is_still_told)
@@ -1985,11 +1575,11 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
      * it was the key. */
     th_gate g;
     char u[300], out[4096];
-    lost_count n = {0, 0, 0};
+    th_lost n = TH_LOST_INIT;
 
     th_gate_start(&g, srv.port[0]);
     snprintf(u, sizeof(u), "etcd://127.0.0.1:%d?prefix=etcdtest", g.port);
-    dlock_client *a = client_at(u), *b = client();
+    dlock_client *a = th_client(u, NULL), *b = client();
     dlock *la = handle_n(a, "brk-reconnect", 30000, 0, 0, &n);
     dlock *lb = handle_n(b, "brk-reconnect", 30000, 0, 0, NULL);
     CHECK_OK(dlock_acquire(la, 0));
@@ -2003,10 +1593,10 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, t1);
     th_sleep_ms(500);
-    CHECK_EQ(n.calls, 0); /* it could not know yet */
+    CHECK_EQ(th_lost_calls(&n), 0); /* it could not know yet */
     int64_t t0 = th_now_ms();
     th_gate_restore(&g);
-    CHECK_EQ(wait_calls(&n, 1, 2000 + TOLD_MS), 1);
+    CHECK_EQ(th_lost_wait(&n, 1, 2000 + TOLD_MS), 1);
     CHECK_OP(n.at - t0, <, 2000 + TOLD_MS);
     CHECK_EQ(n.token, t1);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
@@ -2015,10 +1605,8 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_acquire(la, 5000));
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_gate_stop(&g);
 }
 
@@ -2088,8 +1676,7 @@ TEST(list_reads_past_long_queues_and_foreign_keys)
         CHECK_RC(dlock_release(ls[i]), DLOCK_ELOST); /* deleted above */
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {
@@ -2120,9 +1707,6 @@ static const th_test tests[] = {
     T(a_broken_holder_is_told_by_its_stream),
     T(a_broken_holder_over_tls_is_told_by_its_stream),
     T(extend_after_a_break_finds_the_key_gone),
-    T(a_break_takes_every_reader_and_every_permit),
-    T(a_break_racing_a_hand_off_leaves_no_false_holder),
-    T(a_frozen_holder_that_was_broken_learns_it_when_thawed),
     T(a_deletion_while_the_stream_reconnects_is_still_told),
     T(list_reads_past_long_queues_and_foreign_keys),
     {NULL, NULL, 0},

@@ -47,12 +47,6 @@ static dlock_client *client(void)
     return th_client(uri, NULL);
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
 static void path_of(const char *file, char *out, size_t cap)
 {
     snprintf(out, cap, "%s/%s", dir, file);
@@ -187,13 +181,13 @@ static int same_store_whatever_the_environment(const char *home)
     snprintf(path, sizeof(path), "%s/.local/state/dlock", home);
     CHECK_EQ(mode_at(path, &owner), 0700);
     CHECK_EQ(owner, geteuid());
-    la = handle(a, "nightly", 0, 0);
+    la = th_handle(a, "nightly", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
 
     clearenv(); /* a cron job, env -i */
     CHECK_OK(dlock_client_open(&b, "", NULL));
     CHECK_STR(dlock_client_store(b), expect);
-    lb = handle(b, "nightly", 0, 0);
+    lb = th_handle(b, "nightly", 0, 0, 0);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
@@ -204,10 +198,8 @@ static int same_store_whatever_the_environment(const char *home)
     CHECK_OK(dlock_client_open(&c, "", NULL));
     CHECK_STR(dlock_client_store(c), uri);
     dlock_client_close(c);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     return 0;
 }
 
@@ -237,18 +229,16 @@ static int old_locations_taken_first(const char *home)
     setenv("XDG_RUNTIME_DIR", "/tmp/xdg", 1);
     CHECK_OK(dlock_client_open(&a, NULL, NULL));
     CHECK_STR(dlock_client_store(a), expect);
-    la = handle(a, "nightly", 0, 0);
+    la = th_handle(a, "nightly", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     unsetenv("XDG_RUNTIME_DIR");
     CHECK_OK(dlock_client_open(&b, NULL, NULL));
     CHECK_STR(dlock_client_store(b), expect);
-    lb = handle(b, "nightly", 0, 0);
+    lb = th_handle(b, "nightly", 0, 0, 0);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     return 0;
 }
 
@@ -373,7 +363,7 @@ static int default_opens_at(const void *arg)
     CHECK_STR(dlock_client_store(c), expect);
     CHECK_EQ(mode_at(arg, &owner), 0700);
     CHECK_EQ(owner, geteuid());
-    l = handle(c, "nightly", 0, 0);
+    l = th_handle(c, "nightly", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -617,7 +607,7 @@ TEST(private_directory_is_made_and_closed)
     CHECK_EQ(mode_of(base, "a/b"), 0700);
     CHECK_EQ(mode_of(base, "a/b/c"), 0700);
     /* lock files in it: the caller's alone */
-    l = handle(c, "privfile", 0, 0);
+    l = th_handle(c, "privfile", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     snprintf(lockf, sizeof(lockf), "%s/a/b/c/privfile.lock", base);
     CHECK_EQ(stat(lockf, &st), 0);
@@ -864,7 +854,7 @@ TEST(symlinked_lock_file_is_refused)
 {
     char target[1000], link[1000];
     dlock_client *c = client();
-    dlock *l = handle(c, "linked", 0, 0);
+    dlock *l = th_handle(c, "linked", 0, 0, 0);
     struct stat st;
 
     snprintf(target, sizeof(target), "%s/precious", th_tmpdir());
@@ -885,7 +875,7 @@ TEST(foreign_file_is_refused)
 {
     char path[1000];
     dlock_client *c = client();
-    dlock *l = handle(c, "foreign", 0, 0);
+    dlock *l = th_handle(c, "foreign", 0, 0, 0);
     dlock_info info;
 
     path_of("foreign.lock", path, sizeof(path));
@@ -899,7 +889,7 @@ TEST(foreign_file_is_refused)
 
     path_of("adir.lock", path, sizeof(path));
     mkdir(path, 0700);
-    l = handle(c, "adir", 0, 0);
+    l = th_handle(c, "adir", 0, 0, 0);
     CHECK(dlock_acquire(l, 0) != DLOCK_OK);
     dlock_close(l);
     dlock_client_close(c);
@@ -908,8 +898,8 @@ TEST(foreign_file_is_refused)
 TEST(ttl_has_no_effect_here)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "nolease", 50, DLOCK_NO_RENEW);
-    dlock *lb = handle(b, "nolease", 0, 0);
+    dlock *la = th_handle(a, "nolease", 50, DLOCK_NO_RENEW, 0);
+    dlock *lb = th_handle(b, "nolease", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     th_sleep_ms(300); /* six "leases" */
@@ -917,10 +907,8 @@ TEST(ttl_has_no_effect_here)
     CHECK_EQ(dlock_held(la), 1);
     CHECK_OK(dlock_extend(la, 100));
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct waiter {
@@ -943,8 +931,8 @@ TEST(replaced_file_is_detected)
 {
     char path[1000], tmp[1000];
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "replaced", 0, 0);
-    waiter w = {handle(b, "replaced", 0, 0), 5000, -99};
+    dlock *la = th_handle(a, "replaced", 0, 0, 0);
+    waiter w = {th_handle(b, "replaced", 0, 0, 0), 5000, -99};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -964,18 +952,15 @@ TEST(replaced_file_is_detected)
     CHECK_OK(w.rc);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
-
-static void wait_queued(dlock_client *c, const char *name, int64_t n);
 
 TEST(cancelled_waits_leave_nothing_behind)
 {
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *la = handle(a, "cancel", 0, DLOCK_FAIR);
-    dlock *lb = handle(b, "cancel", 0, DLOCK_FAIR);
-    waiter w = {handle(c, "cancel", 0, DLOCK_FAIR), 10000, -99};
+    dlock *la = th_handle(a, "cancel", 0, DLOCK_FAIR, 0);
+    dlock *lb = th_handle(b, "cancel", 0, DLOCK_FAIR, 0);
+    waiter w = {th_handle(c, "cancel", 0, DLOCK_FAIR, 0), 10000, -99};
     dlock_info info;
     pthread_t th;
 
@@ -983,7 +968,7 @@ TEST(cancelled_waits_leave_nothing_behind)
     /* c queues first, b behind it and gives up; c must not wait for b's
      * ticket (queued, not slept for: a busy machine may start c late) */
     pthread_create(&th, NULL, wait_thread, &w);
-    wait_queued(a, "cancel", 1);
+    th_wait_waiters(a, "cancel", 1);
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lb, 300), DLOCK_EBUSY);
     /* lower bound: a wait never ends before its deadline (10 ms for the
@@ -1009,12 +994,9 @@ TEST(cancelled_waits_leave_nothing_behind)
     }
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
+    TH_CLOSE(la, lb);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 TEST(long_names_fit_a_file_name)
@@ -1024,7 +1006,7 @@ TEST(long_names_fit_a_file_name)
 
     memset(name, '%', DLOCK_NAME_MAX); /* worst case: 3 bytes each */
     name[DLOCK_NAME_MAX] = '\0';
-    dlock *l = handle(c, name, 0, 0);
+    dlock *l = th_handle(c, name, 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -1202,28 +1184,6 @@ static void gated_go(fstate *s, int me)
     s->gated[me] = 0;
 }
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
-/* Waits (at most 10 s) until `name` has n queued fair waiters. */
-static void wait_queued(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (waiters_of(c, name) != n && th_now_ms() < until)
-        th_sleep_ms(2);
-    CHECK_EQ(waiters_of(c, name), n);
-}
-
-
 /* Threads of process pid: a waiter that sleeps on a channel has two (its
  * own and its client's background thread), one that waits in the kernel
  * for a timed wait has a third, the helper. */
@@ -1263,12 +1223,12 @@ static int wait_threads(pid_t pid, int n)
 static pid_t ticketed_holder(dlock_client *c, fstate *s, int me,
                              const char *name)
 {
-    dlock *l = handle(c, name, 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, name, 0, DLOCK_FAIR, 0);
     pid_t pid;
 
     CHECK_OK(dlock_acquire(l, 0)); /* free, no queue: no ticket */
     pid = fstart(s, me, name, DLOCK_FAIR, 30000, -1);
-    wait_queued(c, name, 1);
+    th_wait_waiters(c, name, 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[me], 1, 10000));
     dlock_close(l);
@@ -1279,14 +1239,14 @@ TEST(fair_fifo_across_processes_with_deadlines)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "ffifo", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "ffifo", 0, DLOCK_FAIR, 0);
     pid_t pids[8];
     const int n = 8;
 
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < n; i++) {
         pids[i] = fstart(s, i, "ffifo", DLOCK_FAIR, 30000, 3);
-        wait_queued(c, "ffifo", i + 1);
+        th_wait_waiters(c, "ffifo", i + 1);
         /* all but the first wait on their predecessor's channel in their
          * own thread: no helper thread (the first waits for our ticketless
          * hold in the kernel) */
@@ -1302,7 +1262,7 @@ TEST(fair_fifo_across_processes_with_deadlines)
         CHECK_EQ(s->order[i], i);
         CHECK_OK(s->rc[i]);
     }
-    CHECK_EQ(waiters_of(c, "ffifo"), 0);
+    CHECK_EQ(th_waiters(c, "ffifo"), 0);
     dlock_close(l);
     dlock_client_close(c);
 }
@@ -1316,9 +1276,9 @@ TEST(killed_fair_holder_hands_over_at_once)
     pid_t w1 = fstart(s, 1, "fkill", DLOCK_FAIR, 30000, 5);
 
     /* (inspect does not count the holder's own ticket) */
-    wait_queued(c, "fkill", 1);
+    th_wait_waiters(c, "fkill", 1);
     pid_t w2 = fstart(s, 2, "fkill", DLOCK_FAIR, 30000, 5);
-    wait_queued(c, "fkill", 2);
+    th_wait_waiters(c, "fkill", 2);
     CHECK_EQ(threads_of(w1), 2); /* on the holder's channel */
     int64_t t0 = th_now_ms();
     kill(h, SIGKILL);
@@ -1331,7 +1291,7 @@ TEST(killed_fair_holder_hands_over_at_once)
     CHECK_EQ(s->order[1], 1);
     CHECK_EQ(s->order[2], 2);
     CHECK_EQ(s->overlaps, 0);
-    CHECK_EQ(waiters_of(c, "fkill"), 0);
+    CHECK_EQ(th_waiters(c, "fkill"), 0);
     dlock_client_close(c);
 }
 
@@ -1344,12 +1304,12 @@ TEST(killed_fair_waiter_does_not_block_the_queue)
 
     for (int i = 1; i <= 3; i++) {
         w[i] = fstart(s, i, "fmid", DLOCK_FAIR, 30000, 5);
-        wait_queued(c, "fmid", i);
+        th_wait_waiters(c, "fmid", i);
     }
     /* the middle one dies; the one behind it now waits for the first */
     kill(w[2], SIGKILL);
     CHECK_EQ(th_wait(w[2]), 128 + SIGKILL);
-    wait_queued(c, "fmid", 2);
+    th_wait_waiters(c, "fmid", 2);
     int64_t t0 = th_now_ms();
     s->release[0] = 1;
     CHECK_EQ(th_wait(h), 0);
@@ -1360,7 +1320,7 @@ TEST(killed_fair_waiter_does_not_block_the_queue)
     CHECK_EQ(s->order[2], 3);
     CHECK_OP(s->t_acq[3] - t0, <, 2000); /* at once */
     CHECK_EQ(s->overlaps, 0);
-    CHECK_EQ(waiters_of(c, "fmid"), 0);
+    CHECK_EQ(th_waiters(c, "fmid"), 0);
     dlock_client_close(c);
 }
 
@@ -1380,9 +1340,9 @@ TEST(deadline_meets_the_hand_over)
         /* t queues behind w within w's short wait: ready before w starts */
         pid_t t = gated_start(s, 2, "fdead", DLOCK_FAIR, 30000, 2);
         pid_t w = fstart(s, 1, "fdead", DLOCK_FAIR, wait, 2);
-        wait_queued(c, "fdead", 1);
+        th_wait_waiters(c, "fdead", 1);
         gated_go(s, 2);
-        wait_queued(c, "fdead", 2);
+        th_wait_waiters(c, "fdead", 2);
         s->release_at[0] = s->t_call[1] + wait + off;
         CHECK_EQ(th_wait(h), 0);
         CHECK_EQ(th_wait(w), 0);
@@ -1402,7 +1362,7 @@ TEST(deadline_meets_the_hand_over)
             CHECK_OP(s->t_call[1] + wait, <=, th_now_ms());
         }
         CHECK_EQ(s->overlaps, 0);
-        CHECK_EQ(waiters_of(c, "fdead"), 0);
+        CHECK_EQ(th_waiters(c, "fdead"), 0);
     }
     dlock_client_close(c);
 }
@@ -1480,8 +1440,8 @@ TEST(timed_waits_leave_nothing_behind)
     fstate *s = fstate_new();
     dlock_client *c = client(), *me = client();
     pid_t h = ticketed_holder(c, s, 0, "fnothing");
-    dlock *fair = handle(me, "fnothing", 0, DLOCK_FAIR);
-    dlock *plain = handle(me, "fnothing", 0, 0);
+    dlock *fair = th_handle(me, "fnothing", 0, DLOCK_FAIR, 0);
+    dlock *plain = th_handle(me, "fnothing", 0, 0, 0);
     /* one wait first: the client keeps its finished waits' cancel
      * eventfds for the next ones (dlock_cancel()); every later wait
      * reuses that one, so the count must not grow */
@@ -1499,7 +1459,7 @@ TEST(timed_waits_leave_nothing_behind)
          * scheduling slack */
         CHECK_OP(th_now_ms() - t0, >=, 20 + i);
         CHECK_OP(th_now_ms() - t0, <, 20 + i + 1000);
-        CHECK_EQ(waiters_of(c, "fnothing"), 0); /* the holder's only */
+        CHECK_EQ(th_waiters(c, "fnothing"), 0); /* the holder's only */
         CHECK_EQ(count_fds(), fds);
         CHECK_EQ(threads_of(getpid()), threads);
         CHECK_EQ(count_files(), files);
@@ -1512,25 +1472,23 @@ TEST(timed_waits_leave_nothing_behind)
     CHECK_OK(dlock_acquire(fair, 0));
     CHECK_OK(dlock_release(fair));
     CHECK_EQ(count_channels("fnothing"), 0);
-    CHECK_EQ(waiters_of(c, "fnothing"), 0);
-    dlock_close(fair);
-    dlock_close(plain);
-    dlock_client_close(me);
-    dlock_client_close(c);
+    CHECK_EQ(th_waiters(c, "fnothing"), 0);
+    TH_CLOSE(fair, plain);
+    TH_CLIENT_CLOSE(me, c);
 }
 
 TEST(fair_and_default_acquirers_mixed)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fmix", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fmix", 0, DLOCK_FAIR, 0);
     pid_t pids[7];
 
     /* FIFO among the fair ones, whatever the default ones do */
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < 3; i++) {
         pids[i] = fstart(s, i, "fmix", DLOCK_FAIR, 30000, 3);
-        wait_queued(c, "fmix", i + 1);
+        th_wait_waiters(c, "fmix", i + 1);
         pids[3 + i] = fstart(s, 3 + i, "fmix", 0, 30000, 3);
     }
     th_sleep_ms(50); /* the default ones wait in the kernel */
@@ -1680,14 +1638,14 @@ static void salt_file(const char *name)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *a = handle(c, name, 0, DLOCK_FAIR);
+    dlock *a = th_handle(c, name, 0, DLOCK_FAIR, 0);
     unsigned char salt[16], zero[16] = {0};
     struct stat st;
     uint64_t next;
 
     CHECK_OK(dlock_acquire(a, 0));
     pid_t w = fstart(s, 0, name, DLOCK_FAIR, 30000, 0);
-    wait_queued(c, name, 1); /* its ticket, taken with the salt */
+    th_wait_waiters(c, name, 1); /* its ticket, taken with the salt */
     header_of(name, &next, salt, &st);
     CHECK(memcmp(salt, zero, 16) != 0);
     CHECK_OK(dlock_release(a));
@@ -1702,7 +1660,7 @@ static void salt_file(const char *name)
 static void kernel_path_then_release(fstate *s, dlock_client *c,
                                      const char *name, int fd, pid_t w)
 {
-    wait_queued(c, name, 2);
+    th_wait_waiters(c, name, 2);
     CHECK_EQ(wait_threads(w, 3), 3); /* main, client, kernel-wait helper */
     int64_t t0 = th_now_ms();
     struct flock fl;
@@ -1714,7 +1672,7 @@ static void kernel_path_then_release(fstate *s, dlock_client *c,
     CHECK_EQ(th_wait(w), 0);
     CHECK_OK(s->rc[1]);
     CHECK_OP(s->t_acq[1] - t0, <, 2000); /* at once */
-    CHECK_EQ(waiters_of(c, name), 0);
+    CHECK_EQ(th_waiters(c, name), 0);
 }
 
 TEST(refused_channel_ends_in_the_kernel)
@@ -1804,7 +1762,7 @@ TEST(squatted_ticket_number_is_skipped)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fskip", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fskip", 0, DLOCK_FAIR, 0);
     struct sockaddr_un sa;
     unsigned char salt[16];
     struct stat st;
@@ -1819,11 +1777,11 @@ TEST(squatted_ticket_number_is_skipped)
 
     CHECK_OK(dlock_acquire(l, 0));
     pid_t w1 = fstart(s, 1, "fskip", DLOCK_FAIR, 30000, 3);
-    wait_queued(c, "fskip", 1);
+    th_wait_waiters(c, "fskip", 1);
     header_of("fskip", &after, NULL, &st);
     CHECK_EQ(after, next + 2); /* one number skipped */
     pid_t w2 = fstart(s, 2, "fskip", DLOCK_FAIR, 30000, 3);
-    wait_queued(c, "fskip", 2);
+    th_wait_waiters(c, "fskip", 2);
     CHECK_EQ(threads_of(w2), 2); /* on w1's (real) channel */
     CHECK_OK(dlock_release(l));
     CHECK_EQ(th_wait(w1), 0);
@@ -1849,13 +1807,13 @@ TEST(predecessor_in_another_network_namespace)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fnetns", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fnetns", 0, DLOCK_FAIR, 0);
     fjob j = {s, 0, "fnetns", DLOCK_FAIR, 30000, -1};
 
     CHECK_OK(dlock_acquire(l, 0));
     pid_t h = th_fork(netns_worker, &j);
     int64_t until = th_now_ms() + 10000;
-    while (waiters_of(c, "fnetns") < 1 && th_now_ms() < until &&
+    while (th_waiters(c, "fnetns") < 1 && th_now_ms() < until &&
            !s->done[0] && kill(h, 0) == 0 && s->rc[0] == -99) {
         int st;
         if (waitpid(h, &st, WNOHANG) == h) {
@@ -1869,11 +1827,11 @@ TEST(predecessor_in_another_network_namespace)
         }
         th_sleep_ms(2);
     }
-    wait_queued(c, "fnetns", 1);
+    th_wait_waiters(c, "fnetns", 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "fnetns", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "fnetns", 1);
+    th_wait_waiters(c, "fnetns", 1);
     th_sleep_ms(20);
     CHECK_EQ(threads_of(w), 2); /* on the predecessor's channel */
     int64_t t0 = th_now_ms();
@@ -1906,7 +1864,7 @@ TEST(foreign_connection_to_a_channel)
         CHECK_EQ(connect(conns[i], (struct sockaddr *)&sa, len), 0);
     }
     pid_t w = fstart(s, 1, "fconn", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "fconn", 1);
+    th_wait_waiters(c, "fconn", 1);
     /* no kernel-wait helper: a helper started late (a busy machine) would
      * be missed here, so load can make this check weaker, never fail */
     th_sleep_ms(20);
@@ -1932,11 +1890,6 @@ static void world_dir(char *out, size_t cap, const char *leaf)
     snprintf(out, cap, "%s/%s", th_tmpdir(), leaf);
     CHECK_EQ(mkdir(out, 0700), 0);
     CHECK_EQ(chmod(out, 01777), 0);
-}
-
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
 }
 
 /* What a child of another uid (and gid, and groups) does */
@@ -2015,8 +1968,8 @@ TEST(lock_files_are_closed_to_other_users)
     world_dir(d, sizeof(d), "world");
     snprintf(u, sizeof(u), "file://%s", d);
     mode_t old = umask(022);
-    c = client_at(u);
-    l = handle(c, "fopen", 0, 0);
+    c = th_client(u, NULL);
+    l = th_handle(c, "fopen", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     umask(old);
@@ -2046,7 +1999,7 @@ TEST(lock_files_are_closed_to_other_users)
     CHECK_EQ(stat(f, &st), 0);
     CHECK_EQ(st.st_mode & 07777, 0600);
     dlock_close(l);
-    l = handle(c, "fnobody", 0, 0);
+    l = th_handle(c, "fnobody", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EAUTH);
     CHECK(strstr(dlock_errmsg(), "belongs to uid 65534") != NULL);
     dlock_close(l);
@@ -2068,7 +2021,7 @@ TEST(group_store_is_shared_with_its_group_only)
     snprintf(d, sizeof(d), "%s/group/store", th_tmpdir());
     snprintf(u, sizeof(u), "file://%s?group=65534", d);
     mode_t old = umask(022);
-    c = client_at(u);
+    c = th_client(u, NULL);
     umask(old);
     /* the directories it made: the group's, setgid, closed to others */
     CHECK_EQ(stat(d, &st), 0);
@@ -2078,7 +2031,7 @@ TEST(group_store_is_shared_with_its_group_only)
     CHECK_EQ(stat(w, &st), 0);
     CHECK_EQ(st.st_mode & 07777, 02770);
     CHECK_EQ(st.st_gid, 65534);
-    l = handle(c, "fgroup", 0, 0);
+    l = th_handle(c, "fgroup", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     snprintf(f, sizeof(f), "%s/fgroup.lock", d);
     CHECK_EQ(stat(f, &st), 0);
@@ -2204,8 +2157,8 @@ TEST(foreign_read_locks_bound_every_wait)
 {
     dlock_client *c = client();
     dlock_options o;
-    dlock *lk_plain = handle(c, "fjam", 0, 0);
-    dlock *lk_fair = handle(c, "fjam", 0, DLOCK_FAIR);
+    dlock *lk_plain = th_handle(c, "fjam", 0, 0, 0);
+    dlock *lk_fair = th_handle(c, "fjam", 0, DLOCK_FAIR, 0);
     dlock *sem, *sem_fair;
     dlock_info info;
     int64_t took;
@@ -2291,7 +2244,7 @@ static int64_t cpu_ms(void)
 TEST(foreign_read_lock_on_a_ticket_does_not_spin)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "fspin", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fspin", 0, DLOCK_FAIR, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -2467,7 +2420,7 @@ TEST(squatters_cannot_slow_a_semaphore_wait)
     CHECK(b1 >= 0 && b2 >= 0 && b1 != b2);
     fjob j = {s, 0, name, 0, 30000, -1};
     pid_t wt = th_fork(sem_waiter, &j);
-    wait_queued(c1, name, 1);
+    th_wait_waiters(c1, name, 1);
     th_sleep_ms(200); /* asleep on the holders (else it only wakes later) */
     /* the holder of the lower byte first: the old code slept on the
      * higher one's byte alone when neither had a channel */
@@ -2483,10 +2436,8 @@ TEST(squatters_cannot_slow_a_semaphore_wait)
     kill(sq, SIGKILL);
     th_wait(sq);
     th__track(sq, 0);
-    dlock_close(h1);
-    dlock_close(h2);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLOSE(h1, h2);
+    TH_CLIENT_CLOSE(c1, c2);
 }
 
 /* Holders of a semaphore's permits without wake-up channels (an older
@@ -2540,7 +2491,7 @@ TEST(holders_without_channels_wake_the_head)
     int h0 = raw_permit_holder(name, 0), h1 = raw_permit_holder(name, 1);
     fjob j = {s, 0, name, 0, 30000, -1};
     pid_t wt = th_fork(sem_waiter, &j);
-    wait_queued(c, name, 1);
+    th_wait_waiters(c, name, 1);
     th_sleep_ms(200); /* asleep on the holders (else it only wakes later) */
     /* unlocked, not only closed: the waiter inherited the descriptors */
     int64_t t0 = th_now_ms();
@@ -2602,7 +2553,7 @@ TEST(stale_channel_file_is_replaced)
     CHECK_EQ(count_in(w), before + 2); /* ours, one in the dead one's place */
     fjob j = {s, 1, "fstale", 0, 30000, -1};
     pid_t wt = th_fork(sem_waiter, &j);
-    wait_queued(c1, "fstale", 1);
+    th_wait_waiters(c1, "fstale", 1);
     th_sleep_ms(100);
     CHECK_EQ(threads_of(wt), 2); /* on the holders' channels */
     int64_t t0 = th_now_ms();
@@ -2612,10 +2563,8 @@ TEST(stale_channel_file_is_replaced)
     CHECK_OP(s->t_acq[1] - t0, <, 2000); /* at once */
     CHECK_OK(dlock_release(h2));
     CHECK_EQ(count_in(w), before);
-    dlock_close(h1);
-    dlock_close(h2);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLOSE(h1, h2);
+    TH_CLIENT_CLOSE(c1, c2);
 }
 
 /* --- forks --------------------------------------------------------------- */
@@ -2624,18 +2573,18 @@ TEST(release_wakes_the_successor_despite_a_forked_child)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "ffork", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "ffork", 0, DLOCK_FAIR, 0);
 
     /* the holder forks a child that keeps its open file and channel for
      * 3 s; its release must not wait for that child */
     s->fork_ms[0] = 3000;
     CHECK_OK(dlock_acquire(l, 0));
     pid_t h = fstart(s, 0, "ffork", DLOCK_FAIR, 30000, -1);
-    wait_queued(c, "ffork", 1);
+    th_wait_waiters(c, "ffork", 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "ffork", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "ffork", 1);
+    th_wait_waiters(c, "ffork", 1);
     int64_t t0 = th_now_ms();
     s->release[0] = 1;
     CHECK_EQ(th_wait(h), 0);
@@ -2650,7 +2599,7 @@ TEST(dead_holder_with_a_forked_child_keeps_the_lock)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fforkdie", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fforkdie", 0, DLOCK_FAIR, 0);
 
     /* as before the channels: the lock lives as long as a child forked
      * while it was held keeps the open file (file.c, "Forks") */
@@ -2658,11 +2607,11 @@ TEST(dead_holder_with_a_forked_child_keeps_the_lock)
     s->killed[0] = 1;
     CHECK_OK(dlock_acquire(l, 0));
     pid_t h = fstart(s, 0, "fforkdie", DLOCK_FAIR, 30000, -1);
-    wait_queued(c, "fforkdie", 1);
+    th_wait_waiters(c, "fforkdie", 1);
     CHECK_OK(dlock_release(l));
     CHECK(wait_for(&s->held[0], 1, 10000));
     pid_t w = fstart(s, 1, "fforkdie", DLOCK_FAIR, 30000, 1);
-    wait_queued(c, "fforkdie", 1);
+    th_wait_waiters(c, "fforkdie", 1);
     kill(h, SIGKILL);
     CHECK_EQ(th_wait(h), 128 + SIGKILL);
     CHECK_EQ(th_wait(w), 0);
@@ -2684,7 +2633,7 @@ TEST(give_up_wakes_the_successor_despite_a_forked_child)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fforkgive", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fforkgive", 0, DLOCK_FAIR, 0);
 
     /* w queues behind h; h forks (its successor's connection, accepted
      * ahead, goes to the child too), then gives up: w must move on at
@@ -2693,12 +2642,12 @@ TEST(give_up_wakes_the_successor_despite_a_forked_child)
     CHECK_OK(dlock_acquire(l, 0));
     pid_t w = gated_start(s, 1, "fforkgive", DLOCK_FAIR, 30000, 1);
     pid_t h = fstart(s, 0, "fforkgive", DLOCK_FAIR, 400, 1);
-    wait_queued(c, "fforkgive", 1);
+    th_wait_waiters(c, "fforkgive", 1);
     gated_go(s, 1); /* queues well within h's 150 ms before its fork */
-    wait_queued(c, "fforkgive", 2);
+    th_wait_waiters(c, "fforkgive", 2);
     CHECK_EQ(th_wait(h), 0);
     CHECK_RC(s->rc[0], DLOCK_EBUSY);
-    wait_queued(c, "fforkgive", 1); /* w only */
+    th_wait_waiters(c, "fforkgive", 1); /* w only */
     th_sleep_ms(50);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(l));
@@ -2734,14 +2683,14 @@ TEST(a_release_wakes_only_the_next)
 {
     fstate *s = fstate_new();
     dlock_client *c = client();
-    dlock *l = handle(c, "fmany", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fmany", 0, DLOCK_FAIR, 0);
     const int n = 10;
     pid_t pids[NW];
 
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < n; i++) {
         pids[i] = fstart(s, i, "fmany", DLOCK_FAIR, 30000, -1);
-        wait_queued(c, "fmany", i + 1);
+        th_wait_waiters(c, "fmany", i + 1);
     }
     /* the last waiter is asleep once its count stops moving (20 ms
      * sufficed on an idle machine; a busy one may still be running it

@@ -24,16 +24,7 @@ static th_store S;
 
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, S.uri, th_patient()));
-    return c;
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
+    return th_client(S.uri, th_patient());
 }
 
 static dlock_stats stats(dlock_client *c, const char *name)
@@ -47,7 +38,8 @@ static dlock_stats stats(dlock_client *c, const char *name)
 TEST(counts_what_happens)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "m/count", 0, 0), *lb = handle(b, "m/count", 0, 0);
+    dlock *la = th_handle(a, "m/count", 0, 0, 0),
+          *lb = th_handle(b, "m/count", 0, 0, 0);
     dlock_stats s;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -95,10 +87,8 @@ TEST(counts_what_happens)
         for (size_t i = part; i < sizeof(raw); i++)
             CHECK_EQ(raw[i], 0xAB);
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct waiter {
@@ -119,7 +109,8 @@ static void *wait_for(void *p)
 TEST(times_a_wait_and_its_hand_off)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "m/wait", 0, 0), *lb = handle(b, "m/wait", 0, 0);
+    dlock *la = th_handle(a, "m/wait", 0, 0, 0),
+          *lb = th_handle(b, "m/wait", 0, 0, 0);
     waiter w = {lb, 0};
     pthread_t t;
 
@@ -151,10 +142,8 @@ TEST(times_a_wait_and_its_hand_off)
     CHECK_EQ(s.handoff.count, 1);
     CHECK_OP(s.handoff.sum_us, <, s.wait.sum_us);
 out:
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(names_are_bounded_and_totals_kept)
@@ -167,7 +156,7 @@ TEST(names_are_bounded_and_totals_kept)
     /* 10 names, each opened, taken twice (busier first), closed */
     for (int i = 0; i < 10; i++) {
         snprintf(name, sizeof(name), "m/card/%d", i);
-        dlock *l = handle(a, name, 0, 0);
+        dlock *l = th_handle(a, name, 0, 0, 0);
         for (int k = 0; k < (i < 2 ? 5 : 1); k++) {
             CHECK_OK(dlock_acquire(l, 0));
             CHECK_OK(dlock_release(l));
@@ -193,12 +182,12 @@ TEST(names_are_bounded_and_totals_kept)
     CHECK_EQ(stats(a, "m/card/1").tracked, 1);
 
     /* a name with an open handle keeps its slot against newcomers */
-    dlock *keep = handle(a, "m/card/kept", 0, 0);
+    dlock *keep = th_handle(a, "m/card/kept", 0, 0, 0);
     CHECK_OK(dlock_acquire(keep, 0));
     CHECK_OK(dlock_release(keep));
     for (int i = 10; i < 20; i++) {
         snprintf(name, sizeof(name), "m/card/%d", i);
-        dlock *l = handle(a, name, 0, 0);
+        dlock *l = th_handle(a, name, 0, 0, 0);
         for (int k = 0; k < 10; k++) {
             CHECK_OK(dlock_acquire(l, 0));
             CHECK_OK(dlock_release(l));
@@ -218,7 +207,7 @@ TEST(names_are_bounded_and_totals_kept)
 TEST(metrics_off_counts_nothing)
 {
     dlock_client *a = client();
-    dlock *l = handle(a, "m/off", 0, 0);
+    dlock *l = th_handle(a, "m/off", 0, 0, 0);
 
     CHECK_OK(dlock_metrics_config(a, 0, 0));
     CHECK_OK(dlock_acquire(l, 0));
@@ -234,70 +223,23 @@ TEST(metrics_off_counts_nothing)
     dlock_client_close(a);
 }
 
-/* Events, as the callback saw them. */
-typedef struct seen {
-    pthread_mutex_t mu;
-    int n;
-    int type[32];
-    uint64_t token[32];
-    int64_t held_ms[32];
-    int rc[32];
-    pthread_t thread[32];
-    char why[32][128];
-} seen;
-
-static void on_event(const dlock_event *e, void *arg)
-{
-    seen *s = arg;
-
-    pthread_mutex_lock(&s->mu);
-    if (s->n < 32) {
-        s->type[s->n] = e->type;
-        s->token[s->n] = e->token;
-        s->held_ms[s->n] = e->held_ms;
-        s->rc[s->n] = e->rc;
-        s->thread[s->n] = pthread_self();
-        snprintf(s->why[s->n], sizeof(s->why[0]), "%s", e->why);
-        s->n++;
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-static int count_type(seen *s, int type)
-{
-    int n = 0;
-
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n; i++)
-        n += s->type[i] == type;
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
-
-static int first_of(seen *s, int type)
-{
-    for (int i = 0; i < s->n; i++)
-        if (s->type[i] == type)
-            return i;
-    return -1;
-}
-
 TEST(events_acquired_released_long_hold)
 {
-    static seen s = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, {0}, {0},
-                     {{0}}};
+    static th_events s;
     dlock_client *a = client();
-    dlock *l = handle(a, "m/events", 0, 0);
+    dlock *l = th_handle(a, "m/events", 0, 0, 0);
 
-    CHECK_OK(dlock_client_set_events(a, on_event, &s, 200));
-    CHECK_RC(dlock_client_set_events(a, on_event, &s, -1), DLOCK_EINVAL);
+    th_events_init(&s);
+    CHECK_OK(dlock_client_set_events(a, th_events_cb, &s, 200));
+    CHECK_RC(dlock_client_set_events(a, th_events_cb, &s, -1), DLOCK_EINVAL);
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t token = dlock_token(l);
     CHECK_OK(dlock_acquire(l, 0)); /* reentrant: no event */
     /* the long hold: reported once, by the background thread, after
      * 200 ms; 10 s is that on the busiest machine */
     int64_t until = th_now_ms() + 10000;
-    while (count_type(&s, DLOCK_EVENT_LONG_HOLD) == 0 && th_now_ms() < until)
+    while (th_events_count(&s, DLOCK_EVENT_LONG_HOLD) == 0 &&
+           th_now_ms() < until)
         th_sleep_ms(10);
     th_sleep_ms(300); /* and only once */
     CHECK_OK(dlock_release(l));
@@ -308,7 +250,7 @@ TEST(events_acquired_released_long_hold)
     CHECK_EQ(s.type[0], DLOCK_EVENT_ACQUIRED);
     CHECK_EQ(s.token[0], token);
     CHECK(pthread_equal(s.thread[0], pthread_self()));
-    int lh = first_of(&s, DLOCK_EVENT_LONG_HOLD);
+    int lh = th_events_first(&s, DLOCK_EVENT_LONG_HOLD);
     CHECK_EQ(lh, 1);
     CHECK_OP(s.held_ms[lh], >=, 200);
     CHECK(!pthread_equal(s.thread[lh], pthread_self()));
@@ -333,21 +275,21 @@ TEST(a_lost_hold_is_counted_and_told)
         printf("     (no lease runs out on this store)\n");
         return;
     }
-    static seen s = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}, {0}, {0},
-                     {{0}}};
+    static th_events s;
     dlock_client *a = client();
-    dlock *l = handle(a, "m/lost", S.short_ttl, DLOCK_NO_RENEW);
+    dlock *l = th_handle(a, "m/lost", S.short_ttl, DLOCK_NO_RENEW, 0);
 
-    CHECK_OK(dlock_client_set_events(a, on_event, &s, 0));
+    th_events_init(&s);
+    CHECK_OK(dlock_client_set_events(a, th_events_cb, &s, 0));
     CHECK_OK(dlock_acquire(l, 0));
     /* the lease runs out: the background thread says so within the
      * lease plus a scheduling delay; 10 s covers a busy machine */
     int64_t until = th_now_ms() + S.short_ttl + 10000;
-    while (count_type(&s, DLOCK_EVENT_LOST) == 0 && th_now_ms() < until)
+    while (th_events_count(&s, DLOCK_EVENT_LOST) == 0 && th_now_ms() < until)
         th_sleep_ms(10);
-    CHECK_EQ(count_type(&s, DLOCK_EVENT_LOST), 1);
+    CHECK_EQ(th_events_count(&s, DLOCK_EVENT_LOST), 1);
     pthread_mutex_lock(&s.mu);
-    int i = first_of(&s, DLOCK_EVENT_LOST);
+    int i = th_events_first(&s, DLOCK_EVENT_LOST);
     CHECK_CONTAINS(s.why[i], "lease ran out");
     pthread_mutex_unlock(&s.mu);
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
@@ -508,7 +450,7 @@ TEST(exposition_escapes_any_name)
     size_t len = 0;
 
     for (int i = 0; i < 5; i++) {
-        ls[i] = handle(a, names[i], 0, 0);
+        ls[i] = th_handle(a, names[i], 0, 0, 0);
         CHECK_OK(dlock_acquire(ls[i], 0));
         CHECK_OK(dlock_release(ls[i]));
     }
@@ -567,8 +509,7 @@ TEST(exposition_escapes_any_name)
 
     for (int i = 0; i < 5; i++)
         dlock_close(ls[i]);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {
@@ -584,10 +525,5 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
-    return th_main(argc - 1, argv + 1, tests);
+    return th_store_main(argc, argv, &S, tests, NULL);
 }

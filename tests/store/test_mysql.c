@@ -73,23 +73,10 @@
 static th_sql srv; /* shared by most tests */
 static th_sql own; /* killed, frozen and restarted: started on first use */
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
                         unsigned flags, dlock_lost_cb cb)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, flags, cb, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
@@ -121,27 +108,6 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The number of waiters dlock_inspect() reports. */
-static int64_t waiters(dlock_client *c, const char *name)
-{
-    dlock_info info;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    int64_t w = info.waiters;
-    dlock_info_clear(&info);
-    return w;
-}
-
-/* Waits (at most 10 s) until the store reports n waiters on name. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000, w = -1;
-
-    while (th_now_ms() < until && (w = waiters(c, name)) != n)
-        th_sleep_ms(10);
-    CHECK_EQ(w, n);
-}
-
 /* A fair waiter in a thread of this process, for the queue table. */
 typedef struct waiter {
     dlock *l;
@@ -166,18 +132,18 @@ static void hand_over_through_the_queue(dlock_client *obs, dlock *la,
     pthread_t th;
 
     CHECK_EQ(pthread_create(&th, NULL, wait_thread, &w), 0);
-    wait_waiters(obs, dlock_name(la), 1);
+    th_wait_waiters(obs, dlock_name(la), 1);
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
-    CHECK_EQ(waiters(obs, dlock_name(la)), 0);
+    CHECK_EQ(th_waiters(obs, dlock_name(la)), 0);
 }
 
 /* ------------------------------------------------------------------------ */
 
 TEST(rows_stay_on_release_and_carry_the_token)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "row", 0, 0), *lb = handle(b, "row", 0, 0);
     char holder[300], want[64];
     dlock_info info;
@@ -242,10 +208,8 @@ TEST(rows_stay_on_release_and_carry_the_token)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_EQ(dlock_token(lb), ahead + 2);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(gc_removes_only_unused_free_rows_and_tokens_still_grow)
@@ -255,7 +219,7 @@ TEST(gc_removes_only_unused_free_rows_and_tokens_still_grow)
 
     /* a table of its own: the counts below are exact */
     snprintf(u, sizeof(u), "%s?table=gc_t", srv.uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     dlock *old = handle(c, "gc-old", 0, 0), *recent = handle(c, "gc-recent",
                                                               0, 0);
     dlock *held = handle(c, "gc-held", 0, 0);
@@ -299,9 +263,7 @@ TEST(gc_removes_only_unused_free_rows_and_tokens_still_grow)
     /* idle 0: every free row goes; removed may be NULL */
     CHECK_OK(dlock_gc(c, 0, NULL));
     CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM gc_t"), 0);
-    dlock_close(old);
-    dlock_close(recent);
-    dlock_close(held);
+    TH_CLOSE(old, recent, held);
     dlock_client_close(c);
 }
 
@@ -312,7 +274,7 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
         "x'; DROP TABLE dlock_locks; --", "x` OR 1=1 --", "\xff\xfe",
         "x' OR '1'='1", "\\' OR 1=1 #", "%", "_", "X'41'", "A", "case",
         "CASE", "pad", "pad ", NULL};
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     char hex[2 * DLOCK_NAME_MAX + 1], u[600];
     int count = 0;
 
@@ -334,8 +296,7 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
             dlock_close(x);
         }
         CHECK_OK(dlock_release(l));
-        dlock_close(l);
-        dlock_close(o);
+        TH_CLOSE(l, o);
     }
     /* one row per name, byte for byte; the table is still there */
     for (int i = 0; names[i]; i++) {
@@ -356,8 +317,7 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
     CHECK_OP(rows, >=, count);
     long long maxtok = th_sql_query(&srv, NULL, 0,
                                     "SELECT MAX(token) FROM dlock_locks");
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 
     /* the table option is one quoted identifier, whatever it holds:
      * t`; DROP TABLE dlock_locks; --' */
@@ -365,17 +325,15 @@ TEST(sql_injection_locks_only_a_lock_of_that_name)
              "%s?table=t%%60%%3B%%20DROP%%20TABLE%%20dlock_locks%%3B%%20--"
              "%%27",
              srv.uri);
-    a = client_at(u);
-    b = client_at(u);
+    a = th_client(u, NULL);
+    b = th_client(u, NULL);
     dlock *la = handle(a, "weird-table", 0, DLOCK_FAIR);
     dlock *lb = handle(b, "weird-table", 0, DLOCK_FAIR);
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     hand_over_through_the_queue(a, la, lb); /* the queue table too */
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT COUNT(*) FROM information_schema.tables "
                           "WHERE table_schema = 'dlocktest' AND table_name "
@@ -434,7 +392,7 @@ static void skewed_holder_keeps_a_true_lease(const char *shift,
 {
     const int64_t ttl = 2000;
     char name[32], line[128], want[48];
-    dlock_client *b = client_at(srv.uri);
+    dlock_client *b = th_client(srv.uri, NULL);
     dlock_info info;
     uint64_t tok;
     long long wall;
@@ -481,7 +439,7 @@ static void skewed_taker_cannot_take_a_live_lock(const char *shift,
                                                  long long shift_s)
 {
     char name[32], line[128], holder[300], want[48];
-    dlock_client *a = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL);
     uint64_t tok2;
     long long wall;
     int fd;
@@ -533,7 +491,7 @@ TEST(leases_are_on_the_servers_clock_not_the_holders)
 static int fair_waiter(void *arg)
 {
     (void)arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "fairdead", 0, DLOCK_FAIR);
     int rc = dlock_acquire(l, 30000);
     return rc == DLOCK_OK ? 0 : 1;
@@ -541,20 +499,20 @@ static int fair_waiter(void *arg)
 
 TEST(a_dead_fair_waiter_drops_out_of_the_queue)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "fairdead", 0, DLOCK_FAIR);
     dlock *lb = handle(b, "fairdead", 0, DLOCK_FAIR);
 
     CHECK_OK(dlock_acquire(la, 0));
     pid_t pid = th_fork(fair_waiter, NULL);
-    wait_waiters(a, "fairdead", 1);
+    th_wait_waiters(a, "fairdead", 1);
     kill(pid, SIGKILL);
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
     /* its entry dies with its connection, as soon as the server sees it
      * closed (it looks about twice a second during a wait): no heartbeat
      * to wait out */
     int64_t k0 = th_now_ms();
-    wait_waiters(a, "fairdead", 0);
+    th_wait_waiters(a, "fairdead", 0);
     CHECK_OP(th_now_ms() - k0, <, 3000);
     CHECK_OK(dlock_release(la));
     /* the dead waiter was first in line: the server dropped it from the
@@ -563,7 +521,7 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_acquire(lb, 10000));
     CHECK_OP(th_now_ms() - t0, <, 2000);
-    CHECK_EQ(waiters(a, "fairdead"), 0);
+    CHECK_EQ(th_waiters(a, "fairdead"), 0);
     CHECK_OK(dlock_release(lb));
     /* the dead entry's row stays until gc */
     CHECK_EQ(th_sql_query(&srv, NULL, 0, "SELECT COUNT(*) FROM "
@@ -576,10 +534,8 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
                                          "dlock_locks_queue WHERE name = "
                                          "'fairdead'"),
              0);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct poll_shared {
@@ -591,7 +547,7 @@ typedef struct poll_shared {
 static int poll_waiter(void *arg)
 {
     poll_shared *s = arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "poll", 0, 0);
 
     __atomic_store_n(&s->waiting, 1, __ATOMIC_SEQ_CST);
@@ -652,7 +608,7 @@ static void wait_sleepers(long long n)
 TEST(a_waiter_in_another_process_sleeps_in_the_server_until_the_release)
 {
     poll_shared *s = th_shared(sizeof(*s));
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "poll", 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -736,7 +692,7 @@ static void kill_gate_holder(const char *name)
 
 TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "killholder", 1500, 0);
     timed_waiter w = {handle(b, "killholder", 0, 0), 15000, 0, -99, 0,
                         0, NULL, 0, 0, 0};
@@ -767,8 +723,7 @@ TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
     CHECK_OK(w.release_rc);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The same with the waiter's deadline (1.5 s) before the holder's lease
@@ -779,7 +734,7 @@ TEST(a_killed_holder_connection_keeps_the_lease_then_the_waiter_follows)
  * within its wait (before: it gave up busy at its deadline). */
 TEST(a_waiter_no_release_wakes_takes_a_freed_lock_by_its_deadline)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = handle(a, "killholder-dl", 5000, 0);
     timed_waiter w = {handle(b, "killholder-dl", 0, 0), 1500, 0, -99, 0,
                       0, NULL, 0, 0, 0};
@@ -806,14 +761,13 @@ TEST(a_waiter_no_release_wakes_takes_a_freed_lock_by_its_deadline)
     CHECK_OK(w.release_rc);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
     dlock *la = handle(a, "killwaiter", 0, 0);
     timed_waiter wb = {handle(b, "killwaiter", 0, 0), 15000, 0, -99, 0,
                         0, NULL, 0, 0, 0};
@@ -868,9 +822,7 @@ TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
     dlock_close(la);
     dlock_close(wb.l);
     dlock_close(wc.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A waiter SIGSTOPped while it sleeps in the server: the release wakes
@@ -883,7 +835,7 @@ TEST(a_waiter_whose_connection_is_killed_waits_on_behind_the_next)
 static int frozen_waiter(void *arg)
 {
     poll_shared *s = arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "frozen", 1000, 0);
 
     __atomic_store_n(&s->waiting, 1, __ATOMIC_SEQ_CST);
@@ -899,7 +851,7 @@ static int frozen_waiter(void *arg)
 TEST(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers)
 {
     poll_shared *s = th_shared(sizeof(*s));
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     /* b's lease 2 s: b takes the row without the gate (the frozen
      * session keeps it), so the thawed waiter, holding the gate next, is
      * woken by nothing and tries at b's lease ends (design.md) */
@@ -926,10 +878,8 @@ TEST(a_waiter_frozen_past_its_lease_does_not_win_a_lock_now_anothers)
      * plus 3 s of slack */
     CHECK_OP(got, >=, t_rel);
     CHECK_OP(got - t_rel, <, 2000 + 3000); /* a lease, and a busy machine */
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- a try takes what a wait would take ---------------------------------- */
@@ -995,13 +945,6 @@ static pid_t frozen_holder_of(const char *name, unsigned flags,
     return pid;
 }
 
-static void frozen_holder_end(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    kill(pid, SIGCONT);
-    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
-}
-
 /*
  * A holder frozen past its 1 s lease, its session open (so it keeps the
  * name's gate): a try takes the lock, as a wait does, in either mode and
@@ -1014,7 +957,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
 {
     static const unsigned modes[] = {0, DLOCK_FAIR};
     frozen_try *s = th_shared(sizeof(*s));
-    dlock_client *c = client_at(srv.uri), *d = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL);
 
     for (int m = 0; m < 2; m++) {
         const char *name = m ? "frozen-try-fair" : "frozen-try";
@@ -1025,7 +968,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
         CHECK_OP(dlock_token(l), >, s->token);
         CHECK_OK(dlock_release(l));
         dlock_close(l);
-        frozen_holder_end(pid);
+        th_kill_stopped(pid);
     }
     /* a reader's try: the frozen writer's gate decides nothing */
     pid_t pid = frozen_holder_of("frozen-try-read", 0, s);
@@ -1035,7 +978,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     CHECK_OP(dlock_token(lr), >, s->token);
     CHECK_OK(dlock_release(lr));
     dlock_close(lr);
-    frozen_holder_end(pid);
+    th_kill_stopped(pid);
 
     /* a fair waiter queued behind a frozen fair holder gets the lock at
      * its lease end; fair tries from then on are busy until it has it */
@@ -1049,7 +992,7 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     pid = th_fork(frozen_try_holder, s);
     CHECK(th_wait_flag(&s->holding, 10000));
     CHECK_EQ(pthread_create(&th, NULL, timed_wait_thread, &w), 0);
-    wait_waiters(c, "frozen-try-queue", 1);
+    th_wait_waiters(c, "frozen-try-queue", 1);
     kill(pid, SIGSTOP);
     wait_lease_ended("frozen-try-queue");
     int took = 0;
@@ -1070,45 +1013,10 @@ TEST(a_frozen_holders_ended_lease_is_taken_by_a_try)
     CHECK_OK(w.rc);
     CHECK_OP(w.token, >, s->token);
     CHECK_OK(w.release_rc);
-    frozen_holder_end(pid);
+    th_kill_stopped(pid);
     dlock_close(lf);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(d);
-}
-
-/* A session of another account that has no right on dlock's database
- * (USAGE only): GET_LOCK needs none, so it may take any lock name. */
-static MYSQL *foreign_open(void)
-{
-    MYSQL *m = mysql_init(NULL);
-    unsigned timeout = 10;
-
-    CHECK(m != NULL);
-    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'squatter'@'%%' "
-                                "IDENTIFIED BY 'sq-SECRET4'");
-    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
-    if (!mysql_real_connect(m, "127.0.0.1", "squatter", "sq-SECRET4", NULL,
-                            (unsigned)srv.port, NULL, 0))
-        th_fail(__FILE__, __LINE__, "squatter: %s", mysql_error(m));
-    /* it may not read dlock's tables */
-    CHECK(mysql_query(m, "SELECT COUNT(*) FROM dlocktest.dlock_locks") != 0);
-    return m;
-}
-
-/* The foreign session takes the user-level lock `lock` (a name). */
-static void foreign_take(MYSQL *m, const char *lock)
-{
-    char sql[256];
-    MYSQL_RES *r;
-    MYSQL_ROW row;
-
-    snprintf(sql, sizeof(sql), "SELECT GET_LOCK('%s', 0)", lock);
-    CHECK_EQ(mysql_query(m, sql), 0);
-    r = mysql_store_result(m);
-    row = r ? mysql_fetch_row(r) : NULL;
-    CHECK(row && row[0] && !strcmp(row[0], "1"));
-    mysql_free_result(r);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* A lock name dlock uses: prefix + SHA-224 of the database, the table and
@@ -1136,7 +1044,7 @@ static void foreign_take_entries(MYSQL *m, int n)
         snprintf(dec, sizeof(dec), "%lld", next + i);
         to_hex(dec, hex, sizeof(hex));
         dlock_lock_name("dlock-q:", hex, lock, sizeof(lock));
-        foreign_take(m, lock);
+        th_sql_squatter_take(m, lock);
     }
 }
 
@@ -1153,14 +1061,14 @@ static void foreign_take_entries(MYSQL *m, int n)
 TEST(a_foreign_session_on_the_names_locks_keeps_no_try_out)
 {
     static const unsigned modes[] = {0, DLOCK_FAIR};
-    MYSQL *f = foreign_open();
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    MYSQL *f = th_sql_squatter(&srv, "sq-SECRET4");
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     char hex[64], gate[128];
 
-    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    dlock_client_close(th_client(srv.uri, NULL)); /* the tables exist */
     to_hex("squat", hex, sizeof(hex));
     dlock_lock_name("dlock:", hex, gate, sizeof(gate));
-    foreign_take(f, gate);
+    th_sql_squatter_take(f, gate);
     foreign_take_entries(f, 10);
     for (int m = 0; m < 2; m++) {
         dlock *lt = handle(b, "squat", 0, modes[m]);
@@ -1203,14 +1111,13 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_try_out)
         dlock_close(w.l);
     }
     mysql_close(f);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *obs = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *obs = th_client(srv.uri, NULL);
     dlock *la = handle(a, "deadlinewake", 0, 0);
     dlock *lo = handle(obs, "deadlinewake", 0, 0);
 
@@ -1280,31 +1187,19 @@ TEST(a_release_at_the_waiters_deadline_gives_one_owner_or_none)
         CHECK_OK(dlock_release(lo));
         dlock_close(w.l);
     }
-    dlock_close(la);
-    dlock_close(lo);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(obs);
+    TH_CLOSE(la, lo);
+    TH_CLIENT_CLOSE(a, b, obs);
 }
 
 /* --- the server in trouble ----------------------------------------------- */
 
-static volatile int lost_calls;
-static volatile uint64_t lost_token;
-
-static void on_lost(dlock *l, uint64_t token, void *arg)
-{
-    (void)l;
-    (void)arg;
-    lost_token = token;
-    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
 TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
 {
     start_own();
-    dlock_client *a = client_at(own.uri), *idle = client_at(own.uri);
-    dlock *held = handle_cb(a, "crash-held", 1500, 0, on_lost);
+    dlock_client *a = th_client(own.uri, NULL),
+                 *idle = th_client(own.uri, NULL);
+    th_lost lost = TH_LOST_INIT;
+    dlock *held = th_handle_lost(a, "crash-held", 1500, 0, th_lost_cb, &lost);
     dlock *other = handle(a, "crash-other", 0, 0);
     dlock *li = handle(idle, "crash-idle", 0, 0);
     dlock_info info;
@@ -1312,7 +1207,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     /* a connection in idle's pool, unused until after the restart */
     CHECK_OK(dlock_acquire(li, 0));
     CHECK_OK(dlock_release(li));
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(held, 0));
     uint64_t tok = dlock_token(held);
 
@@ -1320,7 +1215,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
      * it rides the restart out within its wait (60 s) and gets the lock
      * with a higher token (docs/design.md, "Waiting through failovers
      * and restarts"; before, it ended DLOCK_ECONN at once) */
-    dlock_client *wc = client_at(own.uri);
+    dlock_client *wc = th_client(own.uri, NULL);
     th_waiter w;
     pthread_t th;
     memset(&w, 0, sizeof(w));
@@ -1345,11 +1240,11 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     CHECK_CONTAINS(dlock_errmsg(), "until the wait's deadline");
     CHECK_RC(dlock_inspect(a, "crash-held", &info), DLOCK_ECONN);
     /* the lease cannot be renewed: the hold is lost, and said so */
-    while (!__atomic_load_n(&lost_calls, __ATOMIC_SEQ_CST) &&
+    while (!th_lost_calls(&lost) &&
            th_now_ms() - t0 < 1500 + 3000)
         th_sleep_ms(10);
-    CHECK_EQ(lost_calls, 1);
-    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(th_lost_calls(&lost), 1);
+    CHECK_EQ(lost.token, tok);
     CHECK_EQ(dlock_held(held), DLOCK_ELOST);
     CHECK_RC(dlock_release(held), DLOCK_ELOST);
 
@@ -1370,18 +1265,15 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     CHECK_OK(dlock_acquire(li, 0));
     CHECK_OK(dlock_release(li));
     CHECK_OK(dlock_release(held));
-    CHECK_EQ(lost_calls, 1);
-    dlock_close(held);
-    dlock_close(other);
-    dlock_close(li);
-    dlock_client_close(a);
-    dlock_client_close(idle);
+    CHECK_EQ(th_lost_calls(&lost), 1);
+    TH_CLOSE(held, other, li);
+    TH_CLIENT_CLOSE(a, idle);
 }
 
 TEST(sleeping_waiters_return_within_their_deadline_when_the_server_dies)
 {
     start_own();
-    dlock_client *a = client_at(own.uri), *b = client_at(own.uri);
+    dlock_client *a = th_client(own.uri, NULL), *b = th_client(own.uri, NULL);
     dlock *la = handle(a, "restart-held", 0, 0);
     timed_waiter w1 = {handle(b, "restart-held", 0, 0), 8000, 0, -99, 0,
                         0, NULL, 0, 0, 0};
@@ -1417,8 +1309,7 @@ TEST(sleeping_waiters_return_within_their_deadline_when_the_server_dies)
     dlock_close(la);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
@@ -1426,7 +1317,7 @@ TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
     start_own();
     char u[400];
     dlock_client_options quick = {500};
-    dlock_client *c = client_at(own.uri), *q = NULL, *x = NULL;
+    dlock_client *c = th_client(own.uri, NULL), *q = NULL, *x = NULL;
     dlock *l = handle(c, "frozen", 0, 0), *kept = handle(c, "frozen-kept",
                                                          30000, 0);
 
@@ -1472,13 +1363,8 @@ TEST(a_frozen_server_never_holds_a_caller_past_its_deadline)
     CHECK_OK(dlock_release(lq2));
     CHECK_OK(dlock_extend(kept, 30000));
     CHECK_OK(dlock_release(kept));
-    dlock_close(l);
-    dlock_close(l2);
-    dlock_close(kept);
-    dlock_close(lq);
-    dlock_close(lq2);
-    dlock_client_close(c);
-    dlock_client_close(q);
+    TH_CLOSE(l, l2, kept, lq, lq2);
+    TH_CLIENT_CLOSE(c, q);
 }
 
 /* --- credentials and URIs ------------------------------------------------ */
@@ -1536,7 +1422,7 @@ TEST(credentials_and_bad_uris)
     open_fails(u, DLOCK_EINVAL, "dlock-secret");
     longtable[48] = '\0'; /* 48 bytes: the longest that fits */
     snprintf(u, sizeof(u), "%s?table=%s", srv.uri, longtable);
-    dlock_client_close(client_at(u));
+    dlock_client_close(th_client(u, NULL));
 
     /* nothing listening */
     snprintf(u, sizeof(u), "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest",
@@ -1548,7 +1434,7 @@ TEST(credentials_and_bad_uris)
     CHECK_OP(th_now_ms() - t0, <, 3000);
 
     /* a user with only SELECT, INSERT, UPDATE, DELETE on the tables */
-    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    dlock_client_close(th_client(srv.uri, NULL)); /* the tables exist */
     th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'limited'@'%%' "
                                 "IDENTIFIED BY 'lim-SECRET8'");
     th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
@@ -1558,7 +1444,7 @@ TEST(credentials_and_bad_uris)
                                 "'limited'@'%%'");
     snprintf(u, sizeof(u),
              "mysql://limited:lim-SECRET8@127.0.0.1:%d/dlocktest", p);
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     dlock *la = handle(a, "limited", 0, DLOCK_FAIR);
     dlock *lb = handle(b, "limited", 0, DLOCK_FAIR);
     CHECK_OK(dlock_acquire(la, 0));
@@ -1570,10 +1456,8 @@ TEST(credentials_and_bad_uris)
     dlock_info_clear(&info);
     hand_over_through_the_queue(b, la, lb); /* queue: in and out */
     CHECK_OK(dlock_gc(a, 3600 * 1000, NULL));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     /* the same user cannot create a table: told what to do */
     snprintf(u, sizeof(u),
              "mysql://limited:lim-SECRET8@127.0.0.1:%d/dlocktest?table=nope",
@@ -1599,16 +1483,13 @@ static queue_shared *qs;
 static int queue_waiter(void *arg)
 {
     int i = (int)(intptr_t)arg;
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock *l = handle(c, "inspect-queue", 0, DLOCK_FAIR);
 
     if (dlock_acquire(l, 30000) != DLOCK_OK)
         return 1;
     __atomic_store_n(&qs->got[i], 1, __ATOMIC_SEQ_CST);
-    for (int k = 0; k < 3000 && !__atomic_load_n(&qs->release[i],
-                                                 __ATOMIC_SEQ_CST);
-         k++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&qs->release[i], 30000);
     int rc = dlock_release(l);
     dlock_close(l);
     dlock_client_close(c);
@@ -1625,7 +1506,8 @@ static void host_of(const char *desc, char *out, size_t cap)
 
 TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
 {
-    dlock_client *a = client_at(srv.uri), *obs = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL),
+                 *obs = th_client(srv.uri, NULL);
     dlock *la = handle(a, "inspect-queue", 30000, DLOCK_FAIR);
     char want[64], host[300], qhost[300];
     dlock_info info;
@@ -1635,7 +1517,7 @@ TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
     CHECK_OK(dlock_acquire(la, 0));
     for (int i = 0; i < 3; i++) {
         pid[i] = th_fork(queue_waiter, (void *)(intptr_t)i);
-        wait_waiters(obs, "inspect-queue", i + 1);
+        th_wait_waiters(obs, "inspect-queue", i + 1);
     }
     CHECK_OK(dlock_inspect(obs, "inspect-queue", &info));
     CHECK_EQ(info.held, 1);
@@ -1687,8 +1569,7 @@ TEST(inspect_shows_the_holder_and_the_fair_queue_in_order)
     CHECK(info.queue == NULL);
     dlock_info_clear(&info);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, obs);
 }
 
 /* --- a late statement ---------------------------------------------------- */
@@ -1711,7 +1592,7 @@ TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
              "&timeout=300",
              px.port);
     snprintf(direct, sizeof(direct), "%s?table=late_t", srv.uri);
-    dlock_client *c = client_at(u), *o = client_at(direct);
+    dlock_client *c = th_client(u, NULL), *o = th_client(direct, NULL);
     dlock *slow = handle(c, "late", 0, 0), *fast = handle(c, "late", 20000,
                                                           0);
     dlock *other = handle(o, "late", 0, 0);
@@ -1737,11 +1618,8 @@ TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
     CHECK_OK(dlock_acquire(other, 0));
     CHECK_OP(dlock_token(other), >, tok);
     CHECK_OK(dlock_release(other));
-    dlock_close(slow);
-    dlock_close(fast);
-    dlock_close(other);
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLOSE(slow, fast, other);
+    TH_CLIENT_CLOSE(c, o);
     th_relay_stop(&px);
 }
 
@@ -1761,7 +1639,7 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
     __atomic_store_n(&px.delay_ms, 15, __ATOMIC_SEQ_CST);
     snprintf(u, sizeof(u),
              "mysql://dlock:dlock-secret@127.0.0.1:%d/dlocktest", px.port);
-    dlock_client *c = client_at(u), *h = client_at(srv.uri);
+    dlock_client *c = th_client(u, NULL), *h = th_client(srv.uri, NULL);
     dlock *lh = handle(h, "slow-link", 0, 0), *l[2];
 
     for (int m = 0; m < 2; m++)
@@ -1786,8 +1664,7 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
     dlock_close(l[0]);
     dlock_close(l[1]);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
     th_relay_stop(&px);
 }
 
@@ -1799,7 +1676,7 @@ TEST(the_uri_timeout_bounds_every_statement)
     char u[400];
 
     snprintf(u, sizeof(u), "%s?timeout=500", own.uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     dlock *l = handle(c, "uri-timeout", 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0)); /* a pooled connection */
@@ -1813,8 +1690,7 @@ TEST(the_uri_timeout_bounds_every_statement)
     dlock *l2 = handle(c, "uri-timeout-thawed", 0, 0);
     CHECK_OK(dlock_acquire(l2, 2000));
     CHECK_OK(dlock_release(l2));
-    dlock_close(l);
-    dlock_close(l2);
+    TH_CLOSE(l, l2);
     dlock_client_close(c);
     /* ?timeout=500 bounds one try as dlock_client_options.timeout_ms does
      * (the Redis store's ?timeout= too), not the default 2 s */
@@ -1849,7 +1725,7 @@ TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
              "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
              "verify_identity&ssl_ca=%s/ca.pem%s",
              s2.port, dir, tmo);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock *l = handle(c, "tls", 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -1863,7 +1739,7 @@ TEST(tls_verifies_the_server_and_a_ssl_only_user_gets_in)
              "mysql://tlsonly:tls-pass@127.0.0.1:%d/dlocktest?ssl_mode="
              "required%s",
              s2.port, tmo);
-    c = client_at(u);
+    c = th_client(u, NULL);
     l = handle(c, "tls", 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -2088,8 +1964,8 @@ TEST(the_cleartext_plugin_is_refused_without_tls)
  * listed, with its description). */
 TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
     dlock *la = handle(a, "op-count", 0, 0);
     timed_waiter wb = {handle(b, "op-count", 0, 0), 15000, 0, -99, 0, 0,
                        NULL, 0, 0, 0};
@@ -2100,12 +1976,12 @@ TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
 
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_EQ(pthread_create(&tb, NULL, timed_wait_thread, &wb), 0);
-    wait_waiters(a, "op-count", 1);
+    th_wait_waiters(a, "op-count", 1);
     CHECK_OK(dlock_inspect(a, "op-count", &in));
     CHECK_EQ(in.queue_len, 0); /* not listed: counted all the same */
     dlock_info_clear(&in);
     CHECK_EQ(pthread_create(&tc, NULL, timed_wait_thread, &wc), 0);
-    wait_waiters(a, "op-count", 2);
+    th_wait_waiters(a, "op-count", 2);
     CHECK_OK(dlock_inspect(a, "op-count", &in));
     CHECK_EQ(in.queue_len, 1);
     dlock_info_clear(&in);
@@ -2114,13 +1990,11 @@ TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
     pthread_join(tc, NULL);
     CHECK_OK(wb.rc);
     CHECK_OK(wc.rc);
-    CHECK_EQ(waiters(a, "op-count"), 0);
+    CHECK_EQ(th_waiters(a, "op-count"), 0);
     dlock_close(la);
     dlock_close(wb.l);
     dlock_close(wc.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* Pages of 4 rows over 30 names (3 held, 27 free) and a row no client
@@ -2130,7 +2004,7 @@ TEST(inspect_counts_the_waiters_the_queue_table_does_not_list)
  * not make are DLOCK_EINVAL. */
 TEST(list_pages_over_free_held_and_foreign_rows)
 {
-    dlock_client *c = client_at(srv.uri), *o = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL), *o = th_client(srv.uri, NULL);
     dlock *l[30];
     char name[64];
     size_t held = 0, all = 0, empty = 0;
@@ -2190,8 +2064,7 @@ TEST(list_pages_over_free_held_and_foreign_rows)
     }
     th_sql_query(&srv, NULL, 0,
                  "DELETE FROM dlock_locks WHERE name = X'6c732f00'");
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLIENT_CLOSE(c, o);
 }
 
 typedef struct frozen_shared {
@@ -2231,7 +2104,7 @@ static int frozen_holder(void *arg)
 TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
 {
     frozen_shared *s = th_shared(sizeof(*s));
-    dlock_client *b = client_at(srv.uri), *op = client_at(srv.uri);
+    dlock_client *b = th_client(srv.uri, NULL), *op = th_client(srv.uri, NULL);
     timed_waiter w = {handle(b, "op-frozen", 0, 0), 15000, 0, -99, 0, 0,
                       NULL, 0, 0, 0};
     pthread_t th;
@@ -2256,8 +2129,7 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
     kill(pid, SIGCONT);
     CHECK_EQ(th_wait(pid), 0);
     dlock_close(w.l);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(b, op);
 }
 
 /* The holder's session died (killed) and it renews on a new connection:
@@ -2266,8 +2138,8 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
  * gate, the waiter's: it wakes at once, tries again and takes the row. */
 TEST(a_break_wakes_the_waiter_that_holds_the_gate)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *op = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *op = th_client(srv.uri, NULL);
     dlock *la = handle(a, "op-gated", 30000, 0);
     timed_waiter w = {handle(b, "op-gated", 0, 0), 20000, 0, -99, 0, 0,
                       NULL, 0, 0, 0};
@@ -2290,9 +2162,7 @@ TEST(a_break_wakes_the_waiter_that_holds_the_gate)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* A breaker connected as another user without CONNECTION ADMIN: the row
@@ -2305,7 +2175,7 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
     char u[300];
     int p = srv.port;
 
-    dlock_client_close(client_at(srv.uri)); /* the tables exist */
+    dlock_client_close(th_client(srv.uri, NULL)); /* the tables exist */
     th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'breaker'@'%%' "
                                 "IDENTIFIED BY 'brk-SECRET9'");
     th_sql_query(&srv, NULL, 0, "GRANT SELECT, INSERT, UPDATE, DELETE ON "
@@ -2315,8 +2185,8 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
                                 "'breaker'@'%%'");
     snprintf(u, sizeof(u),
              "mysql://breaker:brk-SECRET9@127.0.0.1:%d/dlocktest", p);
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *op = client_at(u);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *op = th_client(u, NULL);
     dlock *la = handle(a, "op-noright", 9000, 0);
     timed_waiter w = {handle(b, "op-noright", 0, 0), 15000, 0, -99, 0, 0,
                       NULL, 0, 0, 0};
@@ -2339,9 +2209,7 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* Breaks racing a holder's renewals (ttl 600 ms: one every 200 ms): each
@@ -2350,8 +2218,8 @@ TEST(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal)
  * greater. */
 TEST(breaks_racing_renewals_remove_the_hold_once)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *op = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *op = th_client(srv.uri, NULL);
     dlock *la = handle(a, "op-race-renew", 600, 0);
     dlock *lb = handle(b, "op-race-renew", 0, 0);
     uint64_t last = 0;
@@ -2370,11 +2238,8 @@ TEST(breaks_racing_renewals_remove_the_hold_once)
         CHECK_RC(dlock_release(la), DLOCK_ELOST);
         CHECK_OK(dlock_release(lb));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 static const th_test tests[] = {

@@ -52,17 +52,6 @@
 
 static th_sql srv;
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags, unsigned permits)
-{
-    return th_handle(c, name, ttl, flags, permits);
-}
-
 /* A forked child's client and handle (patient: several log in at once);
  * 0, or -1 when it could not open them. */
 static int child_open(const char *name, int64_t ttl, unsigned permits,
@@ -103,9 +92,7 @@ static void *wait_thread(void *arg)
     w->token = dlock_token(w->l);
     __atomic_store_n(&w->got_it, 1, __ATOMIC_SEQ_CST);
     if (w->rc == DLOCK_OK) {
-        for (int i = 0; i < 4000 && !__atomic_load_n(&w->go, __ATOMIC_SEQ_CST);
-             i++)
-            th_sleep_ms(5);
+        (void)th_wait_flag(&w->go, 20000);
         w->release_rc = dlock_release(w->l);
     }
     return NULL;
@@ -303,16 +290,16 @@ static void kill_holder_and_check(pid_t pid, const char *sleeper,
  * row: a hand-off, not a lease. */
 TEST(the_last_readers_release_wakes_the_writer)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
-    dlock *ra = handle(a, "drain-last", 30000, 0, 0),
-          *rb = handle(b, "drain-last", 30000, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "drain-last", 30000, 0, 0),
+          *rb = th_handle(b, "drain-last", 30000, 0, 0);
     waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
-    start(&w, &th, handle(c, "drain-last", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-last", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     CHECK_OK(dlock_release(ra));
     /* still asleep on the other reader (200 ms: far more than a wake and
@@ -333,11 +320,8 @@ TEST(the_last_readers_release_wakes_the_writer)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 typedef struct child_reader {
@@ -393,11 +377,11 @@ TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
 {
     child_reader *s;
     pid_t pid = fork_reader("drain-killed", 4000, &s);
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
 
-    start(&w, &th, handle(c, "drain-killed", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-killed", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     kill_holder_and_check(pid, "drain", "drain-killed", &w);
     CHECK_OP(w.token, >, s->token);
@@ -416,7 +400,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
 {
     child_reader *s;
     pid_t pid = fork_reader("drain-frozen", 1500, &s);
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
 
@@ -424,7 +408,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
     CHECK_EQ(form_of("drain-frozen"), 1); /* a sole reader's row */
     long long end = entry_of("drain-frozen", 0, 2, NULL, 0);
     int64_t t0 = th_now_ms();
-    start(&w, &th, handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
     CHECK(th_wait_flag(&w.got_it, 15000));
     CHECK_OK(w.rc);
     CHECK_OP((long long)w.token, >, end); /* not before its lease end */
@@ -454,8 +438,8 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
  * its lease ends. */
 TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
 {
-    dlock_client *a = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *ra = handle(a, "drain-session", 1500, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "drain-session", 1500, 0, 0);
     char owner[100], hex[64];
     waiter w;
     pthread_t th;
@@ -473,7 +457,7 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
                                 lock);
     CHECK_OP(id, >, 0);
     th_sql_query(&srv, NULL, 0, "KILL CONNECTION %lld", id);
-    start(&w, &th, handle(c, "drain-session", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "drain-session", 30000, 0, 0), 0, 20000);
     /* more than two leases: renewed through a new connection, it holds */
     th_sleep_ms(3500);
     CHECK_EQ(w.got_it, 0);
@@ -495,8 +479,7 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
     pthread_join(th, NULL);
     dlock_close(w.l);
     dlock_close(ra);
-    dlock_client_close(a);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -512,10 +495,10 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
  * in. */
 TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
-    dlock *ra = handle(a, "sole-join", 30000, 0, 0),
-          *rb = handle(b, "sole-join", 30000, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "sole-join", 30000, 0, 0),
+          *rb = th_handle(b, "sole-join", 30000, 0, 0);
     char oa[100], ob[100];
     waiter w;
     pthread_t th;
@@ -545,7 +528,7 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
     CHECK_EQ(in.shared, 1);
     dlock_info_clear(&in);
 
-    start(&w, &th, handle(c, "sole-join", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "sole-join", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     CHECK_OK(dlock_release(ra));
     CHECK_EQ(entry_by("sole-join", oa, 1), -1);
@@ -568,11 +551,8 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A sole reader whose lease ended (not renewed: DLOCK_NO_RENEW; a frozen
@@ -582,11 +562,11 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
  * row as it is. A semaphore's sole permit the same. */
 TEST(an_ended_sole_hold_is_taken_by_a_writers_try)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "sole-ended", 300, DLOCK_NO_RENEW, 0),
-          *wb = handle(b, "sole-ended", 30000, 0, 0),
-          *pa = handle(a, "sole-ended-sem", 300, DLOCK_NO_RENEW, 2),
-          *pb = handle(b, "sole-ended-sem", 30000, 0, 2);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "sole-ended", 300, DLOCK_NO_RENEW, 0),
+          *wb = th_handle(b, "sole-ended", 30000, 0, 0),
+          *pa = th_handle(a, "sole-ended-sem", 300, DLOCK_NO_RENEW, 2),
+          *pb = th_handle(b, "sole-ended-sem", 30000, 0, 2);
     dlock_info in;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -616,12 +596,8 @@ TEST(an_ended_sole_hold_is_taken_by_a_writers_try)
     CHECK_EQ(in.token, dlock_token(pb));
     dlock_info_clear(&in);
     CHECK_OK(dlock_release(pb));
-    dlock_close(ra);
-    dlock_close(wb);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, wb, pa, pb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The server's Questions once every statement sent so far is counted (a
@@ -682,9 +658,9 @@ static int dlock_acquire_now(dlock *l)
  * a release that finds its hold sole makes the light take first again. */
 TEST(a_readers_tries_follow_its_note_of_others)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "note", 30000, 0, 0),
-          *rb = handle(b, "note", 30000, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "note", 30000, 0, 0),
+          *rb = th_handle(b, "note", 30000, 0, 0);
 
     /* alone: one statement each */
     CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
@@ -709,10 +685,8 @@ TEST(a_readers_tries_follow_its_note_of_others)
     CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
     CHECK_EQ(sent_by(take_shared, rb, DLOCK_OK), 1);
     CHECK_EQ(sent_by(dlock_release, rb, DLOCK_OK), 1);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A client that saw others hold a name tries the join first there: one
@@ -726,11 +700,11 @@ TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
     char oa[100];
 
     for (int i = 0; i < 4; i++)
-        c[i] = client_at(srv.uri);
+        c[i] = th_client(srv.uri, NULL);
     for (int i = 0; i < 2; i++)
-        r[i] = handle(c[i], "join", 30000, 0, 0);
+        r[i] = th_handle(c[i], "join", 30000, 0, 0);
     for (int i = 0; i < 4; i++)
-        p[i] = handle(c[i], "join-sem", 30000, 0, 3);
+        p[i] = th_handle(c[i], "join-sem", 30000, 0, 3);
     /* each learns that the other held (their notes: the join first) */
     CHECK_OK(dlock_acquire_shared(r[0], 0));
     CHECK_OK(dlock_acquire_shared(r[1], 0));
@@ -790,9 +764,9 @@ TEST(a_join_turns_a_sole_hold_into_an_entry_and_counts_permits)
 TEST(a_refused_prepare_runs_the_text_statements)
 {
     th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = 0");
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "no-prepare", 30000, 0, 0),
-          *rb = handle(b, "no-prepare", 30000, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "no-prepare", 30000, 0, 0),
+          *rb = th_handle(b, "no-prepare", 30000, 0, 0);
     dlock_info in;
 
     /* b learns that a holds, then joins and leaves twice */
@@ -817,8 +791,8 @@ TEST(a_refused_prepare_runs_the_text_statements)
              0);
     th_sql_query(&srv, NULL, 0, "SET GLOBAL max_prepared_stmt_count = DEFAULT");
     /* allowed again: a new client's connections prepare them */
-    dlock_client *c = client_at(srv.uri);
-    dlock *rc = handle(c, "no-prepare", 30000, 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *rc = th_handle(c, "no-prepare", 30000, 0, 0);
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rc, 0)); /* light, then the full take */
     CHECK_OK(dlock_release(rc));
@@ -830,12 +804,8 @@ TEST(a_refused_prepare_runs_the_text_statements)
              >, 0);
     CHECK_OK(dlock_release(rc));
     CHECK_OK(dlock_release(ra));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_close(rc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(ra, rb, rc);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -848,8 +818,8 @@ TEST(a_refused_prepare_runs_the_text_statements)
  * waits for them (draining), the last reader waits behind the writer. */
 TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
 {
-    dlock_client *h = client_at(srv.uri), *c[4];
-    dlock *lh = handle(h, "chain", 30000, 0, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c[4];
+    dlock *lh = th_handle(h, "chain", 30000, 0, 0);
     waiter w[4];
     pthread_t th[4];
     const int shared[4] = {1, 1, 0, 1};
@@ -857,8 +827,8 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t t0 = dlock_token(lh);
     for (int i = 0; i < 4; i++) {
-        c[i] = client_at(srv.uri);
-        start(&w[i], &th[i], handle(c[i], "chain", 30000, 0, 0), shared[i],
+        c[i] = th_client(srv.uri, NULL);
+        start(&w[i], &th[i], th_handle(c[i], "chain", 30000, 0, 0), shared[i],
               20000);
         wait_sleepers("gate", i + 1); /* queued in this order */
     }
@@ -921,9 +891,9 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
  * never another reader's; a shorter renewal lowers the lock's end. */
 TEST(a_readers_renewal_moves_only_its_own_hold)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "renew", 10000, DLOCK_NO_RENEW, 0),
-          *rb = handle(b, "renew", 10000, DLOCK_NO_RENEW, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "renew", 10000, DLOCK_NO_RENEW, 0),
+          *rb = th_handle(b, "renew", 10000, DLOCK_NO_RENEW, 0);
     char oa[100], ob[100];
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -959,10 +929,8 @@ TEST(a_readers_renewal_moves_only_its_own_hold)
     CHECK_EQ(entry_by("renew", ob, 2), eb);
     CHECK_OK(dlock_release(ra));
     CHECK_OK(dlock_release(rb));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A reader whose lease ended (no renewal) is not in the row any more as
@@ -970,9 +938,9 @@ TEST(a_readers_renewal_moves_only_its_own_hold)
  * untouched (its entry, the row's end, its renewal and release). */
 TEST(a_release_whose_hold_is_gone_is_lost)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "gone", 1000, DLOCK_NO_RENEW, 0),
-          *rb = handle(b, "gone", 30000, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "gone", 1000, DLOCK_NO_RENEW, 0),
+          *rb = th_handle(b, "gone", 30000, 0, 0);
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
@@ -1001,10 +969,8 @@ TEST(a_release_whose_hold_is_gone_is_lost)
     CHECK_OK(dlock_release(rb));
     CHECK_OK(dlock_acquire(ra, 0)); /* free: the writer gets it */
     CHECK_OK(dlock_release(ra));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1018,21 +984,21 @@ TEST(a_release_whose_hold_is_gone_is_lost)
  * renew at 10 s, far off). */
 TEST(no_statement_while_waiters_sleep)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri), *d = client_at(srv.uri),
-                 *e = client_at(srv.uri);
-    dlock *ra = handle(a, "quiet", 30000, 0, 0),
-          *pa = handle(d, "quiet-sem", 30000, 0, 1);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL),
+                 *e = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "quiet", 30000, 0, 0),
+          *pa = th_handle(d, "quiet-sem", 30000, 0, 1);
     waiter ww, wr, wp;
     pthread_t tw, tr, tp;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
-    start(&ww, &tw, handle(b, "quiet", 30000, 0, 0), 0, 20000);
+    start(&ww, &tw, th_handle(b, "quiet", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
-    start(&wr, &tr, handle(c, "quiet", 30000, 0, 0), 1, 20000);
+    start(&wr, &tr, th_handle(c, "quiet", 30000, 0, 0), 1, 20000);
     wait_sleepers("gate", 1);
     CHECK_OK(dlock_acquire(pa, 0));
-    start(&wp, &tp, handle(e, "quiet-sem", 30000, 0, 1), 0, 20000);
+    start(&wp, &tp, th_handle(e, "quiet-sem", 30000, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
     /* the setup's last statements may still be on their way on a busy
      * machine (make test-busy saw 2 land in the window): first a quiet
@@ -1069,13 +1035,8 @@ TEST(no_statement_while_waiters_sleep)
     dlock_close(ww.l);
     dlock_close(wr.l);
     dlock_close(wp.l);
-    dlock_close(ra);
-    dlock_close(pa);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(e);
+    TH_CLOSE(ra, pa);
+    TH_CLIENT_CLOSE(a, b, c, d, e);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1087,9 +1048,9 @@ TEST(no_statement_while_waiters_sleep)
  * free semaphore's row keeps its N for dlock status, and binds nothing. */
 TEST(a_semaphores_n_is_kept)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *p2 = handle(a, "sem-n", 0, 0, 2), *p3 = handle(b, "sem-n", 0, 0, 3),
-          *lk = handle(b, "sem-n", 0, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *p2 = th_handle(a, "sem-n", 0, 0, 2), *p3 = th_handle(b, "sem-n", 0, 0, 3),
+          *lk = th_handle(b, "sem-n", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(p2, 0));
     int64_t t0 = th_now_ms();
@@ -1122,12 +1083,12 @@ TEST(a_semaphores_n_is_kept)
 
     /* full, with a head waiting at the gate: a lock's waiter does not
      * queue behind it to learn that much */
-    dlock *q1 = handle(a, "sem-n1", 0, 0, 1), *lq = handle(b, "sem-n1", 0, 0, 0);
-    dlock_client *h = client_at(srv.uri);
+    dlock *q1 = th_handle(a, "sem-n1", 0, 0, 1), *lq = th_handle(b, "sem-n1", 0, 0, 0);
+    dlock_client *h = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
     CHECK_OK(dlock_acquire(q1, 0));
-    start(&w, &th, handle(h, "sem-n1", 0, 0, 1), 0, 20000);
+    start(&w, &th, th_handle(h, "sem-n1", 0, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
     t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lq, 5000), DLOCK_EINVAL);
@@ -1140,14 +1101,10 @@ TEST(a_semaphores_n_is_kept)
     let_go(&w);
     pthread_join(th, NULL);
     dlock_close(w.l);
-    dlock_close(q1);
-    dlock_close(lq);
+    TH_CLOSE(q1, lq);
     dlock_client_close(h);
-    dlock_close(p2);
-    dlock_close(p3);
-    dlock_close(lk);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(p2, p3, lk);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct racers {
@@ -1213,7 +1170,7 @@ TEST(tries_racing_never_take_more_than_n)
     CHECK_OP(r->taken, >, 10);
     CHECK_OP(r->most, <=, 3);
     /* and the row never counted more than 3 live */
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     dlock_info in;
     CHECK_OK(dlock_inspect(c, "sem-race", &in));
     CHECK_EQ(in.held, 0);
@@ -1248,14 +1205,14 @@ static int permit_child(void *arg)
 TEST(a_killed_permit_holder_wakes_the_head)
 {
     child_permit *s = th_shared(sizeof(*s));
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
     waiter w;
     pthread_t th;
 
     pid_t pid = th_fork(permit_child, s);
     CHECK(th_wait_flag(&s->ready, 10000));
     CHECK_OK(s->rc);
-    start(&w, &th, handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
+    start(&w, &th, th_handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
     kill_holder_and_check(pid, "helper", "sem-killed", &w);
     let_go(&w);
@@ -1314,13 +1271,6 @@ static pid_t frozen_hold(const char *name, int64_t ttl, unsigned permits,
     return pid;
 }
 
-static void frozen_end(pid_t pid)
-{
-    kill(pid, SIGKILL);
-    kill(pid, SIGCONT);
-    CHECK_EQ(th_wait(pid), 128 + SIGKILL);
-}
-
 /* Waits (at most 10 s) until the hold of `owner` in name's row has
  * ended on the server's clock. */
 static void wait_hold_ended(const char *name, const char *owner)
@@ -1350,13 +1300,13 @@ static void wait_hold_ended(const char *name, const char *owner)
  */
 TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     child_hold *s;
     char owner[128];
 
     pid_t pid = frozen_hold("ended-permit", 1000, 2, &s);
-    dlock *p2 = handle(a, "ended-permit", 30000, 0, 2),
-          *p3 = handle(b, "ended-permit", 30000, 0, 2);
+    dlock *p2 = th_handle(a, "ended-permit", 30000, 0, 2),
+          *p3 = th_handle(b, "ended-permit", 30000, 0, 2);
     CHECK_OK(dlock_acquire(p2, 0));
     CHECK_EQ(form_of("ended-permit"), 2);
     entry_of("ended-permit", 0, 1, owner, sizeof(owner));
@@ -1368,11 +1318,11 @@ TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
     CHECK_OP(dlock_token(p3), >, dlock_token(p2));
     CHECK_OK(dlock_release(p3));
     CHECK_OK(dlock_release(p2));
-    frozen_end(pid);
+    th_kill_stopped(pid);
 
     pid = frozen_hold("ended-readers", 1000, 0, &s);
-    dlock *r2 = handle(a, "ended-readers", 5000, 0, 0),
-          *w = handle(b, "ended-readers", 30000, 0, 0);
+    dlock *r2 = th_handle(a, "ended-readers", 5000, 0, 0),
+          *w = th_handle(b, "ended-readers", 30000, 0, 0);
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK_EQ(form_of("ended-readers"), 2);
     CHECK_OK(dlock_release(r2));
@@ -1387,31 +1337,9 @@ TEST(holds_that_ended_beside_live_ones_are_free_for_a_try)
     CHECK_OK(dlock_acquire(w, 0));
     CHECK_OP(dlock_token(w), >, s->token);
     CHECK_OK(dlock_release(w));
-    frozen_end(pid);
-    dlock_close(p2);
-    dlock_close(p3);
-    dlock_close(r2);
-    dlock_close(w);
-    dlock_client_close(a);
-    dlock_client_close(b);
-}
-
-/* A session of another account that has no right on dlock's database
- * (USAGE only): GET_LOCK needs none, so it may take any lock name. */
-static MYSQL *foreign_open(void)
-{
-    MYSQL *m = mysql_init(NULL);
-    unsigned timeout = 10;
-
-    CHECK(m != NULL);
-    th_sql_query(&srv, NULL, 0, "CREATE USER IF NOT EXISTS 'squatter'@'%%' "
-                                "IDENTIFIED BY 'sq-SECRET5'");
-    mysql_options(m, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
-    if (!mysql_real_connect(m, "127.0.0.1", "squatter", "sq-SECRET5", NULL,
-                            (unsigned)srv.port, NULL, 0))
-        th_fail(__FILE__, __LINE__, "squatter: %s", mysql_error(m));
-    CHECK(mysql_query(m, "SELECT COUNT(*) FROM dlocktest.dlock_locks") != 0);
-    return m;
+    th_kill_stopped(pid);
+    TH_CLOSE(p2, p3, r2, w);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The foreign session takes user-level lock `prefix` + SHA-224 of the
@@ -1419,20 +1347,13 @@ static MYSQL *foreign_open(void)
  * it: the gate (a name), a hold lock (a name, a NUL, an owner id). */
 static void foreign_take(MYSQL *m, const char *prefix, const char *tail)
 {
-    char lock[128], sql[256];
-    MYSQL_RES *r;
-    MYSQL_ROW row;
+    char lock[128];
 
     th_sql_query(&srv, lock, sizeof(lock),
                  "SELECT CONCAT('%s', SHA2(CONCAT(CAST(DATABASE() AS "
                  "BINARY), X'00', 'dlock_locks', X'00', X'%s'), 224))",
                  prefix, tail);
-    snprintf(sql, sizeof(sql), "SELECT GET_LOCK('%s', 0)", lock);
-    CHECK_EQ(mysql_query(m, sql), 0);
-    r = mysql_store_result(m);
-    row = r ? mysql_fetch_row(r) : NULL;
-    CHECK(row && row[0] && !strcmp(row[0], "1"));
-    mysql_free_result(r);
+    th_sql_squatter_take(m, lock);
 }
 
 /* The foreign session takes the gate of `name` and the hold lock of the
@@ -1463,12 +1384,12 @@ static void foreign_take_gate_and_hold(MYSQL *m, const char *name)
  */
 TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
 {
-    MYSQL *f = foreign_open();
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri);
-    dlock *ra = handle(a, "squat-rw", 1000, 0, 0),
-          *rc = handle(c, "squat-rw", 30000, 0, 0),
-          *pa = handle(a, "squat-sem", 30000, 0, 2);
+    MYSQL *f = th_sql_squatter(&srv, "sq-SECRET5");
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "squat-rw", 1000, 0, 0),
+          *rc = th_handle(c, "squat-rw", 30000, 0, 0),
+          *pa = th_handle(a, "squat-sem", 30000, 0, 2);
     waiter w;
     pthread_t th;
 
@@ -1486,7 +1407,7 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
 
     /* a writer waits behind the reader, listed; a new reader's try is
      * busy (writer preference) */
-    start(&w, &th, handle(b, "squat-rw", 30000, 0, 0), 0, 10000);
+    start(&w, &th, th_handle(b, "squat-rw", 30000, 0, 0), 0, 10000);
     dlock_info in;
     int listed = 0;
     for (int i = 0; i < 1000 && !listed; i++) {
@@ -1509,13 +1430,9 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     mysql_close(f);
-    dlock_close(ra);
-    dlock_close(rc);
-    dlock_close(pa);
+    TH_CLOSE(ra, rc, pa);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* The number of sessions of the user dlock. */
@@ -1532,19 +1449,20 @@ static long long sessions(void)
  * goes at once to a try. */
 TEST(a_head_that_gives_up_leaves_nothing_behind)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *p1 = handle(a, "sem-give-up", 30000, 0, 2),
-          *p2 = handle(b, "sem-give-up", 30000, 0, 2);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *p1 = th_handle(a, "sem-give-up", 30000, 0, 2),
+          *p2 = th_handle(b, "sem-give-up", 30000, 0, 2);
 
     CHECK_OK(dlock_acquire(p1, 0));
     CHECK_OK(dlock_acquire(p2, 0));
-    dlock_client *obs = client_at(srv.uri); /* its pool: one connection */
+    dlock_client *obs =
+        th_client(srv.uri, NULL); /* its pool: one connection */
     dlock_info in;
     CHECK_OK(dlock_inspect(obs, "sem-give-up", &in));
     dlock_info_clear(&in);
     long long before = sessions();
-    dlock_client *h = client_at(srv.uri);
-    dlock *ph = handle(h, "sem-give-up", 30000, 0, 2);
+    dlock_client *h = th_client(srv.uri, NULL);
+    dlock *ph = th_handle(h, "sem-give-up", 30000, 0, 2);
     for (int i = 0; i < 2; i++) {
         int64_t t0 = th_now_ms();
         CHECK_RC(dlock_acquire(ph, 700), DLOCK_EBUSY);
@@ -1571,18 +1489,15 @@ TEST(a_head_that_gives_up_leaves_nothing_behind)
     CHECK_EQ(sessions(), before);
     /* the gate is free: a try gets the permit freed at once */
     CHECK_OK(dlock_release(p1));
-    dlock_client *t = client_at(srv.uri);
-    dlock *pt = handle(t, "sem-give-up", 30000, 0, 2);
+    dlock_client *t = th_client(srv.uri, NULL);
+    dlock *pt = th_handle(t, "sem-give-up", 30000, 0, 2);
     CHECK_OK(dlock_acquire(pt, 0));
     CHECK_OK(dlock_release(pt));
     CHECK_OK(dlock_release(p2));
     dlock_close(pt);
-    dlock_client_close(t);
-    dlock_client_close(obs);
-    dlock_close(p1);
-    dlock_close(p2);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(t, obs);
+    TH_CLOSE(p1, p2);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1634,7 +1549,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     long long tok = th_sql_query(&srv, NULL, 0, "SELECT token FROM "
                                                 "dlocktest.old_t");
     snprintf(u, sizeof(u), "%s?table=old_t", srv.uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT COUNT(*) FROM information_schema.columns "
                           "WHERE table_schema = 'dlocktest' AND table_name = "
@@ -1649,7 +1564,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
                           "column_name = 'holders'"),
              1);
     /* the held lock is as it was: held, by its owner, its token */
-    dlock *w = handle(c, "old-held", 0, 0, 0), *r = handle(c, "old-held", 0, 0, 0);
+    dlock *w = th_handle(c, "old-held", 0, 0, 0), *r = th_handle(c, "old-held", 0, 0, 0);
     dlock_info in;
     CHECK_OK(dlock_inspect(c, "old-held", &in));
     CHECK_EQ(in.held, 1);
@@ -1674,8 +1589,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     CHECK_OK(dlock_release(r));
     CHECK_OK(dlock_acquire(w, 0));
     CHECK_OK(dlock_release(w));
-    dlock_close(w);
-    dlock_close(r);
+    TH_CLOSE(w, r);
     dlock_client_close(c);
 
     /* a user who may use the tables but not alter them: exclusive locks as
@@ -1690,9 +1604,9 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     snprintf(u, sizeof(u),
              "mysql://noalter:noalter-pw@127.0.0.1:%d/dlocktest?table=old_ro",
              srv.port);
-    c = client_at(u);
-    dlock *x = handle(c, "plain", 0, 0, 0), *s = handle(c, "plain", 0, 0, 2),
-          *o = handle(c, "old-held", 0, 0, 0);
+    c = th_client(u, NULL);
+    dlock *x = th_handle(c, "plain", 0, 0, 0), *s = th_handle(c, "plain", 0, 0, 2),
+          *o = th_handle(c, "old-held", 0, 0, 0);
     CHECK_OK(dlock_acquire(x, 0));
     CHECK_OK(dlock_release(x));
     CHECK_RC(dlock_acquire_shared(x, 0), DLOCK_ENOTSUP);
@@ -1700,9 +1614,7 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
     CHECK_CONTAINS(dlock_errmsg(), "docs/stores.md");
     CHECK_RC(dlock_acquire(s, 0), DLOCK_ENOTSUP);
     CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY); /* its old holder's */
-    dlock_close(x);
-    dlock_close(s);
-    dlock_close(o);
+    TH_CLOSE(x, s, o);
     dlock_client_close(c);
 }
 
@@ -1716,17 +1628,17 @@ TEST(a_table_of_the_previous_version_is_migrated_at_open)
  * row, at once, not when the readers' renewals (10 s) find them gone. */
 TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri), *op = client_at(srv.uri);
-    dlock *ra = handle(a, "brk-drain", 30000, 0, 0),
-          *rb = handle(b, "brk-drain", 30000, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL), *op = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "brk-drain", 30000, 0, 0),
+          *rb = th_handle(b, "brk-drain", 30000, 0, 0);
     waiter w;
     pthread_t th;
     dlock_info ev;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
-    start(&w, &th, handle(c, "brk-drain", 30000, 0, 0), 0, 20000);
+    start(&w, &th, th_handle(c, "brk-drain", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-drain", &ev));
@@ -1747,12 +1659,8 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 /* A full semaphore of 2 (30 s leases): its head waits on both hold locks
@@ -1761,20 +1669,20 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
  * go of the gate, and the waiter behind it takes the other, both at once. */
 TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri),
-                 *c = client_at(srv.uri), *d = client_at(srv.uri),
-                 *op = client_at(srv.uri);
-    dlock *pa = handle(a, "brk-sem", 30000, 0, 2),
-          *pb = handle(b, "brk-sem", 30000, 0, 2);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL),
+                 *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL),
+                 *op = th_client(srv.uri, NULL);
+    dlock *pa = th_handle(a, "brk-sem", 30000, 0, 2),
+          *pb = th_handle(b, "brk-sem", 30000, 0, 2);
     waiter w1, w2;
     pthread_t t1, t2;
     dlock_info ev;
 
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
-    start(&w1, &t1, handle(c, "brk-sem", 30000, 0, 2), 0, 20000);
+    start(&w1, &t1, th_handle(c, "brk-sem", 30000, 0, 2), 0, 20000);
     wait_sleepers("helper", 2);
-    start(&w2, &t2, handle(d, "brk-sem", 30000, 0, 2), 0, 20000);
+    start(&w2, &t2, th_handle(d, "brk-sem", 30000, 0, 2), 0, 20000);
     wait_sleepers("gate", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-sem", &ev));
@@ -1798,13 +1706,8 @@ TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
     wait_sleepers("helper", 0);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(pa, pb);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 static const th_test tests[] = {

@@ -14,33 +14,23 @@
 #include "test.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static th_store S;
-static int can_list, can_break;
+static int can_list, can_break, can_tell;
 
 static dlock_client *client(void)
 {
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, S.uri, th_patient()));
-    return c;
+    return th_client(S.uri, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      dlock_lost_cb cb, void *arg)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.on_lost = cb;
-    o.on_lost_arg = arg;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, 0, cb, arg);
 }
 
 /* Every lock under `prefix`, through every page of `limit`: the names
@@ -238,11 +228,8 @@ TEST(list_shows_held_locks_under_a_prefix)
 
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_release(l3));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(l3);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l1, l2, l3);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(list_pages_through_every_lock)
@@ -272,8 +259,7 @@ TEST(list_pages_through_every_lock)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Threads listing through one client at once (an exporter serving
@@ -331,8 +317,7 @@ TEST(threads_listing_through_one_client_each_see_every_lock)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(list_matches_names_as_bytes)
@@ -375,8 +360,7 @@ TEST(list_matches_names_as_bytes)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(list_shows_long_names_whole)
@@ -401,8 +385,7 @@ TEST(list_shows_long_names_whole)
     found_free(&f);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct waiter_arg {
@@ -425,28 +408,6 @@ static void *wait_for(void *p)
     return NULL;
 }
 
-/* Bounded: the store reports n waiters of name (the test's own look at
- * the store, to order its steps). */
-static int wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (th_now_ms() < until) {
-        dlock_info in;
-        CHECK_OK(dlock_inspect(c, name, &in));
-        int64_t w = in.waiters;
-        dlock_info_clear(&in);
-        if (w < 0)
-            return 0; /* the store cannot tell */
-        if (w >= n)
-            return 1;
-        th_sleep_ms(5);
-    }
-    th_fail(__FILE__, __LINE__, "fewer than %lld waiters of %s after 10 s",
-            (long long)n, name);
-    return 0;
-}
-
 TEST(list_shows_waiters)
 {
     NEED(list);
@@ -458,7 +419,7 @@ TEST(list_shows_waiters)
 
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_EQ(pthread_create(&t, NULL, wait_for, &w), 0);
-    if (wait_waiters(o, "op/wait", 1)) {
+    if (th_wait_queued(o, "op/wait", 1, 10000)) {
         found f = list_all(o, "op/wait", 100, 0);
         CHECK_EQ(f.n, 1);
         CHECK_OP(f.waiters[0], >=, 1);
@@ -467,11 +428,8 @@ TEST(list_shows_waiters)
     CHECK_OK(dlock_release(la));
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(o);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, o);
 }
 
 TEST(break_evicts_a_renewing_holder)
@@ -520,11 +478,8 @@ TEST(break_evicts_a_renewing_holder)
     CHECK_OK(dlock_release(lb));
     /* breaking it again: nothing held */
     CHECK_RC(dlock_break(op, "op/break", NULL), DLOCK_ENOTHELD);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 TEST(break_wakes_a_waiter_at_once)
@@ -542,7 +497,7 @@ TEST(break_wakes_a_waiter_at_once)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
     CHECK_EQ(pthread_create(&t, NULL, wait_for, &w), 0);
-    (void)wait_waiters(op, "op/break-wake", 1);
+    (void)th_wait_queued(op, "op/break-wake", 1, 10000);
     th_sleep_ms(100); /* the waiter is asleep */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "op/break-wake", NULL));
@@ -551,11 +506,8 @@ TEST(break_wakes_a_waiter_at_once)
     CHECK_OP(w.token, >, t1);
     CHECK_OP(th_now_ms() - t0, <, 5000);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 typedef struct race_arg {
@@ -601,11 +553,8 @@ TEST(break_racing_a_release_removes_the_hold_once)
         CHECK_OK(dlock_release(lc));
     }
     printf("     release first %d, break first %d\n", rel_ok, brk_ok);
-    dlock_close(la);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(op);
-    dlock_client_close(c);
+    TH_CLOSE(la, lc);
+    TH_CLIENT_CLOSE(a, op, c);
 }
 
 TEST(break_takes_every_read_hold)
@@ -632,12 +581,281 @@ TEST(break_takes_every_read_hold)
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
 out:
-    dlock_close(ra);
-    dlock_close(rb);
+    TH_CLOSE(ra, rb, lw);
+    TH_CLIENT_CLOSE(a, b, w, op);
+}
+
+/* --- a broken holder is told at once (zk: its node's watch; etcd: its
+ * key's stream), on the stores that push it (can_tell) --- */
+
+/* The bound within which an evicted holder hears of the deletion of its
+ * node or key: the server sends the event as it applies the delete, and
+ * the holder's client hands it to its background thread (on etcd after
+ * asking whether the key's lease still lives, or opening a stream first
+ * when none was up), which tells the core. A few round trips and thread
+ * hops: 5 s on a busy 2-core machine, far below the 30 s leases and
+ * sessions of these tests (a hold that is renewed, or a ZooKeeper hold
+ * that has nothing to renew, would otherwise learn it late or never). */
+#define TOLD_MS 5000
+
+#define NEED_TELL()                                                         \
+    do {                                                                    \
+        if (!can_tell) {                                                    \
+            printf("     (checked where a broken holder is told at once: " \
+                   "zk, etcd)\n");                                         \
+            return;                                                         \
+        }                                                                   \
+    } while (0)
+
+static dlock *handle_n(dlock_client *c, const char *name, unsigned permits,
+                       th_lost *n)
+{
+    return th_open(c, name,
+                   &(dlock_options){.ttl_ms = 30000,
+                                    .permits = permits,
+                                    .on_lost = n ? th_lost_cb : NULL,
+                                    .on_lost_arg = n});
+}
+
+typedef struct brk_waiter {
+    dlock *l;
+    int shared;
+    dlock_client *obs; /* the hand-off race: looks at the store */
+    th_lost *n;
+    volatile int rc;
+    volatile int done;
+    volatile uint64_t token;
+    volatile int release;    /* set by the test: release now */
+    volatile int release_rc;
+    volatile int agreed;     /* its view and the store's agreed */
+} brk_waiter;
+
+/* Waits for the lock (20 s), then until told to release (60 s at most);
+ * holds live on the thread that took them. */
+static void *brk_wait(void *arg)
+{
+    brk_waiter *w = arg;
+
+    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
+                      : dlock_acquire(w->l, 20000);
+    w->token = dlock_token(w->l);
+    if (w->rc == DLOCK_OK && w->obs) {
+        /* the waiter's view and the store's agree within TOLD_MS: it
+         * holds what the store says it holds, or it was told it lost */
+        int64_t until = th_now_ms() + TOLD_MS;
+        while (!w->agreed && th_now_ms() < until) {
+            dlock_info in;
+            memset(&in, 0, sizeof(in));
+            int rc = dlock_inspect(w->obs, "op/brk-handoff", &in);
+            int held = dlock_held(w->l);
+            w->agreed = rc == DLOCK_OK &&
+                        ((held == 1 && in.held && in.token == w->token) ||
+                         (held == DLOCK_ELOST && th_lost_calls(w->n) == 1));
+            dlock_info_clear(&in);
+            if (!w->agreed)
+                th_sleep_ms(5);
+        }
+        w->release = 1;
+    }
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    if (w->rc != DLOCK_OK)
+        return NULL;
+    (void)th_wait_flag(&w->release, 60000);
+    w->release_rc = dlock_release(w->l);
+    return NULL;
+}
+
+TEST(a_break_takes_every_reader_and_every_permit_and_tells_them)
+{
+    NEED(break);
+    NEED_TELL();
+    enum { NR = 3 };
+    th_lost n = TH_LOST_INIT;
+    dlock_client *c[NR], *wc = client(), *op = client();
+    dlock *r[NR];
+    dlock_info ev;
+    brk_waiter w;
+    pthread_t th;
+    uint64_t top = 0;
+
+    /* three readers in three clients, a writer waiting behind them */
+    for (int i = 0; i < NR; i++) {
+        c[i] = client();
+        r[i] = handle_n(c[i], "op/brk-rw", 0, &n);
+        CHECK_OK(dlock_acquire_shared(r[i], 0));
+        if (dlock_token(r[i]) > top)
+            top = dlock_token(r[i]);
+    }
+    dlock *lw = handle_n(wc, "op/brk-rw", 0, NULL);
+    memset(&w, 0, sizeof(w));
+    w.l = lw;
+    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
+    th_wait_waiters(op, "op/brk-rw", 1);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "op/brk-rw", &ev));
+    CHECK_EQ(ev.held, 1);
+    CHECK_EQ(ev.shared, 1);
+    CHECK_EQ(ev.holders, NR);
+    CHECK_EQ(ev.token, top);
+    CHECK_EQ(ev.waiters, 1);
+    dlock_info_clear(&ev);
+    /* the writer was told the holds ahead of it went: at once, as a
+     * release (bounded as the holders' loss, TOLD_MS) */
+    CHECK(th_wait_flag(&w.done, TOLD_MS));
+    CHECK_OK(w.rc);
+    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
+    CHECK_OP(w.token, >, top);
+    CHECK_EQ(th_lost_wait(&n, NR, TOLD_MS), NR);
+    for (int i = 0; i < NR; i++) {
+        CHECK_EQ(dlock_held(r[i]), DLOCK_ELOST);
+        CHECK_RC(dlock_release(r[i]), DLOCK_ELOST);
+    }
+    w.release = 1;
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+
+    /* a semaphore of 2: both permits taken, the waiter gets one */
+    th_lost_reset(&n);
+    dlock *p[2], *pw = handle_n(wc, "op/brk-sem", 2, &n);
+    top = 0;
+    for (int i = 0; i < 2; i++) {
+        p[i] = handle_n(c[i], "op/brk-sem", 2, &n);
+        CHECK_OK(dlock_acquire(p[i], 0));
+        if (dlock_token(p[i]) > top)
+            top = dlock_token(p[i]);
+    }
+    memset(&w, 0, sizeof(w));
+    w.l = pw;
+    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
+    th_wait_waiters(op, "op/brk-sem", 1);
+    t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, "op/brk-sem", &ev));
+    CHECK_EQ(ev.permits, 2);
+    CHECK_EQ(ev.holders, 2);
+    CHECK_EQ(ev.token, top);
+    dlock_info_clear(&ev);
+    CHECK(th_wait_flag(&w.done, TOLD_MS));
+    CHECK_OK(w.rc);
+    CHECK_OP(w.token, >, top);
+    CHECK_EQ(th_lost_wait(&n, 2, TOLD_MS), 2);
+    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
+    /* a permit is free again for anyone; the evicted ones say so */
+    dlock *p3 = handle_n(op, "op/brk-sem", 2, NULL);
+    CHECK_OK(dlock_acquire(p3, 0));
+    for (int i = 0; i < 2; i++)
+        CHECK_RC(dlock_release(p[i]), DLOCK_ELOST);
+    CHECK_OK(dlock_release(p3));
+    w.release = 1;
+    pthread_join(th, NULL);
+    CHECK_OK(w.release_rc);
+    TH_CLOSE(p[0], p[1], p3, pw);
+    for (int i = 0; i < NR; i++) {
+        dlock_close(r[i]);
+        dlock_client_close(c[i]);
+    }
     dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(w);
+    TH_CLIENT_CLOSE(wc, op);
+}
+
+typedef struct race_brk {
+    dlock_client *op;
+    volatile int rc;
+} race_brk;
+
+static void *race_breaker(void *arg)
+{
+    race_brk *r = arg;
+    r->rc = dlock_break(r->op, "op/brk-handoff", NULL);
+    return NULL;
+}
+
+TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
+{
+    NEED(break);
+    NEED_TELL();
+    /* The holder releases while a break runs, a waiter queued behind it:
+     * the break removes the holder's node or key, or the waiter's just
+     * after it became the holder, or finds nobody. Whatever the order,
+     * the waiter ends up holding the lock in the store or told that it
+     * lost it: never a hold its client believes in that the store does
+     * not have. */
+    dlock_client *a = client(), *b = client(), *op = client(),
+                 *obs = client();
+    dlock *la = handle_n(a, "op/brk-handoff", 0, NULL);
+    th_lost n = TH_LOST_INIT;
+    int outcome[3] = {0, 0, 0};
+
+    for (int i = 0; i < 20; i++) {
+        brk_waiter w;
+        race_brk r = {op, 0};
+        pthread_t tw, tb;
+        memset(&w, 0, sizeof(w));
+        th_lost_reset(&n);
+        w.l = handle_n(b, "op/brk-handoff", 0, &n);
+        w.obs = obs;
+        w.n = &n;
+        CHECK_OK(dlock_acquire(la, 0));
+        CHECK_EQ(pthread_create(&tw, NULL, brk_wait, &w), 0);
+        th_wait_waiters(obs, "op/brk-handoff", 1);
+        CHECK_EQ(pthread_create(&tb, NULL, race_breaker, &r), 0);
+        if (i % 2)
+            th_sleep_ms(i % 3);
+        int rel = dlock_release(la);
+        pthread_join(tb, NULL);
+        pthread_join(tw, NULL);
+        CHECK(rel == DLOCK_OK || rel == DLOCK_ELOST);
+        CHECK(r.rc == DLOCK_OK || r.rc == DLOCK_ENOTHELD);
+        CHECK_OK(w.rc); /* the lock was free for it in the end */
+        CHECK(w.agreed);
+        CHECK(w.release_rc == DLOCK_OK || w.release_rc == DLOCK_ELOST);
+        /* (the break may also come after the waiter looked: then its
+         * release says so) a release that worked was never told lost */
+        if (w.release_rc == DLOCK_OK)
+            CHECK_EQ(th_lost_calls(&n), 0);
+        outcome[rel == DLOCK_ELOST ? 0 : w.release_rc == DLOCK_OK ? 1 : 2]++;
+        dlock_close(w.l);
+    }
+    printf("     holder broken %d, waiter holds %d, waiter broken %d\n",
+           outcome[0], outcome[1], outcome[2]);
+    dlock_close(la);
+    TH_CLIENT_CLOSE(a, b, op, obs);
+}
+
+TEST(a_frozen_holder_that_was_broken_learns_it_when_thawed)
+{
+    NEED(break);
+    NEED_TELL();
+    /* frozen 1 s, within its 30 s session or lease (kept alive every
+     * 10 s): the server keeps it, and the deletion's event waits in the
+     * holder's socket */
+    th_holder *f = th_shared(sizeof(*f));
+    dlock_client *op = client();
+    dlock *l = handle_n(op, "op/brk-frozen", 0, NULL);
+
+    snprintf(f->uri, sizeof(f->uri), "%s", S.uri);
+    snprintf(f->name, sizeof(f->name), "op/brk-frozen");
+    f->ttl = 30000;
+    f->settle_ms = 300; /* its watch or stream is up */
+    f->lost_ms = 10000;
+    pid_t pid = th_fork(th_holder_child, f);
+    CHECK(th_wait_flag(&f->ready, 10000));
+    kill(pid, SIGSTOP);
+    CHECK_OK(dlock_break(op, "op/brk-frozen", NULL));
+    CHECK_OK(dlock_acquire(l, 0));
+    CHECK_OP(dlock_token(l), >, f->token);
+    th_sleep_ms(1000);
+    kill(pid, SIGCONT);
+    __atomic_store_n(&f->go, 1, __ATOMIC_SEQ_CST);
+    CHECK_EQ(th_wait(pid), 0);
+    /* told after it thawed, within TOLD_MS */
+    CHECK_EQ(f->lost_calls, 1);
+    CHECK_EQ(f->lost_token, f->token);
+    CHECK_OP(f->lost_after_cont, <, TOLD_MS);
+    CHECK_EQ(f->held_before_release, DLOCK_ELOST);
+    CHECK_RC(f->release_rc, DLOCK_ELOST);
+    CHECK_EQ(dlock_held(l), 1); /* its release left ours alone */
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
     dlock_client_close(op);
 }
 
@@ -653,47 +871,53 @@ static const th_test tests[] = {
     TK(break_wakes_a_waiter_at_once),
     TK(break_racing_a_release_removes_the_hold_once),
     TK(break_takes_every_read_hold),
+    TK(a_break_takes_every_reader_and_every_permit_and_tells_them),
+    TK(a_break_racing_a_hand_off_leaves_no_false_holder),
+    TK(a_frozen_holder_that_was_broken_learns_it_when_thawed),
     {NULL, NULL, 0},
 };
 
-int main(int argc, char **argv)
+/* What the store started can do. */
+static void started(void)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
     /* what each store can do (docs/monitoring.md): the first test checks
      * that the others answer DLOCK_ENOTSUP, clearly. Each store's flag is
-     * turned on by the change that gives the store the slot. */
+     * turned on by the change that gives the store the slot.
+     * tell: a broken holder is told at once, by its node's watch (zk) or
+     * its key's stream (etcd), not at its next renewal. */
     static const struct {
         const char *kind;
-        int list, brk;
+        int list, brk, tell;
     } what[] = {
-        {"file", 1, 0},
+        {"file", 1, 0, 0},
 
-        {"redis", 1, 1},
+        {"redis", 1, 1, 0},
 
-        {"redlock", 1, 1},
+        {"redlock", 1, 1, 0},
 
-        {"zk", 1, 1},
+        {"zk", 1, 1, 1},
 
-        {"etcd", 1, 1},
+        {"etcd", 1, 1, 1},
 
-        {"sqlite", 1, 1},
+        {"sqlite", 1, 1, 0},
 
-        {"pg", 1, 1},
+        {"pg", 1, 1, 0},
 
         /* advisory mode cannot list: the server has keys, not names */
-        {"pg-advisory", 0, 1},
+        {"pg-advisory", 0, 1, 0},
 
-        {"mysql", 1, 1},
+        {"mysql", 1, 1, 0},
     };
     for (size_t i = 0; i < sizeof(what) / sizeof(what[0]); i++) {
         if (!strcmp(S.kind, what[i].kind)) {
             can_list = what[i].list;
             can_break = what[i].brk;
+            can_tell = what[i].tell;
         }
     }
-    return th_main(argc - 1, argv + 1, tests);
+}
+
+int main(int argc, char **argv)
+{
+    return th_store_main(argc, argv, &S, tests, started);
 }

@@ -38,31 +38,9 @@
 static th_sql srv;
 static char adv[400]; /* srv.uri + ?mode=advisory */
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(srv.uri);
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
+    return th_client(srv.uri, NULL);
 }
 
 /* The advisory key of a name, as the store computes it. */
@@ -74,7 +52,8 @@ static int64_t waiters_of(dlock_client *c, const char *name)
 TEST(rows_stay_and_tokens_come_from_the_sequence)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "row", 0, 0), *lb = handle(b, "row", 0, 0);
+    dlock *la = th_handle(a, "row", 0, 0, 0),
+          *lb = th_handle(b, "row", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
@@ -118,10 +97,8 @@ TEST(rows_stay_and_tokens_come_from_the_sequence)
     CHECK_OK(dlock_extend(la, 30000));
     CHECK_OK(dlock_release(la));
     CHECK_RC(dlock_gc(a, -1, &n), DLOCK_EINVAL);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Six processes fight for one name; under the lock each checks that its
@@ -181,10 +158,10 @@ TEST(sql_injection_locks_a_strangely_named_lock)
     int n = 0;
 
     for (int i = 0; names[i]; i++) {
-        dlock *l = handle(a, names[i], 0, 0);
+        dlock *l = th_handle(a, names[i], 0, 0, 0);
         CHECK_OK(dlock_acquire(l, 0));
         for (int k = 0; names[k]; k++) {
-            dlock *o = handle(b, names[k], 0, 0);
+            dlock *o = th_handle(b, names[k], 0, 0, 0);
             if (k == i) {
                 CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
             } else {
@@ -207,8 +184,8 @@ TEST(sql_injection_locks_a_strangely_named_lock)
     snprintf(u, sizeof(u),
              "%s?table=t%%22%%3B%%20DROP%%20TABLE%%20dlock_locks%%3B%%20--%%27",
              srv.uri);
-    b = client_at(u);
-    dlock *l = handle(b, "y", 0, 0);
+    b = th_client(u, NULL);
+    dlock *l = th_handle(b, "y", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -276,10 +253,12 @@ static void wait_queued(waiter_arg *w)
 TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
 {
     dlock_client *h = client(), *wa = client(), *wb = client();
-    dlock *la = handle(h, "quiet-a", 60000, 0);
-    dlock *lb = handle(h, "quiet-b", 60000, 0);
-    waiter_arg a = {handle(wa, "quiet-a", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
-    waiter_arg b = {handle(wb, "quiet-b", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
+    dlock *la = th_handle(h, "quiet-a", 60000, 0, 0);
+    dlock *lb = th_handle(h, "quiet-b", 60000, 0, 0);
+    waiter_arg a = {
+        th_handle(wa, "quiet-a", 60000, 0, 0), 20000, 0, 0, 0, 0, 0, 0};
+    waiter_arg b = {
+        th_handle(wb, "quiet-b", 60000, 0, 0), 20000, 0, 0, 0, 0, 0, 0};
     pthread_t ta, tb;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -299,9 +278,7 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
      * on another channel: it stays asleep and sends nothing */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(la));
-    for (int i = 0; i < 500 && !__atomic_load_n(&a.done, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(2);
+    (void)th_wait_flag(&a.done, 1000);
     CHECK_EQ(a.done, 1);
     CHECK_OK(a.rc);
     /* woken by the NOTIFY (one wake-up and one statement), not by the
@@ -318,20 +295,18 @@ TEST(a_waiter_sends_nothing_while_it_waits_and_a_release_wakes_it)
     CHECK_OK(b.rc);
     /* woken by its release, not the 60 s lease: any time far below it */
     CHECK_OP(b.took, <, 10000);
-    dlock_close(la);
-    dlock_close(lb);
+    TH_CLOSE(la, lb);
     dlock_close(a.l);
     dlock_close(b.l);
-    dlock_client_close(h);
-    dlock_client_close(wa);
-    dlock_client_close(wb);
+    TH_CLIENT_CLOSE(h, wa, wb);
 }
 
 TEST(a_listener_killed_mid_wait_listens_again)
 {
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "relisten", 60000, 0);
-    waiter_arg w = {handle(c, "relisten", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
+    dlock *lh = th_handle(h, "relisten", 60000, 0, 0);
+    waiter_arg w = {
+        th_handle(c, "relisten", 60000, 0, 0), 20000, 0, 0, 0, 0, 0, 0};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -353,11 +328,11 @@ TEST(a_listener_killed_mid_wait_listens_again)
          i < 2000 && (th_sql_query(&srv, NULL, 0,
                                    "SELECT max(pid) FROM dlock_locks_waiters "
                                    "WHERE name = 'relisten'::bytea") == old ||
-                      waiters_of(h, "relisten") != 1);
+                      th_waiters(h, "relisten") != 1);
          i++)
         th_sleep_ms(5);
     CHECK_EQ(w.done, 0);
-    CHECK_EQ(waiters_of(h, "relisten"), 1);
+    CHECK_EQ(th_waiters(h, "relisten"), 1);
     CHECK_OP(th_sql_query(&srv, NULL, 0,
                           "SELECT max(pid) FROM dlock_locks_waiters WHERE "
                           "name = 'relisten'::bytea"),
@@ -369,16 +344,21 @@ TEST(a_listener_killed_mid_wait_listens_again)
     CHECK_OP(th_now_ms() - t0, <, 2000); /* woken, not by the 60 s lease */
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 TEST(a_client_that_waited_goes_quiet_and_stops_listening)
 {
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "idle-after", 60000, DLOCK_FAIR);
-    waiter_arg w = {handle(c, "idle-after", 60000, DLOCK_FAIR), 20000, 0, 0,
-                    0, 0, 0, 0};
+    dlock *lh = th_handle(h, "idle-after", 60000, DLOCK_FAIR, 0);
+    waiter_arg w = {th_handle(c, "idle-after", 60000, DLOCK_FAIR, 0),
+                    20000,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -430,8 +410,7 @@ TEST(a_client_that_waited_goes_quiet_and_stops_listening)
     CHECK_OP(w.took, <, 5000);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- fair mode --- */
@@ -472,7 +451,7 @@ TEST(fair_waiters_stay_queued_without_refreshing)
 {
     fair_shared *s = th_shared(sizeof(*s));
     dlock_client *h = client();
-    dlock *lh = handle(h, "fair", 60000, DLOCK_FAIR);
+    dlock *lh = th_handle(h, "fair", 60000, DLOCK_FAIR, 0);
     pid_t pids[3];
 
     s->wait = 30000;
@@ -480,14 +459,12 @@ TEST(fair_waiters_stay_queued_without_refreshing)
     for (int i = 0; i < 3; i++) {
         s->index = i;
         pids[i] = th_fork(fair_child, s);
-        for (int k = 0; k < 500 && waiters_of(h, "fair") < i + 1; k++)
-            th_sleep_ms(10);
-        CHECK_EQ(waiters_of(h, "fair"), i + 1);
+        th_wait_waiters(h, "fair", i + 1);
     }
     /* nothing refreshes an entry: it lives as long as its waiter's
      * session, so after 5 s all three are still queued, in order */
     th_sleep_ms(5000);
-    CHECK_EQ(waiters_of(h, "fair"), 3);
+    CHECK_EQ(th_waiters(h, "fair"), 3);
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < 3; i++)
         CHECK_EQ(th_wait(pids[i]), 0);
@@ -501,28 +478,24 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
 {
     fair_shared *s = th_shared(sizeof(*s));
     dlock_client *h = client();
-    dlock *lh = handle(h, "fair", 60000, DLOCK_FAIR);
+    dlock *lh = th_handle(h, "fair", 60000, DLOCK_FAIR, 0);
     pid_t dead, next;
 
     s->wait = 20000;
     CHECK_OK(dlock_acquire(lh, 0));
     s->index = 0;
     dead = th_fork(fair_child, s);
-    for (int k = 0; k < 500 && waiters_of(h, "fair") < 1; k++)
+    for (int k = 0; k < 500 && th_waiters(h, "fair") < 1; k++)
         th_sleep_ms(10);
     s->index = 1;
     next = th_fork(fair_child, s);
-    for (int k = 0; k < 500 && waiters_of(h, "fair") < 2; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "fair"), 2);
+    th_wait_waiters(h, "fair", 2);
     kill(dead, SIGKILL);
     CHECK_EQ(th_wait(dead), 128 + SIGKILL);
     /* its backend ends when it reads the closed socket: at once on an
      * idle machine, later on a loaded one (until then the session, and
      * so the waiter, is alive, and a release would hand it the lock) */
-    for (int k = 0; k < 1000 && waiters_of(h, "fair") != 1; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "fair"), 1);
+    th_wait_waiters(h, "fair", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     /* the head is dead: its session ended with it, so the release skips
@@ -539,9 +512,15 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
 TEST(an_entry_whose_session_does_not_listen_is_skipped)
 {
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "not-listening", 60000, DLOCK_FAIR);
-    waiter_arg w = {handle(c, "not-listening", 60000, DLOCK_FAIR), 20000, 0,
-                    0, 0, 0, 0, 0};
+    dlock *lh = th_handle(h, "not-listening", 60000, DLOCK_FAIR, 0);
+    waiter_arg w = {th_handle(c, "not-listening", 60000, DLOCK_FAIR, 0),
+                    20000,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -570,8 +549,7 @@ TEST(an_entry_whose_session_does_not_listen_is_skipped)
              0);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- hand-over (both modes) --- */
@@ -579,8 +557,9 @@ TEST(an_entry_whose_session_does_not_listen_is_skipped)
 TEST(a_release_hands_the_lock_over_in_default_mode)
 {
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "handover", 60000, 0);
-    waiter_arg w = {handle(c, "handover", 60000, 0), 20000, 0, 0, 0, 0, 0, 0};
+    dlock *lh = th_handle(h, "handover", 60000, 0, 0);
+    waiter_arg w = {
+        th_handle(c, "handover", 60000, 0, 0), 20000, 0, 0, 0, 0, 0, 0};
     dlock_info info;
     pthread_t t;
 
@@ -589,7 +568,7 @@ TEST(a_release_hands_the_lock_over_in_default_mode)
     uint64_t first = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
     wait_queued(&w);
-    CHECK_EQ(waiters_of(h, "handover"), 1);
+    CHECK_EQ(th_waiters(h, "handover"), 1);
     /* the release gives the lock to the waiter in the same statement: the
      * releaser cannot barge back in, even at once */
     CHECK_OK(dlock_release(lh));
@@ -607,20 +586,19 @@ TEST(a_release_hands_the_lock_over_in_default_mode)
     dlock_info_clear(&info);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 TEST(a_waiter_that_gave_up_is_not_handed_the_lock)
 {
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "gave-up", 60000, 0);
-    dlock *lc = handle(c, "gave-up", 60000, 0);
+    dlock *lh = th_handle(h, "gave-up", 60000, 0, 0);
+    dlock *lc = th_handle(c, "gave-up", 60000, 0, 0);
     dlock_info info;
 
     CHECK_OK(dlock_acquire(lh, 0));
     CHECK_RC(dlock_acquire(lc, 300), DLOCK_EBUSY);
-    CHECK_EQ(waiters_of(h, "gave-up"), 0);
+    CHECK_EQ(th_waiters(h, "gave-up"), 0);
     /* its client is alive and listening no more than a second: a grant
      * to its finished wait would leave the lock held by nobody */
     CHECK_OK(dlock_release(lh));
@@ -629,10 +607,8 @@ TEST(a_waiter_that_gave_up_is_not_handed_the_lock)
     dlock_info_clear(&info);
     CHECK_OK(dlock_acquire(lc, 0));
     CHECK_OK(dlock_release(lc));
-    dlock_close(lh);
-    dlock_close(lc);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLOSE(lh, lc);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 static long long dlock_sessions(void)
@@ -648,9 +624,15 @@ TEST(a_client_keeps_one_connection_while_it_holds_or_waits)
     th_sleep_ms(300); /* sessions of earlier tests' clients end */
     long long base = dlock_sessions();
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "one-conn", 60000, 0);
-    waiter_arg w = {handle(c, "one-conn", 60000, DLOCK_FAIR), 20000, 0, 0, 0,
-                    0, 0, 0};
+    dlock *lh = th_handle(h, "one-conn", 60000, 0, 0);
+    waiter_arg w = {th_handle(c, "one-conn", 60000, DLOCK_FAIR, 0),
+                    20000,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -666,8 +648,7 @@ TEST(a_client_keeps_one_connection_while_it_holds_or_waits)
     CHECK_EQ(dlock_sessions(), base + 2);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- clocks --- */
@@ -678,7 +659,7 @@ static void skewed(const char *shift, long long expect_offset)
     int fd;
     char line[128];
     dlock_client *c = client();
-    dlock *l = handle(c, "skew", 0, 0);
+    dlock *l = th_handle(c, "skew", 0, 0, 0);
     dlock_info info;
 
     pid_t pid = th_skewed_holder(shift, srv.uri, "skew", 2000, -1, &fd);
@@ -726,7 +707,7 @@ TEST(a_client_whose_clock_is_hours_off_gets_correct_leases)
 
     /* a client 5 h ahead cannot take over a lease that is still running */
     dlock_client *c = client();
-    dlock *l = handle(c, "skew2", 30000, 0);
+    dlock *l = th_handle(c, "skew2", 30000, 0, 0);
     int fd;
     char line[128];
     CHECK_OK(dlock_acquire(l, 0));
@@ -765,24 +746,24 @@ static void down_and_back(const char *query)
 
     th_sql_start(&s2, "pg");
     snprintf(u, sizeof(u), "%s%s", s2.uri, query);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     memset(&o, 0, sizeof(o));
     o.ttl_ms = 1500;
     o.on_lost = on_lost;
     lost_calls = 0;
     CHECK_OK(dlock_open(&l, c, "down", &o));
-    other = handle(c, "other", 0, 0);
+    other = th_handle(c, "other", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     uint64_t tok = dlock_token(l);
     /* a waiter of another client, asleep when the server dies: it rides
      * the restart out within its wait (60 s) and gets the lock with a
      * higher token (docs/design.md, "Waiting through failovers and
      * restarts"; before, it ended DLOCK_ECONN at once) */
-    dlock_client *wc = client_at(u);
+    dlock_client *wc = th_client(u, NULL);
     th_waiter w;
     pthread_t th;
     memset(&w, 0, sizeof(w));
-    w.l = handle(wc, "down", 0, 0);
+    w.l = th_handle(wc, "down", 0, 0, 0);
     CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
     th_sleep_ms(300);
 
@@ -813,8 +794,7 @@ static void down_and_back(const char *query)
     CHECK_OK(dlock_acquire(l, 5000)); /* the same client, new connections */
     CHECK_OP(dlock_token(l), >, tok);
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(other);
+    TH_CLOSE(l, other);
     dlock_client_close(c);
     th_sql_kill(&s2, SIGKILL);
 }
@@ -835,11 +815,11 @@ TEST(a_frozen_server_keeps_the_callers_deadline)
     th_sql s2;
     char u[512];
     th_sql_start(&s2, "pg");
-    dlock_client *c = client_at(s2.uri);
-    dlock *l = handle(c, "frozen", 0, 0);
+    dlock_client *c = th_client(s2.uri, NULL);
+    dlock *l = th_handle(c, "frozen", 0, 0, 0);
     snprintf(u, sizeof(u), "%s?timeout=500", s2.uri);
-    dlock_client *q = client_at(u);
-    dlock *lq = handle(q, "frozen-q", 0, 0);
+    dlock_client *q = th_client(u, NULL);
+    dlock *lq = th_handle(q, "frozen-q", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0)); /* a pooled connection exists */
     CHECK_OK(dlock_release(l));
@@ -864,10 +844,8 @@ TEST(a_frozen_server_keeps_the_callers_deadline)
     CHECK_OP(took, <, 1500);
     CHECK_OK(dlock_acquire(l, 5000));
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(lq);
-    dlock_client_close(c);
-    dlock_client_close(q);
+    TH_CLOSE(l, lq);
+    TH_CLIENT_CLOSE(c, q);
     th_sql_kill(&s2, SIGKILL);
 }
 
@@ -887,9 +865,10 @@ TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
              "postgres://dlock:dlock-secret@127.0.0.1:%d/postgres?timeout="
              "2000",
              px.port);
-    dlock_client *c = client_at(u), *o = client();
-    dlock *slow = handle(c, "late", 0, 0), *fast = handle(c, "late", 20000, 0);
-    dlock *other = handle(o, "late", 0, 0);
+    dlock_client *c = th_client(u, NULL), *o = client();
+    dlock *slow = th_handle(c, "late", 0, 0, 0),
+          *fast = th_handle(c, "late", 20000, 0, 0);
+    dlock *other = th_handle(o, "late", 0, 0, 0);
 
     /* c's pooled connection delivers nothing now: the try times out (the
      * URI's 2 s: time enough for the next try's new login, a SCRAM
@@ -913,11 +892,8 @@ TEST(a_late_timed_out_acquire_leaves_the_owners_newer_hold_alone)
     CHECK_OK(dlock_acquire(other, 0));
     CHECK_OP(dlock_token(other), >, tok);
     CHECK_OK(dlock_release(other));
-    dlock_close(slow);
-    dlock_close(fast);
-    dlock_close(other);
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLOSE(slow, fast, other);
+    TH_CLIENT_CLOSE(c, o);
     th_relay_stop(&px);
 }
 
@@ -936,12 +912,12 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
         snprintf(u, sizeof(u),
                  "postgres://dlock:dlock-secret@127.0.0.1:%d/postgres%s",
                  px.port, adv_mode ? "?mode=advisory" : "");
-        dlock_client *c = client_at(u);
-        dlock_client *h = client_at(adv_mode ? adv : srv.uri);
-        dlock *lh = handle(h, "slow-link", 0, 0);
+        dlock_client *c = th_client(u, NULL);
+        dlock_client *h = th_client(adv_mode ? adv : srv.uri, NULL);
+        dlock *lh = th_handle(h, "slow-link", 0, 0, 0);
         CHECK_OK(dlock_acquire(lh, 0));
         for (int m = 0; m < 2; m++) {
-            dlock *l = handle(c, "slow-link", 0, modes[m]);
+            dlock *l = th_handle(c, "slow-link", 0, modes[m], 0);
             CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY); /* the link works */
             int64_t t0 = th_now_ms();
             int rc = dlock_acquire(l, 300);
@@ -960,8 +936,7 @@ TEST(a_timed_wait_on_a_slow_link_ends_busy_not_unreachable)
         }
         CHECK_OK(dlock_release(lh));
         dlock_close(lh);
-        dlock_client_close(c);
-        dlock_client_close(h);
+        TH_CLIENT_CLOSE(c, h);
     }
     th_relay_stop(&px);
 }
@@ -1005,8 +980,8 @@ TEST(auth_privileges_and_bad_uris)
                  "dlock_locks_waiters_seq_seq TO app");
     snprintf(u, sizeof(u), "postgres://app:app-pass@127.0.0.1:%d/postgres",
              srv.port);
-    c = client_at(u);
-    dlock *l = handle(c, "app", 0, 0);
+    c = th_client(u, NULL);
+    dlock *l = th_handle(c, "app", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -1027,8 +1002,8 @@ TEST(a_unix_socket_and_a_dead_first_host)
     dlock_client *c = NULL;
     snprintf(u, sizeof(u), "postgres://dlock@127.0.0.1:%d/postgres?host=%s",
              srv.port, srv.dir);
-    c = client_at(u);
-    dlock *l = handle(c, "socket", 0, 0);
+    c = th_client(u, NULL);
+    dlock *l = th_handle(c, "socket", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_stat_activity WHERE "
@@ -1044,8 +1019,8 @@ TEST(a_unix_socket_and_a_dead_first_host)
              "postgres://dlock:dlock-secret@127.0.0.1:%d,127.0.0.1:%d/"
              "postgres",
              th_free_port(), srv.port);
-    c = client_at(u);
-    l = handle(c, "twohosts", 0, 0);
+    c = th_client(u, NULL);
+    l = th_handle(c, "twohosts", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -1073,8 +1048,8 @@ TEST(tls_verifies_the_server)
     const char *tmo = getenv("DLOCK_UNDER_VALGRIND") ? "&timeout=20000" : "";
     snprintf(u, sizeof(u), "%s?sslmode=verify-full&sslrootcert=%s%s", s2.uri,
              ca, tmo);
-    c = client_at(u);
-    dlock *l = handle(c, "tls", 0, 0);
+    c = th_client(u, NULL);
+    dlock *l = th_handle(c, "tls", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OP(th_sql_query(&s2, NULL, 0,
                           "SELECT count(*) FROM pg_stat_ssl s JOIN "
@@ -1104,8 +1079,8 @@ TEST(tls_verifies_the_server)
 
 TEST(advisory_locks_exclude_plain_sql_advisory_locks)
 {
-    dlock_client *c = client_at(adv);
-    dlock *l = handle(c, "shared-key", 0, 0);
+    dlock_client *c = th_client(adv, NULL);
+    dlock *l = th_handle(c, "shared-key", 0, 0, 0);
     dlock_info info;
 
     /* dlock holds: SQL on the same key cannot take it */
@@ -1176,8 +1151,8 @@ static int adv_child(void *arg)
 TEST(advisory_waiters_queue_in_the_server_in_order)
 {
     adv_shared *s = th_shared(sizeof(*s));
-    dlock_client *h = client_at(adv);
-    dlock *lh = handle(h, "adv-queue", 0, 0);
+    dlock_client *h = th_client(adv, NULL);
+    dlock *lh = th_handle(h, "adv-queue", 0, 0, 0);
     dlock_info info;
     pid_t pids[4];
     char want[64];
@@ -1186,9 +1161,7 @@ TEST(advisory_waiters_queue_in_the_server_in_order)
     for (int i = 0; i < 4; i++) {
         s->index = i;
         pids[i] = th_fork(adv_child, s);
-        for (int k = 0; k < 500 && waiters_of(h, "adv-queue") < i + 1; k++)
-            th_sleep_ms(10);
-        CHECK_EQ(waiters_of(h, "adv-queue"), i + 1);
+        th_wait_waiters(h, "adv-queue", i + 1);
     }
     /* each waiter's session waits on the lock in the server: no polling */
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
@@ -1218,9 +1191,9 @@ TEST(advisory_waiters_queue_in_the_server_in_order)
 
 TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
 {
-    dlock_client *h = client_at(adv), *c = client_at(adv);
-    dlock *lh = handle(h, "adv-timeout", 0, 0);
-    dlock *l = handle(c, "adv-timeout", 0, 0);
+    dlock_client *h = th_client(adv, NULL), *c = th_client(adv, NULL);
+    dlock *lh = th_handle(h, "adv-timeout", 0, 0, 0);
+    dlock *l = th_handle(c, "adv-timeout", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(lh, 0));
     int64_t t0 = th_now_ms();
@@ -1231,7 +1204,7 @@ TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
      * slack for a busy machine */
     CHECK_OP(took, >=, 380);
     CHECK_OP(took, <, 2000);
-    CHECK_EQ(waiters_of(h, "adv-timeout"), 0);
+    CHECK_EQ(th_waiters(h, "adv-timeout"), 0);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_locks WHERE locktype = "
                           "'advisory' AND NOT granted"),
@@ -1242,10 +1215,8 @@ TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
     /* gc: an advisory store keeps nothing per name */
     uint64_t n = 7;
     CHECK_RC(dlock_gc(c, 0, &n), DLOCK_ENOTSUP);
-    dlock_close(lh);
-    dlock_close(l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLOSE(lh, l);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* --- operating: dlock_list() and dlock_break() (docs/monitoring.md) --- */
@@ -1308,7 +1279,7 @@ TEST(list_pages_a_big_table_in_bounded_pages)
                  ROWS - 1);
     for (int i = 0; i < N; i++) {
         snprintf(name, sizeof(name), "big/%04d", held[i]);
-        ls[i] = handle(a, name, 0, 0);
+        ls[i] = th_handle(a, name, 0, 0, 0);
         CHECK_OK(dlock_acquire(ls[i], 0));
     }
     /* 13 locks in pages of 5 would be 3 pages; 5000 rows looked at 1000
@@ -1340,8 +1311,7 @@ TEST(list_pages_a_big_table_in_bounded_pages)
     CHECK_EQ(list_count(b, "big/", 100, 0, &pages, &empty), 0);
     th_sql_query(&srv, NULL, 0,
                  "DELETE FROM dlock_locks WHERE name LIKE 'big/%%'");
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A cursor is "pg:" and the hex of the last name listed: anything else is
@@ -1353,8 +1323,9 @@ TEST(list_cursors_are_checked_and_resume_past_their_name)
         "pg:",  "pg:6",  "pg:zz",   "pg:6G",     "pg:ABCD", "PG:6162",
         "6162", "pg: 6162", "pg:61 62", "pg:-1", "x", NULL};
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "cur/a", 0, 0), *lb = handle(a, "cur/b", 0, 0),
-          *lc = handle(a, "cur/c", 0, 0);
+    dlock *la = th_handle(a, "cur/a", 0, 0, 0),
+          *lb = th_handle(a, "cur/b", 0, 0, 0),
+          *lc = th_handle(a, "cur/c", 0, 0, 0);
     dlock_list_page p;
     char big[3 + 2 * 2046 + 1];
 
@@ -1391,19 +1362,8 @@ TEST(list_cursors_are_checked_and_resume_past_their_name)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_release(lc));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-}
-
-/* Waits (10 s at most, a busy machine) until `name` has n waiters. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    for (int i = 0; i < 2000 && waiters_of(c, name) != n; i++)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A listed lock is what dlock_inspect() says of it: holder, token,
@@ -1413,18 +1373,20 @@ TEST(a_listed_lock_is_described_as_inspect_describes_it)
 {
     dlock_client *h = client(), *w1 = client(), *w2 = client(),
                  *op = client();
-    dlock *lh = handle(h, "desc/x", 30000, 0);
-    waiter_arg a = {handle(w1, "desc/x", 30000, 0), 20000, 0, 0, 0, 0, 0, 0};
-    waiter_arg b = {handle(w2, "desc/x", 30000, 0), 20000, 0, 0, 0, 0, 0, 0};
+    dlock *lh = th_handle(h, "desc/x", 30000, 0, 0);
+    waiter_arg a = {
+        th_handle(w1, "desc/x", 30000, 0, 0), 20000, 0, 0, 0, 0, 0, 0};
+    waiter_arg b = {
+        th_handle(w2, "desc/x", 30000, 0, 0), 20000, 0, 0, 0, 0, 0, 0};
     pthread_t ta, tb;
     dlock_list_page p;
     dlock_info in;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&ta, NULL, waiter, &a);
-    until_waiters(op, "desc/x", 1);
+    th_wait_waiters(op, "desc/x", 1);
     pthread_create(&tb, NULL, waiter, &b);
-    until_waiters(op, "desc/x", 2);
+    th_wait_waiters(op, "desc/x", 2);
     CHECK_OK(dlock_list(op, "desc/", NULL, 10, 0, &p));
     CHECK_OK(dlock_inspect(op, "desc/x", &in));
     CHECK_EQ(p.n, 1);
@@ -1458,10 +1420,7 @@ TEST(a_listed_lock_is_described_as_inspect_describes_it)
     dlock_close(lh);
     dlock_close(a.l);
     dlock_close(b.l);
-    dlock_client_close(h);
-    dlock_client_close(w1);
-    dlock_client_close(w2);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(h, w1, w2, op);
 }
 
 /* A table made by the version before dlock_break() has no T_break: the
@@ -1473,15 +1432,16 @@ TEST(a_break_on_a_table_of_an_earlier_version_adds_its_function)
     char u[600];
 
     snprintf(u, sizeof(u), "%s?table=brk_old", srv.uri);
-    dlock_client *a = client_at(u);
-    dlock *la = handle(a, "x", 30000, 0), *ly = handle(a, "y", 30000, 0);
+    dlock_client *a = th_client(u, NULL);
+    dlock *la = th_handle(a, "x", 30000, 0, 0),
+          *ly = th_handle(a, "y", 30000, 0, 0);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT to_regproc('brk_old_break') IS NOT NULL"),
              1);
     th_sql_query(&srv, NULL, 0, "DROP FUNCTION brk_old_break");
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t = dlock_token(la);
-    dlock_client *b = client_at(u); /* opens as before */
+    dlock_client *b = th_client(u, NULL); /* opens as before */
     dlock_info ev;
     CHECK_OK(dlock_break(b, "x", &ev));
     CHECK_EQ(ev.token, t);
@@ -1508,7 +1468,7 @@ TEST(a_break_on_a_table_of_an_earlier_version_adds_its_function)
              "postgres://brkapp:brkapp-pass@127.0.0.1:%d/postgres?table="
              "brk_old",
              srv.port);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, NULL);
     CHECK_RC(dlock_break(c, "y", &ev), DLOCK_EAUTH);
     CHECK_CONTAINS(dlock_errmsg(), "brk_old_break");
     CHECK_CONTAINS(dlock_errmsg(), "table's owner");
@@ -1517,14 +1477,13 @@ TEST(a_break_on_a_table_of_an_earlier_version_adds_its_function)
     CHECK_OK(dlock_extend(ly, 30000));
     /* the owner's break adds it, and then the user's works */
     snprintf(u, sizeof(u), "%s?table=brk_old", srv.uri);
-    b = client_at(u);
+    b = th_client(u, NULL);
     CHECK_RC(dlock_break(b, "nobody-holds-it", NULL), DLOCK_ENOTHELD);
     dlock_client_close(b);
     CHECK_OK(dlock_break(c, "y", NULL));
     CHECK_RC(dlock_release(ly), DLOCK_ELOST);
     dlock_client_close(c);
-    dlock_close(la);
-    dlock_close(ly);
+    TH_CLOSE(la, ly);
     dlock_client_close(a);
 }
 
@@ -1583,25 +1542,24 @@ static void *break_thread(void *arg)
 TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
 {
     dlock_client *a = client(), *b = client(), *op = client();
-    dlock *la = handle(a, "handbrk", 30000, 0);
+    dlock *la = th_handle(a, "handbrk", 30000, 0, 0);
     int first = 0, second = 0, retaken = 0;
 
     for (int i = 0; i < 12; i++) {
-        handed w = {handle(b, "handbrk", 30000, 0), 20000, 0, 0, 0, 0, 0};
+        handed w = {
+            th_handle(b, "handbrk", 30000, 0, 0), 20000, 0, 0, 0, 0, 0};
         breaking k = {op, "handbrk", i % 3, 0, {0}};
         pthread_t tw, tk;
         CHECK_OK(dlock_acquire(la, 5000));
         uint64_t ta = dlock_token(la);
         pthread_create(&tw, NULL, handed_thread, &w);
-        until_waiters(op, "handbrk", 1);
+        th_wait_waiters(op, "handbrk", 1);
         pthread_create(&tk, NULL, break_thread, &k);
         if (i % 2)
             th_sleep_ms(i % 4);
         int rel = dlock_release(la);
         pthread_join(tk, NULL);
-        for (int j = 0; j < 2000 && !__atomic_load_n(&w.got, __ATOMIC_SEQ_CST);
-             j++)
-            th_sleep_ms(5);
+        (void)th_wait_flag(&w.got, 10000);
         __atomic_store_n(&w.go, 1, __ATOMIC_SEQ_CST);
         pthread_join(tw, NULL);
         CHECK_OK(k.rc); /* someone held it all along */
@@ -1629,9 +1587,7 @@ TEST(a_break_racing_a_hand_over_evicts_exactly_one_holder)
            "retaken) %d\n",
            first, second, retaken);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 typedef struct frozen {
@@ -1668,9 +1624,7 @@ static int frozen_child(void *arg)
         return 2;
     f->token = dlock_token(l);
     __atomic_store_n(&f->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 2000 && !__atomic_load_n(&f->lost, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&f->lost, 20000);
     f->rc = dlock_release(l);
     dlock_close(l);
     dlock_client_close(c);
@@ -1685,13 +1639,11 @@ TEST(an_evicted_holder_frozen_learns_it_when_thawed)
 {
     frozen *f = th_shared(sizeof(*f));
     dlock_client *op = client(), *b = client();
-    dlock *lb = handle(b, "frozen-holder", 30000, 0);
+    dlock *lb = th_handle(b, "frozen-holder", 30000, 0, 0);
     dlock_info ev;
 
     pid_t child = th_fork(frozen_child, f);
-    for (int i = 0; i < 2000 && !__atomic_load_n(&f->ready, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(5);
+    (void)th_wait_flag(&f->ready, 10000);
     CHECK(f->ready);
     kill(child, SIGSTOP);
     CHECK_OK(dlock_break(op, "frozen-holder", &ev));
@@ -1713,8 +1665,7 @@ TEST(an_evicted_holder_frozen_learns_it_when_thawed)
     dlock_info_clear(&ev);
     CHECK_OK(dlock_release(lb));
     dlock_close(lb);
-    dlock_client_close(op);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(op, b);
 }
 
 typedef struct lost_at {
@@ -1739,11 +1690,11 @@ static void note_lost(dlock *l, uint64_t token, void *arg)
 TEST(an_advisory_break_ends_only_the_holders_session)
 {
     lost_at x = {0, 0};
-    dlock_client *a = client_at(adv), *w = client_at(adv),
-                 *op = client_at(adv);
+    dlock_client *a = th_client(adv, NULL), *w = th_client(adv, NULL),
+                 *op = th_client(adv, NULL);
     dlock_options o;
-    dlock *l1, *l2 = handle(a, "advb-2", 0, 0);
-    waiter_arg wa = {handle(w, "advb-1", 0, 0), 20000, 0, 0, 0, 0, 0, 0};
+    dlock *l1, *l2 = th_handle(a, "advb-2", 0, 0, 0);
+    waiter_arg wa = {th_handle(w, "advb-1", 0, 0, 0), 20000, 0, 0, 0, 0, 0, 0};
     pthread_t t;
     dlock_info ev;
 
@@ -1755,7 +1706,7 @@ TEST(an_advisory_break_ends_only_the_holders_session)
     CHECK_OK(dlock_acquire(l2, 0));
     uint64_t t1 = dlock_token(l1);
     pthread_create(&t, NULL, waiter, &wa);
-    until_waiters(op, "advb-1", 1);
+    th_wait_waiters(op, "advb-1", 1);
     long long before = th_sql_query(&srv, NULL, 0,
                                     "SELECT count(*) FROM pg_stat_activity "
                                     "WHERE application_name LIKE 'dlock%%'");
@@ -1775,9 +1726,7 @@ TEST(an_advisory_break_ends_only_the_holders_session)
              before - 1);
     /* the waiter is woken by the server, the holder's client by its
      * socket: no lease, no timer; 3 s for a busy machine */
-    for (int i = 0; i < 600 && !__atomic_load_n(&wa.done, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(5);
+    (void)th_wait_flag(&wa.done, 3000);
     CHECK(wa.done);
     CHECK_OP(th_now_ms() - t0, <, 3000);
     pthread_join(t, NULL);
@@ -1795,12 +1744,9 @@ TEST(an_advisory_break_ends_only_the_holders_session)
     CHECK_OK(dlock_extend(l2, 1000)); /* its session still holds it */
     CHECK_OK(dlock_release(l2));
     CHECK_RC(dlock_break(op, "advb-1", NULL), DLOCK_ENOTHELD);
-    dlock_close(l1);
-    dlock_close(l2);
+    TH_CLOSE(l1, l2);
     dlock_close(wa.l);
-    dlock_client_close(a);
-    dlock_client_close(w);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, w, op);
 }
 
 /* Advisory mode: ending another's session needs its role (or a member
@@ -1816,7 +1762,7 @@ TEST(an_advisory_break_needs_the_right_to_end_sessions)
                  "rolname = 'advbrk1') THEN CREATE ROLE advbrk1 LOGIN "
                  "PASSWORD 'p1'; CREATE ROLE advbrk2 LOGIN PASSWORD 'p2'; "
                  "END IF; END $$");
-    dlock_client *su = client_at(adv); /* the tokens' sequence exists */
+    dlock_client *su = th_client(adv, NULL); /* the tokens' sequence exists */
     th_sql_query(&srv, NULL, 0,
                  "GRANT USAGE ON dlock_locks_tokens TO advbrk1, advbrk2");
     snprintf(u1, sizeof(u1),
@@ -1825,11 +1771,11 @@ TEST(an_advisory_break_needs_the_right_to_end_sessions)
     snprintf(u2, sizeof(u2),
              "postgres://advbrk2:p2@127.0.0.1:%d/postgres?mode=advisory",
              srv.port);
-    dlock_client *c1 = client_at(u1), *c2 = client_at(u2),
-                 *c1b = client_at(u1);
-    dlock *ls = handle(su, "advperm-su", 0, 0);
-    dlock *l2 = handle(c2, "advperm-2", 0, 0);
-    dlock *l1 = handle(c1, "advperm-1", 0, 0);
+    dlock_client *c1 = th_client(u1, NULL), *c2 = th_client(u2, NULL),
+                 *c1b = th_client(u1, NULL);
+    dlock *ls = th_handle(su, "advperm-su", 0, 0, 0);
+    dlock *l2 = th_handle(c2, "advperm-2", 0, 0, 0);
+    dlock *l1 = th_handle(c1, "advperm-1", 0, 0, 0);
     dlock_info ev;
 
     CHECK_OK(dlock_acquire(ls, 0));
@@ -1854,13 +1800,8 @@ TEST(an_advisory_break_needs_the_right_to_end_sessions)
     CHECK_RC(dlock_break(c1b, "advperm-su", NULL), DLOCK_EAUTH);
     th_sql_query(&srv, NULL, 0, "REVOKE pg_signal_backend FROM advbrk1");
     CHECK_OK(dlock_release(ls));
-    dlock_close(ls);
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_client_close(su);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
-    dlock_client_close(c1b);
+    TH_CLOSE(ls, l1, l2);
+    TH_CLIENT_CLOSE(su, c1, c2, c1b);
 }
 
 /* --- advisory mode: a break ends only proven dlock holders --- */
@@ -1942,8 +1883,8 @@ TEST(an_advisory_break_ends_no_foreign_session)
     dlock_info ev;
 
     make_intruder();
-    dlock_client *op = client_at(adv); /* the tokens' sequence exists */
-    dlock_client *a = client_at(adv);
+    dlock_client *op = th_client(adv, NULL); /* the tokens' sequence exists */
+    dlock_client *a = th_client(adv, NULL);
 
     /* another role's session holds the key of the name */
     PGconn *in = pg_session("advintruder", "intruder-pw");
@@ -1965,7 +1906,7 @@ TEST(an_advisory_break_ends_no_foreign_session)
     pg_do(in, "SELECT pg_advisory_unlock_all()", NULL, 0);
 
     /* a dlock reader beside a foreign one: neither is ended */
-    dlock *r = handle(a, "advx-3", 0, 0);
+    dlock *r = th_handle(a, "advx-3", 0, 0, 0);
     CHECK_OK(dlock_acquire_shared(r, 0));
     pg_do(in, "SELECT pg_advisory_lock_shared(" KEY_SQL("advx-3") ")", NULL,
           0);
@@ -1978,7 +1919,7 @@ TEST(an_advisory_break_ends_no_foreign_session)
     CHECK_EQ(ev.holders, 1);
     dlock_info_clear(&ev);
     CHECK_RC(dlock_release(r), DLOCK_ELOST);
-    dlock *w = handle(a, "advx-1", 0, 0);
+    dlock *w = th_handle(a, "advx-1", 0, 0, 0);
     CHECK_OK(dlock_acquire(w, 0));
     uint64_t t = dlock_token(w);
     CHECK_OK(dlock_break(op, "advx-1", &ev));
@@ -1987,10 +1928,8 @@ TEST(an_advisory_break_ends_no_foreign_session)
     CHECK_RC(dlock_release(w), DLOCK_ELOST);
     CHECK(PQstatus(in) == CONNECTION_OK); /* never ended */
     PQfinish(in);
-    dlock_close(r);
-    dlock_close(w);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(r, w);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 /* A session that calls itself 'dlock' (what a dlock session holding
@@ -2005,7 +1944,7 @@ TEST(an_advisory_break_reports_a_session_calling_itself_dlock)
     dlock_info ev;
 
     make_intruder();
-    dlock_client *op = client_at(adv);
+    dlock_client *op = th_client(adv, NULL);
     for (int i = 0; i < 2; i++) {
         char pid[32], want[80];
         PGconn *p = pg_session(who[i][0], who[i][1]);
@@ -2042,9 +1981,7 @@ static void *forged_wait_thread(void *arg)
                       : dlock_acquire(w->l, 20000);
     w->token = dlock_token(w->l);
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 20000 && !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&w->let_go, 20000);
     if (w->rc == DLOCK_OK)
         dlock_release(w->l);
     return NULL;
@@ -2135,7 +2072,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
         unsigned long long seq = 0;
         dlock_options o;
         dlock *lh = NULL;
-        dlock_client *h = client(), *c = client_at(uri);
+        dlock_client *h = client(), *c = th_client(uri, NULL);
         forged_waiter w;
         pthread_t th;
 
@@ -2192,7 +2129,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
         /* woken, it read the row; at most once per notification */
         CHECK_OP(reads, >=, 1);
         CHECK_OP(reads, <=, FLOOD + 1);
-        CHECK_EQ(waiters_of(h, name), 1);
+        CHECK_EQ(th_waiters(h, name), 1);
         CHECK_EQ(dlock_held(lh), 1);
 
         /* the real hand-over: the row's token, above the holder's */
@@ -2212,8 +2149,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
                 kinds[k], reads, FLOOD + 1);
         dlock_close(w.l);
         dlock_close(lh);
-        dlock_client_close(c);
-        dlock_client_close(h);
+        TH_CLIENT_CLOSE(c, h);
     }
     PQfinish(f);
     th_sql_query(&srv, NULL, 0, "ALTER SYSTEM RESET log_line_prefix");

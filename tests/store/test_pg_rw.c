@@ -31,20 +31,9 @@
 
 static th_sql srv;
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(srv.uri);
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags, unsigned permits)
-{
-    return th_handle(c, name, ttl, flags, permits);
+    return th_client(srv.uri, NULL);
 }
 
 typedef struct waiter {
@@ -87,36 +76,6 @@ static void until_returned(waiter *w)
          i++)
         th_sleep_ms(5);
     CHECK(w->got != 0);
-}
-
-static dlock_info info_of(dlock_client *c, const char *name)
-{
-    dlock_info i;
-
-    CHECK_OK(dlock_inspect(c, name, &i));
-    return i;
-}
-
-/* Waits (10 s at most: a busy machine) until lock `name` has n live
- * waiters and h holders (h < 0: any number). */
-static void until_state(dlock_client *c, const char *name, int64_t n,
-                        int64_t h)
-{
-    int64_t until = th_now_ms() + 10000;
-    dlock_info i;
-
-    for (;;) {
-        i = info_of(c, name);
-        if ((i.waiters == n && (h < 0 || i.holders == h)) ||
-            th_now_ms() >= until)
-            break;
-        dlock_info_clear(&i);
-        th_sleep_ms(5);
-    }
-    CHECK_EQ(i.waiters, n);
-    if (h >= 0)
-        CHECK_EQ(i.holders, h);
-    dlock_info_clear(&i);
 }
 
 /* The lease end (server ms) of the entry with token `tok` in the row of
@@ -175,8 +134,8 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
 {
     dead *d = th_shared(sizeof(*d));
     dlock_client *a = client(), *c = client();
-    dlock *live = handle(a, "rw1", 30000, 0, 0);
-    waiter w = {handle(c, "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *live = th_handle(a, "rw1", 30000, 0, 0);
+    waiter w = {th_handle(c, "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     d->rc = -1000;
@@ -186,13 +145,13 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
                                    -1000;
          i++)
         th_sleep_ms(5);
-    until_state(c, "rw1", 0, 1);
+    th_wait_state(c, "rw1", 0, 1);
     kill(child, SIGKILL);
     th_wait(child);
     CHECK_OK(d->rc);
     CHECK_OK(dlock_acquire_shared(live, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(c, "rw1", 1, -1);
+    th_wait_state(c, "rw1", 1, -1);
     CHECK_OK(dlock_release(live));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
@@ -204,8 +163,7 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
     CHECK_OP(w.got, <, d->before + 2000 + 3000);
     dlock_close(w.l);
     dlock_close(live);
-    dlock_client_close(a);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, c);
 }
 
 /* Readers share; a writer queues behind them, a reader that comes after
@@ -216,18 +174,18 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     dlock_client *c[4];
     for (int i = 0; i < 4; i++)
         c[i] = client();
-    dlock *r1 = handle(c[1], "rw2", 30000, 0, 0);
-    dlock *r2 = handle(c[2], "rw2", 30000, 0, 0);
-    dlock *r3 = handle(c[3], "rw2", 30000, 0, 0);
-    waiter w = {handle(c[0], "rw2", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *r1 = th_handle(c[1], "rw2", 30000, 0, 0);
+    dlock *r2 = th_handle(c[2], "rw2", 30000, 0, 0);
+    dlock *r3 = th_handle(c[3], "rw2", 30000, 0, 0);
+    waiter w = {th_handle(c[0], "rw2", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK(dlock_token(r1) != dlock_token(r2));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(c[3], "rw2", 1, 2);
-    dlock_info i = info_of(c[3], "rw2");
+    th_wait_state(c[3], "rw2", 1, 2);
+    dlock_info i = th_info(c[3], "rw2");
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.queue_len, 1);
     if (i.queue_len == 1)
@@ -236,7 +194,7 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     dlock_info_clear(&i);
     CHECK_RC(dlock_acquire_shared(r3, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(r1));
-    until_state(c[3], "rw2", 1, 1); /* the writer still waits */
+    th_wait_state(c[3], "rw2", 1, 1); /* the writer still waits */
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(r2));
     pthread_join(th, NULL);
@@ -247,9 +205,7 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     CHECK_OP(w.token, >, dlock_token(r1) > dlock_token(r2) ? dlock_token(r1)
                                                            : dlock_token(r2));
     dlock_close(w.l);
-    dlock_close(r1);
-    dlock_close(r2);
-    dlock_close(r3);
+    TH_CLOSE(r1, r2, r3);
     for (int k = 0; k < 4; k++)
         dlock_client_close(c[k]);
 }
@@ -262,7 +218,7 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
 {
     enum { N = 4 };
     dlock_client *h = client(), *c[N];
-    dlock *lh = handle(h, "rw3", 30000, 0, 0);
+    dlock *lh = th_handle(h, "rw3", 30000, 0, 0);
     waiter w[N];
     pthread_t th[N];
     volatile int go_r = 0, go_w = 0;
@@ -271,14 +227,14 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
     for (int i = 0; i < N; i++) {
         c[i] = client();
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(c[i], "rw3", 30000, 0, 0);
+        w[i].l = th_handle(c[i], "rw3", 30000, 0, 0);
         w[i].shared = i != 2; /* R R W R */
         w[i].wait = 20000;
         w[i].go = i < 2 ? &go_r : i == 2 ? &go_w : NULL;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        until_state(h, "rw3", i + 1, 1); /* queued in this order */
+        th_wait_state(h, "rw3", i + 1, 1); /* queued in this order */
     }
-    dlock_info q = info_of(h, "rw3");
+    dlock_info q = th_info(h, "rw3");
     CHECK_EQ(q.queue_len, 4);
     if (q.queue_len == 4) {
         CHECK_CONTAINS(q.queue[0], "read: ");
@@ -287,8 +243,8 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
     dlock_info_clear(&q);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    until_state(h, "rw3", 2, 2); /* two readers in, two still wait */
-    dlock_info i = info_of(h, "rw3");
+    th_wait_state(h, "rw3", 2, 2); /* two readers in, two still wait */
+    dlock_info i = th_info(h, "rw3");
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.queue_len, 2);
     if (i.queue_len == 2) {
@@ -329,16 +285,16 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
 TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 {
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *r1 = handle(a, "rw4", 30000, 0, 0);
-    waiter w = {handle(b, "rw4", 30000, 0, 0), 0, 3000, 0, 0, 0, 0, 0, NULL};
-    waiter r2 = {handle(c, "rw4", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *r1 = th_handle(a, "rw4", 30000, 0, 0);
+    waiter w = {th_handle(b, "rw4", 30000, 0, 0), 0, 3000, 0, 0, 0, 0, 0, NULL};
+    waiter r2 = {th_handle(c, "rw4", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t tw, tr;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
     pthread_create(&tw, NULL, wait_thread, &w);
-    until_state(a, "rw4", 1, 1);
+    th_wait_state(a, "rw4", 1, 1);
     pthread_create(&tr, NULL, wait_thread, &r2);
-    until_state(a, "rw4", 2, 1);
+    th_wait_state(a, "rw4", 2, 1);
     pthread_join(tw, NULL);
     CHECK_RC(w.rc, DLOCK_EBUSY);
     pthread_join(tr, NULL);
@@ -352,9 +308,7 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
     dlock_close(r1);
     dlock_close(w.l);
     dlock_close(r2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A reader's renewal (the watchdog's, and dlock_extend()) moves its own
@@ -362,8 +316,8 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 TEST(a_readers_renewal_moves_only_its_own_entry)
 {
     dlock_client *a = client(), *b = client();
-    dlock *ra = handle(a, "rw5", 600, 0, 0); /* renewed every 200 ms */
-    dlock *rb = handle(b, "rw5", 20000, DLOCK_NO_RENEW, 0);
+    dlock *ra = th_handle(a, "rw5", 600, 0, 0); /* renewed every 200 ms */
+    dlock *rb = th_handle(b, "rw5", 20000, DLOCK_NO_RENEW, 0);
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
@@ -385,10 +339,8 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
              eb0);
     CHECK_OK(dlock_release(ra));
     CHECK_OK(dlock_release(rb));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A release by a reader whose entry is gone (its lease ended and a
@@ -397,8 +349,8 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
 TEST(a_release_whose_entry_is_gone_is_lost)
 {
     dlock_client *a = client(), *b = client();
-    dlock *ra = handle(a, "rw6", 30000, DLOCK_NO_RENEW, 0);
-    dlock *rb = handle(b, "rw6", 30000, DLOCK_NO_RENEW, 0);
+    dlock *ra = th_handle(a, "rw6", 30000, DLOCK_NO_RENEW, 0);
+    dlock *rb = th_handle(b, "rw6", 30000, DLOCK_NO_RENEW, 0);
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
@@ -413,18 +365,16 @@ TEST(a_release_whose_entry_is_gone_is_lost)
              1);
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_EQ(entry_end("dlock_locks", "rw6", tb), eb);
-    dlock_info i = info_of(a, "rw6");
+    dlock_info i = th_info(a, "rw6");
     CHECK_EQ(i.holders, 1);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(rb));
-    i = info_of(a, "rw6");
+    i = th_info(a, "rw6");
     CHECK_EQ(i.held, 0);
     CHECK_EQ(i.holders, 0);
     dlock_info_clear(&i);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A waiter at the head of the queue dies (its process killed: its
@@ -448,20 +398,20 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
 {
     int *ready = th_shared(sizeof(*ready));
     dlock_client *h = client(), *c = client();
-    dlock *lh = handle(h, "rw7", 30000, 0, 0);
-    waiter r = {handle(c, "rw7", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock *lh = th_handle(h, "rw7", 30000, 0, 0);
+    waiter r = {th_handle(c, "rw7", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(queued_child, ready);
-    until_state(h, "rw7", 1, 1);
+    th_wait_state(h, "rw7", 1, 1);
     kill(child, SIGKILL);
     th_wait(child);
     /* its entry stays in the table, but is dead: not a waiter any more */
-    until_state(h, "rw7", 0, 1);
+    th_wait_state(h, "rw7", 0, 1);
     CHECK_EQ(entries("dlock_locks", "rw7"), 1);
     pthread_create(&th, NULL, wait_thread, &r);
-    until_state(h, "rw7", 1, 1);
+    th_wait_state(h, "rw7", 1, 1);
     CHECK_EQ(entries("dlock_locks", "rw7"), 2);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
@@ -472,8 +422,7 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
     CHECK_EQ(entries("dlock_locks", "rw7"), 0);
     dlock_close(lh);
     dlock_close(r.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 /* A semaphore of 2: its N is kept (another N, a read or a write hold is
@@ -483,13 +432,13 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
 {
     dlock_client *a = client(), *b = client(), *c = client(),
                  *d = client();
-    dlock *pa = handle(a, "rw8", 30000, 0, 2);
-    dlock *pb = handle(b, "rw8", 30000, 0, 2);
-    dlock *p3 = handle(c, "rw8", 30000, 0, 3);
-    dlock *lk = handle(c, "rw8", 30000, 0, 0);
+    dlock *pa = th_handle(a, "rw8", 30000, 0, 2);
+    dlock *pb = th_handle(b, "rw8", 30000, 0, 2);
+    dlock *p3 = th_handle(c, "rw8", 30000, 0, 3);
+    dlock *lk = th_handle(c, "rw8", 30000, 0, 0);
     volatile int go1 = 0;
-    waiter w1 = {handle(c, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter w2 = {handle(d, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w1 = {th_handle(c, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w2 = {th_handle(d, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
 
     w1.go = &go1;
@@ -503,10 +452,10 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_RC(dlock_acquire_shared(lk, 1000), DLOCK_EINVAL);
     CHECK_EQ(entries("dlock_locks", "rw8"), 0);
     pthread_create(&t1, NULL, wait_thread, &w1);
-    until_state(a, "rw8", 1, 2);
+    th_wait_state(a, "rw8", 1, 2);
     pthread_create(&t2, NULL, wait_thread, &w2);
-    until_state(a, "rw8", 2, 2);
-    dlock_info i = info_of(a, "rw8");
+    th_wait_state(a, "rw8", 2, 2);
+    dlock_info i = th_info(a, "rw8");
     CHECK_EQ(i.permits, 2);
     if (i.queue_len == 2)
         CHECK_CONTAINS(i.queue[0], "permit: ");
@@ -514,7 +463,7 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(pa));
     /* one permit freed: the first waiter alone */
-    until_state(a, "rw8", 1, 2);
+    th_wait_state(a, "rw8", 1, 2);
     until_returned(&w1);
     CHECK_EQ(w2.got, 0); /* one permit freed: one waiter in */
     CHECK_OP(w1.got - rel, <, 3000); /* a hand-off, busy machine */
@@ -528,7 +477,7 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_OP(w1.token, >, dlock_token(pb));
     /* free: the row keeps N for dlock status only; the name binds
      * nothing, so a lock may take it now */
-    i = info_of(a, "rw8");
+    i = th_info(a, "rw8");
     CHECK_EQ(i.held, 0);
     CHECK_EQ(i.permits, 2);
     dlock_info_clear(&i);
@@ -536,16 +485,10 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_RC(dlock_acquire(pa, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "is a lock, not a semaphore");
     CHECK_OK(dlock_release(lk));
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_close(p3);
-    dlock_close(lk);
+    TH_CLOSE(pa, pb, p3, lk);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLIENT_CLOSE(a, b, c, d);
 }
 
 /* A wait that ends takes only a hold of its own kind: a read hold of the
@@ -556,8 +499,8 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
 TEST(a_wait_never_takes_the_owners_hold_of_another_kind)
 {
     dlock_client *a = client(), *b = client();
-    dlock *l = handle(a, "rw11", 30000, 0, 0);
-    dlock *other = handle(b, "rw11", 30000, 0, 0);
+    dlock *l = th_handle(a, "rw11", 30000, 0, 0);
+    dlock *other = th_handle(b, "rw11", 30000, 0, 0);
     char owner[128];
 
     /* the owner string of this thread in client a, from its read hold */
@@ -582,10 +525,8 @@ TEST(a_wait_never_takes_the_owners_hold_of_another_kind)
     CHECK_OP(th_now_ms() - t0, >=, 300);
     CHECK_EQ(dlock_held(l), 0);
     CHECK_OK(dlock_release(other));
-    dlock_close(l);
-    dlock_close(other);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(l, other);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Statements a role ran, counted in the server's log (log_statement =
@@ -645,10 +586,10 @@ TEST(the_uncontended_shared_cycle_is_one_statement_each_way)
     snprintf(uri, sizeof(uri),
              "postgres://counted:counted-secret@127.0.0.1:%d/postgres",
              srv.port);
-    dlock_client *c = client_at(uri);
-    dlock *lw = handle(c, "rw9w", 30000, 0, 0);
-    dlock *lr = handle(c, "rw9r", 30000, 0, 0);
-    dlock *lp = handle(c, "rw9p", 30000, 0, 3);
+    dlock_client *c = th_client(uri, NULL);
+    dlock *lw = th_handle(c, "rw9w", 30000, 0, 0);
+    dlock *lr = th_handle(c, "rw9r", 30000, 0, 0);
+    dlock *lp = th_handle(c, "rw9p", 30000, 0, 3);
 
     /* the first cycle of each prepares its statements */
     CHECK_OK(dlock_acquire(lw, 0));
@@ -678,9 +619,7 @@ TEST(the_uncontended_shared_cycle_is_one_statement_each_way)
     CHECK_EQ(sw, 2 * n);
     CHECK_EQ(sr, 2 * n);
     CHECK_EQ(sp, 2 * n);
-    dlock_close(lw);
-    dlock_close(lr);
-    dlock_close(lp);
+    TH_CLOSE(lw, lr, lp);
     dlock_client_close(c);
     th_sql_query(&srv, NULL, 0, "ALTER SYSTEM RESET log_line_prefix");
     th_sql_query(&srv, NULL, 0, "SELECT pg_reload_conf()");
@@ -761,29 +700,29 @@ TEST(a_table_of_the_previous_version_is_migrated)
     CHECK_OP(tok, >, 0);
 
     snprintf(uri, sizeof(uri), "%s?table=old_locks", srv.uri);
-    dlock_client *a = client_at(uri), *b = client_at(uri);
+    dlock_client *a = th_client(uri, NULL), *b = th_client(uri, NULL);
     CHECK_EQ(th_sql_query(&srv, NULL, 0,
                           "SELECT count(*) FROM pg_attribute WHERE attrelid "
                           "IN ('old_locks'::regclass, "
                           "'old_locks_waiters'::regclass) AND attname IN "
                           "('holders', 'permits', 'kind')"),
              4);
-    dlock *w = handle(a, "rw10", 30000, 0, 0);
-    dlock *r = handle(a, "rw10", 30000, 0, 0);
+    dlock *w = th_handle(a, "rw10", 30000, 0, 0);
+    dlock *r = th_handle(a, "rw10", 30000, 0, 0);
     CHECK_RC(dlock_acquire(w, 0), DLOCK_EBUSY);
     CHECK_RC(dlock_acquire_shared(r, 0), DLOCK_EBUSY);
-    dlock_info i = info_of(a, "rw10");
+    dlock_info i = th_info(a, "rw10");
     CHECK_EQ(i.held, 1);
     CHECK_STR(i.holder, "an older client");
     CHECK_EQ(i.token, tok);
     dlock_info_clear(&i);
-    waiter r1 = {handle(a, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter r2 = {handle(b, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter r1 = {th_handle(a, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter r2 = {th_handle(b, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
     pthread_create(&t1, NULL, wait_thread, &r1);
-    until_state(b, "rw10", 1, 1);
+    th_wait_state(b, "rw10", 1, 1);
     pthread_create(&t2, NULL, wait_thread, &r2);
-    until_state(b, "rw10", 2, 1);
+    th_wait_state(b, "rw10", 2, 1);
     /* the older client releases as it always did */
     char granted[200];
     CHECK_EQ(th_sql_query(&srv, granted, sizeof(granted),
@@ -799,12 +738,10 @@ TEST(a_table_of_the_previous_version_is_migrated)
     CHECK_OP(r2.token, >, r1.token);
     CHECK_OK(dlock_acquire(w, 0));
     CHECK_OK(dlock_release(w));
-    dlock_close(w);
-    dlock_close(r);
+    TH_CLOSE(w, r);
     dlock_close(r1.l);
     dlock_close(r2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* dlock_break() of a name that readers hold, with a writer queued and a
@@ -816,8 +753,8 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
 {
     dlock_client *a = client(), *b = client(), *op = client(),
                  *c = client(), *d = client();
-    dlock *ra = handle(a, "rwb", 30000, 0, 0);
-    dlock *rb = handle(b, "rwb", 30000, 0, 0);
+    dlock *ra = th_handle(a, "rwb", 30000, 0, 0);
+    dlock *rb = th_handle(b, "rwb", 30000, 0, 0);
     volatile int go_w = 0;
     waiter w[2];
     pthread_t th[2];
@@ -827,15 +764,15 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
     CHECK_OK(dlock_acquire_shared(rb, 0));
     for (int i = 0; i < 2; i++) {
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(i ? d : c, "rwb", 30000, 0, 0);
+        w[i].l = th_handle(i ? d : c, "rwb", 30000, 0, 0);
         w[i].shared = i == 1; /* a writer, then a reader */
         w[i].wait = 20000;
         w[i].go = i == 0 ? &go_w : NULL;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        until_state(op, "rwb", i + 1, 2);
+        th_wait_state(op, "rwb", i + 1, 2);
     }
     dlock_list_page p;
-    dlock_info in = info_of(op, "rwb");
+    dlock_info in = th_info(op, "rwb");
     CHECK_OK(dlock_list(op, "rwb", NULL, 10, 0, &p));
     CHECK_EQ(p.n, 1);
     if (p.n == 1) {
@@ -867,7 +804,7 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
     CHECK_OK(w[0].rc);
     CHECK_OP(w[0].got - t0, <, 3000); /* one hand-off, busy machine */
     CHECK_OP(w[0].token, >, last);
-    until_state(op, "rwb", 1, 1); /* the reader still waits */
+    th_wait_state(op, "rwb", 1, 1); /* the reader still waits */
     CHECK_EQ(w[1].got, 0);
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
@@ -878,13 +815,8 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
     CHECK_OP(w[1].token, >, w[0].token);
     for (int i = 0; i < 2; i++)
         dlock_close(w[i].l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 /* dlock_break() of a semaphore: every permit goes; the grant step gives
@@ -893,8 +825,8 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
 {
     dlock_client *a = client(), *b = client(), *op = client(),
                  *c = client(), *d = client();
-    dlock *pa = handle(a, "rwsb", 30000, 0, 2);
-    dlock *pb = handle(b, "rwsb", 30000, 0, 2);
+    dlock *pa = th_handle(a, "rwsb", 30000, 0, 2);
+    dlock *pb = th_handle(b, "rwsb", 30000, 0, 2);
     volatile int go = 0;
     waiter w[2];
     pthread_t th[2];
@@ -906,11 +838,11 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
                                                       : dlock_token(pa);
     for (int i = 0; i < 2; i++) {
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(i ? d : c, "rwsb", 30000, 0, 2);
+        w[i].l = th_handle(i ? d : c, "rwsb", 30000, 0, 2);
         w[i].wait = 20000;
         w[i].go = &go;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        until_state(op, "rwsb", i + 1, 2);
+        th_wait_state(op, "rwsb", i + 1, 2);
     }
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "rwsb", &ev));
@@ -924,7 +856,7 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
         CHECK_OP(w[i].got - t0, <, 3000); /* a hand-off, busy machine */
         CHECK_OP(w[i].token, >, most);
     }
-    dlock_info i = info_of(op, "rwsb");
+    dlock_info i = th_info(op, "rwsb");
     CHECK_EQ(i.held, 1);
     CHECK_EQ(i.holders, 2);
     CHECK_EQ(i.permits, 2);
@@ -936,13 +868,8 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
         pthread_join(th[k], NULL);
         dlock_close(w[k].l);
     }
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(pa, pb);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1005,20 +932,18 @@ static int permit_child(void *arg)
 TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
 {
     sem_child_arg *a = th_shared(sizeof(*a));
-    dlock_client *c = client_at(adv), *d = client_at(adv);
-    dlock *p = handle(c, "adv1", 0, 0, 2);
-    waiter w = {handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL);
+    dlock *p = th_handle(c, "adv1", 0, 0, 2);
+    waiter w = {th_handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
 
     pid_t child = th_fork(permit_child, a);
-    for (int i = 0; i < 2000 && !__atomic_load_n(&a->ready, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(5);
+    (void)th_wait_flag(&a->ready, 10000);
     CHECK(a->ready);
     CHECK_OK(dlock_acquire(p, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(c, "adv1", 1, 2);
-    dlock_info i = info_of(c, "adv1");
+    th_wait_state(c, "adv1", 1, 2);
+    dlock_info i = th_info(c, "adv1");
     CHECK_EQ(i.permits, 2);
     CHECK_EQ(i.held, 1);
     if (i.queue_len == 1)
@@ -1036,8 +961,7 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
     CHECK_OK(dlock_release(p));
     dlock_close(p);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* The head of the queue gives up at its deadline: every wait of it (the
@@ -1046,12 +970,12 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
  * gone a moment later (the pool closes them after a second). */
 TEST(an_advisory_head_that_gives_up_leaves_nothing)
 {
-    dlock_client *a = client_at(adv), *b = client_at(adv),
-                 *c = client_at(adv);
-    dlock *pa = handle(a, "adv2", 0, 0, 3), *pb = handle(b, "adv2", 0, 0, 3),
-          *pc = handle(c, "adv2", 0, 0, 3);
-    dlock_client *h = client_at(adv);
-    dlock *ph = handle(h, "adv2", 0, 0, 3);
+    dlock_client *a = th_client(adv, NULL), *b = th_client(adv, NULL),
+                 *c = th_client(adv, NULL);
+    dlock *pa = th_handle(a, "adv2", 0, 0, 3), *pb = th_handle(b, "adv2", 0, 0, 3),
+          *pc = th_handle(c, "adv2", 0, 0, 3);
+    dlock_client *h = th_client(adv, NULL);
+    dlock *ph = th_handle(h, "adv2", 0, 0, 3);
 
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
@@ -1076,34 +1000,28 @@ TEST(an_advisory_head_that_gives_up_leaves_nothing)
     CHECK_OK(dlock_release(ph));
     CHECK_OK(dlock_release(pb));
     CHECK_OK(dlock_release(pc));
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_close(pc);
-    dlock_close(ph);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLOSE(pa, pb, pc, ph);
+    TH_CLIENT_CLOSE(a, b, c, h);
 }
 
 /* Waiters of a semaphore are served in arrival order, one per permit
  * freed: a release lets in the first only. */
 TEST(advisory_permit_waiters_are_served_in_order)
 {
-    dlock_client *h = client_at(adv), *c1 = client_at(adv),
-                 *c2 = client_at(adv);
-    dlock *ph = handle(h, "adv3", 0, 0, 1);
+    dlock_client *h = th_client(adv, NULL), *c1 = th_client(adv, NULL),
+                 *c2 = th_client(adv, NULL);
+    dlock *ph = th_handle(h, "adv3", 0, 0, 1);
     volatile int go1 = 0;
-    waiter w1 = {handle(c1, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter w2 = {handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w1 = {th_handle(c1, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    waiter w2 = {th_handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t t1, t2;
 
     w1.go = &go1;
     CHECK_OK(dlock_acquire(ph, 0));
     pthread_create(&t1, NULL, wait_thread, &w1);
-    until_state(h, "adv3", 1, 1);
+    th_wait_state(h, "adv3", 1, 1);
     pthread_create(&t2, NULL, wait_thread, &w2);
-    until_state(h, "adv3", 2, 1);
+    th_wait_state(h, "adv3", 2, 1);
     CHECK_OK(dlock_release(ph));
     until_returned(&w1);
     CHECK_OK(w1.rc);
@@ -1119,9 +1037,7 @@ TEST(advisory_permit_waiters_are_served_in_order)
     dlock_close(ph);
     dlock_close(w1.l);
     dlock_close(w2.l);
-    dlock_client_close(h);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLIENT_CLOSE(h, c1, c2);
 }
 
 /* Tries racing from several processes (kazoo #213): never more than N
@@ -1209,17 +1125,17 @@ TEST(advisory_permit_tries_never_hold_more_than_n)
  * design.md, "PostgreSQL advisory mode semaphores".) */
 TEST(advisory_semaphore_kinds_and_cap)
 {
-    dlock_client *c = client_at(adv), *d = client_at(adv);
-    dlock *p2 = handle(c, "adv5", 0, 0, 2), *p3 = handle(d, "adv5", 0, 0, 3);
-    dlock *lk = handle(d, "adv5", 0, 0, 0);
-    dlock *big = handle(d, "adv5-big", 0, 0, 33);
+    dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL);
+    dlock *p2 = th_handle(c, "adv5", 0, 0, 2), *p3 = th_handle(d, "adv5", 0, 0, 3);
+    dlock *lk = th_handle(d, "adv5", 0, 0, 0);
+    dlock *big = th_handle(d, "adv5-big", 0, 0, 33);
 
     CHECK_OK(dlock_acquire(p2, 0));
     CHECK_RC(dlock_acquire(p3, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "is a semaphore of 2 permits");
     CHECK_RC(dlock_acquire(p3, 500), DLOCK_EINVAL);
     CHECK_EQ(adv_waiting(), 0);
-    dlock_info i = info_of(c, "adv5");
+    dlock_info i = th_info(c, "adv5");
     CHECK_EQ(i.permits, 2);
     CHECK_EQ(i.holders, 1);
     dlock_info_clear(&i);
@@ -1231,12 +1147,8 @@ TEST(advisory_semaphore_kinds_and_cap)
     CHECK_OK(dlock_release(lk));
     CHECK_RC(dlock_acquire(big, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "at most 32 permits");
-    dlock_close(p2);
-    dlock_close(p3);
-    dlock_close(lk);
-    dlock_close(big);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLOSE(p2, p3, lk, big);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* dlock_break() of an advisory semaphore: the permit holders' sessions
@@ -1245,10 +1157,10 @@ TEST(advisory_semaphore_kinds_and_cap)
  * the holders' releases are ELOST. */
 TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
 {
-    dlock_client *c = client_at(adv), *d = client_at(adv),
-                 *e = client_at(adv), *op = client_at(adv);
-    dlock *pa = handle(c, "adv6", 0, 0, 2), *pb = handle(d, "adv6", 0, 0, 2);
-    waiter w = {handle(e, "adv6", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL),
+                 *e = th_client(adv, NULL), *op = th_client(adv, NULL);
+    dlock *pa = th_handle(c, "adv6", 0, 0, 2), *pb = th_handle(d, "adv6", 0, 0, 2);
+    waiter w = {th_handle(e, "adv6", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
     pthread_t th;
     dlock_info ev;
 
@@ -1257,7 +1169,7 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
     uint64_t most = dlock_token(pb) > dlock_token(pa) ? dlock_token(pb)
                                                       : dlock_token(pa);
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(op, "adv6", 1, 2);
+    th_wait_state(op, "adv6", 1, 2);
     th_sleep_ms(300); /* the head asleep on both slots, most likely */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "adv6", &ev));
@@ -1275,13 +1187,9 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
     CHECK_RC(dlock_release(pa), DLOCK_ELOST);
     CHECK_RC(dlock_release(pb), DLOCK_ELOST);
     CHECK_RC(dlock_break(op, "adv6", NULL), DLOCK_ENOTHELD);
-    dlock_close(pa);
-    dlock_close(pb);
+    TH_CLOSE(pa, pb);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(e);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(c, d, e, op);
 }
 
 static const th_test tests[] = {

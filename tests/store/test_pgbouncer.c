@@ -37,11 +37,6 @@ static th_pgb sess, trans; /* pool_mode session, transaction */
  * the calls are given, so a call that waited or hung is caught. */
 #define AT_ONCE_MS 5000
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static void uri(char *out, size_t cap, const th_pgb *b, const char *query)
 {
     snprintf(out, cap, "%s%s", b->uri, query);
@@ -50,26 +45,7 @@ static void uri(char *out, size_t cap, const th_pgb *b, const char *query)
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned flags, dlock_lost_cb lost)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = lost;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
+    return th_handle_lost(c, name, ttl, flags, lost, NULL);
 }
 
 /* Sessions of the server that PgBouncer opened (the superuser's own
@@ -124,21 +100,13 @@ static int done(waiter_arg *w)
     return __atomic_load_n(&w->done, __ATOMIC_SEQ_CST);
 }
 
-/* Waits (at most 10 s) until `name` has n waiters in the store. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    for (int i = 0; i < 1000 && waiters_of(c, name) < n; i++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(c, name), n);
-}
-
 /* --- session pooling, ?pooler=session: everything works --- */
 
 TEST(session_pool_table_mode_try_release_extend_inspect_gc)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
     dlock *la = handle(a, "t-basic", 5000, 0, NULL);
     dlock *lb = handle(b, "t-basic", 5000, 0, NULL);
     dlock_info info;
@@ -166,17 +134,15 @@ TEST(session_pool_table_mode_try_release_extend_inspect_gc)
     th_sleep_ms(30);
     CHECK_OK(dlock_gc(a, 10, &n));
     CHECK_OP(n, >=, 1);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *h = client_at(u), *c = client_at(u);
+    dlock_client *h = th_client(u, NULL), *c = th_client(u, NULL);
     dlock *lh = handle(h, "t-wake", 60000, 0, NULL);
     waiter_arg w;
     pthread_t t;
@@ -188,7 +154,7 @@ TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t first = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
-    wait_waiters(h, "t-wake", 1);
+    th_wait_waiters(h, "t-wake", 1);
     th_sleep_ms(500);
     CHECK_EQ(done(&w), 0); /* it waits (a 60 s lease: nothing ends) */
     int64_t t0 = th_now_ms();
@@ -218,27 +184,26 @@ TEST(session_pool_a_release_wakes_a_waiter_in_another_client)
     CHECK_OK(w.rc);
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
 }
 
 TEST(session_pool_fair_waiters_get_the_lock_in_order)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *h = client_at(u), *c[3];
+    dlock_client *h = th_client(u, NULL), *c[3];
     dlock *lh = handle(h, "t-fair", 60000, DLOCK_FAIR, NULL);
     waiter_arg w[3];
     pthread_t t[3];
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < 3; i++) {
-        c[i] = client_at(u);
+        c[i] = th_client(u, NULL);
         memset(&w[i], 0, sizeof(w[i]));
         w[i].l = handle(c[i], "t-fair", 60000, DLOCK_FAIR, NULL);
         w[i].wait = 30000;
         pthread_create(&t[i], NULL, waiter, &w[i]);
-        wait_waiters(h, "t-fair", i + 1);
+        th_wait_waiters(h, "t-fair", i + 1);
     }
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < 3; i++) {
@@ -248,7 +213,7 @@ TEST(session_pool_fair_waiters_get_the_lock_in_order)
     /* each was handed the lock by the one before: tokens in arrival order */
     CHECK_OP(w[0].token, <, w[1].token);
     CHECK_OP(w[1].token, <, w[2].token);
-    CHECK_EQ(waiters_of(h, "t-fair"), 0);
+    CHECK_EQ(th_waiters(h, "t-fair"), 0);
     for (int i = 0; i < 3; i++) {
         dlock_close(w[i].l);
         dlock_client_close(c[i]);
@@ -315,24 +280,21 @@ TEST(session_pool_a_dead_waiter_is_skipped)
     dlock_client *h;
     dlock *lh;
     pid_t dead, next;
-    int k;
 
     uri(s->uri, sizeof(s->uri), &sess, "?pooler=session");
-    h = client_at(s->uri);
+    h = th_client(s->uri, NULL);
     lh = handle(h, "t-dead", DEAD_TTL, DLOCK_FAIR, NULL);
     CHECK_OK(dlock_acquire(lh, 0));
     s->index = 0;
     dead = th_fork(fair_child, s);
-    wait_waiters(h, "t-dead", 1);
+    th_wait_waiters(h, "t-dead", 1);
     s->index = 1;
     next = th_fork(fair_child, s);
-    wait_waiters(h, "t-dead", 2);
+    th_wait_waiters(h, "t-dead", 2);
     kill(dead, SIGKILL);
     CHECK_EQ(th_wait(dead), 128 + SIGKILL);
     /* PgBouncer sees its client go and resets the server session */
-    for (k = 0; k < 500 && waiters_of(h, "t-dead") != 1; k++)
-        th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "t-dead"), 1);
+    th_wait_waiters(h, "t-dead", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     /* handed to the live waiter, not to the dead one (whose lease would
@@ -346,41 +308,29 @@ TEST(session_pool_a_dead_waiter_is_skipped)
     dlock_client_close(h);
 }
 
-static volatile int lost_calls;
-static volatile uint64_t lost_token;
-
-static void on_lost(dlock *l, uint64_t token, void *arg)
-{
-    (void)l;
-    (void)arg;
-    lost_token = token;
-    __atomic_add_fetch(&lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
 TEST(session_pool_the_watchdog_keeps_a_short_lease)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session");
-    dlock_client *a = client_at(u), *b = client_at(u);
-    dlock *la = handle(a, "t-watchdog", 600, 0, on_lost);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
+    th_lost lost = TH_LOST_INIT;
+    dlock *la = th_handle_lost(a, "t-watchdog", 600, 0, th_lost_cb, &lost);
     dlock *lb = handle(b, "t-watchdog", 600, 0, NULL);
 
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     /* five leases long: renewed through the pooler every 200 ms */
     th_sleep_ms(3000);
-    CHECK_EQ(lost_calls, 0);
+    CHECK_EQ(th_lost_calls(&lost), 0);
     CHECK_EQ(dlock_held(la), 1);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, tok);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
@@ -390,8 +340,9 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     char u[400];
     th_pgb_start(&own, &srv, "session");
     uri(u, sizeof(u), &own, "?pooler=session&mode=advisory");
-    dlock_client *h = client_at(u), *c = client_at(u);
-    dlock *lh = handle(h, "t-adv", 0, 0, on_lost);
+    dlock_client *h = th_client(u, NULL), *c = th_client(u, NULL);
+    th_lost lost = TH_LOST_INIT;
+    dlock *lh = th_handle_lost(h, "t-adv", 0, 0, th_lost_cb, &lost);
     waiter_arg w;
     pthread_t t;
 
@@ -399,7 +350,7 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     memset(&w, 0, sizeof(w));
     w.l = handle(c, "t-adv", 0, 0, NULL);
     w.wait = 20000;
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t first = dlock_token(lh);
     /* the name's key and its witness (docs/design.md, "PostgreSQL
@@ -409,9 +360,9 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
                           "'advisory' AND granted"),
              2);
     pthread_create(&t, NULL, waiter, &w);
-    for (int i = 0; i < 1000 && waiters_of(h, "t-adv") < 1; i++)
+    for (int i = 0; i < 1000 && th_waiters(h, "t-adv") < 1; i++)
         th_sleep_ms(10);
-    CHECK_EQ(waiters_of(h, "t-adv"), 1);
+    CHECK_EQ(th_waiters(h, "t-adv"), 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lh));
     for (int i = 0; i < 500 && !done(&w); i++)
@@ -429,10 +380,10 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     uint64_t tok = dlock_token(lh);
     th_pgb_kill(&own, SIGKILL);
     t0 = th_now_ms();
-    for (int i = 0; i < 300 && !lost_calls; i++)
+    for (int i = 0; i < 300 && !th_lost_calls(&lost); i++)
         th_sleep_ms(10);
-    CHECK_EQ(lost_calls, 1);
-    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(th_lost_calls(&lost), 1);
+    CHECK_EQ(lost.token, tok);
     /* lost when the client sees its connection end (at once, no lease):
      * the client thread's next wake-up, 3 s of slack for a busy machine */
     CHECK_OP(th_now_ms() - t0, <, 3000);
@@ -462,8 +413,7 @@ TEST(session_pool_advisory_hold_wake_and_loss_when_pgbouncer_dies)
     CHECK_OK(dlock_release(lh));
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(h, c);
     th_pgb_kill(&own, SIGKILL);
 }
 
@@ -477,8 +427,10 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
 {
     char u[400];
     uri(u, sizeof(u), &sess, "?pooler=session&mode=advisory");
-    dlock_client *h = client_at(u), *c = client_at(u), *op = client_at(u);
-    dlock *lh = handle(h, "t-advbrk", 0, 0, on_lost);
+    dlock_client *h = th_client(u, NULL), *c = th_client(u, NULL),
+                 *op = th_client(u, NULL);
+    th_lost lost = TH_LOST_INIT;
+    dlock *lh = th_handle_lost(h, "t-advbrk", 0, 0, th_lost_cb, &lost);
     waiter_arg w;
     pthread_t t;
     dlock_info ev;
@@ -486,11 +438,11 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     memset(&w, 0, sizeof(w));
     w.l = handle(c, "t-advbrk", 0, 0, NULL);
     w.wait = 20000;
-    lost_calls = 0;
+    th_lost_reset(&lost);
     CHECK_OK(dlock_acquire(lh, 0));
     uint64_t tok = dlock_token(lh);
     pthread_create(&t, NULL, waiter, &w);
-    wait_waiters(op, "t-advbrk", 1);
+    th_wait_waiters(op, "t-advbrk", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "t-advbrk", &ev));
     CHECK_EQ(ev.token, tok);
@@ -498,11 +450,11 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     dlock_info_clear(&ev);
     /* woken by the server, lost by the socket: no lease, no timer; 3 s
      * for a busy machine */
-    for (int i = 0; i < 300 && (!lost_calls || !done(&w)); i++)
+    for (int i = 0; i < 300 && (!th_lost_calls(&lost) || !done(&w)); i++)
         th_sleep_ms(10);
     CHECK_OP(th_now_ms() - t0, <, 3000);
-    CHECK_EQ(lost_calls, 1);
-    CHECK_EQ(lost_token, tok);
+    CHECK_EQ(th_lost_calls(&lost), 1);
+    CHECK_EQ(lost.token, tok);
     pthread_join(t, NULL);
     CHECK_OK(w.rc);
     CHECK_OP(w.token, >, tok);
@@ -514,9 +466,7 @@ TEST(session_pool_advisory_break_ends_the_holders_server_session)
     CHECK_OK(dlock_release(lh));
     dlock_close(lh);
     dlock_close(w.l);
-    dlock_client_close(h);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(h, c, op);
 }
 
 /* Table mode behind transaction pooling: dlock_list() and dlock_break()
@@ -526,7 +476,7 @@ TEST(transaction_pool_table_mode_lists_and_breaks)
 {
     char u[400];
     uri(u, sizeof(u), &trans, "?pooler=transaction&table=pgb_brk");
-    dlock_client *a = client_at(u), *op = client_at(u);
+    dlock_client *a = th_client(u, NULL), *op = th_client(u, NULL);
     dlock *l1 = handle(a, "tb/1", 30000, 0, NULL);
     dlock *l2 = handle(a, "tb/2", 30000, 0, NULL);
     dlock_list_page p;
@@ -562,10 +512,8 @@ TEST(transaction_pool_table_mode_lists_and_breaks)
     CHECK_RC(dlock_release(l1), DLOCK_ELOST);
     CHECK_OK(dlock_release(l2));
     CHECK_RC(dlock_break(op, "tb/2", NULL), DLOCK_ENOTHELD);
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(l1, l2);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 /* --- where sessions cannot be trusted: at once, naming the mode --- */
@@ -580,7 +528,7 @@ static void sessions_not_trusted(const th_pgb *b, const char *query,
     uri(u, sizeof(u), b, query);
     snprintf(ua, sizeof(ua), "%s%s%s", u, query[0] ? "&" : "?",
              "mode=advisory");
-    dlock_client *a = client_at(u), *c = client_at(u);
+    dlock_client *a = th_client(u, NULL), *c = th_client(u, NULL);
     dlock *la = handle(a, "t-once", 30000, 0, NULL);
     dlock *lc = handle(c, "t-once", 30000, 0, NULL);
     dlock *lf = handle(c, "t-once", 30000, DLOCK_FAIR, NULL);
@@ -616,7 +564,7 @@ static void sessions_not_trusted(const th_pgb *b, const char *query,
     CHECK_OP(th_now_ms() - t0, <, AT_ONCE_MS);
     CHECK_CONTAINS(dlock_errmsg(), names);
     /* and it left no waiter behind to be handed the lock */
-    CHECK_EQ(waiters_of(a, "t-once"), 0);
+    CHECK_EQ(th_waiters(a, "t-once"), 0);
 
     /* the holder's release frees it; the other client takes it */
     CHECK_OK(dlock_release(la));
@@ -635,11 +583,8 @@ static void sessions_not_trusted(const th_pgb *b, const char *query,
     CHECK_CONTAINS(dlock_errmsg(), "?pooler=session");
     CHECK(!strstr(dlock_errmsg(), "dlock-secret"));
 
-    dlock_close(la);
-    dlock_close(lc);
-    dlock_close(lf);
-    dlock_client_close(a);
-    dlock_client_close(c);
+    TH_CLOSE(la, lc, lf);
+    TH_CLIENT_CLOSE(a, c);
 }
 
 TEST(session_pool_undeclared_is_detected_and_not_trusted)
@@ -675,7 +620,7 @@ TEST(transaction_pool_clients_share_server_sessions)
     uint64_t last = 0;
 
     for (int i = 0; i < 4; i++) {
-        c[i] = client_at(u);
+        c[i] = th_client(u, NULL);
         l[i] = handle(c[i], "t-shared", 30000, 0, NULL);
     }
     for (int round = 0; round < 25; round++) {

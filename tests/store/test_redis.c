@@ -21,20 +21,9 @@
 static th_redis srv;  /* plain, shared by most tests */
 static th_redis auth; /* with passwords */
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return th_handle(c, name, ttl, flags, 0);
-}
-
 static void cycle(dlock_client *c, const char *name)
 {
-    dlock *l = handle(c, name, 0, 0);
+    dlock *l = th_handle(c, name, 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 1000));
     CHECK_OP(dlock_token(l), >, 0);
@@ -67,17 +56,6 @@ static void *wait_thread(void *arg)
 
 #define NWAIT 5
 
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
 static void start_auth(void)
 {
     if (auth.pid > 0)
@@ -98,21 +76,21 @@ TEST(acl_user_and_password)
     start_auth();
     snprintf(uri, sizeof(uri), "redis://alice:s3cr3t-pw@127.0.0.1:%d",
              auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "auth");
     CHECK(strstr(dlock_client_store(c), "s3cr3t-pw") == NULL);
     CHECK_CONTAINS(dlock_client_store(c), "alice:***@");
     dlock_client_close(c);
 
     snprintf(uri, sizeof(uri), "redis://:topsecret@127.0.0.1:%d", auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "auth");
     dlock_client_close(c);
 
     /* a password with characters that need escaping */
     snprintf(uri, sizeof(uri), "redis://alice:s3cr3t%%2Dpw@127.0.0.1:%d",
              auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     dlock_client_close(c);
 }
 
@@ -138,8 +116,8 @@ TEST(refused_credentials_give_eauth_without_the_password)
 
     /* bob may not touch dlock:* keys: the first acquire is refused */
     snprintf(uri, sizeof(uri), "redis://bob:b0b-pw@127.0.0.1:%d", auth.port);
-    c = client_at(uri);
-    dlock *l = handle(c, "forbidden", 0, 0);
+    c = th_client(uri, NULL);
+    dlock *l = th_handle(c, "forbidden", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EAUTH);
     CHECK(strstr(dlock_errmsg(), "b0b-pw") == NULL);
     dlock_close(l);
@@ -148,7 +126,7 @@ TEST(refused_credentials_give_eauth_without_the_password)
     /* ... unless its prefix is one bob may use */
     snprintf(uri, sizeof(uri), "redis://bob:b0b-pw@127.0.0.1:%d?prefix=other:",
              auth.port);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "allowed");
     dlock_client_close(c);
 }
@@ -185,19 +163,17 @@ TEST(unix_socket)
     dlock_client *c;
 
     snprintf(uri, sizeof(uri), "unix://%s", srv.sock);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "unix");
     /* the same lock as over TCP */
-    dlock *l = handle(c, "shared", 0, 0);
-    dlock_client *t = client_at(srv.uri);
-    dlock *lt = handle(t, "shared", 0, 0);
+    dlock *l = th_handle(c, "shared", 0, 0, 0);
+    dlock_client *t = th_client(srv.uri, NULL);
+    dlock *lt = th_handle(t, "shared", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_RC(dlock_acquire(lt, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(lt);
-    dlock_client_close(c);
-    dlock_client_close(t);
+    TH_CLOSE(l, lt);
+    TH_CLIENT_CLOSE(c, t);
 
     snprintf(uri, sizeof(uri), "unix://%s.missing", srv.sock);
     CHECK_RC(dlock_client_open(&c, uri, NULL), DLOCK_ECONN);
@@ -218,11 +194,11 @@ TEST(database_prefix_and_one_key_per_lock)
     dlock_client *c, *c2, *d0;
 
     snprintf(uri, sizeof(uri), "%s/3?prefix=app:", srv.uri);
-    c = client_at(uri);
-    c2 = client_at(uri);
-    d0 = client_at(srv.uri);
-    dlock *l = handle(c, "ab{c}d", 0, DLOCK_FAIR);
-    dlock *o = handle(c, "ab{c}d", 0, DLOCK_FAIR);
+    c = th_client(uri, NULL);
+    c2 = th_client(uri, NULL);
+    d0 = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "ab{c}d", 0, DLOCK_FAIR, 0);
+    dlock *o = th_handle(c, "ab{c}d", 0, DLOCK_FAIR, 0);
     CHECK_OK(dlock_acquire(l, 0));
     dlock_info info;
     CHECK_OK(dlock_inspect(d0, "ab{c}d", &info)); /* db 0, other prefix */
@@ -230,13 +206,13 @@ TEST(database_prefix_and_one_key_per_lock)
     dlock_info_clear(&info);
 
     /* a waiter queues inside the lock's one key: nothing else is kept */
-    waiter w = {handle(c2, "ab{c}d", 0, DLOCK_FAIR), 5000, 0, 0, "", 0};
+    waiter w = {th_handle(c2, "ab{c}d", 0, DLOCK_FAIR, 0), 5000, 0, 0, "", 0};
     pthread_t th;
     pthread_create(&th, NULL, wait_thread, &w);
     int64_t until = th_now_ms() + 5000;
-    while (waiters_of(c, "ab{c}d") < 1 && th_now_ms() < until)
+    while (th_waiters(c, "ab{c}d") < 1 && th_now_ms() < until)
         th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, "ab{c}d"), 1);
+    CHECK_EQ(th_waiters(c, "ab{c}d"), 1);
     CHECK_EQ(in_db3(keys, sizeof(keys),
                     "local k = redis.call('KEYS', '*') table.sort(k) "
                     "return table.concat(k, '|')"),
@@ -259,12 +235,9 @@ TEST(database_prefix_and_one_key_per_lock)
                                      "'app:{ab{c}d}')");
     CHECK_OP(pttl, >, 3500000);
     CHECK_OP(pttl, <=, 3600000);
-    dlock_close(l);
-    dlock_close(o);
+    TH_CLOSE(l, o);
     dlock_close(w.l);
-    dlock_client_close(c);
-    dlock_client_close(c2);
-    dlock_client_close(d0);
+    TH_CLIENT_CLOSE(c, c2, d0);
 
     dlock_client *bad = NULL;
     snprintf(uri, sizeof(uri), "%s/99999", srv.uri);
@@ -274,12 +247,12 @@ TEST(database_prefix_and_one_key_per_lock)
 
 TEST(keys_of_the_wrong_type)
 {
-    dlock_client *c = client_at(srv.uri), *h = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL), *h = th_client(srv.uri, NULL);
     dlock *l;
     char val[64];
 
     th_redis_cmd(&srv, NULL, 0, "SET dlock:{plain} hello");
-    l = handle(c, "plain", 0, 0);
+    l = th_handle(c, "plain", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     CHECK_CONTAINS(dlock_errmsg(), "another type");
     CHECK_RC(dlock_acquire(l, 500), DLOCK_EPROTO); /* at once, no hang */
@@ -288,13 +261,13 @@ TEST(keys_of_the_wrong_type)
     dlock_close(l);
 
     th_redis_cmd(&srv, NULL, 0, "HSET dlock:{hash} a b");
-    l = handle(c, "hash", 0, 0);
+    l = th_handle(c, "hash", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     dlock_close(l);
 
     /* something that looks like a tombstone but is not one */
     th_redis_cmd(&srv, NULL, 0, "SET dlock:{tombtext} %s", "- abc");
-    l = handle(c, "tombtext", 0, 0);
+    l = th_handle(c, "tombtext", 0, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EPROTO);
     CHECK_RC(dlock_inspect(c, "tombtext", &info), DLOCK_EPROTO);
     dlock_close(l);
@@ -302,8 +275,8 @@ TEST(keys_of_the_wrong_type)
     /* a waiter whose client believes the lock held appends its line
      * without reading the key first; a short foreign value found that
      * way is put back as it was, and the call fails at once */
-    dlock *lh = handle(h, "blindfoe", 60000, 0);
-    l = handle(c, "blindfoe", 0, 0);
+    dlock *lh = th_handle(h, "blindfoe", 60000, 0, 0);
+    l = th_handle(c, "blindfoe", 0, 0, 0);
     CHECK_OK(dlock_acquire(lh, 0));
     CHECK_RC(dlock_acquire(l, 50), DLOCK_EBUSY); /* c: held, for 60 s */
     CHECK_OK(dlock_release(lh));
@@ -313,13 +286,11 @@ TEST(keys_of_the_wrong_type)
     CHECK_OP(th_now_ms() - t0, <, 1000); /* told at once, not at 2 s */
     th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{blindfoe}");
     CHECK_STR(val, "foo");
-    dlock_close(l);
-    dlock_close(lh);
+    TH_CLOSE(l, lh);
 
     /* the client is still fine for other locks */
     cycle(c, "fine");
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 TEST(server_down_gives_econn)
@@ -347,9 +318,9 @@ TEST(killed_mid_wait_then_recovers)
 {
     th_redis s;
     th_redis_start(&s, NULL);
-    dlock_client *a = client_at(s.uri), *b = client_at(s.uri);
-    dlock *la = handle(a, "midwait", 30000, 0);
-    waiter w = {handle(b, "midwait", 0, 0), 20000, 0, 0, "", 0};
+    dlock_client *a = th_client(s.uri, NULL), *b = th_client(s.uri, NULL);
+    dlock *la = th_handle(a, "midwait", 30000, 0, 0);
+    waiter w = {th_handle(b, "midwait", 0, 0, 0), 20000, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -360,7 +331,7 @@ TEST(killed_mid_wait_then_recovers)
 
     /* while it is down: a try fails at once (refused by the kernel:
      * well below the 2 s timeout) */
-    dlock *lt = handle(b, "midwait-try", 0, 0);
+    dlock *lt = th_handle(b, "midwait-try", 0, 0, 0);
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lt, 0), DLOCK_ECONN);
     CHECK_OP(th_now_ms() - t0, <, 1500);
@@ -391,8 +362,7 @@ TEST(killed_mid_wait_then_recovers)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_redis_stop(&s);
 }
 
@@ -400,8 +370,8 @@ TEST(frozen_server_never_hangs_past_the_wait)
 {
     th_redis s;
     th_redis_start(&s, NULL);
-    dlock_client *c = client_at(s.uri);
-    dlock *l = handle(c, "frozen-server", 0, 0);
+    dlock_client *c = th_client(s.uri, NULL);
+    dlock *l = th_handle(c, "frozen-server", 0, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -423,8 +393,8 @@ TEST(frozen_server_never_hangs_past_the_wait)
 
 TEST(dropped_connection_reconnects)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "dropped", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "dropped", 0, 0, 0);
     int failures = 0;
 
     CHECK_OK(dlock_acquire(l, 0));
@@ -449,8 +419,8 @@ TEST(dropped_connection_reconnects)
  * and releases, instead of failing with DLOCK_ECONN on the dead one. */
 TEST(release_after_the_server_closed_the_connection)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "closed-then-release", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "closed-then-release", 0, 0, 0);
 
     /* (a hold of 5 ms: the probe is skipped between commands sent within
      * 2 ms of each other, as in a tight loop) */
@@ -471,7 +441,7 @@ TEST(release_after_the_server_closed_the_connection)
 
 TEST(scripts_flushed_are_reloaded)
 {
-    dlock_client *c = client_at(srv.uri);
+    dlock_client *c = th_client(srv.uri, NULL);
 
     cycle(c, "flush");
     th_redis_cmd(&srv, NULL, 0, "SCRIPT FLUSH");
@@ -481,9 +451,9 @@ TEST(scripts_flushed_are_reloaded)
 
 TEST(waiters_send_no_commands_between_notifications)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *la = handle(a, "quiet", 60000, 0);
-    waiter w = {handle(b, "quiet", 0, 0), 2500, 0, 0, "", 0};
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *la = th_handle(a, "quiet", 60000, 0, 0);
+    waiter w = {th_handle(b, "quiet", 0, 0, 0), 2500, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -497,8 +467,8 @@ TEST(waiters_send_no_commands_between_notifications)
     CHECK_OP(used, <=, 3);
     dlock_close(w.l);
 
-    w.l = handle(b, "quiet-fair", 0, DLOCK_FAIR);
-    dlock *lf = handle(a, "quiet-fair", 60000, DLOCK_FAIR);
+    w.l = th_handle(b, "quiet-fair", 0, DLOCK_FAIR, 0);
+    dlock *lf = th_handle(a, "quiet-fair", 60000, DLOCK_FAIR, 0);
     CHECK_OK(dlock_acquire(lf, 0));
     before = th_redis_calls(&srv, "evalsha");
     pthread_create(&th, NULL, wait_thread, &w);
@@ -508,11 +478,9 @@ TEST(waiters_send_no_commands_between_notifications)
     CHECK_OP(used, <=, 4); /* the same, plus leaving the queue */
     CHECK_OK(dlock_release(lf));
     CHECK_OK(dlock_release(la));
-    dlock_close(lf);
-    dlock_close(la);
+    TH_CLOSE(lf, la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct ordered {
@@ -540,22 +508,23 @@ TEST(handoff_wakes_only_the_head_in_order)
     for (int mode = 0; mode < 2; mode++) {
         unsigned flags = mode ? DLOCK_FAIR : 0;
         const char *name = mode ? "herd-fair" : "herd";
-        dlock_client *h = client_at(srv.uri), *cl[NWAIT];
-        dlock *lh = handle(h, name, 0, flags);
+        dlock_client *h = th_client(srv.uri, NULL), *cl[NWAIT];
+        dlock *lh = th_handle(h, name, 0, flags, 0);
         ordered o[NWAIT];
         pthread_t th[NWAIT];
         int next = 0;
 
         CHECK_OK(dlock_acquire(lh, 0));
         for (int i = 0; i < NWAIT; i++) {
-            cl[i] = client_at(srv.uri);
-            o[i] = (ordered){handle(cl[i], name, 0, flags), 0, &next, -1};
+            cl[i] = th_client(srv.uri, NULL);
+            o[i] =
+                (ordered){th_handle(cl[i], name, 0, flags, 0), 0, &next, -1};
             pthread_create(&th[i], NULL, ordered_thread, &o[i]);
             int64_t until = th_now_ms() + 5000;
-            while (waiters_of(h, name) < i + 1 && th_now_ms() < until)
+            while (th_waiters(h, name) < i + 1 && th_now_ms() < until)
                 th_sleep_ms(5);
         }
-        CHECK_EQ(waiters_of(h, name), NWAIT);
+        CHECK_EQ(th_waiters(h, name), NWAIT);
         dlock_info info;
         CHECK_OK(dlock_inspect(h, name, &info));
         CHECK_EQ(info.queue_len, NWAIT);
@@ -596,7 +565,7 @@ static int count_lines_with(const char *text, const char *needle)
 TEST(one_subscriber_connection_per_client)
 {
     static char list[65536];
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *held[4];
     waiter w[4];
     pthread_t th[4];
@@ -604,9 +573,9 @@ TEST(one_subscriber_connection_per_client)
 
     for (int i = 0; i < 4; i++) {
         snprintf(name, sizeof(name), "sub%d", i);
-        held[i] = handle(a, name, 60000, 0);
+        held[i] = th_handle(a, name, 60000, 0, 0);
         CHECK_OK(dlock_acquire(held[i], 0));
-        w[i] = (waiter){handle(b, name, 0, 0), 1500, 0, 0, "", 0};
+        w[i] = (waiter){th_handle(b, name, 0, 0, 0), 1500, 0, 0, "", 0};
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
     }
     th_sleep_ms(500);
@@ -622,8 +591,7 @@ TEST(one_subscriber_connection_per_client)
         CHECK_OK(dlock_release(held[i]));
         dlock_close(held[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(client_timeout_option)
@@ -637,7 +605,7 @@ TEST(client_timeout_option)
     snprintf(uri, sizeof(uri), "%s?timeout=0", srv.uri);
     CHECK_RC(dlock_client_open(&c, uri, NULL), DLOCK_EINVAL);
     snprintf(uri, sizeof(uri), "%s?timeout=250&prefix=t:", srv.uri);
-    c = client_at(uri);
+    c = th_client(uri, NULL);
     cycle(c, "timeout");
     dlock_client_close(c);
 }
@@ -659,16 +627,6 @@ static const char *strf(const char *fmt, ...)
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     return buf;
-}
-
-/* Waits (5 s at most) until lock `name` has n waiters in its queue. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 5000;
-
-    while (waiters_of(c, name) != n && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
 }
 
 /* Makes the first waiter of lock `name` its holder by hand, with
@@ -741,8 +699,8 @@ TEST(a_handover_costs_eight_commands)
      * state; one more command per hand-off (+300) fails every run. */
     for (int run = 0; run < 3; run++) {
         for (int i = 0; i < 2; i++) {
-            p[i].c = client_at(srv.uri);
-            p[i].l = handle(p[i].c, "six", 0, 0);
+            p[i].c = th_client(srv.uri, NULL);
+            p[i].l = th_handle(p[i].c, "six", 0, 0, 0);
             p[i].n = n;
             p[i].rc = DLOCK_OK;
         }
@@ -787,16 +745,16 @@ static int dead_waiter_child(void *arg)
 TEST(handover_skips_a_dead_waiter)
 {
     static char list[65536];
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "deadwaiter", 30000, 0);
-    waiter w = {handle(c, "deadwaiter", 30000, 0), 20000, 0, 0, "", 0};
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "deadwaiter", 30000, 0, 0);
+    waiter w = {th_handle(c, "deadwaiter", 30000, 0, 0), 20000, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(dead_waiter_child, NULL);
-    until_waiters(h, "deadwaiter", 1);
+    th_wait_waiters(h, "deadwaiter", 1);
     pthread_create(&th, NULL, wait_thread, &w);
-    until_waiters(h, "deadwaiter", 2);
+    th_wait_waiters(h, "deadwaiter", 2);
     kill(child, SIGKILL);
     th_wait(child);
     /* (Redis has noticed the dead connection: one subscriber left) */
@@ -812,8 +770,7 @@ TEST(handover_skips_a_dead_waiter)
     CHECK_OP(th_now_ms() - t0, <, 3000); /* not the dead one's 30 s */
     dlock_close(w.l);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* The chosen waiter is frozen: the lock is held in its name until its
@@ -852,13 +809,13 @@ static int frozen_waiter_child(void *arg)
 TEST(a_frozen_waiter_loses_its_handover_by_its_lease)
 {
     frozen *f = th_shared(sizeof(*f));
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "frozenwaiter", 1000, 0);
-    dlock *lc = handle(c, "frozenwaiter", 30000, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "frozenwaiter", 1000, 0, 0);
+    dlock *lc = th_handle(c, "frozenwaiter", 30000, 0, 0);
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(frozen_waiter_child, f);
-    until_waiters(h, "frozenwaiter", 1);
+    th_wait_waiters(h, "frozenwaiter", 1);
     th_sleep_ms(50); /* the child's try was answered: it is waiting */
     kill(child, SIGSTOP);
     int64_t t0 = th_now_ms();
@@ -877,34 +834,31 @@ TEST(a_frozen_waiter_loses_its_handover_by_its_lease)
     CHECK_EQ(th_wait(child), 0);
     CHECK_OK(f->rc);
     CHECK_OP(f->acq, >=, rel); /* never while c held it */
-    dlock_close(lc);
-    dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLOSE(lc, lh);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* A waiter that gives up leaves the queue: the next release does not
  * hand the lock to it. */
 TEST(giving_up_leaves_the_queue)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "giveup", 0, 0), *l = handle(c, "giveup", 0, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "giveup", 0, 0, 0),
+          *l = th_handle(c, "giveup", 0, 0, 0);
     char val[4096];
     dlock_info info;
 
     CHECK_OK(dlock_acquire(lh, 0));
     CHECK_RC(dlock_acquire(l, 300), DLOCK_EBUSY);
-    CHECK_EQ(waiters_of(h, "giveup"), 0);
+    CHECK_EQ(th_waiters(h, "giveup"), 0);
     th_redis_cmd(&srv, val, sizeof(val), "GET dlock:{giveup}");
     CHECK(strchr(val, '\n') == NULL);
     CHECK_OK(dlock_release(lh));
     CHECK_OK(dlock_inspect(h, "giveup", &info));
     CHECK_EQ(info.held, 0);
     dlock_info_clear(&info);
-    dlock_close(l);
-    dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLOSE(l, lh);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* The store handed the lock to a waiter whose message never arrived: the
@@ -913,14 +867,14 @@ TEST(giving_up_leaves_the_queue)
  * here by hand, without the message. */
 TEST(a_handover_found_when_leaving_is_kept)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "kept", 30000, 0);
-    waiter w = {handle(c, "kept", 30000, 0), 1500, 0, 0, "", 0};
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "kept", 30000, 0, 0);
+    waiter w = {th_handle(c, "kept", 30000, 0, 0), 1500, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_waiters(h, "kept", 1);
+    th_wait_waiters(h, "kept", 1);
     hand_over_by_hand("kept", 4242);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
@@ -929,22 +883,21 @@ TEST(a_handover_found_when_leaving_is_kept)
     CHECK_RC(dlock_release(lh), DLOCK_ELOST);
     dlock_close(w.l);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* The same, but the subscriber connection breaks: the waiter re-arms and
  * tries, finds the lock its own and takes it, long before its deadline. */
 TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "lostmsg", 30000, 0);
-    waiter w = {handle(c, "lostmsg", 30000, 0), 15000, 0, 0, "", 0};
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "lostmsg", 30000, 0, 0);
+    waiter w = {th_handle(c, "lostmsg", 30000, 0, 0), 15000, 0, 0, "", 0};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_waiters(h, "lostmsg", 1);
+    th_wait_waiters(h, "lostmsg", 1);
     hand_over_by_hand("lostmsg", 4343);
     th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE pubsub");
     pthread_join(th, NULL);
@@ -956,8 +909,7 @@ TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
     CHECK_RC(dlock_release(lh), DLOCK_ELOST);
     dlock_close(w.l);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* A release racing the waiter's deadline, many times, with the release
@@ -967,12 +919,12 @@ TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
  * name, for its 30 s lease). */
 TEST(a_handover_racing_a_timed_out_wait)
 {
-    dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
-    dlock *lh = handle(h, "race", 30000, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, "race", 30000, 0, 0);
     int ok = 0, busy = 0;
 
     for (int i = 0; i < 60; i++) {
-        waiter w = {handle(c, "race", 30000, 0), 40, 0, 0, "", 0};
+        waiter w = {th_handle(c, "race", 30000, 0, 0), 40, 0, 0, "", 0};
         pthread_t th;
         dlock_info info;
 
@@ -1001,8 +953,7 @@ TEST(a_handover_racing_a_timed_out_wait)
     CHECK_OP(ok, >, 0);
     CHECK_OP(busy, >, 0);
     dlock_close(lh);
-    dlock_client_close(c);
-    dlock_client_close(h);
+    TH_CLIENT_CLOSE(c, h);
 }
 
 /* A try whose answer comes after its wait ended (DLOCK_ECONN "no
@@ -1014,8 +965,9 @@ TEST(a_handover_racing_a_timed_out_wait)
  * did it to a_handover_racing_a_timed_out_wait in a CI rehearsal. */
 TEST(a_try_answered_after_its_wait_leaves_no_hold)
 {
-    dlock_client *c = client_at(srv.uri), *obs = client_at(srv.uri);
-    dlock *l = handle(c, "late-try", 30000, 0);
+    dlock_client *c = th_client(srv.uri, NULL),
+                 *obs = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "late-try", 30000, 0, 0);
     dlock_info info;
 
     CHECK_OK(dlock_acquire(l, 0)); /* the connection and scripts ready */
@@ -1046,8 +998,7 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
-    dlock_client_close(obs);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(obs, c);
 }
 
 /* A waiter whose client knew the lock held appends its line blindly; if
@@ -1057,8 +1008,8 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
  * client is gone); dlock_inspect() sees a free lock with one waiter. */
 TEST(a_key_with_only_queue_lines_is_free)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "onlylines", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "onlylines", 0, 0, 0);
     const char *line = "\n00000000000000000000000000000000:1:1 30000 gone";
     char val[1024];
     dlock_info info;
@@ -1090,8 +1041,8 @@ TEST(a_key_with_only_queue_lines_is_free)
  * keeps the tombstone until the clock has passed that token by an hour. */
 TEST(tokens_stay_above_a_tombstone_ahead_of_the_clock)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *l = handle(c, "ahead", 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *l = th_handle(c, "ahead", 0, 0, 0);
     char val[128];
     long long secs = th_redis_cmd(&srv, NULL, 0, "EVAL %s 0",
                                   "return tonumber(redis.call('TIME')[1])");
@@ -1139,26 +1090,10 @@ static void *forged_wait_thread(void *arg)
                       : dlock_acquire(w->l, 20000);
     w->token = dlock_token(w->l);
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 20000 && !__atomic_load_n(&w->let_go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&w->let_go, 20000);
     if (w->rc == DLOCK_OK)
         dlock_release(w->l);
     return NULL;
-}
-
-/* A connection to r logged in as `user`. */
-static redisContext *connect_as(th_redis *r, const char *user, const char *pw)
-{
-    struct timeval tv = {5, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
-    redisReply *rep;
-
-    CHECK(c && !c->err);
-    rep = redisCommand(c, "AUTH %s %s", user, pw);
-    CHECK(rep && rep->type == REDIS_REPLY_STATUS);
-    freeReplyObject(rep);
-    return c;
 }
 
 /* A user who may only read and PUBLISH reads the lock's key (the waiter's
@@ -1172,18 +1107,15 @@ static redisContext *connect_as(th_redis *r, const char *user, const char *pw)
 TEST(a_forged_handover_only_wakes_the_waiter)
 {
     static const char *const kinds[] = {"lock", "read", "permit"};
-    char val[4096];
 
-    th_redis_cmd(&srv, val, sizeof(val),
-                 "ACL SETUSER forger on >forger-pw +@read +publish "
-                 "allchannels ~*");
-    redisContext *f = connect_as(&srv, "forger", "forger-pw");
+    redisContext *f = th_redis_forger(&srv, "publish");
 
     for (int k = 0; k < 3; k++) {
         char name[32];
         dlock_options o;
         dlock *lh = NULL;
-        dlock_client *h = client_at(srv.uri), *c = client_at(srv.uri);
+        dlock_client *h = th_client(srv.uri, NULL),
+                     *c = th_client(srv.uri, NULL);
         forged_waiter w;
         pthread_t th;
 
@@ -1198,22 +1130,13 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         CHECK_OK(dlock_acquire(lh, 0)); /* a reader waits behind a writer */
         uint64_t held = dlock_token(lh);
         pthread_create(&th, NULL, forged_wait_thread, &w);
-        until_waiters(h, name, 1);
+        th_wait_waiters(h, name, 1);
 
         /* what the forger learns from the key: the waiter's line, the
          * first one after the head that is not a holder's ("+ ...") */
-        redisReply *v = redisCommand(f, "GET dlock:{%s}", name);
-        CHECK(v && v->type == REDIS_REPLY_STRING);
-        const char *line = v->str;
-        do {
-            line = strchr(line, '\n');
-            CHECK(line != NULL);
-            line++;
-        } while (line[0] == '+');
         char client[33];
         unsigned long long seq = 0;
-        CHECK_EQ(sscanf(line, "%32[0-9a-f]:%*u:%llu ", client, &seq), 2);
-        freeReplyObject(v);
+        th_redis_waiter_line(f, name, client, &seq);
 
         long long gets = th_redis_calls(&srv, "get");
         redisReply *p = redisCommand(f, "PUBLISH dlock:c:%s %s", client,
@@ -1241,7 +1164,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
          * coalesced), and never more than the messages it was sent */
         CHECK_OP(gets, >=, 1);
         CHECK_OP(gets, <=, FLOOD + 1);
-        CHECK_EQ(waiters_of(h, name), 1);
+        CHECK_EQ(th_waiters(h, name), 1);
         CHECK_EQ(dlock_held(lh), 1);
 
         /* the real hand-over: the key's token, above the holder's */
@@ -1261,8 +1184,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
                 gets, FLOOD + 1);
         dlock_close(w.l);
         dlock_close(lh);
-        dlock_client_close(c);
-        dlock_client_close(h);
+        TH_CLIENT_CLOSE(c, h);
     }
     redisFree(f);
 }

@@ -39,50 +39,19 @@ static th_redis node[5];  /* redlock://'s nodes */
 static char uri[1024];    /* the store under test */
 static const char *kind;
 
-static dlock_client *client_at(const char *u)
-{
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, th_patient()));
-    return c;
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
+    return th_client(uri, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      unsigned permits, th_lost *box)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.permits = permits;
-    o.on_lost = box ? th_lost_cb : NULL;
-    o.on_lost_arg = box;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-/* Waits (bounded) until the store reports n waiters of name. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (th_now_ms() < until) {
-        dlock_info in;
-        CHECK_OK(dlock_inspect(c, name, &in));
-        int64_t w = in.waiters;
-        dlock_info_clear(&in);
-        if (w >= n)
-            return;
-        th_sleep_ms(5);
-    }
-    th_fail(__FILE__, __LINE__, "fewer than %lld waiters of %s after 10 s",
-            (long long)n, name);
+    return th_open(c, name,
+                   &(dlock_options){.ttl_ms = ttl,
+                                    .permits = permits,
+                                    .on_lost = box ? th_lost_cb : NULL,
+                                    .on_lost_arg = box});
 }
 
 /* A waiting thread: holds are a thread's, so the thread that acquired
@@ -289,8 +258,7 @@ TEST(many_locks_in_small_pages_by_scan_never_keys)
         CHECK_OK(dlock_release(ls[i]));
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The entry of `name` in w against what dlock_inspect() says now. */
@@ -332,7 +300,7 @@ TEST(every_form_of_a_key_is_listed_as_inspect_reads_it)
 
     CHECK_OK(dlock_acquire(x, 0));
     waiter_start(&w, xw, &th);
-    until_waiters(c, "lf/x", 1);
+    CHECK(th_wait_queued(c, "lf/x", 1, 10000));
     CHECK_OK(dlock_acquire_shared(r1, 0));
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK_OK(dlock_acquire(s1, 0));
@@ -387,16 +355,8 @@ TEST(every_form_of_a_key_is_listed_as_inspect_reads_it)
     CHECK_OK(dlock_release(r2));
     CHECK_OK(dlock_release(s1));
     CHECK_OK(dlock_release(s2));
-    dlock_close(x);
-    dlock_close(xw);
-    dlock_close(r1);
-    dlock_close(r2);
-    dlock_close(s1);
-    dlock_close(s2);
-    dlock_close(t);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(x, xw, r1, r2, s1, s2, t);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 TEST(cursors_it_did_not_make_are_refused)
@@ -426,7 +386,8 @@ TEST(a_store_prefix_with_glob_characters_lists_only_its_own)
     char u1[256], u2[256];
     snprintf(u1, sizeof(u1), "%s?prefix=p*[q]:", srv.uri);
     snprintf(u2, sizeof(u2), "%s?prefix=pX[q]:", srv.uri);
-    dlock_client *c1 = client_at(u1), *c2 = client_at(u2);
+    dlock_client *c1 = th_client(u1, th_patient()),
+                 *c2 = th_client(u2, th_patient());
     dlock *l1 = handle(c1, "gp/one", 0, 0, NULL);
     dlock *l2 = handle(c2, "gp/two", 0, 0, NULL);
 
@@ -443,10 +404,8 @@ TEST(a_store_prefix_with_glob_characters_lists_only_its_own)
     walk_free(&w);
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_release(l2));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_client_close(c1);
-    dlock_client_close(c2);
+    TH_CLOSE(l1, l2);
+    TH_CLIENT_CLOSE(c1, c2);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -469,9 +428,9 @@ TEST(break_hands_the_lock_to_the_head_and_the_others_keep_their_places)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
     waiter_start(&wb, lb, &tb);
-    until_waiters(op, "bh/x", 1);
+    CHECK(th_wait_queued(op, "bh/x", 1, 10000));
     waiter_start(&wc, lc, &tc);
-    until_waiters(op, "bh/x", 2);
+    CHECK(th_wait_queued(op, "bh/x", 2, 10000));
 
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bh/x", &ev));
@@ -500,13 +459,8 @@ TEST(break_hands_the_lock_to_the_head_and_the_others_keep_their_places)
     CHECK_OP(wc.token, >, wb.token);
     waiter_finish(&wc, tc, 1);
     CHECK_OK(wc.release_rc);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 typedef struct race {
@@ -551,7 +505,7 @@ TEST(break_racing_a_handover)
         uint64_t ta = dlock_token(la);
         CHECK_OP(ta, >, last);
         waiter_start(&wb, lb, &tb);
-        until_waiters(op, "br/x", 1);
+        CHECK(th_wait_queued(op, "br/x", 1, 10000));
         CHECK_EQ(pthread_create(&tr, NULL, break_thread, &r), 0);
         if (i % 2)
             th_sleep_ms(i % 4);
@@ -587,16 +541,13 @@ TEST(break_racing_a_handover)
             CHECK_EQ(wb.held_after, 1);
             CHECK_OK(wb.release_rc);
         }
-        dlock_close(la);
-        dlock_close(lb);
+        TH_CLOSE(la, lb);
     }
     printf("     release first %d (B evicted %d, B's hand-over evicted "
            "before B confirmed it and the lock retaken %d), break first "
            "%d\n",
            first_release + retaken, first_release, retaken, first_break);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* The frozen holder's side, in a child process. */
@@ -610,7 +561,7 @@ static int frozen_child(void *arg)
 {
     frozen *f = arg;
     th_lost box = TH_LOST_INIT;
-    dlock_client *c = client_at(f->uri);
+    dlock_client *c = th_client(f->uri, th_patient());
     dlock *l = handle(c, "bf/x", 2000, 0, &box);
 
     if (dlock_acquire(l, 5000) != DLOCK_OK)
@@ -696,7 +647,7 @@ TEST(break_of_a_semaphore_lets_its_waiters_in)
                                                      : dlock_token(h2);
     waiter_start(&ww1, w1, &t1);
     waiter_start(&ww2, w2, &t2);
-    until_waiters(op, "bs/x", 2);
+    CHECK(th_wait_queued(op, "bs/x", 2, 10000));
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bs/x", &ev));
     CHECK_EQ(ev.holders, 2);
@@ -717,15 +668,8 @@ TEST(break_of_a_semaphore_lets_its_waiters_in)
     waiter_finish(&ww2, t2, 1);
     CHECK_OK(ww1.release_rc);
     CHECK_OK(ww2.release_rc);
-    dlock_close(h1);
-    dlock_close(h2);
-    dlock_close(w1);
-    dlock_close(w2);
-    dlock_client_close(a);
-    dlock_client_close(a2);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(h1, h2, w1, w2);
+    TH_CLIENT_CLOSE(a, a2, b, c, op);
 }
 
 TEST(break_leaves_the_tombstone_of_the_evicted_token)
@@ -749,8 +693,7 @@ TEST(break_leaves_the_tombstone_of_the_evicted_token)
     CHECK_OP(dlock_token(l), >, t);
     CHECK_OK(dlock_release(l));
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 TEST(break_of_keys_free_or_not_dlocks_changes_nothing)
@@ -819,8 +762,7 @@ TEST(break_while_the_holder_renews_often)
         CHECK_RC(dlock_release(l), DLOCK_ELOST);
         dlock_close(l);
     }
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 TEST(a_waiter_of_the_breaking_client_is_let_in_at_once)
@@ -836,7 +778,7 @@ TEST(a_waiter_of_the_breaking_client_is_let_in_at_once)
 
     CHECK_OK(dlock_acquire(la, 0));
     waiter_start(&w, lw, &t);
-    until_waiters(op, "bo/x", 1);
+    CHECK(th_wait_queued(op, "bo/x", 1, 10000));
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bo/x", NULL));
     waiter_returned(&w);
@@ -846,10 +788,8 @@ TEST(a_waiter_of_the_breaking_client_is_let_in_at_once)
     waiter_finish(&w, t, 1);
     CHECK_OK(w.release_rc);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(la, lw);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -899,8 +839,7 @@ TEST(redlock_walk_with_two_nodes_down_then_three)
         (void)dlock_release(ls[i]); /* lost or not: the nodes restarted */
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(redlock_walk_with_a_node_failing_midway)
@@ -943,8 +882,7 @@ TEST(redlock_walk_with_a_node_failing_midway)
         (void)dlock_release(ls[i]);
         dlock_close(ls[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(redlock_a_key_on_a_minority_is_not_a_held_lock)
@@ -996,8 +934,7 @@ TEST(redlock_free_names_are_listed_by_their_counters)
     CHECK_OP(w.infos[0].token >> 6, >=, t >> 6);
     walk_free(&w);
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(redlock_break_with_two_nodes_frozen)
@@ -1032,10 +969,8 @@ TEST(redlock_break_with_two_nodes_frozen)
     CHECK_OP(dlock_token(l2), >, t);
     CHECK_OK(dlock_release(l2));
     CHECK_RC(dlock_release(l), DLOCK_ELOST);
-    dlock_close(l);
-    dlock_close(l2);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLOSE(l, l2);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 TEST(redlock_break_with_three_nodes_down_fails)
@@ -1054,8 +989,7 @@ TEST(redlock_break_with_three_nodes_down_fails)
     restart_all();
     (void)dlock_release(l);
     dlock_close(l);
-    dlock_client_close(a);
-    dlock_client_close(op);
+    TH_CLIENT_CLOSE(a, op);
 }
 
 static const th_test redis_tests[] = {

@@ -19,17 +19,6 @@
 
 static th_redis srv;
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags, unsigned permits)
-{
-    return th_handle(c, name, ttl, flags, permits);
-}
-
 typedef struct waiter {
     dlock *l;
     int shared;
@@ -56,33 +45,6 @@ static void *wait_thread(void *arg)
         dlock_release(w->l);
     }
     return NULL;
-}
-
-static dlock_info info_of(dlock_client *c, const char *name)
-{
-    dlock_info i;
-
-    CHECK_OK(dlock_inspect(c, name, &i));
-    return i;
-}
-
-/* Waits (5 s at most) until lock `name` has n waiters and h holders. */
-static void until_state(dlock_client *c, const char *name, int64_t n,
-                        int64_t h)
-{
-    int64_t until = th_now_ms() + 5000;
-    dlock_info i;
-
-    for (;;) {
-        i = info_of(c, name);
-        if ((i.waiters == n && i.holders == h) || th_now_ms() >= until)
-            break;
-        dlock_info_clear(&i);
-        th_sleep_ms(5);
-    }
-    CHECK_EQ(i.waiters, n);
-    CHECK_EQ(i.holders, h);
-    dlock_info_clear(&i);
 }
 
 /* The n-th holder line (from 1) of lock `name`, "+ OWNER TOKEN END
@@ -114,12 +76,12 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
 {
     dlock_client *c[4];
     for (int i = 0; i < 4; i++)
-        c[i] = client_at(srv.uri);
-    dlock *w0 = handle(c[0], "rw1", 30000, 0, 0);
-    dlock *r1 = handle(c[1], "rw1", 30000, 0, 0);
-    dlock *r2 = handle(c[2], "rw1", 30000, 0, 0);
-    dlock *r3 = handle(c[3], "rw1", 30000, 0, 0);
-    waiter w = {handle(c[0], "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
+        c[i] = th_client(srv.uri, NULL);
+    dlock *w0 = th_handle(c[0], "rw1", 30000, 0, 0);
+    dlock *r1 = th_handle(c[1], "rw1", 30000, 0, 0);
+    dlock *r2 = th_handle(c[2], "rw1", 30000, 0, 0);
+    dlock *r3 = th_handle(c[3], "rw1", 30000, 0, 0);
+    waiter w = {th_handle(c[0], "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(w0, 0));
@@ -129,15 +91,15 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK_OP(dlock_token(r1), >, t0);
     CHECK_OP(dlock_token(r2), >, t0);
-    dlock_info i = info_of(c[3], "rw1");
+    dlock_info i = th_info(c[3], "rw1");
     CHECK_EQ(i.holders, 2);
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.held, 1);
     dlock_info_clear(&i);
 
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(c[3], "rw1", 1, 2);
-    i = info_of(c[3], "rw1");
+    th_wait_state(c[3], "rw1", 1, 2);
+    i = th_info(c[3], "rw1");
     CHECK_EQ(i.queue_len, 1);
     if (i.queue_len == 1)
         CHECK_CONTAINS(i.queue[0], "write: ");
@@ -145,7 +107,7 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
     /* a new reader does not pass the waiting writer */
     CHECK_RC(dlock_acquire_shared(r3, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(r1));
-    until_state(c[3], "rw1", 1, 1); /* the writer still waits */
+    th_wait_state(c[3], "rw1", 1, 1); /* the writer still waits */
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(r2));
     pthread_join(th, NULL);
@@ -157,10 +119,7 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
                              ? dlock_token(r1)
                              : dlock_token(r2));
     dlock_close(w.l);
-    dlock_close(w0);
-    dlock_close(r1);
-    dlock_close(r2);
-    dlock_close(r3);
+    TH_CLOSE(w0, r1, r2, r3);
     for (int i2 = 0; i2 < 4; i2++)
         dlock_client_close(c[i2]);
 }
@@ -171,26 +130,26 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
 TEST(one_release_lets_in_every_reader_at_the_head)
 {
     enum { NR = 3 };
-    dlock_client *h = client_at(srv.uri), *c[NR + 2];
-    dlock *lh = handle(h, "rw2", 30000, 0, 0);
+    dlock_client *h = th_client(srv.uri, NULL), *c[NR + 2];
+    dlock *lh = th_handle(h, "rw2", 30000, 0, 0);
     waiter w[NR + 2];
     pthread_t th[NR + 2];
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < NR + 2; i++) {
-        c[i] = client_at(srv.uri);
+        c[i] = th_client(srv.uri, NULL);
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(c[i], "rw2", 30000, 0, 0);
+        w[i].l = th_handle(c[i], "rw2", 30000, 0, 0);
         w[i].shared = i != NR; /* readers, a writer, a reader */
         w[i].wait = 20000;
         w[i].hold = 400;
         pthread_create(&th[i], NULL, wait_thread, &w[i]);
-        until_state(h, "rw2", i + 1, 1); /* queued in this order */
+        th_wait_state(h, "rw2", i + 1, 1); /* queued in this order */
     }
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    until_state(h, "rw2", 2, NR); /* the readers hold, two still wait */
-    dlock_info i = info_of(h, "rw2");
+    th_wait_state(h, "rw2", 2, NR); /* the readers hold, two still wait */
+    dlock_info i = th_info(h, "rw2");
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.queue_len, 2);
     if (i.queue_len == 2) {
@@ -250,14 +209,14 @@ static int dead_reader_child(void *arg)
 TEST(a_dead_reader_is_dropped_at_its_lease_end)
 {
     dead *d = th_shared(sizeof(*d));
-    dlock_client *c = client_at(srv.uri);
-    waiter w = {handle(c, "rw3", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
+    dlock_client *c = th_client(srv.uri, NULL);
+    waiter w = {th_handle(c, "rw3", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
     pthread_t th;
 
     pid_t child = th_fork(dead_reader_child, d);
     /* its acquire has returned (the key shows the hold a moment before) */
     CHECK(th_wait_flag(&d->ready, 10000));
-    until_state(c, "rw3", 0, 1);
+    th_wait_state(c, "rw3", 0, 1);
     kill(child, SIGKILL);
     th_wait(child);
     CHECK_OK(d->rc);
@@ -278,9 +237,9 @@ TEST(a_dead_reader_is_dropped_at_its_lease_end)
  * line's end only: another reader's end stays what it was. */
 TEST(a_readers_renewal_moves_only_its_own_line)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "rw4", 600, 0, 0); /* renewed every 200 ms */
-    dlock *rb = handle(b, "rw4", 20000, DLOCK_NO_RENEW, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "rw4", 600, 0, 0); /* renewed every 200 ms */
+    dlock *rb = th_handle(b, "rw4", 20000, DLOCK_NO_RENEW, 0);
     char oa[80], ob[80], o[80], ea0[32], ea1[32], eb0[32], eb1[32];
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -302,10 +261,8 @@ TEST(a_readers_renewal_moves_only_its_own_line)
     CHECK_STR(eb1, eb0);
     CHECK_OK(dlock_release(ra));
     CHECK_OK(dlock_release(rb));
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A release by a reader whose line is gone (its lease ended and a script
@@ -313,9 +270,9 @@ TEST(a_readers_renewal_moves_only_its_own_line)
  * other reader's hold. */
 TEST(a_release_whose_line_is_gone_is_lost)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *ra = handle(a, "rw5", 30000, 0, 0);
-    dlock *rb = handle(b, "rw5", 30000, 0, 0);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *ra = th_handle(a, "rw5", 30000, 0, 0);
+    dlock *rb = th_handle(b, "rw5", 30000, 0, 0);
     char val[4096], keep[4096];
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -330,17 +287,15 @@ TEST(a_release_whose_line_is_gone_is_lost)
     snprintf(keep, sizeof(keep), "%.*s%s", (int)(nl - val), val, lb);
     th_redis_cmd(&srv, NULL, 0, "SET dlock:{rw5} %s PX 30000", keep);
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
-    dlock_info i = info_of(a, "rw5");
+    dlock_info i = th_info(a, "rw5");
     CHECK_EQ(i.holders, 1);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(rb));
-    i = info_of(a, "rw5");
+    i = th_info(a, "rw5");
     CHECK_EQ(i.holders, 0);
     dlock_info_clear(&i);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* The uncontended shared cycle (acquire + release of a name free in the
@@ -350,10 +305,10 @@ TEST(a_release_whose_line_is_gone_is_lost)
  * and leaves the tombstone. */
 TEST(the_shared_cycle_costs_the_exclusive_ones_commands)
 {
-    dlock_client *c = client_at(srv.uri);
-    dlock *lw = handle(c, "rw6w", 30000, 0, 0);
-    dlock *lr = handle(c, "rw6r", 30000, 0, 0);
-    dlock *lp = handle(c, "rw6p", 30000, 0, 3);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *lw = th_handle(c, "rw6w", 30000, 0, 0);
+    dlock *lr = th_handle(c, "rw6r", 30000, 0, 0);
+    dlock *lp = th_handle(c, "rw6p", 30000, 0, 3);
     const int n = 50;
 
     /* the first cycle of each name reads the clock for its token */
@@ -381,9 +336,7 @@ TEST(the_shared_cycle_costs_the_exclusive_ones_commands)
     long long b3 = th_redis_calls(&srv, NULL);
     CHECK_EQ(b2 - b1, b1 - b0);
     CHECK_EQ(b3 - b2, b1 - b0);
-    dlock_close(lw);
-    dlock_close(lr);
-    dlock_close(lp);
+    TH_CLOSE(lw, lr, lp);
     dlock_client_close(c);
 }
 
@@ -391,24 +344,24 @@ TEST(the_shared_cycle_costs_the_exclusive_ones_commands)
  * another N, or the other kind, is DLOCK_EINVAL naming what it is. */
 TEST(a_semaphore_keeps_its_permits)
 {
-    dlock_client *c = client_at(srv.uri), *d = client_at(srv.uri);
-    dlock *p3 = handle(c, "rw7", 30000, 0, 3);
-    dlock *p2 = handle(d, "rw7", 30000, 0, 2);
-    dlock *lk = handle(d, "rw7", 30000, 0, 0);
+    dlock_client *c = th_client(srv.uri, NULL), *d = th_client(srv.uri, NULL);
+    dlock *p3 = th_handle(c, "rw7", 30000, 0, 3);
+    dlock *p2 = th_handle(d, "rw7", 30000, 0, 2);
+    dlock *lk = th_handle(d, "rw7", 30000, 0, 0);
 
     CHECK_OK(dlock_acquire(p3, 0));
     CHECK_RC(dlock_acquire(p2, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "is a semaphore of 3 permits");
     CHECK_RC(dlock_acquire(lk, 0), DLOCK_EINVAL);
     CHECK_RC(dlock_acquire_shared(lk, 0), DLOCK_EINVAL);
-    dlock_info i = info_of(c, "rw7");
+    dlock_info i = th_info(c, "rw7");
     CHECK_EQ(i.permits, 3);
     CHECK_EQ(i.holders, 1);
     CHECK_EQ(i.waiters, 0);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(p3));
     /* free: its tombstone still says 3 permits, for dlock status... */
-    i = info_of(c, "rw7");
+    i = th_info(c, "rw7");
     CHECK_EQ(i.held, 0);
     CHECK_EQ(i.permits, 3);
     CHECK_OP(i.token, >, 0);
@@ -418,11 +371,8 @@ TEST(a_semaphore_keeps_its_permits)
     CHECK_RC(dlock_acquire(p3, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "not a semaphore");
     CHECK_OK(dlock_release(lk));
-    dlock_close(p3);
-    dlock_close(p2);
-    dlock_close(lk);
-    dlock_client_close(c);
-    dlock_client_close(d);
+    TH_CLOSE(p3, p2, lk);
+    TH_CLIENT_CLOSE(c, d);
 }
 
 /* A writer that gives up waiting behind readers leaves the queue in one
@@ -430,18 +380,18 @@ TEST(a_semaphore_keeps_its_permits)
  * held back only by the writer): they share with the readers holding. */
 TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 {
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock_client *c = client_at(srv.uri);
-    dlock *r1 = handle(a, "rw8", 30000, 0, 0);
-    waiter w = {handle(b, "rw8", 30000, 0, 0), 0, 600, 0, 0, 0, 0, ""};
-    waiter r2 = {handle(c, "rw8", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, ""};
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock_client *c = th_client(srv.uri, NULL);
+    dlock *r1 = th_handle(a, "rw8", 30000, 0, 0);
+    waiter w = {th_handle(b, "rw8", 30000, 0, 0), 0, 600, 0, 0, 0, 0, ""};
+    waiter r2 = {th_handle(c, "rw8", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, ""};
     pthread_t tw, tr;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
     pthread_create(&tw, NULL, wait_thread, &w);
-    until_state(a, "rw8", 1, 1);
+    th_wait_state(a, "rw8", 1, 1);
     pthread_create(&tr, NULL, wait_thread, &r2);
-    until_state(a, "rw8", 2, 1);
+    th_wait_state(a, "rw8", 2, 1);
     pthread_join(tw, NULL);
     CHECK_RC(w.rc, DLOCK_EBUSY);
     pthread_join(tr, NULL);
@@ -454,9 +404,7 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
     dlock_close(r1);
     dlock_close(w.l);
     dlock_close(r2.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* unix:// is the same store: its readers and permits share the key with
@@ -466,37 +414,34 @@ TEST(shared_holds_over_a_unix_socket)
     char uri[800];
 
     snprintf(uri, sizeof(uri), "unix://%s", srv.sock);
-    dlock_client *u = client_at(uri), *t = client_at(srv.uri);
-    dlock *ru = handle(u, "rw9", 30000, 0, 0);
-    dlock *rt = handle(t, "rw9", 30000, 0, 0);
-    waiter w = {handle(u, "rw9", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
-    dlock *pu = handle(u, "rw9p", 30000, 0, 2);
-    dlock *pt = handle(t, "rw9p", 30000, 0, 2);
+    dlock_client *u = th_client(uri, NULL), *t = th_client(srv.uri, NULL);
+    dlock *ru = th_handle(u, "rw9", 30000, 0, 0);
+    dlock *rt = th_handle(t, "rw9", 30000, 0, 0);
+    waiter w = {th_handle(u, "rw9", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
+    dlock *pu = th_handle(u, "rw9p", 30000, 0, 2);
+    dlock *pt = th_handle(t, "rw9p", 30000, 0, 2);
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(ru, 0));
     CHECK_OK(dlock_acquire_shared(rt, 0));
     CHECK_OK(dlock_release(ru));
     pthread_create(&th, NULL, wait_thread, &w);
-    until_state(t, "rw9", 1, 1);
+    th_wait_state(t, "rw9", 1, 1);
     CHECK_OK(dlock_release(rt));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     CHECK_OK(dlock_acquire(pu, 0));
     CHECK_OK(dlock_acquire(pt, 0));
-    dlock_info i = info_of(u, "rw9p");
+    dlock_info i = th_info(u, "rw9p");
     CHECK_EQ(i.holders, 2);
     CHECK_EQ(i.permits, 2);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(pt));
     CHECK_OK(dlock_release(pu));
-    dlock_close(ru);
-    dlock_close(rt);
+    TH_CLOSE(ru, rt);
     dlock_close(w.l);
-    dlock_close(pu);
-    dlock_close(pt);
-    dlock_client_close(u);
-    dlock_client_close(t);
+    TH_CLOSE(pu, pt);
+    TH_CLIENT_CLOSE(u, t);
 }
 
 /* A permit holder killed holding: its line stays in the key until a
@@ -537,14 +482,14 @@ static int holder_lines(const char *name)
 TEST(an_expired_holder_line_is_dropped_by_the_next_try)
 {
     dead *d = th_shared(sizeof(*d));
-    dlock_client *a = client_at(srv.uri), *b = client_at(srv.uri);
-    dlock *pa = handle(a, "rw10", 30000, 0, 2);
-    dlock *pb = handle(b, "rw10", 30000, 0, 2);
+    dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
+    dlock *pa = th_handle(a, "rw10", 30000, 0, 2);
+    dlock *pb = th_handle(b, "rw10", 30000, 0, 2);
 
     pid_t child = th_fork(dead_permit_child, d);
     /* its acquire has returned (the key shows the hold a moment before) */
     CHECK(th_wait_flag(&d->ready, 10000));
-    until_state(a, "rw10", 0, 1);
+    th_wait_state(a, "rw10", 0, 1);
     kill(child, SIGKILL);
     th_wait(child);
     CHECK_OK(d->rc);
@@ -555,17 +500,15 @@ TEST(an_expired_holder_line_is_dropped_by_the_next_try)
     if (left > 0)
         th_sleep_ms(left);
     CHECK_EQ(holder_lines("rw10"), 2); /* still there: nobody decided */
-    dlock_info i = info_of(a, "rw10");
+    dlock_info i = th_info(a, "rw10");
     CHECK_EQ(i.holders, 1); /* but not counted */
     dlock_info_clear(&i);
     CHECK_OK(dlock_acquire(pb, 0));
     CHECK_EQ(holder_lines("rw10"), 2); /* pa's and pb's */
     CHECK_OK(dlock_release(pa));
     CHECK_OK(dlock_release(pb));
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(pa, pb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

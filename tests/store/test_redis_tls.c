@@ -106,22 +106,10 @@ static const char *cert(const char *file)
     return th_tls_param(buf[next++ % 8], sizeof(buf[0]), file);
 }
 
-static dlock_client *client_at(const char *uri)
-{
-    return th_client(uri, NULL);
-}
-
 static dlock *handle_flags(dlock_client *c, const char *name, int64_t ttl,
                           unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, flags, 0);
 }
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
@@ -198,28 +186,6 @@ static int64_t refused_as(int line, const char *uri, int code,
 /* URI errors: refused before any connection (the bound is the same) */
 #define INVALID(uri, causes) \
     refused_as(__LINE__, (uri), DLOCK_EINVAL, (causes), DEFAULT_TIMEOUT)
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
-/* Waits (10 s at most: a waiter queues in one round trip, a busy machine
- * may take far longer than that) until lock `name` has n waiters. */
-static void until_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (waiters_of(c, name) != n && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
-}
 
 /* ------------------------------------------------------------------------ */
 /* A server that is no TLS server: answers anything with a Redis error    */
@@ -319,7 +285,8 @@ TEST(the_servers_speak_tls_to_redis_cli)
  * plain port of the same server, and the reverse. */
 TEST(tls_and_plain_clients_exclude_each_other)
 {
-    dlock_client *t = client_at(srv.tls_uri), *p = client_at(srv.uri);
+    dlock_client *t = th_client(srv.tls_uri, NULL),
+                 *p = th_client(srv.uri, NULL);
     dlock *lt = handle(t, "tls-both", 0), *lp = handle(p, "tls-both", 0);
 
     CHECK_OK(dlock_acquire(lt, 0));
@@ -336,10 +303,8 @@ TEST(tls_and_plain_clients_exclude_each_other)
     CHECK_OK(dlock_acquire(lt, 0));
     CHECK_OK(dlock_release(lt));
 
-    dlock_close(lt);
-    dlock_close(lp);
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLOSE(lt, lp);
+    TH_CLIENT_CLOSE(t, p);
 }
 
 /* A waiter is woken by the release's message, whichever ports the waiter
@@ -356,7 +321,7 @@ static void woken_across(dlock_client *holder_c, dlock_client *waiter_c,
     CHECK_OK(dlock_acquire(h, 0));
     uint64_t tok = dlock_token(h);
     CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
-    until_waiters(holder_c, name, 1);
+    th_wait_waiters(holder_c, name, 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(h));
     pthread_join(th, NULL);
@@ -371,17 +336,16 @@ static void woken_across(dlock_client *holder_c, dlock_client *waiter_c,
 
 TEST(a_tls_waiter_is_woken_by_a_plain_release)
 {
-    dlock_client *t = client_at(srv.tls_uri), *p = client_at(srv.uri);
+    dlock_client *t = th_client(srv.tls_uri, NULL),
+                 *p = th_client(srv.uri, NULL);
 
     woken_across(p, t, "tls-wake-1");
     /* and the other way round */
     woken_across(t, p, "tls-wake-2");
     /* both over TLS */
-    dlock_client *t2 = client_at(srv.tls_uri);
+    dlock_client *t2 = th_client(srv.tls_uri, NULL);
     woken_across(t2, t, "tls-wake-3");
-    dlock_client_close(t2);
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLIENT_CLOSE(t2, t, p);
 }
 
 /* redis://...?tls=1 is rediss://: the same lock as the plain port's. */
@@ -390,16 +354,14 @@ TEST(tls_parameter_on_redis_scheme)
     const char *uri =
         strf("redis://localhost:%d?tls=1&cacert=%s", srv.tls_port,
              cert("ca.crt"));
-    dlock_client *t = client_at(uri), *p = client_at(srv.uri);
+    dlock_client *t = th_client(uri, NULL), *p = th_client(srv.uri, NULL);
     dlock *lt = handle(t, "tls-param", 0), *lp = handle(p, "tls-param", 0);
 
     CHECK_OK(dlock_acquire(lt, 0));
     CHECK_RC(dlock_acquire(lp, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(lt));
-    dlock_close(lt);
-    dlock_close(lp);
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLOSE(lt, lp);
+    TH_CLIENT_CLOSE(t, p);
     /* and its failures are the same as rediss:// */
     REFUSED(strf("redis://localhost:%d?tls=1&cacert=%s", srv.tls_port,
                  cert("other-ca.crt")),
@@ -656,7 +618,7 @@ static void *release_thread(void *arg)
 /* The burst, the waiters' client on `uri`. */
 static void burst(const char *uri)
 {
-    dlock_client *t = client_at(uri), *p = NULL;
+    dlock_client *t = th_client(uri, NULL), *p = NULL;
     char name[64], ok[64];
 
     /* the holders' client waits out the pause: 10 s round trips */
@@ -681,7 +643,7 @@ static void burst(const char *uri)
         }
         for (int i = 0; i < BURST; i++) {
             snprintf(name, sizeof(name), "tls-burst-%d-%d", round, i);
-            until_waiters(p, name, 1);
+            th_wait_waiters(p, name, 1);
         }
         for (int i = 0; i < BURST; i++) {
             r[i].l = h[i];
@@ -716,8 +678,7 @@ static void burst(const char *uri)
             dlock_close(h[i]);
         }
     }
-    dlock_client_close(t);
-    dlock_client_close(p);
+    TH_CLIENT_CLOSE(t, p);
 }
 
 TEST(a_burst_of_wakeups_over_tls)
@@ -747,7 +708,8 @@ TEST(a_tls_client_comes_back_after_a_restart)
     pthread_t th;
 
     th_redis_start_tls(&s, "server", 0, NULL);
-    dlock_client *a = client_at(s.tls_uri), *b = client_at(s.tls_uri);
+    dlock_client *a = th_client(s.tls_uri, NULL),
+                 *b = th_client(s.tls_uri, NULL);
     dlock *la = handle(a, "tls-restart", 30000);
 
     memset(&w, 0, sizeof(w));
@@ -755,7 +717,7 @@ TEST(a_tls_client_comes_back_after_a_restart)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
-    until_waiters(a, "tls-restart", 1);
+    th_wait_waiters(a, "tls-restart", 1);
     th_redis_kill(&s, SIGKILL);
     /* a try while it is down fails at once (another thread's handle) */
     dlock *lt = handle(b, "tls-restart-try", 0);
@@ -773,14 +735,13 @@ TEST(a_tls_client_comes_back_after_a_restart)
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
 
     /* b's waits are woken again, by a release on the plain port */
-    dlock_client *p = client_at(s.uri);
+    dlock_client *p = th_client(s.uri, NULL);
     woken_across(p, b, "tls-restart-2");
     woken_across(a, b, "tls-restart-3");
     dlock_client_close(p);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_redis_kill(&s, SIGKILL);
 }
 
@@ -838,9 +799,7 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-#ifndef TH_REDIS_TLS
-    th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
-#endif
+    th_need_redis_tls();
     th_redis_start_tls(&srv, "server", 0, NULL);
     return th_main(argc, argv, tests);
 }

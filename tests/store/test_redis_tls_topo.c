@@ -46,47 +46,9 @@
 /* a wake-up by message: see above */
 #define WAKE_MS 5000
 
-static dlock_client *client_at(const char *u)
-{
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, th_patient()));
-    return c;
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
-/* Waits (10 s at most: a waiter subscribes and queues in a round trip or
- * two, a busy machine may take far longer) until lock `name` has a
- * waiter the store knows of (Redlock: the most subscribers any node
- * reports). */
-static void until_waiting(dlock_client *c, const char *name)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (waiters_of(c, name) < 1 && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_OP(waiters_of(c, name), >=, 1);
+    return th_handle(c, name, ttl, 0, 0);
 }
 
 /* What every form must do over TLS, on store URI u, with lock `name`:
@@ -94,7 +56,8 @@ static void until_waiting(dlock_client *c, const char *name)
  * waiter on a second client is woken by the release's message. */
 static void basics(const char *u, const char *name)
 {
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(u, th_patient());
     dlock *la = handle(a, name, 30000), *lb = handle(b, name, 30000);
     th_waiter w;
     pthread_t th;
@@ -115,7 +78,10 @@ static void basics(const char *u, const char *name)
     memset(&w, 0, sizeof(w));
     w.l = la;
     CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
-    until_waiting(b, name);
+    /* 10 s at most: a waiter subscribes and queues in a round trip or
+     * two, a busy machine may take far longer (Redlock: the most
+     * subscribers any node reports) */
+    CHECK(th_wait_queued(b, name, 1, 10000));
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(lb));
     pthread_join(th, NULL);
@@ -129,10 +95,8 @@ static void basics(const char *u, const char *name)
     CHECK_OP(dlock_token(lb), >, w.token);
     CHECK_OK(dlock_release(lb));
 
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -203,7 +167,7 @@ TEST(redlock_over_tls_writes_every_node)
 
     redlock_nodes();
     redlock_uri(u, sizeof(u), "127.0.0.1", "");
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, th_patient());
     dlock *l = handle(c, "tls-rl/keys", 30000);
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < 3; i++) {
@@ -254,7 +218,7 @@ TEST(sentinel_over_tls)
 
     basics(t->uri, "tls-s/one");
     /* the primary (data[0], as no failover ran yet) got it */
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l = handle(c, "tls-s/where", 30000);
     CHECK_OK(dlock_acquire(l, 0));
     th_redis_cmd(&t->data[0], v, sizeof(v), "GET dlock:{tls-s/where}");
@@ -270,7 +234,7 @@ TEST(sentinel_over_tls)
 TEST(sentinel_over_tls_follows_a_failover)
 {
     th_sentinels *t = sentinels();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l = handle(c, "tls-s/before", 30000);
     char out[256], v[256];
 
@@ -366,7 +330,7 @@ TEST(cluster_over_tls)
     for (int i = 0; i < 3; i++) {
         basics(t->uri, names[i]);
         /* held: on the slot's primary */
-        dlock_client *c = client_at(t->uri);
+        dlock_client *c = th_client(t->uri, th_patient());
         dlock *l = handle(c, names[i], 30000);
         CHECK_OK(dlock_acquire(l, 0));
         snprintf(key, sizeof(key), "dlock:{%s}", names[i]);
@@ -383,7 +347,7 @@ TEST(cluster_over_tls)
 TEST(cluster_over_tls_one_client_three_shards)
 {
     th_cluster *t = cluster();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l[8];
     char name[32];
 
@@ -415,8 +379,6 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-#ifndef TH_REDIS_TLS
-    th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
-#endif
+    th_need_redis_tls();
     return th_main(argc, argv, tests);
 }

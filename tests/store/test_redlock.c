@@ -67,35 +67,9 @@ static int64_t short_ttl;
 /* Helpers                                                                  */
 /* ------------------------------------------------------------------------ */
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
-}
-
-static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
-                        unsigned flags, dlock_lost_cb cb, void *arg)
-{
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    o.on_lost_arg = arg;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return handle_cb(c, name, ttl, flags, NULL, NULL);
+    return th_client(uri, NULL);
 }
 
 static void kill_node(int i)
@@ -313,8 +287,8 @@ TEST(two_of_five_killed_still_serve)
     kill_node(3);
     kill_node(4);
     dlock_client *b = client(); /* opened with two down */
-    dlock *la = handle(a, "two-down", 60000, 0);
-    dlock *lb = handle(b, "two-down", 60000, 0);
+    dlock *la = th_handle(a, "two-down", 60000, 0, 0);
+    dlock *lb = th_handle(b, "two-down", 60000, 0, 0);
     dlock_info info;
     char pid[32];
 
@@ -379,8 +353,8 @@ TEST(two_of_five_killed_still_serve)
 
     /* the watchdog keeps a short lease alive for many ttls */
     lost_rec lost = {0, 0, 0};
-    la = handle_cb(a, "two-down-wd", short_ttl, 0, record_lost, &lost);
-    dlock *lw = handle(b, "two-down-wd", 0, 0);
+    la = th_handle_lost(a, "two-down-wd", short_ttl, 0, record_lost, &lost);
+    dlock *lw = th_handle(b, "two-down-wd", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     tok = dlock_token(la);
     /* five ttls, so the hold lives on renewals alone */
@@ -395,11 +369,8 @@ TEST(two_of_five_killed_still_serve)
     CHECK_OK(dlock_acquire(lw, 0));
     CHECK_OK(dlock_release(lw));
 
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb, lw);
+    TH_CLIENT_CLOSE(a, b);
     heal();
 }
 
@@ -421,9 +392,9 @@ TEST(three_of_five_killed_fail_and_the_hold_is_lost)
     int64_t ttl = slow ? 2500 : 1000;
     lost_rec lost = {0, 0, 0};
     dlock_client *a = client(), *b = client();
-    dlock *la = handle_cb(a, "three-down", ttl, 0, record_lost, &lost);
-    dlock *lb = handle(b, "three-down", 0, 0);
-    dlock *lo = handle(b, "three-down-other", 0, 0);
+    dlock *la = th_handle_lost(a, "three-down", ttl, 0, record_lost, &lost);
+    dlock *lb = th_handle(b, "three-down", 0, 0, 0);
+    dlock *lo = th_handle(b, "three-down-other", 0, 0, 0);
 
     int64_t t_acq = th_now_ms();
     CHECK_OK(dlock_acquire(la, 0));
@@ -488,11 +459,8 @@ TEST(three_of_five_killed_fail_and_the_hold_is_lost)
     CHECK_OP(dlock_token(lb), >, tok);
     CHECK_OK(dlock_release(lb));
     hold_once(lo, 0, 0);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lo);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb, lo);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(three_of_five_frozen_fail_within_the_node_timeout)
@@ -502,8 +470,8 @@ TEST(three_of_five_frozen_fail_within_the_node_timeout)
      * of them */
     int64_t ntl = slow ? 2000 : 1000;
     snprintf(q, sizeof(q), "?node_timeout=%lld", (long long)ntl);
-    dlock_client *c = client_at(uri_with(u, sizeof(u), q));
-    dlock *l = handle(c, "three-frozen", 0, 0);
+    dlock_client *c = th_client(uri_with(u, sizeof(u), q), NULL);
+    dlock *l = th_handle(c, "three-frozen", 0, 0, 0);
 
     hold_once(l, 0, 0);
     stop_node(0);
@@ -541,10 +509,10 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
     int64_t ntl = slow ? 2000 : 1000;
     snprintf(q, sizeof(q), "?node_timeout=%lld", (long long)ntl);
     dlock_client *a = client(), *b = client();
-    dlock_client *lc = client_at(uri_with(u, sizeof(u), q));
-    dlock *la = handle(a, "frozen-node", 0, 0);
-    dlock *lb = handle(b, "frozen-node", 0, 0);
-    dlock *ll = handle(lc, "frozen-node", 0, 0);
+    dlock_client *lc = th_client(uri_with(u, sizeof(u), q), NULL);
+    dlock *la = th_handle(a, "frozen-node", 0, 0, 0);
+    dlock *lb = th_handle(b, "frozen-node", 0, 0, 0);
+    dlock *ll = th_handle(lc, "frozen-node", 0, 0, 0);
     /* pauses shorter and longer than the node timeout */
     const int64_t pause_ms[] = {0, 5, 25, 60, nt / 2, 0, 1, 80, 0, nt + 50};
     /* around the long node timeout (1 s, 2 s under valgrind) */
@@ -607,9 +575,9 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
 
     /* the watchdog keeps a short lease with a node frozen */
     lost_rec lost = {0, 0, 0};
-    dlock *lw = handle_cb(a, "frozen-node-wd", short_ttl, 0, record_lost,
+    dlock *lw = th_handle_lost(a, "frozen-node-wd", short_ttl, 0, record_lost,
                           &lost);
-    dlock *lx = handle(b, "frozen-node-wd", 0, 0);
+    dlock *lx = th_handle(b, "frozen-node-wd", 0, 0, 0);
     CHECK_OK(dlock_acquire(lw, 0));
     for (int i = 0; i < 4 * short_ttl / 200; i++) { /* four ttls */
         th_sleep_ms(200);
@@ -651,20 +619,15 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
     CHECK_OP(info.token >> 6, >=, last >> 6);
     dlock_info_clear(&info);
 
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(ll);
-    dlock_close(lw);
-    dlock_close(lx);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(lc);
+    TH_CLOSE(la, lb, ll, lw, lx);
+    TH_CLIENT_CLOSE(a, b, lc);
 }
 
 TEST(late_answers_do_no_harm)
 {
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *la = handle(a, "late", 10000, 0), *lb = handle(b, "late", 10000, 0);
+    dlock *la = th_handle(a, "late", 10000, 0, 0),
+          *lb = th_handle(b, "late", 10000, 0, 0);
     dlock_info info;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -697,7 +660,7 @@ TEST(late_answers_do_no_harm)
     CHECK_OP(info.token >> 6, <, (tb >> 6) + 1000000);
     dlock_info_clear(&info);
     CHECK_EQ(dlock_held(lb), 1);
-    dlock *lc = handle(c, "late", 0, 0);
+    dlock *lc = th_handle(c, "late", 0, 0, 0);
     CHECK_RC(dlock_acquire(lc, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_extend(lb, 10000));
     CHECK_OK(dlock_release(lb));
@@ -711,12 +674,8 @@ TEST(late_answers_do_no_harm)
     CHECK_RC(dlock_acquire(lc, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     hold_once(lc, 0, tb);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -732,7 +691,7 @@ TEST(release_and_extend_need_a_quorum_of_keys)
 {
     dlock_client *a = client();
     /* no watchdog: nothing puts keys back behind the test's back */
-    dlock *l = handle(a, "keys", 30000, DLOCK_NO_RENEW);
+    dlock *l = th_handle(a, "keys", 30000, DLOCK_NO_RENEW, 0);
 
     /* two keys gone: three are ours, the release is a success */
     CHECK_OK(dlock_acquire(l, 0));
@@ -782,8 +741,8 @@ TEST(restarted_node_gets_the_key_back)
 {
     int64_t ttl = slow ? 3000 : 900;
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "restarted", ttl, 0);
-    dlock *lb = handle(b, "restarted", ttl, 0);
+    dlock *la = th_handle(a, "restarted", ttl, 0, 0);
+    dlock *lb = th_handle(b, "restarted", ttl, 0, 0);
     char v1[512], v0[512];
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -794,7 +753,7 @@ TEST(restarted_node_gets_the_key_back)
     *strchr(v1, ' ') = '\0'; /* the owner */
 
     /* a waiter in b, subscribed on the nodes; one of them restarts */
-    waiter w = {.l = handle(b, "restarted", ttl, 0), .wait = 20000};
+    waiter w = {.l = th_handle(b, "restarted", ttl, 0, 0), .wait = 20000};
     pthread_t th;
     pthread_create(&th, NULL, wait_thread, &w);
     th_sleep_ms(200); /* let it subscribe (not asserted) */
@@ -841,10 +800,8 @@ TEST(restarted_node_gets_the_key_back)
     CHECK_OP(th_now_ms() - released, <, 3000);
     hold_once(lb, 0, w.token);
     dlock_close(w.l);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /*
@@ -892,17 +849,10 @@ static void bare_lost(dlock *l, uint64_t token, void *arg)
 static int bare_holder(void *arg)
 {
     bare *s = arg;
-    dlock_client *c;
-    dlock *l;
-    dlock_options o;
+    dlock_client *c = th_client(uri, th_patient());
+    dlock *l = th_handle_lost(c, "bare-quorum", s->ttl, 0, bare_lost, s);
 
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = s->ttl;
-    o.on_lost = bare_lost;
-    o.on_lost_arg = s;
-    if (dlock_client_open(&c, uri, th_patient()) != DLOCK_OK ||
-        dlock_open(&l, c, "bare-quorum", &o) != DLOCK_OK ||
-        dlock_acquire(l, 5000) != DLOCK_OK) {
+    if (dlock_acquire(l, 5000) != DLOCK_OK) {
         fprintf(stderr, "holder: %s\n", dlock_errmsg());
         return 2;
     }
@@ -941,9 +891,7 @@ static int bare_contender(void *arg)
         return 2;
     }
     __atomic_store_n(&s->contender_ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 60000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&s->go, 60000);
     int64_t until = th_now_ms() + 4 * s->ttl + 10000;
     int rc = DLOCK_EBUSY;
     while (th_now_ms() < until) {
@@ -1082,7 +1030,8 @@ static uint64_t token_round(uint64_t last)
 TEST(fencing_tokens_grow_across_faults_and_split_counters)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "tokens", 0, 0), *lb = handle(b, "tokens", 0, 0);
+    dlock *la = th_handle(a, "tokens", 0, 0, 0),
+          *lb = th_handle(b, "tokens", 0, 0, 0);
     uint64_t last = token_round(0);
 
     /* two nodes killed */
@@ -1142,10 +1091,8 @@ TEST(fencing_tokens_grow_across_faults_and_split_counters)
     CHECK_OP(info.token >> 6, >=, last >> 6);
     CHECK_OP(info.token >> 6, <, (last >> 6) + 1000);
     dlock_info_clear(&info);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1181,9 +1128,7 @@ static int fight_child(void *arg)
         dlock_open(&l, c, "fight", &o) != DLOCK_OK)
         return 2;
     __atomic_add_fetch(&s->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 60000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(1);
+    (void)th_wait_flag(&s->go, 60000);
     for (int i = 0; i < s->cycles; i++) {
         int rc = dlock_acquire(l, slow ? 120000 : 60000);
         if (rc != DLOCK_OK) {
@@ -1348,8 +1293,8 @@ TEST(bad_uris_are_rejected)
              "redlock://%s/2?node_timeout=%lld&drift_factor=0.02&drift_ms=5&"
              "prefix=app:&timeout=3000",
              hosts, (long long)nt);
-    c = client_at(u);
-    dlock *l = handle(c, "options", 0, 0);
+    c = th_client(u, NULL);
+    dlock *l = th_handle(c, "options", 0, 0, 0);
     hold_once(l, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     /* in database 2, under the prefix app: */
@@ -1368,7 +1313,7 @@ TEST(fair_mode_and_too_short_ttls_are_refused)
 {
     char u[1100], q[64];
     dlock_client *c = client();
-    dlock *l = handle(c, "fair", 0, DLOCK_FAIR);
+    dlock *l = th_handle(c, "fair", 0, DLOCK_FAIR, 0);
 
     CHECK_RC(dlock_acquire(l, 0), DLOCK_ENOTSUP);
     CHECK_CONTAINS(dlock_errmsg(), "DLOCK_FAIR");
@@ -1380,22 +1325,22 @@ TEST(fair_mode_and_too_short_ttls_are_refused)
     /* a lease must outlast one node timeout plus the drift allowance:
      * with a 400 ms node timeout, 400 ms is too short, 500 is enough */
     snprintf(q, sizeof(q), "?node_timeout=400");
-    c = client_at(uri_with(u, sizeof(u), q));
-    l = handle(c, "short", 400, 0);
+    c = th_client(uri_with(u, sizeof(u), q), NULL);
+    l = th_handle(c, "short", 400, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "too short");
     CHECK_CONTAINS(dlock_errmsg(), "400 ms");
     CHECK_RC(dlock_acquire(l, 300), DLOCK_EINVAL);
     CHECK_EQ(dlock_held(l), 0);
     dlock_close(l);
-    l = handle(c, "short", 500, 0);
+    l = th_handle(c, "short", 500, 0, 0);
     hold_once(l, 0, 0);
     dlock_close(l);
     dlock_client_close(c);
     /* the drift allowance counts: 20% of 500 ms + 2 ms + 400 ms > 500 */
     snprintf(q, sizeof(q), "?node_timeout=400&drift_factor=0.2");
-    c = client_at(uri_with(u, sizeof(u), q));
-    l = handle(c, "short", 500, 0);
+    c = th_client(uri_with(u, sizeof(u), q), NULL);
+    l = th_handle(c, "short", 500, 0, 0);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EINVAL);
     dlock_close(l);
     dlock_client_close(c);
@@ -1416,17 +1361,17 @@ TEST(passwords_never_in_messages_and_wrong_ones_give_eauth)
     }
     /* right passwords */
     snprintf(u, sizeof(u), "redlock://:rl-SECRET-pw@%s", h);
-    c = client_at(u);
+    c = th_client(u, NULL);
     CHECK(strstr(dlock_client_store(c), "SECRET") == NULL);
     CHECK_CONTAINS(dlock_client_store(c), ":***@");
-    dlock *l = handle(c, "auth", 0, 0);
+    dlock *l = th_handle(c, "auth", 0, 0, 0);
     hold_once(l, 0, 0);
     dlock_close(l);
     dlock_client_close(c);
     snprintf(u, sizeof(u), "redlock://alice:alice-SECRET-pw@%s", h);
-    c = client_at(u);
+    c = th_client(u, NULL);
     CHECK_CONTAINS(dlock_client_store(c), "alice:***@");
-    l = handle(c, "auth", 0, 0);
+    l = th_handle(c, "auth", 0, 0, 0);
     hold_once(l, 0, 0);
     dlock_close(l);
     dlock_client_close(c);
@@ -1475,8 +1420,8 @@ static long long evalsha_calls(void)
 TEST(waiters_do_not_poll_with_two_nodes_down)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "no-poll", 60000, 0);
-    dlock *lb = handle(b, "no-poll", 60000, 0);
+    dlock *la = th_handle(a, "no-poll", 60000, 0, 0);
+    dlock *lb = th_handle(b, "no-poll", 60000, 0, 0);
     long long worst = 0;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -1492,10 +1437,8 @@ TEST(waiters_do_not_poll_with_two_nodes_down)
     }
     CHECK_OP(worst, <=, 6); /* polling every 1..50 ms: 20 to 40 */
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     heal();
 }
 
@@ -1505,7 +1448,7 @@ TEST(waiters_do_not_poll_with_two_nodes_down)
 TEST(extend_puts_back_every_key_a_node_lost)
 {
     dlock_client *a = client();
-    dlock *l = handle(a, "put-back", 30000, DLOCK_NO_RENEW);
+    dlock *l = th_handle(a, "put-back", 30000, DLOCK_NO_RENEW, 0);
 
     for (int k = 0; k < 20; k++) {
         CHECK_OK(dlock_acquire(l, 0));
@@ -1540,8 +1483,9 @@ TEST(a_node_listed_twice_is_refused)
 TEST(extend_to_a_ttl_too_short_for_the_node_timeout_is_refused)
 {
     char u[1100];
-    dlock_client *c = client_at(uri_with(u, sizeof(u), "?node_timeout=400"));
-    dlock *l = handle(c, "short-extend", 5000, 0);
+    dlock_client *c =
+        th_client(uri_with(u, sizeof(u), "?node_timeout=400"), NULL);
+    dlock *l = th_handle(c, "short-extend", 5000, 0, 0);
 
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_RC(dlock_extend(l, 300), DLOCK_EINVAL);

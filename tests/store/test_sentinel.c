@@ -40,26 +40,10 @@
 
 #define MASTER "dlockm"
 
-static dlock_client *client_at(const char *u)
-{
-    dlock_client *c = NULL;
-
-    CHECK_OK(dlock_client_open(&c, u, th_patient()));
-    return c;
-}
-
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
                      th_lost *box)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.on_lost = box ? th_lost_cb : NULL;
-    o.on_lost_arg = box;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle_lost(c, name, ttl, 0, box ? th_lost_cb : NULL, box);
 }
 
 /* An operator's failover through sentinel `via`; waits (30 s at most)
@@ -81,7 +65,7 @@ static int fail_over(th_sentinels *t, int via)
 static void next_token_above(th_sentinels *t, const char *name,
                              uint64_t above)
 {
-    dlock_client *b = client_at(t->uri);
+    dlock_client *b = th_client(t->uri, th_patient());
     dlock *lb = handle(b, name, 30000, NULL);
 
     CHECK_OK(dlock_acquire(lb, 5000));
@@ -107,7 +91,7 @@ static th_sentinels *steady(void)
 TEST(locks_through_the_sentinels)
 {
     th_sentinels *t = steady();
-    dlock_client *c = client_at(t->uri);
+    dlock_client *c = th_client(t->uri, th_patient());
     dlock *l = handle(c, "s/one", 0, NULL);
     char v[256];
     dlock_info in;
@@ -167,7 +151,7 @@ TEST(min_replicas_waits_for_the_replicas)
     /* 5 s for a healthy replica's acknowledgement on a busy machine (a
      * 500 ms stall was seen under the whole suite's load) */
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=5000", t->uri);
-    dlock_client *c = client_at(u);
+    dlock_client *c = th_client(u, th_patient());
     dlock *l = handle(c, "s/wait", 0, NULL);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
@@ -176,7 +160,7 @@ TEST(min_replicas_waits_for_the_replicas)
 
     /* three asked of two replicas: refused, and the lock let go */
     snprintf(u, sizeof(u), "%s?min_replicas=3&replica_timeout=300", t->uri);
-    c = client_at(u);
+    c = th_client(u, th_patient());
     l = handle(c, "s/wait", 0, NULL);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_ECONN);
     CHECK(strstr(dlock_errmsg(), "only 2 of 3 replicas") != NULL);
@@ -198,7 +182,7 @@ TEST(renewals_not_on_the_replicas_lose_the_hold)
     char u[600];
 
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=100", t->uri);
-    dlock_client *a = client_at(u);
+    dlock_client *a = th_client(u, th_patient());
     dlock *la = handle(a, "s/split", 900, &box);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
     th_redis *rep[2];
@@ -240,7 +224,8 @@ TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
     char u[600];
 
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=5000", t->uri);
-    dlock_client *a = client_at(u), *b = client_at(u);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(u, th_patient());
     dlock *la = handle(a, "s/hand", 30000, NULL);
     dlock *lb = handle(b, "s/hand", 30000, NULL);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
@@ -259,10 +244,8 @@ TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
     CHECK_OP(w.done_at - t0, <, 5000); /* a wake-up, not a lease */
     CHECK_OP(w.token, >, ta);
     CHECK_OP(th_redis_calls(p, "wait") - waits0, >=, 1);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
@@ -277,7 +260,8 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
      * that long and fails, its answers (the shared hold not ours) still
      * count */
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=2000", t.uri);
-    dlock_client *a = client_at(u), *b = client_at(t.uri);
+    dlock_client *a = th_client(u, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, "s/keep", 30000, &box);
     dlock *lb = handle(b, "s/keep", 30000, NULL);
     th_waiter w = {lb, -99, 0, 0, 0};
@@ -321,10 +305,8 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     CHECK_OK(w.rc);
     CHECK_OP(w.done_at - t0, <, 10000);
     CHECK_OP(w.token, >, ta);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_sentinels_stop(&t);
 }
 
@@ -334,7 +316,7 @@ TEST(failover_that_loses_a_hold_reports_it)
     th_lost box = TH_LOST_INIT;
 
     th_sentinels_start(&t, MASTER, 1000, 10000);
-    dlock_client *a = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient());
     dlock *la = handle(a, "s/lose", 30000, &box);
 
     /* the replicas frozen and cut off: the acquire reaches the primary
@@ -379,7 +361,7 @@ TEST(a_client_whose_subscriptions_broke_asks_before_its_next_command)
     th_sentinels_start(&t, MASTER, 1000, 10000);
     char u[600];
     snprintf(u, sizeof(u), "%s?min_replicas=2&replica_timeout=2000", t.uri);
-    dlock_client *a = client_at(u);
+    dlock_client *a = th_client(u, th_patient());
     dlock *la = handle(a, "s/missed", 30000, NULL);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
@@ -415,7 +397,8 @@ TEST(waits_ride_out_a_killed_primary)
     pthread_t th1, th2;
 
     th_sentinels_start(&t, MASTER, 1000, 10000);
-    dlock_client *a = client_at(t.uri), *b = client_at(t.uri);
+    dlock_client *a = th_client(t.uri, th_patient()),
+                 *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, "s/ride", 30000, NULL);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
@@ -428,7 +411,7 @@ TEST(waits_ride_out_a_killed_primary)
     CHECK(old > 0);
     th_redis_kill(th_sentinels_node(&t, old), SIGKILL);
     /* a newcomer: the sentinels answer, the primary they name does not */
-    dlock_client *c = client_at(t.uri);
+    dlock_client *c = th_client(t.uri, th_patient());
     dlock *lt = handle(c, "s/ride-try", 30000, NULL);
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(lt, 0), DLOCK_ECONN);
@@ -454,9 +437,7 @@ TEST(waits_ride_out_a_killed_primary)
     dlock_close(w1.l);
     dlock_close(w2.l);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
     th_sentinels_stop(&t);
 }
 
@@ -470,7 +451,8 @@ TEST(a_forged_handover_only_wakes_the_waiter)
 {
     const unsigned long long forged = 9223372036854775000ULL;
     th_sentinels *t = steady();
-    dlock_client *a = client_at(t->uri), *b = client_at(t->uri);
+    dlock_client *a = th_client(t->uri, th_patient()),
+                 *b = th_client(t->uri, th_patient());
     dlock *la = handle(a, "s/forged", 30000, NULL);
     dlock *lb = handle(b, "s/forged", 30000, NULL);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
@@ -478,35 +460,16 @@ TEST(a_forged_handover_only_wakes_the_waiter)
     pthread_t th;
     char msg[64];
 
-    th_redis_cmd(p, NULL, 0,
-                 "ACL SETUSER forger on >forger-pw +@read +publish "
-                 "allchannels ~*");
-    struct timeval tv = {5, 0};
-    redisContext *f = redisConnectWithTimeout("127.0.0.1", p->port, tv);
-    CHECK(f && !f->err);
-    redisReply *r = redisCommand(f, "AUTH forger forger-pw");
-    CHECK(r && r->type == REDIS_REPLY_STATUS);
-    freeReplyObject(r);
+    redisContext *f = th_redis_forger(p, "publish");
+    redisReply *r;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
     pthread_create(&th, NULL, th_wait_thread, &w);
-    /* queued: its line in the key (bounded: 10 s of busy-machine slack) */
+    /* queued: its line in the key */
     char client[33];
     unsigned long long seq = 0;
-    int64_t until = th_now_ms() + 10000;
-    for (;;) {
-        r = redisCommand(f, "GET dlock:{s/forged}");
-        CHECK(r && r->type == REDIS_REPLY_STRING);
-        const char *line = strchr(r->str, '\n');
-        int got = line && sscanf(line + 1, "%32[0-9a-f]:%*u:%llu ", client,
-                                 &seq) == 2;
-        freeReplyObject(r);
-        if (got)
-            break;
-        CHECK(th_now_ms() < until);
-        th_sleep_ms(20);
-    }
+    th_redis_waiter_line(f, "s/forged", client, &seq);
     snprintf(msg, sizeof(msg), "g %llu %llu", seq, forged);
     r = redisCommand(f, "PUBLISH dlock:c:%s %s", client, msg);
     CHECK(r && r->type == REDIS_REPLY_INTEGER);
@@ -523,10 +486,8 @@ TEST(a_forged_handover_only_wakes_the_waiter)
     CHECK_OP(w.token, >, ta);
     CHECK_OP(w.token, <, forged);
     redisFree(f);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 static const th_test tests[] = {

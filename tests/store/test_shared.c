@@ -29,43 +29,7 @@ static dlock_client *client(void)
 static dlock *handle(dlock_client *c, const char *name, unsigned permits,
                      unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.permits = permits;
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-static dlock_info info_of(dlock_client *c, const char *name)
-{
-    dlock_info in;
-
-    CHECK_OK(dlock_inspect(c, name, &in));
-    return in;
-}
-
-/* Waits (bounded) until the store reports at least n waiters of `name`:
- * the test's own poll of the store, to order its steps. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-    dlock_info in;
-
-    for (;;) {
-        in = info_of(c, name);
-        int64_t w = in.waiters;
-        dlock_info_clear(&in);
-        if (w >= n)
-            return;
-        if (th_now_ms() >= until)
-            th_fail(__FILE__, __LINE__, "%lld waiters of %s after 10 s, "
-                                        "not %lld",
-                    (long long)w, name, (long long)n);
-        th_sleep_ms(5);
-    }
+    return th_handle(c, name, 0, flags, permits);
 }
 
 /* A test of what the store does not have yet passes with a note (its
@@ -119,8 +83,7 @@ TEST(the_store_says_what_it_has)
     o.permits = DLOCK_PERMITS_MAX + 1;
     CHECK_RC(dlock_open(&bad, c, "too-many", &o), DLOCK_EINVAL);
     CHECK(bad == NULL);
-    dlock_close(r);
-    dlock_close(p);
+    TH_CLOSE(r, p);
     dlock_client_close(c);
 }
 
@@ -137,7 +100,7 @@ TEST(readers_share_and_exclude_writers)
     CHECK_OP(dlock_token(la), >, 0);
     CHECK_OP(dlock_token(lb), >, 0);
     CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
-    in = info_of(w, "rw");
+    in = th_info(w, "rw");
     CHECK_EQ(in.held, 1);
     CHECK_EQ(in.shared, 1);
     CHECK_EQ(in.holders, 2);
@@ -147,29 +110,25 @@ TEST(readers_share_and_exclude_writers)
     CHECK_OK(dlock_release(la));
     CHECK_EQ(dlock_held(lb), 1);
     CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
-    in = info_of(w, "rw");
+    in = th_info(w, "rw");
     CHECK_EQ(in.holders, 1);
     dlock_info_clear(&in);
 
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_acquire(lw, 0));
     CHECK_RC(dlock_acquire_shared(la, 0), DLOCK_EBUSY);
-    in = info_of(a, "rw");
+    in = th_info(a, "rw");
     CHECK_EQ(in.held, 1);
     CHECK_EQ(in.shared, 0);
     CHECK_EQ(in.holders, 1);
     dlock_info_clear(&in);
     CHECK_OK(dlock_release(lw));
-    in = info_of(a, "rw");
+    in = th_info(a, "rw");
     CHECK_EQ(in.held, 0);
     CHECK_EQ(in.holders, 0);
     dlock_info_clear(&in);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(w);
+    TH_CLOSE(la, lb, lw);
+    TH_CLIENT_CLOSE(a, b, w);
 }
 
 TEST(read_tokens_order_after_writes)
@@ -197,10 +156,8 @@ TEST(read_tokens_order_after_writes)
         CHECK_OK(dlock_release(la));
         CHECK_OK(dlock_release(lb));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 TEST(reentry_rules)
@@ -240,11 +197,8 @@ TEST(reentry_rules)
     CHECK_OK(dlock_release(l));
     CHECK_OK(dlock_acquire_shared(other, 0));
     CHECK_OK(dlock_release(other));
-    dlock_close(l);
-    dlock_close(nr);
-    dlock_close(other);
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLOSE(l, nr, other);
+    TH_CLIENT_CLOSE(c, o);
 }
 
 typedef struct waiter_arg {
@@ -290,7 +244,7 @@ TEST(a_waiting_writer_stops_new_readers)
     wa.l = lw;
     wa.wait_ms = 30000;
     pthread_create(&wt, NULL, waiter, &wa);
-    wait_waiters(a, "rw-starve", 1);
+    CHECK(th_wait_queued(a, "rw-starve", 1, 10000));
     /* the writer waits: a new reader queues behind it, even though only
      * readers hold, and does not get in while the writer waits */
     CHECK_RC(dlock_acquire_shared(lr, 0), DLOCK_EBUSY);
@@ -301,7 +255,7 @@ TEST(a_waiting_writer_stops_new_readers)
     ra.wait_ms = 30000;
     ra.release = 1;
     pthread_create(&rt, NULL, waiter, &ra);
-    wait_waiters(a, "rw-starve", 1);
+    CHECK(th_wait_queued(a, "rw-starve", 1, 10000));
     int64_t released = th_now_ms();
     CHECK_OK(dlock_release(la));
     /* the writer, then the reader behind it */
@@ -314,12 +268,8 @@ TEST(a_waiting_writer_stops_new_readers)
     CHECK_OP(wa.got_at, >=, released);
     CHECK_OP(ra.got_at, >=, wa.got_at);
     CHECK_OP(ra.token, >, wa.token);
-    dlock_close(la);
-    dlock_close(lw);
-    dlock_close(lr);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(r);
+    TH_CLOSE(la, lw, lr);
+    TH_CLIENT_CLOSE(a, b, r);
 }
 
 #define NREADERS 3
@@ -523,10 +473,8 @@ TEST(a_killed_reader_frees_its_hold)
     CHECK_OP(th_now_ms() - t0, <, S.has_leases ? 800 + 3000 : 1000);
     CHECK_OP(dlock_token(l), >, s->token);
     CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_close(lr);
-    dlock_client_close(c);
-    dlock_client_close(r);
+    TH_CLOSE(l, lr);
+    TH_CLIENT_CLOSE(c, r);
 }
 
 /* Several threads of several clients take read and write holds of one
@@ -618,7 +566,7 @@ TEST(semaphore_counts_permits)
     /* every handle of a semaphore says the same N */
     CHECK_RC(dlock_acquire(other, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "2 permits");
-    in = info_of(c, "sem");
+    in = th_info(c, "sem");
     CHECK_EQ(in.held, 1);
     CHECK_EQ(in.permits, 2);
     CHECK_EQ(in.holders, 2);
@@ -628,7 +576,7 @@ TEST(semaphore_counts_permits)
     wc.wait_ms = 30000;
     wc.release = 1;
     pthread_create(&th, NULL, waiter, &wc);
-    wait_waiters(a, "sem", 1);
+    CHECK(th_wait_queued(a, "sem", 1, 10000));
     int64_t released = th_now_ms();
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
@@ -636,13 +584,8 @@ TEST(semaphore_counts_permits)
     CHECK_OP(wc.got_at, >=, released);
     CHECK_OP(wc.token, >, dlock_token(lb));
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_close(other);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(la, lb, lc, other);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 typedef struct sem_user {
@@ -762,7 +705,7 @@ TEST(a_killed_permit_holder_wakes_the_waiter)
     w.wait_ms = 20000;
     w.release = 1;
     pthread_create(&th, NULL, waiter, &w);
-    wait_waiters(c, "sem-killed", 1);
+    CHECK(th_wait_queued(c, "sem-killed", 1, 10000));
     th_sleep_ms(50); /* asleep on the holder, most likely */
     int64_t t0 = th_now_ms();
     kill(pid, SIGKILL);
@@ -795,24 +738,22 @@ TEST(a_semaphore_waiter_that_gives_up_leaves_nothing)
      * by its deadline) */
     for (int i = 0; i < 3; i++)
         CHECK_RC(dlock_acquire(lb, 2000), DLOCK_EBUSY);
-    in = info_of(a, "sem-give-up");
+    in = th_info(a, "sem-give-up");
     CHECK_EQ(in.waiters, 0);
     CHECK_EQ(in.holders, 1);
     dlock_info_clear(&in);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OK(dlock_release(lb));
-    in = info_of(a, "sem-give-up");
+    in = th_info(a, "sem-give-up");
     CHECK_EQ(in.held, 0);
     CHECK_EQ(in.holders, 0);
     /* N is kept while any permit is held or awaited; after, a store may
      * forget it (ZooKeeper: no node left) or keep it (the file) */
     CHECK(in.permits == 0 || in.permits == 1);
     dlock_info_clear(&in);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* dlock_cancel() of a waiting reader, then of a waiting permit (and a
@@ -844,7 +785,7 @@ static void cancel_one(dlock_client *watch, const char *name, dlock *l,
      * reader's in the kernel, is given the pause) */
     int64_t seen = th_now_ms() + 2000;
     for (;;) {
-        in = info_of(watch, name);
+        in = th_info(watch, name);
         int64_t w = in.waiters;
         dlock_info_clear(&in);
         if (w >= 1 || th_now_ms() >= seen)
@@ -859,7 +800,7 @@ static void cancel_one(dlock_client *watch, const char *name, dlock *l,
     CHECK_OP(th_now_ms() - t0, <, 5000);
     int64_t until = th_now_ms() + 10000;
     for (;;) {
-        in = info_of(watch, name);
+        in = th_info(watch, name);
         int64_t w = in.waiters;
         dlock_info_clear(&in);
         if (w == 0)
@@ -888,9 +829,7 @@ TEST(cancelled_reader_writer_and_permit_waits_leave_nothing)
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lc, 5000));
     CHECK_OK(dlock_release(lc));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
+    TH_CLOSE(la, lb, lc);
     if (has_permits) {
         dlock *sa = handle(a, "cancel-sem", 1, 0);
         dlock *sb = handle(b, "cancel-sem", 1, 0);
@@ -900,13 +839,9 @@ TEST(cancelled_reader_writer_and_permit_waits_leave_nothing)
         CHECK_OK(dlock_release(sa));
         CHECK_OK(dlock_acquire(sc, 5000)); /* the permit went to no ghost */
         CHECK_OK(dlock_release(sc));
-        dlock_close(sa);
-        dlock_close(sb);
-        dlock_close(sc);
+        TH_CLOSE(sa, sb, sc);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 static const th_test tests[] = {
@@ -927,13 +862,9 @@ static const th_test tests[] = {
     {NULL, NULL, 0},
 };
 
-int main(int argc, char **argv)
+/* What the store started can do. */
+static void started(void)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s STORE-KIND [filter]\n", argv[0]);
-        return 2;
-    }
-    th_store_start(&S, argv[1]);
     /* what each store has (docs/locks.md): the first test checks that
      * the others answer DLOCK_ENOTSUP, clearly */
     has_shared = !strcmp(S.kind, "file") || !strcmp(S.kind, "redis") ||
@@ -944,5 +875,9 @@ int main(int argc, char **argv)
                   !strcmp(S.kind, "zk") || !strcmp(S.kind, "etcd") ||
                   !strcmp(S.kind, "sqlite") || !strcmp(S.kind, "mysql") ||
                   !strcmp(S.kind, "pg") || !strcmp(S.kind, "pg-advisory");
-    return th_main(argc - 1, argv + 1, tests);
+}
+
+int main(int argc, char **argv)
+{
+    return th_store_main(argc, argv, &S, tests, started);
 }

@@ -22,25 +22,14 @@
 static char db_path[600];
 static char uri[700];
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
+    return th_client(uri, NULL);
 }
 
 static dlock *handle(dlock_client *c, const char *name, unsigned flags)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.flags = flags;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, 0, flags, 0);
 }
 
 /* One integer from a query on the database (-1 when no row). */
@@ -127,14 +116,13 @@ TEST(gc_removes_unused_locks_and_tokens_still_grow)
     CHECK_OP(dlock_token(old), >, t_old);
     CHECK_OK(dlock_release(old));
     CHECK_OK(dlock_release(held));
-    dlock_close(held);
-    dlock_close(old);
+    TH_CLOSE(held, old);
     dlock_client_close(c);
 
     /* a store with nothing to collect says so */
     char u[700];
     snprintf(u, sizeof(u), "file://%s/files", th_tmpdir());
-    c = client_at(u);
+    c = th_client(u, NULL);
     CHECK_RC(dlock_gc(c, 0, &n), DLOCK_ENOTSUP);
     CHECK_EQ(n, 0);
     dlock_client_close(c);
@@ -171,7 +159,7 @@ TEST(sql_injection_locks_a_strangely_named_lock)
     snprintf(path, sizeof(path), "%s/inject.db", th_tmpdir());
     snprintf(u, sizeof(u),
              "sqlite://%s?table=t%%22%%3B%%20DROP%%20TABLE%%20x%%3B--", path);
-    c = client_at(u);
+    c = th_client(u, NULL);
     l[0] = handle(c, "a", 0);
     CHECK_OK(dlock_acquire(l[0], 0));
     CHECK_OK(dlock_release(l[0]));
@@ -223,10 +211,8 @@ TEST(a_dead_fair_waiter_drops_out_of_the_queue)
     CHECK_OK(dlock_acquire(lb, 10000));
     CHECK_OP(th_now_ms() - t0, <, 1000);
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 typedef struct {
@@ -344,15 +330,6 @@ static int queued_waiter(void *arg)
     return 0;
 }
 
-static int64_t waiters(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    CHECK_OK(dlock_inspect(c, name, &info));
-    int64_t n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
 /* A waiter killed in the middle of the queue: the one behind it moves up
  * to the dead one's predecessor and is woken by its release. */
 TEST(a_waiter_killed_in_the_queue_is_skipped)
@@ -365,17 +342,15 @@ TEST(a_waiter_killed_in_the_queue_is_skipped)
     CHECK_OK(dlock_acquire(l, 0));
     for (int i = 0; i < 2; i++) {
         pid[i] = th_fork(queued_waiter, s);
-        for (int k = 0; k < 500 && waiters(c, "queue") < i + 1; k++)
-            th_sleep_ms(5);
-        CHECK_EQ(waiters(c, "queue"), i + 1);
+        th_wait_waiters(c, "queue", i + 1);
     }
     kill(pid[0], SIGKILL);
     CHECK_EQ(th_wait(pid[0]), 128 + SIGKILL);
     /* the one behind moves up: for a moment (until it marks the region
      * as the head of a holder without a ticket) the count is short */
-    for (int k = 0; k < 2000 && waiters(c, "queue") != 1; k++)
+    for (int k = 0; k < 2000 && th_waiters(c, "queue") != 1; k++)
         th_sleep_ms(5); /* ms on an idle machine; 10 s for a loaded one */
-    CHECK_EQ(waiters(c, "queue"), 1);
+    CHECK_EQ(th_waiters(c, "queue"), 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(l));
     CHECK_EQ(th_wait(pid[1]), 0);
@@ -431,9 +406,7 @@ TEST(default_mode_wakes_waiters_one_at_a_time_in_arrival_order)
         args[i].s = s;
         args[i].me = i;
         pid[i] = th_fork(ordered_waiter, &args[i]);
-        for (int k = 0; k < 500 && waiters(c, "order") < i + 1; k++)
-            th_sleep_ms(5);
-        CHECK_EQ(waiters(c, "order"), i + 1);
+        th_wait_waiters(c, "order", i + 1);
     }
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(l));
@@ -593,8 +566,7 @@ TEST(list_pages_over_free_held_and_foreign_rows)
     }
     exec_on(db_path, "DELETE FROM dlock_locks WHERE name = 'ls/text' OR "
                      "name IN (X'6c732f00', X'')");
-    dlock_client_close(c);
-    dlock_client_close(o);
+    TH_CLIENT_CLOSE(c, o);
 }
 
 typedef struct {
@@ -663,16 +635,16 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
 
     CHECK_OK(dlock_acquire(first, 0));
     pid_t pid = th_fork(frozen_holder, s);
-    for (int i = 0; i < 2000 && waiters(op, "frozen") < 1; i++)
+    for (int i = 0; i < 2000 && th_waiters(op, "frozen") < 1; i++)
         th_sleep_ms(5);
     CHECK_OK(dlock_release(first)); /* to the child, with its ticket */
     for (int i = 0; i < 2000 && !s->holding; i++)
         th_sleep_ms(5);
     CHECK_EQ(s->holding, 1);
     CHECK_EQ(pthread_create(&t, NULL, wait_frozen, &w), 0);
-    for (int i = 0; i < 2000 && waiters(op, "frozen") < 1; i++)
+    for (int i = 0; i < 2000 && th_waiters(op, "frozen") < 1; i++)
         th_sleep_ms(5);
-    CHECK_EQ(waiters(op, "frozen"), 1);
+    CHECK_EQ(th_waiters(op, "frozen"), 1);
     kill(pid, SIGSTOP);
     th_sleep_ms(100); /* the waiter is asleep on the child's channel */
     int64_t t0 = th_now_ms();
@@ -689,10 +661,8 @@ TEST(a_frozen_holder_is_broken_and_learns_it_when_thawed)
     CHECK_OP(w.token, >, s->token);
     kill(pid, SIGCONT);
     CHECK_EQ(th_wait(pid), 0);
-    dlock_close(first);
-    dlock_close(mine);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(first, mine);
+    TH_CLIENT_CLOSE(c, op);
 }
 
 /* Breaks racing a holder's renewals (ttl 300 ms: one every 100 ms): each
@@ -723,11 +693,8 @@ TEST(breaks_racing_renewals_remove_the_hold_once)
         CHECK_RC(dlock_release(la), DLOCK_ELOST);
         CHECK_OK(dlock_release(lb));
     }
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 TEST(bad_uris_are_rejected)

@@ -115,13 +115,7 @@ static unsigned mode_of(const char *path)
 
 static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
 {
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
+    return th_handle(c, name, ttl, 0, 0);
 }
 
 /* --- what dlock makes ---------------------------------------------------- */
@@ -573,10 +567,8 @@ TEST(squatting_wake_up_names_as_another_user_does_not_slow_a_waiter)
     CHECK_OP(t.ended - released, <, slack_ms() + 1000);
     s->done = 1;
     CHECK_EQ(th_wait(pid), 0);
-    dlock_close(lh);
-    dlock_close(lw);
-    dlock_client_close(c);
-    dlock_client_close(w);
+    TH_CLOSE(lh, lw);
+    TH_CLIENT_CLOSE(c, w);
     rm_tree(dir);
 }
 
@@ -661,10 +653,8 @@ TEST(a_crashed_waiters_socket_files_are_replaced)
     CHECK_OK(t.rc);
     CHECK_OP(t.ended - released, <, slack_ms() + 1000);
     CHECK_EQ(entries_of(chans), 0);
-    dlock_close(lh);
-    dlock_close(lw);
-    dlock_client_close(h);
-    dlock_client_close(w);
+    TH_CLOSE(lh, lw);
+    TH_CLIENT_CLOSE(h, w);
 }
 
 /* --- locks a process outside dlock holds ----------------------------------- */
@@ -841,10 +831,8 @@ TEST(locks_held_outside_dlock_keep_no_wait_past_its_deadline)
         CHECK_OK(dlock_release(lh));
         CHECK_OK(dlock_acquire(lw, 5000));
         CHECK_OK(dlock_release(lw));
-        dlock_close(lh);
-        dlock_close(lw);
-        dlock_client_close(h);
-        dlock_client_close(w);
+        TH_CLOSE(lh, lw);
+        TH_CLIENT_CLOSE(h, w);
     }
 }
 

@@ -80,39 +80,6 @@ static dlock_client *client(void)
     return th_client(uri, NULL);
 }
 
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags, unsigned permits)
-{
-    return th_handle(c, name, ttl, flags, permits);
-}
-
-static dlock_info info_of(dlock_client *c, const char *name)
-{
-    dlock_info i;
-
-    CHECK_OK(dlock_inspect(c, name, &i));
-    return i;
-}
-
-/* Waits (10 s at most) until lock `name` has n waiters and h holders. */
-static void until_state(dlock_client *c, const char *name, int64_t n,
-                        int64_t h)
-{
-    int64_t until = th_now_ms() + 10000;
-    dlock_info i;
-
-    for (;;) {
-        i = info_of(c, name);
-        if ((i.waiters == n && i.holders == h) || th_now_ms() >= until)
-            break;
-        dlock_info_clear(&i);
-        th_sleep_ms(5);
-    }
-    CHECK_EQ(i.waiters, n);
-    CHECK_EQ(i.holders, h);
-    dlock_info_clear(&i);
-}
-
 /* A query on the database through a connection of our own, its first
  * column as text into out ("" for NULL or no row); `name` bound as ?1
  * (a BLOB, as the store binds it). */
@@ -239,10 +206,7 @@ static void *wait_thread(void *arg)
         if (w->hold >= 0) {
             th_sleep_ms(w->hold);
         } else {
-            for (int i = 0; i < 4000 && !__atomic_load_n(&w->go,
-                                                         __ATOMIC_SEQ_CST);
-                 i++)
-                th_sleep_ms(5);
+            (void)th_wait_flag(&w->go, 20000);
         }
         w->rel = dlock_release(w->l);
     }
@@ -325,8 +289,8 @@ static void until_asleep(waiter *w)
 TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
 {
     dlock_client *a = client(), *b = client(), *cw = client();
-    dlock *ra = handle(a, "rw-last", 30000, 0, 0);
-    dlock *rb = handle(b, "rw-last", 30000, 0, 0);
+    dlock *ra = th_handle(a, "rw-last", 30000, 0, 0);
+    dlock *rb = th_handle(b, "rw-last", 30000, 0, 0);
     waiter w;
     pthread_t th;
     long mine = 0;
@@ -337,8 +301,8 @@ TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
     steps_here = NULL;
     CHECK_OP(mine, >=, 1);
     CHECK_OK(dlock_acquire_shared(rb, 0));
-    start(&w, &th, handle(cw, "rw-last", 30000, 0, 0), 0, 0);
-    until_state(a, "rw-last", 1, 2);
+    start(&w, &th, th_handle(cw, "rw-last", 30000, 0, 0), 0, 0);
+    th_wait_state(a, "rw-last", 1, 2);
     until_asleep(&w);
     CHECK_EQ(marked("rw-last"), 1); /* the head, on its doorbell */
     long s0 = steps_of(&w.steps);
@@ -346,7 +310,7 @@ TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
     /* 300 ms: far more than a wake-up and a statement take */
     th_sleep_ms(300);
     CHECK_EQ(steps_of(&w.steps), s0);
-    until_state(a, "rw-last", 1, 1);
+    th_wait_state(a, "rw-last", 1, 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(rb));
     pthread_join(th, NULL);
@@ -358,11 +322,8 @@ TEST(the_last_readers_release_wakes_the_writer_and_no_other_does)
     CHECK_OP(w.token, >, dlock_token(ra));
     CHECK_OP(w.token, >, dlock_token(rb));
     dlock_close(w.l);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(cw);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b, cw);
 }
 
 /* A writer's release lets in the readers at the head of the queue, one
@@ -373,7 +334,7 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_and_no_further)
 {
     enum { NW = 4 };
     dlock_client *h = client(), *c[NW];
-    dlock *lh = handle(h, "rw-head", 30000, 0, 0);
+    dlock *lh = th_handle(h, "rw-head", 30000, 0, 0);
     waiter w[NW];
     pthread_t th[NW];
     static const int shared[NW] = {1, 1, 0, 1};
@@ -381,14 +342,14 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_and_no_further)
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < NW; i++) {
         c[i] = client();
-        start(&w[i], &th[i], handle(c[i], "rw-head", 30000, 0, 0), shared[i],
+        start(&w[i], &th[i], th_handle(c[i], "rw-head", 30000, 0, 0), shared[i],
               400);
-        until_state(h, "rw-head", i + 1, 1); /* queued in this order */
+        th_wait_state(h, "rw-head", i + 1, 1); /* queued in this order */
     }
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    until_state(h, "rw-head", 2, 2); /* two readers hold, two wait */
-    dlock_info i = info_of(h, "rw-head");
+    th_wait_state(h, "rw-head", 2, 2); /* two readers hold, two wait */
+    dlock_info i = th_info(h, "rw-head");
     CHECK_EQ(i.shared, 1);
     CHECK_CONTAINS(i.holder, "2 readers");
     dlock_info_clear(&i);
@@ -420,15 +381,15 @@ TEST(readers_behind_a_writer_get_in_as_a_chain)
 {
     enum { NR = 8 };
     dlock_client *h = client(), *c[NR];
-    dlock *lh = handle(h, "rw-chain", 30000, 0, 0);
+    dlock *lh = th_handle(h, "rw-chain", 30000, 0, 0);
     waiter w[NR];
     pthread_t th[NR];
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < NR; i++) {
         c[i] = client();
-        start(&w[i], &th[i], handle(c[i], "rw-chain", 30000, 0, 0), 1, -1);
-        until_state(h, "rw-chain", i + 1, 1);
+        start(&w[i], &th[i], th_handle(c[i], "rw-chain", 30000, 0, 0), 1, -1);
+        th_wait_state(h, "rw-chain", i + 1, 1);
     }
     for (int i = 0; i < NR; i++)
         until_asleep(&w[i]);
@@ -437,7 +398,7 @@ TEST(readers_behind_a_writer_get_in_as_a_chain)
         s0[i] = steps_of(&w[i].steps);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    until_state(h, "rw-chain", 0, NR);
+    th_wait_state(h, "rw-chain", 0, NR);
     int64_t last = 0;
     for (int i = 0; i < NR; i++) {
         CHECK_OK(until_got(&w[i]));
@@ -520,14 +481,14 @@ TEST(a_dead_readers_entry_ends_at_its_lease_and_the_writer_gets_in_then)
 {
     dead *d = th_shared(sizeof(*d));
     dlock_client *a = client(), *cw = client();
-    dlock *live = handle(a, "rw-dead", 30000, 0, 0);
+    dlock *live = th_handle(a, "rw-dead", 30000, 0, 0);
     waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(live, 0));
     dead_holder(d, "rw-dead", 0);
-    start(&w, &th, handle(cw, "rw-dead", 30000, 0, 0), 0, 0);
-    until_state(a, "rw-dead", 1, 2);
+    start(&w, &th, th_handle(cw, "rw-dead", 30000, 0, 0), 0, 0);
+    th_wait_state(a, "rw-dead", 1, 2);
     CHECK_OK(dlock_release(live)); /* one entry left: the dead one's */
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
@@ -538,8 +499,7 @@ TEST(a_dead_readers_entry_ends_at_its_lease_and_the_writer_gets_in_then)
     CHECK_OP(w.got, <, d->after + 800 + 3000);
     dlock_close(w.l);
     dlock_close(live);
-    dlock_client_close(a);
-    dlock_client_close(cw);
+    TH_CLIENT_CLOSE(a, cw);
 }
 
 /* The same for a permit: its holder killed, the head of the waiters gets
@@ -552,7 +512,7 @@ TEST(a_killed_permit_holder_wakes_the_head_by_its_lease_end)
     pthread_t th;
 
     dead_holder(d, "sem-dead", 1);
-    start(&w, &th, handle(cw, "sem-dead", 30000, 0, 1), 0, 0);
+    start(&w, &th, th_handle(cw, "sem-dead", 30000, 0, 1), 0, 0);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     CHECK_OP(w.got, >=, d->before + 800 - 20);
@@ -566,8 +526,8 @@ TEST(a_killed_permit_holder_wakes_the_head_by_its_lease_end)
 TEST(a_readers_renewal_moves_only_its_own_entry)
 {
     dlock_client *a = client(), *b = client();
-    dlock *ra = handle(a, "rw-renew", 5000, 0, 0);
-    dlock *rb = handle(b, "rw-renew", 5000, 0, 0);
+    dlock *ra = th_handle(a, "rw-renew", 5000, 0, 0);
+    dlock *rb = th_handle(b, "rw-renew", 5000, 0, 0);
     char oa[128], ob[128], sql[300];
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -603,10 +563,8 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
     CHECK_EQ(query_ll("SELECT lock_until FROM dlock_locks WHERE name = ?1",
                       "rw-renew"),
              0);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(ra, rb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A release whose entry is gone (its lease ended; then dropped by another
@@ -616,9 +574,9 @@ TEST(a_readers_renewal_moves_only_its_own_entry)
 TEST(a_release_whose_entry_is_gone_is_lost_and_touches_no_other)
 {
     dlock_client *a = client(), *b = client(), *c = client();
-    dlock *short1 = handle(a, "rw-gone", 100, DLOCK_NO_RENEW, 0);
-    dlock *short2 = handle(c, "rw-gone", 100, DLOCK_NO_RENEW, 0);
-    dlock *longr = handle(b, "rw-gone", 30000, 0, 0);
+    dlock *short1 = th_handle(a, "rw-gone", 100, DLOCK_NO_RENEW, 0);
+    dlock *short2 = th_handle(c, "rw-gone", 100, DLOCK_NO_RENEW, 0);
+    dlock *longr = th_handle(b, "rw-gone", 30000, 0, 0);
     static const char row_sql[] =
         "SELECT quote(owner) || '|' || quote(holders) || '|' || holds || '|' "
         "|| token || '|' || lock_until || '|' || quote(holder) FROM "
@@ -636,7 +594,7 @@ TEST(a_release_whose_entry_is_gone_is_lost_and_touches_no_other)
     CHECK_OK(dlock_acquire_shared(short1, 0));
     th_sleep_ms(250);
     CHECK_OK(dlock_acquire_shared(short2, 0)); /* drops short1's entry */
-    dlock_info i = info_of(b, "rw-gone");
+    dlock_info i = th_info(b, "rw-gone");
     CHECK_EQ(i.holders, 2);
     dlock_info_clear(&i);
     query(db_path, row_sql, "rw-gone", before, sizeof(before));
@@ -647,12 +605,8 @@ TEST(a_release_whose_entry_is_gone_is_lost_and_touches_no_other)
     CHECK_OK(dlock_extend(longr, 30000));
     CHECK_OK(dlock_release(longr));
     (void)dlock_release(short2);
-    dlock_close(short1);
-    dlock_close(short2);
-    dlock_close(longr);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
+    TH_CLOSE(short1, short2, longr);
+    TH_CLIENT_CLOSE(a, b, c);
 }
 
 /* A semaphore of 2: three waiters queue; each release lets in exactly
@@ -663,7 +617,7 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
 {
     enum { NW = 3 };
     dlock_client *a = client(), *b = client(), *c[NW];
-    dlock *pa = handle(a, "sem-one", 30000, 0, 2), *pb = handle(b, "sem-one", 30000, 0, 2);
+    dlock *pa = th_handle(a, "sem-one", 30000, 0, 2), *pb = th_handle(b, "sem-one", 30000, 0, 2);
     waiter w[NW];
     pthread_t th[NW];
 
@@ -671,34 +625,34 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
     CHECK_OK(dlock_acquire(pb, 0));
     for (int i = 0; i < NW; i++) {
         c[i] = client();
-        start(&w[i], &th[i], handle(c[i], "sem-one", 30000, 0, 2), 0, -1);
-        until_state(a, "sem-one", i + 1, 2);
+        start(&w[i], &th[i], th_handle(c[i], "sem-one", 30000, 0, 2), 0, -1);
+        th_wait_state(a, "sem-one", i + 1, 2);
     }
     for (int i = 0; i < NW; i++)
         until_asleep(&w[i]);
     CHECK_EQ(marked("sem-one"), 1);
     long last0 = steps_of(&w[NW - 1].steps);
-    dlock_info in = info_of(a, "sem-one");
+    dlock_info in = th_info(a, "sem-one");
     CHECK_EQ(in.permits, 2);
     CHECK_CONTAINS(in.holder, "2 of 2 permits");
     dlock_info_clear(&in);
     /* one permit freed: the head gets it, and nobody else */
     CHECK_OK(dlock_release(pa));
-    until_state(a, "sem-one", 2, 2);
+    th_wait_state(a, "sem-one", 2, 2);
     th_sleep_ms(300); /* nobody else gets in meanwhile */
-    until_state(a, "sem-one", 2, 2);
+    th_wait_state(a, "sem-one", 2, 2);
     CHECK_OK(until_got(&w[0]));
     CHECK_EQ(w[1].got, 0);
     CHECK_EQ(w[2].got, 0);
     /* the last waiter slept behind its predecessor meanwhile */
     CHECK_EQ(steps_of(&w[NW - 1].steps), last0);
     /* N is kept while held */
-    dlock *other = handle(a, "sem-one", 30000, 0, 3);
+    dlock *other = th_handle(a, "sem-one", 30000, 0, 3);
     CHECK_RC(dlock_acquire(other, 0), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "2 permits");
     /* the next: freed by another holder */
     CHECK_OK(dlock_release(pb));
-    until_state(a, "sem-one", 1, 2);
+    th_wait_state(a, "sem-one", 1, 2);
     CHECK_OK(until_got(&w[1]));
     CHECK_EQ(w[2].got, 0);
     CHECK_OP(w[1].token, >, w[0].token);
@@ -715,7 +669,7 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
     CHECK_OP(w[2].token, >, w[1].token);
     __atomic_store_n(&w[1].go, 1, __ATOMIC_SEQ_CST);
     pthread_join(th[1], NULL);
-    in = info_of(a, "sem-one");
+    in = th_info(a, "sem-one");
     CHECK_EQ(in.held, 0);
     CHECK_EQ(in.permits, 2); /* kept for status once free */
     dlock_info_clear(&in);
@@ -723,11 +677,8 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
         dlock_close(w[k].l);
         dlock_client_close(c[k]);
     }
-    dlock_close(other);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(other, pa, pb);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* A live name binds its kind: a writer or a reader on a semaphore, a
@@ -737,10 +688,10 @@ TEST(a_semaphore_keeps_its_n_and_lets_in_one_waiter_per_permit_freed)
 TEST(kinds_mixed_on_a_live_name_are_refused)
 {
     dlock_client *a = client(), *b = client();
-    dlock *sem = handle(a, "mix", 30000, 0, 2);
-    dlock *lk = handle(b, "mix", 30000, 0, 0);
-    dlock *sem3 = handle(b, "mix", 30000, 0, 3);
-    dlock *sem2 = handle(a, "mix", 30000, 0, 2);
+    dlock *sem = th_handle(a, "mix", 30000, 0, 2);
+    dlock *lk = th_handle(b, "mix", 30000, 0, 0);
+    dlock *sem3 = th_handle(b, "mix", 30000, 0, 3);
+    dlock *sem2 = th_handle(a, "mix", 30000, 0, 2);
 
     CHECK_OK(dlock_acquire(sem, 0));
     CHECK_RC(dlock_acquire(lk, 5000), DLOCK_EINVAL);
@@ -749,7 +700,7 @@ TEST(kinds_mixed_on_a_live_name_are_refused)
     CHECK_CONTAINS(dlock_errmsg(), "semaphore of 2 permits");
     CHECK_RC(dlock_acquire(sem3, 5000), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "not 3");
-    dlock_info i = info_of(a, "mix");
+    dlock_info i = th_info(a, "mix");
     CHECK_EQ(i.waiters, 0);
     CHECK_EQ(i.holders, 1);
     CHECK_EQ(i.permits, 2);
@@ -764,18 +715,14 @@ TEST(kinds_mixed_on_a_live_name_are_refused)
     CHECK_OK(dlock_acquire_shared(lk, 0));
     CHECK_RC(dlock_acquire(sem, 5000), DLOCK_EINVAL);
     CHECK_CONTAINS(dlock_errmsg(), "held shared");
-    i = info_of(a, "mix");
+    i = th_info(a, "mix");
     CHECK_EQ(i.waiters, 0);
     CHECK_EQ(i.shared, 1);
     CHECK_EQ(i.permits, 0);
     dlock_info_clear(&i);
     CHECK_OK(dlock_release(lk));
-    dlock_close(sem);
-    dlock_close(lk);
-    dlock_close(sem3);
-    dlock_close(sem2);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(sem, lk, sem3, sem2);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* Tries (wait 0) from several processes at once never hand out more
@@ -863,9 +810,9 @@ static long long ticket_of(const char *name)
 TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
 {
     dlock_client *a = client(), *b = client(), *c = client(), *op = client();
-    dlock *la = handle(a, "bk-ticket", 30000, 0, 0);
-    dlock *lb = handle(b, "bk-ticket", 30000, 0, 0);
-    dlock *lc = handle(c, "bk-ticket", 30000, 0, 0);
+    dlock *la = th_handle(a, "bk-ticket", 30000, 0, 0);
+    dlock *lb = th_handle(b, "bk-ticket", 30000, 0, 0);
+    dlock *lc = th_handle(c, "bk-ticket", 30000, 0, 0);
     waiter wb, wc;
     pthread_t tb, tc;
     dlock_info ev;
@@ -873,13 +820,13 @@ TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
     CHECK_OK(dlock_acquire(la, 0)); /* nobody queued: no ticket */
     CHECK_EQ(ticket_of("bk-ticket"), 0);
     start(&wb, &tb, lb, 0, -1);
-    until_state(op, "bk-ticket", 1, 1);
+    th_wait_state(op, "bk-ticket", 1, 1);
     CHECK_OK(dlock_release(la));
     CHECK_OK(until_got(&wb)); /* handed over: b holds with its ticket */
     long long t = ticket_of("bk-ticket");
     CHECK_OP(t, >, 0);
     start(&wc, &tc, lc, 0, 0);
-    until_state(op, "bk-ticket", 1, 1);
+    th_wait_state(op, "bk-ticket", 1, 1);
     until_asleep(&wc); /* on b's channel (and its own doorbell) */
     long before = steps_of(&wc.steps);
 
@@ -903,13 +850,8 @@ TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
     pthread_join(tb, NULL);
     CHECK_EQ(wb.rel, DLOCK_ELOST);
     CHECK_RC(dlock_break(op, "bk-ticket", NULL), DLOCK_ENOTHELD);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 /* Nobody waits when a holder with a ticket is broken; its ticket stays
@@ -920,15 +862,15 @@ TEST(a_break_of_a_holder_with_a_ticket_wakes_its_successor_at_once)
 TEST(a_newcomer_passes_the_ticket_of_a_broken_holder)
 {
     dlock_client *a = client(), *b = client(), *c = client(), *op = client();
-    dlock *la = handle(a, "bk-new", 30000, 0, 0);
-    dlock *lb = handle(b, "bk-new", 30000, 0, 0);
-    dlock *lc = handle(c, "bk-new", 30000, 0, 0);
+    dlock *la = th_handle(a, "bk-new", 30000, 0, 0);
+    dlock *lb = th_handle(b, "bk-new", 30000, 0, 0);
+    dlock *lc = th_handle(c, "bk-new", 30000, 0, 0);
     waiter wb, wc;
     pthread_t tb, tc;
 
     CHECK_OK(dlock_acquire(la, 0));
     start(&wb, &tb, lb, 0, -1);
-    until_state(op, "bk-new", 1, 1);
+    th_wait_state(op, "bk-new", 1, 1);
     CHECK_OK(dlock_release(la));
     CHECK_OK(until_got(&wb));
     long long t = ticket_of("bk-new");
@@ -946,13 +888,8 @@ TEST(a_newcomer_passes_the_ticket_of_a_broken_holder)
     __atomic_store_n(&wb.go, 1, __ATOMIC_SEQ_CST);
     pthread_join(tb, NULL);
     CHECK_EQ(wb.rel, DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_close(lc);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb, lc);
+    TH_CLIENT_CLOSE(a, b, c, op);
 }
 
 /* The evicted holder's renewal finds its hold gone and drops its ticket
@@ -962,14 +899,14 @@ TEST(a_newcomer_passes_the_ticket_of_a_broken_holder)
 TEST(an_evicted_holders_renewal_drops_its_ticket)
 {
     dlock_client *a = client(), *b = client(), *op = client();
-    dlock *la = handle(a, "bk-drop", 900, 0, 0);
-    dlock *lb = handle(b, "bk-drop", 900, 0, 0);
+    dlock *la = th_handle(a, "bk-drop", 900, 0, 0);
+    dlock *lb = th_handle(b, "bk-drop", 900, 0, 0);
     waiter wb;
     pthread_t tb;
 
     CHECK_OK(dlock_acquire(la, 0));
     start(&wb, &tb, lb, 0, -1);
-    until_state(op, "bk-drop", 1, 1);
+    th_wait_state(op, "bk-drop", 1, 1);
     CHECK_OK(dlock_release(la));
     CHECK_OK(until_got(&wb));
     CHECK_OP(ticket_of("bk-drop"), >, 0);
@@ -978,7 +915,7 @@ TEST(an_evicted_holders_renewal_drops_its_ticket)
      * ticket, counted as a waiter by dlock_inspect() while the row is
      * free, is gone once its renewal ran (300 ms; until_state's 10 s is
      * a busy machine's bound) */
-    until_state(op, "bk-drop", 0, 0);
+    th_wait_state(op, "bk-drop", 0, 0);
     /* so an acquire finds nobody queued: no ticket, the plain take */
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_EQ(ticket_of("bk-drop"), 0);
@@ -986,11 +923,8 @@ TEST(an_evicted_holders_renewal_drops_its_ticket)
     __atomic_store_n(&wb.go, 1, __ATOMIC_SEQ_CST);
     pthread_join(tb, NULL);
     CHECK_EQ(wb.rel, DLOCK_ELOST);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 /* Readers and permits keep no ticket: a break of them rings the head of
@@ -1002,9 +936,9 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
 {
     dlock_client *a = client(), *b = client(), *c = client(), *d = client();
     dlock_client *op = client();
-    dlock *ra = handle(a, "bk-rw", 30000, 0, 0);
-    dlock *rb = handle(b, "bk-rw", 30000, 0, 0);
-    dlock *lw = handle(c, "bk-rw", 30000, 0, 0);
+    dlock *ra = th_handle(a, "bk-rw", 30000, 0, 0);
+    dlock *rb = th_handle(b, "bk-rw", 30000, 0, 0);
+    dlock *lw = th_handle(c, "bk-rw", 30000, 0, 0);
     waiter w, p[2];
     pthread_t tw, tp[2];
     dlock_info ev;
@@ -1012,7 +946,7 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     CHECK_OK(dlock_acquire_shared(ra, 0));
     CHECK_OK(dlock_acquire_shared(rb, 0));
     start(&w, &tw, lw, 0, 0);
-    until_state(op, "bk-rw", 1, 2);
+    th_wait_state(op, "bk-rw", 1, 2);
     until_asleep(&w);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bk-rw", &ev));
@@ -1025,14 +959,14 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
 
-    dlock *pa = handle(a, "bk-sem", 30000, 0, 2);
-    dlock *pb = handle(b, "bk-sem", 30000, 0, 2);
+    dlock *pa = th_handle(a, "bk-sem", 30000, 0, 2);
+    dlock *pb = th_handle(b, "bk-sem", 30000, 0, 2);
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
-    start(&p[0], &tp[0], handle(c, "bk-sem", 30000, 0, 2), 0, -1);
-    until_state(op, "bk-sem", 1, 2);
-    start(&p[1], &tp[1], handle(d, "bk-sem", 30000, 0, 2), 0, -1);
-    until_state(op, "bk-sem", 2, 2);
+    start(&p[0], &tp[0], th_handle(c, "bk-sem", 30000, 0, 2), 0, -1);
+    th_wait_state(op, "bk-sem", 1, 2);
+    start(&p[1], &tp[1], th_handle(d, "bk-sem", 30000, 0, 2), 0, -1);
+    th_wait_state(op, "bk-sem", 2, 2);
     until_asleep(&p[1]);
     t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "bk-sem", &ev));
@@ -1042,7 +976,7 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     CHECK_OK(until_got(&p[0]));
     CHECK_OK(until_got(&p[1]));
     CHECK_OP(p[1].got - t0, <, 5000);
-    until_state(op, "bk-sem", 0, 2);
+    th_wait_state(op, "bk-sem", 0, 2);
     for (int i = 0; i < 2; i++) {
         __atomic_store_n(&p[i].go, 1, __ATOMIC_SEQ_CST);
         pthread_join(tp[i], NULL);
@@ -1051,16 +985,8 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     }
     CHECK_RC(dlock_release(pa), DLOCK_ELOST);
     CHECK_RC(dlock_release(pb), DLOCK_ELOST);
-    dlock_close(pa);
-    dlock_close(pb);
-    dlock_close(ra);
-    dlock_close(rb);
-    dlock_close(lw);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(c);
-    dlock_client_close(d);
-    dlock_client_close(op);
+    TH_CLOSE(pa, pb, ra, rb, lw);
+    TH_CLIENT_CLOSE(a, b, c, d, op);
 }
 
 /* The lock table as the previous dlock made it (its DDL, before the
@@ -1108,17 +1034,17 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
     CHECK_OK(dlock_client_open(&c, u, NULL));
     CHECK_EQ(columns(path), 3);
     /* the old hold is kept, and keeps its kind: exclusive */
-    dlock_info i = info_of(c, "old-held");
+    dlock_info i = th_info(c, "old-held");
     CHECK_EQ(i.held, 1);
     CHECK_EQ(i.shared, 0);
     CHECK_EQ(i.holders, 1);
     CHECK_STR(i.holder, "old host pid 1 tid 1");
     CHECK_EQ(i.token, 1234567);
     dlock_info_clear(&i);
-    held = handle(c, "old-held", 30000, 0, 0);
+    held = th_handle(c, "old-held", 30000, 0, 0);
     CHECK_RC(dlock_acquire(held, 0), DLOCK_EBUSY);
     CHECK_RC(dlock_acquire_shared(held, 0), DLOCK_EBUSY);
-    other = handle(c, "new", 30000, 0, 0);
+    other = th_handle(c, "new", 30000, 0, 0);
     CHECK_OK(dlock_acquire_shared(other, 0));
     CHECK_OK(dlock_release(other));
     /* the old client's release: the row is free, tokens go on */
@@ -1142,8 +1068,7 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
     CHECK_OK(dlock_acquire(held, 0));
     CHECK_OP(dlock_token(held), >, 2345678);
     CHECK_OK(dlock_release(held));
-    dlock_close(held);
-    dlock_close(other);
+    TH_CLOSE(held, other);
     dlock_client_close(c);
     /* opened again: nothing more to add */
     CHECK_OK(dlock_client_open(&c, u, NULL));

@@ -32,56 +32,9 @@ static th_zk srv;       /* standalone, shared */
 static char base[300];  /* zk://127.0.0.1:PORT */
 static char uri[400];   /* base + /zktest */
 
-static dlock_client *client_at(const char *u)
-{
-    return th_client(u, NULL);
-}
-
 static dlock_client *client(void)
 {
-    return client_at(uri);
-}
-
-static dlock *handle_cb(dlock_client *c, const char *name, int64_t ttl,
-                        unsigned flags, dlock_lost_cb cb, void *arg)
-{
-    dlock_options o;
-    dlock *l = NULL;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = ttl;
-    o.flags = flags;
-    o.on_lost = cb;
-    o.on_lost_arg = arg;
-    CHECK_OK(dlock_open(&l, c, name, &o));
-    return l;
-}
-
-static dlock *handle(dlock_client *c, const char *name, int64_t ttl,
-                     unsigned flags)
-{
-    return handle_cb(c, name, ttl, flags, NULL, NULL);
-}
-
-static int64_t waiters_of(dlock_client *c, const char *name)
-{
-    dlock_info info;
-    int64_t n;
-
-    CHECK_OK(dlock_inspect(c, name, &info));
-    n = info.waiters;
-    dlock_info_clear(&info);
-    return n;
-}
-
-/* Polls until `name` has n waiters (at most 10 s), then checks it. */
-static void wait_waiters(dlock_client *c, const char *name, int64_t n)
-{
-    int64_t until = th_now_ms() + 10000;
-
-    while (waiters_of(c, name) < n && th_now_ms() < until)
-        th_sleep_ms(5);
-    CHECK_EQ(waiters_of(c, name), n);
+    return th_client(uri, NULL);
 }
 
 static int ends_with(const char *s, const char *suffix)
@@ -159,7 +112,7 @@ static void wchs(th_zk *z, int i, long long *conns, long long *paths,
 TEST(node_layout_and_czxid_token)
 {
     dlock_client *c = client();
-    dlock *l = handle(c, "lay out/1", 2000, 0);
+    dlock *l = th_handle(c, "lay out/1", 2000, 0, 0);
     void *zh = zk();
     char kids[4][64], path[512], data[512], sid[64];
     struct Stat st;
@@ -218,8 +171,8 @@ TEST(node_layout_and_czxid_token)
     dlock_client_close(c);
 
     /* no chroot in the URI: /dlock */
-    c = client_at(base);
-    l = handle(c, "plain", 0, 0);
+    c = th_client(base, NULL);
+    l = th_handle(c, "plain", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_EQ(sorted_children(zh, "/dlock/plain", kids, 4), 1);
     CHECK_OK(dlock_release(l));
@@ -273,7 +226,7 @@ TEST(first_come_first_served_across_processes)
 {
     shared_order *s = th_shared(sizeof(*s));
     dlock_client *h = client();
-    dlock *lh = handle(h, "order", 0, 0);
+    dlock *lh = th_handle(h, "order", 0, 0, 0);
     pid_t pids[NORDER];
     dlock_info info;
     char pid[32];
@@ -284,7 +237,7 @@ TEST(first_come_first_served_across_processes)
         s->index = i;
         pids[i] = th_fork(order_child, s);
         /* the next one starts only when this one is queued */
-        wait_waiters(h, "order", i + 1);
+        th_wait_waiters(h, "order", i + 1);
         CHECK_OK(dlock_inspect(h, "order", &info));
         CHECK_EQ(info.queue_len, i + 1);
         snprintf(pid, sizeof(pid), " pid %d ", (int)pids[i]);
@@ -403,7 +356,7 @@ TEST(a_release_fires_exactly_one_watch)
     herd h;
     pthread_t th[NHERD];
     dlock_client *hc = client();
-    dlock *lh = handle(hc, "herd", 0, 0);
+    dlock *lh = th_handle(hc, "herd", 0, 0, 0);
     void *zh = zk();
     long long conns, paths, total;
 
@@ -417,9 +370,9 @@ TEST(a_release_fires_exactly_one_watch)
     CHECK_EQ(total, 1);
     for (int i = 0; i < NHERD; i++) {
         w[i] = (herd_waiter){&h, i, client(), NULL, 0, 0};
-        w[i].l = handle(w[i].c, "herd", 0, 0);
+        w[i].l = th_handle(w[i].c, "herd", 0, 0, 0);
         pthread_create(&th[i], NULL, herd_thread, &w[i]);
-        wait_waiters(hc, "herd", i + 1); /* arrival order is known */
+        th_wait_waiters(hc, "herd", i + 1); /* arrival order is known */
     }
     /* a waiter is listed before it sets its watch: wait for the 50th */
     int64_t until = th_now_ms() + 10000;
@@ -518,10 +471,7 @@ static void *gate_thread(void *arg)
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
     if (w->rc != DLOCK_OK)
         return NULL;
-    for (int i = 0; i < 6000 && !__atomic_load_n(&w->release,
-                                                 __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
+    (void)th_wait_flag(&w->release, 60000);
     dlock_release(w->l);
     __atomic_store_n(&w->released, 1, __ATOMIC_SEQ_CST);
     return NULL;
@@ -530,7 +480,7 @@ static void *gate_thread(void *arg)
 TEST(inspect_shows_holder_and_queue_in_order)
 {
     dlock_client *a = client(), *obs = client(), *wc[3];
-    dlock *la = handle(a, "inspect", 5000, 0);
+    dlock *la = th_handle(a, "inspect", 5000, 0, 0);
     gate_waiter w[3];
     pthread_t th[3];
     dlock_info info;
@@ -549,10 +499,10 @@ TEST(inspect_shows_holder_and_queue_in_order)
     for (int i = 0; i < 3; i++) {
         wc[i] = client();
         memset(&w[i], 0, sizeof(w[i]));
-        w[i].l = handle(wc[i], "inspect", 0, 0);
+        w[i].l = th_handle(wc[i], "inspect", 0, 0, 0);
         w[i].wait = 30000;
         pthread_create(&th[i], NULL, gate_thread, &w[i]);
-        wait_waiters(obs, "inspect", i + 1);
+        th_wait_waiters(obs, "inspect", i + 1);
     }
     CHECK_OK(dlock_inspect(obs, "inspect", &info));
     CHECK_EQ(info.held, 1);
@@ -595,14 +545,14 @@ TEST(inspect_shows_holder_and_queue_in_order)
         dlock_client_close(wc[i]);
     }
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, obs);
 }
 
 TEST(a_waiter_that_gives_up_leaves_the_queue)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "giveup", 0, 0), *lb = handle(b, "giveup", 0, 0);
+    dlock *la = th_handle(a, "giveup", 0, 0, 0),
+          *lb = th_handle(b, "giveup", 0, 0, 0);
     void *zh = zk();
     char kids[4][64];
 
@@ -617,14 +567,12 @@ TEST(a_waiter_that_gives_up_leaves_the_queue)
     CHECK_EQ(sorted_children(zh, "/zktest/giveup", kids, 4), 1);
     CHECK_RC(dlock_acquire(lb, 0), DLOCK_EBUSY);
     CHECK_EQ(sorted_children(zh, "/zktest/giveup", kids, 4), 1);
-    CHECK_EQ(waiters_of(b, "giveup"), 0);
+    CHECK_EQ(th_waiters(b, "giveup"), 0);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(lb, 0)); /* nobody left ahead of it */
     CHECK_OK(dlock_release(lb));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_zk_close(zh);
 }
 
@@ -675,8 +623,8 @@ TEST(bad_uris_are_rejected)
     CHECK_RC(dlock_client_open(&c, u, NULL), DLOCK_EINVAL);
     longroot[200] = '\0';
     snprintf(u, sizeof(u), "%s/%s", base, longroot);
-    c = client_at(u);
-    dlock *l = handle(c, "x", 0, 0);
+    c = th_client(u, NULL);
+    dlock *l = th_handle(c, "x", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -684,12 +632,12 @@ TEST(bad_uris_are_rejected)
 
     /* good: nested chroot, and a host list whose first host is down */
     snprintf(u, sizeof(u), "%s/a/b-c_d", base);
-    c = client_at(u);
+    c = th_client(u, NULL);
     dlock_client_close(c);
     snprintf(u, sizeof(u), "zk://127.0.0.1:%d,127.0.0.1:%d/multi",
              th_free_port(), srv.port[0]);
-    c = client_at(u);
-    l = handle(c, "x", 0, 0);
+    c = th_client(u, NULL);
+    l = th_handle(c, "x", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 3000));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
@@ -737,7 +685,7 @@ TEST(names_with_any_bytes_do_not_collide)
     dlock *la[N], *lb[N];
     void *zh = zk();
     char root0[2048], root1[2048], zk0[2048], zk1[2048];
-    dlock *warm = handle(a, "warm-up", 0, 0);
+    dlock *warm = th_handle(a, "warm-up", 0, 0, 0);
 
     /* the chroot exists before the root is listed (this test may run
      * alone) */
@@ -754,8 +702,8 @@ TEST(names_with_any_bytes_do_not_collide)
     /* one thread holds all of them at once: two names sharing a node
      * would queue behind each other (EBUSY) */
     for (int i = 0; i < N; i++) {
-        la[i] = handle(a, names[i], 0, 0);
-        lb[i] = handle(b, names[i], 0, 0);
+        la[i] = th_handle(a, names[i], 0, 0, 0);
+        lb[i] = th_handle(b, names[i], 0, 0, 0);
         int rc = dlock_acquire(la[i], 0);
         if (rc != DLOCK_OK)
             th_fail(__FILE__, __LINE__, "name #%d: %s: %s", i,
@@ -782,8 +730,7 @@ TEST(names_with_any_bytes_do_not_collide)
         dlock_close(la[i]);
         dlock_close(lb[i]);
     }
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 
     /* chroot "/": then a lock called "zookeeper" must not put its nodes
      * into the server's own /zookeeper (refusing it is fine too) */
@@ -792,7 +739,7 @@ TEST(names_with_any_bytes_do_not_collide)
     snprintf(u, sizeof(u), "%s/", base);
     int rc = dlock_client_open(&r, u, NULL);
     if (rc == DLOCK_OK) {
-        dlock *l = handle(r, "zookeeper", 0, 0);
+        dlock *l = th_handle(r, "zookeeper", 0, 0, 0);
         rc = dlock_acquire(l, 0);
         root_listing(zh, "/zookeeper", zk1, sizeof(zk1));
         CHECK_STR(zk1, zk0);
@@ -825,10 +772,10 @@ TEST(digest_auth_guards_the_nodes)
     snprintf(un, sizeof(un), "zk://127.0.0.1:%d/authtest", srv.port[0]);
     snprintf(uw, sizeof(uw), "zk://alice:wrong-C3@127.0.0.1:%d/authtest",
              srv.port[0]);
-    alice = client_at(ua);
+    alice = th_client(ua, NULL);
     CHECK(strstr(dlock_client_store(alice), "secret-A1") == NULL);
     CHECK_CONTAINS(dlock_client_store(alice), "alice:***@");
-    dlock *la = handle(alice, "guarded", 4000, 0);
+    dlock *la = th_handle(alice, "guarded", 4000, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
 
@@ -861,8 +808,8 @@ TEST(digest_auth_guards_the_nodes)
     const char *others[] = {ub, un, uw, NULL};
     const char *secrets[] = {"other-B2", "nothing", "wrong-C3", NULL};
     for (int i = 0; others[i]; i++) {
-        dlock_client *o = client_at(others[i]);
-        dlock *lo = handle(o, "guarded", 4000, 0);
+        dlock_client *o = th_client(others[i], NULL);
+        dlock *lo = th_handle(o, "guarded", 4000, 0, 0);
         int64_t t0 = th_now_ms();
         CHECK_RC(dlock_acquire(lo, 0), DLOCK_EAUTH);
         CHECK_RC(dlock_acquire(lo, 3000), DLOCK_EAUTH);
@@ -886,8 +833,8 @@ TEST(digest_auth_guards_the_nodes)
     CHECK_EQ(sorted_children(zh, "/authtest/guarded", kids, 4), 1);
 
     /* the same identity in another client just queues */
-    alice2 = client_at(ua);
-    dlock *la2 = handle(alice2, "guarded", 4000, 0);
+    alice2 = th_client(ua, NULL);
+    dlock *la2 = th_handle(alice2, "guarded", 4000, 0, 0);
     CHECK_RC(dlock_acquire(la2, 0), DLOCK_EBUSY);
     CHECK_OK(dlock_release(la));
     CHECK_OK(dlock_acquire(la2, 0));
@@ -924,9 +871,11 @@ static void wait_sessions(int to, int n)
 TEST(one_session_per_ttl)
 {
     dlock_client *c = client(), *d = client();
-    dlock *l1 = handle(c, "sess-a", 1234, 0), *l2 = handle(c, "sess-b", 1234, 0);
-    dlock *l3 = handle(c, "sess-c", 2345, 0), *l4 = handle(d, "sess-d", 1234, 0);
-    dlock *l5 = handle(c, "sess-e", 300, 0);
+    dlock *l1 = th_handle(c, "sess-a", 1234, 0, 0),
+          *l2 = th_handle(c, "sess-b", 1234, 0, 0);
+    dlock *l3 = th_handle(c, "sess-c", 2345, 0, 0),
+          *l4 = th_handle(d, "sess-d", 1234, 0, 0);
+    dlock *l5 = th_handle(c, "sess-e", 300, 0, 0);
 
     CHECK_EQ(sessions_with_timeout(&srv, 0, 1234), 0);
     CHECK_OK(dlock_acquire(l1, 0));
@@ -949,10 +898,7 @@ TEST(one_session_per_ttl)
     CHECK_OK(dlock_release(l1));
     CHECK_OK(dlock_release(l2));
     CHECK_OK(dlock_release(l3));
-    dlock_close(l1);
-    dlock_close(l2);
-    dlock_close(l3);
-    dlock_close(l5);
+    TH_CLOSE(l1, l2, l3, l5);
     dlock_client_close(c); /* closes its sessions */
     wait_sessions(1234, 1);
     wait_sessions(2345, 0);
@@ -963,78 +909,18 @@ TEST(one_session_per_ttl)
     wait_sessions(1234, 0);
 }
 
-typedef struct shared_holder {
-    volatile int ready;
-    volatile int go;
-    volatile uint64_t token;
-    volatile int lost_calls;
-    volatile uint64_t lost_token;
-    volatile int held_before_release;
-    volatile int release_rc;
-    volatile int64_t lost_after_cont; /* ms from go to the callback */
-    int64_t ttl;
-    char name[64];
-} shared_holder;
-
-static void count_lost(dlock *l, uint64_t token, void *arg)
-{
-    shared_holder *s = arg;
-
-    (void)l;
-    s->lost_token = token;
-    __atomic_add_fetch(&s->lost_calls, 1, __ATOMIC_SEQ_CST);
-}
-
-static int holder_child(void *arg)
-{
-    shared_holder *s = arg;
-    dlock_client *c;
-    dlock *l;
-    dlock_options o;
-
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = s->ttl;
-    o.on_lost = count_lost;
-    o.on_lost_arg = s;
-    if (dlock_client_open(&c, uri, NULL) != DLOCK_OK ||
-        dlock_open(&l, c, s->name, &o) != DLOCK_OK ||
-        dlock_acquire(l, 5000) != DLOCK_OK)
-        return 2;
-    s->token = dlock_token(l);
-    __atomic_store_n(&s->ready, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; i < 3000 && !__atomic_load_n(&s->go, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    /* told to go after a freeze: give the client a moment to learn it
-     * lost (at most 5 s), then release */
-    int64_t t0 = th_now_ms();
-    for (int i = 0; i < 500 && !__atomic_load_n(&s->lost_calls,
-                                                __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    s->lost_after_cont = th_now_ms() - t0;
-    s->held_before_release = dlock_held(l);
-    s->release_rc = dlock_release(l);
-    dlock_close(l);
-    dlock_client_close(c);
-    return 0;
-}
-
-static void wait_ready(shared_holder *s)
-{
-    CHECK(th_wait_flag(&s->ready, 10000));
-}
-
 TEST(a_frozen_holder_is_told_its_session_expired)
 {
-    shared_holder *s = th_shared(sizeof(*s));
+    th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
-    dlock *l = handle(c, "frozen", 0, 0);
+    dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
     s->ttl = 600;
+    snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    s->lost_ms = 5000;
     snprintf(s->name, sizeof(s->name), "frozen");
-    pid_t pid = th_fork(holder_child, s);
-    wait_ready(s);
+    pid_t pid = th_fork(th_holder_child, s);
+    CHECK(th_wait_flag(&s->ready, 10000));
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
     kill(pid, SIGSTOP);
     int64_t t0 = th_now_ms();
@@ -1059,21 +945,23 @@ TEST(a_frozen_holder_is_told_its_session_expired)
 
 TEST(a_killed_holders_queue_moves_on_after_its_session)
 {
-    shared_holder *s = th_shared(sizeof(*s));
+    th_holder *s = th_shared(sizeof(*s));
     dlock_client *c = client();
     gate_waiter w;
     pthread_t th;
 
     s->ttl = 1000;
+    snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    s->lost_ms = 5000;
     snprintf(s->name, sizeof(s->name), "killed");
-    pid_t pid = th_fork(holder_child, s);
-    wait_ready(s);
+    pid_t pid = th_fork(th_holder_child, s);
+    CHECK(th_wait_flag(&s->ready, 10000));
     memset(&w, 0, sizeof(w));
-    w.l = handle(c, "killed", 0, 0);
+    w.l = th_handle(c, "killed", 0, 0, 0);
     w.wait = 20000;
     w.release = 1;
     pthread_create(&th, NULL, gate_thread, &w);
-    wait_waiters(c, "killed", 1);
+    th_wait_waiters(c, "killed", 1);
     kill(pid, SIGKILL);
     int64_t t0 = th_now_ms();
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
@@ -1089,7 +977,7 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
     CHECK_EQ(info.held, 0);
     dlock_info_clear(&info);
     /* its token was greater: the next hold's is greater still */
-    dlock *l = handle(c, "killed", 0, 0);
+    dlock *l = th_handle(c, "killed", 0, 0, 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OP(dlock_token(l), >, s->token);
     CHECK_OK(dlock_release(l));
@@ -1101,13 +989,13 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
 TEST(waiting_sends_nothing)
 {
     dlock_client *a = client(), *b = client();
-    dlock *la = handle(a, "quiet", 60000, 0);
+    dlock *la = th_handle(a, "quiet", 60000, 0, 0);
     gate_waiter w;
     pthread_t th;
     char buf[2048];
 
     memset(&w, 0, sizeof(w));
-    w.l = handle(b, "quiet", 60000, 0);
+    w.l = th_handle(b, "quiet", 60000, 0, 0);
     w.wait = 2500;
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_OP(th_zk_4lw(&srv, 0, "srvr", buf, sizeof(buf)), >, 0);
@@ -1123,8 +1011,7 @@ TEST(waiting_sends_nothing)
     CHECK_OK(dlock_release(la));
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
 }
 
 /* --- servers that are down, frozen, restarted --- */
@@ -1148,7 +1035,7 @@ TEST(server_down_gives_econn_in_time)
         CHECK(dlock_errmsg()[0] != '\0');
         return;
     }
-    dlock *l = handle(c, "x", 0, 0);
+    dlock *l = th_handle(c, "x", 0, 0, 0);
     t0 = th_now_ms();
     /* a try: one 1 s timeout; a 2 s wait: its deadline, then one more
      * timeout at most; each with 1.5 s of slack for a busy machine */
@@ -1192,8 +1079,8 @@ static void server_trouble(int sig)
 
     th_zk_start(&own, 1);
     snprintf(u, sizeof(u), "zk://%s/trouble", own.hosts);
-    dlock_client *a = client_at(u), *b = client_at(u);
-    dlock *la = handle_cb(a, "trouble", ttl, 0, on_lost, NULL);
+    dlock_client *a = th_client(u, NULL), *b = th_client(u, NULL);
+    dlock *la = th_handle_lost(a, "trouble", ttl, 0, on_lost, NULL);
     gate_waiter w;
     pthread_t th;
 
@@ -1201,11 +1088,11 @@ static void server_trouble(int sig)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     memset(&w, 0, sizeof(w));
-    w.l = handle(b, "trouble", ttl, 0);
+    w.l = th_handle(b, "trouble", ttl, 0, 0);
     w.wait = 30000;
     w.release = 0; /* held until the test has looked */
     pthread_create(&th, NULL, gate_thread, &w);
-    wait_waiters(b, "trouble", 1);
+    th_wait_waiters(b, "trouble", 1);
 
     int64_t t0 = th_now_ms();
     th_zk_kill(&own, 0, sig);
@@ -1250,8 +1137,7 @@ static void server_trouble(int sig)
     CHECK_EQ(lost_calls, 1);
     dlock_close(la);
     dlock_close(w.l);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_zk_kill(&own, 0, SIGKILL);
 }
 
@@ -1324,10 +1210,10 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
 
     th_zk_start(&e, 3);
     snprintf(u, sizeof(u), "zk://%s/ens", e.hosts);
-    a = client_at(u);
-    obs = client_at(u);
+    a = th_client(u, NULL);
+    obs = th_client(u, NULL);
     lost_calls = 0;
-    dlock *la = handle_cb(a, "ens", ttl, 0, on_lost, NULL);
+    dlock *la = th_handle_lost(a, "ens", ttl, 0, on_lost, NULL);
     /* the ensemble's first request: three JVMs just started, on a busy
      * 2-core machine, answered it after the client's 2 s op timeout
      * once (make test-busy). What this test checks is a hold kept
@@ -1342,11 +1228,11 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
     for (int i = 0; i < 2; i++) {
-        wc[i] = client_at(u);
-        w[i] = (ens_waiter){handle(wc[i], "ens", ttl, 0), i, order, &pos,
-                            &mu, 0, 0};
+        wc[i] = th_client(u, NULL);
+        w[i] = (ens_waiter){
+            th_handle(wc[i], "ens", ttl, 0, 0), i, order, &pos, &mu, 0, 0};
         pthread_create(&th[i], NULL, ens_thread, &w[i]);
-        wait_waiters(obs, "ens", i + 1);
+        th_wait_waiters(obs, "ens", i + 1);
     }
     /* both waiters asleep on their watches (each watches one node) before
      * the leader goes: a waiter still between its node's creation and its
@@ -1407,8 +1293,8 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
 
     /* a majority dies: no new hold anywhere, and the holder is told */
     CHECK_OK(dlock_acquire(la, 10000));
-    late = client_at(u);
-    dlock *ll = handle(late, "ens", ttl, 0);
+    late = th_client(u, NULL);
+    dlock *ll = th_handle(late, "ens", ttl, 0, 0);
     CHECK_RC(dlock_acquire(ll, 0), DLOCK_EBUSY); /* its session is up */
     int k1 = th_zk_leader(&e);
     CHECK(k1 >= 0);
@@ -1431,8 +1317,7 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
     dlock_close(ll);
     dlock_client_close(late);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(obs);
+    TH_CLIENT_CLOSE(a, obs);
     for (int i = 0; i < 2; i++) {
         dlock_close(w[i].l);
         dlock_client_close(wc[i]);
@@ -1445,33 +1330,6 @@ TEST(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority)
 /* --- an operator's list and break (zk_operate.c) --- */
 
 
-typedef struct lost_count {
-    volatile int calls;
-    volatile uint64_t token;
-    volatile int64_t at;
-} lost_count;
-
-static void note_lost(dlock *l, uint64_t token, void *arg)
-{
-    lost_count *n = arg;
-
-    (void)l;
-    n->token = token;
-    n->at = th_now_ms();
-    __atomic_add_fetch(&n->calls, 1, __ATOMIC_SEQ_CST);
-}
-
-/* Waits (at most ms) until n->calls reaches `want`; returns the calls. */
-static int wait_calls(lost_count *n, int want, int64_t ms)
-{
-    int64_t until = th_now_ms() + ms;
-
-    while (__atomic_load_n(&n->calls, __ATOMIC_SEQ_CST) < want &&
-           th_now_ms() < until)
-        th_sleep_ms(5);
-    return __atomic_load_n(&n->calls, __ATOMIC_SEQ_CST);
-}
-
 /* The bound within which an evicted holder hears of its node's deletion:
  * the server sends the watch event as it applies the delete, and the
  * holder's client hands it from its completion thread to its background
@@ -1482,10 +1340,10 @@ static int wait_calls(lost_count *n, int want, int64_t ms)
 
 TEST(a_broken_holder_is_told_by_its_nodes_watch)
 {
-    lost_count n = {0, 0, 0};
+    th_lost n = TH_LOST_INIT;
     dlock_client *a = client(), *b = client(), *op = client();
-    dlock *la = handle_cb(a, "brk-told", 30000, 0, note_lost, &n);
-    dlock *lb = handle(b, "brk-told", 30000, 0);
+    dlock *la = th_handle_lost(a, "brk-told", 30000, 0, th_lost_cb, &n);
+    dlock *lb = th_handle(b, "brk-told", 30000, 0, 0);
     dlock_info ev;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -1496,7 +1354,7 @@ TEST(a_broken_holder_is_told_by_its_nodes_watch)
     CHECK_EQ(ev.token, t1);
     CHECK_CONTAINS(ev.holder, "pid");
     dlock_info_clear(&ev);
-    CHECK_EQ(wait_calls(&n, 1, TOLD_MS), 1);
+    CHECK_EQ(th_lost_wait(&n, 1, TOLD_MS), 1);
     CHECK_OP(n.at - t0, <, TOLD_MS);
     CHECK_EQ(n.token, t1);
     CHECK_EQ(dlock_held(la), DLOCK_ELOST);
@@ -1508,278 +1366,20 @@ TEST(a_broken_holder_is_told_by_its_nodes_watch)
     CHECK_CONTAINS(dlock_errmsg(), "node was deleted");
     /* told once; the release's own delete told nothing more */
     th_sleep_ms(100);
-    CHECK_EQ(n.calls, 1);
+    CHECK_EQ(th_lost_calls(&n), 1);
     CHECK_EQ(dlock_held(lb), 1);
     CHECK_OK(dlock_release(lb));
     /* an evicted holder of the breaker's own client hears it too, and a
      * release by a holder is never taken for a break */
-    dlock *lo = handle_cb(op, "brk-told", 30000, 0, note_lost, &n);
+    dlock *lo = th_handle_lost(op, "brk-told", 30000, 0, th_lost_cb, &n);
     CHECK_OK(dlock_acquire(lo, 0));
     CHECK_OK(dlock_release(lo));
     CHECK_OK(dlock_acquire(lo, 0));
     CHECK_OK(dlock_break(op, "brk-told", NULL));
-    CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
+    CHECK_EQ(th_lost_wait(&n, 2, TOLD_MS), 2);
     CHECK_RC(dlock_release(lo), DLOCK_ELOST);
-    dlock_close(lo);
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
-}
-
-typedef struct brk_waiter {
-    dlock *l;
-    int shared;
-    dlock_client *obs; /* a_break_racing_a_hand_off: looks at the store */
-    lost_count *n;
-    volatile int rc;
-    volatile int done;
-    volatile uint64_t token;
-    volatile int release;    /* set by the test: release now */
-    volatile int release_rc;
-    volatile int agreed;     /* its view and the store's agreed */
-    volatile int held;       /* ... holding (1) or lost (DLOCK_ELOST) */
-} brk_waiter;
-
-/* Waits for the lock (20 s), then until told to release (60 s at most);
- * holds live on the thread that took them. */
-static void *brk_wait(void *arg)
-{
-    brk_waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
-                      : dlock_acquire(w->l, 20000);
-    w->token = dlock_token(w->l);
-    if (w->rc == DLOCK_OK && w->obs) {
-        /* the waiter's view and the store's agree within TOLD_MS: it
-         * holds what the store says it holds, or it was told it lost */
-        int64_t until = th_now_ms() + TOLD_MS;
-        while (!w->agreed && th_now_ms() < until) {
-            dlock_info in;
-            memset(&in, 0, sizeof(in));
-            int rc = dlock_inspect(w->obs, "brk-handoff", &in);
-            int held = dlock_held(w->l);
-            w->agreed = rc == DLOCK_OK &&
-                        ((held == 1 && in.held && in.token == w->token) ||
-                         (held == DLOCK_ELOST &&
-                          __atomic_load_n(&w->n->calls, __ATOMIC_SEQ_CST) ==
-                              1));
-            w->held = held;
-            dlock_info_clear(&in);
-            if (!w->agreed)
-                th_sleep_ms(5);
-        }
-        w->release = 1;
-    }
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    if (w->rc != DLOCK_OK)
-        return NULL;
-    for (int i = 0; i < 6000 && !__atomic_load_n(&w->release,
-                                                 __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(10);
-    w->release_rc = dlock_release(w->l);
-    return NULL;
-}
-
-TEST(a_break_takes_every_reader_and_every_permit)
-{
-    enum { NR = 3 };
-    lost_count n = {0, 0, 0};
-    dlock_client *c[NR], *wc = client(), *op = client();
-    dlock *r[NR];
-    dlock_info ev;
-    brk_waiter w;
-    pthread_t th;
-    uint64_t top = 0;
-
-    /* three readers in three clients, a writer waiting behind them */
-    for (int i = 0; i < NR; i++) {
-        c[i] = client();
-        r[i] = handle_cb(c[i], "brk-rw", 30000, 0, note_lost, &n);
-        CHECK_OK(dlock_acquire_shared(r[i], 0));
-        if (dlock_token(r[i]) > top)
-            top = dlock_token(r[i]);
-    }
-    dlock *lw = handle(wc, "brk-rw", 30000, 0);
-    memset(&w, 0, sizeof(w));
-    w.l = lw;
-    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    wait_waiters(op, "brk-rw", 1);
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "brk-rw", &ev));
-    CHECK_EQ(ev.held, 1);
-    CHECK_EQ(ev.shared, 1);
-    CHECK_EQ(ev.holders, NR);
-    CHECK_EQ(ev.token, top);
-    CHECK_EQ(ev.waiters, 1);
-    dlock_info_clear(&ev);
-    /* the writer's watch on the last reader fired: at once, as a release
-     * (bounded as the holders' loss, TOLD_MS) */
-    CHECK(th_wait_flag(&w.done, TOLD_MS));
-    CHECK_OK(w.rc);
-    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
-    CHECK_OP(w.token, >, top);
-    CHECK_EQ(wait_calls(&n, NR, TOLD_MS), NR);
-    for (int i = 0; i < NR; i++) {
-        CHECK_EQ(dlock_held(r[i]), DLOCK_ELOST);
-        CHECK_RC(dlock_release(r[i]), DLOCK_ELOST);
-    }
-    w.release = 1;
-    pthread_join(th, NULL);
-    CHECK_OK(w.release_rc);
-
-    /* a semaphore of 2: both permits taken, the waiter gets one */
-    n.calls = 0;
-    dlock_options o;
-    memset(&o, 0, sizeof(o));
-    o.ttl_ms = 30000;
-    o.permits = 2;
-    o.on_lost = note_lost;
-    o.on_lost_arg = &n;
-    dlock *p[2], *pw;
-    top = 0;
-    for (int i = 0; i < 2; i++) {
-        CHECK_OK(dlock_open(&p[i], c[i], "brk-sem", &o));
-        CHECK_OK(dlock_acquire(p[i], 0));
-        if (dlock_token(p[i]) > top)
-            top = dlock_token(p[i]);
-    }
-    CHECK_OK(dlock_open(&pw, wc, "brk-sem", &o));
-    memset(&w, 0, sizeof(w));
-    w.l = pw;
-    CHECK_EQ(pthread_create(&th, NULL, brk_wait, &w), 0);
-    wait_waiters(op, "brk-sem", 1);
-    t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "brk-sem", &ev));
-    CHECK_EQ(ev.permits, 2);
-    CHECK_EQ(ev.holders, 2);
-    CHECK_EQ(ev.token, top);
-    dlock_info_clear(&ev);
-    CHECK(th_wait_flag(&w.done, TOLD_MS));
-    CHECK_OK(w.rc);
-    CHECK_OP(w.token, >, top);
-    CHECK_EQ(wait_calls(&n, 2, TOLD_MS), 2);
-    CHECK_OP(th_now_ms() - t0, <, TOLD_MS);
-    /* a permit is free again for anyone; the evicted ones say so */
-    dlock *p3;
-    CHECK_OK(dlock_open(&p3, op, "brk-sem", &o));
-    CHECK_OK(dlock_acquire(p3, 0));
-    for (int i = 0; i < 2; i++)
-        CHECK_RC(dlock_release(p[i]), DLOCK_ELOST);
-    CHECK_OK(dlock_release(p3));
-    w.release = 1;
-    pthread_join(th, NULL);
-    CHECK_OK(w.release_rc);
-    for (int i = 0; i < 2; i++)
-        dlock_close(p[i]);
-    dlock_close(p3);
-    dlock_close(pw);
-    for (int i = 0; i < NR; i++) {
-        dlock_close(r[i]);
-        dlock_client_close(c[i]);
-    }
-    dlock_close(lw);
-    dlock_client_close(wc);
-    dlock_client_close(op);
-}
-
-typedef struct race_brk {
-    dlock_client *op;
-    volatile int rc;
-} race_brk;
-
-static void *race_breaker(void *arg)
-{
-    race_brk *r = arg;
-    r->rc = dlock_break(r->op, "brk-handoff", NULL);
-    return NULL;
-}
-
-TEST(a_break_racing_a_hand_off_leaves_no_false_holder)
-{
-    /* The holder releases while a break runs, a waiter queued behind it:
-     * the break removes the holder's node, or the waiter's just after it
-     * got the lock (it is the holder then), or finds nobody. Whatever the
-     * order, the waiter ends up holding the lock in the store or told
-     * that it lost it: never a hold its client believes in that the
-     * store does not have. */
-    dlock_client *a = client(), *b = client(), *op = client(),
-                 *obs = client();
-    dlock *la = handle(a, "brk-handoff", 30000, 0);
-    lost_count n = {0, 0, 0};
-    int outcome[3] = {0, 0, 0};
-
-    for (int i = 0; i < 20; i++) {
-        brk_waiter w;
-        race_brk r = {op, 0};
-        pthread_t tw, tb;
-        memset(&w, 0, sizeof(w));
-        n.calls = 0;
-        w.l = handle_cb(b, "brk-handoff", 30000, 0, note_lost, &n);
-        w.obs = obs;
-        w.n = &n;
-        CHECK_OK(dlock_acquire(la, 0));
-        CHECK_EQ(pthread_create(&tw, NULL, brk_wait, &w), 0);
-        wait_waiters(obs, "brk-handoff", 1);
-        CHECK_EQ(pthread_create(&tb, NULL, race_breaker, &r), 0);
-        if (i % 2)
-            th_sleep_ms(i % 3);
-        int rel = dlock_release(la);
-        pthread_join(tb, NULL);
-        pthread_join(tw, NULL);
-        CHECK(rel == DLOCK_OK || rel == DLOCK_ELOST);
-        CHECK(r.rc == DLOCK_OK || r.rc == DLOCK_ENOTHELD);
-        CHECK_OK(w.rc); /* the lock was free for it in the end */
-        CHECK(w.agreed);
-        CHECK(w.release_rc == DLOCK_OK || w.release_rc == DLOCK_ELOST);
-        /* (the break may also come after the waiter looked: then its
-         * release says so) a release that worked was never told lost */
-        if (w.release_rc == DLOCK_OK)
-            CHECK_EQ(n.calls, 0);
-        outcome[rel == DLOCK_ELOST ? 0 : w.release_rc == DLOCK_OK ? 1 : 2]++;
-        dlock_close(w.l);
-    }
-    printf("     holder broken %d, waiter holds %d, waiter broken %d\n",
-           outcome[0], outcome[1], outcome[2]);
-    dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(b);
-    dlock_client_close(op);
-    dlock_client_close(obs);
-}
-
-TEST(a_frozen_holder_that_was_broken_learns_it_when_thawed)
-{
-    /* frozen 1 s, within its 30 s session: the server keeps the session
-     * and sends the deletion's event, which waits in the socket */
-    shared_holder *s = th_shared(sizeof(*s));
-    dlock_client *op = client();
-    dlock *l = handle(op, "brk-frozen", 30000, 0);
-
-    s->ttl = 30000;
-    snprintf(s->name, sizeof(s->name), "brk-frozen");
-    pid_t pid = th_fork(holder_child, s);
-    wait_ready(s);
-    kill(pid, SIGSTOP);
-    CHECK_OK(dlock_break(op, "brk-frozen", NULL));
-    CHECK_OK(dlock_acquire(l, 0));
-    CHECK_OP(dlock_token(l), >, s->token);
-    th_sleep_ms(1000);
-    kill(pid, SIGCONT);
-    __atomic_store_n(&s->go, 1, __ATOMIC_SEQ_CST);
-    CHECK_EQ(th_wait(pid), 0);
-    /* told after it thawed, within TOLD_MS (the child waits 5 s) */
-    CHECK_EQ(s->lost_calls, 1);
-    CHECK_EQ(s->lost_token, s->token);
-    CHECK_OP(s->lost_after_cont, <, TOLD_MS);
-    CHECK_EQ(s->held_before_release, DLOCK_ELOST);
-    CHECK_RC(s->release_rc, DLOCK_ELOST);
-    CHECK_EQ(dlock_held(l), 1); /* its release left ours alone */
-    CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_client_close(op);
+    TH_CLOSE(lo, la, lb);
+    TH_CLIENT_CLOSE(a, b, op);
 }
 
 TEST(a_deletion_while_reconnecting_is_still_told)
@@ -1794,14 +1394,14 @@ TEST(a_deletion_while_reconnecting_is_still_told)
      * for the outage itself; the message says which it was. */
     th_gate g;
     char u[300];
-    lost_count n = {0, 0, 0};
+    th_lost n = TH_LOST_INIT;
     void *zh = zk();
 
     th_gate_start(&g, srv.port[0]);
     snprintf(u, sizeof(u), "zk://127.0.0.1:%d/zktest", g.port);
-    dlock_client *a = client_at(u), *b = client();
-    dlock *la = handle_cb(a, "brk-reconnect", 60000, 0, note_lost, &n);
-    dlock *lb = handle(b, "brk-reconnect", 60000, 0);
+    dlock_client *a = th_client(u, NULL), *b = client();
+    dlock *la = th_handle_lost(a, "brk-reconnect", 60000, 0, th_lost_cb, &n);
+    dlock *lb = th_handle(b, "brk-reconnect", 60000, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
 
@@ -1811,12 +1411,12 @@ TEST(a_deletion_while_reconnecting_is_still_told)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, t1);
     th_sleep_ms(300);
-    CHECK_EQ(n.calls, 0); /* it could not know yet */
+    CHECK_EQ(th_lost_calls(&n), 0); /* it could not know yet */
     int64_t t0 = th_now_ms();
     th_gate_restore(&g);
     /* the C client retries its server about every second; then the
      * event or the look: TOLD_MS after it is back */
-    CHECK_EQ(wait_calls(&n, 1, 2000 + TOLD_MS), 1);
+    CHECK_EQ(th_lost_wait(&n, 1, 2000 + TOLD_MS), 1);
     CHECK_OP(n.at - t0, <, 2000 + TOLD_MS);
     CHECK_EQ(n.token, t1);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
@@ -1825,10 +1425,8 @@ TEST(a_deletion_while_reconnecting_is_still_told)
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_acquire(la, 5000));
     CHECK_OK(dlock_release(la));
-    dlock_close(la);
-    dlock_close(lb);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLOSE(la, lb);
+    TH_CLIENT_CLOSE(a, b);
     th_gate_stop(&g);
     th_zk_close(zh);
 }
@@ -1845,7 +1443,7 @@ TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
     /* names that escape: '/' and bytes above 0x7f sort as bytes */
     for (int i = 0; i < N; i++) {
         snprintf(name, sizeof(name), "lst/%c%02d", i % 2 ? '\xe9' : 'a', i);
-        ls[i] = handle(a, name, 0, 0);
+        ls[i] = th_handle(a, name, 0, 0, 0);
         CHECK_OK(dlock_acquire(ls[i], 0));
     }
     /* a free lock the store keeps (an empty lock node), and a node that
@@ -1918,7 +1516,7 @@ TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
     dlock_client *r = NULL;
     snprintf(u, sizeof(u), "%s/", base);
     if (dlock_client_open(&r, u, NULL) == DLOCK_OK) {
-        dlock *l = handle(r, "zookeeper", 0, 0);
+        dlock *l = th_handle(r, "zookeeper", 0, 0, 0);
         CHECK_OK(dlock_list(r, "zoo", NULL, 100, DLOCK_LIST_FREE, &p));
         CHECK_EQ(p.n, 0);
         dlock_list_clear(&p);
@@ -1933,8 +1531,7 @@ TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
         dlock_client_close(r);
     }
     free(cursor);
-    dlock_client_close(a);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, b);
     th_zk_close(zh);
 }
 
@@ -1945,9 +1542,9 @@ TEST(a_break_needs_the_right_to_delete)
     char ua[400], ub[400];
     snprintf(ua, sizeof(ua), "zk://alice:pw-a@%s/zkbrk-acl", srv.hosts);
     snprintf(ub, sizeof(ub), "zk://bob:pw-b@%s/zkbrk-acl", srv.hosts);
-    dlock_client *a = client_at(ua), *b = client_at(ub),
-                 *a2 = client_at(ua);
-    dlock *la = handle(a, "acl", 30000, 0);
+    dlock_client *a = th_client(ua, NULL), *b = th_client(ub, NULL),
+                 *a2 = th_client(ua, NULL);
+    dlock *la = th_handle(a, "acl", 30000, 0, 0);
     dlock_list_page p;
 
     CHECK_OK(dlock_acquire(la, 0));
@@ -1960,9 +1557,7 @@ TEST(a_break_needs_the_right_to_delete)
     CHECK_OK(dlock_break(a2, "acl", NULL));
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
-    dlock_client_close(a);
-    dlock_client_close(a2);
-    dlock_client_close(b);
+    TH_CLIENT_CLOSE(a, a2, b);
 }
 
 static const th_test tests[] = {
@@ -1983,9 +1578,6 @@ static const th_test tests[] = {
     T(server_frozen_then_thawed),
     T(ensemble_keeps_holds_through_a_leader_change_not_a_lost_majority),
     T(a_broken_holder_is_told_by_its_nodes_watch),
-    T(a_break_takes_every_reader_and_every_permit),
-    T(a_break_racing_a_hand_off_leaves_no_false_holder),
-    T(a_frozen_holder_that_was_broken_learns_it_when_thawed),
     T(a_deletion_while_reconnecting_is_still_told),
     T(list_pages_by_escaped_names_and_keeps_to_the_store),
     T(a_break_needs_the_right_to_delete),
