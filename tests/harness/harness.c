@@ -190,6 +190,17 @@ int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms)
     return 1;
 }
 
+void th_acquire_busy(dlock *l, int64_t ms)
+{
+    int rc = DLOCK_ECONN;
+
+    for (int i = 0; i < 4 && rc == DLOCK_ECONN; i++, ms *= 4)
+        rc = dlock_acquire(l, ms);
+    if (rc != DLOCK_EBUSY)
+        th_fail(__FILE__, __LINE__, "dlock_acquire() returned %s, not "
+                "DLOCK_EBUSY: %s", dlock_errname(rc), dlock_errmsg());
+}
+
 FILE *th_fopen_w(const char *path)
 {
     FILE *f = fopen(path, "w");

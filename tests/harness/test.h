@@ -132,6 +132,13 @@ void th_wait_waiters(dlock_client *c, const char *name, int64_t n);
 /* Waits (at most ms) until `name` has at least n waiters: 1; 0 at once
  * when the store cannot tell (waiters -1); fails the test when ms pass. */
 int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms);
+/* dlock_acquire(l, ms) on a lock the test holds elsewhere, failing the
+ * test unless it ends DLOCK_EBUSY. A short wait whose store gave no
+ * answer in time (DLOCK_ECONN: a busy machine, an ASan build) never saw
+ * the lock held, so it is tried again with four times the wait, at most
+ * four tries: what the caller checks is that the wait saw the lock held
+ * and gave up, not how fast the store answers. */
+void th_acquire_busy(dlock *l, int64_t ms);
 
 /* Closes handles (TH_CLOSE(la, lb)) or clients (TH_CLIENT_CLOSE(a, b)),
  * in the order given: dlock_close() or dlock_client_close() each. */
