@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_etcd.c -- what the etcd store (src/stores/etcd/: etcd.c,
- * etcd_gateway.c, etcd_watch.c) does with URIs, lock names and the JSON
+ * etcd_conn.c, etcd_wait.c) does with URIs, lock names and the JSON
  * gateway's answers (cJSON trees).
  *
  * Input: field 1 a store URI (etcd:// or etcds://: parse_config, options
@@ -23,9 +23,9 @@
 #include "fuzz.h"
 
 #include "../src/stores/etcd/etcd.c"
-#include "../src/stores/etcd/etcd_gateway.c"
+#include "../src/stores/etcd/etcd_conn.c"
 #include "../src/stores/etcd/etcd_lease.c"
-#include "../src/stores/etcd/etcd_watch.c"
+#include "../src/stores/etcd/etcd_wait.c"
 #include "../src/stores/etcd/etcd_operate.c"
 
 #include "uri.h" /* the core's parser: the fuzz target parses URIs */

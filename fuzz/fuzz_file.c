@@ -20,7 +20,7 @@
 #include "fuzz.h"
 
 #include "../src/stores/file/file.c"
-#include "../src/stores/file/file_list.c"
+#include "../src/stores/file/file_operate.c"
 
 static file_store store = {.dir = NULL, .dirfd = -1, .epfd = -1};
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_redis.c -- what the Redis store (src/stores/redis/redis.c,
- * redis_rw.c and redis_shared.c) does with URIs, lock names and the
+ * redis_rw.c and redis_common.c) does with URIs, lock names and the
  * server's replies.
  * RESP itself is parsed by hiredis: the fuzzer's bytes go through
  * hiredis' redisReader to make real redisReply trees, which are then
@@ -23,7 +23,7 @@
  * and a host that fits, and the generation grows by at most one per
  * message. Every reply is also read as a Redis Cluster's CLUSTER SLOTS
  * answer (redis_cluster.c: a map names only nodes it added, in range)
- * and fed to the cluster subscribers' handler (redis_sub.c); field 4 as
+ * and fed to the cluster subscribers' handler (redis_wait.c); field 4 as
  * a MOVED answer (a slot in range, a node added); the slot of a lock's
  * keys is its name's (one slot per lock). Field 4 is also read as a dlock_list() cursor (one server's
  * SCAN cursor, and Redlock's one field per node), and field 3 as a name
@@ -48,10 +48,10 @@
 #include "../src/stores/redis/redis_scripts.c"
 #include "../src/stores/redis/redis_rw_scripts.c"
 #include "../src/stores/redis/redis_conn.c"
-#include "../src/stores/redis/redis_shared.c"
+#include "../src/stores/redis/redis_common.c"
 #include "../src/stores/redis/redis_operate.c"
 #include "../src/stores/redis/sentinel/redis_sentinel.c"
-#include "../src/stores/redis/redis_sub.c"
+#include "../src/stores/redis/redis_wait.c"
 #include "../src/stores/redis/cluster/redis_cluster.c"
 
 #include "uri.h" /* the core's parser: the fuzz target parses URIs */

@@ -223,7 +223,7 @@ for name, resp in [("m", MOVES[0] + MOVES[1]), ("m", MOVES[2] + MOVES[3]),
     put("redis", fields("redis-sentinel://s:26379/m", name, "", "") + b"\0" +
         bytes([0]) + resp)
 
-# a Redis Cluster (redis_cluster.c, redis_sub.c): CLUSTER SLOTS answers,
+# a Redis Cluster (redis_cluster.c, redis_wait.c): CLUSTER SLOTS answers,
 # a MOVED answer in field 4, the subscribers' sharded replies
 SLOTS = [
     arr(arr(num(0), num(5460), arr(bulk("127.0.0.1"), num(7000),

@@ -983,7 +983,7 @@ TEST(an_advisory_head_that_gives_up_leaves_nothing)
     th_sleep_ms(1500); /* idle extra sessions of the clients closed */
     long long held = adv_granted(), n0 = sessions();
     CHECK_EQ(held, 12); /* three holders: a slot, two family keys and the
-                          * witness (pg.h, ADV_W) each */
+                          * witness (pg_int.h, ADV_W) each */
     int64_t t0 = th_now_ms();
     CHECK_RC(dlock_acquire(ph, 600), DLOCK_EBUSY);
     /* at its deadline (the server's lock_timeout), not later: 1 s of

@@ -32,15 +32,15 @@
  *    deleted by the background thread: no later acquisition of the same key
  *    can be deleted by mistake.
  *
- * The store's files (etcd.h is what they share): etcd.c, this one, the
+ * The store's files (etcd_int.h is what they share): etcd.c, this one, the
  * lock protocol above (the keys, acquire, release, extend, inspect, open
- * and close: the backend's slots); etcd_gateway.c, the HTTP/JSON client
+ * and close: the backend's slots); etcd_conn.c, the HTTP/JSON client
  * of the v3 gateway (every request is an idempotent POST with a deadline,
- * retried on the next endpoint); etcd_watch.c, the watch stream, read by
+ * retried on the next endpoint); etcd_wait.c, the watch stream, read by
  * the client thread, which wakes the waiters a deletion concerns (one
  * thread hop); etcd_lease.c, the leases and the background thread.
  */
-#include "etcd.h"
+#include "etcd_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * etcd_lease.c -- the etcd store's leases (etcd.c is the lock protocol,
- * etcd.h what the files share): one lease per client and distinct TTL
+ * etcd_int.h what the files share): one lease per client and distinct TTL
  * (a DLOCK_NO_RENEW acquisition's own), granted, kept alive, revoked; and
  * the client's background thread, which keeps them alive every TTL/3,
  * tells the core of a lease lost, deletes the keys whose delete failed
  * and revokes leases no longer used. The watch stream it also reads is
- * etcd_watch.c's; what it does for the keys we hold, etcd_operate.c's.
+ * etcd_wait.c's; what it does for the keys we hold, etcd_operate.c's.
  */
-#include "etcd.h"
+#include "etcd_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

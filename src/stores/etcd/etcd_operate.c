@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * etcd_operate.c -- the etcd store seen by an operator (etcd.c is the lock
- * protocol, etcd.h what the files share): inspect, list and break, and
+ * protocol, etcd_int.h what the files share): inspect, list and break, and
  * our holds' keys watched for their deletion on the client's stream.
  *
  * Inspect: one range read of the lock's keys sorted by create revision
@@ -44,7 +44,7 @@
  * dlock_extend() compares its key's create revision (etcd.c): a hold
  * whose key went is told there too.
  */
-#include "etcd.h"
+#include "etcd_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>

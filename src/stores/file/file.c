@@ -68,9 +68,9 @@
  *
  * Shared holds: a read lock on MAIN, through a gate byte that a waiting
  * writer holds (dlock__file_take(), file_wait.c); semaphores: permit bytes
- * (file_sem.c). docs/design.md, "Shared holds and permits".
+ * (file_rw.c). docs/design.md, "Shared holds and permits".
  */
-#include "file.h"
+#include "file_int.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -13,7 +13,7 @@
  * SQLite store's files follow the same rules through the first section's
  * two functions (host functions: sqlite.so calls them).
  */
-#include "file.h"
+#include "file_int.h"
 
 #include <errno.h>
 #include <grp.h>

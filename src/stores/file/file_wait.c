@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * file_wait.c -- the file store's waits (file.c is the store; file.h what
+ * file_wait.c -- the file store's waits (file.c is the store; file_int.h what
  * they share). Nothing here polls: a waiter sleeps until the kernel wakes
  * it (a lock freed, a socket closed or written to) or its deadline.
  *
@@ -28,7 +28,7 @@
  * byte t in the kernel. The channels only make waking faster: the ticket
  * bytes and MAIN decide everything.
  */
-#include "file.h"
+#include "file_int.h"
 
 #include "hex.h"
 

@@ -10,9 +10,9 @@
  * keywords, open and close, the client thread's loop, and two helpers
  * of the modes' slots. The connections, their statements and the
  * notifications are in pg_conn.c, the SQL texts in pg_sql.c and the
- * schema in pg_schema.c (pg.h).
+ * schema in pg_schema.c (pg_int.h).
  */
-#include "pg.h"
+#include "pg_int.h"
 
 #include "opt.h"
 

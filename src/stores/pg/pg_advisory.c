@@ -2,7 +2,7 @@
 /*
  * pg_advisory.c -- the PostgreSQL store's advisory mode: the backend's
  * slots and its struct, and dlock__pg_select(), which picks it for a URI
- * (pg.c opens and closes the store for both modes; pg.h).
+ * (pg.c opens and closes the store for both modes; pg_int.h).
  *
  * Advisory mode (?mode=advisory): PostgreSQL's session-level advisory
  * locks. The key of lock NAME is the first 64 bits of md5(NAME). Each hold
@@ -16,10 +16,10 @@
  * (pg_advisory_lock_shared): its lock manager queues a shared request
  * behind a waiting exclusive one and wakes every compatible waiter at the
  * head of the queue on a release, so readers do not starve writers.
- * Semaphores are in pg_adv_sem.c; a lock's take first looks whether a
+ * Semaphores are in pg_advisory_rw.c; a lock's take first looks whether a
  * semaphore holds the name (its family key held shared).
  */
-#include "pg.h"
+#include "pg_int.h"
 
 #include "hex.h"
 
@@ -178,7 +178,7 @@ static int adv_acquire(void *st, dlock__lease *l, int64_t op_deadline)
             if (sql)
                 /* the session says who waits ("dlock 0 DESC": no token
                  * yet); a wait that times out rolls the name back. The
-                 * witness key (pg.h, ADV_W) once the lock is granted: a
+                 * witness key (pg_int.h, ADV_W) once the lock is granted: a
                  * wait that times out leaves none behind */
                 snprintf(sql, cap,
                          "SET LOCAL lock_timeout = %lld; "
@@ -467,7 +467,7 @@ static int adv_list(void *st, const char *prefix, size_t plen,
  *  2. the look of dlock_inspect() (the lock's key, a semaphore's family
  *     key and gate); the holders of the lock's key or of the family key
  *     are the victims if each is proven a dlock holder of the name: its
- *     session holds the name's witness key for its own pid (pg.h,
+ *     session holds the name's witness key for its own pid (pg_int.h,
  *     ADV_W), its application_name is dlock's, and its role may draw
  *     tokens from the sequence (so may write dlock's state, and could
  *     break the lock anyway). A holder that is not proven ends nothing:

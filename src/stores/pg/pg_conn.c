@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * pg_conn.c -- the PostgreSQL store's connections (pg.c is the store,
- * pg.h what they share): the pool, non-blocking libpq I/O, statements
+ * pg_int.h what they share): the pool, non-blocking libpq I/O, statements
  * run with the caller's deadline, error codes, and the notifications
  * (table mode) that the command connection LISTENs for.
  *
@@ -14,7 +14,7 @@
  * Statements are prepared once per connection, unless a pooler that may
  * not keep them sits in front (?pooler=, detected at open).
  */
-#include "pg.h"
+#include "pg_int.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pg_schema.c -- the PostgreSQL store's schema (pg.h says what its files
+ * pg_schema.c -- the PostgreSQL store's schema (pg_int.h says what its files
  * share): the table mode's lock table, queue and functions, created or
  * upgraded at open when missing, the look at open that tells whether a
  * pooler sits in front, and T_break added to an earlier dlock's table.
  */
-#include "pg.h"
+#include "pg_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

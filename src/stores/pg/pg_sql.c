@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pg_sql.c -- the PostgreSQL store's SQL (pg.c is the store, pg.h what
+ * pg_sql.c -- the PostgreSQL store's SQL (pg.c is the store, pg_int.h what
  * they share): quoted names and the texts of its statements in both
  * modes (the table mode's schema is in pg_schema.c).
  */
-#include "pg.h"
+#include "pg_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -409,7 +409,7 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
         /* advisory: $1 name [, $2 holder]; exclusive and shared (read). A
          * name that a semaphore holds (its family key held) is not taken: the
          * third column is that semaphore's N (0: not known) */
-/* the witness key first (pg.h, ADV_W: a break that looks at this moment
+/* the witness key first (pg_int.h, ADV_W: a break that looks at this moment
  * sees the name's key only with it), let go of when the try fails */
 #define ADV_TRY(fn)                                                         \
     "WITH w AS (SELECT pg_try_advisory_lock(" ADV_W_OWN("$1") ") AS w), "   \
@@ -418,8 +418,8 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
     "pg_advisory_unlock(" ADV_W_OWN("$1") ") END AS u FROM l) SELECT t, "   \
     "CASE WHEN t IS NOT NULL THEN set_config('application_name', 'dlock ' " \
     "|| t || ' ' || $2, false) END FROM n"
-/* a release takes the name's break key shared first (pg.h, ADV_B), lets
- * go of the name's key, then of the witness (pg.h, ADV_W; held unless an
+/* a release takes the name's break key shared first (pg_int.h, ADV_B), lets
+ * go of the name's key, then of the witness (pg_int.h, ADV_W; held unless an
  * intruder held it first, which the unlock then only warns about) */
 #define ADV_UNLOCK(fn)                                                      \
     "SELECT u, c FROM (SELECT pg_advisory_xact_lock_shared(" ADV_B("$1")    \

@@ -2,7 +2,7 @@
 /*
  * pg_table.c -- the PostgreSQL store's table mode (the default): the
  * backend's slots and its struct, dlock__backend_pg (pg.c opens and
- * closes the store for both modes; pg.h).
+ * closes the store for both modes; pg_int.h).
  *
  * Table mode: the seeds' lock table.
  *  - One row per lock name in table T (default dlock_locks): owner, holder
@@ -40,7 +40,7 @@
  *    permit freed; a reader's release beside other readers is one UPDATE
  *    (S_RELEASE_READ).
  */
-#include "pg.h"
+#include "pg_int.h"
 
 #include "cursor.h"
 #include "hex.h"

@@ -7,7 +7,7 @@
 #include "store.h"
 
 /* redis.c's and redlock.c's tables (their headers, redis_int.h and
- * redlock.h, cannot both be included: the scripts' names clash) */
+ * redlock_int.h, cannot both be included: the scripts' names clash) */
 extern const dlock__backend dlock__backend_redis;
 extern const dlock__backend dlock__backend_redlock;
 

@@ -6,7 +6,7 @@
  * A hand-over's message ("g SEQ TOKEN" on the client's channel) can be
  * sent by anyone allowed to PUBLISH there, and such a user may read the
  * key too, which names every waiter; so a message is only a wake-up
- * (redis_sub.c), and the waiter's next try looks at the key. While a read
+ * (redis_wait.c), and the waiter's next try looks at the key. While a read
  * can say everything, that look is GET and PTTL of the key (and TIME, for
  * a read hold or a permit, whose lines carry their own ends on the
  * server's clock), in one write: the lock is ours when the key names this

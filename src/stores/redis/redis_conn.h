@@ -27,7 +27,7 @@
 #define DLOCK_REDIS_CONN_H
 
 #include "redis_sentinel.h"
-#include "redis_shared.h"
+#include "redis_common.h"
 
 typedef struct dlock__rconn dlock__rconn;
 

@@ -55,7 +55,7 @@ typedef struct redis_store {
      * connection per node (conn is NULL); the scripts with SPUBLISH;
      * one subscriber connection per node (in epfd, the loop_fd), each
      * lock's channel P{NAME}c:CLIENTID subscribed while this client's
-     * waiters wait for it (redis_sub.c) */
+     * waiters wait for it (redis_wait.c) */
     dlock__rcluster *cluster;
     char *cscripts[NSCRIPTS];
     struct csub *csubs;
@@ -139,7 +139,7 @@ static inline size_t queue_line(const dlock__lease *l, char *out, size_t cap,
 /* Runs cmds[0..n) on the server that holds `key`: the one server, or on
  * a cluster the primary of the key's slot (redirections followed). As
  * dlock__rconn_run(). A map that moved meanwhile is acted on (every hold
- * checked at once, redis_sub.c). */
+ * checked at once, redis_wait.c). */
 int dlock__redis_run(redis_store *rs, const char *key, size_t kl,
                      rcmd *cmds, int n, redisReply **replies,
                      int64_t deadline);
@@ -150,7 +150,7 @@ int dlock__redis_run(redis_store *rs, const char *key, size_t kl,
 int dlock__redis_ask(redis_store *rs, const char *key, size_t kl, rcmd *c,
                      const char *name, redisReply **r, int64_t deadline);
 
-/* redis_sub.c: the client's loop, arm and disarm (backend slots), whether
+/* redis_wait.c: the client's loop, arm and disarm (backend slots), whether
  * a waiter of this client can be handed lease l's lock now (the channel
  * it would hear it on is subscribed), and the subscribers' end. */
 int dlock__redis_loop_fd(void *st);

@@ -14,7 +14,7 @@
  * back (`save`). The exclusive scripts send a key in these forms here.
  */
 #include "redis_scripts.h"
-#include "redis_shared.h"
+#include "redis_common.h"
 
 /* The library. State `st`: f = 'F' (free; tok the tombstone's token or
  * nil), 'W' (a writer: o its owner, rec its record), 'S' (readers) or 'N'

@@ -6,7 +6,7 @@
  * (Redis)".
  */
 #include "redis_scripts.h"
-#include "redis_shared.h"
+#include "redis_common.h"
 
 
 #define LUA_FOREIGN                                                           \

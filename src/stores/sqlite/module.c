@@ -4,6 +4,6 @@
  * looks up after loading it (src/core/registry.c). Only in the module: a
  * build with the store built in does not compile this file.
  */
-#include "sqlite.h"
+#include "sqlite_int.h"
 
 DLOCK__MODULE(&dlock__backend_sqlite);

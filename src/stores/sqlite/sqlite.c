@@ -39,7 +39,7 @@
  *    acquisition opens the sidecar once more: OFD locks belong to an open
  *    file, so that two threads of one process exclude each other.
  */
-#include "sqlite.h"
+#include "sqlite_int.h"
 #include "kwait.h"
 #include "perm.h"
 #include "opt.h"
@@ -270,7 +270,7 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
         sq_close(ss);
         return rc;
     }
-    /* the sidecar and the channels' directory (sqlite_files.c) */
+    /* the sidecar and the channels' directory (sqlite_perm.c) */
     if ((rc = dlock__sq_side_open(ss, u->path)) != DLOCK_OK) {
         sq_close(ss);
         return rc;

@@ -5,7 +5,7 @@
  * (sqlite_wait.c) between its tries (docs/design.md, "SQLite: waking
  * waiters").
  */
-#include "sqlite.h"
+#include "sqlite_int.h"
 
 #include <errno.h>
 #include <limits.h>

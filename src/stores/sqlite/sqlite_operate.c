@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sqlite_operate.c -- an operator's view of the SQLite store (sqlite.h):
+ * sqlite_operate.c -- an operator's view of the SQLite store (sqlite_int.h):
  * dlock_list() and dlock_break() (docs/design.md, "Operating: listing and
  * breaking locks" and its "Breaking on SQLite"; docs/monitoring.md).
  *
@@ -20,7 +20,7 @@
  *    release would have: the lowest ticket's (a holder without a ticket,
  *    readers, permits), or the successor's of the evicted ticket.
  */
-#include "sqlite.h"
+#include "sqlite_int.h"
 
 #include "cursor.h"
 #include "hex.h"

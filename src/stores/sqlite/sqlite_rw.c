@@ -24,7 +24,7 @@
  * entries drop the ended ones (a dead holder's). Each change is one
  * statement. Who tries when is sqlite.c's and sqlite_wait.c's part.
  */
-#include "sqlite.h"
+#include "sqlite_int.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -21,7 +21,7 @@
  * wait this file reuses. Every wait here ends by its deadline or a
  * cancel, whatever another process holds on the sidecar.
  */
-#include "sqlite.h"
+#include "sqlite_int.h"
 #include "chan.h"
 #include "kwait.h"
 

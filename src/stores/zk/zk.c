@@ -39,12 +39,12 @@
  *    (zk_operate.c).
  *
  * Files: this one has the backend's slots, the background thread, open
- * and close; zk_session.c the calls and sessions; zk_queue.c the lock
+ * and close; zk_conn.c the calls and sessions; zk_queue.c the lock
  * nodes, the queue and its watches, and the orphans; zk_operate.c
- * inspect, list, break and the watch on our own nodes; zk.h what they
+ * inspect, list, break and the watch on our own nodes; zk_int.h what they
  * share.
  */
-#include "zk.h"
+#include "zk_int.h"
 
 static int zk_acquire(void *st, dlock__lease *l, int64_t op_deadline)
 {

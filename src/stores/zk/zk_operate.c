@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * zk_operate.c -- the ZooKeeper store seen by an operator (zk.c has the
- * recipe, zk.h what the files share): inspect, list and break, and the
+ * recipe, zk_int.h what the files share): inspect, list and break, and the
  * watch each of our lock nodes keeps on itself.
  *
  * Inspect: the lock node's children, then every child's data at once;
@@ -37,7 +37,7 @@
  * whose node went meanwhile); we also look at every node of a session
  * that reconnected, so a deletion while disconnected is never missed.
  */
-#include "zk.h"
+#include "zk_int.h"
 
 #include "hex.h"
 

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * zk_queue.c -- the ZooKeeper store's queue (zk.c has the recipe, zk.h
+ * zk_queue.c -- the ZooKeeper store's queue (zk.c has the recipe, zk_int.h
  * what the files share): a lock's node path (escaped name under the
  * chroot) and its parents, the EPHEMERAL_SEQUENTIAL children in queue
  * order, one acquisition attempt (create our node, or find it by its
  * nonce after a lost answer; hold when first, else watch the immediate
  * predecessor), and orphans: nodes to delete once their session answers.
  */
-#include "zk.h"
+#include "zk_int.h"
 
 /* ------------------------------------------------------------------------ */
 /* Paths                                                                    */

@@ -3,7 +3,7 @@
  * redlock.c -- Redlock (redlock://): one lock over N independent Redis
  * masters, held while a majority (quorum Q = N/2 + 1) of them hold it.
  *
- * Each node keeps the lock exactly as redis.c lays it out (redis_shared.h):
+ * Each node keeps the lock exactly as redis.c lays it out (redis_common.h):
  * the lock key with the lease as its PEXPIRE, a fencing counter, a release
  * channel. Every operation asks all N nodes at once over non-blocking
  * connections and polls their sockets together; it ends as soon as its
@@ -57,12 +57,12 @@
  * waiters; use redis://, zk:// or etcd://).
  *
  * Files: this one has the protocol (the scripts; acquire, release, extend
- * and inspect; the backend table); redlock_node.c the command connections
- * and rounds; redlock_sub.c the release channels and subscriber
- * connections; redlock_open.c the options, open and close; redlock.h what
+ * and inspect; the backend table); redlock_conn.c the command connections
+ * and rounds; redlock_wait.c the release channels and subscriber
+ * connections; redlock_open.c the options, open and close; redlock_int.h what
  * they share.
  */
-#include "redlock.h"
+#include "redlock_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -70,7 +70,7 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
-/* Scripts (their S_ indexes: redlock.h)                                    */
+/* Scripts (their S_ indexes: redlock_int.h)                                    */
 /* ------------------------------------------------------------------------ */
 
 /* KEYS: lock, fence. ARGV: "owner ", ttl, desc.

@@ -5,7 +5,7 @@
  * connected at once, logins and script loads pipelined; a quorum must
  * answer within the client's timeout) and its close.
  */
-#include "redlock.h"
+#include "redlock_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -46,7 +46,7 @@
  * node, exactly one of them reaches a quorum (release) or more than N - Q
  * (break).
  */
-#include "redlock.h"
+#include "redlock_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>

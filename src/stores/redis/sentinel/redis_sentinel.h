@@ -17,7 +17,7 @@
 #ifndef DLOCK_REDIS_SENTINEL_H
 #define DLOCK_REDIS_SENTINEL_H
 
-#include "redis_shared.h"
+#include "redis_common.h"
 #include "store.h"
 
 typedef struct dlock__rtopo dlock__rtopo;

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redis_shared.c -- helpers shared by the Redis stores (redis_shared.h).
+ * redis_common.c -- helpers shared by the Redis stores (redis_common.h).
  */
-#include "redis_shared.h"
+#include "redis_common.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * zk_session.c -- the ZooKeeper store's calls and sessions (zk.c has the
- * recipe, zk.h what the files share). Every call is asynchronous and
+ * zk_conn.c -- the ZooKeeper store's calls and sessions (zk.c has the
+ * recipe, zk_int.h what the files share). Every call is asynchronous and
  * waited for with a deadline; an answer that comes after its caller gave
  * up frees itself. Sessions: one per distinct ttl (its timeout), their
  * events (connected, disconnected, expired, auth failed) marked on the C
  * client's completion thread; a connection down for a third of the
  * session timeout declares the session's holds lost.
  */
-#include "zk.h"
+#include "zk_int.h"
 
 /* ------------------------------------------------------------------------ */
 /* Asynchronous calls with a deadline                                       */

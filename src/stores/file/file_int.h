@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * file.h -- what the file store's parts share: file.c, the store (names,
+ * file_int.h -- what the file store's parts share: file.c, the store (names,
  * files, holder records, the backend's slots); file_wait.c, its waits (in
- * the kernel, and the fair queue's wake-up channels); file_sem.c, its
- * semaphores and the background thread; file_list.c, dlock_list(); and
+ * the kernel, and the fair queue's wake-up channels); file_rw.c, its
+ * semaphores and the background thread; file_operate.c, dlock_list(); and
  * file_perm.c, who may open the store's files. The file's layout and the
  * locks on it are described in file.c.
  */
-#ifndef DLOCK_FILE_H
-#define DLOCK_FILE_H
+#ifndef DLOCK_FILE_INT_H
+#define DLOCK_FILE_INT_H
 
 #include "chan.h"
 #include "kwait.h"
@@ -193,7 +193,7 @@ int dlock__file_fair_wait(const lock_file *f, off_t ticket, int64_t deadline,
 int dlock__file_chan_listen(const lock_file *f, off_t byte);
 int dlock__file_chan_connect(const lock_file *f, off_t byte);
 
-/* --- file_sem.c ---------------------------------------------------------- */
+/* --- file_rw.c ---------------------------------------------------------- */
 
 /* A semaphore's permit (l->kind DLOCK__PERMIT) on the open lock file
  * fl->fd (f: its identity and salt): one try when `once`, else waits in
@@ -250,7 +250,7 @@ int dlock__file_open_wake_dir(file_store *fs);
  * store"); *out its descriptor. */
 int dlock__file_open_private(const char *path, int *out);
 
-/* file_list.c: the list slot */
+/* file_operate.c: the list slot */
 dlock__list_slot dlock__file_list;
 
 
@@ -258,4 +258,4 @@ dlock__list_slot dlock__file_list;
  * the store built in, by the core's registry. */
 extern const dlock__backend dlock__backend_file;
 
-#endif /* DLOCK_FILE_H */
+#endif /* DLOCK_FILE_INT_H */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redis_shared.h -- what the two Redis stores share: redis.c (one server)
+ * redis_common.h -- what the two Redis stores share: redis.c (one server)
  * and redlock.c (a quorum of independent masters).
  *
  * Both lay out a lock's keys the same way (see redis.c), so that a lock
@@ -11,8 +11,8 @@
  *   P{NAME}:f    the node's fencing counter (never expires)
  *   P{NAME}:w:DB the release channel
  */
-#ifndef DLOCK_REDIS_SHARED_H
-#define DLOCK_REDIS_SHARED_H
+#ifndef DLOCK_REDIS_COMMON_H
+#define DLOCK_REDIS_COMMON_H
 
 #include "store.h"
 #include "redis_io.h"
@@ -245,4 +245,4 @@ void dlock__redis_config_free(dlock__redis_config *cfg);
 int dlock__redis_append_login(redisContext *ctx,
                               const dlock__redis_config *cfg);
 
-#endif /* DLOCK_REDIS_SHARED_H */
+#endif /* DLOCK_REDIS_COMMON_H */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * etcd_gateway.c -- the etcd store's HTTP/JSON client of etcd's v3
- * gateway (etcd.c is the lock protocol, etcd.h what the files share):
+ * etcd_conn.c -- the etcd store's HTTP/JSON client of etcd's v3
+ * gateway (etcd.c is the lock protocol, etcd_int.h what the files share):
  * base64 of keys and values, the pool of libcurl easy handles (each
  * with its answer's buffer), one POST with its deadline, a request that
  * goes round the endpoints (TLS failures, "unavailable", a new auth token
@@ -14,7 +14,7 @@
  * goes to the next endpoint while time is left; every request dlock sends
  * is idempotent, so a retry is safe.
  */
-#include "etcd.h"
+#include "etcd_int.h"
 
 #include "opt.h"
 

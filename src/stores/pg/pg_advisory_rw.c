@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pg_adv_sem.c -- the PostgreSQL store's semaphores in advisory mode
- * (pg_advisory.c is the mode's backend; pg.h what the files share).
+ * pg_advisory_rw.c -- the PostgreSQL store's semaphores in advisory mode
+ * (pg_advisory.c is the mode's backend; pg_int.h what the files share).
  *
  * A semaphore of N is N slot keys; a permit is one slot key held on the
  * hold's session, with the name's family keys held shared (they keep N
@@ -15,7 +15,7 @@
  * to the head's session waiting on it. docs/design.md, "PostgreSQL
  * advisory mode semaphores", has the keys and the failure cases.
  */
-#include "pg.h"
+#include "pg_int.h"
 
 #include "hex.h"
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sqlite.h -- what the SQLite store's parts share: sqlite.c, the store
+ * sqlite_int.h -- what the SQLite store's parts share: sqlite.c, the store
  * (the lock table, its statements, the backend's slots); sqlite_acquire.c,
- * an acquisition's statements and queue; sqlite_files.c, the sidecar and
+ * an acquisition's statements and queue; sqlite_perm.c, the sidecar and
  * the channels' directory (creation, modes, ?group=); sqlite_rw.c, its
  * shared holds and semaphores (their statements, the table's columns for
  * them); sqlite_operate.c, dlock_list() and dlock_break(); and
@@ -10,8 +10,8 @@
  * `<db>-dlock` (docs/design.md, "SQLite: waking waiters" and "Shared
  * holds and permits").
  */
-#ifndef DLOCK_SQLITE_H
-#define DLOCK_SQLITE_H
+#ifndef DLOCK_SQLITE_INT_H
+#define DLOCK_SQLITE_INT_H
 
 #include "store.h"
 
@@ -67,7 +67,7 @@ typedef struct sq_chans {
  * a break may have evicted the predecessor, look at the row). */
 enum { SQW_TIMEOUT, SQW_HANDED, SQW_LEFT, SQW_RUNG };
 
-/* Opens the sidecar at `path` (sqlite_files.c; no symbolic link; a
+/* Opens the sidecar at `path` (sqlite_perm.c; no symbolic link; a
  * regular file), creating it with `mode` (0600, or 0660 and group `gid`;
  * gid -1: none).
  * One of ours is given exactly that mode and group (tightened when an
@@ -280,7 +280,7 @@ void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
 /* The backend's acquire slot. */
 int dlock__sq_acquire(void *st, dlock__lease *l, int64_t op_deadline);
 
-/* --- the files beside the database (sqlite_files.c) ----------------------- */
+/* --- the files beside the database (sqlite_perm.c) ----------------------- */
 
 /* A failed system call on the sidecar (or its channels' directory): the
  * DLOCK_* code, with its message. */
@@ -356,4 +356,4 @@ void dlock__sq_inspect_shared(sqlite3_stmt *s, dlock_info *out);
  * the store built in, by the core's registry. */
 extern const dlock__backend dlock__backend_sqlite;
 
-#endif /* DLOCK_SQLITE_H */
+#endif /* DLOCK_SQLITE_INT_H */

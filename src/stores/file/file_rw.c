@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * file_sem.c -- the file store's counting semaphores (docs/design.md,
+ * file_rw.c -- the file store's counting semaphores (docs/design.md,
  * "Shared holds and permits", the file store's semaphore paragraph).
  *
  * Permit i is a write lock on byte PERMIT_BASE + i of the name's lock
@@ -11,7 +11,7 @@
  * holder's channel and sleeps in poll(): any release or death resets a
  * connection and wakes it. Nothing polls.
  */
-#include "file.h"
+#include "file_int.h"
 
 #include <errno.h>
 #include <limits.h>

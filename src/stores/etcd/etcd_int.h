@@ -1,19 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * etcd.h -- what the etcd store's five files share: etcd.c, the lock
+ * etcd_int.h -- what the etcd store's five files share: etcd.c, the lock
  * protocol (the keys of a lock, acquire, release, extend, open and close:
  * the backend's slots); etcd_operate.c, an operator's view (inspect, list,
  * break) and the holds' keys watched for their deletion by the stream;
- * etcd_gateway.c, the HTTP/JSON client of etcd's v3 gateway over libcurl
+ * etcd_conn.c, the HTTP/JSON client of etcd's v3 gateway over libcurl
  * (requests with their retries across the endpoints, TLS, auth, base64,
- * the URI's options); etcd_watch.c, the client's watch stream and the
+ * the URI's options); etcd_wait.c, the client's watch stream and the
  * waiters it wakes; and etcd_lease.c, the leases and the background
  * thread that keeps them alive, deletes left-over keys and revokes unused
  * leases. The limits, the structs, the small readers of cJSON answers,
  * and each file's functions that the others call.
  */
-#ifndef DLOCK_ETCD_H
-#define DLOCK_ETCD_H
+#ifndef DLOCK_ETCD_INT_H
+#define DLOCK_ETCD_INT_H
 
 #include "buf.h"
 #include "store.h"
@@ -46,7 +46,7 @@
 
 struct etcd_store;
 
-/* A waiter of this client (see "The watch stream" in etcd_watch.c). */
+/* A waiter of this client (see "The watch stream" in etcd_wait.c). */
 typedef struct etcd_del {
     int64_t rev;
     char *key; /* base64 */
@@ -266,7 +266,7 @@ size_t dlock__etcd_lock_base(const etcd_store *es, const char *name,
 /* Drops the reservation of `key`; es->mu held. */
 void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len);
 
-/* etcd_gateway.c: base64 and buffers */
+/* etcd_conn.c: base64 and buffers */
 
 /* Base64 (with padding) of n bytes into out (cap >= 4*ceil(n/3)+1). */
 size_t dlock__etcd_b64_encode(const char *in, size_t n, char *out);
@@ -278,7 +278,7 @@ long dlock__etcd_b64_decode(const char *in, char *out, size_t cap);
 /* The range end of a base that ends with '/': the same with '0'. */
 void dlock__etcd_range_end_b64(const char *base, size_t len, char *out);
 
-/* etcd_gateway.c: requests */
+/* etcd_conn.c: requests */
 
 /* An easy handle from the pool (a new one when it is empty), or NULL. */
 etcd_conn *dlock__etcd_conn_get(etcd_store *es);
@@ -348,7 +348,7 @@ void dlock__etcd_loop_run(void *st, int readable);
 int dlock__etcd_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
                             int64_t op_deadline);
 
-/* etcd_watch.c: the watch stream */
+/* etcd_wait.c: the watch stream */
 
 /* Makes sure the stream is up, opening it if need be (any endpoint, by
  * the deadline). DLOCK_OK with *gen its generation, or DLOCK_ECONN. */
@@ -358,7 +358,7 @@ int dlock__etcd_stream_up(etcd_store *es, int64_t deadline, uint64_t *gen);
  * without waiters or holds. */
 void dlock__etcd_stream_loop(etcd_store *es);
 
-/* etcd_watch.c: waiters */
+/* etcd_wait.c: waiters */
 
 /* Registers w (pending: deletions are logged until
  * dlock__etcd_waiter_fill()); es->mu held. */
@@ -428,4 +428,4 @@ dlock__evict_slot dlock__etcd_evict;
  * the store built in, by the core's registry. */
 extern const dlock__backend dlock__backend_etcd;
 
-#endif /* DLOCK_ETCD_H */
+#endif /* DLOCK_ETCD_INT_H */

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redlock_sub.c -- Redlock's release notifications (redlock.c has the
- * protocol, redlock.h what the files share): the release channels that
+ * redlock_wait.c -- Redlock's release notifications (redlock.c has the
+ * protocol, redlock_int.h what the files share): the release channels that
  * this client's waiters rely on, one subscriber connection per node read
  * by the client's background thread through an epoll fd (the loop_fd and
  * loop_run slots), and the arm and disarm slots: a waiter subscribes on
  * N - Q + 1 nodes, so that it shares one with any quorum a holder has.
  */
-#include "redlock.h"
+#include "redlock_int.h"
 
 #include <poll.h>
 #include <stdlib.h>

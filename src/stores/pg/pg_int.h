@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pg.h -- what the PostgreSQL store's files share: pg.c, the store (URI
+ * pg_int.h -- what the PostgreSQL store's files share: pg.c, the store (URI
  * options and libpq's keywords, open and close, the client thread's
  * loop, the two backend structs' shared slots); pg_table.c, table mode
  * (the lock table's slots and dlock__backend_pg: exclusive and shared
  * holds and permits); pg_advisory.c, advisory mode (its slots and
- * backend, chosen by dlock__pg_select); pg_adv_sem.c, advisory mode's
+ * backend, chosen by dlock__pg_select); pg_advisory_rw.c, advisory mode's
  * semaphores (slot keys, the gate, the head's wait on every slot);
  * pg_conn.c, its connections (the command connection and the pool of
  * extra ones, non-blocking libpq I/O with the caller's deadline, running
@@ -15,8 +15,8 @@
  * leave and queue functions, and the look at open that creates or
  * upgrades what is missing and tells whether a pooler sits in front.
  */
-#ifndef DLOCK_PG_H
-#define DLOCK_PG_H
+#ifndef DLOCK_PG_INT_H
+#define DLOCK_PG_INT_H
 
 #include "store.h"
 
@@ -307,7 +307,7 @@ void dlock__pg_appname(const dlock__lease *l, char *out, size_t cap);
 int dlock__pg_adv_wait(pg_store *ps, pg_conn *cn, const dlock__lease *l,
                        const char *sql, PGresult **r, const char *what);
 
-/* pg_adv_sem.c: advisory mode's semaphores */
+/* pg_advisory_rw.c: advisory mode's semaphores */
 
 /* A permit (l->kind DLOCK__PERMIT): a try, or a wait until l->deadline
  * at the gate and, as the head, on every slot at once. */
@@ -401,4 +401,4 @@ int dlock__pg_ensure_break(pg_store *ps, int64_t deadline);
  * the store built in, by the core's registry. */
 extern const dlock__backend dlock__backend_pg;
 
-#endif /* DLOCK_PG_H */
+#endif /* DLOCK_PG_INT_H */

@@ -1,17 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * zk.h -- what the ZooKeeper store's files share (zk.c has the recipe):
+ * zk_int.h -- what the ZooKeeper store's files share (zk.c has the recipe):
  * zk.c, the backend's slots (acquire, release, extend), the background
  * thread (declared losses, orphans, expired sessions), open and close;
- * zk_session.c, the asynchronous calls with a deadline and the sessions
+ * zk_conn.c, the asynchronous calls with a deadline and the sessions
  * (one per distinct ttl) with their events; zk_queue.c, the lock nodes,
  * the queue of sequential nodes with the watch on a waiter's predecessor
  * (one acquisition attempt), and the orphans; zk_operate.c, an operator's
  * view (inspect, list, break) and the watch each lock node keeps on
  * itself, by which a holder learns that its node was deleted.
  */
-#ifndef DLOCK_ZK_H
-#define DLOCK_ZK_H
+#ifndef DLOCK_ZK_INT_H
+#define DLOCK_ZK_INT_H
 
 #include "store.h"
 
@@ -131,7 +131,7 @@ typedef struct zk_op {
 enum { C_CREATE, C_CHILDREN, C_DELETE, C_EXISTS, C_WEXISTS, C_GET, C_SET };
 
 /* ------------------------------------------------------------------------ */
-/* zk_session.c: asynchronous calls, sessions                               */
+/* zk_conn.c: asynchronous calls, sessions                               */
 /* ------------------------------------------------------------------------ */
 
 /* Drops the caller's reference to op. */
@@ -275,4 +275,4 @@ void dlock__zk_arm_timer(zk_store *zs, int64_t at);
  * the store built in, by the core's registry. */
 extern const dlock__backend dlock__backend_zk;
 
-#endif /* DLOCK_ZK_H */
+#endif /* DLOCK_ZK_INT_H */

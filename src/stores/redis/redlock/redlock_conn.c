@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redlock_node.c -- Redlock's command connections and rounds (redlock.c
- * has the protocol, redlock.h what the files share). One non-blocking
+ * redlock_conn.c -- Redlock's command connections and rounds (redlock.c
+ * has the protocol, redlock_int.h what the files share). One non-blocking
  * connection per node, its login and script loads queued ahead of any
  * command; a round sends its commands to every node at once and polls
  * their sockets together until its outcome is decided, every node
@@ -10,7 +10,7 @@
  * come; one still silent a node timeout later is replaced. All of it runs
  * under the store's mu.
  */
-#include "redlock.h"
+#include "redlock_int.h"
 
 #include <errno.h>
 #include <poll.h>

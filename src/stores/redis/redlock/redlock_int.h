@@ -1,18 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redlock.h -- what the Redlock store's files share (redlock.c has the
+ * redlock_int.h -- what the Redlock store's files share (redlock.c has the
  * protocol and its argument): redlock.c, the lock protocol (the scripts,
  * the backend's acquire, release, extend and inspect slots, the table);
- * redlock_node.c, the command connections to the N nodes and the rounds
- * of requests sent to all of them at once; redlock_sub.c, the release
+ * redlock_conn.c, the command connections to the N nodes and the rounds
+ * of requests sent to all of them at once; redlock_wait.c, the release
  * channels, the subscriber connections read by the client's thread and
  * the arm and disarm slots; redlock_open.c, the URI options, open and
  * close.
  */
-#ifndef DLOCK_REDLOCK_H
-#define DLOCK_REDLOCK_H
+#ifndef DLOCK_REDLOCK_INT_H
+#define DLOCK_REDLOCK_INT_H
 
-#include "redis_shared.h"
+#include "redis_common.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -122,7 +122,7 @@ typedef struct tally {
 extern const char *const dlock__redlock_script_text[NSCRIPTS];
 
 /* ------------------------------------------------------------------------ */
-/* redlock_node.c: command connections and rounds (store mu held)           */
+/* redlock_conn.c: command connections and rounds (store mu held)           */
 /* ------------------------------------------------------------------------ */
 
 /* Starts a non-blocking connect to node n (TLS as tls says); NULL with
@@ -142,7 +142,7 @@ short dlock__redlock_events(const redisContext *ctx, int connecting);
 /* Closes node n's command connection (the replies it owes are lost). */
 void dlock__redlock_node_drop(rnode *n);
 
-/* Makes sure node n has a command connection (see redlock_node.c). */
+/* Makes sure node n has a command connection (see redlock_conn.c). */
 void dlock__redlock_node_connect(rl_store *rs, rnode *n, int64_t now);
 
 /* A new round: no replies, no failures. */
@@ -195,7 +195,7 @@ void dlock__redlock_count_ints(const rl_store *rs, int *answered,
                                int *notours, int *mine);
 
 /* ------------------------------------------------------------------------ */
-/* redlock_sub.c: release notifications (the backend's slots)               */
+/* redlock_wait.c: release notifications (the backend's slots)               */
 /* ------------------------------------------------------------------------ */
 
 int dlock__redlock_loop_fd(void *st);
@@ -225,4 +225,4 @@ void dlock__redlock_close(void *st);
  * the store built in, by the core's registry. */
 extern const dlock__backend dlock__backend_redlock;
 
-#endif /* DLOCK_REDLOCK_H */
+#endif /* DLOCK_REDLOCK_INT_H */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * redis_sub.c -- how the Redis store hears of hand-overs, and of a
+ * redis_wait.c -- how the Redis store hears of hand-overs, and of a
  * primary that moved: the subscriber connections, the client's loop
  * (loop_fd, loop_run), arm and disarm, and the routing of every command
  * (dlock__redis_run).

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * etcd_watch.c -- the etcd store's watch stream (etcd.c is the lock
- * protocol, etcd.h what the files share): the client's one WebSocket to
+ * etcd_wait.c -- the etcd store's watch stream (etcd.c is the lock
+ * protocol, etcd_int.h what the files share): the client's one WebSocket to
  * the gateway's /v3/watch, its frames, the deletions it reports, and the
  * waiters they wake; a waiter's look at the keys ahead of its own.
  */
-#include "etcd.h"
+#include "etcd_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * file_list.c -- dlock_list() on the file store: the lock files of the
+ * file_operate.c -- dlock_list() on the file store: the lock files of the
  * directory, in the order of their file names, a page at a time.
  *
  * A lock file's name is its lock name with every byte outside
@@ -17,7 +17,7 @@
  * at. So a page costs one pass over the directory: a store of N locks is
  * walked in N / limit passes (docs/monitoring.md).
  */
-#include "file.h"
+#include "file_int.h"
 
 #include "hex.h"
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * sqlite_files.c -- the SQLite store's files beside the database: the
+ * sqlite_perm.c -- the SQLite store's files beside the database: the
  * sidecar and the channels' directory: creation, modes, ?group=, checks.
  *
  * What dlock makes (the database when missing, the sidecar `<db>-dlock`,
@@ -11,7 +11,7 @@
  * And the sidecar's spare descriptors, one open file description per
  * acquisition (sqlite.c says why).
  */
-#include "sqlite.h"
+#include "sqlite_int.h"
 #include "perm.h"
 
 #include <errno.h>
