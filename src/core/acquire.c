@@ -193,12 +193,7 @@ static int waiter_add(dlock_client *c, dlock__waiter *w, dlock__hold *h)
 static void waiter_remove(dlock_client *c, dlock__waiter *w, int acquired)
 {
     pthread_mutex_lock(&c->mu);
-    if (w->prev)
-        w->prev->next = w->next;
-    else
-        c->waiters = w->next;
-    if (w->next)
-        w->next->prev = w->prev;
+    DLOCK__UNLINK(c->waiters, w);
     /* A wake-up we did not use belongs to another waiter of the name. */
     if (w->notified && !acquired && !w->fair) {
         for (dlock__waiter *o = c->waiters; o; o = o->next) {
@@ -761,14 +756,8 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
     }
     if (ev) {
         dlock_event e;
-        memset(&e, 0, sizeof(e));
-        e.type = DLOCK_EVENT_ACQUIRED;
-        e.lock = l;
-        e.name = l->entry->name;
-        e.shared = kind == DLOCK__READ ? 1 : kind == DLOCK__PERMIT ? 2 : 0;
-        e.token = h->lease.token;
+        dlock__event_start(&e, DLOCK_EVENT_ACQUIRED, l, h);
         e.waited_ms = (now_us - start_us) / 1000;
-        e.why = "";
         ev(&e, ev_arg);
     }
     return DLOCK_OK;

@@ -184,6 +184,25 @@ void *dlock__background(void *arg);
  * acquire, after the hold is linked). */
 void dlock__hold_leased(dlock_client *c, dlock__hold *h, int64_t t0);
 
+/* Takes node n out of the doubly linked list that starts at head (its
+ * prev and next members; head is updated when n was first). */
+#define DLOCK__UNLINK(head, n)                                               \
+    do {                                                                     \
+        if ((n)->prev)                                                       \
+            (n)->prev->next = (n)->next;                                     \
+        else                                                                 \
+            (head) = (n)->next;                                              \
+        if ((n)->next)                                                       \
+            (n)->next->prev = (n)->prev;                                     \
+    } while (0)
+
+/* dlock_event's shared for a hold of this kind: 1 read, 2 permit, 0
+ * exclusive. */
+static inline int dlock__event_shared(int kind)
+{
+    return kind == DLOCK__READ ? 1 : kind == DLOCK__PERMIT ? 2 : 0;
+}
+
 /* names.c (c->mu held for all) */
 dlock__entry *dlock__entry_ref(dlock_client *c, const char *name, size_t len);
 void dlock__entry_unref(dlock_client *c, dlock__entry *e);
@@ -192,6 +211,10 @@ dlock__entry *dlock__entry_find(dlock_client *c, const char *name,
 void dlock__entry_maybe_free(dlock_client *c, dlock__entry *e);
 
 /* lock.c */
+/* An event of this type about l's hold h: its lock, name, kind and token
+ * (the rest zero, why ""). */
+void dlock__event_start(dlock_event *e, int type, dlock *l,
+                        const dlock__hold *h);
 /* The shortest store operation a wait's deadline leaves (ms). */
 #define DLOCK__MIN_OP_MS 10
 /* The end of one store operation made while the caller waits until

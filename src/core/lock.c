@@ -106,12 +106,7 @@ void dlock__hold_unlink(dlock_client *c, dlock__hold *h)
         pp = &(*pp)->next_in_entry;
     if (*pp)
         *pp = h->next_in_entry;
-    if (h->prev)
-        h->prev->next = h->next;
-    else
-        c->holds = h->next;
-    if (h->next)
-        h->next->prev = h->prev;
+    DLOCK__UNLINK(c->holds, h);
     h->prev = h->next = NULL;
     c->nholds--;
 }
@@ -464,6 +459,37 @@ int dlock_shutdown(dlock *l)
     return cancel(l, 1, "dlock_shutdown");
 }
 
+/* Takes l's client's mutex and finds the calling thread's hold of l. On
+ * an error (the client closed, no hold) it returns it, the mutex
+ * released; else DLOCK_OK with the mutex held. */
+static int lock_own_hold(dlock *l, dlock__hold **out)
+{
+    dlock_client *c = l->client;
+    int rc;
+
+    pthread_mutex_lock(&c->mu);
+    rc = dlock__usable(c);
+    if (!rc && !(*out = find_hold(l, pthread_self())))
+        rc = dlock__err(DLOCK_ENOTHELD,
+                        "lock '%.200s' is not held by this thread",
+                        l->entry->name);
+    if (rc)
+        pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void dlock__event_start(dlock_event *e, int type, dlock *l,
+                        const dlock__hold *h)
+{
+    memset(e, 0, sizeof(*e));
+    e->type = type;
+    e->lock = l;
+    e->name = l->entry->name;
+    e->shared = dlock__event_shared(h->lease.kind);
+    e->token = h->lease.token;
+    e->why = "";
+}
+
 int dlock_release(dlock *l)
 {
     dlock_client *c;
@@ -473,19 +499,9 @@ int dlock_release(dlock *l)
     if (!l)
         return dlock__err(DLOCK_EINVAL, "dlock_release: lock is NULL");
     c = l->client;
-    pthread_mutex_lock(&c->mu);
-    rc = dlock__usable(c);
-    if (rc) {
-        pthread_mutex_unlock(&c->mu);
+    rc = lock_own_hold(l, &h);
+    if (rc)
         return rc;
-    }
-    h = find_hold(l, pthread_self());
-    if (!h) {
-        pthread_mutex_unlock(&c->mu);
-        return dlock__err(DLOCK_ENOTHELD,
-                          "lock '%.200s' is not held by this thread",
-                          l->entry->name);
-    }
     if (h->count > 1) {
         h->count--;
         lost = h->lost || dlock__now_ms() >= h->lease_end;
@@ -534,17 +550,9 @@ int dlock_release(dlock *l)
         rc = lost_message(h);
     if (ev) {
         dlock_event e;
-        memset(&e, 0, sizeof(e));
-        e.type = DLOCK_EVENT_RELEASED;
-        e.lock = l;
-        e.name = l->entry->name;
-        e.shared = h->lease.kind == DLOCK__READ     ? 1
-                   : h->lease.kind == DLOCK__PERMIT ? 2
-                                                    : 0;
-        e.token = h->lease.token;
+        dlock__event_start(&e, DLOCK_EVENT_RELEASED, l, h);
         e.held_ms = (u1 - h->acquired_us) / 1000;
         e.rc = rc;
-        e.why = "";
         /* the callback may call the library: keep this call's message */
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
@@ -581,21 +589,10 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
                           "(DLOCK_TTL_MAX, 365 days), not %lld",
                           l->entry->name, DLOCK_TTL_MAX, (long long)ttl_ms);
     c = l->client;
-    pthread_mutex_lock(&c->mu);
-    rc = dlock__usable(c);
-    if (rc) {
-        pthread_mutex_unlock(&c->mu);
+    rc = lock_own_hold(l, &h);
+    if (rc)
         return rc;
-    }
-    h = find_hold(l, pthread_self());
-    if (h)
-        wait_renewal(c, h);
-    if (!h) {
-        pthread_mutex_unlock(&c->mu);
-        return dlock__err(DLOCK_ENOTHELD,
-                          "lock '%.200s' is not held by this thread",
-                          l->entry->name);
-    }
+    wait_renewal(c, h);
     if (h->lost || dlock__now_ms() >= h->lease_end) {
         rc = lost_message(h);
         pthread_mutex_unlock(&c->mu);
@@ -625,13 +622,7 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
                  "lock '%.100s': extend found it deleted or taken over in "
                  "the store",
                  h->lease.name);
-        lost_ev.type = DLOCK_EVENT_LOST;
-        lost_ev.lock = l;
-        lost_ev.name = l->entry->name;
-        lost_ev.shared = h->lease.kind == DLOCK__READ     ? 1
-                         : h->lease.kind == DLOCK__PERMIT ? 2
-                                                          : 0;
-        lost_ev.token = h->lease.token;
+        dlock__event_start(&lost_ev, DLOCK_EVENT_LOST, l, h);
         lost_ev.held_ms = (dlock__now_us() - h->acquired_us) / 1000;
         snprintf(why, sizeof(why), "%s", h->why);
         lost_ev.why = why;
@@ -648,33 +639,39 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
     return rc;
 }
 
-uint64_t dlock_token(const dlock *l)
+/* The calling thread's hold of l: its count and token (token 0), or
+ * DLOCK_ELOST once it is lost or its lease ended, or 0 when it has none. */
+static int own_hold(const dlock *l, uint64_t *token)
 {
-    uint64_t token = 0;
+    int n = 0;
     dlock__hold *h;
 
+    *token = 0;
     if (!l)
         return 0;
     pthread_mutex_lock(&l->client->mu);
     h = find_hold(l, pthread_self());
-    if (h && !h->lost && dlock__now_ms() < h->lease_end)
-        token = h->lease.token;
+    if (h && (h->lost || dlock__now_ms() >= h->lease_end)) {
+        n = DLOCK_ELOST;
+    } else if (h) {
+        n = h->count;
+        *token = h->lease.token;
+    }
     pthread_mutex_unlock(&l->client->mu);
+    return n;
+}
+
+uint64_t dlock_token(const dlock *l)
+{
+    uint64_t token;
+
+    own_hold(l, &token);
     return token;
 }
 
 int dlock_held(const dlock *l)
 {
-    int n = 0;
-    dlock__hold *h;
+    uint64_t token;
 
-    if (!l)
-        return 0;
-    pthread_mutex_lock(&l->client->mu);
-    h = find_hold(l, pthread_self());
-    if (h)
-        n = h->lost || dlock__now_ms() >= h->lease_end ? DLOCK_ELOST
-                                                        : h->count;
-    pthread_mutex_unlock(&l->client->mu);
-    return n;
+    return own_hold(l, &token);
 }

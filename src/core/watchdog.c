@@ -210,9 +210,7 @@ static void note(dlock_client *c, dlock__hold *h, int type, int64_t left_ms,
     ln->handle = h->handle;
     ln->token = h->lease.token;
     ln->type = type;
-    ln->shared = h->lease.kind == DLOCK__READ     ? 1
-                 : h->lease.kind == DLOCK__PERMIT ? 2
-                                                  : 0;
+    ln->shared = dlock__event_shared(h->lease.kind);
     ln->held_ms = (dlock__now_us() - h->acquired_us) / 1000;
     ln->left_ms = left_ms;
     if (type == DLOCK_EVENT_LOST) {
