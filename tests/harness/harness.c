@@ -419,6 +419,51 @@ int th_free_port(void)
     return port;
 }
 
+pid_t th__spawn(const char *path, char *const argv[], const char *dir,
+                const char *log, mode_t mode)
+{
+    pid_t parent = getpid(), pid;
+
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, mode);
+        setsid();
+        /* dies with the test binary, even when that is SIGKILLed */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        dup2(null, 0);
+        dup2(out >= 0 ? out : null, 1);
+        dup2(out >= 0 ? out : null, 2);
+        if (dir && chdir(dir) != 0)
+            _exit(1);
+        execv(path, argv);
+        _exit(127);
+    }
+    th__track(pid, 1);
+    return pid;
+}
+
+int th__reaped(pid_t *pid, int *st)
+{
+    int s;
+
+    if (*pid <= 0)
+        return 1;
+    if (waitpid(*pid, &s, WNOHANG) != *pid)
+        return 0;
+    th__track(*pid, 0);
+    *pid = 0;
+    if (st)
+        *st = s;
+    return 1;
+}
+
 void th__track(pid_t pid, int running)
 {
     for (int i = 0; i < MAX_SERVERS; i++) {
@@ -786,8 +831,6 @@ static void zk_spawn(th_zk *z, int i)
 {
     char cfg[700], log[700], logdir[700], cp[1024];
     const char *java = zk_java();
-    pid_t parent = getpid();
-    pid_t pid;
 
     snprintf(cfg, sizeof(cfg), "%s/zoo.cfg", z->dir[i]);
     snprintf(log, sizeof(log), "%s/zk.log", z->dir[i]);
@@ -814,42 +857,16 @@ static void zk_spawn(th_zk *z, int i)
         cfg,
         NULL};
 
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        int null = open("/dev/null", O_RDWR);
-        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        setsid();
-        /* dies with the test binary, even when that is SIGKILLed */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
-        dup2(null, 0);
-        dup2(out >= 0 ? out : null, 1);
-        dup2(out >= 0 ? out : null, 2);
-        if (chdir(z->dir[i]) != 0)
-            _exit(1);
-        execv(java, argv);
-        _exit(127);
-    }
-    z->pid[i] = pid;
-    th__track(pid, 1);
+    z->pid[i] = th__spawn(java, argv, z->dir[i], log, 0600);
 }
 
 /* Reaps server i if it has exited: 1 (and its pid is cleared) or 0. */
 static int zk_exited(th_zk *z, int i)
 {
-    int st;
+    int st = 0;
 
-    if (z->pid[i] <= 0)
-        return 1;
-    if (waitpid(z->pid[i], &st, WNOHANG) != z->pid[i])
+    if (!th__reaped(&z->pid[i], &st))
         return 0;
-    th__track(z->pid[i], 0);
-    z->pid[i] = 0;
     if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
         th_fail(__FILE__, __LINE__, "cannot run java (see %s/zk.log)",
                 z->dir[i]);
@@ -1211,7 +1228,6 @@ static void etcd_spawn(th_etcd *e, int i, int fresh)
     char certf[600], keyf[600];
     char *argv[40];
     int k = 0;
-    pid_t parent = getpid(), pid;
     size_t o = 0;
 
     if (!bin[0] && !find_in_path("etcd", bin, sizeof(bin)))
@@ -1260,41 +1276,12 @@ static void etcd_spawn(th_etcd *e, int i, int fresh)
     argv[k] = NULL;
 
     mkdir(e->dir[i], 0700);
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        int null = open("/dev/null", O_RDWR);
-        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        setsid();
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
-        dup2(null, 0);
-        dup2(out >= 0 ? out : null, 1);
-        dup2(out >= 0 ? out : null, 2);
-        if (chdir(e->dir[i]) != 0)
-            _exit(1);
-        execv(bin, argv);
-        _exit(127);
-    }
-    e->pid[i] = pid;
-    th__track(pid, 1);
+    e->pid[i] = th__spawn(bin, argv, e->dir[i], log, 0600);
 }
 
 static int etcd_exited(th_etcd *e, int i)
 {
-    int st;
-
-    if (e->pid[i] <= 0)
-        return 1;
-    if (waitpid(e->pid[i], &st, WNOHANG) != e->pid[i])
-        return 0;
-    th__track(e->pid[i], 0);
-    e->pid[i] = 0;
-    return 1;
+    return th__reaped(&e->pid[i], NULL);
 }
 
 /* 0 when every member in mask is healthy; -1 when one exited. */

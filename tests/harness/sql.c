@@ -53,36 +53,15 @@ int th_sql_available(const char *kind)
  * with the test binary, output in DIR/start.log. */
 static pid_t spawn_bash(const char *dir, const char *const *args)
 {
-    char *argv[12];
+    char *argv[12], log[700];
     int n = 0;
-    pid_t parent = getpid(), pid;
 
     argv[n++] = (char *)"bash";
     while (*args && n < 11)
         argv[n++] = (char *)*args++;
     argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        char log[700];
-        snprintf(log, sizeof(log), "%s/start.log", dir);
-        int null = open("/dev/null", O_RDWR);
-        int out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        setsid();
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
-        dup2(null, 0);
-        dup2(out >= 0 ? out : null, 1);
-        dup2(out >= 0 ? out : null, 2);
-        execv("/bin/bash", argv);
-        _exit(127);
-    }
-    th__track(pid, 1);
-    return pid;
+    snprintf(log, sizeof(log), "%s/start.log", dir);
+    return th__spawn("/bin/bash", argv, NULL, log, 0644);
 }
 
 static void spawn(th_sql *s)
@@ -97,15 +76,7 @@ static void spawn(th_sql *s)
 
 static int exited(th_sql *s)
 {
-    int st;
-
-    if (s->pid <= 0)
-        return 1;
-    if (waitpid(s->pid, &st, WNOHANG) != s->pid)
-        return 0;
-    th__track(s->pid, 0);
-    s->pid = 0;
-    return 1;
+    return th__reaped(&s->pid, NULL);
 }
 
 /* 1 when the server answers a query as the superuser. */
@@ -521,15 +492,7 @@ static void pgb_spawn(th_pgb *b)
 
 static int pgb_exited(th_pgb *b)
 {
-    int st;
-
-    if (b->pid <= 0)
-        return 1;
-    if (waitpid(b->pid, &st, WNOHANG) != b->pid)
-        return 0;
-    th__track(b->pid, 0);
-    b->pid = 0;
-    return 1;
+    return th__reaped(&b->pid, NULL);
 }
 
 long long th_pgb_try(th_pgb *b, char *out, size_t cap, const char *fmt, ...)

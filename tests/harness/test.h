@@ -620,6 +620,16 @@ long long th_relay_let_through(th_relay *px);
 /* The harness's own: records a server process to kill at exit (running
  * 1), or forgets it (0). */
 void th__track(pid_t pid, int running);
+/* Starts `path` with argv as a tracked server process: a session (process
+ * group) of its own, dead with the test binary, stdin /dev/null, stdout
+ * and stderr appended to `log` (made with `mode`), in directory `dir`
+ * (NULL: this one). Its pid; an exit status of 127 means it could not be
+ * run. */
+pid_t th__spawn(const char *path, char *const argv[], const char *dir,
+                const char *log, mode_t mode);
+/* Reaps *pid if it has exited: 1 (*pid cleared, its wait status in *st
+ * when st is not NULL; also 1 when *pid was not running) or 0. */
+int th__reaped(pid_t *pid, int *st);
 /* Starts a redis-server (sentinel: with --sentinel) with `extra` in its
  * configuration (th_redis_start, th_sentinels_start). */
 void th__redis_start(th_redis *r, const char *extra, int sentinel);
