@@ -51,6 +51,21 @@ static dlock *handle(dlock_client *c, const char *name, int64_t ttl)
     return th_handle(c, name, ttl, 0, 0);
 }
 
+/* A client of uri holds name: its record is on srv while it is held. */
+static void held_on(const char *uri, const char *name, th_redis *srv)
+{
+    dlock_client *c = th_client(uri, th_patient());
+    dlock *l = handle(c, name, 30000);
+    char v[256];
+
+    CHECK_OK(dlock_acquire(l, 0));
+    th_redis_cmd(srv, v, sizeof(v), "GET dlock:{%s}", name);
+    CHECK(strlen(v) > 0);
+    CHECK_OK(dlock_release(l));
+    dlock_close(l);
+    dlock_client_close(c);
+}
+
 /* What every form must do over TLS, on store URI u, with lock `name`:
  * acquire/release, two clients exclude each other, tokens grow, and a
  * waiter on a second client is woken by the release's message. */
@@ -214,18 +229,10 @@ TEST(sentinel_set_speaks_tls)
 TEST(sentinel_over_tls)
 {
     th_sentinels *t = sentinels();
-    char v[256];
 
     basics(t->uri, "tls-s/one");
     /* the primary (data[0], as no failover ran yet) got it */
-    dlock_client *c = th_client(t->uri, th_patient());
-    dlock *l = handle(c, "tls-s/where", 30000);
-    CHECK_OK(dlock_acquire(l, 0));
-    th_redis_cmd(&t->data[0], v, sizeof(v), "GET dlock:{tls-s/where}");
-    CHECK(strlen(v) > 0);
-    CHECK_OK(dlock_release(l));
-    dlock_close(l);
-    dlock_client_close(c);
+    held_on(t->uri, "tls-s/where", &t->data[0]);
 }
 
 /* SENTINEL FAILOVER over redis-cli --tls; a client that was open before
@@ -313,7 +320,7 @@ TEST(cluster_over_tls)
     /* names whose slots are on three different primaries */
     const char *names[3] = {NULL, NULL, NULL};
     static char buf[3][32];
-    char key[64], v[256];
+    char key[64];
     int found = 0;
 
     for (int k = 0; k < 200 && found < 3; k++) {
@@ -330,15 +337,7 @@ TEST(cluster_over_tls)
     for (int i = 0; i < 3; i++) {
         basics(t->uri, names[i]);
         /* held: on the slot's primary */
-        dlock_client *c = th_client(t->uri, th_patient());
-        dlock *l = handle(c, names[i], 30000);
-        CHECK_OK(dlock_acquire(l, 0));
-        snprintf(key, sizeof(key), "dlock:{%s}", names[i]);
-        th_redis_cmd(&t->node[i], v, sizeof(v), "GET %s", key);
-        CHECK(strlen(v) > 0);
-        CHECK_OK(dlock_release(l));
-        dlock_close(l);
-        dlock_client_close(c);
+        held_on(t->uri, names[i], &t->node[i]);
     }
 }
 
