@@ -1351,6 +1351,10 @@ esac
 if [ "$KIND" = file ]; then
     if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null 2>&1; then
         echo "skip the default store's directory (needs root: a mount namespace)"
+    elif ! unshare -m --propagation private true 2>/dev/null; then
+        # root without a mount namespace of its own: a chroot, a container
+        # without CAP_SYS_ADMIN
+        echo "skip the default store's directory (no mount namespace here: $(unshare -m --propagation private true 2>&1 | head -n 1))"
     else
         unshare -m --propagation private bash "$0" "$DLOCK" file-home >"$TMP/home.log" 2>&1
         rc=$?
