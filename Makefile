@@ -13,8 +13,8 @@ TEST_JOBS ?= $(JOBS)
 WERROR ?= OFF
 
 .PHONY: all build demo test test-busy build-matrix asan valgrind valgrind-all bench bench-quick install clean fuzz
-# the trees alone, without their runs (CI builds every tree first, then
-# runs the suites with no compiler beside them)
+# the trees alone, without their runs (CI builds them beside its busy
+# run, as its load: .ci/run)
 .PHONY: asan-build valgrind-build bench-build fuzz-build
 
 all: build
