@@ -1220,7 +1220,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     pthread_t th;
     memset(&w, 0, sizeof(w));
     w.l = handle(wc, "crash-held", 0, 0);
-    CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300);
 
     int64_t t0 = th_now_ms();

@@ -764,7 +764,7 @@ static void down_and_back(const char *query)
     pthread_t th;
     memset(&w, 0, sizeof(w));
     w.l = th_handle(wc, "down", 0, 0, 0);
-    CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300);
 
     th_sql_kill(&s2, SIGKILL);
