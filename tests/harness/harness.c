@@ -1957,6 +1957,7 @@ static void *waiter_thread(void *arg)
     th_waiter *w = arg;
     int64_t t0 = th_now_ms();
 
+    __atomic_store_n(&w->started, 1, __ATOMIC_SEQ_CST);
     w->rc = w->shared
                 ? dlock_acquire_shared(w->l, w->wait_ms ? w->wait_ms : 60000)
                 : dlock_acquire(w->l, w->wait_ms ? w->wait_ms : 60000);
@@ -1970,7 +1971,7 @@ static void *waiter_thread(void *arg)
         if (w->hold_ms)
             th_sleep_ms(w->hold_ms);
         if (w->wait_go)
-            (void)th_wait_flag(&w->go, 20000);
+            (void)th_wait_flag(&w->go, 60000);
         w->release_rc = dlock_release(w->l);
     }
     return NULL;
@@ -1983,7 +1984,7 @@ void th_waiter_start(th_waiter *w, pthread_t *th)
     w->token = 0;
     w->done_at = w->took = 0;
     w->msg[0] = '\0';
-    w->done = w->go = 0;
+    w->started = w->done = w->go = 0;
     CHECK_EQ(pthread_create(th, NULL, waiter_thread, w), 0);
 }
 

@@ -721,13 +721,14 @@ int th_events_wait(th_events *s, int type, int64_t ms);
 
 /* A thread that waits for a lock, started by th_waiter_start(): the
  * test sets the first five fields (designated initialisers), the thread
- * the rest. It acquires l (dlock_acquire_shared() when `shared`) with a
- * wait of wait_ms (0: 60 s); records the acquire's rc, dlock_token(),
- * dlock_errmsg() (msg), when it returned (done_at, monotonic ms; 0 before)
- * and how long it took; then sets `done` (atomic). When it got the lock it
- * holds it hold_ms, then, with wait_go, until th_waiter_go() (20 s at
- * most), and releases it (release_rc): holds are a thread's, so the
- * waiter's own thread releases. */
+ * the rest. It sets `started` (atomic) and acquires l
+ * (dlock_acquire_shared() when `shared`) with a wait of wait_ms (0: 60 s;
+ * -1: forever); records the acquire's rc, dlock_token(), dlock_errmsg()
+ * (msg), when it returned (done_at, monotonic ms; 0 before) and how long
+ * it took; then sets `done` (atomic). When it got the lock it holds it
+ * hold_ms, then, with wait_go, until th_waiter_go() (60 s at most: the
+ * bound only ends a test that failed), and releases it (release_rc):
+ * holds are a thread's, so the waiter's own thread releases. */
 typedef struct th_waiter {
     dlock *l;
     int shared;
@@ -738,7 +739,7 @@ typedef struct th_waiter {
     uint64_t token;
     int64_t done_at, took;
     char msg[512];
-    int done, go;
+    volatile int started, done, go;
 } th_waiter;
 /* Clears w's results and starts its thread in *th (join it). */
 void th_waiter_start(th_waiter *w, pthread_t *th);

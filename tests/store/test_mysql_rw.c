@@ -71,7 +71,7 @@ static int child_open(const char *name, int64_t ttl, unsigned permits,
 }
 
 /* A waiter in a thread of this process: it acquires (shared or not), then
- * holds until th_waiter_go() (at most 20 s) and releases. */
+ * holds until th_waiter_go() and releases. */
 static void start(th_waiter *w, pthread_t *th, dlock *l, int shared,
                   int64_t wait)
 {
