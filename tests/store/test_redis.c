@@ -1053,29 +1053,6 @@ TEST(tokens_stay_above_a_tombstone_ahead_of_the_clock)
 #define FORGED_TOKEN 9223372036854775000ULL
 #define FLOOD 200
 
-typedef struct forged_waiter {
-    dlock *l;
-    int shared; /* a read hold (else dlock_acquire: a lock or a permit) */
-    int rc;
-    uint64_t token;
-    int done;   /* its acquire returned (atomic) */
-    int let_go; /* the test is done looking: release (atomic) */
-} forged_waiter;
-
-static void *forged_wait_thread(void *arg)
-{
-    forged_waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
-                      : dlock_acquire(w->l, 20000);
-    w->token = dlock_token(w->l);
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    (void)th_wait_flag(&w->let_go, 20000);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 /* A user who may only read and PUBLISH reads the lock's key (the waiter's
  * client id and number are in its line) and publishes "g SEQ TOKEN" on
  * the waiter's client channel, then a flood of them: the waiter keeps
@@ -1096,7 +1073,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         dlock *lh = NULL;
         dlock_client *h = th_client(srv.uri, NULL),
                      *c = th_client(srv.uri, NULL);
-        forged_waiter w;
+        th_waiter w;
         pthread_t th;
 
         snprintf(name, sizeof(name), "forged-%s", kinds[k]);
@@ -1107,9 +1084,11 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         memset(&w, 0, sizeof(w));
         CHECK_OK(dlock_open(&w.l, c, name, &o));
         w.shared = k == 1;
+        w.wait_ms = 20000;
+        w.wait_go = 1;
         CHECK_OK(dlock_acquire(lh, 0)); /* a reader waits behind a writer */
         uint64_t held = dlock_token(lh);
-        pthread_create(&th, NULL, forged_wait_thread, &w);
+        th_waiter_start(&w, &th);
         th_wait_waiters(h, name, 1);
 
         /* what the forger learns from the key: the waiter's line, the
@@ -1149,7 +1128,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
 
         /* the real hand-over: the key's token, above the holder's */
         CHECK_OK(dlock_release(lh));
-        CHECK(th_wait_flag(&w.done, 10000));
+        CHECK(th_waiter_returned(&w, 10000));
         CHECK_OK(w.rc);
         dlock_info info;
         CHECK_OK(dlock_inspect(h, name, &info));
@@ -1158,7 +1137,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         dlock_info_clear(&info);
         CHECK_OP(w.token, >, held);
         CHECK_OP(w.token, <, FORGED_TOKEN);
-        __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
+        th_waiter_go(&w);
         pthread_join(th, NULL);
         fprintf(stderr, "forged %s: %lld reads for %d messages\n", kinds[k],
                 gets, FLOOD + 1);
