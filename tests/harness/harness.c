@@ -1952,15 +1952,48 @@ int th_events_wait(th_events *s, int type, int64_t ms)
     }
 }
 
-void *th_wait_thread(void *arg)
+static void *waiter_thread(void *arg)
 {
     th_waiter *w = arg;
+    int64_t t0 = th_now_ms();
 
-    w->rc = dlock_acquire(w->l, 60000);
+    __atomic_store_n(&w->started, 1, __ATOMIC_SEQ_CST);
+    w->rc = w->shared
+                ? dlock_acquire_shared(w->l, w->wait_ms ? w->wait_ms : 60000)
+                : dlock_acquire(w->l, w->wait_ms ? w->wait_ms : 60000);
+    int64_t now = th_now_ms();
+    w->took = now - t0;
+    snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
     w->token = dlock_token(w->l);
-    w->done_at = th_now_ms();
+    __atomic_store_n(&w->done_at, now, __ATOMIC_SEQ_CST);
     __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
+    if (w->rc == DLOCK_OK) {
+        if (w->hold_ms)
+            th_sleep_ms(w->hold_ms);
+        if (w->wait_go)
+            (void)th_wait_flag(&w->go, 60000);
+        w->release_rc = dlock_release(w->l);
+    }
     return NULL;
+}
+
+void th_waiter_start(th_waiter *w, pthread_t *th)
+{
+    w->rc = -99;
+    w->release_rc = 0;
+    w->token = 0;
+    w->done_at = w->took = 0;
+    w->msg[0] = '\0';
+    w->started = w->done = w->go = 0;
+    CHECK_EQ(pthread_create(th, NULL, waiter_thread, w), 0);
+}
+
+int th_waiter_returned(th_waiter *w, int64_t ms)
+{
+    return th_wait_flag(&w->done, ms);
+}
+
+void th_waiter_go(th_waiter *w)
+{
+    __atomic_store_n(&w->go, 1, __ATOMIC_SEQ_CST);
 }

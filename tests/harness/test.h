@@ -719,17 +719,34 @@ int th_events_first(const th_events *s, int type);
 /* th_events_first(), waiting (at most ms) for one to come. */
 int th_events_wait(th_events *s, int type, int64_t ms);
 
-/* A thread that waits for a lock (th_wait_thread, a th_waiter as its
- * argument): dlock_acquire(l, 60 s), then its result, token and time in
- * the struct, `done` set (atomic), and the lock released if taken. */
+/* A thread that waits for a lock, started by th_waiter_start(): the
+ * test sets the first five fields (designated initialisers), the thread
+ * the rest. It sets `started` (atomic) and acquires l
+ * (dlock_acquire_shared() when `shared`) with a wait of wait_ms (0: 60 s;
+ * -1: forever); records the acquire's rc, dlock_token(), dlock_errmsg()
+ * (msg), when it returned (done_at, monotonic ms; 0 before) and how long
+ * it took; then sets `done` (atomic). When it got the lock it holds it
+ * hold_ms, then, with wait_go, until th_waiter_go() (60 s at most: the
+ * bound only ends a test that failed), and releases it (release_rc):
+ * holds are a thread's, so the waiter's own thread releases. */
 typedef struct th_waiter {
     dlock *l;
-    int rc;
+    int shared;
+    int64_t wait_ms, hold_ms;
+    int wait_go;
+    int rc; /* -99 until the acquire returned */
+    int release_rc;
     uint64_t token;
-    int64_t done_at;
-    int done;
+    int64_t done_at, took;
+    char msg[512];
+    volatile int started, done, go;
 } th_waiter;
-void *th_wait_thread(void *arg);
+/* Clears w's results and starts its thread in *th (join it). */
+void th_waiter_start(th_waiter *w, pthread_t *th);
+/* Waits (ms at most) until w's acquire returned: 1 if it did. */
+int th_waiter_returned(th_waiter *w, int64_t ms);
+/* Lets w (wait_go) release the lock it holds. */
+void th_waiter_go(th_waiter *w);
 
 /* A store for the store tests, started by kind: file, redis, rediss
  * (Redis over TLS: th_redis_start_tls() with the server certificate for

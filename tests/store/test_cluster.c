@@ -196,12 +196,12 @@ TEST(a_hand_over_goes_through_the_slots_shard_channel)
     name_on(t, 2, "c/hand", name, sizeof(name), &slot);
     dlock *la = handle(a, name, 30000, NULL), *lb = handle(b, name, 30000,
                                                            NULL);
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     /* b's client subscribes to the lock's channel on the slot's primary
      * (bounded: 10 s of busy-machine slack) */
     snprintf(chan, sizeof(chan), "dlock:{%s}c:*", name);
@@ -316,12 +316,12 @@ TEST(cluster_failover_keeps_a_replicated_hold_and_the_waiter)
                  *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 3000, &box), *lb = handle(b, name, 30000,
                                                            NULL);
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300); /* b queues behind a */
 
     CHECK(th_cluster_failover(&t, 3, NULL, 30000));
@@ -366,9 +366,9 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
     uint64_t ta = dlock_token(la);
     dlock_client *b = th_client(t.uri, th_patient());
     dlock *lb = handle(b, name, 30000, NULL);
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300); /* b waits, subscribed on node[1] */
     th_redis_kill(&t.node[1], SIGKILL);
     /* the waiter's subscription broke and the slot has no primary to
@@ -408,12 +408,12 @@ TEST(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot)
                  *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300);
 
     /* migrating: renewals (every 500 ms) still find the key at home */
@@ -464,12 +464,12 @@ TEST(redis_cli_reshard_under_a_held_lock_keeps_it)
                  *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, name, 1500, &box), *lb = handle(b, name, 30000,
                                                            NULL);
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300);
     th_redis_cmd(&t.node[0], from, sizeof(from), "CLUSTER MYID");
     th_redis_cmd(&t.node[2], to, sizeof(to), "CLUSTER MYID");
@@ -514,7 +514,7 @@ TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
     name_on(t, 1, "c/forged", name, sizeof(name), &slot);
     dlock *la = handle(a, name, 30000, NULL), *lb = handle(b, name, 30000,
                                                            NULL);
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
 
     redisContext *f = th_redis_forger(&t->node[1], "spublish");
@@ -522,7 +522,7 @@ TEST(a_forged_handover_on_the_shard_channel_only_wakes_the_waiter)
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     /* queued: its line in the key */
     char client[33];
     unsigned long long seq = 0;

@@ -395,35 +395,18 @@ TEST(threads_sharing_one_client)
 
 /* --- waiting is woken by the release, not by the lease --- */
 
-static void *waiter_thread(void *arg)
-{
-    thread_arg *t = arg;
-    int64_t t0 = th_now_ms();
-
-    step_to(t, 1);
-    t->rc = dlock_acquire(t->l, 10000);
-    t->step = (int)(th_now_ms() - t0);
-    if (t->rc == DLOCK_OK)
-        dlock_release(t->l);
-    return NULL;
-}
-
 TEST(release_wakes_the_waiter)
 {
     /* The lease is 60 s: a waiter that only re-tried at lease end would
      * time out (10 s wait). Succeeding proves the release woke it. */
     dlock_client *a = client(), *b = client();
     dlock *la = th_handle(a, "wake", 60000, 0, 0);
-    thread_arg t;
+    th_waiter t = {.l = th_handle(b, "wake", 60000, 0, 0), .wait_ms = 10000};
     pthread_t th;
 
-    memset(&t, 0, sizeof(t));
-    pthread_mutex_init(&t.mu, NULL);
-    pthread_cond_init(&t.cv, NULL);
-    t.l = th_handle(b, "wake", 60000, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
-    pthread_create(&th, NULL, waiter_thread, &t);
-    wait_step(&t, 1);
+    th_waiter_start(&t, &th);
+    CHECK(th_wait_flag(&t.started, 10000));
     th_sleep_ms(300);
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
@@ -433,8 +416,8 @@ TEST(release_wakes_the_waiter)
      * bound: the contract is "woken by the release", which t.rc == OK
      * already shows (a 60 s lease, a 10 s wait); 9 s only catches a
      * waiter that slept to its deadline */
-    CHECK_OP(t.step, >=, 250);
-    CHECK_OP(t.step, <, 9000);
+    CHECK_OP(t.took, >=, 250);
+    CHECK_OP(t.took, <, 9000);
     dlock_close(la);
     dlock_close(t.l);
     TH_CLIENT_CLOSE(a, b);
@@ -444,16 +427,12 @@ TEST(wait_forever)
 {
     dlock_client *a = client(), *b = client();
     dlock *la = th_handle(a, "forever", 0, 0, 0);
-    thread_arg t;
+    th_waiter t = {.l = th_handle(b, "forever", 0, 0, 0), .wait_ms = 10000};
     pthread_t th;
 
-    memset(&t, 0, sizeof(t));
-    pthread_mutex_init(&t.mu, NULL);
-    pthread_cond_init(&t.cv, NULL);
-    t.l = th_handle(b, "forever", 0, 0, 0);
     CHECK_OK(dlock_acquire(la, 0));
-    pthread_create(&th, NULL, waiter_thread, &t);
-    wait_step(&t, 1);
+    th_waiter_start(&t, &th);
+    CHECK(th_wait_flag(&t.started, 10000));
     th_sleep_ms(200);
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
@@ -1175,38 +1154,17 @@ static int wait_queued(dlock_client *c, const char *name, int64_t n)
     return 0;
 }
 
-typedef struct cwait {
-    dlock *l;
-    int64_t wait;
-    int rc;
-    int64_t ended;
-    char msg[256];
-    int released; /* got it (DLOCK_OK): released it on its thread */
-} cwait;
-
-static void *cancel_waiter(void *arg)
-{
-    cwait *t = arg;
-
-    t->rc = dlock_acquire(t->l, t->wait);
-    t->ended = th_now_ms();
-    snprintf(t->msg, sizeof(t->msg), "%s", dlock_errmsg());
-    if (t->rc == DLOCK_OK)
-        t->released = dlock_release(t->l) == DLOCK_OK;
-    return NULL;
-}
-
 TEST(cancel_ends_a_wait_and_leaves_nothing)
 {
     dlock_client *c = client(), *o = client(), *x = client();
     dlock *l = th_handle(c, "cancel", 0, 0, 0);
     dlock *lo = th_handle(o, "cancel", 0, 0, 0);
     dlock *lx = th_handle(x, "cancel", 0, 0, 0);
-    cwait t = {l, -1, -99, 0, "", 0};
+    th_waiter t = {.l = l, .wait_ms = -1};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lo, 0));
-    CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &t), 0);
+    th_waiter_start(&t, &th);
     int counted = wait_queued(o, "cancel", 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_cancel(l));
@@ -1216,7 +1174,7 @@ TEST(cancel_ends_a_wait_and_leaves_nothing)
     /* a wait forever, ended by the cancel: woken by it, not by a timeout
      * (the bound is for a busy machine; without the cancel it never
      * returns) */
-    CHECK_OP(t.ended - t0, <, 5000);
+    CHECK_OP(t.done_at - t0, <, 5000);
     if (counted) {
         /* its place in the store's queue is gone (bounded: some stores
          * remove it asynchronously) */
@@ -1258,13 +1216,13 @@ TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
     dlock *la = th_handle(a, "cancel-fair", 0, DLOCK_FAIR, 0);
     dlock *lb = th_handle(b, "cancel-fair", 0, DLOCK_FAIR, 0);
     dlock *lo = th_handle(o, "cancel-fair", 0, DLOCK_FAIR, 0);
-    cwait ta = {la, -1, -99, 0, "", 0}, tb = {lb, 30000, -99, 0, "", 0};
+    th_waiter ta = {.l = la, .wait_ms = -1}, tb = {.l = lb, .wait_ms = 30000};
     pthread_t tha, thb;
 
     CHECK_OK(dlock_acquire(lo, 0));
-    CHECK_EQ(pthread_create(&tha, NULL, cancel_waiter, &ta), 0);
+    th_waiter_start(&ta, &tha);
     wait_queued(o, "cancel-fair", 1);
-    CHECK_EQ(pthread_create(&thb, NULL, cancel_waiter, &tb), 0);
+    th_waiter_start(&tb, &thb);
     wait_queued(o, "cancel-fair", 2);
     CHECK_OK(dlock_cancel(la)); /* the head of the queue gives up */
     pthread_join(tha, NULL);
@@ -1275,8 +1233,8 @@ TEST(cancel_in_a_fair_queue_lets_the_next_one_go)
     /* the next in line gets it (the cancelled head waited forever: had
      * it stayed in the queue, b would have waited its whole 30 s) */
     CHECK_OK(tb.rc);
-    CHECK(tb.released);
-    CHECK_OP(tb.ended - t0, <, 10000);
+    CHECK_OK(tb.release_rc);
+    CHECK_OP(tb.done_at - t0, <, 10000);
     TH_CLOSE(lo, lb, la);
     TH_CLIENT_CLOSE(o, b, a);
 }
@@ -1290,10 +1248,10 @@ TEST(cancel_racing_a_release_leaves_no_hold)
     int got = 0, cancelled = 0;
 
     for (int i = 0; i < 12; i++) {
-        cwait t = {l, 30000, -99, 0, "", 0};
+        th_waiter t = {.l = l, .wait_ms = 30000};
         pthread_t th;
         CHECK_OK(dlock_acquire(lo, 0));
-        CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &t), 0);
+        th_waiter_start(&t, &th);
         wait_queued(o, "cancel-race", 1);
         /* the release and the cancel race, in both orders */
         if (i % 2) {
@@ -1305,7 +1263,7 @@ TEST(cancel_racing_a_release_leaves_no_hold)
         }
         pthread_join(th, NULL);
         if (t.rc == DLOCK_OK) {
-            CHECK(t.released); /* it had the lock, and let it go */
+            CHECK_OK(t.release_rc); /* it had the lock, and let it go */
             got++;
         } else {
             CHECK_RC(t.rc, DLOCK_ECANCELED);
@@ -1353,25 +1311,6 @@ static void no_waiter_left(dlock_client *c, const char *name)
     CHECK_OP(th_waiters(c, name), <=, 0);
 }
 
-typedef struct shutlate {
-    dlock *l;
-    int shared;
-    int rc;
-    char msg[256];
-    int done;
-} shutlate;
-
-static void *late_acquirer(void *arg)
-{
-    shutlate *t = arg;
-
-    t->rc = t->shared ? dlock_acquire_shared(t->l, -1)
-                      : dlock_acquire(t->l, -1);
-    snprintf(t->msg, sizeof(t->msg), "%s", dlock_errmsg());
-    __atomic_store_n(&t->done, 1, __ATOMIC_SEQ_CST);
-    return NULL;
-}
-
 /* An acquire forever through the shut handle l, on a thread of its own,
  * while `holder` holds the name: it must be refused at once, with no
  * store trip (2 s: a mutex and a message on a busy machine under
@@ -1381,11 +1320,11 @@ static void *late_acquirer(void *arg)
 static int late_acquire(dlock *l, int shared, dlock *holder, char *msg,
                         size_t cap)
 {
-    shutlate t = {l, shared, -99, "", 0};
+    th_waiter t = {.l = l, .shared = shared, .wait_ms = -1};
     pthread_t th;
 
-    CHECK_EQ(pthread_create(&th, NULL, late_acquirer, &t), 0);
-    if (!th_wait_flag(&t.done, 2000)) {
+    th_waiter_start(&t, &th);
+    if (!th_waiter_returned(&t, 2000)) {
         CHECK_OK(dlock_release(holder));
         pthread_join(th, NULL);
         th_fail(__FILE__, __LINE__,
@@ -1404,15 +1343,15 @@ TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
     dlock *l = th_handle(c, "shutdown", 0, 0, 0);
     dlock *lo = th_handle(o, "shutdown", 0, 0, 0);
     dlock *lx = th_handle(x, "shutdown", 0, 0, 0);
-    cwait t[SHUT_WAITERS];
+    th_waiter t[SHUT_WAITERS];
     pthread_t th[SHUT_WAITERS];
     dlock_info info;
 
     CHECK_OK(dlock_acquire(lo, 0));
     for (int i = 0; i < SHUT_WAITERS; i++) {
-        cwait z = {l, -1, -99, 0, "", 0};
+        th_waiter z = {.l = l, .wait_ms = -1};
         t[i] = z;
-        CHECK_EQ(pthread_create(&th[i], NULL, cancel_waiter, &t[i]), 0);
+        th_waiter_start(&t[i], &th[i]);
     }
     int64_t seen = queued_up_to(o, "shutdown", SHUT_WAITERS);
     for (int i = 0; i < SHUT_WAITERS; i++)
@@ -1425,7 +1364,7 @@ TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
         CHECK_CONTAINS(t[i].msg, "dlock_shutdown()");
         /* waits forever, each ended by the shutdown: the bound is
          * cancel_ends_a_wait's (the leaving is one store round trip) */
-        CHECK_OP(t[i].ended - t0, <, 5000);
+        CHECK_OP(t[i].done_at - t0, <, 5000);
     }
     printf("     (%lld of %d waits seen queued)\n", (long long)seen,
            SHUT_WAITERS);
@@ -1434,7 +1373,7 @@ TEST(shutdown_ends_every_wait_and_refuses_later_acquires)
     /* every later acquire through l is refused at once, whatever its
      * wait and kind (shared too, even where the store has no read
      * holds: the handle is shut first), with no store trip */
-    char msg[256];
+    char msg[512];
     CHECK_RC(late_acquire(l, 0, lo, msg, sizeof(msg)), DLOCK_ECANCELED);
     CHECK_CONTAINS(msg, "lock 'shutdown': shut down (dlock_shutdown())");
     CHECK_RC(late_acquire(l, 1, lo, msg, sizeof(msg)), DLOCK_ECANCELED);
@@ -1691,29 +1630,29 @@ TEST(ttl_and_wait_at_and_beyond_the_maxima)
     CHECK_EQ(dlock_held(la), 1);
 
     /* the longest wait: ended by the release, then by a cancel */
-    cwait t = {lb, DLOCK_WAIT_MAX, -99, 0, "", 0};
+    th_waiter t = {.l = lb, .wait_ms = DLOCK_WAIT_MAX};
     pthread_t th;
-    CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &t), 0);
+    th_waiter_start(&t, &th);
     wait_queued(a, "limits", 1);
     CHECK_EQ(t.rc, -99); /* still waiting */
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(t.rc);
-    CHECK(t.released);
+    CHECK_OK(t.release_rc);
     /* woken by the release (release_wakes_the_waiter's bound): a year's
      * wait that ended any other way would not have returned at all */
-    CHECK_OP(t.ended - t0, <, 9000);
+    CHECK_OP(t.done_at - t0, <, 9000);
 
     CHECK_OK(dlock_acquire(la, 0));
-    cwait tc = {lx, DLOCK_WAIT_MAX, -99, 0, "", 0};
-    CHECK_EQ(pthread_create(&th, NULL, cancel_waiter, &tc), 0);
+    th_waiter tc = {.l = lx, .wait_ms = DLOCK_WAIT_MAX};
+    th_waiter_start(&tc, &th);
     wait_queued(a, "limits", 1);
     t0 = th_now_ms();
     CHECK_OK(dlock_cancel(lx));
     pthread_join(th, NULL);
     CHECK_RC(tc.rc, DLOCK_ECANCELED);
-    CHECK_OP(tc.ended - t0, <, 5000); /* cancel_ends_a_wait's bound */
+    CHECK_OP(tc.done_at - t0, <, 5000); /* cancel_ends_a_wait's bound */
 
     /* extend to the longest lease: held, still nobody else's */
     if (!fixed_ttl) {
@@ -1759,26 +1698,6 @@ TEST(ttl_and_wait_at_and_beyond_the_maxima)
     TH_CLIENT_CLOSE(x, b, a);
 }
 
-
-typedef struct maxwait {
-    dlock *l;
-    int shared;
-    int rc;
-    int64_t ended;
-} maxwait;
-
-static void *max_waiter(void *arg)
-{
-    maxwait *t = arg;
-
-    t->rc = t->shared ? dlock_acquire_shared(t->l, DLOCK_WAIT_MAX)
-                      : dlock_acquire(t->l, DLOCK_WAIT_MAX);
-    t->ended = th_now_ms();
-    if (t->rc == DLOCK_OK)
-        dlock_release(t->l);
-    return NULL;
-}
-
 /* The longest wait for a read hold and for a semaphore's permit (the
  * stores wait for these their own ways: PostgreSQL's advisory mode one
  * server wait per permit), behind the longest lease. */
@@ -1810,9 +1729,9 @@ TEST(shared_and_permit_waits_at_the_maxima)
             continue;
         }
         CHECK_RC(rc, DLOCK_EBUSY);
-        maxwait t = {lb, !k, -99, 0};
+        th_waiter t = {.l = lb, .shared = !k, .wait_ms = DLOCK_WAIT_MAX};
         pthread_t th;
-        CHECK_EQ(pthread_create(&th, NULL, max_waiter, &t), 0);
+        th_waiter_start(&t, &th);
         if (k)
             wait_queued(a, name, 1);
         else
@@ -1822,7 +1741,7 @@ TEST(shared_and_permit_waits_at_the_maxima)
         CHECK_OK(dlock_release(la));
         pthread_join(th, NULL);
         CHECK_OK(t.rc);
-        CHECK_OP(t.ended - t0, <, 9000); /* woken by the release */
+        CHECK_OP(t.done_at - t0, <, 9000); /* woken by the release */
         CHECK_RC(k ? dlock_acquire(lb, DLOCK_WAIT_MAX + 1)
                    : dlock_acquire_shared(lb, DLOCK_WAIT_MAX + 1),
                  DLOCK_EINVAL);
@@ -2018,27 +1937,6 @@ static void started_program_inherits_nothing(const char *when,
                 when, leaks);
 }
 
-typedef struct inherit_waiter {
-    dlock *l;
-    int rc;
-    volatile int got; /* its acquire returned */
-    volatile int go;  /* the test lets it release */
-} inherit_waiter;
-
-/* Waits for w->l (60 s: the test's releases end the wait within seconds;
- * the bound only ends a lost wake-up), then holds it until w->go. */
-static void *inherit_wait(void *arg)
-{
-    inherit_waiter *w = arg;
-
-    w->rc = dlock_acquire(w->l, 60000);
-    __atomic_store_n(&w->got, 1, __ATOMIC_SEQ_CST);
-    th_wait_flag(&w->go, 60000);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 TEST(no_descriptor_reaches_a_started_program)
 {
     static unsigned char before[MAX_FD_SEEN];
@@ -2050,22 +1948,24 @@ TEST(no_descriptor_reaches_a_started_program)
     dlock_client *a = client(), *b = client(), *c = client();
     dlock *la = th_handle(a, "inherit", 0, 0, 0);
     dlock *lfa = th_handle(a, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0);
-    inherit_waiter w[3] = {
-        {th_handle(b, "inherit", 0, 0, 0), -99, 0, 0},
-        {th_handle(b, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0), -99, 0,
-         0},
-        {th_handle(c, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0), -99, 0,
-         0},
+    /* each waits 60 s (the test's releases end the waits within seconds;
+     * the bound only ends a lost wake-up), then holds until told */
+    th_waiter w[3] = {
+        {.l = th_handle(b, "inherit", 0, 0, 0), .wait_go = 1},
+        {.l = th_handle(b, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0),
+         .wait_go = 1},
+        {.l = th_handle(c, "inherit-fair", 0, has_fair ? DLOCK_FAIR : 0, 0),
+         .wait_go = 1},
     };
     pthread_t th[3];
 
     CHECK_OK(dlock_acquire(la, 0));
     CHECK_OK(dlock_acquire(lfa, 0));
-    CHECK_EQ(pthread_create(&th[0], NULL, inherit_wait, &w[0]), 0);
+    th_waiter_start(&w[0], &th[0]);
     wait_queued(a, "inherit", 1);
-    CHECK_EQ(pthread_create(&th[1], NULL, inherit_wait, &w[1]), 0);
+    th_waiter_start(&w[1], &th[1]);
     wait_queued(a, "inherit-fair", 1);
-    CHECK_EQ(pthread_create(&th[2], NULL, inherit_wait, &w[2]), 0);
+    th_waiter_start(&w[2], &th[2]);
     wait_queued(a, "inherit-fair", 2);
     started_program_inherits_nothing("held, three waiting", before);
 
@@ -2076,25 +1976,25 @@ TEST(no_descriptor_reaches_a_started_program)
     CHECK_OK(dlock_release(lfa));
     /* 30 s: a release wakes its waiter at once (release_wakes_the_waiter
      * checks how fast); the bound only catches one that never comes */
-    CHECK(th_wait_flag(&w[0].got, 30000));
+    CHECK(th_waiter_returned(&w[0], 30000));
     CHECK_OK(w[0].rc);
     int64_t until = th_now_ms() + 30000;
-    while (!w[1].got && !w[2].got && th_now_ms() < until)
+    while (!w[1].done && !w[2].done && th_now_ms() < until)
         th_sleep_ms(2);
-    int first = w[1].got ? 1 : 2;
-    CHECK(w[first].got);
+    int first = w[1].done ? 1 : 2;
+    CHECK(w[first].done);
     CHECK_OK(w[first].rc);
     if (has_fair)
         CHECK_EQ(first, 1);
-    CHECK_EQ(w[3 - first].got, 0);
+    CHECK_EQ(w[3 - first].done, 0);
     started_program_inherits_nothing("handed over, one waiting", before);
 
     int order[3] = {0, first, 3 - first};
     for (int k = 0; k < 3; k++) {
-        inherit_waiter *x = &w[order[k]];
-        CHECK(th_wait_flag(&x->got, 30000));
+        th_waiter *x = &w[order[k]];
+        CHECK(th_waiter_returned(x, 30000));
         CHECK_OK(x->rc);
-        __atomic_store_n(&x->go, 1, __ATOMIC_SEQ_CST);
+        th_waiter_go(x);
         pthread_join(th[order[k]], NULL);
     }
     for (int i = 0; i < 3; i++)

@@ -91,31 +91,16 @@ TEST(counts_what_happens)
     TH_CLIENT_CLOSE(a, b);
 }
 
-typedef struct waiter {
-    dlock *l;
-    int rc;
-} waiter;
-
-static void *wait_for(void *p)
-{
-    waiter *w = p;
-
-    w->rc = dlock_acquire(w->l, 20000);
-    if (w->rc == DLOCK_OK)
-        (void)dlock_release(w->l);
-    return NULL;
-}
-
 TEST(times_a_wait_and_its_hand_off)
 {
     dlock_client *a = client(), *b = client();
     dlock *la = th_handle(a, "m/wait", 0, 0, 0),
           *lb = th_handle(b, "m/wait", 0, 0, 0);
-    waiter w = {lb, 0};
+    th_waiter w = {.l = lb, .wait_ms = 20000};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(la, 0));
-    CHECK_EQ(pthread_create(&t, NULL, wait_for, &w), 0);
+    th_waiter_start(&w, &t);
     th_sleep_ms(300); /* the waiter is waiting */
     CHECK_OK(dlock_release(la));
     pthread_join(t, NULL);

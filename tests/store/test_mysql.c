@@ -108,34 +108,19 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* A fair waiter in a thread of this process, for the queue table. */
-typedef struct waiter {
-    dlock *l;
-    int rc;
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-
-    w->rc = dlock_acquire(w->l, 10000);
-    if (w->rc == DLOCK_OK)
-        w->rc = dlock_release(w->l);
-    return NULL;
-}
-
 /* la (held) is released while lb waits in the fair queue; lb gets it. */
 static void hand_over_through_the_queue(dlock_client *obs, dlock *la,
                                         dlock *lb)
 {
-    waiter w = {lb, -99};
+    th_waiter w = {.l = lb, .wait_ms = 10000};
     pthread_t th;
 
-    CHECK_EQ(pthread_create(&th, NULL, wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     th_wait_waiters(obs, dlock_name(la), 1);
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
+    CHECK_OK(w.release_rc);
     CHECK_EQ(th_waiters(obs, dlock_name(la)), 0);
 }
 
@@ -1220,7 +1205,7 @@ TEST(a_killed_server_gives_econn_then_the_pool_reconnects)
     pthread_t th;
     memset(&w, 0, sizeof(w));
     w.l = handle(wc, "crash-held", 0, 0);
-    CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300);
 
     int64_t t0 = th_now_ms();

@@ -71,47 +71,12 @@ static int child_open(const char *name, int64_t ttl, unsigned permits,
 }
 
 /* A waiter in a thread of this process: it acquires (shared or not), then
- * holds until `go` (at most 20 s) and releases. */
-typedef struct waiter {
-    dlock *l;
-    int shared;
-    int64_t wait;
-    int rc, release_rc;
-    volatile int got_it, go;
-    int64_t got; /* monotonic ms when acquire returned */
-    uint64_t token;
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, w->wait)
-                      : dlock_acquire(w->l, w->wait);
-    w->got = th_now_ms();
-    w->token = dlock_token(w->l);
-    __atomic_store_n(&w->got_it, 1, __ATOMIC_SEQ_CST);
-    if (w->rc == DLOCK_OK) {
-        (void)th_wait_flag(&w->go, 20000);
-        w->release_rc = dlock_release(w->l);
-    }
-    return NULL;
-}
-
-static void start(waiter *w, pthread_t *th, dlock *l, int shared,
+ * holds until th_waiter_go() and releases. */
+static void start(th_waiter *w, pthread_t *th, dlock *l, int shared,
                   int64_t wait)
 {
-    memset(w, 0, sizeof(*w));
-    w->l = l;
-    w->shared = shared;
-    w->wait = wait;
-    w->rc = -99;
-    CHECK_EQ(pthread_create(th, NULL, wait_thread, w), 0);
-}
-
-static void let_go(waiter *w)
-{
-    __atomic_store_n(&w->go, 1, __ATOMIC_SEQ_CST);
+    *w = (th_waiter){.l = l, .shared = shared, .wait_ms = wait, .wait_go = 1};
+    th_waiter_start(w, th);
 }
 
 /* Sessions asleep in the server: at the gate inside an upsert ("gate"),
@@ -264,7 +229,7 @@ static long long questions(void)
  * end (4 s at most from the kill, 3 s of slack, far below its 20 s
  * wait). */
 static void kill_holder_and_check(pid_t pid, const char *sleeper,
-                                  const char *name, waiter *w)
+                                  const char *name, th_waiter *w)
 {
     int64_t k0 = th_now_ms();
 
@@ -274,10 +239,10 @@ static void kill_holder_and_check(pid_t pid, const char *sleeper,
     CHECK_OP(th_now_ms() - k0, <, 1500);
     long long end = entry_of(name, 0, 2, NULL, 0);
     CHECK_OP(end, >, 0);
-    CHECK(th_wait_flag(&w->got_it, 10000));
+    CHECK(th_waiter_returned(w, 10000));
     CHECK_OK(w->rc);
     CHECK_OP((long long)w->token, >, end);
-    CHECK_OP(w->got - k0, <, 4000 + 3000);
+    CHECK_OP(w->done_at - k0, <, 4000 + 3000);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -294,7 +259,7 @@ TEST(the_last_readers_release_wakes_the_writer)
                  *c = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "drain-last", 30000, 0, 0),
           *rb = th_handle(b, "drain-last", 30000, 0, 0);
-    waiter w;
+    th_waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -305,18 +270,18 @@ TEST(the_last_readers_release_wakes_the_writer)
     /* still asleep on the other reader (200 ms: far more than a wake and
      * a statement take) */
     th_sleep_ms(200);
-    CHECK_EQ(w.got_it, 0);
+    CHECK_EQ(w.done, 0);
     wait_sleepers("drain", 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(rb));
-    CHECK(th_wait_flag(&w.got_it, 10000));
+    CHECK(th_waiter_returned(&w, 10000));
     CHECK_OK(w.rc);
     /* the release's wake: one wake and the upsert, not the readers' 30 s
      * leases; 1 s of slack for a busy machine */
-    CHECK_OP(w.got - rel, <, 1000);
+    CHECK_OP(w.done_at - rel, <, 1000);
     CHECK_OP(w.token, >, dlock_token(ra) > dlock_token(rb) ? dlock_token(ra)
                                                           : dlock_token(rb));
-    let_go(&w);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
@@ -378,14 +343,14 @@ TEST(a_killed_reader_wakes_the_writer_which_waits_for_its_lease)
     child_reader *s;
     pid_t pid = fork_reader("drain-killed", 4000, &s);
     dlock_client *c = th_client(srv.uri, NULL);
-    waiter w;
+    th_waiter w;
     pthread_t th;
 
     start(&w, &th, th_handle(c, "drain-killed", 30000, 0, 0), 0, 20000);
     wait_sleepers("drain", 1);
     kill_holder_and_check(pid, "drain", "drain-killed", &w);
     CHECK_OP(w.token, >, s->token);
-    let_go(&w);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
@@ -401,7 +366,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
     child_reader *s;
     pid_t pid = fork_reader("drain-frozen", 1500, &s);
     dlock_client *c = th_client(srv.uri, NULL);
-    waiter w;
+    th_waiter w;
     pthread_t th;
 
     kill(pid, SIGSTOP);
@@ -409,11 +374,11 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
     long long end = entry_of("drain-frozen", 0, 2, NULL, 0);
     int64_t t0 = th_now_ms();
     start(&w, &th, th_handle(c, "drain-frozen", 30000, 0, 0), 0, 20000);
-    CHECK(th_wait_flag(&w.got_it, 15000));
+    CHECK(th_waiter_returned(&w, 15000));
     CHECK_OK(w.rc);
     CHECK_OP((long long)w.token, >, end); /* not before its lease end */
     /* at its end: 1.5 s at most, and 3 s of slack */
-    CHECK_OP(w.got - t0, <, 1500 + 3000);
+    CHECK_OP(w.done_at - t0, <, 1500 + 3000);
     kill(pid, SIGCONT);
     CHECK(th_wait_flag(&s->released, 15000));
     CHECK_RC(s->release_rc, DLOCK_ELOST);
@@ -425,7 +390,7 @@ TEST(a_frozen_readers_lease_end_lets_the_writer_in)
     CHECK_EQ(in.shared, 0);
     CHECK_EQ(in.token, w.token);
     dlock_info_clear(&in);
-    let_go(&w);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
@@ -441,7 +406,7 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
     dlock_client *a = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "drain-session", 1500, 0, 0);
     char owner[100], hex[64];
-    waiter w;
+    th_waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -460,7 +425,7 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
     start(&w, &th, th_handle(c, "drain-session", 30000, 0, 0), 0, 20000);
     /* more than two leases: renewed through a new connection, it holds */
     th_sleep_ms(3500);
-    CHECK_EQ(w.got_it, 0);
+    CHECK_EQ(w.done, 0);
     CHECK_EQ(dlock_held(ra), 1); /* this thread's own hold */
     /* its hold lock is held again (by the renewal's connection) */
     long long id2 = th_sql_query(&srv, NULL, 0, "SELECT IS_USED_LOCK(%s)",
@@ -472,10 +437,10 @@ TEST(a_reader_whose_session_was_killed_holds_and_wakes_the_writer)
     wait_sleepers("drain", 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(ra));
-    CHECK(th_wait_flag(&w.got_it, 10000));
+    CHECK(th_waiter_returned(&w, 10000));
     CHECK_OK(w.rc);
-    CHECK_OP(w.got - rel, <, 1000); /* woken by the release */
-    let_go(&w);
+    CHECK_OP(w.done_at - rel, <, 1000); /* woken by the release */
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     dlock_close(w.l);
     dlock_close(ra);
@@ -500,7 +465,7 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
     dlock *ra = th_handle(a, "sole-join", 30000, 0, 0),
           *rb = th_handle(b, "sole-join", 30000, 0, 0);
     char oa[100], ob[100];
-    waiter w;
+    th_waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -538,16 +503,16 @@ TEST(a_second_reader_turns_the_sole_hold_into_an_entry)
     /* still asleep on the second reader (200 ms: far more than a wake and
      * a statement take) */
     th_sleep_ms(200);
-    CHECK_EQ(w.got_it, 0);
+    CHECK_EQ(w.done, 0);
     wait_sleepers("drain", 1);
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(rb));
-    CHECK(th_wait_flag(&w.got_it, 10000));
+    CHECK(th_waiter_returned(&w, 10000));
     CHECK_OK(w.rc);
     /* the release's wake, not the 30 s leases; 1 s of slack for a busy
      * machine */
-    CHECK_OP(w.got - rel, <, 1000);
-    let_go(&w);
+    CHECK_OP(w.done_at - rel, <, 1000);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
@@ -820,7 +785,7 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
 {
     dlock_client *h = th_client(srv.uri, NULL), *c[4];
     dlock *lh = th_handle(h, "chain", 30000, 0, 0);
-    waiter w[4];
+    th_waiter w[4];
     pthread_t th[4];
     const int shared[4] = {1, 1, 0, 1};
 
@@ -834,18 +799,18 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     }
     int64_t rel = th_now_ms();
     CHECK_OK(dlock_release(lh));
-    CHECK(th_wait_flag(&w[0].got_it, 10000));
-    CHECK(th_wait_flag(&w[1].got_it, 10000));
+    CHECK(th_waiter_returned(&w[0], 10000));
+    CHECK(th_waiter_returned(&w[1], 10000));
     CHECK_OK(w[0].rc);
     CHECK_OK(w[1].rc);
     /* a chain of server-side wakes, no lease: 1 s for a busy machine */
-    CHECK_OP(w[1].got - rel, <, 1000);
+    CHECK_OP(w[1].done_at - rel, <, 1000);
     /* the writer drains them, the last reader waits at the gate */
     wait_sleepers("drain", 1);
     wait_sleepers("gate", 1);
     th_sleep_ms(200);
-    CHECK_EQ(w[2].got_it, 0);
-    CHECK_EQ(w[3].got_it, 0);
+    CHECK_EQ(w[2].done, 0);
+    CHECK_EQ(w[3].done, 0);
     dlock_info in;
     CHECK_OK(dlock_inspect(h, "chain", &in));
     CHECK_EQ(in.held, 1);
@@ -856,23 +821,23 @@ TEST(readers_at_the_head_get_in_and_a_writer_stops_the_chain)
     /* tokens: each reader after the first writer */
     CHECK_OP(w[0].token, >, t0);
     CHECK_OP(w[1].token, >, t0);
-    let_go(&w[0]);
+    th_waiter_go(&w[0]);
     th_sleep_ms(100);
-    CHECK_EQ(w[2].got_it, 0);
+    CHECK_EQ(w[2].done, 0);
     int64_t rel2 = th_now_ms();
-    let_go(&w[1]);
-    CHECK(th_wait_flag(&w[2].got_it, 10000));
+    th_waiter_go(&w[1]);
+    CHECK(th_waiter_returned(&w[2], 10000));
     CHECK_OK(w[2].rc);
-    CHECK_OP(w[2].got - rel2, <, 1000);
+    CHECK_OP(w[2].done_at - rel2, <, 1000);
     CHECK_OP(w[2].token, >, w[0].token);
     CHECK_OP(w[2].token, >, w[1].token);
     th_sleep_ms(100);
-    CHECK_EQ(w[3].got_it, 0);
-    let_go(&w[2]);
-    CHECK(th_wait_flag(&w[3].got_it, 10000));
+    CHECK_EQ(w[3].done, 0);
+    th_waiter_go(&w[2]);
+    CHECK(th_waiter_returned(&w[3], 10000));
     CHECK_OK(w[3].rc);
     CHECK_OP(w[3].token, >, w[2].token);
-    let_go(&w[3]);
+    th_waiter_go(&w[3]);
     for (int i = 0; i < 4; i++) {
         pthread_join(th[i], NULL);
         CHECK_OK(w[i].release_rc);
@@ -989,7 +954,7 @@ TEST(no_statement_while_waiters_sleep)
                  *e = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "quiet", 30000, 0, 0),
           *pa = th_handle(d, "quiet-sem", 30000, 0, 1);
-    waiter ww, wr, wp;
+    th_waiter ww, wr, wp;
     pthread_t tw, tr, tp;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -1016,19 +981,19 @@ TEST(no_statement_while_waiters_sleep)
     q1 = questions();
     th_sleep_ms(2000);
     CHECK_EQ(questions() - q1, q1 - q0);
-    CHECK_EQ(ww.got_it + wr.got_it + wp.got_it, 0);
+    CHECK_EQ(ww.done + wr.done + wp.done, 0);
     /* and each is woken by its release */
     CHECK_OK(dlock_release(ra));
-    CHECK(th_wait_flag(&ww.got_it, 10000));
+    CHECK(th_waiter_returned(&ww, 10000));
     CHECK_OK(ww.rc);
-    let_go(&ww);
-    CHECK(th_wait_flag(&wr.got_it, 10000));
+    th_waiter_go(&ww);
+    CHECK(th_waiter_returned(&wr, 10000));
     CHECK_OK(wr.rc);
-    let_go(&wr);
+    th_waiter_go(&wr);
     CHECK_OK(dlock_release(pa));
-    CHECK(th_wait_flag(&wp.got_it, 10000));
+    CHECK(th_waiter_returned(&wp, 10000));
     CHECK_OK(wp.rc);
-    let_go(&wp);
+    th_waiter_go(&wp);
     pthread_join(tw, NULL);
     pthread_join(tr, NULL);
     pthread_join(tp, NULL);
@@ -1085,7 +1050,7 @@ TEST(a_semaphores_n_is_kept)
      * queue behind it to learn that much */
     dlock *q1 = th_handle(a, "sem-n1", 0, 0, 1), *lq = th_handle(b, "sem-n1", 0, 0, 0);
     dlock_client *h = th_client(srv.uri, NULL);
-    waiter w;
+    th_waiter w;
     pthread_t th;
     CHECK_OK(dlock_acquire(q1, 0));
     start(&w, &th, th_handle(h, "sem-n1", 0, 0, 1), 0, 20000);
@@ -1096,9 +1061,9 @@ TEST(a_semaphores_n_is_kept)
     CHECK_RC(dlock_acquire_shared(lq, 5000), DLOCK_EINVAL);
     CHECK_OP(th_now_ms() - t0, <, 1000);
     CHECK_OK(dlock_release(q1));
-    CHECK(th_wait_flag(&w.got_it, 10000));
+    CHECK(th_waiter_returned(&w, 10000));
     CHECK_OK(w.rc);
-    let_go(&w);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     dlock_close(w.l);
     TH_CLOSE(q1, lq);
@@ -1206,7 +1171,7 @@ TEST(a_killed_permit_holder_wakes_the_head)
 {
     child_permit *s = th_shared(sizeof(*s));
     dlock_client *c = th_client(srv.uri, NULL);
-    waiter w;
+    th_waiter w;
     pthread_t th;
 
     pid_t pid = th_fork(permit_child, s);
@@ -1215,7 +1180,7 @@ TEST(a_killed_permit_holder_wakes_the_head)
     start(&w, &th, th_handle(c, "sem-killed", 30000, 0, 1), 0, 20000);
     wait_sleepers("helper", 1);
     kill_holder_and_check(pid, "helper", "sem-killed", &w);
-    let_go(&w);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
@@ -1390,7 +1355,7 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
     dlock *ra = th_handle(a, "squat-rw", 1000, 0, 0),
           *rc = th_handle(c, "squat-rw", 30000, 0, 0),
           *pa = th_handle(a, "squat-sem", 30000, 0, 2);
-    waiter w;
+    th_waiter w;
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(ra, 0));
@@ -1421,12 +1386,12 @@ TEST(a_foreign_session_on_the_names_locks_keeps_no_shared_try_out)
     CHECK_RC(dlock_acquire_shared(rc, 0), DLOCK_EBUSY);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(ra));
-    CHECK(th_wait_flag(&w.got_it, 10000));
+    CHECK(th_waiter_returned(&w, 10000));
     CHECK_OK(w.rc);
     /* at the reader's lease end at the latest (1 s lease, renewed), 2 s
      * of slack for a busy machine, far below its 10 s wait */
-    CHECK_OP(w.got - t0, <, 1000 + 2000);
-    let_go(&w);
+    CHECK_OP(w.done_at - t0, <, 1000 + 2000);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     mysql_close(f);
@@ -1632,7 +1597,7 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
                  *c = th_client(srv.uri, NULL), *op = th_client(srv.uri, NULL);
     dlock *ra = th_handle(a, "brk-drain", 30000, 0, 0),
           *rb = th_handle(b, "brk-drain", 30000, 0, 0);
-    waiter w;
+    th_waiter w;
     pthread_t th;
     dlock_info ev;
 
@@ -1648,14 +1613,14 @@ TEST(a_break_of_readers_wakes_the_draining_writer_at_once)
     CHECK_EQ(ev.queue_len, 1);
     CHECK_CONTAINS(ev.queue[0], "write: ");
     dlock_info_clear(&ev);
-    CHECK(th_wait_flag(&w.got_it, 10000));
+    CHECK(th_waiter_returned(&w, 10000));
     CHECK_OK(w.rc);
-    CHECK_OP(w.got - t0, <, 5000); /* a busy machine's wake, not 10 s */
+    CHECK_OP(w.done_at - t0, <, 5000); /* a busy machine's wake, not 10 s */
     CHECK_OP(w.token, >, dlock_token(ra) > dlock_token(rb) ? dlock_token(ra)
                                                           : dlock_token(rb));
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
-    let_go(&w);
+    th_waiter_go(&w);
     pthread_join(th, NULL);
     CHECK_OK(w.release_rc);
     dlock_close(w.l);
@@ -1674,7 +1639,7 @@ TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
                  *op = th_client(srv.uri, NULL);
     dlock *pa = th_handle(a, "brk-sem", 30000, 0, 2),
           *pb = th_handle(b, "brk-sem", 30000, 0, 2);
-    waiter w1, w2;
+    th_waiter w1, w2;
     pthread_t t1, t2;
     dlock_info ev;
 
@@ -1689,16 +1654,16 @@ TEST(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once)
     CHECK_EQ(ev.holders, 2);
     CHECK_EQ(ev.permits, 2);
     dlock_info_clear(&ev);
-    CHECK(th_wait_flag(&w1.got_it, 10000));
-    CHECK(th_wait_flag(&w2.got_it, 10000));
+    CHECK(th_waiter_returned(&w1, 10000));
+    CHECK(th_waiter_returned(&w2, 10000));
     CHECK_OK(w1.rc);
     CHECK_OK(w2.rc);
-    CHECK_OP(w1.got - t0, <, 5000);
-    CHECK_OP(w2.got - t0, <, 5000);
+    CHECK_OP(w1.done_at - t0, <, 5000);
+    CHECK_OP(w2.done_at - t0, <, 5000);
     CHECK_RC(dlock_release(pa), DLOCK_ELOST);
     CHECK_RC(dlock_release(pb), DLOCK_ELOST);
-    let_go(&w1);
-    let_go(&w2);
+    th_waiter_go(&w1);
+    th_waiter_go(&w2);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
     CHECK_OK(w1.release_rc);

@@ -388,37 +388,17 @@ TEST(list_shows_long_names_whole)
     TH_CLIENT_CLOSE(a, b);
 }
 
-typedef struct waiter_arg {
-    dlock *l;
-    int rc;
-    uint64_t token;
-    int64_t took_ms;
-} waiter_arg;
-
-static void *wait_for(void *p)
-{
-    waiter_arg *w = p;
-    int64_t t0 = th_now_ms();
-
-    w->rc = dlock_acquire(w->l, 20000);
-    w->took_ms = th_now_ms() - t0;
-    w->token = dlock_token(w->l);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 TEST(list_shows_waiters)
 {
     NEED(list);
     dlock_client *a = client(), *b = client(), *o = client();
     dlock *la = handle(a, "op/wait", 0, NULL, NULL);
     dlock *lb = handle(b, "op/wait", 0, NULL, NULL);
-    waiter_arg w = {lb, 0, 0, 0};
+    th_waiter w = {.l = lb, .wait_ms = 20000};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(la, 0));
-    CHECK_EQ(pthread_create(&t, NULL, wait_for, &w), 0);
+    th_waiter_start(&w, &t);
     if (th_wait_queued(o, "op/wait", 1, 10000)) {
         found f = list_all(o, "op/wait", 100, 0);
         CHECK_EQ(f.n, 1);
@@ -491,12 +471,12 @@ TEST(break_wakes_a_waiter_at_once)
     dlock_client *a = client(), *b = client(), *op = client();
     dlock *la = handle(a, "op/break-wake", 30000, NULL, NULL);
     dlock *lb = handle(b, "op/break-wake", 30000, NULL, NULL);
-    waiter_arg w = {lb, 0, 0, 0};
+    th_waiter w = {.l = lb, .wait_ms = 20000};
     pthread_t t;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t t1 = dlock_token(la);
-    CHECK_EQ(pthread_create(&t, NULL, wait_for, &w), 0);
+    th_waiter_start(&w, &t);
     (void)th_wait_queued(op, "op/break-wake", 1, 10000);
     th_sleep_ms(100); /* the waiter is asleep */
     int64_t t0 = th_now_ms();

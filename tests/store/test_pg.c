@@ -764,7 +764,7 @@ static void down_and_back(const char *query)
     pthread_t th;
     memset(&w, 0, sizeof(w));
     w.l = th_handle(wc, "down", 0, 0, 0);
-    CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300);
 
     th_sql_kill(&s2, SIGKILL);
@@ -1964,29 +1964,6 @@ TEST(an_advisory_break_reports_a_session_calling_itself_dlock)
 
 /* --- forged grants: a notification is a wake-up, never a grant --- */
 
-typedef struct forged_waiter {
-    dlock *l;
-    int shared; /* a read hold (else dlock_acquire: a lock or a permit) */
-    int rc;
-    uint64_t token;
-    int done;   /* its acquire returned (atomic) */
-    int let_go; /* the test is done looking: release (atomic) */
-} forged_waiter;
-
-static void *forged_wait_thread(void *arg)
-{
-    forged_waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
-                      : dlock_acquire(w->l, 20000);
-    w->token = dlock_token(w->l);
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    (void)th_wait_flag(&w->let_go, 20000);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 /* The server log's size now, and the statements (each "execute" of a
  * prepared one and each simple query) that `role` ran since `from`
  * (log_statement = 'all' for that role, log_line_prefix '[%u] '). */
@@ -2073,7 +2050,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
         dlock_options o;
         dlock *lh = NULL;
         dlock_client *h = client(), *c = th_client(uri, NULL);
-        forged_waiter w;
+        th_waiter w;
         pthread_t th;
 
         snprintf(name, sizeof(name), "forged-%s", kinds[k]);
@@ -2084,9 +2061,11 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
         memset(&w, 0, sizeof(w));
         CHECK_OK(dlock_open(&w.l, c, name, &o));
         w.shared = k == 1;
+        w.wait_ms = 20000;
+        w.wait_go = 1;
         CHECK_OK(dlock_acquire(lh, 0)); /* a reader waits behind a writer */
         uint64_t held = dlock_token(lh);
-        pthread_create(&th, NULL, forged_wait_thread, &w);
+        th_waiter_start(&w, &th);
         /* its entry: the channel's client id and the waiter number
          * (bounded: 10 s of busy-machine slack) */
         int64_t until = th_now_ms() + 10000;
@@ -2134,7 +2113,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
 
         /* the real hand-over: the row's token, above the holder's */
         CHECK_OK(dlock_release(lh));
-        CHECK(th_wait_flag(&w.done, 10000));
+        CHECK(th_waiter_returned(&w, 10000));
         CHECK_OK(w.rc);
         dlock_info info;
         CHECK_OK(dlock_inspect(h, name, &info));
@@ -2143,7 +2122,7 @@ TEST(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter)
         dlock_info_clear(&info);
         CHECK_OP(w.token, >, held);
         CHECK_OP(w.token, <, forged);
-        __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
+        th_waiter_go(&w);
         pthread_join(th, NULL);
         fprintf(stderr, "forged %s: %d statements for %d notifications\n",
                 kinds[k], reads, FLOOD + 1);

@@ -36,48 +36,6 @@ static dlock_client *client(void)
     return th_client(srv.uri, NULL);
 }
 
-typedef struct waiter {
-    dlock *l;
-    int shared;
-    int64_t wait;
-    int64_t hold; /* ms to hold before releasing */
-    int rc;
-    int64_t got; /* monotonic ms when the acquire returned (0: not yet) */
-    uint64_t token;
-    volatile int done;
-    volatile int *go; /* then hold until *go is set (20 s at most) */
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, w->wait)
-                      : dlock_acquire(w->l, w->wait);
-    w->token = dlock_token(w->l);
-    __atomic_store_n(&w->got, th_now_ms(), __ATOMIC_SEQ_CST);
-    if (w->rc == DLOCK_OK) {
-        if (w->hold)
-            th_sleep_ms(w->hold);
-        for (int i = 0; w->go && i < 4000 &&
-                        !__atomic_load_n(w->go, __ATOMIC_SEQ_CST);
-             i++)
-            th_sleep_ms(5);
-        dlock_release(w->l);
-    }
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    return NULL;
-}
-
-/* Waits (10 s at most) until w's acquire has returned. */
-static void until_returned(waiter *w)
-{
-    for (int i = 0; i < 2000 && !__atomic_load_n(&w->got, __ATOMIC_SEQ_CST);
-         i++)
-        th_sleep_ms(5);
-    CHECK(w->got != 0);
-}
-
 /* The lease end (server ms) of the entry with token `tok` in the row of
  * `name` of table T; -1 when there is none. */
 static long long entry_end(const char *t, const char *name, uint64_t tok)
@@ -135,7 +93,7 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
     dead *d = th_shared(sizeof(*d));
     dlock_client *a = client(), *c = client();
     dlock *live = th_handle(a, "rw1", 30000, 0, 0);
-    waiter w = {th_handle(c, "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter w = {.l = th_handle(c, "rw1", 30000, 0, 0), .wait_ms = 20000};
     pthread_t th;
 
     d->rc = -1000;
@@ -150,17 +108,17 @@ TEST(a_dead_readers_entry_ends_at_its_lease)
     th_wait(child);
     CHECK_OK(d->rc);
     CHECK_OK(dlock_acquire_shared(live, 0));
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_state(c, "rw1", 1, -1);
     CHECK_OK(dlock_release(live));
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     /* not before the dead reader's lease (2 s from before its acquire;
      * the server keeps ends to the ms: 5 ms for that) */
-    CHECK_OP(w.got, >=, d->before + 2000 - 5);
+    CHECK_OP(w.done_at, >=, d->before + 2000 - 5);
     /* and at its end (the writer's timer, then one try), far below the
      * live reader's 30 s and the writer's own 20 s wait: 3 s of slack */
-    CHECK_OP(w.got, <, d->before + 2000 + 3000);
+    CHECK_OP(w.done_at, <, d->before + 2000 + 3000);
     dlock_close(w.l);
     dlock_close(live);
     TH_CLIENT_CLOSE(a, c);
@@ -177,13 +135,13 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     dlock *r1 = th_handle(c[1], "rw2", 30000, 0, 0);
     dlock *r2 = th_handle(c[2], "rw2", 30000, 0, 0);
     dlock *r3 = th_handle(c[3], "rw2", 30000, 0, 0);
-    waiter w = {th_handle(c[0], "rw2", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter w = {.l = th_handle(c[0], "rw2", 30000, 0, 0), .wait_ms = 20000};
     pthread_t th;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
     CHECK_OK(dlock_acquire_shared(r2, 0));
     CHECK(dlock_token(r1) != dlock_token(r2));
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_state(c[3], "rw2", 1, 2);
     dlock_info i = th_info(c[3], "rw2");
     CHECK_EQ(i.shared, 1);
@@ -201,7 +159,7 @@ TEST(the_last_readers_release_hands_over_to_the_writer)
     CHECK_OK(w.rc);
     /* one hand-off (the release's grant and its notification): loose for
      * a busy machine, far below the readers' 30 s lease */
-    CHECK_OP(w.got - rel, <, 3000);
+    CHECK_OP(w.done_at - rel, <, 3000);
     CHECK_OP(w.token, >, dlock_token(r1) > dlock_token(r2) ? dlock_token(r1)
                                                            : dlock_token(r2));
     dlock_close(w.l);
@@ -219,9 +177,8 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
     enum { N = 4 };
     dlock_client *h = client(), *c[N];
     dlock *lh = th_handle(h, "rw3", 30000, 0, 0);
-    waiter w[N];
+    th_waiter w[N];
     pthread_t th[N];
-    volatile int go_r = 0, go_w = 0;
 
     CHECK_OK(dlock_acquire(lh, 0));
     for (int i = 0; i < N; i++) {
@@ -229,9 +186,9 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
         memset(&w[i], 0, sizeof(w[i]));
         w[i].l = th_handle(c[i], "rw3", 30000, 0, 0);
         w[i].shared = i != 2; /* R R W R */
-        w[i].wait = 20000;
-        w[i].go = i < 2 ? &go_r : i == 2 ? &go_w : NULL;
-        pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        w[i].wait_ms = 20000;
+        w[i].wait_go = i < 3;
+        th_waiter_start(&w[i], &th[i]);
         th_wait_state(h, "rw3", i + 1, 1); /* queued in this order */
     }
     dlock_info q = th_info(h, "rw3");
@@ -252,24 +209,25 @@ TEST(a_writers_release_lets_in_the_readers_at_the_head_only)
         CHECK_CONTAINS(i.queue[1], "read: ");
     }
     dlock_info_clear(&i);
-    until_returned(&w[0]);
-    until_returned(&w[1]);
+    CHECK(th_waiter_returned(&w[0], 10000));
+    CHECK(th_waiter_returned(&w[1], 10000));
     int64_t t_r = th_now_ms();
-    __atomic_store_n(&go_r, 1, __ATOMIC_SEQ_CST);
-    until_returned(&w[2]);
-    CHECK_EQ(w[3].got, 0); /* the reader behind the writer still waits */
+    th_waiter_go(&w[0]);
+    th_waiter_go(&w[1]);
+    CHECK(th_waiter_returned(&w[2], 10000));
+    CHECK_EQ(w[3].done_at, 0); /* the reader behind the writer still waits */
     int64_t t_w = th_now_ms();
-    __atomic_store_n(&go_w, 1, __ATOMIC_SEQ_CST);
+    th_waiter_go(&w[2]);
     for (int k = 0; k < N; k++)
         pthread_join(th[k], NULL);
     for (int k = 0; k < N; k++)
         CHECK_OK(w[k].rc);
     for (int k = 0; k < 2; k++) {
-        CHECK_OP(w[k].got - rel, <, 3000); /* one hand-off, busy machine */
+        CHECK_OP(w[k].done_at - rel, <, 3000); /* one hand-off, busy machine */
         CHECK_OP(w[2].token, >, w[k].token);
     }
-    CHECK_OP(w[2].got, >=, t_r);
-    CHECK_OP(w[3].got, >=, t_w);
+    CHECK_OP(w[2].done_at, >=, t_r);
+    CHECK_OP(w[3].done_at, >=, t_w);
     CHECK_OP(w[3].token, >, w[2].token);
     for (int k = 0; k < N; k++) {
         dlock_close(w[k].l);
@@ -286,14 +244,15 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
 {
     dlock_client *a = client(), *b = client(), *c = client();
     dlock *r1 = th_handle(a, "rw4", 30000, 0, 0);
-    waiter w = {th_handle(b, "rw4", 30000, 0, 0), 0, 3000, 0, 0, 0, 0, 0, NULL};
-    waiter r2 = {th_handle(c, "rw4", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter w = {.l = th_handle(b, "rw4", 30000, 0, 0), .wait_ms = 3000};
+    th_waiter r2 = {
+        .l = th_handle(c, "rw4", 30000, 0, 0), .shared = 1, .wait_ms = 20000};
     pthread_t tw, tr;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
-    pthread_create(&tw, NULL, wait_thread, &w);
+    th_waiter_start(&w, &tw);
     th_wait_state(a, "rw4", 1, 1);
-    pthread_create(&tr, NULL, wait_thread, &r2);
+    th_waiter_start(&r2, &tr);
     th_wait_state(a, "rw4", 2, 1);
     pthread_join(tw, NULL);
     CHECK_RC(w.rc, DLOCK_EBUSY);
@@ -301,7 +260,7 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
     CHECK_OK(r2.rc);
     /* let in by the writer's leaving (its notification), not by r1's
      * release or lease (30 s): r1 still holds. 3 s: a busy machine */
-    CHECK_OP(r2.got - w.got, <, 3000);
+    CHECK_OP(r2.done_at - w.done_at, <, 3000);
     CHECK_EQ(dlock_held(r1), 1);
     CHECK_EQ(entries("dlock_locks", "rw4"), 0);
     CHECK_OK(dlock_release(r1));
@@ -399,7 +358,8 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
     int *ready = th_shared(sizeof(*ready));
     dlock_client *h = client(), *c = client();
     dlock *lh = th_handle(h, "rw7", 30000, 0, 0);
-    waiter r = {th_handle(c, "rw7", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter r = {
+        .l = th_handle(c, "rw7", 30000, 0, 0), .shared = 1, .wait_ms = 20000};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -410,7 +370,7 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
     /* its entry stays in the table, but is dead: not a waiter any more */
     th_wait_state(h, "rw7", 0, 1);
     CHECK_EQ(entries("dlock_locks", "rw7"), 1);
-    pthread_create(&th, NULL, wait_thread, &r);
+    th_waiter_start(&r, &th);
     th_wait_state(h, "rw7", 1, 1);
     CHECK_EQ(entries("dlock_locks", "rw7"), 2);
     int64_t rel = th_now_ms();
@@ -418,7 +378,7 @@ TEST(a_dead_waiter_is_skipped_by_the_grant_step)
     pthread_join(th, NULL);
     CHECK_OK(r.rc);
     /* one hand-off past the dead entry (busy machine), not a lease */
-    CHECK_OP(r.got - rel, <, 3000);
+    CHECK_OP(r.done_at - rel, <, 3000);
     CHECK_EQ(entries("dlock_locks", "rw7"), 0);
     dlock_close(lh);
     dlock_close(r.l);
@@ -436,12 +396,11 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     dlock *pb = th_handle(b, "rw8", 30000, 0, 2);
     dlock *p3 = th_handle(c, "rw8", 30000, 0, 3);
     dlock *lk = th_handle(c, "rw8", 30000, 0, 0);
-    volatile int go1 = 0;
-    waiter w1 = {th_handle(c, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter w2 = {th_handle(d, "rw8", 30000, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter w1 = {.l = th_handle(c, "rw8", 30000, 0, 2), .wait_ms = 20000};
+    th_waiter w2 = {.l = th_handle(d, "rw8", 30000, 0, 2), .wait_ms = 20000};
     pthread_t t1, t2;
 
-    w1.go = &go1;
+    w1.wait_go = 1;
     CHECK_OK(dlock_acquire(pa, 0));
     CHECK_OK(dlock_acquire(pb, 0));
     CHECK(dlock_token(pa) != dlock_token(pb));
@@ -451,9 +410,9 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_CONTAINS(dlock_errmsg(), "is a semaphore of 2 permits");
     CHECK_RC(dlock_acquire_shared(lk, 1000), DLOCK_EINVAL);
     CHECK_EQ(entries("dlock_locks", "rw8"), 0);
-    pthread_create(&t1, NULL, wait_thread, &w1);
+    th_waiter_start(&w1, &t1);
     th_wait_state(a, "rw8", 1, 2);
-    pthread_create(&t2, NULL, wait_thread, &w2);
+    th_waiter_start(&w2, &t2);
     th_wait_state(a, "rw8", 2, 2);
     dlock_info i = th_info(a, "rw8");
     CHECK_EQ(i.permits, 2);
@@ -464,11 +423,11 @@ TEST(a_semaphore_keeps_its_n_and_grants_one_per_permit)
     CHECK_OK(dlock_release(pa));
     /* one permit freed: the first waiter alone */
     th_wait_state(a, "rw8", 1, 2);
-    until_returned(&w1);
-    CHECK_EQ(w2.got, 0); /* one permit freed: one waiter in */
-    CHECK_OP(w1.got - rel, <, 3000); /* a hand-off, busy machine */
+    CHECK(th_waiter_returned(&w1, 10000));
+    CHECK_EQ(w2.done_at, 0);             /* one permit freed: one waiter in */
+    CHECK_OP(w1.done_at - rel, <, 3000); /* a hand-off, busy machine */
     CHECK_OK(dlock_release(pb));
-    __atomic_store_n(&go1, 1, __ATOMIC_SEQ_CST);
+    th_waiter_go(&w1);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
     CHECK_OK(w1.rc);
@@ -716,12 +675,14 @@ TEST(a_table_of_the_previous_version_is_migrated)
     CHECK_STR(i.holder, "an older client");
     CHECK_EQ(i.token, tok);
     dlock_info_clear(&i);
-    waiter r1 = {th_handle(a, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter r2 = {th_handle(b, "rw10", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter r1 = {
+        .l = th_handle(a, "rw10", 30000, 0, 0), .shared = 1, .wait_ms = 20000};
+    th_waiter r2 = {
+        .l = th_handle(b, "rw10", 30000, 0, 0), .shared = 1, .wait_ms = 20000};
     pthread_t t1, t2;
-    pthread_create(&t1, NULL, wait_thread, &r1);
+    th_waiter_start(&r1, &t1);
     th_wait_state(b, "rw10", 1, 1);
-    pthread_create(&t2, NULL, wait_thread, &r2);
+    th_waiter_start(&r2, &t2);
     th_wait_state(b, "rw10", 2, 1);
     /* the older client releases as it always did */
     char granted[200];
@@ -755,8 +716,7 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
                  *c = client(), *d = client();
     dlock *ra = th_handle(a, "rwb", 30000, 0, 0);
     dlock *rb = th_handle(b, "rwb", 30000, 0, 0);
-    volatile int go_w = 0;
-    waiter w[2];
+    th_waiter w[2];
     pthread_t th[2];
     dlock_info ev;
 
@@ -766,9 +726,9 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
         memset(&w[i], 0, sizeof(w[i]));
         w[i].l = th_handle(i ? d : c, "rwb", 30000, 0, 0);
         w[i].shared = i == 1; /* a writer, then a reader */
-        w[i].wait = 20000;
-        w[i].go = i == 0 ? &go_w : NULL;
-        pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        w[i].wait_ms = 20000;
+        w[i].wait_go = i == 0;
+        th_waiter_start(&w[i], &th[i]);
         th_wait_state(op, "rwb", i + 1, 2);
     }
     dlock_list_page p;
@@ -800,15 +760,15 @@ TEST(a_break_of_readers_lets_the_queued_writer_in)
     CHECK_EQ(ev.waiters, 2);
     uint64_t last = ev.token;
     dlock_info_clear(&ev);
-    until_returned(&w[0]);
+    CHECK(th_waiter_returned(&w[0], 10000));
     CHECK_OK(w[0].rc);
-    CHECK_OP(w[0].got - t0, <, 3000); /* one hand-off, busy machine */
+    CHECK_OP(w[0].done_at - t0, <, 3000); /* one hand-off, busy machine */
     CHECK_OP(w[0].token, >, last);
     th_wait_state(op, "rwb", 1, 1); /* the reader still waits */
-    CHECK_EQ(w[1].got, 0);
+    CHECK_EQ(w[1].done_at, 0);
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_RC(dlock_release(rb), DLOCK_ELOST);
-    __atomic_store_n(&go_w, 1, __ATOMIC_SEQ_CST);
+    th_waiter_go(&w[0]);
     for (int i = 0; i < 2; i++)
         pthread_join(th[i], NULL);
     CHECK_OK(w[1].rc);
@@ -827,8 +787,7 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
                  *c = client(), *d = client();
     dlock *pa = th_handle(a, "rwsb", 30000, 0, 2);
     dlock *pb = th_handle(b, "rwsb", 30000, 0, 2);
-    volatile int go = 0;
-    waiter w[2];
+    th_waiter w[2];
     pthread_t th[2];
     dlock_info ev;
 
@@ -839,9 +798,9 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
     for (int i = 0; i < 2; i++) {
         memset(&w[i], 0, sizeof(w[i]));
         w[i].l = th_handle(i ? d : c, "rwsb", 30000, 0, 2);
-        w[i].wait = 20000;
-        w[i].go = &go;
-        pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        w[i].wait_ms = 20000;
+        w[i].wait_go = 1;
+        th_waiter_start(&w[i], &th[i]);
         th_wait_state(op, "rwsb", i + 1, 2);
     }
     int64_t t0 = th_now_ms();
@@ -851,9 +810,9 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
     CHECK_EQ(ev.waiters, 2);
     dlock_info_clear(&ev);
     for (int i = 0; i < 2; i++) {
-        until_returned(&w[i]);
+        CHECK(th_waiter_returned(&w[i], 10000));
         CHECK_OK(w[i].rc);
-        CHECK_OP(w[i].got - t0, <, 3000); /* a hand-off, busy machine */
+        CHECK_OP(w[i].done_at - t0, <, 3000); /* a hand-off, busy machine */
         CHECK_OP(w[i].token, >, most);
     }
     dlock_info i = th_info(op, "rwsb");
@@ -863,7 +822,8 @@ TEST(a_break_of_a_semaphore_gives_the_permits_to_its_waiters)
     dlock_info_clear(&i);
     CHECK_RC(dlock_release(pa), DLOCK_ELOST);
     CHECK_RC(dlock_release(pb), DLOCK_ELOST);
-    __atomic_store_n(&go, 1, __ATOMIC_SEQ_CST);
+    th_waiter_go(&w[0]);
+    th_waiter_go(&w[1]);
     for (int k = 0; k < 2; k++) {
         pthread_join(th[k], NULL);
         dlock_close(w[k].l);
@@ -934,14 +894,14 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
     sem_child_arg *a = th_shared(sizeof(*a));
     dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL);
     dlock *p = th_handle(c, "adv1", 0, 0, 2);
-    waiter w = {th_handle(d, "adv1", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter w = {.l = th_handle(d, "adv1", 0, 0, 2), .wait_ms = 20000};
     pthread_t th;
 
     pid_t child = th_fork(permit_child, a);
     (void)th_wait_flag(&a->ready, 10000);
     CHECK(a->ready);
     CHECK_OK(dlock_acquire(p, 0));
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_state(c, "adv1", 1, 2);
     dlock_info i = th_info(c, "adv1");
     CHECK_EQ(i.permits, 2);
@@ -957,7 +917,7 @@ TEST(an_advisory_permit_holders_death_wakes_the_head_at_once)
     CHECK_OK(w.rc);
     /* woken by the server when the session ended: no lease, no timer;
      * 1 s for a busy machine */
-    CHECK_OP(w.got - t0, <, 1000);
+    CHECK_OP(w.done_at - t0, <, 1000);
     CHECK_OK(dlock_release(p));
     dlock_close(p);
     dlock_close(w.l);
@@ -1011,28 +971,27 @@ TEST(advisory_permit_waiters_are_served_in_order)
     dlock_client *h = th_client(adv, NULL), *c1 = th_client(adv, NULL),
                  *c2 = th_client(adv, NULL);
     dlock *ph = th_handle(h, "adv3", 0, 0, 1);
-    volatile int go1 = 0;
-    waiter w1 = {th_handle(c1, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
-    waiter w2 = {th_handle(c2, "adv3", 0, 0, 1), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter w1 = {.l = th_handle(c1, "adv3", 0, 0, 1), .wait_ms = 20000};
+    th_waiter w2 = {.l = th_handle(c2, "adv3", 0, 0, 1), .wait_ms = 20000};
     pthread_t t1, t2;
 
-    w1.go = &go1;
+    w1.wait_go = 1;
     CHECK_OK(dlock_acquire(ph, 0));
-    pthread_create(&t1, NULL, wait_thread, &w1);
+    th_waiter_start(&w1, &t1);
     th_wait_state(h, "adv3", 1, 1);
-    pthread_create(&t2, NULL, wait_thread, &w2);
+    th_waiter_start(&w2, &t2);
     th_wait_state(h, "adv3", 2, 1);
     CHECK_OK(dlock_release(ph));
-    until_returned(&w1);
+    CHECK(th_waiter_returned(&w1, 10000));
     CHECK_OK(w1.rc);
     th_sleep_ms(200); /* w2 would have been let in by now */
-    CHECK_EQ(w2.got, 0); /* w1 holds until told */
+    CHECK_EQ(w2.done_at, 0); /* w1 holds until told */
     int64_t t_go = th_now_ms();
-    __atomic_store_n(&go1, 1, __ATOMIC_SEQ_CST);
+    th_waiter_go(&w1);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
     CHECK_OK(w2.rc);
-    CHECK_OP(w2.got, >=, t_go);
+    CHECK_OP(w2.done_at, >=, t_go);
     CHECK_OP(w2.token, >, w1.token);
     dlock_close(ph);
     dlock_close(w1.l);
@@ -1160,7 +1119,7 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
     dlock_client *c = th_client(adv, NULL), *d = th_client(adv, NULL),
                  *e = th_client(adv, NULL), *op = th_client(adv, NULL);
     dlock *pa = th_handle(c, "adv6", 0, 0, 2), *pb = th_handle(d, "adv6", 0, 0, 2);
-    waiter w = {th_handle(e, "adv6", 0, 0, 2), 0, 20000, 0, 0, 0, 0, 0, NULL};
+    th_waiter w = {.l = th_handle(e, "adv6", 0, 0, 2), .wait_ms = 20000};
     pthread_t th;
     dlock_info ev;
 
@@ -1168,7 +1127,7 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
     CHECK_OK(dlock_acquire(pb, 0));
     uint64_t most = dlock_token(pb) > dlock_token(pa) ? dlock_token(pb)
                                                       : dlock_token(pa);
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_state(op, "adv6", 1, 2);
     th_sleep_ms(300); /* the head asleep on both slots, most likely */
     int64_t t0 = th_now_ms();
@@ -1182,7 +1141,7 @@ TEST(an_advisory_break_of_a_semaphore_wakes_the_head)
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     /* woken by the server as the sessions ended: 3 s for a busy machine */
-    CHECK_OP(w.got - t0, <, 3000);
+    CHECK_OP(w.done_at - t0, <, 3000);
     CHECK_OP(w.token, >, most);
     CHECK_RC(dlock_release(pa), DLOCK_ELOST);
     CHECK_RC(dlock_release(pb), DLOCK_ELOST);

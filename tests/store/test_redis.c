@@ -31,29 +31,6 @@ static void cycle(dlock_client *c, const char *name)
     dlock_close(l);
 }
 
-typedef struct waiter {
-    dlock *l;
-    int64_t wait;
-    int rc;
-    int64_t took;
-    char msg[512];
-    uint64_t token;
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-    int64_t t0 = th_now_ms();
-
-    w->rc = dlock_acquire(w->l, w->wait);
-    w->took = th_now_ms() - t0;
-    snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
-    w->token = dlock_token(w->l);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 #define NWAIT 5
 
 static void start_auth(void)
@@ -206,9 +183,10 @@ TEST(database_prefix_and_one_key_per_lock)
     dlock_info_clear(&info);
 
     /* a waiter queues inside the lock's one key: nothing else is kept */
-    waiter w = {th_handle(c2, "ab{c}d", 0, DLOCK_FAIR, 0), 5000, 0, 0, "", 0};
+    th_waiter w = {.l = th_handle(c2, "ab{c}d", 0, DLOCK_FAIR, 0),
+                   .wait_ms = 5000};
     pthread_t th;
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     int64_t until = th_now_ms() + 5000;
     while (th_waiters(c, "ab{c}d") < 1 && th_now_ms() < until)
         th_sleep_ms(5);
@@ -320,12 +298,12 @@ TEST(killed_mid_wait_then_recovers)
     th_redis_start(&s, NULL);
     dlock_client *a = th_client(s.uri, NULL), *b = th_client(s.uri, NULL);
     dlock *la = th_handle(a, "midwait", 30000, 0, 0);
-    waiter w = {th_handle(b, "midwait", 0, 0, 0), 20000, 0, 0, "", 0};
+    th_waiter w = {.l = th_handle(b, "midwait", 0, 0, 0), .wait_ms = 20000};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300);
     th_redis_kill(&s, SIGKILL);
 
@@ -357,7 +335,7 @@ TEST(killed_mid_wait_then_recovers)
      * (20 s) is the contract, the backoff cap (1 s) what makes it quick */
     CHECK_OP(w.took, <, 20000);
     CHECK_OP(w.token, >, tok); /* time-based tokens keep growing */
-    /* (wait_thread released it) */
+    /* (the waiter released it) */
     /* the restart lost a's lock; a's release says so */
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
@@ -453,12 +431,12 @@ TEST(waiters_send_no_commands_between_notifications)
 {
     dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *la = th_handle(a, "quiet", 60000, 0, 0);
-    waiter w = {th_handle(b, "quiet", 0, 0, 0), 2500, 0, 0, "", 0};
+    th_waiter w = {.l = th_handle(b, "quiet", 0, 0, 0), .wait_ms = 2500};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     long long before = th_redis_calls(&srv, "evalsha");
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     pthread_join(th, NULL);
     CHECK_RC(w.rc, DLOCK_EBUSY);
     long long used = th_redis_calls(&srv, "evalsha") - before;
@@ -471,7 +449,7 @@ TEST(waiters_send_no_commands_between_notifications)
     dlock *lf = th_handle(a, "quiet-fair", 60000, DLOCK_FAIR, 0);
     CHECK_OK(dlock_acquire(lf, 0));
     before = th_redis_calls(&srv, "evalsha");
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     pthread_join(th, NULL);
     CHECK_RC(w.rc, DLOCK_EBUSY);
     used = th_redis_calls(&srv, "evalsha") - before;
@@ -567,7 +545,7 @@ TEST(one_subscriber_connection_per_client)
     static char list[65536];
     dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock *held[4];
-    waiter w[4];
+    th_waiter w[4];
     pthread_t th[4];
     char name[16];
 
@@ -575,8 +553,8 @@ TEST(one_subscriber_connection_per_client)
         snprintf(name, sizeof(name), "sub%d", i);
         held[i] = th_handle(a, name, 60000, 0, 0);
         CHECK_OK(dlock_acquire(held[i], 0));
-        w[i] = (waiter){th_handle(b, name, 0, 0, 0), 1500, 0, 0, "", 0};
-        pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        w[i] = (th_waiter){.l = th_handle(b, name, 0, 0, 0), .wait_ms = 1500};
+        th_waiter_start(&w[i], &th[i]);
     }
     th_sleep_ms(500);
     th_redis_cmd(&srv, list, sizeof(list), "CLIENT LIST TYPE pubsub");
@@ -747,13 +725,14 @@ TEST(handover_skips_a_dead_waiter)
     static char list[65536];
     dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
     dlock *lh = th_handle(h, "deadwaiter", 30000, 0, 0);
-    waiter w = {th_handle(c, "deadwaiter", 30000, 0, 0), 20000, 0, 0, "", 0};
+    th_waiter w = {.l = th_handle(c, "deadwaiter", 30000, 0, 0),
+                   .wait_ms = 20000};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
     pid_t child = th_fork(dead_waiter_child, NULL);
     th_wait_waiters(h, "deadwaiter", 1);
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_waiters(h, "deadwaiter", 2);
     kill(child, SIGKILL);
     th_wait(child);
@@ -869,11 +848,11 @@ TEST(a_handover_found_when_leaving_is_kept)
 {
     dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
     dlock *lh = th_handle(h, "kept", 30000, 0, 0);
-    waiter w = {th_handle(c, "kept", 30000, 0, 0), 1500, 0, 0, "", 0};
+    th_waiter w = {.l = th_handle(c, "kept", 30000, 0, 0), .wait_ms = 1500};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_waiters(h, "kept", 1);
     hand_over_by_hand("kept", 4242);
     pthread_join(th, NULL);
@@ -892,11 +871,12 @@ TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
 {
     dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
     dlock *lh = th_handle(h, "lostmsg", 30000, 0, 0);
-    waiter w = {th_handle(c, "lostmsg", 30000, 0, 0), 15000, 0, 0, "", 0};
+    th_waiter w = {.l = th_handle(c, "lostmsg", 30000, 0, 0),
+                   .wait_ms = 15000};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(lh, 0));
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_waiters(h, "lostmsg", 1);
     hand_over_by_hand("lostmsg", 4343);
     th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE pubsub");
@@ -924,12 +904,12 @@ TEST(a_handover_racing_a_timed_out_wait)
     int ok = 0, busy = 0;
 
     for (int i = 0; i < 60; i++) {
-        waiter w = {th_handle(c, "race", 30000, 0, 0), 40, 0, 0, "", 0};
+        th_waiter w = {.l = th_handle(c, "race", 30000, 0, 0), .wait_ms = 40};
         pthread_t th;
         dlock_info info;
 
         CHECK_OK(dlock_acquire(lh, 0));
-        pthread_create(&th, NULL, wait_thread, &w);
+        th_waiter_start(&w, &th);
         th_sleep_ms(30 + i % 20);
         CHECK_OK(dlock_release(lh));
         pthread_join(th, NULL);
@@ -1073,29 +1053,6 @@ TEST(tokens_stay_above_a_tombstone_ahead_of_the_clock)
 #define FORGED_TOKEN 9223372036854775000ULL
 #define FLOOD 200
 
-typedef struct forged_waiter {
-    dlock *l;
-    int shared; /* a read hold (else dlock_acquire: a lock or a permit) */
-    int rc;
-    uint64_t token;
-    int done;   /* its acquire returned (atomic) */
-    int let_go; /* the test is done looking: release (atomic) */
-} forged_waiter;
-
-static void *forged_wait_thread(void *arg)
-{
-    forged_waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, 20000)
-                      : dlock_acquire(w->l, 20000);
-    w->token = dlock_token(w->l);
-    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
-    (void)th_wait_flag(&w->let_go, 20000);
-    if (w->rc == DLOCK_OK)
-        dlock_release(w->l);
-    return NULL;
-}
-
 /* A user who may only read and PUBLISH reads the lock's key (the waiter's
  * client id and number are in its line) and publishes "g SEQ TOKEN" on
  * the waiter's client channel, then a flood of them: the waiter keeps
@@ -1116,7 +1073,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         dlock *lh = NULL;
         dlock_client *h = th_client(srv.uri, NULL),
                      *c = th_client(srv.uri, NULL);
-        forged_waiter w;
+        th_waiter w;
         pthread_t th;
 
         snprintf(name, sizeof(name), "forged-%s", kinds[k]);
@@ -1127,9 +1084,11 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         memset(&w, 0, sizeof(w));
         CHECK_OK(dlock_open(&w.l, c, name, &o));
         w.shared = k == 1;
+        w.wait_ms = 20000;
+        w.wait_go = 1;
         CHECK_OK(dlock_acquire(lh, 0)); /* a reader waits behind a writer */
         uint64_t held = dlock_token(lh);
-        pthread_create(&th, NULL, forged_wait_thread, &w);
+        th_waiter_start(&w, &th);
         th_wait_waiters(h, name, 1);
 
         /* what the forger learns from the key: the waiter's line, the
@@ -1169,7 +1128,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
 
         /* the real hand-over: the key's token, above the holder's */
         CHECK_OK(dlock_release(lh));
-        CHECK(th_wait_flag(&w.done, 10000));
+        CHECK(th_waiter_returned(&w, 10000));
         CHECK_OK(w.rc);
         dlock_info info;
         CHECK_OK(dlock_inspect(h, name, &info));
@@ -1178,7 +1137,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
         dlock_info_clear(&info);
         CHECK_OP(w.token, >, held);
         CHECK_OP(w.token, <, FORGED_TOKEN);
-        __atomic_store_n(&w.let_go, 1, __ATOMIC_SEQ_CST);
+        th_waiter_go(&w);
         pthread_join(th, NULL);
         fprintf(stderr, "forged %s: %lld reads for %d messages\n", kinds[k],
                 gets, FLOOD + 1);

@@ -19,34 +19,6 @@
 
 static th_redis srv;
 
-typedef struct waiter {
-    dlock *l;
-    int shared;
-    int64_t wait;
-    int64_t hold; /* ms to hold before releasing */
-    int rc;
-    int64_t got;  /* monotonic ms when acquired */
-    uint64_t token;
-    char msg[512];
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-
-    w->rc = w->shared ? dlock_acquire_shared(w->l, w->wait)
-                      : dlock_acquire(w->l, w->wait);
-    w->got = th_now_ms();
-    snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
-    w->token = dlock_token(w->l);
-    if (w->rc == DLOCK_OK) {
-        if (w->hold)
-            th_sleep_ms(w->hold);
-        dlock_release(w->l);
-    }
-    return NULL;
-}
-
 /* The n-th holder line (from 1) of lock `name`, "+ OWNER TOKEN END
  * DESC": its owner and its lease end on the server's clock ("?" for a
  * sole holder's). Holder lines keep the order of their grants. */
@@ -81,7 +53,7 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
     dlock *r1 = th_handle(c[1], "rw1", 30000, 0, 0);
     dlock *r2 = th_handle(c[2], "rw1", 30000, 0, 0);
     dlock *r3 = th_handle(c[3], "rw1", 30000, 0, 0);
-    waiter w = {th_handle(c[0], "rw1", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
+    th_waiter w = {.l = th_handle(c[0], "rw1", 30000, 0, 0), .wait_ms = 20000};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(w0, 0));
@@ -97,7 +69,7 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
     CHECK_EQ(i.held, 1);
     dlock_info_clear(&i);
 
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_state(c[3], "rw1", 1, 2);
     i = th_info(c[3], "rw1");
     CHECK_EQ(i.queue_len, 1);
@@ -114,7 +86,7 @@ TEST(a_writer_behind_readers_gets_it_at_the_last_release)
     CHECK_OK(w.rc);
     /* one hand-off: the message, not the readers' 30 s lease; the bound
      * is loose for a busy machine and far below the fallback timer */
-    CHECK_OP(w.got - rel, <, 3000);
+    CHECK_OP(w.done_at - rel, <, 3000);
     CHECK_OP(w.token, >, dlock_token(r1) > dlock_token(r2)
                              ? dlock_token(r1)
                              : dlock_token(r2));
@@ -132,7 +104,7 @@ TEST(one_release_lets_in_every_reader_at_the_head)
     enum { NR = 3 };
     dlock_client *h = th_client(srv.uri, NULL), *c[NR + 2];
     dlock *lh = th_handle(h, "rw2", 30000, 0, 0);
-    waiter w[NR + 2];
+    th_waiter w[NR + 2];
     pthread_t th[NR + 2];
 
     CHECK_OK(dlock_acquire(lh, 0));
@@ -141,9 +113,9 @@ TEST(one_release_lets_in_every_reader_at_the_head)
         memset(&w[i], 0, sizeof(w[i]));
         w[i].l = th_handle(c[i], "rw2", 30000, 0, 0);
         w[i].shared = i != NR; /* readers, a writer, a reader */
-        w[i].wait = 20000;
-        w[i].hold = 400;
-        pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        w[i].wait_ms = 20000;
+        w[i].hold_ms = 400;
+        th_waiter_start(&w[i], &th[i]);
         th_wait_state(h, "rw2", i + 1, 1); /* queued in this order */
     }
     int64_t rel = th_now_ms();
@@ -162,12 +134,12 @@ TEST(one_release_lets_in_every_reader_at_the_head)
     for (int k = 0; k < NR + 2; k++)
         CHECK_OK(w[k].rc);
     for (int k = 0; k < NR; k++) {
-        CHECK_OP(w[k].got - rel, <, 3000);
+        CHECK_OP(w[k].done_at - rel, <, 3000);
         /* the writer came after every reader of the head had let go */
-        CHECK_OP(w[NR].got, >=, w[k].got + w[k].hold);
+        CHECK_OP(w[NR].done_at, >=, w[k].done_at + w[k].hold_ms);
         CHECK_OP(w[NR].token, >, w[k].token);
     }
-    CHECK_OP(w[NR + 1].got, >=, w[NR].got + w[NR].hold);
+    CHECK_OP(w[NR + 1].done_at, >=, w[NR].done_at + w[NR].hold_ms);
     CHECK_OP(w[NR + 1].token, >, w[NR].token);
     for (int k = 0; k < NR + 2; k++) {
         dlock_close(w[k].l);
@@ -210,7 +182,7 @@ TEST(a_dead_reader_is_dropped_at_its_lease_end)
 {
     dead *d = th_shared(sizeof(*d));
     dlock_client *c = th_client(srv.uri, NULL);
-    waiter w = {th_handle(c, "rw3", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
+    th_waiter w = {.l = th_handle(c, "rw3", 30000, 0, 0), .wait_ms = 20000};
     pthread_t th;
 
     pid_t child = th_fork(dead_reader_child, d);
@@ -220,15 +192,15 @@ TEST(a_dead_reader_is_dropped_at_its_lease_end)
     kill(child, SIGKILL);
     th_wait(child);
     CHECK_OK(d->rc);
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
     /* not before the dead reader's lease (800 ms from its acquire; the
      * server reads its lease end to the ms: 5 ms for that rounding) */
-    CHECK_OP(w.got, >=, d->before + 800 - 5);
+    CHECK_OP(w.done_at, >=, d->before + 800 - 5);
     /* and woken at its end: the writer's timer (one try after it), far
      * below the writer's own wait */
-    CHECK_OP(w.got, <, d->before + 800 + 3000);
+    CHECK_OP(w.done_at, <, d->before + 800 + 3000);
     dlock_close(w.l);
     dlock_client_close(c);
 }
@@ -383,14 +355,15 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
     dlock_client *a = th_client(srv.uri, NULL), *b = th_client(srv.uri, NULL);
     dlock_client *c = th_client(srv.uri, NULL);
     dlock *r1 = th_handle(a, "rw8", 30000, 0, 0);
-    waiter w = {th_handle(b, "rw8", 30000, 0, 0), 0, 600, 0, 0, 0, 0, ""};
-    waiter r2 = {th_handle(c, "rw8", 30000, 0, 0), 1, 20000, 0, 0, 0, 0, ""};
+    th_waiter w = {.l = th_handle(b, "rw8", 30000, 0, 0), .wait_ms = 600};
+    th_waiter r2 = {
+        .l = th_handle(c, "rw8", 30000, 0, 0), .shared = 1, .wait_ms = 20000};
     pthread_t tw, tr;
 
     CHECK_OK(dlock_acquire_shared(r1, 0));
-    pthread_create(&tw, NULL, wait_thread, &w);
+    th_waiter_start(&w, &tw);
     th_wait_state(a, "rw8", 1, 1);
-    pthread_create(&tr, NULL, wait_thread, &r2);
+    th_waiter_start(&r2, &tr);
     th_wait_state(a, "rw8", 2, 1);
     pthread_join(tw, NULL);
     CHECK_RC(w.rc, DLOCK_EBUSY);
@@ -398,7 +371,7 @@ TEST(a_writer_giving_up_lets_the_readers_behind_it_in)
     CHECK_OK(r2.rc);
     /* let in by the writer's leaving (its message), not by r1's release
      * or lease (30 s): r1 still holds */
-    CHECK_OP(r2.got - w.got, <, 3000);
+    CHECK_OP(r2.done_at - w.done_at, <, 3000);
     CHECK_EQ(dlock_held(r1), 1);
     CHECK_OK(dlock_release(r1));
     dlock_close(r1);
@@ -417,7 +390,7 @@ TEST(shared_holds_over_a_unix_socket)
     dlock_client *u = th_client(uri, NULL), *t = th_client(srv.uri, NULL);
     dlock *ru = th_handle(u, "rw9", 30000, 0, 0);
     dlock *rt = th_handle(t, "rw9", 30000, 0, 0);
-    waiter w = {th_handle(u, "rw9", 30000, 0, 0), 0, 20000, 0, 0, 0, 0, ""};
+    th_waiter w = {.l = th_handle(u, "rw9", 30000, 0, 0), .wait_ms = 20000};
     dlock *pu = th_handle(u, "rw9p", 30000, 0, 2);
     dlock *pt = th_handle(t, "rw9p", 30000, 0, 2);
     pthread_t th;
@@ -425,7 +398,7 @@ TEST(shared_holds_over_a_unix_socket)
     CHECK_OK(dlock_acquire_shared(ru, 0));
     CHECK_OK(dlock_acquire_shared(rt, 0));
     CHECK_OK(dlock_release(ru));
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_wait_state(t, "rw9", 1, 1);
     CHECK_OK(dlock_release(rt));
     pthread_join(th, NULL);

@@ -320,7 +320,7 @@ static void woken_across(dlock_client *holder_c, dlock_client *waiter_c,
     w.l = handle(waiter_c, name, 0);
     CHECK_OK(dlock_acquire(h, 0));
     uint64_t tok = dlock_token(h);
-    CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     th_wait_waiters(holder_c, name, 1);
     int64_t t0 = th_now_ms();
     CHECK_OK(dlock_release(h));
@@ -639,7 +639,7 @@ static void burst(const char *uri)
             CHECK_OK(dlock_acquire(h[i], 0));
             tok[i] = dlock_token(h[i]);
             w[i].l = handle(t, name, 0);
-            CHECK_EQ(pthread_create(&wt[i], NULL, th_wait_thread, &w[i]), 0);
+            th_waiter_start(&w[i], &wt[i]);
         }
         for (int i = 0; i < BURST; i++) {
             snprintf(name, sizeof(name), "tls-burst-%d-%d", round, i);
@@ -716,7 +716,7 @@ TEST(a_tls_client_comes_back_after_a_restart)
     w.l = handle(b, "tls-restart", 0);
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t tok = dlock_token(la);
-    CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     th_wait_waiters(a, "tls-restart", 1);
     th_redis_kill(&s, SIGKILL);
     /* a try while it is down fails at once (another thread's handle) */
@@ -730,7 +730,7 @@ TEST(a_tls_client_comes_back_after_a_restart)
     pthread_join(th, NULL);
     CHECK_RC(w.rc, DLOCK_OK); /* connected again, over TLS, in its wait */
     CHECK_OP(w.token, >, tok); /* time-based tokens keep growing */
-    /* (th_wait_thread released it) */
+    /* (the waiter released it) */
     /* the restart lost a's hold; a's release says so */
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
 

@@ -92,7 +92,7 @@ static void basics(const char *u, const char *name)
     /* a waiter on a's connections, woken when b releases */
     memset(&w, 0, sizeof(w));
     w.l = la;
-    CHECK_EQ(pthread_create(&th, NULL, th_wait_thread, &w), 0);
+    th_waiter_start(&w, &th);
     /* 10 s at most: a waiter subscribes and queues in a round trip or
      * two, a busy machine may take far longer (Redlock: the most
      * subscribers any node reports) */

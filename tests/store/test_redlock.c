@@ -221,33 +221,6 @@ static void record_lost(dlock *l, uint64_t token, void *arg)
     __atomic_store_n(&r->seen, 1, __ATOMIC_SEQ_CST);
 }
 
-/* A thread that acquires, keeps the lock hold_ms, then releases. */
-typedef struct waiter {
-    dlock *l;
-    int64_t wait, hold_ms;
-    volatile int rc, release_rc, acquired;
-    int64_t took;
-    uint64_t token;
-    char msg[512];
-} waiter;
-
-static void *wait_thread(void *arg)
-{
-    waiter *w = arg;
-    int64_t t0 = th_now_ms();
-
-    w->rc = dlock_acquire(w->l, w->wait);
-    w->took = th_now_ms() - t0;
-    snprintf(w->msg, sizeof(w->msg), "%s", dlock_errmsg());
-    if (w->rc == DLOCK_OK) {
-        w->token = dlock_token(w->l);
-        __atomic_store_n(&w->acquired, 1, __ATOMIC_SEQ_CST);
-        th_sleep_ms(w->hold_ms);
-        w->release_rc = dlock_release(w->l);
-    }
-    return NULL;
-}
-
 /* The waiter's acquire returned `code` (its own message if not). */
 #define CHECK_WAITER(w, code)                                               \
     do {                                                                    \
@@ -318,9 +291,9 @@ TEST(two_of_five_killed_still_serve)
 
     /* hand-off a -> b: b waits, subscribed on all three live nodes (it
      * needs N - Q + 1 = 3 so that any quorum includes one of them) */
-    waiter w = {.l = lb, .wait = 10000, .hold_ms = 300};
+    th_waiter w = {.l = lb, .wait_ms = 10000, .hold_ms = 300};
     pthread_t th;
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     /* subscribing takes a round trip per node: 5 s is only a bound on
      * the loop */
     int64_t until = th_now_ms() + 5000;
@@ -331,10 +304,7 @@ TEST(two_of_five_killed_still_serve)
     CHECK_OK(dlock_release(la));
     /* woken by the release: the lease is 60 s, so a missed wake-up would
      * wait far longer than these 5 s */
-    until = th_now_ms() + 5000;
-    while (!w.acquired && w.rc == 0 && th_now_ms() < until)
-        th_sleep_ms(1);
-    CHECK_EQ(w.acquired, 1);
+    CHECK(th_waiter_returned(&w, 5000) && w.rc == DLOCK_OK);
     /* ... and back b -> a: a waits while b holds for 300 ms */
     int64_t t1 = th_now_ms();
     CHECK_OK(dlock_acquire(la, 10000));
@@ -559,9 +529,9 @@ TEST(frozen_nodes_cost_at_most_a_node_timeout)
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, last);
     last = dlock_token(lb);
-    waiter w = {.l = la, .wait = 10000};
+    th_waiter w = {.l = la, .wait_ms = 10000};
     pthread_t th;
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(200);
     CHECK_OK(dlock_release(lb));
     pthread_join(th, NULL);
@@ -753,9 +723,10 @@ TEST(restarted_node_gets_the_key_back)
     *strchr(v1, ' ') = '\0'; /* the owner */
 
     /* a waiter in b, subscribed on the nodes; one of them restarts */
-    waiter w = {.l = th_handle(b, "restarted", ttl, 0, 0), .wait = 20000};
+    th_waiter w = {.l = th_handle(b, "restarted", ttl, 0, 0),
+                   .wait_ms = 20000};
     pthread_t th;
-    pthread_create(&th, NULL, wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(200); /* let it subscribe (not asserted) */
     kill_node(0);
     restart_node(0); /* at once, empty */

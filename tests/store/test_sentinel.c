@@ -229,12 +229,12 @@ TEST(min_replicas_confirms_a_hand_over_with_the_waiters_own_wait)
     dlock *la = handle(a, "s/hand", 30000, NULL);
     dlock *lb = handle(b, "s/hand", 30000, NULL);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300); /* b queues behind a */
     long long waits0 = th_redis_calls(p, "wait");
     int64_t t0 = th_now_ms();
@@ -264,7 +264,7 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
                  *b = th_client(t.uri, th_patient());
     dlock *la = handle(a, "s/keep", 30000, &box);
     dlock *lb = handle(b, "s/keep", 30000, NULL);
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
 
     th_lost sbox = TH_LOST_INIT;
@@ -273,7 +273,7 @@ TEST(failover_keeps_a_replicated_hold_and_moves_the_waiters)
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
     CHECK_OK(dlock_acquire_shared(ls, 0));
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     th_sleep_ms(300); /* b queues behind a */
 
     int now = fail_over(&t, 0);
@@ -404,7 +404,7 @@ TEST(waits_ride_out_a_killed_primary)
     uint64_t ta = dlock_token(la);
     memset(&w1, 0, sizeof(w1));
     w1.l = handle(b, "s/ride", 30000, NULL);
-    CHECK_EQ(pthread_create(&th1, NULL, th_wait_thread, &w1), 0);
+    th_waiter_start(&w1, &th1);
     th_sleep_ms(300);
 
     int old = th_sentinels_primary(&t);
@@ -420,7 +420,7 @@ TEST(waits_ride_out_a_killed_primary)
     dlock_close(lt);
     memset(&w2, 0, sizeof(w2));
     w2.l = handle(c, "s/ride", 30000, NULL);
-    CHECK_EQ(pthread_create(&th2, NULL, th_wait_thread, &w2), 0);
+    th_waiter_start(&w2, &th2);
 
     CHECK(th_sentinels_failed_over(&t, old, 30000) > 0);
     /* the holder lets go (its hold kept if it was replicated, else lost
@@ -456,7 +456,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
     dlock *la = handle(a, "s/forged", 30000, NULL);
     dlock *lb = handle(b, "s/forged", 30000, NULL);
     th_redis *p = th_sentinels_node(t, th_sentinels_primary(t));
-    th_waiter w = {lb, -99, 0, 0, 0};
+    th_waiter w = {.l = lb};
     pthread_t th;
     char msg[64];
 
@@ -465,7 +465,7 @@ TEST(a_forged_handover_only_wakes_the_waiter)
 
     CHECK_OK(dlock_acquire(la, 0));
     uint64_t ta = dlock_token(la);
-    pthread_create(&th, NULL, th_wait_thread, &w);
+    th_waiter_start(&w, &th);
     /* queued: its line in the key */
     char client[33];
     unsigned long long seq = 0;

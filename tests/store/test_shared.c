@@ -201,72 +201,39 @@ TEST(reentry_rules)
     TH_CLIENT_CLOSE(c, o);
 }
 
-typedef struct waiter_arg {
-    dlock *l;
-    int shared;
-    int64_t wait_ms;
-    int rc;
-    int64_t got_at;
-    uint64_t token;
-    int release; /* release at once (1), or when `go` is set (0) */
-    volatile int go;
-} waiter_arg;
-
-static void *waiter(void *p)
-{
-    waiter_arg *a = p;
-
-    a->rc = a->shared ? dlock_acquire_shared(a->l, a->wait_ms)
-                      : dlock_acquire(a->l, a->wait_ms);
-    a->got_at = th_now_ms();
-    a->token = dlock_token(a->l);
-    if (a->rc == DLOCK_OK) {
-        for (int i = 0; i < 2000 && !a->release &&
-                        !__atomic_load_n(&a->go, __ATOMIC_SEQ_CST);
-             i++)
-            th_sleep_ms(5);
-        CHECK_OK(dlock_release(a->l));
-    }
-    return NULL;
-}
-
 TEST(a_waiting_writer_stops_new_readers)
 {
     NEED_SHARED();
     dlock_client *a = client(), *b = client(), *r = client();
     dlock *la = handle(a, "rw-starve", 0, 0), *lw = handle(b, "rw-starve", 0, 0),
           *lr = handle(r, "rw-starve", 0, 0);
-    waiter_arg wa, ra;
+    th_waiter wa, ra;
     pthread_t wt, rt;
 
     CHECK_OK(dlock_acquire_shared(la, 0));
-    memset(&wa, 0, sizeof(wa));
-    wa.l = lw;
-    wa.wait_ms = 30000;
-    pthread_create(&wt, NULL, waiter, &wa);
+    wa = (th_waiter){.l = lw, .wait_ms = 30000, .wait_go = 1};
+    th_waiter_start(&wa, &wt);
     CHECK(th_wait_queued(a, "rw-starve", 1, 10000));
     /* the writer waits: a new reader queues behind it, even though only
      * readers hold, and does not get in while the writer waits */
     CHECK_RC(dlock_acquire_shared(lr, 0), DLOCK_EBUSY);
     CHECK_RC(dlock_acquire_shared(lr, 200), DLOCK_EBUSY);
-    memset(&ra, 0, sizeof(ra));
-    ra.l = lr;
-    ra.shared = 1;
-    ra.wait_ms = 30000;
-    ra.release = 1;
-    pthread_create(&rt, NULL, waiter, &ra);
+    ra = (th_waiter){.l = lr, .shared = 1, .wait_ms = 30000};
+    th_waiter_start(&ra, &rt);
     CHECK(th_wait_queued(a, "rw-starve", 1, 10000));
     int64_t released = th_now_ms();
     CHECK_OK(dlock_release(la));
     /* the writer, then the reader behind it */
     th_sleep_ms(50);
-    __atomic_store_n(&wa.go, 1, __ATOMIC_SEQ_CST);
+    th_waiter_go(&wa);
     pthread_join(wt, NULL);
     pthread_join(rt, NULL);
     CHECK_OK(wa.rc);
     CHECK_OK(ra.rc);
-    CHECK_OP(wa.got_at, >=, released);
-    CHECK_OP(ra.got_at, >=, wa.got_at);
+    CHECK_OK(wa.release_rc);
+    CHECK_OK(ra.release_rc);
+    CHECK_OP(wa.done_at, >=, released);
+    CHECK_OP(ra.done_at, >=, wa.done_at);
     CHECK_OP(ra.token, >, wa.token);
     TH_CLOSE(la, lw, lr);
     TH_CLIENT_CLOSE(a, b, r);
@@ -557,7 +524,7 @@ TEST(semaphore_counts_permits)
     dlock_client *a = client(), *b = client(), *c = client();
     dlock *la = handle(a, "sem", 2, 0), *lb = handle(b, "sem", 2, 0),
           *lc = handle(c, "sem", 2, 0), *other = handle(c, "sem", 3, 0);
-    waiter_arg wc;
+    th_waiter wc;
     pthread_t th;
     dlock_info in;
 
@@ -573,17 +540,15 @@ TEST(semaphore_counts_permits)
     CHECK_EQ(in.permits, 2);
     CHECK_EQ(in.holders, 2);
     dlock_info_clear(&in);
-    memset(&wc, 0, sizeof(wc));
-    wc.l = lc;
-    wc.wait_ms = 30000;
-    wc.release = 1;
-    pthread_create(&th, NULL, waiter, &wc);
+    wc = (th_waiter){.l = lc, .wait_ms = 30000};
+    th_waiter_start(&wc, &th);
     CHECK(th_wait_queued(a, "sem", 1, 10000));
     int64_t released = th_now_ms();
     CHECK_OK(dlock_release(la));
     pthread_join(th, NULL);
     CHECK_OK(wc.rc);
-    CHECK_OP(wc.got_at, >=, released);
+    CHECK_OK(wc.release_rc);
+    CHECK_OP(wc.done_at, >=, released);
     CHECK_OP(wc.token, >, dlock_token(lb));
     CHECK_OK(dlock_release(lb));
     TH_CLOSE(la, lb, lc, other);
@@ -694,7 +659,7 @@ TEST(a_killed_permit_holder_wakes_the_waiter)
     permit_child_arg *s = th_shared(sizeof(*s));
     dlock_client *c = client();
     dlock *l = handle(c, "sem-killed", 1, 0);
-    waiter_arg w;
+    th_waiter w;
     pthread_t th;
     pid_t pid = th_fork(permit_child, s);
     int64_t until = th_now_ms() + 10000;
@@ -702,11 +667,8 @@ TEST(a_killed_permit_holder_wakes_the_waiter)
     while (!__atomic_load_n(&s->ready, __ATOMIC_SEQ_CST) && th_now_ms() < until)
         th_sleep_ms(5);
     CHECK(s->ready);
-    memset(&w, 0, sizeof(w));
-    w.l = l;
-    w.wait_ms = 20000;
-    w.release = 1;
-    pthread_create(&th, NULL, waiter, &w);
+    w = (th_waiter){.l = l, .wait_ms = 20000};
+    th_waiter_start(&w, &th);
     CHECK(th_wait_queued(c, "sem-killed", 1, 10000));
     th_sleep_ms(50); /* asleep on the holder, most likely */
     int64_t t0 = th_now_ms();
@@ -714,9 +676,10 @@ TEST(a_killed_permit_holder_wakes_the_waiter)
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
     pthread_join(th, NULL);
     CHECK_OK(w.rc);
+    CHECK_OK(w.release_rc);
     /* woken by the holder's death: at once without leases (1 s of
      * scheduling slack), else at the 800 ms lease's end plus slack */
-    CHECK_OP(w.got_at - t0, <, S.has_leases ? 800 + 3000 : 1000);
+    CHECK_OP(w.done_at - t0, <, S.has_leases ? 800 + 3000 : 1000);
     dlock_close(l);
     dlock_client_close(c);
 }
