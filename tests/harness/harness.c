@@ -132,6 +132,20 @@ dlock_info th_info(dlock_client *c, const char *name)
     return i;
 }
 
+void th_check_held(dlock_client *c, const char *name, int held,
+                   int64_t holders)
+{
+    dlock_info in = th_info(c, name);
+
+    if (held >= 0 && in.held != held)
+        th_fail(__FILE__, __LINE__, "%s: held %d, not %d", name, in.held,
+                held);
+    if (holders >= 0 && in.holders != holders)
+        th_fail(__FILE__, __LINE__, "%s: %lld holders, not %lld", name,
+                (long long)in.holders, (long long)holders);
+    dlock_info_clear(&in);
+}
+
 int64_t th_waiters(dlock_client *c, const char *name)
 {
     dlock_info i = th_info(c, name);

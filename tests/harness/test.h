@@ -122,6 +122,10 @@ int64_t th_waiters(dlock_client *c, const char *name);
 /* dlock_inspect() of `name` (fails the test when it fails); the caller
  * clears it. */
 dlock_info th_info(dlock_client *c, const char *name);
+/* Fails the test unless dlock_inspect() of `name` says it is held (held
+ * 1) or not (0) and has `holders` holders; -1: either not checked. */
+void th_check_held(dlock_client *c, const char *name, int held,
+                   int64_t holders);
 /* Waits (at most 10 s) until `name` has n waiters and h holders (h < 0:
  * any number), and fails the test when it has not. */
 void th_wait_state(dlock_client *c, const char *name, int64_t n, int64_t h);

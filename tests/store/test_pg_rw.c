@@ -324,14 +324,9 @@ TEST(a_release_whose_entry_is_gone_is_lost)
              1);
     CHECK_RC(dlock_release(ra), DLOCK_ELOST);
     CHECK_EQ(entry_end("dlock_locks", "rw6", tb), eb);
-    dlock_info i = th_info(a, "rw6");
-    CHECK_EQ(i.holders, 1);
-    dlock_info_clear(&i);
+    th_check_held(a, "rw6", -1, 1);
     CHECK_OK(dlock_release(rb));
-    i = th_info(a, "rw6");
-    CHECK_EQ(i.held, 0);
-    CHECK_EQ(i.holders, 0);
-    dlock_info_clear(&i);
+    th_check_held(a, "rw6", 0, 0);
     TH_CLOSE(ra, rb);
     TH_CLIENT_CLOSE(a, b);
 }

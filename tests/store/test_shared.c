@@ -110,9 +110,7 @@ TEST(readers_share_and_exclude_writers)
     CHECK_OK(dlock_release(la));
     CHECK_EQ(dlock_held(lb), 1);
     CHECK_RC(dlock_acquire(lw, 0), DLOCK_EBUSY);
-    in = th_info(w, "rw");
-    CHECK_EQ(in.holders, 1);
-    dlock_info_clear(&in);
+    th_check_held(w, "rw", -1, 1);
 
     CHECK_OK(dlock_release(lb));
     CHECK_OK(dlock_acquire(lw, 0));
@@ -123,10 +121,7 @@ TEST(readers_share_and_exclude_writers)
     CHECK_EQ(in.holders, 1);
     dlock_info_clear(&in);
     CHECK_OK(dlock_release(lw));
-    in = th_info(a, "rw");
-    CHECK_EQ(in.held, 0);
-    CHECK_EQ(in.holders, 0);
-    dlock_info_clear(&in);
+    th_check_held(a, "rw", 0, 0);
     TH_CLOSE(la, lb, lw);
     TH_CLIENT_CLOSE(a, b, w);
 }

@@ -594,9 +594,7 @@ TEST(a_release_whose_entry_is_gone_is_lost_and_touches_no_other)
     CHECK_OK(dlock_acquire_shared(short1, 0));
     th_sleep_ms(250);
     CHECK_OK(dlock_acquire_shared(short2, 0)); /* drops short1's entry */
-    dlock_info i = th_info(b, "rw-gone");
-    CHECK_EQ(i.holders, 2);
-    dlock_info_clear(&i);
+    th_check_held(b, "rw-gone", -1, 2);
     query(db_path, row_sql, "rw-gone", before, sizeof(before));
     CHECK_RC(dlock_release(short1), DLOCK_ELOST);
     query(db_path, row_sql, "rw-gone", after, sizeof(after));
