@@ -114,6 +114,17 @@ void th_close_n(dlock **l, size_t n)
         dlock_close(l[i]);
 }
 
+void th_release_close(dlock **l, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int rc = dlock_release(l[i]);
+        if (rc != DLOCK_OK)
+            th_fail(__FILE__, __LINE__, "release %zu of %zu: %s: %s", i, n,
+                    dlock_errname(rc), dlock_errmsg());
+        dlock_close(l[i]);
+    }
+}
+
 void th_client_close_n(dlock_client **c, size_t n)
 {
     for (size_t i = 0; i < n; i++)

@@ -147,6 +147,9 @@ void th_acquire_busy(dlock *l, int64_t ms);
 /* Closes handles (TH_CLOSE(la, lb)) or clients (TH_CLIENT_CLOSE(a, b)),
  * in the order given: dlock_close() or dlock_client_close() each. */
 void th_close_n(dlock **l, size_t n);
+/* Releases (failing the test unless each release succeeds) and closes
+ * the n held handles of l, in order. */
+void th_release_close(dlock **l, size_t n);
 void th_client_close_n(dlock_client **c, size_t n);
 #define TH_CLOSE(...)                                                        \
     th_close_n((dlock *[]){__VA_ARGS__},                                     \

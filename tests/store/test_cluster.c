@@ -294,10 +294,7 @@ TEST(list_walks_every_primary)
     CHECK_RC(dlock_list(c, "", "99:0", 10, 0, &bad), DLOCK_OK);
     CHECK_EQ(bad.n, 0); /* past the last primary: the walk is over */
     dlock_list_clear(&bad);
-    for (int i = 0; i < 30; i++) {
-        CHECK_OK(dlock_release(l[i]));
-        dlock_close(l[i]);
-    }
+    th_release_close(l, 30);
     dlock_client_close(c);
 }
 

@@ -255,10 +255,7 @@ TEST(list_pages_through_every_lock)
         check_token(f.tokens[k], dlock_token(ls[i]));
     }
     found_free(&f);
-    for (int i = 0; i < N; i++) {
-        CHECK_OK(dlock_release(ls[i]));
-        dlock_close(ls[i]);
-    }
+    th_release_close(ls, N);
     TH_CLIENT_CLOSE(a, b);
 }
 
@@ -313,10 +310,7 @@ TEST(threads_listing_through_one_client_each_see_every_lock)
         pthread_join(th[i], NULL);
         CHECK_EQ(ts[i].seen_min, N);
     }
-    for (int i = 0; i < N; i++) {
-        CHECK_OK(dlock_release(ls[i]));
-        dlock_close(ls[i]);
-    }
+    th_release_close(ls, N);
     TH_CLIENT_CLOSE(a, b);
 }
 
@@ -356,10 +350,7 @@ TEST(list_matches_names_as_bytes)
     f = list_all(b, "op/odd/a[", 100, 0);
     CHECK_EQ(f.n, 1);
     found_free(&f);
-    for (size_t i = 0; i < N; i++) {
-        CHECK_OK(dlock_release(ls[i]));
-        dlock_close(ls[i]);
-    }
+    th_release_close(ls, N);
     TH_CLIENT_CLOSE(a, b);
 }
 

@@ -1304,10 +1304,7 @@ TEST(list_pages_a_big_table_in_bounded_pages)
     CHECK_EQ(list_count(b, "big/", 1000, DLOCK_LIST_FREE, &pages, &empty),
              ROWS);
     CHECK_OP(pages, <=, 6);
-    for (int i = 0; i < N; i++) {
-        CHECK_OK(dlock_release(ls[i]));
-        dlock_close(ls[i]);
-    }
+    th_release_close(ls, N);
     CHECK_EQ(list_count(b, "big/", 100, 0, &pages, &empty), 0);
     th_sql_query(&srv, NULL, 0,
                  "DELETE FROM dlock_locks WHERE name LIKE 'big/%%'");

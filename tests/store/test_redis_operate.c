@@ -254,10 +254,7 @@ TEST(many_locks_in_small_pages_by_scan_never_keys)
     CHECK_EQ(th_redis_calls(&srv, "evalsha") - eval0, 1);
     dlock_list_clear(&p);
 
-    for (int i = 0; i < N + OTHER; i++) {
-        CHECK_OK(dlock_release(ls[i]));
-        dlock_close(ls[i]);
-    }
+    th_release_close(ls, N + OTHER);
     TH_CLIENT_CLOSE(a, b);
 }
 

@@ -355,10 +355,7 @@ TEST(cluster_over_tls_one_client_three_shards)
         l[i] = handle(c, name, 30000);
         CHECK_OK(dlock_acquire(l[i], 0));
     }
-    for (int i = 0; i < 8; i++) {
-        CHECK_OK(dlock_release(l[i]));
-        dlock_close(l[i]);
-    }
+    th_release_close(l, 8);
     dlock_client_close(c);
 }
 

@@ -1503,10 +1503,7 @@ TEST(list_pages_by_escaped_names_and_keeps_to_the_store)
     CHECK_EQ(p.n, 0);
     CHECK(p.next == NULL);
     dlock_list_clear(&p);
-    for (int i = 0; i < N; i++) {
-        CHECK_OK(dlock_release(ls[i]));
-        dlock_close(ls[i]);
-    }
+    th_release_close(ls, N);
     CHECK_EQ(zoo_delete(zh, "/zktest/lst%2Ffree", -1), ZOK);
     CHECK_EQ(zoo_delete(zh, "/zktest/lst%2F%41", -1), ZOK);
 
