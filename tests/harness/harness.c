@@ -320,11 +320,33 @@ void *th_shared(size_t size)
 #define TH_ASAN 1
 #endif
 
+/* fork() for the harness's children: stdio flushed first (no output
+ * twice), a failed fork fails the test; in the child, a session of its
+ * own when `session`, and death with the test binary (even when that is
+ * SIGKILLed: a failed test never leaves a child behind, holding locks or
+ * ctest's output pipe), exit 99 if the test died before that took. */
+static pid_t fork_tied(int session)
+{
+    pid_t parent = getpid(), pid;
+
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        if (session)
+            setsid();
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(99);
+    }
+    return pid;
+}
+
 pid_t th_fork(int (*fn)(void *), void *arg)
 {
     pid_t pid;
-
-    pid_t parent = getpid();
 
 #ifdef TH_ASAN
     /* AddressSanitizer's allocator (Debian 12's clang 14) is not
@@ -336,17 +358,8 @@ pid_t th_fork(int (*fn)(void *), void *arg)
      * malloc needs none of this (make test forks at once) */
     th_sleep_ms(150);
 #endif
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    pid = fork_tied(0);
     if (pid == 0) {
-        /* dies with the test: a failed test never leaves a child behind
-         * (holding locks, or ctest's output pipe) */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(99);
         /* _exit: a child must not run the parent's exit handlers (nor a
          * leak check of objects it inherited and never owned) */
         int rc = fn(arg);
@@ -447,21 +460,11 @@ int th_free_port(void)
 pid_t th__spawn(const char *path, char *const argv[], const char *dir,
                 const char *log, mode_t mode)
 {
-    pid_t parent = getpid(), pid;
+    pid_t pid = fork_tied(1);
 
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
     if (pid == 0) {
         int null = open("/dev/null", O_RDWR);
         int out = open(log, O_WRONLY | O_CREAT | O_APPEND, mode);
-        setsid();
-        /* dies with the test binary, even when that is SIGKILLed */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
         dup2(null, 0);
         dup2(out >= 0 ? out : null, 1);
         dup2(out >= 0 ? out : null, 2);
@@ -1728,7 +1731,7 @@ pid_t th_skewed_holder(const char *shift, const char *uri, const char *name,
                        int64_t ttl_ms, int64_t hold_ms, int *rfd)
 {
     int p[2];
-    pid_t parent = getpid(), pid;
+    pid_t pid;
     char self[1024], ttl[32], hold[32], fd[16];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 
@@ -1738,15 +1741,8 @@ pid_t th_skewed_holder(const char *shift, const char *uri, const char *name,
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     snprintf(hold, sizeof(hold), "%lld", (long long)hold_ms);
     snprintf(fd, sizeof(fd), "%d", p[1]);
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid < 0)
-        th_fail(__FILE__, __LINE__, "fork: %s", strerror(errno));
+    pid = fork_tied(0);
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(99);
         close(p[0]);
         setenv("LD_PRELOAD", FAKETIME_LIB, 1);
         setenv("FAKETIME", shift, 1);
