@@ -769,11 +769,9 @@ static void etcd_close(void *st)
         }
     }
     free(es->slots);
-    while (es->pool) {
-        etcd_conn *cn = es->pool;
-        es->pool = cn->next;
-        dlock__etcd_conn_free(cn);
-    }
+    void *idle[DLOCK__POOL_MAX];
+    for (unsigned i = dlock__pool_drain(&es->pool, idle); i > 0; i--)
+        dlock__etcd_conn_free(idle[i - 1]);
     for (size_t i = 0; i < es->nep; i++)
         free(es->ep[i]);
     free(es->ep);

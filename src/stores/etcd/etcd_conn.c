@@ -166,9 +166,7 @@ etcd_conn *dlock__etcd_conn_get(etcd_store *es)
     etcd_conn *cn;
 
     pthread_mutex_lock(&es->mu);
-    cn = es->pool;
-    if (cn)
-        es->pool = cn->next;
+    cn = dlock__pool_take(&es->pool);
     pthread_mutex_unlock(&es->mu);
     if (cn)
         return cn;
@@ -210,9 +208,10 @@ void dlock__etcd_conn_put(etcd_store *es, etcd_conn *cn)
     if (cn->resp.cap > 65536) /* do not keep a huge answer's memory */
         dlock__buf_free(&cn->resp);
     pthread_mutex_lock(&es->mu);
-    cn->next = es->pool;
-    es->pool = cn;
+    int kept = dlock__pool_keep(&es->pool, cn);
     pthread_mutex_unlock(&es->mu);
+    if (!kept) /* more threads made requests at once than are kept */
+        dlock__etcd_conn_free(cn);
 }
 
 /* (Re)builds the connection's headers when the auth token changed. */

@@ -16,6 +16,7 @@
 #define DLOCK_ETCD_INT_H
 
 #include "buf.h"
+#include "pool.h"
 #include "store.h"
 
 #include <cJSON.h>
@@ -91,7 +92,6 @@ typedef struct etcd_conn {
     uint64_t hdr_gen; /* the auth token generation hdrs carry */
     char errbuf[CURL_ERROR_SIZE];
     etcd_newfds nf;
-    struct etcd_conn *next;
 } etcd_conn;
 
 typedef struct etcd_lease {
@@ -153,7 +153,7 @@ typedef struct etcd_store {
     size_t cur;         /* the endpoint tried first */
     char *token;        /* auth token, NULL without auth */
     uint64_t token_gen;
-    etcd_conn *pool;
+    dlock__pool pool; /* idle easy handles (each keeps its connections) */
     etcd_lease *leases;
     etcd_slot **slots;
     size_t nbuckets, nslots;
@@ -283,7 +283,7 @@ void dlock__etcd_range_end_b64(const char *base, size_t len, char *out);
 /* An easy handle from the pool (a new one when it is empty), or NULL. */
 etcd_conn *dlock__etcd_conn_get(etcd_store *es);
 
-/* Gives cn back to the pool. */
+/* Gives cn back to the pool (up to DLOCK__POOL_MAX kept), or frees it. */
 void dlock__etcd_conn_put(etcd_store *es, etcd_conn *cn);
 
 /* Makes libcurl create h's sockets close-on-exec, and readies nf (which

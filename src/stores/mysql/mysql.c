@@ -256,11 +256,9 @@ static void my_close(void *st)
 
     if (!ms)
         return;
-    while (ms->idle) {
-        my_conn *cn = ms->idle;
-        ms->idle = cn->next;
-        dlock__mysql_conn_free(cn);
-    }
+    void *idle[DLOCK__POOL_MAX];
+    for (unsigned i = dlock__pool_drain(&ms->idle, idle); i > 0; i--)
+        dlock__mysql_conn_free(idle[i - 1]);
     free(ms->host);
     free(ms->user);
     wipe_free(ms->password);
@@ -337,6 +335,7 @@ static int my_open(void **out, dlock_client *c, const dlock__uri *u,
         return dlock__mysql_enomem();
     }
     pthread_mutex_init(&ms->mu, NULL);
+    ms->idle.max = MY_IDLE_MAX;
     ms->timeout_ms = timeout_ms;
     ms->port = u->hosts[0].port ? (unsigned)u->hosts[0].port : 3306;
     ms->host = dup_or_null(u->hosts[0].host, &oom);

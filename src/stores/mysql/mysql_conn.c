@@ -417,18 +417,12 @@ int dlock__mysql_conn_open(my_store *ms, int64_t deadline, my_conn **out)
 int dlock__mysql_conn_get(my_store *ms, int64_t deadline, my_conn **out)
 {
     pthread_mutex_lock(&ms->mu);
-    my_conn *cn = ms->idle;
-    if (cn) {
-        ms->idle = cn->next;
-        ms->nidle--;
-        cn->next = NULL;
-    }
+    my_conn *cn = dlock__pool_take(&ms->idle);
     pthread_mutex_unlock(&ms->mu);
     if (cn) {
         /* an idle connection has nothing to read unless the server closed
          * it (a restart, wait_timeout): then a new one */
-        struct pollfd p = {mysql_get_socket(cn->m), POLLIN, 0};
-        if (poll(&p, 1, 0) == 0) {
+        if (!dlock__pool_stale(mysql_get_socket(cn->m))) {
             *out = cn;
             return DLOCK_OK;
         }
@@ -447,12 +441,8 @@ void dlock__mysql_conn_put(my_store *ms, my_conn *cn)
         return;
     }
     pthread_mutex_lock(&ms->mu);
-    if (ms->nidle < MY_IDLE_MAX) {
-        cn->next = ms->idle;
-        ms->idle = cn;
-        ms->nidle++;
+    if (dlock__pool_keep(&ms->idle, cn))
         cn = NULL;
-    }
     pthread_mutex_unlock(&ms->mu);
     dlock__mysql_conn_free(cn);
 }

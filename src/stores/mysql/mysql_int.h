@@ -15,6 +15,7 @@
 #ifndef DLOCK_MYSQL_INT_H
 #define DLOCK_MYSQL_INT_H
 
+#include "pool.h"
 #include "store.h"
 
 #include <mysql.h>
@@ -67,7 +68,6 @@ typedef struct my_conn {
     int cfd;      /* while a wait's statement runs: its dlock_cancel()
                    * eventfd, which ends the statement (KILL QUERY); -1 */
     int killed;   /* that KILL QUERY was sent */
-    struct my_conn *next;
 } my_conn;
 
 typedef struct my_store {
@@ -84,8 +84,7 @@ typedef struct my_store {
     char *dbname; /* DATABASE() as the server said it at open (the
                    * lock names the client computes hash it) */
     pthread_mutex_t mu;
-    my_conn *idle;
-    int nidle;
+    dlock__pool idle; /* up to MY_IDLE_MAX connections */
     int rw; /* the table has the columns of read holds and permits
              * (permits, holders): else exclusive locks only */
     char *tmpl[MY_PS_N]; /* the prepared statements' texts, with markers

@@ -85,11 +85,9 @@ void dlock__pg_close(void *st)
 
     if (!ps)
         return;
-    while (ps->idle) {
-        pg_conn *cn = ps->idle;
-        ps->idle = cn->next;
-        dlock__pg_conn_free(cn);
-    }
+    void *idle[DLOCK__POOL_MAX];
+    for (unsigned i = dlock__pool_drain(&ps->idle, idle); i > 0; i--)
+        dlock__pg_conn_free(idle[i - 1]);
     while (ps->holds) {
         pg_conn *cn = ps->holds;
         ps->holds = cn->next;
@@ -231,6 +229,7 @@ int dlock__pg_open(void **out, dlock_client *c, const dlock__uri *u,
         free(ps);
         return dlock__pg_enomem();
     }
+    ps->idle.max = PG_IDLE_MAX;
     ps->client = c;
     ps->epfd = ps->idle_fd = -1;
     ps->advisory = dlock__pg_select(u) != NULL;

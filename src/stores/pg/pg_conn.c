@@ -326,11 +326,9 @@ static void main_lost(pg_store *ps)
  * server closed it (a restart) or sent notifications. */
 static int conn_alive(pg_store *ps, pg_conn *cn)
 {
-    struct pollfd p = {PQsocket(cn->pg), POLLIN, 0};
-
     if (PQstatus(cn->pg) != CONNECTION_OK)
         return 0;
-    if (poll(&p, 1, 0) == 0)
+    if (!dlock__pool_stale(PQsocket(cn->pg)))
         return 1;
     if (!PQconsumeInput(cn->pg) || PQstatus(cn->pg) != CONNECTION_OK)
         return 0;
@@ -429,11 +427,8 @@ static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
     if (as_main) {
         ps->main_busy = 1; /* ours, as soon as it exists */
         ps->main_opening = 1;
-    } else if (ps->idle) {
-        cn = ps->idle;
-        ps->idle = cn->next;
-        ps->nidle--;
-        cn->next = NULL;
+    } else {
+        cn = dlock__pool_take(&ps->idle);
     }
     pthread_mutex_unlock(&ps->mu);
     while (cn) {
@@ -489,10 +484,7 @@ void dlock__pg_conn_put(pg_store *ps, pg_conn *cn)
         pthread_mutex_unlock(&ps->mu);
         return;
     }
-    if (usable && ps->nidle < PG_IDLE_MAX) {
-        cn->next = ps->idle;
-        ps->idle = cn;
-        ps->nidle++;
+    if (usable && dlock__pool_keep(&ps->idle, cn)) {
         cn = NULL;
         idle_timer(ps);
     }
@@ -910,12 +902,12 @@ void dlock__pg_listen_unref(pg_store *ps, pg_lease *pl)
  * command connection stops listening (sent now, its answer read later). */
 void dlock__pg_idle_run(pg_store *ps)
 {
-    pg_conn *extra, *cn = NULL;
+    void *extra[DLOCK__POOL_MAX];
+    pg_conn *cn = NULL;
+    unsigned nextra;
 
     pthread_mutex_lock(&ps->mu);
-    extra = ps->idle;
-    ps->idle = NULL;
-    ps->nidle = 0;
+    nextra = dlock__pool_drain(&ps->idle, extra);
     if (ps->nwait == 0 && ps->listening && ps->main && !ps->main_busy &&
         !ps->main->orphan) {
         cn = ps->main;
@@ -924,11 +916,8 @@ void dlock__pg_idle_run(pg_store *ps)
         idle_timer(ps); /* in use: later */
     }
     pthread_mutex_unlock(&ps->mu);
-    while (extra) {
-        pg_conn *next = extra->next;
-        dlock__pg_conn_free(extra);
-        extra = next;
-    }
+    while (nextra > 0)
+        dlock__pg_conn_free(extra[--nextra]);
     if (!cn)
         return;
     int ok = !ps->main_pending &&

@@ -18,6 +18,7 @@
 #ifndef DLOCK_PG_INT_H
 #define DLOCK_PG_INT_H
 
+#include "pool.h"
 #include "store.h"
 
 #include <libpq-fe.h>
@@ -222,8 +223,7 @@ typedef struct pg_store {
     int lpid;           /* main's backend pid on the server ... */
     char lsince[48];    /* ... and its backend_start */
     int nwait;          /* leases counted as waiting (listening refs) */
-    pg_conn *idle;      /* extra connections */
-    int nidle;
+    dlock__pool idle;   /* extra connections (up to PG_IDLE_MAX) */
     /* a connection whose opening a caller's deadline cut short (a wait of
      * a few ms cannot hold a whole log-in): the next opener goes on with
      * it rather than start over, so that short waits still get connected
