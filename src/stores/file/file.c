@@ -128,23 +128,6 @@ void dlock__file_name(const char *name, size_t len, char *out)
     memcpy(out + o, ".lock", 6);
 }
 
-int dlock__file_io_error(const char *what, const char *fname, int err)
-{
-    if (err == EACCES || err == EPERM || err == EROFS)
-        return dlock__err(DLOCK_EAUTH, "file store: %s %.200s: %s", what,
-                          fname, strerror(err));
-    if (err == ENOMEM)
-        return dlock__err(DLOCK_ENOMEM, "file store: %s: out of memory",
-                          what);
-    if (err == ELOOP)
-        return dlock__err(DLOCK_EPROTO,
-                          "file store: %.200s is a symbolic link; refusing "
-                          "to follow it",
-                          fname);
-    return dlock__err(DLOCK_ECONN, "file store: %s %.200s: %s", what, fname,
-                      strerror(err));
-}
-
 static int check_magic(int fd, const char *fname)
 {
     char buf[8];
@@ -265,14 +248,6 @@ static void drop_file(file_store *fs, file_lease *fl)
 /* ------------------------------------------------------------------------ */
 /* Backend slots                                                            */
 /* ------------------------------------------------------------------------ */
-
-int64_t dlock__file_wall_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 /* Writes the holder record under the main lock; sets l->token. The magic
  * too when the file had none when it was opened (a new file: one that had

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* the lock file's layout (file.c) */
 #define MAIN_BYTE 0
@@ -152,10 +153,17 @@ static inline off_t lowest_held(int fd, off_t lo, off_t hi)
 
 /* --- file.c ------------------------------------------------------------- */
 
-/* A failed system call on a lock file as a dlock code with a message. */
+/* A failed system call on a lock file as a dlock code with a message
+ * (file_perm.c). */
 int dlock__file_io_error(const char *what, const char *fname, int err);
 /* CLOCK_REALTIME in microseconds (fencing tokens, holder records). */
-int64_t dlock__file_wall_us(void);
+static inline int64_t dlock__file_wall_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 /* --- file_wait.c --------------------------------------------------------- */
 

@@ -30,6 +30,26 @@
 /* The file store's files and directories                                   */
 /* ------------------------------------------------------------------------ */
 
+/* Below every other file of the store: each reports a failed system call
+ * on one of its files with this. */
+int dlock__file_io_error(const char *what, const char *fname, int err)
+{
+    if (err == EACCES || err == EPERM || err == EROFS)
+        return dlock__err(DLOCK_EAUTH, "file store: %s %.200s: %s", what,
+                          fname, strerror(err));
+    if (err == ENOMEM)
+        return dlock__err(DLOCK_ENOMEM, "file store: %s: out of memory",
+                          what);
+    if (err == ELOOP)
+        return dlock__err(DLOCK_EPROTO,
+                          "file store: %.200s is a symbolic link; refusing "
+                          "to follow it",
+                          fname);
+    return dlock__err(DLOCK_ECONN, "file store: %s %.200s: %s", what, fname,
+                      strerror(err));
+}
+
+
 /* A lock file an acquirer opened (fd; id: its statx; `created`: by this
  * call): who may open it. Ours: given the store's mode (and group) if it
  * has another, so that files made by an older dlock (0666 & ~umask) or
