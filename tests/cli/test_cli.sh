@@ -1056,14 +1056,19 @@ if [ "$KIND" = file ]; then
     # no lease, no at-risk event: any --kill-after up to 365d is taken
     expect_rc 0 "--kill-after 365d on the file store" -- run --kill-after 365d limitL -- true
 fi
-# a wait of 365 days on a held lock ends with the holder's release
-bg_dlock limh run --ttl 365d limitL -- sleep 1
+# a wait of 365 days on a held lock ends with the holder's release. The
+# holder holds until told (not for a fixed second: under load, one
+# `dlock status` of wait_held could take longer than the whole hold)
+bg_dlock limh run --ttl 365d limitL -- sh -c 'i=0; while [ ! -e "$0" ] &&
+    [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done' "$TMP/limh.go"
 LIMH=$BG
 if wait_held limitL "$LIMH"; then
+    (sleep 1 && : >"$TMP/limh.go") &
     t0=$(now_ms)
     dl run --wait 365d --quiet limitL -- true
     took=$(($(now_ms) - t0))
-    # the holder sleeps 1 s; 15 s only catches a wait that is not woken
+    # the holder lets go about 1 s after the waiter starts; 15 s only
+    # catches a wait that is not woken
     if [ "$RC" -eq 0 ] && [ "$took" -lt 15000 ]; then
         pass "--wait 365d on a held lock: acquired at the release ($took ms)"
     else
@@ -1072,6 +1077,7 @@ if wait_held limitL "$LIMH"; then
 else
     fail "--wait 365d: the holder never held limitL: $(cat "$TMP/bg.limh.err")"
 fi
+: >"$TMP/limh.go"
 wait_exit "$LIMH" 10
 
 # --- terminal output: whatever a store or a server says (a holder's
