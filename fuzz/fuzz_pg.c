@@ -29,6 +29,7 @@
 #include "../src/stores/pg/pg_table.c"
 #include "../src/stores/pg/pg_advisory.c"
 #include "../src/stores/pg/pg_advisory_rw.c"
+#include "../src/stores/pg/pg_hold.c"
 #include "../src/stores/pg/pg_conn.c"
 #include "../src/stores/pg/pg_sql.c"
 #include "../src/stores/pg/pg_schema.c"

@@ -232,7 +232,7 @@ int dlock__pg_open(void **out, dlock_client *c, const dlock__uri *u,
     ps->idle.max = PG_IDLE_MAX;
     ps->client = c;
     ps->epfd = ps->idle_fd = -1;
-    ps->advisory = dlock__pg_select(u) != NULL;
+    ps->advisory = mode && !strcmp(mode, "advisory");
     ps->timeout_ms = timeout_ms;
     pthread_mutex_init(&ps->mu, NULL);
     dlock__cond_init(&ps->cv);

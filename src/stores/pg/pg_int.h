@@ -7,6 +7,8 @@
  * holds and permits); pg_advisory.c, advisory mode (its slots and
  * backend, chosen by dlock__pg_select); pg_advisory_rw.c, advisory mode's
  * semaphores (slot keys, the gate, the head's wait on every slot);
+ * pg_hold.c, advisory mode's holds (a session each, watched) and its
+ * server-side waits;
  * pg_conn.c, its connections (the command connection and the pool of
  * extra ones, non-blocking libpq I/O with the caller's deadline, running
  * statements, error codes, LISTEN and the notifications read on the
@@ -287,6 +289,8 @@ int dlock__pg_not_ours(pg_store *ps);
 /* The advisory backend for ?mode=advisory, else NULL (the select slot). */
 const dlock__backend *dlock__pg_select(const dlock__uri *u);
 
+/* pg_hold.c: advisory mode's holds */
+
 /* The client thread: a watched hold connection became readable (hmu
  * held): a session that ended is reported lost. */
 void dlock__pg_hold_check(pg_store *ps, pg_conn *cn);
@@ -295,6 +299,9 @@ void dlock__pg_hold_check(pg_store *ps, pg_conn *cn);
  * watched. */
 void dlock__pg_hold_keep(pg_store *ps, dlock__lease *l, pg_conn *cn,
                          long long token);
+
+/* The hold on cn ends (released): cn is no longer watched. */
+void dlock__pg_hold_unwatch(pg_store *ps, pg_conn *cn);
 
 /* The application_name part of a hold: its description, within 63
  * bytes. */
