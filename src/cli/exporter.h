@@ -85,6 +85,9 @@ typedef struct exporter {
     int want, busy, stopping;
     int64_t want_deadline; /* the asked listing's deadline (mono us) */
     struct req *waiters;   /* suspended until the next answer */
+    /* a new answer (or stopping): wakes the waiters (the HTTP side's
+     * exporter_resume_waiters(), set by exporter_main.c), with mu held */
+    void (*answered)(struct exporter *ex);
 
     /* libmicrohttpd's messages: a few a minute (a client can make one a
      * connection) */

@@ -6,7 +6,7 @@
  * One listing serves every scraper: the answer is kept --cache-ttl (5 s)
  * from the listing's start, and the scrapes that arrive while a listing
  * runs wait for that one (their connections suspended by exporter_http.c,
- * no thread held) and get its answer. Listings run on a thread of their
+ * no thread held, woken through ex->answered) and get its answer. Listings run on a thread of their
  * own, so that no libmicrohttpd thread ever waits on a store; the answer
  * is one reference-counted buffer that every connection reads from.
  */
@@ -70,11 +70,11 @@ void *exporter_lister(void *arg)
          * that waited for it, not later ones */
         ex->fresh_until = (b && b->p && !cut) ? t0 + ex->ttl_us : 0;
         ex->busy = 0;
-        exporter_resume_waiters(ex);
+        ex->answered(ex);
         exporter_body_unref(old);
     }
     /* they answer 503: the exporter is stopping */
-    exporter_resume_waiters(ex);
+    ex->answered(ex);
     pthread_mutex_unlock(&ex->mu);
     return NULL;
 }

@@ -305,6 +305,7 @@ int main(int argc, char **argv)
 
     pthread_mutex_init(&ex.mu, NULL);
     pthread_mutex_init(&ex.logmu, NULL);
+    ex.answered = exporter_resume_waiters;
     pthread_cond_init(&ex.cv, NULL);
     if (pthread_create(&lister_tid, NULL, exporter_lister, &ex) != 0) {
         cli_err("exporter: cannot start a thread");
