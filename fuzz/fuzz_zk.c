@@ -21,6 +21,7 @@
 #include "../src/stores/zk/zk.c"
 #include "../src/stores/zk/zk_queue.c"
 #include "../src/stores/zk/zk_conn.c"
+#include "../src/stores/zk/zk_mine.c"
 #include "../src/stores/zk/zk_operate.c"
 
 static int hexdig(int c)

@@ -231,27 +231,6 @@ static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
 /* The background thread: declared losses, orphans, expired sessions        */
 /* ------------------------------------------------------------------------ */
 
-void dlock__zk_arm_timer(zk_store *zs, int64_t at)
-{
-    struct itimerspec its;
-    int64_t in = at - dlock__now_ms();
-
-    memset(&its, 0, sizeof(its));
-    if (in < 1)
-        in = 1;
-    its.it_value.tv_sec = in / 1000;
-    its.it_value.tv_nsec = (in % 1000) * 1000000;
-    /* an earlier pending expiry is kept: loop_run re-arms for the next */
-    struct itimerspec cur;
-    if (timerfd_gettime(zs->timer_fd, &cur) == 0 &&
-        (cur.it_value.tv_sec || cur.it_value.tv_nsec) &&
-        (cur.it_value.tv_sec < its.it_value.tv_sec ||
-         (cur.it_value.tv_sec == its.it_value.tv_sec &&
-          cur.it_value.tv_nsec <= its.it_value.tv_nsec)))
-        return;
-    timerfd_settime(zs->timer_fd, 0, &its, NULL);
-}
-
 static int zk_loop_fd(void *st)
 {
     return ((zk_store *)st)->timer_fd;
@@ -497,6 +476,7 @@ static int zk_open(void **out, dlock_client *c, const dlock__uri *u,
     }
     zs->client = c;
     zs->timeout_ms = timeout_ms;
+    zs->node_event = dlock__zk_mine_event;
     zs->hosts = calloc(1, cap);
     zs->redacted = strdup(u->redacted);
     zs->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);

@@ -215,7 +215,7 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
             /* connected again (not the first time): our nodes are
              * looked at once more */
             if (s->conn_gen > 1 &&
-                dlock__zk_mine_event(zs, s, ZOO_SESSION_EVENT, NULL))
+                zs->node_event(zs, s, ZOO_SESSION_EVENT, NULL))
                 wake_loop = 1;
         } else if (state == ZOO_EXPIRED_SESSION_STATE) {
             if (s->state != S_EXPIRED)
@@ -238,8 +238,8 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
                 w->fired = 1;
                 w->deleted = type == ZOO_DELETED_EVENT;
             }
-        /* one of our own nodes (zk_operate.c) */
-        if (dlock__zk_mine_event(zs, s, type, path))
+        /* one of our own nodes (zk_mine.c) */
+        if (zs->node_event(zs, s, type, path))
             wake_loop = 1;
     }
     pthread_cond_broadcast(&zs->cv);
@@ -573,4 +573,27 @@ uint64_t dlock__zk_conn_gen(zk_store *zs, zk_session *s)
     g = s->conn_gen;
     pthread_mutex_unlock(&zs->mu);
     return g;
+}
+
+/* The background thread's timer: armed here by the sessions' events and
+ * by the queue, run by zk.c's loop. */
+void dlock__zk_arm_timer(zk_store *zs, int64_t at)
+{
+    struct itimerspec its;
+    int64_t in = at - dlock__now_ms();
+
+    memset(&its, 0, sizeof(its));
+    if (in < 1)
+        in = 1;
+    its.it_value.tv_sec = in / 1000;
+    its.it_value.tv_nsec = (in % 1000) * 1000000;
+    /* an earlier pending expiry is kept: loop_run re-arms for the next */
+    struct itimerspec cur;
+    if (timerfd_gettime(zs->timer_fd, &cur) == 0 &&
+        (cur.it_value.tv_sec || cur.it_value.tv_nsec) &&
+        (cur.it_value.tv_sec < its.it_value.tv_sec ||
+         (cur.it_value.tv_sec == its.it_value.tv_sec &&
+          cur.it_value.tv_nsec <= its.it_value.tv_nsec)))
+        return;
+    timerfd_settime(zs->timer_fd, 0, &its, NULL);
 }

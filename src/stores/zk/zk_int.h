@@ -6,9 +6,12 @@
  * zk_conn.c, the asynchronous calls with a deadline and the sessions
  * (one per distinct ttl) with their events; zk_queue.c, the lock nodes,
  * the queue of sequential nodes with the watch on a waiter's predecessor
- * (one acquisition attempt), and the orphans; zk_operate.c, an operator's
- * view (inspect, list, break) and the watch each lock node keeps on
- * itself, by which a holder learns that its node was deleted.
+ * (one acquisition attempt), and the orphans; zk_mine.c, the watch each
+ * of our lock nodes keeps on itself, by which a holder learns that its
+ * node was deleted; zk_operate.c, an operator's view (inspect, list,
+ * break). The calls run one way: zk.c -> zk_operate.c -> zk_queue.c ->
+ * zk_mine.c -> zk_conn.c (a session's events reach zk_mine.c through
+ * zs->node_event).
  */
 #ifndef DLOCK_ZK_INT_H
 #define DLOCK_ZK_INT_H
@@ -90,6 +93,10 @@ struct zk_store {
     uint64_t next_sid;
     zk_watch *watches;
     zk_lease *mine;     /* our nodes with a watch on themselves */
+    /* a session's event for our nodes (dlock__zk_mine_event, set at open:
+     * the sessions call up to the watch on our nodes through it) */
+    int (*node_event)(zk_store *zs, zk_session *s, int type,
+                      const char *path);
     uint64_t next_mid;
     zk_orphan *orphans;
     int timer_fd;
@@ -220,7 +227,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
                          int64_t op_ms);
 
 /* ------------------------------------------------------------------------ */
-/* zk_operate.c: inspect, list, break; the watch on our own nodes           */
+/* zk_mine.c: the watch on our own nodes                                    */
 /* ------------------------------------------------------------------------ */
 
 /* Starts the watch on our new node zl->path (created in session s) and
@@ -251,6 +258,10 @@ void dlock__zk_mine_unlink(zk_store *zs, zk_lease *zl);
  * when it wants to run again (DLOCK__FOREVER: no need). */
 int64_t dlock__zk_mine_run(zk_store *zs);
 
+/* ------------------------------------------------------------------------ */
+/* zk_operate.c: inspect, list, break                                       */
+/* ------------------------------------------------------------------------ */
+
 /* The inspect, list and evict slots. */
 dlock__inspect_slot dlock__zk_inspect;
 dlock__list_slot dlock__zk_list;
@@ -262,9 +273,7 @@ dlock__evict_slot dlock__zk_evict;
  * long, the server's own "zookeeper" at the root). */
 long dlock__zk_unescape(const zk_store *zs, const char *comp, char *out);
 
-/* ------------------------------------------------------------------------ */
-/* zk.c: the background thread's timer                                      */
-/* ------------------------------------------------------------------------ */
+/* zk_conn.c: the background thread's timer (zk.c's loop runs it) */
 
 /* Makes the background thread run at `at` (or at an earlier time it was
  * already armed for). */
