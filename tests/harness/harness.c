@@ -382,6 +382,47 @@ int th_wait(pid_t pid)
     return 128 + WTERMSIG(st);
 }
 
+/* What each of th_open_together()'s children runs: spin until the
+ * parent says go, so that the opens meet, then open a client. */
+typedef struct th_opener {
+    const char *uri;
+    volatile int *go;
+} th_opener;
+
+static int open_at_go(void *arg)
+{
+    th_opener *o = arg;
+    dlock_client *c = NULL;
+
+    while (!__atomic_load_n(o->go, __ATOMIC_ACQUIRE))
+        ;
+    if (dlock_client_open(&c, o->uri, NULL) != DLOCK_OK) {
+        fprintf(stderr, "open: %s\n", dlock_errmsg());
+        return 1;
+    }
+    dlock_client_close(c);
+    return 0;
+}
+
+void th_open_together(const char *uri, int n)
+{
+    /* shared, not the parent's stack: the children spin on it */
+    static volatile int *go;
+    pid_t pid[TH_OPEN_TOGETHER_MAX];
+
+    CHECK_OP(n, <=, TH_OPEN_TOGETHER_MAX);
+    if (!go)
+        go = th_shared(sizeof(*go));
+    th_opener o = {uri, go};
+    *go = 0;
+    for (int i = 0; i < n; i++)
+        pid[i] = th_fork(open_at_go, &o);
+    th_sleep_ms(20); /* all forked and spinning */
+    __atomic_store_n(go, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < n; i++)
+        CHECK_EQ(th_wait(pid[i]), 0);
+}
+
 void th_kill_stopped(pid_t pid)
 {
     int st;

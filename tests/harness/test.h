@@ -185,6 +185,11 @@ int th_wait(pid_t pid);
 /* SIGKILLs child pid, stopped (SIGSTOP) or not, and reaps it; fails the
  * test unless it died of that SIGKILL. */
 void th_kill_stopped(pid_t pid);
+/* Forks n processes (at most TH_OPEN_TOGETHER_MAX) that open a client of
+ * `uri` at the same moment, and fails the test unless every open
+ * succeeds: stores that make their tables on a client's first open. */
+#define TH_OPEN_TOGETHER_MAX 16
+void th_open_together(const char *uri, int n);
 
 /* --- a private redis-server on a free loopback port --- */
 typedef struct th_redis {
@@ -831,5 +836,15 @@ void th_store_stop(th_store *s);
  * store behind its back: s->srv, or on a cluster the primary of the key's
  * slot now. */
 th_redis *th_store_redis_for(th_store *s, const char *key);
+
+#ifdef TH_SQLITE
+/* The SQLite suites' database: locks.db in th_tmpdir(), its path into
+ * path and its store URI (sqlite://PATH) into uri. */
+void th_sqlite_db(char *path, size_t pcap, char *uri, size_t ucap);
+/* Runs sql on the database file `path` through a connection of its own,
+ * behind the store's back; fails the test, with SQLite's message, when it
+ * fails. */
+void th_sqlite_exec(const char *path, const char *sql);
+#endif
 
 #endif
