@@ -1958,6 +1958,17 @@ int th_holder_child(void *arg)
     return 0;
 }
 
+pid_t th_holder_start(th_holder *h, const char *uri, const char *name,
+                      int64_t ttl)
+{
+    snprintf(h->uri, sizeof(h->uri), "%s", uri);
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    h->ttl = ttl;
+    pid_t pid = th_fork(th_holder_child, h);
+    CHECK(th_wait_flag(&h->ready, 10000));
+    return pid;
+}
+
 void th_events_init(th_events *s)
 {
     memset(s, 0, sizeof(*s));

@@ -706,6 +706,11 @@ typedef struct th_holder {
     volatile int64_t lost_after_cont; /* ms from go to the callback */
 } th_holder;
 int th_holder_child(void *arg);
+/* Sets h's uri, name and ttl (the caller sets any other field first),
+ * forks th_holder_child and waits (10 s at most) until it holds the lock,
+ * failing the test when it does not; the child's pid. */
+pid_t th_holder_start(th_holder *h, const char *uri, const char *name,
+                      int64_t ttl);
 
 /* The events a client sends (dlock_client_set_events() with th_events_cb
  * and a th_events, th_events_init()ed, as its argument): the first

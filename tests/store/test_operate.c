@@ -803,13 +803,9 @@ TEST(a_frozen_holder_that_was_broken_learns_it_when_thawed)
     dlock_client *op = client();
     dlock *l = handle_n(op, "op/brk-frozen", 0, NULL);
 
-    snprintf(f->uri, sizeof(f->uri), "%s", S.uri);
-    snprintf(f->name, sizeof(f->name), "op/brk-frozen");
-    f->ttl = 30000;
     f->settle_ms = 300; /* its watch or stream is up */
     f->lost_ms = 10000;
-    pid_t pid = th_fork(th_holder_child, f);
-    CHECK(th_wait_flag(&f->ready, 10000));
+    pid_t pid = th_holder_start(f, S.uri, "op/brk-frozen", 30000);
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_break(op, "op/brk-frozen", NULL));
     CHECK_OK(dlock_acquire(l, 0));

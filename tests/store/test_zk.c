@@ -915,12 +915,8 @@ TEST(a_frozen_holder_is_told_its_session_expired)
     dlock_client *c = client();
     dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
-    s->ttl = 600;
-    snprintf(s->uri, sizeof(s->uri), "%s", uri);
     s->lost_ms = 5000;
-    snprintf(s->name, sizeof(s->name), "frozen");
-    pid_t pid = th_fork(th_holder_child, s);
-    CHECK(th_wait_flag(&s->ready, 10000));
+    pid_t pid = th_holder_start(s, uri, "frozen", 600);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
     kill(pid, SIGSTOP);
     int64_t t0 = th_now_ms();
@@ -950,12 +946,8 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
     gate_waiter w;
     pthread_t th;
 
-    s->ttl = 1000;
-    snprintf(s->uri, sizeof(s->uri), "%s", uri);
     s->lost_ms = 5000;
-    snprintf(s->name, sizeof(s->name), "killed");
-    pid_t pid = th_fork(th_holder_child, s);
-    CHECK(th_wait_flag(&s->ready, 10000));
+    pid_t pid = th_holder_start(s, uri, "killed", 1000);
     memset(&w, 0, sizeof(w));
     w.l = th_handle(c, "killed", 0, 0, 0);
     w.wait = 20000;
