@@ -1920,6 +1920,23 @@ void th_lost_reset(th_lost *b)
     pthread_mutex_unlock(&b->mu);
 }
 
+uint64_t th_break_told(dlock_client *op, dlock *la, const char *name,
+                       th_lost *n, int64_t told_ms, dlock_info *ev)
+{
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t1 = dlock_token(la);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, name, ev));
+    CHECK_EQ(ev->held, 1);
+    CHECK_EQ(ev->token, t1);
+    CHECK_CONTAINS(ev->holder, "pid");
+    CHECK_EQ(th_lost_wait(n, 1, told_ms), 1);
+    CHECK_OP(n->at - t0, <, told_ms);
+    CHECK_EQ(n->token, t1);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    return t1;
+}
+
 static void holder_lost(dlock *l, uint64_t token, void *arg)
 {
     th_holder *h = arg;

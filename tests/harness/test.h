@@ -685,6 +685,14 @@ int th_lost_within(th_lost *b, int64_t ms);
 int th_lost_wait(th_lost *b, int want, int64_t ms);
 /* Counts from 0 again. */
 void th_lost_reset(th_lost *b);
+/* Acquires la (its on_lost counting into n, 0 calls so far) and breaks
+ * its lock `name` through op, whose report must name the hold (held 1,
+ * la's token, a holder with a pid) and is left in *ev (the caller
+ * clears it); then la must be told within told_ms, with its token, and
+ * be lost (the stores whose holders are told at once: zk, etcd). Returns
+ * the token la had. */
+uint64_t th_break_told(dlock_client *op, dlock *la, const char *name,
+                       th_lost *n, int64_t told_ms, dlock_info *ev);
 
 /* A holder in a forked child: th_fork(th_holder_child, h), h in
  * th_shared() memory with uri, name and ttl set. The child opens a client
@@ -813,6 +821,16 @@ void th_gate_start(th_gate *g, int target);
 void th_gate_cut(th_gate *g);
 void th_gate_restore(th_gate *g);
 void th_gate_stop(th_gate *g);
+/* The rest of a test in which la (a hold of token t1 through gate g, its
+ * losses counted in n) was deleted behind its back while g was cut
+ * (test_etcd.c, test_zk.c): lb, another client's handle on the same
+ * name, takes the lock at once; la is told nothing for quiet_ms (it
+ * cannot know), and once g is restored is told within told_ms (with t1),
+ * its release lost with `why` in the message; then its client works
+ * again through g. The caller closes the handles, clients and gate. */
+void th_told_after_the_cut(th_gate *g, th_lost *n, dlock *la, dlock *lb,
+                           uint64_t t1, int64_t quiet_ms, int64_t told_ms,
+                           const char *why);
 
 typedef struct th_store {
     char uri[1200];
