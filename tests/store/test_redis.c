@@ -944,7 +944,6 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
     dlock_client *c = th_client(srv.uri, NULL),
                  *obs = th_client(srv.uri, NULL);
     dlock *l = th_handle(c, "late-try", 30000, 0, 0);
-    dlock_info info;
 
     CHECK_OK(dlock_acquire(l, 0)); /* the connection and scripts ready */
     CHECK_OK(dlock_release(l));
@@ -959,18 +958,16 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
      * 5 s; the server runs them as soon as the pause ends) */
     for (int k = 0; k < 250; k++) {
         if (th_now_ms() - t0 > 1600) {
-            CHECK_OK(dlock_inspect(obs, "late-try", &info));
-            int held = info.held, waiters = (int)info.waiters;
-            dlock_info_clear(&info);
-            if (!held && !waiters)
+            dlock_info in = th_info(obs, "late-try");
+            int busy = in.held || in.waiters;
+            dlock_info_clear(&in);
+            if (!busy)
                 break;
         }
         th_sleep_ms(20);
     }
-    CHECK_OK(dlock_inspect(obs, "late-try", &info));
-    CHECK_EQ(info.held, 0);
-    CHECK_EQ(info.waiters, 0);
-    dlock_info_clear(&info);
+    th_check_held(obs, "late-try", 0, -1);
+    CHECK_EQ(th_waiters(obs, "late-try"), 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
