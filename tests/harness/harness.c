@@ -157,6 +157,18 @@ void th_check_held(dlock_client *c, const char *name, int held,
     dlock_info_clear(&in);
 }
 
+void th_next_token_above(const char *uri, const char *name, uint64_t above)
+{
+    dlock_client *b = th_client(uri, th_patient());
+    dlock *lb = th_handle(b, name, 30000, 0, 0);
+
+    CHECK_OK(dlock_acquire(lb, 5000));
+    CHECK_OP(dlock_token(lb), >, above);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(lb);
+    dlock_client_close(b);
+}
+
 int64_t th_waiters(dlock_client *c, const char *name)
 {
     dlock_info i = th_info(c, name);

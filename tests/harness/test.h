@@ -143,6 +143,10 @@ int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms);
  * four tries: what the caller checks is that the wait saw the lock held
  * and gave up, not how fast the store answers. */
 void th_acquire_busy(dlock *l, int64_t ms);
+/* A new client of `uri` (th_patient()) takes `name` (ttl 30 s, a 5 s
+ * wait), fails the test unless its token is above `above`, and lets it
+ * go: the store's fencing after a failover or a lost hold. */
+void th_next_token_above(const char *uri, const char *name, uint64_t above);
 
 /* Closes handles (TH_CLOSE(la, lb)) or clients (TH_CLIENT_CLOSE(a, b)),
  * in the order given: dlock_close() or dlock_client_close() each. */
