@@ -157,6 +157,19 @@ void th_check_held(dlock_client *c, const char *name, int held,
     dlock_info_clear(&in);
 }
 
+void th_break_counts(dlock_client *op, const char *name, int64_t holders,
+                     int64_t permits, int64_t waiters)
+{
+    dlock_info ev;
+
+    CHECK_OK(dlock_break(op, name, &ev));
+    CHECK_EQ(ev.holders, holders);
+    CHECK_EQ(ev.permits, permits);
+    if (waiters >= 0)
+        CHECK_EQ(ev.waiters, waiters);
+    dlock_info_clear(&ev);
+}
+
 void th_next_token_above(const char *uri, const char *name, uint64_t above)
 {
     dlock_client *b = th_client(uri, th_patient());

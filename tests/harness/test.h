@@ -143,6 +143,11 @@ int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms);
  * four tries: what the caller checks is that the wait saw the lock held
  * and gave up, not how fast the store answers. */
 void th_acquire_busy(dlock *l, int64_t ms);
+/* dlock_break() of `name` through op, failing the test unless it
+ * succeeds and its report counts `holders` holders, `permits` permits
+ * (0: a lock, not a semaphore) and `waiters` waiters (-1: not checked). */
+void th_break_counts(dlock_client *op, const char *name, int64_t holders,
+                     int64_t permits, int64_t waiters);
 /* A new client of `uri` (th_patient()) takes `name` (ttl 30 s, a 5 s
  * wait), fails the test unless its token is above `above`, and lets it
  * go: the store's fencing after a failover or a lost hold. */
