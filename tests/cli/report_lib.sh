@@ -5,11 +5,12 @@
 #
 # report_lib.sh -- the CLI tests' counting and diagnosis (test_cli.sh,
 # test_stop.sh, ops_lib.sh): pass/fail/skip counted in PASSES, FAILS and
-# SKIPS, show FILE... (a file's first lines, indented, after a failure;
-# paths shown relative to $TMP), now_ms (the monotonic-enough wall clock
-# in milliseconds, from bash's EPOCHREALTIME), wait_exit and wait_file
-# (bounded waits), dl and expect_rc (a dlock run, bounded by the caller's
-# BOUND), need_args and store_args (the tests' arguments).
+# SKIPS, judge (pass or fail by a check's exit status), show FILE... (a
+# file's first lines, indented, after a failure; paths shown relative to
+# $TMP), now_ms (the monotonic-enough wall clock in milliseconds, from
+# bash's EPOCHREALTIME), wait_exit and wait_file (bounded waits), dl and
+# expect_rc (a dlock run, bounded by the caller's BOUND), need_args and
+# store_args (the tests' arguments).
 
 fail() {
     echo "FAIL: $*" >&2
@@ -24,6 +25,17 @@ pass() {
 skip() {
     echo "SKIP: $*"
     SKIPS=$((SKIPS + 1))
+}
+
+# judge STATUS PASS-MESSAGE FAIL-MESSAGE: a check's verdict by its exit
+# status (0 passes), showing $TMP/out after a failure.
+judge() {
+    if [ "$1" -eq 0 ]; then
+        pass "$2"
+    else
+        fail "$3"
+        show "$TMP/out"
+    fi
 }
 
 show() {

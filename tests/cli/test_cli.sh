@@ -1559,6 +1559,31 @@ fi
 # Mutual exclusion, --wait, status
 # --------------------------------------------------------------------------
 
+# status_of_holder PID LEASE-RE LEASE-WHAT TTL-RE TTL-WHAT: the status of
+# mxL, held by PID, on a store whose token is the one the holder was
+# given (zk, etcd): its holder line names PID and its lease line matches
+# LEASE-RE; in --json, ttl_ms matches TTL-RE and the token is the
+# holder's DLOCK_TOKEN ($TMP/tok.mx).
+status_of_holder() {
+    local pid=$1 lease=$2 lease_what=$3 ttl=$4 ttl_what=$5 htok
+    dl status mxL
+    if [ "$RC" -eq 0 ] && grep -q "$lease" "$TMP/out" &&
+        grep -q "^holder:   .*pid ${pid}[^0-9]" "$TMP/out"; then
+        pass "$KIND status: the holder, $lease_what"
+    else
+        fail "$KIND status while held: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    wait_file "$TMP/tok.mx"
+    htok=$(cat "$TMP/tok.mx" 2>/dev/null)
+    dl status --json mxL
+    if [ "$RC" -eq 0 ] && grep -q "$ttl" "$TMP/out" &&
+        [[ $htok =~ ^[1-9][0-9]*$ ]] && grep -q "\"token\":${htok}[,}]" "$TMP/out"; then
+        pass "$KIND status --json: $ttl_what, token = the holder's DLOCK_TOKEN $htok"
+    else
+        fail "$KIND status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
+    fi
+}
+
 REL=$TMP/release.mx
 # the holder keeps the lock until $REL appears (at most 10 s)
 holder_cmd='printf "%s" "$DLOCK_TOKEN" > "$TOKFILE"; i=0
@@ -1585,41 +1610,13 @@ if wait_held mxL "$holder"; then
     if [ "$KIND" = zk ]; then
         # no lease: the lock lives as long as the holder's session; the
         # token is the holder node's czxid, the one the holder was given
-        dl status mxL
-        if [ "$RC" -eq 0 ] && grep -q '^lease:    none' "$TMP/out" &&
-            grep -q "^holder:   .*pid ${holder}[^0-9]" "$TMP/out"; then
-            pass "zk status: the holder, no lease"
-        else
-            fail "zk status while held: exit $RC: $(cat "$TMP/out" "$TMP/err")"
-        fi
-        wait_file "$TMP/tok.mx"
-        htok=$(cat "$TMP/tok.mx" 2>/dev/null)
-        dl status --json mxL
-        if [ "$RC" -eq 0 ] && grep -q '"ttl_ms":-1[,}]' "$TMP/out" &&
-            [[ $htok =~ ^[1-9][0-9]*$ ]] && grep -q "\"token\":${htok}[,}]" "$TMP/out"; then
-            pass "zk status --json: ttl_ms -1, token = the holder's DLOCK_TOKEN $htok"
-        else
-            fail "zk status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
-        fi
+        status_of_holder "$holder" '^lease:    none' "no lease" \
+            '"ttl_ms":-1[,}]' "ttl_ms -1"
     fi
     if [ "$KIND" = etcd ]; then
         # the holder's lease left, and its key's create revision as token
-        dl status mxL
-        if [ "$RC" -eq 0 ] && grep -q '^lease:    [0-9.]*s left' "$TMP/out" &&
-            grep -q "^holder:   .*pid ${holder}[^0-9]" "$TMP/out"; then
-            pass "etcd status: the holder and its lease left"
-        else
-            fail "etcd status while held: exit $RC: $(cat "$TMP/out" "$TMP/err")"
-        fi
-        wait_file "$TMP/tok.mx"
-        htok=$(cat "$TMP/tok.mx" 2>/dev/null)
-        dl status --json mxL
-        if [ "$RC" -eq 0 ] && grep -q '"ttl_ms":[1-9][0-9]*[,}]' "$TMP/out" &&
-            [[ $htok =~ ^[1-9][0-9]*$ ]] && grep -q "\"token\":${htok}[,}]" "$TMP/out"; then
-            pass "etcd status --json: ttl_ms > 0, token = the holder's DLOCK_TOKEN $htok"
-        else
-            fail "etcd status --json while held (holder's token '$htok'): exit $RC: $(cat "$TMP/out")"
-        fi
+        status_of_holder "$holder" '^lease:    [0-9.]*s left' \
+            "its lease left" '"ttl_ms":[1-9][0-9]*[,}]' "ttl_ms > 0"
     fi
 
     if [ "$KIND" = redis ] || [ "$KIND" = redlock ]; then

@@ -145,67 +145,43 @@ EOF
 
 if [ "$LIST_OK" = 1 ]; then
     expect_rc 0 "list --json" -- list --json
-    if check_json "$TMP/out" "" 2>"$TMP/py.err"; then
-        pass "list --json: valid JSON Lines, every name byte-exact (name_hex for the one that is not UTF-8), modes and holds right"
-    else
-        fail "list --json: $(tail -n 1 "$TMP/py.err")"
-        show "$TMP/out"
-    fi
+    check_json "$TMP/out" "" 2>"$TMP/py.err"
+    judge $? "list --json: valid JSON Lines, every name byte-exact (name_hex for the one that is not UTF-8), modes and holds right" \
+        "list --json: $(tail -n 1 "$TMP/py.err")"
     expect_rc 0 "list --json --limit 1 (a page per lock)" -- list --json --limit 1
-    if check_json "$TMP/out" "" 2>"$TMP/py.err"; then
-        pass "list --limit 1: the pages together list every lock once"
-    else
-        fail "list --limit 1: $(tail -n 1 "$TMP/py.err")"
-        show "$TMP/out"
-    fi
+    check_json "$TMP/out" "" 2>"$TMP/py.err"
+    judge $? "list --limit 1: the pages together list every lock once" \
+        "list --limit 1: $(tail -n 1 "$TMP/py.err")"
     expect_rc 0 "list --json --prefix ops/" -- list --json --prefix ops/
-    if check_json "$TMP/out" "ops/" 2>"$TMP/py.err"; then
-        pass "list --prefix ops/: exactly the names with that prefix"
-    else
-        fail "list --prefix: $(tail -n 1 "$TMP/py.err")"
-        show "$TMP/out"
-    fi
+    check_json "$TMP/out" "ops/" 2>"$TMP/py.err"
+    judge $? "list --prefix ops/: exactly the names with that prefix" \
+        "list --prefix: $(tail -n 1 "$TMP/py.err")"
     expect_rc 0 "list --prefix with no match" -- list --prefix nothing/
-    if grep -q "^no locks held or waited for with that prefix" "$TMP/out"; then
-        pass "list --prefix with no match says so"
-    else
-        fail "list --prefix with no match printed something else"
-        show "$TMP/out"
-    fi
+    grep -q "^no locks held or waited for with that prefix" "$TMP/out"
+    judge $? "list --prefix with no match says so" \
+        "list --prefix with no match printed something else"
 
     # the table: a header and one line per lock; odd bytes visible
     expect_rc 0 "list (table)" -- list
-    if [ "$(wc -l <"$TMP/out")" -eq 8 ] &&
-        head -n 1 "$TMP/out" | grep -q "^NAME .*MODE .*HOLDS .*TOKEN .*HELD .*LEASE .*WAITERS .*HOLDER"; then
-        pass "list: a header and 7 lines (a newline in a name does not split its line)"
-    else
-        fail "list: expected a header and 7 lines"
-        show "$TMP/out"
-    fi
-    if grep -qF 'we"ird\\na\x0ame\x09x ' "$TMP/out" &&
+    [ "$(wc -l <"$TMP/out")" -eq 8 ] &&
+        head -n 1 "$TMP/out" | grep -q "^NAME .*MODE .*HOLDS .*TOKEN .*HELD .*LEASE .*WAITERS .*HOLDER"
+    judge $? "list: a header and 7 lines (a newline in a name does not split its line)" \
+        "list: expected a header and 7 lines"
+    grep -qF 'we"ird\\na\x0ame\x09x ' "$TMP/out" &&
         grep -qF 'bin\xff\xfeary\xc0\xaf\xed\xa0\x80 ' "$TMP/out" &&
-        grep -qF "$N_U " "$TMP/out"; then
-        pass "list: a backslash as \\\\, control bytes and bytes that are not UTF-8 as \\xNN, UTF-8 as is"
-    else
-        fail "list: odd names not shown as expected"
-        show "$TMP/out"
-    fi
-    if grep -q "^ops/shared  *shared  *2 " "$TMP/out" &&
+        grep -qF "$N_U " "$TMP/out"
+    judge $? "list: a backslash as \\\\, control bytes and bytes that are not UTF-8 as \\xNN, UTF-8 as is" \
+        "list: odd names not shown as expected"
+    grep -q "^ops/shared  *shared  *2 " "$TMP/out" &&
         grep -q "^ops/sem  *semaphore  *2/3 " "$TMP/out" &&
-        grep -q "^ops/alpha  *exclusive  *1 " "$TMP/out"; then
-        pass "list: modes and holds (exclusive 1, shared 2, semaphore 2/3)"
-    else
-        fail "list: the mode/holds columns are wrong"
-        show "$TMP/out"
-    fi
+        grep -q "^ops/alpha  *exclusive  *1 " "$TMP/out"
+    judge $? "list: modes and holds (exclusive 1, shared 2, semaphore 2/3)" \
+        "list: the mode/holds columns are wrong"
     # the token listed is the holder's
     tok_status=$("$DLOCK" status --json "$N_A" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
-    if grep -q "^ops/alpha .* $tok_status " "$TMP/out"; then
-        pass "list: ops/alpha's token is the one status gives ($tok_status)"
-    else
-        fail "list: ops/alpha's token is not $tok_status"
-        show "$TMP/out"
-    fi
+    grep -q "^ops/alpha .* $tok_status " "$TMP/out"
+    judge $? "list: ops/alpha's token is the one status gives ($tok_status)" \
+        "list: ops/alpha's token is not $tok_status"
     # piping into a reader that stops early: no hang (SIGPIPE ends it)
     if "${BOUND[@]}" "$DLOCK" list --limit 1 </dev/null | head -n 1 >/dev/null; then
         pass "list | head -n 1 ends"
@@ -239,14 +215,11 @@ fi
 
 if [ "$BREAK_OK" = 1 ]; then
     pass "break $N_A (exit 0)"
-    if grep -q "^evicted:  the exclusive hold, token [1-9]" "$TMP/out" &&
+    grep -q "^evicted:  the exclusive hold, token [1-9]" "$TMP/out" &&
         grep -q "^holder:   " "$TMP/out" &&
-        grep -q "next holder's token will be greater than" "$TMP/out"; then
-        pass "break: prints the evicted hold, its holder and token, and the fencing promise"
-    else
-        fail "break: output lacks the evicted hold"
-        show "$TMP/out"
-    fi
+        grep -q "next holder's token will be greater than" "$TMP/out"
+    judge $? "break: prints the evicted hold, its holder and token, and the fencing promise" \
+        "break: output lacks the evicted hold"
     # the evicted `dlock run` learns it at its next renewal (ttl 10 s:
     # every 2.4 s with its at-risk margin of 5.1 s), then stops sleep and
     # exits 76 (kill-after 5 s, but sleep ends at SIGTERM): 20 s covers
@@ -265,13 +238,10 @@ if [ "$BREAK_OK" = 1 ]; then
         show "$TMP/err"
     fi
     expect_rc 1 "break --json of a free lock" -- break --json "$N_A"
-    if python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); assert o["broken"] is False and o["before"]["held"] is False and o["name"]==sys.argv[2], o' \
-        "$TMP/out" "$N_A" 2>"$TMP/py.err"; then
-        pass "break --json of a free lock: broken false, before.held false"
-    else
-        fail "break --json of a free lock: $(tail -n 1 "$TMP/py.err")"
-        show "$TMP/out"
-    fi
+    python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); assert o["broken"] is False and o["before"]["held"] is False and o["name"]==sys.argv[2], o' \
+        "$TMP/out" "$N_A" 2>"$TMP/py.err"
+    judge $? "break --json of a free lock: broken false, before.held false" \
+        "break --json of a free lock: $(tail -n 1 "$TMP/py.err")"
 
     # a waiter behind a holder with a long lease: the break wakes it at
     # once (5 s, against the 60 s the lease would have kept it waiting),
@@ -321,19 +291,13 @@ if [ "$BREAK_OK" = 1 ]; then
 
     # two readers: both evicted, both told
     expect_rc 0 "break of a read-held lock" -- break "$N_S"
-    if grep -q "^evicted:  2 read holds" "$TMP/out"; then
-        pass "break of a read-held lock: 2 read holds evicted"
-    else
-        fail "break of a read-held lock: output"
-        show "$TMP/out"
-    fi
+    grep -q "^evicted:  2 read holds" "$TMP/out"
+    judge $? "break of a read-held lock: 2 read holds evicted" \
+        "break of a read-held lock: output"
     expect_rc 0 "break of a semaphore" -- break "$N_P"
-    if grep -q "^evicted:  2 of 3 permits" "$TMP/out"; then
-        pass "break of a semaphore: 2 of 3 permits evicted"
-    else
-        fail "break of a semaphore: output"
-        show "$TMP/out"
-    fi
+    grep -q "^evicted:  2 of 3 permits" "$TMP/out"
+    judge $? "break of a semaphore: 2 of 3 permits evicted" \
+        "break of a semaphore: output"
     # readers and permit holders renew every 3.3 s (ttl 10 s): 20 s
     for idx in 5 6 7 8; do
         if wait_exit "${BG_PIDS[$idx]}" 20 && [ "$WRC" = 76 ]; then
@@ -346,12 +310,9 @@ if [ "$BREAK_OK" = 1 ]; then
     expect_rc 0 "break of the odd name" -- break "$N_W"
     if [ "$LIST_OK" = 1 ]; then
         dl list --json
-        if ! grep -q '"name":"we' "$TMP/out"; then
-            pass "the odd name is gone from the listing"
-        else
-            fail "the odd name is still listed after its break"
-            show "$TMP/out"
-        fi
+        ! grep -q '"name":"we' "$TMP/out"
+        judge $? "the odd name is gone from the listing" \
+            "the odd name is still listed after its break"
     fi
 fi
 

@@ -97,6 +97,32 @@ gone_within() {
     return 1
 }
 
+# fed NAME CMD...: runs CMD in the background, its stdin the fifo
+# $TMP/NAME.in that a sleeper holds open (th_serve and th_relayd keep
+# their servers until their stdin closes), its output in $TMP/NAME.out
+# and .err; its pid in FED_PID.
+fed() {
+    local name=$1
+    shift
+    sleep 100000 >"$TMP/$name.in" &
+    KEEP_PIDS+=($!)
+    "$@" <"$TMP/$name.in" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    FED_PID=$!
+}
+
+# fed_up NAME TENTHS [PID]: 0 once $TMP/NAME.out has its first line (the
+# URI), waiting TENTHS tenths of a second at most, and no longer than PID
+# runs when given.
+fed_up() {
+    local i
+    for ((i = 0; i < $2; i++)); do
+        [ -s "$TMP/$1.out" ] && return 0
+        [ -z "${3:-}" ] || kill -0 "$3" 2>/dev/null || break
+        sleep 0.1
+    done
+    [ -s "$TMP/$1.out" ]
+}
+
 # --------------------------------------------------------------------------
 # The store
 # --------------------------------------------------------------------------
@@ -104,17 +130,10 @@ gone_within() {
 # th_serve KIND prints the URI on its first line and keeps the servers
 # until its stdin closes
 mkfifo "$TMP/serve.in" "$TMP/relay.in"
-sleep 100000 >"$TMP/serve.in" &
-KEEP_PIDS+=($!)
-"$TH_SERVE" "$KIND" <"$TMP/serve.in" >"$TMP/serve.out" 2>"$TMP/serve.err" &
-SERVE_PID=$!
+fed serve "$TH_SERVE" "$KIND"
+SERVE_PID=$FED_PID
 # a JVM or a database initialised from scratch: 120 s on a busy machine
-for ((i = 0; i < 1200; i++)); do
-    [ -s "$TMP/serve.out" ] && break
-    kill -0 "$SERVE_PID" 2>/dev/null || break
-    sleep 0.1
-done
-if ! [ -s "$TMP/serve.out" ]; then
+if ! fed_up serve 1200 "$SERVE_PID"; then
     wait "$SERVE_PID"
     rc=$?
     if [ "$rc" = 77 ]; then
@@ -148,6 +167,25 @@ while [ "$(wc -l < "$2.pids")" -lt 3 ]; do sleep 0.01; done
 while :; do echo "old main $$" >> "$1"; sleep 0.05; done
 EOF
 
+# old_tree X OPTION... LOCK: dlock run OPTION... LOCK with the old
+# holder's command (log $TMP/X.log, ready file $TMP/X.ready), in the
+# background; its pid in TREE_PID.
+old_tree() {
+    local x=$1
+    shift
+    rm -f "$TMP/$x.log" "$TMP/$x.ready" "$TMP/$x.ready.pids"
+    "$DLOCK" run --quiet "$@" -- sh "$TMP/old.sh" "$TMP/$x.log" "$TMP/$x.ready" \
+        >"$TMP/$x.out" 2>"$TMP/$x.err" </dev/null &
+    TREE_PID=$!
+    BG_PIDS+=("$TREE_PID")
+}
+
+# tree_up X: 0 once the command of old_tree X (or a tree of the same
+# files) runs, its pids in pids.
+tree_up() {
+    wait_file "$TMP/$1.ready" && mapfile -t pids <"$TMP/$1.ready.pids"
+}
+
 # --------------------------------------------------------------------------
 # The whole tree, on every store
 # --------------------------------------------------------------------------
@@ -155,13 +193,9 @@ EOF
 # dlock SIGKILLed: its supervisor sees its control pipe end and SIGKILLs
 # the tree (2 s: a pipe's end of file and a scan of /proc take
 # milliseconds; the rest is a busy machine's scheduling)
-rm -f "$TMP/k.ready" "$TMP/k.ready.pids"
-"$DLOCK" run --quiet killedL -- sh "$TMP/old.sh" "$TMP/k.log" "$TMP/k.ready" \
-    >"$TMP/k.out" 2>"$TMP/k.err" </dev/null &
-KPID=$!
-BG_PIDS+=("$KPID")
-if wait_file "$TMP/k.ready"; then
-    mapfile -t pids <"$TMP/k.ready.pids"
+old_tree k killedL
+KPID=$TREE_PID
+if tree_up k; then
     kill -KILL "$KPID"
     wait "$KPID" 2>/dev/null
     if gone_within 2 "${pids[@]}"; then
@@ -177,13 +211,9 @@ fi
 
 # the supervisor SIGKILLed: CMD dies (PR_SET_PDEATHSIG), dlock (a
 # subreaper) gets the rest, SIGKILLs it, releases and exits 70
-rm -f "$TMP/s.ready" "$TMP/s.ready.pids"
-"$DLOCK" run --quiet supL -- sh "$TMP/old.sh" "$TMP/s.log" "$TMP/s.ready" \
-    >"$TMP/s.out" 2>"$TMP/s.err" </dev/null &
-SPID=$!
-BG_PIDS+=("$SPID")
-if wait_file "$TMP/s.ready"; then
-    mapfile -t pids <"$TMP/s.ready.pids"
+old_tree s supL
+SPID=$TREE_PID
+if tree_up s; then
     # dlock's one child
     sup=$(ps -o pid= --ppid "$SPID" | head -n 1 | tr -d ' ')
     kill -KILL "$sup"
@@ -220,8 +250,7 @@ rm -f "$TMP/l.log" "$TMP/l.ready"
     >"$TMP/l.out" 2>"$TMP/l.err" </dev/null &
 LPID=$!
 BG_PIDS+=("$LPID")
-if wait_file "$TMP/l.ready"; then
-    mapfile -t pids <"$TMP/l.ready.pids"
+if tree_up l; then
     "$DLOCK" run --quiet --wait 20s leftL -- sh -c 'echo "new $$" >> "$0"' \
         "$TMP/l.log" </dev/null 2>"$TMP/l2.err"
     nrc=$?
@@ -354,24 +383,14 @@ else
     TTL=3s
     OLDURI=$URI
     if [ "$KIND" != sqlite ]; then
-        sleep 100000 >"$TMP/relay.in" &
-        KEEP_PIDS+=($!)
-        "$TH_RELAYD" "$URI" <"$TMP/relay.in" >"$TMP/relay.out" 2>"$TMP/relay.err" &
-        RELAY_PID=$!
-        for ((i = 0; i < 100; i++)); do
-            [ -s "$TMP/relay.out" ] && break
-            sleep 0.1
-        done
+        fed relay "$TH_RELAYD" "$URI"
+        RELAY_PID=$FED_PID
+        fed_up relay 100
         OLDURI=$(head -n 1 "$TMP/relay.out")
     fi
-    rm -f "$TMP/c.log" "$TMP/c.ready" "$TMP/c.ready.pids"
-    "$DLOCK" run --quiet --store "$OLDURI" --ttl "$TTL" cutL -- \
-        sh "$TMP/old.sh" "$TMP/c.log" "$TMP/c.ready" \
-        >"$TMP/c.out" 2>"$TMP/c.err" </dev/null &
-    CPID=$!
-    BG_PIDS+=("$CPID")
-    if [ -n "$OLDURI" ] && wait_file "$TMP/c.ready"; then
-        mapfile -t pids <"$TMP/c.ready.pids"
+    old_tree c --store "$OLDURI" --ttl "$TTL" cutL
+    CPID=$TREE_PID
+    if [ -n "$OLDURI" ] && tree_up c; then
         sleep 1 # a renewal or two through the relay
         if [ "$KIND" = sqlite ]; then
             # the write lock for 4 s: past the 3 s lease

@@ -135,3 +135,24 @@ void th_gate_stop(th_gate *g)
     th_gate_cut(g);
     pthread_mutex_destroy(&g->mu);
 }
+
+void th_told_after_the_cut(th_gate *g, th_lost *n, dlock *la, dlock *lb,
+                           uint64_t t1, int64_t quiet_ms, int64_t told_ms,
+                           const char *why)
+{
+    CHECK_OK(dlock_acquire(lb, 0));
+    CHECK_OP(dlock_token(lb), >, t1);
+    th_sleep_ms(quiet_ms);
+    CHECK_EQ(th_lost_calls(n), 0); /* it could not know yet */
+    int64_t t0 = th_now_ms();
+    th_gate_restore(g);
+    CHECK_EQ(th_lost_wait(n, 1, told_ms), 1);
+    CHECK_OP(n->at - t0, <, told_ms);
+    CHECK_EQ(n->token, t1);
+    CHECK_RC(dlock_release(la), DLOCK_ELOST);
+    CHECK_CONTAINS(dlock_errmsg(), why);
+    /* and the client works again through the gate */
+    CHECK_OK(dlock_release(lb));
+    CHECK_OK(dlock_acquire(la, 5000));
+    CHECK_OK(dlock_release(la));
+}

@@ -157,6 +157,31 @@ void th_check_held(dlock_client *c, const char *name, int held,
     dlock_info_clear(&in);
 }
 
+void th_break_counts(dlock_client *op, const char *name, int64_t holders,
+                     int64_t permits, int64_t waiters)
+{
+    dlock_info ev;
+
+    CHECK_OK(dlock_break(op, name, &ev));
+    CHECK_EQ(ev.holders, holders);
+    CHECK_EQ(ev.permits, permits);
+    if (waiters >= 0)
+        CHECK_EQ(ev.waiters, waiters);
+    dlock_info_clear(&ev);
+}
+
+void th_next_token_above(const char *uri, const char *name, uint64_t above)
+{
+    dlock_client *b = th_client(uri, th_patient());
+    dlock *lb = th_handle(b, name, 30000, 0, 0);
+
+    CHECK_OK(dlock_acquire(lb, 5000));
+    CHECK_OP(dlock_token(lb), >, above);
+    CHECK_OK(dlock_release(lb));
+    dlock_close(lb);
+    dlock_client_close(b);
+}
+
 int64_t th_waiters(dlock_client *c, const char *name)
 {
     dlock_info i = th_info(c, name);
@@ -380,6 +405,47 @@ int th_wait(pid_t pid)
     if (WIFEXITED(st))
         return WEXITSTATUS(st);
     return 128 + WTERMSIG(st);
+}
+
+/* What each of th_open_together()'s children runs: spin until the
+ * parent says go, so that the opens meet, then open a client. */
+typedef struct th_opener {
+    const char *uri;
+    volatile int *go;
+} th_opener;
+
+static int open_at_go(void *arg)
+{
+    th_opener *o = arg;
+    dlock_client *c = NULL;
+
+    while (!__atomic_load_n(o->go, __ATOMIC_ACQUIRE))
+        ;
+    if (dlock_client_open(&c, o->uri, NULL) != DLOCK_OK) {
+        fprintf(stderr, "open: %s\n", dlock_errmsg());
+        return 1;
+    }
+    dlock_client_close(c);
+    return 0;
+}
+
+void th_open_together(const char *uri, int n)
+{
+    /* shared, not the parent's stack: the children spin on it */
+    static volatile int *go;
+    pid_t pid[TH_OPEN_TOGETHER_MAX];
+
+    CHECK_OP(n, <=, TH_OPEN_TOGETHER_MAX);
+    if (!go)
+        go = th_shared(sizeof(*go));
+    th_opener o = {uri, go};
+    *go = 0;
+    for (int i = 0; i < n; i++)
+        pid[i] = th_fork(open_at_go, &o);
+    th_sleep_ms(20); /* all forked and spinning */
+    __atomic_store_n(go, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < n; i++)
+        CHECK_EQ(th_wait(pid[i]), 0);
 }
 
 void th_kill_stopped(pid_t pid)
@@ -1879,6 +1945,23 @@ void th_lost_reset(th_lost *b)
     pthread_mutex_unlock(&b->mu);
 }
 
+uint64_t th_break_told(dlock_client *op, dlock *la, const char *name,
+                       th_lost *n, int64_t told_ms, dlock_info *ev)
+{
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t t1 = dlock_token(la);
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_break(op, name, ev));
+    CHECK_EQ(ev->held, 1);
+    CHECK_EQ(ev->token, t1);
+    CHECK_CONTAINS(ev->holder, "pid");
+    CHECK_EQ(th_lost_wait(n, 1, told_ms), 1);
+    CHECK_OP(n->at - t0, <, told_ms);
+    CHECK_EQ(n->token, t1);
+    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
+    return t1;
+}
+
 static void holder_lost(dlock *l, uint64_t token, void *arg)
 {
     th_holder *h = arg;
@@ -1915,6 +1998,17 @@ int th_holder_child(void *arg)
     dlock_close(l);
     dlock_client_close(c);
     return 0;
+}
+
+pid_t th_holder_start(th_holder *h, const char *uri, const char *name,
+                      int64_t ttl)
+{
+    snprintf(h->uri, sizeof(h->uri), "%s", uri);
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    h->ttl = ttl;
+    pid_t pid = th_fork(th_holder_child, h);
+    CHECK(th_wait_flag(&h->ready, 10000));
+    return pid;
 }
 
 void th_events_init(th_events *s)

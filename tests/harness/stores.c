@@ -5,6 +5,10 @@
  */
 #include "test.h"
 
+#ifdef TH_SQLITE
+#include <sqlite3.h>
+#endif
+
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +20,26 @@ void th_need_redis_tls(void)
     th_skip("this build has no Redis over TLS (DLOCK_HAVE_REDIS_TLS)");
 #endif
 }
+
+#ifdef TH_SQLITE
+void th_sqlite_db(char *path, size_t pcap, char *uri, size_t ucap)
+{
+    snprintf(path, pcap, "%s/locks.db", th_tmpdir());
+    snprintf(uri, ucap, "sqlite://%s", path);
+}
+
+void th_sqlite_exec(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    char *err = NULL;
+
+    CHECK_EQ(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
+        th_fail(__FILE__, __LINE__, "%s: %s", sql, err ? err : "?");
+    sqlite3_close(db);
+}
+#endif
 
 void th_store_start(th_store *s, const char *k)
 {

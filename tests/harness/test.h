@@ -143,6 +143,15 @@ int th_wait_queued(dlock_client *c, const char *name, int64_t n, int64_t ms);
  * four tries: what the caller checks is that the wait saw the lock held
  * and gave up, not how fast the store answers. */
 void th_acquire_busy(dlock *l, int64_t ms);
+/* dlock_break() of `name` through op, failing the test unless it
+ * succeeds and its report counts `holders` holders, `permits` permits
+ * (0: a lock, not a semaphore) and `waiters` waiters (-1: not checked). */
+void th_break_counts(dlock_client *op, const char *name, int64_t holders,
+                     int64_t permits, int64_t waiters);
+/* A new client of `uri` (th_patient()) takes `name` (ttl 30 s, a 5 s
+ * wait), fails the test unless its token is above `above`, and lets it
+ * go: the store's fencing after a failover or a lost hold. */
+void th_next_token_above(const char *uri, const char *name, uint64_t above);
 
 /* Closes handles (TH_CLOSE(la, lb)) or clients (TH_CLIENT_CLOSE(a, b)),
  * in the order given: dlock_close() or dlock_client_close() each. */
@@ -185,6 +194,11 @@ int th_wait(pid_t pid);
 /* SIGKILLs child pid, stopped (SIGSTOP) or not, and reaps it; fails the
  * test unless it died of that SIGKILL. */
 void th_kill_stopped(pid_t pid);
+/* Forks n processes (at most TH_OPEN_TOGETHER_MAX) that open a client of
+ * `uri` at the same moment, and fails the test unless every open
+ * succeeds: stores that make their tables on a client's first open. */
+#define TH_OPEN_TOGETHER_MAX 16
+void th_open_together(const char *uri, int n);
 
 /* --- a private redis-server on a free loopback port --- */
 typedef struct th_redis {
@@ -680,6 +694,14 @@ int th_lost_within(th_lost *b, int64_t ms);
 int th_lost_wait(th_lost *b, int want, int64_t ms);
 /* Counts from 0 again. */
 void th_lost_reset(th_lost *b);
+/* Acquires la (its on_lost counting into n, 0 calls so far) and breaks
+ * its lock `name` through op, whose report must name the hold (held 1,
+ * la's token, a holder with a pid) and is left in *ev (the caller
+ * clears it); then la must be told within told_ms, with its token, and
+ * be lost (the stores whose holders are told at once: zk, etcd). Returns
+ * the token la had. */
+uint64_t th_break_told(dlock_client *op, dlock *la, const char *name,
+                       th_lost *n, int64_t told_ms, dlock_info *ev);
 
 /* A holder in a forked child: th_fork(th_holder_child, h), h in
  * th_shared() memory with uri, name and ttl set. The child opens a client
@@ -701,6 +723,11 @@ typedef struct th_holder {
     volatile int64_t lost_after_cont; /* ms from go to the callback */
 } th_holder;
 int th_holder_child(void *arg);
+/* Sets h's uri, name and ttl (the caller sets any other field first),
+ * forks th_holder_child and waits (10 s at most) until it holds the lock,
+ * failing the test when it does not; the child's pid. */
+pid_t th_holder_start(th_holder *h, const char *uri, const char *name,
+                      int64_t ttl);
 
 /* The events a client sends (dlock_client_set_events() with th_events_cb
  * and a th_events, th_events_init()ed, as its argument): the first
@@ -803,6 +830,16 @@ void th_gate_start(th_gate *g, int target);
 void th_gate_cut(th_gate *g);
 void th_gate_restore(th_gate *g);
 void th_gate_stop(th_gate *g);
+/* The rest of a test in which la (a hold of token t1 through gate g, its
+ * losses counted in n) was deleted behind its back while g was cut
+ * (test_etcd.c, test_zk.c): lb, another client's handle on the same
+ * name, takes the lock at once; la is told nothing for quiet_ms (it
+ * cannot know), and once g is restored is told within told_ms (with t1),
+ * its release lost with `why` in the message; then its client works
+ * again through g. The caller closes the handles, clients and gate. */
+void th_told_after_the_cut(th_gate *g, th_lost *n, dlock *la, dlock *lb,
+                           uint64_t t1, int64_t quiet_ms, int64_t told_ms,
+                           const char *why);
 
 typedef struct th_store {
     char uri[1200];
@@ -831,5 +868,15 @@ void th_store_stop(th_store *s);
  * store behind its back: s->srv, or on a cluster the primary of the key's
  * slot now. */
 th_redis *th_store_redis_for(th_store *s, const char *key);
+
+#ifdef TH_SQLITE
+/* The SQLite suites' database: locks.db in th_tmpdir(), its path into
+ * path and its store URI (sqlite://PATH) into uri. */
+void th_sqlite_db(char *path, size_t pcap, char *uri, size_t ucap);
+/* Runs sql on the database file `path` through a connection of its own,
+ * behind the store's back; fails the test, with SQLite's message, when it
+ * fails. */
+void th_sqlite_exec(const char *path, const char *sql);
+#endif
 
 #endif

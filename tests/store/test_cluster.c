@@ -77,19 +77,6 @@ static void release_wakes(dlock *la, pthread_t th, th_waiter *w, uint64_t ta)
     CHECK_OP(w->done_at - t0, <, 10000);
 }
 
-/* A new client's hold of `name` has a token above `above`. */
-static void next_token_above(th_cluster *t, const char *name, uint64_t above)
-{
-    dlock_client *b = th_client(t->uri, th_patient());
-    dlock *lb = handle(b, name, 30000, NULL);
-
-    CHECK_OK(dlock_acquire(lb, 5000));
-    CHECK_OP(dlock_token(lb), >, above);
-    CHECK_OK(dlock_release(lb));
-    dlock_close(lb);
-    dlock_client_close(b);
-}
-
 /* How many shard channels matching `pattern` node[i] has subscribers
  * on. */
 static long long shard_channels(th_cluster *t, int i, const char *pattern)
@@ -385,7 +372,7 @@ TEST(a_primary_killed_before_its_replica_had_the_hold_reports_it)
     /* reported at the next renewal (10 s, ttl/3) */
     CHECK_EQ(th_lost_within(&box, 20000), 1);
     CHECK_RC(dlock_held(la), DLOCK_ELOST);
-    next_token_above(&t, name, ta);
+    th_next_token_above(t.uri, name, ta);
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
     dlock_close(la);
     dlock_client_close(a);

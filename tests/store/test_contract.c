@@ -522,12 +522,8 @@ TEST(killed_holder_is_replaced)
     dlock_client *c = client();
     dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
-    s->ttl = 800;
     s->patient = 1;
-    snprintf(s->uri, sizeof(s->uri), "%s", uri);
-    snprintf(s->name, sizeof(s->name), "frozen");
-    pid_t pid = th_fork(th_holder_child, s);
-    CHECK(th_wait_flag(&s->ready, 10000));
+    pid_t pid = th_holder_start(s, uri, "frozen", 800);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
     kill(pid, SIGKILL);
     CHECK_EQ(th_wait(pid), 128 + SIGKILL);
@@ -557,12 +553,8 @@ TEST(frozen_holder_learns_it_lost)
     dlock_client *c = client();
     dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
-    s->ttl = 400;
     s->patient = 1;
-    snprintf(s->uri, sizeof(s->uri), "%s", uri);
-    snprintf(s->name, sizeof(s->name), "frozen");
-    pid_t pid = th_fork(th_holder_child, s);
-    CHECK(th_wait_flag(&s->ready, 10000));
+    pid_t pid = th_holder_start(s, uri, "frozen", 400);
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_acquire(l, 5000)); /* after the frozen one's lease */
     uint64_t mine = dlock_token(l);

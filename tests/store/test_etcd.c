@@ -1467,19 +1467,9 @@ TEST(a_broken_holder_is_told_by_its_stream)
 
     /* at once after the acquisition: the client has no stream yet (its
      * first hold), so the key's read after the stream opens tells it */
-    CHECK_OK(dlock_acquire(la, 0));
-    uint64_t t1 = dlock_token(la);
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "brk-told", &ev));
-    CHECK_EQ(ev.held, 1);
-    CHECK_EQ(ev.token, t1);
-    CHECK_CONTAINS(ev.holder, "pid");
+    uint64_t t1 = th_break_told(op, la, "brk-told", &n, TOLD_MS, &ev);
     CHECK_OP(ev.ttl_ms, >, 0);
     dlock_info_clear(&ev);
-    CHECK_EQ(th_lost_wait(&n, 1, TOLD_MS), 1);
-    CHECK_OP(n.at - t0, <, TOLD_MS);
-    CHECK_EQ(n.token, t1);
-    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
     CHECK_OK(dlock_acquire(lb, 0));
     CHECK_OP(dlock_token(lb), >, t1); /* a later revision */
     CHECK_RC(dlock_release(la), DLOCK_ELOST);
@@ -1490,7 +1480,7 @@ TEST(a_broken_holder_is_told_by_its_stream)
     CHECK_OK(dlock_acquire(la, 0));
     t1 = dlock_token(la);
     th_sleep_ms(200);
-    t0 = th_now_ms();
+    int64_t t0 = th_now_ms();
     CHECK_OK(dlock_break(op, "brk-told", NULL));
     CHECK_EQ(th_lost_wait(&n, 2, TOLD_MS), 2);
     CHECK_OP(n.at - t0, <, TOLD_MS);
@@ -1598,21 +1588,8 @@ TEST(a_deletion_while_the_stream_reconnects_is_still_told)
     th_sleep_ms(200);
     CHECK_EQ(th_etcdctl(&srv, out, sizeof(out),
                         "del --prefix 'etcdtest/brk-reconnect/'"), 0);
-    CHECK_OK(dlock_acquire(lb, 0));
-    CHECK_OP(dlock_token(lb), >, t1);
-    th_sleep_ms(500);
-    CHECK_EQ(th_lost_calls(&n), 0); /* it could not know yet */
-    int64_t t0 = th_now_ms();
-    th_gate_restore(&g);
-    CHECK_EQ(th_lost_wait(&n, 1, 2000 + TOLD_MS), 1);
-    CHECK_OP(n.at - t0, <, 2000 + TOLD_MS);
-    CHECK_EQ(n.token, t1);
-    CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    CHECK_CONTAINS(dlock_errmsg(), "key was deleted");
-    /* and the client works again through the gate */
-    CHECK_OK(dlock_release(lb));
-    CHECK_OK(dlock_acquire(la, 5000));
-    CHECK_OK(dlock_release(la));
+    th_told_after_the_cut(&g, &n, la, lb, t1, 500, 2000 + TOLD_MS,
+                          "key was deleted");
     TH_CLOSE(la, lb);
     TH_CLIENT_CLOSE(a, b);
     th_gate_stop(&g);

@@ -379,28 +379,50 @@ TEST(list_shows_long_names_whole)
     TH_CLIENT_CLOSE(a, b);
 }
 
+/* A holds `name` (a's handle la) and B's waiter (lb, a 20 s wait) is
+ * started behind it; op is a third client, to look or to break. */
+typedef struct queue {
+    dlock_client *a, *b, *op;
+    dlock *la, *lb;
+    th_waiter w;
+    pthread_t t;
+} queue;
+
+static void queue_start(queue *q, const char *name, int64_t ttl)
+{
+    q->a = client();
+    q->b = client();
+    q->op = client();
+    q->la = handle(q->a, name, ttl, NULL, NULL);
+    q->lb = handle(q->b, name, ttl, NULL, NULL);
+    q->w = (th_waiter){.l = q->lb, .wait_ms = 20000};
+    CHECK_OK(dlock_acquire(q->la, 0));
+    th_waiter_start(&q->w, &q->t);
+}
+
+/* Once the waiter's thread is joined. */
+static void queue_close(queue *q)
+{
+    TH_CLOSE(q->la, q->lb);
+    TH_CLIENT_CLOSE(q->a, q->b, q->op);
+}
+
 TEST(list_shows_waiters)
 {
     NEED(list);
-    dlock_client *a = client(), *b = client(), *o = client();
-    dlock *la = handle(a, "op/wait", 0, NULL, NULL);
-    dlock *lb = handle(b, "op/wait", 0, NULL, NULL);
-    th_waiter w = {.l = lb, .wait_ms = 20000};
-    pthread_t t;
+    queue q;
 
-    CHECK_OK(dlock_acquire(la, 0));
-    th_waiter_start(&w, &t);
-    if (th_wait_queued(o, "op/wait", 1, 10000)) {
-        found f = list_all(o, "op/wait", 100, 0);
+    queue_start(&q, "op/wait", 0);
+    if (th_wait_queued(q.op, "op/wait", 1, 10000)) {
+        found f = list_all(q.op, "op/wait", 100, 0);
         CHECK_EQ(f.n, 1);
         CHECK_OP(f.waiters[0], >=, 1);
         found_free(&f);
     }
-    CHECK_OK(dlock_release(la));
-    pthread_join(t, NULL);
-    CHECK_OK(w.rc);
-    TH_CLOSE(la, lb);
-    TH_CLIENT_CLOSE(a, b, o);
+    CHECK_OK(dlock_release(q.la));
+    pthread_join(q.t, NULL);
+    CHECK_OK(q.w.rc);
+    queue_close(&q);
 }
 
 TEST(break_evicts_a_renewing_holder)
@@ -459,26 +481,20 @@ TEST(break_wakes_a_waiter_at_once)
     /* ttl 30 s: without the break's wake-up the waiter would wait until
      * the evicted holder's next renewal failed (10 s) or longer; 5 s is
      * the bound of a wake-up on a busy machine, still short of that */
-    dlock_client *a = client(), *b = client(), *op = client();
-    dlock *la = handle(a, "op/break-wake", 30000, NULL, NULL);
-    dlock *lb = handle(b, "op/break-wake", 30000, NULL, NULL);
-    th_waiter w = {.l = lb, .wait_ms = 20000};
-    pthread_t t;
+    queue q;
 
-    CHECK_OK(dlock_acquire(la, 0));
-    uint64_t t1 = dlock_token(la);
-    th_waiter_start(&w, &t);
-    (void)th_wait_queued(op, "op/break-wake", 1, 10000);
+    queue_start(&q, "op/break-wake", 30000);
+    uint64_t t1 = dlock_token(q.la);
+    (void)th_wait_queued(q.op, "op/break-wake", 1, 10000);
     th_sleep_ms(100); /* the waiter is asleep */
     int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "op/break-wake", NULL));
-    pthread_join(t, NULL);
-    CHECK_OK(w.rc);
-    CHECK_OP(w.token, >, t1);
+    CHECK_OK(dlock_break(q.op, "op/break-wake", NULL));
+    pthread_join(q.t, NULL);
+    CHECK_OK(q.w.rc);
+    CHECK_OP(q.w.token, >, t1);
     CHECK_OP(th_now_ms() - t0, <, 5000);
-    CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    TH_CLOSE(la, lb);
-    TH_CLIENT_CLOSE(a, b, op);
+    CHECK_RC(dlock_release(q.la), DLOCK_ELOST);
+    queue_close(&q);
 }
 
 typedef struct race_arg {
@@ -803,13 +819,9 @@ TEST(a_frozen_holder_that_was_broken_learns_it_when_thawed)
     dlock_client *op = client();
     dlock *l = handle_n(op, "op/brk-frozen", 0, NULL);
 
-    snprintf(f->uri, sizeof(f->uri), "%s", S.uri);
-    snprintf(f->name, sizeof(f->name), "op/brk-frozen");
-    f->ttl = 30000;
     f->settle_ms = 300; /* its watch or stream is up */
     f->lost_ms = 10000;
-    pid_t pid = th_fork(th_holder_child, f);
-    CHECK(th_wait_flag(&f->ready, 10000));
+    pid_t pid = th_holder_start(f, S.uri, "op/brk-frozen", 30000);
     kill(pid, SIGSTOP);
     CHECK_OK(dlock_break(op, "op/brk-frozen", NULL));
     CHECK_OK(dlock_acquire(l, 0));

@@ -840,56 +840,52 @@ TEST(giving_up_leaves_the_queue)
     TH_CLIENT_CLOSE(c, h);
 }
 
+/* A waiter (wait_ms) queues behind a 30 s holder of `name`, and the
+ * store hands it the lock by hand with `token`, sending no message (then,
+ * with break_channel, kills the subscriber connections). Checks that the
+ * waiter got the lock with that token and that the holder's release is
+ * lost; returns how long the waiter's acquire took. */
+static int64_t handover_without_message(const char *name, int64_t wait_ms,
+                                        uint64_t token, int break_channel)
+{
+    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
+    dlock *lh = th_handle(h, name, 30000, 0, 0);
+    th_waiter w = {.l = th_handle(c, name, 30000, 0, 0), .wait_ms = wait_ms};
+    pthread_t th;
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    th_waiter_start(&w, &th);
+    th_wait_waiters(h, name, 1);
+    hand_over_by_hand(name, token);
+    if (break_channel)
+        th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE pubsub");
+    pthread_join(th, NULL);
+    CHECK_OK(w.rc);
+    CHECK_EQ(w.token, token);
+    CHECK_RC(dlock_release(lh), DLOCK_ELOST);
+    dlock_close(w.l);
+    dlock_close(lh);
+    TH_CLIENT_CLOSE(c, h);
+    return w.took;
+}
+
 /* The store handed the lock to a waiter whose message never arrived: the
  * waiter finds it when it leaves at its deadline and keeps it (never
  * DLOCK_EBUSY while the store names it the owner). The hand-over is made
  * here by hand, without the message. */
 TEST(a_handover_found_when_leaving_is_kept)
 {
-    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
-    dlock *lh = th_handle(h, "kept", 30000, 0, 0);
-    th_waiter w = {.l = th_handle(c, "kept", 30000, 0, 0), .wait_ms = 1500};
-    pthread_t th;
-
-    CHECK_OK(dlock_acquire(lh, 0));
-    th_waiter_start(&w, &th);
-    th_wait_waiters(h, "kept", 1);
-    hand_over_by_hand("kept", 4242);
-    pthread_join(th, NULL);
-    CHECK_OK(w.rc);
-    CHECK_OP(w.took, >=, 1400); /* learnt only when leaving */
-    CHECK_EQ(w.token, 4242);
-    CHECK_RC(dlock_release(lh), DLOCK_ELOST);
-    dlock_close(w.l);
-    dlock_close(lh);
-    TH_CLIENT_CLOSE(c, h);
+    /* learnt only when leaving */
+    CHECK_OP(handover_without_message("kept", 1500, 4242, 0), >=, 1400);
 }
 
 /* The same, but the subscriber connection breaks: the waiter re-arms and
  * tries, finds the lock its own and takes it, long before its deadline. */
 TEST(a_lost_handover_message_is_found_when_the_channel_breaks)
 {
-    dlock_client *h = th_client(srv.uri, NULL), *c = th_client(srv.uri, NULL);
-    dlock *lh = th_handle(h, "lostmsg", 30000, 0, 0);
-    th_waiter w = {.l = th_handle(c, "lostmsg", 30000, 0, 0),
-                   .wait_ms = 15000};
-    pthread_t th;
-
-    CHECK_OK(dlock_acquire(lh, 0));
-    th_waiter_start(&w, &th);
-    th_wait_waiters(h, "lostmsg", 1);
-    hand_over_by_hand("lostmsg", 4343);
-    th_redis_cmd(&srv, NULL, 0, "CLIENT KILL TYPE pubsub");
-    pthread_join(th, NULL);
-    CHECK_OK(w.rc);
     /* found when the channel broke, not at the 30 s lease or the 15 s
      * deadline: any time well below them */
-    CHECK_OP(w.took, <, 10000);
-    CHECK_EQ(w.token, 4343);
-    CHECK_RC(dlock_release(lh), DLOCK_ELOST);
-    dlock_close(w.l);
-    dlock_close(lh);
-    TH_CLIENT_CLOSE(c, h);
+    CHECK_OP(handover_without_message("lostmsg", 15000, 4343, 1), <, 10000);
 }
 
 /* A release racing the waiter's deadline, many times, with the release
@@ -948,7 +944,6 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
     dlock_client *c = th_client(srv.uri, NULL),
                  *obs = th_client(srv.uri, NULL);
     dlock *l = th_handle(c, "late-try", 30000, 0, 0);
-    dlock_info info;
 
     CHECK_OK(dlock_acquire(l, 0)); /* the connection and scripts ready */
     CHECK_OK(dlock_release(l));
@@ -963,18 +958,16 @@ TEST(a_try_answered_after_its_wait_leaves_no_hold)
      * 5 s; the server runs them as soon as the pause ends) */
     for (int k = 0; k < 250; k++) {
         if (th_now_ms() - t0 > 1600) {
-            CHECK_OK(dlock_inspect(obs, "late-try", &info));
-            int held = info.held, waiters = (int)info.waiters;
-            dlock_info_clear(&info);
-            if (!held && !waiters)
+            dlock_info in = th_info(obs, "late-try");
+            int busy = in.held || in.waiters;
+            dlock_info_clear(&in);
+            if (!busy)
                 break;
         }
         th_sleep_ms(20);
     }
-    CHECK_OK(dlock_inspect(obs, "late-try", &info));
-    CHECK_EQ(info.held, 0);
-    CHECK_EQ(info.waiters, 0);
-    dlock_info_clear(&info);
+    th_check_held(obs, "late-try", 0, -1);
+    CHECK_EQ(th_waiters(obs, "late-try"), 0);
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);

@@ -60,21 +60,6 @@ static int fail_over(th_sentinels *t, int via)
     return now;
 }
 
-/* A new client's hold of `name` (through the sentinels, no min_replicas)
- * has a token above `above`. */
-static void next_token_above(th_sentinels *t, const char *name,
-                             uint64_t above)
-{
-    dlock_client *b = th_client(t->uri, th_patient());
-    dlock *lb = handle(b, name, 30000, NULL);
-
-    CHECK_OK(dlock_acquire(lb, 5000));
-    CHECK_OP(dlock_token(lb), >, above);
-    CHECK_OK(dlock_release(lb));
-    dlock_close(lb);
-    dlock_client_close(b);
-}
-
 /* One set shared by the tests that fail nothing over. */
 static th_sentinels shared;
 static int shared_up;
@@ -339,7 +324,7 @@ TEST(failover_that_loses_a_hold_reports_it)
 
     /* someone else takes it on the new primary (while a's lost hold is
      * not yet released), with a higher token */
-    next_token_above(&t, "s/lose", ta);
+    th_next_token_above(t.uri, "s/lose", ta);
     char v[256];
     th_redis_cmd(th_sentinels_node(&t, now), v, sizeof(v), "GET dlock:{s/lose}");
     CHECK(strlen(v) > 0); /* its tombstone there */
@@ -377,7 +362,7 @@ TEST(a_client_whose_subscriptions_broke_asks_before_its_next_command)
     /* the next hold, through the new primary, has a higher token (a
      * client without min_replicas: the demoted primary resyncs as a
      * replica for a while, "only 1 of 2 replicas" meanwhile) */
-    next_token_above(&t, "s/missed", ta);
+    th_next_token_above(t.uri, "s/missed", ta);
     dlock_close(la);
     dlock_client_close(a);
     th_sentinels_stop(&t);

@@ -427,61 +427,20 @@ TEST(default_mode_wakes_waiters_one_at_a_time_in_arrival_order)
  * SQLITE_BUSY without its busy handler, and runs the statement again (it
  * failed "creating the lock table: database is locked", one time in four
  * with two processes, found by the contention bench). */
-typedef struct opener {
-    const char *uri;
-    volatile int *go;
-} opener;
-
-static int open_together(void *arg)
-{
-    opener *o = arg;
-    dlock_client *c = NULL;
-
-    while (!__atomic_load_n(o->go, __ATOMIC_ACQUIRE))
-        ;
-    if (dlock_client_open(&c, o->uri, NULL) != DLOCK_OK) {
-        fprintf(stderr, "open: %s\n", dlock_errmsg());
-        return 1;
-    }
-    dlock_client_close(c);
-    return 0;
-}
-
 TEST(clients_opening_a_new_database_together)
 {
     char path[700], u[760];
-    volatile int *go = th_shared(sizeof(int));
-    pid_t pid[8];
 
     for (int round = 0; round < 10; round++) {
         snprintf(path, sizeof(path), "%s/together-%d.db", th_tmpdir(), round);
         snprintf(u, sizeof(u), "sqlite://%s", path);
-        opener o = {u, go};
-        *go = 0;
-        for (int i = 0; i < 8; i++)
-            pid[i] = th_fork(open_together, &o);
-        th_sleep_ms(20);
-        __atomic_store_n(go, 1, __ATOMIC_RELEASE);
-        for (int i = 0; i < 8; i++)
-            CHECK_EQ(th_wait(pid[i]), 0);
+        th_open_together(u, 8);
     }
 }
 
 /* ------------------------------------------------------------------------ */
 /* dlock_list() and dlock_break()                                           */
 /* ------------------------------------------------------------------------ */
-
-static void exec_on(const char *path, const char *sql)
-{
-    sqlite3 *db;
-    char *err = NULL;
-
-    CHECK_EQ(sqlite3_open(path, &db), SQLITE_OK);
-    sqlite3_busy_timeout(db, 5000);
-    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
-        th_fail(__FILE__, __LINE__, "%s: %s", sql, err ? err : "?");
-    sqlite3_close(db);
-}
 
 /* Pages of 4 rows over 30 names (3 held, 27 free) and rows no dlock
  * client made (a TEXT name, a name with a NUL byte, an empty one): the
@@ -502,9 +461,10 @@ TEST(list_pages_over_free_held_and_foreign_rows)
         if (i % 10)
             CHECK_OK(dlock_release(l[i])); /* its row stays, free */
     }
-    exec_on(db_path, "INSERT INTO dlock_locks (name, lock_until) VALUES "
-                     "('ls/text', 1e15), (X'6c732f00', 1e15), "
-                     "(X'', 1e15)");
+    th_sqlite_exec(db_path,
+                   "INSERT INTO dlock_locks (name, lock_until) VALUES "
+                   "('ls/text', 1e15), (X'6c732f00', 1e15), "
+                   "(X'', 1e15)");
     for (int pass = 0; pass < 2; pass++) {
         unsigned flags = pass ? DLOCK_LIST_FREE : 0;
         char *cur = NULL;
@@ -564,8 +524,9 @@ TEST(list_pages_over_free_held_and_foreign_rows)
             CHECK_OK(dlock_release(l[i]));
         dlock_close(l[i]);
     }
-    exec_on(db_path, "DELETE FROM dlock_locks WHERE name = 'ls/text' OR "
-                     "name IN (X'6c732f00', X'')");
+    th_sqlite_exec(db_path,
+                   "DELETE FROM dlock_locks WHERE name = 'ls/text' OR "
+                   "name IN (X'6c732f00', X'')");
     TH_CLIENT_CLOSE(c, o);
 }
 
@@ -740,7 +701,6 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-    snprintf(db_path, sizeof(db_path), "%s/locks.db", th_tmpdir());
-    snprintf(uri, sizeof(uri), "sqlite://%s", db_path);
+    th_sqlite_db(db_path, sizeof(db_path), uri, sizeof(uri));
     return th_main(argc, argv, tests);
 }

@@ -110,18 +110,6 @@ static long long query_ll(const char *sql, const char *name)
     return v[0] ? atoll(v) : -1;
 }
 
-static void exec_sql(const char *path, const char *sql)
-{
-    sqlite3 *db;
-    char *err = NULL;
-
-    CHECK_EQ(sqlite3_open(path, &db), SQLITE_OK);
-    sqlite3_busy_timeout(db, 5000);
-    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
-        th_fail(__FILE__, __LINE__, "%s: %s", sql, err ? err : "?");
-    sqlite3_close(db);
-}
-
 /* The lease end (ms, SQLite's clock) of `owner`'s entry in lock `name`'s
  * row, -1 when it has none. */
 static long long entry_end(const char *name, const char *owner)
@@ -967,10 +955,7 @@ TEST(a_break_of_readers_or_permits_lets_the_waiters_in_at_once)
     th_wait_state(op, "bk-sem", 2, 2);
     until_asleep(&p[1]);
     t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "bk-sem", &ev));
-    CHECK_EQ(ev.holders, 2);
-    CHECK_EQ(ev.permits, 2);
-    dlock_info_clear(&ev);
+    th_break_counts(op, "bk-sem", 2, 2, -1);
     CHECK_OK(until_got(&p[0]));
     CHECK_OK(until_got(&p[1]));
     CHECK_OP(p[1].got - t0, <, 5000);
@@ -1026,8 +1011,8 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
 
     snprintf(path, sizeof(path), "%s/old.db", th_tmpdir());
     snprintf(u, sizeof(u), "sqlite://%s", path);
-    exec_sql(path, old_ddl);
-    exec_sql(path, old_hold);
+    th_sqlite_exec(path, old_ddl);
+    th_sqlite_exec(path, old_hold);
     CHECK_EQ(columns(path), 0);
     CHECK_OK(dlock_client_open(&c, u, NULL));
     CHECK_EQ(columns(path), 3);
@@ -1046,15 +1031,16 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
     CHECK_OK(dlock_acquire_shared(other, 0));
     CHECK_OK(dlock_release(other));
     /* the old client's release: the row is free, tokens go on */
-    exec_sql(path, "UPDATE dlock_locks SET owner = NULL, holder = NULL, "
-                   "holds = 0, lock_until = 0 WHERE name = "
-                   "CAST('old-held' AS BLOB)");
+    th_sqlite_exec(path, "UPDATE dlock_locks SET owner = NULL, holder = NULL, "
+                         "holds = 0, lock_until = 0 WHERE name = "
+                         "CAST('old-held' AS BLOB)");
     CHECK_OK(dlock_acquire_shared(held, 0));
     CHECK_OP(dlock_token(held), >, 1234567);
     CHECK_OK(dlock_release(held));
     /* an old client's hold (no ticket written) can be broken: the token
      * kept, the next above it */
-    exec_sql(path, "UPDATE dlock_locks SET owner = 'f00d:1', holder = 'old', "
+    th_sqlite_exec(path,
+                   "UPDATE dlock_locks SET owner = 'f00d:1', holder = 'old', "
                    "holds = 1, token = 2345678, lock_until = CAST(("
                    "julianday('now') - 2440587.5) * 86400000 AS INTEGER) + "
                    "60000 WHERE name = CAST('old-held' AS BLOB)");
@@ -1076,46 +1062,17 @@ TEST(a_database_of_the_previous_version_is_migrated_with_its_lock_kept)
 
 /* Processes opening one database of the previous version at the same
  * moment all succeed: the ones whose ALTER loses find the column there. */
-typedef struct opener {
-    const char *uri;
-    volatile int *go;
-} opener;
-
-static int open_together(void *arg)
-{
-    opener *o = arg;
-    dlock_client *c = NULL;
-
-    while (!__atomic_load_n(o->go, __ATOMIC_ACQUIRE))
-        ;
-    if (dlock_client_open(&c, o->uri, NULL) != DLOCK_OK) {
-        fprintf(stderr, "open: %s\n", dlock_errmsg());
-        return 1;
-    }
-    dlock_client_close(c);
-    return 0;
-}
-
 TEST(many_processes_opening_one_old_database_at_once)
 {
     char path[700], u[760];
-    volatile int *go = th_shared(sizeof(int));
-    pid_t pid[8];
 
     for (int round = 0; round < 10; round++) {
         snprintf(path, sizeof(path), "%s/old-together-%d.db", th_tmpdir(),
                  round);
         snprintf(u, sizeof(u), "sqlite://%s", path);
-        exec_sql(path, old_ddl);
-        exec_sql(path, old_hold);
-        opener o = {u, go};
-        *go = 0;
-        for (int i = 0; i < 8; i++)
-            pid[i] = th_fork(open_together, &o);
-        th_sleep_ms(20);
-        __atomic_store_n(go, 1, __ATOMIC_RELEASE);
-        for (int i = 0; i < 8; i++)
-            CHECK_EQ(th_wait(pid[i]), 0);
+        th_sqlite_exec(path, old_ddl);
+        th_sqlite_exec(path, old_hold);
+        th_open_together(u, 8);
         CHECK_EQ(columns(path), 3);
         char held[32]; /* the old client's hold is still there */
         query(path, "SELECT lock_until > 0 AND token = 1234567 FROM "
@@ -1147,7 +1104,6 @@ static const th_test tests[] = {
 
 int main(int argc, char **argv)
 {
-    snprintf(db_path, sizeof(db_path), "%s/locks.db", th_tmpdir());
-    snprintf(uri, sizeof(uri), "sqlite://%s", db_path);
+    th_sqlite_db(db_path, sizeof(db_path), uri, sizeof(uri));
     return th_main(argc, argv, tests);
 }

@@ -915,12 +915,8 @@ TEST(a_frozen_holder_is_told_its_session_expired)
     dlock_client *c = client();
     dlock *l = th_handle(c, "frozen", 0, 0, 0);
 
-    s->ttl = 600;
-    snprintf(s->uri, sizeof(s->uri), "%s", uri);
     s->lost_ms = 5000;
-    snprintf(s->name, sizeof(s->name), "frozen");
-    pid_t pid = th_fork(th_holder_child, s);
-    CHECK(th_wait_flag(&s->ready, 10000));
+    pid_t pid = th_holder_start(s, uri, "frozen", 600);
     CHECK_RC(dlock_acquire(l, 0), DLOCK_EBUSY);
     kill(pid, SIGSTOP);
     int64_t t0 = th_now_ms();
@@ -950,12 +946,8 @@ TEST(a_killed_holders_queue_moves_on_after_its_session)
     gate_waiter w;
     pthread_t th;
 
-    s->ttl = 1000;
-    snprintf(s->uri, sizeof(s->uri), "%s", uri);
     s->lost_ms = 5000;
-    snprintf(s->name, sizeof(s->name), "killed");
-    pid_t pid = th_fork(th_holder_child, s);
-    CHECK(th_wait_flag(&s->ready, 10000));
+    pid_t pid = th_holder_start(s, uri, "killed", 1000);
     memset(&w, 0, sizeof(w));
     w.l = th_handle(c, "killed", 0, 0, 0);
     w.wait = 20000;
@@ -1346,18 +1338,8 @@ TEST(a_broken_holder_is_told_by_its_nodes_watch)
     dlock *lb = th_handle(b, "brk-told", 30000, 0, 0);
     dlock_info ev;
 
-    CHECK_OK(dlock_acquire(la, 0));
-    uint64_t t1 = dlock_token(la);
-    int64_t t0 = th_now_ms();
-    CHECK_OK(dlock_break(op, "brk-told", &ev));
-    CHECK_EQ(ev.held, 1);
-    CHECK_EQ(ev.token, t1);
-    CHECK_CONTAINS(ev.holder, "pid");
+    uint64_t t1 = th_break_told(op, la, "brk-told", &n, TOLD_MS, &ev);
     dlock_info_clear(&ev);
-    CHECK_EQ(th_lost_wait(&n, 1, TOLD_MS), 1);
-    CHECK_OP(n.at - t0, <, TOLD_MS);
-    CHECK_EQ(n.token, t1);
-    CHECK_EQ(dlock_held(la), DLOCK_ELOST);
     CHECK_EQ(dlock_token(la), 0);
     /* the next hold's token is greater (a zxid of a later write) */
     CHECK_OK(dlock_acquire(lb, 0));
@@ -1408,23 +1390,10 @@ TEST(a_deletion_while_reconnecting_is_still_told)
     th_gate_cut(&g);
     th_sleep_ms(200); /* the client sees its connection go */
     CHECK_EQ(th_zk_delete_children(zh, "/zktest/brk-reconnect"), 1);
-    CHECK_OK(dlock_acquire(lb, 0));
-    CHECK_OP(dlock_token(lb), >, t1);
-    th_sleep_ms(300);
-    CHECK_EQ(th_lost_calls(&n), 0); /* it could not know yet */
-    int64_t t0 = th_now_ms();
-    th_gate_restore(&g);
     /* the C client retries its server about every second; then the
      * event or the look: TOLD_MS after it is back */
-    CHECK_EQ(th_lost_wait(&n, 1, 2000 + TOLD_MS), 1);
-    CHECK_OP(n.at - t0, <, 2000 + TOLD_MS);
-    CHECK_EQ(n.token, t1);
-    CHECK_RC(dlock_release(la), DLOCK_ELOST);
-    CHECK_CONTAINS(dlock_errmsg(), "node was deleted");
-    /* and the client works again through the gate */
-    CHECK_OK(dlock_release(lb));
-    CHECK_OK(dlock_acquire(la, 5000));
-    CHECK_OK(dlock_release(la));
+    th_told_after_the_cut(&g, &n, la, lb, t1, 300, 2000 + TOLD_MS,
+                          "node was deleted");
     TH_CLOSE(la, lb);
     TH_CLIENT_CLOSE(a, b);
     th_gate_stop(&g);
