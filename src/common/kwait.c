@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 typedef struct kwait {
@@ -204,4 +205,22 @@ out:
     free(started);
     free(p);
     return rc;
+}
+
+void dlock__timer_within(int fd, int64_t in_ms)
+{
+    struct itimerspec its, cur;
+
+    if (in_ms < 1)
+        in_ms = 1;
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = in_ms / 1000;
+    its.it_value.tv_nsec = (in_ms % 1000) * 1000000L;
+    if (timerfd_gettime(fd, &cur) == 0 &&
+        (cur.it_value.tv_sec || cur.it_value.tv_nsec) &&
+        (cur.it_value.tv_sec < its.it_value.tv_sec ||
+         (cur.it_value.tv_sec == its.it_value.tv_sec &&
+          cur.it_value.tv_nsec <= its.it_value.tv_nsec)))
+        return; /* it fires sooner anyway */
+    timerfd_settime(fd, 0, &its, NULL);
 }

@@ -33,4 +33,10 @@ int dlock__kwait(int fd, short type, off_t byte, int64_t deadline, int cfd);
 int dlock__kwait_any(int fd, const off_t *bytes, int nb, const int *fds,
                      int nfds, int64_t deadline, int cfd);
 
+/* Makes the one-shot timerfd `fd` (a store's background thread sleeps on
+ * it) fire within `in_ms` milliseconds (at least 1): armed for then,
+ * unless it is armed to fire sooner already (the thread arms it again for
+ * what is due next when it runs). */
+void dlock__timer_within(int fd, int64_t in_ms);
+
 #endif /* DLOCK_COMMON_KWAIT_H */

@@ -10,6 +10,8 @@
  */
 #include "etcd_int.h"
 
+#include "kwait.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -174,19 +176,7 @@ int dlock__etcd_lease_revoke(etcd_store *es, int64_t id, int64_t deadline)
 /* Makes the timer fire by `at` at the latest; es->mu held. */
 void dlock__etcd_arm_timer(etcd_store *es, int64_t at)
 {
-    struct itimerspec its, cur;
-    int64_t in = at - dlock__now_ms();
-
-    if (in < 1)
-        in = 1;
-    if (timerfd_gettime(es->timer_fd, &cur) == 0 &&
-        (cur.it_value.tv_sec || cur.it_value.tv_nsec) &&
-        cur.it_value.tv_sec * 1000 + cur.it_value.tv_nsec / 1000000 <= in)
-        return; /* it fires earlier anyway */
-    memset(&its, 0, sizeof(its));
-    its.it_value.tv_sec = in / 1000;
-    its.it_value.tv_nsec = (in % 1000) * 1000000L;
-    timerfd_settime(es->timer_fd, 0, &its, NULL);
+    dlock__timer_within(es->timer_fd, at - dlock__now_ms());
 }
 
 int dlock__etcd_loop_fd(void *st)

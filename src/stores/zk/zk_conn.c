@@ -10,6 +10,8 @@
  */
 #include "zk_int.h"
 
+#include "kwait.h"
+
 /* ------------------------------------------------------------------------ */
 /* Asynchronous calls with a deadline                                       */
 /* ------------------------------------------------------------------------ */
@@ -579,21 +581,5 @@ uint64_t dlock__zk_conn_gen(zk_store *zs, zk_session *s)
  * by the queue, run by zk.c's loop. */
 void dlock__zk_arm_timer(zk_store *zs, int64_t at)
 {
-    struct itimerspec its;
-    int64_t in = at - dlock__now_ms();
-
-    memset(&its, 0, sizeof(its));
-    if (in < 1)
-        in = 1;
-    its.it_value.tv_sec = in / 1000;
-    its.it_value.tv_nsec = (in % 1000) * 1000000;
-    /* an earlier pending expiry is kept: loop_run re-arms for the next */
-    struct itimerspec cur;
-    if (timerfd_gettime(zs->timer_fd, &cur) == 0 &&
-        (cur.it_value.tv_sec || cur.it_value.tv_nsec) &&
-        (cur.it_value.tv_sec < its.it_value.tv_sec ||
-         (cur.it_value.tv_sec == its.it_value.tv_sec &&
-          cur.it_value.tv_nsec <= its.it_value.tv_nsec)))
-        return;
-    timerfd_settime(zs->timer_fd, 0, &its, NULL);
+    dlock__timer_within(zs->timer_fd, at - dlock__now_ms());
 }
