@@ -192,6 +192,13 @@ static void mark_socket(zhandle_t *zh)
         dlock__fds_mark_peer((struct sockaddr *)&a, len);
 }
 
+/* The background thread's timer: armed here by the sessions' events and
+ * by the queue, run by zk.c's loop. */
+void dlock__zk_arm_timer(zk_store *zs, int64_t at)
+{
+    dlock__timer_within(zs->timer_fd, at - dlock__now_ms());
+}
+
 /* Session events (and, at expiry, every watch's copy of it). */
 static void on_event(zhandle_t *zh, int type, int state, const char *path,
                      void *ctx)
@@ -575,11 +582,4 @@ uint64_t dlock__zk_conn_gen(zk_store *zs, zk_session *s)
     g = s->conn_gen;
     pthread_mutex_unlock(&zs->mu);
     return g;
-}
-
-/* The background thread's timer: armed here by the sessions' events and
- * by the queue, run by zk.c's loop. */
-void dlock__zk_arm_timer(zk_store *zs, int64_t at)
-{
-    dlock__timer_within(zs->timer_fd, at - dlock__now_ms());
 }
