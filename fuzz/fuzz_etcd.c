@@ -27,6 +27,7 @@
 #include "../src/stores/etcd/etcd_lease.c"
 #include "../src/stores/etcd/etcd_wait.c"
 #include "../src/stores/etcd/etcd_operate.c"
+#include "../src/stores/etcd/etcd_keys.c"
 
 #include "uri.h" /* the core's parser: the fuzz target parses URIs */
 

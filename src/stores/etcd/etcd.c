@@ -33,12 +33,15 @@
  *    can be deleted by mistake.
  *
  * The store's files (etcd_int.h is what they share): etcd.c, this one, the
- * lock protocol above (the keys, acquire, release, extend, inspect, open
- * and close: the backend's slots); etcd_conn.c, the HTTP/JSON client
+ * lock protocol above (acquire, release, extend, open and close: the
+ * backend's slots); etcd_conn.c, the HTTP/JSON client
  * of the v3 gateway (every request is an idempotent POST with a deadline,
  * retried on the next endpoint); etcd_wait.c, the watch stream, read by
  * the client thread, which wakes the waiters a deletion concerns (one
- * thread hop); etcd_lease.c, the leases and the background thread.
+ * thread hop); etcd_lease.c, the leases and the background thread;
+ * etcd_keys.c, a lock's keys, the client's reservations and its holds'
+ * keys watched for their deletion; etcd_operate.c, inspect, list and
+ * break.
  */
 #include "etcd_int.h"
 
@@ -55,100 +58,11 @@
 /* Keys                                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* The range of lock `name`: prefix + escaped name + "/". */
-size_t dlock__etcd_lock_base(const etcd_store *es, const char *name,
-                             size_t len, char *out)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = es->prefix_len;
-
-    memcpy(out, es->prefix, o);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)name[i];
-        if (ch == '/' || ch == '%') {
-            out[o++] = '%';
-            out[o++] = hex[ch >> 4];
-            out[o++] = hex[ch & 15];
-        } else {
-            out[o++] = (char)ch;
-        }
-    }
-    out[o++] = '/';
-    out[o] = '\0';
-    return o;
-}
-
-
 /* The caller's wait is over: its deadline passed, or dlock_cancel() asked
  * (etcd_cancel() wakes the waiters to see it). */
 static int wait_over(const dlock__lease *l)
 {
     return dlock__now_ms() >= l->deadline || dlock__lease_cancelled(l);
-}
-
-static int slots_grow(etcd_store *es)
-{
-    size_t n = es->nbuckets ? es->nbuckets * 2 : 64;
-    etcd_slot **b = calloc(n, sizeof(*b));
-
-    if (!b)
-        return -1;
-    for (size_t i = 0; i < es->nbuckets; i++) {
-        etcd_slot *s = es->slots[i];
-        while (s) {
-            etcd_slot *next = s->next;
-            s->next = b[s->hash & (n - 1)];
-            b[s->hash & (n - 1)] = s;
-            s = next;
-        }
-    }
-    free(es->slots);
-    es->slots = b;
-    es->nbuckets = n;
-    return 0;
-}
-
-/* Reserves `key`: 0 when it was free, 1 when in use, -1 out of memory.
- * es->mu held. */
-static int slot_take(etcd_store *es, const char *key, size_t len)
-{
-    uint64_t h = dlock__hash(key, len);
-    etcd_slot *s;
-
-    if (es->nslots >= es->nbuckets && slots_grow(es) != 0)
-        return -1;
-    for (s = es->slots[h & (es->nbuckets - 1)]; s; s = s->next)
-        if (s->hash == h && s->len == len && !memcmp(s->key, key, len))
-            return 1;
-    s = malloc(sizeof(*s) + len);
-    if (!s)
-        return -1;
-    s->hash = h;
-    s->len = len;
-    memcpy(s->key, key, len);
-    s->next = es->slots[h & (es->nbuckets - 1)];
-    es->slots[h & (es->nbuckets - 1)] = s;
-    es->nslots++;
-    return 0;
-}
-
-/* es->mu held. */
-void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len)
-{
-    uint64_t h = dlock__hash(key, len);
-
-    if (!es->nbuckets)
-        return;
-    for (etcd_slot **pp = &es->slots[h & (es->nbuckets - 1)]; *pp;
-         pp = &(*pp)->next) {
-        etcd_slot *s = *pp;
-        if (s->hash == h && s->len == len && !memcmp(s->key, key, len)) {
-            *pp = s->next;
-            free(s);
-            es->nslots--;
-            return;
-        }
-    }
 }
 
 /* Picks and reserves this acquisition's key: base + lease hex, then
@@ -171,7 +85,7 @@ static int pick_key(etcd_store *es, const dlock__lease *l, etcd_hold *eh)
         size_t len = m;
         if (i > 0)
             len += (size_t)sprintf(eh->key + m, "-%u", i);
-        int r = slot_take(es, eh->key, len);
+        int r = dlock__etcd_slot_take(es, eh->key, len);
         if (r == 0) {
             eh->key_len = len;
             break;
@@ -322,7 +236,7 @@ static int acquire_on(etcd_store *es, dlock__lease *l, etcd_hold *eh,
     w.permits = l->kind == DLOCK__PERMIT ? l->permits : 0;
     /* the stream is up: register first, so that no deletion after our
      * transaction can be missed (the waiter's keys ahead, and our own
-     * key's: etcd_operate.c) */
+     * key's: etcd_keys.c) */
     dlock__etcd_mine_link(es, eh);
     pthread_mutex_lock(&es->mu);
     if (may_wait && es->sstate == ST_UP)

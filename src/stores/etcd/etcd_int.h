@@ -1,16 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * etcd_int.h -- what the etcd store's five files share: etcd.c, the lock
- * protocol (the keys of a lock, acquire, release, extend, open and close:
- * the backend's slots); etcd_operate.c, an operator's view (inspect, list,
- * break) and the holds' keys watched for their deletion by the stream;
+ * etcd_int.h -- what the etcd store's six files share: etcd.c, the lock
+ * protocol (acquire, release, extend, open and close: the backend's
+ * slots); etcd_operate.c, an operator's view (inspect, list, break);
+ * etcd_lease.c, the leases and the background thread that keeps them
+ * alive, deletes left-over keys, revokes unused leases and checks our
+ * holds' keys; etcd_wait.c, the client's watch stream and the waiters it
+ * wakes; etcd_keys.c, the keys of a lock, the ones the client reserves,
+ * and the holds' keys watched for their deletion by the stream; and
  * etcd_conn.c, the HTTP/JSON client of etcd's v3 gateway over libcurl
  * (requests with their retries across the endpoints, TLS, auth, base64,
- * the URI's options); etcd_wait.c, the client's watch stream and the
- * waiters it wakes; and etcd_lease.c, the leases and the background
- * thread that keeps them alive, deletes left-over keys and revokes unused
- * leases. The limits, the structs, the small readers of cJSON answers,
- * and each file's functions that the others call.
+ * the URI's options). Each calls only those after it. The limits, the
+ * structs, the small readers of cJSON answers, and each file's functions
+ * that the others call.
  */
 #ifndef DLOCK_ETCD_INT_H
 #define DLOCK_ETCD_INT_H
@@ -185,7 +187,7 @@ typedef struct etcd_hold {
     int waited;        /* the acquisition waited in the queue */
     size_t key_len;
     char key[ETCD_KEY_MAX];
-    /* our key watched for its deletion by the stream (etcd_operate.c),
+    /* our key watched for its deletion by the stream (etcd_keys.c),
      * all under es->mu */
     struct etcd_hold *mnext, *mprev; /* in es->mine while linked */
     uint64_t mid;       /* unique in the store: what notify_lost matches */
@@ -256,12 +258,16 @@ static inline int enomem(void)
     return dlock__err(DLOCK_ENOMEM, "out of memory");
 }
 
-/* etcd.c: the keys this client uses */
+/* etcd_keys.c: the keys this client uses */
 
 /* The range of lock `name`: prefix + escaped name + "/" into out
  * (ETCD_KEY_MAX); its length. */
 size_t dlock__etcd_lock_base(const etcd_store *es, const char *name,
                              size_t len, char *out);
+
+/* Reserves `key`: 0 when it was free, 1 when in use, -1 out of memory.
+ * es->mu held. */
+int dlock__etcd_slot_take(etcd_store *es, const char *key, size_t len);
 
 /* Drops the reservation of `key`; es->mu held. */
 void dlock__etcd_slot_drop(etcd_store *es, const char *key, size_t len);
@@ -343,6 +349,10 @@ void dlock__etcd_arm_timer(etcd_store *es, int64_t at);
 /* The backend's loop_fd and loop_run slots. */
 int dlock__etcd_loop_fd(void *st);
 void dlock__etcd_loop_run(void *st, int readable);
+/* Our holds' keys (etcd_keys.c), the background thread's part: keeps the
+ * stream up while we hold keys, checks keys the stream may have missed,
+ * tells the core of deleted holds. Returns when it wants to run again. */
+int64_t dlock__etcd_mine_run(etcd_store *es);
 /* dlock_client_at_risk_max(): a sixth of the lease the server grants for
  * ttl_ms (granted now if the client has none of that length). */
 int dlock__etcd_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
@@ -393,7 +403,9 @@ int dlock__etcd_look(etcd_store *es, etcd_hold *eh, etcd_waiter *w,
 /* Ends a wait: unregisters w and frees what it holds. */
 void dlock__etcd_waiter_end(etcd_store *es, etcd_waiter *w);
 
-/* etcd_operate.c: our keys watched for their deletion */
+/* etcd_keys.c: our keys watched for their deletion */
+
+#define MINE_TELL_FOR_MS 10000 /* how long a loss is offered to the core */
 
 /* Links eh (before its key is put): a deletion of its key from now on
  * is seen. */
@@ -409,14 +421,15 @@ int dlock__etcd_mine_hold(etcd_store *es, etcd_hold *eh);
 void dlock__etcd_mine_releasing(etcd_store *es, etcd_hold *eh);
 /* Unlinks eh (the hold ended, the acquisition failed). */
 void dlock__etcd_mine_unlink(etcd_store *es, etcd_hold *eh);
+/* Does the current stream report our key's deletion? es->mu held. */
+int dlock__etcd_mine_covered(const etcd_store *es, const etcd_hold *eh);
+/* Our key went (es->mu held): a loss to tell when held. Returns 1 when
+ * the background thread must tell the core. */
+int dlock__etcd_mine_gone(etcd_hold *eh);
 /* A deletion on the stream (es->mu held): key (base64) at rev. Returns 1
  * when the background thread must tell the core. */
 int dlock__etcd_mine_deleted(etcd_store *es, const char *key_b64,
                              int64_t rev);
-/* The background thread's part: keeps the stream up while we hold keys,
- * checks keys the stream may have missed, tells the core of deleted
- * holds. Returns when it wants to run again. */
-int64_t dlock__etcd_mine_run(etcd_store *es);
 
 /* etcd_operate.c: the inspect, list and evict slots */
 dlock__inspect_slot dlock__etcd_inspect;

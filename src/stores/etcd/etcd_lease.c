@@ -5,8 +5,10 @@
  * (a DLOCK_NO_RENEW acquisition's own), granted, kept alive, revoked; and
  * the client's background thread, which keeps them alive every TTL/3,
  * tells the core of a lease lost, deletes the keys whose delete failed
- * and revokes leases no longer used. The watch stream it also reads is
- * etcd_wait.c's; what it does for the keys we hold, etcd_operate.c's.
+ * and revokes leases no longer used, and keeps our holds' keys checked
+ * (the stream up while we hold keys, a read of each key it may have
+ * missed, the core told of a deleted one: etcd_keys.c). The watch stream
+ * it also reads is etcd_wait.c's.
  */
 #include "etcd_int.h"
 
@@ -170,6 +172,243 @@ int dlock__etcd_lease_revoke(etcd_store *es, int64_t id, int64_t deadline)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Our held keys: the background thread's checks (etcd_keys.c)              */
+/* ------------------------------------------------------------------------ */
+
+#define MINE_BATCH 64          /* keys checked in one transaction */
+#define COVER_BACKOFF_MIN 100  /* ms between tries at opening the stream */
+#define COVER_BACKOFF_MAX 2000
+
+typedef struct mine_match {
+    uint64_t mid;
+    int matched;
+} mine_match;
+
+static int match_mine(const dlock__lease *l, void *arg)
+{
+    const etcd_hold *eh = l->priv;
+    mine_match *m = arg;
+
+    if (!eh || eh->mid != m->mid)
+        return 0;
+    m->matched = 1;
+    return 1;
+}
+
+/* The answer j of mine_check's transaction (one range of each key
+ * mids[i], which had create revision revs[i]) applied (es->mu held): a key
+ * not there (or not with that revision) is gone; one there is covered by
+ * stream generation gen. */
+static void check_answer(etcd_store *es, const cJSON *j,
+                         const uint64_t *mids, const int64_t *revs, int n,
+                         uint64_t gen)
+{
+    for (int i = 0; i < n; i++) {
+        const cJSON *kv = kvs_at(txn_resp(j, i, "response_range"), 0);
+        int there = kv && jint(kv, "create_revision") == revs[i];
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+            if (eh->mid != mids[i])
+                continue;
+            if (!there)
+                (void)dlock__etcd_mine_gone(eh);
+            else if (!eh->gone)
+                eh->mgen = gen; /* there after gen began: covered */
+            break;
+        }
+    }
+}
+
+/* The held keys the stream may have missed, checked by one read each
+ * (MINE_BATCH to a transaction) at a revision after the stream of
+ * generation `gen` began. 0, or -1: no answer (try again later). */
+static int mine_check(etcd_store *es, uint64_t gen, int64_t deadline)
+{
+    uint64_t mids[MINE_BATCH];
+    int64_t revs[MINE_BATCH];
+    dlock__buf body = ETCD_BUF_INIT;
+    int n = 0, rc = 0;
+
+    pthread_mutex_lock(&es->mu);
+    for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+        if (!eh->held || eh->releasing || eh->gone ||
+            dlock__etcd_mine_covered(es, eh))
+            continue;
+        char kb[ETCD_B64_MAX], item[ETCD_B64_MAX + 96];
+        dlock__etcd_b64_encode(eh->key, eh->key_len, kb);
+        int len = snprintf(item, sizeof(item),
+                           "%s{\"request_range\":{\"key\":\"%s\","
+                           "\"keys_only\":true}}",
+                           n ? "," : "{\"success\":[", kb);
+        if (dlock__buf_add(&body, item, (size_t)len) != 0) {
+            rc = -1;
+            break;
+        }
+        mids[n] = eh->mid;
+        revs[n] = eh->mrev;
+        if (++n == MINE_BATCH)
+            break;
+    }
+    pthread_mutex_unlock(&es->mu);
+    if (rc == 0 && n > 0 && dlock__buf_add(&body, "]}", 2) != 0)
+        rc = -1;
+    if (rc != 0 || n == 0) {
+        dlock__buf_free(&body);
+        return rc;
+    }
+    cJSON *j = NULL;
+    int r = dlock__etcd_request(es, "/v3/kv/txn", body.p, deadline, &j,
+                                "checking the held keys");
+    dlock__buf_free(&body);
+    if (r != DLOCK_OK)
+        return -1;
+    pthread_mutex_lock(&es->mu);
+    check_answer(es, j, mids, revs, n, gen);
+    pthread_mutex_unlock(&es->mu);
+    cJSON_Delete(j);
+    return 0;
+}
+
+/* Is the lease gone from the cluster (its time to live asked)? A lease
+ * that did not answer is not taken for gone. */
+static int lease_gone(etcd_store *es, etcd_lease *el)
+{
+    char lb[64];
+    cJSON *j = NULL;
+
+    snprintf(lb, sizeof(lb), "{\"ID\":\"%" PRId64 "\"}", el->id);
+    int rc = dlock__etcd_request(
+        es, "/v3/lease/timetolive", lb,
+        dlock__loop_deadline(es->client, dlock__now_ms() + es->timeout_ms),
+        &j, "reading a lease");
+    int gone = rc == ETCD_NOLEASE || (rc == DLOCK_OK && jint(j, "TTL") <= 0);
+    cJSON_Delete(j);
+    return gone;
+}
+
+int64_t dlock__etcd_mine_run(etcd_store *es)
+{
+    int64_t next = INT64_MAX, now = dlock__now_ms();
+    int need = 0;
+
+    /* 1. the stream up while we hold keys, and every held key covered */
+    pthread_mutex_lock(&es->mu);
+    for (etcd_hold *eh = es->mine; eh; eh = eh->mnext)
+        if (eh->held && !eh->releasing && !eh->gone &&
+            !dlock__etcd_mine_covered(es, eh))
+            need = 1;
+    /* this thread keeps the leases alive and declares them lost: a
+     * stream that does not open, a read that does not answer (no quorum)
+     * never hold up a keepalive or a lease's end */
+    int64_t limit = now + es->timeout_ms;
+    for (etcd_lease *el = es->leases; el; el = el->next) {
+        if (el->dead)
+            continue;
+        if (el->next_ka < limit)
+            limit = el->next_ka;
+        if (dlock__etcd_lease_limit(el) < limit)
+            limit = dlock__etcd_lease_limit(el);
+    }
+    int due = need && now >= es->cover_at;
+    pthread_mutex_unlock(&es->mu);
+    /* and by the moment a hold of the client needs this thread */
+    limit = dlock__loop_deadline(es->client, limit);
+    int64_t dl = limit > now + 200 ? limit : now + 200;
+    for (int round = 0; due && round < 16 && dlock__now_ms() < dl; round++) {
+        uint64_t gen = 0;
+        int ok = dlock__etcd_stream_up(es, dl, &gen) == DLOCK_OK &&
+                 mine_check(es, gen, dl) == 0;
+        pthread_mutex_lock(&es->mu);
+        if (ok) {
+            es->cover_backoff = 0;
+            es->cover_at = 0;
+        } else {
+            es->cover_backoff = es->cover_backoff
+                                    ? es->cover_backoff * 2
+                                    : COVER_BACKOFF_MIN;
+            if (es->cover_backoff > COVER_BACKOFF_MAX)
+                es->cover_backoff = COVER_BACKOFF_MAX;
+            es->cover_at = dlock__now_ms() + es->cover_backoff;
+        }
+        need = 0;
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext)
+            if (eh->held && !eh->releasing && !eh->gone &&
+                !dlock__etcd_mine_covered(es, eh))
+                need = 1;
+        due = ok && need; /* more than a batch, or the stream broke */
+        pthread_mutex_unlock(&es->mu);
+    }
+
+    /* 2. tell the core, one hold at a time (notify_lost takes the
+     * client's mutex: never with ours held) */
+    for (int k = 0; k < 1024; k++) {
+        mine_match m = {0, 0};
+        etcd_lease *check = NULL;
+        now = dlock__now_ms();
+        pthread_mutex_lock(&es->mu);
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+            if (!eh->tell || eh->releasing || eh->tell_at > now)
+                continue;
+            if (eh->lease && eh->lease->dead) {
+                eh->tell = 0; /* the lease's loss told it already */
+                continue;
+            }
+            if (!eh->lease_checked && eh->lease) {
+                /* a revoked or expired lease deletes its keys too: find
+                 * out first, so that its next use is not the one that
+                 * learns it (then the lease's loss is told) */
+                eh->lease_checked = 1;
+                check = eh->lease;
+                break;
+            }
+            m.mid = eh->mid;
+            /* offered again soon if the core has not registered the hold
+             * yet (its acquire is returning it) */
+            eh->tell_at = now + 10 + (now - eh->tell_until +
+                                      MINE_TELL_FOR_MS) / 4;
+            break;
+        }
+        pthread_mutex_unlock(&es->mu);
+        if (check) {
+            /* (a lease this thread alone frees: valid until it returns) */
+            if (lease_gone(es, check))
+                dlock__etcd_lease_lost(es, check,
+                                       "etcd: the client's lease expired or "
+                                       "was revoked");
+            continue;
+        }
+        if (!m.mid)
+            break;
+        dlock__notify_lost(es->client, match_mine, &m,
+                           "its etcd key was deleted (dlock break, or by "
+                           "hand)");
+        pthread_mutex_lock(&es->mu);
+        for (etcd_hold *eh = es->mine; eh; eh = eh->mnext)
+            if (eh->mid == m.mid && (m.matched || now >= eh->tell_until))
+                eh->tell = 0;
+        pthread_mutex_unlock(&es->mu);
+    }
+
+    /* 3. when to run again */
+    pthread_mutex_lock(&es->mu);
+    need = 0;
+    for (etcd_hold *eh = es->mine; eh; eh = eh->mnext) {
+        if (eh->tell && !eh->releasing && eh->tell_at < next)
+            next = eh->tell_at;
+        if (eh->held && !eh->releasing && !eh->gone &&
+            !dlock__etcd_mine_covered(es, eh))
+            need = 1;
+    }
+    if (need) {
+        int64_t at = es->cover_at ? es->cover_at
+                                  : dlock__now_ms() + COVER_BACKOFF_MIN;
+        if (at < next)
+            next = at;
+    }
+    pthread_mutex_unlock(&es->mu);
+    return next;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The background thread: keepalives, orphans, idle leases                  */
 /* ------------------------------------------------------------------------ */
 
@@ -314,7 +553,7 @@ void dlock__etcd_loop_run(void *st, int readable)
         push_ends(es); /* a keepalive moved a limit, or failed */
 
     /* 2. our held keys: the stream up, every key covered, deleted holds
-     * told to the core (etcd_operate.c) */
+     * told to the core (above) */
     int64_t mine_next = dlock__etcd_mine_run(es);
     if (mine_next < next)
         next = mine_next;

@@ -267,7 +267,7 @@ static int stream_msg(etcd_store *es, const char *text, size_t n,
                 continue;
             for (etcd_waiter *w = es->waiters; w; w = w->next)
                 waiter_deleted(w, key, rev);
-            /* a key we hold (etcd_operate.c) */
+            /* a key we hold (etcd_keys.c) */
             tell |= dlock__etcd_mine_deleted(es, key, rev);
         }
         pthread_mutex_unlock(&es->mu);

@@ -60,9 +60,6 @@
 
 #include "opt.h"
 
-#include <errmsg.h>
-#include <mysqld_error.h>
-
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,35 +138,6 @@ static int my_release(void *st, dlock__lease *l, int64_t op_deadline)
         sl->gated = 0;
     }
     return rc;
-}
-
-int dlock__mysql_killed(my_conn *cn)
-{
-    unsigned e = dlock__mysql_errno(cn);
-
-    if (e != ER_CONNECTION_KILLED && e != CR_SERVER_LOST &&
-        e != CR_SERVER_GONE_ERROR)
-        return 0; /* not our own deadline: that one stays an error */
-    cn->broken = 1;
-    return 1;
-}
-
-/* A hold found gone by its renewal (broken, or taken over after its
- * lease) lets go of its connection's user-level locks at once (its gate,
- * or its hold lock), so that its waiters wake now, not at a release that
- * a hung owner may never make; the connection goes back to the pool. */
-void dlock__mysql_let_go_lost(my_store *ms, my_lease *sl, int64_t deadline)
-{
-    if (!sl->cn)
-        return;
-    if (!dlock__mysql_pinned_alive(sl) ||
-        dlock__mysql_query(ms, sl->cn, "DO RELEASE_ALL_LOCKS()", deadline,
-                           NULL, NULL, NULL, "letting go of a lost lock") !=
-            DLOCK_OK)
-        sl->cn->broken = 1; /* closed: the server lets go */
-    dlock__mysql_conn_put(ms, sl->cn);
-    sl->cn = NULL;
-    sl->gated = sl->locks = 0;
 }
 
 static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,

@@ -5,7 +5,11 @@
  * idle), the non-blocking API of Connector/C, so that every statement
  * keeps the caller's deadline, running one statement or several in a
  * round trip, and the error codes of server and client errors. A
- * connection that misses its deadline is closed.
+ * connection that misses its deadline is closed. And what the files
+ * above share about statements and a hold's own connection: a
+ * statement's text made from a format; whether the connection a hold
+ * keeps is alive, or was killed under a statement; letting it go when
+ * the hold is lost.
  */
 #include "mysql_int.h"
 
@@ -16,6 +20,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -777,4 +782,73 @@ short dlock__mysql_async_events(const my_async *a)
     return (short)((a->status & MYSQL_WAIT_READ ? POLLIN : 0) |
                    (a->status & MYSQL_WAIT_WRITE ? POLLOUT : 0) |
                    (a->status & MYSQL_WAIT_EXCEPT ? POLLPRI : 0));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Statements' texts, and a hold's own connection                           */
+/* ------------------------------------------------------------------------ */
+
+/* A statement from fmt with %s replaced in order by the given strings
+ * (numbers are formatted by the caller). Fresh buffer, or NULL. */
+char *dlock__mysql_stmt(const char *fmt, ...)
+{
+    va_list ap;
+    char *out;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !(out = malloc((size_t)n + 1)))
+        return NULL;
+    va_start(ap, fmt);
+    vsnprintf(out, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return out;
+}
+
+/* An idle pinned connection that the server closed (restart, KILL,
+ * wait_timeout) has something to read: it is dead, and its gate gone. */
+int dlock__mysql_pinned_alive(my_lease *sl)
+{
+    struct pollfd p;
+
+    if (!sl->cn || sl->cn->broken)
+        return 0;
+    p.fd = mysql_get_socket(sl->cn->m);
+    p.events = POLLIN;
+    p.revents = 0;
+    if (poll(&p, 1, 0) == 0)
+        return 1;
+    sl->cn->broken = 1;
+    return 0;
+}
+
+int dlock__mysql_killed(my_conn *cn)
+{
+    unsigned e = dlock__mysql_errno(cn);
+
+    if (e != ER_CONNECTION_KILLED && e != CR_SERVER_LOST &&
+        e != CR_SERVER_GONE_ERROR)
+        return 0; /* not our own deadline: that one stays an error */
+    cn->broken = 1;
+    return 1;
+}
+
+/* A hold found gone by its renewal (broken, or taken over after its
+ * lease) lets go of its connection's user-level locks at once (its gate,
+ * or its hold lock), so that its waiters wake now, not at a release that
+ * a hung owner may never make; the connection goes back to the pool. */
+void dlock__mysql_let_go_lost(my_store *ms, my_lease *sl, int64_t deadline)
+{
+    if (!sl->cn)
+        return;
+    if (!dlock__mysql_pinned_alive(sl) ||
+        dlock__mysql_query(ms, sl->cn, "DO RELEASE_ALL_LOCKS()", deadline,
+                           NULL, NULL, NULL, "letting go of a lost lock") !=
+            DLOCK_OK)
+        sl->cn->broken = 1; /* closed: the server lets go */
+    dlock__mysql_conn_put(ms, sl->cn);
+    sl->cn = NULL;
+    sl->gated = sl->locks = 0;
 }

@@ -2,15 +2,16 @@
 /*
  * mysql_int.h -- what the MySQL/MariaDB store's files share: mysql.c,
  * the store (release, extend, inspect, gc, open and close, the backend
- * struct); mysql_wait.c, acquire and the waiting in the server (the
- * gate, the fair queue's entry), with mysql_try.c, the statements of one
- * try (mysql_try.h); mysql_conn.c, its connections (the pool,
- * the non-blocking Connector/C I/O that keeps the caller's deadline,
- * running statements, error codes); mysql_sql.c, its SQL (quoted
- * names, hex literals, the statements' texts, the schema); mysql_rw.c,
- * read holds' and permits' release, renewal and waiting; mysql_hash.c,
- * their lock names as literals; mysql_operate.c, what inspect, list and
- * break say of a lock row, and the break.
+ * struct); mysql_operate.c, what inspect, list and break say of a lock
+ * row, and the break; mysql_wait.c, acquire and the waiting in the
+ * server (the gate, the fair queue's entry), with mysql_try.c, the
+ * statements of one try (mysql_try.h); mysql_rw.c, read holds' and
+ * permits' release, renewal and waiting; mysql_sql.c, its SQL (quoted
+ * names, hex literals, owners' JSON paths, the statements' texts, the
+ * schema); mysql_hash.c, the read holds' lock names as literals; and
+ * mysql_conn.c, its connections (the pool, the non-blocking Connector/C
+ * I/O that keeps the caller's deadline, statements made and run, error
+ * codes, a hold's own connection). Each calls only those after it.
  */
 #ifndef DLOCK_MYSQL_INT_H
 #define DLOCK_MYSQL_INT_H
@@ -210,6 +211,24 @@ int dlock__mysql_query_pooled(my_store *ms, const char *sql,
 /* Column `col` of r's first row as a number (dflt: no such value). */
 long long dlock__mysql_col_ll(MYSQL_RES *r, int col, long long dflt);
 
+/* A statement from fmt; fresh buffer, or NULL. */
+char *dlock__mysql_stmt(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+/* Is the hold's own connection alive (and so its gate held)? */
+int dlock__mysql_pinned_alive(my_lease *sl);
+
+/* Did cn's session end under its last statement (killed: a break kills
+ * the sessions of the holds it takes; or the connection lost)? Then cn
+ * is broken (closed when given back), and the caller asks again on a
+ * pooled connection. Not for a statement past our deadline. */
+int dlock__mysql_killed(my_conn *cn);
+
+/* A hold its renewal found gone lets go of its user-level locks
+ * (RELEASE_ALL_LOCKS() on its connection, or the connection closed)
+ * and gives its connection back. */
+void dlock__mysql_let_go_lost(my_store *ms, my_lease *sl, int64_t deadline);
+
 /* mysql_sql.c: names and statements */
 
 /* in + suffix as one backquoted identifier (backquotes doubled). */
@@ -219,9 +238,10 @@ void dlock__mysql_quote_ident(const char *in, const char *suffix,
 /* X'<hex>' of n bytes into a fresh buffer (NULL: out of memory). */
 char *dlock__mysql_hexlit(const char *s, size_t n);
 
-/* A statement from fmt; fresh buffer, or NULL. */
-char *dlock__mysql_stmt(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
+/* The owner as a JSON path into `holders`: '$."OWNER"' plus `tail` (the
+ * owner is checked: [0-9A-Za-z:._-] only). DLOCK_OK or DLOCK_EINVAL. */
+int dlock__mysql_owner_path(const char *owner, const char *tail, char *out,
+                            size_t cap);
 
 /* The name's gate, an SQL expression (name_lit a hex literal). */
 char *dlock__mysql_gate_of(const my_store *ms, const char *name_lit);
@@ -252,6 +272,14 @@ char *dlock__mysql_hold_lock_of(const my_store *ms, const char *name_lit,
     "'$.*' COLUMNS (o VARCHAR(80) PATH '$[0]', t BIGINT UNSIGNED PATH "     \
     "'$[1]', e BIGINT PATH '$[2]', s BIGINT PATH '$[3]', d VARCHAR(255) "    \
     "PATH '$[4]')"
+
+/* What the holds left make of the row (the count is every entry left,
+ * a few ended ones included until a renewal or a fresh start drops them;
+ * a sole holder's `holder` is its description). */
+#define HOLDER_TEXT                                                         \
+    "holder = IF(holds = 0, NULL, IF(owner <=> " MY_SHARED ", IF(permits > " \
+    "0, CONCAT(holds, ' of ', permits, ' permits'), CONCAT(holds, IF(holds " \
+    "= 1, ' reader', ' readers'))), holder))"
 
 /* The acquire's upsert, guarded by `where`; `woke`: a waiter's, whose
  * times are its wake's; `rich`: a busy answer says who holds; `gate`
@@ -292,7 +320,7 @@ char *dlock__mysql_upsert_shared(const my_store *ms, int permit,
 char *dlock__mysql_join(const my_store *ms, int permit);
 
 /* The release of a read hold or permit in either form, as a template
- * (mysql_rw.c says more). */
+ * (mysql_sql.c says more). */
 char *dlock__mysql_release_any(const my_store *ms);
 
 /* Makes ms->tmpl[] (the prepared statements' templates): DLOCK_OK or
@@ -332,26 +360,7 @@ dlock__evict_slot dlock__mysql_evict;
  * in the server. */
 int dlock__mysql_acquire(void *st, dlock__lease *l, int64_t op_deadline);
 
-/* Is the hold's own connection alive (and so its gate held)? */
-int dlock__mysql_pinned_alive(my_lease *sl);
-
-/* mysql.c: did cn's session end under its last statement (killed: a
- * break kills the sessions of the holds it takes; or the connection
- * lost)? Then cn is broken (closed when given back), and the caller asks
- * again on a pooled connection. Not for a statement past our deadline. */
-int dlock__mysql_killed(my_conn *cn);
-
-/* mysql.c: a hold its renewal found gone lets go of its user-level locks
- * (RELEASE_ALL_LOCKS() on its connection, or the connection closed) and
- * gives its connection back. */
-void dlock__mysql_let_go_lost(my_store *ms, my_lease *sl, int64_t deadline);
-
 /* mysql_rw.c: read holds and permits */
-
-/* The owner as a JSON path into `holders`: '$."OWNER"' plus `tail` (the
- * owner is checked: [0-9A-Za-z:._-] only). DLOCK_OK or DLOCK_EINVAL. */
-int dlock__mysql_owner_path(const char *owner, const char *tail, char *out,
-                            size_t cap);
 
 /* Release and renewal of a read hold or permit. */
 int dlock__mysql_release_shared(my_store *ms, dlock__lease *l,

@@ -22,8 +22,9 @@
  *    writer's drain of the readers, and a semaphore's head waiting on
  *    every holder's hold lock at once through pooled helper connections.
  *
- * The upserts that take them are in mysql_sql.c, the acquire loop that
- * uses all this in mysql_wait.c (its tries' statements in mysql_try.c).
+ * The upserts that take them and the statement that releases them are in
+ * mysql_sql.c, the acquire loop that uses all this in mysql_wait.c (its
+ * tries' statements in mysql_try.c).
  */
 #include "mysql_int.h"
 
@@ -36,21 +37,6 @@
 
 /* The server's clock in µs at the statement's start. */
 #define NOW_US MY_US(NOW)
-
-int dlock__mysql_owner_path(const char *owner, const char *tail, char *out,
-                            size_t cap)
-{
-    for (const char *p = owner; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
-              (*p >= 'A' && *p <= 'Z') || *p == ':' || *p == '.' ||
-              *p == '_' || *p == '-'))
-            return dlock__err(DLOCK_EINVAL,
-                              "mysql: an owner id with a byte other than "
-                              "[0-9A-Za-z:._-]");
-    if ((size_t)snprintf(out, cap, "$.\"%s\"%s", owner, tail) >= cap)
-        return dlock__err(DLOCK_EINVAL, "mysql: the owner id is too long");
-    return DLOCK_OK;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Release and renewal                                                      */
@@ -173,14 +159,6 @@ static int guarded(my_store *ms, dlock__lease *l, const char *set, int form,
     return matched(ms, l, rc, affected);
 }
 
-/* What the holds left make of the row (the count is every entry left,
- * a few ended ones included until a renewal or a fresh start drops them;
- * a sole holder's `holder` is its description). */
-#define HOLDER_TEXT                                                         \
-    "holder = IF(holds = 0, NULL, IF(owner <=> " MY_SHARED ", IF(permits > " \
-    "0, CONCAT(holds, ' of ', permits, ' permits'), CONCAT(holds, IF(holds " \
-    "= 1, ' reader', ' readers'))), holder))"
-
 /* The latest live end of the holds in `holders`, as the lock's end. */
 #define LATEST_END                                                          \
     "(SELECT '1970-01-01' + INTERVAL MAX(j.e) MICROSECOND FROM JSON_TABLE(" \
@@ -193,34 +171,6 @@ static void others_note(dlock__lease *l, int others)
 {
     if (l->hint)
         __atomic_store_n(&l->hint[1], others, __ATOMIC_RELAXED);
-}
-
-/* A sole holder frees the row, as the exclusive release. An entry goes
- * (`holds` one less: every statement that writes the entries sets it to
- * their number, and this one matched ours);
- * the lock's end stays (the latest end of the holds since the last
- * renewal: an upper bound, made exact again by the next renewal; a
- * subquery to compute it would cost the release tens of µs) unless none
- * is left: then now, `holds` 0 and `owner` NULL. A semaphore keeps its N.
- * The hold lock goes in the statement (only when it matched: a hold found
- * in the other form keeps it until the statement that removes it):
- * whoever it wakes next runs an upsert, which waits for this statement's
- * commit. LAST_INSERT_ID: 2 when our hold was an entry, 1 when sole (the
- * note for the next take). */
-char *dlock__mysql_release_any(const my_store *ms)
-{
-    return dlock__mysql_stmt(
-        "UPDATE %s SET holders = IF(owner <=> " MY_SHARED ", JSON_REMOVE("
-        "holders, " MY_V_PATH "), holders), holds = IF(owner <=> " MY_SHARED
-        ", holds - 1, 0) + 0 * RELEASE_ALL_LOCKS() + 0 * "
-        "LAST_INSERT_ID(IF(owner <=> " MY_SHARED ", 2, 1)), lock_until = "
-        "IF(holds = 0, " NOW ", lock_until), " HOLDER_TEXT ", owner = IF("
-        "holds = 0, NULL, owner) WHERE name = " MY_V_NAME " AND (owner = "
-        MY_V_SOLE " AND token = " MY_V_TOKEN " AND lock_until > " NOW " OR "
-        "owner <=> " MY_SHARED " AND CAST(JSON_EXTRACT(holders, "
-        MY_V_PATH_TOK ") AS UNSIGNED) = " MY_V_TOKEN " AND CAST(JSON_EXTRACT("
-        "holders, " MY_V_PATH_END ") AS SIGNED) > " NOW_US ")",
-        ms->t);
 }
 
 /* The release for either form: on the hold's connection (prepared there,

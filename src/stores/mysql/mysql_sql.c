@@ -2,8 +2,9 @@
 /*
  * mysql_sql.c -- the MySQL/MariaDB store's SQL (mysql_int.h): quoted
  * identifiers, hex literals of names and owners (nothing a caller passes
- * can change a statement), the statements' texts (the acquire's upserts,
- * a name's gate, a queue entry's lock, a hold's lock) and the schema
+ * can change a statement), an owner's JSON path into a row's holders,
+ * the statements' texts (the acquire's upserts, a name's gate, a queue
+ * entry's lock, a hold's lock, a read hold's release) and the schema
  * created at open (or migrated from the previous version's).
  */
 #include "mysql_int.h"
@@ -13,10 +14,12 @@
 
 #include <mysqld_error.h>
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The server's clock in µs at the statement's start. */
+#define NOW_US MY_US(NOW)
 
 /* ------------------------------------------------------------------------ */
 /* Statements                                                               */
@@ -52,25 +55,6 @@ char *dlock__mysql_hexlit(const char *s, size_t n)
     dlock__hex(s, n, out + 2);
     out[2 * n + 2] = '\'';
     out[2 * n + 3] = '\0';
-    return out;
-}
-
-/* A statement from fmt with %s replaced in order by the given strings
- * (numbers are formatted by the caller). Fresh buffer, or NULL. */
-char *dlock__mysql_stmt(const char *fmt, ...)
-{
-    va_list ap;
-    char *out;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0 || !(out = malloc((size_t)n + 1)))
-        return NULL;
-    va_start(ap, fmt);
-    vsnprintf(out, (size_t)n + 1, fmt, ap);
-    va_end(ap);
     return out;
 }
 
@@ -494,6 +478,34 @@ char *dlock__mysql_join(const my_store *ms, int permit)
         permit ? " AND " MY_V_PERMITS " > 1" : "");
 }
 
+/* A sole holder frees the row, as the exclusive release. An entry goes
+ * (`holds` one less: every statement that writes the entries sets it to
+ * their number, and this one matched ours);
+ * the lock's end stays (the latest end of the holds since the last
+ * renewal: an upper bound, made exact again by the next renewal; a
+ * subquery to compute it would cost the release tens of µs) unless none
+ * is left: then now, `holds` 0 and `owner` NULL. A semaphore keeps its N.
+ * The hold lock goes in the statement (only when it matched: a hold found
+ * in the other form keeps it until the statement that removes it):
+ * whoever it wakes next runs an upsert, which waits for this statement's
+ * commit. LAST_INSERT_ID: 2 when our hold was an entry, 1 when sole (the
+ * note for the next take). */
+char *dlock__mysql_release_any(const my_store *ms)
+{
+    return dlock__mysql_stmt(
+        "UPDATE %s SET holders = IF(owner <=> " MY_SHARED ", JSON_REMOVE("
+        "holders, " MY_V_PATH "), holders), holds = IF(owner <=> " MY_SHARED
+        ", holds - 1, 0) + 0 * RELEASE_ALL_LOCKS() + 0 * "
+        "LAST_INSERT_ID(IF(owner <=> " MY_SHARED ", 2, 1)), lock_until = "
+        "IF(holds = 0, " NOW ", lock_until), " HOLDER_TEXT ", owner = IF("
+        "holds = 0, NULL, owner) WHERE name = " MY_V_NAME " AND (owner = "
+        MY_V_SOLE " AND token = " MY_V_TOKEN " AND lock_until > " NOW " OR "
+        "owner <=> " MY_SHARED " AND CAST(JSON_EXTRACT(holders, "
+        MY_V_PATH_TOK ") AS UNSIGNED) = " MY_V_TOKEN " AND CAST(JSON_EXTRACT("
+        "holders, " MY_V_PATH_END ") AS SIGNED) > " NOW_US ")",
+        ms->t);
+}
+
 int dlock__mysql_templates(my_store *ms)
 {
     ms->tmpl[MY_PS_JOIN_READ] = dlock__mysql_join(ms, 0);
@@ -508,6 +520,21 @@ int dlock__mysql_templates(my_store *ms)
 /* ------------------------------------------------------------------------ */
 /* Values as markers                                                        */
 /* ------------------------------------------------------------------------ */
+
+int dlock__mysql_owner_path(const char *owner, const char *tail, char *out,
+                            size_t cap)
+{
+    for (const char *p = owner; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') ||
+              (*p >= 'A' && *p <= 'Z') || *p == ':' || *p == '.' ||
+              *p == '_' || *p == '-'))
+            return dlock__err(DLOCK_EINVAL,
+                              "mysql: an owner id with a byte other than "
+                              "[0-9A-Za-z:._-]");
+    if ((size_t)snprintf(out, cap, "$.\"%s\"%s", owner, tail) >= cap)
+        return dlock__err(DLOCK_EINVAL, "mysql: the owner id is too long");
+    return DLOCK_OK;
+}
 
 int dlock__mysql_vals(const my_store *ms, const dlock__lease *l, my_vals *v)
 {

@@ -60,23 +60,6 @@ static void let_go(my_store *ms, my_lease *sl)
     sl->seq = 0;
 }
 
-/* An idle pinned connection that the server closed (restart, KILL,
- * wait_timeout) has something to read: it is dead, and its gate gone. */
-int dlock__mysql_pinned_alive(my_lease *sl)
-{
-    struct pollfd p;
-
-    if (!sl->cn || sl->cn->broken)
-        return 0;
-    p.fd = mysql_get_socket(sl->cn->m);
-    p.events = POLLIN;
-    p.revents = 0;
-    if (poll(&p, 1, 0) == 0)
-        return 1;
-    sl->cn->broken = 1;
-    return 0;
-}
-
 /* Did the statement fail because the session went (killed, server
  * gone), rather than with an error of the statement itself? */
 static int conn_lost(const my_conn *cn)

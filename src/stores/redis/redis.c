@@ -55,7 +55,6 @@
 #include <unistd.h>
 
 #define DEFAULT_PORT 6379
-#define NO_TTL_RETRY_MS 1000 /* a held key without expiry: look again */
 #define BATCH 256            /* leases per extend-many script */
 /* A value this long before a waiter's blindly appended line is a
  * holder's record (its owner alone is 34 bytes); a tombstone is at most
@@ -66,18 +65,8 @@
 /* State                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-
 static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
                        int *waited);
-static int redis_release(void *st, dlock__lease *l, int64_t deadline);
 
 /* ?min_replicas=N: WAIT until N replicas have the connection's writes
  * (the acquire's own among them). DLOCK_OK, or DLOCK_ECONN saying how many
@@ -134,7 +123,8 @@ static int replicated(redis_store *rs, dlock__lease *l, int rc)
          * keeping the reason */
         char why[512];
         snprintf(why, sizeof(why), "%s", dlock_errmsg());
-        (void)redis_release(rs, l, dlock__now_ms() + rs->cfg.timeout_ms);
+        (void)dlock__redis_release(rs, l,
+                                   dlock__now_ms() + rs->cfg.timeout_ms);
         rc = dlock__err(rc, "lock '%.100s': %s", l->name, why);
     }
     return rc;
@@ -164,30 +154,6 @@ static int redis_acquire(void *st, dlock__lease *l, int64_t deadline)
         rc = replicated(rs, l,
                         waited <= 0 ? waited : wait_replicas(rs, key, kl));
     return rc;
-}
-
-static int redis_abandon(void *st, dlock__lease *l, int64_t deadline);
-
-/* A try whose answer was lost (DLOCK_ECONN: no answer in time, or the
- * connection failed) may still run on the server, and take the lock or
- * queue our line there; nobody would know of that hold until its lease
- * ran out. So the leaving goes right behind it on the same connection,
- * without waiting for answers: abandon (our line out; a hold of ours
- * kept), then the guarded release (a hold of ours let go or handed over).
- * The server runs them in that order, after the try (a try on a new
- * connection after a broken one is not ordered with it: left to the
- * lease). Returns rc with its message kept. Shared tries too
- * (redis_rw.c): abandon and release go to the shared scripts. */
-int dlock__redis_undo_lost_try(redis_store *rs, dlock__lease *l, int rc)
-{
-    char keep[512];
-
-    if (rc != DLOCK_ECONN)
-        return rc;
-    snprintf(keep, sizeof(keep), "%s", dlock_errmsg());
-    (void)redis_abandon(rs, l, dlock__now_ms());
-    (void)redis_release(rs, l, dlock__now_ms());
-    return dlock__err(rc, "%s", keep);
 }
 
 static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
@@ -286,151 +252,6 @@ static int try_acquire(redis_store *rs, dlock__lease *l, int64_t deadline,
     }
     freeReplyObject(r);
     return rc;
-}
-
-int dlock__redis_try_answer(const redis_store *rs, dlock__lease *l,
-                            const redisReply *r, int64_t now)
-{
-    if (r->type == REDIS_REPLY_STRING) {
-        if (dlock__redis_reply_uint(r, &l->token) != 0 || l->token == 0)
-            return dlock__err(DLOCK_EPROTO,
-                              "%s: lock '%.100s': bad fencing token in the "
-                              "store",
-                              rs->where, l->name);
-        return DLOCK_OK;
-    }
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_INTEGER &&
-        r->element[1]->type == REDIS_REPLY_INTEGER) {
-        long long left = r->element[0]->integer;
-        if (left >= 0)
-            l->retry_ms = left;
-        else /* a held key without expiry (not set by dlock) */
-            l->retry_ms = NO_TTL_RETRY_MS;
-        if (left >= 0)
-            hint_set(l, now + left);
-        l->armed = r->element[1]->integer == 1 && !l->waiting;
-        return DLOCK_EBUSY;
-    }
-    return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to acquire",
-                      rs->where);
-}
-
-void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
-                            const redisReply *seq, const redisReply *token)
-{
-    uint64_t t = 0;
-
-    if (c->type == REDIS_REPLY_STRING && c->len == 32 &&
-        !memcmp(c->str, dlock__client_id(rs->client), 32) &&
-        seq->type == REDIS_REPLY_STRING &&
-        dlock__redis_reply_uint(token, &t) == 0 && t) {
-        if (rs->min_replicas > 0) /* its own try confirms it (WAIT) */
-            dlock__notify_waiter(rs->client, strtoull(seq->str, NULL, 10));
-        else
-            dlock__notify_grant(rs->client, strtoull(seq->str, NULL, 10), t);
-    }
-}
-
-static int redis_release(void *st, dlock__lease *l, int64_t deadline)
-{
-    redis_store *rs = st;
-    char key[KEY_MAX], owner[80], now_ms[24], chan[KEY_MAX + 4];
-    size_t kl = lock_key(rs, l->name, l->name_len, key);
-    size_t ol = owner_sp(l, owner, sizeof(owner));
-    redisReply *r;
-    rcmd c;
-    int rc;
-
-    if (l->kind != DLOCK__WRITE)
-        return dlock__redis_rw_release(rs, l, deadline);
-    snprintf(now_ms, sizeof(now_ms), " %lld ", (long long)wall_ms());
-    rcmd_evalsha(&c, S_RELEASE, 1);
-    rcmd_arg(&c, key, kl);
-    rcmd_arg(&c, owner, ol);
-    rcmd_arg(&c, chan, chan_for(rs, key, kl, chan));
-    rcmd_str(&c, now_ms);
-    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
-    if (rc)
-        return rc;
-    if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
-        /* readers or permits wait: the shared script releases */
-        freeReplyObject(r);
-        return dlock__redis_rw_release(rs, l, deadline);
-    } else if (r->type == REDIS_REPLY_INTEGER) {
-        if (r->integer == 0)
-            rc = dlock__err(DLOCK_ENOTHELD,
-                            "lock '%.100s' is not ours in the store",
-                            l->name);
-        else
-            hint_set(l, 0); /* free now */
-    } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 4 &&
-               r->element[0]->type == REDIS_REPLY_STRING &&
-               r->element[1]->type == REDIS_REPLY_STRING &&
-               r->element[2]->type == REDIS_REPLY_STRING &&
-               r->element[3]->type == REDIS_REPLY_INTEGER) {
-        /* handed over: held by the waiter for its lease at most, unless
-         * renewed; a waiter of this very client hears it at once */
-        hint_set(l, dlock__now_ms() + r->element[3]->integer);
-        dlock__redis_own_grant(rs, r->element[0], r->element[1],
-                               r->element[2]);
-    } else {
-        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to release",
-                        rs->where);
-    }
-    freeReplyObject(r);
-    return rc;
-}
-
-static int redis_abandon(void *st, dlock__lease *l, int64_t deadline)
-{
-    redis_store *rs = st;
-    redis_lease *rl = l->priv;
-    char key[KEY_MAX], owner[80], ttl[24], line[LINE_MAX];
-    size_t kl = lock_key(rs, l->name, l->name_len, key), id_len = 0;
-    size_t ol = owner_sp(l, owner, sizeof(owner));
-    redisReply *r;
-    rcmd c;
-    int rc;
-
-    if (!rl->queued)
-        return DLOCK_EBUSY;
-    if (l->kind != DLOCK__WRITE)
-        return dlock__redis_rw_abandon(rs, l, deadline);
-    rl->queued = 0;
-    (void)queue_line(l, line, sizeof(line), &id_len);
-    snprintf(ttl, sizeof(ttl), "%lld", (long long)l->ttl_ms);
-    rcmd_evalsha(&c, S_ABANDON, 1);
-    rcmd_arg(&c, key, kl);
-    rcmd_arg(&c, owner, ol);
-    rcmd_arg(&c, line, id_len);
-    rcmd_str(&c, ttl);
-    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
-    if (rc)
-        return rc;
-    if (r->type == REDIS_REPLY_INTEGER && r->integer == 2) {
-        /* readers or permits hold: leaving may let them in */
-        rl->queued = 1;
-        freeReplyObject(r);
-        return dlock__redis_rw_abandon(rs, l, deadline);
-    } else {
-        rc = dlock__redis_abandon_answer(rs, r, l);
-    }
-    freeReplyObject(r);
-    return rc;
-}
-
-int dlock__redis_abandon_answer(const redis_store *rs, const redisReply *r,
-                                dlock__lease *l)
-{
-    if (r->type == REDIS_REPLY_INTEGER)
-        return DLOCK_EBUSY; /* left (or never queued) */
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
-        dlock__redis_reply_uint(r->element[0], &l->token) == 0 &&
-        l->token > 0)
-        return DLOCK_OK; /* handed to us as we left: ours */
-    return dlock__err(DLOCK_EPROTO, "%s: unexpected answer to abandon",
-                      rs->where);
 }
 
 /* The owner a renewal compares: "OWNER " -- with a topology "OWNER
@@ -861,13 +682,13 @@ const dlock__backend dlock__backend_redis = {
     .acquire = redis_acquire,
     .arm = dlock__redis_arm, /* redis_wait.c */
     .disarm = dlock__redis_disarm,
-    .release = redis_release,
+    .release = dlock__redis_release, /* redis_rw.c */
     .extend = redis_extend,
     .inspect = dlock__redis_inspect, /* redis_operate.c */
     .loop_fd = dlock__redis_loop_fd,
     .loop_run = dlock__redis_loop_run,
     .gc = NULL, /* nothing outlives its hour */
-    .abandon = redis_abandon,
+    .abandon = dlock__redis_abandon,
     .extend_many = redis_extend_many,
     .list = dlock__redis_list,
     .evict = dlock__redis_evict,

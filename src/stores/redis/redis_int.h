@@ -3,7 +3,8 @@
  * redis_int.h -- what the parts of the Redis store (redis:// and unix://)
  * share: its state, the lease's scratch, the key and line formats.
  * redis.c is the exclusive lock and the connections; redis_rw.c the
- * shared (read) holds and semaphores.
+ * shared (read) holds and semaphores, and the leaving of a lock of
+ * either kind (release, abandon, the undoing of a lost try).
  */
 #ifndef DLOCK_REDIS_INT_H
 #define DLOCK_REDIS_INT_H
@@ -14,6 +15,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <time.h>
 
 #define PREFIX_MAX DLOCK__REDIS_PREFIX_MAX
 #define KEY_MAX DLOCK__REDIS_KEY_MAX
@@ -102,6 +104,16 @@ static inline size_t lock_key(const redis_store *rs, const char *name, size_t le
     return dlock__redis_key(&rs->cfg, name, len, "", out);
 }
 
+/* This host's wall clock in ms (a holder's record says when it took the
+ * lock by it; a release's tombstone too). */
+static inline int64_t wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* The owner as the scripts compare it: followed by a space. */
 static inline size_t owner_sp(const dlock__lease *l, char *out, size_t cap)
 {
@@ -184,9 +196,9 @@ static inline int server_error(const redis_store *rs, const char *msg,
 }
 
 /* After a try whose answer was lost (rc DLOCK_ECONN): its undoing sent
- * behind it (redis.c). Returns rc, its message kept. */
+ * behind it (redis_rw.c). Returns rc, its message kept. */
 int dlock__redis_undo_lost_try(redis_store *rs, dlock__lease *l, int rc);
-/* The answer to a try (either kind's script, redis.c): the token taken,
+/* The answer to a try (either kind's script, redis_rw.c): the token taken,
  * or busy with the lease left and whether it queued. */
 int dlock__redis_try_answer(const redis_store *rs, dlock__lease *l,
                             const redisReply *r, int64_t now);
@@ -203,7 +215,7 @@ int dlock__redis_confirm(redis_store *rs, dlock__lease *l, int64_t deadline);
 
 /* A release handed the lock to waiter SEQ of client C with TOKEN: if C
  * is this client, that waiter is handed the lock at once (the release's
- * own reply says so: a grant, unlike a message; redis.c). */
+ * own reply says so: a grant, unlike a message; redis_rw.c). */
 void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
                             const redisReply *seq, const redisReply *token);
 
@@ -211,6 +223,12 @@ void dlock__redis_own_grant(const redis_store *rs, const redisReply *c,
  * DLOCK_OK handed over as we left (l->token set), or DLOCK_EPROTO. */
 int dlock__redis_abandon_answer(const redis_store *rs, const redisReply *r,
                                 dlock__lease *l);
+
+/* The backend's release and abandon slots (redis_rw.c), for a lease of
+ * any kind: the exclusive scripts first, which hand a key in a shared
+ * form to the shared ones (dlock__redis_rw_release(), _abandon()). */
+int dlock__redis_release(void *st, dlock__lease *l, int64_t deadline);
+int dlock__redis_abandon(void *st, dlock__lease *l, int64_t deadline);
 
 /* Shared holds and permits (redis_rw.c): the backend slots for a lease
  * of kind DLOCK__READ or DLOCK__PERMIT, and for a writer whose exclusive

@@ -5,10 +5,11 @@
  * an acquisition's statements and queue; sqlite_perm.c, the sidecar and
  * the channels' directory (creation, modes, ?group=); sqlite_rw.c, its
  * shared holds and semaphores (their statements, the table's columns for
- * them); sqlite_operate.c, dlock_list() and dlock_break(); and
- * sqlite_wait.c, its waits in the kernel through the sidecar file
- * `<db>-dlock` (docs/design.md, "SQLite: waking waiters" and "Shared
- * holds and permits").
+ * them); sqlite_operate.c, dlock_list() and dlock_break(); sqlite_wait.c,
+ * its waits in the kernel through the sidecar file `<db>-dlock`
+ * (docs/design.md, "SQLite: waking waiters" and "Shared holds and
+ * permits"); and sqlite_conn.c, below them all, the connection: its
+ * statements (run in the writers' turn), busy handler and errors.
  */
 #ifndef DLOCK_SQLITE_INT_H
 #define DLOCK_SQLITE_INT_H
@@ -246,6 +247,8 @@ typedef struct sq_lease {
 #define SQ_NOW_US                                                           \
     "CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER)"
 
+/* --- the connection (sqlite_conn.c) -------------------------------------- */
+
 /* Prepares statement `which` from fmt, where every %1$s is the (quoted)
  * table t and every %2$s SQLite's clock in ms. */
 int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
@@ -256,7 +259,7 @@ int dlock__sq_prepare(sq_store *ss, int which, const char *fmt,
 int dlock__sq_step(sq_store *ss, int which, int *row, const char *what);
 void dlock__sq_done(sq_store *ss, int which);
 
-/* The writers' turn (sqlite.c says why), taken and let go around a
+/* The writers' turn (sqlite_conn.c says why), taken and let go around a
  * transaction of several statements (dlock_break()'s). */
 int dlock__sq_turn(sq_store *ss, const char *what);
 void dlock__sq_turn_end(sq_store *ss);
@@ -264,16 +267,14 @@ void dlock__sq_turn_end(sq_store *ss);
 /* An error of the connection, with its message: the DLOCK_* code. */
 int dlock__sq_error(sq_store *ss, const char *what);
 
-/* Fills *out (zeroed; ttl_ms and held_ms -1) from a row of inspect's
- * columns in s, as dlock_inspect() does; *rowid its region (0: no row
- * data), *shared held by readers or permits. */
-void dlock__sq_info_row(sqlite3_stmt *s, dlock_info *out, int64_t *rowid,
-                        int *shared);
+/* Bounds the statements run next by `deadline` too (SQLite's busy
+ * handler and the writers' turn), besides the client's timeout; 0 lifts
+ * it. ss->mu held. (A renewal ends by its at-risk moment: design.md.) */
+void dlock__sq_bound(sq_store *ss, int64_t deadline);
 
-/* Counts the waiters of region `rowid` into out->waiters, as
- * dlock_inspect() does (the tickets held, less the holder's). */
-void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
-                            dlock_info *out);
+/* SQLite's busy handler, set on the connection at open (arg: the
+ * sq_store): 1 to let SQLite try again, 0 to end the statement. */
+int dlock__sq_busy(void *arg, int count);
 
 /* --- an acquisition (sqlite_acquire.c) ----------------------------------- */
 
@@ -299,10 +300,21 @@ int dlock__sq_side_open(sq_store *ss, const char *db);
 int dlock__sq_side_get(sq_store *ss, dev_t *dev, ino_t *ino);
 void dlock__sq_side_put(sq_store *ss, int fd);
 
-/* --- dlock_list() and dlock_break() (sqlite_operate.c) -------------------- */
+/* --- dlock_list(), dlock_break(), inspect's rows (sqlite_operate.c) ------ */
 
 dlock__list_slot dlock__sq_list;
 dlock__evict_slot dlock__sq_evict;
+
+/* Fills *out (zeroed; ttl_ms and held_ms -1) from a row of inspect's
+ * columns in s, as dlock_inspect() does; *rowid its region (0: no row
+ * data), *shared held by readers or permits. */
+void dlock__sq_info_row(sqlite3_stmt *s, dlock_info *out, int64_t *rowid,
+                        int *shared);
+
+/* Counts the waiters of region `rowid` into out->waiters, as
+ * dlock_inspect() does (the tickets held, less the holder's). */
+void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
+                            dlock_info *out);
 
 /* --- shared holds and semaphores (sqlite_rw.c) --------------------------- */
 
@@ -336,11 +348,6 @@ int dlock__sq_kind_check(const sq_store *ss, const dlock__lease *l,
 /* Releases a reader's or a permit's hold. DLOCK_ENOTHELD when it is gone
  * (its lease ended). */
 int dlock__sq_release_entry(sq_store *ss, const dlock__lease *l);
-
-/* Bounds the statements run next by `deadline` too (SQLite's busy
- * handler and the writers' turn), besides the client's timeout; 0 lifts
- * it. ss->mu held. (A renewal ends by its at-risk moment: design.md.) */
-void dlock__sq_bound(sq_store *ss, int64_t deadline);
 
 /* Renews a reader's or a permit's entry to ttl_ms from now, by
  * `deadline`. */

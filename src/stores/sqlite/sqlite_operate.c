@@ -2,7 +2,9 @@
 /*
  * sqlite_operate.c -- an operator's view of the SQLite store (sqlite_int.h):
  * dlock_list() and dlock_break() (docs/design.md, "Operating: listing and
- * breaking locks" and its "Breaking on SQLite"; docs/monitoring.md).
+ * breaking locks" and its "Breaking on SQLite"; docs/monitoring.md), and
+ * the reading of a lock's row and waiters they share with dlock_inspect()
+ * (sqlite.c).
  *
  *  - List: one SELECT per page over the lock table's primary key, the
  *    rows after the cursor's name within the prefix's range of names
@@ -37,6 +39,53 @@
  * of at most 4096 characters. Rows of dlock's have names of at most
  * DLOCK_NAME_MAX bytes; a longer one is another program's. */
 #define CURSOR_MAX 2048
+
+/* ------------------------------------------------------------------------ */
+/* A lock's row, as dlock_inspect() (sqlite.c), list and break read it      */
+/* ------------------------------------------------------------------------ */
+
+#define SQ_WAITERS_COUNTED 100000
+
+void dlock__sq_info_row(sqlite3_stmt *s, dlock_info *out, int64_t *rowid,
+                        int *shared)
+{
+    out->token = (uint64_t)sqlite3_column_int64(s, SQ_COL_TOKEN);
+    *rowid = sqlite3_column_int64(s, SQ_COL_ROWID);
+    *shared = sqlite3_column_int(s, SQ_COL_SHARED);
+    if (sqlite3_column_int(s, SQ_COL_HELD) &&
+        (!*shared || sqlite3_column_int64(s, SQ_COL_LIVE) > 0)) {
+        const unsigned char *h = sqlite3_column_text(s, SQ_COL_HOLDER);
+        out->held = 1;
+        out->holders = 1;
+        snprintf(out->holder, sizeof(out->holder), "%s",
+                 h ? (const char *)h : "");
+        out->ttl_ms = sqlite3_column_int64(s, SQ_COL_TTL);
+        out->held_ms = sqlite3_column_int64(s, SQ_COL_FOR);
+        if (*shared) /* readers or permits: their live entries */
+            dlock__sq_inspect_shared(s, out);
+    } else {
+        *shared = 0;
+        /* kept when free */
+        out->permits = sqlite3_column_int64(s, SQ_COL_PERMITS);
+    }
+}
+
+void dlock__sq_info_waiters(sq_store *ss, int64_t rowid, int shared,
+                            dlock_info *out)
+{
+    /* the queue is in the kernel: every held ticket but the holder's,
+     * when the holder has one (not when it took the lock with nobody
+     * queued: then the head marks the region; readers and permits keep
+     * none). The kernel knows no kinds: the waiters have no
+     * descriptions. */
+    int64_t n = dlock__sqw_count(ss->sidefd, rowid, SQ_WAITERS_COUNTED);
+    int64_t mine = out->held && !shared &&
+                   !dlock__sqw_marked(ss->sidefd, rowid);
+
+    out->waiters = n > mine ? n - mine : 0;
+    dlock__sqw_foreign(ss->sidefd, rowid, ss->side, out->foreign,
+                       sizeof(out->foreign));
+}
 
 /* ------------------------------------------------------------------------ */
 /* dlock_list()                                                             */
