@@ -18,7 +18,8 @@
  * of the JSON answer read as a listed key (a lock's escaped name maps
  * back to exactly that key range); the answer applied as the check of
  * two held keys, and its watch events as deletions of them (a hold is
- * told lost only for a deletion of its own key after its creation).
+ * told lost only for a deletion of its own key after its creation:
+ * etcd_keys.c).
  */
 #include "fuzz.h"
 
