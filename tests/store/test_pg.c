@@ -1219,6 +1219,64 @@ TEST(an_advisory_wait_ends_at_its_deadline_leaving_nothing)
     TH_CLIENT_CLOSE(h, c);
 }
 
+/* A cancel the server drops: PostgreSQL ignores a cancel request that
+ * reaches a session while it still reads its next statement. The waiting
+ * session's backend is frozen (SIGSTOP) while the wait's statement and
+ * the cancel arrive, so that the cancel finds it reading; thawed, it runs
+ * the wait. The wait still ends, within ?timeout= (1 s) of the cancel:
+ * its session is given up, and the server lets go of it once the lock
+ * would have come to it. (Before, it waited until the holder released.) */
+TEST(an_advisory_wait_whose_cancel_the_server_drops_still_ends)
+{
+    const char *others = "SELECT %s FROM pg_stat_activity WHERE "
+                         "backend_type = 'client backend' AND pid <> "
+                         "pg_backend_pid()%s%s%s";
+    char before[1024], uri[500];
+    dlock_client *h = th_client(adv, NULL);
+    dlock *lh = th_handle(h, "adv-lost-cancel", 0, 0, 0);
+
+    CHECK_OK(dlock_acquire(lh, 0));
+    th_sql_query(&srv, before, sizeof(before), others,
+                 "coalesce(string_agg(pid::text, ','), '0')", "", "", "");
+    snprintf(uri, sizeof(uri), "%s&timeout=1000", adv);
+    dlock_client *c = th_client(uri, NULL);
+    dlock *l = th_handle(c, "adv-lost-cancel", 0, 0, 0);
+    /* c's one session (its command connection, made at open), which the
+     * wait takes */
+    CHECK_EQ(th_sql_query(&srv, NULL, 0, others, "count(*)",
+                          " AND pid NOT IN (", before, ")"),
+             1);
+    pid_t pid = (pid_t)th_sql_query(&srv, NULL, 0, others, "pid",
+                                    " AND pid NOT IN (", before, ")");
+    CHECK_OP(pid, >, 0);
+    CHECK_OK(kill(pid, SIGSTOP));
+    th_waiter w = {.l = l, .wait_ms = -1};
+    pthread_t th;
+    th_waiter_start(&w, &th);
+    for (int i = 0; i < 200 && !__atomic_load_n(&w.started, __ATOMIC_SEQ_CST);
+         i++)
+        th_sleep_ms(5);
+    th_sleep_ms(500); /* its statement sent, unread by the frozen backend */
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_cancel(l));
+    th_sleep_ms(300); /* the cancel request at the server, held there */
+    CHECK_OK(kill(pid, SIGCONT));
+    /* ?timeout= (1 s) after the cancel, 5 s of slack for a busy machine;
+     * a wait the dropped cancel did not end lasts until the release */
+    int returned = th_waiter_returned(&w, 6000);
+    CHECK(returned);
+    CHECK_EQ(w.rc, DLOCK_ECANCELED);
+    CHECK_OP(w.done_at - t0, <, 6000);
+    CHECK_OK(dlock_release(lh));
+    pthread_join(th, NULL);
+    /* the given-up session lets go when the lock reaches it: the lock is
+     * free for a new wait at once (its bound: a busy machine) */
+    CHECK_OK(dlock_acquire(lh, 10000));
+    CHECK_OK(dlock_release(lh));
+    TH_CLOSE(lh, l);
+    TH_CLIENT_CLOSE(h, c);
+}
+
 /* --- operating: dlock_list() and dlock_break() (docs/monitoring.md) --- */
 
 /* The locks a listing of prefix pfx finds through every page of `limit`
@@ -2157,6 +2215,7 @@ static const th_test tests[] = {
     T(advisory_locks_exclude_plain_sql_advisory_locks),
     T(advisory_waiters_queue_in_the_server_in_order),
     T(an_advisory_wait_ends_at_its_deadline_leaving_nothing),
+    T(an_advisory_wait_whose_cancel_the_server_drops_still_ends),
     T(list_pages_a_big_table_in_bounded_pages),
     T(list_cursors_are_checked_and_resume_past_their_name),
     T(a_listed_lock_is_described_as_inspect_describes_it),

@@ -161,7 +161,7 @@ static int kill_query(my_store *ms, my_conn *cn)
 
 /* wait_io() for a statement on cn, which a dlock_cancel() ends: when
  * cn->cfd becomes readable, KILL QUERY (once), and on to the answer (the
- * interrupted statement's error). -1 also when the kill could not be
+ * interrupted statement's error) for ?timeout= at most. -1 also when the kill could not be
  * sent: the connection is then given up, which ends the wait in the
  * server as well. */
 static int wait_io_cn(my_store *ms, my_conn *cn, int status,
@@ -191,6 +191,7 @@ static int wait_io_cn(my_store *ms, my_conn *cn, int status,
             return ready_of(p[0].revents);
         if (r > 0 && p[1].revents) {
             cn->killed = 1;
+            cn->kill_until = dlock__now_ms() + ms->timeout_ms;
             if (kill_query(ms, cn) != 0) {
                 cn->broken = 1;
                 return -1;
@@ -199,6 +200,11 @@ static int wait_io_cn(my_store *ms, my_conn *cn, int status,
         if (r < 0 && errno != EINTR)
             return -1;
     }
+    /* the server forgets a KILL QUERY that comes before it starts the
+     * statement: after one, the answer is waited for ?timeout= more at
+     * most, then the connection is given up (which ends the wait) */
+    if (cn->killed && cn->kill_until < deadline)
+        deadline = cn->kill_until;
     return wait_io(cn->m, status, deadline);
 }
 

@@ -69,6 +69,7 @@ typedef struct my_conn {
     int cfd;      /* while a wait's statement runs: its dlock_cancel()
                    * eventfd, which ends the statement (KILL QUERY); -1 */
     int killed;   /* that KILL QUERY was sent */
+    int64_t kill_until; /* ... and its answer is waited for until then */
 } my_conn;
 
 typedef struct my_store {

@@ -575,6 +575,12 @@ static int collect_ex(pg_store *ps, pg_conn *cn, int64_t deadline,
                 PQclear(keep);
                 return timeout_error(ps, cn, what);
             }
+            /* the server drops a cancel that comes before it starts the
+             * statement (while it still reads it): the answer is waited
+             * for ?timeout= more at most, then the connection is given
+             * up, which ends the statement in the server */
+            if (deadline > dlock__now_ms() + ps->timeout_ms)
+                deadline = dlock__now_ms() + ps->timeout_ms;
             continue;
         }
         if (r < 0 || !PQconsumeInput(cn->pg))
