@@ -21,9 +21,13 @@
 static th_store S;
 static int has_shared, has_permits;
 
+/* Patient clients (10 s a store call, as in the other generic suites):
+ * these tests are about shared holds, not the server's speed, and a
+ * PostgreSQL log-in took over the default 2 s in CI's ASan lane (three
+ * suites at once beside valgrind and the bench, load about 12). */
 static dlock_client *client(void)
 {
-    return th_client(S.uri, NULL);
+    return th_client(S.uri, th_patient());
 }
 
 static dlock *handle(dlock_client *c, const char *name, unsigned permits,
@@ -336,7 +340,7 @@ TEST(many_readers_behind_a_writer_all_get_in)
     NEED_SHARED();
     enum { MAXR = 70, NC = 5 };
     const int NR = getenv("DLOCK_UNDER_VALGRIND") ? 12 : MAXR;
-    dlock_client *w = th_client(S.uri, th_patient()), *c[NC];
+    dlock_client *w = client(), *c[NC];
     dlock *lw = handle(w, "rw-many", 0, 0), *l[NC];
     many_arg a[MAXR];
     pthread_t th[MAXR];
@@ -351,7 +355,7 @@ TEST(many_readers_behind_a_writer_all_get_in)
      * more than the default 2 s (DLOCK_ECONN); this test is about every
      * reader getting in when woken, not about the server's speed */
     for (int i = 0; i < NC; i++) {
-        CHECK_OK(dlock_client_open(&c[i], S.uri, th_patient()));
+        c[i] = client();
         l[i] = handle(c[i], "rw-many", 0, 0);
     }
     CHECK_OK(dlock_acquire(lw, 0));
@@ -689,9 +693,8 @@ TEST(a_semaphore_waiter_that_gives_up_leaves_nothing)
     CHECK_OK(dlock_acquire(la, 0));
     /* waits that end without the permit (Curator CURATOR-315: a node
      * left behind made the semaphore look full for good) */
-    /* 2 s each, the client's request timeout: a try the store has not
-     * answered by then is a store failure (DLOCK_ECONN) whatever the
-     * wait; a shorter wait is cut short by a busy machine (a wait of
+    /* 2 s each, the default request timeout: a try the store has not
+     * answered by its wait's end is DLOCK_ECONN; a shorter wait is cut short by a busy machine (a wait of
      * 50 ms cut etcd's first PUT short under make test-busy, one of
      * 500 ms PostgreSQL's first S_TAKE under CI's busy make test:
      * DLOCK_ECONN, the open core defect of a timed wait's first try cut
