@@ -430,6 +430,48 @@ DLOCK_EXTERN int dlock_acquire(dlock *l, int64_t wait_ms);
  */
 DLOCK_EXTERN int dlock_acquire_shared(dlock *l, int64_t wait_ms);
 
+/* Most handles in one dlock_acquire_all() or dlock_release_all(). */
+#define DLOCK_ALL_MAX 1024
+
+/*
+ * Acquires every lock of ls[0..n) for the calling thread (exclusively;
+ * one permit of a semaphore's handle), all or none, within one wait:
+ * wait_ms as for dlock_acquire(), for the whole set. The locks are taken
+ * one after another in ascending byte order of their names, whatever
+ * the order of ls, so that two callers of dlock_acquire_all() needing
+ * names in common cannot deadlock (docs/design.md, "Several locks at
+ * once"); while it waits for one lock the set holds the ones before it.
+ * Each hold is an ordinary hold of its handle: its own fencing token
+ * (dlock_token()), renewed, re-entrant (a name the thread holds already
+ * is re-entered), and reported lost through its handle's callback.
+ * On any failure nothing this call took is left held: the locks it took
+ * are released before it returns, and dlock_errmsg() names the lock
+ * that failed. dlock_cancel() or dlock_shutdown() of any handle of the
+ * set ends the set's wait (DLOCK_ECANCELED).
+ * Errors: as dlock_acquire() (DLOCK_EBUSY names the lock held for the
+ * whole wait); DLOCK_ELOST also when a lock of the set was lost while
+ * the set waited for another (nothing held); DLOCK_EINVAL (ls NULL, n 0
+ * or above DLOCK_ALL_MAX, a NULL handle, handles of two clients, two
+ * handles of one name, a bad wait_ms).
+ * Ownership: ls and the handles stay the caller's.
+ * Thread-safety: any thread; each thread acts for itself (a
+ * DLOCK_OWNER_HANDLE handle's hold is the handle's, as ever).
+ */
+DLOCK_EXTERN int dlock_acquire_all(dlock *const *ls, size_t n,
+                                   int64_t wait_ms);
+
+/*
+ * Releases one level of each hold of ls[0..n) (a set dlock_acquire_all()
+ * took), in the reverse of the set's order, whatever each release
+ * returns. Returns DLOCK_OK when every hold was intact; DLOCK_ELOST when
+ * any was lost (the set's critical section was NOT protected;
+ * dlock_errmsg() names the first such lock); else the first error of a
+ * release (DLOCK_ENOTHELD, DLOCK_ECONN: as dlock_release()).
+ * Errors also: DLOCK_EINVAL as dlock_acquire_all(), before any release.
+ * Thread-safety: as dlock_release().
+ */
+DLOCK_EXTERN int dlock_release_all(dlock *const *ls, size_t n);
+
 /*
  * Cancels the acquires in progress through handle `l` (dlock_acquire(),
  * dlock_acquire_shared()), from any thread: each returns DLOCK_ECANCELED
@@ -440,7 +482,8 @@ DLOCK_EXTERN int dlock_acquire_shared(dlock *l, int64_t wait_ms);
  * the cancel returns DLOCK_OK as usual: the caller holds the lock and
  * releases it. Acquires that start after the call are not affected (the
  * cancel is not remembered; dlock_shutdown()'s is), nor are other
- * handles'. For an event loop or a thread pool that gives up a wait:
+ * handles' (except that a dlock_acquire_all() in progress over `l` ends
+ * as a whole). For an event loop or a thread pool that gives up a wait:
  * with DLOCK_OWNER_HANDLE, one handle per waiting task.
  * Errors: DLOCK_EINVAL (NULL handle, closed client). Never blocks.
  * Thread-safety: any thread, while the handle is open.

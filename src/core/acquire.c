@@ -521,9 +521,9 @@ static void unlink_cancel(dlock *l, dlock__cancel *cx)
  * call as a try in progress at a dlock_cancel() does.) */
 int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
-                       int64_t deadline, uint64_t seq)
+                       int64_t deadline, uint64_t seq, dlock__set *set)
 {
-    dlock__cancel cx = {-1, 0, NULL};
+    dlock__cancel cx = {-1, 0, NULL, NULL};
     int rc;
 
     if (wait_ms == 0)
@@ -543,6 +543,13 @@ int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
         cx.fd = c->cfd_free[--c->n_cfd_free];
     cx.next = l->cancels;
     l->cancels = &cx;
+    if (set) {
+        /* the set's acquire now; a cancel of the set since its last one
+         * cancels this one (fired under this mutex as cancels are) */
+        set->cur = &cx;
+        if (__atomic_load_n(&set->flag, __ATOMIC_ACQUIRE))
+            dlock__cancel_fire(&cx);
+    }
     pthread_mutex_unlock(&c->mu);
     if (native && cx.fd < 0) {
         int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -550,6 +557,8 @@ int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
             int err = errno;
             pthread_mutex_lock(&c->mu);
             unlink_cancel(l, &cx);
+            if (set)
+                set->cur = NULL;
             pthread_mutex_unlock(&c->mu);
             return dlock__err(DLOCK_ENOMEM, "lock '%.200s': eventfd: %s",
                               l->entry->name, strerror(err));
@@ -568,6 +577,8 @@ int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
                      &cx);
     pthread_mutex_lock(&c->mu);
     unlink_cancel(l, &cx);
+    if (set)
+        set->cur = NULL;
     pthread_mutex_unlock(&c->mu);
     if (cx.fd >= 0) {
         /* drained (a cancel made it readable), then kept for the next

@@ -61,10 +61,23 @@ struct dlock__hold {
 /* An acquire in progress through a handle, for dlock_cancel(): on the
  * acquiring thread's stack, in the handle's list while it runs. */
 typedef struct dlock__cancel dlock__cancel;
+typedef struct dlock__set dlock__set;
 struct dlock__cancel {
     int fd;   /* eventfd made readable by the cancel; -1: none */
     int flag; /* set (atomically) by the cancel */
+    dlock__set *set; /* a set's record (multi.c): a cancel of it cancels
+                      * the set (fd and flag unused); NULL: an acquire's */
     dlock__cancel *next;
+};
+
+/* A dlock_acquire_all() in progress (multi.c; docs/design.md "Several
+ * locks at once"): on its caller's stack. Each handle of the set has a
+ * record pointing here in its list of acquires in progress while the
+ * set runs, so that a cancel of any of them ends the set's wait. */
+struct dlock__set {
+    int flag;           /* cancelled (atomic; c->mu when written) */
+    dlock__cancel *cur; /* the acquire the set makes now; NULL between
+                         * two (c->mu) */
 };
 
 /* A thread waiting in dlock_acquire(). */
@@ -260,14 +273,23 @@ int dlock__store_open(const char *scheme, const dlock__backend **be,
                       void **handle);
 void dlock__store_close(void *handle);
 
+/* lock.c: dlock_acquire() (kind DLOCK__WRITE, or DLOCK__PERMIT for a
+ * semaphore's handle) and dlock_acquire_shared() (DLOCK__READ) as a
+ * step of set `set` (NULL: none), whose cancel it honours. */
+int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
+                   dlock__set *set);
+/* A cancel record's cancel (c->mu held): its flag set, its eventfd made
+ * readable; a set's record cancels the set and its acquire in progress. */
+void dlock__cancel_fire(dlock__cancel *cx);
+
 /* acquire.c */
 /* A new hold of l's name for the calling thread (lock.c's acquire()
  * checked that it may: no hold of its own, the kind supported), waiting
  * until `deadline` (monotonic ms; DLOCK__FOREVER) when wait_ms is not 0;
- * `seq` its waiter number. */
+ * `seq` its waiter number; `set` the set it is a step of (NULL: none). */
 int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
-                       int64_t deadline, uint64_t seq);
+                       int64_t deadline, uint64_t seq, dlock__set *set);
 /* Whether a cancel flag (NULL: none) is set. */
 int dlock__is_cancelled(const int *flag);
 /* DLOCK_ECANCELED for an acquire of hold h that dlock_cancel() ended

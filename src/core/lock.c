@@ -301,7 +301,8 @@ static int kind_supported(const dlock_client *c, const dlock *l,
                       c->be->name);
 }
 
-static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
+int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
+                   dlock__set *set)
 {
     dlock_client *c;
     dlock__hold *h;
@@ -365,7 +366,7 @@ static int acquire(dlock *l, int64_t wait_ms, unsigned kind)
     seq = ++c->next_waiter;
     pthread_mutex_unlock(&c->mu);
     rc = dlock__acquire_new(c, l, kind, wait_ms, start, start_us, deadline,
-                            seq);
+                            seq, set);
     if (dlock__by_handle(l)) {
         pthread_mutex_lock(&c->mu);
         l->acquiring = 0;
@@ -378,7 +379,9 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
 {
     if (!l)
         return dlock__err(DLOCK_EINVAL, "dlock_acquire: lock is NULL");
-    return acquire(l, wait_ms, l->opts.permits ? DLOCK__PERMIT : DLOCK__WRITE);
+    return dlock__acquire(l, wait_ms,
+                          l->opts.permits ? DLOCK__PERMIT : DLOCK__WRITE,
+                          NULL);
 }
 
 int dlock_acquire_shared(dlock *l, int64_t wait_ms)
@@ -390,7 +393,7 @@ int dlock_acquire_shared(dlock *l, int64_t wait_ms)
                           "lock '%.200s' is a semaphore (%u permits): take "
                           "a permit with dlock_acquire()",
                           l->entry->name, l->opts.permits);
-    return acquire(l, wait_ms, DLOCK__READ);
+    return dlock__acquire(l, wait_ms, DLOCK__READ, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -405,6 +408,26 @@ static int lost_message(const dlock__hold *h)
                       "lock '%.200s': the lease ran out before the release; "
                       "the critical section was not protected",
                       h->lease.name);
+}
+
+void dlock__cancel_fire(dlock__cancel *cx)
+{
+    if (cx->set) {
+        /* a set's: the set, and the acquire it makes now (if any; the
+         * next one sees the set's flag when it registers) */
+        __atomic_store_n(&cx->set->flag, 1, __ATOMIC_RELEASE);
+        cx = cx->set->cur;
+        if (!cx)
+            return;
+    }
+    __atomic_store_n(&cx->flag, 1, __ATOMIC_RELEASE);
+    if (cx->fd >= 0) {
+        uint64_t one = 1;
+        ssize_t n;
+        do
+            n = write(cx->fd, &one, sizeof(one));
+        while (n < 0 && errno == EINTR);
+    }
 }
 
 /* dlock_cancel(), and dlock_shutdown() when shut: the flag is set under
@@ -427,14 +450,7 @@ static int cancel(dlock *l, int shut, const char *fn)
     if (shut) /* atomic for dlock__cancel_message(), which reads it without */
         __atomic_store_n(&l->shut, 1, __ATOMIC_RELAXED);
     for (dlock__cancel *cx = l->cancels; cx; cx = cx->next) {
-        __atomic_store_n(&cx->flag, 1, __ATOMIC_RELEASE);
-        if (cx->fd >= 0) {
-            uint64_t one = 1;
-            ssize_t n;
-            do
-                n = write(cx->fd, &one, sizeof(one));
-            while (n < 0 && errno == EINTR);
-        }
+        dlock__cancel_fire(cx);
         any = 1;
     }
     if (any)
