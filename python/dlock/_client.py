@@ -264,6 +264,19 @@ class Client:
                     reentrant=reentrant, timeout=timeout, on_lost=on_lost,
                     owner=owner)
 
+    def locks(self, names: "List[Name]", ttl: Optional[float] = None, *,
+              renew: bool = True, timeout: Optional[float] = None,
+              on_lost: Optional[LostCallback] = None) -> "LockSet":
+        """Several locks at once, all or none (``dlock_acquire_all()``):
+        ``with client.locks(["account:1", "account:2"]) as held:``. They
+        are taken in byte order of their names, whatever the order given,
+        so that sets with names in common cannot deadlock; a wait that
+        cannot have them all gives back what it took. ``timeout`` as for
+        ``lock()``; ``on_lost`` is every lock's (losing any one loses the
+        set: the ``with`` block's end raises LockLost)."""
+        return LockSet(self, names, ttl, renew=renew, timeout=timeout,
+                       on_lost=on_lost)
+
     def rwlock(self, name: Name, ttl: Optional[float] = None, *,
                renew: bool = True, timeout: Optional[float] = None,
                on_lost: Optional[LostCallback] = None) -> "RWLock":
@@ -762,3 +775,95 @@ class RWLock:
 
     def close(self) -> None:
         self.write.close()
+
+
+class LockSet:
+    """Several locks of one client, taken and released together
+    (``dlock_acquire_all()``, ``dlock_release_all()``; docs/locks.md
+    "Several locks at once"). Each is a Lock of its own (``set.locks``,
+    in the order given), owned by the calling thread. Made by
+    ``Client.locks()``; a context manager."""
+
+    def __init__(self, client: Client, names: "List[Name]",
+                 ttl: Optional[float], *, renew: bool = True,
+                 timeout: Optional[float] = None,
+                 on_lost: Optional[LostCallback] = None) -> None:
+        if isinstance(names, (str, bytes)):
+            raise InvalidArgument("locks() takes a list of names, not one "
+                                  "name", N.EINVAL)
+        self._timeout = _ms(timeout, "timeout", True)
+        self.locks: List[Lock] = []
+        try:
+            for n in names:
+                self.locks.append(Lock(client, n, ttl, renew=renew,
+                                       on_lost=on_lost))
+        except BaseException:
+            self.close()
+            raise
+
+    def _call(self, fn: Any, *args: Any) -> int:
+        """fn(array of the handles, n, *args) with every lock entered."""
+        entered: List[Guard] = []
+        try:
+            for lk in self.locks:
+                entered.append(lk._enter())
+            arr = ffi.new("dlock *[]", [lk._l for lk in self.locks])
+            rc = int(fn(arr, len(self.locks), *args))
+            for lk, g in zip(self.locks, entered):
+                if g.closing:
+                    raise lk._closed_while()
+            return rc
+        finally:
+            for g in entered:
+                g.leave()
+
+    def acquire(self, timeout: Optional[float] = None, *,
+                blocking: bool = True) -> bool:
+        """Acquires every lock for the calling thread: True when it holds
+        them all, False when one was held by another owner for the whole
+        wait (then none is held). ``timeout`` as for Lock.acquire()."""
+        wait = 0 if not blocking else _ms(timeout, "timeout", True)
+        rc = self._call(lib.dlock_acquire_all, wait)
+        if rc == N.EBUSY:
+            return False
+        check(rc)
+        for lk in self.locks:
+            lk._tls.token = int(lib.dlock_token(lk._l))
+        return True
+
+    def release(self) -> None:
+        """Releases every lock of the set, whatever each answers. Raises
+        LockLost when any was lost (the set's work was not protected)."""
+        rc = self._call(lib.dlock_release_all)
+        for lk in self.locks:
+            if lib.dlock_held(lk._l) == 0:
+                lk._tls.token = 0
+        check(rc)
+
+    @property
+    def tokens(self) -> "List[int]":
+        """The fencing tokens of the calling thread's holds, in the
+        order of the names given (0: not held)."""
+        return [lk.token for lk in self.locks]
+
+    @property
+    def held(self) -> bool:
+        """Whether the calling thread holds every lock of the set."""
+        return all(lk.held for lk in self.locks)
+
+    def close(self) -> None:
+        """Closes every lock (Lock.close())."""
+        for lk in self.locks:
+            lk.close()
+
+    def __enter__(self) -> "LockSet":
+        if not self.acquire(None if self._timeout < 0
+                            else self._timeout / 1000.0):
+            raise error(N.EBUSY)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return "<dlock.LockSet %r>" % ([lk.name for lk in self.locks],)

@@ -56,6 +56,8 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
 int dlock_acquire(dlock *l, int64_t wait_ms);
 int dlock_acquire_shared(dlock *l, int64_t wait_ms);
 int dlock_release(dlock *l);
+int dlock_acquire_all(dlock *const *ls, size_t n, int64_t wait_ms);
+int dlock_release_all(dlock *const *ls, size_t n);
 int dlock_cancel(dlock *l);
 int dlock_shutdown(dlock *l);
 int dlock_extend(dlock *l, int64_t ttl_ms);

@@ -55,7 +55,9 @@ static const char run_usage[] =
     "and the lock released when it exits. CMD sees DLOCK_NAME and\n"
     "DLOCK_TOKEN (the fencing token) in its environment, DLOCK_STORE\n"
     "without its password, and not DLOCK_PASSWORD (nor REDISCLI_AUTH,\n"
-    "PGPASSWORD, MYSQL_PWD for a store of that kind).\n"
+    "PGPASSWORD, MYSQL_PWD for a store of that kind). With --also, it\n"
+    "sees DLOCK_TOKENS too: the tokens of NAME and of each --also lock,\n"
+    "in the command line's order, separated by spaces.\n"
     "\n"
     "  --store URI        the store (default: $DLOCK_STORE, else lock files\n"
     "                     in ~/.local/state/dlock, ~ being your home in the\n"
@@ -68,6 +70,10 @@ static const char run_usage[] =
     "                     run alongside; a plain run waits for them all\n"
     "  --permits N        NAME is a semaphore of N permits: at most N runs\n"
     "                     at once (every run of NAME must say the same N)\n"
+    "  --also NAME2       hold lock NAME2 too (repeatable): all of them or\n"
+    "                     none, taken in name order so that runs naming\n"
+    "                     the same locks cannot deadlock; losing any one\n"
+    "                     stops CMD as losing NAME does\n"
     "  --kill-after DUR   when the lock is at risk or lost, SIGKILL CMD this\n"
     "                     long after SIGTERM; the SIGKILL lands before the\n"
     "                     lease ends (default: 5s, or what fits in --ttl)\n"
@@ -114,7 +120,8 @@ static void on_signal_while_waiting(int sig)
 
 typedef struct progress {
     dlock_client *c;
-    const char *name;
+    const char *const *names; /* the set's (NAME first) */
+    size_t nnames;
     struct timespec start;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -155,9 +162,21 @@ static void *progress_main(void *arg)
         /* what a store or a server said, and the name, escaped: this line
          * goes to a terminal (out.c) */
         char name[64], holder[84], why[304];
-        cli_escape(name, sizeof(name), p->name, CLI_ESC_BACKSLASH);
+        const char *n0 = p->names[0];
+        int irc = DLOCK_OK;
+        /* the first lock of the set that is held (NAME's alone without
+         * --also) */
+        memset(&info, 0, sizeof(info));
+        for (size_t i = 0; i < p->nnames; i++) {
+            if (i)
+                dlock_info_clear(&info);
+            n0 = p->names[i];
+            irc = dlock_inspect(p->c, n0, &info);
+            if (irc != DLOCK_OK || info.held)
+                break;
+        }
+        cli_escape(name, sizeof(name), n0, CLI_ESC_BACKSLASH);
         cli_format_duration(since_ms(&p->start), waited, sizeof(waited));
-        int irc = dlock_inspect(p->c, p->name, &info);
         if (irc == DLOCK_ECONN) {
             /* the wait rides it out (docs/design.md, "Waiting through
              * failovers and restarts"): say what it waits for; a
@@ -322,47 +341,77 @@ static int credential_var(const char *e, const char *store)
 }
 
 /* environ plus DLOCK_NAME and DLOCK_TOKEN (replacing any earlier ones),
+ * DLOCK_TOKENS when `tokens` is not NULL ("DLOCK_TOKENS=..." of --also),
  * DLOCK_STORE without its password, and none of the variables a password
- * of `store` may have come from. */
-static char **child_env(const char *name, uint64_t token, const char *store)
+ * of `store` may have come from. *ours: how many entries at its end are
+ * its own (free_env()). */
+static char **child_env(const char *name, uint64_t token, const char *tokens,
+                        const char *store, size_t *ours)
 {
-    size_t n = 0, o = 0;
+    size_t n = 0, o = 0, k;
     char **env;
 
     while (environ[n])
         n++;
-    env = calloc(n + 4, sizeof(*env));
+    env = calloc(n + 5, sizeof(*env));
     if (!env)
         return NULL;
     for (size_t i = 0; i < n; i++)
         if (!env_is(environ[i], "DLOCK_NAME") &&
             !env_is(environ[i], "DLOCK_TOKEN") &&
+            !env_is(environ[i], "DLOCK_TOKENS") &&
             !env_is(environ[i], "DLOCK_STORE") &&
             !credential_var(environ[i], store))
             env[o++] = environ[i];
     size_t nl = strlen(name) + 12;
     const char *dstore = getenv("DLOCK_STORE");
-    env[o] = malloc(nl);
-    env[o + 1] = malloc(40);
-    env[o + 2] = NULL;
+    int bad = 0;
+    k = o;
+    if ((env[k++] = malloc(nl)) != NULL)
+        snprintf(env[k - 1], nl, "DLOCK_NAME=%s", name);
+    else
+        bad = 1;
+    if ((env[k++] = malloc(40)) != NULL)
+        snprintf(env[k - 1], 40, "DLOCK_TOKEN=%llu",
+                 (unsigned long long)token);
+    else
+        bad = 1;
+    if (tokens && !(env[k++] = strdup(tokens)))
+        bad = 1;
     if (dstore) {
         char *clean = without_password(dstore);
-        env[o + 2] = clean ? malloc(strlen(clean) + 13) : NULL;
-        if (env[o + 2])
-            sprintf(env[o + 2], "DLOCK_STORE=%s", clean);
+        env[k++] = clean ? malloc(strlen(clean) + 13) : NULL;
+        if (env[k - 1])
+            sprintf(env[k - 1], "DLOCK_STORE=%s", clean);
+        else
+            bad = 1;
         free(clean);
     }
-    if (!env[o] || !env[o + 1] || (dstore && !env[o + 2])) {
-        free(env[o]);
-        free(env[o + 1]);
-        free(env[o + 2]);
+    env[k] = NULL;
+    if (bad) {
+        for (size_t i = o; i < k; i++)
+            free(env[i]);
         free(env);
         return NULL;
     }
-    snprintf(env[o], nl, "DLOCK_NAME=%s", name);
-    snprintf(env[o + 1], 40, "DLOCK_TOKEN=%llu", (unsigned long long)token);
-    env[o + 3] = NULL;
+    *ours = k - o;
     return env;
+}
+
+/* "DLOCK_TOKENS=T1 T2 ..." of the set's handles (malloc'd), NULL when
+ * out of memory. */
+static char *tokens_var(dlock *const *set, size_t n)
+{
+    size_t cap = 16 + n * 21, len;
+    char *v = malloc(cap);
+
+    if (!v)
+        return NULL;
+    len = (size_t)snprintf(v, cap, "DLOCK_TOKENS=");
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(v + len, cap - len, "%s%llu", i ? " " : "",
+                                (unsigned long long)dlock_token(set[i]));
+    return v;
 }
 
 static void free_env(char **env, size_t ours)
@@ -379,9 +428,14 @@ static void free_env(char **env, size_t ours)
     free(env);
 }
 
+/* Most --also options: with NAME, one set of at most this many plus one. */
+#define MAX_ALSO 63
+
 typedef struct run_opts {
     const char *store;
     const char *name;
+    const char *names[MAX_ALSO + 1]; /* NAME, then each --also */
+    size_t nnames;
     char **cmd;
     int64_t ttl_ms, wait_ms, kill_after_ms, warn_after_ms;
     int fair, quiet, shared, kill_after_set;
@@ -432,6 +486,16 @@ static int parse(int argc, char **argv, run_opts *o)
             if (r < 0)
                 return CLI_EX_USAGE;
             o->store = v;
+            continue;
+        }
+        if ((r = cli_opt_value(argc, argv, &i, "--also", &v)) != 0) {
+            if (r < 0)
+                return CLI_EX_USAGE;
+            if (o->nnames >= MAX_ALSO) {
+                cli_err("run: at most %d --also locks", MAX_ALSO);
+                return CLI_EX_USAGE;
+            }
+            o->names[1 + o->nnames++] = v; /* nnames: the --also count */
             continue;
         }
         if ((r = cli_opt_value(argc, argv, &i, "--ttl", &v)) != 0) {
@@ -506,6 +570,8 @@ static int parse(int argc, char **argv, run_opts *o)
         return CLI_EX_USAGE;
     }
     o->name = argv[i++];
+    o->names[0] = o->name;
+    o->nnames++; /* NAME and the --also ones */
     if (i < argc && !strcmp(argv[i], "--"))
         i++;
     if (i >= argc) {
@@ -518,13 +584,21 @@ static int parse(int argc, char **argv, run_opts *o)
                 "semaphore's permits are all alike)");
         return CLI_EX_USAGE;
     }
+    if (o->nnames > 1 && (o->shared || o->permits)) {
+        cli_err("run: --also takes plain locks: not with %s",
+                o->shared ? "--shared" : "--permits");
+        return CLI_EX_USAGE;
+    }
     return -1; /* go on */
 }
 
-static int take(dlock *l, const run_opts *o, int64_t wait_ms)
+/* set: NAME's handle, then each --also's (o->nnames) */
+static int take(dlock *const *set, const run_opts *o, int64_t wait_ms)
 {
-    return o->shared ? dlock_acquire_shared(l, wait_ms)
-                     : dlock_acquire(l, wait_ms);
+    if (o->nnames > 1)
+        return dlock_acquire_all(set, o->nnames, wait_ms);
+    return o->shared ? dlock_acquire_shared(set[0], wait_ms)
+                     : dlock_acquire(set[0], wait_ms);
 }
 
 /* The run: the supervisor and its tree, the events, the kill timer. */
@@ -537,6 +611,8 @@ typedef struct run_state {
     int cmd_status;     /* its wait status, once cmd_done */
     int cmd_done, empty, sup_gone, sup_died, rep_eof;
     int lost, at_risk, term_sent, kill_sent;
+    int risky;          /* holds at risk now (AT_RISK less SAFE events):
+                         * with --also, one safe again is not the set */
     int64_t lease_end;  /* while at risk: the local lease end (ms) */
     int64_t kill_at;    /* when SIGKILL goes to the tree; 0: not armed */
 } run_state;
@@ -567,8 +643,11 @@ static void on_note(run_state *r, const run_note *n)
     int64_t ka = r->o->kill_after_ms;
 
     if (n->type == DLOCK_EVENT_AT_RISK && !r->lost) {
+        int64_t end = n->at_ms + n->left_ms;
+        if (!r->at_risk || end < r->lease_end)
+            r->lease_end = end; /* the earliest of the set's */
         r->at_risk = 1;
-        r->lease_end = n->at_ms + n->left_ms;
+        r->risky++;
         if (r->empty)
             return; /* nothing runs any more */
         /* SIGKILL by the lease end less R, and --kill-after after the
@@ -590,6 +669,9 @@ static void on_note(run_state *r, const run_note *n)
                     "command (SIGTERM, SIGKILL in %s)",
                     n->why, left, k);
         stop_tree(r, by);
+    } else if (n->type == DLOCK_EVENT_SAFE && r->at_risk && !r->lost &&
+               --r->risky > 0) {
+        /* another lock of the set is still at risk: its SIGKILL stands */
     } else if (n->type == DLOCK_EVENT_SAFE && r->at_risk && !r->lost) {
         r->at_risk = 0;
         if (!r->kill_sent && r->kill_at) {
@@ -765,6 +847,7 @@ int cmd_run(int argc, char **argv)
 {
     run_opts o;
     dlock_client *c = NULL;
+    dlock *set[MAX_ALSO + 1] = {NULL}; /* NAME's handle, then --also's */
     dlock *l = NULL;
     dlock_options lo;
     int ev_pipe[2] = {-1, -1};
@@ -846,12 +929,15 @@ int cmd_run(int argc, char **argv)
     lo.ttl_ms = o.ttl_ms;
     lo.flags = o.fair ? DLOCK_FAIR : 0;
     lo.permits = o.permits;
-    rc = dlock_open(&l, c, o.name, &lo);
-    if (rc != DLOCK_OK) {
-        cli_err("%s", dlock_errmsg());
-        code = cli_exit_for(rc);
-        goto out;
+    for (size_t i = 0; i < o.nnames; i++) {
+        rc = dlock_open(&set[i], c, o.names[i], &lo);
+        if (rc != DLOCK_OK) {
+            cli_err("%s", dlock_errmsg());
+            code = cli_exit_for(rc);
+            goto out;
+        }
     }
+    l = set[0];
 
     /* --- wait --- */
     struct sigaction sa, old_int, old_term, old_hup;
@@ -863,7 +949,7 @@ int cmd_run(int argc, char **argv)
 
     struct timespec tried;
     clock_gettime(CLOCK_MONOTONIC, &tried);
-    rc = take(l, &o, 0);
+    rc = take(set, &o, 0);
     /* the wait follows a try that found the lock held, and one that found
      * the store unreachable too (a failover, a restart: the wait rides it
      * out, docs/design.md "Waiting through failovers and restarts"); the
@@ -877,14 +963,15 @@ int cmd_run(int argc, char **argv)
 
         memset(&p, 0, sizeof(p));
         p.c = c;
-        p.name = o.name;
+        p.names = o.names;
+        p.nnames = o.nnames;
         clock_gettime(CLOCK_MONOTONIC, &p.start);
         pthread_mutex_init(&p.mu, NULL);
         pthread_cond_init(&p.cv, NULL);
         if (!o.quiet && isatty(STDERR_FILENO) &&
             pthread_create(&t, NULL, progress_main, &p) == 0)
             shown = 1;
-        rc = take(l, &o, left < 0 ? -1 : left > 0 ? left : 1);
+        rc = take(set, &o, left < 0 ? -1 : left > 0 ? left : 1);
         if (shown) {
             pthread_mutex_lock(&p.mu);
             p.stop = 1;
@@ -896,7 +983,12 @@ int cmd_run(int argc, char **argv)
         pthread_mutex_destroy(&p.mu);
     }
     if (rc != DLOCK_OK) {
-        if (rc == DLOCK_EBUSY) {
+        if (rc == DLOCK_EBUSY && o.nnames > 1) {
+            char d[32];
+            cli_format_duration(o.wait_ms, d, sizeof(d));
+            cli_err("%s; gave up after %s", dlock_errmsg(),
+                    o.wait_ms ? d : "one try");
+        } else if (rc == DLOCK_EBUSY) {
             char d[32];
             cli_format_duration(o.wait_ms, d, sizeof(d));
             cli_err("lock '%s' is held by another owner; gave up after %s",
@@ -928,8 +1020,13 @@ int cmd_run(int argc, char **argv)
     ign.sa_handler = SIG_IGN;
     sigaction(SIGPIPE, &ign, &old_pipe);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    char **env = child_env(o.name, dlock_token(l), dlock_client_store(c));
-    size_t env_ours = getenv("DLOCK_STORE") ? 3 : 2;
+    char *tokens = o.nnames > 1 ? tokens_var(set, o.nnames) : NULL;
+    size_t env_ours = 0;
+    char **env = o.nnames > 1 && !tokens
+                     ? NULL
+                     : child_env(o.name, dlock_token(l), tokens,
+                                 dlock_client_store(c), &env_ours);
+    free(tokens);
     cli_spawn sp;
     run_state r;
     int started = 0;
@@ -965,7 +1062,7 @@ int cmd_run(int argc, char **argv)
     if (sfd >= 0)
         close(sfd);
 
-    rc = dlock_release(l);
+    rc = o.nnames > 1 ? dlock_release_all(set, o.nnames) : dlock_release(l);
     if (rc == DLOCK_ELOST && !lost) {
         cli_err("lock '%s' was lost before the command finished: %s",
                 o.name, dlock_errmsg());
@@ -988,7 +1085,8 @@ int cmd_run(int argc, char **argv)
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
 
 out:
-    dlock_close(l);
+    for (size_t i = 0; i < o.nnames; i++)
+        dlock_close(set[i]);
     dlock_client_close(c);
     close(ev_pipe[0]);
     close(ev_pipe[1]);

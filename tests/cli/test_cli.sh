@@ -1556,6 +1556,75 @@ else
 fi
 
 # --------------------------------------------------------------------------
+# Several locks: --also (docs/cli.md; the set's order: docs/design.md)
+# --------------------------------------------------------------------------
+
+mkfifo "$TMP/alsogo"
+# the holder of {alsoA, alsoB} writes its DLOCK_TOKENS, then waits for a
+# line on the fifo (or a SIGTERM)
+bg_dlock also run --kill-after 1s --also alsoB alsoA -- \
+    sh -c 'printf "%s\n" "$DLOCK_TOKENS" >"$1"; read x <"$0"' \
+    "$TMP/alsogo" "$TMP/also.tokens"
+alsopid=$BG
+if wait_held alsoA "$alsopid" && wait_held alsoB "$alsopid"; then
+    pass "--also: both locks held"
+    dl run --wait 0 alsoB -- true
+    check_rc 75 "--also: the other lock is held for the command too"
+    dl run --wait 0 --also alsoC alsoA -- true
+    check_rc 75 "a set with a lock held elsewhere is not taken"
+    if grep -q "alsoA" "$TMP/err" && grep -q "none of the set" "$TMP/err"; then
+        pass "the refusal names the held lock and says nothing is held"
+    else
+        fail "the refusal of a set: $(cat "$TMP/err")"
+    fi
+    dl run --wait 0 alsoC -- true
+    check_rc 0 "nothing of a refused set stays held"
+    for ((i = 0; i < 50; i++)); do
+        [ -s "$TMP/also.tokens" ] && break
+        sleep 0.1
+    done
+    if [[ $(cat "$TMP/also.tokens") =~ ^[0-9]+\ [0-9]+$ ]]; then
+        pass "DLOCK_TOKENS has a token per lock ($(cat "$TMP/also.tokens"))"
+    else
+        fail "DLOCK_TOKENS: '$(cat "$TMP/also.tokens")', expected two numbers"
+    fi
+    # losing one lock of the set stops the command: exit 76 (on the
+    # stores whose holds can be broken from outside)
+    dl break alsoB
+    if [ "$RC" -eq 0 ]; then
+        # the next renewal (every ttl/3 of the 10 s lease, at most) or
+        # the store's own word (a watch, a session) finds alsoB gone:
+        # SIGTERM, the command ends at once; 15 s with slack
+        if wait_exit "$alsopid" 15 && [ "$WRC" = 76 ]; then
+            pass "--also: losing one lock of the set stops the command, exit 76"
+        else
+            fail "--also: after alsoB was broken: exit $WRC, expected 76"
+            show "$TMP/bg.also.err"
+        fi
+    else
+        [ "$RC" -eq 69 ] && grep -q "cannot be broken" "$TMP/err" ||
+            fail "break alsoB: exit $RC: $(cat "$TMP/err")"
+        timeout 5 sh -c 'echo go > "$0"' "$TMP/alsogo"
+        if wait_exit "$alsopid" 10 && [ "$WRC" = 0 ]; then
+            pass "--also: the set released when the command ends"
+        else
+            fail "--also holder: exit $WRC, expected 0"
+            show "$TMP/bg.also.err"
+        fi
+    fi
+    dl run --wait 0 --also alsoB alsoA -- true
+    check_rc 0 "--also: the set is free again"
+else
+    fail "--also: the set never held"
+    show "$TMP/bg.also.err"
+    kill -KILL "$alsopid" 2>/dev/null
+fi
+dl run --also alsoA alsoA -- true
+check_rc 64 "--also: the same name twice is a usage error"
+dl run --shared --also alsoB alsoA -- true
+check_rc 64 "--also with --shared is a usage error"
+
+# --------------------------------------------------------------------------
 # Mutual exclusion, --wait, status
 # --------------------------------------------------------------------------
 

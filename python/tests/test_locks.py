@@ -1,0 +1,63 @@
+# SPDX-License-Identifier: MIT
+"""Several locks at once: Client.locks() (dlock_acquire_all())."""
+import threading
+
+import pytest
+
+import dlock
+
+
+def test_a_set_is_held_whole_in_with(client, other, name):
+    names = [name + "/b", name + "/a", name + "/c"]
+    with client.locks(names, timeout=5) as held:
+        assert held.held and all(t > 0 for t in held.tokens)
+        assert [lk.name for lk in held.locks] == names
+        for n in names:
+            assert not other.lock(n).acquire(0)
+    assert not held.held and held.tokens == [0, 0, 0]
+    for n in names:
+        lk = other.lock(n)
+        assert lk.acquire(0)
+        lk.release()
+
+
+def test_a_set_with_a_busy_lock_is_not_had_and_leaves_nothing(client,
+                                                               other, name):
+    hb = other.lock(name + "/b")
+    assert hb.acquire(0)
+    s = client.locks([name + "/a", name + "/b"])
+    assert not s.acquire(0.2)
+    assert not s.locks[0].held
+    with pytest.raises(dlock.Busy):
+        with client.locks([name + "/a", name + "/b"], timeout=0):
+            pass
+    la = other.lock(name + "/a")
+    assert la.acquire(0)  # not left held by the failed sets
+    la.release()
+    hb.release()
+    assert s.acquire(5)
+    s.release()
+
+
+def test_a_lost_member_raises_lock_lost_at_the_end(store, client, other,
+                                                   name):
+    lost = threading.Event()
+    with pytest.raises(dlock.LockLost):
+        with client.locks([name + "/a", name + "/b"],
+                          on_lost=lambda lock, token: lost.set()) as held:
+            try:
+                other.break_lock(name + "/b")
+            except dlock.NotSupported:
+                pytest.skip("%s cannot break locks" % store.kind)
+            assert lost.wait(30)
+    assert not held.locks[0].held
+    la = other.lock(name + "/a")
+    assert la.acquire(0)  # released with the set
+    la.release()
+
+
+def test_one_name_is_not_a_list(client, name):
+    with pytest.raises(dlock.InvalidArgument):
+        client.locks(name)
+    with pytest.raises(dlock.InvalidArgument):
+        client.locks([name, name]).acquire(0)
