@@ -12,6 +12,11 @@
  *    shared (1 ms holds, back to back), a writer asks for it; how long
  *    it waits, beside 2 x (the longest read hold + one hand-off), the
  *    hand-off measured in the same run (exclusive, two processes).
+ *
+ * Then a subsection of its own, "Several locks at once" (issue 36): the
+ * uncontended dlock_acquire_all() + dlock_release_all() over 2 and 8
+ * names beside as many plain dlock_acquire() + dlock_release() in a row
+ * on the same handles (chunks alternate).
  */
 #include "harness.h"
 
@@ -25,6 +30,79 @@
 
 const char bench_prog[] = "bench_rw";
 static const char *uri;
+
+/* A set of handles for the sets' cycles. */
+typedef struct set_arg {
+    dlock **ls;
+    size_t n;
+} set_arg;
+
+static void plain_n_once(void *p)
+{
+    set_arg *a = p;
+
+    for (size_t i = 0; i < a->n; i++)
+        if (dlock_acquire(a->ls[i], 0) != DLOCK_OK)
+            die("acquire", dlock_errmsg());
+    for (size_t i = a->n; i-- > 0;)
+        if (dlock_release(a->ls[i]) != DLOCK_OK)
+            die("release", dlock_errmsg());
+}
+
+static void all_n_once(void *p)
+{
+    set_arg *a = p;
+
+    if (dlock_acquire_all(a->ls, a->n, 0) != DLOCK_OK)
+        die("acquire_all", dlock_errmsg());
+    if (dlock_release_all(a->ls, a->n) != DLOCK_OK)
+        die("release_all", dlock_errmsg());
+}
+
+/* The "Several locks at once" subsection. */
+static void sets(int quick)
+{
+    enum { MAXN = 8 };
+    dlock *ls[MAXN];
+    char name[32];
+    int n = quick ? 400 : 4000, chunks = 10;
+
+    printf("\n### Several locks at once\n\n");
+    dlock_client *c = h_section_client(uri, NULL);
+    for (int i = 0; i < MAXN; i++) {
+        snprintf(name, sizeof(name), "bench-set-%d", i);
+        ls[i] = h_open_lock(c, name, 0, 0);
+    }
+    set_arg two = {ls, 2}, eight = {ls, MAXN};
+    kind_op kinds[4] = {{plain_n_once, &two}, {all_n_once, &two},
+                        {plain_n_once, &eight}, {all_n_once, &eight}};
+    double *p50 = calloc((size_t)(4 * chunks), sizeof(double));
+    if (!p50)
+        die("calloc", "out of memory");
+    chunked_ops(kinds, 4, n, chunks, p50, NULL);
+    printf("| names | N plain acquires + releases, p50 (µs) | "
+           "dlock_acquire_all() + dlock_release_all(), p50 (µs) | ratio "
+           "(target) |\n|---|---|---|---|\n");
+    for (int k = 0; k < 4; k += 2) {
+        spread pl = medrange(p50 + k * chunks, chunks),
+               al = medrange(p50 + (k + 1) * chunks, chunks);
+        spread r = ratios(p50 + (k + 1) * chunks, p50 + k * chunks, chunks);
+        printf("| %d | %.1f | %.1f | **%.2fx** (%.2f–%.2f; target ≤ 1.1x) "
+               "|\n",
+               k ? MAXN : 2, pl.med, al.med, r.med, r.min, r.max);
+    }
+    printf("\nUncontended, one client and thread, the same handles for "
+           "both; %d cycles of each kind in %d chunks that alternate the "
+           "kinds, the ratio the median of the chunks' ratios. A set takes "
+           "its names one after another in name order (docs/design.md, "
+           "\"Several locks at once\"), so its floor is the plain "
+           "acquires in a row.\n",
+           n, chunks);
+    free(p50);
+    for (int i = 0; i < MAXN; i++)
+        dlock_close(ls[i]);
+    dlock_client_close(c);
+}
 
 static void shared_once(void *l)
 {
@@ -247,5 +325,6 @@ int main(int argc, char **argv)
            "of one name could reach.\n",
            turns, READERS, (double)first / 1000.0,
            (double)first / 1000.0 / bound_us, READERS, READERS);
+    sets(quick);
     return 0;
 }

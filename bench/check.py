@@ -12,7 +12,9 @@ how fast anything was. It fails (exit 1, one line per problem) when
   - the contention section lacks a dlock row for a store, a dlock row has
     no hand-off figure, or any run saw overlapping holds;
   - a store with shared holds has no "Shared holds and semaphores"
-    figures (its uncontended shared cycle's ratio);
+    figures (its uncontended shared cycle's ratio), or no "Several locks
+    at once" figures (dlock_acquire_all() over 2 and 8 names, each with
+    its ratio to as many plain acquires);
   - the Redis section lacks the operator's figures: dlock_list()'s first
     page and the exporter's scrape, each with its ratio to its target
     (issue 20);
@@ -76,6 +78,10 @@ def main():
                 r"\| shared beside exclusive: uncontended[^\n]*\*\*[0-9.]+x\*\*",
                 rw[1]):
             bad.append("no shared-hold figures for %s" % s)
+        sets = own.split("\n### Several locks at once", 1)
+        if len(sets) < 2 or len(re.findall(
+                r"\n\| [28] \|[^\n]*\*\*[0-9.]+x\*\*", sets[1])) < 2:
+            bad.append("no several-locks figures for %s" % s)
     redis = text.split("\n## Redis", 1)
     redis = redis[1].split("\n## ", 1)[0] if len(redis) == 2 else ""
     if not re.search(r"\n### Listing [0-9]+ locks[^\n]*\n(?:[^\n]*\n)*?\|"
