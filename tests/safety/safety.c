@@ -60,7 +60,7 @@
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
        SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_CANCELS,
-       SC_FORGED, SC_CUTOFF, SC_N };
+       SC_FORGED, SC_CUTOFF, SC_SETS, SC_N };
 static const char *const sc_name[SC_N] = {
     [SC_NONE] = "none",
     [SC_KILL] = "kill",
@@ -81,6 +81,7 @@ static const char *const sc_name[SC_N] = {
     [SC_CANCELS] = "cancels",
     [SC_FORGED] = "forged-grant",
     [SC_CUTOFF] = "cutoff-run",
+    [SC_SETS] = "sets-stop",
 };
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
@@ -139,6 +140,11 @@ static const int expected[SC_N][ST_N] = {
      * (every overlap is a violation here: run_one() sets no_overlap);
      * no lease on PostgreSQL advisory locks: the holder keeps it */
     [SC_CUTOFF] =      {NA, L, L, L, L, L, L, H, L, L, L, L},
+    /* every hold a set of two (dlock_acquire_all()) of the lock and two
+     * side names, named in a cycle and in random order; the victim,
+     * holding the lock and a side name, frozen past its lease as in
+     * stop: what stop gives, and no deadlock of the cycle */
+    [SC_SETS] =        {F, F, F, F, F, F, F, F, F, F, F, F},
 };
 #undef H
 #undef L
@@ -1450,7 +1456,8 @@ static void run_one(store *st, int sc, cell *out)
     s->ttl_ms = sc == SC_RESTART ? st->ttl_restart
                 : sc == SC_RESTART_NOW && st->kind == ST_ETCD
                     ? 4000 /* a cluster's restart: 1-3 s */
-                : sc == SC_STOP || sc == SC_PARTITION || sc == SC_SLOW
+                : sc == SC_STOP || sc == SC_SETS || sc == SC_PARTITION ||
+                        sc == SC_SLOW
                     ? st->ttl
                     : (st->ttl > 2000 ? st->ttl : 2000);
     s->flags = 0;
@@ -1458,6 +1465,7 @@ static void run_one(store *st, int sc, cell *out)
     s->short_waits = sc == SC_SHORT;
     s->cancels = sc == SC_CANCELS;
     s->mixed = mixed;
+    s->sets = sc == SC_SETS;
     s->delay_us = 200;
     s->max_holds_per_worker = quick ? 400 : 1000;
     if (sc == SC_FORGED) {
@@ -1582,6 +1590,7 @@ static void run_one(store *st, int sc, cell *out)
             }
             break;
         case SC_STOP:
+        case SC_SETS:
             kill(vpid, SIGSTOP);
             snprintf(rnote, sizeof(rnote), "holder SIGSTOPped");
             wait_accepted(&r, base, 1, lease_wait);

@@ -125,6 +125,10 @@ typedef struct sf_shared {
     int cancels;             /* each worker's waits are dlock_cancel()ed
                               * every 1..10 ms by a thread of its own */
     int mixed;               /* two holds in three are read holds */
+    int sets;                /* the sets scenario: every hold is a set of
+                              * two (dlock_acquire_all()) of the lock and
+                              * two side names, named in a cycle and in
+                              * random order (worker.c) */
     int64_t delay_us;        /* between read and write */
     /* the cutoff-run scenario: worker 0 is a runner of `dlock run`
      * (runner.c), whose command is this binary (`--tree`), and every

@@ -52,8 +52,11 @@ int sf_claim_victim(sf_shared *s, int id)
                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
-static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
-                     uint32_t seq, int64_t t_call, int shared)
+/* The hold just made through l (and, for the sets scenario, the rest of
+ * set[0..n), released with it: n 0 for a plain hold) */
+static void one_hold(sf_shared *s, wstate *ws, dlock *l, dlock *const *set,
+                     size_t n, int id, uint32_t seq, int64_t t_call,
+                     int shared)
 {
     sf_worker *me = &s->w[id];
     int64_t t_ret = sf_now_ns();
@@ -61,7 +64,10 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
 
     if (idx >= SF_MAX_HOLDS) { /* history full: stop cleanly */
         __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
-        dlock_release(l);
+        if (n)
+            dlock_release_all(set, n);
+        else
+            dlock_release(l);
         return;
     }
     sf_hold *h = &s->holds[idx];
@@ -105,7 +111,7 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, int id,
     h->write_res = r;
     h->write_op = wop;
     h->t_rel_call = sf_now_ns();
-    h->rel_rc = dlock_release(l);
+    h->rel_rc = n ? dlock_release_all(set, n) : dlock_release(l);
     h->t_rel_ret = sf_now_ns();
     if (h->rel_rc != DLOCK_OK)
         snprintf(me->last_err, sizeof(me->last_err), "release: %s: %s",
@@ -207,6 +213,27 @@ int sf_worker_main(const char *path, int id)
         me->exited = 1;
         return 3;
     }
+    /* the sets scenario's side names: without the lost-lock callback,
+     * whose tokens (another name's counter) the hold's could equal */
+    dlock *side[2] = {NULL, NULL};
+    if (s->sets) {
+        dlock_options so = o;
+        so.on_lost = NULL;
+        so.on_lost_arg = NULL;
+        for (int i = 0; i < 2; i++) {
+            char sn[64];
+            snprintf(sn, sizeof(sn), "%s-side-%d", SF_LOCK_NAME, i);
+            if (dlock_open(&side[i], c, sn, &so) != DLOCK_OK) {
+                snprintf(me->last_err, sizeof(me->last_err),
+                         "dlock_open: %s", dlock_errmsg());
+                dlock_close(side[0]);
+                dlock_close(l);
+                dlock_client_close(c);
+                me->exited = 1;
+                return 3;
+            }
+        }
+    }
     __atomic_store_n(&me->opened, 1, __ATOMIC_SEQ_CST);
     canceller cn = {s, l, 0};
     pthread_t cth;
@@ -217,20 +244,47 @@ int sf_worker_main(const char *path, int id)
          (int)seq < s->max_holds_per_worker && !stopping(s); seq++) {
         int64_t t_call = sf_now_ns();
         __atomic_store_n(&me->in_acquire, 1, __ATOMIC_SEQ_CST);
-        int shared = s->mixed && rand() % 3 != 0;
+        int shared = !s->sets && s->mixed && rand() % 3 != 0;
         int64_t wait = s->short_waits ? 1 + rand() % 10 : s->wait_ms;
-        int rc = shared ? dlock_acquire_shared(l, wait)
-                        : dlock_acquire(l, wait);
+        /* sets: {lock, side 0}, {side 0, side 1} or {side 1, lock}, a
+         * cycle, each named in a random order (the set's own order is
+         * what keeps the cycle from deadlocking) */
+        dlock *set[2] = {l, NULL};
+        int k = s->sets ? rand() % 3 : 0, with_l = k != 1;
+        if (s->sets) {
+            set[0] = k == 0 ? l : side[0];
+            set[1] = k == 0 ? side[0] : k == 1 ? side[1] : l;
+            if (k == 2)
+                set[0] = side[1];
+            if (rand() % 2) {
+                dlock *t = set[0];
+                set[0] = set[1];
+                set[1] = t;
+            }
+        }
+        int rc = s->sets  ? dlock_acquire_all(set, 2, wait)
+                 : shared ? dlock_acquire_shared(l, wait)
+                          : dlock_acquire(l, wait);
         __atomic_store_n(&me->in_acquire, 0, __ATOMIC_SEQ_CST);
-        if (rc == DLOCK_OK) {
-            one_hold(s, &ws, l, id, seq, t_call, shared);
+        if (rc == DLOCK_OK && s->sets && !with_l) {
+            /* the side names alone: no hold of the lock to record */
+            sf_sleep_us(s->delay_us);
+            if (dlock_release_all(set, 2) != DLOCK_OK)
+                snprintf(me->last_err, sizeof(me->last_err),
+                         "release_all: %s", dlock_errmsg());
+        } else if (rc == DLOCK_OK) {
+            one_hold(s, &ws, l, s->sets ? set : NULL, s->sets ? 2 : 0, id,
+                     seq, t_call, shared);
         } else if (rc == DLOCK_EBUSY || rc == DLOCK_ECANCELED) {
             me->busy++; /* gave up (the cancels scenario: made to) */
         } else {
             me->errors++;
             snprintf(me->last_err, sizeof(me->last_err), "acquire: %s: %s",
                      dlock_errname(rc), dlock_errmsg());
-            if (rc == DLOCK_ELOST) /* cannot be: every hold is released */
+            /* ELOST cannot be from dlock_acquire(): every hold is
+             * released; from a set, a lock lost while it waited (it
+             * holds nothing then) */
+            if (rc == DLOCK_ELOST && !s->sets)
                 dlock_release(l);
             sf_sleep_us(20000); /* a store down: do not spin */
         }
@@ -240,6 +294,8 @@ int sf_worker_main(const char *path, int id)
         __atomic_store_n(&cn.stop, 1, __ATOMIC_SEQ_CST);
         pthread_join(cth, NULL);
     }
+    dlock_close(side[0]);
+    dlock_close(side[1]);
     dlock_close(l);
     dlock_client_close(c);
     __atomic_store_n(&me->exited, 1, __ATOMIC_SEQ_CST);
