@@ -230,6 +230,22 @@ typedef struct dlock_options {
      * above their own limit at the acquire (file:// 256, etcd:// 64,
      * mysql:// and postgres://...?mode=advisory 32: docs/locks.md). */
     unsigned permits;
+    /* Scheduled jobs (docs/locks.md, "Scheduled jobs: at least, at
+     * most"). at_least_ms > 0: the lock stays taken until at_least_ms
+     * after it was taken, whatever its holder does, dies included: a
+     * release before then leaves the lock to the store's lease, which
+     * ends then (the acquire and every renewal ask for a lease that
+     * covers it). at_most_ms > 0: the hold never outlives at_most_ms
+     * after it was taken: no renewal extends the lease past it, and the
+     * hold is then reported lost (the lost-lock callback, DLOCK_ELOST
+     * from the release). Each at most DLOCK_TTL_MAX; at_most_ms, when
+     * set, at least at_least_ms. Only on stores whose leases end by
+     * themselves (redis://, redlock://, sqlite://, postgres:// in table
+     * mode, mysql://): elsewhere dlock_open() fails with DLOCK_ENOTSUP
+     * and the reason (their holds end with the holder's file, session
+     * or connection). 0: off. */
+    int64_t at_least_ms;
+    int64_t at_most_ms;
 } dlock_options;
 
 /* Most permits a semaphore may have. */
@@ -353,8 +369,10 @@ DLOCK_EXTERN size_t dlock_uri_redact(const char *uri, unsigned how,
  * On success *out is a new handle, to be freed with dlock_close().
  *
  * Errors: DLOCK_EINVAL (NULL or empty name, name too long, ttl_ms < 0 or
- * below DLOCK_TTL_MIN or above DLOCK_TTL_MAX, unknown flags, closed
- * client), DLOCK_ENOMEM.
+ * below DLOCK_TTL_MIN or above DLOCK_TTL_MAX, unknown flags, at_least_ms
+ * or at_most_ms out of range, closed client), DLOCK_ENOTSUP (at_least_ms
+ * or at_most_ms on a store whose leases do not end by themselves: the
+ * message says why), DLOCK_ENOMEM.
  * Thread-safety: any thread.
  */
 DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,

@@ -251,7 +251,8 @@ class Client:
              fair: bool = False, renew: bool = True, reentrant: bool = True,
              timeout: Optional[float] = None,
              on_lost: Optional[LostCallback] = None,
-             owner: str = "thread") -> "Lock":
+             owner: str = "thread", at_least: Optional[float] = None,
+             at_most: Optional[float] = None) -> "Lock":
         """A lock called ``name`` (str, as UTF-8, or bytes). ``ttl``: the
         lease in seconds (default 30), renewed every ttl/3 while held
         unless ``renew=False``. ``fair``: first come, first served.
@@ -259,10 +260,15 @@ class Client:
         takes). ``on_lost(lock, token)`` runs on the client's background
         thread when a hold is found lost; it must return quickly.
         ``owner``: "thread" (each thread its own hold, as in C) or "lock"
-        (the Lock object is the owner: any thread may release it)."""
+        (the Lock object is the owner: any thread may release it).
+        ``at_least``: seconds the lock stays taken after it was taken,
+        even when released sooner or the process dies (a job cron fires
+        on many hosts runs once); ``at_most``: seconds a hold may last at
+        most (then it is reported lost). Stores with leases only
+        (NotSupported elsewhere; docs/locks.md "Scheduled jobs")."""
         return Lock(self, name, ttl, fair=fair, renew=renew,
                     reentrant=reentrant, timeout=timeout, on_lost=on_lost,
-                    owner=owner)
+                    owner=owner, at_least=at_least, at_most=at_most)
 
     def locks(self, names: "List[Name]", ttl: Optional[float] = None, *,
               renew: bool = True, timeout: Optional[float] = None,
@@ -368,7 +374,9 @@ class Lock:
                  *, fair: bool = False, renew: bool = True,
                  reentrant: bool = True, timeout: Optional[float] = None,
                  on_lost: Optional[LostCallback] = None,
-                 permits: int = 0, owner: str = "thread") -> None:
+                 permits: int = 0, owner: str = "thread",
+                 at_least: Optional[float] = None,
+                 at_most: Optional[float] = None) -> None:
         self._l = ffi.NULL
         self._client = client  # kept alive as long as the lock
         self._guard = Guard("lock %r" % (name,))
@@ -387,6 +395,10 @@ class Lock:
                       | (0 if reentrant else N.NOT_REENTRANT)
                       | (N.OWNER_HANDLE if owner == "lock" else 0))
         opts.permits = permits
+        if at_least is not None:
+            opts.at_least_ms = _ms(at_least, "at_least", False, N.TTL_MAX_MS)
+        if at_most is not None:
+            opts.at_most_ms = _ms(at_most, "at_most", False, N.TTL_MAX_MS)
         # the owner's token, for LockLost: per thread, or the lock's own
         self._tls: Any = (threading.local() if owner == "thread"
                           else types.SimpleNamespace(token=0))

@@ -25,6 +25,8 @@ typedef struct dlock_options {
     dlock_lost_cb on_lost;
     void *on_lost_arg;
     unsigned permits;
+    int64_t at_least_ms;
+    int64_t at_most_ms;
 } dlock_options;
 typedef struct dlock_info {
     int held;

@@ -61,3 +61,25 @@ def test_one_name_is_not_a_list(client, name):
         client.locks(name)
     with pytest.raises(dlock.InvalidArgument):
         client.locks([name, name]).acquire(0)
+
+
+def test_at_least_keeps_the_lock_after_an_early_release(store, client,
+                                                        other, name):
+    import time
+    if not store.caps.get("lease_runs_out"):
+        with pytest.raises(dlock.NotSupported):
+            client.lock(name, at_least=2)
+        return
+    with client.lock(name, ttl=1, at_least=2) as held:
+        t = time.monotonic()
+        assert held.token > 0
+    o = other.lock(name)
+    assert not o.acquire(0)  # still taken: its at-least time is not over
+    assert o.acquire(10)
+    assert time.monotonic() - t >= 2 - 0.05
+    o.release()
+
+
+def test_at_most_below_at_least_is_refused(client, name):
+    with pytest.raises(dlock.InvalidArgument):
+        client.lock(name, at_least=5, at_most=2)

@@ -23,6 +23,8 @@ struct dlock_info;
 #define CLI_EX_SOFTWARE 70    /* internal error (out of memory, ...) */
 #define CLI_EX_NOTACQUIRED 75 /* not acquired within --wait */
 #define CLI_EX_LOST 76        /* the lock was lost while CMD ran */
+#define CLI_EX_AT_MOST 124    /* dlock run --at-most: CMD was stopped at
+                               * its time (as timeout(1) exits) */
 #define CLI_EX_NOEXEC 126     /* CMD found but not executable */
 #define CLI_EX_NOTFOUND 127   /* CMD not found */
 

@@ -79,6 +79,14 @@ static const char run_usage[] =
     "                     lease ends (default: 5s, or what fits in --ttl)\n"
     "  --warn-after DUR   say on stderr, once, when the lock has been held\n"
     "                     for DUR (CMD keeps running)\n"
+    "  --at-least DUR     keep the lock taken until DUR after it was taken,\n"
+    "                     even when CMD ends sooner or this host dies (the\n"
+    "                     store's lease holds it; no process stays behind):\n"
+    "                     a job that cron fires on many hosts runs once\n"
+    "                     (stores with leases only; docs/locks.md)\n"
+    "  --at-most DUR      stop CMD DUR after the lock was taken, as for a\n"
+    "                     lost lock (SIGTERM, SIGKILL after --kill-after),\n"
+    "                     and exit 124\n"
     "  --quiet            no progress line while waiting\n"
     "\n"
     "DUR: 500ms, 30s, 2m, 1h, 7d, 1.5s; a bare number is seconds; at\n"
@@ -92,8 +100,8 @@ static const char run_usage[] =
     "\n"
     "Exit status: CMD's own, or 128+N if it died of signal N;\n"
     "  64 usage, 69 store error, 70 internal error, 75 not acquired within\n"
-    "  --wait, 76 lock lost while CMD ran (CMD was terminated), 126/127 CMD\n"
-    "  could not be run.\n";
+    "  --wait, 76 lock lost while CMD ran (CMD was terminated), 124 CMD\n"
+    "  stopped at --at-most, 126/127 CMD could not be run.\n";
 
 #define DEFAULT_TTL_MS 10000
 #define DEFAULT_KILL_AFTER_MS 5000
@@ -438,9 +446,23 @@ typedef struct run_opts {
     size_t nnames;
     char **cmd;
     int64_t ttl_ms, wait_ms, kill_after_ms, warn_after_ms;
+    int64_t at_least_ms, at_most_ms; /* 0: not given */
     int fair, quiet, shared, kill_after_set;
     unsigned permits;
 } run_opts;
+
+/* --at-least's or --at-most's value (r: cli_opt_value()'s answer) into
+ * *ms: 0, or -1 after a message. */
+static int sched_duration(int r, const char *v, const char *opt, int64_t *ms)
+{
+    if (r > 0 && cli_parse_duration(v, ms, 0) == 0 && *ms > 0)
+        return 0;
+    if (r > 0)
+        cli_err("run: %s must be a positive duration like 1m or 30s, at "
+                "most " CLI_DURATION_MAX_TEXT ", not '%s'",
+                opt, v);
+    return -1;
+}
 
 static int parse(int argc, char **argv, run_opts *o)
 {
@@ -544,6 +566,16 @@ static int parse(int argc, char **argv, run_opts *o)
             }
             continue;
         }
+        if ((r = cli_opt_value(argc, argv, &i, "--at-least", &v)) != 0) {
+            if (sched_duration(r, v, "--at-least", &o->at_least_ms))
+                return CLI_EX_USAGE;
+            continue;
+        }
+        if ((r = cli_opt_value(argc, argv, &i, "--at-most", &v)) != 0) {
+            if (sched_duration(r, v, "--at-most", &o->at_most_ms))
+                return CLI_EX_USAGE;
+            continue;
+        }
         if ((r = cli_opt_value(argc, argv, &i, "--kill-after", &v)) != 0) {
             if (r < 0 || cli_parse_duration(v, &o->kill_after_ms, 0) != 0) {
                 if (r > 0)
@@ -584,6 +616,10 @@ static int parse(int argc, char **argv, run_opts *o)
                 "semaphore's permits are all alike)");
         return CLI_EX_USAGE;
     }
+    if (o->at_most_ms && o->at_most_ms < o->at_least_ms) {
+        cli_err("run: --at-most is shorter than --at-least");
+        return CLI_EX_USAGE;
+    }
     if (o->nnames > 1 && (o->shared || o->permits)) {
         cli_err("run: --also takes plain locks: not with %s",
                 o->shared ? "--shared" : "--permits");
@@ -615,6 +651,8 @@ typedef struct run_state {
                          * with --also, one safe again is not the set */
     int64_t lease_end;  /* while at risk: the local lease end (ms) */
     int64_t kill_at;    /* when SIGKILL goes to the tree; 0: not armed */
+    int64_t most_at;    /* --at-most: when CMD is stopped; 0: never */
+    int at_most_hit;    /* ... and it was */
 } run_state;
 
 static void arm_kill(run_state *r, int64_t at)
@@ -764,8 +802,11 @@ static int run_tree(run_state *r)
                                 {r->evfd, POLLIN, 0}};
         int timeout = -1;
 
-        if (r->kill_at) {
-            int64_t left = r->kill_at - now_ms();
+        int64_t wake = r->kill_at;
+        if (r->most_at && !r->at_most_hit && (!wake || r->most_at < wake))
+            wake = r->most_at;
+        if (wake) {
+            int64_t left = wake - now_ms();
             timeout = left > 0 ? (left > INT_MAX ? INT_MAX : (int)left) : 0;
         }
         if (poll(fds, 3, timeout) < 0 && errno != EINTR)
@@ -784,6 +825,19 @@ static int run_tree(run_state *r)
                 on_sup(r, &m);
             if (got == 0) /* it exited: SIGCHLD comes */
                 r->rep_eof = 1;
+        }
+        if (r->most_at && !r->at_most_hit && now_ms() >= r->most_at) {
+            /* --at-most: stopped as for a lost lock */
+            r->at_most_hit = 1;
+            if (!r->empty) {
+                char k[32], d[32];
+                cli_format_duration(r->o->at_most_ms, d, sizeof(d));
+                cli_format_duration(r->o->kill_after_ms, k, sizeof(k));
+                cli_err("the command ran for --at-most %s; stopping it "
+                        "(SIGTERM, SIGKILL in %s)",
+                        d, k);
+                stop_tree(r, now_ms() + r->o->kill_after_ms);
+            }
         }
         if (r->kill_at && !r->kill_sent && now_ms() >= r->kill_at) {
             if (!r->empty)
@@ -929,6 +983,7 @@ int cmd_run(int argc, char **argv)
     lo.ttl_ms = o.ttl_ms;
     lo.flags = o.fair ? DLOCK_FAIR : 0;
     lo.permits = o.permits;
+    lo.at_least_ms = o.at_least_ms;
     for (size_t i = 0; i < o.nnames; i++) {
         rc = dlock_open(&set[i], c, o.names[i], &lo);
         if (rc != DLOCK_OK) {
@@ -1034,6 +1089,7 @@ int cmd_run(int argc, char **argv)
     memset(&sp, 0, sizeof(sp));
     memset(&r, 0, sizeof(r));
     r.o = &o;
+    r.most_at = o.at_most_ms ? now_ms() + o.at_most_ms : 0;
     r.sfd = sfd;
     r.evfd = ev_pipe[0];
     r.sup.ctl = r.sup.rep = -1;
@@ -1081,6 +1137,8 @@ int cmd_run(int argc, char **argv)
     }
     if (lost && started && !r.exec_errno)
         code = CLI_EX_LOST;
+    else if (r.at_most_hit && started && !r.exec_errno)
+        code = CLI_EX_AT_MOST;
     sigaction(SIGPIPE, &old_pipe, NULL);
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
 

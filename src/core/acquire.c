@@ -634,6 +634,12 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
     h->lease.owner = h->owner;
     h->lease.desc = h->desc;
     h->lease.ttl_ms = l->opts.ttl_ms;
+    /* the first lease covers the at-least time and ends by the at-most
+     * time (docs/design.md, "Scheduled jobs") */
+    if (l->opts.at_least_ms > h->lease.ttl_ms)
+        h->lease.ttl_ms = l->opts.at_least_ms;
+    if (l->opts.at_most_ms && l->opts.at_most_ms < h->lease.ttl_ms)
+        h->lease.ttl_ms = l->opts.at_most_ms;
     h->lease.flags = l->opts.flags;
     h->lease.kind = kind;
     h->lease.permits = kind == DLOCK__PERMIT ? l->opts.permits : 0;
@@ -750,7 +756,15 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
         c->holds->prev = h;
     c->holds = h;
     c->nholds++;
+    /* kept until at least then: from this return, after the store took
+     * it; ended by then: from the send of the command that took it,
+     * before */
+    if (l->opts.at_least_ms)
+        h->least_end = (now_us + 999) / 1000 + l->opts.at_least_ms;
+    if (l->opts.at_most_ms)
+        h->most_end = t0 + l->opts.at_most_ms;
     dlock__hold_leased(c, h, t0);
+    h->lease.ttl_ms = l->opts.ttl_ms; /* what renewals start from */
     dlock_event_cb ev = c->ev_cb;
     void *ev_arg = c->ev_arg;
     pthread_mutex_unlock(&c->mu);

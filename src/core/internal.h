@@ -53,6 +53,11 @@ struct dlock__hold {
     int at_risk;          /* AT_RISK told, SAFE not yet (background) */
     int64_t store_end;    /* no CAP_LEASE: the store's word on its local
                            * lease end (dlock__notify_lease_end), FOREVER */
+    int64_t least_end;    /* dlock_options.at_least_ms: the lock is kept
+                           * until then (monotonic ms), 0: none */
+    int64_t most_end;     /* dlock_options.at_most_ms: the hold ends by
+                           * then (monotonic ms), 0: none */
+    int64_t asked_ttl;    /* the lease its renewal in flight asked for */
     char risk_why[256];   /* what keeps it from being renewed, "" */
     dlock__hold *next_in_entry;
     dlock__hold *prev, *next; /* the client's list of all holds */
@@ -241,6 +246,14 @@ void dlock__hold_unlink(dlock_client *c, dlock__hold *h);
 /* Releases a hold in the store, best effort, and frees it (c->mu NOT
  * held; the hold must already be unlinked). */
 void dlock__hold_drop(dlock_client *c, dlock__hold *h);
+/* The store's side of a release of unlinked hold h: the release slot, or
+ * before its at-least end the extend slot to that end (the lock left to
+ * the store's lease). c->mu NOT held. */
+int dlock__hold_let_go(dlock_client *c, dlock__hold *h, int64_t op_deadline);
+/* The lease to ask for hold h at `now`, its length being `ttl`: raised to
+ * cover its at-least end, cut at its at-most end; <= 0 once that end is
+ * reached (watchdog.c; docs/design.md "Scheduled jobs"). */
+int64_t dlock__ask_ttl(const dlock__hold *h, int64_t ttl, int64_t now);
 /* The margin of this client's store (its margin slot, or the default). */
 int64_t dlock__client_margin(const dlock_client *c, int64_t ttl_ms);
 /* A lock name's checks (DLOCK_EINVAL with a message); *len its length. */

@@ -114,9 +114,18 @@ void dlock__hold_unlink(dlock_client *c, dlock__hold *h)
 void dlock__hold_drop(dlock_client *c, dlock__hold *h)
 {
     if (c->st)
-        (void)c->be->release(c->st, &h->lease,
-                             dlock__now_ms() + c->timeout_ms);
+        (void)dlock__hold_let_go(c, h, dlock__now_ms() + c->timeout_ms);
     free(h);
+}
+
+int dlock__hold_let_go(dlock_client *c, dlock__hold *h, int64_t op_deadline)
+{
+    int64_t left = h->least_end - dlock__now_ms();
+
+    if (h->least_end && left > 0)
+        return (c->be->keep ? c->be->keep : c->be->extend)(
+            c->st, &h->lease, left, op_deadline);
+    return c->be->release(c->st, &h->lease, op_deadline);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -171,6 +180,40 @@ int dlock_open(dlock **out, dlock_client *c, const char *name,
         return dlock__err(DLOCK_EINVAL,
                           "lock '%.100s': permits must be at most %d, not %u",
                           name, DLOCK_PERMITS_MAX, opts->permits);
+    if (opts && (opts->at_least_ms < 0 || opts->at_least_ms > DLOCK_TTL_MAX ||
+                 opts->at_most_ms < 0 || opts->at_most_ms > DLOCK_TTL_MAX))
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.100s': at_least_ms and at_most_ms must be "
+                          "0 (off) or positive up to DLOCK_TTL_MAX, not %lld "
+                          "and %lld",
+                          name, (long long)opts->at_least_ms,
+                          (long long)opts->at_most_ms);
+    if (opts && opts->at_most_ms > 0 && opts->at_most_ms < MIN_TTL_MS)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.100s': at_most_ms must be at least %d "
+                          "(a lease's shortest), not %lld",
+                          name, MIN_TTL_MS, (long long)opts->at_most_ms);
+    if (opts && opts->at_most_ms > 0 && opts->at_most_ms < opts->at_least_ms)
+        return dlock__err(DLOCK_EINVAL,
+                          "lock '%.100s': at_most_ms (%lld) is below "
+                          "at_least_ms (%lld)",
+                          name, (long long)opts->at_most_ms,
+                          (long long)opts->at_least_ms);
+    if (opts && (opts->at_least_ms || opts->at_most_ms) &&
+        !(c->be->caps & DLOCK__CAP_LEASE))
+        return dlock__err(DLOCK_ENOTSUP,
+                          "lock '%.100s': %s needs a lease the store ends by "
+                          "itself, and %s:// holds end with their holder's "
+                          "%s (docs/locks.md, \"Scheduled jobs\")",
+                          name,
+                          opts->at_least_ms ? "at_least_ms" : "at_most_ms",
+                          c->be->name,
+                          !strcmp(c->be->name, "file") ? "open file"
+                          : !strcmp(c->be->name, "zk") ? "ZooKeeper session"
+                          : !strcmp(c->be->name, "etcd")
+                              ? "client's etcd lease, kept alive by this "
+                                "process"
+                              : "session");
 
     l = calloc(1, sizeof(*l));
     if (!l)
@@ -534,7 +577,10 @@ int dlock_release(dlock *l)
     pthread_mutex_unlock(&c->mu);
 
     int64_t u0 = dlock__now_us();
-    rc = c->be->release(c->st, &h->lease, u0 / 1000 + c->timeout_ms);
+    /* before its at-least end: left to the store's lease (a compare-on-
+     * owner extend to that end), nothing to wake */
+    int kept = h->least_end && h->least_end > u0 / 1000;
+    rc = dlock__hold_let_go(c, h, u0 / 1000 + c->timeout_ms);
     int64_t u1 = dlock__now_us();
     if (dlock__m_on(&c->m)) {
         dlock__mslot *ms = l->entry->ms;
@@ -547,7 +593,7 @@ int dlock_release(dlock *l)
         else if (!announced && rc != DLOCK_OK && lost)
             dlock__m_inc(ms, DLOCK__M_LOST_EXPIRED);
     }
-    if (rc == DLOCK_OK && !(h->lease.flags & DLOCK_FAIR) &&
+    if (rc == DLOCK_OK && !kept && !(h->lease.flags & DLOCK_FAIR) &&
         !(c->be->caps & DLOCK__CAP_HANDOVER))
         dlock__notify_name(c, h->lease.name, h->lease.name_len);
 
@@ -619,6 +665,11 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
 
     int64_t u0 = dlock__now_us();
     t0 = u0 / 1000;
+    /* raised to cover the at-least end, cut at the at-most end */
+    int64_t base = ttl_ms;
+    ttl_ms = dlock__ask_ttl(h, ttl_ms, t0);
+    if (ttl_ms <= 0)
+        ttl_ms = 1; /* the at-most end is here: the lease ends with it */
     rc = c->be->extend(c->st, &h->lease, ttl_ms, t0 + c->timeout_ms);
     if (dlock__m_on(&c->m))
         dlock__m_store_op(&c->m, dlock__now_us() - u0, rc);
@@ -626,9 +677,11 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
     pthread_mutex_lock(&c->mu);
     h->renewing = 0;
     if (rc == DLOCK_OK) {
+        /* the lease it set, then the length renewals start from */
         h->lease.ttl_ms = ttl_ms;
         if (c->be->caps & DLOCK__CAP_LEASE)
             dlock__hold_leased(c, h, t0);
+        h->lease.ttl_ms = base;
     } else if (rc == DLOCK_ENOTHELD) {
         h->lost = 1;
         h->lost_cause = DLOCK__M_LOST_TAKEN;

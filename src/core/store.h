@@ -62,8 +62,8 @@
 #define DLOCK__HOST __attribute__((visibility("default")))
 
 /* This header's version, and the oldest whose modules still load. */
-#define DLOCK__STORE_ABI 7
-#define DLOCK__STORE_ABI_OLDEST 7
+#define DLOCK__STORE_ABI 8
+#define DLOCK__STORE_ABI_OLDEST 8
 
 /* --- store URIs (parsed by the core: uri.c) ----------------------------- */
 
@@ -338,6 +338,17 @@ typedef struct dlock__backend {
      * others. (ABI 6.) */
     int (*at_risk_max)(void *st, int64_t ttl_ms, int64_t *out,
                        int64_t op_deadline);
+
+    /* The owner leaves hold l to the store until ttl_ms from now
+     * (dlock_options.at_least_ms, docs/design.md "Scheduled jobs"): its
+     * lease set as by extend() (compare-on-owner: DLOCK_OK,
+     * DLOCK_ENOTHELD or an error), then whatever the lease keeps in this
+     * process let go of as by release() (a connection, a gate), whatever
+     * the answer; the lock is freed when its lease ends, its waiters
+     * woken as at any lease end. Optional: NULL means extend(), for a
+     * store whose holds keep nothing in the process. (ABI 8.) */
+    int (*keep)(void *st, dlock__lease *l, int64_t ttl_ms,
+                int64_t op_deadline);
 } dlock__backend;
 
 /* Whether dlock_cancel() asked lease l to stop waiting. */

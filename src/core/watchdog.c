@@ -72,6 +72,22 @@ static void mark_lost(dlock_client *c, dlock__hold *h, const char *why,
              why);
 }
 
+/* Whether hold h's at-most end comes within one lease from `now`: what
+ * ends it then is that end, not a failed renewal. */
+static int at_most_near(const dlock__hold *h, int64_t now)
+{
+    return h->most_end && h->most_end - now <= h->lease.ttl_ms;
+}
+
+int64_t dlock__ask_ttl(const dlock__hold *h, int64_t ttl, int64_t now)
+{
+    if (h->least_end && h->least_end - now > ttl)
+        ttl = h->least_end - now;
+    if (h->most_end && h->most_end - now < ttl)
+        ttl = h->most_end - now;
+    return ttl;
+}
+
 /* The local lease end of hold h: the core's for a store whose leases the
  * watchdog renews, else the store's word (FOREVER: none). */
 static int64_t hold_end(const dlock_client *c, const dlock__hold *h)
@@ -217,6 +233,9 @@ static void note(dlock_client *c, dlock__hold *h, int type, int64_t left_ms,
         snprintf(ln->why, sizeof(ln->why), "%s", h->why);
     } else if (type == DLOCK_EVENT_AT_RISK) {
         const char *why = h->risk_why;
+        if (!why[0] && at_most_near(h, dlock__now_ms()))
+            why = "its at-most time (at_most_ms) ends: no renewal goes "
+                  "past it";
         if (!why[0])
             why = !(c->be->caps & DLOCK__CAP_LEASE)
                       ? "the store has not confirmed it in time"
@@ -276,7 +295,7 @@ static void deliver(dlock_client *c, ev_notes *ns)
 static void renewed(dlock_client *c, dlock__hold *h, int rc, const char *err,
                     int64_t t0, ev_notes *ns, int64_t *next)
 {
-    int64_t ttl = h->lease.ttl_ms;
+    int64_t ttl = h->asked_ttl; /* what the store was asked for */
 
     h->renewing = 0;
     if (dlock__m_on(&c->m) && rc != DLOCK_ENOTHELD)
@@ -301,7 +320,8 @@ static void renewed(dlock_client *c, dlock__hold *h, int rc, const char *err,
         /* The store did not answer (or not before the renewal was cut
          * short): try again soon, until the local lease end declares the
          * hold lost. */
-        int64_t again = dlock__now_ms() + (ttl / 10 > 1000 ? 1000 : ttl / 10);
+        int64_t again = dlock__now_ms() +
+                        (ttl / 10 > 1000 ? 1000 : ttl / 10 > 0 ? ttl / 10 : 1);
         h->renew_at = again < h->lease_end ? again : h->lease_end;
         snprintf(h->risk_why, sizeof(h->risk_why), "renewal failed: %s",
                  err && err[0] ? err : dlock_strerror(rc));
@@ -332,7 +352,7 @@ static int renew_batch(dlock_client *c, dlock__hold **due, size_t n,
     }
     for (size_t i = 0; i < n; i++) {
         ls[i] = &due[i]->lease;
-        ttls[i] = due[i]->lease.ttl_ms;
+        ttls[i] = due[i]->asked_ttl;
     }
     pthread_mutex_unlock(&c->mu);
     int64_t u0 = dlock__now_us();
@@ -386,7 +406,11 @@ static int64_t watchdog(dlock_client *c)
             continue;
         int64_t end = hold_end(c, h);
         if (leases && now >= end) {
-            mark_lost(c, h, "the lease ran out before it could be renewed",
+            mark_lost(c, h,
+                      at_most_near(h, now)
+                          ? "its at-most time (at_most_ms) is over: the "
+                            "lease was not renewed past it"
+                          : "the lease ran out before it could be renewed",
                       DLOCK__M_LOST_EXPIRED);
             note(c, h, DLOCK_EVENT_LOST, 0, &ns);
             continue;
@@ -434,6 +458,12 @@ static int64_t watchdog(dlock_client *c)
          * answer time follow each other back to back) */
         if (h->renew_at > now + (h->retrying ? 0 : h->lease.ttl_ms / 10))
             continue;
+        /* the lease to ask for; none past the at-most end */
+        h->asked_ttl = dlock__ask_ttl(h, h->lease.ttl_ms, now);
+        if (h->asked_ttl <= 0) {
+            h->renew_at = DLOCK__FOREVER; /* its local lease end comes */
+            continue;
+        }
         if (ndue == capdue) {
             size_t nc = capdue ? capdue * 2 : 8;
             dlock__hold **nd = realloc(due, nc * sizeof(*nd));
@@ -468,7 +498,7 @@ static int64_t watchdog(dlock_client *c)
         }
         for (size_t i = 0; i < ndue; i++) {
             dlock__hold *h = due[i];
-            int64_t ttl = h->lease.ttl_ms;
+            int64_t ttl = h->asked_ttl;
             int rc;
 
             t0 = dlock__now_ms();

@@ -1625,6 +1625,72 @@ dl run --shared --also alsoB alsoA -- true
 check_rc 64 "--also with --shared is a usage error"
 
 # --------------------------------------------------------------------------
+# Scheduled jobs: --at-least, --at-most (docs/locks.md)
+# --------------------------------------------------------------------------
+
+# --at-most: the command is stopped at its time, as for a lost lock (it
+# ignores SIGTERM: SIGKILL --kill-after later), and dlock exits 124
+t0=$(now_ms)
+dl run --at-most 500ms --kill-after 300ms mostL -- sh -c 'trap "" TERM; sleep 20'
+dt=$(($(now_ms) - t0))
+# 0.8 s of stops; 15 s is far below the command's 20 s on a busy machine
+if [ "$RC" = 124 ] && ((dt < 15000)) && grep -q "at-most" "$TMP/err"; then
+    pass "--at-most: the command stopped at its time, exit 124 (${dt} ms)"
+else
+    fail "--at-most: exit $RC after ${dt} ms, expected 124 and a word on stderr"
+    show "$TMP/err"
+fi
+dl run --wait 0 mostL -- true
+check_rc 0 "--at-most: the lock released after the stop"
+dl run --at-most 1s --at-least 2s mostL -- true
+check_rc 64 "--at-most shorter than --at-least is a usage error"
+
+# --at-least: five cron firings of one job within a second, each with
+# --wait 0: the job runs once (the lock outlives the first run, which
+# ends at once, for 4 s); on stores whose holds end with their holder
+# (no lease of their own), refused with the reason
+case $KIND in
+file | zk | etcd | pg-advisory)
+    dl run --wait 0 --at-least 4s cronL -- true
+    if [ "$RC" = 69 ] && grep -q "needs a lease" "$TMP/err"; then
+        pass "--at-least refused where holds end with their holder (69, the reason)"
+    else
+        fail "--at-least on $KIND: exit $RC: $(cat "$TMP/err")"
+    fi
+    ;;
+*)
+    : >"$TMP/cron.runs"
+    cron_pids=()
+    for i in 1 2 3 4 5; do
+        "${BOUND[@]}" "$DLOCK" run --wait 0 --at-least 4s cronL -- \
+            sh -c 'echo "$DLOCK_TOKEN" >>"$0"' "$TMP/cron.runs" \
+            >"$TMP/cron.$i.out" 2>"$TMP/cron.$i.err" </dev/null &
+        cron_pids+=($!)
+        sleep 0.2
+    done
+    ran=0 busy=0
+    for p in "${cron_pids[@]}"; do
+        wait "$p"
+        case $? in 0) ran=$((ran + 1)) ;; 75) busy=$((busy + 1)) ;; esac
+    done
+    if [ "$ran" = 1 ] && [ "$busy" = 4 ] && [ "$(wc -l <"$TMP/cron.runs")" = 1 ]; then
+        pass "--at-least: five firings within a second, the job ran once"
+    else
+        fail "--at-least: $ran ran, $busy busy, runs: $(wc -l <"$TMP/cron.runs")"
+        show "$TMP"/cron.*.err
+    fi
+    # free again once the at-least time is over (4 s from the first
+    # acquire; 15 s with a busy machine's slack)
+    for ((i = 0; i < 150; i++)); do
+        dl run --wait 0 cronL -- true
+        [ "$RC" = 0 ] && break
+        sleep 0.1
+    done
+    check_rc 0 "--at-least: the lock is free after its time"
+    ;;
+esac
+
+# --------------------------------------------------------------------------
 # Mutual exclusion, --wait, status
 # --------------------------------------------------------------------------
 

@@ -9,8 +9,9 @@
  * against the same servers, started the same way.
  *
  * Output, one line each: the URI; then "KEY=VALUE" words: what the store
- * does (has_fair, has_leases, held_visible, short_ttl), then where its
- * servers are, for a caller that looks at them behind the store's back:
+ * does (has_fair, has_leases, lease_runs_out, held_visible, short_ttl),
+ * then where its servers are, for a caller that looks at them behind
+ * the store's back:
  *   ports     the data servers' plain ports, comma-separated: Redis (the
  *             primary first under Sentinel; a cluster's three primaries;
  *             Redlock's five nodes), ZooKeeper, etcd's client port,
@@ -63,10 +64,10 @@ int main(int argc, char **argv)
         return 2;
     }
     th_store_start(&s, argv[1]);
-    printf("%s\nkind=%s has_fair=%d has_leases=%d held_visible=%d "
-           "short_ttl=%lld ports=",
-           s.uri, s.kind, s.has_fair, s.has_leases, s.held_visible,
-           (long long)s.short_ttl);
+    printf("%s\nkind=%s has_fair=%d has_leases=%d lease_runs_out=%d "
+           "held_visible=%d short_ttl=%lld ports=",
+           s.uri, s.kind, s.has_fair, s.has_leases, s.lease_runs_out,
+           s.held_visible, (long long)s.short_ttl);
     print_ports(&s);
     printf(" tls_port=%d cacert=%s%s dir=%s\n", s.srv.tls_port,
            s.srv.tls_port ? th_tls_certs() : "-",

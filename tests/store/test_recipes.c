@@ -2,13 +2,15 @@
 /*
  * test_recipes.c -- what users hire a lock for, on every store: several
  * locks at once (dlock_acquire_all(), docs/design.md "Several locks at
- * once").
+ * once"), and scheduled jobs (dlock_options.at_least_ms and at_most_ms,
+ * docs/design.md "Scheduled jobs: at least, at most").
  *
  *   test_recipes STORE-KIND [filter]
  */
 #include "test.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,6 +308,183 @@ TEST(a_lost_lock_makes_the_set_lost)
     TH_CLIENT_CLOSE(a, op);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* Scheduled jobs: at least, at most                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A handle with ttl, at_least_ms and at_most_ms (DLOCK_OK or the
+ * dlock_open() error, *out NULL then). */
+static int open_sched(dlock_client *c, const char *name, int64_t ttl,
+                      int64_t least, int64_t most, dlock_lost_cb cb,
+                      void *arg, dlock **out)
+{
+    dlock_options o;
+
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.at_least_ms = least;
+    o.at_most_ms = most;
+    o.on_lost = cb;
+    o.on_lost_arg = arg;
+    return dlock_open(out, c, name, &o);
+}
+
+/* The lease the tests use: the store's shortest that it keeps (Redlock's
+ * covers its node timeouts). */
+static int64_t sched_ttl(void)
+{
+    return S.short_ttl > 300 ? S.short_ttl : 300;
+}
+
+TEST(at_least_and_at_most_are_refused_where_no_lease_ends_them)
+{
+    dlock_client *c = client();
+    dlock *l = NULL;
+
+    CHECK_RC(open_sched(c, "sched-bad", 1000, -1, 0, NULL, NULL, &l),
+             DLOCK_EINVAL);
+    CHECK_RC(open_sched(c, "sched-bad", 1000, 5000, 2000, NULL, NULL, &l),
+             DLOCK_EINVAL);
+    CHECK_CONTAINS(dlock_errmsg(), "below at_least_ms");
+    CHECK_RC(open_sched(c, "sched-bad", 1000, 0, 5, NULL, NULL, &l),
+             DLOCK_EINVAL);
+    if (!S.lease_runs_out) {
+        /* the file store, ZooKeeper, etcd, PostgreSQL advisory locks */
+        CHECK_RC(open_sched(c, "sched-bad", 1000, 2000, 0, NULL, NULL, &l),
+                 DLOCK_ENOTSUP);
+        CHECK_CONTAINS(dlock_errmsg(), "needs a lease the store ends");
+        CHECK_RC(open_sched(c, "sched-bad", 1000, 0, 2000, NULL, NULL, &l),
+                 DLOCK_ENOTSUP);
+        CHECK(l == NULL);
+    } else {
+        CHECK_OK(open_sched(c, "sched-bad", 1000, 2000, 4000, NULL, NULL, &l));
+        dlock_close(l);
+    }
+    dlock_client_close(c);
+}
+
+TEST(an_early_release_keeps_the_lock_until_its_at_least_end)
+{
+    if (!S.lease_runs_out) {
+        printf("     (no at_least_ms on this store: the test above)\n");
+        return;
+    }
+    dlock_client *a = client(), *b = client();
+    int64_t ttl = sched_ttl(), least = 4 * ttl;
+    dlock *l = NULL, *o = handle(b, "sched-least");
+
+    CHECK_OK(open_sched(a, "sched-least", ttl, least, 0, NULL, NULL, &l));
+    CHECK_OK(dlock_acquire(l, 5000));
+    int64_t t_ret = th_now_ms();
+    CHECK_OK(dlock_release(l)); /* the job ended at once */
+    CHECK_EQ(dlock_held(l), 0);
+    /* still taken in the store: the at-least time is not over */
+    CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_acquire(o, least + 10000));
+    int64_t t_got = th_now_ms();
+    /* not before the at-least end (counted from the acquire's return,
+     * after the store took it; 50 ms for the store's millisecond clock),
+     * and once the lease ends, found within a wait's slack */
+    CHECK_OP(t_got, >=, t_ret + least - 50);
+    CHECK_OP(t_got, <, t_ret + least + 10000);
+    CHECK_OK(dlock_release(o));
+    /* after the at-least end, a release frees the lock at once */
+    CHECK_OK(dlock_acquire(l, 5000));
+    th_sleep_ms(least + 100);
+    CHECK_OK(dlock_release(l));
+    CHECK_OK(dlock_acquire(o, 0));
+    CHECK_OK(dlock_release(o));
+    TH_CLOSE(l, o);
+    TH_CLIENT_CLOSE(a, b);
+}
+
+typedef struct dead_holder {
+    int64_t t_ret; /* when its acquire returned (th_now_ms) */
+    int rc;
+} dead_holder;
+
+static int hold_and_die(void *arg)
+{
+    dead_holder *d = arg;
+    dlock_client *c = NULL;
+    dlock *l = NULL;
+    int64_t ttl = sched_ttl();
+
+    if (dlock_client_open(&c, S.uri, th_patient()) != DLOCK_OK ||
+        open_sched(c, "sched-dead", ttl, 6 * ttl, 0, NULL, NULL, &l) !=
+            DLOCK_OK) {
+        d->rc = -100;
+        _exit(1);
+    }
+    d->rc = dlock_acquire(l, 5000);
+    d->t_ret = th_now_ms();
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    _exit(0); /* the host dies: no release, no renewal */
+}
+
+TEST(a_dead_holder_leaves_the_lock_until_its_at_least_end)
+{
+    if (!S.lease_runs_out) {
+        printf("     (no at_least_ms on this store)\n");
+        return;
+    }
+    dead_holder *d = th_shared(sizeof(*d));
+    dlock_client *b = client();
+    dlock *o = handle(b, "sched-dead");
+    int64_t ttl = sched_ttl(), least = 6 * ttl;
+
+    CHECK_EQ(th_wait(th_fork(hold_and_die, d)), 0);
+    CHECK_OK(d->rc);
+    /* two of its leases later: a lease of ttl alone would have ended */
+    th_sleep_ms(2 * ttl);
+    CHECK_RC(dlock_acquire(o, 0), DLOCK_EBUSY);
+    CHECK_OK(dlock_acquire(o, least + 10000));
+    CHECK_OP(th_now_ms(), >=, d->t_ret + least - 50);
+    CHECK_OK(dlock_release(o));
+    dlock_close(o);
+    dlock_client_close(b);
+}
+
+static void count_lost(dlock *l, uint64_t token, void *arg)
+{
+    (void)l;
+    (void)token;
+    __atomic_store_n((int *)arg, 1, __ATOMIC_SEQ_CST);
+}
+
+TEST(a_hold_ends_at_its_at_most_time)
+{
+    if (!S.lease_runs_out) {
+        printf("     (no at_most_ms on this store)\n");
+        return;
+    }
+    dlock_client *a = client(), *b = client();
+    int64_t ttl = sched_ttl(), most = 3 * ttl;
+    volatile int lost = 0;
+    dlock *l = NULL, *o = handle(b, "sched-most");
+
+    CHECK_OK(open_sched(a, "sched-most", ttl, 0, most, count_lost,
+                        (void *)&lost, &l));
+    int64_t t0 = th_now_ms();
+    CHECK_OK(dlock_acquire(l, 5000));
+    /* renewed meanwhile (its ttl is a third of the at-most time), then
+     * not past the at-most time: reported lost by then (the watchdog's
+     * wake-up on a busy machine: 5 s) */
+    CHECK(th_wait_flag(&lost, most + 5000));
+    int64_t t_lost = th_now_ms();
+    CHECK_OP(t_lost, >=, t0 + most - ttl);
+    CHECK_OP(t_lost, <, t0 + most + 5000);
+    /* and the store let it go: another owner gets it */
+    CHECK_OK(dlock_acquire(o, 10000));
+    CHECK_OP(th_now_ms(), <, t0 + most + 10000);
+    CHECK_RC(dlock_release(l), DLOCK_ELOST);
+    CHECK_CONTAINS(dlock_errmsg(), "at-most");
+    CHECK_OK(dlock_release(o));
+    TH_CLOSE(l, o);
+    TH_CLIENT_CLOSE(a, b);
+}
+
 static const th_test tests[] = {
     T(a_set_is_taken_whole_and_released_whole),
     T(a_set_that_cannot_be_had_leaves_nothing),
@@ -314,6 +493,10 @@ static const th_test tests[] = {
     TK(a_cancel_of_any_handle_ends_the_set),
     TK(a_waiting_set_gets_its_locks_when_freed),
     TK(a_lost_lock_makes_the_set_lost),
+    T(at_least_and_at_most_are_refused_where_no_lease_ends_them),
+    TK(an_early_release_keeps_the_lock_until_its_at_least_end),
+    TK(a_dead_holder_leaves_the_lock_until_its_at_least_end),
+    TK(a_hold_ends_at_its_at_most_time),
     {NULL, NULL, 0},
 };
 

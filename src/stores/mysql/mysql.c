@@ -170,6 +170,19 @@ static int my_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return rc;
 }
 
+/* The lease to ttl_ms from now, then the hold's connection let go of
+ * (its gate or hold lock released): a waiter it wakes finds the row held
+ * and sleeps no longer than its lease (docs/design.md, "Waiting in the
+ * server"). */
+static int my_keep(void *st, dlock__lease *l, int64_t ttl_ms,
+                   int64_t op_deadline)
+{
+    int rc = my_extend(st, l, ttl_ms, op_deadline);
+
+    dlock__mysql_let_go_lost(st, l->priv, op_deadline);
+    return rc;
+}
+
 static int my_gc(void *st, int64_t idle_ms, uint64_t *removed,
                  int64_t op_deadline)
 {
@@ -355,6 +368,7 @@ const dlock__backend dlock__backend_mysql = {
     .close = my_close,
     .acquire = dlock__mysql_acquire,
     .release = my_release,
+    .keep = my_keep,
     .extend = my_extend,
     .inspect = dlock__mysql_inspect,
     .gc = my_gc,
