@@ -17,10 +17,13 @@ struct dlock_info;
 /* Exit codes of dlock itself (a command run by `dlock run` passes its own
  * through, or 128+N when killed by signal N). Listed in docs/dlock.1. */
 #define CLI_EX_NOTHELD 1      /* dlock break: nobody held the lock, nothing
-                               * was done (like grep's "no match") */
+                               * was done (like grep's "no match"); dlock
+                               * fence: a newer token has written the file */
 #define CLI_EX_USAGE 64       /* bad command line */
 #define CLI_EX_UNAVAILABLE 69 /* the store failed (connect, auth, ...) */
 #define CLI_EX_SOFTWARE 70    /* internal error (out of memory, ...) */
+#define CLI_EX_IOERR 74       /* dlock fence: the file could not be
+                               * written (it is unchanged) */
 #define CLI_EX_NOTACQUIRED 75 /* not acquired within --wait */
 #define CLI_EX_LOST 76        /* the lock was lost while CMD ran */
 #define CLI_EX_AT_MOST 124    /* dlock run --at-most: CMD was stopped at

@@ -21,6 +21,8 @@ static const cli_cmd cli_cmds[] = {
     {"status", "show who holds a lock, its lease, token and waiters",
      cmd_status},
     {"gc", "remove the state of long-unused locks (lock tables)", cmd_gc},
+    {"fence", "replace a file unless a newer fencing token has written it",
+     cmd_fence},
     {"list", "list the locks of a store: holders, leases, tokens, waiters",
      cmd_list},
     {"break", "take a stuck lock away from its holders (operators)",
