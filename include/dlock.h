@@ -918,6 +918,51 @@ DLOCK_EXTERN int dlock_client_set_at_risk(dlock_client *c, int64_t margin_ms);
 DLOCK_EXTERN int dlock_client_at_risk_max(dlock_client *c, int64_t ttl_ms,
                                           int64_t *max_ms);
 
+/* One thing dlock_client_check() found that makes locks unsafe or slow on
+ * this deployment. */
+typedef struct dlock_finding {
+    char check[32]; /* a stable name: "redis-persistence",
+                     * "password-without-tls", "file-on-nfs",
+                     * "file-on-overlayfs", "lease-vs-round-trip",
+                     * "clock-offset", "sentinel-min-replicas" */
+    char what[512]; /* what was found, and why it matters */
+    char fix[512];  /* what to change */
+} dlock_finding;
+
+/* What dlock_client_check() measured and found: freed with
+ * dlock_check_clear(). */
+typedef struct dlock_check {
+    dlock_finding *findings; /* n of them, malloc'd */
+    size_t n;
+    int64_t round_trip_us;   /* the median of a few store round trips */
+    int64_t clock_offset_ms; /* the store's clock less this host's (wall
+                              * clocks; INT64_MIN: the store has none to
+                              * read, or it could not be read) */
+    char notes[1024];        /* what could not be checked, and why ("" if
+                              * everything was) */
+} dlock_check;
+
+/*
+ * Checks the deployment under client c for what makes locks unsafe or
+ * slow, for holds of ttl_ms (0: 10000, dlock run's default), as `dlock
+ * doctor` prints it (docs/locks.md, "Checking a deployment"): the store's
+ * round trip against the lease, the clock offset between this host and
+ * the store (from the store's own clock), and what the store's module
+ * checks of itself (Redis: persistence, Sentinel without min_replicas, a
+ * password sent without TLS; the file store: NFS or overlayfs). Talks to
+ * the store (a few inspect round trips and reads of its settings); takes
+ * no lock. On DLOCK_OK *out holds the findings (none: nothing found) and
+ * the figures; the caller frees it with dlock_check_clear().
+ * Errors: DLOCK_EINVAL (NULL client or out, ttl_ms out of range), the
+ * store's (DLOCK_ECONN, DLOCK_EAUTH, ...), DLOCK_ENOMEM.
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_client_check(dlock_client *c, int64_t ttl_ms,
+                                    dlock_check *out);
+
+/* Frees what dlock_client_check() allocated in *check. NULL is a no-op. */
+DLOCK_EXTERN void dlock_check_clear(dlock_check *check);
+
 /* ------------------------------------------------------------------------ */
 /* Errors and version                                                       */
 /* ------------------------------------------------------------------------ */

@@ -10,7 +10,8 @@ docs/python.md has the whole API.
 """
 from typing import Dict
 
-from ._client import TTL_MAX, WAIT_MAX, Client, Info, Lock, LockSet, RWLock
+from ._client import (TTL_MAX, WAIT_MAX, CheckReport, Client, Finding,
+                      Info, Lock, LockSet, RWLock)
 from ._errors import (AuthenticationFailed, Busy, Cancelled, Closed,
                       ConnectionFailed, Deadlock,
                       DlockError, ForkedClient, InvalidArgument, LockLost,
@@ -19,7 +20,7 @@ from ._native import ffi as _ffi
 from ._native import lib as _lib
 
 __all__ = [
-    "Client", "Lock", "LockSet", "RWLock", "Info", "DlockError", "Busy", "LockLost",
+    "Client", "Lock", "LockSet", "RWLock", "Info", "CheckReport", "Finding", "DlockError", "Busy", "LockLost",
     "NotHeld", "InvalidArgument", "ForkedClient", "ConnectionFailed",
     "AuthenticationFailed", "ProtocolError", "OutOfMemory", "NotSupported",
     "Deadlock", "Cancelled", "Closed", "library_version", "stores",

@@ -346,6 +346,30 @@ class Client:
                 return
             cursor = keep
 
+    def check(self, ttl: Optional[float] = None) -> "CheckReport":
+        """What makes locks unsafe or slow on this store's deployment, for
+        holds of ``ttl`` seconds (default 10), as ``dlock doctor`` says
+        it (a few round trips; takes no lock)."""
+        ms = 0 if ttl is None else _ms(ttl, "ttl", False, N.TTL_MAX_MS)
+        cr = ffi.new("dlock_check *")
+        c = self._enter()
+        try:
+            check(lib.dlock_client_check(c, ms, cr))
+        finally:
+            self._guard.leave()
+        try:
+            def s(b: Any) -> str:
+                return str(ffi.string(b).decode("utf-8", "replace"))
+            off = cr.clock_offset_ms
+            return CheckReport(
+                [Finding(s(cr.findings[i].check), s(cr.findings[i].what),
+                         s(cr.findings[i].fix)) for i in range(cr.n)],
+                cr.round_trip_us / 1e6,
+                None if off == -(2 ** 63) else off / 1000.0,
+                s(cr.notes))
+        finally:
+            lib.dlock_check_clear(cr)
+
     def break_lock(self, name: Name) -> Info:
         """Breaks a stuck lock (an operator's command): removes every hold
         of it and wakes its waiters; the evicted holders learn at their
@@ -361,6 +385,26 @@ class Client:
             return Info._from(ci)
         finally:
             lib.dlock_info_clear(ci)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``Client.check()`` found (docs/locks.md, "Checking a
+    deployment")."""
+
+    check: str  # a stable name: "redis-persistence", ...
+    what: str  # what was found, and why it matters
+    fix: str  # what to change
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What ``Client.check()`` measured and found."""
+
+    findings: List[Finding]
+    round_trip: float  # seconds, the median of a few round trips
+    clock_offset: Optional[float]  # seconds, the store's clock less ours
+    not_checked: str  # what could not be checked, and why
 
 
 class Lock:

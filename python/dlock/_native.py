@@ -73,6 +73,20 @@ int dlock_list(dlock_client *c, const char *prefix, const char *cursor,
                size_t limit, unsigned flags, dlock_list_page *out);
 void dlock_list_clear(dlock_list_page *page);
 int dlock_break(dlock_client *c, const char *name, dlock_info *evicted);
+typedef struct dlock_finding {
+    char check[32];
+    char what[512];
+    char fix[512];
+} dlock_finding;
+typedef struct dlock_check {
+    dlock_finding *findings;
+    size_t n;
+    int64_t round_trip_us;
+    int64_t clock_offset_ms;
+    char notes[1024];
+} dlock_check;
+int dlock_client_check(dlock_client *c, int64_t ttl_ms, dlock_check *out);
+void dlock_check_clear(dlock_check *check);
 const char *dlock_strerror(int rc);
 const char *dlock_errname(int rc);
 const char *dlock_errmsg(void);

@@ -83,3 +83,17 @@ def test_at_least_keeps_the_lock_after_an_early_release(store, client,
 def test_at_most_below_at_least_is_refused(client, name):
     with pytest.raises(dlock.InvalidArgument):
         client.lock(name, at_least=5, at_most=2)
+
+
+def test_check_measures_the_store(store, client):
+    report = client.check()
+    assert report.round_trip > 0
+    assert all(f.check and f.what and f.fix for f in report.findings)
+    if store.kind in ("redis", "pg", "pg-advisory", "mysql"):
+        # the store's own clock, on this host
+        assert report.clock_offset is not None
+        assert abs(report.clock_offset) < 1
+    if store.kind == "file":
+        assert report.findings == []
+    with pytest.raises(dlock.InvalidArgument):
+        client.check(ttl=0.001)

@@ -28,6 +28,7 @@ int cmd_gc(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_break(int argc, char **argv);
 int cmd_fence(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 /* Runs the exporter program (exec): cmd_exporter.c. */
 int cmd_exporter(int argc, char **argv);
 int cmd_help(int argc, char **argv);

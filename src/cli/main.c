@@ -23,6 +23,8 @@ static const cli_cmd cli_cmds[] = {
     {"gc", "remove the state of long-unused locks (lock tables)", cmd_gc},
     {"fence", "replace a file unless a newer fencing token has written it",
      cmd_fence},
+    {"doctor", "check a store's deployment for what makes locks unsafe",
+     cmd_doctor},
     {"list", "list the locks of a store: holders, leases, tokens, waiters",
      cmd_list},
     {"break", "take a stuck lock away from its holders (operators)",

@@ -349,6 +349,15 @@ typedef struct dlock__backend {
      * store whose holds keep nothing in the process. (ABI 8.) */
     int (*keep)(void *st, dlock__lease *l, int64_t ttl_ms,
                 int64_t op_deadline);
+
+    /* dlock_client_check(): what this store can tell of itself that makes
+     * locks unsafe or slow (for holds of ttl_ms), each told with
+     * dlock__check_finding(); the store's clock, if it has one, with
+     * dlock__check_clock(); what it could not check with
+     * dlock__check_note(). DLOCK_OK, or an error (the check fails with
+     * it). Optional: NULL checks nothing of the store's own. (ABI 8.) */
+    int (*check)(void *st, int64_t ttl_ms, struct dlock_check *out,
+                 int64_t op_deadline);
 } dlock__backend;
 
 /* Whether dlock_cancel() asked lease l to stop waiting. */
@@ -457,6 +466,20 @@ DLOCK__HOST int dlock__list_add(dlock_list_page *out, const char *name,
 
 /* Makes the background thread call loop_fd()/loop_run() soon. */
 DLOCK__HOST void dlock__loop_wake(dlock_client *c);
+
+/* For the check slot: adds a finding to *out (its texts cut to fit);
+ * DLOCK_OK or DLOCK_ENOMEM. */
+DLOCK__HOST int dlock__check_finding(struct dlock_check *out,
+                                     const char *check, const char *what,
+                                     const char *fix);
+/* The store's wall clock (Unix ms) read between this host's `t0` and
+ * `t1` (Unix ms, read just before and after the command): the offset,
+ * the store's less the midpoint, into *out. */
+DLOCK__HOST void dlock__check_clock(struct dlock_check *out, int64_t store_ms,
+                                    int64_t t0, int64_t t1);
+/* Appends a note: something that could not be checked, and why. */
+DLOCK__HOST void dlock__check_note(struct dlock_check *out, const char *fmt,
+                                   ...) __attribute__((format(printf, 2, 3)));
 
 
 /* --- host services: memory, randomness, threads, descriptors ------------ */

@@ -1625,6 +1625,90 @@ dl run --shared --also alsoB alsoA -- true
 check_rc 64 "--also with --shared is a usage error"
 
 # --------------------------------------------------------------------------
+# dlock doctor (docs/locks.md, "Checking a deployment")
+# --------------------------------------------------------------------------
+
+dl doctor --json
+if { [ "$RC" = 0 ] || [ "$RC" = 1 ]; } &&
+    grep -q '"round_trip_us":[0-9]' "$TMP/out" && grep -q '"findings":\[' "$TMP/out"; then
+    pass "doctor: measured the store, exit $RC"
+else
+    fail "doctor: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+fi
+case $KIND in
+file)
+    # a directory on the test's own file system: nothing to say
+    dl doctor
+    check_rc 0 "doctor: a local lock directory is fine"
+    # the same store on overlayfs (a container's root), mounted in a
+    # mount namespace of the test's own
+    mkdir -p "$TMP/ov/l" "$TMP/ov/u" "$TMP/ov/w" "$TMP/ov/m"
+    if unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m"' "$TMP/ov" 2>/dev/null; then
+        "${BOUND[@]}" unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m" && exec "$1" doctor --store "file://$0/m/locks"' \
+            "$TMP/ov" "$DLOCK" >"$TMP/out" 2>"$TMP/err" </dev/null
+        RC=$?
+        if [ "$RC" = 1 ] && grep -q "file-on-overlayfs" "$TMP/out"; then
+            pass "doctor: a lock directory on overlayfs is found (exit 1)"
+        else
+            fail "doctor on overlayfs: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+        fi
+    else
+        skip "doctor on overlayfs: this machine cannot mount one (not root, or no overlay module)"
+    fi
+    ;;
+redis)
+    case $DLOCK_STORE in
+    redis-sentinel://*)
+        # the test's URI has no ?min_replicas
+        dl doctor
+        if [ "$RC" = 1 ] && grep -q "sentinel-min-replicas" "$TMP/out"; then
+            pass "doctor: Sentinel without min_replicas is found (exit 1)"
+        else
+            fail "doctor under Sentinel: exit $RC: $(cat "$TMP/out")"
+        fi
+        ;;
+    redis://* | rediss://*)
+    # the test's server keeps nothing (save "", appendonly no): found;
+    # with appendonly on: not found; then as it was
+    dl doctor
+    if [ "$RC" = 1 ] && grep -q "redis-persistence" "$TMP/out"; then
+        pass "doctor: a Redis without persistence is found (exit 1)"
+    else
+        fail "doctor on a Redis without persistence: exit $RC: $(cat "$TMP/out")"
+    fi
+    redis-cli -p "$REDIS_PORT" CONFIG SET appendonly yes >/dev/null
+    dl doctor
+    check_rc 0 "doctor: a Redis with appendonly yes is fine"
+    redis-cli -p "$REDIS_PORT" CONFIG SET appendonly no >/dev/null
+        ;;
+    esac
+    ;;
+pg | pg-advisory | mysql)
+    # the test's servers take the password over TCP without TLS
+    dl doctor
+    if [ "$RC" = 1 ] && grep -q "password-without-tls" "$TMP/out"; then
+        pass "doctor: a password over a connection without TLS is found (exit 1)"
+    else
+        fail "doctor on $KIND: exit $RC: $(cat "$TMP/out")"
+    fi
+    ;;
+esac
+case $KIND in
+redis | pg | pg-advisory | mysql)
+    # the store's own clock, on this host: within a second of ours
+    dl doctor --json
+    off=$(sed -n 's/.*"clock_offset_ms":\(-\{0,1\}[0-9]*\),.*/\1/p' "$TMP/out")
+    if [[ $off =~ ^-?[0-9]+$ ]] && ((${off#-} < 1000)); then
+        pass "doctor: the store's clock read, offset ${off} ms"
+    else
+        fail "doctor: no clock offset from $KIND: $(cat "$TMP/out")"
+    fi
+    ;;
+esac
+dl doctor --ttl nonsense
+check_rc 64 "doctor: a bad --ttl is a usage error"
+
+# --------------------------------------------------------------------------
 # Scheduled jobs: --at-least, --at-most (docs/locks.md)
 # --------------------------------------------------------------------------
 

@@ -80,6 +80,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -705,6 +706,43 @@ static void file_close(void *vst)
     free(fs);
 }
 
+/* dlock_client_check(): the file system under the lock directory. Open
+ * file description locks are local to one kernel: on NFS they are not
+ * shared by the hosts (and NFSv3 emulates them through lockd), and on
+ * overlayfs each container's upper layer has files of its own. */
+static int file_check(void *st, int64_t ttl_ms, dlock_check *out,
+                      int64_t op_deadline)
+{
+    file_store *fs = st;
+    struct statfs sf;
+
+    (void)ttl_ms;
+    (void)op_deadline;
+    if (fstatfs(fs->dirfd, &sf) != 0) {
+        dlock__check_note(out, "the file system of %s: %s", fs->dir,
+                          strerror(errno));
+        return DLOCK_OK;
+    }
+    if (sf.f_type == 0x6969) /* NFS_SUPER_MAGIC */
+        return dlock__check_finding(
+            out, "file-on-nfs",
+            "the lock directory is on NFS: file locks there are not the "
+            "kernel's own (lockd, or NFSv4's leases), a client that loses "
+            "its server keeps believing it holds, and the lock is only "
+            "shared by hosts that mount it the same way",
+            "use a local directory for locks of one host, or a network "
+            "store (redis://, postgres://, ...) for locks across hosts");
+    if ((unsigned long)sf.f_type == 0x794c7630UL) /* OVERLAYFS */
+        return dlock__check_finding(
+            out, "file-on-overlayfs",
+            "the lock directory is on overlayfs (a container's root): "
+            "each container sees files of its own, so processes in two "
+            "containers do not exclude each other",
+            "put the lock directory on a volume that every locking "
+            "process mounts (a bind mount), or use a network store");
+    return DLOCK_OK;
+}
+
 const dlock__backend dlock__backend_file = {
     DLOCK__STORE_HEAD,
     .name = "file",
@@ -719,6 +757,7 @@ const dlock__backend dlock__backend_file = {
     .loop_fd = dlock__file_loop_fd,
     .loop_run = dlock__file_loop_run,
     .list = dlock__file_list,
+    .check = file_check,
     .evict_unsupported = "its locks are the holders' own kernel locks (open "
                          "file descriptions): only the holder, or its end, "
                          "frees them",

@@ -369,6 +369,7 @@ const dlock__backend dlock__backend_mysql = {
     .acquire = dlock__mysql_acquire,
     .release = my_release,
     .keep = my_keep,
+    .check = dlock__mysql_check, /* mysql_check.c */
     .extend = my_extend,
     .inspect = dlock__mysql_inspect,
     .gc = my_gc,

@@ -203,6 +203,10 @@ int dlock__mysql_ps_run(my_store *ms, my_conn *cn, int which,
 /* The error number of cn's last statement (text or prepared). */
 unsigned dlock__mysql_errno(const my_conn *cn);
 
+/* mysql_check.c: the check slot. */
+int dlock__mysql_check(void *st, int64_t ttl_ms, dlock_check *out,
+                       int64_t deadline);
+
 /* One statement on a pooled connection (a deadlock victim runs again). */
 int dlock__mysql_query_pooled(my_store *ms, const char *sql,
                               int64_t deadline, MYSQL_RES **res,

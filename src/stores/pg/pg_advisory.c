@@ -550,6 +550,7 @@ static const dlock__backend backend_pg_advisory = {
     .gc = NULL, /* nothing is kept per name */
     .list = adv_list,
     .evict = adv_evict,
+    .check = dlock__pg_check, /* pg_check.c */
 };
 
 const dlock__backend *dlock__pg_select(const dlock__uri *u)

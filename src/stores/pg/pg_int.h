@@ -355,6 +355,10 @@ int dlock__pg_run_pooled(pg_store *ps, int which, const char *const *vals,
                          const int *lens, int64_t deadline, PGresult **out,
                          const char *what);
 
+/* pg_check.c: the check slot of both modes. */
+int dlock__pg_check(void *st, int64_t ttl_ms, dlock_check *out,
+                    int64_t deadline);
+
 /* A query text without parameters (may hold several statements). */
 int dlock__pg_run_text(pg_store *ps, pg_conn *cn, const char *sql,
                        int64_t deadline, PGresult **out, const char *what);

@@ -680,4 +680,5 @@ const dlock__backend dlock__backend_pg = {
     .abandon = pg_abandon,
     .list = pg_list,
     .evict = pg_evict,
+    .check = dlock__pg_check, /* pg_check.c */
 };

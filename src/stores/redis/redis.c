@@ -671,6 +671,97 @@ static int redis_open(void **out, dlock_client *c, const dlock__uri *u,
     return DLOCK_OK;
 }
 
+/* CONFIG GET's value (an array: name, value), or NULL. */
+static const char *config_value(const redisReply *r)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+        r->element[1]->type != REDIS_REPLY_STRING)
+        return NULL;
+    return r->element[1]->str;
+}
+
+/* dlock_client_check(): persistence, Sentinel's min_replicas, a password
+ * without TLS, and the server's clock (on a cluster, of the primary a
+ * probe key hashes to). */
+static int redis_check(void *st, int64_t ttl_ms, dlock_check *out,
+                       int64_t deadline)
+{
+    redis_store *rs = st;
+    static const char key[] = "dlock-doctor";
+    rcmd cmds[3] = {{.script = -1, .argc = 3,
+                     .argv = {"CONFIG", "GET", "appendonly"},
+                     .lens = {6, 3, 10}},
+                    {.script = -1, .argc = 3,
+                     .argv = {"CONFIG", "GET", "save"},
+                     .lens = {6, 3, 4}},
+                    {.script = -1, .argc = 1, .argv = {"TIME"},
+                     .lens = {4}}};
+    redisReply *r[3] = {NULL, NULL, NULL};
+    int rc;
+
+    (void)ttl_ms;
+    if (rs->cfg.password && !rs->cfg.tls && rs->host &&
+        (rc = dlock__check_finding(
+             out, "password-without-tls",
+             "the store's password goes over the network in clear text "
+             "(AUTH without TLS): whoever sees the traffic can take and "
+             "break every lock",
+             "use rediss:// (or ?tls=1 on the Sentinel, Cluster and "
+             "Redlock forms), or a unix:// socket on this host")) != 0)
+        return rc;
+    if (rs->topo && rs->min_replicas == 0 &&
+        (rc = dlock__check_finding(
+             out, "sentinel-min-replicas",
+             "under Sentinel a lock taken on the primary and not yet "
+             "replicated is lost by a failover, and another client takes "
+             "it on the new primary while the first still holds",
+             "add ?min_replicas=N (a replica must have the lock before "
+             "the acquire returns) and set min-replicas-to-write on the "
+             "servers")) != 0)
+        return rc;
+    int64_t t0 = wall_ms();
+    rc = dlock__redis_run(rs, key, sizeof(key) - 1, cmds, 3, r, deadline);
+    int64_t t1 = wall_ms();
+    if (rc)
+        return rc;
+    const char *aof = config_value(r[0]), *save = config_value(r[1]);
+    if (!aof || !save) {
+        dlock__check_note(out, "persistence: CONFIG GET was refused (%s)",
+                          r[0] && r[0]->type == REDIS_REPLY_ERROR
+                              ? r[0]->str
+                              : "no answer");
+    } else if (strcmp(aof, "yes") != 0 && save[0] == '\0') {
+        rc = dlock__check_finding(
+            out, "redis-persistence",
+            "the server keeps its keys in memory only (appendonly no, "
+            "save \"\"): a restart forgets every lock, and another "
+            "client takes a lock its holder still believes it has",
+            "set appendonly yes (with appendfsync everysec or always), or "
+            "use a store that keeps its state (redis-sentinel:// with "
+            "min_replicas, postgres://, etcd://, zk://)");
+    } else if (strcmp(aof, "yes") != 0) {
+        rc = dlock__check_finding(
+            out, "redis-persistence",
+            "the server keeps its keys by snapshots only (save, "
+            "appendonly no): a restart brings back an older state, "
+            "without the locks taken since the last snapshot",
+            "set appendonly yes (appendfsync everysec or always)");
+    }
+    if (!rc && r[2] && r[2]->type == REDIS_REPLY_ARRAY &&
+        r[2]->elements == 2 && r[2]->element[0]->type == REDIS_REPLY_STRING)
+        dlock__check_clock(out,
+                           atoll(r[2]->element[0]->str) * 1000 +
+                               atoll(r[2]->element[1]->str) / 1000,
+                           t0, t1);
+    if (rs->cluster)
+        dlock__check_note(out, "a cluster: the settings of the primary "
+                               "that holds the key 'dlock-doctor' only");
+    for (int i = 0; i < 3; i++)
+        if (r[i])
+            freeReplyObject(r[i]);
+    return rc;
+}
+
 const dlock__backend dlock__backend_redis = {
     DLOCK__STORE_HEAD,
     .name = "redis",
@@ -692,4 +783,5 @@ const dlock__backend dlock__backend_redis = {
     .extend_many = redis_extend_many,
     .list = dlock__redis_list,
     .evict = dlock__redis_evict,
+    .check = redis_check,
 };
