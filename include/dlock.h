@@ -924,7 +924,9 @@ typedef struct dlock_finding {
     char check[32]; /* a stable name: "redis-persistence",
                      * "password-without-tls", "file-on-nfs",
                      * "file-on-overlayfs", "lease-vs-round-trip",
-                     * "clock-offset", "sentinel-min-replicas" */
+                     * "clock-offset", "sentinel-min-replicas",
+                     * "pg-transaction-pooling", "zk-session-timeout"
+                     * (docs/locks.md, "Checking a deployment") */
     char what[512]; /* what was found, and why it matters */
     char fix[512];  /* what to change */
 } dlock_finding;
@@ -948,8 +950,11 @@ typedef struct dlock_check {
  * doctor` prints it (docs/locks.md, "Checking a deployment"): the store's
  * round trip against the lease, the clock offset between this host and
  * the store (from the store's own clock), and what the store's module
- * checks of itself (Redis: persistence, Sentinel without min_replicas, a
- * password sent without TLS; the file store: NFS or overlayfs). Talks to
+ * checks of itself (Redis: persistence, Sentinel without min_replicas;
+ * PostgreSQL: transaction pooling; ZooKeeper: a session timeout the
+ * server will not grant; Redis, PostgreSQL, MySQL/MariaDB, ZooKeeper: a
+ * password used without TLS; the file store: NFS or overlayfs; the list
+ * is in docs/locks.md). Talks to
  * the store (a few inspect round trips and reads of its settings); takes
  * no lock. On DLOCK_OK *out holds the findings (none: nothing found) and
  * the figures; the caller frees it with dlock_check_clear().

@@ -1683,6 +1683,19 @@ redis)
         ;;
     esac
     ;;
+zk)
+    # the test's server grants sessions of 400 ms to 60 s: 10 s is
+    # granted, 90 s is not
+    dl doctor
+    check_rc 0 "doctor: a session timeout the server grants is fine"
+    dl doctor --ttl 90s
+    if [ "$RC" = 1 ] && grep -q "zk-session-timeout" "$TMP/out" &&
+        grep -q "60000 ms" "$TMP/out"; then
+        pass "doctor: a session timeout the server will not grant is found (exit 1)"
+    else
+        fail "doctor on zk with --ttl 90s: exit $RC: $(cat "$TMP/out")"
+    fi
+    ;;
 pg | pg-advisory | mysql)
     # the test's servers take the password over TCP without TLS
     dl doctor

@@ -555,6 +555,52 @@ static int zk_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
     return DLOCK_OK;
 }
 
+/* dlock_client_check(): the session timeout the server grants for holds
+ * of ttl_ms (a session is opened as the next acquire would), and digest
+ * credentials, which ZooKeeper sends as they are (this store has no TLS). */
+static int zk_check(void *st, int64_t ttl_ms, dlock_check *out,
+                    int64_t op_deadline)
+{
+    zk_store *zs = st;
+    char what[512], fix[512];
+    int rc = DLOCK_OK;
+
+    if (zs->auth &&
+        (rc = dlock__check_finding(
+             out, "password-without-tls",
+             "the digest credentials (zk://user:password@) go to the "
+             "server as they are, without TLS: whoever sees the traffic "
+             "can write dlock's nodes and break every lock",
+             "keep the ensemble's traffic on a network only its clients "
+             "reach (this store has no TLS yet)")) != 0)
+        return rc;
+    pthread_mutex_lock(&zs->mu);
+    dlock__zk_sessions_retire(zs);
+    zk_session *s = dlock__zk_session_get(zs, ttl_ms, op_deadline, &rc);
+    int64_t t = s ? s->timeout : 0;
+    if (s)
+        s->refs--;
+    pthread_mutex_unlock(&zs->mu);
+    if (!s)
+        return rc;
+    if (t * 10 < ttl_ms * 9 || t * 10 > ttl_ms * 11) {
+        snprintf(what, sizeof(what),
+                 "the server grants sessions of %lld ms, not the %lld ms "
+                 "asked (its minSessionTimeout and maxSessionTimeout): a "
+                 "hold lives as long as its session, so %s",
+                 (long long)t, (long long)ttl_ms,
+                 t > ttl_ms ? "a dead holder's lock stays that much longer"
+                            : "a pause shorter than the lease asked loses "
+                              "the lock");
+        snprintf(fix, sizeof(fix),
+                 "use a --ttl within the server's bounds, or set "
+                 "minSessionTimeout/maxSessionTimeout (by default 2 and 20 "
+                 "ticks) in zoo.cfg to admit it");
+        rc = dlock__check_finding(out, "zk-session-timeout", what, fix);
+    }
+    return rc;
+}
+
 /* dlock_cancel(): the waits sleep on zs->cv; each looks at its lease. */
 static void zk_cancel(void *st)
 {
@@ -582,4 +628,5 @@ const dlock__backend dlock__backend_zk = {
     .evict = dlock__zk_evict,
     .cancel = zk_cancel,
     .at_risk_max = zk_at_risk_max,
+    .check = zk_check,
 };
