@@ -656,6 +656,37 @@ TEST(the_pool_mode_option_is_checked)
     CHECK(c == NULL);
 }
 
+/* Whether dlock_client_check() of the store at `u` finds `check`. */
+static int check_finds(const char *u, const char *check)
+{
+    dlock_client *c = th_client(u, th_patient());
+    dlock_check r;
+    int found = 0;
+
+    CHECK_OK(dlock_client_check(c, 0, &r));
+    for (size_t i = 0; i < r.n; i++)
+        if (!strcmp(r.findings[i].check, check))
+            found = 1;
+    dlock_check_clear(&r);
+    dlock_client_close(c);
+    return found;
+}
+
+TEST(doctor_finds_transaction_pooling_and_not_session_pooling)
+{
+    char u[1200];
+
+    /* both ways: a session pool keeps what dlock needs; a transaction
+     * pool, declared or found, does not */
+    uri(u, sizeof(u), &sess, "?pooler=session");
+    CHECK(!check_finds(u, "pg-transaction-pooling"));
+    CHECK(!check_finds(srv.uri, "pg-transaction-pooling"));
+    uri(u, sizeof(u), &trans, "?pooler=transaction");
+    CHECK(check_finds(u, "pg-transaction-pooling"));
+    uri(u, sizeof(u), &trans, "");
+    CHECK(check_finds(u, "pg-transaction-pooling"));
+}
+
 static const th_test tests[] = {
     T(session_pool_table_mode_try_release_extend_inspect_gc),
     T(session_pool_a_release_wakes_a_waiter_in_another_client),
@@ -670,6 +701,7 @@ static const th_test tests[] = {
     T(the_pool_mode_option_is_checked),
     T(session_pool_advisory_break_ends_the_holders_server_session),
     T(transaction_pool_table_mode_lists_and_breaks),
+    T(doctor_finds_transaction_pooling_and_not_session_pooling),
     {NULL, NULL, 0},
 };
 
