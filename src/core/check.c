@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Round trips measured: the median of this many inspects. */
 #define CHECK_TRIPS 5
@@ -33,6 +34,14 @@ int dlock__check_finding(dlock_check *out, const char *check,
     snprintf(f->what, sizeof(f->what), "%s", what);
     snprintf(f->fix, sizeof(f->fix), "%s", fix);
     return DLOCK_OK;
+}
+
+int64_t dlock__wall_ms(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 void dlock__check_clock(dlock_check *out, int64_t store_ms, int64_t t0,

@@ -472,9 +472,11 @@ DLOCK__HOST void dlock__loop_wake(dlock_client *c);
 DLOCK__HOST int dlock__check_finding(struct dlock_check *out,
                                      const char *check, const char *what,
                                      const char *fix);
+/* This host's wall clock in Unix ms (CLOCK_REALTIME): t0 and t1 below. */
+DLOCK__HOST int64_t dlock__wall_ms(void);
 /* The store's wall clock (Unix ms) read between this host's `t0` and
- * `t1` (Unix ms, read just before and after the command): the offset,
- * the store's less the midpoint, into *out. */
+ * `t1` (dlock__wall_ms(), read just before and after the command): the
+ * offset, the store's less the midpoint, into *out. */
 DLOCK__HOST void dlock__check_clock(struct dlock_check *out, int64_t store_ms,
                                     int64_t t0, int64_t t1);
 /* Appends a note: something that could not be checked, and why. */

@@ -7,15 +7,6 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
-
-static int64_t wall_ms(void)
-{
-    struct timespec t;
-
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 int dlock__mysql_check(void *st, int64_t ttl_ms, dlock_check *out,
                        int64_t deadline)
@@ -42,13 +33,13 @@ int dlock__mysql_check(void *st, int64_t ttl_ms, dlock_check *out,
         dlock__mysql_conn_put(ms, cn);
         return rc;
     }
-    int64_t t0 = wall_ms();
+    int64_t t0 = dlock__wall_ms();
     rc = dlock__mysql_query(ms, cn,
                             "SELECT CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS "
                             "SIGNED)",
                             deadline, &res, NULL, NULL,
                             "reading the server's clock");
-    int64_t t1 = wall_ms();
+    int64_t t1 = dlock__wall_ms();
     if (rc == DLOCK_OK) {
         long long v = dlock__mysql_col_ll(res, 0, -1);
         if (v > 0)

@@ -9,15 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static int64_t wall_ms(void)
-{
-    struct timespec t;
-
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 int dlock__pg_check(void *st, int64_t ttl_ms, dlock_check *out,
                     int64_t deadline)
@@ -62,12 +53,12 @@ int dlock__pg_check(void *st, int64_t ttl_ms, dlock_check *out,
         dlock__pg_conn_put(ps, cn);
         return rc;
     }
-    int64_t t0 = wall_ms();
+    int64_t t0 = dlock__wall_ms();
     rc = dlock__pg_run_text(ps, cn,
                             "SELECT (extract(epoch FROM clock_timestamp()) "
                             "* 1000)::bigint",
                             deadline, &r, "reading the server's clock");
-    int64_t t1 = wall_ms();
+    int64_t t1 = dlock__wall_ms();
     if (rc == DLOCK_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
         dlock__check_clock(out, atoll(PQgetvalue(r, 0, 0)), t0, t1);
     else if (rc)

@@ -535,20 +535,30 @@ static int zk_open(void **out, dlock_client *c, const dlock__uri *u,
  * drift margin), and nothing tells before that: the session of that ttl
  * is opened (as its first acquire would) to learn the timeout the server
  * granted. */
-static int zk_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
-                          int64_t op_deadline)
+/* The session timeout the server grants for holds of ttl_ms, into *t: a
+ * session opened (or found) as the next acquire of that ttl would. */
+static int granted_timeout(zk_store *zs, int64_t ttl_ms, int64_t op_deadline,
+                           int64_t *t)
 {
-    zk_store *zs = st;
     int rc = DLOCK_OK;
 
     pthread_mutex_lock(&zs->mu);
     dlock__zk_sessions_retire(zs);
     zk_session *s = dlock__zk_session_get(zs, ttl_ms, op_deadline, &rc);
-    int64_t t = s ? s->timeout : 0;
+    *t = s ? s->timeout : 0;
     if (s)
         s->refs--;
     pthread_mutex_unlock(&zs->mu);
-    if (!s)
+    return s ? DLOCK_OK : rc;
+}
+
+static int zk_at_risk_max(void *st, int64_t ttl_ms, int64_t *out,
+                          int64_t op_deadline)
+{
+    int64_t t;
+    int rc = granted_timeout(st, ttl_ms, op_deadline, &t);
+
+    if (rc)
         return rc;
     int64_t m = t / 3 - dlock__lease_margin(t);
     *out = m > 0 ? m : 0;
@@ -574,14 +584,8 @@ static int zk_check(void *st, int64_t ttl_ms, dlock_check *out,
              "keep the ensemble's traffic on a network only its clients "
              "reach (this store has no TLS yet)")) != 0)
         return rc;
-    pthread_mutex_lock(&zs->mu);
-    dlock__zk_sessions_retire(zs);
-    zk_session *s = dlock__zk_session_get(zs, ttl_ms, op_deadline, &rc);
-    int64_t t = s ? s->timeout : 0;
-    if (s)
-        s->refs--;
-    pthread_mutex_unlock(&zs->mu);
-    if (!s)
+    int64_t t;
+    if ((rc = granted_timeout(zs, ttl_ms, op_deadline, &t)) != DLOCK_OK)
         return rc;
     if (t * 10 < ttl_ms * 9 || t * 10 > ttl_ms * 11) {
         snprintf(what, sizeof(what),
