@@ -78,6 +78,7 @@ fi
 
 FAILS=0
 PASSES=0
+SKIPS=0
 BG_PIDS=()
 REDIS_PIDS=()  # one redis-server per node (redis: 1, redlock: 3)
 REDIS_PORTS=()
