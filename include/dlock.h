@@ -655,6 +655,133 @@ DLOCK_EXTERN int dlock_gc(dlock_client *c, int64_t idle_ms,
                           uint64_t *removed);
 
 /* ------------------------------------------------------------------------ */
+/* Leader election                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* An election NAME is lock NAME: the leader is its exclusive holder, the
+ * leader's value is the hold's description, the term is the hold's
+ * fencing token (strictly increasing across leaders). docs/locks.md,
+ * "Leader election"; the protocol in docs/design.md. */
+
+/* Longest value, in bytes (not counting the terminating NUL). Every store
+ * keeps it whole but PostgreSQL's advisory mode, which keeps a holder's
+ * description in its session's application_name (63 bytes, "dlock TOKEN "
+ * first): at least the first 37 bytes there (docs/locks.md). */
+#define DLOCK_VALUE_MAX 127
+
+/* The leader of an election as read from the store. */
+typedef struct dlock_leader {
+    int present;       /* 1: a leader leads; 0: none */
+    uint64_t term;     /* its term (fencing token); with none, the last
+                        * term the store remembers (0: unknown) */
+    char value[256];   /* its value ("" with none) */
+    int64_t ttl_ms;    /* its lease left; -1: none, or the store has none */
+    int error;         /* observers only: DLOCK_OK, or the error that keeps
+                        * the observer from the store now (the rest is then
+                        * the last leader it saw) */
+    char why[256];     /* with error, its message; with no leader because
+                        * the name is held shared or as a semaphore, why;
+                        * else "" */
+} dlock_leader;
+
+/*
+ * Campaigns for leadership of election dlock_name(l): takes the lock
+ * exclusively, waiting as dlock_acquire() does (wait_ms, dlock_cancel(),
+ * the lease and its renewal, the lost-lock callback), with `value` as
+ * the hold's description, which observers read as the leader's value.
+ * value: 1 to DLOCK_VALUE_MAX bytes of printable text without control
+ * characters; NULL: the default description ("host pid N tid N"). On
+ * DLOCK_OK the caller leads; its term is dlock_token(l); stores with
+ * observers are told (docs/design.md, "Leader election").
+ * Errors: as dlock_acquire() (DLOCK_EBUSY: another leads for the whole
+ * wait); DLOCK_EINVAL (a bad value; the owner leads already through this
+ * handle: dlock_proclaim() changes the value; a semaphore handle).
+ * Ownership: value is copied. Thread-safety: as dlock_acquire().
+ */
+DLOCK_EXTERN int dlock_campaign(dlock *l, const char *value,
+                                int64_t wait_ms);
+
+/*
+ * Changes the value of the leadership the caller holds through l, its
+ * term and lease unchanged (one compare-on-owner write), and tells the
+ * observers. Errors: DLOCK_ENOTHELD (the caller does not lead through
+ * l), DLOCK_ELOST (its leadership was lost: the write found another
+ * owner or none, nothing written), DLOCK_EINVAL (a bad value),
+ * DLOCK_ENOTSUP (the store has no proclaim yet; the message says so),
+ * DLOCK_ECONN and the store's other errors.
+ * Ownership: value is copied. Thread-safety: the leading owner's thread
+ * (the handle's, with DLOCK_OWNER_HANDLE).
+ */
+DLOCK_EXTERN int dlock_proclaim(dlock *l, const char *value);
+
+/*
+ * Gives up leadership: dlock_release() of the leader's hold, then tells
+ * the observers. Returns what dlock_release() returns (DLOCK_ELOST: the
+ * term had ended before).
+ * Thread-safety: as dlock_release().
+ */
+DLOCK_EXTERN int dlock_resign(dlock *l);
+
+/*
+ * Reads the leader of election `name` from the store (one inspection)
+ * into *out (zeroed first). Errors: as dlock_inspect().
+ * Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_leader_get(dlock_client *c, const char *name,
+                                  dlock_leader *out);
+
+/* A running observation of one election (dlock_observe()). */
+typedef struct dlock_observer dlock_observer;
+
+/* Called on the observer's thread with the state it has just read: the
+ * first one, then each change (present, term or value), each error and
+ * the recovery from it. Must return quickly; may call dlock_leader_get()
+ * or another client's functions, not dlock_observer_close() of its own
+ * observer. `leader` is valid during the call only. */
+typedef void (*dlock_leader_cb)(const char *name, const dlock_leader *leader,
+                                void *arg);
+
+/*
+ * Starts observing election `name`: a thread of the observer's own waits
+ * on the store's watch of the name (never reading on a timer: it is
+ * woken by the store, or at the leader's lease end where the store does
+ * not tell), reads the leader on each wake-up and, when it changed, calls
+ * cb (if not NULL) and makes dlock_observer_fd() readable. The first
+ * state is reported too. A broken watch is opened again (after 100 ms,
+ * doubling to 5 s), reported through `error` meanwhile.
+ * Errors: DLOCK_EINVAL (bad name, NULL out), DLOCK_ENOTSUP (the store
+ * cannot be observed yet; the message says why), DLOCK_ECONN and the
+ * store's other errors (the watch could not be opened), DLOCK_ENOMEM.
+ * Ownership: the caller closes *out with dlock_observer_close() before
+ * it closes the client. Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_observe(dlock_client *c, const char *name,
+                               dlock_leader_cb cb, void *arg,
+                               dlock_observer **out);
+
+/*
+ * A descriptor that is readable while the observer has a state the
+ * caller has not read with dlock_observer_read(): for poll(), epoll or an
+ * event loop. Owned by the observer; never read or close it.
+ */
+DLOCK_EXTERN int dlock_observer_fd(const dlock_observer *o);
+
+/*
+ * The observer's latest state into *out, and clears the descriptor's
+ * readiness. Returns DLOCK_OK with a state the caller had not read yet,
+ * DLOCK_EBUSY when nothing changed since its last read (*out is then
+ * the same state again), DLOCK_EINVAL for NULL arguments. Waits for
+ * nothing. Thread-safety: any thread.
+ */
+DLOCK_EXTERN int dlock_observer_read(dlock_observer *o, dlock_leader *out);
+
+/*
+ * Stops the observer's thread (at once: its wait ends on the close) and
+ * frees it. NULL is a no-op. Not from the observer's own callback.
+ */
+DLOCK_EXTERN void dlock_observer_close(dlock_observer *o);
+
+/* ------------------------------------------------------------------------ */
 /* Operating: listing and breaking locks                                    */
 /* ------------------------------------------------------------------------ */
 

@@ -498,7 +498,8 @@ static void acquire_failed(dlock_client *c, const dlock *l, int rc,
 
 static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
-                       int64_t deadline, uint64_t seq, dlock__cancel *cx);
+                       int64_t deadline, uint64_t seq, dlock__cancel *cx,
+                       const char *value);
 
 /* Takes cx out of l's acquires in progress (c->mu held). */
 static void unlink_cancel(dlock *l, dlock__cancel *cx)
@@ -521,14 +522,15 @@ static void unlink_cancel(dlock *l, dlock__cancel *cx)
  * call as a try in progress at a dlock_cancel() does.) */
 int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
-                       int64_t deadline, uint64_t seq, dlock__set *set)
+                       int64_t deadline, uint64_t seq, dlock__set *set,
+                       const char *value)
 {
     dlock__cancel cx = {-1, 0, NULL, NULL};
     int rc;
 
     if (wait_ms == 0)
         return acquire_run(c, l, kind, wait_ms, start, start_us, deadline,
-                           seq, NULL);
+                           seq, NULL, value);
     /* a store that waits by itself may sleep in poll(): it watches an
      * eventfd of the wait's own (the core's own wait needs none), reused
      * from the client's finished waits: no system call on the way of an
@@ -574,7 +576,7 @@ int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
         pthread_mutex_unlock(&c->mu);
     }
     rc = acquire_run(c, l, kind, wait_ms, start, start_us, deadline, seq,
-                     &cx);
+                     &cx, value);
     pthread_mutex_lock(&c->mu);
     unlink_cancel(l, &cx);
     if (set)
@@ -603,7 +605,8 @@ int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
 /* The acquire itself; cx: its cancel (NULL when it does not wait). */
 static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
-                       int64_t deadline, uint64_t seq, dlock__cancel *cx)
+                       int64_t deadline, uint64_t seq, dlock__cancel *cx,
+                       const char *value)
 {
     dlock__hold *h;
     dlock__waiter w;
@@ -629,6 +632,8 @@ static int acquire_run(dlock_client *c, dlock *l, unsigned kind,
         snprintf(h->desc, sizeof(h->desc), "%.64s pid %ld tid %ld", c->host,
                  c->pid, tid);
     }
+    if (value && *value) /* a campaign: the leader's value (elect.c) */
+        snprintf(h->desc, sizeof(h->desc), "%s", value);
     h->lease.name = l->entry->name;
     h->lease.name_len = l->entry->len;
     h->lease.owner = h->owner;

@@ -454,6 +454,7 @@ void dlock_client_close(dlock_client *c)
     c->closed = 1;
     c->stopping = 1;
     pthread_mutex_unlock(&c->mu);
+    dlock__observers_stop(c); /* their threads use the store */
     if (c->thread_started) {
         dlock__loop_wake(c);
         pthread_join(c->thread, NULL);

@@ -173,6 +173,7 @@ struct dlock_client {
     int64_t long_hold_ms;  /* 0: no long-hold events */
     int64_t at_risk_ms;    /* at-risk margin, 0: off (c->mu; read
                             * without it with __atomic) */
+    dlock_observer *observers; /* running observers (elect.c; c->mu) */
 };
 
 /* error.c */
@@ -261,6 +262,17 @@ int dlock__check_name(const char *name, size_t *len);
 /* The client is open and of this process (c->mu held). */
 int dlock__usable(const dlock_client *c);
 
+/* elect.c */
+/* An election value's checks (DLOCK_EINVAL naming `fn` and election
+ * `name`): 1..DLOCK_VALUE_MAX bytes without control characters. */
+int dlock__check_value(const char *fn, const char *name, const char *value);
+/* Tells the observers of name (the store's ring slot, if any): best
+ * effort, after a campaign's acquire, a proclaim, a resign. */
+void dlock__ring(dlock_client *c, const char *name, size_t len);
+/* Stops every observer of the client (dlock_client_close(), before the
+ * store closes); they are freed by dlock_observer_close(). */
+void dlock__observers_stop(dlock_client *c);
+
 /* The file store: always in libdlock. */
 extern const dlock__backend dlock__backend_file;
 
@@ -288,9 +300,11 @@ void dlock__store_close(void *handle);
 
 /* lock.c: dlock_acquire() (kind DLOCK__WRITE, or DLOCK__PERMIT for a
  * semaphore's handle) and dlock_acquire_shared() (DLOCK__READ) as a
- * step of set `set` (NULL: none), whose cancel it honours. */
+ * step of set `set` (NULL: none), whose cancel it honours; `value` (not
+ * NULL: a campaign, elect.c) the hold's description, and a hold the
+ * owner has already is then DLOCK_EINVAL instead of re-entered. */
 int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
-                   dlock__set *set);
+                   dlock__set *set, const char *value);
 /* A cancel record's cancel (c->mu held): its flag set, its eventfd made
  * readable; a set's record cancels the set and its acquire in progress. */
 void dlock__cancel_fire(dlock__cancel *cx);
@@ -302,7 +316,8 @@ void dlock__cancel_fire(dlock__cancel *cx);
  * `seq` its waiter number; `set` the set it is a step of (NULL: none). */
 int dlock__acquire_new(dlock_client *c, dlock *l, unsigned kind,
                        int64_t wait_ms, int64_t start, int64_t start_us,
-                       int64_t deadline, uint64_t seq, dlock__set *set);
+                       int64_t deadline, uint64_t seq, dlock__set *set,
+                       const char *value);
 /* Whether a cancel flag (NULL: none) is set. */
 int dlock__is_cancelled(const int *flag);
 /* DLOCK_ECANCELED for an acquire of hold h that dlock_cancel() ended

@@ -345,7 +345,7 @@ static int kind_supported(const dlock_client *c, const dlock *l,
 }
 
 int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
-                   dlock__set *set)
+                   dlock__set *set, const char *value)
 {
     dlock_client *c;
     dlock__hold *h;
@@ -379,6 +379,14 @@ int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
         return rc;
     }
     h = find_hold(l, self);
+    if (h && value) {
+        pthread_mutex_unlock(&c->mu);
+        return dlock__err(DLOCK_EINVAL,
+                          "election '%.200s': this owner leads already "
+                          "(term %llu); dlock_proclaim() changes its value",
+                          l->entry->name,
+                          (unsigned long long)h->lease.token);
+    }
     if (h) {
         rc = reenter(c, l, h, kind);
         if (rc == DLOCK_OK) {
@@ -409,7 +417,7 @@ int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
     seq = ++c->next_waiter;
     pthread_mutex_unlock(&c->mu);
     rc = dlock__acquire_new(c, l, kind, wait_ms, start, start_us, deadline,
-                            seq, set);
+                            seq, set, value);
     if (dlock__by_handle(l)) {
         pthread_mutex_lock(&c->mu);
         l->acquiring = 0;
@@ -424,7 +432,7 @@ int dlock_acquire(dlock *l, int64_t wait_ms)
         return dlock__err(DLOCK_EINVAL, "dlock_acquire: lock is NULL");
     return dlock__acquire(l, wait_ms,
                           l->opts.permits ? DLOCK__PERMIT : DLOCK__WRITE,
-                          NULL);
+                          NULL, NULL);
 }
 
 int dlock_acquire_shared(dlock *l, int64_t wait_ms)
@@ -436,7 +444,7 @@ int dlock_acquire_shared(dlock *l, int64_t wait_ms)
                           "lock '%.200s' is a semaphore (%u permits): take "
                           "a permit with dlock_acquire()",
                           l->entry->name, l->opts.permits);
-    return dlock__acquire(l, wait_ms, DLOCK__READ, NULL);
+    return dlock__acquire(l, wait_ms, DLOCK__READ, NULL, NULL);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -705,6 +713,72 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
         ev(&lost_ev, ev_arg);
         dlock__err(DLOCK_ELOST, "%s", why);
     }
+    return rc;
+}
+
+int dlock_proclaim(dlock *l, const char *value)
+{
+    dlock_client *c;
+    dlock__hold *h;
+    int rc;
+
+    if (!l)
+        return dlock__err(DLOCK_EINVAL, "dlock_proclaim: lock is NULL");
+    rc = dlock__check_value("dlock_proclaim", l->entry->name, value);
+    if (rc)
+        return rc;
+    c = l->client;
+    if (!c->be->proclaim)
+        return dlock__err(DLOCK_ENOTSUP,
+                          "election '%.200s': %s:// cannot proclaim a new "
+                          "value yet%s%s",
+                          l->entry->name, c->be->name,
+                          c->be->watch_unsupported ? ": " : "",
+                          c->be->watch_unsupported ? c->be->watch_unsupported
+                                                   : "");
+    rc = lock_own_hold(l, &h);
+    if (rc)
+        return rc;
+    if (h->lease.kind != DLOCK__WRITE) {
+        pthread_mutex_unlock(&c->mu);
+        return dlock__err(DLOCK_EINVAL,
+                          "election '%.200s': the hold is %s, not a "
+                          "leader's (dlock_campaign())",
+                          l->entry->name,
+                          h->lease.kind == DLOCK__READ ? "shared"
+                                                       : "a permit");
+    }
+    wait_renewal(c, h);
+    if (h->lost || dlock__now_ms() >= h->lease_end) {
+        rc = lost_message(h);
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    /* no renewal meanwhile: the store sees one write of the hold at a
+     * time, and h->desc changes only with the store's */
+    h->renewing = 1;
+    pthread_mutex_unlock(&c->mu);
+
+    int64_t t0 = dlock__now_ms();
+    rc = c->be->proclaim(c->st, &h->lease, value, t0 + c->timeout_ms);
+
+    pthread_mutex_lock(&c->mu);
+    h->renewing = 0;
+    if (rc == DLOCK_OK) {
+        snprintf(h->desc, sizeof(h->desc), "%s", value);
+    } else if (rc == DLOCK_ENOTHELD) {
+        /* the watchdog's next renewal finds it gone too and tells the
+         * callback; this call says so now */
+        rc = dlock__err(DLOCK_ELOST,
+                        "election '%.200s': the leadership was no longer "
+                        "ours in the store (expired or taken over); "
+                        "nothing proclaimed",
+                        h->lease.name);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (rc == DLOCK_OK)
+        dlock__ring(c, l->entry->name, l->entry->len);
     return rc;
 }
 

@@ -148,7 +148,7 @@ int dlock_acquire_all(dlock *const *ls, size_t n, int64_t wait_ms)
         }
         rc = dlock__acquire(l, w,
                             l->opts.permits ? DLOCK__PERMIT : DLOCK__WRITE,
-                            &set);
+                            &set, NULL);
         if (rc)
             break;
     }

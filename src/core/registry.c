@@ -328,6 +328,11 @@ int dlock__backend_check(const dlock__backend *be, const char *where)
         {be->arm && !be->disarm, "has an arm slot without a disarm slot"},
         {be->evict && be->evict_unsupported,
          "has both an evict slot and evict_unsupported"},
+        {!be->watch_open != !be->watch_wait ||
+             !be->watch_open != !be->watch_close,
+         "has some of the watch_open, watch_wait and watch_close slots, "
+         "not all three"},
+        {be->ring && !be->watch_open, "has a ring slot without a watch"},
     };
     for (size_t i = 0; i < sizeof(ties) / sizeof(ties[0]); i++)
         if (ties[i].bad)

@@ -62,8 +62,8 @@
 #define DLOCK__HOST __attribute__((visibility("default")))
 
 /* This header's version, and the oldest whose modules still load. */
-#define DLOCK__STORE_ABI 8
-#define DLOCK__STORE_ABI_OLDEST 8
+#define DLOCK__STORE_ABI 9
+#define DLOCK__STORE_ABI_OLDEST 9
 
 /* --- store URIs (parsed by the core: uri.c) ----------------------------- */
 
@@ -358,6 +358,48 @@ typedef struct dlock__backend {
      * it). Optional: NULL checks nothing of the store's own. (ABI 8.) */
     int (*check)(void *st, int64_t ttl_ms, struct dlock_check *out,
                  int64_t op_deadline);
+
+    /* --- leader election (ABI 9; docs/design.md "Leader election") --- */
+
+    /* Sets the description of l->owner's exclusive hold l to `desc` (its
+     * leader's value) in one compare-on-owner write, its token and lease
+     * unchanged. DLOCK_OK; DLOCK_ENOTHELD (not ours: nothing written); or
+     * an error. Optional: NULL means DLOCK_ENOTSUP. */
+    int (*proclaim)(void *st, dlock__lease *l, const char *desc,
+                    int64_t op_deadline);
+
+    /* Tells the watchers of `name` (watch_open) that its state changed:
+     * called after a campaign's acquire, a proclaim and a resign's
+     * release, for a store whose watch does not see those writes by
+     * itself (a publish). Anyone who may send it can, so a watcher takes
+     * it as a wake-up only. Optional: NULL when the watch sees every
+     * write. */
+    int (*ring)(void *st, const char *name, size_t len, int64_t op_deadline);
+
+    /* A watch of lock `name`, for an observer's thread: from watch_open()'s
+     * return on, every write of the lock's state (or ring of the name)
+     * ends a watch_wait() in progress or the next one. watch_wait() waits
+     * until then (DLOCK_OK: something came, maybe several things; the
+     * caller reads the store), until `deadline` (monotonic ms) or until
+     * cancel_fd is readable (never read it): DLOCK_EBUSY; or an error
+     * when the watch broke (the caller closes it and opens another).
+     * watch_close() frees it. The three run on the observer's thread
+     * only, never after close(). All three, or none (then observers get
+     * DLOCK_ENOTSUP with watch_unsupported as the reason). */
+    int (*watch_open)(void *st, const char *name, size_t len, void **w,
+                      int64_t op_deadline);
+    int (*watch_wait)(void *st, void *w, int64_t deadline, int cancel_fd);
+    void (*watch_close)(void *st, void *w);
+
+    /* 1: the watch also reports a lease's end (the store deletes an
+     * expired hold and tells its watchers, as etcd and ZooKeeper do), so
+     * an observer needs no wake-up of its own at the leader's lease end.
+     * 0: the observer's wait ends at the lease end it read. */
+    int watch_sees_expiry;
+
+    /* Why this store has no watch (or no proclaim), for DLOCK_ENOTSUP
+     * messages. Optional. */
+    const char *watch_unsupported;
 } dlock__backend;
 
 /* Whether dlock_cancel() asked lease l to stop waiting. */

@@ -339,6 +339,37 @@ static int redis_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return rc;
 }
 
+/* Leader election: the description of our exclusive hold, compared as
+ * extend compares it. */
+static int redis_proclaim(void *st, dlock__lease *l, const char *desc,
+                          int64_t deadline)
+{
+    redis_store *rs = st;
+    char key[KEY_MAX], owner[120];
+    size_t kl = lock_key(rs, l->name, l->name_len, key);
+    size_t ol = extend_owner(rs, l, owner, sizeof(owner));
+    redisReply *r = NULL;
+    rcmd c;
+    int rc;
+
+    rcmd_evalsha(&c, S_PROCLAIM, 1);
+    rcmd_arg(&c, key, kl);
+    rcmd_arg(&c, owner, ol);
+    rcmd_str(&c, desc);
+    rc = dlock__redis_ask(rs, key, kl, &c, l->name, &r, deadline);
+    if (rc)
+        return rc;
+    if (r->type != REDIS_REPLY_INTEGER)
+        rc = dlock__err(DLOCK_EPROTO, "%s: unexpected answer to proclaim",
+                        rs->where);
+    else if (r->integer != 1)
+        rc = dlock__err(DLOCK_ENOTHELD, "lock '%.100s' is not ours in the "
+                                        "store",
+                        l->name);
+    freeReplyObject(r);
+    return rc;
+}
+
 /* Renews n leases with one script per BATCH of them, every script of the
  * call pipelined: one round trip for tens of thousands of holds. */
 static int redis_extend_many(void *st, dlock__lease *const *ls,
@@ -784,4 +815,9 @@ const dlock__backend dlock__backend_redis = {
     .list = dlock__redis_list,
     .evict = dlock__redis_evict,
     .check = redis_check,
+    .proclaim = redis_proclaim,
+    .ring = dlock__redis_ring, /* redis_elect.c */
+    .watch_open = dlock__redis_watch_open,
+    .watch_wait = dlock__redis_watch_wait,
+    .watch_close = dlock__redis_watch_close,
 };

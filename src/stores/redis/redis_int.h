@@ -195,6 +195,15 @@ static inline int server_error(const redis_store *rs, const char *msg,
     return dlock__redis_server_error(rs->where, rs->cfg.password, msg, lock);
 }
 
+/* redis_elect.c: leader election's ring and watch (backend slots). */
+int dlock__redis_ring(void *st, const char *name, size_t len,
+                      int64_t deadline);
+int dlock__redis_watch_open(void *st, const char *name, size_t len,
+                            void **out, int64_t deadline);
+int dlock__redis_watch_wait(void *st, void *w, int64_t deadline,
+                            int cancel_fd);
+void dlock__redis_watch_close(void *st, void *w);
+
 /* After a try whose answer was lost (rc DLOCK_ECONN): its undoing sent
  * behind it (redis_rw.c). Returns rc, its message kept. */
 int dlock__redis_undo_lost_try(redis_store *rs, dlock__lease *l, int rc);

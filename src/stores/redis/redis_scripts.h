@@ -21,6 +21,7 @@ enum {
     S_RW_EXTEND_MANY,
     S_LIST,  /* the operator's: redis_operate.c */
     S_BREAK, /* (its text: redis_rw_scripts.c) */
+    S_PROCLAIM, /* leader election (redis.c) */
     NSCRIPTS
 };
 
