@@ -12,6 +12,7 @@ from typing import Dict
 
 from ._client import (TTL_MAX, WAIT_MAX, CheckReport, Client, Finding,
                       Info, Lock, LockSet, RWLock)
+from ._elect import Election, Leader, Observer
 from ._errors import (AuthenticationFailed, Busy, Cancelled, Closed,
                       ConnectionFailed, Deadlock,
                       DlockError, ForkedClient, InvalidArgument, LockLost,
@@ -20,7 +21,8 @@ from ._native import ffi as _ffi
 from ._native import lib as _lib
 
 __all__ = [
-    "Client", "Lock", "LockSet", "RWLock", "Info", "CheckReport", "Finding", "DlockError", "Busy", "LockLost",
+    "Client", "Lock", "LockSet", "RWLock", "Info", "CheckReport", "Finding",
+    "Election", "Leader", "Observer", "DlockError", "Busy", "LockLost",
     "NotHeld", "InvalidArgument", "ForkedClient", "ConnectionFailed",
     "AuthenticationFailed", "ProtocolError", "OutOfMemory", "NotSupported",
     "Deadlock", "Cancelled", "Closed", "library_version", "stores",

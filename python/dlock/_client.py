@@ -12,6 +12,7 @@ from . import _aio
 from . import _native as N
 from ._errors import (Busy, Closed, DlockError, ForkedClient, InvalidArgument,
                       LockLost, check, error)
+from ._elect import Election, Leader, Observer
 from ._guard import Guard
 from ._native import ffi, lib
 
@@ -283,6 +284,37 @@ class Client:
         return LockSet(self, names, ttl, renew=renew, timeout=timeout,
                        on_lost=on_lost)
 
+    def election(self, name: Name, ttl: Optional[float] = None, *,
+                 value: Optional[str] = None,
+                 timeout: Optional[float] = None,
+                 on_lost: Optional[LostCallback] = None) -> "Election":
+        """Leadership of election ``name`` (docs/python.md, "Leader
+        election"): ``with client.election("svc", value="10.0.0.1:80"):``
+        leads while the block runs. The leader is the holder of lock
+        ``name``; ``value`` (up to 127 printable bytes; default: this
+        host, pid and thread) is what observers read; its term is the
+        hold's fencing token. ``ttl``, ``timeout``, ``on_lost`` as for
+        ``lock()``."""
+        return Election(Lock(self, name, ttl, timeout=timeout,
+                             on_lost=on_lost), value)
+
+    def leader(self, name: Name) -> "Leader":
+        """The leader of election ``name`` now (one read)."""
+        cl = ffi.new("dlock_leader *")
+        n = _name(name)
+        c = self._enter()
+        try:
+            check(lib.dlock_leader_get(c, n, cl))
+        finally:
+            self._guard.leave()
+        return Leader._from(cl)
+
+    def observe(self, name: Name) -> "Observer":
+        """An Observer of election ``name``: its leader now, then every
+        change, as the store tells of it. NotSupported on stores that
+        cannot be observed yet (docs/locks.md)."""
+        return Observer(self, name)
+
     def rwlock(self, name: Name, ttl: Optional[float] = None, *,
                renew: bool = True, timeout: Optional[float] = None,
                on_lost: Optional[LostCallback] = None) -> "RWLock":
@@ -533,9 +565,16 @@ class Lock:
         when the hold had been lost: the critical section was not
         protected (roll back). NotHeld when the thread holds no such
         lock."""
+        self._release(lib.dlock_release)
+
+    def _timeout_s(self) -> Optional[float]:
+        """``timeout`` as given (None: forever)."""
+        return None if self._timeout < 0 else self._timeout / 1000.0
+
+    def _release(self, fn: Any) -> None:
         g = self._enter()
         try:
-            rc = lib.dlock_release(self._l)
+            rc = fn(self._l)
             if rc == N.ELOST:
                 e = error(rc)
                 assert isinstance(e, LockLost)

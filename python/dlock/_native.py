@@ -86,6 +86,24 @@ typedef struct dlock_check {
     char notes[1024];
 } dlock_check;
 int dlock_client_check(dlock_client *c, int64_t ttl_ms, dlock_check *out);
+typedef struct dlock_leader {
+    int present;
+    uint64_t term;
+    char value[256];
+    int64_t ttl_ms;
+    int error;
+    char why[256];
+} dlock_leader;
+typedef struct dlock_observer dlock_observer;
+int dlock_campaign(dlock *l, const char *value, int64_t wait_ms);
+int dlock_proclaim(dlock *l, const char *value);
+int dlock_resign(dlock *l);
+int dlock_leader_get(dlock_client *c, const char *name, dlock_leader *out);
+int dlock_observe(dlock_client *c, const char *name, void *cb, void *arg,
+                  dlock_observer **out);
+int dlock_observer_fd(const dlock_observer *o);
+int dlock_observer_read(dlock_observer *o, dlock_leader *out);
+void dlock_observer_close(dlock_observer *o);
 void dlock_check_clear(dlock_check *check);
 const char *dlock_strerror(int rc);
 const char *dlock_errname(int rc);

@@ -23,6 +23,9 @@ typedef struct cli_cmd {
 const cli_cmd *cli_cmd_find(const char *name);
 
 int cmd_run(int argc, char **argv);
+/* cmd_run.c too: dlock run's machinery, under an election */
+int cmd_elect(int argc, char **argv);
+int cmd_leader(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
 int cmd_list(int argc, char **argv);

@@ -28,6 +28,7 @@
  */
 #include "cli.h"
 #include "cmd.h"
+#include "run_opts.h"
 
 #include <dlock.h>
 
@@ -47,61 +48,6 @@
 #include <unistd.h>
 
 extern char **environ;
-
-static const char run_usage[] =
-    "usage: dlock run [options] NAME [--] CMD [ARG...]\n"
-    "\n"
-    "Runs CMD while holding lock NAME; the lease is renewed while CMD runs,\n"
-    "and the lock released when it exits. CMD sees DLOCK_NAME and\n"
-    "DLOCK_TOKEN (the fencing token) in its environment, DLOCK_STORE\n"
-    "without its password, and not DLOCK_PASSWORD (nor REDISCLI_AUTH,\n"
-    "PGPASSWORD, MYSQL_PWD for a store of that kind). With --also, it\n"
-    "sees DLOCK_TOKENS too: the tokens of NAME and of each --also lock,\n"
-    "in the command line's order, separated by spaces.\n"
-    "\n"
-    "  --store URI        the store (default: $DLOCK_STORE, else lock files\n"
-    "                     in ~/.local/state/dlock, ~ being your home in the\n"
-    "                     passwd entry whatever $HOME says)\n"
-    "  --wait DUR         give up after DUR (default: forever; 0: one try)\n"
-    "  --ttl DUR          lease length (default 10s; renewed every DUR/3,\n"
-    "                     or more often to fit --kill-after)\n"
-    "  --fair             first come, first served\n"
-    "  --shared           a shared (read) hold: other --shared runs of NAME\n"
-    "                     run alongside; a plain run waits for them all\n"
-    "  --permits N        NAME is a semaphore of N permits: at most N runs\n"
-    "                     at once (every run of NAME must say the same N)\n"
-    "  --also NAME2       hold lock NAME2 too (repeatable): all of them or\n"
-    "                     none, taken in name order so that runs naming\n"
-    "                     the same locks cannot deadlock; losing any one\n"
-    "                     stops CMD as losing NAME does\n"
-    "  --kill-after DUR   when the lock is at risk or lost, SIGKILL CMD this\n"
-    "                     long after SIGTERM; the SIGKILL lands before the\n"
-    "                     lease ends (default: 5s, or what fits in --ttl)\n"
-    "  --warn-after DUR   say on stderr, once, when the lock has been held\n"
-    "                     for DUR (CMD keeps running)\n"
-    "  --at-least DUR     keep the lock taken until DUR after it was taken,\n"
-    "                     even when CMD ends sooner or this host dies (the\n"
-    "                     store's lease holds it; no process stays behind):\n"
-    "                     a job that cron fires on many hosts runs once\n"
-    "                     (stores with leases only; docs/locks.md)\n"
-    "  --at-most DUR      stop CMD DUR after the lock was taken, as for a\n"
-    "                     lost lock (SIGTERM, SIGKILL after --kill-after),\n"
-    "                     and exit 124\n"
-    "  --quiet            no progress line while waiting\n"
-    "\n"
-    "DUR: 500ms, 30s, 2m, 1h, 7d, 1.5s; a bare number is seconds; at\n"
-    "most 365d.\n"
-    "\n"
-    "Every process CMD starts (children, grandchildren, setsid ones) is\n"
-    "stopped with it: when the lock is at risk (renewals fail), when it is\n"
-    "lost, when dlock dies (SIGKILL), and when CMD exits leaving some\n"
-    "behind (SIGTERM, then SIGKILL after --kill-after); the lock is\n"
-    "released once they are all gone.\n"
-    "\n"
-    "Exit status: CMD's own, or 128+N if it died of signal N;\n"
-    "  64 usage, 69 store error, 70 internal error, 75 not acquired within\n"
-    "  --wait, 76 lock lost while CMD ran (CMD was terminated), 124 CMD\n"
-    "  stopped at --at-most, 126/127 CMD could not be run.\n";
 
 #define DEFAULT_TTL_MS 10000
 #define DEFAULT_KILL_AFTER_MS 5000
@@ -436,201 +382,11 @@ static void free_env(char **env, size_t ours)
     free(env);
 }
 
-/* Most --also options: with NAME, one set of at most this many plus one. */
-#define MAX_ALSO 63
-
-typedef struct run_opts {
-    const char *store;
-    const char *name;
-    const char *names[MAX_ALSO + 1]; /* NAME, then each --also */
-    size_t nnames;
-    char **cmd;
-    int64_t ttl_ms, wait_ms, kill_after_ms, warn_after_ms;
-    int64_t at_least_ms, at_most_ms; /* 0: not given */
-    int fair, quiet, shared, kill_after_set;
-    unsigned permits;
-} run_opts;
-
-/* --at-least's or --at-most's value (r: cli_opt_value()'s answer) into
- * *ms: 0, or -1 after a message. */
-static int sched_duration(int r, const char *v, const char *opt, int64_t *ms)
-{
-    if (r > 0 && cli_parse_duration(v, ms, 0) == 0 && *ms > 0)
-        return 0;
-    if (r > 0)
-        cli_err("run: %s must be a positive duration like 1m or 30s, at "
-                "most " CLI_DURATION_MAX_TEXT ", not '%s'",
-                opt, v);
-    return -1;
-}
-
-static int parse(int argc, char **argv, run_opts *o)
-{
-    int i, r;
-
-    memset(o, 0, sizeof(*o));
-    o->ttl_ms = DEFAULT_TTL_MS;
-    o->wait_ms = -1;
-    o->kill_after_ms = DEFAULT_KILL_AFTER_MS;
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(run_usage, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--fair")) {
-            o->fair = 1;
-            continue;
-        }
-        if (!strcmp(a, "--shared")) {
-            o->shared = 1;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--permits", &v)) != 0) {
-            char *end = NULL;
-            unsigned long n = r > 0 ? strtoul(v, &end, 10) : 0;
-            if (r < 0 || !end || *end || v[0] < '1' || v[0] > '9' ||
-                n > DLOCK_PERMITS_MAX) {
-                if (r > 0)
-                    cli_err("run: --permits must be a whole number from 1 "
-                            "to %d, not '%s'",
-                            DLOCK_PERMITS_MAX, v);
-                return CLI_EX_USAGE;
-            }
-            o->permits = (unsigned)n;
-            continue;
-        }
-        if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            o->quiet = 1;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--store", &v)) != 0) {
-            if (r < 0)
-                return CLI_EX_USAGE;
-            o->store = v;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--also", &v)) != 0) {
-            if (r < 0)
-                return CLI_EX_USAGE;
-            if (o->nnames >= MAX_ALSO) {
-                cli_err("run: at most %d --also locks", MAX_ALSO);
-                return CLI_EX_USAGE;
-            }
-            o->names[1 + o->nnames++] = v; /* nnames: the --also count */
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--ttl", &v)) != 0) {
-            int pr = r < 0 ? 0 : cli_parse_duration(v, &o->ttl_ms, 0);
-            if (pr == -2) {
-                cli_err("run: --ttl must be at most " CLI_DURATION_MAX_TEXT
-                        " (the longest lease), not '%s'",
-                        v);
-                return CLI_EX_USAGE;
-            }
-            if (r < 0 || pr != 0 || o->ttl_ms <= 0) {
-                if (r > 0)
-                    cli_err("run: --ttl must be a positive duration like "
-                            "10s or 500ms, not '%s'",
-                            v);
-                return CLI_EX_USAGE;
-            }
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--wait", &v)) != 0) {
-            int pr = r < 0 ? 0 : cli_parse_duration(v, &o->wait_ms, 1);
-            if (pr == -2) {
-                cli_err("run: --wait must be at most " CLI_DURATION_MAX_TEXT
-                        " (the longest wait), or 'forever', not '%s'",
-                        v);
-                return CLI_EX_USAGE;
-            }
-            if (r < 0 || pr != 0) {
-                if (r > 0)
-                    cli_err("run: --wait must be a duration like 30s, 0 "
-                            "(one try) or 'forever', not '%s'",
-                            v);
-                return CLI_EX_USAGE;
-            }
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--warn-after", &v)) != 0) {
-            if (r < 0 || cli_parse_duration(v, &o->warn_after_ms, 0) != 0 ||
-                o->warn_after_ms <= 0) {
-                if (r > 0)
-                    cli_err("run: --warn-after must be a positive duration "
-                            "like 10m or 30s, at most "
-                            CLI_DURATION_MAX_TEXT ", not '%s'",
-                            v);
-                return CLI_EX_USAGE;
-            }
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--at-least", &v)) != 0) {
-            if (sched_duration(r, v, "--at-least", &o->at_least_ms))
-                return CLI_EX_USAGE;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--at-most", &v)) != 0) {
-            if (sched_duration(r, v, "--at-most", &o->at_most_ms))
-                return CLI_EX_USAGE;
-            continue;
-        }
-        if ((r = cli_opt_value(argc, argv, &i, "--kill-after", &v)) != 0) {
-            if (r < 0 || cli_parse_duration(v, &o->kill_after_ms, 0) != 0) {
-                if (r > 0)
-                    cli_err("run: --kill-after must be a duration, at "
-                            "most " CLI_DURATION_MAX_TEXT ", not '%s'",
-                            v);
-                return CLI_EX_USAGE;
-            }
-            o->kill_after_set = 1;
-            continue;
-        }
-        if (!strcmp(a, "--")) { /* end of options: NAME may start with - */
-            i++;
-            break;
-        }
-        if (a[0] == '-' && strcmp(a, "-") != 0) {
-            cli_err("run: unknown option '%s' (see dlock help run)", a);
-            return CLI_EX_USAGE;
-        }
-        break;
-    }
-    if (i >= argc) {
-        fputs(run_usage, stderr);
-        return CLI_EX_USAGE;
-    }
-    o->name = argv[i++];
-    o->names[0] = o->name;
-    o->nnames++; /* NAME and the --also ones */
-    if (i < argc && !strcmp(argv[i], "--"))
-        i++;
-    if (i >= argc) {
-        cli_err("run: no command given (dlock run NAME -- CMD [ARG...])");
-        return CLI_EX_USAGE;
-    }
-    o->cmd = argv + i;
-    if (o->shared && o->permits) {
-        cli_err("run: --shared and --permits do not go together (a "
-                "semaphore's permits are all alike)");
-        return CLI_EX_USAGE;
-    }
-    if (o->at_most_ms && o->at_most_ms < o->at_least_ms) {
-        cli_err("run: --at-most is shorter than --at-least");
-        return CLI_EX_USAGE;
-    }
-    if (o->nnames > 1 && (o->shared || o->permits)) {
-        cli_err("run: --also takes plain locks: not with %s",
-                o->shared ? "--shared" : "--permits");
-        return CLI_EX_USAGE;
-    }
-    return -1; /* go on */
-}
-
 /* set: NAME's handle, then each --also's (o->nnames) */
 static int take(dlock *const *set, const run_opts *o, int64_t wait_ms)
 {
+    if (o->elect)
+        return dlock_campaign(set[0], o->value, wait_ms);
     if (o->nnames > 1)
         return dlock_acquire_all(set, o->nnames, wait_ms);
     return o->shared ? dlock_acquire_shared(set[0], wait_ms)
@@ -897,7 +653,7 @@ static int run_tree(run_state *r)
     return CLI_EX_SOFTWARE;
 }
 
-int cmd_run(int argc, char **argv)
+static int run_main(int argc, char **argv, int elect)
 {
     run_opts o;
     dlock_client *c = NULL;
@@ -914,7 +670,7 @@ int cmd_run(int argc, char **argv)
         cli_err("out of memory");
         return CLI_EX_SOFTWARE;
     }
-    code = parse(argc, argv, &o);
+    code = cli_run_parse(argc, argv, &o, elect);
     if (code >= 0) {
         cli_fds_free(&inherited);
         return code;
@@ -945,20 +701,20 @@ int cmd_run(int argc, char **argv)
         /* (exact milliseconds: a rounded limit would refuse itself) */
         int64_t limit = max - STOP_ALLOWANCE_MS;
         if (limit < 0) {
-            cli_err("run: --ttl %lld ms is too short to stop the command "
+            cli_err("%s: --ttl %lld ms is too short to stop the command "
                     "before its lease ends on this store: a renewal that "
                     "fails is known %lld ms before, and the command needs "
                     "%d ms to be gone (use a longer --ttl)",
-                    (long long)o.ttl_ms, (long long)max, STOP_ALLOWANCE_MS);
+                    o.who, (long long)o.ttl_ms, (long long)max, STOP_ALLOWANCE_MS);
             code = CLI_EX_USAGE;
             goto out;
         }
         if (o.kill_after_set && o.kill_after_ms > limit) {
-            cli_err("run: --kill-after %lld ms does not fit in --ttl %lld "
+            cli_err("%s: --kill-after %lld ms does not fit in --ttl %lld "
                     "ms on this store: at most %lld ms (the SIGKILL must "
                     "land %d ms before the lease ends, and a renewal needs "
                     "its chance first; see dlock help run)",
-                    (long long)o.kill_after_ms, (long long)o.ttl_ms,
+                    o.who, (long long)o.kill_after_ms, (long long)o.ttl_ms,
                     (long long)limit, STOP_ALLOWANCE_MS);
             code = CLI_EX_USAGE;
             goto out;
@@ -994,6 +750,7 @@ int cmd_run(int argc, char **argv)
     }
     l = set[0];
 
+again:;
     /* --- wait --- */
     struct sigaction sa, old_int, old_term, old_hup;
     memset(&sa, 0, sizeof(sa));
@@ -1046,8 +803,9 @@ int cmd_run(int argc, char **argv)
         } else if (rc == DLOCK_EBUSY) {
             char d[32];
             cli_format_duration(o.wait_ms, d, sizeof(d));
-            cli_err("lock '%s' is held by another owner; gave up after %s",
-                    o.name, o.wait_ms ? d : "one try");
+            cli_err("%s '%s' is held by another %s; gave up after %s",
+                    o.elect ? "election" : "lock", o.name,
+                    o.elect ? "leader" : "owner", o.wait_ms ? d : "one try");
         } else {
             cli_err("%s", dlock_errmsg());
         }
@@ -1118,7 +876,9 @@ int cmd_run(int argc, char **argv)
     if (sfd >= 0)
         close(sfd);
 
-    rc = o.nnames > 1 ? dlock_release_all(set, o.nnames) : dlock_release(l);
+    rc = o.nnames > 1 ? dlock_release_all(set, o.nnames)
+         : o.elect    ? dlock_resign(l)
+                      : dlock_release(l);
     if (rc == DLOCK_ELOST && !lost) {
         cli_err("lock '%s' was lost before the command finished: %s",
                 o.name, dlock_errmsg());
@@ -1141,6 +901,14 @@ int cmd_run(int argc, char **argv)
         code = CLI_EX_AT_MOST;
     sigaction(SIGPIPE, &old_pipe, NULL);
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    /* dlock elect --again: the leadership was lost, CMD stopped: campaign
+     * again (a command that ended by itself ends the election) */
+    if (o.again && code == CLI_EX_LOST) {
+        cli_err("election '%s': leadership lost; campaigning again",
+                o.name);
+        lost = 0;
+        goto again;
+    }
 
 out:
     for (size_t i = 0; i < o.nnames; i++)
@@ -1150,4 +918,14 @@ out:
     close(ev_pipe[1]);
     cli_fds_free(&inherited);
     return code;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    return run_main(argc, argv, 0);
+}
+
+int cmd_elect(int argc, char **argv)
+{
+    return run_main(argc, argv, 1);
 }

@@ -18,6 +18,9 @@
 /* The commands, in the order `dlock --help` lists them. */
 static const cli_cmd cli_cmds[] = {
     {"run", "run a command while holding a lock", cmd_run},
+    {"elect", "run a command while this process leads an election",
+     cmd_elect},
+    {"leader", "show an election's leader, or watch it change", cmd_leader},
     {"status", "show who holds a lock, its lease, token and waiters",
      cmd_status},
     {"gc", "remove the state of long-unused locks (lock tables)", cmd_gc},

@@ -1791,6 +1791,142 @@ file | zk | etcd | pg-advisory)
 esac
 
 # --------------------------------------------------------------------------
+# Elections: dlock elect, dlock leader (docs/locks.md, "Leader election")
+# --------------------------------------------------------------------------
+
+# wait_line FILE PATTERN: FILE gets a line matching PATTERN (grep -E)
+# within 15 s, a busy machine's slack for a change the store tells of at
+# once
+wait_line() {
+    local i
+    for ((i = 0; i < 150; i++)); do
+        grep -qE "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+dl leader elL
+check_rc 1 "leader: none leads yet"
+REL=$TMP/release.el
+rm -f "$REL" "$TMP/tok.el"
+# the leader's command keeps leading until $REL appears (at most 10 s)
+elect_cmd='printf "%s" "$DLOCK_TOKEN" > "$TOKFILE"; i=0
+while [ ! -e "$REL" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
+REL=$REL TOKFILE=$TMP/tok.el bg_dlock el elect --value "svc-a:8080" elL -- sh -c "$elect_cmd"
+elector=$BG
+if wait_held elL "$elector" && wait_file "$TMP/tok.el"; then
+    etok=$(cat "$TMP/tok.el")
+    dl leader --json elL
+    if [ "$RC" = 0 ] && grep -q '"value":"svc-a:8080"' "$TMP/out" &&
+        grep -q "\"term\":${etok}[,}]" "$TMP/out"; then
+        pass "leader --json: the leader's value, its term = its DLOCK_TOKEN"
+    else
+        fail "leader --json while led (term '$etok'): exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl leader elL
+    if [ "$RC" = 0 ] && grep -q "^leader term $etok: svc-a:8080" "$TMP/out"; then
+        pass "leader: one line, term and value"
+    else
+        fail "leader while led: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+    dl elect --wait 0 elL -- true
+    check_rc 75 "elect --wait 0 while another leads"
+    : >"$REL"
+    wait_exit "$elector" 10
+    if [ "$WRC" = 0 ]; then
+        pass "elect: exits with CMD's status when it ends"
+    else
+        fail "elect: exit $WRC: $(cat "$TMP/bg.el.err")"
+    fi
+    dl leader elL
+    check_rc 1 "leader: none after the leader resigned"
+else
+    fail "elect: never led: $(cat "$TMP/bg.el.err")"
+fi
+dl elect --value "$(printf 'a\tb')" elL -- true
+check_rc 64 "elect: a value with a control character is a usage error"
+dl elect --also other elL -- true
+check_rc 64 "elect: --also is not for an election"
+dl elect elL -- sh -c 'exit 3'
+check_rc 3 "elect: CMD's own status"
+
+# --watch: a line now and one per change, from the store's word (the
+# Redis stores); elsewhere refused with the reason (69)
+case $KIND in
+redis | rediss | redis-sentinel | redis-cluster)
+    bg_dlock watch leader --watch --json elW
+    watcher=$BG
+    if wait_line "$TMP/bg.watch.out" '"leader":false'; then
+        dl elect --value w-1 elW -- true
+        # a line for w-1, then one for no leader (15 s at most)
+        for ((i = 0; i < 150; i++)); do
+            awk '/"value":"w-1"/ { s = 1 } s && /"leader":false/ { f = 1 }
+                END { exit !f }' "$TMP/bg.watch.out" && break
+            sleep 0.1
+        done
+        if awk '/"value":"w-1"/ { s = 1 } s && /"leader":false/ { f = 1 }
+                END { exit !f }' "$TMP/bg.watch.out"; then
+            pass "leader --watch: none, the leader, none again"
+        else
+            fail "leader --watch: $(cat "$TMP/bg.watch.out" "$TMP/bg.watch.err")"
+        fi
+    else
+        fail "leader --watch: no first line: $(cat "$TMP/bg.watch.err")"
+    fi
+    kill -TERM "$watcher"
+    wait_exit "$watcher" 10
+    if [ "$WRC" = 0 ]; then
+        pass "leader --watch: ends at SIGTERM (exit 0)"
+    else
+        fail "leader --watch: exit $WRC at SIGTERM"
+    fi
+    ;;
+*)
+    dl leader --watch elW
+    if [ "$RC" = 69 ] && grep -q "cannot be observed" "$TMP/err"; then
+        pass "leader --watch refused where the store cannot be observed yet (69, the reason)"
+    else
+        fail "leader --watch on $KIND: exit $RC: $(cat "$TMP/err")"
+    fi
+    ;;
+esac
+
+# --again: a leader whose term an operator ends (dlock break) stops its
+# command and campaigns again; the command runs again under a new term
+if [ "$KIND" != file ]; then
+    rm -f "$REL" "$TMP/again.runs"
+    REL=$REL bg_dlock ag elect --again --ttl 3s --kill-after 500ms elA -- \
+        sh -c 'echo "$DLOCK_TOKEN" >>"$0"; i=0
+while [ ! -e "$REL" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done' "$TMP/again.runs"
+    again_pid=$BG
+    if wait_line "$TMP/again.runs" '^[0-9]+$'; then
+        dl break elA
+        # the loss is seen within the 3 s lease, the command stopped
+        # within --kill-after, the next term taken at once (20 s at most)
+        for ((i = 0; i < 200; i++)); do
+            [ "$(wc -l <"$TMP/again.runs")" -ge 2 ] && break
+            sleep 0.1
+        done
+        if [ "$(wc -l <"$TMP/again.runs")" = 2 ] &&
+            [ "$(sed -n 2p "$TMP/again.runs")" -gt "$(sed -n 1p "$TMP/again.runs")" ]; then
+            pass "elect --again: the command ran again under a greater term"
+        else
+            fail "elect --again: runs $(tr '\n' ' ' <"$TMP/again.runs"): $(cat "$TMP/bg.ag.err")"
+        fi
+    else
+        fail "elect --again: never ran: $(cat "$TMP/bg.ag.err")"
+    fi
+    : >"$REL"
+    wait_exit "$again_pid" 15
+    if [ "$WRC" = 0 ]; then
+        pass "elect --again: exits with CMD's status when it ends by itself"
+    else
+        fail "elect --again: exit $WRC: $(cat "$TMP/bg.ag.err")"
+    fi
+fi
+
+# --------------------------------------------------------------------------
 # Mutual exclusion, --wait, status
 # --------------------------------------------------------------------------
 
