@@ -1896,7 +1896,7 @@ esac
 # command and campaigns again; the command runs again under a new term
 if [ "$KIND" != file ]; then
     rm -f "$REL" "$TMP/again.runs"
-    REL=$REL bg_dlock ag elect --again --ttl 3s --kill-after 500ms elA -- \
+    REL=$REL bg_dlock ag elect --again --ttl 3s elA -- \
         sh -c 'echo "$DLOCK_TOKEN" >>"$0"; i=0
 while [ ! -e "$REL" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done' "$TMP/again.runs"
     again_pid=$BG

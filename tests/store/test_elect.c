@@ -35,7 +35,7 @@ static void check_term(uint64_t read, uint64_t token)
  * "Leader election"): the others must say DLOCK_ENOTSUP, and do. */
 static int observable(void)
 {
-    return !strcmp(S.kind, "redis");
+    return !strcmp(S.kind, "redis") || !strcmp(S.kind, "zk");
 }
 
 static dlock_client *client(void)
@@ -218,7 +218,7 @@ TEST(a_proclaim_changes_the_value_not_the_term)
     CHECK_EQ(ld.term, t);
     CHECK_EQ(dlock_token(la), t);
     /* still held as before: renewals and the release work */
-    CHECK_OK(dlock_extend(la, 20000));
+    CHECK_OK(dlock_extend(la, S.fixed_ttl ? 30000 : 20000));
     CHECK_OK(dlock_resign(la));
     CHECK_OK(dlock_leader_get(b, "el-proclaim", &ld));
     CHECK_EQ(ld.present, 0);
@@ -267,6 +267,11 @@ TEST(observers_learn_of_every_change_from_the_store)
 
     CHECK_OK(dlock_proclaim(la, "a-2"));
     CHECK(rec_wait(&r, 1, "a-2", 5000, &ld));
+    CHECK_EQ(ld.term, dlock_token(la));
+    /* once more: the campaign's own events are long read by now, so
+     * only the proclaim's can wake the observer */
+    CHECK_OK(dlock_proclaim(la, "a-3"));
+    CHECK(rec_wait(&r, 1, "a-3", 5000, &ld));
     CHECK_EQ(ld.term, dlock_token(la));
 
     /* a resigns, b leads: the observer sees b's term */
@@ -355,8 +360,10 @@ TEST(a_dead_leader_is_followed_within_its_lease)
 
 TEST(a_forged_ring_makes_no_leader)
 {
-    if (!observable()) {
-        printf("     (no observers on this store yet)\n");
+    if (strcmp(S.kind, "redis") != 0) {
+        /* ZooKeeper's and etcd's watches are the server's own events of
+         * real writes: nothing to forge short of writing the nodes */
+        printf("     (no ring on this store: its own watch)\n");
         return;
     }
     dlock_client *a = client(), *w = client();

@@ -227,6 +227,34 @@ static int zk_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return rc;
 }
 
+/* Leader election: our node's data, "OWNER\nVALUE" (zk_queue.c writes it
+ * so), set in place; the node is our session's, so no other owner's is
+ * written. Its watchers (zk_elect.c) see the change. */
+static int zk_proclaim(void *st, dlock__lease *l, const char *desc,
+                       int64_t op_deadline)
+{
+    zk_store *zs = st;
+    zk_lease *zl = l->priv;
+    zk_session *s = hold_session(zs, zl);
+    char data[512];
+    int zrc, n;
+
+    if (!s)
+        return dlock__err(DLOCK_ENOTHELD,
+                          "zk %s: the session of this hold ended",
+                          zs->redacted);
+    n = snprintf(data, sizeof(data), "%s\n%s", l->owner, desc);
+    zrc = dlock__zk_call(zs, s, C_SET, zl->path, data,
+                         n < (int)sizeof(data) ? n : (int)sizeof(data) - 1,
+                         0, op_deadline, NULL);
+    dlock__zk_session_put(zs, s);
+    if (zrc == ZNONODE || zrc == ZSESSIONEXPIRED || zrc == ZINVALIDSTATE)
+        return dlock__err(DLOCK_ENOTHELD, "zk %s: the lock node is gone",
+                          zs->redacted);
+    return zrc == ZOK ? DLOCK_OK
+                      : dlock__zk_error(zs, "writing the lock node", zrc);
+}
+
 /* ------------------------------------------------------------------------ */
 /* The background thread: declared losses, orphans, expired sessions        */
 /* ------------------------------------------------------------------------ */
@@ -633,4 +661,9 @@ const dlock__backend dlock__backend_zk = {
     .cancel = zk_cancel,
     .at_risk_max = zk_at_risk_max,
     .check = zk_check,
+    .proclaim = zk_proclaim,
+    .watch_open = dlock__zk_watch_open, /* zk_elect.c */
+    .watch_wait = dlock__zk_watch_wait,
+    .watch_close = dlock__zk_watch_close,
+    .watch_sees_expiry = 1, /* a session's end deletes its nodes */
 };

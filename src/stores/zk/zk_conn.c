@@ -199,6 +199,15 @@ void dlock__zk_arm_timer(zk_store *zs, int64_t at)
     dlock__timer_within(zs->timer_fd, at - dlock__now_ms());
 }
 
+/* An observer's watch fired: its eventfd (zk_elect.c). zs->mu held. */
+static void ring_bell(const zk_watch *w)
+{
+    uint64_t one = 1;
+
+    if (w->bell)
+        (void)!write(*w->bell, &one, sizeof(one));
+}
+
 /* Session events (and, at expiry, every watch's copy of it). */
 static void on_event(zhandle_t *zh, int type, int state, const char *path,
                      void *ctx)
@@ -230,6 +239,11 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
             if (s->state != S_EXPIRED)
                 lost_sid = s->sid;
             s->state = S_EXPIRED;
+            /* an observer's watches end with the session: it opens
+             * others */
+            for (zk_watch *w = zs->watches; w; w = w->next)
+                if (w->sid == s->sid)
+                    ring_bell(w);
             wake_loop = 1;
         } else if (state == ZOO_AUTH_FAILED_STATE) {
             s->state = S_AUTHFAIL;
@@ -246,6 +260,7 @@ static void on_event(zhandle_t *zh, int type, int state, const char *path,
             if (w->sid == s->sid && strcmp(w->path, path) == 0) {
                 w->fired = 1;
                 w->deleted = type == ZOO_DELETED_EVENT;
+                ring_bell(w);
             }
         /* one of our own nodes (zk_mine.c) */
         if (zs->node_event(zs, s, type, path))
@@ -477,6 +492,10 @@ zk_op *dlock__zk_call_start(zk_store *zs, zk_session *s, int kind,
         break;
     case C_WEXISTS:
         rc = zoo_awexists(s->zh, path, on_event, s, on_stat, op);
+        break;
+    case C_WCHILDREN:
+        rc = zoo_awget_children2(s->zh, path, on_event, s, on_strings_stat,
+                                 op);
         break;
     case C_SET:
         rc = zoo_aset(s->zh, path, value, vlen, -1, on_stat, op);

@@ -57,13 +57,16 @@ typedef struct zk_session {
     struct zk_session *next;
 } zk_session;
 
-/* A waiter's watch on its predecessor. */
+/* A waiter's watch on its predecessor, or one of an observer's watches
+ * (zk_elect.c). */
 typedef struct zk_watch {
     const char *path;
     uint64_t sid;
     int fired;
     int deleted; /* the event was the node's deletion */
     struct zk_watch *next;
+    int *bell;   /* an observer's: an eventfd written when it fires (and
+                  * when its session ends); NULL for a waiter's */
 } zk_watch;
 
 /* A node that must go but could not be deleted yet (its delete, or its
@@ -135,7 +138,8 @@ typedef struct zk_op {
     int nresults;
 } zk_op;
 
-enum { C_CREATE, C_CHILDREN, C_DELETE, C_EXISTS, C_WEXISTS, C_GET, C_SET };
+enum { C_CREATE, C_CHILDREN, C_DELETE, C_EXISTS, C_WEXISTS, C_GET, C_SET,
+       C_WCHILDREN };
 
 /* ------------------------------------------------------------------------ */
 /* zk_conn.c: asynchronous calls, sessions                               */
@@ -240,6 +244,12 @@ zk_op *dlock__zk_mine_start(zk_store *zs, zk_session *s, zk_lease *zl,
 /* A watch or session event for session s (zs->mu held): a lock node of
  * ours deleted or changed, or the session connected again. Returns 1
  * when zk_operate's work (dlock__zk_mine_run) must run soon. */
+/* zk_elect.c: leader election's watches (backend slots). */
+int dlock__zk_watch_open(void *st, const char *name, size_t len, void **w,
+                         int64_t op_deadline);
+int dlock__zk_watch_wait(void *st, void *w, int64_t deadline, int cancel_fd);
+void dlock__zk_watch_close(void *st, void *w);
+
 int dlock__zk_mine_event(zk_store *zs, zk_session *s, int type,
                          const char *path);
 

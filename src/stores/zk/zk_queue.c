@@ -512,7 +512,7 @@ int dlock__zk_acquire_in(zk_store *zs, zk_session *s, dlock__lease *l,
         }
 
         /* watch the predecessor only */
-        zk_watch w = {pred, s->sid, 0, 0, NULL};
+        zk_watch w = {pred, s->sid, 0, 0, NULL, NULL};
         pthread_mutex_lock(&zs->mu);
         w.next = zs->watches;
         zs->watches = &w;
