@@ -35,7 +35,8 @@ static void check_term(uint64_t read, uint64_t token)
  * "Leader election"): the others must say DLOCK_ENOTSUP, and do. */
 static int observable(void)
 {
-    return !strcmp(S.kind, "redis") || !strcmp(S.kind, "zk");
+    return !strcmp(S.kind, "redis") || !strcmp(S.kind, "zk") ||
+           !strcmp(S.kind, "etcd") || !strcmp(S.kind, "pg");
 }
 
 static dlock_client *client(void)

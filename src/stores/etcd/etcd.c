@@ -829,4 +829,9 @@ const dlock__backend dlock__backend_etcd = {
     .evict = dlock__etcd_evict,
     .cancel = etcd_cancel,
     .at_risk_max = dlock__etcd_at_risk_max,
+    .proclaim = dlock__etcd_proclaim, /* etcd_elect.c */
+    .watch_open = dlock__etcd_watch_open,
+    .watch_wait = dlock__etcd_watch_wait,
+    .watch_close = dlock__etcd_watch_close,
+    .watch_sees_expiry = 1, /* a lease's end deletes its keys: an event */
 };

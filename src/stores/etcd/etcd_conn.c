@@ -215,6 +215,13 @@ void dlock__etcd_conn_put(etcd_store *es, etcd_conn *cn)
 }
 
 /* (Re)builds the connection's headers when the auth token changed. */
+static int conn_headers(etcd_store *es, etcd_conn *cn, int with_token);
+
+int dlock__etcd_conn_headers(etcd_store *es, etcd_conn *cn)
+{
+    return conn_headers(es, cn, 1);
+}
+
 static int conn_headers(etcd_store *es, etcd_conn *cn, int with_token)
 {
     uint64_t gen = with_token ? es->token_gen : 0;

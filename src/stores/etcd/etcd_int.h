@@ -289,6 +289,19 @@ void dlock__etcd_range_end_b64(const char *base, size_t len, char *out);
 /* An easy handle from the pool (a new one when it is empty), or NULL. */
 etcd_conn *dlock__etcd_conn_get(etcd_store *es);
 
+/* Sets cn's request headers (JSON, and the auth token when there is
+ * one) in cn->hdrs: 0, or -1 out of memory. */
+int dlock__etcd_conn_headers(etcd_store *es, etcd_conn *cn);
+
+/* etcd_elect.c: leader election (backend slots). */
+int dlock__etcd_proclaim(void *st, dlock__lease *l, const char *desc,
+                         int64_t op_deadline);
+int dlock__etcd_watch_open(void *st, const char *name, size_t len,
+                           void **w, int64_t op_deadline);
+int dlock__etcd_watch_wait(void *st, void *w, int64_t deadline,
+                           int cancel_fd);
+void dlock__etcd_watch_close(void *st, void *w);
+
 /* Gives cn back to the pool (up to DLOCK__POOL_MAX kept), or frees it. */
 void dlock__etcd_conn_put(etcd_store *es, etcd_conn *cn);
 

@@ -551,6 +551,10 @@ static const dlock__backend backend_pg_advisory = {
     .list = adv_list,
     .evict = adv_evict,
     .check = dlock__pg_check, /* pg_check.c */
+    .watch_unsupported =
+        "in advisory mode a leader's hold ends with its session, which "
+        "PostgreSQL tells no observer; the table mode (the default) has "
+        "observers",
 };
 
 const dlock__backend *dlock__pg_select(const dlock__uri *u)

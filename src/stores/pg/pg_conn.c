@@ -461,6 +461,23 @@ static int conn_get_ex(pg_store *ps, int64_t deadline, pg_conn **out,
     return rc;
 }
 
+int dlock__pg_conn_own(pg_store *ps, int64_t deadline, pg_conn **out)
+{
+    pg_conn *cn;
+
+    if (deadline > dlock__now_ms() + ps->timeout_ms)
+        deadline = dlock__now_ms() + ps->timeout_ms; /* ?timeout= */
+    pthread_mutex_lock(&ps->mu);
+    cn = dlock__pool_take(&ps->idle);
+    pthread_mutex_unlock(&ps->mu);
+    if (cn && !cn->orphan && !cn->broken && conn_alive(ps, cn)) {
+        *out = cn;
+        return DLOCK_OK;
+    }
+    dlock__pg_conn_free(cn);
+    return conn_open(ps, deadline, out);
+}
+
 int dlock__pg_conn_get(pg_store *ps, int64_t deadline, pg_conn **out)
 {
     return conn_get_ex(ps, deadline, out, 0);
@@ -646,11 +663,15 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
                   const char *const *vals, const int *lens, int64_t deadline,
                   PGresult **out, const char *what)
 {
-    static const char *const names[S_COUNT] = {
+    /* one per statement: a new statement needs its name here */
+    static const char *const names[] = {
         "dlock0",  "dlock1",  "dlock2",  "dlock3",  "dlock4",  "dlock5",
         "dlock6",  "dlock7",  "dlock8",  "dlock9",  "dlock10", "dlock11",
         "dlock12", "dlock13", "dlock14", "dlock15", "dlock16", "dlock17",
-        "dlock18", "dlock19", "dlock20", "dlock21", "dlock22", "dlock23"};
+        "dlock18", "dlock19", "dlock20", "dlock21", "dlock22", "dlock23",
+        "dlock24"};
+    _Static_assert(sizeof(names) / sizeof(names[0]) == S_COUNT,
+                   "a prepared statement's name for every statement");
     static const Oid types[S_COUNT][PG_PARAMS_MAX] = {
         [S_ACQUIRE] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT, T_TEXT, T_INT8,
                        T_INT4, T_TEXT},
@@ -661,6 +682,7 @@ int dlock__pg_run(pg_store *ps, pg_conn *cn, int which,
         [S_RELEASE] = {T_BYTEA, T_TEXT, T_INT8},
         [S_RELEASE_READ] = {T_BYTEA, T_TEXT, T_INT8},
         [S_EXTEND] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
+        [S_PROCLAIM] = {T_BYTEA, T_TEXT, T_INT8, T_TEXT},
         [S_EXTEND_SHARED] = {T_BYTEA, T_TEXT, T_INT8, T_INT8},
         [S_INSPECT] = {T_BYTEA},
         [S_QUEUE] = {T_BYTEA, T_TEXT},

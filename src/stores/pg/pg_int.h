@@ -150,6 +150,7 @@ enum {
     S_LIST,
     S_BREAK,
     S_CONFIRM,
+    S_PROCLAIM, /* leader election (pg_elect.c) */
     S_COUNT
 };
 
@@ -340,6 +341,11 @@ void dlock__pg_conn_free(pg_conn *cn);
  * idle extra one, or a new one), within `deadline` and ?timeout=. */
 int dlock__pg_conn_get(pg_store *ps, int64_t deadline, pg_conn **out);
 
+/* A connection the caller keeps for itself (never the command
+ * connection): an idle extra one, or a new one. Freed with
+ * dlock__pg_conn_free(). */
+int dlock__pg_conn_own(pg_store *ps, int64_t deadline, pg_conn **out);
+
 /* Gives cn back: to the command connection's waiters, to the idle extras,
  * or closed when it is unusable. */
 void dlock__pg_conn_put(pg_store *ps, pg_conn *cn);
@@ -362,6 +368,16 @@ int dlock__pg_check(void *st, int64_t ttl_ms, dlock_check *out,
 /* A query text without parameters (may hold several statements). */
 int dlock__pg_run_text(pg_store *ps, pg_conn *cn, const char *sql,
                        int64_t deadline, PGresult **out, const char *what);
+
+/* pg_elect.c: leader election, table mode (backend slots). */
+int dlock__pg_proclaim(void *st, dlock__lease *l, const char *desc,
+                       int64_t op_deadline);
+int dlock__pg_ring(void *st, const char *name, size_t len,
+                   int64_t op_deadline);
+int dlock__pg_watch_open(void *st, const char *name, size_t len, void **w,
+                         int64_t op_deadline);
+int dlock__pg_watch_wait(void *st, void *w, int64_t deadline, int cancel_fd);
+void dlock__pg_watch_close(void *st, void *w);
 
 /* pg_conn.c: notifications (table mode) */
 

@@ -308,6 +308,11 @@ int dlock__pg_build_statements(pg_store *ps, const pg_names *nm, const char *s)
             "(t.holders -> $2 ->> 'u')::bigint > c.ms AND "
             "jsonb_path_exists(t.holders - $2, '$.* ? (@.u > $m)', "
             "jsonb_build_object('m', c.ms))"},
+        /* leader election: the holder's value; $1 name, $2 owner, $3
+         * token, $4 the value (pg_elect.c) */
+        {S_PROCLAIM, 4,
+            "UPDATE %1$s SET holder = $4 WHERE name = $1 AND owner = $2 "
+            "AND token = $3 AND lock_until > " NOW},
         /* $1 name, $2 owner, $3 token, $4 ttl ms */
         {S_EXTEND, 4,
             "UPDATE %1$s SET lock_until = " NOW " + $4 * interval "

@@ -681,4 +681,9 @@ const dlock__backend dlock__backend_pg = {
     .list = pg_list,
     .evict = pg_evict,
     .check = dlock__pg_check, /* pg_check.c */
+    .proclaim = dlock__pg_proclaim, /* pg_elect.c */
+    .ring = dlock__pg_ring,
+    .watch_open = dlock__pg_watch_open,
+    .watch_wait = dlock__pg_watch_wait,
+    .watch_close = dlock__pg_watch_close,
 };
