@@ -8,7 +8,7 @@ import dlock
 
 # the stores whose observers and proclaim are built (docs/locks.md)
 OBSERVABLE = ("redis", "rediss", "redis-sentinel", "redis-cluster", "zk",
-              "etcd")
+              "etcd", "pg", "file", "sqlite")
 
 
 def test_a_campaign_leads_with_its_value_and_term(client, other, name,

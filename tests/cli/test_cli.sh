@@ -1854,7 +1854,7 @@ check_rc 3 "elect: CMD's own status"
 # --watch: a line now and one per change, from the store's word (the
 # Redis stores); elsewhere refused with the reason (69)
 case $KIND in
-redis | rediss | redis-sentinel | redis-cluster | zk | etcd)
+redis | rediss | redis-sentinel | redis-cluster | zk | etcd | pg | file | sqlite)
     bg_dlock watch leader --watch --json elW
     watcher=$BG
     if wait_line "$TMP/bg.watch.out" '"leader":false'; then

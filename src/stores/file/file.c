@@ -75,6 +75,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,6 +498,45 @@ static int file_extend(void *vst, dlock__lease *l, int64_t ttl_ms,
     return DLOCK_OK;
 }
 
+int64_t dlock__file_holder_pid(file_store *fs, const char *fname)
+{
+    file_id st;
+    file_rec r;
+    int fd, missing;
+    int64_t pid = 0;
+    short type = F_UNLCK;
+
+    if (open_lock_file(fs, fname, O_RDONLY, &fd, &st, &missing) != DLOCK_OK)
+        return 0;
+    if (dlock__ofd_conflict(fd, F_WRLCK, MAIN_BYTE, MAIN_BYTE + 1, &type) >=
+            0 &&
+        type == F_WRLCK &&
+        pread(fd, &r, sizeof(r), REC_OFFSET) == (ssize_t)sizeof(r))
+        pid = r.pid;
+    close(fd);
+    return pid;
+}
+
+/* Leader election: the holder record's description, rewritten in place
+ * by the holder (the lock is ours: nobody else writes the record). */
+static int file_proclaim(void *st, dlock__lease *l, const char *desc,
+                         int64_t op_deadline)
+{
+    file_lease *fl = l->priv;
+    char d[sizeof(((file_rec *)0)->desc)];
+
+    (void)st;
+    (void)op_deadline;
+    if (fl->fd < 0 || l->kind != DLOCK__WRITE)
+        return dlock__err(DLOCK_ENOTHELD, "file store: not held");
+    memset(d, 0, sizeof(d));
+    snprintf(d, sizeof(d), "%s", desc);
+    if (pwrite(fl->fd, d, sizeof(d), REC_OFFSET + offsetof(file_rec, desc)) !=
+        (ssize_t)sizeof(d))
+        return dlock__file_io_error("write", fl->fname, errno);
+    return DLOCK_OK;
+}
+
 int dlock__file_inspect(void *vst, const char *name, size_t len,
                         dlock_info *out, int64_t op_deadline)
 {
@@ -761,4 +801,10 @@ const dlock__backend dlock__backend_file = {
     .evict_unsupported = "its locks are the holders' own kernel locks (open "
                          "file descriptions): only the holder, or its end, "
                          "frees them",
+    .proclaim = file_proclaim,
+    .ring = dlock__file_ring, /* file_elect.c */
+    .watch_open = dlock__file_obs_open,
+    .watch_wait = dlock__file_obs_wait,
+    .watch_close = dlock__file_obs_close,
+    .watch_sees_expiry = 1, /* a holder's death closes its descriptors */
 };

@@ -232,6 +232,18 @@ void dlock__file_loop_run(void *st, int readable);
  * the store's view of one lock (the inspect slot); the lock name kept in
  * a file's holder record (DLOCK_NAME_MAX bytes; DLOCK_ENOTHELD: none) */
 void dlock__file_name(const char *name, size_t len, char *out);
+
+/* file_elect.c: leader election's ring and watch (backend slots); file.c
+ * the proclaim, and the pid in the holder record of lock file `fname`
+ * while its lock is held exclusively (0: not, or unreadable). */
+int64_t dlock__file_holder_pid(file_store *fs, const char *fname);
+int dlock__file_ring(void *st, const char *name, size_t len,
+                     int64_t op_deadline);
+int dlock__file_obs_open(void *st, const char *name, size_t len,
+                           void **w, int64_t op_deadline);
+int dlock__file_obs_wait(void *st, void *w, int64_t deadline,
+                           int cancel_fd);
+void dlock__file_obs_close(void *st, void *w);
 dlock__inspect_slot dlock__file_inspect;
 int dlock__file_inspect_fname(file_store *fs, const char *fname,
                               dlock_info *out);

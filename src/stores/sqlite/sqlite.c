@@ -233,6 +233,10 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
                       "?1 AND owner = ?2 AND token = ?3 AND lock_until > "
                       "%2$s",
                       t)) ||
+        (rc = dlock__sq_prepare(ss, S_PROCLAIM,
+                      "UPDATE %1$s SET holder = ?4 WHERE name = ?1 AND "
+                      "owner = ?2 AND token = ?3 AND lock_until > %2$s",
+                      t)) ||
         (rc = dlock__sq_prepare(ss, S_GC,
                       "DELETE FROM %1$s WHERE lock_until <= %2$s AND "
                       "locked_at <= %2$s - ?1",
@@ -398,4 +402,9 @@ const dlock__backend dlock__backend_sqlite = {
     .gc = sq_gc,
     .list = dlock__sq_list,
     .evict = dlock__sq_evict,
+    .proclaim = dlock__sq_proclaim, /* sqlite_elect.c */
+    .ring = dlock__sq_ring,
+    .watch_open = dlock__sq_watch_open,
+    .watch_wait = dlock__sq_watch_wait,
+    .watch_close = dlock__sq_watch_close,
 };

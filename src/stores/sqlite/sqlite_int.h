@@ -172,8 +172,19 @@ enum {
     S_LIST,       /* dlock_list()'s page (sqlite_operate.c) */
     S_LIST_UP,    /* the same below an upper bound */
     S_EVICT,      /* dlock_break()'s clearing */
+    S_PROCLAIM,   /* leader election (sqlite_elect.c) */
     S_COUNT
 };
+
+/* sqlite_elect.c: leader election (backend slots). */
+int dlock__sq_proclaim(void *st, dlock__lease *l, const char *desc,
+                       int64_t op_deadline);
+int dlock__sq_ring(void *st, const char *name, size_t len,
+                   int64_t op_deadline);
+int dlock__sq_watch_open(void *st, const char *name, size_t len, void **w,
+                         int64_t op_deadline);
+int dlock__sq_watch_wait(void *st, void *w, int64_t deadline, int cancel_fd);
+void dlock__sq_watch_close(void *st, void *w);
 
 /* The columns of dlock_inspect()'s row (S_INSPECT, S_LIST*). */
 enum {
