@@ -33,6 +33,9 @@ how fast anything was. It fails (exit 1, one line per problem) when
   - the file store's CLI section lacks its targets' figures beside
     flock(1): `dlock run`'s start-up, `dlock --version` and the peak RSS,
     each a ratio with its target (issue 35);
+  - a store lacks its "Leader election" figures: the hand-over beside
+    the plain lock's, and where the store has observers, how long after
+    a campaign an observer is told (issue 36);
   - a chart named by the document was not drawn (with --charts DIR).
 """
 import os
@@ -47,6 +50,8 @@ STORES = ["Redis", "File store", "Redlock", "ZooKeeper", "etcd", "SQLite",
 # stores with shared holds (docs/locks.md): their bench_rw subsection
 RW_STORES = ["Redis", "File store", "PostgreSQL", "ZooKeeper", "etcd",
              "SQLite", "MySQL / MariaDB"]
+# the stores whose elections have observers (docs/locks.md)
+OBSERVED = ["Redis", "File store", "PostgreSQL", "ZooKeeper", "etcd", "SQLite"]
 CONTENTION = ["Redis", "File store", "Redlock, 5 nodes", "ZooKeeper",
               "etcd", "SQLite", "PostgreSQL", "MySQL / MariaDB"]
 
@@ -82,6 +87,15 @@ def main():
         if len(sets) < 2 or len(re.findall(
                 r"\n\| [28] \|[^\n]*\*\*[0-9.]+x\*\*", sets[1])) < 2:
             bad.append("no several-locks figures for %s" % s)
+        el = own.split("\n### Leader election", 1)
+        if len(el) < 2 or not re.search(
+                r"\| hand-over between two processes[^\n]*\*\*[0-9.]+x\*\*",
+                el[1]):
+            bad.append("no leader-election figures for %s" % s)
+        elif s in OBSERVED and not re.search(
+                r"\| an observer told of the new leader[^\n]*\*\*[0-9.]+x"
+                r"\*\*", el[1]):
+            bad.append("no observer figure for %s" % s)
     redis = text.split("\n## Redis", 1)
     redis = redis[1].split("\n## ", 1)[0] if len(redis) == 2 else ""
     if not re.search(r"\n### Listing [0-9]+ locks[^\n]*\n(?:[^\n]*\n)*?\|"

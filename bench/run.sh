@@ -533,11 +533,12 @@ fi
 # through th_serve: the user dlock with every privilege; PostgreSQL with
 # fsync off, MariaDB's InnoDB log flushed once a second, unless
 # DLOCK_SQL_DURABLE=1)
-# rw_titled SUFFIX URI: bench_rw's subsection on URI, SUFFIX after its
-# title ("Shared holds and semaphores")
+# rw_titled SUFFIX URI: bench_rw's subsections on URI, SUFFIX after the
+# titles "Shared holds and semaphores" and "Leader election"
 rw_titled() {
     "$bin/dlock_bench_rw" "$2" "${q[@]}" |
-        sed "s/^### Shared holds and semaphores\$/### Shared holds and semaphores$1/"
+        sed -e "s/^### Shared holds and semaphores\$/### Shared holds and semaphores$1/" \
+            -e "s/^### Leader election\$/### Leader election$1/"
 }
 
 echo "bench: ${SECONDS}s: PostgreSQL" >&2

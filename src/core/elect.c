@@ -69,10 +69,65 @@ int dlock__check_value(const char *fn, const char *name, const char *value)
     return DLOCK_OK;
 }
 
+/* A name to ring, queued for the background thread. */
+struct dlock__ring {
+    struct dlock__ring *next;
+    size_t len;
+    char name[];
+};
+
 void dlock__ring(dlock_client *c, const char *name, size_t len)
 {
-    if (c->be->ring && c->st)
-        (void)c->be->ring(c->st, name, len, dlock__now_ms() + c->timeout_ms);
+    struct dlock__ring *r;
+    int queued = 0;
+
+    if (!c->be->ring || !c->st)
+        return;
+    /* off the caller's path: a campaign returns as soon as it leads, and
+     * its observers are told one store call later (a ring is a wake-up:
+     * a late one costs them nothing but that) */
+    r = malloc(sizeof(*r) + len + 1);
+    pthread_mutex_lock(&c->mu);
+    if (r && c->thread_running && !c->stopping) {
+        for (struct dlock__ring *q = c->rings; q; q = q->next)
+            if (q->len == len && !memcmp(q->name, name, len)) {
+                queued = 2; /* one ring tells them of both */
+                break;
+            }
+        if (!queued) {
+            r->len = len;
+            memcpy(r->name, name, len);
+            r->name[len] = '\0';
+            r->next = c->rings;
+            c->rings = r;
+            queued = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (queued != 1)
+        free(r);
+    if (queued) {
+        dlock__loop_wake(c);
+        return;
+    }
+    (void)c->be->ring(c->st, name, len, dlock__now_ms() + c->timeout_ms);
+}
+
+void dlock__rings_run(dlock_client *c)
+{
+    struct dlock__ring *r;
+
+    pthread_mutex_lock(&c->mu);
+    r = c->rings;
+    c->rings = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (r) {
+        struct dlock__ring *next = r->next;
+        (void)c->be->ring(c->st, r->name, r->len,
+                          dlock__now_ms() + c->timeout_ms);
+        free(r);
+        r = next;
+    }
 }
 
 int dlock_campaign(dlock *l, const char *value, int64_t wait_ms)

@@ -174,6 +174,8 @@ struct dlock_client {
     int64_t at_risk_ms;    /* at-risk margin, 0: off (c->mu; read
                             * without it with __atomic) */
     dlock_observer *observers; /* running observers (elect.c; c->mu) */
+    struct dlock__ring *rings; /* names to ring, for the background
+                                * thread (elect.c; c->mu) */
 };
 
 /* error.c */
@@ -267,8 +269,12 @@ int dlock__usable(const dlock_client *c);
  * `name`): 1..DLOCK_VALUE_MAX bytes without control characters. */
 int dlock__check_value(const char *fn, const char *name, const char *value);
 /* Tells the observers of name (the store's ring slot, if any): best
- * effort, after a campaign's acquire, a proclaim, a resign. */
+ * effort, after a campaign's acquire, a proclaim, a resign. Queued for
+ * the client's background thread, which rings off the caller's path
+ * (dlock__rings_run()); at once when it does not run. */
 void dlock__ring(dlock_client *c, const char *name, size_t len);
+/* The background thread rings what is queued (c->mu NOT held). */
+void dlock__rings_run(dlock_client *c);
 /* Stops every observer of the client (dlock_client_close(), before the
  * store closes); they are freed by dlock_observer_close(). */
 void dlock__observers_stop(dlock_client *c);

@@ -569,9 +569,11 @@ void *dlock__background(void *arg)
                             nfds == 2 &&
                                 !__atomic_load_n(&c->reader, __ATOMIC_RELAXED) &&
                                 (fds[1].revents & (POLLIN | POLLERR | POLLHUP)));
+        dlock__rings_run(c); /* elections' observers told (elect.c) */
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
+    dlock__rings_run(c); /* those queued as the client closed */
     return NULL;
 }
 
