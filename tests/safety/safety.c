@@ -36,6 +36,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -60,7 +61,7 @@
 enum { SC_NONE, SC_KILL, SC_STOP, SC_RESTART, SC_PARTITION, SC_SLOW,
        SC_CLOCK, SC_WKILL, SC_WSTOP, SC_SHORT, SC_HRESTART, SC_CONNKILL,
        SC_RESTART_NOW, SC_BREAK, SC_FAILOVER, SC_RESHARD, SC_CANCELS,
-       SC_FORGED, SC_CUTOFF, SC_SETS, SC_N };
+       SC_FORGED, SC_CUTOFF, SC_SETS, SC_ELECT, SC_N };
 static const char *const sc_name[SC_N] = {
     [SC_NONE] = "none",
     [SC_KILL] = "kill",
@@ -82,6 +83,7 @@ static const char *const sc_name[SC_N] = {
     [SC_FORGED] = "forged-grant",
     [SC_CUTOFF] = "cutoff-run",
     [SC_SETS] = "sets-stop",
+    [SC_ELECT] = "elect-stop",
 };
 
 enum { ST_FILE, ST_REDIS, ST_REDLOCK, ST_ZK, ST_ETCD, ST_SQLITE, ST_PG,
@@ -145,6 +147,11 @@ static const int expected[SC_N][ST_N] = {
      * holding the lock and a side name, frozen past its lease as in
      * stop: what stop gives, and no deadlock of the cycle */
     [SC_SETS] =        {F, F, F, F, F, F, F, F, F, F, F, F},
+    /* every hold a leader's term (dlock_campaign(), dlock_resign()); the
+     * leader frozen past its lease as in stop, while the runner observes
+     * the election where the store has observers: what stop gives, and
+     * the terms the observer reports only grow */
+    [SC_ELECT] =       {F, F, F, F, F, F, F, F, F, F, F, F},
 };
 #undef H
 #undef L
@@ -1419,6 +1426,34 @@ static void forged_grant(run *r, char *note, size_t cap, int *inconclusive)
     }
 }
 
+/* The elect scenario's observer (the runner's): the terms it reports
+ * must only grow. */
+typedef struct watched {
+    pthread_mutex_t mu;
+    long reports;    /* leaders reported */
+    uint64_t last;   /* the last term reported */
+    long backwards;  /* a term not above the last one reported */
+    uint64_t bad_after, bad; /* the first such pair */
+} watched;
+
+static void on_leader(const char *name, const dlock_leader *ld, void *arg)
+{
+    watched *w = arg;
+
+    (void)name;
+    if (!ld->present || ld->error)
+        return;
+    pthread_mutex_lock(&w->mu);
+    if (w->reports && ld->term < w->last && !w->backwards++) {
+        w->bad_after = w->last;
+        w->bad = ld->term;
+    }
+    if (ld->term > w->last)
+        w->last = ld->term;
+    w->reports++;
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void run_one(store *st, int sc, cell *out)
 {
     run r;
@@ -1456,8 +1491,8 @@ static void run_one(store *st, int sc, cell *out)
     s->ttl_ms = sc == SC_RESTART ? st->ttl_restart
                 : sc == SC_RESTART_NOW && st->kind == ST_ETCD
                     ? 4000 /* a cluster's restart: 1-3 s */
-                : sc == SC_STOP || sc == SC_SETS || sc == SC_PARTITION ||
-                        sc == SC_SLOW
+                : sc == SC_STOP || sc == SC_SETS || sc == SC_ELECT ||
+                        sc == SC_PARTITION || sc == SC_SLOW
                     ? st->ttl
                     : (st->ttl > 2000 ? st->ttl : 2000);
     s->flags = 0;
@@ -1466,6 +1501,7 @@ static void run_one(store *st, int sc, cell *out)
     s->cancels = sc == SC_CANCELS;
     s->mixed = mixed;
     s->sets = sc == SC_SETS;
+    s->elect = sc == SC_ELECT;
     s->delay_us = 200;
     s->max_holds_per_worker = quick ? 400 : 1000;
     if (sc == SC_FORGED) {
@@ -1537,6 +1573,16 @@ static void run_one(store *st, int sc, cell *out)
     if (sc == SC_CANCELS)
         snprintf(note, sizeof(note), "waits cancelled every 1-10 ms "
                                      "(dlock_cancel), as releases hand over");
+    /* elect-stop: the runner observes the election, where the store has
+     * observers (a term of the same leader reported twice is one) */
+    static watched wt;
+    dlock_client *oc = NULL;
+    dlock_observer *obs = NULL;
+    memset(&wt, 0, sizeof(wt));
+    pthread_mutex_init(&wt.mu, NULL);
+    if (sc == SC_ELECT && dlock_client_open(&oc, st->uri, NULL) == DLOCK_OK &&
+        dlock_observe(oc, SF_LOCK_NAME, on_leader, &wt, &obs) != DLOCK_OK)
+        obs = NULL;
     /* a client of the controller's own, to find the queue's head */
     dlock_client *ctl = NULL;
     if (sc == SC_WKILL || sc == SC_WSTOP || sc == SC_HRESTART ||
@@ -1591,6 +1637,7 @@ static void run_one(store *st, int sc, cell *out)
             break;
         case SC_STOP:
         case SC_SETS:
+        case SC_ELECT:
             kill(vpid, SIGSTOP);
             snprintf(rnote, sizeof(rnote), "holder SIGSTOPped");
             wait_accepted(&r, base, 1, lease_wait);
@@ -1892,6 +1939,30 @@ static void run_one(store *st, int sc, cell *out)
     }
     mirror_stop(&r);
     sf_check(s, &out->rep);
+    if (sc == SC_ELECT) {
+        dlock_observer_close(obs);
+        dlock_client_close(oc);
+        char on[200];
+        if (!obs)
+            snprintf(on, sizeof(on), "no observer on this store");
+        else if (wt.backwards)
+            snprintf(on, sizeof(on), "OBSERVER: term %llu reported after "
+                     "%llu (%ld times)",
+                     (unsigned long long)wt.bad,
+                     (unsigned long long)wt.bad_after, wt.backwards);
+        else
+            snprintf(on, sizeof(on), "observer: %ld leaders, terms only "
+                     "grew", wt.reports);
+        size_t nl = strlen(note);
+        snprintf(note + nl, sizeof(note) - nl, "%s%s", nl ? "; " : "", on);
+        if (obs && wt.backwards)
+            out->rep.outcome = SF_VIOLATED;
+        if (obs && wt.reports == 0 && !inconclusive) {
+            snprintf(note, sizeof(note), "INCONCLUSIVE: the observer "
+                                         "reported no leader");
+            inconclusive = 1;
+        }
+    }
     if (out->rep.holds == 0 && !inconclusive) {
         /* nothing was tried: no history says held (seen when a store's
          * module was not built: every worker failed to open) */

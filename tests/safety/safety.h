@@ -125,6 +125,9 @@ typedef struct sf_shared {
     int cancels;             /* each worker's waits are dlock_cancel()ed
                               * every 1..10 ms by a thread of its own */
     int mixed;               /* two holds in three are read holds */
+    int elect;               /* the elect scenario: every hold is a
+                              * leader's term (dlock_campaign(), and
+                              * dlock_resign() to end it) */
     int sets;                /* the sets scenario: every hold is a set of
                               * two (dlock_acquire_all()) of the lock and
                               * two side names, named in a cycle and in

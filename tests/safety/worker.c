@@ -111,7 +111,9 @@ static void one_hold(sf_shared *s, wstate *ws, dlock *l, dlock *const *set,
     h->write_res = r;
     h->write_op = wop;
     h->t_rel_call = sf_now_ns();
-    h->rel_rc = n ? dlock_release_all(set, n) : dlock_release(l);
+    h->rel_rc = n         ? dlock_release_all(set, n)
+                : s->elect ? dlock_resign(l)
+                           : dlock_release(l);
     h->t_rel_ret = sf_now_ns();
     if (h->rel_rc != DLOCK_OK)
         snprintf(me->last_err, sizeof(me->last_err), "release: %s: %s",
@@ -244,7 +246,7 @@ int sf_worker_main(const char *path, int id)
          (int)seq < s->max_holds_per_worker && !stopping(s); seq++) {
         int64_t t_call = sf_now_ns();
         __atomic_store_n(&me->in_acquire, 1, __ATOMIC_SEQ_CST);
-        int shared = !s->sets && s->mixed && rand() % 3 != 0;
+        int shared = !s->sets && !s->elect && s->mixed && rand() % 3 != 0;
         int64_t wait = s->short_waits ? 1 + rand() % 10 : s->wait_ms;
         /* sets: {lock, side 0}, {side 0, side 1} or {side 1, lock}, a
          * cycle, each named in a random order (the set's own order is
@@ -262,9 +264,12 @@ int sf_worker_main(const char *path, int id)
                 set[1] = t;
             }
         }
-        int rc = s->sets  ? dlock_acquire_all(set, 2, wait)
-                 : shared ? dlock_acquire_shared(l, wait)
-                          : dlock_acquire(l, wait);
+        char value[32];
+        snprintf(value, sizeof(value), "worker-%d", id);
+        int rc = s->sets    ? dlock_acquire_all(set, 2, wait)
+                 : s->elect ? dlock_campaign(l, value, wait)
+                 : shared   ? dlock_acquire_shared(l, wait)
+                            : dlock_acquire(l, wait);
         __atomic_store_n(&me->in_acquire, 0, __ATOMIC_SEQ_CST);
         if (rc == DLOCK_OK && s->sets && !with_l) {
             /* the side names alone: no hold of the lock to record */
