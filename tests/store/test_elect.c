@@ -40,6 +40,13 @@ static int observable(void)
            !strcmp(S.kind, "file") || !strcmp(S.kind, "sqlite");
 }
 
+/* ... and those with a proclaim: Redlock too (its observers would see a
+ * term that can go back: docs/locks.md). */
+static int proclaims(void)
+{
+    return observable() || !strcmp(S.kind, "redlock");
+}
+
 static dlock_client *client(void)
 {
     return th_client(S.uri, th_patient());
@@ -188,7 +195,7 @@ TEST(bad_values_and_handles_are_refused_before_the_store)
     CHECK_RC(dlock_campaign(sem, "x", 0), DLOCK_EINVAL);
     CHECK_RC(dlock_campaign(NULL, "x", 0), DLOCK_EINVAL);
     CHECK_RC(dlock_proclaim(l, "not leading"),
-             observable() ? DLOCK_ENOTHELD : DLOCK_ENOTSUP);
+             proclaims() ? DLOCK_ENOTHELD : DLOCK_ENOTSUP);
     CHECK_RC(dlock_leader_get(a, "el-bad", NULL), DLOCK_EINVAL);
     dlock_observer *o = (dlock_observer *)1;
     CHECK_RC(dlock_observe(a, "", NULL, NULL, &o), DLOCK_EINVAL);
@@ -205,7 +212,7 @@ TEST(a_proclaim_changes_the_value_not_the_term)
 
     CHECK_OK(dlock_campaign(la, "first", 5000));
     uint64_t t = dlock_token(la);
-    if (!observable()) {
+    if (!proclaims()) {
         CHECK_RC(dlock_proclaim(la, "second"), DLOCK_ENOTSUP);
         CHECK_CONTAINS(dlock_errmsg(), "cannot proclaim");
         CHECK_OK(dlock_resign(la));
@@ -217,7 +224,7 @@ TEST(a_proclaim_changes_the_value_not_the_term)
     CHECK_OK(dlock_leader_get(b, "el-proclaim", &ld));
     CHECK_EQ(ld.present, 1);
     CHECK_STR(ld.value, "second");
-    CHECK_EQ(ld.term, t);
+    check_term(ld.term, t);
     CHECK_EQ(dlock_token(la), t);
     /* still held as before: renewals and the release work */
     CHECK_OK(dlock_extend(la, S.fixed_ttl ? 30000 : 20000));
@@ -237,7 +244,7 @@ TEST(observers_learn_of_every_change_from_the_store)
     dlock *lb = th_handle(b, "el-watch", 60000, 0, 0);
     dlock_observer *o = NULL;
     dlock_leader ld;
-    rec r;
+    static rec r; /* large: not on the stack */
 
     rec_init(&r);
     if (!observable()) {
@@ -331,7 +338,7 @@ TEST(a_dead_leader_is_followed_within_its_lease)
     dlock_client *b = client(), *w = client();
     dlock *lb = th_handle(b, "el-dead", 30000, 0, 0);
     dlock_observer *o = NULL;
-    rec r;
+    static rec r; /* large: not on the stack */
 
     snprintf(h->uri, sizeof(h->uri), "%s", S.uri);
     snprintf(h->name, sizeof(h->name), "el-dead");
@@ -375,7 +382,7 @@ TEST(a_forged_ring_makes_no_leader)
     dlock *la = th_handle(a, "el-forge", 60000, 0, 0);
     dlock_observer *o = NULL;
     dlock_leader ld;
-    rec r;
+    static rec r; /* large: not on the stack */
 
     rec_init(&r);
     CHECK_OK(dlock_campaign(la, "real", 5000));
@@ -414,7 +421,7 @@ TEST(closing_the_client_first_stops_its_observers)
     }
     dlock_client *w = client();
     dlock_observer *o = NULL;
-    rec r;
+    static rec r; /* large: not on the stack */
 
     rec_init(&r);
     CHECK_OK(dlock_observe(w, "el-close", rec_cb, &r, &o));

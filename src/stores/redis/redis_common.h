@@ -158,6 +158,23 @@ static inline const char *rpush_kind(const redisReply *r)
 int dlock__redis_server_error(const char *where, const char *password,
                               const char *msg, const char *lock);
 
+/* Leader election's proclaim, one lock key, on one server and on each
+ * Redlock node. KEYS: lock. ARGV: the owner as the store's extend
+ * compares it, the leader's new value. 1 if set, 0 if not ours. The
+ * record's first line, "OWNER TOKEN ACQUIRED_MS DESCRIPTION" (Redlock:
+ * the node's counter for TOKEN), gets the new description; the waiters'
+ * lines, the token and the lease stay. */
+#define DLOCK__REDIS_LUA_PROCLAIM                                            \
+    "local v = redis.call('GET', KEYS[1])\n"                                 \
+    "if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end\n"  \
+    "local nl = string.find(v, '\\n', 1, true)\n"                            \
+    "local first = nl and string.sub(v, 1, nl - 1) or v\n"                   \
+    "local head = string.match(first, '^%S+ %d+ %d+ ')\n"                    \
+    "if not head then return 0 end\n"                                       \
+    "redis.call('SET', KEYS[1], head .. ARGV[2] ..\n"                        \
+    "  (nl and string.sub(v, nl) or ''), 'KEEPTTL')\n"                       \
+    "return 1\n"
+
 /* Describes the I/O failure of a context. */
 int dlock__redis_io_failure(const char *where, const redisContext *ctx,
                             int64_t io_ms);

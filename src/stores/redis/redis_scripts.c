@@ -186,21 +186,6 @@ static const char list_lua[] =
     "end\n"
     "return r\n";
 
-/* KEYS: lock. ARGV: the owner as extend compares it, the leader's new
- * value. 1 if set, 0 if not ours. The record's first line, "OWNER TOKEN
- * ACQUIRED_MS DESCRIPTION", gets the new description; the waiters'
- * lines, the token and the lease stay. */
-static const char proclaim_lua[] =
-    "local v = redis.call('GET', KEYS[1])\n"
-    "if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end\n"
-    "local nl = string.find(v, '\\n', 1, true)\n"
-    "local first = nl and string.sub(v, 1, nl - 1) or v\n"
-    "local head = string.match(first, '^%S+ %d+ %d+ ')\n"
-    "if not head then return 0 end\n"
-    "redis.call('SET', KEYS[1], head .. ARGV[2] ..\n"
-    "  (nl and string.sub(v, nl) or ''), 'KEEPTTL')\n"
-    "return 1\n";
-
 const char *const dlock__redis_script_text[NSCRIPTS] = {
     try_lua,
     release_lua,
@@ -215,5 +200,5 @@ const char *const dlock__redis_script_text[NSCRIPTS] = {
     dlock__redis_rw_extend_many_lua,
     list_lua,
     dlock__redis_break_lua,
-    proclaim_lua};
+    DLOCK__REDIS_LUA_PROCLAIM};
 

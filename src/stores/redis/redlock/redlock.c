@@ -183,7 +183,8 @@ static const char break_lua[] =
 
 const char *const dlock__redlock_script_text[NSCRIPTS] = {
     acquire_lua, release_lua, extend_lua, repair_lua,
-    raise_lua,   inspect_lua, list_lua,   break_lua};
+    raise_lua,   inspect_lua, list_lua,   break_lua,
+    DLOCK__REDIS_LUA_PROCLAIM};
 
 
 /* ------------------------------------------------------------------------ */
@@ -634,6 +635,38 @@ static int rl_extend(void *st, dlock__lease *l, int64_t ttl_ms,
     return rc;
 }
 
+/* Leader election: the description of our key on a quorum of the nodes
+ * (DLOCK__REDIS_LUA_PROCLAIM; a node that missed it keeps the old value,
+ * which inspection may show when that node's key is the one it reads;
+ * repairs write the new one). */
+static int rl_proclaim(void *st, dlock__lease *l, const char *desc,
+                       int64_t op_deadline)
+{
+    rl_store *rs = st;
+    char lock[DLOCK__REDIS_KEY_MAX], owner[80];
+    size_t ll = dlock__redis_key(&rs->cfg, l->name, l->name_len, "", lock);
+    size_t ol = owner_sp(l, owner, sizeof(owner));
+    int rc = DLOCK_OK;
+    rcmd c;
+    tally t;
+
+    rcmd_evalsha(&c, S_PROCLAIM, 1);
+    rcmd_arg(&c, lock, ll);
+    rcmd_arg(&c, owner, ol);
+    rcmd_str(&c, desc);
+    pthread_mutex_lock(&rs->mu);
+    (void)dlock__redlock_ask_all(rs, &c, 1, rs->node_timeout, op_deadline,
+                                 NULL, NULL);
+    dlock__redlock_count(rs, &t);
+    int answered, notours;
+    dlock__redlock_count_ints(rs, &answered, &notours, NULL);
+    if (t.yes < rs->quorum)
+        rc = no_quorum(rs, l, answered, notours, "proclaim");
+    dlock__redlock_round_free(rs);
+    pthread_mutex_unlock(&rs->mu);
+    return rc;
+}
+
 static int64_t rl_margin(void *st, int64_t ttl_ms)
 {
     return margin(st, ttl_ms);
@@ -657,4 +690,11 @@ const dlock__backend dlock__backend_redlock = {
     .margin = rl_margin,
     .list = dlock__redlock_list,
     .evict = dlock__redlock_evict,
+    .proclaim = rl_proclaim,
+    .watch_unsupported =
+        "the term Redlock's nodes report is the highest counter among the "
+        "leader's keys, which a node that answered after the quorum can "
+        "raise above the leader's token, and the next leader's term can be "
+        "below it: observers would see terms go back (docs/redlock.md); "
+        "the leader's own dlock_token() is its term",
 };

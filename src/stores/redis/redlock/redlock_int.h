@@ -41,6 +41,7 @@ enum {
     S_INSPECT,
     S_LIST,
     S_BREAK,
+    S_PROCLAIM, /* leader election (DLOCK__REDIS_LUA_PROCLAIM) */
     NSCRIPTS
 };
 
