@@ -1684,6 +1684,35 @@ redis)
         ;;
     esac
     ;;
+sqlite)
+    # a database on the test's own file system: nothing to say; on
+    # overlayfs (a container's root), in a mount namespace of the test's
+    # own: found
+    dl doctor
+    check_rc 0 "doctor: a local database is fine"
+    mkdir -p "$TMP/sov/l" "$TMP/sov/u" "$TMP/sov/w" "$TMP/sov/m"
+    if unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m"' "$TMP/sov" 2>/dev/null; then
+        "${BOUND[@]}" unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m" && exec "$1" doctor --store "sqlite://$0/m/locks.db"' \
+            "$TMP/sov" "$DLOCK" >"$TMP/out" 2>"$TMP/err" </dev/null
+        RC=$?
+        if [ "$RC" = 1 ] && grep -q "sqlite-on-overlayfs" "$TMP/out"; then
+            pass "doctor: a database on overlayfs is found (exit 1)"
+        else
+            fail "doctor of SQLite on overlayfs: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+        fi
+    else
+        skip "doctor of SQLite on overlayfs: this machine cannot mount one (not root, or no overlay module)"
+    fi
+    ;;
+etcd)
+    # no password in the test's URI: nothing found, and the clock noted
+    dl doctor
+    if [ "$RC" = 0 ] && grep -q "no clock offset to check" "$TMP/out"; then
+        pass "doctor: etcd without a password is fine, its clock noted"
+    else
+        fail "doctor on etcd: exit $RC: $(cat "$TMP/out")"
+    fi
+    ;;
 zk)
     # the test's server grants sessions of 400 ms to 60 s: 10 s is
     # granted, 90 s is not

@@ -1202,6 +1202,15 @@ TEST(auth_with_user_and_password)
     CHECK_OK(dlock_acquire(l, 0));
     CHECK_OK(dlock_release(l));
     dlock_close(l);
+    /* dlock doctor: that password goes over plain HTTP */
+    dlock_check ck;
+    CHECK_OK(dlock_client_check(c, 10000, &ck));
+    int found = 0;
+    for (size_t i = 0; i < ck.n; i++)
+        found |= !strcmp(ck.findings[i].check, "password-without-tls");
+    CHECK(found);
+    CHECK(strstr(ck.findings[0].what, "Pw9Secret") == NULL);
+    dlock_check_clear(&ck);
     dlock_client_close(c);
 
     c = NULL;

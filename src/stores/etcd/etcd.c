@@ -829,6 +829,7 @@ const dlock__backend dlock__backend_etcd = {
     .evict = dlock__etcd_evict,
     .cancel = etcd_cancel,
     .at_risk_max = dlock__etcd_at_risk_max,
+    .check = dlock__etcd_check,       /* etcd_elect.c */
     .proclaim = dlock__etcd_proclaim, /* etcd_elect.c */
     .watch_open = dlock__etcd_watch_open,
     .watch_wait = dlock__etcd_watch_wait,

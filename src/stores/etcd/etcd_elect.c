@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * etcd_elect.c -- leader election on etcd (docs/design.md, "Leader
- * election"): the proclaim, and an observer's watch.
+ * election"): the proclaim, and an observer's watch; and the store's
+ * check (dlock doctor), of what its URI says.
  *
  * Proclaim: one transaction, guarded by our key's create revision (as a
  * release is), puts the new value "<owner>\n<value>" with ignore_lease:
@@ -59,6 +60,34 @@ int dlock__etcd_proclaim(void *st, dlock__lease *l, const char *desc,
     return ours ? DLOCK_OK
                 : dlock__err(DLOCK_ENOTHELD, "etcd %s: the lock key is gone",
                              es->redacted);
+}
+
+/* dlock_client_check(): what the store's URI says of its traffic, and
+ * what could not be checked (in this file with the store's newer slots). */
+int dlock__etcd_check(void *st, int64_t ttl_ms, dlock_check *out,
+                      int64_t op_deadline)
+{
+    etcd_store *es = st;
+    int plain = 0, rc;
+
+    (void)ttl_ms;
+    (void)op_deadline;
+    for (size_t i = 0; i < es->nep; i++)
+        plain |= strncmp(es->ep[i], "https://", 8) != 0;
+    if (es->password && plain &&
+        (rc = dlock__check_finding(
+             out, "password-without-tls",
+             "the user's password goes to an endpoint without TLS (etcd:// "
+             "and not etcds://): whoever sees the traffic can log in as "
+             "that user and write dlock's keys, breaking every lock",
+             "use etcds:// (the gateway over TLS), or keep the traffic on a "
+             "network only the clients reach")) != 0)
+        return rc;
+    /* leases are counted by the server (a lease's TTL, not a time of
+     * day): no clock of its own to compare */
+    dlock__check_note(out, "etcd's leases are counted by the server from "
+                           "each keepalive: no clock offset to check");
+    return DLOCK_OK;
 }
 
 typedef struct ewatch {

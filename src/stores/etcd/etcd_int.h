@@ -293,7 +293,9 @@ etcd_conn *dlock__etcd_conn_get(etcd_store *es);
  * one) in cn->hdrs: 0, or -1 out of memory. */
 int dlock__etcd_conn_headers(etcd_store *es, etcd_conn *cn);
 
-/* etcd_elect.c: leader election (backend slots). */
+/* etcd_elect.c: leader election (backend slots), and the check. */
+int dlock__etcd_check(void *st, int64_t ttl_ms, dlock_check *out,
+                      int64_t op_deadline);
 int dlock__etcd_proclaim(void *st, dlock__lease *l, const char *desc,
                          int64_t op_deadline);
 int dlock__etcd_watch_open(void *st, const char *name, size_t len,

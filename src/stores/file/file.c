@@ -71,6 +71,7 @@
  * (file_rw.c). docs/design.md, "Shared holds and permits".
  */
 #include "file_int.h"
+#include "fscheck.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -81,7 +82,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
@@ -754,33 +754,18 @@ static int file_check(void *st, int64_t ttl_ms, dlock_check *out,
                       int64_t op_deadline)
 {
     file_store *fs = st;
-    struct statfs sf;
+    char what[300];
 
     (void)ttl_ms;
     (void)op_deadline;
-    if (fstatfs(fs->dirfd, &sf) != 0) {
-        dlock__check_note(out, "the file system of %s: %s", fs->dir,
-                          strerror(errno));
-        return DLOCK_OK;
-    }
-    if (sf.f_type == 0x6969) /* NFS_SUPER_MAGIC */
-        return dlock__check_finding(
-            out, "file-on-nfs",
-            "the lock directory is on NFS: file locks there are not the "
-            "kernel's own (lockd, or NFSv4's leases), a client that loses "
-            "its server keeps believing it holds, and the lock is only "
-            "shared by hosts that mount it the same way",
-            "use a local directory for locks of one host, or a network "
-            "store (redis://, postgres://, ...) for locks across hosts");
-    if ((unsigned long)sf.f_type == 0x794c7630UL) /* OVERLAYFS */
-        return dlock__check_finding(
-            out, "file-on-overlayfs",
-            "the lock directory is on overlayfs (a container's root): "
-            "each container sees files of its own, so processes in two "
-            "containers do not exclude each other",
-            "put the lock directory on a volume that every locking "
-            "process mounts (a bind mount), or use a network store");
-    return DLOCK_OK;
+    snprintf(what, sizeof(what), "the lock directory %.250s", fs->dir);
+    return dlock__fs_check(
+        fs->dirfd, "file", what,
+        "file locks there are not the kernel's own (lockd, or NFSv4's "
+        "leases), a client that loses its server keeps believing it "
+        "holds, and the lock is only shared by hosts that mount it the "
+        "same way",
+        out);
 }
 
 const dlock__backend dlock__backend_file = {

@@ -402,6 +402,7 @@ const dlock__backend dlock__backend_sqlite = {
     .gc = sq_gc,
     .list = dlock__sq_list,
     .evict = dlock__sq_evict,
+    .check = dlock__sq_check,       /* sqlite_elect.c */
     .proclaim = dlock__sq_proclaim, /* sqlite_elect.c */
     .ring = dlock__sq_ring,
     .watch_open = dlock__sq_watch_open,

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * sqlite_elect.c -- leader election on SQLite (docs/design.md, "Leader
- * election"): the proclaim, and an observer's watch.
+ * election"): the proclaim, and an observer's watch; and the store's
+ * check (dlock doctor), a look at the file system under it.
  *
  * Proclaim: one UPDATE of the holder's row (S_PROCLAIM), guarded as a
  * renewal is (owner, token, lease not over). An observer's watch: inotify
@@ -17,6 +18,7 @@
  * wake-up is a hint: the observer reads the row.
  */
 #include "sqlite_int.h"
+#include "fscheck.h"
 #include "pathwatch.h"
 
 #include <errno.h>
@@ -51,6 +53,25 @@ int dlock__sq_proclaim(void *st, dlock__lease *l, const char *desc,
                                      "sqlite %s: the lock row is no longer "
                                      "ours (expired or taken over)",
                                      ss->redacted);
+}
+
+/* dlock_client_check() (here, beside the other files' slots of the
+ * store's newer parts): the file system under the database. */
+int dlock__sq_check(void *st, int64_t ttl_ms, dlock_check *out,
+                    int64_t op_deadline)
+{
+    sq_store *ss = st;
+    char what[300];
+
+    (void)ttl_ms;
+    (void)op_deadline;
+    snprintf(what, sizeof(what), "the database's sidecar %.250s", ss->side);
+    return dlock__fs_check(
+        ss->sidefd, "sqlite", what,
+        "SQLite's write-ahead log needs memory shared between the "
+        "processes (DB-shm), which NFS does not give across hosts, and its "
+        "locks there are not the kernel's own",
+        out);
 }
 
 int dlock__sq_ring(void *st, const char *name, size_t len,

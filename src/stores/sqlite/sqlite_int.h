@@ -176,7 +176,9 @@ enum {
     S_COUNT
 };
 
-/* sqlite_elect.c: leader election (backend slots). */
+/* sqlite_elect.c: leader election (backend slots), and the check. */
+int dlock__sq_check(void *st, int64_t ttl_ms, dlock_check *out,
+                    int64_t op_deadline);
 int dlock__sq_proclaim(void *st, dlock__lease *l, const char *desc,
                        int64_t op_deadline);
 int dlock__sq_ring(void *st, const char *name, size_t len,
