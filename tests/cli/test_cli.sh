@@ -1627,6 +1627,28 @@ check_rc 64 "--also with --shared is a usage error"
 
 # --------------------------------------------------------------------------
 # dlock doctor (docs/locks.md, "Checking a deployment")
+
+# doctor_on_overlay DIR URI-FORMAT CHECK WHAT: dlock doctor of a store
+# URI-FORMAT (%s: the mount) on an overlayfs mounted in a mount
+# namespace of the test's own, under $TMP/DIR: finds CHECK (exit 1)
+doctor_on_overlay() {
+    local d=$TMP/$1 uri
+    mkdir -p "$d/l" "$d/u" "$d/w" "$d/m"
+    if ! unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m"' "$d" 2>/dev/null; then
+        skip "doctor on overlayfs: this machine cannot mount one (not root, or no overlay module)"
+        return
+    fi
+    # shellcheck disable=SC2059 # the format is the caller's URI
+    uri=$(printf "$2" "$d/m")
+    "${BOUND[@]}" unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m" && exec "$1" doctor --store "$2"' \
+        "$d" "$DLOCK" "$uri" >"$TMP/out" 2>"$TMP/err" </dev/null
+    RC=$?
+    if [ "$RC" = 1 ] && grep -q "$3" "$TMP/out"; then
+        pass "doctor: $4 on overlayfs is found (exit 1)"
+    else
+        fail "doctor of $4 on overlayfs: exit $RC: $(cat "$TMP/out" "$TMP/err")"
+    fi
+}
 # --------------------------------------------------------------------------
 
 dl doctor --json
@@ -1643,19 +1665,7 @@ file)
     check_rc 0 "doctor: a local lock directory is fine"
     # the same store on overlayfs (a container's root), mounted in a
     # mount namespace of the test's own
-    mkdir -p "$TMP/ov/l" "$TMP/ov/u" "$TMP/ov/w" "$TMP/ov/m"
-    if unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m"' "$TMP/ov" 2>/dev/null; then
-        "${BOUND[@]}" unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m" && exec "$1" doctor --store "file://$0/m/locks"' \
-            "$TMP/ov" "$DLOCK" >"$TMP/out" 2>"$TMP/err" </dev/null
-        RC=$?
-        if [ "$RC" = 1 ] && grep -q "file-on-overlayfs" "$TMP/out"; then
-            pass "doctor: a lock directory on overlayfs is found (exit 1)"
-        else
-            fail "doctor on overlayfs: exit $RC: $(cat "$TMP/out" "$TMP/err")"
-        fi
-    else
-        skip "doctor on overlayfs: this machine cannot mount one (not root, or no overlay module)"
-    fi
+    doctor_on_overlay ov "file://%s/locks" file-on-overlayfs "a lock directory"
     ;;
 redis)
     case $DLOCK_STORE in
@@ -1690,19 +1700,7 @@ sqlite)
     # own: found
     dl doctor
     check_rc 0 "doctor: a local database is fine"
-    mkdir -p "$TMP/sov/l" "$TMP/sov/u" "$TMP/sov/w" "$TMP/sov/m"
-    if unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m"' "$TMP/sov" 2>/dev/null; then
-        "${BOUND[@]}" unshare -m sh -c 'mount -t overlay overlay -o "lowerdir=$0/l,upperdir=$0/u,workdir=$0/w" "$0/m" && exec "$1" doctor --store "sqlite://$0/m/locks.db"' \
-            "$TMP/sov" "$DLOCK" >"$TMP/out" 2>"$TMP/err" </dev/null
-        RC=$?
-        if [ "$RC" = 1 ] && grep -q "sqlite-on-overlayfs" "$TMP/out"; then
-            pass "doctor: a database on overlayfs is found (exit 1)"
-        else
-            fail "doctor of SQLite on overlayfs: exit $RC: $(cat "$TMP/out" "$TMP/err")"
-        fi
-    else
-        skip "doctor of SQLite on overlayfs: this machine cannot mount one (not root, or no overlay module)"
-    fi
+    doctor_on_overlay sov "sqlite://%s/locks.db" sqlite-on-overlayfs "a database"
     ;;
 etcd)
     # no password in the test's URI: nothing found, and the clock noted

@@ -249,9 +249,9 @@ static int sq_open(void **out, dlock_client *c, const dlock__uri *u,
     return DLOCK_OK;
 }
 
-/* UPDATE guarded by owner and token: DLOCK_OK, ENOTHELD, or an error. */
-static int guarded(sq_store *ss, int which, const dlock__lease *l,
-                   int64_t ttl_ms, int64_t deadline, const char *what)
+int dlock__sq_guarded(sq_store *ss, int which, const dlock__lease *l,
+                      int64_t ttl_ms, const char *text, int64_t deadline,
+                      const char *what)
 {
     sqlite3_stmt *s = ss->st[which];
     int rc, row;
@@ -264,6 +264,8 @@ static int guarded(sq_store *ss, int which, const dlock__lease *l,
     sqlite3_bind_int64(s, 3, (int64_t)l->token);
     if (which == S_EXTEND)
         sqlite3_bind_int64(s, 4, ttl_ms);
+    else if (text)
+        sqlite3_bind_text(s, 4, text, -1, SQLITE_STATIC);
     rc = dlock__sq_step(ss, which, &row, what);
     int changed = sqlite3_changes(ss->db);
     dlock__sq_done(ss, which);
@@ -318,7 +320,8 @@ static int sq_release(void *st, dlock__lease *l, int64_t op_deadline)
                                  ss->side_ino, sl->w.region);
         return rc;
     }
-    rc = guarded(st, S_RELEASE, l, 0, 0, "releasing the lock");
+    rc = dlock__sq_guarded(st, S_RELEASE, l, 0, NULL, 0,
+                           "releasing the lock");
     /* the row is free (or was not ours): the successor's turn */
     if (sl->w.ticket < 0) {
         dlock__sqw_ring_head(ss->sidefd, &ss->ch, ss->side_dev,
@@ -337,7 +340,8 @@ static int sq_extend(void *st, dlock__lease *l, int64_t ttl_ms,
 
     if (l->kind != DLOCK__WRITE)
         return dlock__sq_extend_entry(st, l, ttl_ms, op_deadline);
-    rc = guarded(st, S_EXTEND, l, ttl_ms, op_deadline, "extending the lease");
+    rc = dlock__sq_guarded(st, S_EXTEND, l, ttl_ms, NULL, op_deadline,
+                           "extending the lease");
     if (rc == DLOCK_ENOTHELD && sl->w.fd >= 0) {
         /* lost (broken, or taken over after its lease): the ticket goes
          * now, not at a release that a hung owner may never make (its

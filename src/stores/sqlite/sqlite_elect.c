@@ -31,28 +31,8 @@
 int dlock__sq_proclaim(void *st, dlock__lease *l, const char *desc,
                        int64_t op_deadline)
 {
-    sq_store *ss = st;
-    sqlite3_stmt *s = ss->st[S_PROCLAIM];
-    int rc, row;
-
-    pthread_mutex_lock(&ss->mu);
-    dlock__sq_bound(ss, op_deadline);
-    sqlite3_bind_blob(s, 1, l->name, (int)l->name_len, SQLITE_STATIC);
-    sqlite3_bind_text(s, 2, l->owner, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s, 3, (int64_t)l->token);
-    sqlite3_bind_text(s, 4, desc, -1, SQLITE_STATIC);
-    rc = dlock__sq_step(ss, S_PROCLAIM, &row, "writing the leader's value");
-    int changed = sqlite3_changes(ss->db);
-    dlock__sq_done(ss, S_PROCLAIM);
-    dlock__sq_bound(ss, 0);
-    pthread_mutex_unlock(&ss->mu);
-    if (rc)
-        return rc;
-    return changed == 1 ? DLOCK_OK
-                        : dlock__err(DLOCK_ENOTHELD,
-                                     "sqlite %s: the lock row is no longer "
-                                     "ours (expired or taken over)",
-                                     ss->redacted);
+    return dlock__sq_guarded(st, S_PROCLAIM, l, 0, desc, op_deadline,
+                             "writing the leader's value");
 }
 
 /* dlock_client_check() (here, beside the other files' slots of the

@@ -244,6 +244,13 @@ typedef struct sq_store {
     int64_t returned; /* the one value a writing statement returned (mu) */
 } sq_store;
 
+/* sqlite.c: an UPDATE guarded by owner and token (statement `which`; ?4
+ * ttl_ms for S_EXTEND, else `text` when not NULL): DLOCK_OK, ENOTHELD,
+ * or an error. */
+int dlock__sq_guarded(sq_store *ss, int which, const dlock__lease *l,
+                      int64_t ttl_ms, const char *text, int64_t deadline,
+                      const char *what);
+
 typedef struct sq_lease {
     sq_wait w;
     int64_t bound; /* the acquisition's statements and kernel waits end by

@@ -29,23 +29,6 @@ typedef struct zk_obs {
     zk_watch wp, wl;        /* on parent, on lead (in zs->watches) */
 } zk_obs;
 
-/* A connected session, with a reference (as inspect takes one). */
-static zk_session *obs_session(zk_store *zs, int64_t deadline, int *rc)
-{
-    zk_session *s;
-
-    pthread_mutex_lock(&zs->mu);
-    for (s = zs->sessions; s; s = s->next)
-        if (s->state == S_CONNECTED)
-            break;
-    if (s)
-        s->refs++;
-    else
-        s = dlock__zk_session_get(zs, 30000, deadline, rc);
-    pthread_mutex_unlock(&zs->mu);
-    return s;
-}
-
 /* Sets both watches (again): the children of the lock node (or its
  * creation), then the data of its head child. DLOCK_OK or an error. */
 static int arm(zk_store *zs, zk_obs *o, int64_t deadline)
@@ -106,7 +89,7 @@ int dlock__zk_watch_open(void *st, const char *name, size_t len, void **out,
         free(o);
         return dlock__err(DLOCK_ENOMEM, "eventfd: %s", strerror(errno));
     }
-    o->s = obs_session(zs, op_deadline, &rc);
+    o->s = dlock__zk_any_session(zs, op_deadline, &rc);
     if (!o->s) {
         close(o->efd);
         free(o);

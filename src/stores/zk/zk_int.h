@@ -244,6 +244,10 @@ zk_op *dlock__zk_mine_start(zk_store *zs, zk_session *s, zk_lease *zl,
 /* A watch or session event for session s (zs->mu held): a lock node of
  * ours deleted or changed, or the session connected again. Returns 1
  * when zk_operate's work (dlock__zk_mine_run) must run soon. */
+/* zk_operate.c: a connected session to read with (any: reads need no
+ * particular one), with a reference; NULL with *rc. */
+zk_session *dlock__zk_any_session(zk_store *zs, int64_t deadline, int *rc);
+
 /* zk_elect.c: leader election's watches (backend slots). */
 int dlock__zk_watch_open(void *st, const char *name, size_t len, void **w,
                          int64_t op_deadline);

@@ -74,9 +74,7 @@ long dlock__zk_unescape(const zk_store *zs, const char *comp, char *out)
 /* Inspect                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* A connected session to read with (any: reads need no particular one),
- * with a reference; NULL with *rc. */
-static zk_session *any_session(zk_store *zs, int64_t deadline, int *rc)
+zk_session *dlock__zk_any_session(zk_store *zs, int64_t deadline, int *rc)
 {
     zk_session *s;
 
@@ -244,7 +242,7 @@ int dlock__zk_inspect(void *st, const char *name, size_t len,
     zk_session *s;
     int rc = DLOCK_OK;
 
-    s = any_session(zs, op_deadline, &rc);
+    s = dlock__zk_any_session(zs, op_deadline, &rc);
     if (!s)
         return rc;
     rc = inspect_in(zs, s, name, len, out, op_deadline, NULL, NULL, NULL);
@@ -297,7 +295,7 @@ int dlock__zk_list(void *st, const char *prefix, size_t plen,
                               "(an escaped lock name)",
                               zs->redacted);
     }
-    s = any_session(zs, op_deadline, &rc);
+    s = dlock__zk_any_session(zs, op_deadline, &rc);
     if (!s)
         return rc;
     zrc = dlock__zk_call(zs, s, C_CHILDREN, zs->chroot, NULL, 0, 0,
@@ -392,7 +390,7 @@ int dlock__zk_evict(void *st, const char *name, size_t len,
     zk_session *s;
     int rc = DLOCK_OK;
 
-    s = any_session(zs, op_deadline, &rc);
+    s = dlock__zk_any_session(zs, op_deadline, &rc);
     if (!s)
         return rc;
     dlock__zk_lock_path(zs, name, len, parent);
