@@ -258,6 +258,9 @@ typedef struct dlock_options {
 /*
  * Opens a client on the store named by `uri`:
  *   file:///dir                            lock files in dir (one host)
+ *   mem://[SPACE]                          locks in this process's memory
+ *                                  (tests, threads; every client of the
+ *                                  same SPACE in the process shares them)
  *   redis://[user[:password]@]host[:port][/db][?prefix=P&timeout=MS]
  *   unix://[[user]:password@]/path/redis.sock[?db=N&prefix=P&timeout=MS]
  *   redlock://[user:password@]host:port,host:port,...[?node_timeout=MS

@@ -279,8 +279,9 @@ void dlock__rings_run(dlock_client *c);
  * store closes); they are freed by dlock_observer_close(). */
 void dlock__observers_stop(dlock_client *c);
 
-/* The file store: always in libdlock. */
+/* The file store and the in-process store: always in libdlock. */
 extern const dlock__backend dlock__backend_file;
+extern const dlock__backend dlock__backend_mem;
 
 /* Every other store, built in (the static library, or a build with
  * DLOCK_MODULES=OFF) or in its module (src/stores/<store>/). */

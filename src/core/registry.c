@@ -104,7 +104,7 @@
 
 typedef struct {
     const char *scheme;
-    const char *module;  /* its module: <module>.so; NULL for "file" */
+    const char *module;  /* its module: <module>.so; NULL for "file", "mem" */
     const char *backend; /* the backend's name in the module */
     const char *what;    /* for messages: "Redis" */
     const char *needs;   /* what it is built with (Debian packages) */
@@ -117,6 +117,7 @@ typedef struct {
 #define LIBETCD "libcurl4-openssl-dev and libcjson-dev"
 static const store stores[] = {
     {"file", NULL, "file", "file", "", &dlock__backend_file, 1},
+    {"mem", NULL, "mem", "in-process", "", &dlock__backend_mem, 1},
     {"redis", "redis", "redis", "Redis", LIBREDIS, IN_REDIS, HAVE_REDIS},
     {"rediss", "redis", "redis", "Redis over TLS", LIBREDIS " and libssl-dev",
      IN_REDISS, HAVE_REDISS},

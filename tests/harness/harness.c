@@ -369,9 +369,16 @@ static pid_t fork_tied(int session)
     return pid;
 }
 
+int th_in_process;
+
 pid_t th_fork(int (*fn)(void *), void *arg)
 {
     pid_t pid;
+
+    if (th_in_process)
+        th_fail(__FILE__, __LINE__,
+                "this test forks, and the store is in-process (mem://): "
+                "mark it TP() in its table");
 
 #ifdef TH_ASAN
     /* AddressSanitizer's allocator (Debian 12's clang 14) is not
@@ -1796,6 +1803,10 @@ int th_read_line(int fd, char *out, size_t cap, int64_t timeout_ms)
 pid_t th_skewed_holder(const char *shift, const char *uri, const char *name,
                        int64_t ttl_ms, int64_t hold_ms, int *rfd)
 {
+    if (th_in_process)
+        th_fail(__FILE__, __LINE__,
+                "this test starts a holder process, and the store is "
+                "in-process (mem://): mark it TP() in its table");
     int p[2];
     pid_t pid;
     char self[1024], ttl[32], hold[32], fd[16];
@@ -1880,6 +1891,13 @@ int th_main(int argc, char **argv, const th_test *tests)
             continue;
         if (t->kernel_wait && vg && *vg && strcmp(vg, "0") != 0) {
             printf("skip %-40s (blocks in F_OFD_SETLKW: stalls valgrind)\n",
+                   t->name);
+            ran++;
+            continue;
+        }
+        if (t->procs && th_in_process) {
+            printf("skip %-40s (needs another process: an in-process "
+                   "store)\n",
                    t->name);
             ran++;
             continue;

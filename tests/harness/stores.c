@@ -47,7 +47,16 @@ void th_store_start(th_store *s, const char *k)
     s->kind = k;
     s->has_fair = 1;
     s->keeps_last_token = s->held_visible = 1;
-    if (!strcmp(k, "redis")) {
+    if (!strcmp(k, "mem")) {
+        /* the in-process store (docs/design.md, "The in-process store"):
+         * a space of this test process's own; its leases run out as any
+         * store's, but no other process sees its locks (tests that need
+         * one are marked TP) */
+        snprintf(s->uri, sizeof(s->uri), "mem://test-%ld", (long)getpid());
+        th_in_process = 1;
+        s->has_leases = s->lease_runs_out = s->ttl_visible = 1;
+        s->short_ttl = 300;
+    } else if (!strcmp(k, "redis")) {
         th_redis_start(&s->srv, NULL);
         snprintf(s->uri, sizeof(s->uri), "%s", s->srv.uri);
         s->has_leases = s->lease_runs_out = s->ttl_visible = 1;

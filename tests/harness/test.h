@@ -23,16 +23,27 @@ typedef struct th_test {
     const char *name;
     void (*fn)(void);
     int kernel_wait; /* see TK() */
+    int procs;       /* see TP() */
 } th_test;
 
 #define TEST(name) static void name(void)
-#define T(name) {#name, name, 0}
+#define T(name) {#name, name, 0, 0}
 /* A test in which a thread blocks in F_OFD_SETLKW while another thread of
  * the same process must run. valgrind 3.19 runs that fcntl holding its
  * global lock (it does not know the call blocks), so the whole process
  * stalls; with DLOCK_TEST_VALGRIND set, such tests are skipped. They run
  * in every other build, ASan included. */
-#define TK(name) {#name, name, 1}
+#define TK(name) {#name, name, 1, 0}
+/* A test that needs another process (a holder killed, frozen, or just
+ * elsewhere): skipped on the in-process store (mem://), whose locks no
+ * other process sees. A test not marked so that forks there fails,
+ * naming the mark it needs (th_fork()). TKP: both marks. */
+#define TP(name) {#name, name, 0, 1}
+#define TKP(name) {#name, name, 1, 1}
+
+/* Set by th_store_start() for the in-process store: tests marked TP()
+ * are skipped, and th_fork() fails the test. */
+extern int th_in_process;
 
 void th_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));

@@ -2319,7 +2319,8 @@ static void suite(void)
 
 int main(int argc, char **argv)
 {
-    static const th_test tests[] = {{"safety", suite, 0}, {NULL, NULL, 0}};
+    static const th_test tests[] = {{"safety", suite, 0, 0},
+                                    {NULL, NULL, 0, 0}};
     ssize_t n;
     int sc_given = 0;
 

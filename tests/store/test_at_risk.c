@@ -330,11 +330,11 @@ TEST(a_margin_makes_renewals_more_frequent)
 
 static const th_test tests[] = {
     T(bad_margins_and_what_fits),
-    T(at_risk_then_lost_on_time_while_the_store_is_frozen),
-    T(safe_when_a_renewal_gets_through_in_time),
+    TP(at_risk_then_lost_on_time_while_the_store_is_frozen),
+    TP(safe_when_a_renewal_gets_through_in_time),
     T(a_hold_not_renewed_is_at_risk_before_its_end),
     T(a_margin_makes_renewals_more_frequent),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

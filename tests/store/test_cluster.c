@@ -553,7 +553,7 @@ static const th_test tests[] = {
     T(a_primary_killed_before_its_replica_had_the_hold_reports_it),
     T(a_reshard_keeps_the_hold_and_the_waiter_follows_the_slot),
     T(redis_cli_reshard_under_a_held_lock_keeps_it),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -1703,7 +1703,7 @@ static const th_test tests[] = {
     T(extend_after_a_break_finds_the_key_gone),
     T(a_deletion_while_the_stream_reconnects_is_still_told),
     T(list_reads_past_long_queues_and_foreign_keys),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

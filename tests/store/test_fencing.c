@@ -459,7 +459,7 @@ static const th_test tests[] = {
     T(a_frozen_holders_sql_write_is_refused),
     T(a_frozen_holders_file_write_is_refused),
     T(dlock_fence_refuses_bad_input_and_keeps_the_file),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

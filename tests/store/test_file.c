@@ -2768,7 +2768,7 @@ static const th_test tests[] = {
     T(dead_holder_with_a_forked_child_keeps_the_lock),
     TK(give_up_wakes_the_successor_despite_a_forked_child),
     T(a_release_wakes_only_the_next),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

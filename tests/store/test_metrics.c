@@ -505,7 +505,7 @@ static const th_test tests[] = {
     T(events_acquired_released_long_hold),
     T(a_lost_hold_is_counted_and_told),
     T(exposition_escapes_any_name),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

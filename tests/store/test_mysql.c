@@ -2258,7 +2258,7 @@ static const th_test tests[] = {
     T(a_break_wakes_the_waiter_that_holds_the_gate),
     T(a_breaker_without_the_right_to_kill_leaves_the_wake_to_the_renewal),
     T(breaks_racing_renewals_remove_the_hold_once),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

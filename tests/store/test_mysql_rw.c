@@ -1707,7 +1707,7 @@ static const th_test tests[] = {
     T(a_table_of_the_previous_version_is_migrated_at_open),
     T(a_break_of_readers_wakes_the_draining_writer_at_once),
     T(a_break_of_a_full_semaphore_lets_its_waiters_in_at_once),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -856,8 +856,8 @@ static const th_test tests[] = {
     TK(break_takes_every_read_hold),
     TK(a_break_takes_every_reader_and_every_permit_and_tells_them),
     TK(a_break_racing_a_hand_off_leaves_no_false_holder),
-    TK(a_frozen_holder_that_was_broken_learns_it_when_thawed),
-    {NULL, NULL, 0},
+    TKP(a_frozen_holder_that_was_broken_learns_it_when_thawed),
+    {NULL, NULL, 0, 0},
 };
 
 /* What the store started can do. */
@@ -890,6 +890,8 @@ static void started(void)
         {"pg-advisory", 0, 1, 0},
 
         {"mysql", 1, 1, 0},
+
+        {"mem", 1, 1, 0},
     };
     for (size_t i = 0; i < sizeof(what) / sizeof(what[0]); i++) {
         if (!strcmp(S.kind, what[i].kind)) {

@@ -2227,7 +2227,7 @@ static const th_test tests[] = {
     T(an_advisory_break_ends_no_foreign_session),
     T(an_advisory_break_reports_a_session_calling_itself_dlock),
     T(a_forged_grant_from_a_login_only_role_only_wakes_the_waiter),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

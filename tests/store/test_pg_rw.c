@@ -1176,7 +1176,7 @@ static const th_test tests[] = {
     T(a_break_of_readers_lets_the_queued_writer_in),
     T(a_break_of_a_semaphore_gives_the_permits_to_its_waiters),
     T(an_advisory_break_of_a_semaphore_wakes_the_head),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

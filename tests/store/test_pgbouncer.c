@@ -702,7 +702,7 @@ static const th_test tests[] = {
     T(session_pool_advisory_break_ends_the_holders_server_session),
     T(transaction_pool_table_mode_lists_and_breaks),
     T(doctor_finds_transaction_pooling_and_not_session_pooling),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

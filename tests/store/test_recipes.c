@@ -498,9 +498,9 @@ static const th_test tests[] = {
     TK(a_lost_lock_makes_the_set_lost),
     T(at_least_and_at_most_are_refused_where_no_lease_ends_them),
     TK(an_early_release_keeps_the_lock_until_its_at_least_end),
-    TK(a_dead_holder_leaves_the_lock_until_its_at_least_end),
+    TKP(a_dead_holder_leaves_the_lock_until_its_at_least_end),
     TK(a_hold_ends_at_its_at_most_time),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -1169,7 +1169,7 @@ static const th_test tests[] = {
     T(tokens_stay_above_a_tombstone_ahead_of_the_clock),
     T(client_timeout_option),
     T(a_forged_handover_only_wakes_the_waiter),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

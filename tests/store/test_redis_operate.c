@@ -997,7 +997,7 @@ static const th_test redis_tests[] = {
     T(break_of_keys_free_or_not_dlocks_changes_nothing),
     T(break_while_the_holder_renews_often),
     T(a_waiter_of_the_breaking_client_is_let_in_at_once),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 static const th_test redlock_tests[] = {
@@ -1007,7 +1007,7 @@ static const th_test redlock_tests[] = {
     T(redlock_free_names_are_listed_by_their_counters),
     T(redlock_break_with_two_nodes_frozen),
     T(redlock_break_with_three_nodes_down_fails),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -491,7 +491,7 @@ static const th_test tests[] = {
     T(a_writer_giving_up_lets_the_readers_behind_it_in),
     T(shared_holds_over_a_unix_socket),
     T(an_expired_holder_line_is_dropped_by_the_next_try),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -794,7 +794,7 @@ static const th_test tests[] = {
     T(a_burst_of_wakeups_over_plain_tcp),
     T(a_tls_client_comes_back_after_a_restart),
     T(uri_errors),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

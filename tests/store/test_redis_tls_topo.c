@@ -370,7 +370,7 @@ static const th_test tests[] = {
     T(cluster_names_tls_ports_to_tls_clients),
     T(cluster_over_tls),
     T(cluster_over_tls_one_client_three_shards),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -1611,7 +1611,7 @@ static const th_test tests[] = {
     T(a_node_listed_twice_is_refused),
     T(extend_to_a_ttl_too_short_for_the_node_timeout_is_refused),
     T(hand_offs_never_wait_out_the_lease),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

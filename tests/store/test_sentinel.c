@@ -486,7 +486,7 @@ static const th_test tests[] = {
     T(failover_keeps_a_replicated_hold_and_moves_the_waiters),
     T(failover_that_loses_a_hold_reports_it),
     T(waits_ride_out_a_killed_primary),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -696,7 +696,7 @@ static const th_test tests[] = {
     T(list_pages_over_free_held_and_foreign_rows),
     TK(a_frozen_holder_is_broken_and_learns_it_when_thawed),
     TK(breaks_racing_renewals_remove_the_hold_once),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -844,7 +844,7 @@ static const th_test tests[] = {
     T(squatting_wake_up_names_as_another_user_does_not_slow_a_waiter),
     T(a_crashed_waiters_socket_files_are_replaced),
     TK(locks_held_outside_dlock_keep_no_wait_past_its_deadline),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

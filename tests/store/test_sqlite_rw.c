@@ -1099,7 +1099,7 @@ static const th_test tests[] = {
     TK(a_newcomer_passes_the_ticket_of_a_broken_holder),
     TK(an_evicted_holders_renewal_drops_its_ticket),
     TK(a_break_of_readers_or_permits_lets_the_waiters_in_at_once),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -1547,7 +1547,7 @@ static const th_test tests[] = {
     T(a_deletion_while_reconnecting_is_still_told),
     T(list_pages_by_escaped_names_and_keeps_to_the_store),
     T(a_break_needs_the_right_to_delete),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -402,7 +402,7 @@ static const th_test tests[] = {
     T(opt_value_forms),
     T(opt_value_store_password_hidden),
     T(exit_codes),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

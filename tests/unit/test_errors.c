@@ -371,7 +371,7 @@ static const th_test tests[] = {
     T(store_not_built),
     T(store_bad_uri),
     T(store_pg_many_long_hosts),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)

@@ -921,7 +921,7 @@ static const th_test tests[] = {
     T(uri_redact_forms),
     T(uri_password_file),
     T(uri_password_env),
-    {NULL, NULL, 0},
+    {NULL, NULL, 0, 0},
 };
 
 int main(int argc, char **argv)
