@@ -446,6 +446,9 @@ void dlock_client_close(dlock_client *c)
                  * connections are the parent's (a release or a goodbye
                  * sent from here would end them under the parent) */
 
+    /* observers first, while the client still answers their reads
+     * (their threads use the store) */
+    dlock__observers_stop(c);
     pthread_mutex_lock(&c->mu);
     if (c->closed) {
         pthread_mutex_unlock(&c->mu);
@@ -454,7 +457,6 @@ void dlock_client_close(dlock_client *c)
     c->closed = 1;
     c->stopping = 1;
     pthread_mutex_unlock(&c->mu);
-    dlock__observers_stop(c); /* their threads use the store */
     if (c->thread_started) {
         dlock__loop_wake(c);
         pthread_join(c->thread, NULL);
