@@ -47,7 +47,7 @@ done
 build clang-Release clang -DCMAKE_BUILD_TYPE=Release -DDLOCK_TESTS=ON
 
 build builtin gcc -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDLOCK_MODULES=OFF -DDLOCK_TESTS=OFF
-grep -q "^stores built in: file redis .*mysql" "$top/builtin.version" ||
+grep -q "^stores built in: file mem redis .*mysql" "$top/builtin.version" ||
     fail "builtin: not every store is built in: $(cat "$top/builtin.version")"
 ls "$top"/builtin/dlock-*/*.so >/dev/null 2>&1 && fail "builtin: modules were built"
 

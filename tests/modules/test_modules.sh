@@ -56,7 +56,7 @@ echo "ok   a Redis-only program maps redis.so and libhiredis, no other store's l
 
 # what --version lists
 v=$("$build/dlock" --version) || fail "dlock --version"
-echo "$v" | grep -q "^stores built in: file$" || fail "--version: file not built in: $v"
+echo "$v" | grep -q "^stores built in: file mem$" || fail "--version: file and mem not built in: $v"
 echo "$v" | grep -q "^stores as modules: .*redis.*redlock" || fail "--version: no modules: $v"
 mkdir "$tmp/empty"
 v=$(DLOCK_MODULE_DIR=$tmp/empty "$build/dlock" --version)
