@@ -375,4 +375,8 @@ const dlock__backend dlock__backend_mysql = {
     .gc = my_gc,
     .list = dlock__mysql_list,
     .evict = dlock__mysql_evict,
+    .watch_unsupported =
+        "MySQL has no notification an observer could wait on without "
+        "holding what a waiter needs (a name's gate: a waiter would then "
+        "sleep to the holder's lease end)",
 };
