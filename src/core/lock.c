@@ -545,6 +545,31 @@ static int lock_own_hold(dlock *l, dlock__hold **out)
     return rc;
 }
 
+/* The calling thread's live hold of l, claimed for one write of the
+ * caller's to the store (extend, proclaim): no renewal runs meanwhile
+ * (h->renewing set; the caller clears it under c->mu and broadcasts
+ * c->cv). DLOCK_OK with *out, the mutex released; else the error (a
+ * lost hold: DLOCK_ELOST), the mutex released too. */
+static int claim_own_hold(dlock *l, dlock__hold **out)
+{
+    dlock_client *c = l->client;
+    dlock__hold *h;
+    int rc = lock_own_hold(l, &h);
+
+    if (rc)
+        return rc;
+    wait_renewal(c, h);
+    if (h->lost || dlock__now_ms() >= h->lease_end) {
+        rc = lost_message(h);
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    h->renewing = 1;
+    pthread_mutex_unlock(&c->mu);
+    *out = h;
+    return DLOCK_OK;
+}
+
 void dlock__event_start(dlock_event *e, int type, dlock *l,
                         const dlock__hold *h)
 {
@@ -659,17 +684,9 @@ int dlock_extend(dlock *l, int64_t ttl_ms)
                           "(DLOCK_TTL_MAX, 365 days), not %lld",
                           l->entry->name, DLOCK_TTL_MAX, (long long)ttl_ms);
     c = l->client;
-    rc = lock_own_hold(l, &h);
+    rc = claim_own_hold(l, &h);
     if (rc)
         return rc;
-    wait_renewal(c, h);
-    if (h->lost || dlock__now_ms() >= h->lease_end) {
-        rc = lost_message(h);
-        pthread_mutex_unlock(&c->mu);
-        return rc;
-    }
-    h->renewing = 1;
-    pthread_mutex_unlock(&c->mu);
 
     int64_t u0 = dlock__now_us();
     t0 = u0 / 1000;
@@ -736,10 +753,15 @@ int dlock_proclaim(dlock *l, const char *value)
                           c->be->watch_unsupported ? ": " : "",
                           c->be->watch_unsupported ? c->be->watch_unsupported
                                                    : "");
-    rc = lock_own_hold(l, &h);
+    /* no renewal meanwhile: the store sees one write of the hold at a
+     * time, and h->desc changes only with the store's */
+    rc = claim_own_hold(l, &h);
     if (rc)
         return rc;
     if (h->lease.kind != DLOCK__WRITE) {
+        pthread_mutex_lock(&c->mu);
+        h->renewing = 0;
+        pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         return dlock__err(DLOCK_EINVAL,
                           "election '%.200s': the hold is %s, not a "
@@ -748,16 +770,6 @@ int dlock_proclaim(dlock *l, const char *value)
                           h->lease.kind == DLOCK__READ ? "shared"
                                                        : "a permit");
     }
-    wait_renewal(c, h);
-    if (h->lost || dlock__now_ms() >= h->lease_end) {
-        rc = lost_message(h);
-        pthread_mutex_unlock(&c->mu);
-        return rc;
-    }
-    /* no renewal meanwhile: the store sees one write of the hold at a
-     * time, and h->desc changes only with the store's */
-    h->renewing = 1;
-    pthread_mutex_unlock(&c->mu);
 
     int64_t t0 = dlock__now_ms();
     rc = c->be->proclaim(c->st, &h->lease, value, t0 + c->timeout_ms);
