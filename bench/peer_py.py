@@ -105,7 +105,7 @@ def dlock_python(uri, port, quick):
     d50, d99, dps = cycle(dlock_lock(uri, "py-cycle"), n)
     r50, r99, rps = cycle(redis_lock(port, "py-cycle-redispy"), n)
     print("### dlock from Python, beside redis-py\n")
-    print("dlock's Python package (python/, cffi over this build's libdlock) "
+    print("dlock's Python package (python/, ctypes over this build's libdlock) "
           "and redis-py %s's `Lock` (Debian's python3-redis), both from "
           "Debian's python3 %d.%d, on the same Redis server in the same "
           "run: %d uncontended cycles each (one try to acquire, then "

@@ -8,6 +8,7 @@
 
 docs/python.md has the whole API.
 """
+import ctypes
 from typing import Dict
 
 from ._client import (TTL_MAX, WAIT_MAX, CheckReport, Client, Finding,
@@ -17,8 +18,9 @@ from ._errors import (AuthenticationFailed, Busy, Cancelled, Closed,
                       ConnectionFailed, Deadlock,
                       DlockError, ForkedClient, InvalidArgument, LockLost,
                       NotHeld, NotSupported, OutOfMemory, ProtocolError)
-from ._native import ffi as _ffi
+from ._native import VERSION as __version__
 from ._native import lib as _lib
+from ._native import text as _text
 
 __all__ = [
     "Client", "Lock", "LockSet", "RWLock", "Info", "CheckReport", "Finding",
@@ -28,24 +30,22 @@ __all__ = [
     "Deadlock", "Cancelled", "Closed", "library_version", "stores",
     "TTL_MAX", "WAIT_MAX",
 ]
-__version__ = "0.1.0"
 
 
 def library_version() -> str:
     """The C library's version ("0.1.0")."""
-    return str(_ffi.string(_lib.dlock_version()).decode())
+    return _text(_lib.dlock_version())
 
 
 def stores() -> Dict[str, str]:
     """The URI schemes the library knows: "builtin", "module" (installed,
     loaded on first use) or "missing"."""
     out: Dict[str, str] = {}
-    how = _ffi.new("int *")
+    how = ctypes.c_int()
     i = 0
     while True:
-        s = _lib.dlock_store_scheme(i, how)
-        if s == _ffi.NULL:
+        s = _lib.dlock_store_scheme(i, ctypes.byref(how))
+        if s is None:
             return out
-        out[_ffi.string(s).decode()] = {1: "builtin", 2: "module"}.get(
-            how[0], "missing")
+        out[_text(s)] = {1: "builtin", 2: "module"}.get(how.value, "missing")
         i += 1

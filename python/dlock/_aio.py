@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import _native as N
 from ._errors import Closed
 from ._guard import Guard
-from ._native import ffi, lib
+from ._native import errmsg, lib
 
 Result = Tuple[int, str, int]  # rc, the library's message, the token
 
@@ -84,8 +84,7 @@ def _call(h: Any, what: str, wait: int) -> Result:
         rc = lib.dlock_acquire_shared(h, wait)
     else:
         rc = lib.dlock_release(h)
-    msg = ffi.string(lib.dlock_errmsg()).decode("utf-8", "replace") \
-        if rc else ""
+    msg = errmsg() if rc else ""
     return rc, msg, int(lib.dlock_token(h))
 
 

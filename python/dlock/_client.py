@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Client and Lock: the C API, the Python way (docs/python.md)."""
+import ctypes
 import math
 import os
 import threading
@@ -14,7 +15,7 @@ from ._errors import (Busy, Closed, DlockError, ForkedClient, InvalidArgument,
                       LockLost, check, error)
 from ._elect import Election, Leader, Observer
 from ._guard import Guard
-from ._native import ffi, lib
+from ._native import lib, text
 
 Name = Union[str, bytes]
 LostCallback = Callable[["Lock", int], Any]
@@ -104,13 +105,12 @@ class Info:
     def _from(ci: Any) -> "Info":
         return Info(
             held=bool(ci.held),
-            holder=ffi.string(ci.holder).decode("utf-8", "replace"),
+            holder=text(ci.holder),
             token=int(ci.token),
             ttl=None if ci.ttl_ms < 0 else ci.ttl_ms / 1000.0,
             held_for=None if ci.held_ms < 0 else ci.held_ms / 1000.0,
             waiters=None if ci.waiters < 0 else int(ci.waiters),
-            queue=[ffi.string(ci.queue[i]).decode("utf-8", "replace")
-                   for i in range(ci.queue_len)],
+            queue=[text(ci.queue[i]) for i in range(ci.queue_len)],
             holders=int(ci.holders),
             shared=bool(ci.shared),
             permits=int(ci.permits),
@@ -130,7 +130,7 @@ class Client:
 
     def __init__(self, uri: Optional[str] = None,
                  timeout: Optional[float] = None) -> None:
-        self._c = ffi.NULL
+        self._c: Optional[int] = None
         self._pid = os.getpid()
         self._guard = Guard("the client")
         self._workers: Optional[_aio.Workers] = None
@@ -138,15 +138,17 @@ class Client:
         # closed inside a lost-lock callback, to be freed on another thread
         self._locks: "weakref.WeakSet[Lock]" = weakref.WeakSet()
         self._deferred: List["Lock"] = []
-        opts = ffi.new("dlock_client_options *")
+        opts = N.ClientOptions()
         if timeout is not None:
             opts.timeout_ms = _ms(timeout, "timeout", False)
             if opts.timeout_ms == 0:
                 raise InvalidArgument("timeout must be > 0 seconds", N.EINVAL)
-        out = ffi.new("dlock_client **")
-        rc = lib.dlock_client_open(out, (uri or "").encode("utf-8"), opts)
+        out = ctypes.c_void_p()
+        rc = lib.dlock_client_open(ctypes.byref(out),
+                                   (uri or "").encode("utf-8"),
+                                   ctypes.byref(opts))
         check(rc)
-        self._c = out[0]
+        self._c = out.value
 
     # -- life --
     def _forked(self) -> None:
@@ -208,8 +210,8 @@ class Client:
                 lk.close()
         while self._deferred:
             self._deferred.pop()._finish_close()
-        c, self._c = self._c, ffi.NULL
-        if c != ffi.NULL:
+        c, self._c = self._c, None
+        if c is not None:
             lib.dlock_client_close(c)
 
     def __enter__(self) -> "Client":
@@ -232,7 +234,7 @@ class Client:
         """The store URI, with any password replaced by ***."""
         c = self._enter()
         try:
-            return str(ffi.string(lib.dlock_client_store(c)).decode())
+            return text(lib.dlock_client_store(c))
         finally:
             self._guard.leave()
 
@@ -300,11 +302,11 @@ class Client:
 
     def leader(self, name: Name) -> "Leader":
         """The leader of election ``name`` now (one read)."""
-        cl = ffi.new("dlock_leader *")
+        cl = N.LeaderC()
         n = _name(name)
         c = self._enter()
         try:
-            check(lib.dlock_leader_get(c, n, cl))
+            check(lib.dlock_leader_get(c, n, ctypes.byref(cl)))
         finally:
             self._guard.leave()
         return Leader._from(cl)
@@ -339,40 +341,40 @@ class Client:
     # -- looking at the store --
     def inspect(self, name: Name) -> Info:
         """What the store knows about lock ``name`` (one round trip)."""
-        ci = ffi.new("dlock_info *")
+        ci = N.Info()
         n = _name(name)
         c = self._enter()
         try:
-            check(lib.dlock_inspect(c, n, ci))
+            check(lib.dlock_inspect(c, n, ctypes.byref(ci)))
         finally:
             self._guard.leave()
         try:
             return Info._from(ci)
         finally:
-            lib.dlock_info_clear(ci)
+            lib.dlock_info_clear(ctypes.byref(ci))
 
     def list(self, prefix: Name = "", *, free: bool = False,
              page: int = 100) -> Iterator[Tuple[Union[str, bytes], Info]]:
         """The locks held or waited for (``free=True``: every lock the
         store keeps) whose names start with ``prefix``, as (name, Info),
         a page of ``page`` at a time. A name that is not UTF-8 is bytes."""
-        cursor = ffi.NULL
+        cursor: Optional[bytes] = None
         keep = None
         while True:
-            p = ffi.new("dlock_list_page *")
+            p = N.ListPage()
             c = self._enter()
             try:
                 check(lib.dlock_list(c, _name(prefix), cursor, page,
-                                     N.LIST_FREE if free else 0, p))
+                                     N.LIST_FREE if free else 0,
+                                     ctypes.byref(p)))
             finally:
                 self._guard.leave()
             try:
-                got = [(_text(ffi.string(p.locks[i].name)),
+                got = [(_text(p.locks[i].name or b""),
                         Info._from(p.locks[i].info)) for i in range(p.n)]
-                keep = ffi.new("char[]", ffi.string(p.next)) \
-                    if p.next != ffi.NULL else None
+                keep = ctypes.string_at(p.next) if p.next else None
             finally:
-                lib.dlock_list_clear(p)
+                lib.dlock_list_clear(ctypes.byref(p))
             yield from got
             if keep is None:
                 return
@@ -383,15 +385,14 @@ class Client:
         holds of ``ttl`` seconds (default 10), as ``dlock doctor`` says
         it (a few round trips; takes no lock)."""
         ms = 0 if ttl is None else _ms(ttl, "ttl", False, N.TTL_MAX_MS)
-        cr = ffi.new("dlock_check *")
+        cr = N.Check()
         c = self._enter()
         try:
-            check(lib.dlock_client_check(c, ms, cr))
+            check(lib.dlock_client_check(c, ms, ctypes.byref(cr)))
         finally:
             self._guard.leave()
         try:
-            def s(b: Any) -> str:
-                return str(ffi.string(b).decode("utf-8", "replace"))
+            s = text
             off = cr.clock_offset_ms
             return CheckReport(
                 [Finding(s(cr.findings[i].check), s(cr.findings[i].what),
@@ -400,23 +401,23 @@ class Client:
                 None if off == -(2 ** 63) else off / 1000.0,
                 s(cr.notes))
         finally:
-            lib.dlock_check_clear(cr)
+            lib.dlock_check_clear(ctypes.byref(cr))
 
     def break_lock(self, name: Name) -> Info:
         """Breaks a stuck lock (an operator's command): removes every hold
         of it and wakes its waiters; the evicted holders learn at their
         next renewal. Returns what was evicted."""
-        ci = ffi.new("dlock_info *")
+        ci = N.Info()
         n = _name(name)
         c = self._enter()
         try:
-            check(lib.dlock_break(c, n, ci))
+            check(lib.dlock_break(c, n, ctypes.byref(ci)))
         finally:
             self._guard.leave()
         try:
             return Info._from(ci)
         finally:
-            lib.dlock_info_clear(ci)
+            lib.dlock_info_clear(ctypes.byref(ci))
 
 
 @dataclass(frozen=True)
@@ -453,7 +454,7 @@ class Lock:
                  permits: int = 0, owner: str = "thread",
                  at_least: Optional[float] = None,
                  at_most: Optional[float] = None) -> None:
-        self._l = ffi.NULL
+        self._l: Optional[int] = None
         self._client = client  # kept alive as long as the lock
         self._guard = Guard("lock %r" % (name,))
         self._tasks = _aio.TaskHolds()
@@ -462,7 +463,7 @@ class Lock:
                                   % (owner,), N.EINVAL)
         self._timeout = _ms(timeout, "timeout", True)
         self._on_lost = on_lost
-        opts = ffi.new("dlock_options *")
+        opts = N.Options()
         if ttl is not None:
             opts.ttl_ms = _ms(ttl, "ttl", False, N.TTL_MAX_MS)
             if opts.ttl_ms == 0:
@@ -482,16 +483,16 @@ class Lock:
         if on_lost is not None:
             if not callable(on_lost):
                 raise InvalidArgument("on_lost must be callable", N.EINVAL)
-            self._cb = ffi.callback("void(dlock *, uint64_t, void *)",
-                                    self._lost)
+            self._cb = N.LOST_CB(self._lost)
             opts.on_lost = self._cb
         self._name = _name(name)
         self._opts = opts  # for the handles of asyncio tasks
-        out = ffi.new("dlock **")
+        out = ctypes.c_void_p()
         c = client._enter()
         try:
-            check(lib.dlock_open(out, c, self._name, opts))
-            self._l = out[0]
+            check(lib.dlock_open(ctypes.byref(out), c, self._name,
+                                 ctypes.byref(opts)))
+            self._l = out.value
             with client._guard.cv:
                 client._locks.add(self)
         finally:
@@ -640,11 +641,12 @@ class Lock:
         try:
             e = self._tasks.by_task.get(task)
             if e is None:
-                opts = ffi.new("dlock_options *", self._opts[0])
+                opts = N.Options.from_buffer_copy(self._opts)
                 opts.flags |= N.OWNER_HANDLE
-                out = ffi.new("dlock **")
-                check(lib.dlock_open(out, self._client._c, self._name, opts))
-                e = [out[0], 0, 0]  # handle, hold count, token
+                out = ctypes.c_void_p()
+                check(lib.dlock_open(ctypes.byref(out), self._client._c,
+                                     self._name, ctypes.byref(opts)))
+                e = [out.value, 0, 0]  # handle, hold count, token
                 with g.cv:
                     self._tasks.by_task[task] = e
             return e
@@ -755,7 +757,7 @@ class Lock:
         # their waits, and refuses an acquire let in before close() began
         # that reaches the library only now (a task's handle opened after
         # this is never acquired through: its call is refused Closed)
-        if self._l != ffi.NULL:
+        if self._l is not None:
             lib.dlock_shutdown(self._l)
         for e in self._tasks.by_task.values():
             lib.dlock_shutdown(e[0])
@@ -766,8 +768,8 @@ class Lock:
         self._tasks.by_task.clear()
         for e in tasks:
             lib.dlock_close(e[0])
-        l, self._l = self._l, ffi.NULL
-        if l != ffi.NULL:
+        l, self._l = self._l, None
+        if l is not None:
             lib.dlock_close(l)
 
     def _finish_close(self) -> None:
@@ -902,7 +904,7 @@ class LockSet:
         try:
             for lk in self.locks:
                 entered.append(lk._enter())
-            arr = ffi.new("dlock *[]", [lk._l for lk in self.locks])
+            arr = N.handles([lk._l for lk in self.locks])
             rc = int(fn(arr, len(self.locks), *args))
             for lk, g in zip(self.locks, entered):
                 if g.closing:

@@ -3,13 +3,14 @@
 Lock whose hold carries the leader's value; Leader is what the store says
 of an election; an Observer reports every change, woken by the store."""
 import asyncio
+import ctypes
 import select
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from . import _native as N
 from ._errors import Closed, InvalidArgument, check, error
-from ._native import ffi, lib
+from ._native import lib, text
 
 if TYPE_CHECKING:
     from ._client import Client, Lock, Name
@@ -29,11 +30,11 @@ class Leader:
 
     @staticmethod
     def _from(cl: Any) -> "Leader":
-        why = ffi.string(cl.why).decode("utf-8", "replace")
+        why = text(cl.why)
         return Leader(
             present=bool(cl.present),
             term=int(cl.term),
-            value=ffi.string(cl.value).decode("utf-8", "replace"),
+            value=text(cl.value),
             lease=None if cl.ttl_ms < 0 else cl.ttl_ms / 1000.0,
             error=why if cl.error else None,
         )
@@ -41,7 +42,7 @@ class Leader:
 
 def _value(v: Optional[str]) -> Any:
     if v is None:
-        return ffi.NULL
+        return None
     if not isinstance(v, str):
         raise InvalidArgument("value must be a str, not %r" % (v,),
                               N.EINVAL)
@@ -118,14 +119,14 @@ class Observer:
         from ._client import _name
         self._o: Any = None
         self._client = client
-        out = ffi.new("dlock_observer **")
+        out = ctypes.c_void_p()
         c = client._enter()
         try:
-            check(lib.dlock_observe(c, _name(name), ffi.NULL, ffi.NULL,
-                                    out))
+            check(lib.dlock_observe(c, _name(name), None, None,
+                                    ctypes.byref(out)))
         finally:
             client._guard.leave()
-        self._o = out[0]
+        self._o = out.value
 
     def _live(self) -> Any:
         if self._o is None:
@@ -138,8 +139,8 @@ class Observer:
 
     def read(self) -> Optional[Leader]:
         """The latest state if it changed since the last read, else None."""
-        cl = ffi.new("dlock_leader *")
-        rc = lib.dlock_observer_read(self._live(), cl)
+        cl = N.LeaderC()
+        rc = lib.dlock_observer_read(self._live(), ctypes.byref(cl))
         if rc == N.EBUSY:
             return None
         check(rc)

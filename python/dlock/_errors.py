@@ -2,7 +2,7 @@
 """Exceptions: one class per DLOCK_E* code, with the library's message."""
 from typing import Dict, Optional, Type
 
-from ._native import ffi, lib
+from ._native import errmsg, lib, text
 
 
 class DlockError(Exception):
@@ -20,7 +20,7 @@ class DlockError(Exception):
 
     @property
     def name(self) -> str:
-        return str(ffi.string(lib.dlock_errname(self.code)).decode())
+        return text(lib.dlock_errname(self.code))
 
 
 class Busy(DlockError):
@@ -122,9 +122,9 @@ _BY_CODE: Dict[int, Type[DlockError]] = {
 def error(rc: int) -> DlockError:
     """The exception for return code ``rc``, with the calling thread's
     dlock_errmsg() (read at once: the same OS thread made the call)."""
-    msg = ffi.string(lib.dlock_errmsg()).decode("utf-8", "replace")
+    msg = errmsg()
     if not msg:
-        msg = ffi.string(lib.dlock_strerror(rc)).decode()
+        msg = text(lib.dlock_strerror(rc))
     cls = _BY_CODE.get(rc, DlockError)
     return cls(msg, rc)
 

@@ -1,134 +1,185 @@
 # SPDX-License-Identifier: MIT
-"""The C library, loaded with cffi in ABI mode (no compiler at install time).
+"""The C library, loaded with ctypes (docs/python.md, "How the package
+finds the library").
 
-The library is found, in order: ``$DLOCK_LIBRARY`` (a path), the system's
-linker cache (``ctypes.util.find_library("dlock")``), ``libdlock.so.0``.
-Its store modules are found beside it, as for any C program
-(docs/development.md "Modules").
+ctypes is part of CPython: the package needs nothing installed beside it,
+so a wheel installs offline into any venv. (cffi's ABI mode would do the
+same work and must itself be installed first.) The structures below
+repeat include/dlock.h's; tests/test_abi.py compares their sizes and
+offsets with a C compiler's.
+
+The library is found, in order:
+  1. ``$DLOCK_LIBRARY``, a path (tests, a build tree);
+  2. the copy inside the package (``dlock/_lib/libdlock.so.0``, which a
+     wheel from ``make wheel`` carries, its store modules beside it);
+  3. the system's: ``libdlock.so.0`` by the dynamic linker's search (the
+     Debian package libdlock0, or ``make install`` with ldconfig).
+Its version must be the package's (``VERSION``): another is refused at
+import, naming both.
 """
-import ctypes.util
+import ctypes
 import os
-from typing import Any
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int,
+                    c_int64, c_size_t, c_uint, c_uint64, c_void_p)
+from typing import Any, Optional
 
-from cffi import FFI  # type: ignore[import]
-
-ffi: Any = FFI()
-ffi.cdef(
-    """
-typedef struct dlock_client dlock_client;
-typedef struct dlock dlock;
-typedef struct dlock_client_options { int64_t timeout_ms; } dlock_client_options;
-typedef void (*dlock_lost_cb)(dlock *lock, uint64_t token, void *arg);
-typedef struct dlock_options {
-    int64_t ttl_ms;
-    unsigned flags;
-    dlock_lost_cb on_lost;
-    void *on_lost_arg;
-    unsigned permits;
-    int64_t at_least_ms;
-    int64_t at_most_ms;
-} dlock_options;
-typedef struct dlock_info {
-    int held;
-    char holder[256];
-    uint64_t token;
-    int64_t ttl_ms;
-    int64_t held_ms;
-    int64_t waiters;
-    char **queue;
-    size_t queue_len;
-    int64_t holders;
-    int shared;
-    int64_t permits;
-    char foreign[256];
-} dlock_info;
-typedef struct dlock_listed { char *name; dlock_info info; } dlock_listed;
-typedef struct dlock_list_page {
-    dlock_listed *locks;
-    size_t n;
-    char *next;
-} dlock_list_page;
-
-int dlock_client_open(dlock_client **out, const char *uri,
-                      const dlock_client_options *opts);
-void dlock_client_close(dlock_client *c);
-const char *dlock_client_store(const dlock_client *c);
-int dlock_open(dlock **out, dlock_client *c, const char *name,
-               const dlock_options *opts);
-int dlock_acquire(dlock *l, int64_t wait_ms);
-int dlock_acquire_shared(dlock *l, int64_t wait_ms);
-int dlock_release(dlock *l);
-int dlock_acquire_all(dlock *const *ls, size_t n, int64_t wait_ms);
-int dlock_release_all(dlock *const *ls, size_t n);
-int dlock_cancel(dlock *l);
-int dlock_shutdown(dlock *l);
-int dlock_extend(dlock *l, int64_t ttl_ms);
-uint64_t dlock_token(const dlock *l);
-int dlock_held(const dlock *l);
-const char *dlock_name(const dlock *l);
-void dlock_close(dlock *l);
-int dlock_inspect(dlock_client *c, const char *name, dlock_info *out);
-void dlock_info_clear(dlock_info *info);
-int dlock_list(dlock_client *c, const char *prefix, const char *cursor,
-               size_t limit, unsigned flags, dlock_list_page *out);
-void dlock_list_clear(dlock_list_page *page);
-int dlock_break(dlock_client *c, const char *name, dlock_info *evicted);
-typedef struct dlock_finding {
-    char check[32];
-    char what[512];
-    char fix[512];
-} dlock_finding;
-typedef struct dlock_check {
-    dlock_finding *findings;
-    size_t n;
-    int64_t round_trip_us;
-    int64_t clock_offset_ms;
-    char notes[1024];
-} dlock_check;
-int dlock_client_check(dlock_client *c, int64_t ttl_ms, dlock_check *out);
-typedef struct dlock_leader {
-    int present;
-    uint64_t term;
-    char value[256];
-    int64_t ttl_ms;
-    int error;
-    char why[256];
-} dlock_leader;
-typedef struct dlock_observer dlock_observer;
-int dlock_campaign(dlock *l, const char *value, int64_t wait_ms);
-int dlock_proclaim(dlock *l, const char *value);
-int dlock_resign(dlock *l);
-int dlock_leader_get(dlock_client *c, const char *name, dlock_leader *out);
-int dlock_observe(dlock_client *c, const char *name, void *cb, void *arg,
-                  dlock_observer **out);
-int dlock_observer_fd(const dlock_observer *o);
-int dlock_observer_read(dlock_observer *o, dlock_leader *out);
-void dlock_observer_close(dlock_observer *o);
-void dlock_check_clear(dlock_check *check);
-const char *dlock_strerror(int rc);
-const char *dlock_errname(int rc);
-const char *dlock_errmsg(void);
-const char *dlock_version(void);
-const char *dlock_store_scheme(size_t index, int *how);
-"""
-)
+# the package's version, which the library's must equal (pyproject.toml
+# and CMakeLists.txt say the same: tests/test_abi.py)
+VERSION = "0.1.0"
+# the distribution's name on PyPI (the import name is dlock)
+DIST = "libdlock"
 
 
-def _load() -> Any:
-    path = os.environ.get("DLOCK_LIBRARY")
-    if path:
-        return ffi.dlopen(path)
-    found = ctypes.util.find_library("dlock")
+class ClientOptions(Structure):
+    _fields_ = [("timeout_ms", c_int64)]
+
+
+LOST_CB = CFUNCTYPE(None, c_void_p, c_uint64, c_void_p)
+
+
+class Options(Structure):
+    _fields_ = [("ttl_ms", c_int64), ("flags", c_uint),
+                ("on_lost", LOST_CB), ("on_lost_arg", c_void_p),
+                ("permits", c_uint), ("at_least_ms", c_int64),
+                ("at_most_ms", c_int64)]
+
+
+class Info(Structure):
+    _fields_ = [("held", c_int), ("holder", c_char * 256),
+                ("token", c_uint64), ("ttl_ms", c_int64),
+                ("held_ms", c_int64), ("waiters", c_int64),
+                ("queue", POINTER(c_char_p)), ("queue_len", c_size_t),
+                ("holders", c_int64), ("shared", c_int),
+                ("permits", c_int64), ("foreign", c_char * 256)]
+
+
+class Listed(Structure):
+    _fields_ = [("name", c_char_p), ("info", Info)]
+
+
+class ListPage(Structure):
+    _fields_ = [("locks", POINTER(Listed)), ("n", c_size_t),
+                ("next", c_void_p)]
+
+
+class Finding(Structure):
+    _fields_ = [("check", c_char * 32), ("what", c_char * 512),
+                ("fix", c_char * 512)]
+
+
+class Check(Structure):
+    _fields_ = [("findings", POINTER(Finding)), ("n", c_size_t),
+                ("round_trip_us", c_int64), ("clock_offset_ms", c_int64),
+                ("notes", c_char * 1024)]
+
+
+class LeaderC(Structure):
+    _fields_ = [("present", c_int), ("term", c_uint64),
+                ("value", c_char * 256), ("ttl_ms", c_int64),
+                ("error", c_int), ("why", c_char * 256)]
+
+
+P = c_void_p  # an opaque handle: dlock_client *, dlock *, dlock_observer *
+PP = POINTER(c_void_p)
+
+# name: (restype, argtypes)
+_SIGNATURES = {
+    "dlock_client_open": (c_int, [PP, c_char_p, POINTER(ClientOptions)]),
+    "dlock_client_close": (None, [P]),
+    "dlock_client_store": (c_char_p, [P]),
+    "dlock_open": (c_int, [PP, P, c_char_p, POINTER(Options)]),
+    "dlock_acquire": (c_int, [P, c_int64]),
+    "dlock_acquire_shared": (c_int, [P, c_int64]),
+    "dlock_release": (c_int, [P]),
+    "dlock_acquire_all": (c_int, [PP, c_size_t, c_int64]),
+    "dlock_release_all": (c_int, [PP, c_size_t]),
+    "dlock_cancel": (c_int, [P]),
+    "dlock_shutdown": (c_int, [P]),
+    "dlock_extend": (c_int, [P, c_int64]),
+    "dlock_token": (c_uint64, [P]),
+    "dlock_held": (c_int, [P]),
+    "dlock_name": (c_char_p, [P]),
+    "dlock_close": (None, [P]),
+    "dlock_inspect": (c_int, [P, c_char_p, POINTER(Info)]),
+    "dlock_info_clear": (None, [POINTER(Info)]),
+    "dlock_list": (c_int, [P, c_char_p, c_char_p, c_size_t, c_uint,
+                           POINTER(ListPage)]),
+    "dlock_list_clear": (None, [POINTER(ListPage)]),
+    "dlock_break": (c_int, [P, c_char_p, POINTER(Info)]),
+    "dlock_client_check": (c_int, [P, c_int64, POINTER(Check)]),
+    "dlock_check_clear": (None, [POINTER(Check)]),
+    "dlock_campaign": (c_int, [P, c_char_p, c_int64]),
+    "dlock_proclaim": (c_int, [P, c_char_p]),
+    "dlock_resign": (c_int, [P]),
+    "dlock_leader_get": (c_int, [P, c_char_p, POINTER(LeaderC)]),
+    "dlock_observe": (c_int, [P, c_char_p, c_void_p, c_void_p, PP]),
+    "dlock_observer_fd": (c_int, [P]),
+    "dlock_observer_read": (c_int, [P, POINTER(LeaderC)]),
+    "dlock_observer_close": (None, [P]),
+    "dlock_strerror": (c_char_p, [c_int]),
+    "dlock_errname": (c_char_p, [c_int]),
+    "dlock_errmsg": (c_char_p, []),
+    "dlock_version": (c_char_p, []),
+    "dlock_store_scheme": (c_char_p, [c_size_t, POINTER(c_int)]),
+}
+
+
+def _bundled() -> Optional[str]:
+    p = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib",
+                     "libdlock.so.0")
+    return p if os.path.exists(p) else None
+
+
+def _load() -> "tuple[Any, str]":
+    path = os.environ.get("DLOCK_LIBRARY") or _bundled() or "libdlock.so.0"
     try:
-        return ffi.dlopen(found or "libdlock.so.0")
+        dll = ctypes.CDLL(path)
     except OSError as e:
         raise ImportError(
-            "dlock: the C library libdlock.so.0 was not found (install "
-            "dlock, or set DLOCK_LIBRARY to its path): %s" % e
-        ) from None
+            "dlock: the C library %s could not be loaded (%s). Install it: "
+            "`apt install libdlock0` (Debian packages: docs/install.md), "
+            "`make install` from the source tree, or `pip install %s` "
+            "from a wheel that carries it (`make wheel`); or set "
+            "DLOCK_LIBRARY to its path" % (path, e, DIST)) from None
+    for name, (res, args) in _SIGNATURES.items():
+        try:
+            fn = getattr(dll, name)
+        except AttributeError:
+            raise ImportError(
+                "dlock: the C library %s has no %s(): it is older than "
+                "this package (%s %s); install the library of the same "
+                "version" % (path, name, DIST, VERSION)) from None
+        fn.restype = res
+        fn.argtypes = args
+    got = dll.dlock_version().decode()
+    if got != VERSION:
+        raise ImportError(
+            "dlock: the C library %s is version %s, but this Python "
+            "package (%s) is version %s: install the two of the same "
+            "version (or set DLOCK_LIBRARY to a libdlock.so.0 of %s)"
+            % (path, got, DIST, VERSION, VERSION))
+    return dll, path
 
 
-lib: Any = _load()
+lib: Any
+PATH: str  # the library loaded
+lib, PATH = _load()
+
+
+def text(b: Optional[bytes]) -> str:
+    """A C string the library gave (bytes; None for NULL) as str."""
+    return "" if b is None else b.decode("utf-8", "replace")
+
+
+def errmsg() -> str:
+    """The calling thread's last message of the library."""
+    return text(lib.dlock_errmsg())
+
+
+def handles(hs: "list[Any]") -> Any:
+    """An array of handles (dlock *const *), for the *_all() calls."""
+    return (c_void_p * len(hs))(*hs)
+
 
 # flags and codes (include/dlock.h; never renumbered)
 NO_RENEW = 0x1
@@ -140,7 +191,7 @@ EOK, EBUSY, ELOST, ENOTHELD, EINVAL, ECONN = 0, -1, -2, -3, -4, -5
 EAUTH, EPROTO, ENOMEM, ENOTSUP, EDEADLK = -6, -7, -8, -9, -10
 ECANCELED = -11
 # the longest lease and wait, in ms: include/dlock.h's DLOCK_TTL_MAX and
-# DLOCK_WAIT_MAX (365 days). cffi's ABI mode reads no header, so they are
+# DLOCK_WAIT_MAX (365 days). ctypes reads no header, so they are
 # repeated here; tests/test_limits.py checks them against the header.
 TTL_MAX_MS = 31536000000
 WAIT_MAX_MS = 31536000000
