@@ -1,20 +1,26 @@
 # SPDX-License-Identifier: MIT
 """Client and Lock: the C API, the Python way (docs/python.md)."""
 import ctypes
+import functools
+import inspect as _inspect
 import math
 import os
+import sys
 import threading
+import time
 import types
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _aio
 from . import _native as N
+from ._sigint import Interrupter
 from ._errors import (Busy, Closed, DlockError, ForkedClient, InvalidArgument,
                       LockLost, check, error)
 from ._elect import Election, Leader, Observer
-from ._guard import Guard
+from ._guard import DEFAULT, Guard
 from ._native import lib, text
 
 Name = Union[str, bytes]
@@ -134,6 +140,7 @@ class Client:
         self._pid = os.getpid()
         self._guard = Guard("the client")
         self._workers: Optional[_aio.Workers] = None
+        self._intr: Optional[Interrupter] = None
         # the open locks made through it (closed by close()), and locks
         # closed inside a lost-lock callback, to be freed on another thread
         self._locks: "weakref.WeakSet[Lock]" = weakref.WeakSet()
@@ -210,6 +217,8 @@ class Client:
                 lk.close()
         while self._deferred:
             self._deferred.pop()._finish_close()
+        if self._intr is not None:
+            self._intr.close()
         c, self._c = self._c, None
         if c is not None:
             lib.dlock_client_close(c)
@@ -219,6 +228,100 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    # -- asyncio: the calls that talk to the store, off the event loop --
+    @classmethod
+    async def open_async(cls, uri: Optional[str] = None,
+                         timeout: Optional[float] = None) -> "Client":
+        """``Client(uri, timeout)`` for asyncio: connects on a worker
+        thread, the event loop runs meanwhile."""
+        import asyncio
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: cls(uri, timeout))
+
+    async def close_async(self) -> None:
+        """close() for asyncio, off the event loop."""
+        import asyncio
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close_async()
+
+    async def inspect_async(self, name: Name) -> "Info":
+        """inspect() for asyncio, off the event loop."""
+        import asyncio
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.inspect, name)
+
+    async def leader_async(self, name: Name) -> "Leader":
+        """leader() for asyncio, off the event loop."""
+        import asyncio
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.leader, name)
+
+    def _wait(self, handles: "List[int]", call: Callable[[int], int],
+              wait: int, closing: Callable[[], bool]) -> int:
+        """call(ms): a blocking acquire through ``handles``, ``wait`` ms
+        at most (-1: forever). On the main thread a signal ends the wait
+        (_sigint.py): its handler's exception (KeyboardInterrupt) goes
+        on from here; a handler that returns lets the wait go on for the
+        time left. A wait another thread's signal ended (the handle is
+        shared by the lock's threads) goes on too."""
+        deadline = None if wait <= 0 else time.monotonic() + wait / 1000.0
+        ms = wait
+        for _ in range(10000):  # each round needs a signal
+            old = None
+            if ms != 0 and threading.current_thread() is \
+                    threading.main_thread():
+                if self._intr is None:
+                    self._intr = Interrupter()
+                def cancel() -> None:
+                    for h in handles:
+                        lib.dlock_cancel(h)
+                old = self._intr.arm(cancel)
+            try:
+                rc = int(call(ms))
+            finally:
+                if old is not None and self._intr is not None:
+                    self._intr.disarm(old)
+            if rc != N.ECANCELED or closing():
+                return rc
+            if deadline is not None:
+                ms = max(0, int(math.ceil((deadline - time.monotonic())
+                                          * 1000)))
+        return rc
+
+    def locked(self, name: Name, ttl: Optional[float] = None,
+               **options: Any) -> Callable[[Any], Any]:
+        """A decorator: the function runs holding lock ``name`` (each call
+        waits for it, ``timeout`` as ``with lock:``: Busy when it runs
+        out). Works on plain and ``async`` functions; ``options`` are
+        lock()'s. The lock is ``fn.lock``::
+
+            @client.locked("nightly-report", ttl=60, timeout=0)
+            def report(): ...
+        """
+        lk = self.lock(name, ttl, **options)
+
+        def decorate(fn: Any) -> Any:
+            if _inspect.iscoroutinefunction(fn):
+                @functools.wraps(fn)
+                async def run_async(*args: Any, **kw: Any) -> Any:
+                    async with lk:
+                        return await fn(*args, **kw)
+                run_async.lock = lk  # type: ignore[attr-defined]
+                return run_async
+
+            @functools.wraps(fn)
+            def run(*args: Any, **kw: Any) -> Any:
+                with lk:
+                    return fn(*args, **kw)
+            run.lock = lk  # type: ignore[attr-defined]
+            return run
+        return decorate
 
     def __del__(self) -> None:
         # no Lock refers to it (each keeps its client alive), and no call
@@ -463,6 +566,14 @@ class Lock:
                                   % (owner,), N.EINVAL)
         self._timeout = _ms(timeout, "timeout", True)
         self._on_lost = on_lost
+        self._permits = permits
+        # holds made through the lock and not released (every owner's):
+        # a lock collected with some is released with a ResourceWarning
+        self._holds = 0
+        # a semaphore's further permits of one owner: a handle each
+        # (DLOCK_OWNER_HANDLE), kept open for reuse until close()
+        self._spare: List[int] = []
+        self._extra_all: List[int] = []
         opts = N.Options()
         if ttl is not None:
             opts.ttl_ms = _ms(ttl, "ttl", False, N.TTL_MAX_MS)
@@ -499,11 +610,19 @@ class Lock:
             client._guard.leave()
 
     def _lost(self, _l: Any, token: int, _arg: Any) -> None:
-        # on the client's background thread
+        # on the client's background thread: an exception of the callback
+        # goes to sys.unraisablehook (printed with its traceback by
+        # default), as for an exception in a __del__
         _in_callback.on = True
         try:
             if self._on_lost is not None:
                 self._on_lost(self, int(token))
+        except BaseException as e:
+            sys.unraisablehook(types.SimpleNamespace(  # type: ignore
+                exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__,
+                err_msg="Exception in the on_lost callback of lock %r"
+                        % (self.name,),
+                object=self._on_lost))
         finally:
             _in_callback.on = False
 
@@ -526,40 +645,110 @@ class Lock:
     def name(self) -> Union[str, bytes]:
         return _text(self._name)
 
-    def _acquire(self, fn: Any, timeout: Optional[float],
-                 blocking: bool) -> bool:
-        wait = 0 if not blocking else _ms(timeout, "timeout", True)
+    def _wait_ms(self, timeout: Any, blocking: bool) -> int:
+        """The one timeout rule: blocking=False tries once; no timeout
+        given, the lock's (client.lock(timeout=...), default forever);
+        None, forever; else at most that many seconds."""
+        if not blocking:
+            return 0
+        if timeout is DEFAULT:
+            return self._timeout
+        return _ms(timeout, "timeout", True)
+
+    def _closing(self) -> bool:
+        return self._guard.closing or self._client._guard.closing
+
+    def _spare_handle(self, g: Guard) -> int:
+        """A handle of its own for a further permit (under the guard)."""
+        with g.cv:
+            if self._spare:
+                return self._spare.pop()
+        opts = N.Options.from_buffer_copy(self._opts)
+        opts.flags |= N.OWNER_HANDLE
+        out = ctypes.c_void_p()
+        check(lib.dlock_open(ctypes.byref(out), self._client._c,
+                             self._name, ctypes.byref(opts)))
+        h = int(out.value or 0)
+        with g.cv:
+            self._extra_all.append(h)
+        return h
+
+    def _extra(self) -> "List[int]":
+        """The calling owner's further permits, newest last."""
+        ex = getattr(self._tls, "extra", None)
+        if ex is None:
+            ex = self._tls.extra = []
+        return ex
+
+    def _acquire(self, fn: Any, timeout: Any, blocking: bool,
+                 shared: bool = False) -> bool:
+        wait = self._wait_ms(timeout, blocking)
         g = self._enter()
         try:
-            rc = fn(self._l, wait)
-            if g.closing:
-                # close() cancelled the wait (or a lock got just before
-                # the cancel, which the close releases)
-                raise self._closed_while()
-            if rc == N.EBUSY:
-                return False
-            check(rc)
-            self._tls.token = int(lib.dlock_token(self._l))
-            return True
+            h = int(self._l or 0)
+            more = bool(self._permits) and lib.dlock_held(self._l) > 0
+            if more:
+                # a semaphore whose permit this owner holds: another
+                # permit, through a handle of its own
+                h = self._spare_handle(g)
+            n0 = max(0, lib.dlock_held(h))
+            ok = False
+            try:
+                rc = self._client._wait([h], lambda ms: int(fn(h, ms)), wait,
+                                        self._closing)
+                if g.closing:
+                    # close() cancelled the wait (or a lock got just
+                    # before the cancel, which the close releases)
+                    raise self._closed_while()
+                if rc == N.EBUSY:
+                    return False
+                check(rc)
+                if more:
+                    self._extra().append(h)
+                elif n0 == 0:
+                    self._tls.shared = shared
+                self._tls.token = int(lib.dlock_token(h))
+                with g.cv:
+                    self._holds += 1
+                ok = True
+                return True
+            except BaseException:
+                # a signal's exception (KeyboardInterrupt) lands as the
+                # call returns, maybe just after the store granted the
+                # lock: give that back
+                if not ok and not g.closing and lib.dlock_held(h) > n0:
+                    lib.dlock_release(h)
+                raise
+            finally:
+                if more and not ok:
+                    with g.cv:
+                        self._spare.append(h)
         finally:
             g.leave()
 
-    def acquire(self, timeout: Optional[float] = None, *,
+    def acquire(self, timeout: Any = DEFAULT, *,
                 blocking: bool = True) -> bool:
         """Acquires the lock for the calling thread: True when it holds it,
-        False when another owner held it for the whole wait. ``timeout``:
-        None waits as long as it takes, 0 tries once, else at most that
-        many seconds (``blocking=False`` is ``timeout=0``). Waiting is
-        woken by the store and releases the GIL. Raises LockLost when the
-        thread's earlier hold was lost and not yet released, Closed when
-        the lock or its client is closed (also while the call waits), and
-        the store's errors (ConnectionFailed, ...)."""
+        False when another owner held it for the whole wait (``with
+        lock:`` raises Busy, a TimeoutError, instead). ``timeout``: not
+        given, the lock's (``client.lock(timeout=...)``, default: as
+        long as it takes); None waits as long as it takes, 0 tries once,
+        else at most that many seconds (``blocking=False`` is
+        ``timeout=0``). Waiting is woken by the store and releases the
+        GIL; on the main thread, Ctrl-C ends it at once
+        (KeyboardInterrupt, leaving nothing in the store's queue). On a
+        semaphore, an owner that holds a permit takes another. Raises
+        LockLost when the thread's earlier hold was lost and not yet
+        released, Closed when the lock or its client is closed (also
+        while the call waits), and the store's errors
+        (ConnectionFailed, ...)."""
         return self._acquire(lib.dlock_acquire, timeout, blocking)
 
-    def acquire_shared(self, timeout: Optional[float] = None, *,
+    def acquire_shared(self, timeout: Any = DEFAULT, *,
                        blocking: bool = True) -> bool:
         """A shared (read) hold for the calling thread, as acquire()."""
-        return self._acquire(lib.dlock_acquire_shared, timeout, blocking)
+        return self._acquire(lib.dlock_acquire_shared, timeout, blocking,
+                             shared=True)
 
     def release(self) -> None:
         """Releases one level of the calling thread's hold. Raises LockLost
@@ -575,49 +764,101 @@ class Lock:
     def _release(self, fn: Any) -> None:
         g = self._enter()
         try:
-            rc = fn(self._l)
+            extra = getattr(self._tls, "extra", None)
+            h = extra[-1] if extra else self._l
+            tok = int(lib.dlock_token(h)) if extra else \
+                getattr(self._tls, "token", 0)
+            rc = fn(h)
+            if rc in (N.EOK, N.ELOST):
+                with g.cv:
+                    self._holds -= 1
+                    if extra:
+                        extra.pop()
+                        self._spare.append(h)
+                self._tls.token = (int(lib.dlock_token(extra[-1])) if extra
+                                   else int(lib.dlock_token(self._l)))
             if rc == N.ELOST:
                 e = error(rc)
                 assert isinstance(e, LockLost)
-                e.token = getattr(self._tls, "token", 0)
-                self._tls.token = 0
+                e.token = tok
                 raise e
             check(rc)
-            if lib.dlock_held(self._l) == 0:
-                self._tls.token = 0
         finally:
             g.leave()
 
+    def _owner(self) -> Tuple[int, int, bool]:
+        """The handle of the caller's hold, its further permits, and
+        whether it is a shared hold: its asyncio task's, inside a task
+        that holds through this lock, else the thread's (the newest
+        permit's on a semaphore). Under the guard."""
+        t = self._tasks.current()
+        if t is not None:
+            return t[0], 0, bool(t[3])
+        extra = getattr(self._tls, "extra", None)
+        return (extra[-1] if extra else self._l, len(extra or ()),
+                bool(getattr(self._tls, "shared", False)))
+
     def extend(self, ttl: float) -> None:
-        """Sets the calling thread's lease to ``ttl`` seconds from now (and
-        makes it the lease the watchdog renews to)."""
+        """Sets the caller's lease to ``ttl`` seconds from now (and makes
+        it the lease the watchdog renews to): the calling thread's hold,
+        or inside an asyncio task that holds the lock, the task's. One
+        store round trip: extend_async() in a task."""
         ms = _ms(ttl, "ttl", False, N.TTL_MAX_MS)
         g = self._enter()
         try:
-            check(lib.dlock_extend(self._l, ms))
+            check(lib.dlock_extend(self._owner()[0], ms))
         finally:
             g.leave()
 
-    def _local(self, fn: Any) -> int:
-        """fn on the handle of the caller's hold: its asyncio task's,
-        inside a task that holds through this lock, else the thread's."""
+    async def extend_async(self, ttl: float) -> None:
+        """extend() for asyncio: the calling task's hold, off the event
+        loop."""
+        import asyncio
+        ms = _ms(ttl, "ttl", False, N.TTL_MAX_MS)
+        e = self._tasks.current()
+        if e is None or e[1] == 0:
+            raise _error_of(N.ENOTHELD, "lock %r is not held by this task"
+                            % (self.name,))
+        h = e[0]
         g = self._enter()
         try:
-            t = self._tasks.current()
-            return int(fn(t[0] if t is not None else self._l))
+            rc, msg = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: (int(lib.dlock_extend(h, ms)), N.errmsg()))
+        finally:
+            g.leave()
+        if rc != 0:
+            raise _error_of(rc, msg)
+
+    def _local(self, fn: Any) -> int:
+        """fn on the handle of the caller's hold (_owner())."""
+        g = self._enter()
+        try:
+            return int(fn(self._owner()[0]))
+        finally:
+            g.leave()
+
+    def _state(self) -> Tuple[int, int, int, bool]:
+        """The caller's dlock_held(), token, further permits and
+        whether its hold is shared, read together."""
+        g = self._enter()
+        try:
+            h, more, shared = self._owner()
+            held = int(lib.dlock_held(self._l if more else h))
+            return held, int(lib.dlock_token(h)), more, shared
         finally:
             g.leave()
 
     @property
     def token(self) -> int:
         """The fencing token of the caller's hold (0: none): the calling
-        thread's, or inside an asyncio task that holds it, the task's."""
+        thread's, or inside an asyncio task that holds it, the task's (on
+        a semaphore, its newest permit's)."""
         return self._local(lib.dlock_token)
 
     @property
     def held(self) -> bool:
-        """Whether the caller (thread, or asyncio task) holds the lock and
-        has not lost it."""
+        """Whether the caller (thread, or asyncio task) holds the lock
+        (any hold: exclusive, shared or a permit) and has not lost it."""
         return self._local(lib.dlock_held) > 0
 
     @property
@@ -627,8 +868,10 @@ class Lock:
 
     @property
     def hold_count(self) -> int:
-        """The caller's reentrant hold count (0: not held)."""
-        return max(0, self._local(lib.dlock_held))
+        """The caller's reentrant hold count (0: not held); on a
+        semaphore, the permits it holds."""
+        held, _, more, _ = self._state()
+        return max(0, held) + more
 
     # -- asyncio: each task an owner (_aio.py) --
     def _task_entry(self) -> List[Any]:
@@ -646,7 +889,8 @@ class Lock:
                 out = ctypes.c_void_p()
                 check(lib.dlock_open(ctypes.byref(out), self._client._c,
                                      self._name, ctypes.byref(opts)))
-                e = [out.value, 0, 0]  # handle, hold count, token
+                # handle, hold count, token, a shared hold
+                e = [out.value, 0, 0, False]
                 with g.cv:
                     self._tasks.by_task[task] = e
             return e
@@ -674,11 +918,16 @@ class Lock:
         finally:
             g.leave()
 
-    async def _acquire_async(self, what: str, timeout: Optional[float],
+    async def _acquire_async(self, what: str, timeout: Any,
                              blocking: bool) -> bool:
         import asyncio
-        wait = 0 if not blocking else _ms(timeout, "timeout", True)
+        wait = self._wait_ms(timeout, blocking)
         e = self._task_entry()
+        if self._permits and e[1] > 0:
+            raise InvalidArgument(
+                "this task holds a permit of semaphore %r already: a task "
+                "takes one permit at a time (a second task takes another)"
+                % (self.name,), N.EINVAL)
         try:
             rc, msg, tok = await _aio.run(self._guard,
                                           self._client._aio_workers(), e[0],
@@ -698,11 +947,15 @@ class Lock:
         if rc != 0:
             self._task_done(e)
             raise _error_of(rc, msg)
+        if e[1] == 0:
+            e[3] = what == "shared"
         e[1] += 1
         e[2] = tok
+        with self._guard.cv:
+            self._holds += 1
         return True
 
-    async def acquire_async(self, timeout: Optional[float] = None, *,
+    async def acquire_async(self, timeout: Any = DEFAULT, *,
                             blocking: bool = True) -> bool:
         """acquire() for asyncio: the calling task is the owner (its own
         hold, reentrant), and the wait does not block the event loop. A
@@ -711,7 +964,7 @@ class Lock:
         waits."""
         return await self._acquire_async("acquire", timeout, blocking)
 
-    async def acquire_shared_async(self, timeout: Optional[float] = None, *,
+    async def acquire_shared_async(self, timeout: Any = DEFAULT, *,
                                    blocking: bool = True) -> bool:
         """acquire_shared() for asyncio, as acquire_async()."""
         return await self._acquire_async("shared", timeout, blocking)
@@ -729,6 +982,9 @@ class Lock:
                             % (self.name,))
         rc, msg, _ = await _aio.run(self._guard, self._client._aio_workers(),
                                     e[0], "release")
+        if rc in (N.EOK, N.ELOST):
+            with self._guard.cv:
+                self._holds -= 1
         e[1] -= 1
         tok = e[2]
         if e[1] == 0:
@@ -742,11 +998,16 @@ class Lock:
         if rc != 0:
             raise _error_of(rc, msg)
 
+    def _busy(self, who: str = "another owner") -> Exception:
+        t = self._timeout_s()
+        return _error_of(N.EBUSY, "lock %r was held by %s for the whole "
+                         "wait (%s)" % (self.name, who,
+                                        "no timeout" if t is None
+                                        else "timeout %g s" % t))
+
     async def __aenter__(self) -> "Lock":
-        if not await self.acquire_async(None if self._timeout < 0
-                                        else self._timeout / 1000.0):
-            raise _error_of(N.EBUSY, "lock %r was held by another owner "
-                            "for the whole wait" % (self.name,))
+        if not await self.acquire_async():
+            raise self._busy()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -761,6 +1022,8 @@ class Lock:
             lib.dlock_shutdown(self._l)
         for e in self._tasks.by_task.values():
             lib.dlock_shutdown(e[0])
+        for h in self._extra_all:
+            lib.dlock_shutdown(h)
 
     def _free(self) -> None:
         # nothing is in flight on the handles now, and nothing can start
@@ -768,6 +1031,10 @@ class Lock:
         self._tasks.by_task.clear()
         for e in tasks:
             lib.dlock_close(e[0])
+        extra, self._extra_all = self._extra_all, []
+        self._spare = []
+        for h in extra:
+            lib.dlock_close(h)
         l, self._l = self._l, None
         if l is not None:
             lib.dlock_close(l)
@@ -798,20 +1065,35 @@ class Lock:
             return
         g.finish(self._free)
 
+    async def close_async(self) -> None:
+        """close() for asyncio, off the event loop (releasing what is
+        still held takes a store round trip)."""
+        import asyncio
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
     def __del__(self) -> None:
         # no call is in flight on it: a thread's frame refers to it, and
         # a worker thread's call to its task (through the future it will
         # complete), whose coroutine refers to it. close() would cancel
-        # and wait for one all the same
+        # and wait for one all the same. A lock dropped while held is
+        # released, never silently: a ResourceWarning says so, as for a
+        # file left open (docs/python.md, "A lock dropped while held")
         try:
+            g = getattr(self, "_guard", None)
+            if g is not None and not g.closing and self._holds > 0 and \
+                    self._client._pid == os.getpid():
+                warnings.warn(
+                    "lock %r was garbage-collected while held: its hold "
+                    "is released now (release it, or keep a reference to "
+                    "the lock while it is held)" % (self.name,),
+                    ResourceWarning, source=self)
             self.close()
         except Exception:
             pass
 
     def __enter__(self) -> "Lock":
-        if not self.acquire(None if self._timeout < 0
-                            else self._timeout / 1000.0):
-            raise error(N.EBUSY)
+        if not self.acquire():
+            raise self._busy()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -821,57 +1103,118 @@ class Lock:
         return "<dlock.Lock %r>" % (self.name,)
 
 
-class _ReadView:
-    """The read side of an RWLock: shared holds, ``with rw.read:``."""
+class _View:
+    """One side of an RWLock: ``rw.read`` (shared holds) or ``rw.write``
+    (the exclusive hold), each with acquire/release, ``with``, ``async
+    with``, and the caller's ``held``, ``token``, ``lost`` and
+    ``hold_count`` for that side only (a read hold is not ``write.held``).
+    ``lock`` is the Lock both sides share."""
 
-    def __init__(self, lock: Lock) -> None:
-        self._lock = lock
+    def __init__(self, lock: Lock, shared: bool) -> None:
+        self.lock = lock
+        self._shared = shared
 
-    def acquire(self, timeout: Optional[float] = None, *,
+    @property
+    def name(self) -> Union[str, bytes]:
+        return self.lock.name
+
+    def acquire(self, timeout: Any = DEFAULT, *,
                 blocking: bool = True) -> bool:
-        return self._lock.acquire_shared(timeout, blocking=blocking)
+        if self._shared:
+            return self.lock.acquire_shared(timeout, blocking=blocking)
+        return self.lock.acquire(timeout, blocking=blocking)
 
     def release(self) -> None:
-        self._lock.release()
+        """Releases one level of the caller's hold (NotHeld when the
+        caller's hold is of the other side)."""
+        if self.lock.held and self._mine() is None:
+            raise _error_of(N.ENOTHELD, "lock %r is held %s by the caller,"
+                            " not %s" % (self.lock.name,
+                                         "exclusively" if self._shared
+                                         else "shared",
+                                         "shared" if self._shared
+                                         else "exclusively"))
+        self.lock.release()
 
-    def __enter__(self) -> "_ReadView":
-        t = self._lock._timeout
-        if not self.acquire(None if t < 0 else t / 1000.0):
-            raise error(N.EBUSY)
+    def _mine(self) -> Optional[Tuple[int, int]]:
+        """(dlock_held(), token) of the caller's hold when it is of this
+        side, else None."""
+        held, tok, _, shared = self.lock._state()
+        if held == 0 or shared != self._shared:
+            return None
+        return held, tok
+
+    @property
+    def held(self) -> bool:
+        """Whether the caller holds this side and has not lost it."""
+        m = self._mine()
+        return m is not None and m[0] > 0
+
+    @property
+    def lost(self) -> bool:
+        """Whether the caller's hold of this side was lost."""
+        m = self._mine()
+        return m is not None and m[0] == N.ELOST
+
+    @property
+    def token(self) -> int:
+        """The fencing token of the caller's hold of this side (0: none)."""
+        m = self._mine()
+        return m[1] if m is not None else 0
+
+    @property
+    def hold_count(self) -> int:
+        m = self._mine()
+        return max(0, m[0]) if m is not None else 0
+
+    def __enter__(self) -> "_View":
+        if not self.acquire():
+            raise self.lock._busy("a writer" if self._shared
+                                  else "another owner")
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
 
-    async def acquire_async(self, timeout: Optional[float] = None, *,
+    async def acquire_async(self, timeout: Any = DEFAULT, *,
                             blocking: bool = True) -> bool:
-        return await self._lock.acquire_shared_async(timeout,
-                                                     blocking=blocking)
+        if self._shared:
+            return await self.lock.acquire_shared_async(timeout,
+                                                        blocking=blocking)
+        return await self.lock.acquire_async(timeout, blocking=blocking)
 
     async def release_async(self) -> None:
-        await self._lock.release_async()
+        await self.lock.release_async()
 
-    async def __aenter__(self) -> "_ReadView":
-        t = self._lock._timeout
-        if not await self.acquire_async(None if t < 0 else t / 1000.0):
-            raise _error_of(N.EBUSY, "lock %r was held by a writer for "
-                            "the whole wait" % (self._lock.name,))
+    async def __aenter__(self) -> "_View":
+        if not await self.acquire_async():
+            raise self.lock._busy("a writer" if self._shared
+                                  else "another owner")
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.release_async()
 
+    def __repr__(self) -> str:
+        return "<dlock.RWLock %r %s>" % (self.lock.name,
+                                        "read" if self._shared else "write")
+
 
 class RWLock:
     """A read-write lock: any number of readers (``rw.read``) or one writer
-    (``rw.write``); a waiting writer goes before later readers."""
+    (``rw.write``); a waiting writer goes before later readers. Each side
+    is a view of one Lock (``rw.lock``)."""
 
     def __init__(self, lock: Lock) -> None:
-        self.write = lock
-        self.read = _ReadView(lock)
+        self.lock = lock
+        self.write = _View(lock, False)
+        self.read = _View(lock, True)
 
     def close(self) -> None:
-        self.write.close()
+        self.lock.close()
+
+    async def close_async(self) -> None:
+        await self.lock.close_async()
 
 
 class LockSet:
@@ -898,14 +1241,29 @@ class LockSet:
             self.close()
             raise
 
-    def _call(self, fn: Any, *args: Any) -> int:
-        """fn(array of the handles, n, *args) with every lock entered."""
+    def _call(self, fn: Any, wait: Optional[int] = None) -> int:
+        """fn(array of the handles, n[, wait]) with every lock entered;
+        an acquire (wait given) as Lock.acquire() waits: Ctrl-C ends it,
+        and what it got is given back."""
         entered: List[Guard] = []
         try:
             for lk in self.locks:
                 entered.append(lk._enter())
-            arr = N.handles([lk._l for lk in self.locks])
-            rc = int(fn(arr, len(self.locks), *args))
+            hs = [int(lk._l or 0) for lk in self.locks]
+            arr = N.handles(hs)
+            if wait is None:
+                rc = int(fn(arr, len(hs)))
+            else:
+                n0 = [max(0, lib.dlock_held(h)) for h in hs]
+                try:
+                    rc = self.locks[0]._client._wait(
+                        hs, lambda ms: int(fn(arr, len(hs), ms)), wait,
+                        lambda: any(lk._closing() for lk in self.locks))
+                except BaseException:
+                    if all(lib.dlock_held(h) > n for h, n in zip(hs, n0)) \
+                            and not any(g.closing for g in entered):
+                        lib.dlock_release_all(arr, len(hs))
+                    raise
             for lk, g in zip(self.locks, entered):
                 if g.closing:
                     raise lk._closed_while()
@@ -914,18 +1272,28 @@ class LockSet:
             for g in entered:
                 g.leave()
 
-    def acquire(self, timeout: Optional[float] = None, *,
+    def acquire(self, timeout: Any = DEFAULT, *,
                 blocking: bool = True) -> bool:
         """Acquires every lock for the calling thread: True when it holds
         them all, False when one was held by another owner for the whole
-        wait (then none is held). ``timeout`` as for Lock.acquire()."""
-        wait = 0 if not blocking else _ms(timeout, "timeout", True)
+        wait (then none is held). ``timeout`` as for Lock.acquire() (not
+        given: the set's, ``client.locks(timeout=...)``)."""
+        if not blocking:
+            wait = 0
+        elif timeout is DEFAULT:
+            wait = self._timeout
+        else:
+            wait = _ms(timeout, "timeout", True)
+        if not self.locks:
+            return True
         rc = self._call(lib.dlock_acquire_all, wait)
         if rc == N.EBUSY:
             return False
         check(rc)
         for lk in self.locks:
             lk._tls.token = int(lib.dlock_token(lk._l))
+            with lk._guard.cv:
+                lk._holds += 1
         return True
 
     def release(self) -> None:
@@ -933,6 +1301,9 @@ class LockSet:
         LockLost when any was lost (the set's work was not protected)."""
         rc = self._call(lib.dlock_release_all)
         for lk in self.locks:
+            if rc in (N.EOK, N.ELOST):
+                with lk._guard.cv:
+                    lk._holds -= 1
             if lib.dlock_held(lk._l) == 0:
                 lk._tls.token = 0
         check(rc)
@@ -954,9 +1325,13 @@ class LockSet:
             lk.close()
 
     def __enter__(self) -> "LockSet":
-        if not self.acquire(None if self._timeout < 0
-                            else self._timeout / 1000.0):
-            raise error(N.EBUSY)
+        if not self.acquire():
+            t = self._timeout
+            raise _error_of(N.EBUSY, "locks %r: one was held by another "
+                            "owner for the whole wait (%s)"
+                            % ([lk.name for lk in self.locks],
+                               "timeout %g s" % (t / 1000.0) if t >= 0
+                               else "no timeout"))
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from . import _native as N
-from ._errors import Closed, InvalidArgument, check, error
+from ._errors import Closed, InvalidArgument, check
+from ._guard import DEFAULT
 from ._native import lib, text
 
 if TYPE_CHECKING:
@@ -59,9 +60,10 @@ class Election:
         self._value = value
 
     def campaign(self, value: Optional[str] = None,
-                 timeout: Optional[float] = None, *,
+                 timeout: Any = DEFAULT, *,
                  blocking: bool = True) -> bool:
-        """Waits to lead (``timeout`` as Lock.acquire()): True when the
+        """Waits to lead (``timeout`` as Lock.acquire(); not given, the
+        election's, ``client.election(timeout=...)``): True when the
         calling thread leads, with ``value`` (default: the election's) as
         the leader's value; False when another led for the whole wait."""
         v = _value(value if value is not None else self._value)
@@ -96,8 +98,8 @@ class Election:
         self.lock.close()
 
     def __enter__(self) -> "Election":
-        if not self.campaign(None, self.lock._timeout_s()):
-            raise error(N.EBUSY)
+        if not self.campaign():
+            raise self.lock._busy("another leader")
         return self
 
     def __exit__(self, *exc: Any) -> None:

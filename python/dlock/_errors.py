@@ -23,10 +23,11 @@ class DlockError(Exception):
         return text(lib.dlock_errname(self.code))
 
 
-class Busy(DlockError):
+class Busy(DlockError, TimeoutError):
     """DLOCK_EBUSY: another owner held the lock for the whole wait (raised
     by ``with lock:`` when its ``timeout`` ran out; ``acquire()`` returns
-    False instead)."""
+    False instead). A TimeoutError, as a timed-out wait is elsewhere in
+    Python (``except TimeoutError`` catches it)."""
 
     code = -1
 

@@ -11,11 +11,21 @@ before close() began but reaches the library later is refused there at
 once), waits for the count to reach zero, and only then frees.
 """
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from ._errors import Closed
 
 OPEN, CLOSING, FREEING, CLOSED = 0, 1, 2, 3
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<the lock's timeout>"
+
+
+# acquire()'s timeout when none is given: the one given to client.lock()
+# (or locks(), election()): one rule for with, acquire() and campaign()
+DEFAULT: Any = _Default()
 
 
 class Guard:
