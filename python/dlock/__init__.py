@@ -6,7 +6,8 @@
         with client.lock("payments:42", ttl=30) as lock:
             write_with_fence(lock.token)
 
-docs/python.md has the whole API.
+The whole API: python.md beside this file (docs/python.md in the source
+tree).
 """
 import ctypes
 from typing import Dict

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """asyncio for dlock: each task is an owner, waits run off the event loop,
-and a cancelled task leaves nothing in the store (docs/python.md).
+and a cancelled task leaves nothing in the store (python.md in the package).
 
 A task's hold is made through a C handle of its own, opened with
 DLOCK_OWNER_HANDLE: the handle, not a thread, owns it, so the acquire can

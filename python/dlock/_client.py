@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Client and Lock: the C API, the Python way (docs/python.md)."""
+"""Client and Lock: the C API, the Python way (python.md in the package)."""
 import ctypes
 import functools
 import inspect as _inspect
@@ -393,7 +393,7 @@ class Client:
                  value: Optional[str] = None,
                  timeout: Optional[float] = None,
                  on_lost: Optional[LostCallback] = None) -> "Election":
-        """Leadership of election ``name`` (docs/python.md, "Leader
+        """Leadership of election ``name`` (python.md, "Leader
         election"): ``with client.election("svc", value="10.0.0.1:80"):``
         leads while the block runs. The leader is the holder of lock
         ``name``; ``value`` (up to 127 printable bytes; default: this
@@ -1077,7 +1077,7 @@ class Lock:
         # complete), whose coroutine refers to it. close() would cancel
         # and wait for one all the same. A lock dropped while held is
         # released, never silently: a ResourceWarning says so, as for a
-        # file left open (docs/python.md, "A lock dropped while held")
+        # file left open (python.md, "A lock dropped while held")
         try:
             g = getattr(self, "_guard", None)
             if g is not None and not g.closing and self._holds > 0 and \

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Leader election (docs/python.md, "Leader election"): an Election is a
+"""Leader election (python.md, "Leader election"): an Election is a
 Lock whose hold carries the leader's value; Leader is what the store says
 of an election; an Observer reports every change, woken by the store."""
 import asyncio

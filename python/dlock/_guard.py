@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """The life of a Client's or Lock's C memory: calls in flight, and a close
-that ends them before it frees anything (docs/python.md, "Closing").
+that ends them before it frees anything (python.md, "Closing").
 
 The C library forbids dlock_close() and dlock_client_close() while another
 call on the handle or client is in progress (include/dlock.h). A Guard

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Ctrl-C during a blocking wait (docs/python.md, "Waiting and signals").
+"""Ctrl-C during a blocking wait (python.md, "Waiting and signals").
 
 Python runs a signal's handler on the main thread, between two bytecodes:
 never while that thread waits inside the C library. So while the main
