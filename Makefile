@@ -124,8 +124,12 @@ safety-mixed: build $(if $(safety_quick),,safety-exclusive)
 safety-quick:
 	$(MAKE) safety SAFETY_QUICK=1
 
+# as root into this machine (no DESTDIR), ldconfig then makes the new
+# libdlock.so.0 known to the dynamic linker: programs and Python's ctypes
+# find it by name (docs/install.md)
 install: build
 	cmake --install $(BUILD)
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then echo ldconfig; ldconfig; fi
 
 clean:
 	rm -rf $(BUILD) build-asan build-valgrind build-bench build-fuzz build-ci
