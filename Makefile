@@ -131,5 +131,13 @@ install: build
 	cmake --install $(BUILD)
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then echo ldconfig; ldconfig; fi
 
+# Debian packages of this tree (debian/): built by dpkg-buildpackage in
+# build-deb/, checked by lintian, the .deb files put in dist/;
+# scripts/check-debs.sh installs and tries them (docs/install.md)
+.PHONY: deb
+deb:
+	@scripts/install-deps.sh build deb
+	JOBS=$(JOBS) scripts/deb.sh
+
 clean:
-	rm -rf $(BUILD) build-asan build-valgrind build-bench build-fuzz build-ci
+	rm -rf $(BUILD) build-asan build-valgrind build-bench build-fuzz build-ci build-deb

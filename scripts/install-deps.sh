@@ -16,6 +16,9 @@
 #             once Python's crypt module is gone);
 #             python3-cffi, python3-pytest, pip, setuptools and mypy (the
 #             Python package, python/, its tests and types)
+#   deb       dpkg-dev, debhelper, dh-python and build-essential (make deb:
+#             dpkg-buildpackage; no fakeroot, the build needs no root:
+#             debian/control's Rules-Requires-Root) and lintian
 #   asan      clang and its sanitizer runtime
 #   valgrind  valgrind
 #   busy      stress-ng (make test-busy: the suite on a busy machine)
@@ -30,6 +33,7 @@ for group in "$@"; do
     case $group in
     build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev libyaml-dev libcrypt-dev libgnutls28-dev" ;;
     test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl apache2-utils" ;;
+    deb) pkgs="$pkgs build-essential dpkg-dev debhelper dh-python lintian" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     busy) pkgs="$pkgs stress-ng" ;;
