@@ -14,8 +14,14 @@
 #             tests), curl, openssl (the TLS tests' certificates),
 #             apache2-utils (htpasswd: the exporter test's bcrypt hashes
 #             once Python's crypt module is gone);
-#             python3-cffi, python3-pytest, pip, setuptools and mypy (the
-#             Python package, python/, its tests and types)
+#             python3-pytest, pip, setuptools, wheel and mypy (the
+#             Python package, python/, its tests and types), and what
+#             `wheel` below installs (the tests build a wheel, make a
+#             venv and install into it offline)
+#   wheel     python3-venv, pip and Debian's wheels of pip, setuptools
+#             and wheel (/usr/share/python-wheels: `make wheel` and
+#             `pip install --no-index --find-links /usr/share/python-wheels
+#             ./python` build offline from them)
 #   deb       dpkg-dev, debhelper, dh-python and build-essential (make deb:
 #             dpkg-buildpackage; no fakeroot, the build needs no root:
 #             debian/control's Rules-Requires-Root) and lintian
@@ -32,12 +38,13 @@ pkgs=""
 for group in "$@"; do
     case $group in
     build) pkgs="$pkgs cmake make gcc libc6-dev pkg-config libhiredis-dev libssl-dev libzookeeper-mt-dev libcurl4-openssl-dev libcjson-dev libsqlite3-dev libpq-dev libmariadb-dev libmicrohttpd-dev libyaml-dev libcrypt-dev libgnutls28-dev" ;;
-    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-cffi python3-pytest python3-pip python3-setuptools python3-mypy postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl apache2-utils" ;;
+    test) pkgs="$pkgs redis-server redis-tools zookeeper etcd-server etcd-client openssl python3 python3-pytest python3-pip python3-setuptools python3-wheel python3-mypy python3-venv python3-pip-whl python3-setuptools-whl python3-wheel-whl postgresql postgresql-client pgbouncer mariadb-server mariadb-client faketime iproute2 prometheus curl apache2-utils" ;;
+    wheel) pkgs="$pkgs python3 python3-venv python3-pip python3-pip-whl python3-setuptools-whl python3-wheel-whl" ;;
     deb) pkgs="$pkgs build-essential dpkg-dev debhelper dh-python lintian" ;;
     asan) pkgs="$pkgs clang libclang-rt-14-dev" ;;
     valgrind) pkgs="$pkgs valgrind" ;;
     busy) pkgs="$pkgs stress-ng" ;;
-    bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3 python3-cffi openssl" ;;
+    bench) pkgs="$pkgs curl redis-server redis-tools zookeeper etcd-server etcd-client postgresql postgresql-client mariadb-server mariadb-client nodejs npm gnuplot-nox python3-redis python3-kazoo python3-etcd3 openssl" ;;
     *) echo "install-deps: unknown group '$group'" >&2; exit 2 ;;
     esac
 done
