@@ -71,17 +71,22 @@ MANPATH=$p/share/man man -w dlock >/dev/null 2>&1 || [ -s "$p/share/man/man1/dlo
     fail "man page"
 echo "ok   installed dlock runs"
 
-# the Python package, installed with pip from the source tree (a copy: pip
-# writes its build files beside the sources), over the installed library:
+# the Python package, installed with pip from the source tree (a copy, its
+# links followed: pip writes its build files beside the sources, and
+# dlock/python.md links to ../../docs/python.md), with the system's
+# setuptools and wheel (no build isolation), over the installed library:
 # loaded by name, as on a user's machine (here LD_LIBRARY_PATH stands for
 # the linker cache of a system-wide install), with its modules beside it
 if /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
-    cp -r "$src/python" "$tmp/pysrc"
-    rm -rf "$tmp/pysrc/build" "$tmp/pysrc/"*.egg-info
-    /usr/bin/python3 -m pip install --quiet --no-build-isolation --no-deps --no-index \
+    cp -rL "$src/python" "$tmp/pysrc"
+    rm -rf "$tmp/pysrc/build" "$tmp/pysrc/"*.egg-info "$tmp/pysrc/dlock/_lib"
+    env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null /usr/bin/python3 -m pip install \
+        --quiet --no-build-isolation --no-deps --no-index \
         --target "$tmp/site" "$tmp/pysrc" >"$tmp/pip.log" 2>&1 ||
         { cat "$tmp/pip.log"; fail "pip install ./python"; }
     [ -f "$tmp/site/dlock/py.typed" ] || fail "the Python package lacks py.typed"
+    [ -f "$tmp/site/dlock/python.md" ] || fail "the Python package lacks python.md"
+    [ -e "$tmp/site/dlock/_lib" ] && fail "the Python package from the source carries a library"
     out=$(cd "$tmp" && env -u DLOCK_LIBRARY LD_LIBRARY_PATH="$p/lib" PYTHONPATH="$tmp/site" \
         /usr/bin/python3 -c '
 import sys, dlock
