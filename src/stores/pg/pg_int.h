@@ -404,6 +404,12 @@ void dlock__pg_quote_ident(const char *in, const char *suffix, char *out,
 
 /* in as a quoted literal ('...' with quotes doubled). */
 void dlock__pg_quote_literal(const char *in, char *out, size_t cap);
+/* fmt with each "%N$s" (N from 1 to n) replaced by arg[N-1] and "%%" by
+ * "%": the statements' templates, which name only the arguments they
+ * use (printf() wants every argument up to the highest one named, and a
+ * fortified glibc aborts when one is skipped). malloc'd; NULL when out
+ * of memory. */
+char *dlock__pg_fill(const char *fmt, const char *const *arg, int n);
 
 /* ps->sql and ps->nparams for the names nm and the sequence literal s. */
 int dlock__pg_build_statements(pg_store *ps, const pg_names *nm,

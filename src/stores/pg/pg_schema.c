@@ -296,6 +296,11 @@ static const char schema_sql[] =
     BREAK_FN("%13$s")
     "END $do$";
 
+/* advisory mode's: the sequence alone (%6$s, as in schema_sql) */
+static const char adv_schema_sql[] =
+    "SELECT pg_advisory_xact_lock(" KEY("'dlock schema'::bytea") "); "
+    "CREATE SEQUENCE IF NOT EXISTS %6$s";
+
 /* Creates what is missing, or adds what an earlier version's schema lacks
  * (an existing, current schema needs no CREATE right), and tells whether
  * a pooler sits in front of the server: libpq was told a backend pid that
@@ -357,26 +362,15 @@ int dlock__pg_ensure_schema(pg_store *ps, pg_conn *cn, const pg_names *nm,
     if (present)
         return DLOCK_OK;
     /* one implicit transaction; concurrent creators take turns */
-    size_t cap = 1024;
-    if (!ps->advisory)
-        cap = (size_t)snprintf(NULL, 0, schema_sql, nm->t, nm->w,
-                               ps->seq_lit, nm->rel, nm->leave,
-                               ps->seq_ident, nm->wi, nm->unlock,
-                               nm->ahead, present_sql, nm->abandon,
-                               nm->earliest, nm->brk) + 1;
-    char *sql = malloc(cap);
+    const char *arg[] = {nm->t,        nm->w,       ps->seq_lit,
+                         nm->rel,      nm->leave,   ps->seq_ident,
+                         nm->wi,       nm->unlock,  nm->ahead,
+                         present_sql,  nm->abandon, nm->earliest,
+                         nm->brk};
+    char *sql = dlock__pg_fill(ps->advisory ? adv_schema_sql : schema_sql,
+                               arg, (int)(sizeof(arg) / sizeof(arg[0])));
     if (!sql)
         return dlock__pg_enomem();
-    if (ps->advisory) {
-        snprintf(sql, cap,
-                 "SELECT pg_advisory_xact_lock(" KEY("'dlock schema'::bytea")
-                 "); CREATE SEQUENCE IF NOT EXISTS %s",
-                 ps->seq_ident);
-    } else {
-        snprintf(sql, cap, schema_sql, nm->t, nm->w, ps->seq_lit, nm->rel,
-                 nm->leave, ps->seq_ident, nm->wi, nm->unlock, nm->ahead,
-                 present_sql, nm->abandon, nm->earliest, nm->brk);
-    }
     /* an upgrade that met running statements (lock_timeout: SQLSTATE
      * 55P03, DLOCK_EBUSY) tries again, within the open's deadline */
     for (int i = 0;; i++) {
@@ -443,14 +437,12 @@ int dlock__pg_ensure_break(pg_store *ps, int64_t deadline)
         if (!there) {
             /* a table made by an earlier dlock: add the function (CREATE
              * OR REPLACE: a creator racing us makes the same one) */
-            size_t cap = (size_t)snprintf(NULL, 0, break_sql, nm.t, nm.w,
-                                          ps->seq_lit, nm.brk) + 1;
-            char *sql = malloc(cap);
+            const char *arg[] = {nm.t, nm.w, ps->seq_lit, nm.brk};
+            char *sql = dlock__pg_fill(break_sql, arg, 4);
             if (!sql) {
                 dlock__pg_conn_put(ps, cn);
                 return dlock__pg_enomem();
             }
-            snprintf(sql, cap, break_sql, nm.t, nm.w, ps->seq_lit, nm.brk);
             rc = dlock__pg_run_text(ps, cn, sql, deadline, &r,
                                     "adding the break function");
             free(sql);

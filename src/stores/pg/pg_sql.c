@@ -74,19 +74,57 @@ void dlock__pg_names_of(const char *table, pg_names *nm)
  * entry's end, %10$s the break function. */
 static char *sql_of(const char *fmt, const pg_names *nm, const char *s)
 {
-    size_t cap = strlen(fmt) + 8 * (strlen(nm->t) + strlen(nm->w) +
-                                    strlen(s) + strlen(nm->rel) +
-                                    strlen(nm->leave) +
-                                    strlen(nm->unlock) +
-                                    strlen(nm->ahead) +
-                                    strlen(nm->abandon) +
-                                    strlen(nm->earliest) +
-                                    strlen(nm->brk)) + 64;
-    char *out = malloc(cap);
+    const char *arg[] = {nm->t,     nm->w,     s,
+                         nm->rel,   nm->leave, nm->unlock,
+                         nm->ahead, nm->abandon, nm->earliest,
+                         nm->brk};
 
-    if (out)
-        snprintf(out, cap, fmt, nm->t, nm->w, s, nm->rel, nm->leave,
-                 nm->unlock, nm->ahead, nm->abandon, nm->earliest, nm->brk);
+    return dlock__pg_fill(fmt, arg, (int)(sizeof(arg) / sizeof(arg[0])));
+}
+
+char *dlock__pg_fill(const char *fmt, const char *const *arg, int n)
+{
+    size_t cap = 1, len[16];
+    const char *p;
+
+    if (n > 16)
+        return NULL;
+    for (int i = 0; i < n; i++)
+        len[i] = strlen(arg[i]);
+    /* the size: each "%N$s" as its argument, anything else as itself */
+    for (p = fmt; *p; p++) {
+        char *end;
+        long k;
+        if (p[0] == '%' && p[1] >= '1' && p[1] <= '9' &&
+            (k = strtol(p + 1, &end, 10)) <= n && end[0] == '$' &&
+            end[1] == 's') {
+            cap += len[k - 1];
+            p = end + 1;
+        } else {
+            cap++;
+            if (p[0] == '%' && p[1] == '%')
+                p++;
+        }
+    }
+    char *out = malloc(cap), *o = out;
+    if (!out)
+        return NULL;
+    for (p = fmt; *p; p++) {
+        char *end;
+        long k;
+        if (p[0] == '%' && p[1] >= '1' && p[1] <= '9' &&
+            (k = strtol(p + 1, &end, 10)) <= n && end[0] == '$' &&
+            end[1] == 's') {
+            memcpy(o, arg[k - 1], len[k - 1]);
+            o += len[k - 1];
+            p = end + 1;
+        } else {
+            *o++ = *p;
+            if (p[0] == '%' && p[1] == '%')
+                p++;
+        }
+    }
+    *o = '\0';
     return out;
 }
 
