@@ -5,7 +5,7 @@ finds the library").
 ctypes is part of CPython: the package needs nothing installed beside it,
 so a wheel installs offline into any venv. (cffi's ABI mode would do the
 same work and must itself be installed first.) The structures below
-repeat include/dlock.h's; tests/test_abi.py compares their sizes and
+repeat include/dlock.h's; python/tests/test_abi.py compares their sizes and
 offsets with a C compiler's.
 
 The library is found, in order:
@@ -24,7 +24,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int,
 from typing import Any, Optional
 
 # the package's version, which the library's must equal (pyproject.toml
-# and CMakeLists.txt say the same: tests/test_abi.py)
+# and CMakeLists.txt say the same: python/tests/test_install.py)
 VERSION = "0.1.0"
 # the distribution's name on PyPI (the import name is dlock)
 DIST = "libdlock"
