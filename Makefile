@@ -124,6 +124,14 @@ safety-mixed: build $(if $(safety_quick),,safety-exclusive)
 safety-quick:
 	$(MAKE) safety SAFETY_QUICK=1
 
+# the Python package as a wheel that carries libdlock and its store
+# modules, built in build-wheel/ (Release): dist/libdlock-<version>-py3-none-<platform>.whl
+# (scripts/wheel.sh; docs/python.md, "Installing")
+.PHONY: wheel
+wheel:
+	@scripts/install-deps.sh build wheel
+	JOBS=$(JOBS) scripts/wheel.sh
+
 # as root into this machine (no DESTDIR), ldconfig then makes the new
 # libdlock.so.0 known to the dynamic linker: programs and Python's ctypes
 # find it by name (docs/install.md)
