@@ -177,6 +177,16 @@ static void module_dir(char *buf, size_t n)
     snprintf(buf, n, "%s", DLOCK_MODULE_INSTALL_DIR);
 }
 
+/* the Debian package of a module (debian/control: libdlock0-<this>) */
+static const char *deb_package(const char *module)
+{
+    if (strcmp(module, "zk") == 0)
+        return "zookeeper";
+    if (strcmp(module, "pg") == 0)
+        return "postgresql";
+    return module; /* redis, etcd, sqlite, mysql */
+}
+
 static void module_path(const store *s, char *buf, size_t n)
 {
     char dir[PATH_MAX];
@@ -197,10 +207,11 @@ static int module_open(const store *s, const dlock__backend **be,
         return dlock__err(DLOCK_ENOTSUP,
                           "the %s:// store is a module of dlock that is not "
                           "installed: %s.so not found in the module directory "
-                          "(%s; install dlock's %s module, built with %s)",
+                          "(%s; install dlock's %s module: Debian package "
+                          "libdlock0-%s, or a build with %s)",
                           s->scheme, s->module,
                           path[0] ? path : "path too long", s->what,
-                          s->needs);
+                          deb_package(s->module), s->needs);
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!h) {
         const char *why = dlerror();

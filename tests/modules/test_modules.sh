@@ -74,7 +74,7 @@ expect_refused() { # DIR WHAT PATTERN
     echo "$out" | grep -qE "$3" || fail "$2: the message does not say why: $out"
     echo "ok   $2 refused: ${out#ERR }"
 }
-expect_refused "$tmp/empty" "a module not installed" "not installed.*redis\.so.*libhiredis-dev"
+expect_refused "$tmp/empty" "a module not installed" "not installed.*redis\.so.*libdlock0-redis.*libhiredis-dev"
 for kind in release older newer caps noentry; do
     mkdir "$tmp/$kind"
     cp "$build/tests/fake_module_$kind.so" "$tmp/$kind/redis.so"
