@@ -291,9 +291,13 @@ typedef struct dlock_options {
  * (libpq: PGPASSWORD, PGPASSFILE; libmariadb: MYSQL_PWD). docs/stores.md,
  * "Passwords".
  *
- * Connects (network stores) and starts the client's background thread.
- * The first client of a store other than file:// loads that store's module
- * (and its client library) into the process; it stays loaded.
+ * Connects (network stores). The client's background thread (renewals,
+ * wake-ups, callbacks) is not started here but by its first acquire
+ * (docs/design.md "Threads"): a client that is only opened adds no
+ * thread to the process (ZooKeeper's client library starts threads of
+ * its own when it connects). The first client of a store other than
+ * file:// loads that store's module (and its client library) into the
+ * process; it stays loaded.
  * On success *out is a new client, to be freed with dlock_client_close().
  * On failure *out is NULL.
  *
@@ -316,10 +320,11 @@ DLOCK_EXTERN int dlock_client_open(dlock_client **out, const char *uri,
                                    const dlock_client_options *opts);
 
 /*
- * Stops the background thread, releases every hold still made through the
- * client (best effort), and closes the store connections. Handles opened on
- * the client stay valid until dlock_close(), but every call on them then
- * fails with DLOCK_EINVAL. NULL is a no-op.
+ * Stops the background thread (if it started), releases every hold still
+ * made through the client (best effort), and closes the store
+ * connections. Handles opened on the client stay valid until
+ * dlock_close(), but every call on them then fails with DLOCK_EINVAL.
+ * NULL is a no-op.
  * In a child forked after the client was opened it does nothing: the holds
  * and connections are the parent's, and the child leaves them alone (the
  * client's memory stays allocated in the child). Likewise dlock_close().
@@ -405,7 +410,9 @@ DLOCK_EXTERN int dlock_open(dlock **out, dlock_client *c, const char *name,
  * on redlock://, a ttl_ms too short for its node timeout and drift),
  * DLOCK_ENOTSUP (DLOCK_FAIR on redlock://), DLOCK_ECONN (also: fewer than
  * a quorum of Redlock nodes reachable), DLOCK_EAUTH, DLOCK_EPROTO,
- * DLOCK_ENOMEM. An unreachable store (DLOCK_ECONN: down, restarting, a
+ * DLOCK_ENOMEM (also: the client's first acquire could not start its
+ * background thread; nothing was sent to the store, and the next acquire
+ * tries again). An unreachable store (DLOCK_ECONN: down, restarting, a
  * broken connection, a Sentinel or Cluster failover in progress) does not
  * end a wait: the call keeps trying within its wait, woken by the store
  * where it can tell (a Sentinel switch) and otherwise on a backoff capped

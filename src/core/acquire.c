@@ -292,7 +292,7 @@ static void sleep_until(dlock_client *c, dlock__waiter *w, int64_t wake_at)
         if (next)
             pthread_cond_signal(&next->cv);
         else
-            dlock__loop_wake(c);
+            dlock__wake(c);
     }
 }
 

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * client.c -- clients: opening (the default store's URI, the backend, the
- * background thread) and closing, their settings, and the wake-ups that
- * stores send to waiting threads (dlock__notify_*). The background thread
- * itself, with the watchdog, is in watchdog.c.
+ * client.c -- clients: opening (the default store's URI, the backend) and
+ * closing, the start of the background thread when first needed, their
+ * settings, and the wake-ups that stores send to waiting threads
+ * (dlock__notify_*). The background thread itself, with the watchdog, is
+ * in watchdog.c.
  */
 #include "internal.h"
 
@@ -25,7 +26,7 @@
 /* Wake-ups (called by backends, any thread)                                */
 /* ------------------------------------------------------------------------ */
 
-void dlock__loop_wake(dlock_client *c)
+void dlock__wake(dlock_client *c)
 {
     uint64_t one = 1;
     ssize_t n;
@@ -33,6 +34,47 @@ void dlock__loop_wake(dlock_client *c)
     do
         n = write(c->wake_fd, &one, sizeof(one));
     while (n < 0 && errno == EINTR);
+}
+
+int dlock__thread_start(dlock_client *c)
+{
+    if (c->thread_running)
+        return 0;
+    if (!c->thread_started) {
+        sigset_t old;
+        int e;
+
+        dlock__block_signals(&old);
+        e = pthread_create(&c->thread, NULL, dlock__background, c);
+        dlock__restore_signals(&old);
+        if (e != 0)
+            return e;
+        __atomic_store_n(&c->thread_started, 1, __ATOMIC_RELEASE);
+    }
+    /* return only once the thread runs its loop: a thread still starting
+     * (its runtime setting itself up, allocating) when the caller forks
+     * leaves the child with locks no thread will release (seen with
+     * AddressSanitizer's allocator). It needs c->mu first of all, which
+     * this wait lets go of. */
+    while (!c->thread_running)
+        pthread_cond_wait(&c->cv, &c->mu);
+    return 0;
+}
+
+/* A store asks for the background thread (store.h): started if it has
+ * not been (best effort: a start that fails here is the next acquire's
+ * to report), unless the client is still opening its store, closed, or
+ * a forked child's copy. No message is set: the store may be about to
+ * return one of its own. */
+void dlock__loop_wake(dlock_client *c)
+{
+    if (!__atomic_load_n(&c->thread_running, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&c->mu);
+        if (c->opened && !c->closed && c->pid == dlock__pid())
+            (void)dlock__thread_start(c);
+        pthread_mutex_unlock(&c->mu);
+    }
+    dlock__wake(c);
 }
 
 /* A new deadline for the background thread: woken only when it is
@@ -44,7 +86,7 @@ void dlock__schedule(dlock_client *c, int64_t when)
 {
     if (when < c->next_wake) {
         c->next_wake = when;
-        dlock__loop_wake(c);
+        dlock__wake(c);
     }
 }
 
@@ -396,24 +438,13 @@ int dlock_client_open(dlock_client **out, const char *uri,
     if (rc)
         goto fail;
 
-    sigset_t old;
-    dlock__block_signals(&old);
-    rc = pthread_create(&c->thread, NULL, dlock__background, c);
-    dlock__restore_signals(&old);
-    if (rc != 0) {
-        be->close(c->st);
-        rc = dlock__err(DLOCK_ENOMEM, "cannot start the client thread: %s",
-                        strerror(rc));
-        goto fail;
-    }
-    c->thread_started = 1;
-    /* return only once the thread runs its loop: a thread still starting
-     * (its runtime setting itself up, allocating) when the caller forks
-     * leaves the child with locks no thread will release (seen with
-     * AddressSanitizer's allocator) */
+    /* No background thread yet: the first call that needs it starts it
+     * (docs/design.md "Threads"), so that a client opened and left idle
+     * adds no thread to the process (a fork then warns nobody). From
+     * here on a store's dlock__loop_wake() may start it too (its own
+     * threads see c->opened under the mutex). */
     pthread_mutex_lock(&c->mu);
-    while (!c->thread_running)
-        pthread_cond_wait(&c->cv, &c->mu);
+    c->opened = 1;
     pthread_mutex_unlock(&c->mu);
     dlock__uri_free(&u);
     *out = c;
@@ -439,7 +470,8 @@ void dlock_client_close(dlock_client *c)
 {
     if (!c)
         return;
-    if (c->thread_started && pthread_equal(pthread_self(), c->thread))
+    if (__atomic_load_n(&c->thread_started, __ATOMIC_ACQUIRE) &&
+        pthread_equal(pthread_self(), c->thread))
         return; /* from a callback: documented as not allowed */
     if (c->pid != dlock__pid())
         return; /* a forked child: no thread to stop, and the holds and
@@ -456,11 +488,14 @@ void dlock_client_close(dlock_client *c)
     }
     c->closed = 1;
     c->stopping = 1;
+    /* started before this (the flag is set under this mutex), or never:
+     * a closed client starts none */
+    int started = c->thread_started;
     pthread_mutex_unlock(&c->mu);
-    if (c->thread_started) {
-        dlock__loop_wake(c);
+    if (started) {
+        dlock__wake(c);
         pthread_join(c->thread, NULL);
-        c->thread_started = 0;
+        __atomic_store_n(&c->thread_started, 0, __ATOMIC_RELEASE);
     }
 
     pthread_mutex_lock(&c->mu);
@@ -537,7 +572,8 @@ int dlock_client_set_at_risk(dlock_client *c, int64_t margin_ms)
         __atomic_store_n(&c->at_risk_ms, margin_ms, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->mu);
     if (rc == DLOCK_OK)
-        dlock__loop_wake(c); /* every hold's at-risk moment moved */
+        dlock__wake(c); /* every hold's at-risk moment moved (a thread
+                         * that has not started has no hold to look at) */
     return rc;
 }
 

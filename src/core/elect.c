@@ -107,7 +107,7 @@ void dlock__ring(dlock_client *c, const char *name, size_t len)
     if (queued != 1)
         free(r);
     if (queued) {
-        dlock__loop_wake(c);
+        dlock__wake(c);
         return;
     }
     (void)c->be->ring(c->st, name, len, dlock__now_ms() + c->timeout_ms);

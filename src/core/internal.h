@@ -158,9 +158,16 @@ struct dlock_client {
     int cfd_free[16];
     int n_cfd_free;
 
-    pthread_t thread;
+    /* The background thread, started by the first call that needs it
+     * (dlock__thread_start(); docs/design.md "Threads"). Both flags are
+     * written under c->mu with __atomic stores and only ever go from 0
+     * to 1 (thread_started back to 0 once close joined it); read without
+     * c->mu, they are read with __atomic loads. */
+    pthread_t thread;   /* valid once thread_started is 1 */
     int thread_started;
     int thread_running; /* the background thread has reached its loop */
+    int opened;        /* the store is open: a store's dlock__loop_wake()
+                        * may start the thread from now on (c->mu) */
     int wake_fd;       /* eventfd that wakes the background thread */
     int stopping;
     int64_t next_wake; /* when the background thread will wake anyway */
@@ -192,6 +199,16 @@ long dlock__pid(void); /* getpid(), cached per thread (fork-safe) */
 
 /* client.c */
 void dlock__client_unref(dlock_client *c); /* with c->mu held; unlocks */
+/* Starts the client's background thread if it has not started, and
+ * waits until it runs its loop (c->mu held; let go while waiting, so a
+ * caller checks again what it checked before). 0, or the errno of
+ * pthread_create() (nothing changed then). Once per client: calls that
+ * race it wait for the same thread. */
+int dlock__thread_start(dlock_client *c);
+/* Wakes the background thread: a write of its eventfd, read once the
+ * thread runs (any thread, c->mu held or not). dlock__loop_wake()
+ * (store.h), a store's, also starts the thread. */
+void dlock__wake(dlock_client *c);
 /* Tells the background thread a hold needs attention at `when` (wakes
  * it only if that is earlier than its next wake-up). c->mu held. */
 void dlock__schedule(dlock_client *c, int64_t when);

@@ -254,7 +254,8 @@ void dlock_close(dlock *l)
     if (c->pid != dlock__pid())
         return; /* a forked child: the holds and connections are the
                  * parent's (docs/design.md "fork()") */
-    on_bg = c->thread_started && pthread_equal(pthread_self(), c->thread);
+    on_bg = __atomic_load_n(&c->thread_started, __ATOMIC_ACQUIRE) &&
+            pthread_equal(pthread_self(), c->thread);
 
     pthread_mutex_lock(&c->mu);
     while (l->callbacks > 0 && !on_bg)
@@ -371,6 +372,7 @@ int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
     deadline = wait_ms == -1 ? DLOCK__FOREVER : start + wait_ms;
 
     pthread_mutex_lock(&c->mu);
+again:
     rc = dlock__usable(c);
     if (!rc && l->shut)
         rc = dlock__shut_message(l); /* every acquire, a re-entrant one too */
@@ -401,6 +403,22 @@ int dlock__acquire(dlock *l, int64_t wait_ms, unsigned kind,
     if (rc) {
         pthread_mutex_unlock(&c->mu);
         return rc;
+    }
+    if (!c->thread_running) {
+        /* the client's first acquire that may hold or wait starts its
+         * background thread, before the store sees anything: every hold,
+         * renewal, loss and wake-up comes after this (docs/design.md
+         * "Threads"). The start lets go of the mutex while the thread
+         * starts: the checks above are made again. */
+        int e = dlock__thread_start(c);
+        if (e) {
+            pthread_mutex_unlock(&c->mu);
+            return dlock__err(DLOCK_ENOMEM,
+                              "lock '%.200s': cannot start the client's "
+                              "background thread: %s",
+                              l->entry->name, strerror(e));
+        }
+        goto again;
     }
     if (dlock__by_handle(l)) {
         /* one owner: two acquires at once would both be it in the store */

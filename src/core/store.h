@@ -259,7 +259,11 @@ typedef struct dlock__backend {
 
     /* The background thread polls this fd for reading (-1: none) and calls
      * loop_run() after every wake-up (readable or not). Both optional; both
-     * run on the background thread only. */
+     * run on the background thread only. The thread starts with the
+     * client's first acquire, or when the store asks for it
+     * (dlock__loop_wake()), not at open (docs/design.md "Threads"): until
+     * then nobody reads the fd, so nothing a store puts there while no
+     * acquire was made may grow without bound. */
     int (*loop_fd)(void *st);
     void (*loop_run)(void *st, int readable);
 
@@ -506,7 +510,10 @@ DLOCK__HOST int dlock__info_add_waiter(dlock_info *out, const char *s);
 DLOCK__HOST int dlock__list_add(dlock_list_page *out, const char *name,
                                 size_t len, dlock_info *info);
 
-/* Makes the background thread call loop_fd()/loop_run() soon. */
+/* Makes the background thread call loop_fd()/loop_run() soon, starting
+ * it first if it has not started (after open() returned; best effort: a
+ * start that fails is tried again by the next acquire). Any thread; the
+ * calling thread's error message is left alone. */
 DLOCK__HOST void dlock__loop_wake(dlock_client *c);
 
 /* For the check slot: adds a finding to *out (its texts cut to fit);

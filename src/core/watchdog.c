@@ -9,7 +9,9 @@
  * does. docs/design.md, "Leases, the watchdog, and loss" and "Stopping the
  * work before the lease ends".
  *
- * Each client runs one background thread. It sleeps in poll() on an eventfd
+ * Each client runs one background thread, from the first call that needs
+ * it on (dlock__thread_start(), client.c; docs/design.md "Threads"): a
+ * client only opened has none. It sleeps in poll() on an eventfd
  * (and on one fd of the backend's, e.g. Redis' subscriber connection) until
  * the earliest moment a hold needs it (its renewal, its at-risk moment,
  * its local lease end, a long hold) or a wake-up. Then it
@@ -136,7 +138,7 @@ void dlock__hold_leased(dlock_client *c, dlock__hold *h, int64_t t0)
          * pass of its loop, which this wakes while someone listens */
         h->lease_end = h->renew_at = h->store_end = DLOCK__FOREVER;
         if (c->at_risk_ms > 0)
-            dlock__loop_wake(c);
+            dlock__wake(c);
         return;
     }
     h->lease_end = t0 + ttl - dlock__client_margin(c, ttl);
@@ -203,7 +205,7 @@ void dlock__notify_lease_end(dlock_client *c,
     }
     pthread_mutex_unlock(&c->mu);
     if (wake)
-        dlock__loop_wake(c);
+        dlock__wake(c);
 }
 
 /* Collects a note for the background thread's callbacks (grown as
@@ -528,7 +530,7 @@ void *dlock__background(void *arg)
     dlock_client *c = arg;
 
     pthread_mutex_lock(&c->mu);
-    c->thread_running = 1;
+    __atomic_store_n(&c->thread_running, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&c->cv);
     while (!c->stopping) {
         int64_t next = watchdog(c);
@@ -596,8 +598,8 @@ void dlock__notify_lost(dlock_client *c,
         any = 1;
     }
     pthread_mutex_unlock(&c->mu);
-    if (any)
-        dlock__loop_wake(c);
+    if (any) /* holds: made by acquires, which started the thread */
+        dlock__wake(c);
 }
 
 void dlock__renew_now(dlock_client *c)
@@ -607,5 +609,5 @@ void dlock__renew_now(dlock_client *c)
         if (!h->lost && h->count > 0)
             h->renew_at = 0;
     pthread_mutex_unlock(&c->mu);
-    dlock__loop_wake(c);
+    dlock__wake(c); /* no hold, no thread: nothing to renew */
 }

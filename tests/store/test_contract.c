@@ -2002,6 +2002,123 @@ TEST(no_descriptor_reaches_a_started_program)
     TH_CLIENT_CLOSE(c, b, a);
 }
 
+/* --- the background thread starts when first needed (issue 37) --- */
+
+/* How many threads the process has now: the entries of /proc/self/task,
+ * what Python 3.12 counts before it warns at os.fork(). */
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+
+    CHECK(d != NULL);
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+TEST(an_idle_client_starts_no_thread)
+{
+    /* ZooKeeper's C client starts threads of its own when a session
+     * connects, and the open connects one (and a session's event may ask
+     * for ours): no count there (docs/design.md "Threads") */
+    int counted = strcmp(kind, "zk") != 0;
+    /* earlier tests of this binary may have left threads of their own:
+     * counts are taken before and after, never as absolute numbers */
+    int before = thread_count();
+    int64_t ttl = short_ttl > 0 ? short_ttl : 300;
+
+    if (!counted)
+        printf("     (threads not counted on zk: its C client's own)\n");
+    /* opened, a handle, an inspect: no thread of the client */
+    dlock_client *a = client();
+    dlock_options o;
+    memset(&o, 0, sizeof(o));
+    o.ttl_ms = ttl;
+    o.on_lost = on_lost;
+    lost_seen = 0;
+    dlock *la = th_open(a, "idle", &o);
+    th_check_held(a, "idle", 0, -1);
+    if (counted)
+        CHECK_EQ(thread_count(), before);
+    /* a client whose thread never started closes */
+    dlock_client *z = client();
+    dlock *lz = th_handle(z, "idle", 0, 0, 0);
+    if (counted)
+        CHECK_EQ(thread_count(), before);
+    dlock_close(lz);
+    dlock_client_close(z);
+    if (counted)
+        CHECK_EQ(thread_count(), before);
+
+    /* the first acquire starts it, and it renews: a short lease held past
+     * two ttls is still held (another client's try is refused all along,
+     * no loss told) */
+    CHECK_OK(dlock_acquire(la, 0));
+    uint64_t tok = dlock_token(la);
+    if (counted)
+        CHECK_OP(thread_count(), >, before);
+    if (!strcmp(kind, "sqlite") && getenv("DLOCK_TEST_VALGRIND")) {
+        /* as in watchdog_keeps_a_short_lease: renewals and tries meet in
+         * a kernel wait that stalls valgrind */
+        printf("     (renewal not watched under valgrind on sqlite)\n");
+    } else {
+        dlock_client *p = client();
+        dlock *lp = th_handle(p, "idle", 0, 0, 0);
+        int64_t until = th_now_ms() + 2 * ttl + ttl / 2;
+        while (th_now_ms() < until) {
+            th_sleep_ms(ttl / 4);
+            CHECK_RC(dlock_acquire(lp, 0), DLOCK_EBUSY);
+        }
+        dlock_close(lp);
+        dlock_client_close(p);
+    }
+    CHECK_EQ(lost_seen, 0);
+    CHECK_EQ(dlock_held(la), 1);
+    CHECK_EQ(dlock_token(la), tok);
+    CHECK_OK(dlock_release(la));
+
+    /* a waiter on a client with no thread yet is woken by the release
+     * (a 60 s lease and a 10 s wait: the release's wake-up, not the
+     * lease's end) */
+    if (getenv("DLOCK_TEST_VALGRIND")) {
+        /* the file store's and SQLite's waits are kernel waits behind
+         * another thread of this process (the TK() tests' reason) */
+        printf("     (waiter not run under valgrind on %s)\n", kind);
+    } else {
+        dlock *lw = th_handle(a, "idle-wake", 60000, 0, 0);
+        CHECK_OK(dlock_acquire(lw, 0));
+        int mid = thread_count();
+        dlock_client *b = client();
+        if (counted)
+            CHECK_EQ(thread_count(), mid);
+        th_waiter t = {.l = th_handle(b, "idle-wake", 60000, 0, 0),
+                       .wait_ms = 10000};
+        pthread_t th;
+        th_waiter_start(&t, &th);
+        CHECK(th_wait_flag(&t.started, 10000));
+        th_sleep_ms(300);
+        CHECK_OK(dlock_release(lw));
+        pthread_join(th, NULL);
+        CHECK_OK(t.rc);
+        /* as in release_wakes_the_waiter: it waited for the release, and
+         * 9 s only catches a waiter that slept to its deadline */
+        CHECK_OP(t.took, >=, 250);
+        CHECK_OP(t.took, <, 9000);
+        dlock_close(t.l);
+        dlock_client_close(b);
+        dlock_close(lw);
+    }
+    dlock_close(la);
+    dlock_client_close(a);
+    /* every thread a client started was joined by its close */
+    if (counted)
+        CHECK_EQ(thread_count(), before);
+}
+
 static const th_test tests[] = {
     T(basic_acquire_release),
     TK(try_busy_and_timed_wait),
@@ -2039,6 +2156,7 @@ static const th_test tests[] = {
     TK(ttl_and_wait_at_and_beyond_the_maxima),
     TK(shared_and_permit_waits_at_the_maxima),
     TKP(no_descriptor_reaches_a_started_program),
+    T(an_idle_client_starts_no_thread),
     {NULL, NULL, 0, 0},
 };
 
