@@ -125,7 +125,8 @@ class Info:
 
 class Client:
     """Connections to one store and one background thread (renewals,
-    wake-ups), shared by every lock made through it and by threads.
+    wake-ups; started by the first acquire), shared by every lock made
+    through it and by threads.
 
     ``uri``: a store URI (docs/stores.md); None or "" means $DLOCK_STORE,
     else the local file store. ``timeout``: the longest one store round

@@ -419,3 +419,80 @@ def test_decorators(client, other, name):
             job(1)
     finally:
         b.release()
+
+
+def _threads():
+    return set(os.listdir("/proc/self/task"))
+
+
+
+
+def test_an_idle_client_starts_no_thread(store, name):
+    """Python 3.12+ warns at os.fork() in a process with more than one
+    thread: a client that was opened (a lock made, inspected) but never
+    waited nor held starts none (the library's background thread starts
+    with the first acquire), so a pre-fork server may open one first."""
+    before = _threads()
+    c = dlock.Client(store.uri)
+    try:
+        lk = c.lock(name)
+        c.inspect(name)
+        new = _threads() - before
+        # (the ZooKeeper C client starts two threads of its own at
+        # connect, and its session's first event may start the
+        # library's: docs/design.md, "Threads")
+        if store.kind != "zk":
+            assert not new, "threads started by an idle client: %s" % new
+        assert lk.acquire(0)  # and then it works as ever
+        lk.release()
+    finally:
+        c.close()
+
+
+def _newer_python():
+    """A CPython >= 3.12 on this machine (the fork warning is theirs)."""
+    import glob
+    import shutil
+    if sys.version_info >= (3, 12):
+        return sys.executable
+    found = sorted(glob.glob(os.path.expanduser(
+        "~/.pyenv/versions/3.1[2-9]*/bin/python3")))
+    found += [shutil.which("python3.%d" % m) for m in range(12, 20)]
+    for p in found:
+        # (a pyenv shim answers for a version it does not have)
+        if p and subprocess.run([p, "-c", "pass"], capture_output=True,
+                                timeout=30).returncode == 0:
+            return p
+    return None
+
+
+FORK_CHILD = r"""
+import os, sys, warnings
+warnings.simplefilter("always")  # (printed: os.fork() raises none)
+import dlock
+c = dlock.Client(sys.argv[1])
+c.lock(sys.argv[2]).close()
+pid = os.fork()  # a DeprecationWarning on stderr with threads
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+c.close()
+print("forked without a warning", sys.version_info[:2])
+"""
+
+
+def test_no_fork_warning_from_an_idle_client(store, name):
+    if store.kind == "zk":
+        pytest.skip("a ZooKeeper client has the ZooKeeper library's threads")
+    py = _newer_python()
+    if py is None:
+        pytest.skip("no CPython >= 3.12 here (the warning is theirs)")
+    from dlock import _native
+    env = dict(os.environ, DLOCK_LIBRARY=_native.PATH,
+               PYTHONPATH=os.path.dirname(os.path.dirname(
+                   os.path.abspath(dlock.__file__))))
+    r = subprocess.run([py, "-c", FORK_CHILD, store.uri, name], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "forked without a warning" in r.stdout
+    assert "multi-threaded" not in r.stderr, r.stderr
