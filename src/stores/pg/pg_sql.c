@@ -82,49 +82,46 @@ static char *sql_of(const char *fmt, const pg_names *nm, const char *s)
     return dlock__pg_fill(fmt, arg, (int)(sizeof(arg) / sizeof(arg[0])));
 }
 
+/* dlock__pg_fill()'s one pass: the length of the result, written to out
+ * unless out is NULL */
+static size_t fill_pass(char *out, const char *fmt, const char *const *arg,
+                        const size_t *len, int n)
+{
+    size_t o = 0;
+
+    for (const char *p = fmt; *p; p++) {
+        char *end;
+        long k;
+        if (p[0] == '%' && p[1] >= '1' && p[1] <= '9' &&
+            (k = strtol(p + 1, &end, 10)) <= n && end[0] == '$' &&
+            end[1] == 's') {
+            if (out)
+                memcpy(out + o, arg[k - 1], len[k - 1]);
+            o += len[k - 1];
+            p = end + 1;
+        } else {
+            if (out)
+                out[o] = *p;
+            o++;
+            if (p[0] == '%' && p[1] == '%')
+                p++;
+        }
+    }
+    return o;
+}
+
 char *dlock__pg_fill(const char *fmt, const char *const *arg, int n)
 {
-    size_t cap = 1, len[16];
-    const char *p;
+    size_t len[16];
 
     if (n > 16)
         return NULL;
     for (int i = 0; i < n; i++)
         len[i] = strlen(arg[i]);
-    /* the size: each "%N$s" as its argument, anything else as itself */
-    for (p = fmt; *p; p++) {
-        char *end;
-        long k;
-        if (p[0] == '%' && p[1] >= '1' && p[1] <= '9' &&
-            (k = strtol(p + 1, &end, 10)) <= n && end[0] == '$' &&
-            end[1] == 's') {
-            cap += len[k - 1];
-            p = end + 1;
-        } else {
-            cap++;
-            if (p[0] == '%' && p[1] == '%')
-                p++;
-        }
-    }
-    char *out = malloc(cap), *o = out;
-    if (!out)
-        return NULL;
-    for (p = fmt; *p; p++) {
-        char *end;
-        long k;
-        if (p[0] == '%' && p[1] >= '1' && p[1] <= '9' &&
-            (k = strtol(p + 1, &end, 10)) <= n && end[0] == '$' &&
-            end[1] == 's') {
-            memcpy(o, arg[k - 1], len[k - 1]);
-            o += len[k - 1];
-            p = end + 1;
-        } else {
-            *o++ = *p;
-            if (p[0] == '%' && p[1] == '%')
-                p++;
-        }
-    }
-    *o = '\0';
+    size_t cap = fill_pass(NULL, fmt, arg, len, n) + 1;
+    char *out = malloc(cap);
+    if (out)
+        out[fill_pass(out, fmt, arg, len, n)] = '\0';
     return out;
 }
 
