@@ -244,6 +244,9 @@ print("dlock", dlock.__version__, "from", dlock.__file__, "with", maps[0],
       "took token", token)
 ' "$tmp/py-store") || fail "python3: import dlock and take a lock"
 case $out in *" with /usr/lib/"*|*" with /lib/"*) ;; *) fail "python3 loaded another libdlock: $out" ;; esac
+# the guide the docstrings point to, beside the modules
+grep -q "^# dlock for Python" /usr/lib/python3/dist-packages/dlock/python.md ||
+    fail "python3-dlock lacks dlock/python.md"
 ok "python3: $out"
 
 echo "check-debs: every check passed"
