@@ -2,6 +2,8 @@
 """peer_common.py -- the measuring loops the Python peers share, the same
 as bench.c's for dlock:
 
+  cycles_paired(a, b, n) two locks' cycles in strict alternation, with the
+                         median of the per-cycle ratios
   cycle(new_lock, n)     uncontended acquire (one try) + release, after a
                          warm-up; p50/p99 in us and cycles per second
   handoff(new_lock, n)   two processes pass one lock back and forth: the
@@ -38,6 +40,32 @@ def cycle(new_lock, n, warmup=200):
         lat.append(time.monotonic_ns() - t0)
     per_s = n / ((time.monotonic_ns() - t_all) / 1e9)
     return pct(lat, 0.5) / 1e3, pct(lat, 0.99) / 1e3, per_s
+
+
+def cycles_paired(new_a, new_b, n, warmup=200):
+    """cycle() of two locks in strict alternation (one cycle of each, in
+    turn), so that a load that comes and goes falls on both alike: each
+    one's p50, p99 and cycles per second, and the median of the
+    per-cycle ratios a / b with its quartiles."""
+    a_acq, a_rel = new_a()
+    b_acq, b_rel = new_b()
+    for _ in range(warmup):
+        if a_acq(False):
+            a_rel()
+        if b_acq(False):
+            b_rel()
+    la, lb = [], []
+    for _ in range(n):
+        for acq, rel, lat in ((a_acq, a_rel, la), (b_acq, b_rel, lb)):
+            t0 = time.monotonic_ns()
+            if not acq(False):
+                raise SystemExit("peer: an uncontended acquire failed")
+            rel()
+            lat.append(time.monotonic_ns() - t0)
+    ratios = [x / y for x, y in zip(la, lb)]
+    return ((pct(la, 0.5) / 1e3, pct(la, 0.99) / 1e3, 1e9 / (sum(la) / n)),
+            (pct(lb, 0.5) / 1e3, pct(lb, 0.99) / 1e3, 1e9 / (sum(lb) / n)),
+            (pct(ratios, 0.5), pct(ratios, 0.25), pct(ratios, 0.75)))
 
 
 def _await(v, want):
